@@ -1,0 +1,41 @@
+# The README's commands. Every target installs what is missing first (scripts/bootstrap).
+BUILD ?= build
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?=
+CTEST_FLAGS ?=
+
+.PHONY: all bootstrap configure build test demo bench sanitize tsan format clean
+
+all: build
+
+bootstrap:
+	@scripts/bootstrap
+
+configure: bootstrap
+	@cmake -S . -B $(BUILD) -G Ninja $(CMAKE_FLAGS) >/dev/null
+
+build: configure
+	@cmake --build $(BUILD) -j $(JOBS)
+
+test: build
+	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS) $(CTEST_FLAGS)
+
+demo: build
+	@scripts/demo $(BUILD)
+
+bench: build
+	@$(BUILD)/pipetrain bench --suite mlp
+
+# ASan + UBSan build of everything, then the whole suite.
+sanitize:
+	@$(MAKE) --no-print-directory test BUILD=build-asan CMAKE_FLAGS="-DPIPETRAIN_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug"
+
+# ThreadSanitizer build for the threaded runtime.
+tsan:
+	@$(MAKE) --no-print-directory test BUILD=build-tsan CMAKE_FLAGS="-DPIPETRAIN_TSAN=ON -DCMAKE_BUILD_TYPE=Debug" CTEST_FLAGS="-L 'runtime|stage|transport'"
+
+format:
+	@git ls-files '*.h' '*.cpp' | xargs clang-format -i
+
+clean:
+	@rm -rf $(BUILD) build-asan build-tsan

@@ -1,0 +1,31 @@
+// pipetrain: the command-line front end. Dispatches to the subcommands in commands.h.
+#include <cstdio>
+#include <exception>
+#include <iostream>
+
+#include "commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"pipetrain: pipeline-parallel training for LibTorch"};
+  app.require_subcommand(1);
+  int exit_code = 0;
+  pipetrain::cli::add_plan_command(app, exit_code);
+  pipetrain::cli::add_train_command(app, exit_code);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);  // prints the message and usage
+    return 2;
+  } catch (const pipetrain::cli::UsageError& e) {
+    std::cerr << "pipetrain: error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "pipetrain: error: " << e.what() << "\n";
+    return 1;
+  }
+  return exit_code;
+}

@@ -1,0 +1,35 @@
+// Schedule: for each rank, the ordered list of actions it runs in one training step.
+//
+// A generator (gpipe.h, one_f_one_b.h, interleaved.h, zero_bubble.h) produces a compute-only
+// schedule (F/B/I/W). lower() (lower.h) inserts the communication actions. The runtime's single
+// interpreter runs a lowered schedule for one rank, or for all ranks in one process.
+//
+// Placement: stage j runs on rank stage_rank[j]. Without interleaving stage j is on rank j; with
+// V virtual stages per rank (Megatron's order) stage j is on rank j % K.
+//
+// Thread-safety: a plain value; safe to copy and to read from many threads.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "pipetrain/schedule/action.h"
+
+namespace pipetrain::schedule {
+
+struct Schedule {
+  std::string name;              // "gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "custom", ...
+  int num_ranks = 0;             // K
+  int num_stages = 0;            // S = K * V
+  int num_microbatches = 0;      // M
+  std::vector<int> stage_rank;   // size S: rank that runs stage j
+  std::vector<std::vector<Action>> actions;  // size K: rank r's actions in order
+
+  int virtual_stages() const { return num_ranks > 0 ? num_stages / num_ranks : 0; }
+  // Stages held by rank r, ascending.
+  std::vector<int> stages_of_rank(int r) const;
+  // True when any action is I or W (the backward is split).
+  bool splits_backward() const;
+};
+
+}  // namespace pipetrain::schedule

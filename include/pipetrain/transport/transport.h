@@ -1,0 +1,57 @@
+// Transport: moves what crosses a stage boundary (activations forward, gradients backward)
+// between the ranks of a pipeline.
+//
+// Implementations: LocalTransport (local.h: in-process queues, one process runs every rank,
+// device copies) and C10dTransport (c10d.h: one process per rank over Gloo/NCCL process groups).
+// The runtime's interpreter sees only this interface, so every schedule runs unchanged on both.
+//
+// Ordering: the interpreter posts sends and receives in the order of the lowered schedule, which
+// validate() has dry-run for deadlocks. send() never blocks on its receiver; recv() blocks until
+// the matching send arrived, the transport is aborted, or the timeout passes.
+//
+// Thread-safety: send/recv may be called concurrently from the worker threads of different
+// ranks. abort() may be called from any thread and wakes every blocked recv().
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include <torch/types.h>
+
+namespace pipetrain {
+
+enum class Payload { kActivation, kGradient };
+
+// Identifies one message: the activation of micro-batch i from stage j to j+1, or the gradient
+// of micro-batch i from stage j+1 back to stage j.
+struct Envelope {
+  int src_stage = 0;
+  int dst_stage = 0;
+  int microbatch = 0;
+  Payload payload = Payload::kActivation;
+};
+
+// What crosses a boundary: the positional values (a tensor or a tuple of tensors) followed by the
+// named skip tensors in flight (stage/skip.h). For a gradient message the tensors are the
+// gradients of the activation message's tensors, in the same order (an undefined tensor means
+// "no gradient").
+struct Bundle {
+  std::vector<torch::Tensor> tensors;
+  std::vector<std::string> skip_names;  // names of the last skip_names.size() tensors
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual void send(const Envelope& envelope, Bundle bundle) = 0;
+  virtual Bundle recv(const Envelope& envelope) = 0;
+
+  // Wakes every blocked recv() with an error carrying `reason`; later calls fail the same way.
+  virtual void abort(const std::string& reason) = 0;
+  // Clears an abort and any undelivered messages so the next step starts clean.
+  virtual void reset() = 0;
+};
+
+}  // namespace pipetrain

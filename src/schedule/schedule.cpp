@@ -1,0 +1,23 @@
+// Schedule helpers that need no generator: placement queries.
+#include "pipetrain/schedule/schedule.h"
+
+namespace pipetrain::schedule {
+
+std::vector<int> Schedule::stages_of_rank(int r) const {
+  std::vector<int> stages;
+  for (int j = 0; j < static_cast<int>(stage_rank.size()); ++j) {
+    if (stage_rank[j] == r) stages.push_back(j);
+  }
+  return stages;
+}
+
+bool Schedule::splits_backward() const {
+  for (const auto& rank_actions : actions) {
+    for (const auto& action : rank_actions) {
+      if (action.op == Op::kBackwardInput || action.op == Op::kBackwardWeight) return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace pipetrain::schedule
