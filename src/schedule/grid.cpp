@@ -16,6 +16,42 @@ std::string pad_left(const std::string& text, std::size_t width) {
   return text.size() >= width ? text : std::string(width - text.size(), ' ') + text;
 }
 
+// Marks too far apart for one window (a deadlock across a long schedule): each marked rank
+// gets its own window of steps, labelled with where it starts.
+std::string render_rows_around_marks(const Schedule& schedule, const std::vector<GridCell>& marks,
+                                     std::size_t width) {
+  constexpr int kHalfWindow = 6;
+  const int ranks = static_cast<int>(schedule.actions.size());
+  const std::size_t head_width = ("rank " + std::to_string(std::max(ranks - 1, 0))).size() + 1;
+  std::string out = "(marked cells are far apart: each rank shows the steps around its mark)\n";
+  for (int r = 0; r < ranks; ++r) {
+    std::string line = pad("rank " + std::to_string(r), head_width);
+    int center = -1;
+    for (const auto& cell : marks) {
+      if (cell.rank == r) center = cell.step;
+    }
+    const auto& list = schedule.actions[r];
+    if (center < 0) {
+      out += line + "(no marked cell)\n";
+      continue;
+    }
+    const int from = std::max(0, center - kHalfWindow);
+    const int to = std::min(static_cast<int>(list.size()) - 1, center + kHalfWindow);
+    line += "steps " + std::to_string(from) + "-" + std::to_string(to) + ": ";
+    if (from > 0) line += "... ";
+    for (int k = from; k <= to; ++k) {
+      const std::string cell = to_string(list[k]);
+      bool is_marked = false;
+      for (const auto& m : marks) is_marked = is_marked || (m.rank == r && m.step == k);
+      line += pad(is_marked ? ">" + cell + "<" : " " + cell, width + 3);
+    }
+    if (to < static_cast<int>(list.size()) - 1) line += "...";
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out += line + '\n';
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string render_grid(const Schedule& schedule, const std::vector<GridCell>& marks,
@@ -38,6 +74,7 @@ std::string render_grid(const Schedule& schedule, const std::vector<GridCell>& m
       high = std::max(high, cell.step);
     }
     if (high < 0) low = high = 0;
+    if (high - low + 1 > max_columns / 2) return render_rows_around_marks(schedule, marks, width);
     const int margin = std::max(2, (max_columns - (high - low + 1)) / 2);
     first = std::max(0, low - margin);
     last = std::min(steps - 1, std::max(high + margin, first + max_columns - 1));

@@ -128,5 +128,31 @@ TEST(Validate, WideGridsShowAWindowAroundTheMark) {
   EXPECT_NE(result.message.find(">"), std::string::npos);
 }
 
+TEST(Validate, DeadlockFarApartInALongScheduleShowsEachRanksWindow) {
+  // Rank 0: F0..F49, then waits for the gradient of 0 before forwarding 50..99.
+  // Rank 1: F0..F49, B1..B49, then waits for F50 before running B0: stuck 50 steps later.
+  std::string rank0;
+  std::string rank1;
+  auto add = [](std::string& line, const std::string& action) {
+    line += (line.empty() ? "" : ",") + action;
+  };
+  for (int i = 0; i < 50; ++i) add(rank0, "0F" + std::to_string(i));
+  add(rank0, "0B0");
+  for (int i = 50; i < 100; ++i) add(rank0, "0F" + std::to_string(i));
+  for (int i = 1; i < 100; ++i) add(rank0, "0B" + std::to_string(i));
+  for (int i = 0; i < 50; ++i) add(rank1, "1F" + std::to_string(i));
+  for (int i = 1; i < 50; ++i) add(rank1, "1B" + std::to_string(i));
+  for (int i = 50; i < 100; ++i) add(rank1, "1F" + std::to_string(i));
+  add(rank1, "1B0");
+  for (int i = 50; i < 100; ++i) add(rank1, "1B" + std::to_string(i));
+  const CheckResult result = check(parse_schedule(rank0 + "\n" + rank1 + "\n"));
+  ASSERT_FALSE(result.ok);
+  EXPECT_NE(result.message.find("far apart"), std::string::npos) << result.message;
+  EXPECT_NE(result.message.find("steps 44-56: ... "), std::string::npos) << result.message;
+  EXPECT_NE(grid_line(result.message, 0).find(">0B0<"), std::string::npos) << result.message;
+  EXPECT_NE(grid_line(result.message, 1).find(">1F50<"), std::string::npos) << result.message;
+  EXPECT_LT(result.message.size(), 2000u) << result.message;
+}
+
 }  // namespace
 }  // namespace pipetrain::schedule

@@ -1,6 +1,6 @@
 // Schedule: for each rank, the ordered list of actions it runs in one training step.
 //
-// A generator (gpipe.h, one_f_one_b.h, interleaved.h, zero_bubble.h) produces a compute-only
+// A generator (generators.h; one family per file in src/schedule/) produces a compute-only
 // schedule (F/B/I/W). lower() (lower.h) inserts the communication actions. The runtime's single
 // interpreter runs a lowered schedule for one rank, or for all ranks in one process.
 //
