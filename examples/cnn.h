@@ -12,7 +12,7 @@
 // shape) to the next stage. Batch norm is torch::nn::BatchNorm2d; the pipeline runtime swaps in
 // its deferred (mini-batch-exact) batch norm.
 //
-// With the default width 32 and 1 block per stage: 23 layers, 142826 parameters; one epoch of
+// With the default width 32 and 1 block per stage: 25 layers, 142826 parameters; one epoch of
 // Adam (lr 1e-3, batch 128) reaches about 89-90% test accuracy (docs/MODELS.md has the figures).
 //
 // Thread-safety: returns a fresh module; no shared state.

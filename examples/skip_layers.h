@@ -56,6 +56,7 @@ struct AddSkipOptions {
 class AddSkipImpl : public torch::nn::Cloneable<AddSkipImpl> {
  public:
   explicit AddSkipImpl(AddSkipOptions options);
+  explicit AddSkipImpl(const std::string& name) : AddSkipImpl(AddSkipOptions(name)) {}
   void reset() override;
   torch::Tensor forward(torch::Tensor input);
   void pretty_print(std::ostream& stream) const override;
