@@ -155,7 +155,7 @@ void allreduce_flat(C10dGroup& group, const std::vector<torch::Tensor>& paramete
     std::vector<torch::Tensor> pieces;
     for (auto& p : params) {
       const auto& grad = p.grad();
-      pieces.push_back(grad.defined() ? grad.reshape({-1}).to(torch::kCPU)
+      pieces.push_back(grad.defined() ? grad.reshape({-1}).to(torch::kCPU, dtype)
                                       : torch::zeros({p.numel()}, p.options().device(torch::kCPU)));
     }
     std::vector<torch::Tensor> flat{torch::cat(pieces)};

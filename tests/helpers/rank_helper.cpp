@@ -153,7 +153,7 @@ void scenario_dp(Distributed& d) {
   auto b = torch::zeros({5}, torch::requires_grad());
   auto c = torch::zeros({2}, torch::TensorOptions().dtype(torch::kDouble).requires_grad(true));
   a.mutable_grad() = torch::full({3, 2}, static_cast<float>(d.rank() + 1));
-  c.mutable_grad() = torch::full({2}, static_cast<double>(10 * (d.rank() + 1)));
+  c.mutable_grad() = torch::full({2}, 10.0 * (d.rank() + 1), torch::kDouble);
   d.allreduce_gradients({a, b, c});
   float want = 0;
   for (int r : d.layout().data_parallel_ranks(d.pipeline_rank())) want += static_cast<float>(r + 1);
