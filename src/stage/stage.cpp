@@ -125,6 +125,8 @@ Stage::Stage(int index, int first_layer, std::vector<StageLayer> layers, torch::
   TORCH_INTERNAL_ASSERT(!layers_.empty(), "stage ", index, " has no layers");
 }
 
+Stage::~Stage() = default;
+
 std::vector<torch::Tensor> Stage::make_leaves(const std::vector<torch::Tensor>& tensors) const {
   std::vector<torch::Tensor> leaves;
   leaves.reserve(tensors.size());

@@ -69,6 +69,9 @@ class Stage {
   // REQUIRES: !layers.empty(); the layers' parameters already live on `device`.
   Stage(int index, int first_layer, std::vector<StageLayer> layers, torch::Device device,
         uint64_t seed);
+  ~Stage();
+  Stage(const Stage&) = delete;
+  Stage& operator=(const Stage&) = delete;
 
   int index() const { return index_; }
   const torch::Device& device() const { return device_; }
