@@ -186,7 +186,13 @@ void Distributed::declare_tie(const std::string& name, std::vector<int> holders)
   TORCH_CHECK(std::find(holders.begin(), holders.end(), pipeline_rank()) != holders.end(),
               "rank ", rank(), " (pipeline rank ", pipeline_rank(), ") declares tie '", name,
               "' but is not one of its holders");
-  TORCH_CHECK(!ties_.count(name), "tie '", name, "' declared twice on rank ", rank());
+  if (auto known = tie_holders_.find(name); known != tie_holders_.end()) {
+    // A second pipe over the same job: the group exists already.
+    TORCH_CHECK(known->second == holders, "tie '", name,
+                "' declared again on rank ", rank(), " with other holders");
+    return;
+  }
+  tie_holders_[name] = holders;
   if (holders.size() == 1) {
     ties_[name] = nullptr;
     return;

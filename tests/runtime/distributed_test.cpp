@@ -160,5 +160,30 @@ TEST(Distributed, ARankExitingWithoutAWordMakesTheOthersFail) {
   EXPECT_TRUE(run.all_gone());
 }
 
+// Transparency: 3 SGD steps of a model with a residual crossing ranks and a tied weight give the
+// weights of sequential training (1e-5 relative), for every schedule and process layout.
+TEST(DistributedTraining, MatchesSequentialTrainingOnTwoProcessesForEverySchedule) {
+  auto run = run_ranks(2, {"train", "2", "gpipe", "1f1b", "interleaved-1f1b", "zb-h1"}, 0, 20000);
+  EXPECT_EQ(run.result.exit_code, 0) << run.output();
+  for (const char* name : {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1"}) {
+    EXPECT_TRUE(run.printed(std::string("OK train ") + name + " ")) << name << "\n" << run.output();
+  }
+}
+
+TEST(DistributedTraining, MatchesSequentialTrainingOnFourProcessesForEverySchedule) {
+  auto run = run_ranks(4, {"train", "4", "gpipe", "1f1b", "interleaved-1f1b", "zb-h1"}, 0, 20000);
+  EXPECT_EQ(run.result.exit_code, 0) << run.output();
+  for (const char* name : {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1"}) {
+    EXPECT_TRUE(run.printed(std::string("OK train ") + name + " ")) << name << "\n" << run.output();
+  }
+}
+
+TEST(DistributedTraining, MatchesSequentialTrainingWithTwoStagesTimesTwoReplicas) {
+  auto run = run_ranks(4, {"train", "2", "1f1b", "zb-h1"}, 0, 20000);
+  EXPECT_EQ(run.result.exit_code, 0) << run.output();
+  EXPECT_TRUE(run.printed("OK train 1f1b ")) << run.output();
+  EXPECT_TRUE(run.printed("OK train zb-h1 ")) << run.output();
+}
+
 }  // namespace
 }  // namespace pipetrain
