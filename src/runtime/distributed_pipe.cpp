@@ -27,7 +27,9 @@ uint64_t stage_seed(uint64_t seed, int j) {
 
 DistributedPipe::DistributedPipe(Distributed& distributed, torch::nn::Sequential model,
                                  PipeOptions options, torch::Device device)
-    : distributed_(distributed), model_(std::move(model)), options_(std::move(options)),
+    : distributed_(distributed),
+      model_(std::move(model)),
+      options_(std::move(options)),
       device_(device) {
   const auto& o = options_;
   const int64_t layers = static_cast<int64_t>(model_->size());
@@ -36,8 +38,8 @@ DistributedPipe::DistributedPipe(Distributed& distributed, torch::nn::Sequential
   TORCH_CHECK(o.virtual_stages() >= 1, "virtual_stages must be at least 1");
   std::vector<int64_t> balance = o.balance();
   if (balance.empty()) {
-    TORCH_CHECK(o.stages() >= 1 && o.stages() <= layers, "stages ", o.stages(),
-                " must be in 1..", layers, " (the layer count)");
+    TORCH_CHECK(o.stages() >= 1 && o.stages() <= layers, "stages ", o.stages(), " must be in 1..",
+                layers, " (the layer count)");
     balance.assign(static_cast<size_t>(o.stages()), layers / o.stages());
     for (int64_t j = 0; j < layers % o.stages(); ++j) ++balance[static_cast<size_t>(j)];
   }
@@ -45,8 +47,7 @@ DistributedPipe::DistributedPipe(Distributed& distributed, torch::nn::Sequential
               "the balance does not sum to the ", layers, " layers of the Sequential");
   num_stages_ = static_cast<int>(balance.size());
   const int v = static_cast<int>(o.virtual_stages());
-  TORCH_CHECK(num_stages_ % v == 0, num_stages_, " stages are not divisible by virtual_stages ",
-              v);
+  TORCH_CHECK(num_stages_ % v == 0, num_stages_, " stages are not divisible by virtual_stages ", v);
   num_ranks_ = num_stages_ / v;
   TORCH_CHECK(num_ranks_ == distributed_.layout().pipeline_ranks, num_stages_,
               " stages with virtual_stages ", v, " need ", num_ranks_,
@@ -124,9 +125,9 @@ const schedule::Schedule& DistributedPipe::schedule_for(int microbatches) {
 
 double DistributedPipe::train_step(const torch::Tensor& input, const torch::Tensor& target,
                                    const LossFn& loss_fn) {
-  TORCH_CHECK(input.defined() && input.dim() >= 1 && target.defined() &&
-                  target.size(0) == input.size(0),
-              "train_step needs an input and a target with the same number of rows");
+  TORCH_CHECK(
+      input.defined() && input.dim() >= 1 && target.defined() && target.size(0) == input.size(0),
+      "train_step needs an input and a target with the same number of rows");
   const int64_t rows = input.size(0);
   const auto& layout = distributed_.layout();
   TORCH_CHECK(rows >= layout.replicas, "a mini-batch of ", rows, " rows cannot be shared by ",
@@ -145,7 +146,8 @@ double DistributedPipe::train_step(const torch::Tensor& input, const torch::Tens
   StepData data;
   data.num_microbatches = m;
   data.inputs = split_microbatches({my_input.to(device_)}, sizes);
-  for (auto& part : split_microbatches({my_target}, sizes)) data.targets.push_back(part[0].to(device_));
+  for (auto& part : split_microbatches({my_target}, sizes))
+    data.targets.push_back(part[0].to(device_));
   for (int64_t size : sizes) data.loss_weights.push_back(static_cast<double>(size) / rows);
   data.loss_fn = &loss_fn;
   data.training = true;
@@ -176,7 +178,9 @@ double DistributedPipe::train_step(const torch::Tensor& input, const torch::Tens
   return distributed_.broadcast_loss(replica_loss);
 }
 
-std::vector<torch::Tensor> DistributedPipe::parameters() const { return unique_; }
+std::vector<torch::Tensor> DistributedPipe::parameters() const {
+  return unique_;
+}
 
 std::vector<std::pair<std::string, torch::Tensor>> DistributedPipe::named_parameters() const {
   return named_;

@@ -11,8 +11,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
-#include <string>
 #include <set>
+#include <string>
 #include <thread>
 
 #include <torch/torch.h>
@@ -250,9 +250,8 @@ torch::nn::Sequential make_model() {
   torch::manual_seed(0);
   torch::nn::Linear shared(8, 8);
   return torch::nn::Sequential(torch::nn::Linear(6, 8), SkipStash("a"), shared, torch::nn::Tanh(),
-                               torch::nn::Linear(8, 8), SkipPopAdd("a"),
-                               TiedLinear(shared->weight), torch::nn::Tanh(),
-                               torch::nn::Linear(8, 2));
+                               torch::nn::Linear(8, 8), SkipPopAdd("a"), TiedLinear(shared->weight),
+                               torch::nn::Tanh(), torch::nn::Linear(8, 2));
 }
 
 std::vector<torch::Tensor> unique_parameters(const std::vector<torch::Tensor>& params) {
@@ -281,8 +280,12 @@ void scenario_train(Distributed& d, const std::vector<std::string>& schedules) {
     for (int k = 0; k < 3; ++k) batches.emplace_back(torch::randn({13, 6}), torch::randn({13, 2}));
 
     auto model = make_model();
-    DistributedPipe pipe(d, model, PipeOptions().stages(K * virtual_stages).chunks(3).schedule(name)
-                                       .virtual_stages(virtual_stages));
+    DistributedPipe pipe(d, model,
+                         PipeOptions()
+                             .stages(K * virtual_stages)
+                             .chunks(3)
+                             .schedule(name)
+                             .virtual_stages(virtual_stages));
     auto sgd = make_sgd(pipe.parameters());
     std::vector<double> losses;
     for (const auto& [x, y] : batches) {
@@ -308,15 +311,16 @@ void scenario_train(Distributed& d, const std::vector<std::string>& schedules) {
       auto found = gathered.find(entry.key());
       CHECK_OR_THROW(found != gathered.end(), name, ": parameter ", entry.key(), " not gathered");
       const auto want = entry.value().detach();
-      const double relative =
-          (found->second - want).abs().max().item<double>() / (want.abs().max().item<double>() + 1e-12);
+      const double relative = (found->second - want).abs().max().item<double>() /
+                              (want.abs().max().item<double>() + 1e-12);
       worst = std::max(worst, relative);
     }
     CHECK_OR_THROW(worst < 1e-5, name, ": parameters differ from sequential training by ", worst,
                    " (relative)");
     for (std::size_t k = 0; k < losses.size(); ++k) {
-      CHECK_OR_THROW(std::abs(losses[k] - reference_losses[k]) < 1e-5 * std::abs(reference_losses[k]) + 1e-7,
-                     name, ": loss of step ", k, " is ", losses[k], ", sequential ", reference_losses[k]);
+      CHECK_OR_THROW(
+          std::abs(losses[k] - reference_losses[k]) < 1e-5 * std::abs(reference_losses[k]) + 1e-7,
+          name, ": loss of step ", k, " is ", losses[k], ", sequential ", reference_losses[k]);
     }
     std::cout << "OK train " << name << " max_relative_difference " << worst << std::endl;
   }

@@ -137,7 +137,8 @@ TEST(Distributed, ReportsMissingRanksWhenWorldSizeIsLargerThanTheRanksStarted) {
   EXPECT_NE(run.result.exit_code, 0);
   EXPECT_NE(run.result.rank_exit_codes[0], 0);
   EXPECT_NE(run.result.rank_exit_codes[1], 0);
-  EXPECT_TRUE(run.printed("WORLD_SIZE=3 but only 2 ranks arrived; missing ranks: 2")) << run.output();
+  EXPECT_TRUE(run.printed("WORLD_SIZE=3 but only 2 ranks arrived; missing ranks: 2"))
+      << run.output();
   EXPECT_LT(run.seconds, 15.0);
   EXPECT_TRUE(run.all_gone());
 }

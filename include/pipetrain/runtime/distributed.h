@@ -62,7 +62,9 @@ struct ParallelLayout {
   static ParallelLayout for_world(int world_size, int pipeline_ranks);
 
   int world_size() const { return pipeline_ranks * replicas; }
-  int rank_of(int replica, int pipeline_rank) const { return replica * pipeline_ranks + pipeline_rank; }
+  int rank_of(int replica, int pipeline_rank) const {
+    return replica * pipeline_ranks + pipeline_rank;
+  }
   int replica_of(int rank) const { return rank / pipeline_ranks; }
   int pipeline_rank_of(int rank) const { return rank % pipeline_ranks; }
   // The R world ranks holding pipeline rank p: its data-parallel group.
