@@ -12,9 +12,21 @@ TEST(StageResidency, GPipeStashesEveryMicroBatchOnEveryStage) {
   ASSERT_EQ(residency.size(), 3u);
   for (const auto& stage : residency) {
     EXPECT_EQ(stage.peak_inflight, 5);
-    // The last micro-batch's backward is the first backward: nobody is recomputed meanwhile.
-    EXPECT_FALSE(stage.last_alive_during_recompute);
+    // Our GPipe runs backwards in order 0..M-1, so B0..B3 (recomputed under except_last) run
+    // while micro-batch 4 is still stashed whole.
+    EXPECT_TRUE(stage.last_alive_during_recompute);
   }
+}
+
+TEST(StageResidency, ALastMicroBatchBackwardFirstOverlapsNoRecompute) {
+  // Reverse-order GPipe as torchgpipe runs it: the last micro-batch's backward comes first.
+  schedule::Schedule reversed = schedule::gpipe(1, 3);
+  reversed.actions[0] = {{0, schedule::Op::kForward, 0}, {0, schedule::Op::kForward, 1},
+                         {0, schedule::Op::kForward, 2}, {0, schedule::Op::kBackward, 2},
+                         {0, schedule::Op::kBackward, 1}, {0, schedule::Op::kBackward, 0}};
+  const auto residency = stage_residency(reversed);
+  EXPECT_EQ(residency[0].peak_inflight, 3);
+  EXPECT_FALSE(residency[0].last_alive_during_recompute);
 }
 
 TEST(StageResidency, OneFOneBStashesRanksMinusStageMicroBatches) {
