@@ -26,6 +26,12 @@
 namespace pipetrain::schedule {
 
 Schedule interleaved_one_f_one_b(int ranks, int microbatches, int virtual_stages) {
+  if (virtual_stages == 1) {
+    // One chunk per rank is plain 1F1B; the formula's 2*(K-1-r) warm-up would only stash more.
+    Schedule plain = one_f_one_b(ranks, microbatches);
+    plain.name = "interleaved-1f1b";
+    return plain;
+  }
   Schedule schedule =
       detail::empty_schedule("interleaved-1f1b", ranks, microbatches, virtual_stages);
   const int rounds = std::max(1, microbatches / ranks);

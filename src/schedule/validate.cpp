@@ -60,6 +60,7 @@ class Checker {
       result.explanation = failure.explanation;
       result.cells = failure.cells;
       result.message = failure.explanation + "\n" + render_grid(s_, failure.cells);
+      if (!result.message.empty() && result.message.back() == '\n') result.message.pop_back();
       return result;
     }
     return {};

@@ -1,0 +1,144 @@
+// `pipetrain plan` end to end: runs build/pipetrain and reads what it prints.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace {
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr
+};
+
+CommandResult run_plan(const std::string& arguments) {
+  const std::string command =
+      std::string(PIPETRAIN_BINARY_DIR) + "/pipetrain plan " + arguments + " 2>&1";
+  CommandResult run;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (!pipe) return run;
+  std::array<char, 4096> buffer;
+  std::size_t n;
+  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
+    run.output.append(buffer.data(), n);
+  const int status = pclose(pipe);
+  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return run;
+}
+
+std::string temp_path(const std::string& name) {
+  return ::testing::TempDir() + "/" + name;
+}
+
+TEST(PlanCli, JsonHasTheScheduleItsFiguresAndTheActions) {
+  const CommandResult run = run_plan("--stages 4 --microbatches 8 --schedule 1f1b --format json");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const auto json = nlohmann::json::parse(run.output);
+  EXPECT_EQ(json["schedule"], "1f1b");
+  EXPECT_EQ(json["stages"], 4);
+  EXPECT_EQ(json["microbatches"], 8);
+  EXPECT_EQ(json["virtual_stages"], 1);
+  // (K-1)/(M+K-1) = 3/11 with the default costs F=1, B=2.
+  EXPECT_NEAR(json["bubble_fraction"].get<double>(), 3.0 / 11.0, 1e-9);
+  EXPECT_NEAR(json["makespan"].get<double>(), 33.0, 1e-9);
+  EXPECT_EQ(json["peak_activations"], (std::vector<int>{4, 3, 2, 1}));
+  ASSERT_EQ(json["actions"].size(), 4u);
+  EXPECT_EQ(json["actions"][3][0], "3F0");
+  EXPECT_EQ(json["actions"][3][1], "3B0");
+}
+
+TEST(PlanCli, InterleavedJsonCountsVirtualStages) {
+  const CommandResult run =
+      run_plan("--stages 2 --microbatches 4 --schedule interleaved-1f1b --virtual 2 --format json");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const auto json = nlohmann::json::parse(run.output);
+  EXPECT_EQ(json["virtual_stages"], 2);
+  EXPECT_EQ(json["peak_activations"].size(), 4u);
+}
+
+TEST(PlanCli, BadInputExitsTwoWithWhatIsValid) {
+  struct Case {
+    const char* arguments;
+    const char* expected;
+  };
+  for (const Case& c :
+       {Case{"--stages 4 --microbatches 8 --schedule pipedream", "zb-h1"},
+        Case{"--stages 0 --microbatches 8", "--stages"},
+        Case{"--stages 4 --microbatches 0", "--microbatches"},
+        Case{"--stages 4 --microbatches 8 --schedule interleaved-1f1b --virtual 0", "--virtual"},
+        Case{"--stages 4 --microbatches 8 --cost-f -1", "--cost-f"},
+        Case{"--stages 4 --microbatches 8 --format xml", "json, text, svg"},
+        Case{"--stages 4 --microbatches 8 --format svg", "--output"},
+        Case{"--stages four --microbatches 8", "four"},
+        Case{"--schedule-file /nonexistent/x.sched", "/nonexistent/x.sched"}}) {
+    const CommandResult run = run_plan(c.arguments);
+    EXPECT_EQ(run.exit_code, 2) << c.arguments << "\n" << run.output;
+    EXPECT_NE(run.output.find(c.expected), std::string::npos) << c.arguments << "\n" << run.output;
+  }
+}
+
+TEST(PlanCli, MisorderedScheduleFileExitsTwoWithTheMarkedGrid) {
+  const std::string path = temp_path("plan_cli_bad.sched");
+  {
+    std::ofstream out(path);
+    out << "# rank 1 runs micro-batch 1 first: deadlock\n0F0,0B0,0F1,0B1\n1F1,1F0,1B0,1B1\n";
+  }
+  const CommandResult run = run_plan("--schedule-file " + path);
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_NE(run.output.find("deadlock"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find(">1F1<"), std::string::npos) << run.output;
+  std::remove(path.c_str());
+}
+
+TEST(PlanCli, CustomScheduleFileIsSimulated) {
+  const std::string path = temp_path("plan_cli_good.sched");
+  {
+    std::ofstream out(path);
+    out << "0F0,0F1,0B0,0B1\n1F0,1B0,1F1,1B1\n";
+  }
+  const CommandResult run = run_plan("--schedule-file " + path + " --format json");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const auto json = nlohmann::json::parse(run.output);
+  EXPECT_EQ(json["schedule"], "custom");
+  EXPECT_EQ(json["stages"], 2);
+  EXPECT_EQ(json["microbatches"], 2);
+  std::remove(path.c_str());
+}
+
+TEST(PlanCli, SvgIsWrittenToTheOutputFile) {
+  const std::string path = temp_path("plan_cli.svg");
+  const CommandResult run =
+      run_plan("--stages 3 --microbatches 6 --schedule zb-h1 --format svg --output " + path);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  std::ifstream in(path);
+  std::string svg((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(svg.find("<svg"), std::string::npos);
+  EXPECT_NE(svg.find("zb-h1"), std::string::npos);
+  std::remove(path.c_str());
+}
+
+TEST(PlanCli, TextDrawsTheTimeGrid) {
+  const CommandResult run = run_plan("--stages 2 --microbatches 2 --schedule gpipe");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("rank 1"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("1F0"), std::string::npos) << run.output;
+}
+
+TEST(PlanCli, SixtyFourStagesFiveHundredTwelveMicrobatchesCompletes) {
+  const auto start = std::chrono::steady_clock::now();
+  const CommandResult run =
+      run_plan("--stages 64 --microbatches 512 --schedule 1f1b --format json");
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_EQ(run.exit_code, 0) << run.output.substr(0, 2000);
+  const auto json = nlohmann::json::parse(run.output);
+  EXPECT_NEAR(json["bubble_fraction"].get<double>(), 63.0 / 575.0, 1e-9);
+  std::printf("pipetrain plan 64 x 512 1f1b: %.3f s wall (process start included)\n", seconds);
+}
+
+}  // namespace
