@@ -10,14 +10,18 @@ namespace {
 constexpr std::array<std::string_view, 8> kOpNames = {"F", "B", "I", "W", "SF", "RF", "SB", "RB"};
 }  // namespace
 
-std::string_view op_name(Op op) { return kOpNames[static_cast<std::size_t>(op)]; }
+std::string_view op_name(Op op) {
+  return kOpNames[static_cast<std::size_t>(op)];
+}
 
 bool is_compute(Op op) {
   return op == Op::kForward || op == Op::kBackward || op == Op::kBackwardInput ||
          op == Op::kBackwardWeight;
 }
 
-bool is_communication(Op op) { return !is_compute(op); }
+bool is_communication(Op op) {
+  return !is_compute(op);
+}
 
 std::string to_string(const Action& action) {
   std::string text = std::to_string(action.stage);

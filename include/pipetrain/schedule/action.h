@@ -26,14 +26,14 @@
 namespace pipetrain::schedule {
 
 enum class Op : std::uint8_t {
-  kForward,          // F
-  kBackward,         // B
-  kBackwardInput,    // I
-  kBackwardWeight,   // W
-  kSendActivation,   // SF
-  kRecvActivation,   // RF
-  kSendGradient,     // SB
-  kRecvGradient,     // RB
+  kForward,         // F
+  kBackward,        // B
+  kBackwardInput,   // I
+  kBackwardWeight,  // W
+  kSendActivation,  // SF
+  kRecvActivation,  // RF
+  kSendGradient,    // SB
+  kRecvGradient,    // RB
 };
 
 // "F", "B", "I", "W", "SF", "RF", "SB", "RB".
@@ -44,7 +44,7 @@ bool is_compute(Op op);
 bool is_communication(Op op);
 
 struct Action {
-  int stage = 0;       // j
+  int stage = 0;  // j
   Op op = Op::kForward;
   int microbatch = 0;  // i
 

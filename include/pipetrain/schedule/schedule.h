@@ -18,11 +18,11 @@
 namespace pipetrain::schedule {
 
 struct Schedule {
-  std::string name;              // "gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "custom", ...
-  int num_ranks = 0;             // K
-  int num_stages = 0;            // S = K * V
-  int num_microbatches = 0;      // M
-  std::vector<int> stage_rank;   // size S: rank that runs stage j
+  std::string name;             // "gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "custom", ...
+  int num_ranks = 0;            // K
+  int num_stages = 0;           // S = K * V
+  int num_microbatches = 0;     // M
+  std::vector<int> stage_rank;  // size S: rank that runs stage j
   std::vector<std::vector<Action>> actions;  // size K: rank r's actions in order
 
   int virtual_stages() const { return num_ranks > 0 ? num_stages / num_ranks : 0; }

@@ -1,0 +1,41 @@
+// Timeline: what ran where and when, as a flat list of events, one per executed action.
+//
+// simulate() produces one from a cost model; the runtime's tracer produces one from measured
+// times. The writers (timeline_svg.h, chrome_trace.h) and render_time_grid (grid.h) draw either,
+// so they depend on nothing but this header.
+//
+// Thread-safety: plain values.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "pipetrain/schedule/action.h"
+
+namespace pipetrain::schedule {
+
+struct TimelineEvent {
+  int rank = 0;
+  std::string label;  // "2F0"; usually to_string(Action)
+  Op op = Op::kForward;
+  int stage = 0;       // j
+  int microbatch = 0;  // i
+  double start = 0;    // in Timeline::time_unit
+  double end = 0;
+};
+
+struct Timeline {
+  std::string title;                   // drawn above the picture
+  int num_ranks = 0;                   // rows; events with rank >= num_ranks widen it
+  std::string time_unit = "units";     // axis label: "units" (cost model), "ms", "us", ...
+  double microseconds_per_unit = 1.0;  // Chrome trace timestamps are microseconds
+  std::vector<TimelineEvent> events;
+
+  double makespan() const;  // latest end (0 when empty)
+  int rows() const;         // max(num_ranks, 1 + largest event rank)
+};
+
+// An event for `action` on `rank`, labelled to_string(action).
+TimelineEvent make_event(int rank, const Action& action, double start, double end);
+
+}  // namespace pipetrain::schedule

@@ -1,0 +1,139 @@
+// Schedule text form: parse, format, load, save (format described in text_format.h).
+#include "pipetrain/schedule/text_format.h"
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include "pipetrain/schedule/atomic_file.h"
+
+namespace pipetrain::schedule {
+namespace {
+
+std::string_view trim(std::string_view text) {
+  const char* space = " \t\r\n";
+  const auto begin = text.find_first_not_of(space);
+  if (begin == std::string_view::npos) return {};
+  const auto end = text.find_last_not_of(space);
+  return text.substr(begin, end - begin + 1);
+}
+
+[[noreturn]] void fail_at(int line, std::string_view token, const std::string& why) {
+  throw std::invalid_argument("line " + std::to_string(line) + ", token '" + std::string(token) +
+                              "': " + why);
+}
+
+}  // namespace
+
+Schedule parse_schedule(std::string_view text, const std::string& name) {
+  Schedule schedule;
+  schedule.name = name;
+  // Where each stage was first seen: rank and line, to name both when it shows up elsewhere.
+  std::vector<int> stage_rank;
+  std::vector<int> stage_line;
+  int max_microbatch = -1;
+  int line_number = 0;
+  std::size_t pos = 0;
+  while (pos <= text.size()) {
+    auto newline = text.find('\n', pos);
+    if (newline == std::string_view::npos) newline = text.size();
+    std::string_view line = text.substr(pos, newline - pos);
+    pos = newline + 1;
+    ++line_number;
+    if (auto hash = line.find('#'); hash != std::string_view::npos) line = line.substr(0, hash);
+    line = trim(line);
+    if (line.empty()) continue;
+    const int r = static_cast<int>(schedule.actions.size());
+    schedule.actions.emplace_back();
+    if (line == "-") continue;  // a rank with no actions
+    std::size_t start = 0;
+    while (start <= line.size()) {
+      auto comma = line.find(',', start);
+      if (comma == std::string_view::npos) comma = line.size();
+      std::string_view token = trim(line.substr(start, comma - start));
+      start = comma + 1;
+      if (token.empty()) fail_at(line_number, token, "empty action (two commas in a row?)");
+      Action action;
+      try {
+        action = parse_action(token);
+      } catch (const std::invalid_argument& e) {
+        fail_at(line_number, token, e.what());
+      }
+      const int j = action.stage;
+      if (j >= static_cast<int>(stage_rank.size())) {
+        stage_rank.resize(j + 1, -1);
+        stage_line.resize(j + 1, 0);
+      }
+      if (stage_rank[j] == -1) {
+        stage_rank[j] = r;
+        stage_line[j] = line_number;
+      } else if (stage_rank[j] != r) {
+        fail_at(line_number, token,
+                "stage " + std::to_string(j) + " is already on rank " +
+                    std::to_string(stage_rank[j]) + " (line " + std::to_string(stage_line[j]) +
+                    "); a stage runs on exactly one rank, so move all of stage " +
+                    std::to_string(j) + "'s actions to one line");
+      }
+      max_microbatch = std::max(max_microbatch, action.microbatch);
+      schedule.actions[r].push_back(action);
+    }
+  }
+  if (schedule.actions.empty()) {
+    throw std::invalid_argument(
+        "schedule text has no rank lines (only blank lines or comments); "
+        "write one line of comma-separated actions per rank, e.g. "
+        "0F0,0B0");
+  }
+  for (std::size_t j = 0; j < stage_rank.size(); ++j) {
+    if (stage_rank[j] == -1) {
+      throw std::invalid_argument("stage " + std::to_string(j) + " never appears, but stage " +
+                                  std::to_string(stage_rank.size() - 1) +
+                                  " does; stages must be numbered 0.." +
+                                  std::to_string(stage_rank.size() - 1) + " without gaps");
+    }
+  }
+  schedule.num_ranks = static_cast<int>(schedule.actions.size());
+  schedule.num_stages = static_cast<int>(stage_rank.size());
+  schedule.num_microbatches = max_microbatch + 1;
+  schedule.stage_rank = std::move(stage_rank);
+  return schedule;
+}
+
+std::string format_schedule(const Schedule& schedule) {
+  std::string text;
+  for (const auto& list : schedule.actions) {
+    if (list.empty()) text += "-";
+    for (std::size_t k = 0; k < list.size(); ++k) {
+      if (k > 0) text += ',';
+      text += to_string(list[k]);
+    }
+    text += '\n';
+  }
+  return text;
+}
+
+Schedule load_schedule(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    throw std::runtime_error("cannot read schedule file '" + path +
+                             "'; check the path and permissions");
+  }
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  try {
+    return parse_schedule(buffer.str(), "custom");
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument("schedule file '" + path + "', " + e.what());
+  }
+}
+
+void save_schedule(const Schedule& schedule, const std::string& path, const std::string& comment) {
+  std::string text;
+  std::stringstream lines(comment);
+  for (std::string line; std::getline(lines, line);) text += "# " + line + "\n";
+  text += format_schedule(schedule);
+  write_file_atomically(path, text);
+}
+
+}  // namespace pipetrain::schedule
