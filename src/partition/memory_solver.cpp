@@ -115,13 +115,10 @@ StageBytes stage_bytes(const ModelProfile& profile, std::int64_t first, std::int
   return bytes;
 }
 
-std::vector<std::int64_t> rank_peak_memory(const ModelProfile& profile,
-                                           const std::vector<int>& balance,
-                                           std::int64_t microbatch_size,
-                                           const schedule::Schedule& schedule,
-                                           const std::vector<StageResidency>& residency,
-                                           CheckpointMode checkpoint,
-                                           double optimizer_state_multiple) {
+std::vector<std::int64_t> rank_peak_memory(
+    const ModelProfile& profile, const std::vector<int>& balance, std::int64_t microbatch_size,
+    const schedule::Schedule& schedule, const std::vector<StageResidency>& residency,
+    CheckpointMode checkpoint, double optimizer_state_multiple) {
   if (static_cast<int>(balance.size()) != schedule.num_stages ||
       static_cast<int>(residency.size()) != schedule.num_stages) {
     throw std::invalid_argument("rank_peak_memory: balance has " + std::to_string(balance.size()) +
@@ -187,15 +184,24 @@ std::int64_t parse_bytes(std::string_view text) {
   std::string unit = s.substr(used);
   for (auto& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   double scale = -1;
-  if (unit.empty() || unit == "b") scale = 1;
-  else if (unit == "k" || unit == "kib") scale = 1024.0;
-  else if (unit == "m" || unit == "mib") scale = 1024.0 * 1024;
-  else if (unit == "g" || unit == "gib") scale = 1024.0 * 1024 * 1024;
-  else if (unit == "t" || unit == "tib") scale = 1024.0 * 1024 * 1024 * 1024;
-  else if (unit == "kb") scale = 1e3;
-  else if (unit == "mb") scale = 1e6;
-  else if (unit == "gb") scale = 1e9;
-  else if (unit == "tb") scale = 1e12;
+  if (unit.empty() || unit == "b")
+    scale = 1;
+  else if (unit == "k" || unit == "kib")
+    scale = 1024.0;
+  else if (unit == "m" || unit == "mib")
+    scale = 1024.0 * 1024;
+  else if (unit == "g" || unit == "gib")
+    scale = 1024.0 * 1024 * 1024;
+  else if (unit == "t" || unit == "tib")
+    scale = 1024.0 * 1024 * 1024 * 1024;
+  else if (unit == "kb")
+    scale = 1e3;
+  else if (unit == "mb")
+    scale = 1e6;
+  else if (unit == "gb")
+    scale = 1e9;
+  else if (unit == "tb")
+    scale = 1e12;
   if (used == 0 || scale < 0 || !(number >= 0)) {
     throw std::invalid_argument("cannot read '" + std::string(text) +
                                 "' as a size; write e.g. 2GiB, 512MiB, 1.5G or 1000000 (bytes)");

@@ -25,6 +25,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "pipetrain/partition/balance.h"
 #include "pipetrain/partition/planner.h"
 #include "pipetrain/schedule/generators.h"
 #include "pipetrain/schedule/simulate.h"
@@ -38,7 +39,7 @@ constexpr double kInfinity = std::numeric_limits<double>::infinity();
 struct LayerTable {
   std::int64_t microbatch_size = 0;
   std::vector<double> forward, backward, backward_input, backward_weight, update;  // prefix sums
-  std::vector<std::int64_t> parameters, body;                                       // prefix sums
+  std::vector<std::int64_t> parameters, body;                                      // prefix sums
   std::vector<std::int64_t> input_of;  // bytes entering layer l (l = 0: the model input)
 
   LayerTable(const ModelProfile& profile, std::int64_t m) : microbatch_size(m) {
@@ -70,7 +71,9 @@ struct LayerTable {
   }
 };
 
-bool splits_backward(const std::string& schedule) { return schedule == "zb-h1"; }
+bool splits_backward(const std::string& schedule) {
+  return schedule == "zb-h1";
+}
 
 // Fraction of micro-batches whose backward first recomputes the forward.
 double recompute_fraction(CheckpointMode mode, int microbatches) {
@@ -142,11 +145,16 @@ class Evaluator {
         .total();
   }
 
+  // The project's balance solver (balance.h) on per-layer times; V chunks per rank.
   std::vector<int> time_balance(const Candidate& c) {
     const LayerTable& t = table(c.microbatches);
-    const int S = options_.ranks * c.virtual_stages;
-    return min_max_partition(static_cast<int>(profile_.num_layers()), S,
-                             [&](int, int a, int e) { return stage_time(t, c, a, e); });
+    std::vector<double> layer_time(static_cast<std::size_t>(profile_.num_layers()));
+    for (std::size_t l = 0; l < layer_time.size(); ++l) {
+      layer_time[l] = stage_time(t, c, static_cast<int>(l), static_cast<int>(l) + 1);
+    }
+    BalanceOptions options;
+    options.virtual_stages = c.virtual_stages;
+    return solve_balance(layer_time, options_.ranks, options).sizes;
   }
 
   // Min-max time with every stage's memory <= limit / V (a rank holds V stages).
@@ -162,11 +170,10 @@ class Evaluator {
 
   std::vector<int> memory_balance(const Candidate& c, const ScheduleEntry& s) {
     const LayerTable& t = table(c.microbatches);
-    return min_max_partition(static_cast<int>(profile_.num_layers()), s.schedule.num_stages,
-                             [&](int j, int a, int e) {
-                               return static_cast<double>(
-                                   stage_bytes_total(t, c, s.residency[j], a, e));
-                             });
+    return min_max_partition(
+        static_cast<int>(profile_.num_layers()), s.schedule.num_stages, [&](int j, int a, int e) {
+          return static_cast<double>(stage_bytes_total(t, c, s.residency[j], a, e));
+        });
   }
 
   double update_of_rank(const LayerTable& t, const std::vector<int>& balance, int r) const {
@@ -250,9 +257,9 @@ class Evaluator {
   }
 
   void fill_memory(Plan& plan, const ScheduleEntry& s) {
-    plan.peak_memory_per_rank = rank_peak_memory(profile_, plan.balance, plan.microbatch_size,
-                                                 s.schedule, s.residency, plan.checkpoint,
-                                                 options_.optimizer_state_multiple);
+    plan.peak_memory_per_rank =
+        rank_peak_memory(profile_, plan.balance, plan.microbatch_size, s.schedule, s.residency,
+                         plan.checkpoint, options_.optimizer_state_multiple);
     plan.peak_memory_bytes =
         *std::max_element(plan.peak_memory_per_rank.begin(), plan.peak_memory_per_rank.end());
     plan.peak_inflight.clear();
@@ -416,9 +423,8 @@ PlanReport plan_pipeline(const ModelProfile& profile, const PlannerOptions& opti
   }
   if (options.checkpoint_modes.empty()) options.checkpoint_modes = all_checkpoint_modes();
   if (options.virtual_stages.empty()) options.virtual_stages = {1, 2, 4};
-  const bool searches_1f1b =
-      std::find(options.schedules.begin(), options.schedules.end(), "1f1b") !=
-      options.schedules.end();
+  const bool searches_1f1b = std::find(options.schedules.begin(), options.schedules.end(),
+                                       "1f1b") != options.schedules.end();
   const int L = static_cast<int>(profile.num_layers());
 
   Evaluator evaluator(profile, options);
@@ -447,10 +453,9 @@ PlanReport plan_pipeline(const ModelProfile& profile, const PlannerOptions& opti
     }
   }
   report.candidates = static_cast<int>(candidates.size());
-  std::stable_sort(candidates.begin(), candidates.end(),
-                   [](const Candidate& a, const Candidate& b) {
-                     return a.lower_bound < b.lower_bound;
-                   });
+  std::stable_sort(
+      candidates.begin(), candidates.end(),
+      [](const Candidate& a, const Candidate& b) { return a.lower_bound < b.lower_bound; });
 
   const std::int64_t limit = options.memory_limit_bytes;
   auto table_full_and_beats = [&](double bound) {
@@ -531,9 +536,10 @@ PlanReport plan_pipeline(const ModelProfile& profile, const PlannerOptions& opti
       const ScheduleEntry& s = evaluator.schedule_of(report.smallest_fitting_plan.schedule,
                                                      report.smallest_fitting_plan.microbatches,
                                                      report.smallest_fitting_plan.virtual_stages);
-      Candidate c{report.smallest_fitting_plan.schedule, report.smallest_fitting_plan.microbatches,
-                  report.smallest_fitting_plan.virtual_stages,
-                  report.smallest_fitting_plan.checkpoint, report.smallest_fitting_plan.balance, 0};
+      Candidate c{
+          report.smallest_fitting_plan.schedule,       report.smallest_fitting_plan.microbatches,
+          report.smallest_fitting_plan.virtual_stages, report.smallest_fitting_plan.checkpoint,
+          report.smallest_fitting_plan.balance,        0};
       report.smallest_fitting_plan = evaluator.predict(c, s);
     }
   }

@@ -31,9 +31,8 @@ double lerp(double x0, double y0, double x1, double y1, double x) {
 std::int64_t interpolate_bytes(const std::vector<std::int64_t>& sizes, std::int64_t b,
                                const std::vector<std::int64_t>& bytes_at) {
   if (sizes.size() == 1) {
-    return static_cast<std::int64_t>(std::llround(static_cast<double>(bytes_at[0]) *
-                                                  static_cast<double>(b) /
-                                                  static_cast<double>(sizes[0])));
+    return static_cast<std::int64_t>(std::llround(
+        static_cast<double>(bytes_at[0]) * static_cast<double>(b) / static_cast<double>(sizes[0])));
   }
   const std::size_t p = segment_of(sizes, b);
   const double y = lerp(static_cast<double>(sizes[p]), static_cast<double>(bytes_at[p]),
@@ -102,13 +101,14 @@ std::int64_t ModelProfile::parameter_bytes() const {
 
 void ModelProfile::validate() const {
   if (microbatch_sizes.empty()) {
-    throw std::invalid_argument("profile: no micro-batch sizes were measured; profile at least one");
+    throw std::invalid_argument(
+        "profile: no micro-batch sizes were measured; profile at least one");
   }
   for (std::size_t p = 0; p < microbatch_sizes.size(); ++p) {
     if (microbatch_sizes[p] < 1 || (p > 0 && microbatch_sizes[p] <= microbatch_sizes[p - 1])) {
-      throw std::invalid_argument("profile: micro-batch sizes must be positive and ascending (size " +
-                                  std::to_string(microbatch_sizes[p]) + " at position " +
-                                  std::to_string(p) + ")");
+      throw std::invalid_argument(
+          "profile: micro-batch sizes must be positive and ascending (size " +
+          std::to_string(microbatch_sizes[p]) + " at position " + std::to_string(p) + ")");
     }
   }
   if (input_bytes.size() != microbatch_sizes.size()) {

@@ -103,6 +103,15 @@ torch::Tensor run_layer(torch::nn::AnyModule& layer, std::size_t l, const torch:
   }
 }
 
+// "torch::nn::LinearImpl" -> "Linear".
+std::string short_name(std::string name) {
+  const auto colon = name.rfind("::");
+  if (colon != std::string::npos) name = name.substr(colon + 2);
+  if (name.size() > 4 && name.compare(name.size() - 4, 4, "Impl") == 0)
+    name.resize(name.size() - 4);
+  return name;
+}
+
 std::vector<torch::nn::AnyModule*> layers_of(torch::nn::Sequential& model) {
   std::vector<torch::nn::AnyModule*> layers;
   for (auto& layer : *model) layers.push_back(&layer);
@@ -166,7 +175,7 @@ ModelProfile profile_sequential(torch::nn::Sequential& model, const torch::Tenso
   const std::vector<torch::nn::AnyModule*> layers = layers_of(model);
   for (std::size_t l = 0; l < layers.size(); ++l) {
     LayerProfile layer;
-    layer.name = std::to_string(l) + ":" + layers[l]->ptr()->name();
+    layer.name = std::to_string(l) + ":" + short_name(layers[l]->ptr()->name());
     std::vector<torch::Tensor> params;
     for (const auto& p : layers[l]->ptr()->parameters()) {
       layer.parameter_bytes += tensor_bytes(p);

@@ -21,8 +21,8 @@ TEST(StageResidency, GPipeStashesEveryMicroBatchOnEveryStage) {
 TEST(StageResidency, ALastMicroBatchBackwardFirstOverlapsNoRecompute) {
   // Reverse-order GPipe as torchgpipe runs it: the last micro-batch's backward comes first.
   schedule::Schedule reversed = schedule::gpipe(1, 3);
-  reversed.actions[0] = {{0, schedule::Op::kForward, 0}, {0, schedule::Op::kForward, 1},
-                         {0, schedule::Op::kForward, 2}, {0, schedule::Op::kBackward, 2},
+  reversed.actions[0] = {{0, schedule::Op::kForward, 0},  {0, schedule::Op::kForward, 1},
+                         {0, schedule::Op::kForward, 2},  {0, schedule::Op::kBackward, 2},
                          {0, schedule::Op::kBackward, 1}, {0, schedule::Op::kBackward, 0}};
   const auto residency = stage_residency(reversed);
   EXPECT_EQ(residency[0].peak_inflight, 3);
@@ -72,8 +72,8 @@ TEST(RankPeakMemory, SumsTheStagesOfEachRankAndOneRecompute) {
   // 1f1b, 2 ranks, 4 micro-batches of 1 sample: stage 0 holds 2, stage 1 holds 1.
   const auto schedule = schedule::one_f_one_b(2, 4);
   const auto residency = stage_residency(schedule);
-  const auto peaks = rank_peak_memory(profile, {2, 2}, 1, schedule, residency,
-                                      CheckpointMode::kNever, 0.0);
+  const auto peaks =
+      rank_peak_memory(profile, {2, 2}, 1, schedule, residency, CheckpointMode::kNever, 0.0);
   // Per stage: 2 * 100 parameters + 2 * 100 gradients; stash per micro-batch = input 2 + 2 * 8.
   EXPECT_EQ(peaks[0], 400 + 2 * 18);
   EXPECT_EQ(peaks[1], 400 + 1 * 18);
@@ -81,8 +81,8 @@ TEST(RankPeakMemory, SumsTheStagesOfEachRankAndOneRecompute) {
   // Interleaved, 2 ranks x 2 virtual stages of one layer: rank 0 holds stages 0 and 2.
   const auto interleaved = schedule::interleaved_one_f_one_b(2, 4, 2);
   const auto r2 = stage_residency(interleaved);
-  const auto always = rank_peak_memory(profile, {1, 1, 1, 1}, 1, interleaved, r2,
-                                       CheckpointMode::kAlways, 0.0);
+  const auto always =
+      rank_peak_memory(profile, {1, 1, 1, 1}, 1, interleaved, r2, CheckpointMode::kAlways, 0.0);
   // Each stage: 200 parameter bytes, n_j inputs of 2 bytes, a recompute of 8 bytes, counted once
   // per rank.
   const std::int64_t rank0 = 400 + 2 * (r2[0].peak_inflight + r2[2].peak_inflight) + 8;

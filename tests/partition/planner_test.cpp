@@ -34,8 +34,7 @@ void for_each_split(int n, int stages, const std::function<void(const std::vecto
   recurse(n, stages);
 }
 
-double split_cost(const std::vector<int>& split,
-                  const std::function<double(int, int, int)>& cost) {
+double split_cost(const std::vector<int>& split, const std::function<double(int, int, int)>& cost) {
   double worst = 0;
   int first = 0;
   for (int j = 0; j < static_cast<int>(split.size()); ++j) {
@@ -179,8 +178,8 @@ TEST(Planner, RejectsEveryPlanOverTheLimitAndReportsTheSmallestLimitThatWorks) {
   // A 1 + 3 split: stage 0 = 1 layer, 2 in flight; stage 1 = 3 layers, 1 in flight.
   const std::int64_t stash_one = (std::int64_t{1} << 12) * 16 + (std::int64_t{1} << 16) * 16;
   const std::int64_t stash_three = (std::int64_t{1} << 12) * 16 + 3 * (std::int64_t{1} << 16) * 16;
-  const std::int64_t by_hand_1_3 =
-      std::max((std::int64_t{1} << 20) * 2 + 2 * stash_one, 3 * (std::int64_t{1} << 20) * 2 + stash_three);
+  const std::int64_t by_hand_1_3 = std::max((std::int64_t{1} << 20) * 2 + 2 * stash_one,
+                                            3 * (std::int64_t{1} << 20) * 2 + stash_three);
   const std::int64_t expected = std::min(by_hand_even, by_hand_1_3);
 
   options.memory_limit_bytes = 1 << 20;  // less than one layer's parameters and gradients
@@ -208,7 +207,8 @@ TEST(Planner, TheSmallestLimitOfTheFullSearchIsTight) {
   options.memory_limit_bytes = none.smallest_fitting_limit;
   const PlanReport exact = plan_pipeline(profile, options);
   ASSERT_TRUE(exact.found());
-  for (const auto& plan : exact.ranked) EXPECT_LE(plan.peak_memory_bytes, options.memory_limit_bytes);
+  for (const auto& plan : exact.ranked)
+    EXPECT_LE(plan.peak_memory_bytes, options.memory_limit_bytes);
   options.memory_limit_bytes = none.smallest_fitting_limit - 1;
   EXPECT_FALSE(plan_pipeline(profile, options).found());
 }

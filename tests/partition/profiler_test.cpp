@@ -1,8 +1,8 @@
 // Profiler: shapes and bytes it must get exactly, timings it must order correctly.
 #include <gtest/gtest.h>
 
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
 #include "pipetrain/partition/profiler.h"
 
@@ -17,8 +17,8 @@ TEST(Profiler, CountsParameterAndOutputBytesFromTheShapes) {
   torch::manual_seed(0);
   torch::nn::Sequential model(torch::nn::Linear(64, 32), torch::nn::ReLU(),
                               torch::nn::Linear(32, 8));
-  const auto profile = profile_sequential(model, torch::randn({16, 64}),
-                                          quick().microbatch_sizes({4, 16}));
+  const auto profile =
+      profile_sequential(model, torch::randn({16, 64}), quick().microbatch_sizes({4, 16}));
   ASSERT_EQ(profile.num_layers(), 3);
   EXPECT_EQ(profile.layers[0].parameter_bytes, (64 * 32 + 32) * 4);
   EXPECT_EQ(profile.layers[1].parameter_bytes, 0);

@@ -54,7 +54,7 @@ struct StageMemory {
   std::int64_t parameters = 0;
   std::int64_t gradients = 0;
   std::int64_t optimizer_state = 0;
-  std::int64_t stashed_activations = 0;  // held across micro-batches
+  std::int64_t stashed_activations = 0;    // held across micro-batches
   std::int64_t recompute_activations = 0;  // one micro-batch rebuilt for its backward
 
   std::int64_t total() const {
@@ -78,13 +78,10 @@ StageBytes stage_bytes(const ModelProfile& profile, std::int64_t first, std::int
 
 // Peak bytes per rank for `balance` (layers per stage, size S, summing to the layer count).
 // REQUIRES: balance.size() == schedule.num_stages, every entry >= 1 (std::invalid_argument).
-std::vector<std::int64_t> rank_peak_memory(const ModelProfile& profile,
-                                           const std::vector<int>& balance,
-                                           std::int64_t microbatch_size,
-                                           const schedule::Schedule& schedule,
-                                           const std::vector<StageResidency>& residency,
-                                           CheckpointMode checkpoint,
-                                           double optimizer_state_multiple);
+std::vector<std::int64_t> rank_peak_memory(
+    const ModelProfile& profile, const std::vector<int>& balance, std::int64_t microbatch_size,
+    const schedule::Schedule& schedule, const std::vector<StageResidency>& residency,
+    CheckpointMode checkpoint, double optimizer_state_multiple);
 
 // "1.5 GiB", "512 MiB", "12 KiB", "100 B".
 std::string format_bytes(std::int64_t bytes);

@@ -36,12 +36,12 @@ struct PlannerOptions {
   int ranks = 2;                        // K
   std::int64_t memory_limit_bytes = 0;  // per rank; 0 = no limit
   // Search space; an empty list means the default written beside it.
-  std::vector<std::string> schedules;           // gpipe, 1f1b, interleaved-1f1b, zb-h1
-  std::vector<int> microbatch_counts;           // powers of two dividing the batch, and the batch
+  std::vector<std::string> schedules;            // gpipe, 1f1b, interleaved-1f1b, zb-h1
+  std::vector<int> microbatch_counts;            // powers of two dividing the batch, and the batch
   std::vector<CheckpointMode> checkpoint_modes;  // never, except_last, always
-  std::vector<int> virtual_stages;              // 1, 2, 4 (V > 1 only for interleaved-1f1b)
-  double optimizer_state_multiple = 0;          // SGD 0, momentum 1, Adam 2 (memory and update)
-  int top = 10;                                 // plans kept in the ranked table
+  std::vector<int> virtual_stages;               // 1, 2, 4 (V > 1 only for interleaved-1f1b)
+  double optimizer_state_multiple = 0;           // SGD 0, momentum 1, Adam 2 (memory and update)
+  int top = 10;                                  // plans kept in the ranked table
 };
 
 // One fully specified plan and what the model predicts for it.
@@ -74,10 +74,10 @@ struct PlanReport {
   // memory-minimising balance), and that candidate. 0 when a plan was found or no limit given.
   std::int64_t smallest_fitting_limit = 0;
   Plan smallest_fitting_plan;
-  int candidates = 0;        // (schedule, M, V, checkpoint) combinations considered
-  int simulated = 0;         // of those, how many were simulated
-  int pruned = 0;            // skipped: their lower bound could not beat the table
-  int rejected_memory = 0;   // no balance fits the limit
+  int candidates = 0;       // (schedule, M, V, checkpoint) combinations considered
+  int simulated = 0;        // of those, how many were simulated
+  int pruned = 0;           // skipped: their lower bound could not beat the table
+  int rejected_memory = 0;  // no balance fits the limit
   double planning_seconds = 0;
 
   bool found() const { return !ranked.empty(); }
@@ -89,8 +89,7 @@ PlanReport plan_pipeline(const ModelProfile& profile, const PlannerOptions& opti
 // Predicts one plan as given (its balance included; an empty balance means the time-balanced
 // one). Used for the hand-written default and by `pipetrain plan --verify`.
 // REQUIRES: balance empty or of size ranks*virtual_stages summing to the layer count.
-Plan evaluate_plan(const ModelProfile& profile, const Plan& plan,
-                   const PlannerOptions& options);
+Plan evaluate_plan(const ModelProfile& profile, const Plan& plan, const PlannerOptions& options);
 
 // The plan most users write by hand: 1f1b, `microbatches` chunks, layers split evenly by count,
 // no checkpointing.

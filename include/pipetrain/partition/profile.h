@@ -6,7 +6,8 @@
 //
 //   layers[l].costs[p]   the cost of layer l at micro-batch size microbatch_sizes[p]
 //   layer_cost(l, b)     the cost at any b: piecewise-linear in b between the measured sizes,
-//                        linear extrapolation outside (times clamped at >= 0); bytes are linear in b
+//                        linear extrapolation outside (times clamped at >= 0); bytes are linear in
+//                        b
 //
 // Thread-safety: a plain value; safe to copy and to read from many threads.
 // REQUIRES: microbatch_sizes ascending and non-empty; every layer has one cost per size
@@ -52,7 +53,7 @@ struct TransferModel {
 };
 
 struct ModelProfile {
-  std::int64_t batch_size = 0;                // the mini-batch the plan is for
+  std::int64_t batch_size = 0;                 // the mini-batch the plan is for
   std::vector<std::int64_t> microbatch_sizes;  // ascending: the sizes that were measured
   std::vector<std::int64_t> input_bytes;       // the model input's bytes, per measured size
   std::vector<LayerProfile> layers;
@@ -83,6 +84,7 @@ struct UniformLayer {
   std::int64_t activation_bytes_per_sample = 4096;
   std::int64_t output_bytes_per_sample = 1024;
 };
-ModelProfile uniform_profile(std::int64_t layers, std::int64_t batch_size, const UniformLayer& layer);
+ModelProfile uniform_profile(std::int64_t layers, std::int64_t batch_size,
+                             const UniformLayer& layer);
 
 }  // namespace pipetrain::partition
