@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <iostream>
 #include <sstream>
+#include <thread>
 
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
@@ -155,6 +156,8 @@ Checkpoint to_runtime(pp::CheckpointMode mode) {
 struct Measured {
   double median_seconds = 0;
   std::vector<int64_t> peak_stashed_bytes;  // per stage, from the runtime's accounting
+  double busy_seconds_per_rank = 0;         // compute actions of the last step, averaged over ranks
+  double span_seconds = 0;                  // first action start to last action end, last step
 };
 
 // [4] zero_grad + train_step + SGD step, the same work the prediction covers.
@@ -190,6 +193,13 @@ Measured measure(torch::nn::Sequential& model, const torch::Tensor& sample, cons
   std::sort(times.begin(), times.end());
   Measured measured;
   measured.median_seconds = times[times.size() / 2];
+  double busy = 0, span = 0;
+  for (const auto& event : pipe->last_events()) {
+    if (schedule::is_compute(event.action.op)) busy += (event.end_us - event.start_us) * 1e-6;
+    span = std::max(span, event.end_us * 1e-6);
+  }
+  measured.busy_seconds_per_rank = busy / plan.ranks;
+  measured.span_seconds = span;
   for (const auto& stage : pipe->stage_accounting()) {
     measured.peak_stashed_bytes.push_back(stage.peak_stashed_bytes);
   }
@@ -331,8 +341,15 @@ int run_plan_for_model(const PlanModelArgs& args) {
   std::ostringstream verify_text;
   if (args.verify && report.found()) {
     const int threads = profile.intra_op_threads;
-    verify_text << "\nverify: in-process Pipe, " << threads << " thread(s) per stage, median of "
-                << args.verify_steps << " steps (zero_grad + train_step + SGD step)\n";
+    double load = 0;
+    if (FILE* file = std::fopen("/proc/loadavg", "r")) {
+      if (std::fscanf(file, "%lf", &load) != 1) load = 0;
+      std::fclose(file);
+    }
+    verify_text << "\nverify (load average " << format("%.1f", load) << " on "
+                << std::thread::hardware_concurrency() << " cores): in-process Pipe, " << threads
+                << " thread(s) per stage, median of " << args.verify_steps
+                << " steps (zero_grad + train_step + SGD step)\n";
     char line[200];
     std::snprintf(line, sizeof line, "  %-12s %-44s %10s %10s %9s\n", "plan", "", "predicted",
                   "measured", "meas/pred");
@@ -347,7 +364,17 @@ int run_plan_for_model(const PlanModelArgs& args) {
                     plan.describe().c_str(), plan.predicted_step_seconds * 1e3,
                     m.median_seconds * 1e3, m.median_seconds / plan.predicted_step_seconds);
       verify_text << line;
+      // Where a gap comes from: compute slower than profiled, or time between actions.
+      std::snprintf(line, sizeof line,
+                    "  %-12s compute per rank %.3f ms (predicted %.3f), train_step span %.3f ms "
+                    "(predicted %.3f)\n",
+                    "", m.busy_seconds_per_rank * 1e3,
+                    plan.makespan_seconds * (1 - plan.bubble_fraction) * 1e3, m.span_seconds * 1e3,
+                    plan.makespan_seconds * 1e3);
+      verify_text << line;
       verify.push_back({{"plan", which},
+                        {"measured_compute_seconds_per_rank", m.busy_seconds_per_rank},
+                        {"measured_span_seconds", m.span_seconds},
                         {"describe", plan.describe()},
                         {"predicted_step_seconds", plan.predicted_step_seconds},
                         {"measured_step_seconds", m.median_seconds},

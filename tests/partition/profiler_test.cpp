@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
 
+#include "pipetrain/partition/planner.h"
 #include "pipetrain/partition/profiler.h"
 
 namespace pipetrain::partition {
@@ -86,6 +87,20 @@ TEST(Profiler, NamesTheLayerThatCannotTakeItsInput) {
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what()).find("layer 1"), std::string::npos) << e.what();
   }
+}
+
+TEST(ProfiledPlan, RecommendsNoSlowerThanTheHandWrittenDefault) {
+  torch::manual_seed(0);
+  torch::nn::Sequential model(torch::nn::Linear(128, 256), torch::nn::ReLU(),
+                              torch::nn::Linear(256, 256), torch::nn::ReLU(),
+                              torch::nn::Linear(256, 16));
+  const auto profile = profile_sequential(model, torch::randn({32, 128}), quick());
+  PlannerOptions options;
+  options.ranks = 2;
+  const PlanReport report = plan_pipeline(profile, options);
+  ASSERT_TRUE(report.found());
+  const Plan fallback = evaluate_plan(profile, default_plan(profile, 2, 4), options);
+  EXPECT_LE(report.recommended().predicted_step_seconds, fallback.predicted_step_seconds);
 }
 
 TEST(LocalTransfer, MeasuresAPositiveHandOffLatency) {
