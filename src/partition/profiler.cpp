@@ -185,8 +185,12 @@ ModelProfile profile_sequential(torch::nn::Sequential& model, const torch::Tenso
       std::vector<torch::Tensor> grads;
       for (const auto& p : params) grads.push_back(torch::zeros_like(p));
       torch::NoGradGuard no_grad;
+      // zero_grad() and an SGD step: one pass over the gradients, one over the parameters.
       layer.update_seconds = time_call(options, [&] {
-        for (std::size_t q = 0; q < params.size(); ++q) params[q].add_(grads[q], -1e-3);
+        for (std::size_t q = 0; q < params.size(); ++q) {
+          grads[q].zero_();
+          params[q].add_(grads[q], -1e-3);
+        }
       });
     }
     profile.layers.push_back(std::move(layer));
@@ -224,9 +228,15 @@ ModelProfile profile_sequential(torch::nn::Sequential& model, const torch::Tenso
                                         /*create_graph=*/false, /*allow_unused=*/true);
           });
         };
-        std::vector<torch::Tensor> all = params;
-        if (needs_input_grad) all.insert(all.begin(), leaf);
-        if (!all.empty()) cost.backward_seconds = grad_of(all);
+        // B as the runtime runs it: backward() accumulating into .grad (an add per parameter
+        // for every micro-batch after the first).
+        if (needs_input_grad || !params.empty()) {
+          std::vector<torch::Tensor> saved;  // the caller's gradients, put back afterwards
+          for (auto& p : params) saved.push_back(p.grad());
+          cost.backward_seconds = time_call(
+              options, [&] { torch::autograd::backward({y}, {g}, /*retain_graph=*/true); });
+          for (std::size_t q = 0; q < params.size(); ++q) params[q].mutable_grad() = saved[q];
+        }
         if (needs_input_grad) cost.backward_input_seconds = grad_of({leaf});
         if (!params.empty()) cost.backward_weight_seconds = grad_of(params);
       }

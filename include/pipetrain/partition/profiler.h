@@ -4,10 +4,11 @@
 // Per layer l and per micro-batch size b (the first b rows of the sample batch), with the
 // layer's real input (the previous layer's output):
 //   forward   layer(x) with autograd recording, x a leaf that requires grad (l > 0)
-//   backward  torch::autograd::grad(y, {x, params...}, g)       g random, graph retained
+//   backward  torch::autograd::backward(y, g), accumulating into .grad as the runtime's B does
+//             (g random, graph retained; the caller's gradients are restored afterwards)
 //   I         torch::autograd::grad(y, {x}, g)                  input gradient only
 //   W         torch::autograd::grad(y, params, g)               weight gradients only
-//   update    p -= lr * grad for each parameter (what an SGD step costs)
+//   update    zero_grad + SGD: grad.zero_(), p -= lr * grad for each parameter
 // Each figure is the median of `repeats` trials after `warmup` untimed runs; a trial loops until
 // it lasted min_trial_seconds and reports the time per iteration (small layers run in µs).
 //
