@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "plan_model.h"
 #include "pipetrain/schedule/atomic_file.h"
 #include "pipetrain/schedule/generators.h"
 #include "pipetrain/schedule/grid.h"
@@ -212,7 +213,17 @@ void add_plan_command(CLI::App& app, int& exit_code) {
                       "Load a custom schedule (one line per rank, e.g. 0F0,0F1,0B0,0B1)");
   command->add_option("--format", request->format, "json | text | svg (default text)");
   command->add_option("--output", request->output, "Write to FILE (required for svg)");
-  command->callback([request, &exit_code] {
+  // --model: profile a model and search the plan space (plan_model.cpp).
+  auto model_args = std::make_shared<PlanModelArgs>();
+  add_plan_model_options(*command, *model_args);
+  command->callback([request, model_args, &exit_code] {
+    if (!model_args->model.empty()) {
+      model_args->stages = request->stages;
+      model_args->format = request->format;
+      model_args->output = request->output;
+      exit_code = run_plan_for_model(*model_args);
+      return;
+    }
     run_plan(*request);
     exit_code = 0;
   });

@@ -1,0 +1,435 @@
+// `pipetrain plan --model MODEL.pt|mlp|cnn --sample-shape 256,784 [--stages K]
+//  [--memory-limit 2GiB] [--format json|text] [--verify]`
+//
+// Flow: [1] model and sample batch  [2] profile + plan (partition/recommend.h)  [3] the default
+// plan a user would write (1f1b, 4 chunks, even balance), predicted on the same profile
+// [4] with --verify: both plans run in-process (Pipe) and their measured step times are printed
+// beside the predictions  [5] text or JSON out.
+#include "plan_model.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include <torch/torch.h>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "pipetrain/partition/memory.h"
+#include "pipetrain/partition/planner.h"
+#include "pipetrain/partition/profiler.h"
+#include "pipetrain/partition/recommend.h"
+#include "pipetrain/runtime/pipe.h"
+#include "pipetrain/schedule/atomic_file.h"
+#include "pipetrain/schedule/generators.h"
+#include "pipetrain/stage/torchscript.h"
+
+#if __has_include("model_registry.h")
+#include "model_registry.h"
+#define PIPETRAIN_HAS_MODEL_REGISTRY 1
+#endif
+
+namespace pipetrain::cli {
+namespace {
+
+namespace pp = pipetrain::partition;
+
+struct LoadedModel {
+  torch::nn::Sequential sequential;
+  torch::Tensor sample;
+  std::string description;
+};
+
+std::vector<int64_t> parse_shape(const std::string& text) {
+  std::vector<int64_t> shape;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    try {
+      std::size_t used = 0;
+      const long long value = std::stoll(item, &used);
+      if (used != item.size() || value < 1) throw std::invalid_argument("bad");
+      shape.push_back(value);
+    } catch (const std::exception&) {
+      throw UsageError("--sample-shape '" + text +
+                       "' must be positive integers separated by commas, e.g. 256,784");
+    }
+  }
+  if (shape.empty()) {
+    throw UsageError("--sample-shape is required with --model: the mini-batch shape, e.g. 256,784");
+  }
+  return shape;
+}
+
+bool ends_with(const std::string& text, const std::string& suffix) {
+  return text.size() >= suffix.size() &&
+         text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+#ifndef PIPETRAIN_HAS_MODEL_REGISTRY
+// Stand-ins until the examples' model registry is built in: the same shapes as its defaults.
+torch::nn::Sequential builtin_model(const std::string& name) {
+  if (name == "mlp") {
+    return torch::nn::Sequential(torch::nn::Flatten(), torch::nn::Linear(784, 512),
+                                 torch::nn::ReLU(), torch::nn::Linear(512, 256), torch::nn::ReLU(),
+                                 torch::nn::Linear(256, 10));
+  }
+  if (name == "cnn") {
+    using torch::nn::Conv2dOptions;
+    return torch::nn::Sequential(
+        torch::nn::Conv2d(Conv2dOptions(1, 32, 3).padding(1)), torch::nn::ReLU(),
+        torch::nn::MaxPool2d(2), torch::nn::Conv2d(Conv2dOptions(32, 64, 3).padding(1)),
+        torch::nn::ReLU(), torch::nn::MaxPool2d(2), torch::nn::Flatten(),
+        torch::nn::Linear(64 * 7 * 7, 128), torch::nn::ReLU(), torch::nn::Linear(128, 10));
+  }
+  throw UsageError("unknown --model '" + name +
+                   "'; give a TorchScript file (*.pt) or one of: mlp, cnn");
+}
+#endif
+
+// [1]
+LoadedModel load_model(const PlanModelArgs& args) {
+  const std::vector<int64_t> shape = parse_shape(args.sample_shape);
+  LoadedModel loaded;
+  torch::manual_seed(0);
+  if (ends_with(args.model, ".pt") || ends_with(args.model, ".pth") ||
+      args.model.find('/') != std::string::npos) {
+    try {
+      loaded.sequential = load_torchscript_sequential(args.model);
+    } catch (const c10::Error& e) {
+      throw UsageError(e.what_without_backtrace());
+    }
+    loaded.description = "TorchScript " + args.model;
+  } else {
+#ifdef PIPETRAIN_HAS_MODEL_REGISTRY
+    try {
+      loaded.sequential = examples::make_model(args.model).sequential;
+    } catch (const examples::ModelOptionError& e) {
+      throw UsageError(e.what());
+    }
+#else
+    loaded.sequential = builtin_model(args.model);
+#endif
+    loaded.description = args.model;
+  }
+  loaded.sample = torch::randn(shape);
+  return loaded;
+}
+
+double optimizer_state_multiple(const std::string& name) {
+  if (name == "sgd") return 0;
+  if (name == "momentum") return 1;
+  if (name == "adam") return 2;
+  throw UsageError("unknown --optimizer '" + name + "'; valid: sgd, momentum, adam");
+}
+
+std::vector<std::string> split_names(const std::string& text) {
+  std::vector<std::string> names;
+  std::stringstream in(text);
+  std::string item;
+  const auto& valid = schedule::schedule_names();
+  while (std::getline(in, item, ',')) {
+    if (std::find(valid.begin(), valid.end(), item) == valid.end()) {
+      throw UsageError("unknown schedule '" + item +
+                       "' in --schedules; valid: gpipe, 1f1b, interleaved-1f1b, zb-h1");
+    }
+    names.push_back(item);
+  }
+  return names;
+}
+
+Checkpoint to_runtime(pp::CheckpointMode mode) {
+  switch (mode) {
+    case pp::CheckpointMode::kNever:
+      return Checkpoint::kNever;
+    case pp::CheckpointMode::kExceptLast:
+      return Checkpoint::kExceptLast;
+    case pp::CheckpointMode::kAlways:
+      return Checkpoint::kAlways;
+  }
+  return Checkpoint::kNever;
+}
+
+struct Measured {
+  double median_seconds = 0;
+  std::vector<int64_t> peak_stashed_bytes;  // per stage, from the runtime's accounting
+  double busy_seconds_per_rank = 0;         // compute actions of the last step, averaged over ranks
+  double span_seconds = 0;                  // first action start to last action end, last step
+};
+
+// [4] zero_grad + train_step + SGD step, the same work the prediction covers.
+Measured measure(torch::nn::Sequential& model, const torch::Tensor& sample, const pp::Plan& plan,
+                 int threads, int steps) {
+  PipeOptions options;
+  options.balance(std::vector<int64_t>(plan.balance.begin(), plan.balance.end()))
+      .chunks(plan.microbatches)
+      .schedule(plan.schedule)
+      .virtual_stages(plan.virtual_stages)
+      .checkpoint(to_runtime(plan.checkpoint))
+      .threads_per_stage(threads);
+  Pipe pipe(model, options);
+  torch::optim::SGD sgd(pipe->parameters(), torch::optim::SGDOptions(1e-4));
+  torch::Tensor target;
+  {
+    torch::NoGradGuard no_grad;
+    target = torch::zeros_like(model->forward(sample));
+  }
+  auto loss = [](const torch::Tensor& output, const torch::Tensor& t) {
+    return torch::mse_loss(output, t);
+  };
+  std::vector<double> times;
+  for (int step = 0; step < steps + 2; ++step) {
+    const auto start = std::chrono::steady_clock::now();
+    sgd.zero_grad();
+    pipe->train_step(sample, target, loss);
+    sgd.step();
+    const double elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (step >= 2) times.push_back(elapsed);  // two warm-up steps
+  }
+  std::sort(times.begin(), times.end());
+  Measured measured;
+  measured.median_seconds = times[times.size() / 2];
+  double busy = 0, span = 0;
+  for (const auto& event : pipe->last_events()) {
+    if (schedule::is_compute(event.action.op)) busy += (event.end_us - event.start_us) * 1e-6;
+    span = std::max(span, event.end_us * 1e-6);
+  }
+  measured.busy_seconds_per_rank = busy / plan.ranks;
+  measured.span_seconds = span;
+  for (const auto& stage : pipe->stage_accounting()) {
+    measured.peak_stashed_bytes.push_back(stage.peak_stashed_bytes);
+  }
+  return measured;
+}
+
+std::string join_ints(const std::vector<int>& values) {
+  std::string text;
+  for (std::size_t j = 0; j < values.size(); ++j)
+    text += (j ? "," : "") + std::to_string(values[j]);
+  return text;
+}
+
+std::string format(const char* pattern, double value) {
+  char text[64];
+  std::snprintf(text, sizeof text, pattern, value);
+  return text;
+}
+
+void write_profile_text(std::ostream& out, const pp::ModelProfile& profile,
+                        std::int64_t microbatch_size) {
+  out << "profile: " << profile.num_layers() << " layers, batch " << profile.batch_size
+      << ", micro-batch sizes measured:";
+  for (auto b : profile.microbatch_sizes) out << ' ' << b;
+  out << "\n  " << profile.intra_op_threads << " intra-op thread(s) per stage; activations by "
+      << profile.method << "; transfer " << format("%.1f", profile.transfer.latency_seconds * 1e6)
+      << " us (" << profile.transfer.method << ")\n";
+  out << "  per layer at micro-batch " << microbatch_size << ":\n";
+  char line[200];
+  std::snprintf(line, sizeof line, "  %-22s %11s %9s %9s %9s %9s %11s\n", "layer", "params", "F ms",
+                "B ms", "I ms", "W ms", "activations");
+  out << line;
+  for (std::int64_t l = 0; l < profile.num_layers(); ++l) {
+    const pp::LayerCost c = profile.layer_cost(l, microbatch_size);
+    std::snprintf(line, sizeof line, "  %-22.22s %11s %9.3f %9.3f %9.3f %9.3f %11s\n",
+                  profile.layers[l].name.c_str(),
+                  pp::format_bytes(profile.layers[l].parameter_bytes).c_str(),
+                  c.forward_seconds * 1e3, c.backward_seconds * 1e3, c.backward_input_seconds * 1e3,
+                  c.backward_weight_seconds * 1e3, pp::format_bytes(c.activation_bytes).c_str());
+    out << line;
+  }
+}
+
+void write_table_text(std::ostream& out, const std::vector<pp::Plan>& plans) {
+  char line[300];
+  std::snprintf(line, sizeof line, "  %2s  %-16s %2s %4s %-12s %10s %7s %14s  %s\n", "#",
+                "schedule", "V", "M", "checkpoint", "step ms", "bubble", "peak mem/rank",
+                "balance");
+  out << line;
+  for (std::size_t k = 0; k < plans.size(); ++k) {
+    const pp::Plan& p = plans[k];
+    std::snprintf(line, sizeof line, "  %2zu  %-16s %2d %4d %-12s %10.3f %7.3f %14s  %s%s\n", k + 1,
+                  p.schedule.c_str(), p.virtual_stages, p.microbatches,
+                  std::string(pp::checkpoint_name(p.checkpoint)).c_str(),
+                  p.predicted_step_seconds * 1e3, p.bubble_fraction,
+                  pp::format_bytes(p.peak_memory_bytes).c_str(), join_ints(p.balance).c_str(),
+                  p.balanced_for_memory ? " (balanced for memory)" : "");
+    out << line;
+  }
+}
+
+void emit(const PlanModelArgs& args, const std::string& text) {
+  if (args.output.empty()) {
+    std::cout << text;
+  } else {
+    schedule::write_file_atomically(args.output, text);
+  }
+}
+
+}  // namespace
+
+void add_plan_model_options(CLI::App& command, PlanModelArgs& args) {
+  command.add_option("--model", args.model,
+                     "Plan for a model: MODEL.pt (TorchScript Sequential), mlp or cnn");
+  command.add_option("--sample-shape", args.sample_shape,
+                     "With --model: the mini-batch shape, batch first (e.g. 256,784)");
+  command.add_option("--memory-limit", args.memory_limit,
+                     "With --model: memory per rank (e.g. 2GiB, 512MiB); default no limit");
+  command.add_option("--optimizer", args.optimizer,
+                     "With --model: sgd | momentum | adam (optimizer state 0x/1x/2x params)");
+  command.add_option("--schedules", args.schedules,
+                     "With --model: schedules to search, comma-separated (default all)");
+  command.add_option("--top", args.top, "With --model: rows of the ranked table (default 10)");
+  command.add_flag("--verify", args.verify,
+                   "With --model: run the recommended and the default plan in-process and print "
+                   "predicted vs measured step time");
+  command.add_option("--verify-steps", args.verify_steps,
+                     "With --verify: timed steps per plan, after 2 warm-up steps (default 5)");
+  command.add_option("--profile-out", args.profile_out,
+                     "With --model: write the measured profile as JSON to FILE");
+}
+
+int run_plan_for_model(const PlanModelArgs& args) {
+  if (args.format != "text" && args.format != "json") {
+    throw UsageError("--format '" + args.format + "' with --model; valid: text, json");
+  }
+  if (args.top < 1) throw UsageError("--top must be >= 1 (got " + std::to_string(args.top) + ")");
+  if (args.verify_steps < 1) {
+    throw UsageError("--verify-steps must be >= 1 (got " + std::to_string(args.verify_steps) + ")");
+  }
+  pp::PlannerOptions planner;
+  planner.ranks = args.stages > 0 ? args.stages : 2;
+  planner.top = args.top;
+  planner.optimizer_state_multiple = optimizer_state_multiple(args.optimizer);
+  if (!args.schedules.empty()) planner.schedules = split_names(args.schedules);
+  if (!args.memory_limit.empty()) {
+    try {
+      planner.memory_limit_bytes = pp::parse_bytes(args.memory_limit);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(std::string("--memory-limit: ") + e.what());
+    }
+  }
+
+  // [1] [2]
+  LoadedModel model = load_model(args);
+  if (planner.ranks > static_cast<int>(model.sequential->size())) {
+    throw UsageError("--stages " + std::to_string(planner.ranks) + " but the model has " +
+                     std::to_string(model.sequential->size()) + " layers; use at most that many");
+  }
+  pp::ModelProfile profile;
+  pp::PlanReport report;
+  try {
+    report = pp::recommend_report(model.sequential, model.sample, planner, {}, &profile);
+  } catch (const c10::Error& e) {
+    throw UsageError(std::string("cannot profile the model on a batch of shape ") +
+                     args.sample_shape + ": " + e.what_without_backtrace());
+  }
+  if (!args.profile_out.empty()) {
+    schedule::write_file_atomically(args.profile_out, nlohmann::json(profile).dump(1) + "\n");
+  }
+
+  // [3]
+  const int default_chunks = profile.batch_size % 4 == 0 ? 4 : 1;
+  const pp::Plan fallback =
+      pp::evaluate_plan(profile, pp::default_plan(profile, planner.ranks, default_chunks), planner);
+
+  // [4]
+  nlohmann::json verify = nlohmann::json::array();
+  std::ostringstream verify_text;
+  if (args.verify && report.found()) {
+    const int threads = profile.intra_op_threads;
+    double load = 0;
+    if (FILE* file = std::fopen("/proc/loadavg", "r")) {
+      if (std::fscanf(file, "%lf", &load) != 1) load = 0;
+      std::fclose(file);
+    }
+    verify_text << "\nverify (load average " << format("%.1f", load) << " on "
+                << std::thread::hardware_concurrency() << " cores): in-process Pipe, " << threads
+                << " thread(s) per stage, median of " << args.verify_steps
+                << " steps (zero_grad + train_step + SGD step)\n";
+    char line[200];
+    std::snprintf(line, sizeof line, "  %-12s %-44s %10s %10s %9s\n", "plan", "", "predicted",
+                  "measured", "meas/pred");
+    verify_text << line;
+    double measured_recommended = 0, measured_default = 0;
+    for (const auto* which : {"recommended", "default"}) {
+      const pp::Plan& plan = std::string(which) == "recommended" ? report.recommended() : fallback;
+      const Measured m = measure(model.sequential, model.sample, plan, threads, args.verify_steps);
+      (std::string(which) == "recommended" ? measured_recommended : measured_default) =
+          m.median_seconds;
+      std::snprintf(line, sizeof line, "  %-12s %-44.44s %8.3fms %8.3fms %9.3f\n", which,
+                    plan.describe().c_str(), plan.predicted_step_seconds * 1e3,
+                    m.median_seconds * 1e3, m.median_seconds / plan.predicted_step_seconds);
+      verify_text << line;
+      // Where a gap comes from: compute slower than profiled, or time between actions.
+      std::snprintf(line, sizeof line,
+                    "  %-12s compute per rank %.3f ms (predicted %.3f), train_step span %.3f ms "
+                    "(predicted %.3f)\n",
+                    "", m.busy_seconds_per_rank * 1e3,
+                    plan.makespan_seconds * (1 - plan.bubble_fraction) * 1e3, m.span_seconds * 1e3,
+                    plan.makespan_seconds * 1e3);
+      verify_text << line;
+      verify.push_back({{"plan", which},
+                        {"measured_compute_seconds_per_rank", m.busy_seconds_per_rank},
+                        {"measured_span_seconds", m.span_seconds},
+                        {"describe", plan.describe()},
+                        {"predicted_step_seconds", plan.predicted_step_seconds},
+                        {"measured_step_seconds", m.median_seconds},
+                        {"measured_over_predicted", m.median_seconds / plan.predicted_step_seconds},
+                        {"measured_peak_stashed_bytes_per_stage", m.peak_stashed_bytes}});
+    }
+    verify_text << "  measured recommended / default: "
+                << format("%.3f", measured_recommended / measured_default) << "\n";
+  }
+
+  // [5]
+  if (args.format == "json") {
+    nlohmann::json out = report;
+    out["model"] = model.description;
+    out["ranks"] = planner.ranks;
+    out["memory_limit_bytes"] = planner.memory_limit_bytes;
+    out["default"] = fallback;
+    out["profile"] = profile;
+    if (args.verify) out["verify"] = verify;
+    emit(args, out.dump(1) + "\n");
+  } else {
+    std::ostringstream out;
+    out << "model: " << model.description << ", sample " << args.sample_shape << "\n";
+    write_profile_text(out, profile,
+                       report.found() ? report.recommended().microbatch_size
+                                      : profile.batch_size / default_chunks);
+    out << "\nplan: " << planner.ranks << " ranks, memory limit "
+        << (planner.memory_limit_bytes > 0 ? pp::format_bytes(planner.memory_limit_bytes)
+                                           : std::string("none"))
+        << " per rank, optimizer " << args.optimizer << "\n  searched " << report.candidates
+        << " candidates: " << report.simulated << " simulated, " << report.pruned << " pruned, "
+        << report.rejected_memory << " over the limit, in "
+        << format("%.3f", report.planning_seconds) << " s\n";
+    if (report.found()) {
+      write_table_text(out, report.ranked);
+      const pp::Plan& best = report.recommended();
+      out << "\nrecommended: " << best.describe() << "\n  predicted "
+          << format("%.3f", best.predicted_step_seconds * 1e3) << " ms/step, peak "
+          << pp::format_bytes(best.peak_memory_bytes) << " per rank\n";
+    } else {
+      out << "\nno plan fits " << pp::format_bytes(planner.memory_limit_bytes)
+          << " per rank; the smallest limit that works is "
+          << pp::format_bytes(report.smallest_fitting_limit) << " ("
+          << report.smallest_fitting_limit << " bytes) with "
+          << report.smallest_fitting_plan.describe() << "\n";
+    }
+    out << "default (1f1b, " << default_chunks << " chunks, even balance "
+        << join_ints(fallback.balance) << "): predicted "
+        << format("%.3f", fallback.predicted_step_seconds * 1e3) << " ms/step, peak "
+        << pp::format_bytes(fallback.peak_memory_bytes)
+        << (fallback.fits ? "" : " (over the limit)") << "\n";
+    out << verify_text.str();
+    emit(args, out.str());
+  }
+  return report.found() ? 0 : 1;
+}
+
+}  // namespace pipetrain::cli

@@ -1,0 +1,37 @@
+// `pipetrain plan --model ...`: profile a model, search the plan space, print the ranked plans and
+// the recommendation; with --verify, run the recommended and the default plan in-process and
+// print predicted vs measured step times.
+//
+// plan.cpp owns the `plan` subcommand; it registers these extra flags with
+// add_plan_model_options() and calls run_plan_for_model() when --model is given, passing its own
+// --stages, --format and --output through.
+#pragma once
+
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+namespace pipetrain::cli {
+
+struct PlanModelArgs {
+  std::string model;              // MODEL.pt (TorchScript) | mlp | cnn
+  std::string sample_shape;       // "256,784": the mini-batch (first dimension = batch size)
+  int stages = 0;                 // K pipeline ranks (0: 2)
+  std::string memory_limit;       // per rank, e.g. "2GiB"; empty: no limit
+  std::string format = "text";    // text | json
+  std::string output;             // file (written atomically); empty: stdout
+  std::string optimizer = "sgd";  // sgd | momentum | adam: optimizer state 0x, 1x, 2x parameters
+  std::string schedules;          // comma-separated subset of the schedules; empty: all
+  int top = 10;                   // rows of the ranked table
+  bool verify = false;            // run recommended and default plans, compare with predictions
+  int verify_steps = 5;           // timed steps per plan (after 2 warm-up steps)
+  std::string profile_out;        // write the measured profile as JSON
+};
+
+void add_plan_model_options(CLI::App& command, PlanModelArgs& args);
+
+// Returns the exit code: 0 a plan was found (and printed), 1 no plan fits the limit (the
+// smallest limit that works is printed). Throws UsageError for bad flags (exit 2).
+int run_plan_for_model(const PlanModelArgs& args);
+
+}  // namespace pipetrain::cli

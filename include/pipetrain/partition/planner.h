@@ -1,0 +1,114 @@
+// Planner: from a ModelProfile, the number of ranks K and a per-rank memory limit, the fastest
+// pipeline plan (schedule, micro-batch count, virtual stages, checkpoint mode, balance) that fits.
+//
+// Search space (PlannerOptions): schedules x micro-batch counts M (divisors of the batch) x
+// checkpoint modes x virtual stages (interleaved-1f1b only). For each candidate:
+//   [1] balance: exact contiguous min-max split of the layers' time (F + B, + F again when
+//       checkpointed) over the S = K*V stages;
+//   [2] memory (memory.h) per rank; over the limit -> [1] again with every stage's memory capped
+//       (min-max time subject to the cap); still over -> rejected;
+//   [3] step time: simulate() with per-stage F/B/I/W from the profile, the transfer latency of the
+//       largest boundary tensor as comm, plus the slowest rank's optimizer update.
+// Candidates are visited in order of a lower bound on their step time (the busiest rank's work);
+// once the bound exceeds the top-th best simulated time the rest are pruned, which keeps a
+// 64-rank, 512-micro-batch space to seconds.
+//
+//   zb-h1 is planned without checkpointing (a recompute before I would hold the activations until
+//   W anyway); interleaved-1f1b with V = 1 is skipped when 1f1b is searched (same schedule).
+//
+// Thread-safety: pure functions.
+// REQUIRES: ranks >= 1 and a profile that validate() accepts (std::invalid_argument otherwise).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "pipetrain/partition/memory.h"
+#include "pipetrain/partition/profile.h"
+
+namespace pipetrain::partition {
+
+struct PlannerOptions {
+  int ranks = 2;                        // K
+  std::int64_t memory_limit_bytes = 0;  // per rank; 0 = no limit
+  // Search space; an empty list means the default written beside it.
+  std::vector<std::string> schedules;            // gpipe, 1f1b, interleaved-1f1b, zb-h1
+  std::vector<int> microbatch_counts;            // powers of two dividing the batch, and the batch
+  std::vector<CheckpointMode> checkpoint_modes;  // never, except_last, always
+  std::vector<int> virtual_stages;               // 1, 2, 4 (V > 1 only for interleaved-1f1b)
+  double optimizer_state_multiple = 0;           // SGD 0, momentum 1, Adam 2 (memory and update)
+  int top = 10;                                  // plans kept in the ranked table
+};
+
+// One fully specified plan and what the model predicts for it.
+struct Plan {
+  std::string schedule;
+  int ranks = 0;
+  int microbatches = 0;  // M (the runtime's "chunks")
+  int virtual_stages = 1;
+  CheckpointMode checkpoint = CheckpointMode::kNever;
+  std::vector<int> balance;  // layers per stage, S = ranks * virtual_stages entries
+  std::int64_t microbatch_size = 0;
+
+  double predicted_step_seconds = 0;  // makespan + update
+  double makespan_seconds = 0;        // simulated forward/backward part
+  double update_seconds = 0;          // slowest rank's optimizer update
+  double bubble_fraction = 0;
+  std::vector<std::int64_t> peak_memory_per_rank;
+  std::int64_t peak_memory_bytes = 0;  // max over ranks
+  std::vector<int> peak_inflight;      // per stage, micro-batches
+  bool fits = true;                    // peak_memory_bytes <= limit (true without a limit)
+  bool balanced_for_memory = false;    // the time-balanced split did not fit; [2] was used
+
+  // "1f1b M=8 ckpt=never balance=3,3" (V shown when > 1).
+  std::string describe() const;
+};
+
+struct PlanReport {
+  std::vector<Plan> ranked;  // fastest first, at most options.top, all within the limit
+  // When nothing fits: the smallest per-rank limit that some candidate meets (with the
+  // memory-minimising balance), and that candidate. 0 when a plan was found or no limit given.
+  std::int64_t smallest_fitting_limit = 0;
+  Plan smallest_fitting_plan;
+  int candidates = 0;       // (schedule, M, V, checkpoint) combinations considered
+  int simulated = 0;        // of those, how many were simulated
+  int pruned = 0;           // skipped: their lower bound could not beat the table
+  int rejected_memory = 0;  // no balance fits the limit
+  double planning_seconds = 0;
+
+  bool found() const { return !ranked.empty(); }
+  const Plan& recommended() const { return ranked.front(); }
+};
+
+PlanReport plan_pipeline(const ModelProfile& profile, const PlannerOptions& options);
+
+// Predicts one plan as given (its balance included; an empty balance means the time-balanced
+// one). Used for the hand-written default and by `pipetrain plan --verify`.
+// REQUIRES: balance empty or of size ranks*virtual_stages summing to the layer count.
+Plan evaluate_plan(const ModelProfile& profile, const Plan& plan, const PlannerOptions& options);
+
+// The plan most users write by hand: 1f1b, `microbatches` chunks, layers split evenly by count,
+// no checkpointing.
+Plan default_plan(const ModelProfile& profile, int ranks, int microbatches = 4);
+
+// Layers per stage splitting `layers` as evenly as possible by count (earlier stages get the
+// extra layer).
+std::vector<int> even_balance(int layers, int stages);
+
+// Exact contiguous min-max partition of n items into `stages` non-empty parts, where
+// cost(j, first, end) is the cost of items [first, end) as stage j and must not decrease when the
+// range grows; feasible(j, first, end) (optional) must stay true when the range shrinks.
+// Returns layers per stage, or an empty vector when no partition is feasible.
+// O(stages * n * w) with w the longest feasible stage, <= O(stages * n^2).
+std::vector<int> min_max_partition(int n, int stages,
+                                   const std::function<double(int, int, int)>& cost,
+                                   const std::function<bool(int, int, int)>& feasible = {});
+
+void to_json(nlohmann::json& out, const Plan& plan);
+void to_json(nlohmann::json& out, const PlanReport& report);
+
+}  // namespace pipetrain::partition

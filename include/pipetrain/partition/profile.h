@@ -1,0 +1,90 @@
+// ModelProfile: what the planner knows about a model, layer by layer, at a few micro-batch sizes.
+//
+// Torch-free data. The profiler (profiler.h) fills it from a torch::nn::Sequential; tests and the
+// planner's benchmark build synthetic ones by hand. Saved and loaded as JSON (to_json/from_json)
+// so that a profile taken once can be planned against many times.
+//
+//   layers[l].costs[p]   the cost of layer l at micro-batch size microbatch_sizes[p]
+//   layer_cost(l, b)     the cost at any b: piecewise-linear in b between the measured sizes,
+//                        linear extrapolation outside (times clamped at >= 0); bytes are linear in
+//                        b
+//
+// Thread-safety: a plain value; safe to copy and to read from many threads.
+// REQUIRES: microbatch_sizes ascending and non-empty; every layer has one cost per size
+// (validate() checks both and throws std::invalid_argument naming the layer).
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace pipetrain::partition {
+
+// Cost of one layer for one micro-batch.
+struct LayerCost {
+  double forward_seconds = 0;
+  double backward_seconds = 0;         // full backward: input and weight gradients
+  double backward_input_seconds = 0;   // input gradient only (zero-bubble I)
+  double backward_weight_seconds = 0;  // weight gradients only (zero-bubble W)
+  // Bytes the forward keeps alive until the backward (saved tensors and the output), measured as
+  // the net growth of the allocator while the layer runs in a chain (profiler.h says how).
+  std::int64_t activation_bytes = 0;
+  std::int64_t output_bytes = 0;  // what crosses a stage boundary after this layer
+};
+
+struct LayerProfile {
+  std::string name;
+  std::int64_t parameter_bytes = 0;
+  // One optimizer update of this layer's parameters (p -= lr * g), once per training step.
+  double update_seconds = 0;
+  std::vector<LayerCost> costs;  // one per ModelProfile::microbatch_sizes
+};
+
+// Time to move `bytes` from one rank to the next: latency + bytes / bandwidth.
+struct TransferModel {
+  double latency_seconds = 0;
+  double bytes_per_second = std::numeric_limits<double>::infinity();
+  std::string method;  // how the figures were obtained ("memcpy + thread handoff", "given", ...)
+
+  double seconds(std::int64_t bytes) const;
+};
+
+struct ModelProfile {
+  std::int64_t batch_size = 0;                 // the mini-batch the plan is for
+  std::vector<std::int64_t> microbatch_sizes;  // ascending: the sizes that were measured
+  std::vector<std::int64_t> input_bytes;       // the model input's bytes, per measured size
+  std::vector<LayerProfile> layers;
+  TransferModel transfer;
+  int intra_op_threads = 1;  // threads each measurement ran with
+  std::string method;        // how activation bytes were measured ("allocator", "output bytes")
+
+  std::int64_t num_layers() const { return static_cast<std::int64_t>(layers.size()); }
+  // Cost of layer l for one micro-batch of `microbatch_size` samples (interpolated).
+  LayerCost layer_cost(std::int64_t l, std::int64_t microbatch_size) const;
+  // Bytes of the model input for one micro-batch (linear in the size).
+  std::int64_t input_bytes_at(std::int64_t microbatch_size) const;
+  std::int64_t parameter_bytes() const;
+
+  // Throws std::invalid_argument naming the offending layer or size.
+  void validate() const;
+};
+
+void to_json(nlohmann::json& out, const ModelProfile& profile);
+void from_json(const nlohmann::json& in, ModelProfile& profile);
+
+// A profile of `layers` identical layers, for tests and benchmarks: each layer has the given
+// forward/backward time (per sample, plus a fixed part), parameter and activation bytes.
+struct UniformLayer {
+  double forward_seconds_per_sample = 1e-6;
+  double backward_seconds_per_sample = 2e-6;
+  std::int64_t parameter_bytes = 1 << 20;
+  std::int64_t activation_bytes_per_sample = 4096;
+  std::int64_t output_bytes_per_sample = 1024;
+};
+ModelProfile uniform_profile(std::int64_t layers, std::int64_t batch_size,
+                             const UniformLayer& layer);
+
+}  // namespace pipetrain::partition

@@ -1,0 +1,69 @@
+// Profiler: measures a torch::nn::Sequential layer by layer on CPU and returns a ModelProfile
+// (profile.h) for the planner.
+//
+// Per layer l and per micro-batch size b (the first b rows of the sample batch), with the
+// layer's real input (the previous layer's output):
+//   forward   layer(x) with autograd recording, x a leaf that requires grad (l > 0)
+//   backward  torch::autograd::backward(y, g), accumulating into .grad as the runtime's B does
+//             (g random, graph retained; the caller's gradients are restored afterwards)
+//   I         torch::autograd::grad(y, {x}, g)                  input gradient only
+//   W         torch::autograd::grad(y, params, g)               weight gradients only
+//   update    zero_grad + SGD: grad.zero_(), p -= lr * grad for each parameter
+// Each figure is the median of `repeats` trials after `warmup` untimed runs; a trial loops until
+// it lasted min_trial_seconds and reports the time per iteration (small layers run in µs).
+//
+// Activation bytes: the layers run once as a chain (each output fed to the next, our handle on
+// the previous output dropped, autograd recording) while a c10 MemoryReportingInfoBase hook
+// counts every CPU allocation and free of this thread. A layer's activation bytes = the net
+// growth across it: its saved tensors and output, minus its input when nothing keeps that. A
+// stage's stash is then its input plus the sum over its layers (memory.h). Exact for what the
+// default CPU allocator hands out; blind to allocations made on other threads (the chain runs
+// with one intra-op thread) and to memory outside the allocator. When the hook sees nothing
+// (allocator not reporting) the profile falls back to "output bytes": the sum of each layer's
+// output sizes, method says which.
+//
+// Thread-safety: profile_sequential runs the model; do not train it meanwhile. It temporarily
+// sets this thread's intra-op thread count (restored on return).
+// REQUIRES: every layer maps one tensor to one tensor; the sample batch has >= 1 row.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/types.h>
+
+#include "pipetrain/partition/profile.h"
+
+namespace pipetrain::partition {
+
+struct ProfileOptions {
+  /// Micro-batch sizes to measure. Empty: powers of two dividing the batch and the batch itself,
+  /// thinned to at most max_sizes (smallest and largest kept).
+  TORCH_ARG(std::vector<std::int64_t>, microbatch_sizes) = {};
+  TORCH_ARG(int, max_sizes) = 6;
+  /// Untimed runs before the timed trials.
+  TORCH_ARG(int, warmup) = 2;
+  /// Timed trials; the median is kept.
+  TORCH_ARG(int, repeats) = 7;
+  /// A trial repeats the measured call until it took at least this long.
+  TORCH_ARG(double, min_trial_seconds) = 2e-4;
+  /// Intra-op threads while timing: what each stage's worker will use. 0 = leave as is.
+  TORCH_ARG(int, intra_op_threads) = 0;
+  /// Measure the in-process hand-off (thread wake-up) as the transfer model.
+  TORCH_ARG(bool, measure_transfer) = true;
+};
+
+/// Example:
+///   torch::nn::Sequential mlp(torch::nn::Linear(784, 512), torch::nn::ReLU(),
+///                             torch::nn::Linear(512, 10));
+///   auto profile = profile_sequential(mlp, torch::randn({256, 784}));
+ModelProfile profile_sequential(torch::nn::Sequential& model, const torch::Tensor& sample_batch,
+                                const ProfileOptions& options = {});
+
+// In-process transport between stages on one CPU: tensors are handed over without a copy, so a
+// transfer costs a thread wake-up (measured by a condition-variable ping-pong, median of
+// `repeats` x 200 round trips, halved). bytes_per_second is infinite.
+TransferModel measure_local_transfer(int repeats = 5);
+
+}  // namespace pipetrain::partition

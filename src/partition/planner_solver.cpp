@@ -1,0 +1,587 @@
+// Planner (planner.h): candidate enumeration, balance, memory check, simulation, ranking.
+// (The "_solver" suffix puts this torch-free file in the pipetrain_schedule library.)
+//
+// Flow of plan_pipeline():
+//
+//   for M, (schedule, V), checkpoint        candidates, each with a time-balanced split [1]
+//        and a lower bound on its step time (busiest rank's total work, or one micro-batch's
+//        critical path, whichever is larger)
+//   sort by lower bound
+//   for each candidate, cheapest bound first:
+//        bound >= top-th best time so far -> pruned (and so is every later one)
+//        memory of the split [2] > limit -> re-split under a memory cap; still over -> rejected
+//        simulate [3] -> insert into the table
+//   nothing fits -> smallest limit: min over candidates of the memory-minimising split's peak
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+#include <tuple>
+
+#include <nlohmann/json.hpp>
+
+#include "pipetrain/partition/balance.h"
+#include "pipetrain/partition/planner.h"
+#include "pipetrain/schedule/generators.h"
+#include "pipetrain/schedule/simulate.h"
+
+namespace pipetrain::partition {
+namespace {
+
+constexpr double kInfinity = std::numeric_limits<double>::infinity();
+
+// Per-layer figures at one micro-batch size, as prefix sums so a stage [a, e) costs O(1).
+struct LayerTable {
+  std::int64_t microbatch_size = 0;
+  std::vector<double> forward, backward, backward_input, backward_weight, update;  // prefix sums
+  std::vector<std::int64_t> parameters, body;                                      // prefix sums
+  std::vector<std::int64_t> input_of;  // bytes entering layer l (l = 0: the model input)
+
+  LayerTable(const ModelProfile& profile, std::int64_t m) : microbatch_size(m) {
+    const auto L = static_cast<std::size_t>(profile.num_layers());
+    for (auto* v : {&forward, &backward, &backward_input, &backward_weight, &update}) {
+      v->assign(L + 1, 0.0);
+    }
+    parameters.assign(L + 1, 0);
+    body.assign(L + 1, 0);
+    input_of.assign(L + 1, 0);
+    input_of[0] = profile.input_bytes_at(m);
+    for (std::size_t l = 0; l < L; ++l) {
+      const LayerCost c = profile.layer_cost(static_cast<std::int64_t>(l), m);
+      forward[l + 1] = forward[l] + c.forward_seconds;
+      backward[l + 1] = backward[l] + c.backward_seconds;
+      backward_input[l + 1] = backward_input[l] + c.backward_input_seconds;
+      backward_weight[l + 1] = backward_weight[l] + c.backward_weight_seconds;
+      update[l + 1] = update[l] + profile.layers[l].update_seconds;
+      parameters[l + 1] = parameters[l] + profile.layers[l].parameter_bytes;
+      body[l + 1] = body[l] + c.activation_bytes;
+      input_of[l + 1] = c.output_bytes;
+    }
+  }
+  static double range(const std::vector<double>& prefix, int a, int e) {
+    return prefix[e] - prefix[a];
+  }
+  static std::int64_t range(const std::vector<std::int64_t>& prefix, int a, int e) {
+    return prefix[e] - prefix[a];
+  }
+};
+
+bool splits_backward(const std::string& schedule) {
+  return schedule == "zb-h1";
+}
+
+// Fraction of micro-batches whose backward first recomputes the forward.
+double recompute_fraction(CheckpointMode mode, int microbatches) {
+  switch (mode) {
+    case CheckpointMode::kNever:
+      return 0;
+    case CheckpointMode::kAlways:
+      return 1;
+    case CheckpointMode::kExceptLast:
+      return static_cast<double>(microbatches - 1) / microbatches;
+  }
+  return 0;
+}
+
+struct Candidate {
+  std::string schedule;
+  int microbatches = 0;
+  int virtual_stages = 1;
+  CheckpointMode checkpoint = CheckpointMode::kNever;
+  std::vector<int> balance;
+  double lower_bound = 0;
+};
+
+struct ScheduleEntry {
+  schedule::Schedule schedule;
+  std::vector<StageResidency> residency;
+};
+
+class Evaluator {
+ public:
+  Evaluator(const ModelProfile& profile, const PlannerOptions& options)
+      : profile_(profile), options_(options) {}
+
+  const LayerTable& table(int microbatches) {
+    const std::int64_t m = profile_.batch_size / microbatches;
+    auto it = tables_.find(m);
+    if (it == tables_.end()) it = tables_.emplace(m, LayerTable(profile_, m)).first;
+    return it->second;
+  }
+
+  const ScheduleEntry& schedule_of(const std::string& name, int microbatches, int v) {
+    auto key = std::make_tuple(name, microbatches, v);
+    auto it = schedules_.find(key);
+    if (it == schedules_.end()) {
+      auto entry = std::make_unique<ScheduleEntry>();
+      entry->schedule = schedule::make_schedule(name, options_.ranks, microbatches, v);
+      entry->residency = stage_residency(entry->schedule);
+      it = schedules_.emplace(key, std::move(entry)).first;
+    }
+    return *it->second;
+  }
+
+  // Time of stage [a, e) per micro-batch: what the balance evens out.
+  double stage_time(const LayerTable& t, const Candidate& c, int a, int e) const {
+    const double f = LayerTable::range(t.forward, a, e);
+    const double recompute = recompute_fraction(c.checkpoint, c.microbatches) * f;
+    if (splits_backward(c.schedule)) {
+      return f + LayerTable::range(t.backward_input, a, e) +
+             LayerTable::range(t.backward_weight, a, e) + recompute;
+    }
+    return f + LayerTable::range(t.backward, a, e) + recompute;
+  }
+
+  std::int64_t stage_bytes_total(const LayerTable& t, const Candidate& c,
+                                 const StageResidency& residency, int a, int e) const {
+    const std::int64_t body = std::max<std::int64_t>(0, LayerTable::range(t.body, a, e));
+    return stage_memory(LayerTable::range(t.parameters, a, e), t.input_of[a], body, residency,
+                        c.checkpoint, options_.optimizer_state_multiple)
+        .total();
+  }
+
+  // The project's balance solver (balance.h) on per-layer times; V chunks per rank.
+  std::vector<int> time_balance(const Candidate& c) {
+    const LayerTable& t = table(c.microbatches);
+    std::vector<double> layer_time(static_cast<std::size_t>(profile_.num_layers()));
+    for (std::size_t l = 0; l < layer_time.size(); ++l) {
+      layer_time[l] = stage_time(t, c, static_cast<int>(l), static_cast<int>(l) + 1);
+    }
+    BalanceOptions options;
+    options.virtual_stages = c.virtual_stages;
+    return solve_balance(layer_time, options_.ranks, options).sizes;
+  }
+
+  // Min-max time with every stage's memory <= limit / V (a rank holds V stages).
+  std::vector<int> memory_capped_balance(const Candidate& c, const ScheduleEntry& s,
+                                         std::int64_t limit) {
+    const LayerTable& t = table(c.microbatches);
+    const std::int64_t cap = limit / c.virtual_stages;
+    return min_max_partition(
+        static_cast<int>(profile_.num_layers()), s.schedule.num_stages,
+        [&](int, int a, int e) { return stage_time(t, c, a, e); },
+        [&](int j, int a, int e) { return stage_bytes_total(t, c, s.residency[j], a, e) <= cap; });
+  }
+
+  std::vector<int> memory_balance(const Candidate& c, const ScheduleEntry& s) {
+    const LayerTable& t = table(c.microbatches);
+    return min_max_partition(
+        static_cast<int>(profile_.num_layers()), s.schedule.num_stages, [&](int j, int a, int e) {
+          return static_cast<double>(stage_bytes_total(t, c, s.residency[j], a, e));
+        });
+  }
+
+  double update_of_rank(const LayerTable& t, const std::vector<int>& balance, int r) const {
+    double total = 0;
+    int first = 0;
+    for (std::size_t j = 0; j < balance.size(); ++j) {
+      if (static_cast<int>(j) % options_.ranks == r) {
+        total += LayerTable::range(t.update, first, first + balance[j]);
+      }
+      first += balance[j];
+    }
+    return total * (1 + options_.optimizer_state_multiple);
+  }
+
+  double comm(const LayerTable& t, const std::vector<int>& balance) const {
+    double worst = 0;
+    int first = 0;
+    for (std::size_t j = 0; j + 1 < balance.size(); ++j) {
+      first += balance[j];
+      worst = std::max(worst, profile_.transfer.seconds(t.input_of[first]));
+    }
+    return options_.ranks > 1 ? worst : 0.0;
+  }
+
+  double lower_bound(const Candidate& c) {
+    const LayerTable& t = table(c.microbatches);
+    const int K = options_.ranks;
+    std::vector<double> busy(K, 0);
+    double path = 0;
+    int first = 0;
+    for (std::size_t j = 0; j < c.balance.size(); ++j) {
+      const double time = stage_time(t, c, first, first + c.balance[j]);
+      busy[j % K] += time * c.microbatches;
+      path += time;
+      first += c.balance[j];
+    }
+    double worst = path;
+    for (int r = 0; r < K; ++r) worst = std::max(worst, busy[r] + update_of_rank(t, c.balance, r));
+    return worst;
+  }
+
+  // Memory and simulated time of a candidate with its balance fixed.
+  Plan predict(const Candidate& c, const ScheduleEntry& s) {
+    const LayerTable& t = table(c.microbatches);
+    Plan plan;
+    plan.schedule = c.schedule;
+    plan.ranks = options_.ranks;
+    plan.microbatches = c.microbatches;
+    plan.virtual_stages = c.virtual_stages;
+    plan.checkpoint = c.checkpoint;
+    plan.balance = c.balance;
+    plan.microbatch_size = t.microbatch_size;
+    fill_memory(plan, s);
+
+    const int S = s.schedule.num_stages;
+    schedule::Costs costs;
+    costs.forward_per_stage.resize(S);
+    costs.backward_per_stage.resize(S);
+    costs.backward_input_per_stage.resize(S);
+    costs.backward_weight_per_stage.resize(S);
+    const double rc = recompute_fraction(c.checkpoint, c.microbatches);
+    int first = 0;
+    for (int j = 0; j < S; ++j) {
+      const int e = first + c.balance[j];
+      const double f = LayerTable::range(t.forward, first, e);
+      costs.forward_per_stage[j] = f;
+      costs.backward_per_stage[j] = LayerTable::range(t.backward, first, e) + rc * f;
+      costs.backward_input_per_stage[j] = LayerTable::range(t.backward_input, first, e) + rc * f;
+      costs.backward_weight_per_stage[j] = LayerTable::range(t.backward_weight, first, e);
+      first = e;
+    }
+    costs.comm = comm(t, c.balance);
+    const schedule::SimulationResult sim = schedule::simulate(s.schedule, costs);
+    plan.makespan_seconds = sim.makespan;
+    plan.bubble_fraction = sim.bubble_fraction;
+    for (int r = 0; r < options_.ranks; ++r) {
+      plan.update_seconds = std::max(plan.update_seconds, update_of_rank(t, c.balance, r));
+    }
+    plan.predicted_step_seconds = plan.makespan_seconds + plan.update_seconds;
+    return plan;
+  }
+
+  void fill_memory(Plan& plan, const ScheduleEntry& s) {
+    plan.peak_memory_per_rank =
+        rank_peak_memory(profile_, plan.balance, plan.microbatch_size, s.schedule, s.residency,
+                         plan.checkpoint, options_.optimizer_state_multiple);
+    plan.peak_memory_bytes =
+        *std::max_element(plan.peak_memory_per_rank.begin(), plan.peak_memory_per_rank.end());
+    plan.peak_inflight.clear();
+    for (const auto& r : s.residency) plan.peak_inflight.push_back(r.peak_inflight);
+    plan.fits =
+        options_.memory_limit_bytes <= 0 || plan.peak_memory_bytes <= options_.memory_limit_bytes;
+  }
+
+ private:
+  const ModelProfile& profile_;
+  const PlannerOptions& options_;
+  std::map<std::int64_t, LayerTable> tables_;
+  std::map<std::tuple<std::string, int, int>, std::unique_ptr<ScheduleEntry>> schedules_;
+};
+
+std::vector<int> default_microbatch_counts(std::int64_t batch) {
+  std::vector<int> counts;
+  for (std::int64_t m = 1; m <= batch; m *= 2) {
+    if (batch % m == 0) counts.push_back(static_cast<int>(m));
+  }
+  if (counts.back() != batch) counts.push_back(static_cast<int>(batch));
+  return counts;
+}
+
+bool faster(const Plan& a, const Plan& b) {
+  if (a.predicted_step_seconds != b.predicted_step_seconds) {
+    return a.predicted_step_seconds < b.predicted_step_seconds;
+  }
+  return a.peak_memory_bytes < b.peak_memory_bytes;
+}
+
+void check_options(const ModelProfile& profile, const PlannerOptions& options) {
+  profile.validate();
+  if (options.ranks < 1) {
+    throw std::invalid_argument("planner: ranks must be >= 1 (got " +
+                                std::to_string(options.ranks) + ")");
+  }
+  if (profile.num_layers() < options.ranks) {
+    throw std::invalid_argument("planner: " + std::to_string(options.ranks) +
+                                " ranks need at least as many layers, the model has " +
+                                std::to_string(profile.num_layers()) +
+                                "; use fewer stages or split the model into more layers");
+  }
+  if (options.top < 1) {
+    throw std::invalid_argument("planner: top must be >= 1 (got " + std::to_string(options.top) +
+                                ")");
+  }
+}
+
+}  // namespace
+
+std::vector<int> min_max_partition(int n, int stages,
+                                   const std::function<double(int, int, int)>& cost,
+                                   const std::function<bool(int, int, int)>& feasible) {
+  if (stages < 1 || n < stages) return {};
+  // best[j][e]: min over splits of items [0, e) into stages 0..j of the largest stage cost.
+  std::vector<std::vector<double>> best(stages, std::vector<double>(n + 1, kInfinity));
+  std::vector<std::vector<int>> cut(stages, std::vector<int>(n + 1, -1));
+  for (int e = 1; e <= n - stages + 1; ++e) {
+    if (feasible && !feasible(0, 0, e)) break;
+    best[0][e] = cost(0, 0, e);
+    cut[0][e] = 0;
+  }
+  for (int j = 1; j < stages; ++j) {
+    // Stage j ends at e; stages after it need one item each.
+    for (int e = j + 1; e <= n - (stages - 1 - j); ++e) {
+      double value = kInfinity;
+      int arg = -1;
+      // Stage j = [a, e). Walking a down grows the stage: its cost only rises and feasibility
+      // only falls, so stop at the first a that cannot beat `value` or does not fit.
+      for (int a = e - 1; a >= j; --a) {
+        if (feasible && !feasible(j, a, e)) break;
+        const double own = cost(j, a, e);
+        if (own >= value) break;
+        const double candidate = std::max(best[j - 1][a], own);
+        if (candidate < value) {
+          value = candidate;
+          arg = a;
+        }
+      }
+      best[j][e] = value;
+      cut[j][e] = arg;
+    }
+  }
+  if (!(best[stages - 1][n] < kInfinity)) return {};
+  std::vector<int> balance(stages);
+  int e = n;
+  for (int j = stages - 1; j >= 0; --j) {
+    const int a = cut[j][e];
+    balance[j] = e - a;
+    e = a;
+  }
+  return balance;
+}
+
+std::vector<int> even_balance(int layers, int stages) {
+  if (stages < 1 || layers < stages) {
+    throw std::invalid_argument("even_balance: cannot split " + std::to_string(layers) +
+                                " layers into " + std::to_string(stages) +
+                                " non-empty stages; use at most as many stages as layers");
+  }
+  std::vector<int> balance(stages, layers / stages);
+  for (int j = 0; j < layers % stages; ++j) ++balance[j];
+  return balance;
+}
+
+std::string Plan::describe() const {
+  std::ostringstream out;
+  out << schedule;
+  if (virtual_stages > 1) out << " V=" << virtual_stages;
+  out << " M=" << microbatches << " ckpt=" << checkpoint_name(checkpoint) << " balance=";
+  for (std::size_t j = 0; j < balance.size(); ++j) out << (j ? "," : "") << balance[j];
+  return out.str();
+}
+
+Plan evaluate_plan(const ModelProfile& profile, const Plan& spec, const PlannerOptions& options) {
+  check_options(profile, options);
+  if (spec.microbatches < 1 || profile.batch_size % spec.microbatches != 0) {
+    throw std::invalid_argument("evaluate_plan: " + std::to_string(spec.microbatches) +
+                                " micro-batches do not divide the batch of " +
+                                std::to_string(profile.batch_size) + "; pick a divisor");
+  }
+  PlannerOptions local = options;
+  local.ranks = spec.ranks > 0 ? spec.ranks : options.ranks;
+  Evaluator evaluator(profile, local);
+  Candidate c;
+  c.schedule = spec.schedule;
+  c.microbatches = spec.microbatches;
+  c.virtual_stages = spec.virtual_stages;
+  c.checkpoint = spec.checkpoint;
+  c.balance = spec.balance.empty() ? evaluator.time_balance(c) : spec.balance;
+  const int S = local.ranks * spec.virtual_stages;
+  int total = 0;
+  for (int layers : c.balance) total += layers;
+  if (static_cast<int>(c.balance.size()) != S || total != profile.num_layers()) {
+    throw std::invalid_argument("evaluate_plan: balance has " + std::to_string(c.balance.size()) +
+                                " stages summing to " + std::to_string(total) + " layers; need " +
+                                std::to_string(S) + " stages summing to " +
+                                std::to_string(profile.num_layers()));
+  }
+  const ScheduleEntry& s = evaluator.schedule_of(c.schedule, c.microbatches, c.virtual_stages);
+  return evaluator.predict(c, s);
+}
+
+Plan default_plan(const ModelProfile& profile, int ranks, int microbatches) {
+  Plan plan;
+  plan.schedule = "1f1b";
+  plan.ranks = ranks;
+  plan.microbatches = microbatches;
+  plan.balance = even_balance(static_cast<int>(profile.num_layers()), ranks);
+  return plan;
+}
+
+PlanReport plan_pipeline(const ModelProfile& profile, const PlannerOptions& options_in) {
+  const auto started = std::chrono::steady_clock::now();
+  check_options(profile, options_in);
+  PlannerOptions options = options_in;
+  if (options.schedules.empty()) options.schedules = schedule::schedule_names();
+  if (options.microbatch_counts.empty()) {
+    options.microbatch_counts = default_microbatch_counts(profile.batch_size);
+  }
+  if (options.checkpoint_modes.empty()) options.checkpoint_modes = all_checkpoint_modes();
+  if (options.virtual_stages.empty()) options.virtual_stages = {1, 2, 4};
+  const bool searches_1f1b = std::find(options.schedules.begin(), options.schedules.end(),
+                                       "1f1b") != options.schedules.end();
+  const int L = static_cast<int>(profile.num_layers());
+
+  Evaluator evaluator(profile, options);
+  PlanReport report;
+  std::vector<Candidate> candidates;
+  for (int M : options.microbatch_counts) {
+    if (M < 1 || profile.batch_size % M != 0) {
+      throw std::invalid_argument("planner: " + std::to_string(M) +
+                                  " micro-batches do not divide the batch of " +
+                                  std::to_string(profile.batch_size) + "; pick divisors");
+    }
+    for (const auto& name : options.schedules) {
+      const bool interleaved = name == "interleaved-1f1b";
+      for (int V : options.virtual_stages) {
+        if (!interleaved && V != 1) continue;
+        if (interleaved && V == 1 && searches_1f1b) continue;
+        if (options.ranks * V > L) continue;
+        for (CheckpointMode mode : options.checkpoint_modes) {
+          if (splits_backward(name) && mode != CheckpointMode::kNever) continue;
+          Candidate c{name, M, V, mode, {}, 0};
+          c.balance = evaluator.time_balance(c);
+          c.lower_bound = evaluator.lower_bound(c);
+          candidates.push_back(std::move(c));
+        }
+      }
+    }
+  }
+  report.candidates = static_cast<int>(candidates.size());
+  std::stable_sort(
+      candidates.begin(), candidates.end(),
+      [](const Candidate& a, const Candidate& b) { return a.lower_bound < b.lower_bound; });
+
+  const std::int64_t limit = options.memory_limit_bytes;
+  auto table_full_and_beats = [&](double bound) {
+    return static_cast<int>(report.ranked.size()) >= options.top &&
+           bound >= report.ranked.back().predicted_step_seconds;
+  };
+  for (Candidate& c : candidates) {
+    if (table_full_and_beats(c.lower_bound)) {
+      ++report.pruned;
+      continue;
+    }
+    const ScheduleEntry& s = evaluator.schedule_of(c.schedule, c.microbatches, c.virtual_stages);
+    bool for_memory = false;
+    if (limit > 0) {
+      Plan trial;
+      trial.balance = c.balance;
+      trial.checkpoint = c.checkpoint;
+      trial.microbatch_size = profile.batch_size / c.microbatches;
+      evaluator.fill_memory(trial, s);
+      if (!trial.fits) {
+        std::vector<int> capped = evaluator.memory_capped_balance(c, s, limit);
+        if (!capped.empty()) {
+          trial.balance = capped;
+          evaluator.fill_memory(trial, s);
+        }
+        if (capped.empty() || !trial.fits) {
+          // The cap is limit / V per stage; with V > 1 a rank can fit while one stage is over
+          // its share, so try the leanest split too (it is what smallest_fitting_limit reports).
+          capped = evaluator.memory_balance(c, s);
+          trial.balance = capped;
+          evaluator.fill_memory(trial, s);
+        }
+        if (!trial.fits) {
+          ++report.rejected_memory;
+          continue;
+        }
+        c.balance = capped;
+        c.lower_bound = evaluator.lower_bound(c);
+        for_memory = true;
+        if (table_full_and_beats(c.lower_bound)) {
+          ++report.pruned;
+          continue;
+        }
+      }
+    }
+    Plan plan = evaluator.predict(c, s);
+    plan.balanced_for_memory = for_memory;
+    ++report.simulated;
+    auto at = std::upper_bound(report.ranked.begin(), report.ranked.end(), plan, faster);
+    report.ranked.insert(at, std::move(plan));
+    if (static_cast<int>(report.ranked.size()) > options.top) report.ranked.pop_back();
+  }
+
+  if (report.ranked.empty() && limit > 0) {
+    // Nothing fits: the smallest limit any candidate could meet with its leanest split.
+    bool have = false;
+    for (const Candidate& original : candidates) {
+      Candidate c = original;
+      const ScheduleEntry& s = evaluator.schedule_of(c.schedule, c.microbatches, c.virtual_stages);
+      c.balance = evaluator.memory_balance(c, s);
+      Plan trial;
+      trial.schedule = c.schedule;
+      trial.ranks = options.ranks;
+      trial.microbatches = c.microbatches;
+      trial.virtual_stages = c.virtual_stages;
+      trial.checkpoint = c.checkpoint;
+      trial.balance = c.balance;
+      trial.microbatch_size = profile.batch_size / c.microbatches;
+      evaluator.fill_memory(trial, s);
+      if (!have || trial.peak_memory_bytes < report.smallest_fitting_limit) {
+        have = true;
+        report.smallest_fitting_limit = trial.peak_memory_bytes;
+        report.smallest_fitting_plan = trial;
+      }
+    }
+    if (have) {
+      // Its predicted time, for the message "needs X; would take Y".
+      const ScheduleEntry& s = evaluator.schedule_of(report.smallest_fitting_plan.schedule,
+                                                     report.smallest_fitting_plan.microbatches,
+                                                     report.smallest_fitting_plan.virtual_stages);
+      Candidate c{
+          report.smallest_fitting_plan.schedule,       report.smallest_fitting_plan.microbatches,
+          report.smallest_fitting_plan.virtual_stages, report.smallest_fitting_plan.checkpoint,
+          report.smallest_fitting_plan.balance,        0};
+      report.smallest_fitting_plan = evaluator.predict(c, s);
+    }
+  }
+  report.planning_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  return report;
+}
+
+void to_json(nlohmann::json& out, const Plan& plan) {
+  out = {{"schedule", plan.schedule},
+         {"ranks", plan.ranks},
+         {"chunks", plan.microbatches},
+         {"microbatch_size", plan.microbatch_size},
+         {"virtual_stages", plan.virtual_stages},
+         {"checkpoint", std::string(checkpoint_name(plan.checkpoint))},
+         {"balance", plan.balance},
+         {"predicted_step_seconds", plan.predicted_step_seconds},
+         {"makespan_seconds", plan.makespan_seconds},
+         {"update_seconds", plan.update_seconds},
+         {"bubble_fraction", plan.bubble_fraction},
+         {"peak_memory_bytes", plan.peak_memory_bytes},
+         {"peak_memory_per_rank", plan.peak_memory_per_rank},
+         {"peak_inflight_per_stage", plan.peak_inflight},
+         {"fits", plan.fits},
+         {"balanced_for_memory", plan.balanced_for_memory}};
+}
+
+void to_json(nlohmann::json& out, const PlanReport& report) {
+  out = nlohmann::json::object();
+  out["recommended"] = report.found() ? nlohmann::json(report.recommended()) : nlohmann::json();
+  nlohmann::json ranked = nlohmann::json::array();
+  for (const auto& plan : report.ranked) ranked.push_back(plan);
+  out["ranked"] = ranked;
+  if (!report.found() && report.smallest_fitting_limit > 0) {
+    out["smallest_fitting_limit_bytes"] = report.smallest_fitting_limit;
+    out["smallest_fitting_plan"] = report.smallest_fitting_plan;
+  }
+  out["search"] = {{"candidates", report.candidates},
+                   {"simulated", report.simulated},
+                   {"pruned", report.pruned},
+                   {"rejected_memory", report.rejected_memory},
+                   {"planning_seconds", report.planning_seconds}};
+}
+
+}  // namespace pipetrain::partition

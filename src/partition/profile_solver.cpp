@@ -1,0 +1,234 @@
+// ModelProfile: interpolation between measured micro-batch sizes, JSON form, synthetic profiles.
+// (The "_solver" suffix puts this torch-free file in the pipetrain_schedule library, next to the
+// planner that reads it; see CMakeLists.txt.)
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "pipetrain/partition/profile.h"
+
+namespace pipetrain::partition {
+namespace {
+
+// Index p such that sizes[p] <= b <= sizes[p+1], clamped to the first/last segment.
+std::size_t segment_of(const std::vector<std::int64_t>& sizes, std::int64_t b) {
+  if (sizes.size() < 2) return 0;
+  auto it = std::upper_bound(sizes.begin(), sizes.end(), b);
+  std::size_t p = it == sizes.begin() ? 0 : static_cast<std::size_t>(it - sizes.begin()) - 1;
+  return std::min(p, sizes.size() - 2);
+}
+
+double lerp(double x0, double y0, double x1, double y1, double x) {
+  if (x1 == x0) return y0;
+  return y0 + (y1 - y0) * (x - x0) / (x1 - x0);
+}
+
+// Bytes, piecewise-linear like the times (exact at the measured sizes), rounded, >= 0. With one
+// measured size, proportional to the size.
+std::int64_t interpolate_bytes(const std::vector<std::int64_t>& sizes, std::int64_t b,
+                               const std::vector<std::int64_t>& bytes_at) {
+  if (sizes.size() == 1) {
+    return static_cast<std::int64_t>(std::llround(
+        static_cast<double>(bytes_at[0]) * static_cast<double>(b) / static_cast<double>(sizes[0])));
+  }
+  const std::size_t p = segment_of(sizes, b);
+  const double y = lerp(static_cast<double>(sizes[p]), static_cast<double>(bytes_at[p]),
+                        static_cast<double>(sizes[p + 1]), static_cast<double>(bytes_at[p + 1]),
+                        static_cast<double>(b));
+  return std::max<std::int64_t>(0, static_cast<std::int64_t>(std::llround(y)));
+}
+
+}  // namespace
+
+double TransferModel::seconds(std::int64_t bytes) const {
+  double time = latency_seconds;
+  if (std::isfinite(bytes_per_second) && bytes_per_second > 0) {
+    time += static_cast<double>(bytes) / bytes_per_second;
+  }
+  return time;
+}
+
+LayerCost ModelProfile::layer_cost(std::int64_t l, std::int64_t b) const {
+  const auto& costs = layers.at(static_cast<std::size_t>(l)).costs;
+  const std::size_t p = segment_of(microbatch_sizes, b);
+  if (microbatch_sizes.size() == 1) {
+    // One measurement: assume time proportional to the size.
+    const double scale = static_cast<double>(b) / static_cast<double>(microbatch_sizes[0]);
+    LayerCost c = costs[0];
+    c.forward_seconds *= scale;
+    c.backward_seconds *= scale;
+    c.backward_input_seconds *= scale;
+    c.backward_weight_seconds *= scale;
+    c.activation_bytes = static_cast<std::int64_t>(std::llround(c.activation_bytes * scale));
+    c.output_bytes = static_cast<std::int64_t>(std::llround(c.output_bytes * scale));
+    return c;
+  }
+  const double x0 = static_cast<double>(microbatch_sizes[p]);
+  const double x1 = static_cast<double>(microbatch_sizes[p + 1]);
+  const double x = static_cast<double>(b);
+  const LayerCost& c0 = costs[p];
+  const LayerCost& c1 = costs[p + 1];
+  auto time = [&](double LayerCost::*field) {
+    return std::max(0.0, lerp(x0, c0.*field, x1, c1.*field, x));
+  };
+  LayerCost c;
+  c.forward_seconds = time(&LayerCost::forward_seconds);
+  c.backward_seconds = time(&LayerCost::backward_seconds);
+  c.backward_input_seconds = time(&LayerCost::backward_input_seconds);
+  c.backward_weight_seconds = time(&LayerCost::backward_weight_seconds);
+  std::vector<std::int64_t> activation(costs.size()), output(costs.size());
+  for (std::size_t q = 0; q < costs.size(); ++q) {
+    activation[q] = costs[q].activation_bytes;
+    output[q] = costs[q].output_bytes;
+  }
+  c.activation_bytes = interpolate_bytes(microbatch_sizes, b, activation);
+  c.output_bytes = interpolate_bytes(microbatch_sizes, b, output);
+  return c;
+}
+
+std::int64_t ModelProfile::input_bytes_at(std::int64_t b) const {
+  return interpolate_bytes(microbatch_sizes, b, input_bytes);
+}
+
+std::int64_t ModelProfile::parameter_bytes() const {
+  std::int64_t total = 0;
+  for (const auto& layer : layers) total += layer.parameter_bytes;
+  return total;
+}
+
+void ModelProfile::validate() const {
+  if (microbatch_sizes.empty()) {
+    throw std::invalid_argument(
+        "profile: no micro-batch sizes were measured; profile at least one");
+  }
+  for (std::size_t p = 0; p < microbatch_sizes.size(); ++p) {
+    if (microbatch_sizes[p] < 1 || (p > 0 && microbatch_sizes[p] <= microbatch_sizes[p - 1])) {
+      throw std::invalid_argument(
+          "profile: micro-batch sizes must be positive and ascending (size " +
+          std::to_string(microbatch_sizes[p]) + " at position " + std::to_string(p) + ")");
+    }
+  }
+  if (input_bytes.size() != microbatch_sizes.size()) {
+    throw std::invalid_argument("profile: input_bytes has " + std::to_string(input_bytes.size()) +
+                                " entries for " + std::to_string(microbatch_sizes.size()) +
+                                " micro-batch sizes; give one per size");
+  }
+  if (layers.empty()) throw std::invalid_argument("profile: the model has no layers");
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    if (layers[l].costs.size() != microbatch_sizes.size()) {
+      throw std::invalid_argument("profile: layer " + std::to_string(l) + " ('" + layers[l].name +
+                                  "') has " + std::to_string(layers[l].costs.size()) +
+                                  " cost entries for " + std::to_string(microbatch_sizes.size()) +
+                                  " micro-batch sizes; give one per size");
+    }
+  }
+  if (batch_size < 1) {
+    throw std::invalid_argument("profile: batch_size must be >= 1 (got " +
+                                std::to_string(batch_size) + ")");
+  }
+}
+
+void to_json(nlohmann::json& out, const ModelProfile& profile) {
+  nlohmann::json layers = nlohmann::json::array();
+  for (const auto& layer : profile.layers) {
+    nlohmann::json costs = nlohmann::json::array();
+    for (const auto& c : layer.costs) {
+      costs.push_back({{"forward_seconds", c.forward_seconds},
+                       {"backward_seconds", c.backward_seconds},
+                       {"backward_input_seconds", c.backward_input_seconds},
+                       {"backward_weight_seconds", c.backward_weight_seconds},
+                       {"activation_bytes", c.activation_bytes},
+                       {"output_bytes", c.output_bytes}});
+    }
+    layers.push_back({{"name", layer.name},
+                      {"parameter_bytes", layer.parameter_bytes},
+                      {"update_seconds", layer.update_seconds},
+                      {"costs", costs}});
+  }
+  out = {{"batch_size", profile.batch_size},
+         {"microbatch_sizes", profile.microbatch_sizes},
+         {"input_bytes", profile.input_bytes},
+         {"intra_op_threads", profile.intra_op_threads},
+         {"method", profile.method},
+         {"transfer",
+          {{"latency_seconds", profile.transfer.latency_seconds},
+           // JSON has no infinity: 0 stands for "no bandwidth limit".
+           {"bytes_per_second", std::isfinite(profile.transfer.bytes_per_second)
+                                    ? profile.transfer.bytes_per_second
+                                    : 0.0},
+           {"method", profile.transfer.method}}},
+         {"layers", layers}};
+}
+
+void from_json(const nlohmann::json& in, ModelProfile& profile) {
+  profile = ModelProfile{};
+  profile.batch_size = in.at("batch_size").get<std::int64_t>();
+  profile.microbatch_sizes = in.at("microbatch_sizes").get<std::vector<std::int64_t>>();
+  profile.input_bytes = in.at("input_bytes").get<std::vector<std::int64_t>>();
+  profile.intra_op_threads = in.value("intra_op_threads", 1);
+  profile.method = in.value("method", std::string());
+  if (in.contains("transfer")) {
+    const auto& t = in.at("transfer");
+    profile.transfer.latency_seconds = t.value("latency_seconds", 0.0);
+    const double bandwidth = t.value("bytes_per_second", 0.0);
+    profile.transfer.bytes_per_second =
+        bandwidth > 0 ? bandwidth : std::numeric_limits<double>::infinity();
+    profile.transfer.method = t.value("method", std::string());
+  }
+  for (const auto& layer_json : in.at("layers")) {
+    LayerProfile layer;
+    layer.name = layer_json.value("name", std::string());
+    layer.parameter_bytes = layer_json.value("parameter_bytes", std::int64_t{0});
+    layer.update_seconds = layer_json.value("update_seconds", 0.0);
+    for (const auto& c : layer_json.at("costs")) {
+      LayerCost cost;
+      cost.forward_seconds = c.value("forward_seconds", 0.0);
+      cost.backward_seconds = c.value("backward_seconds", 0.0);
+      cost.backward_input_seconds = c.value("backward_input_seconds", 0.0);
+      cost.backward_weight_seconds = c.value("backward_weight_seconds", 0.0);
+      cost.activation_bytes = c.value("activation_bytes", std::int64_t{0});
+      cost.output_bytes = c.value("output_bytes", std::int64_t{0});
+      layer.costs.push_back(cost);
+    }
+    profile.layers.push_back(std::move(layer));
+  }
+  profile.validate();
+}
+
+ModelProfile uniform_profile(std::int64_t layers, std::int64_t batch_size,
+                             const UniformLayer& spec) {
+  if (layers < 1 || batch_size < 1) {
+    throw std::invalid_argument("uniform_profile: layers and batch_size must be >= 1 (got " +
+                                std::to_string(layers) + ", " + std::to_string(batch_size) + ")");
+  }
+  ModelProfile profile;
+  profile.batch_size = batch_size;
+  profile.method = "synthetic";
+  profile.microbatch_sizes = {1, batch_size};
+  if (batch_size == 1) profile.microbatch_sizes = {1};
+  for (std::int64_t b : profile.microbatch_sizes) {
+    profile.input_bytes.push_back(spec.output_bytes_per_sample * b);
+  }
+  for (std::int64_t l = 0; l < layers; ++l) {
+    LayerProfile layer;
+    layer.name = "layer" + std::to_string(l);
+    layer.parameter_bytes = spec.parameter_bytes;
+    for (std::int64_t b : profile.microbatch_sizes) {
+      LayerCost c;
+      c.forward_seconds = spec.forward_seconds_per_sample * static_cast<double>(b);
+      c.backward_seconds = spec.backward_seconds_per_sample * static_cast<double>(b);
+      c.backward_input_seconds = c.backward_seconds / 2;
+      c.backward_weight_seconds = c.backward_seconds / 2;
+      c.activation_bytes = spec.activation_bytes_per_sample * b;
+      c.output_bytes = spec.output_bytes_per_sample * b;
+      layer.costs.push_back(c);
+    }
+    profile.layers.push_back(std::move(layer));
+  }
+  return profile;
+}
+
+}  // namespace pipetrain::partition

@@ -1,0 +1,289 @@
+// Profiler (profiler.h): per-layer timing, allocator-based activation bytes, hand-off latency.
+#include "pipetrain/partition/profiler.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include <c10/core/Allocator.h>
+#include <c10/util/ThreadLocalDebugInfo.h>
+#include <torch/torch.h>
+
+namespace pipetrain::partition {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const std::size_t n = values.size();
+  return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+// Median over trials of the time per call of `body`.
+template <typename Body>
+double time_call(const ProfileOptions& options, Body&& body) {
+  for (int w = 0; w < options.warmup(); ++w) body();
+  std::vector<double> trials;
+  for (int t = 0; t < std::max(options.repeats(), 1); ++t) {
+    int calls = 0;
+    const auto start = Clock::now();
+    double elapsed = 0;
+    do {
+      body();
+      ++calls;
+      elapsed = seconds_since(start);
+    } while (elapsed < options.min_trial_seconds());
+    trials.push_back(elapsed / calls);
+  }
+  return median(trials);
+}
+
+// Counts the net bytes the CPU allocator hands out on this thread while installed.
+struct AllocationCounter : c10::MemoryReportingInfoBase {
+  std::int64_t net = 0;
+  std::int64_t events = 0;
+  void reportMemoryUsage(void*, int64_t alloc_size, int64_t, int64_t, c10::Device device) override {
+    if (device.is_cpu()) {
+      net += alloc_size;
+      ++events;
+    }
+  }
+  bool memoryProfilingEnabled() const override { return true; }
+};
+
+// Restores the thread's intra-op thread count on scope exit.
+struct ThreadCountGuard {
+  int saved = at::get_num_threads();
+  explicit ThreadCountGuard(int threads) {
+    if (threads > 0) at::set_num_threads(threads);
+  }
+  ~ThreadCountGuard() { at::set_num_threads(saved); }
+};
+
+std::vector<std::int64_t> default_sizes(std::int64_t batch, int max_sizes) {
+  std::vector<std::int64_t> sizes;
+  for (std::int64_t m = 1; m <= batch; m *= 2) {
+    if (batch % m == 0) sizes.push_back(batch / m);
+  }
+  if (sizes.back() != 1) sizes.push_back(1);
+  std::sort(sizes.begin(), sizes.end());
+  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+  if (max_sizes >= 2 && static_cast<int>(sizes.size()) > max_sizes) {
+    // Keep the ends and spread the rest evenly (in log scale, since the sizes are powers of 2).
+    std::vector<std::int64_t> kept;
+    const double step = static_cast<double>(sizes.size() - 1) / (max_sizes - 1);
+    for (int k = 0; k < max_sizes; ++k) {
+      kept.push_back(sizes[static_cast<std::size_t>(std::llround(k * step))]);
+    }
+    kept.erase(std::unique(kept.begin(), kept.end()), kept.end());
+    sizes = kept;
+  }
+  return sizes;
+}
+
+std::int64_t tensor_bytes(const torch::Tensor& t) {
+  return static_cast<std::int64_t>(t.numel()) * static_cast<std::int64_t>(t.element_size());
+}
+
+torch::Tensor run_layer(torch::nn::AnyModule& layer, std::size_t l, const torch::Tensor& x) {
+  try {
+    return layer.forward<torch::Tensor>(x);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "profile_sequential: layer ", l, " (", layer.ptr()->name(),
+                ") failed on an input of shape ", x.sizes(), ": ", e.what_without_backtrace(),
+                " (every layer must map one tensor to one tensor)");
+  }
+}
+
+// "torch::nn::LinearImpl" -> "Linear".
+std::string short_name(std::string name) {
+  const auto colon = name.rfind("::");
+  if (colon != std::string::npos) name = name.substr(colon + 2);
+  if (name.size() > 4 && name.compare(name.size() - 4, 4, "Impl") == 0)
+    name.resize(name.size() - 4);
+  return name;
+}
+
+std::vector<torch::nn::AnyModule*> layers_of(torch::nn::Sequential& model) {
+  std::vector<torch::nn::AnyModule*> layers;
+  for (auto& layer : *model) layers.push_back(&layer);
+  return layers;
+}
+
+// Activation bytes per layer from one chained run under the allocation hook; *seen tells whether
+// the hook saw any allocation at all.
+std::vector<std::int64_t> chained_activation_bytes(const std::vector<torch::nn::AnyModule*>& layers,
+                                                   const torch::Tensor& microbatch, bool* seen) {
+  ThreadCountGuard one_thread(1);
+  auto counter = std::make_shared<AllocationCounter>();
+  std::vector<std::int64_t> bytes;
+  {
+    c10::DebugInfoGuard guard(c10::DebugInfoKind::PROFILER_STATE, counter);
+    // The input is allocated under the hook too, so every free the hook sees it also saw
+    // allocated, and it requires grad like a received stage input.
+    torch::Tensor x = microbatch.clone();
+    if (x.is_floating_point()) x.requires_grad_(true);
+    const std::int64_t start = counter->net;
+    std::int64_t previous = start;
+    for (std::size_t l = 0; l < layers.size(); ++l) {
+      // [1] y's graph keeps the saved tensors; [2] dropping our handle on x frees it unless the
+      // graph saved it. The net growth is what this layer adds to the stash.
+      x = run_layer(*layers[l], l, x);
+      bytes.push_back(counter->net - previous);
+      previous = counter->net;
+    }
+    x = torch::Tensor();  // frees the whole graph while the hook still counts
+  }
+  *seen = counter->events > 0;
+  return bytes;
+}
+
+}  // namespace
+
+ModelProfile profile_sequential(torch::nn::Sequential& model, const torch::Tensor& sample_batch,
+                                const ProfileOptions& options) {
+  TORCH_CHECK(sample_batch.defined() && sample_batch.dim() >= 1 && sample_batch.size(0) >= 1,
+              "profile_sequential: the sample batch needs at least one row (got ",
+              sample_batch.defined() ? sample_batch.sizes() : at::IntArrayRef{},
+              "); pass a batch shaped like the training input");
+  TORCH_CHECK(!model->is_empty(), "profile_sequential: the Sequential has no layers; add some");
+  ThreadCountGuard threads(options.intra_op_threads());
+
+  ModelProfile profile;
+  profile.batch_size = sample_batch.size(0);
+  profile.intra_op_threads = at::get_num_threads();
+  profile.microbatch_sizes = options.microbatch_sizes().empty()
+                                 ? default_sizes(profile.batch_size, options.max_sizes())
+                                 : options.microbatch_sizes();
+  std::sort(profile.microbatch_sizes.begin(), profile.microbatch_sizes.end());
+  profile.microbatch_sizes.erase(
+      std::unique(profile.microbatch_sizes.begin(), profile.microbatch_sizes.end()),
+      profile.microbatch_sizes.end());
+  for (std::int64_t b : profile.microbatch_sizes) {
+    TORCH_CHECK(b >= 1 && b <= profile.batch_size, "profile_sequential: micro-batch size ", b,
+                " is outside 1..", profile.batch_size, " (the sample batch's rows)");
+  }
+
+  const std::vector<torch::nn::AnyModule*> layers = layers_of(model);
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    LayerProfile layer;
+    layer.name = std::to_string(l) + ":" + short_name(layers[l]->ptr()->name());
+    std::vector<torch::Tensor> params;
+    for (const auto& p : layers[l]->ptr()->parameters()) {
+      layer.parameter_bytes += tensor_bytes(p);
+      if (p.requires_grad()) params.push_back(p);
+    }
+    if (!params.empty()) {
+      std::vector<torch::Tensor> grads;
+      for (const auto& p : params) grads.push_back(torch::zeros_like(p));
+      torch::NoGradGuard no_grad;
+      // zero_grad() and an SGD step: one pass over the gradients, one over the parameters.
+      layer.update_seconds = time_call(options, [&] {
+        for (std::size_t q = 0; q < params.size(); ++q) {
+          grads[q].zero_();
+          params[q].add_(grads[q], -1e-3);
+        }
+      });
+    }
+    profile.layers.push_back(std::move(layer));
+  }
+
+  bool allocator_seen = true;
+  for (std::int64_t b : profile.microbatch_sizes) {
+    const torch::Tensor input = sample_batch.narrow(0, 0, b).contiguous();
+    profile.input_bytes.push_back(tensor_bytes(input));
+    bool seen = false;
+    const std::vector<std::int64_t> chained = chained_activation_bytes(layers, input, &seen);
+    allocator_seen = allocator_seen && seen;
+
+    torch::Tensor x = input;
+    for (std::size_t l = 0; l < layers.size(); ++l) {
+      torch::Tensor leaf = x.detach();
+      // The first stage's input is data: nobody needs its gradient.
+      const bool needs_input_grad = l > 0 && leaf.is_floating_point();
+      leaf.requires_grad_(needs_input_grad);
+      LayerCost cost;
+      cost.forward_seconds = time_call(options, [&] { (void)run_layer(*layers[l], l, leaf); });
+      torch::Tensor y = run_layer(*layers[l], l, leaf);
+      cost.output_bytes = tensor_bytes(y);
+      cost.activation_bytes = seen ? chained[l] : cost.output_bytes;
+
+      std::vector<torch::Tensor> params;
+      for (const auto& p : layers[l]->ptr()->parameters()) {
+        if (p.requires_grad()) params.push_back(p);
+      }
+      if (y.requires_grad()) {
+        const torch::Tensor g = torch::randn_like(y);
+        auto grad_of = [&](const std::vector<torch::Tensor>& wrt) {
+          return time_call(options, [&] {
+            (void)torch::autograd::grad({y}, wrt, {g}, /*retain_graph=*/true,
+                                        /*create_graph=*/false, /*allow_unused=*/true);
+          });
+        };
+        // B as the runtime runs it: backward() accumulating into .grad (an add per parameter
+        // for every micro-batch after the first).
+        if (needs_input_grad || !params.empty()) {
+          std::vector<torch::Tensor> saved;  // the caller's gradients, put back afterwards
+          for (auto& p : params) saved.push_back(p.grad());
+          cost.backward_seconds = time_call(
+              options, [&] { torch::autograd::backward({y}, {g}, /*retain_graph=*/true); });
+          for (std::size_t q = 0; q < params.size(); ++q) params[q].mutable_grad() = saved[q];
+        }
+        if (needs_input_grad) cost.backward_input_seconds = grad_of({leaf});
+        if (!params.empty()) cost.backward_weight_seconds = grad_of(params);
+      }
+      profile.layers[l].costs.push_back(cost);
+      x = y.detach();
+    }
+  }
+  profile.method = allocator_seen ? "allocator" : "output bytes";
+  if (options.measure_transfer()) {
+    profile.transfer = measure_local_transfer();
+  } else {
+    profile.transfer.method = "not measured (zero cost)";
+  }
+  profile.validate();
+  return profile;
+}
+
+TransferModel measure_local_transfer(int repeats) {
+  std::mutex mutex;
+  std::condition_variable changed;
+  int turn = 0;  // even: ping's turn, odd: pong's
+  constexpr int kRounds = 200;
+  std::vector<double> trials;
+  for (int t = 0; t < std::max(repeats, 1); ++t) {
+    turn = 0;
+    std::thread pong([&] {
+      for (int k = 0; k < kRounds; ++k) {
+        std::unique_lock<std::mutex> lock(mutex);
+        changed.wait(lock, [&] { return turn % 2 == 1; });
+        ++turn;
+        changed.notify_all();
+      }
+    });
+    const auto start = Clock::now();
+    for (int k = 0; k < kRounds; ++k) {
+      std::unique_lock<std::mutex> lock(mutex);
+      ++turn;
+      changed.notify_all();
+      changed.wait(lock, [&] { return turn % 2 == 0; });
+    }
+    trials.push_back(seconds_since(start) / (2.0 * kRounds));
+    pong.join();
+  }
+  TransferModel model;
+  model.latency_seconds = median(trials);
+  model.method = "in-process hand-off, no copy (condition-variable ping-pong, one way)";
+  return model;
+}
+
+}  // namespace pipetrain::partition

@@ -1,0 +1,98 @@
+// `pipetrain plan --model`: profile, search and recommend, end to end through build/pipetrain.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace {
+
+struct CliRun {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr
+};
+
+CliRun plan(const std::string& arguments) {
+  const std::string command =
+      std::string(PIPETRAIN_BINARY_DIR) + "/pipetrain plan " + arguments + " 2>&1";
+  CliRun run;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (!pipe) return run;
+  std::array<char, 4096> buffer;
+  std::size_t n;
+  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
+    run.output.append(buffer.data(), n);
+  const int status = pclose(pipe);
+  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return run;
+}
+
+TEST(PlanModelCli, JsonRecommendsAPlanThatCoversTheModel) {
+  const CliRun run = plan("--model mlp --sample-shape 32,784 --stages 2 --format json --top 3");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const auto json = nlohmann::json::parse(run.output);
+  const auto& recommended = json["recommended"];
+  for (const char* key : {"schedule", "chunks", "balance", "checkpoint", "virtual_stages",
+                          "predicted_step_seconds", "peak_memory_bytes"}) {
+    ASSERT_TRUE(recommended.contains(key)) << key << " missing in " << recommended.dump();
+  }
+  int layers = 0;
+  for (int n : recommended["balance"]) layers += n;
+  EXPECT_EQ(layers, static_cast<int>(json["profile"]["layers"].size()));
+  EXPECT_EQ(recommended["balance"].size(), 2u * recommended["virtual_stages"].get<unsigned>());
+  EXPECT_EQ(32 % recommended["chunks"].get<int>(), 0);
+  EXPECT_LE(json["ranked"].size(), 3u);
+  EXPECT_LE(recommended["predicted_step_seconds"].get<double>(),
+            json["default"]["predicted_step_seconds"].get<double>());
+}
+
+TEST(PlanModelCli, ATinyLimitExitsOneAndNamesTheSmallestLimitThatWorks) {
+  const CliRun run = plan("--model mlp --sample-shape 32,784 --stages 2 --memory-limit 1KiB");
+  EXPECT_EQ(run.exit_code, 1) << run.output;
+  EXPECT_NE(run.output.find("smallest limit that works"), std::string::npos) << run.output;
+
+  const CliRun json = plan(
+      "--model mlp --sample-shape 32,784 --stages 2 --memory-limit 1KiB "
+      "--format json");
+  ASSERT_EQ(json.exit_code, 1) << json.output;
+  const auto report = nlohmann::json::parse(json.output);
+  const long long smallest = report["smallest_fitting_limit_bytes"];
+  // Planning again with exactly that limit finds a plan that fits it.
+  const CliRun again = plan(
+      "--model mlp --sample-shape 32,784 --stages 2 --format json "
+      "--memory-limit " +
+      std::to_string(smallest));
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_LE(
+      nlohmann::json::parse(again.output)["recommended"]["peak_memory_bytes"].get<long long>(),
+      smallest);
+}
+
+TEST(PlanModelCli, BadInputExitsTwoWithAMessage) {
+  CliRun run = plan("--model mlp --sample-shape 32,x");
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_NE(run.output.find("--sample-shape"), std::string::npos) << run.output;
+  run = plan("--model no-such-model --sample-shape 4,784");
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  run = plan("--model mlp --sample-shape 4,784 --memory-limit lots");
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  run = plan("--model mlp --sample-shape 4,784 --stages 100");
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+}
+
+TEST(PlanModelCli, PlansATorchScriptFile) {
+  const std::string dir = ::testing::TempDir() + "/plan_model_ts";
+  const std::string make = "/usr/bin/python3 " + std::string(PIPETRAIN_SOURCE_DIR) +
+                           "/tests/apps/make_models.py mlp " + dir + " > /dev/null 2>&1";
+  if (std::system(make.c_str()) != 0) GTEST_SKIP() << "Python torch is not available";
+  const CliRun run =
+      plan("--model " + dir + "/mlp.pt --sample-shape 16,8 --stages 2 --format json");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const auto json = nlohmann::json::parse(run.output);
+  EXPECT_EQ(json["profile"]["layers"].size(), 5u);
+}
+
+}  // namespace

@@ -1,0 +1,120 @@
+// Memory model: residency from the schedule's order, the per-stage formula, per-rank sums, sizes.
+#include <gtest/gtest.h>
+
+#include "pipetrain/partition/memory.h"
+#include "pipetrain/schedule/generators.h"
+
+namespace pipetrain::partition {
+namespace {
+
+TEST(StageResidency, GPipeStashesEveryMicroBatchOnEveryStage) {
+  const auto residency = stage_residency(schedule::gpipe(3, 5));
+  ASSERT_EQ(residency.size(), 3u);
+  for (const auto& stage : residency) {
+    EXPECT_EQ(stage.peak_inflight, 5);
+    // Our GPipe runs backwards in order 0..M-1, so B0..B3 (recomputed under except_last) run
+    // while micro-batch 4 is still stashed whole.
+    EXPECT_TRUE(stage.last_alive_during_recompute);
+  }
+}
+
+TEST(StageResidency, ALastMicroBatchBackwardFirstOverlapsNoRecompute) {
+  // Reverse-order GPipe as torchgpipe runs it: the last micro-batch's backward comes first.
+  schedule::Schedule reversed = schedule::gpipe(1, 3);
+  reversed.actions[0] = {{0, schedule::Op::kForward, 0},  {0, schedule::Op::kForward, 1},
+                         {0, schedule::Op::kForward, 2},  {0, schedule::Op::kBackward, 2},
+                         {0, schedule::Op::kBackward, 1}, {0, schedule::Op::kBackward, 0}};
+  const auto residency = stage_residency(reversed);
+  EXPECT_EQ(residency[0].peak_inflight, 3);
+  EXPECT_FALSE(residency[0].last_alive_during_recompute);
+}
+
+TEST(StageResidency, OneFOneBStashesRanksMinusStageMicroBatches) {
+  const int K = 4;
+  const auto residency = stage_residency(schedule::one_f_one_b(K, 8));
+  for (int j = 0; j < K; ++j) EXPECT_EQ(residency[j].peak_inflight, K - j) << "stage " << j;
+  // Stage 0 runs F7 and then still B5, B6: the last micro-batch is alive during recomputes.
+  EXPECT_TRUE(residency[0].last_alive_during_recompute);
+  // The last stage runs F7 B7 back to back.
+  EXPECT_FALSE(residency[K - 1].last_alive_during_recompute);
+}
+
+TEST(StageMemory, CountsParametersGradientsOptimizerAndStash) {
+  StageResidency three{3, false};
+  const auto never = stage_memory(1000, 10, 100, three, CheckpointMode::kNever, 2.0);
+  EXPECT_EQ(never.parameters, 1000);
+  EXPECT_EQ(never.gradients, 1000);
+  EXPECT_EQ(never.optimizer_state, 2000);
+  EXPECT_EQ(never.stashed_activations, 3 * 110);
+  EXPECT_EQ(never.recompute_activations, 0);
+  EXPECT_EQ(never.total(), 4000 + 330);
+
+  const auto always = stage_memory(1000, 10, 100, three, CheckpointMode::kAlways, 0.0);
+  EXPECT_EQ(always.stashed_activations, 3 * 10);
+  EXPECT_EQ(always.recompute_activations, 100);
+
+  const auto last = stage_memory(1000, 10, 100, three, CheckpointMode::kExceptLast, 0.0);
+  EXPECT_EQ(last.stashed_activations, 3 * 10 + 100);
+  EXPECT_EQ(last.recompute_activations, 0);
+  StageResidency overlapping{3, true};
+  EXPECT_EQ(stage_memory(1000, 10, 100, overlapping, CheckpointMode::kExceptLast, 0.0)
+                .recompute_activations,
+            100);
+}
+
+TEST(RankPeakMemory, SumsTheStagesOfEachRankAndOneRecompute) {
+  // 4 identical layers: 100 B of parameters, 8 B of stash and 2 B of output per sample.
+  UniformLayer layer;
+  layer.parameter_bytes = 100;
+  layer.activation_bytes_per_sample = 8;
+  layer.output_bytes_per_sample = 2;
+  const ModelProfile profile = uniform_profile(4, 4, layer);
+  // 1f1b, 2 ranks, 4 micro-batches of 1 sample: stage 0 holds 2, stage 1 holds 1.
+  const auto schedule = schedule::one_f_one_b(2, 4);
+  const auto residency = stage_residency(schedule);
+  const auto peaks =
+      rank_peak_memory(profile, {2, 2}, 1, schedule, residency, CheckpointMode::kNever, 0.0);
+  // Per stage: 2 * 100 parameters + 2 * 100 gradients; stash per micro-batch = input 2 + 2 * 8.
+  EXPECT_EQ(peaks[0], 400 + 2 * 18);
+  EXPECT_EQ(peaks[1], 400 + 1 * 18);
+
+  // Interleaved, 2 ranks x 2 virtual stages of one layer: rank 0 holds stages 0 and 2.
+  const auto interleaved = schedule::interleaved_one_f_one_b(2, 4, 2);
+  const auto r2 = stage_residency(interleaved);
+  const auto always =
+      rank_peak_memory(profile, {1, 1, 1, 1}, 1, interleaved, r2, CheckpointMode::kAlways, 0.0);
+  // Each stage: 200 parameter bytes, n_j inputs of 2 bytes, a recompute of 8 bytes, counted once
+  // per rank.
+  const std::int64_t rank0 = 400 + 2 * (r2[0].peak_inflight + r2[2].peak_inflight) + 8;
+  EXPECT_EQ(always[0], rank0);
+}
+
+TEST(RankPeakMemory, RejectsABalanceOfTheWrongSize) {
+  const ModelProfile profile = uniform_profile(4, 4, UniformLayer{});
+  const auto schedule = schedule::one_f_one_b(2, 4);
+  EXPECT_THROW(rank_peak_memory(profile, {4}, 1, schedule, stage_residency(schedule),
+                                CheckpointMode::kNever, 0.0),
+               std::invalid_argument);
+}
+
+TEST(Bytes, ParseAndFormatAgree) {
+  EXPECT_EQ(parse_bytes("2GiB"), 2LL << 30);
+  EXPECT_EQ(parse_bytes("512 MiB"), 512LL << 20);
+  EXPECT_EQ(parse_bytes("1.5G"), 3LL << 29);
+  EXPECT_EQ(parse_bytes("64KB"), 64000);
+  EXPECT_EQ(parse_bytes("1000000"), 1000000);
+  EXPECT_THROW(parse_bytes("lots"), std::invalid_argument);
+  EXPECT_THROW(parse_bytes("2 parsecs"), std::invalid_argument);
+  EXPECT_EQ(format_bytes(2LL << 30), "2.00 GiB");
+  EXPECT_EQ(format_bytes(100), "100 B");
+}
+
+TEST(CheckpointMode, NamesRoundTrip) {
+  for (CheckpointMode mode : all_checkpoint_modes()) {
+    EXPECT_EQ(parse_checkpoint(checkpoint_name(mode)), mode);
+  }
+  EXPECT_THROW(parse_checkpoint("sometimes"), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace pipetrain::partition

@@ -1,0 +1,307 @@
+// Planner: exact balance vs brute force, memory limits, the choices it must make, search speed.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <iostream>
+#include <limits>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "pipetrain/partition/planner.h"
+
+namespace pipetrain::partition {
+namespace {
+
+// Every split of n items into `stages` non-empty contiguous parts.
+void for_each_split(int n, int stages, const std::function<void(const std::vector<int>&)>& visit) {
+  std::vector<int> parts;
+  std::function<void(int, int)> recurse = [&](int left, int remaining) {
+    if (remaining == 1) {
+      parts.push_back(left);
+      visit(parts);
+      parts.pop_back();
+      return;
+    }
+    for (int size = 1; size <= left - (remaining - 1); ++size) {
+      parts.push_back(size);
+      recurse(left - size, remaining - 1);
+      parts.pop_back();
+    }
+  };
+  recurse(n, stages);
+}
+
+double split_cost(const std::vector<int>& split, const std::function<double(int, int, int)>& cost) {
+  double worst = 0;
+  int first = 0;
+  for (int j = 0; j < static_cast<int>(split.size()); ++j) {
+    worst = std::max(worst, cost(j, first, first + split[j]));
+    first += split[j];
+  }
+  return worst;
+}
+
+TEST(MinMaxPartition, MatchesBruteForceUpToTwelveLayersAndFourStages) {
+  std::mt19937 random(5);
+  std::uniform_real_distribution<double> weight(0.0, 10.0);
+  for (int trial = 0; trial < 40; ++trial) {
+    for (int n = 1; n <= 12; ++n) {
+      std::vector<double> w(n);
+      for (auto& x : w) x = weight(random);
+      // Stage-dependent: the first and last stage carry extra cost (embedding, loss).
+      const double first_extra = weight(random), last_extra = weight(random);
+      for (int stages = 1; stages <= std::min(n, 4); ++stages) {
+        auto cost = [&](int j, int a, int e) {
+          double sum = 0;
+          for (int l = a; l < e; ++l) sum += w[l];
+          if (j == 0) sum += first_extra;
+          if (j == stages - 1) sum += last_extra;
+          return sum;
+        };
+        double best = std::numeric_limits<double>::infinity();
+        for_each_split(n, stages, [&](const std::vector<int>& split) {
+          best = std::min(best, split_cost(split, cost));
+        });
+        const std::vector<int> found = min_max_partition(n, stages, cost);
+        ASSERT_EQ(static_cast<int>(found.size()), stages);
+        int total = 0;
+        for (int layers : found) {
+          EXPECT_GE(layers, 1);
+          total += layers;
+        }
+        EXPECT_EQ(total, n);
+        EXPECT_NEAR(split_cost(found, cost), best, 1e-9) << "n=" << n << " stages=" << stages;
+      }
+    }
+  }
+}
+
+TEST(MinMaxPartition, RespectsAFeasibilityCapAndSaysWhenNoneFits) {
+  std::mt19937 random(11);
+  std::uniform_real_distribution<double> weight(0.0, 10.0);
+  for (int trial = 0; trial < 100; ++trial) {
+    const int n = 10, stages = 3;
+    std::vector<double> time(n), bytes(n);
+    for (int l = 0; l < n; ++l) {
+      time[l] = weight(random);
+      bytes[l] = weight(random);
+    }
+    const double cap = 12 + trial * 0.1;
+    auto sum = [](const std::vector<double>& v, int a, int e) {
+      double s = 0;
+      for (int l = a; l < e; ++l) s += v[l];
+      return s;
+    };
+    auto cost = [&](int, int a, int e) { return sum(time, a, e); };
+    auto fits = [&](int, int a, int e) { return sum(bytes, a, e) <= cap; };
+    double best = std::numeric_limits<double>::infinity();
+    for_each_split(n, stages, [&](const std::vector<int>& split) {
+      int first = 0;
+      for (int layers : split) {
+        if (!fits(0, first, first + layers)) return;
+        first += layers;
+      }
+      best = std::min(best, split_cost(split, cost));
+    });
+    const std::vector<int> found = min_max_partition(n, stages, cost, fits);
+    if (best == std::numeric_limits<double>::infinity()) {
+      EXPECT_TRUE(found.empty());
+    } else {
+      ASSERT_EQ(static_cast<int>(found.size()), stages);
+      EXPECT_NEAR(split_cost(found, cost), best, 1e-9);
+    }
+  }
+}
+
+// Four layers with 1 MiB of parameters each and large activations, 2 ranks.
+ModelProfile activation_heavy_profile() {
+  UniformLayer layer;
+  layer.forward_seconds_per_sample = 1e-4;
+  layer.backward_seconds_per_sample = 2e-4;
+  layer.parameter_bytes = 1 << 20;
+  layer.activation_bytes_per_sample = 1 << 16;
+  layer.output_bytes_per_sample = 1 << 12;
+  return uniform_profile(4, 64, layer);
+}
+
+PlannerOptions only(std::vector<std::string> schedules, std::vector<int> microbatches,
+                    std::vector<CheckpointMode> modes, int ranks = 2) {
+  PlannerOptions options;
+  options.ranks = ranks;
+  options.schedules = std::move(schedules);
+  options.microbatch_counts = std::move(microbatches);
+  options.checkpoint_modes = std::move(modes);
+  return options;
+}
+
+bool has_schedule(const PlanReport& report, const std::string& name) {
+  return std::any_of(report.ranked.begin(), report.ranked.end(),
+                     [&](const Plan& p) { return p.schedule == name; });
+}
+
+TEST(Planner, PrefersOneFOneBWhenGPipeDoesNotFitTheMemoryLimit) {
+  const ModelProfile profile = activation_heavy_profile();
+  PlannerOptions options = only({"gpipe", "1f1b"}, {8}, {CheckpointMode::kNever});
+  const PlanReport unlimited = plan_pipeline(profile, options);
+  ASSERT_TRUE(has_schedule(unlimited, "gpipe"));
+  ASSERT_TRUE(has_schedule(unlimited, "1f1b"));
+  std::int64_t gpipe_peak = 0, one_f_one_b_peak = 0;
+  for (const auto& plan : unlimited.ranked) {
+    (plan.schedule == "gpipe" ? gpipe_peak : one_f_one_b_peak) = plan.peak_memory_bytes;
+  }
+  // GPipe stashes all 8 micro-batches, 1F1B at most 2 (K = 2).
+  ASSERT_LT(one_f_one_b_peak, gpipe_peak);
+
+  options.memory_limit_bytes = (one_f_one_b_peak + gpipe_peak) / 2;
+  const PlanReport limited = plan_pipeline(profile, options);
+  ASSERT_TRUE(limited.found());
+  EXPECT_EQ(limited.recommended().schedule, "1f1b");
+  EXPECT_FALSE(has_schedule(limited, "gpipe"));
+  for (const auto& plan : limited.ranked) {
+    EXPECT_LE(plan.peak_memory_bytes, options.memory_limit_bytes) << plan.describe();
+  }
+}
+
+TEST(Planner, RejectsEveryPlanOverTheLimitAndReportsTheSmallestLimitThatWorks) {
+  const ModelProfile profile = activation_heavy_profile();
+  // 1f1b, 4 micro-batches of 16 samples, no checkpointing, 2 layers per rank:
+  // stage 0 holds 2 micro-batches, stage 1 holds 1 (1F1B with K = 2).
+  PlannerOptions options = only({"1f1b"}, {4}, {CheckpointMode::kNever});
+  const std::int64_t parameters = 2 * (std::int64_t{1} << 20) * 2;  // parameters + gradients
+  const std::int64_t stash = (std::int64_t{1} << 12) * 16 + 2 * (std::int64_t{1} << 16) * 16;
+  // Stage 0's memory with the best split (2 + 2; moving a layer to stage 1 adds parameters to
+  // stage 1 without saving more than one layer's stash on stage 0... computed, not assumed:)
+  const std::int64_t by_hand_even = parameters + 2 * stash;
+  // A 1 + 3 split: stage 0 = 1 layer, 2 in flight; stage 1 = 3 layers, 1 in flight.
+  const std::int64_t stash_one = (std::int64_t{1} << 12) * 16 + (std::int64_t{1} << 16) * 16;
+  const std::int64_t stash_three = (std::int64_t{1} << 12) * 16 + 3 * (std::int64_t{1} << 16) * 16;
+  const std::int64_t by_hand_1_3 = std::max((std::int64_t{1} << 20) * 2 + 2 * stash_one,
+                                            3 * (std::int64_t{1} << 20) * 2 + stash_three);
+  const std::int64_t expected = std::min(by_hand_even, by_hand_1_3);
+
+  options.memory_limit_bytes = 1 << 20;  // less than one layer's parameters and gradients
+  const PlanReport none = plan_pipeline(profile, options);
+  EXPECT_FALSE(none.found());
+  EXPECT_EQ(none.smallest_fitting_limit, expected);
+
+  options.memory_limit_bytes = none.smallest_fitting_limit;
+  const PlanReport exact = plan_pipeline(profile, options);
+  ASSERT_TRUE(exact.found());
+  EXPECT_LE(exact.recommended().peak_memory_bytes, options.memory_limit_bytes);
+
+  options.memory_limit_bytes = none.smallest_fitting_limit - 1;
+  EXPECT_FALSE(plan_pipeline(profile, options).found());
+}
+
+TEST(Planner, TheSmallestLimitOfTheFullSearchIsTight) {
+  const ModelProfile profile = activation_heavy_profile();
+  PlannerOptions options;
+  options.ranks = 2;
+  options.memory_limit_bytes = 1024;
+  const PlanReport none = plan_pipeline(profile, options);
+  ASSERT_FALSE(none.found());
+  ASSERT_GT(none.smallest_fitting_limit, 1024);
+  options.memory_limit_bytes = none.smallest_fitting_limit;
+  const PlanReport exact = plan_pipeline(profile, options);
+  ASSERT_TRUE(exact.found());
+  for (const auto& plan : exact.ranked)
+    EXPECT_LE(plan.peak_memory_bytes, options.memory_limit_bytes);
+  options.memory_limit_bytes = none.smallest_fitting_limit - 1;
+  EXPECT_FALSE(plan_pipeline(profile, options).found());
+}
+
+TEST(Planner, PrefersMoreMicroBatchesWhenTheBubbleDominates) {
+  // Time proportional to the micro-batch size, no fixed cost: only the bubble changes with M.
+  UniformLayer layer;
+  layer.forward_seconds_per_sample = 1e-4;
+  layer.backward_seconds_per_sample = 2e-4;
+  const ModelProfile profile = uniform_profile(8, 64, layer);
+  const PlanReport report =
+      plan_pipeline(profile, only({"1f1b"}, {1, 2, 4, 8, 16}, {CheckpointMode::kNever}, 4));
+  ASSERT_TRUE(report.found());
+  EXPECT_EQ(report.recommended().microbatches, 16);
+  // And the bubble shrinks with M, as the (K-1)/(M+K-1) formula says.
+  EXPECT_NEAR(report.recommended().bubble_fraction, 3.0 / 19.0, 1e-9);
+}
+
+TEST(Planner, RecommendsNoSlowerThanTheHandWrittenDefault) {
+  // Uneven layers: an even split by count puts the two heavy layers on one stage.
+  ModelProfile profile = uniform_profile(6, 32, UniformLayer{});
+  for (auto* l : {&profile.layers[0], &profile.layers[1]}) {
+    for (auto& c : l->costs) {
+      c.forward_seconds *= 5;
+      c.backward_seconds *= 5;
+      c.backward_input_seconds *= 5;
+      c.backward_weight_seconds *= 5;
+    }
+  }
+  PlannerOptions options;
+  options.ranks = 2;
+  const PlanReport report = plan_pipeline(profile, options);
+  ASSERT_TRUE(report.found());
+  const Plan fallback = evaluate_plan(profile, default_plan(profile, 2, 4), options);
+  EXPECT_LE(report.recommended().predicted_step_seconds, fallback.predicted_step_seconds);
+  // Here it must be strictly better: the default's balance is 3,3 with both heavy layers first.
+  EXPECT_LT(report.recommended().predicted_step_seconds, 0.9 * fallback.predicted_step_seconds);
+}
+
+TEST(Planner, PruningDoesNotChangeTheRecommendation) {
+  ModelProfile profile = uniform_profile(12, 64, UniformLayer{});
+  // A fixed cost per call makes tiny micro-batches expensive, so the optimum is in the middle.
+  for (auto& layer : profile.layers) {
+    for (auto& c : layer.costs) c.forward_seconds += 2e-5;
+  }
+  PlannerOptions options;
+  options.ranks = 3;
+  options.top = 1;
+  const PlanReport pruned = plan_pipeline(profile, options);
+  options.top = 100000;
+  const PlanReport full = plan_pipeline(profile, options);
+  ASSERT_TRUE(pruned.found());
+  EXPECT_GT(pruned.pruned, 0);
+  EXPECT_EQ(full.pruned, 0);
+  EXPECT_EQ(pruned.recommended().describe(), full.recommended().describe());
+  EXPECT_DOUBLE_EQ(pruned.recommended().predicted_step_seconds,
+                   full.recommended().predicted_step_seconds);
+}
+
+TEST(Planner, EvaluatePlanRejectsABalanceThatDoesNotCoverTheModel) {
+  const ModelProfile profile = uniform_profile(4, 8, UniformLayer{});
+  Plan plan = default_plan(profile, 2, 4);
+  plan.balance = {1, 2};
+  EXPECT_THROW(evaluate_plan(profile, plan, PlannerOptions{}), std::invalid_argument);
+}
+
+TEST(Planner, ReportsItsSearchAsJson) {
+  const ModelProfile profile = activation_heavy_profile();
+  PlannerOptions options;
+  options.ranks = 2;
+  const PlanReport report = plan_pipeline(profile, options);
+  const nlohmann::json json = report;
+  ASSERT_TRUE(json.contains("recommended"));
+  for (const char* key : {"schedule", "chunks", "balance", "checkpoint", "virtual_stages",
+                          "predicted_step_seconds", "peak_memory_bytes"}) {
+    EXPECT_TRUE(json["recommended"].contains(key)) << key;
+  }
+  EXPECT_EQ(json["recommended"]["schedule"], report.recommended().schedule);
+}
+
+TEST(PlannerSpeed, PlansSixtyFourRanksAndFiveHundredTwelveMicroBatches) {
+  // Prints the time; the 10 s budget is checked by reading this line, not asserted (a loaded
+  // machine must not fail the suite).
+  const ModelProfile profile = uniform_profile(256, 512, UniformLayer{});
+  PlannerOptions options;
+  options.ranks = 64;
+  const PlanReport report = plan_pipeline(profile, options);
+  ASSERT_TRUE(report.found());
+  std::cout << "[ planner  ] 64 ranks, 256 layers, batch 512: " << report.candidates
+            << " candidates, " << report.simulated << " simulated, " << report.pruned
+            << " pruned in " << report.planning_seconds << " s; best "
+            << report.recommended().describe().substr(0, 60) << "...\n";
+}
+
+}  // namespace
+}  // namespace pipetrain::partition

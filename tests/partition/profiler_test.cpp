@@ -1,0 +1,114 @@
+// Profiler: shapes and bytes it must get exactly, timings it must order correctly.
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+#include <nlohmann/json.hpp>
+
+#include "pipetrain/partition/planner.h"
+#include "pipetrain/partition/profiler.h"
+
+namespace pipetrain::partition {
+namespace {
+
+ProfileOptions quick() {
+  return ProfileOptions().warmup(1).repeats(3).min_trial_seconds(1e-4).measure_transfer(false);
+}
+
+TEST(Profiler, CountsParameterAndOutputBytesFromTheShapes) {
+  torch::manual_seed(0);
+  torch::nn::Sequential model(torch::nn::Linear(64, 32), torch::nn::ReLU(),
+                              torch::nn::Linear(32, 8));
+  const auto profile =
+      profile_sequential(model, torch::randn({16, 64}), quick().microbatch_sizes({4, 16}));
+  ASSERT_EQ(profile.num_layers(), 3);
+  EXPECT_EQ(profile.layers[0].parameter_bytes, (64 * 32 + 32) * 4);
+  EXPECT_EQ(profile.layers[1].parameter_bytes, 0);
+  EXPECT_EQ(profile.layers[2].parameter_bytes, (32 * 8 + 8) * 4);
+  ASSERT_EQ(profile.microbatch_sizes, (std::vector<std::int64_t>{4, 16}));
+  EXPECT_EQ(profile.input_bytes[1], 16 * 64 * 4);
+  EXPECT_EQ(profile.layers[0].costs[1].output_bytes, 16 * 32 * 4);
+  EXPECT_EQ(profile.layers[2].costs[0].output_bytes, 4 * 8 * 4);
+}
+
+TEST(Profiler, MeasuresTheActivationsAutogradKeeps) {
+  torch::nn::Sequential model(torch::nn::Linear(64, 32), torch::nn::ReLU(),
+                              torch::nn::Linear(32, 8));
+  const auto profile =
+      profile_sequential(model, torch::randn({16, 64}), quick().microbatch_sizes({16}));
+  ASSERT_EQ(profile.method, "allocator");
+  // Linear keeps its input (counted where it was made) and makes its output: +output.
+  EXPECT_EQ(profile.layers[0].costs[0].activation_bytes, 16 * 32 * 4);
+  // ReLU keeps its result, not its input, so the Linear's output is freed: net zero.
+  EXPECT_EQ(profile.layers[1].costs[0].activation_bytes, 0);
+  EXPECT_EQ(profile.layers[2].costs[0].activation_bytes, 16 * 8 * 4);
+}
+
+TEST(Profiler, TimesABigLayerLongerThanASmallOne) {
+  torch::nn::Sequential model(torch::nn::Linear(512, 512), torch::nn::Linear(512, 4),
+                              torch::nn::Linear(4, 4));
+  const auto profile =
+      profile_sequential(model, torch::randn({64, 512}), quick().microbatch_sizes({64}));
+  const auto& big = profile.layers[0].costs[0];
+  const auto& small = profile.layers[2].costs[0];
+  EXPECT_GT(big.forward_seconds, 5 * small.forward_seconds);
+  EXPECT_GT(big.backward_weight_seconds, 0);
+  // The first layer's input is data: no input gradient.
+  EXPECT_EQ(big.backward_input_seconds, 0);
+  EXPECT_GT(small.backward_input_seconds, 0);
+  EXPECT_GT(small.backward_seconds, 0);
+  EXPECT_GT(profile.layers[0].update_seconds, profile.layers[2].update_seconds);
+}
+
+TEST(Profiler, DefaultSizesArePowersOfTwoDividingTheBatch) {
+  torch::nn::Sequential model(torch::nn::Linear(8, 8));
+  const auto profile = profile_sequential(model, torch::randn({12, 8}), quick());
+  EXPECT_EQ(profile.microbatch_sizes, (std::vector<std::int64_t>{1, 3, 6, 12}));
+  EXPECT_EQ(profile.batch_size, 12);
+}
+
+TEST(Profiler, ProfileRoundTripsThroughJson) {
+  torch::nn::Sequential model(torch::nn::Linear(8, 8), torch::nn::Tanh());
+  const auto profile = profile_sequential(model, torch::randn({4, 8}), quick());
+  const nlohmann::json json = profile;
+  const ModelProfile back = json.get<ModelProfile>();
+  ASSERT_EQ(back.num_layers(), 2);
+  EXPECT_EQ(back.microbatch_sizes, profile.microbatch_sizes);
+  EXPECT_EQ(back.layers[0].costs.back().forward_seconds,
+            profile.layers[0].costs.back().forward_seconds);
+  EXPECT_EQ(back.layers[1].costs.back().activation_bytes,
+            profile.layers[1].costs.back().activation_bytes);
+}
+
+TEST(Profiler, NamesTheLayerThatCannotTakeItsInput) {
+  torch::nn::Sequential model(torch::nn::Linear(8, 8), torch::nn::Linear(9, 2));
+  try {
+    profile_sequential(model, torch::randn({4, 8}), quick());
+    FAIL() << "expected an error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("layer 1"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ProfiledPlan, RecommendsNoSlowerThanTheHandWrittenDefault) {
+  torch::manual_seed(0);
+  torch::nn::Sequential model(torch::nn::Linear(128, 256), torch::nn::ReLU(),
+                              torch::nn::Linear(256, 256), torch::nn::ReLU(),
+                              torch::nn::Linear(256, 16));
+  const auto profile = profile_sequential(model, torch::randn({32, 128}), quick());
+  PlannerOptions options;
+  options.ranks = 2;
+  const PlanReport report = plan_pipeline(profile, options);
+  ASSERT_TRUE(report.found());
+  const Plan fallback = evaluate_plan(profile, default_plan(profile, 2, 4), options);
+  EXPECT_LE(report.recommended().predicted_step_seconds, fallback.predicted_step_seconds);
+}
+
+TEST(LocalTransfer, MeasuresAPositiveHandOffLatency) {
+  const TransferModel model = measure_local_transfer(3);
+  EXPECT_GT(model.latency_seconds, 0);
+  EXPECT_LT(model.latency_seconds, 0.01);
+  EXPECT_FALSE(std::isfinite(model.bytes_per_second));
+}
+
+}  // namespace
+}  // namespace pipetrain::partition
