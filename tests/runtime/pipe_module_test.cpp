@@ -4,6 +4,7 @@
 
 #include "pipetrain/runtime/pipe.h"
 #include "pipetrain/schedule/text_format.h"
+#include "pipetrain/stage/batchnorm.h"
 #include "training_reference.h"
 
 namespace pipetrain {
@@ -130,6 +131,46 @@ TEST(PipeDropout, CheckpointReplayDrawsTheSameMasksForEverySchedule) {
   torch::nn::Sequential other;
   run_dropout("gpipe", Checkpoint::kNever, 43, other);
   EXPECT_NE(testing::compare_parameters(*other, *reference), "");
+}
+
+}  // namespace
+}  // namespace pipetrain
+
+namespace pipetrain {
+namespace {
+
+// Batch norm in a pipeline: each micro-batch is normalised with its own statistics, so the
+// reference is a plain loop over the SAME micro-batches (weighted losses) on a copy of the model.
+// With checkpointing every forward is replayed; DeferredBatchNorm must not count the replay, so
+// running statistics equal the plain loop's (and BatchNorm's on the whole mini-batch).
+TEST(PipeBatchNorm, CheckpointedPipelineKeepsRunningStatisticsOfThePlainMicroBatchLoop) {
+  torch::manual_seed(4);
+  torch::nn::Sequential plain(torch::nn::Linear(6, 8),
+                              DeferredBatchNorm(DeferredBatchNormOptions(8).chunks(4)),
+                              torch::nn::Tanh(), torch::nn::Linear(8, 2));
+  torch::nn::Sequential piped = testing::clone_of(plain);
+  Pipe pipe(piped, PipeOptions().balance({2, 2}).chunks(4).schedule("1f1b").checkpoint(
+                       Checkpoint::kAlways));
+  auto batches = testing::make_batches(8, 3);
+  auto sgd = testing::make_sgd(plain->parameters());
+  for (const auto& batch : batches) {
+    sgd.zero_grad();
+    for (int i = 0; i < 4; ++i) {
+      auto x = batch.input.narrow(0, 2 * i, 2);
+      auto y = batch.target.narrow(0, 2 * i, 2);
+      (testing::mse(plain->forward(x), y) * 0.25).backward();
+    }
+    sgd.step();
+  }
+  testing::train_pipe(pipe, batches);
+  EXPECT_EQ(testing::compare_parameters(*pipe, *plain), "");
+  auto expected = plain->named_buffers();
+  for (const auto& buffer : pipe->named_buffers()) {
+    EXPECT_TRUE(torch::allclose(buffer.value().to(torch::kDouble),
+                                expected[buffer.key()].to(torch::kDouble), 1e-5, 1e-6))
+        << buffer.key();
+  }
+  EXPECT_EQ(expected["1.num_batches_tracked"].item<int64_t>(), 3);
 }
 
 }  // namespace
