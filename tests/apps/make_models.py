@@ -5,7 +5,8 @@ Subcommands:
   mlp OUTDIR [--seed S] [--rows R]
       Writes OUTDIR/mlp.pt (a scripted nn.Sequential MLP, 5 layers, 8 -> 4), OUTDIR/x.pt (R x 8
       float32 inputs), OUTDIR/y_mse.pt (R x 4 float32 targets) and OUTDIR/y_ce.pt (R int64 class
-      indices in [0, 4)), all from fixed seeds.
+      indices in [0, 4)), all from fixed seeds; and bad targets for exit-code tests:
+      OUTDIR/y_short.pt (R-1 rows) and OUTDIR/y_ce_big.pt (a class index 7).
   fixtures OUTDIR
       Writes TorchScript models for tests/stage/torchscript_test.cpp: OUTDIR/nested.pt (children
       with nested submodules, MultiheadAttention, BatchNorm1d, Dropout), OUTDIR/nested_input.pt
@@ -50,6 +51,11 @@ def cmd_mlp(args):
     torch.save(x, os.path.join(args.outdir, "x.pt"))
     torch.save(y_mse, os.path.join(args.outdir, "y_mse.pt"))
     torch.save(y_ce, os.path.join(args.outdir, "y_ce.pt"))
+    # Bad inputs for the exit-code tests: one row short, and a label the model cannot output.
+    torch.save(y_mse[1:].clone(), os.path.join(args.outdir, "y_short.pt"))
+    y_ce_big = y_ce.clone()
+    y_ce_big[3] = 7
+    torch.save(y_ce_big, os.path.join(args.outdir, "y_ce_big.pt"))
 
 
 class Block(nn.Module):
