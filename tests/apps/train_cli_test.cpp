@@ -16,6 +16,7 @@
 #include <string>
 
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 
 namespace {
 
@@ -85,6 +86,30 @@ class TrainCli : public ::testing::Test {
         path(got + ".compare.log"));
   }
 
+  // The same check as `make_models.py compare`, in C++ (saves a Python start per case).
+  static void expect_same_parameters(const std::string& got, const std::string& expected) {
+    auto load = [](const std::string& file) {
+      std::ifstream in(path(file), std::ios::binary);
+      std::vector<char> bytes((std::istreambuf_iterator<char>(in)),
+                              std::istreambuf_iterator<char>());
+      return torch::pickle_load(bytes).toGenericDict();
+    };
+    auto have = load(got);
+    auto want = load(expected);
+    ASSERT_EQ(have.size(), want.size());
+    auto it = have.begin();
+    for (const auto& entry : want) {
+      ASSERT_EQ(it->key().toStringRef(), entry.key().toStringRef());
+      const torch::Tensor a = it->value().toTensor();
+      const torch::Tensor b = entry.value().toTensor();
+      ASSERT_EQ(a.sizes(), b.sizes()) << entry.key().toStringRef();
+      const double error = (a - b).abs().max().item<double>() /
+                           std::max(b.abs().max().item<double>(), 1e-12);
+      EXPECT_LE(error, 1e-5) << entry.key().toStringRef();
+      ++it;
+    }
+  }
+
   static std::string* dir_;
 };
 std::string* TrainCli::dir_ = nullptr;
@@ -101,8 +126,13 @@ TEST_P(TrainCliSchedules, SavedParametersEqualPythonSequentialTraining) {
   Result trained = train_mse(param.flags, param.tag);
   ASSERT_EQ(trained.exit_code, 0) << trained.output;
   EXPECT_NE(trained.output.find("step 3 loss"), std::string::npos) << trained.output;
-  Result compared = compare(std::string(param.tag) + ".pt", "ref_mse.pt");
-  EXPECT_EQ(compared.exit_code, 0) << compared.output << "\n--- pipetrain:\n" << trained.output;
+  if (std::string(param.tag) == "sequential") {
+    // Once through Python's torch.load, to show the file is the dict Python expects.
+    Result compared = compare(std::string(param.tag) + ".pt", "ref_mse.pt");
+    EXPECT_EQ(compared.exit_code, 0) << compared.output << "\n--- pipetrain:\n" << trained.output;
+  } else {
+    expect_same_parameters(std::string(param.tag) + ".pt", "ref_mse.pt");
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
