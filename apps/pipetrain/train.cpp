@@ -375,9 +375,8 @@ PipeOptions pipe_options(const TrainArgs& args, int64_t layers) {
 
 TrainStep build_step(const TrainArgs& args, TrainModel& model) {
   LossFn loss = build_loss(args.loss);
-  const bool sequential = args.stages == 1 && args.balance.size() <= 1 &&
-                          args.virtual_stages == 1 && args.chunks == 1 &&
-                          args.schedule_file.empty();
+  const bool sequential = args.stages == 1 && args.balance.empty() && args.virtual_stages == 1 &&
+                          args.chunks == 1 && args.schedule_file.empty();
   if (sequential) {
     // No pipeline: the reference behaviour the pipeline must reproduce.
     torch::nn::Sequential layers = model.layers;
