@@ -159,13 +159,13 @@ void Stage::run_layers(Microbatch& state, bool record, bool recomputing) const {
     }
     std::vector<torch::Tensor> outputs;
     try {
-      outputs = call_layer(const_cast<torch::nn::AnyModule&>(layers_[l].module), layers_[l].name,
-                           values);
+      outputs =
+          call_layer(const_cast<torch::nn::AnyModule&>(layers_[l].module), layers_[l].name, values);
     } catch (const std::exception& e) {
       throw std::runtime_error("layer '" + layers_[l].name + "' (layer " +
                                std::to_string(first_layer_ + static_cast<int>(l)) +
-                               " of the model)" + (recomputing ? " during recompute" : "") +
-                               ": " + message_of(e));
+                               " of the model)" + (recomputing ? " during recompute" : "") + ": " +
+                               message_of(e));
     }
     if (record) {
       for (size_t t = 0; t < values.size(); ++t) {
@@ -302,7 +302,8 @@ void Stage::recompute_if_needed(int, Microbatch& state) {
   if (!state.checkpointed || state.recomputed) return;
   // Replay the forward with the RNG state it started from: dropout draws the same masks, and
   // the skip context reproduces the same stashes. is_recomputing() is true meanwhile.
-  rng_.run_replay(state.rng, [&] { run_layers(state, /*record=*/state.split, /*recomputing=*/true); });
+  rng_.run_replay(state.rng,
+                  [&] { run_layers(state, /*record=*/state.split, /*recomputing=*/true); });
   state.recomputed = true;
   stashed_bytes_ -= state.bytes;
   state.bytes = stash_bytes(state);
@@ -339,7 +340,8 @@ Bundle Stage::backward(int i, const Bundle& output_grads) {
     TORCH_CHECK(output_grads.tensors.size() == n + state.skip_outputs.size(), "stage ", index_,
                 " received ", output_grads.tensors.size(), " gradients for micro-batch ", i,
                 " but sent ", n + state.skip_outputs.size(), " tensors");
-    for (size_t t = 0; t < n; ++t) add_root(state.outputs[t], output_grads.tensors[t], roots, grads);
+    for (size_t t = 0; t < n; ++t)
+      add_root(state.outputs[t], output_grads.tensors[t], roots, grads);
     size_t s = n;
     for (const auto& entry : state.skip_outputs) {
       add_root(entry.second, output_grads.tensors[s++], roots, grads);
@@ -385,7 +387,8 @@ Bundle Stage::backward_input(int i, const Bundle& output_grads) {
                 state.outputs.size() + state.skip_outputs.size(), " tensors");
     for (size_t t = 0; t < state.outputs.size(); ++t) grads_out[t] = output_grads.tensors[t];
     size_t s = state.outputs.size();
-    for (const auto& entry : state.skip_outputs) skip_grads[entry.first] = output_grads.tensors[s++];
+    for (const auto& entry : state.skip_outputs)
+      skip_grads[entry.first] = output_grads.tensors[s++];
   }
 
   for (size_t l = layers_.size(); l-- > 0;) {

@@ -4,6 +4,7 @@
 
 #include "pipetrain/runtime/pipe.h"
 #include "pipetrain/schedule/text_format.h"
+#include "pipetrain/stage/batchnorm.h"
 #include "training_reference.h"
 
 namespace pipetrain {
@@ -41,8 +42,8 @@ TEST(PipeModule, InferenceEqualsTheSequentialForwardForEverySplit) {
     torch::Tensor out = pipe->forward(x);
     EXPECT_FALSE(out.requires_grad());
     EXPECT_TRUE(torch::allclose(out, expected, 1e-6, 1e-7)) << schedule;
-    EXPECT_TRUE(torch::allclose(pipe->forward(x.narrow(0, 0, 2)), expected.narrow(0, 0, 2), 1e-6,
-                                1e-7));
+    EXPECT_TRUE(
+        torch::allclose(pipe->forward(x.narrow(0, 0, 2)), expected.narrow(0, 0, 2), 1e-6, 1e-7));
   }
 }
 
@@ -53,8 +54,8 @@ TEST(PipeMemory, OneFOneBKeepsAtMostRanksMinusStageMicroBatchesWhileGPipeKeepsAl
   torch::nn::Sequential model;
   for (int l = 0; l < k; ++l) model->push_back(torch::nn::Linear(4, 4));
   for (std::string schedule : {"gpipe", "1f1b"}) {
-    Pipe pipe(model, PipeOptions().stages(k).chunks(m).schedule(schedule).checkpoint(
-                         Checkpoint::kNever));
+    Pipe pipe(model,
+              PipeOptions().stages(k).chunks(m).schedule(schedule).checkpoint(Checkpoint::kNever));
     pipe->train_step(torch::randn({16, 4}), torch::randn({16, 4}), testing::mse);
     auto accounting = pipe->stage_accounting();
     for (int j = 0; j < k; ++j) {
@@ -108,8 +109,8 @@ torch::nn::Sequential make_dropout_mlp() {
 std::string run_dropout(const std::string& schedule, Checkpoint checkpoint, uint64_t seed,
                         torch::nn::Sequential& result) {
   result = testing::clone_of(make_dropout_mlp());
-  Pipe pipe(result, PipeOptions().balance({2, 4}).chunks(4).schedule(schedule).checkpoint(
-                        checkpoint));
+  Pipe pipe(result,
+            PipeOptions().balance({2, 4}).chunks(4).schedule(schedule).checkpoint(checkpoint));
   pipe->manual_seed(seed);
   testing::train_pipe(pipe, testing::make_batches(10, 3));
   return "";
@@ -130,6 +131,46 @@ TEST(PipeDropout, CheckpointReplayDrawsTheSameMasksForEverySchedule) {
   torch::nn::Sequential other;
   run_dropout("gpipe", Checkpoint::kNever, 43, other);
   EXPECT_NE(testing::compare_parameters(*other, *reference), "");
+}
+
+}  // namespace
+}  // namespace pipetrain
+
+namespace pipetrain {
+namespace {
+
+// Batch norm in a pipeline: each micro-batch is normalised with its own statistics, so the
+// reference is a plain loop over the SAME micro-batches (weighted losses) on a copy of the model.
+// With checkpointing every forward is replayed; DeferredBatchNorm must not count the replay, so
+// running statistics equal the plain loop's (and BatchNorm's on the whole mini-batch).
+TEST(PipeBatchNorm, CheckpointedPipelineKeepsRunningStatisticsOfThePlainMicroBatchLoop) {
+  torch::manual_seed(4);
+  torch::nn::Sequential plain(torch::nn::Linear(6, 8),
+                              DeferredBatchNorm(DeferredBatchNormOptions(8).chunks(4)),
+                              torch::nn::Tanh(), torch::nn::Linear(8, 2));
+  torch::nn::Sequential piped = testing::clone_of(plain);
+  Pipe pipe(piped, PipeOptions().balance({2, 2}).chunks(4).schedule("1f1b").checkpoint(
+                       Checkpoint::kAlways));
+  auto batches = testing::make_batches(8, 3);
+  auto sgd = testing::make_sgd(plain->parameters());
+  for (const auto& batch : batches) {
+    sgd.zero_grad();
+    for (int i = 0; i < 4; ++i) {
+      auto x = batch.input.narrow(0, 2 * i, 2);
+      auto y = batch.target.narrow(0, 2 * i, 2);
+      (testing::mse(plain->forward(x), y) * 0.25).backward();
+    }
+    sgd.step();
+  }
+  testing::train_pipe(pipe, batches);
+  EXPECT_EQ(testing::compare_parameters(*pipe, *plain), "");
+  auto expected = plain->named_buffers();
+  for (const auto& buffer : pipe->named_buffers()) {
+    EXPECT_TRUE(torch::allclose(buffer.value().to(torch::kDouble),
+                                expected[buffer.key()].to(torch::kDouble), 1e-5, 1e-6))
+        << buffer.key();
+  }
+  EXPECT_EQ(expected["1.num_batches_tracked"].item<int64_t>(), 3);
 }
 
 }  // namespace
