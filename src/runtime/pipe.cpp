@@ -199,21 +199,19 @@ void PipeImpl::reset() {
   runtime->rank_devices = devices;
 
   // Stages: slices of the Sequential, moved to their rank's device; children under their names.
-  const auto named = model_->named_children();
-  std::vector<torch::nn::AnyModule> modules(model_->begin(), model_->end());
   const uint64_t seed = at::detail::getDefaultCPUGenerator().current_seed();
   std::vector<torch::Device> stage_devices;
   int64_t layer = 0;
   for (int j = 0; j < num_stages; ++j) {
     const torch::Device device = devices[static_cast<size_t>(runtime->stage_rank[j])];
-    std::vector<StageLayer> stage_layers;
     const int first_layer = static_cast<int>(layer);
-    for (int64_t n = 0; n < balance_[static_cast<size_t>(j)]; ++n, ++layer) {
-      const std::string& name = named[static_cast<size_t>(layer)].key();
-      auto& module = modules[static_cast<size_t>(layer)];
-      module.ptr()->to(device);
-      if (!named_children().contains(name)) register_module(name, module.ptr());
-      stage_layers.push_back({name, module});
+    std::vector<StageLayer> stage_layers =
+        slice_layers(model_, layer, balance_[static_cast<size_t>(j)], device);
+    layer += balance_[static_cast<size_t>(j)];
+    for (const auto& stage_layer : stage_layers) {
+      if (!named_children().contains(stage_layer.name)) {
+        register_module(stage_layer.name, stage_layer.module.ptr());
+      }
     }
     runtime->stages.push_back(std::make_unique<Stage>(j, first_layer, std::move(stage_layers),
                                                       device, stage_seed(seed, j)));

@@ -115,6 +115,21 @@ std::vector<torch::Tensor> parameters_of(const torch::nn::AnyModule& layer) {
 
 }  // namespace
 
+std::vector<StageLayer> slice_layers(const torch::nn::Sequential& model, int64_t first,
+                                     int64_t count, const torch::Device& device) {
+  const int64_t size = static_cast<int64_t>(model->size());
+  TORCH_CHECK(first >= 0 && count >= 1 && first + count <= size, "layers [", first, ", ",
+              first + count, ") are not inside the model's ", size, " layers");
+  const auto named = model->named_children();
+  std::vector<StageLayer> layers;
+  for (int64_t l = first; l < first + count; ++l) {
+    torch::nn::AnyModule module = *(model->begin() + l);
+    module.ptr()->to(device);
+    layers.push_back({named[static_cast<size_t>(l)].key(), module});
+  }
+  return layers;
+}
+
 Stage::Stage(int index, int first_layer, std::vector<StageLayer> layers, torch::Device device,
              uint64_t seed)
     : index_(index),
