@@ -2,8 +2,8 @@
 // disabled test, run by hand:
 //   build/tests/tests_examples --gtest_also_run_disabled_tests --gtest_filter='*OneEpoch*'
 #include <chrono>
-#include <ctime>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 
 #include <gtest/gtest.h>
@@ -94,8 +94,8 @@ TEST(Training, DISABLED_CnnReaches88PercentInOneEpoch) {
   // CPU time tells the cost on an idle machine when other jobs share the cores.
   double cpu_seconds = static_cast<double>(std::clock() - cpu_start) / CLOCKS_PER_SEC;
   double acc = accuracy(cnn.sequential, test);
-  std::printf("cnn: 1 epoch in %.1f s wall, %.1f s CPU (%d threads), test accuracy %.4f\n",
-              seconds, cpu_seconds, at::get_num_threads(), acc);
+  std::printf("cnn: 1 epoch in %.1f s wall, %.1f s CPU (%d threads), test accuracy %.4f\n", seconds,
+              cpu_seconds, at::get_num_threads(), acc);
   EXPECT_GE(acc, 0.88);
 }
 
