@@ -206,6 +206,45 @@ Measured measure(torch::nn::Sequential& model, const torch::Tensor& sample, cons
   return measured;
 }
 
+// Calibration against the runtime: run the whole model as one stage (K = 1) with small
+// micro-batches, where fixed costs show most. [1] gpipe: the gap between measured compute and
+// the profile's prediction, spread over the 2 * M * L layer calls, is the per-layer overhead.
+// [2] zb-h1 with that overhead: what remains of the gap scales the split backward (I + W).
+void calibrate(torch::nn::Sequential& model, const torch::Tensor& sample, pp::ModelProfile& profile,
+               const pp::PlannerOptions& planner) {
+  int microbatches = 1;
+  while (microbatches < 16 && profile.batch_size % (microbatches * 2) == 0) microbatches *= 2;
+  pp::Plan one_stage;
+  one_stage.ranks = 1;
+  one_stage.microbatches = microbatches;
+  one_stage.balance = {static_cast<int>(profile.num_layers())};
+  pp::PlannerOptions single = planner;
+  single.ranks = 1;
+  profile.per_layer_overhead_seconds = 0;
+  profile.split_backward_scale = 1;
+  const double layers = static_cast<double>(profile.num_layers());
+
+  one_stage.schedule = "gpipe";  // [1]
+  pp::Plan predicted = pp::evaluate_plan(profile, one_stage, single);
+  Measured measured = measure(model, sample, predicted, profile.intra_op_threads, 3);
+  profile.per_layer_overhead_seconds =
+      std::max(0.0, (measured.busy_seconds_per_rank - predicted.makespan_seconds) /
+                        (2 * microbatches * layers));
+
+  one_stage.schedule = "zb-h1";  // [2]
+  predicted = pp::evaluate_plan(profile, one_stage, single);
+  measured = measure(model, sample, predicted, profile.intra_op_threads, 3);
+  double split = 0;  // the profile's I + W for one micro-batch of the whole model
+  for (std::int64_t l = 0; l < profile.num_layers(); ++l) {
+    const pp::LayerCost c = profile.layer_cost(l, predicted.microbatch_size);
+    split += c.backward_input_seconds + c.backward_weight_seconds;
+  }
+  if (split > 0) {
+    const double gap = (measured.busy_seconds_per_rank - predicted.makespan_seconds) / microbatches;
+    profile.split_backward_scale = std::max(0.5, 1 + gap / split);
+  }
+}
+
 std::string join_ints(const std::vector<int>& values) {
   std::string text;
   for (std::size_t j = 0; j < values.size(); ++j)
@@ -224,6 +263,11 @@ void write_profile_text(std::ostream& out, const pp::ModelProfile& profile,
   out << "profile: " << profile.num_layers() << " layers, batch " << profile.batch_size
       << ", micro-batch sizes measured:";
   for (auto b : profile.microbatch_sizes) out << ' ' << b;
+  out << "\n  runtime overhead per layer call: "
+      << (profile.per_layer_overhead_seconds > 0
+              ? format("%.1f us (calibrated)", profile.per_layer_overhead_seconds * 1e6) +
+                    ", split backward x" + format("%.2f", profile.split_backward_scale)
+              : std::string("not calibrated (--calibrate)"));
   out << "\n  " << profile.intra_op_threads << " intra-op thread(s) per stage; activations by "
       << profile.method << "; transfer " << format("%.1f", profile.transfer.latency_seconds * 1e6)
       << " us (" << profile.transfer.method << ")\n";
@@ -286,6 +330,9 @@ void add_plan_model_options(CLI::App& command, PlanModelArgs& args) {
   command.add_flag("--verify", args.verify,
                    "With --model: run the recommended and the default plan in-process and print "
                    "predicted vs measured step time");
+  command.add_flag("--calibrate", args.calibrate,
+                   "With --model: measure the runtime's per-layer overhead with one real step "
+                   "and plan with it (implied by --verify)");
   command.add_option("--verify-steps", args.verify_steps,
                      "With --verify: timed steps per plan, after 2 warm-up steps (default 5)");
   command.add_option("--profile-out", args.profile_out,
@@ -329,6 +376,11 @@ int run_plan_for_model(const PlanModelArgs& args) {
   }
   if (!args.profile_out.empty()) {
     schedule::write_file_atomically(args.profile_out, nlohmann::json(profile).dump(1) + "\n");
+  }
+
+  if (args.calibrate || args.verify) {
+    calibrate(model.sequential, model.sample, profile, planner);
+    report = pp::plan_pipeline(profile, planner);
   }
 
   // [3]

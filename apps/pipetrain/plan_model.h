@@ -23,6 +23,7 @@ struct PlanModelArgs {
   std::string optimizer = "sgd";  // sgd | momentum | adam: optimizer state 0x, 1x, 2x parameters
   std::string schedules;          // comma-separated subset of the schedules; empty: all
   int top = 10;                   // rows of the ranked table
+  bool calibrate = false;         // measure the runtime's per-layer overhead first
   bool verify = false;            // run recommended and default plans, compare with predictions
   int verify_steps = 5;           // timed steps per plan (after 2 warm-up steps)
   std::string profile_out;        // write the measured profile as JSON

@@ -51,12 +51,16 @@ struct LayerTable {
     body.assign(L + 1, 0);
     input_of.assign(L + 1, 0);
     input_of[0] = profile.input_bytes_at(m);
+    const double overhead = profile.per_layer_overhead_seconds;
     for (std::size_t l = 0; l < L; ++l) {
       const LayerCost c = profile.layer_cost(static_cast<std::int64_t>(l), m);
-      forward[l + 1] = forward[l] + c.forward_seconds;
-      backward[l + 1] = backward[l] + c.backward_seconds;
-      backward_input[l + 1] = backward_input[l] + c.backward_input_seconds;
-      backward_weight[l + 1] = backward_weight[l] + c.backward_weight_seconds;
+      const bool has_weights = profile.layers[l].parameter_bytes > 0;
+      forward[l + 1] = forward[l] + c.forward_seconds + overhead;
+      backward[l + 1] = backward[l] + c.backward_seconds + overhead;
+      const double split = profile.split_backward_scale;
+      backward_input[l + 1] = backward_input[l] + c.backward_input_seconds * split + overhead;
+      backward_weight[l + 1] =
+          backward_weight[l] + c.backward_weight_seconds * split + (has_weights ? overhead : 0.0);
       update[l + 1] = update[l] + profile.layers[l].update_seconds;
       parameters[l + 1] = parameters[l] + profile.layers[l].parameter_bytes;
       body[l + 1] = body[l] + c.activation_bytes;

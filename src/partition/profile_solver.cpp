@@ -152,6 +152,8 @@ void to_json(nlohmann::json& out, const ModelProfile& profile) {
          {"microbatch_sizes", profile.microbatch_sizes},
          {"input_bytes", profile.input_bytes},
          {"intra_op_threads", profile.intra_op_threads},
+         {"per_layer_overhead_seconds", profile.per_layer_overhead_seconds},
+         {"split_backward_scale", profile.split_backward_scale},
          {"method", profile.method},
          {"transfer",
           {{"latency_seconds", profile.transfer.latency_seconds},
@@ -169,6 +171,8 @@ void from_json(const nlohmann::json& in, ModelProfile& profile) {
   profile.microbatch_sizes = in.at("microbatch_sizes").get<std::vector<std::int64_t>>();
   profile.input_bytes = in.at("input_bytes").get<std::vector<std::int64_t>>();
   profile.intra_op_threads = in.value("intra_op_threads", 1);
+  profile.per_layer_overhead_seconds = in.value("per_layer_overhead_seconds", 0.0);
+  profile.split_backward_scale = in.value("split_backward_scale", 1.0);
   profile.method = in.value("method", std::string());
   if (in.contains("transfer")) {
     const auto& t = in.at("transfer");

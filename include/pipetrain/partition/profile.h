@@ -59,7 +59,14 @@ struct ModelProfile {
   std::vector<LayerProfile> layers;
   TransferModel transfer;
   int intra_op_threads = 1;  // threads each measurement ran with
-  std::string method;        // how activation bytes were measured ("allocator", "output bytes")
+  // What the runtime adds per layer to every F, B, I and W beyond the isolated layer's time
+  // (bookkeeping, colder caches); calibrated against a real step (pipetrain plan --calibrate),
+  // 0 when not calibrated.
+  double per_layer_overhead_seconds = 0;
+  // Measured split backward (I + W) over the profile's I + W, from the same calibration (the
+  // runtime keeps per-layer graphs for W); 1 when not calibrated.
+  double split_backward_scale = 1;
+  std::string method;  // how activation bytes were measured ("allocator", "output bytes")
 
   std::int64_t num_layers() const { return static_cast<std::int64_t>(layers.size()); }
   // Cost of layer l for one micro-batch of `microbatch_size` samples (interpolated).
