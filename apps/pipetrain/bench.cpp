@@ -30,10 +30,10 @@
 // Efficiency of a pipelined row = simulate(its lowered schedule, MEASURED costs) / measured step
 // time, the costs being the median F/B/I/W duration per stage over the timed steps' events
 // (Pipe::last_events) and comm 0 (in-process hand-over).
-#include <sys/resource.h>
-#include <sys/wait.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -51,8 +51,8 @@
 #include <thread>
 #include <vector>
 
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "model_registry.h"
@@ -84,8 +84,8 @@ struct BenchArgs {
   int stages = 2;   // K
   int chunks = 8;   // M of the main rows
   std::string checkpoint = "never";
-  int width = 0;    // 0: suite default (mlp 1024 features, cnn 32 channels)
-  int batch = 0;    // 0: suite default (mlp 256, cnn 128)
+  int width = 0;  // 0: suite default (mlp 1024 features, cnn 32 channels)
+  int batch = 0;  // 0: suite default (mlp 256, cnn 128)
   bool no_python = false;
   bool no_memory = false;
   bool quick = false;
@@ -121,9 +121,9 @@ struct Config {
 };
 
 json to_json(const Config& c) {
-  return {{"runtime", c.runtime},   {"schedule", c.schedule},
-          {"stages", c.stages},     {"virtual_stages", c.virtual_stages},
-          {"chunks", c.chunks},     {"checkpoint", c.checkpoint},
+  return {{"runtime", c.runtime}, {"schedule", c.schedule},
+          {"stages", c.stages},   {"virtual_stages", c.virtual_stages},
+          {"chunks", c.chunks},   {"checkpoint", c.checkpoint},
           {"purpose", c.purpose}};
 }
 
@@ -143,8 +143,8 @@ void resolve_defaults(BenchArgs& a) {
   if (a.stages < 1 || a.chunks < 1) throw UsageError("--stages and --chunks must be >= 1");
   if (a.batch < a.chunks * 2) {
     throw UsageError("--batch " + std::to_string(a.batch) + " is too small for --chunks " +
-                     std::to_string(a.chunks) + " and the M=2x memory rows; use >= " +
-                     std::to_string(2 * a.chunks));
+                     std::to_string(a.chunks) +
+                     " and the M=2x memory rows; use >= " + std::to_string(2 * a.chunks));
   }
   if (a.checkpoint != "never" && a.checkpoint != "except_last" && a.checkpoint != "always") {
     throw UsageError("--checkpoint must be always, except_last or never (got '" + a.checkpoint +
@@ -208,7 +208,9 @@ Workload make_workload(const BenchArgs& a) {
     auto data = examples::make_synthetic_regression(a.batch, {a.width}, {a.width}, 1);
     w.inputs = data.inputs;
     w.targets = data.targets;
-    w.loss = [](const torch::Tensor& out, const torch::Tensor& y) { return torch::mse_loss(out, y); };
+    w.loss = [](const torch::Tensor& out, const torch::Tensor& y) {
+      return torch::mse_loss(out, y);
+    };
   } else {
     examples::ExampleModel m = examples::make_model("cnn", {{"width", a.width}});
     w.model = m.sequential;
@@ -370,7 +372,9 @@ std::string self_executable() {
   return path;
 }
 
-bool file_exists(const std::string& path) { return std::ifstream(path).good(); }
+bool file_exists(const std::string& path) {
+  return std::ifstream(path).good();
+}
 
 std::string find_python_script(const BenchArgs& a) {
   if (!a.python_script.empty()) return a.python_script;
@@ -397,7 +401,8 @@ struct ChildOutput {
 // Runs argv[0] with argv, stdout captured, stderr passed through; kills it after `timeout` s.
 ChildOutput run_child(const std::vector<std::string>& argv, double timeout) {
   int fds[2];
-  if (pipe(fds) != 0) throw std::runtime_error("bench: pipe() failed: " + std::string(strerror(errno)));
+  if (pipe(fds) != 0)
+    throw std::runtime_error("bench: pipe() failed: " + std::string(strerror(errno)));
   const pid_t pid = fork();
   if (pid < 0) throw std::runtime_error("bench: fork() failed: " + std::string(strerror(errno)));
   if (pid == 0) {
@@ -413,8 +418,8 @@ ChildOutput run_child(const std::vector<std::string>& argv, double timeout) {
   }
   close(fds[1]);
   ChildOutput result;
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(timeout * 1e3));
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(static_cast<int64_t>(timeout * 1e3));
   char buffer[4096];
   while (true) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -425,7 +430,9 @@ ChildOutput run_child(const std::vector<std::string>& argv, double timeout) {
       kill(pid, SIGKILL);
       break;
     }
-    struct pollfd p {fds[0], POLLIN, 0};
+    struct pollfd p {
+      fds[0], POLLIN, 0
+    };
     const int ready = poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 1000)));
     if (ready < 0 && errno == EINTR) continue;
     if (ready <= 0) continue;
@@ -468,14 +475,26 @@ std::vector<std::string> common_child_flags(const BenchArgs& a) {
 json run_config(const BenchArgs& a, const Config& c, const std::string& python_script) {
   std::vector<std::string> argv;
   if (c.runtime == "python-pipe") {
-    argv = {a.python, python_script, "--stages", std::to_string(c.stages), "--chunks",
-            std::to_string(c.chunks), "--checkpoint", c.checkpoint};
+    argv = {a.python,       python_script,
+            "--stages",     std::to_string(c.stages),
+            "--chunks",     std::to_string(c.chunks),
+            "--checkpoint", c.checkpoint};
   } else {
-    argv = {self_executable(),  "bench",       "--one",    "--runtime", c.runtime,
-            "--schedule",       c.schedule,    "--stages", std::to_string(c.stages),
-            "--virtual",        std::to_string(c.virtual_stages),
-            "--chunks",         std::to_string(c.chunks),
-            "--checkpoint",     c.checkpoint};
+    argv = {self_executable(),
+            "bench",
+            "--one",
+            "--runtime",
+            c.runtime,
+            "--schedule",
+            c.schedule,
+            "--stages",
+            std::to_string(c.stages),
+            "--virtual",
+            std::to_string(c.virtual_stages),
+            "--chunks",
+            std::to_string(c.chunks),
+            "--checkpoint",
+            c.checkpoint};
     if (!a.timeline_dir.empty() && c.purpose == "main" && c.stages > 1) {
       argv.push_back("--timeline-dir");
       argv.push_back(a.timeline_dir);
@@ -506,7 +525,9 @@ json run_config(const BenchArgs& a, const Config& c, const std::string& python_s
   return merged;
 }
 
-bool ok(const json& row) { return !row.contains("error") && row.contains("step_seconds"); }
+bool ok(const json& row) {
+  return !row.contains("error") && row.contains("step_seconds");
+}
 
 const json* find_row(const json& rows, const std::function<bool(const json&)>& match) {
   for (const json& row : rows) {
@@ -516,12 +537,12 @@ const json* find_row(const json& rows, const std::function<bool(const json&)>& m
 }
 
 void add_ratios(json& rows) {
-  const json* libtorch =
-      find_row(rows, [](const json& r) { return r["runtime"] == "libtorch"; });
+  const json* libtorch = find_row(rows, [](const json& r) { return r["runtime"] == "libtorch"; });
   for (json& row : rows) {
     if (!ok(row)) continue;
-    if (libtorch) row["ratio_vs_libtorch"] = row["step_seconds"].get<double>() /
-                                              (*libtorch)["step_seconds"].get<double>();
+    if (libtorch)
+      row["ratio_vs_libtorch"] =
+          row["step_seconds"].get<double>() / (*libtorch)["step_seconds"].get<double>();
     if (row["runtime"] == "python-pipe") continue;
     // The Python peer with the same stages and chunks; the same checkpoint mode preferred.
     auto same = [&](const json& r, bool checkpoint) {
@@ -541,8 +562,10 @@ void add_ratios(json& rows) {
 json make_check(const std::string& name, const std::string& target_text,
                 std::optional<double> measured, double target, bool at_least,
                 const std::string& detail) {
-  json check = {{"name", name},         {"target", target_text},
-                {"target_value", target}, {"comparison", at_least ? ">=" : "<="},
+  json check = {{"name", name},
+                {"target", target_text},
+                {"target_value", target},
+                {"comparison", at_least ? ">=" : "<="},
                 {"detail", detail}};
   if (measured) {
     check["measured"] = *measured;
@@ -581,10 +604,10 @@ json evaluate_checks(const BenchArgs& a, const json& rows) {
   {  // [2] one stage, one chunk vs plain LibTorch
     const json* ours = inprocess("gpipe", 1, 1, "never");
     std::optional<double> ratio;
-    if (ours && ours->contains("ratio_vs_libtorch")) ratio = (*ours)["ratio_vs_libtorch"].get<double>();
-    checks.push_back(make_check("one_stage_overhead_vs_libtorch", "<= 1.03 x plain LibTorch",
-                                ratio, 1.03, false,
-                                "inprocess K=1 M=1 step time / libtorch step time"));
+    if (ours && ours->contains("ratio_vs_libtorch"))
+      ratio = (*ours)["ratio_vs_libtorch"].get<double>();
+    checks.push_back(make_check("one_stage_overhead_vs_libtorch", "<= 1.03 x plain LibTorch", ratio,
+                                1.03, false, "inprocess K=1 M=1 step time / libtorch step time"));
   }
   checks.push_back(make_check(
       "multiprocess_1f1b_efficiency", ">= 0.87 (2 ranks, 1f1b, M=8)", std::nullopt, 0.87, true,
@@ -614,8 +637,8 @@ json evaluate_checks(const BenchArgs& a, const json& rows) {
       cut = 1.0 - (*except_last)["peak_stashed_bytes"][0].get<double>() /
                       (*never)["peak_stashed_bytes"][0].get<double>();
     }
-    checks.push_back(make_check("except_last_stash_cut", ">= 50% less than checkpoint never",
-                                cut, 0.5, true,
+    checks.push_back(make_check("except_last_stash_cut", ">= 50% less than checkpoint never", cut,
+                                0.5, true,
                                 "1 - gpipe except_last / gpipe never peak stashed bytes, stage 0"));
   }
   return checks;
@@ -646,14 +669,16 @@ std::string number(const json& row, const char* key, const char* format) {
 }
 
 void print_text(const json& report) {
-  std::printf("pipetrain bench --suite %s: %s, batch %d, %d threads, median of %d steps after %d "
-              "warm-up; load average %s -> %s\n",
-              report["suite"].get<std::string>().c_str(), report["model"].get<std::string>().c_str(),
-              report["batch"].get<int>(), report["threads"].get<int>(), report["steps"].get<int>(),
-              report["warmup"].get<int>(), report["load_average_start"].get<std::string>().c_str(),
-              report["load_average_end"].get<std::string>().c_str());
+  std::printf(
+      "pipetrain bench --suite %s: %s, batch %d, %d threads, median of %d steps after %d "
+      "warm-up; load average %s -> %s\n",
+      report["suite"].get<std::string>().c_str(), report["model"].get<std::string>().c_str(),
+      report["batch"].get<int>(), report["threads"].get<int>(), report["steps"].get<int>(),
+      report["warmup"].get<int>(), report["load_average_start"].get<std::string>().c_str(),
+      report["load_average_end"].get<std::string>().c_str());
   std::printf("%-22s %-16s %2s %2s %3s %-11s %9s %7s %7s %6s %8s  %s\n", "runtime", "schedule", "K",
-              "V", "M", "checkpoint", "step ms", "/torch", "/python", "eff", "rss", "peak stash/stage");
+              "V", "M", "checkpoint", "step ms", "/torch", "/python", "eff", "rss",
+              "peak stash/stage");
   for (const json& row : report["configs"]) {
     std::string stash;
     if (row.contains("peak_stashed_bytes")) {
@@ -663,31 +688,37 @@ void print_text(const json& report) {
     }
     if (row.contains("error")) stash = "ERROR: " + row["error"].get<std::string>();
     const double ms = row.contains("step_seconds") ? row["step_seconds"].get<double>() * 1e3 : 0;
-    std::printf("%-22s %-16s %2d %2d %3d %-11s %9.1f %7s %7s %6s %8s  %s\n",
-                row["runtime"].get<std::string>().c_str(), row["schedule"].get<std::string>().c_str(),
-                row["stages"].get<int>(), row["virtual_stages"].get<int>(), row["chunks"].get<int>(),
-                row["checkpoint"].get<std::string>().c_str(), ms,
-                number(row, "ratio_vs_libtorch", "%.3f").c_str(),
-                number(row, "ratio_vs_python", "%.3f").c_str(), number(row, "efficiency", "%.2f").c_str(),
-                row.contains("peak_rss_bytes") ? format_bytes(row["peak_rss_bytes"].get<double>()).c_str()
-                                               : "-",
-                stash.c_str());
+    std::printf(
+        "%-22s %-16s %2d %2d %3d %-11s %9.1f %7s %7s %6s %8s  %s\n",
+        row["runtime"].get<std::string>().c_str(), row["schedule"].get<std::string>().c_str(),
+        row["stages"].get<int>(), row["virtual_stages"].get<int>(), row["chunks"].get<int>(),
+        row["checkpoint"].get<std::string>().c_str(), ms,
+        number(row, "ratio_vs_libtorch", "%.3f").c_str(),
+        number(row, "ratio_vs_python", "%.3f").c_str(), number(row, "efficiency", "%.2f").c_str(),
+        row.contains("peak_rss_bytes") ? format_bytes(row["peak_rss_bytes"].get<double>()).c_str()
+                                       : "-",
+        stash.c_str());
   }
   std::printf("\nchecks (targets of issue #7, evaluated on this run):\n");
   for (const json& check : report["checks"]) {
-    const char* verdict = check["pass"].is_null() ? "NOT RUN" : check["pass"].get<bool>() ? "PASS" : "FAIL";
+    const char* verdict = check["pass"].is_null()     ? "NOT RUN"
+                          : check["pass"].get<bool>() ? "PASS"
+                                                      : "FAIL";
     std::printf("  %-7s %-34s measured %-8s target %s\n           %s\n", verdict,
                 check["name"].get<std::string>().c_str(),
                 check["measured"].is_null() ? "-" : number(check, "measured", "%.3f").c_str(),
-                check["target"].get<std::string>().c_str(), check["detail"].get<std::string>().c_str());
+                check["target"].get<std::string>().c_str(),
+                check["detail"].get<std::string>().c_str());
   }
-  for (const json& note : report["notes"]) std::printf("note: %s\n", note.get<std::string>().c_str());
+  for (const json& note : report["notes"])
+    std::printf("note: %s\n", note.get<std::string>().c_str());
 }
 
 int run_bench(BenchArgs a) {
   resolve_defaults(a);
   if (a.one) {
-    const Config c{a.runtime, a.schedule, a.stages, a.virtual_stages, a.chunks, a.checkpoint, "main"};
+    const Config c{a.runtime, a.schedule,   a.stages, a.virtual_stages,
+                   a.chunks,  a.checkpoint, "main"};
     const json result = run_one(a, c);
     std::cout << kResultPrefix << result.dump() << std::endl;
     return 0;
@@ -716,7 +747,8 @@ int run_bench(BenchArgs a) {
               << std::endl;
     json row = run_config(a, c, python_script);
     if (ok(row)) {
-      std::cerr << "bench:   " << row["step_seconds"].get<double>() * 1e3 << " ms/step" << std::endl;
+      std::cerr << "bench:   " << row["step_seconds"].get<double>() * 1e3 << " ms/step"
+                << std::endl;
     } else {
       std::cerr << "bench:   failed: " << row["error"].get<std::string>() << std::endl;
     }
@@ -743,7 +775,8 @@ int run_bench(BenchArgs a) {
   } else {
     print_text(report);
   }
-  const bool any_error = std::any_of(rows.begin(), rows.end(), [](const json& r) { return !ok(r); });
+  const bool any_error =
+      std::any_of(rows.begin(), rows.end(), [](const json& r) { return !ok(r); });
   return any_error ? 1 : 0;
 }
 
@@ -753,7 +786,8 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<BenchArgs>();
   auto* c = app.add_subcommand(
       "bench", "pipetrain vs plain LibTorch vs Python's Pipe on one model (docs/BENCHMARKS.md)");
-  c->add_option("--suite", args->suite, "model suite: mlp (8 x Linear+ReLU) or cnn (examples' CNN)");
+  c->add_option("--suite", args->suite,
+                "model suite: mlp (8 x Linear+ReLU) or cnn (examples' CNN)");
   c->add_flag("--json", args->json_output, "print one JSON object instead of a table");
   c->add_option("--steps", args->steps, "timed steps per configuration (median reported)");
   c->add_option("--warmup", args->warmup, "untimed steps before timing");

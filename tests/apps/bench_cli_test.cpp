@@ -89,10 +89,10 @@ TEST(BenchCli, RatioVsLibtorchIsTheQuotientOfTheRowsStepTimes) {
   ASSERT_NE(libtorch, nullptr);
   ASSERT_NE(one_stage, nullptr);
   EXPECT_DOUBLE_EQ((*libtorch)["ratio_vs_libtorch"].get<double>(), 1.0);
-  EXPECT_NEAR((*one_stage)["ratio_vs_libtorch"].get<double>(),
-              (*one_stage)["step_seconds"].get<double>() /
-                  (*libtorch)["step_seconds"].get<double>(),
-              1e-12);
+  EXPECT_NEAR(
+      (*one_stage)["ratio_vs_libtorch"].get<double>(),
+      (*one_stage)["step_seconds"].get<double>() / (*libtorch)["step_seconds"].get<double>(),
+      1e-12);
 }
 
 TEST(BenchCli, PipelinedRowsHaveAnEfficiencyAndOneStashFigurePerStage) {
