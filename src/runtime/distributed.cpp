@@ -59,8 +59,9 @@ DistributedEnvironment DistributedEnvironment::from_environment() {
   }
   if (world_size && *world_size < 1) problems.push_back("WORLD_SIZE must be >= 1");
   if (rank && world_size && *world_size >= 1 && *rank >= *world_size) {
-    problems.push_back("RANK=" + std::to_string(*rank) + " is outside 0..WORLD_SIZE-1 (WORLD_SIZE=" +
-                       std::to_string(*world_size) + ")");
+    problems.push_back("RANK=" + std::to_string(*rank) +
+                       " is outside 0..WORLD_SIZE-1 (WORLD_SIZE=" + std::to_string(*world_size) +
+                       ")");
   }
   if (!problems.empty()) {
     std::ostringstream message;
@@ -126,8 +127,12 @@ Distributed::Distributed(const DistributedEnvironment& environment,
 
 Distributed::~Distributed() = default;
 
-int Distributed::rank() const { return world_->rank(); }
-int Distributed::world_size() const { return world_->world_size(); }
+int Distributed::rank() const {
+  return world_->rank();
+}
+int Distributed::world_size() const {
+  return world_->world_size();
+}
 
 std::unique_ptr<C10dTransport> Distributed::make_transport(
     const std::vector<int>& stage_pipeline_rank, torch::Device device) {
@@ -183,10 +188,16 @@ void Distributed::allreduce_gradients(const std::vector<torch::Tensor>& paramete
 void Distributed::declare_tie(const std::string& name, std::vector<int> holders) {
   std::sort(holders.begin(), holders.end());
   holders.erase(std::unique(holders.begin(), holders.end()), holders.end());
-  TORCH_CHECK(std::find(holders.begin(), holders.end(), pipeline_rank()) != holders.end(),
-              "rank ", rank(), " (pipeline rank ", pipeline_rank(), ") declares tie '", name,
+  TORCH_CHECK(std::find(holders.begin(), holders.end(), pipeline_rank()) != holders.end(), "rank ",
+              rank(), " (pipeline rank ", pipeline_rank(), ") declares tie '", name,
               "' but is not one of its holders");
-  TORCH_CHECK(!ties_.count(name), "tie '", name, "' declared twice on rank ", rank());
+  if (auto known = tie_holders_.find(name); known != tie_holders_.end()) {
+    // A second pipe over the same job: the group exists already.
+    TORCH_CHECK(known->second == holders, "tie '", name, "' declared again on rank ", rank(),
+                " with other holders");
+    return;
+  }
+  tie_holders_[name] = holders;
   if (holders.size() == 1) {
     ties_[name] = nullptr;
     return;
@@ -225,8 +236,7 @@ void Distributed::allreduce_tie(const std::string& name,
 }
 
 double Distributed::broadcast_loss(std::optional<double> replica_loss) {
-  std::vector<torch::Tensor> value{
-      torch::tensor({replica_loss.value_or(0.0)}, torch::kDouble)};
+  std::vector<torch::Tensor> value{torch::tensor({replica_loss.value_or(0.0)}, torch::kDouble)};
   world_->world_group()->allreduce_sum(value);
   return value[0].item<double>();
 }
@@ -250,9 +260,15 @@ std::map<std::string, torch::Tensor> Distributed::gather_named_parameters(
   return merged;
 }
 
-void Distributed::barrier() { world_->world_group()->barrier(); }
-void Distributed::abort(const std::string& reason) { world_->abort(reason); }
-void Distributed::finalize() { world_->finalize(); }
+void Distributed::barrier() {
+  world_->world_group()->barrier();
+}
+void Distributed::abort(const std::string& reason) {
+  world_->abort(reason);
+}
+void Distributed::finalize() {
+  world_->finalize();
+}
 
 // ---- run_distributed --------------------------------------------------------------------------
 

@@ -111,19 +111,20 @@ LaunchResult launch_local(const LaunchOptions& options) {
     throw std::runtime_error("launch: --nproc must be >= 1, got " + std::to_string(options.nproc));
   }
   const int world_size = options.world_size > 0 ? options.world_size : options.nproc;
-  const int port = options.master_port > 0 ? options.master_port : find_free_port(options.master_addr);
-  auto emit = options.on_line ? options.on_line
-                              : [](int rank, bool is_stderr, const std::string& line) {
-                                  (is_stderr ? std::cerr : std::cout)
-                                      << "[rank " << rank << "] " << line << std::endl;
-                                };
+  const int port =
+      options.master_port > 0 ? options.master_port : find_free_port(options.master_addr);
+  auto emit =
+      options.on_line ? options.on_line : [](int rank, bool is_stderr, const std::string& line) {
+        (is_stderr ? std::cerr : std::cout) << "[rank " << rank << "] " << line << std::endl;
+      };
 
   int signal_pipe[2];
   if (pipe2(signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
     throw std::runtime_error(std::string("launch: pipe: ") + strerror(errno));
   }
   g_signal_pipe_write = signal_pipe[1];
-  struct sigaction action {}, old_int{}, old_term{};
+  struct sigaction action {
+  }, old_int{}, old_term{};
   action.sa_handler = forward_signal_handler;
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;
@@ -288,7 +289,8 @@ LaunchResult launch_local(const LaunchOptions& options) {
                     << describe_exit(child.exit_code) << ")";
           if (!child.stderr_tail.empty()) {
             std::cerr << "; its last error lines:\n";
-            for (const auto& line : child.stderr_tail) std::cerr << "  [rank " << r << "] " << line << "\n";
+            for (const auto& line : child.stderr_tail)
+              std::cerr << "  [rank " << r << "] " << line << "\n";
           } else {
             std::cerr << "\n";
           }
@@ -338,8 +340,7 @@ LaunchResult launch_local(const LaunchOptions& options) {
   return result;
 }
 
-int launch_self(int nproc, const std::vector<std::string>& args,
-                std::chrono::milliseconds grace) {
+int launch_self(int nproc, const std::vector<std::string>& args, std::chrono::milliseconds grace) {
   char path[4096];
   const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
   if (n <= 0) throw std::runtime_error(std::string("launch: /proc/self/exe: ") + strerror(errno));

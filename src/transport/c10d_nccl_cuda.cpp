@@ -6,7 +6,9 @@
 
 namespace pipetrain::detail {
 
-bool nccl_available() { return true; }
+bool nccl_available() {
+  return true;
+}
 
 c10::intrusive_ptr<C10dBackendBase> make_nccl_group(const c10::intrusive_ptr<::c10d::Store>& store,
                                                     int rank, int size,

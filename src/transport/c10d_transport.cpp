@@ -44,7 +44,9 @@ std::string describe(const Envelope& e) {
   return out.str();
 }
 
-int64_t align_up(int64_t n) { return (n + kAlignment - 1) / kAlignment * kAlignment; }
+int64_t align_up(int64_t n) {
+  return (n + kAlignment - 1) / kAlignment * kAlignment;
+}
 
 // Byte offset of every tensor in the flat data buffer (-1: undefined or empty) and the total.
 std::vector<int64_t> data_layout(const std::vector<torch::Tensor>& tensors, int64_t* total) {
@@ -90,8 +92,8 @@ std::vector<int64_t> encode_bundle_metadata(const Bundle& bundle) {
       meta.push_back(kUndefined);
       continue;
     }
-    TORCH_CHECK(t.layout() == torch::kStrided, "the c10d transport carries dense tensors only, got ",
-                t.layout());
+    TORCH_CHECK(t.layout() == torch::kStrided,
+                "the c10d transport carries dense tensors only, got ", t.layout());
     meta.push_back(static_cast<int64_t>(t.scalar_type()));
     meta.push_back(t.dim());
     for (int64_t size : t.sizes()) meta.push_back(size);
@@ -135,7 +137,8 @@ Bundle decode_bundle_metadata(const std::vector<int64_t>& meta, const torch::Dev
     std::string name(static_cast<std::size_t>(length), '\0');
     for (int64_t done = 0; done < length; done += 8) {
       const int64_t word = next();
-      std::memcpy(name.data() + done, &word, static_cast<std::size_t>(std::min<int64_t>(8, length - done)));
+      std::memcpy(name.data() + done, &word,
+                  static_cast<std::size_t>(std::min<int64_t>(8, length - done)));
     }
     bundle.skip_names.push_back(std::move(name));
   }
@@ -239,8 +242,8 @@ void C10dTransport::Impl::post_send(torch::Tensor tensor, int dst, int tag, std:
   changed.notify_all();
 }
 
-void C10dTransport::Impl::receive(torch::Tensor tensor, int src, int tag,
-                                  const Envelope& envelope, const char* part) {
+void C10dTransport::Impl::receive(torch::Tensor tensor, int src, int tag, const Envelope& envelope,
+                                  const char* part) {
   std::vector<at::Tensor> one{std::move(tensor)};
   auto work = group->impl().backend->recv(one, src, tag);
   int64_t id = 0;
@@ -262,10 +265,9 @@ void C10dTransport::Impl::receive(torch::Tensor tensor, int src, int tag,
   receiving.erase(id);
   TORCH_CHECK(!aborted, "rank ", my_rank(), ": receiving the ", describe(envelope),
               " was aborted: ", abort_reason);
-  const double waited =
-      std::chrono::duration<double>(Clock::now() - start).count();
-  TORCH_CHECK(completed && failure.empty(), "rank ", my_rank(), ": no ", describe(envelope),
-              " (", part, ") from rank ", src, " after ", waited, " s (timeout ",
+  const double waited = std::chrono::duration<double>(Clock::now() - start).count();
+  TORCH_CHECK(completed && failure.empty(), "rank ", my_rank(), ": no ", describe(envelope), " (",
+              part, ") from rank ", src, " after ", waited, " s (timeout ",
               world->timeout().count() / 1000.0, " s): ", failure.empty() ? "aborted" : failure,
               ". Rank ", src, " (stage ", envelope.src_stage,
               ") may have died or hang: see its log; raise --timeout if it is only slow");
@@ -275,8 +277,9 @@ C10dTransport::C10dTransport(std::shared_ptr<C10dWorld> world, std::vector<int> 
                              C10dTransportOptions options)
     : impl_(std::make_unique<Impl>()) {
   TORCH_CHECK(world, "C10dTransport needs a connected C10dWorld");
-  TORCH_CHECK(static_cast<int>(stage_world_rank.size()) <= kC10dMaxStages, "C10dTransport: ",
-              stage_world_rank.size(), " stages exceed the tag space (", kC10dMaxStages, ")");
+  TORCH_CHECK(static_cast<int>(stage_world_rank.size()) <= kC10dMaxStages,
+              "C10dTransport: ", stage_world_rank.size(), " stages exceed the tag space (",
+              kC10dMaxStages, ")");
   for (std::size_t j = 0; j < stage_world_rank.size(); ++j) {
     TORCH_CHECK(stage_world_rank[j] >= 0 && stage_world_rank[j] < world->world_size(), "stage ", j,
                 " is placed on rank ", stage_world_rank[j], " outside the world 0..",
@@ -290,9 +293,8 @@ C10dTransport::C10dTransport(std::shared_ptr<C10dWorld> world, std::vector<int> 
       world->backend() == CommBackend::kGloo ? torch::Device(torch::kCPU) : options.device;
   Impl* raw = impl_.get();
   impl_->reaper = std::thread([raw] { raw->reap(); });
-  impl_->listener = world->add_abort_listener([raw](const std::string& reason) {
-    raw->abort_local(reason);
-  });
+  impl_->listener =
+      world->add_abort_listener([raw](const std::string& reason) { raw->abort_local(reason); });
 }
 
 C10dTransport::~C10dTransport() {
@@ -309,7 +311,8 @@ C10dTransport::~C10dTransport() {
 void C10dTransport::send(const Envelope& envelope, Bundle bundle) {
   impl_->check_healthy();
   const int me = impl_->my_rank();
-  TORCH_CHECK(envelope.src_stage >= 0 && envelope.src_stage < static_cast<int>(impl_->stage_rank.size()) &&
+  TORCH_CHECK(envelope.src_stage >= 0 &&
+                  envelope.src_stage < static_cast<int>(impl_->stage_rank.size()) &&
                   envelope.dst_stage >= 0 &&
                   envelope.dst_stage < static_cast<int>(impl_->stage_rank.size()),
               "rank ", me, ": send of the ", describe(envelope), ": no such stage (",
@@ -318,9 +321,8 @@ void C10dTransport::send(const Envelope& envelope, Bundle bundle) {
               describe(envelope), " but stage ", envelope.src_stage, " runs on rank ",
               impl_->stage_rank[envelope.src_stage]);
   const int dst = impl_->stage_rank[envelope.dst_stage];
-  const std::string what =
-      "rank " + std::to_string(me) + ": send of the " + describe(envelope) + " to rank " +
-      std::to_string(dst);
+  const std::string what = "rank " + std::to_string(me) + ": send of the " + describe(envelope) +
+                           " to rank " + std::to_string(dst);
 
   torch::NoGradGuard no_grad;
   const std::vector<int64_t> meta = encode_bundle_metadata(bundle);
@@ -358,7 +360,8 @@ void C10dTransport::send(const Envelope& envelope, Bundle bundle) {
       static_cast<int64_t>(only.numel() * only.element_size()) == total) {
     data = only.detach();
   } else {
-    data = torch::empty({total}, torch::TensorOptions().dtype(torch::kUInt8).device(impl_->wire_device));
+    data = torch::empty({total},
+                        torch::TensorOptions().dtype(torch::kUInt8).device(impl_->wire_device));
     auto* base = static_cast<uint8_t*>(data.data_ptr());
     for (std::size_t t = 0; t < bundle.tensors.size(); ++t) {
       if (offsets[t] < 0) continue;
@@ -374,7 +377,8 @@ void C10dTransport::send(const Envelope& envelope, Bundle bundle) {
 Bundle C10dTransport::recv(const Envelope& envelope) {
   impl_->check_healthy();
   const int me = impl_->my_rank();
-  TORCH_CHECK(envelope.src_stage >= 0 && envelope.src_stage < static_cast<int>(impl_->stage_rank.size()) &&
+  TORCH_CHECK(envelope.src_stage >= 0 &&
+                  envelope.src_stage < static_cast<int>(impl_->stage_rank.size()) &&
                   envelope.dst_stage >= 0 &&
                   envelope.dst_stage < static_cast<int>(impl_->stage_rank.size()),
               "rank ", me, ": receive of the ", describe(envelope), ": no such stage (",
@@ -384,21 +388,22 @@ Bundle C10dTransport::recv(const Envelope& envelope) {
               impl_->stage_rank[envelope.dst_stage]);
   const int src = impl_->stage_rank[envelope.src_stage];
 
-  auto header = torch::zeros({kHeaderSlots}, torch::TensorOptions().dtype(torch::kLong).device(impl_->wire_device));
+  auto header = torch::zeros({kHeaderSlots},
+                             torch::TensorOptions().dtype(torch::kLong).device(impl_->wire_device));
   impl_->receive(header, src, c10d_tag(envelope, MessagePart::kHeader), envelope, "header");
   header = header.cpu();
   const auto* h = header.data_ptr<int64_t>();
   TORCH_CHECK(h[0] == kMagic && h[1] == envelope.microbatch, "rank ", me,
-              ": corrupt header for the ", describe(envelope), " from rank ", src,
-              " (magic ", h[0], ", micro-batch ", h[1],
-              "): both ranks must run the same pipetrain build");
+              ": corrupt header for the ", describe(envelope), " from rank ", src, " (magic ", h[0],
+              ", micro-batch ", h[1], "): both ranks must run the same pipetrain build");
   const int64_t length = h[2];
   const int64_t total = h[3];
   std::vector<int64_t> meta;
   if (length <= kInlineSlots) {
     meta.assign(h + kHeaderFixed, h + kHeaderFixed + length);
   } else {
-    auto overflow = torch::empty({length}, torch::TensorOptions().dtype(torch::kLong).device(impl_->wire_device));
+    auto overflow = torch::empty(
+        {length}, torch::TensorOptions().dtype(torch::kLong).device(impl_->wire_device));
     impl_->receive(overflow, src, c10d_tag(envelope, MessagePart::kMetadata), envelope, "metadata");
     overflow = overflow.cpu();
     meta.assign(overflow.data_ptr<int64_t>(), overflow.data_ptr<int64_t>() + length);
@@ -413,7 +418,8 @@ Bundle C10dTransport::recv(const Envelope& envelope) {
   bundle.skip_names = std::move(shapes.skip_names);
   torch::Tensor data;
   if (total > 0) {
-    data = torch::empty({total}, torch::TensorOptions().dtype(torch::kUInt8).device(impl_->wire_device));
+    data = torch::empty({total},
+                        torch::TensorOptions().dtype(torch::kUInt8).device(impl_->wire_device));
     impl_->receive(data, src, c10d_tag(envelope, MessagePart::kData), envelope, "data");
   }
   for (std::size_t t = 0; t < shapes.tensors.size(); ++t) {
@@ -429,7 +435,8 @@ Bundle C10dTransport::recv(const Envelope& envelope) {
     } else {
       // A view of the flat buffer; the deleter keeps the buffer alive as long as any view.
       auto* base = static_cast<uint8_t*>(data.data_ptr()) + offsets[t];
-      tensor = torch::from_blob(base, shape.sizes(), [keep = data](void*) {}, options);
+      tensor = torch::from_blob(
+          base, shape.sizes(), [keep = data](void*) {}, options);
     }
     if (tensor.device() != impl_->options.device) tensor = tensor.to(impl_->options.device);
     bundle.tensors.push_back(std::move(tensor));
@@ -450,8 +457,8 @@ void C10dTransport::reset() {
 void C10dTransport::flush() {
   std::unique_lock<std::mutex> lock(impl_->mutex);
   impl_->changed.wait(lock, [&] { return impl_->sends.empty() || impl_->aborted; });
-  TORCH_CHECK(!impl_->aborted, "rank ", impl_->my_rank(), ": transport aborted: ",
-              impl_->abort_reason);
+  TORCH_CHECK(!impl_->aborted, "rank ", impl_->my_rank(),
+              ": transport aborted: ", impl_->abort_reason);
   TORCH_CHECK(!impl_->send_error, *impl_->send_error);
 }
 

@@ -40,12 +40,22 @@ const char* const kAbortKey = "pipetrain/abort";
 const char* const kFinishedKey = "pipetrain/finished";
 const char* const kAbortSeenKey = "pipetrain/abort_seen";
 
-std::string rank_key(int r) { return "pipetrain/rank/" + std::to_string(r); }
-std::string heartbeat_key(int r) { return "pipetrain/heartbeat/" + std::to_string(r); }
-std::string finished_key(int r) { return "pipetrain/finished/" + std::to_string(r); }
+std::string rank_key(int r) {
+  return "pipetrain/rank/" + std::to_string(r);
+}
+std::string heartbeat_key(int r) {
+  return "pipetrain/heartbeat/" + std::to_string(r);
+}
+std::string finished_key(int r) {
+  return "pipetrain/finished/" + std::to_string(r);
+}
 
-std::vector<uint8_t> to_bytes(const std::string& s) { return {s.begin(), s.end()}; }
-std::string from_bytes(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
+std::vector<uint8_t> to_bytes(const std::string& s) {
+  return {s.begin(), s.end()};
+}
+std::string from_bytes(const std::vector<uint8_t>& v) {
+  return {v.begin(), v.end()};
+}
 
 std::string host_and_pid() {
   char host[256] = {0};
@@ -53,7 +63,9 @@ std::string host_and_pid() {
   return std::string(host) + ":" + std::to_string(getpid());
 }
 
-double seconds(std::chrono::milliseconds ms) { return static_cast<double>(ms.count()) / 1000.0; }
+double seconds(std::chrono::milliseconds ms) {
+  return static_cast<double>(ms.count()) / 1000.0;
+}
 
 bool is_loopback(const std::string& addr) {
   return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
@@ -139,10 +151,18 @@ int C10dGroup::Impl::group_rank_of(int world_rank) const {
 C10dGroup::C10dGroup(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 C10dGroup::~C10dGroup() = default;
 
-int C10dGroup::rank() const { return impl_->group_rank; }
-int C10dGroup::size() const { return static_cast<int>(impl_->ranks.size()); }
-const std::vector<int>& C10dGroup::ranks() const { return impl_->ranks; }
-const std::string& C10dGroup::name() const { return impl_->name; }
+int C10dGroup::rank() const {
+  return impl_->group_rank;
+}
+int C10dGroup::size() const {
+  return static_cast<int>(impl_->ranks.size());
+}
+const std::vector<int>& C10dGroup::ranks() const {
+  return impl_->ranks;
+}
+const std::string& C10dGroup::name() const {
+  return impl_->name;
+}
 
 void C10dGroup::allreduce_sum(std::vector<torch::Tensor>& tensors) {
   // c10d treats the tensors of one call as per-device replicas, so each gets its own call; all
@@ -179,10 +199,12 @@ std::vector<std::vector<char>> C10dGroup::gather_bytes(const std::vector<char>& 
   const int data_tag = kC10dControlTagBase + 2;
   std::vector<std::vector<char>> result;
   if (rank() != 0) {
-    std::vector<at::Tensor> length{torch::tensor({static_cast<int64_t>(mine.size())}, torch::kLong)};
+    std::vector<at::Tensor> length{
+        torch::tensor({static_cast<int64_t>(mine.size())}, torch::kLong)};
     detail::wait_work(impl_->backend->send(length, 0, size_tag), "gather (size) to group rank 0");
     if (!mine.empty()) {
-      std::vector<at::Tensor> data{torch::empty({static_cast<int64_t>(mine.size())}, torch::kUInt8)};
+      std::vector<at::Tensor> data{
+          torch::empty({static_cast<int64_t>(mine.size())}, torch::kUInt8)};
       std::memcpy(data[0].data_ptr(), mine.data(), mine.size());
       detail::wait_work(impl_->backend->send(data, 0, data_tag), "gather (data) to group rank 0");
     }
@@ -332,8 +354,8 @@ void C10dWorld::Impl::watch() {
       }
       std::ostringstream reason;
       reason << "rank " << options.rank << ": lost the rendezvous store at " << options.master_addr
-             << ":" << options.master_port << " (hosted by rank 0): rank 0 has exited or was killed ("
-             << e.what() << ")";
+             << ":" << options.master_port
+             << " (hosted by rank 0): rank 0 has exited or was killed (" << e.what() << ")";
       fire(reason.str());
       return;
     }
@@ -358,8 +380,8 @@ C10dWorld::~C10dWorld() {
 
 std::shared_ptr<C10dWorld> C10dWorld::connect(const RendezvousOptions& options) {
   TORCH_CHECK(!options.master_addr.empty(), "MASTER_ADDR is empty: set it to rank 0's host");
-  TORCH_CHECK(options.master_port > 0 && options.master_port < 65536, "MASTER_PORT=",
-              options.master_port, " is not a TCP port (1..65535)");
+  TORCH_CHECK(options.master_port > 0 && options.master_port < 65536,
+              "MASTER_PORT=", options.master_port, " is not a TCP port (1..65535)");
   TORCH_CHECK(options.world_size >= 1, "WORLD_SIZE=", options.world_size, " must be >= 1");
   TORCH_CHECK(options.rank >= 0 && options.rank < options.world_size, "RANK=", options.rank,
               " is outside 0..WORLD_SIZE-1 (WORLD_SIZE=", options.world_size, ")");
@@ -384,7 +406,8 @@ std::shared_ptr<C10dWorld> C10dWorld::connect(const RendezvousOptions& options) 
       return c10::make_intrusive<::c10d::TCPStore>(options.master_addr, store_options);
     } catch (const std::exception& e) {
       TORCH_CHECK(false, "rank ", r, ": ",
-                  server ? "could not start the rendezvous store on " : "could not reach the rendezvous store at ",
+                  server ? "could not start the rendezvous store on "
+                         : "could not reach the rendezvous store at ",
                   where, " within ", seconds(options.timeout), " s",
                   server ? " (is MASTER_PORT in use?)"
                          : " (has rank 0 started? do all ranks use the same MASTER_ADDR and "
@@ -413,8 +436,9 @@ std::shared_ptr<C10dWorld> C10dWorld::connect(const RendezvousOptions& options) 
   while (true) {
     const int64_t arrived = store->add(kArrivedKey, 0);
     TORCH_CHECK(arrived <= options.world_size, "rank ", r, ": ", arrived,
-                " processes joined the rendezvous at ", where, " but WORLD_SIZE=",
-                options.world_size, ": another job uses the same MASTER_PORT, or too many "
+                " processes joined the rendezvous at ", where,
+                " but WORLD_SIZE=", options.world_size,
+                ": another job uses the same MASTER_PORT, or too many "
                 "processes were started");
     if (arrived == options.world_size) break;
     if (Clock::now() > deadline) {
@@ -441,12 +465,24 @@ std::shared_ptr<C10dWorld> C10dWorld::connect(const RendezvousOptions& options) 
   return std::shared_ptr<C10dWorld>(new C10dWorld(std::move(impl)));
 }
 
-int C10dWorld::rank() const { return impl_->options.rank; }
-int C10dWorld::world_size() const { return impl_->options.world_size; }
-std::chrono::milliseconds C10dWorld::timeout() const { return impl_->options.timeout; }
-CommBackend C10dWorld::backend() const { return impl_->options.backend; }
-const RendezvousOptions& C10dWorld::options() const { return impl_->options; }
-std::shared_ptr<C10dGroup> C10dWorld::world_group() { return impl_->world; }
+int C10dWorld::rank() const {
+  return impl_->options.rank;
+}
+int C10dWorld::world_size() const {
+  return impl_->options.world_size;
+}
+std::chrono::milliseconds C10dWorld::timeout() const {
+  return impl_->options.timeout;
+}
+CommBackend C10dWorld::backend() const {
+  return impl_->options.backend;
+}
+const RendezvousOptions& C10dWorld::options() const {
+  return impl_->options;
+}
+std::shared_ptr<C10dGroup> C10dWorld::world_group() {
+  return impl_->world;
+}
 
 std::shared_ptr<C10dGroup> C10dWorld::new_group(const std::string& name, std::vector<int> ranks) {
   TORCH_CHECK(!ranks.empty(), "group '", name, "' has no ranks");

@@ -11,12 +11,15 @@
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
+#include <set>
 #include <string>
 #include <thread>
 
 #include <torch/torch.h>
 
 #include "pipetrain/runtime/distributed.h"
+#include "pipetrain/runtime/distributed_pipe.h"
+#include "pipetrain/stage/skip_layers.h"
 #include "pipetrain/transport/c10d.h"
 
 using namespace pipetrain;
@@ -230,6 +233,99 @@ void scenario_fault(Distributed& d, const std::string& how) {
   std::cout << "UNEXPECTED: received" << std::endl;
 }
 
+// A linear layer that uses another Linear's weight (the same tensor): a tied weight.
+class TiedLinearImpl : public torch::nn::Cloneable<TiedLinearImpl> {
+ public:
+  explicit TiedLinearImpl(torch::Tensor weight) : weight_(std::move(weight)) { reset(); }
+  void reset() override { weight_ = register_parameter("weight", weight_); }
+  torch::Tensor forward(torch::Tensor x) { return torch::linear(x, weight_); }
+
+ private:
+  torch::Tensor weight_;
+};
+TORCH_MODULE(TiedLinear);
+
+// 9 layers: a residual from layer 1 to layer 5 and layer 6 tied to layer 2's weight.
+torch::nn::Sequential make_model() {
+  torch::manual_seed(0);
+  torch::nn::Linear shared(8, 8);
+  return torch::nn::Sequential(torch::nn::Linear(6, 8), SkipStash("a"), shared, torch::nn::Tanh(),
+                               torch::nn::Linear(8, 8), SkipPopAdd("a"), TiedLinear(shared->weight),
+                               torch::nn::Tanh(), torch::nn::Linear(8, 2));
+}
+
+std::vector<torch::Tensor> unique_parameters(const std::vector<torch::Tensor>& params) {
+  std::vector<torch::Tensor> unique;
+  std::set<const void*> seen;
+  for (const auto& p : params) {
+    if (seen.insert(p.unsafeGetTensorImpl()).second) unique.push_back(p);
+  }
+  return unique;
+}
+
+torch::optim::SGD make_sgd(const std::vector<torch::Tensor>& params) {
+  return torch::optim::SGD(unique_parameters(params), torch::optim::SGDOptions(0.1).momentum(0.9));
+}
+
+// Trains 3 steps with DistributedPipe for each schedule and compares with sequential training.
+void scenario_train(Distributed& d, const std::vector<std::string>& schedules) {
+  auto mse = [](const torch::Tensor& out, const torch::Tensor& target) {
+    return torch::mse_loss(out, target);
+  };
+  const int K = d.layout().pipeline_ranks;
+  for (const auto& name : schedules) {
+    const int virtual_stages = name == "interleaved-1f1b" ? 2 : 1;
+    torch::manual_seed(7);
+    std::vector<std::pair<torch::Tensor, torch::Tensor>> batches;
+    for (int k = 0; k < 3; ++k) batches.emplace_back(torch::randn({13, 6}), torch::randn({13, 2}));
+
+    auto model = make_model();
+    DistributedPipe pipe(d, model,
+                         PipeOptions()
+                             .stages(K * virtual_stages)
+                             .chunks(3)
+                             .schedule(name)
+                             .virtual_stages(virtual_stages));
+    auto sgd = make_sgd(pipe.parameters());
+    std::vector<double> losses;
+    for (const auto& [x, y] : batches) {
+      sgd.zero_grad();
+      losses.push_back(pipe.train_step(x, y, mse));
+      sgd.step();
+    }
+    auto gathered = pipe.gather_parameters();
+    if (d.rank() != 0) continue;
+
+    auto reference = make_model();
+    auto reference_sgd = make_sgd(reference->parameters());
+    std::vector<double> reference_losses;
+    for (const auto& [x, y] : batches) {
+      reference_sgd.zero_grad();
+      auto loss = mse(reference->forward(x), y);
+      loss.backward();
+      reference_losses.push_back(loss.item<double>());
+      reference_sgd.step();
+    }
+    double worst = 0;
+    for (const auto& entry : reference->named_parameters()) {
+      auto found = gathered.find(entry.key());
+      CHECK_OR_THROW(found != gathered.end(), name, ": parameter ", entry.key(), " not gathered");
+      const auto want = entry.value().detach();
+      const double relative = (found->second - want).abs().max().item<double>() /
+                              (want.abs().max().item<double>() + 1e-12);
+      worst = std::max(worst, relative);
+    }
+    CHECK_OR_THROW(worst < 1e-5, name, ": parameters differ from sequential training by ", worst,
+                   " (relative)");
+    for (std::size_t k = 0; k < losses.size(); ++k) {
+      CHECK_OR_THROW(
+          std::abs(losses[k] - reference_losses[k]) < 1e-5 * std::abs(reference_losses[k]) + 1e-7,
+          name, ": loss of step ", k, " is ", losses[k], ", sequential ", reference_losses[k]);
+    }
+    std::cout << "OK train " << name << " max_relative_difference " << worst << std::endl;
+  }
+}
+
 int run_launcher_child(const std::string& scenario, int argc, char** argv) {
   const int rank = std::atoi(std::getenv("RANK") ? std::getenv("RANK") : "-1");
   if (scenario == "echo") {
@@ -289,6 +385,11 @@ int main(int argc, char** argv) {
     if (scenario == "tie") return scenario_tie(d);
     if (scenario == "loss") return scenario_loss(d);
     if (scenario == "gather") return scenario_gather(d);
+    if (scenario == "train") {
+      std::vector<std::string> schedules;
+      for (int a = 3; a < argc; ++a) schedules.push_back(argv[a]);
+      return scenario_train(d, schedules);
+    }
     if (scenario == "rendezvous") {
       std::cout << "OK rendezvous" << std::endl;
       return;

@@ -2,10 +2,10 @@
 // codes, stopping the others after a failure, signal forwarding, no stray processes.
 #include "pipetrain/runtime/launcher.h"
 
-#include <gtest/gtest.h>
-#include <sys/socket.h>
-#include <netinet/in.h>
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <thread>

@@ -20,7 +20,8 @@ TEST(C10dTag, IsDistinctForEveryFieldCombination) {
     for (int src : {0, 1, 5, 127}) {
       for (int dst : {0, 1, 6, 127}) {
         for (int i : {0, 1, 2, 4095, 8191}) {
-          for (MessagePart part : {MessagePart::kHeader, MessagePart::kMetadata, MessagePart::kData}) {
+          for (MessagePart part :
+               {MessagePart::kHeader, MessagePart::kMetadata, MessagePart::kData}) {
             const int tag = c10d_tag({src, dst, i, payload}, part);
             EXPECT_GE(tag, 0);
             EXPECT_LT(tag, kC10dControlTagBase);

@@ -62,7 +62,9 @@ struct ParallelLayout {
   static ParallelLayout for_world(int world_size, int pipeline_ranks);
 
   int world_size() const { return pipeline_ranks * replicas; }
-  int rank_of(int replica, int pipeline_rank) const { return replica * pipeline_ranks + pipeline_rank; }
+  int rank_of(int replica, int pipeline_rank) const {
+    return replica * pipeline_ranks + pipeline_rank;
+  }
   int replica_of(int rank) const { return rank / pipeline_ranks; }
   int pipeline_rank_of(int rank) const { return rank % pipeline_ranks; }
   // The R world ranks holding pipeline rank p: its data-parallel group.
@@ -109,7 +111,8 @@ class Distributed {
   void allreduce_gradients(const std::vector<torch::Tensor>& parameters);
 
   // Declares the tied weight `name`, held by the pipeline ranks `holders` of every replica. Every
-  // holder calls it once, before allreduce_tie, with the same arguments.
+  // holder calls it before allreduce_tie, with the same arguments; declaring it again with
+  // the same holders (a second pipe over the same job) reuses its group.
   void declare_tie(const std::string& name, std::vector<int> holders);
   // Sums the gradients of this rank's copies of tie `name` and of the other holders' copies in
   // this replica; every copy's .grad() receives the sum.
@@ -137,6 +140,7 @@ class Distributed {
   int local_rank_ = 0;
   std::shared_ptr<C10dGroup> data_parallel_;
   std::map<std::string, std::shared_ptr<C10dGroup>> ties_;  // null: only this rank holds it
+  std::map<std::string, std::vector<int>> tie_holders_;
 };
 
 // Runs `body` as this process's main under the torchrun environment and returns its exit code:

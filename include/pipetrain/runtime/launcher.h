@@ -26,22 +26,22 @@
 namespace pipetrain {
 
 struct LaunchOptions {
-  std::string program;             // path of the executable each rank runs
-  std::vector<std::string> args;   // its arguments (argv[1..])
-  int nproc = 1;                   // ranks to start on this machine
-  int world_size = 0;              // WORLD_SIZE; 0 = nproc (a larger value: tests of missing ranks)
+  std::string program;            // path of the executable each rank runs
+  std::vector<std::string> args;  // its arguments (argv[1..])
+  int nproc = 1;                  // ranks to start on this machine
+  int world_size = 0;             // WORLD_SIZE; 0 = nproc (a larger value: tests of missing ranks)
   std::string master_addr = "127.0.0.1";
-  int master_port = 0;             // 0 = a free port found by binding port 0
+  int master_port = 0;  // 0 = a free port found by binding port 0
   std::chrono::milliseconds grace{std::chrono::seconds(10)};  // after the first failure
-  std::vector<std::pair<std::string, std::string>> env;  // extra environment for every rank
+  std::vector<std::pair<std::string, std::string>> env;       // extra environment for every rank
   // Receives every output line (without the newline). Default: print "[rank r] line" to the
   // launcher's stdout or stderr.
   std::function<void(int rank, bool is_stderr, const std::string& line)> on_line;
 };
 
 struct LaunchResult {
-  int exit_code = 0;          // as described above
-  int first_failed_rank = -1; // -1 when every rank succeeded
+  int exit_code = 0;                 // as described above
+  int first_failed_rank = -1;        // -1 when every rank succeeded
   std::vector<int> rank_exit_codes;  // per rank: exit code, or 128 + signal
   std::vector<int> pids;             // the children's pids (all reaped on return)
 };
