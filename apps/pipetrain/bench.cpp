@@ -522,7 +522,14 @@ std::string self_executable() {
   const ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
   if (n <= 0) throw std::runtime_error("bench: cannot read /proc/self/exe to re-run itself");
   path[n] = '\0';
-  return path;
+  // A rebuild while the bench runs replaces the binary: run the new file at the same path.
+  std::string executable = path;
+  const std::string deleted = " (deleted)";
+  if (executable.size() > deleted.size() &&
+      executable.compare(executable.size() - deleted.size(), deleted.size(), deleted) == 0) {
+    executable.resize(executable.size() - deleted.size());
+  }
+  return executable;
 }
 
 bool file_exists(const std::string& path) {
