@@ -28,10 +28,45 @@ def mlp(width=1024, layers=8):
     return nn.Sequential(*modules), (width,), width
 
 
-def cnn():
-    # Same shape as examples' cnn is not required for the ratio: the C++ side passes --suite cnn
-    # only when it also runs this exact layer list (see bench/README in docs/BENCHMARKS.md).
-    raise SystemExit("python_pipe.py: suite 'cnn' is not available for the Python peer")
+def cnn(width=32, blocks=1, classes=10):
+    """examples/cnn.cpp's layer list, entry for entry, so a partition of K stages cuts the same
+    layers as pipetrain's Pipe (the first L % K stages get one layer more, both sides). The
+    residual blocks use torchgpipe-style skip connections (@skippable stash/pop), which Pipe
+    carries across partitions the way pipetrain's StashSkip/AddSkip are carried."""
+    from torch.distributed.pipeline.sync.skip import pop, skippable, stash
+
+    def conv3x3(cin, cout, stride=1):
+        return nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+
+    def stash_skip(name):
+        @skippable(stash=[name])
+        class StashSkip(nn.Module):
+            def forward(self, x):
+                yield stash(name, x)
+                return x
+        return StashSkip()
+
+    def add_skip(name):
+        @skippable(pop=[name])
+        class AddSkip(nn.Module):
+            def forward(self, x):
+                skip = yield pop(name)
+                return x + skip
+        return AddSkip()
+
+    def block(name, c):
+        return [stash_skip(name), conv3x3(c, c), nn.BatchNorm2d(c), nn.ReLU(),
+                conv3x3(c, c), nn.BatchNorm2d(c), add_skip(name), nn.ReLU()]
+
+    w = width
+    layers = [conv3x3(1, w), nn.BatchNorm2d(w), nn.ReLU(), nn.MaxPool2d(2)]
+    for k in range(blocks):
+        layers += block("res0.%d" % k, w)
+    layers += [conv3x3(w, 2 * w, stride=2), nn.BatchNorm2d(2 * w), nn.ReLU()]
+    for k in range(blocks):
+        layers += block("res1.%d" % k, 2 * w)
+    layers += [nn.Flatten(), nn.Linear(2 * w * 7 * 7, classes)]
+    return nn.Sequential(*layers), (1, 28, 28), classes
 
 
 def split(model, stages):
@@ -47,7 +82,9 @@ def split(model, stages):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--suite", default="mlp", choices=["mlp"])
+    parser.add_argument("--suite", default="mlp", choices=["mlp", "cnn"])
+    parser.add_argument("--width", type=int, default=0,
+                        help="mlp features / cnn channels (0: 1024 / 32)")
     parser.add_argument("--stages", type=int, default=2)
     parser.add_argument("--chunks", type=int, default=8)
     parser.add_argument("--batch", type=int, default=256)
@@ -69,17 +106,24 @@ def main():
                          init_method="file://" + os.path.join(tmp, "rpc")))
         try:
             torch.manual_seed(0)
-            model, in_shape, out_width = mlp()
-            pipe = Pipe(split(model, args.stages), chunks=args.chunks, checkpoint=args.checkpoint)
+            if args.suite == "mlp":
+                model, in_shape, out_width = mlp(args.width or 1024)
+                y = torch.randn(args.batch, out_width)
+                loss_fn = nn.functional.mse_loss
+            else:
+                model, in_shape, classes = cnn(args.width or 32)
+                y = torch.randint(0, classes, (args.batch,))
+                loss_fn = nn.functional.cross_entropy
+            pipe = Pipe(split(model, args.stages), chunks=args.chunks, checkpoint=args.checkpoint,
+                        deferred_batch_norm=args.suite == "cnn")
             optimizer = torch.optim.SGD(pipe.parameters(), lr=0.01)
             x = torch.randn(args.batch, *in_shape)
-            y = torch.randn(args.batch, out_width)
             times = []
             for step in range(args.warmup + args.steps):
                 start = time.perf_counter()
                 optimizer.zero_grad()
                 out = pipe(x).local_value()
-                loss = nn.functional.mse_loss(out, y)
+                loss = loss_fn(out, y)
                 loss.backward()
                 optimizer.step()
                 elapsed = time.perf_counter() - start
@@ -90,7 +134,8 @@ def main():
     print(json.dumps({
         "runtime": "python-pipe", "suite": args.suite, "schedule": "gpipe",
         "stages": args.stages, "chunks": args.chunks, "checkpoint": args.checkpoint,
-        "step_seconds": statistics.median(times), "steps": len(times),
+        "step_seconds": statistics.median(times), "step_seconds_all": times, "steps": len(times),
+        "threads": torch.get_num_threads(),
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }))
 

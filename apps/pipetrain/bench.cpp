@@ -1,0 +1,995 @@
+// `pipetrain bench`: pipetrain side by side with plain LibTorch and with Python's Pipe, on the
+// same model, batch and thread settings, in one invocation (issue #7; docs/BENCHMARKS.md).
+//
+//   pipetrain bench [--suite mlp|cnn] [--json] [--steps 7] [--warmup 2] [--threads T]
+//                   [--stages 2] [--chunks 8] [--checkpoint never] [--width W] [--batch N]
+//                   [--no-python] [--no-memory] [--python /usr/bin/python3]
+//                   [--python-script bench/python_pipe.py] [--timeline-dir DIR] [--quick]
+//
+// How a run is organised (each configuration in a fresh child process, so that getrusage's
+// process-wide, monotonic ru_maxrss is that configuration's peak, and runs cannot disturb one
+// another through allocator caches or thread pools):
+//
+//   parent: plan configurations --> for each: fork+exec self `bench --one ...` (or python3)
+//                                          |      child: build model + data, warm up, time
+//                                          |      `steps` steps, print one JSON line
+//           <-- parse the child's last JSON line <------+
+//   parent: ratios (vs plain LibTorch, vs the Python peer), checks, table or --json
+//
+// One step, for every runtime: zero_grad, forward + loss + backward of the whole mini-batch,
+// SGD step. Timed rows:
+//   libtorch               the Sequential on the whole batch; T intra-op threads
+//   libtorch-microbatched  the same M micro-batches one after another, loss weighted by rows /
+//                          batch rows, gradients accumulating; T threads
+//   inprocess              Pipe (runtime/pipe.h), K worker threads with max(1, T/K) threads each
+//   python-pipe            torch.distributed.pipeline.sync.Pipe via bench/python_pipe.py;
+//                          torch.set_num_threads(T); all partitions on the CPU share one worker
+//   multiprocess           DistributedPipe (runtime/distributed_pipe.h): K ranks of this binary
+//                          started by the local launcher (Gloo over loopback), each with
+//                          max(1, T/K) threads; step time = the slowest rank's, per step
+//
+// Efficiency of a pipelined row = simulate(its lowered schedule, MEASURED costs) / measured step
+// time, the costs being the median F/B/I/W duration per stage over the timed steps' events
+// (last_events) and comm 0 in-process; multi-process: comm = the shortest measured receive (a
+// message that had already arrived: the cost of taking it off the wire), a lower bound.
+#include <poll.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <torch/torch.h>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "model_registry.h"
+#include "pipetrain/runtime/distributed.h"
+#include "pipetrain/runtime/distributed_pipe.h"
+#include "pipetrain/runtime/launcher.h"
+#include "pipetrain/runtime/pipe.h"
+#include "pipetrain/runtime/step.h"
+#include "pipetrain/schedule/generators.h"
+#include "pipetrain/schedule/lower.h"
+#include "pipetrain/schedule/simulate.h"
+#include "pipetrain/schedule/timeline.h"
+#include "pipetrain/schedule/timeline_svg.h"
+#include "pipetrain/stage/batchnorm.h"
+#include "pipetrain/stage/microbatch.h"
+#include "synthetic.h"
+
+namespace pipetrain::cli {
+namespace {
+
+using nlohmann::json;
+
+// The marker of a child's result line on its stdout.
+constexpr const char* kResultPrefix = "PIPETRAIN_BENCH_RESULT ";
+
+// ---- settings and configurations ----------------------------------------------------------------
+
+struct BenchArgs {
+  std::string suite = "mlp";
+  bool json_output = false;
+  int steps = 7;
+  int warmup = 2;
+  int threads = 0;  // 0: hardware threads
+  int stages = 2;   // K
+  int chunks = 8;   // M of the main rows
+  std::string checkpoint = "never";
+  int width = 0;  // 0: suite default (mlp 1024 features, cnn 32 channels)
+  int batch = 0;  // 0: suite default (mlp 256, cnn 128)
+  bool no_python = false;
+  bool no_memory = false;
+  bool no_multiprocess = false;
+  bool quick = false;
+  std::string python = "/usr/bin/python3";
+  std::string python_script;  // empty: found next to the sources
+  std::string timeline_dir;
+  double config_timeout = 600;
+  // Hidden: the child mode, one configuration; and one rank of a multiprocess configuration.
+  bool one = false;
+  bool rank_worker = false;
+  std::string runtime;
+  std::string schedule = "gpipe";
+  int virtual_stages = 1;
+};
+
+struct Config {
+  std::string runtime;  // libtorch | libtorch-microbatched | inprocess | multiprocess | python-pipe
+  std::string schedule = "none";
+  int stages = 1;  // K: ranks (worker threads / partitions)
+  int virtual_stages = 1;
+  int chunks = 1;
+  std::string checkpoint = "never";
+  std::string purpose = "main";  // main | memory
+
+  std::string label() const {
+    std::ostringstream out;
+    out << runtime;
+    if (schedule != "none") out << " " << schedule;
+    out << " K=" << stages;
+    if (virtual_stages > 1) out << " V=" << virtual_stages;
+    out << " M=" << chunks << " ckpt=" << checkpoint;
+    return out.str();
+  }
+};
+
+json to_json(const Config& c) {
+  return {{"runtime", c.runtime}, {"schedule", c.schedule},
+          {"stages", c.stages},   {"virtual_stages", c.virtual_stages},
+          {"chunks", c.chunks},   {"checkpoint", c.checkpoint},
+          {"purpose", c.purpose}};
+}
+
+void resolve_defaults(BenchArgs& a) {
+  if (a.suite != "mlp" && a.suite != "cnn") {
+    throw UsageError("--suite must be mlp or cnn (got '" + a.suite + "')");
+  }
+  if (a.quick) {
+    if (a.width == 0) a.width = a.suite == "mlp" ? 256 : 8;
+    if (a.batch == 0) a.batch = 64;
+  }
+  if (a.width == 0) a.width = a.suite == "mlp" ? 1024 : 32;
+  if (a.batch == 0) a.batch = a.suite == "mlp" ? 256 : 128;
+  if (a.threads == 0) a.threads = std::max(1u, std::thread::hardware_concurrency());
+  if (a.steps < 1) throw UsageError("--steps must be >= 1 (got " + std::to_string(a.steps) + ")");
+  if (a.warmup < 0) throw UsageError("--warmup must be >= 0");
+  if (a.stages < 1 || a.chunks < 1) throw UsageError("--stages and --chunks must be >= 1");
+  if (a.batch < a.chunks * 2) {
+    throw UsageError("--batch " + std::to_string(a.batch) + " is too small for --chunks " +
+                     std::to_string(a.chunks) +
+                     " and the M=2x memory rows; use >= " + std::to_string(2 * a.chunks));
+  }
+  if (a.checkpoint != "never" && a.checkpoint != "except_last" && a.checkpoint != "always") {
+    throw UsageError("--checkpoint must be always, except_last or never (got '" + a.checkpoint +
+                     "')");
+  }
+}
+
+std::vector<Config> plan_configs(const BenchArgs& a) {
+  std::vector<Config> configs;
+  const int K = a.stages;
+  const int M = a.chunks;
+  configs.push_back({"libtorch", "none", 1, 1, 1, "never", "main"});
+  configs.push_back({"libtorch-microbatched", "none", 1, 1, M, "never", "main"});
+  configs.push_back({"inprocess", "gpipe", 1, 1, 1, "never", "main"});
+  for (const char* schedule : {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1"}) {
+    const int V = std::string(schedule) == "interleaved-1f1b" ? 2 : 1;
+    configs.push_back({"inprocess", schedule, K, V, M, a.checkpoint, "main"});
+  }
+  if (!a.no_memory) {
+    for (int m : {M, 2 * M}) {
+      for (const char* schedule : {"gpipe", "1f1b"}) {
+        for (const char* mode : {"never", "except_last", "always"}) {
+          Config c{"inprocess", schedule, K, 1, m, mode, "memory"};
+          const bool duplicate = std::any_of(configs.begin(), configs.end(), [&](const Config& o) {
+            return o.label() == c.label();
+          });
+          if (!duplicate) configs.push_back(c);
+        }
+      }
+    }
+  }
+  if (!a.no_multiprocess && K > 1) {
+    for (const char* schedule : {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1"}) {
+      const int V = std::string(schedule) == "interleaved-1f1b" ? 2 : 1;
+      configs.push_back({"multiprocess", schedule, K, V, M, a.checkpoint, "main"});
+    }
+  }
+  if (!a.no_python) {
+    configs.push_back({"python-pipe", "gpipe", 1, 1, 1, "never", "main"});
+    configs.push_back({"python-pipe", "gpipe", K, 1, M, a.checkpoint, "main"});
+    if (a.checkpoint != "except_last") {
+      configs.push_back({"python-pipe", "gpipe", K, 1, M, "except_last", "main"});
+    }
+  }
+  return configs;
+}
+
+// ---- the child: one configuration ---------------------------------------------------------------
+
+struct Workload {
+  torch::nn::Sequential model;
+  torch::Tensor inputs;
+  torch::Tensor targets;
+  LossFn loss;
+};
+
+Workload make_workload(const BenchArgs& a) {
+  torch::manual_seed(0);
+  Workload w;
+  if (a.suite == "mlp") {
+    // The issue's model: 8 x (Linear(width, width) + ReLU), MSE against random targets
+    // (bench/python_pipe.py builds the same).
+    for (int l = 0; l < 8; ++l) {
+      w.model->push_back(torch::nn::Linear(a.width, a.width));
+      w.model->push_back(torch::nn::ReLU());
+    }
+    auto data = examples::make_synthetic_regression(a.batch, {a.width}, {a.width}, 1);
+    w.inputs = data.inputs;
+    w.targets = data.targets;
+    w.loss = [](const torch::Tensor& out, const torch::Tensor& y) {
+      return torch::mse_loss(out, y);
+    };
+  } else {
+    examples::ExampleModel m = examples::make_model("cnn", {{"width", a.width}});
+    w.model = m.sequential;
+    auto data = examples::make_synthetic_classification(a.batch, {1, 28, 28}, 10, 1);
+    w.inputs = data.inputs;
+    w.targets = data.targets;
+    w.loss = m.loss;
+  }
+  return w;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+int64_t peak_rss_bytes() {
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+// Simulated makespan (seconds) of `lowered` with the median measured duration of each compute op
+// per stage; comm 0 (in-process hand-over through queues).
+double simulated_seconds(const schedule::Schedule& lowered,
+                         const std::map<std::pair<int, schedule::Op>, std::vector<double>>& us,
+                         double comm_us = 0) {
+  schedule::Costs costs;
+  costs.comm = comm_us;
+  const int S = lowered.num_stages;
+  auto per_stage = [&](schedule::Op op) {
+    std::vector<double> v(S, 0.0);
+    for (int j = 0; j < S; ++j) {
+      auto it = us.find({j, op});
+      if (it != us.end()) v[j] = median(it->second);
+    }
+    return v;
+  };
+  costs.forward_per_stage = per_stage(schedule::Op::kForward);
+  costs.backward_per_stage = per_stage(schedule::Op::kBackward);
+  costs.backward_input_per_stage = per_stage(schedule::Op::kBackwardInput);
+  costs.backward_weight_per_stage = per_stage(schedule::Op::kBackwardWeight);
+  return schedule::simulate(lowered, costs).makespan * 1e-6;
+}
+
+void write_timeline(const BenchArgs& a, const Config& c, const std::vector<ActionEvent>& events) {
+  schedule::Timeline timeline;
+  timeline.title = "measured: " + a.suite + " " + c.schedule + ", K=" + std::to_string(c.stages) +
+                   " M=" + std::to_string(c.chunks) + " checkpoint " + c.checkpoint;
+  timeline.num_ranks = c.stages;
+  timeline.time_unit = "ms";
+  timeline.microseconds_per_unit = 1000.0;
+  for (const ActionEvent& e : events) {
+    if (!schedule::is_compute(e.action.op)) continue;  // receives would paint the waiting as work
+    timeline.events.push_back(
+        schedule::make_event(e.rank, e.action, e.start_us / 1000.0, e.end_us / 1000.0));
+  }
+  const std::string path = a.timeline_dir + "/" + a.suite + "-" + c.schedule + ".svg";
+  schedule::save_svg(timeline, path);
+  std::cerr << "bench: wrote " << path << "\n";
+}
+
+json run_multiprocess(const BenchArgs& a, const Config& c);
+
+json run_one(const BenchArgs& a, const Config& c) {
+  if (c.runtime == "multiprocess") return run_multiprocess(a, c);
+  at::set_num_threads(a.threads);
+  Workload w = make_workload(a);
+  std::function<void()> step;
+  std::optional<Pipe> pipe;
+  torch::nn::Sequential model = w.model;
+  int threads_per_rank = a.threads;
+
+  if (c.runtime == "libtorch") {
+    step = [&] { w.loss(model->forward(w.inputs), w.targets).backward(); };
+  } else if (c.runtime == "libtorch-microbatched") {
+    const auto sizes = microbatch_sizes(w.inputs.size(0), c.chunks);
+    const auto xs = split_microbatches({w.inputs}, sizes);
+    const auto ys = split_microbatches({w.targets}, sizes);
+    const double rows = static_cast<double>(w.inputs.size(0));
+    step = [&, sizes, xs, ys, rows] {
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        (w.loss(model->forward(xs[i][0]), ys[i][0]) * (sizes[i] / rows)).backward();
+      }
+    };
+  } else if (c.runtime == "inprocess") {
+    threads_per_rank = std::max(1, a.threads / c.stages);
+    if (a.suite == "cnn") model = convert_deferred_batch_norm(model, c.chunks);
+    pipe.emplace(model, PipeOptions()
+                            .stages(c.stages * c.virtual_stages)
+                            .virtual_stages(c.virtual_stages)
+                            .chunks(c.chunks)
+                            .schedule(c.schedule)
+                            .checkpoint(parse_checkpoint(c.checkpoint))
+                            .threads_per_stage(threads_per_rank));
+    step = [&] { (*pipe)->train_step(w.inputs, w.targets, w.loss); };
+  } else {
+    throw UsageError("unknown --runtime '" + c.runtime +
+                     "' (valid: libtorch, libtorch-microbatched, inprocess, multiprocess)");
+  }
+
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.01));
+  std::vector<double> seconds;
+  std::map<std::pair<int, schedule::Op>, std::vector<double>> durations_us;
+  for (int k = 0; k < a.warmup + a.steps; ++k) {
+    const auto start = std::chrono::steady_clock::now();
+    sgd.zero_grad();
+    step();
+    sgd.step();
+    const double elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (k < a.warmup) continue;
+    seconds.push_back(elapsed);
+    if (pipe) {
+      for (const ActionEvent& e : (*pipe)->last_events()) {
+        if (schedule::is_compute(e.action.op)) {
+          durations_us[{e.action.stage, e.action.op}].push_back(e.end_us - e.start_us);
+        }
+      }
+    }
+  }
+
+  json result = to_json(c);
+  result["step_seconds"] = median(seconds);
+  result["step_seconds_all"] = seconds;
+  result["steps"] = static_cast<int>(seconds.size());
+  result["threads"] = pipe ? json{{"ranks", c.stages}, {"per_rank", threads_per_rank}}
+                           : json{{"ranks", 1}, {"per_rank", threads_per_rank}};
+  json stashed = json::array();
+  json stashed_microbatches = json::array();
+  if (pipe) {
+    for (const StageAccounting& s : (*pipe)->stage_accounting()) {
+      stashed.push_back(s.peak_stashed_bytes);
+      stashed_microbatches.push_back(s.peak_stashed_microbatches);
+    }
+    const double simulated = simulated_seconds((*pipe)->schedule(), durations_us);
+    result["simulated_seconds"] = simulated;
+    result["efficiency"] = simulated / median(seconds);
+    if (!a.timeline_dir.empty() && c.purpose == "main" && c.stages > 1) {
+      write_timeline(a, c, (*pipe)->last_events());
+    }
+  }
+  result["peak_stashed_bytes"] = stashed;
+  result["peak_stashed_microbatches"] = stashed_microbatches;
+  result["peak_rss_bytes"] = peak_rss_bytes();
+  return result;
+}
+
+// ---- multiprocess: one rank, and the child that launches the K ranks ---------------------------
+
+bool is_receive(schedule::Op op) {
+  return op == schedule::Op::kRecvActivation || op == schedule::Op::kRecvGradient;
+}
+
+// One rank of a multiprocess configuration (started by launch_local with the torchrun
+// environment). Prints one result line: its step times, per-(stage, op) medians, the shortest
+// receive and its peak RSS.
+int run_rank(const BenchArgs& a, const Config& c) {
+  DistributedOptions options;
+  options.pipeline_ranks(c.stages).timeout(std::chrono::seconds(120));
+  return run_distributed(options, [&](Distributed& distributed) {
+    const int threads = std::max(1, a.threads / c.stages);
+    at::set_num_threads(threads);
+    Workload w = make_workload(a);
+    torch::nn::Sequential model = w.model;
+    if (a.suite == "cnn") model = convert_deferred_batch_norm(model, c.chunks);
+    DistributedPipe pipe(distributed, model,
+                         PipeOptions()
+                             .stages(c.stages * c.virtual_stages)
+                             .virtual_stages(c.virtual_stages)
+                             .chunks(c.chunks)
+                             .schedule(c.schedule)
+                             .checkpoint(parse_checkpoint(c.checkpoint)));
+    torch::optim::SGD sgd(pipe.parameters(), torch::optim::SGDOptions(0.01));
+    std::vector<double> seconds;
+    std::map<std::pair<int, schedule::Op>, std::vector<double>> durations_us;
+    double min_receive_us = -1;
+    for (int k = 0; k < a.warmup + a.steps; ++k) {
+      distributed.barrier();  // every rank starts the step together; not timed
+      const auto start = std::chrono::steady_clock::now();
+      sgd.zero_grad();
+      pipe.train_step(w.inputs, w.targets, w.loss);  // ends with the loss collective
+      sgd.step();
+      const double elapsed =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (k < a.warmup) continue;
+      seconds.push_back(elapsed);
+      for (const ActionEvent& e : pipe.last_events()) {
+        const double us = e.end_us - e.start_us;
+        if (schedule::is_compute(e.action.op))
+          durations_us[{e.action.stage, e.action.op}].push_back(us);
+        if (is_receive(e.action.op) && (min_receive_us < 0 || us < min_receive_us)) {
+          min_receive_us = us;
+        }
+      }
+    }
+    json costs = json::array();
+    for (const auto& [key, values] : durations_us) {
+      costs.push_back({{"stage", key.first},
+                       {"op", std::string(schedule::op_name(key.second))},
+                       {"median_us", median(values)}});
+    }
+    json result = {{"rank", distributed.rank()},
+                   {"step_seconds_all", seconds},
+                   {"costs", costs},
+                   {"min_receive_us", std::max(0.0, min_receive_us)},
+                   {"threads", threads},
+                   {"peak_rss_bytes", peak_rss_bytes()}};
+    std::cout << kResultPrefix << result.dump() << std::endl;
+  });
+}
+
+std::string self_executable();
+std::vector<std::string> config_flags(const BenchArgs& a, const Config& c);
+
+schedule::Op op_from_name(const std::string& name) {
+  for (schedule::Op op : {schedule::Op::kForward, schedule::Op::kBackward,
+                          schedule::Op::kBackwardInput, schedule::Op::kBackwardWeight}) {
+    if (schedule::op_name(op) == name) return op;
+  }
+  throw std::runtime_error("bench: unexpected op '" + name + "' in a rank's result");
+}
+
+// The `--one` child of a multiprocess configuration: launches K ranks of this binary and merges
+// their result lines into one row.
+json run_multiprocess(const BenchArgs& a, const Config& c) {
+  LaunchOptions launch;
+  launch.program = self_executable();
+  launch.args = config_flags(a, c);
+  launch.args.insert(launch.args.begin(), {"bench", "--rank-worker"});
+  launch.nproc = c.stages;
+  std::mutex mutex;
+  std::vector<std::optional<json>> ranks(static_cast<size_t>(c.stages));
+  launch.on_line = [&](int rank, bool is_stderr, const std::string& line) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!is_stderr && line.rfind(kResultPrefix, 0) == 0 && rank >= 0 && rank < c.stages) {
+      ranks[static_cast<size_t>(rank)] = json::parse(line.substr(std::strlen(kResultPrefix)));
+    } else {
+      std::cerr << "[rank " << rank << "] " << line << "\n";
+    }
+  };
+  const LaunchResult launched = launch_local(launch);
+  if (launched.exit_code != 0) {
+    throw std::runtime_error("multiprocess " + c.label() + ": rank " +
+                             std::to_string(launched.first_failed_rank) + " exited with " +
+                             std::to_string(launched.exit_code) + " (its stderr is above)");
+  }
+  std::vector<double> seconds;  // per step: the slowest rank
+  std::map<std::pair<int, schedule::Op>, std::vector<double>> durations_us;
+  double comm_us = -1;
+  int64_t rss = 0;
+  json threads = json::array();
+  for (int r = 0; r < c.stages; ++r) {
+    const auto& result = ranks[static_cast<size_t>(r)];
+    if (!result)
+      throw std::runtime_error("multiprocess: rank " + std::to_string(r) + " printed no result");
+    const auto steps = (*result)["step_seconds_all"].get<std::vector<double>>();
+    if (seconds.empty()) seconds.assign(steps.size(), 0.0);
+    for (size_t k = 0; k < steps.size() && k < seconds.size(); ++k) {
+      seconds[k] = std::max(seconds[k], steps[k]);
+    }
+    for (const json& cost : (*result)["costs"]) {
+      durations_us[{cost["stage"].get<int>(), op_from_name(cost["op"].get<std::string>())}]
+          .push_back(cost["median_us"].get<double>());
+    }
+    const double receive = (*result)["min_receive_us"].get<double>();
+    if (comm_us < 0 || receive < comm_us) comm_us = receive;
+    rss = std::max(rss, (*result)["peak_rss_bytes"].get<int64_t>());
+    threads.push_back((*result)["threads"]);
+  }
+  const schedule::Schedule lowered =
+      schedule::lower(schedule::make_schedule(c.schedule, c.stages, c.chunks, c.virtual_stages));
+  json row = to_json(c);
+  row["step_seconds"] = median(seconds);
+  row["step_seconds_all"] = seconds;
+  row["steps"] = static_cast<int>(seconds.size());
+  row["threads"] = {{"ranks", c.stages}, {"per_rank", threads[0]}};
+  row["comm_seconds"] = std::max(0.0, comm_us) * 1e-6;
+  const double simulated = simulated_seconds(lowered, durations_us, std::max(0.0, comm_us));
+  row["simulated_seconds"] = simulated;
+  row["efficiency"] = simulated / median(seconds);
+  row["peak_stashed_bytes"] = json::array();  // DistributedPipe exposes no stage accounting
+  row["peak_rss_bytes"] = rss;
+  return row;
+}
+
+// ---- the parent: children, ratios, checks, output -----------------------------------------------
+
+std::string self_executable() {
+  char path[4096];
+  const ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
+  if (n <= 0) throw std::runtime_error("bench: cannot read /proc/self/exe to re-run itself");
+  path[n] = '\0';
+  // A rebuild while the bench runs replaces the binary: run the new file at the same path.
+  std::string executable = path;
+  const std::string deleted = " (deleted)";
+  if (executable.size() > deleted.size() &&
+      executable.compare(executable.size() - deleted.size(), deleted.size(), deleted) == 0) {
+    executable.resize(executable.size() - deleted.size());
+  }
+  return executable;
+}
+
+bool file_exists(const std::string& path) {
+  return std::ifstream(path).good();
+}
+
+std::string find_python_script(const BenchArgs& a) {
+  if (!a.python_script.empty()) return a.python_script;
+  std::vector<std::string> candidates;
+#ifdef PIPETRAIN_SOURCE_DIR
+  candidates.push_back(std::string(PIPETRAIN_SOURCE_DIR) + "/bench/python_pipe.py");
+#endif
+  const std::string exe = self_executable();
+  const std::string dir = exe.substr(0, exe.rfind('/'));
+  candidates.push_back(dir + "/../bench/python_pipe.py");  // build/pipetrain in the source tree
+  candidates.push_back(dir + "/bench/python_pipe.py");
+  for (const auto& c : candidates) {
+    if (file_exists(c)) return c;
+  }
+  return candidates.back();
+}
+
+struct ChildOutput {
+  int exit_code = -1;
+  bool timed_out = false;
+  std::string out;
+};
+
+// Runs argv[0] with argv, stdout captured, stderr passed through; kills it after `timeout` s.
+ChildOutput run_child(const std::vector<std::string>& argv, double timeout) {
+  int fds[2];
+  if (pipe(fds) != 0)
+    throw std::runtime_error("bench: pipe() failed: " + std::string(strerror(errno)));
+  const pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error("bench: fork() failed: " + std::string(strerror(errno)));
+  if (pid == 0) {
+    dup2(fds[1], STDOUT_FILENO);
+    close(fds[0]);
+    close(fds[1]);
+    std::vector<char*> args;
+    for (const auto& s : argv) args.push_back(const_cast<char*>(s.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    std::fprintf(stderr, "bench: cannot run %s: %s\n", args[0], strerror(errno));
+    _exit(127);
+  }
+  close(fds[1]);
+  ChildOutput result;
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(static_cast<int64_t>(timeout * 1e3));
+  char buffer[4096];
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          deadline - std::chrono::steady_clock::now())
+                          .count();
+    if (left <= 0) {
+      result.timed_out = true;
+      kill(pid, SIGKILL);
+      break;
+    }
+    struct pollfd p {
+      fds[0], POLLIN, 0
+    };
+    const int ready = poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 1000)));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) continue;
+    const ssize_t n = read(fds[0], buffer, sizeof buffer);
+    if (n <= 0) break;
+    result.out.append(buffer, static_cast<size_t>(n));
+  }
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return result;
+}
+
+// The last line of `out` that parses as a JSON object (after the result prefix, if any).
+std::optional<json> last_json_line(const std::string& out) {
+  std::istringstream lines(out);
+  std::string line;
+  std::optional<json> found;
+  while (std::getline(lines, line)) {
+    if (line.rfind(kResultPrefix, 0) == 0) line = line.substr(std::strlen(kResultPrefix));
+    if (line.empty() || line[0] != '{') continue;
+    try {
+      found = json::parse(line);
+    } catch (const json::exception&) {
+    }
+  }
+  return found;
+}
+
+std::vector<std::string> common_child_flags(const BenchArgs& a) {
+  return {"--suite",   a.suite,
+          "--width",   std::to_string(a.width),
+          "--batch",   std::to_string(a.batch),
+          "--threads", std::to_string(a.threads),
+          "--steps",   std::to_string(a.steps),
+          "--warmup",  std::to_string(a.warmup)};
+}
+
+// The flags that describe configuration `c` to a child (`bench --one` or a rank).
+std::vector<std::string> config_flags(const BenchArgs& a, const Config& c) {
+  std::vector<std::string> flags = {"--runtime",    c.runtime,
+                                    "--schedule",   c.schedule,
+                                    "--stages",     std::to_string(c.stages),
+                                    "--virtual",    std::to_string(c.virtual_stages),
+                                    "--chunks",     std::to_string(c.chunks),
+                                    "--checkpoint", c.checkpoint};
+  for (const auto& flag : common_child_flags(a)) flags.push_back(flag);
+  return flags;
+}
+
+json run_config(const BenchArgs& a, const Config& c, const std::string& python_script) {
+  std::vector<std::string> argv;
+  if (c.runtime == "python-pipe") {
+    argv = {a.python,       python_script,
+            "--stages",     std::to_string(c.stages),
+            "--chunks",     std::to_string(c.chunks),
+            "--checkpoint", c.checkpoint};
+    for (const auto& flag : common_child_flags(a)) argv.push_back(flag);
+  } else {
+    argv = {self_executable(), "bench", "--one"};
+    for (const auto& flag : config_flags(a, c)) argv.push_back(flag);
+    if (!a.timeline_dir.empty() && c.purpose == "main" && c.stages > 1 &&
+        c.runtime == "inprocess") {
+      argv.push_back("--timeline-dir");
+      argv.push_back(a.timeline_dir);
+    }
+  }
+  const ChildOutput out = run_child(argv, a.config_timeout);
+  json row = to_json(c);
+  if (out.timed_out) {
+    row["error"] = "timed out after " + std::to_string(a.config_timeout) + " s (--config-timeout)";
+    return row;
+  }
+  auto parsed = last_json_line(out.out);
+  if (out.exit_code != 0 || !parsed) {
+    row["error"] = "exit code " + std::to_string(out.exit_code) +
+                   (parsed ? "" : ", no result line") + " (its stderr is above)";
+    return row;
+  }
+  json merged = *parsed;
+  for (auto& [key, value] : row.items()) {
+    if (!merged.contains(key)) merged[key] = value;
+  }
+  merged["purpose"] = c.purpose;
+  if (c.runtime == "python-pipe") {
+    merged["threads"] = {{"ranks", 1}, {"per_rank", a.threads}};
+    merged["peak_stashed_bytes"] = json::array();  // Python's Pipe does not account its stash
+  }
+  return merged;
+}
+
+bool ok(const json& row) {
+  return !row.contains("error") && row.contains("step_seconds");
+}
+
+const json* find_row(const json& rows, const std::function<bool(const json&)>& match) {
+  for (const json& row : rows) {
+    if (ok(row) && match(row)) return &row;
+  }
+  return nullptr;
+}
+
+void add_ratios(json& rows) {
+  const json* libtorch = find_row(rows, [](const json& r) { return r["runtime"] == "libtorch"; });
+  for (json& row : rows) {
+    if (!ok(row)) continue;
+    if (libtorch)
+      row["ratio_vs_libtorch"] =
+          row["step_seconds"].get<double>() / (*libtorch)["step_seconds"].get<double>();
+    if (row["runtime"] == "python-pipe") continue;
+    // The Python peer with the same stages and chunks; the same checkpoint mode preferred.
+    auto same = [&](const json& r, bool checkpoint) {
+      return r["runtime"] == "python-pipe" && r["stages"] == row["stages"] &&
+             r["chunks"] == row["chunks"] && (!checkpoint || r["checkpoint"] == row["checkpoint"]);
+    };
+    const json* python = find_row(rows, [&](const json& r) { return same(r, true); });
+    if (!python) python = find_row(rows, [&](const json& r) { return same(r, false); });
+    if (python && row["virtual_stages"] == 1) {
+      row["ratio_vs_python"] =
+          row["step_seconds"].get<double>() / (*python)["step_seconds"].get<double>();
+      row["python_checkpoint"] = (*python)["checkpoint"];
+    }
+  }
+}
+
+json make_check(const std::string& name, const std::string& target_text,
+                std::optional<double> measured, double target, bool at_least,
+                const std::string& detail) {
+  json check = {{"name", name},
+                {"target", target_text},
+                {"target_value", target},
+                {"comparison", at_least ? ">=" : "<="},
+                {"detail", detail}};
+  if (measured) {
+    check["measured"] = *measured;
+    check["pass"] = at_least ? *measured >= target : *measured <= target;
+  } else {
+    check["measured"] = nullptr;
+    check["pass"] = nullptr;  // not measured in this run
+  }
+  return check;
+}
+
+json evaluate_checks(const BenchArgs& a, const json& rows) {
+  json checks = json::array();
+  const int K = a.stages;
+  const int M = a.chunks;
+  auto inprocess = [&](const std::string& schedule, int stages, int chunks,
+                       const std::string& checkpoint) {
+    return find_row(rows, [&](const json& r) {
+      return r["runtime"] == "inprocess" && r["schedule"] == schedule && r["stages"] == stages &&
+             r["chunks"] == chunks && r["checkpoint"] == checkpoint && r["virtual_stages"] == 1;
+    });
+  };
+  {  // [1] in-process vs Python's Pipe, same partitions and chunks
+    const json* ours = inprocess("gpipe", K, M, a.checkpoint);
+    std::optional<double> speedup;
+    std::string detail = "python-pipe row missing (--no-python or it failed)";
+    if (ours && ours->contains("ratio_vs_python")) {
+      speedup = 1.0 / (*ours)["ratio_vs_python"].get<double>();
+      detail = "python-pipe step time / inprocess gpipe step time, K=" + std::to_string(K) +
+               " M=" + std::to_string(M) + ", checkpoint " + a.checkpoint + " (python " +
+               (*ours)["python_checkpoint"].get<std::string>() + ")";
+    }
+    checks.push_back(make_check("inprocess_vs_python_speedup", ">= 1.5x faster than Python's Pipe",
+                                speedup, 1.5, true, detail));
+  }
+  {  // [2] one stage, one chunk vs plain LibTorch
+    const json* ours = inprocess("gpipe", 1, 1, "never");
+    std::optional<double> ratio;
+    if (ours && ours->contains("ratio_vs_libtorch"))
+      ratio = (*ours)["ratio_vs_libtorch"].get<double>();
+    checks.push_back(make_check("one_stage_overhead_vs_libtorch", "<= 1.03 x plain LibTorch", ratio,
+                                1.03, false, "inprocess K=1 M=1 step time / libtorch step time"));
+  }
+  {  // [3] multi-process 1F1B efficiency
+    const json* row = find_row(rows, [&](const json& r) {
+      return r["runtime"] == "multiprocess" && r["schedule"] == "1f1b" && r["stages"] == K &&
+             r["chunks"] == M;
+    });
+    std::optional<double> efficiency;
+    std::string detail = "multiprocess rows not run (--no-multiprocess, K = 1, or they failed)";
+    if (row && row->contains("efficiency")) {
+      efficiency = (*row)["efficiency"].get<double>();
+      detail = "simulated makespan (measured costs, comm = shortest receive) / measured step, K=" +
+               std::to_string(K) + " M=" + std::to_string(M);
+    }
+    checks.push_back(make_check("multiprocess_1f1b_efficiency", ">= 0.87 (2 ranks, 1f1b, M=8)",
+                                efficiency, 0.87, true, detail));
+  }
+  for (int m : {M, 2 * M}) {  // [4] 1F1B's stash bound
+    const json* gpipe = inprocess("gpipe", K, m, "never");
+    const json* ofob = inprocess("1f1b", K, m, "never");
+    std::optional<double> fraction;
+    if (gpipe && ofob && !(*gpipe)["peak_stashed_bytes"].empty() &&
+        (*gpipe)["peak_stashed_bytes"][0].get<double>() > 0) {
+      fraction = (*ofob)["peak_stashed_bytes"][0].get<double>() /
+                 (*gpipe)["peak_stashed_bytes"][0].get<double>();
+    }
+    const double bound = static_cast<double>(K) / m + 0.05;
+    std::ostringstream target;
+    target << "<= K/M + 0.05 = " << bound << " of gpipe's";
+    checks.push_back(make_check("1f1b_stage0_stash_fraction_M" + std::to_string(m), target.str(),
+                                fraction, bound, false,
+                                "1f1b / gpipe peak stashed bytes on stage 0, checkpoint never"));
+  }
+  {  // [5] except_last checkpointing
+    const json* never = inprocess("gpipe", K, M, "never");
+    const json* except_last = inprocess("gpipe", K, M, "except_last");
+    std::optional<double> cut;
+    if (never && except_last && !(*never)["peak_stashed_bytes"].empty() &&
+        (*never)["peak_stashed_bytes"][0].get<double>() > 0) {
+      cut = 1.0 - (*except_last)["peak_stashed_bytes"][0].get<double>() /
+                      (*never)["peak_stashed_bytes"][0].get<double>();
+    }
+    checks.push_back(make_check("except_last_stash_cut", ">= 50% less than checkpoint never", cut,
+                                0.5, true,
+                                "1 - gpipe except_last / gpipe never peak stashed bytes, stage 0"));
+  }
+  return checks;
+}
+
+std::string load_average() {
+  std::ifstream in("/proc/loadavg");
+  std::string one, five, fifteen;
+  in >> one >> five >> fifteen;
+  return one + " " + five + " " + fifteen;
+}
+
+std::string format_bytes(double bytes) {
+  char text[32];
+  if (bytes >= 1 << 20) {
+    std::snprintf(text, sizeof text, "%.1fM", bytes / (1 << 20));
+  } else {
+    std::snprintf(text, sizeof text, "%.0fK", bytes / 1024);
+  }
+  return text;
+}
+
+std::string number(const json& row, const char* key, const char* format) {
+  if (!row.contains(key) || !row[key].is_number()) return "-";
+  char text[32];
+  std::snprintf(text, sizeof text, format, row[key].get<double>());
+  return text;
+}
+
+void print_text(const json& report) {
+  std::printf(
+      "pipetrain bench --suite %s: %s, batch %d, %d threads, median of %d steps after %d "
+      "warm-up; load average %s -> %s\n",
+      report["suite"].get<std::string>().c_str(), report["model"].get<std::string>().c_str(),
+      report["batch"].get<int>(), report["threads"].get<int>(), report["steps"].get<int>(),
+      report["warmup"].get<int>(), report["load_average_start"].get<std::string>().c_str(),
+      report["load_average_end"].get<std::string>().c_str());
+  std::printf("%-22s %-16s %2s %2s %3s %-11s %9s %7s %7s %6s %8s  %s\n", "runtime", "schedule", "K",
+              "V", "M", "checkpoint", "step ms", "/torch", "/python", "eff", "rss",
+              "peak stash/stage");
+  for (const json& row : report["configs"]) {
+    std::string stash;
+    if (row.contains("peak_stashed_bytes")) {
+      for (const json& b : row["peak_stashed_bytes"]) {
+        stash += (stash.empty() ? "" : " ") + format_bytes(b.get<double>());
+      }
+    }
+    if (row.contains("error")) stash = "ERROR: " + row["error"].get<std::string>();
+    const double ms = row.contains("step_seconds") ? row["step_seconds"].get<double>() * 1e3 : 0;
+    std::printf(
+        "%-22s %-16s %2d %2d %3d %-11s %9.1f %7s %7s %6s %8s  %s\n",
+        row["runtime"].get<std::string>().c_str(), row["schedule"].get<std::string>().c_str(),
+        row["stages"].get<int>(), row["virtual_stages"].get<int>(), row["chunks"].get<int>(),
+        row["checkpoint"].get<std::string>().c_str(), ms,
+        number(row, "ratio_vs_libtorch", "%.3f").c_str(),
+        number(row, "ratio_vs_python", "%.3f").c_str(), number(row, "efficiency", "%.2f").c_str(),
+        row.contains("peak_rss_bytes") ? format_bytes(row["peak_rss_bytes"].get<double>()).c_str()
+                                       : "-",
+        stash.c_str());
+  }
+  std::printf("\nchecks (targets of issue #7, evaluated on this run):\n");
+  for (const json& check : report["checks"]) {
+    const char* verdict = check["pass"].is_null()     ? "NOT RUN"
+                          : check["pass"].get<bool>() ? "PASS"
+                                                      : "FAIL";
+    std::printf("  %-7s %-34s measured %-8s target %s\n           %s\n", verdict,
+                check["name"].get<std::string>().c_str(),
+                check["measured"].is_null() ? "-" : number(check, "measured", "%.3f").c_str(),
+                check["target"].get<std::string>().c_str(),
+                check["detail"].get<std::string>().c_str());
+  }
+  for (const json& note : report["notes"])
+    std::printf("note: %s\n", note.get<std::string>().c_str());
+}
+
+int run_bench(BenchArgs a) {
+  resolve_defaults(a);
+  if (a.rank_worker) {
+    const Config c{a.runtime, a.schedule,   a.stages, a.virtual_stages,
+                   a.chunks,  a.checkpoint, "main"};
+    return run_rank(a, c);
+  }
+  if (a.one) {
+    const Config c{a.runtime, a.schedule,   a.stages, a.virtual_stages,
+                   a.chunks,  a.checkpoint, "main"};
+    const json result = run_one(a, c);
+    std::cout << kResultPrefix << result.dump() << std::endl;
+    return 0;
+  }
+  const std::string python_script = find_python_script(a);
+  if (!a.no_python && !file_exists(python_script)) {
+    throw UsageError("the Python peer script " + python_script +
+                     " does not exist; pass --python-script PATH or --no-python");
+  }
+  const std::vector<Config> configs = plan_configs(a);
+  json report;
+  report["suite"] = a.suite;
+  report["model"] = a.suite == "mlp" ? "8 x (Linear(" + std::to_string(a.width) + ") + ReLU), MSE"
+                                     : "examples cnn (width " + std::to_string(a.width) +
+                                           ", 1 block), cross-entropy";
+  report["batch"] = a.batch;
+  report["threads"] = a.threads;
+  report["steps"] = a.steps;
+  report["warmup"] = a.warmup;
+  report["hardware_threads"] = std::thread::hardware_concurrency();
+  report["load_average_start"] = load_average();
+  json rows = json::array();
+  for (size_t n = 0; n < configs.size(); ++n) {
+    const Config& c = configs[n];
+    std::cerr << "bench: [" << n + 1 << "/" << configs.size() << "] " << c.label() << " ..."
+              << std::endl;
+    json row = run_config(a, c, python_script);
+    if (ok(row)) {
+      std::cerr << "bench:   " << row["step_seconds"].get<double>() * 1e3 << " ms/step"
+                << std::endl;
+    } else {
+      std::cerr << "bench:   failed: " << row["error"].get<std::string>() << std::endl;
+    }
+    rows.push_back(row);
+  }
+  add_ratios(rows);
+  report["configs"] = rows;
+  report["checks"] = evaluate_checks(a, rows);
+  report["load_average_end"] = load_average();
+  json notes = json::array();
+  notes.push_back(
+      "multiprocess rows: peak_stashed_bytes is empty (DistributedPipe exposes no per-stage "
+      "accounting); peak_rss_bytes is the largest rank's");
+  notes.push_back("ratios are step time / baseline step time (< 1: faster than the baseline)");
+  notes.push_back("threads: libtorch rows " + std::to_string(a.threads) +
+                  " intra-op threads; inprocess rows K workers x max(1, T/K); python-pipe "
+                  "torch.set_num_threads(T), its CPU partitions share one worker thread");
+  if (a.suite == "cnn") {
+    notes.push_back("cnn: pipelined rows use DeferredBatchNorm (python: deferred_batch_norm=True)");
+  }
+  report["notes"] = notes;
+  if (a.json_output) {
+    std::cout << report.dump(2) << std::endl;
+  } else {
+    print_text(report);
+  }
+  const bool any_error =
+      std::any_of(rows.begin(), rows.end(), [](const json& r) { return !ok(r); });
+  return any_error ? 1 : 0;
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app, int& exit_code) {
+  auto args = std::make_shared<BenchArgs>();
+  auto* c = app.add_subcommand(
+      "bench", "pipetrain vs plain LibTorch vs Python's Pipe on one model (docs/BENCHMARKS.md)");
+  c->add_option("--suite", args->suite,
+                "model suite: mlp (8 x Linear+ReLU) or cnn (examples' CNN)");
+  c->add_flag("--json", args->json_output, "print one JSON object instead of a table");
+  c->add_option("--steps", args->steps, "timed steps per configuration (median reported)");
+  c->add_option("--warmup", args->warmup, "untimed steps before timing");
+  c->add_option("--threads", args->threads, "total intra-op threads T (0: hardware threads)");
+  c->add_option("--stages", args->stages, "pipeline ranks K of the pipelined rows");
+  c->add_option("--chunks", args->chunks, "micro-batches M of the main rows (memory rows: M, 2M)");
+  c->add_option("--checkpoint", args->checkpoint, "checkpoint mode of the main pipelined rows");
+  c->add_option("--width", args->width, "mlp features / cnn channels (0: 1024 / 32)");
+  c->add_option("--batch", args->batch, "mini-batch rows (0: mlp 256, cnn 128)");
+  c->add_flag("--no-python", args->no_python, "skip the Python Pipe rows");
+  c->add_flag("--no-memory", args->no_memory, "skip the checkpoint/memory comparison rows");
+  c->add_flag("--quick", args->quick, "small model and batch (for smoke tests)");
+  c->add_option("--python", args->python, "Python interpreter with torch");
+  c->add_option("--python-script", args->python_script, "path of bench/python_pipe.py");
+  c->add_option("--timeline-dir", args->timeline_dir,
+                "write measured SVG timelines of the pipelined main rows here");
+  c->add_option("--config-timeout", args->config_timeout, "seconds one configuration may take");
+  // The child mode: one configuration, one JSON result line.
+  c->add_flag("--no-multiprocess", args->no_multiprocess, "skip the multi-process rows");
+  c->add_flag("--one", args->one)->group("");
+  c->add_flag("--rank-worker", args->rank_worker)->group("");
+  c->add_option("--runtime", args->runtime)->group("");
+  c->add_option("--schedule", args->schedule)->group("");
+  c->add_option("--virtual", args->virtual_stages)->group("");
+  c->callback([args, &exit_code] { exit_code = run_bench(*args); });
+}
+
+}  // namespace pipetrain::cli

@@ -1,0 +1,173 @@
+// `pipetrain bench` end to end with tiny sizes: the JSON contract (fields present, positive and
+// consistent with one another). Timing targets are never asserted here: they are what the bench
+// measures, and a loaded test machine would make them flaky.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+
+namespace {
+
+using nlohmann::json;
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string out;  // stdout only; progress lines go to stderr
+};
+
+CommandResult run_bench(const std::string& arguments) {
+  const std::string command =
+      std::string(PIPETRAIN_BINARY_DIR) + "/pipetrain bench " + arguments + " 2>/dev/null";
+  CommandResult run;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (!pipe) return run;
+  std::array<char, 4096> buffer;
+  std::size_t n;
+  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) run.out.append(buffer.data(), n);
+  const int status = pclose(pipe);
+  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return run;
+}
+
+const json* find(const json& configs, const std::string& runtime, const std::string& schedule,
+                 int stages, int chunks, const std::string& checkpoint) {
+  for (const json& row : configs) {
+    if (row["runtime"] == runtime && row["schedule"] == schedule && row["stages"] == stages &&
+        row["chunks"] == chunks && row["checkpoint"] == checkpoint && row["virtual_stages"] == 1) {
+      return &row;
+    }
+  }
+  return nullptr;
+}
+
+// One tiny run shared by the tests below (each configuration is a child process).
+const json& tiny_report() {
+  static const json report = [] {
+    const CommandResult run = run_bench(
+        "--suite mlp --width 32 --batch 16 --chunks 4 --steps 1 --warmup 0 --threads 2 "
+        "--no-python --json");
+    EXPECT_EQ(run.exit_code, 0) << run.out;
+    try {
+      return json::parse(run.out);
+    } catch (const json::exception& e) {
+      ADD_FAILURE() << "not one JSON object: " << e.what() << "\n" << run.out;
+      return json::object();
+    }
+  }();
+  return report;
+}
+
+void JsonListsEveryRuntimeAndScheduleWithPositiveTimes() {
+  const json& report = tiny_report();
+  ASSERT_TRUE(report.contains("configs"));
+  std::set<std::string> runtimes;
+  std::set<std::string> schedules;
+  for (const json& row : report["configs"]) {
+    EXPECT_FALSE(row.contains("error")) << row.dump();
+    runtimes.insert(row["runtime"].get<std::string>());
+    if (row["runtime"] == "inprocess") schedules.insert(row["schedule"].get<std::string>());
+    EXPECT_GT(row["step_seconds"].get<double>(), 0) << row.dump();
+    EXPECT_GT(row["peak_rss_bytes"].get<int64_t>(), 0) << row.dump();
+    EXPECT_EQ(row["steps"], 1);
+    for (const char* key : {"schedule", "stages", "chunks", "checkpoint", "ratio_vs_libtorch",
+                            "peak_stashed_bytes"}) {
+      EXPECT_TRUE(row.contains(key)) << key << " missing in " << row.dump();
+    }
+  }
+  EXPECT_EQ(runtimes, (std::set<std::string>{"libtorch", "libtorch-microbatched", "inprocess",
+                                             "multiprocess"}));
+  EXPECT_EQ(schedules, (std::set<std::string>{"gpipe", "1f1b", "interleaved-1f1b", "zb-h1"}));
+}
+
+void RatioVsLibtorchIsTheQuotientOfTheRowsStepTimes() {
+  const json& configs = tiny_report()["configs"];
+  const json* libtorch = find(configs, "libtorch", "none", 1, 1, "never");
+  const json* one_stage = find(configs, "inprocess", "gpipe", 1, 1, "never");
+  ASSERT_NE(libtorch, nullptr);
+  ASSERT_NE(one_stage, nullptr);
+  EXPECT_DOUBLE_EQ((*libtorch)["ratio_vs_libtorch"].get<double>(), 1.0);
+  EXPECT_NEAR(
+      (*one_stage)["ratio_vs_libtorch"].get<double>(),
+      (*one_stage)["step_seconds"].get<double>() / (*libtorch)["step_seconds"].get<double>(),
+      1e-12);
+}
+
+void PipelinedRowsHaveAnEfficiencyAndOneStashFigurePerStage() {
+  for (const json& row : tiny_report()["configs"]) {
+    if (row["runtime"] != "inprocess" && row["runtime"] != "multiprocess") continue;
+    if (row["runtime"] == "inprocess") {
+      const int stages = row["stages"].get<int>() * row["virtual_stages"].get<int>();
+      EXPECT_EQ(row["peak_stashed_bytes"].size(), static_cast<size_t>(stages)) << row.dump();
+    }
+    EXPECT_GT(row["efficiency"].get<double>(), 0) << row.dump();
+    // The simulated makespan only counts compute, a sub-interval of the measured step.
+    EXPECT_LE(row["simulated_seconds"].get<double>(), row["step_seconds"].get<double>() * 1.5)
+        << row.dump();
+  }
+}
+
+void GpipeWithoutCheckpointsStashesEveryMicrobatchOnStageZero() {
+  const json& configs = tiny_report()["configs"];
+  // GPipe runs every forward before any backward: all M micro-batches are held at once.
+  for (int chunks : {4, 8}) {
+    const json* gpipe = find(configs, "inprocess", "gpipe", 2, chunks, "never");
+    ASSERT_NE(gpipe, nullptr) << "M=" << chunks;
+    EXPECT_EQ((*gpipe)["peak_stashed_microbatches"][0], chunks);
+    EXPECT_GT((*gpipe)["peak_stashed_bytes"][0].get<int64_t>(), 0);
+  }
+}
+
+void ChecksCarryMeasuredValueTargetAndVerdict() {
+  const json& report = tiny_report();
+  ASSERT_TRUE(report.contains("checks"));
+  EXPECT_GE(report["checks"].size(), 5u);
+  for (const json& check : report["checks"]) {
+    EXPECT_TRUE(check.contains("name") && check.contains("target") && check.contains("pass"))
+        << check.dump();
+    if (check["pass"].is_null()) {
+      EXPECT_TRUE(check["measured"].is_null()) << check.dump();  // not run: no figure invented
+    } else {
+      const double measured = check["measured"].get<double>();
+      const double target = check["target_value"].get<double>();
+      const bool at_least = check["comparison"] == ">=";
+      EXPECT_TRUE(at_least || check["comparison"] == "<=") << check.dump();
+      EXPECT_EQ(check["pass"].get<bool>(), at_least ? measured >= target : measured <= target)
+          << check.dump();
+    }
+  }
+}
+
+// One test for the whole tiny run: ctest runs every TEST in its own process, and each would
+// repeat the run (about 20 child processes).
+TEST(BenchCli, TinyRunPrintsOneConsistentJsonObject) {
+  {
+    SCOPED_TRACE("every runtime and schedule, positive times");
+    JsonListsEveryRuntimeAndScheduleWithPositiveTimes();
+  }
+  {
+    SCOPED_TRACE("ratio vs libtorch is the quotient of the rows");
+    RatioVsLibtorchIsTheQuotientOfTheRowsStepTimes();
+  }
+  {
+    SCOPED_TRACE("pipelined rows: efficiency and one stash figure per stage");
+    PipelinedRowsHaveAnEfficiencyAndOneStashFigurePerStage();
+  }
+  {
+    SCOPED_TRACE("gpipe without checkpoints stashes every micro-batch on stage 0");
+    GpipeWithoutCheckpointsStashesEveryMicrobatchOnStageZero();
+  }
+  {
+    SCOPED_TRACE("checks carry measured value, target and verdict");
+    ChecksCarryMeasuredValueTargetAndVerdict();
+  }
+}
+
+TEST(BenchCli, UnknownSuiteIsAUsageError) {
+  EXPECT_EQ(run_bench("--suite nonsense --no-python").exit_code, 2);
+}
+
+}  // namespace
