@@ -1,0 +1,89 @@
+// Interpreter: runs one rank's action list of a schedule against its stages and a Transport.
+// The only executor of schedules in pipetrain: gpipe, 1f1b, interleaved-1f1b, zb-h1 and custom
+// schedules all run through run(); there is no per-schedule code anywhere in the runtime.
+//
+//   F(j,i)   input: the micro-batch (j = 0) or the activation RF delivered; output kept for SF,
+//            or, on the last stage, turned into the weighted loss (training) / kept (inference)
+//   B(j,i)   full backward with the gradient RB delivered (the loss on the last stage); the
+//            input gradient is kept for SB.   I(j,i): the same, input gradient only.
+//   W(j,i)   weight gradients of an earlier I.
+//   SF/SB    send through the transport; RF/RB receive (blocking). When both stages of a message
+//            run on this rank the message is handed over locally, without the transport.
+// A schedule without communication actions (compute-only) is run with implicit receives before
+// F/B/I and sends after them.
+//
+// Used per rank: the in-process Pipe runs one Interpreter per worker thread with a
+// LocalTransport; a multi-process launcher runs one per process with a c10d transport.
+//
+// Errors: any failure is rethrown as a StepError naming the rank, the action, the stage and the
+// micro-batch, with the original message. `cancel` is polled between actions: when another rank
+// failed, run() stops early with a StepError saying so.
+//
+// Thread-safety: an Interpreter is used by one thread. Different ranks' interpreters share only
+// the Transport (thread-safe) and read-only StepData.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "pipetrain/runtime/step.h"
+#include "pipetrain/schedule/schedule.h"
+#include "pipetrain/stage/stage.h"
+#include "pipetrain/transport/transport.h"
+
+namespace pipetrain {
+
+// A failure of one action of one rank, or of the whole step (rank/stage/microbatch = -1).
+class StepError : public std::runtime_error {
+ public:
+  StepError(const std::string& message, int rank, int stage, int microbatch, bool cancelled)
+      : std::runtime_error(message),
+        rank(rank),
+        stage(stage),
+        microbatch(microbatch),
+        cancelled(cancelled) {}
+  int rank;
+  int stage;
+  int microbatch;
+  bool cancelled;  // stopped because another rank failed first
+};
+
+class Interpreter {
+ public:
+  // `stages[j]` for every stage j placed on `rank` by the schedule.
+  // REQUIRES: the schedule passed validate(); the stages outlive the interpreter.
+  Interpreter(int rank, const schedule::Schedule& schedule, std::map<int, Stage*> stages,
+              Transport& transport);
+
+  // Runs the rank's actions once. Throws StepError (see above).
+  void run(const StepData& data, RankResult& result, const std::atomic<bool>* cancel = nullptr);
+
+  // (stage, micro-batch) pairs whose backward this rank runs as I + W.
+  const std::set<std::pair<int, int>>& split_backward() const { return split_; }
+
+ private:
+  void execute(const schedule::Action& action, const StepData& data, RankResult& result);
+  Bundle take(std::map<std::pair<int, int>, Bundle>& box, int j, int i, const char* what);
+  void send_activation(int j, int i);
+  void send_gradient(int j, int i);
+  Bundle receive_activation(int j, int i);
+  Bundle receive_gradient(int j, int i);
+  bool local(int stage) const;
+
+  int rank_;
+  const schedule::Schedule& schedule_;
+  std::map<int, Stage*> stages_;
+  Transport& transport_;
+  bool lowered_;
+  std::set<std::pair<int, int>> split_;
+  // Messages between actions of this rank, by (stage, micro-batch).
+  std::map<std::pair<int, int>, Bundle> activations_in_, activations_out_;
+  std::map<std::pair<int, int>, Bundle> gradients_in_, gradients_out_;
+};
+
+}  // namespace pipetrain

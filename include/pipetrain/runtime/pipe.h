@@ -1,0 +1,148 @@
+// Pipe: in-process pipeline-parallel training of a torch::nn::Sequential (the torchgpipe shape).
+//
+// The Sequential is cut into S stages (`balance` layers each); stage j lives on the device of the
+// rank that runs it. Each mini-batch is cut into micro-batches (stage/microbatch.h) and a schedule
+// (gpipe, 1f1b, interleaved-1f1b, zb-h1, or a custom one) says which stage runs which forward or
+// backward when. One long-lived worker thread per rank runs the shared Interpreter
+// (runtime/interpreter.h) over a LocalTransport. docs/RUNTIME.md draws the whole picture.
+//
+// Parameters: the Sequential's layers are registered as this module's children under their own
+// names, so pipe->named_parameters() has exactly the Sequential's names ("0.weight", ...),
+// and parameters(), torch::save/load, zero_grad(), train()/eval() work as for any module. The
+// Pipe shares the layers with the Sequential it was given (no copy); clone() deep-copies.
+//
+// Transparency: with the same initial weights and data, the gradients of train_step() equal
+// those of sequential training on the whole mini-batch with a mean-reduced loss (within float
+// rounding), for every schedule, balance, micro-batch count and checkpoint mode.
+//
+// Random numbers: each stage draws from its own CPU generator stream (stage/stage_rng.h),
+// seeded at construction from the default generator's seed (torch::manual_seed before building
+// the Pipe makes runs repeatable; manual_seed() reseeds). Training forwards of different stages
+// take turns on the default generator, so results do not depend on thread timing.
+//
+// Thread-safety: one step at a time. forward()/train_step() must not be called concurrently on
+// one Pipe; they block until every rank finished.
+//
+// Example:
+//   torch::nn::Sequential model(torch::nn::Linear(4, 8), torch::nn::ReLU(), torch::nn::Linear(8, 1));
+//   Pipe pipe(model, PipeOptions().stages(2).chunks(4).schedule("1f1b"));
+//   torch::optim::SGD sgd(pipe->parameters(), 0.1);
+//   sgd.zero_grad();
+//   torch::Tensor loss = pipe->train_step(x, y, [](const torch::Tensor& out, const torch::Tensor& t) {
+//     return torch::mse_loss(out, t);
+//   });
+//   sgd.step();
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <torch/nn/cloneable.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/pimpl.h>
+#include <torch/types.h>
+
+#include "pipetrain/runtime/step.h"
+#include "pipetrain/schedule/schedule.h"
+#include "pipetrain/stage/stage.h"
+
+namespace pipetrain {
+
+struct PipeOptions {
+  /// Layers per stage, in order; must sum to the number of layers. Empty (default): `stages`
+  /// stages as even as possible (the first L % S stages get one layer more).
+  TORCH_ARG(std::vector<int64_t>, balance) = {};
+  /// Number of stages S when `balance` is empty. With V virtual stages per rank there are
+  /// K = S / V ranks (worker threads, devices).
+  TORCH_ARG(int64_t, stages) = 1;
+  /// Micro-batches per mini-batch (a batch with fewer rows uses one per row).
+  TORCH_ARG(int64_t, chunks) = 1;
+  /// Any make_schedule() name (gpipe, 1f1b, interleaved-1f1b, zb-h1) or "custom".
+  TORCH_ARG(std::string, schedule) = "gpipe";
+  /// With schedule "custom": the schedule to run (compute-only or lowered; it is validated).
+  /// Its micro-batch count must equal `chunks`.
+  TORCH_ARG(std::optional<schedule::Schedule>, custom_schedule) = std::nullopt;
+  /// Stages per rank (interleaved-1f1b only); stage j runs on rank j % K.
+  TORCH_ARG(int64_t, virtual_stages) = 1;
+  /// Which micro-batches recompute their forward before backward instead of keeping activations.
+  TORCH_ARG(Checkpoint, checkpoint) = Checkpoint::kExceptLast;
+  /// One device per rank; empty: every rank on the CPU.
+  TORCH_ARG(std::vector<torch::Device>, devices) = {};
+  /// Intra-op threads of each worker (at::set_num_threads on the worker). 0: the worker uses
+  /// the thread count of the thread that built the Pipe.
+  TORCH_ARG(int64_t, threads_per_stage) = 0;
+  /// How long a receive waits for its message before failing (a hang is never silent).
+  TORCH_ARG(double, timeout_seconds) = 300.0;
+};
+
+class PipeImpl : public torch::nn::Cloneable<PipeImpl> {
+ public:
+  // Throws c10::Error naming the bad value for: balance not summing to the layer count or with a
+  // non-positive entry, more stages than layers, stages not divisible by virtual_stages, devices
+  // list length != ranks, chunks < 1, virtual_stages < 1, an unknown schedule (listing the valid
+  // ones), a custom schedule that does not fit or does not validate.
+  PipeImpl(torch::nn::Sequential model, PipeOptions options);
+  PipeImpl(const PipeImpl& other);  // deep copy of the layers (for clone()); no workers until reset()
+  // Takes over `other`'s layers and workers (used by Cloneable::clone_ when a Pipe is a child).
+  PipeImpl& operator=(PipeImpl&& other);
+  ~PipeImpl() override;
+
+  // (Re)builds stages, workers and the transport; registers the layers.
+  void reset() override;
+
+  // Inference: each micro-batch runs through the stages, pipelined over the workers, under
+  // NoGradGuard; nothing is stashed or checkpointed; train()/eval() is left as the user set it.
+  // Returns the last stage's output, micro-batches concatenated along dim 0, on the last rank's
+  // device.
+  torch::Tensor forward(torch::Tensor input);
+  std::vector<torch::Tensor> forward(std::vector<torch::Tensor> inputs);  // tuple in and out
+
+  // One training step: forward, loss (weighted by micro-batch rows / batch rows) and backward of
+  // every micro-batch by the schedule. Gradients accumulate into the parameters' .grad(); the
+  // caller zeroes them and runs the optimizer. Returns the mini-batch loss (the mean of the
+  // per-row losses), detached, on the last rank's device.
+  // Throws StepError (runtime/interpreter.h) naming stage, micro-batch, rank and the cause when
+  // any action fails; the Pipe is then ready for the next step.
+  // REQUIRES: target has as many rows (dim 0) as the input.
+  torch::Tensor train_step(torch::Tensor input, torch::Tensor target, const LossFn& loss_fn);
+  torch::Tensor train_step(std::vector<torch::Tensor> inputs, torch::Tensor target,
+                           const LossFn& loss_fn);
+
+  // The lowered training schedule of the last step (before any step: the one for `chunks`).
+  const schedule::Schedule& schedule() const;
+  const PipeOptions& options() const { return options_; }
+  torch::nn::Sequential sequential() const { return model_; }
+  int64_t num_stages() const;
+  int64_t num_ranks() const;
+  // Layers per stage as built.
+  const std::vector<int64_t>& balance() const { return balance_; }
+  // Device of stage j.
+  torch::Device stage_device(int64_t j) const;
+
+  // Per stage j, for the last step: peak stashed micro-batches and bytes, forwards run.
+  std::vector<StageAccounting> stage_accounting() const;
+  // Every action the last step ran: (rank, action, start, end) in microseconds from its start.
+  const std::vector<ActionEvent>& last_events() const;
+
+  // Restarts every stage's random stream from `seed` (stage j gets a seed derived from seed, j).
+  void manual_seed(uint64_t seed);
+
+ private:
+  struct Runtime;
+  const schedule::Schedule& training_schedule(int microbatches);
+  const schedule::Schedule& inference_schedule(int microbatches);
+  std::vector<RankResult> run_step(const schedule::Schedule& schedule, const StepData& data);
+  Runtime& runtime() const;
+
+  torch::nn::Sequential model_;
+  PipeOptions options_;
+  std::vector<int64_t> balance_;
+  std::unique_ptr<Runtime> runtime_;
+};
+
+TORCH_MODULE(Pipe);
+
+}  // namespace pipetrain

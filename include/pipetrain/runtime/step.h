@@ -1,0 +1,65 @@
+// What one training or inference step hands to the interpreter of every rank, and what each rank
+// hands back: micro-batches, targets, the loss, the checkpoint policy, measured events.
+//
+// Thread-safety: StepData is read concurrently by all ranks' workers and never written during a
+// step; each rank writes only its own RankResult.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "pipetrain/schedule/action.h"
+
+namespace pipetrain {
+
+// Which micro-batches keep only their stage inputs in the forward and recompute before backward.
+//   kAlways      every micro-batch
+//   kExceptLast  all but the last one (its backward follows its forward soonest, so recomputing
+//                it would save little memory and cost a forward) -- torchgpipe's default
+//   kNever       none: every activation is kept until its backward
+enum class Checkpoint { kAlways, kExceptLast, kNever };
+
+// "always", "except_last", "never". parse_checkpoint throws c10::Error naming the text and the
+// valid names.
+std::string to_string(Checkpoint mode);
+Checkpoint parse_checkpoint(const std::string& text);
+
+// True when micro-batch i of M is checkpointed under `mode`.
+bool is_checkpointed(Checkpoint mode, int i, int microbatches);
+
+// The loss of one micro-batch: mean-reduced over its rows (like torch::mse_loss's default).
+// The runtime weights it by rows(i) / rows(mini-batch) so gradients equal the full batch's.
+using LossFn =
+    std::function<torch::Tensor(const torch::Tensor& output, const torch::Tensor& target)>;
+
+struct StepData {
+  int num_microbatches = 0;                          // M
+  std::vector<std::vector<torch::Tensor>> inputs;    // [i]: stage 0's input tuple (rank of stage 0)
+  std::vector<torch::Tensor> targets;                // [i]: on the last stage's device (training)
+  std::vector<double> loss_weights;                  // [i]: rows(i) / rows(mini-batch)
+  const LossFn* loss_fn = nullptr;                   // training only
+  bool training = true;                              // false: inference (no stash, no grad)
+  Checkpoint checkpoint = Checkpoint::kNever;
+  std::chrono::steady_clock::time_point start;       // events are measured from here
+};
+
+// One executed action, for traces and timelines.
+struct ActionEvent {
+  int rank = 0;
+  schedule::Action action;
+  double start_us = 0;  // microseconds since StepData::start
+  double end_us = 0;
+};
+
+struct RankResult {
+  std::vector<torch::Tensor> losses;                // [i]: weighted, detached (last stage's rank)
+  std::vector<std::vector<torch::Tensor>> outputs;  // [i]: inference outputs (last stage's rank)
+  std::vector<ActionEvent> events;
+};
+
+}  // namespace pipetrain

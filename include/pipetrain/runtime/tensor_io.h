@@ -1,0 +1,33 @@
+// Tensor files shared with Python: read what `torch.save(tensor, f)` wrote, and write a name ->
+// tensor dict that `torch.load(f)` reads back as a Python dict (e.g. a model's parameters by their
+// named_parameters() names, ready for `model.load_state_dict(d, strict=False)`).
+//
+// Format: PyTorch's zip-based pickle archive (torch::pickle_load / torch::pickle_save), which
+// LibTorch and Python read alike.
+//
+// Thread-safety: free functions without shared state; two writers of the same path race only in
+// the final rename (the last one wins, neither leaves a partial file).
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/types.h>
+
+namespace pipetrain {
+
+// The tensor in the file at `path`, on the device it was saved from.
+// Throws c10::Error naming `path` when the file is missing or unreadable, is not a PyTorch
+// archive, or holds something other than one tensor (saying what it holds).
+torch::Tensor load_tensor(const std::string& path);
+
+// Writes {name: tensor} as a c10::Dict<std::string, at::Tensor>, keeping the order given. Tensors
+// are detached and copied to the CPU first (a file Python can read without a GPU).
+// Atomic: the bytes go to a temporary file in the same directory, which is fsync'ed and renamed
+// over `path`, so a reader never sees a partial file.
+// REQUIRES: names are unique. Throws c10::Error naming the path (and errno text) on failure.
+void save_named_tensors(const std::string& path,
+                        const std::vector<std::pair<std::string, torch::Tensor>>& tensors);
+
+}  // namespace pipetrain

@@ -1,0 +1,127 @@
+// Stage: a contiguous slice of a Sequential's layers on one device, and everything it keeps per
+// micro-batch between that micro-batch's forward and its backward.
+//
+// Per micro-batch i the stage stashes (see docs/RUNTIME.md, "Stash lifetime"):
+//   - its inputs, as autograd leaves (received activations and skips; float tensors require grad),
+//   - unless checkpointed: its outputs and the autograd graph between, and for a split backward
+//     (I then W) each layer's inputs and outputs,
+//   - when checkpointed: only the inputs and the RNG snapshot of the forward; the forward is
+//     replayed (recompute) right before the first backward action of i.
+// Everything of i is freed when its backward is complete: after B, or after W for a split one.
+//
+// Backward modes:
+//   B  backward(i, grads): one autograd pass; parameter gradients accumulate into .grad().
+//   I  backward_input(i, grads): input gradients only, layer by layer from the last, keeping each
+//      layer's output gradient g_l (autograd::grad(out_l, in_l, g_l, retain_graph)).
+//   W  backward_weight(i): parameter gradients only, per layer from the kept g_l
+//      (autograd::grad(out_l, params_l, g_l)), accumulated into .grad(). I + W compute exactly
+//      what B computes, nothing twice. A micro-batch whose backward will be split must be
+//      forwarded with `split_backward` (the per-layer record is made during the forward).
+//
+// Skips (stage/skip.h): a SkipContext per (stage, micro-batch) is installed around the forward
+// and the recompute. Names stashed and not popped by the end of the stage leave with the
+// outputs (Bundle::skip_names); received skips are leaves put into the context.
+//
+// Thread-safety: not thread-safe; one worker thread drives a stage during a step.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/nn/modules/container/any.h>
+#include <torch/types.h>
+
+#include "pipetrain/stage/stage_rng.h"
+#include "pipetrain/transport/transport.h"
+
+namespace pipetrain {
+
+// One layer of a stage: its name in the Sequential and the module.
+struct StageLayer {
+  std::string name;
+  torch::nn::AnyModule module;
+};
+
+// Turns the last stage's outputs into the micro-batch's loss, already weighted
+// (rows of i / rows of the mini-batch). Kept with the micro-batch so a recompute recomputes it.
+using LossHook = std::function<torch::Tensor(const std::vector<torch::Tensor>& outputs)>;
+
+struct StageForwardOptions {
+  bool checkpoint = false;      // keep only the inputs; recompute before the backward
+  bool split_backward = false;  // the backward of this micro-batch will be I + W
+  LossHook loss;                // set on the last stage in training; empty elsewhere
+};
+
+// Memory accounting of the stage since the last reset_accounting().
+struct StageAccounting {
+  int64_t peak_stashed_microbatches = 0;  // most micro-batches held at once
+  int64_t peak_stashed_bytes = 0;         // most bytes of kept activation tensors at once
+  int64_t microbatches = 0;               // forwards run
+};
+
+class Stage {
+ public:
+  // `first_layer` is the index of layers[0] in the whole model (for error messages).
+  // REQUIRES: !layers.empty(); the layers' parameters already live on `device`.
+  Stage(int index, int first_layer, std::vector<StageLayer> layers, torch::Device device,
+        uint64_t seed);
+  ~Stage();
+  Stage(const Stage&) = delete;
+  Stage& operator=(const Stage&) = delete;
+
+  int index() const { return index_; }
+  const torch::Device& device() const { return device_; }
+  const std::vector<StageLayer>& layers() const { return layers_; }
+
+  // Training forward of micro-batch i. Returns what to send to the next stage (outputs and the
+  // skips in flight). With options.loss, `loss_value` receives the detached weighted loss.
+  // REQUIRES: micro-batch i is not stashed already.
+  Bundle forward(int i, Bundle input, const StageForwardOptions& options,
+                 torch::Tensor* loss_value = nullptr);
+
+  // Inference forward: no grad, no stash, no checkpoint, the default RNG.
+  Bundle infer(Bundle input) const;
+
+  // B: full backward. `output_grads` matches the Bundle forward() returned (ignored on the last
+  // stage, whose root is the loss). Returns the gradients of the inputs, in the input Bundle's
+  // order (undefined where none). Frees micro-batch i.
+  Bundle backward(int i, const Bundle& output_grads);
+  // I: input gradients only; keeps what W needs.
+  Bundle backward_input(int i, const Bundle& output_grads);
+  // W: parameter gradients of micro-batch i (after its I). Frees micro-batch i.
+  void backward_weight(int i);
+
+  // Drops every stash (after a failed step).
+  void clear();
+  int64_t stashed_microbatches() const { return static_cast<int64_t>(stash_.size()); }
+
+  StageAccounting accounting() const { return accounting_; }
+  void reset_accounting();
+  StageRng& rng() { return rng_; }
+
+ private:
+  struct LayerRecord;
+  struct Microbatch;
+
+  void run_layers(Microbatch& state, bool record, bool recomputing) const;
+  void recompute_if_needed(int i, Microbatch& state);
+  Microbatch& stashed(int i, const char* action);
+  void release(int i);
+  int64_t stash_bytes(const Microbatch& state) const;
+  std::vector<torch::Tensor> make_leaves(const std::vector<torch::Tensor>& tensors) const;
+
+  int index_;
+  int first_layer_;
+  std::vector<StageLayer> layers_;
+  torch::Device device_;
+  StageRng rng_;
+  std::map<int, std::unique_ptr<Microbatch>> stash_;  // by micro-batch i
+  StageAccounting accounting_;
+  int64_t stashed_bytes_ = 0;
+};
+
+}  // namespace pipetrain

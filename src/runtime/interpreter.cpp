@@ -1,0 +1,197 @@
+// The single schedule interpreter (include/pipetrain/runtime/interpreter.h).
+#include "pipetrain/runtime/interpreter.h"
+
+#include <c10/util/Exception.h>
+#include <torch/torch.h>
+
+#include "pipetrain/schedule/lower.h"
+
+namespace pipetrain {
+namespace {
+
+using schedule::Op;
+
+std::string message_of(const std::exception& e) {
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) {
+    return c10_error->what_without_backtrace();
+  }
+  return e.what();
+}
+
+double micros_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+}  // namespace
+
+Interpreter::Interpreter(int rank, const schedule::Schedule& schedule,
+                         std::map<int, Stage*> stages, Transport& transport)
+    : rank_(rank),
+      schedule_(schedule),
+      stages_(std::move(stages)),
+      transport_(transport),
+      lowered_(schedule::is_lowered(schedule)) {
+  TORCH_CHECK(rank >= 0 && rank < schedule.num_ranks, "rank ", rank,
+              " is out of range for a schedule of ", schedule.num_ranks, " ranks");
+  for (const auto& action : schedule.actions[static_cast<size_t>(rank)]) {
+    if (action.op == Op::kBackwardInput) split_.emplace(action.stage, action.microbatch);
+    TORCH_CHECK(stages_.count(action.stage), "rank ", rank, " runs action ",
+                schedule::to_string(action), " but holds no stage ", action.stage);
+  }
+}
+
+bool Interpreter::local(int stage) const { return stages_.count(stage) > 0; }
+
+Bundle Interpreter::take(std::map<std::pair<int, int>, Bundle>& box, int j, int i,
+                         const char* what) {
+  auto found = box.find({j, i});
+  TORCH_CHECK(found != box.end(), "no ", what, " of micro-batch ", i, " is waiting at stage ", j,
+              " on rank ", rank_, "; the schedule uses it before it arrives");
+  Bundle bundle = std::move(found->second);
+  box.erase(found);
+  return bundle;
+}
+
+void Interpreter::send_activation(int j, int i) {
+  Bundle bundle = take(activations_out_, j, i, "activation to send");
+  if (local(j + 1)) {
+    activations_in_[{j + 1, i}] = std::move(bundle);  // same rank: no transport
+  } else {
+    transport_.send(Envelope{j, j + 1, i, Payload::kActivation}, std::move(bundle));
+  }
+}
+
+void Interpreter::send_gradient(int j, int i) {
+  Bundle bundle = take(gradients_out_, j, i, "gradient to send");
+  if (local(j - 1)) {
+    gradients_in_[{j - 1, i}] = std::move(bundle);
+  } else {
+    transport_.send(Envelope{j, j - 1, i, Payload::kGradient}, std::move(bundle));
+  }
+}
+
+Bundle Interpreter::receive_activation(int j, int i) {
+  if (local(j - 1)) return take(activations_in_, j, i, "activation");
+  return transport_.recv(Envelope{j - 1, j, i, Payload::kActivation});
+}
+
+Bundle Interpreter::receive_gradient(int j, int i) {
+  if (local(j + 1)) return take(gradients_in_, j, i, "gradient");
+  return transport_.recv(Envelope{j + 1, j, i, Payload::kGradient});
+}
+
+void Interpreter::execute(const schedule::Action& action, const StepData& data,
+                          RankResult& result) {
+  const int j = action.stage;
+  const int i = action.microbatch;
+  const int last = schedule_.num_stages - 1;
+  Stage& stage = *stages_.at(j);
+  switch (action.op) {
+    case Op::kForward: {
+      Bundle input;
+      if (j == 0) {
+        TORCH_CHECK(i < static_cast<int>(data.inputs.size()), "micro-batch ", i,
+                    " has no input (the step has ", data.inputs.size(), " micro-batches)");
+        input.tensors = data.inputs[static_cast<size_t>(i)];
+      } else {
+        // Lowered: RF (or the local SF) left it in the inbox. Compute-only: receive it now.
+        input = lowered_ ? take(activations_in_, j, i, "activation") : receive_activation(j, i);
+      }
+      Bundle output;
+      if (!data.training) {
+        output = stage.infer(std::move(input));
+      } else {
+        StageForwardOptions options;
+        options.checkpoint = is_checkpointed(data.checkpoint, i, data.num_microbatches);
+        options.split_backward = split_.count({j, i}) > 0;
+        if (j == last) {
+          const torch::Tensor& target = data.targets.at(static_cast<size_t>(i));
+          const double weight = data.loss_weights.at(static_cast<size_t>(i));
+          const LossFn* loss_fn = data.loss_fn;
+          options.loss = [loss_fn, &target, weight, j](const std::vector<torch::Tensor>& out) {
+            TORCH_CHECK(out.size() == 1, "the last stage (", j, ") returned ", out.size(),
+                        " tensors but the loss takes one output; make the last layer return "
+                        "a single tensor");
+            return (*loss_fn)(out[0], target) * weight;
+          };
+        }
+        torch::Tensor loss;
+        output = stage.forward(i, std::move(input), options, &loss);
+        if (j == last) result.losses[static_cast<size_t>(i)] = loss;
+      }
+      if (j == last) {
+        if (!data.training) {
+          TORCH_CHECK(output.skip_names.empty(), "skip '", output.skip_names.front(),
+                      "' was stashed but never popped by the last layer; pop every skip");
+          result.outputs[static_cast<size_t>(i)] = std::move(output.tensors);
+        } else {
+          TORCH_CHECK(output.skip_names.empty(), "skip '", output.skip_names.front(),
+                      "' was stashed but never popped by the last layer; pop every skip");
+        }
+      } else {
+        activations_out_[{j, i}] = std::move(output);
+        if (!lowered_) send_activation(j, i);
+      }
+      break;
+    }
+    case Op::kBackward:
+    case Op::kBackwardInput: {
+      Bundle grads;
+      if (j != last) grads = lowered_ ? take(gradients_in_, j, i, "gradient") : receive_gradient(j, i);
+      Bundle input_grads = action.op == Op::kBackward ? stage.backward(i, grads)
+                                                      : stage.backward_input(i, grads);
+      if (j > 0) {
+        gradients_out_[{j, i}] = std::move(input_grads);
+        if (!lowered_) send_gradient(j, i);
+      }
+      break;
+    }
+    case Op::kBackwardWeight:
+      stage.backward_weight(i);
+      break;
+    case Op::kSendActivation:
+      send_activation(j, i);
+      break;
+    case Op::kSendGradient:
+      send_gradient(j, i);
+      break;
+    case Op::kRecvActivation:
+      activations_in_[{j, i}] = receive_activation(j, i);
+      break;
+    case Op::kRecvGradient:
+      gradients_in_[{j, i}] = receive_gradient(j, i);
+      break;
+  }
+}
+
+void Interpreter::run(const StepData& data, RankResult& result, const std::atomic<bool>* cancel) {
+  activations_in_.clear();
+  activations_out_.clear();
+  gradients_in_.clear();
+  gradients_out_.clear();
+  result.losses.assign(static_cast<size_t>(data.num_microbatches), torch::Tensor());
+  result.outputs.assign(static_cast<size_t>(data.num_microbatches), {});
+  result.events.clear();
+  for (const auto& action : schedule_.actions[static_cast<size_t>(rank_)]) {
+    if (cancel && cancel->load(std::memory_order_relaxed)) {
+      throw StepError("rank " + std::to_string(rank_) + " stopped before action " +
+                          schedule::to_string(action) + ": another rank failed",
+                      rank_, action.stage, action.microbatch, /*cancelled=*/true);
+    }
+    ActionEvent event{rank_, action, micros_since(data.start), 0};
+    try {
+      execute(action, data, result);
+    } catch (const std::exception& e) {
+      const bool cancelled = cancel && cancel->load(std::memory_order_relaxed);
+      throw StepError("stage " + std::to_string(action.stage) + ", micro-batch " +
+                          std::to_string(action.microbatch) + ", rank " + std::to_string(rank_) +
+                          ", action " + schedule::to_string(action) + ": " + message_of(e),
+                      rank_, action.stage, action.microbatch, cancelled);
+    }
+    event.end_us = micros_since(data.start);
+    result.events.push_back(event);
+  }
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,401 @@
+// The in-process Pipe: stages, one worker per rank, a LocalTransport, and one Interpreter per
+// worker per step (include/pipetrain/runtime/pipe.h).
+//
+// One step, as the caller's thread sees it:
+//   [1] split input and target into M micro-batches; pick (or build and validate) the schedule
+//       for this M
+//   [2] reset the transport and the stages' accounting
+//   [3] hand every worker "run your rank's actions"; each builds an Interpreter and runs
+//   [4] a worker that fails records its error (the first real one wins), raises `cancel` and
+//       aborts the transport, which wakes every worker blocked in a receive; all return
+//   [5] wait for every worker; on error clear every stash and rethrow the first error
+//   [6] sum the weighted micro-batch losses
+#include "pipetrain/runtime/pipe.h"
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <numeric>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+#include <torch/torch.h>
+
+#include "pipetrain/runtime/interpreter.h"
+#include "pipetrain/runtime/worker.h"
+#include "pipetrain/schedule/generators.h"
+#include "pipetrain/schedule/lower.h"
+#include "pipetrain/schedule/validate.h"
+#include "pipetrain/stage/device.h"
+#include "pipetrain/stage/microbatch.h"
+#include "pipetrain/transport/local.h"
+
+namespace pipetrain {
+
+struct PipeImpl::Runtime {
+  int num_stages = 0;
+  int num_ranks = 0;
+  std::vector<int> stage_rank;
+  std::vector<torch::Device> rank_devices;
+  std::vector<std::unique_ptr<Stage>> stages;
+  std::unique_ptr<LocalTransport> transport;
+  std::map<int, schedule::Schedule> training;   // lowered, by M
+  std::map<int, schedule::Schedule> inference;  // compute-only forwards, by M
+  const schedule::Schedule* last = nullptr;
+  std::vector<ActionEvent> events;
+  std::vector<std::unique_ptr<Worker>> workers;  // last: joined before the rest is destroyed
+};
+
+namespace {
+
+std::string join(const std::vector<int64_t>& values) {
+  std::string text;
+  for (int64_t v : values) text += (text.empty() ? "" : ",") + std::to_string(v);
+  return "{" + text + "}";
+}
+
+uint64_t stage_seed(uint64_t seed, int j) {
+  return seed + 0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(j + 1);
+}
+
+// Forward-only schedule: every rank runs its stages' F in (micro-batch, stage) order, which is
+// the order of the dependencies, so implicit blocking receives cannot deadlock.
+schedule::Schedule forward_only(const schedule::Schedule& training, int microbatches) {
+  schedule::Schedule s;
+  s.name = "forward";
+  s.num_ranks = training.num_ranks;
+  s.num_stages = training.num_stages;
+  s.num_microbatches = microbatches;
+  s.stage_rank = training.stage_rank;
+  s.actions.resize(static_cast<size_t>(s.num_ranks));
+  for (int r = 0; r < s.num_ranks; ++r) {
+    for (int i = 0; i < microbatches; ++i) {
+      for (int j : s.stages_of_rank(r)) {
+        s.actions[static_cast<size_t>(r)].push_back({j, schedule::Op::kForward, i});
+      }
+    }
+  }
+  return s;
+}
+
+std::string message_of(const std::exception& e) {
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) {
+    return c10_error->what_without_backtrace();
+  }
+  return e.what();
+}
+
+}  // namespace
+
+PipeImpl::PipeImpl(torch::nn::Sequential model, PipeOptions options)
+    : model_(std::move(model)), options_(std::move(options)) {
+  reset();
+}
+
+PipeImpl::PipeImpl(const PipeImpl& other)
+    : torch::nn::Module(other),
+      torch::nn::Cloneable<PipeImpl>(other),
+      model_(std::dynamic_pointer_cast<torch::nn::SequentialImpl>(other.model_->clone())),
+      options_(other.options_),
+      balance_(other.balance_) {}
+
+PipeImpl& PipeImpl::operator=(PipeImpl&& other) {
+  torch::nn::Module::operator=(other);
+  model_ = other.model_;
+  options_ = other.options_;
+  balance_ = other.balance_;
+  runtime_ = std::move(other.runtime_);
+  return *this;
+}
+
+PipeImpl::~PipeImpl() = default;
+
+PipeImpl::Runtime& PipeImpl::runtime() const {
+  TORCH_CHECK(runtime_, "this Pipe has no runtime; call reset() after copying it");
+  return *runtime_;
+}
+
+void PipeImpl::reset() {
+  runtime_.reset();  // joins old workers first
+  const auto& o = options_;
+  const int64_t layers = static_cast<int64_t>(model_->size());
+  TORCH_CHECK(layers >= 1, "the Sequential has no layers; a Pipe needs at least one");
+  TORCH_CHECK(o.chunks() >= 1, "chunks must be at least 1 (got ", o.chunks(), ")");
+  TORCH_CHECK(o.virtual_stages() >= 1, "virtual_stages must be at least 1 (got ",
+              o.virtual_stages(), ")");
+  TORCH_CHECK(o.timeout_seconds() > 0, "timeout_seconds must be positive (got ",
+              o.timeout_seconds(), ")");
+  TORCH_CHECK(o.threads_per_stage() >= 0, "threads_per_stage must be >= 0 (got ",
+              o.threads_per_stage(), ")");
+
+  // Balance.
+  if (o.balance().empty()) {
+    TORCH_CHECK(o.stages() >= 1, "stages must be at least 1 (got ", o.stages(), ")");
+    TORCH_CHECK(o.stages() <= layers, "more stages (", o.stages(), ") than layers (", layers,
+                "); use at most ", layers, " stages");
+    balance_.assign(static_cast<size_t>(o.stages()), layers / o.stages());
+    for (int64_t j = 0; j < layers % o.stages(); ++j) ++balance_[static_cast<size_t>(j)];
+  } else {
+    balance_ = o.balance();
+    TORCH_CHECK(static_cast<int64_t>(balance_.size()) <= layers, "more stages (",
+                balance_.size(), ", balance ", join(balance_), ") than layers (", layers, ")");
+    for (size_t j = 0; j < balance_.size(); ++j) {
+      TORCH_CHECK(balance_[j] >= 1, "balance ", join(balance_), " gives stage ", j, " ",
+                  balance_[j], " layers; every stage needs at least one");
+    }
+    const int64_t sum = std::accumulate(balance_.begin(), balance_.end(), int64_t{0});
+    TORCH_CHECK(sum == layers, "balance ", join(balance_), " sums to ", sum,
+                " but the Sequential has ", layers, " layers; make the balance sum to ", layers);
+  }
+  const int num_stages = static_cast<int>(balance_.size());
+  const int v = static_cast<int>(o.virtual_stages());
+  TORCH_CHECK(num_stages % v == 0, num_stages, " stages cannot be spread over ranks with ",
+              "virtual_stages ", v, "; use a stage count divisible by ", v);
+  const int num_ranks = num_stages / v;
+
+  auto runtime = std::make_unique<Runtime>();
+  runtime->num_stages = num_stages;
+  runtime->num_ranks = num_ranks;
+
+  // The schedule for `chunks`: checks the name and gives the stage placement.
+  const int m = static_cast<int>(o.chunks());
+  schedule::Schedule first;
+  if (o.schedule() == "custom") {
+    TORCH_CHECK(o.custom_schedule().has_value(),
+                "schedule \"custom\" needs PipeOptions::custom_schedule (e.g. from "
+                "schedule::load_schedule(path))");
+    first = *o.custom_schedule();
+    TORCH_CHECK(first.num_ranks == num_ranks && first.num_stages == num_stages,
+                "the custom schedule has ", first.num_ranks, " ranks and ", first.num_stages,
+                " stages but the Pipe has ", num_ranks, " ranks and ", num_stages,
+                " stages; match the balance/stages and virtual_stages to the schedule");
+    TORCH_CHECK(first.num_microbatches == m, "the custom schedule is written for ",
+                first.num_microbatches, " micro-batches but chunks is ", m,
+                "; set chunks to ", first.num_microbatches);
+  } else {
+    try {
+      first = schedule::make_schedule(o.schedule(), num_ranks, m, v);
+    } catch (const std::invalid_argument& e) {
+      TORCH_CHECK(false, "cannot build schedule '", o.schedule(), "' for ", num_ranks,
+                  " ranks, ", m, " micro-batches, virtual_stages ", v, ": ", e.what());
+    }
+  }
+  if (!schedule::is_lowered(first)) first = schedule::lower(first);
+  try {
+    schedule::validate(first);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "schedule '", o.schedule(), "' is not runnable: ", e.what());
+  }
+  runtime->stage_rank = first.stage_rank;
+
+  // Devices.
+  std::vector<torch::Device> devices = o.devices();
+  if (devices.empty()) devices.assign(static_cast<size_t>(num_ranks), torch::Device(torch::kCPU));
+  TORCH_CHECK(static_cast<int>(devices.size()) == num_ranks, "devices lists ", devices.size(),
+              " devices but the Pipe has ", num_ranks, " ranks (", num_stages,
+              " stages / virtual_stages ", v, "); give one device per rank");
+  for (const auto& device : devices) check_device_usable(device);
+  runtime->rank_devices = devices;
+
+  // Stages: slices of the Sequential, moved to their rank's device; children under their names.
+  const auto named = model_->named_children();
+  std::vector<torch::nn::AnyModule> modules(model_->begin(), model_->end());
+  const uint64_t seed = at::detail::getDefaultCPUGenerator().current_seed();
+  std::vector<torch::Device> stage_devices;
+  int64_t layer = 0;
+  for (int j = 0; j < num_stages; ++j) {
+    const torch::Device device = devices[static_cast<size_t>(runtime->stage_rank[j])];
+    std::vector<StageLayer> stage_layers;
+    const int first_layer = static_cast<int>(layer);
+    for (int64_t n = 0; n < balance_[static_cast<size_t>(j)]; ++n, ++layer) {
+      const std::string& name = named[static_cast<size_t>(layer)].key();
+      auto& module = modules[static_cast<size_t>(layer)];
+      module.ptr()->to(device);
+      if (!named_children().contains(name)) register_module(name, module.ptr());
+      stage_layers.push_back({name, module});
+    }
+    runtime->stages.push_back(std::make_unique<Stage>(j, first_layer, std::move(stage_layers),
+                                                      device, stage_seed(seed, j)));
+    stage_devices.push_back(device);
+  }
+  runtime->transport = std::make_unique<LocalTransport>(
+      stage_devices, std::chrono::milliseconds(static_cast<int64_t>(o.timeout_seconds() * 1000)));
+  runtime->last = &runtime->training.emplace(m, std::move(first)).first->second;
+
+  // Workers, one per rank.
+  const int threads = o.threads_per_stage() > 0 ? static_cast<int>(o.threads_per_stage())
+                                                 : at::get_num_threads();
+  for (int r = 0; r < num_ranks; ++r) {
+    runtime->workers.push_back(
+        std::make_unique<Worker>([threads] { at::set_num_threads(threads); }));
+  }
+  runtime_ = std::move(runtime);
+}
+
+const schedule::Schedule& PipeImpl::training_schedule(int microbatches) {
+  Runtime& rt = runtime();
+  auto found = rt.training.find(microbatches);
+  if (found != rt.training.end()) return found->second;
+  TORCH_CHECK(options_.schedule() != "custom", "the custom schedule is written for ",
+              options_.custom_schedule()->num_microbatches, " micro-batches but this mini-batch ",
+              "gives ", microbatches, " (it has fewer rows than chunks); feed batches of at least ",
+              options_.chunks(), " rows");
+  schedule::Schedule s = schedule::lower(schedule::make_schedule(
+      options_.schedule(), rt.num_ranks, microbatches, static_cast<int>(options_.virtual_stages())));
+  schedule::validate(s);
+  return rt.training.emplace(microbatches, std::move(s)).first->second;
+}
+
+const schedule::Schedule& PipeImpl::inference_schedule(int microbatches) {
+  Runtime& rt = runtime();
+  auto found = rt.inference.find(microbatches);
+  if (found != rt.inference.end()) return found->second;
+  return rt.inference.emplace(microbatches, forward_only(*rt.last, microbatches)).first->second;
+}
+
+std::vector<RankResult> PipeImpl::run_step(const schedule::Schedule& s, const StepData& data) {
+  Runtime& rt = runtime();
+  rt.transport->reset();  // [2]
+  for (auto& stage : rt.stages) {
+    stage->clear();
+    stage->reset_accounting();
+  }
+  std::vector<RankResult> results(static_cast<size_t>(rt.num_ranks));
+  std::atomic<bool> cancel{false};
+  std::mutex error_mutex;
+  std::exception_ptr first_error;      // GUARDED_BY(error_mutex)
+  bool first_error_cancelled = true;   // GUARDED_BY(error_mutex)
+
+  for (int r = 0; r < rt.num_ranks; ++r) {  // [3]
+    std::map<int, Stage*> stages;
+    for (int j : s.stages_of_rank(r)) stages[j] = rt.stages[static_cast<size_t>(j)].get();
+    rt.workers[static_cast<size_t>(r)]->run([&, r, stages] {
+      try {
+        RankStreamGuard stream(rt.rank_devices[static_cast<size_t>(r)]);
+        Interpreter interpreter(r, s, stages, *rt.transport);
+        interpreter.run(data, results[static_cast<size_t>(r)], &cancel);
+      } catch (const std::exception& e) {  // [4]
+        const auto* step_error = dynamic_cast<const StepError*>(&e);
+        const bool cancelled = step_error && step_error->cancelled;
+        {
+          std::lock_guard<std::mutex> lock(error_mutex);
+          if (!first_error || (first_error_cancelled && !cancelled)) {
+            first_error = std::current_exception();
+            first_error_cancelled = cancelled;
+          }
+        }
+        cancel.store(true);
+        rt.transport->abort("rank " + std::to_string(r) + " failed: " + message_of(e));
+      }
+    });
+  }
+  for (auto& worker : rt.workers) {  // [5]
+    std::exception_ptr error = worker->wait();
+    if (error && !first_error) first_error = error;
+  }
+  rt.events.clear();
+  for (const auto& result : results) {
+    rt.events.insert(rt.events.end(), result.events.begin(), result.events.end());
+  }
+  std::sort(rt.events.begin(), rt.events.end(),
+            [](const ActionEvent& a, const ActionEvent& b) { return a.start_us < b.start_us; });
+  if (first_error) {
+    for (auto& stage : rt.stages) stage->clear();
+    rt.transport->reset();
+    std::rethrow_exception(first_error);
+  }
+  for (const auto& stage : rt.stages) {
+    TORCH_CHECK(stage->stashed_microbatches() == 0, "stage ", stage->index(), " still holds ",
+                stage->stashed_microbatches(), " micro-batches after the step: schedule '",
+                s.name, "' lacks their backward");
+  }
+  return results;
+}
+
+torch::Tensor PipeImpl::train_step(torch::Tensor input, torch::Tensor target,
+                                   const LossFn& loss_fn) {
+  return train_step(std::vector<torch::Tensor>{std::move(input)}, std::move(target), loss_fn);
+}
+
+torch::Tensor PipeImpl::train_step(std::vector<torch::Tensor> inputs, torch::Tensor target,
+                                   const LossFn& loss_fn) {
+  Runtime& rt = runtime();
+  TORCH_CHECK(loss_fn, "train_step needs a loss function");
+  TORCH_CHECK(!inputs.empty() && inputs[0].defined() && inputs[0].dim() >= 1,
+              "train_step needs an input with a batch dimension (dim 0)");
+  TORCH_CHECK(target.defined() && target.dim() >= 1 && target.size(0) == inputs[0].size(0),
+              "the target has ", target.defined() && target.dim() >= 1 ? target.size(0) : 0,
+              " rows but the input has ", inputs[0].size(0),
+              "; give one target row per input row");
+  const int64_t rows = inputs[0].size(0);
+  const std::vector<int64_t> sizes = microbatch_sizes(rows, options_.chunks());  // [1]
+  const int m = static_cast<int>(sizes.size());
+  const schedule::Schedule& s = training_schedule(m);
+
+  StepData data;
+  data.num_microbatches = m;
+  data.inputs = split_microbatches(inputs, sizes);
+  const torch::Device last_device = stage_device(rt.num_stages - 1);
+  for (auto& part : split_microbatches({target}, sizes)) data.targets.push_back(part[0].to(last_device));
+  for (int64_t size : sizes) data.loss_weights.push_back(static_cast<double>(size) / rows);
+  data.loss_fn = &loss_fn;
+  data.training = true;
+  data.checkpoint = options_.checkpoint();
+  data.start = std::chrono::steady_clock::now();
+  rt.last = &s;
+
+  std::vector<RankResult> results = run_step(s, data);
+  const auto& losses = results[static_cast<size_t>(rt.stage_rank.back())].losses;
+  torch::Tensor total = losses[0];
+  for (size_t i = 1; i < losses.size(); ++i) total = total + losses[i];  // [6]
+  return total.detach();
+}
+
+torch::Tensor PipeImpl::forward(torch::Tensor input) {
+  std::vector<torch::Tensor> outputs = forward(std::vector<torch::Tensor>{std::move(input)});
+  TORCH_CHECK(outputs.size() == 1, "the model returned ", outputs.size(),
+              " tensors; use forward(std::vector<torch::Tensor>) for tuple outputs");
+  return outputs[0];
+}
+
+std::vector<torch::Tensor> PipeImpl::forward(std::vector<torch::Tensor> inputs) {
+  Runtime& rt = runtime();
+  TORCH_CHECK(!inputs.empty() && inputs[0].defined() && inputs[0].dim() >= 1,
+              "forward needs an input with a batch dimension (dim 0)");
+  const std::vector<int64_t> sizes = microbatch_sizes(inputs[0].size(0), options_.chunks());
+  const int m = static_cast<int>(sizes.size());
+  const schedule::Schedule& s = inference_schedule(m);
+  StepData data;
+  data.num_microbatches = m;
+  data.inputs = split_microbatches(inputs, sizes);
+  data.training = false;
+  data.start = std::chrono::steady_clock::now();
+  std::vector<RankResult> results = run_step(s, data);
+  return join_microbatches(results[static_cast<size_t>(rt.stage_rank.back())].outputs);
+}
+
+const schedule::Schedule& PipeImpl::schedule() const { return *runtime().last; }
+int64_t PipeImpl::num_stages() const { return runtime().num_stages; }
+int64_t PipeImpl::num_ranks() const { return runtime().num_ranks; }
+
+torch::Device PipeImpl::stage_device(int64_t j) const {
+  const Runtime& rt = runtime();
+  TORCH_CHECK(j >= 0 && j < rt.num_stages, "stage ", j, " is out of range (", rt.num_stages,
+              " stages)");
+  return rt.stages[static_cast<size_t>(j)]->device();
+}
+
+std::vector<StageAccounting> PipeImpl::stage_accounting() const {
+  std::vector<StageAccounting> result;
+  for (const auto& stage : runtime().stages) result.push_back(stage->accounting());
+  return result;
+}
+
+const std::vector<ActionEvent>& PipeImpl::last_events() const { return runtime().events; }
+
+void PipeImpl::manual_seed(uint64_t seed) {
+  for (auto& stage : runtime().stages) stage->rng().seed(stage_seed(seed, stage->index()));
+}
+
+}  // namespace pipetrain

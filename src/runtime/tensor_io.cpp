@@ -1,0 +1,107 @@
+// Tensor files shared with Python (include/pipetrain/runtime/tensor_io.h).
+#include "pipetrain/runtime/tensor_io.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <set>
+
+#include <ATen/core/Dict.h>
+#include <c10/util/Exception.h>
+#include <torch/serialize.h>
+
+namespace pipetrain {
+namespace {
+
+std::string errno_text() {
+  return std::strerror(errno);
+}
+
+std::string directory_of(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+// Writes all of `bytes` to `fd`, retrying short writes and EINTR.
+bool write_all(int fd, const char* bytes, size_t size) {
+  while (size > 0) {
+    const ssize_t written = ::write(fd, bytes, size);
+    if (written < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    bytes += written;
+    size -= static_cast<size_t>(written);
+  }
+  return true;
+}
+
+}  // namespace
+
+torch::Tensor load_tensor(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  TORCH_CHECK(file.good(), "cannot open tensor file '", path, "': ", errno_text(),
+              "; write one from Python with torch.save(tensor, path)");
+  std::vector<char> bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  TORCH_CHECK(!file.bad(), "cannot read tensor file '", path, "': ", errno_text());
+  torch::IValue value;
+  try {
+    value = torch::pickle_load(bytes);
+  } catch (const c10::Error& error) {
+    TORCH_CHECK(false, "'", path, "' is not a file written by torch.save (", error.msg(),
+                "); write one from Python with torch.save(tensor, path)");
+  }
+  TORCH_CHECK(value.isTensor(), "'", path, "' holds a ", value.tagKind(),
+              ", not a tensor; save a single tensor with torch.save(tensor, path)");
+  return value.toTensor();
+}
+
+void save_named_tensors(const std::string& path,
+                        const std::vector<std::pair<std::string, torch::Tensor>>& tensors) {
+  c10::Dict<std::string, at::Tensor> dict;
+  std::set<std::string> seen;
+  for (const auto& [name, tensor] : tensors) {
+    TORCH_CHECK(seen.insert(name).second, "save_named_tensors('", path, "'): the name '", name,
+                "' appears twice; names must be unique");
+    TORCH_CHECK(tensor.defined(), "save_named_tensors('", path, "'): tensor '", name,
+                "' is undefined");
+    dict.insert(name, tensor.detach().cpu());
+  }
+  const std::vector<char> bytes = torch::pickle_save(dict);
+
+  // Unique temporary name beside the target, so rename() stays within one file system.
+  static std::atomic<unsigned> counter{0};
+  const std::string temporary =
+      path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
+  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  TORCH_CHECK(fd >= 0, "cannot write '", path, "': creating '", temporary,
+              "' failed: ", errno_text(), "; check that the directory exists and is writable");
+  const bool written = write_all(fd, bytes.data(), bytes.size()) && ::fsync(fd) == 0;
+  const std::string write_error = written ? "" : errno_text();
+  const bool closed = ::close(fd) == 0;
+  if (!written || !closed) {
+    ::unlink(temporary.c_str());
+    TORCH_CHECK(false, "cannot write '", path, "' (via '", temporary,
+                "'): ", written ? errno_text() : write_error, "; check free disk space");
+  }
+  if (::rename(temporary.c_str(), path.c_str()) != 0) {
+    const std::string rename_error = errno_text();
+    ::unlink(temporary.c_str());
+    TORCH_CHECK(false, "cannot rename '", temporary, "' to '", path, "': ", rename_error);
+  }
+  // Make the rename itself durable; failure here leaves a complete file, so it is not an error.
+  const int directory = ::open(directory_of(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (directory >= 0) {
+    ::fsync(directory);
+    ::close(directory);
+  }
+}
+
+}  // namespace pipetrain

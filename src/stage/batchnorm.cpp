@@ -1,0 +1,198 @@
+// DeferredBatchNorm (include/pipetrain/stage/batchnorm.h).
+#include "pipetrain/stage/batchnorm.h"
+
+#include <ATen/Context.h>
+#include <c10/util/Exception.h>
+#include <torch/nn/modules/batchnorm.h>
+
+#include "pipetrain/stage/skip.h"
+
+namespace pipetrain {
+namespace {
+
+// Every dimension but the channel dimension 1: (0) for (N, C), (0, 2) for (N, C, L), ...
+std::vector<int64_t> reduced_dims(const torch::Tensor& input) {
+  std::vector<int64_t> dims{0};
+  for (int64_t d = 2; d < input.dim(); ++d) dims.push_back(d);
+  return dims;
+}
+
+}  // namespace
+
+DeferredBatchNormImpl::DeferredBatchNormImpl(DeferredBatchNormOptions options_)
+    : options(std::move(options_)) {
+  reset();
+}
+
+void DeferredBatchNormImpl::reset() {
+  TORCH_CHECK(options.num_features() > 0, "DeferredBatchNorm needs num_features >= 1, got ",
+              options.num_features());
+  TORCH_CHECK(options.chunks() >= 1, "DeferredBatchNorm needs chunks >= 1 (micro-batches per ",
+              "mini-batch), got ", options.chunks());
+  const int64_t c = options.num_features();
+  if (options.affine()) {
+    weight = register_parameter("weight", torch::ones({c}));
+    bias = register_parameter("bias", torch::zeros({c}));
+  } else {
+    weight = register_parameter("weight", torch::Tensor(), /*requires_grad=*/false);
+    bias = register_parameter("bias", torch::Tensor(), /*requires_grad=*/false);
+  }
+  running_mean = register_buffer("running_mean", torch::zeros({c}));
+  running_var = register_buffer("running_var", torch::ones({c}));
+  num_batches_tracked = register_buffer("num_batches_tracked", torch::zeros({}, torch::kLong));
+  sum_ = torch::Tensor();
+  sum_squares_ = torch::Tensor();
+  count_ = 0;
+  tracked_ = 0;
+}
+
+void DeferredBatchNormImpl::reset_running_stats() {
+  torch::NoGradGuard no_grad;
+  running_mean.zero_();
+  running_var.fill_(1);
+  num_batches_tracked.zero_();
+  sum_ = torch::Tensor();
+  sum_squares_ = torch::Tensor();
+  count_ = 0;
+  tracked_ = 0;
+}
+
+torch::Tensor DeferredBatchNormImpl::forward(const torch::Tensor& input) {
+  TORCH_CHECK(input.dim() >= 2 && input.size(1) == options.num_features(), "DeferredBatchNorm(",
+              options.num_features(), ") expects input (N, ", options.num_features(),
+              ", ...) but got shape ", input.sizes(),
+              "; set num_features to the channel count (dim 1)");
+  const bool cudnn = at::globalContext().userEnabledCuDNN();
+  if (!is_training()) {
+    return torch::batch_norm(input, weight, bias, running_mean, running_var,
+                             /*training=*/false, /*momentum=*/0.0, options.eps(), cudnn);
+  }
+  TORCH_CHECK(input.numel() / input.size(1) > 1,
+              "DeferredBatchNorm: expected more than 1 value per channel when training, got input "
+              "shape ",
+              input.sizes(), "; use micro-batches of at least 2 rows");
+  // A recompute re-runs a forward that was already tracked (checkpointing): skip it.
+  if (!is_recomputing()) {
+    track(input);
+    if (tracked_ >= options.chunks()) commit();
+  }
+  // Undefined running stats: normalize with this micro-batch's statistics and update nothing.
+  return torch::batch_norm(input, weight, bias, /*running_mean=*/{}, /*running_var=*/{},
+                           /*training=*/true, /*momentum=*/0.0, options.eps(), cudnn);
+}
+
+void DeferredBatchNormImpl::track(const torch::Tensor& input) {
+  torch::NoGradGuard no_grad;
+  const auto dims = reduced_dims(input);
+  torch::Tensor values = input.detach().to(torch::kDouble);
+  torch::Tensor sum = values.sum(dims);
+  torch::Tensor sum_squares = values.square().sum(dims);
+  if (tracked_ == 0 || !sum_.defined()) {
+    sum_ = sum;
+    sum_squares_ = sum_squares;
+  } else {
+    sum_ += sum;
+    sum_squares_ += sum_squares;
+  }
+  count_ += input.numel() / input.size(1);
+  ++tracked_;
+}
+
+void DeferredBatchNormImpl::commit() {
+  if (tracked_ == 0) return;
+  torch::NoGradGuard no_grad;
+  num_batches_tracked += 1;
+  const double m = options.momentum().has_value()
+                       ? *options.momentum()
+                       : 1.0 / static_cast<double>(num_batches_tracked.item<int64_t>());
+  const auto n = static_cast<double>(count_);
+  torch::Tensor mean = sum_ / n;
+  torch::Tensor biased_var = (sum_squares_ / n - mean.square()).clamp_min(0);
+  // BatchNorm keeps the unbiased variance; with one value per channel it is undefined (torch
+  // stores inf/nan there too), so we follow it rather than hide the problem.
+  torch::Tensor var = count_ > 1 ? biased_var * (n / (n - 1)) : biased_var;
+  running_mean.mul_(1 - m).add_(mean.to(running_mean.dtype()), m);
+  running_var.mul_(1 - m).add_(var.to(running_var.dtype()), m);
+  sum_ = torch::Tensor();
+  sum_squares_ = torch::Tensor();
+  count_ = 0;
+  tracked_ = 0;
+}
+
+void DeferredBatchNormImpl::pretty_print(std::ostream& stream) const {
+  stream << "pipetrain::DeferredBatchNorm(" << options.num_features() << ", eps=" << options.eps()
+         << ", momentum=";
+  if (options.momentum()) {
+    stream << *options.momentum();
+  } else {
+    stream << "None";
+  }
+  stream << ", affine=" << std::boolalpha << options.affine() << ", chunks=" << options.chunks()
+         << ")";
+}
+
+namespace {
+
+template <typename BatchNormImpl>
+std::optional<DeferredBatchNorm> convert_one(const std::shared_ptr<torch::nn::Module>& layer,
+                                             int64_t chunks) {
+  auto batch_norm = std::dynamic_pointer_cast<BatchNormImpl>(layer);
+  if (!batch_norm) return std::nullopt;
+  const auto& from = batch_norm->options;
+  TORCH_CHECK(from.track_running_stats(),
+              "convert_deferred_batch_norm: a batch norm with track_running_stats=false has no "
+              "running statistics to defer; leave it as it is or enable tracking");
+  std::optional<double> momentum;
+  if (from.momentum().has_value()) momentum = *from.momentum();
+  DeferredBatchNorm deferred(DeferredBatchNormOptions(from.num_features())
+                                 .eps(from.eps())
+                                 .momentum(momentum)
+                                 .affine(from.affine())
+                                 .chunks(chunks));
+  // set_data keeps each tensor's identity (the registered parameter or buffer) and takes the
+  // original's values, device and dtype; Module::to(dtype) would also convert the integer counter.
+  torch::NoGradGuard no_grad;
+  if (from.affine()) {
+    deferred->weight.set_data(batch_norm->weight.detach().clone());
+    deferred->bias.set_data(batch_norm->bias.detach().clone());
+  }
+  deferred->running_mean.set_data(batch_norm->running_mean.detach().clone());
+  deferred->running_var.set_data(batch_norm->running_var.detach().clone());
+  deferred->num_batches_tracked.set_data(batch_norm->num_batches_tracked.detach().clone());
+  deferred->train(batch_norm->is_training());
+  return deferred;
+}
+
+}  // namespace
+
+torch::nn::Sequential convert_deferred_batch_norm(const torch::nn::Sequential& model,
+                                                  int64_t chunks) {
+  TORCH_CHECK(chunks >= 1, "convert_deferred_batch_norm needs chunks >= 1, got ", chunks);
+  torch::nn::Sequential converted;
+  const auto children = model->named_children();
+  TORCH_INTERNAL_ASSERT(children.size() == model->size());
+  for (size_t index = 0; index < model->size(); ++index) {
+    const std::string& name = children[index].key();
+    const auto& layer = children[index].value();
+    std::optional<DeferredBatchNorm> deferred =
+        convert_one<torch::nn::BatchNorm1dImpl>(layer, chunks);
+    if (!deferred) deferred = convert_one<torch::nn::BatchNorm2dImpl>(layer, chunks);
+    if (deferred) {
+      converted->push_back(std::string(name), *deferred);
+    } else {
+      converted->push_back(std::string(name),
+                           *(model->begin() + static_cast<std::ptrdiff_t>(index)));
+    }
+  }
+  converted->train(model->is_training());
+  return converted;
+}
+
+void commit_deferred_batch_norms(torch::nn::Module& module) {
+  if (auto* self = dynamic_cast<DeferredBatchNormImpl*>(&module)) self->commit();
+  for (const auto& child : module.modules(/*include_self=*/false)) {
+    if (auto* layer = dynamic_cast<DeferredBatchNormImpl*>(child.get())) layer->commit();
+  }
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,24 @@
+// CPU-only stand-in for the device seam (include/pipetrain/stage/device.h): CUDA devices are an
+// error naming the device, everything else is a no-op.
+#include <c10/util/Exception.h>
+
+#include "pipetrain/stage/device.h"
+
+namespace pipetrain {
+
+void check_device_usable(const torch::Device& device) {
+  TORCH_CHECK(device.is_cpu(), "device ", device.str(),
+              " is not usable: this pipetrain was built against a CPU-only LibTorch; use "
+              "torch::kCPU devices or rebuild with a CUDA LibTorch");
+}
+
+RankStreamGuard::RankStreamGuard(const torch::Device& device) { check_device_usable(device); }
+RankStreamGuard::~RankStreamGuard() = default;
+
+ReadyMarker mark_ready(const torch::Device&) { return {}; }
+void wait_ready(const ReadyMarker&, const torch::Device&) {}
+
+torch::Tensor device_rng_state(const torch::Device&) { return {}; }
+void set_device_rng_state(const torch::Device&, const torch::Tensor&) {}
+
+}  // namespace pipetrain

@@ -1,0 +1,465 @@
+// One stage's forward, backward (B, or I then W) and checkpoint replay
+// (include/pipetrain/stage/stage.h).
+//
+// Split backward, per layer l of the stage (L layers), with skips cut at their stash:
+//
+//   forward (recorded):  in_0 -> [layer 0] -> out_0 = in_1 -> ... -> [layer L-1] -> out_{L-1}
+//                         a tensor stashed by layer a is replaced in the skip context by a fresh
+//                         leaf s'; the layer b that pops it reads s' (so every layer's graph
+//                         is a chain piece between its own inputs and outputs)
+//   I, l = L-1 .. 0:     roots = out_l and the tensors layer l stashed, with their gradients
+//                        [1] g_in_l, g_s' = grad(roots, {in_l, popped leaves}, retain_graph)
+//                        [2] keep (roots, gradients) of layer l for W
+//   W, each l:           [3] grad(roots_l, params_l, gradients_l) -> accumulate into .grad()
+//
+// Every autograd node belongs to exactly one layer, I runs it for the input side and W for the
+// parameter side, so nothing is computed twice and the values equal a full backward's.
+#include "pipetrain/stage/stage.h"
+
+#include <unordered_set>
+
+#include <c10/util/Exception.h>
+#include <torch/torch.h>
+
+#include "pipetrain/stage/layer_call.h"
+#include "pipetrain/stage/skip.h"
+
+namespace pipetrain {
+
+struct Stage::LayerRecord {
+  std::vector<torch::Tensor> inputs;
+  std::vector<torch::Tensor> outputs;
+  std::map<std::string, torch::Tensor> popped;   // leaves the layer read from the skip context
+  std::map<std::string, torch::Tensor> stashed;  // what the layer stashed (before the cut)
+  std::vector<torch::Tensor> roots;              // filled by I for W
+  std::vector<torch::Tensor> root_grads;
+};
+
+struct Stage::Microbatch {
+  std::vector<torch::Tensor> inputs;                 // leaves
+  std::map<std::string, torch::Tensor> skip_inputs;  // leaves
+  std::vector<torch::Tensor> outputs;
+  std::map<std::string, torch::Tensor> skip_outputs;
+  torch::Tensor loss;  // weighted, last stage only
+  LossHook loss_hook;
+  bool checkpointed = false;
+  bool recomputed = false;
+  bool split = false;
+  bool input_grads_done = false;
+  StageRng::Snapshot rng;
+  std::vector<LayerRecord> layers;
+  int64_t bytes = 0;
+};
+
+namespace {
+
+std::string message_of(const std::exception& e) {
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) {
+    return c10_error->what_without_backtrace();
+  }
+  return e.what();
+}
+
+bool wants_grad(const torch::Tensor& t) {
+  return t.defined() && (t.is_floating_point() || t.is_complex());
+}
+
+int64_t bytes_of(const torch::Tensor& t) {
+  return t.defined() ? static_cast<int64_t>(t.numel() * t.element_size()) : 0;
+}
+
+// Accumulates like autograd's AccumulateGrad: the first gradient is stored, later ones added.
+void accumulate_grad(const torch::Tensor& parameter, const torch::Tensor& grad) {
+  if (!grad.defined()) return;
+  if (!parameter.grad().defined()) {
+    parameter.mutable_grad() = grad.detach();
+  } else {
+    parameter.mutable_grad().add_(grad);
+  }
+}
+
+// autograd::grad over the roots that carry a gradient; undefined results where nothing flows.
+std::vector<torch::Tensor> grad_of(const std::vector<torch::Tensor>& roots,
+                                   const std::vector<torch::Tensor>& root_grads,
+                                   const std::vector<torch::Tensor>& targets, bool retain_graph) {
+  std::vector<torch::Tensor> result(targets.size());
+  std::vector<torch::Tensor> wanted;
+  std::vector<size_t> wanted_index;
+  for (size_t t = 0; t < targets.size(); ++t) {
+    if (targets[t].defined() && targets[t].requires_grad()) {
+      wanted.push_back(targets[t]);
+      wanted_index.push_back(t);
+    }
+  }
+  if (roots.empty() || wanted.empty()) return result;
+  auto grads = torch::autograd::grad(roots, wanted, root_grads, retain_graph,
+                                     /*create_graph=*/false, /*allow_unused=*/true);
+  for (size_t w = 0; w < wanted.size(); ++w) result[wanted_index[w]] = grads[w];
+  return result;
+}
+
+void add_root(const torch::Tensor& root, const torch::Tensor& grad,
+              std::vector<torch::Tensor>& roots, std::vector<torch::Tensor>& grads) {
+  if (!root.defined() || !root.requires_grad() || !grad.defined()) return;
+  roots.push_back(root);
+  grads.push_back(grad);
+}
+
+std::vector<torch::Tensor> parameters_of(const torch::nn::AnyModule& layer) {
+  std::vector<torch::Tensor> result;
+  for (const auto& p : layer.ptr()->parameters()) {
+    if (p.requires_grad()) result.push_back(p);
+  }
+  return result;
+}
+
+}  // namespace
+
+Stage::Stage(int index, int first_layer, std::vector<StageLayer> layers, torch::Device device,
+             uint64_t seed)
+    : index_(index),
+      first_layer_(first_layer),
+      layers_(std::move(layers)),
+      device_(device),
+      rng_(seed, device) {
+  TORCH_INTERNAL_ASSERT(!layers_.empty(), "stage ", index, " has no layers");
+}
+
+Stage::~Stage() = default;
+
+std::vector<torch::Tensor> Stage::make_leaves(const std::vector<torch::Tensor>& tensors) const {
+  std::vector<torch::Tensor> leaves;
+  leaves.reserve(tensors.size());
+  for (const auto& t : tensors) {
+    if (!t.defined()) {
+      leaves.push_back(t);
+      continue;
+    }
+    torch::Tensor on_device = t.device() == device_ ? t : t.to(device_);
+    // Stage 0 reads user data: no gradient is wanted for it (and computing one would cost a
+    // matrix product per step). Later stages' float inputs are activations: they need one.
+    leaves.push_back(on_device.detach().requires_grad_(index_ > 0 && wants_grad(on_device)));
+  }
+  return leaves;
+}
+
+void Stage::run_layers(Microbatch& state, bool record, bool recomputing) const {
+  SkipContext context;
+  context.recomputing = recomputing;
+  context.pending = state.skip_inputs;
+  SkipContextGuard guard(&context);
+  if (record) state.layers.assign(layers_.size(), LayerRecord{});
+  std::vector<torch::Tensor> values = state.inputs;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    std::map<std::string, torch::Tensor> before;
+    if (record) before = context.pending;
+    std::vector<uint32_t> versions;
+    if (record) {
+      for (const auto& t : values) versions.push_back(t.defined() ? t._version() : 0);
+    }
+    std::vector<torch::Tensor> outputs;
+    try {
+      outputs = call_layer(const_cast<torch::nn::AnyModule&>(layers_[l].module), layers_[l].name,
+                           values);
+    } catch (const std::exception& e) {
+      throw std::runtime_error("layer '" + layers_[l].name + "' (layer " +
+                               std::to_string(first_layer_ + static_cast<int>(l)) +
+                               " of the model)" + (recomputing ? " during recompute" : "") +
+                               ": " + message_of(e));
+    }
+    if (record) {
+      for (size_t t = 0; t < values.size(); ++t) {
+        TORCH_CHECK(!values[t].defined() || !values[t].requires_grad() ||
+                        values[t]._version() == versions[t],
+                    "layer '", layers_[l].name, "' modified its input ", t,
+                    " in place; a split backward (I/W, zero-bubble schedules) needs out-of-place "
+                    "layers: construct it with inplace=false");
+      }
+      LayerRecord& rec = state.layers[l];
+      rec.inputs = std::move(values);
+      rec.outputs = outputs;
+      for (const auto& entry : before) {
+        auto now = context.pending.find(entry.first);
+        if (now == context.pending.end() || !now->second.is_same(entry.second)) {
+          rec.popped.insert(entry);
+        }
+      }
+      for (auto& entry : context.pending) {
+        auto was = before.find(entry.first);
+        if (was != before.end() && was->second.is_same(entry.second)) continue;
+        rec.stashed.insert(entry);
+        // The cut: later layers read a leaf, so this layer's graph ends at what it stashed.
+        if (entry.second.defined() && entry.second.requires_grad()) {
+          entry.second = entry.second.detach().requires_grad_();
+        }
+      }
+    }
+    values = std::move(outputs);
+  }
+  state.outputs = std::move(values);
+  state.skip_outputs = context.pending;
+  if (state.loss_hook) state.loss = state.loss_hook(state.outputs);
+}
+
+int64_t Stage::stash_bytes(const Microbatch& state) const {
+  int64_t bytes = 0;
+  for (const auto& t : state.inputs) bytes += bytes_of(t);
+  for (const auto& entry : state.skip_inputs) bytes += bytes_of(entry.second);
+  if (!state.checkpointed || state.recomputed) {
+    if (state.layers.empty()) {
+      for (const auto& t : state.outputs) bytes += bytes_of(t);
+    }
+    for (const auto& rec : state.layers) {
+      for (const auto& t : rec.outputs) bytes += bytes_of(t);
+    }
+  }
+  return bytes;
+}
+
+Bundle Stage::forward(int i, Bundle input, const StageForwardOptions& options,
+                      torch::Tensor* loss_value) {
+  TORCH_CHECK(stash_.count(i) == 0, "stage ", index_, " ran the forward of micro-batch ", i,
+              " twice without its backward; check the schedule");
+  auto state = std::make_unique<Microbatch>();
+  const size_t skips = input.skip_names.size();
+  TORCH_INTERNAL_ASSERT(input.tensors.size() >= skips);
+  std::vector<torch::Tensor> positional(input.tensors.begin(), input.tensors.end() - skips);
+  std::vector<torch::Tensor> skip_tensors(input.tensors.end() - skips, input.tensors.end());
+  state->inputs = make_leaves(positional);
+  skip_tensors = make_leaves(skip_tensors);
+  for (size_t s = 0; s < skips; ++s) {
+    // Skip tensors always come from an earlier stage's activations: they need gradients.
+    torch::Tensor leaf = skip_tensors[s];
+    if (index_ == 0 && wants_grad(leaf)) leaf.requires_grad_(true);
+    state->skip_inputs[input.skip_names[s]] = leaf;
+  }
+  state->loss_hook = options.loss;
+  state->checkpointed = options.checkpoint;
+  state->split = options.split_backward;
+
+  state->rng = rng_.run_forward([&] {
+    if (options.checkpoint) {
+      torch::NoGradGuard no_grad;  // keep only the inputs; the graph is rebuilt by recompute
+      run_layers(*state, /*record=*/false, /*recomputing=*/false);
+    } else {
+      run_layers(*state, /*record=*/options.split_backward, /*recomputing=*/false);
+    }
+  });
+  if (loss_value && state->loss.defined()) *loss_value = state->loss.detach();
+
+  Bundle output;
+  output.tensors = state->outputs;
+  for (const auto& entry : state->skip_outputs) {
+    output.tensors.push_back(entry.second);
+    output.skip_names.push_back(entry.first);
+  }
+  if (options.checkpoint) {
+    // The outputs were made without a graph; recompute makes them again before backward.
+    state->outputs.clear();
+    state->skip_outputs.clear();
+    state->loss = torch::Tensor();
+  }
+  state->bytes = stash_bytes(*state);
+  stashed_bytes_ += state->bytes;
+  stash_.emplace(i, std::move(state));
+  ++accounting_.microbatches;
+  accounting_.peak_stashed_microbatches =
+      std::max(accounting_.peak_stashed_microbatches, stashed_microbatches());
+  accounting_.peak_stashed_bytes = std::max(accounting_.peak_stashed_bytes, stashed_bytes_);
+  return output;
+}
+
+Bundle Stage::infer(Bundle input) const {
+  torch::NoGradGuard no_grad;
+  Microbatch state;
+  const size_t skips = input.skip_names.size();
+  for (size_t t = 0; t + skips < input.tensors.size(); ++t) {
+    const auto& tensor = input.tensors[t];
+    state.inputs.push_back(tensor.defined() ? tensor.to(device_) : tensor);
+  }
+  for (size_t s = 0; s < skips; ++s) {
+    const auto& tensor = input.tensors[input.tensors.size() - skips + s];
+    state.skip_inputs[input.skip_names[s]] = tensor.defined() ? tensor.to(device_) : tensor;
+  }
+  run_layers(state, /*record=*/false, /*recomputing=*/false);
+  Bundle output;
+  output.tensors = std::move(state.outputs);
+  for (const auto& entry : state.skip_outputs) {
+    output.tensors.push_back(entry.second);
+    output.skip_names.push_back(entry.first);
+  }
+  return output;
+}
+
+Stage::Microbatch& Stage::stashed(int i, const char* action) {
+  auto found = stash_.find(i);
+  TORCH_CHECK(found != stash_.end(), "stage ", index_, " has no stash for micro-batch ", i,
+              " at its ", action, "; the schedule must run the forward first (and W after I)");
+  return *found->second;
+}
+
+void Stage::recompute_if_needed(int, Microbatch& state) {
+  if (!state.checkpointed || state.recomputed) return;
+  // Replay the forward with the RNG state it started from: dropout draws the same masks, and
+  // the skip context reproduces the same stashes. is_recomputing() is true meanwhile.
+  rng_.run_replay(state.rng, [&] { run_layers(state, /*record=*/state.split, /*recomputing=*/true); });
+  state.recomputed = true;
+  stashed_bytes_ -= state.bytes;
+  state.bytes = stash_bytes(state);
+  stashed_bytes_ += state.bytes;
+  accounting_.peak_stashed_bytes = std::max(accounting_.peak_stashed_bytes, stashed_bytes_);
+}
+
+void Stage::release(int i) {
+  auto found = stash_.find(i);
+  if (found == stash_.end()) return;
+  stashed_bytes_ -= found->second->bytes;
+  stash_.erase(found);
+}
+
+Bundle Stage::backward(int i, const Bundle& output_grads) {
+  Microbatch& state = stashed(i, "backward (B)");
+  if (state.split) {
+    // Forwarded for a split backward: B is I immediately followed by W.
+    Bundle grads = backward_input(i, output_grads);
+    backward_weight(i);
+    return grads;
+  }
+  recompute_if_needed(i, state);
+  std::vector<torch::Tensor> roots;
+  std::vector<torch::Tensor> grads;
+  if (state.loss_hook) {
+    TORCH_CHECK(state.loss.defined() && state.loss.requires_grad(), "stage ", index_,
+                ": the loss of micro-batch ", i,
+                " does not require grad; does the model have trainable parameters?");
+    roots.push_back(state.loss);
+    grads.push_back(torch::ones_like(state.loss));
+  } else {
+    const size_t n = state.outputs.size();
+    TORCH_CHECK(output_grads.tensors.size() == n + state.skip_outputs.size(), "stage ", index_,
+                " received ", output_grads.tensors.size(), " gradients for micro-batch ", i,
+                " but sent ", n + state.skip_outputs.size(), " tensors");
+    for (size_t t = 0; t < n; ++t) add_root(state.outputs[t], output_grads.tensors[t], roots, grads);
+    size_t s = n;
+    for (const auto& entry : state.skip_outputs) {
+      add_root(entry.second, output_grads.tensors[s++], roots, grads);
+    }
+  }
+  if (!roots.empty()) torch::autograd::backward(roots, grads);
+
+  Bundle input_grads;
+  for (const auto& leaf : state.inputs) {
+    input_grads.tensors.push_back(leaf.defined() && leaf.requires_grad() ? leaf.grad()
+                                                                         : torch::Tensor());
+  }
+  for (const auto& entry : state.skip_inputs) {
+    input_grads.tensors.push_back(entry.second.defined() && entry.second.requires_grad()
+                                      ? entry.second.grad()
+                                      : torch::Tensor());
+    input_grads.skip_names.push_back(entry.first);
+  }
+  release(i);
+  return input_grads;
+}
+
+Bundle Stage::backward_input(int i, const Bundle& output_grads) {
+  Microbatch& state = stashed(i, "input backward (I)");
+  TORCH_CHECK(state.split, "stage ", index_, " got an I for micro-batch ", i,
+              " whose forward was not recorded for a split backward (internal: the interpreter "
+              "decides this from the schedule)");
+  TORCH_CHECK(!state.input_grads_done, "stage ", index_, " ran I of micro-batch ", i, " twice");
+  recompute_if_needed(i, state);
+
+  // Gradients of the stage's outputs: from the loss on the last stage, received otherwise.
+  std::vector<torch::Tensor> grads_out(state.outputs.size());
+  std::map<std::string, torch::Tensor> skip_grads;
+  if (state.loss_hook) {
+    TORCH_CHECK(state.loss.defined() && state.loss.requires_grad(), "stage ", index_,
+                ": the loss of micro-batch ", i, " does not require grad");
+    grads_out = grad_of({state.loss}, {torch::ones_like(state.loss)}, state.outputs,
+                        /*retain_graph=*/true);
+  } else {
+    TORCH_CHECK(output_grads.tensors.size() == state.outputs.size() + state.skip_outputs.size(),
+                "stage ", index_, " received ", output_grads.tensors.size(),
+                " gradients for micro-batch ", i, " but sent ",
+                state.outputs.size() + state.skip_outputs.size(), " tensors");
+    for (size_t t = 0; t < state.outputs.size(); ++t) grads_out[t] = output_grads.tensors[t];
+    size_t s = state.outputs.size();
+    for (const auto& entry : state.skip_outputs) skip_grads[entry.first] = output_grads.tensors[s++];
+  }
+
+  for (size_t l = layers_.size(); l-- > 0;) {
+    LayerRecord& rec = state.layers[l];
+    rec.roots.clear();
+    rec.root_grads.clear();
+    for (size_t t = 0; t < rec.outputs.size() && t < grads_out.size(); ++t) {
+      add_root(rec.outputs[t], grads_out[t], rec.roots, rec.root_grads);
+    }
+    for (const auto& entry : rec.stashed) {
+      auto grad = skip_grads.find(entry.first);
+      if (grad != skip_grads.end()) {
+        add_root(entry.second, grad->second, rec.roots, rec.root_grads);
+        skip_grads.erase(grad);
+      }
+    }
+    std::vector<torch::Tensor> targets = rec.inputs;  // [1]
+    for (const auto& entry : rec.popped) targets.push_back(entry.second);
+    std::vector<torch::Tensor> grads = grad_of(rec.roots, rec.root_grads, targets,
+                                               /*retain_graph=*/true);
+    grads_out.assign(grads.begin(), grads.begin() + static_cast<int64_t>(rec.inputs.size()));
+    size_t p = rec.inputs.size();
+    for (const auto& entry : rec.popped) skip_grads[entry.first] = grads[p++];
+    if (parameters_of(layers_[l].module).empty()) {
+      rec = LayerRecord{};  // no W for this layer: free what it kept now
+    } else {
+      rec.inputs.clear();  // [2] W needs only the roots and their gradients
+      rec.popped.clear();
+    }
+  }
+
+  Bundle input_grads;
+  input_grads.tensors = grads_out;
+  input_grads.tensors.resize(state.inputs.size());
+  for (const auto& entry : state.skip_inputs) {
+    auto grad = skip_grads.find(entry.first);
+    input_grads.tensors.push_back(grad != skip_grads.end() ? grad->second : torch::Tensor());
+    input_grads.skip_names.push_back(entry.first);
+  }
+  state.input_grads_done = true;
+  state.inputs.clear();
+  state.skip_inputs.clear();
+  state.outputs.clear();
+  state.skip_outputs.clear();
+  return input_grads;
+}
+
+void Stage::backward_weight(int i) {
+  Microbatch& state = stashed(i, "weight backward (W)");
+  TORCH_CHECK(state.input_grads_done, "stage ", index_, " got W of micro-batch ", i,
+              " before its I; a schedule must run I before W");
+  for (size_t l = 0; l < state.layers.size(); ++l) {
+    LayerRecord& rec = state.layers[l];
+    if (rec.roots.empty()) continue;
+    std::vector<torch::Tensor> params = parameters_of(layers_[l].module);
+    if (params.empty()) continue;
+    std::vector<torch::Tensor> grads = torch::autograd::grad(
+        rec.roots, params, rec.root_grads, /*retain_graph=*/false, /*create_graph=*/false,
+        /*allow_unused=*/true);  // [3]
+    for (size_t p = 0; p < params.size(); ++p) accumulate_grad(params[p], grads[p]);
+    rec = LayerRecord{};
+  }
+  release(i);
+}
+
+void Stage::clear() {
+  stash_.clear();
+  stashed_bytes_ = 0;
+}
+
+void Stage::reset_accounting() {
+  accounting_ = StageAccounting{};
+  accounting_.peak_stashed_microbatches = stashed_microbatches();
+  accounting_.peak_stashed_bytes = stashed_bytes_;
+}
+
+}  // namespace pipetrain

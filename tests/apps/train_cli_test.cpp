@@ -1,0 +1,232 @@
+// End-to-end tests of `pipetrain train` (apps/pipetrain/train.cpp).
+//
+// The oracle is Python: tests/apps/make_models.py scripts an MLP, trains the same TorchScript
+// model sequentially with torch.optim.SGD and the CLI's batching, and compares the parameters the
+// CLI saved (loaded with torch.load) with its own. So a pass shows three things at once: the
+// TorchScript model trains through the pipeline, pipelined training equals sequential training,
+// and the saved file is a dict Python reads under the TorchScript module's parameter names.
+//
+// Skipped (GTEST_SKIP) only when /usr/bin/python3 has no torch.
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <gtest/gtest.h>
+
+namespace {
+
+const std::string kPython = "/usr/bin/python3";
+const std::string kHelper = std::string(PIPETRAIN_SOURCE_DIR) + "/tests/apps/make_models.py";
+const std::string kPipetrain = std::string(PIPETRAIN_BINARY_DIR) + "/pipetrain";
+
+struct Result {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+Result run(const std::string& command, const std::string& log) {
+  const int status = std::system((command + " >" + log + " 2>&1").c_str());
+  Result result;
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream file(log);
+  std::stringstream text;
+  text << file.rdbuf();
+  result.output = text.str();
+  return result;
+}
+
+class TrainCli : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (std::system((kPython + " -c 'import torch' >/dev/null 2>&1").c_str()) != 0) return;
+    std::string pattern = ::testing::TempDir() + "pipetrain_train_cli_XXXXXX";
+    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
+    dir_ = new std::string(pattern);
+    Result made = run(kPython + " " + kHelper + " mlp " + *dir_ + " --rows 20", *dir_ + "/mlp.log");
+    ASSERT_EQ(made.exit_code, 0) << made.output;
+    // References: 20 rows, batch 8 (does not divide: step 2 reads rows 16..19 and 0..3).
+    Result mse = run(kPython + " " + kHelper + " reference --model " + path("mlp.pt") +
+                         " --inputs " + path("x.pt") + " --targets " + path("y_mse.pt") +
+                         " --loss mse --lr 0.1 --momentum 0.5 --batch-size 8 --steps 4 --out " +
+                         path("ref_mse.pt"),
+                     *dir_ + "/ref_mse.log");
+    ASSERT_EQ(mse.exit_code, 0) << mse.output;
+    Result ce = run(kPython + " " + kHelper + " reference --model " + path("mlp.pt") +
+                        " --inputs " + path("x.pt") + " --targets " + path("y_ce.pt") +
+                        " --loss cross-entropy --lr 0.2 --batch-size 6 --steps 5 --out " +
+                        path("ref_ce.pt"),
+                    *dir_ + "/ref_ce.log");
+    ASSERT_EQ(ce.exit_code, 0) << ce.output;
+  }
+
+  void SetUp() override {
+    if (dir_ == nullptr) GTEST_SKIP() << kPython << " has no torch";
+  }
+
+  static std::string path(const std::string& name) { return *dir_ + "/" + name; }
+
+  // `pipetrain train` on the MLP with the mse reference's settings plus `extra`.
+  static Result train_mse(const std::string& extra, const std::string& tag) {
+    return run(kPipetrain + " train --model " + path("mlp.pt") + " --inputs " + path("x.pt") +
+                   " --targets " + path("y_mse.pt") +
+                   " --loss mse --optimizer sgd --lr 0.1 --momentum 0.5 --batch-size 8 --steps 4 "
+                   "--save-params " +
+                   path(tag + ".pt") + " " + extra,
+               path(tag + ".log"));
+  }
+
+  static Result compare(const std::string& got, const std::string& expected) {
+    return run(
+        kPython + " " + kHelper + " compare " + path(got) + " " + path(expected) + " --rtol 1e-5",
+        path(got + ".compare.log"));
+  }
+
+  static std::string* dir_;
+};
+std::string* TrainCli::dir_ = nullptr;
+
+struct ScheduleCase {
+  const char* tag;
+  const char* flags;
+};
+
+class TrainCliSchedules : public TrainCli, public ::testing::WithParamInterface<ScheduleCase> {};
+
+TEST_P(TrainCliSchedules, SavedParametersEqualPythonSequentialTraining) {
+  const ScheduleCase& param = GetParam();
+  Result trained = train_mse(param.flags, param.tag);
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  EXPECT_NE(trained.output.find("step 3 loss"), std::string::npos) << trained.output;
+  Result compared = compare(std::string(param.tag) + ".pt", "ref_mse.pt");
+  EXPECT_EQ(compared.exit_code, 0) << compared.output << "\n--- pipetrain:\n" << trained.output;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Schedules, TrainCliSchedules,
+    ::testing::Values(ScheduleCase{"sequential", "--stages 1 --chunks 1"},
+                      ScheduleCase{"gpipe", "--stages 2 --chunks 4 --schedule gpipe"},
+                      ScheduleCase{"onefoneb", "--stages 2 --chunks 3 --schedule 1f1b"},
+                      ScheduleCase{"zbh1", "--stages 2 --chunks 4 --schedule zb-h1"},
+                      ScheduleCase{"interleaved",
+                                   "--stages 2 --virtual 2 --chunks 4 --schedule interleaved-1f1b"},
+                      ScheduleCase{"balance_always",
+                                   "--balance 1,4 --chunks 2 --schedule 1f1b --checkpoint always"}),
+    [](const ::testing::TestParamInfo<ScheduleCase>& info) { return std::string(info.param.tag); });
+
+TEST_F(TrainCli, CrossEntropyWithClassIndicesEqualsPython) {
+  Result trained = run(kPipetrain + " train --model " + path("mlp.pt") + " --inputs " +
+                           path("x.pt") + " --targets " + path("y_ce.pt") +
+                           " --loss cross-entropy --lr 0.2 --batch-size 6 --steps 5 --stages 2 "
+                           "--chunks 3 --schedule 1f1b --checkpoint never --save-params " +
+                           path("ce.pt"),
+                       path("ce.log"));
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  Result compared = compare("ce.pt", "ref_ce.pt");
+  EXPECT_EQ(compared.exit_code, 0) << compared.output << "\n--- pipetrain:\n" << trained.output;
+}
+
+TEST_F(TrainCli, PrintsOneLinePerStepAndTheSameLossesAsPython) {
+  Result trained = train_mse("--stages 2 --chunks 2", "losses");
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  std::ifstream reference(path("ref_mse.log"));
+  std::string line;
+  int lines = 0;
+  while (std::getline(reference, line)) {
+    // "step s loss L" with 6 decimals: rounding may differ in the last digit only rarely, so
+    // compare the value, not the text.
+    const auto space = line.rfind(' ');
+    const double want = std::stod(line.substr(space + 1));
+    const std::string prefix = line.substr(0, space + 1);
+    const auto at = trained.output.find(prefix);
+    ASSERT_NE(at, std::string::npos) << prefix << "\n" << trained.output;
+    const double got = std::stod(trained.output.substr(at + prefix.size()));
+    EXPECT_NEAR(got, want, 2e-6 + 1e-5 * std::abs(want)) << line;
+    ++lines;
+  }
+  EXPECT_EQ(lines, 4);
+  EXPECT_NE(trained.output.find("done: 4 steps"), std::string::npos) << trained.output;
+}
+
+// ---- bad input: exit code 2 and a message that names the problem ------------------------------
+
+struct BadCase {
+  const char* tag;
+  const char* flags;     // replaces or adds to the good command's flags ({dir} = data dir)
+  const char* expected;  // a piece of the message
+};
+
+class TrainCliRejects : public TrainCli, public ::testing::WithParamInterface<BadCase> {};
+
+std::string replace_dir(std::string text, const std::string& dir) {
+  for (auto at = text.find("{dir}"); at != std::string::npos; at = text.find("{dir}")) {
+    text.replace(at, 5, dir);
+  }
+  return text;
+}
+
+TEST_P(TrainCliRejects, WithExitCodeTwoAndAClearMessage) {
+  const BadCase& param = GetParam();
+  Result result = run(kPipetrain + " train --lr 0.1 " + replace_dir(param.flags, *dir_),
+                      path(std::string("bad_") + param.tag + ".log"));
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find(param.expected), std::string::npos)
+      << "expected '" << param.expected << "' in:\n"
+      << result.output;
+}
+
+#define PIPETRAIN_GOOD_FILES "--model {dir}/mlp.pt --inputs {dir}/x.pt --targets {dir}/y_mse.pt "
+#define PIPETRAIN_SMALL "--batch-size 4 --steps 1 "
+
+INSTANTIATE_TEST_SUITE_P(
+    BadInput, TrainCliRejects,
+    ::testing::Values(
+        BadCase{"missing_model",
+                PIPETRAIN_SMALL
+                "--model {dir}/absent.pt --inputs {dir}/x.pt --targets {dir}/y_mse.pt --loss mse",
+                "absent.pt"},
+        BadCase{"model_not_torchscript",
+                PIPETRAIN_SMALL
+                "--model {dir}/x.pt --inputs {dir}/x.pt --targets {dir}/y_mse.pt --loss mse",
+                "not a TorchScript archive"},
+        BadCase{"missing_inputs",
+                PIPETRAIN_SMALL
+                "--model {dir}/mlp.pt --inputs {dir}/nope.pt --targets {dir}/y_mse.pt --loss mse",
+                "nope.pt"},
+        BadCase{"rows_differ",
+                PIPETRAIN_SMALL
+                "--model {dir}/mlp.pt --inputs {dir}/x.pt --targets {dir}/y_short.pt --loss mse",
+                "--inputs has 20 rows but --targets has 19"},
+        BadCase{"float_targets_for_cross_entropy",
+                PIPETRAIN_SMALL PIPETRAIN_GOOD_FILES "--loss cross-entropy", "int64"},
+        BadCase{"label_out_of_range",
+                PIPETRAIN_SMALL
+                "--model {dir}/mlp.pt --inputs {dir}/x.pt --targets {dir}/y_ce_big.pt "
+                "--loss cross-entropy",
+                "class index 7 but the model outputs 4 classes"},
+        BadCase{"unknown_loss", PIPETRAIN_SMALL PIPETRAIN_GOOD_FILES "--loss hinge",
+                "mse, cross-entropy"},
+        BadCase{"unknown_optimizer",
+                PIPETRAIN_SMALL PIPETRAIN_GOOD_FILES "--loss mse --optimizer adam", "valid: sgd"},
+        BadCase{"unknown_schedule",
+                PIPETRAIN_SMALL PIPETRAIN_GOOD_FILES "--loss mse --schedule fast", "gpipe, 1f1b"},
+        BadCase{"unknown_checkpoint",
+                PIPETRAIN_SMALL PIPETRAIN_GOOD_FILES "--loss mse --checkpoint sometimes",
+                "always, except_last, never"},
+        BadCase{"zero_batch", PIPETRAIN_GOOD_FILES "--loss mse --steps 1 --batch-size 0",
+                "--batch-size must be at least 1"},
+        BadCase{"zero_steps", PIPETRAIN_GOOD_FILES "--loss mse --batch-size 4 --steps 0",
+                "--steps must be at least 1"},
+        BadCase{"balance_sum", PIPETRAIN_SMALL PIPETRAIN_GOOD_FILES "--loss mse --balance 2,2",
+                "--balance sums to 4 layers but the model has 5"},
+        BadCase{"too_many_stages",
+                PIPETRAIN_SMALL PIPETRAIN_GOOD_FILES "--loss mse --stages 3 --virtual 2",
+                "only 5 layers"},
+        BadCase{"missing_required_flag", PIPETRAIN_SMALL "--model {dir}/mlp.pt --loss mse",
+                "--inputs"}),
+    [](const ::testing::TestParamInfo<BadCase>& info) { return std::string(info.param.tag); });
+
+}  // namespace

@@ -1,0 +1,177 @@
+// The Pipe as a LibTorch module and as a pipeline: names, clone, inference, memory accounting,
+// events, dropout replay.
+#include <gtest/gtest.h>
+
+#include "pipetrain/runtime/pipe.h"
+#include "pipetrain/schedule/text_format.h"
+#include "pipetrain/stage/batchnorm.h"
+#include "training_reference.h"
+
+namespace pipetrain {
+namespace {
+
+TEST(PipeModule, ParameterNamesAreTheSequentialsOwn) {
+  torch::nn::Sequential model = testing::make_mlp();
+  std::vector<std::string> expected = model->named_parameters().keys();
+  Pipe pipe(model, PipeOptions().stages(3));
+  EXPECT_EQ(pipe->named_parameters().keys(), expected);
+  EXPECT_EQ(pipe->named_parameters().keys().front(), "0.weight");
+}
+
+TEST(PipeModule, CloneCopiesWeightsIntoIndependentLayers) {
+  Pipe pipe(testing::make_mlp(), PipeOptions().stages(2).chunks(2));
+  auto copy = std::dynamic_pointer_cast<PipeImpl>(pipe->clone());
+  ASSERT_TRUE(copy);
+  EXPECT_EQ(testing::compare_parameters(*copy, *pipe), "");
+  {
+    torch::NoGradGuard no_grad;
+    copy->parameters()[0].add_(1.0);
+  }
+  EXPECT_NE(testing::compare_parameters(*copy, *pipe), "");
+  auto batch = testing::make_batches(4, 1)[0];
+  EXPECT_NO_THROW(copy->train_step(batch.input, batch.target, testing::mse));
+}
+
+TEST(PipeModule, InferenceEqualsTheSequentialForwardForEverySplit) {
+  torch::nn::Sequential model = testing::make_skip_mlp();
+  torch::Tensor x = torch::randn({10, 6});
+  torch::Tensor expected = model->forward(x);
+  for (auto [stages, v, schedule] : std::vector<std::tuple<int, int, std::string>>{
+           {1, 1, "gpipe"}, {3, 1, "1f1b"}, {4, 2, "interleaved-1f1b"}}) {
+    Pipe pipe(model, PipeOptions().stages(stages).virtual_stages(v).schedule(schedule).chunks(4));
+    torch::Tensor out = pipe->forward(x);
+    EXPECT_FALSE(out.requires_grad());
+    EXPECT_TRUE(torch::allclose(out, expected, 1e-6, 1e-7)) << schedule;
+    EXPECT_TRUE(torch::allclose(pipe->forward(x.narrow(0, 0, 2)), expected.narrow(0, 0, 2), 1e-6,
+                                1e-7));
+  }
+}
+
+TEST(PipeMemory, OneFOneBKeepsAtMostRanksMinusStageMicroBatchesWhileGPipeKeepsAll) {
+  const int k = 4;
+  const int m = 8;
+  torch::manual_seed(0);
+  torch::nn::Sequential model;
+  for (int l = 0; l < k; ++l) model->push_back(torch::nn::Linear(4, 4));
+  for (std::string schedule : {"gpipe", "1f1b"}) {
+    Pipe pipe(model, PipeOptions().stages(k).chunks(m).schedule(schedule).checkpoint(
+                         Checkpoint::kNever));
+    pipe->train_step(torch::randn({16, 4}), torch::randn({16, 4}), testing::mse);
+    auto accounting = pipe->stage_accounting();
+    for (int j = 0; j < k; ++j) {
+      EXPECT_EQ(accounting[j].microbatches, m);
+      if (schedule == "gpipe") {
+        EXPECT_EQ(accounting[j].peak_stashed_microbatches, m) << "stage " << j;
+      } else {
+        EXPECT_LE(accounting[j].peak_stashed_microbatches, k - j) << "stage " << j;
+        EXPECT_GE(accounting[j].peak_stashed_microbatches, 1) << "stage " << j;
+      }
+    }
+  }
+}
+
+TEST(PipeEvents, EveryActionOfTheScheduleIsMeasuredOnce) {
+  Pipe pipe(testing::make_mlp(), PipeOptions().stages(2).chunks(3).schedule("zb-h1"));
+  auto batch = testing::make_batches(6, 1)[0];
+  pipe->train_step(batch.input, batch.target, testing::mse);
+  size_t actions = 0;
+  for (const auto& rank_actions : pipe->schedule().actions) actions += rank_actions.size();
+  const auto& events = pipe->last_events();
+  EXPECT_EQ(events.size(), actions);
+  for (const auto& event : events) EXPECT_LE(event.start_us, event.end_us);
+  EXPECT_TRUE(pipe->schedule().splits_backward());
+}
+
+TEST(PipeCustom, ACustomScheduleFromTextRunsAndIsTransparent) {
+  schedule::Schedule custom = schedule::parse_schedule(
+      "0F0,0F1,0B0,0B1\n"
+      "1F0,1B0,1F1,1B1\n");
+  torch::nn::Sequential reference = testing::make_mlp();
+  Pipe pipe(testing::clone_of(reference),
+            PipeOptions().stages(2).chunks(2).schedule("custom").custom_schedule(custom));
+  auto batches = testing::make_batches(4, 2);
+  testing::train_sequential(reference, batches);
+  testing::train_pipe(pipe, batches);
+  EXPECT_EQ(testing::compare_parameters(*pipe, *reference), "");
+}
+
+// Dropout draws random masks, so a whole-batch sequential run draws different numbers than
+// per-micro-batch forwards and cannot be the reference. The reference is the same pipeline with
+// checkpoint never (activations kept, no replay): checkpointed runs must replay the masks of
+// their forward exactly, and every schedule draws the same per-stage stream.
+torch::nn::Sequential make_dropout_mlp() {
+  torch::manual_seed(3);
+  return torch::nn::Sequential(torch::nn::Linear(6, 16), torch::nn::Dropout(0.5),
+                               torch::nn::Linear(16, 16), torch::nn::Tanh(),
+                               torch::nn::Dropout(0.3), torch::nn::Linear(16, 2));
+}
+
+std::string run_dropout(const std::string& schedule, Checkpoint checkpoint, uint64_t seed,
+                        torch::nn::Sequential& result) {
+  result = testing::clone_of(make_dropout_mlp());
+  Pipe pipe(result, PipeOptions().balance({2, 4}).chunks(4).schedule(schedule).checkpoint(
+                        checkpoint));
+  pipe->manual_seed(seed);
+  testing::train_pipe(pipe, testing::make_batches(10, 3));
+  return "";
+}
+
+TEST(PipeDropout, CheckpointReplayDrawsTheSameMasksForEverySchedule) {
+  torch::nn::Sequential reference;
+  run_dropout("gpipe", Checkpoint::kNever, 42, reference);
+  for (std::string schedule : {"gpipe", "1f1b", "zb-h1"}) {
+    for (Checkpoint mode : {Checkpoint::kAlways, Checkpoint::kExceptLast, Checkpoint::kNever}) {
+      torch::nn::Sequential trained;
+      run_dropout(schedule, mode, 42, trained);
+      EXPECT_EQ(testing::compare_parameters(*trained, *reference), "")
+          << schedule << " " << to_string(mode);
+    }
+  }
+  // The comparison can fail: another seed draws other masks and trains other weights.
+  torch::nn::Sequential other;
+  run_dropout("gpipe", Checkpoint::kNever, 43, other);
+  EXPECT_NE(testing::compare_parameters(*other, *reference), "");
+}
+
+}  // namespace
+}  // namespace pipetrain
+
+namespace pipetrain {
+namespace {
+
+// Batch norm in a pipeline: each micro-batch is normalised with its own statistics, so the
+// reference is a plain loop over the SAME micro-batches (weighted losses) on a copy of the model.
+// With checkpointing every forward is replayed; DeferredBatchNorm must not count the replay, so
+// running statistics equal the plain loop's (and BatchNorm's on the whole mini-batch).
+TEST(PipeBatchNorm, CheckpointedPipelineKeepsRunningStatisticsOfThePlainMicroBatchLoop) {
+  torch::manual_seed(4);
+  torch::nn::Sequential plain(torch::nn::Linear(6, 8),
+                              DeferredBatchNorm(DeferredBatchNormOptions(8).chunks(4)),
+                              torch::nn::Tanh(), torch::nn::Linear(8, 2));
+  torch::nn::Sequential piped = testing::clone_of(plain);
+  Pipe pipe(piped, PipeOptions().balance({2, 2}).chunks(4).schedule("1f1b").checkpoint(
+                       Checkpoint::kAlways));
+  auto batches = testing::make_batches(8, 3);
+  auto sgd = testing::make_sgd(plain->parameters());
+  for (const auto& batch : batches) {
+    sgd.zero_grad();
+    for (int i = 0; i < 4; ++i) {
+      auto x = batch.input.narrow(0, 2 * i, 2);
+      auto y = batch.target.narrow(0, 2 * i, 2);
+      (testing::mse(plain->forward(x), y) * 0.25).backward();
+    }
+    sgd.step();
+  }
+  testing::train_pipe(pipe, batches);
+  EXPECT_EQ(testing::compare_parameters(*pipe, *plain), "");
+  auto expected = plain->named_buffers();
+  for (const auto& buffer : pipe->named_buffers()) {
+    EXPECT_TRUE(torch::allclose(buffer.value().to(torch::kDouble),
+                                expected[buffer.key()].to(torch::kDouble), 1e-5, 1e-6))
+        << buffer.key();
+  }
+  EXPECT_EQ(expected["1.num_batches_tracked"].item<int64_t>(), 3);
+}
+
+}  // namespace
+}  // namespace pipetrain

@@ -1,0 +1,107 @@
+// Transparency: weights after 3 SGD steps (lr 0.1, momentum 0.9) of pipelined training equal
+// those of plain sequential training on the whole mini-batch, for every schedule x checkpoint
+// mode x balance x micro-batch split.
+#include <gtest/gtest.h>
+
+#include "pipetrain/runtime/pipe.h"
+#include "training_reference.h"
+
+namespace pipetrain {
+namespace {
+
+using testing::Batch;
+
+struct Case {
+  std::string schedule;
+  int64_t virtual_stages;
+  std::vector<int64_t> balance;
+  Checkpoint checkpoint;
+  int64_t rows;
+  int64_t chunks;
+};
+
+std::string name_of(const Case& c) {
+  std::string balance;
+  for (auto b : c.balance) balance += std::to_string(b);
+  std::string name = c.schedule + "_V" + std::to_string(c.virtual_stages) + "_b" + balance + "_" +
+                     to_string(c.checkpoint) + "_n" + std::to_string(c.rows) + "_m" +
+                     std::to_string(c.chunks);
+  for (char& ch : name) {
+    if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  }
+  return name;
+}
+
+std::vector<Case> all_cases() {
+  struct Layout {
+    std::string schedule;
+    int64_t v;
+    std::vector<std::vector<int64_t>> balances;
+  };
+  const std::vector<Layout> layouts = {
+      {"gpipe", 1, {{3, 4}, {1, 2, 4}}},
+      {"1f1b", 1, {{3, 4}, {1, 2, 4}}},
+      {"interleaved-1f1b", 2, {{2, 2, 2, 1}, {1, 1, 3, 2}}},
+      {"zb-h1", 1, {{3, 4}, {1, 2, 4}}},
+  };
+  const std::vector<std::pair<int64_t, int64_t>> splits = {{8, 4}, {10, 4}, {3, 4}};
+  std::vector<Case> cases;
+  for (const auto& layout : layouts) {
+    for (const auto& balance : layout.balances) {
+      for (Checkpoint mode : {Checkpoint::kAlways, Checkpoint::kExceptLast, Checkpoint::kNever}) {
+        for (const auto& split : splits) {
+          cases.push_back({layout.schedule, layout.v, balance, mode, split.first, split.second});
+        }
+      }
+    }
+  }
+  return cases;
+}
+
+class PipeTransparency : public ::testing::TestWithParam<Case> {};
+
+TEST_P(PipeTransparency, WeightsAfterThreeStepsEqualSequentialTraining) {
+  const Case& c = GetParam();
+  for (bool with_skip : {false, true}) {
+    torch::nn::Sequential reference = with_skip ? testing::make_skip_mlp() : testing::make_mlp();
+    torch::nn::Sequential copy = testing::clone_of(reference);
+    auto batches = testing::make_batches(c.rows, 3);
+    testing::train_sequential(reference, batches);
+
+    Pipe pipe(copy, PipeOptions()
+                        .balance(c.balance)
+                        .chunks(c.chunks)
+                        .schedule(c.schedule)
+                        .virtual_stages(c.virtual_stages)
+                        .checkpoint(c.checkpoint));
+    testing::train_pipe(pipe, batches);
+    EXPECT_EQ(testing::compare_parameters(*pipe, *reference), "")
+        << (with_skip ? "model with a skip across stages" : "plain MLP");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllSchedules, PipeTransparency, ::testing::ValuesIn(all_cases()),
+                         [](const auto& info) { return name_of(info.param); });
+
+TEST(PipeTransparency, ReturnedLossIsTheMiniBatchMeanLoss) {
+  torch::nn::Sequential reference = testing::make_mlp();
+  Pipe pipe(testing::clone_of(reference), PipeOptions().stages(2).chunks(4));
+  auto batch = testing::make_batches(10, 1)[0];
+  torch::Tensor expected = testing::mse(reference->forward(batch.input), batch.target);
+  torch::Tensor loss = pipe->train_step(batch.input, batch.target, testing::mse);
+  EXPECT_TRUE(torch::allclose(loss, expected, 1e-5, 1e-6))
+      << loss.item<double>() << " vs " << expected.item<double>();
+  EXPECT_FALSE(loss.requires_grad());
+}
+
+TEST(PipeTransparency, SingleStageZeroBubbleSplitsBackwardWithASkipInsideTheStage) {
+  torch::nn::Sequential reference = testing::make_skip_mlp();
+  Pipe pipe(testing::clone_of(reference), PipeOptions().stages(1).chunks(3).schedule("zb-h1"));
+  auto batches = testing::make_batches(9, 3);
+  testing::train_sequential(reference, batches);
+  testing::train_pipe(pipe, batches);
+  EXPECT_EQ(testing::compare_parameters(*pipe, *reference), "");
+}
+
+}  // namespace
+}  // namespace pipetrain

@@ -1,0 +1,139 @@
+#include "pipetrain/stage/stage.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "pipetrain/stage/skip.h"
+#include "pipetrain/stage/skip_layers.h"
+
+namespace pipetrain {
+namespace {
+
+// A middle stage (index 1): Linear, Stash(s), Tanh, Linear, PopAdd(s), ReLU, Linear.
+std::vector<StageLayer> make_layers(uint64_t seed) {
+  torch::manual_seed(seed);
+  torch::nn::Sequential model(torch::nn::Linear(5, 6), SkipStash("s"), torch::nn::Tanh(),
+                              torch::nn::Linear(6, 6), SkipPopAdd("s"), torch::nn::ReLU(),
+                              torch::nn::Linear(6, 3));
+  std::vector<StageLayer> layers;
+  int l = 0;
+  for (auto& module : *model) layers.push_back({std::to_string(l++), module});
+  return layers;
+}
+
+std::vector<torch::Tensor> grads_of(const std::vector<StageLayer>& layers) {
+  std::vector<torch::Tensor> grads;
+  for (const auto& layer : layers) {
+    for (const auto& p : layer.module.ptr()->parameters()) grads.push_back(p.grad().clone());
+  }
+  return grads;
+}
+
+Bundle run_backward(bool split, bool checkpoint, std::vector<torch::Tensor>* param_grads) {
+  Stage stage(1, 0, make_layers(3), torch::kCPU, 11);
+  torch::manual_seed(5);
+  std::vector<torch::Tensor> inputs = {torch::randn({4, 5}), torch::randn({3, 5})};
+  std::vector<torch::Tensor> grads = {torch::randn({4, 3}), torch::randn({3, 3})};
+  StageForwardOptions options;
+  options.split_backward = split;
+  options.checkpoint = checkpoint;
+  Bundle result;
+  for (int i = 0; i < 2; ++i) stage.forward(i, Bundle{{inputs[static_cast<size_t>(i)]}, {}}, options);
+  for (int i = 0; i < 2; ++i) {
+    Bundle g{{grads[static_cast<size_t>(i)]}, {}};
+    if (split) {
+      result = stage.backward_input(i, g);
+      stage.backward_weight(i);
+    } else {
+      result = stage.backward(i, g);
+    }
+  }
+  EXPECT_EQ(stage.stashed_microbatches(), 0);
+  *param_grads = grads_of(stage.layers());
+  return result;
+}
+
+TEST(Stage, InputThenWeightBackwardGivesExactlyTheFullBackwardGradients) {
+  for (bool checkpoint : {false, true}) {
+    std::vector<torch::Tensor> full_grads;
+    std::vector<torch::Tensor> split_grads;
+    Bundle full = run_backward(/*split=*/false, checkpoint, &full_grads);
+    Bundle split = run_backward(/*split=*/true, checkpoint, &split_grads);
+    ASSERT_EQ(full.tensors.size(), 1u);
+    ASSERT_EQ(split.tensors.size(), 1u);
+    EXPECT_TRUE(torch::equal(full.tensors[0], split.tensors[0])) << "input gradient differs";
+    ASSERT_EQ(full_grads.size(), split_grads.size());
+    ASSERT_FALSE(full_grads.empty());
+    for (size_t p = 0; p < full_grads.size(); ++p) {
+      EXPECT_TRUE(torch::equal(full_grads[p], split_grads[p]))
+          << "parameter " << p << " checkpoint " << checkpoint << " max diff "
+          << (full_grads[p] - split_grads[p]).abs().max().item<double>();
+    }
+  }
+}
+
+TEST(Stage, CheckpointKeepsOnlyInputsUntilBackward) {
+  Stage kept(1, 0, make_layers(3), torch::kCPU, 1);
+  Stage checkpointed(1, 0, make_layers(3), torch::kCPU, 1);
+  torch::Tensor x = torch::randn({64, 5});
+  StageForwardOptions never;
+  StageForwardOptions always;
+  always.checkpoint = true;
+  kept.forward(0, Bundle{{x}, {}}, never);
+  checkpointed.forward(0, Bundle{{x}, {}}, always);
+  EXPECT_LT(checkpointed.accounting().peak_stashed_bytes, kept.accounting().peak_stashed_bytes);
+  EXPECT_EQ(checkpointed.accounting().peak_stashed_bytes, 64 * 5 * 4);
+}
+
+class RecordRecompute : public torch::nn::Module {
+ public:
+  torch::Tensor forward(torch::Tensor x) {
+    (is_recomputing() ? recomputes : forwards)++;
+    return x * 2;
+  }
+  int forwards = 0;
+  int recomputes = 0;
+};
+
+TEST(Stage, RecomputeRunsOnceBeforeBackwardWithTheRecomputeFlagSet) {
+  auto probe = std::make_shared<RecordRecompute>();
+  torch::nn::Sequential model(torch::nn::Linear(3, 3), torch::nn::AnyModule(probe));
+  std::vector<StageLayer> layers;
+  for (auto& module : *model) layers.push_back({"l", module});
+  Stage stage(1, 0, layers, torch::kCPU, 1);
+  StageForwardOptions options;
+  options.checkpoint = true;
+  stage.forward(0, Bundle{{torch::randn({2, 3})}, {}}, options);
+  EXPECT_EQ(probe->forwards, 1);
+  EXPECT_EQ(probe->recomputes, 0);
+  stage.backward(0, Bundle{{torch::ones({2, 3})}, {}});
+  EXPECT_EQ(probe->forwards, 1);
+  EXPECT_EQ(probe->recomputes, 1);
+}
+
+TEST(Stage, UnpoppedSkipLeavesWithTheOutputsAndItsGradientComesBack) {
+  torch::nn::Sequential model(torch::nn::Linear(3, 3), SkipStash("z"), torch::nn::Tanh());
+  std::vector<StageLayer> layers;
+  for (auto& module : *model) layers.push_back({"l", module});
+  Stage stage(1, 0, layers, torch::kCPU, 1);
+  Bundle out = stage.forward(0, Bundle{{torch::randn({2, 3})}, {}}, StageForwardOptions{});
+  ASSERT_EQ(out.skip_names, std::vector<std::string>{"z"});
+  ASSERT_EQ(out.tensors.size(), 2u);
+  Bundle grads = stage.backward(0, Bundle{{torch::Tensor(), torch::ones({2, 3})}, {"z"}});
+  ASSERT_EQ(grads.tensors.size(), 1u);
+  EXPECT_TRUE(grads.tensors[0].defined());
+}
+
+TEST(Stage, SplitBackwardRejectsInPlaceLayers) {
+  torch::nn::Sequential model(torch::nn::Linear(3, 3),
+                              torch::nn::ReLU(torch::nn::ReLUOptions().inplace(true)));
+  std::vector<StageLayer> layers;
+  for (auto& module : *model) layers.push_back({"l", module});
+  Stage stage(1, 0, layers, torch::kCPU, 1);
+  StageForwardOptions options;
+  options.split_backward = true;
+  EXPECT_THROW(stage.forward(0, Bundle{{torch::randn({2, 3})}, {}}, options), std::exception);
+}
+
+}  // namespace
+}  // namespace pipetrain

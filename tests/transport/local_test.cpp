@@ -1,0 +1,65 @@
+#include "pipetrain/transport/local.h"
+
+#include <future>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+namespace pipetrain {
+namespace {
+
+std::vector<torch::Device> cpus(int n) { return std::vector<torch::Device>(n, torch::kCPU); }
+
+TEST(LocalTransport, ReceiveGetsWhatWasSentUnderTheSameEnvelopeDetached) {
+  LocalTransport transport(cpus(2));
+  torch::Tensor x = torch::ones({2}, torch::requires_grad()) * 3;
+  transport.send({0, 1, 4, Payload::kActivation}, Bundle{{x}, {}});
+  EXPECT_EQ(transport.pending(), 1u);
+  Bundle got = transport.recv({0, 1, 4, Payload::kActivation});
+  EXPECT_TRUE(torch::equal(got.tensors[0], x));
+  EXPECT_FALSE(got.tensors[0].requires_grad());
+  EXPECT_EQ(transport.pending(), 0u);
+}
+
+TEST(LocalTransport, AbortWakesABlockedReceiverWithTheReason) {
+  LocalTransport transport(cpus(2));
+  auto receiver = std::async(std::launch::async, [&] {
+    try {
+      transport.recv({0, 1, 0, Payload::kActivation});
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  transport.abort("stage 3 exploded");
+  ASSERT_EQ(receiver.wait_for(std::chrono::seconds(5)), std::future_status::ready);
+  EXPECT_NE(receiver.get().find("stage 3 exploded"), std::string::npos);
+  transport.reset();
+  transport.send({1, 0, 0, Payload::kGradient}, Bundle{{torch::zeros({1})}, {}});
+  EXPECT_NO_THROW(transport.recv({1, 0, 0, Payload::kGradient}));
+}
+
+TEST(LocalTransport, ReceiveTimesOutNamingTheMissingMessage) {
+  LocalTransport transport(cpus(3), std::chrono::milliseconds(50));
+  try {
+    transport.recv({1, 2, 5, Payload::kActivation});
+    FAIL() << "no timeout";
+  } catch (const c10::Error& e) {
+    std::string message = e.what();
+    EXPECT_NE(message.find("micro-batch 5 from stage 1 to stage 2"), std::string::npos) << message;
+  }
+}
+
+TEST(LocalTransport, ResetDropsUndeliveredMessagesAndDoubleSendIsAnError) {
+  LocalTransport transport(cpus(2));
+  transport.send({0, 1, 0, Payload::kActivation}, Bundle{{torch::zeros({1})}, {}});
+  EXPECT_THROW(transport.send({0, 1, 0, Payload::kActivation}, Bundle{{torch::zeros({1})}, {}}),
+               c10::Error);
+  transport.reset();
+  EXPECT_EQ(transport.pending(), 0u);
+}
+
+}  // namespace
+}  // namespace pipetrain
