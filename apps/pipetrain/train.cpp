@@ -373,11 +373,10 @@ PipeOptions pipe_options(const TrainArgs& args, int64_t layers) {
   return options;
 }
 
-TrainStep build_step(const TrainArgs& args, const TrainModel& model) {
+TrainStep build_step(const TrainArgs& args, TrainModel& model) {
   LossFn loss = build_loss(args.loss);
-  const bool sequential = args.stages == 1 && args.balance.size() <= 1 &&
-                          args.virtual_stages == 1 && args.chunks == 1 &&
-                          args.schedule_file.empty();
+  const bool sequential = args.stages == 1 && args.balance.empty() && args.virtual_stages == 1 &&
+                          args.chunks == 1 && args.schedule_file.empty();
   if (sequential) {
     // No pipeline: the reference behaviour the pipeline must reproduce.
     torch::nn::Sequential layers = model.layers;
@@ -390,7 +389,11 @@ TrainStep build_step(const TrainArgs& args, const TrainModel& model) {
   }
   Pipe pipe{nullptr};
   try {
-    pipe = Pipe(model.layers, pipe_options(args, static_cast<int64_t>(model.layers->size())));
+    PipeOptions options = pipe_options(args, static_cast<int64_t>(model.layers->size()));
+    // TorchScript batch norms would update running statistics per micro-batch and again on
+    // recompute; deferred ones update once per mini-batch, as sequential training does.
+    model.layers = convert_deferred_batch_norm(model.layers, options.chunks());
+    pipe = Pipe(model.layers, options);
   } catch (const c10::Error& error) {
     throw UsageError(message_of(error));
   } catch (const std::invalid_argument& error) {

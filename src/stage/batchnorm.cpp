@@ -6,6 +6,7 @@
 #include <torch/nn/modules/batchnorm.h>
 
 #include "pipetrain/stage/skip.h"
+#include "pipetrain/stage/torchscript.h"
 
 namespace pipetrain {
 namespace {
@@ -24,22 +25,56 @@ DeferredBatchNormImpl::DeferredBatchNormImpl(DeferredBatchNormOptions options_)
   reset();
 }
 
+DeferredBatchNormImpl::DeferredBatchNormImpl(DeferredBatchNormOptions options_,
+                                             DeferredBatchNormTensors shared)
+    : options(std::move(options_)), shared_(std::move(shared)) {
+  reset();
+}
+
 void DeferredBatchNormImpl::reset() {
   TORCH_CHECK(options.num_features() > 0, "DeferredBatchNorm needs num_features >= 1, got ",
               options.num_features());
   TORCH_CHECK(options.chunks() >= 1, "DeferredBatchNorm needs chunks >= 1 (micro-batches per ",
               "mini-batch), got ", options.chunks());
   const int64_t c = options.num_features();
+  // The shared tensors serve the constructor's reset() only; a later reset() (clone) makes fresh
+  // ones, into which Cloneable copies the values.
+  DeferredBatchNormTensors tensors;
+  if (shared_) {
+    tensors = std::move(*shared_);
+    shared_.reset();
+    auto check = [c](const torch::Tensor& tensor, const char* name) {
+      TORCH_CHECK(tensor.defined() && tensor.dim() == 1 && tensor.size(0) == c,
+                  "DeferredBatchNorm(", c, "): the shared ", name, " must have shape [", c,
+                  "], got ", tensor.defined() ? c10::str(tensor.sizes()) : "undefined");
+    };
+    if (options.affine()) {
+      check(tensors.weight, "weight");
+      check(tensors.bias, "bias");
+    }
+    check(tensors.running_mean, "running_mean");
+    check(tensors.running_var, "running_var");
+    TORCH_CHECK(tensors.num_batches_tracked.defined() && tensors.num_batches_tracked.numel() == 1,
+                "DeferredBatchNorm: the shared num_batches_tracked must hold one number");
+  } else {
+    if (options.affine()) {
+      tensors.weight = torch::ones({c}).requires_grad_();
+      tensors.bias = torch::zeros({c}).requires_grad_();
+    }
+    tensors.running_mean = torch::zeros({c});
+    tensors.running_var = torch::ones({c});
+    tensors.num_batches_tracked = torch::zeros({}, torch::kLong);
+  }
   if (options.affine()) {
-    weight = register_parameter("weight", torch::ones({c}));
-    bias = register_parameter("bias", torch::zeros({c}));
+    weight = register_parameter("weight", tensors.weight, tensors.weight.requires_grad());
+    bias = register_parameter("bias", tensors.bias, tensors.bias.requires_grad());
   } else {
     weight = register_parameter("weight", torch::Tensor(), /*requires_grad=*/false);
     bias = register_parameter("bias", torch::Tensor(), /*requires_grad=*/false);
   }
-  running_mean = register_buffer("running_mean", torch::zeros({c}));
-  running_var = register_buffer("running_var", torch::ones({c}));
-  num_batches_tracked = register_buffer("num_batches_tracked", torch::zeros({}, torch::kLong));
+  running_mean = register_buffer("running_mean", tensors.running_mean);
+  running_var = register_buffer("running_var", tensors.running_var);
+  num_batches_tracked = register_buffer("num_batches_tracked", tensors.num_batches_tracked);
   sum_ = torch::Tensor();
   sum_squares_ = torch::Tensor();
   count_ = 0;
@@ -163,6 +198,47 @@ std::optional<DeferredBatchNorm> convert_one(const std::shared_ptr<torch::nn::Mo
   return deferred;
 }
 
+bool ends_with(const std::string& text, const std::string& suffix) {
+  return text.size() >= suffix.size() &&
+         text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// A TorchScript nn.BatchNorm1d/2d (type "__torch__.torch.nn.modules.batchnorm.BatchNorm2d",
+// possibly with a mangled namespace) becomes a DeferredBatchNorm on the jit module's own tensors.
+std::optional<DeferredBatchNorm> convert_script(const std::shared_ptr<torch::nn::Module>& layer,
+                                                int64_t chunks) {
+  auto script = std::dynamic_pointer_cast<ScriptLayerImpl>(layer);
+  if (!script) return std::nullopt;
+  const torch::jit::Module& jit = script->jit_module();
+  const auto& type = jit.type()->name();
+  if (!type) return std::nullopt;
+  const std::string name = type->qualifiedName();
+  if (!ends_with(name, ".BatchNorm1d") && !ends_with(name, ".BatchNorm2d")) return std::nullopt;
+  TORCH_CHECK(jit.attr("track_running_stats").toBool(), "convert_deferred_batch_norm: layer '",
+              script->layer_name(),
+              "' is a batch norm with track_running_stats=False; it has no running statistics "
+              "to defer");
+  const torch::jit::IValue momentum = jit.attr("momentum");
+  const bool affine = jit.attr("affine").toBool();
+  DeferredBatchNormTensors shared;
+  if (affine) {
+    shared.weight = jit.attr("weight").toTensor();
+    shared.bias = jit.attr("bias").toTensor();
+  }
+  shared.running_mean = jit.attr("running_mean").toTensor();
+  shared.running_var = jit.attr("running_var").toTensor();
+  shared.num_batches_tracked = jit.attr("num_batches_tracked").toTensor();
+  DeferredBatchNorm deferred(
+      DeferredBatchNormOptions(jit.attr("num_features").toInt())
+          .eps(jit.attr("eps").toDouble())
+          .momentum(momentum.isNone() ? std::nullopt : std::optional<double>(momentum.toDouble()))
+          .affine(affine)
+          .chunks(chunks),
+      std::move(shared));
+  deferred->train(script->is_training());
+  return deferred;
+}
+
 }  // namespace
 
 torch::nn::Sequential convert_deferred_batch_norm(const torch::nn::Sequential& model,
@@ -177,6 +253,7 @@ torch::nn::Sequential convert_deferred_batch_norm(const torch::nn::Sequential& m
     std::optional<DeferredBatchNorm> deferred =
         convert_one<torch::nn::BatchNorm1dImpl>(layer, chunks);
     if (!deferred) deferred = convert_one<torch::nn::BatchNorm2dImpl>(layer, chunks);
+    if (!deferred) deferred = convert_script(layer, chunks);
     if (deferred) {
       converted->push_back(std::string(name), *deferred);
     } else {

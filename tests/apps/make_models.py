@@ -16,6 +16,9 @@ Subcommands:
       Trains the TorchScript model sequentially in Python with the batching of `pipetrain train`
       (rows (s*N + 0..N-1) mod R at step s, no shuffle) and torch.optim.SGD, and saves
       {name: parameter} with torch.save. Prints one "step s loss L" line per step.
+  batch FILE
+      Runs each non-empty line of FILE as a command line of this script, in one process (saves
+      starting Python and importing torch once per command). Stops at the first failure.
   compare GOT EXPECTED [--rtol T]
       Loads two {name: tensor} files with torch.load and checks that they hold the same names and
       that, per tensor, max|got - expected| <= T * max|expected| (default T = 1e-5). Prints the
@@ -147,7 +150,18 @@ def cmd_compare(args):
     return 1 if failed else 0
 
 
-def main():
+def cmd_batch(args):
+    import shlex
+    with open(args.file) as lines:
+        for line in lines:
+            if line.strip():
+                code = run(shlex.split(line))
+                if code:
+                    return code
+    return 0
+
+
+def run(argv):
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -174,15 +188,19 @@ def main():
     p.add_argument("--out", required=True)
     p.set_defaults(run=cmd_reference)
 
+    p = sub.add_parser("batch")
+    p.add_argument("file")
+    p.set_defaults(run=cmd_batch)
+
     p = sub.add_parser("compare")
     p.add_argument("got")
     p.add_argument("expected")
     p.add_argument("--rtol", type=float, default=1e-5)
     p.set_defaults(run=cmd_compare)
 
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     return args.run(args) or 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(sys.argv[1:]))

@@ -13,6 +13,7 @@
 #include <torch/torch.h>
 
 #include "pipetrain/runtime/tensor_io.h"
+#include "pipetrain/stage/batchnorm.h"
 
 namespace pipetrain {
 namespace {
@@ -277,6 +278,37 @@ TEST_F(PythonScripted, DropoutFollowsTheModeSetOnTheSequential) {
   EXPECT_GT((dropout->forward(in) == 0).sum().item<int64_t>(), 0);
   sequential->eval();
   EXPECT_TRUE(torch::equal(dropout->forward(in), in));
+}
+
+TEST_F(PythonScripted, ATorchScriptBatchNormBecomesADeferredOneOnTheSameTensors) {
+  torch::jit::Module module = torch::jit::load(path("nested.pt"));
+  torch::nn::Sequential converted =
+      convert_deferred_batch_norm(sequential_from_torchscript(module), /*chunks=*/2);
+  auto* deferred = converted->ptr(3)->as<DeferredBatchNorm>();
+  ASSERT_NE(deferred, nullptr);
+  EXPECT_EQ(keys(converted->named_parameters()), jit_names(module.named_parameters()));
+  EXPECT_EQ(keys(converted->named_buffers()), jit_names(module.named_buffers()));
+  torch::jit::Module jit_batch_norm = module.attr("3").toModule();
+  EXPECT_EQ(deferred->running_mean.unsafeGetTensorImpl(),
+            jit_batch_norm.attr("running_mean").toTensor().unsafeGetTensorImpl());
+  EXPECT_EQ(deferred->weight.unsafeGetTensorImpl(),
+            jit_batch_norm.attr("weight").toTensor().unsafeGetTensorImpl());
+
+  // Reference: a LibTorch BatchNorm1d with the fixture's statistics, on the whole batch.
+  torch::nn::BatchNorm1d whole(8);
+  {
+    torch::NoGradGuard no_grad;
+    whole->running_mean.copy_(deferred->running_mean);
+    whole->running_var.copy_(deferred->running_var);
+  }
+  torch::Tensor batch = torch::randn({10, 8});
+  for (const auto& micro : batch.chunk(2)) deferred->forward(micro);
+  whole->forward(batch);
+  torch::Tensor jit_mean = jit_batch_norm.attr("running_mean").toTensor();
+  EXPECT_TRUE(torch::allclose(jit_mean, whole->running_mean, 1e-5, 1e-6));
+  EXPECT_TRUE(torch::allclose(jit_batch_norm.attr("running_var").toTensor(), whole->running_var,
+                              1e-5, 1e-6));
+  EXPECT_EQ(jit_batch_norm.attr("num_batches_tracked").toTensor().item<int64_t>(), 1);
 }
 
 }  // namespace

@@ -67,9 +67,18 @@ struct DeferredBatchNormOptions {
   TORCH_ARG(int64_t, chunks) = 1;
 };
 
+// Existing tensors for a DeferredBatchNorm to register as its own (shared, not copied), e.g. those
+// of a TorchScript BatchNorm, so updates are seen by both. weight/bias only with affine.
+struct DeferredBatchNormTensors {
+  torch::Tensor weight, bias, running_mean, running_var, num_batches_tracked;
+};
+
 class DeferredBatchNormImpl : public torch::nn::Cloneable<DeferredBatchNormImpl> {
  public:
   explicit DeferredBatchNormImpl(DeferredBatchNormOptions options);
+  // Adopts `shared` instead of creating fresh tensors. clone() still makes independent copies.
+  // REQUIRES: shapes (num_features) and presence (affine) match the options.
+  DeferredBatchNormImpl(DeferredBatchNormOptions options, DeferredBatchNormTensors shared);
 
   // REQUIRES: input.dim() >= 2 and input.size(1) == num_features; in train mode, more than one
   // value per channel. Throws c10::Error naming the shape otherwise.
@@ -92,6 +101,9 @@ class DeferredBatchNormImpl : public torch::nn::Cloneable<DeferredBatchNormImpl>
  private:
   void track(const torch::Tensor& input);
 
+  // Consumed by the first reset() (the constructor's), so a clone gets fresh tensors.
+  std::optional<DeferredBatchNormTensors> shared_;
+
   // Accumulators since the last commit (float64, per channel), not buffers.
   torch::Tensor sum_, sum_squares_;
   int64_t count_ = 0;    // values per channel seen
@@ -102,8 +114,10 @@ TORCH_MODULE(DeferredBatchNorm);
 // A copy of `model`'s layer list where every torch::nn::BatchNorm1d/BatchNorm2d layer is replaced
 // by a DeferredBatchNorm with `chunks`, the same eps/momentum/affine and copies of its weight, bias
 // and running statistics, registered under the same name (so parameter names are unchanged).
-// Other layers are shared with `model`, not copied. Only direct layers are converted (not layers
-// nested inside another module).
+// A ScriptLayer (stage/torchscript.h) wrapping a TorchScript nn.BatchNorm1d/2d is replaced by a
+// DeferredBatchNorm that SHARES the jit module's tensors (so the TorchScript module sees the
+// running statistics and parameter updates). Other layers are shared with `model`, not copied.
+// Only direct layers are converted (not layers nested inside another module).
 // REQUIRES: chunks >= 1; converted batch norms track running statistics.
 torch::nn::Sequential convert_deferred_batch_norm(const torch::nn::Sequential& model,
                                                   int64_t chunks);
