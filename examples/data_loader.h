@@ -1,0 +1,108 @@
+// DataLoader: seeded, resumable mini-batches over in-memory tensors.
+//
+// The order of epoch e is a pure function of (seed, e): a Fisher-Yates shuffle driven by a
+// std::mt19937_64 seeded from the pair, with our own bounded draw (not std::shuffle, whose draws
+// are implementation-defined). So the same seed gives the same batches on every run, on every
+// thread count, and resuming at (epoch, batch) needs no saved generator state: seek() and go.
+//
+//   epoch 0: order(0) = [17, 3, 42, ...]  -> batch 0 = rows order(0)[0 .. B-1], batch 1 = ...
+//   epoch 1: order(1) = [8, 55, 0, ...]   (a fresh shuffle, independent of how epoch 0 was read)
+//
+// The last batch of an epoch holds the remainder (size < B) unless drop_last is set.
+//
+// Ownership: holds (shares) the input and target tensors. Thread-safety: const methods may be
+// called concurrently; next()/seek() mutate the position and need external synchronization.
+//
+// Example:
+//   DataLoader loader(train.images, train.labels, DataLoaderOptions(128).seed(7));
+//   loader.seek({resume_epoch, resume_batch});
+//   while (loader.position().epoch < epochs) { Batch b = loader.next(); ... }
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <torch/arg.h>
+#include <torch/types.h>
+
+namespace pipetrain::examples {
+
+struct DataLoaderOptions {
+  /* implicit */ DataLoaderOptions(int64_t batch_size) : batch_size_(batch_size) {}
+  /// Samples per mini-batch. REQUIRES > 0.
+  TORCH_ARG(int64_t, batch_size);
+  /// Shuffle every epoch; false reads the samples in stored order. Default true.
+  TORCH_ARG(bool, shuffle) = true;
+  /// Seed of the per-epoch shuffles. Default 0.
+  TORCH_ARG(uint64_t, seed) = 0;
+  /// Drop the last batch of an epoch when it holds fewer than batch_size samples. Default false.
+  TORCH_ARG(bool, drop_last) = false;
+};
+
+// Where the loader stands: the next batch next() returns is batch `batch` of epoch `epoch`.
+struct LoaderPosition {
+  int64_t epoch = 0;
+  int64_t batch = 0;
+  friend bool operator==(const LoaderPosition& a, const LoaderPosition& b) {
+    return a.epoch == b.epoch && a.batch == b.batch;
+  }
+};
+
+struct Batch {
+  torch::Tensor inputs;   // rows of the inputs tensor
+  torch::Tensor targets;  // the matching rows of the targets tensor
+  int64_t epoch = 0;
+  int64_t index = 0;  // batch index within the epoch
+};
+
+class DataLoader {
+ public:
+  // REQUIRES: inputs.size(0) == targets.size(0) > 0; batch_size > 0; with drop_last, at least
+  // one full batch. Checked with TORCH_CHECK.
+  DataLoader(torch::Tensor inputs, torch::Tensor targets, DataLoaderOptions options);
+
+  int64_t num_samples() const { return inputs_.size(0); }
+  int64_t batches_per_epoch() const;
+  const DataLoaderOptions& options() const { return options_; }
+
+  // The sample order of `epoch` (a permutation of 0..N-1, or the identity without shuffle).
+  std::vector<int64_t> order(int64_t epoch) const;
+
+  // Random access: batch `index` of `epoch`. REQUIRES 0 <= index < batches_per_epoch().
+  Batch batch(int64_t epoch, int64_t index) const;
+
+  // Sequential access: returns the batch at position() and advances, rolling over to batch 0 of
+  // the next epoch after the last batch.
+  Batch next();
+  LoaderPosition position() const { return position_; }
+  // REQUIRES: position.epoch >= 0 and 0 <= position.batch <= batches_per_epoch() (== rolls over).
+  void seek(LoaderPosition position);
+
+ private:
+  const std::vector<int64_t>& cached_order(int64_t epoch) const;
+
+  torch::Tensor inputs_;
+  torch::Tensor targets_;
+  DataLoaderOptions options_;
+  LoaderPosition position_;
+  mutable int64_t cached_epoch_ = -1;  // guarded by the caller (see thread-safety above)
+  mutable std::vector<int64_t> cached_order_;
+};
+
+// Mixes a seed and a counter into one well-spread 64-bit seed (splitmix64 finalizer), so that
+// nearby (seed, counter) pairs give unrelated generator streams. Shared by the samplers here.
+uint64_t mix_seed(uint64_t seed, uint64_t counter);
+
+// A uniform draw in [0, bound) from `engine` by rejection (unbiased and the same on every
+// standard library, unlike std::uniform_int_distribution). REQUIRES bound > 0.
+template <typename Engine>
+uint64_t uniform_below(Engine& engine, uint64_t bound) {
+  const uint64_t limit = UINT64_MAX - UINT64_MAX % bound;
+  uint64_t draw;
+  do {
+    draw = engine();
+  } while (draw >= limit);
+  return draw % bound;
+}
+
+}  // namespace pipetrain::examples

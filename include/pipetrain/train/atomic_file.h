@@ -1,0 +1,31 @@
+// write_file_atomically: replace a file so that a crash or a full disk never leaves it half
+// written; readers see either the old content or the new, never a mix.
+//
+//   [1] create a temporary file in the SAME directory (rename is atomic only within a file system)
+//   [2] write every byte, [3] fsync it (data on disk before the name points at it)
+//   [4] rename over the destination, [5] fsync the directory (the rename itself is durable)
+// A failure at [1]..[4] removes the temporary and leaves the destination untouched.
+//
+// Thread-safety: concurrent writers of the same path each rename a complete file; the last one
+// wins.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace pipetrain::train {
+
+// An I/O failure while writing or reading a file; the message names the path and the errno text.
+class FileError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Throws FileError("cannot write '<path>': <step>: <strerror>") on any failure.
+void write_file_atomically(const std::string& path, std::string_view bytes);
+
+// Reads a whole file. Throws FileError naming the path when it cannot.
+std::string read_file(const std::string& path);
+
+}  // namespace pipetrain::train

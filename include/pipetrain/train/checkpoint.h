@@ -1,0 +1,113 @@
+// Checkpoint: everything needed to resume training exactly, keyed by parameter NAME.
+//
+// Contents: named parameters and buffers, the optimizer's per-parameter state (by parameter
+// name: exp_avg / exp_avg_sq / step for adam and adamw, momentum_buffer for sgd), the position
+// (global step, epoch, batch index within the epoch), the torch CPU generator state, the data
+// loader's state (an opaque string), and a JSON metadata blob (model name, options, ...).
+//
+// Names are the global names of the full model (`sequential->named_parameters()`, e.g.
+// "3.weight"), so a checkpoint written by a run with S stages (each stage capturing its own
+// names, merged with merge_checkpoint) restores into a run with any other number of stages: each
+// stage restores the names it holds (NameMatch::kSubset).
+//
+// File format: one torch pickle (torch::pickle_save, the zip format of Python's torch.save) of a
+// dict {"format": "pipetrain-checkpoint", "version": 1, "parameters": {name: Tensor},
+// "buffers": {name: Tensor}, "optimizer": str, "optimizer_state": {name: {field: Tensor}},
+// "step": int, "epoch": int, "batch": int, "torch_rng_state": uint8 Tensor, "loader_state": str,
+// "metadata": JSON text}. Python reads it with `torch.load(path)`. Files are written atomically
+// (atomic_file.h): a failed save leaves the previous checkpoint intact.
+//
+// Ownership: a Checkpoint holds detached CPU copies, independent of the model. Thread-safety:
+// plain value; the capture/restore functions must not run concurrently with training steps.
+//
+// Example (one process):
+//   Checkpoint c;
+//   capture_model(c, *model);  capture_optimizer(c, *optimizer, model->named_parameters());
+//   capture_torch_rng(c);  c.step = k;  c.epoch = e;  c.batch = b;  c.metadata = {...};
+//   save_checkpoint("run.ckpt", c);
+//   ...
+//   Checkpoint r = load_checkpoint("run.ckpt");
+//   restore_model(r, *model);  restore_optimizer(r, *optimizer, model->named_parameters());
+//   restore_torch_rng(r);  loader.seek({r.epoch, r.batch});
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <stdexcept>
+#include <string>
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+#include <torch/ordered_dict.h>
+#include <torch/types.h>
+#include <nlohmann/json.hpp>
+
+namespace pipetrain::train {
+
+// A checkpoint that cannot be used: not a checkpoint, or names/shapes that do not fit the model.
+// User input: CLI exit code 2.
+class CheckpointError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+using NamedTensors = torch::OrderedDict<std::string, torch::Tensor>;
+
+struct Checkpoint {
+  std::map<std::string, torch::Tensor> parameters;
+  std::map<std::string, torch::Tensor> buffers;
+  std::string optimizer;  // optimizer_name(): "sgd", "adam", "adamw"; "" when none captured
+  std::map<std::string, std::map<std::string, torch::Tensor>> optimizer_state;
+  int64_t step = 0;   // optimizer steps done
+  int64_t epoch = 0;  // the next batch to train is (epoch, batch)
+  int64_t batch = 0;
+  torch::Tensor torch_rng_state;  // undefined when not captured
+  std::string loader_state;
+  nlohmann::json metadata = nlohmann::json::object();
+};
+
+// ---- capture ---------------------------------------------------------------------------------
+void capture_model(Checkpoint& checkpoint, const NamedTensors& parameters,
+                   const NamedTensors& buffers);
+void capture_model(Checkpoint& checkpoint, const torch::nn::Module& model);
+// `parameters` names the optimizer's tensors (any superset is fine). Throws CheckpointError for
+// an optimizer that is not sgd/adam/adamw.
+void capture_optimizer(Checkpoint& checkpoint, const torch::optim::Optimizer& optimizer,
+                       const NamedTensors& parameters);
+void capture_torch_rng(Checkpoint& checkpoint);
+
+// Adds the names of `part` to `into` (multi-process: each rank captures its stages, one rank
+// merges). A name present in both must hold equal tensors (tied weights), else CheckpointError.
+// Position, RNG, loader state and metadata are taken from `part` where `into` has none.
+void merge_checkpoint(Checkpoint& into, const Checkpoint& part);
+
+// ---- files -----------------------------------------------------------------------------------
+// Atomic; throws FileError (atomic_file.h) naming the path on an I/O failure.
+void save_checkpoint(const std::string& path, const Checkpoint& checkpoint);
+// Throws FileError when unreadable, CheckpointError when it is not a pipetrain checkpoint.
+Checkpoint load_checkpoint(const std::string& path);
+// The same without a file, for sending a checkpoint part between processes.
+std::string serialize_checkpoint(const Checkpoint& checkpoint);
+Checkpoint deserialize_checkpoint(const std::string& bytes, const std::string& source);
+
+// ---- restore ---------------------------------------------------------------------------------
+enum class NameMatch {
+  kExact,   // the checkpoint and the model hold exactly the same names
+  kSubset,  // the model's names must all be in the checkpoint; others are ignored (one stage)
+};
+
+// Copies tensors by name. Throws CheckpointError listing missing names (in the model, not in the
+// checkpoint), unexpected names (kExact only) and shape mismatches (name, both shapes).
+void restore_model(const Checkpoint& checkpoint, const NamedTensors& parameters,
+                   const NamedTensors& buffers, NameMatch match = NameMatch::kExact);
+void restore_model(const Checkpoint& checkpoint, torch::nn::Module& model,
+                   NameMatch match = NameMatch::kExact);
+// Rebuilds the optimizer's per-parameter state for every name in `parameters` that the
+// checkpoint has state for. Throws CheckpointError when the optimizer type differs from the
+// checkpoint's or a state tensor's shape does not fit.
+void restore_optimizer(const Checkpoint& checkpoint, torch::optim::Optimizer& optimizer,
+                       const NamedTensors& parameters);
+// REQUIRES a captured RNG state (throws CheckpointError otherwise).
+void restore_torch_rng(const Checkpoint& checkpoint);
+
+}  // namespace pipetrain::train

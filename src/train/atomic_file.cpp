@@ -1,0 +1,93 @@
+// Crash-safe file replacement (pipetrain/train/atomic_file.h).
+#include "pipetrain/train/atomic_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+namespace pipetrain::train {
+namespace {
+
+[[noreturn]] void fail_write(const std::string& path, const std::string& step, int error) {
+  throw FileError("cannot write '" + path + "': " + step + ": " + std::strerror(error));
+}
+
+std::string directory_of(const std::string& path) {
+  auto slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+std::string base_name_of(const std::string& path) {
+  auto slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+}  // namespace
+
+void write_file_atomically(const std::string& path, std::string_view bytes) {
+  const std::string directory = directory_of(path);
+  // [1]
+  std::string temporary = directory + "/." + base_name_of(path) + ".tmp-XXXXXX";
+  std::vector<char> name(temporary.begin(), temporary.end());
+  name.push_back('\0');
+  int fd = ::mkstemp(name.data());
+  if (fd < 0) fail_write(path, "creating a temporary file in '" + directory + "'", errno);
+  temporary = name.data();
+  auto abandon = [&](const std::string& step, int error) {
+    ::close(fd);
+    ::unlink(temporary.c_str());
+    fail_write(path, step, error);
+  };
+  // [2]
+  size_t written = 0;
+  while (written < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      abandon("writing " + std::to_string(bytes.size()) + " bytes to '" + temporary + "'", errno);
+    }
+    written += static_cast<size_t>(n);
+  }
+  // [3]
+  if (::fsync(fd) != 0) abandon("fsync of '" + temporary + "'", errno);
+  if (::close(fd) != 0) {
+    int error = errno;
+    ::unlink(temporary.c_str());
+    fail_write(path, "closing '" + temporary + "'", error);
+  }
+  // [4]
+  if (::rename(temporary.c_str(), path.c_str()) != 0) {
+    int error = errno;
+    ::unlink(temporary.c_str());
+    fail_write(path, "renaming '" + temporary + "' over it", error);
+  }
+  // [5] Best effort on file systems that cannot fsync a directory (EINVAL): the data is safe.
+  int dir_fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY);
+  if (dir_fd >= 0) {
+    if (::fsync(dir_fd) != 0 && errno != EINVAL) {
+      int error = errno;
+      ::close(dir_fd);
+      fail_write(path, "fsync of directory '" + directory + "'", error);
+    }
+    ::close(dir_fd);
+  }
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw FileError("cannot read '" + path + "': " + std::strerror(errno));
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  if (in.bad()) throw FileError("cannot read '" + path + "': read error");
+  return buffer.str();
+}
+
+}  // namespace pipetrain::train

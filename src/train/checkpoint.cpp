@@ -1,0 +1,344 @@
+// Checkpoints by parameter name (pipetrain/train/checkpoint.h).
+#include "pipetrain/train/checkpoint.h"
+
+#include <set>
+#include <unordered_map>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+#include <torch/serialize.h>
+
+#include "pipetrain/train/atomic_file.h"
+#include "pipetrain/train/optimizer.h"
+
+namespace pipetrain::train {
+namespace {
+
+constexpr const char* kFormat = "pipetrain-checkpoint";
+constexpr int64_t kVersion = 1;
+
+torch::Tensor cpu_copy(const torch::Tensor& tensor) {
+  return tensor.detach().to(torch::kCPU).clone().contiguous();
+}
+
+std::string state_key(const torch::Tensor& parameter) {
+  return c10::guts::to_string(parameter.unsafeGetTensorImpl());
+}
+
+std::string join(const std::vector<std::string>& names, size_t limit = 10) {
+  std::string out;
+  for (size_t n = 0; n < names.size() && n < limit; ++n) out += (n ? ", " : "") + names[n];
+  if (names.size() > limit) out += ", ... (" + std::to_string(names.size()) + " in all)";
+  return out;
+}
+
+std::string shape(const torch::Tensor& t) {
+  std::ostringstream out;
+  out << t.sizes();
+  return out.str();
+}
+
+c10::Dict<std::string, at::Tensor> to_dict(const std::map<std::string, torch::Tensor>& tensors) {
+  c10::Dict<std::string, at::Tensor> dict;
+  for (const auto& [name, tensor] : tensors) dict.insert(name, tensor);
+  return dict;
+}
+
+std::map<std::string, torch::Tensor> from_dict(const c10::IValue& value, const std::string& field,
+                                               const std::string& source) {
+  if (!value.isGenericDict()) {
+    throw CheckpointError("checkpoint '" + source + "': field '" + field + "' is not a dict");
+  }
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& entry : value.toGenericDict()) {
+    if (!entry.key().isString() || !entry.value().isTensor()) {
+      throw CheckpointError("checkpoint '" + source + "': field '" + field +
+                            "' must map names to tensors");
+    }
+    out.emplace(entry.key().toStringRef(), entry.value().toTensor());
+  }
+  return out;
+}
+
+const c10::IValue& field(const c10::impl::GenericDict& dict, const std::string& name,
+                         const std::string& source) {
+  auto found = dict.find(name);
+  if (found == dict.end()) {
+    throw CheckpointError("checkpoint '" + source + "' has no field '" + name +
+                          "'; it was not written by this version of pipetrain");
+  }
+  return found->value();
+}
+
+// Copies saved tensors into live ones by name; collects every problem before throwing.
+void restore_named(const std::map<std::string, torch::Tensor>& saved, const NamedTensors& live,
+                   const std::string& what, NameMatch match) {
+  std::vector<std::string> missing, mismatched, unexpected;
+  for (const auto& item : live) {
+    auto found = saved.find(item.key());
+    if (found == saved.end()) {
+      missing.push_back(item.key());
+    } else if (found->second.sizes() != item.value().sizes()) {
+      mismatched.push_back(item.key() + " (checkpoint " + shape(found->second) + ", model " +
+                           shape(item.value()) + ")");
+    }
+  }
+  if (match == NameMatch::kExact) {
+    for (const auto& [name, tensor] : saved) {
+      if (!live.contains(name)) unexpected.push_back(name);
+    }
+  }
+  if (!missing.empty() || !mismatched.empty() || !unexpected.empty()) {
+    std::string message = "checkpoint does not fit the model's " + what + ":";
+    if (!missing.empty()) message += " missing from the checkpoint: " + join(missing) + ";";
+    if (!unexpected.empty()) message += " not in the model: " + join(unexpected) + ";";
+    if (!mismatched.empty()) message += " shape mismatch: " + join(mismatched) + ";";
+    message += " was it written for another model or other model options?";
+    throw CheckpointError(message);
+  }
+  torch::NoGradGuard no_grad;
+  for (const auto& item : live) {
+    torch::Tensor target = item.value();
+    target.copy_(saved.at(item.key()));
+  }
+}
+
+template <typename State>
+std::map<std::string, torch::Tensor> adam_fields(const State& state) {
+  std::map<std::string, torch::Tensor> fields{{"step", torch::tensor(state.step(), torch::kInt64)},
+                                              {"exp_avg", cpu_copy(state.exp_avg())},
+                                              {"exp_avg_sq", cpu_copy(state.exp_avg_sq())}};
+  if (state.max_exp_avg_sq().defined()) fields["max_exp_avg_sq"] = cpu_copy(state.max_exp_avg_sq());
+  return fields;
+}
+
+template <typename State>
+std::unique_ptr<State> adam_state(const std::map<std::string, torch::Tensor>& fields,
+                                  const torch::Tensor& parameter) {
+  auto state = std::make_unique<State>();
+  state->step(fields.at("step").item<int64_t>());
+  state->exp_avg(fields.at("exp_avg").to(parameter.options()).clone());
+  state->exp_avg_sq(fields.at("exp_avg_sq").to(parameter.options()).clone());
+  auto max = fields.find("max_exp_avg_sq");
+  if (max != fields.end()) state->max_exp_avg_sq(max->second.to(parameter.options()).clone());
+  return state;
+}
+
+}  // namespace
+
+void capture_model(Checkpoint& checkpoint, const NamedTensors& parameters,
+                   const NamedTensors& buffers) {
+  for (const auto& item : parameters) checkpoint.parameters[item.key()] = cpu_copy(item.value());
+  for (const auto& item : buffers) checkpoint.buffers[item.key()] = cpu_copy(item.value());
+}
+
+void capture_model(Checkpoint& checkpoint, const torch::nn::Module& model) {
+  capture_model(checkpoint, model.named_parameters(), model.named_buffers());
+}
+
+void capture_optimizer(Checkpoint& checkpoint, const torch::optim::Optimizer& optimizer,
+                       const NamedTensors& parameters) {
+  checkpoint.optimizer = optimizer_name(optimizer);
+  if (checkpoint.optimizer.empty()) {
+    throw CheckpointError(
+        "checkpoint: cannot capture the state of this optimizer type; "
+        "use sgd, adam or adamw (make_optimizer)");
+  }
+  const auto& states = optimizer.state();
+  for (const auto& item : parameters) {
+    auto found = states.find(state_key(item.value()));
+    if (found == states.end()) continue;  // no step taken for it yet
+    const torch::optim::OptimizerParamState* state = found->second.get();
+    std::map<std::string, torch::Tensor> fields;
+    if (checkpoint.optimizer == "sgd") {
+      const auto& sgd = static_cast<const torch::optim::SGDParamState&>(*state);
+      if (sgd.momentum_buffer().defined())
+        fields["momentum_buffer"] = cpu_copy(sgd.momentum_buffer());
+    } else if (checkpoint.optimizer == "adam") {
+      fields = adam_fields(static_cast<const torch::optim::AdamParamState&>(*state));
+    } else {
+      fields = adam_fields(static_cast<const torch::optim::AdamWParamState&>(*state));
+    }
+    if (!fields.empty()) checkpoint.optimizer_state[item.key()] = std::move(fields);
+  }
+}
+
+void capture_torch_rng(Checkpoint& checkpoint) {
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  checkpoint.torch_rng_state = generator.get_state();
+}
+
+void merge_checkpoint(Checkpoint& into, const Checkpoint& part) {
+  auto merge_tensors = [](std::map<std::string, torch::Tensor>& to,
+                          const std::map<std::string, torch::Tensor>& from, const char* what) {
+    for (const auto& [name, tensor] : from) {
+      auto [it, inserted] = to.emplace(name, tensor);
+      if (!inserted && !it->second.equal(tensor)) {
+        throw CheckpointError(std::string("merging checkpoint parts: ") + what + " '" + name +
+                              "' differs between two parts (tied weights out of sync?)");
+      }
+    }
+  };
+  merge_tensors(into.parameters, part.parameters, "parameter");
+  merge_tensors(into.buffers, part.buffers, "buffer");
+  if (into.optimizer.empty()) into.optimizer = part.optimizer;
+  if (!part.optimizer.empty() && part.optimizer != into.optimizer) {
+    throw CheckpointError("merging checkpoint parts: optimizer '" + part.optimizer +
+                          "' differs from '" + into.optimizer + "'");
+  }
+  for (const auto& [name, fields] : part.optimizer_state)
+    into.optimizer_state.emplace(name, fields);
+  if (!into.torch_rng_state.defined()) into.torch_rng_state = part.torch_rng_state;
+  if (into.loader_state.empty()) into.loader_state = part.loader_state;
+  if (into.metadata.empty()) into.metadata = part.metadata;
+  into.step = std::max(into.step, part.step);
+  if (std::make_pair(part.epoch, part.batch) > std::make_pair(into.epoch, into.batch)) {
+    into.epoch = part.epoch;
+    into.batch = part.batch;
+  }
+}
+
+std::string serialize_checkpoint(const Checkpoint& c) {
+  c10::impl::GenericDict root(c10::StringType::get(), c10::AnyType::get());
+  root.insert("format", std::string(kFormat));
+  root.insert("version", kVersion);
+  root.insert("parameters", to_dict(c.parameters));
+  root.insert("buffers", to_dict(c.buffers));
+  root.insert("optimizer", c.optimizer);
+  c10::impl::GenericDict state(c10::StringType::get(), c10::AnyType::get());
+  for (const auto& [name, fields] : c.optimizer_state) state.insert(name, to_dict(fields));
+  root.insert("optimizer_state", state);
+  root.insert("step", c.step);
+  root.insert("epoch", c.epoch);
+  root.insert("batch", c.batch);
+  root.insert("torch_rng_state",
+              c.torch_rng_state.defined() ? c.torch_rng_state : torch::empty({0}, torch::kUInt8));
+  root.insert("loader_state", c.loader_state);
+  root.insert("metadata", c.metadata.dump());
+  std::vector<char> bytes = torch::pickle_save(root);
+  return std::string(bytes.begin(), bytes.end());
+}
+
+Checkpoint deserialize_checkpoint(const std::string& bytes, const std::string& source) {
+  c10::IValue value;
+  try {
+    value = torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
+  } catch (const std::exception& e) {
+    throw CheckpointError("'" + source +
+                          "' is not a pipetrain checkpoint (unreadable torch "
+                          "pickle): " +
+                          std::string(e.what()).substr(0, 200));
+  }
+  if (!value.isGenericDict()) {
+    throw CheckpointError("'" + source + "' is not a pipetrain checkpoint (not a dict)");
+  }
+  const c10::impl::GenericDict root = value.toGenericDict();
+  const c10::IValue& format = field(root, "format", source);
+  if (!format.isString() || format.toStringRef() != kFormat) {
+    throw CheckpointError("'" + source + "' is not a pipetrain checkpoint (format field)");
+  }
+  int64_t version = field(root, "version", source).toInt();
+  if (version != kVersion) {
+    throw CheckpointError("checkpoint '" + source + "' has version " + std::to_string(version) +
+                          "; this pipetrain reads version " + std::to_string(kVersion));
+  }
+  Checkpoint c;
+  c.parameters = from_dict(field(root, "parameters", source), "parameters", source);
+  c.buffers = from_dict(field(root, "buffers", source), "buffers", source);
+  c.optimizer = field(root, "optimizer", source).toStringRef();
+  for (const auto& entry : field(root, "optimizer_state", source).toGenericDict()) {
+    c.optimizer_state[entry.key().toStringRef()] =
+        from_dict(entry.value(), "optimizer_state/" + entry.key().toStringRef(), source);
+  }
+  c.step = field(root, "step", source).toInt();
+  c.epoch = field(root, "epoch", source).toInt();
+  c.batch = field(root, "batch", source).toInt();
+  torch::Tensor rng = field(root, "torch_rng_state", source).toTensor();
+  if (rng.numel() > 0) c.torch_rng_state = rng;
+  c.loader_state = field(root, "loader_state", source).toStringRef();
+  try {
+    c.metadata = nlohmann::json::parse(field(root, "metadata", source).toStringRef());
+  } catch (const nlohmann::json::exception& e) {
+    throw CheckpointError("checkpoint '" + source + "': metadata is not JSON: " + e.what());
+  }
+  return c;
+}
+
+void save_checkpoint(const std::string& path, const Checkpoint& checkpoint) {
+  write_file_atomically(path, serialize_checkpoint(checkpoint));
+}
+
+Checkpoint load_checkpoint(const std::string& path) {
+  return deserialize_checkpoint(read_file(path), path);
+}
+
+void restore_model(const Checkpoint& checkpoint, const NamedTensors& parameters,
+                   const NamedTensors& buffers, NameMatch match) {
+  restore_named(checkpoint.parameters, parameters, "parameters", match);
+  restore_named(checkpoint.buffers, buffers, "buffers", match);
+}
+
+void restore_model(const Checkpoint& checkpoint, torch::nn::Module& model, NameMatch match) {
+  restore_model(checkpoint, model.named_parameters(), model.named_buffers(), match);
+}
+
+void restore_optimizer(const Checkpoint& checkpoint, torch::optim::Optimizer& optimizer,
+                       const NamedTensors& parameters) {
+  const std::string name = optimizer_name(optimizer);
+  if (checkpoint.optimizer_state.empty()) return;  // no step was taken before the save
+  if (name != checkpoint.optimizer) {
+    throw CheckpointError("checkpoint holds '" + checkpoint.optimizer +
+                          "' optimizer state but this run uses '" + name +
+                          "'; resume with --optimizer " + checkpoint.optimizer);
+  }
+  std::set<const void*> owned;
+  for (const auto& group : optimizer.param_groups()) {
+    for (const auto& parameter : group.params()) owned.insert(parameter.unsafeGetTensorImpl());
+  }
+  auto& states = optimizer.state();
+  for (const auto& item : parameters) {
+    const torch::Tensor& parameter = item.value();
+    if (!owned.count(parameter.unsafeGetTensorImpl())) continue;
+    auto found = checkpoint.optimizer_state.find(item.key());
+    if (found == checkpoint.optimizer_state.end()) continue;
+    const auto& fields = found->second;
+    for (const auto& [field_name, tensor] : fields) {
+      if (field_name != "step" && tensor.sizes() != parameter.sizes()) {
+        throw CheckpointError("checkpoint optimizer state '" + field_name + "' of '" + item.key() +
+                              "' has shape " + shape(tensor) + " but the parameter has " +
+                              shape(parameter));
+      }
+    }
+    try {
+      if (name == "sgd") {
+        auto state = std::make_unique<torch::optim::SGDParamState>();
+        auto buffer = fields.find("momentum_buffer");
+        if (buffer != fields.end()) {
+          state->momentum_buffer(buffer->second.to(parameter.options()).clone());
+        }
+        states[state_key(parameter)] = std::move(state);
+      } else if (name == "adam") {
+        states[state_key(parameter)] = adam_state<torch::optim::AdamParamState>(fields, parameter);
+      } else {
+        states[state_key(parameter)] = adam_state<torch::optim::AdamWParamState>(fields, parameter);
+      }
+    } catch (const std::out_of_range&) {
+      throw CheckpointError("checkpoint optimizer state of '" + item.key() +
+                            "' lacks a field that '" + name + "' needs");
+    }
+  }
+}
+
+void restore_torch_rng(const Checkpoint& checkpoint) {
+  if (!checkpoint.torch_rng_state.defined()) {
+    throw CheckpointError("checkpoint holds no torch generator state to restore");
+  }
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_state(checkpoint.torch_rng_state);
+}
+
+}  // namespace pipetrain::train

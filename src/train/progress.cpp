@@ -1,0 +1,137 @@
+// Progress bar and log lines (pipetrain/train/progress.h).
+#include "pipetrain/train/progress.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+
+#include <c10/util/Exception.h>
+
+namespace pipetrain::train {
+
+SecondsClock steady_clock_seconds() {
+  return [] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  };
+}
+
+bool stderr_is_terminal() {
+  return ::isatty(STDERR_FILENO) == 1;
+}
+
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  auto total = static_cast<int64_t>(std::llround(seconds));
+  char text[32];
+  if (total >= 3600) {
+    std::snprintf(text, sizeof text, "%lld:%02lld:%02lld", static_cast<long long>(total / 3600),
+                  static_cast<long long>(total / 60 % 60), static_cast<long long>(total % 60));
+  } else {
+    std::snprintf(text, sizeof text, "%lld:%02lld", static_cast<long long>(total / 60),
+                  static_cast<long long>(total % 60));
+  }
+  return text;
+}
+
+ProgressReporter::ProgressReporter(std::ostream& out, bool is_terminal, ProgressOptions options,
+                                   SecondsClock clock)
+    : out_(out), is_terminal_(is_terminal), options_(options), clock_(std::move(clock)) {
+  TORCH_CHECK(options_.total_steps() > 0, "progress: total steps must be positive, got ",
+              options_.total_steps());
+  TORCH_CHECK(options_.smoothing() > 0.0 && options_.smoothing() <= 1.0,
+              "progress: smoothing must be in (0, 1], got ", options_.smoothing());
+  start_ = clock_();
+  step_ = last_logged_step_ = options_.first_step();
+}
+
+double ProgressReporter::samples_per_second() const {
+  double elapsed = clock_() - start_;
+  return elapsed > 0 ? static_cast<double>(samples_) / elapsed : 0.0;
+}
+
+std::string ProgressReporter::status(bool terminal) const {
+  const double elapsed = clock_() - start_;
+  const int64_t done = step_ - options_.first_step();
+  const double eta = done > 0 ? elapsed / static_cast<double>(done) *
+                                    static_cast<double>(options_.total_steps() - step_)
+                              : -1.0;
+  char numbers[160];
+  std::string out = "epoch " + std::to_string(epoch_ + 1) + "/" + std::to_string(options_.epochs());
+  if (terminal) {
+    const int width = options_.bar_width();
+    const int filled = static_cast<int>(static_cast<double>(width) * static_cast<double>(step_) /
+                                        static_cast<double>(options_.total_steps()));
+    std::string bar(static_cast<size_t>(width), ' ');
+    for (int c = 0; c < filled && c < width; ++c) bar[static_cast<size_t>(c)] = '=';
+    if (filled < width) bar[static_cast<size_t>(filled)] = '>';
+    std::snprintf(numbers, sizeof numbers, " [%s] %lld/%lld  %.0f samples/s  loss %.4f  ETA %s",
+                  bar.c_str(), static_cast<long long>(step_),
+                  static_cast<long long>(options_.total_steps()), samples_per_second(),
+                  smoothed_loss_, format_duration(eta).c_str());
+  } else {
+    std::snprintf(numbers, sizeof numbers, " step %lld/%lld samples/s %.1f loss %.4f eta %s",
+                  static_cast<long long>(step_), static_cast<long long>(options_.total_steps()),
+                  samples_per_second(), smoothed_loss_, format_duration(eta).c_str());
+  }
+  return out + numbers;
+}
+
+void ProgressReporter::draw(const std::string& text) {
+  // Pad with spaces so a shorter line fully covers the previous one.
+  std::string line = "\r" + text;
+  if (text.size() < bar_length_) line += std::string(bar_length_ - text.size(), ' ');
+  out_ << line << std::flush;
+  bar_length_ = text.size();
+  bar_open_ = true;
+}
+
+void ProgressReporter::update(int64_t step, int64_t epoch, int64_t samples, double loss) {
+  step_ = step;
+  epoch_ = epoch;
+  samples_ += samples;
+  if (std::isfinite(loss)) {
+    smoothed_loss_ =
+        has_loss_ ? (1.0 - options_.smoothing()) * smoothed_loss_ + options_.smoothing() * loss
+                  : loss;
+    has_loss_ = true;
+  }
+  const double now = clock_();
+  const bool last = step >= options_.total_steps();
+  if (is_terminal_) {
+    if (last || now - last_output_ >= options_.redraw_seconds()) {
+      draw(status(true));
+      last_output_ = now;
+    }
+    return;
+  }
+  const bool by_steps =
+      options_.log_every_steps() > 0 && step - last_logged_step_ >= options_.log_every_steps();
+  const bool by_time = options_.log_every_seconds() > 0 &&
+                       now - std::max(last_output_, start_) >= options_.log_every_seconds();
+  if (last || by_steps || by_time) {
+    out_ << status(false) << "\n" << std::flush;
+    last_output_ = now;
+    last_logged_step_ = step;
+  }
+}
+
+void ProgressReporter::message(const std::string& line) {
+  if (is_terminal_ && bar_open_) {
+    out_ << "\r" << line;
+    if (line.size() < bar_length_) out_ << std::string(bar_length_ - line.size(), ' ');
+    out_ << "\n";
+    draw(status(true));  // put the bar back below the message
+    return;
+  }
+  out_ << line << "\n" << std::flush;
+}
+
+void ProgressReporter::finish() {
+  if (is_terminal_ && bar_open_) out_ << "\n" << std::flush;
+  bar_open_ = false;
+}
+
+}  // namespace pipetrain::train
