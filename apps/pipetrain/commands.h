@@ -23,5 +23,6 @@ using CommandSetup = std::function<void(CLI::App& app, int& exit_code)>;
 
 void add_plan_command(CLI::App& app, int& exit_code);   // plan.cpp
 void add_train_command(CLI::App& app, int& exit_code);  // train.cpp
+void add_launch_command(CLI::App& app, int& exit_code);  // train_distributed.cpp (hidden)
 
 }  // namespace pipetrain::cli

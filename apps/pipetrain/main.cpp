@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   pipetrain::cli::add_plan_command(app, exit_code);
   pipetrain::cli::add_train_command(app, exit_code);
+  pipetrain::cli::add_launch_command(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -1,0 +1,46 @@
+// `pipetrain launch`: the local launcher as a (hidden) subcommand, and the glue for
+// `pipetrain train --nproc N` (train.cpp calls pipetrain::launch_self, runtime/launcher.h).
+//
+//   pipetrain launch --nproc 4 [--grace 10] [--master-port P] -- train --stages 4 ...
+// runs `pipetrain train --stages 4 ...` as ranks 0..3 of one job on this machine (torchrun's
+// environment: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK), prefixes their output
+// with "[rank r] ", and exits with the first failing rank's code.
+#include <unistd.h>
+
+#include <chrono>
+#include <climits>
+
+#include "commands.h"
+#include "pipetrain/runtime/launcher.h"
+
+namespace pipetrain::cli {
+
+void add_launch_command(CLI::App& app, int& exit_code) {
+  auto* command = app.add_subcommand("launch", "run a pipetrain command as N local ranks");
+  command->group("");  // hidden: `pipetrain train --nproc N` is the documented entry
+  auto nproc = std::make_shared<int>(1);
+  auto grace = std::make_shared<double>(10.0);
+  auto port = std::make_shared<int>(0);
+  command->add_option("--nproc", *nproc, "ranks to start")->required()->check(CLI::PositiveNumber);
+  command->add_option("--grace", *grace, "seconds the others get after a rank fails");
+  command->add_option("--master-port", *port, "rendezvous port (default: a free one)");
+  command->prefix_command();
+  command->callback([command, nproc, grace, port, &exit_code] {
+    std::vector<std::string> args = command->remaining();
+    if (!args.empty() && args.front() == "--") args.erase(args.begin());
+    if (args.empty()) throw UsageError("launch: give the command to run, e.g. -- train ...");
+    char path[PATH_MAX];
+    const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
+    if (n <= 0) throw std::runtime_error("launch: cannot resolve /proc/self/exe");
+    path[n] = '\0';
+    LaunchOptions options;
+    options.program = path;
+    options.args = args;
+    options.nproc = *nproc;
+    options.master_port = *port;
+    options.grace = std::chrono::milliseconds(static_cast<int64_t>(*grace * 1000));
+    exit_code = launch_local(options).exit_code;
+  });
+}
+
+}  // namespace pipetrain::cli

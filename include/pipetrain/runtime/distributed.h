@@ -1,0 +1,159 @@
+// Distributed: one process's place in a multi-process job (pipeline x data parallel), and the
+// collective steps of a training step that cross processes.
+//
+// Rank layout, world = K pipeline ranks x R replicas (docs/DISTRIBUTED.md has the picture):
+//
+//   rank = replica * K + pipeline_rank         (stage-major within a replica)
+//
+//              pipeline rank 0   1   2   3
+//   replica 0:         rank  0   1   2   3     <- one pipeline: C10dTransport between these
+//   replica 1:         rank  4   5   6   7
+//                            |
+//                            data-parallel group of pipeline rank 1: {1, 5}
+//
+// Gradient semantics (so that the result equals sequential training on the whole mini-batch):
+// each replica takes its share of every mini-batch, and the runtime weights every micro-batch loss
+// by micro-batch size / WHOLE mini-batch size (all replicas). A replica's gradient is then its
+// share of the full-batch gradient, and allreduce_gradients SUMS over the replicas. Tied weights:
+// after the data-parallel sum every replica's copy j is equal; allreduce_tie then sums the copies
+// held by different pipeline ranks of one replica, so every copy receives the tie's full gradient.
+//
+// Ownership: Distributed owns the C10dWorld (store, world group) and the subgroups it creates.
+// Thread-safety: collectives from one thread at a time, in the same order on every member.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/arg.h>
+#include <torch/types.h>
+
+#include "pipetrain/transport/c10d.h"
+
+namespace pipetrain {
+
+// The torchrun environment of this process.
+struct DistributedEnvironment {
+  std::string master_addr;
+  int master_port = 0;
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+
+  // Reads MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE and LOCAL_RANK (optional, defaults to 0).
+  // Throws c10::Error naming every missing or invalid variable and how to set it.
+  static DistributedEnvironment from_environment();
+  // True when RANK or WORLD_SIZE is set: the process was started by a launcher.
+  static bool present();
+};
+
+// Where a rank sits in the K x R grid.
+struct ParallelLayout {
+  int pipeline_ranks = 1;  // K
+  int replicas = 1;        // R
+
+  // REQUIRES: world_size % pipeline_ranks == 0 (checked: the error names both and the fix).
+  static ParallelLayout for_world(int world_size, int pipeline_ranks);
+
+  int world_size() const { return pipeline_ranks * replicas; }
+  int rank_of(int replica, int pipeline_rank) const {
+    return replica * pipeline_ranks + pipeline_rank;
+  }
+  int replica_of(int rank) const { return rank / pipeline_ranks; }
+  int pipeline_rank_of(int rank) const { return rank % pipeline_ranks; }
+  // The R world ranks holding pipeline rank p: its data-parallel group.
+  std::vector<int> data_parallel_ranks(int pipeline_rank) const;
+  // The K world ranks of replica d: one pipeline.
+  std::vector<int> pipeline_world_ranks(int replica) const;
+};
+
+struct DistributedOptions {
+  /// Bound on rendezvous, every receive and collective, and dead-peer detection.
+  TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::seconds(120);
+  /// "auto" (gloo for CPU, nccl for CUDA devices), "gloo", "nccl" or "mpi".
+  TORCH_ARG(std::string, backend) = "auto";
+  /// The device of this rank's stages (picks the backend under "auto").
+  TORCH_ARG(torch::Device, device) = torch::kCPU;
+  /// K, pipeline ranks per replica; 0 = the whole world is one pipeline (R = 1).
+  TORCH_ARG(int, pipeline_ranks) = 0;
+};
+
+class Distributed {
+ public:
+  // Rendezvous (C10dWorld::connect), then the data-parallel group of this rank's pipeline rank.
+  Distributed(const DistributedEnvironment& environment, const DistributedOptions& options);
+  ~Distributed();
+  Distributed(const Distributed&) = delete;
+  Distributed& operator=(const Distributed&) = delete;
+
+  int rank() const;
+  int world_size() const;
+  int local_rank() const { return local_rank_; }
+  int replica() const { return layout_.replica_of(rank()); }
+  int pipeline_rank() const { return layout_.pipeline_rank_of(rank()); }
+  const ParallelLayout& layout() const { return layout_; }
+  const std::shared_ptr<C10dWorld>& world() const { return world_; }
+
+  // The transport of this replica's pipeline. stage_pipeline_rank[j] is the pipeline rank that
+  // runs stage j (Schedule::stage_rank).
+  std::unique_ptr<C10dTransport> make_transport(const std::vector<int>& stage_pipeline_rank,
+                                                torch::Device device = torch::kCPU);
+
+  // Sums every parameter's .grad() over the replicas of this pipeline rank, flattened into one
+  // buffer per dtype. A parameter without a gradient counts as zero and receives the sum.
+  // No-op with one replica.
+  void allreduce_gradients(const std::vector<torch::Tensor>& parameters);
+
+  // Declares the tied weight `name`, held by the pipeline ranks `holders` of every replica. Every
+  // holder calls it before allreduce_tie, with the same arguments; declaring it again with
+  // the same holders (a second pipe over the same job) reuses its group.
+  void declare_tie(const std::string& name, std::vector<int> holders);
+  // Sums the gradients of this rank's copies of tie `name` and of the other holders' copies in
+  // this replica; every copy's .grad() receives the sum.
+  // REQUIRES: declare_tie(name, ...) was called and this rank is a holder.
+  void allreduce_tie(const std::string& name, const std::vector<torch::Tensor>& local_copies);
+
+  // The mini-batch loss on every rank: the sum over replicas of the replica losses. The rank that
+  // holds its replica's last stage passes the replica's loss; every other rank passes nullopt.
+  double broadcast_loss(std::optional<double> replica_loss);
+
+  // Every rank of replica 0 sends its named tensors to rank 0, which returns them merged into one
+  // map (a name held by several ranks, a tied weight, keeps one copy); other ranks get {}.
+  std::map<std::string, torch::Tensor> gather_named_parameters(
+      const std::vector<std::pair<std::string, torch::Tensor>>& mine);
+
+  void barrier();
+  // Publishes an abort to every rank (first reason wins).
+  void abort(const std::string& reason);
+  // Clean shutdown (C10dWorld::finalize).
+  void finalize();
+
+ private:
+  std::shared_ptr<C10dWorld> world_;
+  ParallelLayout layout_;
+  int local_rank_ = 0;
+  std::shared_ptr<C10dGroup> data_parallel_;
+  std::map<std::string, std::shared_ptr<C10dGroup>> ties_;  // null: only this rank holds it
+  std::map<std::string, std::vector<int>> tie_holders_;
+};
+
+// Runs `body` as this process's main under the torchrun environment and returns its exit code:
+//   - rendezvous from the environment (errors name the variables), then body(distributed);
+//   - an exception from body is printed ("rank r: error: ...") and published as an abort; the
+//     process exits with 1 (std::_Exit after flushing: destructors of a c10d group with a dead
+//     peer could block);
+//   - an abort published by another rank, a dead peer or a lost store wakes this rank's receives;
+//     if body has not ended `abort_grace` later (stuck in a collective), the process exits with 1
+//     after printing the reason;
+//   - on success, finalize() and 0.
+int run_distributed(const DistributedOptions& options,
+                    const std::function<void(Distributed&)>& body,
+                    std::chrono::milliseconds abort_grace = std::chrono::seconds(5));
+
+}  // namespace pipetrain

@@ -1,0 +1,89 @@
+// DistributedPipe: multi-process pipeline (x data) parallel training of a torch::nn::Sequential.
+// The multi-process counterpart of Pipe (pipe.h): the same PipeOptions, the same Stage and the
+// same Interpreter, with a C10dTransport between processes instead of worker threads.
+//
+// Every rank builds the same Sequential (same seed) and the same DistributedPipe; each keeps and
+// runs only the stages its pipeline rank holds. One train_step, on every rank:
+//
+//   [1] take this replica's share of the mini-batch rows (replica d of R: the d-th of R nearly
+//       equal contiguous parts), cut it into `chunks` micro-batches; each micro-batch loss is
+//       weighted by its rows / the WHOLE mini-batch's rows
+//   [2] run the Interpreter for this pipeline rank over the lowered schedule
+//   [3] sum gradients over the replicas (Distributed::allreduce_gradients)
+//   [4] sum each tied weight's gradient over the pipeline ranks holding it (a parameter tensor
+//       used by layers of stages on different ranks is a tie; found by identity)
+//   [5] the mini-batch loss, summed over replicas, on every rank (broadcast_loss)
+// so that after the optimizer step every rank's parameters equal sequential training's.
+//
+// Ownership: shares the layers with the Sequential; holds a reference to the Distributed, which
+// must outlive it. Thread-safety: one step at a time, from one thread.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/types.h>
+
+#include "pipetrain/runtime/distributed.h"
+#include "pipetrain/runtime/pipe.h"
+#include "pipetrain/runtime/step.h"
+#include "pipetrain/schedule/schedule.h"
+#include "pipetrain/stage/stage.h"
+
+namespace pipetrain {
+
+class DistributedPipe {
+ public:
+  // Uses options.balance/stages/chunks/schedule/virtual_stages/checkpoint; the device of this
+  // rank's stages is `device`. Throws c10::Error when stages / virtual_stages differs from the
+  // job's pipeline ranks (naming both), or for anything Pipe rejects.
+  DistributedPipe(Distributed& distributed, torch::nn::Sequential model, PipeOptions options,
+                  torch::Device device = torch::kCPU);
+  ~DistributedPipe();
+  DistributedPipe(const DistributedPipe&) = delete;
+  DistributedPipe& operator=(const DistributedPipe&) = delete;
+
+  // One training step ([1]..[5] above). `input` and `target` are the whole mini-batch (every rank
+  // passes the same; only the ranks of the first and last stage read them). Gradients accumulate
+  // into this rank's parameters' .grad(). Returns the mini-batch loss on every rank.
+  double train_step(const torch::Tensor& input, const torch::Tensor& target, const LossFn& loss_fn);
+
+  // This rank's parameters (each tensor once), for its optimizer.
+  std::vector<torch::Tensor> parameters() const;
+  // This rank's parameters under the Sequential's names ("0.weight", ...); a tied tensor appears
+  // under each of its names held here.
+  std::vector<std::pair<std::string, torch::Tensor>> named_parameters() const;
+  // Every stage's parameters on rank 0 (the Sequential's names); {} on other ranks.
+  std::map<std::string, torch::Tensor> gather_parameters();
+
+  // The lowered schedule of the last step, and this rank's stages.
+  const schedule::Schedule& schedule() const;
+  std::vector<int> local_stages() const;
+  // Events of this rank's last step (for traces and the cost model).
+  const std::vector<ActionEvent>& last_events() const { return events_; }
+
+ private:
+  const schedule::Schedule& schedule_for(int microbatches);
+
+  Distributed& distributed_;
+  torch::nn::Sequential model_;
+  PipeOptions options_;
+  torch::Device device_;
+  int num_stages_ = 0;
+  int num_ranks_ = 0;
+  std::vector<int> stage_rank_;
+  std::map<int, std::unique_ptr<Stage>> stages_;  // this rank's, by stage index
+  std::unique_ptr<Transport> transport_;
+  std::map<int, schedule::Schedule> schedules_;  // lowered, by M
+  const schedule::Schedule* last_ = nullptr;
+  std::vector<std::pair<std::string, torch::Tensor>> named_;
+  std::vector<torch::Tensor> unique_;
+  std::vector<std::pair<std::string, torch::Tensor>> ties_;  // (tie name, tensor) held here
+  std::vector<ActionEvent> events_;
+};
+
+}  // namespace pipetrain

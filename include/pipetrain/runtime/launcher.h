@@ -1,0 +1,65 @@
+// Local launcher: runs N ranks of one program on this machine, torchrun-style.
+//
+// launch_local() starts `nproc` children (fork + exec of `program` with `args`), each in its own
+// process group, with the rendezvous environment set:
+//   MASTER_ADDR=127.0.0.1  MASTER_PORT=<a free port>  RANK=r  WORLD_SIZE=N  LOCAL_RANK=r
+//   LOCAL_WORLD_SIZE=N  PIPETRAIN_LAUNCHED=1
+// It prefixes every line the children print with "[rank r] " (stdout to stdout, stderr to stderr),
+// forwards SIGINT and SIGTERM to every child, and when a rank fails (non-zero exit or a signal)
+// waits `grace` for the others to stop on their own (they see the abort, docs/DISTRIBUTED.md),
+// then sends SIGTERM and, 2 s later, SIGKILL to what is left. On return no child is left running.
+//
+// Exit code: 0 when every rank exited 0; else the first failing rank's exit code (128 + signal
+// for a rank killed by a signal). The first failure is summarised last, with the tail of that
+// rank's stderr, so it is the first thing a reader sees at the bottom of the log.
+//
+// Thread-safety: call from one thread; it installs SIGINT/SIGTERM handlers for its duration and
+// restores the previous ones before returning.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace pipetrain {
+
+struct LaunchOptions {
+  std::string program;            // path of the executable each rank runs
+  std::vector<std::string> args;  // its arguments (argv[1..])
+  int nproc = 1;                  // ranks to start on this machine
+  int world_size = 0;             // WORLD_SIZE; 0 = nproc (a larger value: tests of missing ranks)
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;  // 0 = a free port found by binding port 0
+  std::chrono::milliseconds grace{std::chrono::seconds(10)};  // after the first failure
+  std::vector<std::pair<std::string, std::string>> env;       // extra environment for every rank
+  // Receives every output line (without the newline). Default: print "[rank r] line" to the
+  // launcher's stdout or stderr.
+  std::function<void(int rank, bool is_stderr, const std::string& line)> on_line;
+};
+
+struct LaunchResult {
+  int exit_code = 0;                 // as described above
+  int first_failed_rank = -1;        // -1 when every rank succeeded
+  std::vector<int> rank_exit_codes;  // per rank: exit code, or 128 + signal
+  std::vector<int> pids;             // the children's pids (all reaped on return)
+};
+
+// REQUIRES: nproc >= 1; program is executable. Throws std::runtime_error if a child cannot be
+// started (naming the program and errno).
+LaunchResult launch_local(const LaunchOptions& options);
+
+// Re-runs this executable (/proc/self/exe) `nproc` times with `args`: the glue behind
+// `pipetrain train --nproc N`. Returns the exit code as launch_local.
+int launch_self(int nproc, const std::vector<std::string>& args,
+                std::chrono::milliseconds grace = std::chrono::seconds(10));
+
+// A TCP port on `addr` that was free a moment ago (bind port 0, read it back, close).
+int find_free_port(const std::string& addr = "127.0.0.1");
+
+// Removes "--nproc N" / "--nproc=N" from argv (the launcher's own flag) and returns the rest,
+// argv[0] excluded.
+std::vector<std::string> strip_launcher_flags(int argc, const char* const* argv);
+
+}  // namespace pipetrain

@@ -1,0 +1,215 @@
+// c10d: every call into PyTorch's distributed library (c10d) lives behind this header and in
+// src/transport/c10d*.cpp. Nothing else in pipetrain includes a c10d header, so the differences
+// between LibTorch 1.13 (ProcessGroup, c10d::Work) and 2.x (ProcessGroup/Backend split) are
+// bridged in one place (#if on TORCH_VERSION_MAJOR in the .cpp files).
+//
+// Three types:
+//   C10dWorld      the rendezvous (a TCPStore hosted by rank 0), the world process group, and the
+//                  abort channel every rank watches (a store key plus heartbeats).
+//   C10dGroup      a process group over a subset of the world's ranks (data-parallel replicas of
+//                  one stage, the holders of a tied weight): blocking, bounded collectives.
+//   C10dTransport  the Transport (transport.h) between pipeline stages in different processes.
+//
+// Message tags (docs/DISTRIBUTED.md, "Tags"): a transport message is identified by
+// (payload, src_stage, dst_stage, microbatch, part) packed into the 30 low bits of a Gloo tag;
+// tags >= 2^30 are reserved for control messages (parameter gathering). Gloo matches a receive
+// by (source rank, tag), so distinct envelopes never collide; the bit widths bound the number of
+// stages (128) and micro-batches (8192) and are checked with errors naming the limit.
+//
+// What crosses a boundary (docs/DISTRIBUTED.md, "Metadata"): every bundle is sent as
+//   [header]  fixed 32 x int64: magic, micro-batch, metadata length, data bytes, inline metadata
+//   [meta]    only when the metadata does not fit inline (many tensors or long skip names)
+//   [data]    one flat byte buffer holding every defined tensor, 64-byte aligned
+// The header is sent with every bundle: a shape, dtype or skip-name change is therefore always
+// seen by the receiver, and out-of-order receives across micro-batches stay correct.
+//
+// Ownership: C10dWorld is shared (std::shared_ptr) by the groups and transports made from it and
+// outlives them. Thread-safety: C10dTransport's send/recv/abort may be called from any thread.
+// C10dGroup collectives must be called in the same order by every member (c10d's rule) and from
+// one thread at a time per group. C10dWorld::abort may be called from any thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "pipetrain/transport/transport.h"
+
+namespace pipetrain {
+
+// Which c10d process-group implementation carries the messages.
+enum class CommBackend { kGloo, kNccl, kMpi };
+
+// "gloo", "nccl", "mpi".
+std::string comm_backend_name(CommBackend backend);
+// Parses "gloo" | "nccl" | "mpi"; throws c10::Error listing the valid names.
+CommBackend parse_comm_backend(const std::string& name);
+// Gloo for CPU stages, NCCL for CUDA stages.
+CommBackend comm_backend_for_device(const torch::Device& device);
+
+// True when this build can create `backend` process groups (NCCL needs a CUDA LibTorch: the
+// *_cuda.cpp / *_nocuda.cpp seam; MPI needs a LibTorch built with MPI, which Debian's is not).
+bool comm_backend_available(CommBackend backend);
+
+struct RendezvousOptions {
+  std::string master_addr;  // MASTER_ADDR: host of rank 0, which runs the TCPStore server
+  int master_port = 0;      // MASTER_PORT
+  int rank = 0;             // RANK, 0 .. world_size-1
+  int world_size = 1;       // WORLD_SIZE
+  // Bound on every wait: rendezvous, each receive, each collective, heartbeats of dead peers.
+  std::chrono::milliseconds timeout{std::chrono::seconds(120)};
+  CommBackend backend = CommBackend::kGloo;
+};
+
+class C10dGroup;
+
+// The world: store, world group, abort channel and heartbeat watchdog of one process.
+class C10dWorld {
+ public:
+  // Connects to (rank 0: starts) the TCPStore at master_addr:master_port, waits until all
+  // world_size ranks have arrived, then creates the world process group.
+  // Throws c10::Error on: invalid options; the store not reachable within the timeout; a rank that
+  // started twice; ranks disagreeing on WORLD_SIZE; ranks missing after the timeout (the message
+  // lists them: "missing ranks: 2").
+  static std::shared_ptr<C10dWorld> connect(const RendezvousOptions& options);
+
+  ~C10dWorld();
+  C10dWorld(const C10dWorld&) = delete;
+  C10dWorld& operator=(const C10dWorld&) = delete;
+
+  int rank() const;
+  int world_size() const;
+  std::chrono::milliseconds timeout() const;
+  CommBackend backend() const;
+  const RendezvousOptions& options() const;
+
+  // The group of all ranks.
+  std::shared_ptr<C10dGroup> world_group();
+  // A group over `ranks` (world ranks, ascending, containing this rank), named `name`, which must
+  // be the same on every member and unique in the job. Only the members call it.
+  // REQUIRES: rank() is in `ranks`.
+  std::shared_ptr<C10dGroup> new_group(const std::string& name, std::vector<int> ranks);
+
+  // Publishes an abort: the first reason published wins ("rank r: reason"); every rank's watchdog
+  // sees it within about 100 ms and runs its abort listeners. Never throws.
+  void abort(const std::string& reason);
+  // The published abort reason, if any rank aborted or the watchdog declared a peer dead.
+  std::optional<std::string> abort_reason() const;
+  // Runs `listener(reason)` once, from the watchdog thread or from abort(), when an abort is seen.
+  // Listeners must be quick and must not throw. Returns an id for remove_abort_listener.
+  int add_abort_listener(std::function<void(const std::string&)> listener);
+  void remove_abort_listener(int id);
+
+  // Rank 0 hosts the store: after an abort it waits (at most `max`) until every other rank has
+  // read the reason, so they report it rather than "lost the store". Other ranks return at once.
+  void linger_until_abort_seen(std::chrono::milliseconds max);
+
+  // Clean shutdown: this rank says it is finished (its heartbeat may stop without alarm). Rank 0,
+  // which hosts the store, waits (bounded by the timeout) for every rank to finish so that no rank
+  // loses the store while it still needs it. Idempotent.
+  void finalize();
+
+  struct Impl;
+
+ private:
+  explicit C10dWorld(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+  friend class C10dGroup;
+  friend class C10dTransport;
+};
+
+// A process group over some ranks of the world. Collectives are blocking; Gloo bounds them by the
+// world's timeout. A rank-local index: group rank g is world rank ranks()[g].
+class C10dGroup {
+ public:
+  int rank() const;  // this process's index within the group
+  int size() const;
+  const std::vector<int>& ranks() const;  // world ranks of the members, ascending
+  const std::string& name() const;
+
+  // In-place sum over the members. Tensors on the group's device; dense; any float dtype.
+  void allreduce_sum(std::vector<torch::Tensor>& tensors);
+  // In place: every member receives root's tensors. `root` is a group rank.
+  void broadcast(std::vector<torch::Tensor>& tensors, int root);
+  void barrier();
+  // Byte blobs gathered to group rank 0 (empty vector on others); result[g] is member g's blob.
+  std::vector<std::vector<char>> gather_bytes(const std::vector<char>& mine);
+
+  struct Impl;  // src/transport/c10d_internal.h
+  explicit C10dGroup(std::shared_ptr<Impl> impl);
+  ~C10dGroup();
+  Impl& impl() const { return *impl_; }
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+// The three messages of a bundle (see the header comment); part of the tag.
+enum class MessagePart : int { kHeader = 0, kMetadata = 1, kData = 2 };
+
+// Tag layout (30 bits; bit 30 is 0 for transport messages):
+//   bit 29       payload (0 activation, 1 gradient)
+//   bits 27..28  part (header, metadata, data)
+//   bits 20..26  src_stage (< 128)
+//   bits 13..19  dst_stage (< 128)
+//   bits  0..12  microbatch (< 8192)
+// Throws c10::Error naming the field and its limit when a value does not fit.
+int c10d_tag(const Envelope& envelope, MessagePart part);
+constexpr int kC10dMaxStages = 128;
+constexpr int kC10dMaxMicrobatches = 8192;
+constexpr int kC10dControlTagBase = 1 << 30;
+
+// Encodes a bundle's metadata (tensor count, dtypes, shapes, undefined markers, skip names) as
+// int64 values, and back. Exposed for tests; the wire format is internal.
+std::vector<int64_t> encode_bundle_metadata(const Bundle& bundle);
+// Returns a bundle whose tensors are empty (undefined stays undefined, defined ones are allocated
+// on `device` with the right dtype and shape but not filled).
+Bundle decode_bundle_metadata(const std::vector<int64_t>& metadata, const torch::Device& device);
+
+struct C10dTransportOptions {
+  // Where received tensors are placed. Gloo carries CPU tensors; a CUDA stage over Gloo receives
+  // on CPU and the transport copies to this device.
+  torch::Device device = torch::kCPU;
+};
+
+// Transport over a c10d world group. Stage j runs on world rank stage_world_rank[j].
+//
+//   send(envelope, bundle): posts isend(header), isend(meta)?, isend(data) to the stage's rank and
+//     returns; a reaper thread waits on the Work handles (keeping the tensors alive) until the
+//     receiver has taken them. A failed send is reported by the next send/recv call.
+//   recv(envelope): posts the receives, blocks until the data arrived (bounded by the world's
+//     timeout), abort() or the world's abort channel wakes it with the reason.
+//   abort(reason): publishes the abort to every rank and aborts every pending Work.
+//   reset(): a no-op while healthy; after an abort the transport stays aborted (a c10d group may
+//     hold half-delivered messages: restart the job).
+class C10dTransport : public Transport {
+ public:
+  // REQUIRES: stage_world_rank.size() <= kC10dMaxStages; every entry is a world rank.
+  C10dTransport(std::shared_ptr<C10dWorld> world, std::vector<int> stage_world_rank,
+                C10dTransportOptions options = {});
+  ~C10dTransport() override;
+  C10dTransport(const C10dTransport&) = delete;
+  C10dTransport& operator=(const C10dTransport&) = delete;
+
+  void send(const Envelope& envelope, Bundle bundle) override;
+  Bundle recv(const Envelope& envelope) override;
+  void abort(const std::string& reason) override;
+  void reset() override;
+
+  // Blocks until every posted send has been taken by its receiver (bounded by the timeout).
+  void flush();
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace pipetrain

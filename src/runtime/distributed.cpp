@@ -1,0 +1,329 @@
+// Distributed: environment parsing, the K x R layout, gradient/tie/loss collectives, parameter
+// gathering, and run_distributed's failure policy. Every c10d call goes through transport/c10d.h.
+#include "pipetrain/runtime/distributed.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include <torch/serialize.h>
+
+namespace pipetrain {
+
+namespace {
+
+// Reads an integer variable; records a problem instead of throwing so all are reported at once.
+std::optional<int> read_int(const char* name, bool required, std::vector<std::string>* problems) {
+  const char* value = std::getenv(name);
+  if (!value || !*value) {
+    if (required) problems->push_back(std::string(name) + " is not set");
+    return std::nullopt;
+  }
+  char* end = nullptr;
+  errno = 0;
+  const long parsed = std::strtol(value, &end, 10);
+  if (errno != 0 || *end != '\0' || parsed < 0 || parsed > 1 << 30) {
+    problems->push_back(std::string(name) + "='" + value + "' is not a non-negative integer");
+    return std::nullopt;
+  }
+  return static_cast<int>(parsed);
+}
+
+}  // namespace
+
+// ---- environment and layout -------------------------------------------------------------------
+
+bool DistributedEnvironment::present() {
+  return std::getenv("RANK") != nullptr || std::getenv("WORLD_SIZE") != nullptr;
+}
+
+DistributedEnvironment DistributedEnvironment::from_environment() {
+  std::vector<std::string> problems;
+  DistributedEnvironment env;
+  const char* addr = std::getenv("MASTER_ADDR");
+  if (!addr || !*addr) {
+    problems.push_back("MASTER_ADDR is not set");
+  } else {
+    env.master_addr = addr;
+  }
+  const auto port = read_int("MASTER_PORT", true, &problems);
+  const auto rank = read_int("RANK", true, &problems);
+  const auto world_size = read_int("WORLD_SIZE", true, &problems);
+  const auto local_rank = read_int("LOCAL_RANK", false, &problems);
+  if (port && (*port < 1 || *port > 65535)) {
+    problems.push_back("MASTER_PORT=" + std::to_string(*port) + " is not a TCP port (1..65535)");
+  }
+  if (world_size && *world_size < 1) problems.push_back("WORLD_SIZE must be >= 1");
+  if (rank && world_size && *world_size >= 1 && *rank >= *world_size) {
+    problems.push_back("RANK=" + std::to_string(*rank) +
+                       " is outside 0..WORLD_SIZE-1 (WORLD_SIZE=" + std::to_string(*world_size) +
+                       ")");
+  }
+  if (!problems.empty()) {
+    std::ostringstream message;
+    message << "distributed environment: ";
+    for (std::size_t p = 0; p < problems.size(); ++p) message << (p ? "; " : "") << problems[p];
+    message << ". Start the ranks with a launcher (pipetrain train --nproc N, torchrun) or set "
+               "MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE (and LOCAL_RANK) for every process";
+    TORCH_CHECK(false, message.str());
+  }
+  env.master_port = *port;
+  env.rank = *rank;
+  env.world_size = *world_size;
+  env.local_rank = local_rank.value_or(0);
+  return env;
+}
+
+ParallelLayout ParallelLayout::for_world(int world_size, int pipeline_ranks) {
+  TORCH_CHECK(pipeline_ranks >= 1, "pipeline ranks must be >= 1, got ", pipeline_ranks);
+  TORCH_CHECK(world_size % pipeline_ranks == 0, "WORLD_SIZE=", world_size,
+              " is not a multiple of the ", pipeline_ranks,
+              " pipeline ranks: start pipeline ranks x replicas processes (e.g. --nproc ",
+              pipeline_ranks * std::max(1, world_size / pipeline_ranks), ")");
+  ParallelLayout layout;
+  layout.pipeline_ranks = pipeline_ranks;
+  layout.replicas = world_size / pipeline_ranks;
+  return layout;
+}
+
+std::vector<int> ParallelLayout::data_parallel_ranks(int pipeline_rank) const {
+  std::vector<int> ranks;
+  for (int d = 0; d < replicas; ++d) ranks.push_back(rank_of(d, pipeline_rank));
+  return ranks;
+}
+
+std::vector<int> ParallelLayout::pipeline_world_ranks(int replica) const {
+  std::vector<int> ranks;
+  for (int p = 0; p < pipeline_ranks; ++p) ranks.push_back(rank_of(replica, p));
+  return ranks;
+}
+
+// ---- Distributed ------------------------------------------------------------------------------
+
+Distributed::Distributed(const DistributedEnvironment& environment,
+                         const DistributedOptions& options)
+    : local_rank_(environment.local_rank) {
+  const int pipeline_ranks =
+      options.pipeline_ranks() > 0 ? options.pipeline_ranks() : environment.world_size;
+  layout_ = ParallelLayout::for_world(environment.world_size, pipeline_ranks);
+  RendezvousOptions rendezvous;
+  rendezvous.master_addr = environment.master_addr;
+  rendezvous.master_port = environment.master_port;
+  rendezvous.rank = environment.rank;
+  rendezvous.world_size = environment.world_size;
+  rendezvous.timeout = options.timeout();
+  rendezvous.backend = options.backend() == "auto" ? comm_backend_for_device(options.device())
+                                                   : parse_comm_backend(options.backend());
+  world_ = C10dWorld::connect(rendezvous);
+  if (layout_.replicas > 1) {
+    data_parallel_ = world_->new_group("dp/" + std::to_string(pipeline_rank()),
+                                       layout_.data_parallel_ranks(pipeline_rank()));
+  }
+}
+
+Distributed::~Distributed() = default;
+
+int Distributed::rank() const {
+  return world_->rank();
+}
+int Distributed::world_size() const {
+  return world_->world_size();
+}
+
+std::unique_ptr<C10dTransport> Distributed::make_transport(
+    const std::vector<int>& stage_pipeline_rank, torch::Device device) {
+  std::vector<int> stage_world_rank;
+  for (std::size_t j = 0; j < stage_pipeline_rank.size(); ++j) {
+    const int p = stage_pipeline_rank[j];
+    TORCH_CHECK(p >= 0 && p < layout_.pipeline_ranks, "stage ", j, " is placed on pipeline rank ",
+                p, " but the job has ", layout_.pipeline_ranks,
+                " pipeline ranks: start one process per pipeline rank and replica");
+    stage_world_rank.push_back(layout_.rank_of(replica(), p));
+  }
+  C10dTransportOptions options;
+  options.device = device;
+  return std::make_unique<C10dTransport>(world_, std::move(stage_world_rank), options);
+}
+
+namespace {
+
+// Sums the gradients of `parameters` over `group`: one flat buffer per dtype.
+void allreduce_flat(C10dGroup& group, const std::vector<torch::Tensor>& parameters) {
+  torch::NoGradGuard no_grad;
+  std::map<torch::ScalarType, std::vector<torch::Tensor>> by_dtype;
+  for (const auto& p : parameters) by_dtype[p.scalar_type()].push_back(p);
+  for (auto& [dtype, params] : by_dtype) {
+    std::vector<torch::Tensor> pieces;
+    for (auto& p : params) {
+      const auto& grad = p.grad();
+      pieces.push_back(grad.defined() ? grad.reshape({-1}).to(torch::kCPU, dtype)
+                                      : torch::zeros({p.numel()}, p.options().device(torch::kCPU)));
+    }
+    std::vector<torch::Tensor> flat{torch::cat(pieces)};
+    group.allreduce_sum(flat);
+    int64_t at = 0;
+    for (auto& p : params) {
+      auto sum = flat[0].narrow(0, at, p.numel()).view(p.sizes()).to(p.device());
+      at += p.numel();
+      if (p.grad().defined()) {
+        p.mutable_grad().copy_(sum);
+      } else {
+        p.mutable_grad() = sum.clone();
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void Distributed::allreduce_gradients(const std::vector<torch::Tensor>& parameters) {
+  if (!data_parallel_ || parameters.empty()) return;
+  allreduce_flat(*data_parallel_, parameters);
+}
+
+void Distributed::declare_tie(const std::string& name, std::vector<int> holders) {
+  std::sort(holders.begin(), holders.end());
+  holders.erase(std::unique(holders.begin(), holders.end()), holders.end());
+  TORCH_CHECK(std::find(holders.begin(), holders.end(), pipeline_rank()) != holders.end(), "rank ",
+              rank(), " (pipeline rank ", pipeline_rank(), ") declares tie '", name,
+              "' but is not one of its holders");
+  if (auto known = tie_holders_.find(name); known != tie_holders_.end()) {
+    // A second pipe over the same job: the group exists already.
+    TORCH_CHECK(known->second == holders, "tie '", name, "' declared again on rank ", rank(),
+                " with other holders");
+    return;
+  }
+  tie_holders_[name] = holders;
+  if (holders.size() == 1) {
+    ties_[name] = nullptr;
+    return;
+  }
+  std::vector<int> ranks;
+  for (int p : holders) ranks.push_back(layout_.rank_of(replica(), p));
+  ties_[name] = world_->new_group("tie/" + name + "/" + std::to_string(replica()), ranks);
+}
+
+void Distributed::allreduce_tie(const std::string& name,
+                                const std::vector<torch::Tensor>& local_copies) {
+  auto it = ties_.find(name);
+  TORCH_CHECK(it != ties_.end(), "tie '", name, "' was not declared on rank ", rank(),
+              ": call declare_tie first");
+  TORCH_CHECK(!local_copies.empty(), "rank ", rank(), " holds no copy of tie '", name, "'");
+  torch::NoGradGuard no_grad;
+  torch::Tensor sum = torch::zeros_like(local_copies[0]);
+  for (const auto& copy : local_copies) {
+    TORCH_CHECK(copy.sizes() == local_copies[0].sizes(), "copies of tie '", name,
+                "' differ in shape: ", copy.sizes(), " vs ", local_copies[0].sizes());
+    if (copy.grad().defined()) sum += copy.grad();
+  }
+  if (it->second) {
+    std::vector<torch::Tensor> buffer{sum.to(torch::kCPU).contiguous()};
+    it->second->allreduce_sum(buffer);
+    sum = buffer[0].to(local_copies[0].device());
+  }
+  for (const auto& copy : local_copies) {
+    auto& grad = const_cast<torch::Tensor&>(copy).mutable_grad();
+    if (grad.defined()) {
+      grad.copy_(sum);
+    } else {
+      grad = sum.clone();
+    }
+  }
+}
+
+double Distributed::broadcast_loss(std::optional<double> replica_loss) {
+  std::vector<torch::Tensor> value{torch::tensor({replica_loss.value_or(0.0)}, torch::kDouble)};
+  world_->world_group()->allreduce_sum(value);
+  return value[0].item<double>();
+}
+
+std::map<std::string, torch::Tensor> Distributed::gather_named_parameters(
+    const std::vector<std::pair<std::string, torch::Tensor>>& mine) {
+  c10::Dict<std::string, torch::Tensor> dict;
+  if (replica() == 0) {
+    for (const auto& [name, tensor] : mine) dict.insert(name, tensor.detach().to(torch::kCPU));
+  }
+  const std::vector<char> bytes = torch::pickle_save(dict);
+  auto blobs = world_->world_group()->gather_bytes(bytes);
+  std::map<std::string, torch::Tensor> merged;
+  for (const auto& blob : blobs) {
+    if (blob.empty()) continue;
+    auto value = torch::pickle_load(blob).toGenericDict();
+    for (const auto& entry : value) {
+      merged.emplace(entry.key().toStringRef(), entry.value().toTensor());
+    }
+  }
+  return merged;
+}
+
+void Distributed::barrier() {
+  world_->world_group()->barrier();
+}
+void Distributed::abort(const std::string& reason) {
+  world_->abort(reason);
+}
+void Distributed::finalize() {
+  world_->finalize();
+}
+
+// ---- run_distributed --------------------------------------------------------------------------
+
+namespace {
+
+[[noreturn]] void exit_now(int code) {
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+  std::_Exit(code);
+}
+
+}  // namespace
+
+int run_distributed(const DistributedOptions& options,
+                    const std::function<void(Distributed&)>& body,
+                    std::chrono::milliseconds abort_grace) {
+  // Lines must reach a launcher's pipe before an _Exit.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  std::unique_ptr<Distributed> distributed;
+  int rank = -1;
+  int exit_code = 2;  // a bad environment is bad usage; a failed rendezvous is a runtime failure
+  try {
+    const auto environment = DistributedEnvironment::from_environment();
+    rank = environment.rank;
+    exit_code = 1;
+    distributed = std::make_unique<Distributed>(environment, options);
+  } catch (const c10::Error& e) {
+    std::cerr << "rank " << rank << ": error: " << e.what_without_backtrace() << std::endl;
+    return exit_code;
+  } catch (const std::exception& e) {
+    std::cerr << "rank " << rank << ": error: " << e.what() << std::endl;
+    return exit_code;
+  }
+  // An abort from elsewhere: the transports are woken by their own listeners; if the body is
+  // stuck in a collective that cannot be woken, leave after the grace period.
+  distributed->world()->add_abort_listener([rank, abort_grace](const std::string& reason) {
+    std::thread([rank, abort_grace, reason] {
+      std::this_thread::sleep_for(abort_grace);
+      std::cerr << "rank " << rank << ": exiting: the job was aborted: " << reason << std::endl;
+      exit_now(1);
+    }).detach();
+  });
+  try {
+    body(*distributed);
+  } catch (const std::exception& e) {
+    const c10::Error* error = dynamic_cast<const c10::Error*>(&e);
+    const std::string message = error ? error->what_without_backtrace() : e.what();
+    std::cerr << "rank " << rank << ": error: " << message << std::endl;
+    distributed->abort(message);
+    distributed->world()->linger_until_abort_seen(std::chrono::seconds(3));
+    exit_now(1);
+  }
+  distributed->finalize();
+  return 0;
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,204 @@
+// DistributedPipe: this rank's stages, a C10dTransport, the shared Interpreter, and the
+// cross-process steps [3]..[5] of include/pipetrain/runtime/distributed_pipe.h.
+#include "pipetrain/runtime/distributed_pipe.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include <numeric>
+#include <set>
+
+#include "pipetrain/runtime/interpreter.h"
+#include "pipetrain/schedule/generators.h"
+#include "pipetrain/schedule/lower.h"
+#include "pipetrain/schedule/validate.h"
+#include "pipetrain/stage/microbatch.h"
+
+namespace pipetrain {
+
+namespace {
+
+// The same derivation as Pipe's, so a stage draws the same random numbers in both runtimes.
+uint64_t stage_seed(uint64_t seed, int j) {
+  return seed + 0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(j + 1);
+}
+
+}  // namespace
+
+DistributedPipe::DistributedPipe(Distributed& distributed, torch::nn::Sequential model,
+                                 PipeOptions options, torch::Device device)
+    : distributed_(distributed),
+      model_(std::move(model)),
+      options_(std::move(options)),
+      device_(device) {
+  const auto& o = options_;
+  const int64_t layers = static_cast<int64_t>(model_->size());
+  TORCH_CHECK(layers >= 1, "the Sequential has no layers");
+  TORCH_CHECK(o.chunks() >= 1, "chunks must be at least 1 (got ", o.chunks(), ")");
+  TORCH_CHECK(o.virtual_stages() >= 1, "virtual_stages must be at least 1");
+  std::vector<int64_t> balance = o.balance();
+  if (balance.empty()) {
+    TORCH_CHECK(o.stages() >= 1 && o.stages() <= layers, "stages ", o.stages(), " must be in 1..",
+                layers, " (the layer count)");
+    balance.assign(static_cast<size_t>(o.stages()), layers / o.stages());
+    for (int64_t j = 0; j < layers % o.stages(); ++j) ++balance[static_cast<size_t>(j)];
+  }
+  TORCH_CHECK(std::accumulate(balance.begin(), balance.end(), int64_t{0}) == layers,
+              "the balance does not sum to the ", layers, " layers of the Sequential");
+  num_stages_ = static_cast<int>(balance.size());
+  const int v = static_cast<int>(o.virtual_stages());
+  TORCH_CHECK(num_stages_ % v == 0, num_stages_, " stages are not divisible by virtual_stages ", v);
+  num_ranks_ = num_stages_ / v;
+  TORCH_CHECK(num_ranks_ == distributed_.layout().pipeline_ranks, num_stages_,
+              " stages with virtual_stages ", v, " need ", num_ranks_,
+              " pipeline ranks but the job has ", distributed_.layout().pipeline_ranks,
+              " (WORLD_SIZE ", distributed_.world_size(), " = pipeline ranks x replicas); start ",
+              num_ranks_ * distributed_.layout().replicas, " processes or change --stages");
+  const schedule::Schedule& first = schedule_for(static_cast<int>(o.chunks()));
+  stage_rank_ = first.stage_rank;
+
+  // This rank's stages; every rank walks all layers so names and first-layer indices agree.
+  const auto named = model_->named_children();
+  std::vector<torch::nn::AnyModule> modules(model_->begin(), model_->end());
+  const uint64_t seed = at::detail::getDefaultCPUGenerator().current_seed();
+  // Which stages use each parameter tensor (by identity): a tensor on two ranks is a tie.
+  std::map<const void*, std::set<int>> holders;
+  std::map<const void*, std::string> first_name;
+  const int me = distributed_.pipeline_rank();
+  int64_t layer = 0;
+  for (int j = 0; j < num_stages_; ++j) {
+    std::vector<StageLayer> stage_layers;
+    const int first_layer = static_cast<int>(layer);
+    const bool mine = stage_rank_[static_cast<size_t>(j)] == me;
+    for (int64_t n = 0; n < balance[static_cast<size_t>(j)]; ++n, ++layer) {
+      const std::string& name = named[static_cast<size_t>(layer)].key();
+      auto& module = modules[static_cast<size_t>(layer)];
+      for (const auto& param : module.ptr()->named_parameters()) {
+        const void* key = param.value().unsafeGetTensorImpl();
+        holders[key].insert(stage_rank_[static_cast<size_t>(j)]);
+        first_name.emplace(key, name + "." + param.key());
+      }
+      if (!mine) continue;
+      module.ptr()->to(device_);
+      stage_layers.push_back({name, module});
+      for (const auto& param : module.ptr()->named_parameters()) {
+        named_.emplace_back(name + "." + param.key(), param.value());
+      }
+    }
+    if (mine) {
+      stages_[j] = std::make_unique<Stage>(j, first_layer, std::move(stage_layers), device_,
+                                           stage_seed(seed, j));
+    }
+  }
+  std::set<const void*> seen;
+  for (const auto& [name, tensor] : named_) {
+    const void* key = tensor.unsafeGetTensorImpl();
+    if (!seen.insert(key).second) continue;
+    unique_.push_back(tensor);
+    const auto& ranks = holders[key];
+    if (ranks.size() > 1) {
+      const std::string tie = first_name[key];
+      distributed_.declare_tie(tie, std::vector<int>(ranks.begin(), ranks.end()));
+      ties_.emplace_back(tie, tensor);
+    }
+  }
+  transport_ = distributed_.make_transport(stage_rank_, device_);
+}
+
+DistributedPipe::~DistributedPipe() = default;
+
+const schedule::Schedule& DistributedPipe::schedule_for(int microbatches) {
+  auto found = schedules_.find(microbatches);
+  if (found != schedules_.end()) return found->second;
+  schedule::Schedule s;
+  try {
+    s = schedule::make_schedule(options_.schedule(), num_ranks_, microbatches,
+                                static_cast<int>(options_.virtual_stages()));
+  } catch (const std::invalid_argument& e) {
+    TORCH_CHECK(false, "cannot build schedule '", options_.schedule(), "' for ", num_ranks_,
+                " ranks, ", microbatches, " micro-batches: ", e.what());
+  }
+  if (!schedule::is_lowered(s)) s = schedule::lower(s);
+  schedule::validate(s);
+  return schedules_.emplace(microbatches, std::move(s)).first->second;
+}
+
+double DistributedPipe::train_step(const torch::Tensor& input, const torch::Tensor& target,
+                                   const LossFn& loss_fn) {
+  TORCH_CHECK(
+      input.defined() && input.dim() >= 1 && target.defined() && target.size(0) == input.size(0),
+      "train_step needs an input and a target with the same number of rows");
+  const int64_t rows = input.size(0);
+  const auto& layout = distributed_.layout();
+  TORCH_CHECK(rows >= layout.replicas, "a mini-batch of ", rows, " rows cannot be shared by ",
+              layout.replicas, " replicas; use at least one row per replica");
+  // [1]
+  const std::vector<int64_t> shares = microbatch_sizes(rows, layout.replicas);
+  const int d = distributed_.replica();
+  const int64_t offset = std::accumulate(shares.begin(), shares.begin() + d, int64_t{0});
+  const torch::Tensor my_input = input.narrow(0, offset, shares[static_cast<size_t>(d)]);
+  const torch::Tensor my_target = target.narrow(0, offset, shares[static_cast<size_t>(d)]);
+  const std::vector<int64_t> sizes = microbatch_sizes(my_input.size(0), options_.chunks());
+  const int m = static_cast<int>(sizes.size());
+  const schedule::Schedule& s = schedule_for(m);
+  last_ = &s;
+
+  StepData data;
+  data.num_microbatches = m;
+  data.inputs = split_microbatches({my_input.to(device_)}, sizes);
+  for (auto& part : split_microbatches({my_target}, sizes))
+    data.targets.push_back(part[0].to(device_));
+  for (int64_t size : sizes) data.loss_weights.push_back(static_cast<double>(size) / rows);
+  data.loss_fn = &loss_fn;
+  data.training = true;
+  data.checkpoint = options_.checkpoint();
+  data.start = std::chrono::steady_clock::now();
+
+  // [2]
+  std::map<int, Stage*> stages;
+  for (auto& [j, stage] : stages_) {
+    stage->clear();
+    stage->reset_accounting();
+    stages[j] = stage.get();
+  }
+  RankResult result;
+  Interpreter interpreter(distributed_.pipeline_rank(), s, stages, *transport_);
+  interpreter.run(data, result);
+  events_ = std::move(result.events);
+  // [3], [4]
+  distributed_.allreduce_gradients(unique_);
+  for (const auto& [name, tensor] : ties_) distributed_.allreduce_tie(name, {tensor});
+  // [5]
+  std::optional<double> replica_loss;
+  if (stages_.count(num_stages_ - 1)) {
+    double sum = 0;
+    for (const auto& loss : result.losses) sum += loss.item<double>();
+    replica_loss = sum;
+  }
+  return distributed_.broadcast_loss(replica_loss);
+}
+
+std::vector<torch::Tensor> DistributedPipe::parameters() const {
+  return unique_;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> DistributedPipe::named_parameters() const {
+  return named_;
+}
+
+std::map<std::string, torch::Tensor> DistributedPipe::gather_parameters() {
+  return distributed_.gather_named_parameters(named_);
+}
+
+const schedule::Schedule& DistributedPipe::schedule() const {
+  TORCH_CHECK(last_ || !schedules_.empty(), "no schedule built yet");
+  return last_ ? *last_ : schedules_.begin()->second;
+}
+
+std::vector<int> DistributedPipe::local_stages() const {
+  std::vector<int> stages;
+  for (const auto& [j, stage] : stages_) stages.push_back(j);
+  return stages;
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,356 @@
+// launch_local: fork/exec N ranks, prefix their output, forward signals, stop all on a failure.
+//
+// The loop, every 100 ms or when a child writes or a signal arrives:
+//   [1] read children's pipes; emit complete lines ("[rank r] ...")
+//   [2] reap exited children (waitpid WNOHANG); the first non-zero exit starts the grace period
+//   [3] forward SIGINT/SIGTERM (caught through a self-pipe) to every live child's process group
+//   [4] grace over: SIGTERM the rest; 2 s later SIGKILL
+// until every child is reaped and its pipes are drained. Children run in their own process
+// groups, so a Ctrl-C at the terminal reaches only the launcher, which forwards it ([3]), and the
+// final killpg also reaches anything a rank itself spawned.
+#include "pipetrain/runtime/launcher.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <iostream>
+#include <optional>
+#include <stdexcept>
+
+namespace pipetrain {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int g_signal_pipe_write = -1;
+
+extern "C" void forward_signal_handler(int signal_number) {
+  const int saved = errno;
+  const char byte = static_cast<char>(signal_number);
+  if (g_signal_pipe_write >= 0) {
+    [[maybe_unused]] auto ignored = write(g_signal_pipe_write, &byte, 1);
+  }
+  errno = saved;
+}
+
+struct Stream {
+  int fd = -1;
+  std::string pending;  // bytes after the last newline
+};
+
+struct Child {
+  pid_t pid = -1;
+  bool running = false;
+  int exit_code = 0;
+  Stream out, err;
+  std::deque<std::string> stderr_tail;  // last lines, for the failure summary
+};
+
+constexpr std::size_t kTailLines = 20;
+
+int decode_status(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+std::string describe_exit(int code) {
+  if (code > 128) return "killed by signal " + std::to_string(code - 128);
+  return "exit code " + std::to_string(code);
+}
+
+}  // namespace
+
+int find_free_port(const std::string& addr) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw std::runtime_error(std::string("find_free_port: socket: ") + strerror(errno));
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = 0;
+  if (inet_pton(AF_INET, addr.c_str(), &address.sin_addr) != 1) {
+    close(fd);
+    throw std::runtime_error("find_free_port: '" + addr + "' is not an IPv4 address");
+  }
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+    const std::string error = strerror(errno);
+    close(fd);
+    throw std::runtime_error("find_free_port: bind " + addr + ":0: " + error);
+  }
+  socklen_t length = sizeof(address);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  close(fd);
+  return ntohs(address.sin_port);
+}
+
+std::vector<std::string> strip_launcher_flags(int argc, const char* const* argv) {
+  std::vector<std::string> rest;
+  for (int a = 1; a < argc; ++a) {
+    const std::string arg = argv[a];
+    if (arg == "--nproc") {
+      ++a;  // skip its value
+      continue;
+    }
+    if (arg.rfind("--nproc=", 0) == 0) continue;
+    rest.push_back(arg);
+  }
+  return rest;
+}
+
+LaunchResult launch_local(const LaunchOptions& options) {
+  if (options.nproc < 1) {
+    throw std::runtime_error("launch: --nproc must be >= 1, got " + std::to_string(options.nproc));
+  }
+  const int world_size = options.world_size > 0 ? options.world_size : options.nproc;
+  const int port =
+      options.master_port > 0 ? options.master_port : find_free_port(options.master_addr);
+  auto emit =
+      options.on_line ? options.on_line : [](int rank, bool is_stderr, const std::string& line) {
+        (is_stderr ? std::cerr : std::cout) << "[rank " << rank << "] " << line << std::endl;
+      };
+
+  int signal_pipe[2];
+  if (pipe2(signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+    throw std::runtime_error(std::string("launch: pipe: ") + strerror(errno));
+  }
+  g_signal_pipe_write = signal_pipe[1];
+  struct sigaction action {
+  }, old_int{}, old_term{};
+  action.sa_handler = forward_signal_handler;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  sigaction(SIGINT, &action, &old_int);
+  sigaction(SIGTERM, &action, &old_term);
+
+  std::vector<Child> children(static_cast<std::size_t>(options.nproc));
+  LaunchResult result;
+  auto kill_all = [&](int signal_number) {
+    for (auto& child : children) {
+      if (child.running) killpg(child.pid, signal_number);
+    }
+  };
+
+  // Spawn. The environment and argv are built before fork: the child only calls exec-safe code.
+  std::vector<char*> argv;
+  argv.push_back(const_cast<char*>(options.program.c_str()));
+  for (const auto& arg : options.args) argv.push_back(const_cast<char*>(arg.c_str()));
+  argv.push_back(nullptr);
+  for (int r = 0; r < options.nproc; ++r) {
+    std::vector<std::string> env_strings;
+    for (char** e = environ; *e; ++e) {
+      const std::string entry = *e;
+      const std::string key = entry.substr(0, entry.find('='));
+      if (key == "MASTER_ADDR" || key == "MASTER_PORT" || key == "RANK" || key == "WORLD_SIZE" ||
+          key == "LOCAL_RANK" || key == "LOCAL_WORLD_SIZE") {
+        continue;
+      }
+      env_strings.push_back(entry);
+    }
+    env_strings.push_back("MASTER_ADDR=" + options.master_addr);
+    env_strings.push_back("MASTER_PORT=" + std::to_string(port));
+    env_strings.push_back("RANK=" + std::to_string(r));
+    env_strings.push_back("WORLD_SIZE=" + std::to_string(world_size));
+    env_strings.push_back("LOCAL_RANK=" + std::to_string(r));
+    env_strings.push_back("LOCAL_WORLD_SIZE=" + std::to_string(options.nproc));
+    env_strings.push_back("PIPETRAIN_LAUNCHED=1");
+    for (const auto& [key, value] : options.env) env_strings.push_back(key + "=" + value);
+    std::vector<char*> envp;
+    for (auto& s : env_strings) envp.push_back(s.data());
+    envp.push_back(nullptr);
+
+    int out[2], err[2];
+    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
+      kill_all(SIGKILL);
+      throw std::runtime_error(std::string("launch: pipe: ") + strerror(errno));
+    }
+    const pid_t pid = fork();
+    if (pid < 0) {
+      kill_all(SIGKILL);
+      throw std::runtime_error(std::string("launch: fork: ") + strerror(errno));
+    }
+    if (pid == 0) {
+      setpgid(0, 0);
+      signal(SIGINT, SIG_DFL);
+      signal(SIGTERM, SIG_DFL);
+      dup2(out[1], STDOUT_FILENO);
+      dup2(err[1], STDERR_FILENO);
+      execve(options.program.c_str(), argv.data(), envp.data());
+      const std::string message =
+          "launch: cannot execute " + options.program + ": " + strerror(errno) + "\n";
+      [[maybe_unused]] auto ignored = write(STDERR_FILENO, message.data(), message.size());
+      _exit(127);
+    }
+    setpgid(pid, pid);  // also here: no race with an early killpg
+    close(out[1]);
+    close(err[1]);
+    auto& child = children[static_cast<std::size_t>(r)];
+    child.pid = pid;
+    child.running = true;
+    child.out.fd = out[0];
+    child.err.fd = err[0];
+    result.pids.push_back(pid);
+  }
+
+  auto drain_lines = [&](int r, bool is_stderr, Stream& stream, bool final) {
+    auto& child = children[static_cast<std::size_t>(r)];
+    std::size_t at;
+    while ((at = stream.pending.find('\n')) != std::string::npos) {
+      std::string line = stream.pending.substr(0, at);
+      stream.pending.erase(0, at + 1);
+      if (is_stderr) {
+        child.stderr_tail.push_back(line);
+        if (child.stderr_tail.size() > kTailLines) child.stderr_tail.pop_front();
+      }
+      emit(r, is_stderr, line);
+    }
+    if (final && !stream.pending.empty()) {
+      if (is_stderr) child.stderr_tail.push_back(stream.pending);
+      emit(r, is_stderr, stream.pending);
+      stream.pending.clear();
+    }
+  };
+
+  std::optional<Clock::time_point> term_at, kill_at, drain_until;
+  char buffer[65536];
+  while (true) {
+    // [1]
+    std::vector<pollfd> fds{{signal_pipe[0], POLLIN, 0}};
+    std::vector<std::pair<int, bool>> owners{{-1, false}};
+    for (int r = 0; r < options.nproc; ++r) {
+      auto& child = children[static_cast<std::size_t>(r)];
+      if (child.out.fd >= 0) {
+        fds.push_back({child.out.fd, POLLIN, 0});
+        owners.emplace_back(r, false);
+      }
+      if (child.err.fd >= 0) {
+        fds.push_back({child.err.fd, POLLIN, 0});
+        owners.emplace_back(r, true);
+      }
+    }
+    poll(fds.data(), fds.size(), 100);
+    for (std::size_t f = 1; f < fds.size(); ++f) {
+      if (!(fds[f].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      const auto [r, is_stderr] = owners[f];
+      auto& child = children[static_cast<std::size_t>(r)];
+      Stream& stream = is_stderr ? child.err : child.out;
+      const ssize_t n = read(stream.fd, buffer, sizeof(buffer));
+      if (n > 0) {
+        stream.pending.append(buffer, static_cast<std::size_t>(n));
+        drain_lines(r, is_stderr, stream, false);
+      } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
+        drain_lines(r, is_stderr, stream, true);
+        close(stream.fd);
+        stream.fd = -1;
+      }
+    }
+    // [3]
+    if (fds[0].revents & POLLIN) {
+      char signals[16];
+      const ssize_t n = read(signal_pipe[0], signals, sizeof(signals));
+      for (ssize_t s = 0; s < n; ++s) {
+        kill_all(signals[s]);
+        if (!term_at) term_at = Clock::now() + options.grace;
+      }
+    }
+    // [2]
+    bool any_running = false;
+    for (int r = 0; r < options.nproc; ++r) {
+      auto& child = children[static_cast<std::size_t>(r)];
+      if (!child.running) continue;
+      int status = 0;
+      const pid_t done = waitpid(child.pid, &status, WNOHANG);
+      if (done == child.pid) {
+        child.running = false;
+        child.exit_code = decode_status(status);
+        if (child.exit_code != 0 && result.first_failed_rank < 0) {
+          result.first_failed_rank = r;
+          // Its stderr may still be in the pipe: read what is there before summarising.
+          while (child.err.fd >= 0) {
+            const ssize_t n = read(child.err.fd, buffer, sizeof(buffer));
+            if (n <= 0) {
+              drain_lines(r, true, child.err, true);
+              close(child.err.fd);
+              child.err.fd = -1;
+              break;
+            }
+            child.err.pending.append(buffer, static_cast<std::size_t>(n));
+            drain_lines(r, true, child.err, false);
+          }
+          std::cerr << "pipetrain launch: rank " << r << " failed first ("
+                    << describe_exit(child.exit_code) << ")";
+          if (!child.stderr_tail.empty()) {
+            std::cerr << "; its last error lines:\n";
+            for (const auto& line : child.stderr_tail)
+              std::cerr << "  [rank " << r << "] " << line << "\n";
+          } else {
+            std::cerr << "\n";
+          }
+          std::cerr << "pipetrain launch: stopping the other ranks (grace "
+                    << options.grace.count() / 1000.0 << " s)" << std::endl;
+          if (!term_at) term_at = Clock::now() + options.grace;
+        }
+      } else {
+        any_running = true;
+      }
+    }
+    const auto now = Clock::now();
+    // [4]
+    if (any_running && term_at && now >= *term_at && !kill_at) {
+      kill_all(SIGTERM);
+      kill_at = now + std::chrono::seconds(2);
+    }
+    if (any_running && kill_at && now >= *kill_at) kill_all(SIGKILL);
+    if (!any_running) {
+      bool open = false;
+      for (auto& child : children) open = open || child.out.fd >= 0 || child.err.fd >= 0;
+      if (!open) break;
+      // A grandchild may hold a pipe open: give it a second, then stop reading.
+      if (!drain_until) drain_until = now + std::chrono::seconds(1);
+      if (now >= *drain_until) break;
+    }
+  }
+
+  for (int r = 0; r < options.nproc; ++r) {
+    auto& child = children[static_cast<std::size_t>(r)];
+    killpg(child.pid, SIGKILL);  // anything a rank left behind; ESRCH when none
+    for (Stream* stream : {&child.out, &child.err}) {
+      if (stream->fd >= 0) {
+        drain_lines(r, stream == &child.err, *stream, true);
+        close(stream->fd);
+      }
+    }
+    result.rank_exit_codes.push_back(child.exit_code);
+  }
+  sigaction(SIGINT, &old_int, nullptr);
+  sigaction(SIGTERM, &old_term, nullptr);
+  g_signal_pipe_write = -1;
+  close(signal_pipe[0]);
+  close(signal_pipe[1]);
+  result.exit_code =
+      result.first_failed_rank >= 0 ? result.rank_exit_codes[result.first_failed_rank] : 0;
+  return result;
+}
+
+int launch_self(int nproc, const std::vector<std::string>& args, std::chrono::milliseconds grace) {
+  char path[4096];
+  const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
+  if (n <= 0) throw std::runtime_error(std::string("launch: /proc/self/exe: ") + strerror(errno));
+  path[n] = '\0';
+  LaunchOptions options;
+  options.program = path;
+  options.args = args;
+  options.nproc = nproc;
+  options.grace = grace;
+  return launch_local(options).exit_code;
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,63 @@
+// Private to src/transport/c10d*.cpp: the c10d types behind c10d.h's opaque handles, and the
+// LibTorch 1.13 / 2.x bridge.
+//
+//   LibTorch 1.13: ProcessGroupGloo derives from c10d::ProcessGroup; Work is c10d::Work.
+//   LibTorch 2.x:  ProcessGroupGloo derives from c10d::Backend (ProcessGroup became a dispatching
+//                  wrapper); Work is still c10d::Work. We hold the backend object directly, which
+//                  has the same send/recv/allreduce/broadcast/barrier signatures in both.
+#pragma once
+
+#include <torch/version.h>
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#endif
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pipetrain/transport/c10d.h"
+
+namespace pipetrain::detail {
+
+#if TORCH_VERSION_MAJOR >= 2
+using C10dBackendBase = ::c10d::Backend;
+#else
+using C10dBackendBase = ::c10d::ProcessGroup;
+#endif
+using C10dWork = ::c10d::Work;
+
+// Creates the process group of `backend` over `store` (already prefixed per group).
+// Gloo lives in c10d_world.cpp; NCCL in c10d_nccl_cuda.cpp (CUDA builds) or c10d_nccl_nocuda.cpp.
+c10::intrusive_ptr<C10dBackendBase> make_gloo_group(const c10::intrusive_ptr<::c10d::Store>& store,
+                                                    int rank, int size,
+                                                    std::chrono::milliseconds timeout,
+                                                    const std::string& master_addr);
+c10::intrusive_ptr<C10dBackendBase> make_nccl_group(const c10::intrusive_ptr<::c10d::Store>& store,
+                                                    int rank, int size,
+                                                    std::chrono::milliseconds timeout);
+bool nccl_available();
+
+// Waits for `work`; rethrows its error with `what` prepended. Returns false when it was aborted.
+bool wait_work(const c10::intrusive_ptr<C10dWork>& work, const std::string& what);
+
+}  // namespace pipetrain::detail
+
+namespace pipetrain {
+
+struct C10dGroup::Impl {
+  std::string name;
+  std::vector<int> ranks;  // world ranks
+  int group_rank = 0;
+  std::chrono::milliseconds timeout{0};
+  c10::intrusive_ptr<detail::C10dBackendBase> backend;
+  // Index of a world rank within the group, or -1.
+  int group_rank_of(int world_rank) const;
+};
+
+}  // namespace pipetrain

@@ -1,0 +1,18 @@
+// The NCCL seam, CPU-only build: LibTorch has no CUDA, so there is no ProcessGroupNCCL to create.
+#include "c10d_internal.h"
+
+namespace pipetrain::detail {
+
+bool nccl_available() {
+  return false;
+}
+
+c10::intrusive_ptr<C10dBackendBase> make_nccl_group(const c10::intrusive_ptr<::c10d::Store>&,
+                                                    int rank, int, std::chrono::milliseconds) {
+  TORCH_CHECK(
+      false, "rank ", rank,
+      ": backend nccl needs a CUDA build of LibTorch and pipetrain; this build is CPU-only. "
+      "Use --backend gloo (CPU stages)");
+}
+
+}  // namespace pipetrain::detail

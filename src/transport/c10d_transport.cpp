@@ -1,0 +1,465 @@
+// C10dTransport: bundles between pipeline stages in different processes, over Gloo/NCCL p2p.
+//
+// One bundle on the wire (tags from c10d_tag, all from the same src rank to the same dst rank):
+//
+//   sender                                   receiver
+//   [1] isend header   (32 x int64) -------> recv header: magic, micro-batch, L, data bytes
+//   [2] isend metadata (L x int64)  -------> recv metadata, only when L > kInlineSlots
+//   [3] isend data     (flat bytes) -------> recv into one flat buffer; tensors are views of it
+//   [4] reaper thread waits the Works of [1..3] (keeps the buffers alive)
+//
+// The header travels with every bundle (no sender-side cache): the receiver may take micro-batches
+// of one boundary in another order than they were sent, which would desynchronise a "metadata
+// changed since the last message" cache. It costs one 256-byte message per bundle (measured in
+// docs/DISTRIBUTED.md).
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "c10d_internal.h"
+
+namespace pipetrain {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr int64_t kMagic = 0x5049504554524e31;  // "PIPETRN1"
+constexpr int64_t kHeaderSlots = 32;
+constexpr int64_t kHeaderFixed = 4;  // magic, microbatch, metadata length, data bytes
+constexpr int64_t kInlineSlots = kHeaderSlots - kHeaderFixed;
+constexpr int64_t kAlignment = 64;
+constexpr int64_t kUndefined = -1;
+
+const char* payload_name(Payload payload) {
+  return payload == Payload::kActivation ? "activation" : "gradient";
+}
+
+std::string describe(const Envelope& e) {
+  std::ostringstream out;
+  out << payload_name(e.payload) << " of micro-batch " << e.microbatch << " from stage "
+      << e.src_stage << " to stage " << e.dst_stage;
+  return out.str();
+}
+
+int64_t align_up(int64_t n) {
+  return (n + kAlignment - 1) / kAlignment * kAlignment;
+}
+
+// Byte offset of every tensor in the flat data buffer (-1: undefined or empty) and the total.
+std::vector<int64_t> data_layout(const std::vector<torch::Tensor>& tensors, int64_t* total) {
+  std::vector<int64_t> offsets;
+  int64_t next = 0;
+  for (const auto& t : tensors) {
+    if (!t.defined() || t.numel() == 0) {
+      offsets.push_back(-1);
+      continue;
+    }
+    offsets.push_back(next);
+    next = align_up(next + static_cast<int64_t>(t.numel() * t.element_size()));
+  }
+  *total = next;
+  return offsets;
+}
+
+}  // namespace
+
+int c10d_tag(const Envelope& envelope, MessagePart part) {
+  TORCH_CHECK(envelope.src_stage >= 0 && envelope.src_stage < kC10dMaxStages, "src_stage ",
+              envelope.src_stage, " does not fit the c10d tag (stages 0..", kC10dMaxStages - 1,
+              "); use fewer stages");
+  TORCH_CHECK(envelope.dst_stage >= 0 && envelope.dst_stage < kC10dMaxStages, "dst_stage ",
+              envelope.dst_stage, " does not fit the c10d tag (stages 0..", kC10dMaxStages - 1,
+              "); use fewer stages");
+  TORCH_CHECK(envelope.microbatch >= 0 && envelope.microbatch < kC10dMaxMicrobatches,
+              "micro-batch ", envelope.microbatch, " does not fit the c10d tag (0..",
+              kC10dMaxMicrobatches - 1, "); use fewer chunks");
+  const int payload = envelope.payload == Payload::kGradient ? 1 : 0;
+  return (payload << 29) | (static_cast<int>(part) << 27) | (envelope.src_stage << 20) |
+         (envelope.dst_stage << 13) | envelope.microbatch;
+}
+
+std::vector<int64_t> encode_bundle_metadata(const Bundle& bundle) {
+  TORCH_CHECK(bundle.skip_names.size() <= bundle.tensors.size(), "bundle names ",
+              bundle.skip_names.size(), " skips but holds only ", bundle.tensors.size(),
+              " tensors");
+  std::vector<int64_t> meta{static_cast<int64_t>(bundle.tensors.size()),
+                            static_cast<int64_t>(bundle.skip_names.size())};
+  for (const auto& t : bundle.tensors) {
+    if (!t.defined()) {
+      meta.push_back(kUndefined);
+      continue;
+    }
+    TORCH_CHECK(t.layout() == torch::kStrided,
+                "the c10d transport carries dense tensors only, got ", t.layout());
+    meta.push_back(static_cast<int64_t>(t.scalar_type()));
+    meta.push_back(t.dim());
+    for (int64_t size : t.sizes()) meta.push_back(size);
+  }
+  for (const auto& name : bundle.skip_names) {
+    meta.push_back(static_cast<int64_t>(name.size()));
+    for (std::size_t at = 0; at < name.size(); at += 8) {
+      int64_t word = 0;
+      std::memcpy(&word, name.data() + at, std::min<std::size_t>(8, name.size() - at));
+      meta.push_back(word);
+    }
+  }
+  return meta;
+}
+
+Bundle decode_bundle_metadata(const std::vector<int64_t>& meta, const torch::Device& device) {
+  std::size_t at = 0;
+  auto next = [&]() -> int64_t {
+    TORCH_CHECK(at < meta.size(), "truncated bundle metadata (", meta.size(), " values)");
+    return meta[at++];
+  };
+  Bundle bundle;
+  const int64_t n_tensors = next();
+  const int64_t n_skips = next();
+  TORCH_CHECK(n_tensors >= 0 && n_skips >= 0 && n_skips <= n_tensors,
+              "corrupt bundle metadata: ", n_tensors, " tensors, ", n_skips, " skips");
+  for (int64_t t = 0; t < n_tensors; ++t) {
+    const int64_t dtype = next();
+    if (dtype == kUndefined) {
+      bundle.tensors.emplace_back();
+      continue;
+    }
+    const int64_t dim = next();
+    std::vector<int64_t> sizes;
+    for (int64_t d = 0; d < dim; ++d) sizes.push_back(next());
+    bundle.tensors.push_back(torch::empty(
+        sizes, torch::TensorOptions().dtype(static_cast<torch::ScalarType>(dtype)).device(device)));
+  }
+  for (int64_t s = 0; s < n_skips; ++s) {
+    const int64_t length = next();
+    std::string name(static_cast<std::size_t>(length), '\0');
+    for (int64_t done = 0; done < length; done += 8) {
+      const int64_t word = next();
+      std::memcpy(name.data() + done, &word,
+                  static_cast<std::size_t>(std::min<int64_t>(8, length - done)));
+    }
+    bundle.skip_names.push_back(std::move(name));
+  }
+  TORCH_CHECK(at == meta.size(), "bundle metadata has ", meta.size() - at, " trailing values");
+  return bundle;
+}
+
+// ---- the transport ----------------------------------------------------------------------------
+
+struct C10dTransport::Impl {
+  std::shared_ptr<C10dWorld> world;
+  std::shared_ptr<C10dGroup> group;
+  std::vector<int> stage_rank;
+  C10dTransportOptions options;
+  torch::Device wire_device = torch::kCPU;
+  int listener = -1;
+
+  struct PendingSend {
+    c10::intrusive_ptr<detail::C10dWork> work;
+    std::string what;
+  };
+
+  std::mutex mutex;  // guards everything below
+  std::condition_variable changed;
+  bool aborted = false;
+  std::string abort_reason;
+  std::optional<std::string> send_error;
+  std::map<int64_t, c10::intrusive_ptr<detail::C10dWork>> receiving;
+  int64_t next_receive = 0;
+  std::deque<PendingSend> sends;  // front: the one the reaper waits on
+  bool stopping = false;
+  std::thread reaper;
+
+  int my_rank() const { return world->rank(); }
+  void abort_local(const std::string& reason);
+  void check_healthy();
+  void reap();
+  void post_send(torch::Tensor tensor, int dst, int tag, std::string what);
+  void receive(torch::Tensor tensor, int src, int tag, const Envelope& envelope, const char* part);
+};
+
+void C10dTransport::Impl::abort_local(const std::string& reason) {
+  std::vector<c10::intrusive_ptr<detail::C10dWork>> to_abort;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (aborted) return;
+    aborted = true;
+    abort_reason = reason;
+    for (auto& [id, work] : receiving) to_abort.push_back(work);
+    for (auto& send : sends) to_abort.push_back(send.work);
+  }
+  changed.notify_all();
+  // Gloo's SendWork/RecvWork::abort wakes a blocked wait(), which then returns false.
+  for (auto& work : to_abort) {
+    try {
+      work->abort();
+    } catch (...) {
+      // A backend without abort(): the waiter is bounded by the group timeout instead.
+    }
+  }
+}
+
+void C10dTransport::Impl::check_healthy() {
+  std::lock_guard<std::mutex> lock(mutex);
+  TORCH_CHECK(!aborted, "rank ", my_rank(), ": transport aborted: ", abort_reason);
+  TORCH_CHECK(!send_error, *send_error);
+}
+
+void C10dTransport::Impl::reap() {
+  while (true) {
+    PendingSend send;
+    {
+      std::unique_lock<std::mutex> lock(mutex);
+      changed.wait(lock, [&] { return stopping || !sends.empty(); });
+      if (sends.empty()) return;
+      send = sends.front();
+    }
+    std::optional<std::string> error;
+    try {
+      detail::wait_work(send.work, send.what);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      sends.pop_front();
+      if (error && !aborted && !send_error) send_error = *error;
+    }
+    changed.notify_all();
+  }
+}
+
+void C10dTransport::Impl::post_send(torch::Tensor tensor, int dst, int tag, std::string what) {
+  std::vector<at::Tensor> one{std::move(tensor)};
+  auto work = group->impl().backend->send(one, dst, tag);
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    sends.push_back({work, std::move(what)});
+    if (aborted) work->abort();
+  }
+  changed.notify_all();
+}
+
+void C10dTransport::Impl::receive(torch::Tensor tensor, int src, int tag, const Envelope& envelope,
+                                  const char* part) {
+  std::vector<at::Tensor> one{std::move(tensor)};
+  auto work = group->impl().backend->recv(one, src, tag);
+  int64_t id = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    id = next_receive++;
+    receiving[id] = work;
+    if (aborted) work->abort();
+  }
+  const auto start = Clock::now();
+  bool completed = false;
+  std::string failure;
+  try {
+    completed = work->wait();
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  std::lock_guard<std::mutex> lock(mutex);
+  receiving.erase(id);
+  TORCH_CHECK(!aborted, "rank ", my_rank(), ": receiving the ", describe(envelope),
+              " was aborted: ", abort_reason);
+  const double waited = std::chrono::duration<double>(Clock::now() - start).count();
+  TORCH_CHECK(completed && failure.empty(), "rank ", my_rank(), ": no ", describe(envelope), " (",
+              part, ") from rank ", src, " after ", waited, " s (timeout ",
+              world->timeout().count() / 1000.0, " s): ", failure.empty() ? "aborted" : failure,
+              ". Rank ", src, " (stage ", envelope.src_stage,
+              ") may have died or hang: see its log; raise --timeout if it is only slow");
+}
+
+C10dTransport::C10dTransport(std::shared_ptr<C10dWorld> world, std::vector<int> stage_world_rank,
+                             C10dTransportOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  TORCH_CHECK(world, "C10dTransport needs a connected C10dWorld");
+  TORCH_CHECK(static_cast<int>(stage_world_rank.size()) <= kC10dMaxStages,
+              "C10dTransport: ", stage_world_rank.size(), " stages exceed the tag space (",
+              kC10dMaxStages, ")");
+  for (std::size_t j = 0; j < stage_world_rank.size(); ++j) {
+    TORCH_CHECK(stage_world_rank[j] >= 0 && stage_world_rank[j] < world->world_size(), "stage ", j,
+                " is placed on rank ", stage_world_rank[j], " outside the world 0..",
+                world->world_size() - 1);
+  }
+  impl_->world = world;
+  impl_->group = world->world_group();
+  impl_->stage_rank = std::move(stage_world_rank);
+  impl_->options = options;
+  impl_->wire_device =
+      world->backend() == CommBackend::kGloo ? torch::Device(torch::kCPU) : options.device;
+  Impl* raw = impl_.get();
+  impl_->reaper = std::thread([raw] { raw->reap(); });
+  impl_->listener =
+      world->add_abort_listener([raw](const std::string& reason) { raw->abort_local(reason); });
+}
+
+C10dTransport::~C10dTransport() {
+  impl_->world->remove_abort_listener(impl_->listener);
+  {
+    std::unique_lock<std::mutex> lock(impl_->mutex);
+    // Healthy: let the receivers take what we sent (bounded by the group timeout in the reaper).
+    impl_->stopping = true;
+  }
+  impl_->changed.notify_all();
+  impl_->reaper.join();
+}
+
+void C10dTransport::send(const Envelope& envelope, Bundle bundle) {
+  impl_->check_healthy();
+  const int me = impl_->my_rank();
+  TORCH_CHECK(envelope.src_stage >= 0 &&
+                  envelope.src_stage < static_cast<int>(impl_->stage_rank.size()) &&
+                  envelope.dst_stage >= 0 &&
+                  envelope.dst_stage < static_cast<int>(impl_->stage_rank.size()),
+              "rank ", me, ": send of the ", describe(envelope), ": no such stage (",
+              impl_->stage_rank.size(), " stages)");
+  TORCH_CHECK(impl_->stage_rank[envelope.src_stage] == me, "rank ", me, " sends the ",
+              describe(envelope), " but stage ", envelope.src_stage, " runs on rank ",
+              impl_->stage_rank[envelope.src_stage]);
+  const int dst = impl_->stage_rank[envelope.dst_stage];
+  const std::string what = "rank " + std::to_string(me) + ": send of the " + describe(envelope) +
+                           " to rank " + std::to_string(dst);
+
+  torch::NoGradGuard no_grad;
+  const std::vector<int64_t> meta = encode_bundle_metadata(bundle);
+  int64_t total = 0;
+  const std::vector<int64_t> offsets = data_layout(bundle.tensors, &total);
+  auto header = torch::zeros({kHeaderSlots}, torch::kLong);
+  auto* h = header.data_ptr<int64_t>();
+  h[0] = kMagic;
+  h[1] = envelope.microbatch;
+  h[2] = static_cast<int64_t>(meta.size());
+  h[3] = total;
+  const bool inline_meta = static_cast<int64_t>(meta.size()) <= kInlineSlots;
+  if (inline_meta) std::copy(meta.begin(), meta.end(), h + kHeaderFixed);
+  header = header.to(impl_->wire_device);
+
+  // [1], [2]
+  impl_->post_send(header, dst, c10d_tag(envelope, MessagePart::kHeader), what + " (header)");
+  if (!inline_meta) {
+    auto overflow = torch::tensor(meta, torch::kLong).to(impl_->wire_device);
+    impl_->post_send(overflow, dst, c10d_tag(envelope, MessagePart::kMetadata),
+                     what + " (metadata)");
+  }
+  if (total == 0) return;
+  // [3] A single tensor goes as it is (no copy); several are packed into one flat buffer.
+  torch::Tensor data;
+  int defined = 0;
+  torch::Tensor only;
+  for (std::size_t t = 0; t < bundle.tensors.size(); ++t) {
+    if (offsets[t] >= 0) {
+      ++defined;
+      only = bundle.tensors[t];
+    }
+  }
+  if (defined == 1 && only.is_contiguous() && only.device() == impl_->wire_device &&
+      static_cast<int64_t>(only.numel() * only.element_size()) == total) {
+    data = only.detach();
+  } else {
+    data = torch::empty({total},
+                        torch::TensorOptions().dtype(torch::kUInt8).device(impl_->wire_device));
+    auto* base = static_cast<uint8_t*>(data.data_ptr());
+    for (std::size_t t = 0; t < bundle.tensors.size(); ++t) {
+      if (offsets[t] < 0) continue;
+      const auto& source = bundle.tensors[t];
+      torch::from_blob(base + offsets[t], source.sizes(),
+                       source.options().device(impl_->wire_device).requires_grad(false))
+          .copy_(source.detach());
+    }
+  }
+  impl_->post_send(data, dst, c10d_tag(envelope, MessagePart::kData), what + " (data)");
+}
+
+Bundle C10dTransport::recv(const Envelope& envelope) {
+  impl_->check_healthy();
+  const int me = impl_->my_rank();
+  TORCH_CHECK(envelope.src_stage >= 0 &&
+                  envelope.src_stage < static_cast<int>(impl_->stage_rank.size()) &&
+                  envelope.dst_stage >= 0 &&
+                  envelope.dst_stage < static_cast<int>(impl_->stage_rank.size()),
+              "rank ", me, ": receive of the ", describe(envelope), ": no such stage (",
+              impl_->stage_rank.size(), " stages)");
+  TORCH_CHECK(impl_->stage_rank[envelope.dst_stage] == me, "rank ", me, " receives the ",
+              describe(envelope), " but stage ", envelope.dst_stage, " runs on rank ",
+              impl_->stage_rank[envelope.dst_stage]);
+  const int src = impl_->stage_rank[envelope.src_stage];
+
+  auto header = torch::zeros({kHeaderSlots},
+                             torch::TensorOptions().dtype(torch::kLong).device(impl_->wire_device));
+  impl_->receive(header, src, c10d_tag(envelope, MessagePart::kHeader), envelope, "header");
+  header = header.cpu();
+  const auto* h = header.data_ptr<int64_t>();
+  TORCH_CHECK(h[0] == kMagic && h[1] == envelope.microbatch, "rank ", me,
+              ": corrupt header for the ", describe(envelope), " from rank ", src, " (magic ", h[0],
+              ", micro-batch ", h[1], "): both ranks must run the same pipetrain build");
+  const int64_t length = h[2];
+  const int64_t total = h[3];
+  std::vector<int64_t> meta;
+  if (length <= kInlineSlots) {
+    meta.assign(h + kHeaderFixed, h + kHeaderFixed + length);
+  } else {
+    auto overflow = torch::empty(
+        {length}, torch::TensorOptions().dtype(torch::kLong).device(impl_->wire_device));
+    impl_->receive(overflow, src, c10d_tag(envelope, MessagePart::kMetadata), envelope, "metadata");
+    overflow = overflow.cpu();
+    meta.assign(overflow.data_ptr<int64_t>(), overflow.data_ptr<int64_t>() + length);
+  }
+  // Shapes only: the tensors are replaced by views of the received buffer below.
+  Bundle shapes = decode_bundle_metadata(meta, torch::Device(torch::kMeta));
+  int64_t expected = 0;
+  const std::vector<int64_t> offsets = data_layout(shapes.tensors, &expected);
+  TORCH_CHECK(expected == total, "rank ", me, ": the ", describe(envelope), " announces ", total,
+              " bytes but its metadata describes ", expected);
+  Bundle bundle;
+  bundle.skip_names = std::move(shapes.skip_names);
+  torch::Tensor data;
+  if (total > 0) {
+    data = torch::empty({total},
+                        torch::TensorOptions().dtype(torch::kUInt8).device(impl_->wire_device));
+    impl_->receive(data, src, c10d_tag(envelope, MessagePart::kData), envelope, "data");
+  }
+  for (std::size_t t = 0; t < shapes.tensors.size(); ++t) {
+    const auto& shape = shapes.tensors[t];
+    if (!shape.defined()) {
+      bundle.tensors.emplace_back();
+      continue;
+    }
+    auto options = torch::TensorOptions().dtype(shape.scalar_type()).device(impl_->wire_device);
+    torch::Tensor tensor;
+    if (offsets[t] < 0) {
+      tensor = torch::empty(shape.sizes(), options);
+    } else {
+      // A view of the flat buffer; the deleter keeps the buffer alive as long as any view.
+      auto* base = static_cast<uint8_t*>(data.data_ptr()) + offsets[t];
+      tensor = torch::from_blob(
+          base, shape.sizes(), [keep = data](void*) {}, options);
+    }
+    if (tensor.device() != impl_->options.device) tensor = tensor.to(impl_->options.device);
+    bundle.tensors.push_back(std::move(tensor));
+  }
+  return bundle;
+}
+
+void C10dTransport::abort(const std::string& reason) {
+  impl_->abort_local("rank " + std::to_string(impl_->my_rank()) + ": " + reason);
+  impl_->world->abort(reason);
+}
+
+void C10dTransport::reset() {
+  // Healthy: nothing to clear (every message of a finished step has been received). Aborted: stay
+  // aborted; a Gloo group may hold half-delivered messages, so only a restart is clean.
+}
+
+void C10dTransport::flush() {
+  std::unique_lock<std::mutex> lock(impl_->mutex);
+  impl_->changed.wait(lock, [&] { return impl_->sends.empty() || impl_->aborted; });
+  TORCH_CHECK(!impl_->aborted, "rank ", impl_->my_rank(),
+              ": transport aborted: ", impl_->abort_reason);
+  TORCH_CHECK(!impl_->send_error, *impl_->send_error);
+}
+
+}  // namespace pipetrain

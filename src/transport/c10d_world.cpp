@@ -1,0 +1,570 @@
+// C10dWorld (rendezvous, abort channel, heartbeat watchdog) and C10dGroup (collectives).
+//
+// Rendezvous, on every rank:
+//   [1] connect to the TCPStore at MASTER_ADDR:MASTER_PORT (rank 0 starts the server); the client
+//       retries until the timeout, so ranks may start in any order.
+//   [2] compareSet("pipetrain/rank/<r>", host:pid): a second process with the same RANK sees the
+//       first one's value and fails naming both.
+//   [3] compareSet("pipetrain/world_size", WORLD_SIZE): the first rank's value wins; a rank with
+//       another value fails naming both.
+//   [4] add("pipetrain/arrived", 1), then poll it until it reaches WORLD_SIZE. On timeout the
+//       ranks whose key [2] is absent are the missing ones, and the error lists them.
+//   [5] the world process group over PrefixStore("pipetrain/group/world").
+//
+// Abort channel: key "pipetrain/abort" holds the first reason published (compareSet, first wins).
+// The watchdog thread of every rank polls it every 100 ms, bumps its own heartbeat counter every
+// second and checks the others'. A peer whose heartbeat stood still for the timeout (SIGKILL,
+// SIGSTOP, a hung machine), or a lost store (rank 0 is gone), is turned into an abort too.
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include "c10d_internal.h"
+
+namespace pipetrain {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+const char* const kArrivedKey = "pipetrain/arrived";
+const char* const kWorldSizeKey = "pipetrain/world_size";
+const char* const kAbortKey = "pipetrain/abort";
+const char* const kFinishedKey = "pipetrain/finished";
+const char* const kAbortSeenKey = "pipetrain/abort_seen";
+
+std::string rank_key(int r) {
+  return "pipetrain/rank/" + std::to_string(r);
+}
+std::string heartbeat_key(int r) {
+  return "pipetrain/heartbeat/" + std::to_string(r);
+}
+std::string finished_key(int r) {
+  return "pipetrain/finished/" + std::to_string(r);
+}
+
+std::vector<uint8_t> to_bytes(const std::string& s) {
+  return {s.begin(), s.end()};
+}
+std::string from_bytes(const std::vector<uint8_t>& v) {
+  return {v.begin(), v.end()};
+}
+
+std::string host_and_pid() {
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  return std::string(host) + ":" + std::to_string(getpid());
+}
+
+double seconds(std::chrono::milliseconds ms) {
+  return static_cast<double>(ms.count()) / 1000.0;
+}
+
+bool is_loopback(const std::string& addr) {
+  return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
+}
+
+}  // namespace
+
+// ---- backends ---------------------------------------------------------------------------------
+
+std::string comm_backend_name(CommBackend backend) {
+  switch (backend) {
+    case CommBackend::kGloo:
+      return "gloo";
+    case CommBackend::kNccl:
+      return "nccl";
+    case CommBackend::kMpi:
+      return "mpi";
+  }
+  return "?";
+}
+
+CommBackend parse_comm_backend(const std::string& name) {
+  if (name == "gloo") return CommBackend::kGloo;
+  if (name == "nccl") return CommBackend::kNccl;
+  if (name == "mpi") return CommBackend::kMpi;
+  TORCH_CHECK(false, "unknown communication backend '", name, "': use gloo, nccl or mpi");
+}
+
+CommBackend comm_backend_for_device(const torch::Device& device) {
+  return device.is_cuda() ? CommBackend::kNccl : CommBackend::kGloo;
+}
+
+bool comm_backend_available(CommBackend backend) {
+  switch (backend) {
+    case CommBackend::kGloo:
+      return true;
+    case CommBackend::kNccl:
+      return detail::nccl_available();
+    case CommBackend::kMpi:
+      // ProcessGroupMPI exists only in a LibTorch built with USE_MPI; pipetrain does not link it
+      // (Debian's LibTorch has none). Use gloo under mpirun: docs/DISTRIBUTED.md.
+      return false;
+  }
+  return false;
+}
+
+namespace detail {
+
+c10::intrusive_ptr<C10dBackendBase> make_gloo_group(const c10::intrusive_ptr<::c10d::Store>& store,
+                                                    int rank, int size,
+                                                    std::chrono::milliseconds timeout,
+                                                    const std::string& master_addr) {
+  auto options = ::c10d::ProcessGroupGloo::Options::create(timeout);
+  // GLOO_SOCKET_IFNAME picks the interface as in PyTorch; a loopback master means a single-machine
+  // job, which binds loopback; otherwise the address this host's name resolves to.
+  if (const char* interface = std::getenv("GLOO_SOCKET_IFNAME"); interface && *interface) {
+    options->devices.push_back(::c10d::ProcessGroupGloo::createDeviceForInterface(interface));
+  } else if (is_loopback(master_addr)) {
+    options->devices.push_back(::c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  } else {
+    options->devices.push_back(::c10d::ProcessGroupGloo::createDefaultDevice());
+  }
+  return c10::make_intrusive<::c10d::ProcessGroupGloo>(store, rank, size, options);
+}
+
+bool wait_work(const c10::intrusive_ptr<C10dWork>& work, const std::string& what) {
+  try {
+    return work->wait();
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, what, " failed: ", e.what());
+  }
+}
+
+}  // namespace detail
+
+// ---- C10dGroup --------------------------------------------------------------------------------
+
+int C10dGroup::Impl::group_rank_of(int world_rank) const {
+  auto it = std::find(ranks.begin(), ranks.end(), world_rank);
+  return it == ranks.end() ? -1 : static_cast<int>(it - ranks.begin());
+}
+
+C10dGroup::C10dGroup(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+C10dGroup::~C10dGroup() = default;
+
+int C10dGroup::rank() const {
+  return impl_->group_rank;
+}
+int C10dGroup::size() const {
+  return static_cast<int>(impl_->ranks.size());
+}
+const std::vector<int>& C10dGroup::ranks() const {
+  return impl_->ranks;
+}
+const std::string& C10dGroup::name() const {
+  return impl_->name;
+}
+
+void C10dGroup::allreduce_sum(std::vector<torch::Tensor>& tensors) {
+  // c10d treats the tensors of one call as per-device replicas, so each gets its own call; all
+  // are posted before the first wait so Gloo pipelines them.
+  std::vector<c10::intrusive_ptr<detail::C10dWork>> works;
+  for (auto& tensor : tensors) {
+    std::vector<at::Tensor> one{tensor};
+    ::c10d::AllreduceOptions options;
+    options.reduceOp = ::c10d::ReduceOp::SUM;
+    works.push_back(impl_->backend->allreduce(one, options));
+  }
+  for (auto& work : works) detail::wait_work(work, "allreduce over group '" + impl_->name + "'");
+}
+
+void C10dGroup::broadcast(std::vector<torch::Tensor>& tensors, int root) {
+  TORCH_CHECK(root >= 0 && root < size(), "broadcast root ", root, " is not a rank of group '",
+              impl_->name, "' (size ", size(), ")");
+  std::vector<c10::intrusive_ptr<detail::C10dWork>> works;
+  for (auto& tensor : tensors) {
+    std::vector<at::Tensor> one{tensor};
+    ::c10d::BroadcastOptions options;
+    options.rootRank = root;
+    works.push_back(impl_->backend->broadcast(one, options));
+  }
+  for (auto& work : works) detail::wait_work(work, "broadcast over group '" + impl_->name + "'");
+}
+
+void C10dGroup::barrier() {
+  detail::wait_work(impl_->backend->barrier(), "barrier of group '" + impl_->name + "'");
+}
+
+std::vector<std::vector<char>> C10dGroup::gather_bytes(const std::vector<char>& mine) {
+  const int size_tag = kC10dControlTagBase + 1;
+  const int data_tag = kC10dControlTagBase + 2;
+  std::vector<std::vector<char>> result;
+  if (rank() != 0) {
+    std::vector<at::Tensor> length{
+        torch::tensor({static_cast<int64_t>(mine.size())}, torch::kLong)};
+    detail::wait_work(impl_->backend->send(length, 0, size_tag), "gather (size) to group rank 0");
+    if (!mine.empty()) {
+      std::vector<at::Tensor> data{
+          torch::empty({static_cast<int64_t>(mine.size())}, torch::kUInt8)};
+      std::memcpy(data[0].data_ptr(), mine.data(), mine.size());
+      detail::wait_work(impl_->backend->send(data, 0, data_tag), "gather (data) to group rank 0");
+    }
+    return result;
+  }
+  result.resize(static_cast<std::size_t>(size()));
+  result[0] = mine;
+  for (int g = 1; g < size(); ++g) {
+    std::vector<at::Tensor> length{torch::empty({1}, torch::kLong)};
+    const std::string from = "gather from world rank " + std::to_string(impl_->ranks[g]);
+    detail::wait_work(impl_->backend->recv(length, g, size_tag), from);
+    const int64_t n = length[0].item<int64_t>();
+    if (n > 0) {
+      std::vector<at::Tensor> data{torch::empty({n}, torch::kUInt8)};
+      detail::wait_work(impl_->backend->recv(data, g, data_tag), from);
+      const auto* bytes = static_cast<const char*>(data[0].data_ptr());
+      result[g].assign(bytes, bytes + n);
+    }
+  }
+  return result;
+}
+
+// ---- C10dWorld --------------------------------------------------------------------------------
+
+struct C10dWorld::Impl {
+  RendezvousOptions options;
+  c10::intrusive_ptr<::c10d::Store> store;        // used by the calling threads
+  c10::intrusive_ptr<::c10d::Store> watch_store;  // the watchdog's own connection
+  std::shared_ptr<C10dGroup> world;
+
+  mutable std::mutex mutex;  // guards everything below
+  std::condition_variable wake;
+  bool stop = false;
+  bool finalized = false;
+  std::optional<std::string> abort_reason;
+  std::map<int, std::function<void(const std::string&)>> listeners;
+  int next_listener = 0;
+  std::thread watchdog;
+  std::atomic<bool> abort_counted{false};
+
+  // Once per process: tells rank 0 (linger_until_abort_seen) this rank knows of the abort.
+  void count_abort_seen() {
+    if (!abort_counted.exchange(true)) watch_store->add(kAbortSeenKey, 1);
+  }
+
+  std::shared_ptr<C10dGroup> make_group(const std::string& name, std::vector<int> ranks);
+  void fire(const std::string& reason);
+  void watch();
+  void stop_watchdog();
+};
+
+std::shared_ptr<C10dGroup> C10dWorld::Impl::make_group(const std::string& name,
+                                                       std::vector<int> ranks) {
+  auto group = std::make_shared<C10dGroup::Impl>();
+  group->name = name;
+  group->ranks = std::move(ranks);
+  group->timeout = options.timeout;
+  group->group_rank = group->group_rank_of(options.rank);
+  TORCH_CHECK(group->group_rank >= 0, "rank ", options.rank, " creates group '", name,
+              "' but is not one of its ranks; only members create a group");
+  auto prefixed = c10::make_intrusive<::c10d::PrefixStore>("pipetrain/group/" + name, store);
+  const int size = static_cast<int>(group->ranks.size());
+  try {
+    switch (options.backend) {
+      case CommBackend::kGloo:
+        group->backend = detail::make_gloo_group(prefixed, group->group_rank, size, options.timeout,
+                                                 options.master_addr);
+        break;
+      case CommBackend::kNccl:
+        group->backend =
+            detail::make_nccl_group(prefixed, group->group_rank, size, options.timeout);
+        break;
+      case CommBackend::kMpi:
+        TORCH_CHECK(false,
+                    "backend mpi: this LibTorch is built without MPI (ProcessGroupMPI); "
+                    "use --backend gloo, which also runs under mpirun (docs/DISTRIBUTED.md)");
+    }
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "rank ", options.rank, ": creating ", comm_backend_name(options.backend),
+                " group '", name, "' failed: ", e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "rank ", options.rank, ": creating ", comm_backend_name(options.backend),
+                " group '", name, "' failed: ", e.what());
+  }
+  return std::make_shared<C10dGroup>(std::move(group));
+}
+
+void C10dWorld::Impl::fire(const std::string& reason) {
+  std::vector<std::function<void(const std::string&)>> to_call;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (abort_reason) return;
+    abort_reason = reason;
+    for (auto& [id, listener] : listeners) to_call.push_back(listener);
+  }
+  wake.notify_all();
+  for (auto& listener : to_call) listener(reason);
+}
+
+void C10dWorld::Impl::watch() {
+  const int world_size = options.world_size;
+  std::vector<int64_t> last_beat(world_size, -1);
+  std::vector<Clock::time_point> last_change(world_size, Clock::now());
+  auto next_beat = Clock::now();
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mutex);
+      wake.wait_for(lock, std::chrono::milliseconds(100), [&] { return stop; });
+      if (stop || abort_reason) return;
+    }
+    try {
+      if (watch_store->check({kAbortKey})) {
+        const std::string reason = from_bytes(watch_store->get(kAbortKey));
+        count_abort_seen();
+        fire(reason);
+        return;
+      }
+      const auto now = Clock::now();
+      if (now < next_beat) continue;
+      next_beat = now + std::chrono::seconds(1);
+      watch_store->add(heartbeat_key(options.rank), 1);
+      for (int q = 0; q < world_size; ++q) {
+        if (q == options.rank) continue;
+        const int64_t beat = watch_store->add(heartbeat_key(q), 0);
+        if (beat != last_beat[q]) {
+          last_beat[q] = beat;
+          last_change[q] = now;
+        } else if (now - last_change[q] > options.timeout &&
+                   !watch_store->check({finished_key(q)})) {
+          std::ostringstream reason;
+          reason << "rank " << options.rank << ": rank " << q << " sent no heartbeat for "
+                 << seconds(options.timeout)
+                 << " s: it was killed or hangs (see its log); raise --timeout if it is only slow";
+          try {
+            watch_store->compareSet(kAbortKey, {}, to_bytes(reason.str()));
+            count_abort_seen();
+          } catch (...) {
+          }
+          fire(reason.str());
+          return;
+        }
+      }
+    } catch (const std::exception& e) {
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (stop || finalized) return;
+      }
+      std::ostringstream reason;
+      reason << "rank " << options.rank << ": lost the rendezvous store at " << options.master_addr
+             << ":" << options.master_port
+             << " (hosted by rank 0): rank 0 has exited or was killed (" << e.what() << ")";
+      fire(reason.str());
+      return;
+    }
+  }
+}
+
+void C10dWorld::Impl::stop_watchdog() {
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    stop = true;
+  }
+  wake.notify_all();
+  if (watchdog.joinable()) watchdog.join();
+}
+
+C10dWorld::C10dWorld(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+C10dWorld::~C10dWorld() {
+  impl_->stop_watchdog();
+  impl_->world.reset();
+}
+
+std::shared_ptr<C10dWorld> C10dWorld::connect(const RendezvousOptions& options) {
+  TORCH_CHECK(!options.master_addr.empty(), "MASTER_ADDR is empty: set it to rank 0's host");
+  TORCH_CHECK(options.master_port > 0 && options.master_port < 65536,
+              "MASTER_PORT=", options.master_port, " is not a TCP port (1..65535)");
+  TORCH_CHECK(options.world_size >= 1, "WORLD_SIZE=", options.world_size, " must be >= 1");
+  TORCH_CHECK(options.rank >= 0 && options.rank < options.world_size, "RANK=", options.rank,
+              " is outside 0..WORLD_SIZE-1 (WORLD_SIZE=", options.world_size, ")");
+  TORCH_CHECK(options.timeout.count() > 0, "the rendezvous timeout must be positive");
+  TORCH_CHECK(comm_backend_available(options.backend) || options.backend == CommBackend::kMpi,
+              "backend ", comm_backend_name(options.backend),
+              " is not available in this build: NCCL needs a CUDA LibTorch; use gloo");
+
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  const int r = options.rank;
+  const std::string where = options.master_addr + ":" + std::to_string(options.master_port);
+  // [1]
+  auto open_store = [&](bool server) -> c10::intrusive_ptr<::c10d::Store> {
+    ::c10d::TCPStoreOptions store_options;
+    store_options.port = static_cast<std::uint16_t>(options.master_port);
+    store_options.isServer = server;
+    store_options.numWorkers = c10::nullopt;
+    store_options.waitWorkers = false;
+    store_options.timeout = options.timeout;
+    try {
+      return c10::make_intrusive<::c10d::TCPStore>(options.master_addr, store_options);
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "rank ", r, ": ",
+                  server ? "could not start the rendezvous store on "
+                         : "could not reach the rendezvous store at ",
+                  where, " within ", seconds(options.timeout), " s",
+                  server ? " (is MASTER_PORT in use?)"
+                         : " (has rank 0 started? do all ranks use the same MASTER_ADDR and "
+                           "MASTER_PORT?)",
+                  ": ", e.what());
+    }
+  };
+  impl->store = open_store(r == 0);
+  impl->watch_store = open_store(false);
+  auto& store = impl->store;
+
+  // [2]
+  const std::string me = host_and_pid();
+  const std::string holder = from_bytes(store->compareSet(rank_key(r), {}, to_bytes(me)));
+  TORCH_CHECK(holder == me, "RANK=", r, " was started twice (", holder, " and ", me,
+              "): give every process its own RANK in 0..WORLD_SIZE-1");
+  // [3]
+  const std::string size_text = std::to_string(options.world_size);
+  const std::string agreed = from_bytes(store->compareSet(kWorldSizeKey, {}, to_bytes(size_text)));
+  TORCH_CHECK(agreed == size_text, "rank ", r, " has WORLD_SIZE=", size_text,
+              " but another rank registered WORLD_SIZE=", agreed,
+              ": start every rank with the same WORLD_SIZE");
+  // [4]
+  store->add(kArrivedKey, 1);
+  const auto deadline = Clock::now() + options.timeout;
+  while (true) {
+    const int64_t arrived = store->add(kArrivedKey, 0);
+    TORCH_CHECK(arrived <= options.world_size, "rank ", r, ": ", arrived,
+                " processes joined the rendezvous at ", where,
+                " but WORLD_SIZE=", options.world_size,
+                ": another job uses the same MASTER_PORT, or too many "
+                "processes were started");
+    if (arrived == options.world_size) break;
+    if (Clock::now() > deadline) {
+      std::ostringstream missing;
+      int count = 0;
+      for (int q = 0; q < options.world_size; ++q) {
+        if (!store->check({rank_key(q)})) missing << (count++ ? ", " : "") << q;
+      }
+      TORCH_CHECK(false, "rank ", r, ": rendezvous at ", where, " timed out after ",
+                  seconds(options.timeout), " s: WORLD_SIZE=", options.world_size, " but only ",
+                  arrived, " ranks arrived; missing ranks: ", missing.str(),
+                  ". Start every rank 0..", options.world_size - 1,
+                  " with the same MASTER_ADDR/MASTER_PORT, or fix WORLD_SIZE");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  // [5]
+  std::vector<int> all(options.world_size);
+  for (int q = 0; q < options.world_size; ++q) all[q] = q;
+  impl->world = impl->make_group("world", all);
+
+  Impl* raw = impl.get();
+  impl->watchdog = std::thread([raw] { raw->watch(); });
+  return std::shared_ptr<C10dWorld>(new C10dWorld(std::move(impl)));
+}
+
+int C10dWorld::rank() const {
+  return impl_->options.rank;
+}
+int C10dWorld::world_size() const {
+  return impl_->options.world_size;
+}
+std::chrono::milliseconds C10dWorld::timeout() const {
+  return impl_->options.timeout;
+}
+CommBackend C10dWorld::backend() const {
+  return impl_->options.backend;
+}
+const RendezvousOptions& C10dWorld::options() const {
+  return impl_->options;
+}
+std::shared_ptr<C10dGroup> C10dWorld::world_group() {
+  return impl_->world;
+}
+
+std::shared_ptr<C10dGroup> C10dWorld::new_group(const std::string& name, std::vector<int> ranks) {
+  TORCH_CHECK(!ranks.empty(), "group '", name, "' has no ranks");
+  std::sort(ranks.begin(), ranks.end());
+  TORCH_CHECK(std::adjacent_find(ranks.begin(), ranks.end()) == ranks.end(), "group '", name,
+              "' lists a rank twice");
+  for (int q : ranks) {
+    TORCH_CHECK(q >= 0 && q < world_size(), "group '", name, "' names rank ", q,
+                " outside the world 0..", world_size() - 1);
+  }
+  TORCH_CHECK(name != "world", "the group name 'world' is reserved");
+  return impl_->make_group(name, std::move(ranks));
+}
+
+void C10dWorld::abort(const std::string& reason) {
+  const std::string full = "rank " + std::to_string(rank()) + ": " + reason;
+  std::string published = full;
+  try {
+    // First reason wins: a rank that aborts because of another's abort keeps the original.
+    auto current = impl_->watch_store->compareSet(kAbortKey, {}, to_bytes(full));
+    if (!current.empty()) published = from_bytes(current);
+    impl_->count_abort_seen();
+  } catch (...) {
+    // The store is gone (rank 0 died): the local abort below still wakes this rank.
+  }
+  impl_->fire(published);
+}
+
+std::optional<std::string> C10dWorld::abort_reason() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->abort_reason;
+}
+
+int C10dWorld::add_abort_listener(std::function<void(const std::string&)> listener) {
+  std::optional<std::string> already;
+  int id = 0;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    id = impl_->next_listener++;
+    impl_->listeners[id] = listener;
+    already = impl_->abort_reason;
+  }
+  if (already) listener(*already);
+  return id;
+}
+
+void C10dWorld::remove_abort_listener(int id) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  impl_->listeners.erase(id);
+}
+
+void C10dWorld::linger_until_abort_seen(std::chrono::milliseconds max) {
+  if (rank() != 0) return;
+  const auto deadline = Clock::now() + max;
+  try {
+    while (impl_->watch_store->add(kAbortSeenKey, 0) < world_size() && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  } catch (...) {
+  }
+}
+
+void C10dWorld::finalize() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    if (impl_->finalized) return;
+    impl_->finalized = true;
+  }
+  try {
+    impl_->store->set(finished_key(rank()), to_bytes("1"));
+    impl_->store->add(kFinishedKey, 1);
+    if (rank() == 0) {
+      const auto deadline = Clock::now() + timeout();
+      while (impl_->store->add(kFinishedKey, 0) < world_size() && !abort_reason() &&
+             Clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
+  } catch (...) {
+    // Shutting down: a store error only means rank 0 has already gone.
+  }
+  impl_->stop_watchdog();
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,403 @@
+// pipetrain_rank_helper: one rank of a multi-process test, started by launch_local from
+// tests/transport/c10d_test.cpp and tests/runtime/{distributed,launcher}_test.cpp.
+//
+//   pipetrain_rank_helper SCENARIO [ARGS...]
+//
+// Every check failure throws (the rank exits non-zero with the message); success prints
+// "OK <scenario>" on stdout. PIPETRAIN_TEST_TIMEOUT_MS sets the transport/rendezvous timeout.
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <iostream>
+#include <set>
+#include <string>
+#include <thread>
+
+#include <torch/torch.h>
+
+#include "pipetrain/runtime/distributed.h"
+#include "pipetrain/runtime/distributed_pipe.h"
+#include "pipetrain/stage/skip_layers.h"
+#include "pipetrain/transport/c10d.h"
+
+using namespace pipetrain;
+
+namespace {
+
+#define CHECK_OR_THROW(cond, ...) TORCH_CHECK(cond, "check failed: " #cond ": ", __VA_ARGS__)
+
+std::chrono::milliseconds test_timeout() {
+  const char* value = std::getenv("PIPETRAIN_TEST_TIMEOUT_MS");
+  return std::chrono::milliseconds(value ? std::atoi(value) : 10000);
+}
+
+DistributedOptions options_with(int pipeline_ranks) {
+  return DistributedOptions().timeout(test_timeout()).pipeline_ranks(pipeline_ranks);
+}
+
+// Deterministic contents both sides can compute: value depends on (seed, index).
+torch::Tensor pattern(std::vector<int64_t> sizes, torch::ScalarType dtype, int seed) {
+  int64_t n = 1;
+  for (auto s : sizes) n *= s;
+  auto values = torch::arange(n, torch::kDouble).add(seed * 1000).remainder(97).sub(40);
+  if (dtype == torch::kBool) return values.gt(0).reshape(sizes);
+  return values.to(dtype).reshape(sizes);
+}
+
+void expect_equal(const torch::Tensor& got, const torch::Tensor& want, const std::string& what) {
+  CHECK_OR_THROW(got.defined() == want.defined(), what, ": defined ", got.defined(), " vs ",
+                 want.defined());
+  if (!want.defined()) return;
+  CHECK_OR_THROW(got.scalar_type() == want.scalar_type(), what, ": dtype ", got.scalar_type(),
+                 " vs ", want.scalar_type());
+  CHECK_OR_THROW(got.sizes() == want.sizes(), what, ": shape ", got.sizes(), " vs ", want.sizes());
+  CHECK_OR_THROW(torch::equal(got, want), what, ": values differ");
+}
+
+// The bundles rank 0 sends to rank 1 as activations of micro-batches 0..N-1.
+std::vector<Bundle> activation_bundles() {
+  std::vector<Bundle> bundles;
+  bundles.push_back({{pattern({4, 3}, torch::kFloat, 0)}, {}});
+  // A shape change on the same boundary, and a second tensor of another dtype.
+  bundles.push_back({{pattern({7, 2}, torch::kFloat, 1), pattern({5}, torch::kLong, 1)}, {}});
+  // Skip tensors with long names: the metadata overflows the inline header.
+  bundles.push_back({{pattern({2, 2, 2}, torch::kDouble, 2), pattern({3}, torch::kFloat, 2),
+                      pattern({1, 6}, torch::kFloat, 2)},
+                     {"encoder.block1.residual_with_a_rather_long_name",
+                      "encoder.block2.another_quite_long_skip_connection_name"}});
+  // Mixed dtypes, a 0-d tensor, an empty tensor.
+  bundles.push_back({{pattern({3}, torch::kBool, 3), pattern({}, torch::kFloat, 3),
+                      torch::empty({0, 4}), pattern({2, 3}, torch::kHalf, 3)},
+                     {"s"}});
+  // Back to the first shape.
+  bundles.push_back({{pattern({4, 3}, torch::kFloat, 4)}, {}});
+  return bundles;
+}
+
+// The gradient bundle rank 1 sends back for micro-batch i: undefined where "no gradient".
+Bundle gradient_bundle(int i) {
+  Bundle bundle;
+  const Bundle activation = activation_bundles()[static_cast<std::size_t>(i)];
+  for (std::size_t t = 0; t < activation.tensors.size(); ++t) {
+    const auto& a = activation.tensors[t];
+    const bool no_gradient = !a.is_floating_point() || a.scalar_type() == torch::kHalf || t == 1;
+    bundle.tensors.push_back(no_gradient ? torch::Tensor()
+                                         : pattern(a.sizes().vec(), a.scalar_type(), 50 + i));
+  }
+  bundle.skip_names = activation.skip_names;
+  return bundle;
+}
+
+void scenario_bundles(Distributed& d) {
+  auto transport = d.make_transport({0, 1});
+  const auto bundles = activation_bundles();
+  const int n = static_cast<int>(bundles.size());
+  if (d.rank() == 0) {
+    for (int i = 0; i < n; ++i) {
+      transport->send({0, 1, i, Payload::kActivation}, bundles[static_cast<std::size_t>(i)]);
+    }
+    for (int i = n - 1; i >= 0; --i) {  // gradients taken in reverse order of sending
+      Bundle got = transport->recv({1, 0, i, Payload::kGradient});
+      Bundle want = gradient_bundle(i);
+      CHECK_OR_THROW(got.tensors.size() == want.tensors.size(), "gradient ", i);
+      for (std::size_t t = 0; t < want.tensors.size(); ++t) {
+        expect_equal(got.tensors[t], want.tensors[t], "gradient " + std::to_string(i));
+      }
+      CHECK_OR_THROW(got.skip_names == want.skip_names, "gradient skip names ", i);
+    }
+  } else {
+    // Out of order: micro-batch 2 first, then the rest; shapes still match their own message.
+    std::vector<int> order{2, 0, 1, 3, 4};
+    for (int i : order) {
+      Bundle got = transport->recv({0, 1, i, Payload::kActivation});
+      const auto& want = bundles[static_cast<std::size_t>(i)];
+      CHECK_OR_THROW(got.tensors.size() == want.tensors.size(), "activation ", i, ": ",
+                     got.tensors.size(), " tensors");
+      for (std::size_t t = 0; t < want.tensors.size(); ++t) {
+        expect_equal(got.tensors[t], want.tensors[t], "activation " + std::to_string(i));
+      }
+      CHECK_OR_THROW(got.skip_names == want.skip_names, "skip names of ", i);
+      transport->send({1, 0, i, Payload::kGradient}, gradient_bundle(i));
+    }
+    transport->flush();
+  }
+  std::cout << "OK bundles" << std::endl;
+}
+
+// 4 stages on world ranks 0..3 (or 2 stages per rank: interleaved, ranks 0,1,0,1): each stage adds
+// its index; the last turns the activation into a gradient.
+void scenario_chain(Distributed& d, bool interleaved) {
+  const int stages = 4;
+  std::vector<int> placement;
+  for (int j = 0; j < stages; ++j) placement.push_back(interleaved ? j % 2 : j);
+  auto transport = d.make_transport(placement);
+  const int microbatches = 3;
+  for (int i = 0; i < microbatches; ++i) {
+    for (int j = 0; j < stages; ++j) {
+      if (placement[static_cast<std::size_t>(j)] != d.pipeline_rank()) continue;
+      torch::Tensor x = j == 0 ? torch::full({2, 2}, static_cast<float>(i))
+                               : transport->recv({j - 1, j, i, Payload::kActivation}).tensors[0];
+      x = x + j;
+      if (j + 1 < stages) transport->send({j, j + 1, i, Payload::kActivation}, {{x}, {}});
+      if (j + 1 == stages) {
+        CHECK_OR_THROW(torch::allclose(x, torch::full({2, 2}, i + 6.0f)), "micro-batch ", i);
+      }
+    }
+  }
+  transport->flush();
+  std::cout << "OK chain" << std::endl;
+}
+
+void scenario_dp(Distributed& d) {
+  // K = 2, R = 2. Each rank: two float params and a double one; one without a gradient.
+  auto a = torch::zeros({3, 2}, torch::requires_grad());
+  auto b = torch::zeros({5}, torch::requires_grad());
+  auto c = torch::zeros({2}, torch::TensorOptions().dtype(torch::kDouble).requires_grad(true));
+  a.mutable_grad() = torch::full({3, 2}, static_cast<float>(d.rank() + 1));
+  c.mutable_grad() = torch::full({2}, 10.0 * (d.rank() + 1), torch::kDouble);
+  d.allreduce_gradients({a, b, c});
+  float want = 0;
+  for (int r : d.layout().data_parallel_ranks(d.pipeline_rank())) want += static_cast<float>(r + 1);
+  CHECK_OR_THROW(torch::allclose(a.grad(), torch::full({3, 2}, want)), "a: ", a.grad());
+  CHECK_OR_THROW(b.grad().defined() && b.grad().abs().sum().item<float>() == 0, "b");
+  CHECK_OR_THROW(torch::allclose(c.grad(), torch::full({2}, 10.0 * want, torch::kDouble)), "c");
+  std::cout << "OK dp" << std::endl;
+}
+
+void scenario_tie(Distributed& d) {
+  // Pipeline ranks 0 and 1 hold tie "embedding"; rank 1 holds two copies of it.
+  d.declare_tie("embedding", {0, 1});
+  std::vector<torch::Tensor> copies;
+  const int n_copies = d.pipeline_rank() == 1 ? 2 : 1;
+  for (int k = 0; k < n_copies; ++k) {
+    auto w = torch::zeros({4}, torch::requires_grad());
+    w.mutable_grad() = torch::full({4}, static_cast<float>(d.pipeline_rank() * 10 + k + 1));
+    copies.push_back(w);
+  }
+  d.allreduce_tie("embedding", copies);
+  // Copies: rank 0 -> 1; rank 1 -> 11 and 12. Sum 24.
+  for (const auto& w : copies) {
+    CHECK_OR_THROW(torch::allclose(w.grad(), torch::full({4}, 24.0f)), "tie grad ", w.grad());
+  }
+  std::cout << "OK tie" << std::endl;
+}
+
+void scenario_loss(Distributed& d) {
+  const bool last = d.pipeline_rank() == d.layout().pipeline_ranks - 1;
+  const double total =
+      d.broadcast_loss(last ? std::optional<double>(0.25 * (d.replica() + 1)) : std::nullopt);
+  double want = 0;
+  for (int r = 0; r < d.layout().replicas; ++r) want += 0.25 * (r + 1);
+  CHECK_OR_THROW(std::abs(total - want) < 1e-12, "loss ", total, " want ", want);
+  std::cout << "OK loss " << total << std::endl;
+}
+
+void scenario_gather(Distributed& d) {
+  std::vector<std::pair<std::string, torch::Tensor>> mine{
+      {"stage" + std::to_string(d.pipeline_rank()) + ".weight",
+       torch::full({2, 2}, static_cast<float>(d.rank()))},
+      {"tied.weight", torch::ones({3})}};
+  auto all = d.gather_named_parameters(mine);
+  if (d.rank() == 0) {
+    CHECK_OR_THROW(static_cast<int>(all.size()) == d.layout().pipeline_ranks + 1, "names ",
+                   all.size());
+    for (int p = 0; p < d.layout().pipeline_ranks; ++p) {
+      const auto& t = all.at("stage" + std::to_string(p) + ".weight");
+      CHECK_OR_THROW(torch::allclose(t, torch::full({2, 2}, static_cast<float>(p))), "stage ", p);
+    }
+  } else {
+    CHECK_OR_THROW(all.empty(), "non-zero rank got parameters");
+  }
+  std::cout << "OK gather" << std::endl;
+}
+
+// Fault scenarios: rank `victim` fails while rank 0 waits on it.
+void scenario_fault(Distributed& d, const std::string& how) {
+  auto transport = d.make_transport({0, 1});
+  const int victim = 1;
+  if (d.rank() == victim) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    if (how == "throw") TORCH_CHECK(false, "injected failure in stage 1, micro-batch 0");
+    if (how == "sigkill") raise(SIGKILL);
+    if (how == "exit") std::_Exit(3);
+  }
+  if (how == "collective" && d.rank() == 0) {
+    d.barrier();  // rank 1 never joins: it throws below
+  }
+  if (how == "collective") {
+    TORCH_CHECK(false, "injected failure before the barrier");
+  }
+  transport->recv({1, 0, 0, Payload::kGradient});
+  std::cout << "UNEXPECTED: received" << std::endl;
+}
+
+// A linear layer that uses another Linear's weight (the same tensor): a tied weight.
+class TiedLinearImpl : public torch::nn::Cloneable<TiedLinearImpl> {
+ public:
+  explicit TiedLinearImpl(torch::Tensor weight) : weight_(std::move(weight)) { reset(); }
+  void reset() override { weight_ = register_parameter("weight", weight_); }
+  torch::Tensor forward(torch::Tensor x) { return torch::linear(x, weight_); }
+
+ private:
+  torch::Tensor weight_;
+};
+TORCH_MODULE(TiedLinear);
+
+// 9 layers: a residual from layer 1 to layer 5 and layer 6 tied to layer 2's weight.
+torch::nn::Sequential make_model() {
+  torch::manual_seed(0);
+  torch::nn::Linear shared(8, 8);
+  return torch::nn::Sequential(torch::nn::Linear(6, 8), SkipStash("a"), shared, torch::nn::Tanh(),
+                               torch::nn::Linear(8, 8), SkipPopAdd("a"), TiedLinear(shared->weight),
+                               torch::nn::Tanh(), torch::nn::Linear(8, 2));
+}
+
+std::vector<torch::Tensor> unique_parameters(const std::vector<torch::Tensor>& params) {
+  std::vector<torch::Tensor> unique;
+  std::set<const void*> seen;
+  for (const auto& p : params) {
+    if (seen.insert(p.unsafeGetTensorImpl()).second) unique.push_back(p);
+  }
+  return unique;
+}
+
+torch::optim::SGD make_sgd(const std::vector<torch::Tensor>& params) {
+  return torch::optim::SGD(unique_parameters(params), torch::optim::SGDOptions(0.1).momentum(0.9));
+}
+
+// Trains 3 steps with DistributedPipe for each schedule and compares with sequential training.
+void scenario_train(Distributed& d, const std::vector<std::string>& schedules) {
+  auto mse = [](const torch::Tensor& out, const torch::Tensor& target) {
+    return torch::mse_loss(out, target);
+  };
+  const int K = d.layout().pipeline_ranks;
+  for (const auto& name : schedules) {
+    const int virtual_stages = name == "interleaved-1f1b" ? 2 : 1;
+    torch::manual_seed(7);
+    std::vector<std::pair<torch::Tensor, torch::Tensor>> batches;
+    for (int k = 0; k < 3; ++k) batches.emplace_back(torch::randn({13, 6}), torch::randn({13, 2}));
+
+    auto model = make_model();
+    DistributedPipe pipe(d, model,
+                         PipeOptions()
+                             .stages(K * virtual_stages)
+                             .chunks(3)
+                             .schedule(name)
+                             .virtual_stages(virtual_stages));
+    auto sgd = make_sgd(pipe.parameters());
+    std::vector<double> losses;
+    for (const auto& [x, y] : batches) {
+      sgd.zero_grad();
+      losses.push_back(pipe.train_step(x, y, mse));
+      sgd.step();
+    }
+    auto gathered = pipe.gather_parameters();
+    if (d.rank() != 0) continue;
+
+    auto reference = make_model();
+    auto reference_sgd = make_sgd(reference->parameters());
+    std::vector<double> reference_losses;
+    for (const auto& [x, y] : batches) {
+      reference_sgd.zero_grad();
+      auto loss = mse(reference->forward(x), y);
+      loss.backward();
+      reference_losses.push_back(loss.item<double>());
+      reference_sgd.step();
+    }
+    double worst = 0;
+    for (const auto& entry : reference->named_parameters()) {
+      auto found = gathered.find(entry.key());
+      CHECK_OR_THROW(found != gathered.end(), name, ": parameter ", entry.key(), " not gathered");
+      const auto want = entry.value().detach();
+      const double relative = (found->second - want).abs().max().item<double>() /
+                              (want.abs().max().item<double>() + 1e-12);
+      worst = std::max(worst, relative);
+    }
+    CHECK_OR_THROW(worst < 1e-5, name, ": parameters differ from sequential training by ", worst,
+                   " (relative)");
+    for (std::size_t k = 0; k < losses.size(); ++k) {
+      CHECK_OR_THROW(
+          std::abs(losses[k] - reference_losses[k]) < 1e-5 * std::abs(reference_losses[k]) + 1e-7,
+          name, ": loss of step ", k, " is ", losses[k], ", sequential ", reference_losses[k]);
+    }
+    std::cout << "OK train " << name << " max_relative_difference " << worst << std::endl;
+  }
+}
+
+int run_launcher_child(const std::string& scenario, int argc, char** argv) {
+  const int rank = std::atoi(std::getenv("RANK") ? std::getenv("RANK") : "-1");
+  if (scenario == "echo") {
+    // argv: exit code per rank ("0,0,3")
+    std::cout << "hello from " << rank << " of " << std::getenv("WORLD_SIZE") << " port "
+              << std::getenv("MASTER_PORT") << std::endl;
+    std::cerr << "note from " << rank << std::endl;
+    std::cout << "partial line without newline";
+    std::cout.flush();
+    std::string codes = argc > 2 ? argv[2] : "0";
+    int code = 0;
+    for (int r = 0, at = 0; r <= rank; ++r) {
+      code = std::atoi(codes.c_str() + at);
+      auto comma = codes.find(',', static_cast<std::size_t>(at));
+      if (comma == std::string::npos) break;
+      at = static_cast<int>(comma) + 1;
+    }
+    return code;
+  }
+  if (scenario == "sleep_unless_rank0_fails") {
+    if (rank == 0) {
+      std::cerr << "rank 0 gives up" << std::endl;
+      return 7;
+    }
+    // Ignore SIGTERM: the launcher must escalate to SIGKILL.
+    if (argc > 2 && std::string(argv[2]) == "ignore_term") signal(SIGTERM, SIG_IGN);
+    std::this_thread::sleep_for(std::chrono::seconds(60));
+    return 0;
+  }
+  if (scenario == "wait_signal") {
+    std::cout << "waiting" << std::endl;
+    std::this_thread::sleep_for(std::chrono::seconds(60));
+    return 0;
+  }
+  std::cerr << "unknown scenario " << scenario << std::endl;
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::cerr << "usage: pipetrain_rank_helper SCENARIO" << std::endl;
+    return 2;
+  }
+  const std::string scenario = argv[1];
+  torch::set_num_threads(1);
+  if (scenario == "echo" || scenario == "sleep_unless_rank0_fails" || scenario == "wait_signal") {
+    return run_launcher_child(scenario, argc, argv);
+  }
+  const int pipeline_ranks = argc > 2 ? std::atoi(argv[2]) : 0;
+  return run_distributed(options_with(pipeline_ranks), [&](Distributed& d) {
+    if (scenario == "bundles") return scenario_bundles(d);
+    if (scenario == "chain") return scenario_chain(d, false);
+    if (scenario == "chain_interleaved") return scenario_chain(d, true);
+    if (scenario == "dp") return scenario_dp(d);
+    if (scenario == "tie") return scenario_tie(d);
+    if (scenario == "loss") return scenario_loss(d);
+    if (scenario == "gather") return scenario_gather(d);
+    if (scenario == "train") {
+      std::vector<std::string> schedules;
+      for (int a = 3; a < argc; ++a) schedules.push_back(argv[a]);
+      return scenario_train(d, schedules);
+    }
+    if (scenario == "rendezvous") {
+      std::cout << "OK rendezvous" << std::endl;
+      return;
+    }
+    if (scenario == "throw" || scenario == "sigkill" || scenario == "exit" ||
+        scenario == "collective") {
+      return scenario_fault(d, scenario);
+    }
+    TORCH_CHECK(false, "unknown scenario ", scenario);
+  });
+}

@@ -1,0 +1,104 @@
+// launch_local with pipetrain_rank_helper as a tiny child: environment, prefixed output, exit
+// codes, stopping the others after a failure, signal forwarding, no stray processes.
+#include "pipetrain/runtime/launcher.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include "../helpers/multiprocess.h"
+
+namespace pipetrain {
+namespace {
+
+using testing::run_ranks;
+
+TEST(Launcher, GivesEveryRankItsEnvironmentAndPrefixesItsLines) {
+  auto run = run_ranks(3, {"echo", "0,0,0"});
+  EXPECT_EQ(run.result.exit_code, 0) << run.output();
+  for (int r = 0; r < 3; ++r) {
+    const std::string rank = std::to_string(r);
+    EXPECT_TRUE(run.printed("[rank " + rank + "] hello from " + rank + " of 3 port"))
+        << run.output();
+    EXPECT_TRUE(run.printed("[rank " + rank + "!] note from " + rank)) << run.output();
+    // A last line without a newline is still delivered, once.
+    EXPECT_EQ(run.count("[rank " + rank + "] partial line without newline"), 1) << run.output();
+  }
+  EXPECT_EQ(run.result.first_failed_rank, -1);
+  EXPECT_TRUE(run.all_gone());
+}
+
+TEST(Launcher, ExitsWithTheFirstFailingRanksCode) {
+  auto run = run_ranks(3, {"echo", "0,5,0"});
+  EXPECT_EQ(run.result.exit_code, 5);
+  EXPECT_EQ(run.result.first_failed_rank, 1);
+  EXPECT_EQ(run.result.rank_exit_codes, (std::vector<int>{0, 5, 0}));
+}
+
+TEST(Launcher, StopsTheOtherRanksAfterTheGracePeriodWhenOneFails) {
+  auto run = run_ranks(3, {"sleep_unless_rank0_fails"}, 0, 8000, std::chrono::milliseconds(500));
+  EXPECT_EQ(run.result.exit_code, 7);
+  EXPECT_EQ(run.result.first_failed_rank, 0);
+  EXPECT_EQ(run.result.rank_exit_codes[1], 128 + SIGTERM);
+  EXPECT_LT(run.seconds, 10.0);  // the sleepers would take 60 s
+  EXPECT_TRUE(run.all_gone());
+}
+
+TEST(Launcher, EscalatesToSigkillForRanksIgnoringSigterm) {
+  auto run = run_ranks(2, {"sleep_unless_rank0_fails", "ignore_term"}, 0, 8000,
+                       std::chrono::milliseconds(300));
+  EXPECT_EQ(run.result.exit_code, 7);
+  EXPECT_EQ(run.result.rank_exit_codes[1], 128 + SIGKILL);
+  EXPECT_LT(run.seconds, 10.0);
+  EXPECT_TRUE(run.all_gone());
+}
+
+TEST(Launcher, ForwardsSigtermToEveryRank) {
+  std::thread killer([] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    kill(getpid(), SIGTERM);  // the launcher's handler catches it and forwards it
+  });
+  auto run = run_ranks(2, {"wait_signal"}, 0, 8000, std::chrono::seconds(5));
+  killer.join();
+  EXPECT_EQ(run.result.rank_exit_codes, (std::vector<int>{128 + SIGTERM, 128 + SIGTERM}))
+      << run.output();
+  EXPECT_LT(run.seconds, 8.0);
+  EXPECT_TRUE(run.all_gone());
+}
+
+TEST(Launcher, ReportsAProgramThatCannotStart) {
+  LaunchOptions options;
+  options.program = "/nonexistent/pipetrain_helper";
+  options.nproc = 2;
+  std::vector<std::string> lines;
+  options.on_line = [&](int, bool, const std::string& line) { lines.push_back(line); };
+  const auto result = launch_local(options);
+  EXPECT_EQ(result.exit_code, 127);
+  ASSERT_FALSE(lines.empty());
+  EXPECT_NE(lines[0].find("cannot execute /nonexistent/pipetrain_helper"), std::string::npos);
+}
+
+TEST(FindFreePort, ReturnsAPortThatCanBeBound) {
+  const int port = find_free_port();
+  ASSERT_GT(port, 0);
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, "127.0.0.1", &address.sin_addr);
+  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  close(fd);
+}
+
+TEST(StripLauncherFlags, RemovesNprocInBothSpellings) {
+  const char* argv[] = {"pipetrain", "train", "--nproc", "4", "--chunks", "8", "--nproc=2", "x"};
+  EXPECT_EQ(strip_launcher_flags(8, argv),
+            (std::vector<std::string>{"train", "--chunks", "8", "x"}));
+}
+
+}  // namespace
+}  // namespace pipetrain

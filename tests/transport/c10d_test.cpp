@@ -1,0 +1,127 @@
+// C10dTransport: tag encoding and metadata in-process; bundles between real processes over
+// loopback Gloo (pipetrain_rank_helper as the ranks, tests/helpers/rank_helper.cpp).
+#include "pipetrain/transport/c10d.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "../helpers/multiprocess.h"
+
+namespace pipetrain {
+namespace {
+
+using testing::run_ranks;
+
+TEST(C10dTag, IsDistinctForEveryFieldCombination) {
+  std::set<int> seen;
+  int count = 0;
+  for (Payload payload : {Payload::kActivation, Payload::kGradient}) {
+    for (int src : {0, 1, 5, 127}) {
+      for (int dst : {0, 1, 6, 127}) {
+        for (int i : {0, 1, 2, 4095, 8191}) {
+          for (MessagePart part :
+               {MessagePart::kHeader, MessagePart::kMetadata, MessagePart::kData}) {
+            const int tag = c10d_tag({src, dst, i, payload}, part);
+            EXPECT_GE(tag, 0);
+            EXPECT_LT(tag, kC10dControlTagBase);
+            seen.insert(tag);
+            ++count;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(static_cast<int>(seen.size()), count);
+}
+
+TEST(C10dTag, RejectsValuesOutsideItsFieldsNamingTheLimit) {
+  try {
+    c10d_tag({0, 1, kC10dMaxMicrobatches, Payload::kActivation}, MessagePart::kData);
+    FAIL() << "expected an error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("micro-batch 8192"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(c10d_tag({kC10dMaxStages, 0, 0, Payload::kGradient}, MessagePart::kHeader),
+               c10::Error);
+  EXPECT_THROW(c10d_tag({-1, 0, 0, Payload::kGradient}, MessagePart::kHeader), c10::Error);
+}
+
+TEST(C10dMetadata, RoundTripsShapesDtypesUndefinedTensorsAndSkipNames) {
+  Bundle bundle;
+  bundle.tensors = {torch::zeros({2, 3}), torch::Tensor(), torch::zeros({}, torch::kLong),
+                    torch::zeros({0, 5}, torch::kHalf), torch::zeros({1}, torch::kBool)};
+  bundle.skip_names = {"a", "a_name_longer_than_eight_bytes"};
+  const auto meta = encode_bundle_metadata(bundle);
+  const Bundle back = decode_bundle_metadata(meta, torch::kCPU);
+  ASSERT_EQ(back.tensors.size(), bundle.tensors.size());
+  for (std::size_t t = 0; t < bundle.tensors.size(); ++t) {
+    ASSERT_EQ(back.tensors[t].defined(), bundle.tensors[t].defined()) << t;
+    if (!bundle.tensors[t].defined()) continue;
+    EXPECT_EQ(back.tensors[t].sizes(), bundle.tensors[t].sizes()) << t;
+    EXPECT_EQ(back.tensors[t].scalar_type(), bundle.tensors[t].scalar_type()) << t;
+  }
+  EXPECT_EQ(back.skip_names, bundle.skip_names);
+}
+
+TEST(C10dMetadata, RejectsTruncatedInput) {
+  Bundle bundle{{torch::zeros({2, 3})}, {"skip"}};
+  auto meta = encode_bundle_metadata(bundle);
+  meta.pop_back();
+  EXPECT_THROW(decode_bundle_metadata(meta, torch::kCPU), c10::Error);
+}
+
+TEST(C10dBackend, NamesAndAvailabilityOnThisBuild) {
+  EXPECT_EQ(parse_comm_backend("gloo"), CommBackend::kGloo);
+  EXPECT_EQ(comm_backend_for_device(torch::kCPU), CommBackend::kGloo);
+  EXPECT_TRUE(comm_backend_available(CommBackend::kGloo));
+  EXPECT_FALSE(comm_backend_available(CommBackend::kMpi));
+  EXPECT_THROW(parse_comm_backend("tcp"), c10::Error);
+}
+
+// ---- real processes ---------------------------------------------------------------------------
+
+TEST(C10dTransport, CarriesBundlesOfChangingShapesDtypesSkipsAndUndefinedGradients) {
+  auto run = run_ranks(2, {"bundles"});
+  EXPECT_EQ(run.result.exit_code, 0) << run.output();
+  EXPECT_EQ(run.count("OK bundles"), 2) << run.output();
+  EXPECT_TRUE(run.all_gone());
+}
+
+TEST(C10dTransport, ChainsActivationsThroughFourProcesses) {
+  auto run = run_ranks(4, {"chain"});
+  EXPECT_EQ(run.result.exit_code, 0) << run.output();
+  EXPECT_EQ(run.count("OK chain"), 4) << run.output();
+}
+
+TEST(C10dTransport, CarriesInterleavedStagesBetweenTwoProcesses) {
+  auto run = run_ranks(2, {"chain_interleaved"});
+  EXPECT_EQ(run.result.exit_code, 0) << run.output();
+  EXPECT_EQ(run.count("OK chain"), 2) << run.output();
+}
+
+TEST(C10dTransport, ReceiverWaitingOnAThrowingRankFailsNamingItWithinBound) {
+  auto run = run_ranks(2, {"throw"});
+  EXPECT_NE(run.result.exit_code, 0);
+  EXPECT_EQ(run.result.first_failed_rank, 1) << run.output();
+  EXPECT_NE(run.result.rank_exit_codes[0], 0) << run.output();
+  EXPECT_TRUE(run.printed("injected failure in stage 1")) << run.output();
+  // Rank 0 learns the reason through the abort channel.
+  EXPECT_TRUE(run.printed("[rank 0!]")) << run.output();
+  EXPECT_FALSE(run.printed("UNEXPECTED")) << run.output();
+  EXPECT_LT(run.seconds, 30.0);
+  EXPECT_TRUE(run.all_gone());
+}
+
+TEST(C10dTransport, ReceiverWaitingOnASigkilledRankExitsWithinTimeout) {
+  auto run = run_ranks(2, {"sigkill"}, 0, /*timeout_ms=*/5000);
+  EXPECT_EQ(run.result.first_failed_rank, 1) << run.output();
+  EXPECT_EQ(run.result.rank_exit_codes[1], 128 + SIGKILL);
+  EXPECT_NE(run.result.rank_exit_codes[0], 0) << run.output();
+  EXPECT_TRUE(run.printed("[rank 0!]")) << run.output();
+  EXPECT_LT(run.seconds, 20.0);
+  EXPECT_TRUE(run.all_gone());
+}
+
+}  // namespace
+}  // namespace pipetrain
