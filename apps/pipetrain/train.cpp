@@ -534,7 +534,12 @@ void evaluate_and_print(const std::string& when, BuiltModel& model, const BuiltD
                         TrainRunner& runner) {
   if (!data.corpus && !data.test_inputs.defined()) return;
   if (!gather_model(model, runner)) return;
+  // The other ranks wait for the next step meanwhile: evaluate with every core.
+  const int threads = at::get_num_threads();
+  at::set_num_threads(
+      std::max(threads, static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))));
   std::optional<Evaluation> e = evaluate(model, data);
+  at::set_num_threads(threads);
   if (e) print_evaluation(when, *e, data.corpus.has_value());
 }
 
