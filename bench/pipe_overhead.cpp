@@ -3,7 +3,8 @@
 //   [a] Pipe (S stages on the CPU, gpipe, 8 micro-batches, checkpoint never) vs a plain LibTorch
 //       loop over the same 8 micro-batches (forward, weighted loss, backward)     target <= 1.10
 //   [b] Pipe with 1 stage and 1 chunk vs plain LibTorch on the whole batch          target <= 1.03
-//   [c] one stage, 8 micro-batches: F + I + W (split backward) vs F + B               target <= 1.10
+//   [c] one stage, 8 micro-batches: F + I + W (split backward) vs F + B               target
+//   <= 1.10
 //
 // Model: 8 x (Linear(1024, 1024) + ReLU), batch 256. Each ratio is the median over >= 5 steps
 // after a warm-up, the two sides alternating step by step so load changes hit both alike.

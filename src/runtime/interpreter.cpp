@@ -25,8 +25,8 @@ double micros_since(std::chrono::steady_clock::time_point start) {
 
 }  // namespace
 
-Interpreter::Interpreter(int rank, const schedule::Schedule& schedule,
-                         std::map<int, Stage*> stages, Transport& transport)
+Interpreter::Interpreter(int rank, const schedule::Schedule& schedule, std::map<int, Stage*> stages,
+                         Transport& transport)
     : rank_(rank),
       schedule_(schedule),
       stages_(std::move(stages)),
@@ -41,7 +41,9 @@ Interpreter::Interpreter(int rank, const schedule::Schedule& schedule,
   }
 }
 
-bool Interpreter::local(int stage) const { return stages_.count(stage) > 0; }
+bool Interpreter::local(int stage) const {
+  return stages_.count(stage) > 0;
+}
 
 Bundle Interpreter::take(std::map<std::pair<int, int>, Bundle>& box, int j, int i,
                          const char* what) {
@@ -138,9 +140,10 @@ void Interpreter::execute(const schedule::Action& action, const StepData& data,
     case Op::kBackward:
     case Op::kBackwardInput: {
       Bundle grads;
-      if (j != last) grads = lowered_ ? take(gradients_in_, j, i, "gradient") : receive_gradient(j, i);
-      Bundle input_grads = action.op == Op::kBackward ? stage.backward(i, grads)
-                                                      : stage.backward_input(i, grads);
+      if (j != last)
+        grads = lowered_ ? take(gradients_in_, j, i, "gradient") : receive_gradient(j, i);
+      Bundle input_grads =
+          action.op == Op::kBackward ? stage.backward(i, grads) : stage.backward_input(i, grads);
       if (j > 0) {
         gradients_out_[{j, i}] = std::move(input_grads);
         if (!lowered_) send_gradient(j, i);

@@ -138,8 +138,8 @@ void PipeImpl::reset() {
     for (int64_t j = 0; j < layers % o.stages(); ++j) ++balance_[static_cast<size_t>(j)];
   } else {
     balance_ = o.balance();
-    TORCH_CHECK(static_cast<int64_t>(balance_.size()) <= layers, "more stages (",
-                balance_.size(), ", balance ", join(balance_), ") than layers (", layers, ")");
+    TORCH_CHECK(static_cast<int64_t>(balance_.size()) <= layers, "more stages (", balance_.size(),
+                ", balance ", join(balance_), ") than layers (", layers, ")");
     for (size_t j = 0; j < balance_.size(); ++j) {
       TORCH_CHECK(balance_[j] >= 1, "balance ", join(balance_), " gives stage ", j, " ",
                   balance_[j], " layers; every stage needs at least one");
@@ -171,14 +171,14 @@ void PipeImpl::reset() {
                 " stages but the Pipe has ", num_ranks, " ranks and ", num_stages,
                 " stages; match the balance/stages and virtual_stages to the schedule");
     TORCH_CHECK(first.num_microbatches == m, "the custom schedule is written for ",
-                first.num_microbatches, " micro-batches but chunks is ", m,
-                "; set chunks to ", first.num_microbatches);
+                first.num_microbatches, " micro-batches but chunks is ", m, "; set chunks to ",
+                first.num_microbatches);
   } else {
     try {
       first = schedule::make_schedule(o.schedule(), num_ranks, m, v);
     } catch (const std::invalid_argument& e) {
-      TORCH_CHECK(false, "cannot build schedule '", o.schedule(), "' for ", num_ranks,
-                  " ranks, ", m, " micro-batches, virtual_stages ", v, ": ", e.what());
+      TORCH_CHECK(false, "cannot build schedule '", o.schedule(), "' for ", num_ranks, " ranks, ",
+                  m, " micro-batches, virtual_stages ", v, ": ", e.what());
     }
   }
   if (!schedule::is_lowered(first)) first = schedule::lower(first);
@@ -199,21 +199,19 @@ void PipeImpl::reset() {
   runtime->rank_devices = devices;
 
   // Stages: slices of the Sequential, moved to their rank's device; children under their names.
-  const auto named = model_->named_children();
-  std::vector<torch::nn::AnyModule> modules(model_->begin(), model_->end());
   const uint64_t seed = at::detail::getDefaultCPUGenerator().current_seed();
   std::vector<torch::Device> stage_devices;
   int64_t layer = 0;
   for (int j = 0; j < num_stages; ++j) {
     const torch::Device device = devices[static_cast<size_t>(runtime->stage_rank[j])];
-    std::vector<StageLayer> stage_layers;
     const int first_layer = static_cast<int>(layer);
-    for (int64_t n = 0; n < balance_[static_cast<size_t>(j)]; ++n, ++layer) {
-      const std::string& name = named[static_cast<size_t>(layer)].key();
-      auto& module = modules[static_cast<size_t>(layer)];
-      module.ptr()->to(device);
-      if (!named_children().contains(name)) register_module(name, module.ptr());
-      stage_layers.push_back({name, module});
+    std::vector<StageLayer> stage_layers =
+        slice_layers(model_, layer, balance_[static_cast<size_t>(j)], device);
+    layer += balance_[static_cast<size_t>(j)];
+    for (const auto& stage_layer : stage_layers) {
+      if (!named_children().contains(stage_layer.name)) {
+        register_module(stage_layer.name, stage_layer.module.ptr());
+      }
     }
     runtime->stages.push_back(std::make_unique<Stage>(j, first_layer, std::move(stage_layers),
                                                       device, stage_seed(seed, j)));
@@ -224,8 +222,8 @@ void PipeImpl::reset() {
   runtime->last = &runtime->training.emplace(m, std::move(first)).first->second;
 
   // Workers, one per rank.
-  const int threads = o.threads_per_stage() > 0 ? static_cast<int>(o.threads_per_stage())
-                                                 : at::get_num_threads();
+  const int threads =
+      o.threads_per_stage() > 0 ? static_cast<int>(o.threads_per_stage()) : at::get_num_threads();
   for (int r = 0; r < num_ranks; ++r) {
     runtime->workers.push_back(
         std::make_unique<Worker>([threads] { at::set_num_threads(threads); }));
@@ -241,8 +239,9 @@ const schedule::Schedule& PipeImpl::training_schedule(int microbatches) {
               options_.custom_schedule()->num_microbatches, " micro-batches but this mini-batch ",
               "gives ", microbatches, " (it has fewer rows than chunks); feed batches of at least ",
               options_.chunks(), " rows");
-  schedule::Schedule s = schedule::lower(schedule::make_schedule(
-      options_.schedule(), rt.num_ranks, microbatches, static_cast<int>(options_.virtual_stages())));
+  schedule::Schedule s =
+      schedule::lower(schedule::make_schedule(options_.schedule(), rt.num_ranks, microbatches,
+                                              static_cast<int>(options_.virtual_stages())));
   schedule::validate(s);
   return rt.training.emplace(microbatches, std::move(s)).first->second;
 }
@@ -264,8 +263,8 @@ std::vector<RankResult> PipeImpl::run_step(const schedule::Schedule& s, const St
   std::vector<RankResult> results(static_cast<size_t>(rt.num_ranks));
   std::atomic<bool> cancel{false};
   std::mutex error_mutex;
-  std::exception_ptr first_error;      // GUARDED_BY(error_mutex)
-  bool first_error_cancelled = true;   // GUARDED_BY(error_mutex)
+  std::exception_ptr first_error;     // GUARDED_BY(error_mutex)
+  bool first_error_cancelled = true;  // GUARDED_BY(error_mutex)
 
   for (int r = 0; r < rt.num_ranks; ++r) {  // [3]
     std::map<int, Stage*> stages;
@@ -307,8 +306,8 @@ std::vector<RankResult> PipeImpl::run_step(const schedule::Schedule& s, const St
   }
   for (const auto& stage : rt.stages) {
     TORCH_CHECK(stage->stashed_microbatches() == 0, "stage ", stage->index(), " still holds ",
-                stage->stashed_microbatches(), " micro-batches after the step: schedule '",
-                s.name, "' lacks their backward");
+                stage->stashed_microbatches(), " micro-batches after the step: schedule '", s.name,
+                "' lacks their backward");
   }
   return results;
 }
@@ -326,8 +325,7 @@ torch::Tensor PipeImpl::train_step(std::vector<torch::Tensor> inputs, torch::Ten
               "train_step needs an input with a batch dimension (dim 0)");
   TORCH_CHECK(target.defined() && target.dim() >= 1 && target.size(0) == inputs[0].size(0),
               "the target has ", target.defined() && target.dim() >= 1 ? target.size(0) : 0,
-              " rows but the input has ", inputs[0].size(0),
-              "; give one target row per input row");
+              " rows but the input has ", inputs[0].size(0), "; give one target row per input row");
   const int64_t rows = inputs[0].size(0);
   const std::vector<int64_t> sizes = microbatch_sizes(rows, options_.chunks());  // [1]
   const int m = static_cast<int>(sizes.size());
@@ -337,7 +335,8 @@ torch::Tensor PipeImpl::train_step(std::vector<torch::Tensor> inputs, torch::Ten
   data.num_microbatches = m;
   data.inputs = split_microbatches(inputs, sizes);
   const torch::Device last_device = stage_device(rt.num_stages - 1);
-  for (auto& part : split_microbatches({target}, sizes)) data.targets.push_back(part[0].to(last_device));
+  for (auto& part : split_microbatches({target}, sizes))
+    data.targets.push_back(part[0].to(last_device));
   for (int64_t size : sizes) data.loss_weights.push_back(static_cast<double>(size) / rows);
   data.loss_fn = &loss_fn;
   data.training = true;
@@ -375,9 +374,15 @@ std::vector<torch::Tensor> PipeImpl::forward(std::vector<torch::Tensor> inputs) 
   return join_microbatches(results[static_cast<size_t>(rt.stage_rank.back())].outputs);
 }
 
-const schedule::Schedule& PipeImpl::schedule() const { return *runtime().last; }
-int64_t PipeImpl::num_stages() const { return runtime().num_stages; }
-int64_t PipeImpl::num_ranks() const { return runtime().num_ranks; }
+const schedule::Schedule& PipeImpl::schedule() const {
+  return *runtime().last;
+}
+int64_t PipeImpl::num_stages() const {
+  return runtime().num_stages;
+}
+int64_t PipeImpl::num_ranks() const {
+  return runtime().num_ranks;
+}
 
 torch::Device PipeImpl::stage_device(int64_t j) const {
   const Runtime& rt = runtime();
@@ -392,7 +397,9 @@ std::vector<StageAccounting> PipeImpl::stage_accounting() const {
   return result;
 }
 
-const std::vector<ActionEvent>& PipeImpl::last_events() const { return runtime().events; }
+const std::vector<ActionEvent>& PipeImpl::last_events() const {
+  return runtime().events;
+}
 
 void PipeImpl::manual_seed(uint64_t seed) {
   for (auto& stage : runtime().stages) stage->rng().seed(stage_seed(seed, stage->index()));

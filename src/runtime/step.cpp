@@ -7,9 +7,12 @@ namespace pipetrain {
 
 std::string to_string(Checkpoint mode) {
   switch (mode) {
-    case Checkpoint::kAlways: return "always";
-    case Checkpoint::kExceptLast: return "except_last";
-    case Checkpoint::kNever: return "never";
+    case Checkpoint::kAlways:
+      return "always";
+    case Checkpoint::kExceptLast:
+      return "except_last";
+    case Checkpoint::kNever:
+      return "never";
   }
   return "unknown";
 }
@@ -24,9 +27,12 @@ Checkpoint parse_checkpoint(const std::string& text) {
 
 bool is_checkpointed(Checkpoint mode, int i, int microbatches) {
   switch (mode) {
-    case Checkpoint::kAlways: return true;
-    case Checkpoint::kExceptLast: return i < microbatches - 1;
-    case Checkpoint::kNever: return false;
+    case Checkpoint::kAlways:
+      return true;
+    case Checkpoint::kExceptLast:
+      return i < microbatches - 1;
+    case Checkpoint::kNever:
+      return false;
   }
   return false;
 }

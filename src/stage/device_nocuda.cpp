@@ -12,13 +12,19 @@ void check_device_usable(const torch::Device& device) {
               "torch::kCPU devices or rebuild with a CUDA LibTorch");
 }
 
-RankStreamGuard::RankStreamGuard(const torch::Device& device) { check_device_usable(device); }
+RankStreamGuard::RankStreamGuard(const torch::Device& device) {
+  check_device_usable(device);
+}
 RankStreamGuard::~RankStreamGuard() = default;
 
-ReadyMarker mark_ready(const torch::Device&) { return {}; }
+ReadyMarker mark_ready(const torch::Device&) {
+  return {};
+}
 void wait_ready(const ReadyMarker&, const torch::Device&) {}
 
-torch::Tensor device_rng_state(const torch::Device&) { return {}; }
+torch::Tensor device_rng_state(const torch::Device&) {
+  return {};
+}
 void set_device_rng_state(const torch::Device&, const torch::Tensor&) {}
 
 }  // namespace pipetrain

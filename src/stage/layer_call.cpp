@@ -1,4 +1,5 @@
-// The layer adapter: tuple-of-tensors in, tuple-of-tensors out (include/pipetrain/stage/layer_call.h).
+// The layer adapter: tuple-of-tensors in, tuple-of-tensors out
+// (include/pipetrain/stage/layer_call.h).
 #include "pipetrain/stage/layer_call.h"
 
 #include <tuple>
@@ -11,10 +12,14 @@ std::vector<torch::Tensor> call_layer(torch::nn::AnyModule& layer, const std::st
                                       const std::vector<torch::Tensor>& inputs) {
   torch::nn::AnyValue result = [&]() -> torch::nn::AnyValue {
     switch (inputs.size()) {
-      case 1: return layer.any_forward(inputs[0]);
-      case 2: return layer.any_forward(inputs[0], inputs[1]);
-      case 3: return layer.any_forward(inputs[0], inputs[1], inputs[2]);
-      case 4: return layer.any_forward(inputs[0], inputs[1], inputs[2], inputs[3]);
+      case 1:
+        return layer.any_forward(inputs[0]);
+      case 2:
+        return layer.any_forward(inputs[0], inputs[1]);
+      case 3:
+        return layer.any_forward(inputs[0], inputs[1], inputs[2]);
+      case 4:
+        return layer.any_forward(inputs[0], inputs[1], inputs[2], inputs[3]);
       default:
         TORCH_CHECK(false, "layer '", name, "' would receive ", inputs.size(),
                     " tensors; pipetrain calls layers with 1 to 4 tensors: make the previous "

@@ -10,6 +10,8 @@ torch::Tensor SkipStashImpl::forward(torch::Tensor input) {
   return input;
 }
 
-torch::Tensor SkipPopAddImpl::forward(torch::Tensor input) { return input + pop(name_); }
+torch::Tensor SkipPopAddImpl::forward(torch::Tensor input) {
+  return input + pop(name_);
+}
 
 }  // namespace pipetrain

@@ -115,6 +115,21 @@ std::vector<torch::Tensor> parameters_of(const torch::nn::AnyModule& layer) {
 
 }  // namespace
 
+std::vector<StageLayer> slice_layers(const torch::nn::Sequential& model, int64_t first,
+                                     int64_t count, const torch::Device& device) {
+  const int64_t size = static_cast<int64_t>(model->size());
+  TORCH_CHECK(first >= 0 && count >= 1 && first + count <= size, "layers [", first, ", ",
+              first + count, ") are not inside the model's ", size, " layers");
+  const auto named = model->named_children();
+  std::vector<StageLayer> layers;
+  for (int64_t l = first; l < first + count; ++l) {
+    torch::nn::AnyModule module = *(model->begin() + l);
+    module.ptr()->to(device);
+    layers.push_back({named[static_cast<size_t>(l)].key(), module});
+  }
+  return layers;
+}
+
 Stage::Stage(int index, int first_layer, std::vector<StageLayer> layers, torch::Device device,
              uint64_t seed)
     : index_(index),
@@ -159,13 +174,13 @@ void Stage::run_layers(Microbatch& state, bool record, bool recomputing) const {
     }
     std::vector<torch::Tensor> outputs;
     try {
-      outputs = call_layer(const_cast<torch::nn::AnyModule&>(layers_[l].module), layers_[l].name,
-                           values);
+      outputs =
+          call_layer(const_cast<torch::nn::AnyModule&>(layers_[l].module), layers_[l].name, values);
     } catch (const std::exception& e) {
       throw std::runtime_error("layer '" + layers_[l].name + "' (layer " +
                                std::to_string(first_layer_ + static_cast<int>(l)) +
-                               " of the model)" + (recomputing ? " during recompute" : "") +
-                               ": " + message_of(e));
+                               " of the model)" + (recomputing ? " during recompute" : "") + ": " +
+                               message_of(e));
     }
     if (record) {
       for (size_t t = 0; t < values.size(); ++t) {
@@ -302,7 +317,8 @@ void Stage::recompute_if_needed(int, Microbatch& state) {
   if (!state.checkpointed || state.recomputed) return;
   // Replay the forward with the RNG state it started from: dropout draws the same masks, and
   // the skip context reproduces the same stashes. is_recomputing() is true meanwhile.
-  rng_.run_replay(state.rng, [&] { run_layers(state, /*record=*/state.split, /*recomputing=*/true); });
+  rng_.run_replay(state.rng,
+                  [&] { run_layers(state, /*record=*/state.split, /*recomputing=*/true); });
   state.recomputed = true;
   stashed_bytes_ -= state.bytes;
   state.bytes = stash_bytes(state);
@@ -339,7 +355,8 @@ Bundle Stage::backward(int i, const Bundle& output_grads) {
     TORCH_CHECK(output_grads.tensors.size() == n + state.skip_outputs.size(), "stage ", index_,
                 " received ", output_grads.tensors.size(), " gradients for micro-batch ", i,
                 " but sent ", n + state.skip_outputs.size(), " tensors");
-    for (size_t t = 0; t < n; ++t) add_root(state.outputs[t], output_grads.tensors[t], roots, grads);
+    for (size_t t = 0; t < n; ++t)
+      add_root(state.outputs[t], output_grads.tensors[t], roots, grads);
     size_t s = n;
     for (const auto& entry : state.skip_outputs) {
       add_root(entry.second, output_grads.tensors[s++], roots, grads);
@@ -385,7 +402,8 @@ Bundle Stage::backward_input(int i, const Bundle& output_grads) {
                 state.outputs.size() + state.skip_outputs.size(), " tensors");
     for (size_t t = 0; t < state.outputs.size(); ++t) grads_out[t] = output_grads.tensors[t];
     size_t s = state.outputs.size();
-    for (const auto& entry : state.skip_outputs) skip_grads[entry.first] = output_grads.tensors[s++];
+    for (const auto& entry : state.skip_outputs)
+      skip_grads[entry.first] = output_grads.tensors[s++];
   }
 
   for (size_t l = layers_.size(); l-- > 0;) {

@@ -1,4 +1,5 @@
-// Per-stage RNG streams swapped into the default CPU generator (include/pipetrain/stage/stage_rng.h).
+// Per-stage RNG streams swapped into the default CPU generator
+// (include/pipetrain/stage/stage_rng.h).
 #include "pipetrain/stage/stage_rng.h"
 
 #include <mutex>
@@ -59,13 +60,13 @@ void StageRng::seed(uint64_t seed_value) {
 }
 
 StageRng::Snapshot StageRng::run_forward(const std::function<void()>& layers) {
-  std::lock_guard<std::mutex> lock(rng_lock());          // [1]
+  std::lock_guard<std::mutex> lock(rng_lock());  // [1]
   Snapshot snapshot{state_, device_rng_state(device_)};
   RestoreDefault restore(device_, /*restore_device=*/false);
-  set_cpu_state(state_);                                 // [2]
-  layers();                                              // [3]
-  state_ = get_cpu_state();                              // [4]
-  return snapshot;                                       // [5] [6] by destructors
+  set_cpu_state(state_);     // [2]
+  layers();                  // [3]
+  state_ = get_cpu_state();  // [4]
+  return snapshot;           // [5] [6] by destructors
 }
 
 void StageRng::run_replay(const Snapshot& snapshot, const std::function<void()>& layers) {

@@ -50,12 +50,12 @@ Bundle LocalTransport::recv(const Envelope& envelope) {
   {
     std::unique_lock<std::mutex> lock(mutex_);
     const Key key = key_of(envelope);
-    const bool ready = arrived_.wait_for(lock, timeout_, [&] {
-      return aborted_ || mailboxes_.count(key) > 0;
-    });
+    const bool ready =
+        arrived_.wait_for(lock, timeout_, [&] { return aborted_ || mailboxes_.count(key) > 0; });
     TORCH_CHECK(!aborted_, "receive of the ", describe(envelope), " aborted: ", abort_reason_);
     TORCH_CHECK(ready, "timed out after ", timeout_.count(), " ms waiting for the ",
-                describe(envelope), "; the sender never sent it (a schedule that deadlocks, or "
+                describe(envelope),
+                "; the sender never sent it (a schedule that deadlocks, or "
                 "a stage much slower than the timeout: raise it)");
     auto found = mailboxes_.find(key);
     message = std::move(found->second);

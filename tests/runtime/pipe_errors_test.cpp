@@ -50,8 +50,8 @@ Pipe make_pipe(int failing_stage, const std::string& schedule, Checkpoint checkp
     if (j == failing_stage) model->push_back(Failing());
     balance.push_back(j == failing_stage ? 3 : 2);
   }
-  return Pipe(model, PipeOptions().balance(balance).chunks(4).schedule(schedule).checkpoint(
-                         checkpoint));
+  return Pipe(model,
+              PipeOptions().balance(balance).chunks(4).schedule(schedule).checkpoint(checkpoint));
 }
 
 // Runs one step; fails the test when it takes more than 5 s; returns the error message.
@@ -104,15 +104,14 @@ TEST_P(PipeErrors, ErrorNamesStageMicroBatchRankAndCauseAndTheNextStepWorks) {
 
 INSTANTIATE_TEST_SUITE_P(
     EveryPlace, PipeErrors,
-    ::testing::Values(FailCase{0, &fail_forward, "boom in forward", "1f1b", Checkpoint::kNever},
-                      FailCase{1, &fail_forward, "boom in forward", "gpipe", Checkpoint::kAlways},
-                      FailCase{2, &fail_forward, "boom in forward", "zb-h1", Checkpoint::kNever},
-                      FailCase{0, &fail_backward, "boom in backward", "gpipe", Checkpoint::kNever},
-                      FailCase{1, &fail_backward, "boom in backward", "zb-h1", Checkpoint::kNever},
-                      FailCase{2, &fail_backward, "boom in backward", "1f1b",
-                               Checkpoint::kExceptLast},
-                      FailCase{1, &fail_recompute, "boom in recompute", "1f1b",
-                               Checkpoint::kAlways}));
+    ::testing::Values(
+        FailCase{0, &fail_forward, "boom in forward", "1f1b", Checkpoint::kNever},
+        FailCase{1, &fail_forward, "boom in forward", "gpipe", Checkpoint::kAlways},
+        FailCase{2, &fail_forward, "boom in forward", "zb-h1", Checkpoint::kNever},
+        FailCase{0, &fail_backward, "boom in backward", "gpipe", Checkpoint::kNever},
+        FailCase{1, &fail_backward, "boom in backward", "zb-h1", Checkpoint::kNever},
+        FailCase{2, &fail_backward, "boom in backward", "1f1b", Checkpoint::kExceptLast},
+        FailCase{1, &fail_recompute, "boom in recompute", "1f1b", Checkpoint::kAlways}));
 
 TEST(PipeErrors, ErrorIsAStepErrorCarryingTheStage) {
   Pipe pipe = make_pipe(2, "1f1b", Checkpoint::kNever);
@@ -154,12 +153,11 @@ std::string construction_error(const PipeOptions& options, int layers = 4) {
 }
 
 TEST(PipeOptionsCheck, BadOptionsFailAtConstructionNamingTheValue) {
-  EXPECT_NE(construction_error(PipeOptions().balance({1, 2})).find("sums to 3"),
-            std::string::npos);
+  EXPECT_NE(construction_error(PipeOptions().balance({1, 2})).find("sums to 3"), std::string::npos);
   EXPECT_NE(construction_error(PipeOptions().stages(5)).find("more stages (5) than layers (4)"),
             std::string::npos);
-  EXPECT_NE(construction_error(PipeOptions().stages(2).devices({torch::kCPU})).find(
-                "devices lists 1 devices but the Pipe has 2 ranks"),
+  EXPECT_NE(construction_error(PipeOptions().stages(2).devices({torch::kCPU}))
+                .find("devices lists 1 devices but the Pipe has 2 ranks"),
             std::string::npos);
   EXPECT_NE(construction_error(PipeOptions().chunks(0)).find("chunks must be at least 1 (got 0)"),
             std::string::npos);
@@ -168,10 +166,10 @@ TEST(PipeOptionsCheck, BadOptionsFailAtConstructionNamingTheValue) {
   std::string unknown = construction_error(PipeOptions().stages(2).schedule("zigzag"));
   EXPECT_NE(unknown.find("zigzag"), std::string::npos) << unknown;
   EXPECT_NE(unknown.find("1f1b"), std::string::npos) << unknown;  // lists the valid ones
-  EXPECT_NE(construction_error(PipeOptions().stages(3).virtual_stages(2).schedule(
-                                   "interleaved-1f1b"))
-                .find("divisible by 2"),
-            std::string::npos);
+  EXPECT_NE(
+      construction_error(PipeOptions().stages(3).virtual_stages(2).schedule("interleaved-1f1b"))
+          .find("divisible by 2"),
+      std::string::npos);
   EXPECT_NE(construction_error(PipeOptions().schedule("custom")).find("custom_schedule"),
             std::string::npos);
   EXPECT_EQ(construction_error(PipeOptions().stages(4).chunks(3)), "");

@@ -42,8 +42,8 @@ TEST(PipeModule, InferenceEqualsTheSequentialForwardForEverySplit) {
     torch::Tensor out = pipe->forward(x);
     EXPECT_FALSE(out.requires_grad());
     EXPECT_TRUE(torch::allclose(out, expected, 1e-6, 1e-7)) << schedule;
-    EXPECT_TRUE(torch::allclose(pipe->forward(x.narrow(0, 0, 2)), expected.narrow(0, 0, 2), 1e-6,
-                                1e-7));
+    EXPECT_TRUE(
+        torch::allclose(pipe->forward(x.narrow(0, 0, 2)), expected.narrow(0, 0, 2), 1e-6, 1e-7));
   }
 }
 
@@ -54,8 +54,8 @@ TEST(PipeMemory, OneFOneBKeepsAtMostRanksMinusStageMicroBatchesWhileGPipeKeepsAl
   torch::nn::Sequential model;
   for (int l = 0; l < k; ++l) model->push_back(torch::nn::Linear(4, 4));
   for (std::string schedule : {"gpipe", "1f1b"}) {
-    Pipe pipe(model, PipeOptions().stages(k).chunks(m).schedule(schedule).checkpoint(
-                         Checkpoint::kNever));
+    Pipe pipe(model,
+              PipeOptions().stages(k).chunks(m).schedule(schedule).checkpoint(Checkpoint::kNever));
     pipe->train_step(torch::randn({16, 4}), torch::randn({16, 4}), testing::mse);
     auto accounting = pipe->stage_accounting();
     for (int j = 0; j < k; ++j) {
@@ -109,8 +109,8 @@ torch::nn::Sequential make_dropout_mlp() {
 std::string run_dropout(const std::string& schedule, Checkpoint checkpoint, uint64_t seed,
                         torch::nn::Sequential& result) {
   result = testing::clone_of(make_dropout_mlp());
-  Pipe pipe(result, PipeOptions().balance({2, 4}).chunks(4).schedule(schedule).checkpoint(
-                        checkpoint));
+  Pipe pipe(result,
+            PipeOptions().balance({2, 4}).chunks(4).schedule(schedule).checkpoint(checkpoint));
   pipe->manual_seed(seed);
   testing::train_pipe(pipe, testing::make_batches(10, 3));
   return "";

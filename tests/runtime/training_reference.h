@@ -47,7 +47,8 @@ struct Batch {
 inline std::vector<Batch> make_batches(int64_t rows, int steps, uint64_t seed = 7) {
   torch::manual_seed(seed);
   std::vector<Batch> batches;
-  for (int k = 0; k < steps; ++k) batches.push_back({torch::randn({rows, 6}), torch::randn({rows, 2})});
+  for (int k = 0; k < steps; ++k)
+    batches.push_back({torch::randn({rows, 6}), torch::randn({rows, 2})});
   return batches;
 }
 

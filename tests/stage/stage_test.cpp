@@ -38,7 +38,8 @@ Bundle run_backward(bool split, bool checkpoint, std::vector<torch::Tensor>* par
   options.split_backward = split;
   options.checkpoint = checkpoint;
   Bundle result;
-  for (int i = 0; i < 2; ++i) stage.forward(i, Bundle{{inputs[static_cast<size_t>(i)]}, {}}, options);
+  for (int i = 0; i < 2; ++i)
+    stage.forward(i, Bundle{{inputs[static_cast<size_t>(i)]}, {}}, options);
   for (int i = 0; i < 2; ++i) {
     Bundle g{{grads[static_cast<size_t>(i)]}, {}};
     if (split) {

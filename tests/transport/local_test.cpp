@@ -9,7 +9,9 @@
 namespace pipetrain {
 namespace {
 
-std::vector<torch::Device> cpus(int n) { return std::vector<torch::Device>(n, torch::kCPU); }
+std::vector<torch::Device> cpus(int n) {
+  return std::vector<torch::Device>(n, torch::kCPU);
+}
 
 TEST(LocalTransport, ReceiveGetsWhatWasSentUnderTheSameEnvelopeDetached) {
   LocalTransport transport(cpus(2));

@@ -24,11 +24,10 @@
 // one Pipe; they block until every rank finished.
 //
 // Example:
-//   torch::nn::Sequential model(torch::nn::Linear(4, 8), torch::nn::ReLU(), torch::nn::Linear(8, 1));
-//   Pipe pipe(model, PipeOptions().stages(2).chunks(4).schedule("1f1b"));
-//   torch::optim::SGD sgd(pipe->parameters(), 0.1);
-//   sgd.zero_grad();
-//   torch::Tensor loss = pipe->train_step(x, y, [](const torch::Tensor& out, const torch::Tensor& t) {
+//   torch::nn::Sequential model(torch::nn::Linear(4, 8), torch::nn::ReLU(), torch::nn::Linear(8,
+//   1)); Pipe pipe(model, PipeOptions().stages(2).chunks(4).schedule("1f1b")); torch::optim::SGD
+//   sgd(pipe->parameters(), 0.1); sgd.zero_grad(); torch::Tensor loss = pipe->train_step(x, y,
+//   [](const torch::Tensor& out, const torch::Tensor& t) {
 //     return torch::mse_loss(out, t);
 //   });
 //   sgd.step();
@@ -85,7 +84,8 @@ class PipeImpl : public torch::nn::Cloneable<PipeImpl> {
   // list length != ranks, chunks < 1, virtual_stages < 1, an unknown schedule (listing the valid
   // ones), a custom schedule that does not fit or does not validate.
   PipeImpl(torch::nn::Sequential model, PipeOptions options);
-  PipeImpl(const PipeImpl& other);  // deep copy of the layers (for clone()); no workers until reset()
+  PipeImpl(
+      const PipeImpl& other);  // deep copy of the layers (for clone()); no workers until reset()
   // Takes over `other`'s layers and workers (used by Cloneable::clone_ when a Pipe is a child).
   PipeImpl& operator=(PipeImpl&& other);
   ~PipeImpl() override;

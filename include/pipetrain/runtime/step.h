@@ -38,14 +38,14 @@ using LossFn =
     std::function<torch::Tensor(const torch::Tensor& output, const torch::Tensor& target)>;
 
 struct StepData {
-  int num_microbatches = 0;                          // M
-  std::vector<std::vector<torch::Tensor>> inputs;    // [i]: stage 0's input tuple (rank of stage 0)
-  std::vector<torch::Tensor> targets;                // [i]: on the last stage's device (training)
-  std::vector<double> loss_weights;                  // [i]: rows(i) / rows(mini-batch)
-  const LossFn* loss_fn = nullptr;                   // training only
-  bool training = true;                              // false: inference (no stash, no grad)
+  int num_microbatches = 0;                        // M
+  std::vector<std::vector<torch::Tensor>> inputs;  // [i]: stage 0's input tuple (rank of stage 0)
+  std::vector<torch::Tensor> targets;              // [i]: on the last stage's device (training)
+  std::vector<double> loss_weights;                // [i]: rows(i) / rows(mini-batch)
+  const LossFn* loss_fn = nullptr;                 // training only
+  bool training = true;                            // false: inference (no stash, no grad)
   Checkpoint checkpoint = Checkpoint::kNever;
-  std::chrono::steady_clock::time_point start;       // events are measured from here
+  std::chrono::steady_clock::time_point start;  // events are measured from here
 };
 
 // One executed action, for traces and timelines.

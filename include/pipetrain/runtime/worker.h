@@ -33,11 +33,11 @@ class Worker {
 
   std::mutex mutex_;
   std::condition_variable changed_;
-  std::function<void()> task_;    // GUARDED_BY(mutex_)
-  bool busy_ = false;             // GUARDED_BY(mutex_)
-  bool stopping_ = false;         // GUARDED_BY(mutex_)
-  std::exception_ptr error_;      // GUARDED_BY(mutex_)
-  std::thread thread_;            // last member: starts after the others exist
+  std::function<void()> task_;  // GUARDED_BY(mutex_)
+  bool busy_ = false;           // GUARDED_BY(mutex_)
+  bool stopping_ = false;       // GUARDED_BY(mutex_)
+  std::exception_ptr error_;    // GUARDED_BY(mutex_)
+  std::thread thread_;          // last member: starts after the others exist
 };
 
 }  // namespace pipetrain

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include <torch/nn/modules/container/any.h>
+#include <torch/nn/modules/container/sequential.h>
 #include <torch/types.h>
 
 #include "pipetrain/stage/stage_rng.h"
@@ -45,6 +46,12 @@ struct StageLayer {
   std::string name;
   torch::nn::AnyModule module;
 };
+
+// Layers [first, first + count) of `model`, named as in the Sequential, moved to `device`.
+// (How the Pipe, and a one-rank-per-process launcher, build a stage from a model and a balance.)
+// Throws c10::Error naming the range when it does not fit the model.
+std::vector<StageLayer> slice_layers(const torch::nn::Sequential& model, int64_t first,
+                                     int64_t count, const torch::Device& device);
 
 // Turns the last stage's outputs into the micro-batch's loss, already weighted
 // (rows of i / rows of the mini-batch). Kept with the micro-batch so a recompute recomputes it.
