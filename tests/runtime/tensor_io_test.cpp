@@ -77,14 +77,13 @@ TEST(SaveNamedTensors, PythonLoadsADictWithTheNamesInOrderAndTheValues) {
   torch::Tensor weight = torch::arange(4, torch::kFloat).view({2, 2}).requires_grad_();
   save_named_tensors(directory + "/params.pt",
                      {{"0.weight", weight}, {"2.attn.in_proj_bias", torch::full({3}, -0.5)}});
-  const std::string printed = python(
-      "import torch\nd = torch.load('" + directory +
-          "/params.pt')\nprint(type(d).__name__, list(d.keys()))\n"
-          "print(d['0.weight'].tolist(), d['2.attn.in_proj_bias'].tolist(), "
-          "d['0.weight'].requires_grad)\n",
-      directory);
-  EXPECT_NE(printed.find("dict ['0.weight', '2.attn.in_proj_bias']"), std::string::npos)
-      << printed;
+  const std::string printed =
+      python("import torch\nd = torch.load('" + directory +
+                 "/params.pt')\nprint(type(d).__name__, list(d.keys()))\n"
+                 "print(d['0.weight'].tolist(), d['2.attn.in_proj_bias'].tolist(), "
+                 "d['0.weight'].requires_grad)\n",
+             directory);
+  EXPECT_NE(printed.find("dict ['0.weight', '2.attn.in_proj_bias']"), std::string::npos) << printed;
   EXPECT_NE(printed.find("[[0.0, 1.0], [2.0, 3.0]] [-0.5, -0.5, -0.5] False"), std::string::npos)
       << printed;
 }
@@ -119,7 +118,9 @@ TEST(SaveNamedTensors, NamesThePathWhenTheDirectoryIsMissing) {
 TEST(SaveNamedTensors, RejectsADuplicateName) {
   const std::string path = temporary_directory() + "/p.pt";
   expect_error_mentions(
-      [&] { save_named_tensors(path, {{"a", torch::ones({1})}, {"a", torch::ones({1})}}); },
+      [&] {
+        save_named_tensors(path, {{"a", torch::ones({1})}, {"a", torch::ones({1})}});
+      },
       "'a' appears twice");
 }
 

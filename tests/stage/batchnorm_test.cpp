@@ -171,6 +171,27 @@ TEST(DeferredBatchNorm, AWrongChannelCountIsReportedWithTheShape) {
   }
 }
 
+TEST(DeferredBatchNorm, AdoptsSharedTensorsButClonesIntoFreshOnes) {
+  DeferredBatchNormTensors shared{torch::full({3}, 2.0).requires_grad_(), torch::zeros({3}),
+                                  torch::full({3}, 0.5), torch::full({3}, 3.0),
+                                  torch::zeros({}, torch::kLong)};
+  shared.bias.requires_grad_();
+  DeferredBatchNorm deferred(DeferredBatchNormOptions(3).chunks(1), shared);
+  EXPECT_EQ(deferred->weight.unsafeGetTensorImpl(), shared.weight.unsafeGetTensorImpl());
+  EXPECT_EQ(deferred->running_var.unsafeGetTensorImpl(), shared.running_var.unsafeGetTensorImpl());
+  deferred->forward(images(4, 2));
+  EXPECT_EQ(shared.num_batches_tracked.item<int64_t>(), 1);  // the owner of the tensors sees it
+
+  auto copy = std::dynamic_pointer_cast<DeferredBatchNormImpl>(deferred->clone());
+  ASSERT_NE(copy, nullptr);
+  EXPECT_NE(copy->weight.unsafeGetTensorImpl(), shared.weight.unsafeGetTensorImpl());
+  EXPECT_TRUE(torch::equal(copy->weight, shared.weight));
+  EXPECT_TRUE(torch::equal(copy->running_mean, shared.running_mean));
+  copy->forward(images(4, 3));
+  EXPECT_EQ(shared.num_batches_tracked.item<int64_t>(), 1);
+  EXPECT_EQ(copy->num_batches_tracked.item<int64_t>(), 2);
+}
+
 TEST(ConvertDeferredBatchNorm, ReplacesBatchNormsKeepingNamesAndValues) {
   torch::nn::Sequential model(torch::nn::Linear(4, 3), torch::nn::BatchNorm1d(3),
                               torch::nn::ReLU());
