@@ -4,6 +4,8 @@
 #include <numeric>
 #include <random>
 
+#include <nlohmann/json.hpp>
+
 namespace pipetrain::examples {
 
 uint64_t mix_seed(uint64_t seed, uint64_t counter) {
@@ -83,6 +85,34 @@ void DataLoader::seek(LoaderPosition position) {
               "; an epoch has ", batches_per_epoch(), " batches (was the batch size changed?)");
   position_ = position;
   if (position_.batch == batches_per_epoch()) position_ = {position_.epoch + 1, 0};
+}
+
+std::string DataLoader::state() const {
+  nlohmann::json state = {{"seed", options_.seed()},       {"batch_size", options_.batch_size()},
+                          {"shuffle", options_.shuffle()}, {"drop_last", options_.drop_last()},
+                          {"samples", num_samples()},      {"epoch", position_.epoch},
+                          {"batch", position_.batch}};
+  return state.dump();
+}
+
+void DataLoader::restore_state(const std::string& text) {
+  nlohmann::json state;
+  try {
+    state = nlohmann::json::parse(text);
+    auto expect = [&](const char* field, const nlohmann::json& mine) {
+      TORCH_CHECK(state.at(field) == mine, "DataLoader: cannot resume: the saved ", field, " is ",
+                  state.at(field).dump(), " but this run's is ", mine.dump(),
+                  "; resume with the same data and loader settings");
+    };
+    expect("seed", options_.seed());
+    expect("batch_size", options_.batch_size());
+    expect("shuffle", options_.shuffle());
+    expect("drop_last", options_.drop_last());
+    expect("samples", num_samples());
+    seek({state.at("epoch").get<int64_t>(), state.at("batch").get<int64_t>()});
+  } catch (const nlohmann::json::exception& e) {
+    TORCH_CHECK(false, "DataLoader: saved loader state is malformed (", e.what(), "): ", text);
+  }
 }
 
 }  // namespace pipetrain::examples

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include <torch/arg.h>
@@ -77,6 +78,15 @@ class DataLoader {
   LoaderPosition position() const { return position_; }
   // REQUIRES: position.epoch >= 0 and 0 <= position.batch <= batches_per_epoch() (== rolls over).
   void seek(LoaderPosition position);
+
+  // The loader's resumable state as text for a checkpoint's loader_state:
+  //   {"seed": 7, "batch_size": 128, "shuffle": true, "drop_last": false, "samples": 60000,
+  //    "epoch": 1, "batch": 42}
+  // restore_state() seeks to the saved position after checking that the seed, batch size,
+  // shuffle, drop_last and sample count match this loader's (a mismatch would silently train on
+  // other batches); throws c10::Error naming the field that differs.
+  std::string state() const;
+  void restore_state(const std::string& state);
 
  private:
   const std::vector<int64_t>& cached_order(int64_t epoch) const;

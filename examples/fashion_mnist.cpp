@@ -132,8 +132,7 @@ torch::Tensor read_idx_images(const std::string& path) {
   // The tensor adopts the vector's buffer: no copy of the 47 MB of training pixels.
   auto* pixels = new std::vector<uint8_t>(reader.read_payload(size));
   return torch::from_blob(
-      pixels->data(), {count, rows, columns},
-      [pixels](void*) { delete pixels; }, torch::kUInt8);
+      pixels->data(), {count, rows, columns}, [pixels](void*) { delete pixels; }, torch::kUInt8);
 }
 
 torch::Tensor read_idx_labels(const std::string& path, int64_t classes) {

@@ -72,6 +72,24 @@ TEST(DataLoader, ResumingAtAPositionContinuesWithTheSameBatches) {
   for (int k = 9; k < 20; ++k) EXPECT_EQ(ids(resumed.next()), reference[k]) << "batch " << k;
 }
 
+TEST(DataLoader, StateTextRestoresThePositionAndRejectsOtherSettings) {
+  DataLoader first = indexed_loader(50, DataLoaderOptions(8).seed(3));
+  for (int k = 0; k < 9; ++k) first.next();
+  std::string state = first.state();
+  DataLoader resumed = indexed_loader(50, DataLoaderOptions(8).seed(3));
+  resumed.restore_state(state);
+  EXPECT_EQ(resumed.position(), first.position());
+  EXPECT_EQ(ids(resumed.next()), ids(first.next()));
+  DataLoader other_seed = indexed_loader(50, DataLoaderOptions(8).seed(4));
+  try {
+    other_seed.restore_state(state);
+    FAIL() << "no error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("seed"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(resumed.restore_state("{not json"), c10::Error);
+}
+
 TEST(DataLoader, DropLastDropsTheShortBatch) {
   DataLoader loader = indexed_loader(103, DataLoaderOptions(10).drop_last(true));
   EXPECT_EQ(loader.batches_per_epoch(), 10);

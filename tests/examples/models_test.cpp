@@ -135,6 +135,14 @@ TEST(Gpt, TiedWeightAccumulatesTheGradientsOfBothUses) {
   EXPECT_TRUE(torch::allclose(t[embedding_name].grad(), sum, 1e-5, 1e-6));
 }
 
+TEST(Gpt, ParameterCountFollowsTheTransformerFormula) {
+  // Per block: qkv 3C^2+3C, projection C^2+C, MLP 8C^2+5C, two layer norms 4C: 12C^2 + 13C.
+  // Plus token table V*C (once: tied), positions T*C, final layer norm 2C.
+  const int64_t v = 76, t = 64, c = 128, l = 4;
+  ExampleModel gpt = make_model("gpt", {{"vocab_size", v}});
+  EXPECT_EQ(count_parameters(*gpt.sequential), l * (12 * c * c + 13 * c) + v * c + t * c + 2 * c);
+}
+
 TEST(Gpt, SequenceLongerThanTheContextIsAnError) {
   Gpt gpt = make_gpt(small_gpt());
   EXPECT_THROW(gpt.model->forward(torch::zeros({1, 9}, torch::kInt64)), c10::Error);
