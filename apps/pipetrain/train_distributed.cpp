@@ -24,9 +24,12 @@ void add_launch_command(CLI::App& app, int& exit_code) {
   command->add_option("--nproc", *nproc, "ranks to start")->required()->check(CLI::PositiveNumber);
   command->add_option("--grace", *grace, "seconds the others get after a rank fails");
   command->add_option("--master-port", *port, "rendezvous port (default: a free one)");
-  command->prefix_command();
-  command->callback([command, nproc, grace, port, &exit_code] {
-    std::vector<std::string> args = command->remaining();
+  auto positional = std::make_shared<std::vector<std::string>>();
+  command->add_option("command", *positional, "the pipetrain command and its arguments");
+  command->prefix_command();  // everything after the command belongs to it
+  command->callback([command, positional, nproc, grace, port, &exit_code] {
+    std::vector<std::string> args = *positional;
+    for (const auto& rest : command->remaining()) args.push_back(rest);
     if (!args.empty() && args.front() == "--") args.erase(args.begin());
     if (args.empty()) throw UsageError("launch: give the command to run, e.g. -- train ...");
     char path[PATH_MAX];

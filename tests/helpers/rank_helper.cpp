@@ -222,6 +222,7 @@ void scenario_fault(Distributed& d, const std::string& how) {
     if (how == "throw") TORCH_CHECK(false, "injected failure in stage 1, micro-batch 0");
     if (how == "sigkill") raise(SIGKILL);
     if (how == "exit") std::_Exit(3);
+    if (how == "stop") raise(SIGSTOP);  // hangs: alive, connections open, no heartbeat
   }
   if (how == "collective" && d.rank() == 0) {
     d.barrier();  // rank 1 never joins: it throws below
@@ -394,7 +395,7 @@ int main(int argc, char** argv) {
       std::cout << "OK rendezvous" << std::endl;
       return;
     }
-    if (scenario == "throw" || scenario == "sigkill" || scenario == "exit" ||
+    if (scenario == "throw" || scenario == "sigkill" || scenario == "exit" || scenario == "stop" ||
         scenario == "collective") {
       return scenario_fault(d, scenario);
     }

@@ -161,6 +161,16 @@ TEST(Distributed, ARankExitingWithoutAWordMakesTheOthersFail) {
   EXPECT_TRUE(run.all_gone());
 }
 
+TEST(Distributed, AHungRankMakesTheOthersExitAfterTheTimeout) {
+  // Rank 1 stops itself (SIGSTOP): its sockets stay open, only the timeout can tell.
+  auto run = run_ranks(2, {"stop"}, 0, /*timeout_ms=*/3000, std::chrono::seconds(1));
+  EXPECT_NE(run.result.rank_exit_codes[0], 0) << run.output();
+  EXPECT_EQ(run.result.first_failed_rank, 0) << run.output();
+  EXPECT_TRUE(run.printed("rank 1")) << run.output();
+  EXPECT_LT(run.seconds, 20.0);
+  EXPECT_TRUE(run.all_gone());
+}
+
 // Transparency: 3 SGD steps of a model with a residual crossing ranks and a tied weight give the
 // weights of sequential training (1e-5 relative), for every schedule and process layout.
 TEST(DistributedTraining, MatchesSequentialTrainingOnTwoProcessesForEverySchedule) {
