@@ -108,15 +108,18 @@ TEST_F(TrainProduct, ResumedRunEndsWithTheWeightsOfTheUninterruptedRun) {
 }
 
 TEST_F(TrainProduct, ResumesWithAnotherStageCountAndFromAMultiProcessRun) {
-  Result whole =
-      run(small("--steps 8 --stages 2 --chunks 2 --save-params " + path("w2.pt")), path("w2.log"));
+  // SGD with momentum: Adam's first steps are nearly sign(gradient), which turns float rounding
+  // in near-zero gradients into lr-sized differences; SGD keeps the comparison tight.
+  const std::string sgd = "--optimizer sgd --lr 0.05 --momentum 0.9 ";
+  Result whole = run(small(sgd + "--steps 8 --stages 2 --chunks 2 --save-params " + path("w2.pt")),
+                     path("w2.log"));
   ASSERT_EQ(whole.exit_code, 0) << whole.output;
-  // First half on 2 processes, second half sequential in one process.
-  Result first =
-      run(small("--steps 4 --nproc 2 --chunks 2 --checkpoint-dir " + path("mp")), path("mp.log"));
+  // First half on 2 processes, second half on 3 stages in one process.
+  Result first = run(small(sgd + "--steps 4 --nproc 2 --chunks 2 --checkpoint-dir " + path("mp")),
+                     path("mp.log"));
   ASSERT_EQ(first.exit_code, 0) << first.output;
-  Result second = run(small("--steps 8 --stages 3 --chunks 2 --resume " + path("mp/checkpoint.pt") +
-                            " --save-params " + path("mp_resumed.pt")),
+  Result second = run(small(sgd + "--steps 8 --stages 3 --chunks 2 --resume " +
+                            path("mp/checkpoint.pt") + " --save-params " + path("mp_resumed.pt")),
                       path("mp_resumed.log"));
   ASSERT_EQ(second.exit_code, 0) << second.output;
   // Pipelining is transparent within float rounding (docs/ARCHITECTURE.md: about 1e-5).
@@ -220,7 +223,7 @@ TEST_F(TrainProduct, GptWithATiedEmbeddingTrainsOnTwoStages) {
   const std::string gpt =
       "train --model gpt --data text --model-options "
       "'{\"context\": 16, \"embed_dim\": 16, \"heads\": 2, \"layers\": 1}' --batch-size 8 "
-      "--steps 3 --lr 3e-3 ";
+      "--steps 3 --optimizer sgd --lr 0.1 ";
   Result in_process = run(gpt + "--stages 2 --save-params " + path("gpt1.pt"), path("gpt1.log"));
   ASSERT_EQ(in_process.exit_code, 0) << in_process.output;
   EXPECT_NE(in_process.output.find("unigram entropy"), std::string::npos) << in_process.output;
@@ -230,8 +233,8 @@ TEST_F(TrainProduct, GptWithATiedEmbeddingTrainsOnTwoStages) {
   EXPECT_LT(max_relative_difference(path("gpt2.pt"), path("gpt1.pt")), 1e-5);
   auto params = load_params(path("gpt2.pt"));
   ASSERT_TRUE(params.count("0.token_embedding.weight"));
-  ASSERT_TRUE(params.count("4.weight"));
-  EXPECT_TRUE(torch::equal(params["0.token_embedding.weight"], params["4.weight"]));
+  ASSERT_TRUE(params.count("3.weight"));  // layers 1: embedding, block, ln_f, head
+  EXPECT_TRUE(torch::equal(params["0.token_embedding.weight"], params["3.weight"]));
 }
 
 TEST_F(TrainProduct, AConfigFileGivesFlagsAndTheCommandLineWins) {
