@@ -261,10 +261,17 @@ void C10dTransport::Impl::receive(torch::Tensor tensor, int src, int tag, const 
   } catch (const std::exception& e) {
     failure = e.what();
   }
+  // A peer that failed publishes its reason just before it exits; its closed connection can
+  // reach us first. Prefer the reason to "connection closed".
+  std::optional<std::string> published;
+  if (!completed || !failure.empty())
+    published = world->await_abort_reason(std::chrono::seconds(1));
   std::lock_guard<std::mutex> lock(mutex);
   receiving.erase(id);
   TORCH_CHECK(!aborted, "rank ", my_rank(), ": receiving the ", describe(envelope),
               " was aborted: ", abort_reason);
+  TORCH_CHECK(!published, "rank ", my_rank(), ": receiving the ", describe(envelope),
+              " was aborted: ", published.value_or(""), " (", failure, ")");
   const double waited = std::chrono::duration<double>(Clock::now() - start).count();
   TORCH_CHECK(completed && failure.empty(), "rank ", my_rank(), ": no ", describe(envelope), " (",
               part, ") from rank ", src, " after ", waited, " s (timeout ",

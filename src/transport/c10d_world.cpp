@@ -516,6 +516,22 @@ std::optional<std::string> C10dWorld::abort_reason() const {
   return impl_->abort_reason;
 }
 
+std::optional<std::string> C10dWorld::await_abort_reason(std::chrono::milliseconds max) {
+  const auto deadline = Clock::now() + max;
+  while (true) {
+    if (auto known = abort_reason()) return known;
+    try {
+      if (impl_->watch_store->check({kAbortKey})) {
+        return from_bytes(impl_->watch_store->get(kAbortKey));
+      }
+    } catch (...) {
+      return std::nullopt;  // the store is gone as well
+    }
+    if (Clock::now() >= deadline) return std::nullopt;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
 int C10dWorld::add_abort_listener(std::function<void(const std::string&)> listener) {
   std::optional<std::string> already;
   int id = 0;

@@ -102,6 +102,9 @@ class C10dWorld {
   void abort(const std::string& reason);
   // The published abort reason, if any rank aborted or the watchdog declared a peer dead.
   std::optional<std::string> abort_reason() const;
+  // The abort reason, reading the store for at most `max` if none is known yet: a receive that
+  // failed because its peer vanished asks whether the peer published why. Never throws.
+  std::optional<std::string> await_abort_reason(std::chrono::milliseconds max);
   // Runs `listener(reason)` once, from the watchdog thread or from abort(), when an abort is seen.
   // Listeners must be quick and must not throw. Returns an id for remove_abort_listener.
   int add_abort_listener(std::function<void(const std::string&)> listener);
