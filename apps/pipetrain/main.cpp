@@ -1,26 +1,37 @@
 // pipetrain: the command-line front end. Dispatches to the subcommands in commands.h.
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <iostream>
 
 #include "commands.h"
+#include "pipetrain/train/config_file.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"pipetrain: pipeline-parallel training for LibTorch"};
+  app.name("pipetrain");
   app.require_subcommand(1);
   int exit_code = 0;
   pipetrain::cli::add_plan_command(app, exit_code);
   pipetrain::cli::add_train_command(app, exit_code);
   pipetrain::cli::add_bench_command(app, exit_code);
+  pipetrain::cli::add_eval_command(app, exit_code);
   pipetrain::cli::add_launch_command(app, exit_code);
   try {
-    app.parse(argc, argv);
+    // `--config FILE.json` becomes flags (train/config_file.h); CLI11 takes them reversed.
+    std::vector<std::string> arguments(argv + 1, argv + argc);
+    arguments = pipetrain::train::expand_config_arguments(arguments);
+    std::reverse(arguments.begin(), arguments.end());
+    app.parse(arguments);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     app.exit(e);  // prints the message and usage
+    return 2;
+  } catch (const pipetrain::train::ConfigError& e) {
+    std::cerr << "pipetrain: error: --config: " << e.what() << "\n";
     return 2;
   } catch (const pipetrain::cli::UsageError& e) {
     std::cerr << "pipetrain: error: " << e.what() << "\n";

@@ -1,163 +1,235 @@
-// `pipetrain train`: trains a TorchScript model on tensors saved by Python, through the pipeline.
+// `pipetrain train`: pipelined training of an example model (mlp, cnn, gpt) on Fashion-MNIST, a
+// text corpus or synthetic data, or of a TorchScript model on tensors saved from Python; in one
+// process (a worker thread per pipeline rank) or in several (--nproc N, c10d/Gloo).
 //
-//   pipetrain train --model MODEL.pt --inputs X.pt --targets Y.pt --loss mse|cross-entropy
-//                   --optimizer sgd --lr 0.1 [--momentum 0] --batch-size N --steps S
-//                   (--stages K | --balance a,b,c) --chunks M --schedule NAME [--virtual V]
-//                   [--checkpoint always|except_last|never] [--save-params OUT.pt]
-//                   [--schedule-file F] [--seed 0]
+//   [1] flags + checks       TrainArgs              add_train_flags, check_args
+//   [2] model + data         BuiltModel/BuiltData   train_setup.h (shared with `pipetrain eval`)
+//   [3] runner               TrainRunner            sequential | Pipe | DistributedPipe (one rank)
+//   [4] the loop             run_loop               lr schedule, step, clip, optimizer, progress,
+//                                                   evaluation per epoch, checkpoints, trace
 //
-// The command is four steps, each its own function so later flags plug into one place:
+// Multi-process: `--nproc N` re-runs this command as N local ranks (runtime/launcher.h) after the
+// parent has checked every flag and file (so bad input still exits 2, before any rank starts);
+// each rank finds the torchrun environment and runs [2]..[4] for its stages. Under torchrun, Slurm
+// or mpirun the environment is set by them and --nproc is not given.
 //
-//   [1] parse + check flags   TrainArgs            add_train_flags, check_args
-//   [2] build the model       TrainModel           build_model (TorchScript -> Sequential)
-//   [3] build the data        TrainData            build_data, check_data_against_model
-//   [4] run the loop          TrainSummary         build_step (Pipe or plain sequential),
-//                                                  run_training_loop, save_parameters
+// Batches are a pure function of the global step k: Fashion-MNIST/synthetic use the seeded
+// shuffled DataLoader (epoch k / B, batch k % B), text draws windows from (seed, k), tensors
+// read rows (k*N .. k*N+N-1) mod R in order. So a checkpoint needs only k to resume exactly.
 //
-// Batches are taken in order, no shuffle: step s uses rows (s*N + 0 .. s*N + N-1) mod R of the R
-// data rows, so a dataset that N does not divide is read cyclically. docs/TRAIN_CLI.md has the
-// reference and examples. Exit codes (commands.h): 0 done, 1 failure while training (a step threw,
-// the loss is not finite), 2 bad usage or bad input (UsageError).
+// Exit codes (commands.h): 0 done, 1 failure while training (a step threw, the loss is not
+// finite: the message names the step), 2 bad usage or bad input.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <torch/torch.h>
 
 #include "commands.h"
+#include "data_loader.h"
+#include "model_registry.h"
+#include "pipetrain/runtime/distributed.h"
+#include "pipetrain/runtime/launcher.h"
 #include "pipetrain/runtime/pipe.h"
-#include "pipetrain/runtime/step.h"
 #include "pipetrain/runtime/tensor_io.h"
 #include "pipetrain/schedule/generators.h"
 #include "pipetrain/schedule/text_format.h"
 #include "pipetrain/stage/batchnorm.h"
-#include "pipetrain/stage/torchscript.h"
+#include "pipetrain/train/atomic_file.h"
+#include "pipetrain/train/checkpoint.h"
+#include "pipetrain/train/finite_loss.h"
+#include "pipetrain/train/grad_clip.h"
+#include "pipetrain/train/lr_schedule.h"
+#include "pipetrain/train/optimizer.h"
+#include "pipetrain/train/progress.h"
+#include "train_runner.h"
+#include "train_setup.h"
+#include "train_trace.h"
 
 namespace pipetrain::cli {
 namespace {
 
-const std::vector<std::string> kLosses = {"mse", "cross-entropy"};
-const std::vector<std::string> kOptimizers = {"sgd"};
 const std::vector<std::string> kCheckpoints = {"always", "except_last", "never"};
-
-std::string join(const std::vector<std::string>& names) {
-  std::string text;
-  for (const auto& name : names) text += (text.empty() ? "" : ", ") + name;
-  return text;
-}
+const std::vector<std::string> kLrSchedules = {"constant", "cosine"};
 
 bool contains(const std::vector<std::string>& names, const std::string& name) {
   return std::find(names.begin(), names.end(), name) != names.end();
 }
 
-// c10::Error::what() carries a C++ backtrace; users get the message only.
-std::string message_of(const std::exception& error) {
-  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&error)) {
-    return c10_error->what_without_backtrace();
-  }
-  return error.what();
-}
-
 // ---- [1] flags ----------------------------------------------------------------------------------
 
 struct TrainArgs {
-  std::string model_path;
-  std::string inputs_path;
-  std::string targets_path;
-  std::string loss;
-  std::string optimizer = "sgd";
-  double lr = 0;
-  double momentum = 0;
-  int64_t batch_size = 0;
-  int64_t steps = 0;
-  int64_t stages = 1;  // K ranks; with --virtual V the model has K*V stages
+  ModelDataArgs data;
+  int64_t epochs = 1;
+  int64_t steps = 0;  // 0: epochs x batches per epoch
+  int64_t batch_size = 128;
+  int64_t chunks = 0;  // 0: 1 without a pipeline, else 2 x pipeline ranks
+  int64_t stages = 1;
   bool stages_given = false;
-  std::vector<int64_t> balance;  // layers per stage (K*V entries)
-  int64_t chunks = 1;
-  bool chunks_given = false;
-  std::string schedule = "gpipe";
+  std::vector<int64_t> balance;
+  int nproc = 1;
+  int pp = 0;  // 0: WORLD_SIZE / dp
+  int dp = 1;
+  std::string schedule = "1f1b";
   bool schedule_given = false;
+  std::string schedule_file;
   int64_t virtual_stages = 1;
   std::string checkpoint = "except_last";
+  std::string optimizer = "adam";
+  double lr = 1e-3;
+  double momentum = 0;
+  double weight_decay = 0;
+  int64_t warmup_steps = 0;
+  std::string lr_schedule = "constant";
+  double min_lr = 0;
+  double clip_grad_norm = 0;
+  int threads = 0;
+  std::string trace;
+  std::string timeline;
   std::string save_params;
-  std::string schedule_file;
-  uint64_t seed = 0;
+  std::string checkpoint_dir;
+  int64_t save_every = 0;
+  std::string resume;
+  std::string config;  // expanded by main() before parsing; listed here for --help
+  double timeout = 300;
+  int64_t log_every = 100;
 };
 
 void add_train_flags(CLI::App& command, TrainArgs& args) {
-  command
-      .add_option("--model", args.model_path,
-                  "TorchScript module (torch.jit.save); its children are the layers, in order")
-      ->required();
-  command.add_option("--inputs", args.inputs_path, "input tensor X (torch.save), rows on dim 0")
-      ->required();
-  command.add_option("--targets", args.targets_path, "target tensor Y (torch.save), rows on dim 0")
-      ->required();
-  command.add_option("--loss", args.loss, "loss: " + join(kLosses))->required();
-  command.add_option("--optimizer", args.optimizer, "optimizer: " + join(kOptimizers))
+  add_model_data_flags(command, args.data);
+  command.add_option("--epochs", args.epochs, "passes over the training data")
       ->capture_default_str();
-  command.add_option("--lr", args.lr, "learning rate (> 0)")->required();
-  command.add_option("--momentum", args.momentum, "SGD momentum (>= 0)")->capture_default_str();
-  command.add_option("--batch-size", args.batch_size, "rows per step N (>= 1)")->required();
-  command.add_option("--steps", args.steps, "training steps S (>= 1)")->required();
-  auto* stages =
-      command
-          .add_option(
-              "--stages", args.stages,
-              "pipeline ranks K (worker threads); layers split as evenly as possible. Default 1")
-          ->each([&args](const std::string&) { args.stages_given = true; });
-  auto* balance = command
-                      .add_option("--balance", args.balance,
-                                  "layers per stage, comma-separated (K*V entries summing to "
-                                  "the number of layers); instead of --stages")
-                      ->delimiter(',');
-  stages->excludes(balance);
-  command.add_option("--chunks", args.chunks, "micro-batches per mini-batch M (>= 1)")
+  command.add_option("--steps", args.steps,
+                     "optimizer steps; overrides --epochs (required for --data text). "
+                     "Default: epochs x batches per epoch");
+  command.add_option("--batch-size", args.batch_size, "rows per mini-batch N")
+      ->capture_default_str();
+  command.add_option("--chunks", args.chunks,
+                     "micro-batches per mini-batch M. Default: 1 without a pipeline, else 2 x "
+                     "pipeline ranks");
+  command
+      .add_option("--stages", args.stages,
+                  "pipeline ranks K in one process (worker threads); layers split as evenly as "
+                  "possible. 1 with --chunks 1 is plain sequential training")
       ->capture_default_str()
-      ->each([&args](const std::string&) { args.chunks_given = true; });
+      ->each([&args](const std::string&) { args.stages_given = true; });
+  command
+      .add_option("--balance", args.balance,
+                  "layers per stage, comma-separated (K*V entries summing to the layer count); "
+                  "instead of --stages")
+      ->delimiter(',');
+  command
+      .add_option("--nproc", args.nproc,
+                  "processes on this machine (pipeline ranks x data-parallel replicas); > 1 "
+                  "starts them with the local launcher")
+      ->capture_default_str();
+  command.add_option("--pp", args.pp,
+                     "pipeline ranks per replica in a multi-process run. Default: processes / "
+                     "--dp");
+  command.add_option("--dp", args.dp, "data-parallel replicas in a multi-process run")
+      ->capture_default_str();
   command
       .add_option(
           "--schedule", args.schedule,
-          "schedule: " + join(schedule::schedule_names()) + " (custom with --schedule-file)")
+          "schedule: " + join_names(schedule::schedule_names()) + " (custom with --schedule-file)")
       ->capture_default_str()
       ->each([&args](const std::string&) { args.schedule_given = true; });
+  command.add_option("--schedule-file", args.schedule_file,
+                     "custom schedule in the text form (one line of actions per rank; "
+                     "in-process only)");
   command
       .add_option("--virtual", args.virtual_stages, "virtual stages per rank V (interleaved-1f1b)")
       ->capture_default_str();
   command
-      .add_option("--checkpoint", args.checkpoint,
-                  "recompute activations for: " + join(kCheckpoints))
+      .add_option(
+          "--checkpoint", args.checkpoint,
+          "micro-batches that recompute their forward before backward: " + join_names(kCheckpoints))
       ->capture_default_str();
+  command
+      .add_option("--optimizer", args.optimizer,
+                  "optimizer: " + join_names(train::optimizer_names()))
+      ->capture_default_str();
+  command.add_option("--lr", args.lr, "learning rate (peak, with a schedule)")
+      ->capture_default_str();
+  command.add_option("--momentum", args.momentum, "SGD momentum")->capture_default_str();
+  command
+      .add_option("--weight-decay", args.weight_decay,
+                  "L2 penalty (sgd, adam) or decoupled weight decay (adamw)")
+      ->capture_default_str();
+  command.add_option("--warmup-steps", args.warmup_steps, "steps of linear learning-rate warm-up")
+      ->capture_default_str();
+  command
+      .add_option("--lr-schedule", args.lr_schedule,
+                  "after the warm-up: " + join_names(kLrSchedules) +
+                      " (cosine decays to --min-lr at the last step)")
+      ->capture_default_str();
+  command.add_option("--min-lr", args.min_lr, "floor of the cosine schedule")
+      ->capture_default_str();
+  command
+      .add_option("--clip-grad-norm", args.clip_grad_norm,
+                  "clip gradients to this global L2 norm (0: no clipping)")
+      ->capture_default_str();
+  command
+      .add_option("--seed", args.data.seed,
+                  "seed of the initial weights, the data order and the random streams")
+      ->capture_default_str();
+  command
+      .add_option("--threads", args.threads,
+                  "intra-op threads per pipeline rank (0: the cores shared among the ranks)")
+      ->capture_default_str();
+  command.add_option("--trace", args.trace,
+                     "write every executed action of every rank here (Chrome trace JSON; "
+                     "chrome://tracing or ui.perfetto.dev)");
+  command.add_option("--timeline", args.timeline,
+                     "draw the measured timeline of one step here (SVG: rows = ranks)");
   command.add_option("--save-params", args.save_params,
                      "write {parameter name: tensor} here at the end (torch.load reads it)");
-  command.add_option("--schedule-file", args.schedule_file,
-                     "custom schedule in the text form (one line of actions per rank)");
-  command.add_option("--seed", args.seed, "seed for the random streams (dropout)")
+  command.add_option(
+      "--checkpoint-dir", args.checkpoint_dir,
+      "write DIR/checkpoint.pt (atomically) every --save-every steps and at the end");
+  command
+      .add_option("--save-every", args.save_every, "steps between checkpoints (0: only at the end)")
+      ->capture_default_str();
+  command.add_option("--resume", args.resume,
+                     "continue from this checkpoint (any stage or process count)");
+  command.add_option("--config", args.config,
+                     "JSON file of flags ({\"lr\": 0.01, ...}); flags given here win");
+  command
+      .add_option("--timeout", args.timeout,
+                  "seconds any wait between ranks may take before the run fails")
+      ->capture_default_str();
+  command.add_option("--log-every", args.log_every, "progress line every this many steps (logs)")
       ->capture_default_str();
 }
 
-// Checks what needs no file: names and numbers. Throws UsageError.
 void check_args(const TrainArgs& args) {
   auto fail = [](const std::string& message) { throw UsageError(message); };
-  if (!contains(kLosses, args.loss)) {
-    fail("unknown --loss '" + args.loss + "'; valid: " + join(kLosses));
-  }
-  if (!contains(kOptimizers, args.optimizer)) {
-    fail("unknown --optimizer '" + args.optimizer + "'; valid: " + join(kOptimizers));
+  check_model_data_args(args.data);
+  if (!contains(train::optimizer_names(), args.optimizer)) {
+    fail("unknown --optimizer '" + args.optimizer +
+         "'; valid: " + join_names(train::optimizer_names()));
   }
   if (!contains(kCheckpoints, args.checkpoint)) {
-    fail("unknown --checkpoint '" + args.checkpoint + "'; valid: " + join(kCheckpoints));
+    fail("unknown --checkpoint '" + args.checkpoint + "'; valid: " + join_names(kCheckpoints));
+  }
+  if (!contains(kLrSchedules, args.lr_schedule)) {
+    fail("unknown --lr-schedule '" + args.lr_schedule + "'; valid: " + join_names(kLrSchedules));
   }
   if (args.schedule_file.empty() && !contains(schedule::schedule_names(), args.schedule)) {
-    fail("unknown --schedule '" + args.schedule + "'; valid: " + join(schedule::schedule_names()) +
-         " (or give --schedule-file for a custom one)");
+    fail("unknown --schedule '" + args.schedule + "'; valid: " +
+         join_names(schedule::schedule_names()) + " (or give --schedule-file for a custom one)");
   }
   if (!args.schedule_file.empty() && args.schedule_given && args.schedule != "custom") {
     fail("--schedule " + args.schedule + " and --schedule-file both say which schedule to run; " +
@@ -169,160 +241,117 @@ void check_args(const TrainArgs& args) {
   if (!(args.momentum >= 0) || !std::isfinite(args.momentum)) {
     fail("--momentum must be >= 0, got " + std::to_string(args.momentum));
   }
+  if (!(args.weight_decay >= 0)) {
+    fail("--weight-decay must be >= 0, got " + std::to_string(args.weight_decay));
+  }
+  if (!(args.min_lr >= 0) || args.min_lr > args.lr) {
+    fail("--min-lr must be in 0..--lr, got " + std::to_string(args.min_lr));
+  }
+  if (!(args.clip_grad_norm >= 0)) {
+    fail("--clip-grad-norm must be >= 0, got " + std::to_string(args.clip_grad_norm));
+  }
+  if (args.warmup_steps < 0) fail("--warmup-steps must be >= 0");
   if (args.batch_size < 1) {
     fail("--batch-size must be at least 1, got " + std::to_string(args.batch_size));
   }
-  if (args.steps < 1) fail("--steps must be at least 1, got " + std::to_string(args.steps));
-  if (args.chunks < 1) fail("--chunks must be at least 1, got " + std::to_string(args.chunks));
+  if (args.epochs < 1) fail("--epochs must be at least 1, got " + std::to_string(args.epochs));
+  if (args.steps < 0 || (args.steps == 0 && args.data.data == "text")) {
+    fail("--steps must be at least 1, got " + std::to_string(args.steps) +
+         (args.data.data == "text" ? " (--data text has no epochs: give --steps)" : ""));
+  }
+  if (args.chunks < 0) fail("--chunks must be at least 1, got " + std::to_string(args.chunks));
   if (args.virtual_stages < 1) {
     fail("--virtual must be at least 1, got " + std::to_string(args.virtual_stages));
   }
-  if (args.stages < 1) {
-    fail("--stages must be at least 1, got " + std::to_string(args.stages));
-  }
+  if (args.stages < 1) fail("--stages must be at least 1, got " + std::to_string(args.stages));
   for (int64_t layers : args.balance) {
     if (layers < 1) {
       fail("--balance entries must be at least 1 layer each, got " + std::to_string(layers));
     }
   }
+  if (args.nproc < 1) fail("--nproc must be at least 1, got " + std::to_string(args.nproc));
+  if (args.dp < 1) fail("--dp must be at least 1, got " + std::to_string(args.dp));
+  if (args.pp < 0) fail("--pp must be at least 1, got " + std::to_string(args.pp));
+  if (args.threads < 0) fail("--threads must be >= 0, got " + std::to_string(args.threads));
+  if (args.save_every < 0) fail("--save-every must be >= 0");
+  if (args.save_every > 0 && args.checkpoint_dir.empty()) {
+    fail("--save-every needs --checkpoint-dir DIR (where checkpoint.pt is written)");
+  }
+  if (!(args.timeout > 0)) fail("--timeout must be > 0 seconds");
+  if (args.log_every < 1) fail("--log-every must be at least 1");
 }
 
-// ---- [2] model ----------------------------------------------------------------------------------
+// ---- layout
+// ---------------------------------------------------------------------------------------
 
-struct TrainModel {
-  torch::nn::Sequential layers;  // shares its parameters with the TorchScript module
+// Where this process stands: world size, pipeline ranks, replicas (1 x 1 in one process).
+struct Layout {
+  bool multi_process = false;
+  int world = 1;
+  int pipeline_ranks = 1;  // K
+  int replicas = 1;        // R
 };
 
-TrainModel build_model(const TrainArgs& args) {
-  try {
-    return TrainModel{load_torchscript_sequential(args.model_path)};
-  } catch (const c10::Error& error) {
-    throw UsageError("--model: " + message_of(error));
-  }
-}
-
-// ---- [3] data -----------------------------------------------------------------------------------
-
-struct TrainData {
-  torch::Tensor inputs;   // X, R rows
-  torch::Tensor targets;  // Y, R rows
-  int64_t rows() const { return inputs.size(0); }
-};
-
-torch::Tensor load_flag_tensor(const std::string& flag, const std::string& path) {
-  try {
-    return load_tensor(path);
-  } catch (const c10::Error& error) {
-    throw UsageError(flag + ": " + message_of(error));
-  }
-}
-
-TrainData build_data(const TrainArgs& args) {
-  TrainData data{load_flag_tensor("--inputs", args.inputs_path),
-                 load_flag_tensor("--targets", args.targets_path)};
-  std::ostringstream problem;
-  if (data.inputs.dim() < 1 || data.inputs.size(0) < 1) {
-    problem << "--inputs " << args.inputs_path << " has shape " << data.inputs.sizes()
-            << "; it needs at least one row on dim 0";
-  } else if (data.targets.dim() < 1 || data.targets.size(0) != data.inputs.size(0)) {
-    problem << "--inputs has " << data.inputs.size(0) << " rows but --targets has "
-            << (data.targets.dim() < 1 ? 0 : data.targets.size(0)) << " (shape "
-            << data.targets.sizes() << "); they must pair row by row";
-  } else if (args.loss == "cross-entropy") {
-    if (data.targets.scalar_type() != torch::kLong || data.targets.dim() != 1) {
-      problem << "--loss cross-entropy needs --targets as class indices: a 1-D int64 tensor, got "
-              << data.targets.scalar_type() << " of shape " << data.targets.sizes()
-              << " (in Python: torch.save(labels.long(), path))";
-    } else if (data.targets.min().item<int64_t>() < 0) {
-      problem << "--targets holds the class index " << data.targets.min().item<int64_t>()
-              << "; class indices must be >= 0";
+Layout layout_of(const TrainArgs& args, int world) {
+  Layout layout;
+  layout.multi_process = world > 1;
+  layout.world = world;
+  if (!layout.multi_process) {
+    if (args.pp > 1 || args.dp > 1) {
+      throw UsageError("--pp/--dp describe a multi-process run: give --nproc " +
+                       std::to_string(std::max(args.pp, 1) * args.dp));
     }
-  } else if (args.loss == "mse" && !torch::isFloatingType(data.targets.scalar_type())) {
-    problem << "--loss mse needs floating-point --targets, got " << data.targets.scalar_type();
+    return layout;
   }
-  if (!problem.str().empty()) throw UsageError(problem.str());
-  return data;
-}
-
-// Rows of step s: (s*N + 0 .. N-1) mod R.
-torch::Tensor batch_rows(int64_t step, int64_t batch_size, int64_t rows) {
-  return (torch::arange(batch_size, torch::kLong) + step * batch_size).remainder(rows);
-}
-
-// Runs the model once (eval mode, no grad: no dropout, no running-statistics update) on the first
-// rows and checks the targets against its output: the class count for cross-entropy, the shape
-// for mse. Input mistakes surface here as exit 2 instead of an error inside a pipeline stage.
-void check_data_against_model(const TrainArgs& args, TrainModel& model, const TrainData& data) {
-  torch::Tensor output;
-  const bool was_training = model.layers->is_training();
-  try {
-    torch::NoGradGuard no_grad;
-    model.layers->eval();
-    output = model.layers->forward(data.inputs.slice(0, 0, std::min<int64_t>(2, data.rows())));
-    model.layers->train(was_training);
-  } catch (const std::exception& error) {
-    model.layers->train(was_training);
-    throw UsageError("the model's forward failed on the first rows of --inputs (shape " +
-                     c10::str(data.inputs.sizes()) + ", dtype " +
-                     c10::str(data.inputs.scalar_type()) +
-                     "); check that X matches the model's input: " + message_of(error));
+  layout.replicas = args.dp;
+  layout.pipeline_ranks = args.pp > 0 ? args.pp : world / args.dp;
+  if (layout.pipeline_ranks * layout.replicas != world) {
+    throw UsageError("--nproc " + std::to_string(world) + " processes do not make --pp " +
+                     std::to_string(layout.pipeline_ranks) + " x --dp " +
+                     std::to_string(layout.replicas) + "; make pp x dp equal the process count");
   }
-  if (args.loss == "cross-entropy") {
-    const int64_t classes = output.dim() == 2 ? output.size(1) : -1;
-    if (classes < 1) {
-      throw UsageError("--loss cross-entropy needs model outputs of shape (rows, classes), got " +
-                       c10::str(output.sizes()));
-    }
-    const int64_t largest = data.targets.max().item<int64_t>();
-    if (largest >= classes) {
-      throw UsageError("--targets holds the class index " + std::to_string(largest) +
-                       " but the model outputs " + std::to_string(classes) +
-                       " classes (valid indices 0.." + std::to_string(classes - 1) + ")");
-    }
-  } else if (output.sizes().slice(1) != data.targets.sizes().slice(1)) {
-    throw UsageError("--loss mse: a model output row has shape " +
-                     c10::str(output.sizes().slice(1)) + " but a --targets row has shape " +
-                     c10::str(data.targets.sizes().slice(1)) + "; they must be equal");
-  } else if (output.scalar_type() != data.targets.scalar_type()) {
-    throw UsageError("--loss mse: the model outputs " + c10::str(output.scalar_type()) +
-                     " but --targets is " + c10::str(data.targets.scalar_type()) +
-                     "; save the targets in the model's dtype");
+  if (!args.schedule_file.empty()) {
+    throw UsageError("--schedule-file runs in one process only; drop --nproc");
   }
-}
-
-// ---- [4] loop -----------------------------------------------------------------------------------
-
-LossFn build_loss(const std::string& name) {
-  if (name == "mse") {
-    return [](const torch::Tensor& output, const torch::Tensor& target) {
-      return torch::mse_loss(output, target);
-    };
+  if (args.stages_given && args.stages != layout.pipeline_ranks * args.virtual_stages) {
+    throw UsageError("--stages " + std::to_string(args.stages) + " but the run has " +
+                     std::to_string(layout.pipeline_ranks) + " pipeline processes x --virtual " +
+                     std::to_string(args.virtual_stages) + "; drop --stages or make them agree");
   }
-  return [](const torch::Tensor& output, const torch::Tensor& target) {
-    return torch::nn::functional::cross_entropy(output, target);
-  };
+  return layout;
 }
 
-std::unique_ptr<torch::optim::Optimizer> build_optimizer(const TrainArgs& args,
-                                                         const TrainModel& model) {
-  // Only "sgd" passes check_args today.
-  return std::make_unique<torch::optim::SGD>(
-      model.layers->parameters(), torch::optim::SGDOptions(args.lr).momentum(args.momentum));
+int64_t chunks_of(const TrainArgs& args, const Layout& layout) {
+  if (args.chunks > 0) return args.chunks;
+  const int64_t ranks = layout.multi_process ? layout.pipeline_ranks
+                        : !args.balance.empty()
+                            ? static_cast<int64_t>(args.balance.size()) / args.virtual_stages
+                            : args.stages;
+  return ranks > 1 ? 2 * ranks : 1;
 }
 
-// One training step: fills .grad() of the model's parameters and returns the mini-batch loss.
-using StepFn = std::function<torch::Tensor(const torch::Tensor& x, const torch::Tensor& y)>;
+bool is_sequential(const TrainArgs& args, const Layout& layout) {
+  return !layout.multi_process && args.stages == 1 && args.balance.empty() &&
+         args.virtual_stages == 1 && chunks_of(args, layout) == 1 && args.schedule_file.empty();
+}
 
-struct TrainStep {
-  StepFn run;
-  std::string description;  // for the summary, e.g. "2 stages on 2 ranks, 4 micro-batches, 1f1b"
-};
+// Intra-op threads for each pipeline rank of this process.
+int threads_per_rank(const TrainArgs& args, const Layout& layout) {
+  if (args.threads > 0) return args.threads;
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int ranks_here = layout.multi_process ? layout.world : static_cast<int>(args.stages);
+  return std::max(1, cores / std::max(1, ranks_here));
+}
 
-PipeOptions pipe_options(const TrainArgs& args, int64_t layers) {
+PipeOptions pipe_options(const TrainArgs& args, const Layout& layout, int64_t layers) {
   PipeOptions options;
-  options.chunks(args.chunks).virtual_stages(args.virtual_stages).schedule(args.schedule);
+  options.chunks(chunks_of(args, layout))
+      .virtual_stages(args.virtual_stages)
+      .schedule(args.schedule)
+      .timeout_seconds(args.timeout)
+      .threads_per_stage(threads_per_rank(args, layout));
   options.checkpoint(parse_checkpoint(args.checkpoint));
-  int64_t ranks = args.stages;
+  int64_t ranks = layout.multi_process ? layout.pipeline_ranks : args.stages;
   if (!args.schedule_file.empty()) {
     schedule::Schedule custom;
     try {
@@ -335,7 +364,7 @@ PipeOptions pipe_options(const TrainArgs& args, int64_t layers) {
                        args.schedule_file + " has " + std::to_string(custom.num_ranks) +
                        " ranks; drop --stages or make them agree");
     }
-    if (args.chunks_given && args.chunks != custom.num_microbatches) {
+    if (args.chunks > 0 && args.chunks != custom.num_microbatches) {
       throw UsageError("--chunks " + std::to_string(args.chunks) + " but --schedule-file " +
                        args.schedule_file + " has " + std::to_string(custom.num_microbatches) +
                        " micro-batches; drop --chunks or make them agree");
@@ -359,6 +388,11 @@ PipeOptions pipe_options(const TrainArgs& args, int64_t layers) {
                        " stages, not a multiple of --virtual " +
                        std::to_string(options.virtual_stages()));
     }
+    if (layout.multi_process && static_cast<int64_t>(args.balance.size()) != stages) {
+      throw UsageError("--balance has " + std::to_string(args.balance.size()) +
+                       " stages but the run has " + std::to_string(stages) +
+                       " (pipeline processes x --virtual)");
+    }
     options.balance(args.balance);
     options.stages(static_cast<int64_t>(args.balance.size()));
   } else {
@@ -373,124 +407,442 @@ PipeOptions pipe_options(const TrainArgs& args, int64_t layers) {
   return options;
 }
 
-TrainStep build_step(const TrainArgs& args, TrainModel& model) {
-  LossFn loss = build_loss(args.loss);
-  const bool sequential = args.stages == 1 && args.balance.empty() && args.virtual_stages == 1 &&
-                          args.chunks == 1 && args.schedule_file.empty();
-  if (sequential) {
-    // No pipeline: the reference behaviour the pipeline must reproduce.
-    torch::nn::Sequential layers = model.layers;
-    return TrainStep{[layers, loss](const torch::Tensor& x, const torch::Tensor& y) mutable {
-                       torch::Tensor value = loss(layers->forward(x), y);
-                       value.backward();
-                       return value.detach();
-                     },
-                     "sequential (1 stage, 1 micro-batch)"};
+// ---- batches
+// --------------------------------------------------------------------------------------
+
+// The mini-batch of global step k, and where it sits (epoch, batch within the epoch).
+class Batches {
+ public:
+  Batches(const TrainArgs& args, const BuiltModel& model, const BuiltData& data)
+      : args_(args), data_(data) {
+    if (data.corpus) {
+      context_ = model.options.value("context", int64_t{64});
+      per_epoch_ = 0;
+    } else if (data.name == "tensors") {
+      const int64_t rows = data.train_inputs.size(0);
+      per_epoch_ = (rows + args.batch_size - 1) / args.batch_size;
+    } else {
+      loader_.emplace(data.train_inputs, data.train_targets,
+                      examples::DataLoaderOptions(args.batch_size).seed(args.data.seed));
+      per_epoch_ = loader_->batches_per_epoch();
+    }
   }
-  Pipe pipe{nullptr};
-  try {
-    PipeOptions options = pipe_options(args, static_cast<int64_t>(model.layers->size()));
-    // TorchScript batch norms would update running statistics per micro-batch and again on
-    // recompute; deferred ones update once per mini-batch, as sequential training does.
-    model.layers = convert_deferred_batch_norm(model.layers, options.chunks());
-    pipe = Pipe(model.layers, options);
-  } catch (const c10::Error& error) {
-    throw UsageError(message_of(error));
-  } catch (const std::invalid_argument& error) {
-    throw UsageError(error.what());
+
+  // Steps of the whole run.
+  int64_t total_steps() const {
+    return args_.steps > 0 ? args_.steps : args_.epochs * std::max<int64_t>(per_epoch_, 1);
   }
-  std::ostringstream description;
-  description << pipe->num_stages() << " stages on " << pipe->num_ranks() << " ranks (balance";
-  for (int64_t b : pipe->balance()) description << " " << b;
-  description << "), " << pipe->options().chunks() << " micro-batches, schedule "
-              << pipe->options().schedule() << ", checkpoint " << args.checkpoint;
-  return TrainStep{[pipe, loss](const torch::Tensor& x, const torch::Tensor& y) mutable {
-                     return pipe->train_step(x, y, loss);
-                   },
-                   description.str()};
+  int64_t per_epoch() const { return per_epoch_; }  // 0: no epochs (text)
+  int64_t epoch_of(int64_t k) const { return per_epoch_ > 0 ? k / per_epoch_ : 0; }
+  int64_t epochs() const {
+    return per_epoch_ > 0 ? (total_steps() + per_epoch_ - 1) / per_epoch_ : 1;
+  }
+  bool ends_epoch(int64_t k) const { return per_epoch_ > 0 && (k + 1) % per_epoch_ == 0; }
+
+  std::pair<torch::Tensor, torch::Tensor> at(int64_t k) const {
+    if (data_.corpus) {
+      examples::TokenWindows w =
+          data_.corpus->sample_windows(args_.batch_size, context_, args_.data.seed, k);
+      return {w.inputs, w.targets};
+    }
+    if (loader_) {
+      examples::Batch b = loader_->batch(k / per_epoch_, k % per_epoch_);
+      return {b.inputs, b.targets};
+    }
+    // Tensors: rows (k*N .. k*N+N-1) mod R, in order (docs/TRAIN_CLI.md).
+    const int64_t rows = data_.train_inputs.size(0);
+    torch::Tensor index =
+        (torch::arange(args_.batch_size, torch::kLong) + k * args_.batch_size).remainder(rows);
+    return {data_.train_inputs.index_select(0, index), data_.train_targets.index_select(0, index)};
+  }
+
+ private:
+  const TrainArgs& args_;
+  const BuiltData& data_;
+  std::optional<examples::DataLoader> loader_;
+  int64_t per_epoch_ = 0;
+  int64_t context_ = 0;
+};
+
+// ---- checkpoints
+// ------------------------------------------------------------------------------------
+
+std::string checkpoint_path(const TrainArgs& args) {
+  return (std::filesystem::path(args.checkpoint_dir) / "checkpoint.pt").string();
 }
 
-struct TrainSummary {
+nlohmann::json run_metadata(const TrainArgs& args, const BuiltModel& model) {
+  return {{"model", model.name},    {"model_options", model.options},
+          {"data", args.data.data}, {"batch_size", args.batch_size},
+          {"seed", args.data.seed}, {"optimizer", args.optimizer},
+          {"lr", args.lr}};
+}
+
+// Every rank captures its part; the main rank merges and writes. Collective in multi-process.
+void save_run_checkpoint(const TrainArgs& args, const BuiltModel& model, TrainRunner& runner,
+                         torch::optim::Optimizer& optimizer, int64_t steps_done,
+                         const Batches& batches) {
+  train::Checkpoint part;
+  train::capture_model(part, runner.named_parameters(), runner.named_buffers());
+  train::capture_optimizer(part, optimizer, runner.named_parameters());
+  std::optional<train::Checkpoint> whole = runner.gather(part);
+  if (!whole) return;
+  whole->step = steps_done;
+  whole->epoch = batches.epoch_of(steps_done);
+  whole->batch = batches.per_epoch() > 0 ? steps_done % batches.per_epoch() : steps_done;
+  train::capture_torch_rng(*whole);
+  whole->metadata = run_metadata(args, model);
+  std::filesystem::create_directories(args.checkpoint_dir);
+  train::save_checkpoint(checkpoint_path(args), *whole);
+}
+
+// The whole model on the main rank (for evaluation and --save-params); other ranks: false.
+bool gather_model(BuiltModel& model, TrainRunner& runner) {
+  train::Checkpoint part;
+  train::capture_model(part, runner.named_parameters(), runner.named_buffers());
+  std::optional<train::Checkpoint> whole = runner.gather(part);
+  if (!whole) return false;
+  train::restore_model(*whole, *model.sequential, train::NameMatch::kExact);
+  return true;
+}
+
+// ---- [4] the loop
+// --------------------------------------------------------------------------------
+
+struct LoopResult {
   int64_t steps = 0;
   double first_loss = 0;
   double last_loss = 0;
   double seconds = 0;
+  int64_t samples = 0;
 };
 
-// Returns nullopt after printing why when a step fails or the loss stops being finite.
-std::optional<TrainSummary> run_training_loop(const TrainArgs& args, TrainModel& model,
-                                              const TrainData& data, const TrainStep& step,
-                                              torch::optim::Optimizer& optimizer) {
-  TrainSummary summary;
-  model.layers->train();
-  const auto start = std::chrono::steady_clock::now();
-  for (int64_t k = 0; k < args.steps; ++k) {
-    const torch::Tensor rows = batch_rows(k, args.batch_size, data.rows());
-    const torch::Tensor x = data.inputs.index_select(0, rows);
-    const torch::Tensor y = data.targets.index_select(0, rows);
-    optimizer.zero_grad();
-    double loss = 0;
-    try {
-      loss = step.run(x, y).item<double>();
-      // Fewer micro-batches than --chunks (a short batch) leave deferred statistics uncommitted.
-      commit_deferred_batch_norms(*model.layers);
-      optimizer.step();
-    } catch (const std::exception& error) {
-      std::cerr << "pipetrain train: step " << k << " failed: " << message_of(error) << "\n";
-      return std::nullopt;
-    }
-    std::printf("step %lld loss %.6f\n", static_cast<long long>(k), loss);
-    std::fflush(stdout);
-    if (!std::isfinite(loss)) {
-      std::cerr << "pipetrain train: the loss is " << loss << " at step " << k
-                << "; training diverged (try a smaller --lr)\n";
-      return std::nullopt;
-    }
-    if (k == 0) summary.first_loss = loss;
-    summary.last_loss = loss;
-    summary.steps = k + 1;
+void print_evaluation(const std::string& when, const Evaluation& e, bool text) {
+  if (text) {
+    std::printf("%s: eval loss %.4f nats (%lld windows)\n", when.c_str(), e.loss,
+                static_cast<long long>(e.samples));
+  } else if (e.accuracy >= 0) {
+    std::printf("%s: test loss %.4f, test accuracy %.2f%% (%lld images)\n", when.c_str(), e.loss,
+                100.0 * e.accuracy, static_cast<long long>(e.samples));
+  } else {
+    std::printf("%s: test loss %.4f\n", when.c_str(), e.loss);
   }
-  summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return summary;
+  std::fflush(stdout);
 }
 
-void save_parameters(const std::string& path, const TrainModel& model) {
-  std::vector<std::pair<std::string, torch::Tensor>> named;
-  for (const auto& item : model.layers->named_parameters()) {
-    named.emplace_back(item.key(), item.value());
+void evaluate_and_print(const std::string& when, BuiltModel& model, const BuiltData& data,
+                        TrainRunner& runner) {
+  if (!data.corpus && !data.test_inputs.defined()) return;
+  if (!gather_model(model, runner)) return;
+  // The other ranks wait for the next step meanwhile: evaluate with every core.
+  const int threads = at::get_num_threads();
+  at::set_num_threads(
+      std::max(threads, static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))));
+  std::optional<Evaluation> e = evaluate(model, data);
+  at::set_num_threads(threads);
+  if (e) print_evaluation(when, *e, data.corpus.has_value());
+}
+
+LoopResult run_loop(const TrainArgs& args, BuiltModel& model, const BuiltData& data,
+                    TrainRunner& runner, torch::optim::Optimizer& optimizer, int64_t first_step) {
+  Batches batches(args, model, data);
+  const int64_t total = batches.total_steps();
+  const bool main = runner.is_main();
+  const bool print_steps = data.name == "tensors";
+  train::LrScheduleOptions lr_options(args.lr);
+  lr_options.warmup_steps(args.warmup_steps).min_lr(args.min_lr);
+  if (args.lr_schedule == "cosine") lr_options.total_steps(std::max(total, args.warmup_steps));
+  const std::vector<torch::Tensor> parameters = runner.parameters();
+
+  std::optional<train::ProgressReporter> progress;
+  if (main && !print_steps) {
+    progress.emplace(std::cerr, train::stderr_is_terminal(),
+                     train::ProgressOptions()
+                         .total_steps(total)
+                         .epochs(batches.epochs())
+                         .first_step(first_step)
+                         .log_every_steps(args.log_every));
   }
-  save_named_tensors(path, named);
+  EventLog events;
+  const bool tracing = !args.trace.empty() || !args.timeline.empty();
+  LoopResult result;
+  model.sequential->train();
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t k = first_step; k < total; ++k) {
+    auto [x, y] = batches.at(k);
+    train::set_learning_rate(optimizer, train::learning_rate_at(lr_options, k));
+    optimizer.zero_grad();
+    const double step_start = EventLog::now_us();
+    double loss = 0;
+    try {
+      loss = runner.step(x, y);
+    } catch (const train::NonFiniteLossError&) {
+      throw;
+    } catch (const std::exception& error) {
+      throw std::runtime_error("step " + std::to_string(k) + " failed: " + message_of(error));
+    }
+    if (tracing) events.add(k, step_start, runner.last_events(), runner.event_rank());
+    if (print_steps && main) {
+      std::printf("step %lld loss %.6f\n", static_cast<long long>(k), loss);
+      std::fflush(stdout);
+    }
+    train::check_finite_loss(loss, k, batches.per_epoch() > 0 ? batches.epoch_of(k) : -1,
+                             batches.per_epoch() > 0 ? k % batches.per_epoch() : -1);
+    // Fewer micro-batches than chunks (a short last batch) leave deferred statistics uncommitted.
+    commit_deferred_batch_norms(*model.sequential);
+    if (args.clip_grad_norm > 0) {
+      const double norm = std::sqrt(runner.grad_norm_squared());
+      if (std::isfinite(norm)) {
+        train::scale_gradients(parameters, train::clip_factor(norm, args.clip_grad_norm));
+      }
+    }
+    optimizer.step();
+    if (k == first_step) result.first_loss = loss;
+    result.last_loss = loss;
+    result.steps = k + 1 - first_step;
+    result.samples += x.size(0);
+    if (progress) progress->update(k + 1, batches.epoch_of(k), x.size(0), loss);
+    if (args.save_every > 0 && (k + 1) % args.save_every == 0 && k + 1 < total) {
+      save_run_checkpoint(args, model, runner, optimizer, k + 1, batches);
+    }
+    if (batches.ends_epoch(k) ||
+        (k + 1 == total && batches.per_epoch() > 0 && !batches.ends_epoch(k))) {
+      if (progress) progress->finish();
+      evaluate_and_print("epoch " + std::to_string(batches.epoch_of(k) + 1), model, data, runner);
+      model.sequential->train();
+    }
+  }
+  if (progress) progress->finish();
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (data.corpus) evaluate_and_print("final", model, data, runner);
+  if (!args.checkpoint_dir.empty()) {
+    save_run_checkpoint(args, model, runner, optimizer, total, batches);
+    if (main)
+      std::printf("checkpoint: %s (step %lld)\n", checkpoint_path(args).c_str(),
+                  static_cast<long long>(total));
+  }
+  if (tracing) {
+    EventLog all = runner.gather_events(events);
+    if (main && !args.trace.empty()) {
+      all.write_chrome_trace(args.trace, runner.trace_rows());
+      std::printf(
+          "trace: %s (%zu actions of %d ranks; open in chrome://tracing or "
+          "ui.perfetto.dev)\n",
+          args.trace.c_str(), all.events().size(), runner.trace_rows());
+    }
+    if (main && !args.timeline.empty()) {
+      const int64_t k =
+          all.write_timeline_svg(args.timeline, runner.trace_rows(), runner.description());
+      std::printf("timeline: %s (measured step %lld)\n", args.timeline.c_str(),
+                  static_cast<long long>(k));
+    }
+  }
+  return result;
+}
+
+// ---- the command --------------------------------------------------------------------------------
+
+struct Prepared {
+  BuiltData data;
+  BuiltModel model;
+  std::optional<train::Checkpoint> resume;
+};
+
+// [2]: data, model (seeded), checks, deferred batch norm, resume. Every rank does the same.
+Prepared prepare(const TrainArgs& args, const Layout& layout) {
+  Prepared p;
+  p.data = build_data(args.data);
+  torch::manual_seed(args.data.seed);
+  p.model = build_model(args.data, p.data);
+  check_data_against_model(p.model, p.data);
+  if (!is_sequential(args, layout)) {
+    // Batch norms would update running statistics per micro-batch and again on recompute;
+    // deferred ones update once per mini-batch, as sequential training does.
+    p.model.sequential = convert_deferred_batch_norm(p.model.sequential, chunks_of(args, layout));
+  }
+  if (!args.resume.empty()) {
+    try {
+      p.resume = train::load_checkpoint(args.resume);
+      train::restore_model(*p.resume, *p.model.sequential, train::NameMatch::kExact);
+    } catch (const train::FileError& error) {
+      throw UsageError("--resume: " + std::string(error.what()));
+    } catch (const train::CheckpointError& error) {
+      throw UsageError("--resume " + args.resume + ": " + std::string(error.what()));
+    }
+    if (p.resume->optimizer != args.optimizer) {
+      throw UsageError("--resume " + args.resume + " was written with --optimizer " +
+                       p.resume->optimizer + " but this run uses --optimizer " + args.optimizer +
+                       "; resume with the same optimizer");
+    }
+  }
+  return p;
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_run_optimizer(const TrainArgs& args,
+                                                            TrainRunner& runner) {
+  return train::make_optimizer(args.optimizer, runner.parameters(),
+                               train::OptimizerOptions()
+                                   .lr(args.lr)
+                                   .momentum(args.momentum)
+                                   .weight_decay(args.weight_decay));
+}
+
+std::string describe(const PipeOptions& options, int64_t stages, int64_t ranks,
+                     const std::vector<int64_t>& balance, const std::string& checkpoint,
+                     const Layout& layout) {
+  std::ostringstream text;
+  text << stages << " stages on " << ranks << " ranks";
+  if (layout.multi_process) {
+    text << " (" << layout.world << " processes: " << layout.pipeline_ranks << " pipeline x "
+         << layout.replicas << " data-parallel)";
+  }
+  if (!balance.empty()) {
+    text << " (balance";
+    for (int64_t b : balance) text << " " << b;
+    text << ")";
+  }
+  text << ", " << options.chunks() << " micro-batches, schedule " << options.schedule()
+       << ", checkpoint " << checkpoint;
+  return text.str();
+}
+
+void print_start(const TrainArgs& args, const Prepared& p, TrainRunner& runner, int threads) {
+  if (!runner.is_main()) return;
+  std::string rows = p.data.corpus ? std::to_string(p.data.corpus->text().size()) + " characters"
+                                   : std::to_string(p.data.train_inputs.size(0)) + " rows";
+  std::printf(
+      "training %s (%zu layers, %lld parameters) on %s: %s, batch %lld, %s, %s lr %g, "
+      "%d threads per rank\n",
+      p.model.name.c_str(), p.model.sequential->size(),
+      static_cast<long long>(examples::count_parameters(*p.model.sequential)), p.data.name.c_str(),
+      rows.c_str(), static_cast<long long>(args.batch_size), runner.description().c_str(),
+      args.optimizer.c_str(), args.lr, threads);
+  if (p.data.corpus) {
+    std::printf(
+        "corpus %s: vocabulary %lld, unigram entropy %.4f nats\n", p.data.corpus->source().c_str(),
+        static_cast<long long>(p.data.corpus->vocab_size()), p.data.corpus->unigram_entropy());
+  }
+  if (p.resume) {
+    std::printf("resumed from %s at step %lld\n", args.resume.c_str(),
+                static_cast<long long>(p.resume->step));
+  }
+  std::fflush(stdout);
+}
+
+// Runs on every rank (or the single process) once the runner exists.
+int train_with(const TrainArgs& args, Prepared& p, TrainRunner& runner, int threads) {
+  auto optimizer = make_run_optimizer(args, runner);
+  int64_t first_step = 0;
+  if (p.resume) {
+    try {
+      train::restore_optimizer(*p.resume, *optimizer, runner.named_parameters());
+    } catch (const train::CheckpointError& error) {
+      throw UsageError("--resume " + args.resume + ": " + std::string(error.what()));
+    }
+    if (p.resume->torch_rng_state.defined()) train::restore_torch_rng(*p.resume);
+    first_step = p.resume->step;
+  }
+  print_start(args, p, runner, threads);
+  LoopResult result = run_loop(args, p.model, p.data, runner, *optimizer, first_step);
+  const bool main = runner.is_main();
+  if (main) {
+    std::printf("done: %lld steps in %.3f s (%.1f steps/s, %.1f samples/s), loss %.6f -> %.6f\n",
+                static_cast<long long>(result.steps), result.seconds,
+                result.seconds > 0 ? result.steps / result.seconds : 0.0,
+                result.seconds > 0 ? result.samples / result.seconds : 0.0, result.first_loss,
+                result.last_loss);
+  }
+  if (!args.save_params.empty()) {
+    const bool have = gather_model(p.model, runner);
+    if (have) {
+      std::vector<std::pair<std::string, torch::Tensor>> named;
+      for (const auto& item : p.model.sequential->named_parameters()) {
+        named.emplace_back(item.key(), item.value());
+      }
+      save_named_tensors(args.save_params, named);
+      std::printf("saved %zu parameters to %s\n", named.size(), args.save_params.c_str());
+    }
+  }
+  std::fflush(stdout);
+  return 0;
+}
+
+// This process's own command line (argv without argv[0]), for the launcher to re-run.
+std::vector<std::string> own_arguments() {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::string> argv;
+  std::string current;
+  for (char c : all) {
+    if (c == '\0') {
+      argv.push_back(current);
+      current.clear();
+    } else {
+      current += c;
+    }
+  }
+  std::vector<const char*> pointers;
+  for (const auto& a : argv) pointers.push_back(a.c_str());
+  return strip_launcher_flags(static_cast<int>(pointers.size()), pointers.data());
 }
 
 int run_train(const TrainArgs& args) {
   check_args(args);
-  torch::manual_seed(args.seed);
-  TrainModel model = build_model(args);
-  TrainData data = build_data(args);
-  check_data_against_model(args, model, data);
-  TrainStep step = build_step(args, model);
-  std::unique_ptr<torch::optim::Optimizer> optimizer = build_optimizer(args, model);
-
-  std::printf("training %s: %zu layers, %lld rows, batch %lld, %s\n", args.model_path.c_str(),
-              model.layers->size(), static_cast<long long>(data.rows()),
-              static_cast<long long>(args.batch_size), step.description.c_str());
-  std::optional<TrainSummary> summary = run_training_loop(args, model, data, step, *optimizer);
-  if (!summary) return 1;
-  std::printf("done: %lld steps in %.3f s (%.1f steps/s), loss %.6f -> %.6f\n",
-              static_cast<long long>(summary->steps), summary->seconds,
-              summary->seconds > 0 ? summary->steps / summary->seconds : 0.0, summary->first_loss,
-              summary->last_loss);
-  if (!args.save_params.empty()) {
-    try {
-      save_parameters(args.save_params, model);
-    } catch (const c10::Error& error) {
-      std::cerr << "pipetrain train: --save-params: " << message_of(error) << "\n";
-      return 1;
-    }
-    std::printf("saved %zu parameters to %s\n", model.layers->parameters().size(),
-                args.save_params.c_str());
+  const bool launched = DistributedEnvironment::present();
+  if (args.nproc > 1 && !launched) {
+    // The parent: check everything a rank would reject (exit 2 here, not 1 in a rank), then
+    // start the ranks.
+    Layout layout = layout_of(args, args.nproc);
+    Prepared p = prepare(args, layout);
+    pipe_options(args, layout, static_cast<int64_t>(p.model.sequential->size()));
+    std::printf("launching %d processes (%d pipeline x %d data-parallel)\n", layout.world,
+                layout.pipeline_ranks, layout.replicas);
+    std::fflush(stdout);
+    return launch_self(args.nproc, own_arguments(),
+                       std::chrono::milliseconds(static_cast<int64_t>(10'000)));
   }
-  return 0;
+  if (launched) {
+    DistributedEnvironment environment = DistributedEnvironment::from_environment();
+    Layout layout = layout_of(args, environment.world_size);
+    const int threads = threads_per_rank(args, layout);
+    at::set_num_threads(threads);
+    DistributedOptions options;
+    options.timeout(std::chrono::milliseconds(static_cast<int64_t>(args.timeout * 1000)))
+        .pipeline_ranks(layout.pipeline_ranks);
+    return run_distributed(options, [&](Distributed& distributed) {
+      Prepared p = prepare(args, layout);
+      PipeOptions pipe =
+          pipe_options(args, layout, static_cast<int64_t>(p.model.sequential->size()));
+      const std::string text = describe(pipe, pipe.stages(), layout.pipeline_ranks, pipe.balance(),
+                                        args.checkpoint, layout);
+      auto runner = make_distributed_runner(distributed, p.model, pipe, text);
+      train_with(args, p, *runner, threads);
+    });
+  }
+  Layout layout = layout_of(args, 1);
+  const int threads = threads_per_rank(args, layout);
+  Prepared p = prepare(args, layout);
+  std::unique_ptr<TrainRunner> runner;
+  if (is_sequential(args, layout)) {
+    at::set_num_threads(threads);
+    runner = make_sequential_runner(p.model);
+  } else {
+    PipeOptions options =
+        pipe_options(args, layout, static_cast<int64_t>(p.model.sequential->size()));
+    try {
+      runner = make_pipe_runner(p.model, options, args.checkpoint);
+    } catch (const c10::Error& error) {
+      throw UsageError(message_of(error));
+    } catch (const std::invalid_argument& error) {
+      throw UsageError(error.what());
+    }
+  }
+  try {
+    return train_with(args, p, *runner, threads);
+  } catch (const train::NonFiniteLossError& error) {
+    std::cerr << "pipetrain train: " << error.what() << "\n";
+    return 1;
+  }
 }
 
 }  // namespace
@@ -498,7 +850,9 @@ int run_train(const TrainArgs& args) {
 void add_train_command(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<TrainArgs>();
   auto* command = app.add_subcommand(
-      "train", "train a TorchScript model on saved tensors, pipelined (docs/TRAIN_CLI.md)");
+      "train",
+      "train a model, pipelined: example models on Fashion-MNIST or text, or a TorchScript model "
+      "on saved tensors (docs/QUICKSTART.md, docs/TRAIN_CLI.md)");
   add_train_flags(*command, *args);
   command->callback([args, &exit_code] { exit_code = run_train(*args); });
 }

@@ -1,0 +1,344 @@
+// Model and data for `pipetrain train` / `pipetrain eval` (train_setup.h).
+#include "train_setup.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <sstream>
+
+#include "data_error.h"
+#include "fashion_mnist.h"
+#include "model_registry.h"
+#include "pipetrain/runtime/tensor_io.h"
+#include "pipetrain/stage/torchscript.h"
+#include "synthetic.h"
+
+namespace pipetrain::cli {
+namespace {
+
+// The eval windows of a text corpus come from their own stream, never from a training step's.
+constexpr uint64_t kTextEvalSeed = 0x7e57'da7aULL;
+constexpr int64_t kTextEvalWindows = 256;
+
+bool contains(const std::vector<std::string>& names, const std::string& name) {
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+bool is_torchscript_path(const std::string& model) {
+  return model.find('/') != std::string::npos || model.find('.') != std::string::npos;
+}
+
+torch::Tensor load_flag_tensor(const std::string& flag, const std::string& path) {
+  try {
+    return load_tensor(path);
+  } catch (const c10::Error& error) {
+    throw UsageError(flag + ": " + message_of(error));
+  }
+}
+
+}  // namespace
+
+std::string message_of(const std::exception& error) {
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&error)) {
+    return c10_error->what_without_backtrace();
+  }
+  return error.what();
+}
+
+std::string join_names(const std::vector<std::string>& names) {
+  std::string text;
+  for (const auto& name : names) text += (text.empty() ? "" : ", ") + name;
+  return text;
+}
+
+std::vector<std::string> data_names() {
+  return {"fashion-mnist", "text", "synthetic", "tensors"};
+}
+
+void add_model_data_flags(CLI::App& command, ModelDataArgs& args) {
+  command
+      .add_option("--model", args.model,
+                  "model: " + join_names(examples::model_names()) +
+                      ", or a TorchScript file (torch.jit.save; its children are the layers)")
+      ->capture_default_str();
+  command
+      .add_option("--model-options", args.model_options,
+                  "JSON object of the example model's options, e.g. '{\"width\": 16}' "
+                  "(docs/MODELS.md lists them)")
+      ->capture_default_str();
+  command
+      .add_option("--data", args.data,
+                  "data: " + join_names(data_names()) +
+                      " (tensors: --inputs/--targets; the default with a TorchScript --model)")
+      ->capture_default_str();
+  command.add_option("--data-dir", args.data_dir,
+                     std::string("Fashion-MNIST directory of the gzipped IDX files. Default ") +
+                         examples::kFashionMnistDirectory);
+  command.add_option(
+      "--text-file", args.text_file,
+      std::string("corpus for --data text. Default ") + examples::kDefaultCorpusPath);
+  command.add_option("--inputs", args.inputs_path, "input tensor X (torch.save), rows on dim 0");
+  command.add_option("--targets", args.targets_path, "target tensor Y (torch.save), rows on dim 0");
+  command.add_option("--loss", args.loss,
+                     "loss: mse, cross-entropy. Default: the example model's (cross-entropy); "
+                     "required with a TorchScript --model");
+  command
+      .add_option("--synthetic-samples", args.synthetic_samples,
+                  "rows of --data synthetic (random 28x28 images, 10 classes)")
+      ->capture_default_str();
+}
+
+void check_model_data_args(const ModelDataArgs& args) {
+  const bool torchscript = is_torchscript_path(args.model);
+  if (!torchscript && !contains(examples::model_names(), args.model)) {
+    throw UsageError("unknown --model '" + args.model + "'; valid: " +
+                     join_names(examples::model_names()) + ", or the path of a TorchScript file");
+  }
+  if (!contains(data_names(), args.data)) {
+    throw UsageError("unknown --data '" + args.data + "'; valid: " + join_names(data_names()));
+  }
+  const bool tensors = args.data == "tensors" || !args.inputs_path.empty();
+  if (torchscript && !tensors) {
+    throw UsageError("--model " + args.model +
+                     " is a TorchScript file: give its data with --inputs X.pt --targets Y.pt");
+  }
+  if (tensors && (args.inputs_path.empty() || args.targets_path.empty())) {
+    throw UsageError("tensor data needs both --inputs and --targets (files written by torch.save)");
+  }
+  if (torchscript && args.loss.empty()) {
+    throw UsageError("a TorchScript --model needs --loss mse or --loss cross-entropy");
+  }
+  if (!args.loss.empty() && args.loss != "mse" && args.loss != "cross-entropy") {
+    throw UsageError("unknown --loss '" + args.loss + "'; valid: mse, cross-entropy");
+  }
+  if (args.data == "text" && args.model != "gpt") {
+    throw UsageError("--data text trains a language model: use --model gpt (got --model " +
+                     args.model + ")");
+  }
+  if (args.model == "gpt" && args.data != "text" && !tensors) {
+    throw UsageError("--model gpt reads tokens: use --data text (got --data " + args.data + ")");
+  }
+  if (args.synthetic_samples < 1) {
+    throw UsageError("--synthetic-samples must be at least 1, got " +
+                     std::to_string(args.synthetic_samples));
+  }
+}
+
+BuiltData build_data(const ModelDataArgs& args) {
+  BuiltData data;
+  const bool tensors = args.data == "tensors" || !args.inputs_path.empty();
+  data.name = tensors ? "tensors" : args.data;
+  try {
+    if (tensors) {
+      data.train_inputs = load_flag_tensor("--inputs", args.inputs_path);
+      data.train_targets = load_flag_tensor("--targets", args.targets_path);
+      std::ostringstream problem;
+      if (data.train_inputs.dim() < 1 || data.train_inputs.size(0) < 1) {
+        problem << "--inputs " << args.inputs_path << " has shape " << data.train_inputs.sizes()
+                << "; it needs at least one row on dim 0";
+      } else if (data.train_targets.dim() < 1 ||
+                 data.train_targets.size(0) != data.train_inputs.size(0)) {
+        problem << "--inputs has " << data.train_inputs.size(0) << " rows but --targets has "
+                << (data.train_targets.dim() < 1 ? 0 : data.train_targets.size(0)) << " (shape "
+                << data.train_targets.sizes() << "); they must pair row by row";
+      }
+      if (!problem.str().empty()) throw UsageError(problem.str());
+    } else if (args.data == "fashion-mnist") {
+      const std::string dir =
+          args.data_dir.empty() ? examples::kFashionMnistDirectory : args.data_dir;
+      examples::LabeledImages train = examples::read_fashion_mnist(examples::Split::kTrain, dir);
+      examples::LabeledImages test = examples::read_fashion_mnist(examples::Split::kTest, dir);
+      data.train_inputs = train.images;
+      data.train_targets = train.labels;
+      data.test_inputs = test.images;
+      data.test_targets = test.labels;
+      data.classification = true;
+    } else if (args.data == "synthetic") {
+      examples::SyntheticData train = examples::make_synthetic_classification(
+          args.synthetic_samples, {1, 28, 28}, examples::kFashionMnistClasses, args.seed);
+      examples::SyntheticData test = examples::make_synthetic_classification(
+          std::max<int64_t>(1, args.synthetic_samples / 4), {1, 28, 28},
+          examples::kFashionMnistClasses, args.seed + 1);
+      data.train_inputs = train.inputs;
+      data.train_targets = train.targets;
+      data.test_inputs = test.inputs;
+      data.test_targets = test.targets;
+      data.classification = true;
+    } else {  // text
+      data.corpus = examples::CharCorpus::from_file(
+          args.text_file.empty() ? examples::kDefaultCorpusPath : args.text_file);
+    }
+  } catch (const examples::DataError& error) {
+    throw UsageError("--data " + args.data + ": " + error.what());
+  }
+  return data;
+}
+
+BuiltModel build_model(const ModelDataArgs& args, const BuiltData& data) {
+  BuiltModel model;
+  model.name = args.model;
+  if (is_torchscript_path(args.model)) {
+    model.torchscript = true;
+    try {
+      model.sequential = load_torchscript_sequential(args.model);
+    } catch (const c10::Error& error) {
+      throw UsageError("--model: " + message_of(error));
+    }
+  } else {
+    nlohmann::json options;
+    try {
+      options = nlohmann::json::parse(args.model_options);
+    } catch (const nlohmann::json::exception& error) {
+      throw UsageError("--model-options is not JSON: " + std::string(error.what()));
+    }
+    if (args.model == "gpt" && data.corpus && options.is_object() &&
+        !options.contains("vocab_size")) {
+      options["vocab_size"] = data.corpus->vocab_size();
+    }
+    try {
+      examples::ExampleModel example = examples::make_model(args.model, options);
+      model.sequential = example.sequential;
+      model.tied_parameters = example.tied_parameters;
+      model.options = example.options;
+      if (args.model == "gpt") {
+        model.loss = example.loss;
+        model.loss_name = "gpt-cross-entropy";
+      }
+    } catch (const examples::ModelOptionError& error) {
+      throw UsageError("--model-options: " + std::string(error.what()));
+    } catch (const c10::Error& error) {
+      throw UsageError("--model-options: " + message_of(error));
+    }
+  }
+  if (!model.loss) {
+    const std::string name = args.loss.empty() ? "cross-entropy" : args.loss;
+    model.loss_name = name;
+    if (name == "mse") {
+      model.loss = [](const torch::Tensor& output, const torch::Tensor& target) {
+        return torch::mse_loss(output, target);
+      };
+    } else {
+      model.loss = [](const torch::Tensor& output, const torch::Tensor& target) {
+        return torch::nn::functional::cross_entropy(output, target);
+      };
+    }
+  }
+  return model;
+}
+
+void check_data_against_model(const BuiltModel& model, const BuiltData& data) {
+  if (data.corpus) {
+    const int64_t context = model.options.value("context", int64_t{0});
+    if (context >= static_cast<int64_t>(data.corpus->text().size())) {
+      throw UsageError("the corpus " + data.corpus->source() + " has " +
+                       std::to_string(data.corpus->text().size()) +
+                       " bytes, too few for windows of context " + std::to_string(context));
+    }
+    const int64_t vocab = model.options.value("vocab_size", int64_t{0});
+    if (vocab < data.corpus->vocab_size()) {
+      throw UsageError("--model-options vocab_size " + std::to_string(vocab) + " but the corpus " +
+                       data.corpus->source() + " has " + std::to_string(data.corpus->vocab_size()) +
+                       " distinct bytes");
+    }
+    return;
+  }
+  const torch::Tensor& targets = data.train_targets;
+  const bool cross_entropy = model.loss_name == "cross-entropy";
+  if (cross_entropy) {
+    if (targets.scalar_type() != torch::kLong || targets.dim() != 1) {
+      throw UsageError(
+          "--loss cross-entropy needs --targets as class indices: a 1-D int64 tensor, got " +
+          c10::str(targets.scalar_type(), " of shape ", targets.sizes()) +
+          " (in Python: torch.save(labels.long(), path))");
+    }
+    if (targets.min().item<int64_t>() < 0) {
+      throw UsageError("--targets holds the class index " +
+                       std::to_string(targets.min().item<int64_t>()) +
+                       "; class indices must be >= 0");
+    }
+  } else if (model.loss_name == "mse" && !torch::isFloatingType(targets.scalar_type())) {
+    throw UsageError("--loss mse needs floating-point --targets, got " +
+                     c10::str(targets.scalar_type()));
+  }
+  torch::Tensor output;
+  torch::nn::Sequential layers = model.sequential;  // a handle: the holder's -> is const here
+  const bool was_training = layers->is_training();
+  try {
+    torch::NoGradGuard no_grad;
+    layers->eval();
+    output = layers->forward(
+        data.train_inputs.slice(0, 0, std::min<int64_t>(2, data.train_inputs.size(0))));
+    layers->train(was_training);
+  } catch (const std::exception& error) {
+    layers->train(was_training);
+    throw UsageError("the model's forward failed on the first rows of the data (shape " +
+                     c10::str(data.train_inputs.sizes()) + ", dtype " +
+                     c10::str(data.train_inputs.scalar_type()) +
+                     "); check that the inputs match the model's input: " + message_of(error));
+  }
+  if (cross_entropy) {
+    const int64_t classes = output.dim() == 2 ? output.size(1) : -1;
+    if (classes < 1) {
+      throw UsageError("--loss cross-entropy needs model outputs of shape (rows, classes), got " +
+                       c10::str(output.sizes()));
+    }
+    const int64_t largest = targets.max().item<int64_t>();
+    if (largest >= classes) {
+      throw UsageError("--targets holds the class index " + std::to_string(largest) +
+                       " but the model outputs " + std::to_string(classes) +
+                       " classes (valid indices 0.." + std::to_string(classes - 1) + ")");
+    }
+  } else if (model.loss_name == "mse") {
+    if (output.sizes().slice(1) != targets.sizes().slice(1)) {
+      throw UsageError("--loss mse: a model output row has shape " +
+                       c10::str(output.sizes().slice(1)) + " but a --targets row has shape " +
+                       c10::str(targets.sizes().slice(1)) + "; they must be equal");
+    }
+    if (output.scalar_type() != targets.scalar_type()) {
+      throw UsageError("--loss mse: the model outputs " + c10::str(output.scalar_type()) +
+                       " but --targets is " + c10::str(targets.scalar_type()) +
+                       "; save the targets in the model's dtype");
+    }
+  }
+}
+
+std::optional<Evaluation> evaluate(const BuiltModel& model, const BuiltData& data, int64_t batch) {
+  torch::NoGradGuard no_grad;
+  torch::nn::Sequential layers = model.sequential;  // a handle: the holder's -> is const here
+  const bool was_training = layers->is_training();
+  layers->eval();
+  Evaluation result;
+  if (data.corpus) {
+    const int64_t context = model.options.value("context", int64_t{64});
+    examples::TokenWindows windows =
+        data.corpus->sample_windows(kTextEvalWindows, context, kTextEvalSeed, 0);
+    double total = 0;
+    for (int64_t start = 0; start < kTextEvalWindows; start += 64) {
+      const int64_t n = std::min<int64_t>(64, kTextEvalWindows - start);
+      torch::Tensor logits = layers->forward(windows.inputs.narrow(0, start, n));
+      total += model.loss(logits, windows.targets.narrow(0, start, n)).item<double>() * n;
+    }
+    result.loss = total / kTextEvalWindows;
+    result.samples = kTextEvalWindows;
+  } else if (data.test_inputs.defined()) {
+    const int64_t rows = data.test_inputs.size(0);
+    double total = 0;
+    int64_t correct = 0;
+    for (int64_t start = 0; start < rows; start += batch) {
+      const int64_t n = std::min(batch, rows - start);
+      torch::Tensor output = layers->forward(data.test_inputs.narrow(0, start, n));
+      torch::Tensor target = data.test_targets.narrow(0, start, n);
+      total += model.loss(output, target).item<double>() * static_cast<double>(n);
+      if (data.classification) correct += output.argmax(1).eq(target).sum().item<int64_t>();
+    }
+    result.loss = total / static_cast<double>(rows);
+    if (data.classification) result.accuracy = static_cast<double>(correct) / rows;
+    result.samples = rows;
+  } else {
+    layers->train(was_training);
+    return std::nullopt;
+  }
+  layers->train(was_training);
+  return result;
+}
+
+}  // namespace pipetrain::cli

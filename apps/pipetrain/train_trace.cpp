@@ -1,0 +1,131 @@
+// Measured action events -> Chrome trace and SVG timeline (train_trace.h).
+#include "train_trace.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <stdexcept>
+
+#include "pipetrain/schedule/chrome_trace.h"
+#include "pipetrain/schedule/timeline.h"
+#include "pipetrain/schedule/timeline_svg.h"
+
+namespace pipetrain::cli {
+namespace {
+
+// One event on the wire: step, rank, stage, op, micro-batch, start, end.
+struct PackedEvent {
+  int64_t step;
+  int32_t rank, stage, op, microbatch;
+  double start_us, end_us;
+};
+
+schedule::Timeline timeline_of(const std::vector<const StepEvent*>& events, int ranks,
+                               const std::string& title) {
+  schedule::Timeline timeline;
+  timeline.title = title;
+  timeline.num_ranks = ranks;
+  timeline.time_unit = "ms";
+  timeline.microseconds_per_unit = 1000.0;
+  double origin = std::numeric_limits<double>::infinity();
+  for (const StepEvent* e : events) origin = std::min(origin, e->event.start_us);
+  for (const StepEvent* e : events) {
+    timeline.events.push_back(schedule::make_event(e->event.rank, e->event.action,
+                                                   (e->event.start_us - origin) / 1000.0,
+                                                   (e->event.end_us - origin) / 1000.0));
+  }
+  return timeline;
+}
+
+}  // namespace
+
+double EventLog::now_us() {
+  return std::chrono::duration<double, std::micro>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+void EventLog::add(int64_t step, double step_start_us, const std::vector<ActionEvent>& events,
+                   int rank) {
+  for (const ActionEvent& event : events) {
+    StepEvent e{step, event};
+    if (rank >= 0) e.event.rank = rank;
+    e.event.start_us += step_start_us;
+    e.event.end_us += step_start_us;
+    events_.push_back(e);
+  }
+}
+
+std::vector<char> EventLog::serialize() const {
+  std::vector<char> bytes(events_.size() * sizeof(PackedEvent));
+  for (size_t n = 0; n < events_.size(); ++n) {
+    const StepEvent& e = events_[n];
+    PackedEvent packed{e.step,
+                       e.event.rank,
+                       e.event.action.stage,
+                       static_cast<int32_t>(e.event.action.op),
+                       e.event.action.microbatch,
+                       e.event.start_us,
+                       e.event.end_us};
+    std::memcpy(bytes.data() + n * sizeof(PackedEvent), &packed, sizeof(PackedEvent));
+  }
+  return bytes;
+}
+
+EventLog EventLog::deserialize(const std::vector<char>& bytes) {
+  if (bytes.size() % sizeof(PackedEvent) != 0) {
+    throw std::runtime_error("a rank's event log has " + std::to_string(bytes.size()) +
+                             " bytes, not a whole number of events");
+  }
+  EventLog log;
+  for (size_t at = 0; at < bytes.size(); at += sizeof(PackedEvent)) {
+    PackedEvent packed;
+    std::memcpy(&packed, bytes.data() + at, sizeof(PackedEvent));
+    StepEvent e;
+    e.step = packed.step;
+    e.event.rank = packed.rank;
+    e.event.action.stage = packed.stage;
+    e.event.action.op = static_cast<schedule::Op>(packed.op);
+    e.event.action.microbatch = packed.microbatch;
+    e.event.start_us = packed.start_us;
+    e.event.end_us = packed.end_us;
+    log.events_.push_back(e);
+  }
+  return log;
+}
+
+void EventLog::merge(const EventLog& other) {
+  events_.insert(events_.end(), other.events_.begin(), other.events_.end());
+}
+
+void EventLog::write_chrome_trace(const std::string& path, int ranks) const {
+  std::vector<const StepEvent*> all;
+  for (const StepEvent& e : events_) all.push_back(&e);
+  schedule::save_chrome_trace(timeline_of(all, ranks, "pipetrain train"), path);
+}
+
+int64_t EventLog::write_timeline_svg(const std::string& path, int ranks, const std::string& title,
+                                     int64_t k) const {
+  if (k < 0) {
+    // The last step whose event count is the largest: a short last batch (fewer micro-batches)
+    // is not what a reader wants to see.
+    std::map<int64_t, size_t> per_step;
+    for (const StepEvent& e : events_) ++per_step[e.step];
+    size_t most = 0;
+    for (const auto& [step, count] : per_step) most = std::max(most, count);
+    for (const auto& [step, count] : per_step) {
+      if (count == most) k = step;
+    }
+  }
+  std::vector<const StepEvent*> chosen;
+  for (const StepEvent& e : events_) {
+    if (e.step == k) chosen.push_back(&e);
+  }
+  schedule::save_svg(
+      timeline_of(chosen, ranks, title + " (measured, step " + std::to_string(k) + ")"), path);
+  return k;
+}
+
+}  // namespace pipetrain::cli

@@ -1,0 +1,55 @@
+// Measured actions of a training run, for `--trace FILE.json` (Chrome trace of every step) and
+// `--timeline FILE.svg` (the measured timeline of one step: rows = ranks, boxes = actions).
+//
+// Each rank records its own events in microseconds on the machine's monotonic clock (the same
+// clock in every process of one machine), so the ranks' events line up without any clock
+// exchange. In a multi-process run each rank serializes its log, the logs are gathered to rank 0
+// and merged there (merge_event_logs), which writes the files.
+//
+//   step k of rank r: events of Pipe::last_events() / DistributedPipe::last_events(), which are
+//   relative to the step's start; add(k, step_start_us, events) makes them absolute.
+//
+// Thread-safety: none; the training loop's thread owns the log.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "pipetrain/runtime/step.h"
+
+namespace pipetrain::cli {
+
+struct StepEvent {
+  int64_t step = 0;   // k
+  ActionEvent event;  // start_us/end_us absolute (monotonic clock, microseconds)
+};
+
+class EventLog {
+ public:
+  // Microseconds on the monotonic clock now.
+  static double now_us();
+
+  // Appends the events of step k, which started (by the caller's clock) at step_start_us.
+  // `rank` >= 0 replaces each event's rank (a process's world rank in a multi-process run).
+  void add(int64_t step, double step_start_us, const std::vector<ActionEvent>& events,
+           int rank = -1);
+
+  const std::vector<StepEvent>& events() const { return events_; }
+
+  std::vector<char> serialize() const;
+  static EventLog deserialize(const std::vector<char>& bytes);
+  void merge(const EventLog& other);
+
+  // Chrome trace of every step; times from the first event.
+  void write_chrome_trace(const std::string& path, int ranks) const;
+  // SVG of step k (the last recorded full step when k < 0): times from that step's first event.
+  // Returns the step drawn.
+  int64_t write_timeline_svg(const std::string& path, int ranks, const std::string& title,
+                             int64_t k = -1) const;
+
+ private:
+  std::vector<StepEvent> events_;
+};
+
+}  // namespace pipetrain::cli

@@ -1,0 +1,314 @@
+// End-to-end tests of `pipetrain train` / `pipetrain eval` as a product (apps/pipetrain/train*.cpp,
+// eval.cpp): resume equals the uninterrupted run (also across stage and process counts), a
+// SIGKILLed run leaves a loadable checkpoint, bad input exits 2 with a clear message, a diverged
+// run exits 1 naming the step, traces and timelines are written, GPT with a tied embedding trains.
+// Tiny models and few steps: the whole file runs in well under a minute on 2 cores.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#include <nlohmann/json.hpp>
+
+#include "pipetrain/train/checkpoint.h"
+
+namespace {
+
+const std::string kPipetrain = std::string(PIPETRAIN_BINARY_DIR) + "/pipetrain";
+
+struct Result {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+Result run(const std::string& arguments, const std::string& log) {
+  const int status = std::system((kPipetrain + " " + arguments + " >" + log + " 2>&1").c_str());
+  Result result;
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream file(log);
+  std::stringstream text;
+  text << file.rdbuf();
+  result.output = text.str();
+  return result;
+}
+
+std::map<std::string, torch::Tensor> load_params(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& entry : torch::pickle_load(bytes).toGenericDict()) {
+    out[entry.key().toStringRef()] = entry.value().toTensor();
+  }
+  return out;
+}
+
+// Largest |a - b| / max|b| over every parameter; the names must agree.
+double max_relative_difference(const std::string& a_path, const std::string& b_path) {
+  auto a = load_params(a_path);
+  auto b = load_params(b_path);
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (const auto& [name, tensor] : b) {
+    auto found = a.find(name);
+    if (found == a.end()) {
+      ADD_FAILURE() << "missing parameter " << name << " in " << a_path;
+      return 1e9;
+    }
+    const double scale = std::max(tensor.abs().max().item<double>(), 1e-12);
+    worst = std::max(worst, (found->second - tensor).abs().max().item<double>() / scale);
+  }
+  return worst;
+}
+
+class TrainProduct : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    std::string pattern = ::testing::TempDir() + "pipetrain_product_XXXXXX";
+    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
+    dir_ = new std::string(pattern);
+  }
+  static std::string path(const std::string& name) { return *dir_ + "/" + name; }
+
+  // A small MLP on synthetic 28x28 images: 256 rows, batches of 32 (8 steps an epoch).
+  static std::string small(const std::string& extra) {
+    return "train --data synthetic --synthetic-samples 256 --model mlp "
+           "--model-options '{\"widths\": [784, 32, 16, 10]}' --batch-size 32 --seed 3 " +
+           extra;
+  }
+
+  static std::string* dir_;
+};
+std::string* TrainProduct::dir_ = nullptr;
+
+TEST_F(TrainProduct, ResumedRunEndsWithTheWeightsOfTheUninterruptedRun) {
+  Result whole = run(small("--steps 8 --stages 2 --chunks 2 --save-params " + path("whole.pt")),
+                     path("whole.log"));
+  ASSERT_EQ(whole.exit_code, 0) << whole.output;
+  Result first = run(small("--steps 4 --stages 2 --chunks 2 --checkpoint-dir " + path("half")),
+                     path("half.log"));
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  Result second = run(small("--steps 8 --stages 2 --chunks 2 --resume " +
+                            path("half/checkpoint.pt") + " --save-params " + path("resumed.pt")),
+                      path("resumed.log"));
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  EXPECT_NE(second.output.find("resumed from"), std::string::npos) << second.output;
+  // The same layout and the same arithmetic: bit for bit.
+  EXPECT_EQ(max_relative_difference(path("resumed.pt"), path("whole.pt")), 0.0);
+}
+
+TEST_F(TrainProduct, ResumesWithAnotherStageCountAndFromAMultiProcessRun) {
+  // SGD with momentum: Adam's first steps are nearly sign(gradient), which turns float rounding
+  // in near-zero gradients into lr-sized differences; SGD keeps the comparison tight.
+  const std::string sgd = "--optimizer sgd --lr 0.05 --momentum 0.9 ";
+  Result whole = run(small(sgd + "--steps 8 --stages 2 --chunks 2 --save-params " + path("w2.pt")),
+                     path("w2.log"));
+  ASSERT_EQ(whole.exit_code, 0) << whole.output;
+  // First half on 2 processes, second half on 3 stages in one process.
+  Result first = run(small(sgd + "--steps 4 --nproc 2 --chunks 2 --checkpoint-dir " + path("mp")),
+                     path("mp.log"));
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  Result second = run(small(sgd + "--steps 8 --stages 3 --chunks 2 --resume " +
+                            path("mp/checkpoint.pt") + " --save-params " + path("mp_resumed.pt")),
+                      path("mp_resumed.log"));
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  // Pipelining is transparent within float rounding (docs/ARCHITECTURE.md: about 1e-5).
+  EXPECT_LT(max_relative_difference(path("mp_resumed.pt"), path("w2.pt")), 1e-5);
+}
+
+TEST_F(TrainProduct, EvalReportsTheAccuracyOfACheckpoint) {
+  Result trained = run(small("--steps 8 --checkpoint-dir " + path("eval")), path("eval_train.log"));
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  // The epoch's evaluation in training and `pipetrain eval` on the checkpoint agree.
+  const auto at = trained.output.find("test accuracy ");
+  ASSERT_NE(at, std::string::npos) << trained.output;
+  const std::string accuracy = trained.output.substr(at, trained.output.find('%', at) - at);
+  Result evaluated = run("eval --checkpoint " + path("eval/checkpoint.pt") +
+                             " --data synthetic --synthetic-samples 256 --seed 3",
+                         path("eval.log"));
+  ASSERT_EQ(evaluated.exit_code, 0) << evaluated.output;
+  EXPECT_NE(evaluated.output.find(accuracy), std::string::npos)
+      << "training said '" << accuracy << "', eval said:\n"
+      << evaluated.output;
+}
+
+TEST_F(TrainProduct, ASigkilledRunLeavesItsLastCheckpointLoadable) {
+  // Checkpoints every step of a model whose checkpoint takes a while to write; kill at random
+  // moments, then load what is on disk.
+  std::srand(7);
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    const std::string dir = path("kill" + std::to_string(attempt));
+    const std::string command =
+        kPipetrain +
+        " train --data synthetic --synthetic-samples 512 --model mlp --model-options "
+        "'{\"widths\": [784, 1024, 1024, 10]}' --batch-size 32 --steps 1000 --save-every 1 "
+        "--checkpoint-dir " +
+        dir + " >" + dir + ".log 2>&1";
+    pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      setpgid(0, 0);
+      execl("/bin/sh", "sh", "-c", ("exec " + command).c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    // Wait for the first checkpoint (bounded), then kill at a random moment.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!std::filesystem::exists(dir + "/checkpoint.pt") &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100 + std::rand() % 700));
+    ::kill(-child, SIGKILL);
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    ASSERT_TRUE(std::filesystem::exists(dir + "/checkpoint.pt")) << "no checkpoint in 30 s";
+    pipetrain::train::Checkpoint checkpoint;
+    ASSERT_NO_THROW(checkpoint = pipetrain::train::load_checkpoint(dir + "/checkpoint.pt"));
+    EXPECT_GE(checkpoint.step, 1);
+    EXPECT_EQ(checkpoint.parameters.size(), 6u);
+  }
+}
+
+TEST_F(TrainProduct, ADivergedRunExitsOneNamingTheStepAndKeepsTheLastGoodCheckpoint) {
+  Result result = run(small("--steps 50 --optimizer sgd --lr 1e12 --save-every 1 "
+                            "--checkpoint-dir " +
+                            path("nan")),
+                      path("nan.log"));
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_NE(result.output.find("at step"), std::string::npos) << result.output;
+  if (std::filesystem::exists(path("nan/checkpoint.pt"))) {
+    pipetrain::train::Checkpoint c = pipetrain::train::load_checkpoint(path("nan/checkpoint.pt"));
+    for (const auto& [name, tensor] : c.parameters) {
+      EXPECT_TRUE(torch::isfinite(tensor).all().item<bool>()) << name;
+    }
+  }
+}
+
+TEST_F(TrainProduct, WritesTheMeasuredTraceAndTimelineOfEveryRank) {
+  Result result = run(small("--steps 3 --nproc 2 --chunks 3 --schedule 1f1b --trace " +
+                            path("trace.json") + " --timeline " + path("timeline.svg")),
+                      path("trace.log"));
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  std::ifstream in(path("trace.json"));
+  nlohmann::json trace = nlohmann::json::parse(in);
+  const nlohmann::json& events = trace.is_array() ? trace : trace["traceEvents"];
+  std::map<int, int> forwards;  // rank -> F events
+  for (const auto& event : events) {
+    if (event.value("ph", "") == "X" && event.value("name", "").find('F') != std::string::npos &&
+        event.value("name", "").find('S') == std::string::npos &&
+        event.value("name", "").find('R') == std::string::npos) {
+      ++forwards[event.value("tid", -1)];
+    }
+  }
+  // 3 steps x 3 micro-batches of forwards on each of the 2 ranks.
+  EXPECT_EQ(forwards[0], 9) << result.output;
+  EXPECT_EQ(forwards[1], 9) << result.output;
+  std::ifstream svg(path("timeline.svg"));
+  std::string text((std::istreambuf_iterator<char>(svg)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("<svg"), std::string::npos);
+  EXPECT_NE(text.find("measured"), std::string::npos);
+}
+
+TEST_F(TrainProduct, GptWithATiedEmbeddingTrainsOnTwoStages) {
+  const std::string gpt =
+      "train --model gpt --data text --model-options "
+      "'{\"context\": 16, \"embed_dim\": 16, \"heads\": 2, \"layers\": 1}' --batch-size 8 "
+      "--steps 3 --optimizer sgd --lr 0.1 ";
+  Result in_process = run(gpt + "--stages 2 --save-params " + path("gpt1.pt"), path("gpt1.log"));
+  ASSERT_EQ(in_process.exit_code, 0) << in_process.output;
+  EXPECT_NE(in_process.output.find("unigram entropy"), std::string::npos) << in_process.output;
+  Result two = run(gpt + "--nproc 2 --save-params " + path("gpt2.pt"), path("gpt2.log"));
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  // The tie all-reduce keeps both copies equal and equal to the in-process shared tensor.
+  EXPECT_LT(max_relative_difference(path("gpt2.pt"), path("gpt1.pt")), 1e-5);
+  auto params = load_params(path("gpt2.pt"));
+  ASSERT_TRUE(params.count("0.token_embedding.weight"));
+  ASSERT_TRUE(params.count("3.weight"));  // layers 1: embedding, block, ln_f, head
+  EXPECT_TRUE(torch::equal(params["0.token_embedding.weight"], params["3.weight"]));
+}
+
+TEST_F(TrainProduct, AConfigFileGivesFlagsAndTheCommandLineWins) {
+  std::ofstream(path("run.json")) << R"({"steps": 2, "batch-size": 16, "lr": 0.5})";
+  Result result = run(small("--config " + path("run.json") + " --lr 0.01"), path("config.log"));
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("done: 2 steps"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("lr 0.01"), std::string::npos) << result.output;
+}
+
+// ---- bad input: exit 2 and a message that says what is wrong -----------------------------------
+
+struct BadCase {
+  const char* tag;
+  const char* arguments;  // {dir} = the test's temporary directory
+  const char* expected;   // a piece of the message
+};
+
+class TrainProductRejects : public TrainProduct, public ::testing::WithParamInterface<BadCase> {
+ protected:
+  static void SetUpTestSuite() {
+    TrainProduct::SetUpTestSuite();
+    // A corrupt Fashion-MNIST directory: files with the right names and garbage inside.
+    std::filesystem::create_directories(path("corrupt"));
+    for (const char* name : {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+                             "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"}) {
+      std::ofstream(path("corrupt/") + name) << "not an IDX file";
+    }
+    auto save = [](const torch::Tensor& t, const std::string& file) {
+      std::vector<char> bytes = torch::pickle_save(t);
+      std::ofstream(path(file), std::ios::binary).write(bytes.data(), bytes.size());
+    };
+    save(torch::randn({20, 1, 28, 28}), "x.pt");
+    save(torch::randn({20, 5}), "x_wrong_shape.pt");
+    save(torch::randint(0, 10, {20}, torch::kLong), "y.pt");
+    save(torch::full({20}, 12, torch::kLong), "y_out_of_range.pt");
+  }
+};
+
+std::string replace_dir(std::string text, const std::string& dir) {
+  for (auto at = text.find("{dir}"); at != std::string::npos; at = text.find("{dir}")) {
+    text.replace(at, 5, dir);
+  }
+  return text;
+}
+
+TEST_P(TrainProductRejects, WithExitCodeTwoAndAClearMessage) {
+  const BadCase& param = GetParam();
+  Result result =
+      run(replace_dir(param.arguments, *dir_), path(std::string("bad_") + param.tag + ".log"));
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find(param.expected), std::string::npos)
+      << "expected '" << param.expected << "' in:\n"
+      << result.output;
+}
+
+#define PIPETRAIN_MLP "train --model mlp --model-options '{\"widths\": [784, 8, 10]}' --steps 1 "
+
+INSTANTIATE_TEST_SUITE_P(
+    BadInput, TrainProductRejects,
+    ::testing::Values(
+        BadCase{"missing_data", PIPETRAIN_MLP "--data-dir {dir}/absent", "{dir}/absent"},
+        BadCase{"corrupt_data", PIPETRAIN_MLP "--data-dir {dir}/corrupt", "corrupt"},
+        BadCase{"wrong_shape", PIPETRAIN_MLP "--inputs {dir}/x_wrong_shape.pt --targets {dir}/y.pt",
+                "check that the inputs match the model's input"},
+        BadCase{"labels_out_of_range",
+                PIPETRAIN_MLP "--inputs {dir}/x.pt --targets {dir}/y_out_of_range.pt",
+                "class index 12"},
+        BadCase{"unknown_model", "train --model resnet9000 --steps 1", "valid: mlp, cnn, gpt"},
+        BadCase{"unknown_flag", "train --model mlp --learning-rate 3", "--learning-rate"},
+        BadCase{"missing_resume", PIPETRAIN_MLP "--data synthetic --resume {dir}/nothing.pt",
+                "nothing.pt"},
+        BadCase{"eval_missing_checkpoint", "eval --checkpoint {dir}/nothing.pt", "nothing.pt"},
+        BadCase{"bad_config", "train --config {dir}/absent.json", "absent.json"}),
+    [](const ::testing::TestParamInfo<BadCase>& info) { return std::string(info.param.tag); });
+
+}  // namespace
