@@ -21,11 +21,9 @@ struct UsageError : std::runtime_error {
 // through `exit_code`.
 using CommandSetup = std::function<void(CLI::App& app, int& exit_code)>;
 
-void add_plan_command(CLI::App& app, int& exit_code);   // plan.cpp
-void add_train_command(CLI::App& app, int& exit_code);  // train.cpp
-void add_bench_command(CLI::App& app, int& exit_code);  // bench.cpp
 void add_plan_command(CLI::App& app, int& exit_code);    // plan.cpp
 void add_train_command(CLI::App& app, int& exit_code);   // train.cpp
+void add_bench_command(CLI::App& app, int& exit_code);   // bench.cpp
 void add_eval_command(CLI::App& app, int& exit_code);    // eval.cpp
 void add_launch_command(CLI::App& app, int& exit_code);  // train_distributed.cpp (hidden)
 
