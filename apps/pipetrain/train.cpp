@@ -73,7 +73,7 @@ bool contains(const std::vector<std::string>& names, const std::string& name) {
 struct TrainArgs {
   ModelDataArgs data;
   int64_t epochs = 1;
-  int64_t steps = 0;  // 0: epochs x batches per epoch
+  int64_t steps = -1;  // -1 (not given): epochs x batches per epoch
   int64_t batch_size = 128;
   int64_t chunks = 0;  // 0: 1 without a pipeline, else 2 x pipeline ranks
   int64_t stages = 1;
@@ -255,9 +255,12 @@ void check_args(const TrainArgs& args) {
     fail("--batch-size must be at least 1, got " + std::to_string(args.batch_size));
   }
   if (args.epochs < 1) fail("--epochs must be at least 1, got " + std::to_string(args.epochs));
-  if (args.steps < 0 || (args.steps == 0 && args.data.data == "text")) {
-    fail("--steps must be at least 1, got " + std::to_string(args.steps) +
-         (args.data.data == "text" ? " (--data text has no epochs: give --steps)" : ""));
+  // An explicit --steps must be >= 1; leaving it out (-1) means epochs x batches per epoch.
+  if (args.steps == -1 && args.data.data == "text") {
+    fail("--data text has no epochs: give --steps N (N >= 1)");
+  }
+  if (args.steps == 0 || args.steps < -1) {
+    fail("--steps must be at least 1, got " + std::to_string(args.steps));
   }
   if (args.chunks < 0) fail("--chunks must be at least 1, got " + std::to_string(args.chunks));
   if (args.virtual_stages < 1) {

@@ -286,8 +286,9 @@ TEST_P(TrainProductRejects, WithExitCodeTwoAndAClearMessage) {
   Result result =
       run(replace_dir(param.arguments, *dir_), path(std::string("bad_") + param.tag + ".log"));
   EXPECT_EQ(result.exit_code, 2) << result.output;
-  EXPECT_NE(result.output.find(param.expected), std::string::npos)
-      << "expected '" << param.expected << "' in:\n"
+  const std::string expected = replace_dir(param.expected, *dir_);
+  EXPECT_NE(result.output.find(expected), std::string::npos)
+      << "expected '" << expected << "' in:\n"
       << result.output;
 }
 
