@@ -315,15 +315,20 @@ C10dTransport::~C10dTransport() {
   impl_->reaper.join();
 }
 
+namespace {
+// Both ends of a message must name existing stages; `verb` says which end is checking.
+void check_stages_exist(const Envelope& envelope, int me, const char* verb, std::size_t stages) {
+  TORCH_CHECK(envelope.src_stage >= 0 && envelope.src_stage < static_cast<int>(stages) &&
+                  envelope.dst_stage >= 0 && envelope.dst_stage < static_cast<int>(stages),
+              "rank ", me, ": ", verb, " of the ", describe(envelope), ": no such stage (", stages,
+              " stages)");
+}
+}  // namespace
+
 void C10dTransport::send(const Envelope& envelope, Bundle bundle) {
   impl_->check_healthy();
   const int me = impl_->my_rank();
-  TORCH_CHECK(envelope.src_stage >= 0 &&
-                  envelope.src_stage < static_cast<int>(impl_->stage_rank.size()) &&
-                  envelope.dst_stage >= 0 &&
-                  envelope.dst_stage < static_cast<int>(impl_->stage_rank.size()),
-              "rank ", me, ": send of the ", describe(envelope), ": no such stage (",
-              impl_->stage_rank.size(), " stages)");
+  check_stages_exist(envelope, me, "send", impl_->stage_rank.size());
   TORCH_CHECK(impl_->stage_rank[envelope.src_stage] == me, "rank ", me, " sends the ",
               describe(envelope), " but stage ", envelope.src_stage, " runs on rank ",
               impl_->stage_rank[envelope.src_stage]);
@@ -384,12 +389,7 @@ void C10dTransport::send(const Envelope& envelope, Bundle bundle) {
 Bundle C10dTransport::recv(const Envelope& envelope) {
   impl_->check_healthy();
   const int me = impl_->my_rank();
-  TORCH_CHECK(envelope.src_stage >= 0 &&
-                  envelope.src_stage < static_cast<int>(impl_->stage_rank.size()) &&
-                  envelope.dst_stage >= 0 &&
-                  envelope.dst_stage < static_cast<int>(impl_->stage_rank.size()),
-              "rank ", me, ": receive of the ", describe(envelope), ": no such stage (",
-              impl_->stage_rank.size(), " stages)");
+  check_stages_exist(envelope, me, "receive", impl_->stage_rank.size());
   TORCH_CHECK(impl_->stage_rank[envelope.dst_stage] == me, "rank ", me, " receives the ",
               describe(envelope), " but stage ", envelope.dst_stage, " runs on rank ",
               impl_->stage_rank[envelope.dst_stage]);
