@@ -1,8 +1,8 @@
 // `pipetrain plan --model`: profile, search and recommend, end to end through build/pipetrain.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <array>
+#include "../helpers/cli_run.h"
+
 #include <cstdio>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
@@ -10,24 +10,10 @@
 
 namespace {
 
-struct CliRun {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr
-};
+using CliRun = pipetrain::testing::CliRun;
 
 CliRun plan(const std::string& arguments) {
-  const std::string command =
-      std::string(PIPETRAIN_BINARY_DIR) + "/pipetrain plan " + arguments + " 2>&1";
-  CliRun run;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (!pipe) return run;
-  std::array<char, 4096> buffer;
-  std::size_t n;
-  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
-    run.output.append(buffer.data(), n);
-  const int status = pclose(pipe);
-  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return run;
+  return pipetrain::testing::run_pipetrain("plan " + arguments);
 }
 
 TEST(PlanModelCli, JsonRecommendsAPlanThatCoversTheModel) {
