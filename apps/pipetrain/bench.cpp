@@ -385,7 +385,7 @@ bool is_receive(schedule::Op op) {
 
 // One rank of a multiprocess configuration (started by launch_local with the torchrun
 // environment). Prints one result line: its step times, per-(stage, op) medians, the shortest
-// receive and its peak RSS.
+// receive, its stages' stash accounting of the last step and its peak RSS.
 int run_rank(const BenchArgs& a, const Config& c) {
   DistributedOptions options;
   options.pipeline_ranks(c.stages).timeout(std::chrono::seconds(120));
@@ -431,9 +431,16 @@ int run_rank(const BenchArgs& a, const Config& c) {
                        {"op", std::string(schedule::op_name(key.second))},
                        {"median_us", median(values)}});
     }
+    json stashes = json::array();
+    for (const auto& [j, accounting] : pipe.stage_accounting()) {
+      stashes.push_back({{"stage", j},
+                         {"peak_stashed_bytes", accounting.peak_stashed_bytes},
+                         {"peak_stashed_microbatches", accounting.peak_stashed_microbatches}});
+    }
     json result = {{"rank", distributed.rank()},
                    {"step_seconds_all", seconds},
                    {"costs", costs},
+                   {"stashes", stashes},
                    {"min_receive_us", std::max(0.0, min_receive_us)},
                    {"threads", threads},
                    {"peak_rss_bytes", peak_rss_bytes()}};
@@ -481,6 +488,9 @@ json run_multiprocess(const BenchArgs& a, const Config& c) {
   double comm_us = -1;
   int64_t rss = 0;
   json threads = json::array();
+  // Per stage j, from the rank that holds it (virtual stages: several per rank).
+  const int num_stages = c.stages * c.virtual_stages;
+  std::vector<std::optional<std::pair<int64_t, int64_t>>> stashes(static_cast<size_t>(num_stages));
   for (int r = 0; r < c.stages; ++r) {
     const auto& result = ranks[static_cast<size_t>(r)];
     if (!result)
@@ -498,6 +508,27 @@ json run_multiprocess(const BenchArgs& a, const Config& c) {
     if (comm_us < 0 || receive < comm_us) comm_us = receive;
     rss = std::max(rss, (*result)["peak_rss_bytes"].get<int64_t>());
     threads.push_back((*result)["threads"]);
+    for (const json& stash : (*result)["stashes"]) {
+      const int j = stash["stage"].get<int>();
+      if (j < 0 || j >= num_stages) {
+        throw std::runtime_error("multiprocess: rank " + std::to_string(r) + " reported stage " +
+                                 std::to_string(j) + " of " + std::to_string(num_stages));
+      }
+      stashes[static_cast<size_t>(j)] =
+          std::make_pair(stash["peak_stashed_bytes"].get<int64_t>(),
+                         stash["peak_stashed_microbatches"].get<int64_t>());
+    }
+  }
+  json stashed = json::array();
+  json stashed_microbatches = json::array();
+  for (int j = 0; j < num_stages; ++j) {
+    const auto& stash = stashes[static_cast<size_t>(j)];
+    if (!stash) {
+      throw std::runtime_error("multiprocess " + c.label() + ": no rank reported stage " +
+                               std::to_string(j) + "'s stash accounting");
+    }
+    stashed.push_back(stash->first);
+    stashed_microbatches.push_back(stash->second);
   }
   const schedule::Schedule lowered =
       schedule::lower(schedule::make_schedule(c.schedule, c.stages, c.chunks, c.virtual_stages));
@@ -510,7 +541,8 @@ json run_multiprocess(const BenchArgs& a, const Config& c) {
   const double simulated = simulated_seconds(lowered, durations_us, std::max(0.0, comm_us));
   row["simulated_seconds"] = simulated;
   row["efficiency"] = simulated / median(seconds);
-  row["peak_stashed_bytes"] = json::array();  // DistributedPipe exposes no stage accounting
+  row["peak_stashed_bytes"] = stashed;
+  row["peak_stashed_microbatches"] = stashed_microbatches;
   row["peak_rss_bytes"] = rss;
   return row;
 }
@@ -936,9 +968,7 @@ int run_bench(BenchArgs a) {
   report["checks"] = evaluate_checks(a, rows);
   report["load_average_end"] = load_average();
   json notes = json::array();
-  notes.push_back(
-      "multiprocess rows: peak_stashed_bytes is empty (DistributedPipe exposes no per-stage "
-      "accounting); peak_rss_bytes is the largest rank's");
+  notes.push_back("multiprocess rows: peak_rss_bytes is the largest rank's");
   notes.push_back("ratios are step time / baseline step time (< 1: faster than the baseline)");
   notes.push_back("threads: libtorch rows " + std::to_string(a.threads) +
                   " intra-op threads; inprocess rows K workers x max(1, T/K); python-pipe "

@@ -195,6 +195,12 @@ const schedule::Schedule& DistributedPipe::schedule() const {
   return last_ ? *last_ : schedules_.begin()->second;
 }
 
+std::map<int, StageAccounting> DistributedPipe::stage_accounting() const {
+  std::map<int, StageAccounting> result;
+  for (const auto& [j, stage] : stages_) result[j] = stage->accounting();
+  return result;
+}
+
 std::vector<int> DistributedPipe::local_stages() const {
   std::vector<int> stages;
   for (const auto& [j, stage] : stages_) stages.push_back(j);

@@ -14,13 +14,22 @@
 //
 // Every autograd node belongs to exactly one layer, I runs it for the input side and W for the
 // parameter side, so nothing is computed twice and the values equal a full backward's.
+//
+// Stash accounting of a CPU stage, micro-batch i (what stage.h calls stashed bytes):
+//
+//   forward(i):   [M1] count this thread's CPU allocations while the layers (and loss) run
+//                 [M2] bytes(i) = inputs + still alive - handed over (checkpointed: outputs, loss)
+//   recompute(i): [M3] bytes(i) += what the replay allocated and keeps alive
+//   release(i):   stashed bytes -= bytes(i)
 #include "pipetrain/stage/stage.h"
 
+#include <optional>
 #include <unordered_set>
 
 #include <c10/util/Exception.h>
 #include <torch/torch.h>
 
+#include "pipetrain/stage/allocation_counter.h"
 #include "pipetrain/stage/layer_call.h"
 #include "pipetrain/stage/skip.h"
 
@@ -216,10 +225,15 @@ void Stage::run_layers(Microbatch& state, bool record, bool recomputing) const {
   if (state.loss_hook) state.loss = state.loss_hook(state.outputs);
 }
 
-int64_t Stage::stash_bytes(const Microbatch& state) const {
+int64_t Stage::input_bytes(const Microbatch& state) const {
   int64_t bytes = 0;
   for (const auto& t : state.inputs) bytes += bytes_of(t);
   for (const auto& entry : state.skip_inputs) bytes += bytes_of(entry.second);
+  return bytes;
+}
+
+int64_t Stage::estimated_stash_bytes(const Microbatch& state) const {
+  int64_t bytes = input_bytes(state);
   if (!state.checkpointed || state.recomputed) {
     if (state.layers.empty()) {
       for (const auto& t : state.outputs) bytes += bytes_of(t);
@@ -252,7 +266,10 @@ Bundle Stage::forward(int i, Bundle input, const StageForwardOptions& options,
   state->checkpointed = options.checkpoint;
   state->split = options.split_backward;
 
+  AllocationCounter kept;  // [M1]
   state->rng = rng_.run_forward([&] {
+    std::optional<CountAllocations> counting;
+    if (measures_allocations()) counting.emplace(kept);
     if (options.checkpoint) {
       torch::NoGradGuard no_grad;  // keep only the inputs; the graph is rebuilt by recompute
       run_layers(*state, /*record=*/false, /*recomputing=*/false);
@@ -274,7 +291,26 @@ Bundle Stage::forward(int i, Bundle input, const StageForwardOptions& options,
     state->skip_outputs.clear();
     state->loss = torch::Tensor();
   }
-  state->bytes = stash_bytes(*state);
+  if (measures_allocations()) {
+    // [M2] What the forward allocated and is still alive, less what left with the outputs and
+    // the stage no longer holds (a checkpointed micro-batch's outputs and loss: the next stage's
+    // input and the caller's value). Each storage once: outputs may share one.
+    int64_t handed_over = 0;
+    if (options.checkpoint) {
+      std::unordered_set<const void*> storages;
+      std::vector<torch::Tensor> gone = output.tensors;
+      if (loss_value) gone.push_back(*loss_value);
+      for (const auto& t : gone) {
+        if (t.defined() && t.has_storage() &&
+            storages.insert(t.storage().unsafeGetStorageImpl()).second) {
+          handed_over += kept.counted_bytes_of(t);
+        }
+      }
+    }
+    state->bytes = input_bytes(*state) + kept.live_bytes() - handed_over;
+  } else {
+    state->bytes = estimated_stash_bytes(*state);
+  }
   stashed_bytes_ += state->bytes;
   stash_.emplace(i, std::move(state));
   ++accounting_.microbatches;
@@ -317,11 +353,17 @@ void Stage::recompute_if_needed(int, Microbatch& state) {
   if (!state.checkpointed || state.recomputed) return;
   // Replay the forward with the RNG state it started from: dropout draws the same masks, and
   // the skip context reproduces the same stashes. is_recomputing() is true meanwhile.
-  rng_.run_replay(state.rng,
-                  [&] { run_layers(state, /*record=*/state.split, /*recomputing=*/true); });
+  AllocationCounter kept;
+  rng_.run_replay(state.rng, [&] {
+    std::optional<CountAllocations> counting;
+    if (measures_allocations()) counting.emplace(kept);
+    run_layers(state, /*record=*/state.split, /*recomputing=*/true);
+  });
   state.recomputed = true;
   stashed_bytes_ -= state.bytes;
-  state.bytes = stash_bytes(state);
+  // [M3] All the replay keeps alive is held by the stage until the backward frees i.
+  state.bytes =
+      measures_allocations() ? state.bytes + kept.live_bytes() : estimated_stash_bytes(state);
   stashed_bytes_ += state.bytes;
   accounting_.peak_stashed_bytes = std::max(accounting_.peak_stashed_bytes, stashed_bytes_);
 }

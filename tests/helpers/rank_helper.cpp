@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
+#include <map>
 #include <set>
 #include <string>
 #include <thread>
@@ -327,6 +328,65 @@ void scenario_train(Distributed& d, const std::vector<std::string>& schedules) {
   }
 }
 
+// DistributedPipe::stage_accounting equals the in-process Pipe's for the same model, schedule and
+// checkpoint mode, stage by stage (each rank checks its own stages). Model: per stage 2 x
+// (Linear(16) + ReLU); M = 6 micro-batches of 4 rows. A kept micro-batch on stage 0 holds its
+// input and 2 ReLU results: 3 * 4 rows * 16 * 4 bytes, so gpipe without checkpoints peaks at 6x.
+void scenario_accounting(Distributed& d) {
+  auto mse = [](const torch::Tensor& out, const torch::Tensor& target) {
+    return torch::mse_loss(out, target);
+  };
+  const int K = d.layout().pipeline_ranks;
+  const int64_t width = 16;
+  const int m = 6;
+  const int64_t rows = 4 * m;
+  auto make = [&] {
+    torch::manual_seed(3);
+    torch::nn::Sequential model;
+    for (int l = 0; l < 2 * K; ++l) {
+      model->push_back(torch::nn::Linear(width, width));
+      model->push_back(torch::nn::ReLU());
+    }
+    return model;
+  };
+  torch::manual_seed(4);
+  const torch::Tensor x = torch::randn({rows, width});
+  const torch::Tensor y = torch::randn({rows, width});
+  for (const std::string name : {"gpipe", "1f1b"}) {
+    for (const std::string checkpoint : {"never", "except_last"}) {
+      const PipeOptions options =
+          PipeOptions().stages(K).chunks(m).schedule(name).checkpoint(parse_checkpoint(checkpoint));
+      DistributedPipe pipe(d, make(), options);
+      pipe.train_step(x, y, mse);
+      Pipe reference(make(), options);
+      reference->train_step(x, y, mse);
+      const std::vector<StageAccounting> want = reference->stage_accounting();
+      const std::map<int, StageAccounting> got = pipe.stage_accounting();
+      CHECK_OR_THROW(got.size() == pipe.local_stages().size(), "accounting of ", got.size(),
+                     " stages for ", pipe.local_stages().size(), " local stages");
+      for (const auto& [j, accounting] : got) {
+        const StageAccounting& w = want.at(static_cast<size_t>(j));
+        const std::string what = name + " " + checkpoint + " stage " + std::to_string(j);
+        CHECK_OR_THROW(accounting.peak_stashed_bytes == w.peak_stashed_bytes, what,
+                       ": peak stashed bytes ", accounting.peak_stashed_bytes, ", Pipe's ",
+                       w.peak_stashed_bytes);
+        CHECK_OR_THROW(accounting.peak_stashed_microbatches == w.peak_stashed_microbatches, what,
+                       ": peak stashed micro-batches ", accounting.peak_stashed_microbatches,
+                       ", Pipe's ", w.peak_stashed_microbatches);
+        CHECK_OR_THROW(accounting.microbatches == m, what, ": ", accounting.microbatches,
+                       " forwards");
+        if (j == 0 && name == "gpipe" && checkpoint == "never") {
+          const int64_t expected = m * 3 * (rows / m) * width * 4;
+          CHECK_OR_THROW(accounting.peak_stashed_bytes == expected, what, ": peak ",
+                         accounting.peak_stashed_bytes, ", from the shapes ", expected);
+        }
+        std::cout << "OK accounting " << what << " peak_stashed_bytes "
+                  << accounting.peak_stashed_bytes << std::endl;
+      }
+    }
+  }
+}
+
 int run_launcher_child(const std::string& scenario, int argc, char** argv) {
   const int rank = std::atoi(std::getenv("RANK") ? std::getenv("RANK") : "-1");
   if (scenario == "echo") {
@@ -386,6 +446,7 @@ int main(int argc, char** argv) {
     if (scenario == "tie") return scenario_tie(d);
     if (scenario == "loss") return scenario_loss(d);
     if (scenario == "gather") return scenario_gather(d);
+    if (scenario == "accounting") return scenario_accounting(d);
     if (scenario == "train") {
       std::vector<std::string> schedules;
       for (int a = 3; a < argc; ++a) schedules.push_back(argv[a]);

@@ -132,6 +132,20 @@ TEST(Distributed, GathersEveryStagesParametersOnRankZero) {
   EXPECT_EQ(run.count("OK gather"), 3) << run.output();
 }
 
+TEST(DistributedPipe, ReportsTheSameStageAccountingAsThePipeForTheSameStep) {
+  auto run = run_ranks(2, {"accounting", "2"}, 0, 20000);
+  EXPECT_EQ(run.result.exit_code, 0) << run.output();
+  for (const char* schedule : {"gpipe", "1f1b"}) {
+    for (const char* checkpoint : {"never", "except_last"}) {
+      for (int j : {0, 1}) {
+        const std::string line = std::string("OK accounting ") + schedule + " " + checkpoint +
+                                 " stage " + std::to_string(j) + " ";
+        EXPECT_EQ(run.count(line), 1) << line << "\n" << run.output();
+      }
+    }
+  }
+}
+
 TEST(Distributed, ReportsMissingRanksWhenWorldSizeIsLargerThanTheRanksStarted) {
   auto run = run_ranks(2, {"rendezvous"}, /*world_size=*/3, /*timeout_ms=*/2000);
   EXPECT_NE(run.result.exit_code, 0);

@@ -70,6 +70,47 @@ TEST(PipeMemory, OneFOneBKeepsAtMostRanksMinusStageMicroBatchesWhileGPipeKeepsAl
   }
 }
 
+// 4 x (Linear(W) + ReLU) per stage, K = 2 stages, M = 8 micro-batches of R rows (the bench's
+// except_last_stash_cut configuration, smaller). A kept micro-batch on stage 0 holds its input and
+// 4 ReLU results (each Linear saves its input: the stage input or the previous ReLU's result),
+// so U = 5 * R * W * 4 bytes; a checkpointed one holds only its input, R * W * 4.
+TEST(PipeMemory, StageZeroStashesFollowFromWhatAutogradKeepsPerMicroBatch) {
+  const int k = 2;
+  const int m = 8;
+  const int64_t width = 64;
+  const int64_t rows = 4;
+  torch::manual_seed(0);
+  torch::nn::Sequential model;
+  for (int l = 0; l < 4 * k; ++l) {
+    model->push_back(torch::nn::Linear(width, width));
+    model->push_back(torch::nn::ReLU());
+  }
+  const torch::Tensor x = torch::randn({rows * m, width});
+  const torch::Tensor y = torch::randn({rows * m, width});
+  auto stage0_peak = [&](const std::string& schedule, Checkpoint checkpoint) {
+    Pipe pipe(model, PipeOptions().stages(k).chunks(m).schedule(schedule).checkpoint(checkpoint));
+    pipe->train_step(x, y, testing::mse);
+    return pipe->stage_accounting()[0].peak_stashed_bytes;
+  };
+  const int64_t input = rows * width * 4;
+  const int64_t kept = 5 * input;
+  const int64_t gpipe_never = stage0_peak("gpipe", Checkpoint::kNever);
+  EXPECT_EQ(gpipe_never, m * kept) << "gpipe holds all M micro-batches at once";
+
+  // except_last: M - 1 checkpointed inputs and the last micro-batch kept, then at most one
+  // recomputed micro-batch beside them: the peak is far below keeping everything.
+  const int64_t gpipe_except_last = stage0_peak("gpipe", Checkpoint::kExceptLast);
+  EXPECT_LE(gpipe_except_last, (m - 1) * input + 2 * kept);
+  EXPECT_GE(gpipe_except_last, (m - 1) * input + kept);
+  EXPECT_LE(static_cast<double>(gpipe_except_last) / gpipe_never, 0.5)
+      << "except_last must cut gpipe's stage-0 stash by at least half";
+
+  // 1F1B: stage 0 has at most K micro-batches in flight.
+  const int64_t one_f_one_b = stage0_peak("1f1b", Checkpoint::kNever);
+  EXPECT_EQ(one_f_one_b, k * kept);
+  EXPECT_NEAR(static_cast<double>(one_f_one_b) / gpipe_never, static_cast<double>(k) / m, 0.01);
+}
+
 TEST(PipeEvents, EveryActionOfTheScheduleIsMeasuredOnce) {
   Pipe pipe(testing::make_mlp(), PipeOptions().stages(2).chunks(3).schedule("zb-h1"));
   auto batch = testing::make_batches(6, 1)[0];

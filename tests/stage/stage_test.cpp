@@ -86,6 +86,76 @@ TEST(Stage, CheckpointKeepsOnlyInputsUntilBackward) {
   EXPECT_EQ(checkpointed.accounting().peak_stashed_bytes, 64 * 5 * 4);
 }
 
+// Linear+ReLU layers of known widths: what autograd keeps of a forward follows from the shapes.
+// Linear saves its input (for the weight gradient), ReLU its result (for its mask), and each
+// Linear's input is the previous ReLU's result (the first one's is the stage input): per
+// micro-batch of `rows` the stage keeps the input and every ReLU result (the last one is the
+// output), all float32. The Linear results die when the next ReLU has read them.
+constexpr int64_t kRows = 16;
+const std::vector<int64_t> kWidths = {24, 40, 32, 8};  // input, then each Linear's out_features
+
+std::vector<StageLayer> linear_relu_layers() {
+  torch::manual_seed(2);
+  std::vector<StageLayer> layers;
+  for (size_t l = 0; l + 1 < kWidths.size(); ++l) {
+    layers.push_back({"linear" + std::to_string(l),
+                      torch::nn::AnyModule(torch::nn::Linear(kWidths[l], kWidths[l + 1]))});
+    layers.push_back({"relu" + std::to_string(l), torch::nn::AnyModule(torch::nn::ReLU())});
+  }
+  return layers;
+}
+
+int64_t float_bytes(int64_t rows, int64_t width) {
+  return rows * width * static_cast<int64_t>(sizeof(float));
+}
+
+TEST(StageStash, AKeptMicroBatchHoldsItsInputAndTheTensorsAutogradSaved) {
+  int64_t relu_results = 0;
+  for (size_t l = 1; l < kWidths.size(); ++l) relu_results += float_bytes(kRows, kWidths[l]);
+  const int64_t expected = float_bytes(kRows, kWidths[0]) + relu_results;
+  for (int index : {0, 1}) {  // stage 0 (input without grad) and a middle stage
+    Stage stage(index, 0, linear_relu_layers(), torch::kCPU, 1);
+    stage.forward(0, Bundle{{torch::randn({kRows, kWidths[0]})}, {}}, StageForwardOptions{});
+    EXPECT_EQ(stage.stashed_bytes(), expected) << "stage " << index;
+    stage.forward(1, Bundle{{torch::randn({kRows, kWidths[0]})}, {}}, StageForwardOptions{});
+    EXPECT_EQ(stage.stashed_bytes(), 2 * expected) << "stage " << index;
+    EXPECT_EQ(stage.accounting().peak_stashed_bytes, 2 * expected) << "stage " << index;
+    for (int i = 0; i < 2; ++i)
+      stage.backward(i, Bundle{{torch::ones({kRows, kWidths.back()})}, {}});
+    EXPECT_EQ(stage.stashed_bytes(), 0) << "stage " << index;
+  }
+}
+
+TEST(StageStash, ACheckpointedMicroBatchHoldsOnlyItsInputUntilTheRecompute) {
+  Stage stage(1, 0, linear_relu_layers(), torch::kCPU, 1);
+  StageForwardOptions checkpoint;
+  checkpoint.checkpoint = true;
+  Bundle out = stage.forward(0, Bundle{{torch::randn({kRows, kWidths[0]})}, {}}, checkpoint);
+  EXPECT_EQ(stage.stashed_bytes(), float_bytes(kRows, kWidths[0]))
+      << "the output left with the Bundle; nothing else may stay";
+  out = Bundle{};
+  // The recompute before the backward rebuilds what a kept forward holds.
+  int64_t relu_results = 0;
+  for (size_t l = 1; l < kWidths.size(); ++l) relu_results += float_bytes(kRows, kWidths[l]);
+  stage.backward(0, Bundle{{torch::ones({kRows, kWidths.back()})}, {}});
+  EXPECT_EQ(stage.accounting().peak_stashed_bytes, float_bytes(kRows, kWidths[0]) + relu_results);
+  EXPECT_EQ(stage.stashed_bytes(), 0);
+}
+
+TEST(StageStash, ASplitBackwardAlsoHoldsEachLinearResultForTheWeightPass) {
+  // The per-layer record keeps every layer's output as a root for W: the Linear results too.
+  int64_t layer_outputs = 0;
+  for (size_t l = 1; l < kWidths.size(); ++l) layer_outputs += 2 * float_bytes(kRows, kWidths[l]);
+  Stage stage(1, 0, linear_relu_layers(), torch::kCPU, 1);
+  StageForwardOptions split;
+  split.split_backward = true;
+  stage.forward(0, Bundle{{torch::randn({kRows, kWidths[0]})}, {}}, split);
+  EXPECT_EQ(stage.stashed_bytes(), float_bytes(kRows, kWidths[0]) + layer_outputs);
+  stage.backward_input(0, Bundle{{torch::ones({kRows, kWidths.back()})}, {}});
+  stage.backward_weight(0);
+  EXPECT_EQ(stage.stashed_bytes(), 0);
+}
+
 class RecordRecompute : public torch::nn::Module {
  public:
   torch::Tensor forward(torch::Tensor x) {

@@ -65,6 +65,9 @@ class DistributedPipe {
   std::vector<int> local_stages() const;
   // Events of this rank's last step (for traces and the cost model).
   const std::vector<ActionEvent>& last_events() const { return events_; }
+  // Per stage j held by this rank, for the last step: peak stashed micro-batches and bytes,
+  // forwards run (the same figures as Pipe::stage_accounting()[j] for the same model and step).
+  std::map<int, StageAccounting> stage_accounting() const;
 
  private:
   const schedule::Schedule& schedule_for(int microbatches);

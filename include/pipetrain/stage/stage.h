@@ -9,6 +9,18 @@
 //     replayed (recompute) right before the first backward action of i.
 // Everything of i is freed when its backward is complete: after B, or after W for a split one.
 //
+// Stashed bytes (StageAccounting) are what the stage keeps for micro-batch i, measured:
+//   bytes of i's inputs (and received skips)
+//   + bytes of CPU memory i's forward allocated that are still alive when it returns: the tensors
+//     autograd saved for backward (a Linear's input, a ReLU's result, ...), the outputs, the
+//     per-layer record of a split backward, the loss (stage/allocation_counter.h)
+//   - what a checkpointed micro-batch hands over without keeping (its outputs and loss)
+//   + after a recompute, everything the replay allocated and keeps alive.
+// The figure is taken when the forward (or the recompute) returns and given back when the
+// backward frees i; an I that frees part of i early does not lower it. On a non-CPU device (CUDA's
+// caching allocator cannot be wrapped this way) it is an estimate instead: inputs + outputs (or
+// each layer's outputs for a split backward), which misses what autograd saved inside the stage.
+//
 // Backward modes:
 //   B  backward(i, grads): one autograd pass; parameter gradients accumulate into .grad().
 //   I  backward_input(i, grads): input gradients only, layer by layer from the last, keeping each
@@ -66,7 +78,7 @@ struct StageForwardOptions {
 // Memory accounting of the stage since the last reset_accounting().
 struct StageAccounting {
   int64_t peak_stashed_microbatches = 0;  // most micro-batches held at once
-  int64_t peak_stashed_bytes = 0;         // most bytes of kept activation tensors at once
+  int64_t peak_stashed_bytes = 0;         // most stashed bytes at once (see the top comment)
   int64_t microbatches = 0;               // forwards run
 };
 
@@ -105,6 +117,8 @@ class Stage {
   // Drops every stash (after a failed step).
   void clear();
   int64_t stashed_microbatches() const { return static_cast<int64_t>(stash_.size()); }
+  // Stashed bytes held now (see the top comment); 0 when nothing is stashed.
+  int64_t stashed_bytes() const { return stashed_bytes_; }
 
   StageAccounting accounting() const { return accounting_; }
   void reset_accounting();
@@ -118,7 +132,10 @@ class Stage {
   void recompute_if_needed(int i, Microbatch& state);
   Microbatch& stashed(int i, const char* action);
   void release(int i);
-  int64_t stash_bytes(const Microbatch& state) const;
+  // Whether micro-batches' stashes are measured (a CPU stage) rather than estimated.
+  bool measures_allocations() const { return device_.is_cpu(); }
+  int64_t input_bytes(const Microbatch& state) const;
+  int64_t estimated_stash_bytes(const Microbatch& state) const;
   std::vector<torch::Tensor> make_leaves(const std::vector<torch::Tensor>& tensors) const;
 
   int index_;
