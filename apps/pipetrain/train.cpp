@@ -911,7 +911,7 @@ int train_with(const TrainArgs& args, Prepared& p, TrainRunner& runner, int thre
                 result.last_loss);
     if (p.auto_plan && result.steps > 0) {
       // Measured over every step (the first one warms up): compare with the prediction.
-      std::printf("auto plan: measured %.3f s/step, predicted %.3f s/step\n",
+      std::printf("auto plan: measured %.3g s/step, predicted %.3g s/step\n",
                   result.seconds / static_cast<double>(result.steps),
                   p.auto_plan->predicted_step_seconds);
     }

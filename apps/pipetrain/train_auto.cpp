@@ -215,7 +215,7 @@ std::string describe_auto_plan(const pp::Plan& plan) {
     if (plan.peak_memory_per_rank[r] > plan.peak_memory_per_rank[peak_rank]) peak_rank = r;
   }
   char predicted[160];
-  std::snprintf(predicted, sizeof predicted, "predicted %.3f s/step, peak %s on rank %zu",
+  std::snprintf(predicted, sizeof predicted, "predicted %.3g s/step, peak %s on rank %zu",
                 plan.predicted_step_seconds, pp::format_bytes(plan.peak_memory_bytes).c_str(),
                 peak_rank);
   return "auto plan: " + plan.schedule + ", chunks " + std::to_string(plan.microbatches) +
