@@ -786,7 +786,10 @@ void apply_auto_plan(TrainArgs& args, const partition::Plan& plan) {
   if (request.checkpoint)
     args.checkpoint = std::string(partition::checkpoint_name(plan.checkpoint));
   if (request.virtual_stages) args.virtual_stages = plan.virtual_stages;
-  if (request.balance) args.balance.assign(plan.balance.begin(), plan.balance.end());
+  // One stage needs no balance, and without one a single micro-batch trains sequentially.
+  if (request.balance && plan.balance.size() > 1) {
+    args.balance.assign(plan.balance.begin(), plan.balance.end());
+  }
 }
 
 // Where the plan comes from: this process's profile (default), or rank 0's (external launcher).
@@ -981,7 +984,7 @@ std::vector<std::string> rank_arguments(const TrainArgs& resolved) {
   if (request.virtual_stages) {
     arguments.push_back("--virtual=" + std::to_string(resolved.virtual_stages));
   }
-  if (request.balance) {
+  if (request.balance && !resolved.balance.empty()) {
     std::string balance;
     for (int64_t b : resolved.balance) balance += (balance.empty() ? "" : ",") + std::to_string(b);
     arguments.push_back("--balance=" + balance);
