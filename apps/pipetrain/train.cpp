@@ -2,8 +2,11 @@
 // text corpus or synthetic data, or of a TorchScript model on tensors saved from Python; in one
 // process (a worker thread per pipeline rank) or in several (--nproc N, c10d/Gloo).
 //
-//   [1] flags + checks       TrainArgs              add_train_flags, check_args
+//   [1] flags + checks       TrainArgs              add_train_flags, resolve_auto_flags,
+//                                                   check_args
 //   [2] model + data         BuiltModel/BuiltData   train_setup.h (shared with `pipetrain eval`)
+//       + the auto plan      partition::Plan        train_auto.h: its values replace the auto
+//                                                   flags in TrainArgs before anything is built
 //   [3] runner               TrainRunner            sequential | Pipe | DistributedPipe (one rank)
 //   [4] the loop             run_loop               lr schedule, step, clip, optimizer, progress,
 //                                                   evaluation per epoch, checkpoints, trace
@@ -12,6 +15,10 @@
 // parent has checked every flag and file (so bad input still exits 2, before any rank starts);
 // each rank finds the torchrun environment and runs [2]..[4] for its stages. Under torchrun, Slurm
 // or mpirun the environment is set by them and --nproc is not given.
+//
+// The auto plan is made once per run, never per rank (profiles are timings and differ between
+// processes): with --nproc the parent plans and starts the ranks with explicit flags
+// (rank_arguments); under an external launcher rank 0 plans and broadcasts it.
 //
 // Batches are a pure function of the global step k: Fashion-MNIST/synthetic use the seeded
 // shuffled DataLoader (epoch k / B, batch k % B), text draws windows from (seed, k), tensors
