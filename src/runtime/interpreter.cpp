@@ -34,10 +34,20 @@ Interpreter::Interpreter(int rank, const schedule::Schedule& schedule, std::map<
       lowered_(schedule::is_lowered(schedule)) {
   TORCH_CHECK(rank >= 0 && rank < schedule.num_ranks, "rank ", rank,
               " is out of range for a schedule of ", schedule.num_ranks, " ranks");
-  for (const auto& action : schedule.actions[static_cast<size_t>(rank)]) {
+  const auto& actions = schedule.actions[static_cast<size_t>(rank)];
+  for (size_t a = 0; a < actions.size(); ++a) {
+    const schedule::Action& action = actions[a];
     if (action.op == Op::kBackwardInput) split_.emplace(action.stage, action.microbatch);
     TORCH_CHECK(stages_.count(action.stage), "rank ", rank, " runs action ",
                 schedule::to_string(action), " but holds no stage ", action.stage);
+    const int j = action.stage;
+    if (action.op == Op::kRecvActivation && !local(j - 1)) {
+      receive_at_.push_back(a);
+      receive_envelope_.push_back(Envelope{j - 1, j, action.microbatch, Payload::kActivation});
+    } else if (action.op == Op::kRecvGradient && !local(j + 1)) {
+      receive_at_.push_back(a);
+      receive_envelope_.push_back(Envelope{j + 1, j, action.microbatch, Payload::kGradient});
+    }
   }
 }
 
@@ -176,7 +186,11 @@ void Interpreter::run(const StepData& data, RankResult& result, const std::atomi
   result.losses.assign(static_cast<size_t>(data.num_microbatches), torch::Tensor());
   result.outputs.assign(static_cast<size_t>(data.num_microbatches), {});
   result.events.clear();
-  for (const auto& action : schedule_.actions[static_cast<size_t>(rank_)]) {
+  const auto& actions = schedule_.actions[static_cast<size_t>(rank_)];
+  size_t next_receive = 0;  // index into receive_at_ of the next receive action to run
+  size_t expected = 0;      // receives announced with expect() so far
+  for (size_t a = 0; a < actions.size(); ++a) {
+    const schedule::Action& action = actions[a];
     if (cancel && cancel->load(std::memory_order_relaxed)) {
       throw StepError("rank " + std::to_string(rank_) + " stopped before action " +
                           schedule::to_string(action) + ": another rank failed",
@@ -184,6 +198,11 @@ void Interpreter::run(const StepData& data, RankResult& result, const std::atomi
     }
     ActionEvent event{rank_, action, micros_since(data.start), 0};
     try {
+      for (; expected < receive_at_.size() && expected < next_receive + kReceiveLookahead;
+           ++expected) {
+        transport_.expect(receive_envelope_[expected]);
+      }
+      if (next_receive < receive_at_.size() && receive_at_[next_receive] == a) ++next_receive;
       execute(action, data, result);
     } catch (const std::exception& e) {
       const bool cancelled = cancel && cancel->load(std::memory_order_relaxed);

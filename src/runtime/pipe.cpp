@@ -6,6 +6,7 @@
 //       for this M
 //   [2] reset the transport and the stages' accounting
 //   [3] hand every worker "run your rank's actions"; each builds an Interpreter and runs
+//       (a Pipe with one rank has no worker: the calling thread runs it)
 //   [4] a worker that fails records its error (the first real one wins), raises `cancel` and
 //       aborts the transport, which wakes every worker blocked in a receive; all return
 //   [5] wait for every worker; on error clear every stash and rethrow the first error
@@ -44,6 +45,8 @@ struct PipeImpl::Runtime {
   std::map<int, schedule::Schedule> inference;  // compute-only forwards, by M
   const schedule::Schedule* last = nullptr;
   std::vector<ActionEvent> events;
+  int threads = 1;  // intra-op threads of each rank
+  // One per rank; none when there is one rank: it runs on the calling thread (see run_step).
   std::vector<std::unique_ptr<Worker>> workers;  // last: joined before the rest is destroyed
 };
 
@@ -221,10 +224,11 @@ void PipeImpl::reset() {
       stage_devices, std::chrono::milliseconds(static_cast<int64_t>(o.timeout_seconds() * 1000)));
   runtime->last = &runtime->training.emplace(m, std::move(first)).first->second;
 
-  // Workers, one per rank.
+  // Workers, one per rank; a single rank needs none.
   const int threads =
       o.threads_per_stage() > 0 ? static_cast<int>(o.threads_per_stage()) : at::get_num_threads();
-  for (int r = 0; r < num_ranks; ++r) {
+  runtime->threads = threads;
+  for (int r = 0; num_ranks > 1 && r < num_ranks; ++r) {
     runtime->workers.push_back(
         std::make_unique<Worker>([threads] { at::set_num_threads(threads); }));
   }
@@ -266,32 +270,48 @@ std::vector<RankResult> PipeImpl::run_step(const schedule::Schedule& s, const St
   std::exception_ptr first_error;     // GUARDED_BY(error_mutex)
   bool first_error_cancelled = true;  // GUARDED_BY(error_mutex)
 
-  for (int r = 0; r < rt.num_ranks; ++r) {  // [3]
+  auto run_rank = [&](int r) {
     std::map<int, Stage*> stages;
     for (int j : s.stages_of_rank(r)) stages[j] = rt.stages[static_cast<size_t>(j)].get();
-    rt.workers[static_cast<size_t>(r)]->run([&, r, stages] {
-      try {
-        RankStreamGuard stream(rt.rank_devices[static_cast<size_t>(r)]);
-        Interpreter interpreter(r, s, stages, *rt.transport);
-        interpreter.run(data, results[static_cast<size_t>(r)], &cancel);
-      } catch (const std::exception& e) {  // [4]
-        const auto* step_error = dynamic_cast<const StepError*>(&e);
-        const bool cancelled = step_error && step_error->cancelled;
-        {
-          std::lock_guard<std::mutex> lock(error_mutex);
-          if (!first_error || (first_error_cancelled && !cancelled)) {
-            first_error = std::current_exception();
-            first_error_cancelled = cancelled;
-          }
+    try {
+      RankStreamGuard stream(rt.rank_devices[static_cast<size_t>(r)]);
+      Interpreter interpreter(r, s, stages, *rt.transport);
+      interpreter.run(data, results[static_cast<size_t>(r)], &cancel);
+    } catch (const std::exception& e) {  // [4]
+      const auto* step_error = dynamic_cast<const StepError*>(&e);
+      const bool cancelled = step_error && step_error->cancelled;
+      {
+        std::lock_guard<std::mutex> lock(error_mutex);
+        if (!first_error || (first_error_cancelled && !cancelled)) {
+          first_error = std::current_exception();
+          first_error_cancelled = cancelled;
         }
-        cancel.store(true);
-        rt.transport->abort("rank " + std::to_string(r) + " failed: " + message_of(e));
       }
-    });
-  }
-  for (auto& worker : rt.workers) {  // [5]
-    std::exception_ptr error = worker->wait();
-    if (error && !first_error) first_error = error;
+      cancel.store(true);
+      rt.transport->abort("rank " + std::to_string(r) + " failed: " + message_of(e));
+    }
+  };
+  if (rt.workers.empty()) {
+    // One rank: run it here. A hand-off to a worker would cost a wake-up per step and a second
+    // OpenMP team next to the caller's (which runs the optimizer step right after).
+    struct ThreadCount {
+      int saved = at::get_num_threads();
+      explicit ThreadCount(int threads) {
+        if (threads != saved) at::set_num_threads(threads);
+      }
+      ~ThreadCount() {
+        if (at::get_num_threads() != saved) at::set_num_threads(saved);
+      }
+    } thread_count(rt.threads);
+    run_rank(0);
+  } else {
+    for (int r = 0; r < rt.num_ranks; ++r) {  // [3]
+      rt.workers[static_cast<size_t>(r)]->run([&run_rank, r] { run_rank(r); });
+    }
+    for (auto& worker : rt.workers) {  // [5]
+      std::exception_ptr error = worker->wait();
+      if (error && !first_error) first_error = error;
+    }
   }
   rt.events.clear();
   for (const auto& result : results) {

@@ -12,11 +12,27 @@
 // of one boundary in another order than they were sent, which would desynchronise a "metadata
 // changed since the last message" cache. It costs one 256-byte message per bundle (measured in
 // docs/DISTRIBUTED.md).
+//
+// Sizes agreed in advance, per channel c = (src stage, dst stage, micro-batch, payload):
+//
+//   L(c) = data bytes of the previous bundle on c (0 before the first); both ends track it.
+//   receiver, expect() or recv():  post recv(header, 256 B); post recv(data, L(c)) if L(c) > 0
+//   sender, bundle of D bytes:     D == L(c): send header, data under kData
+//                                  D != L(c): send header, L(c) filler bytes under kData (if > 0),
+//                                             the data under kResizedData (if D > 0)
+//   receiver, after the header:    D == L(c): wait the posted data; else wait the filler, then
+//                                  post and wait kResizedData. Both ends set L(c) = D.
+//
+// Message n on c is matched with receive n on c (one message per channel per step, and a rank
+// posts step s+1's receives only after it took step s's), so both ends always agree on L(c).
 #include <cstring>
 #include <deque>
+#include <map>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "c10d_internal.h"
 
@@ -160,6 +176,23 @@ struct C10dTransport::Impl {
     c10::intrusive_ptr<detail::C10dWork> work;
     std::string what;
   };
+  // A posted receive, not waited for yet.
+  struct PostedRecv {
+    c10::intrusive_ptr<detail::C10dWork> work;
+    torch::Tensor buffer;
+    int64_t id = 0;  // its key in `receiving`
+  };
+  // The receives of one bundle posted before its recv() (or by it).
+  struct BundleRecvs {
+    PostedRecv header;
+    std::optional<PostedRecv> data;  // when L(c) > 0
+    int64_t data_bytes = 0;          // L(c) when posted
+    bool ahead = false;              // posted by expect()
+  };
+  using Channel = std::tuple<int, int, int, int>;  // src stage, dst stage, micro-batch, payload
+  static Channel channel_of(const Envelope& e) {
+    return {e.src_stage, e.dst_stage, e.microbatch, static_cast<int>(e.payload)};
+  }
 
   std::mutex mutex;  // guards everything below
   std::condition_variable changed;
@@ -168,7 +201,11 @@ struct C10dTransport::Impl {
   std::optional<std::string> send_error;
   std::map<int64_t, c10::intrusive_ptr<detail::C10dWork>> receiving;
   int64_t next_receive = 0;
-  std::deque<PendingSend> sends;  // front: the one the reaper waits on
+  std::deque<PendingSend> sends;              // front: the one the reaper waits on
+  std::map<Channel, int64_t> sent_bytes;      // L(c) on the sending side
+  std::map<Channel, int64_t> received_bytes;  // L(c) on the receiving side
+  std::map<Channel, BundleRecvs> posted;      // by expect(), not yet taken by recv()
+  C10dTransport::Stats stats;
   bool stopping = false;
   std::thread reaper;
 
@@ -177,7 +214,9 @@ struct C10dTransport::Impl {
   void check_healthy();
   void reap();
   void post_send(torch::Tensor tensor, int dst, int tag, std::string what);
-  void receive(torch::Tensor tensor, int src, int tag, const Envelope& envelope, const char* part);
+  PostedRecv post_recv(torch::Tensor buffer, int src, int tag);
+  void wait_recv(PostedRecv& posted, int src, const Envelope& envelope, const char* part);
+  BundleRecvs post_bundle(const Envelope& envelope, int src);
 };
 
 void C10dTransport::Impl::abort_local(const std::string& reason) {
@@ -242,22 +281,26 @@ void C10dTransport::Impl::post_send(torch::Tensor tensor, int dst, int tag, std:
   changed.notify_all();
 }
 
-void C10dTransport::Impl::receive(torch::Tensor tensor, int src, int tag, const Envelope& envelope,
-                                  const char* part) {
-  std::vector<at::Tensor> one{std::move(tensor)};
-  auto work = group->impl().backend->recv(one, src, tag);
-  int64_t id = 0;
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    id = next_receive++;
-    receiving[id] = work;
-    if (aborted) work->abort();
-  }
+C10dTransport::Impl::PostedRecv C10dTransport::Impl::post_recv(torch::Tensor buffer, int src,
+                                                               int tag) {
+  std::vector<at::Tensor> one{buffer};
+  PostedRecv posted;
+  posted.work = group->impl().backend->recv(one, src, tag);
+  posted.buffer = std::move(buffer);
+  std::lock_guard<std::mutex> lock(mutex);
+  posted.id = next_receive++;
+  receiving[posted.id] = posted.work;
+  if (aborted) posted.work->abort();
+  return posted;
+}
+
+void C10dTransport::Impl::wait_recv(PostedRecv& posted, int src, const Envelope& envelope,
+                                    const char* part) {
   const auto start = Clock::now();
   bool completed = false;
   std::string failure;
   try {
-    completed = work->wait();
+    completed = posted.work->wait();
   } catch (const std::exception& e) {
     failure = e.what();
   }
@@ -267,7 +310,7 @@ void C10dTransport::Impl::receive(torch::Tensor tensor, int src, int tag, const 
   if (!completed || !failure.empty())
     published = world->await_abort_reason(std::chrono::seconds(1));
   std::lock_guard<std::mutex> lock(mutex);
-  receiving.erase(id);
+  receiving.erase(posted.id);
   TORCH_CHECK(!aborted, "rank ", my_rank(), ": receiving the ", describe(envelope),
               " was aborted: ", abort_reason);
   TORCH_CHECK(!published, "rank ", my_rank(), ": receiving the ", describe(envelope),
@@ -278,6 +321,26 @@ void C10dTransport::Impl::receive(torch::Tensor tensor, int src, int tag, const 
               world->timeout().count() / 1000.0, " s): ", failure.empty() ? "aborted" : failure,
               ". Rank ", src, " (stage ", envelope.src_stage,
               ") may have died or hang: see its log; raise --timeout if it is only slow");
+}
+
+C10dTransport::Impl::BundleRecvs C10dTransport::Impl::post_bundle(const Envelope& envelope,
+                                                                  int src) {
+  BundleRecvs recvs;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto known = received_bytes.find(channel_of(envelope));
+    recvs.data_bytes = known == received_bytes.end() ? 0 : known->second;
+  }
+  recvs.header = post_recv(
+      torch::empty({kHeaderSlots}, torch::TensorOptions().dtype(torch::kLong).device(wire_device)),
+      src, c10d_tag(envelope, MessagePart::kHeader));
+  if (recvs.data_bytes > 0) {
+    recvs.data =
+        post_recv(torch::empty({recvs.data_bytes},
+                               torch::TensorOptions().dtype(torch::kUInt8).device(wire_device)),
+                  src, c10d_tag(envelope, MessagePart::kData));
+  }
+  return recvs;
 }
 
 C10dTransport::C10dTransport(std::shared_ptr<C10dWorld> world, std::vector<int> stage_world_rank,
@@ -350,12 +413,29 @@ void C10dTransport::send(const Envelope& envelope, Bundle bundle) {
   if (inline_meta) std::copy(meta.begin(), meta.end(), h + kHeaderFixed);
   header = header.to(impl_->wire_device);
 
+  int64_t agreed = 0;  // L(c)
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    auto& last = impl_->sent_bytes[Impl::channel_of(envelope)];
+    agreed = last;
+    last = total;
+    ++impl_->stats.bundles_sent;
+    if (total != agreed) ++impl_->stats.resized_sent;
+  }
+
   // [1], [2]
   impl_->post_send(header, dst, c10d_tag(envelope, MessagePart::kHeader), what + " (header)");
   if (!inline_meta) {
     auto overflow = torch::tensor(meta, torch::kLong).to(impl_->wire_device);
     impl_->post_send(overflow, dst, c10d_tag(envelope, MessagePart::kMetadata),
                      what + " (metadata)");
+  }
+  if (total != agreed && agreed > 0) {
+    // The receiver posted L(c) bytes under kData: fill them (contents unused).
+    impl_->post_send(
+        torch::empty({agreed},
+                     torch::TensorOptions().dtype(torch::kUInt8).device(impl_->wire_device)),
+        dst, c10d_tag(envelope, MessagePart::kData), what + " (filler)");
   }
   if (total == 0) return;
   // [3] A single tensor goes as it is (no copy); several are packed into one flat buffer.
@@ -383,7 +463,26 @@ void C10dTransport::send(const Envelope& envelope, Bundle bundle) {
           .copy_(source.detach());
     }
   }
-  impl_->post_send(data, dst, c10d_tag(envelope, MessagePart::kData), what + " (data)");
+  const MessagePart part = total == agreed ? MessagePart::kData : MessagePart::kResizedData;
+  impl_->post_send(data, dst, c10d_tag(envelope, part), what + " (data)");
+}
+
+void C10dTransport::expect(const Envelope& envelope) {
+  impl_->check_healthy();
+  const int me = impl_->my_rank();
+  check_stages_exist(envelope, me, "receive", impl_->stage_rank.size());
+  TORCH_CHECK(impl_->stage_rank[envelope.dst_stage] == me, "rank ", me, " expects the ",
+              describe(envelope), " but stage ", envelope.dst_stage, " runs on rank ",
+              impl_->stage_rank[envelope.dst_stage]);
+  const Impl::Channel channel = Impl::channel_of(envelope);
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    if (impl_->posted.count(channel)) return;
+  }
+  Impl::BundleRecvs recvs = impl_->post_bundle(envelope, impl_->stage_rank[envelope.src_stage]);
+  recvs.ahead = true;
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  impl_->posted.emplace(channel, std::move(recvs));
 }
 
 Bundle C10dTransport::recv(const Envelope& envelope) {
@@ -395,10 +494,20 @@ Bundle C10dTransport::recv(const Envelope& envelope) {
               impl_->stage_rank[envelope.dst_stage]);
   const int src = impl_->stage_rank[envelope.src_stage];
 
-  auto header = torch::zeros({kHeaderSlots},
-                             torch::TensorOptions().dtype(torch::kLong).device(impl_->wire_device));
-  impl_->receive(header, src, c10d_tag(envelope, MessagePart::kHeader), envelope, "header");
-  header = header.cpu();
+  const Impl::Channel channel = Impl::channel_of(envelope);
+  std::optional<Impl::BundleRecvs> ahead;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    auto found = impl_->posted.find(channel);
+    if (found != impl_->posted.end()) {
+      ahead = std::move(found->second);
+      impl_->posted.erase(found);
+    }
+  }
+  Impl::BundleRecvs recvs = ahead ? std::move(*ahead) : impl_->post_bundle(envelope, src);
+
+  impl_->wait_recv(recvs.header, src, envelope, "header");
+  const torch::Tensor header = recvs.header.buffer.cpu();
   const auto* h = header.data_ptr<int64_t>();
   TORCH_CHECK(h[0] == kMagic && h[1] == envelope.microbatch, "rank ", me,
               ": corrupt header for the ", describe(envelope), " from rank ", src, " (magic ", h[0],
@@ -409,11 +518,13 @@ Bundle C10dTransport::recv(const Envelope& envelope) {
   if (length <= kInlineSlots) {
     meta.assign(h + kHeaderFixed, h + kHeaderFixed + length);
   } else {
-    auto overflow = torch::empty(
-        {length}, torch::TensorOptions().dtype(torch::kLong).device(impl_->wire_device));
-    impl_->receive(overflow, src, c10d_tag(envelope, MessagePart::kMetadata), envelope, "metadata");
-    overflow = overflow.cpu();
-    meta.assign(overflow.data_ptr<int64_t>(), overflow.data_ptr<int64_t>() + length);
+    auto overflow = impl_->post_recv(
+        torch::empty({length},
+                     torch::TensorOptions().dtype(torch::kLong).device(impl_->wire_device)),
+        src, c10d_tag(envelope, MessagePart::kMetadata));
+    impl_->wait_recv(overflow, src, envelope, "metadata");
+    const torch::Tensor values = overflow.buffer.cpu();
+    meta.assign(values.data_ptr<int64_t>(), values.data_ptr<int64_t>() + length);
   }
   // Shapes only: the tensors are replaced by views of the received buffer below.
   Bundle shapes = decode_bundle_metadata(meta, torch::Device(torch::kMeta));
@@ -424,10 +535,27 @@ Bundle C10dTransport::recv(const Envelope& envelope) {
   Bundle bundle;
   bundle.skip_names = std::move(shapes.skip_names);
   torch::Tensor data;
-  if (total > 0) {
-    data = torch::empty({total},
-                        torch::TensorOptions().dtype(torch::kUInt8).device(impl_->wire_device));
-    impl_->receive(data, src, c10d_tag(envelope, MessagePart::kData), envelope, "data");
+  if (total == recvs.data_bytes) {
+    if (recvs.data) {
+      impl_->wait_recv(*recvs.data, src, envelope, "data");
+      data = recvs.data->buffer;
+    }
+  } else {
+    if (recvs.data) impl_->wait_recv(*recvs.data, src, envelope, "filler");
+    if (total > 0) {
+      auto resized = impl_->post_recv(
+          torch::empty({total},
+                       torch::TensorOptions().dtype(torch::kUInt8).device(impl_->wire_device)),
+          src, c10d_tag(envelope, MessagePart::kResizedData));
+      impl_->wait_recv(resized, src, envelope, "data");
+      data = resized.buffer;
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    impl_->received_bytes[channel] = total;
+    ++impl_->stats.bundles_received;
+    if (recvs.ahead) ++impl_->stats.received_expected;
   }
   for (std::size_t t = 0; t < shapes.tensors.size(); ++t) {
     const auto& shape = shapes.tensors[t];
@@ -449,6 +577,11 @@ Bundle C10dTransport::recv(const Envelope& envelope) {
     bundle.tensors.push_back(std::move(tensor));
   }
   return bundle;
+}
+
+C10dTransport::Stats C10dTransport::stats() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->stats;
 }
 
 void C10dTransport::abort(const std::string& reason) {

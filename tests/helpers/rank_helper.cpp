@@ -126,6 +126,58 @@ void scenario_bundles(Distributed& d) {
   std::cout << "OK bundles" << std::endl;
 }
 
+// Rows of micro-batch i in round r of scenario_rounds (0: an undefined tensor, no data bytes).
+// Rounds repeat a size (the posted-ahead fast path), grow, shrink, carry nothing, and come back.
+int64_t round_rows(int r, int i) {
+  static const int64_t base[] = {4, 4, 6, 2, 0, 4};
+  return base[r] == 0 ? 0 : base[r] + i;
+}
+constexpr int kRounds = 6;
+constexpr int kRoundMicrobatches = 3;
+
+Bundle round_bundle(int r, int i, int seed_offset) {
+  const int64_t rows = round_rows(r, i);
+  if (rows == 0) return {{torch::Tensor()}, {}};
+  return {{pattern({rows, 16}, torch::kFloat, seed_offset + 10 * r + i)}, {}};  // 64 B a row
+}
+
+// Steps of a pipeline on one channel set: every round, rank 1 announces its receives with
+// expect() before taking them out of order; sizes change between rounds (the agreed-size
+// protocol of c10d_transport.cpp). Prints the transport's counters for the test to check.
+void scenario_rounds(Distributed& d) {
+  auto transport = d.make_transport({0, 1});
+  for (int r = 0; r < kRounds; ++r) {
+    if (d.rank() == 0) {
+      for (int i = 0; i < kRoundMicrobatches; ++i) transport->expect({1, 0, i, Payload::kGradient});
+      for (int i = 0; i < kRoundMicrobatches; ++i) {
+        transport->send({0, 1, i, Payload::kActivation}, round_bundle(r, i, 0));
+      }
+      for (int i = 0; i < kRoundMicrobatches; ++i) {
+        Bundle got = transport->recv({1, 0, i, Payload::kGradient});
+        expect_equal(got.tensors.at(0), round_bundle(r, i, 500).tensors[0],
+                     "gradient " + std::to_string(i) + " of round " + std::to_string(r));
+      }
+    } else {
+      for (int i = 0; i < kRoundMicrobatches; ++i) {
+        transport->expect({0, 1, i, Payload::kActivation});
+      }
+      for (int i : {2, 0, 1}) {
+        Bundle got = transport->recv({0, 1, i, Payload::kActivation});
+        expect_equal(got.tensors.at(0), round_bundle(r, i, 0).tensors[0],
+                     "activation " + std::to_string(i) + " of round " + std::to_string(r));
+        transport->send({1, 0, i, Payload::kGradient}, round_bundle(r, i, 500));
+      }
+    }
+  }
+  transport->flush();
+  d.barrier();
+  const auto stats = transport->stats();
+  std::cout << "STATS sent " << stats.bundles_sent << " resized " << stats.resized_sent
+            << " received " << stats.bundles_received << " expected " << stats.received_expected
+            << std::endl;
+  std::cout << "OK rounds" << std::endl;
+}
+
 // 4 stages on world ranks 0..3 (or 2 stages per rank: interleaved, ranks 0,1,0,1): each stage adds
 // its index; the last turns the activation into a gradient.
 void scenario_chain(Distributed& d, bool interleaved) {
@@ -380,6 +432,7 @@ int main(int argc, char** argv) {
   const int pipeline_ranks = argc > 2 ? std::atoi(argv[2]) : 0;
   return run_distributed(options_with(pipeline_ranks), [&](Distributed& d) {
     if (scenario == "bundles") return scenario_bundles(d);
+    if (scenario == "rounds") return scenario_rounds(d);
     if (scenario == "chain") return scenario_chain(d, false);
     if (scenario == "chain_interleaved") return scenario_chain(d, true);
     if (scenario == "dp") return scenario_dp(d);

@@ -2,6 +2,8 @@
 // events, dropout replay.
 #include <gtest/gtest.h>
 
+#include <thread>
+
 #include "pipetrain/runtime/pipe.h"
 #include "pipetrain/schedule/text_format.h"
 #include "pipetrain/stage/batchnorm.h"
@@ -45,6 +47,42 @@ TEST(PipeModule, InferenceEqualsTheSequentialForwardForEverySplit) {
     EXPECT_TRUE(
         torch::allclose(pipe->forward(x.narrow(0, 0, 2)), expected.narrow(0, 0, 2), 1e-6, 1e-7));
   }
+}
+
+// Records which thread ran its forward and that thread's intra-op thread count.
+struct ThreadProbeImpl : torch::nn::Module {
+  std::thread::id* thread;
+  int* threads;
+  ThreadProbeImpl(std::thread::id* t, int* n) : thread(t), threads(n) {}
+  torch::Tensor forward(torch::Tensor x) {
+    *thread = std::this_thread::get_id();
+    *threads = at::get_num_threads();
+    return x;
+  }
+};
+TORCH_MODULE(ThreadProbe);
+
+TEST(PipeThreads, OneRankRunsOnTheCallingThreadWithItsThreadCountForTheStepOnly) {
+  std::thread::id seen_single, seen_two;
+  int threads_single = 0, threads_two = 0;
+  const int caller_threads = at::get_num_threads();
+  const int wanted = caller_threads == 1 ? 2 : 1;
+  {
+    torch::nn::Sequential model(torch::nn::Linear(4, 4),
+                                ThreadProbe(&seen_single, &threads_single));
+    Pipe pipe(model, PipeOptions().stages(1).chunks(2).threads_per_stage(wanted));
+    pipe->train_step(torch::randn({4, 4}), torch::randn({4, 4}), testing::mse);
+  }
+  EXPECT_EQ(seen_single, std::this_thread::get_id());
+  EXPECT_EQ(threads_single, wanted);
+  EXPECT_EQ(at::get_num_threads(), caller_threads);  // restored after the step
+  {
+    torch::nn::Sequential model(torch::nn::Linear(4, 4), ThreadProbe(&seen_two, &threads_two));
+    Pipe pipe(model, PipeOptions().stages(2).chunks(2).threads_per_stage(wanted));
+    pipe->train_step(torch::randn({4, 4}), torch::randn({4, 4}), testing::mse);
+  }
+  EXPECT_NE(seen_two, std::this_thread::get_id());  // two ranks: the last stage on a worker
+  EXPECT_EQ(threads_two, wanted);
 }
 
 TEST(PipeMemory, OneFOneBKeepsAtMostRanksMinusStageMicroBatchesWhileGPipeKeepsAll) {

@@ -88,6 +88,29 @@ TEST(C10dTransport, CarriesBundlesOfChangingShapesDtypesSkipsAndUndefinedGradien
   EXPECT_TRUE(run.all_gone());
 }
 
+// Every round each rank sends 3 bundles; a bundle is "resized" when its data size differs from the
+// previous round's on the same channel (none before round 0). Sizes from scenario_rounds:
+// rows per round {4, 4, 6, 2, none, 4} (+ i for micro-batch i), 16 floats (64 bytes, the wire's
+// alignment) per row, so a size changes exactly when the rows do.
+TEST(C10dTransport, PostsReceivesAheadAndAgreesOnSizesAcrossChangingRounds) {
+  auto run = run_ranks(2, {"rounds"});
+  EXPECT_EQ(run.result.exit_code, 0) << run.output();
+  EXPECT_EQ(run.count("OK rounds"), 2) << run.output();
+  const std::vector<int> rows{4, 4, 6, 2, 0, 4};
+  int changed_rounds = 0;
+  int previous = 0;
+  for (int r : rows) {
+    if (r != previous) ++changed_rounds;
+    previous = r;
+  }
+  const int bundles = 6 * 3;
+  const std::string line = "STATS sent " + std::to_string(bundles) + " resized " +
+                           std::to_string(3 * changed_rounds) + " received " +
+                           std::to_string(bundles) + " expected " + std::to_string(bundles);
+  EXPECT_EQ(run.count(line), 2) << line << "\n" << run.output();
+  EXPECT_TRUE(run.all_gone());
+}
+
 TEST(C10dTransport, ChainsActivationsThroughFourProcesses) {
   auto run = run_ranks(4, {"chain"});
   EXPECT_EQ(run.result.exit_code, 0) << run.output();

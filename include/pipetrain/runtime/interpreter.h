@@ -10,7 +10,9 @@
 //   SF/SB    send through the transport; RF/RB receive (blocking). When both stages of a message
 //            run on this rank the message is handed over locally, without the transport.
 // A schedule without communication actions (compute-only) is run with implicit receives before
-// F/B/I and sends after them.
+// F/B/I and sends after them. In a lowered schedule the interpreter announces each RF/RB from
+// another rank kReceiveLookahead receive actions ahead (Transport::expect), so the transport can
+// post it while this rank still computes.
 //
 // Used per rank: the in-process Pipe runs one Interpreter per worker thread with a
 // LocalTransport; a multi-process launcher runs one per process with a c10d transport.
@@ -75,12 +77,19 @@ class Interpreter {
   Bundle receive_gradient(int j, int i);
   bool local(int stage) const;
 
+  // How many receive actions ahead of the next one expect() is called.
+  static constexpr size_t kReceiveLookahead = 2;
+
   int rank_;
   const schedule::Schedule& schedule_;
   std::map<int, Stage*> stages_;
   Transport& transport_;
   bool lowered_;
   std::set<std::pair<int, int>> split_;
+  // RF/RB actions of this rank that cross the transport: their index in the action list and what
+  // they receive (lowered schedules only).
+  std::vector<size_t> receive_at_;
+  std::vector<Envelope> receive_envelope_;
   // Messages between actions of this rank, by (stage, micro-batch).
   std::map<std::pair<int, int>, Bundle> activations_in_, activations_out_;
   std::map<std::pair<int, int>, Bundle> gradients_in_, gradients_out_;

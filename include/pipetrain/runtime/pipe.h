@@ -71,7 +71,8 @@ struct PipeOptions {
   /// One device per rank; empty: every rank on the CPU.
   TORCH_ARG(std::vector<torch::Device>, devices) = {};
   /// Intra-op threads of each worker (at::set_num_threads on the worker). 0: the worker uses
-  /// the thread count of the thread that built the Pipe.
+  /// the thread count of the thread that built the Pipe. With a single rank there is no worker:
+  /// the calling thread runs it, with this thread count for the duration of the step.
   TORCH_ARG(int64_t, threads_per_stage) = 0;
   /// How long a receive waits for its message before failing (a hang is never silent).
   TORCH_ARG(double, timeout_seconds) = 300.0;

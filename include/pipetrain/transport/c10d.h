@@ -23,6 +23,17 @@
 // The header is sent with every bundle: a shape, dtype or skip-name change is therefore always
 // seen by the receiver, and out-of-order receives across micro-batches stay correct.
 //
+// Receives posted ahead (Transport::expect, docs/DISTRIBUTED.md "Posting receives early"): Gloo
+// moves a message's data only once both ends have posted it; a send whose receive is not posted
+// yet is finished later by the sender's network thread, which on a busy CPU waits for a time
+// slice (measured: 2 to 8 ms per message on 2 cores). So the receiver posts header AND data
+// receives ahead of need, and both ends must agree on the data size before the header is read:
+// the size of message n on a channel (src stage, dst stage, micro-batch, payload) is the size of
+// message n-1 on that channel (0 for the first). When a bundle's size differs, the sender sends
+// that many filler bytes under the data tag and the real data under the "resized" tag, which the
+// receiver posts after reading the header: a changed shape costs one extra round trip, never a
+// mis-received message.
+//
 // Ownership: C10dWorld is shared (std::shared_ptr) by the groups and transports made from it and
 // outlives them. Thread-safety: C10dTransport's send/recv/abort may be called from any thread.
 // C10dGroup collectives must be called in the same order by every member (c10d's rule) and from
@@ -154,12 +165,13 @@ class C10dGroup {
   std::shared_ptr<Impl> impl_;
 };
 
-// The three messages of a bundle (see the header comment); part of the tag.
-enum class MessagePart : int { kHeader = 0, kMetadata = 1, kData = 2 };
+// The messages of a bundle (see the header comment); part of the tag. kResizedData carries the
+// data when its size differs from the channel's previous message (kData then carries filler).
+enum class MessagePart : int { kHeader = 0, kMetadata = 1, kData = 2, kResizedData = 3 };
 
 // Tag layout (30 bits; bit 30 is 0 for transport messages):
 //   bit 29       payload (0 activation, 1 gradient)
-//   bits 27..28  part (header, metadata, data)
+//   bits 27..28  part (header, metadata, data, resized data)
 //   bits 20..26  src_stage (< 128)
 //   bits 13..19  dst_stage (< 128)
 //   bits  0..12  microbatch (< 8192)
@@ -187,8 +199,10 @@ struct C10dTransportOptions {
 //   send(envelope, bundle): posts isend(header), isend(meta)?, isend(data) to the stage's rank and
 //     returns; a reaper thread waits on the Work handles (keeping the tensors alive) until the
 //     receiver has taken them. A failed send is reported by the next send/recv call.
-//   recv(envelope): posts the receives, blocks until the data arrived (bounded by the world's
-//     timeout), abort() or the world's abort channel wakes it with the reason.
+//   expect(envelope): posts the header and data receives of that message now (see above).
+//   recv(envelope): posts the receives (unless expect() did), blocks until the data arrived
+//     (bounded by the world's timeout), abort() or the world's abort channel wakes it with the
+//     reason.
 //   abort(reason): publishes the abort to every rank and aborts every pending Work.
 //   reset(): a no-op while healthy; after an abort the transport stays aborted (a c10d group may
 //     hold half-delivered messages: restart the job).
@@ -203,11 +217,21 @@ class C10dTransport : public Transport {
 
   void send(const Envelope& envelope, Bundle bundle) override;
   Bundle recv(const Envelope& envelope) override;
+  void expect(const Envelope& envelope) override;
   void abort(const std::string& reason) override;
   void reset() override;
 
   // Blocks until every posted send has been taken by its receiver (bounded by the timeout).
   void flush();
+
+  // Counters since construction, for tests and benchmarks.
+  struct Stats {
+    int64_t bundles_sent = 0;
+    int64_t resized_sent = 0;  // bundles whose data size differed from the channel's last
+    int64_t bundles_received = 0;
+    int64_t received_expected = 0;  // receives that expect() had posted ahead
+  };
+  Stats stats() const;
 
   struct Impl;
 

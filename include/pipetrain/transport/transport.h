@@ -9,6 +9,11 @@
 // validate() has dry-run for deadlocks. send() never blocks on its receiver; recv() blocks until
 // the matching send arrived, the transport is aborted, or the timeout passes.
 //
+// expect(envelope) is a hint that recv(envelope) comes soon (the interpreter calls it a few
+// receive actions ahead): a transport may post the receive now, so that the message lands while
+// the receiver still computes instead of waiting for a round trip when recv() is called. It never
+// blocks and never changes what recv() returns; a transport may ignore it (LocalTransport does).
+//
 // Thread-safety: send/recv may be called concurrently from the worker threads of different
 // ranks. abort() may be called from any thread and wakes every blocked recv().
 #pragma once
@@ -47,6 +52,8 @@ class Transport {
 
   virtual void send(const Envelope& envelope, Bundle bundle) = 0;
   virtual Bundle recv(const Envelope& envelope) = 0;
+  // See "expect" above. REQUIRES: recv(envelope) has not been called for this message yet.
+  virtual void expect(const Envelope& envelope) { (void)envelope; }
 
   // Wakes every blocked recv() with an error carrying `reason`; later calls fail the same way.
   virtual void abort(const std::string& reason) = 0;
