@@ -2,8 +2,11 @@
 // text corpus or synthetic data, or of a TorchScript model on tensors saved from Python; in one
 // process (a worker thread per pipeline rank) or in several (--nproc N, c10d/Gloo).
 //
-//   [1] flags + checks       TrainArgs              add_train_flags, check_args
+//   [1] flags + checks       TrainArgs              add_train_flags, resolve_auto_flags,
+//                                                   check_args
 //   [2] model + data         BuiltModel/BuiltData   train_setup.h (shared with `pipetrain eval`)
+//       + the auto plan      partition::Plan        train_auto.h: its values replace the auto
+//                                                   flags in TrainArgs before anything is built
 //   [3] runner               TrainRunner            sequential | Pipe | DistributedPipe (one rank)
 //   [4] the loop             run_loop               lr schedule, step, clip, optimizer, progress,
 //                                                   evaluation per epoch, checkpoints, trace
@@ -12,6 +15,10 @@
 // parent has checked every flag and file (so bad input still exits 2, before any rank starts);
 // each rank finds the torchrun environment and runs [2]..[4] for its stages. Under torchrun, Slurm
 // or mpirun the environment is set by them and --nproc is not given.
+//
+// The auto plan is made once per run, never per rank (profiles are timings and differ between
+// processes): with --nproc the parent plans and starts the ranks with explicit flags
+// (rank_arguments); under an external launcher rank 0 plans and broadcasts it.
 //
 // Batches are a pure function of the global step k: Fashion-MNIST/synthetic use the seeded
 // shuffled DataLoader (epoch k / B, batch k % B), text draws windows from (seed, k), tensors
@@ -27,6 +34,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -36,10 +44,12 @@
 #include <vector>
 
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "data_loader.h"
 #include "model_registry.h"
+#include "pipetrain/partition/memory.h"
 #include "pipetrain/runtime/distributed.h"
 #include "pipetrain/runtime/launcher.h"
 #include "pipetrain/runtime/pipe.h"
@@ -47,6 +57,7 @@
 #include "pipetrain/schedule/generators.h"
 #include "pipetrain/schedule/text_format.h"
 #include "pipetrain/stage/batchnorm.h"
+#include "pipetrain/stage/microbatch.h"
 #include "pipetrain/train/atomic_file.h"
 #include "pipetrain/train/checkpoint.h"
 #include "pipetrain/train/finite_loss.h"
@@ -54,6 +65,7 @@
 #include "pipetrain/train/lr_schedule.h"
 #include "pipetrain/train/optimizer.h"
 #include "pipetrain/train/progress.h"
+#include "train_auto.h"
 #include "train_runner.h"
 #include "train_setup.h"
 #include "train_trace.h"
@@ -75,10 +87,12 @@ struct TrainArgs {
   int64_t epochs = 1;
   int64_t steps = -1;  // -1 (not given): epochs x batches per epoch
   int64_t batch_size = 128;
-  int64_t chunks = 0;  // 0: 1 without a pipeline, else 2 x pipeline ranks
+  int64_t chunks = 0;       // 0: 1 without a pipeline, else 2 x pipeline ranks
+  std::string chunks_text;  // --chunks as given: a count or "auto"
   int64_t stages = 1;
   bool stages_given = false;
   std::vector<int64_t> balance;
+  std::vector<std::string> balance_text;  // --balance as given: layer counts or "auto"
   int nproc = 1;
   int pp = 0;  // 0: WORLD_SIZE / dp
   int dp = 1;
@@ -86,7 +100,12 @@ struct TrainArgs {
   bool schedule_given = false;
   std::string schedule_file;
   int64_t virtual_stages = 1;
+  bool virtual_given = false;
   std::string checkpoint = "except_last";
+  bool checkpoint_given = false;
+  std::string memory_limit;  // per rank, bounds the auto plan; "" or "none": no limit
+  int64_t memory_limit_bytes = 0;
+  AutoRequest auto_request;  // what --balance/--schedule/--chunks/--checkpoint auto leave open
   std::string optimizer = "adam";
   double lr = 1e-3;
   double momentum = 0;
@@ -116,9 +135,9 @@ void add_train_flags(CLI::App& command, TrainArgs& args) {
                      "Default: epochs x batches per epoch");
   command.add_option("--batch-size", args.batch_size, "rows per mini-batch N")
       ->capture_default_str();
-  command.add_option("--chunks", args.chunks,
-                     "micro-batches per mini-batch M. Default: 1 without a pipeline, else 2 x "
-                     "pipeline ranks");
+  command.add_option("--chunks", args.chunks_text,
+                     "micro-batches per mini-batch M, or auto (the planner's). Default: 1 without "
+                     "a pipeline, else 2 x pipeline ranks; auto with --schedule auto");
   command
       .add_option("--stages", args.stages,
                   "pipeline ranks K in one process (worker threads); layers split as evenly as "
@@ -126,9 +145,10 @@ void add_train_flags(CLI::App& command, TrainArgs& args) {
       ->capture_default_str()
       ->each([&args](const std::string&) { args.stages_given = true; });
   command
-      .add_option("--balance", args.balance,
-                  "layers per stage, comma-separated (K*V entries summing to the layer count); "
-                  "instead of --stages")
+      .add_option("--balance", args.balance_text,
+                  "layers per stage, comma-separated (K*V entries summing to the layer count), "
+                  "instead of --stages; or auto: profile the model and split it over the K "
+                  "ranks for the fastest step (docs/TRAIN_CLI.md, \"Auto plan\")")
       ->delimiter(',');
   command
       .add_option("--nproc", args.nproc,
@@ -143,7 +163,9 @@ void add_train_flags(CLI::App& command, TrainArgs& args) {
   command
       .add_option(
           "--schedule", args.schedule,
-          "schedule: " + join_names(schedule::schedule_names()) + " (custom with --schedule-file)")
+          "schedule: " + join_names(schedule::schedule_names()) +
+              " (custom with --schedule-file), or auto: the planner picks the schedule and, "
+              "unless given, chunks, checkpoint, virtual stages and balance")
       ->capture_default_str()
       ->each([&args](const std::string&) { args.schedule_given = true; });
   command.add_option("--schedule-file", args.schedule_file,
@@ -151,12 +173,17 @@ void add_train_flags(CLI::App& command, TrainArgs& args) {
                      "in-process only)");
   command
       .add_option("--virtual", args.virtual_stages, "virtual stages per rank V (interleaved-1f1b)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->each([&args](const std::string&) { args.virtual_given = true; });
   command
-      .add_option(
-          "--checkpoint", args.checkpoint,
-          "micro-batches that recompute their forward before backward: " + join_names(kCheckpoints))
-      ->capture_default_str();
+      .add_option("--checkpoint", args.checkpoint,
+                  "micro-batches that recompute their forward before backward: " +
+                      join_names(kCheckpoints) + ", or auto (the planner's)")
+      ->capture_default_str()
+      ->each([&args](const std::string&) { args.checkpoint_given = true; });
+  command.add_option("--memory-limit", args.memory_limit,
+                     "with an auto plan: bytes per rank the plan may use (e.g. 2GiB, 512MiB; "
+                     "none: no limit)");
   command
       .add_option("--optimizer", args.optimizer,
                   "optimizer: " + join_names(train::optimizer_names()))
@@ -214,22 +241,89 @@ void add_train_flags(CLI::App& command, TrainArgs& args) {
       ->capture_default_str();
 }
 
+// --balance and --chunks as typed values, and what `auto` leaves to the planner (train_auto.h).
+void resolve_auto_flags(TrainArgs& args) {
+  AutoRequest& request = args.auto_request;
+  const bool balance_auto = std::find(args.balance_text.begin(), args.balance_text.end(), "auto") !=
+                            args.balance_text.end();
+  if (balance_auto && args.balance_text.size() != 1) {
+    throw UsageError(
+        "--balance auto and a list of layer counts were both given; give either "
+        "--balance auto (the planner splits the layers) or the list");
+  }
+  request.balance = balance_auto;
+  args.balance.clear();
+  for (const std::string& text : args.balance_text) {
+    if (balance_auto) break;
+    try {
+      std::size_t used = 0;
+      args.balance.push_back(std::stoll(text, &used));
+      if (used != text.size()) throw std::invalid_argument(text);
+    } catch (const std::exception&) {
+      throw UsageError("--balance entry '" + text +
+                       "' is not a layer count; give counts like 3,2,2 or auto");
+    }
+  }
+  if (args.chunks_text == "auto") {
+    request.chunks = true;
+  } else if (!args.chunks_text.empty()) {
+    try {
+      std::size_t used = 0;
+      args.chunks = std::stoll(args.chunks_text, &used);
+      if (used != args.chunks_text.size()) throw std::invalid_argument(args.chunks_text);
+    } catch (const std::exception&) {
+      throw UsageError("--chunks '" + args.chunks_text +
+                       "' is not a micro-batch count; give a number >= 1 or auto");
+    }
+  }
+  request.checkpoint = args.checkpoint == "auto";
+  request.schedule = args.schedule == "auto";
+  if (request.schedule) {
+    // --schedule auto: everything the user did not give. An explicit --balance list fixes the
+    // stage count K*V, so it fixes V too.
+    request.chunks = request.chunks || args.chunks_text.empty();
+    request.checkpoint = request.checkpoint || !args.checkpoint_given;
+    request.balance = request.balance || args.balance_text.empty();
+    request.virtual_stages = !args.virtual_given && args.balance_text.empty();
+  }
+  if (!args.memory_limit.empty() && args.memory_limit != "none") {
+    try {
+      args.memory_limit_bytes = partition::parse_bytes(args.memory_limit);
+    } catch (const std::invalid_argument& error) {
+      throw UsageError(std::string("--memory-limit: ") + error.what());
+    }
+  }
+}
+
 void check_args(const TrainArgs& args) {
   auto fail = [](const std::string& message) { throw UsageError(message); };
   check_model_data_args(args.data);
+  if (args.auto_request.any() && !args.schedule_file.empty()) {
+    fail(
+        "--schedule-file fixes the schedule, micro-batches and stages, so there is nothing for "
+        "auto to plan; drop the auto flags or --schedule-file");
+  }
+  if (args.memory_limit_bytes > 0 && !args.auto_request.any()) {
+    fail(
+        "--memory-limit bounds the auto plan; add --balance auto or --schedule auto (or drop "
+        "--memory-limit)");
+  }
   if (!contains(train::optimizer_names(), args.optimizer)) {
     fail("unknown --optimizer '" + args.optimizer +
          "'; valid: " + join_names(train::optimizer_names()));
   }
-  if (!contains(kCheckpoints, args.checkpoint)) {
-    fail("unknown --checkpoint '" + args.checkpoint + "'; valid: " + join_names(kCheckpoints));
+  if (!contains(kCheckpoints, args.checkpoint) && !args.auto_request.checkpoint) {
+    fail("unknown --checkpoint '" + args.checkpoint + "'; valid: " + join_names(kCheckpoints) +
+         ", auto");
   }
   if (!contains(kLrSchedules, args.lr_schedule)) {
     fail("unknown --lr-schedule '" + args.lr_schedule + "'; valid: " + join_names(kLrSchedules));
   }
-  if (args.schedule_file.empty() && !contains(schedule::schedule_names(), args.schedule)) {
-    fail("unknown --schedule '" + args.schedule + "'; valid: " +
-         join_names(schedule::schedule_names()) + " (or give --schedule-file for a custom one)");
+  if (args.schedule_file.empty() && !contains(schedule::schedule_names(), args.schedule) &&
+      !args.auto_request.schedule) {
+    fail("unknown --schedule '" + args.schedule +
+         "'; valid: " + join_names(schedule::schedule_names()) +
+         ", auto (or give --schedule-file for a custom one)");
   }
   if (!args.schedule_file.empty() && args.schedule_given && args.schedule != "custom") {
     fail("--schedule " + args.schedule + " and --schedule-file both say which schedule to run; " +
@@ -649,15 +743,86 @@ struct Prepared {
   BuiltData data;
   BuiltModel model;
   std::optional<train::Checkpoint> resume;
+  std::optional<partition::Plan> auto_plan;  // when an auto flag was given
 };
 
-// [2]: data, model (seeded), checks, deferred batch norm, resume. Every rank does the same.
-Prepared prepare(const TrainArgs& args, const Layout& layout) {
+// ---- auto plan (train_auto.h) ---------------------------------------------------------------
+
+// The run as far as the user fixed it, for the planner.
+AutoPlanInput auto_plan_input(const TrainArgs& args, const Layout& layout, int64_t layers) {
+  const AutoRequest& request = args.auto_request;
+  AutoPlanInput input;
+  input.ranks =
+      layout.multi_process ? layout.pipeline_ranks
+      : !args.balance.empty()
+          ? static_cast<int>(static_cast<int64_t>(args.balance.size()) / args.virtual_stages)
+          : static_cast<int>(args.stages);
+  input.threads = threads_per_rank(args, layout);
+  input.memory_limit_bytes = args.memory_limit_bytes;
+  input.optimizer_state_multiple = optimizer_state_multiple(args.optimizer, args.momentum);
+  input.schedule = args.schedule;
+  input.chunks = chunks_of(args, layout);
+  input.checkpoint = args.checkpoint;
+  input.virtual_stages = args.virtual_stages;
+  if (!request.balance) {
+    // Not planned: the list given, or the run's own split by layer count (Pipe's rule).
+    input.balance = args.balance;
+    const int64_t stages = input.ranks * args.virtual_stages;
+    if (input.balance.empty() && stages >= 1 && stages <= layers) {
+      for (int b : partition::even_balance(static_cast<int>(layers), static_cast<int>(stages))) {
+        input.balance.push_back(b);
+      }
+    }
+  }
+  return input;
+}
+
+// What one replica's pipeline runs per step: the first mini-batch, or replica 0's share of it.
+torch::Tensor auto_plan_sample(const TrainArgs& args, const Layout& layout, const Prepared& p) {
+  Batches batches(args, p.model, p.data);
+  torch::Tensor x = batches.at(0).first;
+  if (layout.replicas > 1) x = x.narrow(0, 0, microbatch_sizes(x.size(0), layout.replicas)[0]);
+  return x;
+}
+
+// The plan's values in place of the auto flags; the rest of the command sees explicit flags.
+void apply_auto_plan(TrainArgs& args, const partition::Plan& plan) {
+  const AutoRequest& request = args.auto_request;
+  if (request.schedule) args.schedule = plan.schedule;
+  if (request.chunks) args.chunks = plan.microbatches;
+  if (request.checkpoint)
+    args.checkpoint = std::string(partition::checkpoint_name(plan.checkpoint));
+  if (request.virtual_stages) args.virtual_stages = plan.virtual_stages;
+  // One stage needs no balance, and without one a single micro-batch trains sequentially.
+  if (request.balance && plan.balance.size() > 1) {
+    args.balance.assign(plan.balance.begin(), plan.balance.end());
+  }
+}
+
+// Where the plan comes from: this process's profile (default), or rank 0's (external launcher).
+using PlanSource = std::function<partition::Plan(Prepared& p, const AutoPlanInput& input,
+                                                 const torch::Tensor& sample)>;
+
+partition::Plan plan_here(const TrainArgs& args, Prepared& p, const AutoPlanInput& input,
+                          const torch::Tensor& sample) {
+  return plan_training(p.model.sequential, sample, args.auto_request, input);
+}
+
+// [2]: data, model (seeded), checks, the auto plan (args then hold its values), deferred batch
+// norm, resume. Every rank does the same.
+Prepared prepare(TrainArgs& args, const Layout& layout, const PlanSource& plan_source = {}) {
   Prepared p;
   p.data = build_data(args.data);
   torch::manual_seed(args.data.seed);
   p.model = build_model(args.data, p.data);
   check_data_against_model(p.model, p.data);
+  if (args.auto_request.any()) {
+    const int64_t layers = static_cast<int64_t>(p.model.sequential->size());
+    const AutoPlanInput input = auto_plan_input(args, layout, layers);
+    const torch::Tensor sample = auto_plan_sample(args, layout, p);
+    p.auto_plan = plan_source ? plan_source(p, input, sample) : plan_here(args, p, input, sample);
+    apply_auto_plan(args, *p.auto_plan);
+  }
   if (!is_sequential(args, layout)) {
     // Batch norms would update running statistics per micro-batch and again on recompute;
     // deferred ones update once per mini-batch, as sequential training does.
@@ -754,6 +919,12 @@ int train_with(const TrainArgs& args, Prepared& p, TrainRunner& runner, int thre
                 result.seconds > 0 ? result.steps / result.seconds : 0.0,
                 result.seconds > 0 ? result.samples / result.seconds : 0.0, result.first_loss,
                 result.last_loss);
+    if (p.auto_plan && result.steps > 0) {
+      // Measured over every step (the first one warms up): compare with the prediction.
+      std::printf("auto plan: measured %.3g s/step, predicted %.3g s/step\n",
+                  result.seconds / static_cast<double>(result.steps),
+                  p.auto_plan->predicted_step_seconds);
+    }
   }
   if (!args.save_params.empty()) {
     const bool have = gather_model(p.model, runner);
@@ -789,19 +960,72 @@ std::vector<std::string> own_arguments() {
   return strip_launcher_flags(static_cast<int>(pointers.size()), pointers.data());
 }
 
-int run_train(const TrainArgs& args) {
+// The ranks' command line: this one with the auto flags replaced by the plan's values, so every
+// rank runs the one plan made here (profiles differ between processes; never plan per rank).
+std::vector<std::string> rank_arguments(const TrainArgs& resolved) {
+  const AutoRequest& request = resolved.auto_request;
+  std::vector<std::string> planned;
+  if (request.schedule) planned.push_back("--schedule");
+  if (request.chunks) planned.push_back("--chunks");
+  if (request.checkpoint) planned.push_back("--checkpoint");
+  if (request.virtual_stages) planned.push_back("--virtual");
+  if (request.balance) planned.push_back("--balance");
+  planned.push_back("--memory-limit");
+  std::vector<std::string> arguments;
+  const std::vector<std::string> own = own_arguments();
+  for (std::size_t a = 0; a < own.size(); ++a) {
+    const std::string& word = own[a];
+    const auto flag = std::find_if(planned.begin(), planned.end(), [&](const std::string& f) {
+      return word == f || word.rfind(f + "=", 0) == 0;
+    });
+    if (flag == planned.end()) {
+      arguments.push_back(word);
+    } else if (word == *flag) {
+      ++a;  // "--flag value": an auto flag's value is one word ("auto", a name or a count)
+    }
+  }
+  // "--flag=value" also hides a --config file's value for that flag (config_file.h).
+  if (request.schedule) arguments.push_back("--schedule=" + resolved.schedule);
+  if (request.chunks) arguments.push_back("--chunks=" + std::to_string(resolved.chunks));
+  if (request.checkpoint) arguments.push_back("--checkpoint=" + resolved.checkpoint);
+  if (request.virtual_stages) {
+    arguments.push_back("--virtual=" + std::to_string(resolved.virtual_stages));
+  }
+  if (request.balance && !resolved.balance.empty()) {
+    std::string balance;
+    for (int64_t b : resolved.balance) balance += (balance.empty() ? "" : ",") + std::to_string(b);
+    arguments.push_back("--balance=" + balance);
+  }
+  arguments.push_back("--memory-limit=none");
+  return arguments;
+}
+
+// Rank 0's auto plan failed (user input): every rank received the message and stops with it.
+struct SharedPlanError : UsageError {
+  using UsageError::UsageError;
+};
+
+void print_auto_plan(const partition::Plan& plan) {
+  std::printf("%s\n", describe_auto_plan(plan).c_str());
+  std::fflush(stdout);
+}
+
+int run_train(const TrainArgs& given) {
+  TrainArgs args = given;
+  resolve_auto_flags(args);
   check_args(args);
   const bool launched = DistributedEnvironment::present();
   if (args.nproc > 1 && !launched) {
-    // The parent: check everything a rank would reject (exit 2 here, not 1 in a rank), then
-    // start the ranks.
+    // The parent: check everything a rank would reject (exit 2 here, not 1 in a rank), make the
+    // auto plan once, then start the ranks with its values as explicit flags.
     Layout layout = layout_of(args, args.nproc);
     Prepared p = prepare(args, layout);
     pipe_options(args, layout, static_cast<int64_t>(p.model.sequential->size()));
+    if (p.auto_plan) print_auto_plan(*p.auto_plan);
     std::printf("launching %d processes (%d pipeline x %d data-parallel)\n", layout.world,
                 layout.pipeline_ranks, layout.replicas);
     std::fflush(stdout);
-    return launch_self(args.nproc, own_arguments(),
+    return launch_self(args.nproc, args.auto_request.any() ? rank_arguments(args) : own_arguments(),
                        std::chrono::milliseconds(static_cast<int64_t>(10'000)));
   }
   if (launched) {
@@ -812,19 +1036,50 @@ int run_train(const TrainArgs& args) {
     DistributedOptions options;
     options.timeout(std::chrono::milliseconds(static_cast<int64_t>(args.timeout * 1000)))
         .pipeline_ranks(layout.pipeline_ranks);
-    return run_distributed(options, [&](Distributed& distributed) {
-      Prepared p = prepare(args, layout);
+    std::string usage_error;  // the auto plan failed on rank 0: every rank stops with exit 2
+    const int code = run_distributed(options, [&](Distributed& distributed) {
+      // Under an external launcher every rank got the auto flags: rank 0 plans, the others take
+      // its plan (or its error) from the broadcast.
+      PlanSource from_rank_0 = [&](Prepared& p, const AutoPlanInput& input,
+                                   const torch::Tensor& sample) {
+        std::string message;
+        if (distributed.rank() == 0) {
+          try {
+            message = encode_plan(plan_here(args, p, input, sample));
+          } catch (const UsageError& error) {
+            message = nlohmann::json{{"error", error.what()}}.dump();
+          }
+        }
+        message = distributed.broadcast_text(message, 0);
+        const nlohmann::json decoded = nlohmann::json::parse(message);
+        if (decoded.contains("error")) {
+          throw SharedPlanError(decoded["error"].get<std::string>());
+        }
+        partition::Plan plan = decode_plan(message);
+        if (distributed.rank() == 0) print_auto_plan(plan);
+        return plan;
+      };
+      std::optional<Prepared> p;
+      try {
+        p.emplace(prepare(args, layout, from_rank_0));
+      } catch (const SharedPlanError& error) {
+        usage_error = error.what();  // every rank is here: stop cleanly, exit 2 below
+        return;
+      }
       PipeOptions pipe =
-          pipe_options(args, layout, static_cast<int64_t>(p.model.sequential->size()));
+          pipe_options(args, layout, static_cast<int64_t>(p->model.sequential->size()));
       const std::string text = describe(pipe, pipe.stages(), layout.pipeline_ranks, pipe.balance(),
                                         args.checkpoint, layout);
-      auto runner = make_distributed_runner(distributed, p.model, pipe, text);
-      train_with(args, p, *runner, threads);
+      auto runner = make_distributed_runner(distributed, p->model, pipe, text);
+      train_with(args, *p, *runner, threads);
     });
+    if (code == 0 && !usage_error.empty()) throw UsageError(usage_error);
+    return code;
   }
   Layout layout = layout_of(args, 1);
   const int threads = threads_per_rank(args, layout);
   Prepared p = prepare(args, layout);
+  if (p.auto_plan) print_auto_plan(*p.auto_plan);
   std::unique_ptr<TrainRunner> runner;
   if (is_sequential(args, layout)) {
     at::set_num_threads(threads);

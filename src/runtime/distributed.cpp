@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <sstream>
 #include <thread>
@@ -258,6 +259,21 @@ std::map<std::string, torch::Tensor> Distributed::gather_named_parameters(
     }
   }
   return merged;
+}
+
+std::string Distributed::broadcast_text(const std::string& text, int root) {
+  TORCH_CHECK(root >= 0 && root < world_size(), "broadcast_text: root ", root,
+              " is not a rank of the world of ", world_size());
+  // Two broadcasts: the length, then the bytes (the others cannot size their buffer before).
+  std::vector<torch::Tensor> length{
+      torch::tensor({static_cast<int64_t>(rank() == root ? text.size() : 0)}, torch::kLong)};
+  world_->world_group()->broadcast(length, root);
+  const int64_t n = length[0].item<int64_t>();
+  if (n == 0) return {};
+  std::vector<torch::Tensor> bytes{torch::empty({n}, torch::kUInt8)};
+  if (rank() == root) std::memcpy(bytes[0].data_ptr(), text.data(), text.size());
+  world_->world_group()->broadcast(bytes, root);
+  return std::string(static_cast<const char*>(bytes[0].data_ptr()), static_cast<std::size_t>(n));
 }
 
 void Distributed::barrier() {

@@ -128,6 +128,10 @@ class Distributed {
   std::map<std::string, torch::Tensor> gather_named_parameters(
       const std::vector<std::pair<std::string, torch::Tensor>>& mine);
 
+  // Every rank returns world rank `root`'s text (the value other ranks pass is ignored): how a
+  // decision made once, such as the auto plan of `pipetrain train`, reaches every rank.
+  std::string broadcast_text(const std::string& text, int root = 0);
+
   void barrier();
   // Publishes an abort to every rank (first reason wins).
   void abort(const std::string& reason);

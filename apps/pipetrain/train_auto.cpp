@@ -1,0 +1,257 @@
+// The `auto` plan of `pipetrain train` (train_auto.h): profile, restrict the planner to what the
+// user fixed, search, and turn the result into a line a user can read and a blob a rank can
+// decode.
+//
+//   [1] guard: remember the model's buffers and the random generator (profiling runs the model in
+//       training mode: batch norms update their statistics, randn draws gradients)
+//   [2] profile on the sample batch with the stage workers' thread count
+//   [3] search: the planner with its space cut down to the user's fixed values, or, when the
+//       user fixed the balance itself, every (schedule, M, checkpoint) evaluated on that balance
+//   [4] nothing fits the memory limit -> UsageError naming the smallest limit that works
+#include "train_auto.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <limits>
+#include <stdexcept>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "pipetrain/partition/memory.h"
+#include "pipetrain/partition/profiler.h"
+#include "pipetrain/schedule/generators.h"
+#include "train_setup.h"
+
+namespace pipetrain::cli {
+namespace {
+
+namespace pp = pipetrain::partition;
+
+// [1] Puts the model's buffers and the default CPU generator back as they were.
+class ProfileSideEffectGuard {
+ public:
+  explicit ProfileSideEffectGuard(torch::nn::Sequential& model) : model_(model) {
+    for (const auto& buffer : model_->buffers()) buffers_.push_back(buffer.detach().clone());
+    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator_state_ = generator.get_state();
+  }
+  ~ProfileSideEffectGuard() {
+    torch::NoGradGuard no_grad;
+    const std::vector<torch::Tensor> buffers = model_->buffers();
+    for (std::size_t q = 0; q < buffers.size() && q < buffers_.size(); ++q) {
+      buffers[q].copy_(buffers_[q]);
+    }
+    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(generator_state_);
+  }
+  ProfileSideEffectGuard(const ProfileSideEffectGuard&) = delete;
+  ProfileSideEffectGuard& operator=(const ProfileSideEffectGuard&) = delete;
+
+ private:
+  torch::nn::Sequential& model_;
+  std::vector<torch::Tensor> buffers_;
+  torch::Tensor generator_state_;
+};
+
+// The planner's default micro-batch counts: powers of two dividing the batch, and the batch.
+std::vector<int> microbatch_counts(std::int64_t batch) {
+  std::vector<int> counts;
+  for (std::int64_t m = 1; m <= batch; m *= 2) {
+    if (batch % m == 0) counts.push_back(static_cast<int>(m));
+  }
+  if (counts.back() != batch) counts.push_back(static_cast<int>(batch));
+  return counts;
+}
+
+std::string no_fit_message(std::int64_t limit, std::int64_t smallest, const pp::Plan& plan) {
+  return "no plan fits --memory-limit " + pp::format_bytes(limit) +
+         " per rank; the smallest limit that works is " + pp::format_bytes(smallest) + " (" +
+         std::to_string(smallest) + " bytes, " + plan.describe() +
+         "): raise --memory-limit or use more pipeline ranks";
+}
+
+// [3] The user fixed the balance: every (schedule, M, checkpoint) the request leaves open,
+// evaluated on that balance; the fastest that fits.
+pp::Plan search_with_balance(const pp::ModelProfile& profile, const pp::PlannerOptions& planner,
+                             const AutoRequest& request, const AutoPlanInput& input) {
+  const int V = static_cast<int>(input.virtual_stages);
+  const std::vector<std::string> schedules =
+      request.schedule ? schedule::schedule_names() : std::vector<std::string>{input.schedule};
+  const bool has_1f1b = std::find(schedules.begin(), schedules.end(), "1f1b") != schedules.end();
+  const std::vector<int> counts = request.chunks ? microbatch_counts(profile.batch_size)
+                                                 : std::vector<int>{static_cast<int>(input.chunks)};
+  const std::vector<pp::CheckpointMode> modes =
+      request.checkpoint ? pp::all_checkpoint_modes()
+                         : std::vector<pp::CheckpointMode>{pp::parse_checkpoint(input.checkpoint)};
+  pp::Plan best, leanest;
+  bool found = false, any = false;
+  for (const auto& name : schedules) {
+    const bool interleaved = name == "interleaved-1f1b";
+    if (interleaved ? (V == 1 && has_1f1b) : V != 1) continue;
+    for (int M : counts) {
+      for (pp::CheckpointMode mode : modes) {
+        // The planner models zb-h1 without recompute (planner.h); with only --balance auto the
+        // user's checkpoint mode still runs.
+        if (name == "zb-h1" && mode != pp::CheckpointMode::kNever && request.checkpoint) continue;
+        pp::Plan spec;
+        spec.schedule = name;
+        spec.ranks = input.ranks;
+        spec.microbatches = M;
+        spec.virtual_stages = V;
+        spec.checkpoint = mode;
+        spec.balance.assign(input.balance.begin(), input.balance.end());
+        const pp::Plan plan = pp::evaluate_plan(profile, spec, planner);
+        if (!any || plan.peak_memory_bytes < leanest.peak_memory_bytes) leanest = plan;
+        any = true;
+        if (plan.fits && (!found || plan.predicted_step_seconds < best.predicted_step_seconds)) {
+          best = plan;
+          found = true;
+        }
+      }
+    }
+  }
+  if (!any) {
+    throw UsageError("--schedule auto with --balance of " + std::to_string(input.balance.size()) +
+                     " stages and --virtual " + std::to_string(V) +
+                     " leaves no schedule to choose; drop --virtual or the explicit --balance");
+  }
+  if (!found) {
+    throw UsageError(
+        no_fit_message(planner.memory_limit_bytes, leanest.peak_memory_bytes, leanest));
+  }
+  return best;
+}
+
+}  // namespace
+
+double optimizer_state_multiple(const std::string& optimizer, double momentum) {
+  if (optimizer == "sgd") return momentum > 0 ? 1 : 0;
+  return 2;  // adam, adamw: two moments per parameter
+}
+
+pp::Plan plan_training(torch::nn::Sequential& model, const torch::Tensor& sample,
+                       const AutoRequest& request, const AutoPlanInput& input) {
+  TORCH_INTERNAL_ASSERT(request.any(), "plan_training without anything to plan");
+  const int layers = static_cast<int>(model->size());
+  if (input.ranks < 1 || input.ranks * input.virtual_stages > layers) {
+    throw UsageError("the auto plan needs " + std::to_string(input.ranks) + " pipeline ranks x " +
+                     std::to_string(input.virtual_stages) + " virtual stages <= the model's " +
+                     std::to_string(layers) + " layers; use fewer --stages, --nproc or --virtual");
+  }
+  pp::PlannerOptions planner;
+  planner.ranks = input.ranks;
+  planner.memory_limit_bytes = input.memory_limit_bytes;
+  planner.optimizer_state_multiple = input.optimizer_state_multiple;
+  planner.top = 1;
+  pp::CheckpointMode user_checkpoint = pp::CheckpointMode::kNever;
+  if (!request.schedule) planner.schedules = {input.schedule};
+  if (!request.checkpoint) {
+    user_checkpoint = pp::parse_checkpoint(input.checkpoint);
+    // zb-h1 is planned without recompute (planner.h); balance it so and run the user's mode.
+    const bool zb_only = !request.schedule && input.schedule == "zb-h1";
+    planner.checkpoint_modes = {zb_only ? pp::CheckpointMode::kNever : user_checkpoint};
+  }
+  if (!request.virtual_stages) planner.virtual_stages = {static_cast<int>(input.virtual_stages)};
+  torch::Tensor batch = sample;
+  if (!request.chunks) {
+    // The planner splits the batch evenly; the runtime also runs uneven micro-batches. Plan on
+    // the largest row count that M divides (the same micro-batch size).
+    const std::int64_t rows = batch.size(0);
+    if (input.chunks > rows) {
+      throw UsageError("--chunks " + std::to_string(input.chunks) + " but a mini-batch (or a " +
+                       "replica's share) has only " + std::to_string(rows) +
+                       " rows; use at most that many chunks or a larger --batch-size");
+    }
+    batch = batch.narrow(0, 0, rows / input.chunks * input.chunks);
+    planner.microbatch_counts = {static_cast<int>(input.chunks)};
+  }
+
+  pp::ModelProfile profile;  // [2]
+  {
+    ProfileSideEffectGuard guard(model);
+    try {
+      profile = pp::profile_sequential(model, batch,
+                                       pp::ProfileOptions().intra_op_threads(input.threads));
+    } catch (const c10::Error& error) {
+      throw UsageError("cannot profile the model for the auto plan (on a batch of " +
+                       std::to_string(batch.size(0)) + " rows): " + message_of(error) +
+                       "; give --balance and --schedule explicitly");
+    }
+  }
+
+  pp::Plan plan;  // [3]
+  try {
+    if (!input.balance.empty()) {
+      plan = search_with_balance(profile, planner, request, input);
+    } else {
+      const pp::PlanReport report = pp::plan_pipeline(profile, planner);
+      if (!report.found()) {
+        if (planner.memory_limit_bytes > 0 && report.smallest_fitting_limit > 0) {  // [4]
+          throw UsageError(no_fit_message(planner.memory_limit_bytes, report.smallest_fitting_limit,
+                                          report.smallest_fitting_plan));
+        }
+        throw UsageError("the planner found no plan for " + std::to_string(input.ranks) +
+                         " ranks with these fixed flags; give --schedule/--chunks/--checkpoint "
+                         "explicitly");
+      }
+      plan = report.recommended();
+    }
+  } catch (const std::invalid_argument& error) {
+    throw UsageError(std::string("auto plan: ") + error.what());
+  }
+  if (!request.checkpoint) plan.checkpoint = user_checkpoint;
+  return plan;
+}
+
+std::string describe_auto_plan(const pp::Plan& plan) {
+  std::string balance;
+  for (int layers : plan.balance) balance += " " + std::to_string(layers);
+  std::size_t peak_rank = 0;
+  for (std::size_t r = 0; r < plan.peak_memory_per_rank.size(); ++r) {
+    if (plan.peak_memory_per_rank[r] > plan.peak_memory_per_rank[peak_rank]) peak_rank = r;
+  }
+  char predicted[160];
+  std::snprintf(predicted, sizeof predicted, "predicted %.3g s/step, peak %s on rank %zu",
+                plan.predicted_step_seconds, pp::format_bytes(plan.peak_memory_bytes).c_str(),
+                peak_rank);
+  return "auto plan: " + plan.schedule + ", chunks " + std::to_string(plan.microbatches) +
+         ", balance" + balance + ", checkpoint " +
+         std::string(pp::checkpoint_name(plan.checkpoint)) + ", virtual stages " +
+         std::to_string(plan.virtual_stages) + " (" + predicted + ")";
+}
+
+std::string encode_plan(const pp::Plan& plan) {
+  const nlohmann::json json = {{"schedule", plan.schedule},
+                               {"ranks", plan.ranks},
+                               {"chunks", plan.microbatches},
+                               {"virtual_stages", plan.virtual_stages},
+                               {"checkpoint", pp::checkpoint_name(plan.checkpoint)},
+                               {"balance", plan.balance},
+                               {"microbatch_size", plan.microbatch_size},
+                               {"predicted_step_seconds", plan.predicted_step_seconds},
+                               {"peak_memory_per_rank", plan.peak_memory_per_rank},
+                               {"peak_memory_bytes", plan.peak_memory_bytes}};
+  return json.dump();
+}
+
+pp::Plan decode_plan(const std::string& text) {
+  const nlohmann::json json = nlohmann::json::parse(text);
+  pp::Plan plan;
+  plan.schedule = json.at("schedule").get<std::string>();
+  plan.ranks = json.at("ranks").get<int>();
+  plan.microbatches = json.at("chunks").get<int>();
+  plan.virtual_stages = json.at("virtual_stages").get<int>();
+  plan.checkpoint = pp::parse_checkpoint(json.at("checkpoint").get<std::string>());
+  plan.balance = json.at("balance").get<std::vector<int>>();
+  plan.microbatch_size = json.at("microbatch_size").get<std::int64_t>();
+  plan.predicted_step_seconds = json.at("predicted_step_seconds").get<double>();
+  plan.peak_memory_per_rank = json.at("peak_memory_per_rank").get<std::vector<std::int64_t>>();
+  plan.peak_memory_bytes = json.at("peak_memory_bytes").get<std::int64_t>();
+  return plan;
+}
+
+}  // namespace pipetrain::cli

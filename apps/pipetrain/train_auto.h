@@ -1,0 +1,78 @@
+// `pipetrain train --balance auto --schedule auto`: the planner's recommendation (partition/
+// recommend.h) turned into the flags of one training run.
+//
+//   what is auto                     searched                           kept as given
+//   --balance auto                   balance                            schedule, chunks,
+//                                                                       checkpoint, virtual
+//   --schedule auto                  schedule, and chunks / checkpoint  an explicit --chunks N,
+//                                    / virtual / balance unless given   --checkpoint X, --virtual
+//                                    V,
+//                                                                       --balance a,b,...
+//   --chunks auto, --checkpoint auto that value (with --balance auto alone: only that value)
+//
+// The profile is taken on this process, on `sample` (the run's first mini-batch, or one
+// replica's share of it), with the intra-op threads each stage will use. The model is left as
+// it was: its buffers (batch-norm statistics) and the global random generator are restored, so a
+// run with `auto` trains exactly as the same run with the printed flags written out.
+//
+// Profiles are timings and differ between processes: a multi-process run plans ONCE (the local
+// launcher before it starts the ranks, or rank 0 under an external launcher) and hands the
+// encoded plan to every rank (encode_plan / decode_plan).
+//
+// Errors: user mistakes (a plan that cannot exist, a model the profiler cannot run, no plan
+// within --memory-limit: the message names the smallest limit that works) throw UsageError.
+//
+// Thread-safety: plan_training runs the model; call it from the main thread before training.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "pipetrain/partition/planner.h"
+
+namespace pipetrain::cli {
+
+// Which parts of the plan the user left to the planner.
+struct AutoRequest {
+  bool balance = false;
+  bool schedule = false;
+  bool chunks = false;
+  bool checkpoint = false;
+  bool virtual_stages = false;
+
+  bool any() const { return balance || schedule || chunks || checkpoint || virtual_stages; }
+};
+
+// The run as far as the user fixed it; fields named in AutoRequest are ignored.
+struct AutoPlanInput {
+  int ranks = 1;                        // K pipeline ranks (per replica)
+  int threads = 1;                      // intra-op threads of each stage's worker
+  std::int64_t memory_limit_bytes = 0;  // per rank; 0: none
+  double optimizer_state_multiple = 0;  // sgd 0 (1 with momentum), adam/adamw 2
+  std::string schedule;
+  std::int64_t chunks = 1;
+  std::string checkpoint;
+  std::int64_t virtual_stages = 1;
+  std::vector<std::int64_t> balance;  // empty: not given
+};
+
+// Profiles `model` on `sample` and returns the fastest plan within the limit that keeps every
+// value the user gave. REQUIRES: request.any(); input.ranks between 1 and the layer count.
+partition::Plan plan_training(torch::nn::Sequential& model, const torch::Tensor& sample,
+                              const AutoRequest& request, const AutoPlanInput& input);
+
+// "auto plan: 1f1b, chunks 8, balance 9 7, checkpoint never, virtual stages 1 (predicted
+// 0.152 s/step, peak 1.2 GiB on rank 0)"
+std::string describe_auto_plan(const partition::Plan& plan);
+
+// The plan as one line of JSON and back (what rank 0 broadcasts).
+std::string encode_plan(const partition::Plan& plan);
+partition::Plan decode_plan(const std::string& text);
+
+// State multiple of an optimizer for the memory model: sgd 0 (1 with momentum), adam/adamw 2.
+double optimizer_state_multiple(const std::string& optimizer, double momentum);
+
+}  // namespace pipetrain::cli
