@@ -32,7 +32,7 @@ def cnn(width=32, blocks=1, classes=10):
     """examples/cnn.cpp's layer list, entry for entry, so a partition of K stages cuts the same
     layers as pipetrain's Pipe (the first L % K stages get one layer more, both sides). The
     residual blocks use torchgpipe-style skip connections (@skippable stash/pop), which Pipe
-    carries across partitions the way pipetrain's StashSkip/AddSkip are carried."""
+    carries across partitions the way pipetrain's SkipStash/SkipPopAdd are carried."""
     from torch.distributed.pipeline.sync.skip import pop, skippable, stash
 
     def conv3x3(cin, cout, stride=1):
@@ -40,19 +40,19 @@ def cnn(width=32, blocks=1, classes=10):
 
     def stash_skip(name):
         @skippable(stash=[name])
-        class StashSkip(nn.Module):
+        class SkipStash(nn.Module):
             def forward(self, x):
                 yield stash(name, x)
                 return x
-        return StashSkip()
+        return SkipStash()
 
     def add_skip(name):
         @skippable(pop=[name])
-        class AddSkip(nn.Module):
+        class SkipPopAdd(nn.Module):
             def forward(self, x):
                 skip = yield pop(name)
                 return x + skip
-        return AddSkip()
+        return SkipPopAdd()
 
     def block(name, c):
         return [stash_skip(name), conv3x3(c, c), nn.BatchNorm2d(c), nn.ReLU(),

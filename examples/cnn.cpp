@@ -9,7 +9,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/pooling.h>
 
-#include "skip_layers.h"
+#include "pipetrain/stage/skip_layers.h"
 
 namespace pipetrain::examples {
 namespace {
@@ -20,13 +20,13 @@ torch::nn::Conv2d conv3x3(int64_t in, int64_t out, int64_t stride = 1) {
 }
 
 void add_residual_block(torch::nn::Sequential& model, const std::string& name, int64_t channels) {
-  model->push_back(StashSkip(name));
+  model->push_back(SkipStash(name));
   model->push_back(conv3x3(channels, channels));
   model->push_back(torch::nn::BatchNorm2d(channels));
   model->push_back(torch::nn::ReLU());
   model->push_back(conv3x3(channels, channels));
   model->push_back(torch::nn::BatchNorm2d(channels));
-  model->push_back(AddSkip(name));
+  model->push_back(SkipPopAdd(name));
   model->push_back(torch::nn::ReLU());
 }
 

@@ -7,7 +7,7 @@
 //               flatten, linear(2w*49 -> classes)       -> [B,classes]
 //
 // A residual block is 8 Sequential entries, each its own layer so the pipeline may cut anywhere:
-//   StashSkip(n), conv3x3, bn, relu, conv3x3, bn, AddSkip(n), relu
+//   SkipStash(n), conv3x3, bn, relu, conv3x3, bn, SkipPopAdd(n), relu   (stage/skip_layers.h)
 // A cut inside a block carries the activation [B,c,h,w] plus the stashed skip tensor n (same
 // shape) to the next stage. Batch norm is torch::nn::BatchNorm2d; the pipeline runtime swaps in
 // its deferred (mini-batch-exact) batch norm.

@@ -101,6 +101,11 @@ struct Candidate {
   double lower_bound = 0;
 };
 
+// The candidate a plan was made from (its lower bound unknown).
+Candidate candidate_of(const Plan& plan) {
+  return {plan.schedule, plan.microbatches, plan.virtual_stages, plan.checkpoint, plan.balance, 0};
+}
+
 struct ScheduleEntry {
   schedule::Schedule schedule;
   std::vector<StageResidency> residency;
@@ -219,9 +224,8 @@ class Evaluator {
     return worst;
   }
 
-  // Memory and simulated time of a candidate with its balance fixed.
-  Plan predict(const Candidate& c, const ScheduleEntry& s) {
-    const LayerTable& t = table(c.microbatches);
+  // A candidate with its balance fixed as a plan: its memory figures, no times yet.
+  Plan memory_plan(const Candidate& c, const ScheduleEntry& s) {
     Plan plan;
     plan.schedule = c.schedule;
     plan.ranks = options_.ranks;
@@ -229,8 +233,15 @@ class Evaluator {
     plan.virtual_stages = c.virtual_stages;
     plan.checkpoint = c.checkpoint;
     plan.balance = c.balance;
-    plan.microbatch_size = t.microbatch_size;
+    plan.microbatch_size = table(c.microbatches).microbatch_size;
     fill_memory(plan, s);
+    return plan;
+  }
+
+  // Memory and simulated time of a candidate with its balance fixed.
+  Plan predict(const Candidate& c, const ScheduleEntry& s) {
+    const LayerTable& t = table(c.microbatches);
+    Plan plan = memory_plan(c, s);
 
     const int S = s.schedule.num_stages;
     schedule::Costs costs;
@@ -389,12 +400,8 @@ Plan evaluate_plan(const ModelProfile& profile, const Plan& spec, const PlannerO
   PlannerOptions local = options;
   local.ranks = spec.ranks > 0 ? spec.ranks : options.ranks;
   Evaluator evaluator(profile, local);
-  Candidate c;
-  c.schedule = spec.schedule;
-  c.microbatches = spec.microbatches;
-  c.virtual_stages = spec.virtual_stages;
-  c.checkpoint = spec.checkpoint;
-  c.balance = spec.balance.empty() ? evaluator.time_balance(c) : spec.balance;
+  Candidate c = candidate_of(spec);
+  if (c.balance.empty()) c.balance = evaluator.time_balance(c);
   const int S = local.ranks * spec.virtual_stages;
   int total = 0;
   for (int layers : c.balance) total += layers;
@@ -474,11 +481,7 @@ PlanReport plan_pipeline(const ModelProfile& profile, const PlannerOptions& opti
     const ScheduleEntry& s = evaluator.schedule_of(c.schedule, c.microbatches, c.virtual_stages);
     bool for_memory = false;
     if (limit > 0) {
-      Plan trial;
-      trial.balance = c.balance;
-      trial.checkpoint = c.checkpoint;
-      trial.microbatch_size = profile.batch_size / c.microbatches;
-      evaluator.fill_memory(trial, s);
+      Plan trial = evaluator.memory_plan(c, s);
       if (!trial.fits) {
         std::vector<int> capped = evaluator.memory_capped_balance(c, s, limit);
         if (!capped.empty()) {
@@ -520,15 +523,7 @@ PlanReport plan_pipeline(const ModelProfile& profile, const PlannerOptions& opti
       Candidate c = original;
       const ScheduleEntry& s = evaluator.schedule_of(c.schedule, c.microbatches, c.virtual_stages);
       c.balance = evaluator.memory_balance(c, s);
-      Plan trial;
-      trial.schedule = c.schedule;
-      trial.ranks = options.ranks;
-      trial.microbatches = c.microbatches;
-      trial.virtual_stages = c.virtual_stages;
-      trial.checkpoint = c.checkpoint;
-      trial.balance = c.balance;
-      trial.microbatch_size = profile.batch_size / c.microbatches;
-      evaluator.fill_memory(trial, s);
+      Plan trial = evaluator.memory_plan(c, s);
       if (!have || trial.peak_memory_bytes < report.smallest_fitting_limit) {
         have = true;
         report.smallest_fitting_limit = trial.peak_memory_bytes;
@@ -537,13 +532,8 @@ PlanReport plan_pipeline(const ModelProfile& profile, const PlannerOptions& opti
     }
     if (have) {
       // Its predicted time, for the message "needs X; would take Y".
-      const ScheduleEntry& s = evaluator.schedule_of(report.smallest_fitting_plan.schedule,
-                                                     report.smallest_fitting_plan.microbatches,
-                                                     report.smallest_fitting_plan.virtual_stages);
-      Candidate c{
-          report.smallest_fitting_plan.schedule,       report.smallest_fitting_plan.microbatches,
-          report.smallest_fitting_plan.virtual_stages, report.smallest_fitting_plan.checkpoint,
-          report.smallest_fitting_plan.balance,        0};
+      const Candidate c = candidate_of(report.smallest_fitting_plan);
+      const ScheduleEntry& s = evaluator.schedule_of(c.schedule, c.microbatches, c.virtual_stages);
       report.smallest_fitting_plan = evaluator.predict(c, s);
     }
   }

@@ -2,10 +2,9 @@
 // consistent with one another). Timing targets are never asserted here: they are what the bench
 // measures, and a loaded test machine would make them flaky.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <array>
-#include <cstdio>
+#include "../helpers/cli_run.h"
+
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -14,23 +13,10 @@ namespace {
 
 using nlohmann::json;
 
-struct CommandResult {
-  int exit_code = -1;
-  std::string out;  // stdout only; progress lines go to stderr
-};
-
-CommandResult run_bench(const std::string& arguments) {
-  const std::string command =
-      std::string(PIPETRAIN_BINARY_DIR) + "/pipetrain bench " + arguments + " 2>/dev/null";
-  CommandResult run;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (!pipe) return run;
-  std::array<char, 4096> buffer;
-  std::size_t n;
-  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) run.out.append(buffer.data(), n);
-  const int status = pclose(pipe);
-  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return run;
+// stdout only: progress lines go to stderr, stdout is the JSON report.
+pipetrain::testing::CliRun run_bench(const std::string& arguments) {
+  return pipetrain::testing::run_pipetrain("bench " + arguments,
+                                           pipetrain::testing::CliOptions().without_stderr());
 }
 
 const json* find(const json& configs, const std::string& runtime, const std::string& schedule,
@@ -47,14 +33,14 @@ const json* find(const json& configs, const std::string& runtime, const std::str
 // One tiny run shared by the tests below (each configuration is a child process).
 const json& tiny_report() {
   static const json report = [] {
-    const CommandResult run = run_bench(
+    const pipetrain::testing::CliRun run = run_bench(
         "--suite mlp --width 32 --batch 16 --chunks 4 --steps 1 --warmup 0 --threads 2 "
         "--no-python --json");
-    EXPECT_EQ(run.exit_code, 0) << run.out;
+    EXPECT_EQ(run.exit_code, 0) << run.output;
     try {
-      return json::parse(run.out);
+      return json::parse(run.output);
     } catch (const json::exception& e) {
-      ADD_FAILURE() << "not one JSON object: " << e.what() << "\n" << run.out;
+      ADD_FAILURE() << "not one JSON object: " << e.what() << "\n" << run.output;
       return json::object();
     }
   }();

@@ -7,16 +7,14 @@
 // and the saved file is a dict Python reads under the TorchScript module's parameter names.
 //
 // Skipped (GTEST_SKIP) only when /usr/bin/python3 has no torch.
-#include <sys/wait.h>
-
-#include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <sstream>
 #include <string>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+
+#include "../helpers/cli_run.h"
 
 namespace {
 
@@ -24,26 +22,18 @@ const std::string kPython = "/usr/bin/python3";
 const std::string kHelper = std::string(PIPETRAIN_SOURCE_DIR) + "/tests/apps/make_models.py";
 const std::string kPipetrain = std::string(PIPETRAIN_BINARY_DIR) + "/pipetrain";
 
-struct Result {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr together
-};
+using pipetrain::testing::CliOptions;
+using Result = pipetrain::testing::CliRun;
 
+// Runs a shell command line; its output also stays in the test directory as LOG.
 Result run(const std::string& command, const std::string& log) {
-  const int status = std::system((command + " >" + log + " 2>&1").c_str());
-  Result result;
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream file(log);
-  std::stringstream text;
-  text << file.rdbuf();
-  result.output = text.str();
-  return result;
+  return pipetrain::testing::run_command(command, CliOptions().log_to(log));
 }
 
 class TrainCli : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    if (std::system((kPython + " -c 'import torch' >/dev/null 2>&1").c_str()) != 0) return;
+    if (pipetrain::testing::run_command(kPython + " -c 'import torch'").exit_code != 0) return;
     std::string pattern = ::testing::TempDir() + "pipetrain_train_cli_XXXXXX";
     ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
     dir_ = new std::string(pattern);
@@ -147,12 +137,13 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<ScheduleCase>& info) { return std::string(info.param.tag); });
 
 TEST_F(TrainCli, CrossEntropyWithClassIndicesEqualsPython) {
-  Result trained = run(kPipetrain + " train --model " + path("mlp.pt") + " --inputs " +
-                           path("x.pt") + " --targets " + path("y_ce.pt") +
-                           " --loss cross-entropy --optimizer sgd --lr 0.2 --batch-size 6 --steps 5 --stages 2 "
-                           "--chunks 3 --schedule 1f1b --checkpoint never --save-params " +
-                           path("ce.pt"),
-                       path("ce.log"));
+  Result trained =
+      run(kPipetrain + " train --model " + path("mlp.pt") + " --inputs " + path("x.pt") +
+              " --targets " + path("y_ce.pt") +
+              " --loss cross-entropy --optimizer sgd --lr 0.2 --batch-size 6 --steps 5 --stages 2 "
+              "--chunks 3 --schedule 1f1b --checkpoint never --save-params " +
+              path("ce.pt"),
+          path("ce.log"));
   ASSERT_EQ(trained.exit_code, 0) << trained.output;
   expect_same_parameters("ce.pt", "ref_ce.pt");
 }
@@ -190,16 +181,10 @@ struct BadCase {
 
 class TrainCliRejects : public TrainCli, public ::testing::WithParamInterface<BadCase> {};
 
-std::string replace_dir(std::string text, const std::string& dir) {
-  for (auto at = text.find("{dir}"); at != std::string::npos; at = text.find("{dir}")) {
-    text.replace(at, 5, dir);
-  }
-  return text;
-}
-
 TEST_P(TrainCliRejects, WithExitCodeTwoAndAClearMessage) {
   const BadCase& param = GetParam();
-  Result result = run(kPipetrain + " train --lr 0.1 " + replace_dir(param.flags, *dir_),
+  Result result = run(kPipetrain + " train --lr 0.1 " +
+                          pipetrain::testing::replace_all(param.flags, "{dir}", *dir_),
                       path(std::string("bad_") + param.tag + ".log"));
   EXPECT_EQ(result.exit_code, 2) << result.output;
   EXPECT_NE(result.output.find(param.expected), std::string::npos)

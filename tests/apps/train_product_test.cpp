@@ -8,12 +8,10 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <sstream>
 #include <string>
 #include <thread>
 
@@ -21,26 +19,20 @@
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
 
+#include "../helpers/cli_run.h"
 #include "pipetrain/train/checkpoint.h"
 
 namespace {
 
 const std::string kPipetrain = std::string(PIPETRAIN_BINARY_DIR) + "/pipetrain";
 
-struct Result {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr together
-};
+using pipetrain::testing::CliOptions;
+using pipetrain::testing::replace_all;
+using Result = pipetrain::testing::CliRun;
 
+// Runs `pipetrain ARGUMENTS`; its output also stays in the test directory as LOG.
 Result run(const std::string& arguments, const std::string& log) {
-  const int status = std::system((kPipetrain + " " + arguments + " >" + log + " 2>&1").c_str());
-  Result result;
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream file(log);
-  std::stringstream text;
-  text << file.rdbuf();
-  result.output = text.str();
-  return result;
+  return pipetrain::testing::run_pipetrain(arguments, CliOptions().log_to(log));
 }
 
 std::map<std::string, torch::Tensor> load_params(const std::string& path) {
@@ -274,19 +266,12 @@ class TrainProductRejects : public TrainProduct, public ::testing::WithParamInte
   }
 };
 
-std::string replace_dir(std::string text, const std::string& dir) {
-  for (auto at = text.find("{dir}"); at != std::string::npos; at = text.find("{dir}")) {
-    text.replace(at, 5, dir);
-  }
-  return text;
-}
-
 TEST_P(TrainProductRejects, WithExitCodeTwoAndAClearMessage) {
   const BadCase& param = GetParam();
-  Result result =
-      run(replace_dir(param.arguments, *dir_), path(std::string("bad_") + param.tag + ".log"));
+  Result result = run(replace_all(param.arguments, "{dir}", *dir_),
+                      path(std::string("bad_") + param.tag + ".log"));
   EXPECT_EQ(result.exit_code, 2) << result.output;
-  const std::string expected = replace_dir(param.expected, *dir_);
+  const std::string expected = replace_all(param.expected, "{dir}", *dir_);
   EXPECT_NE(result.output.find(expected), std::string::npos)
       << "expected '" << expected << "' in:\n"
       << result.output;

@@ -1,4 +1,4 @@
-// Shapes, skip layers, causal masking and weight tying of the example models.
+// Shapes, residuals, causal masking and weight tying of the example models.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -7,7 +7,6 @@
 #include "mlp.h"
 #include "model_registry.h"
 #include "pipetrain/stage/skip.h"
-#include "skip_layers.h"
 
 namespace pipetrain::examples {
 namespace {
@@ -36,43 +35,6 @@ TEST(Cnn, MapsImagesToClassScoresAndLeavesNoSkipBehind) {
 TEST(Cnn, MoreBlocksAddNamedResidualsAndStillRun) {
   torch::nn::Sequential cnn = make_cnn(CnnOptions().width(8).blocks(2));
   EXPECT_EQ(cnn->forward(torch::randn({2, 1, 28, 28})).sizes(), torch::IntArrayRef({2, 10}));
-}
-
-TEST(SkipLayers, StashAndAddEqualAHandWrittenResidualInValueAndGradient) {
-  torch::manual_seed(0);
-  torch::nn::Linear first(6, 6), second(6, 6);
-  torch::nn::Sequential with_skips(StashSkip("r"), first, torch::nn::ReLU(), second, AddSkip("r"));
-  torch::Tensor x = torch::randn({4, 6}, torch::requires_grad());
-  torch::Tensor y = with_skips->forward(x);
-  torch::Tensor x2 = x.detach().clone().requires_grad_(true);
-  torch::Tensor expected = x2 + second->forward(torch::relu(first->forward(x2)));
-  EXPECT_TRUE(torch::allclose(y, expected));
-  y.sum().backward();
-  torch::Tensor first_grad = first->weight.grad().clone();
-  first->weight.mutable_grad().zero_();
-  expected.sum().backward();
-  EXPECT_TRUE(torch::allclose(x.grad(), x2.grad()));
-  EXPECT_TRUE(torch::allclose(first_grad, first->weight.grad()));
-}
-
-TEST(SkipLayers, ProjectionMatchesAStridedConvolutionShortcut) {
-  torch::manual_seed(0);
-  torch::nn::Conv2d main_path(torch::nn::Conv2dOptions(4, 8, 3).stride(2).padding(1));
-  AddSkip add(AddSkipOptions("p").projection_in(4).projection_out(8).projection_stride(2));
-  torch::nn::Sequential model(StashSkip("p"), main_path, add);
-  torch::Tensor x = torch::randn({2, 4, 10, 10});
-  torch::Tensor expected = main_path->forward(x) + add->projection->forward(x);
-  EXPECT_TRUE(torch::allclose(model->forward(x), expected));
-}
-
-TEST(SkipLayers, ShapeMismatchWithoutProjectionSaysHowToFix) {
-  torch::nn::Sequential model(StashSkip("m"), torch::nn::Linear(4, 3), AddSkip("m"));
-  try {
-    model->forward(torch::randn({2, 4}));
-    FAIL() << "no error";
-  } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("projection"), std::string::npos) << e.what();
-  }
 }
 
 GptOptions small_gpt() {
