@@ -65,6 +65,7 @@
 #include "pipetrain/train/lr_schedule.h"
 #include "pipetrain/train/optimizer.h"
 #include "pipetrain/train/progress.h"
+#include "pipetrain/transport/c10d.h"
 #include "train_auto.h"
 #include "train_runner.h"
 #include "train_setup.h"
@@ -123,6 +124,7 @@ struct TrainArgs {
   std::string resume;
   std::string config;  // expanded by main() before parsing; listed here for --help
   double timeout = 300;
+  std::string backend = "auto";
   int64_t log_every = 100;
 };
 
@@ -233,6 +235,11 @@ void add_train_flags(CLI::App& command, TrainArgs& args) {
                      "continue from this checkpoint (any stage or process count)");
   command.add_option("--config", args.config,
                      "JSON file of flags ({\"lr\": 0.01, ...}); flags given here win");
+  command
+      .add_option("--backend", args.backend,
+                  "process-group backend of a multi-process run: auto (gloo for CPU stages, nccl "
+                  "for CUDA stages), gloo, nccl or mpi")
+      ->capture_default_str();
   command
       .add_option("--timeout", args.timeout,
                   "seconds any wait between ranks may take before the run fails")
@@ -375,6 +382,20 @@ void check_args(const TrainArgs& args) {
     fail("--save-every needs --checkpoint-dir DIR (where checkpoint.pt is written)");
   }
   if (!(args.timeout > 0)) fail("--timeout must be > 0 seconds");
+  if (args.backend != "auto") {
+    CommBackend backend = CommBackend::kGloo;
+    try {
+      backend = parse_comm_backend(args.backend);
+    } catch (const c10::Error& e) {
+      fail("--backend " + args.backend + ": " + e.what_without_backtrace());
+    }
+    if (!comm_backend_available(backend)) {
+      fail(
+          "--backend " + args.backend + " is not available in this LibTorch build (" +
+          (backend == CommBackend::kNccl ? "NCCL needs a CUDA build" : "it was built without MPI") +
+          "); use --backend gloo or auto");
+    }
+  }
   if (args.log_every < 1) fail("--log-every must be at least 1");
 }
 
@@ -1035,7 +1056,8 @@ int run_train(const TrainArgs& given) {
     at::set_num_threads(threads);
     DistributedOptions options;
     options.timeout(std::chrono::milliseconds(static_cast<int64_t>(args.timeout * 1000)))
-        .pipeline_ranks(layout.pipeline_ranks);
+        .pipeline_ranks(layout.pipeline_ranks)
+        .backend(args.backend);
     std::string usage_error;  // the auto plan failed on rank 0: every rank stops with exit 2
     const int code = run_distributed(options, [&](Distributed& distributed) {
       // Under an external launcher every rank got the auto flags: rank 0 plans, the others take

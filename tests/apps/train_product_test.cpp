@@ -294,7 +294,13 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"missing_resume", PIPETRAIN_MLP "--data synthetic --resume {dir}/nothing.pt",
                 "nothing.pt"},
         BadCase{"eval_missing_checkpoint", "eval --checkpoint {dir}/nothing.pt", "nothing.pt"},
-        BadCase{"bad_config", "train --config {dir}/absent.json", "absent.json"}),
+        BadCase{"bad_config", "train --config {dir}/absent.json", "absent.json"},
+        BadCase{"unknown_backend",
+                PIPETRAIN_MLP "--data synthetic --nproc 2 --backend carrier-pigeon",
+                "use gloo, nccl or mpi"},
+        // Debian's LibTorch is a CPU build without MPI; on a CUDA build this case would differ.
+        BadCase{"unavailable_backend", PIPETRAIN_MLP "--data synthetic --nproc 2 --backend mpi",
+                "--backend mpi is not available in this LibTorch build"}),
     [](const ::testing::TestParamInfo<BadCase>& info) { return std::string(info.param.tag); });
 
 }  // namespace
