@@ -12,6 +12,8 @@
 #include <c10/util/ThreadLocalDebugInfo.h>
 #include <torch/torch.h>
 
+#include "pipetrain/stage/skip.h"
+
 namespace pipetrain::partition {
 namespace {
 
@@ -93,7 +95,11 @@ std::int64_t tensor_bytes(const torch::Tensor& t) {
   return static_cast<std::int64_t>(t.numel()) * static_cast<std::int64_t>(t.element_size());
 }
 
-torch::Tensor run_layer(torch::nn::AnyModule& layer, std::size_t l, const torch::Tensor& x) {
+// Runs layer l on x with `skips` as the thread's skip context (stage/skip.h): stash layers add to
+// it, pop layers take from it. A timed trial passes a copy, so every trial sees the same skips.
+torch::Tensor run_layer(torch::nn::AnyModule& layer, std::size_t l, const torch::Tensor& x,
+                        SkipContext& skips) {
+  SkipContextGuard guard(&skips);
   try {
     return layer.forward<torch::Tensor>(x);
   } catch (const c10::Error& e) {
@@ -133,10 +139,11 @@ std::vector<std::int64_t> chained_activation_bytes(const std::vector<torch::nn::
     if (x.is_floating_point()) x.requires_grad_(true);
     const std::int64_t start = counter->net;
     std::int64_t previous = start;
+    SkipContext skips;  // skips in flight count as kept by the layer that stashed them
     for (std::size_t l = 0; l < layers.size(); ++l) {
       // [1] y's graph keeps the saved tensors; [2] dropping our handle on x frees it unless the
       // graph saved it. The net growth is what this layer adds to the stash.
-      x = run_layer(*layers[l], l, x);
+      x = run_layer(*layers[l], l, x, skips);
       bytes.push_back(counter->net - previous);
       previous = counter->net;
     }
@@ -205,14 +212,23 @@ ModelProfile profile_sequential(torch::nn::Sequential& model, const torch::Tenso
     allocator_seen = allocator_seen && seen;
 
     torch::Tensor x = input;
+    SkipContext skips;  // the skips in flight before layer l, in the chained pass
     for (std::size_t l = 0; l < layers.size(); ++l) {
       torch::Tensor leaf = x.detach();
       // The first stage's input is data: nobody needs its gradient.
       const bool needs_input_grad = l > 0 && leaf.is_floating_point();
       leaf.requires_grad_(needs_input_grad);
       LayerCost cost;
-      cost.forward_seconds = time_call(options, [&] { (void)run_layer(*layers[l], l, leaf); });
-      torch::Tensor y = run_layer(*layers[l], l, leaf);
+      cost.forward_seconds = time_call(options, [&] {
+        SkipContext trial = skips;
+        (void)run_layer(*layers[l], l, leaf, trial);
+      });
+      torch::Tensor y = run_layer(*layers[l], l, leaf, skips);
+      // Skips in flight become leaves like the layer input: a later pop layer's backward then
+      // stops at them instead of running the earlier layers' backward again.
+      for (auto& entry : skips.pending) {
+        entry.second = entry.second.detach().requires_grad_(entry.second.is_floating_point());
+      }
       cost.output_bytes = tensor_bytes(y);
       cost.activation_bytes = seen ? chained[l] : cost.output_bytes;
 

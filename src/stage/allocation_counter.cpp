@@ -4,20 +4,25 @@
 //   allocate(n) on thread T
 //     [1] the wrapped allocator allocates: DataPtr{data, context, deleter}
 //     [2] no guard active on T: return it as is (freed as if we were not here)
-//     [3] guard active: counter += n; return DataPtr{data, CountedAllocation*, delete_counted},
-//         the CountedAllocation owning the original DataPtr and a share of the counter
-//   delete_counted(CountedAllocation*), on any thread
-//     [4] counter -= n; destroying the original DataPtr frees the memory through its own deleter
+//     [3] guard active: counter += n; record data -> CountedAllocation (owning the original
+//         DataPtr and a share of the counter) in a table; return DataPtr{data, data,
+//         delete_counted}: context == data, as Allocator::raw_allocate requires (CPU convolutions
+//         allocate their workspaces that way, inside a stage's forward)
+//   delete_counted(data), on any thread; also raw_deleter() for raw_deallocate
+//     [4] counted: counter -= n; destroying the original DataPtr frees the memory through its own
+//         deleter. Not in the table: an uncounted raw allocation, freed by the wrapped deleter.
 //
 // Why the CountedAllocations come from a pool of their own: as small heap objects interleaved
 // with the large activation blocks they changed how glibc reuses and trims the heap, and the
 // next backward got measurably slower (bench_stage_cost B: +4..7%); so did growing each block by
-// a header in front of the data. From the pool's slabs the heap sees exactly the allocations it
-// sees without counting.
+// a header in front of the data. The pointer table (an unordered_map, reserved up front) still
+// makes one small node per counted block: bench_stage_cost prints the cost.
 #include "pipetrain/stage/allocation_counter.h"
 
+#include <cstdint>
 #include <mutex>
 #include <new>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -69,8 +74,47 @@ CountedAllocationPool& pool() {
   return *instance;
 }
 
-void delete_counted(void* context) {
-  auto* allocation = static_cast<CountedAllocation*>(context);
+// data pointer -> its CountedAllocation.
+class CountedTable {
+ public:
+  CountedTable() { records_.reserve(4096); }
+  void insert(void* data, CountedAllocation* allocation) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    records_[data] = allocation;
+  }
+  // Removes and returns the record of `data`; null when it was not counted.
+  CountedAllocation* take(void* data) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto found = records_.find(data);
+    if (found == records_.end()) return nullptr;
+    CountedAllocation* allocation = found->second;
+    records_.erase(found);
+    return allocation;
+  }
+  CountedAllocation* find(void* data) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto found = records_.find(data);
+    return found == records_.end() ? nullptr : found->second;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::unordered_map<void*, CountedAllocation*> records_;  // guarded by mutex_
+};
+
+CountedTable& table() {
+  static auto* instance = new CountedTable();
+  return *instance;
+}
+
+c10::DeleterFnPtr wrapped_raw_deleter = nullptr;  // set once, before any counted allocation
+
+void delete_counted(void* data) {
+  CountedAllocation* allocation = table().take(data);
+  if (allocation == nullptr) {  // an uncounted raw allocation (raw_deleter() serves both)
+    if (wrapped_raw_deleter != nullptr) wrapped_raw_deleter(data);
+    return;
+  }
   allocation->counter->fetch_sub(allocation->bytes, std::memory_order_relaxed);  // [4]
   allocation->~CountedAllocation();
   pool().give_back(allocation);
@@ -89,12 +133,13 @@ class CountingCpuAllocator final : public c10::Allocator {
     const auto bytes = static_cast<int64_t>(n);
     auto* allocation = new (pool().take()) CountedAllocation{std::move(original), bytes, *counter};
     allocation->counter->fetch_add(bytes, std::memory_order_relaxed);  // [3]
-    return c10::DataPtr(data, allocation, &delete_counted, device);
+    table().insert(data, allocation);
+    return c10::DataPtr(data, data, &delete_counted, device);
   }
 
-  // Only allocations made outside a guard carry the wrapped allocator's raw deleter; that is
-  // what raw_deallocate() is used with (see the header's REQUIRES).
-  c10::DeleterFnPtr raw_deleter() const override { return wrapped_->raw_deleter(); }
+  // raw_deallocate(ptr) of a raw_allocate()d block: counted or not, delete_counted finds out.
+  // REQUIRES (as LibTorch's own): the wrapped allocator's raw allocations have context == data.
+  c10::DeleterFnPtr raw_deleter() const override { return &delete_counted; }
 
  private:
   c10::Allocator* wrapped_;
@@ -104,7 +149,9 @@ void install_counting_allocator() {
   // Installed once and never destroyed: storages made through it keep pointing at it, also
   // during static destruction. Priority 1 outranks LibTorch's own registration (0).
   static const bool installed = [] {
-    auto* counting = new CountingCpuAllocator(c10::GetCPUAllocator());
+    c10::Allocator* wrapped = c10::GetCPUAllocator();
+    wrapped_raw_deleter = wrapped->raw_deleter();
+    auto* counting = new CountingCpuAllocator(wrapped);
     c10::SetCPUAllocator(counting, /*priority=*/1);
     return true;
   }();
@@ -119,8 +166,9 @@ AllocationCounter::AllocationCounter() : live_(std::make_shared<std::atomic<int6
 
 int64_t AllocationCounter::counted_bytes_of(const torch::Tensor& tensor) const {
   if (!tensor.defined() || !tensor.has_storage()) return 0;
-  const auto* allocation =
-      tensor.storage().data_ptr().cast_context<CountedAllocation>(&delete_counted);
+  const c10::DataPtr& data = tensor.storage().data_ptr();
+  if (data.get_deleter() != &delete_counted) return 0;
+  const CountedAllocation* allocation = table().find(data.get());
   if (allocation == nullptr || allocation->counter != live_) return 0;
   return allocation->bytes;
 }

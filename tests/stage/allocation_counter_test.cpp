@@ -1,6 +1,9 @@
 #include "pipetrain/stage/allocation_counter.h"
 
 #include <thread>
+#include <vector>
+
+#include <c10/core/CPUAllocator.h>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -95,6 +98,42 @@ TEST(AllocationCounter, CountedTensorsComputeAndResizeLikeAnyOther) {
   x = torch::Tensor();
   grad = torch::Tensor();
   EXPECT_EQ(counter.live_bytes(), 0) << "every counted allocation was freed";
+}
+
+// CPU convolutions take workspaces with Allocator::raw_allocate, which asserts that a DataPtr's
+// context is its data pointer; a stage's forward runs them inside a guard.
+TEST(AllocationCounter, RawAllocationsInsideAGuardAreCountedAndFreedByRawDeallocate) {
+  AllocationCounter counter;
+  c10::Allocator* allocator = c10::GetCPUAllocator();
+  void* outside = allocator->raw_allocate(64);
+  {
+    CountAllocations counting(counter);
+    void* inside = allocator->raw_allocate(4096);
+    EXPECT_EQ(counter.live_bytes(), 4096);
+    allocator->raw_deallocate(inside);
+    EXPECT_EQ(counter.live_bytes(), 0);
+    // Many live blocks at once (the record table grows) and freed in another order.
+    std::vector<torch::Tensor> many;
+    for (int k = 0; k < 5000; ++k) many.push_back(torch::empty({16}));
+    EXPECT_EQ(counter.live_bytes(), 5000 * 64);
+    for (size_t k = 0; k < many.size(); k += 2) many[k] = torch::Tensor();
+    EXPECT_EQ(counter.live_bytes(), 2500 * 64);
+  }
+  EXPECT_EQ(counter.live_bytes(), 0);  // `many` is gone
+  allocator->raw_deallocate(outside);  // allocated before the guard: the wrapped deleter frees it
+  EXPECT_EQ(counter.live_bytes(), 0);
+}
+
+TEST(AllocationCounter, AConvolutionRunsInsideTheGuard) {
+  AllocationCounter counter;
+  torch::nn::Conv2d conv(torch::nn::Conv2dOptions(1, 4, 3));
+  torch::Tensor out;
+  {
+    CountAllocations counting(counter);
+    out = conv->forward(torch::randn({2, 1, 8, 8}));
+  }
+  EXPECT_EQ(out.sizes(), (std::vector<int64_t>{2, 4, 6, 6}));
+  EXPECT_GE(counter.live_bytes(), static_cast<int64_t>(out.numel() * 4));
 }
 
 }  // namespace

@@ -22,9 +22,9 @@
 // Ownership: a counter is shared (shared_ptr) with every allocation it counted, so it may be
 // destroyed before them. Thread-safety: live_bytes() and counted_bytes_of() may be called from any
 // thread; a CountAllocations guard affects only the thread that made it.
-// REQUIRES: nothing calls Allocator::raw_allocate on the CPU allocator inside an active guard
-// (LibTorch's tensor code does not; raw_allocate asserts that data and context coincide, which a
-// wrapped allocation breaks).
+// Allocator::raw_allocate / raw_deallocate work inside a guard too (CPU convolutions take their
+// workspaces that way): a counted block's DataPtr context is its data pointer, and the record is
+// found by that pointer.
 #pragma once
 
 #include <atomic>
