@@ -18,11 +18,14 @@
 #include <torch/torch.h>
 
 #include "../helpers/cli_run.h"
+#include "../helpers/params_file.h"
 #include "pipetrain/schedule/generators.h"
 
 namespace {
 
 using pipetrain::testing::CliRun;
+using pipetrain::testing::load_params;
+using pipetrain::testing::max_relative_difference;
 using pipetrain::testing::run_pipetrain;
 
 constexpr int kMlpLayers = 6;  // Flatten + 3 Linear + 2 ReLU for widths [784, 32, 16, 10]
@@ -85,35 +88,6 @@ bool losses_finite(const std::string& output) {
   std::smatch match;
   if (!std::regex_search(output, match, done)) return false;
   return std::isfinite(std::stod(match[1])) && std::isfinite(std::stod(match[2]));
-}
-
-std::map<std::string, torch::Tensor> load_params(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::map<std::string, torch::Tensor> out;
-  for (const auto& entry : torch::pickle_load(bytes).toGenericDict()) {
-    out[entry.key().toStringRef()] = entry.value().toTensor();
-  }
-  return out;
-}
-
-// Largest |a - b| / max|b| over every parameter; the names must agree.
-double max_relative_difference(const std::string& a_path, const std::string& b_path) {
-  auto a = load_params(a_path);
-  auto b = load_params(b_path);
-  EXPECT_EQ(a.size(), b.size());
-  EXPECT_FALSE(b.empty()) << b_path;
-  double worst = 0;
-  for (const auto& [name, tensor] : b) {
-    auto found = a.find(name);
-    if (found == a.end()) {
-      ADD_FAILURE() << "missing parameter " << name << " in " << a_path;
-      return 1e9;
-    }
-    const double scale = std::max(tensor.abs().max().item<double>(), 1e-12);
-    worst = std::max(worst, (found->second - tensor).abs().max().item<double>() / scale);
-  }
-  return worst;
 }
 
 // Checks a plan against what the planner can produce for `ranks` ranks of a `layers`-layer

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../helpers/cli_run.h"
+#include "../helpers/params_file.h"
 #include "pipetrain/train/checkpoint.h"
 
 namespace {
@@ -27,40 +28,14 @@ namespace {
 const std::string kPipetrain = std::string(PIPETRAIN_BINARY_DIR) + "/pipetrain";
 
 using pipetrain::testing::CliOptions;
+using pipetrain::testing::load_params;
+using pipetrain::testing::max_relative_difference;
 using pipetrain::testing::replace_all;
 using Result = pipetrain::testing::CliRun;
 
 // Runs `pipetrain ARGUMENTS`; its output also stays in the test directory as LOG.
 Result run(const std::string& arguments, const std::string& log) {
   return pipetrain::testing::run_pipetrain(arguments, CliOptions().log_to(log));
-}
-
-std::map<std::string, torch::Tensor> load_params(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::map<std::string, torch::Tensor> out;
-  for (const auto& entry : torch::pickle_load(bytes).toGenericDict()) {
-    out[entry.key().toStringRef()] = entry.value().toTensor();
-  }
-  return out;
-}
-
-// Largest |a - b| / max|b| over every parameter; the names must agree.
-double max_relative_difference(const std::string& a_path, const std::string& b_path) {
-  auto a = load_params(a_path);
-  auto b = load_params(b_path);
-  EXPECT_EQ(a.size(), b.size());
-  double worst = 0;
-  for (const auto& [name, tensor] : b) {
-    auto found = a.find(name);
-    if (found == a.end()) {
-      ADD_FAILURE() << "missing parameter " << name << " in " << a_path;
-      return 1e9;
-    }
-    const double scale = std::max(tensor.abs().max().item<double>(), 1e-12);
-    worst = std::max(worst, (found->second - tensor).abs().max().item<double>() / scale);
-  }
-  return worst;
 }
 
 class TrainProduct : public ::testing::Test {
