@@ -15,8 +15,7 @@
 // Why the CountedAllocations come from a pool of their own: as small heap objects interleaved
 // with the large activation blocks they changed how glibc reuses and trims the heap, and the
 // next backward got measurably slower (bench_stage_cost B: +4..7%); so did growing each block by
-// a header in front of the data. The pointer table (an unordered_map, reserved up front) still
-// makes one small node per counted block: bench_stage_cost prints the cost.
+// a header in front of the data. The pointer table's nodes come from slabs of their own too.
 #include "pipetrain/stage/allocation_counter.h"
 
 #include <cstdint>
@@ -74,6 +73,48 @@ CountedAllocationPool& pool() {
   return *instance;
 }
 
+// Single objects (the table's nodes) from slabs that are never returned to the heap, for the same
+// reason as the CountedAllocation pool; arrays (the bucket array, rare after reserve) from the
+// heap. Used only under CountedTable's mutex.
+template <typename T>
+struct SlabAllocator {
+  using value_type = T;
+  SlabAllocator() = default;
+  template <typename U>
+  SlabAllocator(const SlabAllocator<U>&) {}
+  T* allocate(size_t n) {
+    if (n != 1) return static_cast<T*>(::operator new(n * sizeof(T)));
+    std::vector<void*>& free = free_list();
+    if (free.empty()) {
+      constexpr size_t kSlots = 256;
+      auto* slab = static_cast<char*>(::operator new(kSlots * sizeof(T)));
+      for (size_t s = 0; s < kSlots; ++s) free.push_back(slab + s * sizeof(T));
+    }
+    void* slot = free.back();
+    free.pop_back();
+    return static_cast<T*>(slot);
+  }
+  void deallocate(T* p, size_t n) {
+    if (n != 1) {
+      ::operator delete(p);
+      return;
+    }
+    free_list().push_back(p);
+  }
+  static std::vector<void*>& free_list() {
+    static auto* list = new std::vector<void*>();
+    return *list;
+  }
+  template <typename U>
+  bool operator==(const SlabAllocator<U>&) const {
+    return true;
+  }
+  template <typename U>
+  bool operator!=(const SlabAllocator<U>&) const {
+    return false;
+  }
+};
+
 // data pointer -> its CountedAllocation.
 class CountedTable {
  public:
@@ -99,7 +140,10 @@ class CountedTable {
 
  private:
   std::mutex mutex_;
-  std::unordered_map<void*, CountedAllocation*> records_;  // guarded by mutex_
+  using Entry = std::pair<void* const, CountedAllocation*>;
+  std::unordered_map<void*, CountedAllocation*, std::hash<void*>, std::equal_to<void*>,
+                     SlabAllocator<Entry>>
+      records_;  // guarded by mutex_
 };
 
 CountedTable& table() {
