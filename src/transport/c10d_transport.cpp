@@ -212,6 +212,13 @@ struct C10dTransport::Impl {
   int my_rank() const { return world->rank(); }
   void abort_local(const std::string& reason);
   void check_healthy();
+  // For expect()/recv(): healthy, both stages exist, this rank runs the destination stage.
+  // `verb` words the error ("expects", "receives"). Returns the source rank.
+  int check_receiver(const Envelope& envelope, const char* verb);
+  // An uninitialised buffer of `n` elements on the wire device.
+  torch::Tensor wire_buffer(int64_t n, torch::ScalarType dtype) const {
+    return torch::empty({n}, torch::TensorOptions().dtype(dtype).device(wire_device));
+  }
   void reap();
   void post_send(torch::Tensor tensor, int dst, int tag, std::string what);
   PostedRecv post_recv(torch::Tensor buffer, int src, int tag);
@@ -331,14 +338,11 @@ C10dTransport::Impl::BundleRecvs C10dTransport::Impl::post_bundle(const Envelope
     auto known = received_bytes.find(channel_of(envelope));
     recvs.data_bytes = known == received_bytes.end() ? 0 : known->second;
   }
-  recvs.header = post_recv(
-      torch::empty({kHeaderSlots}, torch::TensorOptions().dtype(torch::kLong).device(wire_device)),
-      src, c10d_tag(envelope, MessagePart::kHeader));
+  recvs.header = post_recv(wire_buffer(kHeaderSlots, torch::kLong), src,
+                           c10d_tag(envelope, MessagePart::kHeader));
   if (recvs.data_bytes > 0) {
-    recvs.data =
-        post_recv(torch::empty({recvs.data_bytes},
-                               torch::TensorOptions().dtype(torch::kUInt8).device(wire_device)),
-                  src, c10d_tag(envelope, MessagePart::kData));
+    recvs.data = post_recv(wire_buffer(recvs.data_bytes, torch::kUInt8), src,
+                           c10d_tag(envelope, MessagePart::kData));
   }
   return recvs;
 }
@@ -432,10 +436,8 @@ void C10dTransport::send(const Envelope& envelope, Bundle bundle) {
   }
   if (total != agreed && agreed > 0) {
     // The receiver posted L(c) bytes under kData: fill them (contents unused).
-    impl_->post_send(
-        torch::empty({agreed},
-                     torch::TensorOptions().dtype(torch::kUInt8).device(impl_->wire_device)),
-        dst, c10d_tag(envelope, MessagePart::kData), what + " (filler)");
+    impl_->post_send(impl_->wire_buffer(agreed, torch::kUInt8), dst,
+                     c10d_tag(envelope, MessagePart::kData), what + " (filler)");
   }
   if (total == 0) return;
   // [3] A single tensor goes as it is (no copy); several are packed into one flat buffer.
@@ -452,8 +454,7 @@ void C10dTransport::send(const Envelope& envelope, Bundle bundle) {
       static_cast<int64_t>(only.numel() * only.element_size()) == total) {
     data = only.detach();
   } else {
-    data = torch::empty({total},
-                        torch::TensorOptions().dtype(torch::kUInt8).device(impl_->wire_device));
+    data = impl_->wire_buffer(total, torch::kUInt8);
     auto* base = static_cast<uint8_t*>(data.data_ptr());
     for (std::size_t t = 0; t < bundle.tensors.size(); ++t) {
       if (offsets[t] < 0) continue;
@@ -467,32 +468,32 @@ void C10dTransport::send(const Envelope& envelope, Bundle bundle) {
   impl_->post_send(data, dst, c10d_tag(envelope, part), what + " (data)");
 }
 
-void C10dTransport::expect(const Envelope& envelope) {
-  impl_->check_healthy();
-  const int me = impl_->my_rank();
-  check_stages_exist(envelope, me, "receive", impl_->stage_rank.size());
-  TORCH_CHECK(impl_->stage_rank[envelope.dst_stage] == me, "rank ", me, " expects the ",
+int C10dTransport::Impl::check_receiver(const Envelope& envelope, const char* verb) {
+  check_healthy();
+  const int me = my_rank();
+  check_stages_exist(envelope, me, "receive", stage_rank.size());
+  TORCH_CHECK(stage_rank[envelope.dst_stage] == me, "rank ", me, " ", verb, " the ",
               describe(envelope), " but stage ", envelope.dst_stage, " runs on rank ",
-              impl_->stage_rank[envelope.dst_stage]);
+              stage_rank[envelope.dst_stage]);
+  return stage_rank[envelope.src_stage];
+}
+
+void C10dTransport::expect(const Envelope& envelope) {
+  const int src = impl_->check_receiver(envelope, "expects");
   const Impl::Channel channel = Impl::channel_of(envelope);
   {
     std::lock_guard<std::mutex> lock(impl_->mutex);
     if (impl_->posted.count(channel)) return;
   }
-  Impl::BundleRecvs recvs = impl_->post_bundle(envelope, impl_->stage_rank[envelope.src_stage]);
+  Impl::BundleRecvs recvs = impl_->post_bundle(envelope, src);
   recvs.ahead = true;
   std::lock_guard<std::mutex> lock(impl_->mutex);
   impl_->posted.emplace(channel, std::move(recvs));
 }
 
 Bundle C10dTransport::recv(const Envelope& envelope) {
-  impl_->check_healthy();
   const int me = impl_->my_rank();
-  check_stages_exist(envelope, me, "receive", impl_->stage_rank.size());
-  TORCH_CHECK(impl_->stage_rank[envelope.dst_stage] == me, "rank ", me, " receives the ",
-              describe(envelope), " but stage ", envelope.dst_stage, " runs on rank ",
-              impl_->stage_rank[envelope.dst_stage]);
-  const int src = impl_->stage_rank[envelope.src_stage];
+  const int src = impl_->check_receiver(envelope, "receives");
 
   const Impl::Channel channel = Impl::channel_of(envelope);
   std::optional<Impl::BundleRecvs> ahead;
@@ -518,10 +519,8 @@ Bundle C10dTransport::recv(const Envelope& envelope) {
   if (length <= kInlineSlots) {
     meta.assign(h + kHeaderFixed, h + kHeaderFixed + length);
   } else {
-    auto overflow = impl_->post_recv(
-        torch::empty({length},
-                     torch::TensorOptions().dtype(torch::kLong).device(impl_->wire_device)),
-        src, c10d_tag(envelope, MessagePart::kMetadata));
+    auto overflow = impl_->post_recv(impl_->wire_buffer(length, torch::kLong), src,
+                                     c10d_tag(envelope, MessagePart::kMetadata));
     impl_->wait_recv(overflow, src, envelope, "metadata");
     const torch::Tensor values = overflow.buffer.cpu();
     meta.assign(values.data_ptr<int64_t>(), values.data_ptr<int64_t>() + length);
@@ -543,10 +542,8 @@ Bundle C10dTransport::recv(const Envelope& envelope) {
   } else {
     if (recvs.data) impl_->wait_recv(*recvs.data, src, envelope, "filler");
     if (total > 0) {
-      auto resized = impl_->post_recv(
-          torch::empty({total},
-                       torch::TensorOptions().dtype(torch::kUInt8).device(impl_->wire_device)),
-          src, c10d_tag(envelope, MessagePart::kResizedData));
+      auto resized = impl_->post_recv(impl_->wire_buffer(total, torch::kUInt8), src,
+                                      c10d_tag(envelope, MessagePart::kResizedData));
       impl_->wait_recv(resized, src, envelope, "data");
       data = resized.buffer;
     }
