@@ -42,17 +42,18 @@ struct CountedAllocation {
   Counter counter;
 };
 
-// Storage for CountedAllocations, taken and given back from any thread. Slabs are never freed
-// (the pool lives as long as the process: a deleter may run during static destruction).
-class CountedAllocationPool {
+// Fixed-size slots from slabs that are never returned to the heap, taken and given back from any
+// thread (the pools live as long as the process: a deleter may run during static destruction).
+class SlabPool {
  public:
+  explicit SlabPool(size_t slot_bytes) : slot_bytes_(slot_bytes) {}
   void* take() {
     std::lock_guard<std::mutex> lock(mutex_);
     if (free_.empty()) {
       constexpr size_t kSlots = 256;
-      auto* slab = static_cast<char*>(::operator new(kSlots * sizeof(CountedAllocation)));
+      auto* slab = static_cast<char*>(::operator new(kSlots* slot_bytes_));
       free_.reserve(free_.size() + kSlots);
-      for (size_t s = 0; s < kSlots; ++s) free_.push_back(slab + s * sizeof(CountedAllocation));
+      for (size_t s = 0; s < kSlots; ++s) free_.push_back(slab + s * slot_bytes_);
     }
     void* slot = free_.back();
     free_.pop_back();
@@ -64,18 +65,20 @@ class CountedAllocationPool {
   }
 
  private:
+  const size_t slot_bytes_;
   std::mutex mutex_;
   std::vector<void*> free_;  // guarded by mutex_
 };
 
-CountedAllocationPool& pool() {
-  static auto* instance = new CountedAllocationPool();
+// The slots of type T.
+template <typename T>
+SlabPool& pool_of() {
+  static auto* instance = new SlabPool(sizeof(T));
   return *instance;
 }
 
-// Single objects (the table's nodes) from slabs that are never returned to the heap, for the same
-// reason as the CountedAllocation pool; arrays (the bucket array, rare after reserve) from the
-// heap. Used only under CountedTable's mutex.
+// Single objects (the table's nodes) from pool_of<T>(); arrays (the bucket array, rare after
+// reserve) from the heap.
 template <typename T>
 struct SlabAllocator {
   using value_type = T;
@@ -84,26 +87,14 @@ struct SlabAllocator {
   SlabAllocator(const SlabAllocator<U>&) {}
   T* allocate(size_t n) {
     if (n != 1) return static_cast<T*>(::operator new(n * sizeof(T)));
-    std::vector<void*>& free = free_list();
-    if (free.empty()) {
-      constexpr size_t kSlots = 256;
-      auto* slab = static_cast<char*>(::operator new(kSlots * sizeof(T)));
-      for (size_t s = 0; s < kSlots; ++s) free.push_back(slab + s * sizeof(T));
-    }
-    void* slot = free.back();
-    free.pop_back();
-    return static_cast<T*>(slot);
+    return static_cast<T*>(pool_of<T>().take());
   }
   void deallocate(T* p, size_t n) {
     if (n != 1) {
       ::operator delete(p);
       return;
     }
-    free_list().push_back(p);
-  }
-  static std::vector<void*>& free_list() {
-    static auto* list = new std::vector<void*>();
-    return *list;
+    pool_of<T>().give_back(p);
   }
   template <typename U>
   bool operator==(const SlabAllocator<U>&) const {
@@ -161,7 +152,7 @@ void delete_counted(void* data) {
   }
   allocation->counter->fetch_sub(allocation->bytes, std::memory_order_relaxed);  // [4]
   allocation->~CountedAllocation();
-  pool().give_back(allocation);
+  pool_of<CountedAllocation>().give_back(allocation);
 }
 
 class CountingCpuAllocator final : public c10::Allocator {
@@ -175,7 +166,8 @@ class CountingCpuAllocator final : public c10::Allocator {
     void* data = original.get();
     const c10::Device device = original.device();
     const auto bytes = static_cast<int64_t>(n);
-    auto* allocation = new (pool().take()) CountedAllocation{std::move(original), bytes, *counter};
+    auto* allocation = new (pool_of<CountedAllocation>().take())
+        CountedAllocation{std::move(original), bytes, *counter};
     allocation->counter->fetch_add(bytes, std::memory_order_relaxed);  // [3]
     table().insert(data, allocation);
     return c10::DataPtr(data, data, &delete_counted, device);
