@@ -9,16 +9,6 @@
 #include "pipetrain/stage/torchscript.h"
 
 namespace pipetrain {
-namespace {
-
-// Every dimension but the channel dimension 1: (0) for (N, C), (0, 2) for (N, C, L), ...
-std::vector<int64_t> reduced_dims(const torch::Tensor& input) {
-  std::vector<int64_t> dims{0};
-  for (int64_t d = 2; d < input.dim(); ++d) dims.push_back(d);
-  return dims;
-}
-
-}  // namespace
 
 DeferredBatchNormImpl::DeferredBatchNormImpl(DeferredBatchNormOptions options_)
     : options(std::move(options_)) {
@@ -75,8 +65,8 @@ void DeferredBatchNormImpl::reset() {
   running_mean = register_buffer("running_mean", tensors.running_mean);
   running_var = register_buffer("running_var", tensors.running_var);
   num_batches_tracked = register_buffer("num_batches_tracked", tensors.num_batches_tracked);
-  sum_ = torch::Tensor();
-  sum_squares_ = torch::Tensor();
+  mean_ = torch::Tensor();
+  m2_ = torch::Tensor();
   count_ = 0;
   tracked_ = 0;
 }
@@ -86,8 +76,8 @@ void DeferredBatchNormImpl::reset_running_stats() {
   running_mean.zero_();
   running_var.fill_(1);
   num_batches_tracked.zero_();
-  sum_ = torch::Tensor();
-  sum_squares_ = torch::Tensor();
+  mean_ = torch::Tensor();
+  m2_ = torch::Tensor();
   count_ = 0;
   tracked_ = 0;
 }
@@ -106,30 +96,41 @@ torch::Tensor DeferredBatchNormImpl::forward(const torch::Tensor& input) {
               "DeferredBatchNorm: expected more than 1 value per channel when training, got input "
               "shape ",
               input.sizes(), "; use micro-batches of at least 2 rows");
+  // Undefined running stats: normalize with this micro-batch's statistics and update nothing.
+  // native_batch_norm also returns the statistics it normalized with (mean, 1/sqrt(var + eps)),
+  // so tracking costs no extra pass over the activations.
+  auto [output, mean, invstd] =
+      at::native_batch_norm(input, weight, bias, /*running_mean=*/{}, /*running_var=*/{},
+                            /*training=*/true, /*momentum=*/0.0, options.eps());
   // A recompute re-runs a forward that was already tracked (checkpointing): skip it.
   if (!is_recomputing()) {
-    track(input);
+    track(input.numel() / input.size(1), mean, invstd);
     if (tracked_ >= options.chunks()) commit();
   }
-  // Undefined running stats: normalize with this micro-batch's statistics and update nothing.
-  return torch::batch_norm(input, weight, bias, /*running_mean=*/{}, /*running_var=*/{},
-                           /*training=*/true, /*momentum=*/0.0, options.eps(), cudnn);
+  return output;
 }
 
-void DeferredBatchNormImpl::track(const torch::Tensor& input) {
+void DeferredBatchNormImpl::track(int64_t count, const torch::Tensor& mean,
+                                  const torch::Tensor& invstd) {
   torch::NoGradGuard no_grad;
-  const auto dims = reduced_dims(input);
-  torch::Tensor values = input.detach().to(torch::kDouble);
-  torch::Tensor sum = values.sum(dims);
-  torch::Tensor sum_squares = values.square().sum(dims);
-  if (tracked_ == 0 || !sum_.defined()) {
-    sum_ = sum;
-    sum_squares_ = sum_squares;
+  // This micro-batch: count values per channel, their mean and biased variance, in float64.
+  torch::Tensor mean_b = mean.detach().to(torch::kDouble);
+  torch::Tensor var_b =
+      (invstd.detach().to(torch::kDouble).square().reciprocal() - options.eps()).clamp_min(0);
+  torch::Tensor m2_b = var_b * static_cast<double>(count);
+  if (tracked_ == 0 || !mean_.defined()) {
+    mean_ = mean_b;
+    m2_ = m2_b;
   } else {
-    sum_ += sum;
-    sum_squares_ += sum_squares;
+    // Chan et al.'s pairwise combination: no cancellation when the mean dwarfs the spread.
+    const auto n_a = static_cast<double>(count_);
+    const auto n_b = static_cast<double>(count);
+    const double n = n_a + n_b;
+    torch::Tensor delta = mean_b - mean_;
+    mean_ = mean_ + delta * (n_b / n);
+    m2_ = m2_ + m2_b + delta.square() * (n_a * n_b / n);
   }
-  count_ += input.numel() / input.size(1);
+  count_ += count;
   ++tracked_;
 }
 
@@ -141,15 +142,15 @@ void DeferredBatchNormImpl::commit() {
                        ? *options.momentum()
                        : 1.0 / static_cast<double>(num_batches_tracked.item<int64_t>());
   const auto n = static_cast<double>(count_);
-  torch::Tensor mean = sum_ / n;
-  torch::Tensor biased_var = (sum_squares_ / n - mean.square()).clamp_min(0);
+  torch::Tensor mean = mean_;
+  torch::Tensor biased_var = m2_ / n;
   // BatchNorm keeps the unbiased variance; with one value per channel it is undefined (torch
   // stores inf/nan there too), so we follow it rather than hide the problem.
   torch::Tensor var = count_ > 1 ? biased_var * (n / (n - 1)) : biased_var;
   running_mean.mul_(1 - m).add_(mean.to(running_mean.dtype()), m);
   running_var.mul_(1 - m).add_(var.to(running_var.dtype()), m);
-  sum_ = torch::Tensor();
-  sum_squares_ = torch::Tensor();
+  mean_ = torch::Tensor();
+  m2_ = torch::Tensor();
   count_ = 0;
   tracked_ = 0;
 }

@@ -5,10 +5,11 @@
 // update running_mean/running_var M times, each from a small micro-batch, and again during every
 // recompute, so its running statistics drift from those of sequential training. DeferredBatchNorm
 // normalizes each micro-batch with that micro-batch's own statistics (exactly what BatchNorm in
-// train mode does for it), and meanwhile accumulates, per channel, the row count, sum and sum of
-// squares. When the chunks-th micro-batch of the mini-batch has been tracked it commits:
+// train mode does for it), and meanwhile accumulates, per channel, the value count n, the mean
+// and the sum of squared deviations M2. When the chunks-th micro-batch of the mini-batch has
+// been tracked it commits:
 //
-//   mean = sum / n      var = (sumsq / n - mean^2) * n / (n - 1)      (unbiased, as BatchNorm)
+//   var = M2 / n * n / (n - 1)                                       (unbiased, as BatchNorm)
 //   running_mean = (1 - m) * running_mean + m * mean       (m = momentum, or 1/num_batches_tracked
 //   running_var  = (1 - m) * running_var  + m * var         when momentum is unset)
 //   num_batches_tracked += 1
@@ -23,7 +24,9 @@
 // every step. A driver that neither splits evenly nor calls commit() mixes the rows of two
 // mini-batches into one update: that is the limit of counting micro-batches.
 //
-// Accumulation is in float64, so the one-pass variance formula is accurate for fp32 inputs.
+// Tracking reads the mean and variance the micro-batch's normalization already computed (no extra
+// pass over the activations) and combines them in float64 with Chan et al.'s pairwise formula
+// (mean and sum of squared deviations), which stays accurate when the mean dwarfs the spread.
 //
 // Input: (N, C) or (N, C, L) like BatchNorm1d, or (N, C, H, W) like BatchNorm2d: statistics are
 // per channel (dim 1) over every other dimension. Eval mode normalizes with the running statistics.
@@ -99,13 +102,16 @@ class DeferredBatchNormImpl : public torch::nn::Cloneable<DeferredBatchNormImpl>
   torch::Tensor running_mean, running_var, num_batches_tracked;  // buffers
 
  private:
-  void track(const torch::Tensor& input);
+  // Adds one micro-batch of `count` values per channel, normalized with `mean` and
+  // `invstd` = 1 / sqrt(biased variance + eps) (what native_batch_norm returns).
+  void track(int64_t count, const torch::Tensor& mean, const torch::Tensor& invstd);
 
   // Consumed by the first reset() (the constructor's), so a clone gets fresh tensors.
   std::optional<DeferredBatchNormTensors> shared_;
 
-  // Accumulators since the last commit (float64, per channel), not buffers.
-  torch::Tensor sum_, sum_squares_;
+  // Accumulators since the last commit (float64, per channel), not buffers: the mean and the
+  // sum of squared deviations from it of every value tracked.
+  torch::Tensor mean_, m2_;
   int64_t count_ = 0;    // values per channel seen
   int64_t tracked_ = 0;  // micro-batches seen
 };
