@@ -28,10 +28,16 @@
 //                          started by the local launcher (Gloo over loopback), each with
 //                          max(1, T/K) threads; step time = the slowest rank's, per step
 //
-// Efficiency of a pipelined row = simulate(its lowered schedule, MEASURED costs) / measured step
-// time, the costs being the median F/B/I/W duration per stage over the timed steps' events
-// (last_events) and comm 0 in-process; multi-process: comm = the shortest measured receive (a
-// message that had already arrived: the cost of taking it off the wire), a lower bound.
+// Efficiency of a pipelined row = the median over the timed steps of
+//   replay(step) / step time,  replay = simulate(its lowered schedule, every compute action costing
+//   what it measured in that step), comm 0 in-process; multi-process: comm = the shortest
+//   measured receive (a message that had already arrived: the cost of taking it off the wire), a
+//   lower bound.
+// The replay is the step as the schedule would run it with no waits beyond its dependencies and
+// no runtime cost between actions; a step's own durations (not medians over steps) keep a slow
+// action on a noisy machine from counting as pipeline overhead. The step time includes zero_grad
+// and the SGD step, which the replay does not: they count as overhead (multi-process rows report
+// them per rank as rank_phases).
 #include <poll.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -52,6 +58,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <torch/torch.h>
@@ -251,27 +258,38 @@ int64_t peak_rss_bytes() {
   return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
-// Simulated makespan (seconds) of `lowered` with the median measured duration of each compute op
-// per stage; comm 0 (in-process hand-over through queues).
-double simulated_seconds(const schedule::Schedule& lowered,
-                         const std::map<std::pair<int, schedule::Op>, std::vector<double>>& us,
-                         double comm_us = 0) {
+// A step's measured compute durations (microseconds) by (stage, op, micro-batch).
+using StepDurations = std::map<std::tuple<int, int, int>, double>;
+
+void add_duration(StepDurations& step, const schedule::Action& action, double us) {
+  step[{action.stage, static_cast<int>(action.op), action.microbatch}] = us;
+}
+
+// The makespan (seconds) of `lowered` when every compute action takes what it took in `step`.
+double replayed_seconds(const schedule::Schedule& lowered, const StepDurations& step,
+                        double comm_us = 0) {
   schedule::Costs costs;
   costs.comm = comm_us;
-  const int S = lowered.num_stages;
-  auto per_stage = [&](schedule::Op op) {
-    std::vector<double> v(S, 0.0);
-    for (int j = 0; j < S; ++j) {
-      auto it = us.find({j, op});
-      if (it != us.end()) v[j] = median(it->second);
+  costs.per_action = [&](const schedule::Action& a) {
+    const auto it = step.find({a.stage, static_cast<int>(a.op), a.microbatch});
+    if (it == step.end()) {
+      throw std::runtime_error("bench: no measured duration for " + schedule::to_string(a));
     }
-    return v;
+    return it->second;
   };
-  costs.forward_per_stage = per_stage(schedule::Op::kForward);
-  costs.backward_per_stage = per_stage(schedule::Op::kBackward);
-  costs.backward_input_per_stage = per_stage(schedule::Op::kBackwardInput);
-  costs.backward_weight_per_stage = per_stage(schedule::Op::kBackwardWeight);
   return schedule::simulate(lowered, costs).makespan * 1e-6;
+}
+
+// Median over steps of replayed / measured, and the median replayed time.
+std::pair<double, double> efficiency_of(const schedule::Schedule& lowered,
+                                        const std::vector<StepDurations>& steps,
+                                        const std::vector<double>& seconds, double comm_us = 0) {
+  std::vector<double> ratios, replayed;
+  for (size_t k = 0; k < steps.size() && k < seconds.size(); ++k) {
+    replayed.push_back(replayed_seconds(lowered, steps[k], comm_us));
+    ratios.push_back(replayed.back() / seconds[k]);
+  }
+  return {median(ratios), median(replayed)};
 }
 
 void write_timeline(const BenchArgs& a, const Config& c, const std::vector<ActionEvent>& events) {
@@ -332,7 +350,7 @@ json run_one(const BenchArgs& a, const Config& c) {
 
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.01));
   std::vector<double> seconds;
-  std::map<std::pair<int, schedule::Op>, std::vector<double>> durations_us;
+  std::vector<StepDurations> step_durations;
   for (int k = 0; k < a.warmup + a.steps; ++k) {
     const auto start = std::chrono::steady_clock::now();
     sgd.zero_grad();
@@ -343,10 +361,10 @@ json run_one(const BenchArgs& a, const Config& c) {
     if (k < a.warmup) continue;
     seconds.push_back(elapsed);
     if (pipe) {
+      StepDurations& step_us = step_durations.emplace_back();
       for (const ActionEvent& e : (*pipe)->last_events()) {
-        if (schedule::is_compute(e.action.op)) {
-          durations_us[{e.action.stage, e.action.op}].push_back(e.end_us - e.start_us);
-        }
+        if (schedule::is_compute(e.action.op))
+          add_duration(step_us, e.action, e.end_us - e.start_us);
       }
     }
   }
@@ -364,9 +382,9 @@ json run_one(const BenchArgs& a, const Config& c) {
       stashed.push_back(s.peak_stashed_bytes);
       stashed_microbatches.push_back(s.peak_stashed_microbatches);
     }
-    const double simulated = simulated_seconds((*pipe)->schedule(), durations_us);
-    result["simulated_seconds"] = simulated;
-    result["efficiency"] = simulated / median(seconds);
+    const auto [efficiency, replayed] = efficiency_of((*pipe)->schedule(), step_durations, seconds);
+    result["simulated_seconds"] = replayed;
+    result["efficiency"] = efficiency;
     if (!a.timeline_dir.empty() && c.purpose == "main" && c.stages > 1) {
       write_timeline(a, c, (*pipe)->last_events());
     }
@@ -384,8 +402,9 @@ bool is_receive(schedule::Op op) {
 }
 
 // One rank of a multiprocess configuration (started by launch_local with the torchrun
-// environment). Prints one result line: its step times, per-(stage, op) medians, the shortest
-// receive, its stages' stash accounting of the last step and its peak RSS.
+// environment). Prints one result line: its step times and their parts, every compute action's
+// duration per timed step, the shortest receive, its stages' stash accounting of the last step and
+// its peak RSS.
 int run_rank(const BenchArgs& a, const Config& c) {
   DistributedOptions options;
   options.pipeline_ranks(c.stages).timeout(std::chrono::seconds(120));
@@ -404,32 +423,43 @@ int run_rank(const BenchArgs& a, const Config& c) {
                              .checkpoint(parse_checkpoint(c.checkpoint)));
     torch::optim::SGD sgd(pipe.parameters(), torch::optim::SGDOptions(0.01));
     std::vector<double> seconds;
-    std::map<std::pair<int, schedule::Op>, std::vector<double>> durations_us;
+    // Where a step's time goes on this rank: zero_grad + SGD step; the schedule from the step's
+    // start to this rank's last action's end; what train_step spends after it (collectives).
+    std::vector<double> optimizer_seconds, schedule_seconds, after_schedule_seconds;
+    json actions = json::array();  // per timed step: [stage, op, micro-batch, us] per action
     double min_receive_us = -1;
+    using Clock = std::chrono::steady_clock;
+    auto seconds_between = [](Clock::time_point from, Clock::time_point to) {
+      return std::chrono::duration<double>(to - from).count();
+    };
     for (int k = 0; k < a.warmup + a.steps; ++k) {
       distributed.barrier();  // every rank starts the step together; not timed
-      const auto start = std::chrono::steady_clock::now();
+      const auto start = Clock::now();
       sgd.zero_grad();
+      const auto step_start = Clock::now();
       pipe.train_step(w.inputs, w.targets, w.loss);  // ends with the loss collective
+      const auto step_end = Clock::now();
       sgd.step();
-      const double elapsed =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const auto end = Clock::now();
       if (k < a.warmup) continue;
-      seconds.push_back(elapsed);
+      seconds.push_back(seconds_between(start, end));
+      optimizer_seconds.push_back(seconds_between(start, step_start) +
+                                  seconds_between(step_end, end));
+      double last_end_us = 0;
+      for (const ActionEvent& e : pipe.last_events()) last_end_us = std::max(last_end_us, e.end_us);
+      schedule_seconds.push_back(last_end_us * 1e-6);
+      after_schedule_seconds.push_back(seconds_between(step_start, step_end) - last_end_us * 1e-6);
+      json& step_actions = actions.emplace_back(json::array());
       for (const ActionEvent& e : pipe.last_events()) {
         const double us = e.end_us - e.start_us;
-        if (schedule::is_compute(e.action.op))
-          durations_us[{e.action.stage, e.action.op}].push_back(us);
+        if (schedule::is_compute(e.action.op)) {
+          step_actions.push_back(
+              {e.action.stage, static_cast<int>(e.action.op), e.action.microbatch, us});
+        }
         if (is_receive(e.action.op) && (min_receive_us < 0 || us < min_receive_us)) {
           min_receive_us = us;
         }
       }
-    }
-    json costs = json::array();
-    for (const auto& [key, values] : durations_us) {
-      costs.push_back({{"stage", key.first},
-                       {"op", std::string(schedule::op_name(key.second))},
-                       {"median_us", median(values)}});
     }
     json stashes = json::array();
     for (const auto& [j, accounting] : pipe.stage_accounting()) {
@@ -439,7 +469,10 @@ int run_rank(const BenchArgs& a, const Config& c) {
     }
     json result = {{"rank", distributed.rank()},
                    {"step_seconds_all", seconds},
-                   {"costs", costs},
+                   {"optimizer_seconds", median(optimizer_seconds)},
+                   {"schedule_seconds", median(schedule_seconds)},
+                   {"after_schedule_seconds", median(after_schedule_seconds)},
+                   {"actions", actions},
                    {"stashes", stashes},
                    {"min_receive_us", std::max(0.0, min_receive_us)},
                    {"threads", threads},
@@ -450,14 +483,6 @@ int run_rank(const BenchArgs& a, const Config& c) {
 
 std::string self_executable();
 std::vector<std::string> config_flags(const BenchArgs& a, const Config& c);
-
-schedule::Op op_from_name(const std::string& name) {
-  for (schedule::Op op : {schedule::Op::kForward, schedule::Op::kBackward,
-                          schedule::Op::kBackwardInput, schedule::Op::kBackwardWeight}) {
-    if (schedule::op_name(op) == name) return op;
-  }
-  throw std::runtime_error("bench: unexpected op '" + name + "' in a rank's result");
-}
 
 // The `--one` child of a multiprocess configuration: launches K ranks of this binary and merges
 // their result lines into one row.
@@ -483,11 +508,12 @@ json run_multiprocess(const BenchArgs& a, const Config& c) {
                              std::to_string(launched.first_failed_rank) + " exited with " +
                              std::to_string(launched.exit_code) + " (its stderr is above)");
   }
-  std::vector<double> seconds;  // per step: the slowest rank
-  std::map<std::pair<int, schedule::Op>, std::vector<double>> durations_us;
+  std::vector<double> seconds;                // per step: the slowest rank
+  std::vector<StepDurations> step_durations;  // per timed step, both ranks' actions
   double comm_us = -1;
   int64_t rss = 0;
   json threads = json::array();
+  json phases = json::array();  // per rank: medians of the step's parts
   // Per stage j, from the rank that holds it (virtual stages: several per rank).
   const int num_stages = c.stages * c.virtual_stages;
   std::vector<std::optional<std::pair<int64_t, int64_t>>> stashes(static_cast<size_t>(num_stages));
@@ -500,14 +526,22 @@ json run_multiprocess(const BenchArgs& a, const Config& c) {
     for (size_t k = 0; k < steps.size() && k < seconds.size(); ++k) {
       seconds[k] = std::max(seconds[k], steps[k]);
     }
-    for (const json& cost : (*result)["costs"]) {
-      durations_us[{cost["stage"].get<int>(), op_from_name(cost["op"].get<std::string>())}]
-          .push_back(cost["median_us"].get<double>());
+    const json& actions = (*result)["actions"];
+    if (step_durations.empty()) step_durations.resize(actions.size());
+    for (size_t k = 0; k < actions.size() && k < step_durations.size(); ++k) {
+      for (const json& action : actions[k]) {
+        step_durations[k][{action[0].get<int>(), action[1].get<int>(), action[2].get<int>()}] =
+            action[3].get<double>();
+      }
     }
     const double receive = (*result)["min_receive_us"].get<double>();
     if (comm_us < 0 || receive < comm_us) comm_us = receive;
     rss = std::max(rss, (*result)["peak_rss_bytes"].get<int64_t>());
     threads.push_back((*result)["threads"]);
+    phases.push_back({{"rank", r},
+                      {"optimizer_seconds", (*result)["optimizer_seconds"]},
+                      {"schedule_seconds", (*result)["schedule_seconds"]},
+                      {"after_schedule_seconds", (*result)["after_schedule_seconds"]}});
     for (const json& stash : (*result)["stashes"]) {
       const int j = stash["stage"].get<int>();
       if (j < 0 || j >= num_stages) {
@@ -538,9 +572,11 @@ json run_multiprocess(const BenchArgs& a, const Config& c) {
   row["steps"] = static_cast<int>(seconds.size());
   row["threads"] = {{"ranks", c.stages}, {"per_rank", threads[0]}};
   row["comm_seconds"] = std::max(0.0, comm_us) * 1e-6;
-  const double simulated = simulated_seconds(lowered, durations_us, std::max(0.0, comm_us));
-  row["simulated_seconds"] = simulated;
-  row["efficiency"] = simulated / median(seconds);
+  row["rank_phases"] = phases;
+  const auto [efficiency, replayed] =
+      efficiency_of(lowered, step_durations, seconds, std::max(0.0, comm_us));
+  row["simulated_seconds"] = replayed;
+  row["efficiency"] = efficiency;
   row["peak_stashed_bytes"] = stashed;
   row["peak_stashed_microbatches"] = stashed_microbatches;
   row["peak_rss_bytes"] = rss;
@@ -810,8 +846,10 @@ json evaluate_checks(const BenchArgs& a, const json& rows) {
     std::string detail = "multiprocess rows not run (--no-multiprocess, K = 1, or they failed)";
     if (row && row->contains("efficiency")) {
       efficiency = (*row)["efficiency"].get<double>();
-      detail = "simulated makespan (measured costs, comm = shortest receive) / measured step, K=" +
-               std::to_string(K) + " M=" + std::to_string(M);
+      detail =
+          "median over steps of the step replayed from its measured action durations (comm = "
+          "shortest receive) / measured step, K=" +
+          std::to_string(K) + " M=" + std::to_string(M);
     }
     checks.push_back(make_check("multiprocess_1f1b_efficiency", ">= 0.87 (2 ranks, 1f1b, M=8)",
                                 efficiency, 0.87, true, detail));

@@ -135,7 +135,11 @@ SimulationResult simulate(const Schedule& schedule, const Costs& costs) {
         start = std::max(start, end[needs[p]] + (remote[p] ? costs.comm : 0.0));
       }
       if (blocked) break;
-      const double duration = costs.of(a.op, j, V);
+      const double duration = costs.per_action ? costs.per_action(a) : costs.of(a.op, j, V);
+      if (!(duration >= 0)) {
+        throw std::invalid_argument("simulate: per_action cost of " + to_string(a) +
+                                    " must be >= 0 (got " + std::to_string(duration) + ")");
+      }
       const std::size_t event = key(j, kind_of(a.op), i);
       end[event] = start + duration;
       free_at[r] = start + duration;

@@ -69,6 +69,26 @@ TEST(Simulate, RejectsNegativeCostsAndWrongSizedVectors) {
   EXPECT_THROW(simulate(gpipe(2, 2), wrong), std::invalid_argument);
 }
 
+TEST(Simulate, PerActionCostsReplayEachActionsOwnDuration) {
+  // gpipe(2, 2), comm 0. F(0,1) takes 5 instead of 1, so F(1,1) waits for it: rank 1 runs
+  // F(1,0) [1,2], F(1,1) [6,7], B(1,1) [7,9], B(1,0) [9,11]; rank 0 then B(0,1) [9,11],
+  // B(0,0) [11,13].
+  Costs costs;
+  costs.forward = 100;  // ignored: per_action replaces the scalars
+  costs.per_action = [](const Action& a) {
+    if (a.op == Op::kForward) return a.stage == 0 && a.microbatch == 1 ? 5.0 : 1.0;
+    return 2.0;
+  };
+  const SimulationResult r = simulate(gpipe(2, 2), costs);
+  EXPECT_DOUBLE_EQ(r.makespan, 13.0);
+  EXPECT_DOUBLE_EQ(r.ranks[1][1].start, 6.0);
+  EXPECT_DOUBLE_EQ(r.busy[0], 1.0 + 5.0 + 2.0 + 2.0);
+
+  Costs negative;
+  negative.per_action = [](const Action& a) { return a.op == Op::kBackward ? -1.0 : 1.0; };
+  EXPECT_THROW(simulate(gpipe(2, 2), negative), std::invalid_argument);
+}
+
 TEST(Simulate, DeadlockedScheduleThrowsInsteadOfHanging) {
   EXPECT_THROW(simulate(parse_schedule("0F0,0B0,0F1,0B1\n1F1,1F0,1B0,1B1\n")),
                std::invalid_argument);

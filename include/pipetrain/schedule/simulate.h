@@ -21,10 +21,11 @@
 //
 // Thread-safety: pure function. Cost: O(actions + S*M).
 // REQUIRES: a schedule that validate() accepts (compute-only or lowered; communication actions
-// are ignored). Throws std::invalid_argument on negative costs, per-stage vectors of the wrong
-// size, or a deadlocked schedule (run validate() for the report).
+// are ignored). Throws std::invalid_argument on negative costs (per_action's included), per-stage
+// vectors of the wrong size, or a deadlocked schedule (run validate() for the report).
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "pipetrain/schedule/schedule.h"
@@ -43,6 +44,10 @@ struct Costs {
   std::vector<double> backward_per_stage;
   std::vector<double> backward_input_per_stage;
   std::vector<double> backward_weight_per_stage;
+  // Optional: the time of each compute action on its own (e.g. the durations measured in one
+  // run, to replay that run without its waits). When set it replaces everything above but comm;
+  // it must return >= 0 for every compute action of the schedule.
+  std::function<double(const Action&)> per_action;
 
   // Time of `op` on stage j of a schedule with V virtual stages per rank.
   double of(Op op, int stage, int virtual_stages) const;
