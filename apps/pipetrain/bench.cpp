@@ -1,7 +1,7 @@
 // `pipetrain bench`: pipetrain side by side with plain LibTorch and with Python's Pipe, on the
 // same model, batch and thread settings, in one invocation (issue #7; docs/BENCHMARKS.md).
 //
-//   pipetrain bench [--suite mlp|cnn] [--json] [--steps 7] [--warmup 2] [--threads T]
+//   pipetrain bench [--suite mlp|cnn] [--json] [--steps 7] [--warmup 2] [--rounds 3] [--threads T]
 //                   [--stages 2] [--chunks 8] [--checkpoint never] [--width W] [--batch N]
 //                   [--no-python] [--no-memory] [--python /usr/bin/python3]
 //                   [--python-script bench/python_pipe.py] [--timeline-dir DIR] [--quick]
@@ -95,6 +95,7 @@ struct BenchArgs {
   bool json_output = false;
   int steps = 7;
   int warmup = 2;
+  int rounds = 0;   // 0: 3, or 1 with --quick
   int threads = 0;  // 0: hardware threads
   int stages = 2;   // K
   int chunks = 8;   // M of the main rows
@@ -156,6 +157,9 @@ void resolve_defaults(BenchArgs& a) {
   if (a.batch == 0) a.batch = a.suite == "mlp" ? 256 : 128;
   if (a.threads == 0) a.threads = std::max(1u, std::thread::hardware_concurrency());
   if (a.steps < 1) throw UsageError("--steps must be >= 1 (got " + std::to_string(a.steps) + ")");
+  if (a.rounds < 0)
+    throw UsageError("--rounds must be >= 1 (got " + std::to_string(a.rounds) + ")");
+  if (a.rounds == 0) a.rounds = a.quick ? 1 : 3;
   if (a.warmup < 0) throw UsageError("--warmup must be >= 0");
   if (a.stages < 1 || a.chunks < 1) throw UsageError("--stages and --chunks must be >= 1");
   if (a.batch < a.chunks * 2) {
@@ -913,10 +917,11 @@ std::string number(const json& row, const char* key, const char* format) {
 void print_text(const json& report) {
   std::printf(
       "pipetrain bench --suite %s: %s, batch %d, %d threads, median of %d steps after %d "
-      "warm-up; load average %s -> %s\n",
+      "warm-up, medians over %d rounds; load average %s -> %s\n",
       report["suite"].get<std::string>().c_str(), report["model"].get<std::string>().c_str(),
       report["batch"].get<int>(), report["threads"].get<int>(), report["steps"].get<int>(),
-      report["warmup"].get<int>(), report["load_average_start"].get<std::string>().c_str(),
+      report["warmup"].get<int>(), report["rounds"].get<int>(),
+      report["load_average_start"].get<std::string>().c_str(),
       report["load_average_end"].get<std::string>().c_str());
   std::printf("%-22s %-16s %2s %2s %3s %-11s %9s %7s %7s %6s %8s  %s\n", "runtime", "schedule", "K",
               "V", "M", "checkpoint", "step ms", "/torch", "/python", "eff", "rss",
@@ -956,6 +961,48 @@ void print_text(const json& report) {
     std::printf("note: %s\n", note.get<std::string>().c_str());
 }
 
+// One row per configuration from its rows of every round: step_seconds, simulated_seconds,
+// efficiency and the ratios are medians over the rounds (each ratio taken within its round),
+// step_seconds_all holds every timed step, peak_rss_bytes the largest; the rest (stash
+// accounting) comes from the first round. A configuration that failed in any round keeps that
+// round's error.
+json merge_rounds(const std::vector<json>& rounds) {
+  json merged = json::array();
+  for (size_t n = 0; n < rounds.front().size(); ++n) {
+    const json* failed = nullptr;
+    for (const json& rows : rounds) {
+      if (!ok(rows[n])) failed = &rows[n];
+    }
+    if (failed) {
+      merged.push_back(*failed);
+      continue;
+    }
+    json row = rounds.front()[n];
+    std::vector<double> all;
+    json per_round = json::array();
+    for (const char* key : {"step_seconds", "simulated_seconds", "efficiency", "ratio_vs_libtorch",
+                            "ratio_vs_python"}) {
+      std::vector<double> values;
+      for (const json& rows : rounds) {
+        if (rows[n].contains(key)) values.push_back(rows[n][key].get<double>());
+      }
+      if (values.size() == rounds.size()) row[key] = median(values);
+    }
+    int64_t rss = 0;
+    for (const json& rows : rounds) {
+      for (double t : rows[n]["step_seconds_all"]) all.push_back(t);
+      per_round.push_back(rows[n]["step_seconds"]);
+      rss = std::max(rss, rows[n]["peak_rss_bytes"].get<int64_t>());
+    }
+    row["step_seconds_all"] = all;
+    row["round_step_seconds"] = per_round;
+    row["steps"] = static_cast<int>(all.size());
+    row["peak_rss_bytes"] = rss;
+    merged.push_back(row);
+  }
+  return merged;
+}
+
 int run_bench(BenchArgs a) {
   resolve_defaults(a);
   if (a.rank_worker) {
@@ -987,21 +1034,29 @@ int run_bench(BenchArgs a) {
   report["warmup"] = a.warmup;
   report["hardware_threads"] = std::thread::hardware_concurrency();
   report["load_average_start"] = load_average();
-  json rows = json::array();
-  for (size_t n = 0; n < configs.size(); ++n) {
-    const Config& c = configs[n];
-    std::cerr << "bench: [" << n + 1 << "/" << configs.size() << "] " << c.label() << " ..."
-              << std::endl;
-    json row = run_config(a, c, python_script);
-    if (ok(row)) {
-      std::cerr << "bench:   " << row["step_seconds"].get<double>() * 1e3 << " ms/step"
-                << std::endl;
-    } else {
-      std::cerr << "bench:   failed: " << row["error"].get<std::string>() << std::endl;
+  report["rounds"] = a.rounds;
+  // Every configuration once per round, round after round: a machine whose speed drifts over
+  // minutes then drifts under all of them alike, and each ratio is taken within a round.
+  std::vector<json> rounds;
+  for (int r = 0; r < a.rounds; ++r) {
+    json rows = json::array();
+    for (size_t n = 0; n < configs.size(); ++n) {
+      const Config& c = configs[n];
+      std::cerr << "bench: round " << r + 1 << "/" << a.rounds << " [" << n + 1 << "/"
+                << configs.size() << "] " << c.label() << " ..." << std::endl;
+      json row = run_config(a, c, python_script);
+      if (ok(row)) {
+        std::cerr << "bench:   " << row["step_seconds"].get<double>() * 1e3 << " ms/step"
+                  << std::endl;
+      } else {
+        std::cerr << "bench:   failed: " << row["error"].get<std::string>() << std::endl;
+      }
+      rows.push_back(row);
     }
-    rows.push_back(row);
+    add_ratios(rows);
+    rounds.push_back(std::move(rows));
   }
-  add_ratios(rows);
+  json rows = merge_rounds(rounds);
   report["configs"] = rows;
   report["checks"] = evaluate_checks(a, rows);
   report["load_average_end"] = load_average();
@@ -1036,6 +1091,9 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   c->add_flag("--json", args->json_output, "print one JSON object instead of a table");
   c->add_option("--steps", args->steps, "timed steps per configuration (median reported)");
   c->add_option("--warmup", args->warmup, "untimed steps before timing");
+  c->add_option("--rounds", args->rounds,
+                "run every configuration this many times, round-robin; medians over rounds "
+                "(default 3, 1 with --quick)");
   c->add_option("--threads", args->threads, "total intra-op threads T (0: hardware threads)");
   c->add_option("--stages", args->stages, "pipeline ranks K of the pipelined rows");
   c->add_option("--chunks", args->chunks, "micro-batches M of the main rows (memory rows: M, 2M)");
