@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <exception>
 #include <iostream>
 #include <sstream>
 #include <thread>
@@ -222,6 +223,7 @@ void calibrate(torch::nn::Sequential& model, const torch::Tensor& sample, pp::Mo
   single.ranks = 1;
   profile.per_layer_overhead_seconds = 0;
   profile.split_backward_scale = 1;
+  profile.calibrated = true;
   const double layers = static_cast<double>(profile.num_layers());
 
   one_stage.schedule = "gpipe";  // [1]
@@ -242,6 +244,51 @@ void calibrate(torch::nn::Sequential& model, const torch::Tensor& sample, pp::Mo
   if (split > 0) {
     const double gap = (measured.busy_seconds_per_rank - predicted.makespan_seconds) / microbatches;
     profile.split_backward_scale = std::max(0.5, 1 + gap / split);
+  }
+
+  // [3] All ranks at once: the [1] step on `ranks` threads together, each with its own copy of
+  // the model and the same intra-op threads, over the same step alone (both measured now, so a
+  // machine that changed speed since [1] does not count).
+  profile.concurrent_compute_scale = 1;
+  profile.concurrent_ranks = 1;
+  if (planner.ranks < 2) return;
+  one_stage.schedule = "gpipe";
+  predicted = pp::evaluate_plan(profile, one_stage, single);
+  std::vector<torch::nn::Sequential> copies;
+  try {
+    for (int r = 0; r < planner.ranks; ++r) {
+      copies.push_back(
+          std::dynamic_pointer_cast<torch::nn::SequentialImpl>(model->clone(torch::kCPU)));
+    }
+  } catch (const c10::Error&) {
+    std::cerr << "plan: a layer of this model cannot be cloned; not calibrating for "
+                 "concurrent ranks\n";
+    return;
+  }
+  const double alone = measure(copies[0], sample, predicted, profile.intra_op_threads, 3)
+                           .busy_seconds_per_rank;
+  std::vector<double> together(copies.size(), 0.0);
+  std::vector<std::exception_ptr> failed(copies.size());
+  std::vector<std::thread> threads;
+  for (std::size_t r = 0; r < copies.size(); ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        together[r] = measure(copies[r], sample, predicted, profile.intra_op_threads, 3)
+                          .busy_seconds_per_rank;
+      } catch (...) {
+        failed[r] = std::current_exception();
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (const auto& error : failed) {
+    if (error) std::rethrow_exception(error);
+  }
+  double mean = 0;
+  for (double busy : together) mean += busy / static_cast<double>(together.size());
+  if (alone > 0) {
+    profile.concurrent_compute_scale = mean / alone;
+    profile.concurrent_ranks = planner.ranks;
   }
 }
 
@@ -264,13 +311,25 @@ void write_profile_text(std::ostream& out, const pp::ModelProfile& profile,
       << ", micro-batch sizes measured:";
   for (auto b : profile.microbatch_sizes) out << ' ' << b;
   out << "\n  runtime overhead per layer call: "
-      << (profile.per_layer_overhead_seconds > 0
+      << (profile.calibrated
               ? format("%.1f us (calibrated)", profile.per_layer_overhead_seconds * 1e6) +
-                    ", split backward x" + format("%.2f", profile.split_backward_scale)
+                    ", split backward x" + format("%.2f", profile.split_backward_scale) +
+                    ", compute x" + format("%.2f", profile.concurrent_compute_scale) + " with " +
+                    std::to_string(profile.concurrent_ranks) + " ranks at once"
               : std::string("not calibrated (--calibrate)"));
   out << "\n  " << profile.intra_op_threads << " intra-op thread(s) per stage; activations by "
       << profile.method << "; transfer " << format("%.1f", profile.transfer.latency_seconds * 1e6)
       << " us (" << profile.transfer.method << ")\n";
+  if (!profile.chain_scales.empty()) {
+    out << "  layers scaled to the whole model run as one chain (F, B factor per micro-batch "
+           "size):";
+    for (std::size_t p = 0; p < profile.chain_scales.size(); ++p) {
+      out << ' ' << profile.microbatch_sizes[p] << ": "
+          << format("%.2f", profile.chain_scales[p].forward) << "/"
+          << format("%.2f", profile.chain_scales[p].backward);
+    }
+    out << "\n";
+  }
   out << "  per layer at micro-batch " << microbatch_size << ":\n";
   char line[200];
   std::snprintf(line, sizeof line, "  %-22s %11s %9s %9s %9s %9s %11s\n", "layer", "params", "F ms",

@@ -42,7 +42,10 @@ struct LayerTable {
   std::vector<std::int64_t> parameters, body;                                      // prefix sums
   std::vector<std::int64_t> input_of;  // bytes entering layer l (l = 0: the model input)
 
-  LayerTable(const ModelProfile& profile, std::int64_t m) : microbatch_size(m) {
+  // compute_scale multiplies every F, B, I and W (ModelProfile::concurrent_compute_scale when
+  // the plan has more than one rank).
+  LayerTable(const ModelProfile& profile, std::int64_t m, double compute_scale = 1)
+      : microbatch_size(m) {
     const auto L = static_cast<std::size_t>(profile.num_layers());
     for (auto* v : {&forward, &backward, &backward_input, &backward_weight, &update}) {
       v->assign(L + 1, 0.0);
@@ -55,12 +58,15 @@ struct LayerTable {
     for (std::size_t l = 0; l < L; ++l) {
       const LayerCost c = profile.layer_cost(static_cast<std::int64_t>(l), m);
       const bool has_weights = profile.layers[l].parameter_bytes > 0;
-      forward[l + 1] = forward[l] + c.forward_seconds + overhead;
-      backward[l + 1] = backward[l] + c.backward_seconds + overhead;
+      const double k = compute_scale;
+      forward[l + 1] = forward[l] + (c.forward_seconds + overhead) * k;
+      backward[l + 1] = backward[l] + (c.backward_seconds + overhead) * k;
       const double split = profile.split_backward_scale;
-      backward_input[l + 1] = backward_input[l] + c.backward_input_seconds * split + overhead;
+      backward_input[l + 1] =
+          backward_input[l] + (c.backward_input_seconds * split + overhead) * k;
       backward_weight[l + 1] =
-          backward_weight[l] + c.backward_weight_seconds * split + (has_weights ? overhead : 0.0);
+          backward_weight[l] +
+          (c.backward_weight_seconds * split + (has_weights ? overhead : 0.0)) * k;
       update[l + 1] = update[l] + profile.layers[l].update_seconds;
       parameters[l + 1] = parameters[l] + profile.layers[l].parameter_bytes;
       body[l + 1] = body[l] + c.activation_bytes;
@@ -119,7 +125,10 @@ class Evaluator {
   const LayerTable& table(int microbatches) {
     const std::int64_t m = profile_.batch_size / microbatches;
     auto it = tables_.find(m);
-    if (it == tables_.end()) it = tables_.emplace(m, LayerTable(profile_, m)).first;
+    if (it == tables_.end()) {
+      const double scale = options_.ranks > 1 ? profile_.concurrent_compute_scale : 1.0;
+      it = tables_.emplace(m, LayerTable(profile_, m, scale)).first;
+    }
     return it->second;
   }
 

@@ -117,6 +117,10 @@ void ModelProfile::validate() const {
                                 " micro-batch sizes; give one per size");
   }
   if (layers.empty()) throw std::invalid_argument("profile: the model has no layers");
+  if (!(concurrent_compute_scale > 0)) {
+    throw std::invalid_argument("profile: concurrent_compute_scale must be > 0 (got " +
+                                std::to_string(concurrent_compute_scale) + ")");
+  }
   for (std::size_t l = 0; l < layers.size(); ++l) {
     if (layers[l].costs.size() != microbatch_sizes.size()) {
       throw std::invalid_argument("profile: layer " + std::to_string(l) + " ('" + layers[l].name +
@@ -153,7 +157,10 @@ void to_json(nlohmann::json& out, const ModelProfile& profile) {
          {"input_bytes", profile.input_bytes},
          {"intra_op_threads", profile.intra_op_threads},
          {"per_layer_overhead_seconds", profile.per_layer_overhead_seconds},
+         {"calibrated", profile.calibrated},
          {"split_backward_scale", profile.split_backward_scale},
+         {"concurrent_compute_scale", profile.concurrent_compute_scale},
+         {"concurrent_ranks", profile.concurrent_ranks},
          {"method", profile.method},
          {"transfer",
           {{"latency_seconds", profile.transfer.latency_seconds},
@@ -163,6 +170,13 @@ void to_json(nlohmann::json& out, const ModelProfile& profile) {
                                     : 0.0},
            {"method", profile.transfer.method}}},
          {"layers", layers}};
+  if (!profile.chain_scales.empty()) {
+    nlohmann::json scales = nlohmann::json::array();
+    for (const ChainScale& scale : profile.chain_scales) {
+      scales.push_back({{"forward", scale.forward}, {"backward", scale.backward}});
+    }
+    out["chain_scales"] = scales;
+  }
 }
 
 void from_json(const nlohmann::json& in, ModelProfile& profile) {
@@ -172,7 +186,10 @@ void from_json(const nlohmann::json& in, ModelProfile& profile) {
   profile.input_bytes = in.at("input_bytes").get<std::vector<std::int64_t>>();
   profile.intra_op_threads = in.value("intra_op_threads", 1);
   profile.per_layer_overhead_seconds = in.value("per_layer_overhead_seconds", 0.0);
+  profile.calibrated = in.value("calibrated", profile.per_layer_overhead_seconds > 0);
   profile.split_backward_scale = in.value("split_backward_scale", 1.0);
+  profile.concurrent_compute_scale = in.value("concurrent_compute_scale", 1.0);
+  profile.concurrent_ranks = in.value("concurrent_ranks", 1);
   profile.method = in.value("method", std::string());
   if (in.contains("transfer")) {
     const auto& t = in.at("transfer");
@@ -181,6 +198,12 @@ void from_json(const nlohmann::json& in, ModelProfile& profile) {
     profile.transfer.bytes_per_second =
         bandwidth > 0 ? bandwidth : std::numeric_limits<double>::infinity();
     profile.transfer.method = t.value("method", std::string());
+  }
+  if (in.contains("chain_scales")) {
+    for (const auto& scale : in.at("chain_scales")) {
+      profile.chain_scales.push_back(
+          {scale.value("forward", 1.0), scale.value("backward", 1.0)});
+    }
   }
   for (const auto& layer_json : in.at("layers")) {
     LayerProfile layer;

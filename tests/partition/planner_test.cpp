@@ -268,6 +268,28 @@ TEST(Planner, PruningDoesNotChangeTheRecommendation) {
                    full.recommended().predicted_step_seconds);
 }
 
+TEST(Planner, ConcurrentComputeScaleSlowsMultiRankPlansOnly) {
+  const ModelProfile plain = activation_heavy_profile();
+  ModelProfile contended = plain;
+  contended.concurrent_compute_scale = 1.5;
+  contended.concurrent_ranks = 2;
+  Plan plan;
+  plan.schedule = "1f1b";
+  plan.ranks = 2;
+  plan.microbatches = 4;
+  plan.balance = {2, 2};
+  const PlannerOptions two = only({"1f1b"}, {4}, {CheckpointMode::kNever}, 2);
+  // Every compute action takes 1.5x: so does the makespan (comm is 0 in this profile).
+  EXPECT_NEAR(evaluate_plan(contended, plan, two).makespan_seconds,
+              1.5 * evaluate_plan(plain, plan, two).makespan_seconds, 1e-12);
+  Plan alone = plan;
+  alone.ranks = 1;
+  alone.balance = {4};
+  const PlannerOptions one = only({"1f1b"}, {4}, {CheckpointMode::kNever}, 1);
+  EXPECT_DOUBLE_EQ(evaluate_plan(contended, alone, one).makespan_seconds,
+                   evaluate_plan(plain, alone, one).makespan_seconds);
+}
+
 TEST(Planner, EvaluatePlanRejectsABalanceThatDoesNotCoverTheModel) {
   const ModelProfile profile = uniform_profile(4, 8, UniformLayer{});
   Plan plan = default_plan(profile, 2, 4);
