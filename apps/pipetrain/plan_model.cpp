@@ -265,8 +265,8 @@ void calibrate(torch::nn::Sequential& model, const torch::Tensor& sample, pp::Mo
                  "concurrent ranks\n";
     return;
   }
-  const double alone = measure(copies[0], sample, predicted, profile.intra_op_threads, 3)
-                           .busy_seconds_per_rank;
+  const double alone =
+      measure(copies[0], sample, predicted, profile.intra_op_threads, 3).busy_seconds_per_rank;
   std::vector<double> together(copies.size(), 0.0);
   std::vector<std::exception_ptr> failed(copies.size());
   std::vector<std::thread> threads;
@@ -320,16 +320,6 @@ void write_profile_text(std::ostream& out, const pp::ModelProfile& profile,
   out << "\n  " << profile.intra_op_threads << " intra-op thread(s) per stage; activations by "
       << profile.method << "; transfer " << format("%.1f", profile.transfer.latency_seconds * 1e6)
       << " us (" << profile.transfer.method << ")\n";
-  if (!profile.chain_scales.empty()) {
-    out << "  layers scaled to the whole model run as one chain (F, B factor per micro-batch "
-           "size):";
-    for (std::size_t p = 0; p < profile.chain_scales.size(); ++p) {
-      out << ' ' << profile.microbatch_sizes[p] << ": "
-          << format("%.2f", profile.chain_scales[p].forward) << "/"
-          << format("%.2f", profile.chain_scales[p].backward);
-    }
-    out << "\n";
-  }
   out << "  per layer at micro-batch " << microbatch_size << ":\n";
   char line[200];
   std::snprintf(line, sizeof line, "  %-22s %11s %9s %9s %9s %9s %11s\n", "layer", "params", "F ms",
@@ -392,6 +382,9 @@ void add_plan_model_options(CLI::App& command, PlanModelArgs& args) {
   command.add_flag("--calibrate", args.calibrate,
                    "With --model: measure the runtime's per-layer overhead with one real step "
                    "and plan with it (implied by --verify)");
+  command.add_option("--verify-rounds", args.verify_rounds,
+                     "With --verify: measure the two plans alternately this many times; medians "
+                     "over the rounds (default 3)");
   command.add_option("--verify-steps", args.verify_steps,
                      "With --verify: timed steps per plan, after 2 warm-up steps (default 5)");
   command.add_option("--profile-out", args.profile_out,
@@ -403,6 +396,10 @@ int run_plan_for_model(const PlanModelArgs& args) {
     throw UsageError("--format '" + args.format + "' with --model; valid: text, json");
   }
   if (args.top < 1) throw UsageError("--top must be >= 1 (got " + std::to_string(args.top) + ")");
+  if (args.verify_rounds < 1) {
+    throw UsageError("--verify-rounds must be >= 1 (got " + std::to_string(args.verify_rounds) +
+                     ")");
+  }
   if (args.verify_steps < 1) {
     throw UsageError("--verify-steps must be >= 1 (got " + std::to_string(args.verify_steps) + ")");
   }
@@ -450,6 +447,7 @@ int run_plan_for_model(const PlanModelArgs& args) {
   // [4]
   nlohmann::json verify = nlohmann::json::array();
   std::ostringstream verify_text;
+  double recommended_over_default = 0;
   if (args.verify && report.found()) {
     const int threads = profile.intra_op_threads;
     double load = 0;
@@ -460,40 +458,65 @@ int run_plan_for_model(const PlanModelArgs& args) {
     verify_text << "\nverify (load average " << format("%.1f", load) << " on "
                 << std::thread::hardware_concurrency() << " cores): in-process Pipe, " << threads
                 << " thread(s) per stage, median of " << args.verify_steps
-                << " steps (zero_grad + train_step + SGD step)\n";
+                << " steps (zero_grad + train_step + SGD step), medians over " << args.verify_rounds
+                << " alternating rounds\n";
     char line[200];
     std::snprintf(line, sizeof line, "  %-12s %-44s %10s %10s %9s\n", "plan", "", "predicted",
                   "measured", "meas/pred");
     verify_text << line;
-    double measured_recommended = 0, measured_default = 0;
-    for (const auto* which : {"recommended", "default"}) {
-      const pp::Plan& plan = std::string(which) == "recommended" ? report.recommended() : fallback;
-      const Measured m = measure(model.sequential, model.sample, plan, threads, args.verify_steps);
-      (std::string(which) == "recommended" ? measured_recommended : measured_default) =
-          m.median_seconds;
-      std::snprintf(line, sizeof line, "  %-12s %-44.44s %8.3fms %8.3fms %9.3f\n", which,
-                    plan.describe().c_str(), plan.predicted_step_seconds * 1e3,
-                    m.median_seconds * 1e3, m.median_seconds / plan.predicted_step_seconds);
+    // Alternately, round after round: a machine whose speed drifts slows both plans alike, and
+    // recommended / default is taken within each round.
+    const pp::Plan* plans[2] = {&report.recommended(), &fallback};
+    const char* names[2] = {"recommended", "default"};
+    std::vector<Measured> rounds[2];
+    std::vector<double> ratios;
+    for (int round = 0; round < args.verify_rounds; ++round) {
+      for (int k = 0; k < 2; ++k) {
+        rounds[k].push_back(
+            measure(model.sequential, model.sample, *plans[k], threads, args.verify_steps));
+      }
+      ratios.push_back(rounds[0].back().median_seconds / rounds[1].back().median_seconds);
+    }
+    auto median_of = [](std::vector<double> values) {
+      std::sort(values.begin(), values.end());
+      const std::size_t n = values.size();
+      return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+    };
+    for (int k = 0; k < 2; ++k) {
+      const pp::Plan& plan = *plans[k];
+      std::vector<double> steps, busy, span;
+      for (const Measured& m : rounds[k]) {
+        steps.push_back(m.median_seconds);
+        busy.push_back(m.busy_seconds_per_rank);
+        span.push_back(m.span_seconds);
+      }
+      const double measured = median_of(steps);
+      std::snprintf(line, sizeof line, "  %-12s %-44.44s %8.3fms %8.3fms %9.3f\n", names[k],
+                    plan.describe().c_str(), plan.predicted_step_seconds * 1e3, measured * 1e3,
+                    measured / plan.predicted_step_seconds);
       verify_text << line;
       // Where a gap comes from: compute slower than profiled, or time between actions.
       std::snprintf(line, sizeof line,
                     "  %-12s compute per rank %.3f ms (predicted %.3f), train_step span %.3f ms "
                     "(predicted %.3f)\n",
-                    "", m.busy_seconds_per_rank * 1e3,
-                    plan.makespan_seconds * (1 - plan.bubble_fraction) * 1e3, m.span_seconds * 1e3,
+                    "", median_of(busy) * 1e3,
+                    plan.makespan_seconds * (1 - plan.bubble_fraction) * 1e3, median_of(span) * 1e3,
                     plan.makespan_seconds * 1e3);
       verify_text << line;
-      verify.push_back({{"plan", which},
-                        {"measured_compute_seconds_per_rank", m.busy_seconds_per_rank},
-                        {"measured_span_seconds", m.span_seconds},
-                        {"describe", plan.describe()},
-                        {"predicted_step_seconds", plan.predicted_step_seconds},
-                        {"measured_step_seconds", m.median_seconds},
-                        {"measured_over_predicted", m.median_seconds / plan.predicted_step_seconds},
-                        {"measured_peak_stashed_bytes_per_stage", m.peak_stashed_bytes}});
+      verify.push_back(
+          {{"plan", names[k]},
+           {"measured_compute_seconds_per_rank", median_of(busy)},
+           {"measured_span_seconds", median_of(span)},
+           {"describe", plan.describe()},
+           {"predicted_step_seconds", plan.predicted_step_seconds},
+           {"measured_step_seconds", measured},
+           {"measured_step_seconds_per_round", steps},
+           {"measured_over_predicted", measured / plan.predicted_step_seconds},
+           {"measured_peak_stashed_bytes_per_stage", rounds[k].front().peak_stashed_bytes}});
     }
-    verify_text << "  measured recommended / default: "
-                << format("%.3f", measured_recommended / measured_default) << "\n";
+    recommended_over_default = median_of(ratios);
+    verify_text << "  measured recommended / default (median of the rounds' ratios): "
+                << format("%.3f", recommended_over_default) << "\n";
   }
 
   // [5]
@@ -504,7 +527,10 @@ int run_plan_for_model(const PlanModelArgs& args) {
     out["memory_limit_bytes"] = planner.memory_limit_bytes;
     out["default"] = fallback;
     out["profile"] = profile;
-    if (args.verify) out["verify"] = verify;
+    if (args.verify) {
+      out["verify"] = verify;
+      out["verify_recommended_over_default"] = recommended_over_default;
+    }
     emit(args, out.dump(1) + "\n");
   } else {
     std::ostringstream out;

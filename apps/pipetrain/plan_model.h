@@ -26,6 +26,7 @@ struct PlanModelArgs {
   bool calibrate = false;         // measure the runtime's per-layer overhead first
   bool verify = false;            // run recommended and default plans, compare with predictions
   int verify_steps = 5;           // timed steps per plan (after 2 warm-up steps)
+  int verify_rounds = 3;          // both plans measured once per round, alternately
   std::string profile_out;        // write the measured profile as JSON
 };
 

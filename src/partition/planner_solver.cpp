@@ -62,8 +62,7 @@ struct LayerTable {
       forward[l + 1] = forward[l] + (c.forward_seconds + overhead) * k;
       backward[l + 1] = backward[l] + (c.backward_seconds + overhead) * k;
       const double split = profile.split_backward_scale;
-      backward_input[l + 1] =
-          backward_input[l] + (c.backward_input_seconds * split + overhead) * k;
+      backward_input[l + 1] = backward_input[l] + (c.backward_input_seconds * split + overhead) * k;
       backward_weight[l + 1] =
           backward_weight[l] +
           (c.backward_weight_seconds * split + (has_weights ? overhead : 0.0)) * k;

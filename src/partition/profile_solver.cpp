@@ -170,13 +170,6 @@ void to_json(nlohmann::json& out, const ModelProfile& profile) {
                                     : 0.0},
            {"method", profile.transfer.method}}},
          {"layers", layers}};
-  if (!profile.chain_scales.empty()) {
-    nlohmann::json scales = nlohmann::json::array();
-    for (const ChainScale& scale : profile.chain_scales) {
-      scales.push_back({{"forward", scale.forward}, {"backward", scale.backward}});
-    }
-    out["chain_scales"] = scales;
-  }
 }
 
 void from_json(const nlohmann::json& in, ModelProfile& profile) {
@@ -198,12 +191,6 @@ void from_json(const nlohmann::json& in, ModelProfile& profile) {
     profile.transfer.bytes_per_second =
         bandwidth > 0 ? bandwidth : std::numeric_limits<double>::infinity();
     profile.transfer.method = t.value("method", std::string());
-  }
-  if (in.contains("chain_scales")) {
-    for (const auto& scale : in.at("chain_scales")) {
-      profile.chain_scales.push_back(
-          {scale.value("forward", 1.0), scale.value("backward", 1.0)});
-    }
   }
   for (const auto& layer_json : in.at("layers")) {
     LayerProfile layer;

@@ -153,59 +153,6 @@ std::vector<std::int64_t> chained_activation_bytes(const std::vector<torch::nn::
   return bytes;
 }
 
-// The whole model as one chain at micro-batch size b (the last size in profile.costs): each
-// layer's output feeds the next, as in a stage, so activations come from the previous layer and
-// the backward reads what the forward saved (colder than an isolated layer's hot input), and the
-// allocator sees a real step's pattern. The isolated per-layer times keep their proportions; at
-// this size each layer's F is scaled by chain F / sum of layer F, and B, I, W by chain B / sum of
-// layer B. The factors are recorded in profile.chain_scales.
-void scale_to_chain(ModelProfile& profile, const std::vector<torch::nn::AnyModule*>& layers,
-                    const torch::Tensor& input, const ProfileOptions& options) {
-  const std::size_t p = profile.layers.front().costs.size() - 1;  // this size's index
-  auto chain = [&](SkipContext& skips) {
-    torch::Tensor x = input;
-    for (std::size_t l = 0; l < layers.size(); ++l) x = run_layer(*layers[l], l, x, skips);
-    return x;
-  };
-  const double forward = time_call(options, [&] {
-    SkipContext skips;
-    (void)chain(skips);
-  });
-  SkipContext skips;
-  const torch::Tensor y = chain(skips);
-  double backward = 0;
-  if (y.requires_grad()) {
-    std::vector<torch::Tensor> params;
-    for (auto* layer : layers) {
-      for (const auto& parameter : layer->ptr()->parameters()) {
-        if (parameter.requires_grad()) params.push_back(parameter);
-      }
-    }
-    std::vector<torch::Tensor> saved;  // the caller's gradients, put back afterwards
-    for (auto& parameter : params) saved.push_back(parameter.grad());
-    const torch::Tensor g = torch::randn_like(y);
-    backward = time_call(options,
-                         [&] { torch::autograd::backward({y}, {g}, /*retain_graph=*/true); });
-    for (std::size_t q = 0; q < params.size(); ++q) params[q].mutable_grad() = saved[q];
-  }
-  double sum_forward = 0, sum_backward = 0;
-  for (const LayerProfile& layer : profile.layers) {
-    sum_forward += layer.costs[p].forward_seconds;
-    sum_backward += layer.costs[p].backward_seconds;
-  }
-  ChainScale scale;
-  scale.forward = sum_forward > 0 ? forward / sum_forward : 1;
-  scale.backward = sum_backward > 0 && backward > 0 ? backward / sum_backward : 1;
-  for (LayerProfile& layer : profile.layers) {
-    LayerCost& c = layer.costs[p];
-    c.forward_seconds *= scale.forward;
-    c.backward_seconds *= scale.backward;
-    c.backward_input_seconds *= scale.backward;
-    c.backward_weight_seconds *= scale.backward;
-  }
-  profile.chain_scales.push_back(scale);
-}
-
 }  // namespace
 
 ModelProfile profile_sequential(torch::nn::Sequential& model, const torch::Tensor& sample_batch,
@@ -312,7 +259,6 @@ ModelProfile profile_sequential(torch::nn::Sequential& model, const torch::Tenso
       profile.layers[l].costs.push_back(cost);
       x = y.detach();
     }
-    scale_to_chain(profile, layers, input, options);
   }
   profile.method = allocator_seen ? "allocator" : "output bytes";
   if (options.measure_transfer()) {

@@ -52,14 +52,6 @@ struct TransferModel {
   double seconds(std::int64_t bytes) const;
 };
 
-// How the profiler's chained run of the whole model compared with the sum of its isolated
-// per-layer times at one micro-batch size (profiler.h): chain time / sum. The layer costs at that
-// size are already multiplied by these.
-struct ChainScale {
-  double forward = 1;
-  double backward = 1;  // also applied to I and W
-};
-
 struct ModelProfile {
   std::int64_t batch_size = 0;                 // the mini-batch the plan is for
   std::vector<std::int64_t> microbatch_sizes;  // ascending: the sizes that were measured
@@ -83,9 +75,6 @@ struct ModelProfile {
   double concurrent_compute_scale = 1;
   int concurrent_ranks = 1;
   std::string method;  // how activation bytes were measured ("allocator", "output bytes")
-  // One per microbatch_sizes entry when the profiler scaled the layers to a chained run; empty
-  // for profiles built by hand.
-  std::vector<ChainScale> chain_scales;
 
   std::int64_t num_layers() const { return static_cast<std::int64_t>(layers.size()); }
   // Cost of layer l for one micro-batch of `microbatch_size` samples (interpolated).
