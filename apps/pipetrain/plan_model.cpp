@@ -7,11 +7,17 @@
 // beside the predictions  [5] text or JSON out.
 #include "plan_model.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <iostream>
+#include <limits>
+#include <mutex>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -23,6 +29,9 @@
 #include "pipetrain/partition/planner.h"
 #include "pipetrain/partition/profiler.h"
 #include "pipetrain/partition/recommend.h"
+#include "pipetrain/runtime/distributed.h"
+#include "pipetrain/runtime/distributed_pipe.h"
+#include "pipetrain/runtime/launcher.h"
 #include "pipetrain/runtime/pipe.h"
 #include "pipetrain/schedule/atomic_file.h"
 #include "pipetrain/schedule/generators.h"
@@ -207,6 +216,222 @@ Measured measure(torch::nn::Sequential& model, const torch::Tensor& sample, cons
   return measured;
 }
 
+// ---- --processes: the Gloo transfer model, and each plan as K processes -------------------------
+
+constexpr const char* kRankResultPrefix = "PIPETRAIN_PLAN_VERIFY ";
+
+nlohmann::json plan_to_run(const pp::Plan& plan, int threads) {
+  return {{"schedule", plan.schedule},
+          {"ranks", plan.ranks},
+          {"chunks", plan.microbatches},
+          {"virtual_stages", plan.virtual_stages},
+          {"checkpoint", std::string(pp::checkpoint_name(plan.checkpoint))},
+          {"balance", plan.balance},
+          {"threads", threads}};
+}
+
+// One rank (started by measure_processes through the launcher): the same model (seed 0), sample
+// and loss as measure(), DistributedPipe with the plan, `steps` timed steps after 2 warm-up ones,
+// each started together after an untimed barrier. Prints one result line.
+int run_verify_rank(const PlanModelArgs& args) {
+  const nlohmann::json run = nlohmann::json::parse(args.rank_job);
+  LoadedModel model = load_model(args);
+  DistributedOptions options;
+  options.pipeline_ranks(run.at("ranks").get<int>()).timeout(std::chrono::seconds(120));
+  return run_distributed(options, [&](Distributed& distributed) {
+    at::set_num_threads(run.at("threads").get<int>());
+    torch::Tensor target;
+    {
+      torch::NoGradGuard no_grad;
+      target = torch::zeros_like(model.sequential->forward(model.sample));
+    }
+    const auto balance = run.at("balance").get<std::vector<int64_t>>();
+    DistributedPipe pipe(
+        distributed, model.sequential,
+        PipeOptions()
+            .balance(balance)
+            .chunks(run.at("chunks").get<int>())
+            .schedule(run.at("schedule").get<std::string>())
+            .virtual_stages(run.at("virtual_stages").get<int>())
+            .checkpoint(to_runtime(pp::parse_checkpoint(run.at("checkpoint").get<std::string>()))));
+    torch::optim::SGD sgd(pipe.parameters(), torch::optim::SGDOptions(1e-4));
+    auto loss = [](const torch::Tensor& output, const torch::Tensor& t) {
+      return torch::mse_loss(output, t);
+    };
+    std::vector<double> seconds;
+    double busy = 0, span = 0;
+    for (int step = 0; step < args.verify_steps + 2; ++step) {
+      distributed.barrier();
+      const auto start = std::chrono::steady_clock::now();
+      sgd.zero_grad();
+      pipe.train_step(model.sample, target, loss);
+      sgd.step();
+      const double elapsed =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (step >= 2) seconds.push_back(elapsed);
+    }
+    for (const auto& event : pipe.last_events()) {
+      if (schedule::is_compute(event.action.op)) busy += (event.end_us - event.start_us) * 1e-6;
+      span = std::max(span, event.end_us * 1e-6);
+    }
+    nlohmann::json stashed = nlohmann::json::array();
+    for (const auto& [j, accounting] : pipe.stage_accounting()) {
+      stashed.push_back({{"stage", j}, {"bytes", accounting.peak_stashed_bytes}});
+    }
+    const nlohmann::json result = {{"rank", distributed.rank()},
+                                   {"seconds", seconds},
+                                   {"busy_seconds", busy},
+                                   {"span_seconds", span},
+                                   {"stashed", stashed}};
+    std::cout << kRankResultPrefix << result.dump() << std::endl;
+  });
+}
+
+// One of the two ranks of the transfer measurement: stage 0 on rank 0, stage 1 on rank 1; for each
+// size, rank 0 sends an activation bundle of that many bytes and waits for rank 1's equally big
+// gradient bundle, 5 untimed then `trips` timed round trips. Rank 0 prints the median round trip
+// and the median time its send() call took (the rank time a message costs the sender).
+int run_transfer_rank(const nlohmann::json& job) {
+  DistributedOptions options;
+  options.pipeline_ranks(2).timeout(std::chrono::seconds(60));
+  return run_distributed(options, [&](Distributed& distributed) {
+    auto transport = distributed.make_transport({0, 1});
+    const int me = distributed.pipeline_rank();
+    const int trips = job.value("trips", 30);
+    nlohmann::json sizes = nlohmann::json::array();
+    int microbatch = 0;
+    for (const auto bytes : job.at("bytes").get<std::vector<std::int64_t>>()) {
+      const torch::Tensor payload = torch::ones({std::max<std::int64_t>(1, bytes / 4)});
+      std::vector<double> round_trips, sends;
+      for (int trip = 0; trip < 5 + trips; ++trip, ++microbatch) {
+        const Envelope forward{0, 1, microbatch, Payload::kActivation};
+        const Envelope backward{1, 0, microbatch, Payload::kGradient};
+        const auto start = std::chrono::steady_clock::now();
+        if (me == 0) {
+          transport->send(forward, Bundle{{payload}, {}});
+          const auto sent = std::chrono::steady_clock::now();
+          (void)transport->recv(backward);
+          if (trip >= 5) {
+            sends.push_back(std::chrono::duration<double>(sent - start).count());
+            round_trips.push_back(
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+          }
+        } else {
+          (void)transport->recv(forward);
+          transport->send(backward, Bundle{{payload}, {}});
+        }
+      }
+      if (me == 0) {
+        std::sort(round_trips.begin(), round_trips.end());
+        std::sort(sends.begin(), sends.end());
+        sizes.push_back({{"bytes", payload.numel() * 4},
+                         {"round_trip_seconds", round_trips[round_trips.size() / 2]},
+                         {"send_seconds", sends[sends.size() / 2]}});
+      }
+    }
+    transport->flush();
+    if (me == 0)
+      std::cout << kRankResultPrefix << nlohmann::json{{"sizes", sizes}}.dump() << std::endl;
+  });
+}
+
+// Starts this binary as `nproc` ranks of `job` (hidden --rank-job) and returns each rank's result
+// line (parsed; nullopt for a rank that printed none).
+std::vector<std::optional<nlohmann::json>> launch_ranks(const PlanModelArgs& args, int nproc,
+                                                        const nlohmann::json& job) {
+  LaunchOptions launch;
+  char path[4096];
+  const ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
+  if (n <= 0) throw std::runtime_error("plan: cannot read /proc/self/exe to start the ranks");
+  path[n] = '\0';
+  launch.program = path;
+  launch.args = {"plan",
+                 "--model",
+                 args.model,
+                 "--sample-shape",
+                 args.sample_shape,
+                 "--stages",
+                 std::to_string(nproc),
+                 "--verify-steps",
+                 std::to_string(args.verify_steps),
+                 "--rank-job",
+                 job.dump()};
+  launch.nproc = nproc;
+  std::mutex mutex;
+  std::vector<std::optional<nlohmann::json>> ranks(static_cast<std::size_t>(nproc));
+  launch.on_line = [&](int rank, bool is_stderr, const std::string& line) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!is_stderr && line.rfind(kRankResultPrefix, 0) == 0 && rank >= 0 && rank < nproc) {
+      ranks[static_cast<std::size_t>(rank)] =
+          nlohmann::json::parse(line.substr(std::strlen(kRankResultPrefix)));
+    } else {
+      std::cerr << "[rank " << rank << "] " << line << "\n";
+    }
+  };
+  const LaunchResult launched = launch_local(launch);
+  if (launched.exit_code != 0) {
+    throw std::runtime_error("plan --processes: rank " +
+                             std::to_string(launched.first_failed_rank) + " exited with " +
+                             std::to_string(launched.exit_code) + " (its stderr is above)");
+  }
+  return ranks;
+}
+
+// Transfer between two processes over Gloo on this machine: latency = half the round trip of a
+// 4-byte bundle, bandwidth from the round trip of a `large`-byte one, message_seconds = the
+// sender's send() call.
+pp::TransferModel measure_gloo_transfer(const PlanModelArgs& args, std::int64_t large) {
+  large = std::max<std::int64_t>(large, 1 << 16);
+  const auto ranks =
+      launch_ranks(args, 2, {{"mode", "transfer"}, {"bytes", {4, large}}, {"trips", 30}});
+  if (!ranks[0])
+    throw std::runtime_error("plan --processes: the transfer measurement printed nothing");
+  const auto& sizes = ranks[0]->at("sizes");
+  const double small_trip = sizes[0].at("round_trip_seconds").get<double>();
+  const double large_trip = sizes[1].at("round_trip_seconds").get<double>();
+  pp::TransferModel model;
+  model.latency_seconds = small_trip / 2;
+  const double extra = (large_trip - small_trip) / 2;
+  const auto extra_bytes = static_cast<double>(sizes[1].at("bytes").get<std::int64_t>() - 4);
+  model.bytes_per_second =
+      extra > 0 ? extra_bytes / extra : std::numeric_limits<double>::infinity();
+  model.message_seconds = sizes[0].at("send_seconds").get<double>();
+  model.method = "2 processes, Gloo over loopback (bundle ping-pong, one way)";
+  return model;
+}
+
+// Runs `plan` as plan.ranks processes of this binary (local launcher, Gloo over loopback). Step
+// time per step = the slowest rank's; the median over steps.
+Measured measure_processes(const PlanModelArgs& args, const pp::Plan& plan, int threads) {
+  const auto ranks = launch_ranks(args, plan.ranks, plan_to_run(plan, threads));
+  std::vector<double> steps(static_cast<std::size_t>(args.verify_steps), 0.0);
+  Measured measured;
+  measured.peak_stashed_bytes.assign(plan.balance.size(), 0);
+  for (int r = 0; r < plan.ranks; ++r) {
+    const auto& result = ranks[static_cast<std::size_t>(r)];
+    if (!result) {
+      throw std::runtime_error("plan --processes: rank " + std::to_string(r) +
+                               " printed no result");
+    }
+    const auto seconds = result->at("seconds").get<std::vector<double>>();
+    for (std::size_t k = 0; k < seconds.size() && k < steps.size(); ++k) {
+      steps[k] = std::max(steps[k], seconds[k]);
+    }
+    measured.busy_seconds_per_rank += result->at("busy_seconds").get<double>() / plan.ranks;
+    measured.span_seconds =
+        std::max(measured.span_seconds, result->at("span_seconds").get<double>());
+    for (const auto& stage : result->at("stashed")) {
+      const auto j = stage.at("stage").get<std::size_t>();
+      if (j < measured.peak_stashed_bytes.size()) {
+        measured.peak_stashed_bytes[j] = stage.at("bytes").get<std::int64_t>();
+      }
+    }
+  }
+  std::sort(steps.begin(), steps.end());
+  measured.median_seconds = steps[steps.size() / 2];
+  return measured;
+}
+
 // Calibration against the runtime: run the whole model as one stage (K = 1) with small
 // micro-batches, where fixed costs show most. [1] gpipe: the gap between measured compute and
 // the profile's prediction, spread over the 2 * M * L layer calls, is the per-layer overhead.
@@ -292,6 +517,48 @@ void calibrate(torch::nn::Sequential& model, const torch::Tensor& sample, pp::Mo
   }
 }
 
+// Calibration step [4], --processes only: the rank time a message really costs. Between two
+// processes on a small machine a message also costs the CPU of Gloo's threads on both sides,
+// which the send() call measured by measure_gloo_transfer does not show. gpipe with the even
+// balance runs as K processes with few (M = 2) and with many (M = 16) micro-batches; the
+// per-message cost is the one that makes the predicted difference between the two equal the
+// measured one (their fixed costs cancel). Never below the measured send() time.
+void calibrate_messages(const PlanModelArgs& args, pp::ModelProfile& profile,
+                        const pp::PlannerOptions& planner) {
+  if (planner.ranks < 2 || profile.batch_size % 16 != 0) return;
+  auto plan_with = [&](int microbatches) {
+    pp::Plan plan = pp::default_plan(profile, planner.ranks, microbatches);
+    plan.schedule = "gpipe";
+    return plan;
+  };
+  const pp::Plan few = plan_with(2);
+  const pp::Plan many = plan_with(16);
+  auto predicted_gap = [&](double message) {
+    pp::ModelProfile trial = profile;
+    trial.transfer.message_seconds = message;
+    return pp::evaluate_plan(trial, many, planner).predicted_step_seconds -
+           pp::evaluate_plan(trial, few, planner).predicted_step_seconds;
+  };
+  std::vector<double> gaps;
+  for (int round = 0; round < 2; ++round) {
+    const double m_few =
+        measure_processes(args, pp::evaluate_plan(profile, few, planner), profile.intra_op_threads)
+            .median_seconds;
+    const double m_many =
+        measure_processes(args, pp::evaluate_plan(profile, many, planner), profile.intra_op_threads)
+            .median_seconds;
+    gaps.push_back(m_many - m_few);
+  }
+  const double measured_gap = 0.5 * (gaps[0] + gaps[1]);
+  const double x0 = profile.transfer.message_seconds;
+  const double step = 1e-3;
+  const double slope = (predicted_gap(x0 + step) - predicted_gap(x0)) / step;
+  if (slope <= 0) return;
+  const double fitted = x0 + (measured_gap - predicted_gap(x0)) / slope;
+  profile.transfer.message_seconds = std::max(x0, fitted);
+  profile.transfer.method += "; rank time per message calibrated (gpipe M=2 vs M=16)";
+}
+
 std::string join_ints(const std::vector<int>& values) {
   std::string text;
   for (std::size_t j = 0; j < values.size(); ++j)
@@ -319,7 +586,8 @@ void write_profile_text(std::ostream& out, const pp::ModelProfile& profile,
               : std::string("not calibrated (--calibrate)"));
   out << "\n  " << profile.intra_op_threads << " intra-op thread(s) per stage; activations by "
       << profile.method << "; transfer " << format("%.1f", profile.transfer.latency_seconds * 1e6)
-      << " us (" << profile.transfer.method << ")\n";
+      << " us + " << format("%.1f", profile.transfer.message_seconds * 1e6)
+      << " us of the sender's time (" << profile.transfer.method << ")\n";
   out << "  per layer at micro-batch " << microbatch_size << ":\n";
   char line[200];
   std::snprintf(line, sizeof line, "  %-22s %11s %9s %9s %9s %9s %11s\n", "layer", "params", "F ms",
@@ -385,6 +653,11 @@ void add_plan_model_options(CLI::App& command, PlanModelArgs& args) {
   command.add_option("--verify-rounds", args.verify_rounds,
                      "With --verify: measure the two plans alternately this many times; medians "
                      "over the rounds (default 3)");
+  command.add_flag("--processes", args.processes,
+                   "With --model: plan for K processes over Gloo (the transfer model is measured "
+                   "by two processes on this machine's loopback); --verify then runs each plan "
+                   "as K processes instead of K worker threads in one process");
+  command.add_option("--rank-job", args.rank_job)->group("");
   command.add_option("--verify-steps", args.verify_steps,
                      "With --verify: timed steps per plan, after 2 warm-up steps (default 5)");
   command.add_option("--profile-out", args.profile_out,
@@ -402,6 +675,11 @@ int run_plan_for_model(const PlanModelArgs& args) {
   }
   if (args.verify_steps < 1) {
     throw UsageError("--verify-steps must be >= 1 (got " + std::to_string(args.verify_steps) + ")");
+  }
+  if (!args.rank_job.empty()) {
+    const nlohmann::json job = nlohmann::json::parse(args.rank_job);
+    return job.value("mode", std::string("plan")) == "transfer" ? run_transfer_rank(job)
+                                                                : run_verify_rank(args);
   }
   pp::PlannerOptions planner;
   planner.ranks = args.stages > 0 ? args.stages : 2;
@@ -430,12 +708,24 @@ int run_plan_for_model(const PlanModelArgs& args) {
     throw UsageError(std::string("cannot profile the model on a batch of shape ") +
                      args.sample_shape + ": " + e.what_without_backtrace());
   }
+  if (args.processes && planner.ranks > 1) {
+    // The boundary tensors of a mini-batch cut in 4, the default plan's micro-batches.
+    std::int64_t largest = 0;
+    for (std::int64_t l = 0; l < profile.num_layers(); ++l) {
+      largest = std::max(
+          largest,
+          profile.layer_cost(l, std::max<std::int64_t>(1, profile.batch_size / 4)).output_bytes);
+    }
+    profile.transfer = measure_gloo_transfer(args, largest);
+    report = pp::plan_pipeline(profile, planner);
+  }
   if (!args.profile_out.empty()) {
     schedule::write_file_atomically(args.profile_out, nlohmann::json(profile).dump(1) + "\n");
   }
 
   if (args.calibrate || args.verify) {
     calibrate(model.sequential, model.sample, profile, planner);
+    if (args.processes) calibrate_messages(args, profile, planner);
     report = pp::plan_pipeline(profile, planner);
   }
 
@@ -456,8 +746,10 @@ int run_plan_for_model(const PlanModelArgs& args) {
       std::fclose(file);
     }
     verify_text << "\nverify (load average " << format("%.1f", load) << " on "
-                << std::thread::hardware_concurrency() << " cores): in-process Pipe, " << threads
-                << " thread(s) per stage, median of " << args.verify_steps
+                << std::thread::hardware_concurrency() << " cores): "
+                << (args.processes ? "one process per rank (Gloo over loopback), "
+                                   : "in-process Pipe, ")
+                << threads << " thread(s) per stage, median of " << args.verify_steps
                 << " steps (zero_grad + train_step + SGD step), medians over " << args.verify_rounds
                 << " alternating rounds\n";
     char line[200];
@@ -472,8 +764,9 @@ int run_plan_for_model(const PlanModelArgs& args) {
     std::vector<double> ratios;
     for (int round = 0; round < args.verify_rounds; ++round) {
       for (int k = 0; k < 2; ++k) {
-        rounds[k].push_back(
-            measure(model.sequential, model.sample, *plans[k], threads, args.verify_steps));
+        rounds[k].push_back(args.processes ? measure_processes(args, *plans[k], threads)
+                                           : measure(model.sequential, model.sample, *plans[k],
+                                                     threads, args.verify_steps));
       }
       ratios.push_back(rounds[0].back().median_seconds / rounds[1].back().median_seconds);
     }

@@ -1,6 +1,6 @@
 // `pipetrain plan --model ...`: profile a model, search the plan space, print the ranked plans and
-// the recommendation; with --verify, run the recommended and the default plan in-process and
-// print predicted vs measured step times.
+// the recommendation; with --verify, run the recommended and the default plan (in-process, or as
+// K processes with --processes) and print predicted vs measured step times.
 //
 // plan.cpp owns the `plan` subcommand; it registers these extra flags with
 // add_plan_model_options() and calls run_plan_for_model() when --model is given, passing its own
@@ -27,6 +27,9 @@ struct PlanModelArgs {
   bool verify = false;            // run recommended and default plans, compare with predictions
   int verify_steps = 5;           // timed steps per plan (after 2 warm-up steps)
   int verify_rounds = 3;          // both plans measured once per round, alternately
+  bool processes = false;         // plan for K processes over Gloo (measured transfer); --verify
+                                  // then runs each plan as K processes
+  std::string rank_job;           // hidden: this process is one rank of such a run (JSON)
   std::string profile_out;        // write the measured profile as JSON
 };
 

@@ -258,13 +258,23 @@ class Evaluator {
     costs.backward_input_per_stage.resize(S);
     costs.backward_weight_per_stage.resize(S);
     const double rc = recompute_fraction(c.checkpoint, c.microbatches);
+    // Rank time of sending across ranks: F sends the activation to stage j+1, B (or I) the
+    // gradient to stage j-1, when that stage runs on another rank.
+    auto remote = [&](int a, int b) {
+      return s.schedule.stage_rank[a] != s.schedule.stage_rank[b];
+    };
+    const double message = profile_.transfer.message_seconds;
     int first = 0;
     for (int j = 0; j < S; ++j) {
       const int e = first + c.balance[j];
       const double f = LayerTable::range(t.forward, first, e);
-      costs.forward_per_stage[j] = f;
-      costs.backward_per_stage[j] = LayerTable::range(t.backward, first, e) + rc * f;
-      costs.backward_input_per_stage[j] = LayerTable::range(t.backward_input, first, e) + rc * f;
+      const double send_forward = j + 1 < S && remote(j, j + 1) ? message : 0.0;
+      const double send_backward = j > 0 && remote(j, j - 1) ? message : 0.0;
+      costs.forward_per_stage[j] = f + send_forward;
+      costs.backward_per_stage[j] =
+          LayerTable::range(t.backward, first, e) + rc * f + send_backward;
+      costs.backward_input_per_stage[j] =
+          LayerTable::range(t.backward_input, first, e) + rc * f + send_backward;
       costs.backward_weight_per_stage[j] = LayerTable::range(t.backward_weight, first, e);
       first = e;
     }

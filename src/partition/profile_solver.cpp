@@ -168,6 +168,7 @@ void to_json(nlohmann::json& out, const ModelProfile& profile) {
            {"bytes_per_second", std::isfinite(profile.transfer.bytes_per_second)
                                     ? profile.transfer.bytes_per_second
                                     : 0.0},
+           {"message_seconds", profile.transfer.message_seconds},
            {"method", profile.transfer.method}}},
          {"layers", layers}};
 }
@@ -191,6 +192,7 @@ void from_json(const nlohmann::json& in, ModelProfile& profile) {
     profile.transfer.bytes_per_second =
         bandwidth > 0 ? bandwidth : std::numeric_limits<double>::infinity();
     profile.transfer.method = t.value("method", std::string());
+    profile.transfer.message_seconds = t.value("message_seconds", 0.0);
   }
   for (const auto& layer_json : in.at("layers")) {
     LayerProfile layer;

@@ -35,6 +35,29 @@ TEST(PlanModelCli, JsonRecommendsAPlanThatCoversTheModel) {
             json["default"]["predicted_step_seconds"].get<double>());
 }
 
+// Real processes over loopback Gloo: the transfer measurement, the message calibration and both
+// plans as 2 ranks each. Figures are not asserted (they are what the run measured), only that
+// every part ran and reported.
+TEST(PlanModelCli, VerifyWithProcessesRunsBothPlansAsTwoRanks) {
+  const CliRun run = plan(
+      "--model mlp --sample-shape 32,784 --stages 2 --format json --verify --processes "
+      "--verify-steps 1 --verify-rounds 2");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const auto json = nlohmann::json::parse(run.output.substr(run.output.find('{')));
+  const auto& transfer = json["profile"]["transfer"];
+  EXPECT_NE(transfer["method"].get<std::string>().find("Gloo"), std::string::npos)
+      << transfer.dump();
+  EXPECT_GT(transfer["latency_seconds"].get<double>(), 0);
+  EXPECT_GT(transfer["message_seconds"].get<double>(), 0);
+  ASSERT_EQ(json["verify"].size(), 2u) << json["verify"].dump();
+  for (const auto& measured : json["verify"]) {
+    EXPECT_EQ(measured["measured_step_seconds_per_round"].size(), 2u) << measured.dump();
+    EXPECT_GT(measured["measured_step_seconds"].get<double>(), 0) << measured.dump();
+    EXPECT_GT(measured["measured_compute_seconds_per_rank"].get<double>(), 0) << measured.dump();
+  }
+  EXPECT_GT(json["verify_recommended_over_default"].get<double>(), 0);
+}
+
 TEST(PlanModelCli, ATinyLimitExitsOneAndNamesTheSmallestLimitThatWorks) {
   const CliRun run = plan("--model mlp --sample-shape 32,784 --stages 2 --memory-limit 1KiB");
   EXPECT_EQ(run.exit_code, 1) << run.output;

@@ -43,10 +43,13 @@ struct LayerProfile {
   std::vector<LayerCost> costs;  // one per ModelProfile::microbatch_sizes
 };
 
-// Time to move `bytes` from one rank to the next: latency + bytes / bandwidth.
+// Time to move `bytes` from one rank to the next: latency + bytes / bandwidth. Besides that
+// wire time, a message costs the sending rank message_seconds of its own time (packing and
+// posting it; 0 in-process), charged to the action that sends it.
 struct TransferModel {
   double latency_seconds = 0;
   double bytes_per_second = std::numeric_limits<double>::infinity();
+  double message_seconds = 0;
   std::string method;  // how the figures were obtained ("memcpy + thread handoff", "given", ...)
 
   double seconds(std::int64_t bytes) const;
