@@ -30,9 +30,10 @@ bench: build
 sanitize:
 	@$(MAKE) --no-print-directory test BUILD=build-asan CMAKE_FLAGS="-DPIPETRAIN_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug"
 
-# ThreadSanitizer build for the threaded runtime.
+# ThreadSanitizer build for the threaded runtime. LibTorch is not instrumented: tests/tsan.supp
+# says which of its internals are suppressed and why.
 tsan:
-	@$(MAKE) --no-print-directory test BUILD=build-tsan CMAKE_FLAGS="-DPIPETRAIN_TSAN=ON -DCMAKE_BUILD_TYPE=Debug" CTEST_FLAGS="-L 'runtime|stage|transport'"
+	@TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp $(TSAN_OPTIONS)" $(MAKE) --no-print-directory test BUILD=build-tsan CMAKE_FLAGS="-DPIPETRAIN_TSAN=ON -DCMAKE_BUILD_TYPE=Debug" CTEST_FLAGS="-L 'runtime|stage|transport'"
 
 format:
 	@git ls-files '*.h' '*.cpp' | xargs clang-format -i
