@@ -53,7 +53,6 @@
 #include <iostream>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -450,11 +449,9 @@ int run_rank(const BenchArgs& a, const Config& c) {
       optimizer_seconds.push_back(seconds_between(start, step_start) +
                                   seconds_between(step_end, end));
       double last_end_us = 0;
-      for (const ActionEvent& e : pipe.last_events()) last_end_us = std::max(last_end_us, e.end_us);
-      schedule_seconds.push_back(last_end_us * 1e-6);
-      after_schedule_seconds.push_back(seconds_between(step_start, step_end) - last_end_us * 1e-6);
       json& step_actions = actions.emplace_back(json::array());
       for (const ActionEvent& e : pipe.last_events()) {
+        last_end_us = std::max(last_end_us, e.end_us);
         const double us = e.end_us - e.start_us;
         if (schedule::is_compute(e.action.op)) {
           step_actions.push_back(
@@ -464,6 +461,8 @@ int run_rank(const BenchArgs& a, const Config& c) {
           min_receive_us = us;
         }
       }
+      schedule_seconds.push_back(last_end_us * 1e-6);
+      after_schedule_seconds.push_back(seconds_between(step_start, step_end) - last_end_us * 1e-6);
     }
     json stashes = json::array();
     for (const auto& [j, accounting] : pipe.stage_accounting()) {
@@ -485,32 +484,22 @@ int run_rank(const BenchArgs& a, const Config& c) {
   });
 }
 
-std::string self_executable();
 std::vector<std::string> config_flags(const BenchArgs& a, const Config& c);
 
 // The `--one` child of a multiprocess configuration: launches K ranks of this binary and merges
 // their result lines into one row.
 json run_multiprocess(const BenchArgs& a, const Config& c) {
-  LaunchOptions launch;
-  launch.program = self_executable();
-  launch.args = config_flags(a, c);
-  launch.args.insert(launch.args.begin(), {"bench", "--rank-worker"});
-  launch.nproc = c.stages;
-  std::mutex mutex;
-  std::vector<std::optional<json>> ranks(static_cast<size_t>(c.stages));
-  launch.on_line = [&](int rank, bool is_stderr, const std::string& line) {
-    std::lock_guard<std::mutex> lock(mutex);
-    if (!is_stderr && line.rfind(kResultPrefix, 0) == 0 && rank >= 0 && rank < c.stages) {
-      ranks[static_cast<size_t>(rank)] = json::parse(line.substr(std::strlen(kResultPrefix)));
-    } else {
-      std::cerr << "[rank " << rank << "] " << line << "\n";
-    }
-  };
-  const LaunchResult launched = launch_local(launch);
-  if (launched.exit_code != 0) {
+  std::vector<std::string> args = config_flags(a, c);
+  args.insert(args.begin(), {"bench", "--rank-worker"});
+  const CollectedRun run = launch_self_collecting(c.stages, args, kResultPrefix);
+  if (run.launched.exit_code != 0) {
     throw std::runtime_error("multiprocess " + c.label() + ": rank " +
-                             std::to_string(launched.first_failed_rank) + " exited with " +
-                             std::to_string(launched.exit_code) + " (its stderr is above)");
+                             std::to_string(run.launched.first_failed_rank) + " exited with " +
+                             std::to_string(run.launched.exit_code) + " (its stderr is above)");
+  }
+  std::vector<std::optional<json>> ranks;
+  for (const auto& line : run.results) {
+    ranks.push_back(line ? std::optional<json>(json::parse(*line)) : std::nullopt);
   }
   std::vector<double> seconds;                // per step: the slowest rank
   std::vector<StepDurations> step_durations;  // per timed step, both ranks' actions
@@ -588,21 +577,6 @@ json run_multiprocess(const BenchArgs& a, const Config& c) {
 }
 
 // ---- the parent: children, ratios, checks, output -----------------------------------------------
-
-std::string self_executable() {
-  char path[4096];
-  const ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
-  if (n <= 0) throw std::runtime_error("bench: cannot read /proc/self/exe to re-run itself");
-  path[n] = '\0';
-  // A rebuild while the bench runs replaces the binary: run the new file at the same path.
-  std::string executable = path;
-  const std::string deleted = " (deleted)";
-  if (executable.size() > deleted.size() &&
-      executable.compare(executable.size() - deleted.size(), deleted.size(), deleted) == 0) {
-    executable.resize(executable.size() - deleted.size());
-  }
-  return executable;
-}
 
 bool file_exists(const std::string& path) {
   return std::ifstream(path).good();

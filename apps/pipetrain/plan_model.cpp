@@ -7,16 +7,12 @@
 // beside the predictions  [5] text or JSON out.
 #include "plan_model.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <exception>
 #include <iostream>
 #include <limits>
-#include <mutex>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -170,6 +166,17 @@ struct Measured {
   double span_seconds = 0;                  // first action start to last action end, last step
 };
 
+// Seconds of compute actions in `events` (all ranks they cover), and the last action's end
+// (seconds since the step's start).
+std::pair<double, double> busy_and_span(const std::vector<ActionEvent>& events) {
+  double busy = 0, span = 0;
+  for (const auto& event : events) {
+    if (schedule::is_compute(event.action.op)) busy += (event.end_us - event.start_us) * 1e-6;
+    span = std::max(span, event.end_us * 1e-6);
+  }
+  return {busy, span};
+}
+
 // [4] zero_grad + train_step + SGD step, the same work the prediction covers.
 Measured measure(torch::nn::Sequential& model, const torch::Tensor& sample, const pp::Plan& plan,
                  int threads, int steps) {
@@ -203,11 +210,7 @@ Measured measure(torch::nn::Sequential& model, const torch::Tensor& sample, cons
   std::sort(times.begin(), times.end());
   Measured measured;
   measured.median_seconds = times[times.size() / 2];
-  double busy = 0, span = 0;
-  for (const auto& event : pipe->last_events()) {
-    if (schedule::is_compute(event.action.op)) busy += (event.end_us - event.start_us) * 1e-6;
-    span = std::max(span, event.end_us * 1e-6);
-  }
+  const auto [busy, span] = busy_and_span(pipe->last_events());
   measured.busy_seconds_per_rank = busy / plan.ranks;
   measured.span_seconds = span;
   for (const auto& stage : pipe->stage_accounting()) {
@@ -259,7 +262,6 @@ int run_verify_rank(const PlanModelArgs& args) {
       return torch::mse_loss(output, t);
     };
     std::vector<double> seconds;
-    double busy = 0, span = 0;
     for (int step = 0; step < args.verify_steps + 2; ++step) {
       distributed.barrier();
       const auto start = std::chrono::steady_clock::now();
@@ -270,10 +272,7 @@ int run_verify_rank(const PlanModelArgs& args) {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (step >= 2) seconds.push_back(elapsed);
     }
-    for (const auto& event : pipe.last_events()) {
-      if (schedule::is_compute(event.action.op)) busy += (event.end_us - event.start_us) * 1e-6;
-      span = std::max(span, event.end_us * 1e-6);
-    }
+    const auto [busy, span] = busy_and_span(pipe.last_events());
     nlohmann::json stashed = nlohmann::json::array();
     for (const auto& [j, accounting] : pipe.stage_accounting()) {
       stashed.push_back({{"stage", j}, {"bytes", accounting.peak_stashed_bytes}});
@@ -339,40 +338,21 @@ int run_transfer_rank(const nlohmann::json& job) {
 // line (parsed; nullopt for a rank that printed none).
 std::vector<std::optional<nlohmann::json>> launch_ranks(const PlanModelArgs& args, int nproc,
                                                         const nlohmann::json& job) {
-  LaunchOptions launch;
-  char path[4096];
-  const ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
-  if (n <= 0) throw std::runtime_error("plan: cannot read /proc/self/exe to start the ranks");
-  path[n] = '\0';
-  launch.program = path;
-  launch.args = {"plan",
-                 "--model",
-                 args.model,
-                 "--sample-shape",
-                 args.sample_shape,
-                 "--stages",
-                 std::to_string(nproc),
-                 "--verify-steps",
-                 std::to_string(args.verify_steps),
-                 "--rank-job",
-                 job.dump()};
-  launch.nproc = nproc;
-  std::mutex mutex;
-  std::vector<std::optional<nlohmann::json>> ranks(static_cast<std::size_t>(nproc));
-  launch.on_line = [&](int rank, bool is_stderr, const std::string& line) {
-    std::lock_guard<std::mutex> lock(mutex);
-    if (!is_stderr && line.rfind(kRankResultPrefix, 0) == 0 && rank >= 0 && rank < nproc) {
-      ranks[static_cast<std::size_t>(rank)] =
-          nlohmann::json::parse(line.substr(std::strlen(kRankResultPrefix)));
-    } else {
-      std::cerr << "[rank " << rank << "] " << line << "\n";
-    }
-  };
-  const LaunchResult launched = launch_local(launch);
-  if (launched.exit_code != 0) {
+  const CollectedRun run =
+      launch_self_collecting(nproc,
+                             {"plan", "--model", args.model, "--sample-shape", args.sample_shape,
+                              "--stages", std::to_string(nproc), "--verify-steps",
+                              std::to_string(args.verify_steps), "--rank-job", job.dump()},
+                             kRankResultPrefix);
+  if (run.launched.exit_code != 0) {
     throw std::runtime_error("plan --processes: rank " +
-                             std::to_string(launched.first_failed_rank) + " exited with " +
-                             std::to_string(launched.exit_code) + " (its stderr is above)");
+                             std::to_string(run.launched.first_failed_rank) + " exited with " +
+                             std::to_string(run.launched.exit_code) + " (its stderr is above)");
+  }
+  std::vector<std::optional<nlohmann::json>> ranks;
+  for (const auto& line : run.results) {
+    ranks.push_back(line ? std::optional<nlohmann::json>(nlohmann::json::parse(*line))
+                         : std::nullopt);
   }
   return ranks;
 }
@@ -541,12 +521,8 @@ void calibrate_messages(const PlanModelArgs& args, pp::ModelProfile& profile,
   };
   std::vector<double> gaps;
   for (int round = 0; round < 2; ++round) {
-    const double m_few =
-        measure_processes(args, pp::evaluate_plan(profile, few, planner), profile.intra_op_threads)
-            .median_seconds;
-    const double m_many =
-        measure_processes(args, pp::evaluate_plan(profile, many, planner), profile.intra_op_threads)
-            .median_seconds;
+    const double m_few = measure_processes(args, few, profile.intra_op_threads).median_seconds;
+    const double m_many = measure_processes(args, many, profile.intra_op_threads).median_seconds;
     gaps.push_back(m_many - m_few);
   }
   const double measured_gap = 0.5 * (gaps[0] + gaps[1]);

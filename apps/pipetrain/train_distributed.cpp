@@ -5,10 +5,7 @@
 // runs `pipetrain train --stages 4 ...` as ranks 0..3 of one job on this machine (torchrun's
 // environment: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK), prefixes their output
 // with "[rank r] ", and exits with the first failing rank's code.
-#include <unistd.h>
-
 #include <chrono>
-#include <climits>
 
 #include "commands.h"
 #include "pipetrain/runtime/launcher.h"
@@ -32,12 +29,8 @@ void add_launch_command(CLI::App& app, int& exit_code) {
     for (const auto& rest : command->remaining()) args.push_back(rest);
     if (!args.empty() && args.front() == "--") args.erase(args.begin());
     if (args.empty()) throw UsageError("launch: give the command to run, e.g. -- train ...");
-    char path[PATH_MAX];
-    const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
-    if (n <= 0) throw std::runtime_error("launch: cannot resolve /proc/self/exe");
-    path[n] = '\0';
     LaunchOptions options;
-    options.program = path;
+    options.program = self_executable();
     options.args = args;
     options.nproc = *nproc;
     options.master_port = *port;

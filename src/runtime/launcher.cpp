@@ -23,6 +23,7 @@
 #include <cstring>
 #include <deque>
 #include <iostream>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 
@@ -340,13 +341,44 @@ LaunchResult launch_local(const LaunchOptions& options) {
   return result;
 }
 
-int launch_self(int nproc, const std::vector<std::string>& args, std::chrono::milliseconds grace) {
+std::string self_executable() {
   char path[4096];
   const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
   if (n <= 0) throw std::runtime_error(std::string("launch: /proc/self/exe: ") + strerror(errno));
   path[n] = '\0';
+  std::string executable = path;
+  const std::string deleted = " (deleted)";
+  if (executable.size() > deleted.size() &&
+      executable.compare(executable.size() - deleted.size(), deleted.size(), deleted) == 0) {
+    executable.resize(executable.size() - deleted.size());
+  }
+  return executable;
+}
+
+CollectedRun launch_self_collecting(int nproc, const std::vector<std::string>& args,
+                                    const std::string& prefix) {
   LaunchOptions options;
-  options.program = path;
+  options.program = self_executable();
+  options.args = args;
+  options.nproc = nproc;
+  CollectedRun run;
+  run.results.resize(static_cast<std::size_t>(std::max(nproc, 0)));
+  std::mutex mutex;  // the launcher reads every rank's output on its own thread
+  options.on_line = [&](int rank, bool is_stderr, const std::string& line) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!is_stderr && line.rfind(prefix, 0) == 0 && rank >= 0 && rank < nproc) {
+      run.results[static_cast<std::size_t>(rank)] = line.substr(prefix.size());
+    } else {
+      std::cerr << "[rank " << rank << "] " << line << "\n";
+    }
+  };
+  run.launched = launch_local(options);
+  return run;
+}
+
+int launch_self(int nproc, const std::vector<std::string>& args, std::chrono::milliseconds grace) {
+  LaunchOptions options;
+  options.program = self_executable();
   options.args = args;
   options.nproc = nproc;
   options.grace = grace;

@@ -19,6 +19,7 @@
 
 #include <chrono>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -49,6 +50,21 @@ struct LaunchResult {
 // REQUIRES: nproc >= 1; program is executable. Throws std::runtime_error if a child cannot be
 // started (naming the program and errno).
 LaunchResult launch_local(const LaunchOptions& options);
+
+// The path of this executable (/proc/self/exe). When the file was replaced while this process
+// runs (a rebuild), the link ends in " (deleted)": the new file at the same path is returned.
+// Throws std::runtime_error naming errno when the link cannot be read.
+std::string self_executable();
+
+// Re-runs this executable as `nproc` ranks with `args` (launch_local) and keeps, per rank, the
+// text after `prefix` on the last stdout line that starts with it: how a parent collects one
+// result line from each rank. Every other line goes to stderr as "[rank r] line".
+struct CollectedRun {
+  LaunchResult launched;
+  std::vector<std::optional<std::string>> results;  // per rank; nullopt: no such line
+};
+CollectedRun launch_self_collecting(int nproc, const std::vector<std::string>& args,
+                                    const std::string& prefix);
 
 // Re-runs this executable (/proc/self/exe) `nproc` times with `args`: the glue behind
 // `pipetrain train --nproc N`. Returns the exit code as launch_local.
