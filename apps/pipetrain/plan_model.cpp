@@ -26,12 +26,12 @@
 #include "pipetrain/partition/profiler.h"
 #include "pipetrain/partition/recommend.h"
 #include "pipetrain/runtime/distributed.h"
-#include "pipetrain/runtime/distributed_pipe.h"
 #include "pipetrain/runtime/launcher.h"
 #include "pipetrain/runtime/pipe.h"
 #include "pipetrain/schedule/atomic_file.h"
 #include "pipetrain/schedule/generators.h"
 #include "pipetrain/stage/torchscript.h"
+#include "plan_calibration.h"
 
 #if __has_include("model_registry.h")
 #include "model_registry.h"
@@ -147,190 +147,30 @@ std::vector<std::string> split_names(const std::string& text) {
   return names;
 }
 
-Checkpoint to_runtime(pp::CheckpointMode mode) {
-  switch (mode) {
-    case pp::CheckpointMode::kNever:
-      return Checkpoint::kNever;
-    case pp::CheckpointMode::kExceptLast:
-      return Checkpoint::kExceptLast;
-    case pp::CheckpointMode::kAlways:
-      return Checkpoint::kAlways;
-  }
-  return Checkpoint::kNever;
-}
-
-struct Measured {
-  double median_seconds = 0;
-  std::vector<int64_t> peak_stashed_bytes;  // per stage, from the runtime's accounting
-  double busy_seconds_per_rank = 0;         // compute actions of the last step, averaged over ranks
-  double span_seconds = 0;                  // first action start to last action end, last step
-};
-
-// Seconds of compute actions in `events` (all ranks they cover), and the last action's end
-// (seconds since the step's start).
-std::pair<double, double> busy_and_span(const std::vector<ActionEvent>& events) {
-  double busy = 0, span = 0;
-  for (const auto& event : events) {
-    if (schedule::is_compute(event.action.op)) busy += (event.end_us - event.start_us) * 1e-6;
-    span = std::max(span, event.end_us * 1e-6);
-  }
-  return {busy, span};
-}
-
-// [4] zero_grad + train_step + SGD step, the same work the prediction covers.
-Measured measure(torch::nn::Sequential& model, const torch::Tensor& sample, const pp::Plan& plan,
-                 int threads, int steps) {
-  PipeOptions options;
-  options.balance(std::vector<int64_t>(plan.balance.begin(), plan.balance.end()))
-      .chunks(plan.microbatches)
-      .schedule(plan.schedule)
-      .virtual_stages(plan.virtual_stages)
-      .checkpoint(to_runtime(plan.checkpoint))
-      .threads_per_stage(threads);
-  Pipe pipe(model, options);
-  torch::optim::SGD sgd(pipe->parameters(), torch::optim::SGDOptions(1e-4));
-  torch::Tensor target;
-  {
-    torch::NoGradGuard no_grad;
-    target = torch::zeros_like(model->forward(sample));
-  }
-  auto loss = [](const torch::Tensor& output, const torch::Tensor& t) {
-    return torch::mse_loss(output, t);
-  };
-  std::vector<double> times;
-  for (int step = 0; step < steps + 2; ++step) {
-    const auto start = std::chrono::steady_clock::now();
-    sgd.zero_grad();
-    pipe->train_step(sample, target, loss);
-    sgd.step();
-    const double elapsed =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (step >= 2) times.push_back(elapsed);  // two warm-up steps
-  }
-  std::sort(times.begin(), times.end());
-  Measured measured;
-  measured.median_seconds = times[times.size() / 2];
-  const auto [busy, span] = busy_and_span(pipe->last_events());
-  measured.busy_seconds_per_rank = busy / plan.ranks;
-  measured.span_seconds = span;
-  for (const auto& stage : pipe->stage_accounting()) {
-    measured.peak_stashed_bytes.push_back(stage.peak_stashed_bytes);
-  }
-  return measured;
-}
-
 // ---- --processes: the Gloo transfer model, and each plan as K processes -------------------------
 
 constexpr const char* kRankResultPrefix = "PIPETRAIN_PLAN_VERIFY ";
 
-nlohmann::json plan_to_run(const pp::Plan& plan, int threads) {
-  return {{"schedule", plan.schedule},
-          {"ranks", plan.ranks},
-          {"chunks", plan.microbatches},
-          {"virtual_stages", plan.virtual_stages},
-          {"checkpoint", std::string(pp::checkpoint_name(plan.checkpoint))},
-          {"balance", plan.balance},
-          {"threads", threads}};
-}
-
-// One rank (started by measure_processes through the launcher): the same model (seed 0), sample
-// and loss as measure(), DistributedPipe with the plan, `steps` timed steps after 2 warm-up ones,
-// each started together after an untimed barrier. Prints one result line.
-int run_verify_rank(const PlanModelArgs& args) {
-  const nlohmann::json run = nlohmann::json::parse(args.rank_job);
+// One rank (started by measure_processes through the launcher): the same model (seed 0) and
+// sample as the in-process measurement, the plan run on DistributedPipe. Prints one result line.
+int run_verify_rank(const PlanModelArgs& args, const nlohmann::json& run) {
   LoadedModel model = load_model(args);
   DistributedOptions options;
   options.pipeline_ranks(run.at("ranks").get<int>()).timeout(std::chrono::seconds(120));
   return run_distributed(options, [&](Distributed& distributed) {
-    at::set_num_threads(run.at("threads").get<int>());
-    torch::Tensor target;
-    {
-      torch::NoGradGuard no_grad;
-      target = torch::zeros_like(model.sequential->forward(model.sample));
-    }
-    const auto balance = run.at("balance").get<std::vector<int64_t>>();
-    DistributedPipe pipe(
-        distributed, model.sequential,
-        PipeOptions()
-            .balance(balance)
-            .chunks(run.at("chunks").get<int>())
-            .schedule(run.at("schedule").get<std::string>())
-            .virtual_stages(run.at("virtual_stages").get<int>())
-            .checkpoint(to_runtime(pp::parse_checkpoint(run.at("checkpoint").get<std::string>()))));
-    torch::optim::SGD sgd(pipe.parameters(), torch::optim::SGDOptions(1e-4));
-    auto loss = [](const torch::Tensor& output, const torch::Tensor& t) {
-      return torch::mse_loss(output, t);
-    };
-    std::vector<double> seconds;
-    for (int step = 0; step < args.verify_steps + 2; ++step) {
-      distributed.barrier();
-      const auto start = std::chrono::steady_clock::now();
-      sgd.zero_grad();
-      pipe.train_step(model.sample, target, loss);
-      sgd.step();
-      const double elapsed =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (step >= 2) seconds.push_back(elapsed);
-    }
-    const auto [busy, span] = busy_and_span(pipe.last_events());
-    nlohmann::json stashed = nlohmann::json::array();
-    for (const auto& [j, accounting] : pipe.stage_accounting()) {
-      stashed.push_back({{"stage", j}, {"bytes", accounting.peak_stashed_bytes}});
-    }
-    const nlohmann::json result = {{"rank", distributed.rank()},
-                                   {"seconds", seconds},
-                                   {"busy_seconds", busy},
-                                   {"span_seconds", span},
-                                   {"stashed", stashed}};
+    const nlohmann::json result =
+        run_plan_on_rank(distributed, model.sequential, model.sample, run, args.verify_steps);
     std::cout << kRankResultPrefix << result.dump() << std::endl;
   });
 }
 
-// One of the two ranks of the transfer measurement: stage 0 on rank 0, stage 1 on rank 1; for each
-// size, rank 0 sends an activation bundle of that many bytes and waits for rank 1's equally big
-// gradient bundle, 5 untimed then `trips` timed round trips. Rank 0 prints the median round trip
-// and the median time its send() call took (the rank time a message costs the sender).
+// One of the two ranks of the transfer measurement (ping_pong_on_rank); rank 0 prints the result.
 int run_transfer_rank(const nlohmann::json& job) {
   DistributedOptions options;
   options.pipeline_ranks(2).timeout(std::chrono::seconds(60));
   return run_distributed(options, [&](Distributed& distributed) {
-    auto transport = distributed.make_transport({0, 1});
-    const int me = distributed.pipeline_rank();
-    const int trips = job.value("trips", 30);
-    nlohmann::json sizes = nlohmann::json::array();
-    int microbatch = 0;
-    for (const auto bytes : job.at("bytes").get<std::vector<std::int64_t>>()) {
-      const torch::Tensor payload = torch::ones({std::max<std::int64_t>(1, bytes / 4)});
-      std::vector<double> round_trips, sends;
-      for (int trip = 0; trip < 5 + trips; ++trip, ++microbatch) {
-        const Envelope forward{0, 1, microbatch, Payload::kActivation};
-        const Envelope backward{1, 0, microbatch, Payload::kGradient};
-        const auto start = std::chrono::steady_clock::now();
-        if (me == 0) {
-          transport->send(forward, Bundle{{payload}, {}});
-          const auto sent = std::chrono::steady_clock::now();
-          (void)transport->recv(backward);
-          if (trip >= 5) {
-            sends.push_back(std::chrono::duration<double>(sent - start).count());
-            round_trips.push_back(
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-          }
-        } else {
-          (void)transport->recv(forward);
-          transport->send(backward, Bundle{{payload}, {}});
-        }
-      }
-      if (me == 0) {
-        std::sort(round_trips.begin(), round_trips.end());
-        std::sort(sends.begin(), sends.end());
-        sizes.push_back({{"bytes", payload.numel() * 4},
-                         {"round_trip_seconds", round_trips[round_trips.size() / 2]},
-                         {"send_seconds", sends[sends.size() / 2]}});
-      }
-    }
-    transport->flush();
-    if (me == 0)
-      std::cout << kRankResultPrefix << nlohmann::json{{"sizes", sizes}}.dump() << std::endl;
+    const nlohmann::json result = ping_pong_on_rank(distributed, job);
+    if (!result.is_null()) std::cout << kRankResultPrefix << result.dump() << std::endl;
   });
 }
 
@@ -357,182 +197,22 @@ std::vector<std::optional<nlohmann::json>> launch_ranks(const PlanModelArgs& arg
   return ranks;
 }
 
-// Transfer between two processes over Gloo on this machine: latency = half the round trip of a
-// 4-byte bundle, bandwidth from the round trip of a `large`-byte one, message_seconds = the
-// sender's send() call.
+// Transfer between two processes over Gloo on this machine (transfer_model_from).
 pp::TransferModel measure_gloo_transfer(const PlanModelArgs& args, std::int64_t large) {
-  large = std::max<std::int64_t>(large, 1 << 16);
-  const auto ranks =
-      launch_ranks(args, 2, {{"mode", "transfer"}, {"bytes", {4, large}}, {"trips", 30}});
-  if (!ranks[0])
+  const auto ranks = launch_ranks(args, 2, transfer_job(large));
+  if (!ranks[0]) {
     throw std::runtime_error("plan --processes: the transfer measurement printed nothing");
-  const auto& sizes = ranks[0]->at("sizes");
-  const double small_trip = sizes[0].at("round_trip_seconds").get<double>();
-  const double large_trip = sizes[1].at("round_trip_seconds").get<double>();
-  pp::TransferModel model;
-  model.latency_seconds = small_trip / 2;
-  const double extra = (large_trip - small_trip) / 2;
-  const auto extra_bytes = static_cast<double>(sizes[1].at("bytes").get<std::int64_t>() - 4);
-  model.bytes_per_second =
-      extra > 0 ? extra_bytes / extra : std::numeric_limits<double>::infinity();
-  model.message_seconds = sizes[0].at("send_seconds").get<double>();
-  model.method = "2 processes, Gloo over loopback (bundle ping-pong, one way)";
-  return model;
+  }
+  return transfer_model_from(*ranks[0]);
 }
 
-// Runs `plan` as plan.ranks processes of this binary (local launcher, Gloo over loopback). Step
-// time per step = the slowest rank's; the median over steps.
+// Runs `plan` as plan.ranks processes of this binary (local launcher, Gloo over loopback).
 Measured measure_processes(const PlanModelArgs& args, const pp::Plan& plan, int threads) {
-  const auto ranks = launch_ranks(args, plan.ranks, plan_to_run(plan, threads));
-  std::vector<double> steps(static_cast<std::size_t>(args.verify_steps), 0.0);
-  Measured measured;
-  measured.peak_stashed_bytes.assign(plan.balance.size(), 0);
-  for (int r = 0; r < plan.ranks; ++r) {
-    const auto& result = ranks[static_cast<std::size_t>(r)];
-    if (!result) {
-      throw std::runtime_error("plan --processes: rank " + std::to_string(r) +
-                               " printed no result");
-    }
-    const auto seconds = result->at("seconds").get<std::vector<double>>();
-    for (std::size_t k = 0; k < seconds.size() && k < steps.size(); ++k) {
-      steps[k] = std::max(steps[k], seconds[k]);
-    }
-    measured.busy_seconds_per_rank += result->at("busy_seconds").get<double>() / plan.ranks;
-    measured.span_seconds =
-        std::max(measured.span_seconds, result->at("span_seconds").get<double>());
-    for (const auto& stage : result->at("stashed")) {
-      const auto j = stage.at("stage").get<std::size_t>();
-      if (j < measured.peak_stashed_bytes.size()) {
-        measured.peak_stashed_bytes[j] = stage.at("bytes").get<std::int64_t>();
-      }
-    }
-  }
-  std::sort(steps.begin(), steps.end());
-  measured.median_seconds = steps[steps.size() / 2];
-  return measured;
-}
-
-// Calibration against the runtime: run the whole model as one stage (K = 1) with small
-// micro-batches, where fixed costs show most. [1] gpipe: the gap between measured compute and
-// the profile's prediction, spread over the 2 * M * L layer calls, is the per-layer overhead.
-// [2] zb-h1 with that overhead: what remains of the gap scales the split backward (I + W).
-void calibrate(torch::nn::Sequential& model, const torch::Tensor& sample, pp::ModelProfile& profile,
-               const pp::PlannerOptions& planner) {
-  int microbatches = 1;
-  while (microbatches < 16 && profile.batch_size % (microbatches * 2) == 0) microbatches *= 2;
-  pp::Plan one_stage;
-  one_stage.ranks = 1;
-  one_stage.microbatches = microbatches;
-  one_stage.balance = {static_cast<int>(profile.num_layers())};
-  pp::PlannerOptions single = planner;
-  single.ranks = 1;
-  profile.per_layer_overhead_seconds = 0;
-  profile.split_backward_scale = 1;
-  profile.calibrated = true;
-  const double layers = static_cast<double>(profile.num_layers());
-
-  one_stage.schedule = "gpipe";  // [1]
-  pp::Plan predicted = pp::evaluate_plan(profile, one_stage, single);
-  Measured measured = measure(model, sample, predicted, profile.intra_op_threads, 3);
-  profile.per_layer_overhead_seconds =
-      std::max(0.0, (measured.busy_seconds_per_rank - predicted.makespan_seconds) /
-                        (2 * microbatches * layers));
-
-  one_stage.schedule = "zb-h1";  // [2]
-  predicted = pp::evaluate_plan(profile, one_stage, single);
-  measured = measure(model, sample, predicted, profile.intra_op_threads, 3);
-  double split = 0;  // the profile's I + W for one micro-batch of the whole model
-  for (std::int64_t l = 0; l < profile.num_layers(); ++l) {
-    const pp::LayerCost c = profile.layer_cost(l, predicted.microbatch_size);
-    split += c.backward_input_seconds + c.backward_weight_seconds;
-  }
-  if (split > 0) {
-    const double gap = (measured.busy_seconds_per_rank - predicted.makespan_seconds) / microbatches;
-    profile.split_backward_scale = std::max(0.5, 1 + gap / split);
-  }
-
-  // [3] All ranks at once: the [1] step on `ranks` threads together, each with its own copy of
-  // the model and the same intra-op threads, over the same step alone (both measured now, so a
-  // machine that changed speed since [1] does not count).
-  profile.concurrent_compute_scale = 1;
-  profile.concurrent_ranks = 1;
-  if (planner.ranks < 2) return;
-  one_stage.schedule = "gpipe";
-  predicted = pp::evaluate_plan(profile, one_stage, single);
-  std::vector<torch::nn::Sequential> copies;
   try {
-    for (int r = 0; r < planner.ranks; ++r) {
-      copies.push_back(
-          std::dynamic_pointer_cast<torch::nn::SequentialImpl>(model->clone(torch::kCPU)));
-    }
-  } catch (const c10::Error&) {
-    std::cerr << "plan: a layer of this model cannot be cloned; not calibrating for "
-                 "concurrent ranks\n";
-    return;
+    return combine_rank_results(plan, launch_ranks(args, plan.ranks, plan_to_run(plan, threads)));
+  } catch (const std::runtime_error& error) {
+    throw std::runtime_error(std::string("plan --processes: ") + error.what());
   }
-  const double alone =
-      measure(copies[0], sample, predicted, profile.intra_op_threads, 3).busy_seconds_per_rank;
-  std::vector<double> together(copies.size(), 0.0);
-  std::vector<std::exception_ptr> failed(copies.size());
-  std::vector<std::thread> threads;
-  for (std::size_t r = 0; r < copies.size(); ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        together[r] = measure(copies[r], sample, predicted, profile.intra_op_threads, 3)
-                          .busy_seconds_per_rank;
-      } catch (...) {
-        failed[r] = std::current_exception();
-      }
-    });
-  }
-  for (auto& thread : threads) thread.join();
-  for (const auto& error : failed) {
-    if (error) std::rethrow_exception(error);
-  }
-  double mean = 0;
-  for (double busy : together) mean += busy / static_cast<double>(together.size());
-  if (alone > 0) {
-    profile.concurrent_compute_scale = mean / alone;
-    profile.concurrent_ranks = planner.ranks;
-  }
-}
-
-// Calibration step [4], --processes only: the rank time a message really costs. Between two
-// processes on a small machine a message also costs the CPU of Gloo's threads on both sides,
-// which the send() call measured by measure_gloo_transfer does not show. gpipe with the even
-// balance runs as K processes with few (M = 2) and with many (M = 16) micro-batches; the
-// per-message cost is the one that makes the predicted difference between the two equal the
-// measured one (their fixed costs cancel). Never below the measured send() time.
-void calibrate_messages(const PlanModelArgs& args, pp::ModelProfile& profile,
-                        const pp::PlannerOptions& planner) {
-  if (planner.ranks < 2 || profile.batch_size % 16 != 0) return;
-  auto plan_with = [&](int microbatches) {
-    pp::Plan plan = pp::default_plan(profile, planner.ranks, microbatches);
-    plan.schedule = "gpipe";
-    return plan;
-  };
-  const pp::Plan few = plan_with(2);
-  const pp::Plan many = plan_with(16);
-  auto predicted_gap = [&](double message) {
-    pp::ModelProfile trial = profile;
-    trial.transfer.message_seconds = message;
-    return pp::evaluate_plan(trial, many, planner).predicted_step_seconds -
-           pp::evaluate_plan(trial, few, planner).predicted_step_seconds;
-  };
-  std::vector<double> gaps;
-  for (int round = 0; round < 2; ++round) {
-    const double m_few = measure_processes(args, few, profile.intra_op_threads).median_seconds;
-    const double m_many = measure_processes(args, many, profile.intra_op_threads).median_seconds;
-    gaps.push_back(m_many - m_few);
-  }
-  const double measured_gap = 0.5 * (gaps[0] + gaps[1]);
-  const double x0 = profile.transfer.message_seconds;
-  const double step = 1e-3;
-  const double slope = (predicted_gap(x0 + step) - predicted_gap(x0)) / step;
-  if (slope <= 0) return;
-  const double fitted = x0 + (measured_gap - predicted_gap(x0)) / slope;
-  profile.transfer.message_seconds = std::max(x0, fitted);
-  profile.transfer.method += "; rank time per message calibrated (gpipe M=2 vs M=16)";
 }
 
 std::string join_ints(const std::vector<int>& values) {
@@ -655,7 +335,7 @@ int run_plan_for_model(const PlanModelArgs& args) {
   if (!args.rank_job.empty()) {
     const nlohmann::json job = nlohmann::json::parse(args.rank_job);
     return job.value("mode", std::string("plan")) == "transfer" ? run_transfer_rank(job)
-                                                                : run_verify_rank(args);
+                                                                : run_verify_rank(args, job);
   }
   pp::PlannerOptions planner;
   planner.ranks = args.stages > 0 ? args.stages : 2;
@@ -685,14 +365,7 @@ int run_plan_for_model(const PlanModelArgs& args) {
                      args.sample_shape + ": " + e.what_without_backtrace());
   }
   if (args.processes && planner.ranks > 1) {
-    // The boundary tensors of a mini-batch cut in 4, the default plan's micro-batches.
-    std::int64_t largest = 0;
-    for (std::int64_t l = 0; l < profile.num_layers(); ++l) {
-      largest = std::max(
-          largest,
-          profile.layer_cost(l, std::max<std::int64_t>(1, profile.batch_size / 4)).output_bytes);
-    }
-    profile.transfer = measure_gloo_transfer(args, largest);
+    profile.transfer = measure_gloo_transfer(args, largest_boundary_bytes(profile));
     report = pp::plan_pipeline(profile, planner);
   }
   if (!args.profile_out.empty()) {
@@ -700,8 +373,12 @@ int run_plan_for_model(const PlanModelArgs& args) {
   }
 
   if (args.calibrate || args.verify) {
-    calibrate(model.sequential, model.sample, profile, planner);
-    if (args.processes) calibrate_messages(args, profile, planner);
+    calibrate_in_process(model.sequential, model.sample, profile, planner);
+    if (args.processes) {
+      calibrate_messages(profile, planner, [&](const pp::Plan& plan) {
+        return measure_processes(args, plan, profile.intra_op_threads).median_seconds;
+      });
+    }
     report = pp::plan_pipeline(profile, planner);
   }
 
@@ -740,8 +417,9 @@ int run_plan_for_model(const PlanModelArgs& args) {
     std::vector<double> ratios;
     for (int round = 0; round < args.verify_rounds; ++round) {
       for (int k = 0; k < 2; ++k) {
-        rounds[k].push_back(args.processes ? measure_processes(args, *plans[k], threads)
-                                           : measure(model.sequential, model.sample, *plans[k],
+        rounds[k].push_back(args.processes
+                                ? measure_processes(args, *plans[k], threads)
+                                : measure_in_process(model.sequential, model.sample, *plans[k],
                                                      threads, args.verify_steps));
       }
       ratios.push_back(rounds[0].back().median_seconds / rounds[1].back().median_seconds);

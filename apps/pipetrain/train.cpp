@@ -17,8 +17,9 @@
 // or mpirun the environment is set by them and --nproc is not given.
 //
 // The auto plan is made once per run, never per rank (profiles are timings and differ between
-// processes): with --nproc the parent plans and starts the ranks with explicit flags
-// (rank_arguments); under an external launcher rank 0 plans and broadcasts it.
+// processes): in one process here; with several, by rank 0 with every rank taking part in what
+// it measures on the processes (train_auto.h, plan_training_on_ranks), under --nproc as under an
+// external launcher.
 //
 // Batches are a pure function of the global step k: Fashion-MNIST/synthetic use the seeded
 // shuffled DataLoader (epoch k / B, batch k % B), text draws windows from (seed, k), tensors
@@ -820,7 +821,8 @@ void apply_auto_plan(TrainArgs& args, const partition::Plan& plan) {
   }
 }
 
-// Where the plan comes from: this process's profile (default), or rank 0's (external launcher).
+// Where the plan comes from: this process's profile (default), or rank 0's made with every rank
+// (a multi-process run).
 using PlanSource = std::function<partition::Plan(Prepared& p, const AutoPlanInput& input,
                                                  const torch::Tensor& sample)>;
 
@@ -829,15 +831,16 @@ partition::Plan plan_here(const TrainArgs& args, Prepared& p, const AutoPlanInpu
   return plan_training(p.model.sequential, sample, args.auto_request, input);
 }
 
-// [2]: data, model (seeded), checks, the auto plan (args then hold its values), deferred batch
-// norm, resume. Every rank does the same.
-Prepared prepare(TrainArgs& args, const Layout& layout, const PlanSource& plan_source = {}) {
+// [2]: data, model (seeded), checks, the auto plan (args then hold its values; not in the
+// launcher's parent, whose ranks plan), deferred batch norm, resume. Every rank does the same.
+Prepared prepare(TrainArgs& args, const Layout& layout, const PlanSource& plan_source = {},
+                 bool leave_plan_to_ranks = false) {
   Prepared p;
   p.data = build_data(args.data);
   torch::manual_seed(args.data.seed);
   p.model = build_model(args.data, p.data);
   check_data_against_model(p.model, p.data);
-  if (args.auto_request.any()) {
+  if (args.auto_request.any() && !leave_plan_to_ranks) {
     const int64_t layers = static_cast<int64_t>(p.model.sequential->size());
     const AutoPlanInput input = auto_plan_input(args, layout, layers);
     const torch::Tensor sample = auto_plan_sample(args, layout, p);
@@ -981,51 +984,6 @@ std::vector<std::string> own_arguments() {
   return strip_launcher_flags(static_cast<int>(pointers.size()), pointers.data());
 }
 
-// The ranks' command line: this one with the auto flags replaced by the plan's values, so every
-// rank runs the one plan made here (profiles differ between processes; never plan per rank).
-std::vector<std::string> rank_arguments(const TrainArgs& resolved) {
-  const AutoRequest& request = resolved.auto_request;
-  std::vector<std::string> planned;
-  if (request.schedule) planned.push_back("--schedule");
-  if (request.chunks) planned.push_back("--chunks");
-  if (request.checkpoint) planned.push_back("--checkpoint");
-  if (request.virtual_stages) planned.push_back("--virtual");
-  if (request.balance) planned.push_back("--balance");
-  planned.push_back("--memory-limit");
-  std::vector<std::string> arguments;
-  const std::vector<std::string> own = own_arguments();
-  for (std::size_t a = 0; a < own.size(); ++a) {
-    const std::string& word = own[a];
-    const auto flag = std::find_if(planned.begin(), planned.end(), [&](const std::string& f) {
-      return word == f || word.rfind(f + "=", 0) == 0;
-    });
-    if (flag == planned.end()) {
-      arguments.push_back(word);
-    } else if (word == *flag) {
-      ++a;  // "--flag value": an auto flag's value is one word ("auto", a name or a count)
-    }
-  }
-  // "--flag=value" also hides a --config file's value for that flag (config_file.h).
-  if (request.schedule) arguments.push_back("--schedule=" + resolved.schedule);
-  if (request.chunks) arguments.push_back("--chunks=" + std::to_string(resolved.chunks));
-  if (request.checkpoint) arguments.push_back("--checkpoint=" + resolved.checkpoint);
-  if (request.virtual_stages) {
-    arguments.push_back("--virtual=" + std::to_string(resolved.virtual_stages));
-  }
-  if (request.balance && !resolved.balance.empty()) {
-    std::string balance;
-    for (int64_t b : resolved.balance) balance += (balance.empty() ? "" : ",") + std::to_string(b);
-    arguments.push_back("--balance=" + balance);
-  }
-  arguments.push_back("--memory-limit=none");
-  return arguments;
-}
-
-// Rank 0's auto plan failed (user input): every rank received the message and stops with it.
-struct SharedPlanError : UsageError {
-  using UsageError::UsageError;
-};
-
 void print_auto_plan(const partition::Plan& plan) {
   std::printf("%s\n", describe_auto_plan(plan).c_str());
   std::fflush(stdout);
@@ -1037,16 +995,18 @@ int run_train(const TrainArgs& given) {
   check_args(args);
   const bool launched = DistributedEnvironment::present();
   if (args.nproc > 1 && !launched) {
-    // The parent: check everything a rank would reject (exit 2 here, not 1 in a rank), make the
-    // auto plan once, then start the ranks with its values as explicit flags.
+    // The parent: check everything a rank would reject (exit 2 here, not 1 in a rank), then
+    // start the ranks. An auto plan is made by the ranks, once, on rank 0 (it measures the
+    // processes themselves); the parent checks the flags it can without it.
     Layout layout = layout_of(args, args.nproc);
-    Prepared p = prepare(args, layout);
-    pipe_options(args, layout, static_cast<int64_t>(p.model.sequential->size()));
-    if (p.auto_plan) print_auto_plan(*p.auto_plan);
-    std::printf("launching %d processes (%d pipeline x %d data-parallel)\n", layout.world,
-                layout.pipeline_ranks, layout.replicas);
+    const bool auto_plan = args.auto_request.any();
+    Prepared p = prepare(args, layout, {}, /*leave_plan_to_ranks=*/auto_plan);
+    if (!auto_plan) pipe_options(args, layout, static_cast<int64_t>(p.model.sequential->size()));
+    std::printf("launching %d processes (%d pipeline x %d data-parallel)%s\n", layout.world,
+                layout.pipeline_ranks, layout.replicas,
+                auto_plan ? "; rank 0 makes the auto plan" : "");
     std::fflush(stdout);
-    return launch_self(args.nproc, args.auto_request.any() ? rank_arguments(args) : own_arguments(),
+    return launch_self(args.nproc, own_arguments(),
                        std::chrono::milliseconds(static_cast<int64_t>(10'000)));
   }
   if (launched) {
@@ -1060,31 +1020,19 @@ int run_train(const TrainArgs& given) {
         .backend(args.backend);
     std::string usage_error;  // the auto plan failed on rank 0: every rank stops with exit 2
     const int code = run_distributed(options, [&](Distributed& distributed) {
-      // Under an external launcher every rank got the auto flags: rank 0 plans, the others take
-      // its plan (or its error) from the broadcast.
-      PlanSource from_rank_0 = [&](Prepared& p, const AutoPlanInput& input,
-                                   const torch::Tensor& sample) {
-        std::string message;
-        if (distributed.rank() == 0) {
-          try {
-            message = encode_plan(plan_here(args, p, input, sample));
-          } catch (const UsageError& error) {
-            message = nlohmann::json{{"error", error.what()}}.dump();
-          }
-        }
-        message = distributed.broadcast_text(message, 0);
-        const nlohmann::json decoded = nlohmann::json::parse(message);
-        if (decoded.contains("error")) {
-          throw SharedPlanError(decoded["error"].get<std::string>());
-        }
-        partition::Plan plan = decode_plan(message);
+      // Every rank got the auto flags: rank 0 plans, with every rank taking part in what it
+      // measures on the processes; all take its plan (or its error).
+      PlanSource on_ranks = [&](Prepared& p, const AutoPlanInput& input,
+                                const torch::Tensor& sample) {
+        partition::Plan plan = plan_training_on_ranks(distributed, p.model.sequential, sample,
+                                                      args.auto_request, input);
         if (distributed.rank() == 0) print_auto_plan(plan);
         return plan;
       };
       std::optional<Prepared> p;
       try {
-        p.emplace(prepare(args, layout, from_rank_0));
-      } catch (const SharedPlanError& error) {
+        p.emplace(prepare(args, layout, on_ranks));
+      } catch (const AutoPlanError& error) {
         usage_error = error.what();  // every rank is here: stop cleanly, exit 2 below
         return;
       }

@@ -2,60 +2,40 @@
 // user fixed, search, and turn the result into a line a user can read and a blob a rank can
 // decode.
 //
-//   [1] guard: remember the model's buffers and the random generator (profiling runs the model in
-//       training mode: batch norms update their statistics, randn draws gradients)
-//   [2] profile on the sample batch with the stage workers' thread count
+//   [1] guard: remember the model's parameters, buffers and the random generator (profiling and
+//       calibration run the model in training mode and take SGD steps: batch norms update their
+//       statistics, randn draws gradients)
+//   [2] profile on the sample batch with the stage workers' thread count, calibrate in this
+//       process (plan_calibration.h [1]..[3]); for processes, the measured transfer and [4]
 //   [3] search: the planner with its space cut down to the user's fixed values, or, when the
 //       user fixed the balance itself, every (schedule, M, checkpoint) evaluated on that balance
 //   [4] nothing fits the memory limit -> UsageError naming the smallest limit that works
+//
+// plan_training_on_ranks: rank 0 plans; its ProcessMeasurer broadcasts each measurement as a job
+// ({"job": ...}) that every rank runs (run_job) and gathers the ranks' results; the last message
+// is {"plan": ...} or {"error": ...}.
 #include "train_auto.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "pipetrain/partition/memory.h"
 #include "pipetrain/partition/profiler.h"
 #include "pipetrain/schedule/generators.h"
+#include "plan_calibration.h"
 #include "train_setup.h"
 
 namespace pipetrain::cli {
 namespace {
 
 namespace pp = pipetrain::partition;
-
-// [1] Puts the model's buffers and the default CPU generator back as they were.
-class ProfileSideEffectGuard {
- public:
-  explicit ProfileSideEffectGuard(torch::nn::Sequential& model) : model_(model) {
-    for (const auto& buffer : model_->buffers()) buffers_.push_back(buffer.detach().clone());
-    at::Generator generator = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    generator_state_ = generator.get_state();
-  }
-  ~ProfileSideEffectGuard() {
-    torch::NoGradGuard no_grad;
-    const std::vector<torch::Tensor> buffers = model_->buffers();
-    for (std::size_t q = 0; q < buffers.size() && q < buffers_.size(); ++q) {
-      buffers[q].copy_(buffers_[q]);
-    }
-    at::Generator generator = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    generator.set_state(generator_state_);
-  }
-  ProfileSideEffectGuard(const ProfileSideEffectGuard&) = delete;
-  ProfileSideEffectGuard& operator=(const ProfileSideEffectGuard&) = delete;
-
- private:
-  torch::nn::Sequential& model_;
-  std::vector<torch::Tensor> buffers_;
-  torch::Tensor generator_state_;
-};
 
 // The planner's default micro-batch counts: powers of two dividing the batch, and the batch.
 std::vector<int> microbatch_counts(std::int64_t batch) {
@@ -134,7 +114,8 @@ double optimizer_state_multiple(const std::string& optimizer, double momentum) {
 }
 
 pp::Plan plan_training(torch::nn::Sequential& model, const torch::Tensor& sample,
-                       const AutoRequest& request, const AutoPlanInput& input) {
+                       const AutoRequest& request, const AutoPlanInput& input,
+                       const ProcessMeasurer* processes) {
   TORCH_INTERNAL_ASSERT(request.any(), "plan_training without anything to plan");
   const int layers = static_cast<int>(model->size());
   if (input.ranks < 1 || input.ranks * input.virtual_stages > layers) {
@@ -172,7 +153,8 @@ pp::Plan plan_training(torch::nn::Sequential& model, const torch::Tensor& sample
 
   pp::ModelProfile profile;  // [2]
   {
-    ProfileSideEffectGuard guard(model);
+    ModelStateGuard guard(model);  // [1]
+    const auto start = std::chrono::steady_clock::now();
     try {
       profile = pp::profile_sequential(model, batch,
                                        pp::ProfileOptions().intra_op_threads(input.threads));
@@ -181,6 +163,20 @@ pp::Plan plan_training(torch::nn::Sequential& model, const torch::Tensor& sample
                        std::to_string(batch.size(0)) + " rows): " + message_of(error) +
                        "; give --balance and --schedule explicitly");
     }
+    const bool measure_processes = processes && input.ranks > 1;
+    std::printf("planning: profiled %lld layers; calibrating against the runtime%s\n",
+                static_cast<long long>(profile.num_layers()),
+                measure_processes ? " and the processes" : "");
+    std::fflush(stdout);
+    if (measure_processes) {
+      profile.transfer = processes->transfer(largest_boundary_bytes(profile));
+    }
+    calibrate_in_process(model, batch, profile, planner);
+    if (measure_processes) calibrate_messages(profile, planner, processes->step_seconds);
+    std::printf("planning: calibrated in %.1f s (%.1f us per layer call, %.2f ms per message)\n",
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+                profile.per_layer_overhead_seconds * 1e6, profile.transfer.message_seconds * 1e3);
+    std::fflush(stdout);
   }
 
   pp::Plan plan;  // [3]
@@ -252,6 +248,77 @@ pp::Plan decode_plan(const std::string& text) {
   plan.peak_memory_per_rank = json.at("peak_memory_per_rank").get<std::vector<std::int64_t>>();
   plan.peak_memory_bytes = json.at("peak_memory_bytes").get<std::int64_t>();
   return plan;
+}
+
+namespace {
+
+// Every rank's part of a measurement job: the transfer ping-pong or a plan's timed steps.
+nlohmann::json run_job(Distributed& distributed, torch::nn::Sequential& model,
+                       const torch::Tensor& sample, const nlohmann::json& job) {
+  if (job.at("mode") == "transfer") return ping_pong_on_rank(distributed, job);
+  return run_plan_on_rank(distributed, model, sample, job.at("run"), job.at("steps").get<int>());
+}
+
+// The results of a job on the ranks of replica 0, on rank 0 (every rank takes part: one broadcast
+// from each of world ranks 1..K-1), nullopt for a rank without one; {} on the other ranks.
+std::vector<std::optional<nlohmann::json>> gather_results(Distributed& distributed,
+                                                          const nlohmann::json& mine) {
+  std::vector<std::optional<nlohmann::json>> results;
+  for (int r = 0; r < distributed.layout().pipeline_ranks; ++r) {
+    const std::string text = r > 0 ? distributed.broadcast_text(mine.dump(), r) : mine.dump();
+    const nlohmann::json result = nlohmann::json::parse(text);
+    results.push_back(result.is_null() ? std::nullopt : std::optional<nlohmann::json>(result));
+  }
+  if (distributed.rank() != 0) results.clear();
+  return results;
+}
+
+}  // namespace
+
+pp::Plan plan_training_on_ranks(Distributed& distributed, torch::nn::Sequential& model,
+                                const torch::Tensor& sample, const AutoRequest& request,
+                                const AutoPlanInput& input) {
+  constexpr int kSteps = 3;  // timed steps per plan run on the ranks (after 2 warm-up steps)
+  ModelStateGuard guard(model);
+  std::string last;
+  if (distributed.rank() == 0) {
+    // Broadcast a job, run this rank's part, gather every rank's result.
+    auto on_every_rank = [&](const nlohmann::json& job) {
+      distributed.broadcast_text(nlohmann::json{{"job", job}}.dump(), 0);
+      return gather_results(distributed, run_job(distributed, model, sample, job));
+    };
+    ProcessMeasurer measurer;
+    measurer.transfer = [&](std::int64_t large) {
+      const auto results = on_every_rank(transfer_job(large));
+      if (!results[0]) throw std::runtime_error("auto plan: the transfer measurement gave nothing");
+      return transfer_model_from(*results[0]);
+    };
+    measurer.step_seconds = [&](const pp::Plan& plan) {
+      const nlohmann::json job = {
+          {"mode", "plan"}, {"run", plan_to_run(plan, input.threads)}, {"steps", kSteps}};
+      return combine_rank_results(plan, on_every_rank(job)).median_seconds;
+    };
+    try {
+      last = nlohmann::json{{"plan",
+                             encode_plan(plan_training(model, sample, request, input, &measurer))}}
+                 .dump();
+    } catch (const UsageError& error) {
+      last = nlohmann::json{{"error", error.what()}}.dump();
+    }
+    distributed.broadcast_text(last, 0);
+  } else {
+    for (;;) {
+      const nlohmann::json message = nlohmann::json::parse(distributed.broadcast_text("", 0));
+      if (!message.contains("job")) {
+        last = message.dump();
+        break;
+      }
+      gather_results(distributed, run_job(distributed, model, sample, message.at("job")));
+    }
+  }
+  const nlohmann::json decided = nlohmann::json::parse(last);
+  if (decided.contains("error")) throw AutoPlanError(decided.at("error").get<std::string>());
+  return decode_plan(decided.at("plan").get<std::string>());
 }
 
 }  // namespace pipetrain::cli

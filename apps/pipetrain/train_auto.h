@@ -11,13 +11,18 @@
 //   --chunks auto, --checkpoint auto that value (with --balance auto alone: only that value)
 //
 // The profile is taken on this process, on `sample` (the run's first mini-batch, or one
-// replica's share of it), with the intra-op threads each stage will use. The model is left as
-// it was: its buffers (batch-norm statistics) and the global random generator are restored, so a
-// run with `auto` trains exactly as the same run with the printed flags written out.
+// replica's share of it), with the intra-op threads each stage will use, and calibrated against
+// the runtime (plan_calibration.h, steps [1]..[3]: a few real steps in this process). The model
+// is left as it was: its parameters, buffers (batch-norm statistics) and the global random
+// generator are restored, so a run with `auto` trains exactly as the same run with the printed
+// flags written out.
 //
-// Profiles are timings and differ between processes: a multi-process run plans ONCE (the local
-// launcher before it starts the ranks, or rank 0 under an external launcher) and hands the
-// encoded plan to every rank (encode_plan / decode_plan).
+// Profiles are timings and differ between processes: a multi-process run plans ONCE, on rank 0
+// (plan_training_on_ranks, under the local launcher of --nproc as under an external one). What
+// only processes show is measured with every rank taking part: the transfer between pipeline
+// ranks 0 and 1 over the job's own process group, and step [4], the rank time per message, from
+// gpipe with 2 and with 16 micro-batches run on the ranks. The plan reaches every rank as
+// encode_plan / decode_plan text.
 //
 // Errors: user mistakes (a plan that cannot exist, a model the profiler cannot run, no plan
 // within --memory-limit: the message names the smallest limit that works) throw UsageError.
@@ -26,12 +31,15 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include <torch/torch.h>
 
+#include "commands.h"
 #include "pipetrain/partition/planner.h"
+#include "pipetrain/runtime/distributed.h"
 
 namespace pipetrain::cli {
 
@@ -59,10 +67,35 @@ struct AutoPlanInput {
   std::vector<std::int64_t> balance;  // empty: not given
 };
 
-// Profiles `model` on `sample` and returns the fastest plan within the limit that keeps every
-// value the user gave. REQUIRES: request.any(); input.ranks between 1 and the layer count.
+// What the plan of a multi-process run measures on the processes themselves.
+struct ProcessMeasurer {
+  // The transfer model between two ranks, measured with messages of `large` bytes.
+  std::function<partition::TransferModel(std::int64_t large)> transfer;
+  // The median step time of `plan` run on the ranks.
+  std::function<double(const partition::Plan&)> step_seconds;
+};
+
+// Profiles and calibrates `model` on `sample` and returns the fastest plan within the limit that
+// keeps every value the user gave. With `processes` (and more than one pipeline rank) the
+// transfer and the rank time per message come from it. REQUIRES: request.any(); input.ranks
+// between 1 and the layer count.
 partition::Plan plan_training(torch::nn::Sequential& model, const torch::Tensor& sample,
-                              const AutoRequest& request, const AutoPlanInput& input);
+                              const AutoRequest& request, const AutoPlanInput& input,
+                              const ProcessMeasurer* processes = nullptr);
+
+// Rank 0's auto plan failed for a user mistake: every rank throws this with rank 0's message.
+struct AutoPlanError : UsageError {
+  using UsageError::UsageError;
+};
+
+// The auto plan of a multi-process run; every rank calls it with the same arguments. Rank 0 runs
+// plan_training; each measurement that needs the processes is a job rank 0 broadcasts and every
+// rank runs (the others wait for jobs until the plan comes). Returns the plan on every rank;
+// throws AutoPlanError on every rank when rank 0's planning threw UsageError. The model is left
+// as it was on every rank.
+partition::Plan plan_training_on_ranks(Distributed& distributed, torch::nn::Sequential& model,
+                                       const torch::Tensor& sample, const AutoRequest& request,
+                                       const AutoPlanInput& input);
 
 // "auto plan: 1f1b, chunks 8, balance 9 7, checkpoint never, virtual stages 1 (predicted
 // 0.152 s/step, peak 1.2 GiB on rank 0)"

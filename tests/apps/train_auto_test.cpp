@@ -183,15 +183,24 @@ TEST_F(TrainAuto, InProcessAutoRunEqualsTheRunWithThePrintedFlags) {
   EXPECT_EQ(a.str(), b.str()) << "batch-norm statistics changed by profiling";
 }
 
-TEST_F(TrainAuto, TwoProcessesRunTheOnePlanMadeByTheLauncher) {
+TEST_F(TrainAuto, TwoProcessesRunTheOnePlanMadeByRankZeroWithBothRanks) {
   CliRun automatic = run_pipetrain(small_mlp(
       "--steps 3 --nproc 2 --balance auto --schedule auto --save-params " + path("mp_auto.pt")));
   ASSERT_EQ(automatic.exit_code, 0) << automatic.output;
   const std::vector<PrintedPlan> plans = printed_plans(automatic.output);
-  // Planned once, in the launcher (its line has no rank prefix), never in a rank.
+  // Planned once, on rank 0, never by the launcher or by rank 1 on its own.
   ASSERT_EQ(plans.size(), 1u) << automatic.output;
-  EXPECT_EQ(automatic.output.find("[rank 0] auto plan"), std::string::npos) << automatic.output;
+  EXPECT_NE(automatic.output.find("[rank 0] auto plan: "), std::string::npos) << automatic.output;
   EXPECT_EQ(automatic.output.find("[rank 1] auto plan"), std::string::npos) << automatic.output;
+  // The plan was calibrated on the two processes: a message between them costs rank time.
+  static const std::regex calibrated(R"(\[rank 0\] planning: calibrated in [0-9.]+ s \([0-9.]+ us )"
+                                     R"(per layer call, ([0-9.]+) ms per message\))");
+  std::smatch match;
+  ASSERT_TRUE(std::regex_search(automatic.output, match, calibrated)) << automatic.output;
+  EXPECT_GT(std::stod(match[1]), 0.0) << automatic.output;
+  EXPECT_NE(automatic.output.find("calibrating against the runtime and the processes"),
+            std::string::npos)
+      << automatic.output;
   expect_plannable(plans[0], /*ranks=*/2, kMlpLayers, /*rows=*/32);
   EXPECT_TRUE(losses_finite(automatic.output)) << automatic.output;
   CliRun written = run_pipetrain(small_mlp("--steps 3 --nproc 2 " + plans[0].flags() +

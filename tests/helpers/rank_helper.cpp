@@ -247,6 +247,29 @@ void scenario_loss(Distributed& d) {
   std::cout << "OK loss " << total << std::endl;
 }
 
+// Every rank is the root once: what each rank returns is the root's text (long, short or empty),
+// never its own; a root outside the world is an error naming it.
+void scenario_broadcast_text(Distributed& d) {
+  for (int root = 0; root < d.world_size(); ++root) {
+    const std::string sent =
+        root == 1 ? std::string()
+                  : "from rank " + std::to_string(root) + std::string(root * 5000, 'x');
+    const std::string mine =
+        d.rank() == root ? sent : "rank " + std::to_string(d.rank()) + "'s own";
+    const std::string got = d.broadcast_text(mine, root);
+    CHECK_OR_THROW(got == sent, "root ", root, ": got ", got.size(), " bytes, want ", sent.size());
+  }
+  bool rejected = false;
+  try {
+    d.broadcast_text("x", d.world_size());
+  } catch (const c10::Error& error) {
+    rejected = std::string(error.what_without_backtrace())
+                   .find("root " + std::to_string(d.world_size())) != std::string::npos;
+  }
+  CHECK_OR_THROW(rejected, "a root outside the world was not rejected by name");
+  std::cout << "OK broadcast_text" << std::endl;
+}
+
 void scenario_gather(Distributed& d) {
   std::vector<std::pair<std::string, torch::Tensor>> mine{
       {"stage" + std::to_string(d.pipeline_rank()) + ".weight",
@@ -499,6 +522,7 @@ int main(int argc, char** argv) {
     if (scenario == "tie") return scenario_tie(d);
     if (scenario == "loss") return scenario_loss(d);
     if (scenario == "gather") return scenario_gather(d);
+    if (scenario == "broadcast_text") return scenario_broadcast_text(d);
     if (scenario == "accounting") return scenario_accounting(d);
     if (scenario == "train") {
       std::vector<std::string> schedules;

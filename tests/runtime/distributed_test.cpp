@@ -126,6 +126,12 @@ TEST(Distributed, BroadcastsTheSumOfReplicaLossesToEveryRank) {
   EXPECT_EQ(run.count("OK loss 0.75"), 4) << run.output();  // 0.25 * 1 + 0.25 * 2
 }
 
+TEST(Distributed, BroadcastsTextFromEveryRootToEveryRank) {
+  auto run = run_ranks(3, {"broadcast_text"});
+  EXPECT_EQ(run.result.exit_code, 0) << run.output();
+  EXPECT_EQ(run.count("OK broadcast_text"), 3) << run.output();
+}
+
 TEST(Distributed, GathersEveryStagesParametersOnRankZero) {
   auto run = run_ranks(3, {"gather"});
   EXPECT_EQ(run.result.exit_code, 0) << run.output();

@@ -1,0 +1,418 @@
+// Calibration measurements of the planner (plan_calibration.h).
+#include "plan_calibration.h"
+
+#include <algorithm>
+#include <chrono>
+#include <exception>
+#include <iostream>
+#include <limits>
+#include <stdexcept>
+#include <thread>
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include "pipetrain/runtime/distributed_pipe.h"
+#include "pipetrain/schedule/action.h"
+
+namespace pipetrain::cli {
+namespace {
+
+namespace pp = pipetrain::partition;
+
+// Seconds of compute actions in `events` (all ranks they cover), and the last action's end
+// (seconds since the step's start).
+std::pair<double, double> busy_and_span(const std::vector<ActionEvent>& events) {
+  double busy = 0, span = 0;
+  for (const auto& event : events) {
+    if (schedule::is_compute(event.action.op)) busy += (event.end_us - event.start_us) * 1e-6;
+    span = std::max(span, event.end_us * 1e-6);
+  }
+  return {busy, span};
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// The timed step loop both runtimes share: zero_grad + train_step + SGD step, `steps` timed after
+// 2 warm-up steps; `before_step` runs untimed before each (a barrier across processes).
+template <typename TrainStep>
+std::vector<double> timed_steps(torch::optim::SGD& sgd, int steps, const TrainStep& train_step,
+                                const std::function<void()>& before_step = {}) {
+  std::vector<double> seconds;
+  for (int step = 0; step < steps + 2; ++step) {
+    if (before_step) before_step();
+    const auto start = std::chrono::steady_clock::now();
+    sgd.zero_grad();
+    train_step();
+    sgd.step();
+    if (step >= 2) seconds.push_back(seconds_since(start));
+  }
+  return seconds;
+}
+
+double upper_median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+torch::Tensor zeros_target(torch::nn::Sequential& model, const torch::Tensor& sample) {
+  torch::NoGradGuard no_grad;
+  return torch::zeros_like(model->forward(sample));
+}
+
+torch::Tensor mse(const torch::Tensor& output, const torch::Tensor& target) {
+  return torch::mse_loss(output, target);
+}
+
+}  // namespace
+
+ModelStateGuard::ModelStateGuard(torch::nn::Sequential& model) : model_(model) {
+  for (const auto& parameter : model_->parameters()) {
+    parameters_.push_back(parameter.detach().clone());
+  }
+  for (const auto& buffer : model_->buffers()) buffers_.push_back(buffer.detach().clone());
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator_state_ = generator.get_state();
+}
+
+ModelStateGuard::~ModelStateGuard() {
+  torch::NoGradGuard no_grad;
+  const std::vector<torch::Tensor> parameters = model_->parameters();
+  for (std::size_t q = 0; q < parameters.size() && q < parameters_.size(); ++q) {
+    parameters[q].copy_(parameters_[q]);
+    parameters[q].mutable_grad().reset();
+  }
+  const std::vector<torch::Tensor> buffers = model_->buffers();
+  for (std::size_t q = 0; q < buffers.size() && q < buffers_.size(); ++q) {
+    buffers[q].copy_(buffers_[q]);
+  }
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_state(generator_state_);
+}
+
+Checkpoint to_runtime(pp::CheckpointMode mode) {
+  switch (mode) {
+    case pp::CheckpointMode::kNever:
+      return Checkpoint::kNever;
+    case pp::CheckpointMode::kExceptLast:
+      return Checkpoint::kExceptLast;
+    case pp::CheckpointMode::kAlways:
+      return Checkpoint::kAlways;
+  }
+  return Checkpoint::kNever;
+}
+
+Measured measure_in_process(torch::nn::Sequential& model, const torch::Tensor& sample,
+                            const pp::Plan& plan, int threads, int steps) {
+  PipeOptions options;
+  options.balance(std::vector<int64_t>(plan.balance.begin(), plan.balance.end()))
+      .chunks(plan.microbatches)
+      .schedule(plan.schedule)
+      .virtual_stages(plan.virtual_stages)
+      .checkpoint(to_runtime(plan.checkpoint))
+      .threads_per_stage(threads);
+  Pipe pipe(model, options);
+  torch::optim::SGD sgd(pipe->parameters(), torch::optim::SGDOptions(1e-4));
+  const torch::Tensor target = zeros_target(model, sample);
+  std::vector<double> busy, span;  // per step, warm-up steps included (dropped below)
+  Measured measured;
+  measured.median_seconds = upper_median(timed_steps(sgd, steps, [&] {
+    pipe->train_step(sample, target, mse);
+    const auto [step_busy, step_span] = busy_and_span(pipe->last_events());
+    busy.push_back(step_busy);
+    span.push_back(step_span);
+  }));
+  busy.erase(busy.begin(), busy.begin() + 2);
+  span.erase(span.begin(), span.begin() + 2);
+  measured.busy_seconds_per_rank = upper_median(busy) / plan.ranks;
+  measured.span_seconds = upper_median(span);
+  for (const auto& stage : pipe->stage_accounting()) {
+    measured.peak_stashed_bytes.push_back(stage.peak_stashed_bytes);
+  }
+  return measured;
+}
+
+// Run the whole model as one stage (K = 1) with small micro-batches, where fixed costs show most.
+// [1] gpipe: the gap between measured compute and the profile's prediction, spread over the
+// 2 * M * L layer calls, is the per-layer overhead. [2] zb-h1 with that overhead: what remains of
+// the gap scales the split backward (I + W). [3] K copies of the model run the [1] step on K
+// threads at once.
+void calibrate_in_process(torch::nn::Sequential& model, const torch::Tensor& sample,
+                          pp::ModelProfile& profile, const pp::PlannerOptions& planner) {
+  int microbatches = 1;
+  while (microbatches < 16 && profile.batch_size % (microbatches * 2) == 0) microbatches *= 2;
+  pp::Plan one_stage;
+  one_stage.ranks = 1;
+  one_stage.microbatches = microbatches;
+  one_stage.balance = {static_cast<int>(profile.num_layers())};
+  pp::PlannerOptions single = planner;
+  single.ranks = 1;
+  profile.per_layer_overhead_seconds = 0;
+  profile.split_backward_scale = 1;
+  profile.calibrated = true;
+  const double layers = static_cast<double>(profile.num_layers());
+
+  one_stage.schedule = "gpipe";  // [1]
+  pp::Plan predicted = pp::evaluate_plan(profile, one_stage, single);
+  Measured measured = measure_in_process(model, sample, predicted, profile.intra_op_threads, 3);
+  profile.per_layer_overhead_seconds =
+      std::max(0.0, (measured.busy_seconds_per_rank - predicted.makespan_seconds) /
+                        (2 * microbatches * layers));
+
+  one_stage.schedule = "zb-h1";  // [2]
+  predicted = pp::evaluate_plan(profile, one_stage, single);
+  measured = measure_in_process(model, sample, predicted, profile.intra_op_threads, 3);
+  double split = 0;  // the profile's I + W for one micro-batch of the whole model
+  for (std::int64_t l = 0; l < profile.num_layers(); ++l) {
+    const pp::LayerCost c = profile.layer_cost(l, predicted.microbatch_size);
+    split += c.backward_input_seconds + c.backward_weight_seconds;
+  }
+  if (split > 0) {
+    const double gap = (measured.busy_seconds_per_rank - predicted.makespan_seconds) / microbatches;
+    profile.split_backward_scale = std::max(0.5, 1 + gap / split);
+  }
+
+  // [3] All ranks at once: the [1] step on `ranks` threads together, each with its own copy of
+  // the model and the same intra-op threads, over the same step alone, in 3 rounds (alone, then
+  // together); the median of the rounds' ratios (a machine that changes speed between rounds
+  // moves both sides of a ratio alike).
+  profile.concurrent_compute_scale = 1;
+  profile.concurrent_ranks = 1;
+  if (planner.ranks < 2) return;
+  one_stage.schedule = "gpipe";
+  predicted = pp::evaluate_plan(profile, one_stage, single);
+  std::vector<torch::nn::Sequential> copies;
+  try {
+    for (int r = 0; r < planner.ranks; ++r) {
+      copies.push_back(
+          std::dynamic_pointer_cast<torch::nn::SequentialImpl>(model->clone(torch::kCPU)));
+    }
+  } catch (const c10::Error&) {
+    std::cerr << "plan: a layer of this model cannot be cloned; not calibrating for "
+                 "concurrent ranks\n";
+    return;
+  }
+  auto busy_of = [&](torch::nn::Sequential& copy) {
+    return measure_in_process(copy, sample, predicted, profile.intra_op_threads, 3)
+        .busy_seconds_per_rank;
+  };
+  std::vector<double> ratios;
+  for (int round = 0; round < 3; ++round) {
+    const double alone = busy_of(copies[0]);
+    std::vector<double> together(copies.size(), 0.0);
+    std::vector<std::exception_ptr> failed(copies.size());
+    std::vector<std::thread> threads;
+    for (std::size_t r = 0; r < copies.size(); ++r) {
+      threads.emplace_back([&, r] {
+        try {
+          together[r] = busy_of(copies[r]);
+        } catch (...) {
+          failed[r] = std::current_exception();
+        }
+      });
+    }
+    for (auto& thread : threads) thread.join();
+    for (const auto& error : failed) {
+      if (error) std::rethrow_exception(error);
+    }
+    double mean = 0;
+    for (double busy : together) mean += busy / static_cast<double>(together.size());
+    if (alone > 0) ratios.push_back(mean / alone);
+  }
+  if (!ratios.empty()) {
+    profile.concurrent_compute_scale = upper_median(ratios);
+    profile.concurrent_ranks = planner.ranks;
+  }
+}
+
+// ---- K processes
+// ---------------------------------------------------------------------------------
+
+nlohmann::json plan_to_run(const pp::Plan& plan, int threads) {
+  return {{"schedule", plan.schedule},
+          {"ranks", plan.ranks},
+          {"chunks", plan.microbatches},
+          {"virtual_stages", plan.virtual_stages},
+          {"checkpoint", std::string(pp::checkpoint_name(plan.checkpoint))},
+          {"balance", plan.balance},
+          {"threads", threads}};
+}
+
+nlohmann::json run_plan_on_rank(Distributed& distributed, torch::nn::Sequential& model,
+                                const torch::Tensor& sample, const nlohmann::json& run, int steps) {
+  at::set_num_threads(run.at("threads").get<int>());
+  const torch::Tensor target = zeros_target(model, sample);
+  DistributedPipe pipe(
+      distributed, model,
+      PipeOptions()
+          .balance(run.at("balance").get<std::vector<int64_t>>())
+          .chunks(run.at("chunks").get<int>())
+          .schedule(run.at("schedule").get<std::string>())
+          .virtual_stages(run.at("virtual_stages").get<int>())
+          .checkpoint(to_runtime(pp::parse_checkpoint(run.at("checkpoint").get<std::string>()))));
+  torch::optim::SGD sgd(pipe.parameters(), torch::optim::SGDOptions(1e-4));
+  std::vector<double> busy_per_step, span_per_step;
+  const std::vector<double> seconds = timed_steps(
+      sgd, steps,
+      [&] {
+        pipe.train_step(sample, target, mse);
+        const auto [step_busy, step_span] = busy_and_span(pipe.last_events());
+        busy_per_step.push_back(step_busy);
+        span_per_step.push_back(step_span);
+      },
+      [&] { distributed.barrier(); });
+  busy_per_step.erase(busy_per_step.begin(), busy_per_step.begin() + 2);
+  span_per_step.erase(span_per_step.begin(), span_per_step.begin() + 2);
+  const double busy = upper_median(busy_per_step);
+  const double span = upper_median(span_per_step);
+  nlohmann::json stashed = nlohmann::json::array();
+  for (const auto& [j, accounting] : pipe.stage_accounting()) {
+    stashed.push_back({{"stage", j}, {"bytes", accounting.peak_stashed_bytes}});
+  }
+  return {{"rank", distributed.rank()},
+          {"seconds", seconds},
+          {"busy_seconds", busy},
+          {"span_seconds", span},
+          {"stashed", stashed}};
+}
+
+Measured combine_rank_results(const pp::Plan& plan,
+                              const std::vector<std::optional<nlohmann::json>>& ranks) {
+  std::vector<double> steps;
+  Measured measured;
+  measured.peak_stashed_bytes.assign(plan.balance.size(), 0);
+  for (int r = 0; r < plan.ranks; ++r) {
+    if (static_cast<std::size_t>(r) >= ranks.size() || !ranks[static_cast<std::size_t>(r)]) {
+      throw std::runtime_error("rank " + std::to_string(r) + " of a " + plan.describe() +
+                               " run printed no result");
+    }
+    const nlohmann::json& result = *ranks[static_cast<std::size_t>(r)];
+    const auto seconds = result.at("seconds").get<std::vector<double>>();
+    if (steps.empty()) steps.assign(seconds.size(), 0.0);
+    for (std::size_t k = 0; k < seconds.size() && k < steps.size(); ++k) {
+      steps[k] = std::max(steps[k], seconds[k]);
+    }
+    measured.busy_seconds_per_rank += result.at("busy_seconds").get<double>() / plan.ranks;
+    measured.span_seconds =
+        std::max(measured.span_seconds, result.at("span_seconds").get<double>());
+    for (const auto& stage : result.at("stashed")) {
+      const auto j = stage.at("stage").get<std::size_t>();
+      if (j < measured.peak_stashed_bytes.size()) {
+        measured.peak_stashed_bytes[j] = stage.at("bytes").get<std::int64_t>();
+      }
+    }
+  }
+  if (steps.empty()) throw std::runtime_error("a " + plan.describe() + " run timed no steps");
+  measured.median_seconds = upper_median(steps);
+  return measured;
+}
+
+nlohmann::json ping_pong_on_rank(Distributed& distributed, const nlohmann::json& job) {
+  if (distributed.replica() != 0 || distributed.pipeline_rank() > 1 ||
+      distributed.layout().pipeline_ranks < 2) {
+    return nullptr;
+  }
+  auto transport = distributed.make_transport({0, 1});
+  const int me = distributed.pipeline_rank();
+  const int trips = job.value("trips", 30);
+  nlohmann::json sizes = nlohmann::json::array();
+  int microbatch = 0;
+  for (const auto bytes : job.at("bytes").get<std::vector<std::int64_t>>()) {
+    const torch::Tensor payload = torch::ones({std::max<std::int64_t>(1, bytes / 4)});
+    std::vector<double> round_trips, sends;
+    for (int trip = 0; trip < 5 + trips; ++trip, ++microbatch) {
+      const Envelope forward{0, 1, microbatch, Payload::kActivation};
+      const Envelope backward{1, 0, microbatch, Payload::kGradient};
+      const auto start = std::chrono::steady_clock::now();
+      if (me == 0) {
+        transport->send(forward, Bundle{{payload}, {}});
+        const double sent = seconds_since(start);
+        (void)transport->recv(backward);
+        if (trip >= 5) {
+          sends.push_back(sent);
+          round_trips.push_back(seconds_since(start));
+        }
+      } else {
+        (void)transport->recv(forward);
+        transport->send(backward, Bundle{{payload}, {}});
+      }
+    }
+    if (me == 0) {
+      sizes.push_back({{"bytes", payload.numel() * 4},
+                       {"round_trip_seconds", upper_median(round_trips)},
+                       {"send_seconds", upper_median(sends)}});
+    }
+  }
+  transport->flush();
+  if (me != 0) return nullptr;
+  return {{"sizes", sizes}};
+}
+
+nlohmann::json transfer_job(std::int64_t large) {
+  return {
+      {"mode", "transfer"}, {"bytes", {4, std::max<std::int64_t>(large, 1 << 16)}}, {"trips", 30}};
+}
+
+pp::TransferModel transfer_model_from(const nlohmann::json& result) {
+  const auto& sizes = result.at("sizes");
+  const double small_trip = sizes[0].at("round_trip_seconds").get<double>();
+  const double large_trip = sizes[1].at("round_trip_seconds").get<double>();
+  pp::TransferModel model;
+  model.latency_seconds = small_trip / 2;
+  const double extra = (large_trip - small_trip) / 2;
+  const auto extra_bytes = static_cast<double>(sizes[1].at("bytes").get<std::int64_t>() - 4);
+  model.bytes_per_second =
+      extra > 0 ? extra_bytes / extra : std::numeric_limits<double>::infinity();
+  model.message_seconds = sizes[0].at("send_seconds").get<double>();
+  model.method = "2 processes, Gloo over loopback (bundle ping-pong, one way)";
+  return model;
+}
+
+std::int64_t largest_boundary_bytes(const pp::ModelProfile& profile) {
+  std::int64_t largest = 0;
+  const std::int64_t rows = std::max<std::int64_t>(1, profile.batch_size / 4);
+  for (std::int64_t l = 0; l < profile.num_layers(); ++l) {
+    largest = std::max(largest, profile.layer_cost(l, rows).output_bytes);
+  }
+  return largest;
+}
+
+// Between two processes on a small machine a message also costs the CPU of Gloo's threads on both
+// sides, which the send() call measured by the transfer does not show. The per-message cost that
+// makes the predicted difference between few and many micro-batches equal the measured one (their
+// fixed costs cancel), from two rounds of both.
+void calibrate_messages(pp::ModelProfile& profile, const pp::PlannerOptions& planner,
+                        const std::function<double(const pp::Plan&)>& step_seconds) {
+  if (planner.ranks < 2 || profile.batch_size % 16 != 0) return;
+  auto plan_with = [&](int microbatches) {
+    pp::Plan plan = pp::default_plan(profile, planner.ranks, microbatches);
+    plan.schedule = "gpipe";
+    return plan;
+  };
+  const pp::Plan few = plan_with(2);
+  const pp::Plan many = plan_with(16);
+  auto predicted_gap = [&](double message) {
+    pp::ModelProfile trial = profile;
+    trial.transfer.message_seconds = message;
+    return pp::evaluate_plan(trial, many, planner).predicted_step_seconds -
+           pp::evaluate_plan(trial, few, planner).predicted_step_seconds;
+  };
+  double measured_gap = 0;
+  for (int round = 0; round < 2; ++round) {
+    const double m_few = step_seconds(few);
+    const double m_many = step_seconds(many);
+    measured_gap += 0.5 * (m_many - m_few);
+  }
+  const double x0 = profile.transfer.message_seconds;
+  const double step = 1e-3;
+  const double slope = (predicted_gap(x0 + step) - predicted_gap(x0)) / step;
+  if (slope <= 0) return;
+  const double fitted = x0 + (measured_gap - predicted_gap(x0)) / slope;
+  profile.transfer.message_seconds = std::max(x0, fitted);
+  profile.transfer.method += "; rank time per message calibrated (gpipe M=2 vs M=16)";
+}
+
+}  // namespace pipetrain::cli

@@ -1,0 +1,120 @@
+// The measurements that calibrate the planner's cost model against this machine's runtime, shared
+// by `pipetrain plan --model` (plan_model.cpp) and the auto plan of `pipetrain train`
+// (train_auto.cpp).
+//
+//   in one process (the model, a sample batch)      on K processes (a Distributed job)
+//   ------------------------------------------      ----------------------------------------------
+//   measure_in_process: a plan as Pipe, timed       run_plan_on_rank: this rank's part of a plan
+//   calibrate_in_process: steps [1]..[3]            ping_pong_on_rank: the transfer measurement
+//                                                   calibrate_messages: step [4], from step times
+//                                                   of two plans run as processes (a callback)
+//
+// Calibration steps (docs/PLANNER.md):
+//   [1] per-layer runtime overhead: gpipe on one stage vs the profile
+//   [2] split-backward scale: zb-h1 on one stage vs the profile with [1]
+//   [3] concurrent compute scale: the [1] step on K threads at once vs alone (K > 1)
+//   [4] rank time per message: gpipe with M = 2 vs M = 16 run as K processes
+//
+// Every measurement trains: it takes SGD steps (lr 1e-4) on the model it is given and leaves
+// gradients behind. A caller that trains afterwards keeps a ModelStateGuard around it.
+//
+// Thread-safety: call from one thread; calibrate_in_process starts and joins its own threads.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+#include <nlohmann/json.hpp>
+
+#include "pipetrain/partition/planner.h"
+#include "pipetrain/runtime/distributed.h"
+#include "pipetrain/runtime/pipe.h"
+
+namespace pipetrain::cli {
+
+// What a timed run of a plan measured.
+struct Measured {
+  double median_seconds = 0;                // step time, zero_grad + train_step + SGD step
+  std::vector<int64_t> peak_stashed_bytes;  // per stage, from the runtime's accounting
+  // Medians over the timed steps:
+  double busy_seconds_per_rank = 0;  // compute actions of a step, averaged over ranks
+  double span_seconds = 0;           // a step's first action start to its last action end
+};
+
+// Puts the model's parameters and buffers (values, and no gradients) and the default CPU random
+// generator back as they were when the guard was made: profiling and calibration then leave no
+// trace in the training that follows.
+class ModelStateGuard {
+ public:
+  explicit ModelStateGuard(torch::nn::Sequential& model);
+  ~ModelStateGuard();
+  ModelStateGuard(const ModelStateGuard&) = delete;
+  ModelStateGuard& operator=(const ModelStateGuard&) = delete;
+
+ private:
+  torch::nn::Sequential& model_;
+  std::vector<torch::Tensor> parameters_;
+  std::vector<torch::Tensor> buffers_;
+  torch::Tensor generator_state_;
+};
+
+Checkpoint to_runtime(partition::CheckpointMode mode);
+
+// `plan` run in this process (Pipe, one worker thread per rank with `threads` intra-op threads):
+// `steps` timed steps after 2 warm-up steps, MSE against zeros.
+Measured measure_in_process(torch::nn::Sequential& model, const torch::Tensor& sample,
+                            const partition::Plan& plan, int threads, int steps);
+
+// Steps [1]..[3]: sets profile.per_layer_overhead_seconds, split_backward_scale,
+// concurrent_compute_scale / concurrent_ranks (planner.ranks of them) and calibrated.
+void calibrate_in_process(torch::nn::Sequential& model, const torch::Tensor& sample,
+                          partition::ModelProfile& profile,
+                          const partition::PlannerOptions& planner);
+
+// ---- K processes
+// ---------------------------------------------------------------------------------
+
+// A plan as the JSON a rank runs it from ({"schedule", "ranks", "chunks", "virtual_stages",
+// "checkpoint", "balance", "threads"}).
+nlohmann::json plan_to_run(const partition::Plan& plan, int threads);
+
+// This rank's part of `run` (plan_to_run) on DistributedPipe: `steps` timed steps after 2 warm-up
+// ones, each started after an untimed barrier. Every rank of the job calls it. Returns
+// {"rank", "seconds": [per step], "busy_seconds", "span_seconds" (medians over the steps),
+// "stashed": [{stage, bytes}]}.
+nlohmann::json run_plan_on_rank(Distributed& distributed, torch::nn::Sequential& model,
+                                const torch::Tensor& sample, const nlohmann::json& run, int steps);
+
+// Step time of a plan from every rank's run_plan_on_rank result (the slowest rank per step, the
+// median over steps). Throws std::runtime_error naming a rank without a result.
+Measured combine_rank_results(const partition::Plan& plan,
+                              const std::vector<std::optional<nlohmann::json>>& ranks);
+
+// The transfer measurement: pipeline ranks 0 and 1 of replica 0 ping-pong bundles of each size in
+// job["bytes"] (5 untimed, then job["trips"] timed round trips); every other rank returns at once.
+// Pipeline rank 0 of replica 0 returns {"sizes": [{bytes, round_trip_seconds, send_seconds}]},
+// every other rank null.
+nlohmann::json ping_pong_on_rank(Distributed& distributed, const nlohmann::json& job);
+
+// The job for ping_pong_on_rank that measures the transfer of `large`-byte messages, and the
+// transfer model from its result: latency = half the 4-byte round trip, bandwidth from the large
+// one, message_seconds = the sender's send() call.
+nlohmann::json transfer_job(std::int64_t large);
+partition::TransferModel transfer_model_from(const nlohmann::json& result);
+
+// Boundary bytes of the largest cut of a mini-batch split in 4 (the default plan's micro-batches):
+// the `large` size to measure the transfer with.
+std::int64_t largest_boundary_bytes(const partition::ModelProfile& profile);
+
+// Step [4]: the rank time per message that makes the predicted step-time difference between gpipe
+// with M = 16 and M = 2 (even balance) equal the measured one; `step_seconds` runs a plan as K
+// processes and returns its median step time. Never below the transfer's measured send() time.
+// No-op with one rank or a batch that 16 does not divide.
+void calibrate_messages(partition::ModelProfile& profile, const partition::PlannerOptions& planner,
+                        const std::function<double(const partition::Plan&)>& step_seconds);
+
+}  // namespace pipetrain::cli
