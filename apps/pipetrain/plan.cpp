@@ -17,7 +17,6 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
-#include "plan_model.h"
 #include "pipetrain/schedule/atomic_file.h"
 #include "pipetrain/schedule/generators.h"
 #include "pipetrain/schedule/grid.h"
@@ -25,6 +24,7 @@
 #include "pipetrain/schedule/text_format.h"
 #include "pipetrain/schedule/timeline_svg.h"
 #include "pipetrain/schedule/validate.h"
+#include "plan_model.h"
 
 namespace pipetrain::cli {
 namespace {

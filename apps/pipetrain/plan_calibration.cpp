@@ -19,16 +19,47 @@ namespace {
 
 namespace pp = pipetrain::partition;
 
-// Seconds of compute actions in `events` (all ranks they cover), and the last action's end
-// (seconds since the step's start).
-std::pair<double, double> busy_and_span(const std::vector<ActionEvent>& events) {
-  double busy = 0, span = 0;
-  for (const auto& event : events) {
-    if (schedule::is_compute(event.action.op)) busy += (event.end_us - event.start_us) * 1e-6;
-    span = std::max(span, event.end_us * 1e-6);
-  }
-  return {busy, span};
+double upper_median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
 }
+
+// Per step: the seconds of compute actions per rank and the last action's end (seconds since the
+// step's start); medians over the timed steps (the first 2 are warm-up). With one rank, every
+// event counts for it (a DistributedPipe's events are this process's).
+class StepRecorder {
+ public:
+  explicit StepRecorder(int ranks) : busy_(static_cast<std::size_t>(ranks)) {}
+
+  void record(const std::vector<ActionEvent>& events) {
+    std::vector<double> busy(busy_.size(), 0.0);
+    double span = 0;
+    for (const auto& event : events) {
+      const std::size_t r = busy.size() == 1 ? 0 : static_cast<std::size_t>(event.rank);
+      if (schedule::is_compute(event.action.op) && r < busy.size()) {
+        busy[r] += (event.end_us - event.start_us) * 1e-6;
+      }
+      span = std::max(span, event.end_us * 1e-6);
+    }
+    for (std::size_t r = 0; r < busy.size(); ++r) busy_[r].push_back(busy[r]);
+    span_.push_back(span);
+  }
+
+  std::vector<double> busy_by_rank() const {
+    std::vector<double> medians;
+    for (const auto& steps : busy_) medians.push_back(timed_median(steps));
+    return medians;
+  }
+  double span() const { return timed_median(span_); }
+
+ private:
+  static double timed_median(const std::vector<double>& steps) {
+    return steps.size() > 2 ? upper_median({steps.begin() + 2, steps.end()}) : 0.0;
+  }
+
+  std::vector<std::vector<double>> busy_;
+  std::vector<double> span_;
+};
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -49,11 +80,6 @@ std::vector<double> timed_steps(torch::optim::SGD& sgd, int steps, const TrainSt
     if (step >= 2) seconds.push_back(seconds_since(start));
   }
   return seconds;
-}
-
-double upper_median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
 }
 
 torch::Tensor zeros_target(torch::nn::Sequential& model, const torch::Tensor& sample) {
@@ -117,18 +143,17 @@ Measured measure_in_process(torch::nn::Sequential& model, const torch::Tensor& s
   Pipe pipe(model, options);
   torch::optim::SGD sgd(pipe->parameters(), torch::optim::SGDOptions(1e-4));
   const torch::Tensor target = zeros_target(model, sample);
-  std::vector<double> busy, span;  // per step, warm-up steps included (dropped below)
+  StepRecorder recorder(plan.ranks);
   Measured measured;
   measured.median_seconds = upper_median(timed_steps(sgd, steps, [&] {
     pipe->train_step(sample, target, mse);
-    const auto [step_busy, step_span] = busy_and_span(pipe->last_events());
-    busy.push_back(step_busy);
-    span.push_back(step_span);
+    recorder.record(pipe->last_events());
   }));
-  busy.erase(busy.begin(), busy.begin() + 2);
-  span.erase(span.begin(), span.begin() + 2);
-  measured.busy_seconds_per_rank = upper_median(busy) / plan.ranks;
-  measured.span_seconds = upper_median(span);
+  measured.busy_seconds_by_rank = recorder.busy_by_rank();
+  for (double busy : measured.busy_seconds_by_rank) {
+    measured.busy_seconds_per_rank += busy / plan.ranks;
+  }
+  measured.span_seconds = recorder.span();
   for (const auto& stage : pipe->stage_accounting()) {
     measured.peak_stashed_bytes.push_back(stage.peak_stashed_bytes);
   }
@@ -155,25 +180,36 @@ void calibrate_in_process(torch::nn::Sequential& model, const torch::Tensor& sam
   profile.calibrated = true;
   const double layers = static_cast<double>(profile.num_layers());
 
-  one_stage.schedule = "gpipe";  // [1]
-  pp::Plan predicted = pp::evaluate_plan(profile, one_stage, single);
-  Measured measured = measure_in_process(model, sample, predicted, profile.intra_op_threads, 3);
-  profile.per_layer_overhead_seconds =
-      std::max(0.0, (measured.busy_seconds_per_rank - predicted.makespan_seconds) /
-                        (2 * microbatches * layers));
-
-  one_stage.schedule = "zb-h1";  // [2]
-  predicted = pp::evaluate_plan(profile, one_stage, single);
-  measured = measure_in_process(model, sample, predicted, profile.intra_op_threads, 3);
+  // [1] and [2] in 3 rounds, each parameter the median over the rounds (one run of a few steps
+  // varies by tens of percent on a busy machine).
+  std::vector<double> overheads, splits;
   double split = 0;  // the profile's I + W for one micro-batch of the whole model
   for (std::int64_t l = 0; l < profile.num_layers(); ++l) {
-    const pp::LayerCost c = profile.layer_cost(l, predicted.microbatch_size);
+    const pp::LayerCost c = profile.layer_cost(l, profile.batch_size / microbatches);
     split += c.backward_input_seconds + c.backward_weight_seconds;
   }
-  if (split > 0) {
-    const double gap = (measured.busy_seconds_per_rank - predicted.makespan_seconds) / microbatches;
-    profile.split_backward_scale = std::max(0.5, 1 + gap / split);
+  pp::Plan predicted;
+  for (int round = 0; round < 3; ++round) {
+    pp::ModelProfile trial = profile;
+    one_stage.schedule = "gpipe";  // [1]
+    predicted = pp::evaluate_plan(trial, one_stage, single);
+    Measured measured = measure_in_process(model, sample, predicted, profile.intra_op_threads, 3);
+    trial.per_layer_overhead_seconds =
+        std::max(0.0, (measured.busy_seconds_per_rank - predicted.makespan_seconds) /
+                          (2 * microbatches * layers));
+    overheads.push_back(trial.per_layer_overhead_seconds);
+
+    one_stage.schedule = "zb-h1";  // [2], with this round's overhead
+    predicted = pp::evaluate_plan(trial, one_stage, single);
+    measured = measure_in_process(model, sample, predicted, profile.intra_op_threads, 3);
+    if (split > 0) {
+      const double gap =
+          (measured.busy_seconds_per_rank - predicted.makespan_seconds) / microbatches;
+      splits.push_back(std::max(0.5, 1 + gap / split));
+    }
   }
+  profile.per_layer_overhead_seconds = upper_median(overheads);
+  if (!splits.empty()) profile.split_backward_scale = upper_median(splits);
 
   // [3] All ranks at once: the [1] step on `ranks` threads together, each with its own copy of
   // the model and the same intra-op threads, over the same step alone, in 3 rounds (alone, then
@@ -254,20 +290,16 @@ nlohmann::json run_plan_on_rank(Distributed& distributed, torch::nn::Sequential&
           .virtual_stages(run.at("virtual_stages").get<int>())
           .checkpoint(to_runtime(pp::parse_checkpoint(run.at("checkpoint").get<std::string>()))));
   torch::optim::SGD sgd(pipe.parameters(), torch::optim::SGDOptions(1e-4));
-  std::vector<double> busy_per_step, span_per_step;
+  StepRecorder recorder(1);
   const std::vector<double> seconds = timed_steps(
       sgd, steps,
       [&] {
         pipe.train_step(sample, target, mse);
-        const auto [step_busy, step_span] = busy_and_span(pipe.last_events());
-        busy_per_step.push_back(step_busy);
-        span_per_step.push_back(step_span);
+        recorder.record(pipe.last_events());
       },
       [&] { distributed.barrier(); });
-  busy_per_step.erase(busy_per_step.begin(), busy_per_step.begin() + 2);
-  span_per_step.erase(span_per_step.begin(), span_per_step.begin() + 2);
-  const double busy = upper_median(busy_per_step);
-  const double span = upper_median(span_per_step);
+  const double busy = recorder.busy_by_rank()[0];
+  const double span = recorder.span();
   nlohmann::json stashed = nlohmann::json::array();
   for (const auto& [j, accounting] : pipe.stage_accounting()) {
     stashed.push_back({{"stage", j}, {"bytes", accounting.peak_stashed_bytes}});
@@ -295,7 +327,8 @@ Measured combine_rank_results(const pp::Plan& plan,
     for (std::size_t k = 0; k < seconds.size() && k < steps.size(); ++k) {
       steps[k] = std::max(steps[k], seconds[k]);
     }
-    measured.busy_seconds_per_rank += result.at("busy_seconds").get<double>() / plan.ranks;
+    measured.busy_seconds_by_rank.push_back(result.at("busy_seconds").get<double>());
+    measured.busy_seconds_per_rank += measured.busy_seconds_by_rank.back() / plan.ranks;
     measured.span_seconds =
         std::max(measured.span_seconds, result.at("span_seconds").get<double>());
     for (const auto& stage : result.at("stashed")) {
@@ -380,12 +413,19 @@ std::int64_t largest_boundary_bytes(const pp::ModelProfile& profile) {
   return largest;
 }
 
-// Between two processes on a small machine a message also costs the CPU of Gloo's threads on both
-// sides, which the send() call measured by the transfer does not show. The per-message cost that
-// makes the predicted difference between few and many micro-batches equal the measured one (their
-// fixed costs cancel), from two rounds of both.
-void calibrate_messages(pp::ModelProfile& profile, const pp::PlannerOptions& planner,
-                        const std::function<double(const pp::Plan&)>& step_seconds) {
+// [4a] Compute: K processes on a small machine compute slower than K threads of one process
+// ([3]): each process also runs Gloo's threads, and the isolated layers of the profile do not
+// scale with the micro-batch size as a chained run does. The ranks' measured compute over the
+// predicted (without the message charge), at each of the two micro-batch sizes, the median over
+// its runs, is the profile's process_compute_scale.
+// [4b] Messages: a message also costs the CPU of Gloo's threads on both sides, which the send()
+// call measured by the transfer does not show. The per-message cost that makes the predicted
+// difference between few and many micro-batches equal the measured one (their fixed costs
+// cancel), from two rounds of both.
+// [4c] Step overhead: what the measured step times still exceed the predicted by (the median of
+// the four runs): the loss broadcast and the step's setup, outside the simulated schedule.
+void calibrate_processes(pp::ModelProfile& profile, const pp::PlannerOptions& planner,
+                         const std::function<Measured(const pp::Plan&)>& run) {
   if (planner.ranks < 2 || profile.batch_size % 16 != 0) return;
   auto plan_with = [&](int microbatches) {
     pp::Plan plan = pp::default_plan(profile, planner.ranks, microbatches);
@@ -393,7 +433,34 @@ void calibrate_messages(pp::ModelProfile& profile, const pp::PlannerOptions& pla
     return plan;
   };
   const pp::Plan few = plan_with(2);
-  const pp::Plan many = plan_with(16);
+  const pp::Plan many = plan_with(profile.batch_size % 32 == 0 ? 32 : 16);
+  std::vector<Measured> few_runs, many_runs;
+  for (int round = 0; round < 2; ++round) {
+    few_runs.push_back(run(few));
+    many_runs.push_back(run(many));
+  }
+
+  // [4a]
+  pp::ModelProfile bare = profile;
+  bare.transfer.message_seconds = 0;
+  bare.process_compute_scale.clear();
+  auto scale_of = [&](const pp::Plan& plan, const std::vector<Measured>& runs) {
+    double want = 0;
+    for (double busy : pp::evaluate_plan(bare, plan, planner).busy_seconds_per_rank) want += busy;
+    std::vector<double> ratios;
+    for (const Measured& measured : runs) {
+      double got = 0;
+      for (double busy : measured.busy_seconds_by_rank) got += busy;
+      if (want > 0 && got > 0) ratios.push_back(got / want);
+    }
+    return ratios.empty() ? 1.0 : upper_median(ratios);
+  };
+  const pp::Plan few_predicted = pp::evaluate_plan(bare, few, planner);
+  const pp::Plan many_predicted = pp::evaluate_plan(bare, many, planner);
+  profile.process_compute_scale = {{many_predicted.microbatch_size, scale_of(many, many_runs)},
+                                   {few_predicted.microbatch_size, scale_of(few, few_runs)}};
+
+  // [4b]
   auto predicted_gap = [&](double message) {
     pp::ModelProfile trial = profile;
     trial.transfer.message_seconds = message;
@@ -401,18 +468,32 @@ void calibrate_messages(pp::ModelProfile& profile, const pp::PlannerOptions& pla
            pp::evaluate_plan(trial, few, planner).predicted_step_seconds;
   };
   double measured_gap = 0;
-  for (int round = 0; round < 2; ++round) {
-    const double m_few = step_seconds(few);
-    const double m_many = step_seconds(many);
-    measured_gap += 0.5 * (m_many - m_few);
+  for (std::size_t k = 0; k < few_runs.size(); ++k) {
+    measured_gap += (many_runs[k].median_seconds - few_runs[k].median_seconds) /
+                    static_cast<double>(few_runs.size());
   }
   const double x0 = profile.transfer.message_seconds;
   const double step = 1e-3;
   const double slope = (predicted_gap(x0 + step) - predicted_gap(x0)) / step;
-  if (slope <= 0) return;
-  const double fitted = x0 + (measured_gap - predicted_gap(x0)) / slope;
-  profile.transfer.message_seconds = std::max(x0, fitted);
-  profile.transfer.method += "; rank time per message calibrated (gpipe M=2 vs M=16)";
+  if (slope > 0) {
+    const double fitted = x0 + (measured_gap - predicted_gap(x0)) / slope;
+    profile.transfer.message_seconds = std::max(x0, fitted);
+  }
+
+  // [4c]
+  profile.step_overhead_seconds = 0;
+  std::vector<double> residuals;
+  for (const auto* runs : {&few_runs, &many_runs}) {
+    const double predicted =
+        pp::evaluate_plan(profile, runs == &few_runs ? few : many, planner).predicted_step_seconds;
+    for (const Measured& measured : *runs) residuals.push_back(measured.median_seconds - predicted);
+  }
+  profile.step_overhead_seconds = std::max(0.0, upper_median(residuals));
+  profile.transfer.method +=
+      "; compute by micro-batch size, rank time per message and step overhead calibrated on the "
+      "processes "
+      "(gpipe M=2 vs M=" +
+      std::to_string(many.microbatches) + ")";
 }
 
 }  // namespace pipetrain::cli

@@ -6,14 +6,15 @@
 //   ------------------------------------------      ----------------------------------------------
 //   measure_in_process: a plan as Pipe, timed       run_plan_on_rank: this rank's part of a plan
 //   calibrate_in_process: steps [1]..[3]            ping_pong_on_rank: the transfer measurement
-//                                                   calibrate_messages: step [4], from step times
-//                                                   of two plans run as processes (a callback)
+//                                                   calibrate_processes: step [4], from two
+//                                                   plans run as processes (a callback)
 //
 // Calibration steps (docs/PLANNER.md):
 //   [1] per-layer runtime overhead: gpipe on one stage vs the profile
 //   [2] split-backward scale: zb-h1 on one stage vs the profile with [1]
 //   [3] concurrent compute scale: the [1] step on K threads at once vs alone (K > 1)
-//   [4] rank time per message: gpipe with M = 2 vs M = 16 run as K processes
+//   [4] compute by micro-batch size, rank time per message, step overhead: gpipe with M = 2 vs
+//       M = 32 run as K processes
 //
 // Every measurement trains: it takes SGD steps (lr 1e-4) on the model it is given and leaves
 // gradients behind. A caller that trains afterwards keeps a ModelStateGuard around it.
@@ -41,8 +42,9 @@ struct Measured {
   double median_seconds = 0;                // step time, zero_grad + train_step + SGD step
   std::vector<int64_t> peak_stashed_bytes;  // per stage, from the runtime's accounting
   // Medians over the timed steps:
-  double busy_seconds_per_rank = 0;  // compute actions of a step, averaged over ranks
-  double span_seconds = 0;           // a step's first action start to its last action end
+  double busy_seconds_per_rank = 0;          // compute actions of a step, averaged over ranks
+  std::vector<double> busy_seconds_by_rank;  // the same per rank
+  double span_seconds = 0;                   // a step's first action start to its last action end
 };
 
 // Puts the model's parameters and buffers (values, and no gradients) and the default CPU random
@@ -110,11 +112,15 @@ partition::TransferModel transfer_model_from(const nlohmann::json& result);
 // the `large` size to measure the transfer with.
 std::int64_t largest_boundary_bytes(const partition::ModelProfile& profile);
 
-// Step [4]: the rank time per message that makes the predicted step-time difference between gpipe
-// with M = 16 and M = 2 (even balance) equal the measured one; `step_seconds` runs a plan as K
-// processes and returns its median step time. Never below the transfer's measured send() time.
-// No-op with one rank or a batch that 16 does not divide.
-void calibrate_messages(partition::ModelProfile& profile, const partition::PlannerOptions& planner,
-                        const std::function<double(const partition::Plan&)>& step_seconds);
+// Step [4], from gpipe with the even balance run as K processes with M = 2 and M = 32 (16 when
+// 32 does not divide the batch), two rounds each (`run` runs a plan as K processes): [4a] the
+// ranks' measured compute over the predicted at those two micro-batch sizes becomes the profile's
+// process_compute_scale; [4b] the rank time per message is the one that makes the predicted
+// step-time difference between the two equal the measured one, never below the transfer's
+// measured send() time; [4c] what the measured step times still exceed the predicted by (median)
+// becomes the profile's step_overhead_seconds. No-op with one rank or a batch that 16 does not
+// divide.
+void calibrate_processes(partition::ModelProfile& profile, const partition::PlannerOptions& planner,
+                         const std::function<Measured(const partition::Plan&)>& run);
 
 }  // namespace pipetrain::cli

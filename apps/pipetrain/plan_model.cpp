@@ -228,6 +228,16 @@ std::string format(const char* pattern, double value) {
   return text;
 }
 
+// ", as processes x1.05 at micro-batch 8 .. x0.92 at 128" (empty when not measured).
+std::string process_scale_text(const pp::ModelProfile& profile) {
+  std::string text;
+  for (const auto& [size, scale] : profile.process_compute_scale) {
+    text += (text.empty() ? ", as processes " : " .. ") + format("x%.2f", scale) +
+            " at micro-batch " + std::to_string(size);
+  }
+  return text;
+}
+
 void write_profile_text(std::ostream& out, const pp::ModelProfile& profile,
                         std::int64_t microbatch_size) {
   out << "profile: " << profile.num_layers() << " layers, batch " << profile.batch_size
@@ -238,12 +248,18 @@ void write_profile_text(std::ostream& out, const pp::ModelProfile& profile,
               ? format("%.1f us (calibrated)", profile.per_layer_overhead_seconds * 1e6) +
                     ", split backward x" + format("%.2f", profile.split_backward_scale) +
                     ", compute x" + format("%.2f", profile.concurrent_compute_scale) + " with " +
-                    std::to_string(profile.concurrent_ranks) + " ranks at once"
+                    std::to_string(profile.concurrent_ranks) + " ranks at once" +
+                    process_scale_text(profile)
               : std::string("not calibrated (--calibrate)"));
   out << "\n  " << profile.intra_op_threads << " intra-op thread(s) per stage; activations by "
       << profile.method << "; transfer " << format("%.1f", profile.transfer.latency_seconds * 1e6)
       << " us + " << format("%.1f", profile.transfer.message_seconds * 1e6)
-      << " us of the sender's time (" << profile.transfer.method << ")\n";
+      << " us of the sender's time (" << profile.transfer.method << ")";
+  if (profile.step_overhead_seconds > 0) {
+    out << "; " << format("%.2f", profile.step_overhead_seconds * 1e3)
+        << " ms per step outside the schedule";
+  }
+  out << "\n";
   out << "  per layer at micro-batch " << microbatch_size << ":\n";
   char line[200];
   std::snprintf(line, sizeof line, "  %-22s %11s %9s %9s %9s %9s %11s\n", "layer", "params", "F ms",
@@ -375,8 +391,8 @@ int run_plan_for_model(const PlanModelArgs& args) {
   if (args.calibrate || args.verify) {
     calibrate_in_process(model.sequential, model.sample, profile, planner);
     if (args.processes) {
-      calibrate_messages(profile, planner, [&](const pp::Plan& plan) {
-        return measure_processes(args, plan, profile.intra_op_threads).median_seconds;
+      calibrate_processes(profile, planner, [&](const pp::Plan& plan) {
+        return measure_processes(args, plan, profile.intra_op_threads);
       });
     }
     report = pp::plan_pipeline(profile, planner);
@@ -432,10 +448,25 @@ int run_plan_for_model(const PlanModelArgs& args) {
     for (int k = 0; k < 2; ++k) {
       const pp::Plan& plan = *plans[k];
       std::vector<double> steps, busy, span;
+      std::vector<std::vector<double>> busy_of_rank(static_cast<std::size_t>(plan.ranks));
       for (const Measured& m : rounds[k]) {
         steps.push_back(m.median_seconds);
         busy.push_back(m.busy_seconds_per_rank);
         span.push_back(m.span_seconds);
+        for (std::size_t r = 0; r < busy_of_rank.size() && r < m.busy_seconds_by_rank.size(); ++r) {
+          busy_of_rank[r].push_back(m.busy_seconds_by_rank[r]);
+        }
+      }
+      std::vector<double> busy_by_rank;
+      std::string by_rank_text, predicted_by_rank_text;
+      for (std::size_t r = 0; r < busy_of_rank.size(); ++r) {
+        if (busy_of_rank[r].empty()) continue;
+        busy_by_rank.push_back(median_of(busy_of_rank[r]));
+        by_rank_text += (r ? " / " : "") + format("%.3f", busy_by_rank.back() * 1e3);
+        if (r < plan.busy_seconds_per_rank.size()) {
+          predicted_by_rank_text +=
+              (r ? " / " : "") + format("%.3f", plan.busy_seconds_per_rank[r] * 1e3);
+        }
       }
       const double measured = median_of(steps);
       std::snprintf(line, sizeof line, "  %-12s %-44.44s %8.3fms %8.3fms %9.3f\n", names[k],
@@ -450,9 +481,12 @@ int run_plan_for_model(const PlanModelArgs& args) {
                     plan.makespan_seconds * (1 - plan.bubble_fraction) * 1e3, median_of(span) * 1e3,
                     plan.makespan_seconds * 1e3);
       verify_text << line;
+      verify_text << "  " << std::string(12, ' ') << " compute by rank " << by_rank_text
+                  << " ms (predicted " << predicted_by_rank_text << ")\n";
       verify.push_back(
           {{"plan", names[k]},
            {"measured_compute_seconds_per_rank", median_of(busy)},
+           {"measured_compute_seconds_by_rank", busy_by_rank},
            {"measured_span_seconds", median_of(span)},
            {"describe", plan.describe()},
            {"predicted_step_seconds", plan.predicted_step_seconds},

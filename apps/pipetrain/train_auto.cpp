@@ -172,7 +172,7 @@ pp::Plan plan_training(torch::nn::Sequential& model, const torch::Tensor& sample
       profile.transfer = processes->transfer(largest_boundary_bytes(profile));
     }
     calibrate_in_process(model, batch, profile, planner);
-    if (measure_processes) calibrate_messages(profile, planner, processes->step_seconds);
+    if (measure_processes) calibrate_processes(profile, planner, processes->run);
     std::printf("planning: calibrated in %.1f s (%.1f us per layer call, %.2f ms per message)\n",
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
                 profile.per_layer_overhead_seconds * 1e6, profile.transfer.message_seconds * 1e3);
@@ -293,10 +293,10 @@ pp::Plan plan_training_on_ranks(Distributed& distributed, torch::nn::Sequential&
       if (!results[0]) throw std::runtime_error("auto plan: the transfer measurement gave nothing");
       return transfer_model_from(*results[0]);
     };
-    measurer.step_seconds = [&](const pp::Plan& plan) {
+    measurer.run = [&](const pp::Plan& plan) {
       const nlohmann::json job = {
           {"mode", "plan"}, {"run", plan_to_run(plan, input.threads)}, {"steps", kSteps}};
-      return combine_rank_results(plan, on_every_rank(job)).median_seconds;
+      return combine_rank_results(plan, on_every_rank(job));
     };
     try {
       last = nlohmann::json{{"plan",

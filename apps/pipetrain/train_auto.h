@@ -40,6 +40,7 @@
 #include "commands.h"
 #include "pipetrain/partition/planner.h"
 #include "pipetrain/runtime/distributed.h"
+#include "plan_calibration.h"
 
 namespace pipetrain::cli {
 
@@ -71,8 +72,8 @@ struct AutoPlanInput {
 struct ProcessMeasurer {
   // The transfer model between two ranks, measured with messages of `large` bytes.
   std::function<partition::TransferModel(std::int64_t large)> transfer;
-  // The median step time of `plan` run on the ranks.
-  std::function<double(const partition::Plan&)> step_seconds;
+  // `plan` run on the ranks: its median step time and each rank's compute.
+  std::function<Measured(const partition::Plan&)> run;
 };
 
 // Profiles and calibrates `model` on `sample` and returns the fastest plan within the limit that

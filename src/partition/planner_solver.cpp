@@ -42,8 +42,8 @@ struct LayerTable {
   std::vector<std::int64_t> parameters, body;                                      // prefix sums
   std::vector<std::int64_t> input_of;  // bytes entering layer l (l = 0: the model input)
 
-  // compute_scale multiplies every F, B, I and W (ModelProfile::concurrent_compute_scale when
-  // the plan has more than one rank).
+  // compute_scale multiplies every F, B, I and W (ModelProfile::concurrent_compute_scale and
+  // process_compute_scale_at(m) when the plan has more than one rank).
   LayerTable(const ModelProfile& profile, std::int64_t m, double compute_scale = 1)
       : microbatch_size(m) {
     const auto L = static_cast<std::size_t>(profile.num_layers());
@@ -125,7 +125,9 @@ class Evaluator {
     const std::int64_t m = profile_.batch_size / microbatches;
     auto it = tables_.find(m);
     if (it == tables_.end()) {
-      const double scale = options_.ranks > 1 ? profile_.concurrent_compute_scale : 1.0;
+      const double scale = options_.ranks > 1 ? profile_.concurrent_compute_scale *
+                                                    profile_.process_compute_scale_at(m)
+                                              : 1.0;
       it = tables_.emplace(m, LayerTable(profile_, m, scale)).first;
     }
     return it->second;
@@ -282,10 +284,12 @@ class Evaluator {
     const schedule::SimulationResult sim = schedule::simulate(s.schedule, costs);
     plan.makespan_seconds = sim.makespan;
     plan.bubble_fraction = sim.bubble_fraction;
+    plan.busy_seconds_per_rank = sim.busy;
     for (int r = 0; r < options_.ranks; ++r) {
       plan.update_seconds = std::max(plan.update_seconds, update_of_rank(t, c.balance, r));
     }
-    plan.predicted_step_seconds = plan.makespan_seconds + plan.update_seconds;
+    plan.predicted_step_seconds = plan.makespan_seconds + plan.update_seconds +
+                                  (options_.ranks > 1 ? profile_.step_overhead_seconds : 0.0);
     return plan;
   }
 
@@ -572,6 +576,7 @@ void to_json(nlohmann::json& out, const Plan& plan) {
          {"makespan_seconds", plan.makespan_seconds},
          {"update_seconds", plan.update_seconds},
          {"bubble_fraction", plan.bubble_fraction},
+         {"busy_seconds_per_rank", plan.busy_seconds_per_rank},
          {"peak_memory_bytes", plan.peak_memory_bytes},
          {"peak_memory_per_rank", plan.peak_memory_per_rank},
          {"peak_inflight_per_stage", plan.peak_inflight},

@@ -89,6 +89,18 @@ LayerCost ModelProfile::layer_cost(std::int64_t l, std::int64_t b) const {
   return c;
 }
 
+double ModelProfile::process_compute_scale_at(std::int64_t b) const {
+  const auto& points = process_compute_scale;
+  if (points.empty()) return 1;
+  if (b <= points.front().first) return points.front().second;
+  if (b >= points.back().first) return points.back().second;
+  std::size_t p = 0;
+  while (points[p + 1].first < b) ++p;
+  const auto log_of = [](std::int64_t size) { return std::log(static_cast<double>(size)); };
+  return lerp(log_of(points[p].first), points[p].second, log_of(points[p + 1].first),
+              points[p + 1].second, log_of(b));
+}
+
 std::int64_t ModelProfile::input_bytes_at(std::int64_t b) const {
   return interpolate_bytes(microbatch_sizes, b, input_bytes);
 }
@@ -117,9 +129,22 @@ void ModelProfile::validate() const {
                                 " micro-batch sizes; give one per size");
   }
   if (layers.empty()) throw std::invalid_argument("profile: the model has no layers");
+  if (!(step_overhead_seconds >= 0)) {
+    throw std::invalid_argument("profile: step_overhead_seconds must be >= 0 (got " +
+                                std::to_string(step_overhead_seconds) + ")");
+  }
   if (!(concurrent_compute_scale > 0)) {
     throw std::invalid_argument("profile: concurrent_compute_scale must be > 0 (got " +
                                 std::to_string(concurrent_compute_scale) + ")");
+  }
+  for (std::size_t p = 0; p < process_compute_scale.size(); ++p) {
+    const auto& [size, scale] = process_compute_scale[p];
+    if (size < 1 || !(scale > 0) || (p > 0 && size <= process_compute_scale[p - 1].first)) {
+      throw std::invalid_argument(
+          "profile: process_compute_scale needs ascending positive sizes with scales > 0 (size " +
+          std::to_string(size) + ", scale " + std::to_string(scale) + " at position " +
+          std::to_string(p) + ")");
+    }
   }
   for (std::size_t l = 0; l < layers.size(); ++l) {
     if (layers[l].costs.size() != microbatch_sizes.size()) {
@@ -161,6 +186,8 @@ void to_json(nlohmann::json& out, const ModelProfile& profile) {
          {"split_backward_scale", profile.split_backward_scale},
          {"concurrent_compute_scale", profile.concurrent_compute_scale},
          {"concurrent_ranks", profile.concurrent_ranks},
+         {"process_compute_scale", profile.process_compute_scale},
+         {"step_overhead_seconds", profile.step_overhead_seconds},
          {"method", profile.method},
          {"transfer",
           {{"latency_seconds", profile.transfer.latency_seconds},
@@ -184,6 +211,11 @@ void from_json(const nlohmann::json& in, ModelProfile& profile) {
   profile.split_backward_scale = in.value("split_backward_scale", 1.0);
   profile.concurrent_compute_scale = in.value("concurrent_compute_scale", 1.0);
   profile.concurrent_ranks = in.value("concurrent_ranks", 1);
+  profile.step_overhead_seconds = in.value("step_overhead_seconds", 0.0);
+  if (in.contains("process_compute_scale")) {
+    profile.process_compute_scale =
+        in.at("process_compute_scale").get<std::vector<std::pair<std::int64_t, double>>>();
+  }
   profile.method = in.value("method", std::string());
   if (in.contains("transfer")) {
     const auto& t = in.at("transfer");

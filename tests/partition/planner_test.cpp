@@ -290,6 +290,42 @@ TEST(Planner, ConcurrentComputeScaleSlowsMultiRankPlansOnly) {
                    evaluate_plan(plain, alone, one).makespan_seconds);
 }
 
+TEST(Planner, ProcessComputeScaleIsLogLinearInTheMicroBatchSize) {
+  ModelProfile profile = activation_heavy_profile();
+  EXPECT_EQ(profile.process_compute_scale_at(4), 1.0);  // not measured
+  profile.process_compute_scale = {{2, 1.2}, {32, 0.8}};
+  EXPECT_DOUBLE_EQ(profile.process_compute_scale_at(1), 1.2);  // below: the nearest
+  EXPECT_DOUBLE_EQ(profile.process_compute_scale_at(2), 1.2);
+  EXPECT_DOUBLE_EQ(profile.process_compute_scale_at(8), 1.0);   // halfway in log(size)
+  EXPECT_DOUBLE_EQ(profile.process_compute_scale_at(64), 0.8);  // above: the nearest
+  profile.process_compute_scale = {{32, 0.8}, {2, 1.2}};
+  EXPECT_THROW(profile.validate(), std::invalid_argument);
+  profile.process_compute_scale = {{2, 0.0}};
+  EXPECT_THROW(profile.validate(), std::invalid_argument);
+}
+
+TEST(Planner, ProcessComputeScaleScalesMultiRankPlansAtTheirMicroBatchSize) {
+  const ModelProfile plain = activation_heavy_profile();
+  ModelProfile measured = plain;
+  measured.process_compute_scale = {{1, 2.0}, {plain.batch_size, 2.0}};
+  Plan plan;
+  plan.schedule = "1f1b";
+  plan.ranks = 2;
+  plan.microbatches = 4;
+  plan.balance = {2, 2};
+  const PlannerOptions two = only({"1f1b"}, {4}, {CheckpointMode::kNever}, 2);
+  EXPECT_NEAR(evaluate_plan(measured, plan, two).makespan_seconds,
+              2.0 * evaluate_plan(plain, plan, two).makespan_seconds, 1e-12);
+  Plan alone = plan;
+  alone.ranks = 1;
+  alone.balance = {4};
+  const PlannerOptions one = only({"1f1b"}, {4}, {CheckpointMode::kNever}, 1);
+  EXPECT_DOUBLE_EQ(evaluate_plan(measured, alone, one).makespan_seconds,
+                   evaluate_plan(plain, alone, one).makespan_seconds);
+  const nlohmann::json json = measured;
+  EXPECT_EQ(json.get<ModelProfile>().process_compute_scale, measured.process_compute_scale);
+}
+
 TEST(Planner, EvaluatePlanRejectsABalanceThatDoesNotCoverTheModel) {
   const ModelProfile profile = uniform_profile(4, 8, UniformLayer{});
   Plan plan = default_plan(profile, 2, 4);

@@ -54,10 +54,11 @@ struct Plan {
   std::vector<int> balance;  // layers per stage, S = ranks * virtual_stages entries
   std::int64_t microbatch_size = 0;
 
-  double predicted_step_seconds = 0;  // makespan + update
+  double predicted_step_seconds = 0;  // makespan + update (+ step overhead, ranks > 1)
   double makespan_seconds = 0;        // simulated forward/backward part
   double update_seconds = 0;          // slowest rank's optimizer update
   double bubble_fraction = 0;
+  std::vector<double> busy_seconds_per_rank;  // simulated compute per rank (sends included)
   std::vector<std::int64_t> peak_memory_per_rank;
   std::int64_t peak_memory_bytes = 0;  // max over ranks
   std::vector<int> peak_inflight;      // per stage, micro-batches

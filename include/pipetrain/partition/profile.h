@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -77,6 +78,15 @@ struct ModelProfile {
   // than one rank. Calibrated with concurrent_ranks ranks; 1 when not calibrated.
   double concurrent_compute_scale = 1;
   int concurrent_ranks = 1;
+  // Measured on K processes (pipetrain plan --processes, the auto plan of a multi-process run):
+  // the ranks' compute over the prediction, at the micro-batch sizes it was measured at
+  // (ascending, distinct); it multiplies concurrent_compute_scale in plans of more than one rank,
+  // linear in log(size) between the sizes, the nearest size's value outside. Empty: 1.
+  std::vector<std::pair<std::int64_t, double>> process_compute_scale;
+  // Measured on K processes with the above: what a step of more than one rank takes beyond the
+  // simulated schedule and the update (the loss broadcast, the step's setup, ranks starting
+  // apart); the planner adds it to the step time of plans of more than one rank. 0: not measured.
+  double step_overhead_seconds = 0;
   std::string method;  // how activation bytes were measured ("allocator", "output bytes")
 
   std::int64_t num_layers() const { return static_cast<std::int64_t>(layers.size()); }
@@ -84,6 +94,8 @@ struct ModelProfile {
   LayerCost layer_cost(std::int64_t l, std::int64_t microbatch_size) const;
   // Bytes of the model input for one micro-batch (linear in the size).
   std::int64_t input_bytes_at(std::int64_t microbatch_size) const;
+  // process_compute_scale at `microbatch_size` (1 when empty).
+  double process_compute_scale_at(std::int64_t microbatch_size) const;
   std::int64_t parameter_bytes() const;
 
   // Throws std::invalid_argument naming the offending layer or size.
