@@ -154,7 +154,6 @@ pp::Plan plan_training(torch::nn::Sequential& model, const torch::Tensor& sample
   pp::ModelProfile profile;  // [2]
   {
     ModelStateGuard guard(model);  // [1]
-    const auto start = std::chrono::steady_clock::now();
     try {
       profile = pp::profile_sequential(model, batch,
                                        pp::ProfileOptions().intra_op_threads(input.threads));
@@ -168,6 +167,7 @@ pp::Plan plan_training(torch::nn::Sequential& model, const torch::Tensor& sample
                 static_cast<long long>(profile.num_layers()),
                 measure_processes ? " and the processes" : "");
     std::fflush(stdout);
+    const auto start = std::chrono::steady_clock::now();
     if (measure_processes) {
       profile.transfer = processes->transfer(largest_boundary_bytes(profile));
     }
