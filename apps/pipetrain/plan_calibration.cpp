@@ -119,6 +119,14 @@ ModelStateGuard::~ModelStateGuard() {
   generator.set_state(generator_state_);
 }
 
+double Measured::busy_seconds_per_rank() const {
+  double mean = 0;
+  for (double busy : busy_seconds_by_rank) {
+    mean += busy / static_cast<double>(busy_seconds_by_rank.size());
+  }
+  return mean;
+}
+
 Checkpoint to_runtime(pp::CheckpointMode mode) {
   switch (mode) {
     case pp::CheckpointMode::kNever:
@@ -150,9 +158,6 @@ Measured measure_in_process(torch::nn::Sequential& model, const torch::Tensor& s
     recorder.record(pipe->last_events());
   }));
   measured.busy_seconds_by_rank = recorder.busy_by_rank();
-  for (double busy : measured.busy_seconds_by_rank) {
-    measured.busy_seconds_per_rank += busy / plan.ranks;
-  }
   measured.span_seconds = recorder.span();
   for (const auto& stage : pipe->stage_accounting()) {
     measured.peak_stashed_bytes.push_back(stage.peak_stashed_bytes);
@@ -195,7 +200,7 @@ void calibrate_in_process(torch::nn::Sequential& model, const torch::Tensor& sam
     predicted = pp::evaluate_plan(trial, one_stage, single);
     Measured measured = measure_in_process(model, sample, predicted, profile.intra_op_threads, 3);
     trial.per_layer_overhead_seconds =
-        std::max(0.0, (measured.busy_seconds_per_rank - predicted.makespan_seconds) /
+        std::max(0.0, (measured.busy_seconds_per_rank() - predicted.makespan_seconds) /
                           (2 * microbatches * layers));
     overheads.push_back(trial.per_layer_overhead_seconds);
 
@@ -204,7 +209,7 @@ void calibrate_in_process(torch::nn::Sequential& model, const torch::Tensor& sam
     measured = measure_in_process(model, sample, predicted, profile.intra_op_threads, 3);
     if (split > 0) {
       const double gap =
-          (measured.busy_seconds_per_rank - predicted.makespan_seconds) / microbatches;
+          (measured.busy_seconds_per_rank() - predicted.makespan_seconds) / microbatches;
       splits.push_back(std::max(0.5, 1 + gap / split));
     }
   }
@@ -233,7 +238,7 @@ void calibrate_in_process(torch::nn::Sequential& model, const torch::Tensor& sam
   }
   auto busy_of = [&](torch::nn::Sequential& copy) {
     return measure_in_process(copy, sample, predicted, profile.intra_op_threads, 3)
-        .busy_seconds_per_rank;
+        .busy_seconds_per_rank();
   };
   std::vector<double> ratios;
   for (int round = 0; round < 3; ++round) {
@@ -264,8 +269,7 @@ void calibrate_in_process(torch::nn::Sequential& model, const torch::Tensor& sam
   }
 }
 
-// ---- K processes
-// ---------------------------------------------------------------------------------
+// ---- K processes --------------------------------------------------------------------------------
 
 nlohmann::json plan_to_run(const pp::Plan& plan, int threads) {
   return {{"schedule", plan.schedule},
@@ -328,7 +332,6 @@ Measured combine_rank_results(const pp::Plan& plan,
       steps[k] = std::max(steps[k], seconds[k]);
     }
     measured.busy_seconds_by_rank.push_back(result.at("busy_seconds").get<double>());
-    measured.busy_seconds_per_rank += measured.busy_seconds_by_rank.back() / plan.ranks;
     measured.span_seconds =
         std::max(measured.span_seconds, result.at("span_seconds").get<double>());
     for (const auto& stage : result.at("stashed")) {
@@ -427,50 +430,52 @@ std::int64_t largest_boundary_bytes(const pp::ModelProfile& profile) {
 void calibrate_processes(pp::ModelProfile& profile, const pp::PlannerOptions& planner,
                          const std::function<Measured(const pp::Plan&)>& run) {
   if (planner.ranks < 2 || profile.batch_size % 16 != 0) return;
-  auto plan_with = [&](int microbatches) {
-    pp::Plan plan = pp::default_plan(profile, planner.ranks, microbatches);
-    plan.schedule = "gpipe";
-    return plan;
+  // A plan and its runs as processes.
+  struct Runs {
+    pp::Plan plan;
+    std::vector<Measured> measured;
   };
-  const pp::Plan few = plan_with(2);
-  const pp::Plan many = plan_with(profile.batch_size % 32 == 0 ? 32 : 16);
-  std::vector<Measured> few_runs, many_runs;
+  auto gpipe_with = [&](int microbatches) {
+    Runs runs{pp::default_plan(profile, planner.ranks, microbatches), {}};
+    runs.plan.schedule = "gpipe";
+    return runs;
+  };
+  Runs few = gpipe_with(2);
+  Runs many = gpipe_with(profile.batch_size % 32 == 0 ? 32 : 16);
   for (int round = 0; round < 2; ++round) {
-    few_runs.push_back(run(few));
-    many_runs.push_back(run(many));
+    few.measured.push_back(run(few.plan));
+    many.measured.push_back(run(many.plan));
   }
 
   // [4a]
   pp::ModelProfile bare = profile;
   bare.transfer.message_seconds = 0;
   bare.process_compute_scale.clear();
-  auto scale_of = [&](const pp::Plan& plan, const std::vector<Measured>& runs) {
+  auto scale_of = [&](const Runs& runs) {
+    const pp::Plan predicted = pp::evaluate_plan(bare, runs.plan, planner);
     double want = 0;
-    for (double busy : pp::evaluate_plan(bare, plan, planner).busy_seconds_per_rank) want += busy;
+    for (double busy : predicted.busy_seconds_per_rank) want += busy;
     std::vector<double> ratios;
-    for (const Measured& measured : runs) {
+    for (const Measured& measured : runs.measured) {
       double got = 0;
       for (double busy : measured.busy_seconds_by_rank) got += busy;
       if (want > 0 && got > 0) ratios.push_back(got / want);
     }
-    return ratios.empty() ? 1.0 : upper_median(ratios);
+    return std::make_pair(predicted.microbatch_size, ratios.empty() ? 1.0 : upper_median(ratios));
   };
-  const pp::Plan few_predicted = pp::evaluate_plan(bare, few, planner);
-  const pp::Plan many_predicted = pp::evaluate_plan(bare, many, planner);
-  profile.process_compute_scale = {{many_predicted.microbatch_size, scale_of(many, many_runs)},
-                                   {few_predicted.microbatch_size, scale_of(few, few_runs)}};
+  profile.process_compute_scale = {scale_of(many), scale_of(few)};
 
   // [4b]
   auto predicted_gap = [&](double message) {
     pp::ModelProfile trial = profile;
     trial.transfer.message_seconds = message;
-    return pp::evaluate_plan(trial, many, planner).predicted_step_seconds -
-           pp::evaluate_plan(trial, few, planner).predicted_step_seconds;
+    return pp::evaluate_plan(trial, many.plan, planner).predicted_step_seconds -
+           pp::evaluate_plan(trial, few.plan, planner).predicted_step_seconds;
   };
   double measured_gap = 0;
-  for (std::size_t k = 0; k < few_runs.size(); ++k) {
-    measured_gap += (many_runs[k].median_seconds - few_runs[k].median_seconds) /
-                    static_cast<double>(few_runs.size());
+  for (std::size_t k = 0; k < few.measured.size(); ++k) {
+    measured_gap += (many.measured[k].median_seconds - few.measured[k].median_seconds) /
+                    static_cast<double>(few.measured.size());
   }
   const double x0 = profile.transfer.message_seconds;
   const double step = 1e-3;
@@ -483,17 +488,18 @@ void calibrate_processes(pp::ModelProfile& profile, const pp::PlannerOptions& pl
   // [4c]
   profile.step_overhead_seconds = 0;
   std::vector<double> residuals;
-  for (const auto* runs : {&few_runs, &many_runs}) {
-    const double predicted =
-        pp::evaluate_plan(profile, runs == &few_runs ? few : many, planner).predicted_step_seconds;
-    for (const Measured& measured : *runs) residuals.push_back(measured.median_seconds - predicted);
+  for (const Runs* runs : {&few, &many}) {
+    const double predicted = pp::evaluate_plan(profile, runs->plan, planner).predicted_step_seconds;
+    for (const Measured& measured : runs->measured) {
+      residuals.push_back(measured.median_seconds - predicted);
+    }
   }
   profile.step_overhead_seconds = std::max(0.0, upper_median(residuals));
   profile.transfer.method +=
       "; compute by micro-batch size, rank time per message and step overhead calibrated on the "
       "processes "
       "(gpipe M=2 vs M=" +
-      std::to_string(many.microbatches) + ")";
+      std::to_string(many.plan.microbatches) + ")";
 }
 
 }  // namespace pipetrain::cli

@@ -42,9 +42,11 @@ struct Measured {
   double median_seconds = 0;                // step time, zero_grad + train_step + SGD step
   std::vector<int64_t> peak_stashed_bytes;  // per stage, from the runtime's accounting
   // Medians over the timed steps:
-  double busy_seconds_per_rank = 0;          // compute actions of a step, averaged over ranks
-  std::vector<double> busy_seconds_by_rank;  // the same per rank
+  std::vector<double> busy_seconds_by_rank;  // compute actions of a step, per rank
   double span_seconds = 0;                   // a step's first action start to its last action end
+
+  // busy_seconds_by_rank averaged over the ranks.
+  double busy_seconds_per_rank() const;
 };
 
 // Puts the model's parameters and buffers (values, and no gradients) and the default CPU random

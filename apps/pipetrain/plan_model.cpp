@@ -10,9 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <exception>
 #include <iostream>
-#include <limits>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -451,7 +449,7 @@ int run_plan_for_model(const PlanModelArgs& args) {
       std::vector<std::vector<double>> busy_of_rank(static_cast<std::size_t>(plan.ranks));
       for (const Measured& m : rounds[k]) {
         steps.push_back(m.median_seconds);
-        busy.push_back(m.busy_seconds_per_rank);
+        busy.push_back(m.busy_seconds_per_rank());
         span.push_back(m.span_seconds);
         for (std::size_t r = 0; r < busy_of_rank.size() && r < m.busy_seconds_by_rank.size(); ++r) {
           busy_of_rank[r].push_back(m.busy_seconds_by_rank[r]);

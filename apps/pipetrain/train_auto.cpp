@@ -279,7 +279,6 @@ pp::Plan plan_training_on_ranks(Distributed& distributed, torch::nn::Sequential&
                                 const torch::Tensor& sample, const AutoRequest& request,
                                 const AutoPlanInput& input) {
   constexpr int kSteps = 3;  // timed steps per plan run on the ranks (after 2 warm-up steps)
-  ModelStateGuard guard(model);
   std::string last;
   if (distributed.rank() == 0) {
     // Broadcast a job, run this rank's part, gather every rank's result.
@@ -307,6 +306,7 @@ pp::Plan plan_training_on_ranks(Distributed& distributed, torch::nn::Sequential&
     }
     distributed.broadcast_text(last, 0);
   } else {
+    ModelStateGuard guard(model);  // the jobs train; plan_training guards rank 0's model
     for (;;) {
       const nlohmann::json message = nlohmann::json::parse(distributed.broadcast_text("", 0));
       if (!message.contains("job")) {

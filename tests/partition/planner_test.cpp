@@ -268,26 +268,33 @@ TEST(Planner, PruningDoesNotChangeTheRecommendation) {
                    full.recommended().predicted_step_seconds);
 }
 
-TEST(Planner, ConcurrentComputeScaleSlowsMultiRankPlansOnly) {
-  const ModelProfile plain = activation_heavy_profile();
-  ModelProfile contended = plain;
-  contended.concurrent_compute_scale = 1.5;
-  contended.concurrent_ranks = 2;
+// `scaled` makes every compute action of a 2-rank 1f1b plan `factor` times as long as `plain`
+// does, so the makespan too (comm is 0 in activation_heavy_profile), and leaves the same model
+// on one rank as it was.
+void expect_scales_multi_rank_plans_only(const ModelProfile& plain, const ModelProfile& scaled,
+                                         double factor) {
   Plan plan;
   plan.schedule = "1f1b";
   plan.ranks = 2;
   plan.microbatches = 4;
   plan.balance = {2, 2};
   const PlannerOptions two = only({"1f1b"}, {4}, {CheckpointMode::kNever}, 2);
-  // Every compute action takes 1.5x: so does the makespan (comm is 0 in this profile).
-  EXPECT_NEAR(evaluate_plan(contended, plan, two).makespan_seconds,
-              1.5 * evaluate_plan(plain, plan, two).makespan_seconds, 1e-12);
+  EXPECT_NEAR(evaluate_plan(scaled, plan, two).makespan_seconds,
+              factor * evaluate_plan(plain, plan, two).makespan_seconds, 1e-12);
   Plan alone = plan;
   alone.ranks = 1;
   alone.balance = {4};
   const PlannerOptions one = only({"1f1b"}, {4}, {CheckpointMode::kNever}, 1);
-  EXPECT_DOUBLE_EQ(evaluate_plan(contended, alone, one).makespan_seconds,
+  EXPECT_DOUBLE_EQ(evaluate_plan(scaled, alone, one).makespan_seconds,
                    evaluate_plan(plain, alone, one).makespan_seconds);
+}
+
+TEST(Planner, ConcurrentComputeScaleSlowsMultiRankPlansOnly) {
+  const ModelProfile plain = activation_heavy_profile();
+  ModelProfile contended = plain;
+  contended.concurrent_compute_scale = 1.5;
+  contended.concurrent_ranks = 2;
+  expect_scales_multi_rank_plans_only(plain, contended, 1.5);
 }
 
 TEST(Planner, ProcessComputeScaleIsLogLinearInTheMicroBatchSize) {
@@ -308,20 +315,7 @@ TEST(Planner, ProcessComputeScaleScalesMultiRankPlansAtTheirMicroBatchSize) {
   const ModelProfile plain = activation_heavy_profile();
   ModelProfile measured = plain;
   measured.process_compute_scale = {{1, 2.0}, {plain.batch_size, 2.0}};
-  Plan plan;
-  plan.schedule = "1f1b";
-  plan.ranks = 2;
-  plan.microbatches = 4;
-  plan.balance = {2, 2};
-  const PlannerOptions two = only({"1f1b"}, {4}, {CheckpointMode::kNever}, 2);
-  EXPECT_NEAR(evaluate_plan(measured, plan, two).makespan_seconds,
-              2.0 * evaluate_plan(plain, plan, two).makespan_seconds, 1e-12);
-  Plan alone = plan;
-  alone.ranks = 1;
-  alone.balance = {4};
-  const PlannerOptions one = only({"1f1b"}, {4}, {CheckpointMode::kNever}, 1);
-  EXPECT_DOUBLE_EQ(evaluate_plan(measured, alone, one).makespan_seconds,
-                   evaluate_plan(plain, alone, one).makespan_seconds);
+  expect_scales_multi_rank_plans_only(plain, measured, 2.0);
   const nlohmann::json json = measured;
   EXPECT_EQ(json.get<ModelProfile>().process_compute_scale, measured.process_compute_scale);
 }
