@@ -6,6 +6,7 @@
 #include <exception>
 #include <iostream>
 #include <limits>
+#include <memory>
 #include <stdexcept>
 #include <thread>
 
@@ -65,19 +66,25 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// The timed step loop both runtimes share: zero_grad + train_step + SGD step, `steps` timed after
-// 2 warm-up steps; `before_step` runs untimed before each (a barrier across processes).
+// The timed step loop both runtimes share, for `plans` plans run together: in each round one step
+// of every plan in turn (zero_grad + train_step(k) + SGD step of plan k), `steps` rounds timed
+// after 2 warm-up rounds; `before_step` runs untimed before each step (a barrier across
+// processes). Plans taking turns step by step see the same machine: a slow spell of this host
+// slows all of them alike. Returns the timed seconds per plan.
 template <typename TrainStep>
-std::vector<double> timed_steps(torch::optim::SGD& sgd, int steps, const TrainStep& train_step,
-                                const std::function<void()>& before_step = {}) {
-  std::vector<double> seconds;
+std::vector<std::vector<double>> timed_steps(std::vector<torch::optim::SGD>& sgds, int steps,
+                                             const TrainStep& train_step,
+                                             const std::function<void()>& before_step = {}) {
+  std::vector<std::vector<double>> seconds(sgds.size());
   for (int step = 0; step < steps + 2; ++step) {
-    if (before_step) before_step();
-    const auto start = std::chrono::steady_clock::now();
-    sgd.zero_grad();
-    train_step();
-    sgd.step();
-    if (step >= 2) seconds.push_back(seconds_since(start));
+    for (std::size_t k = 0; k < sgds.size(); ++k) {
+      if (before_step) before_step();
+      const auto start = std::chrono::steady_clock::now();
+      sgds[k].zero_grad();
+      train_step(k);
+      sgds[k].step();
+      if (step >= 2) seconds[k].push_back(seconds_since(start));
+    }
   }
   return seconds;
 }
@@ -139,30 +146,45 @@ Checkpoint to_runtime(pp::CheckpointMode mode) {
   return Checkpoint::kNever;
 }
 
-Measured measure_in_process(torch::nn::Sequential& model, const torch::Tensor& sample,
-                            const pp::Plan& plan, int threads, int steps) {
-  PipeOptions options;
-  options.balance(std::vector<int64_t>(plan.balance.begin(), plan.balance.end()))
-      .chunks(plan.microbatches)
-      .schedule(plan.schedule)
-      .virtual_stages(plan.virtual_stages)
-      .checkpoint(to_runtime(plan.checkpoint))
-      .threads_per_stage(threads);
-  Pipe pipe(model, options);
-  torch::optim::SGD sgd(pipe->parameters(), torch::optim::SGDOptions(1e-4));
+std::vector<Measured> measure_in_process(torch::nn::Sequential& model, const torch::Tensor& sample,
+                                         const std::vector<pp::Plan>& plans, int threads,
+                                         int steps) {
+  std::vector<Pipe> pipes;
+  std::vector<torch::optim::SGD> sgds;
+  std::vector<StepRecorder> recorders;
+  for (const pp::Plan& plan : plans) {
+    PipeOptions options;
+    options.balance(std::vector<int64_t>(plan.balance.begin(), plan.balance.end()))
+        .chunks(plan.microbatches)
+        .schedule(plan.schedule)
+        .virtual_stages(plan.virtual_stages)
+        .checkpoint(to_runtime(plan.checkpoint))
+        .threads_per_stage(threads);
+    pipes.emplace_back(model, options);
+    sgds.emplace_back(pipes.back()->parameters(), torch::optim::SGDOptions(1e-4));
+    recorders.emplace_back(plan.ranks);
+  }
   const torch::Tensor target = zeros_target(model, sample);
-  StepRecorder recorder(plan.ranks);
-  Measured measured;
-  measured.median_seconds = upper_median(timed_steps(sgd, steps, [&] {
-    pipe->train_step(sample, target, mse);
-    recorder.record(pipe->last_events());
-  }));
-  measured.busy_seconds_by_rank = recorder.busy_by_rank();
-  measured.span_seconds = recorder.span();
-  for (const auto& stage : pipe->stage_accounting()) {
-    measured.peak_stashed_bytes.push_back(stage.peak_stashed_bytes);
+  const auto seconds = timed_steps(sgds, steps, [&](std::size_t k) {
+    pipes[k]->train_step(sample, target, mse);
+    recorders[k].record(pipes[k]->last_events());
+  });
+  std::vector<Measured> measured(plans.size());
+  for (std::size_t k = 0; k < plans.size(); ++k) {
+    measured[k].step_seconds = seconds[k];
+    measured[k].median_seconds = upper_median(seconds[k]);
+    measured[k].busy_seconds_by_rank = recorders[k].busy_by_rank();
+    measured[k].span_seconds = recorders[k].span();
+    for (const auto& stage : pipes[k]->stage_accounting()) {
+      measured[k].peak_stashed_bytes.push_back(stage.peak_stashed_bytes);
+    }
   }
   return measured;
+}
+
+Measured measure_in_process(torch::nn::Sequential& model, const torch::Tensor& sample,
+                            const pp::Plan& plan, int threads, int steps) {
+  return measure_in_process(model, sample, std::vector<pp::Plan>{plan}, threads, steps).front();
 }
 
 // Run the whole model as one stage (K = 1) with small micro-batches, where fixed costs show most.
@@ -193,23 +215,25 @@ void calibrate_in_process(torch::nn::Sequential& model, const torch::Tensor& sam
     const pp::LayerCost c = profile.layer_cost(l, profile.batch_size / microbatches);
     split += c.backward_input_seconds + c.backward_weight_seconds;
   }
-  pp::Plan predicted;
+  pp::Plan gpipe = one_stage, zb = one_stage;
+  gpipe.schedule = "gpipe";
+  zb.schedule = "zb-h1";
+  gpipe = pp::evaluate_plan(profile, gpipe, single);
   for (int round = 0; round < 3; ++round) {
-    pp::ModelProfile trial = profile;
-    one_stage.schedule = "gpipe";  // [1]
-    predicted = pp::evaluate_plan(trial, one_stage, single);
-    Measured measured = measure_in_process(model, sample, predicted, profile.intra_op_threads, 3);
+    // The two run together, in turn step by step.
+    const std::vector<Measured> measured =
+        measure_in_process(model, sample, {gpipe, zb}, profile.intra_op_threads, 3);
+    pp::ModelProfile trial = profile;  // [1]
     trial.per_layer_overhead_seconds =
-        std::max(0.0, (measured.busy_seconds_per_rank() - predicted.makespan_seconds) /
+        std::max(0.0, (measured[0].busy_seconds_per_rank() - gpipe.makespan_seconds) /
                           (2 * microbatches * layers));
     overheads.push_back(trial.per_layer_overhead_seconds);
 
-    one_stage.schedule = "zb-h1";  // [2], with this round's overhead
-    predicted = pp::evaluate_plan(trial, one_stage, single);
-    measured = measure_in_process(model, sample, predicted, profile.intra_op_threads, 3);
+    // [2], with this round's overhead
+    const pp::Plan predicted = pp::evaluate_plan(trial, zb, single);
     if (split > 0) {
       const double gap =
-          (measured.busy_seconds_per_rank() - predicted.makespan_seconds) / microbatches;
+          (measured[1].busy_seconds_per_rank() - predicted.makespan_seconds) / microbatches;
       splits.push_back(std::max(0.5, 1 + gap / split));
     }
   }
@@ -223,8 +247,7 @@ void calibrate_in_process(torch::nn::Sequential& model, const torch::Tensor& sam
   profile.concurrent_compute_scale = 1;
   profile.concurrent_ranks = 1;
   if (planner.ranks < 2) return;
-  one_stage.schedule = "gpipe";
-  predicted = pp::evaluate_plan(profile, one_stage, single);
+  const pp::Plan& predicted = gpipe;
   std::vector<torch::nn::Sequential> copies;
   try {
     for (int r = 0; r < planner.ranks; ++r) {
@@ -281,69 +304,94 @@ nlohmann::json plan_to_run(const pp::Plan& plan, int threads) {
           {"threads", threads}};
 }
 
-nlohmann::json run_plan_on_rank(Distributed& distributed, torch::nn::Sequential& model,
-                                const torch::Tensor& sample, const nlohmann::json& run, int steps) {
-  at::set_num_threads(run.at("threads").get<int>());
+nlohmann::json run_plans_on_rank(Distributed& distributed, torch::nn::Sequential& model,
+                                 const torch::Tensor& sample, const nlohmann::json& runs,
+                                 int steps) {
+  if (!runs.is_array() || runs.empty()) {
+    throw std::invalid_argument("run_plans_on_rank: give a non-empty array of plans to run");
+  }
+  at::set_num_threads(runs.front().at("threads").get<int>());
   const torch::Tensor target = zeros_target(model, sample);
-  DistributedPipe pipe(
-      distributed, model,
-      PipeOptions()
-          .balance(run.at("balance").get<std::vector<int64_t>>())
-          .chunks(run.at("chunks").get<int>())
-          .schedule(run.at("schedule").get<std::string>())
-          .virtual_stages(run.at("virtual_stages").get<int>())
-          .checkpoint(to_runtime(pp::parse_checkpoint(run.at("checkpoint").get<std::string>()))));
-  torch::optim::SGD sgd(pipe.parameters(), torch::optim::SGDOptions(1e-4));
-  StepRecorder recorder(1);
-  const std::vector<double> seconds = timed_steps(
-      sgd, steps,
-      [&] {
-        pipe.train_step(sample, target, mse);
-        recorder.record(pipe.last_events());
+  std::vector<std::unique_ptr<DistributedPipe>> pipes;
+  std::vector<torch::optim::SGD> sgds;
+  std::vector<StepRecorder> recorders;
+  for (const auto& run : runs) {
+    pipes.push_back(std::make_unique<DistributedPipe>(
+        distributed, model,
+        PipeOptions()
+            .balance(run.at("balance").get<std::vector<int64_t>>())
+            .chunks(run.at("chunks").get<int>())
+            .schedule(run.at("schedule").get<std::string>())
+            .virtual_stages(run.at("virtual_stages").get<int>())
+            .checkpoint(
+                to_runtime(pp::parse_checkpoint(run.at("checkpoint").get<std::string>())))));
+    sgds.emplace_back(pipes.back()->parameters(), torch::optim::SGDOptions(1e-4));
+    recorders.emplace_back(1);
+  }
+  const auto seconds = timed_steps(
+      sgds, steps,
+      [&](std::size_t k) {
+        pipes[k]->train_step(sample, target, mse);
+        recorders[k].record(pipes[k]->last_events());
       },
       [&] { distributed.barrier(); });
-  const double busy = recorder.busy_by_rank()[0];
-  const double span = recorder.span();
-  nlohmann::json stashed = nlohmann::json::array();
-  for (const auto& [j, accounting] : pipe.stage_accounting()) {
-    stashed.push_back({{"stage", j}, {"bytes", accounting.peak_stashed_bytes}});
+  nlohmann::json results = nlohmann::json::array();
+  for (std::size_t k = 0; k < pipes.size(); ++k) {
+    nlohmann::json stashed = nlohmann::json::array();
+    for (const auto& [j, accounting] : pipes[k]->stage_accounting()) {
+      stashed.push_back({{"stage", j}, {"bytes", accounting.peak_stashed_bytes}});
+    }
+    results.push_back({{"rank", distributed.rank()},
+                       {"seconds", seconds[k]},
+                       {"busy_seconds", recorders[k].busy_by_rank()[0]},
+                       {"span_seconds", recorders[k].span()},
+                       {"stashed", stashed}});
   }
-  return {{"rank", distributed.rank()},
-          {"seconds", seconds},
-          {"busy_seconds", busy},
-          {"span_seconds", span},
-          {"stashed", stashed}};
+  return results;
 }
 
-Measured combine_rank_results(const pp::Plan& plan,
-                              const std::vector<std::optional<nlohmann::json>>& ranks) {
-  std::vector<double> steps;
-  Measured measured;
-  measured.peak_stashed_bytes.assign(plan.balance.size(), 0);
-  for (int r = 0; r < plan.ranks; ++r) {
-    if (static_cast<std::size_t>(r) >= ranks.size() || !ranks[static_cast<std::size_t>(r)]) {
-      throw std::runtime_error("rank " + std::to_string(r) + " of a " + plan.describe() +
-                               " run printed no result");
-    }
-    const nlohmann::json& result = *ranks[static_cast<std::size_t>(r)];
-    const auto seconds = result.at("seconds").get<std::vector<double>>();
-    if (steps.empty()) steps.assign(seconds.size(), 0.0);
-    for (std::size_t k = 0; k < seconds.size() && k < steps.size(); ++k) {
-      steps[k] = std::max(steps[k], seconds[k]);
-    }
-    measured.busy_seconds_by_rank.push_back(result.at("busy_seconds").get<double>());
-    measured.span_seconds =
-        std::max(measured.span_seconds, result.at("span_seconds").get<double>());
-    for (const auto& stage : result.at("stashed")) {
-      const auto j = stage.at("stage").get<std::size_t>();
-      if (j < measured.peak_stashed_bytes.size()) {
-        measured.peak_stashed_bytes[j] = stage.at("bytes").get<std::int64_t>();
+nlohmann::json plans_to_run(const std::vector<pp::Plan>& plans, int threads) {
+  nlohmann::json runs = nlohmann::json::array();
+  for (const pp::Plan& plan : plans) runs.push_back(plan_to_run(plan, threads));
+  return runs;
+}
+
+std::vector<Measured> combine_rank_results(
+    const std::vector<pp::Plan>& plans, const std::vector<std::optional<nlohmann::json>>& ranks) {
+  std::vector<Measured> all;
+  for (std::size_t k = 0; k < plans.size(); ++k) {
+    const pp::Plan& plan = plans[k];
+    std::vector<double> steps;
+    Measured measured;
+    measured.peak_stashed_bytes.assign(plan.balance.size(), 0);
+    for (int r = 0; r < plan.ranks; ++r) {
+      if (static_cast<std::size_t>(r) >= ranks.size() || !ranks[static_cast<std::size_t>(r)] ||
+          ranks[static_cast<std::size_t>(r)]->size() != plans.size()) {
+        throw std::runtime_error("rank " + std::to_string(r) + " of a " + plan.describe() +
+                                 " run printed no result for it");
+      }
+      const nlohmann::json& result = ranks[static_cast<std::size_t>(r)]->at(k);
+      const auto seconds = result.at("seconds").get<std::vector<double>>();
+      if (steps.empty()) steps.assign(seconds.size(), 0.0);
+      for (std::size_t s = 0; s < seconds.size() && s < steps.size(); ++s) {
+        steps[s] = std::max(steps[s], seconds[s]);
+      }
+      measured.busy_seconds_by_rank.push_back(result.at("busy_seconds").get<double>());
+      measured.span_seconds =
+          std::max(measured.span_seconds, result.at("span_seconds").get<double>());
+      for (const auto& stage : result.at("stashed")) {
+        const auto j = stage.at("stage").get<std::size_t>();
+        if (j < measured.peak_stashed_bytes.size()) {
+          measured.peak_stashed_bytes[j] = stage.at("bytes").get<std::int64_t>();
+        }
       }
     }
+    if (steps.empty()) throw std::runtime_error("a " + plan.describe() + " run timed no steps");
+    measured.step_seconds = steps;
+    measured.median_seconds = upper_median(steps);
+    all.push_back(std::move(measured));
   }
-  if (steps.empty()) throw std::runtime_error("a " + plan.describe() + " run timed no steps");
-  measured.median_seconds = upper_median(steps);
-  return measured;
+  return all;
 }
 
 nlohmann::json ping_pong_on_rank(Distributed& distributed, const nlohmann::json& job) {
@@ -428,7 +476,7 @@ std::int64_t largest_boundary_bytes(const pp::ModelProfile& profile) {
 // [4c] Step overhead: what the measured step times still exceed the predicted by (the median of
 // the four runs): the loss broadcast and the step's setup, outside the simulated schedule.
 void calibrate_processes(pp::ModelProfile& profile, const pp::PlannerOptions& planner,
-                         const std::function<Measured(const pp::Plan&)>& run) {
+                         const RunPlans& run) {
   if (planner.ranks < 2 || profile.batch_size % 16 != 0) return;
   // A plan and its runs as processes.
   struct Runs {
@@ -442,9 +490,10 @@ void calibrate_processes(pp::ModelProfile& profile, const pp::PlannerOptions& pl
   };
   Runs few = gpipe_with(2);
   Runs many = gpipe_with(profile.batch_size % 32 == 0 ? 32 : 16);
-  for (int round = 0; round < 2; ++round) {
-    few.measured.push_back(run(few.plan));
-    many.measured.push_back(run(many.plan));
+  for (int round = 0; round < 2; ++round) {  // the two together, in turn step by step
+    std::vector<Measured> both = run({few.plan, many.plan});
+    few.measured.push_back(std::move(both.at(0)));
+    many.measured.push_back(std::move(both.at(1)));
   }
 
   // [4a]
@@ -500,6 +549,27 @@ void calibrate_processes(pp::ModelProfile& profile, const pp::PlannerOptions& pl
       "processes "
       "(gpipe M=2 vs M=" +
       std::to_string(many.plan.microbatches) + ")";
+}
+
+void recommend_by_measurement(pp::ModelProfile& profile, const pp::PlannerOptions& planner,
+                              pp::PlanReport& report, const pp::Plan* reference,
+                              const RunPlans& run, int rounds) {
+  if (!report.found()) return;
+  const std::vector<pp::Plan> plans = pp::plans_to_measure(report, reference, 3, 0.25);
+  std::vector<std::vector<double>> steps(plans.size());
+  for (int round = 0; round < rounds; ++round) {
+    const std::vector<Measured> measured = run(plans);
+    for (std::size_t k = 0; k < plans.size(); ++k) {
+      steps[k].insert(steps[k].end(), measured.at(k).step_seconds.begin(),
+                      measured.at(k).step_seconds.end());
+    }
+  }
+  std::vector<double> medians;
+  for (std::size_t k = 0; k < plans.size(); ++k) {
+    if (steps[k].empty()) throw std::runtime_error(plans[k].describe() + " timed no steps");
+    medians.push_back(upper_median(steps[k]));
+  }
+  pp::recommend_measured(profile, planner, report, plans, medians);
 }
 
 }  // namespace pipetrain::cli

@@ -15,6 +15,13 @@
 //   [3] concurrent compute scale: the [1] step on K threads at once vs alone (K > 1)
 //   [4] compute by micro-batch size, rank time per message, step overhead: gpipe with M = 2 vs
 //       M = 32 run as K processes
+//   [5] after planning: the best few plans and the hand-written default run together; their
+//       median measured / predicted scales every prediction, the fastest measured is recommended
+//       (recommend_by_measurement)
+//
+// Plans measured together take turns step by step (one step of each, round after round), so a
+// slow spell of the machine slows all of them alike; [1] with [2], [4]'s two plans, [5]'s plans
+// and --verify's two plans run so.
 //
 // Every measurement trains: it takes SGD steps (lr 1e-4) on the model it is given and leaves
 // gradients behind. A caller that trains afterwards keeps a ModelStateGuard around it.
@@ -40,6 +47,7 @@ namespace pipetrain::cli {
 // What a timed run of a plan measured.
 struct Measured {
   double median_seconds = 0;                // step time, zero_grad + train_step + SGD step
+  std::vector<double> step_seconds;         // each timed step (processes: the slowest rank's)
   std::vector<int64_t> peak_stashed_bytes;  // per stage, from the runtime's accounting
   // Medians over the timed steps:
   std::vector<double> busy_seconds_by_rank;  // compute actions of a step, per rank
@@ -68,8 +76,16 @@ class ModelStateGuard {
 
 Checkpoint to_runtime(partition::CheckpointMode mode);
 
-// `plan` run in this process (Pipe, one worker thread per rank with `threads` intra-op threads):
-// `steps` timed steps after 2 warm-up steps, MSE against zeros.
+// Runs plans together, in turn step by step, and returns what each measured (same order): the
+// in-process Pipe, K processes, or the ranks of a job.
+using RunPlans = std::function<std::vector<Measured>(const std::vector<partition::Plan>& plans)>;
+
+// `plans` run in this process together (a Pipe each, one worker thread per rank with `threads`
+// intra-op threads, in turn step by step): `steps` timed steps each after 2 warm-up steps, MSE
+// against zeros.
+std::vector<Measured> measure_in_process(torch::nn::Sequential& model, const torch::Tensor& sample,
+                                         const std::vector<partition::Plan>& plans, int threads,
+                                         int steps);
 Measured measure_in_process(torch::nn::Sequential& model, const torch::Tensor& sample,
                             const partition::Plan& plan, int threads, int steps);
 
@@ -83,20 +99,22 @@ void calibrate_in_process(torch::nn::Sequential& model, const torch::Tensor& sam
 // ---------------------------------------------------------------------------------
 
 // A plan as the JSON a rank runs it from ({"schedule", "ranks", "chunks", "virtual_stages",
-// "checkpoint", "balance", "threads"}).
+// "checkpoint", "balance", "threads"}), and a list of them.
 nlohmann::json plan_to_run(const partition::Plan& plan, int threads);
+nlohmann::json plans_to_run(const std::vector<partition::Plan>& plans, int threads);
 
-// This rank's part of `run` (plan_to_run) on DistributedPipe: `steps` timed steps after 2 warm-up
-// ones, each started after an untimed barrier. Every rank of the job calls it. Returns
-// {"rank", "seconds": [per step], "busy_seconds", "span_seconds" (medians over the steps),
-// "stashed": [{stage, bytes}]}.
-nlohmann::json run_plan_on_rank(Distributed& distributed, torch::nn::Sequential& model,
-                                const torch::Tensor& sample, const nlohmann::json& run, int steps);
+// This rank's part of `runs` (plans_to_run) on DistributedPipe, the plans in turn step by step:
+// `steps` timed steps each after 2 warm-up ones, each step started after an untimed barrier.
+// Every rank of the job calls it. Returns per plan {"rank", "seconds": [per step],
+// "busy_seconds", "span_seconds" (medians over the steps), "stashed": [{stage, bytes}]}.
+nlohmann::json run_plans_on_rank(Distributed& distributed, torch::nn::Sequential& model,
+                                 const torch::Tensor& sample, const nlohmann::json& runs,
+                                 int steps);
 
-// Step time of a plan from every rank's run_plan_on_rank result (the slowest rank per step, the
-// median over steps). Throws std::runtime_error naming a rank without a result.
-Measured combine_rank_results(const partition::Plan& plan,
-                              const std::vector<std::optional<nlohmann::json>>& ranks);
+// Each plan's step times from every rank's run_plans_on_rank result (per step the slowest rank,
+// the median over steps). Throws std::runtime_error naming a rank without a result.
+std::vector<Measured> combine_rank_results(const std::vector<partition::Plan>& plans,
+                                           const std::vector<std::optional<nlohmann::json>>& ranks);
 
 // The transfer measurement: pipeline ranks 0 and 1 of replica 0 ping-pong bundles of each size in
 // job["bytes"] (5 untimed, then job["trips"] timed round trips); every other rank returns at once.
@@ -115,7 +133,8 @@ partition::TransferModel transfer_model_from(const nlohmann::json& result);
 std::int64_t largest_boundary_bytes(const partition::ModelProfile& profile);
 
 // Step [4], from gpipe with the even balance run as K processes with M = 2 and M = 32 (16 when
-// 32 does not divide the batch), two rounds each (`run` runs a plan as K processes): [4a] the
+// 32 does not divide the batch), two rounds of both together (`run` runs plans as K processes):
+// [4a] the
 // ranks' measured compute over the predicted at those two micro-batch sizes becomes the profile's
 // process_compute_scale; [4b] the rank time per message is the one that makes the predicted
 // step-time difference between the two equal the measured one, never below the transfer's
@@ -123,6 +142,17 @@ std::int64_t largest_boundary_bytes(const partition::ModelProfile& profile);
 // becomes the profile's step_overhead_seconds. No-op with one rank or a batch that 16 does not
 // divide.
 void calibrate_processes(partition::ModelProfile& profile, const partition::PlannerOptions& planner,
-                         const std::function<Measured(const partition::Plan&)>& run);
+                         const RunPlans& run);
+
+// Step [5], after planning: the plans worth measuring (partition::plans_to_measure: the best 3
+// predicted within 25 % of the fastest, and `reference`, the hand-written default when it is a
+// plan the caller may choose; may be null) run together `rounds` times; each plan's time is the
+// median of all its timed steps; partition::recommend_measured then scales every prediction
+// (profile.measured_step_scale) and recommends the plan that measured fastest. No-op when the
+// report has no plan.
+void recommend_by_measurement(partition::ModelProfile& profile,
+                              const partition::PlannerOptions& planner,
+                              partition::PlanReport& report, const partition::Plan* reference,
+                              const RunPlans& run, int rounds);
 
 }  // namespace pipetrain::cli

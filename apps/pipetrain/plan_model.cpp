@@ -151,13 +151,13 @@ constexpr const char* kRankResultPrefix = "PIPETRAIN_PLAN_VERIFY ";
 
 // One rank (started by measure_processes through the launcher): the same model (seed 0) and
 // sample as the in-process measurement, the plan run on DistributedPipe. Prints one result line.
-int run_verify_rank(const PlanModelArgs& args, const nlohmann::json& run) {
+int run_verify_rank(const PlanModelArgs& args, const nlohmann::json& runs) {
   LoadedModel model = load_model(args);
   DistributedOptions options;
-  options.pipeline_ranks(run.at("ranks").get<int>()).timeout(std::chrono::seconds(120));
+  options.pipeline_ranks(runs.at(0).at("ranks").get<int>()).timeout(std::chrono::seconds(120));
   return run_distributed(options, [&](Distributed& distributed) {
     const nlohmann::json result =
-        run_plan_on_rank(distributed, model.sequential, model.sample, run, args.verify_steps);
+        run_plans_on_rank(distributed, model.sequential, model.sample, runs, args.verify_steps);
     std::cout << kRankResultPrefix << result.dump() << std::endl;
   });
 }
@@ -204,10 +204,12 @@ pp::TransferModel measure_gloo_transfer(const PlanModelArgs& args, std::int64_t 
   return transfer_model_from(*ranks[0]);
 }
 
-// Runs `plan` as plan.ranks processes of this binary (local launcher, Gloo over loopback).
-Measured measure_processes(const PlanModelArgs& args, const pp::Plan& plan, int threads) {
+// Runs `plans` together as K processes of this binary (local launcher, Gloo over loopback).
+std::vector<Measured> measure_processes(const PlanModelArgs& args,
+                                        const std::vector<pp::Plan>& plans, int threads) {
   try {
-    return combine_rank_results(plan, launch_ranks(args, plan.ranks, plan_to_run(plan, threads)));
+    return combine_rank_results(
+        plans, launch_ranks(args, plans.at(0).ranks, {{"runs", plans_to_run(plans, threads)}}));
   } catch (const std::runtime_error& error) {
     throw std::runtime_error(std::string("plan --processes: ") + error.what());
   }
@@ -274,7 +276,8 @@ void write_profile_text(std::ostream& out, const pp::ModelProfile& profile,
   }
 }
 
-void write_table_text(std::ostream& out, const std::vector<pp::Plan>& plans) {
+void write_table_text(std::ostream& out, const pp::PlanReport& report) {
+  const std::vector<pp::Plan>& plans = report.ranked;
   char line[300];
   std::snprintf(line, sizeof line, "  %2s  %-16s %2s %4s %-12s %10s %7s %14s  %s\n", "#",
                 "schedule", "V", "M", "checkpoint", "step ms", "bubble", "peak mem/rank",
@@ -282,8 +285,9 @@ void write_table_text(std::ostream& out, const std::vector<pp::Plan>& plans) {
   out << line;
   for (std::size_t k = 0; k < plans.size(); ++k) {
     const pp::Plan& p = plans[k];
-    std::snprintf(line, sizeof line, "  %2zu  %-16s %2d %4d %-12s %10.3f %7.3f %14s  %s%s\n", k + 1,
-                  p.schedule.c_str(), p.virtual_stages, p.microbatches,
+    std::snprintf(line, sizeof line, "%s %2zu  %-16s %2d %4d %-12s %10.3f %7.3f %14s  %s%s\n",
+                  k == report.recommended_index ? " *" : "  ", k + 1, p.schedule.c_str(),
+                  p.virtual_stages, p.microbatches,
                   std::string(pp::checkpoint_name(p.checkpoint)).c_str(),
                   p.predicted_step_seconds * 1e3, p.bubble_fraction,
                   pp::format_bytes(p.peak_memory_bytes).c_str(), join_ints(p.balance).c_str(),
@@ -348,8 +352,9 @@ int run_plan_for_model(const PlanModelArgs& args) {
   }
   if (!args.rank_job.empty()) {
     const nlohmann::json job = nlohmann::json::parse(args.rank_job);
-    return job.value("mode", std::string("plan")) == "transfer" ? run_transfer_rank(job)
-                                                                : run_verify_rank(args, job);
+    return job.value("mode", std::string("plan")) == "transfer"
+               ? run_transfer_rank(job)
+               : run_verify_rank(args, job.at("runs"));
   }
   pp::PlannerOptions planner;
   planner.ranks = args.stages > 0 ? args.stages : 2;
@@ -386,20 +391,26 @@ int run_plan_for_model(const PlanModelArgs& args) {
     schedule::write_file_atomically(args.profile_out, nlohmann::json(profile).dump(1) + "\n");
   }
 
-  if (args.calibrate || args.verify) {
-    calibrate_in_process(model.sequential, model.sample, profile, planner);
-    if (args.processes) {
-      calibrate_processes(profile, planner, [&](const pp::Plan& plan) {
-        return measure_processes(args, plan, profile.intra_op_threads);
-      });
-    }
-    report = pp::plan_pipeline(profile, planner);
-  }
-
   // [3]
   const int default_chunks = profile.batch_size % 4 == 0 ? 4 : 1;
-  const pp::Plan fallback =
-      pp::evaluate_plan(profile, pp::default_plan(profile, planner.ranks, default_chunks), planner);
+  auto evaluate_default = [&] {
+    return pp::evaluate_plan(profile, pp::default_plan(profile, planner.ranks, default_chunks),
+                             planner);
+  };
+
+  const RunPlans run = [&](const std::vector<pp::Plan>& plans) {
+    return args.processes ? measure_processes(args, plans, profile.intra_op_threads)
+                          : measure_in_process(model.sequential, model.sample, plans,
+                                               profile.intra_op_threads, args.verify_steps);
+  };
+  if (args.calibrate || args.verify) {
+    calibrate_in_process(model.sequential, model.sample, profile, planner);
+    if (args.processes) calibrate_processes(profile, planner, run);
+    report = pp::plan_pipeline(profile, planner);
+    const pp::Plan reference = evaluate_default();
+    recommend_by_measurement(profile, planner, report, &reference, run, 2);
+  }
+  const pp::Plan fallback = evaluate_default();
 
   // [4]
   nlohmann::json verify = nlohmann::json::array();
@@ -416,27 +427,26 @@ int run_plan_for_model(const PlanModelArgs& args) {
                 << std::thread::hardware_concurrency() << " cores): "
                 << (args.processes ? "one process per rank (Gloo over loopback), "
                                    : "in-process Pipe, ")
-                << threads << " thread(s) per stage, median of " << args.verify_steps
-                << " steps (zero_grad + train_step + SGD step), medians over " << args.verify_rounds
-                << " alternating rounds\n";
+                << threads << " thread(s) per stage; the two plans in turn step by step, "
+                << args.verify_rounds << " rounds of " << args.verify_steps
+                << " timed steps each (zero_grad + train_step + SGD step), medians over all\n";
     char line[200];
     std::snprintf(line, sizeof line, "  %-12s %-44s %10s %10s %9s\n", "plan", "", "predicted",
                   "measured", "meas/pred");
     verify_text << line;
-    // Alternately, round after round: a machine whose speed drifts slows both plans alike, and
-    // recommended / default is taken within each round.
-    const pp::Plan* plans[2] = {&report.recommended(), &fallback};
+    // The two together, in turn step by step, round after round: a machine whose speed drifts
+    // slows both plans alike; recommended / default is the median of the steps' ratios.
+    const std::vector<pp::Plan> plans = {report.recommended(), fallback};
     const char* names[2] = {"recommended", "default"};
     std::vector<Measured> rounds[2];
     std::vector<double> ratios;
     for (int round = 0; round < args.verify_rounds; ++round) {
-      for (int k = 0; k < 2; ++k) {
-        rounds[k].push_back(args.processes
-                                ? measure_processes(args, *plans[k], threads)
-                                : measure_in_process(model.sequential, model.sample, *plans[k],
-                                                     threads, args.verify_steps));
+      std::vector<Measured> both = run(plans);
+      for (std::size_t s = 0; s < both[0].step_seconds.size() && s < both[1].step_seconds.size();
+           ++s) {
+        ratios.push_back(both[0].step_seconds[s] / both[1].step_seconds[s]);
       }
-      ratios.push_back(rounds[0].back().median_seconds / rounds[1].back().median_seconds);
+      for (int k = 0; k < 2; ++k) rounds[k].push_back(std::move(both[k]));
     }
     auto median_of = [](std::vector<double> values) {
       std::sort(values.begin(), values.end());
@@ -444,11 +454,12 @@ int run_plan_for_model(const PlanModelArgs& args) {
       return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
     };
     for (int k = 0; k < 2; ++k) {
-      const pp::Plan& plan = *plans[k];
-      std::vector<double> steps, busy, span;
+      const pp::Plan& plan = plans[k];
+      std::vector<double> steps, round_steps, busy, span;
       std::vector<std::vector<double>> busy_of_rank(static_cast<std::size_t>(plan.ranks));
       for (const Measured& m : rounds[k]) {
-        steps.push_back(m.median_seconds);
+        steps.insert(steps.end(), m.step_seconds.begin(), m.step_seconds.end());
+        round_steps.push_back(m.median_seconds);
         busy.push_back(m.busy_seconds_per_rank());
         span.push_back(m.span_seconds);
         for (std::size_t r = 0; r < busy_of_rank.size() && r < m.busy_seconds_by_rank.size(); ++r) {
@@ -489,12 +500,13 @@ int run_plan_for_model(const PlanModelArgs& args) {
            {"describe", plan.describe()},
            {"predicted_step_seconds", plan.predicted_step_seconds},
            {"measured_step_seconds", measured},
-           {"measured_step_seconds_per_round", steps},
+           {"measured_step_seconds_per_round", round_steps},
            {"measured_over_predicted", measured / plan.predicted_step_seconds},
            {"measured_peak_stashed_bytes_per_stage", rounds[k].front().peak_stashed_bytes}});
     }
     recommended_over_default = median_of(ratios);
-    verify_text << "  measured recommended / default (median of the rounds' ratios): "
+    verify_text << "  measured recommended / default (median of the ratios of steps run in "
+                   "turn): "
                 << format("%.3f", recommended_over_default) << "\n";
   }
 
@@ -525,9 +537,24 @@ int run_plan_for_model(const PlanModelArgs& args) {
         << report.rejected_memory << " over the limit, in "
         << format("%.3f", report.planning_seconds) << " s\n";
     if (report.found()) {
-      write_table_text(out, report.ranked);
+      write_table_text(out, report);
       const pp::Plan& best = report.recommended();
-      out << "\nrecommended: " << best.describe() << "\n  predicted "
+      if (!report.measured.empty()) {
+        out << "\nmeasured (step [5]: these plans run together, in turn step by step, 2 rounds; "
+               "every prediction x"
+            << format("%.3f", profile.measured_step_scale)
+            << ", the median measured / predicted):\n";
+        for (const pp::MeasuredPlan& run : report.measured) {
+          char line[240];
+          std::snprintf(line, sizeof line, "  %-44.44s predicted %9.3f ms, measured %9.3f ms%s\n",
+                        run.plan.describe().c_str(), run.plan.predicted_step_seconds * 1e3,
+                        run.measured_step_seconds * 1e3,
+                        pp::same_plan(run.plan, best) ? "  <- fastest" : "");
+          out << line;
+        }
+      }
+      out << "\nrecommended" << (report.measured.empty() ? "" : " (* above: fastest measured)")
+          << ": " << best.describe() << "\n  predicted "
           << format("%.3f", best.predicted_step_seconds * 1e3) << " ms/step, peak "
           << pp::format_bytes(best.peak_memory_bytes) << " per rank\n";
     } else {

@@ -7,8 +7,10 @@
 //       statistics, randn draws gradients)
 //   [2] profile on the sample batch with the stage workers' thread count, calibrate in this
 //       process (plan_calibration.h [1]..[3]); for processes, the measured transfer and [4]
-//   [3] search: the planner with its space cut down to the user's fixed values, or, when the
-//       user fixed the balance itself, every (schedule, M, checkpoint) evaluated on that balance
+//   [3] search: the planner with its space cut down to the user's fixed values, then its best
+//       few plans (and the default when the fixed values allow it) run together and the fastest
+//       measured is the plan (calibration step [5]); or, when the user fixed the balance itself,
+//       every (schedule, M, checkpoint) evaluated on that balance, the fastest predicted
 //   [4] nothing fits the memory limit -> UsageError naming the smallest limit that works
 //
 // plan_training_on_ranks: rank 0 plans; its ProcessMeasurer broadcasts each measurement as a job
@@ -36,6 +38,9 @@ namespace pipetrain::cli {
 namespace {
 
 namespace pp = pipetrain::partition;
+
+// Timed steps per plan of each calibration and step [5] run (after 2 warm-up steps).
+constexpr int kMeasuredSteps = 3;
 
 // The planner's default micro-batch counts: powers of two dividing the batch, and the batch.
 std::vector<int> microbatch_counts(std::int64_t batch) {
@@ -106,6 +111,20 @@ pp::Plan search_with_balance(const pp::ModelProfile& profile, const pp::PlannerO
   return best;
 }
 
+// Step [5]'s reference: the hand-written default (1f1b, 4 chunks, even balance, no
+// checkpointing) when every value the user fixed is the default's, so that the run may use it.
+std::optional<pp::Plan> default_if_allowed(const pp::ModelProfile& profile,
+                                           const pp::PlannerOptions& planner,
+                                           const AutoRequest& request, const AutoPlanInput& input) {
+  if (profile.batch_size % 4 != 0 || !input.balance.empty()) return std::nullopt;
+  if ((!request.schedule && input.schedule != "1f1b") || (!request.chunks && input.chunks != 4) ||
+      (!request.checkpoint && input.checkpoint != "never") ||
+      (!request.virtual_stages && input.virtual_stages != 1)) {
+    return std::nullopt;
+  }
+  return pp::evaluate_plan(profile, pp::default_plan(profile, input.ranks, 4), planner);
+}
+
 }  // namespace
 
 double optimizer_state_multiple(const std::string& optimizer, double momentum) {
@@ -127,7 +146,7 @@ pp::Plan plan_training(torch::nn::Sequential& model, const torch::Tensor& sample
   planner.ranks = input.ranks;
   planner.memory_limit_bytes = input.memory_limit_bytes;
   planner.optimizer_state_multiple = input.optimizer_state_multiple;
-  planner.top = 1;
+  planner.top = 3;  // step [5] measures the best few
   pp::CheckpointMode user_checkpoint = pp::CheckpointMode::kNever;
   if (!request.schedule) planner.schedules = {input.schedule};
   if (!request.checkpoint) {
@@ -151,9 +170,9 @@ pp::Plan plan_training(torch::nn::Sequential& model, const torch::Tensor& sample
     planner.microbatch_counts = {static_cast<int>(input.chunks)};
   }
 
-  pp::ModelProfile profile;  // [2]
+  ModelStateGuard guard(model);  // [1], until the plan is chosen
+  pp::ModelProfile profile;      // [2]
   {
-    ModelStateGuard guard(model);  // [1]
     try {
       profile = pp::profile_sequential(model, batch,
                                        pp::ProfileOptions().intra_op_threads(input.threads));
@@ -178,13 +197,19 @@ pp::Plan plan_training(torch::nn::Sequential& model, const torch::Tensor& sample
                 profile.per_layer_overhead_seconds * 1e6, profile.transfer.message_seconds * 1e3);
     std::fflush(stdout);
   }
+  const RunPlans run =
+      processes && input.ranks > 1
+          ? processes->run
+          : RunPlans([&](const std::vector<pp::Plan>& plans) {
+              return measure_in_process(model, batch, plans, input.threads, kMeasuredSteps);
+            });
 
   pp::Plan plan;  // [3]
   try {
     if (!input.balance.empty()) {
       plan = search_with_balance(profile, planner, request, input);
     } else {
-      const pp::PlanReport report = pp::plan_pipeline(profile, planner);
+      pp::PlanReport report = pp::plan_pipeline(profile, planner);
       if (!report.found()) {
         if (planner.memory_limit_bytes > 0 && report.smallest_fitting_limit > 0) {  // [4]
           throw UsageError(no_fit_message(planner.memory_limit_bytes, report.smallest_fitting_limit,
@@ -194,7 +219,26 @@ pp::Plan plan_training(torch::nn::Sequential& model, const torch::Tensor& sample
                          " ranks with these fixed flags; give --schedule/--chunks/--checkpoint "
                          "explicitly");
       }
+      // [3], calibration step [5]
+      const auto start = std::chrono::steady_clock::now();
+      const std::optional<pp::Plan> reference =
+          default_if_allowed(profile, planner, request, input);
+      recommend_by_measurement(profile, planner, report, reference ? &*reference : nullptr, run, 2);
       plan = report.recommended();
+      std::printf(
+          "planning: measured %zu plans together in %.1f s; the fastest: %s (%.3g s/step; "
+          "predictions x%.2f)\n",
+          report.measured.size(),
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+          plan.describe().c_str(),
+          [&] {
+            for (const auto& m : report.measured) {
+              if (pp::same_plan(m.plan, plan)) return m.measured_step_seconds;
+            }
+            return 0.0;
+          }(),
+          profile.measured_step_scale);
+      std::fflush(stdout);
     }
   } catch (const std::invalid_argument& error) {
     throw UsageError(std::string("auto plan: ") + error.what());
@@ -256,7 +300,7 @@ namespace {
 nlohmann::json run_job(Distributed& distributed, torch::nn::Sequential& model,
                        const torch::Tensor& sample, const nlohmann::json& job) {
   if (job.at("mode") == "transfer") return ping_pong_on_rank(distributed, job);
-  return run_plan_on_rank(distributed, model, sample, job.at("run"), job.at("steps").get<int>());
+  return run_plans_on_rank(distributed, model, sample, job.at("runs"), job.at("steps").get<int>());
 }
 
 // The results of a job on the ranks of replica 0, on rank 0 (every rank takes part: one broadcast
@@ -278,7 +322,6 @@ std::vector<std::optional<nlohmann::json>> gather_results(Distributed& distribut
 pp::Plan plan_training_on_ranks(Distributed& distributed, torch::nn::Sequential& model,
                                 const torch::Tensor& sample, const AutoRequest& request,
                                 const AutoPlanInput& input) {
-  constexpr int kSteps = 3;  // timed steps per plan run on the ranks (after 2 warm-up steps)
   std::string last;
   if (distributed.rank() == 0) {
     // Broadcast a job, run this rank's part, gather every rank's result.
@@ -292,10 +335,11 @@ pp::Plan plan_training_on_ranks(Distributed& distributed, torch::nn::Sequential&
       if (!results[0]) throw std::runtime_error("auto plan: the transfer measurement gave nothing");
       return transfer_model_from(*results[0]);
     };
-    measurer.run = [&](const pp::Plan& plan) {
-      const nlohmann::json job = {
-          {"mode", "plan"}, {"run", plan_to_run(plan, input.threads)}, {"steps", kSteps}};
-      return combine_rank_results(plan, on_every_rank(job));
+    measurer.run = [&](const std::vector<pp::Plan>& plans) {
+      const nlohmann::json job = {{"mode", "plan"},
+                                  {"runs", plans_to_run(plans, input.threads)},
+                                  {"steps", kMeasuredSteps}};
+      return combine_rank_results(plans, on_every_rank(job));
     };
     try {
       last = nlohmann::json{{"plan",

@@ -24,6 +24,10 @@
 // gpipe with 2 and with 16 micro-batches run on the ranks. The plan reaches every rank as
 // encode_plan / decode_plan text.
 //
+// Unless the user fixed the balance, the planner's best few plans (and the hand-written default,
+// 1f1b with 4 chunks and the even balance, when the fixed flags allow it) then run together for a
+// few steps (step [5], recommend_by_measurement) and the fastest of them is the plan.
+//
 // Errors: user mistakes (a plan that cannot exist, a model the profiler cannot run, no plan
 // within --memory-limit: the message names the smallest limit that works) throw UsageError.
 //
@@ -72,8 +76,8 @@ struct AutoPlanInput {
 struct ProcessMeasurer {
   // The transfer model between two ranks, measured with messages of `large` bytes.
   std::function<partition::TransferModel(std::int64_t large)> transfer;
-  // `plan` run on the ranks: its median step time and each rank's compute.
-  std::function<Measured(const partition::Plan&)> run;
+  // Plans run together on the ranks, in turn step by step: step times and each rank's compute.
+  RunPlans run;
 };
 
 // Profiles and calibrates `model` on `sample` and returns the fastest plan within the limit that

@@ -231,7 +231,13 @@ class Evaluator {
     }
     double worst = path;
     for (int r = 0; r < K; ++r) worst = std::max(worst, busy[r] + update_of_rank(t, c.balance, r));
-    return worst;
+    return worst * step_scale();
+  }
+
+  // ModelProfile::measured_step_scale where it applies to this many ranks.
+  double step_scale() const {
+    return profile_.measured_step_scale_ranks == options_.ranks ? profile_.measured_step_scale
+                                                                : 1.0;
   }
 
   // A candidate with its balance fixed as a plan: its memory figures, no times yet.
@@ -288,8 +294,9 @@ class Evaluator {
     for (int r = 0; r < options_.ranks; ++r) {
       plan.update_seconds = std::max(plan.update_seconds, update_of_rank(t, c.balance, r));
     }
-    plan.predicted_step_seconds = plan.makespan_seconds + plan.update_seconds +
-                                  (options_.ranks > 1 ? profile_.step_overhead_seconds : 0.0);
+    plan.predicted_step_seconds = (plan.makespan_seconds + plan.update_seconds +
+                                   (options_.ranks > 1 ? profile_.step_overhead_seconds : 0.0)) *
+                                  step_scale();
     return plan;
   }
 
@@ -401,6 +408,76 @@ std::vector<int> even_balance(int layers, int stages) {
   std::vector<int> balance(stages, layers / stages);
   for (int j = 0; j < layers % stages; ++j) ++balance[j];
   return balance;
+}
+
+bool same_plan(const Plan& a, const Plan& b) {
+  return a.schedule == b.schedule && a.ranks == b.ranks && a.microbatches == b.microbatches &&
+         a.virtual_stages == b.virtual_stages && a.checkpoint == b.checkpoint &&
+         a.balance == b.balance;
+}
+
+std::vector<Plan> plans_to_measure(const PlanReport& report, const Plan* reference, int count,
+                                   double within) {
+  std::vector<Plan> plans;
+  for (const Plan& plan : report.ranked) {
+    if (static_cast<int>(plans.size()) >= count ||
+        plan.predicted_step_seconds > report.ranked.front().predicted_step_seconds * (1 + within)) {
+      break;
+    }
+    plans.push_back(plan);
+  }
+  if (reference && reference->fits &&
+      std::none_of(plans.begin(), plans.end(),
+                   [&](const Plan& plan) { return same_plan(plan, *reference); })) {
+    plans.push_back(*reference);
+  }
+  return plans;
+}
+
+void recommend_measured(ModelProfile& profile, const PlannerOptions& options, PlanReport& report,
+                        const std::vector<Plan>& candidates,
+                        const std::vector<double>& measured_seconds) {
+  if (candidates.empty() || candidates.size() != measured_seconds.size()) {
+    throw std::invalid_argument("recommend_measured: " + std::to_string(candidates.size()) +
+                                " candidates with " + std::to_string(measured_seconds.size()) +
+                                " measured times; give one time per candidate, at least one");
+  }
+  std::vector<double> ratios;
+  std::size_t fastest = 0;
+  for (std::size_t k = 0; k < candidates.size(); ++k) {
+    if (!(measured_seconds[k] > 0) || !(candidates[k].predicted_step_seconds > 0)) {
+      throw std::invalid_argument(
+          "recommend_measured: candidate " + candidates[k].describe() + " measured " +
+          std::to_string(measured_seconds[k]) + " s for a prediction of " +
+          std::to_string(candidates[k].predicted_step_seconds) + " s; both must be > 0");
+    }
+    ratios.push_back(measured_seconds[k] / candidates[k].predicted_step_seconds);
+    if (measured_seconds[k] < measured_seconds[fastest]) fastest = k;
+  }
+  std::sort(ratios.begin(), ratios.end());
+  const std::size_t n = ratios.size();
+  const double ratio = n % 2 ? ratios[n / 2] : (ratios[n / 2 - 1] + ratios[n / 2]) / 2;
+
+  const double before =
+      profile.measured_step_scale_ranks == options.ranks ? profile.measured_step_scale : 1.0;
+  profile.measured_step_scale = before * ratio;
+  profile.measured_step_scale_ranks = options.ranks;
+  for (Plan& plan : report.ranked) plan.predicted_step_seconds *= ratio;
+  report.measured.clear();
+  for (std::size_t k = 0; k < candidates.size(); ++k) {
+    MeasuredPlan run{candidates[k], measured_seconds[k]};
+    run.plan.predicted_step_seconds *= ratio;
+    report.measured.push_back(std::move(run));
+  }
+
+  const Plan& chosen = report.measured[fastest].plan;
+  auto in_table = std::find_if(report.ranked.begin(), report.ranked.end(),
+                               [&](const Plan& plan) { return same_plan(plan, chosen); });
+  if (in_table == report.ranked.end()) {
+    in_table = report.ranked.insert(
+        std::upper_bound(report.ranked.begin(), report.ranked.end(), chosen, faster), chosen);
+  }
+  report.recommended_index = static_cast<std::size_t>(in_table - report.ranked.begin());
 }
 
 std::string Plan::describe() const {
@@ -590,6 +667,16 @@ void to_json(nlohmann::json& out, const PlanReport& report) {
   nlohmann::json ranked = nlohmann::json::array();
   for (const auto& plan : report.ranked) ranked.push_back(plan);
   out["ranked"] = ranked;
+  out["recommended_by"] = report.measured.empty() ? "prediction" : "measurement";
+  if (!report.measured.empty()) {
+    nlohmann::json measured = nlohmann::json::array();
+    for (const auto& run : report.measured) {
+      nlohmann::json entry = run.plan;
+      entry["measured_step_seconds"] = run.measured_step_seconds;
+      measured.push_back(entry);
+    }
+    out["measured"] = measured;
+  }
   if (!report.found() && report.smallest_fitting_limit > 0) {
     out["smallest_fitting_limit_bytes"] = report.smallest_fitting_limit;
     out["smallest_fitting_plan"] = report.smallest_fitting_plan;

@@ -133,6 +133,11 @@ void ModelProfile::validate() const {
     throw std::invalid_argument("profile: step_overhead_seconds must be >= 0 (got " +
                                 std::to_string(step_overhead_seconds) + ")");
   }
+  if (!(measured_step_scale > 0) || measured_step_scale_ranks < 0) {
+    throw std::invalid_argument("profile: measured_step_scale must be > 0 with ranks >= 0 (got " +
+                                std::to_string(measured_step_scale) + " for " +
+                                std::to_string(measured_step_scale_ranks) + " ranks)");
+  }
   if (!(concurrent_compute_scale > 0)) {
     throw std::invalid_argument("profile: concurrent_compute_scale must be > 0 (got " +
                                 std::to_string(concurrent_compute_scale) + ")");
@@ -188,6 +193,8 @@ void to_json(nlohmann::json& out, const ModelProfile& profile) {
          {"concurrent_ranks", profile.concurrent_ranks},
          {"process_compute_scale", profile.process_compute_scale},
          {"step_overhead_seconds", profile.step_overhead_seconds},
+         {"measured_step_scale", profile.measured_step_scale},
+         {"measured_step_scale_ranks", profile.measured_step_scale_ranks},
          {"method", profile.method},
          {"transfer",
           {{"latency_seconds", profile.transfer.latency_seconds},
@@ -212,6 +219,8 @@ void from_json(const nlohmann::json& in, ModelProfile& profile) {
   profile.concurrent_compute_scale = in.value("concurrent_compute_scale", 1.0);
   profile.concurrent_ranks = in.value("concurrent_ranks", 1);
   profile.step_overhead_seconds = in.value("step_overhead_seconds", 0.0);
+  profile.measured_step_scale = in.value("measured_step_scale", 1.0);
+  profile.measured_step_scale_ranks = in.value("measured_step_scale_ranks", 0);
   if (in.contains("process_compute_scale")) {
     profile.process_compute_scale =
         in.at("process_compute_scale").get<std::vector<std::pair<std::int64_t, double>>>();

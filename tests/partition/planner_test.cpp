@@ -320,6 +320,129 @@ TEST(Planner, ProcessComputeScaleScalesMultiRankPlansAtTheirMicroBatchSize) {
   EXPECT_EQ(json.get<ModelProfile>().process_compute_scale, measured.process_compute_scale);
 }
 
+// A report of 2 ranks on the activation-heavy profile, and its default plan (1f1b, 4 chunks, even
+// balance): what step [5] measures.
+struct MeasuredSetup {
+  ModelProfile profile = activation_heavy_profile();
+  PlannerOptions options;
+  PlanReport report;
+  Plan reference;
+  MeasuredSetup() {
+    options.ranks = 2;
+    report = plan_pipeline(profile, options);
+    reference = evaluate_plan(profile, default_plan(profile, 2, 4), options);
+  }
+};
+
+TEST(Planner, PlansToMeasureAreTheBestFewWithinTheMarginAndTheDefault) {
+  MeasuredSetup setup;
+  ASSERT_GE(setup.report.ranked.size(), 3u);
+  const double best = setup.report.ranked.front().predicted_step_seconds;
+  const std::vector<Plan> plans = plans_to_measure(setup.report, &setup.reference, 3, 10.0);
+  ASSERT_GE(plans.size(), 3u);
+  for (std::size_t k = 0; k < 3; ++k) EXPECT_TRUE(same_plan(plans[k], setup.report.ranked[k]));
+  const bool default_ranked =
+      std::any_of(setup.report.ranked.begin(), setup.report.ranked.begin() + 3,
+                  [&](const Plan& plan) { return same_plan(plan, setup.reference); });
+  EXPECT_EQ(plans.size(), default_ranked ? 3u : 4u);
+  EXPECT_TRUE(same_plan(plans.back(), default_ranked ? setup.report.ranked[2] : setup.reference));
+
+  // A zero margin keeps only the plans predicted as fast as the best.
+  for (const Plan& plan : plans_to_measure(setup.report, nullptr, 3, 0.0)) {
+    EXPECT_EQ(plan.predicted_step_seconds, best);
+  }
+  // A default over the memory limit is not measured.
+  Plan over = setup.reference;
+  over.fits = false;
+  over.balance = {1, 5};
+  for (const Plan& plan : plans_to_measure(setup.report, &over, 3, 10.0)) {
+    EXPECT_FALSE(same_plan(plan, over));
+  }
+}
+
+TEST(Planner, RecommendMeasuredPicksTheFastestMeasuredAndScalesEveryPrediction) {
+  MeasuredSetup setup;
+  const std::vector<Plan> plans = plans_to_measure(setup.report, nullptr, 3, 10.0);
+  ASSERT_EQ(plans.size(), 3u);
+  // Measured / predicted 0.5, 0.3, 0.9: the second is the fastest measured, the median ratio is
+  // 0.5 (below 1, so a search that pruned with unscaled bounds would lose plans below).
+  const std::vector<double> measured = {0.5 * plans[0].predicted_step_seconds,
+                                        0.3 * plans[1].predicted_step_seconds,
+                                        0.9 * plans[2].predicted_step_seconds};
+  ASSERT_LT(measured[1], measured[0]);
+  const std::vector<Plan> before = setup.report.ranked;
+  recommend_measured(setup.profile, setup.options, setup.report, plans, measured);
+
+  EXPECT_EQ(setup.report.recommended_index, 1u);
+  EXPECT_TRUE(same_plan(setup.report.recommended(), plans[1]));
+  EXPECT_DOUBLE_EQ(setup.profile.measured_step_scale, 0.5);
+  EXPECT_EQ(setup.profile.measured_step_scale_ranks, 2);
+  ASSERT_EQ(setup.report.ranked.size(), before.size());
+  for (std::size_t k = 0; k < before.size(); ++k) {
+    EXPECT_DOUBLE_EQ(setup.report.ranked[k].predicted_step_seconds,
+                     0.5 * before[k].predicted_step_seconds);
+  }
+  ASSERT_EQ(setup.report.measured.size(), 3u);
+  EXPECT_DOUBLE_EQ(setup.report.measured[1].measured_step_seconds, measured[1]);
+
+  // The scale lives in the profile: the planner and evaluate_plan predict with it (plans of that
+  // many ranks only), and the search keeps the same order.
+  const PlanReport again = plan_pipeline(setup.profile, setup.options);
+  ASSERT_EQ(again.ranked.size(), before.size());
+  for (std::size_t k = 0; k < before.size(); ++k) {
+    EXPECT_TRUE(same_plan(again.ranked[k], before[k]));
+    EXPECT_NEAR(again.ranked[k].predicted_step_seconds, 0.5 * before[k].predicted_step_seconds,
+                1e-12);
+  }
+  Plan alone;
+  alone.schedule = "1f1b";
+  alone.ranks = 1;
+  alone.microbatches = 4;
+  alone.balance = {static_cast<int>(setup.profile.num_layers())};
+  PlannerOptions one = setup.options;
+  one.ranks = 1;
+  EXPECT_DOUBLE_EQ(evaluate_plan(setup.profile, alone, one).predicted_step_seconds,
+                   evaluate_plan(activation_heavy_profile(), alone, one).predicted_step_seconds);
+  const nlohmann::json json = setup.profile;
+  EXPECT_EQ(json.get<ModelProfile>().measured_step_scale, 0.5);
+  const nlohmann::json report_json = setup.report;
+  EXPECT_EQ(report_json["recommended_by"], "measurement");
+  EXPECT_EQ(report_json["measured"].size(), 3u);
+}
+
+TEST(Planner, RecommendMeasuredAddsAFasterDefaultToTheTable) {
+  MeasuredSetup setup;
+  setup.options.top = 1;
+  setup.report = plan_pipeline(setup.profile, setup.options);
+  Plan slow = setup.reference;  // a default the table does not hold
+  slow.balance = {1, static_cast<int>(setup.profile.num_layers()) - 1};
+  slow = evaluate_plan(setup.profile, slow, setup.options);
+  ASSERT_FALSE(same_plan(slow, setup.report.ranked.front()));
+  ASSERT_GT(slow.predicted_step_seconds, setup.report.ranked.front().predicted_step_seconds);
+  const std::vector<Plan> plans = {setup.report.ranked.front(), slow};
+  recommend_measured(setup.profile, setup.options, setup.report, plans,
+                     {plans[0].predicted_step_seconds, 0.5 * plans[0].predicted_step_seconds});
+  ASSERT_EQ(setup.report.ranked.size(), 2u);  // predicted order: the default after the best
+  EXPECT_EQ(setup.report.recommended_index, 1u);
+  EXPECT_TRUE(same_plan(setup.report.recommended(), slow));
+  EXPECT_LE(setup.report.ranked[0].predicted_step_seconds,
+            setup.report.ranked[1].predicted_step_seconds);
+}
+
+TEST(Planner, RecommendMeasuredRejectsMismatchedOrNonPositiveTimes) {
+  MeasuredSetup setup;
+  const std::vector<Plan> plans = plans_to_measure(setup.report, nullptr, 2, 10.0);
+  EXPECT_THROW(recommend_measured(setup.profile, setup.options, setup.report, plans, {1.0}),
+               std::invalid_argument);
+  EXPECT_THROW(recommend_measured(setup.profile, setup.options, setup.report, {}, {}),
+               std::invalid_argument);
+  EXPECT_THROW(recommend_measured(setup.profile, setup.options, setup.report, plans, {1.0, 0.0}),
+               std::invalid_argument);
+  ModelProfile bad = setup.profile;
+  bad.measured_step_scale = 0;
+  EXPECT_THROW(bad.validate(), std::invalid_argument);
+}
+
 TEST(Planner, EvaluatePlanRejectsABalanceThatDoesNotCoverTheModel) {
   const ModelProfile profile = uniform_profile(4, 8, UniformLayer{});
   Plan plan = default_plan(profile, 2, 4);

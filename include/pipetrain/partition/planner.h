@@ -69,6 +69,12 @@ struct Plan {
   std::string describe() const;
 };
 
+// A plan that was run (step [5], recommend_measured) and its measured step time.
+struct MeasuredPlan {
+  Plan plan;  // its prediction scaled by the step [5] scale, like the ranked table's
+  double measured_step_seconds = 0;
+};
+
 struct PlanReport {
   std::vector<Plan> ranked;  // fastest first, at most options.top, all within the limit
   // When nothing fits: the smallest per-rank limit that some candidate meets (with the
@@ -81,8 +87,14 @@ struct PlanReport {
   int rejected_memory = 0;  // no balance fits the limit
   double planning_seconds = 0;
 
+  // Step [5] (recommend_measured): the plans that were run; the recommended plan is the one of
+  // them that measured fastest, ranked[recommended_index] (the table gains that plan when it was
+  // not in it, e.g. the default). Empty: recommended by prediction alone (index 0).
+  std::vector<MeasuredPlan> measured;
+  std::size_t recommended_index = 0;
+
   bool found() const { return !ranked.empty(); }
-  const Plan& recommended() const { return ranked.front(); }
+  const Plan& recommended() const { return ranked.at(recommended_index); }
 };
 
 PlanReport plan_pipeline(const ModelProfile& profile, const PlannerOptions& options);
@@ -91,6 +103,26 @@ PlanReport plan_pipeline(const ModelProfile& profile, const PlannerOptions& opti
 // one). Used for the hand-written default and by `pipetrain plan --verify`.
 // REQUIRES: balance empty or of size ranks*virtual_stages summing to the layer count.
 Plan evaluate_plan(const ModelProfile& profile, const Plan& plan, const PlannerOptions& options);
+
+// Same schedule, ranks, micro-batches, virtual stages, checkpoint mode and balance.
+bool same_plan(const Plan& a, const Plan& b);
+
+// The plans worth running for recommend_measured: the ranked plans predicted at most `within`
+// slower than the fastest (0.25: 25 %), at most `count` of them, then `reference` (the default a
+// user would write; may be null) when it fits the limit and is not one of them.
+std::vector<Plan> plans_to_measure(const PlanReport& report, const Plan* reference, int count,
+                                   double within);
+
+// Step [5] of the calibration (docs/PLANNER.md), once `candidates` (plans of this profile and
+// options, e.g. from plans_to_measure) were run together and measured `measured_seconds[i]` per
+// step: profile.measured_step_scale is multiplied by the median over the candidates of measured
+// over predicted, every prediction in `report` (and in the candidates kept in report.measured)
+// is scaled alike, and the candidate that measured fastest becomes the recommended plan; it joins
+// the ranked table in predicted order when it was not in it. Throws std::invalid_argument for
+// sizes that differ, no candidates, or a time that is not positive.
+void recommend_measured(ModelProfile& profile, const PlannerOptions& options, PlanReport& report,
+                        const std::vector<Plan>& candidates,
+                        const std::vector<double>& measured_seconds);
 
 // The plan most users write by hand: 1f1b, `microbatches` chunks, layers split evenly by count,
 // no checkpointing.

@@ -87,6 +87,12 @@ struct ModelProfile {
   // simulated schedule and the update (the loss broadcast, the step's setup, ranks starting
   // apart); the planner adds it to the step time of plans of more than one rank. 0: not measured.
   double step_overhead_seconds = 0;
+  // Step [5], a confirmation run of the planner's best plans and the hand-written default
+  // together (recommend_measured, planner.h): the median of their measured over predicted step
+  // times. The planner multiplies the step time of plans of measured_step_scale_ranks ranks by it
+  // (the bound it prunes with too). 1 and 0: not measured.
+  double measured_step_scale = 1;
+  int measured_step_scale_ranks = 0;
   std::string method;  // how activation bytes were measured ("allocator", "output bytes")
 
   std::int64_t num_layers() const { return static_cast<std::int64_t>(layers.size()); }
