@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <exception>
 #include <iostream>
 #include <limits>
@@ -468,7 +469,10 @@ std::int64_t largest_boundary_bytes(const pp::ModelProfile& profile) {
 // ([3]): each process also runs Gloo's threads, and the isolated layers of the profile do not
 // scale with the micro-batch size as a chained run does. The ranks' measured compute over the
 // predicted (without the message charge), at each of the two micro-batch sizes, the median over
-// its runs, is the profile's process_compute_scale.
+// its runs, is the profile's process_compute_scale. The layers do not all drift alike (the CNN's
+// convolutions on rank 0 measured 0.89 of their prediction where its linear layers on rank 1
+// measured 1.24): each rank's ratio over the whole's, the median over the four runs, becomes
+// process_layer_scale for the layers that rank held.
 // [4b] Messages: a message also costs the CPU of Gloo's threads on both sides, which the send()
 // call measured by the transfer does not show. The per-message cost that makes the predicted
 // difference between few and many micro-batches equal the measured one (their fixed costs
@@ -491,7 +495,7 @@ void calibrate_processes(pp::ModelProfile& profile, const pp::PlannerOptions& pl
   Runs few = gpipe_with(2);
   Runs many = gpipe_with(profile.batch_size % 32 == 0 ? 32 : 16);
   for (int round = 0; round < 2; ++round) {  // the two together, in turn step by step
-    std::vector<Measured> both = run({few.plan, many.plan});
+    std::vector<Measured> both = run({few.plan, many.plan}, 5);
     few.measured.push_back(std::move(both.at(0)));
     many.measured.push_back(std::move(both.at(1)));
   }
@@ -500,6 +504,9 @@ void calibrate_processes(pp::ModelProfile& profile, const pp::PlannerOptions& pl
   pp::ModelProfile bare = profile;
   bare.transfer.message_seconds = 0;
   bare.process_compute_scale.clear();
+  bare.process_layer_scale.clear();
+  const auto ranks = static_cast<std::size_t>(planner.ranks);
+  std::vector<std::vector<double>> relative(ranks);  // per rank: its ratio over the whole's
   auto scale_of = [&](const Runs& runs) {
     const pp::Plan predicted = pp::evaluate_plan(bare, runs.plan, planner);
     double want = 0;
@@ -508,11 +515,26 @@ void calibrate_processes(pp::ModelProfile& profile, const pp::PlannerOptions& pl
     for (const Measured& measured : runs.measured) {
       double got = 0;
       for (double busy : measured.busy_seconds_by_rank) got += busy;
-      if (want > 0 && got > 0) ratios.push_back(got / want);
+      if (!(want > 0 && got > 0) || measured.busy_seconds_by_rank.size() != ranks) continue;
+      ratios.push_back(got / want);
+      for (std::size_t r = 0; r < ranks; ++r) {
+        const double want_r = predicted.busy_seconds_per_rank.at(r);
+        const double got_r = measured.busy_seconds_by_rank[r];
+        if (want_r > 0 && got_r > 0) relative[r].push_back((got_r / want_r) / (got / want));
+      }
     }
     return std::make_pair(predicted.microbatch_size, ratios.empty() ? 1.0 : upper_median(ratios));
   };
   profile.process_compute_scale = {scale_of(many), scale_of(few)};
+  // Each layer takes its rank's (the even balance of the two plans: stage r on rank r).
+  profile.process_layer_scale.clear();
+  if (std::all_of(relative.begin(), relative.end(), [](const auto& r) { return !r.empty(); })) {
+    for (std::size_t r = 0; r < ranks; ++r) {
+      const double factor = upper_median(relative[r]);
+      profile.process_layer_scale.insert(profile.process_layer_scale.end(),
+                                         static_cast<std::size_t>(few.plan.balance.at(r)), factor);
+    }
+  }
 
   // [4b]
   auto predicted_gap = [&](double message) {
@@ -551,14 +573,22 @@ void calibrate_processes(pp::ModelProfile& profile, const pp::PlannerOptions& pl
       std::to_string(many.plan.microbatches) + ")";
 }
 
+int steps_to_measure(const std::vector<pp::Plan>& plans, int min_steps, double min_seconds) {
+  double round = 0;
+  for (const pp::Plan& plan : plans) round += plan.predicted_step_seconds;
+  const double wanted = round > 0 ? std::ceil(min_seconds / round) : 0.0;
+  return std::max(min_steps, static_cast<int>(std::min(wanted, 200.0)));
+}
+
 void recommend_by_measurement(pp::ModelProfile& profile, const pp::PlannerOptions& planner,
                               pp::PlanReport& report, const pp::Plan* reference,
-                              const RunPlans& run, int rounds) {
+                              const RunPlans& run, int rounds, int min_steps) {
   if (!report.found()) return;
   const std::vector<pp::Plan> plans = pp::plans_to_measure(report, reference, 3, 0.25);
+  const int count = steps_to_measure(plans, min_steps, 1.5);
   std::vector<std::vector<double>> steps(plans.size());
   for (int round = 0; round < rounds; ++round) {
-    const std::vector<Measured> measured = run(plans);
+    const std::vector<Measured> measured = run(plans, count);
     for (std::size_t k = 0; k < plans.size(); ++k) {
       steps[k].insert(steps[k].end(), measured.at(k).step_seconds.begin(),
                       measured.at(k).step_seconds.end());
@@ -569,7 +599,12 @@ void recommend_by_measurement(pp::ModelProfile& profile, const pp::PlannerOption
     if (steps[k].empty()) throw std::runtime_error(plans[k].describe() + " timed no steps");
     medians.push_back(upper_median(steps[k]));
   }
-  pp::recommend_measured(profile, planner, report, plans, medians);
+  std::size_t default_index = plans.size();
+  for (std::size_t k = 0; reference && k < plans.size(); ++k) {
+    if (pp::same_plan(plans[k], *reference)) default_index = k;
+  }
+  pp::recommend_measured(profile, planner, report, plans, medians,
+                         pp::choose_measured(steps, default_index, kKeepDefaultMargin));
 }
 
 }  // namespace pipetrain::cli

@@ -76,9 +76,16 @@ class ModelStateGuard {
 
 Checkpoint to_runtime(partition::CheckpointMode mode);
 
-// Runs plans together, in turn step by step, and returns what each measured (same order): the
-// in-process Pipe, K processes, or the ranks of a job.
-using RunPlans = std::function<std::vector<Measured>(const std::vector<partition::Plan>& plans)>;
+// Runs plans together, in turn step by step, `steps` timed steps each after 2 warm-up steps, and
+// returns what each measured (same order): the in-process Pipe, K processes, or the ranks of a
+// job.
+using RunPlans =
+    std::function<std::vector<Measured>(const std::vector<partition::Plan>& plans, int steps)>;
+
+// Timed steps for plans run together so that one round takes at least `min_seconds` by their
+// predicted step times (a short round is a snapshot of a machine whose speed changes for seconds
+// at a time), at least `min_steps`, at most 200.
+int steps_to_measure(const std::vector<partition::Plan>& plans, int min_steps, double min_seconds);
 
 // `plans` run in this process together (a Pipe each, one worker thread per rank with `threads`
 // intra-op threads, in turn step by step): `steps` timed steps each after 2 warm-up steps, MSE
@@ -133,7 +140,8 @@ partition::TransferModel transfer_model_from(const nlohmann::json& result);
 std::int64_t largest_boundary_bytes(const partition::ModelProfile& profile);
 
 // Step [4], from gpipe with the even balance run as K processes with M = 2 and M = 32 (16 when
-// 32 does not divide the batch), two rounds of both together (`run` runs plans as K processes):
+// 32 does not divide the batch), two rounds of both together, 5 timed steps each (`run` runs
+// plans as K processes):
 // [4a] the
 // ranks' measured compute over the predicted at those two micro-batch sizes becomes the profile's
 // process_compute_scale; [4b] the rank time per message is the one that makes the predicted
@@ -144,15 +152,22 @@ std::int64_t largest_boundary_bytes(const partition::ModelProfile& profile);
 void calibrate_processes(partition::ModelProfile& profile, const partition::PlannerOptions& planner,
                          const RunPlans& run);
 
+// Step [5] keeps the default unless a plan measured this much faster in the same turns (the
+// median of the per-turn ratios below 1 - margin): on this machine two equal plans measured in
+// turn differ by a few percent from run to run.
+inline constexpr double kKeepDefaultMargin = 0.03;
+
 // Step [5], after planning: the plans worth measuring (partition::plans_to_measure: the best 3
 // predicted within 25 % of the fastest, and `reference`, the hand-written default when it is a
-// plan the caller may choose; may be null) run together `rounds` times; each plan's time is the
-// median of all its timed steps; partition::recommend_measured then scales every prediction
-// (profile.measured_step_scale) and recommends the plan that measured fastest. No-op when the
-// report has no plan.
+// plan the caller may choose; may be null) run together `rounds` times, each round at least
+// `min_steps` steps and 1.5 s (steps_to_measure); each plan's time is the median of all its
+// timed steps; partition::recommend_measured then scales every prediction
+// (profile.measured_step_scale) and recommends the plan partition::choose_measured picks: the
+// default unless a plan beat it by kKeepDefaultMargin in the same turns (without a default, the
+// shortest median step). No-op when the report has no plan.
 void recommend_by_measurement(partition::ModelProfile& profile,
                               const partition::PlannerOptions& planner,
                               partition::PlanReport& report, const partition::Plan* reference,
-                              const RunPlans& run, int rounds);
+                              const RunPlans& run, int rounds, int min_steps);
 
 }  // namespace pipetrain::cli

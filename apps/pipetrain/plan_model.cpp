@@ -151,13 +151,13 @@ constexpr const char* kRankResultPrefix = "PIPETRAIN_PLAN_VERIFY ";
 
 // One rank (started by measure_processes through the launcher): the same model (seed 0) and
 // sample as the in-process measurement, the plan run on DistributedPipe. Prints one result line.
-int run_verify_rank(const PlanModelArgs& args, const nlohmann::json& runs) {
+int run_verify_rank(const PlanModelArgs& args, const nlohmann::json& runs, int steps) {
   LoadedModel model = load_model(args);
   DistributedOptions options;
   options.pipeline_ranks(runs.at(0).at("ranks").get<int>()).timeout(std::chrono::seconds(120));
   return run_distributed(options, [&](Distributed& distributed) {
     const nlohmann::json result =
-        run_plans_on_rank(distributed, model.sequential, model.sample, runs, args.verify_steps);
+        run_plans_on_rank(distributed, model.sequential, model.sample, runs, steps);
     std::cout << kRankResultPrefix << result.dump() << std::endl;
   });
 }
@@ -179,8 +179,7 @@ std::vector<std::optional<nlohmann::json>> launch_ranks(const PlanModelArgs& arg
   const CollectedRun run =
       launch_self_collecting(nproc,
                              {"plan", "--model", args.model, "--sample-shape", args.sample_shape,
-                              "--stages", std::to_string(nproc), "--verify-steps",
-                              std::to_string(args.verify_steps), "--rank-job", job.dump()},
+                              "--stages", std::to_string(nproc), "--rank-job", job.dump()},
                              kRankResultPrefix);
   if (run.launched.exit_code != 0) {
     throw std::runtime_error("plan --processes: rank " +
@@ -206,10 +205,12 @@ pp::TransferModel measure_gloo_transfer(const PlanModelArgs& args, std::int64_t 
 
 // Runs `plans` together as K processes of this binary (local launcher, Gloo over loopback).
 std::vector<Measured> measure_processes(const PlanModelArgs& args,
-                                        const std::vector<pp::Plan>& plans, int threads) {
+                                        const std::vector<pp::Plan>& plans, int threads,
+                                        int steps) {
   try {
     return combine_rank_results(
-        plans, launch_ranks(args, plans.at(0).ranks, {{"runs", plans_to_run(plans, threads)}}));
+        plans, launch_ranks(args, plans.at(0).ranks,
+                            {{"runs", plans_to_run(plans, threads)}, {"steps", steps}}));
   } catch (const std::runtime_error& error) {
     throw std::runtime_error(std::string("plan --processes: ") + error.what());
   }
@@ -234,6 +235,13 @@ std::string process_scale_text(const pp::ModelProfile& profile) {
   for (const auto& [size, scale] : profile.process_compute_scale) {
     text += (text.empty() ? ", as processes " : " .. ") + format("x%.2f", scale) +
             " at micro-batch " + std::to_string(size);
+  }
+  // Runs of equal layer scales: "; layers x0.89 (13), x1.24 (12)".
+  const auto& layers = profile.process_layer_scale;
+  for (std::size_t a = 0, e = 0; a < layers.size(); a = e) {
+    while (e < layers.size() && layers[e] == layers[a]) ++e;
+    text +=
+        (a ? ", " : "; layers ") + format("x%.2f", layers[a]) + " (" + std::to_string(e - a) + ")";
   }
   return text;
 }
@@ -354,7 +362,7 @@ int run_plan_for_model(const PlanModelArgs& args) {
     const nlohmann::json job = nlohmann::json::parse(args.rank_job);
     return job.value("mode", std::string("plan")) == "transfer"
                ? run_transfer_rank(job)
-               : run_verify_rank(args, job.at("runs"));
+               : run_verify_rank(args, job.at("runs"), job.at("steps").get<int>());
   }
   pp::PlannerOptions planner;
   planner.ranks = args.stages > 0 ? args.stages : 2;
@@ -398,17 +406,17 @@ int run_plan_for_model(const PlanModelArgs& args) {
                              planner);
   };
 
-  const RunPlans run = [&](const std::vector<pp::Plan>& plans) {
-    return args.processes ? measure_processes(args, plans, profile.intra_op_threads)
+  const RunPlans run = [&](const std::vector<pp::Plan>& plans, int steps) {
+    return args.processes ? measure_processes(args, plans, profile.intra_op_threads, steps)
                           : measure_in_process(model.sequential, model.sample, plans,
-                                               profile.intra_op_threads, args.verify_steps);
+                                               profile.intra_op_threads, steps);
   };
   if (args.calibrate || args.verify) {
     calibrate_in_process(model.sequential, model.sample, profile, planner);
     if (args.processes) calibrate_processes(profile, planner, run);
     report = pp::plan_pipeline(profile, planner);
     const pp::Plan reference = evaluate_default();
-    recommend_by_measurement(profile, planner, report, &reference, run, 2);
+    recommend_by_measurement(profile, planner, report, &reference, run, 2, args.verify_steps);
   }
   const pp::Plan fallback = evaluate_default();
 
@@ -423,12 +431,14 @@ int run_plan_for_model(const PlanModelArgs& args) {
       if (std::fscanf(file, "%lf", &load) != 1) load = 0;
       std::fclose(file);
     }
+    const std::vector<pp::Plan> plans = {report.recommended(), fallback};
+    const int steps = steps_to_measure(plans, args.verify_steps, 1.5);
     verify_text << "\nverify (load average " << format("%.1f", load) << " on "
                 << std::thread::hardware_concurrency() << " cores): "
                 << (args.processes ? "one process per rank (Gloo over loopback), "
                                    : "in-process Pipe, ")
                 << threads << " thread(s) per stage; the two plans in turn step by step, "
-                << args.verify_rounds << " rounds of " << args.verify_steps
+                << args.verify_rounds << " rounds of " << steps
                 << " timed steps each (zero_grad + train_step + SGD step), medians over all\n";
     char line[200];
     std::snprintf(line, sizeof line, "  %-12s %-44s %10s %10s %9s\n", "plan", "", "predicted",
@@ -436,12 +446,12 @@ int run_plan_for_model(const PlanModelArgs& args) {
     verify_text << line;
     // The two together, in turn step by step, round after round: a machine whose speed drifts
     // slows both plans alike; recommended / default is the median of the steps' ratios.
-    const std::vector<pp::Plan> plans = {report.recommended(), fallback};
+
     const char* names[2] = {"recommended", "default"};
     std::vector<Measured> rounds[2];
     std::vector<double> ratios;
     for (int round = 0; round < args.verify_rounds; ++round) {
-      std::vector<Measured> both = run(plans);
+      std::vector<Measured> both = run(plans, steps);
       for (std::size_t s = 0; s < both[0].step_seconds.size() && s < both[1].step_seconds.size();
            ++s) {
         ratios.push_back(both[0].step_seconds[s] / both[1].step_seconds[s]);
@@ -501,6 +511,7 @@ int run_plan_for_model(const PlanModelArgs& args) {
            {"predicted_step_seconds", plan.predicted_step_seconds},
            {"measured_step_seconds", measured},
            {"measured_step_seconds_per_round", round_steps},
+           {"measured_step_seconds_each", steps},
            {"measured_over_predicted", measured / plan.predicted_step_seconds},
            {"measured_peak_stashed_bytes_per_stage", rounds[k].front().peak_stashed_bytes}});
     }
@@ -541,6 +552,7 @@ int run_plan_for_model(const PlanModelArgs& args) {
       const pp::Plan& best = report.recommended();
       if (!report.measured.empty()) {
         out << "\nmeasured (step [5]: these plans run together, in turn step by step, 2 rounds; "
+               "the default stays unless a plan took under 0.97 of its time in the same turns; "
                "every prediction x"
             << format("%.3f", profile.measured_step_scale)
             << ", the median measured / predicted):\n";
@@ -549,11 +561,11 @@ int run_plan_for_model(const PlanModelArgs& args) {
           std::snprintf(line, sizeof line, "  %-44.44s predicted %9.3f ms, measured %9.3f ms%s\n",
                         run.plan.describe().c_str(), run.plan.predicted_step_seconds * 1e3,
                         run.measured_step_seconds * 1e3,
-                        pp::same_plan(run.plan, best) ? "  <- fastest" : "");
+                        pp::same_plan(run.plan, best) ? "  <- recommended" : "");
           out << line;
         }
       }
-      out << "\nrecommended" << (report.measured.empty() ? "" : " (* above: fastest measured)")
+      out << "\nrecommended" << (report.measured.empty() ? "" : " (* above, by measurement)")
           << ": " << best.describe() << "\n  predicted "
           << format("%.3f", best.predicted_step_seconds * 1e3) << " ms/step, peak "
           << pp::format_bytes(best.peak_memory_bytes) << " per rank\n";

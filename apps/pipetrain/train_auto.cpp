@@ -39,7 +39,7 @@ namespace {
 
 namespace pp = pipetrain::partition;
 
-// Timed steps per plan of each calibration and step [5] run (after 2 warm-up steps).
+// Timed steps per plan of a step [5] round, at least (after 2 warm-up steps).
 constexpr int kMeasuredSteps = 3;
 
 // The planner's default micro-batch counts: powers of two dividing the batch, and the batch.
@@ -197,12 +197,11 @@ pp::Plan plan_training(torch::nn::Sequential& model, const torch::Tensor& sample
                 profile.per_layer_overhead_seconds * 1e6, profile.transfer.message_seconds * 1e3);
     std::fflush(stdout);
   }
-  const RunPlans run =
-      processes && input.ranks > 1
-          ? processes->run
-          : RunPlans([&](const std::vector<pp::Plan>& plans) {
-              return measure_in_process(model, batch, plans, input.threads, kMeasuredSteps);
-            });
+  const RunPlans run = processes && input.ranks > 1
+                           ? processes->run
+                           : RunPlans([&](const std::vector<pp::Plan>& plans, int steps) {
+                               return measure_in_process(model, batch, plans, input.threads, steps);
+                             });
 
   pp::Plan plan;  // [3]
   try {
@@ -223,10 +222,11 @@ pp::Plan plan_training(torch::nn::Sequential& model, const torch::Tensor& sample
       const auto start = std::chrono::steady_clock::now();
       const std::optional<pp::Plan> reference =
           default_if_allowed(profile, planner, request, input);
-      recommend_by_measurement(profile, planner, report, reference ? &*reference : nullptr, run, 2);
+      recommend_by_measurement(profile, planner, report, reference ? &*reference : nullptr, run, 2,
+                               kMeasuredSteps);
       plan = report.recommended();
       std::printf(
-          "planning: measured %zu plans together in %.1f s; the fastest: %s (%.3g s/step; "
+          "planning: measured %zu plans together in %.1f s; chosen: %s (%.3g s/step; "
           "predictions x%.2f)\n",
           report.measured.size(),
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
@@ -335,10 +335,9 @@ pp::Plan plan_training_on_ranks(Distributed& distributed, torch::nn::Sequential&
       if (!results[0]) throw std::runtime_error("auto plan: the transfer measurement gave nothing");
       return transfer_model_from(*results[0]);
     };
-    measurer.run = [&](const std::vector<pp::Plan>& plans) {
-      const nlohmann::json job = {{"mode", "plan"},
-                                  {"runs", plans_to_run(plans, input.threads)},
-                                  {"steps", kMeasuredSteps}};
+    measurer.run = [&](const std::vector<pp::Plan>& plans, int steps) {
+      const nlohmann::json job = {
+          {"mode", "plan"}, {"runs", plans_to_run(plans, input.threads)}, {"steps", steps}};
       return combine_rank_results(plans, on_every_rank(job));
     };
     try {

@@ -21,7 +21,7 @@
 // (plan_training_on_ranks, under the local launcher of --nproc as under an external one). What
 // only processes show is measured with every rank taking part: the transfer between pipeline
 // ranks 0 and 1 over the job's own process group, and step [4], the rank time per message, from
-// gpipe with 2 and with 16 micro-batches run on the ranks. The plan reaches every rank as
+// gpipe with 2 and with 32 micro-batches run on the ranks. The plan reaches every rank as
 // encode_plan / decode_plan text.
 //
 // Unless the user fixed the balance, the planner's best few plans (and the hand-written default,

@@ -44,7 +44,10 @@ struct LayerTable {
 
   // compute_scale multiplies every F, B, I and W (ModelProfile::concurrent_compute_scale and
   // process_compute_scale_at(m) when the plan has more than one rank).
-  LayerTable(const ModelProfile& profile, std::int64_t m, double compute_scale = 1)
+  // compute_scale multiplies every layer's F, B, I and W; layer_scale (one per layer, may be
+  // null or empty) each layer's too.
+  LayerTable(const ModelProfile& profile, std::int64_t m, double compute_scale = 1,
+             const std::vector<double>* layer_scale = nullptr)
       : microbatch_size(m) {
     const auto L = static_cast<std::size_t>(profile.num_layers());
     for (auto* v : {&forward, &backward, &backward_input, &backward_weight, &update}) {
@@ -58,7 +61,8 @@ struct LayerTable {
     for (std::size_t l = 0; l < L; ++l) {
       const LayerCost c = profile.layer_cost(static_cast<std::int64_t>(l), m);
       const bool has_weights = profile.layers[l].parameter_bytes > 0;
-      const double k = compute_scale;
+      const double k =
+          compute_scale * (layer_scale && !layer_scale->empty() ? (*layer_scale)[l] : 1.0);
       forward[l + 1] = forward[l] + (c.forward_seconds + overhead) * k;
       backward[l + 1] = backward[l] + (c.backward_seconds + overhead) * k;
       const double split = profile.split_backward_scale;
@@ -128,7 +132,10 @@ class Evaluator {
       const double scale = options_.ranks > 1 ? profile_.concurrent_compute_scale *
                                                     profile_.process_compute_scale_at(m)
                                               : 1.0;
-      it = tables_.emplace(m, LayerTable(profile_, m, scale)).first;
+      it = tables_
+               .emplace(m, LayerTable(profile_, m, scale,
+                                      options_.ranks > 1 ? &profile_.process_layer_scale : nullptr))
+               .first;
     }
     return it->second;
   }
@@ -434,16 +441,64 @@ std::vector<Plan> plans_to_measure(const PlanReport& report, const Plan* referen
   return plans;
 }
 
+namespace {
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const std::size_t n = values.size();
+  return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+}  // namespace
+
+std::size_t choose_measured(const std::vector<std::vector<double>>& step_seconds,
+                            std::size_t reference, double margin) {
+  if (step_seconds.empty()) {
+    throw std::invalid_argument("choose_measured: no candidates; measure at least one plan");
+  }
+  for (std::size_t k = 0; k < step_seconds.size(); ++k) {
+    if (step_seconds[k].empty()) {
+      throw std::invalid_argument("choose_measured: candidate " + std::to_string(k) +
+                                  " has no timed steps; time at least one");
+    }
+  }
+  if (reference >= step_seconds.size()) {
+    std::size_t fastest = 0;
+    for (std::size_t k = 1; k < step_seconds.size(); ++k) {
+      if (median(step_seconds[k]) < median(step_seconds[fastest])) fastest = k;
+    }
+    return fastest;
+  }
+  std::size_t best = reference;
+  double best_ratio = 1 - margin;
+  for (std::size_t k = 0; k < step_seconds.size(); ++k) {
+    if (k == reference) continue;
+    std::vector<double> ratios;
+    for (std::size_t s = 0; s < step_seconds[k].size() && s < step_seconds[reference].size(); ++s) {
+      if (step_seconds[reference][s] > 0) {
+        ratios.push_back(step_seconds[k][s] / step_seconds[reference][s]);
+      }
+    }
+    if (!ratios.empty() && median(ratios) < best_ratio) {
+      best_ratio = median(ratios);
+      best = k;
+    }
+  }
+  return best;
+}
+
 void recommend_measured(ModelProfile& profile, const PlannerOptions& options, PlanReport& report,
                         const std::vector<Plan>& candidates,
-                        const std::vector<double>& measured_seconds) {
-  if (candidates.empty() || candidates.size() != measured_seconds.size()) {
+                        const std::vector<double>& measured_seconds, std::size_t chosen) {
+  if (candidates.empty() || candidates.size() != measured_seconds.size() ||
+      chosen >= candidates.size()) {
     throw std::invalid_argument("recommend_measured: " + std::to_string(candidates.size()) +
                                 " candidates with " + std::to_string(measured_seconds.size()) +
-                                " measured times; give one time per candidate, at least one");
+                                " measured times, candidate " + std::to_string(chosen) +
+                                " chosen; give one time per candidate, at least one, and choose "
+                                "one of them");
   }
   std::vector<double> ratios;
-  std::size_t fastest = 0;
   for (std::size_t k = 0; k < candidates.size(); ++k) {
     if (!(measured_seconds[k] > 0) || !(candidates[k].predicted_step_seconds > 0)) {
       throw std::invalid_argument(
@@ -452,11 +507,8 @@ void recommend_measured(ModelProfile& profile, const PlannerOptions& options, Pl
           std::to_string(candidates[k].predicted_step_seconds) + " s; both must be > 0");
     }
     ratios.push_back(measured_seconds[k] / candidates[k].predicted_step_seconds);
-    if (measured_seconds[k] < measured_seconds[fastest]) fastest = k;
   }
-  std::sort(ratios.begin(), ratios.end());
-  const std::size_t n = ratios.size();
-  const double ratio = n % 2 ? ratios[n / 2] : (ratios[n / 2 - 1] + ratios[n / 2]) / 2;
+  const double ratio = median(ratios);
 
   const double before =
       profile.measured_step_scale_ranks == options.ranks ? profile.measured_step_scale : 1.0;
@@ -470,12 +522,13 @@ void recommend_measured(ModelProfile& profile, const PlannerOptions& options, Pl
     report.measured.push_back(std::move(run));
   }
 
-  const Plan& chosen = report.measured[fastest].plan;
+  const Plan& recommended = report.measured[chosen].plan;
   auto in_table = std::find_if(report.ranked.begin(), report.ranked.end(),
-                               [&](const Plan& plan) { return same_plan(plan, chosen); });
+                               [&](const Plan& plan) { return same_plan(plan, recommended); });
   if (in_table == report.ranked.end()) {
     in_table = report.ranked.insert(
-        std::upper_bound(report.ranked.begin(), report.ranked.end(), chosen, faster), chosen);
+        std::upper_bound(report.ranked.begin(), report.ranked.end(), recommended, faster),
+        recommended);
   }
   report.recommended_index = static_cast<std::size_t>(in_table - report.ranked.begin());
 }

@@ -151,6 +151,18 @@ void ModelProfile::validate() const {
           std::to_string(p) + ")");
     }
   }
+  if (!process_layer_scale.empty() && process_layer_scale.size() != layers.size()) {
+    throw std::invalid_argument("profile: process_layer_scale has " +
+                                std::to_string(process_layer_scale.size()) + " entries for " +
+                                std::to_string(layers.size()) + " layers; give one per layer");
+  }
+  for (std::size_t l = 0; l < process_layer_scale.size(); ++l) {
+    if (!(process_layer_scale[l] > 0)) {
+      throw std::invalid_argument("profile: process_layer_scale of layer " + std::to_string(l) +
+                                  " must be > 0 (got " + std::to_string(process_layer_scale[l]) +
+                                  ")");
+    }
+  }
   for (std::size_t l = 0; l < layers.size(); ++l) {
     if (layers[l].costs.size() != microbatch_sizes.size()) {
       throw std::invalid_argument("profile: layer " + std::to_string(l) + " ('" + layers[l].name +
@@ -192,6 +204,7 @@ void to_json(nlohmann::json& out, const ModelProfile& profile) {
          {"concurrent_compute_scale", profile.concurrent_compute_scale},
          {"concurrent_ranks", profile.concurrent_ranks},
          {"process_compute_scale", profile.process_compute_scale},
+         {"process_layer_scale", profile.process_layer_scale},
          {"step_overhead_seconds", profile.step_overhead_seconds},
          {"measured_step_scale", profile.measured_step_scale},
          {"measured_step_scale_ranks", profile.measured_step_scale_ranks},
@@ -224,6 +237,9 @@ void from_json(const nlohmann::json& in, ModelProfile& profile) {
   if (in.contains("process_compute_scale")) {
     profile.process_compute_scale =
         in.at("process_compute_scale").get<std::vector<std::pair<std::int64_t, double>>>();
+  }
+  if (in.contains("process_layer_scale")) {
+    profile.process_layer_scale = in.at("process_layer_scale").get<std::vector<double>>();
   }
   profile.method = in.value("method", std::string());
   if (in.contains("transfer")) {

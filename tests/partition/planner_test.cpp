@@ -371,7 +371,7 @@ TEST(Planner, RecommendMeasuredPicksTheFastestMeasuredAndScalesEveryPrediction) 
                                         0.9 * plans[2].predicted_step_seconds};
   ASSERT_LT(measured[1], measured[0]);
   const std::vector<Plan> before = setup.report.ranked;
-  recommend_measured(setup.profile, setup.options, setup.report, plans, measured);
+  recommend_measured(setup.profile, setup.options, setup.report, plans, measured, 1);
 
   EXPECT_EQ(setup.report.recommended_index, 1u);
   EXPECT_TRUE(same_plan(setup.report.recommended(), plans[1]));
@@ -421,7 +421,7 @@ TEST(Planner, RecommendMeasuredAddsAFasterDefaultToTheTable) {
   ASSERT_GT(slow.predicted_step_seconds, setup.report.ranked.front().predicted_step_seconds);
   const std::vector<Plan> plans = {setup.report.ranked.front(), slow};
   recommend_measured(setup.profile, setup.options, setup.report, plans,
-                     {plans[0].predicted_step_seconds, 0.5 * plans[0].predicted_step_seconds});
+                     {plans[0].predicted_step_seconds, 0.5 * plans[0].predicted_step_seconds}, 1);
   ASSERT_EQ(setup.report.ranked.size(), 2u);  // predicted order: the default after the best
   EXPECT_EQ(setup.report.recommended_index, 1u);
   EXPECT_TRUE(same_plan(setup.report.recommended(), slow));
@@ -432,15 +432,69 @@ TEST(Planner, RecommendMeasuredAddsAFasterDefaultToTheTable) {
 TEST(Planner, RecommendMeasuredRejectsMismatchedOrNonPositiveTimes) {
   MeasuredSetup setup;
   const std::vector<Plan> plans = plans_to_measure(setup.report, nullptr, 2, 10.0);
-  EXPECT_THROW(recommend_measured(setup.profile, setup.options, setup.report, plans, {1.0}),
+  EXPECT_THROW(recommend_measured(setup.profile, setup.options, setup.report, plans, {1.0}, 0),
                std::invalid_argument);
-  EXPECT_THROW(recommend_measured(setup.profile, setup.options, setup.report, {}, {}),
+  EXPECT_THROW(recommend_measured(setup.profile, setup.options, setup.report, {}, {}, 0),
                std::invalid_argument);
-  EXPECT_THROW(recommend_measured(setup.profile, setup.options, setup.report, plans, {1.0, 0.0}),
+  EXPECT_THROW(recommend_measured(setup.profile, setup.options, setup.report, plans, {1.0, 0.0}, 0),
                std::invalid_argument);
+  EXPECT_THROW(recommend_measured(setup.profile, setup.options, setup.report, plans, {1.0, 1.0}, 2),
+               std::invalid_argument);
+  EXPECT_THROW(choose_measured({}, 0, 0.03), std::invalid_argument);
+  EXPECT_THROW(choose_measured({{1.0}, {}}, 0, 0.03), std::invalid_argument);
   ModelProfile bad = setup.profile;
   bad.measured_step_scale = 0;
   EXPECT_THROW(bad.validate(), std::invalid_argument);
+}
+
+TEST(Planner, ChooseMeasuredKeepsTheDefaultUnlessAPlanBeatItByTheMargin) {
+  // Without a reference: the shortest median step.
+  EXPECT_EQ(choose_measured({{3, 3, 3}, {2, 9, 2}, {2.5, 2.5, 2.5}}, 3, 0.03), 1u);
+  // Steps in turn: the machine slowed down for the last two turns, for every plan alike.
+  const std::vector<double> reference = {1.0, 1.0, 2.0, 2.0};
+  const std::vector<double> faster = {0.9, 0.9, 1.8, 1.8};        // 10 % faster in every turn
+  const std::vector<double> slightly = {0.99, 0.99, 1.98, 1.98};  // 1 %: within the margin
+  // Its pooled median (1.4) is below the reference's (1.5): it ran its fast steps while the
+  // machine was slow; per turn it took 1.5, 1.5, 0.65, 0.65 of the reference (median 1.075).
+  const std::vector<double> lucky = {1.5, 1.5, 1.3, 1.3};
+  EXPECT_EQ(choose_measured({faster, slightly, reference}, 2, 0.03), 0u);
+  EXPECT_EQ(choose_measured({slightly, reference}, 1, 0.03), 1u);
+  EXPECT_EQ(choose_measured({slightly, reference}, 1, 0.0), 0u);
+  EXPECT_EQ(choose_measured({lucky, reference}, 1, 0.0), 1u);
+  EXPECT_EQ(choose_measured({lucky, reference}, 2, 0.0), 0u);  // no reference: pooled medians
+  EXPECT_EQ(choose_measured({lucky, faster, reference}, 2, 0.03), 1u);
+}
+
+TEST(Planner, ProcessLayerScaleScalesEachLayerOfMultiRankPlans) {
+  const ModelProfile plain = activation_heavy_profile();  // 4 layers
+  ModelProfile measured = plain;
+  measured.process_layer_scale = {2, 2, 1, 1};
+  Plan plan;
+  plan.schedule = "1f1b";
+  plan.ranks = 2;
+  plan.microbatches = 4;
+  plan.balance = {2, 2};
+  const PlannerOptions two = only({"1f1b"}, {4}, {CheckpointMode::kNever}, 2);
+  const Plan before = evaluate_plan(plain, plan, two);
+  const Plan after = evaluate_plan(measured, plan, two);
+  EXPECT_NEAR(after.busy_seconds_per_rank[0], 2 * before.busy_seconds_per_rank[0], 1e-12);
+  EXPECT_NEAR(after.busy_seconds_per_rank[1], before.busy_seconds_per_rank[1], 1e-12);
+  // The planner now moves a layer off the slow rank's share: rank 0's layers cost double.
+  const PlanReport report = plan_pipeline(measured, two);
+  ASSERT_TRUE(report.found());
+  EXPECT_EQ(report.recommended().balance, (std::vector<int>{1, 3}));
+  Plan alone = plan;  // one rank: not scaled
+  alone.ranks = 1;
+  alone.balance = {4};
+  const PlannerOptions one = only({"1f1b"}, {4}, {CheckpointMode::kNever}, 1);
+  EXPECT_DOUBLE_EQ(evaluate_plan(measured, alone, one).makespan_seconds,
+                   evaluate_plan(plain, alone, one).makespan_seconds);
+  const nlohmann::json json = measured;
+  EXPECT_EQ(json.get<ModelProfile>().process_layer_scale, measured.process_layer_scale);
+  measured.process_layer_scale = {1, 1};
+  EXPECT_THROW(measured.validate(), std::invalid_argument);
+  measured.process_layer_scale = {1, 1, 0, 1};
+  EXPECT_THROW(measured.validate(), std::invalid_argument);
 }
 
 TEST(Planner, EvaluatePlanRejectsABalanceThatDoesNotCoverTheModel) {

@@ -113,16 +113,27 @@ bool same_plan(const Plan& a, const Plan& b);
 std::vector<Plan> plans_to_measure(const PlanReport& report, const Plan* reference, int count,
                                    double within);
 
+// Which of several plans run in turn to recommend. step_seconds[k] holds candidate k's timed
+// steps in the order they ran (step s of every candidate in the same turn). Without a reference
+// (reference >= the count): the shortest median step. With one (the hand-written default): the
+// candidate whose steps took the lowest median ratio to the reference's step of the same turn, if
+// that ratio is below 1 - margin; else the reference. A plan replaces the default only when it
+// measured faster by more than the turns' noise. Throws std::invalid_argument for no candidates
+// or a candidate without steps.
+std::size_t choose_measured(const std::vector<std::vector<double>>& step_seconds,
+                            std::size_t reference, double margin);
+
 // Step [5] of the calibration (docs/PLANNER.md), once `candidates` (plans of this profile and
 // options, e.g. from plans_to_measure) were run together and measured `measured_seconds[i]` per
-// step: profile.measured_step_scale is multiplied by the median over the candidates of measured
-// over predicted, every prediction in `report` (and in the candidates kept in report.measured)
-// is scaled alike, and the candidate that measured fastest becomes the recommended plan; it joins
-// the ranked table in predicted order when it was not in it. Throws std::invalid_argument for
-// sizes that differ, no candidates, or a time that is not positive.
+// step (medians): profile.measured_step_scale is multiplied by the median over the candidates of
+// measured over predicted, every prediction in `report` (and in the candidates kept in
+// report.measured) is scaled alike, and candidates[chosen] (choose_measured) becomes the
+// recommended plan; it joins the ranked table in predicted order when it was not in it. Throws
+// std::invalid_argument for sizes that differ, no candidates, a time that is not positive or a
+// chosen index out of range.
 void recommend_measured(ModelProfile& profile, const PlannerOptions& options, PlanReport& report,
                         const std::vector<Plan>& candidates,
-                        const std::vector<double>& measured_seconds);
+                        const std::vector<double>& measured_seconds, std::size_t chosen);
 
 // The plan most users write by hand: 1f1b, `microbatches` chunks, layers split evenly by count,
 // no checkpointing.

@@ -83,6 +83,11 @@ struct ModelProfile {
   // (ascending, distinct); it multiplies concurrent_compute_scale in plans of more than one rank,
   // linear in log(size) between the sizes, the nearest size's value outside. Empty: 1.
   std::vector<std::pair<std::int64_t, double>> process_compute_scale;
+  // Measured with the above, per layer: how much slower (> 1) or faster than the whole model's
+  // process_compute_scale the layers of each rank of the even balance computed (the rank's
+  // measured over predicted compute, over all ranks'); it multiplies that layer's F, B, I and W
+  // in plans of more than one rank. Empty: 1 for every layer.
+  std::vector<double> process_layer_scale;
   // Measured on K processes with the above: what a step of more than one rank takes beyond the
   // simulated schedule and the update (the loss broadcast, the step's setup, ranks starting
   // apart); the planner adds it to the step time of plans of more than one rank. 0: not measured.
