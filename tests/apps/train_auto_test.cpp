@@ -138,6 +138,11 @@ TEST_F(TrainAuto, InProcessPrintsAPlanThePlannerCouldChooseAndTrainsWithIt) {
   EXPECT_NE(run.output.find(described), std::string::npos) << described << "\n" << run.output;
   EXPECT_TRUE(losses_finite(run.output)) << run.output;
   EXPECT_NE(run.output.find("auto plan: measured "), std::string::npos) << run.output;
+  // Step [5]: the best plans (and the default) ran before the choice.
+  static const std::regex measured(R"(planning: measured (\d+) plans together in .* s; chosen: )");
+  std::smatch match;
+  ASSERT_TRUE(std::regex_search(run.output, match, measured)) << run.output;
+  EXPECT_GE(std::stoi(match[1]), 1) << run.output;
 }
 
 // The profiler runs layers one at a time with the skips in flight handed from layer to layer, so
