@@ -582,12 +582,12 @@ int steps_to_measure(const std::vector<pp::Plan>& plans, int min_steps, double m
 
 void recommend_by_measurement(pp::ModelProfile& profile, const pp::PlannerOptions& planner,
                               pp::PlanReport& report, const pp::Plan* reference,
-                              const RunPlans& run, int rounds, int min_steps) {
+                              const RunPlans& run, int min_steps) {
   if (!report.found()) return;
   const std::vector<pp::Plan> plans = pp::plans_to_measure(report, reference, 3, 0.25);
   const int count = steps_to_measure(plans, min_steps, 1.5);
   std::vector<std::vector<double>> steps(plans.size());
-  for (int round = 0; round < rounds; ++round) {
+  for (int round = 0; round < kMeasuredRounds; ++round) {
     const std::vector<Measured> measured = run(plans, count);
     for (std::size_t k = 0; k < plans.size(); ++k) {
       steps[k].insert(steps[k].end(), measured.at(k).step_seconds.begin(),

@@ -157,9 +157,13 @@ void calibrate_processes(partition::ModelProfile& profile, const partition::Plan
 // turn differ by a few percent from run to run.
 inline constexpr double kKeepDefaultMargin = 0.03;
 
+// Rounds of step [5]; its plans' times are medians over the steps of all rounds, so a spell of a
+// slower machine that lasts one round (seconds here) moves them little.
+inline constexpr int kMeasuredRounds = 3;
+
 // Step [5], after planning: the plans worth measuring (partition::plans_to_measure: the best 3
 // predicted within 25 % of the fastest, and `reference`, the hand-written default when it is a
-// plan the caller may choose; may be null) run together `rounds` times, each round at least
+// plan the caller may choose; may be null) run together kMeasuredRounds times, each round at least
 // `min_steps` steps and 1.5 s (steps_to_measure); each plan's time is the median of all its
 // timed steps; partition::recommend_measured then scales every prediction
 // (profile.measured_step_scale) and recommends the plan partition::choose_measured picks: the
@@ -168,6 +172,6 @@ inline constexpr double kKeepDefaultMargin = 0.03;
 void recommend_by_measurement(partition::ModelProfile& profile,
                               const partition::PlannerOptions& planner,
                               partition::PlanReport& report, const partition::Plan* reference,
-                              const RunPlans& run, int rounds, int min_steps);
+                              const RunPlans& run, int min_steps);
 
 }  // namespace pipetrain::cli

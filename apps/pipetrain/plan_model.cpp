@@ -416,7 +416,7 @@ int run_plan_for_model(const PlanModelArgs& args) {
     if (args.processes) calibrate_processes(profile, planner, run);
     report = pp::plan_pipeline(profile, planner);
     const pp::Plan reference = evaluate_default();
-    recommend_by_measurement(profile, planner, report, &reference, run, 2, args.verify_steps);
+    recommend_by_measurement(profile, planner, report, &reference, run, args.verify_steps);
   }
   const pp::Plan fallback = evaluate_default();
 
@@ -551,7 +551,9 @@ int run_plan_for_model(const PlanModelArgs& args) {
       write_table_text(out, report);
       const pp::Plan& best = report.recommended();
       if (!report.measured.empty()) {
-        out << "\nmeasured (step [5]: these plans run together, in turn step by step, 2 rounds; "
+        out << "\nmeasured (step [5]: these plans run together, in turn step by step, "
+            << kMeasuredRounds
+            << " rounds; "
                "the default stays unless a plan took under 0.97 of its time in the same turns; "
                "every prediction x"
             << format("%.3f", profile.measured_step_scale)

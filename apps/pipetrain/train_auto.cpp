@@ -8,8 +8,9 @@
 //   [2] profile on the sample batch with the stage workers' thread count, calibrate in this
 //       process (plan_calibration.h [1]..[3]); for processes, the measured transfer and [4]
 //   [3] search: the planner with its space cut down to the user's fixed values, then its best
-//       few plans (and the default when the fixed values allow it) run together and the fastest
-//       measured is the plan (calibration step [5]); or, when the user fixed the balance itself,
+//       few plans (and the default when the fixed values allow it) run together and step [5]
+//       chooses (plan_calibration.h: the default unless a plan beat it in the same turns, else
+//       the fastest measured); or, when the user fixed the balance itself,
 //       every (schedule, M, checkpoint) evaluated on that balance, the fastest predicted
 //   [4] nothing fits the memory limit -> UsageError naming the smallest limit that works
 //
@@ -222,7 +223,7 @@ pp::Plan plan_training(torch::nn::Sequential& model, const torch::Tensor& sample
       const auto start = std::chrono::steady_clock::now();
       const std::optional<pp::Plan> reference =
           default_if_allowed(profile, planner, request, input);
-      recommend_by_measurement(profile, planner, report, reference ? &*reference : nullptr, run, 2,
+      recommend_by_measurement(profile, planner, report, reference ? &*reference : nullptr, run,
                                kMeasuredSteps);
       plan = report.recommended();
       std::printf(

@@ -26,7 +26,8 @@
 //
 // Unless the user fixed the balance, the planner's best few plans (and the hand-written default,
 // 1f1b with 4 chunks and the even balance, when the fixed flags allow it) then run together for a
-// few steps (step [5], recommend_by_measurement) and the fastest of them is the plan.
+// few steps (step [5], recommend_by_measurement), which chooses the plan: the default unless a
+// plan beat it by kKeepDefaultMargin in the same turns, else the fastest measured.
 //
 // Errors: user mistakes (a plan that cannot exist, a model the profiler cannot run, no plan
 // within --memory-limit: the message names the smallest limit that works) throw UsageError.
