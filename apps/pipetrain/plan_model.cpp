@@ -293,7 +293,7 @@ void write_table_text(std::ostream& out, const pp::PlanReport& report) {
   out << line;
   for (std::size_t k = 0; k < plans.size(); ++k) {
     const pp::Plan& p = plans[k];
-    std::snprintf(line, sizeof line, "%s %2zu  %-16s %2d %4d %-12s %10.3f %7.3f %14s  %s%s\n",
+    std::snprintf(line, sizeof line, "%s%2zu  %-16s %2d %4d %-12s %10.3f %7.3f %14s  %s%s\n",
                   k == report.recommended_index ? " *" : "  ", k + 1, p.schedule.c_str(),
                   p.virtual_stages, p.microbatches,
                   std::string(pp::checkpoint_name(p.checkpoint)).c_str(),
@@ -330,18 +330,20 @@ void add_plan_model_options(CLI::App& command, PlanModelArgs& args) {
                    "With --model: run the recommended and the default plan in-process and print "
                    "predicted vs measured step time");
   command.add_flag("--calibrate", args.calibrate,
-                   "With --model: measure the runtime's per-layer overhead with one real step "
-                   "and plan with it (implied by --verify)");
+                   "With --model: calibrate the cost model with real steps, then run the best "
+                   "few plans and the default together and recommend by measurement (implied "
+                   "by --verify)");
   command.add_option("--verify-rounds", args.verify_rounds,
-                     "With --verify: measure the two plans alternately this many times; medians "
-                     "over the rounds (default 3)");
+                     "With --verify: rounds of the two plans in turn step by step; medians over "
+                     "all their steps (default 3)");
   command.add_flag("--processes", args.processes,
                    "With --model: plan for K processes over Gloo (the transfer model is measured "
                    "by two processes on this machine's loopback); --verify then runs each plan "
                    "as K processes instead of K worker threads in one process");
   command.add_option("--rank-job", args.rank_job)->group("");
   command.add_option("--verify-steps", args.verify_steps,
-                     "With --verify: timed steps per plan, after 2 warm-up steps (default 5)");
+                     "With --verify (and for the plans measured after planning): timed steps per "
+                     "plan and round, at least; a round also lasts at least 1.5 s (default 5)");
   command.add_option("--profile-out", args.profile_out,
                      "With --model: write the measured profile as JSON to FILE");
 }
@@ -552,12 +554,11 @@ int run_plan_for_model(const PlanModelArgs& args) {
       const pp::Plan& best = report.recommended();
       if (!report.measured.empty()) {
         out << "\nmeasured (step [5]: these plans run together, in turn step by step, "
-            << kMeasuredRounds
-            << " rounds; "
-               "the default stays unless a plan took under 0.97 of its time in the same turns; "
-               "every prediction x"
+            << kMeasuredRounds << " rounds; the default stays unless a plan took under "
+            << format("%.2f", 1 - kKeepDefaultMargin)
+            << " of its time in the same turns; every prediction is scaled by x"
             << format("%.3f", profile.measured_step_scale)
-            << ", the median measured / predicted):\n";
+            << " (the median of measured / predicted before it):\n";
         for (const pp::MeasuredPlan& run : report.measured) {
           char line[240];
           std::snprintf(line, sizeof line, "  %-44.44s predicted %9.3f ms, measured %9.3f ms%s\n",
