@@ -448,7 +448,6 @@ int run_plan_for_model(const PlanModelArgs& args) {
     verify_text << line;
     // The two together, in turn step by step, round after round: a machine whose speed drifts
     // slows both plans alike; recommended / default is the median of the steps' ratios.
-
     const char* names[2] = {"recommended", "default"};
     std::vector<Measured> rounds[2];
     std::vector<double> ratios;
@@ -559,12 +558,13 @@ int run_plan_for_model(const PlanModelArgs& args) {
             << " of its time in the same turns; every prediction is scaled by x"
             << format("%.3f", profile.measured_step_scale)
             << " (the median of measured / predicted before it):\n";
-        for (const pp::MeasuredPlan& run : report.measured) {
+        for (const pp::MeasuredPlan& measured : report.measured) {
           char line[240];
           std::snprintf(line, sizeof line, "  %-44.44s predicted %9.3f ms, measured %9.3f ms%s\n",
-                        run.plan.describe().c_str(), run.plan.predicted_step_seconds * 1e3,
-                        run.measured_step_seconds * 1e3,
-                        pp::same_plan(run.plan, best) ? "  <- recommended" : "");
+                        measured.plan.describe().c_str(),
+                        measured.plan.predicted_step_seconds * 1e3,
+                        measured.measured_step_seconds * 1e3,
+                        pp::same_plan(measured.plan, best) ? "  <- recommended" : "");
           out << line;
         }
       }
