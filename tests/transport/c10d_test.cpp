@@ -126,7 +126,10 @@ TEST(C10dTransport, CarriesInterleavedStagesBetweenTwoProcesses) {
 TEST(C10dTransport, ReceiverWaitingOnAThrowingRankFailsNamingItWithinBound) {
   auto run = run_ranks(2, {"throw"});
   EXPECT_NE(run.result.exit_code, 0);
-  EXPECT_EQ(run.result.first_failed_rank, 1) << run.output();
+  // Both fail. Which exit the launcher sees first is a race: rank 0, told through the abort
+  // channel, can be gone before rank 1 has torn down (1 run in 6 here); the reason is checked
+  // below.
+  EXPECT_NE(run.result.rank_exit_codes[1], 0) << run.output();
   EXPECT_NE(run.result.rank_exit_codes[0], 0) << run.output();
   EXPECT_TRUE(run.printed("injected failure in stage 1")) << run.output();
   // Rank 0 learns the reason through the abort channel, with what it was waiting for.
