@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "pipetrain/partition/median.h"
 #include "pipetrain/partition/memory.h"
 #include "pipetrain/partition/planner.h"
 #include "pipetrain/partition/profiler.h"
@@ -459,11 +460,6 @@ int run_plan_for_model(const PlanModelArgs& args) {
       }
       for (int k = 0; k < 2; ++k) rounds[k].push_back(std::move(both[k]));
     }
-    auto median_of = [](std::vector<double> values) {
-      std::sort(values.begin(), values.end());
-      const std::size_t n = values.size();
-      return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
-    };
     for (int k = 0; k < 2; ++k) {
       const pp::Plan& plan = plans[k];
       std::vector<double> steps, round_steps, busy, span;
@@ -481,14 +477,14 @@ int run_plan_for_model(const PlanModelArgs& args) {
       std::string by_rank_text, predicted_by_rank_text;
       for (std::size_t r = 0; r < busy_of_rank.size(); ++r) {
         if (busy_of_rank[r].empty()) continue;
-        busy_by_rank.push_back(median_of(busy_of_rank[r]));
+        busy_by_rank.push_back(pp::median(busy_of_rank[r]));
         by_rank_text += (r ? " / " : "") + format("%.3f", busy_by_rank.back() * 1e3);
         if (r < plan.busy_seconds_per_rank.size()) {
           predicted_by_rank_text +=
               (r ? " / " : "") + format("%.3f", plan.busy_seconds_per_rank[r] * 1e3);
         }
       }
-      const double measured = median_of(steps);
+      const double measured = pp::median(steps);
       std::snprintf(line, sizeof line, "  %-12s %-44.44s %8.3fms %8.3fms %9.3f\n", names[k],
                     plan.describe().c_str(), plan.predicted_step_seconds * 1e3, measured * 1e3,
                     measured / plan.predicted_step_seconds);
@@ -497,17 +493,17 @@ int run_plan_for_model(const PlanModelArgs& args) {
       std::snprintf(line, sizeof line,
                     "  %-12s compute per rank %.3f ms (predicted %.3f), train_step span %.3f ms "
                     "(predicted %.3f)\n",
-                    "", median_of(busy) * 1e3,
-                    plan.makespan_seconds * (1 - plan.bubble_fraction) * 1e3, median_of(span) * 1e3,
-                    plan.makespan_seconds * 1e3);
+                    "", pp::median(busy) * 1e3,
+                    plan.makespan_seconds * (1 - plan.bubble_fraction) * 1e3,
+                    pp::median(span) * 1e3, plan.makespan_seconds * 1e3);
       verify_text << line;
       verify_text << "  " << std::string(12, ' ') << " compute by rank " << by_rank_text
                   << " ms (predicted " << predicted_by_rank_text << ")\n";
       verify.push_back(
           {{"plan", names[k]},
-           {"measured_compute_seconds_per_rank", median_of(busy)},
+           {"measured_compute_seconds_per_rank", pp::median(busy)},
            {"measured_compute_seconds_by_rank", busy_by_rank},
-           {"measured_span_seconds", median_of(span)},
+           {"measured_span_seconds", pp::median(span)},
            {"describe", plan.describe()},
            {"predicted_step_seconds", plan.predicted_step_seconds},
            {"measured_step_seconds", measured},
@@ -516,7 +512,7 @@ int run_plan_for_model(const PlanModelArgs& args) {
            {"measured_over_predicted", measured / plan.predicted_step_seconds},
            {"measured_peak_stashed_bytes_per_stage", rounds[k].front().peak_stashed_bytes}});
     }
-    recommended_over_default = median_of(ratios);
+    recommended_over_default = pp::median(ratios);
     verify_text << "  measured recommended / default (median of the ratios of steps run in "
                    "turn): "
                 << format("%.3f", recommended_over_default) << "\n";

@@ -26,6 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "pipetrain/partition/balance.h"
+#include "pipetrain/partition/median.h"
 #include "pipetrain/partition/planner.h"
 #include "pipetrain/schedule/generators.h"
 #include "pipetrain/schedule/simulate.h"
@@ -440,16 +441,6 @@ std::vector<Plan> plans_to_measure(const PlanReport& report, const Plan* referen
   }
   return plans;
 }
-
-namespace {
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const std::size_t n = values.size();
-  return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
-}
-
-}  // namespace
 
 std::size_t choose_measured(const std::vector<std::vector<double>>& step_seconds,
                             std::size_t reference, double margin) {

@@ -12,6 +12,7 @@
 #include <c10/util/ThreadLocalDebugInfo.h>
 #include <torch/torch.h>
 
+#include "pipetrain/partition/median.h"
 #include "pipetrain/stage/skip.h"
 
 namespace pipetrain::partition {
@@ -21,12 +22,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const std::size_t n = values.size();
-  return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
 }
 
 // Median over trials of the time per call of `body`.

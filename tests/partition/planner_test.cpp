@@ -271,22 +271,32 @@ TEST(Planner, PruningDoesNotChangeTheRecommendation) {
 // `scaled` makes every compute action of a 2-rank 1f1b plan `factor` times as long as `plain`
 // does, so the makespan too (comm is 0 in activation_heavy_profile), and leaves the same model
 // on one rank as it was.
-void expect_scales_multi_rank_plans_only(const ModelProfile& plain, const ModelProfile& scaled,
-                                         double factor) {
+// 1f1b, 4 micro-batches, no checkpointing, one stage per rank of `balance`; and its options.
+Plan one_f_one_b(std::vector<int> balance) {
   Plan plan;
   plan.schedule = "1f1b";
-  plan.ranks = 2;
+  plan.ranks = static_cast<int>(balance.size());
   plan.microbatches = 4;
-  plan.balance = {2, 2};
-  const PlannerOptions two = only({"1f1b"}, {4}, {CheckpointMode::kNever}, 2);
+  plan.balance = std::move(balance);
+  return plan;
+}
+PlannerOptions one_f_one_b_options(int ranks) {
+  return only({"1f1b"}, {4}, {CheckpointMode::kNever}, ranks);
+}
+
+// The 4-layer model on one rank: `scaled` predicts what `plain` does.
+void expect_one_rank_unscaled(const ModelProfile& plain, const ModelProfile& scaled) {
+  EXPECT_DOUBLE_EQ(evaluate_plan(scaled, one_f_one_b({4}), one_f_one_b_options(1)).makespan_seconds,
+                   evaluate_plan(plain, one_f_one_b({4}), one_f_one_b_options(1)).makespan_seconds);
+}
+
+void expect_scales_multi_rank_plans_only(const ModelProfile& plain, const ModelProfile& scaled,
+                                         double factor) {
+  const Plan plan = one_f_one_b({2, 2});
+  const PlannerOptions two = one_f_one_b_options(2);
   EXPECT_NEAR(evaluate_plan(scaled, plan, two).makespan_seconds,
               factor * evaluate_plan(plain, plan, two).makespan_seconds, 1e-12);
-  Plan alone = plan;
-  alone.ranks = 1;
-  alone.balance = {4};
-  const PlannerOptions one = only({"1f1b"}, {4}, {CheckpointMode::kNever}, 1);
-  EXPECT_DOUBLE_EQ(evaluate_plan(scaled, alone, one).makespan_seconds,
-                   evaluate_plan(plain, alone, one).makespan_seconds);
+  expect_one_rank_unscaled(plain, scaled);
 }
 
 TEST(Planner, ConcurrentComputeScaleSlowsMultiRankPlansOnly) {
@@ -469,12 +479,8 @@ TEST(Planner, ProcessLayerScaleScalesEachLayerOfMultiRankPlans) {
   const ModelProfile plain = activation_heavy_profile();  // 4 layers
   ModelProfile measured = plain;
   measured.process_layer_scale = {2, 2, 1, 1};
-  Plan plan;
-  plan.schedule = "1f1b";
-  plan.ranks = 2;
-  plan.microbatches = 4;
-  plan.balance = {2, 2};
-  const PlannerOptions two = only({"1f1b"}, {4}, {CheckpointMode::kNever}, 2);
+  const Plan plan = one_f_one_b({2, 2});
+  const PlannerOptions two = one_f_one_b_options(2);
   const Plan before = evaluate_plan(plain, plan, two);
   const Plan after = evaluate_plan(measured, plan, two);
   EXPECT_NEAR(after.busy_seconds_per_rank[0], 2 * before.busy_seconds_per_rank[0], 1e-12);
@@ -483,12 +489,7 @@ TEST(Planner, ProcessLayerScaleScalesEachLayerOfMultiRankPlans) {
   const PlanReport report = plan_pipeline(measured, two);
   ASSERT_TRUE(report.found());
   EXPECT_EQ(report.recommended().balance, (std::vector<int>{1, 3}));
-  Plan alone = plan;  // one rank: not scaled
-  alone.ranks = 1;
-  alone.balance = {4};
-  const PlannerOptions one = only({"1f1b"}, {4}, {CheckpointMode::kNever}, 1);
-  EXPECT_DOUBLE_EQ(evaluate_plan(measured, alone, one).makespan_seconds,
-                   evaluate_plan(plain, alone, one).makespan_seconds);
+  expect_one_rank_unscaled(plain, measured);
   const nlohmann::json json = measured;
   EXPECT_EQ(json.get<ModelProfile>().process_layer_scale, measured.process_layer_scale);
   measured.process_layer_scale = {1, 1};
