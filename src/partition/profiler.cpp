@@ -47,7 +47,7 @@ double time_call(const ProfileOptions& options, Body&& body) {
 struct AllocationCounter : c10::MemoryReportingInfoBase {
   std::int64_t net = 0;
   std::int64_t events = 0;
-  void reportMemoryUsage(void*, int64_t alloc_size, int64_t, int64_t, c10::Device device) override {
+  void reportMemoryUsage(void*, int64_t alloc_size, size_t, size_t, c10::Device device) override {
     if (device.is_cpu()) {
       net += alloc_size;
       ++events;

@@ -97,18 +97,19 @@ PipeImpl::PipeImpl(torch::nn::Sequential model, PipeOptions options)
 }
 
 PipeImpl::PipeImpl(const PipeImpl& other)
-    : torch::nn::Module(other),
-      torch::nn::Cloneable<PipeImpl>(other),
+    : torch::nn::Cloneable<PipeImpl>(other),
       model_(std::dynamic_pointer_cast<torch::nn::SequentialImpl>(other.model_->clone())),
       options_(other.options_),
       balance_(other.balance_) {}
 
-PipeImpl& PipeImpl::operator=(PipeImpl&& other) {
+PipeImpl& PipeImpl::operator=(const PipeImpl& other) {
+  if (this == &other) return *this;
+  runtime_.reset();  // joins our workers before the layers they run are replaced
   torch::nn::Module::operator=(other);
   model_ = other.model_;
   options_ = other.options_;
   balance_ = other.balance_;
-  runtime_ = std::move(other.runtime_);
+  reset();  // workers of our own; the layers are already registered (Module::operator=)
   return *this;
 }
 

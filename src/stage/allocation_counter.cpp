@@ -159,7 +159,7 @@ class CountingCpuAllocator final : public c10::Allocator {
  public:
   explicit CountingCpuAllocator(c10::Allocator* wrapped) : wrapped_(wrapped) {}
 
-  c10::DataPtr allocate(size_t n) const override {
+  c10::DataPtr allocate(size_t n) override {
     c10::DataPtr original = wrapped_->allocate(n);  // [1]
     const Counter* counter = current_counter;
     if (counter == nullptr || original.get() == nullptr) return original;  // [2]
@@ -176,6 +176,10 @@ class CountingCpuAllocator final : public c10::Allocator {
   // raw_deallocate(ptr) of a raw_allocate()d block: counted or not, delete_counted finds out.
   // REQUIRES (as LibTorch's own): the wrapped allocator's raw allocations have context == data.
   c10::DeleterFnPtr raw_deleter() const override { return &delete_counted; }
+
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
 
  private:
   c10::Allocator* wrapped_;

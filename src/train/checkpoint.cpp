@@ -23,8 +23,9 @@ torch::Tensor cpu_copy(const torch::Tensor& tensor) {
   return tensor.detach().to(torch::kCPU).clone().contiguous();
 }
 
-std::string state_key(const torch::Tensor& parameter) {
-  return c10::guts::to_string(parameter.unsafeGetTensorImpl());
+// LibTorch's optimizers key their per-parameter state by the parameter's TensorImpl.
+void* state_key(const torch::Tensor& parameter) {
+  return parameter.unsafeGetTensorImpl();
 }
 
 std::string join(const std::vector<std::string>& names, size_t limit = 10) {

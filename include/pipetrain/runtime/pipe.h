@@ -87,8 +87,9 @@ class PipeImpl : public torch::nn::Cloneable<PipeImpl> {
   PipeImpl(torch::nn::Sequential model, PipeOptions options);
   PipeImpl(
       const PipeImpl& other);  // deep copy of the layers (for clone()); no workers until reset()
-  // Takes over `other`'s layers and workers (used by Cloneable::clone_ when a Pipe is a child).
-  PipeImpl& operator=(PipeImpl&& other);
+  // Shares `other`'s layers and builds workers of its own (Cloneable::clone_ assigns a clone
+  // this way when a Pipe is a child of the module being cloned).
+  PipeImpl& operator=(const PipeImpl& other);
   ~PipeImpl() override;
 
   // (Re)builds stages, workers and the transport; registers the layers.
