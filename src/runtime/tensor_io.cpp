@@ -13,6 +13,9 @@
 
 #include <ATen/core/Dict.h>
 #include <c10/util/Exception.h>
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/export.h>
+#include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/serialize.h>
 
 namespace pipetrain {
@@ -45,6 +48,29 @@ bool write_all(int fd, const char* bytes, size_t size) {
 
 }  // namespace
 
+std::vector<char> pickle_for_python(const torch::IValue& value) {
+  // As torch::pickle_save, but without the type tags it adds to dicts and lists
+  // (torch.jit._pickle.restore_type_tag), which torch.load's default weights_only=True refuses.
+  std::vector<char> pickled;
+  torch::jit::Pickler pickler(
+      [&](const char* bytes, size_t size) { pickled.insert(pickled.end(), bytes, bytes + size); },
+      /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
+      /*get_tensor_id=*/nullptr, /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(value);
+  pickler.stop();
+  std::vector<char> archive;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t size) {
+    const char* bytes = static_cast<const char*>(data);
+    archive.insert(archive.end(), bytes, bytes + size);
+    return size;
+  });
+  torch::jit::writeArchiveAndTensors("data", pickled.data(), pickled.size(), pickler.tensorData(),
+                                     writer);
+  writer.writeEndOfFile();
+  return archive;
+}
+
 torch::Tensor load_tensor(const std::string& path) {
   std::ifstream file(path, std::ios::binary);
   TORCH_CHECK(file.good(), "cannot open tensor file '", path, "': ", errno_text(),
@@ -74,7 +100,7 @@ void save_named_tensors(const std::string& path,
                 "' is undefined");
     dict.insert(name, tensor.detach().cpu());
   }
-  const std::vector<char> bytes = torch::pickle_save(dict);
+  const std::vector<char> bytes = pickle_for_python(dict);
 
   // Unique temporary name beside the target, so rename() stays within one file system.
   static std::atomic<unsigned> counter{0};

@@ -1,5 +1,6 @@
-#!/usr/bin/python3
-"""Python side of pipetrain's interoperability tests (run with Debian's /usr/bin/python3).
+#!/usr/bin/env python3
+"""Python side of pipetrain's interoperability tests (run with the project's Python, the venv of
+scripts/bootstrap --print-python).
 
 Subcommands:
   mlp OUTDIR [--seed S] [--rows R]

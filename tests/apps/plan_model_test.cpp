@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "../helpers/cli_run.h"
+#include "../helpers/python.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -94,9 +95,9 @@ TEST(PlanModelCli, BadInputExitsTwoWithAMessage) {
 
 TEST(PlanModelCli, PlansATorchScriptFile) {
   const std::string dir = ::testing::TempDir() + "/plan_model_ts";
-  const std::string make = "/usr/bin/python3 " + std::string(PIPETRAIN_SOURCE_DIR) +
+  const std::string make = pipetrain::testing::kPython + " " + std::string(PIPETRAIN_SOURCE_DIR) +
                            "/tests/apps/make_models.py mlp " + dir + " > /dev/null 2>&1";
-  if (std::system(make.c_str()) != 0) GTEST_SKIP() << "Python torch is not available";
+  if (std::system(make.c_str()) != 0) GTEST_SKIP() << pipetrain::testing::no_python_torch_message();
   const CliRun run =
       plan("--model " + dir + "/mlp.pt --sample-shape 16,8 --stages 2 --format json");
   ASSERT_EQ(run.exit_code, 0) << run.output;

@@ -6,7 +6,7 @@
 // TorchScript model trains through the pipeline, pipelined training equals sequential training,
 // and the saved file is a dict Python reads under the TorchScript module's parameter names.
 //
-// Skipped (GTEST_SKIP) only when /usr/bin/python3 has no torch.
+// Skipped (GTEST_SKIP) only when the project's Python (tests/helpers/python.h) has no torch.
 #include <cstdlib>
 #include <fstream>
 #include <string>
@@ -15,14 +15,15 @@
 #include <torch/torch.h>
 
 #include "../helpers/cli_run.h"
+#include "../helpers/python.h"
 
 namespace {
 
-const std::string kPython = "/usr/bin/python3";
 const std::string kHelper = std::string(PIPETRAIN_SOURCE_DIR) + "/tests/apps/make_models.py";
 const std::string kPipetrain = std::string(PIPETRAIN_BINARY_DIR) + "/pipetrain";
 
 using pipetrain::testing::CliOptions;
+using pipetrain::testing::kPython;
 using Result = pipetrain::testing::CliRun;
 
 // Runs a shell command line; its output also stays in the test directory as LOG.

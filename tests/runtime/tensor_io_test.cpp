@@ -1,5 +1,5 @@
 // Tests for tensor files shared with Python (include/pipetrain/runtime/tensor_io.h). The Python
-// half runs /usr/bin/python3 and is skipped only when it has no torch.
+// half runs the project's Python (tests/helpers/python.h) and is skipped only when it has no torch.
 #include "pipetrain/runtime/tensor_io.h"
 
 #include <dirent.h>
@@ -14,8 +14,14 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "../helpers/python.h"
+
 namespace pipetrain {
 namespace {
+
+using testing::kPython;
+using testing::no_python_torch_message;
+using testing::python_has_torch;
 
 std::string temporary_directory() {
   std::string pattern = ::testing::TempDir() + "pipetrain_tensor_io_XXXXXX";
@@ -35,16 +41,13 @@ std::vector<std::string> directory_entries(const std::string& directory) {
   return names;
 }
 
-bool python_has_torch() {
-  return std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
-}
 
 // Runs a Python snippet; returns its stdout.
 std::string python(const std::string& code, const std::string& directory) {
   const std::string script = directory + "/snippet.py";
   std::ofstream(script) << code;
   const std::string out = directory + "/snippet.out";
-  const int status = std::system(("/usr/bin/python3 " + script + " >" + out + " 2>&1").c_str());
+  const int status = std::system((kPython + " " + script + " >" + out + " 2>&1").c_str());
   std::stringstream text;
   text << std::ifstream(out).rdbuf();
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << text.str();
@@ -61,7 +64,7 @@ void expect_error_mentions(const std::function<void()>& action, const std::strin
 }
 
 TEST(LoadTensor, ReadsATensorThatPythonSaved) {
-  if (!python_has_torch()) GTEST_SKIP() << "/usr/bin/python3 has no torch";
+  if (!python_has_torch()) GTEST_SKIP() << no_python_torch_message();
   const std::string directory = temporary_directory();
   python("import torch\ntorch.save(torch.arange(6, dtype=torch.float64).view(2, 3) * 1.5, '" +
              directory + "/t.pt')\n",
@@ -72,7 +75,7 @@ TEST(LoadTensor, ReadsATensorThatPythonSaved) {
 }
 
 TEST(SaveNamedTensors, PythonLoadsADictWithTheNamesInOrderAndTheValues) {
-  if (!python_has_torch()) GTEST_SKIP() << "/usr/bin/python3 has no torch";
+  if (!python_has_torch()) GTEST_SKIP() << no_python_torch_message();
   const std::string directory = temporary_directory();
   torch::Tensor weight = torch::arange(4, torch::kFloat).view({2, 2}).requires_grad_();
   save_named_tensors(directory + "/params.pt",

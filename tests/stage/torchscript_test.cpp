@@ -14,6 +14,7 @@
 
 #include "pipetrain/runtime/tensor_io.h"
 #include "pipetrain/stage/batchnorm.h"
+#include "../helpers/python.h"
 
 namespace pipetrain {
 namespace {
@@ -213,15 +214,14 @@ TEST(LoadTorchscriptSequential, NamesTheCorruptPath) {
 class PythonScripted : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) return;
+    if (!pipetrain::testing::python_has_torch()) return;
     directory_ = new std::string(temporary_directory());
-    const std::string command = "/usr/bin/python3 " PIPETRAIN_SOURCE_DIR
-                                "/tests/apps/make_models.py fixtures " +
-                                *directory_;
+    const std::string command = pipetrain::testing::kPython + " " PIPETRAIN_SOURCE_DIR
+                                "/tests/apps/make_models.py fixtures " + *directory_;
     ASSERT_EQ(std::system(command.c_str()), 0) << command;
   }
   void SetUp() override {
-    if (directory_ == nullptr) GTEST_SKIP() << "/usr/bin/python3 has no torch";
+    if (directory_ == nullptr) GTEST_SKIP() << pipetrain::testing::no_python_torch_message();
   }
   std::string path(const std::string& name) const { return *directory_ + "/" + name; }
 

@@ -2,8 +2,8 @@
 // tensor dict that `torch.load(f)` reads back as a Python dict (e.g. a model's parameters by their
 // named_parameters() names, ready for `model.load_state_dict(d, strict=False)`).
 //
-// Format: PyTorch's zip-based pickle archive (torch::pickle_load / torch::pickle_save), which
-// LibTorch and Python read alike.
+// Format: PyTorch's zip-based pickle archive (torch::pickle_load / pickle_for_python), which
+// LibTorch and Python (torch.load, weights_only=True as by default) read alike.
 //
 // Thread-safety: free functions without shared state; two writers of the same path race only in
 // the final rename (the last one wins, neither leaves a partial file).
@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include <ATen/core/ivalue.h>
 #include <torch/types.h>
 
 namespace pipetrain {
@@ -21,6 +22,11 @@ namespace pipetrain {
 // Throws c10::Error naming `path` when the file is missing or unreadable, is not a PyTorch
 // archive, or holds something other than one tensor (saying what it holds).
 torch::Tensor load_tensor(const std::string& path);
+
+// The bytes of `value` as torch.save writes them (PyTorch's zip archive), without the type tags
+// torch::pickle_save adds to dicts and lists: Python's torch.load reads them with its default
+// weights_only=True (it refuses the tags), and torch::pickle_load reads them too.
+std::vector<char> pickle_for_python(const torch::IValue& value);
 
 // Writes {name: tensor} as a c10::Dict<std::string, at::Tensor>, keeping the order given. Tensors
 // are detached and copied to the CPU first (a file Python can read without a GPU).

@@ -1,0 +1,326 @@
+#!/usr/bin/env python3
+"""The torch.distributed.pipelining peer for `pipetrain bench`.
+
+Trains the bench suites' MLPs with PyTorch's own pipeline parallelism (PipelineStage and one of
+ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B, ScheduleLoopedBFS,
+ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble) on the CPU, one process per pipeline rank,
+talking over Gloo. Launch it with torchrun, one process per rank, on loopback only:
+
+  GLOO_SOCKET_IFNAME=lo torchrun --nproc-per-node 2 --master-addr 127.0.0.1 --master-port PORT \
+      -- bench/torch_pipelining.py --suite mlp --schedule 1f1b --chunks 8 --threads 1
+
+The `--` matters: without it torchrun's own parser takes --virtual for an abbreviation of its
+--virtual-local-rank and stops.
+
+The model is a list of layers (every Linear and every ReLU is one layer) cut into K*V contiguous
+stages with pipetrain's default balance: with L layers and S stages, stage j gets L//S layers, plus
+one if j < L % S. K is the number of processes, V the stages per process (--virtual). Stage j lives
+on rank j % K, except for zb-v, where rank r holds stages r and 2K-1-r (a V shape). For zb-v the
+stages drop torch's warm-up messages from a rank to itself, which Gloo rejects (GlooPipelineStage).
+
+One training step is: zero_grad, schedule.step (rank 0 feeds the whole batch, the rank holding the
+last stage gives the target), SGD step on every rank over its own stages' parameters. The loss is
+the MSE mean per micro-batch; the schedule divides the accumulated gradients by the number of
+micro-batches (scale_grads=True), so with equal micro-batches (the batch must be a multiple of
+--chunks) the gradient is exactly that of the full-batch mean loss.
+
+Rank 0 prints one line to stdout: PIPETRAIN_BENCH_RESULT {json}, where step_seconds is the median
+over the timed steps of the slowest rank's time for that step. Everything else goes to stderr.
+
+Transparency mode: --init-params, --inputs/--targets and --save-params replace the random weights
+and data with files and save the trained weights (names as in the full nn.Sequential), for
+comparison with `pipetrain train` on the model written by --make-fixture (one plain process, no
+torchrun).
+"""
+import argparse
+import collections
+import datetime
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.distributed.pipelining as pipelining
+from torch import nn
+
+# Suite name -> (Linear+ReLU blocks, default width, default batch).
+SUITES = {"mlp": (8, 1024, 256), "small": (16, 256, 64)}
+
+# --schedule -> torch.distributed.pipelining class name.
+SCHEDULES = {
+    "gpipe": "ScheduleGPipe",
+    "1f1b": "Schedule1F1B",
+    "interleaved-1f1b": "ScheduleInterleaved1F1B",
+    "looped-bfs": "ScheduleLoopedBFS",
+    "interleaved-zb": "ScheduleInterleavedZeroBubble",
+    "zb-v": "ScheduleZBVZeroBubble",
+}
+SINGLE_STAGE_SCHEDULES = {"gpipe", "1f1b"}
+
+RESULT_PREFIX = "PIPETRAIN_BENCH_RESULT "
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(
+        description="torch.distributed.pipelining peer for `pipetrain bench` (launch with "
+                    "torchrun; see the module docstring).")
+    parser.add_argument("--suite", default="mlp", choices=sorted(SUITES),
+                        help="mlp: 8 x [Linear(1024,1024), ReLU], batch 256; "
+                             "small: 16 x [Linear(256,256), ReLU], batch 64; MSE loss")
+    parser.add_argument("--width", type=int, default=0,
+                        help="features of every Linear (0: the suite's default)")
+    parser.add_argument("--batch", type=int, default=0,
+                        help="rows per step (0: the suite's default; ignored with --inputs)")
+    parser.add_argument("--schedule", default="1f1b", choices=list(SCHEDULES),
+                        help="pipeline schedule")
+    parser.add_argument("--virtual", type=int, default=1,
+                        help="stages per rank: 1 for gpipe/1f1b, >= 2 for interleaved-1f1b, "
+                             "looped-bfs and interleaved-zb, exactly 2 for zb-v")
+    parser.add_argument("--chunks", type=int, default=8,
+                        help="micro-batches per step (must divide the batch)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch.set_num_threads on every rank (0: leave as is; note that "
+                             "torchrun sets OMP_NUM_THREADS=1 unless it is already set)")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps before them")
+    parser.add_argument("--lr", type=float, default=0.01, help="SGD learning rate")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the data")
+    parser.add_argument("--timeout", type=float, default=120.0,
+                        help="process-group timeout in seconds, so that a hang ends in an error")
+    parser.add_argument("--init-params", metavar="FILE",
+                        help="torch.save'd {name: tensor} of the full nn.Sequential to start "
+                             "from, instead of the random init")
+    parser.add_argument("--inputs", metavar="X.pt",
+                        help="torch.save'd input tensor; every step uses all its rows")
+    parser.add_argument("--targets", metavar="Y.pt", help="torch.save'd target tensor")
+    parser.add_argument("--save-params", metavar="OUT.pt",
+                        help="after training (--warmup + --steps steps), rank 0 saves the full "
+                             "model's {name: tensor}")
+    parser.add_argument("--make-fixture", metavar="DIR",
+                        help="no training, no torchrun: write DIR/init.pt, DIR/x.pt, DIR/y.pt and "
+                             "DIR/model.pt (TorchScript nn.Sequential with those weights)")
+    args = parser.parse_args(argv)
+    blocks, width, batch = SUITES[args.suite]
+    args.layers = 2 * blocks
+    args.width = args.width or width
+    args.batch = args.batch or batch
+    if (args.inputs is None) != (args.targets is None):
+        parser.error("--inputs and --targets go together")
+    if args.steps < 1 or args.warmup < 0:
+        parser.error("--steps must be >= 1 and --warmup >= 0")
+    return args
+
+
+def check_pipeline_shape(args, ranks):
+    """Raises ValueError when --schedule, --virtual, --chunks and the batch do not fit together."""
+    if args.schedule in SINGLE_STAGE_SCHEDULES and args.virtual != 1:
+        raise ValueError(f"{args.schedule} runs one stage per rank; --virtual must be 1")
+    if args.schedule == "zb-v" and args.virtual != 2:
+        raise ValueError("zb-v needs exactly two stages per rank: --virtual 2")
+    if args.schedule not in SINGLE_STAGE_SCHEDULES and args.virtual < 2:
+        raise ValueError(f"{args.schedule} needs --virtual >= 2")
+    if ranks * args.virtual > args.layers:
+        raise ValueError(f"{ranks * args.virtual} stages for {args.layers} layers")
+    if args.batch % args.chunks != 0:
+        raise ValueError(f"--chunks {args.chunks} must divide the batch ({args.batch}) for the "
+                         "micro-batch mean losses to add up to the full-batch mean")
+
+
+def stage_bounds(layers, stages):
+    """pipetrain's default balance: [start, end) of each stage's slice of the layer list."""
+    base, extra = divmod(layers, stages)
+    bounds, start = [], 0
+    for j in range(stages):
+        end = start + base + (1 if j < extra else 0)
+        bounds.append((start, end))
+        start = end
+    return bounds
+
+
+def stage_rank(stage, ranks, schedule):
+    """The rank holding a stage: looped (j % K), or V-shaped for zb-v (r holds r and 2K-1-r)."""
+    if schedule == "zb-v" and stage >= ranks:
+        return 2 * ranks - 1 - stage
+    return stage % ranks
+
+
+def make_layer(index, width, seed):
+    """Layer `index` of the suite: even ones Linear(width, width), odd ones ReLU. Each Linear is
+    drawn from its own generator (nn.Linear's default distribution, U(+-1/sqrt(width))), so a rank
+    builds its own layers without drawing everybody else's."""
+    if index % 2 == 1:
+        return nn.ReLU()
+    linear = nn.Linear(width, width)
+    generator = torch.Generator().manual_seed((seed << 16) + index + 1)
+    bound = width ** -0.5
+    with torch.no_grad():
+        linear.weight.uniform_(-bound, bound, generator=generator)
+        linear.bias.uniform_(-bound, bound, generator=generator)
+    return linear
+
+
+def make_stage_module(start, end, width, seed):
+    """Layers [start, end) as an nn.Sequential whose children keep their full-model indices, so its
+    state_dict names ("4.weight", ...) are those of the full nn.Sequential."""
+    return nn.Sequential(collections.OrderedDict(
+        (str(i), make_layer(i, width, seed)) for i in range(start, end)))
+
+
+def random_data(batch, width, seed):
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, width, generator=generator)
+    y = torch.randn(batch, width, generator=generator)
+    return x, y
+
+
+def load_data(args):
+    """The batch: the --inputs/--targets files, or random rows from --seed (the same on every rank).
+    Sets args.batch to the rows used."""
+    if args.inputs is None:
+        return random_data(args.batch, args.width, args.seed)
+    x, y = torch.load(args.inputs), torch.load(args.targets)
+    if x.size(0) != y.size(0):
+        raise ValueError(f"{args.inputs} has {x.size(0)} rows, {args.targets} {y.size(0)}")
+    args.batch = x.size(0)
+    return x, y
+
+
+def load_init_params(modules, path):
+    """Loads each stage module's share of a full-model {name: tensor} file."""
+    params = torch.load(path)
+    for module in modules:
+        module.load_state_dict({name: params[name] for name in module.state_dict()})
+
+
+class GlooPipelineStage(pipelining.PipelineStage):
+    """PipelineStage minus the warm-up send/recv to its own rank. Before the first step every stage
+    exchanges a dummy tensor with its neighbours; in zb-v's V, stages K-1 and K share rank K-1, so
+    torch 2.11 posts a send and a recv to the rank itself, which Gloo cannot pair ("Pair is not
+    connected"). Those two stages hand tensors over in memory at run time, so the self-pair ops
+    carry nothing and are dropped; for every other stage the list is unchanged."""
+
+    def _get_init_p2p_neighbors_ops(self):
+        return [op for op in super()._get_init_p2p_neighbors_ops()
+                if op.group_peer != self.group_rank]
+
+
+def make_schedule(args, stages):
+    name = SCHEDULES[args.schedule]
+    schedule_class = getattr(pipelining, name, None)
+    if schedule_class is None:
+        raise RuntimeError(f"torch {torch.__version__} has no {name}")
+    stage_arg = stages[0] if args.schedule in SINGLE_STAGE_SCHEDULES else stages
+    return schedule_class(stage_arg, n_microbatches=args.chunks,
+                          loss_fn=nn.functional.mse_loss, scale_grads=True)
+
+
+def train_step(schedule, optimizer, x, y, first, last):
+    """One step on this rank; returns its wall time in seconds."""
+    start = time.perf_counter()
+    if optimizer is not None:
+        optimizer.zero_grad()
+    inputs = (x,) if first else ()
+    if last:
+        schedule.step(*inputs, target=y, losses=[], return_outputs=False)
+    else:
+        schedule.step(*inputs, return_outputs=False)
+    if optimizer is not None:
+        optimizer.step()
+    return time.perf_counter() - start
+
+
+def gather_to_rank0(obj):
+    """Every rank's obj, in rank order, on rank 0 (None elsewhere)."""
+    gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(obj, gathered, dst=0)
+    return gathered
+
+
+def stage_params(modules):
+    """{full-model name: detached copy} of the modules' parameters."""
+    return {name: tensor.detach().clone()
+            for module in modules for name, tensor in module.state_dict().items()}
+
+
+def save_full_params(per_rank, path):
+    """Merges the ranks' {name: tensor} into full-Sequential order ("0.weight", "0.bias", "2...")
+    and saves it."""
+    merged = {name: tensor for params in per_rank for name, tensor in params.items()}
+    ordered = dict(sorted(merged.items(), key=lambda item: int(item[0].split(".")[0])))
+    torch.save(ordered, path)
+
+
+def result_line(args, schedule, per_rank_times, per_rank_rss):
+    step_max = [max(times[s] for times in per_rank_times) for s in range(args.steps)]
+    return RESULT_PREFIX + json.dumps({
+        "runtime": "torch-pipelining", "suite": args.suite, "schedule": args.schedule,
+        "stages": dist.get_world_size(), "virtual_stages": args.virtual, "chunks": args.chunks,
+        "batch": args.batch, "threads": torch.get_num_threads(),
+        "step_seconds": statistics.median(step_max), "step_seconds_all": step_max,
+        "steps": args.steps, "peak_rss_bytes": max(per_rank_rss),
+        "torch_version": torch.__version__, "torch_schedule": type(schedule).__name__,
+    })
+
+
+def run_pipeline(args):
+    rank, ranks = dist.get_rank(), dist.get_world_size()
+    x, y = load_data(args)
+    check_pipeline_shape(args, ranks)
+    num_stages = ranks * args.virtual
+    mine = [j for j in range(num_stages) if stage_rank(j, ranks, args.schedule) == rank]
+    bounds = stage_bounds(args.layers, num_stages)
+    modules = [make_stage_module(*bounds[j], args.width, args.seed) for j in mine]
+    if args.init_params:
+        load_init_params(modules, args.init_params)
+    device = torch.device("cpu")
+    stages = [GlooPipelineStage(module, j, num_stages, device)
+              for j, module in zip(mine, modules)]
+    schedule = make_schedule(args, stages)
+    params = [p for module in modules for p in module.parameters()]
+    optimizer = torch.optim.SGD(params, lr=args.lr) if params else None
+    first, last = 0 in mine, num_stages - 1 in mine
+
+    times = [train_step(schedule, optimizer, x, y, first, last)
+             for _ in range(args.warmup + args.steps)][args.warmup:]
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    per_rank_times, per_rank_rss = gather_to_rank0(times), gather_to_rank0(rss)
+    if args.save_params:
+        per_rank_params = gather_to_rank0(stage_params(modules))
+        if rank == 0:
+            save_full_params(per_rank_params, args.save_params)
+    if rank == 0:
+        print(result_line(args, schedule, per_rank_times, per_rank_rss), flush=True)
+
+
+def make_fixture(args):
+    """Writes DIR/init.pt, DIR/x.pt, DIR/y.pt and DIR/model.pt for the transparency test."""
+    os.makedirs(args.make_fixture, exist_ok=True)
+    model = nn.Sequential(*[make_layer(i, args.width, args.seed) for i in range(args.layers)])
+    x, y = random_data(args.batch, args.width, args.seed)
+    torch.save(stage_params([model]), os.path.join(args.make_fixture, "init.pt"))
+    torch.save(x, os.path.join(args.make_fixture, "x.pt"))
+    torch.save(y, os.path.join(args.make_fixture, "y.pt"))
+    torch.jit.save(torch.jit.script(model), os.path.join(args.make_fixture, "model.pt"))
+
+
+def main(argv):
+    args = parse_args(argv)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    if args.make_fixture:
+        make_fixture(args)
+        return 0
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
+    try:
+        run_pipeline(args)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
