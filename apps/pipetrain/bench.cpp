@@ -1,16 +1,16 @@
-// `pipetrain bench`: pipetrain side by side with plain LibTorch and with Python's Pipe, on the
-// same model, batch and thread settings, in one invocation (issue #7; docs/BENCHMARKS.md).
+// `pipetrain bench`: pipetrain side by side with plain LibTorch and with the Python peers, on the
+// same model, batch and thread settings, in one invocation (issues #7, #15; docs/BENCHMARKS.md).
 //
-//   pipetrain bench [--suite mlp|cnn] [--json] [--steps 7] [--warmup 2] [--rounds 3] [--threads T]
-//                   [--stages 2] [--chunks 8] [--checkpoint never] [--width W] [--batch N]
-//                   [--no-python] [--no-memory] [--python /usr/bin/python3]
-//                   [--python-script bench/python_pipe.py] [--timeline-dir DIR] [--quick]
+//   pipetrain bench [--suite mlp|small|cnn] [--json] [--steps 7] [--warmup 2] [--rounds 3]
+//                   [--threads T] [--stages 2] [--chunks 8] [--checkpoint never] [--width W]
+//                   [--batch N] [--no-python] [--no-memory] [--python PATH] [--peer-dir bench]
+//                   [--timeline-dir DIR] [--quick]
 //
 // How a run is organised (each configuration in a fresh child process, so that getrusage's
 // process-wide, monotonic ru_maxrss is that configuration's peak, and runs cannot disturb one
 // another through allocator caches or thread pools):
 //
-//   parent: plan configurations --> for each: fork+exec self `bench --one ...` (or python3)
+//   parent: plan configurations --> for each: fork+exec self `bench --one ...` (or a Python peer)
 //                                          |      child: build model + data, warm up, time
 //                                          |      `steps` steps, print one JSON line
 //           <-- parse the child's last JSON line <------+
@@ -22,11 +22,15 @@
 //   libtorch-microbatched  the same M micro-batches one after another, loss weighted by rows /
 //                          batch rows, gradients accumulating; T threads
 //   inprocess              Pipe (runtime/pipe.h), K worker threads with max(1, T/K) threads each
-//   python-pipe            torch.distributed.pipeline.sync.Pipe via bench/python_pipe.py;
-//                          torch.set_num_threads(T); all partitions on the CPU share one worker
+//   torchgpipe             torchgpipe 0.0.7's GPipe via bench/torchgpipe_peer.py, K partitions on
+//                          the CPU; torch.set_num_threads(T)
 //   multiprocess           DistributedPipe (runtime/distributed_pipe.h): K ranks of this binary
 //                          started by the local launcher (Gloo over loopback), each with
 //                          max(1, T/K) threads; step time = the slowest rank's, per step
+//   torch-pipelining       torch.distributed.pipelining (PipelineStage + its schedule of the same
+//                          name) via bench/torch_pipelining.py: K ranks started by the pinned
+//                          torch's torchrun, Gloo over loopback, max(1, T/K) threads each; step
+//                          time = the slowest rank's, per step
 //
 // Efficiency of a pipelined row = the median over the timed steps of
 //   replay(step) / step time,  replay = simulate(its lowered schedule, every compute action costing
@@ -101,12 +105,12 @@ struct BenchArgs {
   std::string checkpoint = "never";
   int width = 0;  // 0: suite default (mlp 1024 features, cnn 32 channels)
   int batch = 0;  // 0: suite default (mlp 256, cnn 128)
-  bool no_python = false;
+  bool no_python = false;  // no Python peer rows (torchgpipe, torch-pipelining)
   bool no_memory = false;
   bool no_multiprocess = false;
   bool quick = false;
-  std::string python = "/usr/bin/python3";
-  std::string python_script;  // empty: found next to the sources
+  std::string python = PIPETRAIN_PYTHON;  // the venv of scripts/bootstrap (torch, torchgpipe)
+  std::string peer_dir;                   // empty: bench/ found next to the sources
   std::string timeline_dir;
   double config_timeout = 600;
   // Hidden: the child mode, one configuration; and one rank of a multiprocess configuration.
@@ -118,7 +122,8 @@ struct BenchArgs {
 };
 
 struct Config {
-  std::string runtime;  // libtorch | libtorch-microbatched | inprocess | multiprocess | python-pipe
+  // libtorch | libtorch-microbatched | inprocess | multiprocess | torchgpipe | torch-pipelining
+  std::string runtime;
   std::string schedule = "none";
   int stages = 1;  // K: ranks (worker threads / partitions)
   int virtual_stages = 1;
@@ -145,15 +150,15 @@ json to_json(const Config& c) {
 }
 
 void resolve_defaults(BenchArgs& a) {
-  if (a.suite != "mlp" && a.suite != "cnn") {
-    throw UsageError("--suite must be mlp or cnn (got '" + a.suite + "')");
+  if (a.suite != "mlp" && a.suite != "small" && a.suite != "cnn") {
+    throw UsageError("--suite must be mlp, small or cnn (got '" + a.suite + "')");
   }
   if (a.quick) {
-    if (a.width == 0) a.width = a.suite == "mlp" ? 256 : 8;
-    if (a.batch == 0) a.batch = 64;
+    if (a.width == 0) a.width = a.suite == "cnn" ? 8 : 64;
+    if (a.batch == 0) a.batch = 32;
   }
-  if (a.width == 0) a.width = a.suite == "mlp" ? 1024 : 32;
-  if (a.batch == 0) a.batch = a.suite == "mlp" ? 256 : 128;
+  if (a.width == 0) a.width = a.suite == "mlp" ? 1024 : a.suite == "small" ? 256 : 32;
+  if (a.batch == 0) a.batch = a.suite == "mlp" ? 256 : a.suite == "small" ? 64 : 128;
   if (a.threads == 0) a.threads = std::max(1u, std::thread::hardware_concurrency());
   if (a.steps < 1) throw UsageError("--steps must be >= 1 (got " + std::to_string(a.steps) + ")");
   if (a.rounds < 0)
@@ -171,6 +176,10 @@ void resolve_defaults(BenchArgs& a) {
                      "')");
   }
 }
+
+// The schedules both pipetrain and torch.distributed.pipelining have under the same name (torch's
+// zero-bubble schedules need V >= 2 or a V placement; pipetrain's zb-h1 is V = 1).
+constexpr const char* kPeerSchedules[] = {"gpipe", "1f1b", "interleaved-1f1b"};
 
 std::vector<Config> plan_configs(const BenchArgs& a) {
   std::vector<Config> configs;
@@ -203,10 +212,12 @@ std::vector<Config> plan_configs(const BenchArgs& a) {
     }
   }
   if (!a.no_python) {
-    configs.push_back({"python-pipe", "gpipe", 1, 1, 1, "never", "main"});
-    configs.push_back({"python-pipe", "gpipe", K, 1, M, a.checkpoint, "main"});
-    if (a.checkpoint != "except_last") {
-      configs.push_back({"python-pipe", "gpipe", K, 1, M, "except_last", "main"});
+    configs.push_back({"torchgpipe", "gpipe", K, 1, M, a.checkpoint, "main"});
+    if (!a.no_multiprocess && K > 1 && a.suite != "cnn") {
+      for (const char* schedule : kPeerSchedules) {
+        const int V = std::string(schedule) == "interleaved-1f1b" ? 2 : 1;
+        configs.push_back({"torch-pipelining", schedule, K, V, M, a.checkpoint, "main"});
+      }
     }
   }
   return configs;
@@ -224,10 +235,11 @@ struct Workload {
 Workload make_workload(const BenchArgs& a) {
   torch::manual_seed(0);
   Workload w;
-  if (a.suite == "mlp") {
-    // The issue's model: 8 x (Linear(width, width) + ReLU), MSE against random targets
-    // (bench/python_pipe.py builds the same).
-    for (int l = 0; l < 8; ++l) {
+  if (a.suite == "mlp" || a.suite == "small") {
+    // mlp: 8 x (Linear(width, width) + ReLU), MSE against random targets; small: 16 of them at
+    // width 256, where the runtime's cost per action matters (the Python peers build the same).
+    const int blocks = a.suite == "mlp" ? 8 : 16;
+    for (int l = 0; l < blocks; ++l) {
       w.model->push_back(torch::nn::Linear(a.width, a.width));
       w.model->push_back(torch::nn::ReLU());
     }
@@ -582,20 +594,26 @@ bool file_exists(const std::string& path) {
   return std::ifstream(path).good();
 }
 
-std::string find_python_script(const BenchArgs& a) {
-  if (!a.python_script.empty()) return a.python_script;
+// The directory of the Python peers (bench/torchgpipe_peer.py, bench/torch_pipelining.py).
+std::string find_peer_dir(const BenchArgs& a) {
+  if (!a.peer_dir.empty()) return a.peer_dir;
   std::vector<std::string> candidates;
 #ifdef PIPETRAIN_SOURCE_DIR
-  candidates.push_back(std::string(PIPETRAIN_SOURCE_DIR) + "/bench/python_pipe.py");
+  candidates.push_back(std::string(PIPETRAIN_SOURCE_DIR) + "/bench");
 #endif
   const std::string exe = self_executable();
   const std::string dir = exe.substr(0, exe.rfind('/'));
-  candidates.push_back(dir + "/../bench/python_pipe.py");  // build/pipetrain in the source tree
-  candidates.push_back(dir + "/bench/python_pipe.py");
+  candidates.push_back(dir + "/../bench");  // build/pipetrain in the source tree
+  candidates.push_back(dir + "/bench");
   for (const auto& c : candidates) {
-    if (file_exists(c)) return c;
+    if (file_exists(c + "/torch_pipelining.py")) return c;
   }
-  return candidates.back();
+  return candidates.front();
+}
+
+// torchrun of the interpreter's venv (the pinned torch's own launcher).
+std::string torchrun_of(const std::string& python) {
+  return python.substr(0, python.rfind('/') + 1) + "torchrun";
 }
 
 struct ChildOutput {
@@ -690,14 +708,55 @@ std::vector<std::string> config_flags(const BenchArgs& a, const Config& c) {
   return flags;
 }
 
-json run_config(const BenchArgs& a, const Config& c, const std::string& python_script) {
+// The command line of a Python peer's configuration.
+std::vector<std::string> peer_argv(const BenchArgs& a, const Config& c, const std::string& dir) {
   std::vector<std::string> argv;
-  if (c.runtime == "python-pipe") {
-    argv = {a.python,       python_script,
+  if (c.runtime == "torchgpipe") {
+    argv = {a.python,       dir + "/torchgpipe_peer.py",
             "--stages",     std::to_string(c.stages),
             "--chunks",     std::to_string(c.chunks),
             "--checkpoint", c.checkpoint};
     for (const auto& flag : common_child_flags(a)) argv.push_back(flag);
+    return argv;
+  }
+  // torch-pipelining: K ranks under torchrun, each with pipetrain's per-rank thread count.
+  argv = {torchrun_of(a.python),
+          "--nproc-per-node",
+          std::to_string(c.stages),
+          "--master-addr",
+          "127.0.0.1",
+          "--master-port",
+          std::to_string(find_free_port()),
+          dir + "/torch_pipelining.py",
+          "--suite",
+          a.suite,
+          "--width",
+          std::to_string(a.width),
+          "--batch",
+          std::to_string(a.batch),
+          "--threads",
+          std::to_string(std::max(1, a.threads / c.stages)),
+          "--steps",
+          std::to_string(a.steps),
+          "--warmup",
+          std::to_string(a.warmup),
+          "--schedule",
+          c.schedule,
+          "--virtual",
+          std::to_string(c.virtual_stages),
+          "--chunks",
+          std::to_string(c.chunks)};
+  return argv;
+}
+
+bool is_peer(const std::string& runtime) {
+  return runtime == "torchgpipe" || runtime == "torch-pipelining";
+}
+
+json run_config(const BenchArgs& a, const Config& c, const std::string& peer_dir) {
+  std::vector<std::string> argv;
+  if (is_peer(c.runtime)) {
+    argv = peer_argv(a, c, peer_dir);
   } else {
     argv = {self_executable(), "bench", "--one"};
     for (const auto& flag : config_flags(a, c)) argv.push_back(flag);
@@ -724,10 +783,12 @@ json run_config(const BenchArgs& a, const Config& c, const std::string& python_s
     if (!merged.contains(key)) merged[key] = value;
   }
   merged["purpose"] = c.purpose;
-  if (c.runtime == "python-pipe") {
+  if (c.runtime == "torchgpipe") {
     merged["threads"] = {{"ranks", 1}, {"per_rank", a.threads}};
-    merged["peak_stashed_bytes"] = json::array();  // Python's Pipe does not account its stash
+  } else if (c.runtime == "torch-pipelining") {
+    merged["threads"] = {{"ranks", c.stages}, {"per_rank", std::max(1, a.threads / c.stages)}};
   }
+  if (is_peer(c.runtime)) merged["peak_stashed_bytes"] = json::array();  // not accounted there
   return merged;
 }
 
@@ -749,18 +810,35 @@ void add_ratios(json& rows) {
     if (libtorch)
       row["ratio_vs_libtorch"] =
           row["step_seconds"].get<double>() / (*libtorch)["step_seconds"].get<double>();
-    if (row["runtime"] == "python-pipe") continue;
-    // The Python peer with the same stages and chunks; the same checkpoint mode preferred.
-    auto same = [&](const json& r, bool checkpoint) {
-      return r["runtime"] == "python-pipe" && r["stages"] == row["stages"] &&
-             r["chunks"] == row["chunks"] && (!checkpoint || r["checkpoint"] == row["checkpoint"]);
-    };
-    const json* python = find_row(rows, [&](const json& r) { return same(r, true); });
-    if (!python) python = find_row(rows, [&](const json& r) { return same(r, false); });
-    if (python && row["virtual_stages"] == 1) {
-      row["ratio_vs_python"] =
-          row["step_seconds"].get<double>() / (*python)["step_seconds"].get<double>();
-      row["python_checkpoint"] = (*python)["checkpoint"];
+    if (is_peer(row["runtime"])) continue;
+    // In-process gpipe rows against torchgpipe with the same stages and chunks (the same
+    // checkpoint mode preferred).
+    if (row["runtime"] == "inprocess" && row["schedule"] == "gpipe" &&
+        row["virtual_stages"] == 1) {
+      auto same = [&](const json& r, bool checkpoint) {
+        return r["runtime"] == "torchgpipe" && r["stages"] == row["stages"] &&
+               r["chunks"] == row["chunks"] &&
+               (!checkpoint || r["checkpoint"] == row["checkpoint"]);
+      };
+      const json* peer = find_row(rows, [&](const json& r) { return same(r, true); });
+      if (!peer) peer = find_row(rows, [&](const json& r) { return same(r, false); });
+      if (peer) {
+        row["ratio_vs_torchgpipe"] =
+            row["step_seconds"].get<double>() / (*peer)["step_seconds"].get<double>();
+        row["torchgpipe_checkpoint"] = (*peer)["checkpoint"];
+      }
+    }
+    // Multi-process rows against torch.distributed.pipelining's schedule of the same name.
+    if (row["runtime"] == "multiprocess") {
+      const json* peer = find_row(rows, [&](const json& r) {
+        return r["runtime"] == "torch-pipelining" && r["schedule"] == row["schedule"] &&
+               r["stages"] == row["stages"] && r["virtual_stages"] == row["virtual_stages"] &&
+               r["chunks"] == row["chunks"];
+      });
+      if (peer) {
+        row["ratio_vs_torch"] =
+            row["step_seconds"].get<double>() / (*peer)["step_seconds"].get<double>();
+      }
     }
   }
 }
@@ -794,18 +872,41 @@ json evaluate_checks(const BenchArgs& a, const json& rows) {
              r["chunks"] == chunks && r["checkpoint"] == checkpoint && r["virtual_stages"] == 1;
     });
   };
-  {  // [1] in-process vs Python's Pipe, same partitions and chunks
+  // [0] multi-process vs torch.distributed.pipelining, schedule by schedule (issue #15: at most
+  // 0.9x its step time on mlp, 0.5x on small; no target for cnn).
+  if (a.suite != "cnn") {
+    const double target = a.suite == "mlp" ? 0.9 : 0.5;
+    for (const char* schedule : kPeerSchedules) {
+      const json* ours = find_row(rows, [&](const json& r) {
+        return r["runtime"] == "multiprocess" && r["schedule"] == schedule && r["stages"] == K &&
+               r["chunks"] == M;
+      });
+      std::optional<double> ratio;
+      std::string detail = "torch-pipelining or multiprocess row missing (--no-python, "
+                           "--no-multiprocess, K = 1, or one failed)";
+      if (ours && ours->contains("ratio_vs_torch")) {
+        ratio = (*ours)["ratio_vs_torch"].get<double>();
+        detail = "multiprocess step time / torch.distributed.pipelining step time, " +
+                 std::string(schedule) + ", K=" + std::to_string(K) + " M=" + std::to_string(M);
+      }
+      std::ostringstream text;
+      text << "<= " << target << " x torch.distributed.pipelining";
+      checks.push_back(make_check("multiprocess_vs_torch_" + std::string(schedule), text.str(),
+                                  ratio, target, false, detail));
+    }
+  }
+  {  // [1] in-process vs torchgpipe, same partitions and chunks
     const json* ours = inprocess("gpipe", K, M, a.checkpoint);
     std::optional<double> speedup;
-    std::string detail = "python-pipe row missing (--no-python or it failed)";
-    if (ours && ours->contains("ratio_vs_python")) {
-      speedup = 1.0 / (*ours)["ratio_vs_python"].get<double>();
-      detail = "python-pipe step time / inprocess gpipe step time, K=" + std::to_string(K) +
-               " M=" + std::to_string(M) + ", checkpoint " + a.checkpoint + " (python " +
-               (*ours)["python_checkpoint"].get<std::string>() + ")";
+    std::string detail = "torchgpipe row missing (--no-python or it failed)";
+    if (ours && ours->contains("ratio_vs_torchgpipe")) {
+      speedup = 1.0 / (*ours)["ratio_vs_torchgpipe"].get<double>();
+      detail = "torchgpipe step time / inprocess gpipe step time, K=" + std::to_string(K) +
+               " M=" + std::to_string(M) + ", checkpoint " + a.checkpoint + " (torchgpipe " +
+               (*ours)["torchgpipe_checkpoint"].get<std::string>() + ")";
     }
-    checks.push_back(make_check("inprocess_vs_python_speedup", ">= 1.5x faster than Python's Pipe",
-                                speedup, 1.5, true, detail));
+    checks.push_back(make_check("inprocess_vs_torchgpipe_speedup",
+                                ">= 1.5x faster than torchgpipe", speedup, 1.5, true, detail));
   }
   {  // [2] one stage, one chunk vs plain LibTorch
     const json* ours = inprocess("gpipe", 1, 1, "never");
@@ -898,7 +999,7 @@ void print_text(const json& report) {
       report["load_average_start"].get<std::string>().c_str(),
       report["load_average_end"].get<std::string>().c_str());
   std::printf("%-22s %-16s %2s %2s %3s %-11s %9s %7s %7s %6s %8s  %s\n", "runtime", "schedule", "K",
-              "V", "M", "checkpoint", "step ms", "/torch", "/python", "eff", "rss",
+              "V", "M", "checkpoint", "step ms", "/libt", "/peer", "eff", "rss",
               "peak stash/stage");
   for (const json& row : report["configs"]) {
     std::string stash;
@@ -915,12 +1016,15 @@ void print_text(const json& report) {
         row["stages"].get<int>(), row["virtual_stages"].get<int>(), row["chunks"].get<int>(),
         row["checkpoint"].get<std::string>().c_str(), ms,
         number(row, "ratio_vs_libtorch", "%.3f").c_str(),
-        number(row, "ratio_vs_python", "%.3f").c_str(), number(row, "efficiency", "%.2f").c_str(),
+        number(row, row.contains("ratio_vs_torch") ? "ratio_vs_torch" : "ratio_vs_torchgpipe",
+               "%.3f")
+            .c_str(),
+        number(row, "efficiency", "%.2f").c_str(),
         row.contains("peak_rss_bytes") ? format_bytes(row["peak_rss_bytes"].get<double>()).c_str()
                                        : "-",
         stash.c_str());
   }
-  std::printf("\nchecks (targets of issue #7, evaluated on this run):\n");
+  std::printf("\nchecks (targets of issues #7 and #15, evaluated on this run):\n");
   for (const json& check : report["checks"]) {
     const char* verdict = check["pass"].is_null()     ? "NOT RUN"
                           : check["pass"].get<bool>() ? "PASS"
@@ -955,7 +1059,7 @@ json merge_rounds(const std::vector<json>& rounds) {
     std::vector<double> all;
     json per_round = json::array();
     for (const char* key : {"step_seconds", "simulated_seconds", "efficiency", "ratio_vs_libtorch",
-                            "ratio_vs_python"}) {
+                            "ratio_vs_torchgpipe", "ratio_vs_torch"}) {
       std::vector<double> values;
       for (const json& rows : rounds) {
         if (rows[n].contains(key)) values.push_back(rows[n][key].get<double>());
@@ -991,17 +1095,27 @@ int run_bench(BenchArgs a) {
     std::cout << kResultPrefix << result.dump() << std::endl;
     return 0;
   }
-  const std::string python_script = find_python_script(a);
-  if (!a.no_python && !file_exists(python_script)) {
-    throw UsageError("the Python peer script " + python_script +
-                     " does not exist; pass --python-script PATH or --no-python");
+  const std::string peer_dir = find_peer_dir(a);
+  if (!a.no_python) {
+    for (const char* script : {"torchgpipe_peer.py", "torch_pipelining.py"}) {
+      if (!file_exists(peer_dir + "/" + script)) {
+        throw UsageError("the Python peer " + peer_dir + "/" + script +
+                         " does not exist; pass --peer-dir DIR or --no-python");
+      }
+    }
+    if (!file_exists(a.python)) {
+      throw UsageError("the Python interpreter " + a.python +
+                       " does not exist; run scripts/bootstrap, pass --python PATH or --no-python");
+    }
   }
   const std::vector<Config> configs = plan_configs(a);
   json report;
   report["suite"] = a.suite;
-  report["model"] = a.suite == "mlp" ? "8 x (Linear(" + std::to_string(a.width) + ") + ReLU), MSE"
-                                     : "examples cnn (width " + std::to_string(a.width) +
-                                           ", 1 block), cross-entropy";
+  report["model"] =
+      a.suite == "cnn"
+          ? "examples cnn (width " + std::to_string(a.width) + ", 1 block), cross-entropy"
+          : std::string(a.suite == "mlp" ? "8" : "16") + " x (Linear(" + std::to_string(a.width) +
+                ") + ReLU), MSE";
   report["batch"] = a.batch;
   report["threads"] = a.threads;
   report["steps"] = a.steps;
@@ -1018,7 +1132,7 @@ int run_bench(BenchArgs a) {
       const Config& c = configs[n];
       std::cerr << "bench: round " << r + 1 << "/" << a.rounds << " [" << n + 1 << "/"
                 << configs.size() << "] " << c.label() << " ..." << std::endl;
-      json row = run_config(a, c, python_script);
+      json row = run_config(a, c, peer_dir);
       if (ok(row)) {
         std::cerr << "bench:   " << row["step_seconds"].get<double>() * 1e3 << " ms/step"
                   << std::endl;
@@ -1038,10 +1152,15 @@ int run_bench(BenchArgs a) {
   notes.push_back("multiprocess rows: peak_rss_bytes is the largest rank's");
   notes.push_back("ratios are step time / baseline step time (< 1: faster than the baseline)");
   notes.push_back("threads: libtorch rows " + std::to_string(a.threads) +
-                  " intra-op threads; inprocess rows K workers x max(1, T/K); python-pipe "
-                  "torch.set_num_threads(T), its CPU partitions share one worker thread");
+                  " intra-op threads; inprocess rows K workers x max(1, T/K); torchgpipe "
+                  "torch.set_num_threads(T); multiprocess and torch-pipelining rows K ranks x "
+                  "max(1, T/K)");
+  notes.push_back("/peer: multiprocess rows / torch-pipelining (same schedule), inprocess gpipe "
+                  "rows / torchgpipe");
   if (a.suite == "cnn") {
-    notes.push_back("cnn: pipelined rows use DeferredBatchNorm (python: deferred_batch_norm=True)");
+    notes.push_back(
+        "cnn: pipelined rows use DeferredBatchNorm (torchgpipe: deferred_batch_norm=True); "
+        "torch-pipelining has no cnn (skip connections across its stages)");
   }
   report["notes"] = notes;
   if (a.json_output) {
@@ -1059,9 +1178,12 @@ int run_bench(BenchArgs a) {
 void add_bench_command(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<BenchArgs>();
   auto* c = app.add_subcommand(
-      "bench", "pipetrain vs plain LibTorch vs Python's Pipe on one model (docs/BENCHMARKS.md)");
+      "bench",
+      "pipetrain vs plain LibTorch, torch.distributed.pipelining and torchgpipe on one model "
+      "(docs/BENCHMARKS.md)");
   c->add_option("--suite", args->suite,
-                "model suite: mlp (8 x Linear+ReLU) or cnn (examples' CNN)");
+                "model suite: mlp (8 x Linear(1024)+ReLU), small (16 x Linear(256)+ReLU, batch 64) "
+                "or cnn (examples' CNN)");
   c->add_flag("--json", args->json_output, "print one JSON object instead of a table");
   c->add_option("--steps", args->steps, "timed steps per configuration (median reported)");
   c->add_option("--warmup", args->warmup, "untimed steps before timing");
@@ -1072,13 +1194,18 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   c->add_option("--stages", args->stages, "pipeline ranks K of the pipelined rows");
   c->add_option("--chunks", args->chunks, "micro-batches M of the main rows (memory rows: M, 2M)");
   c->add_option("--checkpoint", args->checkpoint, "checkpoint mode of the main pipelined rows");
-  c->add_option("--width", args->width, "mlp features / cnn channels (0: 1024 / 32)");
-  c->add_option("--batch", args->batch, "mini-batch rows (0: mlp 256, cnn 128)");
-  c->add_flag("--no-python", args->no_python, "skip the Python Pipe rows");
+  c->add_option("--width", args->width,
+                "mlp/small features, cnn channels (0: mlp 1024, small 256, cnn 32)");
+  c->add_option("--batch", args->batch, "mini-batch rows (0: mlp 256, small 64, cnn 128)");
+  c->add_flag("--no-python", args->no_python,
+              "skip the Python peers (torch-pipelining, torchgpipe)");
   c->add_flag("--no-memory", args->no_memory, "skip the checkpoint/memory comparison rows");
   c->add_flag("--quick", args->quick, "small model and batch (for smoke tests)");
-  c->add_option("--python", args->python, "Python interpreter with torch");
-  c->add_option("--python-script", args->python_script, "path of bench/python_pipe.py");
+  c->add_option("--python", args->python,
+                "Python interpreter with torch and torchgpipe (default: the venv of "
+                "scripts/bootstrap); its torchrun launches the torch-pipelining rows");
+  c->add_option("--peer-dir", args->peer_dir,
+                "directory of torchgpipe_peer.py and torch_pipelining.py (default: bench/)");
   c->add_option("--timeline-dir", args->timeline_dir,
                 "write measured SVG timelines of the pipelined main rows here");
   c->add_option("--config-timeout", args->config_timeout, "seconds one configuration may take");

@@ -391,10 +391,8 @@ void check_args(const TrainArgs& args) {
       fail("--backend " + args.backend + ": " + e.what_without_backtrace());
     }
     if (!comm_backend_available(backend)) {
-      fail(
-          "--backend " + args.backend + " is not available in this LibTorch build (" +
-          (backend == CommBackend::kNccl ? "NCCL needs a CUDA build" : "it was built without MPI") +
-          "); use --backend gloo or auto");
+      fail("--backend " + args.backend + " is not available (" +
+           comm_backend_unavailable_reason(backend) + "); use --backend gloo or auto");
     }
   }
   if (args.log_every < 1) fail("--log-every must be at least 1");

@@ -41,7 +41,8 @@ c10::intrusive_ptr<C10dBackendBase> make_gloo_group(const c10::intrusive_ptr<::c
 c10::intrusive_ptr<C10dBackendBase> make_nccl_group(const c10::intrusive_ptr<::c10d::Store>& store,
                                                     int rank, int size,
                                                     std::chrono::milliseconds timeout);
-bool nccl_available();
+// "" when NCCL process groups can be made here, else why not.
+std::string nccl_unavailable_reason();
 
 // Waits for `work`; rethrows its error with `what` prepended. Returns false when it was aborted.
 bool wait_work(const c10::intrusive_ptr<C10dWork>& work, const std::string& what);

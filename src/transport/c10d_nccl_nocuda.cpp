@@ -3,8 +3,8 @@
 
 namespace pipetrain::detail {
 
-bool nccl_available() {
-  return false;
+std::string nccl_unavailable_reason() {
+  return "NCCL needs a CUDA build of pipetrain; this one is CPU-only";
 }
 
 c10::intrusive_ptr<C10dBackendBase> make_nccl_group(const c10::intrusive_ptr<::c10d::Store>&,

@@ -99,17 +99,21 @@ CommBackend comm_backend_for_device(const torch::Device& device) {
 }
 
 bool comm_backend_available(CommBackend backend) {
+  return comm_backend_unavailable_reason(backend).empty();
+}
+
+std::string comm_backend_unavailable_reason(CommBackend backend) {
   switch (backend) {
     case CommBackend::kGloo:
-      return true;
+      return "";
     case CommBackend::kNccl:
-      return detail::nccl_available();
+      return detail::nccl_unavailable_reason();
     case CommBackend::kMpi:
       // ProcessGroupMPI exists only in a LibTorch built with USE_MPI; pipetrain does not link it
-      // (Debian's LibTorch has none). Use gloo under mpirun: docs/DISTRIBUTED.md.
-      return false;
+      // (PyPI's LibTorch has none). Use gloo under mpirun: docs/DISTRIBUTED.md.
+      return "this LibTorch was built without MPI";
   }
-  return false;
+  return "unknown backend";
 }
 
 namespace detail {
@@ -387,8 +391,9 @@ std::shared_ptr<C10dWorld> C10dWorld::connect(const RendezvousOptions& options) 
               " is outside 0..WORLD_SIZE-1 (WORLD_SIZE=", options.world_size, ")");
   TORCH_CHECK(options.timeout.count() > 0, "the rendezvous timeout must be positive");
   TORCH_CHECK(comm_backend_available(options.backend) || options.backend == CommBackend::kMpi,
-              "backend ", comm_backend_name(options.backend),
-              " is not available in this build: NCCL needs a CUDA LibTorch; use gloo");
+              "rank ", options.rank, ": backend ", comm_backend_name(options.backend),
+              " is not available: ", comm_backend_unavailable_reason(options.backend),
+              "; use gloo");
 
   auto impl = std::make_unique<Impl>();
   impl->options = options;

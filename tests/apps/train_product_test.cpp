@@ -273,9 +273,9 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"unknown_backend",
                 PIPETRAIN_MLP "--data synthetic --nproc 2 --backend carrier-pigeon",
                 "use gloo, nccl or mpi"},
-        // Debian's LibTorch is a CPU build without MPI; on a CUDA build this case would differ.
+        // PyPI's LibTorch has no MPI.
         BadCase{"unavailable_backend", PIPETRAIN_MLP "--data synthetic --nproc 2 --backend mpi",
-                "--backend mpi is not available in this LibTorch build"}),
+                "--backend mpi is not available (this LibTorch was built without MPI)"}),
     [](const ::testing::TestParamInfo<BadCase>& info) { return std::string(info.param.tag); });
 
 }  // namespace

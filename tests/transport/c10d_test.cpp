@@ -3,6 +3,7 @@
 #include "pipetrain/transport/c10d.h"
 
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 
 #include <set>
 
@@ -77,6 +78,14 @@ TEST(C10dBackend, NamesAndAvailabilityOnThisBuild) {
   EXPECT_TRUE(comm_backend_available(CommBackend::kGloo));
   EXPECT_FALSE(comm_backend_available(CommBackend::kMpi));
   EXPECT_THROW(parse_comm_backend("tcp"), c10::Error);
+}
+
+TEST(C10dBackend, NcclWithoutAGpuIsUnavailableAndSaysWhatIsMissing) {
+  if (torch::cuda::device_count() > 0) GTEST_SKIP() << "this machine has a GPU: NCCL may work";
+  EXPECT_FALSE(comm_backend_available(CommBackend::kNccl));
+  const std::string reason = comm_backend_unavailable_reason(CommBackend::kNccl);
+  // A CUDA build names the missing device, a CPU-only build the missing CUDA build.
+  EXPECT_NE(reason.find("NCCL needs a CUDA"), std::string::npos) << reason;
 }
 
 // ---- real processes ---------------------------------------------------------------------------

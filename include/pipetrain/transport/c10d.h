@@ -65,9 +65,13 @@ CommBackend parse_comm_backend(const std::string& name);
 // Gloo for CPU stages, NCCL for CUDA stages.
 CommBackend comm_backend_for_device(const torch::Device& device);
 
-// True when this build can create `backend` process groups (NCCL needs a CUDA LibTorch: the
-// *_cuda.cpp / *_nocuda.cpp seam; MPI needs a LibTorch built with MPI, which Debian's is not).
+// True when this build, on this machine, can create `backend` process groups: NCCL needs a CUDA
+// build (the *_cuda.cpp / *_nocuda.cpp seam) and a visible CUDA device; MPI needs a LibTorch
+// built with MPI, which PyPI's is not.
 bool comm_backend_available(CommBackend backend);
+// Why `backend` is not available ("" when it is), e.g. "NCCL needs a CUDA device and this
+// machine has none visible".
+std::string comm_backend_unavailable_reason(CommBackend backend);
 
 struct RendezvousOptions {
   std::string master_addr;  // MASTER_ADDR: host of rank 0, which runs the TCPStore server

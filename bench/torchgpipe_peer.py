@@ -1,20 +1,20 @@
-#!/usr/bin/python3
-"""The Python peer for `pipetrain bench`: torch.distributed.pipeline.sync.Pipe (torchgpipe's GPipe,
-shipped with Debian's python3-torch) on the same model, batch and thread settings.
+#!/usr/bin/env python3
+"""The in-process Python peer for `pipetrain bench`: torchgpipe 0.0.7's GPipe (the implementation
+torch.distributed.pipeline.sync.Pipe was taken from, which PyTorch 2.x no longer ships), on the
+same model, batch and thread settings, with every partition on the CPU.
 
-Prints one JSON object: {"runtime": "python-pipe", "suite", "stages", "chunks", "checkpoint",
+Prints one JSON object: {"runtime": "torchgpipe", "suite", "stages", "chunks", "checkpoint",
 "step_seconds" (median), "steps", "peak_rss_bytes"}. Timing covers one full training step: forward
-through the pipe, mean loss, backward, SGD step -- the same work pipetrain's rows time.
+through GPipe, mean loss, backward, SGD step -- the same work pipetrain's rows time.
 
-Usage: python_pipe.py --suite mlp --stages 2 --chunks 8 --batch 256 --threads 2 --steps 5 --warmup 2
+Usage: torchgpipe_peer.py --suite mlp --stages 2 --chunks 8 --batch 256 --threads 2 --steps 5 --warmup 2
+Run it with the project's Python (scripts/bootstrap --print-python), which has torchgpipe.
 """
 import argparse
 import json
-import os
 import resource
 import statistics
 import sys
-import tempfile
 import time
 
 import torch
@@ -22,6 +22,7 @@ import torch.nn as nn
 
 
 def mlp(width=1024, layers=8):
+    """`--suite mlp` (8 x Linear(1024) + ReLU) and, with width 256 and 16 layers, `--suite small`."""
     modules = []
     for _ in range(layers):
         modules += [nn.Linear(width, width), nn.ReLU()]
@@ -33,7 +34,7 @@ def cnn(width=32, blocks=1, classes=10):
     layers as pipetrain's Pipe (the first L % K stages get one layer more, both sides). The
     residual blocks use torchgpipe-style skip connections (@skippable stash/pop), which Pipe
     carries across partitions the way pipetrain's SkipStash/SkipPopAdd are carried."""
-    from torch.distributed.pipeline.sync.skip import pop, skippable, stash
+    from torchgpipe.skip import pop, skippable, stash
 
     def conv3x3(cin, cout, stride=1):
         return nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
@@ -69,22 +70,17 @@ def cnn(width=32, blocks=1, classes=10):
     return nn.Sequential(*layers), (1, 28, 28), classes
 
 
-def split(model, stages):
-    layers = list(model.children())
-    base, extra = divmod(len(layers), stages)
-    parts, start = [], 0
-    for j in range(stages):
-        size = base + (1 if j < extra else 0)
-        parts.append(nn.Sequential(*layers[start:start + size]))
-        start += size
-    return nn.Sequential(*parts)
+def balance(model, stages):
+    """pipetrain's default balance: the first L % K stages get one layer more."""
+    base, extra = divmod(len(list(model.children())), stages)
+    return [base + (1 if j < extra else 0) for j in range(stages)]
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--suite", default="mlp", choices=["mlp", "cnn"])
+    parser.add_argument("--suite", default="mlp", choices=["mlp", "small", "cnn"])
     parser.add_argument("--width", type=int, default=0,
-                        help="mlp features / cnn channels (0: 1024 / 32)")
+                        help="mlp features / cnn channels (0: mlp 1024, small 256, cnn 32)")
     parser.add_argument("--stages", type=int, default=2)
     parser.add_argument("--chunks", type=int, default=8)
     parser.add_argument("--batch", type=int, default=256)
@@ -97,42 +93,36 @@ def main():
     if args.threads > 0:
         torch.set_num_threads(args.threads)
 
-    # Pipe needs the RPC framework initialised, even in one process.
-    import torch.distributed.rpc as rpc
-    from torch.distributed.pipeline.sync import Pipe
-    with tempfile.TemporaryDirectory() as tmp:
-        rpc.init_rpc("worker", rank=0, world_size=1,
-                     rpc_backend_options=rpc.TensorPipeRpcBackendOptions(
-                         init_method="file://" + os.path.join(tmp, "rpc")))
-        try:
-            torch.manual_seed(0)
-            if args.suite == "mlp":
-                model, in_shape, out_width = mlp(args.width or 1024)
-                y = torch.randn(args.batch, out_width)
-                loss_fn = nn.functional.mse_loss
-            else:
-                model, in_shape, classes = cnn(args.width or 32)
-                y = torch.randint(0, classes, (args.batch,))
-                loss_fn = nn.functional.cross_entropy
-            pipe = Pipe(split(model, args.stages), chunks=args.chunks, checkpoint=args.checkpoint,
-                        deferred_batch_norm=args.suite == "cnn")
-            optimizer = torch.optim.SGD(pipe.parameters(), lr=0.01)
-            x = torch.randn(args.batch, *in_shape)
-            times = []
-            for step in range(args.warmup + args.steps):
-                start = time.perf_counter()
-                optimizer.zero_grad()
-                out = pipe(x).local_value()
-                loss = loss_fn(out, y)
-                loss.backward()
-                optimizer.step()
-                elapsed = time.perf_counter() - start
-                if step >= args.warmup:
-                    times.append(elapsed)
-        finally:
-            rpc.shutdown()
+    from torchgpipe import GPipe
+    torch.manual_seed(0)
+    if args.suite in ("mlp", "small"):
+        if args.suite == "mlp":
+            model, in_shape, out_width = mlp(args.width or 1024)
+        else:
+            model, in_shape, out_width = mlp(args.width or 256, layers=16)
+        y = torch.randn(args.batch, out_width)
+        loss_fn = nn.functional.mse_loss
+    else:
+        model, in_shape, classes = cnn(args.width or 32)
+        y = torch.randint(0, classes, (args.batch,))
+        loss_fn = nn.functional.cross_entropy
+    pipe = GPipe(model, balance=balance(model, args.stages), devices=["cpu"] * args.stages,
+                 chunks=args.chunks, checkpoint=args.checkpoint,
+                 deferred_batch_norm=args.suite == "cnn")
+    optimizer = torch.optim.SGD(pipe.parameters(), lr=0.01)
+    x = torch.randn(args.batch, *in_shape)
+    times = []
+    for step in range(args.warmup + args.steps):
+        start = time.perf_counter()
+        optimizer.zero_grad()
+        loss = loss_fn(pipe(x), y)
+        loss.backward()
+        optimizer.step()
+        elapsed = time.perf_counter() - start
+        if step >= args.warmup:
+            times.append(elapsed)
     print(json.dumps({
-        "runtime": "python-pipe", "suite": args.suite, "schedule": "gpipe",
+        "runtime": "torchgpipe", "suite": args.suite, "schedule": "gpipe",
         "stages": args.stages, "chunks": args.chunks, "checkpoint": args.checkpoint,
         "step_seconds": statistics.median(times), "step_seconds_all": times, "steps": len(times),
         "threads": torch.get_num_threads(),
