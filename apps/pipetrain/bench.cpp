@@ -719,14 +719,20 @@ std::vector<std::string> peer_argv(const BenchArgs& a, const Config& c, const st
     for (const auto& flag : common_child_flags(a)) argv.push_back(flag);
     return argv;
   }
-  // torch-pipelining: K ranks under torchrun, each with pipetrain's per-rank thread count.
-  argv = {torchrun_of(a.python),
+  // torch-pipelining: K ranks under torchrun, each with pipetrain's per-rank thread count, Gloo on
+  // loopback as pipetrain's own ranks (unless GLOO_SOCKET_IFNAME says otherwise). "--" ends
+  // torchrun's options: it would take the script's --virtual for its --virtual-local-rank.
+  const char* interface = std::getenv("GLOO_SOCKET_IFNAME");
+  argv = {"/usr/bin/env",
+          std::string("GLOO_SOCKET_IFNAME=") + (interface && *interface ? interface : "lo"),
+          torchrun_of(a.python),
           "--nproc-per-node",
           std::to_string(c.stages),
           "--master-addr",
           "127.0.0.1",
           "--master-port",
           std::to_string(find_free_port()),
+          "--",
           dir + "/torch_pipelining.py",
           "--suite",
           a.suite,

@@ -42,7 +42,8 @@ struct RanksRun {
 
 inline RanksRun run_ranks(int nproc, std::vector<std::string> args, int world_size = 0,
                           int timeout_ms = 8000,
-                          std::chrono::milliseconds grace = std::chrono::seconds(10)) {
+                          std::chrono::milliseconds grace = std::chrono::seconds(10),
+                          const std::vector<std::pair<std::string, std::string>>& env = {}) {
   LaunchOptions options;
   options.program = PIPETRAIN_RANK_HELPER;
   options.args = std::move(args);
@@ -50,6 +51,7 @@ inline RanksRun run_ranks(int nproc, std::vector<std::string> args, int world_si
   options.world_size = world_size;
   options.grace = grace;
   options.env.emplace_back("PIPETRAIN_TEST_TIMEOUT_MS", std::to_string(timeout_ms));
+  for (const auto& variable : env) options.env.push_back(variable);
   RanksRun run;
   std::mutex mutex;
   options.on_line = [&](int rank, bool is_stderr, const std::string& line) {

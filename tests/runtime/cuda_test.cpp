@@ -1,0 +1,109 @@
+// The CUDA paths: stages on cuda:N devices in one process (Pipe: a stream per rank, events ordering
+// the copies between them) and in several (DistributedPipe over Gloo with CUDA stages, and over
+// NCCL). Each test that needs a GPU skips, naming what is missing, on a machine without one; the
+// first test runs everywhere and checks what a CUDA build says when no GPU is visible.
+// `make gpu-check` runs this file on a GPU machine.
+#include <gtest/gtest.h>
+#include <torch/cuda.h>
+
+#include "../helpers/multiprocess.h"
+#include "pipetrain/runtime/pipe.h"
+#include "pipetrain/stage/device.h"
+#include "training_reference.h"
+
+namespace pipetrain {
+namespace {
+
+int visible_gpus() {
+  return static_cast<int>(torch::cuda::device_count());
+}
+
+#define SKIP_UNLESS_GPUS(n)                                                                   \
+  if (visible_gpus() < (n))                                                                  \
+  GTEST_SKIP() << "needs " << (n) << " CUDA device(s); " << visible_gpus() << " visible" \
+               << " (run `make gpu-check` on a GPU machine)"
+
+TEST(CudaDevice, ACudaDeviceBeyondTheVisibleOnesIsAnErrorNamingTheCount) {
+  const torch::Device beyond(torch::kCUDA, static_cast<c10::DeviceIndex>(visible_gpus()));
+  try {
+    check_device_usable(beyond);
+    FAIL() << "no error for " << beyond;
+  } catch (const c10::Error& e) {
+    const std::string message = e.what_without_backtrace();
+    // A CUDA build counts the visible devices; a CPU-only build says it cannot use CUDA at all.
+    EXPECT_TRUE(message.find(std::to_string(visible_gpus()) + " CUDA devices are visible") !=
+                    std::string::npos ||
+                message.find("CPU-only") != std::string::npos)
+        << message;
+  }
+}
+
+// Weights after 3 SGD steps equal sequential training on the CPU (1e-4 relative: cuBLAS and the
+// CPU's BLAS round differently), for every schedule, with every stage on one GPU.
+TEST(CudaPipe, StagesOnOneGpuMatchSequentialTrainingForEverySchedule) {
+  SKIP_UNLESS_GPUS(1);
+  const torch::Device gpu(torch::kCUDA, 0);
+  for (const std::string schedule : {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1"}) {
+    const int64_t v = schedule == "interleaved-1f1b" ? 2 : 1;
+    for (Checkpoint mode : {Checkpoint::kNever, Checkpoint::kExceptLast}) {
+      torch::nn::Sequential reference = testing::make_skip_mlp();
+      torch::nn::Sequential copy = testing::clone_of(reference);
+      auto batches = testing::make_batches(8, 3);
+      testing::train_sequential(reference, batches);
+      Pipe pipe(copy, PipeOptions()
+                          .stages(2 * v)
+                          .virtual_stages(v)
+                          .chunks(4)
+                          .schedule(schedule)
+                          .checkpoint(mode)
+                          .devices({gpu, gpu}));
+      testing::train_pipe(pipe, batches);
+      pipe->to(torch::kCPU);
+      EXPECT_EQ(testing::compare_parameters(*pipe, *reference, 1e-4, 1e-6), "")
+          << schedule << " checkpoint " << to_string(mode);
+    }
+  }
+}
+
+// A stage on the CPU feeding one on the GPU and back: the copies between devices are ordered.
+TEST(CudaPipe, CpuAndGpuStagesMatchSequentialTraining) {
+  SKIP_UNLESS_GPUS(1);
+  torch::nn::Sequential reference = testing::make_mlp();
+  torch::nn::Sequential copy = testing::clone_of(reference);
+  auto batches = testing::make_batches(8, 3);
+  testing::train_sequential(reference, batches);
+  Pipe pipe(copy, PipeOptions().stages(2).chunks(4).schedule("1f1b").devices(
+                      {torch::Device(torch::kCUDA, 0), torch::Device(torch::kCPU)}));
+  testing::train_pipe(pipe, batches);
+  pipe->to(torch::kCPU);
+  EXPECT_EQ(testing::compare_parameters(*pipe, *reference, 1e-4, 1e-6), "");
+}
+
+// Two processes whose stages share one GPU, over Gloo (NCCL refuses two ranks on one device).
+TEST(CudaDistributed, TwoRanksSharingOneGpuOverGlooMatchSequentialTraining) {
+  SKIP_UNLESS_GPUS(1);
+  auto run = testing::run_ranks(2, {"train", "2", "gpipe", "1f1b", "zb-h1"}, 0, 60000,
+                                std::chrono::seconds(10),
+                                {{"PIPETRAIN_TEST_DEVICE", "cuda:0"},
+                                 {"PIPETRAIN_TEST_BACKEND", "gloo"}});
+  EXPECT_EQ(run.result.exit_code, 0) << run.output();
+  for (const char* name : {"gpipe", "1f1b", "zb-h1"}) {
+    EXPECT_TRUE(run.printed(std::string("OK train ") + name + " ")) << name << "\n" << run.output();
+  }
+}
+
+// Two processes, one GPU each, over NCCL.
+TEST(CudaDistributed, TwoRanksOnTwoGpusOverNcclMatchSequentialTraining) {
+  SKIP_UNLESS_GPUS(2);
+  auto run = testing::run_ranks(2, {"train", "2", "gpipe", "1f1b", "zb-h1"}, 0, 60000,
+                                std::chrono::seconds(10),
+                                {{"PIPETRAIN_TEST_DEVICE", "cuda"},
+                                 {"PIPETRAIN_TEST_BACKEND", "nccl"}});
+  EXPECT_EQ(run.result.exit_code, 0) << run.output();
+  for (const char* name : {"gpipe", "1f1b", "zb-h1"}) {
+    EXPECT_TRUE(run.printed(std::string("OK train ") + name + " ")) << name << "\n" << run.output();
+  }
+}
+
+}  // namespace
+}  // namespace pipetrain
