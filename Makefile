@@ -4,7 +4,7 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 CTEST_FLAGS ?=
 
-.PHONY: all bootstrap configure build test demo bench sanitize tsan format clean
+.PHONY: all bootstrap configure build test demo bench gpu-check sanitize tsan format clean
 
 all: build
 
@@ -25,6 +25,14 @@ demo: build
 
 bench: build
 	@$(BUILD)/pipetrain bench --suite mlp
+
+# On a machine with a GPU: a CUDA build (configure fails if torch or nvcc lack CUDA) and the CUDA
+# tests (tests/runtime/cuda_test.cpp: stages on one GPU and on CPU+GPU against sequential
+# training, 2 ranks sharing a GPU over Gloo, 2 GPUs over NCCL when there are two).
+gpu-check:
+	@nvidia-smi -L >/dev/null 2>&1 || { echo "gpu-check: no GPU visible (nvidia-smi -L failed); run it on a GPU machine" >&2; exit 2; }
+	@$(MAKE) --no-print-directory build CMAKE_FLAGS="-DPIPETRAIN_CUDA=ON $(CMAKE_FLAGS)"
+	@cd $(BUILD) && ctest --output-on-failure -R '^Cuda' $(CTEST_FLAGS)
 
 # ASan + UBSan build of everything, then the whole suite.
 sanitize:

@@ -1,21 +1,15 @@
-// Private to src/transport/c10d*.cpp: the c10d types behind c10d.h's opaque handles, and the
-// LibTorch 1.13 / 2.x bridge.
+// Private to src/transport/c10d*.cpp: the c10d types behind c10d.h's opaque handles.
 //
-//   LibTorch 1.13: ProcessGroupGloo derives from c10d::ProcessGroup; Work is c10d::Work.
-//   LibTorch 2.x:  ProcessGroupGloo derives from c10d::Backend (ProcessGroup became a dispatching
-//                  wrapper); Work is still c10d::Work. We hold the backend object directly, which
-//                  has the same send/recv/allreduce/broadcast/barrier signatures in both.
+// In LibTorch 2.x ProcessGroupGloo and ProcessGroupNCCL derive from c10d::Backend (ProcessGroup
+// is a dispatching wrapper over backends). We hold the backend object directly: one backend per
+// group, no dispatch, and its send/recv/allreduce/broadcast/barrier return c10d::Work.
 #pragma once
 
-#include <torch/version.h>
-
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#if TORCH_VERSION_MAJOR >= 2
-#include <torch/csrc/distributed/c10d/Backend.hpp>
-#endif
 
 #include <memory>
 #include <string>
@@ -25,11 +19,7 @@
 
 namespace pipetrain::detail {
 
-#if TORCH_VERSION_MAJOR >= 2
 using C10dBackendBase = ::c10d::Backend;
-#else
-using C10dBackendBase = ::c10d::ProcessGroup;
-#endif
 using C10dWork = ::c10d::Work;
 
 // Creates the process group of `backend` over `store` (already prefixed per group).

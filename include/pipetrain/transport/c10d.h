@@ -1,7 +1,6 @@
 // c10d: every call into PyTorch's distributed library (c10d) lives behind this header and in
-// src/transport/c10d*.cpp. Nothing else in pipetrain includes a c10d header, so the differences
-// between LibTorch 1.13 (ProcessGroup, c10d::Work) and 2.x (ProcessGroup/Backend split) are
-// bridged in one place (#if on TORCH_VERSION_MAJOR in the .cpp files).
+// src/transport/c10d*.cpp. Nothing else in pipetrain includes a c10d header (nor the Gloo headers
+// ProcessGroupGloo.hpp needs), so a change of LibTorch's c10d API is met in one place.
 //
 // Three types:
 //   C10dWorld      the rendezvous (a TCPStore hosted by rank 0), the world process group, and the
