@@ -2,26 +2,30 @@
 //
 // One bundle on the wire (tags from c10d_tag, all from the same src rank to the same dst rank):
 //
-//   sender                                   receiver
-//   [1] isend header   (32 x int64) -------> recv header: magic, micro-batch, L, data bytes
-//   [2] isend metadata (L x int64)  -------> recv metadata, only when L > kInlineSlots
-//   [3] isend data     (flat bytes) -------> recv into one flat buffer; tensors are views of it
+//   sender                                          receiver
+//   [1] isend header + data (256 + L(c) bytes) ---> recv into one flat buffer: the header (magic,
+//                                                   micro-batch, metadata length, data bytes D,
+//                                                   metadata inline), then the data; the tensors
+//                                                   are views of it
+//   [2] isend metadata (int64s)  ----------------> recv metadata, only when it does not fit inline
+//   [3] isend data (D bytes), only when D != L(c) -> recv under kResizedData
 //   [4] reaper thread waits the Works of [1..3] (keeps the buffers alive)
 //
 // The header travels with every bundle (no sender-side cache): the receiver may take micro-batches
 // of one boundary in another order than they were sent, which would desynchronise a "metadata
-// changed since the last message" cache. It costs one 256-byte message per bundle (measured in
-// docs/DISTRIBUTED.md).
+// changed since the last message" cache. It rides in the data's message: one message per bundle
+// in the steady state (two until 2026-11-24: a message costs a Gloo round of wake-ups on both
+// sides, which dominated small micro-batches; docs/DISTRIBUTED.md).
 //
 // Sizes agreed in advance, per channel c = (src stage, dst stage, micro-batch, payload):
 //
 //   L(c) = data bytes of the previous bundle on c (0 before the first); both ends track it.
-//   receiver, expect() or recv():  post recv(header, 256 B); post recv(data, L(c)) if L(c) > 0
-//   sender, bundle of D bytes:     D == L(c): send header, data under kData
-//                                  D != L(c): send header, L(c) filler bytes under kData (if > 0),
+//   receiver, expect() or recv():  post recv(256 + L(c) bytes) under kHeader
+//   sender, bundle of D bytes:     D == L(c): send header + data under kHeader
+//                                  D != L(c): send header + L(c) filler bytes under kHeader, then
 //                                             the data under kResizedData (if D > 0)
-//   receiver, after the header:    D == L(c): wait the posted data; else wait the filler, then
-//                                  post and wait kResizedData. Both ends set L(c) = D.
+//   receiver, after the header:    D == L(c): the data follows the header in the same buffer;
+//                                  else post and wait kResizedData. Both ends set L(c) = D.
 //
 // Message n on c is matched with receive n on c (one message per channel per step, and a rank
 // posts step s+1's receives only after it took step s's), so both ends always agree on L(c).
@@ -44,6 +48,7 @@ using Clock = std::chrono::steady_clock;
 
 constexpr int64_t kMagic = 0x5049504554524e31;  // "PIPETRN1"
 constexpr int64_t kHeaderSlots = 32;
+constexpr int64_t kHeaderBytes = kHeaderSlots * 8;  // a multiple of kAlignment: data follows
 constexpr int64_t kHeaderFixed = 4;  // magic, microbatch, metadata length, data bytes
 constexpr int64_t kInlineSlots = kHeaderSlots - kHeaderFixed;
 constexpr int64_t kAlignment = 64;
@@ -182,12 +187,11 @@ struct C10dTransport::Impl {
     torch::Tensor buffer;
     int64_t id = 0;  // its key in `receiving`
   };
-  // The receives of one bundle posted before its recv() (or by it).
+  // The receive of one bundle's header and L(c) data bytes, posted before its recv() (or by it).
   struct BundleRecvs {
-    PostedRecv header;
-    std::optional<PostedRecv> data;  // when L(c) > 0
-    int64_t data_bytes = 0;          // L(c) when posted
-    bool ahead = false;              // posted by expect()
+    PostedRecv message;      // kHeaderBytes + data_bytes
+    int64_t data_bytes = 0;  // L(c) when posted
+    bool ahead = false;      // posted by expect()
   };
   using Channel = std::tuple<int, int, int, int>;  // src stage, dst stage, micro-batch, payload
   static Channel channel_of(const Envelope& e) {
@@ -338,12 +342,8 @@ C10dTransport::Impl::BundleRecvs C10dTransport::Impl::post_bundle(const Envelope
     auto known = received_bytes.find(channel_of(envelope));
     recvs.data_bytes = known == received_bytes.end() ? 0 : known->second;
   }
-  recvs.header = post_recv(wire_buffer(kHeaderSlots, torch::kLong), src,
-                           c10d_tag(envelope, MessagePart::kHeader));
-  if (recvs.data_bytes > 0) {
-    recvs.data = post_recv(wire_buffer(recvs.data_bytes, torch::kUInt8), src,
-                           c10d_tag(envelope, MessagePart::kData));
-  }
+  recvs.message = post_recv(wire_buffer(kHeaderBytes + recvs.data_bytes, torch::kUInt8), src,
+                            c10d_tag(envelope, MessagePart::kHeader));
   return recvs;
 }
 
@@ -415,7 +415,6 @@ void C10dTransport::send(const Envelope& envelope, Bundle bundle) {
   h[3] = total;
   const bool inline_meta = static_cast<int64_t>(meta.size()) <= kInlineSlots;
   if (inline_meta) std::copy(meta.begin(), meta.end(), h + kHeaderFixed);
-  header = header.to(impl_->wire_device);
 
   int64_t agreed = 0;  // L(c)
   {
@@ -427,35 +426,9 @@ void C10dTransport::send(const Envelope& envelope, Bundle bundle) {
     if (total != agreed) ++impl_->stats.resized_sent;
   }
 
-  // [1], [2]
-  impl_->post_send(header, dst, c10d_tag(envelope, MessagePart::kHeader), what + " (header)");
-  if (!inline_meta) {
-    auto overflow = torch::tensor(meta, torch::kLong).to(impl_->wire_device);
-    impl_->post_send(overflow, dst, c10d_tag(envelope, MessagePart::kMetadata),
-                     what + " (metadata)");
-  }
-  if (total != agreed && agreed > 0) {
-    // The receiver posted L(c) bytes under kData: fill them (contents unused).
-    impl_->post_send(impl_->wire_buffer(agreed, torch::kUInt8), dst,
-                     c10d_tag(envelope, MessagePart::kData), what + " (filler)");
-  }
-  if (total == 0) return;
-  // [3] A single tensor goes as it is (no copy); several are packed into one flat buffer.
-  torch::Tensor data;
-  int defined = 0;
-  torch::Tensor only;
-  for (std::size_t t = 0; t < bundle.tensors.size(); ++t) {
-    if (offsets[t] >= 0) {
-      ++defined;
-      only = bundle.tensors[t];
-    }
-  }
-  if (defined == 1 && only.is_contiguous() && only.device() == impl_->wire_device &&
-      static_cast<int64_t>(only.numel() * only.element_size()) == total) {
-    data = only.detach();
-  } else {
-    data = impl_->wire_buffer(total, torch::kUInt8);
-    auto* base = static_cast<uint8_t*>(data.data_ptr());
+  // Packs the bundle's tensors at `at` (total bytes, the offsets above) on the wire device.
+  auto pack = [&](torch::Tensor at) {
+    auto* base = static_cast<uint8_t*>(at.data_ptr());
     for (std::size_t t = 0; t < bundle.tensors.size(); ++t) {
       if (offsets[t] < 0) continue;
       const auto& source = bundle.tensors[t];
@@ -463,9 +436,25 @@ void C10dTransport::send(const Envelope& envelope, Bundle bundle) {
                        source.options().device(impl_->wire_device).requires_grad(false))
           .copy_(source.detach());
     }
+  };
+  // [1] The header, then the agreed L(c) bytes: the data when its size is still L(c), else filler
+  // whose contents the receiver ignores.
+  torch::Tensor message = impl_->wire_buffer(kHeaderBytes + agreed, torch::kUInt8);
+  message.narrow(0, 0, kHeaderBytes)
+      .copy_(header.view(torch::kUInt8).to(impl_->wire_device));
+  if (total == agreed && total > 0) pack(message.narrow(0, kHeaderBytes, total));
+  impl_->post_send(message, dst, c10d_tag(envelope, MessagePart::kHeader), what + " (header)");
+  // [2]
+  if (!inline_meta) {
+    auto overflow = torch::tensor(meta, torch::kLong).to(impl_->wire_device);
+    impl_->post_send(overflow, dst, c10d_tag(envelope, MessagePart::kMetadata),
+                     what + " (metadata)");
   }
-  const MessagePart part = total == agreed ? MessagePart::kData : MessagePart::kResizedData;
-  impl_->post_send(data, dst, c10d_tag(envelope, part), what + " (data)");
+  // [3]
+  if (total == agreed || total == 0) return;
+  torch::Tensor data = impl_->wire_buffer(total, torch::kUInt8);
+  pack(data);
+  impl_->post_send(data, dst, c10d_tag(envelope, MessagePart::kResizedData), what + " (data)");
 }
 
 int C10dTransport::Impl::check_receiver(const Envelope& envelope, const char* verb) {
@@ -507,8 +496,9 @@ Bundle C10dTransport::recv(const Envelope& envelope) {
   }
   Impl::BundleRecvs recvs = ahead ? std::move(*ahead) : impl_->post_bundle(envelope, src);
 
-  impl_->wait_recv(recvs.header, src, envelope, "header");
-  const torch::Tensor header = recvs.header.buffer.cpu();
+  impl_->wait_recv(recvs.message, src, envelope, "header");
+  const torch::Tensor header =
+      recvs.message.buffer.narrow(0, 0, kHeaderBytes).cpu().view(torch::kLong);
   const auto* h = header.data_ptr<int64_t>();
   TORCH_CHECK(h[0] == kMagic && h[1] == envelope.microbatch, "rank ", me,
               ": corrupt header for the ", describe(envelope), " from rank ", src, " (magic ", h[0],
@@ -535,12 +525,8 @@ Bundle C10dTransport::recv(const Envelope& envelope) {
   bundle.skip_names = std::move(shapes.skip_names);
   torch::Tensor data;
   if (total == recvs.data_bytes) {
-    if (recvs.data) {
-      impl_->wait_recv(*recvs.data, src, envelope, "data");
-      data = recvs.data->buffer;
-    }
+    if (total > 0) data = recvs.message.buffer.narrow(0, kHeaderBytes, total);
   } else {
-    if (recvs.data) impl_->wait_recv(*recvs.data, src, envelope, "filler");
     if (total > 0) {
       auto resized = impl_->post_recv(impl_->wire_buffer(total, torch::kUInt8), src,
                                       c10d_tag(envelope, MessagePart::kResizedData));

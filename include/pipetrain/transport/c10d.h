@@ -168,8 +168,10 @@ class C10dGroup {
   std::shared_ptr<Impl> impl_;
 };
 
-// The messages of a bundle (see the header comment); part of the tag. kResizedData carries the
-// data when its size differs from the channel's previous message (kData then carries filler).
+// The messages of a bundle (see src/transport/c10d_transport.cpp); part of the tag. kHeader
+// carries the header and the data (or, when the size changed, filler) in one message;
+// kResizedData the data when its size differs from the channel's previous message; kData is no
+// longer sent (the data joined the header's message) and keeps its value so the others do.
 enum class MessagePart : int { kHeader = 0, kMetadata = 1, kData = 2, kResizedData = 3 };
 
 // Tag layout (30 bits; bit 30 is 0 for transport messages):
