@@ -103,8 +103,8 @@ struct BenchArgs {
   int stages = 2;   // K
   int chunks = 8;   // M of the main rows
   std::string checkpoint = "never";
-  int width = 0;  // 0: suite default (mlp 1024 features, cnn 32 channels)
-  int batch = 0;  // 0: suite default (mlp 256, cnn 128)
+  int width = 0;           // 0: suite default (mlp 1024 features, cnn 32 channels)
+  int batch = 0;           // 0: suite default (mlp 256, cnn 128)
   bool no_python = false;  // no Python peer rows (torchgpipe, torch-pipelining)
   bool no_memory = false;
   bool no_multiprocess = false;
@@ -712,10 +712,8 @@ std::vector<std::string> config_flags(const BenchArgs& a, const Config& c) {
 std::vector<std::string> peer_argv(const BenchArgs& a, const Config& c, const std::string& dir) {
   std::vector<std::string> argv;
   if (c.runtime == "torchgpipe") {
-    argv = {a.python,       dir + "/torchgpipe_peer.py",
-            "--stages",     std::to_string(c.stages),
-            "--chunks",     std::to_string(c.chunks),
-            "--checkpoint", c.checkpoint};
+    argv = {a.python,   dir + "/torchgpipe_peer.py", "--stages",     std::to_string(c.stages),
+            "--chunks", std::to_string(c.chunks),    "--checkpoint", c.checkpoint};
     for (const auto& flag : common_child_flags(a)) argv.push_back(flag);
     return argv;
   }
@@ -819,8 +817,7 @@ void add_ratios(json& rows) {
     if (is_peer(row["runtime"])) continue;
     // In-process gpipe rows against torchgpipe with the same stages and chunks (the same
     // checkpoint mode preferred).
-    if (row["runtime"] == "inprocess" && row["schedule"] == "gpipe" &&
-        row["virtual_stages"] == 1) {
+    if (row["runtime"] == "inprocess" && row["schedule"] == "gpipe" && row["virtual_stages"] == 1) {
       auto same = [&](const json& r, bool checkpoint) {
         return r["runtime"] == "torchgpipe" && r["stages"] == row["stages"] &&
                r["chunks"] == row["chunks"] &&
@@ -888,8 +885,9 @@ json evaluate_checks(const BenchArgs& a, const json& rows) {
                r["chunks"] == M;
       });
       std::optional<double> ratio;
-      std::string detail = "torch-pipelining or multiprocess row missing (--no-python, "
-                           "--no-multiprocess, K = 1, or one failed)";
+      std::string detail =
+          "torch-pipelining or multiprocess row missing (--no-python, "
+          "--no-multiprocess, K = 1, or one failed)";
       if (ours && ours->contains("ratio_vs_torch")) {
         ratio = (*ours)["ratio_vs_torch"].get<double>();
         detail = "multiprocess step time / torch.distributed.pipelining step time, " +
@@ -911,8 +909,8 @@ json evaluate_checks(const BenchArgs& a, const json& rows) {
                " M=" + std::to_string(M) + ", checkpoint " + a.checkpoint + " (torchgpipe " +
                (*ours)["torchgpipe_checkpoint"].get<std::string>() + ")";
     }
-    checks.push_back(make_check("inprocess_vs_torchgpipe_speedup",
-                                ">= 1.5x faster than torchgpipe", speedup, 1.5, true, detail));
+    checks.push_back(make_check("inprocess_vs_torchgpipe_speedup", ">= 1.5x faster than torchgpipe",
+                                speedup, 1.5, true, detail));
   }
   {  // [2] one stage, one chunk vs plain LibTorch
     const json* ours = inprocess("gpipe", 1, 1, "never");
@@ -1117,11 +1115,10 @@ int run_bench(BenchArgs a) {
   const std::vector<Config> configs = plan_configs(a);
   json report;
   report["suite"] = a.suite;
-  report["model"] =
-      a.suite == "cnn"
-          ? "examples cnn (width " + std::to_string(a.width) + ", 1 block), cross-entropy"
-          : std::string(a.suite == "mlp" ? "8" : "16") + " x (Linear(" + std::to_string(a.width) +
-                ") + ReLU), MSE";
+  report["model"] = a.suite == "cnn" ? "examples cnn (width " + std::to_string(a.width) +
+                                           ", 1 block), cross-entropy"
+                                     : std::string(a.suite == "mlp" ? "8" : "16") + " x (Linear(" +
+                                           std::to_string(a.width) + ") + ReLU), MSE";
   report["batch"] = a.batch;
   report["threads"] = a.threads;
   report["steps"] = a.steps;
@@ -1161,8 +1158,9 @@ int run_bench(BenchArgs a) {
                   " intra-op threads; inprocess rows K workers x max(1, T/K); torchgpipe "
                   "torch.set_num_threads(T); multiprocess and torch-pipelining rows K ranks x "
                   "max(1, T/K)");
-  notes.push_back("/peer: multiprocess rows / torch-pipelining (same schedule), inprocess gpipe "
-                  "rows / torchgpipe");
+  notes.push_back(
+      "/peer: multiprocess rows / torch-pipelining (same schedule), inprocess gpipe "
+      "rows / torchgpipe");
   if (a.suite == "cnn") {
     notes.push_back(
         "cnn: pipelined rows use DeferredBatchNorm (torchgpipe: deferred_batch_norm=True); "

@@ -440,8 +440,7 @@ void C10dTransport::send(const Envelope& envelope, Bundle bundle) {
   // [1] The header, then the agreed L(c) bytes: the data when its size is still L(c), else filler
   // whose contents the receiver ignores.
   torch::Tensor message = impl_->wire_buffer(kHeaderBytes + agreed, torch::kUInt8);
-  message.narrow(0, 0, kHeaderBytes)
-      .copy_(header.view(torch::kUInt8).to(impl_->wire_device));
+  message.narrow(0, 0, kHeaderBytes).copy_(header.view(torch::kUInt8).to(impl_->wire_device));
   if (total == agreed && total > 0) pack(message.narrow(0, kHeaderBytes, total));
   impl_->post_send(message, dst, c10d_tag(envelope, MessagePart::kHeader), what + " (header)");
   // [2]

@@ -58,9 +58,9 @@ class TorchPeer : public ::testing::Test {
 
   static std::string path(const std::string& name) { return *dir_ + "/" + name; }
   static CliRun run(const std::string& command, const std::string& tag) {
-    return testing::run_command(command,
-                                CliOptions().log_to(*dir_ + "/" + tag + ".log").timeout_after(
-                                    std::chrono::seconds(180)));
+    return testing::run_command(
+        command,
+        CliOptions().log_to(*dir_ + "/" + tag + ".log").timeout_after(std::chrono::seconds(180)));
   }
   // The pipetrain flags of the run both sides make: 3 steps of SGD (lr 0.05) on the whole batch.
   static std::string pipetrain_flags(const std::string& schedule, const std::string& out) {

@@ -417,10 +417,10 @@ void scenario_train(Distributed& d, const std::vector<std::string>& schedules) {
     CHECK_OR_THROW(worst < tolerance, name, ": parameters differ from sequential training by ",
                    worst, " (relative)");
     for (std::size_t k = 0; k < losses.size(); ++k) {
-      CHECK_OR_THROW(
-          std::abs(losses[k] - reference_losses[k]) <
-              tolerance * std::abs(reference_losses[k]) + 1e-7,
-          name, ": loss of step ", k, " is ", losses[k], ", sequential ", reference_losses[k]);
+      CHECK_OR_THROW(std::abs(losses[k] - reference_losses[k]) <
+                         tolerance * std::abs(reference_losses[k]) + 1e-7,
+                     name, ": loss of step ", k, " is ", losses[k], ", sequential ",
+                     reference_losses[k]);
     }
     std::cout << "OK train " << name << " max_relative_difference " << worst << std::endl;
   }

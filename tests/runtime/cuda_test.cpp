@@ -18,8 +18,8 @@ int visible_gpus() {
   return static_cast<int>(torch::cuda::device_count());
 }
 
-#define SKIP_UNLESS_GPUS(n)                                                                   \
-  if (visible_gpus() < (n))                                                                  \
+#define SKIP_UNLESS_GPUS(n)                                                              \
+  if (visible_gpus() < (n))                                                              \
   GTEST_SKIP() << "needs " << (n) << " CUDA device(s); " << visible_gpus() << " visible" \
                << " (run `make gpu-check` on a GPU machine)"
 
@@ -79,30 +79,29 @@ TEST(CudaPipe, CpuAndGpuStagesMatchSequentialTraining) {
   EXPECT_EQ(testing::compare_parameters(*pipe, *reference, 1e-4, 1e-6), "");
 }
 
-// Two processes whose stages share one GPU, over Gloo (NCCL refuses two ranks on one device).
-TEST(CudaDistributed, TwoRanksSharingOneGpuOverGlooMatchSequentialTraining) {
-  SKIP_UNLESS_GPUS(1);
-  auto run = testing::run_ranks(2, {"train", "2", "gpipe", "1f1b", "zb-h1"}, 0, 60000,
-                                std::chrono::seconds(10),
-                                {{"PIPETRAIN_TEST_DEVICE", "cuda:0"},
-                                 {"PIPETRAIN_TEST_BACKEND", "gloo"}});
+// Two ranks of the rank helper's "train" scenario (3 SGD steps against sequential training on
+// rank 0) with their stages on `device` over `backend`.
+void expect_two_ranks_match_sequential_training(const std::string& device,
+                                                const std::string& backend) {
+  auto run = testing::run_ranks(
+      2, {"train", "2", "gpipe", "1f1b", "zb-h1"}, 0, 60000, std::chrono::seconds(10),
+      {{"PIPETRAIN_TEST_DEVICE", device}, {"PIPETRAIN_TEST_BACKEND", backend}});
   EXPECT_EQ(run.result.exit_code, 0) << run.output();
   for (const char* name : {"gpipe", "1f1b", "zb-h1"}) {
     EXPECT_TRUE(run.printed(std::string("OK train ") + name + " ")) << name << "\n" << run.output();
   }
 }
 
-// Two processes, one GPU each, over NCCL.
+// Two processes whose stages share one GPU, over Gloo (NCCL refuses two ranks on one device).
+TEST(CudaDistributed, TwoRanksSharingOneGpuOverGlooMatchSequentialTraining) {
+  SKIP_UNLESS_GPUS(1);
+  expect_two_ranks_match_sequential_training("cuda:0", "gloo");
+}
+
+// Two processes, one GPU each (cuda:LOCAL_RANK), over NCCL.
 TEST(CudaDistributed, TwoRanksOnTwoGpusOverNcclMatchSequentialTraining) {
   SKIP_UNLESS_GPUS(2);
-  auto run = testing::run_ranks(2, {"train", "2", "gpipe", "1f1b", "zb-h1"}, 0, 60000,
-                                std::chrono::seconds(10),
-                                {{"PIPETRAIN_TEST_DEVICE", "cuda"},
-                                 {"PIPETRAIN_TEST_BACKEND", "nccl"}});
-  EXPECT_EQ(run.result.exit_code, 0) << run.output();
-  for (const char* name : {"gpipe", "1f1b", "zb-h1"}) {
-    EXPECT_TRUE(run.printed(std::string("OK train ") + name + " ")) << name << "\n" << run.output();
-  }
+  expect_two_ranks_match_sequential_training("cuda", "nccl");
 }
 
 }  // namespace

@@ -41,7 +41,6 @@ std::vector<std::string> directory_entries(const std::string& directory) {
   return names;
 }
 
-
 // Runs a Python snippet; returns its stdout.
 std::string python(const std::string& code, const std::string& directory) {
   const std::string script = directory + "/snippet.py";

@@ -12,9 +12,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "../helpers/python.h"
 #include "pipetrain/runtime/tensor_io.h"
 #include "pipetrain/stage/batchnorm.h"
-#include "../helpers/python.h"
 
 namespace pipetrain {
 namespace {
@@ -216,8 +216,9 @@ class PythonScripted : public ::testing::Test {
   static void SetUpTestSuite() {
     if (!pipetrain::testing::python_has_torch()) return;
     directory_ = new std::string(temporary_directory());
-    const std::string command = pipetrain::testing::kPython + " " PIPETRAIN_SOURCE_DIR
-                                "/tests/apps/make_models.py fixtures " + *directory_;
+    const std::string command = pipetrain::testing::kPython +
+                                " " PIPETRAIN_SOURCE_DIR "/tests/apps/make_models.py fixtures " +
+                                *directory_;
     ASSERT_EQ(std::system(command.c_str()), 0) << command;
   }
   void SetUp() override {
