@@ -95,7 +95,10 @@ else()
     endif()
     list(APPEND TORCH_LIBRARIES "${PIPETRAIN_TORCH_${lib}_LIBRARY}")
   endforeach()
-  set(TORCH_CXX_FLAGS "-D_GLIBCXX_USE_CXX11_ABI=1")
+  # What the wheel's torch_cpu target would add: the ABI and the c10d features it was built with
+  # (Caffe2Targets.cmake: USE_DISTRIBUTED, USE_C10D_GLOO, ...), which its headers test.
+  set(TORCH_CXX_FLAGS
+      "-D_GLIBCXX_USE_CXX11_ABI=1 -DUSE_DISTRIBUTED -DUSE_C10D_GLOO -DUSE_RPC -DUSE_TENSORPIPE")
 endif()
 message(STATUS "pipetrain: torch ${PIPETRAIN_TORCH_FOUND_VERSION} from ${PIPETRAIN_PYTHON}, "
                "CUDA paths ${PIPETRAIN_HAS_CUDA} (torch CUDA '${PIPETRAIN_TORCH_CUDA_VERSION}', "
