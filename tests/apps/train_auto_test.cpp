@@ -182,7 +182,7 @@ TEST_F(TrainAuto, InProcessAutoRunEqualsTheRunWithThePrintedFlags) {
   ASSERT_EQ(written.exit_code, 0) << written.output;
   // The same layout and the same arithmetic, but not bit for bit on torch 2.11: two identical
   // runs differed in the last bits once (5.8e-6 relative after 8 steps; 0 usually), most likely
-  // MKL (PyPI.s BLAS) taking another kernel path for another buffer alignment.
+  // MKL (the BLAS of PyPI's torch) taking another kernel path for another buffer alignment.
   EXPECT_LE(max_relative_difference(path("cnn_auto.pt"), path("cnn_written.pt")), 1e-5);
   static const std::regex test_loss(R"(epoch 1: test loss \S+)");
   std::smatch a, b;

@@ -72,7 +72,7 @@ TEST_F(TrainProduct, ResumedRunEndsWithTheWeightsOfTheUninterruptedRun) {
   EXPECT_NE(second.output.find("resumed from"), std::string::npos) << second.output;
   // The same layout and the same arithmetic, but not bit for bit on torch 2.11: two identical
   // runs differed in the last bits once (5.8e-6 relative after 8 steps; 0 usually), most likely
-  // MKL (PyPI.s BLAS) taking another kernel path for another buffer alignment.
+  // MKL (the BLAS of PyPI's torch) taking another kernel path for another buffer alignment.
   EXPECT_LE(max_relative_difference(path("resumed.pt"), path("whole.pt")), 1e-5);
 }
 
