@@ -34,6 +34,33 @@ TEST(PipeModule, CloneCopiesWeightsIntoIndependentLayers) {
   EXPECT_NO_THROW(copy->train_step(batch.input, batch.target, testing::mse));
 }
 
+// A module holding a Pipe: cloning it assigns the Pipe's clone into the holder's new Pipe
+// (Cloneable::clone_ -> PipeImpl::operator=), which must give it layers and workers of its own.
+struct PipeHolderImpl : torch::nn::Cloneable<PipeHolderImpl> {
+  Pipe pipe{nullptr};
+  PipeHolderImpl() { reset(); }
+  void reset() override {
+    pipe = register_module("pipe", Pipe(testing::make_mlp(), PipeOptions().stages(2).chunks(2)));
+  }
+};
+TORCH_MODULE(PipeHolder);
+
+TEST(PipeModule, APipeInsideAClonedModuleTrainsWithLayersOfItsOwn) {
+  PipeHolder holder;
+  auto copy = std::dynamic_pointer_cast<PipeHolderImpl>(holder->clone());
+  ASSERT_TRUE(copy);
+  EXPECT_EQ(testing::compare_parameters(*copy, *holder), "");
+  auto batch = testing::make_batches(4, 1)[0];
+  EXPECT_NO_THROW(copy->pipe->train_step(batch.input, batch.target, testing::mse));
+  {
+    torch::NoGradGuard no_grad;
+    copy->parameters()[0].add_(1.0);
+  }
+  EXPECT_NE(testing::compare_parameters(*copy, *holder), "");
+  EXPECT_TRUE(torch::allclose(copy->pipe->forward(batch.input),
+                              copy->pipe->sequential()->forward(batch.input)));
+}
+
 TEST(PipeModule, InferenceEqualsTheSequentialForwardForEverySplit) {
   torch::nn::Sequential model = testing::make_skip_mlp();
   torch::Tensor x = torch::randn({10, 6});
