@@ -103,8 +103,8 @@ struct BenchArgs {
   int stages = 2;   // K
   int chunks = 8;   // M of the main rows
   std::string checkpoint = "never";
-  int width = 0;           // 0: suite default (mlp 1024 features, cnn 32 channels)
-  int batch = 0;           // 0: suite default (mlp 256, cnn 128)
+  int width = 0;           // 0: suite default (mlp 1024 features, small 256, cnn 32 channels)
+  int batch = 0;           // 0: suite default (mlp 256, small 64, cnn 128)
   bool no_python = false;  // no Python peer rows (torchgpipe, torch-pipelining)
   bool no_memory = false;
   bool no_multiprocess = false;
@@ -181,6 +181,16 @@ void resolve_defaults(BenchArgs& a) {
 // zero-bubble schedules need V >= 2 or a V placement; pipetrain's zb-h1 is V = 1).
 constexpr const char* kPeerSchedules[] = {"gpipe", "1f1b", "interleaved-1f1b"};
 
+// Stages per rank of the pipelined rows: 2 for interleaved-1f1b, else 1.
+int virtual_stages_of(const std::string& schedule) {
+  return schedule == "interleaved-1f1b" ? 2 : 1;
+}
+
+// Intra-op threads of each of a pipelined row's K ranks (T split over them, at least 1).
+int threads_per_rank(const BenchArgs& a, const Config& c) {
+  return std::max(1, a.threads / c.stages);
+}
+
 std::vector<Config> plan_configs(const BenchArgs& a) {
   std::vector<Config> configs;
   const int K = a.stages;
@@ -189,7 +199,7 @@ std::vector<Config> plan_configs(const BenchArgs& a) {
   configs.push_back({"libtorch-microbatched", "none", 1, 1, M, "never", "main"});
   configs.push_back({"inprocess", "gpipe", 1, 1, 1, "never", "main"});
   for (const char* schedule : {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1"}) {
-    const int V = std::string(schedule) == "interleaved-1f1b" ? 2 : 1;
+    const int V = virtual_stages_of(schedule);
     configs.push_back({"inprocess", schedule, K, V, M, a.checkpoint, "main"});
   }
   if (!a.no_memory) {
@@ -207,7 +217,7 @@ std::vector<Config> plan_configs(const BenchArgs& a) {
   }
   if (!a.no_multiprocess && K > 1) {
     for (const char* schedule : {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1"}) {
-      const int V = std::string(schedule) == "interleaved-1f1b" ? 2 : 1;
+      const int V = virtual_stages_of(schedule);
       configs.push_back({"multiprocess", schedule, K, V, M, a.checkpoint, "main"});
     }
   }
@@ -215,7 +225,7 @@ std::vector<Config> plan_configs(const BenchArgs& a) {
     configs.push_back({"torchgpipe", "gpipe", K, 1, M, a.checkpoint, "main"});
     if (!a.no_multiprocess && K > 1 && a.suite != "cnn") {
       for (const char* schedule : kPeerSchedules) {
-        const int V = std::string(schedule) == "interleaved-1f1b" ? 2 : 1;
+        const int V = virtual_stages_of(schedule);
         configs.push_back({"torch-pipelining", schedule, K, V, M, a.checkpoint, "main"});
       }
     }
@@ -333,7 +343,7 @@ json run_one(const BenchArgs& a, const Config& c) {
   std::function<void()> step;
   std::optional<Pipe> pipe;
   torch::nn::Sequential model = w.model;
-  int threads_per_rank = a.threads;
+  int rank_threads = a.threads;
 
   if (c.runtime == "libtorch") {
     step = [&] { w.loss(model->forward(w.inputs), w.targets).backward(); };
@@ -348,7 +358,7 @@ json run_one(const BenchArgs& a, const Config& c) {
       }
     };
   } else if (c.runtime == "inprocess") {
-    threads_per_rank = std::max(1, a.threads / c.stages);
+    rank_threads = threads_per_rank(a, c);
     if (a.suite == "cnn") model = convert_deferred_batch_norm(model, c.chunks);
     pipe.emplace(model, PipeOptions()
                             .stages(c.stages * c.virtual_stages)
@@ -356,7 +366,7 @@ json run_one(const BenchArgs& a, const Config& c) {
                             .chunks(c.chunks)
                             .schedule(c.schedule)
                             .checkpoint(parse_checkpoint(c.checkpoint))
-                            .threads_per_stage(threads_per_rank));
+                            .threads_per_stage(rank_threads));
     step = [&] { (*pipe)->train_step(w.inputs, w.targets, w.loss); };
   } else {
     throw UsageError("unknown --runtime '" + c.runtime +
@@ -388,8 +398,8 @@ json run_one(const BenchArgs& a, const Config& c) {
   result["step_seconds"] = median(seconds);
   result["step_seconds_all"] = seconds;
   result["steps"] = static_cast<int>(seconds.size());
-  result["threads"] = pipe ? json{{"ranks", c.stages}, {"per_rank", threads_per_rank}}
-                           : json{{"ranks", 1}, {"per_rank", threads_per_rank}};
+  result["threads"] = pipe ? json{{"ranks", c.stages}, {"per_rank", rank_threads}}
+                           : json{{"ranks", 1}, {"per_rank", rank_threads}};
   json stashed = json::array();
   json stashed_microbatches = json::array();
   if (pipe) {
@@ -424,7 +434,7 @@ int run_rank(const BenchArgs& a, const Config& c) {
   DistributedOptions options;
   options.pipeline_ranks(c.stages).timeout(std::chrono::seconds(120));
   return run_distributed(options, [&](Distributed& distributed) {
-    const int threads = std::max(1, a.threads / c.stages);
+    const int threads = threads_per_rank(a, c);
     at::set_num_threads(threads);
     Workload w = make_workload(a);
     torch::nn::Sequential model = w.model;
@@ -739,7 +749,7 @@ std::vector<std::string> peer_argv(const BenchArgs& a, const Config& c, const st
           "--batch",
           std::to_string(a.batch),
           "--threads",
-          std::to_string(std::max(1, a.threads / c.stages)),
+          std::to_string(threads_per_rank(a, c)),
           "--steps",
           std::to_string(a.steps),
           "--warmup",
@@ -790,7 +800,7 @@ json run_config(const BenchArgs& a, const Config& c, const std::string& peer_dir
   if (c.runtime == "torchgpipe") {
     merged["threads"] = {{"ranks", 1}, {"per_rank", a.threads}};
   } else if (c.runtime == "torch-pipelining") {
-    merged["threads"] = {{"ranks", c.stages}, {"per_rank", std::max(1, a.threads / c.stages)}};
+    merged["threads"] = {{"ranks", c.stages}, {"per_rank", threads_per_rank(a, c)}};
   }
   if (is_peer(c.runtime)) merged["peak_stashed_bytes"] = json::array();  // not accounted there
   return merged;
