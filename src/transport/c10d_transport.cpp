@@ -442,7 +442,8 @@ void C10dTransport::send(const Envelope& envelope, Bundle bundle) {
   torch::Tensor message = impl_->wire_buffer(kHeaderBytes + agreed, torch::kUInt8);
   message.narrow(0, 0, kHeaderBytes).copy_(header.view(torch::kUInt8).to(impl_->wire_device));
   if (total == agreed && total > 0) pack(message.narrow(0, kHeaderBytes, total));
-  impl_->post_send(message, dst, c10d_tag(envelope, MessagePart::kHeader), what + " (header)");
+  impl_->post_send(message, dst, c10d_tag(envelope, MessagePart::kHeader),
+                   what + " (header and data)");
   // [2]
   if (!inline_meta) {
     auto overflow = torch::tensor(meta, torch::kLong).to(impl_->wire_device);
@@ -495,7 +496,7 @@ Bundle C10dTransport::recv(const Envelope& envelope) {
   }
   Impl::BundleRecvs recvs = ahead ? std::move(*ahead) : impl_->post_bundle(envelope, src);
 
-  impl_->wait_recv(recvs.message, src, envelope, "header");
+  impl_->wait_recv(recvs.message, src, envelope, "header and data");
   const torch::Tensor header =
       recvs.message.buffer.narrow(0, 0, kHeaderBytes).cpu().view(torch::kLong);
   const auto* h = header.data_ptr<int64_t>();
