@@ -33,8 +33,18 @@ Schedule empty_schedule(const std::string& name, int ranks, int microbatches, in
 }  // namespace detail
 
 const std::vector<std::string>& schedule_names() {
-  static const std::vector<std::string> names = {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1"};
+  static const std::vector<std::string> names = {
+      "gpipe", "1f1b",   "interleaved-1f1b", "zb-h1",      "zb-h2",     "zb-v",
+      "v-half", "v-min", "interleaved-zb",   "looped-bfs", "dualpipev", "zb-auto"};
   return names;
+}
+
+bool is_v_shaped(const std::string& name) {
+  return name == "zb-v" || name == "v-half" || name == "v-min" || name == "dualpipev";
+}
+
+int default_virtual_stages(const std::string& name) {
+  return is_v_shaped(name) || name == "interleaved-zb" || name == "looped-bfs" ? 2 : 1;
 }
 
 Schedule make_schedule(const std::string& name, int ranks, int microbatches, int virtual_stages) {
@@ -42,9 +52,14 @@ Schedule make_schedule(const std::string& name, int ranks, int microbatches, int
     if (virtual_stages != 1) {
       throw std::invalid_argument(
           name + " has no virtual stages (got virtual_stages=" + std::to_string(virtual_stages) +
-          "); use interleaved-1f1b for V > 1");
+          "); use interleaved-1f1b, interleaved-zb or looped-bfs for V > 1");
     }
   };
+  if (is_v_shaped(name) && virtual_stages != 2) {
+    throw std::invalid_argument(name + " places two chunks per rank in a V (got virtual_stages=" +
+                                std::to_string(virtual_stages) +
+                                "); set virtual_stages to 2, i.e. twice as many stages as ranks");
+  }
   if (name == "gpipe") {
     no_virtual();
     return gpipe(ranks, microbatches);
@@ -59,6 +74,21 @@ Schedule make_schedule(const std::string& name, int ranks, int microbatches, int
     no_virtual();
     return zero_bubble_h1(ranks, microbatches);
   }
+  if (name == "zb-h2") {
+    no_virtual();
+    return zero_bubble_h2(ranks, microbatches);
+  }
+  if (name == "zb-auto") {
+    no_virtual();
+    return zero_bubble_auto(ranks, microbatches);
+  }
+  if (name == "zb-v") return zero_bubble_v(ranks, microbatches);
+  if (name == "v-half") return v_half(ranks, microbatches);
+  if (name == "v-min") return v_min(ranks, microbatches);
+  if (name == "dualpipev") return dualpipe_v(ranks, microbatches);
+  if (name == "interleaved-zb")
+    return interleaved_zero_bubble(ranks, microbatches, virtual_stages);
+  if (name == "looped-bfs") return looped_bfs(ranks, microbatches, virtual_stages);
   std::string valid;
   for (const auto& known : schedule_names()) valid += (valid.empty() ? "" : ", ") + known;
   throw std::invalid_argument("unknown schedule '" + name + "'; valid names: " + valid);

@@ -164,16 +164,31 @@ SimulationResult simulate(const Schedule& schedule, const Costs& costs) {
   result.bubble_fraction =
       result.makespan > 0 ? (K * result.makespan - busy) / (K * result.makespan) : 0.0;
 
+  result.span_idle.assign(K, 0.0);
+  for (int r = 0; r < K; ++r) {
+    if (result.ranks[r].empty()) continue;
+    const double span = result.ranks[r].back().end - result.ranks[r].front().start;
+    result.span_idle[r] = std::max(0.0, span - result.busy[r]);
+    result.bubble_time = std::max(result.bubble_time, result.span_idle[r]);
+  }
+
   // Peak activations: a rank runs its actions one after another, so list order is time order.
   result.peak_activations.assign(S, 0);
+  result.peak_rank_activations.assign(K, 0.0);
   std::vector<int> live(S, 0);
   for (int r = 0; r < K; ++r) {
+    const double share = 1.0 / static_cast<double>(std::max<std::size_t>(
+                                    1, schedule.stages_of_rank(r).size()));
+    int rank_live = 0;
     for (const auto& a : plain.actions[r]) {
       if (a.op == Op::kForward) {
         result.peak_activations[a.stage] =
             std::max(result.peak_activations[a.stage], ++live[a.stage]);
+        result.peak_rank_activations[r] =
+            std::max(result.peak_rank_activations[r], ++rank_live * share);
       } else if (a.op == Op::kBackward || a.op == Op::kBackwardWeight) {
         --live[a.stage];
+        --rank_live;
       }
     }
   }

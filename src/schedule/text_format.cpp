@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "pipetrain/schedule/atomic_file.h"
+#include "pipetrain/schedule/csv_format.h"
 
 namespace pipetrain::schedule {
 namespace {
@@ -122,6 +123,7 @@ Schedule load_schedule(const std::string& path) {
   std::stringstream buffer;
   buffer << in.rdbuf();
   try {
+    if (is_csv_path(path)) return parse_csv_schedule(buffer.str(), "custom");
     return parse_schedule(buffer.str(), "custom");
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument("schedule file '" + path + "', " + e.what());
@@ -129,6 +131,10 @@ Schedule load_schedule(const std::string& path) {
 }
 
 void save_schedule(const Schedule& schedule, const std::string& path, const std::string& comment) {
+  if (is_csv_path(path)) {
+    write_file_atomically(path, format_csv_schedule(schedule));  // CSV has no comments
+    return;
+  }
   std::string text;
   std::stringstream lines(comment);
   for (std::string line; std::getline(lines, line);) text += "# " + line + "\n";

@@ -65,6 +65,15 @@ struct SimulationResult {
   double bubble_fraction = 0;         // idle / (ranks * makespan)
   std::vector<double> busy;           // per rank: total compute time
   std::vector<int> peak_activations;  // per stage, in micro-batches
+  // Per rank: idle time between the start of its first action and the end of its last, the
+  // bubble the Zero Bubble paper counts (its layouts let each rank start the next step as soon
+  // as it is done, so the offsets at the ends are not idle). bubble_time is the largest.
+  std::vector<double> span_idle;
+  double bubble_time = 0;
+  // Per rank: the most stashed activations held at once over all its stages, in units of the
+  // rank's whole share of the model (a micro-batch through one of V chunks counts 1/V). 1F1B's
+  // rank 0 holds min(K, M); a V-shaped rank holding both chunks of K micro-batches also K.
+  std::vector<double> peak_rank_activations;
 
   // The timeline (for SVG, Chrome trace, text grid).
   Timeline timeline(const std::string& title = "") const;

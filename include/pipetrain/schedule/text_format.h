@@ -30,7 +30,8 @@ Schedule parse_schedule(std::string_view text, const std::string& name = "custom
 // whose every stage appears in some rank's list.
 std::string format_schedule(const Schedule& schedule);
 
-// File versions. load throws std::invalid_argument (bad content, message names the file) or
+// File versions; a path ending in ".csv" is read and written in torch's CSV form instead
+// (csv_format.h; no comment line there). load throws std::invalid_argument (bad content, message names the file) or
 // std::runtime_error (cannot read). save writes "<path>.tmp.<pid>" then renames it over path.
 Schedule load_schedule(const std::string& path);
 void save_schedule(const Schedule& schedule, const std::string& path,
