@@ -18,6 +18,7 @@
 
 #include "commands.h"
 #include "pipetrain/schedule/atomic_file.h"
+#include "pipetrain/schedule/auto_schedule.h"
 #include "pipetrain/schedule/generators.h"
 #include "pipetrain/schedule/grid.h"
 #include "pipetrain/schedule/simulate.h"
@@ -35,7 +36,8 @@ struct PlanRequest {
   int stages = 0;  // K: pipeline ranks (0 = not given)
   int microbatches = 0;
   std::string schedule = "1f1b";
-  int virtual_stages = 1;
+  int virtual_stages = 0;  // 0 = the schedule's own (ps::default_virtual_stages)
+  double memory_limit = 0;  // zb-auto: per rank, micro-batches of its share (0 = K)
   double cost_f = 1;
   double cost_b = 2;
   double cost_i = 1;
@@ -44,6 +46,7 @@ struct PlanRequest {
   std::string schedule_file;
   std::string format = "text";
   std::string output;
+  std::string save;
 };
 
 std::string join(const std::vector<std::string>& names) {
@@ -71,8 +74,16 @@ void check_request(const PlanRequest& request) {
                        std::to_string(value) + ")");
     }
   }
-  if (request.virtual_stages < 1) {
+  if (request.virtual_stages < 0) {
     throw UsageError("--virtual must be >= 1 (got " + std::to_string(request.virtual_stages) + ")");
+  }
+  if (!(request.memory_limit >= 0) || !std::isfinite(request.memory_limit)) {
+    throw UsageError("--memory-limit must be a finite number of micro-batches > 0 (got " +
+                     std::to_string(request.memory_limit) + ")");
+  }
+  if (request.memory_limit > 0 && request.schedule != "zb-auto") {
+    throw UsageError("--memory-limit is for --schedule zb-auto (" + request.schedule +
+                     " has its own memory)");
   }
   if (!request.schedule_file.empty()) return;  // counts come from the file
   if (request.stages < 1) {
@@ -88,10 +99,22 @@ void check_request(const PlanRequest& request) {
     throw UsageError("unknown --schedule '" + request.schedule + "'; valid: " + join(names) +
                      " (or --schedule-file FILE)");
   }
-  if (request.virtual_stages != 1 && request.schedule != "interleaved-1f1b") {
-    throw UsageError("--virtual " + std::to_string(request.virtual_stages) + " needs --schedule " +
-                     "interleaved-1f1b (" + request.schedule + " has no virtual stages)");
-  }
+}
+
+int virtual_stages_of(const PlanRequest& request) {
+  return request.virtual_stages > 0 ? request.virtual_stages
+                                    : ps::default_virtual_stages(request.schedule);
+}
+
+// [3]
+ps::Costs resolve_costs(const PlanRequest& request) {
+  ps::Costs costs;
+  costs.forward = request.cost_f;
+  costs.backward = request.cost_b;
+  costs.backward_input = request.cost_i;
+  costs.backward_weight = request.cost_w;
+  costs.comm = request.cost_comm;
+  return costs;
 }
 
 // [2]
@@ -115,8 +138,24 @@ ps::Schedule resolve_schedule(const PlanRequest& request) {
     }
   } else {
     try {
-      schedule = ps::make_schedule(request.schedule, request.stages, request.microbatches,
-                                   request.virtual_stages);
+      if (request.schedule == "zb-auto") {
+        // The auto scheduler on this request's costs and memory limit.
+        ps::AutoScheduleOptions options;
+        options.ranks = request.stages;
+        options.microbatches = request.microbatches;
+        options.virtual_stages = virtual_stages_of(request);
+        if (options.virtual_stages != 1) {
+          throw UsageError("zb-auto has no virtual stages (got --virtual " +
+                           std::to_string(options.virtual_stages) + "); drop --virtual");
+        }
+        options.costs = resolve_costs(request);
+        options.memory_limit = {request.memory_limit > 0 ? request.memory_limit
+                                                         : double(request.stages)};
+        schedule = ps::zero_bubble_auto(options);
+      } else {
+        schedule = ps::make_schedule(request.schedule, request.stages, request.microbatches,
+                                     virtual_stages_of(request));
+      }
     } catch (const std::invalid_argument& e) {
       throw UsageError(e.what());
     }
@@ -124,17 +163,6 @@ ps::Schedule resolve_schedule(const PlanRequest& request) {
   ps::CheckResult result = ps::check(schedule);
   if (!result.ok) throw UsageError(result.message);
   return schedule;
-}
-
-// [3]
-ps::Costs resolve_costs(const PlanRequest& request) {
-  ps::Costs costs;
-  costs.forward = request.cost_f;
-  costs.backward = request.cost_b;
-  costs.backward_input = request.cost_i;
-  costs.backward_weight = request.cost_w;
-  costs.comm = request.cost_comm;
-  return costs;
 }
 
 // [5]
@@ -152,7 +180,10 @@ std::string to_json(const ps::Schedule& schedule, const ps::SimulationResult& re
                         {"virtual_stages", schedule.virtual_stages()},
                         {"makespan", result.makespan},
                         {"bubble_fraction", result.bubble_fraction},
+                        {"bubble_time", result.bubble_time},
+                        {"span_idle", result.span_idle},
                         {"peak_activations", result.peak_activations},
+                        {"peak_rank_activations", result.peak_rank_activations},
                         {"stage_rank", schedule.stage_rank},
                         {"actions", std::move(actions)}};
   return out.dump() + "\n";
@@ -163,8 +194,10 @@ std::string to_text(const ps::Schedule& schedule, const ps::SimulationResult& re
   out << schedule.name << ": " << schedule.num_ranks << " ranks, " << schedule.num_stages
       << " stages, " << schedule.num_microbatches << " micro-batches\n";
   out << "makespan " << result.makespan << ", bubble fraction " << result.bubble_fraction
-      << "\npeak activations per stage:";
+      << ", bubble time " << result.bubble_time << "\npeak activations per stage:";
   for (int peak : result.peak_activations) out << ' ' << peak;
+  out << "\npeak activations per rank (micro-batches of its share):";
+  for (double peak : result.peak_rank_activations) out << ' ' << peak;
   out << "\n\n" << ps::render_time_grid(result.timeline());
   return out.str();
 }
@@ -174,6 +207,7 @@ void run_plan(const PlanRequest& request) {
   const ps::Schedule schedule = resolve_schedule(request);
   const ps::Costs costs = resolve_costs(request);
   const ps::SimulationResult result = ps::simulate(schedule, costs);
+  if (!request.save.empty()) ps::save_schedule(schedule, request.save, schedule.name);
   if (request.format == "svg") {
     char title[256];
     std::snprintf(title, sizeof title, "%s: %d ranks, %d micro-batches, bubble %.3f",
@@ -200,9 +234,15 @@ void add_plan_command(CLI::App& app, int& exit_code) {
   command->add_option("--stages", request->stages, "Pipeline ranks K (>= 1)");
   command->add_option("--microbatches", request->microbatches, "Micro-batches M (>= 1)");
   command->add_option("--schedule", request->schedule,
-                      "gpipe | 1f1b | interleaved-1f1b | zb-h1 (default 1f1b)");
+                      "gpipe | 1f1b | interleaved-1f1b | zb-h1 | zb-h2 | zb-v | v-half | v-min | "
+                      "interleaved-zb | looped-bfs | dualpipev | zb-auto (default 1f1b)");
   command->add_option("--virtual", request->virtual_stages,
-                      "Virtual stages per rank V (interleaved-1f1b; default 1)");
+                      "Chunks per rank V (interleaved-1f1b, interleaved-zb, looped-bfs; default: "
+                      "2 for those but interleaved-1f1b, whose default is 1)");
+  command->add_option("--memory-limit", request->memory_limit,
+                      "zb-auto: most stashed micro-batches per rank (default K, 1F1B's peak)");
+  command->add_option("--save", request->save,
+                      "Also write the schedule to FILE (text form, or torch's CSV for *.csv)");
   command->add_option("--cost-f", request->cost_f, "Forward time per rank's share (default 1)");
   command->add_option("--cost-b", request->cost_b, "Full backward time (default 2)");
   command->add_option("--cost-i", request->cost_i, "Input-gradient backward time (default 1)");
@@ -210,7 +250,7 @@ void add_plan_command(CLI::App& app, int& exit_code) {
   command->add_option("--cost-comm", request->cost_comm,
                       "Transfer latency between ranks (default 0)");
   command->add_option("--schedule-file", request->schedule_file,
-                      "Load a custom schedule (one line per rank, e.g. 0F0,0F1,0B0,0B1)");
+                      "Load a custom schedule (one line per rank, e.g. 0F0,0F1,0B0,0B1; *.csv: torch's CSV)");
   command->add_option("--format", request->format, "json | text | svg (default text)");
   command->add_option("--output", request->output, "Write to FILE (required for svg)");
   // --model: profile a model and search the plan space (plan_model.cpp).

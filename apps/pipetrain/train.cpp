@@ -172,11 +172,12 @@ void add_train_flags(CLI::App& command, TrainArgs& args) {
       ->capture_default_str()
       ->each([&args](const std::string&) { args.schedule_given = true; });
   command.add_option("--schedule-file", args.schedule_file,
-                     "custom schedule in the text form (one line of actions per rank; "
-                     "in-process only)");
+                     "custom schedule: the text form (one line of actions per rank) or, for a "
+                     "*.csv file, torch.distributed.pipelining's compute-only CSV");
   command
-      .add_option("--virtual", args.virtual_stages, "virtual stages per rank V (interleaved-1f1b)")
-      ->capture_default_str()
+      .add_option("--virtual", args.virtual_stages,
+                  "chunks per rank V (interleaved-1f1b: default 1; interleaved-zb, looped-bfs and "
+                  "the V-shaped zb-v, v-half, v-min, dualpipev: 2)")
       ->each([&args](const std::string&) { args.virtual_given = true; });
   command
       .add_option("--checkpoint", args.checkpoint,
@@ -293,6 +294,11 @@ void resolve_auto_flags(TrainArgs& args) {
     request.checkpoint = request.checkpoint || !args.checkpoint_given;
     request.balance = request.balance || args.balance_text.empty();
     request.virtual_stages = !args.virtual_given && args.balance_text.empty();
+  }
+  // Each family's own chunk count when --virtual is not given (2 for the V-shaped ones).
+  if (!args.virtual_given && !request.schedule && args.schedule_file.empty() &&
+      contains(schedule::schedule_names(), args.schedule)) {
+    args.virtual_stages = schedule::default_virtual_stages(args.schedule);
   }
   if (!args.memory_limit.empty() && args.memory_limit != "none") {
     try {
@@ -427,10 +433,8 @@ Layout layout_of(const TrainArgs& args, int world) {
                      std::to_string(layout.pipeline_ranks) + " x --dp " +
                      std::to_string(layout.replicas) + "; make pp x dp equal the process count");
   }
-  if (!args.schedule_file.empty()) {
-    throw UsageError("--schedule-file runs in one process only; drop --nproc");
-  }
-  if (args.stages_given && args.stages != layout.pipeline_ranks * args.virtual_stages) {
+  if (args.stages_given && args.schedule_file.empty() &&
+      args.stages != layout.pipeline_ranks * args.virtual_stages) {
     throw UsageError("--stages " + std::to_string(args.stages) + " but the run has " +
                      std::to_string(layout.pipeline_ranks) + " pipeline processes x --virtual " +
                      std::to_string(args.virtual_stages) + "; drop --stages or make them agree");
@@ -485,6 +489,15 @@ PipeOptions pipe_options(const TrainArgs& args, const Layout& layout, int64_t la
       throw UsageError("--chunks " + std::to_string(args.chunks) + " but --schedule-file " +
                        args.schedule_file + " has " + std::to_string(custom.num_microbatches) +
                        " micro-batches; drop --chunks or make them agree");
+    }
+    if (layout.multi_process && custom.num_ranks != layout.pipeline_ranks) {
+      throw UsageError("--schedule-file " + args.schedule_file + " has " +
+                       std::to_string(custom.num_ranks) + " ranks but the run has " +
+                       std::to_string(layout.pipeline_ranks) +
+                       " pipeline processes; start --nproc " +
+                       std::to_string(custom.num_ranks * layout.replicas) +
+                       " (x --dp) or use a schedule for " +
+                       std::to_string(layout.pipeline_ranks) + " ranks");
     }
     ranks = custom.num_ranks;
     options.chunks(custom.num_microbatches)

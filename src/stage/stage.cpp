@@ -3,10 +3,12 @@
 //
 // Split backward, per layer l of the stage (L layers), with skips cut at their stash:
 //
-//   forward (recorded):  in_0 -> [layer 0] -> out_0 = in_1 -> ... -> [layer L-1] -> out_{L-1}
-//                         a tensor stashed by layer a is replaced in the skip context by a fresh
-//                         leaf s'; the layer b that pops it reads s' (so every layer's graph
-//                         is a chain piece between its own inputs and outputs)
+//   forward (recorded):  in_0 -> [layer 0] -> out_0, in_1 = leaf(out_0) -> ... -> out_{L-1}
+//                         each layer reads fresh leaves of the previous layer's outputs, and a
+//                         tensor stashed by layer a is replaced in the skip context by a fresh
+//                         leaf s' that the popping layer b reads: every layer's graph is its
+//                         own, between its input leaves and its outputs (so a parameter tied
+//                         between two layers gets each layer's W once)
 //   I, l = L-1 .. 0:     roots = out_l and the tensors layer l stashed, with their gradients
 //                        [1] g_in_l, g_s' = grad(roots, {in_l, popped leaves}, retain_graph)
 //                        [2] keep (roots, gradients) of layer l for W
@@ -215,6 +217,14 @@ void Stage::run_layers(Microbatch& state, bool record, bool recomputing) const {
         // The cut: later layers read a leaf, so this layer's graph ends at what it stashed.
         if (entry.second.defined() && entry.second.requires_grad()) {
           entry.second = entry.second.detach().requires_grad_();
+        }
+      }
+      // The cut between layers: the next layer reads leaves, so W of a layer reaches only its
+      // own use of a parameter; a parameter tied between two layers of this stage gets each
+      // layer's part once, and no W walks into a graph another W has freed.
+      if (l + 1 < layers_.size()) {
+        for (auto& t : outputs) {
+          if (t.defined() && t.requires_grad()) t = t.detach().requires_grad_();
         }
       }
     }

@@ -22,6 +22,7 @@
 
 #include "pipetrain/runtime/distributed.h"
 #include "pipetrain/runtime/distributed_pipe.h"
+#include "pipetrain/schedule/generators.h"
 #include "pipetrain/stage/skip_layers.h"
 #include "pipetrain/transport/c10d.h"
 
@@ -369,8 +370,16 @@ void scenario_train(Distributed& d, const std::vector<std::string>& schedules) {
     return torch::mse_loss(out, target);
   };
   const int K = d.layout().pipeline_ranks;
-  for (const auto& name : schedules) {
-    const int virtual_stages = name == "interleaved-1f1b" ? 2 : 1;
+  for (const auto& spec : schedules) {
+    // "NAME" or "NAME:MODE" with MODE a checkpoint mode (always, except_last, never).
+    const auto colon = spec.find(':');
+    const std::string name = spec.substr(0, colon);
+    const Checkpoint checkpoint = colon == std::string::npos
+                                      ? PipeOptions().checkpoint()
+                                      : parse_checkpoint(spec.substr(colon + 1));
+    const int virtual_stages =
+        name == "interleaved-1f1b" ? 2 : schedule::default_virtual_stages(name);
+    const int chunks = name == "dualpipev" ? 2 * K : 3;  // DualPipeV needs M >= 2K
     torch::manual_seed(7);
     std::vector<std::pair<torch::Tensor, torch::Tensor>> batches;
     for (int k = 0; k < 3; ++k) batches.emplace_back(torch::randn({13, 6}), torch::randn({13, 2}));
@@ -379,7 +388,8 @@ void scenario_train(Distributed& d, const std::vector<std::string>& schedules) {
     DistributedPipe pipe(d, model,
                          PipeOptions()
                              .stages(K * virtual_stages)
-                             .chunks(3)
+                             .chunks(chunks)
+                             .checkpoint(checkpoint)
                              .schedule(name)
                              .virtual_stages(virtual_stages),
                          test_device());
@@ -406,7 +416,7 @@ void scenario_train(Distributed& d, const std::vector<std::string>& schedules) {
     double worst = 0;
     for (const auto& entry : reference->named_parameters()) {
       auto found = gathered.find(entry.key());
-      CHECK_OR_THROW(found != gathered.end(), name, ": parameter ", entry.key(), " not gathered");
+      CHECK_OR_THROW(found != gathered.end(), spec, ": parameter ", entry.key(), " not gathered");
       const auto want = entry.value().detach();
       const double relative = (found->second - want).abs().max().item<double>() /
                               (want.abs().max().item<double>() + 1e-12);
@@ -414,15 +424,15 @@ void scenario_train(Distributed& d, const std::vector<std::string>& schedules) {
     }
     // The CPU reference and CUDA stages use different kernels: 1e-4 there, 1e-5 on the CPU.
     const double tolerance = test_device().is_cuda() ? 1e-4 : 1e-5;
-    CHECK_OR_THROW(worst < tolerance, name, ": parameters differ from sequential training by ",
+    CHECK_OR_THROW(worst < tolerance, spec, ": parameters differ from sequential training by ",
                    worst, " (relative)");
     for (std::size_t k = 0; k < losses.size(); ++k) {
       CHECK_OR_THROW(std::abs(losses[k] - reference_losses[k]) <
                          tolerance * std::abs(reference_losses[k]) + 1e-7,
-                     name, ": loss of step ", k, " is ", losses[k], ", sequential ",
+                     spec, ": loss of step ", k, " is ", losses[k], ", sequential ",
                      reference_losses[k]);
     }
-    std::cout << "OK train " << name << " max_relative_difference " << worst << std::endl;
+    std::cout << "OK train " << spec << " max_relative_difference " << worst << std::endl;
   }
 }
 
