@@ -3,7 +3,7 @@
 
 Trains the bench suites' MLPs with PyTorch's own pipeline parallelism (PipelineStage and one of
 ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B, ScheduleLoopedBFS,
-ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble) on the CPU, one process per pipeline rank,
+ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble, ScheduleDualPipeV) on the CPU, one process per pipeline rank,
 talking over Gloo. Launch it with torchrun, one process per rank, on loopback only:
 
   GLOO_SOCKET_IFNAME=lo torchrun --nproc-per-node 2 --master-addr 127.0.0.1 --master-port PORT \
@@ -15,7 +15,8 @@ The `--` matters: without it torchrun's own parser takes --virtual for an abbrev
 The model is a list of layers (every Linear and every ReLU is one layer) cut into K*V contiguous
 stages with pipetrain's default balance: with L layers and S stages, stage j gets L//S layers, plus
 one if j < L % S. K is the number of processes, V the stages per process (--virtual). Stage j lives
-on rank j % K, except for zb-v, where rank r holds stages r and 2K-1-r (a V shape). For zb-v the
+on rank j % K, except for zb-v and dualpipev, where rank r holds stages r and 2K-1-r (a V shape).
+For those the
 stages drop torch's warm-up messages from a rank to itself, which Gloo rejects (GlooPipelineStage).
 
 One training step is: zero_grad, schedule.step (rank 0 feeds the whole batch, the rank holding the
@@ -58,7 +59,9 @@ SCHEDULES = {
     "looped-bfs": "ScheduleLoopedBFS",
     "interleaved-zb": "ScheduleInterleavedZeroBubble",
     "zb-v": "ScheduleZBVZeroBubble",
+    "dualpipev": "ScheduleDualPipeV",
 }
+V_SHAPED_SCHEDULES = {"zb-v", "dualpipev"}
 SINGLE_STAGE_SCHEDULES = {"gpipe", "1f1b"}
 
 RESULT_PREFIX = "PIPETRAIN_BENCH_RESULT "
@@ -79,7 +82,7 @@ def parse_args(argv):
                         help="pipeline schedule")
     parser.add_argument("--virtual", type=int, default=1,
                         help="stages per rank: 1 for gpipe/1f1b, >= 2 for interleaved-1f1b, "
-                             "looped-bfs and interleaved-zb, exactly 2 for zb-v")
+                             "looped-bfs and interleaved-zb, exactly 2 for zb-v and dualpipev")
     parser.add_argument("--chunks", type=int, default=8,
                         help="micro-batches per step (must divide the batch)")
     parser.add_argument("--threads", type=int, default=0,
@@ -119,8 +122,8 @@ def check_pipeline_shape(args, ranks):
     """Raises ValueError when --schedule, --virtual, --chunks and the batch do not fit together."""
     if args.schedule in SINGLE_STAGE_SCHEDULES and args.virtual != 1:
         raise ValueError(f"{args.schedule} runs one stage per rank; --virtual must be 1")
-    if args.schedule == "zb-v" and args.virtual != 2:
-        raise ValueError("zb-v needs exactly two stages per rank: --virtual 2")
+    if args.schedule in V_SHAPED_SCHEDULES and args.virtual != 2:
+        raise ValueError(f"{args.schedule} needs exactly two stages per rank: --virtual 2")
     if args.schedule not in SINGLE_STAGE_SCHEDULES and args.virtual < 2:
         raise ValueError(f"{args.schedule} needs --virtual >= 2")
     if ranks * args.virtual > args.layers:
@@ -143,7 +146,7 @@ def stage_bounds(layers, stages):
 
 def stage_rank(stage, ranks, schedule):
     """The rank holding a stage: looped (j % K), or V-shaped for zb-v (r holds r and 2K-1-r)."""
-    if schedule == "zb-v" and stage >= ranks:
+    if schedule in V_SHAPED_SCHEDULES and stage >= ranks:
         return 2 * ranks - 1 - stage
     return stage % ranks
 

@@ -85,8 +85,23 @@ struct LayerTable {
   }
 };
 
+// The families whose backward is (at least partly) split into I and W.
 bool splits_backward(const std::string& schedule) {
-  return schedule == "zb-h1";
+  return schedule.rfind("zb-", 0) == 0 || schedule == "interleaved-zb" ||
+         schedule == "v-half" || schedule == "v-min" || schedule == "dualpipev";
+}
+
+// Whether the planner tries `name` with V chunks per rank on K ranks and M micro-batches:
+// interleaved-1f1b takes any V (V = 1 is 1F1B, tried as such when 1f1b is searched);
+// interleaved-zb and looped-bfs V >= 2 (their V = 1 is zb-auto's and GPipe's order); the
+// V-shaped families exactly 2 (dualpipev also an even K and M >= 2K); the rest V = 1.
+bool tries(const std::string& name, int V, int K, int M, bool searches_1f1b) {
+  if (name == "interleaved-1f1b") return V > 1 || !searches_1f1b;
+  if (name == "interleaved-zb" || name == "looped-bfs") return V >= 2;
+  if (schedule::is_v_shaped(name)) {
+    return V == 2 && (name != "dualpipev" || (K % 2 == 0 && M >= 2 * K));
+  }
+  return V == 1;
 }
 
 // Fraction of micro-batches whose backward first recomputes the forward.
@@ -591,10 +606,8 @@ PlanReport plan_pipeline(const ModelProfile& profile, const PlannerOptions& opti
                                   std::to_string(profile.batch_size) + "; pick divisors");
     }
     for (const auto& name : options.schedules) {
-      const bool interleaved = name == "interleaved-1f1b";
       for (int V : options.virtual_stages) {
-        if (!interleaved && V != 1) continue;
-        if (interleaved && V == 1 && searches_1f1b) continue;
+        if (!tries(name, V, options.ranks, M, searches_1f1b)) continue;
         if (options.ranks * V > L) continue;
         for (CheckpointMode mode : options.checkpoint_modes) {
           if (splits_backward(name) && mode != CheckpointMode::kNever) continue;

@@ -25,6 +25,11 @@ constexpr double kSlack = 1e-9;
 
 enum class Pick { kNone, kGrad, kForward, kWeight };
 
+// The tie-breaks auto_schedule() tries (bit flags); it keeps the fastest result.
+constexpr int kEarlierGradient = 1;
+constexpr int kForwardOnTie = 2;
+constexpr int kPolicies[] = {0, kEarlierGradient, kForwardOnTie, kEarlierGradient | kForwardOnTie};
+
 struct Choice {
   double time = kNever;
   Pick pick = Pick::kNone;
@@ -33,8 +38,10 @@ struct Choice {
 
 class Engine {
  public:
-  Engine(const AutoScheduleOptions& o, std::vector<int> stage_rank, std::vector<double> limit)
+  Engine(const AutoScheduleOptions& o, std::vector<int> stage_rank, std::vector<double> limit,
+         int policy = 0)
       : o_(o),
+        policy_(policy),
         K_(o.ranks),
         S_(static_cast<int>(stage_rank.size())),
         M_(o.microbatches),
@@ -139,8 +146,10 @@ class Engine {
     Choice forward;
     for (int j : rank_stages_[r]) {
       const double g = std::max(now, ready_grad(j));
-      // Ties go to the later stage: its gradient is further along the way back.
-      if (g < grad.time || (g == grad.time && g < kNever && j > grad.stage)) {
+      // Ties go to the later stage (its gradient is further along the way back), or with
+      // kEarlierGradient to the earlier one.
+      const bool later = policy_ & kEarlierGradient ? j < grad.stage : j > grad.stage;
+      if (g < grad.time || (g == grad.time && g < kNever && later)) {
         grad = {g, Pick::kGrad, j};
       }
       if (!room_for_forward(r, j)) continue;
@@ -151,7 +160,11 @@ class Engine {
       }
     }
     Choice best = grad;
-    if (forward.time < best.time) best = forward;
+    // A forward ready as early as the gradient: the gradient first, or with kForwardOnTie the
+    // forward (it starts the next micro-batch's way down sooner).
+    if (forward.time < best.time || (policy_ & kForwardOnTie && forward.time == best.time)) {
+      best = forward;
+    }
     // Rather than wait, run a pending W: it is never on anyone's critical path.
     if (!pending_w_[r].empty() && now < best.time) best = {now, Pick::kWeight, -1};
     return best;
@@ -198,6 +211,7 @@ class Engine {
   }
 
   const AutoScheduleOptions& o_;
+  const int policy_;
   const int K_;
   const int S_;
   const int M_;
@@ -262,9 +276,22 @@ Schedule auto_schedule(const AutoScheduleOptions& o) {
                                 " values; give none, one, or one per rank (" +
                                 std::to_string(o.ranks) + ")");
   }
-  Engine engine(o, placement, limit);
-  if (!engine.run()) {
+  Schedule schedule;
+  double best = kNever;
+  for (int policy : kPolicies) {
+    Engine engine(o, placement, limit, policy);
+    if (!engine.run()) continue;
+    Schedule candidate = engine.take();
+    const double makespan = simulate(candidate, o.costs).makespan;
+    if (makespan < best - kSlack) {
+      best = makespan;
+      schedule = std::move(candidate);
+    }
+  }
+  if (best == kNever) {
     // Find the smallest uniform limit that runs, in steps of one chunk, to name it.
+    Engine engine(o, placement, limit);
+    engine.run();
     const int r = engine.stuck_rank();
     const double step = 1.0 / held[r];
     double enough = *std::max_element(limit.begin(), limit.end());
@@ -283,7 +310,6 @@ Schedule auto_schedule(const AutoScheduleOptions& o) {
                                 std::to_string(o.microbatches) + " micro-batches; the smallest "
                                 "limit that runs is " + number(enough));
   }
-  Schedule schedule = engine.take();
   const CheckResult checked = check(schedule);
   if (!checked.ok) {
     throw std::logic_error(o.name + ": the auto scheduler built an invalid schedule (a bug): " +

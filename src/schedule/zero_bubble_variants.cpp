@@ -5,8 +5,8 @@
 //   name            placement                     limit per rank            from
 //   zb-h2           stage j on rank j             2K-1                      Zero Bubble, ZB-H2
 //   zb-v            V: rank r holds r, 2K-1-r     K (built, not searched)   Zero Bubble, ZB-V
-//   v-half          V                             (K+1)/2                   Controllable Memory
-//   v-min           V                             max(1, ceil(2K/3)/2)      Controllable Memory
+//   v-half          V                             (K+2)//2                  Controllable Memory
+//   v-min           V                             (K+4)//3                  Controllable Memory
 //   interleaved-zb  stage j on rank j % K         K (1F1B's peak)           torch's ZB1P
 //   zb-auto         stage j on rank j             K                         ZB paper's heuristic
 //
@@ -118,12 +118,14 @@ Schedule v_min(int ranks, int microbatches) {
   return built("v-min", ranks, microbatches, v_placement(ranks), 2, v_min_limit(ranks));
 }
 
+// The Controllable Memory paper's activation memory, in micro-batches: V-Half (K+2)//2 and V-Min
+// (K+4)//3, against 1F1B's K (its Table 1).
 double v_half_limit(int ranks) {
-  return (ranks + 1) / 2.0;
+  return (ranks + 2) / 2;
 }
 
 double v_min_limit(int ranks) {
-  return std::max(1.0, std::ceil(2.0 * ranks / 3.0) / 2.0);
+  return (ranks + 4) / 3;
 }
 
 Schedule interleaved_zero_bubble(int ranks, int microbatches, int virtual_stages) {

@@ -2,7 +2,8 @@
 // pipeline plan (schedule, micro-batch count, virtual stages, checkpoint mode, balance) that fits.
 //
 // Search space (PlannerOptions): schedules x micro-batch counts M (divisors of the batch) x
-// checkpoint modes x virtual stages (interleaved-1f1b only). For each candidate:
+// checkpoint modes x virtual stages (generators.h's every family; V > 1 for interleaved-1f1b,
+// interleaved-zb and looped-bfs, V = 2 for the V-shaped ones). For each candidate:
 //   [1] balance: exact contiguous min-max split of the layers' time (F + B, + F again when
 //       checkpointed) over the S = K*V stages;
 //   [2] memory (memory.h) per rank; over the limit -> [1] again with every stage's memory capped
@@ -13,8 +14,10 @@
 // once the bound exceeds the top-th best simulated time the rest are pruned, which keeps a
 // 64-rank, 512-micro-batch space to seconds.
 //
-//   zb-h1 is planned without checkpointing (a recompute before I would hold the activations until
-//   W anyway); interleaved-1f1b with V = 1 is skipped when 1f1b is searched (same schedule).
+//   The zero-bubble families (zb-*, v-half, v-min, interleaved-zb, dualpipev) are planned without
+//   checkpointing (a recompute before I would hold the activations until W anyway);
+//   interleaved-1f1b with V = 1 is skipped when 1f1b is searched (same schedule); dualpipev only
+//   where K is even and M >= 2K.
 //
 // Thread-safety: pure functions.
 // REQUIRES: ranks >= 1 and a profile that validate() accepts (std::invalid_argument otherwise).
@@ -36,10 +39,10 @@ struct PlannerOptions {
   int ranks = 2;                        // K
   std::int64_t memory_limit_bytes = 0;  // per rank; 0 = no limit
   // Search space; an empty list means the default written beside it.
-  std::vector<std::string> schedules;            // gpipe, 1f1b, interleaved-1f1b, zb-h1
+  std::vector<std::string> schedules;            // empty: schedule_names(), every family
   std::vector<int> microbatch_counts;            // powers of two dividing the batch, and the batch
   std::vector<CheckpointMode> checkpoint_modes;  // never, except_last, always
-  std::vector<int> virtual_stages;               // 1, 2, 4 (V > 1 only for interleaved-1f1b)
+  std::vector<int> virtual_stages;  // 1, 2, 4: V > 1 for interleaved-*, looped-bfs; 2 V-shaped
   double optimizer_state_multiple = 0;           // SGD 0, momentum 1, Adam 2 (memory and update)
   int top = 10;                                  // plans kept in the ranked table
 };
