@@ -28,7 +28,8 @@ enum class Pick { kNone, kGrad, kForward, kWeight };
 // The tie-breaks auto_schedule() tries (bit flags); it keeps the fastest result.
 constexpr int kEarlierGradient = 1;
 constexpr int kForwardOnTie = 2;
-constexpr int kPolicies[] = {0, kEarlierGradient, kForwardOnTie, kEarlierGradient | kForwardOnTie};
+constexpr int kWeightFirstWhenFull = 4;
+constexpr int kPolicies[] = {0, 1, 2, 3, 4, 5, 6, 7};  // every combination
 
 struct Choice {
   double time = kNever;
@@ -144,6 +145,7 @@ class Engine {
     const double now = clock_[r];
     Choice grad;
     Choice forward;
+    bool blocked = false;  // a forward is left that the memory limit holds back
     for (int j : rank_stages_[r]) {
       const double g = std::max(now, ready_grad(j));
       // Ties go to the later stage (its gradient is further along the way back), or with
@@ -152,7 +154,10 @@ class Engine {
       if (g < grad.time || (g == grad.time && g < kNever && later)) {
         grad = {g, Pick::kGrad, j};
       }
-      if (!room_for_forward(r, j)) continue;
+      if (!room_for_forward(r, j)) {
+        blocked = blocked || next_f_[j] < M_;
+        continue;
+      }
       const double f = std::max(now, ready_forward(j));
       // Ties go to the later stage: it brings its micro-batch's backward closer.
       if (f < forward.time || (f == forward.time && f < kNever && j > forward.stage)) {
@@ -164,6 +169,11 @@ class Engine {
     // forward (it starts the next micro-batch's way down sooner).
     if (forward.time < best.time || (policy_ & kForwardOnTie && forward.time == best.time)) {
       best = forward;
+    }
+    // With kWeightFirstWhenFull, a rank whose memory holds a forward back frees it first: a
+    // pending W before a ready I.
+    if (policy_ & kWeightFirstWhenFull && blocked && !pending_w_[r].empty()) {
+      return {now, Pick::kWeight, -1};
     }
     // Rather than wait, run a pending W: it is never on anyone's critical path.
     if (!pending_w_[r].empty() && now < best.time) best = {now, Pick::kWeight, -1};
