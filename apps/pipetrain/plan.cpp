@@ -37,7 +37,7 @@ struct PlanRequest {
   int microbatches = 0;
   std::string schedule = "1f1b";
   int virtual_stages = 0;  // 0 = the schedule's own (ps::default_virtual_stages)
-  double memory_limit = 0;  // zb-auto: per rank, micro-batches of its share (0 = K)
+  double memory_limit = 0;  // --activation-limit, zb-auto: per rank, micro-batches (0 = K)
   double cost_f = 1;
   double cost_b = 2;
   double cost_i = 1;
@@ -78,11 +78,11 @@ void check_request(const PlanRequest& request) {
     throw UsageError("--virtual must be >= 1 (got " + std::to_string(request.virtual_stages) + ")");
   }
   if (!(request.memory_limit >= 0) || !std::isfinite(request.memory_limit)) {
-    throw UsageError("--memory-limit must be a finite number of micro-batches > 0 (got " +
+    throw UsageError("--activation-limit must be a finite number of micro-batches > 0 (got " +
                      std::to_string(request.memory_limit) + ")");
   }
   if (request.memory_limit > 0 && request.schedule != "zb-auto") {
-    throw UsageError("--memory-limit is for --schedule zb-auto (" + request.schedule +
+    throw UsageError("--activation-limit is for --schedule zb-auto (" + request.schedule +
                      " has its own memory)");
   }
   if (!request.schedule_file.empty()) return;  // counts come from the file
@@ -239,7 +239,7 @@ void add_plan_command(CLI::App& app, int& exit_code) {
   command->add_option("--virtual", request->virtual_stages,
                       "Chunks per rank V (interleaved-1f1b, interleaved-zb, looped-bfs; default: "
                       "2 for those but interleaved-1f1b, whose default is 1)");
-  command->add_option("--memory-limit", request->memory_limit,
+  command->add_option("--activation-limit", request->memory_limit,
                       "zb-auto: most stashed micro-batches per rank (default K, 1F1B's peak)");
   command->add_option("--save", request->save,
                       "Also write the schedule to FILE (text form, or torch's CSV for *.csv)");
