@@ -173,8 +173,12 @@ class Evaluator {
     const double f = LayerTable::range(t.forward, a, e);
     const double recompute = recompute_fraction(c.checkpoint, c.microbatches) * f;
     if (splits_backward(c.schedule)) {
-      return f + LayerTable::range(t.backward_input, a, e) +
-             LayerTable::range(t.backward_weight, a, e) + recompute;
+      const double split = LayerTable::range(t.backward_input, a, e) +
+                           LayerTable::range(t.backward_weight, a, e);
+      // DualPipeV runs most backwards whole: the smaller of the two keeps this a lower bound.
+      const double backward =
+          c.schedule == "dualpipev" ? std::min(split, LayerTable::range(t.backward, a, e)) : split;
+      return f + backward + recompute;
     }
     return f + LayerTable::range(t.backward, a, e) + recompute;
   }
@@ -218,11 +222,18 @@ class Evaluator {
         });
   }
 
-  double update_of_rank(const LayerTable& t, const std::vector<int>& balance, int r) const {
+  // The rank of stage j: the V shape for the V-shaped families, j % K for the rest.
+  int rank_of(const std::string& schedule, int j) const {
+    const int K = options_.ranks;
+    return schedule::is_v_shaped(schedule) && j >= K ? 2 * K - 1 - j : j % K;
+  }
+
+  double update_of_rank(const Candidate& c, const LayerTable& t, int r) const {
+    const std::vector<int>& balance = c.balance;
     double total = 0;
     int first = 0;
     for (std::size_t j = 0; j < balance.size(); ++j) {
-      if (static_cast<int>(j) % options_.ranks == r) {
+      if (rank_of(c.schedule, static_cast<int>(j)) == r) {
         total += LayerTable::range(t.update, first, first + balance[j]);
       }
       first += balance[j];
@@ -248,12 +259,15 @@ class Evaluator {
     int first = 0;
     for (std::size_t j = 0; j < c.balance.size(); ++j) {
       const double time = stage_time(t, c, first, first + c.balance[j]);
-      busy[j % K] += time * c.microbatches;
-      path += time;
+      busy[rank_of(c.schedule, static_cast<int>(j))] += time * c.microbatches;
+      // One micro-batch's way down and back; a split backward's W is off that path.
+      path += time - (splits_backward(c.schedule)
+                          ? LayerTable::range(t.backward_weight, first, first + c.balance[j])
+                          : 0.0);
       first += c.balance[j];
     }
     double worst = path;
-    for (int r = 0; r < K; ++r) worst = std::max(worst, busy[r] + update_of_rank(t, c.balance, r));
+    for (int r = 0; r < K; ++r) worst = std::max(worst, busy[r] + update_of_rank(c, t, r));
     return worst * step_scale();
   }
 
@@ -315,7 +329,7 @@ class Evaluator {
     plan.bubble_fraction = sim.bubble_fraction;
     plan.busy_seconds_per_rank = sim.busy;
     for (int r = 0; r < options_.ranks; ++r) {
-      plan.update_seconds = std::max(plan.update_seconds, update_of_rank(t, c.balance, r));
+      plan.update_seconds = std::max(plan.update_seconds, update_of_rank(c, t, r));
     }
     plan.predicted_step_seconds = (plan.makespan_seconds + plan.update_seconds +
                                    (options_.ranks > 1 ? profile_.step_overhead_seconds : 0.0)) *

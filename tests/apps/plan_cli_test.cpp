@@ -3,6 +3,7 @@
 
 #include "../helpers/cli_run.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -93,6 +94,98 @@ TEST(PlanCli, CustomScheduleFileIsSimulated) {
   EXPECT_EQ(json["schedule"], "custom");
   EXPECT_EQ(json["stages"], 2);
   EXPECT_EQ(json["microbatches"], 2);
+  std::remove(path.c_str());
+}
+
+// The anchors: at F = I = W = 1 (B = 2), no comm, the bubble time (idle time of the
+// worst rank between its first and last action) is the ZB paper's closed form, and the peaks are
+// the papers' figures, in micro-batches of a rank's share.
+TEST(PlanCli, ZeroBubbleJsonHasThePapersBubbleTimesAndPeaks) {
+  for (const auto& [K, M] : {std::pair{4, 8}, std::pair{8, 32}}) {
+    auto plan = [&, K = K, M = M](const std::string& schedule) {
+      const CommandResult run = run_plan("--stages " + std::to_string(K) + " --microbatches " +
+                                         std::to_string(M) + " --schedule " + schedule +
+                                         " --format json");
+      EXPECT_EQ(run.exit_code, 0) << run.output;
+      return nlohmann::json::parse(run.output);
+    };
+    auto peak = [](const nlohmann::json& json) {
+      const auto peaks = json["peak_rank_activations"].get<std::vector<double>>();
+      return *std::max_element(peaks.begin(), peaks.end());
+    };
+    const auto h1 = plan("zb-h1");
+    const auto h2 = plan("zb-h2");
+    const auto v = plan("zb-v");
+    const auto half = plan("v-half");
+    EXPECT_DOUBLE_EQ(h1["bubble_time"].get<double>(), K - 1.0);  // (p-1)(F+B-W)
+    EXPECT_DOUBLE_EQ(h2["bubble_time"].get<double>(), 0.0);      // (p-1)(F+B-2W)
+    EXPECT_DOUBLE_EQ(v["bubble_time"].get<double>(), 0.0);
+    EXPECT_EQ(v["virtual_stages"], 2);
+    EXPECT_DOUBLE_EQ(peak(h2), 2 * K - 1.0);
+    EXPECT_DOUBLE_EQ(peak(v), K);  // 1F1B's
+    EXPECT_DOUBLE_EQ(peak(half), (K + 2) / 2);
+  }
+}
+
+TEST(PlanCli, ScheduleConstraintsExitTwoNamingTheSmallestSetting) {
+  struct Case {
+    const char* arguments;
+    const char* expected;
+  };
+  for (const Case& c :
+       {Case{"--stages 3 --microbatches 12 --schedule dualpipev", "use 4 ranks"},
+        Case{"--stages 4 --microbatches 6 --schedule dualpipev", "8 or more"},
+        Case{"--stages 4 --microbatches 8 --schedule zb-v --virtual 3", "set virtual_stages to 2"},
+        Case{"--stages 4 --microbatches 8 --schedule zb-auto --activation-limit 0.5",
+             "smallest limit that runs is 1"},
+        Case{"--stages 4 --microbatches 8 --schedule 1f1b --activation-limit 2", "zb-auto"}}) {
+    const CommandResult run = run_plan(c.arguments);
+    EXPECT_EQ(run.exit_code, 2) << c.arguments << "\n" << run.output;
+    EXPECT_NE(run.output.find(c.expected), std::string::npos) << c.arguments << "\n" << run.output;
+  }
+}
+
+TEST(PlanCli, ZbAutoUsesTheGivenCostsAndLimit) {
+  const CommandResult at_k = run_plan(
+      "--stages 4 --microbatches 8 --schedule zb-auto --cost-f 1 --cost-i 2 --cost-w 0.5 "
+      "--format json");
+  const CommandResult at_2k = run_plan(
+      "--stages 4 --microbatches 8 --schedule zb-auto --cost-f 1 --cost-i 2 --cost-w 0.5 "
+      "--activation-limit 8 --format json");
+  ASSERT_EQ(at_k.exit_code, 0) << at_k.output;
+  ASSERT_EQ(at_2k.exit_code, 0) << at_2k.output;
+  const auto a = nlohmann::json::parse(at_k.output);
+  const auto b = nlohmann::json::parse(at_2k.output);
+  for (double p : a["peak_rank_activations"]) EXPECT_LE(p, 4.0);
+  for (double p : b["peak_rank_activations"]) EXPECT_LE(p, 8.0);
+  EXPECT_LE(b["makespan"].get<double>(), a["makespan"].get<double>());
+}
+
+TEST(PlanCli, TorchCsvRoundTripsThroughSaveAndScheduleFile) {
+  const std::string path = temp_path("plan_cli_zbv.csv");
+  const CommandResult saved =
+      run_plan("--stages 2 --microbatches 4 --schedule zb-v --format json --save " + path);
+  ASSERT_EQ(saved.exit_code, 0) << saved.output;
+  const CommandResult loaded = run_plan("--schedule-file " + path + " --format json");
+  ASSERT_EQ(loaded.exit_code, 0) << loaded.output;
+  const auto a = nlohmann::json::parse(saved.output);
+  const auto b = nlohmann::json::parse(loaded.output);
+  EXPECT_EQ(a["actions"], b["actions"]);
+  EXPECT_EQ(a["stage_rank"], b["stage_rank"]);
+  {
+    std::ofstream out(path);
+    out << "0F0,0F1,0Z0\r\n1F0,1B0\r\n";
+  }
+  CommandResult bad = run_plan("--schedule-file " + path);
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("row 1, cell '0Z0'"), std::string::npos) << bad.output;
+  {
+    std::ofstream out(path);
+    out << "0F0,0F1,0B0\r\n1F0,1B0,1F1,1B1\r\n";  // 0B1 missing
+  }
+  bad = run_plan("--schedule-file " + path);
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("rank 0"), std::string::npos) << bad.output;
   std::remove(path.c_str());
 }
 
