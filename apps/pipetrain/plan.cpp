@@ -36,7 +36,8 @@ struct PlanRequest {
   int stages = 0;  // K: pipeline ranks (0 = not given)
   int microbatches = 0;
   std::string schedule = "1f1b";
-  int virtual_stages = 0;  // 0 = the schedule's own (ps::default_virtual_stages)
+  int virtual_stages = 1;
+  bool virtual_given = false;  // false: the schedule's own (ps::default_virtual_stages)
   double memory_limit = 0;  // --activation-limit, zb-auto: per rank, micro-batches (0 = K)
   double cost_f = 1;
   double cost_b = 2;
@@ -74,7 +75,7 @@ void check_request(const PlanRequest& request) {
                        std::to_string(value) + ")");
     }
   }
-  if (request.virtual_stages < 0) {
+  if (request.virtual_stages < 1) {
     throw UsageError("--virtual must be >= 1 (got " + std::to_string(request.virtual_stages) + ")");
   }
   if (!(request.memory_limit >= 0) || !std::isfinite(request.memory_limit)) {
@@ -102,8 +103,8 @@ void check_request(const PlanRequest& request) {
 }
 
 int virtual_stages_of(const PlanRequest& request) {
-  return request.virtual_stages > 0 ? request.virtual_stages
-                                    : ps::default_virtual_stages(request.schedule);
+  return request.virtual_given ? request.virtual_stages
+                               : ps::default_virtual_stages(request.schedule);
 }
 
 // [3]
@@ -236,9 +237,11 @@ void add_plan_command(CLI::App& app, int& exit_code) {
   command->add_option("--schedule", request->schedule,
                       "gpipe | 1f1b | interleaved-1f1b | zb-h1 | zb-h2 | zb-v | v-half | v-min | "
                       "interleaved-zb | looped-bfs | dualpipev | zb-auto (default 1f1b)");
-  command->add_option("--virtual", request->virtual_stages,
-                      "Chunks per rank V (interleaved-1f1b, interleaved-zb, looped-bfs; default: "
-                      "2 for those but interleaved-1f1b, whose default is 1)");
+  command
+      ->add_option("--virtual", request->virtual_stages,
+                   "Chunks per rank V (interleaved-1f1b, interleaved-zb, looped-bfs; default: 2, "
+                   "but 1 for interleaved-1f1b; the V-shaped schedules take only 2)")
+      ->each([request](const std::string&) { request->virtual_given = true; });
   command->add_option("--activation-limit", request->memory_limit,
                       "zb-auto: most stashed micro-batches per rank (default K, 1F1B's peak)");
   command->add_option("--save", request->save,

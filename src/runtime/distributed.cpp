@@ -186,26 +186,27 @@ void Distributed::allreduce_gradients(const std::vector<torch::Tensor>& paramete
   allreduce_flat(*data_parallel_, parameters);
 }
 
-void Distributed::declare_tie(const std::string& name, std::vector<int> holders) {
+std::string Distributed::declare_tie(const std::string& name, std::vector<int> holders) {
   std::sort(holders.begin(), holders.end());
   holders.erase(std::unique(holders.begin(), holders.end()), holders.end());
   TORCH_CHECK(std::find(holders.begin(), holders.end(), pipeline_rank()) != holders.end(), "rank ",
               rank(), " (pipeline rank ", pipeline_rank(), ") declares tie '", name,
               "' but is not one of its holders");
-  if (auto known = tie_holders_.find(name); known != tie_holders_.end()) {
-    // A second pipe over the same job: the group exists already.
-    TORCH_CHECK(known->second == holders, "tie '", name, "' declared again on rank ", rank(),
-                " with other holders");
-    return;
-  }
-  tie_holders_[name] = holders;
+  // The key names the holders too, so it is the same on every holder whatever pipes each built
+  // before: the same name and holders (a second pipe over the same job) reuse the group; other
+  // holders (a pipe that places its stages otherwise) get a group of their own.
+  std::string key = name;
+  for (int p : holders) key += "@" + std::to_string(p);
+  if (tie_holders_.count(key) != 0) return key;
+  tie_holders_[key] = holders;
   if (holders.size() == 1) {
-    ties_[name] = nullptr;
-    return;
+    ties_[key] = nullptr;
+    return key;
   }
   std::vector<int> ranks;
   for (int p : holders) ranks.push_back(layout_.rank_of(replica(), p));
-  ties_[name] = world_->new_group("tie/" + name + "/" + std::to_string(replica()), ranks);
+  ties_[key] = world_->new_group("tie/" + key + "/" + std::to_string(replica()), ranks);
+  return key;
 }
 
 void Distributed::allreduce_tie(const std::string& name,

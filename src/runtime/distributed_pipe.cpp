@@ -98,8 +98,8 @@ DistributedPipe::DistributedPipe(Distributed& distributed, torch::nn::Sequential
     const auto& ranks = holders[key];
     if (ranks.size() > 1) {
       const std::string tie = first_name[key];
-      distributed_.declare_tie(tie, std::vector<int>(ranks.begin(), ranks.end()));
-      ties_.emplace_back(tie, tensor);
+      ties_.emplace_back(
+          distributed_.declare_tie(tie, std::vector<int>(ranks.begin(), ranks.end())), tensor);
     }
   }
   transport_ = distributed_.make_transport(stage_rank_, device_);

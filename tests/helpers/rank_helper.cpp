@@ -241,7 +241,7 @@ void scenario_dp(Distributed& d) {
 
 void scenario_tie(Distributed& d) {
   // Pipeline ranks 0 and 1 hold tie "embedding"; rank 1 holds two copies of it.
-  d.declare_tie("embedding", {0, 1});
+  const std::string tie = d.declare_tie("embedding", {0, 1});
   std::vector<torch::Tensor> copies;
   const int n_copies = d.pipeline_rank() == 1 ? 2 : 1;
   for (int k = 0; k < n_copies; ++k) {
@@ -249,7 +249,7 @@ void scenario_tie(Distributed& d) {
     w.mutable_grad() = torch::full({4}, static_cast<float>(d.pipeline_rank() * 10 + k + 1));
     copies.push_back(w);
   }
-  d.allreduce_tie("embedding", copies);
+  d.allreduce_tie(tie, copies);
   // Copies: rank 0 -> 1; rank 1 -> 11 and 12. Sum 24.
   for (const auto& w : copies) {
     CHECK_OR_THROW(torch::allclose(w.grad(), torch::full({4}, 24.0f)), "tie grad ", w.grad());

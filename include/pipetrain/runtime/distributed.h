@@ -110,13 +110,15 @@ class Distributed {
   // No-op with one replica.
   void allreduce_gradients(const std::vector<torch::Tensor>& parameters);
 
-  // Declares the tied weight `name`, held by the pipeline ranks `holders` of every replica. Every
-  // holder calls it before allreduce_tie, with the same arguments; declaring it again with
-  // the same holders (a second pipe over the same job) reuses its group.
-  void declare_tie(const std::string& name, std::vector<int> holders);
+  // Declares the tied weight `name`, held by the pipeline ranks `holders` of every replica, and
+  // returns its key, "name@h1@h2..." (holders sorted), to pass to allreduce_tie. Every holder
+  // calls it before allreduce_tie, with the same arguments; declaring it again with the same
+  // holders (a second pipe over the same job) reuses its group; with other holders (a pipe that
+  // places its stages otherwise, e.g. a V-shaped schedule) it makes a group of its own.
+  std::string declare_tie(const std::string& name, std::vector<int> holders);
   // Sums the gradients of this rank's copies of tie `name` and of the other holders' copies in
   // this replica; every copy's .grad() receives the sum.
-  // REQUIRES: declare_tie(name, ...) was called and this rank is a holder.
+  // `name` is the key declare_tie returned. REQUIRES: this rank is a holder.
   void allreduce_tie(const std::string& name, const std::vector<torch::Tensor>& local_copies);
 
   // The mini-batch loss on every rank: the sum over replicas of the replica losses. The rank that

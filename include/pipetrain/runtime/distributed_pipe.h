@@ -85,7 +85,7 @@ class DistributedPipe {
   const schedule::Schedule* last_ = nullptr;
   std::vector<std::pair<std::string, torch::Tensor>> named_;
   std::vector<torch::Tensor> unique_;
-  std::vector<std::pair<std::string, torch::Tensor>> ties_;  // (tie name, tensor) held here
+  std::vector<std::pair<std::string, torch::Tensor>> ties_;  // (declare_tie key, tensor) held here
   std::vector<ActionEvent> events_;
 };
 
