@@ -103,6 +103,13 @@ def parse_args(argv):
     parser.add_argument("--save-params", metavar="OUT.pt",
                         help="after training (--warmup + --steps steps), rank 0 saves the full "
                              "model's {name: tensor}")
+    parser.add_argument("--load-csv", metavar="FILE",
+                        help="run the compute-only CSV schedule in FILE (as `pipetrain plan "
+                             "--save FILE.csv` writes it) instead of --schedule's own lists; "
+                             "--schedule still picks the placement (zb-v: the V shape)")
+    parser.add_argument("--dump-csv", metavar="FILE",
+                        help="rank 0 writes the compute-only action lists the runtime runs "
+                             "(after --load-csv, if given) to FILE")
     parser.add_argument("--make-fixture", metavar="DIR",
                         help="no training, no torchrun: write DIR/init.pt, DIR/x.pt, DIR/y.pt and "
                              "DIR/model.pt (TorchScript nn.Sequential with those weights)")
@@ -217,8 +224,13 @@ def make_schedule(args, stages):
     if schedule_class is None:
         raise RuntimeError(f"torch {torch.__version__} has no {name}")
     stage_arg = stages[0] if args.schedule in SINGLE_STAGE_SCHEDULES else stages
-    return schedule_class(stage_arg, n_microbatches=args.chunks,
-                          loss_fn=nn.functional.mse_loss, scale_grads=True)
+    schedule = schedule_class(stage_arg, n_microbatches=args.chunks,
+                              loss_fn=nn.functional.mse_loss, scale_grads=True)
+    if args.load_csv:
+        # Replace the class's own action lists by the file's (compute-only; torch adds the
+        # sends and receives). The class still gives the placement and the runtime.
+        schedule._load_csv(args.load_csv, format="compute_only")
+    return schedule
 
 
 def train_step(schedule, optimizer, x, y, first, last):
@@ -283,6 +295,9 @@ def run_pipeline(args):
     stages = [GlooPipelineStage(module, j, num_stages, device)
               for j, module in zip(mine, modules)]
     schedule = make_schedule(args, stages)
+    if args.dump_csv and rank == 0:
+        # The compute-only lists the runtime runs, as its _dump_csv writes them.
+        schedule._dump_csv(args.dump_csv, format="compute_only")
     params = [p for module in modules for p in module.parameters()]
     optimizer = torch.optim.SGD(params, lr=args.lr) if params else None
     first, last = 0 in mine, num_stages - 1 in mine

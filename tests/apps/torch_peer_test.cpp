@@ -7,7 +7,8 @@
 //       stages, micro-batches, loss and SGD) trains the same weights on the same batch;
 //   [4] the two sets of weights agree (rel 1e-4; both equal sequential training within 1e-5);
 //   [5] `pipetrain train` started by torchrun itself (its environment, no --nproc) saves the same
-//       weights as the --nproc run.
+//       weights as the --nproc run;
+//   [6], [7] schedules cross over as torch's CSV (below).
 //
 // Skipped only when the project's Python (tests/helpers/python.h) has no torch.
 #include <cstdlib>
@@ -18,6 +19,8 @@
 #include "../helpers/cli_run.h"
 #include "../helpers/python.h"
 #include "pipetrain/runtime/launcher.h"
+#include "pipetrain/schedule/generators.h"
+#include "pipetrain/schedule/text_format.h"
 
 namespace pipetrain {
 namespace {
@@ -97,6 +100,56 @@ TEST_F(TorchPeer, WeightsAfterThreeStepsEqualTorchDistributedPipeliningsForGpipe
     const CliRun compared = compare("ours_" + schedule + ".pt", "torch_" + schedule + ".pt", 1e-4);
     EXPECT_EQ(compared.exit_code, 0) << schedule << ": " << compared.output;
   }
+}
+
+// A schedule made in either system runs in the other, through torch's compute-only CSV:
+//   [6] torch's ScheduleZBVZeroBubble lists (tests/schedule/torch_schedule_csv.py) run in
+//       `pipetrain train --nproc 2 --schedule-file` and give torch's own zb-v weights;
+//   [7] pipetrain's v-half (a schedule torch does not have), saved by `pipetrain plan --save`,
+//       runs in torch's runtime (_load_csv on the V placement) and gives pipetrain's v-half
+//       weights.
+TEST_F(TorchPeer, CsvSchedulesRunInTheOtherSystemWithTheSameWeights) {
+  const std::string csv_script =
+      std::string(PIPETRAIN_SOURCE_DIR) + "/tests/schedule/torch_schedule_csv.py";
+  const CliRun dumped = run(kPython + " " + csv_script + " " + *dir_ + " zb-v:2:4", "dump_zbv");
+  ASSERT_EQ(dumped.exit_code, 0) << dumped.output;
+  // [6]
+  const CliRun ours = run(kPipetrain + " " + pipetrain_flags("custom", "ours_torch_zbv.pt") +
+                              " --schedule-file " + path("zb-v-2-4.csv") + " --nproc 2",
+                          "ours_torch_zbv");
+  ASSERT_EQ(ours.exit_code, 0) << ours.output;
+  const std::string peer_flags =
+      " --suite small --width 16 --chunks 4 --threads 1 --lr 0.05 "
+      "--steps 3 --warmup 0 --virtual 2 --init-params " +
+      path("init.pt") + " --inputs " + path("x.pt") + " --targets " + path("y.pt");
+  const CliRun theirs = run(torchrun("-- " + kPeer + " --schedule zb-v" + peer_flags +
+                                     " --save-params " + path("torch_zbv.pt")),
+                            "torch_zbv");
+  ASSERT_EQ(theirs.exit_code, 0) << theirs.output;
+  CliRun compared = compare("ours_torch_zbv.pt", "torch_zbv.pt", 1e-4);
+  EXPECT_EQ(compared.exit_code, 0) << compared.output;
+  // [7]
+  const CliRun saved = run(kPipetrain + " plan --stages 2 --microbatches 4 --schedule v-half " +
+                               "--format json --save " + path("v-half.csv"),
+                           "plan_vhalf");
+  ASSERT_EQ(saved.exit_code, 0) << saved.output;
+  const CliRun ours_vhalf = run(
+      kPipetrain + " " + pipetrain_flags("v-half", "ours_vhalf.pt") + " --nproc 2", "ours_vhalf");
+  ASSERT_EQ(ours_vhalf.exit_code, 0) << ours_vhalf.output;
+  const CliRun torch_vhalf =
+      run(torchrun("-- " + kPeer + " --schedule zb-v --load-csv " + path("v-half.csv") +
+                   " --dump-csv " + path("torch_ran.csv") + peer_flags + " --save-params " +
+                   path("torch_vhalf.pt")),
+          "torch_vhalf");
+  ASSERT_EQ(torch_vhalf.exit_code, 0) << torch_vhalf.output;
+  // Every schedule ends with the same weights, so the weights alone cannot tell that torch ran
+  // v-half: its runtime's lists must be the file's.
+  const schedule::Schedule ran = schedule::load_schedule(path("torch_ran.csv"));
+  const schedule::Schedule v_half = schedule::make_schedule("v-half", 2, 4, 2);
+  EXPECT_EQ(ran.actions, v_half.actions);
+  EXPECT_NE(ran.actions, schedule::make_schedule("zb-v", 2, 4, 2).actions);
+  compared = compare("torch_vhalf.pt", "ours_vhalf.pt", 1e-4);
+  EXPECT_EQ(compared.exit_code, 0) << compared.output;
 }
 
 TEST_F(TorchPeer, TorchrunStartedRanksSaveWhatTheNprocRunSaves) {
