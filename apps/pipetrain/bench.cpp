@@ -180,9 +180,8 @@ void resolve_defaults(BenchArgs& a) {
 // The schedules both pipetrain and torch.distributed.pipelining have under the same name (torch
 // has no V = 1 zero-bubble schedule, so no zb-h1 peer): each gets a multiprocess row and a
 // torch-pipelining row, and the first has a ratio_vs_torch.
-constexpr const char* kPeerSchedules[] = {"gpipe",          "1f1b", "interleaved-1f1b",
-                                          "looped-bfs",     "zb-v", "interleaved-zb",
-                                          "dualpipev"};
+constexpr const char* kPeerSchedules[] = {
+    "gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-v", "interleaved-zb", "dualpipev"};
 // The ones issue #15 set step-time targets for (evaluate_checks).
 constexpr const char* kTargetSchedules[] = {"gpipe", "1f1b", "interleaved-1f1b"};
 

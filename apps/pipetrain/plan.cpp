@@ -38,7 +38,7 @@ struct PlanRequest {
   std::string schedule = "1f1b";
   int virtual_stages = 1;
   bool virtual_given = false;  // false: the schedule's own (ps::default_virtual_stages)
-  double memory_limit = 0;  // --activation-limit, zb-auto: per rank, micro-batches (0 = K)
+  double memory_limit = 0;     // --activation-limit, zb-auto: per rank, micro-batches (0 = K)
   double cost_f = 1;
   double cost_b = 2;
   double cost_i = 1;
@@ -252,8 +252,9 @@ void add_plan_command(CLI::App& app, int& exit_code) {
   command->add_option("--cost-w", request->cost_w, "Weight-gradient backward time (default 1)");
   command->add_option("--cost-comm", request->cost_comm,
                       "Transfer latency between ranks (default 0)");
-  command->add_option("--schedule-file", request->schedule_file,
-                      "Load a custom schedule (one line per rank, e.g. 0F0,0F1,0B0,0B1; *.csv: torch's CSV)");
+  command->add_option(
+      "--schedule-file", request->schedule_file,
+      "Load a custom schedule (one line per rank, e.g. 0F0,0F1,0B0,0B1; *.csv: torch's CSV)");
   command->add_option("--format", request->format, "json | text | svg (default text)");
   command->add_option("--output", request->output, "Write to FILE (required for svg)");
   // --model: profile a model and search the plan space (plan_model.cpp).

@@ -491,13 +491,12 @@ PipeOptions pipe_options(const TrainArgs& args, const Layout& layout, int64_t la
                        " micro-batches; drop --chunks or make them agree");
     }
     if (layout.multi_process && custom.num_ranks != layout.pipeline_ranks) {
-      throw UsageError("--schedule-file " + args.schedule_file + " has " +
-                       std::to_string(custom.num_ranks) + " ranks but the run has " +
-                       std::to_string(layout.pipeline_ranks) +
-                       " pipeline processes; start --nproc " +
-                       std::to_string(custom.num_ranks * layout.replicas) +
-                       " (x --dp) or use a schedule for " +
-                       std::to_string(layout.pipeline_ranks) + " ranks");
+      throw UsageError(
+          "--schedule-file " + args.schedule_file + " has " + std::to_string(custom.num_ranks) +
+          " ranks but the run has " + std::to_string(layout.pipeline_ranks) +
+          " pipeline processes; start --nproc " +
+          std::to_string(custom.num_ranks * layout.replicas) + " (x --dp) or use a schedule for " +
+          std::to_string(layout.pipeline_ranks) + " ranks");
     }
     ranks = custom.num_ranks;
     options.chunks(custom.num_microbatches)

@@ -87,8 +87,8 @@ struct LayerTable {
 
 // The families whose backward is (at least partly) split into I and W.
 bool splits_backward(const std::string& schedule) {
-  return schedule.rfind("zb-", 0) == 0 || schedule == "interleaved-zb" ||
-         schedule == "v-half" || schedule == "v-min" || schedule == "dualpipev";
+  return schedule.rfind("zb-", 0) == 0 || schedule == "interleaved-zb" || schedule == "v-half" ||
+         schedule == "v-min" || schedule == "dualpipev";
 }
 
 // Whether the planner tries `name` with V chunks per rank on K ranks and M micro-batches:
@@ -173,8 +173,8 @@ class Evaluator {
     const double f = LayerTable::range(t.forward, a, e);
     const double recompute = recompute_fraction(c.checkpoint, c.microbatches) * f;
     if (splits_backward(c.schedule)) {
-      const double split = LayerTable::range(t.backward_input, a, e) +
-                           LayerTable::range(t.backward_weight, a, e);
+      const double split =
+          LayerTable::range(t.backward_input, a, e) + LayerTable::range(t.backward_weight, a, e);
       // DualPipeV runs most backwards whole: the smaller of the two keeps this a lower bound.
       const double backward =
           c.schedule == "dualpipev" ? std::min(split, LayerTable::range(t.backward, a, e)) : split;

@@ -118,13 +118,14 @@ const schedule::Schedule& DistributedPipe::schedule_for(int microbatches) {
                 "schedule \"custom\" needs PipeOptions::custom_schedule (e.g. from "
                 "schedule::load_schedule(path))");
     s = *options_.custom_schedule();
-    TORCH_CHECK(s.num_ranks == num_ranks_ && s.num_stages == num_stages_, "the custom schedule has ",
-                s.num_ranks, " ranks and ", s.num_stages, " stages but the job has ", num_ranks_,
-                " pipeline ranks and ", num_stages_,
+    TORCH_CHECK(s.num_ranks == num_ranks_ && s.num_stages == num_stages_,
+                "the custom schedule has ", s.num_ranks, " ranks and ", s.num_stages,
+                " stages but the job has ", num_ranks_, " pipeline ranks and ", num_stages_,
                 " stages; match the balance/stages and virtual_stages to the schedule");
     TORCH_CHECK(s.num_microbatches == microbatches, "the custom schedule is written for ",
                 s.num_microbatches, " micro-batches but this mini-batch gives ", microbatches,
-                "; set chunks to ", s.num_microbatches, " and feed batches of at least that many rows");
+                "; set chunks to ", s.num_microbatches,
+                " and feed batches of at least that many rows");
   } else {
     try {
       s = schedule::make_schedule(options_.schedule(), num_ranks_, microbatches,

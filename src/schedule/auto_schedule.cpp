@@ -233,9 +233,9 @@ class Engine {
   std::vector<int> next_f_;    // per stage: next micro-batch to forward
   std::vector<int> next_g_;    // per stage: next micro-batch to run I or B for
   std::vector<std::deque<std::pair<int, int>>> pending_w_;  // per rank: (j, i) awaiting W
-  std::vector<double> clock_;  // per rank: when it is free
-  std::vector<double> used_;   // per rank: stashed activations (units of the rank's share)
-  std::vector<int> left_;      // per rank: actions still to run
+  std::vector<double> clock_;                               // per rank: when it is free
+  std::vector<double> used_;  // per rank: stashed activations (units of the rank's share)
+  std::vector<int> left_;     // per rank: actions still to run
   int stuck_rank_ = -1;
   Schedule schedule_;
 };
@@ -314,16 +314,18 @@ Schedule auto_schedule(const AutoScheduleOptions& o) {
         break;
       }
     }
-    throw std::invalid_argument(o.name + ": the memory limit " + number(limit[r]) +
-                                " on rank " + std::to_string(r) + " (in micro-batches of the " +
+    throw std::invalid_argument(o.name + ": the memory limit " + number(limit[r]) + " on rank " +
+                                std::to_string(r) + " (in micro-batches of the " +
                                 "rank's share) is too small to run " +
-                                std::to_string(o.microbatches) + " micro-batches; the smallest "
-                                "limit that runs is " + number(enough));
+                                std::to_string(o.microbatches) +
+                                " micro-batches; the smallest "
+                                "limit that runs is " +
+                                number(enough));
   }
   const CheckResult checked = check(schedule);
   if (!checked.ok) {
-    throw std::logic_error(o.name + ": the auto scheduler built an invalid schedule (a bug): " +
-                           checked.message);
+    throw std::logic_error(
+        o.name + ": the auto scheduler built an invalid schedule (a bug): " + checked.message);
   }
   return schedule;
 }

@@ -51,8 +51,7 @@ void add_cell(int row, std::string_view cell, std::string& line) {
     }
   };
   if (cell.empty()) return;
-  if (ends_with(cell, "REDUCE_GRAD") || ends_with(cell, "UNSHARD") ||
-      ends_with(cell, "RESHARD")) {
+  if (ends_with(cell, "REDUCE_GRAD") || ends_with(cell, "UNSHARD") || ends_with(cell, "RESHARD")) {
     return;  // torch's parameter-sharding bookkeeping: nothing to compute
   }
   if (cell.front() == '(') {

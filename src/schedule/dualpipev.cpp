@@ -87,7 +87,7 @@ Schedule dualpipe_v(int ranks, int microbatches) {
   for (int r = 0; r < K; ++r) {
     RankList rank(K, r, schedule.actions[r]);
     for (int n = 0; n < 2 * (K - r - 1); ++n) rank.forward(0);  // [1]
-    for (int n = 0; n < r + 1; ++n) {                             // [2]
+    for (int n = 0; n < r + 1; ++n) {                           // [2]
       rank.forward(0);
       rank.forward(1);
     }

@@ -34,7 +34,7 @@ Schedule empty_schedule(const std::string& name, int ranks, int microbatches, in
 
 const std::vector<std::string>& schedule_names() {
   static const std::vector<std::string> names = {
-      "gpipe", "1f1b",   "interleaved-1f1b", "zb-h1",      "zb-h2",     "zb-v",
+      "gpipe",  "1f1b",  "interleaved-1f1b", "zb-h1",      "zb-h2",     "zb-v",
       "v-half", "v-min", "interleaved-zb",   "looped-bfs", "dualpipev", "zb-auto"};
   return names;
 }
@@ -86,8 +86,7 @@ Schedule make_schedule(const std::string& name, int ranks, int microbatches, int
   if (name == "v-half") return v_half(ranks, microbatches);
   if (name == "v-min") return v_min(ranks, microbatches);
   if (name == "dualpipev") return dualpipe_v(ranks, microbatches);
-  if (name == "interleaved-zb")
-    return interleaved_zero_bubble(ranks, microbatches, virtual_stages);
+  if (name == "interleaved-zb") return interleaved_zero_bubble(ranks, microbatches, virtual_stages);
   if (name == "looped-bfs") return looped_bfs(ranks, microbatches, virtual_stages);
   std::string valid;
   for (const auto& known : schedule_names()) valid += (valid.empty() ? "" : ", ") + known;

@@ -177,8 +177,8 @@ SimulationResult simulate(const Schedule& schedule, const Costs& costs) {
   result.peak_rank_activations.assign(K, 0.0);
   std::vector<int> live(S, 0);
   for (int r = 0; r < K; ++r) {
-    const double share = 1.0 / static_cast<double>(std::max<std::size_t>(
-                                    1, schedule.stages_of_rank(r).size()));
+    const double share =
+        1.0 / static_cast<double>(std::max<std::size_t>(1, schedule.stages_of_rank(r).size()));
     int rank_live = 0;
     for (const auto& a : plain.actions[r]) {
       if (a.op == Op::kForward) {

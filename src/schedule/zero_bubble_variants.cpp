@@ -133,7 +133,6 @@ Schedule interleaved_zero_bubble(int ranks, int microbatches, int virtual_stages
   return built("interleaved-zb", ranks, microbatches, {}, virtual_stages, ranks);
 }
 
-
 Schedule zero_bubble_auto(const AutoScheduleOptions& options) {
   // [1] The greedy run at the limit, with the split backward and without.
   std::vector<Schedule> candidates;
@@ -150,8 +149,8 @@ Schedule zero_bubble_auto(const AutoScheduleOptions& options) {
       const SimulationResult result = simulate(fixed, options.costs);
       bool fits = true;
       for (int r = 0; r < options.ranks && !options.memory_limit.empty(); ++r) {
-        const double limit = options.memory_limit.size() == 1 ? options.memory_limit[0]
-                                                              : options.memory_limit[r];
+        const double limit =
+            options.memory_limit.size() == 1 ? options.memory_limit[0] : options.memory_limit[r];
         fits = fits && result.peak_rank_activations[r] <= limit + 1e-9;
       }
       if (fits) candidates.push_back(fixed);

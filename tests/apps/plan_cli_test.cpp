@@ -103,9 +103,9 @@ TEST(PlanCli, CustomScheduleFileIsSimulated) {
 TEST(PlanCli, ZeroBubbleJsonHasThePapersBubbleTimesAndPeaks) {
   for (const auto& [K, M] : {std::pair{4, 8}, std::pair{8, 32}}) {
     auto plan = [&, K = K, M = M](const std::string& schedule) {
-      const CommandResult run = run_plan("--stages " + std::to_string(K) + " --microbatches " +
-                                         std::to_string(M) + " --schedule " + schedule +
-                                         " --format json");
+      const CommandResult run =
+          run_plan("--stages " + std::to_string(K) + " --microbatches " + std::to_string(M) +
+                   " --schedule " + schedule + " --format json");
       EXPECT_EQ(run.exit_code, 0) << run.output;
       return nlohmann::json::parse(run.output);
     };

@@ -114,7 +114,6 @@ TEST(PipeTransparency, SingleStageZeroBubbleSplitsBackwardWithASkipInsideTheStag
   EXPECT_EQ(testing::compare_parameters(*pipe, *reference), "");
 }
 
-
 // A linear layer that uses another layer's weight tensor: a weight tied within one stage.
 class TiedLinearImpl : public torch::nn::Cloneable<TiedLinearImpl> {
  public:
@@ -155,9 +154,9 @@ TEST(PipeTransparency, AWeightTiedWithinOneStageTrainsWithEveryZeroBubbleSchedul
     const char* schedule;
     int64_t virtual_stages;
     std::vector<int64_t> balance;  // layers 1..4 (both uses of the tie) on one stage
-  } layouts[] = {{"zb-h1", 1, {5, 2}},        {"zb-h2", 1, {5, 2}},
-                 {"zb-auto", 1, {5, 2}},      {"zb-v", 2, {1, 4, 1, 1}},
-                 {"v-half", 2, {1, 4, 1, 1}}, {"v-min", 2, {1, 4, 1, 1}},
+  } layouts[] = {{"zb-h1", 1, {5, 2}},           {"zb-h2", 1, {5, 2}},
+                 {"zb-auto", 1, {5, 2}},         {"zb-v", 2, {1, 4, 1, 1}},
+                 {"v-half", 2, {1, 4, 1, 1}},    {"v-min", 2, {1, 4, 1, 1}},
                  {"dualpipev", 2, {1, 4, 1, 1}}, {"interleaved-zb", 2, {1, 4, 1, 1}}};
   for (const auto& layout : layouts) {
     for (Checkpoint mode : {Checkpoint::kAlways, Checkpoint::kExceptLast, Checkpoint::kNever}) {

@@ -43,8 +43,8 @@ TEST(Generators, EveryScheduleValidatesAndItsLoweringDryRunsToCompletion) {
     for (int M : microbatch_sample(K)) {
       for (const auto& name : schedule_names()) {
         for (int V : {1, 2, 4}) {
-          const bool interleaved = name == "interleaved-1f1b" || name == "interleaved-zb" ||
-                                   name == "looped-bfs";
+          const bool interleaved =
+              name == "interleaved-1f1b" || name == "interleaved-zb" || name == "looped-bfs";
           if (V != default_virtual_stages(name) && !interleaved) continue;
           if (name == "dualpipev" && (K % 2 != 0 || M < 2 * K)) continue;
           const Schedule s = make_schedule(name, K, M, V);

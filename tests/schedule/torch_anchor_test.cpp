@@ -36,10 +36,12 @@ class TorchAnchor : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     if (!testing::python_has_torch()) return;
-    dir_ = fs::path(::testing::TempDir()) / ("pipetrain_torch_anchor_" + std::to_string(::getpid()));
+    dir_ =
+        fs::path(::testing::TempDir()) / ("pipetrain_torch_anchor_" + std::to_string(::getpid()));
     fs::create_directories(dir_);
-    std::string command = testing::kPython + " " PIPETRAIN_SOURCE_DIR
-                          "/tests/schedule/torch_schedule_csv.py " + dir_.string();
+    std::string command = testing::kPython +
+                          " " PIPETRAIN_SOURCE_DIR "/tests/schedule/torch_schedule_csv.py " +
+                          dir_.string();
     for (const char* name : kNames) {
       for (int p : {2, 4, 8}) {
         for (int M : {p, 2 * p, 4 * p}) {
@@ -70,10 +72,10 @@ TEST_F(TorchAnchor, EveryScheduleIsTorchsOrNoSlowerAndNoHungrierOnAnyRank) {
   for (const char* name : kNames) {
     for (int p : {2, 4, 8}) {
       for (int M : {p, 2 * p, 4 * p}) {
-        const std::string what = std::string(name) + " p=" + std::to_string(p) +
-                                 " M=" + std::to_string(M);
-        const fs::path base = dir_ / (std::string(name) + "-" + std::to_string(p) + "-" +
-                                      std::to_string(M));
+        const std::string what =
+            std::string(name) + " p=" + std::to_string(p) + " M=" + std::to_string(M);
+        const fs::path base =
+            dir_ / (std::string(name) + "-" + std::to_string(p) + "-" + std::to_string(M));
         if (fs::exists(base.string() + ".refused")) {
           // torch refuses the shape (DualPipeV: M < 2p); so must we, with a message.
           EXPECT_THROW(make_schedule(name, p, M, 2), std::invalid_argument) << what;

@@ -82,8 +82,8 @@ TEST(ZeroBubbleFamily, EveryFamilyKeepsItsMemoryLimitOnEveryRank) {
       const struct {
         const char* name;
         double limit;
-      } families[] = {{"zb-h2", 2.0 * K - 1},       {"zb-v", double(K)},
-                      {"v-half", v_half_limit(K)}, {"v-min", v_min_limit(K)},
+      } families[] = {{"zb-h2", 2.0 * K - 1},        {"zb-v", double(K)},
+                      {"v-half", v_half_limit(K)},   {"v-min", v_min_limit(K)},
                       {"interleaved-zb", double(K)}, {"zb-auto", double(K)}};
       for (const auto& family : families) {
         const Schedule s = make_schedule(family.name, K, M, default_virtual_stages(family.name));

@@ -42,9 +42,9 @@ struct PlannerOptions {
   std::vector<std::string> schedules;            // empty: schedule_names(), every family
   std::vector<int> microbatch_counts;            // powers of two dividing the batch, and the batch
   std::vector<CheckpointMode> checkpoint_modes;  // never, except_last, always
-  std::vector<int> virtual_stages;  // 1, 2, 4: V > 1 for interleaved-*, looped-bfs; 2 V-shaped
-  double optimizer_state_multiple = 0;           // SGD 0, momentum 1, Adam 2 (memory and update)
-  int top = 10;                                  // plans kept in the ranked table
+  std::vector<int> virtual_stages;      // 1, 2, 4: V > 1 for interleaved-*, looped-bfs; 2 V-shaped
+  double optimizer_state_multiple = 0;  // SGD 0, momentum 1, Adam 2 (memory and update)
+  int top = 10;                         // plans kept in the ranked table
 };
 
 // One fully specified plan and what the model predicts for it.

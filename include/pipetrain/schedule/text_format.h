@@ -31,8 +31,9 @@ Schedule parse_schedule(std::string_view text, const std::string& name = "custom
 std::string format_schedule(const Schedule& schedule);
 
 // File versions; a path ending in ".csv" is read and written in torch's CSV form instead
-// (csv_format.h; no comment line there). load throws std::invalid_argument (bad content, message names the file) or
-// std::runtime_error (cannot read). save writes "<path>.tmp.<pid>" then renames it over path.
+// (csv_format.h; no comment line there). load throws std::invalid_argument (bad content, message
+// names the file) or std::runtime_error (cannot read). save writes "<path>.tmp.<pid>" then renames
+// it over path.
 Schedule load_schedule(const std::string& path);
 void save_schedule(const Schedule& schedule, const std::string& path,
                    const std::string& comment = "");
