@@ -5,6 +5,8 @@
 #include <thread>
 
 #include "pipetrain/runtime/pipe.h"
+#include "pipetrain/schedule/generators.h"
+#include "pipetrain/schedule/simulate.h"
 #include "pipetrain/schedule/text_format.h"
 #include "pipetrain/stage/batchnorm.h"
 #include "training_reference.h"
@@ -131,6 +133,31 @@ TEST(PipeMemory, OneFOneBKeepsAtMostRanksMinusStageMicroBatchesWhileGPipeKeepsAl
         EXPECT_LE(accounting[j].peak_stashed_microbatches, k - j) << "stage " << j;
         EXPECT_GE(accounting[j].peak_stashed_microbatches, 1) << "stage " << j;
       }
+    }
+  }
+}
+
+// What the runtime holds is what the schedule's simulation says: for every family, the peak of
+// micro-batches stashed on each stage in one training step (measured by the stages' accounting)
+// equals simulate()'s peak_activations (stashed from F until B, or until W when split).
+TEST(PipeMemory, MeasuredPeakStashOfEveryStageEqualsTheSimulatedPeakForEverySchedule) {
+  const int k = 2;
+  const int m = 8;
+  for (const auto& name : schedule::schedule_names()) {
+    const int v = name == "interleaved-1f1b" ? 2 : schedule::default_virtual_stages(name);
+    torch::manual_seed(0);
+    torch::nn::Sequential model;
+    for (int l = 0; l < k * v; ++l) model->push_back(torch::nn::Linear(4, 4));
+    Pipe pipe(model,
+              PipeOptions().stages(k * v).virtual_stages(v).chunks(m).schedule(name).checkpoint(
+                  Checkpoint::kNever));
+    pipe->train_step(torch::randn({16, 4}), torch::randn({16, 4}), testing::mse);
+    const auto accounting = pipe->stage_accounting();
+    const auto simulated =
+        schedule::simulate(schedule::make_schedule(name, k, m, v)).peak_activations;
+    ASSERT_EQ(accounting.size(), simulated.size()) << name;
+    for (std::size_t j = 0; j < simulated.size(); ++j) {
+      EXPECT_EQ(accounting[j].peak_stashed_microbatches, simulated[j]) << name << " stage " << j;
     }
   }
 }
