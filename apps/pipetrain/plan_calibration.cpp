@@ -220,7 +220,9 @@ void calibrate_in_process(torch::nn::Sequential& model, const torch::Tensor& sam
   gpipe.schedule = "gpipe";
   zb.schedule = "zb-h1";
   gpipe = pp::evaluate_plan(profile, gpipe, single);
-  bool split_runs = true;  // zb-h1 fails on a stage whose layers share a parameter (tied weights)
+  // false when zb-h1 cannot train the model as one stage (e.g. a layer that modifies its input in
+  // place, which the split backward refuses).
+  bool split_runs = true;
   for (int round = 0; round < 3; ++round) {
     // The two run together, in turn step by step.
     std::vector<Measured> measured;
