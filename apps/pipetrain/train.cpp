@@ -533,6 +533,17 @@ PipeOptions pipe_options(const TrainArgs& args, const Layout& layout, int64_t la
     }
     options.stages(stages);
   }
+  if (options.schedule() != "custom") {
+    // A family that cannot take this shape (dualpipev with an odd K or too few micro-batches, a
+    // V-shaped one with another --virtual) is bad input, named before any rank starts.
+    try {
+      schedule::make_schedule(options.schedule(), static_cast<int>(ranks),
+                              static_cast<int>(options.chunks()),
+                              static_cast<int>(options.virtual_stages()));
+    } catch (const std::invalid_argument& error) {
+      throw UsageError("--schedule " + options.schedule() + ": " + error.what());
+    }
+  }
   return options;
 }
 

@@ -38,6 +38,7 @@ class TrainCli : public ::testing::Test {
     std::string pattern = ::testing::TempDir() + "pipetrain_train_cli_XXXXXX";
     ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
     dir_ = new std::string(pattern);
+    std::ofstream(*dir_ + "/bad.csv") << "0F0,0Q0\r\n";  // a CSV schedule with an unknown action
     // One Python process makes the files and both references (importing torch is slow).
     // References: 20 rows, batch 8 (does not divide: step 2 reads rows 16..19 and 0..3).
     const std::string commands = *dir_ + "/commands.txt";
@@ -241,6 +242,20 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"too_many_stages",
                 PIPETRAIN_SMALL PIPETRAIN_GOOD_FILES "--loss mse --stages 3 --virtual 2",
                 "only 5 layers"},
+        BadCase{"dualpipev_odd_ranks",
+                PIPETRAIN_SMALL PIPETRAIN_GOOD_FILES "--loss mse --stages 1 --schedule dualpipev",
+                "needs an even number of ranks (got 1); use 2 ranks"},
+        BadCase{"dualpipev_too_few_chunks",
+                PIPETRAIN_SMALL PIPETRAIN_GOOD_FILES
+                "--loss mse --stages 2 --chunks 3 --schedule dualpipev",
+                "set the micro-batches (chunks) to 4 or more"},
+        BadCase{"v_shape_needs_two_chunks",
+                PIPETRAIN_SMALL PIPETRAIN_GOOD_FILES
+                "--loss mse --stages 2 --virtual 1 --schedule zb-v",
+                "set virtual_stages to 2"},
+        BadCase{"csv_schedule_unknown_action",
+                PIPETRAIN_SMALL PIPETRAIN_GOOD_FILES "--loss mse --schedule-file {dir}/bad.csv",
+                "row 1, cell '0Q0'"},
         BadCase{"missing_required_flag", PIPETRAIN_SMALL "--model {dir}/mlp.pt --loss mse",
                 "--inputs"}),
     [](const ::testing::TestParamInfo<BadCase>& info) { return std::string(info.param.tag); });
