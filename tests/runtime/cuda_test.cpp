@@ -8,6 +8,7 @@
 
 #include "../helpers/multiprocess.h"
 #include "pipetrain/runtime/pipe.h"
+#include "pipetrain/schedule/generators.h"
 #include "pipetrain/stage/device.h"
 #include "training_reference.h"
 
@@ -43,8 +44,9 @@ TEST(CudaDevice, ACudaDeviceBeyondTheVisibleOnesIsAnErrorNamingTheCount) {
 TEST(CudaPipe, StagesOnOneGpuMatchSequentialTrainingForEverySchedule) {
   SKIP_UNLESS_GPUS(1);
   const torch::Device gpu(torch::kCUDA, 0);
-  for (const std::string schedule : {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1"}) {
-    const int64_t v = schedule == "interleaved-1f1b" ? 2 : 1;
+  for (const std::string& schedule : schedule::schedule_names()) {
+    const int64_t v =
+        schedule == "interleaved-1f1b" ? 2 : schedule::default_virtual_stages(schedule);
     for (Checkpoint mode : {Checkpoint::kNever, Checkpoint::kExceptLast}) {
       torch::nn::Sequential reference = testing::make_skip_mlp();
       torch::nn::Sequential copy = testing::clone_of(reference);
@@ -83,11 +85,15 @@ TEST(CudaPipe, CpuAndGpuStagesMatchSequentialTraining) {
 // rank 0) with their stages on `device` over `backend`.
 void expect_two_ranks_match_sequential_training(const std::string& device,
                                                 const std::string& backend) {
-  auto run = testing::run_ranks(
-      2, {"train", "2", "gpipe", "1f1b", "zb-h1"}, 0, 60000, std::chrono::seconds(10),
-      {{"PIPETRAIN_TEST_DEVICE", device}, {"PIPETRAIN_TEST_BACKEND", backend}});
+  const std::vector<std::string> names = {"gpipe", "1f1b",           "zb-h1",
+                                          "zb-v",  "interleaved-zb", "dualpipev"};
+  std::vector<std::string> args = {"train", "2"};
+  args.insert(args.end(), names.begin(), names.end());
+  auto run =
+      testing::run_ranks(2, args, 0, 60000, std::chrono::seconds(10),
+                         {{"PIPETRAIN_TEST_DEVICE", device}, {"PIPETRAIN_TEST_BACKEND", backend}});
   EXPECT_EQ(run.result.exit_code, 0) << run.output();
-  for (const char* name : {"gpipe", "1f1b", "zb-h1"}) {
+  for (const auto& name : names) {
     EXPECT_TRUE(run.printed(std::string("OK train ") + name + " ")) << name << "\n" << run.output();
   }
 }

@@ -240,10 +240,15 @@ torch::nn::Sequential make_dropout_mlp() {
 }
 
 std::string run_dropout(const std::string& schedule, Checkpoint checkpoint, uint64_t seed,
-                        torch::nn::Sequential& result) {
+                        torch::nn::Sequential& result, std::vector<int64_t> balance = {2, 4},
+                        int64_t virtual_stages = 1) {
   result = testing::clone_of(make_dropout_mlp());
-  Pipe pipe(result,
-            PipeOptions().balance({2, 4}).chunks(4).schedule(schedule).checkpoint(checkpoint));
+  Pipe pipe(result, PipeOptions()
+                        .balance(std::move(balance))
+                        .virtual_stages(virtual_stages)
+                        .chunks(4)
+                        .schedule(schedule)
+                        .checkpoint(checkpoint));
   pipe->manual_seed(seed);
   testing::train_pipe(pipe, testing::make_batches(10, 3));
   return "";
@@ -260,6 +265,23 @@ TEST(PipeDropout, CheckpointReplayDrawsTheSameMasksForEverySchedule) {
           << schedule << " " << to_string(mode);
     }
   }
+  // Two chunks per rank: the same four stages (each its own stream) as gpipe on four ranks.
+  torch::nn::Sequential four_stages;
+  run_dropout("gpipe", Checkpoint::kNever, 42, four_stages, {1, 1, 2, 2});
+  for (const auto& schedule : schedule::schedule_names()) {
+    if (schedule::default_virtual_stages(schedule) != 2) continue;
+    for (Checkpoint mode : {Checkpoint::kAlways, Checkpoint::kExceptLast, Checkpoint::kNever}) {
+      torch::nn::Sequential trained;
+      run_dropout(schedule, mode, 42, trained, {1, 1, 2, 2}, 2);
+      EXPECT_EQ(testing::compare_parameters(*trained, *four_stages), "")
+          << schedule << " " << to_string(mode);
+    }
+  }
+  for (const std::string schedule : {"zb-h2", "zb-auto"}) {
+    torch::nn::Sequential trained;
+    run_dropout(schedule, Checkpoint::kAlways, 42, trained);
+    EXPECT_EQ(testing::compare_parameters(*trained, *reference), "") << schedule;
+  }
   // The comparison can fail: another seed draws other masks and trains other weights.
   torch::nn::Sequential other;
   run_dropout("gpipe", Checkpoint::kNever, 43, other);
@@ -272,18 +294,33 @@ TEST(PipeDropout, CheckpointReplayDrawsTheSameMasksForEverySchedule) {
 namespace pipetrain {
 namespace {
 
+void check_deferred_batch_norm(const std::string& schedule);
+
 // Batch norm in a pipeline: each micro-batch is normalised with its own statistics, so the
 // reference is a plain loop over the SAME micro-batches (weighted losses) on a copy of the model.
 // With checkpointing every forward is replayed; DeferredBatchNorm must not count the replay, so
 // running statistics equal the plain loop's (and BatchNorm's on the whole mini-batch).
 TEST(PipeBatchNorm, CheckpointedPipelineKeepsRunningStatisticsOfThePlainMicroBatchLoop) {
+  for (const auto& schedule : schedule::schedule_names()) {
+    SCOPED_TRACE(schedule);
+    check_deferred_batch_norm(schedule);
+  }
+}
+
+void check_deferred_batch_norm(const std::string& schedule) {
   torch::manual_seed(4);
   torch::nn::Sequential plain(torch::nn::Linear(6, 8),
                               DeferredBatchNorm(DeferredBatchNormOptions(8).chunks(4)),
                               torch::nn::Tanh(), torch::nn::Linear(8, 2));
   torch::nn::Sequential piped = testing::clone_of(plain);
-  Pipe pipe(piped, PipeOptions().balance({2, 2}).chunks(4).schedule("1f1b").checkpoint(
-                       Checkpoint::kAlways));
+  const int64_t v = schedule::default_virtual_stages(schedule);
+  Pipe pipe(piped,
+            PipeOptions()
+                .balance(v == 2 ? std::vector<int64_t>{1, 1, 1, 1} : std::vector<int64_t>{2, 2})
+                .virtual_stages(v)
+                .chunks(4)
+                .schedule(schedule)
+                .checkpoint(Checkpoint::kAlways));
   auto batches = testing::make_batches(8, 3);
   auto sgd = testing::make_sgd(plain->parameters());
   for (const auto& batch : batches) {
