@@ -29,7 +29,8 @@ enum class Pick { kNone, kGrad, kForward, kWeight };
 constexpr int kEarlierGradient = 1;
 constexpr int kForwardOnTie = 2;
 constexpr int kWeightFirstWhenFull = 4;
-constexpr int kPolicies[] = {0, 1, 2, 3, 4, 5, 6, 7};  // every combination
+constexpr int kLooseReserve = 8;
+constexpr int kPolicies[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};  // all of them
 
 struct Choice {
   double time = kNever;
@@ -56,6 +57,7 @@ class Engine {
         pending_w_(K_),
         clock_(K_, 0),
         used_(K_, 0),
+        later_held_(K_, 0),
         left_(K_, 0) {
     for (int j = 0; j < S_; ++j) rank_stages_[stage_rank_[j]].push_back(j);
     for (int r = 0; r < K_; ++r) {
@@ -128,17 +130,21 @@ class Engine {
 
   // Room for one more micro-batch on stage j of rank r, keeping room for the next chunk of the
   // same micro-batch on this rank (the V and interleaved placements visit a rank twice or more).
+  // With kLooseReserve the room is kept only while no micro-batch holds a later chunk here (one
+  // that does can finish without more memory); a run this lets deadlock is discarded.
   bool room_for_forward(int r, int j) const {
     if (limit_.empty()) return true;
     double need = used_[r] + share(r);
+    const bool reserve = !(policy_ & kLooseReserve) || later_held_[r] == 0;
     for (int later : rank_stages_[r]) {
-      if (later > j) {
+      if (later > j && reserve) {
         need += share(r);
         break;
       }
     }
     return need <= limit_[r] + kSlack;
   }
+  bool is_later_chunk(int r, int j) const { return j != rank_stages_[r].front(); }
 
   // [1]..[4] of auto_schedule.h for rank r: the earliest start and what to run then.
   Choice choose(int r) const {
@@ -188,6 +194,7 @@ class Engine {
         const int i = next_f_[c.stage]++;
         action = {c.stage, Op::kForward, i};
         used_[r] += share(r);
+        if (is_later_chunk(r, c.stage)) ++later_held_[r];
         end_f_[at(c.stage, i)] = start + cost(Op::kForward, c.stage);
         clock_[r] = end_f_[at(c.stage, i)];
         break;
@@ -202,6 +209,7 @@ class Engine {
           pending_w_[r].emplace_back(c.stage, i);
         } else {
           used_[r] -= share(r);
+          if (is_later_chunk(r, c.stage)) --later_held_[r];
         }
         break;
       }
@@ -211,6 +219,7 @@ class Engine {
         action = {j, Op::kBackwardWeight, i};
         clock_[r] = start + cost(Op::kBackwardWeight, j);
         used_[r] -= share(r);
+        if (is_later_chunk(r, j)) --later_held_[r];
         break;
       }
       case Pick::kNone:
@@ -235,6 +244,7 @@ class Engine {
   std::vector<std::deque<std::pair<int, int>>> pending_w_;  // per rank: (j, i) awaiting W
   std::vector<double> clock_;                               // per rank: when it is free
   std::vector<double> used_;  // per rank: stashed activations (units of the rank's share)
+  std::vector<int> later_held_;  // per rank: of those, activations of a chunk not its first
   std::vector<int> left_;     // per rank: actions still to run
   int stuck_rank_ = -1;
   Schedule schedule_;
