@@ -1,0 +1,28 @@
+# The package test (ctest: Package.ConsumerBuildsAndRunsAgainstTheInstalledPackage): installs this
+# build into a fresh prefix, configures examples/consumer/ against it with nothing but
+# find_package(pipetrain REQUIRED), builds it and runs both programs.
+#
+#   cmake -DBUILD_DIR=... -DSOURCE_DIR=... -DWORK_DIR=... -P cmake/TestConsumer.cmake
+foreach(var BUILD_DIR SOURCE_DIR WORK_DIR)
+  if(NOT ${var})
+    message(FATAL_ERROR "TestConsumer.cmake needs -D${var}=...")
+  endif()
+endforeach()
+file(REMOVE_RECURSE "${WORK_DIR}")
+
+function(run_step what)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE result OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  message(STATUS "${what}:\n${out}${err}")
+  if(NOT result EQUAL 0)
+    message(FATAL_ERROR "${what} failed (${result})")
+  endif()
+endfunction()
+
+run_step("install" "${CMAKE_COMMAND}" --install "${BUILD_DIR}" --prefix "${WORK_DIR}/prefix")
+run_step("configure the consumer" "${CMAKE_COMMAND}" -S "${SOURCE_DIR}/examples/consumer"
+         -B "${WORK_DIR}/build" -G Ninja "-DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix"
+         -DCMAKE_BUILD_TYPE=Release)
+run_step("build the consumer" "${CMAKE_COMMAND}" --build "${WORK_DIR}/build")
+run_step("run two_stage_1f1b" "${WORK_DIR}/build/two_stage_1f1b")
+run_step("run schedule_only" "${WORK_DIR}/build/schedule_only")
+file(REMOVE_RECURSE "${WORK_DIR}")
