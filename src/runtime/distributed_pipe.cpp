@@ -110,37 +110,7 @@ DistributedPipe::~DistributedPipe() = default;
 const schedule::Schedule& DistributedPipe::schedule_for(int microbatches) {
   auto found = schedules_.find(microbatches);
   if (found != schedules_.end()) return found->second;
-  schedule::Schedule s;
-  if (options_.schedule() == "custom") {
-    // A schedule given as data (e.g. schedule::load_schedule of a text or torch CSV file): the
-    // same on every rank, written for one micro-batch count.
-    TORCH_CHECK(options_.custom_schedule().has_value(),
-                "schedule \"custom\" needs PipeOptions::custom_schedule (e.g. from "
-                "schedule::load_schedule(path))");
-    s = *options_.custom_schedule();
-    TORCH_CHECK(s.num_ranks == num_ranks_ && s.num_stages == num_stages_,
-                "the custom schedule has ", s.num_ranks, " ranks and ", s.num_stages,
-                " stages but the job has ", num_ranks_, " pipeline ranks and ", num_stages_,
-                " stages; match the balance/stages and virtual_stages to the schedule");
-    TORCH_CHECK(s.num_microbatches == microbatches, "the custom schedule is written for ",
-                s.num_microbatches, " micro-batches but this mini-batch gives ", microbatches,
-                "; set chunks to ", s.num_microbatches,
-                " and feed batches of at least that many rows");
-  } else {
-    try {
-      s = schedule::make_schedule(options_.schedule(), num_ranks_, microbatches,
-                                  static_cast<int>(options_.virtual_stages()));
-    } catch (const std::invalid_argument& e) {
-      TORCH_CHECK(false, "cannot build schedule '", options_.schedule(), "' for ", num_ranks_,
-                  " ranks, ", microbatches, " micro-batches: ", e.what());
-    }
-  }
-  if (!schedule::is_lowered(s)) s = schedule::lower(s);
-  try {
-    schedule::validate(s);
-  } catch (const std::exception& e) {
-    TORCH_CHECK(false, "schedule '", options_.schedule(), "' is not runnable: ", e.what());
-  }
+  schedule::Schedule s = training_schedule_for(options_, num_ranks_, num_stages_, microbatches);
   return schedules_.emplace(microbatches, std::move(s)).first->second;
 }
 

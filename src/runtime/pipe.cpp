@@ -164,33 +164,7 @@ void PipeImpl::reset() {
 
   // The schedule for `chunks`: checks the name and gives the stage placement.
   const int m = static_cast<int>(o.chunks());
-  schedule::Schedule first;
-  if (o.schedule() == "custom") {
-    TORCH_CHECK(o.custom_schedule().has_value(),
-                "schedule \"custom\" needs PipeOptions::custom_schedule (e.g. from "
-                "schedule::load_schedule(path))");
-    first = *o.custom_schedule();
-    TORCH_CHECK(first.num_ranks == num_ranks && first.num_stages == num_stages,
-                "the custom schedule has ", first.num_ranks, " ranks and ", first.num_stages,
-                " stages but the Pipe has ", num_ranks, " ranks and ", num_stages,
-                " stages; match the balance/stages and virtual_stages to the schedule");
-    TORCH_CHECK(first.num_microbatches == m, "the custom schedule is written for ",
-                first.num_microbatches, " micro-batches but chunks is ", m, "; set chunks to ",
-                first.num_microbatches);
-  } else {
-    try {
-      first = schedule::make_schedule(o.schedule(), num_ranks, m, v);
-    } catch (const std::invalid_argument& e) {
-      TORCH_CHECK(false, "cannot build schedule '", o.schedule(), "' for ", num_ranks, " ranks, ",
-                  m, " micro-batches, virtual_stages ", v, ": ", e.what());
-    }
-  }
-  if (!schedule::is_lowered(first)) first = schedule::lower(first);
-  try {
-    schedule::validate(first);
-  } catch (const std::exception& e) {
-    TORCH_CHECK(false, "schedule '", o.schedule(), "' is not runnable: ", e.what());
-  }
+  schedule::Schedule first = training_schedule_for(o, num_ranks, num_stages, m);
   runtime->stage_rank = first.stage_rank;
 
   // Devices.
@@ -236,18 +210,45 @@ void PipeImpl::reset() {
   runtime_ = std::move(runtime);
 }
 
+schedule::Schedule training_schedule_for(const PipeOptions& o, int ranks, int stages,
+                                         int microbatches) {
+  schedule::Schedule s;
+  if (o.schedule() == "custom") {
+    TORCH_CHECK(o.custom_schedule().has_value(),
+                "schedule \"custom\" needs PipeOptions::custom_schedule (e.g. from "
+                "schedule::load_schedule(path))");
+    s = *o.custom_schedule();
+    TORCH_CHECK(s.num_ranks == ranks && s.num_stages == stages, "the custom schedule has ",
+                s.num_ranks, " ranks and ", s.num_stages, " stages but the pipeline has ", ranks,
+                " ranks and ", stages,
+                " stages; match the balance/stages and virtual_stages to the schedule");
+    TORCH_CHECK(s.num_microbatches == microbatches, "the custom schedule is written for ",
+                s.num_microbatches, " micro-batches but this step has ", microbatches,
+                "; set chunks to ", s.num_microbatches, " and feed batches of at least ",
+                s.num_microbatches, " rows");
+  } else {
+    const int v = static_cast<int>(o.virtual_stages());
+    try {
+      s = schedule::make_schedule(o.schedule(), ranks, microbatches, v);
+    } catch (const std::invalid_argument& e) {
+      TORCH_CHECK(false, "cannot build schedule '", o.schedule(), "' for ", ranks, " ranks, ",
+                  microbatches, " micro-batches, virtual_stages ", v, ": ", e.what());
+    }
+  }
+  if (!schedule::is_lowered(s)) s = schedule::lower(s);
+  try {
+    schedule::validate(s);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "schedule '", o.schedule(), "' is not runnable: ", e.what());
+  }
+  return s;
+}
+
 const schedule::Schedule& PipeImpl::training_schedule(int microbatches) {
   Runtime& rt = runtime();
   auto found = rt.training.find(microbatches);
   if (found != rt.training.end()) return found->second;
-  TORCH_CHECK(options_.schedule() != "custom", "the custom schedule is written for ",
-              options_.custom_schedule()->num_microbatches, " micro-batches but this mini-batch ",
-              "gives ", microbatches, " (it has fewer rows than chunks); feed batches of at least ",
-              options_.chunks(), " rows");
-  schedule::Schedule s =
-      schedule::lower(schedule::make_schedule(options_.schedule(), rt.num_ranks, microbatches,
-                                              static_cast<int>(options_.virtual_stages())));
-  schedule::validate(s);
+  schedule::Schedule s = training_schedule_for(options_, rt.num_ranks, rt.num_stages, microbatches);
   return rt.training.emplace(microbatches, std::move(s)).first->second;
 }
 

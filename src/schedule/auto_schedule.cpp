@@ -243,9 +243,9 @@ class Engine {
   std::vector<int> next_g_;    // per stage: next micro-batch to run I or B for
   std::vector<std::deque<std::pair<int, int>>> pending_w_;  // per rank: (j, i) awaiting W
   std::vector<double> clock_;                               // per rank: when it is free
-  std::vector<double> used_;  // per rank: stashed activations (units of the rank's share)
+  std::vector<double> used_;     // per rank: stashed activations (units of the rank's share)
   std::vector<int> later_held_;  // per rank: of those, activations of a chunk not its first
-  std::vector<int> left_;     // per rank: actions still to run
+  std::vector<int> left_;        // per rank: actions still to run
   int stuck_rank_ = -1;
   Schedule schedule_;
 };

@@ -9,16 +9,14 @@
 
 #include "pipetrain/schedule/lower.h"
 #include "pipetrain/schedule/text_format.h"
+#include "text_util.h"
 
 namespace pipetrain::schedule {
 namespace {
 
+// A cell without surrounding space and without the quotes a CSV writer may put around it.
 std::string_view trim(std::string_view text) {
-  const char* space = " \t\r\n";
-  const auto begin = text.find_first_not_of(space);
-  if (begin == std::string_view::npos) return {};
-  const auto end = text.find_last_not_of(space);
-  text = text.substr(begin, end - begin + 1);
+  text = detail::trim(text);
   if (text.size() >= 2 && text.front() == '"' && text.back() == '"') {
     text = text.substr(1, text.size() - 2);
   }

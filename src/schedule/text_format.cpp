@@ -8,17 +8,12 @@
 
 #include "pipetrain/schedule/atomic_file.h"
 #include "pipetrain/schedule/csv_format.h"
+#include "text_util.h"
 
 namespace pipetrain::schedule {
 namespace {
 
-std::string_view trim(std::string_view text) {
-  const char* space = " \t\r\n";
-  const auto begin = text.find_first_not_of(space);
-  if (begin == std::string_view::npos) return {};
-  const auto end = text.find_last_not_of(space);
-  return text.substr(begin, end - begin + 1);
-}
+using detail::trim;
 
 [[noreturn]] void fail_at(int line, std::string_view token, const std::string& why) {
   throw std::invalid_argument("line " + std::to_string(line) + ", token '" + std::string(token) +

@@ -25,6 +25,7 @@
 #include "pipetrain/schedule/generators.h"
 #include "pipetrain/stage/skip_layers.h"
 #include "pipetrain/transport/c10d.h"
+#include "tied.h"
 
 using namespace pipetrain;
 
@@ -330,38 +331,19 @@ void scenario_fault(Distributed& d, const std::string& how) {
   std::cout << "UNEXPECTED: received" << std::endl;
 }
 
-// A linear layer that uses another Linear's weight (the same tensor): a tied weight.
-class TiedLinearImpl : public torch::nn::Cloneable<TiedLinearImpl> {
- public:
-  explicit TiedLinearImpl(torch::Tensor weight) : weight_(std::move(weight)) { reset(); }
-  void reset() override { weight_ = register_parameter("weight", weight_); }
-  torch::Tensor forward(torch::Tensor x) { return torch::linear(x, weight_); }
-
- private:
-  torch::Tensor weight_;
-};
-TORCH_MODULE(TiedLinear);
-
 // 9 layers: a residual from layer 1 to layer 5 and layer 6 tied to layer 2's weight.
 torch::nn::Sequential make_model() {
   torch::manual_seed(0);
   torch::nn::Linear shared(8, 8);
   return torch::nn::Sequential(torch::nn::Linear(6, 8), SkipStash("a"), shared, torch::nn::Tanh(),
-                               torch::nn::Linear(8, 8), SkipPopAdd("a"), TiedLinear(shared->weight),
-                               torch::nn::Tanh(), torch::nn::Linear(8, 2));
-}
-
-std::vector<torch::Tensor> unique_parameters(const std::vector<torch::Tensor>& params) {
-  std::vector<torch::Tensor> unique;
-  std::set<const void*> seen;
-  for (const auto& p : params) {
-    if (seen.insert(p.unsafeGetTensorImpl()).second) unique.push_back(p);
-  }
-  return unique;
+                               torch::nn::Linear(8, 8), SkipPopAdd("a"),
+                               testing::TiedLinear(shared->weight), torch::nn::Tanh(),
+                               torch::nn::Linear(8, 2));
 }
 
 torch::optim::SGD make_sgd(const std::vector<torch::Tensor>& params) {
-  return torch::optim::SGD(unique_parameters(params), torch::optim::SGDOptions(0.1).momentum(0.9));
+  return torch::optim::SGD(testing::unique_parameters(params),
+                           torch::optim::SGDOptions(0.1).momentum(0.9));
 }
 
 // Trains 3 steps with DistributedPipe for each schedule and compares with sequential training.

@@ -3,6 +3,7 @@
 // mode x balance x micro-batch split.
 #include <gtest/gtest.h>
 
+#include "../helpers/tied.h"
 #include "pipetrain/runtime/pipe.h"
 #include "training_reference.h"
 
@@ -114,36 +115,13 @@ TEST(PipeTransparency, SingleStageZeroBubbleSplitsBackwardWithASkipInsideTheStag
   EXPECT_EQ(testing::compare_parameters(*pipe, *reference), "");
 }
 
-// A linear layer that uses another layer's weight tensor: a weight tied within one stage.
-class TiedLinearImpl : public torch::nn::Cloneable<TiedLinearImpl> {
- public:
-  explicit TiedLinearImpl(torch::Tensor weight) : weight_(std::move(weight)) { reset(); }
-  void reset() override { weight_ = register_parameter("weight", weight_); }
-  torch::Tensor forward(torch::Tensor x) { return torch::linear(x, weight_); }
-
- private:
-  torch::Tensor weight_;
-};
-TORCH_MODULE(TiedLinear);
-
 // 7 layers; layer 4 uses layer 2's weight.
 torch::nn::Sequential make_tied_mlp() {
   torch::manual_seed(3);
   torch::nn::Linear shared(8, 8);
   return torch::nn::Sequential(torch::nn::Linear(6, 8), torch::nn::Tanh(), shared,
-                               torch::nn::Tanh(), TiedLinear(shared->weight), torch::nn::Tanh(),
-                               torch::nn::Linear(8, 2));
-}
-
-// Each tensor once (the tie appears under two names).
-std::vector<torch::Tensor> unique_parameters(const std::vector<torch::Tensor>& params) {
-  std::vector<torch::Tensor> unique;
-  for (const auto& p : params) {
-    bool seen = false;
-    for (const auto& u : unique) seen = seen || u.is_same(p);
-    if (!seen) unique.push_back(p);
-  }
-  return unique;
+                               torch::nn::Tanh(), testing::TiedLinear(shared->weight),
+                               torch::nn::Tanh(), torch::nn::Linear(8, 2));
 }
 
 // A weight tied between two layers of one stage, with the backward split into I and W: each
@@ -162,7 +140,7 @@ TEST(PipeTransparency, AWeightTiedWithinOneStageTrainsWithEveryZeroBubbleSchedul
     for (Checkpoint mode : {Checkpoint::kAlways, Checkpoint::kExceptLast, Checkpoint::kNever}) {
       torch::nn::Sequential reference = make_tied_mlp();
       auto batches = testing::make_batches(8, 3);
-      auto reference_sgd = testing::make_sgd(unique_parameters(reference->parameters()));
+      auto reference_sgd = testing::make_sgd(testing::unique_parameters(reference->parameters()));
       for (const auto& batch : batches) {
         reference_sgd.zero_grad();
         testing::mse(reference->forward(batch.input), batch.target).backward();
@@ -174,7 +152,7 @@ TEST(PipeTransparency, AWeightTiedWithinOneStageTrainsWithEveryZeroBubbleSchedul
                                      .schedule(layout.schedule)
                                      .virtual_stages(layout.virtual_stages)
                                      .checkpoint(mode));
-      auto sgd = testing::make_sgd(unique_parameters(pipe->parameters()));
+      auto sgd = testing::make_sgd(testing::unique_parameters(pipe->parameters()));
       for (const auto& batch : batches) {
         sgd.zero_grad();
         pipe->train_step(batch.input, batch.target, testing::mse);

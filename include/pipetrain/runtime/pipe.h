@@ -54,17 +54,21 @@ struct PipeOptions {
   /// Layers per stage, in order; must sum to the number of layers. Empty (default): `stages`
   /// stages as even as possible (the first L % S stages get one layer more).
   TORCH_ARG(std::vector<int64_t>, balance) = {};
+
   /// Number of stages S when `balance` is empty. With V virtual stages per rank there are
   /// K = S / V ranks (worker threads, devices).
   TORCH_ARG(int64_t, stages) = 1;
   /// Micro-batches per mini-batch (a batch with fewer rows uses one per row).
   TORCH_ARG(int64_t, chunks) = 1;
-  /// Any make_schedule() name (gpipe, 1f1b, interleaved-1f1b, zb-h1) or "custom".
+  /// Any make_schedule() name (schedule::schedule_names(): gpipe, 1f1b, interleaved-1f1b, the
+  /// zero-bubble family, looped-bfs, dualpipev) or "custom".
   TORCH_ARG(std::string, schedule) = "gpipe";
   /// With schedule "custom": the schedule to run (compute-only or lowered; it is validated).
   /// Its micro-batch count must equal `chunks`.
   TORCH_ARG(std::optional<schedule::Schedule>, custom_schedule) = std::nullopt;
-  /// Stages per rank (interleaved-1f1b only); stage j runs on rank j % K.
+  /// Stages (chunks) per rank: V > 1 for interleaved-1f1b, interleaved-zb and looped-bfs (stage
+  /// j on rank j % K), exactly 2 for the V-shaped zb-v, v-half, v-min and dualpipev (rank r holds
+  /// r and 2K-1-r); schedule::default_virtual_stages(name) gives each family's usual value.
   TORCH_ARG(int64_t, virtual_stages) = 1;
   /// Which micro-batches recompute their forward before backward instead of keeping activations.
   TORCH_ARG(Checkpoint, checkpoint) = Checkpoint::kExceptLast;
@@ -77,6 +81,13 @@ struct PipeOptions {
   /// How long a receive waits for its message before failing (a hang is never silent).
   TORCH_ARG(double, timeout_seconds) = 300.0;
 };
+
+/// The lowered, validated training schedule that `options` asks for on `ranks` ranks, `stages`
+/// stages and `microbatches` micro-batches: the named family, or the custom schedule (which must
+/// have those counts). Both runtimes (Pipe, DistributedPipe) build theirs with it. Throws
+/// c10::Error naming the schedule, the counts and what to change.
+schedule::Schedule training_schedule_for(const PipeOptions& options, int ranks, int stages,
+                                         int microbatches);
 
 class PipeImpl : public torch::nn::Cloneable<PipeImpl> {
  public:
