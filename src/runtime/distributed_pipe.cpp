@@ -36,15 +36,7 @@ DistributedPipe::DistributedPipe(Distributed& distributed, torch::nn::Sequential
   TORCH_CHECK(layers >= 1, "the Sequential has no layers");
   TORCH_CHECK(o.chunks() >= 1, "chunks must be at least 1 (got ", o.chunks(), ")");
   TORCH_CHECK(o.virtual_stages() >= 1, "virtual_stages must be at least 1");
-  std::vector<int64_t> balance = o.balance();
-  if (balance.empty()) {
-    TORCH_CHECK(o.stages() >= 1 && o.stages() <= layers, "stages ", o.stages(), " must be in 1..",
-                layers, " (the layer count)");
-    balance.assign(static_cast<size_t>(o.stages()), layers / o.stages());
-    for (int64_t j = 0; j < layers % o.stages(); ++j) ++balance[static_cast<size_t>(j)];
-  }
-  TORCH_CHECK(std::accumulate(balance.begin(), balance.end(), int64_t{0}) == layers,
-              "the balance does not sum to the ", layers, " layers of the Sequential");
+  const std::vector<int64_t> balance = stage_balance(o, layers);
   num_stages_ = static_cast<int>(balance.size());
   const int v = static_cast<int>(o.virtual_stages());
   TORCH_CHECK(num_stages_ % v == 0, num_stages_, " stages are not divisible by virtual_stages ", v);

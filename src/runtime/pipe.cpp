@@ -133,25 +133,7 @@ void PipeImpl::reset() {
   TORCH_CHECK(o.threads_per_stage() >= 0, "threads_per_stage must be >= 0 (got ",
               o.threads_per_stage(), ")");
 
-  // Balance.
-  if (o.balance().empty()) {
-    TORCH_CHECK(o.stages() >= 1, "stages must be at least 1 (got ", o.stages(), ")");
-    TORCH_CHECK(o.stages() <= layers, "more stages (", o.stages(), ") than layers (", layers,
-                "); use at most ", layers, " stages");
-    balance_.assign(static_cast<size_t>(o.stages()), layers / o.stages());
-    for (int64_t j = 0; j < layers % o.stages(); ++j) ++balance_[static_cast<size_t>(j)];
-  } else {
-    balance_ = o.balance();
-    TORCH_CHECK(static_cast<int64_t>(balance_.size()) <= layers, "more stages (", balance_.size(),
-                ", balance ", join(balance_), ") than layers (", layers, ")");
-    for (size_t j = 0; j < balance_.size(); ++j) {
-      TORCH_CHECK(balance_[j] >= 1, "balance ", join(balance_), " gives stage ", j, " ",
-                  balance_[j], " layers; every stage needs at least one");
-    }
-    const int64_t sum = std::accumulate(balance_.begin(), balance_.end(), int64_t{0});
-    TORCH_CHECK(sum == layers, "balance ", join(balance_), " sums to ", sum,
-                " but the Sequential has ", layers, " layers; make the balance sum to ", layers);
-  }
+  balance_ = stage_balance(o, layers);
   const int num_stages = static_cast<int>(balance_.size());
   const int v = static_cast<int>(o.virtual_stages());
   TORCH_CHECK(num_stages % v == 0, num_stages, " stages cannot be spread over ranks with ",
@@ -208,6 +190,29 @@ void PipeImpl::reset() {
         std::make_unique<Worker>([threads] { at::set_num_threads(threads); }));
   }
   runtime_ = std::move(runtime);
+}
+
+std::vector<int64_t> stage_balance(const PipeOptions& o, int64_t layers) {
+  std::vector<int64_t> balance;
+  if (o.balance().empty()) {
+    TORCH_CHECK(o.stages() >= 1, "stages must be at least 1 (got ", o.stages(), ")");
+    TORCH_CHECK(o.stages() <= layers, "more stages (", o.stages(), ") than layers (", layers,
+                "); use at most ", layers, " stages");
+    balance.assign(static_cast<size_t>(o.stages()), layers / o.stages());
+    for (int64_t j = 0; j < layers % o.stages(); ++j) ++balance[static_cast<size_t>(j)];
+    return balance;
+  }
+  balance = o.balance();
+  TORCH_CHECK(static_cast<int64_t>(balance.size()) <= layers, "more stages (", balance.size(),
+              ", balance ", join(balance), ") than layers (", layers, ")");
+  for (size_t j = 0; j < balance.size(); ++j) {
+    TORCH_CHECK(balance[j] >= 1, "balance ", join(balance), " gives stage ", j, " ", balance[j],
+                " layers; every stage needs at least one");
+  }
+  const int64_t sum = std::accumulate(balance.begin(), balance.end(), int64_t{0});
+  TORCH_CHECK(sum == layers, "balance ", join(balance), " sums to ", sum,
+              " but the Sequential has ", layers, " layers; make the balance sum to ", layers);
+  return balance;
 }
 
 schedule::Schedule training_schedule_for(const PipeOptions& o, int ranks, int stages,

@@ -175,5 +175,23 @@ TEST(PipeOptionsCheck, BadOptionsFailAtConstructionNamingTheValue) {
   EXPECT_EQ(construction_error(PipeOptions().stages(4).chunks(3)), "");
 }
 
+// Pipe and DistributedPipe lay out their stages with stage_balance(): a balance that sums to the
+// layer count with an empty or negative stage is an error naming it, in both.
+TEST(PipeOptionsCheck, ABalanceWithAnEmptyOrNegativeStageIsAnErrorInBothRuntimes) {
+  for (const std::vector<int64_t>& balance :
+       {std::vector<int64_t>{0, 4}, std::vector<int64_t>{-1, 5}, std::vector<int64_t>{3, 0, 1}}) {
+    std::string message;
+    try {
+      stage_balance(PipeOptions().balance(balance), 4);
+    } catch (const c10::Error& e) {
+      message = e.what_without_backtrace();
+    }
+    EXPECT_NE(message.find("every stage needs at least one"), std::string::npos) << message;
+    EXPECT_NE(construction_error(PipeOptions().balance(balance)).find("at least one"),
+              std::string::npos);
+  }
+  EXPECT_EQ(stage_balance(PipeOptions().stages(3), 7), (std::vector<int64_t>{3, 2, 2}));
+}
+
 }  // namespace
 }  // namespace pipetrain

@@ -82,6 +82,11 @@ struct PipeOptions {
   TORCH_ARG(double, timeout_seconds) = 300.0;
 };
 
+/// Layers per stage for a Sequential of `layers` layers: options.balance() checked (every entry
+/// >= 1, at most `layers` stages, summing to `layers`), or options.stages() stages as even as
+/// possible. Both runtimes lay out their stages with it. Throws c10::Error naming the balance.
+std::vector<int64_t> stage_balance(const PipeOptions& options, int64_t layers);
+
 /// The lowered, validated training schedule that `options` asks for on `ranks` ranks, `stages`
 /// stages and `microbatches` micro-batches: the named family, or the custom schedule (which must
 /// have those counts). Both runtimes (Pipe, DistributedPipe) build theirs with it. Throws
