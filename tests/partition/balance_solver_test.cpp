@@ -114,7 +114,7 @@ TEST(BalanceSolver, ExtraCostOnTheFirstStageMovesLayersAway) {
   EXPECT_EQ(solve_balance(std::vector<double>(8, 1.0), 2, options).sizes, (std::vector<int>{5, 3}));
 }
 
-TEST(BalanceSolver, LargeInputsAreFast) {
+TEST(BalanceSolver, FourThousandLayersOnSixtyFourStagesStayWithinTheGreedyBound) {
   std::vector<double> costs(4000);
   for (int l = 0; l < 4000; ++l) costs[l] = 1.0 + (l * 7919 % 13);
   const Balance b = solve_balance(costs, 64);
