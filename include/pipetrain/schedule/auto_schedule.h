@@ -15,11 +15,18 @@
 // later chunk of the same micro-batch keeps room for that later chunk, so the limit never
 // deadlocks the V and interleaved placements.
 //
+// Refinement: the engine runs under the 16 combinations of four tie-breaks (which stage's
+// gradient goes first; a forward as early as a gradient goes first; with a forward held back by
+// the limit, a W before a ready I; room kept for a later chunk only while no micro-batch holds
+// one on the rank) and returns the run with the smallest simulated makespan on options.costs.
+// Runs that the last tie-break lets deadlock are dropped; the first one never deadlocks.
+//
 // The named zero-bubble families are this engine with a placement and a limit (generators.h):
 // zb-h2 (limit 2K-1), v-half / v-min (V placement, limits about K/2 and K/3), interleaved-zb
 // (limit K), zb-auto (measured costs, any limit, the best of several). zb-v is built directly.
 //
-// Thread-safety: pure functions. Cost: O(actions * stages per rank * K).
+// Thread-safety: pure functions. Cost: 16 x O(actions * stages per rank * K), plus a simulate()
+// of each run.
 #pragma once
 
 #include <string>
