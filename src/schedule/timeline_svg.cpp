@@ -104,7 +104,9 @@ std::string render_svg(const Timeline& timeline) {
   const double scale = plot_width / makespan;
   const double axis_y = top + rows * row_height + 6;
   const double legend_y = axis_y + 40;
-  const double width = left + plot_width + 20;
+  // Wide enough for the title too: 14 px bold sans-serif averages under 9 px a character.
+  const double title_width = 9.0 * static_cast<double>(timeline.title.size());
+  const double width = left + std::max(plot_width, title_width) + 20;
   const double height = legend_y + 30;
 
   std::string svg;

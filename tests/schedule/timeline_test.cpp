@@ -46,6 +46,19 @@ TEST(TimelineSvg, OneBoxPerEventColouredByOpWithLegendAxisAndEscapedTitle) {
   EXPECT_NE(measured.find("time (ms)"), std::string::npos);
 }
 
+// A long title (the measured timelines' titles name the run) widens the picture instead of
+// running past its right edge.
+TEST(TimelineSvg, TheWidthFitsALongTitle) {
+  auto width_of = [](const std::string& svg) {
+    const auto at = svg.find("width=\"") + 7;
+    return std::stod(svg.substr(at, svg.find('"', at) - at));
+  };
+  const Timeline short_title = simulate(zero_bubble_h1(2, 2)).timeline("zb-h1");
+  const Timeline long_title = simulate(zero_bubble_h1(2, 2)).timeline(std::string(200, 'x'));
+  EXPECT_GE(width_of(render_svg(long_title)), 70 + 200 * 9.0);
+  EXPECT_LT(width_of(render_svg(short_title)), width_of(render_svg(long_title)));
+}
+
 TEST(ChromeTrace, EventsAreCompleteEventsInMicroseconds) {
   const nlohmann::json trace = nlohmann::json::parse(render_chrome_trace(two_events()));
   int complete = 0;
