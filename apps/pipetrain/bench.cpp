@@ -191,9 +191,9 @@ int virtual_stages_of(const std::string& schedule) {
   return schedule == "interleaved-1f1b" ? 2 : schedule::default_virtual_stages(schedule);
 }
 
-// DualPipeV needs an even K and M >= 2K; the others take any shape.
+// Whether the schedule takes K ranks and M micro-batches (dualpipev: an even K and M >= 2K).
 bool fits(const std::string& schedule, int K, int M) {
-  return schedule != "dualpipev" || (K % 2 == 0 && M >= 2 * K);
+  return schedule::shape_error(schedule, K, M, virtual_stages_of(schedule)).empty();
 }
 
 // Intra-op threads of each of a pipelined row's K ranks (T split over them, at least 1).

@@ -145,10 +145,9 @@ ps::Schedule resolve_schedule(const PlanRequest& request) {
         options.ranks = request.stages;
         options.microbatches = request.microbatches;
         options.virtual_stages = virtual_stages_of(request);
-        if (options.virtual_stages != 1) {
-          throw UsageError("zb-auto has no virtual stages (got --virtual " +
-                           std::to_string(options.virtual_stages) + "); drop --virtual");
-        }
+        const std::string why =
+            ps::shape_error("zb-auto", options.ranks, options.microbatches, options.virtual_stages);
+        if (!why.empty()) throw UsageError(why);
         options.costs = resolve_costs(request);
         options.memory_limit = {request.memory_limit > 0 ? request.memory_limit
                                                          : double(request.stages)};

@@ -533,17 +533,12 @@ PipeOptions pipe_options(const TrainArgs& args, const Layout& layout, int64_t la
     }
     options.stages(stages);
   }
-  if (options.schedule() != "custom") {
-    // A family that cannot take this shape (dualpipev with an odd K or too few micro-batches, a
-    // V-shaped one with another --virtual) is bad input, named before any rank starts.
-    try {
-      schedule::make_schedule(options.schedule(), static_cast<int>(ranks),
-                              static_cast<int>(options.chunks()),
-                              static_cast<int>(options.virtual_stages()));
-    } catch (const std::invalid_argument& error) {
-      throw UsageError("--schedule " + options.schedule() + ": " + error.what());
-    }
-  }
+  // A family that cannot take this shape (dualpipev with an odd K or too few micro-batches, a
+  // V-shaped one with another --virtual) is bad input, named before any rank starts.
+  const std::string why = schedule::shape_error(options.schedule(), static_cast<int>(ranks),
+                                                static_cast<int>(options.chunks()),
+                                                static_cast<int>(options.virtual_stages()));
+  if (!why.empty()) throw UsageError("--schedule " + options.schedule() + ": " + why);
   return options;
 }
 

@@ -98,10 +98,7 @@ bool splits_backward(const std::string& schedule) {
 bool tries(const std::string& name, int V, int K, int M, bool searches_1f1b) {
   if (name == "interleaved-1f1b") return V > 1 || !searches_1f1b;
   if (name == "interleaved-zb" || name == "looped-bfs") return V >= 2;
-  if (schedule::is_v_shaped(name)) {
-    return V == 2 && (name != "dualpipev" || (K % 2 == 0 && M >= 2 * K));
-  }
-  return V == 1;
+  return schedule::shape_error(name, K, M, V).empty();
 }
 
 // Fraction of micro-batches whose backward first recomputes the forward.

@@ -73,16 +73,8 @@ Schedule dualpipe_v(int ranks, int microbatches) {
   schedule.stage_rank = v_placement(ranks);
   const int K = ranks;
   const int M = microbatches;
-  if (K % 2 != 0) {
-    throw std::invalid_argument("dualpipev needs an even number of ranks (got " +
-                                std::to_string(K) + "); use " + std::to_string(K + 1) +
-                                " ranks, or zb-v, which takes any number");
-  }
-  if (M < 2 * K) {
-    throw std::invalid_argument("dualpipev needs at least 2K = " + std::to_string(2 * K) +
-                                " micro-batches for " + std::to_string(K) + " ranks (got " +
-                                std::to_string(M) + "); set the micro-batches (chunks) to " +
-                                std::to_string(2 * K) + " or more");
+  if (const std::string why = shape_error("dualpipev", K, M, 2); !why.empty()) {
+    throw std::invalid_argument(why);
   }
   for (int r = 0; r < K; ++r) {
     RankList rank(K, r, schedule.actions[r]);

@@ -1,6 +1,7 @@
 // make_schedule(): the name -> generator table, and the helpers every generator shares.
 #include "pipetrain/schedule/generators.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "generator_util.h"
@@ -47,41 +48,45 @@ int default_virtual_stages(const std::string& name) {
   return is_v_shaped(name) || name == "interleaved-zb" || name == "looped-bfs" ? 2 : 1;
 }
 
-Schedule make_schedule(const std::string& name, int ranks, int microbatches, int virtual_stages) {
-  auto no_virtual = [&] {
-    if (virtual_stages != 1) {
-      throw std::invalid_argument(
-          name + " has no virtual stages (got virtual_stages=" + std::to_string(virtual_stages) +
-          "); use interleaved-1f1b, interleaved-zb or looped-bfs for V > 1");
-    }
-  };
+std::string shape_error(const std::string& name, int ranks, int microbatches, int virtual_stages) {
+  const auto& names = schedule_names();
+  if (std::find(names.begin(), names.end(), name) == names.end()) return "";  // make_schedule says
+  const bool chunked =
+      name == "interleaved-1f1b" || name == "interleaved-zb" || name == "looped-bfs";
   if (is_v_shaped(name) && virtual_stages != 2) {
-    throw std::invalid_argument(name + " places two chunks per rank in a V (got virtual_stages=" +
-                                std::to_string(virtual_stages) +
-                                "); set virtual_stages to 2, i.e. twice as many stages as ranks");
+    return name + " places two chunks per rank in a V (got virtual_stages=" +
+           std::to_string(virtual_stages) +
+           "); set virtual_stages to 2, i.e. twice as many stages as ranks";
   }
-  if (name == "gpipe") {
-    no_virtual();
-    return gpipe(ranks, microbatches);
+  if (!chunked && !is_v_shaped(name) && virtual_stages != 1) {
+    return name + " has no virtual stages (got virtual_stages=" + std::to_string(virtual_stages) +
+           "); use interleaved-1f1b, interleaved-zb or looped-bfs for V > 1";
   }
-  if (name == "1f1b") {
-    no_virtual();
-    return one_f_one_b(ranks, microbatches);
+  if (name != "dualpipev" || ranks < 1 || microbatches < 1) return "";
+  if (ranks % 2 != 0) {
+    return "dualpipev needs an even number of ranks (got " + std::to_string(ranks) + "); use " +
+           std::to_string(ranks + 1) + " ranks, or zb-v, which takes any number";
   }
+  if (microbatches < 2 * ranks) {
+    return "dualpipev needs at least 2K = " + std::to_string(2 * ranks) + " micro-batches for " +
+           std::to_string(ranks) + " ranks (got " + std::to_string(microbatches) +
+           "); set the micro-batches (chunks) to " + std::to_string(2 * ranks) + " or more";
+  }
+  return "";
+}
+
+Schedule make_schedule(const std::string& name, int ranks, int microbatches, int virtual_stages) {
+  if (const std::string why = shape_error(name, ranks, microbatches, virtual_stages);
+      !why.empty()) {
+    throw std::invalid_argument(why);
+  }
+  if (name == "gpipe") return gpipe(ranks, microbatches);
+  if (name == "1f1b") return one_f_one_b(ranks, microbatches);
   if (name == "interleaved-1f1b")
     return interleaved_one_f_one_b(ranks, microbatches, virtual_stages);
-  if (name == "zb-h1") {
-    no_virtual();
-    return zero_bubble_h1(ranks, microbatches);
-  }
-  if (name == "zb-h2") {
-    no_virtual();
-    return zero_bubble_h2(ranks, microbatches);
-  }
-  if (name == "zb-auto") {
-    no_virtual();
-    return zero_bubble_auto(ranks, microbatches);
-  }
+  if (name == "zb-h1") return zero_bubble_h1(ranks, microbatches);
+  if (name == "zb-h2") return zero_bubble_h2(ranks, microbatches);
+  if (name == "zb-auto") return zero_bubble_auto(ranks, microbatches);
   if (name == "zb-v") return zero_bubble_v(ranks, microbatches);
   if (name == "v-half") return v_half(ranks, microbatches);
   if (name == "v-min") return v_min(ranks, microbatches);

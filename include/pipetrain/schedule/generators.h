@@ -83,6 +83,12 @@ int default_virtual_stages(const std::string& name);
 // True for the families whose V must be 2 with the V placement: zb-v, v-half, v-min, dualpipev.
 bool is_v_shaped(const std::string& name);
 
+// Empty when make_schedule(name, ranks, microbatches, virtual_stages) takes that shape; else why
+// not, naming the smallest setting that would do (a V-shaped family with V != 2, V != 1 on a
+// family without chunks, dualpipev with an odd K or M < 2K). Unknown names and counts < 1 are
+// make_schedule's to report. Cheap: nothing is built.
+std::string shape_error(const std::string& name, int ranks, int microbatches, int virtual_stages);
+
 // Builds the named schedule. Throws std::invalid_argument for an unknown name (listing the valid
 // names), for ranks/microbatches/virtual_stages < 1, for virtual_stages != 1 on a family that
 // has no virtual stages, for virtual_stages != 2 on a V-shaped one, and for a family's own
