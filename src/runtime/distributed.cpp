@@ -197,8 +197,7 @@ std::string Distributed::declare_tie(const std::string& name, std::vector<int> h
   // holders (a pipe that places its stages otherwise) get a group of their own.
   std::string key = name;
   for (int p : holders) key += "@" + std::to_string(p);
-  if (tie_holders_.count(key) != 0) return key;
-  tie_holders_[key] = holders;
+  if (ties_.count(key) != 0) return key;
   if (holders.size() == 1) {
     ties_[key] = nullptr;
     return key;

@@ -145,8 +145,8 @@ class Distributed {
   ParallelLayout layout_;
   int local_rank_ = 0;
   std::shared_ptr<C10dGroup> data_parallel_;
-  std::map<std::string, std::shared_ptr<C10dGroup>> ties_;  // null: only this rank holds it
-  std::map<std::string, std::vector<int>> tie_holders_;
+  // By declare_tie key; null: only this rank holds it.
+  std::map<std::string, std::shared_ptr<C10dGroup>> ties_;
 };
 
 // Runs `body` as this process's main under the torchrun environment and returns its exit code:
