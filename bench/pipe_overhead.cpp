@@ -17,6 +17,7 @@
 
 #include <torch/torch.h>
 
+#include "pipetrain/base/median.h"
 #include "pipetrain/runtime/pipe.h"
 #include "pipetrain/stage/microbatch.h"
 #include "pipetrain/stage/stage.h"
@@ -24,6 +25,7 @@
 namespace {
 
 using pipetrain::Checkpoint;
+using pipetrain::median;
 using pipetrain::Pipe;
 using pipetrain::PipeOptions;
 
@@ -50,11 +52,6 @@ double seconds(const std::function<void()>& f) {
   auto start = std::chrono::steady_clock::now();
   f();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 // Alternates a and b, `steps` times after one warm-up each; prints and returns median(a)/median(b).

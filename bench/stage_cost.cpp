@@ -14,19 +14,16 @@
 
 #include <torch/torch.h>
 
+#include "pipetrain/base/median.h"
 #include "pipetrain/stage/stage.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using pipetrain::median;
 
 double micros(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::micro>(b - a).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 torch::nn::Sequential make_block() {

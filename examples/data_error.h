@@ -10,11 +10,13 @@
 #include <stdexcept>
 #include <string>
 
+#include "pipetrain/base/error.h"
+
 namespace pipetrain::examples {
 
-class DataError : public std::runtime_error {
+class DataError : public pipetrain::BadInput {
  public:
-  using std::runtime_error::runtime_error;
+  using pipetrain::BadInput::BadInput;
 };
 
 }  // namespace pipetrain::examples

@@ -24,12 +24,14 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <nlohmann/json.hpp>
 
+#include "pipetrain/base/error.h"
+
 namespace pipetrain::examples {
 
 // Bad model name or options: user input, exit code 2 in the CLI.
-class ModelOptionError : public std::invalid_argument {
+class ModelOptionError : public pipetrain::BadInput {
  public:
-  using std::invalid_argument::invalid_argument;
+  using pipetrain::BadInput::BadInput;
 };
 
 using LossFunction =

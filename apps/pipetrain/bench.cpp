@@ -69,6 +69,8 @@
 
 #include "commands.h"
 #include "model_registry.h"
+#include "pipetrain/base/load_average.h"
+#include "pipetrain/base/median.h"
 #include "pipetrain/runtime/distributed.h"
 #include "pipetrain/runtime/distributed_pipe.h"
 #include "pipetrain/runtime/launcher.h"
@@ -282,13 +284,6 @@ Workload make_workload(const BenchArgs& a) {
     w.loss = m.loss;
   }
   return w;
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 int64_t peak_rss_bytes() {
@@ -993,13 +988,6 @@ json evaluate_checks(const BenchArgs& a, const json& rows) {
   return checks;
 }
 
-std::string load_average() {
-  std::ifstream in("/proc/loadavg");
-  std::string one, five, fifteen;
-  in >> one >> five >> fifteen;
-  return one + " " + five + " " + fifteen;
-}
-
 std::string format_bytes(double bytes) {
   char text[32];
   if (bytes >= 1 << 20) {
@@ -1148,7 +1136,7 @@ int run_bench(BenchArgs a) {
   report["steps"] = a.steps;
   report["warmup"] = a.warmup;
   report["hardware_threads"] = std::thread::hardware_concurrency();
-  report["load_average_start"] = load_average();
+  report["load_average_start"] = read_load_average().to_string();
   report["rounds"] = a.rounds;
   // Every configuration once per round, round after round: a machine whose speed drifts over
   // minutes then drifts under all of them alike, and each ratio is taken within a round.
@@ -1174,7 +1162,7 @@ int run_bench(BenchArgs a) {
   json rows = merge_rounds(rounds);
   report["configs"] = rows;
   report["checks"] = evaluate_checks(a, rows);
-  report["load_average_end"] = load_average();
+  report["load_average_end"] = read_load_average().to_string();
   json notes = json::array();
   notes.push_back("multiprocess rows: peak_rss_bytes is the largest rank's");
   notes.push_back("ratios are step time / baseline step time (< 1: faster than the baseline)");

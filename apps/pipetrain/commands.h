@@ -10,12 +10,12 @@
 
 #include <CLI/CLI.hpp>
 
+#include "pipetrain/base/error.h"
+
 namespace pipetrain::cli {
 
 // Thrown by a command for bad user input; main() prints the message and exits with 2.
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
+using UsageError = pipetrain::BadInput;
 
 // A command adds its subcommand to `app` and sets its callback; the callback returns the exit code
 // through `exit_code`.

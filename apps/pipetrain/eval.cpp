@@ -12,7 +12,7 @@
 #include <memory>
 
 #include "commands.h"
-#include "pipetrain/train/atomic_file.h"
+#include "pipetrain/base/atomic_file.h"
 #include "pipetrain/train/checkpoint.h"
 #include "train_setup.h"
 
@@ -32,7 +32,7 @@ int run_eval(EvalArgs& args) {
   train::Checkpoint checkpoint;
   try {
     checkpoint = train::load_checkpoint(args.checkpoint);
-  } catch (const train::FileError& error) {
+  } catch (const pipetrain::FileError& error) {
     throw UsageError("--checkpoint: " + std::string(error.what()));
   } catch (const train::CheckpointError& error) {
     throw UsageError("--checkpoint " + args.checkpoint + ": " + error.what());

@@ -5,6 +5,8 @@
 #include <iostream>
 
 #include "commands.h"
+#include "pipetrain/base/error.h"
+#include "pipetrain/base/message_of.h"
 #include "pipetrain/train/config_file.h"
 
 int main(int argc, char** argv) {
@@ -33,11 +35,12 @@ int main(int argc, char** argv) {
   } catch (const pipetrain::train::ConfigError& e) {
     std::cerr << "pipetrain: error: --config: " << e.what() << "\n";
     return 2;
-  } catch (const pipetrain::cli::UsageError& e) {
+  } catch (const pipetrain::Error& e) {
+    // The one error family (pipetrain/base/error.h): bad input exits 2, a failure while running 1.
     std::cerr << "pipetrain: error: " << e.what() << "\n";
-    return 2;
+    return e.exit_code();
   } catch (const std::exception& e) {
-    std::cerr << "pipetrain: error: " << e.what() << "\n";
+    std::cerr << "pipetrain: error: " << pipetrain::message_of(e) << "\n";
     return 1;
   }
   return exit_code;

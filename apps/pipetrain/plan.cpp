@@ -17,7 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
-#include "pipetrain/schedule/atomic_file.h"
+#include "pipetrain/base/atomic_file.h"
 #include "pipetrain/schedule/auto_schedule.h"
 #include "pipetrain/schedule/generators.h"
 #include "pipetrain/schedule/grid.h"
@@ -156,7 +156,7 @@ ps::Schedule resolve_schedule(const PlanRequest& request) {
         schedule = ps::make_schedule(request.schedule, request.stages, request.microbatches,
                                      virtual_stages_of(request));
       }
-    } catch (const std::invalid_argument& e) {
+    } catch (const pipetrain::BadInput& e) {
       throw UsageError(e.what());
     }
   }

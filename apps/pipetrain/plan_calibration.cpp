@@ -13,6 +13,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include "pipetrain/base/median.h"
 #include "pipetrain/runtime/distributed_pipe.h"
 #include "pipetrain/schedule/action.h"
 
@@ -20,11 +21,6 @@ namespace pipetrain::cli {
 namespace {
 
 namespace pp = pipetrain::partition;
-
-double upper_median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
-}
 
 // Per step: the seconds of compute actions per rank and the last action's end (seconds since the
 // step's start); medians over the timed steps (the first 2 are warm-up). With one rank, every

@@ -19,7 +19,8 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
-#include "pipetrain/partition/median.h"
+#include "pipetrain/base/load_average.h"
+#include "pipetrain/base/median.h"
 #include "pipetrain/partition/memory.h"
 #include "pipetrain/partition/planner.h"
 #include "pipetrain/partition/profiler.h"
@@ -27,7 +28,7 @@
 #include "pipetrain/runtime/distributed.h"
 #include "pipetrain/runtime/launcher.h"
 #include "pipetrain/runtime/pipe.h"
-#include "pipetrain/schedule/atomic_file.h"
+#include "pipetrain/base/atomic_file.h"
 #include "pipetrain/schedule/generators.h"
 #include "pipetrain/stage/torchscript.h"
 #include "plan_calibration.h"
@@ -309,7 +310,7 @@ void emit(const PlanModelArgs& args, const std::string& text) {
   if (args.output.empty()) {
     std::cout << text;
   } else {
-    schedule::write_file_atomically(args.output, text);
+    pipetrain::write_file_atomically(args.output, text);
   }
 }
 
@@ -375,7 +376,7 @@ int run_plan_for_model(const PlanModelArgs& args) {
   if (!args.memory_limit.empty()) {
     try {
       planner.memory_limit_bytes = pp::parse_bytes(args.memory_limit);
-    } catch (const std::invalid_argument& e) {
+    } catch (const pipetrain::BadInput& e) {
       throw UsageError(std::string("--memory-limit: ") + e.what());
     }
   }
@@ -399,7 +400,7 @@ int run_plan_for_model(const PlanModelArgs& args) {
     report = pp::plan_pipeline(profile, planner);
   }
   if (!args.profile_out.empty()) {
-    schedule::write_file_atomically(args.profile_out, nlohmann::json(profile).dump(1) + "\n");
+    pipetrain::write_file_atomically(args.profile_out, nlohmann::json(profile).dump(1) + "\n");
   }
 
   // [3]
@@ -429,11 +430,7 @@ int run_plan_for_model(const PlanModelArgs& args) {
   double recommended_over_default = 0;
   if (args.verify && report.found()) {
     const int threads = profile.intra_op_threads;
-    double load = 0;
-    if (FILE* file = std::fopen("/proc/loadavg", "r")) {
-      if (std::fscanf(file, "%lf", &load) != 1) load = 0;
-      std::fclose(file);
-    }
+    const double load = read_load_average().one_minute;
     const std::vector<pp::Plan> plans = {report.recommended(), fallback};
     const int steps = steps_to_measure(plans, args.verify_steps, 1.5);
     verify_text << "\nverify (load average " << format("%.1f", load) << " on "
@@ -477,14 +474,14 @@ int run_plan_for_model(const PlanModelArgs& args) {
       std::string by_rank_text, predicted_by_rank_text;
       for (std::size_t r = 0; r < busy_of_rank.size(); ++r) {
         if (busy_of_rank[r].empty()) continue;
-        busy_by_rank.push_back(pp::median(busy_of_rank[r]));
+        busy_by_rank.push_back(pipetrain::median(busy_of_rank[r]));
         by_rank_text += (r ? " / " : "") + format("%.3f", busy_by_rank.back() * 1e3);
         if (r < plan.busy_seconds_per_rank.size()) {
           predicted_by_rank_text +=
               (r ? " / " : "") + format("%.3f", plan.busy_seconds_per_rank[r] * 1e3);
         }
       }
-      const double measured = pp::median(steps);
+      const double measured = pipetrain::median(steps);
       std::snprintf(line, sizeof line, "  %-12s %-44.44s %8.3fms %8.3fms %9.3f\n", names[k],
                     plan.describe().c_str(), plan.predicted_step_seconds * 1e3, measured * 1e3,
                     measured / plan.predicted_step_seconds);
@@ -493,17 +490,17 @@ int run_plan_for_model(const PlanModelArgs& args) {
       std::snprintf(line, sizeof line,
                     "  %-12s compute per rank %.3f ms (predicted %.3f), train_step span %.3f ms "
                     "(predicted %.3f)\n",
-                    "", pp::median(busy) * 1e3,
+                    "", pipetrain::median(busy) * 1e3,
                     plan.makespan_seconds * (1 - plan.bubble_fraction) * 1e3,
-                    pp::median(span) * 1e3, plan.makespan_seconds * 1e3);
+                    pipetrain::median(span) * 1e3, plan.makespan_seconds * 1e3);
       verify_text << line;
       verify_text << "  " << std::string(12, ' ') << " compute by rank " << by_rank_text
                   << " ms (predicted " << predicted_by_rank_text << ")\n";
       verify.push_back(
           {{"plan", names[k]},
-           {"measured_compute_seconds_per_rank", pp::median(busy)},
+           {"measured_compute_seconds_per_rank", pipetrain::median(busy)},
            {"measured_compute_seconds_by_rank", busy_by_rank},
-           {"measured_span_seconds", pp::median(span)},
+           {"measured_span_seconds", pipetrain::median(span)},
            {"describe", plan.describe()},
            {"predicted_step_seconds", plan.predicted_step_seconds},
            {"measured_step_seconds", measured},
@@ -512,7 +509,7 @@ int run_plan_for_model(const PlanModelArgs& args) {
            {"measured_over_predicted", measured / plan.predicted_step_seconds},
            {"measured_peak_stashed_bytes_per_stage", rounds[k].front().peak_stashed_bytes}});
     }
-    recommended_over_default = pp::median(ratios);
+    recommended_over_default = pipetrain::median(ratios);
     verify_text << "  measured recommended / default (median of the ratios of steps run in "
                    "turn): "
                 << format("%.3f", recommended_over_default) << "\n";

@@ -59,7 +59,7 @@
 #include "pipetrain/schedule/text_format.h"
 #include "pipetrain/stage/batchnorm.h"
 #include "pipetrain/stage/microbatch.h"
-#include "pipetrain/train/atomic_file.h"
+#include "pipetrain/base/atomic_file.h"
 #include "pipetrain/train/checkpoint.h"
 #include "pipetrain/train/finite_loss.h"
 #include "pipetrain/train/grad_clip.h"
@@ -303,7 +303,7 @@ void resolve_auto_flags(TrainArgs& args) {
   if (!args.memory_limit.empty() && args.memory_limit != "none") {
     try {
       args.memory_limit_bytes = partition::parse_bytes(args.memory_limit);
-    } catch (const std::invalid_argument& error) {
+    } catch (const pipetrain::BadInput& error) {
       throw UsageError(std::string("--memory-limit: ") + error.what());
     }
   }
@@ -872,7 +872,7 @@ Prepared prepare(TrainArgs& args, const Layout& layout, const PlanSource& plan_s
     try {
       p.resume = train::load_checkpoint(args.resume);
       train::restore_model(*p.resume, *p.model.sequential, train::NameMatch::kExact);
-    } catch (const train::FileError& error) {
+    } catch (const pipetrain::FileError& error) {
       throw UsageError("--resume: " + std::string(error.what()));
     } catch (const train::CheckpointError& error) {
       throw UsageError("--resume " + args.resume + ": " + std::string(error.what()));
@@ -1077,7 +1077,7 @@ int run_train(const TrainArgs& given) {
       runner = make_pipe_runner(p.model, options, args.checkpoint);
     } catch (const c10::Error& error) {
       throw UsageError(message_of(error));
-    } catch (const std::invalid_argument& error) {
+    } catch (const pipetrain::BadInput& error) {
       throw UsageError(error.what());
     }
   }

@@ -241,7 +241,7 @@ pp::Plan plan_training(torch::nn::Sequential& model, const torch::Tensor& sample
           profile.measured_step_scale);
       std::fflush(stdout);
     }
-  } catch (const std::invalid_argument& error) {
+  } catch (const pipetrain::BadInput& error) {
     throw UsageError(std::string("auto plan: ") + error.what());
   }
   if (!request.checkpoint) plan.checkpoint = user_checkpoint;

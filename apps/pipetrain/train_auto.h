@@ -90,8 +90,8 @@ partition::Plan plan_training(torch::nn::Sequential& model, const torch::Tensor&
                               const ProcessMeasurer* processes = nullptr);
 
 // Rank 0's auto plan failed for a user mistake: every rank throws this with rank 0's message.
-struct AutoPlanError : UsageError {
-  using UsageError::UsageError;
+struct AutoPlanError : BadInput {
+  using BadInput::BadInput;
 };
 
 // The auto plan of a multi-process run; every rank calls it with the same arguments. Rank 0 runs

@@ -8,6 +8,7 @@
 #include "data_error.h"
 #include "fashion_mnist.h"
 #include "model_registry.h"
+#include "pipetrain/base/message_of.h"
 #include "pipetrain/runtime/tensor_io.h"
 #include "pipetrain/stage/torchscript.h"
 #include "synthetic.h"
@@ -36,13 +37,6 @@ torch::Tensor load_flag_tensor(const std::string& flag, const std::string& path)
 }
 
 }  // namespace
-
-std::string message_of(const std::exception& error) {
-  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&error)) {
-    return c10_error->what_without_backtrace();
-  }
-  return error.what();
-}
 
 std::string join_names(const std::vector<std::string>& names) {
   std::string text;

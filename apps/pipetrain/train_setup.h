@@ -25,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "pipetrain/base/message_of.h"
 #include "text_corpus.h"
 
 namespace pipetrain::cli {
@@ -89,9 +90,6 @@ struct Evaluation {
 };
 std::optional<Evaluation> evaluate(const BuiltModel& model, const BuiltData& data,
                                    int64_t batch = 1000);
-
-// c10::Error::what() carries a C++ backtrace; users get the message only.
-std::string message_of(const std::exception& error);
 
 std::string join_names(const std::vector<std::string>& names);
 

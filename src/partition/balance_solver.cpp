@@ -18,6 +18,7 @@
 #include <string>
 
 #include "pipetrain/partition/balance.h"
+#include "pipetrain/base/error.h"
 
 namespace pipetrain::partition {
 
@@ -31,16 +32,16 @@ Balance solve_balance(const std::vector<double>& layer_costs, int stages,
                       const BalanceOptions& options) {
   const int L = static_cast<int>(layer_costs.size());
   if (stages < 1) {
-    throw std::invalid_argument("balance: stages must be >= 1 (got " + std::to_string(stages) +
+    throw BadInput("balance: stages must be >= 1 (got " + std::to_string(stages) +
                                 ")");
   }
   if (options.virtual_stages < 1) {
-    throw std::invalid_argument("balance: virtual_stages must be >= 1 (got " +
+    throw BadInput("balance: virtual_stages must be >= 1 (got " +
                                 std::to_string(options.virtual_stages) + ")");
   }
   const int K = stages * options.virtual_stages;
   if (K > L) {
-    throw std::invalid_argument("balance: " + std::to_string(K) + " stages" +
+    throw BadInput("balance: " + std::to_string(K) + " stages" +
                                 (options.virtual_stages > 1
                                      ? " (" + std::to_string(stages) + " ranks x " +
                                            std::to_string(options.virtual_stages) + " chunks)"
@@ -51,14 +52,14 @@ Balance solve_balance(const std::vector<double>& layer_costs, int stages,
   }
   for (int l = 0; l < L; ++l) {
     if (!(layer_costs[l] >= 0) || !std::isfinite(layer_costs[l])) {
-      throw std::invalid_argument("balance: layer " + std::to_string(l) + " has cost " +
+      throw BadInput("balance: layer " + std::to_string(l) + " has cost " +
                                   std::to_string(layer_costs[l]) +
                                   "; costs must be finite and >= 0");
     }
   }
   for (double extra : {options.first_stage_extra, options.last_stage_extra}) {
     if (!(extra >= 0) || !std::isfinite(extra)) {
-      throw std::invalid_argument("balance: first/last stage extras must be finite and >= 0 (got " +
+      throw BadInput("balance: first/last stage extras must be finite and >= 0 (got " +
                                   std::to_string(extra) + ")");
     }
   }
@@ -134,7 +135,7 @@ BalanceBy parse_balance_by(const std::string& name) {
   if (name == "memory") return BalanceBy::kMemory;
   if (name == "parameters") return BalanceBy::kParameters;
   if (name == "uniform") return BalanceBy::kUniform;
-  throw std::invalid_argument("unknown balance criterion '" + name +
+  throw BadInput("unknown balance criterion '" + name +
                               "'; valid: time, memory, parameters, uniform");
 }
 
@@ -150,7 +151,7 @@ Balance balance_by(const LayerCosts& costs, BalanceBy by, int stages,
                      : by == BalanceBy::kMemory ? "memory"
                                                 : "parameters";
   if (chosen.empty() || static_cast<int>(chosen.size()) != costs.layers) {
-    throw std::invalid_argument(std::string("balance by ") + name + ": the " + name +
+    throw BadInput(std::string("balance by ") + name + ": the " + name +
                                 " vector has " + std::to_string(chosen.size()) +
                                 " entries but there are " + std::to_string(costs.layers) +
                                 " layers; profile the model or fill it by hand");

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "pipetrain/partition/memory.h"
+#include "pipetrain/base/error.h"
 
 namespace pipetrain::partition {
 
@@ -29,7 +30,7 @@ CheckpointMode parse_checkpoint(std::string_view text) {
   for (CheckpointMode mode : all_checkpoint_modes()) {
     if (checkpoint_name(mode) == text) return mode;
   }
-  throw std::invalid_argument("unknown checkpoint mode '" + std::string(text) +
+  throw BadInput("unknown checkpoint mode '" + std::string(text) +
                               "'; use never, except_last or always");
 }
 
@@ -121,7 +122,7 @@ std::vector<std::int64_t> rank_peak_memory(
     CheckpointMode checkpoint, double optimizer_state_multiple) {
   if (static_cast<int>(balance.size()) != schedule.num_stages ||
       static_cast<int>(residency.size()) != schedule.num_stages) {
-    throw std::invalid_argument("rank_peak_memory: balance has " + std::to_string(balance.size()) +
+    throw BadInput("rank_peak_memory: balance has " + std::to_string(balance.size()) +
                                 " stages but the schedule has " +
                                 std::to_string(schedule.num_stages) +
                                 "; give one layer count per stage");
@@ -131,12 +132,12 @@ std::vector<std::int64_t> rank_peak_memory(
   std::int64_t first = 0;
   for (int j = 0; j < schedule.num_stages; ++j) {
     if (balance[j] < 1) {
-      throw std::invalid_argument("rank_peak_memory: stage " + std::to_string(j) + " has " +
+      throw BadInput("rank_peak_memory: stage " + std::to_string(j) + " has " +
                                   std::to_string(balance[j]) + " layers; every stage needs >= 1");
     }
     const std::int64_t end = first + balance[j];
     if (end > profile.num_layers()) {
-      throw std::invalid_argument("rank_peak_memory: balance asks for " + std::to_string(end) +
+      throw BadInput("rank_peak_memory: balance asks for " + std::to_string(end) +
                                   " layers but the model has " +
                                   std::to_string(profile.num_layers()));
     }
@@ -203,7 +204,7 @@ std::int64_t parse_bytes(std::string_view text) {
   else if (unit == "tb")
     scale = 1e12;
   if (used == 0 || scale < 0 || !(number >= 0)) {
-    throw std::invalid_argument("cannot read '" + std::string(text) +
+    throw BadInput("cannot read '" + std::string(text) +
                                 "' as a size; write e.g. 2GiB, 512MiB, 1.5G or 1000000 (bytes)");
   }
   return static_cast<std::int64_t>(std::llround(number * scale));

@@ -26,7 +26,8 @@
 #include <nlohmann/json.hpp>
 
 #include "pipetrain/partition/balance.h"
-#include "pipetrain/partition/median.h"
+#include "pipetrain/base/error.h"
+#include "pipetrain/base/median.h"
 #include "pipetrain/partition/planner.h"
 #include "pipetrain/schedule/generators.h"
 #include "pipetrain/schedule/simulate.h"
@@ -372,17 +373,17 @@ bool faster(const Plan& a, const Plan& b) {
 void check_options(const ModelProfile& profile, const PlannerOptions& options) {
   profile.validate();
   if (options.ranks < 1) {
-    throw std::invalid_argument("planner: ranks must be >= 1 (got " +
+    throw BadInput("planner: ranks must be >= 1 (got " +
                                 std::to_string(options.ranks) + ")");
   }
   if (profile.num_layers() < options.ranks) {
-    throw std::invalid_argument("planner: " + std::to_string(options.ranks) +
+    throw BadInput("planner: " + std::to_string(options.ranks) +
                                 " ranks need at least as many layers, the model has " +
                                 std::to_string(profile.num_layers()) +
                                 "; use fewer stages or split the model into more layers");
   }
   if (options.top < 1) {
-    throw std::invalid_argument("planner: top must be >= 1 (got " + std::to_string(options.top) +
+    throw BadInput("planner: top must be >= 1 (got " + std::to_string(options.top) +
                                 ")");
   }
 }
@@ -435,7 +436,7 @@ std::vector<int> min_max_partition(int n, int stages,
 
 std::vector<int> even_balance(int layers, int stages) {
   if (stages < 1 || layers < stages) {
-    throw std::invalid_argument("even_balance: cannot split " + std::to_string(layers) +
+    throw BadInput("even_balance: cannot split " + std::to_string(layers) +
                                 " layers into " + std::to_string(stages) +
                                 " non-empty stages; use at most as many stages as layers");
   }
@@ -471,11 +472,11 @@ std::vector<Plan> plans_to_measure(const PlanReport& report, const Plan* referen
 std::size_t choose_measured(const std::vector<std::vector<double>>& step_seconds,
                             std::size_t reference, double margin) {
   if (step_seconds.empty()) {
-    throw std::invalid_argument("choose_measured: no candidates; measure at least one plan");
+    throw BadInput("choose_measured: no candidates; measure at least one plan");
   }
   for (std::size_t k = 0; k < step_seconds.size(); ++k) {
     if (step_seconds[k].empty()) {
-      throw std::invalid_argument("choose_measured: candidate " + std::to_string(k) +
+      throw BadInput("choose_measured: candidate " + std::to_string(k) +
                                   " has no timed steps; time at least one");
     }
   }
@@ -509,7 +510,7 @@ void recommend_measured(ModelProfile& profile, const PlannerOptions& options, Pl
                         const std::vector<double>& measured_seconds, std::size_t chosen) {
   if (candidates.empty() || candidates.size() != measured_seconds.size() ||
       chosen >= candidates.size()) {
-    throw std::invalid_argument("recommend_measured: " + std::to_string(candidates.size()) +
+    throw BadInput("recommend_measured: " + std::to_string(candidates.size()) +
                                 " candidates with " + std::to_string(measured_seconds.size()) +
                                 " measured times, candidate " + std::to_string(chosen) +
                                 " chosen; give one time per candidate, at least one, and choose "
@@ -518,7 +519,7 @@ void recommend_measured(ModelProfile& profile, const PlannerOptions& options, Pl
   std::vector<double> ratios;
   for (std::size_t k = 0; k < candidates.size(); ++k) {
     if (!(measured_seconds[k] > 0) || !(candidates[k].predicted_step_seconds > 0)) {
-      throw std::invalid_argument(
+      throw BadInput(
           "recommend_measured: candidate " + candidates[k].describe() + " measured " +
           std::to_string(measured_seconds[k]) + " s for a prediction of " +
           std::to_string(candidates[k].predicted_step_seconds) + " s; both must be > 0");
@@ -562,7 +563,7 @@ std::string Plan::describe() const {
 Plan evaluate_plan(const ModelProfile& profile, const Plan& spec, const PlannerOptions& options) {
   check_options(profile, options);
   if (spec.microbatches < 1 || profile.batch_size % spec.microbatches != 0) {
-    throw std::invalid_argument("evaluate_plan: " + std::to_string(spec.microbatches) +
+    throw BadInput("evaluate_plan: " + std::to_string(spec.microbatches) +
                                 " micro-batches do not divide the batch of " +
                                 std::to_string(profile.batch_size) + "; pick a divisor");
   }
@@ -575,7 +576,7 @@ Plan evaluate_plan(const ModelProfile& profile, const Plan& spec, const PlannerO
   int total = 0;
   for (int layers : c.balance) total += layers;
   if (static_cast<int>(c.balance.size()) != S || total != profile.num_layers()) {
-    throw std::invalid_argument("evaluate_plan: balance has " + std::to_string(c.balance.size()) +
+    throw BadInput("evaluate_plan: balance has " + std::to_string(c.balance.size()) +
                                 " stages summing to " + std::to_string(total) + " layers; need " +
                                 std::to_string(S) + " stages summing to " +
                                 std::to_string(profile.num_layers()));
@@ -612,7 +613,7 @@ PlanReport plan_pipeline(const ModelProfile& profile, const PlannerOptions& opti
   std::vector<Candidate> candidates;
   for (int M : options.microbatch_counts) {
     if (M < 1 || profile.batch_size % M != 0) {
-      throw std::invalid_argument("planner: " + std::to_string(M) +
+      throw BadInput("planner: " + std::to_string(M) +
                                   " micro-batches do not divide the batch of " +
                                   std::to_string(profile.batch_size) + "; pick divisors");
     }

@@ -12,7 +12,7 @@
 #include <c10/util/ThreadLocalDebugInfo.h>
 #include <torch/torch.h>
 
-#include "pipetrain/partition/median.h"
+#include "pipetrain/base/median.h"
 #include "pipetrain/stage/skip.h"
 
 namespace pipetrain::partition {

@@ -1,4 +1,5 @@
 // The single schedule interpreter (include/pipetrain/runtime/interpreter.h).
+#include "pipetrain/base/message_of.h"
 #include "pipetrain/runtime/interpreter.h"
 
 #include <c10/util/Exception.h>
@@ -10,13 +11,6 @@ namespace pipetrain {
 namespace {
 
 using schedule::Op;
-
-std::string message_of(const std::exception& e) {
-  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) {
-    return c10_error->what_without_backtrace();
-  }
-  return e.what();
-}
 
 double micros_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
@@ -192,9 +186,9 @@ void Interpreter::run(const StepData& data, RankResult& result, const std::atomi
   for (size_t a = 0; a < actions.size(); ++a) {
     const schedule::Action& action = actions[a];
     if (cancel && cancel->load(std::memory_order_relaxed)) {
-      throw StepError("rank " + std::to_string(rank_) + " stopped before action " +
-                          schedule::to_string(action) + ": another rank failed",
-                      rank_, action.stage, action.microbatch, /*cancelled=*/true);
+      throw StepError(ErrorKind::PeerFailed, "stopped before this action: another rank failed",
+                      rank_, action.stage, action.microbatch, schedule::to_string(action),
+                      /*cancelled=*/true);
     }
     ActionEvent event{rank_, action, micros_since(data.start), 0};
     try {
@@ -206,10 +200,12 @@ void Interpreter::run(const StepData& data, RankResult& result, const std::atomi
       execute(action, data, result);
     } catch (const std::exception& e) {
       const bool cancelled = cancel && cancel->load(std::memory_order_relaxed);
-      throw StepError("stage " + std::to_string(action.stage) + ", micro-batch " +
-                          std::to_string(action.microbatch) + ", rank " + std::to_string(rank_) +
-                          ", action " + schedule::to_string(action) + ": " + message_of(e),
-                      rank_, action.stage, action.microbatch, cancelled);
+      const auto* cause = dynamic_cast<const Error*>(&e);
+      const ErrorKind kind = cancelled ? ErrorKind::PeerFailed
+                             : cause   ? cause->kind()
+                                       : ErrorKind::Runtime;
+      throw StepError(kind, message_of(e), rank_, action.stage,
+                      action.microbatch, schedule::to_string(action), cancelled);
     }
     event.end_us = micros_since(data.start);
     result.events.push_back(event);

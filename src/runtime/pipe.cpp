@@ -11,6 +11,7 @@
 //       aborts the transport, which wakes every worker blocked in a receive; all return
 //   [5] wait for every worker; on error clear every stash and rethrow the first error
 //   [6] sum the weighted micro-batch losses
+#include "pipetrain/base/message_of.h"
 #include "pipetrain/runtime/pipe.h"
 
 #include <algorithm>
@@ -80,13 +81,6 @@ schedule::Schedule forward_only(const schedule::Schedule& training, int microbat
     }
   }
   return s;
-}
-
-std::string message_of(const std::exception& e) {
-  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) {
-    return c10_error->what_without_backtrace();
-  }
-  return e.what();
 }
 
 }  // namespace
@@ -235,7 +229,7 @@ schedule::Schedule training_schedule_for(const PipeOptions& o, int ranks, int st
     const int v = static_cast<int>(o.virtual_stages());
     try {
       s = schedule::make_schedule(o.schedule(), ranks, microbatches, v);
-    } catch (const std::invalid_argument& e) {
+    } catch (const BadInput& e) {
       TORCH_CHECK(false, "cannot build schedule '", o.schedule(), "' for ", ranks, " ranks, ",
                   microbatches, " micro-batches, virtual_stages ", v, ": ", e.what());
     }

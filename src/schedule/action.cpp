@@ -1,5 +1,6 @@
 // Action text form: op names, to_string and parse.
 #include "pipetrain/schedule/action.h"
+#include "pipetrain/base/error.h"
 
 #include <array>
 #include <cctype>
@@ -36,7 +37,7 @@ std::ostream& operator<<(std::ostream& out, const Action& action) {
 
 Action parse_action(std::string_view text) {
   auto fail = [&] {
-    throw std::invalid_argument("cannot parse action '" + std::string(text) +
+    throw BadInput("cannot parse action '" + std::string(text) +
                                 "': expected <stage><op><microbatch> such as 2F0, with op one of "
                                 "F, B, I, W, SF, RF, SB, RB");
   };

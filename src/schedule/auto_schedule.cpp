@@ -6,6 +6,7 @@
 // started, so no later round can reveal an input that should have changed an earlier choice:
 // the lists are a run of the schedule, which therefore validates.
 #include "pipetrain/schedule/auto_schedule.h"
+#include "pipetrain/base/error.h"
 
 #include <algorithm>
 #include <cmath>
@@ -277,7 +278,7 @@ Schedule auto_schedule(const AutoScheduleOptions& o) {
   std::vector<int> held(o.ranks, 0);
   for (int j = 0; j < static_cast<int>(placement.size()); ++j) {
     if (placement[j] < 0 || placement[j] >= o.ranks) {
-      throw std::invalid_argument(o.name + ": stage " + std::to_string(j) + " is placed on rank " +
+      throw BadInput(o.name + ": stage " + std::to_string(j) + " is placed on rank " +
                                   std::to_string(placement[j]) + " but there are " +
                                   std::to_string(o.ranks) + " ranks");
     }
@@ -285,14 +286,14 @@ Schedule auto_schedule(const AutoScheduleOptions& o) {
   }
   for (int r = 0; r < o.ranks; ++r) {
     if (held[r] == 0) {
-      throw std::invalid_argument(o.name + ": rank " + std::to_string(r) +
+      throw BadInput(o.name + ": rank " + std::to_string(r) +
                                   " holds no stage; every rank needs at least one");
     }
   }
   std::vector<double> limit = o.memory_limit;
   if (limit.size() == 1) limit.assign(o.ranks, limit[0]);
   if (!limit.empty() && static_cast<int>(limit.size()) != o.ranks) {
-    throw std::invalid_argument(o.name + ": memory_limit has " + std::to_string(limit.size()) +
+    throw BadInput(o.name + ": memory_limit has " + std::to_string(limit.size()) +
                                 " values; give none, one, or one per rank (" +
                                 std::to_string(o.ranks) + ")");
   }
@@ -324,7 +325,7 @@ Schedule auto_schedule(const AutoScheduleOptions& o) {
         break;
       }
     }
-    throw std::invalid_argument(o.name + ": the memory limit " + number(limit[r]) + " on rank " +
+    throw BadInput(o.name + ": the memory limit " + number(limit[r]) + " on rank " +
                                 std::to_string(r) + " (in micro-batches of the " +
                                 "rank's share) is too small to run " +
                                 std::to_string(o.microbatches) +

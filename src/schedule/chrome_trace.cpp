@@ -3,7 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "pipetrain/schedule/atomic_file.h"
+#include "pipetrain/base/atomic_file.h"
 
 namespace pipetrain::schedule {
 

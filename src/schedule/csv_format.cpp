@@ -2,6 +2,7 @@
 // are turned into the text form's rank lines, so placement, counts and their errors are the
 // text form's.
 #include "pipetrain/schedule/csv_format.h"
+#include "pipetrain/base/error.h"
 
 #include <algorithm>
 #include <cctype>
@@ -28,7 +29,7 @@ bool ends_with(std::string_view text, std::string_view suffix) {
 }
 
 [[noreturn]] void fail(int row, std::string_view cell, const std::string& why) {
-  throw std::invalid_argument("row " + std::to_string(row) + ", cell '" + std::string(cell) +
+  throw BadInput("row " + std::to_string(row) + ", cell '" + std::string(cell) +
                               "': " + why);
 }
 
@@ -43,9 +44,9 @@ void add_cell(int row, std::string_view cell, std::string& line) {
              "adds the communication itself");
       }
       line += (line.empty() ? "" : ",") + to_string(parsed);
-    } catch (const std::invalid_argument& e) {
+    } catch (const BadInput& e) {
       if (std::string_view(e.what()).rfind("row ", 0) == 0) throw;
-      fail(row, cell, e.what());
+      fail(row, cell, e.message());
     }
   };
   if (cell.empty()) return;
@@ -105,13 +106,13 @@ Schedule parse_csv_schedule(std::string_view text, const std::string& name) {
     lines += (line.empty() ? "-" : line) + "\n";
   }
   if (lines.empty()) {
-    throw std::invalid_argument("the CSV schedule has no rows; write one row of actions per rank");
+    throw BadInput("the CSV schedule has no rows; write one row of actions per rank");
   }
   try {
     return parse_schedule(lines, name);
-  } catch (const std::invalid_argument& e) {
+  } catch (const BadInput& e) {
     // The text form counts lines; here they are the non-blank rows.
-    throw std::invalid_argument(std::string("CSV schedule: ") + e.what());
+    throw BadInput(std::string("CSV schedule: ") + e.message());
   }
 }
 

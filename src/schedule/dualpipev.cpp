@@ -26,6 +26,7 @@
 
 #include "generator_util.h"
 #include "pipetrain/schedule/auto_schedule.h"
+#include "pipetrain/base/error.h"
 #include "pipetrain/schedule/generators.h"
 
 namespace pipetrain::schedule {
@@ -74,7 +75,7 @@ Schedule dualpipe_v(int ranks, int microbatches) {
   const int K = ranks;
   const int M = microbatches;
   if (const std::string why = shape_error("dualpipev", K, M, 2); !why.empty()) {
-    throw std::invalid_argument(why);
+    throw BadInput(why);
   }
   for (int r = 0; r < K; ++r) {
     RankList rank(K, r, schedule.actions[r]);

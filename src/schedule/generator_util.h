@@ -7,7 +7,7 @@
 
 namespace pipetrain::schedule::detail {
 
-// Throws std::invalid_argument "<schedule>: <what> must be >= 1 (got <value>)".
+// Throws pipetrain::BadInput "<schedule>: <what> must be >= 1 (got <value>)".
 void require_positive(const std::string& schedule, const char* what, int value);
 
 // A schedule with K ranks, S = K*V stages placed Megatron-style (stage j on rank j % K) and no

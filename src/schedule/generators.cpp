@@ -1,5 +1,6 @@
 // make_schedule(): the name -> generator table, and the helpers every generator shares.
 #include "pipetrain/schedule/generators.h"
+#include "pipetrain/base/error.h"
 
 #include <algorithm>
 #include <stdexcept>
@@ -11,7 +12,7 @@ namespace detail {
 
 void require_positive(const std::string& schedule, const char* what, int value) {
   if (value < 1) {
-    throw std::invalid_argument(schedule + ": " + what + " must be >= 1 (got " +
+    throw BadInput(schedule + ": " + what + " must be >= 1 (got " +
                                 std::to_string(value) + ")");
   }
 }
@@ -78,7 +79,7 @@ std::string shape_error(const std::string& name, int ranks, int microbatches, in
 Schedule make_schedule(const std::string& name, int ranks, int microbatches, int virtual_stages) {
   if (const std::string why = shape_error(name, ranks, microbatches, virtual_stages);
       !why.empty()) {
-    throw std::invalid_argument(why);
+    throw BadInput(why);
   }
   if (name == "gpipe") return gpipe(ranks, microbatches);
   if (name == "1f1b") return one_f_one_b(ranks, microbatches);
@@ -95,7 +96,7 @@ Schedule make_schedule(const std::string& name, int ranks, int microbatches, int
   if (name == "looped-bfs") return looped_bfs(ranks, microbatches, virtual_stages);
   std::string valid;
   for (const auto& known : schedule_names()) valid += (valid.empty() ? "" : ", ") + known;
-  throw std::invalid_argument("unknown schedule '" + name + "'; valid names: " + valid);
+  throw BadInput("unknown schedule '" + name + "'; valid names: " + valid);
 }
 
 }  // namespace pipetrain::schedule

@@ -1,5 +1,6 @@
 // lower(): inserts the sends and receives around each compute action (convention in lower.h).
 #include "pipetrain/schedule/lower.h"
+#include "pipetrain/base/error.h"
 
 #include <stdexcept>
 
@@ -52,7 +53,7 @@ Schedule lower(const Schedule& schedule) {
           lowered.push_back(a);
           break;
         default:
-          throw std::invalid_argument("lower: schedule '" + schedule.name + "' rank " +
+          throw BadInput("lower: schedule '" + schedule.name + "' rank " +
                                       std::to_string(r) + " already holds communication action " +
                                       to_string(a) +
                                       "; lower() takes a compute-only schedule (use "

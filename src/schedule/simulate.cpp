@@ -3,6 +3,7 @@
 // Same work-list shape as validate's dry run: each rank runs while its next action's inputs have
 // ended, otherwise parks on the missing input and is woken when it ends. O(actions).
 #include "pipetrain/schedule/simulate.h"
+#include "pipetrain/base/error.h"
 
 #include <algorithm>
 #include <deque>
@@ -23,13 +24,13 @@ Kind kind_of(Op op) {
 
 void check_vector(const std::vector<double>& values, const char* name, int stages) {
   if (!values.empty() && static_cast<int>(values.size()) != stages) {
-    throw std::invalid_argument(std::string("simulate: costs.") + name + " has " +
+    throw BadInput(std::string("simulate: costs.") + name + " has " +
                                 std::to_string(values.size()) + " entries but the schedule has " +
                                 std::to_string(stages) + " stages; give one per stage or none");
   }
   for (double v : values) {
     if (!(v >= 0)) {
-      throw std::invalid_argument(std::string("simulate: costs.") + name +
+      throw BadInput(std::string("simulate: costs.") + name +
                                   " holds a negative or NaN time " + std::to_string(v));
     }
   }
@@ -76,7 +77,7 @@ SimulationResult simulate(const Schedule& schedule, const Costs& costs) {
   for (double v :
        {costs.forward, costs.backward, costs.backward_input, costs.backward_weight, costs.comm}) {
     if (!(v >= 0)) {
-      throw std::invalid_argument("simulate: costs must be >= 0 (got " + std::to_string(v) + ")");
+      throw BadInput("simulate: costs must be >= 0 (got " + std::to_string(v) + ")");
     }
   }
   check_vector(costs.forward_per_stage, "forward_per_stage", S);
@@ -137,7 +138,7 @@ SimulationResult simulate(const Schedule& schedule, const Costs& costs) {
       if (blocked) break;
       const double duration = costs.per_action ? costs.per_action(a) : costs.of(a.op, j, V);
       if (!(duration >= 0)) {
-        throw std::invalid_argument("simulate: per_action cost of " + to_string(a) +
+        throw BadInput("simulate: per_action cost of " + to_string(a) +
                                     " must be >= 0 (got " + std::to_string(duration) + ")");
       }
       const std::size_t event = key(j, kind_of(a.op), i);
@@ -152,7 +153,7 @@ SimulationResult simulate(const Schedule& schedule, const Costs& costs) {
   }
   for (int r = 0; r < K; ++r) {
     if (next[r] < static_cast<int>(plain.actions[r].size())) {
-      throw std::invalid_argument("simulate: schedule '" + schedule.name + "' deadlocks (rank " +
+      throw BadInput("simulate: schedule '" + schedule.name + "' deadlocks (rank " +
                                   std::to_string(r) + " stops at " +
                                   to_string(plain.actions[r][next[r]]) +
                                   "); run validate() for the full report");

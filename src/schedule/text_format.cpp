@@ -1,12 +1,13 @@
 // Schedule text form: parse, format, load, save (format described in text_format.h).
 #include "pipetrain/schedule/text_format.h"
+#include "pipetrain/base/error.h"
 
 #include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
 
-#include "pipetrain/schedule/atomic_file.h"
+#include "pipetrain/base/atomic_file.h"
 #include "pipetrain/schedule/csv_format.h"
 #include "text_util.h"
 
@@ -16,7 +17,7 @@ namespace {
 using detail::trim;
 
 [[noreturn]] void fail_at(int line, std::string_view token, const std::string& why) {
-  throw std::invalid_argument("line " + std::to_string(line) + ", token '" + std::string(token) +
+  throw BadInput("line " + std::to_string(line) + ", token '" + std::string(token) +
                               "': " + why);
 }
 
@@ -53,8 +54,8 @@ Schedule parse_schedule(std::string_view text, const std::string& name) {
       Action action;
       try {
         action = parse_action(token);
-      } catch (const std::invalid_argument& e) {
-        fail_at(line_number, token, e.what());
+      } catch (const BadInput& e) {
+        fail_at(line_number, token, e.message());
       }
       const int j = action.stage;
       if (j >= static_cast<int>(stage_rank.size())) {
@@ -76,14 +77,14 @@ Schedule parse_schedule(std::string_view text, const std::string& name) {
     }
   }
   if (schedule.actions.empty()) {
-    throw std::invalid_argument(
+    throw BadInput(
         "schedule text has no rank lines (only blank lines or comments); "
         "write one line of comma-separated actions per rank, e.g. "
         "0F0,0B0");
   }
   for (std::size_t j = 0; j < stage_rank.size(); ++j) {
     if (stage_rank[j] == -1) {
-      throw std::invalid_argument("stage " + std::to_string(j) + " never appears, but stage " +
+      throw BadInput("stage " + std::to_string(j) + " never appears, but stage " +
                                   std::to_string(stage_rank.size() - 1) +
                                   " does; stages must be numbered 0.." +
                                   std::to_string(stage_rank.size() - 1) + " without gaps");
@@ -120,8 +121,8 @@ Schedule load_schedule(const std::string& path) {
   try {
     if (is_csv_path(path)) return parse_csv_schedule(buffer.str(), "custom");
     return parse_schedule(buffer.str(), "custom");
-  } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument("schedule file '" + path + "', " + e.what());
+  } catch (const BadInput& e) {
+    throw BadInput("schedule file '" + path + "', " + e.message());
   }
 }
 

@@ -14,7 +14,7 @@
 #include <cstdio>
 #include <set>
 
-#include "pipetrain/schedule/atomic_file.h"
+#include "pipetrain/base/atomic_file.h"
 
 namespace pipetrain::schedule {
 namespace {

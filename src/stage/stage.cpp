@@ -23,6 +23,7 @@
 //                 [M2] bytes(i) = inputs + still alive - handed over (checkpointed: outputs, loss)
 //   recompute(i): [M3] bytes(i) += what the replay allocated and keeps alive
 //   release(i):   stashed bytes -= bytes(i)
+#include "pipetrain/base/message_of.h"
 #include "pipetrain/stage/stage.h"
 
 #include <optional>
@@ -63,13 +64,6 @@ struct Stage::Microbatch {
 };
 
 namespace {
-
-std::string message_of(const std::exception& e) {
-  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) {
-    return c10_error->what_without_backtrace();
-  }
-  return e.what();
-}
 
 bool wants_grad(const torch::Tensor& t) {
   return t.defined() && (t.is_floating_point() || t.is_complex());

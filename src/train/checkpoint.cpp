@@ -10,7 +10,7 @@
 #include <torch/optim/sgd.h>
 #include <torch/serialize.h>
 
-#include "pipetrain/train/atomic_file.h"
+#include "pipetrain/base/atomic_file.h"
 #include "pipetrain/train/optimizer.h"
 
 namespace pipetrain::train {

@@ -1,5 +1,6 @@
 // Optimizer factory (pipetrain/train/optimizer.h).
 #include "pipetrain/train/optimizer.h"
+#include "pipetrain/base/error.h"
 
 #include <stdexcept>
 #include <unordered_set>
@@ -28,11 +29,11 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(
     const OptimizerOptions& options) {
   std::vector<torch::Tensor> unique = unique_parameters(parameters);
   if (unique.empty()) {
-    throw std::invalid_argument("optimizer '" + name +
+    throw BadInput("optimizer '" + name +
                                 "' got no parameters; does the model (or this stage) have any?");
   }
   if (!(options.lr() > 0.0)) {
-    throw std::invalid_argument("learning rate must be positive, got " +
+    throw BadInput("learning rate must be positive, got " +
                                 std::to_string(options.lr()));
   }
   auto betas = std::make_tuple(options.beta1(), options.beta2());
@@ -55,7 +56,7 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(
   }
   std::string valid;
   for (const auto& known : optimizer_names()) valid += (valid.empty() ? "" : ", ") + known;
-  throw std::invalid_argument("unknown optimizer '" + name + "'; valid optimizers: " + valid);
+  throw BadInput("unknown optimizer '" + name + "'; valid optimizers: " + valid);
 }
 
 std::string optimizer_name(const torch::optim::Optimizer& optimizer) {

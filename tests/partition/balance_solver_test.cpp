@@ -129,7 +129,7 @@ TEST(BalanceSolver, MoreStagesThanLayersNamesBothValues) {
   try {
     solve_balance({1, 2, 3}, 5);
     FAIL();
-  } catch (const std::invalid_argument& e) {
+  } catch (const pipetrain::BadInput& e) {
     const std::string message = e.what();
     EXPECT_NE(message.find("5 stages"), std::string::npos) << message;
     EXPECT_NE(message.find("3 layers"), std::string::npos) << message;
@@ -139,17 +139,17 @@ TEST(BalanceSolver, MoreStagesThanLayersNamesBothValues) {
   try {
     solve_balance({1, 2, 3}, 2, options);
     FAIL();
-  } catch (const std::invalid_argument& e) {
+  } catch (const pipetrain::BadInput& e) {
     EXPECT_NE(std::string(e.what()).find("2 ranks x 2 chunks"), std::string::npos) << e.what();
   }
 }
 
 TEST(BalanceSolver, RejectsNegativeCostsAndBadCounts) {
-  EXPECT_THROW(solve_balance({1, -2, 3}, 2), std::invalid_argument);
-  EXPECT_THROW(solve_balance({1, 2, 3}, 0), std::invalid_argument);
+  EXPECT_THROW(solve_balance({1, -2, 3}, 2), pipetrain::BadInput);
+  EXPECT_THROW(solve_balance({1, 2, 3}, 0), pipetrain::BadInput);
   BalanceOptions options;
   options.first_stage_extra = -1;
-  EXPECT_THROW(solve_balance({1, 2, 3}, 2, options), std::invalid_argument);
+  EXPECT_THROW(solve_balance({1, 2, 3}, 2, options), pipetrain::BadInput);
 }
 
 TEST(BalanceBy, PicksTheVectorAndUniformCountsLayers) {
@@ -160,12 +160,12 @@ TEST(BalanceBy, PicksTheVectorAndUniformCountsLayers) {
   EXPECT_EQ(balance_by(costs, BalanceBy::kTime, 2).sizes, (std::vector<int>{1, 3}));
   EXPECT_EQ(balance_by(costs, BalanceBy::kMemory, 2).sizes, (std::vector<int>{3, 1}));
   EXPECT_EQ(balance_by(costs, BalanceBy::kUniform, 2).sizes, (std::vector<int>{2, 2}));
-  EXPECT_THROW(balance_by(costs, BalanceBy::kParameters, 2), std::invalid_argument);
+  EXPECT_THROW(balance_by(costs, BalanceBy::kParameters, 2), pipetrain::BadInput);
   EXPECT_EQ(parse_balance_by("memory"), BalanceBy::kMemory);
   try {
     parse_balance_by("flops");
     FAIL();
-  } catch (const std::invalid_argument& e) {
+  } catch (const pipetrain::BadInput& e) {
     EXPECT_NE(std::string(e.what()).find("time, memory, parameters, uniform"), std::string::npos);
   }
 }

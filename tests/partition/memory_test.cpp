@@ -94,7 +94,7 @@ TEST(RankPeakMemory, RejectsABalanceOfTheWrongSize) {
   const auto schedule = schedule::one_f_one_b(2, 4);
   EXPECT_THROW(rank_peak_memory(profile, {4}, 1, schedule, stage_residency(schedule),
                                 CheckpointMode::kNever, 0.0),
-               std::invalid_argument);
+               pipetrain::BadInput);
 }
 
 TEST(Bytes, ParseAndFormatAgree) {
@@ -103,8 +103,8 @@ TEST(Bytes, ParseAndFormatAgree) {
   EXPECT_EQ(parse_bytes("1.5G"), 3LL << 29);
   EXPECT_EQ(parse_bytes("64KB"), 64000);
   EXPECT_EQ(parse_bytes("1000000"), 1000000);
-  EXPECT_THROW(parse_bytes("lots"), std::invalid_argument);
-  EXPECT_THROW(parse_bytes("2 parsecs"), std::invalid_argument);
+  EXPECT_THROW(parse_bytes("lots"), pipetrain::BadInput);
+  EXPECT_THROW(parse_bytes("2 parsecs"), pipetrain::BadInput);
   EXPECT_EQ(format_bytes(2LL << 30), "2.00 GiB");
   EXPECT_EQ(format_bytes(100), "100 B");
 }
@@ -113,7 +113,7 @@ TEST(CheckpointMode, NamesRoundTrip) {
   for (CheckpointMode mode : all_checkpoint_modes()) {
     EXPECT_EQ(parse_checkpoint(checkpoint_name(mode)), mode);
   }
-  EXPECT_THROW(parse_checkpoint("sometimes"), std::invalid_argument);
+  EXPECT_THROW(parse_checkpoint("sometimes"), pipetrain::BadInput);
 }
 
 }  // namespace

@@ -316,9 +316,9 @@ TEST(Planner, ProcessComputeScaleIsLogLinearInTheMicroBatchSize) {
   EXPECT_DOUBLE_EQ(profile.process_compute_scale_at(8), 1.0);   // halfway in log(size)
   EXPECT_DOUBLE_EQ(profile.process_compute_scale_at(64), 0.8);  // above: the nearest
   profile.process_compute_scale = {{32, 0.8}, {2, 1.2}};
-  EXPECT_THROW(profile.validate(), std::invalid_argument);
+  EXPECT_THROW(profile.validate(), pipetrain::BadInput);
   profile.process_compute_scale = {{2, 0.0}};
-  EXPECT_THROW(profile.validate(), std::invalid_argument);
+  EXPECT_THROW(profile.validate(), pipetrain::BadInput);
 }
 
 TEST(Planner, ProcessComputeScaleScalesMultiRankPlansAtTheirMicroBatchSize) {
@@ -443,18 +443,18 @@ TEST(Planner, RecommendMeasuredRejectsMismatchedOrNonPositiveTimes) {
   MeasuredSetup setup;
   const std::vector<Plan> plans = plans_to_measure(setup.report, nullptr, 2, 10.0);
   EXPECT_THROW(recommend_measured(setup.profile, setup.options, setup.report, plans, {1.0}, 0),
-               std::invalid_argument);
+               pipetrain::BadInput);
   EXPECT_THROW(recommend_measured(setup.profile, setup.options, setup.report, {}, {}, 0),
-               std::invalid_argument);
+               pipetrain::BadInput);
   EXPECT_THROW(recommend_measured(setup.profile, setup.options, setup.report, plans, {1.0, 0.0}, 0),
-               std::invalid_argument);
+               pipetrain::BadInput);
   EXPECT_THROW(recommend_measured(setup.profile, setup.options, setup.report, plans, {1.0, 1.0}, 2),
-               std::invalid_argument);
-  EXPECT_THROW(choose_measured({}, 0, 0.03), std::invalid_argument);
-  EXPECT_THROW(choose_measured({{1.0}, {}}, 0, 0.03), std::invalid_argument);
+               pipetrain::BadInput);
+  EXPECT_THROW(choose_measured({}, 0, 0.03), pipetrain::BadInput);
+  EXPECT_THROW(choose_measured({{1.0}, {}}, 0, 0.03), pipetrain::BadInput);
   ModelProfile bad = setup.profile;
   bad.measured_step_scale = 0;
-  EXPECT_THROW(bad.validate(), std::invalid_argument);
+  EXPECT_THROW(bad.validate(), pipetrain::BadInput);
 }
 
 TEST(Planner, ChooseMeasuredKeepsTheDefaultUnlessAPlanBeatItByTheMargin) {
@@ -493,16 +493,16 @@ TEST(Planner, ProcessLayerScaleScalesEachLayerOfMultiRankPlans) {
   const nlohmann::json json = measured;
   EXPECT_EQ(json.get<ModelProfile>().process_layer_scale, measured.process_layer_scale);
   measured.process_layer_scale = {1, 1};
-  EXPECT_THROW(measured.validate(), std::invalid_argument);
+  EXPECT_THROW(measured.validate(), pipetrain::BadInput);
   measured.process_layer_scale = {1, 1, 0, 1};
-  EXPECT_THROW(measured.validate(), std::invalid_argument);
+  EXPECT_THROW(measured.validate(), pipetrain::BadInput);
 }
 
 TEST(Planner, EvaluatePlanRejectsABalanceThatDoesNotCoverTheModel) {
   const ModelProfile profile = uniform_profile(4, 8, UniformLayer{});
   Plan plan = default_plan(profile, 2, 4);
   plan.balance = {1, 2};
-  EXPECT_THROW(evaluate_plan(profile, plan, PlannerOptions{}), std::invalid_argument);
+  EXPECT_THROW(evaluate_plan(profile, plan, PlannerOptions{}), pipetrain::BadInput);
 }
 
 TEST(Planner, ReportsItsSearchAsJson) {

@@ -25,7 +25,7 @@ TEST(Action, ParseRejectsMalformedTextNamingIt) {
     try {
       parse_action(bad);
       ADD_FAILURE() << "accepted '" << bad << "'";
-    } catch (const std::invalid_argument& e) {
+    } catch (const pipetrain::BadInput& e) {
       EXPECT_NE(std::string(e.what()).find("F, B, I, W"), std::string::npos) << e.what();
     }
   }

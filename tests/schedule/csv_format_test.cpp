@@ -18,7 +18,7 @@ namespace {
 std::string error_of(const std::string& text) {
   try {
     parse_csv_schedule(text);
-  } catch (const std::invalid_argument& e) {
+  } catch (const pipetrain::BadInput& e) {
     return e.what();
   }
   return "(accepted)";

@@ -195,7 +195,7 @@ TEST(MakeSchedule, UnknownNameListsTheValidNames) {
   try {
     make_schedule("pipedream", 2, 2);
     FAIL() << "accepted an unknown name";
-  } catch (const std::invalid_argument& e) {
+  } catch (const pipetrain::BadInput& e) {
     const std::string message = e.what();
     for (const auto& name : schedule_names()) {
       EXPECT_NE(message.find(name), std::string::npos) << message;
@@ -205,18 +205,18 @@ TEST(MakeSchedule, UnknownNameListsTheValidNames) {
 }
 
 TEST(MakeSchedule, RejectsNonPositiveCountsNamingTheValue) {
-  EXPECT_THROW(make_schedule("1f1b", 0, 4), std::invalid_argument);
-  EXPECT_THROW(make_schedule("gpipe", 2, 0), std::invalid_argument);
-  EXPECT_THROW(make_schedule("interleaved-1f1b", 2, 4, 0), std::invalid_argument);
+  EXPECT_THROW(make_schedule("1f1b", 0, 4), pipetrain::BadInput);
+  EXPECT_THROW(make_schedule("gpipe", 2, 0), pipetrain::BadInput);
+  EXPECT_THROW(make_schedule("interleaved-1f1b", 2, 4, 0), pipetrain::BadInput);
   try {
     make_schedule("1f1b", 2, -3);
-  } catch (const std::invalid_argument& e) {
+  } catch (const pipetrain::BadInput& e) {
     EXPECT_NE(std::string(e.what()).find("-3"), std::string::npos) << e.what();
   }
 }
 
 TEST(MakeSchedule, VirtualStagesOnlyForInterleaved) {
-  EXPECT_THROW(make_schedule("1f1b", 2, 4, 2), std::invalid_argument);
+  EXPECT_THROW(make_schedule("1f1b", 2, 4, 2), pipetrain::BadInput);
   EXPECT_EQ(make_schedule("interleaved-1f1b", 2, 4, 2).num_stages, 4);
   // V = 1 interleaving is plain 1F1B.
   EXPECT_EQ(make_schedule("interleaved-1f1b", 4, 8, 1).actions, one_f_one_b(4, 8).actions);

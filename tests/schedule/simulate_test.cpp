@@ -63,10 +63,10 @@ TEST(Simulate, SameRankStagesHandOverWithoutCommCost) {
 TEST(Simulate, RejectsNegativeCostsAndWrongSizedVectors) {
   Costs negative;
   negative.forward = -1;
-  EXPECT_THROW(simulate(gpipe(2, 2), negative), std::invalid_argument);
+  EXPECT_THROW(simulate(gpipe(2, 2), negative), pipetrain::BadInput);
   Costs wrong;
   wrong.backward_per_stage = {1, 2, 3};
-  EXPECT_THROW(simulate(gpipe(2, 2), wrong), std::invalid_argument);
+  EXPECT_THROW(simulate(gpipe(2, 2), wrong), pipetrain::BadInput);
 }
 
 TEST(Simulate, PerActionCostsReplayEachActionsOwnDuration) {
@@ -86,12 +86,12 @@ TEST(Simulate, PerActionCostsReplayEachActionsOwnDuration) {
 
   Costs negative;
   negative.per_action = [](const Action& a) { return a.op == Op::kBackward ? -1.0 : 1.0; };
-  EXPECT_THROW(simulate(gpipe(2, 2), negative), std::invalid_argument);
+  EXPECT_THROW(simulate(gpipe(2, 2), negative), pipetrain::BadInput);
 }
 
 TEST(Simulate, DeadlockedScheduleThrowsInsteadOfHanging) {
   EXPECT_THROW(simulate(parse_schedule("0F0,0B0,0F1,0B1\n1F1,1F0,1B0,1B1\n")),
-               std::invalid_argument);
+               pipetrain::BadInput);
 }
 
 TEST(Simulate, TimelineHasOneEventPerComputeAction) {

@@ -16,7 +16,7 @@ namespace {
 std::string error_of(const std::string& text) {
   try {
     parse_schedule(text);
-  } catch (const std::invalid_argument& e) {
+  } catch (const pipetrain::BadInput& e) {
     return e.what();
   }
   return "(accepted)";
@@ -99,7 +99,7 @@ TEST(TextFormat, LoadNamesTheFileInErrors) {
   try {
     load_schedule(path);
     FAIL();
-  } catch (const std::invalid_argument& e) {
+  } catch (const pipetrain::BadInput& e) {
     EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("line 1"), std::string::npos) << e.what();
   }

@@ -78,7 +78,7 @@ TEST_F(TorchAnchor, EveryScheduleIsTorchsOrNoSlowerAndNoHungrierOnAnyRank) {
             dir_ / (std::string(name) + "-" + std::to_string(p) + "-" + std::to_string(M));
         if (fs::exists(base.string() + ".refused")) {
           // torch refuses the shape (DualPipeV: M < 2p); so must we, with a message.
-          EXPECT_THROW(make_schedule(name, p, M, 2), std::invalid_argument) << what;
+          EXPECT_THROW(make_schedule(name, p, M, 2), pipetrain::BadInput) << what;
           continue;
         }
         const Schedule theirs = parse_csv_schedule(read(base.string() + ".csv"), name);

@@ -114,7 +114,7 @@ TEST(Validate, SelfWaitOnOneRankIsExplained) {
 }
 
 TEST(Validate, ThrowsScheduleErrorWhichIsAnInvalidArgument) {
-  EXPECT_THROW(validate(parse_schedule("0B0,0F0\n")), std::invalid_argument);
+  EXPECT_THROW(validate(parse_schedule("0B0,0F0\n")), pipetrain::BadInput);
   EXPECT_NO_THROW(validate(zero_bubble_h1(3, 6)));
 }
 

@@ -182,7 +182,7 @@ TEST(AutoSchedule, ALimitTooSmallNamesTheRankAndTheSmallestLimitThatRuns) {
   try {
     auto_schedule(options);
     FAIL() << "a limit of a quarter micro-batch ran";
-  } catch (const std::invalid_argument& e) {
+  } catch (const pipetrain::BadInput& e) {
     const std::string message = e.what();
     EXPECT_NE(message.find("rank "), std::string::npos) << message;
     EXPECT_NE(message.find("smallest limit that runs is 1"), std::string::npos) << message;
@@ -196,23 +196,23 @@ TEST(AutoSchedule, RejectsAPlacementThatLeavesARankEmpty) {
   options.ranks = 3;
   options.microbatches = 2;
   options.stage_rank = {0, 1, 1};
-  EXPECT_THROW(auto_schedule(options), std::invalid_argument);
+  EXPECT_THROW(auto_schedule(options), pipetrain::BadInput);
   options.stage_rank = {0, 1, 3};
-  EXPECT_THROW(auto_schedule(options), std::invalid_argument);
+  EXPECT_THROW(auto_schedule(options), pipetrain::BadInput);
 }
 
 TEST(DualPipeV, RejectsAnOddRankCountAndTooFewMicrobatchesNamingTheSmallestSetting) {
   try {
     make_schedule("dualpipev", 3, 12, 2);
     FAIL();
-  } catch (const std::invalid_argument& e) {
+  } catch (const pipetrain::BadInput& e) {
     EXPECT_NE(std::string(e.what()).find("even number of ranks (got 3)"), std::string::npos)
         << e.what();
   }
   try {
     make_schedule("dualpipev", 4, 7, 2);
     FAIL();
-  } catch (const std::invalid_argument& e) {
+  } catch (const pipetrain::BadInput& e) {
     EXPECT_NE(std::string(e.what()).find("8 or more"), std::string::npos) << e.what();
   }
 }
@@ -232,7 +232,7 @@ TEST(VShaped, OnlyTwoChunksPerRank) {
     try {
       make_schedule(name, 4, 8, 3);
       FAIL() << name;
-    } catch (const std::invalid_argument& e) {
+    } catch (const pipetrain::BadInput& e) {
       EXPECT_NE(std::string(e.what()).find("set virtual_stages to 2"), std::string::npos)
           << e.what();
     }

@@ -9,7 +9,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "pipetrain/train/atomic_file.h"
+#include "pipetrain/base/atomic_file.h"
 #include "pipetrain/train/optimizer.h"
 
 namespace pipetrain::train {

@@ -20,12 +20,12 @@ TEST(Optimizer, UnknownNameListsTheValidNames) {
   try {
     make_optimizer("lamb", {w});
     FAIL() << "no error";
-  } catch (const std::invalid_argument& e) {
+  } catch (const pipetrain::BadInput& e) {
     EXPECT_NE(std::string(e.what()).find("'lamb'"), std::string::npos);
     EXPECT_NE(std::string(e.what()).find("sgd, adam, adamw"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(make_optimizer("sgd", {}), std::invalid_argument);
-  EXPECT_THROW(make_optimizer("sgd", {w}, OptimizerOptions().lr(0)), std::invalid_argument);
+  EXPECT_THROW(make_optimizer("sgd", {}), pipetrain::BadInput);
+  EXPECT_THROW(make_optimizer("sgd", {w}, OptimizerOptions().lr(0)), pipetrain::BadInput);
 }
 
 TEST(Optimizer, SgdStepMovesAgainstTheGradientByTheLearningRate) {

@@ -14,7 +14,7 @@
 // Thread-safety: pure functions.
 // REQUIRES: stages >= 1, virtual_stages >= 1, every cost and extra finite and >= 0, and at
 // least stages * virtual_stages layers (each stage gets at least one layer). Violations throw
-// std::invalid_argument naming the values.
+// pipetrain::BadInput naming the values.
 #pragma once
 
 #include <string>
@@ -53,10 +53,10 @@ struct LayerCosts {
   std::vector<double> parameters;
 };
 
-// "time" | "memory" | "parameters" | "uniform"; throws std::invalid_argument listing them.
+// "time" | "memory" | "parameters" | "uniform"; throws pipetrain::BadInput listing them.
 BalanceBy parse_balance_by(const std::string& name);
 
-// solve_balance() on the chosen vector (all ones for kUniform). Throws std::invalid_argument
+// solve_balance() on the chosen vector (all ones for kUniform). Throws pipetrain::BadInput
 // when that vector is empty or its size differs from costs.layers.
 Balance balance_by(const LayerCosts& costs, BalanceBy by, int stages,
                    const BalanceOptions& options = {});

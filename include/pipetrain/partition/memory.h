@@ -34,7 +34,7 @@ enum class CheckpointMode { kNever, kExceptLast, kAlways };
 
 // "never", "except_last", "always".
 std::string_view checkpoint_name(CheckpointMode mode);
-// Throws std::invalid_argument naming the text and the valid names.
+// Throws pipetrain::BadInput naming the text and the valid names.
 CheckpointMode parse_checkpoint(std::string_view text);
 const std::vector<CheckpointMode>& all_checkpoint_modes();
 
@@ -77,7 +77,7 @@ StageBytes stage_bytes(const ModelProfile& profile, std::int64_t first, std::int
                        std::int64_t microbatch_size);
 
 // Peak bytes per rank for `balance` (layers per stage, size S, summing to the layer count).
-// REQUIRES: balance.size() == schedule.num_stages, every entry >= 1 (std::invalid_argument).
+// REQUIRES: balance.size() == schedule.num_stages, every entry >= 1 (pipetrain::BadInput).
 std::vector<std::int64_t> rank_peak_memory(
     const ModelProfile& profile, const std::vector<int>& balance, std::int64_t microbatch_size,
     const schedule::Schedule& schedule, const std::vector<StageResidency>& residency,
@@ -86,7 +86,7 @@ std::vector<std::int64_t> rank_peak_memory(
 // "1.5 GiB", "512 MiB", "12 KiB", "100 B".
 std::string format_bytes(std::int64_t bytes);
 // "2GiB", "2 GiB", "512MiB", "1.5G", "1000000" (bytes), "64KB" (KB = 1000). Throws
-// std::invalid_argument naming the text on anything else.
+// pipetrain::BadInput naming the text on anything else.
 std::int64_t parse_bytes(std::string_view text);
 
 }  // namespace pipetrain::partition

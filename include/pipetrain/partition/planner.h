@@ -20,7 +20,7 @@
 //   where K is even and M >= 2K.
 //
 // Thread-safety: pure functions.
-// REQUIRES: ranks >= 1 and a profile that validate() accepts (std::invalid_argument otherwise).
+// REQUIRES: ranks >= 1 and a profile that validate() accepts (pipetrain::BadInput otherwise).
 #pragma once
 
 #include <cstdint>
@@ -121,7 +121,7 @@ std::vector<Plan> plans_to_measure(const PlanReport& report, const Plan* referen
 // (reference >= the count): the shortest median step. With one (the hand-written default): the
 // candidate whose steps took the lowest median ratio to the reference's step of the same turn, if
 // that ratio is below 1 - margin; else the reference. A plan replaces the default only when it
-// measured faster by more than the turns' noise. Throws std::invalid_argument for no candidates
+// measured faster by more than the turns' noise. Throws pipetrain::BadInput for no candidates
 // or a candidate without steps.
 std::size_t choose_measured(const std::vector<std::vector<double>>& step_seconds,
                             std::size_t reference, double margin);
@@ -132,7 +132,7 @@ std::size_t choose_measured(const std::vector<std::vector<double>>& step_seconds
 // measured over predicted, every prediction in `report` (and in the candidates kept in
 // report.measured) is scaled alike, and candidates[chosen] (choose_measured) becomes the
 // recommended plan; it joins the ranked table in predicted order when it was not in it. Throws
-// std::invalid_argument for sizes that differ, no candidates, a time that is not positive or a
+// pipetrain::BadInput for sizes that differ, no candidates, a time that is not positive or a
 // chosen index out of range.
 void recommend_measured(ModelProfile& profile, const PlannerOptions& options, PlanReport& report,
                         const std::vector<Plan>& candidates,

@@ -11,7 +11,7 @@
 //
 // Thread-safety: a plain value; safe to copy and to read from many threads.
 // REQUIRES: microbatch_sizes ascending and non-empty; every layer has one cost per size
-// (validate() checks both and throws std::invalid_argument naming the layer).
+// (validate() checks both and throws pipetrain::BadInput naming the layer).
 #pragma once
 
 #include <cstdint>
@@ -109,7 +109,7 @@ struct ModelProfile {
   double process_compute_scale_at(std::int64_t microbatch_size) const;
   std::int64_t parameter_bytes() const;
 
-  // Throws std::invalid_argument naming the offending layer or size.
+  // Throws pipetrain::BadInput naming the offending layer or size.
   void validate() const;
 };
 

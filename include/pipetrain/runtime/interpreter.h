@@ -33,6 +33,7 @@
 #include <utility>
 #include <vector>
 
+#include "pipetrain/base/error.h"
 #include "pipetrain/runtime/step.h"
 #include "pipetrain/schedule/schedule.h"
 #include "pipetrain/stage/stage.h"
@@ -41,10 +42,14 @@
 namespace pipetrain {
 
 // A failure of one action of one rank, or of the whole step (rank/stage/microbatch = -1).
-class StepError : public std::runtime_error {
+// what() = "rank 1, stage 2, action 2B5, micro-batch 5: <cause>". kind(): PeerFailed when the rank
+// stopped because another failed first; the cause's kind when the cause was a pipetrain::Error
+// (a Timeout, a TransportFailure, BadInput); Runtime otherwise.
+class StepError : public Error {
  public:
-  StepError(const std::string& message, int rank, int stage, int microbatch, bool cancelled)
-      : std::runtime_error(message),
+  StepError(ErrorKind kind, const std::string& message, int rank, int stage, int microbatch,
+            const std::string& action, bool cancelled)
+      : Error(kind, message, ErrorSite{rank, stage, action, microbatch}),
         rank(rank),
         stage(stage),
         microbatch(microbatch),

@@ -58,7 +58,7 @@ std::string to_string(const Action& action);
 std::ostream& operator<<(std::ostream& out, const Action& action);
 
 // Parses the text form; surrounding whitespace is ignored.
-// Throws std::invalid_argument naming the text and the valid ops on anything else.
+// Throws pipetrain::BadInput naming the text and the valid ops on anything else.
 Action parse_action(std::string_view text);
 
 }  // namespace pipetrain::schedule

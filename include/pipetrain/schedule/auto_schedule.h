@@ -54,7 +54,7 @@ struct AutoScheduleOptions {
   bool split_backward = true;
 };
 
-// Throws std::invalid_argument on K, M < 1, a placement that is not K ranks each holding at
+// Throws pipetrain::BadInput on K, M < 1, a placement that is not K ranks each holding at
 // least one stage, a limit with neither 0, 1 nor K values, or a limit too small to run: the
 // message names the rank and the smallest limit that runs.
 Schedule auto_schedule(const AutoScheduleOptions& options);

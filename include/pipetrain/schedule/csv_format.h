@@ -24,7 +24,7 @@
 
 namespace pipetrain::schedule {
 
-// Throws std::invalid_argument "row 2, cell '1X0': ..." on anything it cannot read.
+// Throws pipetrain::BadInput "row 2, cell '1X0': ..." on anything it cannot read.
 Schedule parse_csv_schedule(std::string_view text, const std::string& name = "custom");
 
 // Compute actions only (a lowered schedule is written without its sends and receives).

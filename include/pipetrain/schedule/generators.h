@@ -20,7 +20,7 @@
 // docs/SCHEDULES.md draws each one and gives its bubble and memory formulas.
 //
 // Thread-safety: pure functions.
-// REQUIRES: ranks >= 1, microbatches >= 1, virtual_stages >= 1 (std::invalid_argument otherwise,
+// REQUIRES: ranks >= 1, microbatches >= 1, virtual_stages >= 1 (pipetrain::BadInput otherwise,
 // naming the value). Every family but dualpipev accepts any M >= 1, including M < K.
 #pragma once
 
@@ -89,7 +89,7 @@ bool is_v_shaped(const std::string& name);
 // make_schedule's to report. Cheap: nothing is built.
 std::string shape_error(const std::string& name, int ranks, int microbatches, int virtual_stages);
 
-// Builds the named schedule. Throws std::invalid_argument for an unknown name (listing the valid
+// Builds the named schedule. Throws pipetrain::BadInput for an unknown name (listing the valid
 // names), for ranks/microbatches/virtual_stages < 1, for virtual_stages != 1 on a family that
 // has no virtual stages, for virtual_stages != 2 on a V-shaped one, and for a family's own
 // constraint (dualpipev: an even K); each message names the smallest setting that would do.

@@ -13,7 +13,7 @@
 // delivers those locally. The runtime's contract: sends never block, receives block.
 //
 // Thread-safety: pure function.
-// REQUIRES: a compute-only schedule (std::invalid_argument naming the first communication action
+// REQUIRES: a compute-only schedule (pipetrain::BadInput naming the first communication action
 // otherwise).
 #pragma once
 

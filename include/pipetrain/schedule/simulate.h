@@ -21,7 +21,7 @@
 //
 // Thread-safety: pure function. Cost: O(actions + S*M).
 // REQUIRES: a schedule that validate() accepts (compute-only or lowered; communication actions
-// are ignored). Throws std::invalid_argument on negative costs (per_action's included), per-stage
+// are ignored). Throws pipetrain::BadInput on negative costs (per_action's included), per-stage
 // vectors of the wrong size, or a deadlocked schedule (run validate() for the report).
 #pragma once
 

@@ -23,7 +23,7 @@
 
 namespace pipetrain::schedule {
 
-// Throws std::invalid_argument "line 3, token '2X0': ..." on malformed input.
+// Throws pipetrain::BadInput "line 3, token '2X0': ..." on malformed input.
 Schedule parse_schedule(std::string_view text, const std::string& name = "custom");
 
 // One line per rank, no comments. parse_schedule(format_schedule(s)) == s for any schedule
@@ -31,7 +31,7 @@ Schedule parse_schedule(std::string_view text, const std::string& name = "custom
 std::string format_schedule(const Schedule& schedule);
 
 // File versions; a path ending in ".csv" is read and written in torch's CSV form instead
-// (csv_format.h; no comment line there). load throws std::invalid_argument (bad content, message
+// (csv_format.h; no comment line there). load throws pipetrain::BadInput (bad content, message
 // names the file) or std::runtime_error (cannot read). save writes "<path>.tmp.<pid>" then renames
 // it over path.
 Schedule load_schedule(const std::string& path);

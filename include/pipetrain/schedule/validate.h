@@ -26,15 +26,16 @@
 #include <string>
 #include <vector>
 
+#include "pipetrain/base/error.h"
 #include "pipetrain/schedule/grid.h"
 #include "pipetrain/schedule/schedule.h"
 
 namespace pipetrain::schedule {
 
-// An invalid schedule. what() = explanation + "\n" + grid.
-struct ScheduleError : std::invalid_argument {
+// An invalid schedule (a pipetrain::ScheduleInvalid). what() = explanation + "\n" + grid.
+struct ScheduleError : ScheduleInvalid {
   ScheduleError(const std::string& message, std::vector<GridCell> cells)
-      : std::invalid_argument(message), cells(std::move(cells)) {}
+      : ScheduleInvalid(message), cells(std::move(cells)) {}
   std::vector<GridCell> cells;  // the marked cells (may be empty for shape errors)
 };
 

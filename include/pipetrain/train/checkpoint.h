@@ -42,13 +42,15 @@
 #include <torch/types.h>
 #include <nlohmann/json.hpp>
 
+#include "pipetrain/base/error.h"
+
 namespace pipetrain::train {
 
 // A checkpoint that cannot be used: not a checkpoint, or names/shapes that do not fit the model.
 // User input: CLI exit code 2.
-class CheckpointError : public std::runtime_error {
+class CheckpointError : public BadInput {
  public:
-  using std::runtime_error::runtime_error;
+  using BadInput::BadInput;
 };
 
 using NamedTensors = torch::OrderedDict<std::string, torch::Tensor>;

@@ -17,12 +17,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "pipetrain/base/error.h"
+
 namespace pipetrain::train {
 
 // A malformed config file or value: user input, CLI exit code 2.
-class ConfigError : public std::runtime_error {
+class ConfigError : public BadInput {
  public:
-  using std::runtime_error::runtime_error;
+  using BadInput::BadInput;
 };
 
 // Reads and parses a JSON object. Throws ConfigError naming the path (and the parse error).

@@ -6,13 +6,15 @@
 #include <cstdint>
 #include <stdexcept>
 
+#include "pipetrain/base/error.h"
+
 namespace pipetrain::train {
 
 // Training diverged: a failure while running (CLI exit code 1), not bad input.
-class NonFiniteLossError : public std::runtime_error {
+class NonFiniteLossError : public Error {
  public:
   NonFiniteLossError(const std::string& message, int64_t step)
-      : std::runtime_error(message), step_(step) {}
+      : Error(ErrorKind::Runtime, message), step_(step) {}
   int64_t step() const { return step_; }
 
  private:

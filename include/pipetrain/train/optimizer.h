@@ -41,7 +41,7 @@ struct OptimizerOptions {
 // "sgd", "adam", "adamw".
 std::vector<std::string> optimizer_names();
 
-// Throws std::invalid_argument for an unknown name (listing the valid ones), no parameters, or a
+// Throws pipetrain::BadInput for an unknown name (listing the valid ones), no parameters, or a
 // non-positive learning rate.
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(
     const std::string& name, const std::vector<torch::Tensor>& parameters,

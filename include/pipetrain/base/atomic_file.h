@@ -10,22 +10,17 @@
 // wins.
 #pragma once
 
-#include <stdexcept>
 #include <string>
 #include <string_view>
 
-namespace pipetrain::train {
+#include "pipetrain/base/error.h"
 
-// An I/O failure while writing or reading a file; the message names the path and the errno text.
-class FileError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
+namespace pipetrain {
 
-// Throws FileError("cannot write '<path>': <step>: <strerror>") on any failure.
+// Throws pipetrain::FileError("cannot write '<path>': <step>: <strerror>") on any failure.
 void write_file_atomically(const std::string& path, std::string_view bytes);
 
 // Reads a whole file. Throws FileError naming the path when it cannot.
 std::string read_file(const std::string& path);
 
-}  // namespace pipetrain::train
+}  // namespace pipetrain

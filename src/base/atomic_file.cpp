@@ -1,5 +1,5 @@
-// Crash-safe file replacement (pipetrain/train/atomic_file.h).
-#include "pipetrain/train/atomic_file.h"
+// Crash-safe file replacement (pipetrain/base/atomic_file.h).
+#include "pipetrain/base/atomic_file.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -11,7 +11,7 @@
 #include <sstream>
 #include <vector>
 
-namespace pipetrain::train {
+namespace pipetrain {
 namespace {
 
 [[noreturn]] void fail_write(const std::string& path, const std::string& step, int error) {
@@ -90,4 +90,4 @@ std::string read_file(const std::string& path) {
   return buffer.str();
 }
 
-}  // namespace pipetrain::train
+}  // namespace pipetrain
