@@ -221,7 +221,7 @@ void run_plan(const PlanRequest& request) {
   if (request.output.empty()) {
     std::cout << text;
   } else {
-    ps::write_file_atomically(request.output, text);
+    pipetrain::write_file_atomically(request.output, text);
   }
 }
 

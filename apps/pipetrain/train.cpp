@@ -7,9 +7,10 @@
 //   [2] model + data         BuiltModel/BuiltData   train_setup.h (shared with `pipetrain eval`)
 //       + the auto plan      partition::Plan        train_auto.h: its values replace the auto
 //                                                   flags in TrainArgs before anything is built
-//   [3] runner               TrainRunner            sequential | Pipe | DistributedPipe (one rank)
-//   [4] the loop             run_loop               lr schedule, step, clip, optimizer, progress,
-//                                                   evaluation per epoch, checkpoints, trace
+//   [3] runner               train::StepRunner      sequential | Pipe | DistributedPipe (one rank)
+//   [4] the loop             train::Trainer         lr schedule, step, clip, optimizer,
+//                                                   checkpoints, trace (the library); progress
+//                                                   and evaluation per epoch printed here
 //
 // Multi-process: `--nproc N` re-runs this command as N local ranks (runtime/launcher.h) after the
 // parent has checked every flag and file (so bad input still exits 2, before any rank starts);
@@ -62,15 +63,13 @@
 #include "pipetrain/base/atomic_file.h"
 #include "pipetrain/train/checkpoint.h"
 #include "pipetrain/train/finite_loss.h"
-#include "pipetrain/train/grad_clip.h"
-#include "pipetrain/train/lr_schedule.h"
 #include "pipetrain/train/optimizer.h"
 #include "pipetrain/train/progress.h"
 #include "pipetrain/transport/c10d.h"
+#include "pipetrain/train/step_runner.h"
+#include "pipetrain/train/trainer.h"
 #include "train_auto.h"
-#include "train_runner.h"
 #include "train_setup.h"
-#include "train_trace.h"
 
 namespace pipetrain::cli {
 namespace {
@@ -542,11 +541,10 @@ PipeOptions pipe_options(const TrainArgs& args, const Layout& layout, int64_t la
   return options;
 }
 
-// ---- batches
-// --------------------------------------------------------------------------------------
+// ---- batches ------------------------------------------------------------------------------------
 
-// The mini-batch of global step k, and where it sits (epoch, batch within the epoch).
-class Batches {
+// The mini-batch of global step k (train::BatchSource), and the run's length.
+class Batches : public train::BatchSource {
  public:
   Batches(const TrainArgs& args, const BuiltModel& model, const BuiltData& data)
       : args_(args), data_(data) {
@@ -567,14 +565,12 @@ class Batches {
   int64_t total_steps() const {
     return args_.steps > 0 ? args_.steps : args_.epochs * std::max<int64_t>(per_epoch_, 1);
   }
-  int64_t per_epoch() const { return per_epoch_; }  // 0: no epochs (text)
-  int64_t epoch_of(int64_t k) const { return per_epoch_ > 0 ? k / per_epoch_ : 0; }
+  int64_t per_epoch() const override { return per_epoch_; }  // 0: no epochs (text)
   int64_t epochs() const {
     return per_epoch_ > 0 ? (total_steps() + per_epoch_ - 1) / per_epoch_ : 1;
   }
-  bool ends_epoch(int64_t k) const { return per_epoch_ > 0 && (k + 1) % per_epoch_ == 0; }
 
-  std::pair<torch::Tensor, torch::Tensor> at(int64_t k) const {
+  std::pair<torch::Tensor, torch::Tensor> at(int64_t k) const override {
     if (data_.corpus) {
       examples::TokenWindows w =
           data_.corpus->sample_windows(args_.batch_size, context_, args_.data.seed, k);
@@ -599,58 +595,31 @@ class Batches {
   int64_t context_ = 0;
 };
 
-// ---- checkpoints
-// ------------------------------------------------------------------------------------
+// ---- [4] the loop: train::Trainer, with progress and evaluation printed here ---------------------
 
-std::string checkpoint_path(const TrainArgs& args) {
-  return (std::filesystem::path(args.checkpoint_dir) / "checkpoint.pt").string();
+train::TrainerOptions trainer_options(const TrainArgs& args, const BuiltModel& model,
+                                      int64_t total_steps) {
+  return train::TrainerOptions(total_steps)
+      .optimizer(args.optimizer)
+      .lr(args.lr)
+      .momentum(args.momentum)
+      .weight_decay(args.weight_decay)
+      .lr_schedule(args.lr_schedule)
+      .warmup_steps(args.warmup_steps)
+      .min_lr(args.min_lr)
+      .clip_grad_norm(args.clip_grad_norm)
+      .checkpoint_dir(args.checkpoint_dir)
+      .save_every(args.save_every)
+      .metadata({{"model", model.name},
+                 {"model_options", model.options},
+                 {"data", args.data.data},
+                 {"batch_size", args.batch_size},
+                 {"seed", args.data.seed},
+                 {"optimizer", args.optimizer},
+                 {"lr", args.lr}})
+      .trace_path(args.trace)
+      .timeline_path(args.timeline);
 }
-
-nlohmann::json run_metadata(const TrainArgs& args, const BuiltModel& model) {
-  return {{"model", model.name},    {"model_options", model.options},
-          {"data", args.data.data}, {"batch_size", args.batch_size},
-          {"seed", args.data.seed}, {"optimizer", args.optimizer},
-          {"lr", args.lr}};
-}
-
-// Every rank captures its part; the main rank merges and writes. Collective in multi-process.
-void save_run_checkpoint(const TrainArgs& args, const BuiltModel& model, TrainRunner& runner,
-                         torch::optim::Optimizer& optimizer, int64_t steps_done,
-                         const Batches& batches) {
-  train::Checkpoint part;
-  train::capture_model(part, runner.named_parameters(), runner.named_buffers());
-  train::capture_optimizer(part, optimizer, runner.named_parameters());
-  std::optional<train::Checkpoint> whole = runner.gather(part);
-  if (!whole) return;
-  whole->step = steps_done;
-  whole->epoch = batches.epoch_of(steps_done);
-  whole->batch = batches.per_epoch() > 0 ? steps_done % batches.per_epoch() : steps_done;
-  train::capture_torch_rng(*whole);
-  whole->metadata = run_metadata(args, model);
-  std::filesystem::create_directories(args.checkpoint_dir);
-  train::save_checkpoint(checkpoint_path(args), *whole);
-}
-
-// The whole model on the main rank (for evaluation and --save-params); other ranks: false.
-bool gather_model(BuiltModel& model, TrainRunner& runner) {
-  train::Checkpoint part;
-  train::capture_model(part, runner.named_parameters(), runner.named_buffers());
-  std::optional<train::Checkpoint> whole = runner.gather(part);
-  if (!whole) return false;
-  train::restore_model(*whole, *model.sequential, train::NameMatch::kExact);
-  return true;
-}
-
-// ---- [4] the loop
-// --------------------------------------------------------------------------------
-
-struct LoopResult {
-  int64_t steps = 0;
-  double first_loss = 0;
-  double last_loss = 0;
-  double seconds = 0;
-  int64_t samples = 0;
-};
 
 void print_evaluation(const std::string& when, const Evaluation& e, bool text) {
   if (text) {
@@ -665,10 +634,11 @@ void print_evaluation(const std::string& when, const Evaluation& e, bool text) {
   std::fflush(stdout);
 }
 
-void evaluate_and_print(const std::string& when, BuiltModel& model, const BuiltData& data,
-                        TrainRunner& runner) {
+// Collective: the whole model on the main rank, evaluated there with every core.
+void evaluate_and_print(const std::string& when, train::Trainer& trainer, const BuiltModel& model,
+                        const BuiltData& data) {
   if (!data.corpus && !data.test_inputs.defined()) return;
-  if (!gather_model(model, runner)) return;
+  if (!trainer.gather_model()) return;
   // The other ranks wait for the next step meanwhile: evaluate with every core.
   const int threads = at::get_num_threads();
   at::set_num_threads(
@@ -678,101 +648,35 @@ void evaluate_and_print(const std::string& when, BuiltModel& model, const BuiltD
   if (e) print_evaluation(when, *e, data.corpus.has_value());
 }
 
-LoopResult run_loop(const TrainArgs& args, BuiltModel& model, const BuiltData& data,
-                    TrainRunner& runner, torch::optim::Optimizer& optimizer, int64_t first_step) {
-  Batches batches(args, model, data);
-  const int64_t total = batches.total_steps();
-  const bool main = runner.is_main();
+// Runs the Trainer with a progress bar on stderr and per-epoch evaluation on stdout.
+train::TrainSummary run_loop(const TrainArgs& args, BuiltModel& model, const BuiltData& data,
+                             train::Trainer& trainer, const Batches& batches) {
   const bool print_steps = data.name == "tensors";
-  train::LrScheduleOptions lr_options(args.lr);
-  lr_options.warmup_steps(args.warmup_steps).min_lr(args.min_lr);
-  if (args.lr_schedule == "cosine") lr_options.total_steps(std::max(total, args.warmup_steps));
-  const std::vector<torch::Tensor> parameters = runner.parameters();
-
   std::optional<train::ProgressReporter> progress;
-  if (main && !print_steps) {
-    progress.emplace(std::cerr, train::stderr_is_terminal(),
-                     train::ProgressOptions()
-                         .total_steps(total)
-                         .epochs(batches.epochs())
-                         .first_step(first_step)
-                         .log_every_steps(args.log_every));
-  }
-  EventLog events;
-  const bool tracing = !args.trace.empty() || !args.timeline.empty();
-  LoopResult result;
-  model.sequential->train();
-  const auto start = std::chrono::steady_clock::now();
-  for (int64_t k = first_step; k < total; ++k) {
-    auto [x, y] = batches.at(k);
-    train::set_learning_rate(optimizer, train::learning_rate_at(lr_options, k));
-    optimizer.zero_grad();
-    const double step_start = EventLog::now_us();
-    double loss = 0;
-    try {
-      loss = runner.step(x, y);
-    } catch (const train::NonFiniteLossError&) {
-      throw;
-    } catch (const std::exception& error) {
-      throw std::runtime_error("step " + std::to_string(k) + " failed: " + message_of(error));
-    }
-    if (tracing) events.add(k, step_start, runner.last_events(), runner.event_rank());
-    if (print_steps && main) {
-      std::printf("step %lld loss %.6f\n", static_cast<long long>(k), loss);
+  trainer.on_step = [&](const train::StepReport& r) {
+    if (!r.main) return;
+    if (print_steps) {
+      std::printf("step %lld loss %.6f\n", static_cast<long long>(r.step), r.loss);
       std::fflush(stdout);
+      return;
     }
-    train::check_finite_loss(loss, k, batches.per_epoch() > 0 ? batches.epoch_of(k) : -1,
-                             batches.per_epoch() > 0 ? k % batches.per_epoch() : -1);
-    // Fewer micro-batches than chunks (a short last batch) leave deferred statistics uncommitted.
-    commit_deferred_batch_norms(*model.sequential);
-    if (args.clip_grad_norm > 0) {
-      const double norm = std::sqrt(runner.grad_norm_squared());
-      if (std::isfinite(norm)) {
-        train::scale_gradients(parameters, train::clip_factor(norm, args.clip_grad_norm));
-      }
+    if (!progress) {
+      progress.emplace(std::cerr, train::stderr_is_terminal(),
+                       train::ProgressOptions()
+                           .total_steps(batches.total_steps())
+                           .epochs(batches.epochs())
+                           .first_step(trainer.first_step())
+                           .log_every_steps(args.log_every));
     }
-    optimizer.step();
-    if (k == first_step) result.first_loss = loss;
-    result.last_loss = loss;
-    result.steps = k + 1 - first_step;
-    result.samples += x.size(0);
-    if (progress) progress->update(k + 1, batches.epoch_of(k), x.size(0), loss);
-    if (args.save_every > 0 && (k + 1) % args.save_every == 0 && k + 1 < total) {
-      save_run_checkpoint(args, model, runner, optimizer, k + 1, batches);
-    }
-    if (batches.ends_epoch(k) ||
-        (k + 1 == total && batches.per_epoch() > 0 && !batches.ends_epoch(k))) {
-      if (progress) progress->finish();
-      evaluate_and_print("epoch " + std::to_string(batches.epoch_of(k) + 1), model, data, runner);
-      model.sequential->train();
-    }
-  }
+    progress->update(r.step + 1, r.epoch, r.samples, r.loss);
+  };
+  trainer.on_epoch_end = [&](int64_t epoch) {
+    if (progress) progress->finish();
+    evaluate_and_print("epoch " + std::to_string(epoch + 1), trainer, model, data);
+  };
+  train::TrainSummary summary = trainer.fit();
   if (progress) progress->finish();
-  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (data.corpus) evaluate_and_print("final", model, data, runner);
-  if (!args.checkpoint_dir.empty()) {
-    save_run_checkpoint(args, model, runner, optimizer, total, batches);
-    if (main)
-      std::printf("checkpoint: %s (step %lld)\n", checkpoint_path(args).c_str(),
-                  static_cast<long long>(total));
-  }
-  if (tracing) {
-    EventLog all = runner.gather_events(events);
-    if (main && !args.trace.empty()) {
-      all.write_chrome_trace(args.trace, runner.trace_rows());
-      std::printf(
-          "trace: %s (%zu actions of %d ranks; open in chrome://tracing or "
-          "ui.perfetto.dev)\n",
-          args.trace.c_str(), all.events().size(), runner.trace_rows());
-    }
-    if (main && !args.timeline.empty()) {
-      const int64_t k =
-          all.write_timeline_svg(args.timeline, runner.trace_rows(), runner.description());
-      std::printf("timeline: %s (measured step %lld)\n", args.timeline.c_str(),
-                  static_cast<long long>(k));
-    }
-  }
-  return result;
+  return summary;
 }
 
 // ---- the command --------------------------------------------------------------------------------
@@ -886,15 +790,6 @@ Prepared prepare(TrainArgs& args, const Layout& layout, const PlanSource& plan_s
   return p;
 }
 
-std::unique_ptr<torch::optim::Optimizer> make_run_optimizer(const TrainArgs& args,
-                                                            TrainRunner& runner) {
-  return train::make_optimizer(args.optimizer, runner.parameters(),
-                               train::OptimizerOptions()
-                                   .lr(args.lr)
-                                   .momentum(args.momentum)
-                                   .weight_decay(args.weight_decay));
-}
-
 std::string describe(const PipeOptions& options, int64_t stages, int64_t ranks,
                      const std::vector<int64_t>& balance, const std::string& checkpoint,
                      const Layout& layout) {
@@ -914,7 +809,8 @@ std::string describe(const PipeOptions& options, int64_t stages, int64_t ranks,
   return text.str();
 }
 
-void print_start(const TrainArgs& args, const Prepared& p, TrainRunner& runner, int threads) {
+void print_start(const TrainArgs& args, const Prepared& p, train::StepRunner& runner,
+                 int threads) {
   if (!runner.is_main()) return;
   std::string rows = p.data.corpus ? std::to_string(p.data.corpus->text().size()) + " characters"
                                    : std::to_string(p.data.train_inputs.size(0)) + " rows";
@@ -938,22 +834,41 @@ void print_start(const TrainArgs& args, const Prepared& p, TrainRunner& runner, 
 }
 
 // Runs on every rank (or the single process) once the runner exists.
-int train_with(const TrainArgs& args, Prepared& p, TrainRunner& runner, int threads) {
-  auto optimizer = make_run_optimizer(args, runner);
-  int64_t first_step = 0;
+void print_files(const TrainArgs& args, const train::TrainSummary& summary, int64_t total_steps,
+                 int trace_rows) {
+  if (!summary.checkpoint_path.empty()) {
+    std::printf("checkpoint: %s (step %lld)\n", summary.checkpoint_path.c_str(),
+                static_cast<long long>(total_steps));
+  }
+  if (!args.trace.empty()) {
+    std::printf(
+        "trace: %s (%lld actions of %d ranks; open in chrome://tracing or ui.perfetto.dev)\n",
+        args.trace.c_str(), static_cast<long long>(summary.trace_actions), trace_rows);
+  }
+  if (!args.timeline.empty()) {
+    std::printf("timeline: %s (measured step %lld)\n", args.timeline.c_str(),
+                static_cast<long long>(summary.timeline_step));
+  }
+}
+
+// Runs on every rank (or the single process) once the runner exists.
+int train_with(const TrainArgs& args, Prepared& p, train::StepRunner& runner, int threads) {
+  Batches batches(args, p.model, p.data);
+  train::Trainer trainer(p.model.sequential, runner, batches,
+                         trainer_options(args, p.model, batches.total_steps()));
   if (p.resume) {
     try {
-      train::restore_optimizer(*p.resume, *optimizer, runner.named_parameters());
+      trainer.resume(*p.resume);
     } catch (const train::CheckpointError& error) {
       throw UsageError("--resume " + args.resume + ": " + std::string(error.what()));
     }
-    if (p.resume->torch_rng_state.defined()) train::restore_torch_rng(*p.resume);
-    first_step = p.resume->step;
   }
   print_start(args, p, runner, threads);
-  LoopResult result = run_loop(args, p.model, p.data, runner, *optimizer, first_step);
+  const train::TrainSummary result = run_loop(args, p.model, p.data, trainer, batches);
+  if (p.data.corpus) evaluate_and_print("final", trainer, p.model, p.data);
   const bool main = runner.is_main();
   if (main) {
+    print_files(args, result, batches.total_steps(), runner.trace_rows());
     std::printf("done: %lld steps in %.3f s (%.1f steps/s, %.1f samples/s), loss %.6f -> %.6f\n",
                 static_cast<long long>(result.steps), result.seconds,
                 result.seconds > 0 ? result.steps / result.seconds : 0.0,
@@ -966,16 +881,13 @@ int train_with(const TrainArgs& args, Prepared& p, TrainRunner& runner, int thre
                   p.auto_plan->predicted_step_seconds);
     }
   }
-  if (!args.save_params.empty()) {
-    const bool have = gather_model(p.model, runner);
-    if (have) {
-      std::vector<std::pair<std::string, torch::Tensor>> named;
-      for (const auto& item : p.model.sequential->named_parameters()) {
-        named.emplace_back(item.key(), item.value());
-      }
-      save_named_tensors(args.save_params, named);
-      std::printf("saved %zu parameters to %s\n", named.size(), args.save_params.c_str());
+  if (!args.save_params.empty() && trainer.gather_model()) {
+    std::vector<std::pair<std::string, torch::Tensor>> named;
+    for (const auto& item : p.model.sequential->named_parameters()) {
+      named.emplace_back(item.key(), item.value());
     }
+    save_named_tensors(args.save_params, named);
+    std::printf("saved %zu parameters to %s\n", named.size(), args.save_params.c_str());
   }
   std::fflush(stdout);
   return 0;
@@ -1056,7 +968,8 @@ int run_train(const TrainArgs& given) {
           pipe_options(args, layout, static_cast<int64_t>(p->model.sequential->size()));
       const std::string text = describe(pipe, pipe.stages(), layout.pipeline_ranks, pipe.balance(),
                                         args.checkpoint, layout);
-      auto runner = make_distributed_runner(distributed, p->model, pipe, text);
+      auto runner = train::make_distributed_runner(distributed, p->model.sequential, p->model.loss,
+                                                   pipe, text, p->model.tied_parameters);
       train_with(args, *p, *runner, threads);
     });
     if (code == 0 && !usage_error.empty()) throw UsageError(usage_error);
@@ -1066,15 +979,15 @@ int run_train(const TrainArgs& given) {
   const int threads = threads_per_rank(args, layout);
   Prepared p = prepare(args, layout);
   if (p.auto_plan) print_auto_plan(*p.auto_plan);
-  std::unique_ptr<TrainRunner> runner;
+  std::unique_ptr<train::StepRunner> runner;
   if (is_sequential(args, layout)) {
     at::set_num_threads(threads);
-    runner = make_sequential_runner(p.model);
+    runner = train::make_sequential_runner(p.model.sequential, p.model.loss);
   } else {
     PipeOptions options =
         pipe_options(args, layout, static_cast<int64_t>(p.model.sequential->size()));
     try {
-      runner = make_pipe_runner(p.model, options, args.checkpoint);
+      runner = train::make_pipe_runner(p.model.sequential, p.model.loss, options);
     } catch (const c10::Error& error) {
       throw UsageError(message_of(error));
     } catch (const pipetrain::BadInput& error) {

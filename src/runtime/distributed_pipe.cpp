@@ -190,4 +190,17 @@ std::vector<int> DistributedPipe::local_stages() const {
   return stages;
 }
 
+std::map<int, torch::Tensor> DistributedPipe::stage_rng_states() const {
+  std::map<int, torch::Tensor> states;
+  for (const auto& [j, stage] : stages_) states[j] = stage->rng().state();
+  return states;
+}
+
+void DistributedPipe::restore_stage_rng_states(const std::map<int, torch::Tensor>& states) {
+  for (auto& [j, stage] : stages_) {
+    auto found = states.find(j);
+    if (found != states.end()) stage->rng().set_state(found->second);
+  }
+}
+
 }  // namespace pipetrain

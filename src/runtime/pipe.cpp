@@ -426,4 +426,17 @@ void PipeImpl::manual_seed(uint64_t seed) {
   for (auto& stage : runtime().stages) stage->rng().seed(stage_seed(seed, stage->index()));
 }
 
+std::map<int, torch::Tensor> PipeImpl::stage_rng_states() const {
+  std::map<int, torch::Tensor> states;
+  for (auto& stage : runtime().stages) states[stage->index()] = stage->rng().state();
+  return states;
+}
+
+void PipeImpl::restore_stage_rng_states(const std::map<int, torch::Tensor>& states) {
+  for (auto& stage : runtime().stages) {
+    auto found = states.find(stage->index());
+    if (found != states.end()) stage->rng().set_state(found->second);
+  }
+}
+
 }  // namespace pipetrain

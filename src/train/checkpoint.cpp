@@ -193,6 +193,7 @@ void merge_checkpoint(Checkpoint& into, const Checkpoint& part) {
   for (const auto& [name, fields] : part.optimizer_state)
     into.optimizer_state.emplace(name, fields);
   if (!into.torch_rng_state.defined()) into.torch_rng_state = part.torch_rng_state;
+  for (const auto& [j, state] : part.stage_rng_states) into.stage_rng_states.emplace(j, state);
   if (into.loader_state.empty()) into.loader_state = part.loader_state;
   if (into.metadata.empty()) into.metadata = part.metadata;
   into.step = std::max(into.step, part.step);
@@ -219,6 +220,9 @@ std::string serialize_checkpoint(const Checkpoint& c) {
               c.torch_rng_state.defined() ? c.torch_rng_state : torch::empty({0}, torch::kUInt8));
   root.insert("loader_state", c.loader_state);
   root.insert("metadata", c.metadata.dump());
+  std::map<std::string, torch::Tensor> stage_rng;
+  for (const auto& [j, state] : c.stage_rng_states) stage_rng[std::to_string(j)] = state;
+  root.insert("stage_rng_states", to_dict(stage_rng));
   std::vector<char> bytes = torch::pickle_save(root);
   return std::string(bytes.begin(), bytes.end());
 }
@@ -260,6 +264,17 @@ Checkpoint deserialize_checkpoint(const std::string& bytes, const std::string& s
   torch::Tensor rng = field(root, "torch_rng_state", source).toTensor();
   if (rng.numel() > 0) c.torch_rng_state = rng;
   c.loader_state = field(root, "loader_state", source).toStringRef();
+  if (root.contains("stage_rng_states")) {
+    for (const auto& [j, state] :
+         from_dict(root.at("stage_rng_states"), "stage_rng_states", source)) {
+      try {
+        c.stage_rng_states[std::stoi(j)] = state;
+      } catch (const std::exception&) {
+        throw CheckpointError("checkpoint '" + source + "': stage_rng_states has key '" + j +
+                              "', not a stage index");
+      }
+    }
+  }
   try {
     c.metadata = nlohmann::json::parse(field(root, "metadata", source).toStringRef());
   } catch (const nlohmann::json::exception& e) {

@@ -1,3 +1,4 @@
+#include "pipetrain/base/error.h"
 #include "pipetrain/schedule/action.h"
 
 #include <gtest/gtest.h>

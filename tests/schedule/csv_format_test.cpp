@@ -1,6 +1,7 @@
 // torch.distributed.pipelining's compute-only CSV: round trips of every family, the cells torch
 // writes (idle steps, overlapped pairs, FSDP bookkeeping), and the errors for what pipetrain
 // cannot run.
+#include "pipetrain/base/error.h"
 #include "pipetrain/schedule/csv_format.h"
 
 #include <gtest/gtest.h>

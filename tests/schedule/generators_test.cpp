@@ -1,6 +1,7 @@
 // Properties every generated schedule must have, over a dense sample of K, M, V, and the
 // closed-form bubble and memory figures each family is known for (docs/SCHEDULES.md derives
 // them).
+#include "pipetrain/base/error.h"
 #include "pipetrain/schedule/generators.h"
 
 #include <gtest/gtest.h>

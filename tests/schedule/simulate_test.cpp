@@ -1,4 +1,5 @@
 // simulate(): the cost model on hand-computable cases, and its speed on a big pipeline.
+#include "pipetrain/base/error.h"
 #include "pipetrain/schedule/simulate.h"
 
 #include <gtest/gtest.h>

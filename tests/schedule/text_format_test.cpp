@@ -1,4 +1,5 @@
 // Custom schedule text: round trips, inference of counts and placement, and error messages.
+#include "pipetrain/base/error.h"
 #include "pipetrain/schedule/text_format.h"
 
 #include <gtest/gtest.h>

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -141,6 +142,23 @@ TEST(Checkpoint, RestoredGeneratorDrawsTheSameNextNumbers) {
   torch::randn({1000});  // move on
   restore_torch_rng(load_checkpoint(dir.file("rng.ckpt")));
   EXPECT_TRUE(torch::randn({10}).equal(expected));
+}
+
+TEST(Checkpoint, StageRandomStreamsRoundTripAndMergeFromTwoParts) {
+  TempDir dir;
+  auto state_of = [](uint64_t seed) {
+    return at::make_generator<at::CPUGeneratorImpl>(seed).get_state();
+  };
+  Checkpoint rank0, rank1;
+  rank0.stage_rng_states[0] = state_of(1);
+  rank1.stage_rng_states[1] = state_of(2);
+  merge_checkpoint(rank0, rank1);
+  save_checkpoint(dir.file("streams.ckpt"), rank0);
+  Checkpoint r = load_checkpoint(dir.file("streams.ckpt"));
+  ASSERT_EQ(r.stage_rng_states.size(), 2u);
+  EXPECT_TRUE(r.stage_rng_states[0].equal(state_of(1)));
+  EXPECT_TRUE(r.stage_rng_states[1].equal(state_of(2)));
+  EXPECT_FALSE(r.stage_rng_states[0].equal(r.stage_rng_states[1]));
 }
 
 TEST(Checkpoint, MissingNameIsAnErrorThatNamesIt) {

@@ -1,3 +1,4 @@
+#include "pipetrain/base/error.h"
 #include "pipetrain/train/optimizer.h"
 
 #include <gtest/gtest.h>

@@ -68,6 +68,10 @@ class DistributedPipe {
   // Per stage j held by this rank, for the last step: peak stashed micro-batches and bytes,
   // forwards run (the same figures as Pipe::stage_accounting()[j] for the same model and step).
   std::map<int, StageAccounting> stage_accounting() const;
+  // The random streams of this rank's stages, by stage index (Pipe::stage_rng_states()), and
+  // putting them back (entries for stages held elsewhere are ignored).
+  std::map<int, torch::Tensor> stage_rng_states() const;
+  void restore_stage_rng_states(const std::map<int, torch::Tensor>& states);
 
  private:
   const schedule::Schedule& schedule_for(int microbatches);

@@ -34,6 +34,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -147,6 +148,10 @@ class PipeImpl : public torch::nn::Cloneable<PipeImpl> {
 
   // Restarts every stage's random stream from `seed` (stage j gets a seed derived from seed, j).
   void manual_seed(uint64_t seed);
+  // Every stage's random stream (StageRng::state()), by stage index; restore_stage_rng_states puts
+  // them back (stages not in `states` keep theirs). A checkpoint keeps them (train/checkpoint.h).
+  std::map<int, torch::Tensor> stage_rng_states() const;
+  void restore_stage_rng_states(const std::map<int, torch::Tensor>& states);
 
  private:
   struct Runtime;

@@ -36,6 +36,11 @@ class StageRng {
 
   // Restarts the stage's CPU stream from `seed`.
   void seed(uint64_t seed);
+  // The CPU stream's state (a uint8 tensor, as at::Generator::get_state returns), and putting one
+  // back: a checkpoint keeps it so that a resumed run draws the dropout masks an uninterrupted
+  // run would have drawn.
+  torch::Tensor state() const { return state_.clone(); }
+  void set_state(const torch::Tensor& state) { state_ = state.clone(); }
 
   // Runs `layers` with the stage's stream installed ([1]-[6] above); returns the state it
   // started from.

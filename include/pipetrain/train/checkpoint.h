@@ -2,7 +2,8 @@
 //
 // Contents: named parameters and buffers, the optimizer's per-parameter state (by parameter
 // name: exp_avg / exp_avg_sq / step for adam and adamw, momentum_buffer for sgd), the position
-// (global step, epoch, batch index within the epoch), the torch CPU generator state, the data
+// (global step, epoch, batch index within the epoch), the torch CPU generator state, the random
+// stream of every pipeline stage (its dropout masks: Pipe::stage_rng_states()), the data
 // loader's state (an opaque string), and a JSON metadata blob (model name, options, ...).
 //
 // Names are the global names of the full model (`sequential->named_parameters()`, e.g.
@@ -14,7 +15,8 @@
 // dict {"format": "pipetrain-checkpoint", "version": 1, "parameters": {name: Tensor},
 // "buffers": {name: Tensor}, "optimizer": str, "optimizer_state": {name: {field: Tensor}},
 // "step": int, "epoch": int, "batch": int, "torch_rng_state": uint8 Tensor, "loader_state": str,
-// "metadata": JSON text}. Python reads it with `torch.load(path)`. Files are written atomically
+// "metadata": JSON text, "stage_rng_states": {"<stage>": uint8 Tensor}} (the last may be absent:
+// files written before it existed load with no stage streams). Python reads it with `torch.load(path)`. Files are written atomically
 // (atomic_file.h): a failed save leaves the previous checkpoint intact.
 //
 // Ownership: a Checkpoint holds detached CPU copies, independent of the model. Thread-safety:
@@ -64,6 +66,10 @@ struct Checkpoint {
   int64_t epoch = 0;  // the next batch to train is (epoch, batch)
   int64_t batch = 0;
   torch::Tensor torch_rng_state;  // undefined when not captured
+  // Random stream of pipeline stage j (StageRng::state()), for the stages that were captured.
+  // They restore exactly only into the same stage layout (the same balance): a stage index of
+  // another layout holds other layers.
+  std::map<int, torch::Tensor> stage_rng_states;
   std::string loader_state;
   nlohmann::json metadata = nlohmann::json::object();
 };

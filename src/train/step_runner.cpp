@@ -1,5 +1,5 @@
-// The three TrainRunners of `pipetrain train` (train_runner.h).
-#include "train_runner.h"
+// The three StepRunners (pipetrain/train/step_runner.h).
+#include "pipetrain/train/step_runner.h"
 
 #include <set>
 #include <sstream>
@@ -8,11 +8,11 @@
 #include "pipetrain/train/grad_clip.h"
 #include "pipetrain/train/optimizer.h"
 
-namespace pipetrain::cli {
+namespace pipetrain::train {
 namespace {
 
-train::NamedTensors to_named(const std::vector<std::pair<std::string, torch::Tensor>>& items) {
-  train::NamedTensors named;
+NamedTensors to_named(const std::vector<std::pair<std::string, torch::Tensor>>& items) {
+  NamedTensors named;
   for (const auto& [name, tensor] : items) {
     if (!named.contains(name)) named.insert(name, tensor);
   }
@@ -21,14 +21,15 @@ train::NamedTensors to_named(const std::vector<std::pair<std::string, torch::Ten
 
 // Sequential: the reference the pipeline must reproduce. Records one F and one B per step so
 // --trace and --timeline work here too.
-class SequentialRunner : public TrainRunner {
+class SequentialRunner : public StepRunner {
  public:
-  explicit SequentialRunner(BuiltModel& model) : model_(model) {}
+  SequentialRunner(torch::nn::Sequential model, LossFn loss)
+      : model_(std::move(model)), loss_(std::move(loss)) {}
 
   double step(const torch::Tensor& inputs, const torch::Tensor& targets) override {
     events_.clear();
     const double start = EventLog::now_us();
-    torch::Tensor loss = model_.loss(model_.sequential->forward(inputs), targets);
+    torch::Tensor loss = loss_(model_->forward(inputs), targets);
     const double forward_end = EventLog::now_us();
     loss.backward();
     const double end = EventLog::now_us();
@@ -37,58 +38,66 @@ class SequentialRunner : public TrainRunner {
     return loss.item<double>();
   }
   std::vector<torch::Tensor> parameters() override {
-    return train::unique_parameters(model_.sequential->parameters());
+    return unique_parameters(model_->parameters());
   }
-  train::NamedTensors named_parameters() override { return model_.sequential->named_parameters(); }
-  train::NamedTensors named_buffers() override { return model_.sequential->named_buffers(); }
-  double grad_norm_squared() override { return train::local_grad_norm_squared(parameters()); }
+  NamedTensors named_parameters() override { return model_->named_parameters(); }
+  NamedTensors named_buffers() override { return model_->named_buffers(); }
+  double grad_norm_squared() override { return local_grad_norm_squared(parameters()); }
   std::vector<ActionEvent> last_events() override { return events_; }
   int trace_rows() const override { return 1; }
   std::string description() const override { return "sequential (1 stage, 1 micro-batch)"; }
 
  private:
-  BuiltModel& model_;
+  torch::nn::Sequential model_;
+  LossFn loss_;
   std::vector<ActionEvent> events_;
 };
 
-class PipeRunner : public TrainRunner {
+class PipeRunner : public StepRunner {
  public:
-  PipeRunner(BuiltModel& model, const PipeOptions& options, const std::string& checkpoint)
-      : model_(model), pipe_(model.sequential, options) {
+  PipeRunner(torch::nn::Sequential model, LossFn loss, const PipeOptions& options)
+      : model_(model), loss_(std::move(loss)), pipe_(model, options) {
     std::ostringstream text;
     text << pipe_->num_stages() << " stages on " << pipe_->num_ranks() << " ranks (balance";
     for (int64_t b : pipe_->balance()) text << " " << b;
     text << "), " << pipe_->options().chunks() << " micro-batches, schedule "
-         << pipe_->options().schedule() << ", checkpoint " << checkpoint;
+         << pipe_->options().schedule() << ", checkpoint "
+         << to_string(pipe_->options().checkpoint());
     description_ = text.str();
   }
 
   double step(const torch::Tensor& inputs, const torch::Tensor& targets) override {
-    return pipe_->train_step(inputs, targets, model_.loss).item<double>();
+    return pipe_->train_step(inputs, targets, loss_).item<double>();
   }
   std::vector<torch::Tensor> parameters() override {
-    return train::unique_parameters(model_.sequential->parameters());
+    return unique_parameters(model_->parameters());
   }
-  train::NamedTensors named_parameters() override { return model_.sequential->named_parameters(); }
-  train::NamedTensors named_buffers() override { return model_.sequential->named_buffers(); }
-  double grad_norm_squared() override { return train::local_grad_norm_squared(parameters()); }
+  NamedTensors named_parameters() override { return model_->named_parameters(); }
+  NamedTensors named_buffers() override { return model_->named_buffers(); }
+  double grad_norm_squared() override { return local_grad_norm_squared(parameters()); }
+  std::map<int, torch::Tensor> stage_rng_states() override { return pipe_->stage_rng_states(); }
+  void restore_stage_rng_states(const std::map<int, torch::Tensor>& states) override {
+    pipe_->restore_stage_rng_states(states);
+  }
   std::vector<ActionEvent> last_events() override { return pipe_->last_events(); }
   int trace_rows() const override { return static_cast<int>(pipe_->num_ranks()); }
   std::string description() const override { return description_; }
 
  private:
-  BuiltModel& model_;
+  torch::nn::Sequential model_;
+  LossFn loss_;
   Pipe pipe_;
   std::string description_;
 };
 
-class DistributedRunner : public TrainRunner {
+class DistributedRunner : public StepRunner {
  public:
-  DistributedRunner(Distributed& distributed, BuiltModel& model, const PipeOptions& options,
-                    std::string description)
+  DistributedRunner(Distributed& distributed, torch::nn::Sequential model, LossFn loss,
+                    const PipeOptions& options, std::string description, const TiedNames& tied)
       : distributed_(distributed),
         model_(model),
-        pipe_(distributed, model.sequential, options),
+        loss_(std::move(loss)),
+        pipe_(distributed, model, options),
         description_(std::move(description)) {
     // Layers this rank holds: the first component of its parameter names. Buffers are filed
     // under the same layers (a layer without parameters has no buffers in our models).
@@ -100,7 +109,7 @@ class DistributedRunner : public TrainRunner {
     // A tied tensor is held by several pipeline ranks; for the gradient norm only the rank that
     // holds its first name counts it.
     std::set<const void*> skip;
-    for (const auto& [first, second] : model.tied_parameters) {
+    for (const auto& [first, second] : tied) {
       if (!names.count(first) && names.count(second)) {
         for (const auto& [name, tensor] : pipe_.named_parameters()) {
           if (name == second) skip.insert(tensor.unsafeGetTensorImpl());
@@ -113,13 +122,13 @@ class DistributedRunner : public TrainRunner {
   }
 
   double step(const torch::Tensor& inputs, const torch::Tensor& targets) override {
-    return pipe_.train_step(inputs, targets, model_.loss);
+    return pipe_.train_step(inputs, targets, loss_);
   }
   std::vector<torch::Tensor> parameters() override { return pipe_.parameters(); }
-  train::NamedTensors named_parameters() override { return to_named(pipe_.named_parameters()); }
-  train::NamedTensors named_buffers() override {
-    train::NamedTensors buffers;
-    for (const auto& item : model_.sequential->named_buffers()) {
+  NamedTensors named_parameters() override { return to_named(pipe_.named_parameters()); }
+  NamedTensors named_buffers() override {
+    NamedTensors buffers;
+    for (const auto& item : model_->named_buffers()) {
       if (layers_.count(item.key().substr(0, item.key().find('.')))) {
         buffers.insert(item.key(), item.value());
       }
@@ -128,8 +137,12 @@ class DistributedRunner : public TrainRunner {
   }
   double grad_norm_squared() override {
     // Replicas hold equal gradients after the data-parallel sum: count one replica's worth.
-    const double local = train::local_grad_norm_squared(norm_parameters_);
+    const double local = local_grad_norm_squared(norm_parameters_);
     return sum_over_ranks(local) / distributed_.layout().replicas;
+  }
+  std::map<int, torch::Tensor> stage_rng_states() override { return pipe_.stage_rng_states(); }
+  void restore_stage_rng_states(const std::map<int, torch::Tensor>& states) override {
+    pipe_.restore_stage_rng_states(states);
   }
   std::vector<ActionEvent> last_events() override { return pipe_.last_events(); }
   int event_rank() const override { return distributed_.rank(); }
@@ -137,15 +150,15 @@ class DistributedRunner : public TrainRunner {
   std::string description() const override { return description_; }
   bool is_main() const override { return distributed_.rank() == 0; }
 
-  std::optional<train::Checkpoint> gather(const train::Checkpoint& part) override {
-    const std::string bytes = train::serialize_checkpoint(part);
+  std::optional<Checkpoint> gather(const Checkpoint& part) override {
+    const std::string bytes = serialize_checkpoint(part);
     std::vector<std::vector<char>> parts = distributed_.world()->world_group()->gather_bytes(
         std::vector<char>(bytes.begin(), bytes.end()));
     if (!is_main()) return std::nullopt;
-    train::Checkpoint merged = part;
+    Checkpoint merged = part;
     for (size_t r = 1; r < parts.size(); ++r) {
-      train::merge_checkpoint(
-          merged, train::deserialize_checkpoint(std::string(parts[r].begin(), parts[r].end()),
+      merge_checkpoint(
+          merged, deserialize_checkpoint(std::string(parts[r].begin(), parts[r].end()),
                                                 "rank " + std::to_string(r)));
     }
     return merged;
@@ -165,7 +178,8 @@ class DistributedRunner : public TrainRunner {
 
  private:
   Distributed& distributed_;
-  BuiltModel& model_;
+  torch::nn::Sequential model_;
+  LossFn loss_;
   DistributedPipe pipe_;
   std::string description_;
   std::set<std::string> layers_;
@@ -174,19 +188,22 @@ class DistributedRunner : public TrainRunner {
 
 }  // namespace
 
-std::unique_ptr<TrainRunner> make_sequential_runner(BuiltModel& model) {
-  return std::make_unique<SequentialRunner>(model);
+std::unique_ptr<StepRunner> make_sequential_runner(torch::nn::Sequential model, LossFn loss) {
+  return std::make_unique<SequentialRunner>(std::move(model), std::move(loss));
 }
 
-std::unique_ptr<TrainRunner> make_pipe_runner(BuiltModel& model, const PipeOptions& options,
-                                              const std::string& checkpoint) {
-  return std::make_unique<PipeRunner>(model, options, checkpoint);
+std::unique_ptr<StepRunner> make_pipe_runner(torch::nn::Sequential model, LossFn loss,
+                                             const PipeOptions& options) {
+  return std::make_unique<PipeRunner>(std::move(model), std::move(loss), options);
 }
 
-std::unique_ptr<TrainRunner> make_distributed_runner(Distributed& distributed, BuiltModel& model,
-                                                     const PipeOptions& options,
-                                                     const std::string& description) {
-  return std::make_unique<DistributedRunner>(distributed, model, options, description);
+std::unique_ptr<StepRunner> make_distributed_runner(Distributed& distributed,
+                                                    torch::nn::Sequential model, LossFn loss,
+                                                    const PipeOptions& options,
+                                                    std::string description,
+                                                    const TiedNames& tied) {
+  return std::make_unique<DistributedRunner>(distributed, std::move(model), std::move(loss),
+                                             options, std::move(description), tied);
 }
 
-}  // namespace pipetrain::cli
+}  // namespace pipetrain::train

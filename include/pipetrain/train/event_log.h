@@ -1,5 +1,6 @@
-// Measured actions of a training run, for `--trace FILE.json` (Chrome trace of every step) and
-// `--timeline FILE.svg` (the measured timeline of one step: rows = ranks, boxes = actions).
+// EventLog: the measured actions of a training run, written as a Chrome trace of every step
+// (`pipetrain train --trace FILE.json`) or as the SVG timeline of one step (`--timeline FILE.svg`:
+// rows = ranks, boxes = actions). The Trainer (train/trainer.h) keeps one when asked to trace.
 //
 // Each rank records its own events in microseconds on the machine's monotonic clock (the same
 // clock in every process of one machine), so the ranks' events line up without any clock
@@ -18,7 +19,7 @@
 
 #include "pipetrain/runtime/step.h"
 
-namespace pipetrain::cli {
+namespace pipetrain::train {
 
 struct StepEvent {
   int64_t step = 0;   // k
@@ -52,4 +53,4 @@ class EventLog {
   std::vector<StepEvent> events_;
 };
 
-}  // namespace pipetrain::cli
+}  // namespace pipetrain::train

@@ -1,5 +1,5 @@
-// Measured action events -> Chrome trace and SVG timeline (train_trace.h).
-#include "train_trace.h"
+// Measured action events -> Chrome trace and SVG timeline (pipetrain/train/event_log.h).
+#include "pipetrain/train/event_log.h"
 
 #include <algorithm>
 #include <chrono>
@@ -8,11 +8,12 @@
 #include <map>
 #include <stdexcept>
 
+#include "pipetrain/base/error.h"
 #include "pipetrain/schedule/chrome_trace.h"
 #include "pipetrain/schedule/timeline.h"
 #include "pipetrain/schedule/timeline_svg.h"
 
-namespace pipetrain::cli {
+namespace pipetrain::train {
 namespace {
 
 // One event on the wire: step, rank, stage, op, micro-batch, start, end.
@@ -76,8 +77,8 @@ std::vector<char> EventLog::serialize() const {
 
 EventLog EventLog::deserialize(const std::vector<char>& bytes) {
   if (bytes.size() % sizeof(PackedEvent) != 0) {
-    throw std::runtime_error("a rank's event log has " + std::to_string(bytes.size()) +
-                             " bytes, not a whole number of events");
+    throw TransportFailure("a rank's event log has " + std::to_string(bytes.size()) +
+                           " bytes, not a whole number of events");
   }
   EventLog log;
   for (size_t at = 0; at < bytes.size(); at += sizeof(PackedEvent)) {
@@ -128,4 +129,4 @@ int64_t EventLog::write_timeline_svg(const std::string& path, int ranks, const s
   return k;
 }
 
-}  // namespace pipetrain::cli
+}  // namespace pipetrain::train

@@ -1,0 +1,100 @@
+// StepRunner: one training step, whatever runs it -- plain sequential training, the in-process
+// Pipe (a worker thread per rank), or one rank of a multi-process DistributedPipe. The Trainer
+// (train/trainer.h) talks only to this interface, so epochs, checkpoints, clipping, tracing and
+// progress are written once for all three.
+//
+//   Trainer (every rank)                   StepRunner
+//   --------------------                   ----------
+//   zero grads, set lr                     step(x, y)            -> loss of the whole mini-batch
+//   clip                                   grad_norm_squared()   -> summed over every rank
+//   optimizer.step()                       parameters()          (this rank's, each tensor once)
+//   checkpoint / evaluate                  gather(part)          -> every rank's part, merged,
+//                                                                   on the main rank
+//
+// Ownership: a runner keeps a handle to the model (and the Distributed of a multi-process run),
+// which must outlive it. Thread-safety: used by the training loop's thread only.
+//
+// Example (2 stages in one process):
+//   auto runner = make_pipe_runner(model, torch::nn::functional::mse_loss,
+//                                  PipeOptions().stages(2).chunks(4).schedule("1f1b"));
+//   double loss = runner->step(x, y);
+#pragma once
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/types.h>
+
+#include "pipetrain/runtime/distributed.h"
+#include "pipetrain/runtime/pipe.h"
+#include "pipetrain/runtime/step.h"
+#include "pipetrain/train/checkpoint.h"
+#include "pipetrain/train/event_log.h"
+
+namespace pipetrain::train {
+
+// (first name, second name) of a parameter that two layers share (a tied embedding).
+using TiedNames = std::vector<std::pair<std::string, std::string>>;
+
+class StepRunner {
+ public:
+  virtual ~StepRunner() = default;
+
+  // Forward + backward of one mini-batch (gradients accumulate into .grad()); returns its loss,
+  // the same value on every rank.
+  virtual double step(const torch::Tensor& inputs, const torch::Tensor& targets) = 0;
+  // This rank's parameters, each tensor once (for the optimizer and clipping).
+  virtual std::vector<torch::Tensor> parameters() = 0;
+  // This rank's parameters and buffers under the full model's names.
+  virtual NamedTensors named_parameters() = 0;
+  virtual NamedTensors named_buffers() = 0;
+  // Squared global L2 norm of every gradient of the model (each tensor counted once).
+  virtual double grad_norm_squared() = 0;
+  // The random streams this rank's stages draw from (dropout), by stage index; {} where the
+  // model draws from torch's default generator (sequential training: capture_torch_rng has it).
+  virtual std::map<int, torch::Tensor> stage_rng_states() { return {}; }
+  // Puts back what stage_rng_states() returned (entries of stages not held here are ignored).
+  virtual void restore_stage_rng_states(const std::map<int, torch::Tensor>& states) {
+    (void)states;
+  }
+  // Events of the last step, relative to its start, and the rank to file them under (-1: keep).
+  virtual std::vector<ActionEvent> last_events() = 0;
+  virtual int event_rank() const { return -1; }
+  // Pipeline ranks drawn in the trace (rows).
+  virtual int trace_rows() const = 0;
+  // One line saying what runs the steps ("2 stages on 2 ranks (balance 3 3), 4 micro-batches,
+  // schedule 1f1b, checkpoint never").
+  virtual std::string description() const = 0;
+  // True on the rank that prints, evaluates and writes files.
+  virtual bool is_main() const { return true; }
+  // Every rank passes its part; the main rank gets them merged, other ranks nullopt.
+  virtual std::optional<Checkpoint> gather(const Checkpoint& part) { return part; }
+  // Every rank passes its events; the main rank gets them merged.
+  virtual EventLog gather_events(const EventLog& mine) { return mine; }
+  // Sum of `value` over every rank (a collective in a multi-process run).
+  virtual double sum_over_ranks(double value) { return value; }
+};
+
+// Sequential (no pipeline) training of `model`: forward, loss, backward on the whole batch. The
+// reference a pipeline must reproduce.
+std::unique_ptr<StepRunner> make_sequential_runner(torch::nn::Sequential model, LossFn loss);
+
+// The in-process Pipe over `model` (defer its batch norms first: stage/batchnorm.h).
+std::unique_ptr<StepRunner> make_pipe_runner(torch::nn::Sequential model, LossFn loss,
+                                             const PipeOptions& options);
+
+// One rank of a multi-process run over `model` (every rank builds the same model and calls this
+// with the same arguments). `description` is what description() returns; `tied` names the tied
+// parameters, so the gradient norm counts each once.
+std::unique_ptr<StepRunner> make_distributed_runner(Distributed& distributed,
+                                                    torch::nn::Sequential model, LossFn loss,
+                                                    const PipeOptions& options,
+                                                    std::string description,
+                                                    const TiedNames& tied = {});
+
+}  // namespace pipetrain::train

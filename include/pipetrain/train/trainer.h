@@ -1,0 +1,173 @@
+// Trainer: the training loop of pipetrain -- learning-rate schedule, optimizer step, gradient
+// clipping, a diverged loss stopped with the step named, periodic and final checkpoints, resume,
+// the measured trace -- over any StepRunner (sequential, in-process Pipe, one rank of a
+// DistributedPipe). `pipetrain train` is argument parsing and printing around one of these.
+//
+//   for k in [first_step, total_steps):              (every rank runs the same loop)
+//     [1] x, y = batches.at(k); lr = schedule(k); zero grads
+//     [2] loss = runner.step(x, y)                   (throws pipetrain::Error naming step k)
+//     [3] finite loss? commit deferred batch norms; clip by the global norm; optimizer step
+//     [4] on_step(report)                            (progress; the main rank prints)
+//     [5] every save_every steps: checkpoint         (collective: every rank sends its part)
+//     [6] last step of an epoch: on_epoch_end(e)     (collective: evaluate via gather_model())
+//   final checkpoint, then the trace and timeline files (collective)
+//
+// A checkpoint holds the parameters, buffers, optimizer state, position, torch's generator and
+// every stage's random stream, so a resumed run (resume()) continues exactly where the saved one
+// stood: with the same stage layout the final weights equal an uninterrupted run's, dropout
+// included.
+//
+// Ownership: keeps references to the runner and the batch source, which must outlive it.
+// Thread-safety: one thread (the training loop's); in a multi-process run every rank calls fit()
+// and the collective methods together.
+//
+// Example:
+//   auto runner = make_pipe_runner(model, loss, PipeOptions().stages(2).chunks(4));
+//   MyBatches batches(...);                              // a BatchSource
+//   Trainer trainer(model, *runner, batches, TrainerOptions(100).optimizer("adam").lr(1e-3));
+//   trainer.on_step = [](const StepReport& r) { std::cout << r.step << " " << r.loss << "\n"; };
+//   TrainSummary done = trainer.fit();
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/arg.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/optim/optimizer.h>
+#include <torch/types.h>
+#include <nlohmann/json.hpp>
+
+#include "pipetrain/train/checkpoint.h"
+#include "pipetrain/train/event_log.h"
+#include "pipetrain/train/step_runner.h"
+
+namespace pipetrain::train {
+
+// The mini-batch of global step k. Every rank of a run must return the same batch for the same k.
+class BatchSource {
+ public:
+  virtual ~BatchSource() = default;
+  // (inputs, targets) of step k.
+  virtual std::pair<torch::Tensor, torch::Tensor> at(int64_t k) const = 0;
+  // Batches per epoch; 0 when the data has no epochs (a stream of sampled windows).
+  virtual int64_t per_epoch() const = 0;
+
+  int64_t epoch_of(int64_t k) const { return per_epoch() > 0 ? k / per_epoch() : 0; }
+  bool ends_epoch(int64_t k) const { return per_epoch() > 0 && (k + 1) % per_epoch() == 0; }
+};
+
+struct TrainerOptions {
+  /// REQUIRES: total_steps >= 1.
+  explicit TrainerOptions(int64_t total_steps) : total_steps_(total_steps) {}
+  /// Optimizer steps of the whole run (a resumed run counts the steps before it too).
+  TORCH_ARG(int64_t, total_steps);
+  /// "sgd", "adam" or "adamw" (train/optimizer.h). Default "sgd".
+  TORCH_ARG(std::string, optimizer) = "sgd";
+  /// Peak learning rate. Default 0.01.
+  TORCH_ARG(double, lr) = 0.01;
+  /// SGD momentum. Default 0.9 (OptimizerOptions' default).
+  TORCH_ARG(double, momentum) = 0.9;
+  /// Decoupled (adamw) or L2 (sgd, adam) weight decay. Default 0.
+  TORCH_ARG(double, weight_decay) = 0.0;
+  /// "constant" or "cosine" (decays to min_lr at total_steps). Default "constant".
+  TORCH_ARG(std::string, lr_schedule) = "constant";
+  /// Linear warm-up from 0 over this many steps. Default 0.
+  TORCH_ARG(int64_t, warmup_steps) = 0;
+  /// Floor of the cosine schedule. Default 0.
+  TORCH_ARG(double, min_lr) = 0.0;
+  /// Clip the global gradient L2 norm to this (over every rank); 0 = no clipping. Default 0.
+  TORCH_ARG(double, clip_grad_norm) = 0.0;
+  /// Directory of `checkpoint.pt`, written at the end and every save_every steps; "" = none.
+  TORCH_ARG(std::string, checkpoint_dir) = "";
+  /// A checkpoint every this many steps (0 = only the final one). Default 0.
+  TORCH_ARG(int64_t, save_every) = 0;
+  /// Stored in each checkpoint's metadata (model name, options, data, ...).
+  TORCH_ARG(nlohmann::json, metadata) = nlohmann::json::object();
+  /// Chrome trace of every step's actions, written by the main rank at the end; "" = none.
+  TORCH_ARG(std::string, trace_path) = "";
+  /// SVG timeline of the last measured step, written by the main rank at the end; "" = none.
+  TORCH_ARG(std::string, timeline_path) = "";
+};
+
+// What on_step receives after each optimizer step.
+struct StepReport {
+  int64_t step = 0;  // global step just done, 0-based (k)
+  int64_t epoch = 0;  // 0-based
+  int64_t samples = 0;  // rows of the mini-batch
+  double loss = 0;
+  double lr = 0;
+  bool main = true;  // true on the rank that prints
+};
+
+struct TrainSummary {
+  int64_t steps = 0;  // steps run by this fit() (a resumed run: fewer than total_steps)
+  double first_loss = 0;
+  double last_loss = 0;
+  double seconds = 0;
+  int64_t samples = 0;
+  std::string checkpoint_path;  // the final checkpoint; "" when none was written
+  int64_t trace_actions = 0;    // actions in the Chrome trace (main rank)
+  int64_t timeline_step = -1;   // the step the SVG timeline draws (main rank)
+};
+
+class Trainer {
+ public:
+  // `model` is the whole model every rank built (the runner's model): the Trainer puts it in
+  // training mode, commits its deferred batch norms after each step and gathers into it.
+  // Builds the optimizer over runner.parameters(). Throws BadInput for bad options.
+  Trainer(torch::nn::Sequential model, StepRunner& runner, const BatchSource& batches,
+          TrainerOptions options);
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Continues from `checkpoint`: optimizer state, torch's generator, the stages' random streams,
+  // and the position (fit() starts at checkpoint.step). REQUIRES: the model's parameters were
+  // restored (restore_model) before the runner was built. Throws CheckpointError when the
+  // optimizer differs from the checkpoint's.
+  void resume(const Checkpoint& checkpoint);
+
+  // Runs steps first_step .. total_steps-1 ([1]-[6] above). Throws pipetrain::Error naming the
+  // step when a step fails (the cause's kind) or the loss is not finite (NonFiniteLossError).
+  TrainSummary fit();
+
+  // Called on every rank after each step (see StepReport::main).
+  std::function<void(const StepReport&)> on_step;
+  // Called on every rank after the last step of each epoch (and after the last step when it ends
+  // an epoch early); collective calls such as gather_model() may be made from it.
+  std::function<void(int64_t epoch)> on_epoch_end;
+
+  // Collective: the whole model's parameters and buffers copied into `model` on the main rank
+  // (returns true there); other ranks return false.
+  bool gather_model();
+  // Collective: every rank's part captured and merged on the main rank, which writes it
+  // atomically to `path` (other ranks write nothing).
+  void save_checkpoint(const std::string& path, int64_t steps_done);
+
+  torch::optim::Optimizer& optimizer() { return *optimizer_; }
+  int64_t first_step() const { return first_step_; }
+  const TrainerOptions& options() const { return options_; }
+
+ private:
+  double learning_rate(int64_t k) const;
+  double run_step(int64_t k, const torch::Tensor& x, const torch::Tensor& y);
+  void write_trace(TrainSummary& summary);
+
+  torch::nn::Sequential model_;
+  StepRunner& runner_;
+  const BatchSource& batches_;
+  TrainerOptions options_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::vector<torch::Tensor> parameters_;  // runner_.parameters(), for clipping
+  int64_t first_step_ = 0;
+  EventLog events_;
+};
+
+// The file a Trainer writes its checkpoints to in `directory`: "<directory>/checkpoint.pt".
+std::string checkpoint_path(const std::string& directory);
+
+}  // namespace pipetrain::train

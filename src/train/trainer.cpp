@@ -1,0 +1,177 @@
+// The training loop over a StepRunner (pipetrain/train/trainer.h). [n] cite the header's steps.
+#include "pipetrain/train/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <optional>
+
+#include "pipetrain/base/error.h"
+#include "pipetrain/base/message_of.h"
+#include "pipetrain/stage/batchnorm.h"
+#include "pipetrain/train/finite_loss.h"
+#include "pipetrain/train/grad_clip.h"
+#include "pipetrain/train/lr_schedule.h"
+#include "pipetrain/train/optimizer.h"
+
+namespace pipetrain::train {
+namespace {
+
+void check_options(const TrainerOptions& o) {
+  if (o.total_steps() < 1) {
+    throw BadInput("Trainer: total_steps must be >= 1 (got " + std::to_string(o.total_steps()) +
+                   ")");
+  }
+  if (o.lr_schedule() != "constant" && o.lr_schedule() != "cosine") {
+    throw BadInput("Trainer: unknown lr_schedule '" + o.lr_schedule() +
+                   "'; valid: constant, cosine");
+  }
+  if (o.save_every() < 0 || o.warmup_steps() < 0 || !(o.clip_grad_norm() >= 0)) {
+    throw BadInput("Trainer: save_every, warmup_steps and clip_grad_norm must be >= 0 (got " +
+                   std::to_string(o.save_every()) + ", " + std::to_string(o.warmup_steps()) +
+                   ", " + std::to_string(o.clip_grad_norm()) + ")");
+  }
+}
+
+}  // namespace
+
+Trainer::Trainer(torch::nn::Sequential model, StepRunner& runner, const BatchSource& batches,
+                 TrainerOptions options)
+    : model_(std::move(model)), runner_(runner), batches_(batches), options_(std::move(options)) {
+  check_options(options_);
+  parameters_ = runner_.parameters();
+  optimizer_ = make_optimizer(options_.optimizer(), parameters_,
+                              OptimizerOptions()
+                                  .lr(options_.lr())
+                                  .momentum(options_.momentum())
+                                  .weight_decay(options_.weight_decay()));
+}
+
+void Trainer::resume(const Checkpoint& checkpoint) {
+  restore_optimizer(checkpoint, *optimizer_, runner_.named_parameters());
+  if (checkpoint.torch_rng_state.defined()) restore_torch_rng(checkpoint);
+  runner_.restore_stage_rng_states(checkpoint.stage_rng_states);
+  first_step_ = checkpoint.step;
+}
+
+double Trainer::learning_rate(int64_t k) const {
+  LrScheduleOptions lr(options_.lr());
+  lr.warmup_steps(options_.warmup_steps()).min_lr(options_.min_lr());
+  if (options_.lr_schedule() == "cosine") {
+    lr.total_steps(std::max(options_.total_steps(), options_.warmup_steps()));
+  }
+  return learning_rate_at(lr, k);
+}
+
+// [2] and [3] of step k; returns the loss.
+double Trainer::run_step(int64_t k, const torch::Tensor& x, const torch::Tensor& y) {
+  double loss = 0;
+  try {
+    loss = runner_.step(x, y);
+  } catch (const std::exception& error) {
+    const auto* cause = dynamic_cast<const Error*>(&error);
+    throw Error(cause ? cause->kind() : ErrorKind::Runtime,
+                "step " + std::to_string(k) + " failed: " + message_of(error));
+  }
+  const int64_t per_epoch = batches_.per_epoch();
+  check_finite_loss(loss, k, per_epoch > 0 ? batches_.epoch_of(k) : -1,
+                    per_epoch > 0 ? k % per_epoch : -1);
+  // Fewer micro-batches than chunks (a short last batch) leave deferred statistics uncommitted.
+  commit_deferred_batch_norms(*model_);
+  if (options_.clip_grad_norm() > 0) {
+    const double norm = std::sqrt(runner_.grad_norm_squared());
+    if (std::isfinite(norm)) {
+      scale_gradients(parameters_, clip_factor(norm, options_.clip_grad_norm()));
+    }
+  }
+  optimizer_->step();
+  return loss;
+}
+
+TrainSummary Trainer::fit() {
+  const int64_t total = options_.total_steps();
+  const bool tracing = !options_.trace_path().empty() || !options_.timeline_path().empty();
+  TrainSummary summary;
+  model_->train();
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t k = first_step_; k < total; ++k) {
+    auto [x, y] = batches_.at(k);  // [1]
+    const double lr = learning_rate(k);
+    set_learning_rate(*optimizer_, lr);
+    optimizer_->zero_grad();
+    const double step_start = EventLog::now_us();
+    const double loss = run_step(k, x, y);  // [2] [3]
+    if (tracing) events_.add(k, step_start, runner_.last_events(), runner_.event_rank());
+    if (k == first_step_) summary.first_loss = loss;
+    summary.last_loss = loss;
+    summary.steps = k + 1 - first_step_;
+    summary.samples += x.size(0);
+    if (on_step) {  // [4]
+      on_step(StepReport{k, batches_.epoch_of(k), x.size(0), loss, lr, runner_.is_main()});
+    }
+    if (options_.save_every() > 0 && (k + 1) % options_.save_every() == 0 && k + 1 < total &&
+        !options_.checkpoint_dir().empty()) {
+      save_checkpoint(checkpoint_path(options_.checkpoint_dir()), k + 1);  // [5]
+    }
+    const bool last_of_short_epoch =
+        k + 1 == total && batches_.per_epoch() > 0 && !batches_.ends_epoch(k);
+    if ((batches_.ends_epoch(k) || last_of_short_epoch) && on_epoch_end) {
+      on_epoch_end(batches_.epoch_of(k));  // [6]
+      model_->train();
+    }
+  }
+  summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!options_.checkpoint_dir().empty()) {
+    summary.checkpoint_path = checkpoint_path(options_.checkpoint_dir());
+    save_checkpoint(summary.checkpoint_path, total);
+  }
+  if (tracing) write_trace(summary);
+  return summary;
+}
+
+bool Trainer::gather_model() {
+  Checkpoint part;
+  capture_model(part, runner_.named_parameters(), runner_.named_buffers());
+  std::optional<Checkpoint> whole = runner_.gather(part);
+  if (!whole) return false;
+  restore_model(*whole, *model_, NameMatch::kExact);
+  return true;
+}
+
+void Trainer::save_checkpoint(const std::string& path, int64_t steps_done) {
+  Checkpoint part;
+  capture_model(part, runner_.named_parameters(), runner_.named_buffers());
+  capture_optimizer(part, *optimizer_, runner_.named_parameters());
+  part.stage_rng_states = runner_.stage_rng_states();
+  std::optional<Checkpoint> whole = runner_.gather(part);
+  if (!whole) return;
+  const int64_t per_epoch = batches_.per_epoch();
+  whole->step = steps_done;
+  whole->epoch = batches_.epoch_of(steps_done);
+  whole->batch = per_epoch > 0 ? steps_done % per_epoch : steps_done;
+  capture_torch_rng(*whole);
+  whole->metadata = options_.metadata();
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent);
+  train::save_checkpoint(path, *whole);
+}
+
+void Trainer::write_trace(TrainSummary& summary) {
+  EventLog all = runner_.gather_events(events_);
+  if (!runner_.is_main()) return;
+  if (!options_.trace_path().empty()) {
+    all.write_chrome_trace(options_.trace_path(), runner_.trace_rows());
+    summary.trace_actions = static_cast<int64_t>(all.events().size());
+  }
+  if (!options_.timeline_path().empty()) {
+    summary.timeline_step = all.write_timeline_svg(options_.timeline_path(), runner_.trace_rows(),
+                                                   runner_.description());
+  }
+}
+
+std::string checkpoint_path(const std::string& directory) {
+  return (std::filesystem::path(directory) / "checkpoint.pt").string();
+}
+
+}  // namespace pipetrain::train
