@@ -71,6 +71,8 @@
 #include "model_registry.h"
 #include "pipetrain/base/load_average.h"
 #include "pipetrain/base/median.h"
+#include "pipetrain/schedule/replay.h"
+#include "pipetrain/train/event_log.h"
 #include "pipetrain/runtime/distributed.h"
 #include "pipetrain/runtime/distributed_pipe.h"
 #include "pipetrain/runtime/launcher.h"
@@ -79,8 +81,6 @@
 #include "pipetrain/schedule/generators.h"
 #include "pipetrain/schedule/lower.h"
 #include "pipetrain/schedule/simulate.h"
-#include "pipetrain/schedule/timeline.h"
-#include "pipetrain/schedule/timeline_svg.h"
 #include "pipetrain/stage/batchnorm.h"
 #include "pipetrain/stage/microbatch.h"
 #include "synthetic.h"
@@ -292,54 +292,14 @@ int64_t peak_rss_bytes() {
   return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
-// A step's measured compute durations (microseconds) by (stage, op, micro-batch).
-using StepDurations = std::map<std::tuple<int, int, int>, double>;
-
-void add_duration(StepDurations& step, const schedule::Action& action, double us) {
-  step[{action.stage, static_cast<int>(action.op), action.microbatch}] = us;
-}
-
-// The makespan (seconds) of `lowered` when every compute action takes what it took in `step`.
-double replayed_seconds(const schedule::Schedule& lowered, const StepDurations& step,
-                        double comm_us = 0) {
-  schedule::Costs costs;
-  costs.comm = comm_us;
-  costs.per_action = [&](const schedule::Action& a) {
-    const auto it = step.find({a.stage, static_cast<int>(a.op), a.microbatch});
-    if (it == step.end()) {
-      throw std::runtime_error("bench: no measured duration for " + schedule::to_string(a));
-    }
-    return it->second;
-  };
-  return schedule::simulate(lowered, costs).makespan * 1e-6;
-}
-
-// Median over steps of replayed / measured, and the median replayed time.
-std::pair<double, double> efficiency_of(const schedule::Schedule& lowered,
-                                        const std::vector<StepDurations>& steps,
-                                        const std::vector<double>& seconds, double comm_us = 0) {
-  std::vector<double> ratios, replayed;
-  for (size_t k = 0; k < steps.size() && k < seconds.size(); ++k) {
-    replayed.push_back(replayed_seconds(lowered, steps[k], comm_us));
-    ratios.push_back(replayed.back() / seconds[k]);
-  }
-  return {median(ratios), median(replayed)};
-}
-
 void write_timeline(const BenchArgs& a, const Config& c, const std::vector<ActionEvent>& events) {
-  schedule::Timeline timeline;
-  timeline.title = "measured: " + a.suite + " " + c.schedule + ", K=" + std::to_string(c.stages) +
-                   " M=" + std::to_string(c.chunks) + " checkpoint " + c.checkpoint;
-  timeline.num_ranks = c.stages;
-  timeline.time_unit = "ms";
-  timeline.microseconds_per_unit = 1000.0;
-  for (const ActionEvent& e : events) {
-    if (!schedule::is_compute(e.action.op)) continue;  // receives would paint the waiting as work
-    timeline.events.push_back(
-        schedule::make_event(e.rank, e.action, e.start_us / 1000.0, e.end_us / 1000.0));
-  }
+  train::EventLog log;
+  log.add(0, 0, events);
   const std::string path = a.timeline_dir + "/" + a.suite + "-" + c.schedule + ".svg";
-  schedule::save_svg(timeline, path);
+  log.write_timeline_svg(path, c.stages,
+                         a.suite + " " + c.schedule + ", K=" + std::to_string(c.stages) +
+                             " M=" + std::to_string(c.chunks) + " checkpoint " + c.checkpoint,
+                         0);
   std::cerr << "bench: wrote " << path << "\n";
 }
 
@@ -384,7 +344,7 @@ json run_one(const BenchArgs& a, const Config& c) {
 
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.01));
   std::vector<double> seconds;
-  std::vector<StepDurations> step_durations;
+  std::vector<schedule::MeasuredDurations> step_durations;
   for (int k = 0; k < a.warmup + a.steps; ++k) {
     const auto start = std::chrono::steady_clock::now();
     sgd.zero_grad();
@@ -395,10 +355,9 @@ json run_one(const BenchArgs& a, const Config& c) {
     if (k < a.warmup) continue;
     seconds.push_back(elapsed);
     if (pipe) {
-      StepDurations& step_us = step_durations.emplace_back();
+      schedule::MeasuredDurations& step_us = step_durations.emplace_back();
       for (const ActionEvent& e : (*pipe)->last_events()) {
-        if (schedule::is_compute(e.action.op))
-          add_duration(step_us, e.action, e.end_us - e.start_us);
+        if (schedule::is_compute(e.action.op)) step_us.add(e.action, e.end_us - e.start_us);
       }
     }
   }
@@ -416,9 +375,10 @@ json run_one(const BenchArgs& a, const Config& c) {
       stashed.push_back(s.peak_stashed_bytes);
       stashed_microbatches.push_back(s.peak_stashed_microbatches);
     }
-    const auto [efficiency, replayed] = efficiency_of((*pipe)->schedule(), step_durations, seconds);
-    result["simulated_seconds"] = replayed;
-    result["efficiency"] = efficiency;
+    const schedule::ReplayEfficiency replay =
+        schedule::replay_efficiency((*pipe)->schedule(), step_durations, seconds);
+    result["simulated_seconds"] = replay.replayed_seconds;
+    result["efficiency"] = replay.efficiency;
     if (!a.timeline_dir.empty() && c.purpose == "main" && c.stages > 1) {
       write_timeline(a, c, (*pipe)->last_events());
     }
@@ -533,7 +493,7 @@ json run_multiprocess(const BenchArgs& a, const Config& c) {
     ranks.push_back(line ? std::optional<json>(json::parse(*line)) : std::nullopt);
   }
   std::vector<double> seconds;                // per step: the slowest rank
-  std::vector<StepDurations> step_durations;  // per timed step, both ranks' actions
+  std::vector<schedule::MeasuredDurations> step_durations;  // per timed step, every rank's
   double comm_us = -1;
   int64_t rss = 0;
   json threads = json::array();
@@ -554,8 +514,10 @@ json run_multiprocess(const BenchArgs& a, const Config& c) {
     if (step_durations.empty()) step_durations.resize(actions.size());
     for (size_t k = 0; k < actions.size() && k < step_durations.size(); ++k) {
       for (const json& action : actions[k]) {
-        step_durations[k][{action[0].get<int>(), action[1].get<int>(), action[2].get<int>()}] =
-            action[3].get<double>();
+        step_durations[k].add(schedule::Action{action[0].get<int>(),
+                                               static_cast<schedule::Op>(action[1].get<int>()),
+                                               action[2].get<int>()},
+                              action[3].get<double>());
       }
     }
     const double receive = (*result)["min_receive_us"].get<double>();
@@ -597,10 +559,10 @@ json run_multiprocess(const BenchArgs& a, const Config& c) {
   row["threads"] = {{"ranks", c.stages}, {"per_rank", threads[0]}};
   row["comm_seconds"] = std::max(0.0, comm_us) * 1e-6;
   row["rank_phases"] = phases;
-  const auto [efficiency, replayed] =
-      efficiency_of(lowered, step_durations, seconds, std::max(0.0, comm_us));
-  row["simulated_seconds"] = replayed;
-  row["efficiency"] = efficiency;
+  const schedule::ReplayEfficiency replay =
+      schedule::replay_efficiency(lowered, step_durations, seconds, std::max(0.0, comm_us));
+  row["simulated_seconds"] = replay.replayed_seconds;
+  row["efficiency"] = replay.efficiency;
   row["peak_stashed_bytes"] = stashed;
   row["peak_stashed_microbatches"] = stashed_microbatches;
   row["peak_rss_bytes"] = rss;

@@ -3,8 +3,10 @@
 //
 // Flow: [1] model and sample batch  [2] profile + plan (partition/recommend.h)  [3] the default
 // plan a user would write (1f1b, 4 chunks, even balance), predicted on the same profile
-// [4] with --verify: both plans run in-process (Pipe) and their measured step times are printed
-// beside the predictions  [5] text or JSON out.
+// [4] with --verify: both plans run in turn (tune::verify_plans: in-process Pipes, or processes
+// with --processes) and their measured step times are printed beside the predictions  [5] text
+// or JSON out. Planning, calibration and measurement are library calls (partition/, tune/); this
+// file parses, dispatches and prints.
 #include "plan_model.h"
 
 #include <algorithm>
@@ -31,7 +33,8 @@
 #include "pipetrain/base/atomic_file.h"
 #include "pipetrain/schedule/generators.h"
 #include "pipetrain/stage/torchscript.h"
-#include "plan_calibration.h"
+#include "pipetrain/tune/calibration.h"
+#include "pipetrain/tune/verify.h"
 
 #if __has_include("model_registry.h")
 #include "model_registry.h"
@@ -42,6 +45,7 @@ namespace pipetrain::cli {
 namespace {
 
 namespace pp = pipetrain::partition;
+using namespace pipetrain::tune;  // the calibration this command runs and reports
 
 struct LoadedModel {
   torch::nn::Sequential sequential;
@@ -298,7 +302,7 @@ void write_table_text(std::ostream& out, const pp::PlanReport& report) {
     std::snprintf(line, sizeof line, "%s%2zu  %-16s %2d %4d %-12s %10.3f %7.3f %14s  %s%s\n",
                   k == report.recommended_index ? " *" : "  ", k + 1, p.schedule.c_str(),
                   p.virtual_stages, p.microbatches,
-                  std::string(pp::checkpoint_name(p.checkpoint)).c_str(),
+                  to_string(p.checkpoint).c_str(),
                   p.predicted_step_seconds * 1e3, p.bubble_fraction,
                   pp::format_bytes(p.peak_memory_bytes).c_str(), join_ints(p.balance).c_str(),
                   p.balanced_for_memory ? " (balanced for memory)" : "");
@@ -350,7 +354,9 @@ void add_plan_model_options(CLI::App& command, PlanModelArgs& args) {
                      "With --model: write the measured profile as JSON to FILE");
 }
 
-int run_plan_for_model(const PlanModelArgs& args) {
+namespace {
+
+void check_plan_args(const PlanModelArgs& args) {
   if (args.format != "text" && args.format != "json") {
     throw UsageError("--format '" + args.format + "' with --model; valid: text, json");
   }
@@ -362,12 +368,9 @@ int run_plan_for_model(const PlanModelArgs& args) {
   if (args.verify_steps < 1) {
     throw UsageError("--verify-steps must be >= 1 (got " + std::to_string(args.verify_steps) + ")");
   }
-  if (!args.rank_job.empty()) {
-    const nlohmann::json job = nlohmann::json::parse(args.rank_job);
-    return job.value("mode", std::string("plan")) == "transfer"
-               ? run_transfer_rank(job)
-               : run_verify_rank(args, job.at("runs"), job.at("steps").get<int>());
-  }
+}
+
+pp::PlannerOptions planner_options(const PlanModelArgs& args) {
   pp::PlannerOptions planner;
   planner.ranks = args.stages > 0 ? args.stages : 2;
   planner.top = args.top;
@@ -380,207 +383,224 @@ int run_plan_for_model(const PlanModelArgs& args) {
       throw UsageError(std::string("--memory-limit: ") + e.what());
     }
   }
+  return planner;
+}
 
-  // [1] [2]
-  LoadedModel model = load_model(args);
-  if (planner.ranks > static_cast<int>(model.sequential->size())) {
-    throw UsageError("--stages " + std::to_string(planner.ranks) + " but the model has " +
-                     std::to_string(model.sequential->size()) + " layers; use at most that many");
-  }
+// What the command found: the model, its profile, the planner's report and the default plan.
+struct PlanResult {
+  LoadedModel model;
+  pp::PlannerOptions planner;
   pp::ModelProfile profile;
   pp::PlanReport report;
+  int default_chunks = 1;
+  pp::Plan fallback;  // the hand-written default: 1f1b, default_chunks, even balance
+  std::optional<Verification> verification;
+  double load_average = 0;
+};
+
+// [1] [2] [3]: load and profile the model, plan, calibrate and measure when asked. `run` then
+// measures plans on the model in `r` (processes or this one), so `r` must outlive it.
+void plan_model(const PlanModelArgs& args, PlanResult& r, RunPlans& run) {
+  r.planner = planner_options(args);
+  r.model = load_model(args);
+  if (r.planner.ranks > static_cast<int>(r.model.sequential->size())) {
+    throw UsageError("--stages " + std::to_string(r.planner.ranks) + " but the model has " +
+                     std::to_string(r.model.sequential->size()) +
+                     " layers; use at most that many");
+  }
   try {
-    report = pp::recommend_report(model.sequential, model.sample, planner, {}, &profile);
+    r.report = pp::recommend_report(r.model.sequential, r.model.sample, r.planner, {}, &r.profile);
   } catch (const c10::Error& e) {
     throw UsageError(std::string("cannot profile the model on a batch of shape ") +
                      args.sample_shape + ": " + e.what_without_backtrace());
   }
-  if (args.processes && planner.ranks > 1) {
-    profile.transfer = measure_gloo_transfer(args, largest_boundary_bytes(profile));
-    report = pp::plan_pipeline(profile, planner);
+  if (args.processes && r.planner.ranks > 1) {
+    r.profile.transfer = measure_gloo_transfer(args, largest_boundary_bytes(r.profile));
+    r.report = pp::plan_pipeline(r.profile, r.planner);
   }
   if (!args.profile_out.empty()) {
-    pipetrain::write_file_atomically(args.profile_out, nlohmann::json(profile).dump(1) + "\n");
+    pipetrain::write_file_atomically(args.profile_out, nlohmann::json(r.profile).dump(1) + "\n");
   }
-
-  // [3]
-  const int default_chunks = profile.batch_size % 4 == 0 ? 4 : 1;
+  r.default_chunks = r.profile.batch_size % 4 == 0 ? 4 : 1;
   auto evaluate_default = [&] {
-    return pp::evaluate_plan(profile, pp::default_plan(profile, planner.ranks, default_chunks),
-                             planner);
+    return pp::evaluate_plan(
+        r.profile, pp::default_plan(r.profile, r.planner.ranks, r.default_chunks), r.planner);
   };
-
-  const RunPlans run = [&](const std::vector<pp::Plan>& plans, int steps) {
-    return args.processes ? measure_processes(args, plans, profile.intra_op_threads, steps)
-                          : measure_in_process(model.sequential, model.sample, plans,
-                                               profile.intra_op_threads, steps);
+  run = [&args, &r](const std::vector<pp::Plan>& plans, int steps) {
+    return args.processes ? measure_processes(args, plans, r.profile.intra_op_threads, steps)
+                          : measure_in_process(r.model.sequential, r.model.sample, plans,
+                                               r.profile.intra_op_threads, steps);
   };
   if (args.calibrate || args.verify) {
-    calibrate_in_process(model.sequential, model.sample, profile, planner);
-    if (args.processes) calibrate_processes(profile, planner, run);
-    report = pp::plan_pipeline(profile, planner);
+    calibrate_in_process(r.model.sequential, r.model.sample, r.profile, r.planner,
+                         [](const Diagnostic& d) { std::cerr << d.text << "\n"; });
+    if (args.processes) calibrate_processes(r.profile, r.planner, run);
+    r.report = pp::plan_pipeline(r.profile, r.planner);
     const pp::Plan reference = evaluate_default();
-    recommend_by_measurement(profile, planner, report, &reference, run, args.verify_steps);
+    recommend_by_measurement(r.profile, r.planner, r.report, &reference, run, args.verify_steps);
   }
-  const pp::Plan fallback = evaluate_default();
+  r.fallback = evaluate_default();
+}
 
-  // [4]
-  nlohmann::json verify = nlohmann::json::array();
-  std::ostringstream verify_text;
-  double recommended_over_default = 0;
-  if (args.verify && report.found()) {
-    const int threads = profile.intra_op_threads;
-    const double load = read_load_average().one_minute;
-    const std::vector<pp::Plan> plans = {report.recommended(), fallback};
-    const int steps = steps_to_measure(plans, args.verify_steps, 1.5);
-    verify_text << "\nverify (load average " << format("%.1f", load) << " on "
-                << std::thread::hardware_concurrency() << " cores): "
-                << (args.processes ? "one process per rank (Gloo over loopback), "
-                                   : "in-process Pipe, ")
-                << threads << " thread(s) per stage; the two plans in turn step by step, "
-                << args.verify_rounds << " rounds of " << steps
-                << " timed steps each (zero_grad + train_step + SGD step), medians over all\n";
-    char line[200];
-    std::snprintf(line, sizeof line, "  %-12s %-44s %10s %10s %9s\n", "plan", "", "predicted",
-                  "measured", "meas/pred");
-    verify_text << line;
-    // The two together, in turn step by step, round after round: a machine whose speed drifts
-    // slows both plans alike; recommended / default is the median of the steps' ratios.
-    const char* names[2] = {"recommended", "default"};
-    std::vector<Measured> rounds[2];
-    std::vector<double> ratios;
-    for (int round = 0; round < args.verify_rounds; ++round) {
-      std::vector<Measured> both = run(plans, steps);
-      for (std::size_t s = 0; s < both[0].step_seconds.size() && s < both[1].step_seconds.size();
-           ++s) {
-        ratios.push_back(both[0].step_seconds[s] / both[1].step_seconds[s]);
+const char* const kVerifyNames[2] = {"recommended", "default"};
+
+std::string verify_text(const PlanModelArgs& args, const PlanResult& r) {
+  const Verification& v = *r.verification;
+  std::ostringstream text;
+  text << "\nverify (load average " << format("%.1f", r.load_average) << " on "
+       << std::thread::hardware_concurrency() << " cores): "
+       << (args.processes ? "one process per rank (Gloo over loopback), " : "in-process Pipe, ")
+       << r.profile.intra_op_threads << " thread(s) per stage; the two plans in turn step by step, "
+       << v.rounds << " rounds of " << v.steps_per_round
+       << " timed steps each (zero_grad + train_step + SGD step), medians over all\n";
+  char line[200];
+  std::snprintf(line, sizeof line, "  %-12s %-44s %10s %10s %9s\n", "plan", "", "predicted",
+                "measured", "meas/pred");
+  text << line;
+  for (std::size_t k = 0; k < v.plans.size(); ++k) {
+    const PlanVerification& m = v.plans[k];
+    const pp::Plan& plan = m.plan;
+    std::string by_rank, predicted_by_rank;
+    for (std::size_t rank = 0; rank < m.compute_seconds_by_rank.size(); ++rank) {
+      by_rank += (rank ? " / " : "") + format("%.3f", m.compute_seconds_by_rank[rank] * 1e3);
+      if (rank < plan.busy_seconds_per_rank.size()) {
+        predicted_by_rank +=
+            (rank ? " / " : "") + format("%.3f", plan.busy_seconds_per_rank[rank] * 1e3);
       }
-      for (int k = 0; k < 2; ++k) rounds[k].push_back(std::move(both[k]));
     }
-    for (int k = 0; k < 2; ++k) {
-      const pp::Plan& plan = plans[k];
-      std::vector<double> steps, round_steps, busy, span;
-      std::vector<std::vector<double>> busy_of_rank(static_cast<std::size_t>(plan.ranks));
-      for (const Measured& m : rounds[k]) {
-        steps.insert(steps.end(), m.step_seconds.begin(), m.step_seconds.end());
-        round_steps.push_back(m.median_seconds);
-        busy.push_back(m.busy_seconds_per_rank());
-        span.push_back(m.span_seconds);
-        for (std::size_t r = 0; r < busy_of_rank.size() && r < m.busy_seconds_by_rank.size(); ++r) {
-          busy_of_rank[r].push_back(m.busy_seconds_by_rank[r]);
-        }
-      }
-      std::vector<double> busy_by_rank;
-      std::string by_rank_text, predicted_by_rank_text;
-      for (std::size_t r = 0; r < busy_of_rank.size(); ++r) {
-        if (busy_of_rank[r].empty()) continue;
-        busy_by_rank.push_back(pipetrain::median(busy_of_rank[r]));
-        by_rank_text += (r ? " / " : "") + format("%.3f", busy_by_rank.back() * 1e3);
-        if (r < plan.busy_seconds_per_rank.size()) {
-          predicted_by_rank_text +=
-              (r ? " / " : "") + format("%.3f", plan.busy_seconds_per_rank[r] * 1e3);
-        }
-      }
-      const double measured = pipetrain::median(steps);
-      std::snprintf(line, sizeof line, "  %-12s %-44.44s %8.3fms %8.3fms %9.3f\n", names[k],
-                    plan.describe().c_str(), plan.predicted_step_seconds * 1e3, measured * 1e3,
-                    measured / plan.predicted_step_seconds);
-      verify_text << line;
-      // Where a gap comes from: compute slower than profiled, or time between actions.
-      std::snprintf(line, sizeof line,
-                    "  %-12s compute per rank %.3f ms (predicted %.3f), train_step span %.3f ms "
-                    "(predicted %.3f)\n",
-                    "", pipetrain::median(busy) * 1e3,
-                    plan.makespan_seconds * (1 - plan.bubble_fraction) * 1e3,
-                    pipetrain::median(span) * 1e3, plan.makespan_seconds * 1e3);
-      verify_text << line;
-      verify_text << "  " << std::string(12, ' ') << " compute by rank " << by_rank_text
-                  << " ms (predicted " << predicted_by_rank_text << ")\n";
-      verify.push_back(
-          {{"plan", names[k]},
-           {"measured_compute_seconds_per_rank", pipetrain::median(busy)},
-           {"measured_compute_seconds_by_rank", busy_by_rank},
-           {"measured_span_seconds", pipetrain::median(span)},
-           {"describe", plan.describe()},
-           {"predicted_step_seconds", plan.predicted_step_seconds},
-           {"measured_step_seconds", measured},
-           {"measured_step_seconds_per_round", round_steps},
-           {"measured_step_seconds_each", steps},
-           {"measured_over_predicted", measured / plan.predicted_step_seconds},
-           {"measured_peak_stashed_bytes_per_stage", rounds[k].front().peak_stashed_bytes}});
-    }
-    recommended_over_default = pipetrain::median(ratios);
-    verify_text << "  measured recommended / default (median of the ratios of steps run in "
-                   "turn): "
-                << format("%.3f", recommended_over_default) << "\n";
+    std::snprintf(line, sizeof line, "  %-12s %-44.44s %8.3fms %8.3fms %9.3f\n", kVerifyNames[k],
+                  plan.describe().c_str(), plan.predicted_step_seconds * 1e3,
+                  m.step_seconds * 1e3, m.step_seconds / plan.predicted_step_seconds);
+    text << line;
+    // Where a gap comes from: compute slower than profiled, or time between actions.
+    std::snprintf(line, sizeof line,
+                  "  %-12s compute per rank %.3f ms (predicted %.3f), train_step span %.3f ms "
+                  "(predicted %.3f)\n",
+                  "", m.compute_seconds_per_rank * 1e3,
+                  plan.makespan_seconds * (1 - plan.bubble_fraction) * 1e3, m.span_seconds * 1e3,
+                  plan.makespan_seconds * 1e3);
+    text << line;
+    text << "  " << std::string(12, ' ') << " compute by rank " << by_rank << " ms (predicted "
+         << predicted_by_rank << ")\n";
   }
+  text << "  measured recommended / default (median of the ratios of steps run in turn): "
+       << format("%.3f", v.first_over_second) << "\n";
+  return text.str();
+}
 
-  // [5]
-  if (args.format == "json") {
-    nlohmann::json out = report;
-    out["model"] = model.description;
-    out["ranks"] = planner.ranks;
-    out["memory_limit_bytes"] = planner.memory_limit_bytes;
-    out["default"] = fallback;
-    out["profile"] = profile;
-    if (args.verify) {
-      out["verify"] = verify;
-      out["verify_recommended_over_default"] = recommended_over_default;
+nlohmann::json verify_json(const Verification& v) {
+  nlohmann::json plans = nlohmann::json::array();
+  for (std::size_t k = 0; k < v.plans.size(); ++k) {
+    const PlanVerification& m = v.plans[k];
+    plans.push_back({{"plan", kVerifyNames[k]},
+                     {"measured_compute_seconds_per_rank", m.compute_seconds_per_rank},
+                     {"measured_compute_seconds_by_rank", m.compute_seconds_by_rank},
+                     {"measured_span_seconds", m.span_seconds},
+                     {"describe", m.plan.describe()},
+                     {"predicted_step_seconds", m.plan.predicted_step_seconds},
+                     {"measured_step_seconds", m.step_seconds},
+                     {"measured_step_seconds_per_round", m.round_step_seconds},
+                     {"measured_step_seconds_each", m.each_step_seconds},
+                     {"measured_over_predicted", m.step_seconds / m.plan.predicted_step_seconds},
+                     {"measured_peak_stashed_bytes_per_stage", m.peak_stashed_bytes}});
+  }
+  return plans;
+}
+
+std::string report_json(const PlanModelArgs& args, const PlanResult& r) {
+  nlohmann::json out = r.report;
+  out["model"] = r.model.description;
+  out["ranks"] = r.planner.ranks;
+  out["memory_limit_bytes"] = r.planner.memory_limit_bytes;
+  out["default"] = r.fallback;
+  out["profile"] = r.profile;
+  if (args.verify) {
+    out["verify"] = r.verification ? verify_json(*r.verification) : nlohmann::json::array();
+    out["verify_recommended_over_default"] =
+        r.verification ? r.verification->first_over_second : 0.0;
+  }
+  return out.dump(1) + "\n";
+}
+
+// Step [5]'s measured plans and the recommendation.
+void write_recommendation_text(std::ostream& out, const PlanResult& r) {
+  const pp::PlanReport& report = r.report;
+  const pp::Plan& best = report.recommended();
+  if (!report.measured.empty()) {
+    out << "\nmeasured (step [5]: these plans run together, in turn step by step, "
+        << kMeasuredRounds << " rounds; the default stays unless a plan took under "
+        << format("%.2f", 1 - kKeepDefaultMargin)
+        << " of its time in the same turns; every prediction is scaled by x"
+        << format("%.3f", r.profile.measured_step_scale)
+        << " (the median of measured / predicted before it):\n";
+    for (const pp::MeasuredPlan& measured : report.measured) {
+      char line[240];
+      std::snprintf(line, sizeof line, "  %-44.44s predicted %9.3f ms, measured %9.3f ms%s\n",
+                    measured.plan.describe().c_str(), measured.plan.predicted_step_seconds * 1e3,
+                    measured.measured_step_seconds * 1e3,
+                    pp::same_plan(measured.plan, best) ? "  <- recommended" : "");
+      out << line;
     }
-    emit(args, out.dump(1) + "\n");
-  } else {
-    std::ostringstream out;
-    out << "model: " << model.description << ", sample " << args.sample_shape << "\n";
-    write_profile_text(out, profile,
-                       report.found() ? report.recommended().microbatch_size
-                                      : profile.batch_size / default_chunks);
-    out << "\nplan: " << planner.ranks << " ranks, memory limit "
-        << (planner.memory_limit_bytes > 0 ? pp::format_bytes(planner.memory_limit_bytes)
+  }
+  out << "\nrecommended" << (report.measured.empty() ? "" : " (* above, by measurement)") << ": "
+      << best.describe() << "\n  predicted " << format("%.3f", best.predicted_step_seconds * 1e3)
+      << " ms/step, peak " << pp::format_bytes(best.peak_memory_bytes) << " per rank\n";
+}
+
+std::string report_text(const PlanModelArgs& args, const PlanResult& r) {
+  const pp::PlanReport& report = r.report;
+  std::ostringstream out;
+  out << "model: " << r.model.description << ", sample " << args.sample_shape << "\n";
+  write_profile_text(out, r.profile,
+                     report.found() ? report.recommended().microbatch_size
+                                    : r.profile.batch_size / r.default_chunks);
+  out << "\nplan: " << r.planner.ranks << " ranks, memory limit "
+      << (r.planner.memory_limit_bytes > 0 ? pp::format_bytes(r.planner.memory_limit_bytes)
                                            : std::string("none"))
-        << " per rank, optimizer " << args.optimizer << "\n  searched " << report.candidates
-        << " candidates: " << report.simulated << " simulated, " << report.pruned << " pruned, "
-        << report.rejected_memory << " over the limit, in "
-        << format("%.3f", report.planning_seconds) << " s\n";
-    if (report.found()) {
-      write_table_text(out, report);
-      const pp::Plan& best = report.recommended();
-      if (!report.measured.empty()) {
-        out << "\nmeasured (step [5]: these plans run together, in turn step by step, "
-            << kMeasuredRounds << " rounds; the default stays unless a plan took under "
-            << format("%.2f", 1 - kKeepDefaultMargin)
-            << " of its time in the same turns; every prediction is scaled by x"
-            << format("%.3f", profile.measured_step_scale)
-            << " (the median of measured / predicted before it):\n";
-        for (const pp::MeasuredPlan& measured : report.measured) {
-          char line[240];
-          std::snprintf(line, sizeof line, "  %-44.44s predicted %9.3f ms, measured %9.3f ms%s\n",
-                        measured.plan.describe().c_str(),
-                        measured.plan.predicted_step_seconds * 1e3,
-                        measured.measured_step_seconds * 1e3,
-                        pp::same_plan(measured.plan, best) ? "  <- recommended" : "");
-          out << line;
-        }
-      }
-      out << "\nrecommended" << (report.measured.empty() ? "" : " (* above, by measurement)")
-          << ": " << best.describe() << "\n  predicted "
-          << format("%.3f", best.predicted_step_seconds * 1e3) << " ms/step, peak "
-          << pp::format_bytes(best.peak_memory_bytes) << " per rank\n";
-    } else {
-      out << "\nno plan fits " << pp::format_bytes(planner.memory_limit_bytes)
-          << " per rank; the smallest limit that works is "
-          << pp::format_bytes(report.smallest_fitting_limit) << " ("
-          << report.smallest_fitting_limit << " bytes) with "
-          << report.smallest_fitting_plan.describe() << "\n";
-    }
-    out << "default (1f1b, " << default_chunks << " chunks, even balance "
-        << join_ints(fallback.balance) << "): predicted "
-        << format("%.3f", fallback.predicted_step_seconds * 1e3) << " ms/step, peak "
-        << pp::format_bytes(fallback.peak_memory_bytes)
-        << (fallback.fits ? "" : " (over the limit)") << "\n";
-    out << verify_text.str();
-    emit(args, out.str());
+      << " per rank, optimizer " << args.optimizer << "\n  searched " << report.candidates
+      << " candidates: " << report.simulated << " simulated, " << report.pruned << " pruned, "
+      << report.rejected_memory << " over the limit, in "
+      << format("%.3f", report.planning_seconds) << " s\n";
+  if (report.found()) {
+    write_table_text(out, report);
+    write_recommendation_text(out, r);
+  } else {
+    out << "\nno plan fits " << pp::format_bytes(r.planner.memory_limit_bytes)
+        << " per rank; the smallest limit that works is "
+        << pp::format_bytes(report.smallest_fitting_limit) << " ("
+        << report.smallest_fitting_limit << " bytes) with "
+        << report.smallest_fitting_plan.describe() << "\n";
   }
-  return report.found() ? 0 : 1;
+  out << "default (1f1b, " << r.default_chunks << " chunks, even balance "
+      << join_ints(r.fallback.balance) << "): predicted "
+      << format("%.3f", r.fallback.predicted_step_seconds * 1e3) << " ms/step, peak "
+      << pp::format_bytes(r.fallback.peak_memory_bytes)
+      << (r.fallback.fits ? "" : " (over the limit)") << "\n";
+  if (r.verification) out << verify_text(args, r);
+  return out.str();
+}
+
+}  // namespace
+
+int run_plan_for_model(const PlanModelArgs& args) {
+  check_plan_args(args);
+  if (!args.rank_job.empty()) {  // one rank of a measurement the parent launched
+    const nlohmann::json job = nlohmann::json::parse(args.rank_job);
+    return job.value("mode", std::string("plan")) == "transfer"
+               ? run_transfer_rank(job)
+               : run_verify_rank(args, job.at("runs"), job.at("steps").get<int>());
+  }
+  PlanResult result;
+  RunPlans run;
+  plan_model(args, result, run);
+  if (args.verify && result.report.found()) {  // [4]
+    result.load_average = read_load_average().one_minute;
+    const std::vector<pp::Plan> plans = {result.report.recommended(), result.fallback};
+    result.verification = verify_plans(plans, run, args.verify_rounds,
+                                       steps_to_measure(plans, args.verify_steps, 1.5));
+  }
+  emit(args, args.format == "json" ? report_json(args, result) : report_text(args, result));  // [5]
+  return result.report.found() ? 0 : 1;
 }
 
 }  // namespace pipetrain::cli

@@ -5,7 +5,7 @@
 //   [1] flags + checks       TrainArgs              add_train_flags, resolve_auto_flags,
 //                                                   check_args
 //   [2] model + data         BuiltModel/BuiltData   train_setup.h (shared with `pipetrain eval`)
-//       + the auto plan      partition::Plan        train_auto.h: its values replace the auto
+//       + the auto plan      partition::Plan        tune/auto_plan.h: its values replace the auto
 //                                                   flags in TrainArgs before anything is built
 //   [3] runner               train::StepRunner      sequential | Pipe | DistributedPipe (one rank)
 //   [4] the loop             train::Trainer         lr schedule, step, clip, optimizer,
@@ -19,7 +19,7 @@
 //
 // The auto plan is made once per run, never per rank (profiles are timings and differ between
 // processes): in one process here; with several, by rank 0 with every rank taking part in what
-// it measures on the processes (train_auto.h, plan_training_on_ranks), under --nproc as under an
+// it measures on the processes (tune/auto_plan.h, plan_training_on_ranks), under --nproc as under an
 // external launcher.
 //
 // Batches are a pure function of the global step k: Fashion-MNIST/synthetic use the seeded
@@ -68,11 +68,15 @@
 #include "pipetrain/transport/c10d.h"
 #include "pipetrain/train/step_runner.h"
 #include "pipetrain/train/trainer.h"
-#include "train_auto.h"
+#include "pipetrain/tune/auto_plan.h"
 #include "train_setup.h"
 
 namespace pipetrain::cli {
 namespace {
+
+using tune::AutoPlanError;
+using tune::AutoPlanInput;
+using tune::AutoRequest;
 
 const std::vector<std::string> kCheckpoints = {"always", "except_last", "never"};
 const std::vector<std::string> kLrSchedules = {"constant", "cosine"};
@@ -249,7 +253,7 @@ void add_train_flags(CLI::App& command, TrainArgs& args) {
       ->capture_default_str();
 }
 
-// --balance and --chunks as typed values, and what `auto` leaves to the planner (train_auto.h).
+// --balance and --chunks as typed values, and what `auto` leaves to the planner (tune/auto_plan.h).
 void resolve_auto_flags(TrainArgs& args) {
   AutoRequest& request = args.auto_request;
   const bool balance_auto = std::find(args.balance_text.begin(), args.balance_text.end(), "auto") !=
@@ -688,7 +692,14 @@ struct Prepared {
   std::optional<partition::Plan> auto_plan;  // when an auto flag was given
 };
 
-// ---- auto plan (train_auto.h) ---------------------------------------------------------------
+// ---- auto plan (tune/auto_plan.h) -----------------------------------------------------------
+
+// Planning's progress on stdout, its warnings on stderr.
+void print_diagnostic(const tune::Diagnostic& d) {
+  std::fprintf(d.kind == tune::Diagnostic::Kind::kWarning ? stderr : stdout, "%s\n",
+               d.text.c_str());
+  std::fflush(d.kind == tune::Diagnostic::Kind::kWarning ? stderr : stdout);
+}
 
 // The run as far as the user fixed it, for the planner.
 AutoPlanInput auto_plan_input(const TrainArgs& args, const Layout& layout, int64_t layers) {
@@ -701,7 +712,8 @@ AutoPlanInput auto_plan_input(const TrainArgs& args, const Layout& layout, int64
           : static_cast<int>(args.stages);
   input.threads = threads_per_rank(args, layout);
   input.memory_limit_bytes = args.memory_limit_bytes;
-  input.optimizer_state_multiple = optimizer_state_multiple(args.optimizer, args.momentum);
+  input.optimizer_state_multiple = tune::optimizer_state_multiple(args.optimizer, args.momentum);
+  input.diagnostics = print_diagnostic;
   input.schedule = args.schedule;
   input.chunks = chunks_of(args, layout);
   input.checkpoint = args.checkpoint;
@@ -733,7 +745,7 @@ void apply_auto_plan(TrainArgs& args, const partition::Plan& plan) {
   if (request.schedule) args.schedule = plan.schedule;
   if (request.chunks) args.chunks = plan.microbatches;
   if (request.checkpoint)
-    args.checkpoint = std::string(partition::checkpoint_name(plan.checkpoint));
+    args.checkpoint = to_string(plan.checkpoint);
   if (request.virtual_stages) args.virtual_stages = plan.virtual_stages;
   // One stage needs no balance, and without one a single micro-batch trains sequentially.
   if (request.balance && plan.balance.size() > 1) {
@@ -913,7 +925,7 @@ std::vector<std::string> own_arguments() {
 }
 
 void print_auto_plan(const partition::Plan& plan) {
-  std::printf("%s\n", describe_auto_plan(plan).c_str());
+  std::printf("%s\n", tune::describe_auto_plan(plan).c_str());
   std::fflush(stdout);
 }
 

@@ -14,32 +14,6 @@ namespace pipetrain::partition {
 
 using schedule::Op;
 
-std::string_view checkpoint_name(CheckpointMode mode) {
-  switch (mode) {
-    case CheckpointMode::kNever:
-      return "never";
-    case CheckpointMode::kExceptLast:
-      return "except_last";
-    case CheckpointMode::kAlways:
-      return "always";
-  }
-  return "?";
-}
-
-CheckpointMode parse_checkpoint(std::string_view text) {
-  for (CheckpointMode mode : all_checkpoint_modes()) {
-    if (checkpoint_name(mode) == text) return mode;
-  }
-  throw BadInput("unknown checkpoint mode '" + std::string(text) +
-                              "'; use never, except_last or always");
-}
-
-const std::vector<CheckpointMode>& all_checkpoint_modes() {
-  static const std::vector<CheckpointMode> modes = {
-      CheckpointMode::kNever, CheckpointMode::kExceptLast, CheckpointMode::kAlways};
-  return modes;
-}
-
 std::vector<StageResidency> stage_residency(const schedule::Schedule& schedule) {
   const int S = schedule.num_stages;
   const int last = schedule.num_microbatches - 1;
@@ -77,7 +51,7 @@ std::vector<StageResidency> stage_residency(const schedule::Schedule& schedule) 
 
 StageMemory stage_memory(std::int64_t parameter_bytes, std::int64_t input_bytes,
                          std::int64_t body_bytes, const StageResidency& residency,
-                         CheckpointMode checkpoint, double optimizer_state_multiple) {
+                         Checkpoint checkpoint, double optimizer_state_multiple) {
   StageMemory m;
   m.parameters = parameter_bytes;
   m.gradients = parameter_bytes;
@@ -85,14 +59,14 @@ StageMemory stage_memory(std::int64_t parameter_bytes, std::int64_t input_bytes,
       std::llround(static_cast<double>(parameter_bytes) * optimizer_state_multiple));
   const std::int64_t n = residency.peak_inflight;
   switch (checkpoint) {
-    case CheckpointMode::kNever:
+    case Checkpoint::kNever:
       m.stashed_activations = n * (input_bytes + body_bytes);
       break;
-    case CheckpointMode::kAlways:
+    case Checkpoint::kAlways:
       m.stashed_activations = n * input_bytes;
       m.recompute_activations = n > 0 ? body_bytes : 0;
       break;
-    case CheckpointMode::kExceptLast:
+    case Checkpoint::kExceptLast:
       // [1] the last micro-batch keeps its body; [2] another one may be recomputed meanwhile.
       m.stashed_activations = n * input_bytes + (n > 0 ? body_bytes : 0);
       m.recompute_activations = residency.last_alive_during_recompute ? body_bytes : 0;
@@ -119,7 +93,7 @@ StageBytes stage_bytes(const ModelProfile& profile, std::int64_t first, std::int
 std::vector<std::int64_t> rank_peak_memory(
     const ModelProfile& profile, const std::vector<int>& balance, std::int64_t microbatch_size,
     const schedule::Schedule& schedule, const std::vector<StageResidency>& residency,
-    CheckpointMode checkpoint, double optimizer_state_multiple) {
+    Checkpoint checkpoint, double optimizer_state_multiple) {
   if (static_cast<int>(balance.size()) != schedule.num_stages ||
       static_cast<int>(residency.size()) != schedule.num_stages) {
     throw BadInput("rank_peak_memory: balance has " + std::to_string(balance.size()) +

@@ -103,13 +103,13 @@ bool tries(const std::string& name, int V, int K, int M, bool searches_1f1b) {
 }
 
 // Fraction of micro-batches whose backward first recomputes the forward.
-double recompute_fraction(CheckpointMode mode, int microbatches) {
+double recompute_fraction(Checkpoint mode, int microbatches) {
   switch (mode) {
-    case CheckpointMode::kNever:
+    case Checkpoint::kNever:
       return 0;
-    case CheckpointMode::kAlways:
+    case Checkpoint::kAlways:
       return 1;
-    case CheckpointMode::kExceptLast:
+    case Checkpoint::kExceptLast:
       return static_cast<double>(microbatches - 1) / microbatches;
   }
   return 0;
@@ -119,7 +119,7 @@ struct Candidate {
   std::string schedule;
   int microbatches = 0;
   int virtual_stages = 1;
-  CheckpointMode checkpoint = CheckpointMode::kNever;
+  Checkpoint checkpoint = Checkpoint::kNever;
   std::vector<int> balance;
   double lower_bound = 0;
 };
@@ -555,7 +555,7 @@ std::string Plan::describe() const {
   std::ostringstream out;
   out << schedule;
   if (virtual_stages > 1) out << " V=" << virtual_stages;
-  out << " M=" << microbatches << " ckpt=" << checkpoint_name(checkpoint) << " balance=";
+  out << " M=" << microbatches << " ckpt=" << to_string(checkpoint) << " balance=";
   for (std::size_t j = 0; j < balance.size(); ++j) out << (j ? "," : "") << balance[j];
   return out.str();
 }
@@ -621,8 +621,8 @@ PlanReport plan_pipeline(const ModelProfile& profile, const PlannerOptions& opti
       for (int V : options.virtual_stages) {
         if (!tries(name, V, options.ranks, M, searches_1f1b)) continue;
         if (options.ranks * V > L) continue;
-        for (CheckpointMode mode : options.checkpoint_modes) {
-          if (splits_backward(name) && mode != CheckpointMode::kNever) continue;
+        for (Checkpoint mode : options.checkpoint_modes) {
+          if (splits_backward(name) && mode != Checkpoint::kNever) continue;
           Candidate c{name, M, V, mode, {}, 0};
           c.balance = evaluator.time_balance(c);
           c.lower_bound = evaluator.lower_bound(c);
@@ -716,7 +716,7 @@ void to_json(nlohmann::json& out, const Plan& plan) {
          {"chunks", plan.microbatches},
          {"microbatch_size", plan.microbatch_size},
          {"virtual_stages", plan.virtual_stages},
-         {"checkpoint", std::string(checkpoint_name(plan.checkpoint))},
+         {"checkpoint", to_string(plan.checkpoint)},
          {"balance", plan.balance},
          {"predicted_step_seconds", plan.predicted_step_seconds},
          {"makespan_seconds", plan.makespan_seconds},
@@ -728,6 +728,29 @@ void to_json(nlohmann::json& out, const Plan& plan) {
          {"peak_inflight_per_stage", plan.peak_inflight},
          {"fits", plan.fits},
          {"balanced_for_memory", plan.balanced_for_memory}};
+}
+
+void from_json(const nlohmann::json& in, Plan& plan) {
+  plan.schedule = in.at("schedule").get<std::string>();
+  plan.ranks = in.at("ranks").get<int>();
+  plan.microbatches = in.at("chunks").get<int>();
+  plan.virtual_stages = in.at("virtual_stages").get<int>();
+  plan.checkpoint = parse_checkpoint(in.at("checkpoint").get<std::string>());
+  plan.balance = in.at("balance").get<std::vector<int>>();
+  auto optional = [&in](const char* key, auto& value) {
+    if (in.contains(key)) in.at(key).get_to(value);
+  };
+  optional("microbatch_size", plan.microbatch_size);
+  optional("predicted_step_seconds", plan.predicted_step_seconds);
+  optional("makespan_seconds", plan.makespan_seconds);
+  optional("update_seconds", plan.update_seconds);
+  optional("bubble_fraction", plan.bubble_fraction);
+  optional("busy_seconds_per_rank", plan.busy_seconds_per_rank);
+  optional("peak_memory_bytes", plan.peak_memory_bytes);
+  optional("peak_memory_per_rank", plan.peak_memory_per_rank);
+  optional("peak_inflight_per_stage", plan.peak_inflight);
+  optional("fits", plan.fits);
+  optional("balanced_for_memory", plan.balanced_for_memory);
 }
 
 void to_json(nlohmann::json& out, const PlanReport& report) {

@@ -23,8 +23,10 @@ struct PackedEvent {
   double start_us, end_us;
 };
 
+// `compute_only` leaves out sends and receives: in a picture a receive's box paints the waiting
+// for a peer as work.
 schedule::Timeline timeline_of(const std::vector<const StepEvent*>& events, int ranks,
-                               const std::string& title) {
+                               const std::string& title, bool compute_only) {
   schedule::Timeline timeline;
   timeline.title = title;
   timeline.num_ranks = ranks;
@@ -33,6 +35,7 @@ schedule::Timeline timeline_of(const std::vector<const StepEvent*>& events, int 
   double origin = std::numeric_limits<double>::infinity();
   for (const StepEvent* e : events) origin = std::min(origin, e->event.start_us);
   for (const StepEvent* e : events) {
+    if (compute_only && !schedule::is_compute(e->event.action.op)) continue;
     timeline.events.push_back(schedule::make_event(e->event.rank, e->event.action,
                                                    (e->event.start_us - origin) / 1000.0,
                                                    (e->event.end_us - origin) / 1000.0));
@@ -104,7 +107,7 @@ void EventLog::merge(const EventLog& other) {
 void EventLog::write_chrome_trace(const std::string& path, int ranks) const {
   std::vector<const StepEvent*> all;
   for (const StepEvent& e : events_) all.push_back(&e);
-  schedule::save_chrome_trace(timeline_of(all, ranks, "pipetrain train"), path);
+  schedule::save_chrome_trace(timeline_of(all, ranks, "pipetrain train", false), path);
 }
 
 int64_t EventLog::write_timeline_svg(const std::string& path, int ranks, const std::string& title,
@@ -125,7 +128,8 @@ int64_t EventLog::write_timeline_svg(const std::string& path, int ranks, const s
     if (e.step == k) chosen.push_back(&e);
   }
   schedule::save_svg(
-      timeline_of(chosen, ranks, title + " (measured, step " + std::to_string(k) + ")"), path);
+      timeline_of(chosen, ranks, title + " (measured, step " + std::to_string(k) + ")", true),
+      path);
   return k;
 }
 

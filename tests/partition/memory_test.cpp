@@ -42,7 +42,7 @@ TEST(StageResidency, OneFOneBStashesRanksMinusStageMicroBatches) {
 
 TEST(StageMemory, CountsParametersGradientsOptimizerAndStash) {
   StageResidency three{3, false};
-  const auto never = stage_memory(1000, 10, 100, three, CheckpointMode::kNever, 2.0);
+  const auto never = stage_memory(1000, 10, 100, three, Checkpoint::kNever, 2.0);
   EXPECT_EQ(never.parameters, 1000);
   EXPECT_EQ(never.gradients, 1000);
   EXPECT_EQ(never.optimizer_state, 2000);
@@ -50,15 +50,15 @@ TEST(StageMemory, CountsParametersGradientsOptimizerAndStash) {
   EXPECT_EQ(never.recompute_activations, 0);
   EXPECT_EQ(never.total(), 4000 + 330);
 
-  const auto always = stage_memory(1000, 10, 100, three, CheckpointMode::kAlways, 0.0);
+  const auto always = stage_memory(1000, 10, 100, three, Checkpoint::kAlways, 0.0);
   EXPECT_EQ(always.stashed_activations, 3 * 10);
   EXPECT_EQ(always.recompute_activations, 100);
 
-  const auto last = stage_memory(1000, 10, 100, three, CheckpointMode::kExceptLast, 0.0);
+  const auto last = stage_memory(1000, 10, 100, three, Checkpoint::kExceptLast, 0.0);
   EXPECT_EQ(last.stashed_activations, 3 * 10 + 100);
   EXPECT_EQ(last.recompute_activations, 0);
   StageResidency overlapping{3, true};
-  EXPECT_EQ(stage_memory(1000, 10, 100, overlapping, CheckpointMode::kExceptLast, 0.0)
+  EXPECT_EQ(stage_memory(1000, 10, 100, overlapping, Checkpoint::kExceptLast, 0.0)
                 .recompute_activations,
             100);
 }
@@ -74,7 +74,7 @@ TEST(RankPeakMemory, SumsTheStagesOfEachRankAndOneRecompute) {
   const auto schedule = schedule::one_f_one_b(2, 4);
   const auto residency = stage_residency(schedule);
   const auto peaks =
-      rank_peak_memory(profile, {2, 2}, 1, schedule, residency, CheckpointMode::kNever, 0.0);
+      rank_peak_memory(profile, {2, 2}, 1, schedule, residency, Checkpoint::kNever, 0.0);
   // Per stage: 2 * 100 parameters + 2 * 100 gradients; stash per micro-batch = input 2 + 2 * 8.
   EXPECT_EQ(peaks[0], 400 + 2 * 18);
   EXPECT_EQ(peaks[1], 400 + 1 * 18);
@@ -83,7 +83,7 @@ TEST(RankPeakMemory, SumsTheStagesOfEachRankAndOneRecompute) {
   const auto interleaved = schedule::interleaved_one_f_one_b(2, 4, 2);
   const auto r2 = stage_residency(interleaved);
   const auto always =
-      rank_peak_memory(profile, {1, 1, 1, 1}, 1, interleaved, r2, CheckpointMode::kAlways, 0.0);
+      rank_peak_memory(profile, {1, 1, 1, 1}, 1, interleaved, r2, Checkpoint::kAlways, 0.0);
   // Each stage: 200 parameter bytes, n_j inputs of 2 bytes, a recompute of 8 bytes, counted once
   // per rank.
   const std::int64_t rank0 = 400 + 2 * (r2[0].peak_inflight + r2[2].peak_inflight) + 8;
@@ -94,7 +94,7 @@ TEST(RankPeakMemory, RejectsABalanceOfTheWrongSize) {
   const ModelProfile profile = uniform_profile(4, 4, UniformLayer{});
   const auto schedule = schedule::one_f_one_b(2, 4);
   EXPECT_THROW(rank_peak_memory(profile, {4}, 1, schedule, stage_residency(schedule),
-                                CheckpointMode::kNever, 0.0),
+                                Checkpoint::kNever, 0.0),
                pipetrain::BadInput);
 }
 
@@ -110,9 +110,9 @@ TEST(Bytes, ParseAndFormatAgree) {
   EXPECT_EQ(format_bytes(100), "100 B");
 }
 
-TEST(CheckpointMode, NamesRoundTrip) {
-  for (CheckpointMode mode : all_checkpoint_modes()) {
-    EXPECT_EQ(parse_checkpoint(checkpoint_name(mode)), mode);
+TEST(Checkpoint, NamesRoundTrip) {
+  for (Checkpoint mode : all_checkpoint_modes()) {
+    EXPECT_EQ(parse_checkpoint(to_string(mode)), mode);
   }
   EXPECT_THROW(parse_checkpoint("sometimes"), pipetrain::BadInput);
 }

@@ -129,7 +129,7 @@ ModelProfile activation_heavy_profile() {
 }
 
 PlannerOptions only(std::vector<std::string> schedules, std::vector<int> microbatches,
-                    std::vector<CheckpointMode> modes, int ranks = 2) {
+                    std::vector<Checkpoint> modes, int ranks = 2) {
   PlannerOptions options;
   options.ranks = ranks;
   options.schedules = std::move(schedules);
@@ -145,7 +145,7 @@ bool has_schedule(const PlanReport& report, const std::string& name) {
 
 TEST(Planner, PrefersOneFOneBWhenGPipeDoesNotFitTheMemoryLimit) {
   const ModelProfile profile = activation_heavy_profile();
-  PlannerOptions options = only({"gpipe", "1f1b"}, {8}, {CheckpointMode::kNever});
+  PlannerOptions options = only({"gpipe", "1f1b"}, {8}, {Checkpoint::kNever});
   const PlanReport unlimited = plan_pipeline(profile, options);
   ASSERT_TRUE(has_schedule(unlimited, "gpipe"));
   ASSERT_TRUE(has_schedule(unlimited, "1f1b"));
@@ -170,7 +170,7 @@ TEST(Planner, RejectsEveryPlanOverTheLimitAndReportsTheSmallestLimitThatWorks) {
   const ModelProfile profile = activation_heavy_profile();
   // 1f1b, 4 micro-batches of 16 samples, no checkpointing, 2 layers per rank:
   // stage 0 holds 2 micro-batches, stage 1 holds 1 (1F1B with K = 2).
-  PlannerOptions options = only({"1f1b"}, {4}, {CheckpointMode::kNever});
+  PlannerOptions options = only({"1f1b"}, {4}, {Checkpoint::kNever});
   const std::int64_t parameters = 2 * (std::int64_t{1} << 20) * 2;  // parameters + gradients
   const std::int64_t stash = (std::int64_t{1} << 12) * 16 + 2 * (std::int64_t{1} << 16) * 16;
   // Stage 0's memory with the best split (2 + 2; moving a layer to stage 1 adds parameters to
@@ -221,7 +221,7 @@ TEST(Planner, PrefersMoreMicroBatchesWhenTheBubbleDominates) {
   layer.backward_seconds_per_sample = 2e-4;
   const ModelProfile profile = uniform_profile(8, 64, layer);
   const PlanReport report =
-      plan_pipeline(profile, only({"1f1b"}, {1, 2, 4, 8, 16}, {CheckpointMode::kNever}, 4));
+      plan_pipeline(profile, only({"1f1b"}, {1, 2, 4, 8, 16}, {Checkpoint::kNever}, 4));
   ASSERT_TRUE(report.found());
   EXPECT_EQ(report.recommended().microbatches, 16);
   // And the bubble shrinks with M, as the (K-1)/(M+K-1) formula says.
@@ -247,6 +247,27 @@ TEST(Planner, RecommendsNoSlowerThanTheHandWrittenDefault) {
   EXPECT_LE(report.recommended().predicted_step_seconds, fallback.predicted_step_seconds);
   // Here it must be strictly better: the default's balance is 3,3 with both heavy layers first.
   EXPECT_LT(report.recommended().predicted_step_seconds, 0.9 * fallback.predicted_step_seconds);
+}
+
+// One JSON form of a plan (to_json / from_json): the auto plan's broadcast and the calibration's
+// rank jobs read what the planner writes.
+TEST(PlanJson, APlanRoundTripsThroughItsJson) {
+  ModelProfile profile = uniform_profile(6, 32, UniformLayer{});
+  PlannerOptions options;
+  options.ranks = 2;
+  const PlanReport report = plan_pipeline(profile, options);
+  ASSERT_TRUE(report.found());
+  const Plan plan = report.recommended();
+  const Plan back = nlohmann::json::parse(nlohmann::json(plan).dump()).get<Plan>();
+  EXPECT_TRUE(same_plan(back, plan));
+  EXPECT_EQ(back.checkpoint, plan.checkpoint);
+  EXPECT_EQ(back.microbatch_size, plan.microbatch_size);
+  EXPECT_DOUBLE_EQ(back.predicted_step_seconds, plan.predicted_step_seconds);
+  EXPECT_EQ(back.peak_memory_per_rank, plan.peak_memory_per_rank);
+  EXPECT_EQ(back.busy_seconds_per_rank, plan.busy_seconds_per_rank);
+  nlohmann::json missing = nlohmann::json(plan);
+  missing.erase("balance");
+  EXPECT_THROW(missing.get<Plan>(), nlohmann::json::exception);
 }
 
 TEST(Planner, PruningDoesNotChangeTheRecommendation) {
@@ -282,7 +303,7 @@ Plan one_f_one_b(std::vector<int> balance) {
   return plan;
 }
 PlannerOptions one_f_one_b_options(int ranks) {
-  return only({"1f1b"}, {4}, {CheckpointMode::kNever}, ranks);
+  return only({"1f1b"}, {4}, {Checkpoint::kNever}, ranks);
 }
 
 // The 4-layer model on one rank: `scaled` predicts what `plain` does.

@@ -26,17 +26,11 @@
 #include <vector>
 
 #include "pipetrain/partition/profile.h"
+#include "pipetrain/schedule/checkpoint_mode.h"
 #include "pipetrain/schedule/schedule.h"
 
 namespace pipetrain::partition {
 
-enum class CheckpointMode { kNever, kExceptLast, kAlways };
-
-// "never", "except_last", "always".
-std::string_view checkpoint_name(CheckpointMode mode);
-// Throws pipetrain::BadInput naming the text and the valid names.
-CheckpointMode parse_checkpoint(std::string_view text);
-const std::vector<CheckpointMode>& all_checkpoint_modes();
 
 // What the schedule's order implies for one stage's activation memory.
 struct StageResidency {
@@ -65,7 +59,7 @@ struct StageMemory {
 // The formula above for one stage. input_bytes and body_bytes are per micro-batch.
 StageMemory stage_memory(std::int64_t parameter_bytes, std::int64_t input_bytes,
                          std::int64_t body_bytes, const StageResidency& residency,
-                         CheckpointMode checkpoint, double optimizer_state_multiple);
+                         Checkpoint checkpoint, double optimizer_state_multiple);
 
 // Layers [first, end) as one stage at micro-batch size m: parameter, input and body bytes.
 struct StageBytes {
@@ -81,7 +75,7 @@ StageBytes stage_bytes(const ModelProfile& profile, std::int64_t first, std::int
 std::vector<std::int64_t> rank_peak_memory(
     const ModelProfile& profile, const std::vector<int>& balance, std::int64_t microbatch_size,
     const schedule::Schedule& schedule, const std::vector<StageResidency>& residency,
-    CheckpointMode checkpoint, double optimizer_state_multiple);
+    Checkpoint checkpoint, double optimizer_state_multiple);
 
 // "1.5 GiB", "512 MiB", "12 KiB", "100 B".
 std::string format_bytes(std::int64_t bytes);

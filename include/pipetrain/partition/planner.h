@@ -41,7 +41,7 @@ struct PlannerOptions {
   // Search space; an empty list means the default written beside it.
   std::vector<std::string> schedules;            // empty: schedule_names(), every family
   std::vector<int> microbatch_counts;            // powers of two dividing the batch, and the batch
-  std::vector<CheckpointMode> checkpoint_modes;  // never, except_last, always
+  std::vector<Checkpoint> checkpoint_modes;  // never, except_last, always
   std::vector<int> virtual_stages;      // 1, 2, 4: V > 1 for interleaved-*, looped-bfs; 2 V-shaped
   double optimizer_state_multiple = 0;  // SGD 0, momentum 1, Adam 2 (memory and update)
   int top = 10;                         // plans kept in the ranked table
@@ -53,7 +53,7 @@ struct Plan {
   int ranks = 0;
   int microbatches = 0;  // M (the runtime's "chunks")
   int virtual_stages = 1;
-  CheckpointMode checkpoint = CheckpointMode::kNever;
+  Checkpoint checkpoint = Checkpoint::kNever;
   std::vector<int> balance;  // layers per stage, S = ranks * virtual_stages entries
   std::int64_t microbatch_size = 0;
 
@@ -156,6 +156,10 @@ std::vector<int> min_max_partition(int n, int stages,
                                    const std::function<bool(int, int, int)>& feasible = {});
 
 void to_json(nlohmann::json& out, const Plan& plan);
+// Reads what to_json writes: the plan's shape (schedule, ranks, chunks, virtual_stages,
+// checkpoint, balance) is required, the predicted figures are read where present. Throws
+// nlohmann::json::exception on a missing or mistyped required field.
+void from_json(const nlohmann::json& in, Plan& plan);
 void to_json(nlohmann::json& out, const PlanReport& report);
 
 }  // namespace pipetrain::partition

@@ -14,23 +14,10 @@
 #include <torch/types.h>
 
 #include "pipetrain/schedule/action.h"
+#include "pipetrain/schedule/checkpoint_mode.h"
 
 namespace pipetrain {
 
-// Which micro-batches keep only their stage inputs in the forward and recompute before backward.
-//   kAlways      every micro-batch
-//   kExceptLast  all but the last one (its backward follows its forward soonest, so recomputing
-//                it would save little memory and cost a forward) -- torchgpipe's default
-//   kNever       none: every activation is kept until its backward
-enum class Checkpoint { kAlways, kExceptLast, kNever };
-
-// "always", "except_last", "never". parse_checkpoint throws c10::Error naming the text and the
-// valid names.
-std::string to_string(Checkpoint mode);
-Checkpoint parse_checkpoint(const std::string& text);
-
-// True when micro-batch i of M is checkpointed under `mode`.
-bool is_checkpointed(Checkpoint mode, int i, int microbatches);
 
 // The loss of one micro-batch: mean-reduced over its rows (like torch::mse_loss's default).
 // The runtime weights it by rows(i) / rows(mini-batch) so gradients equal the full batch's.

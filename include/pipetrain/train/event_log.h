@@ -44,8 +44,8 @@ class EventLog {
 
   // Chrome trace of every step; times from the first event.
   void write_chrome_trace(const std::string& path, int ranks) const;
-  // SVG of step k (the last recorded full step when k < 0): times from that step's first event.
-  // Returns the step drawn.
+  // SVG of step k (the last recorded full step when k < 0): times from that step's first event,
+  // compute actions only (a receive's box would paint the waiting as work). Returns the step drawn.
   int64_t write_timeline_svg(const std::string& path, int ranks, const std::string& title,
                              int64_t k = -1) const;
 

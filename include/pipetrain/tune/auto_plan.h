@@ -1,5 +1,6 @@
-// `pipetrain train --balance auto --schedule auto`: the planner's recommendation (partition/
-// recommend.h) turned into the flags of one training run.
+// The auto plan: the planner's recommendation (partition/recommend.h) for one training run, made
+// on this machine's measured costs (`pipetrain train --balance auto --schedule auto`, and any C++
+// program that wants the same).
 //
 //   what is auto                     searched                           kept as given
 //   --balance auto                   balance                            schedule, chunks,
@@ -12,7 +13,7 @@
 //
 // The profile is taken on this process, on `sample` (the run's first mini-batch, or one
 // replica's share of it), with the intra-op threads each stage will use, and calibrated against
-// the runtime (plan_calibration.h, steps [1]..[3]: a few real steps in this process). The model
+// the runtime (tune/calibration.h, steps [1]..[3]: a few real steps in this process). The model
 // is left as it was: its parameters, buffers (batch-norm statistics) and the global random
 // generator are restored, so a run with `auto` trains exactly as the same run with the printed
 // flags written out.
@@ -22,7 +23,7 @@
 // only processes show is measured with every rank taking part: the transfer between pipeline
 // ranks 0 and 1 over the job's own process group, and step [4], the rank time per message, from
 // gpipe with 2 and with 32 micro-batches run on the ranks. The plan reaches every rank as
-// encode_plan / decode_plan text.
+// JSON (partition::Plan's to_json / from_json).
 //
 // Unless the user fixed the balance, the planner's best few plans (and the hand-written default,
 // 1f1b with 4 chunks and the even balance, when the fixed flags allow it) then run together for a
@@ -30,7 +31,8 @@
 // plan beat it by kKeepDefaultMargin in the same turns, else the fastest measured.
 //
 // Errors: user mistakes (a plan that cannot exist, a model the profiler cannot run, no plan
-// within --memory-limit: the message names the smallest limit that works) throw UsageError.
+// within --memory-limit: the message names the smallest limit that works) throw AutoPlanError, a
+// BadInput.
 //
 // Thread-safety: plan_training runs the model; call it from the main thread before training.
 #pragma once
@@ -42,12 +44,12 @@
 
 #include <torch/torch.h>
 
-#include "commands.h"
+#include "pipetrain/base/error.h"
 #include "pipetrain/partition/planner.h"
 #include "pipetrain/runtime/distributed.h"
-#include "plan_calibration.h"
+#include "pipetrain/tune/calibration.h"
 
-namespace pipetrain::cli {
+namespace pipetrain::tune {
 
 // Which parts of the plan the user left to the planner.
 struct AutoRequest {
@@ -71,6 +73,9 @@ struct AutoPlanInput {
   std::string checkpoint;
   std::int64_t virtual_stages = 1;
   std::vector<std::int64_t> balance;  // empty: not given
+  // What planning does ("planning: profiled 12 layers; ...") and what it skipped; nothing in
+  // tune/ prints. Empty: silent.
+  Diagnostics diagnostics;
 };
 
 // What the plan of a multi-process run measures on the processes themselves.
@@ -89,7 +94,8 @@ partition::Plan plan_training(torch::nn::Sequential& model, const torch::Tensor&
                               const AutoRequest& request, const AutoPlanInput& input,
                               const ProcessMeasurer* processes = nullptr);
 
-// Rank 0's auto plan failed for a user mistake: every rank throws this with rank 0's message.
+// A user mistake in what was asked of the auto plan. In a multi-process run, rank 0's: every rank
+// throws it with rank 0's message.
 struct AutoPlanError : BadInput {
   using BadInput::BadInput;
 };
@@ -97,7 +103,7 @@ struct AutoPlanError : BadInput {
 // The auto plan of a multi-process run; every rank calls it with the same arguments. Rank 0 runs
 // plan_training; each measurement that needs the processes is a job rank 0 broadcasts and every
 // rank runs (the others wait for jobs until the plan comes). Returns the plan on every rank;
-// throws AutoPlanError on every rank when rank 0's planning threw UsageError. The model is left
+// throws AutoPlanError on every rank when rank 0's planning threw BadInput. The model is left
 // as it was on every rank.
 partition::Plan plan_training_on_ranks(Distributed& distributed, torch::nn::Sequential& model,
                                        const torch::Tensor& sample, const AutoRequest& request,
@@ -107,11 +113,8 @@ partition::Plan plan_training_on_ranks(Distributed& distributed, torch::nn::Sequ
 // 0.152 s/step, peak 1.2 GiB on rank 0)"
 std::string describe_auto_plan(const partition::Plan& plan);
 
-// The plan as one line of JSON and back (what rank 0 broadcasts).
-std::string encode_plan(const partition::Plan& plan);
-partition::Plan decode_plan(const std::string& text);
 
 // State multiple of an optimizer for the memory model: sgd 0 (1 with momentum), adam/adamw 2.
 double optimizer_state_multiple(const std::string& optimizer, double momentum);
 
-}  // namespace pipetrain::cli
+}  // namespace pipetrain::tune

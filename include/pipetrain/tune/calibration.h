@@ -1,6 +1,7 @@
 // The measurements that calibrate the planner's cost model against this machine's runtime, shared
-// by `pipetrain plan --model` (plan_model.cpp) and the auto plan of `pipetrain train`
-// (train_auto.cpp).
+// by `pipetrain plan --model` and the auto plan of `pipetrain train` (tune/auto_plan.h). Nothing
+// here prints: what a person may want to know (a step skipped, and why) goes to a Diagnostics
+// callback.
 //
 //   in one process (the model, a sample batch)      on K processes (a Distributed job)
 //   ------------------------------------------      ----------------------------------------------
@@ -32,6 +33,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -42,7 +44,17 @@
 #include "pipetrain/runtime/distributed.h"
 #include "pipetrain/runtime/pipe.h"
 
-namespace pipetrain::cli {
+namespace pipetrain::tune {
+
+// A line for a person about what planning does or skipped. kProgress: what runs now and how long
+// it took; kWarning: a step that could not run, with the reason and what is assumed instead.
+struct Diagnostic {
+  enum class Kind { kProgress, kWarning };
+  Kind kind = Kind::kProgress;
+  std::string text;
+};
+// Receives each Diagnostic; empty: none is reported.
+using Diagnostics = std::function<void(const Diagnostic&)>;
 
 // What a timed run of a plan measured.
 struct Measured {
@@ -74,8 +86,6 @@ class ModelStateGuard {
   torch::Tensor generator_state_;
 };
 
-Checkpoint to_runtime(partition::CheckpointMode mode);
-
 // Runs plans together, in turn step by step, `steps` timed steps each after 2 warm-up steps, and
 // returns what each measured (same order): the in-process Pipe, K processes, or the ranks of a
 // job.
@@ -98,15 +108,18 @@ Measured measure_in_process(torch::nn::Sequential& model, const torch::Tensor& s
 
 // Steps [1]..[3]: sets profile.per_layer_overhead_seconds, split_backward_scale,
 // concurrent_compute_scale / concurrent_ranks (planner.ranks of them) and calibrated.
+// A model zb-h1 cannot train as one stage, or whose layers cannot be cloned, skips the step that
+// needs it (a kWarning to `diagnostics` says which and why).
 void calibrate_in_process(torch::nn::Sequential& model, const torch::Tensor& sample,
                           partition::ModelProfile& profile,
-                          const partition::PlannerOptions& planner);
+                          const partition::PlannerOptions& planner,
+                          const Diagnostics& diagnostics = {});
 
 // ---- K processes
 // ---------------------------------------------------------------------------------
 
-// A plan as the JSON a rank runs it from ({"schedule", "ranks", "chunks", "virtual_stages",
-// "checkpoint", "balance", "threads"}), and a list of them.
+// A plan as the JSON a rank runs it from (partition::Plan's to_json, plus "threads"), and a list
+// of them.
 nlohmann::json plan_to_run(const partition::Plan& plan, int threads);
 nlohmann::json plans_to_run(const std::vector<partition::Plan>& plans, int threads);
 
@@ -119,7 +132,7 @@ nlohmann::json run_plans_on_rank(Distributed& distributed, torch::nn::Sequential
                                  int steps);
 
 // Each plan's step times from every rank's run_plans_on_rank result (per step the slowest rank,
-// the median over steps). Throws std::runtime_error naming a rank without a result.
+// the median over steps). Throws TransportFailure naming a rank without a result.
 std::vector<Measured> combine_rank_results(const std::vector<partition::Plan>& plans,
                                            const std::vector<std::optional<nlohmann::json>>& ranks);
 
@@ -174,4 +187,4 @@ void recommend_by_measurement(partition::ModelProfile& profile,
                               partition::PlanReport& report, const partition::Plan* reference,
                               const RunPlans& run, int min_steps);
 
-}  // namespace pipetrain::cli
+}  // namespace pipetrain::tune

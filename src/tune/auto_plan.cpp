@@ -12,12 +12,12 @@
 //       chooses (plan_calibration.h: the default unless a plan beat it in the same turns, else
 //       the fastest measured); or, when the user fixed the balance itself,
 //       every (schedule, M, checkpoint) evaluated on that balance, the fastest predicted
-//   [4] nothing fits the memory limit -> UsageError naming the smallest limit that works
+//   [4] nothing fits the memory limit -> BadInput naming the smallest limit that works
 //
 // plan_training_on_ranks: rank 0 plans; its ProcessMeasurer broadcasts each measurement as a job
 // ({"job": ...}) that every rank runs (run_job) and gathers the ranks' results; the last message
 // is {"plan": ...} or {"error": ...}.
-#include "train_auto.h"
+#include "pipetrain/tune/auto_plan.h"
 
 #include <algorithm>
 #include <chrono>
@@ -28,17 +28,28 @@
 
 #include <nlohmann/json.hpp>
 
-#include "commands.h"
 #include "pipetrain/partition/memory.h"
 #include "pipetrain/partition/profiler.h"
 #include "pipetrain/schedule/generators.h"
-#include "plan_calibration.h"
-#include "train_setup.h"
+#include "pipetrain/base/message_of.h"
+#include "pipetrain/tune/calibration.h"
 
-namespace pipetrain::cli {
+namespace pipetrain::tune {
 namespace {
 
 namespace pp = pipetrain::partition;
+
+// printf into a string.
+template <typename... Args>
+std::string format(const char* pattern, Args... args) {
+  char text[512];
+  std::snprintf(text, sizeof text, pattern, args...);
+  return text;
+}
+
+void note(const AutoPlanInput& input, const std::string& line) {
+  if (input.diagnostics) input.diagnostics({Diagnostic::Kind::kProgress, line});
+}
 
 // Timed steps per plan of a step [5] round, at least (after 2 warm-up steps).
 constexpr int kMeasuredSteps = 3;
@@ -70,19 +81,19 @@ pp::Plan search_with_balance(const pp::ModelProfile& profile, const pp::PlannerO
   const bool has_1f1b = std::find(schedules.begin(), schedules.end(), "1f1b") != schedules.end();
   const std::vector<int> counts = request.chunks ? microbatch_counts(profile.batch_size)
                                                  : std::vector<int>{static_cast<int>(input.chunks)};
-  const std::vector<pp::CheckpointMode> modes =
-      request.checkpoint ? pp::all_checkpoint_modes()
-                         : std::vector<pp::CheckpointMode>{pp::parse_checkpoint(input.checkpoint)};
+  const std::vector<Checkpoint> modes =
+      request.checkpoint ? all_checkpoint_modes()
+                         : std::vector<Checkpoint>{parse_checkpoint(input.checkpoint)};
   pp::Plan best, leanest;
   bool found = false, any = false;
   for (const auto& name : schedules) {
     const bool interleaved = name == "interleaved-1f1b";
     if (interleaved ? (V == 1 && has_1f1b) : V != 1) continue;
     for (int M : counts) {
-      for (pp::CheckpointMode mode : modes) {
+      for (Checkpoint mode : modes) {
         // The planner models zb-h1 without recompute (planner.h); with only --balance auto the
         // user's checkpoint mode still runs.
-        if (name == "zb-h1" && mode != pp::CheckpointMode::kNever && request.checkpoint) continue;
+        if (name == "zb-h1" && mode != Checkpoint::kNever && request.checkpoint) continue;
         pp::Plan spec;
         spec.schedule = name;
         spec.ranks = input.ranks;
@@ -101,12 +112,12 @@ pp::Plan search_with_balance(const pp::ModelProfile& profile, const pp::PlannerO
     }
   }
   if (!any) {
-    throw UsageError("--schedule auto with --balance of " + std::to_string(input.balance.size()) +
+    throw AutoPlanError("--schedule auto with --balance of " + std::to_string(input.balance.size()) +
                      " stages and --virtual " + std::to_string(V) +
                      " leaves no schedule to choose; drop --virtual or the explicit --balance");
   }
   if (!found) {
-    throw UsageError(
+    throw AutoPlanError(
         no_fit_message(planner.memory_limit_bytes, leanest.peak_memory_bytes, leanest));
   }
   return best;
@@ -139,7 +150,7 @@ pp::Plan plan_training(torch::nn::Sequential& model, const torch::Tensor& sample
   TORCH_INTERNAL_ASSERT(request.any(), "plan_training without anything to plan");
   const int layers = static_cast<int>(model->size());
   if (input.ranks < 1 || input.ranks * input.virtual_stages > layers) {
-    throw UsageError("the auto plan needs " + std::to_string(input.ranks) + " pipeline ranks x " +
+    throw AutoPlanError("the auto plan needs " + std::to_string(input.ranks) + " pipeline ranks x " +
                      std::to_string(input.virtual_stages) + " virtual stages <= the model's " +
                      std::to_string(layers) + " layers; use fewer --stages, --nproc or --virtual");
   }
@@ -148,13 +159,13 @@ pp::Plan plan_training(torch::nn::Sequential& model, const torch::Tensor& sample
   planner.memory_limit_bytes = input.memory_limit_bytes;
   planner.optimizer_state_multiple = input.optimizer_state_multiple;
   planner.top = 3;  // step [5] measures the best few
-  pp::CheckpointMode user_checkpoint = pp::CheckpointMode::kNever;
+  Checkpoint user_checkpoint = Checkpoint::kNever;
   if (!request.schedule) planner.schedules = {input.schedule};
   if (!request.checkpoint) {
-    user_checkpoint = pp::parse_checkpoint(input.checkpoint);
+    user_checkpoint = parse_checkpoint(input.checkpoint);
     // zb-h1 is planned without recompute (planner.h); balance it so and run the user's mode.
     const bool zb_only = !request.schedule && input.schedule == "zb-h1";
-    planner.checkpoint_modes = {zb_only ? pp::CheckpointMode::kNever : user_checkpoint};
+    planner.checkpoint_modes = {zb_only ? Checkpoint::kNever : user_checkpoint};
   }
   if (!request.virtual_stages) planner.virtual_stages = {static_cast<int>(input.virtual_stages)};
   torch::Tensor batch = sample;
@@ -163,7 +174,7 @@ pp::Plan plan_training(torch::nn::Sequential& model, const torch::Tensor& sample
     // the largest row count that M divides (the same micro-batch size).
     const std::int64_t rows = batch.size(0);
     if (input.chunks > rows) {
-      throw UsageError("--chunks " + std::to_string(input.chunks) + " but a mini-batch (or a " +
+      throw AutoPlanError("--chunks " + std::to_string(input.chunks) + " but a mini-batch (or a " +
                        "replica's share) has only " + std::to_string(rows) +
                        " rows; use at most that many chunks or a larger --batch-size");
     }
@@ -178,25 +189,26 @@ pp::Plan plan_training(torch::nn::Sequential& model, const torch::Tensor& sample
       profile = pp::profile_sequential(model, batch,
                                        pp::ProfileOptions().intra_op_threads(input.threads));
     } catch (const c10::Error& error) {
-      throw UsageError("cannot profile the model for the auto plan (on a batch of " +
+      throw AutoPlanError("cannot profile the model for the auto plan (on a batch of " +
                        std::to_string(batch.size(0)) + " rows): " + message_of(error) +
                        "; give --balance and --schedule explicitly");
     }
     const bool measure_processes = processes && input.ranks > 1;
-    std::printf("planning: profiled %lld layers; calibrating against the runtime%s\n",
-                static_cast<long long>(profile.num_layers()),
-                measure_processes ? " and the processes" : "");
-    std::fflush(stdout);
+    note(input, "planning: profiled " + std::to_string(profile.num_layers()) +
+                    " layers; calibrating against the runtime" +
+                    (measure_processes ? " and the processes" : ""));
     const auto start = std::chrono::steady_clock::now();
     if (measure_processes) {
       profile.transfer = processes->transfer(largest_boundary_bytes(profile));
     }
-    calibrate_in_process(model, batch, profile, planner);
+    calibrate_in_process(model, batch, profile, planner, input.diagnostics);
     if (measure_processes) calibrate_processes(profile, planner, processes->run);
-    std::printf("planning: calibrated in %.1f s (%.1f us per layer call, %.2f ms per message)\n",
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
-                profile.per_layer_overhead_seconds * 1e6, profile.transfer.message_seconds * 1e3);
-    std::fflush(stdout);
+    note(input, format("planning: calibrated in %.1f s (%.1f us per layer call, %.2f ms per "
+                       "message)",
+                       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+                           .count(),
+                       profile.per_layer_overhead_seconds * 1e6,
+                       profile.transfer.message_seconds * 1e3));
   }
   const RunPlans run = processes && input.ranks > 1
                            ? processes->run
@@ -212,10 +224,10 @@ pp::Plan plan_training(torch::nn::Sequential& model, const torch::Tensor& sample
       pp::PlanReport report = pp::plan_pipeline(profile, planner);
       if (!report.found()) {
         if (planner.memory_limit_bytes > 0 && report.smallest_fitting_limit > 0) {  // [4]
-          throw UsageError(no_fit_message(planner.memory_limit_bytes, report.smallest_fitting_limit,
+          throw AutoPlanError(no_fit_message(planner.memory_limit_bytes, report.smallest_fitting_limit,
                                           report.smallest_fitting_plan));
         }
-        throw UsageError("the planner found no plan for " + std::to_string(input.ranks) +
+        throw AutoPlanError("the planner found no plan for " + std::to_string(input.ranks) +
                          " ranks with these fixed flags; give --schedule/--chunks/--checkpoint "
                          "explicitly");
       }
@@ -226,9 +238,9 @@ pp::Plan plan_training(torch::nn::Sequential& model, const torch::Tensor& sample
       recommend_by_measurement(profile, planner, report, reference ? &*reference : nullptr, run,
                                kMeasuredSteps);
       plan = report.recommended();
-      std::printf(
+      note(input, format(
           "planning: measured %zu plans together in %.1f s; chosen: %s (%.3g s/step; "
-          "predictions x%.2f)\n",
+          "predictions x%.2f)",
           report.measured.size(),
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
           plan.describe().c_str(),
@@ -238,11 +250,12 @@ pp::Plan plan_training(torch::nn::Sequential& model, const torch::Tensor& sample
             }
             return 0.0;
           }(),
-          profile.measured_step_scale);
-      std::fflush(stdout);
+          profile.measured_step_scale));
     }
-  } catch (const pipetrain::BadInput& error) {
-    throw UsageError(std::string("auto plan: ") + error.what());
+  } catch (const AutoPlanError&) {
+    throw;
+  } catch (const BadInput& error) {  // the planner's own checks
+    throw AutoPlanError(std::string("auto plan: ") + error.what());
   }
   if (!request.checkpoint) plan.checkpoint = user_checkpoint;
   return plan;
@@ -261,38 +274,8 @@ std::string describe_auto_plan(const pp::Plan& plan) {
                 peak_rank);
   return "auto plan: " + plan.schedule + ", chunks " + std::to_string(plan.microbatches) +
          ", balance" + balance + ", checkpoint " +
-         std::string(pp::checkpoint_name(plan.checkpoint)) + ", virtual stages " +
+         to_string(plan.checkpoint) + ", virtual stages " +
          std::to_string(plan.virtual_stages) + " (" + predicted + ")";
-}
-
-std::string encode_plan(const pp::Plan& plan) {
-  const nlohmann::json json = {{"schedule", plan.schedule},
-                               {"ranks", plan.ranks},
-                               {"chunks", plan.microbatches},
-                               {"virtual_stages", plan.virtual_stages},
-                               {"checkpoint", pp::checkpoint_name(plan.checkpoint)},
-                               {"balance", plan.balance},
-                               {"microbatch_size", plan.microbatch_size},
-                               {"predicted_step_seconds", plan.predicted_step_seconds},
-                               {"peak_memory_per_rank", plan.peak_memory_per_rank},
-                               {"peak_memory_bytes", plan.peak_memory_bytes}};
-  return json.dump();
-}
-
-pp::Plan decode_plan(const std::string& text) {
-  const nlohmann::json json = nlohmann::json::parse(text);
-  pp::Plan plan;
-  plan.schedule = json.at("schedule").get<std::string>();
-  plan.ranks = json.at("ranks").get<int>();
-  plan.microbatches = json.at("chunks").get<int>();
-  plan.virtual_stages = json.at("virtual_stages").get<int>();
-  plan.checkpoint = pp::parse_checkpoint(json.at("checkpoint").get<std::string>());
-  plan.balance = json.at("balance").get<std::vector<int>>();
-  plan.microbatch_size = json.at("microbatch_size").get<std::int64_t>();
-  plan.predicted_step_seconds = json.at("predicted_step_seconds").get<double>();
-  plan.peak_memory_per_rank = json.at("peak_memory_per_rank").get<std::vector<std::int64_t>>();
-  plan.peak_memory_bytes = json.at("peak_memory_bytes").get<std::int64_t>();
-  return plan;
 }
 
 namespace {
@@ -333,7 +316,7 @@ pp::Plan plan_training_on_ranks(Distributed& distributed, torch::nn::Sequential&
     ProcessMeasurer measurer;
     measurer.transfer = [&](std::int64_t large) {
       const auto results = on_every_rank(transfer_job(large));
-      if (!results[0]) throw std::runtime_error("auto plan: the transfer measurement gave nothing");
+      if (!results[0]) throw TransportFailure("auto plan: the transfer measurement gave nothing");
       return transfer_model_from(*results[0]);
     };
     measurer.run = [&](const std::vector<pp::Plan>& plans, int steps) {
@@ -343,9 +326,9 @@ pp::Plan plan_training_on_ranks(Distributed& distributed, torch::nn::Sequential&
     };
     try {
       last = nlohmann::json{{"plan",
-                             encode_plan(plan_training(model, sample, request, input, &measurer))}}
+                             nlohmann::json(plan_training(model, sample, request, input, &measurer))}}
                  .dump();
-    } catch (const UsageError& error) {
+    } catch (const BadInput& error) {
       last = nlohmann::json{{"error", error.what()}}.dump();
     }
     distributed.broadcast_text(last, 0);
@@ -362,7 +345,7 @@ pp::Plan plan_training_on_ranks(Distributed& distributed, torch::nn::Sequential&
   }
   const nlohmann::json decided = nlohmann::json::parse(last);
   if (decided.contains("error")) throw AutoPlanError(decided.at("error").get<std::string>());
-  return decode_plan(decided.at("plan").get<std::string>());
+  return decided.at("plan").get<pp::Plan>();
 }
 
-}  // namespace pipetrain::cli
+}  // namespace pipetrain::tune

@@ -1,11 +1,10 @@
 // Calibration measurements of the planner (plan_calibration.h).
-#include "plan_calibration.h"
+#include "pipetrain/tune/calibration.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <exception>
-#include <iostream>
 #include <limits>
 #include <memory>
 #include <stdexcept>
@@ -13,11 +12,12 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include "pipetrain/base/error.h"
 #include "pipetrain/base/median.h"
 #include "pipetrain/runtime/distributed_pipe.h"
 #include "pipetrain/schedule/action.h"
 
-namespace pipetrain::cli {
+namespace pipetrain::tune {
 namespace {
 
 namespace pp = pipetrain::partition;
@@ -131,18 +131,6 @@ double Measured::busy_seconds_per_rank() const {
   return mean;
 }
 
-Checkpoint to_runtime(pp::CheckpointMode mode) {
-  switch (mode) {
-    case pp::CheckpointMode::kNever:
-      return Checkpoint::kNever;
-    case pp::CheckpointMode::kExceptLast:
-      return Checkpoint::kExceptLast;
-    case pp::CheckpointMode::kAlways:
-      return Checkpoint::kAlways;
-  }
-  return Checkpoint::kNever;
-}
-
 std::vector<Measured> measure_in_process(torch::nn::Sequential& model, const torch::Tensor& sample,
                                          const std::vector<pp::Plan>& plans, int threads,
                                          int steps) {
@@ -155,7 +143,7 @@ std::vector<Measured> measure_in_process(torch::nn::Sequential& model, const tor
         .chunks(plan.microbatches)
         .schedule(plan.schedule)
         .virtual_stages(plan.virtual_stages)
-        .checkpoint(to_runtime(plan.checkpoint))
+        .checkpoint(plan.checkpoint)
         .threads_per_stage(threads);
     pipes.emplace_back(model, options);
     sgds.emplace_back(pipes.back()->parameters(), torch::optim::SGDOptions(1e-4));
@@ -190,7 +178,8 @@ Measured measure_in_process(torch::nn::Sequential& model, const torch::Tensor& s
 // the gap scales the split backward (I + W). [3] K copies of the model run the [1] step on K
 // threads at once.
 void calibrate_in_process(torch::nn::Sequential& model, const torch::Tensor& sample,
-                          pp::ModelProfile& profile, const pp::PlannerOptions& planner) {
+                          pp::ModelProfile& profile, const pp::PlannerOptions& planner,
+                          const Diagnostics& diagnostics) {
   int microbatches = 1;
   while (microbatches < 16 && profile.batch_size % (microbatches * 2) == 0) microbatches *= 2;
   pp::Plan one_stage;
@@ -228,8 +217,11 @@ void calibrate_in_process(torch::nn::Sequential& model, const torch::Tensor& sam
       } catch (const std::exception& error) {
         std::string reason = error.what();
         reason = reason.substr(0, reason.find('\n'));
-        std::cerr << "plan: zb-h1 cannot train this model as one stage (" << reason
-                  << "); the split backward is not calibrated\n";
+        if (diagnostics) {
+          diagnostics({Diagnostic::Kind::kWarning,
+                       "plan: zb-h1 cannot train this model as one stage (" + reason +
+                           "); the split backward is not calibrated"});
+        }
         split_runs = false;
       }
     }
@@ -269,8 +261,11 @@ void calibrate_in_process(torch::nn::Sequential& model, const torch::Tensor& sam
           std::dynamic_pointer_cast<torch::nn::SequentialImpl>(model->clone(torch::kCPU)));
     }
   } catch (const c10::Error&) {
-    std::cerr << "plan: a layer of this model cannot be cloned; not calibrating for "
-                 "concurrent ranks\n";
+    if (diagnostics) {
+      diagnostics({Diagnostic::Kind::kWarning,
+                   "plan: a layer of this model cannot be cloned; not calibrating for "
+                   "concurrent ranks"});
+    }
     return;
   }
   auto busy_of = [&](torch::nn::Sequential& copy) {
@@ -309,20 +304,16 @@ void calibrate_in_process(torch::nn::Sequential& model, const torch::Tensor& sam
 // ---- K processes --------------------------------------------------------------------------------
 
 nlohmann::json plan_to_run(const pp::Plan& plan, int threads) {
-  return {{"schedule", plan.schedule},
-          {"ranks", plan.ranks},
-          {"chunks", plan.microbatches},
-          {"virtual_stages", plan.virtual_stages},
-          {"checkpoint", std::string(pp::checkpoint_name(plan.checkpoint))},
-          {"balance", plan.balance},
-          {"threads", threads}};
+  nlohmann::json run = plan;  // partition::Plan's to_json
+  run["threads"] = threads;
+  return run;
 }
 
 nlohmann::json run_plans_on_rank(Distributed& distributed, torch::nn::Sequential& model,
                                  const torch::Tensor& sample, const nlohmann::json& runs,
                                  int steps) {
   if (!runs.is_array() || runs.empty()) {
-    throw std::invalid_argument("run_plans_on_rank: give a non-empty array of plans to run");
+    throw BadInput("run_plans_on_rank: give a non-empty array of plans to run");
   }
   at::set_num_threads(runs.front().at("threads").get<int>());
   const torch::Tensor target = zeros_target(model, sample);
@@ -338,7 +329,7 @@ nlohmann::json run_plans_on_rank(Distributed& distributed, torch::nn::Sequential
             .schedule(run.at("schedule").get<std::string>())
             .virtual_stages(run.at("virtual_stages").get<int>())
             .checkpoint(
-                to_runtime(pp::parse_checkpoint(run.at("checkpoint").get<std::string>())))));
+                parse_checkpoint(run.at("checkpoint").get<std::string>()))));
     sgds.emplace_back(pipes.back()->parameters(), torch::optim::SGDOptions(1e-4));
     recorders.emplace_back(1);
   }
@@ -381,7 +372,7 @@ std::vector<Measured> combine_rank_results(
     for (int r = 0; r < plan.ranks; ++r) {
       if (static_cast<std::size_t>(r) >= ranks.size() || !ranks[static_cast<std::size_t>(r)] ||
           ranks[static_cast<std::size_t>(r)]->size() != plans.size()) {
-        throw std::runtime_error("rank " + std::to_string(r) + " of a " + plan.describe() +
+        throw TransportFailure("rank " + std::to_string(r) + " of a " + plan.describe() +
                                  " run printed no result for it");
       }
       const nlohmann::json& result = ranks[static_cast<std::size_t>(r)]->at(k);
@@ -400,7 +391,7 @@ std::vector<Measured> combine_rank_results(
         }
       }
     }
-    if (steps.empty()) throw std::runtime_error("a " + plan.describe() + " run timed no steps");
+    if (steps.empty()) throw Error(ErrorKind::Runtime, "a " + plan.describe() + " run timed no steps");
     measured.step_seconds = steps;
     measured.median_seconds = upper_median(steps);
     all.push_back(std::move(measured));
@@ -609,7 +600,7 @@ void recommend_by_measurement(pp::ModelProfile& profile, const pp::PlannerOption
   }
   std::vector<double> medians;
   for (std::size_t k = 0; k < plans.size(); ++k) {
-    if (steps[k].empty()) throw std::runtime_error(plans[k].describe() + " timed no steps");
+    if (steps[k].empty()) throw Error(ErrorKind::Runtime, plans[k].describe() + " timed no steps");
     medians.push_back(upper_median(steps[k]));
   }
   std::size_t default_index = plans.size();
@@ -620,4 +611,4 @@ void recommend_by_measurement(pp::ModelProfile& profile, const pp::PlannerOption
                          pp::choose_measured(steps, default_index, kKeepDefaultMargin));
 }
 
-}  // namespace pipetrain::cli
+}  // namespace pipetrain::tune
