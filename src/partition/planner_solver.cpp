@@ -354,15 +354,6 @@ class Evaluator {
   std::map<std::tuple<std::string, int, int>, std::unique_ptr<ScheduleEntry>> schedules_;
 };
 
-std::vector<int> default_microbatch_counts(std::int64_t batch) {
-  std::vector<int> counts;
-  for (std::int64_t m = 1; m <= batch; m *= 2) {
-    if (batch % m == 0) counts.push_back(static_cast<int>(m));
-  }
-  if (counts.back() != batch) counts.push_back(static_cast<int>(batch));
-  return counts;
-}
-
 bool faster(const Plan& a, const Plan& b) {
   if (a.predicted_step_seconds != b.predicted_step_seconds) {
     return a.predicted_step_seconds < b.predicted_step_seconds;
@@ -594,28 +585,33 @@ Plan default_plan(const ModelProfile& profile, int ranks, int microbatches) {
   return plan;
 }
 
-PlanReport plan_pipeline(const ModelProfile& profile, const PlannerOptions& options_in) {
-  const auto started = std::chrono::steady_clock::now();
-  check_options(profile, options_in);
-  PlannerOptions options = options_in;
+namespace {
+
+// The options with every empty search dimension filled with its default.
+PlannerOptions with_defaults(const ModelProfile& profile, const PlannerOptions& given) {
+  PlannerOptions options = given;
   if (options.schedules.empty()) options.schedules = schedule::schedule_names();
   if (options.microbatch_counts.empty()) {
     options.microbatch_counts = default_microbatch_counts(profile.batch_size);
   }
   if (options.checkpoint_modes.empty()) options.checkpoint_modes = all_checkpoint_modes();
   if (options.virtual_stages.empty()) options.virtual_stages = {1, 2, 4};
+  return options;
+}
+
+// [1] Every (schedule, M, V, checkpoint) the options allow, with its time balance and lower
+// bound, cheapest bound first.
+std::vector<Candidate> enumerate_candidates(const ModelProfile& profile,
+                                            const PlannerOptions& options, Evaluator& evaluator) {
   const bool searches_1f1b = std::find(options.schedules.begin(), options.schedules.end(),
                                        "1f1b") != options.schedules.end();
   const int L = static_cast<int>(profile.num_layers());
-
-  Evaluator evaluator(profile, options);
-  PlanReport report;
   std::vector<Candidate> candidates;
   for (int M : options.microbatch_counts) {
     if (M < 1 || profile.batch_size % M != 0) {
       throw BadInput("planner: " + std::to_string(M) +
-                                  " micro-batches do not divide the batch of " +
-                                  std::to_string(profile.batch_size) + "; pick divisors");
+                     " micro-batches do not divide the batch of " +
+                     std::to_string(profile.batch_size) + "; pick divisors");
     }
     for (const auto& name : options.schedules) {
       for (int V : options.virtual_stages) {
@@ -631,11 +627,72 @@ PlanReport plan_pipeline(const ModelProfile& profile, const PlannerOptions& opti
       }
     }
   }
-  report.candidates = static_cast<int>(candidates.size());
   std::stable_sort(
       candidates.begin(), candidates.end(),
       [](const Candidate& a, const Candidate& b) { return a.lower_bound < b.lower_bound; });
+  return candidates;
+}
 
+// [2] A balance of `c` within `limit` (its time balance when that fits, else the memory-capped
+// one, else the leanest); false when none fits. Updates c's balance and lower bound.
+bool fit_to_memory(Candidate& c, const ScheduleEntry& s, Evaluator& evaluator,
+                   std::int64_t limit) {
+  Plan trial = evaluator.memory_plan(c, s);
+  if (trial.fits) return true;
+  std::vector<int> capped = evaluator.memory_capped_balance(c, s, limit);
+  if (!capped.empty()) {
+    trial.balance = capped;
+    evaluator.fill_memory(trial, s);
+  }
+  if (capped.empty() || !trial.fits) {
+    // The cap is limit / V per stage; with V > 1 a rank can fit while one stage is over its
+    // share, so try the leanest split too (it is what smallest_fitting_limit reports).
+    capped = evaluator.memory_balance(c, s);
+    trial.balance = capped;
+    evaluator.fill_memory(trial, s);
+  }
+  if (!trial.fits) return false;
+  c.balance = capped;
+  c.lower_bound = evaluator.lower_bound(c);
+  return true;
+}
+
+// [3] Nothing fits: the smallest limit any candidate could meet with its leanest split, and that
+// plan with its predicted time (for the message "needs X; would take Y").
+void find_smallest_fitting(const std::vector<Candidate>& candidates, Evaluator& evaluator,
+                           PlanReport& report) {
+  bool have = false;
+  for (const Candidate& original : candidates) {
+    Candidate c = original;
+    const ScheduleEntry& s = evaluator.schedule_of(c.schedule, c.microbatches, c.virtual_stages);
+    c.balance = evaluator.memory_balance(c, s);
+    Plan trial = evaluator.memory_plan(c, s);
+    if (!have || trial.peak_memory_bytes < report.smallest_fitting_limit) {
+      have = true;
+      report.smallest_fitting_limit = trial.peak_memory_bytes;
+      report.smallest_fitting_plan = trial;
+    }
+  }
+  if (have) {
+    const Candidate c = candidate_of(report.smallest_fitting_plan);
+    const ScheduleEntry& s = evaluator.schedule_of(c.schedule, c.microbatches, c.virtual_stages);
+    report.smallest_fitting_plan = evaluator.predict(c, s);
+  }
+}
+
+}  // namespace
+
+PlanReport plan_pipeline(const ModelProfile& profile, const PlannerOptions& options_in) {
+  const auto started = std::chrono::steady_clock::now();
+  check_options(profile, options_in);
+  const PlannerOptions options = with_defaults(profile, options_in);
+  Evaluator evaluator(profile, options);
+  PlanReport report;
+  std::vector<Candidate> candidates = enumerate_candidates(profile, options, evaluator);  // [1]
+  report.candidates = static_cast<int>(candidates.size());
+
+  // Candidates in order of their lower bound: once the table holds `top` plans and a bound is no
+  // better than its slowest, that candidate cannot enter it (pruned).
   const std::int64_t limit = options.memory_limit_bytes;
   auto table_full_and_beats = [&](double bound) {
     return static_cast<int>(report.ranked.size()) >= options.top &&
@@ -647,34 +704,15 @@ PlanReport plan_pipeline(const ModelProfile& profile, const PlannerOptions& opti
       continue;
     }
     const ScheduleEntry& s = evaluator.schedule_of(c.schedule, c.microbatches, c.virtual_stages);
-    bool for_memory = false;
-    if (limit > 0) {
-      Plan trial = evaluator.memory_plan(c, s);
-      if (!trial.fits) {
-        std::vector<int> capped = evaluator.memory_capped_balance(c, s, limit);
-        if (!capped.empty()) {
-          trial.balance = capped;
-          evaluator.fill_memory(trial, s);
-        }
-        if (capped.empty() || !trial.fits) {
-          // The cap is limit / V per stage; with V > 1 a rank can fit while one stage is over
-          // its share, so try the leanest split too (it is what smallest_fitting_limit reports).
-          capped = evaluator.memory_balance(c, s);
-          trial.balance = capped;
-          evaluator.fill_memory(trial, s);
-        }
-        if (!trial.fits) {
-          ++report.rejected_memory;
-          continue;
-        }
-        c.balance = capped;
-        c.lower_bound = evaluator.lower_bound(c);
-        for_memory = true;
-        if (table_full_and_beats(c.lower_bound)) {
-          ++report.pruned;
-          continue;
-        }
-      }
+    const std::vector<int> time_balance = c.balance;
+    if (limit > 0 && !fit_to_memory(c, s, evaluator, limit)) {  // [2]
+      ++report.rejected_memory;
+      continue;
+    }
+    const bool for_memory = c.balance != time_balance;
+    if (for_memory && table_full_and_beats(c.lower_bound)) {
+      ++report.pruned;
+      continue;
     }
     Plan plan = evaluator.predict(c, s);
     plan.balanced_for_memory = for_memory;
@@ -683,28 +721,7 @@ PlanReport plan_pipeline(const ModelProfile& profile, const PlannerOptions& opti
     report.ranked.insert(at, std::move(plan));
     if (static_cast<int>(report.ranked.size()) > options.top) report.ranked.pop_back();
   }
-
-  if (report.ranked.empty() && limit > 0) {
-    // Nothing fits: the smallest limit any candidate could meet with its leanest split.
-    bool have = false;
-    for (const Candidate& original : candidates) {
-      Candidate c = original;
-      const ScheduleEntry& s = evaluator.schedule_of(c.schedule, c.microbatches, c.virtual_stages);
-      c.balance = evaluator.memory_balance(c, s);
-      Plan trial = evaluator.memory_plan(c, s);
-      if (!have || trial.peak_memory_bytes < report.smallest_fitting_limit) {
-        have = true;
-        report.smallest_fitting_limit = trial.peak_memory_bytes;
-        report.smallest_fitting_plan = trial;
-      }
-    }
-    if (have) {
-      // Its predicted time, for the message "needs X; would take Y".
-      const Candidate c = candidate_of(report.smallest_fitting_plan);
-      const ScheduleEntry& s = evaluator.schedule_of(c.schedule, c.microbatches, c.virtual_stages);
-      report.smallest_fitting_plan = evaluator.predict(c, s);
-    }
-  }
+  if (report.ranked.empty() && limit > 0) find_smallest_fitting(candidates, evaluator, report);  // [3]
   report.planning_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return report;
@@ -778,6 +795,15 @@ void to_json(nlohmann::json& out, const PlanReport& report) {
                    {"pruned", report.pruned},
                    {"rejected_memory", report.rejected_memory},
                    {"planning_seconds", report.planning_seconds}};
+}
+
+std::vector<int> default_microbatch_counts(std::int64_t batch) {
+  std::vector<int> counts;
+  for (std::int64_t m = 1; m <= batch; m *= 2) {
+    if (batch % m == 0) counts.push_back(static_cast<int>(m));
+  }
+  if (counts.back() != batch) counts.push_back(static_cast<int>(batch));
+  return counts;
 }
 
 }  // namespace pipetrain::partition

@@ -9,10 +9,10 @@
 #include <thread>
 
 #include <c10/core/Allocator.h>
-#include <c10/util/ThreadLocalDebugInfo.h>
 #include <torch/torch.h>
 
 #include "pipetrain/base/median.h"
+#include "pipetrain/stage/allocation_counter.h"
 #include "pipetrain/stage/skip.h"
 
 namespace pipetrain::partition {
@@ -42,19 +42,6 @@ double time_call(const ProfileOptions& options, Body&& body) {
   }
   return median(trials);
 }
-
-// Counts the net bytes the CPU allocator hands out on this thread while installed.
-struct AllocationCounter : c10::MemoryReportingInfoBase {
-  std::int64_t net = 0;
-  std::int64_t events = 0;
-  void reportMemoryUsage(void*, int64_t alloc_size, size_t, size_t, c10::Device device) override {
-    if (device.is_cpu()) {
-      net += alloc_size;
-      ++events;
-    }
-  }
-  bool memoryProfilingEnabled() const override { return true; }
-};
 
 // Restores the thread's intra-op thread count on scope exit.
 struct ThreadCountGuard {
@@ -119,32 +106,31 @@ std::vector<torch::nn::AnyModule*> layers_of(torch::nn::Sequential& model) {
   return layers;
 }
 
-// Activation bytes per layer from one chained run under the allocation hook; *seen tells whether
-// the hook saw any allocation at all.
+// Activation bytes per layer from one chained run under the allocation counter; *seen tells whether
+// the counter saw any allocation at all.
 std::vector<std::int64_t> chained_activation_bytes(const std::vector<torch::nn::AnyModule*>& layers,
                                                    const torch::Tensor& microbatch, bool* seen) {
   ThreadCountGuard one_thread(1);
-  auto counter = std::make_shared<AllocationCounter>();
+  AllocationCounter counter;  // stage/allocation_counter.h: what the stages measure with
   std::vector<std::int64_t> bytes;
+  *seen = false;
   {
-    c10::DebugInfoGuard guard(c10::DebugInfoKind::PROFILER_STATE, counter);
-    // The input is allocated under the hook too, so every free the hook sees it also saw
+    CountAllocations guard(counter);
+    // The input is allocated under the counter too, so every free it sees it also saw
     // allocated, and it requires grad like a received stage input.
     torch::Tensor x = microbatch.clone();
     if (x.is_floating_point()) x.requires_grad_(true);
-    const std::int64_t start = counter->net;
-    std::int64_t previous = start;
+    *seen = counter.live_bytes() > 0;
+    std::int64_t previous = counter.live_bytes();
     SkipContext skips;  // skips in flight count as kept by the layer that stashed them
     for (std::size_t l = 0; l < layers.size(); ++l) {
       // [1] y's graph keeps the saved tensors; [2] dropping our handle on x frees it unless the
       // graph saved it. The net growth is what this layer adds to the stash.
       x = run_layer(*layers[l], l, x, skips);
-      bytes.push_back(counter->net - previous);
-      previous = counter->net;
+      bytes.push_back(counter.live_bytes() - previous);
+      previous = counter.live_bytes();
     }
-    x = torch::Tensor();  // frees the whole graph while the hook still counts
   }
-  *seen = counter->events > 0;
   return bytes;
 }
 

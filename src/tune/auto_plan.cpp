@@ -54,16 +54,6 @@ void note(const AutoPlanInput& input, const std::string& line) {
 // Timed steps per plan of a step [5] round, at least (after 2 warm-up steps).
 constexpr int kMeasuredSteps = 3;
 
-// The planner's default micro-batch counts: powers of two dividing the batch, and the batch.
-std::vector<int> microbatch_counts(std::int64_t batch) {
-  std::vector<int> counts;
-  for (std::int64_t m = 1; m <= batch; m *= 2) {
-    if (batch % m == 0) counts.push_back(static_cast<int>(m));
-  }
-  if (counts.back() != batch) counts.push_back(static_cast<int>(batch));
-  return counts;
-}
-
 std::string no_fit_message(std::int64_t limit, std::int64_t smallest, const pp::Plan& plan) {
   return "no plan fits --memory-limit " + pp::format_bytes(limit) +
          " per rank; the smallest limit that works is " + pp::format_bytes(smallest) + " (" +
@@ -79,7 +69,7 @@ pp::Plan search_with_balance(const pp::ModelProfile& profile, const pp::PlannerO
   const std::vector<std::string> schedules =
       request.schedule ? schedule::schedule_names() : std::vector<std::string>{input.schedule};
   const bool has_1f1b = std::find(schedules.begin(), schedules.end(), "1f1b") != schedules.end();
-  const std::vector<int> counts = request.chunks ? microbatch_counts(profile.batch_size)
+  const std::vector<int> counts = request.chunks ? pp::default_microbatch_counts(profile.batch_size)
                                                  : std::vector<int>{static_cast<int>(input.chunks)};
   const std::vector<Checkpoint> modes =
       request.checkpoint ? all_checkpoint_modes()
@@ -144,120 +134,141 @@ double optimizer_state_multiple(const std::string& optimizer, double momentum) {
   return 2;  // adam, adamw: two moments per parameter
 }
 
-pp::Plan plan_training(torch::nn::Sequential& model, const torch::Tensor& sample,
-                       const AutoRequest& request, const AutoPlanInput& input,
-                       const ProcessMeasurer* processes) {
-  TORCH_INTERNAL_ASSERT(request.any(), "plan_training without anything to plan");
-  const int layers = static_cast<int>(model->size());
-  if (input.ranks < 1 || input.ranks * input.virtual_stages > layers) {
-    throw AutoPlanError("the auto plan needs " + std::to_string(input.ranks) + " pipeline ranks x " +
-                     std::to_string(input.virtual_stages) + " virtual stages <= the model's " +
-                     std::to_string(layers) + " layers; use fewer --stages, --nproc or --virtual");
-  }
+namespace {
+
+// The planner's search cut down to what the user left open; `batch` becomes the rows the planner
+// splits (the largest row count an explicit --chunks divides).
+pp::PlannerOptions planner_for(const AutoRequest& request, const AutoPlanInput& input,
+                               torch::Tensor& batch) {
   pp::PlannerOptions planner;
   planner.ranks = input.ranks;
   planner.memory_limit_bytes = input.memory_limit_bytes;
   planner.optimizer_state_multiple = input.optimizer_state_multiple;
   planner.top = 3;  // step [5] measures the best few
-  Checkpoint user_checkpoint = Checkpoint::kNever;
   if (!request.schedule) planner.schedules = {input.schedule};
   if (!request.checkpoint) {
-    user_checkpoint = parse_checkpoint(input.checkpoint);
     // zb-h1 is planned without recompute (planner.h); balance it so and run the user's mode.
     const bool zb_only = !request.schedule && input.schedule == "zb-h1";
-    planner.checkpoint_modes = {zb_only ? Checkpoint::kNever : user_checkpoint};
+    planner.checkpoint_modes = {zb_only ? Checkpoint::kNever : parse_checkpoint(input.checkpoint)};
   }
   if (!request.virtual_stages) planner.virtual_stages = {static_cast<int>(input.virtual_stages)};
-  torch::Tensor batch = sample;
   if (!request.chunks) {
     // The planner splits the batch evenly; the runtime also runs uneven micro-batches. Plan on
     // the largest row count that M divides (the same micro-batch size).
     const std::int64_t rows = batch.size(0);
     if (input.chunks > rows) {
       throw AutoPlanError("--chunks " + std::to_string(input.chunks) + " but a mini-batch (or a " +
-                       "replica's share) has only " + std::to_string(rows) +
-                       " rows; use at most that many chunks or a larger --batch-size");
+                          "replica's share) has only " + std::to_string(rows) +
+                          " rows; use at most that many chunks or a larger --batch-size");
     }
     batch = batch.narrow(0, 0, rows / input.chunks * input.chunks);
     planner.microbatch_counts = {static_cast<int>(input.chunks)};
   }
+  return planner;
+}
 
-  ModelStateGuard guard(model);  // [1], until the plan is chosen
-  pp::ModelProfile profile;      // [2]
-  {
-    try {
-      profile = pp::profile_sequential(model, batch,
-                                       pp::ProfileOptions().intra_op_threads(input.threads));
-    } catch (const c10::Error& error) {
-      throw AutoPlanError("cannot profile the model for the auto plan (on a batch of " +
-                       std::to_string(batch.size(0)) + " rows): " + message_of(error) +
-                       "; give --balance and --schedule explicitly");
-    }
-    const bool measure_processes = processes && input.ranks > 1;
-    note(input, "planning: profiled " + std::to_string(profile.num_layers()) +
-                    " layers; calibrating against the runtime" +
-                    (measure_processes ? " and the processes" : ""));
-    const auto start = std::chrono::steady_clock::now();
-    if (measure_processes) {
-      profile.transfer = processes->transfer(largest_boundary_bytes(profile));
-    }
-    calibrate_in_process(model, batch, profile, planner, input.diagnostics);
-    if (measure_processes) calibrate_processes(profile, planner, processes->run);
-    note(input, format("planning: calibrated in %.1f s (%.1f us per layer call, %.2f ms per "
-                       "message)",
-                       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-                           .count(),
-                       profile.per_layer_overhead_seconds * 1e6,
-                       profile.transfer.message_seconds * 1e3));
+// [2] The profile of `model` on `batch`, calibrated against the runtime (and the processes).
+pp::ModelProfile calibrated_profile(torch::nn::Sequential& model, const torch::Tensor& batch,
+                                    const pp::PlannerOptions& planner, const AutoPlanInput& input,
+                                    const ProcessMeasurer* processes) {
+  pp::ModelProfile profile;
+  try {
+    profile = pp::profile_sequential(model, batch,
+                                     pp::ProfileOptions().intra_op_threads(input.threads));
+  } catch (const c10::Error& error) {
+    throw AutoPlanError("cannot profile the model for the auto plan (on a batch of " +
+                        std::to_string(batch.size(0)) + " rows): " + message_of(error) +
+                        "; give --balance and --schedule explicitly");
   }
+  const bool measure_processes = processes && input.ranks > 1;
+  note(input, "planning: profiled " + std::to_string(profile.num_layers()) +
+                  " layers; calibrating against the runtime" +
+                  (measure_processes ? " and the processes" : ""));
+  const auto start = std::chrono::steady_clock::now();
+  if (measure_processes) profile.transfer = processes->transfer(largest_boundary_bytes(profile));
+  calibrate_in_process(model, batch, profile, planner, input.diagnostics);
+  if (measure_processes) calibrate_processes(profile, planner, processes->run);
+  note(input, format("planning: calibrated in %.1f s (%.1f us per layer call, %.2f ms per "
+                     "message)",
+                     std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+                         .count(),
+                     profile.per_layer_overhead_seconds * 1e6,
+                     profile.transfer.message_seconds * 1e3));
+  return profile;
+}
+
+// [3] [4] The planner's best few, measured against the default (step [5]); the fastest kept.
+pp::Plan searched_and_measured(pp::ModelProfile& profile, const pp::PlannerOptions& planner,
+                               const AutoRequest& request, const AutoPlanInput& input,
+                               const RunPlans& run) {
+  pp::PlanReport report = pp::plan_pipeline(profile, planner);
+  if (!report.found()) {
+    if (planner.memory_limit_bytes > 0 && report.smallest_fitting_limit > 0) {  // [4]
+      throw AutoPlanError(no_fit_message(planner.memory_limit_bytes,
+                                         report.smallest_fitting_limit,
+                                         report.smallest_fitting_plan));
+    }
+    throw AutoPlanError("the planner found no plan for " + std::to_string(input.ranks) +
+                        " ranks with these fixed flags; give --schedule/--chunks/--checkpoint "
+                        "explicitly");
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const std::optional<pp::Plan> reference = default_if_allowed(profile, planner, request, input);
+  recommend_by_measurement(profile, planner, report, reference ? &*reference : nullptr, run,
+                           kMeasuredSteps);
+  const pp::Plan plan = report.recommended();
+  double measured = 0;
+  for (const auto& m : report.measured) {
+    if (pp::same_plan(m.plan, plan)) measured = m.measured_step_seconds;
+  }
+  note(input, format("planning: measured %zu plans together in %.1f s; chosen: %s (%.3g s/step; "
+                     "predictions x%.2f)",
+                     report.measured.size(),
+                     std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+                         .count(),
+                     plan.describe().c_str(), measured, profile.measured_step_scale));
+  return plan;
+}
+
+}  // namespace
+
+pp::Plan plan_training(torch::nn::Sequential& model, const torch::Tensor& sample,
+                       const AutoRequest& request, const AutoPlanInput& input,
+                       const ProcessMeasurer* processes) {
+  TORCH_INTERNAL_ASSERT(request.any(), "plan_training without anything to plan");
+  const int layers = static_cast<int>(model->size());
+  if (input.ranks < 1 || input.ranks * input.virtual_stages > layers) {
+    throw AutoPlanError("the auto plan needs " + std::to_string(input.ranks) +
+                        " pipeline ranks x " + std::to_string(input.virtual_stages) +
+                        " virtual stages <= the model's " + std::to_string(layers) +
+                        " layers; use fewer --stages, --nproc or --virtual");
+  }
+  torch::Tensor batch = sample;
+  pp::PlannerOptions planner;
+  try {
+    planner = planner_for(request, input, batch);
+  } catch (const AutoPlanError&) {
+    throw;
+  } catch (const BadInput& error) {  // the checkpoint name
+    throw AutoPlanError(std::string("auto plan: ") + error.what());
+  }
+  ModelStateGuard guard(model);  // [1], until the plan is chosen
+  pp::ModelProfile profile = calibrated_profile(model, batch, planner, input, processes);  // [2]
   const RunPlans run = processes && input.ranks > 1
                            ? processes->run
                            : RunPlans([&](const std::vector<pp::Plan>& plans, int steps) {
                                return measure_in_process(model, batch, plans, input.threads, steps);
                              });
-
-  pp::Plan plan;  // [3]
+  pp::Plan plan;
   try {
-    if (!input.balance.empty()) {
-      plan = search_with_balance(profile, planner, request, input);
-    } else {
-      pp::PlanReport report = pp::plan_pipeline(profile, planner);
-      if (!report.found()) {
-        if (planner.memory_limit_bytes > 0 && report.smallest_fitting_limit > 0) {  // [4]
-          throw AutoPlanError(no_fit_message(planner.memory_limit_bytes, report.smallest_fitting_limit,
-                                          report.smallest_fitting_plan));
-        }
-        throw AutoPlanError("the planner found no plan for " + std::to_string(input.ranks) +
-                         " ranks with these fixed flags; give --schedule/--chunks/--checkpoint "
-                         "explicitly");
-      }
-      // [3], calibration step [5]
-      const auto start = std::chrono::steady_clock::now();
-      const std::optional<pp::Plan> reference =
-          default_if_allowed(profile, planner, request, input);
-      recommend_by_measurement(profile, planner, report, reference ? &*reference : nullptr, run,
-                               kMeasuredSteps);
-      plan = report.recommended();
-      note(input, format(
-          "planning: measured %zu plans together in %.1f s; chosen: %s (%.3g s/step; "
-          "predictions x%.2f)",
-          report.measured.size(),
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
-          plan.describe().c_str(),
-          [&] {
-            for (const auto& m : report.measured) {
-              if (pp::same_plan(m.plan, plan)) return m.measured_step_seconds;
-            }
-            return 0.0;
-          }(),
-          profile.measured_step_scale));
-    }
+    plan = !input.balance.empty() ? search_with_balance(profile, planner, request, input)
+                                  : searched_and_measured(profile, planner, request, input, run);
   } catch (const AutoPlanError&) {
     throw;
   } catch (const BadInput& error) {  // the planner's own checks
     throw AutoPlanError(std::string("auto plan: ") + error.what());
   }
-  if (!request.checkpoint) plan.checkpoint = user_checkpoint;
+  if (!request.checkpoint) plan.checkpoint = parse_checkpoint(input.checkpoint);
   return plan;
 }
 

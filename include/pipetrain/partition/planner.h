@@ -155,6 +155,10 @@ std::vector<int> min_max_partition(int n, int stages,
                                    const std::function<double(int, int, int)>& cost,
                                    const std::function<bool(int, int, int)>& feasible = {});
 
+// The micro-batch counts the planner tries when PlannerOptions::microbatch_counts is empty: the
+// powers of two that divide `batch`, and `batch` itself. REQUIRES: batch >= 1.
+std::vector<int> default_microbatch_counts(std::int64_t batch);
+
 void to_json(nlohmann::json& out, const Plan& plan);
 // Reads what to_json writes: the plan's shape (schedule, ranks, chunks, virtual_stages,
 // checkpoint, balance) is required, the predicted figures are read where present. Throws
