@@ -7,6 +7,7 @@
 #include <numeric>
 #include <random>
 
+#include "pipetrain/base/error.h"
 #include "pipetrain/partition/balance.h"
 
 namespace pipetrain::partition {

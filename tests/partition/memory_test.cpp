@@ -1,6 +1,7 @@
 // Memory model: residency from the schedule's order, the per-stage formula, per-rank sums, sizes.
 #include <gtest/gtest.h>
 
+#include "pipetrain/base/error.h"
 #include "pipetrain/partition/memory.h"
 #include "pipetrain/schedule/generators.h"
 

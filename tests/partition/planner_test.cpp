@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "pipetrain/base/error.h"
 #include "pipetrain/partition/planner.h"
 
 namespace pipetrain::partition {

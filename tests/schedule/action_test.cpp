@@ -4,6 +4,8 @@
 
 #include <stdexcept>
 
+#include "pipetrain/base/error.h"
+
 namespace pipetrain::schedule {
 namespace {
 

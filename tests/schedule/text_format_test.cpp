@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "pipetrain/base/error.h"
 #include "pipetrain/schedule/generators.h"
 #include "pipetrain/schedule/lower.h"
 

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "../helpers/python.h"
+#include "pipetrain/base/error.h"
 #include "pipetrain/schedule/csv_format.h"
 #include "pipetrain/schedule/generators.h"
 #include "pipetrain/schedule/simulate.h"

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <string>
 
+#include "pipetrain/base/error.h"
 #include "pipetrain/schedule/auto_schedule.h"
 #include "pipetrain/schedule/generators.h"
 #include "pipetrain/schedule/lower.h"
