@@ -3,6 +3,8 @@
 
 #include <c10/util/Exception.h>
 
+#include "pipetrain/base/check.h"
+
 namespace pipetrain {
 
 std::string to_string(Checkpoint mode) {
@@ -21,8 +23,8 @@ Checkpoint parse_checkpoint(const std::string& text) {
   if (text == "always") return Checkpoint::kAlways;
   if (text == "except_last") return Checkpoint::kExceptLast;
   if (text == "never") return Checkpoint::kNever;
-  TORCH_CHECK(false, "unknown checkpoint mode '", text,
-              "'; valid modes: always, except_last, never");
+  throw BadInput(
+      c10::str("unknown checkpoint mode '", text, "'; valid modes: always, except_last, never"));
 }
 
 bool is_checkpointed(Checkpoint mode, int i, int microbatches) {

@@ -24,8 +24,8 @@ namespace pipetrain {
 //   kNever       none: every activation is kept until its backward
 enum class Checkpoint { kAlways, kExceptLast, kNever };
 
-// "always", "except_last", "never". parse_checkpoint throws c10::Error naming the text and the
-// valid names.
+// "always", "except_last", "never". parse_checkpoint throws pipetrain::BadInput naming the text
+// and the valid names.
 std::string to_string(Checkpoint mode);
 Checkpoint parse_checkpoint(const std::string& text);
 
