@@ -50,4 +50,17 @@ int Error::exit_code() const {
   }
 }
 
+void throw_error(ErrorKind kind, const std::string& message, ErrorSite site) {
+  switch (kind) {
+    case ErrorKind::BadInput: throw BadInput(message, std::move(site));
+    case ErrorKind::ScheduleInvalid: throw ScheduleInvalid(message, std::move(site));
+    case ErrorKind::File: throw FileError(message);
+    case ErrorKind::TransportFailure: throw TransportFailure(message, std::move(site));
+    case ErrorKind::Timeout: throw Timeout(message, std::move(site));
+    case ErrorKind::PeerFailed: throw PeerFailed(message, std::move(site));
+    case ErrorKind::Runtime: break;
+  }
+  throw Error(ErrorKind::Runtime, message, std::move(site));
+}
+
 }  // namespace pipetrain

@@ -11,7 +11,9 @@
 #include <c10/core/Allocator.h>
 #include <torch/torch.h>
 
+#include "pipetrain/base/check.h"
 #include "pipetrain/base/median.h"
+#include "pipetrain/base/message_of.h"
 #include "pipetrain/stage/allocation_counter.h"
 #include "pipetrain/stage/skip.h"
 
@@ -84,10 +86,10 @@ torch::Tensor run_layer(torch::nn::AnyModule& layer, std::size_t l, const torch:
   SkipContextGuard guard(&skips);
   try {
     return layer.forward<torch::Tensor>(x);
-  } catch (const c10::Error& e) {
-    TORCH_CHECK(false, "profile_sequential: layer ", l, " (", layer.ptr()->name(),
-                ") failed on an input of shape ", x.sizes(), ": ", e.what_without_backtrace(),
-                " (every layer must map one tensor to one tensor)");
+  } catch (const std::exception& e) {
+    throw BadInput(c10::str("profile_sequential: layer ", l, " (", layer.ptr()->name(),
+                            ") failed on an input of shape ", x.sizes(), ": ", message_of(e),
+                            " (every layer must map one tensor to one tensor)"));
   }
 }
 
@@ -138,11 +140,13 @@ std::vector<std::int64_t> chained_activation_bytes(const std::vector<torch::nn::
 
 ModelProfile profile_sequential(torch::nn::Sequential& model, const torch::Tensor& sample_batch,
                                 const ProfileOptions& options) {
-  TORCH_CHECK(sample_batch.defined() && sample_batch.dim() >= 1 && sample_batch.size(0) >= 1,
-              "profile_sequential: the sample batch needs at least one row (got ",
-              sample_batch.defined() ? sample_batch.sizes() : at::IntArrayRef{},
-              "); pass a batch shaped like the training input");
-  TORCH_CHECK(!model->is_empty(), "profile_sequential: the Sequential has no layers; add some");
+  PIPETRAIN_CHECK_INPUT(
+      sample_batch.defined() && sample_batch.dim() >= 1 && sample_batch.size(0) >= 1,
+      "profile_sequential: the sample batch needs at least one row (got ",
+      sample_batch.defined() ? sample_batch.sizes() : at::IntArrayRef{},
+      "); pass a batch shaped like the training input");
+  PIPETRAIN_CHECK_INPUT(!model->is_empty(),
+                        "profile_sequential: the Sequential has no layers; add some");
   ThreadCountGuard threads(options.intra_op_threads());
 
   ModelProfile profile;
@@ -156,8 +160,9 @@ ModelProfile profile_sequential(torch::nn::Sequential& model, const torch::Tenso
       std::unique(profile.microbatch_sizes.begin(), profile.microbatch_sizes.end()),
       profile.microbatch_sizes.end());
   for (std::int64_t b : profile.microbatch_sizes) {
-    TORCH_CHECK(b >= 1 && b <= profile.batch_size, "profile_sequential: micro-batch size ", b,
-                " is outside 1..", profile.batch_size, " (the sample batch's rows)");
+    PIPETRAIN_CHECK_INPUT(b >= 1 && b <= profile.batch_size,
+                          "profile_sequential: micro-batch size ", b, " is outside 1..",
+                          profile.batch_size, " (the sample batch's rows)");
   }
 
   const std::vector<torch::nn::AnyModule*> layers = layers_of(model);

@@ -5,6 +5,8 @@
 
 #include <torch/torch.h>
 
+#include "pipetrain/base/check.h"
+
 namespace pipetrain::partition {
 
 int threads_per_rank(int ranks) {
@@ -14,9 +16,9 @@ int threads_per_rank(int ranks) {
 PlanReport recommend_report(torch::nn::Sequential& model, const torch::Tensor& sample_batch,
                             const PlannerOptions& planner, ProfileOptions profile,
                             ModelProfile* profile_out) {
-  TORCH_CHECK(planner.ranks >= 1 && planner.ranks <= static_cast<int>(model->size()),
-              "recommend_plan: ", planner.ranks, " ranks for a model of ", model->size(),
-              " layers; use between 1 and ", model->size(), " ranks");
+  PIPETRAIN_CHECK_INPUT(planner.ranks >= 1 && planner.ranks <= static_cast<int>(model->size()),
+                        "recommend_plan: ", planner.ranks, " ranks for a model of ", model->size(),
+                        " layers; use between 1 and ", model->size(), " ranks");
   if (profile.intra_op_threads() == 0) profile.intra_op_threads(threads_per_rank(planner.ranks));
   ModelProfile measured = profile_sequential(model, sample_batch, profile);
   PlanReport report = plan_pipeline(measured, planner);
@@ -31,10 +33,11 @@ Plan recommend_plan(torch::nn::Sequential& model, const torch::Tensor& sample_ba
   planner.memory_limit_bytes = memory_limit_bytes;
   planner.top = 1;
   const PlanReport report = recommend_report(model, sample_batch, planner);
-  TORCH_CHECK(report.found(), "recommend_plan: no plan for ", ranks, " ranks fits ",
-              format_bytes(memory_limit_bytes), " per rank; the smallest limit that works is ",
-              format_bytes(report.smallest_fitting_limit), " (",
-              report.smallest_fitting_plan.describe(), "): raise the limit or use more ranks");
+  PIPETRAIN_CHECK_INPUT(
+      report.found(), "recommend_plan: no plan for ", ranks, " ranks fits ",
+      format_bytes(memory_limit_bytes), " per rank; the smallest limit that works is ",
+      format_bytes(report.smallest_fitting_limit), " (", report.smallest_fitting_plan.describe(),
+      "): raise the limit or use more ranks");
   return report.recommended();
 }
 

@@ -13,6 +13,8 @@
 
 #include <torch/serialize.h>
 
+#include "pipetrain/base/check.h"
+
 namespace pipetrain {
 
 namespace {
@@ -70,7 +72,7 @@ DistributedEnvironment DistributedEnvironment::from_environment() {
     for (std::size_t p = 0; p < problems.size(); ++p) message << (p ? "; " : "") << problems[p];
     message << ". Start the ranks with a launcher (pipetrain train --nproc N, torchrun) or set "
                "MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE (and LOCAL_RANK) for every process";
-    TORCH_CHECK(false, message.str());
+    throw BadInput(message.str());
   }
   env.master_port = *port;
   env.rank = *rank;
@@ -80,11 +82,11 @@ DistributedEnvironment DistributedEnvironment::from_environment() {
 }
 
 ParallelLayout ParallelLayout::for_world(int world_size, int pipeline_ranks) {
-  TORCH_CHECK(pipeline_ranks >= 1, "pipeline ranks must be >= 1, got ", pipeline_ranks);
-  TORCH_CHECK(world_size % pipeline_ranks == 0, "WORLD_SIZE=", world_size,
-              " is not a multiple of the ", pipeline_ranks,
-              " pipeline ranks: start pipeline ranks x replicas processes (e.g. --nproc ",
-              pipeline_ranks * std::max(1, world_size / pipeline_ranks), ")");
+  PIPETRAIN_CHECK_INPUT(pipeline_ranks >= 1, "pipeline ranks must be >= 1, got ", pipeline_ranks);
+  PIPETRAIN_CHECK_INPUT(world_size % pipeline_ranks == 0, "WORLD_SIZE=", world_size,
+                        " is not a multiple of the ", pipeline_ranks,
+                        " pipeline ranks: start pipeline ranks x replicas processes (e.g. --nproc ",
+                        pipeline_ranks * std::max(1, world_size / pipeline_ranks), ")");
   ParallelLayout layout;
   layout.pipeline_ranks = pipeline_ranks;
   layout.replicas = world_size / pipeline_ranks;
@@ -140,9 +142,10 @@ std::unique_ptr<C10dTransport> Distributed::make_transport(
   std::vector<int> stage_world_rank;
   for (std::size_t j = 0; j < stage_pipeline_rank.size(); ++j) {
     const int p = stage_pipeline_rank[j];
-    TORCH_CHECK(p >= 0 && p < layout_.pipeline_ranks, "stage ", j, " is placed on pipeline rank ",
-                p, " but the job has ", layout_.pipeline_ranks,
-                " pipeline ranks: start one process per pipeline rank and replica");
+    PIPETRAIN_CHECK_INPUT(p >= 0 && p < layout_.pipeline_ranks, "stage ", j,
+                          " is placed on pipeline rank ", p, " but the job has ",
+                          layout_.pipeline_ranks,
+                          " pipeline ranks: start one process per pipeline rank and replica");
     stage_world_rank.push_back(layout_.rank_of(replica(), p));
   }
   C10dTransportOptions options;
@@ -189,9 +192,9 @@ void Distributed::allreduce_gradients(const std::vector<torch::Tensor>& paramete
 std::string Distributed::declare_tie(const std::string& name, std::vector<int> holders) {
   std::sort(holders.begin(), holders.end());
   holders.erase(std::unique(holders.begin(), holders.end()), holders.end());
-  TORCH_CHECK(std::find(holders.begin(), holders.end(), pipeline_rank()) != holders.end(), "rank ",
-              rank(), " (pipeline rank ", pipeline_rank(), ") declares tie '", name,
-              "' but is not one of its holders");
+  PIPETRAIN_CHECK_INPUT(std::find(holders.begin(), holders.end(), pipeline_rank()) != holders.end(),
+                        "rank ", rank(), " (pipeline rank ", pipeline_rank(), ") declares tie '",
+                        name, "' but is not one of its holders");
   // The key names the holders too, so it is the same on every holder whatever pipes each built
   // before: the same name and holders (a second pipe over the same job) reuse the group; other
   // holders (a pipe that places its stages otherwise) get a group of their own.
@@ -211,14 +214,15 @@ std::string Distributed::declare_tie(const std::string& name, std::vector<int> h
 void Distributed::allreduce_tie(const std::string& name,
                                 const std::vector<torch::Tensor>& local_copies) {
   auto it = ties_.find(name);
-  TORCH_CHECK(it != ties_.end(), "tie '", name, "' was not declared on rank ", rank(),
-              ": call declare_tie first");
-  TORCH_CHECK(!local_copies.empty(), "rank ", rank(), " holds no copy of tie '", name, "'");
+  PIPETRAIN_CHECK_INPUT(it != ties_.end(), "tie '", name, "' was not declared on rank ", rank(),
+                        ": call declare_tie first");
+  PIPETRAIN_CHECK_INPUT(!local_copies.empty(), "rank ", rank(), " holds no copy of tie '", name,
+                        "'");
   torch::NoGradGuard no_grad;
   torch::Tensor sum = torch::zeros_like(local_copies[0]);
   for (const auto& copy : local_copies) {
-    TORCH_CHECK(copy.sizes() == local_copies[0].sizes(), "copies of tie '", name,
-                "' differ in shape: ", copy.sizes(), " vs ", local_copies[0].sizes());
+    PIPETRAIN_CHECK_INPUT(copy.sizes() == local_copies[0].sizes(), "copies of tie '", name,
+                          "' differ in shape: ", copy.sizes(), " vs ", local_copies[0].sizes());
     if (copy.grad().defined()) sum += copy.grad();
   }
   if (it->second) {
@@ -262,8 +266,8 @@ std::map<std::string, torch::Tensor> Distributed::gather_named_parameters(
 }
 
 std::string Distributed::broadcast_text(const std::string& text, int root) {
-  TORCH_CHECK(root >= 0 && root < world_size(), "broadcast_text: root ", root,
-              " is not a rank of the world of ", world_size());
+  PIPETRAIN_CHECK_INPUT(root >= 0 && root < world_size(), "broadcast_text: root ", root,
+                        " is not a rank of the world of ", world_size());
   // Two broadcasts: the length, then the bytes (the others cannot size their buffer before).
   std::vector<torch::Tensor> length{
       torch::tensor({static_cast<int64_t>(rank() == root ? text.size() : 0)}, torch::kLong)};

@@ -8,6 +8,7 @@
 #include <numeric>
 #include <set>
 
+#include "pipetrain/base/check.h"
 #include "pipetrain/runtime/interpreter.h"
 #include "pipetrain/schedule/generators.h"
 #include "pipetrain/schedule/lower.h"
@@ -33,19 +34,21 @@ DistributedPipe::DistributedPipe(Distributed& distributed, torch::nn::Sequential
       device_(device) {
   const auto& o = options_;
   const int64_t layers = static_cast<int64_t>(model_->size());
-  TORCH_CHECK(layers >= 1, "the Sequential has no layers");
-  TORCH_CHECK(o.chunks() >= 1, "chunks must be at least 1 (got ", o.chunks(), ")");
-  TORCH_CHECK(o.virtual_stages() >= 1, "virtual_stages must be at least 1");
+  PIPETRAIN_CHECK_INPUT(layers >= 1, "the Sequential has no layers");
+  PIPETRAIN_CHECK_INPUT(o.chunks() >= 1, "chunks must be at least 1 (got ", o.chunks(), ")");
+  PIPETRAIN_CHECK_INPUT(o.virtual_stages() >= 1, "virtual_stages must be at least 1");
   const std::vector<int64_t> balance = stage_balance(o, layers);
   num_stages_ = static_cast<int>(balance.size());
   const int v = static_cast<int>(o.virtual_stages());
-  TORCH_CHECK(num_stages_ % v == 0, num_stages_, " stages are not divisible by virtual_stages ", v);
+  PIPETRAIN_CHECK_INPUT(num_stages_ % v == 0, num_stages_,
+                        " stages are not divisible by virtual_stages ", v);
   num_ranks_ = num_stages_ / v;
-  TORCH_CHECK(num_ranks_ == distributed_.layout().pipeline_ranks, num_stages_,
-              " stages with virtual_stages ", v, " need ", num_ranks_,
-              " pipeline ranks but the job has ", distributed_.layout().pipeline_ranks,
-              " (WORLD_SIZE ", distributed_.world_size(), " = pipeline ranks x replicas); start ",
-              num_ranks_ * distributed_.layout().replicas, " processes or change --stages");
+  PIPETRAIN_CHECK_INPUT(
+      num_ranks_ == distributed_.layout().pipeline_ranks, num_stages_,
+      " stages with virtual_stages ", v, " need ", num_ranks_, " pipeline ranks but the job has ",
+      distributed_.layout().pipeline_ranks, " (WORLD_SIZE ", distributed_.world_size(),
+      " = pipeline ranks x replicas); start ", num_ranks_ * distributed_.layout().replicas,
+      " processes or change --stages");
   const schedule::Schedule& first = schedule_for(static_cast<int>(o.chunks()));
   stage_rank_ = first.stage_rank;
 
@@ -108,13 +111,14 @@ const schedule::Schedule& DistributedPipe::schedule_for(int microbatches) {
 
 double DistributedPipe::train_step(const torch::Tensor& input, const torch::Tensor& target,
                                    const LossFn& loss_fn) {
-  TORCH_CHECK(
+  PIPETRAIN_CHECK_INPUT(
       input.defined() && input.dim() >= 1 && target.defined() && target.size(0) == input.size(0),
       "train_step needs an input and a target with the same number of rows");
   const int64_t rows = input.size(0);
   const auto& layout = distributed_.layout();
-  TORCH_CHECK(rows >= layout.replicas, "a mini-batch of ", rows, " rows cannot be shared by ",
-              layout.replicas, " replicas; use at least one row per replica");
+  PIPETRAIN_CHECK_INPUT(rows >= layout.replicas, "a mini-batch of ", rows,
+                        " rows cannot be shared by ", layout.replicas,
+                        " replicas; use at least one row per replica");
   // [1]
   const std::vector<int64_t> shares = microbatch_sizes(rows, layout.replicas);
   const int d = distributed_.replica();
@@ -174,7 +178,7 @@ std::map<std::string, torch::Tensor> DistributedPipe::gather_parameters() {
 }
 
 const schedule::Schedule& DistributedPipe::schedule() const {
-  TORCH_CHECK(last_ || !schedules_.empty(), "no schedule built yet");
+  PIPETRAIN_CHECK_INPUT(last_ || !schedules_.empty(), "no schedule built yet");
   return last_ ? *last_ : schedules_.begin()->second;
 }
 

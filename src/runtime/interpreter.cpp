@@ -1,10 +1,11 @@
 // The single schedule interpreter (include/pipetrain/runtime/interpreter.h).
-#include "pipetrain/base/message_of.h"
 #include "pipetrain/runtime/interpreter.h"
+#include "pipetrain/base/message_of.h"
 
 #include <c10/util/Exception.h>
 #include <torch/torch.h>
 
+#include "pipetrain/base/check.h"
 #include "pipetrain/schedule/lower.h"
 
 namespace pipetrain {
@@ -17,6 +18,20 @@ double micros_since(std::chrono::steady_clock::time_point start) {
       .count();
 }
 
+// The cause's message for a StepError at (rank, action): without the cause's site when the
+// StepError's site says all of it (an in-process transport, a stage), with it otherwise (a c10d
+// transport names the world rank, which differs from the pipeline rank when there are replicas).
+std::string cause_text(const std::exception& e, int rank, const schedule::Action& action) {
+  const auto* cause = dynamic_cast<const Error*>(&e);
+  if (cause == nullptr) return message_of(e);
+  const ErrorSite& site = cause->site();
+  const bool covered = (site.rank < 0 || site.rank == rank) &&
+                       (site.stage < 0 || site.stage == action.stage) &&
+                       (site.microbatch < 0 || site.microbatch == action.microbatch) &&
+                       (site.action.empty() || site.action == schedule::to_string(action));
+  return covered ? cause->message() : cause->what();
+}
+
 }  // namespace
 
 Interpreter::Interpreter(int rank, const schedule::Schedule& schedule, std::map<int, Stage*> stages,
@@ -26,14 +41,14 @@ Interpreter::Interpreter(int rank, const schedule::Schedule& schedule, std::map<
       stages_(std::move(stages)),
       transport_(transport),
       lowered_(schedule::is_lowered(schedule)) {
-  TORCH_CHECK(rank >= 0 && rank < schedule.num_ranks, "rank ", rank,
-              " is out of range for a schedule of ", schedule.num_ranks, " ranks");
+  PIPETRAIN_CHECK_INPUT(rank >= 0 && rank < schedule.num_ranks, "rank ", rank,
+                        " is out of range for a schedule of ", schedule.num_ranks, " ranks");
   const auto& actions = schedule.actions[static_cast<size_t>(rank)];
   for (size_t a = 0; a < actions.size(); ++a) {
     const schedule::Action& action = actions[a];
     if (action.op == Op::kBackwardInput) split_.emplace(action.stage, action.microbatch);
-    TORCH_CHECK(stages_.count(action.stage), "rank ", rank, " runs action ",
-                schedule::to_string(action), " but holds no stage ", action.stage);
+    PIPETRAIN_CHECK_INPUT(stages_.count(action.stage), "rank ", rank, " runs action ",
+                          schedule::to_string(action), " but holds no stage ", action.stage);
     const int j = action.stage;
     if (action.op == Op::kRecvActivation && !local(j - 1)) {
       receive_at_.push_back(a);
@@ -52,8 +67,9 @@ bool Interpreter::local(int stage) const {
 Bundle Interpreter::take(std::map<std::pair<int, int>, Bundle>& box, int j, int i,
                          const char* what) {
   auto found = box.find({j, i});
-  TORCH_CHECK(found != box.end(), "no ", what, " of micro-batch ", i, " is waiting at stage ", j,
-              " on rank ", rank_, "; the schedule uses it before it arrives");
+  PIPETRAIN_CHECK(found != box.end(), ScheduleInvalid, "no ", what, " of micro-batch ", i,
+                  " is waiting at stage ", j, " on rank ", rank_,
+                  "; the schedule uses it before it arrives");
   Bundle bundle = std::move(found->second);
   box.erase(found);
   return bundle;
@@ -97,8 +113,9 @@ void Interpreter::execute(const schedule::Action& action, const StepData& data,
     case Op::kForward: {
       Bundle input;
       if (j == 0) {
-        TORCH_CHECK(i < static_cast<int>(data.inputs.size()), "micro-batch ", i,
-                    " has no input (the step has ", data.inputs.size(), " micro-batches)");
+        PIPETRAIN_CHECK_INPUT(i < static_cast<int>(data.inputs.size()), "micro-batch ", i,
+                              " has no input (the step has ", data.inputs.size(),
+                              " micro-batches)");
         input.tensors = data.inputs[static_cast<size_t>(i)];
       } else {
         // Lowered: RF (or the local SF) left it in the inbox. Compute-only: receive it now.
@@ -116,9 +133,10 @@ void Interpreter::execute(const schedule::Action& action, const StepData& data,
           const double weight = data.loss_weights.at(static_cast<size_t>(i));
           const LossFn* loss_fn = data.loss_fn;
           options.loss = [loss_fn, &target, weight, j](const std::vector<torch::Tensor>& out) {
-            TORCH_CHECK(out.size() == 1, "the last stage (", j, ") returned ", out.size(),
-                        " tensors but the loss takes one output; make the last layer return "
-                        "a single tensor");
+            PIPETRAIN_CHECK_INPUT(
+                out.size() == 1, "the last stage (", j, ") returned ", out.size(),
+                " tensors but the loss takes one output; make the last layer return "
+                "a single tensor");
             return (*loss_fn)(out[0], target) * weight;
           };
         }
@@ -128,12 +146,12 @@ void Interpreter::execute(const schedule::Action& action, const StepData& data,
       }
       if (j == last) {
         if (!data.training) {
-          TORCH_CHECK(output.skip_names.empty(), "skip '", output.skip_names.front(),
-                      "' was stashed but never popped by the last layer; pop every skip");
+          PIPETRAIN_CHECK_INPUT(output.skip_names.empty(), "skip '", output.skip_names.front(),
+                                "' was stashed but never popped by the last layer; pop every skip");
           result.outputs[static_cast<size_t>(i)] = std::move(output.tensors);
         } else {
-          TORCH_CHECK(output.skip_names.empty(), "skip '", output.skip_names.front(),
-                      "' was stashed but never popped by the last layer; pop every skip");
+          PIPETRAIN_CHECK_INPUT(output.skip_names.empty(), "skip '", output.skip_names.front(),
+                                "' was stashed but never popped by the last layer; pop every skip");
         }
       } else {
         activations_out_[{j, i}] = std::move(output);
@@ -204,8 +222,8 @@ void Interpreter::run(const StepData& data, RankResult& result, const std::atomi
       const ErrorKind kind = cancelled ? ErrorKind::PeerFailed
                              : cause   ? cause->kind()
                                        : ErrorKind::Runtime;
-      throw StepError(kind, message_of(e), rank_, action.stage,
-                      action.microbatch, schedule::to_string(action), cancelled);
+      throw StepError(kind, cause_text(e, rank_, action), rank_, action.stage, action.microbatch,
+                      schedule::to_string(action), cancelled);
     }
     event.end_us = micros_since(data.start);
     result.events.push_back(event);

@@ -27,6 +27,8 @@
 #include <optional>
 #include <stdexcept>
 
+#include "pipetrain/base/error.h"
+
 namespace pipetrain {
 
 namespace {
@@ -74,18 +76,19 @@ std::string describe_exit(int code) {
 
 int find_free_port(const std::string& addr) {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw std::runtime_error(std::string("find_free_port: socket: ") + strerror(errno));
+  if (fd < 0)
+    throw Error(ErrorKind::Runtime, std::string("find_free_port: socket: ") + strerror(errno));
   sockaddr_in address{};
   address.sin_family = AF_INET;
   address.sin_port = 0;
   if (inet_pton(AF_INET, addr.c_str(), &address.sin_addr) != 1) {
     close(fd);
-    throw std::runtime_error("find_free_port: '" + addr + "' is not an IPv4 address");
+    throw BadInput("find_free_port: '" + addr + "' is not an IPv4 address");
   }
   if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
     const std::string error = strerror(errno);
     close(fd);
-    throw std::runtime_error("find_free_port: bind " + addr + ":0: " + error);
+    throw Error(ErrorKind::Runtime, "find_free_port: bind " + addr + ":0: " + error);
   }
   socklen_t length = sizeof(address);
   getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
@@ -109,7 +112,7 @@ std::vector<std::string> strip_launcher_flags(int argc, const char* const* argv)
 
 LaunchResult launch_local(const LaunchOptions& options) {
   if (options.nproc < 1) {
-    throw std::runtime_error("launch: --nproc must be >= 1, got " + std::to_string(options.nproc));
+    throw BadInput("launch: --nproc must be >= 1, got " + std::to_string(options.nproc));
   }
   const int world_size = options.world_size > 0 ? options.world_size : options.nproc;
   const int port =
@@ -121,7 +124,7 @@ LaunchResult launch_local(const LaunchOptions& options) {
 
   int signal_pipe[2];
   if (pipe2(signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
-    throw std::runtime_error(std::string("launch: pipe: ") + strerror(errno));
+    throw Error(ErrorKind::Runtime, std::string("launch: pipe: ") + strerror(errno));
   }
   g_signal_pipe_write = signal_pipe[1];
   struct sigaction action {
@@ -171,12 +174,12 @@ LaunchResult launch_local(const LaunchOptions& options) {
     int out[2], err[2];
     if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
       kill_all(SIGKILL);
-      throw std::runtime_error(std::string("launch: pipe: ") + strerror(errno));
+      throw Error(ErrorKind::Runtime, std::string("launch: pipe: ") + strerror(errno));
     }
     const pid_t pid = fork();
     if (pid < 0) {
       kill_all(SIGKILL);
-      throw std::runtime_error(std::string("launch: fork: ") + strerror(errno));
+      throw Error(ErrorKind::Runtime, std::string("launch: fork: ") + strerror(errno));
     }
     if (pid == 0) {
       setpgid(0, 0);
@@ -344,7 +347,8 @@ LaunchResult launch_local(const LaunchOptions& options) {
 std::string self_executable() {
   char path[4096];
   const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
-  if (n <= 0) throw std::runtime_error(std::string("launch: /proc/self/exe: ") + strerror(errno));
+  if (n <= 0)
+    throw Error(ErrorKind::Runtime, std::string("launch: /proc/self/exe: ") + strerror(errno));
   path[n] = '\0';
   std::string executable = path;
   const std::string deleted = " (deleted)";

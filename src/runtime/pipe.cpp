@@ -11,8 +11,8 @@
 //       aborts the transport, which wakes every worker blocked in a receive; all return
 //   [5] wait for every worker; on error clear every stash and rethrow the first error
 //   [6] sum the weighted micro-batch losses
-#include "pipetrain/base/message_of.h"
 #include "pipetrain/runtime/pipe.h"
+#include "pipetrain/base/message_of.h"
 
 #include <algorithm>
 #include <atomic>
@@ -24,6 +24,7 @@
 #include <c10/util/Exception.h>
 #include <torch/torch.h>
 
+#include "pipetrain/base/check.h"
 #include "pipetrain/runtime/interpreter.h"
 #include "pipetrain/runtime/worker.h"
 #include "pipetrain/schedule/generators.h"
@@ -110,7 +111,7 @@ PipeImpl& PipeImpl::operator=(const PipeImpl& other) {
 PipeImpl::~PipeImpl() = default;
 
 PipeImpl::Runtime& PipeImpl::runtime() const {
-  TORCH_CHECK(runtime_, "this Pipe has no runtime; call reset() after copying it");
+  PIPETRAIN_CHECK_INPUT(runtime_, "this Pipe has no runtime; call reset() after copying it");
   return *runtime_;
 }
 
@@ -118,20 +119,21 @@ void PipeImpl::reset() {
   runtime_.reset();  // joins old workers first
   const auto& o = options_;
   const int64_t layers = static_cast<int64_t>(model_->size());
-  TORCH_CHECK(layers >= 1, "the Sequential has no layers; a Pipe needs at least one");
-  TORCH_CHECK(o.chunks() >= 1, "chunks must be at least 1 (got ", o.chunks(), ")");
-  TORCH_CHECK(o.virtual_stages() >= 1, "virtual_stages must be at least 1 (got ",
-              o.virtual_stages(), ")");
-  TORCH_CHECK(o.timeout_seconds() > 0, "timeout_seconds must be positive (got ",
-              o.timeout_seconds(), ")");
-  TORCH_CHECK(o.threads_per_stage() >= 0, "threads_per_stage must be >= 0 (got ",
-              o.threads_per_stage(), ")");
+  PIPETRAIN_CHECK_INPUT(layers >= 1, "the Sequential has no layers; a Pipe needs at least one");
+  PIPETRAIN_CHECK_INPUT(o.chunks() >= 1, "chunks must be at least 1 (got ", o.chunks(), ")");
+  PIPETRAIN_CHECK_INPUT(o.virtual_stages() >= 1, "virtual_stages must be at least 1 (got ",
+                        o.virtual_stages(), ")");
+  PIPETRAIN_CHECK_INPUT(o.timeout_seconds() > 0, "timeout_seconds must be positive (got ",
+                        o.timeout_seconds(), ")");
+  PIPETRAIN_CHECK_INPUT(o.threads_per_stage() >= 0, "threads_per_stage must be >= 0 (got ",
+                        o.threads_per_stage(), ")");
 
   balance_ = stage_balance(o, layers);
   const int num_stages = static_cast<int>(balance_.size());
   const int v = static_cast<int>(o.virtual_stages());
-  TORCH_CHECK(num_stages % v == 0, num_stages, " stages cannot be spread over ranks with ",
-              "virtual_stages ", v, "; use a stage count divisible by ", v);
+  PIPETRAIN_CHECK_INPUT(num_stages % v == 0, num_stages,
+                        " stages cannot be spread over ranks with ", "virtual_stages ", v,
+                        "; use a stage count divisible by ", v);
   const int num_ranks = num_stages / v;
 
   auto runtime = std::make_unique<Runtime>();
@@ -146,9 +148,9 @@ void PipeImpl::reset() {
   // Devices.
   std::vector<torch::Device> devices = o.devices();
   if (devices.empty()) devices.assign(static_cast<size_t>(num_ranks), torch::Device(torch::kCPU));
-  TORCH_CHECK(static_cast<int>(devices.size()) == num_ranks, "devices lists ", devices.size(),
-              " devices but the Pipe has ", num_ranks, " ranks (", num_stages,
-              " stages / virtual_stages ", v, "); give one device per rank");
+  PIPETRAIN_CHECK_INPUT(static_cast<int>(devices.size()) == num_ranks, "devices lists ",
+                        devices.size(), " devices but the Pipe has ", num_ranks, " ranks (",
+                        num_stages, " stages / virtual_stages ", v, "); give one device per rank");
   for (const auto& device : devices) check_device_usable(device);
   runtime->rank_devices = devices;
 
@@ -189,23 +191,25 @@ void PipeImpl::reset() {
 std::vector<int64_t> stage_balance(const PipeOptions& o, int64_t layers) {
   std::vector<int64_t> balance;
   if (o.balance().empty()) {
-    TORCH_CHECK(o.stages() >= 1, "stages must be at least 1 (got ", o.stages(), ")");
-    TORCH_CHECK(o.stages() <= layers, "more stages (", o.stages(), ") than layers (", layers,
-                "); use at most ", layers, " stages");
+    PIPETRAIN_CHECK_INPUT(o.stages() >= 1, "stages must be at least 1 (got ", o.stages(), ")");
+    PIPETRAIN_CHECK_INPUT(o.stages() <= layers, "more stages (", o.stages(), ") than layers (",
+                          layers, "); use at most ", layers, " stages");
     balance.assign(static_cast<size_t>(o.stages()), layers / o.stages());
     for (int64_t j = 0; j < layers % o.stages(); ++j) ++balance[static_cast<size_t>(j)];
     return balance;
   }
   balance = o.balance();
-  TORCH_CHECK(static_cast<int64_t>(balance.size()) <= layers, "more stages (", balance.size(),
-              ", balance ", join(balance), ") than layers (", layers, ")");
+  PIPETRAIN_CHECK_INPUT(static_cast<int64_t>(balance.size()) <= layers, "more stages (",
+                        balance.size(), ", balance ", join(balance), ") than layers (", layers,
+                        ")");
   for (size_t j = 0; j < balance.size(); ++j) {
-    TORCH_CHECK(balance[j] >= 1, "balance ", join(balance), " gives stage ", j, " ", balance[j],
-                " layers; every stage needs at least one");
+    PIPETRAIN_CHECK_INPUT(balance[j] >= 1, "balance ", join(balance), " gives stage ", j, " ",
+                          balance[j], " layers; every stage needs at least one");
   }
   const int64_t sum = std::accumulate(balance.begin(), balance.end(), int64_t{0});
-  TORCH_CHECK(sum == layers, "balance ", join(balance), " sums to ", sum,
-              " but the Sequential has ", layers, " layers; make the balance sum to ", layers);
+  PIPETRAIN_CHECK_INPUT(sum == layers, "balance ", join(balance), " sums to ", sum,
+                        " but the Sequential has ", layers, " layers; make the balance sum to ",
+                        layers);
   return balance;
 }
 
@@ -213,32 +217,32 @@ schedule::Schedule training_schedule_for(const PipeOptions& o, int ranks, int st
                                          int microbatches) {
   schedule::Schedule s;
   if (o.schedule() == "custom") {
-    TORCH_CHECK(o.custom_schedule().has_value(),
-                "schedule \"custom\" needs PipeOptions::custom_schedule (e.g. from "
-                "schedule::load_schedule(path))");
+    PIPETRAIN_CHECK_INPUT(o.custom_schedule().has_value(),
+                          "schedule \"custom\" needs PipeOptions::custom_schedule (e.g. from "
+                          "schedule::load_schedule(path))");
     s = *o.custom_schedule();
-    TORCH_CHECK(s.num_ranks == ranks && s.num_stages == stages, "the custom schedule has ",
-                s.num_ranks, " ranks and ", s.num_stages, " stages but the pipeline has ", ranks,
-                " ranks and ", stages,
-                " stages; match the balance/stages and virtual_stages to the schedule");
-    TORCH_CHECK(s.num_microbatches == microbatches, "the custom schedule is written for ",
-                s.num_microbatches, " micro-batches but this step has ", microbatches,
-                "; set chunks to ", s.num_microbatches, " and feed batches of at least ",
-                s.num_microbatches, " rows");
+    PIPETRAIN_CHECK_INPUT(s.num_ranks == ranks && s.num_stages == stages,
+                          "the custom schedule has ", s.num_ranks, " ranks and ", s.num_stages,
+                          " stages but the pipeline has ", ranks, " ranks and ", stages,
+                          " stages; match the balance/stages and virtual_stages to the schedule");
+    PIPETRAIN_CHECK_INPUT(s.num_microbatches == microbatches, "the custom schedule is written for ",
+                          s.num_microbatches, " micro-batches but this step has ", microbatches,
+                          "; set chunks to ", s.num_microbatches, " and feed batches of at least ",
+                          s.num_microbatches, " rows");
   } else {
     const int v = static_cast<int>(o.virtual_stages());
     try {
       s = schedule::make_schedule(o.schedule(), ranks, microbatches, v);
     } catch (const BadInput& e) {
-      TORCH_CHECK(false, "cannot build schedule '", o.schedule(), "' for ", ranks, " ranks, ",
-                  microbatches, " micro-batches, virtual_stages ", v, ": ", e.what());
+      throw BadInput(c10::str("cannot build schedule '", o.schedule(), "' for ", ranks, " ranks, ",
+                              microbatches, " micro-batches, virtual_stages ", v, ": ", e.what()));
     }
   }
   if (!schedule::is_lowered(s)) s = schedule::lower(s);
   try {
     schedule::validate(s);
   } catch (const std::exception& e) {
-    TORCH_CHECK(false, "schedule '", o.schedule(), "' is not runnable: ", e.what());
+    throw ScheduleInvalid(c10::str("schedule '", o.schedule(), "' is not runnable: ", e.what()));
   }
   return s;
 }
@@ -326,9 +330,9 @@ std::vector<RankResult> PipeImpl::run_step(const schedule::Schedule& s, const St
     std::rethrow_exception(first_error);
   }
   for (const auto& stage : rt.stages) {
-    TORCH_CHECK(stage->stashed_microbatches() == 0, "stage ", stage->index(), " still holds ",
-                stage->stashed_microbatches(), " micro-batches after the step: schedule '", s.name,
-                "' lacks their backward");
+    PIPETRAIN_CHECK(stage->stashed_microbatches() == 0, ScheduleInvalid, "stage ", stage->index(),
+                    " still holds ", stage->stashed_microbatches(),
+                    " micro-batches after the step: schedule '", s.name, "' lacks their backward");
   }
   return results;
 }
@@ -341,12 +345,13 @@ torch::Tensor PipeImpl::train_step(torch::Tensor input, torch::Tensor target,
 torch::Tensor PipeImpl::train_step(std::vector<torch::Tensor> inputs, torch::Tensor target,
                                    const LossFn& loss_fn) {
   Runtime& rt = runtime();
-  TORCH_CHECK(loss_fn, "train_step needs a loss function");
-  TORCH_CHECK(!inputs.empty() && inputs[0].defined() && inputs[0].dim() >= 1,
-              "train_step needs an input with a batch dimension (dim 0)");
-  TORCH_CHECK(target.defined() && target.dim() >= 1 && target.size(0) == inputs[0].size(0),
-              "the target has ", target.defined() && target.dim() >= 1 ? target.size(0) : 0,
-              " rows but the input has ", inputs[0].size(0), "; give one target row per input row");
+  PIPETRAIN_CHECK_INPUT(loss_fn, "train_step needs a loss function");
+  PIPETRAIN_CHECK_INPUT(!inputs.empty() && inputs[0].defined() && inputs[0].dim() >= 1,
+                        "train_step needs an input with a batch dimension (dim 0)");
+  PIPETRAIN_CHECK_INPUT(
+      target.defined() && target.dim() >= 1 && target.size(0) == inputs[0].size(0),
+      "the target has ", target.defined() && target.dim() >= 1 ? target.size(0) : 0,
+      " rows but the input has ", inputs[0].size(0), "; give one target row per input row");
   const int64_t rows = inputs[0].size(0);
   const std::vector<int64_t> sizes = microbatch_sizes(rows, options_.chunks());  // [1]
   const int m = static_cast<int>(sizes.size());
@@ -374,15 +379,15 @@ torch::Tensor PipeImpl::train_step(std::vector<torch::Tensor> inputs, torch::Ten
 
 torch::Tensor PipeImpl::forward(torch::Tensor input) {
   std::vector<torch::Tensor> outputs = forward(std::vector<torch::Tensor>{std::move(input)});
-  TORCH_CHECK(outputs.size() == 1, "the model returned ", outputs.size(),
-              " tensors; use forward(std::vector<torch::Tensor>) for tuple outputs");
+  PIPETRAIN_CHECK_INPUT(outputs.size() == 1, "the model returned ", outputs.size(),
+                        " tensors; use forward(std::vector<torch::Tensor>) for tuple outputs");
   return outputs[0];
 }
 
 std::vector<torch::Tensor> PipeImpl::forward(std::vector<torch::Tensor> inputs) {
   Runtime& rt = runtime();
-  TORCH_CHECK(!inputs.empty() && inputs[0].defined() && inputs[0].dim() >= 1,
-              "forward needs an input with a batch dimension (dim 0)");
+  PIPETRAIN_CHECK_INPUT(!inputs.empty() && inputs[0].defined() && inputs[0].dim() >= 1,
+                        "forward needs an input with a batch dimension (dim 0)");
   const std::vector<int64_t> sizes = microbatch_sizes(inputs[0].size(0), options_.chunks());
   const int m = static_cast<int>(sizes.size());
   const schedule::Schedule& s = inference_schedule(m);
@@ -407,8 +412,8 @@ int64_t PipeImpl::num_ranks() const {
 
 torch::Device PipeImpl::stage_device(int64_t j) const {
   const Runtime& rt = runtime();
-  TORCH_CHECK(j >= 0 && j < rt.num_stages, "stage ", j, " is out of range (", rt.num_stages,
-              " stages)");
+  PIPETRAIN_CHECK_INPUT(j >= 0 && j < rt.num_stages, "stage ", j, " is out of range (",
+                        rt.num_stages, " stages)");
   return rt.stages[static_cast<size_t>(j)]->device();
 }
 

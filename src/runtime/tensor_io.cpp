@@ -18,6 +18,8 @@
 #include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/serialize.h>
 
+#include "pipetrain/base/check.h"
+
 namespace pipetrain {
 namespace {
 
@@ -73,19 +75,19 @@ std::vector<char> pickle_for_python(const torch::IValue& value) {
 
 torch::Tensor load_tensor(const std::string& path) {
   std::ifstream file(path, std::ios::binary);
-  TORCH_CHECK(file.good(), "cannot open tensor file '", path, "': ", errno_text(),
-              "; write one from Python with torch.save(tensor, path)");
+  PIPETRAIN_CHECK(file.good(), FileError, "cannot open tensor file '", path, "': ", errno_text(),
+                  "; write one from Python with torch.save(tensor, path)");
   std::vector<char> bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-  TORCH_CHECK(!file.bad(), "cannot read tensor file '", path, "': ", errno_text());
+  PIPETRAIN_CHECK(!file.bad(), FileError, "cannot read tensor file '", path, "': ", errno_text());
   torch::IValue value;
   try {
     value = torch::pickle_load(bytes);
   } catch (const c10::Error& error) {
-    TORCH_CHECK(false, "'", path, "' is not a file written by torch.save (", error.msg(),
-                "); write one from Python with torch.save(tensor, path)");
+    throw BadInput(c10::str("'", path, "' is not a file written by torch.save (", error.msg(),
+                            "); write one from Python with torch.save(tensor, path)"));
   }
-  TORCH_CHECK(value.isTensor(), "'", path, "' holds a ", value.tagKind(),
-              ", not a tensor; save a single tensor with torch.save(tensor, path)");
+  PIPETRAIN_CHECK_INPUT(value.isTensor(), "'", path, "' holds a ", value.tagKind(),
+                        ", not a tensor; save a single tensor with torch.save(tensor, path)");
   return value.toTensor();
 }
 
@@ -94,10 +96,10 @@ void save_named_tensors(const std::string& path,
   c10::Dict<std::string, at::Tensor> dict;
   std::set<std::string> seen;
   for (const auto& [name, tensor] : tensors) {
-    TORCH_CHECK(seen.insert(name).second, "save_named_tensors('", path, "'): the name '", name,
-                "' appears twice; names must be unique");
-    TORCH_CHECK(tensor.defined(), "save_named_tensors('", path, "'): tensor '", name,
-                "' is undefined");
+    PIPETRAIN_CHECK_INPUT(seen.insert(name).second, "save_named_tensors('", path, "'): the name '",
+                          name, "' appears twice; names must be unique");
+    PIPETRAIN_CHECK_INPUT(tensor.defined(), "save_named_tensors('", path, "'): tensor '", name,
+                          "' is undefined");
     dict.insert(name, tensor.detach().cpu());
   }
   const std::vector<char> bytes = pickle_for_python(dict);
@@ -107,20 +109,20 @@ void save_named_tensors(const std::string& path,
   const std::string temporary =
       path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
   const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  TORCH_CHECK(fd >= 0, "cannot write '", path, "': creating '", temporary,
-              "' failed: ", errno_text(), "; check that the directory exists and is writable");
+  PIPETRAIN_CHECK(fd >= 0, FileError, "cannot write '", path, "': creating '", temporary,
+                  "' failed: ", errno_text(), "; check that the directory exists and is writable");
   const bool written = write_all(fd, bytes.data(), bytes.size()) && ::fsync(fd) == 0;
   const std::string write_error = written ? "" : errno_text();
   const bool closed = ::close(fd) == 0;
   if (!written || !closed) {
     ::unlink(temporary.c_str());
-    TORCH_CHECK(false, "cannot write '", path, "' (via '", temporary,
-                "'): ", written ? errno_text() : write_error, "; check free disk space");
+    throw FileError(c10::str("cannot write '", path, "' (via '", temporary, "'): ",
+                             written ? errno_text() : write_error, "; check free disk space"));
   }
   if (::rename(temporary.c_str(), path.c_str()) != 0) {
     const std::string rename_error = errno_text();
     ::unlink(temporary.c_str());
-    TORCH_CHECK(false, "cannot rename '", temporary, "' to '", path, "': ", rename_error);
+    throw FileError(c10::str("cannot rename '", temporary, "' to '", path, "': ", rename_error));
   }
   // Make the rename itself durable; failure here leaves a complete file, so it is not an error.
   const int directory = ::open(directory_of(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);

@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 #include <torch/nn/modules/batchnorm.h>
 
+#include "pipetrain/base/check.h"
 #include "pipetrain/stage/skip.h"
 #include "pipetrain/stage/torchscript.h"
 
@@ -22,10 +23,11 @@ DeferredBatchNormImpl::DeferredBatchNormImpl(DeferredBatchNormOptions options_,
 }
 
 void DeferredBatchNormImpl::reset() {
-  TORCH_CHECK(options.num_features() > 0, "DeferredBatchNorm needs num_features >= 1, got ",
-              options.num_features());
-  TORCH_CHECK(options.chunks() >= 1, "DeferredBatchNorm needs chunks >= 1 (micro-batches per ",
-              "mini-batch), got ", options.chunks());
+  PIPETRAIN_CHECK_INPUT(options.num_features() > 0,
+                        "DeferredBatchNorm needs num_features >= 1, got ", options.num_features());
+  PIPETRAIN_CHECK_INPUT(options.chunks() >= 1,
+                        "DeferredBatchNorm needs chunks >= 1 (micro-batches per ",
+                        "mini-batch), got ", options.chunks());
   const int64_t c = options.num_features();
   // The shared tensors serve the constructor's reset() only; a later reset() (clone) makes fresh
   // ones, into which Cloneable copies the values.
@@ -34,9 +36,10 @@ void DeferredBatchNormImpl::reset() {
     tensors = std::move(*shared_);
     shared_.reset();
     auto check = [c](const torch::Tensor& tensor, const char* name) {
-      TORCH_CHECK(tensor.defined() && tensor.dim() == 1 && tensor.size(0) == c,
-                  "DeferredBatchNorm(", c, "): the shared ", name, " must have shape [", c,
-                  "], got ", tensor.defined() ? c10::str(tensor.sizes()) : "undefined");
+      PIPETRAIN_CHECK_INPUT(tensor.defined() && tensor.dim() == 1 && tensor.size(0) == c,
+                            "DeferredBatchNorm(", c, "): the shared ", name, " must have shape [",
+                            c, "], got ",
+                            tensor.defined() ? c10::str(tensor.sizes()) : "undefined");
     };
     if (options.affine()) {
       check(tensors.weight, "weight");
@@ -44,8 +47,9 @@ void DeferredBatchNormImpl::reset() {
     }
     check(tensors.running_mean, "running_mean");
     check(tensors.running_var, "running_var");
-    TORCH_CHECK(tensors.num_batches_tracked.defined() && tensors.num_batches_tracked.numel() == 1,
-                "DeferredBatchNorm: the shared num_batches_tracked must hold one number");
+    PIPETRAIN_CHECK_INPUT(
+        tensors.num_batches_tracked.defined() && tensors.num_batches_tracked.numel() == 1,
+        "DeferredBatchNorm: the shared num_batches_tracked must hold one number");
   } else {
     if (options.affine()) {
       tensors.weight = torch::ones({c}).requires_grad_();
@@ -83,19 +87,20 @@ void DeferredBatchNormImpl::reset_running_stats() {
 }
 
 torch::Tensor DeferredBatchNormImpl::forward(const torch::Tensor& input) {
-  TORCH_CHECK(input.dim() >= 2 && input.size(1) == options.num_features(), "DeferredBatchNorm(",
-              options.num_features(), ") expects input (N, ", options.num_features(),
-              ", ...) but got shape ", input.sizes(),
-              "; set num_features to the channel count (dim 1)");
+  PIPETRAIN_CHECK_INPUT(input.dim() >= 2 && input.size(1) == options.num_features(),
+                        "DeferredBatchNorm(", options.num_features(), ") expects input (N, ",
+                        options.num_features(), ", ...) but got shape ", input.sizes(),
+                        "; set num_features to the channel count (dim 1)");
   const bool cudnn = at::globalContext().userEnabledCuDNN();
   if (!is_training()) {
     return torch::batch_norm(input, weight, bias, running_mean, running_var,
                              /*training=*/false, /*momentum=*/0.0, options.eps(), cudnn);
   }
-  TORCH_CHECK(input.numel() / input.size(1) > 1,
-              "DeferredBatchNorm: expected more than 1 value per channel when training, got input "
-              "shape ",
-              input.sizes(), "; use micro-batches of at least 2 rows");
+  PIPETRAIN_CHECK_INPUT(
+      input.numel() / input.size(1) > 1,
+      "DeferredBatchNorm: expected more than 1 value per channel when training, got input "
+      "shape ",
+      input.sizes(), "; use micro-batches of at least 2 rows");
   // Undefined running stats: normalize with this micro-batch's statistics and update nothing.
   // native_batch_norm also returns the statistics it normalized with (mean, 1/sqrt(var + eps)),
   // so tracking costs no extra pass over the activations.
@@ -175,9 +180,10 @@ std::optional<DeferredBatchNorm> convert_one(const std::shared_ptr<torch::nn::Mo
   auto batch_norm = std::dynamic_pointer_cast<BatchNormImpl>(layer);
   if (!batch_norm) return std::nullopt;
   const auto& from = batch_norm->options;
-  TORCH_CHECK(from.track_running_stats(),
-              "convert_deferred_batch_norm: a batch norm with track_running_stats=false has no "
-              "running statistics to defer; leave it as it is or enable tracking");
+  PIPETRAIN_CHECK_INPUT(
+      from.track_running_stats(),
+      "convert_deferred_batch_norm: a batch norm with track_running_stats=false has no "
+      "running statistics to defer; leave it as it is or enable tracking");
   std::optional<double> momentum;
   if (from.momentum().has_value()) momentum = *from.momentum();
   DeferredBatchNorm deferred(DeferredBatchNormOptions(from.num_features())
@@ -215,10 +221,11 @@ std::optional<DeferredBatchNorm> convert_script(const std::shared_ptr<torch::nn:
   if (!type) return std::nullopt;
   const std::string name = type->qualifiedName();
   if (!ends_with(name, ".BatchNorm1d") && !ends_with(name, ".BatchNorm2d")) return std::nullopt;
-  TORCH_CHECK(jit.attr("track_running_stats").toBool(), "convert_deferred_batch_norm: layer '",
-              script->layer_name(),
-              "' is a batch norm with track_running_stats=False; it has no running statistics "
-              "to defer");
+  PIPETRAIN_CHECK_INPUT(
+      jit.attr("track_running_stats").toBool(), "convert_deferred_batch_norm: layer '",
+      script->layer_name(),
+      "' is a batch norm with track_running_stats=False; it has no running statistics "
+      "to defer");
   const torch::jit::IValue momentum = jit.attr("momentum");
   const bool affine = jit.attr("affine").toBool();
   DeferredBatchNormTensors shared;
@@ -244,7 +251,7 @@ std::optional<DeferredBatchNorm> convert_script(const std::shared_ptr<torch::nn:
 
 torch::nn::Sequential convert_deferred_batch_norm(const torch::nn::Sequential& model,
                                                   int64_t chunks) {
-  TORCH_CHECK(chunks >= 1, "convert_deferred_batch_norm needs chunks >= 1, got ", chunks);
+  PIPETRAIN_CHECK_INPUT(chunks >= 1, "convert_deferred_batch_norm needs chunks >= 1, got ", chunks);
   torch::nn::Sequential converted;
   const auto children = model->named_children();
   TORCH_INTERNAL_ASSERT(children.size() == model->size());

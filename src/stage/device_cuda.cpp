@@ -12,18 +12,19 @@
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 
+#include "pipetrain/base/check.h"
 #include "pipetrain/stage/device.h"
 
 namespace pipetrain {
 
 void check_device_usable(const torch::Device& device) {
   if (device.is_cpu()) return;
-  TORCH_CHECK(device.is_cuda(), "device ", device.str(),
-              " is not supported; use torch::kCPU or a CUDA device");
+  PIPETRAIN_CHECK_INPUT(device.is_cuda(), "device ", device.str(),
+                        " is not supported; use torch::kCPU or a CUDA device");
   const int count = static_cast<int>(c10::cuda::device_count());
-  TORCH_CHECK(device.has_index() && device.index() < count, "device ", device.str(),
-              " is not usable: ", count, " CUDA devices are visible; give an explicit index below ",
-              count);
+  PIPETRAIN_CHECK_INPUT(device.has_index() && device.index() < count, "device ", device.str(),
+                        " is not usable: ", count,
+                        " CUDA devices are visible; give an explicit index below ", count);
 }
 
 RankStreamGuard::RankStreamGuard(const torch::Device& device) {

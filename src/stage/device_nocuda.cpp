@@ -2,14 +2,15 @@
 // error naming the device, everything else is a no-op.
 #include <c10/util/Exception.h>
 
+#include "pipetrain/base/check.h"
 #include "pipetrain/stage/device.h"
 
 namespace pipetrain {
 
 void check_device_usable(const torch::Device& device) {
-  TORCH_CHECK(device.is_cpu(), "device ", device.str(),
-              " is not usable: this pipetrain was built against a CPU-only LibTorch; use "
-              "torch::kCPU devices or rebuild with a CUDA LibTorch");
+  PIPETRAIN_CHECK_INPUT(device.is_cpu(), "device ", device.str(),
+                        " is not usable: this pipetrain was built against a CPU-only LibTorch; use "
+                        "torch::kCPU devices or rebuild with a CUDA LibTorch");
 }
 
 RankStreamGuard::RankStreamGuard(const torch::Device& device) {

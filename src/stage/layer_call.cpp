@@ -6,6 +6,8 @@
 
 #include <c10/util/Exception.h>
 
+#include "pipetrain/base/check.h"
+
 namespace pipetrain {
 
 std::vector<torch::Tensor> call_layer(torch::nn::AnyModule& layer, const std::string& name,
@@ -21,9 +23,10 @@ std::vector<torch::Tensor> call_layer(torch::nn::AnyModule& layer, const std::st
       case 4:
         return layer.any_forward(inputs[0], inputs[1], inputs[2], inputs[3]);
       default:
-        TORCH_CHECK(false, "layer '", name, "' would receive ", inputs.size(),
-                    " tensors; pipetrain calls layers with 1 to 4 tensors: make the previous "
-                    "layer return fewer (e.g. pack them with torch::stack)");
+        throw BadInput(
+            c10::str("layer '", name, "' would receive ", inputs.size(),
+                     " tensors; pipetrain calls layers with 1 to 4 tensors: make the previous "
+                     "layer return fewer (e.g. pack them with torch::stack)"));
     }
   }();
   if (auto* tensor = result.try_get<torch::Tensor>()) return {*tensor};
@@ -31,11 +34,11 @@ std::vector<torch::Tensor> call_layer(torch::nn::AnyModule& layer, const std::st
   if (auto* pair = result.try_get<std::tuple<torch::Tensor, torch::Tensor>>()) {
     return {std::get<0>(*pair), std::get<1>(*pair)};
   }
-  TORCH_CHECK(false, "layer '", name, "' returned a value of type ",
-              c10::demangle(result.type_info().name()),
-              "; pipetrain passes only torch::Tensor, std::vector<torch::Tensor> or "
-              "std::tuple<torch::Tensor, torch::Tensor> between layers: wrap the layer so it "
-              "returns one of those");
+  throw BadInput(c10::str(
+      "layer '", name, "' returned a value of type ", c10::demangle(result.type_info().name()),
+      "; pipetrain passes only torch::Tensor, std::vector<torch::Tensor> or "
+      "std::tuple<torch::Tensor, torch::Tensor> between layers: wrap the layer so it "
+      "returns one of those"));
 }
 
 }  // namespace pipetrain

@@ -1,6 +1,7 @@
 // SkipStash / SkipPopAdd (include/pipetrain/stage/skip_layers.h).
 #include "pipetrain/stage/skip_layers.h"
 
+#include "pipetrain/base/check.h"
 #include "pipetrain/stage/skip.h"
 
 namespace pipetrain {
@@ -31,9 +32,10 @@ void SkipPopAddImpl::reset() {
 torch::Tensor SkipPopAddImpl::forward(torch::Tensor input) {
   torch::Tensor skip = pop(options.name());
   if (!projection.is_empty()) skip = projection.forward(skip);
-  TORCH_CHECK(skip.sizes() == input.sizes(), "SkipPopAdd('", options.name(),
-              "'): the skip has shape ", skip.sizes(), " but the main path has ", input.sizes(),
-              "; give SkipPopAddOptions a projection (e.g. a strided 1x1 Conv2d) to match them");
+  PIPETRAIN_CHECK_INPUT(
+      skip.sizes() == input.sizes(), "SkipPopAdd('", options.name(), "'): the skip has shape ",
+      skip.sizes(), " but the main path has ", input.sizes(),
+      "; give SkipPopAddOptions a projection (e.g. a strided 1x1 Conv2d) to match them");
   return input + skip;
 }
 

@@ -23,8 +23,8 @@
 //                 [M2] bytes(i) = inputs + still alive - handed over (checkpointed: outputs, loss)
 //   recompute(i): [M3] bytes(i) += what the replay allocated and keeps alive
 //   release(i):   stashed bytes -= bytes(i)
-#include "pipetrain/base/message_of.h"
 #include "pipetrain/stage/stage.h"
+#include "pipetrain/base/message_of.h"
 
 #include <optional>
 #include <unordered_set>
@@ -32,6 +32,7 @@
 #include <c10/util/Exception.h>
 #include <torch/torch.h>
 
+#include "pipetrain/base/check.h"
 #include "pipetrain/stage/allocation_counter.h"
 #include "pipetrain/stage/layer_call.h"
 #include "pipetrain/stage/skip.h"
@@ -123,8 +124,8 @@ std::vector<torch::Tensor> parameters_of(const torch::nn::AnyModule& layer) {
 std::vector<StageLayer> slice_layers(const torch::nn::Sequential& model, int64_t first,
                                      int64_t count, const torch::Device& device) {
   const int64_t size = static_cast<int64_t>(model->size());
-  TORCH_CHECK(first >= 0 && count >= 1 && first + count <= size, "layers [", first, ", ",
-              first + count, ") are not inside the model's ", size, " layers");
+  PIPETRAIN_CHECK_INPUT(first >= 0 && count >= 1 && first + count <= size, "layers [", first, ", ",
+                        first + count, ") are not inside the model's ", size, " layers");
   const auto named = model->named_children();
   std::vector<StageLayer> layers;
   for (int64_t l = first; l < first + count; ++l) {
@@ -182,18 +183,22 @@ void Stage::run_layers(Microbatch& state, bool record, bool recomputing) const {
       outputs =
           call_layer(const_cast<torch::nn::AnyModule&>(layers_[l].module), layers_[l].name, values);
     } catch (const std::exception& e) {
-      throw std::runtime_error("layer '" + layers_[l].name + "' (layer " +
-                               std::to_string(first_layer_ + static_cast<int>(l)) +
-                               " of the model)" + (recomputing ? " during recompute" : "") + ": " +
-                               message_of(e));
+      // The layer's own error keeps its kind (a misused skip is still BadInput); anything else
+      // a layer throws is a failure at run time.
+      const auto* cause = dynamic_cast<const Error*>(&e);
+      throw_error(cause ? cause->kind() : ErrorKind::Runtime,
+                  "layer '" + layers_[l].name + "' (layer " +
+                      std::to_string(first_layer_ + static_cast<int>(l)) + " of the model)" +
+                      (recomputing ? " during recompute" : "") + ": " + message_of(e));
     }
     if (record) {
       for (size_t t = 0; t < values.size(); ++t) {
-        TORCH_CHECK(!values[t].defined() || !values[t].requires_grad() ||
-                        values[t]._version() == versions[t],
-                    "layer '", layers_[l].name, "' modified its input ", t,
-                    " in place; a split backward (I/W, zero-bubble schedules) needs out-of-place "
-                    "layers: construct it with inplace=false");
+        PIPETRAIN_CHECK_INPUT(
+            !values[t].defined() || !values[t].requires_grad() ||
+                values[t]._version() == versions[t],
+            "layer '", layers_[l].name, "' modified its input ", t,
+            " in place; a split backward (I/W, zero-bubble schedules) needs out-of-place "
+            "layers: construct it with inplace=false");
       }
       LayerRecord& rec = state.layers[l];
       rec.inputs = std::move(values);
@@ -251,8 +256,9 @@ int64_t Stage::estimated_stash_bytes(const Microbatch& state) const {
 
 Bundle Stage::forward(int i, Bundle input, const StageForwardOptions& options,
                       torch::Tensor* loss_value) {
-  TORCH_CHECK(stash_.count(i) == 0, "stage ", index_, " ran the forward of micro-batch ", i,
-              " twice without its backward; check the schedule");
+  PIPETRAIN_CHECK(stash_.count(i) == 0, ScheduleInvalid, "stage ", index_,
+                  " ran the forward of micro-batch ", i,
+                  " twice without its backward; check the schedule");
   auto state = std::make_unique<Microbatch>();
   const size_t skips = input.skip_names.size();
   TORCH_INTERNAL_ASSERT(input.tensors.size() >= skips);
@@ -348,8 +354,9 @@ Bundle Stage::infer(Bundle input) const {
 
 Stage::Microbatch& Stage::stashed(int i, const char* action) {
   auto found = stash_.find(i);
-  TORCH_CHECK(found != stash_.end(), "stage ", index_, " has no stash for micro-batch ", i,
-              " at its ", action, "; the schedule must run the forward first (and W after I)");
+  PIPETRAIN_CHECK(found != stash_.end(), ScheduleInvalid, "stage ", index_,
+                  " has no stash for micro-batch ", i, " at its ", action,
+                  "; the schedule must run the forward first (and W after I)");
   return *found->second;
 }
 
@@ -391,16 +398,17 @@ Bundle Stage::backward(int i, const Bundle& output_grads) {
   std::vector<torch::Tensor> roots;
   std::vector<torch::Tensor> grads;
   if (state.loss_hook) {
-    TORCH_CHECK(state.loss.defined() && state.loss.requires_grad(), "stage ", index_,
-                ": the loss of micro-batch ", i,
-                " does not require grad; does the model have trainable parameters?");
+    PIPETRAIN_CHECK_INPUT(state.loss.defined() && state.loss.requires_grad(), "stage ", index_,
+                          ": the loss of micro-batch ", i,
+                          " does not require grad; does the model have trainable parameters?");
     roots.push_back(state.loss);
     grads.push_back(torch::ones_like(state.loss));
   } else {
     const size_t n = state.outputs.size();
-    TORCH_CHECK(output_grads.tensors.size() == n + state.skip_outputs.size(), "stage ", index_,
-                " received ", output_grads.tensors.size(), " gradients for micro-batch ", i,
-                " but sent ", n + state.skip_outputs.size(), " tensors");
+    TORCH_INTERNAL_ASSERT(output_grads.tensors.size() == n + state.skip_outputs.size(), "stage ",
+                          index_, " received ", output_grads.tensors.size(),
+                          " gradients for micro-batch ", i, " but sent ",
+                          n + state.skip_outputs.size(), " tensors");
     for (size_t t = 0; t < n; ++t)
       add_root(state.outputs[t], output_grads.tensors[t], roots, grads);
     size_t s = n;
@@ -427,25 +435,27 @@ Bundle Stage::backward(int i, const Bundle& output_grads) {
 
 Bundle Stage::backward_input(int i, const Bundle& output_grads) {
   Microbatch& state = stashed(i, "input backward (I)");
-  TORCH_CHECK(state.split, "stage ", index_, " got an I for micro-batch ", i,
-              " whose forward was not recorded for a split backward (internal: the interpreter "
-              "decides this from the schedule)");
-  TORCH_CHECK(!state.input_grads_done, "stage ", index_, " ran I of micro-batch ", i, " twice");
+  TORCH_INTERNAL_ASSERT(
+      state.split, "stage ", index_, " got an I for micro-batch ", i,
+      " whose forward was not recorded for a split backward (internal: the interpreter "
+      "decides this from the schedule)");
+  PIPETRAIN_CHECK(!state.input_grads_done, ScheduleInvalid, "stage ", index_,
+                  " ran I of micro-batch ", i, " twice");
   recompute_if_needed(i, state);
 
   // Gradients of the stage's outputs: from the loss on the last stage, received otherwise.
   std::vector<torch::Tensor> grads_out(state.outputs.size());
   std::map<std::string, torch::Tensor> skip_grads;
   if (state.loss_hook) {
-    TORCH_CHECK(state.loss.defined() && state.loss.requires_grad(), "stage ", index_,
-                ": the loss of micro-batch ", i, " does not require grad");
+    PIPETRAIN_CHECK_INPUT(state.loss.defined() && state.loss.requires_grad(), "stage ", index_,
+                          ": the loss of micro-batch ", i, " does not require grad");
     grads_out = grad_of({state.loss}, {torch::ones_like(state.loss)}, state.outputs,
                         /*retain_graph=*/true);
   } else {
-    TORCH_CHECK(output_grads.tensors.size() == state.outputs.size() + state.skip_outputs.size(),
-                "stage ", index_, " received ", output_grads.tensors.size(),
-                " gradients for micro-batch ", i, " but sent ",
-                state.outputs.size() + state.skip_outputs.size(), " tensors");
+    TORCH_INTERNAL_ASSERT(
+        output_grads.tensors.size() == state.outputs.size() + state.skip_outputs.size(), "stage ",
+        index_, " received ", output_grads.tensors.size(), " gradients for micro-batch ", i,
+        " but sent ", state.outputs.size() + state.skip_outputs.size(), " tensors");
     for (size_t t = 0; t < state.outputs.size(); ++t) grads_out[t] = output_grads.tensors[t];
     size_t s = state.outputs.size();
     for (const auto& entry : state.skip_outputs)
@@ -499,8 +509,8 @@ Bundle Stage::backward_input(int i, const Bundle& output_grads) {
 
 void Stage::backward_weight(int i) {
   Microbatch& state = stashed(i, "weight backward (W)");
-  TORCH_CHECK(state.input_grads_done, "stage ", index_, " got W of micro-batch ", i,
-              " before its I; a schedule must run I before W");
+  PIPETRAIN_CHECK(state.input_grads_done, ScheduleInvalid, "stage ", index_,
+                  " got W of micro-batch ", i, " before its I; a schedule must run I before W");
   for (size_t l = 0; l < state.layers.size(); ++l) {
     LayerRecord& rec = state.layers[l];
     if (rec.roots.empty()) continue;

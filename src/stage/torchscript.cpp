@@ -7,6 +7,8 @@
 #include <c10/util/Exception.h>
 #include <torch/nn/modules/container/sequential.h>
 
+#include "pipetrain/base/check.h"
+
 namespace pipetrain {
 namespace {
 
@@ -63,10 +65,11 @@ void ScriptLayerImpl::reset() {
 }
 
 torch::Tensor ScriptLayerImpl::forward(torch::Tensor input) {
-  TORCH_CHECK(module_.find_method("forward").has_value(), describe(name_, module_),
-              " has no forward method; only modules with forward(Tensor) -> Tensor can be layers");
+  PIPETRAIN_CHECK_INPUT(
+      module_.find_method("forward").has_value(), describe(name_, module_),
+      " has no forward method; only modules with forward(Tensor) -> Tensor can be layers");
   torch::jit::IValue output = module_.forward({std::move(input)});
-  TORCH_CHECK(
+  PIPETRAIN_CHECK_INPUT(
       output.isTensor(), describe(name_, module_), " returned ", output.tagKind(),
       " but a pipeline layer must return one Tensor; wrap the layer so it returns a Tensor");
   return output.toTensor();
@@ -99,36 +102,41 @@ torch::nn::Sequential sequential_from_torchscript(const torch::jit::Module& modu
   for (const auto& buffer : module.named_buffers(/*recurse=*/false)) {
     own += (own.empty() ? "" : ", ") + buffer.name;
   }
-  TORCH_CHECK(own.empty(), "TorchScript module ", type_name(module),
-              " has parameters or buffers of its own (", own,
-              "); pipetrain runs only its children, in order, so these would never be used or "
-              "trained. Move them into a child module");
+  PIPETRAIN_CHECK_INPUT(
+      own.empty(), "TorchScript module ", type_name(module),
+      " has parameters or buffers of its own (", own,
+      "); pipetrain runs only its children, in order, so these would never be used or "
+      "trained. Move them into a child module");
   torch::nn::Sequential sequential;
   for (const auto& child : module.named_children()) {
     sequential->push_back(std::string(child.name), ScriptLayer(child.value, child.name));
   }
-  TORCH_CHECK(sequential->size() > 0, "TorchScript module ", type_name(module),
-              " has no child modules; pipetrain needs its layers as children, e.g. a scripted "
-              "nn.Sequential");
+  PIPETRAIN_CHECK_INPUT(
+      sequential->size() > 0, "TorchScript module ", type_name(module),
+      " has no child modules; pipetrain needs its layers as children, e.g. a scripted "
+      "nn.Sequential");
   sequential->train(module.is_training());
   return sequential;
 }
 
 torch::nn::Sequential load_torchscript_sequential(const std::string& path) {
-  TORCH_CHECK(std::ifstream(path).good(), "cannot open TorchScript model '", path,
-              "': no such file or not readable; save one from Python with "
-              "torch.jit.save(torch.jit.script(model), path)");
+  PIPETRAIN_CHECK(std::ifstream(path).good(), FileError, "cannot open TorchScript model '", path,
+                  "': no such file or not readable; save one from Python with "
+                  "torch.jit.save(torch.jit.script(model), path)");
   torch::jit::Module module;
   try {
     module = torch::jit::load(path);
   } catch (const c10::Error& error) {
-    TORCH_CHECK(false, "'", path, "' is not a TorchScript archive (", error.msg(),
-                "); save one from Python with torch.jit.save(torch.jit.script(model), path)");
+    throw BadInput(
+        c10::str("'", path, "' is not a TorchScript archive (", error.msg(),
+                 "); save one from Python with torch.jit.save(torch.jit.script(model), path)"));
   }
   try {
     return sequential_from_torchscript(module);
+  } catch (const BadInput& error) {
+    throw BadInput(c10::str("TorchScript model '", path, "': ", error.message()));
   } catch (const c10::Error& error) {
-    TORCH_CHECK(false, "TorchScript model '", path, "': ", error.msg());
+    throw BadInput(c10::str("TorchScript model '", path, "': ", error.msg()));
   }
 }
 

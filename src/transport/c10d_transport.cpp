@@ -39,6 +39,7 @@
 #include <tuple>
 
 #include "c10d_internal.h"
+#include "pipetrain/base/check.h"
 
 namespace pipetrain {
 
@@ -88,24 +89,24 @@ std::vector<int64_t> data_layout(const std::vector<torch::Tensor>& tensors, int6
 }  // namespace
 
 int c10d_tag(const Envelope& envelope, MessagePart part) {
-  TORCH_CHECK(envelope.src_stage >= 0 && envelope.src_stage < kC10dMaxStages, "src_stage ",
-              envelope.src_stage, " does not fit the c10d tag (stages 0..", kC10dMaxStages - 1,
-              "); use fewer stages");
-  TORCH_CHECK(envelope.dst_stage >= 0 && envelope.dst_stage < kC10dMaxStages, "dst_stage ",
-              envelope.dst_stage, " does not fit the c10d tag (stages 0..", kC10dMaxStages - 1,
-              "); use fewer stages");
-  TORCH_CHECK(envelope.microbatch >= 0 && envelope.microbatch < kC10dMaxMicrobatches,
-              "micro-batch ", envelope.microbatch, " does not fit the c10d tag (0..",
-              kC10dMaxMicrobatches - 1, "); use fewer chunks");
+  PIPETRAIN_CHECK_INPUT(envelope.src_stage >= 0 && envelope.src_stage < kC10dMaxStages,
+                        "src_stage ", envelope.src_stage, " does not fit the c10d tag (stages 0..",
+                        kC10dMaxStages - 1, "); use fewer stages");
+  PIPETRAIN_CHECK_INPUT(envelope.dst_stage >= 0 && envelope.dst_stage < kC10dMaxStages,
+                        "dst_stage ", envelope.dst_stage, " does not fit the c10d tag (stages 0..",
+                        kC10dMaxStages - 1, "); use fewer stages");
+  PIPETRAIN_CHECK_INPUT(envelope.microbatch >= 0 && envelope.microbatch < kC10dMaxMicrobatches,
+                        "micro-batch ", envelope.microbatch, " does not fit the c10d tag (0..",
+                        kC10dMaxMicrobatches - 1, "); use fewer chunks");
   const int payload = envelope.payload == Payload::kGradient ? 1 : 0;
   return (payload << 29) | (static_cast<int>(part) << 27) | (envelope.src_stage << 20) |
          (envelope.dst_stage << 13) | envelope.microbatch;
 }
 
 std::vector<int64_t> encode_bundle_metadata(const Bundle& bundle) {
-  TORCH_CHECK(bundle.skip_names.size() <= bundle.tensors.size(), "bundle names ",
-              bundle.skip_names.size(), " skips but holds only ", bundle.tensors.size(),
-              " tensors");
+  PIPETRAIN_CHECK_INPUT(bundle.skip_names.size() <= bundle.tensors.size(), "bundle names ",
+                        bundle.skip_names.size(), " skips but holds only ", bundle.tensors.size(),
+                        " tensors");
   std::vector<int64_t> meta{static_cast<int64_t>(bundle.tensors.size()),
                             static_cast<int64_t>(bundle.skip_names.size())};
   for (const auto& t : bundle.tensors) {
@@ -113,8 +114,8 @@ std::vector<int64_t> encode_bundle_metadata(const Bundle& bundle) {
       meta.push_back(kUndefined);
       continue;
     }
-    TORCH_CHECK(t.layout() == torch::kStrided,
-                "the c10d transport carries dense tensors only, got ", t.layout());
+    PIPETRAIN_CHECK_INPUT(t.layout() == torch::kStrided,
+                          "the c10d transport carries dense tensors only, got ", t.layout());
     meta.push_back(static_cast<int64_t>(t.scalar_type()));
     meta.push_back(t.dim());
     for (int64_t size : t.sizes()) meta.push_back(size);
@@ -133,14 +134,15 @@ std::vector<int64_t> encode_bundle_metadata(const Bundle& bundle) {
 Bundle decode_bundle_metadata(const std::vector<int64_t>& meta, const torch::Device& device) {
   std::size_t at = 0;
   auto next = [&]() -> int64_t {
-    TORCH_CHECK(at < meta.size(), "truncated bundle metadata (", meta.size(), " values)");
+    PIPETRAIN_CHECK(at < meta.size(), TransportFailure, "truncated bundle metadata (", meta.size(),
+                    " values)");
     return meta[at++];
   };
   Bundle bundle;
   const int64_t n_tensors = next();
   const int64_t n_skips = next();
-  TORCH_CHECK(n_tensors >= 0 && n_skips >= 0 && n_skips <= n_tensors,
-              "corrupt bundle metadata: ", n_tensors, " tensors, ", n_skips, " skips");
+  PIPETRAIN_CHECK(n_tensors >= 0 && n_skips >= 0 && n_skips <= n_tensors, TransportFailure,
+                  "corrupt bundle metadata: ", n_tensors, " tensors, ", n_skips, " skips");
   for (int64_t t = 0; t < n_tensors; ++t) {
     const int64_t dtype = next();
     if (dtype == kUndefined) {
@@ -163,7 +165,8 @@ Bundle decode_bundle_metadata(const std::vector<int64_t>& meta, const torch::Dev
     }
     bundle.skip_names.push_back(std::move(name));
   }
-  TORCH_CHECK(at == meta.size(), "bundle metadata has ", meta.size() - at, " trailing values");
+  PIPETRAIN_CHECK(at == meta.size(), TransportFailure, "bundle metadata has ", meta.size() - at,
+                  " trailing values");
   return bundle;
 }
 
@@ -203,6 +206,7 @@ struct C10dTransport::Impl {
   bool aborted = false;
   std::string abort_reason;
   std::optional<std::string> send_error;
+  ErrorKind send_error_kind = ErrorKind::TransportFailure;  // or Timeout
   std::map<int64_t, c10::intrusive_ptr<detail::C10dWork>> receiving;
   int64_t next_receive = 0;
   std::deque<PendingSend> sends;              // front: the one the reaper waits on
@@ -216,6 +220,10 @@ struct C10dTransport::Impl {
   int my_rank() const { return world->rank(); }
   void abort_local(const std::string& reason);
   void check_healthy();
+  // PeerFailed after an abort; the send's error after a failed send. REQUIRES: mutex held.
+  void throw_if_failed() const;
+  // Timeout when the wait for a peer ran out of time or the peer hung, else `otherwise`.
+  ErrorKind failure_kind(const std::string& failure, ErrorKind otherwise) const;
   // For expect()/recv(): healthy, both stages exist, this rank runs the destination stage.
   // `verb` words the error ("expects", "receives"). Returns the source rank.
   int check_receiver(const Envelope& envelope, const char* verb);
@@ -253,8 +261,22 @@ void C10dTransport::Impl::abort_local(const std::string& reason) {
 
 void C10dTransport::Impl::check_healthy() {
   std::lock_guard<std::mutex> lock(mutex);
-  TORCH_CHECK(!aborted, "rank ", my_rank(), ": transport aborted: ", abort_reason);
-  TORCH_CHECK(!send_error, *send_error);
+  throw_if_failed();
+}
+
+void C10dTransport::Impl::throw_if_failed() const {
+  PIPETRAIN_CHECK_AT(!aborted, PeerFailed, (ErrorSite{my_rank(), -1, "", -1}),
+                     "transport aborted: ", abort_reason);
+  if (send_error) throw_error(send_error_kind, *send_error);
+}
+
+ErrorKind C10dTransport::Impl::failure_kind(const std::string& failure, ErrorKind otherwise) const {
+  // Gloo words an expired wait "Timed out waiting 3000ms for recv operation to complete"; the
+  // watchdog aborts the job when a peer sent no heartbeat for the timeout (a hung rank).
+  if (failure.find("imed out") != std::string::npos || world->abort_was_timeout()) {
+    return ErrorKind::Timeout;
+  }
+  return otherwise;
 }
 
 void C10dTransport::Impl::reap() {
@@ -267,15 +289,22 @@ void C10dTransport::Impl::reap() {
       send = sends.front();
     }
     std::optional<std::string> error;
+    ErrorKind kind = ErrorKind::TransportFailure;
     try {
       detail::wait_work(send.work, send.what);
+    } catch (const Error& e) {
+      error = e.what();
+      kind = e.kind();
     } catch (const std::exception& e) {
       error = e.what();
     }
     {
       std::lock_guard<std::mutex> lock(mutex);
       sends.pop_front();
-      if (error && !aborted && !send_error) send_error = *error;
+      if (error && !aborted && !send_error) {
+        send_error = *error;
+        send_error_kind = kind;
+      }
     }
     changed.notify_all();
   }
@@ -322,16 +351,28 @@ void C10dTransport::Impl::wait_recv(PostedRecv& posted, int src, const Envelope&
     published = world->await_abort_reason(std::chrono::seconds(1));
   std::lock_guard<std::mutex> lock(mutex);
   receiving.erase(posted.id);
-  TORCH_CHECK(!aborted, "rank ", my_rank(), ": receiving the ", describe(envelope),
-              " was aborted: ", abort_reason);
-  TORCH_CHECK(!published, "rank ", my_rank(), ": receiving the ", describe(envelope),
-              " was aborted: ", published.value_or(""), " (", failure, ")");
+  // This rank, and the stage and micro-batch it receives for; the message names the peer `src`.
+  const ErrorSite site{my_rank(), envelope.dst_stage, "", envelope.microbatch};
+  if (aborted) {
+    throw_error(failure_kind(failure, ErrorKind::PeerFailed),
+                c10::str("receiving the ", describe(envelope), " was aborted: ", abort_reason),
+                site);
+  }
+  if (published) {
+    throw_error(failure_kind(failure, ErrorKind::PeerFailed),
+                c10::str("receiving the ", describe(envelope), " was aborted: ", *published, " (",
+                         failure, ")"),
+                site);
+  }
+  if (completed && failure.empty()) return;
   const double waited = std::chrono::duration<double>(Clock::now() - start).count();
-  TORCH_CHECK(completed && failure.empty(), "rank ", my_rank(), ": no ", describe(envelope), " (",
-              part, ") from rank ", src, " after ", waited, " s (timeout ",
-              world->timeout().count() / 1000.0, " s): ", failure.empty() ? "aborted" : failure,
-              ". Rank ", src, " (stage ", envelope.src_stage,
-              ") may have died or hang: see its log; raise --timeout if it is only slow");
+  throw_error(failure_kind(failure, ErrorKind::TransportFailure),
+              c10::str("no ", describe(envelope), " (", part, ") from rank ", src, " after ",
+                       waited, " s (timeout ", world->timeout().count() / 1000.0,
+                       " s): ", failure.empty() ? "aborted" : failure, ". Rank ", src, " (stage ",
+                       envelope.src_stage,
+                       ") may have died or hang: see its log; raise --timeout if it is only slow"),
+              site);
 }
 
 C10dTransport::Impl::BundleRecvs C10dTransport::Impl::post_bundle(const Envelope& envelope,
@@ -350,14 +391,14 @@ C10dTransport::Impl::BundleRecvs C10dTransport::Impl::post_bundle(const Envelope
 C10dTransport::C10dTransport(std::shared_ptr<C10dWorld> world, std::vector<int> stage_world_rank,
                              C10dTransportOptions options)
     : impl_(std::make_unique<Impl>()) {
-  TORCH_CHECK(world, "C10dTransport needs a connected C10dWorld");
-  TORCH_CHECK(static_cast<int>(stage_world_rank.size()) <= kC10dMaxStages,
-              "C10dTransport: ", stage_world_rank.size(), " stages exceed the tag space (",
-              kC10dMaxStages, ")");
+  PIPETRAIN_CHECK_INPUT(world, "C10dTransport needs a connected C10dWorld");
+  PIPETRAIN_CHECK_INPUT(static_cast<int>(stage_world_rank.size()) <= kC10dMaxStages,
+                        "C10dTransport: ", stage_world_rank.size(),
+                        " stages exceed the tag space (", kC10dMaxStages, ")");
   for (std::size_t j = 0; j < stage_world_rank.size(); ++j) {
-    TORCH_CHECK(stage_world_rank[j] >= 0 && stage_world_rank[j] < world->world_size(), "stage ", j,
-                " is placed on rank ", stage_world_rank[j], " outside the world 0..",
-                world->world_size() - 1);
+    PIPETRAIN_CHECK_INPUT(stage_world_rank[j] >= 0 && stage_world_rank[j] < world->world_size(),
+                          "stage ", j, " is placed on rank ", stage_world_rank[j],
+                          " outside the world 0..", world->world_size() - 1);
   }
   impl_->world = world;
   impl_->group = world->world_group();
@@ -385,10 +426,11 @@ C10dTransport::~C10dTransport() {
 namespace {
 // Both ends of a message must name existing stages; `verb` says which end is checking.
 void check_stages_exist(const Envelope& envelope, int me, const char* verb, std::size_t stages) {
-  TORCH_CHECK(envelope.src_stage >= 0 && envelope.src_stage < static_cast<int>(stages) &&
-                  envelope.dst_stage >= 0 && envelope.dst_stage < static_cast<int>(stages),
-              "rank ", me, ": ", verb, " of the ", describe(envelope), ": no such stage (", stages,
-              " stages)");
+  PIPETRAIN_CHECK_INPUT(envelope.src_stage >= 0 && envelope.src_stage < static_cast<int>(stages) &&
+                            envelope.dst_stage >= 0 &&
+                            envelope.dst_stage < static_cast<int>(stages),
+                        "rank ", me, ": ", verb, " of the ", describe(envelope),
+                        ": no such stage (", stages, " stages)");
 }
 }  // namespace
 
@@ -396,9 +438,9 @@ void C10dTransport::send(const Envelope& envelope, Bundle bundle) {
   impl_->check_healthy();
   const int me = impl_->my_rank();
   check_stages_exist(envelope, me, "send", impl_->stage_rank.size());
-  TORCH_CHECK(impl_->stage_rank[envelope.src_stage] == me, "rank ", me, " sends the ",
-              describe(envelope), " but stage ", envelope.src_stage, " runs on rank ",
-              impl_->stage_rank[envelope.src_stage]);
+  PIPETRAIN_CHECK_INPUT(impl_->stage_rank[envelope.src_stage] == me, "rank ", me, " sends the ",
+                        describe(envelope), " but stage ", envelope.src_stage, " runs on rank ",
+                        impl_->stage_rank[envelope.src_stage]);
   const int dst = impl_->stage_rank[envelope.dst_stage];
   const std::string what = "rank " + std::to_string(me) + ": send of the " + describe(envelope) +
                            " to rank " + std::to_string(dst);
@@ -461,9 +503,9 @@ int C10dTransport::Impl::check_receiver(const Envelope& envelope, const char* ve
   check_healthy();
   const int me = my_rank();
   check_stages_exist(envelope, me, "receive", stage_rank.size());
-  TORCH_CHECK(stage_rank[envelope.dst_stage] == me, "rank ", me, " ", verb, " the ",
-              describe(envelope), " but stage ", envelope.dst_stage, " runs on rank ",
-              stage_rank[envelope.dst_stage]);
+  PIPETRAIN_CHECK_INPUT(stage_rank[envelope.dst_stage] == me, "rank ", me, " ", verb, " the ",
+                        describe(envelope), " but stage ", envelope.dst_stage, " runs on rank ",
+                        stage_rank[envelope.dst_stage]);
   return stage_rank[envelope.src_stage];
 }
 
@@ -500,9 +542,11 @@ Bundle C10dTransport::recv(const Envelope& envelope) {
   const torch::Tensor header =
       recvs.message.buffer.narrow(0, 0, kHeaderBytes).cpu().view(torch::kLong);
   const auto* h = header.data_ptr<int64_t>();
-  TORCH_CHECK(h[0] == kMagic && h[1] == envelope.microbatch, "rank ", me,
-              ": corrupt header for the ", describe(envelope), " from rank ", src, " (magic ", h[0],
-              ", micro-batch ", h[1], "): both ranks must run the same pipetrain build");
+  const ErrorSite site{me, envelope.dst_stage, "", envelope.microbatch};
+  PIPETRAIN_CHECK_AT(h[0] == kMagic && h[1] == envelope.microbatch, TransportFailure, site,
+                     "corrupt header for the ", describe(envelope), " from rank ", src, " (magic ",
+                     h[0], ", micro-batch ", h[1],
+                     "): both ranks must run the same pipetrain build");
   const int64_t length = h[2];
   const int64_t total = h[3];
   std::vector<int64_t> meta;
@@ -519,8 +563,8 @@ Bundle C10dTransport::recv(const Envelope& envelope) {
   Bundle shapes = decode_bundle_metadata(meta, torch::Device(torch::kMeta));
   int64_t expected = 0;
   const std::vector<int64_t> offsets = data_layout(shapes.tensors, &expected);
-  TORCH_CHECK(expected == total, "rank ", me, ": the ", describe(envelope), " announces ", total,
-              " bytes but its metadata describes ", expected);
+  PIPETRAIN_CHECK_AT(expected == total, TransportFailure, site, "the ", describe(envelope),
+                     " announces ", total, " bytes but its metadata describes ", expected);
   Bundle bundle;
   bundle.skip_names = std::move(shapes.skip_names);
   torch::Tensor data;
@@ -580,9 +624,7 @@ void C10dTransport::reset() {
 void C10dTransport::flush() {
   std::unique_lock<std::mutex> lock(impl_->mutex);
   impl_->changed.wait(lock, [&] { return impl_->sends.empty() || impl_->aborted; });
-  TORCH_CHECK(!impl_->aborted, "rank ", impl_->my_rank(),
-              ": transport aborted: ", impl_->abort_reason);
-  TORCH_CHECK(!impl_->send_error, *impl_->send_error);
+  impl_->throw_if_failed();
 }
 
 }  // namespace pipetrain

@@ -27,6 +27,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include "c10d_internal.h"
+#include "pipetrain/base/check.h"
+#include "pipetrain/base/message_of.h"
 
 namespace pipetrain {
 
@@ -91,7 +93,7 @@ CommBackend parse_comm_backend(const std::string& name) {
   if (name == "gloo") return CommBackend::kGloo;
   if (name == "nccl") return CommBackend::kNccl;
   if (name == "mpi") return CommBackend::kMpi;
-  TORCH_CHECK(false, "unknown communication backend '", name, "': use gloo, nccl or mpi");
+  throw BadInput(c10::str("unknown communication backend '", name, "': use gloo, nccl or mpi"));
 }
 
 CommBackend comm_backend_for_device(const torch::Device& device) {
@@ -139,7 +141,11 @@ bool wait_work(const c10::intrusive_ptr<C10dWork>& work, const std::string& what
   try {
     return work->wait();
   } catch (const std::exception& e) {
-    TORCH_CHECK(false, what, " failed: ", e.what());
+    const std::string failure = message_of(e);
+    // Gloo words an expired wait "Timed out waiting ...ms for ... operation to complete".
+    throw_error(failure.find("imed out") != std::string::npos ? ErrorKind::Timeout
+                                                              : ErrorKind::TransportFailure,
+                c10::str(what, " failed: ", failure));
   }
 }
 
@@ -182,8 +188,8 @@ void C10dGroup::allreduce_sum(std::vector<torch::Tensor>& tensors) {
 }
 
 void C10dGroup::broadcast(std::vector<torch::Tensor>& tensors, int root) {
-  TORCH_CHECK(root >= 0 && root < size(), "broadcast root ", root, " is not a rank of group '",
-              impl_->name, "' (size ", size(), ")");
+  PIPETRAIN_CHECK_INPUT(root >= 0 && root < size(), "broadcast root ", root,
+                        " is not a rank of group '", impl_->name, "' (size ", size(), ")");
   std::vector<c10::intrusive_ptr<detail::C10dWork>> works;
   for (auto& tensor : tensors) {
     std::vector<at::Tensor> one{tensor};
@@ -244,6 +250,7 @@ struct C10dWorld::Impl {
   bool stop = false;
   bool finalized = false;
   std::optional<std::string> abort_reason;
+  bool abort_timed_out = false;  // the watchdog aborted: a peer sent no heartbeat for the timeout
   std::map<int, std::function<void(const std::string&)>> listeners;
   int next_listener = 0;
   std::thread watchdog;
@@ -255,7 +262,7 @@ struct C10dWorld::Impl {
   }
 
   std::shared_ptr<C10dGroup> make_group(const std::string& name, std::vector<int> ranks);
-  void fire(const std::string& reason);
+  void fire(const std::string& reason, bool timed_out = false);
   void watch();
   void stop_watchdog();
 };
@@ -267,8 +274,8 @@ std::shared_ptr<C10dGroup> C10dWorld::Impl::make_group(const std::string& name,
   group->ranks = std::move(ranks);
   group->timeout = options.timeout;
   group->group_rank = group->group_rank_of(options.rank);
-  TORCH_CHECK(group->group_rank >= 0, "rank ", options.rank, " creates group '", name,
-              "' but is not one of its ranks; only members create a group");
+  PIPETRAIN_CHECK_INPUT(group->group_rank >= 0, "rank ", options.rank, " creates group '", name,
+                        "' but is not one of its ranks; only members create a group");
   auto prefixed = c10::make_intrusive<::c10d::PrefixStore>("pipetrain/group/" + name, store);
   const int size = static_cast<int>(group->ranks.size());
   try {
@@ -282,26 +289,31 @@ std::shared_ptr<C10dGroup> C10dWorld::Impl::make_group(const std::string& name,
             detail::make_nccl_group(prefixed, group->group_rank, size, options.timeout);
         break;
       case CommBackend::kMpi:
-        TORCH_CHECK(false,
-                    "backend mpi: this LibTorch is built without MPI (ProcessGroupMPI); "
-                    "use --backend gloo, which also runs under mpirun (docs/DISTRIBUTED.md)");
+        throw BadInput(
+            "backend mpi: this LibTorch is built without MPI (ProcessGroupMPI); "
+            "use --backend gloo, which also runs under mpirun (docs/DISTRIBUTED.md)");
     }
-  } catch (const c10::Error& e) {
-    TORCH_CHECK(false, "rank ", options.rank, ": creating ", comm_backend_name(options.backend),
-                " group '", name, "' failed: ", e.what_without_backtrace());
+  } catch (const Error&) {
+    throw;  // already says what is wrong (a backend this build lacks)
   } catch (const std::exception& e) {
-    TORCH_CHECK(false, "rank ", options.rank, ": creating ", comm_backend_name(options.backend),
-                " group '", name, "' failed: ", e.what());
+    // Creating a group connects to every member: a member that does not answer is a Timeout.
+    const std::string failure = message_of(e);
+    throw_error(failure.find("imed out") != std::string::npos ? ErrorKind::Timeout
+                                                              : ErrorKind::TransportFailure,
+                c10::str("creating ", comm_backend_name(options.backend), " group '", name,
+                         "' failed: ", failure),
+                ErrorSite{options.rank, -1, "", -1});
   }
   return std::make_shared<C10dGroup>(std::move(group));
 }
 
-void C10dWorld::Impl::fire(const std::string& reason) {
+void C10dWorld::Impl::fire(const std::string& reason, bool timed_out) {
   std::vector<std::function<void(const std::string&)>> to_call;
   {
     std::lock_guard<std::mutex> lock(mutex);
     if (abort_reason) return;
     abort_reason = reason;
+    abort_timed_out = timed_out;
     for (auto& [id, listener] : listeners) to_call.push_back(listener);
   }
   wake.notify_all();
@@ -347,7 +359,7 @@ void C10dWorld::Impl::watch() {
             count_abort_seen();
           } catch (...) {
           }
-          fire(reason.str());
+          fire(reason.str(), /*timed_out=*/true);
           return;
         }
       }
@@ -383,17 +395,20 @@ C10dWorld::~C10dWorld() {
 }
 
 std::shared_ptr<C10dWorld> C10dWorld::connect(const RendezvousOptions& options) {
-  TORCH_CHECK(!options.master_addr.empty(), "MASTER_ADDR is empty: set it to rank 0's host");
-  TORCH_CHECK(options.master_port > 0 && options.master_port < 65536,
-              "MASTER_PORT=", options.master_port, " is not a TCP port (1..65535)");
-  TORCH_CHECK(options.world_size >= 1, "WORLD_SIZE=", options.world_size, " must be >= 1");
-  TORCH_CHECK(options.rank >= 0 && options.rank < options.world_size, "RANK=", options.rank,
-              " is outside 0..WORLD_SIZE-1 (WORLD_SIZE=", options.world_size, ")");
-  TORCH_CHECK(options.timeout.count() > 0, "the rendezvous timeout must be positive");
-  TORCH_CHECK(comm_backend_available(options.backend) || options.backend == CommBackend::kMpi,
-              "rank ", options.rank, ": backend ", comm_backend_name(options.backend),
-              " is not available: ", comm_backend_unavailable_reason(options.backend),
-              "; use gloo");
+  PIPETRAIN_CHECK_INPUT(!options.master_addr.empty(),
+                        "MASTER_ADDR is empty: set it to rank 0's host");
+  PIPETRAIN_CHECK_INPUT(options.master_port > 0 && options.master_port < 65536,
+                        "MASTER_PORT=", options.master_port, " is not a TCP port (1..65535)");
+  PIPETRAIN_CHECK_INPUT(options.world_size >= 1, "WORLD_SIZE=", options.world_size,
+                        " must be >= 1");
+  PIPETRAIN_CHECK_INPUT(options.rank >= 0 && options.rank < options.world_size,
+                        "RANK=", options.rank,
+                        " is outside 0..WORLD_SIZE-1 (WORLD_SIZE=", options.world_size, ")");
+  PIPETRAIN_CHECK_INPUT(options.timeout.count() > 0, "the rendezvous timeout must be positive");
+  PIPETRAIN_CHECK_INPUT(
+      comm_backend_available(options.backend) || options.backend == CommBackend::kMpi, "rank ",
+      options.rank, ": backend ", comm_backend_name(options.backend),
+      " is not available: ", comm_backend_unavailable_reason(options.backend), "; use gloo");
 
   auto impl = std::make_unique<Impl>();
   impl->options = options;
@@ -410,14 +425,17 @@ std::shared_ptr<C10dWorld> C10dWorld::connect(const RendezvousOptions& options) 
     try {
       return c10::make_intrusive<::c10d::TCPStore>(options.master_addr, store_options);
     } catch (const std::exception& e) {
-      TORCH_CHECK(false, "rank ", r, ": ",
-                  server ? "could not start the rendezvous store on "
-                         : "could not reach the rendezvous store at ",
-                  where, " within ", seconds(options.timeout), " s",
-                  server ? " (is MASTER_PORT in use?)"
-                         : " (has rank 0 started? do all ranks use the same MASTER_ADDR and "
-                           "MASTER_PORT?)",
-                  ": ", e.what());
+      // Rank 0 cannot listen on MASTER_PORT: the port is the caller's choice. Another rank
+      // waited the whole timeout for rank 0's store.
+      throw_error(server ? ErrorKind::BadInput : ErrorKind::Timeout,
+                  c10::str(server ? "could not start the rendezvous store on "
+                                  : "could not reach the rendezvous store at ",
+                           where, " within ", seconds(options.timeout), " s",
+                           server ? " (is MASTER_PORT in use?)"
+                                  : " (has rank 0 started? do all ranks use the same MASTER_ADDR "
+                                    "and MASTER_PORT?)",
+                           ": ", message_of(e)),
+                  ErrorSite{r, -1, "", -1});
     }
   };
   impl->store = open_store(r == 0);
@@ -427,24 +445,25 @@ std::shared_ptr<C10dWorld> C10dWorld::connect(const RendezvousOptions& options) 
   // [2]
   const std::string me = host_and_pid();
   const std::string holder = from_bytes(store->compareSet(rank_key(r), {}, to_bytes(me)));
-  TORCH_CHECK(holder == me, "RANK=", r, " was started twice (", holder, " and ", me,
-              "): give every process its own RANK in 0..WORLD_SIZE-1");
+  PIPETRAIN_CHECK_INPUT(holder == me, "RANK=", r, " was started twice (", holder, " and ", me,
+                        "): give every process its own RANK in 0..WORLD_SIZE-1");
   // [3]
   const std::string size_text = std::to_string(options.world_size);
   const std::string agreed = from_bytes(store->compareSet(kWorldSizeKey, {}, to_bytes(size_text)));
-  TORCH_CHECK(agreed == size_text, "rank ", r, " has WORLD_SIZE=", size_text,
-              " but another rank registered WORLD_SIZE=", agreed,
-              ": start every rank with the same WORLD_SIZE");
+  PIPETRAIN_CHECK_INPUT(agreed == size_text, "rank ", r, " has WORLD_SIZE=", size_text,
+                        " but another rank registered WORLD_SIZE=", agreed,
+                        ": start every rank with the same WORLD_SIZE");
   // [4]
   store->add(kArrivedKey, 1);
   const auto deadline = Clock::now() + options.timeout;
+  const ErrorSite site{r, -1, "", -1};
   while (true) {
     const int64_t arrived = store->add(kArrivedKey, 0);
-    TORCH_CHECK(arrived <= options.world_size, "rank ", r, ": ", arrived,
-                " processes joined the rendezvous at ", where,
-                " but WORLD_SIZE=", options.world_size,
-                ": another job uses the same MASTER_PORT, or too many "
-                "processes were started");
+    PIPETRAIN_CHECK_AT(arrived <= options.world_size, BadInput, site, arrived,
+                       " processes joined the rendezvous at ", where,
+                       " but WORLD_SIZE=", options.world_size,
+                       ": another job uses the same MASTER_PORT, or too many "
+                       "processes were started");
     if (arrived == options.world_size) break;
     if (Clock::now() > deadline) {
       std::ostringstream missing;
@@ -452,11 +471,12 @@ std::shared_ptr<C10dWorld> C10dWorld::connect(const RendezvousOptions& options) 
       for (int q = 0; q < options.world_size; ++q) {
         if (!store->check({rank_key(q)})) missing << (count++ ? ", " : "") << q;
       }
-      TORCH_CHECK(false, "rank ", r, ": rendezvous at ", where, " timed out after ",
-                  seconds(options.timeout), " s: WORLD_SIZE=", options.world_size, " but only ",
-                  arrived, " ranks arrived; missing ranks: ", missing.str(),
-                  ". Start every rank 0..", options.world_size - 1,
-                  " with the same MASTER_ADDR/MASTER_PORT, or fix WORLD_SIZE");
+      throw Timeout(c10::str("rendezvous at ", where, " timed out after ", seconds(options.timeout),
+                             " s: WORLD_SIZE=", options.world_size, " but only ", arrived,
+                             " ranks arrived; missing ranks: ", missing.str(),
+                             ". Start every rank 0..", options.world_size - 1,
+                             " with the same MASTER_ADDR/MASTER_PORT, or fix WORLD_SIZE"),
+                    site);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
@@ -490,15 +510,15 @@ std::shared_ptr<C10dGroup> C10dWorld::world_group() {
 }
 
 std::shared_ptr<C10dGroup> C10dWorld::new_group(const std::string& name, std::vector<int> ranks) {
-  TORCH_CHECK(!ranks.empty(), "group '", name, "' has no ranks");
+  PIPETRAIN_CHECK_INPUT(!ranks.empty(), "group '", name, "' has no ranks");
   std::sort(ranks.begin(), ranks.end());
-  TORCH_CHECK(std::adjacent_find(ranks.begin(), ranks.end()) == ranks.end(), "group '", name,
-              "' lists a rank twice");
+  PIPETRAIN_CHECK_INPUT(std::adjacent_find(ranks.begin(), ranks.end()) == ranks.end(), "group '",
+                        name, "' lists a rank twice");
   for (int q : ranks) {
-    TORCH_CHECK(q >= 0 && q < world_size(), "group '", name, "' names rank ", q,
-                " outside the world 0..", world_size() - 1);
+    PIPETRAIN_CHECK_INPUT(q >= 0 && q < world_size(), "group '", name, "' names rank ", q,
+                          " outside the world 0..", world_size() - 1);
   }
-  TORCH_CHECK(name != "world", "the group name 'world' is reserved");
+  PIPETRAIN_CHECK_INPUT(name != "world", "the group name 'world' is reserved");
   return impl_->make_group(name, std::move(ranks));
 }
 
@@ -519,6 +539,11 @@ void C10dWorld::abort(const std::string& reason) {
 std::optional<std::string> C10dWorld::abort_reason() const {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   return impl_->abort_reason;
+}
+
+bool C10dWorld::abort_was_timeout() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->abort_timed_out;
 }
 
 std::optional<std::string> C10dWorld::await_abort_reason(std::chrono::milliseconds max) {

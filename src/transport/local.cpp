@@ -4,6 +4,8 @@
 #include <c10/util/Exception.h>
 #include <torch/torch.h>
 
+#include "pipetrain/base/check.h"
+
 namespace pipetrain {
 
 std::string describe(const Envelope& envelope) {
@@ -22,8 +24,9 @@ LocalTransport::Key LocalTransport::key_of(const Envelope& envelope) {
 }
 
 const torch::Device& LocalTransport::device_of(int stage) const {
-  TORCH_CHECK(stage >= 0 && stage < static_cast<int>(stage_devices_.size()), "stage ", stage,
-              " is out of range: the transport knows ", stage_devices_.size(), " stages");
+  PIPETRAIN_CHECK_INPUT(stage >= 0 && stage < static_cast<int>(stage_devices_.size()), "stage ",
+                        stage, " is out of range: the transport knows ", stage_devices_.size(),
+                        " stages");
   return stage_devices_[static_cast<size_t>(stage)];
 }
 
@@ -35,11 +38,12 @@ void LocalTransport::send(const Envelope& envelope, Bundle bundle) {
   Message message{std::move(bundle), device, mark_ready(device)};
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    TORCH_CHECK(!aborted_, "send of the ", describe(envelope),
-                " after the transport was aborted: ", abort_reason_);
+    const ErrorSite site{-1, envelope.src_stage, "", envelope.microbatch};
+    PIPETRAIN_CHECK_AT(!aborted_, PeerFailed, site, "send of the ", describe(envelope),
+                       " after the transport was aborted: ", abort_reason_);
     auto inserted = mailboxes_.emplace(key_of(envelope), std::move(message));
-    TORCH_CHECK(inserted.second, "the ", describe(envelope),
-                " was sent twice in one step; check the schedule");
+    PIPETRAIN_CHECK(inserted.second, ScheduleInvalid, "the ", describe(envelope),
+                    " was sent twice in one step; check the schedule");
   }
   arrived_.notify_all();
 }
@@ -52,11 +56,13 @@ Bundle LocalTransport::recv(const Envelope& envelope) {
     const Key key = key_of(envelope);
     const bool ready =
         arrived_.wait_for(lock, timeout_, [&] { return aborted_ || mailboxes_.count(key) > 0; });
-    TORCH_CHECK(!aborted_, "receive of the ", describe(envelope), " aborted: ", abort_reason_);
-    TORCH_CHECK(ready, "timed out after ", timeout_.count(), " ms waiting for the ",
-                describe(envelope),
-                "; the sender never sent it (a schedule that deadlocks, or "
-                "a stage much slower than the timeout: raise it)");
+    const ErrorSite site{-1, envelope.dst_stage, "", envelope.microbatch};
+    PIPETRAIN_CHECK_AT(!aborted_, PeerFailed, site, "receive of the ", describe(envelope),
+                       " aborted: ", abort_reason_);
+    PIPETRAIN_CHECK_AT(ready, Timeout, site, "timed out after ", timeout_.count(),
+                       " ms waiting for the ", describe(envelope),
+                       "; the sender never sent it (a schedule that deadlocks, or "
+                       "a stage much slower than the timeout: raise it)");
     auto found = mailboxes_.find(key);
     message = std::move(found->second);
     mailboxes_.erase(found);

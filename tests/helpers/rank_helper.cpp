@@ -20,6 +20,7 @@
 
 #include <torch/torch.h>
 
+#include "pipetrain/base/error.h"
 #include "pipetrain/runtime/distributed.h"
 #include "pipetrain/runtime/distributed_pipe.h"
 #include "pipetrain/schedule/generators.h"
@@ -283,9 +284,9 @@ void scenario_broadcast_text(Distributed& d) {
   bool rejected = false;
   try {
     d.broadcast_text("x", d.world_size());
-  } catch (const c10::Error& error) {
-    rejected = std::string(error.what_without_backtrace())
-                   .find("root " + std::to_string(d.world_size())) != std::string::npos;
+  } catch (const BadInput& error) {
+    rejected = std::string(error.what()).find("root " + std::to_string(d.world_size())) !=
+               std::string::npos;
   }
   CHECK_OR_THROW(rejected, "a root outside the world was not rejected by name");
   std::cout << "OK broadcast_text" << std::endl;
@@ -327,7 +328,13 @@ void scenario_fault(Distributed& d, const std::string& how) {
   if (how == "collective") {
     TORCH_CHECK(false, "injected failure before the barrier");
   }
-  transport->recv({1, 0, 0, Payload::kGradient});
+  try {
+    transport->recv({1, 0, 0, Payload::kGradient});
+  } catch (const Error& error) {
+    // The kind, for the test to check: "KIND timeout", "KIND peer failed", ...
+    std::cout << "KIND " << to_string(error.kind()) << std::endl;
+    throw;
+  }
   std::cout << "UNEXPECTED: received" << std::endl;
 }
 

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
 
+#include "pipetrain/base/error.h"
 #include "pipetrain/partition/planner.h"
 #include "pipetrain/partition/profiler.h"
 
@@ -86,7 +87,7 @@ TEST(Profiler, NamesTheLayerThatCannotTakeItsInput) {
   try {
     profile_sequential(model, torch::randn({4, 8}), quick());
     FAIL() << "expected an error";
-  } catch (const c10::Error& e) {
+  } catch (const BadInput& e) {
     EXPECT_NE(std::string(e.what()).find("layer 1"), std::string::npos) << e.what();
   }
 }

@@ -10,11 +10,14 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <typeinfo>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include "../helpers/python.h"
+
+#include "pipetrain/base/error.h"
 
 namespace pipetrain {
 namespace {
@@ -53,11 +56,14 @@ std::string python(const std::string& code, const std::string& directory) {
   return text.str();
 }
 
+// Expects `action` to throw exactly an ErrorType (not a subclass) whose message has `piece`.
+template <typename ErrorType>
 void expect_error_mentions(const std::function<void()>& action, const std::string& piece) {
   try {
     action();
     ADD_FAILURE() << "expected an error mentioning '" << piece << "'";
-  } catch (const c10::Error& error) {
+  } catch (const ErrorType& error) {
+    EXPECT_EQ(typeid(error), typeid(ErrorType)) << error.what();
     EXPECT_NE(std::string(error.what()).find(piece), std::string::npos) << error.what();
   }
 }
@@ -114,12 +120,16 @@ TEST(SaveNamedTensors, ReplacesAnExistingFileAndLeavesNoTemporaryFile) {
 
 TEST(SaveNamedTensors, NamesThePathWhenTheDirectoryIsMissing) {
   const std::string path = temporary_directory() + "/no/such/dir/p.pt";
-  expect_error_mentions([&] { save_named_tensors(path, {{"a", torch::ones({1})}}); }, path);
+  expect_error_mentions<FileError>(
+      [&] {
+        save_named_tensors(path, {{"a", torch::ones({1})}});
+      },
+      path);
 }
 
 TEST(SaveNamedTensors, RejectsADuplicateName) {
   const std::string path = temporary_directory() + "/p.pt";
-  expect_error_mentions(
+  expect_error_mentions<BadInput>(
       [&] {
         save_named_tensors(path, {{"a", torch::ones({1})}, {"a", torch::ones({1})}});
       },
@@ -128,19 +138,19 @@ TEST(SaveNamedTensors, RejectsADuplicateName) {
 
 TEST(LoadTensor, NamesTheMissingPath) {
   const std::string path = temporary_directory() + "/absent.pt";
-  expect_error_mentions([&] { load_tensor(path); }, path);
+  expect_error_mentions<FileError>([&] { load_tensor(path); }, path);
 }
 
 TEST(LoadTensor, NamesTheCorruptPath) {
   const std::string path = temporary_directory() + "/corrupt.pt";
   std::ofstream(path) << "definitely not a pickle";
-  expect_error_mentions([&] { load_tensor(path); }, path);
+  expect_error_mentions<BadInput>([&] { load_tensor(path); }, path);
 }
 
 TEST(LoadTensor, SaysWhatTheFileHoldsWhenItIsNotATensor) {
   const std::string path = temporary_directory() + "/dict.pt";
   save_named_tensors(path, {{"a", torch::ones({1})}});
-  expect_error_mentions([&] { load_tensor(path); }, "not a tensor");
+  expect_error_mentions<BadInput>([&] { load_tensor(path); }, "not a tensor");
 }
 
 }  // namespace

@@ -5,6 +5,8 @@
 
 #include <stdexcept>
 
+#include "pipetrain/base/error.h"
+
 namespace pipetrain::schedule {
 namespace {
 

@@ -8,6 +8,7 @@
 
 #include <cstdio>
 
+#include "pipetrain/base/error.h"
 #include "pipetrain/schedule/generators.h"
 #include "pipetrain/schedule/lower.h"
 #include "pipetrain/schedule/text_format.h"

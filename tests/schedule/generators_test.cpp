@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <set>
 
+#include "pipetrain/base/error.h"
 #include "pipetrain/schedule/auto_schedule.h"
 #include "pipetrain/schedule/lower.h"
 #include "pipetrain/schedule/simulate.h"

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "pipetrain/base/error.h"
 #include "pipetrain/schedule/generators.h"
 #include "pipetrain/schedule/lower.h"
 

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "pipetrain/base/error.h"
 #include "pipetrain/schedule/generators.h"
 #include "pipetrain/schedule/lower.h"
 #include "pipetrain/schedule/text_format.h"

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "pipetrain/base/error.h"
 #include "pipetrain/stage/skip.h"
 
 namespace pipetrain {
@@ -166,7 +167,7 @@ TEST(DeferredBatchNorm, AWrongChannelCountIsReportedWithTheShape) {
   try {
     deferred->forward(torch::ones({2, 3}));
     FAIL() << "expected an error";
-  } catch (const c10::Error& error) {
+  } catch (const BadInput& error) {
     EXPECT_NE(std::string(error.what()).find("[2, 3]"), std::string::npos) << error.what();
   }
 }

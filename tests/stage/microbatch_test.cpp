@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "pipetrain/base/error.h"
 #include "pipetrain/stage/layer_call.h"
 
 namespace pipetrain {
@@ -19,8 +20,8 @@ TEST(Microbatch, FewerRowsThanChunksGiveOneMicroBatchPerRow) {
 }
 
 TEST(Microbatch, BadCountsAreErrors) {
-  EXPECT_THROW(microbatch_sizes(0, 4), c10::Error);
-  EXPECT_THROW(microbatch_sizes(4, 0), c10::Error);
+  EXPECT_THROW(microbatch_sizes(0, 4), BadInput);
+  EXPECT_THROW(microbatch_sizes(4, 0), BadInput);
 }
 
 TEST(Microbatch, TupleSplitsAtTheSameRowsAndJoinsBack) {
@@ -37,8 +38,8 @@ TEST(Microbatch, TupleSplitsAtTheSameRowsAndJoinsBack) {
 }
 
 TEST(Microbatch, TensorsWithDifferentRowCountsAreAnError) {
-  EXPECT_THROW(split_microbatches({torch::zeros({4, 2}), torch::zeros({3})}, {2, 2}), c10::Error);
-  EXPECT_THROW(split_microbatches({torch::tensor(1.0)}, {1}), c10::Error);
+  EXPECT_THROW(split_microbatches({torch::zeros({4, 2}), torch::zeros({3})}, {2, 2}), BadInput);
+  EXPECT_THROW(split_microbatches({torch::tensor(1.0)}, {1}), BadInput);
 }
 
 struct PairOut : torch::nn::Module {
@@ -62,7 +63,7 @@ TEST(LayerCall, TuplesFlowBetweenLayersAndNonTensorsAreNamedErrors) {
   try {
     call_layer(bad, "bad", {torch::ones({2})});
     FAIL() << "an int result did not throw";
-  } catch (const c10::Error& e) {
+  } catch (const BadInput& e) {
     EXPECT_NE(std::string(e.what()).find("'bad'"), std::string::npos) << e.what();
   }
 }

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "pipetrain/base/error.h"
 #include "pipetrain/stage/skip.h"
 
 namespace pipetrain {
@@ -69,7 +70,7 @@ TEST(SkipLayers, ShapeMismatchWithoutProjectionSaysHowToFix) {
   try {
     model->forward(torch::randn({2, 4}));
     FAIL() << "no error";
-  } catch (const c10::Error& e) {
+  } catch (const BadInput& e) {
     EXPECT_NE(std::string(e.what()).find("projection"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("'m'"), std::string::npos) << e.what();
   }

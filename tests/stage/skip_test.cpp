@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "pipetrain/base/error.h"
+
 namespace pipetrain {
 namespace {
 
@@ -23,7 +25,7 @@ TEST(Skip, PopOfAMissingNameNamesWhatIsAvailable) {
   try {
     pop("absent");
     FAIL() << "pop of a missing skip did not throw";
-  } catch (const c10::Error& e) {
+  } catch (const BadInput& e) {
     std::string message = e.what();
     EXPECT_NE(message.find("'absent'"), std::string::npos) << message;
     EXPECT_NE(message.find("present"), std::string::npos) << message;

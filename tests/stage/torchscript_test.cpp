@@ -13,6 +13,7 @@
 #include <torch/torch.h>
 
 #include "../helpers/python.h"
+#include "pipetrain/base/error.h"
 #include "pipetrain/runtime/tensor_io.h"
 #include "pipetrain/stage/batchnorm.h"
 
@@ -155,7 +156,7 @@ TEST(ScriptLayer, RejectsAModuleWithParametersOutsideItsChildren) {
   try {
     sequential_from_torchscript(root);
     FAIL() << "expected an error";
-  } catch (const c10::Error& error) {
+  } catch (const BadInput& error) {
     EXPECT_NE(std::string(error.what()).find("stray"), std::string::npos) << error.what();
   }
 }
@@ -163,7 +164,7 @@ TEST(ScriptLayer, RejectsAModuleWithParametersOutsideItsChildren) {
 TEST(ScriptLayer, RejectsAModuleWithoutChildren) {
   torch::jit::Module leaf("Leaf");
   leaf.define("def forward(self, x):\n  return x\n");
-  EXPECT_THROW(sequential_from_torchscript(leaf), c10::Error);
+  EXPECT_THROW(sequential_from_torchscript(leaf), BadInput);
 }
 
 TEST(ScriptLayer, ALayerReturningATupleIsReportedByName) {
@@ -175,7 +176,7 @@ TEST(ScriptLayer, ALayerReturningATupleIsReportedByName) {
   try {
     sequential->forward(torch::ones({1}));
     FAIL() << "expected an error";
-  } catch (const c10::Error& error) {
+  } catch (const BadInput& error) {
     EXPECT_NE(std::string(error.what()).find("'head'"), std::string::npos) << error.what();
   }
 }
@@ -192,7 +193,7 @@ TEST(LoadTorchscriptSequential, NamesTheMissingPath) {
   try {
     load_torchscript_sequential(path);
     FAIL() << "expected an error";
-  } catch (const c10::Error& error) {
+  } catch (const FileError& error) {
     EXPECT_NE(std::string(error.what()).find(path), std::string::npos) << error.what();
   }
 }
@@ -203,7 +204,8 @@ TEST(LoadTorchscriptSequential, NamesTheCorruptPath) {
   try {
     load_torchscript_sequential(path);
     FAIL() << "expected an error";
-  } catch (const c10::Error& error) {
+  } catch (const BadInput& error) {
+    EXPECT_EQ(error.kind(), ErrorKind::BadInput) << error.what();
     EXPECT_NE(std::string(error.what()).find(path), std::string::npos) << error.what();
     EXPECT_NE(std::string(error.what()).find("not a TorchScript"), std::string::npos);
   }

@@ -9,6 +9,8 @@
 
 #include "../helpers/multiprocess.h"
 
+#include "pipetrain/base/error.h"
+
 namespace pipetrain {
 namespace {
 
@@ -40,12 +42,12 @@ TEST(C10dTag, RejectsValuesOutsideItsFieldsNamingTheLimit) {
   try {
     c10d_tag({0, 1, kC10dMaxMicrobatches, Payload::kActivation}, MessagePart::kData);
     FAIL() << "expected an error";
-  } catch (const c10::Error& e) {
+  } catch (const BadInput& e) {
     EXPECT_NE(std::string(e.what()).find("micro-batch 8192"), std::string::npos) << e.what();
   }
   EXPECT_THROW(c10d_tag({kC10dMaxStages, 0, 0, Payload::kGradient}, MessagePart::kHeader),
-               c10::Error);
-  EXPECT_THROW(c10d_tag({-1, 0, 0, Payload::kGradient}, MessagePart::kHeader), c10::Error);
+               BadInput);
+  EXPECT_THROW(c10d_tag({-1, 0, 0, Payload::kGradient}, MessagePart::kHeader), BadInput);
 }
 
 TEST(C10dMetadata, RoundTripsShapesDtypesUndefinedTensorsAndSkipNames) {
@@ -69,7 +71,7 @@ TEST(C10dMetadata, RejectsTruncatedInput) {
   Bundle bundle{{torch::zeros({2, 3})}, {"skip"}};
   auto meta = encode_bundle_metadata(bundle);
   meta.pop_back();
-  EXPECT_THROW(decode_bundle_metadata(meta, torch::kCPU), c10::Error);
+  EXPECT_THROW(decode_bundle_metadata(meta, torch::kCPU), TransportFailure);
 }
 
 TEST(C10dBackend, NamesAndAvailabilityOnThisBuild) {
@@ -77,7 +79,7 @@ TEST(C10dBackend, NamesAndAvailabilityOnThisBuild) {
   EXPECT_EQ(comm_backend_for_device(torch::kCPU), CommBackend::kGloo);
   EXPECT_TRUE(comm_backend_available(CommBackend::kGloo));
   EXPECT_FALSE(comm_backend_available(CommBackend::kMpi));
-  EXPECT_THROW(parse_comm_backend("tcp"), c10::Error);
+  EXPECT_THROW(parse_comm_backend("tcp"), BadInput);
 }
 
 TEST(C10dBackend, NcclWithoutAGpuIsUnavailableAndSaysWhatIsMissing) {
@@ -143,9 +145,11 @@ TEST(C10dTransport, ReceiverWaitingOnAThrowingRankFailsNamingItWithinBound) {
   EXPECT_TRUE(run.printed("injected failure in stage 1")) << run.output();
   // Rank 0 learns the reason through the abort channel, with what it was waiting for.
   EXPECT_TRUE(
-      run.printed("[rank 0!] rank 0: error: rank 0: receiving the gradient of micro-batch 0 "
-                  "from stage 1 to stage 0 was aborted: rank 1: injected failure"))
+      run.printed("[rank 0!] rank 0: error: rank 0, stage 0, micro-batch 0: receiving the "
+                  "gradient of micro-batch 0 from stage 1 to stage 0 was aborted: rank 1: "
+                  "injected failure"))
       << run.output();
+  EXPECT_TRUE(run.printed("[rank 0] KIND peer failed")) << run.output();
   EXPECT_FALSE(run.printed("UNEXPECTED")) << run.output();
   EXPECT_LT(run.seconds, 30.0);
   EXPECT_TRUE(run.all_gone());

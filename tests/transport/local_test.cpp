@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "pipetrain/base/error.h"
+
 namespace pipetrain {
 namespace {
 
@@ -29,7 +31,7 @@ TEST(LocalTransport, AbortWakesABlockedReceiverWithTheReason) {
   auto receiver = std::async(std::launch::async, [&] {
     try {
       transport.recv({0, 1, 0, Payload::kActivation});
-    } catch (const std::exception& e) {
+    } catch (const PeerFailed& e) {
       return std::string(e.what());
     }
     return std::string("no error");
@@ -48,7 +50,9 @@ TEST(LocalTransport, ReceiveTimesOutNamingTheMissingMessage) {
   try {
     transport.recv({1, 2, 5, Payload::kActivation});
     FAIL() << "no timeout";
-  } catch (const c10::Error& e) {
+  } catch (const Timeout& e) {
+    EXPECT_EQ(e.site().stage, 2);
+    EXPECT_EQ(e.site().microbatch, 5);
     std::string message = e.what();
     EXPECT_NE(message.find("micro-batch 5 from stage 1 to stage 2"), std::string::npos) << message;
   }
@@ -58,7 +62,7 @@ TEST(LocalTransport, ResetDropsUndeliveredMessagesAndDoubleSendIsAnError) {
   LocalTransport transport(cpus(2));
   transport.send({0, 1, 0, Payload::kActivation}, Bundle{{torch::zeros({1})}, {}});
   EXPECT_THROW(transport.send({0, 1, 0, Payload::kActivation}, Bundle{{torch::zeros({1})}, {}}),
-               c10::Error);
+               ScheduleInvalid);
   transport.reset();
   EXPECT_EQ(transport.pending(), 0u);
 }

@@ -96,4 +96,9 @@ class PeerFailed : public Error {
       : Error(ErrorKind::PeerFailed, message, std::move(site)) {}
 };
 
+// Throws the class of `kind` (Timeout for ErrorKind::Timeout, ...; a plain Error for Runtime), so
+// that a caller catching by class catches it: for code that learns the kind at run time. FileError
+// takes no site; a File kind drops it.
+[[noreturn]] void throw_error(ErrorKind kind, const std::string& message, ErrorSite site = {});
+
 }  // namespace pipetrain

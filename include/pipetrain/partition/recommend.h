@@ -9,8 +9,8 @@
 //
 // Thread-safety: runs the model (see profiler.h); do not train it meanwhile.
 // REQUIRES: ranks >= 1 and <= the number of layers; the sample batch shaped like a training
-// mini-batch. Throws c10::Error when no plan fits memory_limit_bytes, naming the smallest limit
-// that would work and the plan that needs it.
+// mini-batch (else pipetrain::BadInput). Throws pipetrain::BadInput when no plan fits
+// memory_limit_bytes, naming the smallest limit that would work and the plan that needs it.
 #pragma once
 
 #include <cstdint>

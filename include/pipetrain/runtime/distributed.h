@@ -47,7 +47,7 @@ struct DistributedEnvironment {
   int local_rank = 0;
 
   // Reads MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE and LOCAL_RANK (optional, defaults to 0).
-  // Throws c10::Error naming every missing or invalid variable and how to set it.
+  // Throws pipetrain::BadInput naming every missing or invalid variable and how to set it.
   static DistributedEnvironment from_environment();
   // True when RANK or WORLD_SIZE is set: the process was started by a launcher.
   static bool present();

@@ -39,8 +39,8 @@ namespace pipetrain {
 class DistributedPipe {
  public:
   // Uses options.balance/stages/chunks/schedule/virtual_stages/checkpoint; the device of this
-  // rank's stages is `device`. Throws c10::Error when stages / virtual_stages differs from the
-  // job's pipeline ranks (naming both), or for anything Pipe rejects.
+  // rank's stages is `device`. Throws pipetrain::BadInput when stages / virtual_stages differs
+  // from the job's pipeline ranks (naming both), or for anything Pipe rejects.
   DistributedPipe(Distributed& distributed, torch::nn::Sequential model, PipeOptions options,
                   torch::Device device = torch::kCPU);
   ~DistributedPipe();

@@ -47,13 +47,13 @@ struct LaunchResult {
   std::vector<int> pids;             // the children's pids (all reaped on return)
 };
 
-// REQUIRES: nproc >= 1; program is executable. Throws std::runtime_error if a child cannot be
-// started (naming the program and errno).
+// REQUIRES: nproc >= 1 (else pipetrain::BadInput); program is executable. Throws a
+// pipetrain::Error of kind Runtime if a child cannot be started (naming the program and errno).
 LaunchResult launch_local(const LaunchOptions& options);
 
 // The path of this executable (/proc/self/exe). When the file was replaced while this process
 // runs (a rebuild), the link ends in " (deleted)": the new file at the same path is returned.
-// Throws std::runtime_error naming errno when the link cannot be read.
+// Throws a pipetrain::Error of kind Runtime naming errno when the link cannot be read.
 std::string self_executable();
 
 // Re-runs this executable as `nproc` ranks with `args` (launch_local) and keeps, per rank, the

@@ -85,22 +85,25 @@ struct PipeOptions {
 
 /// Layers per stage for a Sequential of `layers` layers: options.balance() checked (every entry
 /// >= 1, at most `layers` stages, summing to `layers`), or options.stages() stages as even as
-/// possible. Both runtimes lay out their stages with it. Throws c10::Error naming the balance.
+/// possible. Both runtimes lay out their stages with it. Throws pipetrain::BadInput naming the
+/// balance.
 std::vector<int64_t> stage_balance(const PipeOptions& options, int64_t layers);
 
 /// The lowered, validated training schedule that `options` asks for on `ranks` ranks, `stages`
 /// stages and `microbatches` micro-batches: the named family, or the custom schedule (which must
 /// have those counts). Both runtimes (Pipe, DistributedPipe) build theirs with it. Throws
-/// c10::Error naming the schedule, the counts and what to change.
+/// pipetrain::BadInput naming the schedule, the counts and what to change, and
+/// pipetrain::ScheduleInvalid when the schedule does not validate.
 schedule::Schedule training_schedule_for(const PipeOptions& options, int ranks, int stages,
                                          int microbatches);
 
 class PipeImpl : public torch::nn::Cloneable<PipeImpl> {
  public:
-  // Throws c10::Error naming the bad value for: balance not summing to the layer count or with a
-  // non-positive entry, more stages than layers, stages not divisible by virtual_stages, devices
-  // list length != ranks, chunks < 1, virtual_stages < 1, an unknown schedule (listing the valid
-  // ones), a custom schedule that does not fit or does not validate.
+  // Throws pipetrain::BadInput naming the bad value for: balance not summing to the layer count or
+  // with a non-positive entry, more stages than layers, stages not divisible by virtual_stages,
+  // devices list length != ranks, chunks < 1, virtual_stages < 1, an unknown schedule (listing
+  // the valid ones), a custom schedule that does not fit; pipetrain::ScheduleInvalid for a
+  // custom schedule that does not validate.
   PipeImpl(torch::nn::Sequential model, PipeOptions options);
   PipeImpl(
       const PipeImpl& other);  // deep copy of the layers (for clone()); no workers until reset()
@@ -123,8 +126,11 @@ class PipeImpl : public torch::nn::Cloneable<PipeImpl> {
   // every micro-batch by the schedule. Gradients accumulate into the parameters' .grad(); the
   // caller zeroes them and runs the optimizer. Returns the mini-batch loss (the mean of the
   // per-row losses), detached, on the last rank's device.
-  // Throws StepError (runtime/interpreter.h) naming stage, micro-batch, rank and the cause when
-  // any action fails; the Pipe is then ready for the next step.
+  // Throws pipetrain::BadInput for inputs it cannot split (no dim 0, target rows != input rows),
+  // and StepError (runtime/interpreter.h, a pipetrain::Error) naming stage, micro-batch, rank and
+  // the cause when any action fails; its kind() is the cause's (Timeout when a rank waited
+  // longer than timeout_seconds, BadInput for a misused skip, Runtime for a layer's own
+  // exception). The Pipe is then ready for the next step.
   // REQUIRES: target has as many rows (dim 0) as the input.
   torch::Tensor train_step(torch::Tensor input, torch::Tensor target, const LossFn& loss_fn);
   torch::Tensor train_step(std::vector<torch::Tensor> inputs, torch::Tensor target,

@@ -18,7 +18,6 @@
 
 namespace pipetrain {
 
-
 // The loss of one micro-batch: mean-reduced over its rows (like torch::mse_loss's default).
 // The runtime weights it by rows(i) / rows(mini-batch) so gradients equal the full batch's.
 using LossFn =

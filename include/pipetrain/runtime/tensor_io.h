@@ -19,8 +19,9 @@
 namespace pipetrain {
 
 // The tensor in the file at `path`, on the device it was saved from.
-// Throws c10::Error naming `path` when the file is missing or unreadable, is not a PyTorch
-// archive, or holds something other than one tensor (saying what it holds).
+// Throws pipetrain::FileError naming `path` when the file is missing or unreadable, and
+// pipetrain::BadInput when it is not a PyTorch archive or holds something other than one tensor
+// (saying what it holds).
 torch::Tensor load_tensor(const std::string& path);
 
 // The bytes of `value` as torch.save writes them (PyTorch's zip archive), without the type tags
@@ -32,7 +33,8 @@ std::vector<char> pickle_for_python(const torch::IValue& value);
 // are detached and copied to the CPU first (a file Python can read without a GPU).
 // Atomic: the bytes go to a temporary file in the same directory, which is fsync'ed and renamed
 // over `path`, so a reader never sees a partial file.
-// REQUIRES: names are unique. Throws c10::Error naming the path (and errno text) on failure.
+// REQUIRES: names are unique (else pipetrain::BadInput). Throws pipetrain::FileError naming the
+// path (and errno text) when it cannot be written.
 void save_named_tensors(const std::string& path,
                         const std::vector<std::pair<std::string, torch::Tensor>>& tensors);
 

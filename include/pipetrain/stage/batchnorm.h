@@ -84,7 +84,7 @@ class DeferredBatchNormImpl : public torch::nn::Cloneable<DeferredBatchNormImpl>
   DeferredBatchNormImpl(DeferredBatchNormOptions options, DeferredBatchNormTensors shared);
 
   // REQUIRES: input.dim() >= 2 and input.size(1) == num_features; in train mode, more than one
-  // value per channel. Throws c10::Error naming the shape otherwise.
+  // value per channel. Throws pipetrain::BadInput naming the shape otherwise.
   torch::Tensor forward(const torch::Tensor& input);
 
   // Commits the statistics tracked since the last commit, if any (see the header comment).

@@ -14,8 +14,8 @@
 
 namespace pipetrain {
 
-// Throws c10::Error naming `device` when this build cannot run on it (a CUDA device in a CPU-only
-// build, or a CUDA index beyond the visible devices).
+// Throws pipetrain::BadInput naming `device` when this build cannot run on it (a CUDA device in a
+// CPU-only build, or a CUDA index beyond the visible devices).
 void check_device_usable(const torch::Device& device);
 
 // While alive, work on `device` issued by the calling thread goes to a stream of its own (taken

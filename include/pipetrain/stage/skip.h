@@ -24,7 +24,7 @@ namespace pipetrain {
 void stash(const std::string& name, torch::Tensor tensor);
 
 // REQUIRES: `name` was stashed earlier in the same micro-batch (this or an earlier stage).
-// Throws c10::Error naming the missing skip and the names that are available.
+// Throws pipetrain::BadInput naming the missing skip and the names that are available.
 torch::Tensor pop(const std::string& name);
 
 // True while the runtime re-runs a forward to rebuild activations for backward (checkpointing).

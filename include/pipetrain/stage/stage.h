@@ -61,7 +61,7 @@ struct StageLayer {
 
 // Layers [first, first + count) of `model`, named as in the Sequential, moved to `device`.
 // (How the Pipe, and a one-rank-per-process launcher, build a stage from a model and a balance.)
-// Throws c10::Error naming the range when it does not fit the model.
+// Throws pipetrain::BadInput naming the range when it does not fit the model.
 std::vector<StageLayer> slice_layers(const torch::nn::Sequential& model, int64_t first,
                                      int64_t count, const torch::Device& device);
 

@@ -47,7 +47,7 @@ class ScriptLayerImpl : public torch::nn::Cloneable<ScriptLayerImpl> {
   explicit ScriptLayerImpl(torch::jit::Module module, std::string name = "");
 
   // REQUIRES: the jit module has a forward method taking one tensor and returning one tensor.
-  // Throws c10::Error naming the layer otherwise.
+  // Throws pipetrain::BadInput naming the layer otherwise.
   torch::Tensor forward(torch::Tensor input);
 
   // Switches this module, its ScriptLayer children and the jit module (recursively).
@@ -74,11 +74,12 @@ TORCH_MODULE(ScriptLayer);
 // The layers of `module`: one ScriptLayer per child (named_children(), in order), registered under
 // the child's name. The Sequential starts in the jit module's train/eval mode.
 // REQUIRES: `module` has at least one child, and no parameters or buffers of its own (they would
-// not be trained: only the children run). Throws c10::Error saying which otherwise.
+// not be trained: only the children run). Throws pipetrain::BadInput saying which otherwise.
 torch::nn::Sequential sequential_from_torchscript(const torch::jit::Module& module);
 
-// torch::jit::load(path) followed by sequential_from_torchscript. Throws c10::Error naming `path`
-// when the file is missing or is not a TorchScript archive.
+// torch::jit::load(path) followed by sequential_from_torchscript. Throws pipetrain::FileError
+// naming `path` when the file is missing or unreadable, pipetrain::BadInput naming it when it is
+// not a TorchScript archive or its module cannot be a Sequential.
 torch::nn::Sequential load_torchscript_sequential(const std::string& path);
 
 }  // namespace pipetrain

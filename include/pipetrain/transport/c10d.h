@@ -59,7 +59,7 @@ enum class CommBackend { kGloo, kNccl, kMpi };
 
 // "gloo", "nccl", "mpi".
 std::string comm_backend_name(CommBackend backend);
-// Parses "gloo" | "nccl" | "mpi"; throws c10::Error listing the valid names.
+// Parses "gloo" | "nccl" | "mpi"; throws pipetrain::BadInput listing the valid names.
 CommBackend parse_comm_backend(const std::string& name);
 // Gloo for CPU stages, NCCL for CUDA stages.
 CommBackend comm_backend_for_device(const torch::Device& device);
@@ -89,9 +89,11 @@ class C10dWorld {
  public:
   // Connects to (rank 0: starts) the TCPStore at master_addr:master_port, waits until all
   // world_size ranks have arrived, then creates the world process group.
-  // Throws c10::Error on: invalid options; the store not reachable within the timeout; a rank that
-  // started twice; ranks disagreeing on WORLD_SIZE; ranks missing after the timeout (the message
-  // lists them: "missing ranks: 2").
+  // Throws pipetrain::BadInput on: invalid options; an unavailable backend; rank 0 unable to
+  // start the store on MASTER_PORT; a rank that started twice; ranks disagreeing on WORLD_SIZE;
+  // more processes than WORLD_SIZE. Throws pipetrain::Timeout (site: this rank) when the store is
+  // not reachable within the timeout or ranks are missing after it (the message lists them:
+  // "missing ranks: 2"). Creating a process group that fails: Timeout or TransportFailure.
   static std::shared_ptr<C10dWorld> connect(const RendezvousOptions& options);
 
   ~C10dWorld();
@@ -116,6 +118,9 @@ class C10dWorld {
   void abort(const std::string& reason);
   // The published abort reason, if any rank aborted or the watchdog declared a peer dead.
   std::optional<std::string> abort_reason() const;
+  // True when this rank's watchdog raised the abort because a peer sent no heartbeat for the
+  // timeout (it hangs or was killed): a transport then reports a Timeout rather than PeerFailed.
+  bool abort_was_timeout() const;
   // The abort reason, reading the store for at most `max` if none is known yet: a receive that
   // failed because its peer vanished asks whether the peer published why. Never throws.
   std::optional<std::string> await_abort_reason(std::chrono::milliseconds max);
@@ -180,7 +185,7 @@ enum class MessagePart : int { kHeader = 0, kMetadata = 1, kData = 2, kResizedDa
 //   bits 20..26  src_stage (< 128)
 //   bits 13..19  dst_stage (< 128)
 //   bits  0..12  microbatch (< 8192)
-// Throws c10::Error naming the field and its limit when a value does not fit.
+// Throws pipetrain::BadInput naming the field and its limit when a value does not fit.
 int c10d_tag(const Envelope& envelope, MessagePart part);
 constexpr int kC10dMaxStages = 128;
 constexpr int kC10dMaxMicrobatches = 8192;
@@ -190,7 +195,8 @@ constexpr int kC10dControlTagBase = 1 << 30;
 // int64 values, and back. Exposed for tests; the wire format is internal.
 std::vector<int64_t> encode_bundle_metadata(const Bundle& bundle);
 // Returns a bundle whose tensors are empty (undefined stays undefined, defined ones are allocated
-// on `device` with the right dtype and shape but not filled).
+// on `device` with the right dtype and shape but not filled). Throws pipetrain::TransportFailure
+// when the metadata is truncated or corrupt (it came over the wire).
 Bundle decode_bundle_metadata(const std::vector<int64_t>& metadata, const torch::Device& device);
 
 struct C10dTransportOptions {

@@ -25,8 +25,9 @@ namespace pipetrain {
 
 class LocalTransport : public Transport {
  public:
-  // `stage_devices[j]` is the device of stage j. recv() gives up after `timeout` (an error that
-  // names the envelope: a schedule whose send never comes must not hang the process).
+  // `stage_devices[j]` is the device of stage j. recv() gives up after `timeout` (a
+  // pipetrain::Timeout that names the envelope: a schedule whose send never comes must not hang
+  // the process). A message sent twice in one step is a pipetrain::ScheduleInvalid.
   explicit LocalTransport(std::vector<torch::Device> stage_devices,
                           std::chrono::milliseconds timeout = std::chrono::seconds(300));
 

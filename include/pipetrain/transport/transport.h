@@ -14,6 +14,12 @@
 // the receiver still computes instead of waiting for a round trip when recv() is called. It never
 // blocks and never changes what recv() returns; a transport may ignore it (LocalTransport does).
 //
+// Errors (pipetrain/base/error.h): a recv() that waited past the timeout throws pipetrain::Timeout;
+// send()/recv() after an abort throw pipetrain::PeerFailed with the abort's reason; a message that
+// could not be moved (a closed connection, corrupt data) is a pipetrain::TransportFailure. The
+// site names the rank (where the transport knows it), the stage on this side of the boundary and
+// the micro-batch; the message names the peer.
+//
 // Thread-safety: send/recv may be called concurrently from the worker threads of different
 // ranks. abort() may be called from any thread and wakes every blocked recv().
 #pragma once
