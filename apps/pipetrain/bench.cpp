@@ -42,10 +42,7 @@
 // action on a noisy machine from counting as pipeline overhead. The step time includes zero_grad
 // and the SGD step, which the replay does not: they count as overhead (multi-process rows report
 // them per rank as rank_phases).
-#include <poll.h>
-#include <signal.h>
 #include <sys/resource.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -603,52 +600,25 @@ struct ChildOutput {
   std::string out;
 };
 
-// Runs argv[0] with argv, stdout captured, stderr passed through; kills it after `timeout` s.
+// Runs argv[0] with argv (the library's launcher, as one plain program), stdout captured, stderr
+// passed through; killed after `timeout` s.
 ChildOutput run_child(const std::vector<std::string>& argv, double timeout) {
-  int fds[2];
-  if (pipe(fds) != 0)
-    throw std::runtime_error("bench: pipe() failed: " + std::string(strerror(errno)));
-  const pid_t pid = fork();
-  if (pid < 0) throw std::runtime_error("bench: fork() failed: " + std::string(strerror(errno)));
-  if (pid == 0) {
-    dup2(fds[1], STDOUT_FILENO);
-    close(fds[0]);
-    close(fds[1]);
-    std::vector<char*> args;
-    for (const auto& s : argv) args.push_back(const_cast<char*>(s.c_str()));
-    args.push_back(nullptr);
-    execv(args[0], args.data());
-    std::fprintf(stderr, "bench: cannot run %s: %s\n", args[0], strerror(errno));
-    _exit(127);
-  }
-  close(fds[1]);
+  LaunchOptions options;
+  options.program = argv.at(0);
+  options.args.assign(argv.begin() + 1, argv.end());
+  options.rank_environment = false;
+  options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout * 1e3));
   ChildOutput result;
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::milliseconds(static_cast<int64_t>(timeout * 1e3));
-  char buffer[4096];
-  while (true) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                          deadline - std::chrono::steady_clock::now())
-                          .count();
-    if (left <= 0) {
-      result.timed_out = true;
-      kill(pid, SIGKILL);
-      break;
+  options.on_line = [&result](int, bool is_stderr, const std::string& line) {
+    if (is_stderr) {
+      std::cerr << line << std::endl;
+    } else {
+      result.out += line + "\n";
     }
-    struct pollfd p {
-      fds[0], POLLIN, 0
-    };
-    const int ready = poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 1000)));
-    if (ready < 0 && errno == EINTR) continue;
-    if (ready <= 0) continue;
-    const ssize_t n = read(fds[0], buffer, sizeof buffer);
-    if (n <= 0) break;
-    result.out.append(buffer, static_cast<size_t>(n));
-  }
-  close(fds[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  };
+  const LaunchResult launched = launch_local(options);
+  result.exit_code = launched.exit_code;
+  result.timed_out = launched.timed_out;
   return result;
 }
 

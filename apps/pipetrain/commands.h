@@ -9,6 +9,7 @@
 #include <string>
 
 #include <CLI/CLI.hpp>
+#include <c10/util/Exception.h>
 
 #include "pipetrain/base/error.h"
 
@@ -16,6 +17,23 @@ namespace pipetrain::cli {
 
 // Thrown by a command for bad user input; main() prints the message and exits with 2.
 using UsageError = pipetrain::BadInput;
+
+// Runs `load` (reading a file or an option the user named); an error of the library or of torch
+// becomes UsageError("<flag>: <message>") ("<message>" alone for an empty flag).
+template <typename Load>
+auto as_usage_error(const std::string& flag, Load&& load) -> decltype(load()) {
+  auto fail = [&flag](const std::string& message) {
+    throw UsageError(flag.empty() ? message : flag + ": " + message);
+  };
+  try {
+    return load();
+  } catch (const pipetrain::Error& error) {
+    fail(error.what());
+  } catch (const c10::Error& error) {
+    fail(error.what_without_backtrace());
+  }
+  throw UsageError(flag);  // not reached: fail() throws
+}
 
 // A command adds its subcommand to `app` and sets its callback; the callback returns the exit code
 // through `exit_code`.

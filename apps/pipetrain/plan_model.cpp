@@ -107,11 +107,7 @@ LoadedModel load_model(const PlanModelArgs& args) {
   torch::manual_seed(0);
   if (ends_with(args.model, ".pt") || ends_with(args.model, ".pth") ||
       args.model.find('/') != std::string::npos) {
-    try {
-      loaded.sequential = load_torchscript_sequential(args.model);
-    } catch (const c10::Error& e) {
-      throw UsageError(e.what_without_backtrace());
-    }
+    loaded.sequential = as_usage_error("", [&] { return load_torchscript_sequential(args.model); });
     loaded.description = "TorchScript " + args.model;
   } else {
 #ifdef PIPETRAIN_HAS_MODEL_REGISTRY
@@ -408,12 +404,11 @@ void plan_model(const PlanModelArgs& args, PlanResult& r, RunPlans& run) {
                      std::to_string(r.model.sequential->size()) +
                      " layers; use at most that many");
   }
-  try {
-    r.report = pp::recommend_report(r.model.sequential, r.model.sample, r.planner, {}, &r.profile);
-  } catch (const c10::Error& e) {
-    throw UsageError(std::string("cannot profile the model on a batch of shape ") +
-                     args.sample_shape + ": " + e.what_without_backtrace());
-  }
+  r.report = as_usage_error("cannot profile the model on a batch of shape " + args.sample_shape,
+                            [&] {
+                              return pp::recommend_report(r.model.sequential, r.model.sample,
+                                                          r.planner, {}, &r.profile);
+                            });
   if (args.processes && r.planner.ranks > 1) {
     r.profile.transfer = measure_gloo_transfer(args, largest_boundary_bytes(r.profile));
     r.report = pp::plan_pipeline(r.profile, r.planner);

@@ -394,11 +394,8 @@ void check_args(const TrainArgs& args) {
   if (!(args.timeout > 0)) fail("--timeout must be > 0 seconds");
   if (args.backend != "auto") {
     CommBackend backend = CommBackend::kGloo;
-    try {
-      backend = parse_comm_backend(args.backend);
-    } catch (const c10::Error& e) {
-      fail("--backend " + args.backend + ": " + e.what_without_backtrace());
-    }
+    backend = as_usage_error("--backend " + args.backend,
+                             [&] { return parse_comm_backend(args.backend); });
     if (!comm_backend_available(backend)) {
       fail("--backend " + args.backend + " is not available (" +
            comm_backend_unavailable_reason(backend) + "); use --backend gloo or auto");
@@ -998,13 +995,8 @@ int run_train(const TrainArgs& given) {
   } else {
     PipeOptions options =
         pipe_options(args, layout, static_cast<int64_t>(p.model.sequential->size()));
-    try {
-      runner = train::make_pipe_runner(p.model.sequential, p.model.loss, options);
-    } catch (const c10::Error& error) {
-      throw UsageError(message_of(error));
-    } catch (const pipetrain::BadInput& error) {
-      throw UsageError(error.what());
-    }
+    runner = as_usage_error(
+        "", [&] { return train::make_pipe_runner(p.model.sequential, p.model.loss, options); });
   }
   try {
     return train_with(args, p, *runner, threads);

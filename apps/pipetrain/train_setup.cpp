@@ -29,11 +29,7 @@ bool is_torchscript_path(const std::string& model) {
 }
 
 torch::Tensor load_flag_tensor(const std::string& flag, const std::string& path) {
-  try {
-    return load_tensor(path);
-  } catch (const c10::Error& error) {
-    throw UsageError(flag + ": " + message_of(error));
-  }
+  return as_usage_error(flag, [&] { return load_tensor(path); });
 }
 
 }  // namespace
@@ -172,11 +168,8 @@ BuiltModel build_model(const ModelDataArgs& args, const BuiltData& data) {
   model.name = args.model;
   if (is_torchscript_path(args.model)) {
     model.torchscript = true;
-    try {
-      model.sequential = load_torchscript_sequential(args.model);
-    } catch (const c10::Error& error) {
-      throw UsageError("--model: " + message_of(error));
-    }
+    model.sequential =
+        as_usage_error("--model", [&] { return load_torchscript_sequential(args.model); });
   } else {
     nlohmann::json options;
     try {
@@ -197,7 +190,7 @@ BuiltModel build_model(const ModelDataArgs& args, const BuiltData& data) {
         model.loss = example.loss;
         model.loss_name = "gpt-cross-entropy";
       }
-    } catch (const examples::ModelOptionError& error) {
+    } catch (const pipetrain::Error& error) {  // examples::ModelOptionError among them
       throw UsageError("--model-options: " + std::string(error.what()));
     } catch (const c10::Error& error) {
       throw UsageError("--model-options: " + message_of(error));

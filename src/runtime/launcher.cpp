@@ -22,6 +22,7 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <iostream>
 #include <mutex>
 #include <optional>
@@ -110,238 +111,340 @@ std::vector<std::string> strip_launcher_flags(int argc, const char* const* argv)
   return rest;
 }
 
-LaunchResult launch_local(const LaunchOptions& options) {
-  if (options.nproc < 1) {
-    throw BadInput("launch: --nproc must be >= 1, got " + std::to_string(options.nproc));
-  }
-  const int world_size = options.world_size > 0 ? options.world_size : options.nproc;
-  const int port =
-      options.master_port > 0 ? options.master_port : find_free_port(options.master_addr);
-  auto emit =
-      options.on_line ? options.on_line : [](int rank, bool is_stderr, const std::string& line) {
-        (is_stderr ? std::cerr : std::cout) << "[rank " << rank << "] " << line << std::endl;
-      };
+namespace {
 
-  int signal_pipe[2];
-  if (pipe2(signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
-    throw Error(ErrorKind::Runtime, std::string("launch: pipe: ") + strerror(errno));
-  }
-  g_signal_pipe_write = signal_pipe[1];
-  struct sigaction action {
-  }, old_int{}, old_term{};
-  action.sa_handler = forward_signal_handler;
-  sigemptyset(&action.sa_mask);
-  action.sa_flags = SA_RESTART;
-  sigaction(SIGINT, &action, &old_int);
-  sigaction(SIGTERM, &action, &old_term);
-
-  std::vector<Child> children(static_cast<std::size_t>(options.nproc));
-  LaunchResult result;
-  auto kill_all = [&](int signal_number) {
-    for (auto& child : children) {
-      if (child.running) killpg(child.pid, signal_number);
-    }
-  };
-
-  // Spawn. The environment and argv are built before fork: the child only calls exec-safe code.
-  std::vector<char*> argv;
-  argv.push_back(const_cast<char*>(options.program.c_str()));
-  for (const auto& arg : options.args) argv.push_back(const_cast<char*>(arg.c_str()));
-  argv.push_back(nullptr);
-  for (int r = 0; r < options.nproc; ++r) {
-    std::vector<std::string> env_strings;
-    for (char** e = environ; *e; ++e) {
-      const std::string entry = *e;
-      const std::string key = entry.substr(0, entry.find('='));
-      if (key == "MASTER_ADDR" || key == "MASTER_PORT" || key == "RANK" || key == "WORLD_SIZE" ||
-          key == "LOCAL_RANK" || key == "LOCAL_WORLD_SIZE") {
-        continue;
-      }
-      env_strings.push_back(entry);
-    }
-    env_strings.push_back("MASTER_ADDR=" + options.master_addr);
-    env_strings.push_back("MASTER_PORT=" + std::to_string(port));
-    env_strings.push_back("RANK=" + std::to_string(r));
-    env_strings.push_back("WORLD_SIZE=" + std::to_string(world_size));
-    env_strings.push_back("LOCAL_RANK=" + std::to_string(r));
-    env_strings.push_back("LOCAL_WORLD_SIZE=" + std::to_string(options.nproc));
-    env_strings.push_back("PIPETRAIN_LAUNCHED=1");
-    for (const auto& [key, value] : options.env) env_strings.push_back(key + "=" + value);
-    std::vector<char*> envp;
-    for (auto& s : env_strings) envp.push_back(s.data());
-    envp.push_back(nullptr);
-
-    int out[2], err[2];
-    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
-      kill_all(SIGKILL);
+// The self-pipe and the SIGINT/SIGTERM handlers of one launch: installed by the constructor,
+// restored and closed by the destructor, also when launch_local throws.
+class SignalForwarding {
+ public:
+  SignalForwarding() {
+    if (pipe2(fds_, O_CLOEXEC | O_NONBLOCK) != 0) {
       throw Error(ErrorKind::Runtime, std::string("launch: pipe: ") + strerror(errno));
     }
-    const pid_t pid = fork();
-    if (pid < 0) {
-      kill_all(SIGKILL);
-      throw Error(ErrorKind::Runtime, std::string("launch: fork: ") + strerror(errno));
+    g_signal_pipe_write = fds_[1];
+    struct sigaction action {};
+    action.sa_handler = forward_signal_handler;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    sigaction(SIGINT, &action, &old_int_);
+    sigaction(SIGTERM, &action, &old_term_);
+  }
+  ~SignalForwarding() {
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+    g_signal_pipe_write = -1;
+    close(fds_[0]);
+    close(fds_[1]);
+  }
+  SignalForwarding(const SignalForwarding&) = delete;
+  SignalForwarding& operator=(const SignalForwarding&) = delete;
+
+  int read_fd() const { return fds_[0]; }
+
+ private:
+  int fds_[2] = {-1, -1};
+  struct sigaction old_int_ {};
+  struct sigaction old_term_ {};
+};
+
+// The environment of rank r: this process's, less the rendezvous variables, plus rank r's.
+std::vector<std::string> rank_environment(const LaunchOptions& options, int r, int port,
+                                          int world_size) {
+  std::vector<std::string> env;
+  if (!options.rank_environment) {
+    for (char** e = environ; *e; ++e) env.push_back(*e);
+    for (const auto& [key, value] : options.env) env.push_back(key + "=" + value);
+    return env;
+  }
+  for (char** e = environ; *e; ++e) {
+    const std::string entry = *e;
+    const std::string key = entry.substr(0, entry.find('='));
+    if (key == "MASTER_ADDR" || key == "MASTER_PORT" || key == "RANK" || key == "WORLD_SIZE" ||
+        key == "LOCAL_RANK" || key == "LOCAL_WORLD_SIZE") {
+      continue;
     }
-    if (pid == 0) {
-      setpgid(0, 0);
-      signal(SIGINT, SIG_DFL);
-      signal(SIGTERM, SIG_DFL);
-      dup2(out[1], STDOUT_FILENO);
-      dup2(err[1], STDERR_FILENO);
-      execve(options.program.c_str(), argv.data(), envp.data());
-      const std::string message =
-          "launch: cannot execute " + options.program + ": " + strerror(errno) + "\n";
-      [[maybe_unused]] auto ignored = write(STDERR_FILENO, message.data(), message.size());
-      _exit(127);
+    env.push_back(entry);
+  }
+  env.push_back("MASTER_ADDR=" + options.master_addr);
+  env.push_back("MASTER_PORT=" + std::to_string(port));
+  env.push_back("RANK=" + std::to_string(r));
+  env.push_back("WORLD_SIZE=" + std::to_string(world_size));
+  env.push_back("LOCAL_RANK=" + std::to_string(r));
+  env.push_back("LOCAL_WORLD_SIZE=" + std::to_string(options.nproc));
+  env.push_back("PIPETRAIN_LAUNCHED=1");
+  for (const auto& [key, value] : options.env) env.push_back(key + "=" + value);
+  return env;
+}
+
+// One launch: the children, their output and the failure handling ([1]..[4] above). The
+// destructor kills and reaps whatever still runs and closes every pipe, so nothing outlives a
+// throw (a failed fork, an on_line callback that throws).
+class Launch {
+ public:
+  explicit Launch(const LaunchOptions& options)
+      : options_(options), children_(static_cast<std::size_t>(options.nproc)) {
+    emit_ = options.on_line ? options.on_line
+                            : [](int rank, bool is_stderr, const std::string& line) {
+                                (is_stderr ? std::cerr : std::cout)
+                                    << "[rank " << rank << "] " << line << std::endl;
+                              };
+  }
+  ~Launch() {
+    for (auto& child : children_) {
+      if (child.pid > 0 && !finished_) killpg(child.pid, SIGKILL);  // ESRCH when none is left
+      if (child.running) waitpid(child.pid, nullptr, 0);
+      for (Stream* stream : {&child.out, &child.err}) {
+        if (stream->fd >= 0) close(stream->fd);
+      }
     }
-    setpgid(pid, pid);  // also here: no race with an early killpg
-    close(out[1]);
-    close(err[1]);
-    auto& child = children[static_cast<std::size_t>(r)];
-    child.pid = pid;
-    child.running = true;
-    child.out.fd = out[0];
-    child.err.fd = err[0];
-    result.pids.push_back(pid);
+  }
+  Launch(const Launch&) = delete;
+  Launch& operator=(const Launch&) = delete;
+
+  void spawn_all(int port, int world_size);
+  LaunchResult run(int signal_fd);
+
+ private:
+  void spawn(int r, const std::vector<char*>& argv, int port, int world_size);
+  void drain_lines(int r, bool is_stderr, Stream& stream, bool final);
+  void read_output(const std::vector<pollfd>& fds, const std::vector<std::pair<int, bool>>& owners);
+  bool reap();  // [2]; true while a child runs
+  void report_first_failure(int r);
+  void kill_all(int signal_number) {
+    for (auto& child : children_) {
+      if (child.running) killpg(child.pid, signal_number);
+    }
   }
 
-  auto drain_lines = [&](int r, bool is_stderr, Stream& stream, bool final) {
-    auto& child = children[static_cast<std::size_t>(r)];
-    std::size_t at;
-    while ((at = stream.pending.find('\n')) != std::string::npos) {
-      std::string line = stream.pending.substr(0, at);
-      stream.pending.erase(0, at + 1);
-      if (is_stderr) {
-        child.stderr_tail.push_back(line);
-        if (child.stderr_tail.size() > kTailLines) child.stderr_tail.pop_front();
-      }
-      emit(r, is_stderr, line);
-    }
-    if (final && !stream.pending.empty()) {
-      if (is_stderr) child.stderr_tail.push_back(stream.pending);
-      emit(r, is_stderr, stream.pending);
-      stream.pending.clear();
-    }
-  };
+  const LaunchOptions& options_;
+  std::function<void(int, bool, const std::string&)> emit_;
+  std::vector<Child> children_;
+  LaunchResult result_;
+  std::optional<Clock::time_point> term_at_;
+  bool finished_ = false;  // run() returned: every child reaped, its group killed
+  char buffer_[65536];
+};
 
-  std::optional<Clock::time_point> term_at, kill_at, drain_until;
-  char buffer[65536];
-  while (true) {
-    // [1]
-    std::vector<pollfd> fds{{signal_pipe[0], POLLIN, 0}};
-    std::vector<std::pair<int, bool>> owners{{-1, false}};
-    for (int r = 0; r < options.nproc; ++r) {
-      auto& child = children[static_cast<std::size_t>(r)];
-      if (child.out.fd >= 0) {
-        fds.push_back({child.out.fd, POLLIN, 0});
-        owners.emplace_back(r, false);
+void Launch::spawn_all(int port, int world_size) {
+  // argv and every environment are built before fork: the child only calls exec-safe code.
+  std::vector<char*> argv;
+  argv.push_back(const_cast<char*>(options_.program.c_str()));
+  for (const auto& arg : options_.args) argv.push_back(const_cast<char*>(arg.c_str()));
+  argv.push_back(nullptr);
+  for (int r = 0; r < options_.nproc; ++r) spawn(r, argv, port, world_size);
+}
+
+void Launch::spawn(int r, const std::vector<char*>& argv, int port, int world_size) {
+  std::vector<std::string> env = rank_environment(options_, r, port, world_size);
+  std::vector<char*> envp;
+  for (auto& entry : env) envp.push_back(entry.data());
+  envp.push_back(nullptr);
+  int out[2] = {-1, -1}, err[2] = {-1, -1};
+  if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
+    const std::string reason = strerror(errno);
+    for (int fd : {out[0], out[1], err[0], err[1]}) {
+      if (fd >= 0) close(fd);
+    }
+    throw Error(ErrorKind::Runtime, "launch: pipe: " + reason);
+  }
+  const pid_t pid = fork();
+  if (pid < 0) {
+    const std::string reason = strerror(errno);
+    for (int fd : {out[0], out[1], err[0], err[1]}) close(fd);
+    throw Error(ErrorKind::Runtime, "launch: fork: " + reason);
+  }
+  if (pid == 0) {
+    setpgid(0, 0);
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    dup2(out[1], STDOUT_FILENO);
+    dup2(err[1], STDERR_FILENO);
+    execve(options_.program.c_str(), argv.data(), envp.data());
+    const std::string message =
+        "launch: cannot execute " + options_.program + ": " + strerror(errno) + "\n";
+    [[maybe_unused]] auto ignored = write(STDERR_FILENO, message.data(), message.size());
+    _exit(127);
+  }
+  setpgid(pid, pid);  // also here: no race with an early killpg
+  close(out[1]);
+  close(err[1]);
+  auto& child = children_[static_cast<std::size_t>(r)];
+  child.pid = pid;
+  child.running = true;
+  child.out.fd = out[0];
+  child.err.fd = err[0];
+  result_.pids.push_back(pid);
+}
+
+// Emits the complete lines of `stream` (and the rest too when `final`).
+void Launch::drain_lines(int r, bool is_stderr, Stream& stream, bool final) {
+  auto& child = children_[static_cast<std::size_t>(r)];
+  std::size_t at;
+  while ((at = stream.pending.find('\n')) != std::string::npos) {
+    std::string line = stream.pending.substr(0, at);
+    stream.pending.erase(0, at + 1);
+    if (is_stderr) {
+      child.stderr_tail.push_back(line);
+      if (child.stderr_tail.size() > kTailLines) child.stderr_tail.pop_front();
+    }
+    emit_(r, is_stderr, line);
+  }
+  if (final && !stream.pending.empty()) {
+    if (is_stderr) child.stderr_tail.push_back(stream.pending);
+    emit_(r, is_stderr, stream.pending);
+    stream.pending.clear();
+  }
+}
+
+// [1]
+void Launch::read_output(const std::vector<pollfd>& fds,
+                         const std::vector<std::pair<int, bool>>& owners) {
+  for (std::size_t f = 1; f < fds.size(); ++f) {
+    if (!(fds[f].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+    const auto [r, is_stderr] = owners[f];
+    auto& child = children_[static_cast<std::size_t>(r)];
+    Stream& stream = is_stderr ? child.err : child.out;
+    const ssize_t n = read(stream.fd, buffer_, sizeof(buffer_));
+    if (n > 0) {
+      stream.pending.append(buffer_, static_cast<std::size_t>(n));
+      drain_lines(r, is_stderr, stream, false);
+    } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
+      drain_lines(r, is_stderr, stream, true);
+      close(stream.fd);
+      stream.fd = -1;
+    }
+  }
+}
+
+// The first failing rank: its remaining stderr, then a summary with its last error lines.
+void Launch::report_first_failure(int r) {
+  auto& child = children_[static_cast<std::size_t>(r)];
+  result_.first_failed_rank = r;
+  while (child.err.fd >= 0) {
+    const ssize_t n = read(child.err.fd, buffer_, sizeof(buffer_));
+    if (n <= 0) {
+      drain_lines(r, true, child.err, true);
+      close(child.err.fd);
+      child.err.fd = -1;
+      break;
+    }
+    child.err.pending.append(buffer_, static_cast<std::size_t>(n));
+    drain_lines(r, true, child.err, false);
+  }
+  std::cerr << "pipetrain launch: rank " << r << " failed first (" << describe_exit(child.exit_code)
+            << ")";
+  if (!child.stderr_tail.empty()) {
+    std::cerr << "; its last error lines:\n";
+    for (const auto& line : child.stderr_tail) std::cerr << "  [rank " << r << "] " << line << "\n";
+  } else {
+    std::cerr << "\n";
+  }
+  std::cerr << "pipetrain launch: stopping the other ranks (grace "
+            << options_.grace.count() / 1000.0 << " s)" << std::endl;
+  if (!term_at_) term_at_ = Clock::now() + options_.grace;
+}
+
+bool Launch::reap() {
+  bool any_running = false;
+  for (int r = 0; r < options_.nproc; ++r) {
+    auto& child = children_[static_cast<std::size_t>(r)];
+    if (!child.running) continue;
+    int status = 0;
+    if (waitpid(child.pid, &status, WNOHANG) != child.pid) {
+      any_running = true;
+      continue;
+    }
+    child.running = false;
+    child.exit_code = decode_status(status);
+    if (child.exit_code != 0 && result_.first_failed_rank < 0) {
+      if (options_.rank_environment) {
+        report_first_failure(r);
+      } else {
+        result_.first_failed_rank = r;
+        if (!term_at_) term_at_ = Clock::now() + options_.grace;
       }
-      if (child.err.fd >= 0) {
-        fds.push_back({child.err.fd, POLLIN, 0});
-        owners.emplace_back(r, true);
+    }
+  }
+  return any_running;
+}
+
+LaunchResult Launch::run(int signal_fd) {
+  std::optional<Clock::time_point> kill_at, drain_until;
+  const auto started = Clock::now();
+  while (true) {
+    std::vector<pollfd> fds{{signal_fd, POLLIN, 0}};
+    std::vector<std::pair<int, bool>> owners{{-1, false}};
+    for (int r = 0; r < options_.nproc; ++r) {
+      const auto& child = children_[static_cast<std::size_t>(r)];
+      for (const bool is_stderr : {false, true}) {
+        const int fd = is_stderr ? child.err.fd : child.out.fd;
+        if (fd < 0) continue;
+        fds.push_back({fd, POLLIN, 0});
+        owners.emplace_back(r, is_stderr);
       }
     }
     poll(fds.data(), fds.size(), 100);
-    for (std::size_t f = 1; f < fds.size(); ++f) {
-      if (!(fds[f].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      const auto [r, is_stderr] = owners[f];
-      auto& child = children[static_cast<std::size_t>(r)];
-      Stream& stream = is_stderr ? child.err : child.out;
-      const ssize_t n = read(stream.fd, buffer, sizeof(buffer));
-      if (n > 0) {
-        stream.pending.append(buffer, static_cast<std::size_t>(n));
-        drain_lines(r, is_stderr, stream, false);
-      } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
-        drain_lines(r, is_stderr, stream, true);
-        close(stream.fd);
-        stream.fd = -1;
-      }
-    }
-    // [3]
-    if (fds[0].revents & POLLIN) {
+    read_output(fds, owners);  // [1]
+    if (fds[0].revents & POLLIN) {  // [3]
       char signals[16];
-      const ssize_t n = read(signal_pipe[0], signals, sizeof(signals));
+      const ssize_t n = read(signal_fd, signals, sizeof(signals));
       for (ssize_t s = 0; s < n; ++s) {
         kill_all(signals[s]);
-        if (!term_at) term_at = Clock::now() + options.grace;
+        if (!term_at_) term_at_ = Clock::now() + options_.grace;
       }
     }
-    // [2]
-    bool any_running = false;
-    for (int r = 0; r < options.nproc; ++r) {
-      auto& child = children[static_cast<std::size_t>(r)];
-      if (!child.running) continue;
-      int status = 0;
-      const pid_t done = waitpid(child.pid, &status, WNOHANG);
-      if (done == child.pid) {
-        child.running = false;
-        child.exit_code = decode_status(status);
-        if (child.exit_code != 0 && result.first_failed_rank < 0) {
-          result.first_failed_rank = r;
-          // Its stderr may still be in the pipe: read what is there before summarising.
-          while (child.err.fd >= 0) {
-            const ssize_t n = read(child.err.fd, buffer, sizeof(buffer));
-            if (n <= 0) {
-              drain_lines(r, true, child.err, true);
-              close(child.err.fd);
-              child.err.fd = -1;
-              break;
-            }
-            child.err.pending.append(buffer, static_cast<std::size_t>(n));
-            drain_lines(r, true, child.err, false);
-          }
-          std::cerr << "pipetrain launch: rank " << r << " failed first ("
-                    << describe_exit(child.exit_code) << ")";
-          if (!child.stderr_tail.empty()) {
-            std::cerr << "; its last error lines:\n";
-            for (const auto& line : child.stderr_tail)
-              std::cerr << "  [rank " << r << "] " << line << "\n";
-          } else {
-            std::cerr << "\n";
-          }
-          std::cerr << "pipetrain launch: stopping the other ranks (grace "
-                    << options.grace.count() / 1000.0 << " s)" << std::endl;
-          if (!term_at) term_at = Clock::now() + options.grace;
-        }
-      } else {
-        any_running = true;
-      }
-    }
+    const bool any_running = reap();  // [2]
     const auto now = Clock::now();
-    // [4]
-    if (any_running && term_at && now >= *term_at && !kill_at) {
+    if (any_running && term_at_ && now >= *term_at_ && !kill_at) {  // [4]
       kill_all(SIGTERM);
       kill_at = now + std::chrono::seconds(2);
     }
     if (any_running && kill_at && now >= *kill_at) kill_all(SIGKILL);
+    if (any_running && options_.timeout.count() > 0 && now - started >= options_.timeout) {
+      result_.timed_out = true;
+      kill_all(SIGKILL);
+    }
     if (!any_running) {
       bool open = false;
-      for (auto& child : children) open = open || child.out.fd >= 0 || child.err.fd >= 0;
+      for (const auto& child : children_) open = open || child.out.fd >= 0 || child.err.fd >= 0;
       if (!open) break;
       // A grandchild may hold a pipe open: give it a second, then stop reading.
       if (!drain_until) drain_until = now + std::chrono::seconds(1);
       if (now >= *drain_until) break;
     }
   }
-
-  for (int r = 0; r < options.nproc; ++r) {
-    auto& child = children[static_cast<std::size_t>(r)];
+  for (int r = 0; r < options_.nproc; ++r) {
+    auto& child = children_[static_cast<std::size_t>(r)];
     killpg(child.pid, SIGKILL);  // anything a rank left behind; ESRCH when none
     for (Stream* stream : {&child.out, &child.err}) {
       if (stream->fd >= 0) {
         drain_lines(r, stream == &child.err, *stream, true);
         close(stream->fd);
+        stream->fd = -1;
       }
     }
-    result.rank_exit_codes.push_back(child.exit_code);
+    result_.rank_exit_codes.push_back(child.exit_code);
   }
-  sigaction(SIGINT, &old_int, nullptr);
-  sigaction(SIGTERM, &old_term, nullptr);
-  g_signal_pipe_write = -1;
-  close(signal_pipe[0]);
-  close(signal_pipe[1]);
-  result.exit_code =
-      result.first_failed_rank >= 0 ? result.rank_exit_codes[result.first_failed_rank] : 0;
-  return result;
+  result_.exit_code =
+      result_.first_failed_rank >= 0 ? result_.rank_exit_codes[result_.first_failed_rank] : 0;
+  finished_ = true;
+  return result_;
+}
+
+}  // namespace
+
+LaunchResult launch_local(const LaunchOptions& options) {
+  if (options.nproc < 1) {
+    throw BadInput("launch: --nproc must be >= 1, got " + std::to_string(options.nproc));
+  }
+  const int world_size = options.world_size > 0 ? options.world_size : options.nproc;
+  const int port = !options.rank_environment ? 0
+                   : options.master_port > 0  ? options.master_port
+                                              : find_free_port(options.master_addr);
+  SignalForwarding signals;  // declared first: restored last, after the children are gone
+  Launch launch(options);
+  launch.spawn_all(port, world_size);
+  return launch.run(signals.read_fd());
 }
 
 std::string self_executable() {

@@ -1,5 +1,6 @@
 // Optimizer factory (pipetrain/train/optimizer.h).
 #include "pipetrain/train/optimizer.h"
+#include "pipetrain/base/check.h"
 #include "pipetrain/base/error.h"
 
 #include <stdexcept>
@@ -71,7 +72,7 @@ void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {
 }
 
 double learning_rate(const torch::optim::Optimizer& optimizer) {
-  TORCH_CHECK(!optimizer.param_groups().empty(), "the optimizer has no parameter groups");
+  PIPETRAIN_CHECK_INPUT(!optimizer.param_groups().empty(), "the optimizer has no parameter groups");
   return optimizer.param_groups().front().options().get_lr();
 }
 

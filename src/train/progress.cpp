@@ -1,5 +1,6 @@
 // Progress bar and log lines (pipetrain/train/progress.h).
 #include "pipetrain/train/progress.h"
+#include "pipetrain/base/check.h"
 
 #include <unistd.h>
 
@@ -39,9 +40,9 @@ std::string format_duration(double seconds) {
 ProgressReporter::ProgressReporter(std::ostream& out, bool is_terminal, ProgressOptions options,
                                    SecondsClock clock)
     : out_(out), is_terminal_(is_terminal), options_(options), clock_(std::move(clock)) {
-  TORCH_CHECK(options_.total_steps() > 0, "progress: total steps must be positive, got ",
+  PIPETRAIN_CHECK_INPUT(options_.total_steps() > 0, "progress: total steps must be positive, got ",
               options_.total_steps());
-  TORCH_CHECK(options_.smoothing() > 0.0 && options_.smoothing() <= 1.0,
+  PIPETRAIN_CHECK_INPUT(options_.smoothing() > 0.0 && options_.smoothing() <= 1.0,
               "progress: smoothing must be in (0, 1], got ", options_.smoothing());
   start_ = clock_();
   step_ = last_logged_step_ = options_.first_step();

@@ -175,7 +175,7 @@ pp::ModelProfile calibrated_profile(torch::nn::Sequential& model, const torch::T
   try {
     profile = pp::profile_sequential(model, batch,
                                      pp::ProfileOptions().intra_op_threads(input.threads));
-  } catch (const c10::Error& error) {
+  } catch (const std::exception& error) {  // c10::Error from a layer, BadInput from the profiler
     throw AutoPlanError("cannot profile the model for the auto plan (on a batch of " +
                         std::to_string(batch.size(0)) + " rows): " + message_of(error) +
                         "; give --balance and --schedule explicitly");

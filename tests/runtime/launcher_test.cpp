@@ -6,7 +6,11 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
 
 #include <thread>
 
@@ -68,6 +72,32 @@ TEST(Launcher, ForwardsSigtermToEveryRank) {
       << run.output();
   EXPECT_LT(run.seconds, 8.0);
   EXPECT_TRUE(run.all_gone());
+}
+
+// Regression: launch_local left its SIGINT/SIGTERM handlers installed, its pipes open and its
+// children running when it threw (here: the caller's on_line throws at the first line).
+TEST(Launcher, AThrowRestoresTheSignalHandlersAndLeavesNoChildBehind) {
+  struct sigaction before {};
+  sigaction(SIGTERM, nullptr, &before);
+  LaunchOptions options;
+  options.program = "/bin/sh";
+  options.args = {"-c", "echo first; exec sleep 60"};
+  options.nproc = 2;
+  options.on_line = [](int, bool, const std::string&) -> void {
+    throw std::runtime_error("the caller gives up");
+  };
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_THROW(launch_local(options), std::runtime_error);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 10.0);  // the sleepers were killed, not waited for
+  struct sigaction after {};
+  sigaction(SIGTERM, nullptr, &after);
+  EXPECT_EQ(after.sa_handler, before.sa_handler);
+  // Every child was reaped: none is left to wait for, zombie or running.
+  errno = 0;
+  EXPECT_EQ(waitpid(-1, nullptr, WNOHANG), -1);
+  EXPECT_EQ(errno, ECHILD);
 }
 
 TEST(Launcher, ReportsAProgramThatCannotStart) {

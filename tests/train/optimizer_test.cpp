@@ -82,9 +82,9 @@ TEST(LrSchedule, WithoutTotalStepsStaysAtThePeak) {
 }
 
 TEST(LrSchedule, InvalidOptionsAreErrors) {
-  EXPECT_THROW(learning_rate_at(LrScheduleOptions(1.0).min_lr(2.0), 0), c10::Error);
+  EXPECT_THROW(learning_rate_at(LrScheduleOptions(1.0).min_lr(2.0), 0), pipetrain::BadInput);
   EXPECT_THROW(learning_rate_at(LrScheduleOptions(1.0).warmup_steps(10).total_steps(5), 0),
-               c10::Error);
+               pipetrain::BadInput);
 }
 
 }  // namespace

@@ -38,6 +38,13 @@ struct LaunchOptions {
   // Receives every output line (without the newline). Default: print "[rank r] line" to the
   // launcher's stdout or stderr.
   std::function<void(int rank, bool is_stderr, const std::string& line)> on_line;
+  // > 0: every child still running this long after the start is killed (SIGKILL to its process
+  // group) and LaunchResult::timed_out is set.
+  std::chrono::milliseconds timeout{0};
+  // false: plain programs, not ranks of a job: no rendezvous variables (MASTER_*, RANK,
+  // WORLD_SIZE, LOCAL_*, PIPETRAIN_LAUNCHED) are set and no port is looked for, and a failure is
+  // not summarised as a rank's.
+  bool rank_environment = true;
 };
 
 struct LaunchResult {
@@ -45,6 +52,7 @@ struct LaunchResult {
   int first_failed_rank = -1;        // -1 when every rank succeeded
   std::vector<int> rank_exit_codes;  // per rank: exit code, or 128 + signal
   std::vector<int> pids;             // the children's pids (all reaped on return)
+  bool timed_out = false;            // LaunchOptions::timeout ran out
 };
 
 // REQUIRES: nproc >= 1 (else pipetrain::BadInput); program is executable. Throws a
