@@ -22,16 +22,18 @@ namespace partition = pipetrain::partition;
 int main() {
   torch::manual_seed(0);
   torch::nn::Sequential model(
-      torch::nn::Linear(32, 64), torch::nn::ReLU(), torch::nn::Linear(64, 64), torch::nn::ReLU(),
-      torch::nn::Linear(64, 64), torch::nn::ReLU(), torch::nn::Linear(64, 8));
+      torch::nn::Linear(32, 128), torch::nn::ReLU(), torch::nn::Linear(128, 128), torch::nn::ReLU(),
+      torch::nn::Linear(128, 128), torch::nn::ReLU(), torch::nn::Linear(128, 8));
   auto reference = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(model->clone());
 
   // [1] Profile with a batch shaped like the training mini-batches (few, short trials: a demo).
   const partition::ModelProfile profile = partition::profile_sequential(
       model, torch::randn({64, 32}), partition::ProfileOptions().max_sizes(3).repeats(3));
-  // [2] Plan for 2 ranks, no memory limit, every schedule family.
+  // [2] Plan for 2 ranks, no memory limit, every schedule family. A model this small trains
+  // fastest unpipelined (one micro-batch); 4 or 8 micro-batches make the plan a pipeline.
   partition::PlannerOptions planner;
   planner.ranks = 2;
+  planner.microbatch_counts = {4, 8};
   planner.top = 5;
   const partition::PlanReport report = partition::plan_pipeline(profile, planner);
   if (!report.found()) {
