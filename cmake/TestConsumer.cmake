@@ -1,9 +1,11 @@
 # The package test (ctest: Package.ConsumerBuildsAndRunsAgainstTheInstalledPackage): installs this
 # build into a fresh prefix, configures examples/consumer/ against it with nothing but
-# find_package(pipetrain REQUIRED), builds it and runs both programs.
+# find_package(pipetrain REQUIRED), builds it and runs every program; each checks its own result
+# and exits non-zero when the check fails. PYTHON (torch's interpreter, the build's
+# PIPETRAIN_PYTHON) writes the TorchScript model torchscript_stages trains.
 #
-#   cmake -DBUILD_DIR=... -DSOURCE_DIR=... -DWORK_DIR=... -P cmake/TestConsumer.cmake
-foreach(var BUILD_DIR SOURCE_DIR WORK_DIR)
+#   cmake -DBUILD_DIR=... -DSOURCE_DIR=... -DWORK_DIR=... -DPYTHON=... -P cmake/TestConsumer.cmake
+foreach(var BUILD_DIR SOURCE_DIR WORK_DIR PYTHON)
   if(NOT ${var})
     message(FATAL_ERROR "TestConsumer.cmake needs -D${var}=...")
   endif()
@@ -23,6 +25,14 @@ run_step("configure the consumer" "${CMAKE_COMMAND}" -S "${SOURCE_DIR}/examples/
          -B "${WORK_DIR}/build" -G Ninja "-DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix"
          -DCMAKE_BUILD_TYPE=Release)
 run_step("build the consumer" "${CMAKE_COMMAND}" --build "${WORK_DIR}/build")
-run_step("run two_stage_1f1b" "${WORK_DIR}/build/two_stage_1f1b")
-run_step("run schedule_only" "${WORK_DIR}/build/schedule_only")
+set(consumer "${SOURCE_DIR}/examples/consumer")
+set(programs "${WORK_DIR}/build")
+run_step("run two_stage_1f1b" "${programs}/two_stage_1f1b")
+run_step("run two_processes" "${programs}/two_processes")
+run_step("save the TorchScript model" "${PYTHON}" "${consumer}/save_scripted_model.py"
+         "${WORK_DIR}/scripted.pt")
+run_step("run torchscript_stages" "${programs}/torchscript_stages" "${WORK_DIR}/scripted.pt")
+run_step("run custom_schedule" "${programs}/custom_schedule")
+run_step("run plan_and_train" "${programs}/plan_and_train")
+run_step("run schedule_only" "${programs}/schedule_only")
 file(REMOVE_RECURSE "${WORK_DIR}")

@@ -14,6 +14,7 @@
 
 #include "pipetrain/base/error.h"
 #include "pipetrain/base/median.h"
+#include "pipetrain/tune/plan_options.h"
 #include "pipetrain/runtime/distributed_pipe.h"
 #include "pipetrain/schedule/action.h"
 
@@ -138,14 +139,7 @@ std::vector<Measured> measure_in_process(torch::nn::Sequential& model, const tor
   std::vector<torch::optim::SGD> sgds;
   std::vector<StepRecorder> recorders;
   for (const pp::Plan& plan : plans) {
-    PipeOptions options;
-    options.balance(std::vector<int64_t>(plan.balance.begin(), plan.balance.end()))
-        .chunks(plan.microbatches)
-        .schedule(plan.schedule)
-        .virtual_stages(plan.virtual_stages)
-        .checkpoint(plan.checkpoint)
-        .threads_per_stage(threads);
-    pipes.emplace_back(model, options);
+    pipes.emplace_back(model, pipe_options_for(plan).threads_per_stage(threads));
     sgds.emplace_back(pipes.back()->parameters(), torch::optim::SGDOptions(1e-4));
     recorders.emplace_back(plan.ranks);
   }
@@ -323,13 +317,7 @@ nlohmann::json run_plans_on_rank(Distributed& distributed, torch::nn::Sequential
   for (const auto& run : runs) {
     pipes.push_back(std::make_unique<DistributedPipe>(
         distributed, model,
-        PipeOptions()
-            .balance(run.at("balance").get<std::vector<int64_t>>())
-            .chunks(run.at("chunks").get<int>())
-            .schedule(run.at("schedule").get<std::string>())
-            .virtual_stages(run.at("virtual_stages").get<int>())
-            .checkpoint(
-                parse_checkpoint(run.at("checkpoint").get<std::string>()))));
+        pipe_options_for(run.get<pp::Plan>())));
     sgds.emplace_back(pipes.back()->parameters(), torch::optim::SGDOptions(1e-4));
     recorders.emplace_back(1);
   }

@@ -35,7 +35,10 @@ PlanReport recommend_report(torch::nn::Sequential& model, const torch::Tensor& s
 ///   Plan plan = recommend_plan(model, torch::randn({256, 784}), /*ranks=*/2, 2LL << 30);
 ///   Pipe pipe(model, PipeOptions().balance({plan.balance.begin(), plan.balance.end()})
 ///                        .chunks(plan.microbatches).schedule(plan.schedule)
-///                        .virtual_stages(plan.virtual_stages));
+///                        .virtual_stages(plan.virtual_stages)
+///                        .checkpoint(pipetrain::parse_checkpoint(std::string(
+///                            checkpoint_name(plan.checkpoint)))));  // the runtime's enum
+/// (examples/consumer/plan_and_train.cpp does this with profile_sequential and plan_pipeline.)
 Plan recommend_plan(torch::nn::Sequential& model, const torch::Tensor& sample_batch, int ranks,
                     std::int64_t memory_limit_bytes = 0);
 

@@ -17,6 +17,22 @@
 //
 // Ownership: shares the layers with the Sequential; holds a reference to the Distributed, which
 // must outlive it. Thread-safety: one step at a time, from one thread.
+//
+// Example (examples/consumer/two_processes.cpp is this, with launch_self starting the ranks and
+// rank 0 checking the gathered weights against sequential training):
+//   int main() {  // run under torchrun, or by launch_local / launch_self (runtime/launcher.h)
+//     return run_distributed(DistributedOptions(), [](Distributed& distributed) {
+//       torch::manual_seed(0);  // every rank builds the same model
+//       torch::nn::Sequential model(torch::nn::Linear(16, 32), torch::nn::ReLU(),
+//                                   torch::nn::Linear(32, 4));
+//       DistributedPipe pipe(distributed, model, PipeOptions().stages(2).chunks(4));
+//       torch::optim::SGD sgd(pipe.parameters(), torch::optim::SGDOptions(0.05));
+//       sgd.zero_grad();
+//       double loss = pipe.train_step(x, y, mse);  // every rank passes the same x and y
+//       sgd.step();
+//       auto all = pipe.gather_parameters();  // rank 0: every stage's parameters
+//     });
+//   }
 #pragma once
 
 #include <map>

@@ -23,12 +23,15 @@
 // Thread-safety: one step at a time. forward()/train_step() must not be called concurrently on
 // one Pipe; they block until every rank finished.
 //
-// Example:
-//   torch::nn::Sequential model(torch::nn::Linear(4, 8), torch::nn::ReLU(), torch::nn::Linear(8,
-//   1)); Pipe pipe(model, PipeOptions().stages(2).chunks(4).schedule("1f1b")); torch::optim::SGD
-//   sgd(pipe->parameters(), 0.1); sgd.zero_grad(); torch::Tensor loss = pipe->train_step(x, y,
-//   [](const torch::Tensor& out, const torch::Tensor& t) {
-//     return torch::mse_loss(out, t);
+// Example (examples/consumer/two_stage_1f1b.cpp is this, checked against sequential training):
+//   torch::nn::Sequential model(torch::nn::Linear(4, 8), torch::nn::ReLU(),
+//                               torch::nn::Linear(8, 1));
+//   Pipe pipe(model, PipeOptions().stages(2).chunks(4).schedule("1f1b"));
+//   torch::optim::SGD sgd(pipe->parameters(), torch::optim::SGDOptions(0.1));
+//   sgd.zero_grad();
+//   torch::Tensor loss = pipe->train_step(x, y, [](const torch::Tensor& out,
+//                                                  const torch::Tensor& target) {
+//     return torch::mse_loss(out, target);
 //   });
 //   sgd.step();
 #pragma once

@@ -15,8 +15,10 @@
 // which must outlive it. Thread-safety: used by the training loop's thread only.
 //
 // Example (2 stages in one process):
-//   auto runner = make_pipe_runner(model, torch::nn::functional::mse_loss,
-//                                  PipeOptions().stages(2).chunks(4).schedule("1f1b"));
+//   LossFn mse = [](const torch::Tensor& out, const torch::Tensor& target) {
+//     return torch::mse_loss(out, target);
+//   };
+//   auto runner = make_pipe_runner(model, mse, PipeOptions().stages(2).chunks(4).schedule("1f1b"));
 //   double loss = runner->step(x, y);
 #pragma once
 

@@ -21,8 +21,8 @@
 // Thread-safety: one thread (the training loop's); in a multi-process run every rank calls fit()
 // and the collective methods together.
 //
-// Example:
-//   auto runner = make_pipe_runner(model, loss, PipeOptions().stages(2).chunks(4));
+// Example (examples/consumer/torchscript_stages.cpp runs one, with a BatchSource):
+//   auto runner = make_pipe_runner(model, loss, PipeOptions().stages(2).chunks(4));  // LossFn loss
 //   MyBatches batches(...);                              // a BatchSource
 //   Trainer trainer(model, *runner, batches, TrainerOptions(100).optimizer("adam").lr(1e-3));
 //   trainer.on_step = [](const StepReport& r) { std::cout << r.step << " " << r.loss << "\n"; };
@@ -96,8 +96,8 @@ struct TrainerOptions {
 
 // What on_step receives after each optimizer step.
 struct StepReport {
-  int64_t step = 0;  // global step just done, 0-based (k)
-  int64_t epoch = 0;  // 0-based
+  int64_t step = 0;     // global step just done, 0-based (k)
+  int64_t epoch = 0;    // 0-based
   int64_t samples = 0;  // rows of the mini-batch
   double loss = 0;
   double lr = 0;

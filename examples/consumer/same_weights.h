@@ -1,0 +1,51 @@
+// What every example checks: pipelined training is transparent (docs/ARCHITECTURE.md), so the
+// weights after N steps equal those of plain sequential training of a copy of the model, within
+// float rounding (about 1e-5 relative for fp32).
+//
+// same_weights(got, want) is true when both hold the same non-empty set of names and, per tensor,
+// max|got - want| <= rtol * max|want|. It prints the worst relative difference, or the first name
+// that is missing, so a failing example says why. Header-only: each example of this project
+// includes it; it uses nothing but LibTorch.
+#pragma once
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <string>
+
+#include <torch/torch.h>
+
+namespace consumer {
+
+using NamedTensors = std::map<std::string, torch::Tensor>;
+
+inline NamedTensors to_map(const torch::OrderedDict<std::string, torch::Tensor>& named) {
+  NamedTensors out;
+  for (const auto& item : named) out.emplace(item.key(), item.value());
+  return out;
+}
+
+inline bool same_weights(const NamedTensors& got, const NamedTensors& want, double rtol = 1e-5) {
+  if (want.empty() || got.size() != want.size()) {
+    std::printf("expected %zu parameters, got %zu\n", want.size(), got.size());
+    return false;
+  }
+  double worst = 0;
+  bool within = true;  // written so that a NaN difference fails too
+  for (const auto& [name, expected] : want) {
+    const auto found = got.find(name);
+    if (found == got.end()) {
+      std::printf("parameter %s is missing\n", name.c_str());
+      return false;
+    }
+    const double scale = std::max(expected.abs().max().item<double>(), 1e-30);
+    const double difference = (found->second - expected).abs().max().item<double>();
+    within = within && difference <= rtol * scale;
+    worst = std::max(worst, difference / scale);
+  }
+  std::printf("largest relative difference from sequential training: %.3g (tolerance %.0e)\n",
+              worst, rtol);
+  return within;
+}
+
+}  // namespace consumer
