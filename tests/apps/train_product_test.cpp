@@ -38,6 +38,27 @@ Result run(const std::string& arguments, const std::string& log) {
   return pipetrain::testing::run_pipetrain(arguments, CliOptions().log_to(log));
 }
 
+std::string read_text(const std::string& file) {
+  std::ifstream in(file);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// Compute actions per rank (the trace's tid) in a Chrome trace; sends and receives (named S.. and
+// R..) are left out, and with `op` only the actions whose name has that letter are counted.
+std::map<int, int> compute_actions_by_rank(const std::string& file, char op = 0) {
+  const nlohmann::json trace = nlohmann::json::parse(read_text(file));
+  const nlohmann::json& events = trace.is_array() ? trace : trace.at("traceEvents");
+  std::map<int, int> actions;
+  for (const auto& event : events) {
+    const std::string name = event.value("name", "");
+    if (event.value("ph", "") == "X" && name.find('S') == std::string::npos &&
+        name.find('R') == std::string::npos && (op == 0 || name.find(op) != std::string::npos)) {
+      ++actions[event.value("tid", -1)];
+    }
+  }
+  return actions;
+}
+
 class TrainProduct : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -168,22 +189,11 @@ TEST_F(TrainProduct, WritesTheMeasuredTraceAndTimelineOfEveryRank) {
                             path("trace.json") + " --timeline " + path("timeline.svg")),
                       path("trace.log"));
   ASSERT_EQ(result.exit_code, 0) << result.output;
-  std::ifstream in(path("trace.json"));
-  nlohmann::json trace = nlohmann::json::parse(in);
-  const nlohmann::json& events = trace.is_array() ? trace : trace["traceEvents"];
-  std::map<int, int> forwards;  // rank -> F events
-  for (const auto& event : events) {
-    if (event.value("ph", "") == "X" && event.value("name", "").find('F') != std::string::npos &&
-        event.value("name", "").find('S') == std::string::npos &&
-        event.value("name", "").find('R') == std::string::npos) {
-      ++forwards[event.value("tid", -1)];
-    }
-  }
+  std::map<int, int> forwards = compute_actions_by_rank(path("trace.json"), 'F');
   // 3 steps x 3 micro-batches of forwards on each of the 2 ranks.
   EXPECT_EQ(forwards[0], 9) << result.output;
   EXPECT_EQ(forwards[1], 9) << result.output;
-  std::ifstream svg(path("timeline.svg"));
-  std::string text((std::istreambuf_iterator<char>(svg)), std::istreambuf_iterator<char>());
+  const std::string text = read_text(path("timeline.svg"));
   EXPECT_NE(text.find("<svg"), std::string::npos);
   EXPECT_NE(text.find("measured"), std::string::npos);
 }
@@ -194,22 +204,11 @@ TEST_F(TrainProduct, TheTraceOfAPipelineTimesDataParallelRunHasEveryRank) {
                             path("trace_dp.json") + " --timeline " + path("timeline_dp.svg")),
                       path("trace_dp.log"));
   ASSERT_EQ(result.exit_code, 0) << result.output;
-  std::ifstream in(path("trace_dp.json"));
-  nlohmann::json trace = nlohmann::json::parse(in);
-  const nlohmann::json& events = trace.is_array() ? trace : trace["traceEvents"];
-  std::map<int, int> actions;  // rank -> compute actions (sends and receives are named S.. / R..)
-  for (const auto& event : events) {
-    const std::string name = event.value("name", "");
-    if (event.value("ph", "") == "X" && name.find('S') == std::string::npos &&
-        name.find('R') == std::string::npos) {
-      ++actions[event.value("tid", -1)];
-    }
-  }
+  std::map<int, int> actions = compute_actions_by_rank(path("trace_dp.json"));
   // 2 steps x 2 micro-batches x (F + B) on each of the 4 ranks (2 pipeline x 2 replicas).
-  ASSERT_EQ(actions.size(), 4u) << trace.dump();
+  ASSERT_EQ(actions.size(), 4u) << result.output;
   for (int rank = 0; rank < 4; ++rank) EXPECT_EQ(actions[rank], 8) << "rank " << rank;
-  std::ifstream svg(path("timeline_dp.svg"));
-  std::string text((std::istreambuf_iterator<char>(svg)), std::istreambuf_iterator<char>());
+  const std::string text = read_text(path("timeline_dp.svg"));
   for (int rank = 0; rank < 4; ++rank) {
     EXPECT_NE(text.find(">rank " + std::to_string(rank) + "<"), std::string::npos) << rank;
   }
