@@ -68,8 +68,6 @@
 #include "model_registry.h"
 #include "pipetrain/base/load_average.h"
 #include "pipetrain/base/median.h"
-#include "pipetrain/schedule/replay.h"
-#include "pipetrain/train/event_log.h"
 #include "pipetrain/runtime/distributed.h"
 #include "pipetrain/runtime/distributed_pipe.h"
 #include "pipetrain/runtime/launcher.h"
@@ -77,9 +75,11 @@
 #include "pipetrain/runtime/step.h"
 #include "pipetrain/schedule/generators.h"
 #include "pipetrain/schedule/lower.h"
+#include "pipetrain/schedule/replay.h"
 #include "pipetrain/schedule/simulate.h"
 #include "pipetrain/stage/batchnorm.h"
 #include "pipetrain/stage/microbatch.h"
+#include "pipetrain/train/event_log.h"
 #include "synthetic.h"
 
 namespace pipetrain::cli {
@@ -489,7 +489,7 @@ json run_multiprocess(const BenchArgs& a, const Config& c) {
   for (const auto& line : run.results) {
     ranks.push_back(line ? std::optional<json>(json::parse(*line)) : std::nullopt);
   }
-  std::vector<double> seconds;                // per step: the slowest rank
+  std::vector<double> seconds;                              // per step: the slowest rank
   std::vector<schedule::MeasuredDurations> step_durations;  // per timed step, every rank's
   double comm_us = -1;
   int64_t rss = 0;
@@ -511,10 +511,10 @@ json run_multiprocess(const BenchArgs& a, const Config& c) {
     if (step_durations.empty()) step_durations.resize(actions.size());
     for (size_t k = 0; k < actions.size() && k < step_durations.size(); ++k) {
       for (const json& action : actions[k]) {
-        step_durations[k].add(schedule::Action{action[0].get<int>(),
-                                               static_cast<schedule::Op>(action[1].get<int>()),
-                                               action[2].get<int>()},
-                              action[3].get<double>());
+        step_durations[k].add(
+            schedule::Action{action[0].get<int>(), static_cast<schedule::Op>(action[1].get<int>()),
+                             action[2].get<int>()},
+            action[3].get<double>());
       }
     }
     const double receive = (*result)["min_receive_us"].get<double>();

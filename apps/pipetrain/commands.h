@@ -8,8 +8,8 @@
 #include <stdexcept>
 #include <string>
 
-#include <CLI/CLI.hpp>
 #include <c10/util/Exception.h>
+#include <CLI/CLI.hpp>
 
 #include "pipetrain/base/error.h"
 

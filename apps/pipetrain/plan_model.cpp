@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "pipetrain/base/atomic_file.h"
 #include "pipetrain/base/load_average.h"
 #include "pipetrain/base/median.h"
 #include "pipetrain/partition/memory.h"
@@ -30,7 +31,6 @@
 #include "pipetrain/runtime/distributed.h"
 #include "pipetrain/runtime/launcher.h"
 #include "pipetrain/runtime/pipe.h"
-#include "pipetrain/base/atomic_file.h"
 #include "pipetrain/schedule/generators.h"
 #include "pipetrain/stage/torchscript.h"
 #include "pipetrain/tune/calibration.h"
@@ -297,8 +297,7 @@ void write_table_text(std::ostream& out, const pp::PlanReport& report) {
     const pp::Plan& p = plans[k];
     std::snprintf(line, sizeof line, "%s%2zu  %-16s %2d %4d %-12s %10.3f %7.3f %14s  %s%s\n",
                   k == report.recommended_index ? " *" : "  ", k + 1, p.schedule.c_str(),
-                  p.virtual_stages, p.microbatches,
-                  to_string(p.checkpoint).c_str(),
+                  p.virtual_stages, p.microbatches, to_string(p.checkpoint).c_str(),
                   p.predicted_step_seconds * 1e3, p.bubble_fraction,
                   pp::format_bytes(p.peak_memory_bytes).c_str(), join_ints(p.balance).c_str(),
                   p.balanced_for_memory ? " (balanced for memory)" : "");
@@ -401,14 +400,12 @@ void plan_model(const PlanModelArgs& args, PlanResult& r, RunPlans& run) {
   r.model = load_model(args);
   if (r.planner.ranks > static_cast<int>(r.model.sequential->size())) {
     throw UsageError("--stages " + std::to_string(r.planner.ranks) + " but the model has " +
-                     std::to_string(r.model.sequential->size()) +
-                     " layers; use at most that many");
+                     std::to_string(r.model.sequential->size()) + " layers; use at most that many");
   }
-  r.report = as_usage_error("cannot profile the model on a batch of shape " + args.sample_shape,
-                            [&] {
-                              return pp::recommend_report(r.model.sequential, r.model.sample,
-                                                          r.planner, {}, &r.profile);
-                            });
+  r.report =
+      as_usage_error("cannot profile the model on a batch of shape " + args.sample_shape, [&] {
+        return pp::recommend_report(r.model.sequential, r.model.sample, r.planner, {}, &r.profile);
+      });
   if (args.processes && r.planner.ranks > 1) {
     r.profile.transfer = measure_gloo_transfer(args, largest_boundary_bytes(r.profile));
     r.report = pp::plan_pipeline(r.profile, r.planner);
@@ -464,8 +461,8 @@ std::string verify_text(const PlanModelArgs& args, const PlanResult& r) {
       }
     }
     std::snprintf(line, sizeof line, "  %-12s %-44.44s %8.3fms %8.3fms %9.3f\n", kVerifyNames[k],
-                  plan.describe().c_str(), plan.predicted_step_seconds * 1e3,
-                  m.step_seconds * 1e3, m.step_seconds / plan.predicted_step_seconds);
+                  plan.describe().c_str(), plan.predicted_step_seconds * 1e3, m.step_seconds * 1e3,
+                  m.step_seconds / plan.predicted_step_seconds);
     text << line;
     // Where a gap comes from: compute slower than profiled, or time between actions.
     std::snprintf(line, sizeof line,
@@ -554,17 +551,16 @@ std::string report_text(const PlanModelArgs& args, const PlanResult& r) {
                                            : std::string("none"))
       << " per rank, optimizer " << args.optimizer << "\n  searched " << report.candidates
       << " candidates: " << report.simulated << " simulated, " << report.pruned << " pruned, "
-      << report.rejected_memory << " over the limit, in "
-      << format("%.3f", report.planning_seconds) << " s\n";
+      << report.rejected_memory << " over the limit, in " << format("%.3f", report.planning_seconds)
+      << " s\n";
   if (report.found()) {
     write_table_text(out, report);
     write_recommendation_text(out, r);
   } else {
     out << "\nno plan fits " << pp::format_bytes(r.planner.memory_limit_bytes)
         << " per rank; the smallest limit that works is "
-        << pp::format_bytes(report.smallest_fitting_limit) << " ("
-        << report.smallest_fitting_limit << " bytes) with "
-        << report.smallest_fitting_plan.describe() << "\n";
+        << pp::format_bytes(report.smallest_fitting_limit) << " (" << report.smallest_fitting_limit
+        << " bytes) with " << report.smallest_fitting_plan.describe() << "\n";
   }
   out << "default (1f1b, " << r.default_chunks << " chunks, even balance "
       << join_ints(r.fallback.balance) << "): predicted "

@@ -19,8 +19,8 @@
 //
 // The auto plan is made once per run, never per rank (profiles are timings and differ between
 // processes): in one process here; with several, by rank 0 with every rank taking part in what
-// it measures on the processes (tune/auto_plan.h, plan_training_on_ranks), under --nproc as under an
-// external launcher.
+// it measures on the processes (tune/auto_plan.h, plan_training_on_ranks), under --nproc as under
+// an external launcher.
 //
 // Batches are a pure function of the global step k: Fashion-MNIST/synthetic use the seeded
 // shuffled DataLoader (epoch k / B, batch k % B), text draws windows from (seed, k), tensors
@@ -51,6 +51,7 @@
 #include "commands.h"
 #include "data_loader.h"
 #include "model_registry.h"
+#include "pipetrain/base/atomic_file.h"
 #include "pipetrain/partition/memory.h"
 #include "pipetrain/runtime/distributed.h"
 #include "pipetrain/runtime/launcher.h"
@@ -60,14 +61,13 @@
 #include "pipetrain/schedule/text_format.h"
 #include "pipetrain/stage/batchnorm.h"
 #include "pipetrain/stage/microbatch.h"
-#include "pipetrain/base/atomic_file.h"
 #include "pipetrain/train/checkpoint.h"
 #include "pipetrain/train/finite_loss.h"
 #include "pipetrain/train/optimizer.h"
 #include "pipetrain/train/progress.h"
-#include "pipetrain/transport/c10d.h"
 #include "pipetrain/train/step_runner.h"
 #include "pipetrain/train/trainer.h"
+#include "pipetrain/transport/c10d.h"
 #include "pipetrain/tune/auto_plan.h"
 #include "train_setup.h"
 
@@ -596,7 +596,8 @@ class Batches : public train::BatchSource {
   int64_t context_ = 0;
 };
 
-// ---- [4] the loop: train::Trainer, with progress and evaluation printed here ---------------------
+// ---- [4] the loop: train::Trainer, with progress and evaluation printed here
+// ---------------------
 
 train::TrainerOptions trainer_options(const TrainArgs& args, const BuiltModel& model,
                                       int64_t total_steps) {
@@ -741,8 +742,7 @@ void apply_auto_plan(TrainArgs& args, const partition::Plan& plan) {
   const AutoRequest& request = args.auto_request;
   if (request.schedule) args.schedule = plan.schedule;
   if (request.chunks) args.chunks = plan.microbatches;
-  if (request.checkpoint)
-    args.checkpoint = to_string(plan.checkpoint);
+  if (request.checkpoint) args.checkpoint = to_string(plan.checkpoint);
   if (request.virtual_stages) args.virtual_stages = plan.virtual_stages;
   // One stage needs no balance, and without one a single micro-batch trains sequentially.
   if (request.balance && plan.balance.size() > 1) {
@@ -818,8 +818,7 @@ std::string describe(const PipeOptions& options, int64_t stages, int64_t ranks,
   return text.str();
 }
 
-void print_start(const TrainArgs& args, const Prepared& p, train::StepRunner& runner,
-                 int threads) {
+void print_start(const TrainArgs& args, const Prepared& p, train::StepRunner& runner, int threads) {
   if (!runner.is_main()) return;
   std::string rows = p.data.corpus ? std::to_string(p.data.corpus->text().size()) + " characters"
                                    : std::to_string(p.data.train_inputs.size(0)) + " rows";

@@ -14,13 +14,20 @@ std::string with_site(const ErrorSite& site, const std::string& message) {
 
 const char* to_string(ErrorKind kind) {
   switch (kind) {
-    case ErrorKind::BadInput: return "bad input";
-    case ErrorKind::ScheduleInvalid: return "schedule invalid";
-    case ErrorKind::File: return "file";
-    case ErrorKind::TransportFailure: return "transport failure";
-    case ErrorKind::Timeout: return "timeout";
-    case ErrorKind::PeerFailed: return "peer failed";
-    case ErrorKind::Runtime: return "runtime";
+    case ErrorKind::BadInput:
+      return "bad input";
+    case ErrorKind::ScheduleInvalid:
+      return "schedule invalid";
+    case ErrorKind::File:
+      return "file";
+    case ErrorKind::TransportFailure:
+      return "transport failure";
+    case ErrorKind::Timeout:
+      return "timeout";
+    case ErrorKind::PeerFailed:
+      return "peer failed";
+    case ErrorKind::Runtime:
+      return "runtime";
   }
   return "runtime";
 }
@@ -45,20 +52,29 @@ int Error::exit_code() const {
   switch (kind_) {
     case ErrorKind::BadInput:
     case ErrorKind::ScheduleInvalid:
-    case ErrorKind::File: return 2;
-    default: return 1;
+    case ErrorKind::File:
+      return 2;
+    default:
+      return 1;
   }
 }
 
 void throw_error(ErrorKind kind, const std::string& message, ErrorSite site) {
   switch (kind) {
-    case ErrorKind::BadInput: throw BadInput(message, std::move(site));
-    case ErrorKind::ScheduleInvalid: throw ScheduleInvalid(message, std::move(site));
-    case ErrorKind::File: throw FileError(message);
-    case ErrorKind::TransportFailure: throw TransportFailure(message, std::move(site));
-    case ErrorKind::Timeout: throw Timeout(message, std::move(site));
-    case ErrorKind::PeerFailed: throw PeerFailed(message, std::move(site));
-    case ErrorKind::Runtime: break;
+    case ErrorKind::BadInput:
+      throw BadInput(message, std::move(site));
+    case ErrorKind::ScheduleInvalid:
+      throw ScheduleInvalid(message, std::move(site));
+    case ErrorKind::File:
+      throw FileError(message);
+    case ErrorKind::TransportFailure:
+      throw TransportFailure(message, std::move(site));
+    case ErrorKind::Timeout:
+      throw Timeout(message, std::move(site));
+    case ErrorKind::PeerFailed:
+      throw PeerFailed(message, std::move(site));
+    case ErrorKind::Runtime:
+      break;
   }
   throw Error(ErrorKind::Runtime, message, std::move(site));
 }

@@ -17,8 +17,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "pipetrain/partition/balance.h"
 #include "pipetrain/base/error.h"
+#include "pipetrain/partition/balance.h"
 
 namespace pipetrain::partition {
 
@@ -32,35 +32,33 @@ Balance solve_balance(const std::vector<double>& layer_costs, int stages,
                       const BalanceOptions& options) {
   const int L = static_cast<int>(layer_costs.size());
   if (stages < 1) {
-    throw BadInput("balance: stages must be >= 1 (got " + std::to_string(stages) +
-                                ")");
+    throw BadInput("balance: stages must be >= 1 (got " + std::to_string(stages) + ")");
   }
   if (options.virtual_stages < 1) {
     throw BadInput("balance: virtual_stages must be >= 1 (got " +
-                                std::to_string(options.virtual_stages) + ")");
+                   std::to_string(options.virtual_stages) + ")");
   }
   const int K = stages * options.virtual_stages;
   if (K > L) {
     throw BadInput("balance: " + std::to_string(K) + " stages" +
-                                (options.virtual_stages > 1
-                                     ? " (" + std::to_string(stages) + " ranks x " +
-                                           std::to_string(options.virtual_stages) + " chunks)"
-                                     : std::string()) +
-                                " but only " + std::to_string(L) +
-                                " layers; every stage needs at least one layer, so use at most " +
-                                std::to_string(L) + " stages or split the model into more layers");
+                   (options.virtual_stages > 1
+                        ? " (" + std::to_string(stages) + " ranks x " +
+                              std::to_string(options.virtual_stages) + " chunks)"
+                        : std::string()) +
+                   " but only " + std::to_string(L) +
+                   " layers; every stage needs at least one layer, so use at most " +
+                   std::to_string(L) + " stages or split the model into more layers");
   }
   for (int l = 0; l < L; ++l) {
     if (!(layer_costs[l] >= 0) || !std::isfinite(layer_costs[l])) {
       throw BadInput("balance: layer " + std::to_string(l) + " has cost " +
-                                  std::to_string(layer_costs[l]) +
-                                  "; costs must be finite and >= 0");
+                     std::to_string(layer_costs[l]) + "; costs must be finite and >= 0");
     }
   }
   for (double extra : {options.first_stage_extra, options.last_stage_extra}) {
     if (!(extra >= 0) || !std::isfinite(extra)) {
       throw BadInput("balance: first/last stage extras must be finite and >= 0 (got " +
-                                  std::to_string(extra) + ")");
+                     std::to_string(extra) + ")");
     }
   }
   std::vector<double> prefix(L + 1, 0.0);
@@ -136,7 +134,7 @@ BalanceBy parse_balance_by(const std::string& name) {
   if (name == "parameters") return BalanceBy::kParameters;
   if (name == "uniform") return BalanceBy::kUniform;
   throw BadInput("unknown balance criterion '" + name +
-                              "'; valid: time, memory, parameters, uniform");
+                 "'; valid: time, memory, parameters, uniform");
 }
 
 Balance balance_by(const LayerCosts& costs, BalanceBy by, int stages,
@@ -151,10 +149,9 @@ Balance balance_by(const LayerCosts& costs, BalanceBy by, int stages,
                      : by == BalanceBy::kMemory ? "memory"
                                                 : "parameters";
   if (chosen.empty() || static_cast<int>(chosen.size()) != costs.layers) {
-    throw BadInput(std::string("balance by ") + name + ": the " + name +
-                                " vector has " + std::to_string(chosen.size()) +
-                                " entries but there are " + std::to_string(costs.layers) +
-                                " layers; profile the model or fill it by hand");
+    throw BadInput(std::string("balance by ") + name + ": the " + name + " vector has " +
+                   std::to_string(chosen.size()) + " entries but there are " +
+                   std::to_string(costs.layers) + " layers; profile the model or fill it by hand");
   }
   return solve_balance(chosen, stages, options);
 }

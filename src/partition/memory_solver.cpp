@@ -7,8 +7,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "pipetrain/partition/memory.h"
 #include "pipetrain/base/error.h"
+#include "pipetrain/partition/memory.h"
 
 namespace pipetrain::partition {
 
@@ -90,16 +90,17 @@ StageBytes stage_bytes(const ModelProfile& profile, std::int64_t first, std::int
   return bytes;
 }
 
-std::vector<std::int64_t> rank_peak_memory(
-    const ModelProfile& profile, const std::vector<int>& balance, std::int64_t microbatch_size,
-    const schedule::Schedule& schedule, const std::vector<StageResidency>& residency,
-    Checkpoint checkpoint, double optimizer_state_multiple) {
+std::vector<std::int64_t> rank_peak_memory(const ModelProfile& profile,
+                                           const std::vector<int>& balance,
+                                           std::int64_t microbatch_size,
+                                           const schedule::Schedule& schedule,
+                                           const std::vector<StageResidency>& residency,
+                                           Checkpoint checkpoint, double optimizer_state_multiple) {
   if (static_cast<int>(balance.size()) != schedule.num_stages ||
       static_cast<int>(residency.size()) != schedule.num_stages) {
     throw BadInput("rank_peak_memory: balance has " + std::to_string(balance.size()) +
-                                " stages but the schedule has " +
-                                std::to_string(schedule.num_stages) +
-                                "; give one layer count per stage");
+                   " stages but the schedule has " + std::to_string(schedule.num_stages) +
+                   "; give one layer count per stage");
   }
   std::vector<std::int64_t> held(schedule.num_ranks, 0);
   std::vector<std::int64_t> recompute(schedule.num_ranks, 0);
@@ -107,13 +108,12 @@ std::vector<std::int64_t> rank_peak_memory(
   for (int j = 0; j < schedule.num_stages; ++j) {
     if (balance[j] < 1) {
       throw BadInput("rank_peak_memory: stage " + std::to_string(j) + " has " +
-                                  std::to_string(balance[j]) + " layers; every stage needs >= 1");
+                     std::to_string(balance[j]) + " layers; every stage needs >= 1");
     }
     const std::int64_t end = first + balance[j];
     if (end > profile.num_layers()) {
       throw BadInput("rank_peak_memory: balance asks for " + std::to_string(end) +
-                                  " layers but the model has " +
-                                  std::to_string(profile.num_layers()));
+                     " layers but the model has " + std::to_string(profile.num_layers()));
     }
     const StageBytes bytes = stage_bytes(profile, first, end, microbatch_size);
     const StageMemory m = stage_memory(bytes.parameters, bytes.input, bytes.body, residency[j],
@@ -179,7 +179,7 @@ std::int64_t parse_bytes(std::string_view text) {
     scale = 1e12;
   if (used == 0 || scale < 0 || !(number >= 0)) {
     throw BadInput("cannot read '" + std::string(text) +
-                                "' as a size; write e.g. 2GiB, 512MiB, 1.5G or 1000000 (bytes)");
+                   "' as a size; write e.g. 2GiB, 512MiB, 1.5G or 1000000 (bytes)");
   }
   return static_cast<std::int64_t>(std::llround(number * scale));
 }

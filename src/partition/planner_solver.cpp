@@ -25,9 +25,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "pipetrain/partition/balance.h"
 #include "pipetrain/base/error.h"
 #include "pipetrain/base/median.h"
+#include "pipetrain/partition/balance.h"
 #include "pipetrain/partition/planner.h"
 #include "pipetrain/schedule/generators.h"
 #include "pipetrain/schedule/simulate.h"
@@ -364,18 +364,16 @@ bool faster(const Plan& a, const Plan& b) {
 void check_options(const ModelProfile& profile, const PlannerOptions& options) {
   profile.validate();
   if (options.ranks < 1) {
-    throw BadInput("planner: ranks must be >= 1 (got " +
-                                std::to_string(options.ranks) + ")");
+    throw BadInput("planner: ranks must be >= 1 (got " + std::to_string(options.ranks) + ")");
   }
   if (profile.num_layers() < options.ranks) {
     throw BadInput("planner: " + std::to_string(options.ranks) +
-                                " ranks need at least as many layers, the model has " +
-                                std::to_string(profile.num_layers()) +
-                                "; use fewer stages or split the model into more layers");
+                   " ranks need at least as many layers, the model has " +
+                   std::to_string(profile.num_layers()) +
+                   "; use fewer stages or split the model into more layers");
   }
   if (options.top < 1) {
-    throw BadInput("planner: top must be >= 1 (got " + std::to_string(options.top) +
-                                ")");
+    throw BadInput("planner: top must be >= 1 (got " + std::to_string(options.top) + ")");
   }
 }
 
@@ -427,9 +425,9 @@ std::vector<int> min_max_partition(int n, int stages,
 
 std::vector<int> even_balance(int layers, int stages) {
   if (stages < 1 || layers < stages) {
-    throw BadInput("even_balance: cannot split " + std::to_string(layers) +
-                                " layers into " + std::to_string(stages) +
-                                " non-empty stages; use at most as many stages as layers");
+    throw BadInput("even_balance: cannot split " + std::to_string(layers) + " layers into " +
+                   std::to_string(stages) +
+                   " non-empty stages; use at most as many stages as layers");
   }
   std::vector<int> balance(stages, layers / stages);
   for (int j = 0; j < layers % stages; ++j) ++balance[j];
@@ -468,7 +466,7 @@ std::size_t choose_measured(const std::vector<std::vector<double>>& step_seconds
   for (std::size_t k = 0; k < step_seconds.size(); ++k) {
     if (step_seconds[k].empty()) {
       throw BadInput("choose_measured: candidate " + std::to_string(k) +
-                                  " has no timed steps; time at least one");
+                     " has no timed steps; time at least one");
     }
   }
   if (reference >= step_seconds.size()) {
@@ -502,18 +500,17 @@ void recommend_measured(ModelProfile& profile, const PlannerOptions& options, Pl
   if (candidates.empty() || candidates.size() != measured_seconds.size() ||
       chosen >= candidates.size()) {
     throw BadInput("recommend_measured: " + std::to_string(candidates.size()) +
-                                " candidates with " + std::to_string(measured_seconds.size()) +
-                                " measured times, candidate " + std::to_string(chosen) +
-                                " chosen; give one time per candidate, at least one, and choose "
-                                "one of them");
+                   " candidates with " + std::to_string(measured_seconds.size()) +
+                   " measured times, candidate " + std::to_string(chosen) +
+                   " chosen; give one time per candidate, at least one, and choose "
+                   "one of them");
   }
   std::vector<double> ratios;
   for (std::size_t k = 0; k < candidates.size(); ++k) {
     if (!(measured_seconds[k] > 0) || !(candidates[k].predicted_step_seconds > 0)) {
-      throw BadInput(
-          "recommend_measured: candidate " + candidates[k].describe() + " measured " +
-          std::to_string(measured_seconds[k]) + " s for a prediction of " +
-          std::to_string(candidates[k].predicted_step_seconds) + " s; both must be > 0");
+      throw BadInput("recommend_measured: candidate " + candidates[k].describe() + " measured " +
+                     std::to_string(measured_seconds[k]) + " s for a prediction of " +
+                     std::to_string(candidates[k].predicted_step_seconds) + " s; both must be > 0");
     }
     ratios.push_back(measured_seconds[k] / candidates[k].predicted_step_seconds);
   }
@@ -555,8 +552,8 @@ Plan evaluate_plan(const ModelProfile& profile, const Plan& spec, const PlannerO
   check_options(profile, options);
   if (spec.microbatches < 1 || profile.batch_size % spec.microbatches != 0) {
     throw BadInput("evaluate_plan: " + std::to_string(spec.microbatches) +
-                                " micro-batches do not divide the batch of " +
-                                std::to_string(profile.batch_size) + "; pick a divisor");
+                   " micro-batches do not divide the batch of " +
+                   std::to_string(profile.batch_size) + "; pick a divisor");
   }
   PlannerOptions local = options;
   local.ranks = spec.ranks > 0 ? spec.ranks : options.ranks;
@@ -568,9 +565,9 @@ Plan evaluate_plan(const ModelProfile& profile, const Plan& spec, const PlannerO
   for (int layers : c.balance) total += layers;
   if (static_cast<int>(c.balance.size()) != S || total != profile.num_layers()) {
     throw BadInput("evaluate_plan: balance has " + std::to_string(c.balance.size()) +
-                                " stages summing to " + std::to_string(total) + " layers; need " +
-                                std::to_string(S) + " stages summing to " +
-                                std::to_string(profile.num_layers()));
+                   " stages summing to " + std::to_string(total) + " layers; need " +
+                   std::to_string(S) + " stages summing to " +
+                   std::to_string(profile.num_layers()));
   }
   const ScheduleEntry& s = evaluator.schedule_of(c.schedule, c.microbatches, c.virtual_stages);
   return evaluator.predict(c, s);
@@ -635,8 +632,7 @@ std::vector<Candidate> enumerate_candidates(const ModelProfile& profile,
 
 // [2] A balance of `c` within `limit` (its time balance when that fits, else the memory-capped
 // one, else the leanest); false when none fits. Updates c's balance and lower bound.
-bool fit_to_memory(Candidate& c, const ScheduleEntry& s, Evaluator& evaluator,
-                   std::int64_t limit) {
+bool fit_to_memory(Candidate& c, const ScheduleEntry& s, Evaluator& evaluator, std::int64_t limit) {
   Plan trial = evaluator.memory_plan(c, s);
   if (trial.fits) return true;
   std::vector<int> capped = evaluator.memory_capped_balance(c, s, limit);
@@ -721,7 +717,8 @@ PlanReport plan_pipeline(const ModelProfile& profile, const PlannerOptions& opti
     report.ranked.insert(at, std::move(plan));
     if (static_cast<int>(report.ranked.size()) > options.top) report.ranked.pop_back();
   }
-  if (report.ranked.empty() && limit > 0) find_smallest_fitting(candidates, evaluator, report);  // [3]
+  if (report.ranked.empty() && limit > 0)
+    find_smallest_fitting(candidates, evaluator, report);  // [3]
   report.planning_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return report;

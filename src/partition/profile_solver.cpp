@@ -8,8 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "pipetrain/partition/profile.h"
 #include "pipetrain/base/error.h"
+#include "pipetrain/partition/profile.h"
 
 namespace pipetrain::partition {
 namespace {
@@ -114,34 +114,33 @@ std::int64_t ModelProfile::parameter_bytes() const {
 
 void ModelProfile::validate() const {
   if (microbatch_sizes.empty()) {
-    throw BadInput(
-        "profile: no micro-batch sizes were measured; profile at least one");
+    throw BadInput("profile: no micro-batch sizes were measured; profile at least one");
   }
   for (std::size_t p = 0; p < microbatch_sizes.size(); ++p) {
     if (microbatch_sizes[p] < 1 || (p > 0 && microbatch_sizes[p] <= microbatch_sizes[p - 1])) {
-      throw BadInput(
-          "profile: micro-batch sizes must be positive and ascending (size " +
-          std::to_string(microbatch_sizes[p]) + " at position " + std::to_string(p) + ")");
+      throw BadInput("profile: micro-batch sizes must be positive and ascending (size " +
+                     std::to_string(microbatch_sizes[p]) + " at position " + std::to_string(p) +
+                     ")");
     }
   }
   if (input_bytes.size() != microbatch_sizes.size()) {
     throw BadInput("profile: input_bytes has " + std::to_string(input_bytes.size()) +
-                                " entries for " + std::to_string(microbatch_sizes.size()) +
-                                " micro-batch sizes; give one per size");
+                   " entries for " + std::to_string(microbatch_sizes.size()) +
+                   " micro-batch sizes; give one per size");
   }
   if (layers.empty()) throw BadInput("profile: the model has no layers");
   if (!(step_overhead_seconds >= 0)) {
     throw BadInput("profile: step_overhead_seconds must be >= 0 (got " +
-                                std::to_string(step_overhead_seconds) + ")");
+                   std::to_string(step_overhead_seconds) + ")");
   }
   if (!(measured_step_scale > 0) || measured_step_scale_ranks < 0) {
     throw BadInput("profile: measured_step_scale must be > 0 with ranks >= 0 (got " +
-                                std::to_string(measured_step_scale) + " for " +
-                                std::to_string(measured_step_scale_ranks) + " ranks)");
+                   std::to_string(measured_step_scale) + " for " +
+                   std::to_string(measured_step_scale_ranks) + " ranks)");
   }
   if (!(concurrent_compute_scale > 0)) {
     throw BadInput("profile: concurrent_compute_scale must be > 0 (got " +
-                                std::to_string(concurrent_compute_scale) + ")");
+                   std::to_string(concurrent_compute_scale) + ")");
   }
   for (std::size_t p = 0; p < process_compute_scale.size(); ++p) {
     const auto& [size, scale] = process_compute_scale[p];
@@ -154,27 +153,25 @@ void ModelProfile::validate() const {
   }
   if (!process_layer_scale.empty() && process_layer_scale.size() != layers.size()) {
     throw BadInput("profile: process_layer_scale has " +
-                                std::to_string(process_layer_scale.size()) + " entries for " +
-                                std::to_string(layers.size()) + " layers; give one per layer");
+                   std::to_string(process_layer_scale.size()) + " entries for " +
+                   std::to_string(layers.size()) + " layers; give one per layer");
   }
   for (std::size_t l = 0; l < process_layer_scale.size(); ++l) {
     if (!(process_layer_scale[l] > 0)) {
       throw BadInput("profile: process_layer_scale of layer " + std::to_string(l) +
-                                  " must be > 0 (got " + std::to_string(process_layer_scale[l]) +
-                                  ")");
+                     " must be > 0 (got " + std::to_string(process_layer_scale[l]) + ")");
     }
   }
   for (std::size_t l = 0; l < layers.size(); ++l) {
     if (layers[l].costs.size() != microbatch_sizes.size()) {
-      throw BadInput("profile: layer " + std::to_string(l) + " ('" + layers[l].name +
-                                  "') has " + std::to_string(layers[l].costs.size()) +
-                                  " cost entries for " + std::to_string(microbatch_sizes.size()) +
-                                  " micro-batch sizes; give one per size");
+      throw BadInput("profile: layer " + std::to_string(l) + " ('" + layers[l].name + "') has " +
+                     std::to_string(layers[l].costs.size()) + " cost entries for " +
+                     std::to_string(microbatch_sizes.size()) +
+                     " micro-batch sizes; give one per size");
     }
   }
   if (batch_size < 1) {
-    throw BadInput("profile: batch_size must be >= 1 (got " +
-                                std::to_string(batch_size) + ")");
+    throw BadInput("profile: batch_size must be >= 1 (got " + std::to_string(batch_size) + ")");
   }
 }
 
@@ -276,7 +273,7 @@ ModelProfile uniform_profile(std::int64_t layers, std::int64_t batch_size,
                              const UniformLayer& spec) {
   if (layers < 1 || batch_size < 1) {
     throw BadInput("uniform_profile: layers and batch_size must be >= 1 (got " +
-                                std::to_string(layers) + ", " + std::to_string(batch_size) + ")");
+                   std::to_string(layers) + ", " + std::to_string(batch_size) + ")");
   }
   ModelProfile profile;
   profile.batch_size = batch_size;

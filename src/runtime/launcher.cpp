@@ -183,11 +183,10 @@ class Launch {
  public:
   explicit Launch(const LaunchOptions& options)
       : options_(options), children_(static_cast<std::size_t>(options.nproc)) {
-    emit_ = options.on_line ? options.on_line
-                            : [](int rank, bool is_stderr, const std::string& line) {
-                                (is_stderr ? std::cerr : std::cout)
-                                    << "[rank " << rank << "] " << line << std::endl;
-                              };
+    emit_ =
+        options.on_line ? options.on_line : [](int rank, bool is_stderr, const std::string& line) {
+          (is_stderr ? std::cerr : std::cout) << "[rank " << rank << "] " << line << std::endl;
+        };
   }
   ~Launch() {
     for (auto& child : children_) {
@@ -384,7 +383,7 @@ LaunchResult Launch::run(int signal_fd) {
       }
     }
     poll(fds.data(), fds.size(), 100);
-    read_output(fds, owners);  // [1]
+    read_output(fds, owners);       // [1]
     if (fds[0].revents & POLLIN) {  // [3]
       char signals[16];
       const ssize_t n = read(signal_fd, signals, sizeof(signals));
@@ -439,8 +438,8 @@ LaunchResult launch_local(const LaunchOptions& options) {
   }
   const int world_size = options.world_size > 0 ? options.world_size : options.nproc;
   const int port = !options.rank_environment ? 0
-                   : options.master_port > 0  ? options.master_port
-                                              : find_free_port(options.master_addr);
+                   : options.master_port > 0 ? options.master_port
+                                             : find_free_port(options.master_addr);
   SignalForwarding signals;  // declared first: restored last, after the children are gone
   Launch launch(options);
   launch.spawn_all(port, world_size);

@@ -38,8 +38,8 @@ std::ostream& operator<<(std::ostream& out, const Action& action) {
 Action parse_action(std::string_view text) {
   auto fail = [&] {
     throw BadInput("cannot parse action '" + std::string(text) +
-                                "': expected <stage><op><microbatch> such as 2F0, with op one of "
-                                "F, B, I, W, SF, RF, SB, RB");
+                   "': expected <stage><op><microbatch> such as 2F0, with op one of "
+                   "F, B, I, W, SF, RF, SB, RB");
   };
   std::size_t begin = 0;
   std::size_t end = text.size();

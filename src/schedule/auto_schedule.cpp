@@ -279,23 +279,22 @@ Schedule auto_schedule(const AutoScheduleOptions& o) {
   for (int j = 0; j < static_cast<int>(placement.size()); ++j) {
     if (placement[j] < 0 || placement[j] >= o.ranks) {
       throw BadInput(o.name + ": stage " + std::to_string(j) + " is placed on rank " +
-                                  std::to_string(placement[j]) + " but there are " +
-                                  std::to_string(o.ranks) + " ranks");
+                     std::to_string(placement[j]) + " but there are " + std::to_string(o.ranks) +
+                     " ranks");
     }
     ++held[placement[j]];
   }
   for (int r = 0; r < o.ranks; ++r) {
     if (held[r] == 0) {
       throw BadInput(o.name + ": rank " + std::to_string(r) +
-                                  " holds no stage; every rank needs at least one");
+                     " holds no stage; every rank needs at least one");
     }
   }
   std::vector<double> limit = o.memory_limit;
   if (limit.size() == 1) limit.assign(o.ranks, limit[0]);
   if (!limit.empty() && static_cast<int>(limit.size()) != o.ranks) {
     throw BadInput(o.name + ": memory_limit has " + std::to_string(limit.size()) +
-                                " values; give none, one, or one per rank (" +
-                                std::to_string(o.ranks) + ")");
+                   " values; give none, one, or one per rank (" + std::to_string(o.ranks) + ")");
   }
   Schedule schedule;
   double best = kNever;
@@ -326,12 +325,11 @@ Schedule auto_schedule(const AutoScheduleOptions& o) {
       }
     }
     throw BadInput(o.name + ": the memory limit " + number(limit[r]) + " on rank " +
-                                std::to_string(r) + " (in micro-batches of the " +
-                                "rank's share) is too small to run " +
-                                std::to_string(o.microbatches) +
-                                " micro-batches; the smallest "
-                                "limit that runs is " +
-                                number(enough));
+                   std::to_string(r) + " (in micro-batches of the " +
+                   "rank's share) is too small to run " + std::to_string(o.microbatches) +
+                   " micro-batches; the smallest "
+                   "limit that runs is " +
+                   number(enough));
   }
   const CheckResult checked = check(schedule);
   if (!checked.ok) {

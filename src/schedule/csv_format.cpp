@@ -29,8 +29,7 @@ bool ends_with(std::string_view text, std::string_view suffix) {
 }
 
 [[noreturn]] void fail(int row, std::string_view cell, const std::string& why) {
-  throw BadInput("row " + std::to_string(row) + ", cell '" + std::string(cell) +
-                              "': " + why);
+  throw BadInput("row " + std::to_string(row) + ", cell '" + std::string(cell) + "': " + why);
 }
 
 // Appends the compute actions of one cell (text form) to `line`.

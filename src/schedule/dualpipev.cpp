@@ -25,8 +25,8 @@
 #include <stdexcept>
 
 #include "generator_util.h"
-#include "pipetrain/schedule/auto_schedule.h"
 #include "pipetrain/base/error.h"
+#include "pipetrain/schedule/auto_schedule.h"
 #include "pipetrain/schedule/generators.h"
 
 namespace pipetrain::schedule {

@@ -12,8 +12,7 @@ namespace detail {
 
 void require_positive(const std::string& schedule, const char* what, int value) {
   if (value < 1) {
-    throw BadInput(schedule + ": " + what + " must be >= 1 (got " +
-                                std::to_string(value) + ")");
+    throw BadInput(schedule + ": " + what + " must be >= 1 (got " + std::to_string(value) + ")");
   }
 }
 

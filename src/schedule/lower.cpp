@@ -53,11 +53,10 @@ Schedule lower(const Schedule& schedule) {
           lowered.push_back(a);
           break;
         default:
-          throw BadInput("lower: schedule '" + schedule.name + "' rank " +
-                                      std::to_string(r) + " already holds communication action " +
-                                      to_string(a) +
-                                      "; lower() takes a compute-only schedule (use "
-                                      "compute_only() first)");
+          throw BadInput("lower: schedule '" + schedule.name + "' rank " + std::to_string(r) +
+                         " already holds communication action " + to_string(a) +
+                         "; lower() takes a compute-only schedule (use "
+                         "compute_only() first)");
       }
     }
     result.actions[r] = std::move(lowered);

@@ -25,13 +25,13 @@ Kind kind_of(Op op) {
 void check_vector(const std::vector<double>& values, const char* name, int stages) {
   if (!values.empty() && static_cast<int>(values.size()) != stages) {
     throw BadInput(std::string("simulate: costs.") + name + " has " +
-                                std::to_string(values.size()) + " entries but the schedule has " +
-                                std::to_string(stages) + " stages; give one per stage or none");
+                   std::to_string(values.size()) + " entries but the schedule has " +
+                   std::to_string(stages) + " stages; give one per stage or none");
   }
   for (double v : values) {
     if (!(v >= 0)) {
-      throw BadInput(std::string("simulate: costs.") + name +
-                                  " holds a negative or NaN time " + std::to_string(v));
+      throw BadInput(std::string("simulate: costs.") + name + " holds a negative or NaN time " +
+                     std::to_string(v));
     }
   }
 }
@@ -138,8 +138,8 @@ SimulationResult simulate(const Schedule& schedule, const Costs& costs) {
       if (blocked) break;
       const double duration = costs.per_action ? costs.per_action(a) : costs.of(a.op, j, V);
       if (!(duration >= 0)) {
-        throw BadInput("simulate: per_action cost of " + to_string(a) +
-                                    " must be >= 0 (got " + std::to_string(duration) + ")");
+        throw BadInput("simulate: per_action cost of " + to_string(a) + " must be >= 0 (got " +
+                       std::to_string(duration) + ")");
       }
       const std::size_t event = key(j, kind_of(a.op), i);
       end[event] = start + duration;
@@ -154,9 +154,8 @@ SimulationResult simulate(const Schedule& schedule, const Costs& costs) {
   for (int r = 0; r < K; ++r) {
     if (next[r] < static_cast<int>(plain.actions[r].size())) {
       throw BadInput("simulate: schedule '" + schedule.name + "' deadlocks (rank " +
-                                  std::to_string(r) + " stops at " +
-                                  to_string(plain.actions[r][next[r]]) +
-                                  "); run validate() for the full report");
+                     std::to_string(r) + " stops at " + to_string(plain.actions[r][next[r]]) +
+                     "); run validate() for the full report");
     }
   }
   result.makespan = *std::max_element(free_at.begin(), free_at.end());

@@ -17,8 +17,7 @@ namespace {
 using detail::trim;
 
 [[noreturn]] void fail_at(int line, std::string_view token, const std::string& why) {
-  throw BadInput("line " + std::to_string(line) + ", token '" + std::string(token) +
-                              "': " + why);
+  throw BadInput("line " + std::to_string(line) + ", token '" + std::string(token) + "': " + why);
 }
 
 }  // namespace
@@ -85,9 +84,8 @@ Schedule parse_schedule(std::string_view text, const std::string& name) {
   for (std::size_t j = 0; j < stage_rank.size(); ++j) {
     if (stage_rank[j] == -1) {
       throw BadInput("stage " + std::to_string(j) + " never appears, but stage " +
-                                  std::to_string(stage_rank.size() - 1) +
-                                  " does; stages must be numbered 0.." +
-                                  std::to_string(stage_rank.size() - 1) + " without gaps");
+                     std::to_string(stage_rank.size() - 1) + " does; stages must be numbered 0.." +
+                     std::to_string(stage_rank.size() - 1) + " without gaps");
     }
   }
   schedule.num_ranks = static_cast<int>(schedule.actions.size());

@@ -27,7 +27,8 @@ void scale_gradients(const std::vector<torch::Tensor>& parameters, double factor
 }
 
 double clip_factor(double total_norm, double max_norm) {
-  PIPETRAIN_CHECK_INPUT(max_norm > 0.0, "gradient clipping: max norm must be positive, got ", max_norm);
+  PIPETRAIN_CHECK_INPUT(max_norm > 0.0, "gradient clipping: max norm must be positive, got ",
+                        max_norm);
   return total_norm > max_norm ? max_norm / (total_norm + 1e-6) : 1.0;
 }
 

@@ -31,11 +31,10 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(
   std::vector<torch::Tensor> unique = unique_parameters(parameters);
   if (unique.empty()) {
     throw BadInput("optimizer '" + name +
-                                "' got no parameters; does the model (or this stage) have any?");
+                   "' got no parameters; does the model (or this stage) have any?");
   }
   if (!(options.lr() > 0.0)) {
-    throw BadInput("learning rate must be positive, got " +
-                                std::to_string(options.lr()));
+    throw BadInput("learning rate must be positive, got " + std::to_string(options.lr()));
   }
   auto betas = std::make_tuple(options.beta1(), options.beta2());
   if (name == "sgd") {

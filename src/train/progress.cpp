@@ -41,9 +41,9 @@ ProgressReporter::ProgressReporter(std::ostream& out, bool is_terminal, Progress
                                    SecondsClock clock)
     : out_(out), is_terminal_(is_terminal), options_(options), clock_(std::move(clock)) {
   PIPETRAIN_CHECK_INPUT(options_.total_steps() > 0, "progress: total steps must be positive, got ",
-              options_.total_steps());
+                        options_.total_steps());
   PIPETRAIN_CHECK_INPUT(options_.smoothing() > 0.0 && options_.smoothing() <= 1.0,
-              "progress: smoothing must be in (0, 1], got ", options_.smoothing());
+                        "progress: smoothing must be in (0, 1], got ", options_.smoothing());
   start_ = clock_();
   step_ = last_logged_step_ = options_.first_step();
 }

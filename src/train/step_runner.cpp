@@ -157,9 +157,8 @@ class DistributedRunner : public StepRunner {
     if (!is_main()) return std::nullopt;
     Checkpoint merged = part;
     for (size_t r = 1; r < parts.size(); ++r) {
-      merge_checkpoint(
-          merged, deserialize_checkpoint(std::string(parts[r].begin(), parts[r].end()),
-                                                "rank " + std::to_string(r)));
+      merge_checkpoint(merged, deserialize_checkpoint(std::string(parts[r].begin(), parts[r].end()),
+                                                      "rank " + std::to_string(r)));
     }
     return merged;
   }

@@ -29,8 +29,8 @@ void check_options(const TrainerOptions& o) {
   }
   if (o.save_every() < 0 || o.warmup_steps() < 0 || !(o.clip_grad_norm() >= 0)) {
     throw BadInput("Trainer: save_every, warmup_steps and clip_grad_norm must be >= 0 (got " +
-                   std::to_string(o.save_every()) + ", " + std::to_string(o.warmup_steps()) +
-                   ", " + std::to_string(o.clip_grad_norm()) + ")");
+                   std::to_string(o.save_every()) + ", " + std::to_string(o.warmup_steps()) + ", " +
+                   std::to_string(o.clip_grad_norm()) + ")");
   }
 }
 

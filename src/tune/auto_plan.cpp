@@ -28,10 +28,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "pipetrain/base/message_of.h"
 #include "pipetrain/partition/memory.h"
 #include "pipetrain/partition/profiler.h"
 #include "pipetrain/schedule/generators.h"
-#include "pipetrain/base/message_of.h"
 #include "pipetrain/tune/calibration.h"
 
 namespace pipetrain::tune {
@@ -102,9 +102,10 @@ pp::Plan search_with_balance(const pp::ModelProfile& profile, const pp::PlannerO
     }
   }
   if (!any) {
-    throw AutoPlanError("--schedule auto with --balance of " + std::to_string(input.balance.size()) +
-                     " stages and --virtual " + std::to_string(V) +
-                     " leaves no schedule to choose; drop --virtual or the explicit --balance");
+    throw AutoPlanError("--schedule auto with --balance of " +
+                        std::to_string(input.balance.size()) + " stages and --virtual " +
+                        std::to_string(V) +
+                        " leaves no schedule to choose; drop --virtual or the explicit --balance");
   }
   if (!found) {
     throw AutoPlanError(
@@ -173,8 +174,8 @@ pp::ModelProfile calibrated_profile(torch::nn::Sequential& model, const torch::T
                                     const ProcessMeasurer* processes) {
   pp::ModelProfile profile;
   try {
-    profile = pp::profile_sequential(model, batch,
-                                     pp::ProfileOptions().intra_op_threads(input.threads));
+    profile =
+        pp::profile_sequential(model, batch, pp::ProfileOptions().intra_op_threads(input.threads));
   } catch (const std::exception& error) {  // c10::Error from a layer, BadInput from the profiler
     throw AutoPlanError("cannot profile the model for the auto plan (on a batch of " +
                         std::to_string(batch.size(0)) + " rows): " + message_of(error) +
@@ -188,12 +189,11 @@ pp::ModelProfile calibrated_profile(torch::nn::Sequential& model, const torch::T
   if (measure_processes) profile.transfer = processes->transfer(largest_boundary_bytes(profile));
   calibrate_in_process(model, batch, profile, planner, input.diagnostics);
   if (measure_processes) calibrate_processes(profile, planner, processes->run);
-  note(input, format("planning: calibrated in %.1f s (%.1f us per layer call, %.2f ms per "
-                     "message)",
-                     std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-                         .count(),
-                     profile.per_layer_overhead_seconds * 1e6,
-                     profile.transfer.message_seconds * 1e3));
+  note(input,
+       format("planning: calibrated in %.1f s (%.1f us per layer call, %.2f ms per "
+              "message)",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+              profile.per_layer_overhead_seconds * 1e6, profile.transfer.message_seconds * 1e3));
   return profile;
 }
 
@@ -204,8 +204,7 @@ pp::Plan searched_and_measured(pp::ModelProfile& profile, const pp::PlannerOptio
   pp::PlanReport report = pp::plan_pipeline(profile, planner);
   if (!report.found()) {
     if (planner.memory_limit_bytes > 0 && report.smallest_fitting_limit > 0) {  // [4]
-      throw AutoPlanError(no_fit_message(planner.memory_limit_bytes,
-                                         report.smallest_fitting_limit,
+      throw AutoPlanError(no_fit_message(planner.memory_limit_bytes, report.smallest_fitting_limit,
                                          report.smallest_fitting_plan));
     }
     throw AutoPlanError("the planner found no plan for " + std::to_string(input.ranks) +
@@ -221,12 +220,12 @@ pp::Plan searched_and_measured(pp::ModelProfile& profile, const pp::PlannerOptio
   for (const auto& m : report.measured) {
     if (pp::same_plan(m.plan, plan)) measured = m.measured_step_seconds;
   }
-  note(input, format("planning: measured %zu plans together in %.1f s; chosen: %s (%.3g s/step; "
-                     "predictions x%.2f)",
-                     report.measured.size(),
-                     std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-                         .count(),
-                     plan.describe().c_str(), measured, profile.measured_step_scale));
+  note(input,
+       format("planning: measured %zu plans together in %.1f s; chosen: %s (%.3g s/step; "
+              "predictions x%.2f)",
+              report.measured.size(),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+              plan.describe().c_str(), measured, profile.measured_step_scale));
   return plan;
 }
 
@@ -284,9 +283,8 @@ std::string describe_auto_plan(const pp::Plan& plan) {
                 plan.predicted_step_seconds, pp::format_bytes(plan.peak_memory_bytes).c_str(),
                 peak_rank);
   return "auto plan: " + plan.schedule + ", chunks " + std::to_string(plan.microbatches) +
-         ", balance" + balance + ", checkpoint " +
-         to_string(plan.checkpoint) + ", virtual stages " +
-         std::to_string(plan.virtual_stages) + " (" + predicted + ")";
+         ", balance" + balance + ", checkpoint " + to_string(plan.checkpoint) +
+         ", virtual stages " + std::to_string(plan.virtual_stages) + " (" + predicted + ")";
 }
 
 namespace {
@@ -336,9 +334,10 @@ pp::Plan plan_training_on_ranks(Distributed& distributed, torch::nn::Sequential&
       return combine_rank_results(plans, on_every_rank(job));
     };
     try {
-      last = nlohmann::json{{"plan",
-                             nlohmann::json(plan_training(model, sample, request, input, &measurer))}}
-                 .dump();
+      last =
+          nlohmann::json{
+              {"plan", nlohmann::json(plan_training(model, sample, request, input, &measurer))}}
+              .dump();
     } catch (const BadInput& error) {
       last = nlohmann::json{{"error", error.what()}}.dump();
     }

@@ -14,9 +14,9 @@
 
 #include "pipetrain/base/error.h"
 #include "pipetrain/base/median.h"
-#include "pipetrain/tune/plan_options.h"
 #include "pipetrain/runtime/distributed_pipe.h"
 #include "pipetrain/schedule/action.h"
+#include "pipetrain/tune/plan_options.h"
 
 namespace pipetrain::tune {
 namespace {
@@ -212,9 +212,9 @@ void calibrate_in_process(torch::nn::Sequential& model, const torch::Tensor& sam
         std::string reason = error.what();
         reason = reason.substr(0, reason.find('\n'));
         if (diagnostics) {
-          diagnostics({Diagnostic::Kind::kWarning,
-                       "plan: zb-h1 cannot train this model as one stage (" + reason +
-                           "); the split backward is not calibrated"});
+          diagnostics(
+              {Diagnostic::Kind::kWarning, "plan: zb-h1 cannot train this model as one stage (" +
+                                               reason + "); the split backward is not calibrated"});
         }
         split_runs = false;
       }
@@ -315,9 +315,8 @@ nlohmann::json run_plans_on_rank(Distributed& distributed, torch::nn::Sequential
   std::vector<torch::optim::SGD> sgds;
   std::vector<StepRecorder> recorders;
   for (const auto& run : runs) {
-    pipes.push_back(std::make_unique<DistributedPipe>(
-        distributed, model,
-        pipe_options_for(run.get<pp::Plan>())));
+    pipes.push_back(std::make_unique<DistributedPipe>(distributed, model,
+                                                      pipe_options_for(run.get<pp::Plan>())));
     sgds.emplace_back(pipes.back()->parameters(), torch::optim::SGDOptions(1e-4));
     recorders.emplace_back(1);
   }
@@ -361,7 +360,7 @@ std::vector<Measured> combine_rank_results(
       if (static_cast<std::size_t>(r) >= ranks.size() || !ranks[static_cast<std::size_t>(r)] ||
           ranks[static_cast<std::size_t>(r)]->size() != plans.size()) {
         throw TransportFailure("rank " + std::to_string(r) + " of a " + plan.describe() +
-                                 " run printed no result for it");
+                               " run printed no result for it");
       }
       const nlohmann::json& result = ranks[static_cast<std::size_t>(r)]->at(k);
       const auto seconds = result.at("seconds").get<std::vector<double>>();
@@ -379,7 +378,8 @@ std::vector<Measured> combine_rank_results(
         }
       }
     }
-    if (steps.empty()) throw Error(ErrorKind::Runtime, "a " + plan.describe() + " run timed no steps");
+    if (steps.empty())
+      throw Error(ErrorKind::Runtime, "a " + plan.describe() + " run timed no steps");
     measured.step_seconds = steps;
     measured.median_seconds = upper_median(steps);
     all.push_back(std::move(measured));

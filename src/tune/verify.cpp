@@ -55,8 +55,8 @@ Verification verify_plans(const std::vector<partition::Plan>& plans, const RunPl
                                           " measurements came back");
     }
     if (plans.size() > 1) {
-      for (std::size_t s = 0;
-           s < all[0].step_seconds.size() && s < all[1].step_seconds.size(); ++s) {
+      for (std::size_t s = 0; s < all[0].step_seconds.size() && s < all[1].step_seconds.size();
+           ++s) {
         ratios.push_back(all[0].step_seconds[s] / all[1].step_seconds[s]);
       }
     }

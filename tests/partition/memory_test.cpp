@@ -58,9 +58,9 @@ TEST(StageMemory, CountsParametersGradientsOptimizerAndStash) {
   EXPECT_EQ(last.stashed_activations, 3 * 10 + 100);
   EXPECT_EQ(last.recompute_activations, 0);
   StageResidency overlapping{3, true};
-  EXPECT_EQ(stage_memory(1000, 10, 100, overlapping, Checkpoint::kExceptLast, 0.0)
-                .recompute_activations,
-            100);
+  EXPECT_EQ(
+      stage_memory(1000, 10, 100, overlapping, Checkpoint::kExceptLast, 0.0).recompute_activations,
+      100);
 }
 
 TEST(RankPeakMemory, SumsTheStagesOfEachRankAndOneRecompute) {

@@ -1,5 +1,5 @@
-#include "pipetrain/base/error.h"
 #include "pipetrain/schedule/action.h"
+#include "pipetrain/base/error.h"
 
 #include <gtest/gtest.h>
 

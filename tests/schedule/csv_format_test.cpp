@@ -1,8 +1,8 @@
 // torch.distributed.pipelining's compute-only CSV: round trips of every family, the cells torch
 // writes (idle steps, overlapped pairs, FSDP bookkeeping), and the errors for what pipetrain
 // cannot run.
-#include "pipetrain/base/error.h"
 #include "pipetrain/schedule/csv_format.h"
+#include "pipetrain/base/error.h"
 
 #include <gtest/gtest.h>
 

@@ -1,8 +1,8 @@
 // Properties every generated schedule must have, over a dense sample of K, M, V, and the
 // closed-form bubble and memory figures each family is known for (docs/SCHEDULES.md derives
 // them).
-#include "pipetrain/base/error.h"
 #include "pipetrain/schedule/generators.h"
+#include "pipetrain/base/error.h"
 
 #include <gtest/gtest.h>
 

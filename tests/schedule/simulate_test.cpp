@@ -1,6 +1,6 @@
 // simulate(): the cost model on hand-computable cases, and its speed on a big pipeline.
-#include "pipetrain/base/error.h"
 #include "pipetrain/schedule/simulate.h"
+#include "pipetrain/base/error.h"
 
 #include <gtest/gtest.h>
 
@@ -92,8 +92,7 @@ TEST(Simulate, PerActionCostsReplayEachActionsOwnDuration) {
 }
 
 TEST(Simulate, DeadlockedScheduleThrowsInsteadOfHanging) {
-  EXPECT_THROW(simulate(parse_schedule("0F0,0B0,0F1,0B1\n1F1,1F0,1B0,1B1\n")),
-               pipetrain::BadInput);
+  EXPECT_THROW(simulate(parse_schedule("0F0,0B0,0F1,0B1\n1F1,1F0,1B0,1B1\n")), pipetrain::BadInput);
 }
 
 TEST(Simulate, TimelineHasOneEventPerComputeAction) {

@@ -1,6 +1,6 @@
 // Custom schedule text: round trips, inference of counts and placement, and error messages.
-#include "pipetrain/base/error.h"
 #include "pipetrain/schedule/text_format.h"
+#include "pipetrain/base/error.h"
 
 #include <gtest/gtest.h>
 

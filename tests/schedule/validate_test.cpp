@@ -1,6 +1,6 @@
 // validate()/check(): every kind of broken schedule is rejected with a sentence and a marked grid.
-#include "pipetrain/base/error.h"
 #include "pipetrain/schedule/validate.h"
+#include "pipetrain/base/error.h"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
-#include "pipetrain/base/error.h"
 #include "pipetrain/train/optimizer.h"
+#include "pipetrain/base/error.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

@@ -7,12 +7,13 @@
 //         FileError               a file that cannot be read or written (CLI exit 2)
 //       TransportFailure          moving a tensor between ranks failed (CLI exit 1)
 //       Timeout                   a rank or the store did not answer in time (CLI exit 1)
-//       PeerFailed                another rank or worker failed first; this one stopped (CLI exit 1)
-//       (kind Runtime)            anything else that fails while running, e.g. a diverged loss
+//       PeerFailed                another rank or worker failed first; this one stopped (CLI exit
+//       1) (kind Runtime)            anything else that fails while running, e.g. a diverged loss
 //
 // A caller catches by kind (`catch (const pipetrain::BadInput&)`) or catches pipetrain::Error and
-// asks exit_code(). Where it applies, the site names the rank, stage, action and micro-batch; what()
-// begins with them ("rank 1, stage 2, action 2B5, micro-batch 5: ..."), message() is without.
+// asks exit_code(). Where it applies, the site names the rank, stage, action and micro-batch;
+// what() begins with them ("rank 1, stage 2, action 2B5, micro-batch 5: ..."), message() is
+// without.
 //
 // Torch-free (part of pipetrain::schedule). Thread-safety: immutable after construction.
 #pragma once
@@ -22,9 +23,18 @@
 
 namespace pipetrain {
 
-enum class ErrorKind { BadInput, ScheduleInvalid, File, TransportFailure, Timeout, PeerFailed, Runtime };
+enum class ErrorKind {
+  BadInput,
+  ScheduleInvalid,
+  File,
+  TransportFailure,
+  Timeout,
+  PeerFailed,
+  Runtime
+};
 
-// "bad input", "schedule invalid", "file", "transport failure", "timeout", "peer failed", "runtime".
+// "bad input", "schedule invalid", "file", "transport failure", "timeout", "peer failed",
+// "runtime".
 const char* to_string(ErrorKind kind);
 
 // Where an error happened. -1 (or "") means not known or not applicable.

@@ -31,7 +31,6 @@
 
 namespace pipetrain::partition {
 
-
 // What the schedule's order implies for one stage's activation memory.
 struct StageResidency {
   int peak_inflight = 0;  // micro-batches stashed at once at the peak
@@ -72,10 +71,12 @@ StageBytes stage_bytes(const ModelProfile& profile, std::int64_t first, std::int
 
 // Peak bytes per rank for `balance` (layers per stage, size S, summing to the layer count).
 // REQUIRES: balance.size() == schedule.num_stages, every entry >= 1 (pipetrain::BadInput).
-std::vector<std::int64_t> rank_peak_memory(
-    const ModelProfile& profile, const std::vector<int>& balance, std::int64_t microbatch_size,
-    const schedule::Schedule& schedule, const std::vector<StageResidency>& residency,
-    Checkpoint checkpoint, double optimizer_state_multiple);
+std::vector<std::int64_t> rank_peak_memory(const ModelProfile& profile,
+                                           const std::vector<int>& balance,
+                                           std::int64_t microbatch_size,
+                                           const schedule::Schedule& schedule,
+                                           const std::vector<StageResidency>& residency,
+                                           Checkpoint checkpoint, double optimizer_state_multiple);
 
 // "1.5 GiB", "512 MiB", "12 KiB", "100 B".
 std::string format_bytes(std::int64_t bytes);

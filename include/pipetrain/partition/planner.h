@@ -39,8 +39,8 @@ struct PlannerOptions {
   int ranks = 2;                        // K
   std::int64_t memory_limit_bytes = 0;  // per rank; 0 = no limit
   // Search space; an empty list means the default written beside it.
-  std::vector<std::string> schedules;            // empty: schedule_names(), every family
-  std::vector<int> microbatch_counts;            // powers of two dividing the batch, and the batch
+  std::vector<std::string> schedules;        // empty: schedule_names(), every family
+  std::vector<int> microbatch_counts;        // powers of two dividing the batch, and the batch
   std::vector<Checkpoint> checkpoint_modes;  // never, except_last, always
   std::vector<int> virtual_stages;      // 1, 2, 4: V > 1 for interleaved-*, looped-bfs; 2 V-shaped
   double optimizer_state_multiple = 0;  // SGD 0, momentum 1, Adam 2 (memory and update)

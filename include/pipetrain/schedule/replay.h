@@ -34,8 +34,7 @@ class MeasuredDurations {
 
 // The makespan, in seconds, of `lowered` when every compute action takes what it took in `step`
 // and every transfer `comm_us` microseconds.
-double replayed_seconds(const Schedule& lowered, const MeasuredDurations& step,
-                        double comm_us = 0);
+double replayed_seconds(const Schedule& lowered, const MeasuredDurations& step, double comm_us = 0);
 
 struct ReplayEfficiency {
   double efficiency = 0;        // median over steps of replayed / measured
@@ -45,7 +44,6 @@ struct ReplayEfficiency {
 // Over the steps k < min(steps.size(), measured_seconds.size()).
 ReplayEfficiency replay_efficiency(const Schedule& lowered,
                                    const std::vector<MeasuredDurations>& steps,
-                                   const std::vector<double>& measured_seconds,
-                                   double comm_us = 0);
+                                   const std::vector<double>& measured_seconds, double comm_us = 0);
 
 }  // namespace pipetrain::schedule

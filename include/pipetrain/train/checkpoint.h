@@ -16,8 +16,9 @@
 // "buffers": {name: Tensor}, "optimizer": str, "optimizer_state": {name: {field: Tensor}},
 // "step": int, "epoch": int, "batch": int, "torch_rng_state": uint8 Tensor, "loader_state": str,
 // "metadata": JSON text, "stage_rng_states": {"<stage>": uint8 Tensor}} (the last may be absent:
-// files written before it existed load with no stage streams). Python reads it with `torch.load(path)`. Files are written atomically
-// (atomic_file.h): a failed save leaves the previous checkpoint intact.
+// files written before it existed load with no stage streams). Python reads it with
+// `torch.load(path)`. Files are written atomically (atomic_file.h): a failed save leaves the
+// previous checkpoint intact.
 //
 // Ownership: a Checkpoint holds detached CPU copies, independent of the model. Thread-safety:
 // plain value; the capture/restore functions must not run concurrently with training steps.

@@ -113,7 +113,6 @@ partition::Plan plan_training_on_ranks(Distributed& distributed, torch::nn::Sequ
 // 0.152 s/step, peak 1.2 GiB on rank 0)"
 std::string describe_auto_plan(const partition::Plan& plan);
 
-
 // State multiple of an optimizer for the memory model: sgd 0 (1 with momentum), adam/adamw 2.
 double optimizer_state_multiple(const std::string& optimizer, double momentum);
 

@@ -19,13 +19,13 @@ namespace pipetrain::tune {
 
 struct PlanVerification {
   partition::Plan plan;
-  double step_seconds = 0;                     // median over every timed step of every round
-  std::vector<double> each_step_seconds;       // every timed step, round after round
-  std::vector<double> round_step_seconds;      // each round's median
-  double compute_seconds_per_rank = 0;         // median over rounds of the ranks' mean compute
+  double step_seconds = 0;                      // median over every timed step of every round
+  std::vector<double> each_step_seconds;        // every timed step, round after round
+  std::vector<double> round_step_seconds;       // each round's median
+  double compute_seconds_per_rank = 0;          // median over rounds of the ranks' mean compute
   std::vector<double> compute_seconds_by_rank;  // median over rounds, per rank
-  double span_seconds = 0;                     // median over rounds: first action to last
-  std::vector<int64_t> peak_stashed_bytes;     // per stage, in the first round
+  double span_seconds = 0;                      // median over rounds: first action to last
+  std::vector<int64_t> peak_stashed_bytes;      // per stage, in the first round
 };
 
 struct Verification {
