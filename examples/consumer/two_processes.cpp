@@ -40,7 +40,8 @@ bool main_of_rank(pipetrain::Distributed& distributed) {
   for (int step = 0; step < 5; ++step) {
     const torch::Tensor x = torch::randn({32, 16}), y = torch::randn({32, 4});
     sgd.zero_grad();
-    const double loss = pipe.train_step(x, y, mse);  // the mini-batch loss, on every rank
+    // The mini-batch loss, on every rank (a 0-dim tensor, as Pipe's train_step returns).
+    const double loss = pipe.train_step(x, y, mse).item<double>();
     sgd.step();
     if (distributed.rank() != 0) continue;
     reference_sgd.zero_grad();

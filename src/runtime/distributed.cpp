@@ -138,7 +138,8 @@ int Distributed::world_size() const {
 }
 
 std::unique_ptr<C10dTransport> Distributed::make_transport(
-    const std::vector<int>& stage_pipeline_rank, torch::Device device) {
+    const std::vector<int>& stage_pipeline_rank, torch::Device device,
+    std::chrono::milliseconds receive_timeout) {
   std::vector<int> stage_world_rank;
   for (std::size_t j = 0; j < stage_pipeline_rank.size(); ++j) {
     const int p = stage_pipeline_rank[j];
@@ -150,6 +151,7 @@ std::unique_ptr<C10dTransport> Distributed::make_transport(
   }
   C10dTransportOptions options;
   options.device = device;
+  options.timeout = receive_timeout;
   return std::make_unique<C10dTransport>(world_, std::move(stage_world_rank), options);
 }
 

@@ -10,9 +10,11 @@
 
 #include "pipetrain/base/check.h"
 #include "pipetrain/runtime/interpreter.h"
+#include "pipetrain/runtime/scoped_threads.h"
 #include "pipetrain/schedule/generators.h"
 #include "pipetrain/schedule/lower.h"
 #include "pipetrain/schedule/validate.h"
+#include "pipetrain/stage/device.h"
 #include "pipetrain/stage/microbatch.h"
 
 namespace pipetrain {
@@ -22,6 +24,22 @@ namespace {
 // The same derivation as Pipe's, so a stage draws the same random numbers in both runtimes.
 uint64_t stage_seed(uint64_t seed, int j) {
   return seed + 0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(j + 1);
+}
+
+// This rank's device: options.devices()[pipeline_rank] when the list is given (one per pipeline
+// rank, as Pipe's one per rank), else `given`.
+torch::Device rank_device(const PipeOptions& options, torch::Device given, int pipeline_rank,
+                          int ranks) {
+  const std::vector<torch::Device>& devices = options.devices();
+  if (devices.empty()) return given;
+  PIPETRAIN_CHECK_INPUT(static_cast<int>(devices.size()) == ranks, "devices lists ", devices.size(),
+                        " devices but the job has ", ranks,
+                        " pipeline ranks; give one device per pipeline rank");
+  const torch::Device mine = devices[static_cast<size_t>(pipeline_rank)];
+  PIPETRAIN_CHECK_INPUT(given == torch::Device(torch::kCPU) || given == mine, "pipeline rank ",
+                        pipeline_rank, " is given device ", given, " and devices[", pipeline_rank,
+                        "] = ", mine, "; give only one of them");
+  return mine;
 }
 
 }  // namespace
@@ -51,6 +69,12 @@ DistributedPipe::DistributedPipe(Distributed& distributed, torch::nn::Sequential
       " processes or change --stages");
   const schedule::Schedule& first = schedule_for(static_cast<int>(o.chunks()));
   stage_rank_ = first.stage_rank;
+  device_ = rank_device(o, device_, distributed_.pipeline_rank(), num_ranks_);
+  check_device_usable(device_);
+  PIPETRAIN_CHECK_INPUT(o.threads_per_stage() >= 0, "threads_per_stage must be >= 0 (got ",
+                        o.threads_per_stage(), ")");
+  PIPETRAIN_CHECK_INPUT(o.timeout_seconds() > 0, "timeout_seconds must be > 0 (got ",
+                        o.timeout_seconds(), ")");
 
   // This rank's stages; every rank walks all layers so names and first-layer indices agree.
   const auto named = model_->named_children();
@@ -97,7 +121,9 @@ DistributedPipe::DistributedPipe(Distributed& distributed, torch::nn::Sequential
           distributed_.declare_tie(tie, std::vector<int>(ranks.begin(), ranks.end())), tensor);
     }
   }
-  transport_ = distributed_.make_transport(stage_rank_, device_);
+  transport_ = distributed_.make_transport(
+      stage_rank_, device_,
+      std::chrono::milliseconds(static_cast<int64_t>(o.timeout_seconds() * 1000)));
 }
 
 DistributedPipe::~DistributedPipe() = default;
@@ -109,22 +135,15 @@ const schedule::Schedule& DistributedPipe::schedule_for(int microbatches) {
   return schedules_.emplace(microbatches, std::move(s)).first->second;
 }
 
-double DistributedPipe::train_step(const torch::Tensor& input, const torch::Tensor& target,
-                                   const LossFn& loss_fn) {
+torch::Tensor DistributedPipe::train_step(const torch::Tensor& input, const torch::Tensor& target,
+                                          const LossFn& loss_fn) {
   PIPETRAIN_CHECK_INPUT(
       input.defined() && input.dim() >= 1 && target.defined() && target.size(0) == input.size(0),
       "train_step needs an input and a target with the same number of rows");
   const int64_t rows = input.size(0);
-  const auto& layout = distributed_.layout();
-  PIPETRAIN_CHECK_INPUT(rows >= layout.replicas, "a mini-batch of ", rows,
-                        " rows cannot be shared by ", layout.replicas,
-                        " replicas; use at least one row per replica");
   // [1]
-  const std::vector<int64_t> shares = microbatch_sizes(rows, layout.replicas);
-  const int d = distributed_.replica();
-  const int64_t offset = std::accumulate(shares.begin(), shares.begin() + d, int64_t{0});
-  const torch::Tensor my_input = input.narrow(0, offset, shares[static_cast<size_t>(d)]);
-  const torch::Tensor my_target = target.narrow(0, offset, shares[static_cast<size_t>(d)]);
+  const torch::Tensor my_input = replica_share(input);
+  const torch::Tensor my_target = replica_share(target);
   const std::vector<int64_t> sizes = microbatch_sizes(my_input.size(0), options_.chunks());
   const int m = static_cast<int>(sizes.size());
   const schedule::Schedule& s = schedule_for(m);
@@ -142,12 +161,8 @@ double DistributedPipe::train_step(const torch::Tensor& input, const torch::Tens
   data.start = std::chrono::steady_clock::now();
 
   // [2]
-  std::map<int, Stage*> stages;
-  for (auto& [j, stage] : stages_) {
-    stage->clear();
-    stage->reset_accounting();
-    stages[j] = stage.get();
-  }
+  const ScopedThreadCount thread_count(static_cast<int>(options_.threads_per_stage()));
+  std::map<int, Stage*> stages = fresh_stages();
   RankResult result;
   Interpreter interpreter(distributed_.pipeline_rank(), s, stages, *transport_);
   interpreter.run(data, result);
@@ -162,7 +177,56 @@ double DistributedPipe::train_step(const torch::Tensor& input, const torch::Tens
     for (const auto& loss : result.losses) sum += loss.item<double>();
     replica_loss = sum;
   }
-  return distributed_.broadcast_loss(replica_loss);
+  return torch::tensor(distributed_.broadcast_loss(replica_loss), torch::kFloat64);
+}
+
+torch::Tensor DistributedPipe::replica_share(const torch::Tensor& batch) const {
+  const int64_t rows = batch.size(0);
+  const int replicas = distributed_.layout().replicas;
+  PIPETRAIN_CHECK_INPUT(rows >= replicas, "a mini-batch of ", rows, " rows cannot be shared by ",
+                        replicas, " replicas; use at least one row per replica");
+  const std::vector<int64_t> shares = microbatch_sizes(rows, replicas);
+  const int d = distributed_.replica();
+  const int64_t offset = std::accumulate(shares.begin(), shares.begin() + d, int64_t{0});
+  return batch.narrow(0, offset, shares[static_cast<size_t>(d)]);
+}
+
+std::map<int, Stage*> DistributedPipe::fresh_stages() {
+  std::map<int, Stage*> stages;
+  for (auto& [j, stage] : stages_) {
+    stage->clear();
+    stage->reset_accounting();
+    stages[j] = stage.get();
+  }
+  return stages;
+}
+
+torch::Tensor DistributedPipe::forward(const torch::Tensor& input) {
+  PIPETRAIN_CHECK_INPUT(input.defined() && input.dim() >= 1,
+                        "forward needs an input with a batch dimension (dim 0)");
+  const torch::Tensor mine = replica_share(input);
+  const std::vector<int64_t> sizes = microbatch_sizes(mine.size(0), options_.chunks());
+  const int m = static_cast<int>(sizes.size());
+  auto found = inference_.find(m);
+  if (found == inference_.end()) {
+    found =
+        inference_.emplace(m, schedule::lower(schedule::forward_only(schedule_for(m), m))).first;
+  }
+  StepData data;
+  data.num_microbatches = m;
+  data.inputs = split_microbatches({mine.to(device_)}, sizes);
+  data.training = false;
+  data.start = std::chrono::steady_clock::now();
+  const ScopedThreadCount thread_count(static_cast<int>(options_.threads_per_stage()));
+  std::map<int, Stage*> stages = fresh_stages();
+  RankResult result;
+  Interpreter interpreter(distributed_.pipeline_rank(), found->second, stages, *transport_);
+  interpreter.run(data, result);
+  if (!stages_.count(num_stages_ - 1)) return torch::Tensor();
+  std::vector<torch::Tensor> outputs = join_microbatches(result.outputs);
+  PIPETRAIN_CHECK_INPUT(outputs.size() == 1, "the model returned ", outputs.size(),
+                        " tensors; DistributedPipe::forward returns one");
+  return outputs[0];
 }
 
 std::vector<torch::Tensor> DistributedPipe::parameters() const {

@@ -26,6 +26,7 @@
 
 #include "pipetrain/base/check.h"
 #include "pipetrain/runtime/interpreter.h"
+#include "pipetrain/runtime/scoped_threads.h"
 #include "pipetrain/runtime/worker.h"
 #include "pipetrain/schedule/generators.h"
 #include "pipetrain/schedule/lower.h"
@@ -62,26 +63,6 @@ std::string join(const std::vector<int64_t>& values) {
 
 uint64_t stage_seed(uint64_t seed, int j) {
   return seed + 0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(j + 1);
-}
-
-// Forward-only schedule: every rank runs its stages' F in (micro-batch, stage) order, which is
-// the order of the dependencies, so implicit blocking receives cannot deadlock.
-schedule::Schedule forward_only(const schedule::Schedule& training, int microbatches) {
-  schedule::Schedule s;
-  s.name = "forward";
-  s.num_ranks = training.num_ranks;
-  s.num_stages = training.num_stages;
-  s.num_microbatches = microbatches;
-  s.stage_rank = training.stage_rank;
-  s.actions.resize(static_cast<size_t>(s.num_ranks));
-  for (int r = 0; r < s.num_ranks; ++r) {
-    for (int i = 0; i < microbatches; ++i) {
-      for (int j : s.stages_of_rank(r)) {
-        s.actions[static_cast<size_t>(r)].push_back({j, schedule::Op::kForward, i});
-      }
-    }
-  }
-  return s;
 }
 
 }  // namespace
@@ -259,7 +240,8 @@ const schedule::Schedule& PipeImpl::inference_schedule(int microbatches) {
   Runtime& rt = runtime();
   auto found = rt.inference.find(microbatches);
   if (found != rt.inference.end()) return found->second;
-  return rt.inference.emplace(microbatches, forward_only(*rt.last, microbatches)).first->second;
+  return rt.inference.emplace(microbatches, schedule::forward_only(*rt.last, microbatches))
+      .first->second;
 }
 
 std::vector<RankResult> PipeImpl::run_step(const schedule::Schedule& s, const StepData& data) {
@@ -299,15 +281,7 @@ std::vector<RankResult> PipeImpl::run_step(const schedule::Schedule& s, const St
   if (rt.workers.empty()) {
     // One rank: run it here. A hand-off to a worker would cost a wake-up per step and a second
     // OpenMP team next to the caller's (which runs the optimizer step right after).
-    struct ThreadCount {
-      int saved = at::get_num_threads();
-      explicit ThreadCount(int threads) {
-        if (threads != saved) at::set_num_threads(threads);
-      }
-      ~ThreadCount() {
-        if (at::get_num_threads() != saved) at::set_num_threads(saved);
-      }
-    } thread_count(rt.threads);
+    const ScopedThreadCount thread_count(rt.threads);
     run_rank(0);
   } else {
     for (int r = 0; r < rt.num_ranks; ++r) {  // [3]

@@ -98,4 +98,22 @@ Schedule make_schedule(const std::string& name, int ranks, int microbatches, int
   throw BadInput("unknown schedule '" + name + "'; valid names: " + valid);
 }
 
+Schedule forward_only(const Schedule& placement, int microbatches) {
+  Schedule s;
+  s.name = "forward";
+  s.num_ranks = placement.num_ranks;
+  s.num_stages = placement.num_stages;
+  s.num_microbatches = microbatches;
+  s.stage_rank = placement.stage_rank;
+  s.actions.resize(static_cast<size_t>(s.num_ranks));
+  for (int r = 0; r < s.num_ranks; ++r) {
+    for (int i = 0; i < microbatches; ++i) {
+      for (int j : s.stages_of_rank(r)) {
+        s.actions[static_cast<size_t>(r)].push_back({j, Op::kForward, i});
+      }
+    }
+  }
+  return s;
+}
+
 }  // namespace pipetrain::schedule

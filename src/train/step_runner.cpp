@@ -122,7 +122,7 @@ class DistributedRunner : public StepRunner {
   }
 
   double step(const torch::Tensor& inputs, const torch::Tensor& targets) override {
-    return pipe_.train_step(inputs, targets, loss_);
+    return pipe_.train_step(inputs, targets, loss_).item<double>();
   }
   std::vector<torch::Tensor> parameters() override { return pipe_.parameters(); }
   NamedTensors named_parameters() override { return to_named(pipe_.named_parameters()); }

@@ -218,6 +218,11 @@ struct C10dTransport::Impl {
   std::thread reaper;
 
   int my_rank() const { return world->rank(); }
+  // The options' receive timeout, bounded by the world's.
+  std::chrono::milliseconds receive_timeout() const {
+    const std::chrono::milliseconds bound = world->timeout();
+    return options.timeout.count() > 0 ? std::min(options.timeout, bound) : bound;
+  }
   void abort_local(const std::string& reason);
   void check_healthy();
   // PeerFailed after an abort; the send's error after a failed send. REQUIRES: mutex held.
@@ -236,6 +241,17 @@ struct C10dTransport::Impl {
   PostedRecv post_recv(torch::Tensor buffer, int src, int tag);
   void wait_recv(PostedRecv& posted, int src, const Envelope& envelope, const char* part);
   BundleRecvs post_bundle(const Envelope& envelope, int src);
+  // The receives expect() posted for this channel, or new ones.
+  BundleRecvs take_or_post_bundle(const Envelope& envelope, int src);
+  // The bundle's metadata from the received header (and its overflow message when long).
+  std::vector<int64_t> read_metadata(BundleRecvs& recvs, int src, const Envelope& envelope,
+                                     int64_t* total_bytes);
+  // The bundle's data bytes: inside the header's message when L(c) held, else one more message.
+  torch::Tensor read_data(BundleRecvs& recvs, int src, const Envelope& envelope, int64_t total);
+  // Tensors of `shapes` as views of `data` at `offsets`, on the transport's device.
+  std::vector<torch::Tensor> tensors_of(const std::vector<torch::Tensor>& shapes,
+                                        const std::vector<int64_t>& offsets,
+                                        const torch::Tensor& data) const;
 };
 
 void C10dTransport::Impl::abort_local(const std::string& reason) {
@@ -339,8 +355,9 @@ void C10dTransport::Impl::wait_recv(PostedRecv& posted, int src, const Envelope&
   const auto start = Clock::now();
   bool completed = false;
   std::string failure;
+  const std::chrono::milliseconds timeout = receive_timeout();
   try {
-    completed = posted.work->wait();
+    completed = posted.work->wait(timeout);
   } catch (const std::exception& e) {
     failure = e.what();
   }
@@ -368,7 +385,7 @@ void C10dTransport::Impl::wait_recv(PostedRecv& posted, int src, const Envelope&
   const double waited = std::chrono::duration<double>(Clock::now() - start).count();
   throw_error(failure_kind(failure, ErrorKind::TransportFailure),
               c10::str("no ", describe(envelope), " (", part, ") from rank ", src, " after ",
-                       waited, " s (timeout ", world->timeout().count() / 1000.0,
+                       waited, " s (timeout ", timeout.count() / 1000.0,
                        " s): ", failure.empty() ? "aborted" : failure, ". Rank ", src, " (stage ",
                        envelope.src_stage,
                        ") may have died or hang: see its log; raise --timeout if it is only slow"),
@@ -522,87 +539,101 @@ void C10dTransport::expect(const Envelope& envelope) {
   impl_->posted.emplace(channel, std::move(recvs));
 }
 
-Bundle C10dTransport::recv(const Envelope& envelope) {
-  const int me = impl_->my_rank();
-  const int src = impl_->check_receiver(envelope, "receives");
-
-  const Impl::Channel channel = Impl::channel_of(envelope);
-  std::optional<Impl::BundleRecvs> ahead;
+C10dTransport::Impl::BundleRecvs C10dTransport::Impl::take_or_post_bundle(const Envelope& envelope,
+                                                                          int src) {
   {
-    std::lock_guard<std::mutex> lock(impl_->mutex);
-    auto found = impl_->posted.find(channel);
-    if (found != impl_->posted.end()) {
-      ahead = std::move(found->second);
-      impl_->posted.erase(found);
+    std::lock_guard<std::mutex> lock(mutex);
+    auto found = posted.find(channel_of(envelope));
+    if (found != posted.end()) {
+      BundleRecvs ahead = std::move(found->second);
+      posted.erase(found);
+      return ahead;
     }
   }
-  Impl::BundleRecvs recvs = ahead ? std::move(*ahead) : impl_->post_bundle(envelope, src);
+  return post_bundle(envelope, src);
+}
 
-  impl_->wait_recv(recvs.message, src, envelope, "header and data");
+std::vector<int64_t> C10dTransport::Impl::read_metadata(BundleRecvs& recvs, int src,
+                                                        const Envelope& envelope,
+                                                        int64_t* total_bytes) {
+  wait_recv(recvs.message, src, envelope, "header and data");
   const torch::Tensor header =
       recvs.message.buffer.narrow(0, 0, kHeaderBytes).cpu().view(torch::kLong);
   const auto* h = header.data_ptr<int64_t>();
-  const ErrorSite site{me, envelope.dst_stage, "", envelope.microbatch};
+  const ErrorSite site{my_rank(), envelope.dst_stage, "", envelope.microbatch};
   PIPETRAIN_CHECK_AT(h[0] == kMagic && h[1] == envelope.microbatch, TransportFailure, site,
                      "corrupt header for the ", describe(envelope), " from rank ", src, " (magic ",
                      h[0], ", micro-batch ", h[1],
                      "): both ranks must run the same pipetrain build");
   const int64_t length = h[2];
-  const int64_t total = h[3];
-  std::vector<int64_t> meta;
-  if (length <= kInlineSlots) {
-    meta.assign(h + kHeaderFixed, h + kHeaderFixed + length);
-  } else {
-    auto overflow = impl_->post_recv(impl_->wire_buffer(length, torch::kLong), src,
-                                     c10d_tag(envelope, MessagePart::kMetadata));
-    impl_->wait_recv(overflow, src, envelope, "metadata");
-    const torch::Tensor values = overflow.buffer.cpu();
-    meta.assign(values.data_ptr<int64_t>(), values.data_ptr<int64_t>() + length);
-  }
-  // Shapes only: the tensors are replaced by views of the received buffer below.
-  Bundle shapes = decode_bundle_metadata(meta, torch::Device(torch::kMeta));
-  int64_t expected = 0;
-  const std::vector<int64_t> offsets = data_layout(shapes.tensors, &expected);
-  PIPETRAIN_CHECK_AT(expected == total, TransportFailure, site, "the ", describe(envelope),
-                     " announces ", total, " bytes but its metadata describes ", expected);
-  Bundle bundle;
-  bundle.skip_names = std::move(shapes.skip_names);
-  torch::Tensor data;
-  if (total == recvs.data_bytes) {
-    if (total > 0) data = recvs.message.buffer.narrow(0, kHeaderBytes, total);
-  } else {
-    if (total > 0) {
-      auto resized = impl_->post_recv(impl_->wire_buffer(total, torch::kUInt8), src,
-                                      c10d_tag(envelope, MessagePart::kResizedData));
-      impl_->wait_recv(resized, src, envelope, "data");
-      data = resized.buffer;
-    }
-  }
-  {
-    std::lock_guard<std::mutex> lock(impl_->mutex);
-    impl_->received_bytes[channel] = total;
-    ++impl_->stats.bundles_received;
-    if (recvs.ahead) ++impl_->stats.received_expected;
-  }
-  for (std::size_t t = 0; t < shapes.tensors.size(); ++t) {
-    const auto& shape = shapes.tensors[t];
+  *total_bytes = h[3];
+  if (length <= kInlineSlots) return {h + kHeaderFixed, h + kHeaderFixed + length};
+  auto overflow =
+      post_recv(wire_buffer(length, torch::kLong), src, c10d_tag(envelope, MessagePart::kMetadata));
+  wait_recv(overflow, src, envelope, "metadata");
+  const torch::Tensor values = overflow.buffer.cpu();
+  return {values.data_ptr<int64_t>(), values.data_ptr<int64_t>() + length};
+}
+
+torch::Tensor C10dTransport::Impl::read_data(BundleRecvs& recvs, int src, const Envelope& envelope,
+                                             int64_t total) {
+  if (total == 0) return torch::Tensor();
+  if (total == recvs.data_bytes) return recvs.message.buffer.narrow(0, kHeaderBytes, total);
+  auto resized = post_recv(wire_buffer(total, torch::kUInt8), src,
+                           c10d_tag(envelope, MessagePart::kResizedData));
+  wait_recv(resized, src, envelope, "data");
+  return resized.buffer;
+}
+
+std::vector<torch::Tensor> C10dTransport::Impl::tensors_of(const std::vector<torch::Tensor>& shapes,
+                                                           const std::vector<int64_t>& offsets,
+                                                           const torch::Tensor& data) const {
+  std::vector<torch::Tensor> tensors;
+  for (std::size_t t = 0; t < shapes.size(); ++t) {
+    const auto& shape = shapes[t];
     if (!shape.defined()) {
-      bundle.tensors.emplace_back();
+      tensors.emplace_back();
       continue;
     }
-    auto options = torch::TensorOptions().dtype(shape.scalar_type()).device(impl_->wire_device);
+    auto tensor_options = torch::TensorOptions().dtype(shape.scalar_type()).device(wire_device);
     torch::Tensor tensor;
     if (offsets[t] < 0) {
-      tensor = torch::empty(shape.sizes(), options);
+      tensor = torch::empty(shape.sizes(), tensor_options);
     } else {
       // A view of the flat buffer; the deleter keeps the buffer alive as long as any view.
       auto* base = static_cast<uint8_t*>(data.data_ptr()) + offsets[t];
       tensor = torch::from_blob(
-          base, shape.sizes(), [keep = data](void*) {}, options);
+          base, shape.sizes(), [keep = data](void*) {}, tensor_options);
     }
-    if (tensor.device() != impl_->options.device) tensor = tensor.to(impl_->options.device);
-    bundle.tensors.push_back(std::move(tensor));
+    if (tensor.device() != options.device) tensor = tensor.to(options.device);
+    tensors.push_back(std::move(tensor));
   }
+  return tensors;
+}
+
+Bundle C10dTransport::recv(const Envelope& envelope) {
+  const int src = impl_->check_receiver(envelope, "receives");
+  Impl::BundleRecvs recvs = impl_->take_or_post_bundle(envelope, src);
+  int64_t total = 0;
+  const std::vector<int64_t> meta = impl_->read_metadata(recvs, src, envelope, &total);
+  // Shapes only: the tensors are replaced by views of the received buffer below.
+  Bundle shapes = decode_bundle_metadata(meta, torch::Device(torch::kMeta));
+  int64_t expected = 0;
+  const std::vector<int64_t> offsets = data_layout(shapes.tensors, &expected);
+  PIPETRAIN_CHECK_AT(expected == total, TransportFailure,
+                     (ErrorSite{impl_->my_rank(), envelope.dst_stage, "", envelope.microbatch}),
+                     "the ", describe(envelope), " announces ", total,
+                     " bytes but its metadata describes ", expected);
+  const torch::Tensor data = impl_->read_data(recvs, src, envelope, total);
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    impl_->received_bytes[Impl::channel_of(envelope)] = total;
+    ++impl_->stats.bundles_received;
+    if (recvs.ahead) ++impl_->stats.received_expected;
+  }
+  Bundle bundle;
+  bundle.skip_names = std::move(shapes.skip_names);
+  bundle.tensors = impl_->tensors_of(shapes.tensors, offsets, data);
   return bundle;
 }
 

@@ -269,6 +269,83 @@ void scenario_loss(Distributed& d) {
   std::cout << "OK loss " << total << std::endl;
 }
 
+// DistributedPipe::forward: every replica's last-stage ranks get the sequential model's output for
+// their share of the rows; the other ranks get an undefined tensor.
+void scenario_forward(Distributed& d) {
+  torch::manual_seed(3);
+  torch::nn::Sequential model(torch::nn::Linear(6, 8), torch::nn::Tanh(), torch::nn::Linear(8, 8),
+                              torch::nn::Tanh(), torch::nn::Linear(8, 2));
+  torch::nn::Sequential reference =
+      std::dynamic_pointer_cast<torch::nn::SequentialImpl>(model->clone());
+  const torch::Tensor x = torch::randn({10, 6});
+  DistributedPipe pipe(d, model, PipeOptions().stages(d.layout().pipeline_ranks).chunks(3));
+  const torch::Tensor out = pipe.forward(x);
+  const bool last = d.pipeline_rank() == d.layout().pipeline_ranks - 1;
+  CHECK_OR_THROW(out.defined() == last, "rank ", d.rank(), ": output defined ", out.defined());
+  if (last) {
+    const torch::Tensor want = reference->forward(x).narrow(0, d.replica() * 5, 5);
+    CHECK_OR_THROW(out.sizes() == want.sizes() && torch::allclose(out, want, 1e-6, 1e-6), "rank ",
+                   d.rank(), ": forward differs from the sequential model's");
+  }
+  std::cout << "OK forward" << std::endl;
+}
+
+// DistributedPipe takes Pipe's options per rank: devices (one per pipeline rank; another count is
+// an error naming it) and threads_per_stage (the intra-op threads during the step, the caller's
+// count restored after it).
+void scenario_pipe_options(Distributed& d) {
+  const int K = d.layout().pipeline_ranks;
+  auto make = [] {
+    torch::manual_seed(3);
+    return torch::nn::Sequential(torch::nn::Linear(6, 8), torch::nn::Tanh(),
+                                 torch::nn::Linear(8, 2));
+  };
+  try {
+    DistributedPipe wrong(d, make(),
+                          PipeOptions().stages(K).devices(std::vector<torch::Device>(
+                              static_cast<size_t>(K + 1), torch::Device(torch::kCPU))));
+    CHECK_OR_THROW(false, "a devices list of K + 1 entries was accepted");
+  } catch (const BadInput& e) {
+    const std::string want =
+        std::to_string(K + 1) + " devices but the job has " + std::to_string(K) + " pipeline ranks";
+    CHECK_OR_THROW(std::string(e.what()).find(want) != std::string::npos, e.what());
+  }
+  DistributedPipe pipe(
+      d, make(),
+      PipeOptions()
+          .stages(K)
+          .chunks(2)
+          .devices(std::vector<torch::Device>(static_cast<size_t>(K), torch::Device(torch::kCPU)))
+          .threads_per_stage(1));
+  at::set_num_threads(2);
+  int threads_in_loss = -1;
+  const LossFn loss = [&](const torch::Tensor& out, const torch::Tensor& y) {
+    threads_in_loss = at::get_num_threads();
+    return torch::mse_loss(out, y);
+  };
+  pipe.train_step(torch::randn({4, 6}), torch::randn({4, 2}), loss);
+  CHECK_OR_THROW(at::get_num_threads() == 2, "the caller's thread count became ",
+                 at::get_num_threads());
+  if (d.pipeline_rank() == K - 1) {
+    CHECK_OR_THROW(threads_in_loss == 1, "the step ran with ", threads_in_loss, " threads");
+  }
+  std::cout << "OK pipe_options" << std::endl;
+}
+
+// PipeOptions::timeout_seconds bounds a receive: the last rank starts its step 4 s late, and the
+// first rank's wait for a gradient fails after 1 s (the job's timeout is longer).
+void scenario_pipe_timeout(Distributed& d) {
+  const int K = d.layout().pipeline_ranks;
+  torch::manual_seed(3);
+  torch::nn::Sequential model(torch::nn::Linear(6, 8), torch::nn::Tanh(), torch::nn::Linear(8, 2));
+  DistributedPipe pipe(d, model, PipeOptions().stages(K).chunks(2).timeout_seconds(1.0));
+  if (d.pipeline_rank() == K - 1) std::this_thread::sleep_for(std::chrono::seconds(4));
+  pipe.train_step(
+      torch::randn({4, 6}), torch::randn({4, 2}),
+      [](const torch::Tensor& out, const torch::Tensor& y) { return torch::mse_loss(out, y); });
+  std::cout << "OK pipe_timeout (not expected)" << std::endl;
+}
+
 // Every rank is the root once: what each rank returns is the root's text (long, short or empty),
 // never its own; a root outside the world is an error naming it.
 void scenario_broadcast_text(Distributed& d) {
@@ -386,7 +463,7 @@ void scenario_train(Distributed& d, const std::vector<std::string>& schedules) {
     std::vector<double> losses;
     for (const auto& [x, y] : batches) {
       sgd.zero_grad();
-      losses.push_back(pipe.train_step(x, y, mse));
+      losses.push_back(pipe.train_step(x, y, mse).item<double>());
       sgd.step();
     }
     auto gathered = pipe.gather_parameters();
@@ -543,6 +620,9 @@ int main(int argc, char** argv) {
     if (scenario == "dp") return scenario_dp(d);
     if (scenario == "tie") return scenario_tie(d);
     if (scenario == "loss") return scenario_loss(d);
+    if (scenario == "forward") return scenario_forward(d);
+    if (scenario == "pipe_options") return scenario_pipe_options(d);
+    if (scenario == "pipe_timeout") return scenario_pipe_timeout(d);
     if (scenario == "gather") return scenario_gather(d);
     if (scenario == "broadcast_text") return scenario_broadcast_text(d);
     if (scenario == "accounting") return scenario_accounting(d);

@@ -128,6 +128,27 @@ TEST(Distributed, BroadcastsTheSumOfReplicaLossesToEveryRank) {
   EXPECT_EQ(run.count("OK loss 0.75"), 4) << run.output();  // 0.25 * 1 + 0.25 * 2
 }
 
+TEST(DistributedPipe, ForwardGivesEachReplicasLastStageTheSequentialOutputOfItsRows) {
+  auto run = run_ranks(4, {"forward", "2"});  // 2 pipeline ranks x 2 replicas
+  EXPECT_EQ(run.result.exit_code, 0) << run.output();
+  EXPECT_EQ(run.count("OK forward"), 4) << run.output();
+}
+
+TEST(DistributedPipe, TakesPipesDevicesAndThreadsPerRank) {
+  auto run = run_ranks(2, {"pipe_options", "2"});
+  EXPECT_EQ(run.result.exit_code, 0) << run.output();
+  EXPECT_EQ(run.count("OK pipe_options"), 2) << run.output();
+}
+
+TEST(DistributedPipe, TimeoutSecondsBoundsAReceiveBelowTheJobsTimeout) {
+  // The job's timeout is 8 s; the pipe's 1 s fails rank 0's wait for the late rank's gradient.
+  auto run = run_ranks(2, {"pipe_timeout", "2"}, 0, /*timeout_ms=*/8000);
+  EXPECT_NE(run.result.exit_code, 0) << run.output();
+  EXPECT_TRUE(run.printed("(timeout 1 s)")) << run.output();
+  EXPECT_FALSE(run.printed("not expected")) << run.output();
+  EXPECT_LT(run.seconds, 8.0) << run.output();
+}
+
 TEST(Distributed, BroadcastsTextFromEveryRootToEveryRank) {
   auto run = run_ranks(3, {"broadcast_text"});
   EXPECT_EQ(run.result.exit_code, 0) << run.output();

@@ -101,9 +101,11 @@ class Distributed {
   const std::shared_ptr<C10dWorld>& world() const { return world_; }
 
   // The transport of this replica's pipeline. stage_pipeline_rank[j] is the pipeline rank that
-  // runs stage j (Schedule::stage_rank).
-  std::unique_ptr<C10dTransport> make_transport(const std::vector<int>& stage_pipeline_rank,
-                                                torch::Device device = torch::kCPU);
+  // runs stage j (Schedule::stage_rank). A receive waits at most `receive_timeout` (zero: the
+  // job's timeout; never longer than it).
+  std::unique_ptr<C10dTransport> make_transport(
+      const std::vector<int>& stage_pipeline_rank, torch::Device device = torch::kCPU,
+      std::chrono::milliseconds receive_timeout = std::chrono::milliseconds(0));
 
   // Sums every parameter's .grad() over the replicas of this pipeline rank, flattened into one
   // buffer per dtype. A parameter without a gradient counts as zero and receives the sum.

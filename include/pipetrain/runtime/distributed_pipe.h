@@ -28,7 +28,7 @@
 //       DistributedPipe pipe(distributed, model, PipeOptions().stages(2).chunks(4));
 //       torch::optim::SGD sgd(pipe.parameters(), torch::optim::SGDOptions(0.05));
 //       sgd.zero_grad();
-//       double loss = pipe.train_step(x, y, mse);  // every rank passes the same x and y
+//       double loss = pipe.train_step(x, y, mse).item<double>();  // every rank: the same x, y
 //       sgd.step();
 //       auto all = pipe.gather_parameters();  // rank 0: every stage's parameters
 //     });
@@ -54,9 +54,13 @@ namespace pipetrain {
 
 class DistributedPipe {
  public:
-  // Uses options.balance/stages/chunks/schedule/virtual_stages/checkpoint; the device of this
-  // rank's stages is `device`. Throws pipetrain::BadInput when stages / virtual_stages differs
-  // from the job's pipeline ranks (naming both), or for anything Pipe rejects.
+  // Takes the same PipeOptions as Pipe, read per rank: balance, stages, chunks, schedule (or
+  // custom_schedule), virtual_stages and checkpoint as there; devices: one per pipeline rank, this
+  // rank's stages on devices[pipeline_rank] (empty: on `device`); threads_per_stage: this rank's
+  // intra-op threads during train_step and forward (0: the caller's); timeout_seconds: how long a
+  // receive waits, never longer than DistributedOptions::timeout. Throws pipetrain::BadInput when
+  // stages / virtual_stages differs from the job's pipeline ranks (naming both), when devices has
+  // another length or disagrees with `device`, or for anything Pipe rejects.
   DistributedPipe(Distributed& distributed, torch::nn::Sequential model, PipeOptions options,
                   torch::Device device = torch::kCPU);
   ~DistributedPipe();
@@ -65,8 +69,16 @@ class DistributedPipe {
 
   // One training step ([1]..[5] above). `input` and `target` are the whole mini-batch (every rank
   // passes the same; only the ranks of the first and last stage read them). Gradients accumulate
-  // into this rank's parameters' .grad(). Returns the mini-batch loss on every rank.
-  double train_step(const torch::Tensor& input, const torch::Tensor& target, const LossFn& loss_fn);
+  // into this rank's parameters' .grad(). Returns the mini-batch loss on every rank, as Pipe's
+  // train_step does: a detached 0-dim tensor (float64, on the CPU here).
+  torch::Tensor train_step(const torch::Tensor& input, const torch::Tensor& target,
+                           const LossFn& loss_fn);
+
+  // Forward-only evaluation, as Pipe::forward: no stash, no gradient (set the model's eval mode
+  // first if it has dropout or batch norm). Every rank passes the same mini-batch and each replica
+  // runs its share of the rows. Returns that share's output on the ranks that hold the last
+  // stage, an undefined tensor on the others. Collective: every rank calls it.
+  torch::Tensor forward(const torch::Tensor& input);
 
   // This rank's parameters (each tensor once), for its optimizer.
   std::vector<torch::Tensor> parameters() const;
@@ -91,6 +103,10 @@ class DistributedPipe {
 
  private:
   const schedule::Schedule& schedule_for(int microbatches);
+  // This replica's rows of a mini-batch every rank passed whole.
+  torch::Tensor replica_share(const torch::Tensor& batch) const;
+  // This rank's stages, emptied for a new step.
+  std::map<int, Stage*> fresh_stages();
 
   Distributed& distributed_;
   torch::nn::Sequential model_;
@@ -102,6 +118,7 @@ class DistributedPipe {
   std::map<int, std::unique_ptr<Stage>> stages_;  // this rank's, by stage index
   std::unique_ptr<Transport> transport_;
   std::map<int, schedule::Schedule> schedules_;  // lowered, by M
+  std::map<int, schedule::Schedule> inference_;  // lowered forward-only, by M
   const schedule::Schedule* last_ = nullptr;
   std::vector<std::pair<std::string, torch::Tensor>> named_;
   std::vector<torch::Tensor> unique_;

@@ -89,6 +89,11 @@ bool is_v_shaped(const std::string& name);
 // make_schedule's to report. Cheap: nothing is built.
 std::string shape_error(const std::string& name, int ranks, int microbatches, int virtual_stages);
 
+// Forward-only (inference) schedule over the ranks and stage placement of `placement`: every rank
+// runs its stages' F in (micro-batch, stage) order, which is the order of the dependencies, so
+// blocking receives cannot deadlock. Compute-only (lower() adds the communication).
+Schedule forward_only(const Schedule& placement, int microbatches);
+
 // Builds the named schedule. Throws pipetrain::BadInput for an unknown name (listing the valid
 // names), for ranks/microbatches/virtual_stages < 1, for virtual_stages != 1 on a family that
 // has no virtual stages, for virtual_stages != 2 on a V-shaped one, and for a family's own

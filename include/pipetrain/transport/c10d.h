@@ -203,6 +203,9 @@ struct C10dTransportOptions {
   // Where received tensors are placed. Gloo carries CPU tensors; a CUDA stage over Gloo receives
   // on CPU and the transport copies to this device.
   torch::Device device = torch::kCPU;
+  // How long a receive waits for its message before it fails; zero: the world's timeout. Never
+  // longer than the world's timeout (the smaller of the two counts).
+  std::chrono::milliseconds timeout{0};
 };
 
 // Transport over a c10d world group. Stage j runs on world rank stage_world_rank[j].
