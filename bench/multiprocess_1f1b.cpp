@@ -13,7 +13,10 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <map>
 #include <numeric>
+#include <string>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -72,20 +75,23 @@ double ping_pong(Distributed& d, int64_t floats, int rounds) {
   return per_round;
 }
 
-void rank_main(Distributed& d) {
-  torch::set_num_threads(1);
-  const double tiny_round_trip = ping_pong(d, 1, 200);
-  const double activation_round_trip = ping_pong(d, int64_t{kRows / kChunks} * kWidth, 50);
+double median_of(const torch::Tensor& t) {
+  std::vector<double> v(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
 
-  torch::manual_seed(1);
-  const auto x = torch::randn({kRows, kWidth});
-  const auto y = torch::randn({kRows, kWidth});
-  auto model = make_model();
-  DistributedPipe pipe(d, model, PipeOptions().stages(2).chunks(kChunks).schedule("1f1b"));
+torch::Tensor as_tensor(const std::vector<double>& v) {
+  return torch::tensor(v, torch::kDouble);
+}
+
+// [1] This rank's figures of the pipelined steps, gathered on rank 0 by name (forward.r,
+// backward.r: F and B durations in ms; pipeline.r: train_step; step.r: the whole training step).
+std::map<std::string, torch::Tensor> pipelined_steps(Distributed& d, DistributedPipe& pipe,
+                                                     const torch::Tensor& x,
+                                                     const torch::Tensor& y) {
   torch::optim::SGD sgd(pipe.parameters(), 0.01);
-  std::vector<double> pipeline_times, step_times;
-  // Per stage: F and B durations (ms) over the measured steps.
-  std::vector<double> forwards, backwards;
+  std::vector<double> pipeline_times, step_times, forwards, backwards;
   for (int k = 0; k < kWarmup + kSteps; ++k) {
     d.barrier();
     const auto start = Clock::now();
@@ -104,39 +110,16 @@ void rank_main(Distributed& d) {
       if (event.action.op == schedule::Op::kBackward) backwards.push_back(ms);
     }
   }
-  // Rank 0 collects every rank's figures (through the parameter gather: any named tensors).
   const std::string me = std::to_string(d.rank());
-  auto as_tensor = [](const std::vector<double>& v) { return torch::tensor(v, torch::kDouble); };
-  auto all = d.gather_named_parameters({{"forward." + me, as_tensor(forwards)},
-                                        {"backward." + me, as_tensor(backwards)},
-                                        {"pipeline." + me, as_tensor(pipeline_times)},
-                                        {"step." + me, as_tensor(step_times)}});
-  if (d.rank() != 0) return;
+  return d.gather_named_parameters({{"forward." + me, as_tensor(forwards)},
+                                    {"backward." + me, as_tensor(backwards)},
+                                    {"pipeline." + me, as_tensor(pipeline_times)},
+                                    {"step." + me, as_tensor(step_times)}});
+}
 
-  auto median_of = [](const torch::Tensor& t) {
-    std::vector<double> v(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
-  // Per step, the slowest rank; then the median over steps.
-  auto slowest = [&](const std::string& what) {
-    const torch::Tensor per_step = torch::maximum(all.at(what + ".0"), all.at(what + ".1"));
-    return median_of(per_step);
-  };
-  const double measured = slowest("pipeline");
-  const double measured_step = slowest("step");
-  schedule::Costs model_costs;
-  for (int j = 0; j < 2; ++j) {
-    model_costs.forward_per_stage.push_back(median_of(all.at("forward." + std::to_string(j))) /
-                                            1e3);
-    model_costs.backward_per_stage.push_back(median_of(all.at("backward." + std::to_string(j))) /
-                                             1e3);
-  }
-  model_costs.comm = activation_round_trip / 2;
-  const double makespan = schedule::simulate(pipe.schedule(), model_costs).makespan;
-
-  // Baselines in this process, 1 thread: the same 8 micro-batches one after another (loss
-  // weighted by rows, gradients accumulated), and the whole batch at once.
+// [2] Baselines in this process, 1 thread: the same 8 micro-batches one after another (loss
+// weighted by rows, gradients accumulated), and the whole batch at once. Median seconds of each.
+std::pair<double, double> sequential_steps(const torch::Tensor& x, const torch::Tensor& y) {
   auto reference = make_model();
   torch::optim::SGD reference_sgd(reference->parameters(), 0.01);
   const auto x_parts = x.chunk(kChunks);
@@ -145,9 +128,9 @@ void rank_main(Distributed& d) {
   for (int k = 0; k < kWarmup + kSteps; ++k) {
     auto start = Clock::now();
     reference_sgd.zero_grad();
-    for (int i = 0; i < kChunks; ++i) {
-      (mse(reference->forward(x_parts[static_cast<size_t>(i)]), y_parts[static_cast<size_t>(i)]) *
-       (static_cast<double>(x_parts[static_cast<size_t>(i)].size(0)) / kRows))
+    for (size_t i = 0; i < x_parts.size(); ++i) {
+      (mse(reference->forward(x_parts[i]), y_parts[i]) *
+       (static_cast<double>(x_parts[i].size(0)) / kRows))
           .backward();
     }
     reference_sgd.step();
@@ -158,8 +141,37 @@ void rank_main(Distributed& d) {
     reference_sgd.step();
     if (k >= kWarmup) whole_times.push_back(seconds_since(start));
   }
-  const double sequential = median_of(as_tensor(microbatched_times));
-  const double whole = median_of(as_tensor(whole_times));
+  return {median_of(as_tensor(microbatched_times)), median_of(as_tensor(whole_times))};
+}
+
+void rank_main(Distributed& d) {
+  torch::set_num_threads(1);
+  const double tiny_round_trip = ping_pong(d, 1, 200);
+  const double activation_round_trip = ping_pong(d, int64_t{kRows / kChunks} * kWidth, 50);
+
+  torch::manual_seed(1);
+  const auto x = torch::randn({kRows, kWidth});
+  const auto y = torch::randn({kRows, kWidth});
+  auto model = make_model();
+  DistributedPipe pipe(d, model, PipeOptions().stages(2).chunks(kChunks).schedule("1f1b"));
+  const auto all = pipelined_steps(d, pipe, x, y);  // [1]
+  if (d.rank() != 0) return;
+
+  // Per step, the slowest rank; then the median over steps.
+  auto slowest = [&](const std::string& what) {
+    return median_of(torch::maximum(all.at(what + ".0"), all.at(what + ".1")));
+  };
+  const double measured = slowest("pipeline");
+  const double measured_step = slowest("step");
+  schedule::Costs model_costs;
+  for (int j = 0; j < 2; ++j) {
+    const std::string stage = std::to_string(j);
+    model_costs.forward_per_stage.push_back(median_of(all.at("forward." + stage)) / 1e3);
+    model_costs.backward_per_stage.push_back(median_of(all.at("backward." + stage)) / 1e3);
+  }
+  model_costs.comm = activation_round_trip / 2;
+  const double makespan = schedule::simulate(pipe.schedule(), model_costs).makespan;
+  const auto [sequential, whole] = sequential_steps(x, y);  // [2]
 
   std::printf("per-action costs (ms): F %.2f / %.2f, B %.2f / %.2f (stage 0 / 1), transfer %.3f\n",
               model_costs.forward_per_stage[0] * 1e3, model_costs.forward_per_stage[1] * 1e3,

@@ -132,8 +132,8 @@ struct TrainArgs {
   int64_t log_every = 100;
 };
 
-void add_train_flags(CLI::App& command, TrainArgs& args) {
-  add_model_data_flags(command, args.data);
+// The run's length and the pipeline: steps, batches, stages, balance, schedule, checkpointing.
+void add_pipeline_flags(CLI::App& command, TrainArgs& args) {
   command.add_option("--epochs", args.epochs, "passes over the training data")
       ->capture_default_str();
   command.add_option("--steps", args.steps,
@@ -191,6 +191,10 @@ void add_train_flags(CLI::App& command, TrainArgs& args) {
   command.add_option("--memory-limit", args.memory_limit,
                      "with an auto plan: bytes per rank the plan may use (e.g. 2GiB, 512MiB; "
                      "none: no limit)");
+}
+
+// The optimizer, its learning-rate schedule and clipping.
+void add_optimizer_flags(CLI::App& command, TrainArgs& args) {
   command
       .add_option("--optimizer", args.optimizer,
                   "optimizer: " + join_names(train::optimizer_names()))
@@ -215,6 +219,10 @@ void add_train_flags(CLI::App& command, TrainArgs& args) {
       .add_option("--clip-grad-norm", args.clip_grad_norm,
                   "clip gradients to this global L2 norm (0: no clipping)")
       ->capture_default_str();
+}
+
+// Seeds, threads, what is written (trace, timeline, parameters, checkpoints), processes.
+void add_run_flags(CLI::App& command, TrainArgs& args) {
   command
       .add_option("--seed", args.data.seed,
                   "seed of the initial weights, the data order and the random streams")
@@ -251,6 +259,13 @@ void add_train_flags(CLI::App& command, TrainArgs& args) {
       ->capture_default_str();
   command.add_option("--log-every", args.log_every, "progress line every this many steps (logs)")
       ->capture_default_str();
+}
+
+void add_train_flags(CLI::App& command, TrainArgs& args) {
+  add_model_data_flags(command, args.data);
+  add_pipeline_flags(command, args);
+  add_optimizer_flags(command, args);
+  add_run_flags(command, args);
 }
 
 // --balance and --chunks as typed values, and what `auto` leaves to the planner (tune/auto_plan.h).
@@ -312,9 +327,12 @@ void resolve_auto_flags(TrainArgs& args) {
   }
 }
 
-void check_args(const TrainArgs& args) {
-  auto fail = [](const std::string& message) { throw UsageError(message); };
-  check_model_data_args(args.data);
+[[noreturn]] void fail(const std::string& message) {
+  throw UsageError(message);
+}
+
+// Names (optimizer, checkpoint, lr schedule, schedule) and flags that exclude each other.
+void check_choices(const TrainArgs& args) {
   if (args.auto_request.any() && !args.schedule_file.empty()) {
     fail(
         "--schedule-file fixes the schedule, micro-batches and stages, so there is nothing for "
@@ -346,6 +364,10 @@ void check_args(const TrainArgs& args) {
     fail("--schedule " + args.schedule + " and --schedule-file both say which schedule to run; " +
          "give only --schedule-file (or --schedule custom)");
   }
+}
+
+// Every number in its range.
+void check_ranges(const TrainArgs& args) {
   if (!(args.lr > 0) || !std::isfinite(args.lr)) {
     fail("--lr must be a positive number, got " + std::to_string(args.lr));
   }
@@ -392,16 +414,21 @@ void check_args(const TrainArgs& args) {
     fail("--save-every needs --checkpoint-dir DIR (where checkpoint.pt is written)");
   }
   if (!(args.timeout > 0)) fail("--timeout must be > 0 seconds");
+  if (args.log_every < 1) fail("--log-every must be at least 1");
+}
+
+void check_args(const TrainArgs& args) {
+  check_model_data_args(args.data);
+  check_choices(args);
+  check_ranges(args);
   if (args.backend != "auto") {
-    CommBackend backend = CommBackend::kGloo;
-    backend = as_usage_error("--backend " + args.backend,
-                             [&] { return parse_comm_backend(args.backend); });
+    const CommBackend backend = as_usage_error("--backend " + args.backend,
+                                               [&] { return parse_comm_backend(args.backend); });
     if (!comm_backend_available(backend)) {
       fail("--backend " + args.backend + " is not available (" +
            comm_backend_unavailable_reason(backend) + "); use --backend gloo or auto");
     }
   }
-  if (args.log_every < 1) fail("--log-every must be at least 1");
 }
 
 // ---- layout

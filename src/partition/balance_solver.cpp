@@ -28,8 +28,11 @@ std::vector<int> Balance::boundaries() const {
   return result;
 }
 
-Balance solve_balance(const std::vector<double>& layer_costs, int stages,
-                      const BalanceOptions& options) {
+namespace {
+
+// Throws BadInput naming what is wrong with solve_balance's arguments.
+void check_balance_arguments(const std::vector<double>& layer_costs, int stages,
+                             const BalanceOptions& options) {
   const int L = static_cast<int>(layer_costs.size());
   if (stages < 1) {
     throw BadInput("balance: stages must be >= 1 (got " + std::to_string(stages) + ")");
@@ -61,6 +64,15 @@ Balance solve_balance(const std::vector<double>& layer_costs, int stages,
                      std::to_string(extra) + ")");
     }
   }
+}
+
+}  // namespace
+
+Balance solve_balance(const std::vector<double>& layer_costs, int stages,
+                      const BalanceOptions& options) {
+  check_balance_arguments(layer_costs, stages, options);
+  const int L = static_cast<int>(layer_costs.size());
+  const int K = stages * options.virtual_stages;
   std::vector<double> prefix(L + 1, 0.0);
   for (int l = 0; l < L; ++l) prefix[l + 1] = prefix[l] + layer_costs[l];
   auto sum = [&](int from, int to) { return prefix[to] - prefix[from]; };

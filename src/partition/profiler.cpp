@@ -138,6 +138,98 @@ std::vector<std::int64_t> chained_activation_bytes(const std::vector<torch::nn::
 
 }  // namespace
 
+namespace {
+
+// Parameter bytes and the update time (zero_grad() and an SGD step) of layer l.
+LayerProfile parameter_profile(std::size_t l, torch::nn::AnyModule& layer,
+                               const ProfileOptions& options) {
+  LayerProfile profile;
+  profile.name = std::to_string(l) + ":" + short_name(layer.ptr()->name());
+  std::vector<torch::Tensor> params;
+  for (const auto& p : layer.ptr()->parameters()) {
+    profile.parameter_bytes += tensor_bytes(p);
+    if (p.requires_grad()) params.push_back(p);
+  }
+  if (!params.empty()) {
+    std::vector<torch::Tensor> grads;
+    for (const auto& p : params) grads.push_back(torch::zeros_like(p));
+    torch::NoGradGuard no_grad;
+    // One pass over the gradients, one over the parameters.
+    profile.update_seconds = time_call(options, [&] {
+      for (std::size_t q = 0; q < params.size(); ++q) {
+        grads[q].zero_();
+        params[q].add_(grads[q], -1e-3);
+      }
+    });
+  }
+  return profile;
+}
+
+// B, I and W of the layer that made `y` from `leaf`.
+void time_backward(const torch::Tensor& y, const torch::Tensor& leaf, bool needs_input_grad,
+                   torch::nn::AnyModule& layer, const ProfileOptions& options, LayerCost& cost) {
+  std::vector<torch::Tensor> params;
+  for (const auto& p : layer.ptr()->parameters()) {
+    if (p.requires_grad()) params.push_back(p);
+  }
+  if (!y.requires_grad()) return;
+  const torch::Tensor g = torch::randn_like(y);
+  auto grad_of = [&](const std::vector<torch::Tensor>& wrt) {
+    return time_call(options, [&] {
+      (void)torch::autograd::grad({y}, wrt, {g}, /*retain_graph=*/true,
+                                  /*create_graph=*/false, /*allow_unused=*/true);
+    });
+  };
+  // B as the runtime runs it: backward() accumulating into .grad (an add per parameter for every
+  // micro-batch after the first).
+  if (needs_input_grad || !params.empty()) {
+    std::vector<torch::Tensor> saved;  // the caller's gradients, put back afterwards
+    for (auto& p : params) saved.push_back(p.grad());
+    cost.backward_seconds =
+        time_call(options, [&] { torch::autograd::backward({y}, {g}, /*retain_graph=*/true); });
+    for (std::size_t q = 0; q < params.size(); ++q) params[q].mutable_grad() = saved[q];
+  }
+  if (needs_input_grad) cost.backward_input_seconds = grad_of({leaf});
+  if (!params.empty()) cost.backward_weight_seconds = grad_of(params);
+}
+
+// Every layer's costs at one micro-batch size (`input`'s rows), appended to profile.layers[l];
+// returns whether the allocation counter saw the activations.
+bool profile_microbatch(const std::vector<torch::nn::AnyModule*>& layers,
+                        const torch::Tensor& input, const ProfileOptions& options,
+                        ModelProfile& profile) {
+  profile.input_bytes.push_back(tensor_bytes(input));
+  bool seen = false;
+  const std::vector<std::int64_t> chained = chained_activation_bytes(layers, input, &seen);
+  torch::Tensor x = input;
+  SkipContext skips;  // the skips in flight before layer l, in the chained pass
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    torch::Tensor leaf = x.detach();
+    // The first stage's input is data: nobody needs its gradient.
+    const bool needs_input_grad = l > 0 && leaf.is_floating_point();
+    leaf.requires_grad_(needs_input_grad);
+    LayerCost cost;
+    cost.forward_seconds = time_call(options, [&] {
+      SkipContext trial = skips;
+      (void)run_layer(*layers[l], l, leaf, trial);
+    });
+    torch::Tensor y = run_layer(*layers[l], l, leaf, skips);
+    // Skips in flight become leaves like the layer input: a later pop layer's backward then stops
+    // at them instead of running the earlier layers' backward again.
+    for (auto& entry : skips.pending) {
+      entry.second = entry.second.detach().requires_grad_(entry.second.is_floating_point());
+    }
+    cost.output_bytes = tensor_bytes(y);
+    cost.activation_bytes = seen ? chained[l] : cost.output_bytes;
+    time_backward(y, leaf, needs_input_grad, *layers[l], options, cost);
+    profile.layers[l].costs.push_back(cost);
+    x = y.detach();
+  }
+  return seen;
+}
+
+}  // namespace
+
 ModelProfile profile_sequential(torch::nn::Sequential& model, const torch::Tensor& sample_batch,
                                 const ProfileOptions& options) {
   PIPETRAIN_CHECK_INPUT(
@@ -164,87 +256,14 @@ ModelProfile profile_sequential(torch::nn::Sequential& model, const torch::Tenso
                           "profile_sequential: micro-batch size ", b, " is outside 1..",
                           profile.batch_size, " (the sample batch's rows)");
   }
-
   const std::vector<torch::nn::AnyModule*> layers = layers_of(model);
   for (std::size_t l = 0; l < layers.size(); ++l) {
-    LayerProfile layer;
-    layer.name = std::to_string(l) + ":" + short_name(layers[l]->ptr()->name());
-    std::vector<torch::Tensor> params;
-    for (const auto& p : layers[l]->ptr()->parameters()) {
-      layer.parameter_bytes += tensor_bytes(p);
-      if (p.requires_grad()) params.push_back(p);
-    }
-    if (!params.empty()) {
-      std::vector<torch::Tensor> grads;
-      for (const auto& p : params) grads.push_back(torch::zeros_like(p));
-      torch::NoGradGuard no_grad;
-      // zero_grad() and an SGD step: one pass over the gradients, one over the parameters.
-      layer.update_seconds = time_call(options, [&] {
-        for (std::size_t q = 0; q < params.size(); ++q) {
-          grads[q].zero_();
-          params[q].add_(grads[q], -1e-3);
-        }
-      });
-    }
-    profile.layers.push_back(std::move(layer));
+    profile.layers.push_back(parameter_profile(l, *layers[l], options));
   }
-
   bool allocator_seen = true;
   for (std::int64_t b : profile.microbatch_sizes) {
     const torch::Tensor input = sample_batch.narrow(0, 0, b).contiguous();
-    profile.input_bytes.push_back(tensor_bytes(input));
-    bool seen = false;
-    const std::vector<std::int64_t> chained = chained_activation_bytes(layers, input, &seen);
-    allocator_seen = allocator_seen && seen;
-
-    torch::Tensor x = input;
-    SkipContext skips;  // the skips in flight before layer l, in the chained pass
-    for (std::size_t l = 0; l < layers.size(); ++l) {
-      torch::Tensor leaf = x.detach();
-      // The first stage's input is data: nobody needs its gradient.
-      const bool needs_input_grad = l > 0 && leaf.is_floating_point();
-      leaf.requires_grad_(needs_input_grad);
-      LayerCost cost;
-      cost.forward_seconds = time_call(options, [&] {
-        SkipContext trial = skips;
-        (void)run_layer(*layers[l], l, leaf, trial);
-      });
-      torch::Tensor y = run_layer(*layers[l], l, leaf, skips);
-      // Skips in flight become leaves like the layer input: a later pop layer's backward then
-      // stops at them instead of running the earlier layers' backward again.
-      for (auto& entry : skips.pending) {
-        entry.second = entry.second.detach().requires_grad_(entry.second.is_floating_point());
-      }
-      cost.output_bytes = tensor_bytes(y);
-      cost.activation_bytes = seen ? chained[l] : cost.output_bytes;
-
-      std::vector<torch::Tensor> params;
-      for (const auto& p : layers[l]->ptr()->parameters()) {
-        if (p.requires_grad()) params.push_back(p);
-      }
-      if (y.requires_grad()) {
-        const torch::Tensor g = torch::randn_like(y);
-        auto grad_of = [&](const std::vector<torch::Tensor>& wrt) {
-          return time_call(options, [&] {
-            (void)torch::autograd::grad({y}, wrt, {g}, /*retain_graph=*/true,
-                                        /*create_graph=*/false, /*allow_unused=*/true);
-          });
-        };
-        // B as the runtime runs it: backward() accumulating into .grad (an add per parameter
-        // for every micro-batch after the first).
-        if (needs_input_grad || !params.empty()) {
-          std::vector<torch::Tensor> saved;  // the caller's gradients, put back afterwards
-          for (auto& p : params) saved.push_back(p.grad());
-          cost.backward_seconds = time_call(
-              options, [&] { torch::autograd::backward({y}, {g}, /*retain_graph=*/true); });
-          for (std::size_t q = 0; q < params.size(); ++q) params[q].mutable_grad() = saved[q];
-        }
-        if (needs_input_grad) cost.backward_input_seconds = grad_of({leaf});
-        if (!params.empty()) cost.backward_weight_seconds = grad_of(params);
-      }
-      profile.layers[l].costs.push_back(cost);
-      x = y.detach();
-    }
+    allocator_seen = profile_microbatch(layers, input, options, profile) && allocator_seen;
   }
   profile.method = allocator_seen ? "allocator" : "output bytes";
   if (options.measure_transfer()) {

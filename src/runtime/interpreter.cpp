@@ -103,77 +103,79 @@ Bundle Interpreter::receive_gradient(int j, int i) {
   return transport_.recv(Envelope{j + 1, j, i, Payload::kGradient});
 }
 
+void Interpreter::forward(int j, int i, const StepData& data, RankResult& result) {
+  const int last = schedule_.num_stages - 1;
+  Stage& stage = *stages_.at(j);
+  Bundle input;
+  if (j == 0) {
+    PIPETRAIN_CHECK_INPUT(i < static_cast<int>(data.inputs.size()), "micro-batch ", i,
+                          " has no input (the step has ", data.inputs.size(), " micro-batches)");
+    input.tensors = data.inputs[static_cast<size_t>(i)];
+  } else {
+    // Lowered: RF (or the local SF) left it in the inbox. Compute-only: receive it now.
+    input = lowered_ ? take(activations_in_, j, i, "activation") : receive_activation(j, i);
+  }
+  Bundle output;
+  if (!data.training) {
+    output = stage.infer(std::move(input));
+  } else {
+    StageForwardOptions options;
+    options.checkpoint = is_checkpointed(data.checkpoint, i, data.num_microbatches);
+    options.split_backward = split_.count({j, i}) > 0;
+    if (j == last) {
+      const torch::Tensor& target = data.targets.at(static_cast<size_t>(i));
+      const double weight = data.loss_weights.at(static_cast<size_t>(i));
+      const LossFn* loss_fn = data.loss_fn;
+      options.loss = [loss_fn, &target, weight, j](const std::vector<torch::Tensor>& out) {
+        PIPETRAIN_CHECK_INPUT(out.size() == 1, "the last stage (", j, ") returned ", out.size(),
+                              " tensors but the loss takes one output; make the last layer "
+                              "return a single tensor");
+        return (*loss_fn)(out[0], target) * weight;
+      };
+    }
+    torch::Tensor loss;
+    output = stage.forward(i, std::move(input), options, &loss);
+    if (j == last) result.losses[static_cast<size_t>(i)] = loss;
+  }
+  if (j != last) {
+    activations_out_[{j, i}] = std::move(output);
+    if (!lowered_) send_activation(j, i);
+    return;
+  }
+  PIPETRAIN_CHECK_INPUT(output.skip_names.empty(), "skip '", output.skip_names.front(),
+                        "' was stashed but never popped by the last layer; pop every skip");
+  if (!data.training) result.outputs[static_cast<size_t>(i)] = std::move(output.tensors);
+}
+
+void Interpreter::backward(int j, int i, bool input_only) {
+  Stage& stage = *stages_.at(j);
+  Bundle grads;
+  if (j != schedule_.num_stages - 1) {
+    grads = lowered_ ? take(gradients_in_, j, i, "gradient") : receive_gradient(j, i);
+  }
+  Bundle input_grads = input_only ? stage.backward_input(i, grads) : stage.backward(i, grads);
+  if (j > 0) {
+    gradients_out_[{j, i}] = std::move(input_grads);
+    if (!lowered_) send_gradient(j, i);
+  }
+}
+
 void Interpreter::execute(const schedule::Action& action, const StepData& data,
                           RankResult& result) {
   const int j = action.stage;
   const int i = action.microbatch;
-  const int last = schedule_.num_stages - 1;
-  Stage& stage = *stages_.at(j);
   switch (action.op) {
-    case Op::kForward: {
-      Bundle input;
-      if (j == 0) {
-        PIPETRAIN_CHECK_INPUT(i < static_cast<int>(data.inputs.size()), "micro-batch ", i,
-                              " has no input (the step has ", data.inputs.size(),
-                              " micro-batches)");
-        input.tensors = data.inputs[static_cast<size_t>(i)];
-      } else {
-        // Lowered: RF (or the local SF) left it in the inbox. Compute-only: receive it now.
-        input = lowered_ ? take(activations_in_, j, i, "activation") : receive_activation(j, i);
-      }
-      Bundle output;
-      if (!data.training) {
-        output = stage.infer(std::move(input));
-      } else {
-        StageForwardOptions options;
-        options.checkpoint = is_checkpointed(data.checkpoint, i, data.num_microbatches);
-        options.split_backward = split_.count({j, i}) > 0;
-        if (j == last) {
-          const torch::Tensor& target = data.targets.at(static_cast<size_t>(i));
-          const double weight = data.loss_weights.at(static_cast<size_t>(i));
-          const LossFn* loss_fn = data.loss_fn;
-          options.loss = [loss_fn, &target, weight, j](const std::vector<torch::Tensor>& out) {
-            PIPETRAIN_CHECK_INPUT(
-                out.size() == 1, "the last stage (", j, ") returned ", out.size(),
-                " tensors but the loss takes one output; make the last layer return "
-                "a single tensor");
-            return (*loss_fn)(out[0], target) * weight;
-          };
-        }
-        torch::Tensor loss;
-        output = stage.forward(i, std::move(input), options, &loss);
-        if (j == last) result.losses[static_cast<size_t>(i)] = loss;
-      }
-      if (j == last) {
-        if (!data.training) {
-          PIPETRAIN_CHECK_INPUT(output.skip_names.empty(), "skip '", output.skip_names.front(),
-                                "' was stashed but never popped by the last layer; pop every skip");
-          result.outputs[static_cast<size_t>(i)] = std::move(output.tensors);
-        } else {
-          PIPETRAIN_CHECK_INPUT(output.skip_names.empty(), "skip '", output.skip_names.front(),
-                                "' was stashed but never popped by the last layer; pop every skip");
-        }
-      } else {
-        activations_out_[{j, i}] = std::move(output);
-        if (!lowered_) send_activation(j, i);
-      }
+    case Op::kForward:
+      forward(j, i, data, result);
       break;
-    }
     case Op::kBackward:
-    case Op::kBackwardInput: {
-      Bundle grads;
-      if (j != last)
-        grads = lowered_ ? take(gradients_in_, j, i, "gradient") : receive_gradient(j, i);
-      Bundle input_grads =
-          action.op == Op::kBackward ? stage.backward(i, grads) : stage.backward_input(i, grads);
-      if (j > 0) {
-        gradients_out_[{j, i}] = std::move(input_grads);
-        if (!lowered_) send_gradient(j, i);
-      }
+      backward(j, i, /*input_only=*/false);
       break;
-    }
+    case Op::kBackwardInput:
+      backward(j, i, /*input_only=*/true);
+      break;
     case Op::kBackwardWeight:
-      stage.backward_weight(i);
+      stages_.at(j)->backward_weight(i);
       break;
     case Op::kSendActivation:
       send_activation(j, i);

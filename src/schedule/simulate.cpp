@@ -69,101 +69,131 @@ Timeline SimulationResult::timeline(const std::string& title) const {
   return result;
 }
 
-SimulationResult simulate(const Schedule& schedule, const Costs& costs) {
-  const int K = schedule.num_ranks;
-  const int S = schedule.num_stages;
-  const int M = schedule.num_microbatches;
-  const int V = schedule.virtual_stages();
+namespace {
+
+void check_costs(const Costs& costs, int stages) {
   for (double v :
        {costs.forward, costs.backward, costs.backward_input, costs.backward_weight, costs.comm}) {
     if (!(v >= 0)) {
       throw BadInput("simulate: costs must be >= 0 (got " + std::to_string(v) + ")");
     }
   }
-  check_vector(costs.forward_per_stage, "forward_per_stage", S);
-  check_vector(costs.backward_per_stage, "backward_per_stage", S);
-  check_vector(costs.backward_input_per_stage, "backward_input_per_stage", S);
-  check_vector(costs.backward_weight_per_stage, "backward_weight_per_stage", S);
+  check_vector(costs.forward_per_stage, "forward_per_stage", stages);
+  check_vector(costs.backward_per_stage, "backward_per_stage", stages);
+  check_vector(costs.backward_input_per_stage, "backward_input_per_stage", stages);
+  check_vector(costs.backward_weight_per_stage, "backward_weight_per_stage", stages);
+}
 
-  const Schedule plain = is_lowered(schedule) ? compute_only(schedule) : schedule;
-  auto key = [&](int j, int kind, int i) {
-    return (static_cast<std::size_t>(j) * kKinds + kind) * M + i;
-  };
-  std::vector<double> end(static_cast<std::size_t>(S) * kKinds * M, -1.0);
-  std::vector<std::vector<int>> parked(end.size());
-  std::vector<int> next(K, 0);
-  std::vector<double> free_at(K, 0.0);
+// The event loop: each rank runs its compute-only list in order while the inputs of its next
+// action have ended; otherwise it parks on the missing input and is woken when that ends.
+class EventLoop {
+ public:
+  EventLoop(const Schedule& schedule, const Schedule& plain, const Costs& costs)
+      : schedule_(schedule),
+        plain_(plain),
+        costs_(costs),
+        M_(schedule.num_microbatches),
+        end_(static_cast<std::size_t>(schedule.num_stages) * kKinds * M_, -1.0),
+        parked_(end_.size()),
+        next_(static_cast<std::size_t>(schedule.num_ranks), 0) {}
 
-  SimulationResult result;
-  result.ranks.resize(K);
-  result.busy.assign(K, 0.0);
-  for (int r = 0; r < K; ++r) result.ranks[r].reserve(plain.actions[r].size());
-
-  std::deque<int> runnable;
-  for (int r = 0; r < K; ++r) runnable.push_back(r);
-  while (!runnable.empty()) {
-    const int r = runnable.front();
-    runnable.pop_front();
-    const auto& list = plain.actions[r];
-    while (next[r] < static_cast<int>(list.size())) {
-      const Action& a = list[next[r]];
-      const int j = a.stage;
-      const int i = a.microbatch;
-      // Inputs: (event, crosses ranks?)
-      std::size_t needs[2];
-      bool remote[2] = {false, false};
-      int n = 0;
-      if (a.op == Op::kForward && j > 0) {
-        needs[n] = key(j - 1, kF, i);
-        remote[n++] = schedule.stage_rank[j - 1] != r;
-      } else if (a.op == Op::kBackward || a.op == Op::kBackwardInput) {
-        needs[n++] = key(j, kF, i);
-        if (j < S - 1) {
-          needs[n] = key(j + 1, kGrad, i);
-          remote[n++] = schedule.stage_rank[j + 1] != r;
-        }
-      } else if (a.op == Op::kBackwardWeight) {
-        needs[n++] = key(j, kGrad, i);
+  // Fills result.ranks and result.busy; returns each rank's end time. Throws on a deadlock.
+  std::vector<double> run(SimulationResult& result) {
+    const int K = schedule_.num_ranks;
+    free_at_.assign(static_cast<std::size_t>(K), 0.0);
+    result.ranks.resize(K);
+    result.busy.assign(K, 0.0);
+    for (int r = 0; r < K; ++r) result.ranks[r].reserve(plain_.actions[r].size());
+    for (int r = 0; r < K; ++r) runnable_.push_back(r);
+    while (!runnable_.empty()) {
+      const int r = runnable_.front();
+      runnable_.pop_front();
+      while (next_[r] < static_cast<int>(plain_.actions[r].size()) && try_run(r, result)) {
+        ++next_[r];
       }
-      double start = free_at[r];
-      bool blocked = false;
-      for (int p = 0; p < n; ++p) {
-        if (end[needs[p]] < 0) {
-          parked[needs[p]].push_back(r);
-          blocked = true;
-          break;
-        }
-        start = std::max(start, end[needs[p]] + (remote[p] ? costs.comm : 0.0));
-      }
-      if (blocked) break;
-      const double duration = costs.per_action ? costs.per_action(a) : costs.of(a.op, j, V);
-      if (!(duration >= 0)) {
-        throw BadInput("simulate: per_action cost of " + to_string(a) + " must be >= 0 (got " +
-                       std::to_string(duration) + ")");
-      }
-      const std::size_t event = key(j, kind_of(a.op), i);
-      end[event] = start + duration;
-      free_at[r] = start + duration;
-      result.busy[r] += duration;
-      result.ranks[r].push_back({a, start, start + duration});
-      for (int waiter : parked[event]) runnable.push_back(waiter);
-      parked[event].clear();
-      ++next[r];
     }
-  }
-  for (int r = 0; r < K; ++r) {
-    if (next[r] < static_cast<int>(plain.actions[r].size())) {
-      throw BadInput("simulate: schedule '" + schedule.name + "' deadlocks (rank " +
-                     std::to_string(r) + " stops at " + to_string(plain.actions[r][next[r]]) +
-                     "); run validate() for the full report");
+    for (int r = 0; r < K; ++r) {
+      if (next_[r] < static_cast<int>(plain_.actions[r].size())) {
+        throw BadInput("simulate: schedule '" + schedule_.name + "' deadlocks (rank " +
+                       std::to_string(r) + " stops at " + to_string(plain_.actions[r][next_[r]]) +
+                       "); run validate() for the full report");
+      }
     }
+    return free_at_;
   }
+
+ private:
+  std::size_t key(int j, int kind, int i) const {
+    return (static_cast<std::size_t>(j) * kKinds + kind) * M_ + i;
+  }
+
+  // Runs rank r's next action if its inputs have ended; otherwise parks r on the first missing
+  // one and returns false.
+  bool try_run(int r, SimulationResult& result) {
+    const Action& a = plain_.actions[r][next_[r]];
+    const int j = a.stage;
+    const int i = a.microbatch;
+    const int S = schedule_.num_stages;
+    // Inputs: (event, crosses ranks?)
+    std::size_t needs[2];
+    bool remote[2] = {false, false};
+    int n = 0;
+    if (a.op == Op::kForward && j > 0) {
+      needs[n] = key(j - 1, kF, i);
+      remote[n++] = schedule_.stage_rank[j - 1] != r;
+    } else if (a.op == Op::kBackward || a.op == Op::kBackwardInput) {
+      needs[n++] = key(j, kF, i);
+      if (j < S - 1) {
+        needs[n] = key(j + 1, kGrad, i);
+        remote[n++] = schedule_.stage_rank[j + 1] != r;
+      }
+    } else if (a.op == Op::kBackwardWeight) {
+      needs[n++] = key(j, kGrad, i);
+    }
+    double start = free_at_[r];
+    for (int p = 0; p < n; ++p) {
+      if (end_[needs[p]] < 0) {
+        parked_[needs[p]].push_back(r);
+        return false;
+      }
+      start = std::max(start, end_[needs[p]] + (remote[p] ? costs_.comm : 0.0));
+    }
+    const double duration =
+        costs_.per_action ? costs_.per_action(a) : costs_.of(a.op, j, schedule_.virtual_stages());
+    if (!(duration >= 0)) {
+      throw BadInput("simulate: per_action cost of " + to_string(a) + " must be >= 0 (got " +
+                     std::to_string(duration) + ")");
+    }
+    const std::size_t event = key(j, kind_of(a.op), i);
+    end_[event] = start + duration;
+    free_at_[r] = start + duration;
+    result.busy[r] += duration;
+    result.ranks[r].push_back({a, start, start + duration});
+    for (int waiter : parked_[event]) runnable_.push_back(waiter);
+    parked_[event].clear();
+    return true;
+  }
+
+  const Schedule& schedule_;
+  const Schedule& plain_;
+  const Costs& costs_;
+  const int M_;
+  std::vector<double> end_;               // by key(j, kind, i): when it ended, -1 before
+  std::vector<std::vector<int>> parked_;  // by key: the ranks waiting for it
+  std::vector<int> next_;                 // per rank: index of its next action
+  std::vector<double> free_at_;           // per rank: when its last action ended
+  std::deque<int> runnable_;
+};
+
+// Makespan, bubble fraction, and the ZB paper's bubble time (per-rank idle between first and last
+// action).
+void summarize_time(const std::vector<double>& free_at, SimulationResult& result) {
+  const int K = static_cast<int>(free_at.size());
   result.makespan = *std::max_element(free_at.begin(), free_at.end());
   double busy = 0;
   for (double b : result.busy) busy += b;
   result.bubble_fraction =
       result.makespan > 0 ? (K * result.makespan - busy) / (K * result.makespan) : 0.0;
-
   result.span_idle.assign(K, 0.0);
   for (int r = 0; r < K; ++r) {
     if (result.ranks[r].empty()) continue;
@@ -171,8 +201,13 @@ SimulationResult simulate(const Schedule& schedule, const Costs& costs) {
     result.span_idle[r] = std::max(0.0, span - result.busy[r]);
     result.bubble_time = std::max(result.bubble_time, result.span_idle[r]);
   }
+}
 
-  // Peak activations: a rank runs its actions one after another, so list order is time order.
+// Peak activations: a rank runs its actions one after another, so list order is time order.
+void count_peak_activations(const Schedule& schedule, const Schedule& plain,
+                            SimulationResult& result) {
+  const int K = schedule.num_ranks;
+  const int S = schedule.num_stages;
   result.peak_activations.assign(S, 0);
   result.peak_rank_activations.assign(K, 0.0);
   std::vector<int> live(S, 0);
@@ -192,6 +227,17 @@ SimulationResult simulate(const Schedule& schedule, const Costs& costs) {
       }
     }
   }
+}
+
+}  // namespace
+
+SimulationResult simulate(const Schedule& schedule, const Costs& costs) {
+  check_costs(costs, schedule.num_stages);
+  const Schedule plain = is_lowered(schedule) ? compute_only(schedule) : schedule;
+  SimulationResult result;
+  const std::vector<double> free_at = EventLoop(schedule, plain, costs).run(result);
+  summarize_time(free_at, result);
+  count_peak_activations(schedule, plain, result);
   return result;
 }
 

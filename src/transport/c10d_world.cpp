@@ -394,7 +394,9 @@ C10dWorld::~C10dWorld() {
   impl_->world.reset();
 }
 
-std::shared_ptr<C10dWorld> C10dWorld::connect(const RendezvousOptions& options) {
+namespace {
+
+void check_rendezvous_options(const RendezvousOptions& options) {
   PIPETRAIN_CHECK_INPUT(!options.master_addr.empty(),
                         "MASTER_ADDR is empty: set it to rank 0's host");
   PIPETRAIN_CHECK_INPUT(options.master_port > 0 && options.master_port < 65536,
@@ -409,77 +411,91 @@ std::shared_ptr<C10dWorld> C10dWorld::connect(const RendezvousOptions& options) 
       comm_backend_available(options.backend) || options.backend == CommBackend::kMpi, "rank ",
       options.rank, ": backend ", comm_backend_name(options.backend),
       " is not available: ", comm_backend_unavailable_reason(options.backend), "; use gloo");
+}
 
-  auto impl = std::make_unique<Impl>();
-  impl->options = options;
+std::string address_of(const RendezvousOptions& options) {
+  return options.master_addr + ":" + std::to_string(options.master_port);
+}
+
+// [1] Rank 0's store is the server; every other connection is a client.
+c10::intrusive_ptr<::c10d::Store> open_store(const RendezvousOptions& options, bool server) {
+  ::c10d::TCPStoreOptions store_options;
+  store_options.port = static_cast<std::uint16_t>(options.master_port);
+  store_options.isServer = server;
+  store_options.numWorkers = c10::nullopt;
+  store_options.waitWorkers = false;
+  store_options.timeout = options.timeout;
+  try {
+    return c10::make_intrusive<::c10d::TCPStore>(options.master_addr, store_options);
+  } catch (const std::exception& e) {
+    // Rank 0 cannot listen on MASTER_PORT: the port is the caller's choice. Another rank waited
+    // the whole timeout for rank 0's store.
+    throw_error(server ? ErrorKind::BadInput : ErrorKind::Timeout,
+                c10::str(server ? "could not start the rendezvous store on "
+                                : "could not reach the rendezvous store at ",
+                         address_of(options), " within ", seconds(options.timeout), " s",
+                         server ? " (is MASTER_PORT in use?)"
+                                : " (has rank 0 started? do all ranks use the same MASTER_ADDR "
+                                  "and MASTER_PORT?)",
+                         ": ", message_of(e)),
+                ErrorSite{options.rank, -1, "", -1});
+  }
+}
+
+// [2] This process holds its RANK alone; [3] every rank agrees on WORLD_SIZE.
+void claim_rank(::c10d::Store& store, const RendezvousOptions& options) {
   const int r = options.rank;
-  const std::string where = options.master_addr + ":" + std::to_string(options.master_port);
-  // [1]
-  auto open_store = [&](bool server) -> c10::intrusive_ptr<::c10d::Store> {
-    ::c10d::TCPStoreOptions store_options;
-    store_options.port = static_cast<std::uint16_t>(options.master_port);
-    store_options.isServer = server;
-    store_options.numWorkers = c10::nullopt;
-    store_options.waitWorkers = false;
-    store_options.timeout = options.timeout;
-    try {
-      return c10::make_intrusive<::c10d::TCPStore>(options.master_addr, store_options);
-    } catch (const std::exception& e) {
-      // Rank 0 cannot listen on MASTER_PORT: the port is the caller's choice. Another rank
-      // waited the whole timeout for rank 0's store.
-      throw_error(server ? ErrorKind::BadInput : ErrorKind::Timeout,
-                  c10::str(server ? "could not start the rendezvous store on "
-                                  : "could not reach the rendezvous store at ",
-                           where, " within ", seconds(options.timeout), " s",
-                           server ? " (is MASTER_PORT in use?)"
-                                  : " (has rank 0 started? do all ranks use the same MASTER_ADDR "
-                                    "and MASTER_PORT?)",
-                           ": ", message_of(e)),
-                  ErrorSite{r, -1, "", -1});
-    }
-  };
-  impl->store = open_store(r == 0);
-  impl->watch_store = open_store(false);
-  auto& store = impl->store;
-
-  // [2]
   const std::string me = host_and_pid();
-  const std::string holder = from_bytes(store->compareSet(rank_key(r), {}, to_bytes(me)));
+  const std::string holder = from_bytes(store.compareSet(rank_key(r), {}, to_bytes(me)));
   PIPETRAIN_CHECK_INPUT(holder == me, "RANK=", r, " was started twice (", holder, " and ", me,
                         "): give every process its own RANK in 0..WORLD_SIZE-1");
-  // [3]
   const std::string size_text = std::to_string(options.world_size);
-  const std::string agreed = from_bytes(store->compareSet(kWorldSizeKey, {}, to_bytes(size_text)));
+  const std::string agreed = from_bytes(store.compareSet(kWorldSizeKey, {}, to_bytes(size_text)));
   PIPETRAIN_CHECK_INPUT(agreed == size_text, "rank ", r, " has WORLD_SIZE=", size_text,
                         " but another rank registered WORLD_SIZE=", agreed,
                         ": start every rank with the same WORLD_SIZE");
-  // [4]
-  store->add(kArrivedKey, 1);
+}
+
+// [4] Waits until WORLD_SIZE processes have arrived; on timeout names the missing ranks.
+void wait_for_every_rank(::c10d::Store& store, const RendezvousOptions& options) {
+  store.add(kArrivedKey, 1);
   const auto deadline = Clock::now() + options.timeout;
-  const ErrorSite site{r, -1, "", -1};
+  const ErrorSite site{options.rank, -1, "", -1};
   while (true) {
-    const int64_t arrived = store->add(kArrivedKey, 0);
+    const int64_t arrived = store.add(kArrivedKey, 0);
     PIPETRAIN_CHECK_AT(arrived <= options.world_size, BadInput, site, arrived,
-                       " processes joined the rendezvous at ", where,
+                       " processes joined the rendezvous at ", address_of(options),
                        " but WORLD_SIZE=", options.world_size,
                        ": another job uses the same MASTER_PORT, or too many "
                        "processes were started");
-    if (arrived == options.world_size) break;
+    if (arrived == options.world_size) return;
     if (Clock::now() > deadline) {
       std::ostringstream missing;
       int count = 0;
       for (int q = 0; q < options.world_size; ++q) {
-        if (!store->check({rank_key(q)})) missing << (count++ ? ", " : "") << q;
+        if (!store.check({rank_key(q)})) missing << (count++ ? ", " : "") << q;
       }
-      throw Timeout(c10::str("rendezvous at ", where, " timed out after ", seconds(options.timeout),
-                             " s: WORLD_SIZE=", options.world_size, " but only ", arrived,
-                             " ranks arrived; missing ranks: ", missing.str(),
-                             ". Start every rank 0..", options.world_size - 1,
+      throw Timeout(c10::str("rendezvous at ", address_of(options), " timed out after ",
+                             seconds(options.timeout), " s: WORLD_SIZE=", options.world_size,
+                             " but only ", arrived, " ranks arrived; missing ranks: ",
+                             missing.str(), ". Start every rank 0..", options.world_size - 1,
                              " with the same MASTER_ADDR/MASTER_PORT, or fix WORLD_SIZE"),
                     site);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+}
+
+}  // namespace
+
+std::shared_ptr<C10dWorld> C10dWorld::connect(const RendezvousOptions& options) {
+  check_rendezvous_options(options);
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  impl->store = open_store(options, options.rank == 0);  // [1]
+  impl->watch_store = open_store(options, false);
+  claim_rank(*impl->store, options);           // [2] [3]
+  wait_for_every_rank(*impl->store, options);  // [4]
   // [5]
   std::vector<int> all(options.world_size);
   for (int q = 0; q < options.world_size; ++q) all[q] = q;

@@ -171,25 +171,20 @@ Measured measure_in_process(torch::nn::Sequential& model, const torch::Tensor& s
 // 2 * M * L layer calls, is the per-layer overhead. [2] zb-h1 with that overhead: what remains of
 // the gap scales the split backward (I + W). [3] K copies of the model run the [1] step on K
 // threads at once.
-void calibrate_in_process(torch::nn::Sequential& model, const torch::Tensor& sample,
-                          pp::ModelProfile& profile, const pp::PlannerOptions& planner,
-                          const Diagnostics& diagnostics) {
-  int microbatches = 1;
-  while (microbatches < 16 && profile.batch_size % (microbatches * 2) == 0) microbatches *= 2;
-  pp::Plan one_stage;
-  one_stage.ranks = 1;
-  one_stage.microbatches = microbatches;
-  one_stage.balance = {static_cast<int>(profile.num_layers())};
-  pp::PlannerOptions single = planner;
-  single.ranks = 1;
-  profile.per_layer_overhead_seconds = 0;
-  profile.split_backward_scale = 1;
-  profile.calibrated = true;
-  const double layers = static_cast<double>(profile.num_layers());
+namespace {
 
-  // [1] and [2] in 3 rounds, each parameter the median over the rounds (one run of a few steps
-  // varies by tens of percent on a busy machine).
-  std::vector<double> overheads, splits;
+void warn(const Diagnostics& diagnostics, const std::string& text) {
+  if (diagnostics) diagnostics({Diagnostic::Kind::kWarning, text});
+}
+
+// [1] and [2]: gpipe and zb-h1 on the whole model as one stage with M = `one_stage.microbatches`,
+// in 3 rounds, each parameter the median over the rounds (one run of a few steps varies by tens of
+// percent on a busy machine). Returns the predicted gpipe plan, which [3] runs again.
+pp::Plan calibrate_overheads(torch::nn::Sequential& model, const torch::Tensor& sample,
+                             pp::ModelProfile& profile, const pp::PlannerOptions& single,
+                             const pp::Plan& one_stage, const Diagnostics& diagnostics) {
+  const int microbatches = one_stage.microbatches;
+  const double layers = static_cast<double>(profile.num_layers());
   double split = 0;  // the profile's I + W for one micro-batch of the whole model
   for (std::int64_t l = 0; l < profile.num_layers(); ++l) {
     const pp::LayerCost c = profile.layer_cost(l, profile.batch_size / microbatches);
@@ -202,6 +197,7 @@ void calibrate_in_process(torch::nn::Sequential& model, const torch::Tensor& sam
   // false when zb-h1 cannot train the model as one stage (e.g. a layer that modifies its input in
   // place, which the split backward refuses).
   bool split_runs = true;
+  std::vector<double> overheads, splits;
   for (int round = 0; round < 3; ++round) {
     // The two run together, in turn step by step.
     std::vector<Measured> measured;
@@ -211,11 +207,8 @@ void calibrate_in_process(torch::nn::Sequential& model, const torch::Tensor& sam
       } catch (const std::exception& error) {
         std::string reason = error.what();
         reason = reason.substr(0, reason.find('\n'));
-        if (diagnostics) {
-          diagnostics(
-              {Diagnostic::Kind::kWarning, "plan: zb-h1 cannot train this model as one stage (" +
-                                               reason + "); the split backward is not calibrated"});
-        }
+        warn(diagnostics, "plan: zb-h1 cannot train this model as one stage (" + reason +
+                              "); the split backward is not calibrated");
         split_runs = false;
       }
     }
@@ -228,9 +221,7 @@ void calibrate_in_process(torch::nn::Sequential& model, const torch::Tensor& sam
         std::max(0.0, (measured[0].busy_seconds_per_rank() - gpipe.makespan_seconds) /
                           (2 * microbatches * layers));
     overheads.push_back(trial.per_layer_overhead_seconds);
-
-    // [2], with this round's overhead
-    const pp::Plan predicted = pp::evaluate_plan(trial, zb, single);
+    const pp::Plan predicted = pp::evaluate_plan(trial, zb, single);  // [2], this round's overhead
     if (split_runs && split > 0) {
       const double gap =
           (measured[1].busy_seconds_per_rank() - predicted.makespan_seconds) / microbatches;
@@ -239,31 +230,29 @@ void calibrate_in_process(torch::nn::Sequential& model, const torch::Tensor& sam
   }
   profile.per_layer_overhead_seconds = upper_median(overheads);
   if (!splits.empty()) profile.split_backward_scale = upper_median(splits);
+  return gpipe;
+}
 
-  // [3] All ranks at once: the [1] step on `ranks` threads together, each with its own copy of
-  // the model and the same intra-op threads, over the same step alone, in 3 rounds (alone, then
-  // together); the median of the rounds' ratios (a machine that changes speed between rounds
-  // moves both sides of a ratio alike).
-  profile.concurrent_compute_scale = 1;
-  profile.concurrent_ranks = 1;
-  if (planner.ranks < 2) return;
-  const pp::Plan& predicted = gpipe;
+// [3] All ranks at once: `gpipe` on `ranks` threads together, each with its own copy of the model
+// and the same intra-op threads, over the same step alone, in 3 rounds (alone, then together);
+// the median of the rounds' ratios (a machine that changes speed between rounds moves both sides
+// of a ratio alike).
+void calibrate_concurrency(torch::nn::Sequential& model, const torch::Tensor& sample,
+                           pp::ModelProfile& profile, int ranks, const pp::Plan& gpipe,
+                           const Diagnostics& diagnostics) {
   std::vector<torch::nn::Sequential> copies;
   try {
-    for (int r = 0; r < planner.ranks; ++r) {
+    for (int r = 0; r < ranks; ++r) {
       copies.push_back(
           std::dynamic_pointer_cast<torch::nn::SequentialImpl>(model->clone(torch::kCPU)));
     }
   } catch (const c10::Error&) {
-    if (diagnostics) {
-      diagnostics({Diagnostic::Kind::kWarning,
-                   "plan: a layer of this model cannot be cloned; not calibrating for "
-                   "concurrent ranks"});
-    }
+    warn(diagnostics,
+         "plan: a layer of this model cannot be cloned; not calibrating for concurrent ranks");
     return;
   }
   auto busy_of = [&](torch::nn::Sequential& copy) {
-    return measure_in_process(copy, sample, predicted, profile.intra_op_threads, 3)
+    return measure_in_process(copy, sample, gpipe, profile.intra_op_threads, 3)
         .busy_seconds_per_rank();
   };
   std::vector<double> ratios;
@@ -291,7 +280,32 @@ void calibrate_in_process(torch::nn::Sequential& model, const torch::Tensor& sam
   }
   if (!ratios.empty()) {
     profile.concurrent_compute_scale = upper_median(ratios);
-    profile.concurrent_ranks = planner.ranks;
+    profile.concurrent_ranks = ranks;
+  }
+}
+
+}  // namespace
+
+void calibrate_in_process(torch::nn::Sequential& model, const torch::Tensor& sample,
+                          pp::ModelProfile& profile, const pp::PlannerOptions& planner,
+                          const Diagnostics& diagnostics) {
+  int microbatches = 1;
+  while (microbatches < 16 && profile.batch_size % (microbatches * 2) == 0) microbatches *= 2;
+  pp::Plan one_stage;
+  one_stage.ranks = 1;
+  one_stage.microbatches = microbatches;
+  one_stage.balance = {static_cast<int>(profile.num_layers())};
+  pp::PlannerOptions single = planner;
+  single.ranks = 1;
+  profile.per_layer_overhead_seconds = 0;
+  profile.split_backward_scale = 1;
+  profile.calibrated = true;
+  const pp::Plan gpipe =
+      calibrate_overheads(model, sample, profile, single, one_stage, diagnostics);  // [1] [2]
+  profile.concurrent_compute_scale = 1;
+  profile.concurrent_ranks = 1;
+  if (planner.ranks >= 2) {
+    calibrate_concurrency(model, sample, profile, planner.ranks, gpipe, diagnostics);  // [3]
   }
 }
 
@@ -471,35 +485,25 @@ std::int64_t largest_boundary_bytes(const pp::ModelProfile& profile) {
 // cancel), from two rounds of both.
 // [4c] Step overhead: what the measured step times still exceed the predicted by (the median of
 // the four runs): the loss broadcast and the step's setup, outside the simulated schedule.
-void calibrate_processes(pp::ModelProfile& profile, const pp::PlannerOptions& planner,
-                         const RunPlans& run) {
-  if (planner.ranks < 2 || profile.batch_size % 16 != 0) return;
-  // A plan and its runs as processes.
-  struct Runs {
-    pp::Plan plan;
-    std::vector<Measured> measured;
-  };
-  auto gpipe_with = [&](int microbatches) {
-    Runs runs{pp::default_plan(profile, planner.ranks, microbatches), {}};
-    runs.plan.schedule = "gpipe";
-    return runs;
-  };
-  Runs few = gpipe_with(2);
-  Runs many = gpipe_with(profile.batch_size % 32 == 0 ? 32 : 16);
-  for (int round = 0; round < 2; ++round) {  // the two together, in turn step by step
-    std::vector<Measured> both = run({few.plan, many.plan}, 5);
-    few.measured.push_back(std::move(both.at(0)));
-    many.measured.push_back(std::move(both.at(1)));
-  }
+namespace {
 
-  // [4a]
+// A plan and its runs as processes.
+struct PlanRuns {
+  pp::Plan plan;
+  std::vector<Measured> measured;
+};
+
+// [4a] The ranks' measured compute over the predicted at the two micro-batch sizes, and each
+// layer's rank factor (the even balance of the two plans: stage r on rank r).
+void fit_process_compute(pp::ModelProfile& profile, const pp::PlannerOptions& planner,
+                         const PlanRuns& few, const PlanRuns& many) {
   pp::ModelProfile bare = profile;
   bare.transfer.message_seconds = 0;
   bare.process_compute_scale.clear();
   bare.process_layer_scale.clear();
   const auto ranks = static_cast<std::size_t>(planner.ranks);
   std::vector<std::vector<double>> relative(ranks);  // per rank: its ratio over the whole's
-  auto scale_of = [&](const Runs& runs) {
+  auto scale_of = [&](const PlanRuns& runs) {
     const pp::Plan predicted = pp::evaluate_plan(bare, runs.plan, planner);
     double want = 0;
     for (double busy : predicted.busy_seconds_per_rank) want += busy;
@@ -518,7 +522,6 @@ void calibrate_processes(pp::ModelProfile& profile, const pp::PlannerOptions& pl
     return std::make_pair(predicted.microbatch_size, ratios.empty() ? 1.0 : upper_median(ratios));
   };
   profile.process_compute_scale = {scale_of(many), scale_of(few)};
-  // Each layer takes its rank's (the even balance of the two plans: stage r on rank r).
   profile.process_layer_scale.clear();
   if (std::all_of(relative.begin(), relative.end(), [](const auto& r) { return !r.empty(); })) {
     for (std::size_t r = 0; r < ranks; ++r) {
@@ -527,8 +530,12 @@ void calibrate_processes(pp::ModelProfile& profile, const pp::PlannerOptions& pl
                                          static_cast<std::size_t>(few.plan.balance.at(r)), factor);
     }
   }
+}
 
-  // [4b]
+// [4b] The rank time per message that makes the predicted step-time difference between the two
+// equal the measured one, never below the transfer's measured send() time.
+void fit_message_seconds(pp::ModelProfile& profile, const pp::PlannerOptions& planner,
+                         const PlanRuns& few, const PlanRuns& many) {
   auto predicted_gap = [&](double message) {
     pp::ModelProfile trial = profile;
     trial.transfer.message_seconds = message;
@@ -547,21 +554,45 @@ void calibrate_processes(pp::ModelProfile& profile, const pp::PlannerOptions& pl
     const double fitted = x0 + (measured_gap - predicted_gap(x0)) / slope;
     profile.transfer.message_seconds = std::max(x0, fitted);
   }
+}
 
-  // [4c]
+// [4c] What the measured step times still exceed the predicted by (median).
+void fit_step_overhead(pp::ModelProfile& profile, const pp::PlannerOptions& planner,
+                       const PlanRuns& few, const PlanRuns& many) {
   profile.step_overhead_seconds = 0;
   std::vector<double> residuals;
-  for (const Runs* runs : {&few, &many}) {
+  for (const PlanRuns* runs : {&few, &many}) {
     const double predicted = pp::evaluate_plan(profile, runs->plan, planner).predicted_step_seconds;
     for (const Measured& measured : runs->measured) {
       residuals.push_back(measured.median_seconds - predicted);
     }
   }
   profile.step_overhead_seconds = std::max(0.0, upper_median(residuals));
+}
+
+}  // namespace
+
+void calibrate_processes(pp::ModelProfile& profile, const pp::PlannerOptions& planner,
+                         const RunPlans& run) {
+  if (planner.ranks < 2 || profile.batch_size % 16 != 0) return;
+  auto gpipe_with = [&](int microbatches) {
+    PlanRuns runs{pp::default_plan(profile, planner.ranks, microbatches), {}};
+    runs.plan.schedule = "gpipe";
+    return runs;
+  };
+  PlanRuns few = gpipe_with(2);
+  PlanRuns many = gpipe_with(profile.batch_size % 32 == 0 ? 32 : 16);
+  for (int round = 0; round < 2; ++round) {  // the two together, in turn step by step
+    std::vector<Measured> both = run({few.plan, many.plan}, 5);
+    few.measured.push_back(std::move(both.at(0)));
+    many.measured.push_back(std::move(both.at(1)));
+  }
+  fit_process_compute(profile, planner, few, many);  // [4a]
+  fit_message_seconds(profile, planner, few, many);  // [4b]
+  fit_step_overhead(profile, planner, few, many);    // [4c]
   profile.transfer.method +=
       "; compute by micro-batch size, rank time per message and step overhead calibrated on the "
-      "processes "
-      "(gpipe M=2 vs M=" +
+      "processes (gpipe M=2 vs M=" +
       std::to_string(many.plan.microbatches) + ")";
 }
 

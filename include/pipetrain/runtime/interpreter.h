@@ -75,6 +75,10 @@ class Interpreter {
 
  private:
   void execute(const schedule::Action& action, const StepData& data, RankResult& result);
+  // F of stage j on micro-batch i: input from the data or the inbox, the loss on the last stage.
+  void forward(int j, int i, const StepData& data, RankResult& result);
+  // B (or I when `input_only`) of stage j on micro-batch i.
+  void backward(int j, int i, bool input_only);
   Bundle take(std::map<std::pair<int, int>, Bundle>& box, int j, int i, const char* what);
   void send_activation(int j, int i);
   void send_gradient(int j, int i);
