@@ -1,0 +1,154 @@
+// The bench's settings and the configurations it runs (bench_options.h).
+#include "bench_options.h"
+
+#include <algorithm>
+#include <sstream>
+#include <thread>
+
+#include "pipetrain/base/error.h"
+#include "pipetrain/schedule/generators.h"
+
+namespace pipetrain::bench {
+namespace {
+
+[[noreturn]] void bad(const std::string& message) {
+  throw BadInput(message);
+}
+
+// Whether the schedule takes K ranks and M micro-batches (dualpipev: an even K and M >= 2K).
+bool fits(const std::string& schedule, int K, int M) {
+  return schedule::shape_error(schedule, K, M, virtual_stages_of(schedule)).empty();
+}
+
+}  // namespace
+
+void resolve_defaults(BenchOptions& a) {
+  if (a.suite != "mlp" && a.suite != "small" && a.suite != "cnn") {
+    bad("--suite must be mlp, small or cnn (got '" + a.suite + "')");
+  }
+  if (a.quick) {
+    if (a.width == 0) a.width = a.suite == "cnn" ? 8 : 64;
+    if (a.batch == 0) a.batch = 32;
+  }
+  if (a.width == 0) a.width = a.suite == "mlp" ? 1024 : a.suite == "small" ? 256 : 32;
+  if (a.batch == 0) a.batch = a.suite == "mlp" ? 256 : a.suite == "small" ? 64 : 128;
+  if (a.threads == 0)
+    a.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (a.python.empty()) a.python = PIPETRAIN_PYTHON;
+  if (a.width < 1 || a.batch < 1 || a.threads < 1) {
+    bad("--width, --batch and --threads must be >= 1");
+  }
+  if (a.steps < 1) bad("--steps must be >= 1 (got " + std::to_string(a.steps) + ")");
+  if (a.rounds < 0) bad("--rounds must be >= 1 (got " + std::to_string(a.rounds) + ")");
+  if (a.rounds == 0) a.rounds = a.quick ? 1 : 3;
+  if (a.warmup < 0) bad("--warmup must be >= 0");
+  if (a.stages < 1 || a.chunks < 1) bad("--stages and --chunks must be >= 1");
+  if (a.batch < a.chunks * 2) {
+    bad("--batch " + std::to_string(a.batch) + " is too small for --chunks " +
+        std::to_string(a.chunks) +
+        " and the M=2x memory rows; use >= " + std::to_string(2 * a.chunks));
+  }
+  if (a.checkpoint != "never" && a.checkpoint != "except_last" && a.checkpoint != "always") {
+    bad("--checkpoint must be always, except_last or never (got '" + a.checkpoint + "')");
+  }
+  if (!(a.config_timeout > 0)) bad("--config-timeout must be > 0 seconds");
+}
+
+std::string Config::label() const {
+  std::ostringstream out;
+  out << runtime;
+  if (schedule != "none") out << " " << schedule;
+  out << " K=" << stages;
+  if (virtual_stages > 1) out << " V=" << virtual_stages;
+  out << " M=" << chunks << " ckpt=" << checkpoint;
+  return out.str();
+}
+
+nlohmann::json to_json(const Config& c) {
+  return {{"runtime", c.runtime}, {"schedule", c.schedule},
+          {"stages", c.stages},   {"virtual_stages", c.virtual_stages},
+          {"chunks", c.chunks},   {"checkpoint", c.checkpoint},
+          {"purpose", c.purpose}};
+}
+
+const std::vector<std::string>& peer_schedules() {
+  static const std::vector<std::string> names = {
+      "gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-v", "interleaved-zb", "dualpipev"};
+  return names;
+}
+
+const std::vector<std::string>& target_schedules() {
+  static const std::vector<std::string> names = {"gpipe", "1f1b", "interleaved-1f1b"};
+  return names;
+}
+
+int virtual_stages_of(const std::string& schedule) {
+  return schedule == "interleaved-1f1b" ? 2 : schedule::default_virtual_stages(schedule);
+}
+
+int threads_per_rank(const BenchOptions& a, const Config& c) {
+  return std::max(1, a.threads / c.stages);
+}
+
+std::vector<Config> plan_configs(const BenchOptions& a) {
+  std::vector<Config> configs;
+  const int K = a.stages;
+  const int M = a.chunks;
+  configs.push_back({"libtorch", "none", 1, 1, 1, "never", "main"});
+  configs.push_back({"libtorch-microbatched", "none", 1, 1, M, "never", "main"});
+  configs.push_back({"inprocess", "gpipe", 1, 1, 1, "never", "main"});
+  for (const char* schedule : {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1"}) {
+    configs.push_back(
+        {"inprocess", schedule, K, virtual_stages_of(schedule), M, a.checkpoint, "main"});
+  }
+  if (!a.no_memory) {
+    for (int m : {M, 2 * M}) {
+      for (const char* schedule : {"gpipe", "1f1b"}) {
+        for (const char* mode : {"never", "except_last", "always"}) {
+          Config c{"inprocess", schedule, K, 1, m, mode, "memory"};
+          const bool duplicate = std::any_of(configs.begin(), configs.end(), [&](const Config& o) {
+            return o.label() == c.label();
+          });
+          if (!duplicate) configs.push_back(c);
+        }
+      }
+    }
+  }
+  if (!a.no_multiprocess && K > 1) {
+    std::vector<std::string> schedules = peer_schedules();
+    schedules.push_back("zb-h1");
+    for (const auto& schedule : schedules) {
+      if (!fits(schedule, K, M)) continue;
+      configs.push_back(
+          {"multiprocess", schedule, K, virtual_stages_of(schedule), M, a.checkpoint, "main"});
+    }
+  }
+  if (!a.no_python) {
+    configs.push_back({"torchgpipe", "gpipe", K, 1, M, a.checkpoint, "main"});
+    if (!a.no_multiprocess && K > 1 && a.suite != "cnn") {
+      for (const auto& schedule : peer_schedules()) {
+        if (!fits(schedule, K, M)) continue;
+        configs.push_back({"torch-pipelining", schedule, K, virtual_stages_of(schedule), M,
+                           a.checkpoint, "main"});
+      }
+    }
+  }
+  return configs;
+}
+
+std::vector<std::string> config_flags(const BenchOptions& a, const Config& c) {
+  return {"--runtime",    c.runtime,
+          "--schedule",   c.schedule,
+          "--stages",     std::to_string(c.stages),
+          "--virtual",    std::to_string(c.virtual_stages),
+          "--chunks",     std::to_string(c.chunks),
+          "--checkpoint", c.checkpoint,
+          "--suite",      a.suite,
+          "--width",      std::to_string(a.width),
+          "--batch",      std::to_string(a.batch),
+          "--threads",    std::to_string(a.threads),
+          "--steps",      std::to_string(a.steps),
+          "--warmup",     std::to_string(a.warmup)};
+}
+
+}  // namespace pipetrain::bench
