@@ -4,8 +4,9 @@
 //
 // same_weights(got, want) is true when both hold the same non-empty set of names and, per tensor,
 // max|got - want| <= rtol * max|want|. It prints the worst relative difference, or the first name
-// that is missing, so a failing example says why. Header-only: each example of this project
-// includes it; it uses nothing but LibTorch.
+// that is missing, so a failing example says why. trains_as_sequential runs a Pipe and its
+// sequential copy side by side on the same random batches and compares them. Header-only: each
+// example of this project includes it.
 #pragma once
 
 #include <algorithm>
@@ -14,6 +15,8 @@
 #include <string>
 
 #include <torch/torch.h>
+
+#include "pipetrain/runtime/pipe.h"
 
 namespace consumer {
 
@@ -46,6 +49,28 @@ inline bool same_weights(const NamedTensors& got, const NamedTensors& want, doub
   std::printf("largest relative difference from sequential training: %.3g (tolerance %.0e)\n",
               worst, rtol);
   return within;
+}
+
+// `steps` SGD steps (learning rate `lr`) of `pipe` and of `reference`, the sequential copy of its
+// model, on the same random batches of `rows` x `inputs` -> `rows` x `outputs` under MSE; then
+// same_weights.
+inline bool trains_as_sequential(pipetrain::Pipe& pipe, torch::nn::Sequential reference, double lr,
+                                 int64_t rows, int64_t inputs, int64_t outputs, int steps = 3) {
+  torch::optim::SGD sgd(pipe->parameters(), torch::optim::SGDOptions(lr));
+  torch::optim::SGD reference_sgd(reference->parameters(), torch::optim::SGDOptions(lr));
+  auto mse = [](const torch::Tensor& out, const torch::Tensor& target) {
+    return torch::mse_loss(out, target);
+  };
+  for (int step = 0; step < steps; ++step) {
+    const torch::Tensor x = torch::randn({rows, inputs}), y = torch::randn({rows, outputs});
+    sgd.zero_grad();
+    pipe->train_step(x, y, mse);
+    sgd.step();
+    reference_sgd.zero_grad();
+    mse(reference->forward(x), y).backward();
+    reference_sgd.step();
+  }
+  return same_weights(to_map(pipe->named_parameters()), to_map(reference->named_parameters()));
 }
 
 }  // namespace consumer
