@@ -7,8 +7,8 @@
 //         FileError               a file that cannot be read or written (CLI exit 2)
 //       TransportFailure          moving a tensor between ranks failed (CLI exit 1)
 //       Timeout                   a rank or the store did not answer in time (CLI exit 1)
-//       PeerFailed                another rank or worker failed first; this one stopped (CLI exit
-//       1) (kind Runtime)            anything else that fails while running, e.g. a diverged loss
+//       PeerFailed                another rank or worker failed first; this one stopped (exit 1)
+//       (kind Runtime)            anything else that fails while running, e.g. a diverged loss
 //
 // A caller catches by kind (`catch (const pipetrain::BadInput&)`) or catches pipetrain::Error and
 // asks exit_code(). Where it applies, the site names the rank, stage, action and micro-batch;
