@@ -119,6 +119,7 @@ struct TrainArgs {
   std::string lr_schedule = "constant";
   double min_lr = 0;
   double clip_grad_norm = 0;
+  int zero = 0;  // ZeRO stage
   int threads = 0;
   std::string trace;
   std::string timeline;
@@ -218,6 +219,11 @@ void add_optimizer_flags(CLI::App& command, TrainArgs& args) {
   command
       .add_option("--clip-grad-norm", args.clip_grad_norm,
                   "clip gradients to this global L2 norm (0: no clipping)")
+      ->capture_default_str();
+  command
+      .add_option("--zero", args.zero,
+                  "ZeRO stage over the data-parallel replicas: 0 none, 1 optimizer state "
+                  "sharded, 2 gradients held between steps sharded too (needs --dp > 1)")
       ->capture_default_str();
 }
 
@@ -414,6 +420,15 @@ void check_ranges(const TrainArgs& args) {
     fail("--save-every needs --checkpoint-dir DIR (where checkpoint.pt is written)");
   }
   if (!(args.timeout > 0)) fail("--timeout must be > 0 seconds");
+  if (args.zero < 0 || args.zero > 2) {
+    fail("--zero must be 0, 1 or 2, got " + std::to_string(args.zero));
+  }
+  if (args.zero > 0 && args.dp < 2) {
+    fail("--zero " + std::to_string(args.zero) +
+         " shards the optimizer over data-parallel replicas and needs --dp 2 or more (with "
+         "--nproc pp x dp), got --dp " +
+         std::to_string(args.dp));
+  }
   if (args.log_every < 1) fail("--log-every must be at least 1");
 }
 
@@ -637,6 +652,7 @@ train::TrainerOptions trainer_options(const TrainArgs& args, const BuiltModel& m
       .warmup_steps(args.warmup_steps)
       .min_lr(args.min_lr)
       .clip_grad_norm(args.clip_grad_norm)
+      .zero(args.zero)
       .checkpoint_dir(args.checkpoint_dir)
       .save_every(args.save_every)
       .metadata({{"model", model.name},
@@ -884,6 +900,12 @@ void print_files(const TrainArgs& args, const train::TrainSummary& summary, int6
     std::printf("timeline: %s (measured step %lld)\n", args.timeline.c_str(),
                 static_cast<long long>(summary.timeline_step));
   }
+  std::printf(
+      "memory: optimizer state %lld bytes, gradients %lld bytes held after the last step "
+      "(rank 0%s)\n",
+      static_cast<long long>(summary.optimizer_state_bytes),
+      static_cast<long long>(summary.gradient_bytes),
+      args.zero > 0 ? (", ZeRO stage " + std::to_string(args.zero)).c_str() : "");
 }
 
 // Runs on every rank (or the single process) once the runner exists.

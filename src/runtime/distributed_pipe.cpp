@@ -168,7 +168,7 @@ torch::Tensor DistributedPipe::train_step(const torch::Tensor& input, const torc
   interpreter.run(data, result);
   events_ = std::move(result.events);
   // [3], [4]
-  distributed_.allreduce_gradients(unique_);
+  if (allreduce_gradients_) distributed_.allreduce_gradients(unique_);
   for (const auto& [name, tensor] : ties_) distributed_.allreduce_tie(name, {tensor});
   // [5]
   std::optional<double> replica_loss;

@@ -4,6 +4,7 @@
 #include <set>
 #include <sstream>
 
+#include "pipetrain/base/check.h"
 #include "pipetrain/runtime/distributed_pipe.h"
 #include "pipetrain/train/grad_clip.h"
 #include "pipetrain/train/optimizer.h"
@@ -169,6 +170,17 @@ class DistributedRunner : public StepRunner {
     for (size_t r = 1; r < parts.size(); ++r) merged.merge(EventLog::deserialize(parts[r]));
     return merged;
   }
+  std::unique_ptr<ShardedOptimizer> make_sharded_optimizer(const std::string& optimizer,
+                                                           const OptimizerOptions& options,
+                                                           int stage) override {
+    PIPETRAIN_CHECK_INPUT(distributed_.layout().replicas > 1, "ZeRO stage ", stage,
+                          " shards the optimizer over data-parallel replicas, and this run has "
+                          "one; start it with more than one replica (--dp 2 or more)");
+    auto sharded = std::make_unique<ShardedOptimizer>(distributed_, pipe_.parameters(),
+                                                      norm_parameters_, optimizer, options, stage);
+    pipe_.set_allreduce_gradients(false);
+    return sharded;
+  }
   double sum_over_ranks(double value) override {
     std::vector<torch::Tensor> tensors = {torch::tensor({value}, torch::kFloat64)};
     distributed_.world()->world_group()->allreduce_sum(tensors);
@@ -186,6 +198,14 @@ class DistributedRunner : public StepRunner {
 };
 
 }  // namespace
+
+std::unique_ptr<ShardedOptimizer> StepRunner::make_sharded_optimizer(const std::string&,
+                                                                     const OptimizerOptions&,
+                                                                     int stage) {
+  throw BadInput("ZeRO stage " + std::to_string(stage) +
+                 " shards the optimizer over data-parallel replicas: it needs a multi-process "
+                 "run with more than one replica (--nproc with --dp 2 or more)");
+}
 
 std::unique_ptr<StepRunner> make_sequential_runner(torch::nn::Sequential model, LossFn loss) {
   return std::make_unique<SequentialRunner>(std::move(model), std::move(loss));

@@ -27,6 +27,9 @@ void check_options(const TrainerOptions& o) {
     throw BadInput("Trainer: unknown lr_schedule '" + o.lr_schedule() +
                    "'; valid: constant, cosine");
   }
+  if (o.zero() < 0 || o.zero() > 2) {
+    throw BadInput("Trainer: zero must be 0, 1 or 2 (got " + std::to_string(o.zero()) + ")");
+  }
   if (o.save_every() < 0 || o.warmup_steps() < 0 || !(o.clip_grad_norm() >= 0)) {
     throw BadInput("Trainer: save_every, warmup_steps and clip_grad_norm must be >= 0 (got " +
                    std::to_string(o.save_every()) + ", " + std::to_string(o.warmup_steps()) + ", " +
@@ -41,15 +44,44 @@ Trainer::Trainer(torch::nn::Sequential model, StepRunner& runner, const BatchSou
     : model_(std::move(model)), runner_(runner), batches_(batches), options_(std::move(options)) {
   check_options(options_);
   parameters_ = runner_.parameters();
-  optimizer_ = make_optimizer(options_.optimizer(), parameters_,
-                              OptimizerOptions()
-                                  .lr(options_.lr())
-                                  .momentum(options_.momentum())
-                                  .weight_decay(options_.weight_decay()));
+  const OptimizerOptions optimizer_options = OptimizerOptions()
+                                                 .lr(options_.lr())
+                                                 .momentum(options_.momentum())
+                                                 .weight_decay(options_.weight_decay());
+  if (options_.zero() > 0) {
+    sharded_ =
+        runner_.make_sharded_optimizer(options_.optimizer(), optimizer_options, options_.zero());
+  } else {
+    optimizer_ = make_optimizer(options_.optimizer(), parameters_, optimizer_options);
+  }
+}
+
+torch::optim::Optimizer& Trainer::optimizer() {
+  return sharded_ ? sharded_->shard_optimizer() : *optimizer_;
+}
+
+void Trainer::set_learning_rate(double lr) {
+  if (sharded_) {
+    sharded_->set_learning_rate(lr);
+  } else {
+    train::set_learning_rate(*optimizer_, lr);
+  }
+}
+
+void Trainer::zero_grad() {
+  if (sharded_) {
+    sharded_->zero_grad();
+  } else {
+    optimizer_->zero_grad();
+  }
 }
 
 void Trainer::resume(const Checkpoint& checkpoint) {
-  restore_optimizer(checkpoint, *optimizer_, runner_.named_parameters());
+  if (sharded_) {
+    sharded_->restore(checkpoint, runner_.named_parameters());
+  } else {
+    restore_optimizer(checkpoint, *optimizer_, runner_.named_parameters());
+  }
   if (checkpoint.torch_rng_state.defined()) restore_torch_rng(checkpoint);
   runner_.restore_stage_rng_states(checkpoint.stage_rng_states);
   first_step_ = checkpoint.step;
@@ -79,14 +111,26 @@ double Trainer::run_step(int64_t k, const torch::Tensor& x, const torch::Tensor&
                     per_epoch > 0 ? k % per_epoch : -1);
   // Fewer micro-batches than chunks (a short last batch) leave deferred statistics uncommitted.
   commit_deferred_batch_norms(*model_);
-  if (options_.clip_grad_norm() > 0) {
-    const double norm = std::sqrt(runner_.grad_norm_squared());
-    if (std::isfinite(norm)) {
-      scale_gradients(parameters_, clip_factor(norm, options_.clip_grad_norm()));
-    }
-  }
-  optimizer_->step();
+  update_parameters();
   return loss;
+}
+
+void Trainer::update_parameters() {
+  const double max_norm = options_.clip_grad_norm();
+  if (!sharded_) {
+    if (max_norm > 0) {
+      const double norm = std::sqrt(runner_.grad_norm_squared());
+      if (std::isfinite(norm)) scale_gradients(parameters_, clip_factor(norm, max_norm));
+    }
+    optimizer_->step();
+    return;
+  }
+  sharded_->reduce_gradients();
+  if (max_norm > 0) {
+    const double norm = std::sqrt(runner_.sum_over_ranks(sharded_->local_grad_norm_squared()));
+    if (std::isfinite(norm)) sharded_->scale_gradients(clip_factor(norm, max_norm));
+  }
+  sharded_->step();
 }
 
 TrainSummary Trainer::fit() {
@@ -98,8 +142,8 @@ TrainSummary Trainer::fit() {
   for (int64_t k = first_step_; k < total; ++k) {
     auto [x, y] = batches_.at(k);  // [1]
     const double lr = learning_rate(k);
-    set_learning_rate(*optimizer_, lr);
-    optimizer_->zero_grad();
+    set_learning_rate(lr);
+    zero_grad();
     const double step_start = EventLog::now_us();
     const double loss = run_step(k, x, y);  // [2] [3]
     if (tracing) events_.add(k, step_start, runner_.last_events(), runner_.event_rank());
@@ -122,6 +166,9 @@ TrainSummary Trainer::fit() {
     }
   }
   summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  summary.optimizer_state_bytes =
+      sharded_ ? sharded_->state_bytes() : optimizer_state_bytes(*optimizer_);
+  summary.gradient_bytes = sharded_ ? sharded_->gradient_bytes() : gradient_bytes(parameters_);
   if (!options_.checkpoint_dir().empty()) {
     summary.checkpoint_path = checkpoint_path(options_.checkpoint_dir());
     save_checkpoint(summary.checkpoint_path, total);
@@ -142,7 +189,11 @@ bool Trainer::gather_model() {
 void Trainer::save_checkpoint(const std::string& path, int64_t steps_done) {
   Checkpoint part;
   capture_model(part, runner_.named_parameters(), runner_.named_buffers());
-  capture_optimizer(part, *optimizer_, runner_.named_parameters());
+  if (sharded_) {
+    sharded_->capture(part, runner_.named_parameters());
+  } else {
+    capture_optimizer(part, *optimizer_, runner_.named_parameters());
+  }
   part.stage_rng_states = runner_.stage_rng_states();
   std::optional<Checkpoint> whole = runner_.gather(part);
   if (!whole) return;

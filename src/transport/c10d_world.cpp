@@ -200,6 +200,46 @@ void C10dGroup::broadcast(std::vector<torch::Tensor>& tensors, int root) {
   for (auto& work : works) detail::wait_work(work, "broadcast over group '" + impl_->name + "'");
 }
 
+namespace {
+
+void check_shard_sizes(const C10dGroup& group, const torch::Tensor& flat,
+                       const torch::Tensor& shard, const char* what) {
+  PIPETRAIN_CHECK_INPUT(
+      flat.is_contiguous() && shard.is_contiguous() && flat.scalar_type() == shard.scalar_type() &&
+          flat.numel() == shard.numel() * group.size(),
+      what, " over group '", group.name(), "' needs a contiguous flat tensor of ", group.size(),
+      " x the shard's elements and one dtype (flat ", flat.numel(), " ", flat.scalar_type(),
+      ", shard ", shard.numel(), " ", shard.scalar_type(), ")");
+}
+
+}  // namespace
+
+void C10dGroup::reduce_scatter_sum(const torch::Tensor& flat, torch::Tensor& shard) {
+  check_shard_sizes(*this, flat, shard, "reduce_scatter_sum");
+  if (size() == 1) {
+    shard.copy_(flat);
+    return;
+  }
+  ::c10d::ReduceScatterOptions options;
+  options.reduceOp = ::c10d::ReduceOp::SUM;
+  at::Tensor input = flat;
+  at::Tensor output = shard;
+  detail::wait_work(impl_->backend->_reduce_scatter_base(output, input, options),
+                    "reduce_scatter over group '" + impl_->name + "'");
+}
+
+void C10dGroup::all_gather(const torch::Tensor& shard, torch::Tensor& flat) {
+  check_shard_sizes(*this, flat, shard, "all_gather");
+  if (size() == 1) {
+    flat.copy_(shard);
+    return;
+  }
+  at::Tensor input = shard;
+  at::Tensor output = flat;
+  detail::wait_work(impl_->backend->_allgather_base(output, input),
+                    "all_gather over group '" + impl_->name + "'");
+}
+
 void C10dGroup::barrier() {
   detail::wait_work(impl_->backend->barrier(), "barrier of group '" + impl_->name + "'");
 }

@@ -241,6 +241,37 @@ void scenario_dp(Distributed& d) {
   std::cout << "OK dp" << std::endl;
 }
 
+// ZeRO's collectives over the data-parallel group (K = 1, R = world): member g's flat vector holds
+// (g + 1) * (e + 1) at element e, so element e of the sum is (e + 1) * R(R + 1) / 2; reduce_scatter
+// gives member g elements [g n, (g + 1) n) of it, and all_gather puts them back end to end. A
+// flat tensor of the wrong size is an error naming both sizes.
+void scenario_shards(Distributed& d) {
+  const auto& group = d.data_parallel_group();
+  CHECK_OR_THROW(group != nullptr, "no data-parallel group");
+  const int R = group->size();
+  const int g = group->rank();
+  const int64_t n = 3;
+  const torch::Tensor index = torch::arange(R * n, torch::kFloat) + 1;
+  const torch::Tensor flat = index * static_cast<float>(g + 1);
+  torch::Tensor shard = torch::empty({n});
+  group->reduce_scatter_sum(flat, shard);
+  const torch::Tensor sum = index * static_cast<float>(R * (R + 1) / 2);
+  CHECK_OR_THROW(torch::equal(shard, sum.narrow(0, g * n, n)), "member ", g, " shard ", shard);
+  torch::Tensor gathered = torch::empty({R * n});
+  group->all_gather(shard, gathered);
+  CHECK_OR_THROW(torch::equal(gathered, sum), "all_gather ", gathered);
+  try {
+    torch::Tensor short_flat = torch::empty({R * n - 1});
+    group->all_gather(shard, short_flat);
+    CHECK_OR_THROW(false, "a flat tensor one element short was accepted");
+  } catch (const BadInput& e) {
+    CHECK_OR_THROW(
+        std::string(e.what()).find("flat " + std::to_string(R * n - 1)) != std::string::npos,
+        e.what());
+  }
+  std::cout << "OK shards" << std::endl;
+}
+
 void scenario_tie(Distributed& d) {
   // Pipeline ranks 0 and 1 hold tie "embedding"; rank 1 holds two copies of it.
   const std::string tie = d.declare_tie("embedding", {0, 1});
@@ -618,6 +649,7 @@ int main(int argc, char** argv) {
     if (scenario == "chain") return scenario_chain(d, false);
     if (scenario == "chain_interleaved") return scenario_chain(d, true);
     if (scenario == "dp") return scenario_dp(d);
+    if (scenario == "shards") return scenario_shards(d);
     if (scenario == "tie") return scenario_tie(d);
     if (scenario == "loss") return scenario_loss(d);
     if (scenario == "forward") return scenario_forward(d);

@@ -122,6 +122,12 @@ TEST(C10dTransport, PostsReceivesAheadAndAgreesOnSizesAcrossChangingRounds) {
   EXPECT_TRUE(run.all_gone());
 }
 
+TEST(C10dGroup, ReduceScattersAndAllGathersFlatShardsOverThreeMembers) {
+  auto run = run_ranks(3, {"shards", "1"});  // K = 1: the three ranks are one dp group
+  EXPECT_EQ(run.result.exit_code, 0) << run.output();
+  EXPECT_EQ(run.count("OK shards"), 3) << run.output();
+}
+
 TEST(C10dTransport, ChainsActivationsThroughFourProcesses) {
   auto run = run_ranks(4, {"chain"});
   EXPECT_EQ(run.result.exit_code, 0) << run.output();

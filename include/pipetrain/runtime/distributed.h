@@ -107,6 +107,10 @@ class Distributed {
       const std::vector<int>& stage_pipeline_rank, torch::Device device = torch::kCPU,
       std::chrono::milliseconds receive_timeout = std::chrono::milliseconds(0));
 
+  // The data-parallel group of this rank's pipeline rank (its replicas, in replica order: group
+  // rank = replica()); nullptr with one replica.
+  const std::shared_ptr<C10dGroup>& data_parallel_group() const { return data_parallel_; }
+
   // Sums every parameter's .grad() over the replicas of this pipeline rank, flattened into one
   // buffer per dtype. A parameter without a gradient counts as zero and receives the sum.
   // No-op with one replica.

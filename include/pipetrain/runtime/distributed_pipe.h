@@ -80,6 +80,11 @@ class DistributedPipe {
   // stage, an undefined tensor on the others. Collective: every rank calls it.
   torch::Tensor forward(const torch::Tensor& input);
 
+  // Whether train_step sums the gradients over the replicas ([3]; on by default). A ZeRO
+  // optimizer (train/sharded_optimizer.h) turns it off and reduce-scatters them itself; tied
+  // weights ([4]) are still summed over their holders.
+  void set_allreduce_gradients(bool on) { allreduce_gradients_ = on; }
+
   // This rank's parameters (each tensor once), for its optimizer.
   std::vector<torch::Tensor> parameters() const;
   // This rank's parameters under the Sequential's names ("0.weight", ...); a tied tensor appears
@@ -120,6 +125,7 @@ class DistributedPipe {
   std::map<int, schedule::Schedule> schedules_;  // lowered, by M
   std::map<int, schedule::Schedule> inference_;  // lowered forward-only, by M
   const schedule::Schedule* last_ = nullptr;
+  bool allreduce_gradients_ = true;
   std::vector<std::pair<std::string, torch::Tensor>> named_;
   std::vector<torch::Tensor> unique_;
   std::vector<std::pair<std::string, torch::Tensor>> ties_;  // (declare_tie key, tensor) held here

@@ -37,6 +37,8 @@
 #include "pipetrain/runtime/step.h"
 #include "pipetrain/train/checkpoint.h"
 #include "pipetrain/train/event_log.h"
+#include "pipetrain/train/optimizer.h"
+#include "pipetrain/train/sharded_optimizer.h"
 
 namespace pipetrain::train {
 
@@ -80,6 +82,12 @@ class StepRunner {
   virtual EventLog gather_events(const EventLog& mine) { return mine; }
   // Sum of `value` over every rank (a collective in a multi-process run).
   virtual double sum_over_ranks(double value) { return value; }
+  // ZeRO: an optimizer sharded over this rank's data-parallel replicas (train/
+  // sharded_optimizer.h), after which step() leaves the gradient reduction to it. Only a
+  // multi-process runner with replicas has one: the others throw BadInput.
+  virtual std::unique_ptr<ShardedOptimizer> make_sharded_optimizer(const std::string& optimizer,
+                                                                   const OptimizerOptions& options,
+                                                                   int stage);
 };
 
 // Sequential (no pipeline) training of `model`: forward, loss, backward on the whole batch. The

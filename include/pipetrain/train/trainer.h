@@ -44,6 +44,7 @@
 
 #include "pipetrain/train/checkpoint.h"
 #include "pipetrain/train/event_log.h"
+#include "pipetrain/train/sharded_optimizer.h"
 #include "pipetrain/train/step_runner.h"
 
 namespace pipetrain::train {
@@ -82,6 +83,10 @@ struct TrainerOptions {
   TORCH_ARG(double, min_lr) = 0.0;
   /// Clip the global gradient L2 norm to this (over every rank); 0 = no clipping. Default 0.
   TORCH_ARG(double, clip_grad_norm) = 0.0;
+  /// ZeRO stage: 0 (each replica holds the whole optimizer state), 1 (the optimizer state sharded
+  /// over the data-parallel replicas) or 2 (the gradients held between steps too); stages 1 and 2
+  /// need a multi-process runner with replicas (train/sharded_optimizer.h). Default 0.
+  TORCH_ARG(int, zero) = 0;
   /// Directory of `checkpoint.pt`, written at the end and every save_every steps; "" = none.
   TORCH_ARG(std::string, checkpoint_dir) = "";
   /// A checkpoint every this many steps (0 = only the final one). Default 0.
@@ -113,6 +118,10 @@ struct TrainSummary {
   std::string checkpoint_path;  // the final checkpoint; "" when none was written
   int64_t trace_actions = 0;    // actions in the Chrome trace (main rank)
   int64_t timeline_step = -1;   // the step the SVG timeline draws (main rank)
+  // Measured on this rank after the last step: bytes of optimizer state and of gradients held
+  // (ZeRO: this replica's shards; stage 2 holds no full gradients then).
+  int64_t optimizer_state_bytes = 0;
+  int64_t gradient_bytes = 0;
 };
 
 class Trainer {
@@ -148,21 +157,28 @@ class Trainer {
   // atomically to `path` (other ranks write nothing).
   void save_checkpoint(const std::string& path, int64_t steps_done);
 
-  torch::optim::Optimizer& optimizer() { return *optimizer_; }
+  // The optimizer that steps this rank's parameters; with ZeRO the inner optimizer of this
+  // replica's shard.
+  torch::optim::Optimizer& optimizer();
   int64_t first_step() const { return first_step_; }
   const TrainerOptions& options() const { return options_; }
 
  private:
   double learning_rate(int64_t k) const;
   double run_step(int64_t k, const torch::Tensor& x, const torch::Tensor& y);
+  // [3]'s clip and optimizer step, unsharded or sharded.
+  void update_parameters();
+  void set_learning_rate(double lr);
+  void zero_grad();
   void write_trace(TrainSummary& summary);
 
   torch::nn::Sequential model_;
   StepRunner& runner_;
   const BatchSource& batches_;
   TrainerOptions options_;
-  std::unique_ptr<torch::optim::Optimizer> optimizer_;
-  std::vector<torch::Tensor> parameters_;  // runner_.parameters(), for clipping
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;  // zero == 0
+  std::unique_ptr<ShardedOptimizer> sharded_;           // zero 1 or 2
+  std::vector<torch::Tensor> parameters_;               // runner_.parameters(), for clipping
   int64_t first_step_ = 0;
   EventLog events_;
 };

@@ -161,6 +161,12 @@ class C10dGroup {
   // In place: every member receives root's tensors. `root` is a group rank.
   void broadcast(std::vector<torch::Tensor>& tensors, int root);
   void barrier();
+  // ZeRO's pair. reduce_scatter_sum: `shard` (n elements) receives member rank()'s n-element
+  // slice of the sum over members of `flat` (size() * n elements). all_gather: `flat` (size() * n
+  // elements) receives every member's `shard`, member g's at [g * n, (g + 1) * n). Contiguous
+  // tensors of one dtype on the group's device; throws BadInput naming the sizes otherwise.
+  void reduce_scatter_sum(const torch::Tensor& flat, torch::Tensor& shard);
+  void all_gather(const torch::Tensor& shard, torch::Tensor& flat);
   // Byte blobs gathered to group rank 0 (empty vector on others); result[g] is member g's blob.
   std::vector<std::vector<char>> gather_bytes(const std::vector<char>& mine);
 

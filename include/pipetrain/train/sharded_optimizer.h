@@ -1,0 +1,124 @@
+// ShardedOptimizer: ZeRO stage 1 and 2 over the data-parallel replicas of one pipeline rank.
+//
+// The R replicas of a pipeline rank hold the same parameters. Unsharded, each sums the gradients
+// over the replicas (all-reduce) and steps the whole optimizer: R copies of its state. Sharded,
+// this rank's parameters are laid end to end in one flat vector (padded to a multiple of R) and
+// replica d owns the d-th contiguous shard:
+//
+//   [1] reduce_gradients(): the flat gradient, reduce-scattered: replica d receives the sum over
+//       replicas of its shard only. Stage 2 also drops the parameters' full .grad(), so what a
+//       replica keeps between steps is its shard of the gradient.
+//   [2] local_grad_norm_squared() / scale_gradients(f): on the shard, for global-norm clipping
+//       (each element counted once over the replicas; `counted` leaves out tied copies).
+//   [3] step(): the inner torch::optim optimizer (sgd, adam, adamw) steps the shard, whose state
+//       is all this replica holds (about 1/R of the unsharded state); then the shards are
+//       all-gathered and copied into the parameters.
+//
+// SGD (with momentum and weight decay), Adam and AdamW update each element from its own gradient
+// and state alone, so the sharded step gives the unsharded weights (the sum over replicas is the
+// same sum; with R > 2 its order may differ in the last bit).
+//
+// Checkpoints: capture() gathers the shards into the per-parameter form of an unsharded
+// checkpoint (train/checkpoint.h; replica 0 contributes it), and restore() takes its own slice of
+// that form, so a checkpoint moves between zero stages and data-parallel sizes unchanged.
+//
+// Stage 2 caveat: backward still accumulates full gradients over a step's micro-batches (a
+// pipeline needs every micro-batch's gradient before the reduction); what stage 2 saves is the
+// gradient memory held between steps, not the peak during backward.
+//
+// Ownership: shares the parameter tensors; holds a reference to the Distributed, which must
+// outlive it. Thread-safety: the training loop's thread only. Every method marked collective must
+// be called by every replica of the pipeline rank together.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/optim/optimizer.h>
+#include <torch/types.h>
+
+#include "pipetrain/runtime/distributed.h"
+#include "pipetrain/train/checkpoint.h"
+#include "pipetrain/train/optimizer.h"
+
+namespace pipetrain::train {
+
+class ShardedOptimizer {
+ public:
+  // `parameters`: this rank's, each tensor once, all of one floating dtype and on the CPU.
+  // `counted`: the subset whose gradients the global norm counts here (a tied tensor counts on
+  // one holder only). `stage`: 1 or 2. Throws BadInput for another stage, mixed dtypes, a device
+  // other than the CPU, or an unknown optimizer name.
+  ShardedOptimizer(Distributed& distributed, std::vector<torch::Tensor> parameters,
+                   const std::vector<torch::Tensor>& counted, const std::string& optimizer,
+                   const OptimizerOptions& options, int stage);
+  ~ShardedOptimizer();
+  ShardedOptimizer(const ShardedOptimizer&) = delete;
+  ShardedOptimizer& operator=(const ShardedOptimizer&) = delete;
+
+  // The parameters' gradients to zero (stage 2: released) and the shard's.
+  void zero_grad();
+  // [1] Collective.
+  void reduce_gradients();
+  // [2] This replica's shard of the squared gradient norm (sum it over every rank).
+  double local_grad_norm_squared() const;
+  void scale_gradients(double factor);
+  // [3] Collective.
+  void step();
+
+  void set_learning_rate(double lr);
+  double learning_rate() const;
+  // The inner optimizer over this replica's shard (its state is the shard's).
+  torch::optim::Optimizer& shard_optimizer() { return *inner_; }
+  const std::string& optimizer_name() const { return name_; }
+  int stage() const { return stage_; }
+
+  // Collective: on replica 0, the whole state in checkpoint form (optimizer name and per-parameter
+  // state under the names of `named`, which must name the constructor's parameters); the other
+  // replicas add nothing.
+  void capture(Checkpoint& part, const NamedTensors& named);
+  // This replica's shard of the checkpoint's per-parameter state. Throws CheckpointError for
+  // another optimizer, a wrong shape, or state for some of this rank's parameters but not all.
+  void restore(const Checkpoint& checkpoint, const NamedTensors& named);
+
+  // Bytes this replica holds: the optimizer state (the shard's), and the gradients (the shard's,
+  // plus the parameters' .grad() where they are defined: between steps none at stage 2).
+  int64_t state_bytes() const;
+  int64_t gradient_bytes() const;
+
+  // Elements: all of this rank's parameters, and this replica's shard (the padded flat size / R).
+  int64_t total_elements() const { return total_; }
+  int64_t shard_elements() const { return shard_size_; }
+
+ private:
+  torch::Tensor flat_gradients() const;
+  // shard_ = this replica's slice of the parameters.
+  void load_shard();
+  // The data-parallel group (nullptr with one replica).
+  C10dGroup* group() const;
+
+  Distributed& distributed_;
+  std::vector<torch::Tensor> parameters_;
+  std::vector<int64_t> offsets_;  // of each parameter in the flat vector
+  int64_t total_ = 0;
+  int64_t shard_size_ = 0;
+  int64_t shard_begin_ = 0;  // this replica's first flat element
+  int replicas_ = 1;
+  int replica_ = 0;
+  std::string name_;
+  int stage_ = 1;
+  torch::Tensor shard_;         // this replica's parameters (a leaf the inner optimizer steps)
+  torch::Tensor shard_grad_;    // this replica's summed gradient
+  torch::Tensor counted_mask_;  // 1 where the norm counts the shard's element, else 0
+  std::unique_ptr<torch::optim::Optimizer> inner_;
+};
+
+// Bytes of an unsharded optimizer's per-parameter state (the figure ShardedOptimizer::state_bytes
+// compares with).
+int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer);
+// Bytes of the defined .grad() of `parameters` (each tensor once).
+int64_t gradient_bytes(const std::vector<torch::Tensor>& parameters);
+
+}  // namespace pipetrain::train

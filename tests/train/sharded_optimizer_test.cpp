@@ -1,0 +1,115 @@
+// ZeRO stages 1 and 2 (train/sharded_optimizer.h) end to end: `pipetrain train --nproc 4 --dp 2
+// --zero N` (2 pipeline ranks x 2 replicas) against the same run at --zero 0 -- the weights, the
+// optimizer state and the gradients each replica holds, checkpoints moving between data-parallel
+// sizes, and bad input. Tiny model, few steps, real processes: a few seconds a run.
+#include <stdlib.h>
+
+#include <regex>
+#include <string>
+#include <utility>
+
+#include <gtest/gtest.h>
+
+#include "../helpers/cli_run.h"
+#include "../helpers/params_file.h"
+
+namespace {
+
+using pipetrain::testing::CliRun;
+using pipetrain::testing::max_relative_difference;
+
+// A directory of this test binary's files.
+std::string path(const std::string& name) {
+  static const std::string dir = [] {
+    std::string pattern = ::testing::TempDir() + "pipetrain_zero_XXXXXX";
+    if (::mkdtemp(pattern.data()) == nullptr) ADD_FAILURE() << "mkdtemp " << pattern;
+    return pattern;
+  }();
+  return dir + "/" + name;
+}
+
+// An MLP on synthetic images, batches of 32 cut into 2 micro-batches, with gradients clipped hard
+// enough that clipping acts on every step (its global norm crosses replicas and pipeline ranks).
+CliRun train(const std::string& extra) {
+  return pipetrain::testing::run_pipetrain(
+      "train --data synthetic --synthetic-samples 256 --model mlp "
+      "--model-options '{\"widths\": [784, 32, 16, 10]}' --batch-size 32 --seed 3 --chunks 2 "
+      "--clip-grad-norm 0.05 " +
+      extra);
+}
+
+// Rank 0's "memory: optimizer state A bytes, gradients B bytes held after the last step".
+std::pair<double, double> memory_of(const CliRun& run) {
+  std::smatch m;
+  const std::regex line("optimizer state ([0-9]+) bytes, gradients ([0-9]+) bytes");
+  if (!std::regex_search(run.output, m, line)) {
+    ADD_FAILURE() << "no memory line in:\n" << run.output;
+    return {0, 0};
+  }
+  return {std::stod(m[1].str()), std::stod(m[2].str())};
+}
+
+// Zero 0, 1 and 2 end with the same weights; stage 1 holds at most 0.55x of the unsharded
+// optimizer state, stage 2 also at most 0.55x of its gradients between steps.
+void expect_exact_and_halved(const std::string& optimizer, const std::string& flags) {
+  std::pair<double, double> memory[3];
+  for (int zero = 0; zero < 3; ++zero) {
+    const std::string params = path(optimizer + std::to_string(zero) + ".pt");
+    const CliRun run = train("--steps 5 --nproc 4 --dp 2 --optimizer " + optimizer + " " + flags +
+                             " --zero " + std::to_string(zero) + " --save-params " + params);
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    memory[zero] = memory_of(run);
+    if (zero > 0) {
+      EXPECT_LE(max_relative_difference(params, path(optimizer + "0.pt")), 1e-5)
+          << "zero " << zero << " vs zero 0, " << optimizer;
+    }
+  }
+  ASSERT_GT(memory[0].first, 0) << "the unsharded run holds no optimizer state";
+  EXPECT_LE(memory[1].first, 0.55 * memory[0].first) << optimizer << ": zero 1 state";
+  EXPECT_LE(memory[2].first, 0.55 * memory[0].first) << optimizer << ": zero 2 state";
+  EXPECT_LE(memory[2].second, 0.55 * memory[0].second) << optimizer << ": zero 2 gradients";
+}
+
+TEST(ShardedOptimizer, SgdWithMomentumAndWeightDecayEqualsTheUnshardedRunOnHalfTheState) {
+  expect_exact_and_halved("sgd", "--lr 0.05 --momentum 0.9 --weight-decay 0.01");
+}
+
+TEST(ShardedOptimizer, AdamEqualsTheUnshardedRunOnHalfTheState) {
+  expect_exact_and_halved("adam", "");
+}
+
+TEST(ShardedOptimizer, AdamWEqualsTheUnshardedRunOnHalfTheState) {
+  expect_exact_and_halved("adamw", "--weight-decay 0.1");
+}
+
+// A checkpoint of a dp = 2 run at ZeRO 1, resumed at dp = 1 (unsharded), at dp = 4 (ZeRO 1) and at
+// dp = 2 (ZeRO 2), ends where the uninterrupted dp = 2 run ends.
+TEST(ShardedOptimizer, ACheckpointAtTwoReplicasResumesAtOneAndFourAsTheUninterruptedRun) {
+  const std::string common = "--optimizer adam --steps 6 ";
+  const CliRun whole = train(common + "--nproc 4 --dp 2 --save-params " + path("whole.pt"));
+  ASSERT_EQ(whole.exit_code, 0) << whole.output;
+  const CliRun first = train(
+      "--optimizer adam --steps 3 --nproc 4 --dp 2 --zero 1 "
+      "--checkpoint-dir " +
+      path("ckpt"));
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const std::string resume = " --resume " + path("ckpt/checkpoint.pt") + " --save-params ";
+  for (const std::string& layout :
+       {"--nproc 2 --dp 1", "--nproc 8 --dp 4 --zero 1", "--nproc 4 --dp 2 --zero 2"}) {
+    const CliRun rest = train(common + layout + resume + path("resumed.pt"));
+    ASSERT_EQ(rest.exit_code, 0) << layout << "\n" << rest.output;
+    EXPECT_LE(max_relative_difference(path("resumed.pt"), path("whole.pt")), 1e-5) << layout;
+  }
+}
+
+TEST(ShardedOptimizer, ZeroWithoutReplicasOrOutOfRangeExitsTwoNamingTheFlag) {
+  const CliRun no_replicas = train("--steps 1 --nproc 2 --zero 1");
+  EXPECT_EQ(no_replicas.exit_code, 2) << no_replicas.output;
+  EXPECT_NE(no_replicas.output.find("--zero 1"), std::string::npos) << no_replicas.output;
+  EXPECT_NE(no_replicas.output.find("--dp 2 or more"), std::string::npos) << no_replicas.output;
+  const CliRun stage3 = train("--steps 1 --nproc 4 --dp 2 --zero 3");
+  EXPECT_EQ(stage3.exit_code, 2) << stage3.output;
+  EXPECT_NE(stage3.output.find("--zero must be 0, 1 or 2"), std::string::npos) << stage3.output;
+}
+
+}  // namespace
