@@ -120,6 +120,7 @@ struct TrainArgs {
   double min_lr = 0;
   double clip_grad_norm = 0;
   int zero = 0;  // ZeRO stage
+  std::string precision = "fp32";
   int threads = 0;
   std::string trace;
   std::string timeline;
@@ -224,6 +225,11 @@ void add_optimizer_flags(CLI::App& command, TrainArgs& args) {
       .add_option("--zero", args.zero,
                   "ZeRO stage over the data-parallel replicas: 0 none, 1 optimizer state "
                   "sharded, 2 gradients held between steps sharded too (needs --dp > 1)")
+      ->capture_default_str();
+  command
+      .add_option("--precision", args.precision,
+                  "fp32, or bf16: layers under autocast, activations and gradients cross stages "
+                  "in bfloat16, float32 weights and loss (fp16 needs CUDA stages)")
       ->capture_default_str();
 }
 
@@ -423,6 +429,13 @@ void check_ranges(const TrainArgs& args) {
   if (args.zero < 0 || args.zero > 2) {
     fail("--zero must be 0, 1 or 2, got " + std::to_string(args.zero));
   }
+  const Precision precision = as_usage_error("--precision " + args.precision,
+                                             [&] { return parse_precision(args.precision); });
+  if (precision == Precision::kFloat16) {
+    fail(
+        "--precision fp16 needs CUDA stages (float16 trains with dynamic loss scaling on the "
+        "GPU) and `pipetrain train` runs its stages on the CPU; use --precision bf16");
+  }
   if (args.zero > 0 && args.dp < 2) {
     fail("--zero " + std::to_string(args.zero) +
          " shards the optimizer over data-parallel replicas and needs --dp 2 or more (with "
@@ -512,7 +525,8 @@ PipeOptions pipe_options(const TrainArgs& args, const Layout& layout, int64_t la
       .virtual_stages(args.virtual_stages)
       .schedule(args.schedule)
       .timeout_seconds(args.timeout)
-      .threads_per_stage(threads_per_rank(args, layout));
+      .threads_per_stage(threads_per_rank(args, layout))
+      .precision(parse_precision(args.precision));
   options.checkpoint(parse_checkpoint(args.checkpoint));
   int64_t ranks = layout.multi_process ? layout.pipeline_ranks : args.stages;
   if (!args.schedule_file.empty()) {
@@ -858,6 +872,7 @@ std::string describe(const PipeOptions& options, int64_t stages, int64_t ranks,
   }
   text << ", " << options.chunks() << " micro-batches, schedule " << options.schedule()
        << ", checkpoint " << checkpoint;
+  if (options.precision() != Precision::kFloat32) text << ", " << to_string(options.precision());
   return text.str();
 }
 
@@ -906,6 +921,12 @@ void print_files(const TrainArgs& args, const train::TrainSummary& summary, int6
       static_cast<long long>(summary.optimizer_state_bytes),
       static_cast<long long>(summary.gradient_bytes),
       args.zero > 0 ? (", ZeRO stage " + std::to_string(args.zero)).c_str() : "");
+  if (summary.transport_bytes_sent > 0) {
+    std::printf(
+        "transport: %lld tensor bytes sent between ranks over %lld steps (every rank, %s)\n",
+        static_cast<long long>(summary.transport_bytes_sent), static_cast<long long>(summary.steps),
+        args.precision.c_str());
+  }
 }
 
 // Runs on every rank (or the single process) once the runner exists.
@@ -1039,7 +1060,8 @@ int run_train(const TrainArgs& given) {
   std::unique_ptr<train::StepRunner> runner;
   if (is_sequential(args, layout)) {
     at::set_num_threads(threads);
-    runner = train::make_sequential_runner(p.model.sequential, p.model.loss);
+    runner = train::make_sequential_runner(p.model.sequential, p.model.loss,
+                                           parse_precision(args.precision));
   } else {
     PipeOptions options =
         pipe_options(args, layout, static_cast<int64_t>(p.model.sequential->size()));

@@ -107,6 +107,7 @@ DistributedPipe::DistributedPipe(Distributed& distributed, torch::nn::Sequential
     if (mine) {
       stages_[j] = std::make_unique<Stage>(j, first_layer, std::move(stage_layers), device_,
                                            stage_seed(seed, j));
+      stages_[j]->set_precision(o.precision(), j == num_stages_ - 1);
     }
   }
   std::set<const void*> seen;
@@ -227,6 +228,10 @@ torch::Tensor DistributedPipe::forward(const torch::Tensor& input) {
   PIPETRAIN_CHECK_INPUT(outputs.size() == 1, "the model returned ", outputs.size(),
                         " tensors; DistributedPipe::forward returns one");
   return outputs[0];
+}
+
+C10dTransport::Stats DistributedPipe::transport_stats() const {
+  return transport_->stats();
 }
 
 std::vector<torch::Tensor> DistributedPipe::parameters() const {

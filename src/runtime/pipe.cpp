@@ -152,6 +152,7 @@ void PipeImpl::reset() {
     }
     runtime->stages.push_back(std::make_unique<Stage>(j, first_layer, std::move(stage_layers),
                                                       device, stage_seed(seed, j)));
+    runtime->stages.back()->set_precision(o.precision(), j == num_stages - 1);
     stage_devices.push_back(device);
   }
   runtime->transport = std::make_unique<LocalTransport>(

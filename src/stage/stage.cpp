@@ -104,11 +104,12 @@ std::vector<torch::Tensor> grad_of(const std::vector<torch::Tensor>& roots,
   return result;
 }
 
+// A received gradient crossed in the wire dtype (stage/precision.h): it takes its root's dtype.
 void add_root(const torch::Tensor& root, const torch::Tensor& grad,
               std::vector<torch::Tensor>& roots, std::vector<torch::Tensor>& grads) {
   if (!root.defined() || !root.requires_grad() || !grad.defined()) return;
   roots.push_back(root);
-  grads.push_back(grad);
+  grads.push_back(grad.scalar_type() == root.scalar_type() ? grad : grad.to(root.scalar_type()));
 }
 
 std::vector<torch::Tensor> parameters_of(const torch::nn::AnyModule& layer) {
@@ -148,6 +149,19 @@ Stage::Stage(int index, int first_layer, std::vector<StageLayer> layers, torch::
 
 Stage::~Stage() = default;
 
+void Stage::set_precision(Precision precision, bool last) {
+  check_precision_usable(precision, device_);
+  precision_ = precision;
+  last_ = last;
+}
+
+std::vector<torch::Tensor> Stage::to_wire(const std::vector<torch::Tensor>& tensors) const {
+  if (precision_ == Precision::kFloat32) return tensors;
+  std::vector<torch::Tensor> values;
+  for (const auto& t : tensors) values.push_back(t.defined() ? t.detach() : t);
+  return cast_floating(values, last_ ? torch::kFloat : compute_dtype(precision_));
+}
+
 std::vector<torch::Tensor> Stage::make_leaves(const std::vector<torch::Tensor>& tensors) const {
   std::vector<torch::Tensor> leaves;
   leaves.reserve(tensors.size());
@@ -171,6 +185,8 @@ void Stage::run_layers(Microbatch& state, bool record, bool recomputing) const {
   SkipContextGuard guard(&context);
   if (record) state.layers.assign(layers_.size(), LayerRecord{});
   std::vector<torch::Tensor> values = state.inputs;
+  std::optional<AutocastGuard> autocast;
+  autocast.emplace(precision_, device_);
   for (size_t l = 0; l < layers_.size(); ++l) {
     std::map<std::string, torch::Tensor> before;
     if (record) before = context.pending;
@@ -229,9 +245,15 @@ void Stage::run_layers(Microbatch& state, bool record, bool recomputing) const {
     }
     values = std::move(outputs);
   }
+  autocast.reset();
   state.outputs = std::move(values);
   state.skip_outputs = context.pending;
-  if (state.loss_hook) state.loss = state.loss_hook(state.outputs);
+  if (state.loss_hook) {
+    // The loss in float32, outside autocast; its gradient reaches the outputs in their dtype.
+    state.loss = state.loss_hook(precision_ == Precision::kFloat32
+                                     ? state.outputs
+                                     : cast_floating(state.outputs, torch::kFloat));
+  }
 }
 
 int64_t Stage::input_bytes(const Microbatch& state) const {
@@ -290,9 +312,9 @@ Bundle Stage::forward(int i, Bundle input, const StageForwardOptions& options,
   if (loss_value && state->loss.defined()) *loss_value = state->loss.detach();
 
   Bundle output;
-  output.tensors = state->outputs;
+  output.tensors = to_wire(state->outputs);
   for (const auto& entry : state->skip_outputs) {
-    output.tensors.push_back(entry.second);
+    output.tensors.push_back(to_wire({entry.second}).front());
     output.skip_names.push_back(entry.first);
   }
   if (options.checkpoint) {
@@ -344,9 +366,9 @@ Bundle Stage::infer(Bundle input) const {
   }
   run_layers(state, /*record=*/false, /*recomputing=*/false);
   Bundle output;
-  output.tensors = std::move(state.outputs);
+  output.tensors = to_wire(state.outputs);
   for (const auto& entry : state.skip_outputs) {
-    output.tensors.push_back(entry.second);
+    output.tensors.push_back(to_wire({entry.second}).front());
     output.skip_names.push_back(entry.first);
   }
   return output;

@@ -24,13 +24,22 @@ NamedTensors to_named(const std::vector<std::pair<std::string, torch::Tensor>>& 
 // --trace and --timeline work here too.
 class SequentialRunner : public StepRunner {
  public:
-  SequentialRunner(torch::nn::Sequential model, LossFn loss)
-      : model_(std::move(model)), loss_(std::move(loss)) {}
+  SequentialRunner(torch::nn::Sequential model, LossFn loss, Precision precision)
+      : model_(std::move(model)), loss_(std::move(loss)), precision_(precision) {
+    for (const auto& p : model_->parameters()) check_precision_usable(precision_, p.device());
+  }
 
   double step(const torch::Tensor& inputs, const torch::Tensor& targets) override {
     events_.clear();
     const double start = EventLog::now_us();
-    torch::Tensor loss = loss_(model_->forward(inputs), targets);
+    torch::Tensor output;
+    {
+      const AutocastGuard autocast(precision_, inputs.device());
+      output = model_->forward(inputs);
+    }
+    // The loss in float32, as a pipeline's last stage computes it.
+    torch::Tensor loss =
+        loss_(output.is_floating_point() ? output.to(torch::kFloat) : output, targets);
     const double forward_end = EventLog::now_us();
     loss.backward();
     const double end = EventLog::now_us();
@@ -51,6 +60,7 @@ class SequentialRunner : public StepRunner {
  private:
   torch::nn::Sequential model_;
   LossFn loss_;
+  Precision precision_;
   std::vector<ActionEvent> events_;
 };
 
@@ -181,6 +191,7 @@ class DistributedRunner : public StepRunner {
     pipe_.set_allreduce_gradients(false);
     return sharded;
   }
+  int64_t transport_bytes_sent() const override { return pipe_.transport_stats().data_bytes_sent; }
   double sum_over_ranks(double value) override {
     std::vector<torch::Tensor> tensors = {torch::tensor({value}, torch::kFloat64)};
     distributed_.world()->world_group()->allreduce_sum(tensors);
@@ -207,8 +218,9 @@ std::unique_ptr<ShardedOptimizer> StepRunner::make_sharded_optimizer(const std::
                  "run with more than one replica (--nproc with --dp 2 or more)");
 }
 
-std::unique_ptr<StepRunner> make_sequential_runner(torch::nn::Sequential model, LossFn loss) {
-  return std::make_unique<SequentialRunner>(std::move(model), std::move(loss));
+std::unique_ptr<StepRunner> make_sequential_runner(torch::nn::Sequential model, LossFn loss,
+                                                   Precision precision) {
+  return std::make_unique<SequentialRunner>(std::move(model), std::move(loss), precision);
 }
 
 std::unique_ptr<StepRunner> make_pipe_runner(torch::nn::Sequential model, LossFn loss,

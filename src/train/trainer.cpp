@@ -139,6 +139,7 @@ TrainSummary Trainer::fit() {
   TrainSummary summary;
   model_->train();
   const auto start = std::chrono::steady_clock::now();
+  const int64_t bytes_before = runner_.transport_bytes_sent();
   for (int64_t k = first_step_; k < total; ++k) {
     auto [x, y] = batches_.at(k);  // [1]
     const double lr = learning_rate(k);
@@ -169,6 +170,8 @@ TrainSummary Trainer::fit() {
   summary.optimizer_state_bytes =
       sharded_ ? sharded_->state_bytes() : optimizer_state_bytes(*optimizer_);
   summary.gradient_bytes = sharded_ ? sharded_->gradient_bytes() : gradient_bytes(parameters_);
+  summary.transport_bytes_sent = static_cast<int64_t>(runner_.sum_over_ranks(
+      static_cast<double>(runner_.transport_bytes_sent() - bytes_before)));  // collective
   if (!options_.checkpoint_dir().empty()) {
     summary.checkpoint_path = checkpoint_path(options_.checkpoint_dir());
     save_checkpoint(summary.checkpoint_path, total);

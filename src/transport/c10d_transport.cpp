@@ -482,6 +482,7 @@ void C10dTransport::send(const Envelope& envelope, Bundle bundle) {
     agreed = last;
     last = total;
     ++impl_->stats.bundles_sent;
+    impl_->stats.data_bytes_sent += total;
     if (total != agreed) ++impl_->stats.resized_sent;
   }
 

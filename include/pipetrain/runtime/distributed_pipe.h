@@ -98,6 +98,8 @@ class DistributedPipe {
   std::vector<int> local_stages() const;
   // Events of this rank's last step (for traces and the cost model).
   const std::vector<ActionEvent>& last_events() const { return events_; }
+  // The transport's counters since this pipe was built (bundles and tensor bytes sent).
+  C10dTransport::Stats transport_stats() const;
   // Per stage j held by this rank, for the last step: peak stashed micro-batches and bytes,
   // forwards run (the same figures as Pipe::stage_accounting()[j] for the same model and step).
   std::map<int, StageAccounting> stage_accounting() const;
@@ -121,7 +123,7 @@ class DistributedPipe {
   int num_ranks_ = 0;
   std::vector<int> stage_rank_;
   std::map<int, std::unique_ptr<Stage>> stages_;  // this rank's, by stage index
-  std::unique_ptr<Transport> transport_;
+  std::unique_ptr<C10dTransport> transport_;
   std::map<int, schedule::Schedule> schedules_;  // lowered, by M
   std::map<int, schedule::Schedule> inference_;  // lowered forward-only, by M
   const schedule::Schedule* last_ = nullptr;

@@ -50,6 +50,7 @@
 
 #include "pipetrain/runtime/step.h"
 #include "pipetrain/schedule/schedule.h"
+#include "pipetrain/stage/precision.h"
 #include "pipetrain/stage/stage.h"
 
 namespace pipetrain {
@@ -84,6 +85,10 @@ struct PipeOptions {
   TORCH_ARG(int64_t, threads_per_stage) = 0;
   /// How long a receive waits for its message before failing (a hang is never silent).
   TORCH_ARG(double, timeout_seconds) = 300.0;
+  /// Mixed precision of every stage (stage/precision.h): fp32, bf16 (autocast; activations and
+  /// gradients cross stages in bfloat16; float32 weights, loss and reductions) or fp16 (CUDA
+  /// stages only).
+  TORCH_ARG(Precision, precision) = Precision::kFloat32;
 };
 
 /// Layers per stage for a Sequential of `layers` layers: options.balance() checked (every entry

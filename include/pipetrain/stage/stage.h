@@ -34,6 +34,11 @@
 // and the recompute. Names stashed and not popped by the end of the stage leave with the
 // outputs (Bundle::skip_names); received skips are leaves put into the context.
 //
+// Precision (stage/precision.h): with bf16 the layers run under autocast; what a stage hands on
+// (outputs and skips) are values cast to bfloat16, and a gradient it receives is cast to the dtype
+// of the output it belongs to, so the autograd graph inside a stage keeps its own dtypes while
+// both directions cross in half the bytes. The last stage computes the loss in float32.
+//
 // Thread-safety: not thread-safe; one worker thread drives a stage during a step.
 #pragma once
 
@@ -48,6 +53,7 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/types.h>
 
+#include "pipetrain/stage/precision.h"
 #include "pipetrain/stage/stage_rng.h"
 #include "pipetrain/transport/transport.h"
 
@@ -91,6 +97,11 @@ class Stage {
   ~Stage();
   Stage(const Stage&) = delete;
   Stage& operator=(const Stage&) = delete;
+
+  // Mixed precision (default fp32). `last`: this is the model's last stage (it hands float32 to
+  // the loss and the caller). Throws BadInput for fp16 on a CPU stage.
+  void set_precision(Precision precision, bool last);
+  Precision precision() const { return precision_; }
 
   int index() const { return index_; }
   const torch::Device& device() const { return device_; }
@@ -138,8 +149,14 @@ class Stage {
   int64_t estimated_stash_bytes(const Microbatch& state) const;
   std::vector<torch::Tensor> make_leaves(const std::vector<torch::Tensor>& tensors) const;
 
+  // What this stage hands on: its outputs as values in the wire dtype (the last stage: float32
+  // for the loss and the caller).
+  std::vector<torch::Tensor> to_wire(const std::vector<torch::Tensor>& tensors) const;
+
   int index_;
   int first_layer_;
+  Precision precision_ = Precision::kFloat32;
+  bool last_ = false;
   std::vector<StageLayer> layers_;
   torch::Device device_;
   StageRng rng_;

@@ -80,6 +80,9 @@ class StepRunner {
   virtual std::optional<Checkpoint> gather(const Checkpoint& part) { return part; }
   // Every rank passes its events; the main rank gets them merged.
   virtual EventLog gather_events(const EventLog& mine) { return mine; }
+  // Tensor bytes this rank's transport has sent to other ranks so far (activations, gradients);
+  // 0 where stages share a process.
+  virtual int64_t transport_bytes_sent() const { return 0; }
   // Sum of `value` over every rank (a collective in a multi-process run).
   virtual double sum_over_ranks(double value) { return value; }
   // ZeRO: an optimizer sharded over this rank's data-parallel replicas (train/
@@ -91,8 +94,10 @@ class StepRunner {
 };
 
 // Sequential (no pipeline) training of `model`: forward, loss, backward on the whole batch. The
-// reference a pipeline must reproduce.
-std::unique_ptr<StepRunner> make_sequential_runner(torch::nn::Sequential model, LossFn loss);
+// reference a pipeline must reproduce. With bf16 the forward runs under autocast and the loss in
+// float32, as in a pipeline's stages (stage/precision.h).
+std::unique_ptr<StepRunner> make_sequential_runner(torch::nn::Sequential model, LossFn loss,
+                                                   Precision precision = Precision::kFloat32);
 
 // The in-process Pipe over `model` (defer its batch norms first: stage/batchnorm.h).
 std::unique_ptr<StepRunner> make_pipe_runner(torch::nn::Sequential model, LossFn loss,

@@ -122,6 +122,9 @@ struct TrainSummary {
   // (ZeRO: this replica's shards; stage 2 holds no full gradients then).
   int64_t optimizer_state_bytes = 0;
   int64_t gradient_bytes = 0;
+  // Tensor bytes sent between ranks by this fit(), summed over every rank (activations and
+  // gradients; 0 in one process).
+  int64_t transport_bytes_sent = 0;
 };
 
 class Trainer {

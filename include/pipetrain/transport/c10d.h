@@ -247,7 +247,8 @@ class C10dTransport : public Transport {
   // Counters since construction, for tests and benchmarks.
   struct Stats {
     int64_t bundles_sent = 0;
-    int64_t resized_sent = 0;  // bundles whose data size differed from the channel's last
+    int64_t data_bytes_sent = 0;  // the bundles' tensor bytes (headers and metadata left out)
+    int64_t resized_sent = 0;     // bundles whose data size differed from the channel's last
     int64_t bundles_received = 0;
     int64_t received_expected = 0;  // receives that expect() had posted ahead
   };
