@@ -33,6 +33,7 @@ struct BenchArgs {
   std::string runtime;
   std::string schedule = "gpipe";
   int virtual_stages = 1;
+  std::string precision = "fp32";
 };
 
 std::string format_bytes(double bytes) {
@@ -50,6 +51,21 @@ std::string number(const json& row, const char* key, const char* format) {
   char text[32];
   std::snprintf(text, sizeof text, format, row[key].get<double>());
   return text;
+}
+
+// The schedule column: "1f1b", or "1f1b/bf16" for a reduced-precision row.
+std::string schedule_of(const json& row) {
+  const std::string precision = row.value("precision", "fp32");
+  return row["schedule"].get<std::string>() + (precision == "fp32" ? "" : "/" + precision);
+}
+
+// The /peer column: vs torch.distributed.pipelining, vs torchgpipe, or a bf16 row vs its fp32
+// twin.
+const char* peer_ratio_of(const json& row) {
+  for (const char* key : {"ratio_vs_torch", "ratio_vs_torchgpipe", "ratio_vs_fp32"}) {
+    if (row.contains(key)) return key;
+  }
+  return "ratio_vs_torch";
 }
 
 void print_text(const json& report) {
@@ -75,19 +91,16 @@ void print_text(const json& report) {
     const double ms = row.contains("step_seconds") ? row["step_seconds"].get<double>() * 1e3 : 0;
     std::printf(
         "%-22s %-16s %2d %2d %3d %-11s %9.1f %7s %7s %6s %8s  %s\n",
-        row["runtime"].get<std::string>().c_str(), row["schedule"].get<std::string>().c_str(),
+        row["runtime"].get<std::string>().c_str(), schedule_of(row).c_str(),
         row["stages"].get<int>(), row["virtual_stages"].get<int>(), row["chunks"].get<int>(),
         row["checkpoint"].get<std::string>().c_str(), ms,
         number(row, "ratio_vs_libtorch", "%.3f").c_str(),
-        number(row, row.contains("ratio_vs_torch") ? "ratio_vs_torch" : "ratio_vs_torchgpipe",
-               "%.3f")
-            .c_str(),
-        number(row, "efficiency", "%.2f").c_str(),
+        number(row, peer_ratio_of(row), "%.3f").c_str(), number(row, "efficiency", "%.2f").c_str(),
         row.contains("peak_rss_bytes") ? format_bytes(row["peak_rss_bytes"].get<double>()).c_str()
                                        : "-",
         stash.c_str());
   }
-  std::printf("\nchecks (targets of issues #7 and #15, evaluated on this run):\n");
+  std::printf("\nchecks (targets of issues #7, #15 and #18, evaluated on this run):\n");
   for (const json& check : report["checks"]) {
     const char* verdict = check["pass"].is_null()     ? "NOT RUN"
                           : check["pass"].get<bool>() ? "PASS"
@@ -105,13 +118,9 @@ void print_text(const json& report) {
 int run_bench(BenchArgs a) {
   if (a.one || a.rank_worker) {
     bench::resolve_defaults(a.options);
-    const bench::Config c{a.runtime,
-                          a.schedule,
-                          a.options.stages,
-                          a.virtual_stages,
-                          a.options.chunks,
-                          a.options.checkpoint,
-                          "main"};
+    const bench::Config c{a.runtime,        a.schedule,       a.options.stages,
+                          a.virtual_stages, a.options.chunks, a.options.checkpoint,
+                          "main",           a.precision};
     if (a.rank_worker) return bench::run_rank(a.options, c);
     const json row = bench::run_config_here(a.options, c);
     std::cout << bench::kResultPrefix << row.dump() << std::endl;
@@ -177,6 +186,9 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   c->add_option("--runtime", args->runtime)->group("");
   c->add_option("--schedule", args->schedule)->group("");
   c->add_option("--virtual", args->virtual_stages)->group("");
+  c->add_option("--precision", args->precision)->group("");
+  c->add_flag("--bf16", args->options.bf16,
+              "add bf16 twins of the 1f1b and gpipe rows (step time and bytes sent vs fp32)");
   c->callback([args, &exit_code] { exit_code = run_bench(*args); });
 }
 

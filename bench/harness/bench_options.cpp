@@ -61,6 +61,7 @@ std::string Config::label() const {
   out << " K=" << stages;
   if (virtual_stages > 1) out << " V=" << virtual_stages;
   out << " M=" << chunks << " ckpt=" << checkpoint;
+  if (precision != "fp32") out << " " << precision;
   return out.str();
 }
 
@@ -68,7 +69,7 @@ nlohmann::json to_json(const Config& c) {
   return {{"runtime", c.runtime}, {"schedule", c.schedule},
           {"stages", c.stages},   {"virtual_stages", c.virtual_stages},
           {"chunks", c.chunks},   {"checkpoint", c.checkpoint},
-          {"purpose", c.purpose}};
+          {"purpose", c.purpose}, {"precision", c.precision}};
 }
 
 const std::vector<std::string>& peer_schedules() {
@@ -123,6 +124,13 @@ std::vector<Config> plan_configs(const BenchOptions& a) {
           {"multiprocess", schedule, K, virtual_stages_of(schedule), M, a.checkpoint, "main"});
     }
   }
+  if (a.bf16) {
+    configs.push_back({"inprocess", "1f1b", K, 1, M, a.checkpoint, "main", "bf16"});
+    for (const char* schedule : {"gpipe", "1f1b"}) {
+      if (a.no_multiprocess || K < 2) break;
+      configs.push_back({"multiprocess", schedule, K, 1, M, a.checkpoint, "main", "bf16"});
+    }
+  }
   if (!a.no_python) {
     configs.push_back({"torchgpipe", "gpipe", K, 1, M, a.checkpoint, "main"});
     if (!a.no_multiprocess && K > 1 && a.suite != "cnn") {
@@ -143,6 +151,7 @@ std::vector<std::string> config_flags(const BenchOptions& a, const Config& c) {
           "--virtual",    std::to_string(c.virtual_stages),
           "--chunks",     std::to_string(c.chunks),
           "--checkpoint", c.checkpoint,
+          "--precision",  c.precision,
           "--suite",      a.suite,
           "--width",      std::to_string(a.width),
           "--batch",      std::to_string(a.batch),

@@ -27,6 +27,7 @@ struct BenchOptions {
   bool no_memory = false;  // no checkpoint/memory comparison rows
   bool no_multiprocess = false;
   bool quick = false;           // small model and batch (smoke tests)
+  bool bf16 = false;            // bf16 twins of the 1f1b and gpipe rows (PipeOptions::precision)
   std::string python;           // interpreter with torch and torchgpipe; its torchrun runs the peer
   std::string peer_dir;         // bench/'s Python peers; empty: found next to the sources
   std::string timeline_dir;     // measured SVG timelines of the pipelined main rows; empty: none
@@ -52,7 +53,8 @@ struct Config {
   int virtual_stages = 1;
   int chunks = 1;
   std::string checkpoint = "never";
-  std::string purpose = "main";  // main | memory
+  std::string purpose = "main";    // main | memory
+  std::string precision = "fp32";  // fp32 | bf16 (stage/precision.h)
 
   std::string label() const;
 };

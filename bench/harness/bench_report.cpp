@@ -224,6 +224,24 @@ void add_torchgpipe_ratio(const json& rows, json& row) {
   row["torchgpipe_checkpoint"] = (*peer)["checkpoint"];
 }
 
+// A reduced-precision row against its fp32 twin (same runtime, schedule and shape): the step time
+// and, multi-process, the tensor bytes sent between ranks per step.
+void add_fp32_ratios(const json& rows, json& row) {
+  const json* twin = find_row(rows, [&](const json& r) {
+    return r.value("precision", "fp32") == "fp32" && r["runtime"] == row["runtime"] &&
+           r["schedule"] == row["schedule"] && r["stages"] == row["stages"] &&
+           r["virtual_stages"] == row["virtual_stages"] && r["chunks"] == row["chunks"] &&
+           r["checkpoint"] == row["checkpoint"];
+  });
+  if (!twin) return;
+  row["ratio_vs_fp32"] = step_ratio(row, *twin);
+  if (row.contains("transport_bytes_per_step") && twin->contains("transport_bytes_per_step") &&
+      (*twin)["transport_bytes_per_step"].get<double>() > 0) {
+    row["transport_bytes_vs_fp32"] = row["transport_bytes_per_step"].get<double>() /
+                                     (*twin)["transport_bytes_per_step"].get<double>();
+  }
+}
+
 // Ratios within one round: every row against plain LibTorch; in-process gpipe rows against
 // torchgpipe; multi-process rows against torch.distributed.pipelining's schedule of the same name.
 void add_ratios(json& rows) {
@@ -234,7 +252,8 @@ void add_ratios(json& rows) {
     if (row["runtime"] == "inprocess" && row["schedule"] == "gpipe" && row["virtual_stages"] == 1) {
       add_torchgpipe_ratio(rows, row);
     }
-    if (row["runtime"] == "multiprocess") {
+    if (row.value("precision", "fp32") != "fp32") add_fp32_ratios(rows, row);
+    if (row["runtime"] == "multiprocess" && row.value("precision", "fp32") == "fp32") {
       const json* peer = find_row(rows, [&](const json& r) {
         return r["runtime"] == "torch-pipelining" && r["schedule"] == row["schedule"] &&
                r["stages"] == row["stages"] && r["virtual_stages"] == row["virtual_stages"] &&
@@ -262,8 +281,9 @@ json merge_rounds(const std::vector<json>& rounds) {
       continue;
     }
     json row = rounds.front()[n];
-    for (const char* key : {"step_seconds", "simulated_seconds", "efficiency", "ratio_vs_libtorch",
-                            "ratio_vs_torchgpipe", "ratio_vs_torch"}) {
+    for (const char* key :
+         {"step_seconds", "simulated_seconds", "efficiency", "ratio_vs_libtorch",
+          "ratio_vs_torchgpipe", "ratio_vs_torch", "ratio_vs_fp32", "transport_bytes_vs_fp32"}) {
       std::vector<double> values;
       for (const json& rows : rounds) {
         if (rows[n].contains(key)) values.push_back(rows[n][key].get<double>());
@@ -417,6 +437,23 @@ void check_memory(const BenchOptions& a, const Rows& rows, json& checks) {
                               "1 - gpipe except_last / gpipe never peak stashed bytes, stage 0"));
 }
 
+// [6] bf16: the multi-process 1f1b row sends half the tensor bytes of fp32's (issue #18).
+void check_bf16(const BenchOptions& a, const json& rows, json& checks) {
+  if (!a.bf16) return;
+  const json* row = find_row(rows, [&](const json& r) {
+    return r["runtime"] == "multiprocess" && r["schedule"] == "1f1b" &&
+           r.value("precision", "fp32") == "bf16";
+  });
+  std::optional<double> ratio;
+  if (row && row->contains("transport_bytes_vs_fp32")) {
+    ratio = (*row)["transport_bytes_vs_fp32"].get<double>();
+  }
+  checks.push_back(make_check("bf16_transport_bytes_vs_fp32", "<= 0.5 x fp32's bytes per step",
+                              ratio, 0.5, false,
+                              "multiprocess 1f1b: tensor bytes sent between ranks per step, bf16 / "
+                              "fp32 (the c10d transport's counters, every rank)"));
+}
+
 json evaluate_checks(const BenchOptions& a, const json& rows) {
   json checks = json::array();
   const Rows found{rows};
@@ -424,6 +461,7 @@ json evaluate_checks(const BenchOptions& a, const json& rows) {
   check_in_process(a, found, checks);
   check_efficiency(a, found, checks);
   check_memory(a, found, checks);
+  check_bf16(a, rows, checks);
   return checks;
 }
 
@@ -455,7 +493,7 @@ json notes_of(const BenchOptions& a) {
                   "max(1, T/K)");
   notes.push_back(
       "/peer: multiprocess rows / torch-pipelining (same schedule), inprocess gpipe rows / "
-      "torchgpipe");
+      "torchgpipe, bf16 rows / their fp32 twin");
   if (a.suite == "cnn") {
     notes.push_back(
         "cnn: pipelined rows use DeferredBatchNorm (torchgpipe: deferred_batch_norm=True); "

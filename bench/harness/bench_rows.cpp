@@ -26,6 +26,7 @@
 #include "pipetrain/schedule/replay.h"
 #include "pipetrain/stage/batchnorm.h"
 #include "pipetrain/stage/microbatch.h"
+#include "pipetrain/stage/precision.h"
 #include "pipetrain/train/event_log.h"
 #include "synthetic.h"
 
@@ -81,7 +82,8 @@ PipeOptions pipe_options_of(const Config& c) {
       .virtual_stages(c.virtual_stages)
       .chunks(c.chunks)
       .schedule(c.schedule)
-      .checkpoint(parse_checkpoint(c.checkpoint));
+      .checkpoint(parse_checkpoint(c.checkpoint))
+      .precision(parse_precision(c.precision));
 }
 
 int64_t peak_rss_bytes() {
@@ -227,7 +229,7 @@ struct RankTimes {
 };
 
 json rank_result(Distributed& distributed, const DistributedPipe& pipe, const RankTimes& t,
-                 int threads) {
+                 int threads, double bytes_sent_per_step) {
   json stashes = json::array();
   for (const auto& [j, accounting] : pipe.stage_accounting()) {
     stashes.push_back({{"stage", j},
@@ -243,6 +245,7 @@ json rank_result(Distributed& distributed, const DistributedPipe& pipe, const Ra
           {"stashes", stashes},
           {"min_receive_us", std::max(0.0, t.min_receive_us)},
           {"threads", threads},
+          {"bytes_sent_per_step", bytes_sent_per_step},
           {"peak_rss_bytes", peak_rss_bytes()}};
 }
 
@@ -260,6 +263,7 @@ struct MergedRanks {
   std::vector<schedule::MeasuredDurations> step_durations;
   double comm_us = -1;
   int64_t rss = 0;
+  double bytes_sent_per_step = 0;  // every rank's tensor bytes, summed
   json threads = json::array();
   json phases = json::array();
   std::vector<std::optional<std::pair<int64_t, int64_t>>> stashes;  // per stage j
@@ -283,6 +287,7 @@ struct MergedRanks {
     const double receive = result["min_receive_us"].get<double>();
     if (comm_us < 0 || receive < comm_us) comm_us = receive;
     rss = std::max(rss, result["peak_rss_bytes"].get<int64_t>());
+    bytes_sent_per_step += result.value("bytes_sent_per_step", 0.0);
     threads.push_back(result["threads"]);
     phases.push_back({{"rank", r},
                       {"optimizer_seconds", result["optimizer_seconds"]},
@@ -344,6 +349,7 @@ json run_multiprocess(const BenchOptions& a, const Config& c) {
   row["peak_stashed_bytes"] = stashed;
   row["peak_stashed_microbatches"] = stashed_microbatches;
   row["peak_rss_bytes"] = merged.rss;
+  row["transport_bytes_per_step"] = merged.bytes_sent_per_step;
   return row;
 }
 
@@ -366,7 +372,9 @@ int run_rank(const BenchOptions& a, const Config& c) {
     DistributedPipe pipe(distributed, model, pipe_options_of(c));
     torch::optim::SGD sgd(pipe.parameters(), torch::optim::SGDOptions(0.01));
     RankTimes times;
+    int64_t sent_before = 0;
     for (int k = 0; k < a.warmup + a.steps; ++k) {
+      if (k == a.warmup) sent_before = pipe.transport_stats().data_bytes_sent;
       distributed.barrier();  // every rank starts the step together; not timed
       const auto start = Clock::now();
       sgd.zero_grad();
@@ -377,8 +385,10 @@ int run_rank(const BenchOptions& a, const Config& c) {
       const auto end = Clock::now();
       if (k >= a.warmup) times.add_step(start, step_start, step_end, end, pipe.last_events());
     }
-    std::cout << kResultPrefix << rank_result(distributed, pipe, times, threads).dump()
-              << std::endl;
+    const double sent_per_step =
+        static_cast<double>(pipe.transport_stats().data_bytes_sent - sent_before) / a.steps;
+    std::cout << kResultPrefix
+              << rank_result(distributed, pipe, times, threads, sent_per_step).dump() << std::endl;
   });
 }
 

@@ -23,7 +23,8 @@ const json* find(const json& configs, const std::string& runtime, const std::str
                  int stages, int chunks, const std::string& checkpoint) {
   for (const json& row : configs) {
     if (row["runtime"] == runtime && row["schedule"] == schedule && row["stages"] == stages &&
-        row["chunks"] == chunks && row["checkpoint"] == checkpoint && row["virtual_stages"] == 1) {
+        row["chunks"] == chunks && row["checkpoint"] == checkpoint && row["virtual_stages"] == 1 &&
+        row.value("precision", "fp32") == "fp32") {
       return &row;
     }
   }
@@ -35,7 +36,7 @@ const json& tiny_report() {
   static const json report = [] {
     const pipetrain::testing::CliRun run = run_bench(
         "--suite mlp --width 32 --batch 16 --chunks 4 --steps 1 --warmup 0 --rounds 2 --threads 2 "
-        "--no-python --json");
+        "--no-python --bf16 --json");
     EXPECT_EQ(run.exit_code, 0) << run.output;
     try {
       return json::parse(run.output);
@@ -137,6 +138,29 @@ void ChecksCarryMeasuredValueTargetAndVerdict() {
   }
 }
 
+// --bf16 adds bf16 twins of the 1f1b and gpipe rows; the multi-process ones send half the tensor
+// bytes of their fp32 twin (the transport's counters), and the check says so.
+void Bf16RowsSendHalfTheBytesOfTheirFp32Twins() {
+  const json& report = tiny_report();
+  int bf16_multiprocess = 0;
+  for (const json& row : report["configs"]) {
+    if (row.value("precision", "fp32") != "bf16") continue;
+    EXPECT_GT(row["ratio_vs_fp32"].get<double>(), 0) << row.dump();
+    if (row["runtime"] != "multiprocess") continue;
+    ++bf16_multiprocess;
+    EXPECT_GT(row["transport_bytes_per_step"].get<double>(), 0) << row.dump();
+    EXPECT_DOUBLE_EQ(row["transport_bytes_vs_fp32"].get<double>(), 0.5) << row.dump();
+  }
+  EXPECT_EQ(bf16_multiprocess, 2);
+  bool checked = false;
+  for (const json& check : report["checks"]) {
+    if (check["name"] != "bf16_transport_bytes_vs_fp32") continue;
+    checked = true;
+    EXPECT_EQ(check["pass"], true) << check.dump();
+  }
+  EXPECT_TRUE(checked);
+}
+
 // One test for the whole tiny run: ctest runs every TEST in its own process, and each would
 // repeat the run (about 20 child processes).
 TEST(BenchCli, TinyRunPrintsOneConsistentJsonObject) {
@@ -159,6 +183,10 @@ TEST(BenchCli, TinyRunPrintsOneConsistentJsonObject) {
   {
     SCOPED_TRACE("checks carry measured value, target and verdict");
     ChecksCarryMeasuredValueTargetAndVerdict();
+  }
+  {
+    SCOPED_TRACE("bf16 rows send half the bytes of their fp32 twins");
+    Bf16RowsSendHalfTheBytesOfTheirFp32Twins();
   }
 }
 
