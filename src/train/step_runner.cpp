@@ -41,7 +41,7 @@ class SequentialRunner : public StepRunner {
     torch::Tensor loss =
         loss_(output.is_floating_point() ? output.to(torch::kFloat) : output, targets);
     const double forward_end = EventLog::now_us();
-    loss.backward();
+    (loss_scale() == 1.0 ? loss : loss * loss_scale()).backward();
     const double end = EventLog::now_us();
     events_.push_back({0, {0, schedule::Op::kForward, 0}, 0, forward_end - start});
     events_.push_back({0, {0, schedule::Op::kBackward, 0}, forward_end - start, end - start});
@@ -78,7 +78,7 @@ class PipeRunner : public StepRunner {
   }
 
   double step(const torch::Tensor& inputs, const torch::Tensor& targets) override {
-    return pipe_->train_step(inputs, targets, loss_).item<double>();
+    return pipe_->train_step(inputs, targets, scaled(loss_)).item<double>() / loss_scale();
   }
   std::vector<torch::Tensor> parameters() override {
     return unique_parameters(model_->parameters());
@@ -133,7 +133,7 @@ class DistributedRunner : public StepRunner {
   }
 
   double step(const torch::Tensor& inputs, const torch::Tensor& targets) override {
-    return pipe_.train_step(inputs, targets, loss_).item<double>();
+    return pipe_.train_step(inputs, targets, scaled(loss_)).item<double>() / loss_scale();
   }
   std::vector<torch::Tensor> parameters() override { return pipe_.parameters(); }
   NamedTensors named_parameters() override { return to_named(pipe_.named_parameters()); }

@@ -48,6 +48,7 @@ Trainer::Trainer(torch::nn::Sequential model, StepRunner& runner, const BatchSou
                                                  .lr(options_.lr())
                                                  .momentum(options_.momentum())
                                                  .weight_decay(options_.weight_decay());
+  if (options_.loss_scaling()) scaler_.emplace(options_.loss_scaler());
   if (options_.zero() > 0) {
     sharded_ =
         runner_.make_sharded_optimizer(options_.optimizer(), optimizer_options, options_.zero());
@@ -84,6 +85,10 @@ void Trainer::resume(const Checkpoint& checkpoint) {
   }
   if (checkpoint.torch_rng_state.defined()) restore_torch_rng(checkpoint);
   runner_.restore_stage_rng_states(checkpoint.stage_rng_states);
+  const auto saved = checkpoint.metadata.find("loss_scaler");
+  if (scaler_ && saved != checkpoint.metadata.end()) {
+    scaler_->restore(saved->at("scale").get<double>(), saved->at("good_steps").get<int64_t>());
+  }
   first_step_ = checkpoint.step;
 }
 
@@ -111,26 +116,39 @@ double Trainer::run_step(int64_t k, const torch::Tensor& x, const torch::Tensor&
                     per_epoch > 0 ? k % per_epoch : -1);
   // Fewer micro-batches than chunks (a short last batch) leave deferred statistics uncommitted.
   commit_deferred_batch_norms(*model_);
-  update_parameters();
+  last_step_skipped_ = !update_parameters();
   return loss;
 }
 
-void Trainer::update_parameters() {
+bool Trainer::update_parameters() {
+  double unscale = 1.0;
+  if (scaler_) {
+    // A non-finite gradient on any rank skips the step on every rank.
+    const double used = scaler_->scale();
+    const bool local = has_non_finite_gradient(parameters_);
+    const bool found = runner_.sum_over_ranks(local ? 1.0 : 0.0) > 0;  // collective
+    scaler_->update(found);
+    if (found) return false;
+    unscale = 1.0 / used;
+  }
   const double max_norm = options_.clip_grad_norm();
   if (!sharded_) {
+    if (unscale != 1.0) scale_gradients(parameters_, unscale);
     if (max_norm > 0) {
       const double norm = std::sqrt(runner_.grad_norm_squared());
       if (std::isfinite(norm)) scale_gradients(parameters_, clip_factor(norm, max_norm));
     }
     optimizer_->step();
-    return;
+    return true;
   }
   sharded_->reduce_gradients();
+  if (unscale != 1.0) sharded_->scale_gradients(unscale);
   if (max_norm > 0) {
     const double norm = std::sqrt(runner_.sum_over_ranks(sharded_->local_grad_norm_squared()));
     if (std::isfinite(norm)) sharded_->scale_gradients(clip_factor(norm, max_norm));
   }
   sharded_->step();
+  return true;
 }
 
 TrainSummary Trainer::fit() {
@@ -145,6 +163,8 @@ TrainSummary Trainer::fit() {
     const double lr = learning_rate(k);
     set_learning_rate(lr);
     zero_grad();
+    const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
+    runner_.set_loss_scale(loss_scale);
     const double step_start = EventLog::now_us();
     const double loss = run_step(k, x, y);  // [2] [3]
     if (tracing) events_.add(k, step_start, runner_.last_events(), runner_.event_rank());
@@ -153,7 +173,8 @@ TrainSummary Trainer::fit() {
     summary.steps = k + 1 - first_step_;
     summary.samples += x.size(0);
     if (on_step) {  // [4]
-      on_step(StepReport{k, batches_.epoch_of(k), x.size(0), loss, lr, runner_.is_main()});
+      on_step(StepReport{k, batches_.epoch_of(k), x.size(0), loss, lr, runner_.is_main(),
+                         last_step_skipped_, loss_scale});
     }
     if (options_.save_every() > 0 && (k + 1) % options_.save_every() == 0 && k + 1 < total &&
         !options_.checkpoint_dir().empty()) {
@@ -167,6 +188,7 @@ TrainSummary Trainer::fit() {
     }
   }
   summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  summary.skipped_steps = scaler_ ? scaler_->skipped_steps() : 0;
   summary.optimizer_state_bytes =
       sharded_ ? sharded_->state_bytes() : optimizer_state_bytes(*optimizer_);
   summary.gradient_bytes = sharded_ ? sharded_->gradient_bytes() : gradient_bytes(parameters_);
@@ -206,6 +228,10 @@ void Trainer::save_checkpoint(const std::string& path, int64_t steps_done) {
   whole->batch = per_epoch > 0 ? steps_done % per_epoch : steps_done;
   capture_torch_rng(*whole);
   whole->metadata = options_.metadata();
+  if (scaler_) {
+    whole->metadata["loss_scaler"] = {{"scale", scaler_->scale()},
+                                      {"good_steps", scaler_->good_steps()}};
+  }
   const std::filesystem::path parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
   train::save_checkpoint(path, *whole);

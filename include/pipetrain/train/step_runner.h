@@ -52,6 +52,10 @@ class StepRunner {
   // Forward + backward of one mini-batch (gradients accumulate into .grad()); returns its loss,
   // the same value on every rank.
   virtual double step(const torch::Tensor& inputs, const torch::Tensor& targets) = 0;
+  // Dynamic loss scaling (train/loss_scaler.h): the next steps differentiate the loss times
+  // `scale`, so the gradients come out times `scale`; step() still returns the unscaled loss.
+  void set_loss_scale(double scale) { loss_scale_ = scale; }
+  double loss_scale() const { return loss_scale_; }
   // This rank's parameters, each tensor once (for the optimizer and clipping).
   virtual std::vector<torch::Tensor> parameters() = 0;
   // This rank's parameters and buffers under the full model's names.
@@ -91,6 +95,18 @@ class StepRunner {
   virtual std::unique_ptr<ShardedOptimizer> make_sharded_optimizer(const std::string& optimizer,
                                                                    const OptimizerOptions& options,
                                                                    int stage);
+
+ protected:
+  // `loss` times the loss scale (for the runners' step()).
+  LossFn scaled(const LossFn& loss) const {
+    return [this, &loss](const torch::Tensor& out, const torch::Tensor& target) {
+      torch::Tensor value = loss(out, target);
+      return loss_scale_ == 1.0 ? value : value * loss_scale_;
+    };
+  }
+
+ private:
+  double loss_scale_ = 1.0;
 };
 
 // Sequential (no pipeline) training of `model`: forward, loss, backward on the whole batch. The

@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -44,6 +45,7 @@
 
 #include "pipetrain/train/checkpoint.h"
 #include "pipetrain/train/event_log.h"
+#include "pipetrain/train/loss_scaler.h"
 #include "pipetrain/train/sharded_optimizer.h"
 #include "pipetrain/train/step_runner.h"
 
@@ -87,6 +89,12 @@ struct TrainerOptions {
   /// over the data-parallel replicas) or 2 (the gradients held between steps too); stages 1 and 2
   /// need a multi-process runner with replicas (train/sharded_optimizer.h). Default 0.
   TORCH_ARG(int, zero) = 0;
+  /// Dynamic loss scaling (train/loss_scaler.h): the loss is multiplied by a scale before
+  /// backward, the gradients divided by it before clipping and the step, and a step whose
+  /// gradients hold inf or NaN on any rank is skipped while the scale shrinks. fp16 training
+  /// needs it; with powers of two it changes no float32 result. Default off.
+  TORCH_ARG(bool, loss_scaling) = false;
+  TORCH_ARG(LossScalerOptions, loss_scaler) = {};
   /// Directory of `checkpoint.pt`, written at the end and every save_every steps; "" = none.
   TORCH_ARG(std::string, checkpoint_dir) = "";
   /// A checkpoint every this many steps (0 = only the final one). Default 0.
@@ -106,7 +114,9 @@ struct StepReport {
   int64_t samples = 0;  // rows of the mini-batch
   double loss = 0;
   double lr = 0;
-  bool main = true;  // true on the rank that prints
+  bool main = true;       // true on the rank that prints
+  bool skipped = false;   // loss scaling found a non-finite gradient: no optimizer step
+  double loss_scale = 1;  // the scale this step's loss was multiplied by
 };
 
 struct TrainSummary {
@@ -125,6 +135,7 @@ struct TrainSummary {
   // Tensor bytes sent between ranks by this fit(), summed over every rank (activations and
   // gradients; 0 in one process).
   int64_t transport_bytes_sent = 0;
+  int64_t skipped_steps = 0;  // loss scaling: steps skipped for a non-finite gradient
 };
 
 class Trainer {
@@ -169,8 +180,9 @@ class Trainer {
  private:
   double learning_rate(int64_t k) const;
   double run_step(int64_t k, const torch::Tensor& x, const torch::Tensor& y);
-  // [3]'s clip and optimizer step, unsharded or sharded.
-  void update_parameters();
+  // [3]'s loss-scale check, clip and optimizer step, unsharded or sharded. Returns false when
+  // the step was skipped (a non-finite gradient under loss scaling).
+  bool update_parameters();
   void set_learning_rate(double lr);
   void zero_grad();
   void write_trace(TrainSummary& summary);
@@ -181,7 +193,9 @@ class Trainer {
   TrainerOptions options_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;  // zero == 0
   std::unique_ptr<ShardedOptimizer> sharded_;           // zero 1 or 2
-  std::vector<torch::Tensor> parameters_;               // runner_.parameters(), for clipping
+  std::optional<DynamicLossScaler> scaler_;             // loss_scaling
+  bool last_step_skipped_ = false;
+  std::vector<torch::Tensor> parameters_;  // runner_.parameters(), for clipping
   int64_t first_step_ = 0;
   EventLog events_;
 };

@@ -1,0 +1,153 @@
+// Dynamic loss scaling (train/loss_scaler.h) and the Trainer running it: the scale's rule, float32
+// weights unchanged by scaling (powers of two), and a step with a NaN gradient skipped on every
+// stage while the scale halves.
+#include "pipetrain/train/loss_scaler.h"
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "pipetrain/base/error.h"
+#include "pipetrain/train/step_runner.h"
+#include "pipetrain/train/trainer.h"
+
+namespace pipetrain::train {
+namespace {
+
+TEST(DynamicLossScaler, HalvesOnANonFiniteStepAndDoublesAfterTheGrowthInterval) {
+  DynamicLossScaler scaler(LossScalerOptions().initial_scale(1024).growth_interval(3));
+  EXPECT_EQ(scaler.scale(), 1024);
+  scaler.update(true);
+  EXPECT_EQ(scaler.scale(), 512);
+  EXPECT_EQ(scaler.skipped_steps(), 1);
+  scaler.update(false);
+  scaler.update(false);
+  EXPECT_EQ(scaler.scale(), 512) << "two good steps of three";
+  scaler.update(false);
+  EXPECT_EQ(scaler.scale(), 1024);
+  scaler.update(false);
+  scaler.update(true);  // an overflow resets the run of good steps
+  scaler.update(false);
+  scaler.update(false);
+  EXPECT_EQ(scaler.scale(), 512);
+  EXPECT_EQ(scaler.good_steps(), 2);
+  EXPECT_THROW(DynamicLossScaler(LossScalerOptions().backoff_factor(1.5)), BadInput);
+}
+
+TEST(DynamicLossScaler, FindsInfAndNanGradients) {
+  torch::Tensor a = torch::zeros({3}, torch::requires_grad());
+  torch::Tensor b = torch::zeros({2}, torch::requires_grad());
+  a.mutable_grad() = torch::ones({3});
+  EXPECT_FALSE(has_non_finite_gradient({a, b}));  // b has no gradient: nothing to find
+  b.mutable_grad() = torch::tensor({1.0f, std::numeric_limits<float>::quiet_NaN()});
+  EXPECT_TRUE(has_non_finite_gradient({a, b}));
+  b.mutable_grad() = torch::tensor({1.0f, std::numeric_limits<float>::infinity()});
+  EXPECT_TRUE(has_non_finite_gradient({a, b}));
+}
+
+// Identity whose gradient becomes NaN on its `poisoned`-th forward (0-based): an fp16 overflow
+// in miniature.
+struct PoisonImpl : torch::nn::Module {
+  explicit PoisonImpl(int poisoned) : poisoned(poisoned) {}
+  torch::Tensor forward(torch::Tensor x) {
+    torch::Tensor y = x * 1.0;
+    if (calls++ == poisoned && y.requires_grad()) {
+      y.register_hook([](torch::Tensor g) { return g * std::numeric_limits<float>::quiet_NaN(); });
+    }
+    return y;
+  }
+  int poisoned;
+  int calls = 0;
+};
+TORCH_MODULE(Poison);
+
+class Batches : public BatchSource {
+ public:
+  Batches() {
+    torch::manual_seed(11);
+    x_ = torch::randn({32, 6});
+    y_ = torch::randn({32, 2});
+  }
+  std::pair<torch::Tensor, torch::Tensor> at(int64_t k) const override {
+    return {x_.narrow(0, (k % 4) * 8, 8), y_.narrow(0, (k % 4) * 8, 8)};
+  }
+  int64_t per_epoch() const override { return 4; }
+
+ private:
+  torch::Tensor x_, y_;
+};
+
+torch::Tensor mse(const torch::Tensor& output, const torch::Tensor& target) {
+  return torch::mse_loss(output, target);
+}
+
+torch::nn::Sequential make_model(int poisoned = -1) {
+  torch::manual_seed(5);
+  return torch::nn::Sequential(torch::nn::Linear(6, 16), torch::nn::Tanh(), Poison(poisoned),
+                               torch::nn::Linear(16, 2));
+}
+
+std::map<std::string, torch::Tensor> snapshot(torch::nn::Sequential& model) {
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& item : model->named_parameters()) out[item.key()] = item.value().clone();
+  return out;
+}
+
+TrainerOptions options(bool scaling) {
+  return TrainerOptions(6).optimizer("adam").lr(0.01).clip_grad_norm(1.0).loss_scaling(scaling);
+}
+
+TEST(TrainerLossScaling, Float32WeightsAreBitEqualWithAndWithoutScaling) {
+  Batches batches;
+  for (int stages : {1, 2}) {
+    torch::nn::Sequential plain = make_model();
+    torch::nn::Sequential scaled = make_model();
+    auto runner = [&](torch::nn::Sequential model) {
+      return stages == 1 ? make_sequential_runner(model, mse)
+                         : make_pipe_runner(model, mse, PipeOptions().stages(2).chunks(2));
+    };
+    auto plain_runner = runner(plain);
+    auto scaled_runner = runner(scaled);
+    Trainer(plain, *plain_runner, batches, options(false)).fit();
+    const TrainSummary summary = Trainer(scaled, *scaled_runner, batches, options(true)).fit();
+    EXPECT_EQ(summary.skipped_steps, 0);
+    const auto a = snapshot(plain);
+    const auto b = snapshot(scaled);
+    for (const auto& [name, tensor] : a) {
+      EXPECT_TRUE(torch::equal(tensor, b.at(name))) << name << ", " << stages << " stage(s)";
+    }
+  }
+}
+
+TEST(TrainerLossScaling, ANanGradientSkipsThatStepOnEveryStageAndHalvesTheScale) {
+  Batches batches;
+  torch::nn::Sequential model = make_model(/*poisoned=*/2);  // step 2's gradient is NaN
+  // Two stages: the NaN arises on stage 1 (Poison) and reaches stage 0's gradients too.
+  auto runner = make_pipe_runner(model, mse, PipeOptions().stages(2).chunks(1));
+  Trainer trainer(model, *runner, batches, options(true));
+  std::map<std::string, torch::Tensor> before_step2, after_step2;
+  std::vector<StepReport> reports;
+  trainer.on_step = [&](const StepReport& r) {
+    reports.push_back(r);
+    if (r.step == 1) before_step2 = snapshot(model);
+    if (r.step == 2) after_step2 = snapshot(model);
+  };
+  const TrainSummary summary = trainer.fit();
+  ASSERT_EQ(reports.size(), 6u);
+  EXPECT_EQ(summary.skipped_steps, 1);
+  for (const auto& r : reports) EXPECT_EQ(r.skipped, r.step == 2) << "step " << r.step;
+  EXPECT_EQ(reports[3].loss_scale, 0.5 * reports[2].loss_scale);
+  for (const auto& [name, tensor] : before_step2) {
+    EXPECT_TRUE(torch::equal(tensor, after_step2.at(name))) << name << " changed in a skipped step";
+  }
+  for (const auto& [name, tensor] : snapshot(model)) {
+    EXPECT_TRUE(torch::isfinite(tensor).all().item<bool>()) << name;
+    EXPECT_FALSE(torch::equal(tensor, after_step2.at(name))) << name << " did not train after it";
+  }
+}
+
+}  // namespace
+}  // namespace pipetrain::train
