@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include "pipetrain/base/error.h"
@@ -147,6 +148,26 @@ TEST(TrainerLossScaling, ANanGradientSkipsThatStepOnEveryStageAndHalvesTheScale)
     EXPECT_TRUE(torch::isfinite(tensor).all().item<bool>()) << name;
     EXPECT_FALSE(torch::equal(tensor, after_step2.at(name))) << name << " did not train after it";
   }
+}
+
+// fp16 on a GPU (two stages on cuda:0) with loss scaling ends near the float32 run's loss; runs
+// under `make gpu-check` (its ^Cuda filter), skips without a GPU.
+TEST(CudaTrainer, Fp16WithLossScalingOnOneGpuTrainsLikeFloat32) {
+  if (torch::cuda::device_count() < 1) {
+    GTEST_SKIP() << "needs 1 CUDA device; 0 visible (run `make gpu-check` on a GPU machine)";
+  }
+  Batches batches;
+  const std::vector<torch::Device> gpu(2, torch::Device(torch::kCUDA, 0));
+  double last_loss[2] = {0, 0};
+  for (Precision precision : {Precision::kFloat32, Precision::kFloat16}) {
+    torch::nn::Sequential model = make_model();
+    auto runner = make_pipe_runner(
+        model, mse, PipeOptions().stages(2).chunks(2).devices(gpu).precision(precision));
+    const TrainSummary summary =
+        Trainer(model, *runner, batches, options(precision == Precision::kFloat16)).fit();
+    last_loss[precision == Precision::kFloat16] = summary.last_loss;
+  }
+  EXPECT_NEAR(last_loss[1], last_loss[0], 0.05 * last_loss[0]);
 }
 
 }  // namespace
