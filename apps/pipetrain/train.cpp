@@ -314,6 +314,9 @@ void resolve_auto_flags(TrainArgs& args) {
       throw UsageError("--chunks '" + args.chunks_text +
                        "' is not a micro-batch count; give a number >= 1 or auto");
     }
+    if (args.chunks < 1) {
+      throw UsageError("--chunks must be at least 1 (or auto), got " + args.chunks_text);
+    }
   }
   request.checkpoint = args.checkpoint == "auto";
   request.schedule = args.schedule == "auto";
@@ -817,6 +820,20 @@ partition::Plan plan_here(const TrainArgs& args, Prepared& p, const AutoPlanInpu
   return plan_training(p.model.sequential, sample, args.auto_request, input);
 }
 
+// A mini-batch larger than the training set would repeat rows within one step (tensors) or make
+// every batch the whole set (data sets): bad input, said before anything trains. Text samples
+// windows and has no such limit.
+void check_batch_size(const TrainArgs& args, const BuiltData& data) {
+  if (data.corpus || !data.train_inputs.defined()) return;
+  const int64_t rows = data.train_inputs.size(0);
+  if (args.batch_size > rows) {
+    throw UsageError("--batch-size " + std::to_string(args.batch_size) +
+                     " is larger than the training set (" + std::to_string(rows) + " rows of " +
+                     (data.name == "tensors" ? "--inputs" : "--data " + data.name) +
+                     "); use --batch-size " + std::to_string(rows) + " or less");
+  }
+}
+
 // [2]: data, model (seeded), checks, the auto plan (args then hold its values; not in the
 // launcher's parent, whose ranks plan), deferred batch norm, resume. Every rank does the same.
 Prepared prepare(TrainArgs& args, const Layout& layout, const PlanSource& plan_source = {},
@@ -826,6 +843,7 @@ Prepared prepare(TrainArgs& args, const Layout& layout, const PlanSource& plan_s
   torch::manual_seed(args.data.seed);
   p.model = build_model(args.data, p.data);
   check_data_against_model(p.model, p.data);
+  check_batch_size(args, p.data);
   if (args.auto_request.any() && !leave_plan_to_ranks) {
     const int64_t layers = static_cast<int64_t>(p.model.sequential->size());
     const AutoPlanInput input = auto_plan_input(args, layout, layers);

@@ -10,6 +10,7 @@
 #include "model_registry.h"
 #include "pipetrain/base/message_of.h"
 #include "pipetrain/runtime/tensor_io.h"
+#include "pipetrain/stage/layer_call.h"
 #include "pipetrain/stage/torchscript.h"
 #include "synthetic.h"
 
@@ -259,8 +260,9 @@ void check_data_against_model(const BuiltModel& model, const BuiltData& data) {
     layers->train(was_training);
     throw UsageError("the model's forward failed on the first rows of the data (shape " +
                      c10::str(data.train_inputs.sizes()) + ", dtype " +
-                     c10::str(data.train_inputs.scalar_type()) +
-                     "); check that the inputs match the model's input: " + message_of(error));
+                     c10::str(data.train_inputs.scalar_type()) + ")" +
+                     where_forward_fails(layers, data.train_inputs) +
+                     "; check that the inputs match the model's input: " + message_of(error));
   }
   if (cross_entropy) {
     const int64_t classes = output.dim() == 2 ? output.size(1) : -1;

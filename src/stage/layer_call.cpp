@@ -2,11 +2,13 @@
 // (include/pipetrain/stage/layer_call.h).
 #include "pipetrain/stage/layer_call.h"
 
+#include <algorithm>
 #include <tuple>
 
 #include <c10/util/Exception.h>
 
 #include "pipetrain/base/check.h"
+#include "pipetrain/stage/skip.h"
 
 namespace pipetrain {
 
@@ -39,6 +41,27 @@ std::vector<torch::Tensor> call_layer(torch::nn::AnyModule& layer, const std::st
       "; pipetrain passes only torch::Tensor, std::vector<torch::Tensor> or "
       "std::tuple<torch::Tensor, torch::Tensor> between layers: wrap the layer so it "
       "returns one of those"));
+}
+
+std::string where_forward_fails(torch::nn::Sequential& model, const torch::Tensor& inputs) {
+  torch::NoGradGuard no_grad;
+  SkipContext skips;
+  SkipContextGuard guard(&skips);
+  std::vector<torch::Tensor> values = {inputs.slice(0, 0, std::min<int64_t>(2, inputs.size(0)))};
+  const auto children = model->named_children();
+  std::vector<torch::nn::AnyModule> modules(model->begin(), model->end());
+  for (size_t l = 0; l < modules.size(); ++l) {
+    try {
+      values = call_layer(modules[l], children[l].key(), values);
+    } catch (const std::exception&) {
+      std::string shapes;
+      for (const auto& v : values) shapes += (shapes.empty() ? "" : ", ") + c10::str(v.sizes());
+      return ", at layer '" + children[l].key() + "' (layer " + std::to_string(l) + " of " +
+             std::to_string(modules.size()) + ", " + modules[l].ptr()->name() + ", which got " +
+             shapes + ")";
+    }
+  }
+  return "";
 }
 
 }  // namespace pipetrain

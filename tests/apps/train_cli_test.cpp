@@ -192,6 +192,9 @@ TEST_P(TrainCliRejects, WithExitCodeTwoAndAClearMessage) {
   EXPECT_NE(result.output.find(param.expected), std::string::npos)
       << "expected '" << param.expected << "' in:\n"
       << result.output;
+  // One line for a person: no TorchScript interpreter traceback, no C++ frames.
+  EXPECT_EQ(result.output.find("Traceback of TorchScript"), std::string::npos) << result.output;
+  EXPECT_EQ(result.output.find("frame #"), std::string::npos) << result.output;
 }
 
 #define PIPETRAIN_GOOD_FILES "--model {dir}/mlp.pt --inputs {dir}/x.pt --targets {dir}/y_mse.pt "
@@ -257,7 +260,18 @@ INSTANTIATE_TEST_SUITE_P(
                 PIPETRAIN_SMALL PIPETRAIN_GOOD_FILES "--loss mse --schedule-file {dir}/bad.csv",
                 "row 1, cell '0Q0'"},
         BadCase{"missing_required_flag", PIPETRAIN_SMALL "--model {dir}/mlp.pt --loss mse",
-                "--inputs"}),
+                "--inputs"},
+        // 4 features into a model that takes 8: the layer is named, the TorchScript traceback is
+        // not printed (its last line is).
+        BadCase{"inputs_of_the_wrong_width",
+                PIPETRAIN_SMALL
+                "--model {dir}/mlp.pt --inputs {dir}/y_mse.pt --targets {dir}/y_mse.pt --loss mse",
+                "at layer '0' (layer 0 of 5"},
+        BadCase{"zero_chunks", PIPETRAIN_SMALL PIPETRAIN_GOOD_FILES "--loss mse --chunks 0",
+                "--chunks must be at least 1 (or auto), got 0"},
+        BadCase{"batch_larger_than_the_data",
+                PIPETRAIN_GOOD_FILES "--loss mse --steps 1 --batch-size 21",
+                "--batch-size 21 is larger than the training set (20 rows of --inputs)"}),
     [](const ::testing::TestParamInfo<BadCase>& info) { return std::string(info.param.tag); });
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include <torch/nn/modules/container/any.h>
+#include <torch/nn/modules/container/sequential.h>
 #include <torch/types.h>
 
 namespace pipetrain {
@@ -20,5 +21,11 @@ namespace pipetrain {
 // REQUIRES: 1 <= inputs.size() <= 4.
 std::vector<torch::Tensor> call_layer(torch::nn::AnyModule& layer, const std::string& name,
                                       const std::vector<torch::Tensor>& inputs);
+
+// Where `model` fails on `inputs`, for an error message: ", at layer 'name' (layer l of L,
+// TypeName, which got [shape])" for the first layer that throws when the first two rows run
+// through the layers one at a time (without gradients, skips in a context as the stages run
+// them); "" when none does.
+std::string where_forward_fails(torch::nn::Sequential& model, const torch::Tensor& inputs);
 
 }  // namespace pipetrain
