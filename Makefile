@@ -4,7 +4,7 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 CTEST_FLAGS ?=
 
-.PHONY: all bootstrap configure build test demo bench gpu-check sanitize tsan format clean
+.PHONY: all bootstrap configure build test demo bench gpu-check sanitize tsan fuzz format clean
 
 all: build
 
@@ -43,8 +43,12 @@ sanitize:
 tsan:
 	@TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp $(TSAN_OPTIONS)" $(MAKE) --no-print-directory test BUILD=build-tsan CMAKE_FLAGS="-DPIPETRAIN_TSAN=ON -DCMAKE_BUILD_TYPE=Debug" CTEST_FLAGS="-L 'runtime|stage|transport'"
 
+# libFuzzer over the readers of user files and peer messages (fuzz/), FUZZ_SECONDS (60) each.
+fuzz:
+	@scripts/fuzz
+
 format:
 	@git ls-files '*.h' '*.cpp' | xargs clang-format -i
 
 clean:
-	@rm -rf $(BUILD) build-asan build-tsan
+	@rm -rf $(BUILD) build-asan build-tsan build-fuzz

@@ -85,6 +85,9 @@ bool is_csv_path(const std::string& path) {
 }
 
 Schedule parse_csv_schedule(std::string_view text, const std::string& name) {
+  // One row per rank, as torch's writer makes them and its reader (Python's csv) reads them: a
+  // blank row is a rank with no compute (or only FSDP cells); the line ending of the last row
+  // starts no row of its own.
   std::string lines;
   int row = 0;
   std::size_t pos = 0;
@@ -94,7 +97,6 @@ Schedule parse_csv_schedule(std::string_view text, const std::string& name) {
     const std::string_view record = text.substr(pos, newline - pos);
     pos = newline + 1;
     ++row;
-    if (trim(record).empty()) continue;  // csv writers end with a newline; blank rows are not ranks
     std::string line;
     std::size_t start = 0;
     while (start <= record.size()) {
@@ -104,7 +106,7 @@ Schedule parse_csv_schedule(std::string_view text, const std::string& name) {
     }
     lines += (line.empty() ? "-" : line) + "\n";
   }
-  if (lines.empty()) {
+  if (lines.find_first_not_of("-\n") == std::string::npos) {
     throw BadInput("the CSV schedule has no rows; write one row of actions per rank");
   }
   try {

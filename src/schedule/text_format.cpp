@@ -57,6 +57,12 @@ Schedule parse_schedule(std::string_view text, const std::string& name) {
         fail_at(line_number, token, e.message());
       }
       const int j = action.stage;
+      if (j >= kMaxScheduleStages || action.microbatch >= kMaxScheduleMicrobatches) {
+        fail_at(line_number, token,
+                "stage and micro-batch indices must be below " +
+                    std::to_string(kMaxScheduleStages) + " and " +
+                    std::to_string(kMaxScheduleMicrobatches));
+      }
       if (j >= static_cast<int>(stage_rank.size())) {
         stage_rank.resize(j + 1, -1);
         stage_line.resize(j + 1, 0);
@@ -87,6 +93,12 @@ Schedule parse_schedule(std::string_view text, const std::string& name) {
                      std::to_string(stage_rank.size() - 1) + " does; stages must be numbered 0.." +
                      std::to_string(stage_rank.size() - 1) + " without gaps");
     }
+  }
+  const long long cells = static_cast<long long>(stage_rank.size()) * (max_microbatch + 1);
+  if (cells > kMaxScheduleCells) {
+    throw BadInput("schedule of " + std::to_string(stage_rank.size()) + " stages x " +
+                   std::to_string(max_microbatch + 1) + " micro-batches is past the limit of " +
+                   std::to_string(kMaxScheduleCells) + " stage micro-batches");
   }
   schedule.num_ranks = static_cast<int>(schedule.actions.size());
   schedule.num_stages = static_cast<int>(stage_rank.size());

@@ -355,7 +355,7 @@ pp::Plan plan_training_on_ranks(Distributed& distributed, torch::nn::Sequential&
   }
   const nlohmann::json decided = nlohmann::json::parse(last);
   if (decided.contains("error")) throw AutoPlanError(decided.at("error").get<std::string>());
-  return decided.at("plan").get<pp::Plan>();
+  return pp::parse_plan_json(decided.at("plan").dump());
 }
 
 }  // namespace pipetrain::tune

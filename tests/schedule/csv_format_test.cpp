@@ -87,5 +87,19 @@ TEST(CsvFormat, LoadAndSaveDispatchOnTheExtension) {
   std::remove(path.c_str());
 }
 
+// Found by fuzz/schedule_csv_fuzzer.cpp: a rank whose row holds only FSDP cells (or nothing) has
+// no compute; its row is written blank, and reading it back must keep it as a rank, as torch's
+// reader does (it was skipped, and the schedule came back with one rank fewer).
+TEST(CsvFormat, ARankWithNoComputeRoundTripsAsABlankRow) {
+  const Schedule read = parse_csv_schedule("0F0,0F1,0B0,0B1\n12UNSHARD\n");
+  ASSERT_EQ(read.num_ranks, 2);
+  EXPECT_TRUE(read.actions[1].empty());
+  const Schedule again = parse_csv_schedule(format_csv_schedule(read));
+  EXPECT_EQ(again.num_ranks, 2);
+  EXPECT_EQ(format_schedule(again), format_schedule(read));
+  // torch writes a row per rank; a blank row in the middle is an idle rank too.
+  EXPECT_EQ(parse_csv_schedule("1F0,1B0\r\n\r\n0F0,0B0\r\n").num_ranks, 3);
+}
+
 }  // namespace
 }  // namespace pipetrain::schedule

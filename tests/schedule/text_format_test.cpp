@@ -1,6 +1,7 @@
 // Custom schedule text: round trips, inference of counts and placement, and error messages.
 #include "pipetrain/schedule/text_format.h"
 #include "pipetrain/base/error.h"
+#include "pipetrain/schedule/csv_format.h"
 
 #include <gtest/gtest.h>
 
@@ -107,6 +108,33 @@ TEST(TextFormat, LoadNamesTheFileInErrors) {
   }
   std::remove(path.c_str());
   EXPECT_THROW(load_schedule(path), std::runtime_error);
+}
+
+// A file naming stage 999999999 or micro-batch 999999999 would make the reader (stage table) or
+// validate()/simulate() (S x M cells) allocate gigabytes: BadInput naming the limit instead, before
+// anything is allocated, in both the text and the CSV form.
+TEST(TextFormat, IndicesPastTheLimitsAreBadInputBeforeAnythingIsAllocated) {
+  for (const char* text : {"999999999F0\n", "0F999999999\n", "0F0,0F1048576\n"}) {
+    for (bool csv : {false, true}) {
+      try {
+        csv ? parse_csv_schedule(text) : parse_schedule(text);
+        FAIL() << text << " was accepted";
+      } catch (const BadInput& e) {
+        EXPECT_NE(std::string(e.what()).find("must be below 65536 and 1048576"), std::string::npos)
+            << e.what();
+      }
+    }
+  }
+  // Within each index limit but past the cells one: 2 stages x 2^23 + 1 micro-batches.
+  try {
+    parse_schedule("0F0,0F1000000\n1F0\n");
+  } catch (const BadInput& e) {
+    FAIL() << "2 x 1000001 cells is within the limit: " << e.what();
+  }
+  std::string many_stages;
+  for (int j = 0; j < 20; ++j) many_stages += std::to_string(j) + "F1048000,";
+  many_stages.back() = '\n';
+  EXPECT_THROW(parse_schedule(many_stages), BadInput) << "20 x 1048001 cells";
 }
 
 }  // namespace

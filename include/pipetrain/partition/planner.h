@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -162,8 +163,15 @@ std::vector<int> default_microbatch_counts(std::int64_t batch);
 void to_json(nlohmann::json& out, const Plan& plan);
 // Reads what to_json writes: the plan's shape (schedule, ranks, chunks, virtual_stages,
 // checkpoint, balance) is required, the predicted figures are read where present. Throws
-// nlohmann::json::exception on a missing or mistyped required field.
+// nlohmann::json::exception on a missing or mistyped field, BadInput for an integer field that is
+// not an integer in its type's range or an unknown checkpoint mode.
 void from_json(const nlohmann::json& in, Plan& plan);
 void to_json(nlohmann::json& out, const PlanReport& report);
+
+// A plan from JSON text (what to_json writes), checked: a JSON object with the required fields of
+// the right types, ranks, chunks and virtual stages >= 1, balance entries >= 1 and ranks x virtual
+// stages of them, a schedule that takes that shape. Throws pipetrain::BadInput naming what is
+// wrong (never a JSON library exception).
+Plan parse_plan_json(std::string_view text);
 
 }  // namespace pipetrain::partition

@@ -5,7 +5,9 @@
 //   0F0,0F1,,0B0,0B1          <- rank 0: one cell per time step, empty cells are idle steps
 //   ,1F0,1B0,1F1,1B1          <- rank 1
 //
-// Reading: each row is one rank. Cells hold compute actions in the text form of action.h ("2F0",
+// Reading: each row is one rank, as in torch's reader: a blank row is a rank with no compute
+// (torch writes one for a rank whose list is empty), and the line ending of the last row starts
+// no row of its own. Cells hold compute actions in the text form of action.h ("2F0",
 // "1I3", "1W3", "0B1"); empty cells are skipped; torch's overlapped pair "(0F7;7B3)OVERLAP_F_B"
 // becomes its actions in order (on the CPU the pair runs one after the other). REDUCE_GRAD,
 // UNSHARD and RESHARD cells (torch's FSDP bookkeeping, no compute) are skipped. A send or

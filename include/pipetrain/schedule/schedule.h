@@ -17,6 +17,13 @@
 
 namespace pipetrain::schedule {
 
+// Limits of a schedule read from a file (text_format.h, csv_format.h): stage and micro-batch
+// indices, and the S x M cells that validate() and simulate() allocate (about 30 bytes each).
+// A file past them is BadInput; the generators stay far below them.
+constexpr int kMaxScheduleStages = 1 << 16;
+constexpr int kMaxScheduleMicrobatches = 1 << 20;
+constexpr long long kMaxScheduleCells = 1LL << 24;
+
 struct Schedule {
   std::string name;             // "gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "custom", ...
   int num_ranks = 0;            // K

@@ -1,0 +1,24 @@
+// Fuzzes the reader of torch.distributed.pipelining's compute-only CSV (schedule/csv_format.h,
+// `--schedule-file x.csv`): parse, check, simulate a valid one, and its CSV form must read back
+// to the same schedule.
+#include <cstdint>
+#include <cstdlib>
+
+#include "fuzz_check.h"
+#include "pipetrain/schedule/csv_format.h"
+#include "pipetrain/schedule/simulate.h"
+#include "pipetrain/schedule/text_format.h"
+#include "pipetrain/schedule/validate.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace pipetrain;
+  fuzz::expect_only_pipetrain_errors([&] {
+    const schedule::Schedule parsed = schedule::parse_csv_schedule(fuzz::as_text(data, size));
+    if (!schedule::check(parsed)) return;
+    schedule::simulate(parsed, schedule::Costs{});
+    const schedule::Schedule again =
+        schedule::parse_csv_schedule(schedule::format_csv_schedule(parsed));
+    if (schedule::format_schedule(again) != schedule::format_schedule(parsed)) std::abort();
+  });
+  return 0;
+}
