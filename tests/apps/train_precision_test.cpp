@@ -53,7 +53,7 @@ TEST(TrainPrecision, Bf16SendsHalfTheBytesOfFp32BetweenRanksAndTrainsAlike) {
 TEST(TrainPrecision, Bf16TrainsSequentiallyAndInOneProcessPipeline) {
   const CliRun fp32 = train("--precision fp32");
   ASSERT_EQ(fp32.exit_code, 0) << fp32.output;
-  for (const std::string& layout : {"", "--stages 2 --chunks 4 --schedule zb-h1"}) {
+  for (std::string layout : {"", "--stages 2 --chunks 4 --schedule zb-h1"}) {
     const CliRun bf16 = train(layout + " --precision bf16");
     ASSERT_EQ(bf16.exit_code, 0) << layout << "\n" << bf16.output;
     EXPECT_NEAR(last_loss(bf16), last_loss(fp32), 0.02 * last_loss(fp32)) << layout;

@@ -65,9 +65,9 @@ struct PoisonImpl : torch::nn::Module {
 };
 TORCH_MODULE(Poison);
 
-class Batches : public BatchSource {
+class CyclingBatches : public BatchSource {
  public:
-  Batches() {
+  CyclingBatches() {
     torch::manual_seed(11);
     x_ = torch::randn({32, 6});
     y_ = torch::randn({32, 2});
@@ -81,42 +81,44 @@ class Batches : public BatchSource {
   torch::Tensor x_, y_;
 };
 
-torch::Tensor mse(const torch::Tensor& output, const torch::Tensor& target) {
+torch::Tensor squared_error(const torch::Tensor& output, const torch::Tensor& target) {
   return torch::mse_loss(output, target);
 }
 
-torch::nn::Sequential make_model(int poisoned = -1) {
+torch::nn::Sequential poisonable_model(int poisoned = -1) {
   torch::manual_seed(5);
   return torch::nn::Sequential(torch::nn::Linear(6, 16), torch::nn::Tanh(), Poison(poisoned),
                                torch::nn::Linear(16, 2));
 }
 
-std::map<std::string, torch::Tensor> snapshot(torch::nn::Sequential& model) {
+std::map<std::string, torch::Tensor> parameters_now(torch::nn::Sequential& model) {
   std::map<std::string, torch::Tensor> out;
   for (const auto& item : model->named_parameters()) out[item.key()] = item.value().clone();
   return out;
 }
 
-TrainerOptions options(bool scaling) {
+TrainerOptions scaling_options(bool scaling) {
   return TrainerOptions(6).optimizer("adam").lr(0.01).clip_grad_norm(1.0).loss_scaling(scaling);
 }
 
 TEST(TrainerLossScaling, Float32WeightsAreBitEqualWithAndWithoutScaling) {
-  Batches batches;
+  CyclingBatches batches;
   for (int stages : {1, 2}) {
-    torch::nn::Sequential plain = make_model();
-    torch::nn::Sequential scaled = make_model();
+    torch::nn::Sequential plain = poisonable_model();
+    torch::nn::Sequential scaled = poisonable_model();
     auto runner = [&](torch::nn::Sequential model) {
-      return stages == 1 ? make_sequential_runner(model, mse)
-                         : make_pipe_runner(model, mse, PipeOptions().stages(2).chunks(2));
+      return stages == 1
+                 ? make_sequential_runner(model, squared_error)
+                 : make_pipe_runner(model, squared_error, PipeOptions().stages(2).chunks(2));
     };
     auto plain_runner = runner(plain);
     auto scaled_runner = runner(scaled);
-    Trainer(plain, *plain_runner, batches, options(false)).fit();
-    const TrainSummary summary = Trainer(scaled, *scaled_runner, batches, options(true)).fit();
+    Trainer(plain, *plain_runner, batches, scaling_options(false)).fit();
+    const TrainSummary summary =
+        Trainer(scaled, *scaled_runner, batches, scaling_options(true)).fit();
     EXPECT_EQ(summary.skipped_steps, 0);
-    const auto a = snapshot(plain);
-    const auto b = snapshot(scaled);
+    const auto a = parameters_now(plain);
+    const auto b = parameters_now(scaled);
     for (const auto& [name, tensor] : a) {
       EXPECT_TRUE(torch::equal(tensor, b.at(name))) << name << ", " << stages << " stage(s)";
     }
@@ -124,17 +126,17 @@ TEST(TrainerLossScaling, Float32WeightsAreBitEqualWithAndWithoutScaling) {
 }
 
 TEST(TrainerLossScaling, ANanGradientSkipsThatStepOnEveryStageAndHalvesTheScale) {
-  Batches batches;
-  torch::nn::Sequential model = make_model(/*poisoned=*/2);  // step 2's gradient is NaN
+  CyclingBatches batches;
+  torch::nn::Sequential model = poisonable_model(/*poisoned=*/2);  // step 2's gradient is NaN
   // Two stages: the NaN arises on stage 1 (Poison) and reaches stage 0's gradients too.
-  auto runner = make_pipe_runner(model, mse, PipeOptions().stages(2).chunks(1));
-  Trainer trainer(model, *runner, batches, options(true));
+  auto runner = make_pipe_runner(model, squared_error, PipeOptions().stages(2).chunks(1));
+  Trainer trainer(model, *runner, batches, scaling_options(true));
   std::map<std::string, torch::Tensor> before_step2, after_step2;
   std::vector<StepReport> reports;
   trainer.on_step = [&](const StepReport& r) {
     reports.push_back(r);
-    if (r.step == 1) before_step2 = snapshot(model);
-    if (r.step == 2) after_step2 = snapshot(model);
+    if (r.step == 1) before_step2 = parameters_now(model);
+    if (r.step == 2) after_step2 = parameters_now(model);
   };
   const TrainSummary summary = trainer.fit();
   ASSERT_EQ(reports.size(), 6u);
@@ -144,7 +146,7 @@ TEST(TrainerLossScaling, ANanGradientSkipsThatStepOnEveryStageAndHalvesTheScale)
   for (const auto& [name, tensor] : before_step2) {
     EXPECT_TRUE(torch::equal(tensor, after_step2.at(name))) << name << " changed in a skipped step";
   }
-  for (const auto& [name, tensor] : snapshot(model)) {
+  for (const auto& [name, tensor] : parameters_now(model)) {
     EXPECT_TRUE(torch::isfinite(tensor).all().item<bool>()) << name;
     EXPECT_FALSE(torch::equal(tensor, after_step2.at(name))) << name << " did not train after it";
   }
@@ -156,15 +158,15 @@ TEST(CudaTrainer, Fp16WithLossScalingOnOneGpuTrainsLikeFloat32) {
   if (torch::cuda::device_count() < 1) {
     GTEST_SKIP() << "needs 1 CUDA device; 0 visible (run `make gpu-check` on a GPU machine)";
   }
-  Batches batches;
+  CyclingBatches batches;
   const std::vector<torch::Device> gpu(2, torch::Device(torch::kCUDA, 0));
   double last_loss[2] = {0, 0};
   for (Precision precision : {Precision::kFloat32, Precision::kFloat16}) {
-    torch::nn::Sequential model = make_model();
+    torch::nn::Sequential model = poisonable_model();
     auto runner = make_pipe_runner(
-        model, mse, PipeOptions().stages(2).chunks(2).devices(gpu).precision(precision));
+        model, squared_error, PipeOptions().stages(2).chunks(2).devices(gpu).precision(precision));
     const TrainSummary summary =
-        Trainer(model, *runner, batches, options(precision == Precision::kFloat16)).fit();
+        Trainer(model, *runner, batches, scaling_options(precision == Precision::kFloat16)).fit();
     last_loss[precision == Precision::kFloat16] = summary.last_loss;
   }
   EXPECT_NEAR(last_loss[1], last_loss[0], 0.05 * last_loss[0]);
