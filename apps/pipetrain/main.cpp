@@ -1,8 +1,11 @@
 // pipetrain: the command-line front end. Dispatches to the subcommands in commands.h.
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <iostream>
+
+#include <c10/util/Logging.h>
 
 #include "commands.h"
 #include "pipetrain/base/error.h"
@@ -10,6 +13,10 @@
 #include "pipetrain/train/config_file.h"
 
 int main(int argc, char** argv) {
+  // c10's warnings (a TCPStore that lost its peer logs each failed read with a C++ frame list)
+  // repeat what pipetrain's own error line says; show them only when asked for with
+  // TORCH_CPP_LOG_LEVEL (INFO, WARNING).
+  if (std::getenv("TORCH_CPP_LOG_LEVEL") == nullptr) FLAGS_caffe2_log_level = 2;  // ERROR
   CLI::App app{"pipetrain: pipeline-parallel training for LibTorch"};
   app.name("pipetrain");
   app.require_subcommand(1);

@@ -99,6 +99,7 @@ struct TrainArgs {
   std::vector<int64_t> balance;
   std::vector<std::string> balance_text;  // --balance as given: layer counts or "auto"
   int nproc = 1;
+  int max_restarts = 0;
   int pp = 0;  // 0: WORLD_SIZE / dp
   int dp = 1;
   std::string schedule = "1f1b";
@@ -163,6 +164,9 @@ void add_pipeline_flags(CLI::App& command, TrainArgs& args) {
                   "processes on this machine (pipeline ranks x data-parallel replicas); > 1 "
                   "starts them with the local launcher")
       ->capture_default_str();
+  command.add_option("--max-restarts", args.max_restarts,
+                     "when a rank fails, stop all and start them again up to this many times, "
+                     "resuming from --checkpoint-dir (torchrun's --max-restarts)");
   command.add_option("--pp", args.pp,
                      "pipeline ranks per replica in a multi-process run. Default: processes / "
                      "--dp");
@@ -346,6 +350,26 @@ void resolve_auto_flags(TrainArgs& args) {
   throw UsageError(message);
 }
 
+// --max-restarts belongs to the launching parent (the ranks never see it: strip_launcher_flags).
+void check_restart_flags(const TrainArgs& args) {
+  if (args.max_restarts < 0) {
+    fail("--max-restarts must be >= 0, got " + std::to_string(args.max_restarts));
+  }
+  if (args.max_restarts == 0) return;
+  if (DistributedEnvironment::present()) {
+    fail("--max-restarts is the launcher's flag and this rank was started by one; under torchrun "
+         "give torchrun --max-restarts N (the ranks resume from --checkpoint-dir on their own)");
+  }
+  if (args.nproc < 2) {
+    fail("--max-restarts starts the ranks of --nproc N (N >= 2) again; a one-process run has no "
+         "ranks to restart (under torchrun, give torchrun --max-restarts)");
+  }
+  if (args.checkpoint_dir.empty()) {
+    fail("--max-restarts needs --checkpoint-dir DIR: the restarted ranks resume from "
+         "DIR/checkpoint.pt (written every --save-every steps)");
+  }
+}
+
 // Names (optimizer, checkpoint, lr schedule, schedule) and flags that exclude each other.
 void check_choices(const TrainArgs& args) {
   if (args.auto_request.any() && !args.schedule_file.empty()) {
@@ -421,6 +445,7 @@ void check_ranges(const TrainArgs& args) {
     }
   }
   if (args.nproc < 1) fail("--nproc must be at least 1, got " + std::to_string(args.nproc));
+  check_restart_flags(args);
   if (args.dp < 1) fail("--dp must be at least 1, got " + std::to_string(args.dp));
   if (args.pp < 0) fail("--pp must be at least 1, got " + std::to_string(args.pp));
   if (args.threads < 0) fail("--threads must be >= 0, got " + std::to_string(args.threads));
@@ -1013,6 +1038,20 @@ void print_auto_plan(const partition::Plan& plan) {
   std::fflush(stdout);
 }
 
+// A restarted rank (torchrun --max-restarts, or --max-restarts here) continues from the last
+// checkpoint of --checkpoint-dir; every rank takes the same file, as with --resume.
+void resume_after_restart(TrainArgs& args, int restart_count) {
+  if (restart_count == 0) return;
+  if (auto file = train::checkpoint_after_restart(args.checkpoint_dir, restart_count)) {
+    std::printf("restart %d: resuming from %s\n", restart_count, file->c_str());
+    args.resume = *file;
+  } else {
+    std::printf("restart %d: no checkpoint in --checkpoint-dir '%s' yet; starting over\n",
+                restart_count, args.checkpoint_dir.c_str());
+  }
+  std::fflush(stdout);
+}
+
 int run_train(const TrainArgs& given) {
   TrainArgs args = given;
   resolve_auto_flags(args);
@@ -1031,10 +1070,11 @@ int run_train(const TrainArgs& given) {
                 auto_plan ? "; rank 0 makes the auto plan" : "");
     std::fflush(stdout);
     return launch_self(args.nproc, own_arguments(),
-                       std::chrono::milliseconds(static_cast<int64_t>(10'000)));
+                       std::chrono::milliseconds(static_cast<int64_t>(10'000)), args.max_restarts);
   }
   if (launched) {
     DistributedEnvironment environment = DistributedEnvironment::from_environment();
+    resume_after_restart(args, environment.restart_count);
     Layout layout = layout_of(args, environment.world_size);
     const int threads = threads_per_rank(args, layout);
     at::set_num_threads(threads);

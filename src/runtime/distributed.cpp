@@ -14,6 +14,7 @@
 #include <torch/serialize.h>
 
 #include "pipetrain/base/check.h"
+#include "pipetrain/base/message_of.h"
 
 namespace pipetrain {
 
@@ -57,6 +58,7 @@ DistributedEnvironment DistributedEnvironment::from_environment() {
   const auto rank = read_int("RANK", true, &problems);
   const auto world_size = read_int("WORLD_SIZE", true, &problems);
   const auto local_rank = read_int("LOCAL_RANK", false, &problems);
+  const auto restart_count = read_int("TORCHELASTIC_RESTART_COUNT", false, &problems);
   if (port && (*port < 1 || *port > 65535)) {
     problems.push_back("MASTER_PORT=" + std::to_string(*port) + " is not a TCP port (1..65535)");
   }
@@ -78,6 +80,7 @@ DistributedEnvironment DistributedEnvironment::from_environment() {
   env.rank = *rank;
   env.world_size = *world_size;
   env.local_rank = local_rank.value_or(0);
+  env.restart_count = restart_count.value_or(0);
   return env;
 }
 
@@ -322,7 +325,7 @@ int run_distributed(const DistributedOptions& options,
     std::cerr << "rank " << rank << ": error: " << e.what_without_backtrace() << std::endl;
     return exit_code;
   } catch (const std::exception& e) {
-    std::cerr << "rank " << rank << ": error: " << e.what() << std::endl;
+    std::cerr << "rank " << rank << ": error: " << message_of(e) << std::endl;
     return exit_code;
   }
   // An abort from elsewhere: the transports are woken by their own listeners; if the body is
@@ -337,8 +340,7 @@ int run_distributed(const DistributedOptions& options,
   try {
     body(*distributed);
   } catch (const std::exception& e) {
-    const c10::Error* error = dynamic_cast<const c10::Error*>(&e);
-    const std::string message = error ? error->what_without_backtrace() : e.what();
+    const std::string message = message_of(e);
     std::cerr << "rank " << rank << ": error: " << message << std::endl;
     distributed->abort(message);
     distributed->world()->linger_until_abort_seen(std::chrono::seconds(3));

@@ -56,6 +56,7 @@ struct Child {
   pid_t pid = -1;
   bool running = false;
   int exit_code = 0;
+  Clock::time_point ended;  // when it was reaped
   Stream out, err;
   std::deque<std::string> stderr_tail;  // last lines, for the failure summary
 };
@@ -105,7 +106,11 @@ std::vector<std::string> strip_launcher_flags(int argc, const char* const* argv)
       ++a;  // skip its value
       continue;
     }
-    if (arg.rfind("--nproc=", 0) == 0) continue;
+    if (arg == "--max-restarts") {
+      ++a;
+      continue;
+    }
+    if (arg.rfind("--nproc=", 0) == 0 || arg.rfind("--max-restarts=", 0) == 0) continue;
     rest.push_back(arg);
   }
   return rest;
@@ -160,7 +165,7 @@ std::vector<std::string> rank_environment(const LaunchOptions& options, int r, i
     const std::string entry = *e;
     const std::string key = entry.substr(0, entry.find('='));
     if (key == "MASTER_ADDR" || key == "MASTER_PORT" || key == "RANK" || key == "WORLD_SIZE" ||
-        key == "LOCAL_RANK" || key == "LOCAL_WORLD_SIZE") {
+        key == "LOCAL_RANK" || key == "LOCAL_WORLD_SIZE" || key == "TORCHELASTIC_RESTART_COUNT") {
       continue;
     }
     env.push_back(entry);
@@ -354,6 +359,7 @@ bool Launch::reap() {
       continue;
     }
     child.running = false;
+    child.ended = Clock::now();
     child.exit_code = decode_status(status);
     if (child.exit_code != 0 && result_.first_failed_rank < 0) {
       if (options_.rank_environment) {
@@ -388,6 +394,7 @@ LaunchResult Launch::run(int signal_fd) {
       char signals[16];
       const ssize_t n = read(signal_fd, signals, sizeof(signals));
       for (ssize_t s = 0; s < n; ++s) {
+        result_.interrupted = true;
         kill_all(signals[s]);
         if (!term_at_) term_at_ = Clock::now() + options_.grace;
       }
@@ -423,6 +430,7 @@ LaunchResult Launch::run(int signal_fd) {
       }
     }
     result_.rank_exit_codes.push_back(child.exit_code);
+    result_.rank_ended_at.push_back(child.ended);
   }
   result_.exit_code =
       result_.first_failed_rank >= 0 ? result_.rank_exit_codes[result_.first_failed_rank] : 0;
@@ -432,18 +440,49 @@ LaunchResult Launch::run(int signal_fd) {
 
 }  // namespace
 
+namespace {
+
+// Whether a failed attempt is worth starting again: not when a person stopped the job, the job's
+// time ran out, or the first failure was bad input (exit 2), which the next attempt would meet too.
+bool worth_restarting(const LaunchResult& result) {
+  return result.exit_code != 0 && !result.interrupted && !result.timed_out &&
+         result.exit_code != 2;
+}
+
+}  // namespace
+
 LaunchResult launch_local(const LaunchOptions& options) {
   if (options.nproc < 1) {
     throw BadInput("launch: --nproc must be >= 1, got " + std::to_string(options.nproc));
   }
+  if (options.max_restarts < 0) {
+    throw BadInput("launch: --max-restarts must be >= 0, got " +
+                   std::to_string(options.max_restarts));
+  }
   const int world_size = options.world_size > 0 ? options.world_size : options.nproc;
-  const int port = !options.rank_environment ? 0
-                   : options.master_port > 0 ? options.master_port
-                                             : find_free_port(options.master_addr);
   SignalForwarding signals;  // declared first: restored last, after the children are gone
-  Launch launch(options);
-  launch.spawn_all(port, world_size);
-  return launch.run(signals.read_fd());
+  for (int attempt = 0;; ++attempt) {
+    // A fresh port per attempt: the last one's store may still be in TIME_WAIT.
+    const int port = !options.rank_environment ? 0
+                     : options.master_port > 0 ? options.master_port
+                                               : find_free_port(options.master_addr);
+    LaunchOptions this_attempt = options;
+    if (options.rank_environment) {
+      this_attempt.env.emplace_back("TORCHELASTIC_RESTART_COUNT", std::to_string(attempt));
+    }
+    LaunchResult result;
+    {
+      Launch launch(this_attempt);
+      launch.spawn_all(port, world_size);
+      result = launch.run(signals.read_fd());
+    }
+    result.restarts = attempt;
+    if (attempt >= options.max_restarts || !worth_restarting(result)) return result;
+    std::cerr << "pipetrain launch: restart " << attempt + 1 << " of " << options.max_restarts
+              << ": starting all " << options.nproc << " ranks again (rank "
+              << result.first_failed_rank << " " << describe_exit(result.exit_code) << ")"
+              << std::endl;
+  }
 }
 
 std::string self_executable() {
@@ -482,12 +521,14 @@ CollectedRun launch_self_collecting(int nproc, const std::vector<std::string>& a
   return run;
 }
 
-int launch_self(int nproc, const std::vector<std::string>& args, std::chrono::milliseconds grace) {
+int launch_self(int nproc, const std::vector<std::string>& args, std::chrono::milliseconds grace,
+                int max_restarts) {
   LaunchOptions options;
   options.program = self_executable();
   options.args = args;
   options.nproc = nproc;
   options.grace = grace;
+  options.max_restarts = max_restarts;
   return launch_local(options).exit_code;
 }
 

@@ -250,6 +250,14 @@ void Trainer::write_trace(TrainSummary& summary) {
   }
 }
 
+std::optional<std::string> checkpoint_after_restart(const std::string& directory,
+                                                    int restart_count) {
+  if (restart_count <= 0 || directory.empty()) return std::nullopt;
+  const std::string file = checkpoint_path(directory);
+  if (!std::filesystem::exists(file)) return std::nullopt;
+  return file;
+}
+
 std::string checkpoint_path(const std::string& directory) {
   return (std::filesystem::path(directory) / "checkpoint.pt").string();
 }

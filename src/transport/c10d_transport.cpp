@@ -40,6 +40,7 @@
 
 #include "c10d_internal.h"
 #include "pipetrain/base/check.h"
+#include "pipetrain/base/message_of.h"
 
 namespace pipetrain {
 
@@ -312,7 +313,7 @@ void C10dTransport::Impl::reap() {
       error = e.what();
       kind = e.kind();
     } catch (const std::exception& e) {
-      error = e.what();
+      error = message_of(e);
     }
     {
       std::lock_guard<std::mutex> lock(mutex);
@@ -359,7 +360,7 @@ void C10dTransport::Impl::wait_recv(PostedRecv& posted, int src, const Envelope&
   try {
     completed = posted.work->wait(timeout);
   } catch (const std::exception& e) {
-    failure = e.what();
+    failure = message_of(e);
   }
   // A peer that failed publishes its reason just before it exits; its closed connection can
   // reach us first. Prefer the reason to "connection closed".

@@ -15,6 +15,8 @@
 // The watchdog thread of every rank polls it every 100 ms, bumps its own heartbeat counter every
 // second and checks the others'. A peer whose heartbeat stood still for the timeout (SIGKILL,
 // SIGSTOP, a hung machine), or a lost store (rank 0 is gone), is turned into an abort too.
+//   [6] A store that does not answer (rank 0's host cut off: no reset, the read blocks) is seen
+//       by the store monitor thread: a watchdog store call longer than the timeout aborts.
 #include <unistd.h>
 
 #include <algorithm>
@@ -279,6 +281,22 @@ std::vector<std::vector<char>> C10dGroup::gather_bytes(const std::vector<char>& 
 
 // ---- C10dWorld --------------------------------------------------------------------------------
 
+// Marks the watchdog as inside a store call for its lifetime, for the store monitor [6].
+class StoreCall {
+ public:
+  explicit StoreCall(std::atomic<int64_t>& since) : since_(since) {
+    since_ = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                 std::chrono::steady_clock::now().time_since_epoch())
+                 .count();
+  }
+  ~StoreCall() { since_ = 0; }
+  StoreCall(const StoreCall&) = delete;
+  StoreCall& operator=(const StoreCall&) = delete;
+
+ private:
+  std::atomic<int64_t>& since_;
+};
+
 struct C10dWorld::Impl {
   RendezvousOptions options;
   c10::intrusive_ptr<::c10d::Store> store;        // used by the calling threads
@@ -294,16 +312,24 @@ struct C10dWorld::Impl {
   std::map<int, std::function<void(const std::string&)>> listeners;
   int next_listener = 0;
   std::thread watchdog;
-  std::atomic<bool> abort_counted{false};
+  // [6] The store monitor: when the watchdog's current store call began (steady clock, ns; 0:
+  // none), and whether it outlived the timeout (the watchdog thread is then left blocked in a
+  // socket read, and this state is leaked with it: ~C10dWorld).
+  std::thread store_monitor;
+  std::atomic<int64_t> store_call_since{0};
+  std::atomic<bool> watchdog_stuck{false};
+  // Shared with the thread that publishes an abort (C10dWorld::abort), which may outlive this.
+  std::shared_ptr<std::atomic<bool>> abort_counted = std::make_shared<std::atomic<bool>>(false);
 
   // Once per process: tells rank 0 (linger_until_abort_seen) this rank knows of the abort.
   void count_abort_seen() {
-    if (!abort_counted.exchange(true)) watch_store->add(kAbortSeenKey, 1);
+    if (!abort_counted->exchange(true)) watch_store->add(kAbortSeenKey, 1);
   }
 
   std::shared_ptr<C10dGroup> make_group(const std::string& name, std::vector<int> ranks);
   void fire(const std::string& reason, bool timed_out = false);
   void watch();
+  void monitor_store();
   void stop_watchdog();
 };
 
@@ -372,6 +398,7 @@ void C10dWorld::Impl::watch() {
       if (stop || abort_reason) return;
     }
     try {
+      StoreCall call(store_call_since);
       if (watch_store->check({kAbortKey})) {
         const std::string reason = from_bytes(watch_store->get(kAbortKey));
         count_abort_seen();
@@ -411,10 +438,34 @@ void C10dWorld::Impl::watch() {
       std::ostringstream reason;
       reason << "rank " << options.rank << ": lost the rendezvous store at " << options.master_addr
              << ":" << options.master_port
-             << " (hosted by rank 0): rank 0 has exited or was killed (" << e.what() << ")";
+             << " (hosted by rank 0): rank 0 has exited or was killed (" << message_of(e) << ")";
       fire(reason.str());
       return;
     }
+  }
+}
+
+// [6] A store read does not time out: when rank 0's host is cut off, the watchdog's call blocks
+// until the kernel gives the connection up (many minutes) and the watchdog sees nothing. This
+// thread aborts when one call has lasted longer than the timeout.
+void C10dWorld::Impl::monitor_store() {
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mutex);
+      wake.wait_for(lock, std::chrono::milliseconds(100), [&] { return stop; });
+      if (stop || abort_reason) return;
+    }
+    const int64_t since = store_call_since.load();
+    if (since == 0) continue;
+    const auto waited = Clock::now().time_since_epoch() - std::chrono::nanoseconds(since);
+    if (waited <= options.timeout) continue;
+    watchdog_stuck = true;
+    std::ostringstream reason;
+    reason << "rank " << options.rank << ": the rendezvous store at " << options.master_addr << ":" << options.master_port
+           << " (hosted by rank 0) has not answered for " << seconds(options.timeout)
+           << " s: rank 0's host is unreachable from here (a network cut) or stalled";
+    fire(reason.str(), /*timed_out=*/true);
+    return;
   }
 }
 
@@ -424,13 +475,26 @@ void C10dWorld::Impl::stop_watchdog() {
     stop = true;
   }
   wake.notify_all();
-  if (watchdog.joinable()) watchdog.join();
+  if (store_monitor.joinable()) store_monitor.join();
+  if (watchdog.joinable()) {
+    if (watchdog_stuck) {
+      watchdog.detach();  // blocked in a read of a store that does not answer: see ~C10dWorld
+    } else {
+      watchdog.join();
+    }
+  }
 }
 
 C10dWorld::C10dWorld(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 C10dWorld::~C10dWorld() {
   impl_->stop_watchdog();
+  if (impl_->watchdog_stuck) {
+    // The detached watchdog still reads this state when its read finally fails; it is leaked
+    // rather than freed under it (a failure path: the process is about to exit).
+    (void)impl_.release();
+    return;
+  }
   impl_->world.reset();
 }
 
@@ -543,6 +607,7 @@ std::shared_ptr<C10dWorld> C10dWorld::connect(const RendezvousOptions& options) 
 
   Impl* raw = impl.get();
   impl->watchdog = std::thread([raw] { raw->watch(); });
+  impl->store_monitor = std::thread([raw] { raw->monitor_store(); });
   return std::shared_ptr<C10dWorld>(new C10dWorld(std::move(impl)));
 }
 
@@ -580,15 +645,33 @@ std::shared_ptr<C10dGroup> C10dWorld::new_group(const std::string& name, std::ve
 
 void C10dWorld::abort(const std::string& reason) {
   const std::string full = "rank " + std::to_string(rank()) + ": " + reason;
-  std::string published = full;
-  try {
-    // First reason wins: a rank that aborts because of another's abort keeps the original.
-    auto current = impl_->watch_store->compareSet(kAbortKey, {}, to_bytes(full));
-    if (!current.empty()) published = from_bytes(current);
-    impl_->count_abort_seen();
-  } catch (...) {
-    // The store is gone (rank 0 died): the local abort below still wakes this rank.
-  }
+  // First reason wins: a rank that aborts because of another's abort keeps the original. The
+  // store may not answer (rank 0's host cut off, [6]): it is asked on a thread of its own, given
+  // a few seconds, and the local abort below wakes this rank either way.
+  struct Answer {
+    std::mutex mutex;
+    std::condition_variable done;
+    std::optional<std::string> published;
+  };
+  auto answer = std::make_shared<Answer>();
+  std::thread([store = impl_->watch_store, counted = impl_->abort_counted, answer, full] {
+    std::string published = full;
+    try {
+      auto current = store->compareSet(kAbortKey, {}, to_bytes(full));
+      if (!current.empty()) published = from_bytes(current);
+      if (!counted->exchange(true)) store->add(kAbortSeenKey, 1);
+    } catch (...) {
+      // The store is gone (rank 0 died).
+    }
+    std::lock_guard<std::mutex> lock(answer->mutex);
+    answer->published = published;
+    answer->done.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> lock(answer->mutex);
+  answer->done.wait_for(lock, std::min(timeout(), std::chrono::milliseconds(3000)),
+                        [&] { return answer->published.has_value(); });
+  const std::string published = answer->published.value_or(full);
+  lock.unlock();
   impl_->fire(published);
 }
 

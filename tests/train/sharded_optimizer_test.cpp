@@ -94,7 +94,7 @@ TEST(ShardedOptimizer, ACheckpointAtTwoReplicasResumesAtOneAndFourAsTheUninterru
       path("ckpt"));
   ASSERT_EQ(first.exit_code, 0) << first.output;
   const std::string resume = " --resume " + path("ckpt/checkpoint.pt") + " --save-params ";
-  for (const std::string& layout :
+  for (const std::string layout :
        {"--nproc 2 --dp 1", "--nproc 8 --dp 4 --zero 1", "--nproc 4 --dp 2 --zero 2"}) {
     const CliRun rest = train(common + layout + resume + path("resumed.pt"));
     ASSERT_EQ(rest.exit_code, 0) << layout << "\n" << rest.output;

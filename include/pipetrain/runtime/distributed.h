@@ -45,8 +45,12 @@ struct DistributedEnvironment {
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;
+  // Attempts before this one (TORCHELASTIC_RESTART_COUNT, set by torchrun --max-restarts and by
+  // launch_local's max_restarts): 0 on the first.
+  int restart_count = 0;
 
-  // Reads MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE and LOCAL_RANK (optional, defaults to 0).
+  // Reads MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE and LOCAL_RANK and
+  // TORCHELASTIC_RESTART_COUNT (both optional, default 0).
   // Throws pipetrain::BadInput naming every missing or invalid variable and how to set it.
   static DistributedEnvironment from_environment();
   // True when RANK or WORLD_SIZE is set: the process was started by a launcher.

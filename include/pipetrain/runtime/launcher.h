@@ -9,6 +9,13 @@
 // waits `grace` for the others to stop on their own (they see the abort, docs/DISTRIBUTED.md),
 // then sends SIGTERM and, 2 s later, SIGKILL to what is left. On return no child is left running.
 //
+// Restarts (torchrun's --max-restarts): with max_restarts = N > 0, a failed attempt is followed by
+// a new one, every rank started again, up to N times. Each attempt's ranks get
+// TORCHELASTIC_RESTART_COUNT = 0, 1, ... as under torchrun; `pipetrain train` resumes from its
+// --checkpoint-dir when it is above 0 (train/restart.h). Not restarted: an attempt stopped by
+// SIGINT/SIGTERM, one that ran out of `timeout`, and one whose first failure exited 2 (bad
+// input, which the next attempt would meet again).
+//
 // Exit code: 0 when every rank exited 0; else the first failing rank's exit code (128 + signal
 // for a rank killed by a signal). The first failure is summarised last, with the tail of that
 // rank's stderr, so it is the first thing a reader sees at the bottom of the log.
@@ -39,12 +46,13 @@ struct LaunchOptions {
   // launcher's stdout or stderr.
   std::function<void(int rank, bool is_stderr, const std::string& line)> on_line;
   // > 0: every child still running this long after the start is killed (SIGKILL to its process
-  // group) and LaunchResult::timed_out is set.
+  // group) and LaunchResult::timed_out is set. Counted per attempt.
   std::chrono::milliseconds timeout{0};
   // false: plain programs, not ranks of a job: no rendezvous variables (MASTER_*, RANK,
   // WORLD_SIZE, LOCAL_*, PIPETRAIN_LAUNCHED) are set and no port is looked for, and a failure is
   // not summarised as a rank's.
   bool rank_environment = true;
+  int max_restarts = 0;  // see "Restarts" above; >= 0 (else pipetrain::BadInput)
 };
 
 struct LaunchResult {
@@ -52,7 +60,10 @@ struct LaunchResult {
   int first_failed_rank = -1;        // -1 when every rank succeeded
   std::vector<int> rank_exit_codes;  // per rank: exit code, or 128 + signal
   std::vector<int> pids;             // the children's pids (all reaped on return)
+  std::vector<std::chrono::steady_clock::time_point> rank_ended_at;  // per rank: when it exited
   bool timed_out = false;            // LaunchOptions::timeout ran out
+  bool interrupted = false;          // SIGINT or SIGTERM reached the launcher
+  int restarts = 0;                  // attempts after the first; the fields above are the last's
 };
 
 // REQUIRES: nproc >= 1 (else pipetrain::BadInput); program is executable. Throws a
@@ -75,15 +86,15 @@ CollectedRun launch_self_collecting(int nproc, const std::vector<std::string>& a
                                     const std::string& prefix);
 
 // Re-runs this executable (/proc/self/exe) `nproc` times with `args`: the glue behind
-// `pipetrain train --nproc N`. Returns the exit code as launch_local.
+// `pipetrain train --nproc N [--max-restarts R]`. Returns the exit code as launch_local.
 int launch_self(int nproc, const std::vector<std::string>& args,
-                std::chrono::milliseconds grace = std::chrono::seconds(10));
+                std::chrono::milliseconds grace = std::chrono::seconds(10), int max_restarts = 0);
 
 // A TCP port on `addr` that was free a moment ago (bind port 0, read it back, close).
 int find_free_port(const std::string& addr = "127.0.0.1");
 
-// Removes "--nproc N" / "--nproc=N" from argv (the launcher's own flag) and returns the rest,
-// argv[0] excluded.
+// Removes "--nproc N" and "--max-restarts N" (also as "--flag=N", the launcher's own flags) from
+// argv and returns the rest, argv[0] excluded.
 std::vector<std::string> strip_launcher_flags(int argc, const char* const* argv);
 
 }  // namespace pipetrain

@@ -203,4 +203,12 @@ class Trainer {
 // The file a Trainer writes its checkpoints to in `directory`: "<directory>/checkpoint.pt".
 std::string checkpoint_path(const std::string& directory);
 
+// Where a restarted job continues (torchrun --max-restarts, launch_local's max_restarts): on a
+// restart (restart_count > 0, DistributedEnvironment::restart_count) the checkpoint in
+// `directory` when one was written, which Trainer::resume takes; nullopt on a first attempt, and
+// on a restart that came before the first checkpoint (the job starts over, which is exact too:
+// the same seeds give the same run).
+std::optional<std::string> checkpoint_after_restart(const std::string& directory,
+                                                    int restart_count);
+
 }  // namespace pipetrain::train
