@@ -141,7 +141,6 @@ TEST_F(TrainRestart, ThreeKillsUnderMaxRestartsThreeEndEqualToTheUninterruptedRu
                                     "local", steps, ranks);
   ASSERT_EQ(run.exit_code, 0) << run.output;
   ASSERT_EQ(run.killed_at.size(), 3u) << run.output;
-  std::cout << run.output;
   EXPECT_NE(run.output.find("restart 3 of 3"), std::string::npos) << run.output;
   // Both ranks of every restart resumed from the checkpoint (a kill after step 3 or later comes
   // after the first checkpoint).
