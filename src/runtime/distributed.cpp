@@ -121,6 +121,7 @@ Distributed::Distributed(const DistributedEnvironment& environment,
   rendezvous.master_port = environment.master_port;
   rendezvous.rank = environment.rank;
   rendezvous.world_size = environment.world_size;
+  rendezvous.attempt = environment.restart_count;
   rendezvous.timeout = options.timeout();
   rendezvous.backend = options.backend() == "auto" ? comm_backend_for_device(options.device())
                                                    : parse_comm_backend(options.backend());
@@ -321,9 +322,6 @@ int run_distributed(const DistributedOptions& options,
     rank = environment.rank;
     exit_code = 1;
     distributed = std::make_unique<Distributed>(environment, options);
-  } catch (const c10::Error& e) {
-    std::cerr << "rank " << rank << ": error: " << e.what_without_backtrace() << std::endl;
-    return exit_code;
   } catch (const std::exception& e) {
     std::cerr << "rank " << rank << ": error: " << message_of(e) << std::endl;
     return exit_code;

@@ -20,7 +20,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
@@ -512,6 +511,7 @@ void check_rendezvous_options(const RendezvousOptions& options) {
                         "RANK=", options.rank,
                         " is outside 0..WORLD_SIZE-1 (WORLD_SIZE=", options.world_size, ")");
   PIPETRAIN_CHECK_INPUT(options.timeout.count() > 0, "the rendezvous timeout must be positive");
+  PIPETRAIN_CHECK_INPUT(options.attempt >= 0, "the attempt must be >= 0, got ", options.attempt);
   PIPETRAIN_CHECK_INPUT(
       comm_backend_available(options.backend) || options.backend == CommBackend::kMpi, "rank ",
       options.rank, ": backend ", comm_backend_name(options.backend),
@@ -548,13 +548,12 @@ c10::intrusive_ptr<::c10d::Store> open_store(const RendezvousOptions& options, b
 }
 
 // [1] Under torchrun the store is its agent's, and it outlives the ranks: the keys of a restarted
-// attempt (TORCHELASTIC_RESTART_COUNT > 0) go under a prefix of their own, or the new ranks would
-// meet the old ones' claims.
-c10::intrusive_ptr<::c10d::Store> within_attempt(c10::intrusive_ptr<::c10d::Store> store) {
-  const char* count = std::getenv("TORCHELASTIC_RESTART_COUNT");
-  if (count == nullptr || *count == '\0' || std::string(count) == "0") return store;
-  return c10::make_intrusive<::c10d::PrefixStore>("pipetrain/attempt/" + std::string(count),
-                                                  std::move(store));
+// attempt go under a prefix of their own, or the new ranks would meet the old ones' claims.
+c10::intrusive_ptr<::c10d::Store> within_attempt(c10::intrusive_ptr<::c10d::Store> store,
+                                                 const RendezvousOptions& options) {
+  if (options.attempt == 0) return store;
+  return c10::make_intrusive<::c10d::PrefixStore>(
+      "pipetrain/attempt/" + std::to_string(options.attempt), std::move(store));
 }
 
 // [2] This process holds its RANK alone; [3] every rank agrees on WORLD_SIZE.
@@ -607,8 +606,8 @@ std::shared_ptr<C10dWorld> C10dWorld::connect(const RendezvousOptions& options) 
   check_rendezvous_options(options);
   auto impl = std::make_unique<Impl>();
   impl->options = options;
-  impl->store = within_attempt(open_store(options, options.rank == 0));  // [1]
-  impl->watch_store = within_attempt(open_store(options, false));
+  impl->store = within_attempt(open_store(options, options.rank == 0), options);  // [1]
+  impl->watch_store = within_attempt(open_store(options, false), options);
   claim_rank(*impl->store, options);           // [2] [3]
   wait_for_every_rank(*impl->store, options);  // [4]
   // [5]

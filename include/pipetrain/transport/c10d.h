@@ -80,6 +80,10 @@ struct RendezvousOptions {
   // Bound on every wait: rendezvous, each receive, each collective, heartbeats of dead peers.
   std::chrono::milliseconds timeout{std::chrono::seconds(120)};
   CommBackend backend = CommBackend::kGloo;
+  // Attempts of this job before this one (DistributedEnvironment::restart_count). Above 0 the
+  // world's keys go under a prefix of their own: a store that outlives the ranks (torchrun's
+  // agent's) still holds the last attempt's.
+  int attempt = 0;
 };
 
 class C10dGroup;
