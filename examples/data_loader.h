@@ -21,10 +21,13 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <torch/arg.h>
 #include <torch/types.h>
+
+#include "pipetrain/train/batch_source.h"
 
 namespace pipetrain::examples {
 
@@ -114,5 +117,20 @@ uint64_t uniform_below(Engine& engine, uint64_t bound) {
   } while (draw >= limit);
   return draw % bound;
 }
+
+// The loader's batches as a Trainer's batch source (train/batch_source.h): step k is batch
+// k % batches_per_epoch() of epoch k / batches_per_epoch(), shuffled as the loader shuffles.
+class LoaderBatches final : public train::BatchSource {
+ public:
+  explicit LoaderBatches(DataLoader loader) : loader_(std::move(loader)) {}
+  std::pair<torch::Tensor, torch::Tensor> at(int64_t k) const override {
+    const Batch b = loader_.batch(k / per_epoch(), k % per_epoch());
+    return {b.inputs, b.targets};
+  }
+  int64_t per_epoch() const override { return loader_.batches_per_epoch(); }
+
+ private:
+  DataLoader loader_;
+};
 
 }  // namespace pipetrain::examples

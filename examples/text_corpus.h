@@ -25,6 +25,7 @@
 #include <torch/types.h>
 
 #include "data_error.h"
+#include "pipetrain/train/batch_source.h"
 
 namespace pipetrain::examples {
 
@@ -68,6 +69,25 @@ class CharCorpus {
   std::string vocabulary_;
   std::array<int16_t, 256> token_of_byte_{};  // -1 where the byte is not in the vocabulary
   torch::Tensor tokens_;
+};
+
+// A corpus as a Trainer's batch source (train/batch_source.h): step k is
+// corpus.sample_windows(batch, length, seed, k). No epochs (per_epoch() is 0). Keeps a reference
+// to the corpus, which must outlive it.
+class WindowBatches final : public train::BatchSource {
+ public:
+  WindowBatches(const CharCorpus& corpus, int64_t batch, int64_t length, uint64_t seed)
+      : corpus_(corpus), batch_(batch), length_(length), seed_(seed) {}
+  std::pair<torch::Tensor, torch::Tensor> at(int64_t k) const override {
+    TokenWindows w = corpus_.sample_windows(batch_, length_, seed_, k);
+    return {w.inputs, w.targets};
+  }
+  int64_t per_epoch() const override { return 0; }
+
+ private:
+  const CharCorpus& corpus_;
+  int64_t batch_, length_;
+  uint64_t seed_;
 };
 
 }  // namespace pipetrain::examples

@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "model_registry.h"
 #include "pipetrain/base/atomic_file.h"
 #include "pipetrain/base/load_average.h"
 #include "pipetrain/base/median.h"
@@ -33,13 +34,9 @@
 #include "pipetrain/runtime/pipe.h"
 #include "pipetrain/schedule/generators.h"
 #include "pipetrain/stage/torchscript.h"
+#include "pipetrain/tune/auto_plan.h"
 #include "pipetrain/tune/calibration.h"
 #include "pipetrain/tune/verify.h"
-
-#if __has_include("model_registry.h")
-#include "model_registry.h"
-#define PIPETRAIN_HAS_MODEL_REGISTRY 1
-#endif
 
 namespace pipetrain::cli {
 namespace {
@@ -79,26 +76,6 @@ bool ends_with(const std::string& text, const std::string& suffix) {
          text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-#ifndef PIPETRAIN_HAS_MODEL_REGISTRY
-// Stand-ins until the examples' model registry is built in: the same shapes as its defaults.
-torch::nn::Sequential builtin_model(const std::string& name) {
-  if (name == "mlp") {
-    return torch::nn::Sequential(torch::nn::Flatten(), torch::nn::Linear(784, 512),
-                                 torch::nn::ReLU(), torch::nn::Linear(512, 256), torch::nn::ReLU(),
-                                 torch::nn::Linear(256, 10));
-  }
-  if (name == "cnn") {
-    using torch::nn::Conv2dOptions;
-    return torch::nn::Sequential(
-        torch::nn::Conv2d(Conv2dOptions(1, 32, 3).padding(1)), torch::nn::ReLU(),
-        torch::nn::MaxPool2d(2), torch::nn::Conv2d(Conv2dOptions(32, 64, 3).padding(1)),
-        torch::nn::ReLU(), torch::nn::MaxPool2d(2), torch::nn::Flatten(),
-        torch::nn::Linear(64 * 7 * 7, 128), torch::nn::ReLU(), torch::nn::Linear(128, 10));
-  }
-  throw UsageError("unknown --model '" + name +
-                   "'; give a TorchScript file (*.pt) or one of: mlp, cnn");
-}
-#endif
 
 // [1]
 LoadedModel load_model(const PlanModelArgs& args) {
@@ -110,26 +87,24 @@ LoadedModel load_model(const PlanModelArgs& args) {
     loaded.sequential = as_usage_error("", [&] { return load_torchscript_sequential(args.model); });
     loaded.description = "TorchScript " + args.model;
   } else {
-#ifdef PIPETRAIN_HAS_MODEL_REGISTRY
     try {
       loaded.sequential = examples::make_model(args.model).sequential;
     } catch (const examples::ModelOptionError& e) {
       throw UsageError(e.what());
     }
-#else
-    loaded.sequential = builtin_model(args.model);
-#endif
     loaded.description = args.model;
   }
   loaded.sample = torch::randn(shape);
   return loaded;
 }
 
+// --optimizer sgd|momentum|adam as the library's state multiple (tune::optimizer_state_multiple).
 double optimizer_state_multiple(const std::string& name) {
-  if (name == "sgd") return 0;
-  if (name == "momentum") return 1;
-  if (name == "adam") return 2;
-  throw UsageError("unknown --optimizer '" + name + "'; valid: sgd, momentum, adam");
+  if (name != "sgd" && name != "momentum" && name != "adam") {
+    throw UsageError("unknown --optimizer '" + name + "'; valid: sgd, momentum, adam");
+  }
+  return tune::optimizer_state_multiple(name == "adam" ? "adam" : "sgd",
+                                        name == "momentum" ? 0.9 : 0.0);
 }
 
 std::vector<std::string> split_names(const std::string& text) {

@@ -628,56 +628,39 @@ PipeOptions pipe_options(const TrainArgs& args, const Layout& layout, int64_t la
 
 // ---- batches ------------------------------------------------------------------------------------
 
-// The mini-batch of global step k (train::BatchSource), and the run's length.
-class Batches : public train::BatchSource {
+// The data set's batch source (train/batch_source.h; the examples' loader and corpus), and the
+// run's length.
+class Batches {
  public:
-  Batches(const TrainArgs& args, const BuiltModel& model, const BuiltData& data)
-      : args_(args), data_(data) {
+  Batches(const TrainArgs& args, const BuiltModel& model, const BuiltData& data) : args_(args) {
     if (data.corpus) {
-      context_ = model.options.value("context", int64_t{64});
-      per_epoch_ = 0;
+      source_ = std::make_unique<examples::WindowBatches>(
+          *data.corpus, args.batch_size, model.options.value("context", int64_t{64}),
+          args.data.seed);
     } else if (data.name == "tensors") {
-      const int64_t rows = data.train_inputs.size(0);
-      per_epoch_ = (rows + args.batch_size - 1) / args.batch_size;
+      source_ = std::make_unique<train::TensorBatches>(data.train_inputs, data.train_targets,
+                                                       args.batch_size);
     } else {
-      loader_.emplace(data.train_inputs, data.train_targets,
-                      examples::DataLoaderOptions(args.batch_size).seed(args.data.seed));
-      per_epoch_ = loader_->batches_per_epoch();
+      source_ = std::make_unique<examples::LoaderBatches>(
+          examples::DataLoader(data.train_inputs, data.train_targets,
+                               examples::DataLoaderOptions(args.batch_size).seed(args.data.seed)));
     }
   }
 
+  const train::BatchSource& source() const { return *source_; }
   // Steps of the whole run.
   int64_t total_steps() const {
-    return args_.steps > 0 ? args_.steps : args_.epochs * std::max<int64_t>(per_epoch_, 1);
+    return args_.steps > 0 ? args_.steps
+                           : args_.epochs * std::max<int64_t>(source_->per_epoch(), 1);
   }
-  int64_t per_epoch() const override { return per_epoch_; }  // 0: no epochs (text)
   int64_t epochs() const {
-    return per_epoch_ > 0 ? (total_steps() + per_epoch_ - 1) / per_epoch_ : 1;
-  }
-
-  std::pair<torch::Tensor, torch::Tensor> at(int64_t k) const override {
-    if (data_.corpus) {
-      examples::TokenWindows w =
-          data_.corpus->sample_windows(args_.batch_size, context_, args_.data.seed, k);
-      return {w.inputs, w.targets};
-    }
-    if (loader_) {
-      examples::Batch b = loader_->batch(k / per_epoch_, k % per_epoch_);
-      return {b.inputs, b.targets};
-    }
-    // Tensors: rows (k*N .. k*N+N-1) mod R, in order (docs/TRAIN_CLI.md).
-    const int64_t rows = data_.train_inputs.size(0);
-    torch::Tensor index =
-        (torch::arange(args_.batch_size, torch::kLong) + k * args_.batch_size).remainder(rows);
-    return {data_.train_inputs.index_select(0, index), data_.train_targets.index_select(0, index)};
+    const int64_t per_epoch = source_->per_epoch();
+    return per_epoch > 0 ? (total_steps() + per_epoch - 1) / per_epoch : 1;
   }
 
  private:
   const TrainArgs& args_;
-  const BuiltData& data_;
-  std::optional<examples::DataLoader> loader_;
-  int64_t per_epoch_ = 0;
-  int64_t context_ = 0;
+  std::unique_ptr<train::BatchSource> source_;
 };
 
 // ---- [4] the loop: train::Trainer, with progress and evaluation printed here
@@ -817,7 +800,7 @@ AutoPlanInput auto_plan_input(const TrainArgs& args, const Layout& layout, int64
 // What one replica's pipeline runs per step: the first mini-batch, or replica 0's share of it.
 torch::Tensor auto_plan_sample(const TrainArgs& args, const Layout& layout, const Prepared& p) {
   Batches batches(args, p.model, p.data);
-  torch::Tensor x = batches.at(0).first;
+  torch::Tensor x = batches.source().at(0).first;
   if (layout.replicas > 1) x = x.narrow(0, 0, microbatch_sizes(x.size(0), layout.replicas)[0]);
   return x;
 }
@@ -975,7 +958,7 @@ void print_files(const TrainArgs& args, const train::TrainSummary& summary, int6
 // Runs on every rank (or the single process) once the runner exists.
 int train_with(const TrainArgs& args, Prepared& p, train::StepRunner& runner, int threads) {
   Batches batches(args, p.model, p.data);
-  train::Trainer trainer(p.model.sequential, runner, batches,
+  train::Trainer trainer(p.model.sequential, runner, batches.source(),
                          trainer_options(args, p.model, batches.total_steps()));
   if (p.resume) {
     try {
@@ -1014,25 +997,6 @@ int train_with(const TrainArgs& args, Prepared& p, train::StepRunner& runner, in
   return 0;
 }
 
-// This process's own command line (argv without argv[0]), for the launcher to re-run.
-std::vector<std::string> own_arguments() {
-  std::ifstream in("/proc/self/cmdline", std::ios::binary);
-  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<std::string> argv;
-  std::string current;
-  for (char c : all) {
-    if (c == '\0') {
-      argv.push_back(current);
-      current.clear();
-    } else {
-      current += c;
-    }
-  }
-  std::vector<const char*> pointers;
-  for (const auto& a : argv) pointers.push_back(a.c_str());
-  return strip_launcher_flags(static_cast<int>(pointers.size()), pointers.data());
-}
-
 void print_auto_plan(const partition::Plan& plan) {
   std::printf("%s\n", tune::describe_auto_plan(plan).c_str());
   std::fflush(stdout);
@@ -1069,7 +1033,7 @@ int run_train(const TrainArgs& given) {
                 layout.pipeline_ranks, layout.replicas,
                 auto_plan ? "; rank 0 makes the auto plan" : "");
     std::fflush(stdout);
-    return launch_self(args.nproc, own_arguments(),
+    return launch_self(args.nproc, self_arguments(),
                        std::chrono::milliseconds(static_cast<int64_t>(10'000)), args.max_restarts);
   }
   if (launched) {

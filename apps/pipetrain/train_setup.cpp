@@ -291,43 +291,16 @@ void check_data_against_model(const BuiltModel& model, const BuiltData& data) {
 }
 
 std::optional<Evaluation> evaluate(const BuiltModel& model, const BuiltData& data, int64_t batch) {
-  torch::NoGradGuard no_grad;
-  torch::nn::Sequential layers = model.sequential;  // a handle: the holder's -> is const here
-  const bool was_training = layers->is_training();
-  layers->eval();
-  Evaluation result;
   if (data.corpus) {
-    const int64_t context = model.options.value("context", int64_t{64});
-    examples::TokenWindows windows =
-        data.corpus->sample_windows(kTextEvalWindows, context, kTextEvalSeed, 0);
-    double total = 0;
-    for (int64_t start = 0; start < kTextEvalWindows; start += 64) {
-      const int64_t n = std::min<int64_t>(64, kTextEvalWindows - start);
-      torch::Tensor logits = layers->forward(windows.inputs.narrow(0, start, n));
-      total += model.loss(logits, windows.targets.narrow(0, start, n)).item<double>() * n;
-    }
-    result.loss = total / kTextEvalWindows;
-    result.samples = kTextEvalWindows;
-  } else if (data.test_inputs.defined()) {
-    const int64_t rows = data.test_inputs.size(0);
-    double total = 0;
-    int64_t correct = 0;
-    for (int64_t start = 0; start < rows; start += batch) {
-      const int64_t n = std::min(batch, rows - start);
-      torch::Tensor output = layers->forward(data.test_inputs.narrow(0, start, n));
-      torch::Tensor target = data.test_targets.narrow(0, start, n);
-      total += model.loss(output, target).item<double>() * static_cast<double>(n);
-      if (data.classification) correct += output.argmax(1).eq(target).sum().item<int64_t>();
-    }
-    result.loss = total / static_cast<double>(rows);
-    if (data.classification) result.accuracy = static_cast<double>(correct) / rows;
-    result.samples = rows;
-  } else {
-    layers->train(was_training);
-    return std::nullopt;
+    const examples::TokenWindows windows = data.corpus->sample_windows(
+        kTextEvalWindows, model.options.value("context", int64_t{64}), kTextEvalSeed, 0);
+    return train::evaluate(model.sequential, model.loss, windows.inputs, windows.targets,
+                           train::EvaluateOptions().batch(64));
   }
-  layers->train(was_training);
-  return result;
+  if (!data.test_inputs.defined()) return std::nullopt;
+  return train::evaluate(
+      model.sequential, model.loss, data.test_inputs, data.test_targets,
+      train::EvaluateOptions().batch(batch).classification(data.classification));
 }
 
 }  // namespace pipetrain::cli

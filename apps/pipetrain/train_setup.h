@@ -26,6 +26,7 @@
 
 #include "commands.h"
 #include "pipetrain/base/message_of.h"
+#include "pipetrain/train/evaluate.h"
 #include "text_corpus.h"
 
 namespace pipetrain::cli {
@@ -81,13 +82,10 @@ void check_model_data_args(const ModelDataArgs& args);
 // Runs the model on the first rows and checks it against the targets (shape, class count, dtype).
 void check_data_against_model(const BuiltModel& model, const BuiltData& data);
 
-// Loss and accuracy (classification) over the test split, evaluated sequentially in eval mode on
-// batches of `batch` rows. For text: the loss over `windows` fixed windows of the corpus.
-struct Evaluation {
-  double loss = 0;
-  double accuracy = -1;  // < 0 when not a classification
-  int64_t samples = 0;
-};
+// Loss and accuracy (classification) over the test split, in batches of `batch` rows
+// (train::evaluate). For text: the loss over fixed windows of the corpus. nullopt when the data
+// has no test split.
+using Evaluation = train::Evaluation;
 std::optional<Evaluation> evaluate(const BuiltModel& model, const BuiltData& data,
                                    int64_t batch = 1000);
 

@@ -7,13 +7,11 @@
 // load_torchscript_sequential turns the scripted nn.Sequential into a torch::nn::Sequential of
 // ScriptLayers that share the jit module's tensors, so the trained weights load back in Python by
 // name ("0.weight", ...). A Trainer runs 30 SGD steps on a Pipe (2 stages, 1F1B, 4 micro-batches)
-// over a BatchSource of fixed batches; a second Trainer runs the same steps sequentially on a
+// over a TensorBatches of fixed rows; a second Trainer runs the same steps sequentially on a
 // second copy loaded from the same file.
 //
 // Check: the loss decreased, and the weights equal the sequential run's (same_weights.h).
 #include <cstdio>
-#include <utility>
-#include <vector>
 
 #include <pipetrain/stage/torchscript.h>
 #include <pipetrain/train/step_runner.h>
@@ -24,33 +22,17 @@
 
 namespace train = pipetrain::train;
 
-// Step k's mini-batch: one of 4 batches drawn once (a BatchSource must return the same batch for
-// the same k). 8 inputs and 4 targets per row, as the Python model expects; the targets are a
-// function of the inputs, so there is something to learn.
-class FixedBatches : public train::BatchSource {
- public:
-  FixedBatches() {
-    for (int b = 0; b < 4; ++b) {
-      const torch::Tensor x = torch::randn({32, 8});
-      batches_.emplace_back(x, torch::tanh(x.narrow(1, 0, 4)));
-    }
-  }
-  std::pair<torch::Tensor, torch::Tensor> at(int64_t k) const override {
-    return batches_[k % batches_.size()];
-  }
-  int64_t per_epoch() const override { return static_cast<int64_t>(batches_.size()); }
-
- private:
-  std::vector<std::pair<torch::Tensor, torch::Tensor>> batches_;
-};
-
 int main(int argc, char** argv) {
   if (argc != 2) {
     std::fprintf(stderr, "usage: %s MODEL.pt (written by save_scripted_model.py)\n", argv[0]);
     return 2;
   }
   torch::manual_seed(0);
-  const FixedBatches batches;
+  // 4 batches of 32 rows, read in order (train::TensorBatches). 8 inputs and 4 targets per row,
+  // as the Python model expects; the targets are a function of the inputs, so there is something
+  // to learn.
+  const torch::Tensor x = torch::randn({128, 8});
+  const train::TensorBatches batches(x, torch::tanh(x.narrow(1, 0, 4)), 32);
   const auto options = train::TrainerOptions(30).optimizer("sgd").lr(0.05).momentum(0.9);
   auto mse = [](const torch::Tensor& out, const torch::Tensor& target) {
     return torch::mse_loss(out, target);

@@ -22,8 +22,10 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <functional>
 #include <iostream>
+#include <iterator>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
@@ -438,10 +440,6 @@ LaunchResult Launch::run(int signal_fd) {
   return result_;
 }
 
-}  // namespace
-
-namespace {
-
 // Whether a failed attempt is worth starting again: not when a person stopped the job, the job's
 // time ran out, or the first failure was bad input (exit 2), which the next attempt would meet too.
 bool worth_restarting(const LaunchResult& result) {
@@ -498,6 +496,25 @@ std::string self_executable() {
     executable.resize(executable.size() - deleted.size());
   }
   return executable;
+}
+
+std::vector<std::string> self_arguments() {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  if (!in) throw Error(ErrorKind::Runtime, "launch: cannot read /proc/self/cmdline");
+  const std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::string> argv;
+  std::string current;
+  for (char c : all) {
+    if (c == '\0') {
+      argv.push_back(current);
+      current.clear();
+    } else {
+      current += c;
+    }
+  }
+  std::vector<const char*> pointers;
+  for (const auto& a : argv) pointers.push_back(a.c_str());
+  return strip_launcher_flags(static_cast<int>(pointers.size()), pointers.data());
 }
 
 CollectedRun launch_self_collecting(int nproc, const std::vector<std::string>& args,

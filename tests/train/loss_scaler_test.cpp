@@ -65,21 +65,12 @@ struct PoisonImpl : torch::nn::Module {
 };
 TORCH_MODULE(Poison);
 
-class CyclingBatches : public BatchSource {
- public:
-  CyclingBatches() {
-    torch::manual_seed(11);
-    x_ = torch::randn({32, 6});
-    y_ = torch::randn({32, 2});
-  }
-  std::pair<torch::Tensor, torch::Tensor> at(int64_t k) const override {
-    return {x_.narrow(0, (k % 4) * 8, 8), y_.narrow(0, (k % 4) * 8, 8)};
-  }
-  int64_t per_epoch() const override { return 4; }
-
- private:
-  torch::Tensor x_, y_;
-};
+// Fixed rows, batch k = rows [8k, 8k+8) mod 32.
+TensorBatches cycling_batches() {
+  torch::manual_seed(11);
+  const torch::Tensor x = torch::randn({32, 6});
+  return TensorBatches(x, torch::randn({32, 2}), 8);
+}
 
 torch::Tensor squared_error(const torch::Tensor& output, const torch::Tensor& target) {
   return torch::mse_loss(output, target);
@@ -102,7 +93,7 @@ TrainerOptions scaling_options(bool scaling) {
 }
 
 TEST(TrainerLossScaling, Float32WeightsAreBitEqualWithAndWithoutScaling) {
-  CyclingBatches batches;
+  const TensorBatches batches = cycling_batches();
   for (int stages : {1, 2}) {
     torch::nn::Sequential plain = poisonable_model();
     torch::nn::Sequential scaled = poisonable_model();
@@ -126,7 +117,7 @@ TEST(TrainerLossScaling, Float32WeightsAreBitEqualWithAndWithoutScaling) {
 }
 
 TEST(TrainerLossScaling, ANanGradientSkipsThatStepOnEveryStageAndHalvesTheScale) {
-  CyclingBatches batches;
+  const TensorBatches batches = cycling_batches();
   torch::nn::Sequential model = poisonable_model(/*poisoned=*/2);  // step 2's gradient is NaN
   // Two stages: the NaN arises on stage 1 (Poison) and reaches stage 0's gradients too.
   auto runner = make_pipe_runner(model, squared_error, PipeOptions().stages(2).chunks(1));
@@ -158,7 +149,7 @@ TEST(CudaTrainer, Fp16WithLossScalingOnOneGpuTrainsLikeFloat32) {
   if (torch::cuda::device_count() < 1) {
     GTEST_SKIP() << "needs 1 CUDA device; 0 visible (run `make gpu-check` on a GPU machine)";
   }
-  CyclingBatches batches;
+  const TensorBatches batches = cycling_batches();
   const std::vector<torch::Device> gpu(2, torch::Device(torch::kCUDA, 0));
   double last_loss[2] = {0, 0};
   for (Precision precision : {Precision::kFloat32, Precision::kFloat16}) {

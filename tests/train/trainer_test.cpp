@@ -18,22 +18,11 @@ namespace pipetrain::train {
 namespace {
 
 // Fixed rows, batch k = rows [8k, 8k+8) mod 32: 4 batches an epoch.
-class FixedBatches : public BatchSource {
- public:
-  FixedBatches() {
-    torch::manual_seed(11);
-    x_ = torch::randn({32, 6});
-    y_ = torch::randn({32, 2});
-  }
-  std::pair<torch::Tensor, torch::Tensor> at(int64_t k) const override {
-    const int64_t first = (k % per_epoch()) * 8;
-    return {x_.narrow(0, first, 8), y_.narrow(0, first, 8)};
-  }
-  int64_t per_epoch() const override { return 4; }
-
- private:
-  torch::Tensor x_, y_;
-};
+TensorBatches fixed_batches() {
+  torch::manual_seed(11);
+  const torch::Tensor x = torch::randn({32, 6});
+  return TensorBatches(x, torch::randn({32, 2}), 8);
+}
 
 torch::Tensor mse(const torch::Tensor& output, const torch::Tensor& target) {
   return torch::mse_loss(output, target);
@@ -73,7 +62,7 @@ TrainerOptions options(int64_t steps) {
 }
 
 TEST(Trainer, APipeOfTwoStagesEndsWithTheWeightsOfSequentialTraining) {
-  FixedBatches batches;
+  const TensorBatches batches = fixed_batches();
   torch::nn::Sequential reference = make_model(false);
   auto sequential = make_sequential_runner(reference, mse);
   Trainer(reference, *sequential, batches, options(6)).fit();
@@ -96,7 +85,7 @@ TEST(Trainer, APipeOfTwoStagesEndsWithTheWeightsOfSequentialTraining) {
 // Trains steps [0, 3) with a checkpoint, then a fresh model, runner and Trainer resume to 6.
 // `keep_streams` false drops the stages' random streams from the checkpoint (the defect).
 torch::nn::Sequential resumed_run(const std::string& dir, bool keep_streams) {
-  FixedBatches batches;
+  const TensorBatches batches = fixed_batches();
   const PipeOptions pipe = PipeOptions().stages(2).chunks(2).schedule("1f1b");
   {
     torch::nn::Sequential model = make_model(true);
@@ -117,7 +106,7 @@ torch::nn::Sequential resumed_run(const std::string& dir, bool keep_streams) {
 }
 
 TEST(Trainer, AResumedRunWithDropoutEndsWithTheWeightsOfTheUninterruptedRun) {
-  FixedBatches batches;
+  const TensorBatches batches = fixed_batches();
   torch::nn::Sequential whole = make_model(true);
   auto runner = make_pipe_runner(whole, mse, PipeOptions().stages(2).chunks(2).schedule("1f1b"));
   Trainer(whole, *runner, batches, options(6)).fit();
@@ -130,7 +119,7 @@ TEST(Trainer, AResumedRunWithDropoutEndsWithTheWeightsOfTheUninterruptedRun) {
 }
 
 TEST(Trainer, BadOptionsAreBadInputNamingTheOption) {
-  FixedBatches batches;
+  const TensorBatches batches = fixed_batches();
   torch::nn::Sequential model = make_model(false);
   auto runner = make_sequential_runner(model, mse);
   try {
@@ -148,7 +137,7 @@ TEST(Trainer, BadOptionsAreBadInputNamingTheOption) {
 }
 
 TEST(Trainer, AFailingStepIsAnErrorNamingTheStep) {
-  FixedBatches batches;
+  const TensorBatches batches = fixed_batches();
   torch::nn::Sequential model = make_model(false);
   int calls = 0;
   auto failing = [&calls](const torch::Tensor& out, const torch::Tensor& target) {

@@ -12,7 +12,7 @@
 // Restarts (torchrun's --max-restarts): with max_restarts = N > 0, a failed attempt is followed by
 // a new one, every rank started again, up to N times. Each attempt's ranks get
 // TORCHELASTIC_RESTART_COUNT = 0, 1, ... as under torchrun; `pipetrain train` resumes from its
-// --checkpoint-dir when it is above 0 (train/restart.h). Not restarted: an attempt stopped by
+// --checkpoint-dir when it is above 0 (train::checkpoint_after_restart, train/trainer.h). Not restarted: an attempt stopped by
 // SIGINT/SIGTERM, one that ran out of `timeout`, and one whose first failure exited 2 (bad
 // input, which the next attempt would meet again).
 //
@@ -92,6 +92,11 @@ int launch_self(int nproc, const std::vector<std::string>& args,
 
 // A TCP port on `addr` that was free a moment ago (bind port 0, read it back, close).
 int find_free_port(const std::string& addr = "127.0.0.1");
+
+// This process's arguments (argv[1..], read from /proc/self/cmdline) less the launcher's own flags
+// (strip_launcher_flags below): what launch_self re-runs as each rank. Throws a pipetrain::Error
+// of kind Runtime when /proc/self/cmdline cannot be read.
+std::vector<std::string> self_arguments();
 
 // Removes "--nproc N" and "--max-restarts N" (also as "--flag=N", the launcher's own flags) from
 // argv and returns the rest, argv[0] excluded.

@@ -43,6 +43,7 @@
 #include <torch/types.h>
 #include <nlohmann/json.hpp>
 
+#include "pipetrain/train/batch_source.h"
 #include "pipetrain/train/checkpoint.h"
 #include "pipetrain/train/event_log.h"
 #include "pipetrain/train/loss_scaler.h"
@@ -50,19 +51,6 @@
 #include "pipetrain/train/step_runner.h"
 
 namespace pipetrain::train {
-
-// The mini-batch of global step k. Every rank of a run must return the same batch for the same k.
-class BatchSource {
- public:
-  virtual ~BatchSource() = default;
-  // (inputs, targets) of step k.
-  virtual std::pair<torch::Tensor, torch::Tensor> at(int64_t k) const = 0;
-  // Batches per epoch; 0 when the data has no epochs (a stream of sampled windows).
-  virtual int64_t per_epoch() const = 0;
-
-  int64_t epoch_of(int64_t k) const { return per_epoch() > 0 ? k / per_epoch() : 0; }
-  bool ends_epoch(int64_t k) const { return per_epoch() > 0 && (k + 1) % per_epoch() == 0; }
-};
 
 struct TrainerOptions {
   /// REQUIRES: total_steps >= 1.
