@@ -70,11 +70,15 @@ TEST(DistributedEnvironment, RejectsMalformedAndOutOfRangeValues) {
                          {"MASTER_PORT", "70000"},
                          {"RANK", "3"},
                          {"WORLD_SIZE", "2"},
-                         {"LOCAL_RANK", "x"}});
+                         {"LOCAL_RANK", "x"},
+                         {"TORCHELASTIC_RESTART_COUNT", "-1"}});
   const std::string message = error_of([] { DistributedEnvironment::from_environment(); });
   EXPECT_NE(message.find("MASTER_PORT=70000"), std::string::npos) << message;
   EXPECT_NE(message.find("RANK=3 is outside"), std::string::npos) << message;
   EXPECT_NE(message.find("LOCAL_RANK='x'"), std::string::npos) << message;
+  EXPECT_NE(message.find("TORCHELASTIC_RESTART_COUNT='-1' is not a non-negative integer"),
+            std::string::npos)
+      << message;
 }
 
 TEST(DistributedEnvironment, ReadsAValidEnvironment) {
@@ -82,13 +86,15 @@ TEST(DistributedEnvironment, ReadsAValidEnvironment) {
                          {"MASTER_PORT", "29500"},
                          {"RANK", "1"},
                          {"WORLD_SIZE", "4"},
-                         {"LOCAL_RANK", "1"}});
+                         {"LOCAL_RANK", "1"},
+                         {"TORCHELASTIC_RESTART_COUNT", "2"}});
   const auto parsed = DistributedEnvironment::from_environment();
   EXPECT_EQ(parsed.master_addr, "10.0.0.1");
   EXPECT_EQ(parsed.master_port, 29500);
   EXPECT_EQ(parsed.rank, 1);
   EXPECT_EQ(parsed.world_size, 4);
   EXPECT_EQ(parsed.local_rank, 1);
+  EXPECT_EQ(parsed.restart_count, 2);
 }
 
 TEST(ParallelLayout, PlacesStagesMajorWithinEachReplica) {
