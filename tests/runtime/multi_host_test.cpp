@@ -119,7 +119,10 @@ class MultiHost : public ::testing::Test {
   }
 
   // The checks every fault shares. The survivors are the ranks alive after the fault: every rank
-  // but `victim` (-1: none was killed or stopped).
+  // but `victim` (-1: none was killed or stopped). Each survivor says why it stops: its error,
+  // which names the step ("rank r: error: step 21 failed: <action>: ...", "rank r: error: loss is
+  // nan at step 5"), or the abort that reached it ("rank r: exiting: the job was aborted: ..."),
+  // whichever came first; `names_what` are pieces every run of the fault prints.
   static void expect_bounded_failure(const HostRun& run, const std::string& tag, int victim,
                                      const std::vector<std::string>& names_what) {
     ASSERT_TRUE(run.fault_at.has_value()) << "the job ended before the fault:\n" << run.output;
@@ -134,6 +137,11 @@ class MultiHost : public ::testing::Test {
       const int code = run.launched.rank_exit_codes[static_cast<std::size_t>(r)];
       EXPECT_TRUE(code != 128 + SIGTERM && code != 128 + SIGKILL)
           << "rank " << r << " had to be stopped by the launcher (code " << code << ")\n"
+          << run.output;
+      const std::string self = "[rank " + std::to_string(r) + "] rank " + std::to_string(r);
+      EXPECT_TRUE(run.output.find(self + ": error: ") != std::string::npos ||
+                  run.output.find(self + ": exiting: the job was aborted: ") != std::string::npos)
+          << "rank " << r << " did not say why it stopped:\n"
           << run.output;
     }
     for (const std::string& piece : names_what) {
@@ -172,21 +180,19 @@ TEST_F(MultiHost, ACableCutMidStepStopsEveryRankWithinTheTimeout) {
   NetworkHosts hosts(kHosts);
   const HostRun run = run_on_hosts(hosts, "cable", train_flags("cable", 100000, "x.pt"),
                                    [&] { hosts.set_cable(1, false); });
-  // Rank 1's neighbours see it fall silent; rank 1 itself sees the store stop answering.
-  expect_bounded_failure(run, "cable", -1,
-                         {"rank 1 sent no heartbeat for 10 s",
-                          "rank 1: the rendezvous store at 10.77.0.1:29500 (hosted by rank 0) has "
-                          "not answered for 10 s"});
+  // Which of the ranks' own bounds comes first depends on where the step was: a Gloo timeout
+  // ("allreduce over group 'world' failed"), rank 1's missing heartbeat, or (rank 1) the store
+  // that stopped answering. Each rank names its step and action or the abort.
+  expect_bounded_failure(run, "cable", -1, {});
 }
 
 TEST_F(MultiHost, LosingTheStoresHostStopsEveryRankWithinTheTimeout) {
   NetworkHosts hosts(kHosts);
   const HostRun run = run_on_hosts(hosts, "store", train_flags("store", 100000, "x.pt"),
                                    [&] { hosts.set_cable(0, false); });
-  // Rank 0 names the step and the action it could not complete; ranks 1 and 2 either that (a
-  // Gloo timeout comes first) or the store that stopped answering: each says why it stops.
-  expect_bounded_failure(run, "store", -1,
-                         {"[rank 0] rank 0: error: step", "[rank 1] rank 1: ", "[rank 2] rank 2: "});
+  // Each rank names the step and the action it could not complete (a Gloo timeout, a missing
+  // heartbeat) or the abort; ranks 1 and 2 may see the store stop answering first.
+  expect_bounded_failure(run, "store", -1, {});
 }
 
 TEST_F(MultiHost, AKilledRankStopsTheOthersWithinTheTimeout) {
@@ -194,7 +200,8 @@ TEST_F(MultiHost, AKilledRankStopsTheOthersWithinTheTimeout) {
   const HostRun run =
       run_on_hosts(hosts, "sigkill", train_flags("sigkill", 100000, "x.pt"),
                    [] { ::kill(testing::rank_process("sigkill", 1), SIGKILL); });
-  expect_bounded_failure(run, "sigkill", 1, {"Rank 1 (stage 1) may have died or hang"});
+  EXPECT_EQ(run.launched.first_failed_rank, 1) << run.output;
+  expect_bounded_failure(run, "sigkill", 1, {});
 }
 
 TEST_F(MultiHost, AStalledHostStopsTheOthersWithinTheTimeout) {
@@ -204,7 +211,8 @@ TEST_F(MultiHost, AStalledHostStopsTheOthersWithinTheTimeout) {
     stopped = testing::rank_process("sigstop", 1);
     ::kill(stopped, SIGSTOP);
   });
-  expect_bounded_failure(run, "sigstop", 1, {"rank 1 sent no heartbeat for 10 s"});
+  // Rank 1's missing heartbeat, or a Gloo timeout when the stop came inside a collective.
+  expect_bounded_failure(run, "sigstop", 1, {});
 }
 
 TEST_F(MultiHost, ARankThatThrowsStopsTheOthersWithinTheTimeout) {
