@@ -322,6 +322,15 @@ void add_plan_model_options(CLI::App& command, PlanModelArgs& args) {
                      "plan and round, at least; a round also lasts at least 1.5 s (default 5)");
   command.add_option("--profile-out", args.profile_out,
                      "With --model: write the measured profile as JSON to FILE");
+  command.add_flag("--memory", args.memory,
+                   "With --model: the recommended plan's bytes per rank: parameters, gradients, "
+                   "optimizer state, activations, transport (docs/MEMORY.md)");
+  command.add_option("--zero", args.zero,
+                     "With --model: ZeRO stage 0, 1 or 2 over --dp replicas, for the memory "
+                     "model and --memory-limit (default 0)");
+  command.add_option("--dp", args.dp,
+                     "With --model: data-parallel replicas of each rank, for the memory model "
+                     "(default 1)");
 }
 
 namespace {
@@ -338,6 +347,14 @@ void check_plan_args(const PlanModelArgs& args) {
   if (args.verify_steps < 1) {
     throw UsageError("--verify-steps must be >= 1 (got " + std::to_string(args.verify_steps) + ")");
   }
+  if (args.dp < 1) throw UsageError("--dp must be >= 1 (got " + std::to_string(args.dp) + ")");
+  if (args.zero < 0 || args.zero > 2) {
+    throw UsageError("--zero must be 0, 1 or 2 (got " + std::to_string(args.zero) + ")");
+  }
+  if (args.zero > 0 && args.dp < 2) {
+    throw UsageError("--zero " + std::to_string(args.zero) +
+                     " shards over data-parallel replicas and needs --dp 2 or more");
+  }
 }
 
 pp::PlannerOptions planner_options(const PlanModelArgs& args) {
@@ -345,6 +362,9 @@ pp::PlannerOptions planner_options(const PlanModelArgs& args) {
   planner.ranks = args.stages > 0 ? args.stages : 2;
   planner.top = args.top;
   planner.optimizer_state_multiple = optimizer_state_multiple(args.optimizer);
+  planner.zero = args.zero;
+  planner.data_parallel = args.dp;
+  planner.processes = args.processes;
   if (!args.schedules.empty()) planner.schedules = split_names(args.schedules);
   if (!args.memory_limit.empty()) {
     try {
@@ -474,6 +494,42 @@ nlohmann::json verify_json(const Verification& v) {
   return plans;
 }
 
+// --memory: the memory model (memory.h) for `plan` on the profile, per rank.
+std::vector<pp::RankMemory> plan_memory(const PlanModelArgs& args, const PlanResult& r,
+                                        const pp::Plan& plan) {
+  const schedule::Schedule s =
+      schedule::make_schedule(plan.schedule, plan.ranks, plan.microbatches, plan.virtual_stages);
+  pp::MemoryModelOptions options;
+  options.checkpoint = plan.checkpoint;
+  options.optimizer_state_multiple = r.planner.optimizer_state_multiple;
+  options.zero = args.zero;
+  options.data_parallel = args.dp;
+  options.processes = args.processes;
+  return pp::predict_memory(r.profile, plan.balance, plan.microbatch_size, s, options);
+}
+
+void write_memory_text(std::ostream& out, const PlanModelArgs& args, const PlanResult& r) {
+  const pp::Plan& plan = r.report.recommended();
+  out << "\nmemory of the recommended plan per rank (micro-batch " << plan.microbatch_size
+      << ", zero " << args.zero << ", dp " << args.dp
+      << (args.processes ? ", one process per rank" : ", one process")
+      << "; float32, the loss's own tensors not included):\n";
+  char line[200];
+  std::snprintf(line, sizeof line, "  %4s %12s %12s %16s %12s %12s %12s\n", "rank", "parameters",
+                "gradients", "optimizer state", "activations", "transport", "total");
+  out << line;
+  const std::vector<pp::RankMemory> ranks = plan_memory(args, r, plan);
+  for (std::size_t k = 0; k < ranks.size(); ++k) {
+    const pp::RankMemory& m = ranks[k];
+    std::snprintf(line, sizeof line, "  %4zu %12s %12s %16s %12s %12s %12s\n", k,
+                  pp::format_bytes(m.parameters).c_str(), pp::format_bytes(m.gradients).c_str(),
+                  pp::format_bytes(m.optimizer_state).c_str(),
+                  pp::format_bytes(m.activations).c_str(), pp::format_bytes(m.transport).c_str(),
+                  pp::format_bytes(m.total()).c_str());
+    out << line;
+  }
+}
+
 std::string report_json(const PlanModelArgs& args, const PlanResult& r) {
   nlohmann::json out = r.report;
   out["model"] = r.model.description;
@@ -481,6 +537,18 @@ std::string report_json(const PlanModelArgs& args, const PlanResult& r) {
   out["memory_limit_bytes"] = r.planner.memory_limit_bytes;
   out["default"] = r.fallback;
   out["profile"] = r.profile;
+  if (args.memory && r.report.found()) {
+    nlohmann::json ranks = nlohmann::json::array();
+    for (const pp::RankMemory& m : plan_memory(args, r, r.report.recommended())) {
+      ranks.push_back({{"parameters", m.parameters},
+                       {"gradients", m.gradients},
+                       {"optimizer_state", m.optimizer_state},
+                       {"activations", m.activations},
+                       {"transport", m.transport},
+                       {"total", m.total()}});
+    }
+    out["memory_per_rank"] = ranks;
+  }
   if (args.verify) {
     out["verify"] = r.verification ? verify_json(*r.verification) : nlohmann::json::array();
     out["verify_recommended_over_default"] =
@@ -531,6 +599,7 @@ std::string report_text(const PlanModelArgs& args, const PlanResult& r) {
   if (report.found()) {
     write_table_text(out, report);
     write_recommendation_text(out, r);
+    if (args.memory) write_memory_text(out, args, r);
   } else {
     out << "\nno plan fits " << pp::format_bytes(r.planner.memory_limit_bytes)
         << " per rank; the smallest limit that works is "

@@ -31,6 +31,9 @@ struct PlanModelArgs {
                                   // then runs each plan as K processes
   std::string rank_job;           // hidden: this process is one rank of such a run (JSON)
   std::string profile_out;        // write the measured profile as JSON
+  bool memory = false;            // print the recommended plan's memory per rank and category
+  int zero = 0;                   // ZeRO stage of the memory model (needs dp > 1)
+  int dp = 1;                     // data-parallel replicas of each rank (memory model)
 };
 
 void add_plan_model_options(CLI::App& command, PlanModelArgs& args);

@@ -122,6 +122,7 @@ struct TrainArgs {
   double clip_grad_norm = 0;
   int zero = 0;  // ZeRO stage
   std::string precision = "fp32";
+  bool report_memory = false;
   int threads = 0;
   std::string trace;
   std::string timeline;
@@ -230,6 +231,10 @@ void add_optimizer_flags(CLI::App& command, TrainArgs& args) {
                   "ZeRO stage over the data-parallel replicas: 0 none, 1 optimizer state "
                   "sharded, 2 gradients held between steps sharded too (needs --dp > 1)")
       ->capture_default_str();
+  command.add_flag("--report-memory", args.report_memory,
+                   "after the last step, print what each rank holds per category (parameters, "
+                   "gradients, optimizer state, activations, transport), predicted by the memory "
+                   "model and measured (docs/MEMORY.md)");
   command
       .add_option("--precision", args.precision,
                   "fp32, or bf16: layers under autocast, activations and gradients cross stages "
@@ -464,6 +469,10 @@ void check_ranges(const TrainArgs& args) {
         "--precision fp16 needs CUDA stages (float16 trains with dynamic loss scaling on the "
         "GPU) and `pipetrain train` runs its stages on the CPU; use --precision bf16");
   }
+  if (args.report_memory && precision != Precision::kFloat32) {
+    fail("--report-memory predicts float32 stages; --precision " + args.precision +
+         " is not covered by the memory model (use --precision fp32)");
+  }
   if (args.zero > 0 && args.dp < 2) {
     fail("--zero " + std::to_string(args.zero) +
          " shards the optimizer over data-parallel replicas and needs --dp 2 or more (with "
@@ -688,7 +697,8 @@ train::TrainerOptions trainer_options(const TrainArgs& args, const BuiltModel& m
                  {"optimizer", args.optimizer},
                  {"lr", args.lr}})
       .trace_path(args.trace)
-      .timeline_path(args.timeline);
+      .timeline_path(args.timeline)
+      .report_memory(args.report_memory);
 }
 
 void print_evaluation(const std::string& when, const Evaluation& e, bool text) {
@@ -955,8 +965,34 @@ void print_files(const TrainArgs& args, const train::TrainSummary& summary, int6
   }
 }
 
-// Runs on every rank (or the single process) once the runner exists.
-int train_with(const TrainArgs& args, Prepared& p, train::StepRunner& runner, int threads) {
+// --report-memory, on the main rank after training: the memory model's prediction for this run
+// (profiled on the first mini-batch) beside what every rank measured.
+void print_memory_report(const TrainArgs& args, Prepared& p, const Batches& batches,
+                         const train::TrainSummary& summary, const PipeOptions& pipe,
+                         const Layout& layout) {
+  if (summary.memory.empty()) return;
+  auto [inputs, targets] = batches.source().at(0);
+  train::MemoryRunOptions run;
+  run.optimizer = args.optimizer;
+  run.momentum = args.momentum;
+  run.zero = args.zero;
+  run.data_parallel = layout.replicas;
+  run.processes = layout.multi_process;
+  const train::MemoryPrediction predicted = as_usage_error("--report-memory", [&] {
+    return train::predict_training_memory(p.model.sequential, inputs, targets, p.model.loss, pipe,
+                                          run);
+  });
+  std::printf("memory per rank after the last step (micro-batch %lld; activations and transport: "
+              "peaks during that step):\n%s",
+              static_cast<long long>(predicted.microbatch_size),
+              train::memory_report_text(predicted, summary.memory).c_str());
+  std::fflush(stdout);
+}
+
+// Runs on every rank (or the single process) once the runner exists. `pipe`: the pipeline's
+// options (null for sequential training).
+int train_with(const TrainArgs& args, Prepared& p, train::StepRunner& runner, int threads,
+               const PipeOptions* pipe, const Layout& layout) {
   Batches batches(args, p.model, p.data);
   train::Trainer trainer(p.model.sequential, runner, batches.source(),
                          trainer_options(args, p.model, batches.total_steps()));
@@ -971,6 +1007,7 @@ int train_with(const TrainArgs& args, Prepared& p, train::StepRunner& runner, in
   const train::TrainSummary result = run_loop(args, p.model, p.data, trainer, batches);
   if (p.data.corpus) evaluate_and_print("final", trainer, p.model, p.data);
   const bool main = runner.is_main();
+  if (main && pipe) print_memory_report(args, p, batches, result, *pipe, layout);
   if (main) {
     print_files(args, result, batches.total_steps(), runner.trace_rows());
     std::printf("done: %lld steps in %.3f s (%.1f steps/s, %.1f samples/s), loss %.6f -> %.6f\n",
@@ -1070,7 +1107,7 @@ int run_train(const TrainArgs& given) {
                                         args.checkpoint, layout);
       auto runner = train::make_distributed_runner(distributed, p->model.sequential, p->model.loss,
                                                    pipe, text, p->model.tied_parameters);
-      train_with(args, *p, *runner, threads);
+      train_with(args, *p, *runner, threads, &pipe, layout);
     });
     if (code == 0 && !usage_error.empty()) throw UsageError(usage_error);
     return code;
@@ -1080,18 +1117,23 @@ int run_train(const TrainArgs& given) {
   Prepared p = prepare(args, layout);
   if (p.auto_plan) print_auto_plan(*p.auto_plan);
   std::unique_ptr<train::StepRunner> runner;
+  std::optional<PipeOptions> pipe;
   if (is_sequential(args, layout)) {
+    if (args.report_memory) {
+      throw UsageError(
+          "--report-memory reports the ranks of a pipeline, and this run is sequential "
+          "training; give --stages 2 or more (or --chunks 2 or more)");
+    }
     at::set_num_threads(threads);
     runner = train::make_sequential_runner(p.model.sequential, p.model.loss,
                                            parse_precision(args.precision));
   } else {
-    PipeOptions options =
-        pipe_options(args, layout, static_cast<int64_t>(p.model.sequential->size()));
+    pipe = pipe_options(args, layout, static_cast<int64_t>(p.model.sequential->size()));
     runner = as_usage_error(
-        "", [&] { return train::make_pipe_runner(p.model.sequential, p.model.loss, options); });
+        "", [&] { return train::make_pipe_runner(p.model.sequential, p.model.loss, *pipe); });
   }
   try {
-    return train_with(args, p, *runner, threads);
+    return train_with(args, p, *runner, threads, pipe ? &*pipe : nullptr, layout);
   } catch (const train::NonFiniteLossError& error) {
     std::cerr << "pipetrain train: " << error.what() << "\n";
     return 1;

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <stdexcept>
 #include <string>
 
@@ -82,12 +83,206 @@ StageBytes stage_bytes(const ModelProfile& profile, std::int64_t first, std::int
                            : profile.layer_cost(first - 1, microbatch_size).output_bytes;
   for (std::int64_t l = first; l < end; ++l) {
     bytes.parameters += profile.layers[static_cast<std::size_t>(l)].parameter_bytes;
-    bytes.body += profile.layer_cost(l, microbatch_size).activation_bytes;
+    const LayerCost cost = profile.layer_cost(l, microbatch_size);
+    // The first layer's input is the stage's leaf, kept whatever autograd saves.
+    bytes.body += l == first ? cost.split_activation_bytes : cost.activation_bytes;
+    bytes.split_body += cost.split_activation_bytes;
   }
   // The allocator can see a layer free more than it keeps (its input dropped); a stage's body
   // never holds less than nothing.
   bytes.body = std::max<std::int64_t>(bytes.body, 0);
+  bytes.split_body = std::max<std::int64_t>(bytes.split_body, 0);
   return bytes;
+}
+
+namespace {
+
+void check_memory_inputs(const ModelProfile& profile, const std::vector<int>& balance,
+                         const schedule::Schedule& schedule, const MemoryModelOptions& options) {
+  if (static_cast<int>(balance.size()) != schedule.num_stages) {
+    throw BadInput("memory model: balance has " + std::to_string(balance.size()) +
+                   " stages but the schedule has " + std::to_string(schedule.num_stages) +
+                   "; give one layer count per stage");
+  }
+  std::int64_t layers = 0;
+  for (int j = 0; j < schedule.num_stages; ++j) {
+    if (balance[j] < 1) {
+      throw BadInput("memory model: stage " + std::to_string(j) + " has " +
+                     std::to_string(balance[j]) + " layers; every stage needs >= 1");
+    }
+    layers += balance[j];
+  }
+  if (layers > profile.num_layers()) {
+    throw BadInput("memory model: balance asks for " + std::to_string(layers) +
+                   " layers but the model has " + std::to_string(profile.num_layers()));
+  }
+  if (options.zero < 0 || options.zero > 2) {
+    throw BadInput("memory model: ZeRO stage " + std::to_string(options.zero) +
+                   " does not exist; use 0, 1 or 2");
+  }
+  if (options.data_parallel < 1 || options.parameter_element_bytes < 1) {
+    throw BadInput("memory model: data_parallel (" + std::to_string(options.data_parallel) +
+                   ") and parameter_element_bytes (" +
+                   std::to_string(options.parameter_element_bytes) + ") must be >= 1");
+  }
+}
+
+std::int64_t align64(std::int64_t bytes) { return (bytes + 63) / 64 * 64; }
+
+// Transport buffers of rank r: the largest two consecutive receives plus the largest send, in
+// the order the rank runs its compute (a receive comes right before the action that needs it).
+std::int64_t transport_bytes(const schedule::Schedule& schedule, int r,
+                             const std::vector<std::int64_t>& output_bytes) {
+  std::vector<std::int64_t> received;
+  std::int64_t largest_send = 0;
+  const int S = schedule.num_stages;
+  auto elsewhere = [&](int j) { return j >= 0 && j < S && schedule.stage_rank[j] != r; };
+  for (const auto& a : schedule.actions[static_cast<std::size_t>(r)]) {
+    const int j = a.stage;
+    if (a.op == Op::kForward) {
+      if (elsewhere(j - 1)) received.push_back(transport_message_bytes(output_bytes[j - 1]));
+      if (elsewhere(j + 1))
+        largest_send = std::max(largest_send, transport_message_bytes(output_bytes[j]));
+    } else if (a.op == Op::kBackward || a.op == Op::kBackwardInput) {
+      if (elsewhere(j + 1)) received.push_back(transport_message_bytes(output_bytes[j]));
+      if (elsewhere(j - 1))
+        largest_send = std::max(largest_send, transport_message_bytes(output_bytes[j - 1]));
+    }
+  }
+  std::int64_t posted = received.size() == 1 ? received[0] : 0;
+  for (std::size_t k = 1; k < received.size(); ++k)
+    posted = std::max(posted, received[k - 1] + received[k]);
+  return posted + largest_send;
+}
+
+// The most bytes each rank's stages stash at once, walking the rank's list in order (list order
+// is time order), micro-batch by micro-batch as the runtime holds them (stage/stage.h):
+//   F i         + in_j, and + body_j unless i is checkpointed
+//   B i, I i    a checkpointed i is recomputed first: + body_j, held until i is freed
+//   B i, W i    - everything of i
+// A split backward keeps a recomputed micro-batch's body from its I to its W, so several can be
+// held at once; the closed form above (stage_memory) assumes one recompute at a time.
+std::vector<std::int64_t> stash_peaks(const schedule::Schedule& schedule,
+                                      const std::vector<std::int64_t>& input,
+                                      const std::vector<std::int64_t>& body,
+                                      Checkpoint checkpoint) {
+  const int last = schedule.num_microbatches - 1;
+  auto checkpointed = [&](int i) {
+    return checkpoint == Checkpoint::kAlways ||
+           (checkpoint == Checkpoint::kExceptLast && i != last);
+  };
+  std::vector<std::int64_t> peaks;
+  for (const auto& list : schedule.actions) {
+    struct Held {
+      std::int64_t bytes = 0;
+      bool whole = false;  // its body is held (not checkpointed, or recomputed)
+    };
+    std::map<std::pair<int, int>, Held> held;  // by (stage, micro-batch)
+    std::int64_t now = 0, peak = 0;
+    for (const auto& a : list) {
+      const std::pair<int, int> key{a.stage, a.microbatch};
+      const auto j = static_cast<std::size_t>(a.stage);
+      if (a.op == Op::kForward) {
+        Held& h = held[key];
+        h.whole = !checkpointed(a.microbatch);
+        h.bytes = input[j] + (h.whole ? body[j] : 0);
+        now += h.bytes;
+      } else if (a.op == Op::kBackward || a.op == Op::kBackwardInput) {
+        auto found = held.find(key);
+        if (found != held.end() && !found->second.whole) {  // the recompute
+          found->second.whole = true;
+          found->second.bytes += body[j];
+          now += body[j];
+        }
+      } else if (a.op != Op::kBackwardWeight) {
+        continue;  // communication holds no stash of its own
+      }
+      peak = std::max(peak, now);
+      if (a.op == Op::kBackward || a.op == Op::kBackwardWeight) {
+        auto found = held.find(key);
+        if (found != held.end()) {
+          now -= found->second.bytes;
+          held.erase(found);
+        }
+      }
+    }
+    peaks.push_back(peak);
+  }
+  return peaks;
+}
+
+}  // namespace
+
+std::int64_t transport_message_bytes(std::int64_t data_bytes) { return 256 + align64(data_bytes); }
+
+std::int64_t& RankMemory::operator[](int category) {
+  switch (category) {
+    case 0: return parameters;
+    case 1: return gradients;
+    case 2: return optimizer_state;
+    case 3: return activations;
+    case 4: return transport;
+  }
+  throw BadInput("RankMemory: no category " + std::to_string(category) + " (0..4)");
+}
+
+std::int64_t RankMemory::operator[](int category) const {
+  return (*const_cast<RankMemory*>(this))[category];
+}
+
+const char* memory_category_name(int category) {
+  static const char* const names[RankMemory::kCategories] = {
+      "parameters", "gradients", "optimizer state", "activations", "transport"};
+  if (category < 0 || category >= RankMemory::kCategories) {
+    throw BadInput("memory_category_name: no category " + std::to_string(category) + " (0..4)");
+  }
+  return names[category];
+}
+
+namespace {
+
+}  // namespace
+
+std::vector<RankMemory> predict_memory(const ModelProfile& profile, const std::vector<int>& balance,
+                                       std::int64_t microbatch_size,
+                                       const schedule::Schedule& schedule,
+                                       const MemoryModelOptions& options) {
+  check_memory_inputs(profile, balance, schedule, options);
+  const int S = schedule.num_stages;
+  std::vector<RankMemory> ranks(static_cast<std::size_t>(schedule.num_ranks));
+  std::vector<std::int64_t> input(static_cast<std::size_t>(S), 0);
+  std::vector<std::int64_t> body(static_cast<std::size_t>(S), 0);
+  std::vector<std::int64_t> output_bytes(static_cast<std::size_t>(S), 0);
+  const bool split = schedule.splits_backward();
+  std::int64_t first = 0;
+  for (int j = 0; j < S; ++j) {
+    const std::int64_t end = first + balance[j];
+    const StageBytes bytes = stage_bytes(profile, first, end, microbatch_size);
+    output_bytes[j] = profile.layer_cost(end - 1, microbatch_size).output_bytes;
+    input[j] = bytes.input;
+    body[j] = (split ? bytes.split_body : bytes.body) + (j == S - 1 ? options.loss_bytes : 0);
+    ranks[static_cast<std::size_t>(schedule.stage_rank[j])].parameters += bytes.parameters;
+    first = end;
+  }
+  const std::vector<std::int64_t> peaks = stash_peaks(schedule, input, body, options.checkpoint);
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    RankMemory& rank = ranks[r];
+    rank.activations = peaks[r];
+    // [ZeRO] the rank's parameters end to end, padded to a multiple of dp elements.
+    const std::int64_t element = options.parameter_element_bytes;
+    const std::int64_t elements = (rank.parameters + element - 1) / element;
+    const std::int64_t dp = options.data_parallel;
+    const std::int64_t shard = (elements + dp - 1) / dp * element;
+    const std::int64_t held = options.zero == 0 ? rank.parameters : shard;
+    rank.gradients = options.zero == 0   ? rank.parameters
+                     : options.zero == 1 ? rank.parameters + shard
+                                         : shard;
+    rank.optimizer_state = static_cast<std::int64_t>(
+        std::llround(static_cast<double>(held) * options.optimizer_state_multiple));
+    if (options.processes) rank.transport = transport_bytes(schedule, static_cast<int>(r),
+                                                            output_bytes);
+  }
+  return ranks;
 }
 
 std::vector<std::int64_t> rank_peak_memory(const ModelProfile& profile,
@@ -96,35 +291,26 @@ std::vector<std::int64_t> rank_peak_memory(const ModelProfile& profile,
                                            const schedule::Schedule& schedule,
                                            const std::vector<StageResidency>& residency,
                                            Checkpoint checkpoint, double optimizer_state_multiple) {
-  if (static_cast<int>(balance.size()) != schedule.num_stages ||
-      static_cast<int>(residency.size()) != schedule.num_stages) {
-    throw BadInput("rank_peak_memory: balance has " + std::to_string(balance.size()) +
-                   " stages but the schedule has " + std::to_string(schedule.num_stages) +
-                   "; give one layer count per stage");
+  if (static_cast<int>(residency.size()) != schedule.num_stages) {
+    throw BadInput("rank_peak_memory: residency has " + std::to_string(residency.size()) +
+                   " stages but the schedule has " + std::to_string(schedule.num_stages));
   }
-  std::vector<std::int64_t> held(schedule.num_ranks, 0);
-  std::vector<std::int64_t> recompute(schedule.num_ranks, 0);
-  std::int64_t first = 0;
-  for (int j = 0; j < schedule.num_stages; ++j) {
-    if (balance[j] < 1) {
-      throw BadInput("rank_peak_memory: stage " + std::to_string(j) + " has " +
-                     std::to_string(balance[j]) + " layers; every stage needs >= 1");
-    }
-    const std::int64_t end = first + balance[j];
-    if (end > profile.num_layers()) {
-      throw BadInput("rank_peak_memory: balance asks for " + std::to_string(end) +
-                     " layers but the model has " + std::to_string(profile.num_layers()));
-    }
-    const StageBytes bytes = stage_bytes(profile, first, end, microbatch_size);
-    const StageMemory m = stage_memory(bytes.parameters, bytes.input, bytes.body, residency[j],
-                                       checkpoint, optimizer_state_multiple);
-    const int r = schedule.stage_rank[j];
-    held[r] += m.total() - m.recompute_activations;
-    recompute[r] = std::max(recompute[r], m.recompute_activations);
-    first = end;
+  MemoryModelOptions options;
+  options.checkpoint = checkpoint;
+  options.optimizer_state_multiple = optimizer_state_multiple;
+  return rank_peak_memory(profile, balance, microbatch_size, schedule, options);
+}
+
+std::vector<std::int64_t> rank_peak_memory(const ModelProfile& profile,
+                                           const std::vector<int>& balance,
+                                           std::int64_t microbatch_size,
+                                           const schedule::Schedule& schedule,
+                                           const MemoryModelOptions& options) {
+  std::vector<std::int64_t> totals;
+  for (const RankMemory& rank : predict_memory(profile, balance, microbatch_size, schedule, options)) {
+    totals.push_back(rank.total());
   }
-  for (int r = 0; r < schedule.num_ranks; ++r) held[r] += recompute[r];
-  return held;
+  return totals;
 }
 
 std::string format_bytes(std::int64_t bytes) {

@@ -336,9 +336,14 @@ class Evaluator {
   }
 
   void fill_memory(Plan& plan, const ScheduleEntry& s) {
+    MemoryModelOptions memory;
+    memory.checkpoint = plan.checkpoint;
+    memory.optimizer_state_multiple = options_.optimizer_state_multiple;
+    memory.zero = options_.zero;
+    memory.data_parallel = options_.data_parallel;
+    memory.processes = options_.processes;
     plan.peak_memory_per_rank =
-        rank_peak_memory(profile_, plan.balance, plan.microbatch_size, s.schedule, s.residency,
-                         plan.checkpoint, options_.optimizer_state_multiple);
+        rank_peak_memory(profile_, plan.balance, plan.microbatch_size, s.schedule, memory);
     plan.peak_memory_bytes =
         *std::max_element(plan.peak_memory_per_rank.begin(), plan.peak_memory_per_rank.end());
     plan.peak_inflight.clear();

@@ -64,6 +64,8 @@ LayerCost ModelProfile::layer_cost(std::int64_t l, std::int64_t b) const {
     c.backward_input_seconds *= scale;
     c.backward_weight_seconds *= scale;
     c.activation_bytes = static_cast<std::int64_t>(std::llround(c.activation_bytes * scale));
+    c.split_activation_bytes =
+        static_cast<std::int64_t>(std::llround(c.split_activation_bytes * scale));
     c.output_bytes = static_cast<std::int64_t>(std::llround(c.output_bytes * scale));
     return c;
   }
@@ -80,12 +82,14 @@ LayerCost ModelProfile::layer_cost(std::int64_t l, std::int64_t b) const {
   c.backward_seconds = time(&LayerCost::backward_seconds);
   c.backward_input_seconds = time(&LayerCost::backward_input_seconds);
   c.backward_weight_seconds = time(&LayerCost::backward_weight_seconds);
-  std::vector<std::int64_t> activation(costs.size()), output(costs.size());
+  std::vector<std::int64_t> activation(costs.size()), split(costs.size()), output(costs.size());
   for (std::size_t q = 0; q < costs.size(); ++q) {
     activation[q] = costs[q].activation_bytes;
+    split[q] = costs[q].split_activation_bytes;
     output[q] = costs[q].output_bytes;
   }
   c.activation_bytes = interpolate_bytes(microbatch_sizes, b, activation);
+  c.split_activation_bytes = interpolate_bytes(microbatch_sizes, b, split);
   c.output_bytes = interpolate_bytes(microbatch_sizes, b, output);
   return c;
 }
@@ -185,6 +189,7 @@ void to_json(nlohmann::json& out, const ModelProfile& profile) {
                        {"backward_input_seconds", c.backward_input_seconds},
                        {"backward_weight_seconds", c.backward_weight_seconds},
                        {"activation_bytes", c.activation_bytes},
+                       {"split_activation_bytes", c.split_activation_bytes},
                        {"output_bytes", c.output_bytes}});
     }
     layers.push_back({{"name", layer.name},
@@ -261,6 +266,7 @@ void from_json(const nlohmann::json& in, ModelProfile& profile) {
       cost.backward_input_seconds = c.value("backward_input_seconds", 0.0);
       cost.backward_weight_seconds = c.value("backward_weight_seconds", 0.0);
       cost.activation_bytes = c.value("activation_bytes", std::int64_t{0});
+      cost.split_activation_bytes = c.value("split_activation_bytes", cost.activation_bytes);
       cost.output_bytes = c.value("output_bytes", std::int64_t{0});
       layer.costs.push_back(cost);
     }
@@ -294,6 +300,7 @@ ModelProfile uniform_profile(std::int64_t layers, std::int64_t batch_size,
       c.backward_input_seconds = c.backward_seconds / 2;
       c.backward_weight_seconds = c.backward_seconds / 2;
       c.activation_bytes = spec.activation_bytes_per_sample * b;
+      c.split_activation_bytes = c.activation_bytes;
       c.output_bytes = spec.output_bytes_per_sample * b;
       layer.costs.push_back(c);
     }

@@ -109,9 +109,11 @@ std::vector<torch::nn::AnyModule*> layers_of(torch::nn::Sequential& model) {
 }
 
 // Activation bytes per layer from one chained run under the allocation counter; *seen tells whether
-// the counter saw any allocation at all.
+// the counter saw any allocation at all. `keep_inputs`: every layer's input stays referenced, as a
+// split backward's per-layer record keeps it (stage.cpp).
 std::vector<std::int64_t> chained_activation_bytes(const std::vector<torch::nn::AnyModule*>& layers,
-                                                   const torch::Tensor& microbatch, bool* seen) {
+                                                   const torch::Tensor& microbatch, bool* seen,
+                                                   bool keep_inputs) {
   ThreadCountGuard one_thread(1);
   AllocationCounter counter;  // stage/allocation_counter.h: what the stages measure with
   std::vector<std::int64_t> bytes;
@@ -125,7 +127,9 @@ std::vector<std::int64_t> chained_activation_bytes(const std::vector<torch::nn::
     *seen = counter.live_bytes() > 0;
     std::int64_t previous = counter.live_bytes();
     SkipContext skips;  // skips in flight count as kept by the layer that stashed them
+    std::vector<torch::Tensor> kept;
     for (std::size_t l = 0; l < layers.size(); ++l) {
+      if (keep_inputs) kept.push_back(x);
       // [1] y's graph keeps the saved tensors; [2] dropping our handle on x frees it unless the
       // graph saved it. The net growth is what this layer adds to the stash.
       x = run_layer(*layers[l], l, x, skips);
@@ -200,7 +204,10 @@ bool profile_microbatch(const std::vector<torch::nn::AnyModule*>& layers,
                         ModelProfile& profile) {
   profile.input_bytes.push_back(tensor_bytes(input));
   bool seen = false;
-  const std::vector<std::int64_t> chained = chained_activation_bytes(layers, input, &seen);
+  const std::vector<std::int64_t> chained = chained_activation_bytes(layers, input, &seen, false);
+  bool split_seen = false;
+  const std::vector<std::int64_t> split =
+      chained_activation_bytes(layers, input, &split_seen, /*keep_inputs=*/true);
   torch::Tensor x = input;
   SkipContext skips;  // the skips in flight before layer l, in the chained pass
   for (std::size_t l = 0; l < layers.size(); ++l) {
@@ -221,6 +228,7 @@ bool profile_microbatch(const std::vector<torch::nn::AnyModule*>& layers,
     }
     cost.output_bytes = tensor_bytes(y);
     cost.activation_bytes = seen ? chained[l] : cost.output_bytes;
+    cost.split_activation_bytes = seen ? split[l] : cost.output_bytes;
     time_backward(y, leaf, needs_input_grad, *layers[l], options, cost);
     profile.layers[l].costs.push_back(cost);
     x = y.detach();

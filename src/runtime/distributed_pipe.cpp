@@ -166,7 +166,9 @@ torch::Tensor DistributedPipe::train_step(const torch::Tensor& input, const torc
   std::map<int, Stage*> stages = fresh_stages();
   RankResult result;
   Interpreter interpreter(distributed_.pipeline_rank(), s, stages, *transport_);
+  transport_->reset_peak_buffer_bytes();
   interpreter.run(data, result);
+  step_transport_peak_bytes_ = transport_->stats().peak_buffer_bytes;
   events_ = std::move(result.events);
   // [3], [4]
   if (allreduce_gradients_) distributed_.allreduce_gradients(unique_);

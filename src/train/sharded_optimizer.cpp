@@ -247,10 +247,17 @@ int64_t ShardedOptimizer::gradient_bytes() const {
 }
 
 int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {
-  NamedTensors named;
+  std::vector<torch::Tensor> parameters;
   for (const auto& group : optimizer.param_groups()) {
-    for (const auto& p : group.params()) named.insert("p" + std::to_string(named.size()), p);
+    for (const auto& p : group.params()) parameters.push_back(p);
   }
+  return optimizer_state_bytes(optimizer, parameters);
+}
+
+int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer,
+                              const std::vector<torch::Tensor>& parameters) {
+  NamedTensors named;
+  for (const auto& p : parameters) named.insert("p" + std::to_string(named.size()), p);
   Checkpoint form;
   capture_optimizer(form, optimizer, named);
   int64_t total = 0;

@@ -93,6 +93,27 @@ class PipeRunner : public StepRunner {
   std::vector<ActionEvent> last_events() override { return pipe_->last_events(); }
   int trace_rows() const override { return static_cast<int>(pipe_->num_ranks()); }
   std::string description() const override { return description_; }
+  int total_ranks() const override { return static_cast<int>(pipe_->num_ranks()); }
+  std::vector<RankHoldings> rank_holdings() override {
+    const schedule::Schedule& schedule = pipe_->schedule();
+    const std::vector<StageAccounting> accounting = pipe_->stage_accounting();
+    std::vector<RankHoldings> ranks(static_cast<size_t>(schedule.num_ranks));
+    for (int r = 0; r < schedule.num_ranks; ++r) ranks[static_cast<size_t>(r)].rank = r;
+    int64_t first = 0;
+    for (int j = 0; j < schedule.num_stages; ++j) {
+      RankHoldings& rank = ranks[static_cast<size_t>(schedule.stage_rank[j])];
+      rank.stages.push_back(j);
+      const int64_t count = pipe_->balance()[static_cast<size_t>(j)];
+      for (int64_t l = first; l < first + count; ++l) {
+        for (const auto& p : model_->ptr(static_cast<size_t>(l))->parameters())
+          rank.parameters.push_back(p);
+      }
+      rank.peak_activation_bytes += accounting[static_cast<size_t>(j)].peak_stashed_bytes;
+      first += count;
+    }
+    for (RankHoldings& rank : ranks) rank.parameters = unique_parameters(rank.parameters);
+    return ranks;
+  }
 
  private:
   torch::nn::Sequential model_;
@@ -192,6 +213,18 @@ class DistributedRunner : public StepRunner {
     return sharded;
   }
   int64_t transport_bytes_sent() const override { return pipe_.transport_stats().data_bytes_sent; }
+  int total_ranks() const override { return distributed_.world_size(); }
+  std::vector<RankHoldings> rank_holdings() override {
+    RankHoldings mine;
+    mine.rank = distributed_.rank();
+    mine.parameters = pipe_.parameters();
+    for (const auto& [j, accounting] : pipe_.stage_accounting()) {
+      mine.stages.push_back(j);
+      mine.peak_activation_bytes += accounting.peak_stashed_bytes;
+    }
+    mine.peak_transport_bytes = pipe_.step_transport_peak_bytes();
+    return {mine};
+  }
   double sum_over_ranks(double value) override {
     std::vector<torch::Tensor> tensors = {torch::tensor({value}, torch::kFloat64)};
     distributed_.world()->world_group()->allreduce_sum(tensors);

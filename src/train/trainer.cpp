@@ -168,6 +168,10 @@ TrainSummary Trainer::fit() {
     const double step_start = EventLog::now_us();
     const double loss = run_step(k, x, y);  // [2] [3]
     if (tracing) events_.add(k, step_start, runner_.last_events(), runner_.event_rank());
+    if (options_.report_memory() && k + 1 == total) {
+      // Right after the last step: its stash peaks, the gradients and the state it left.
+      summary.memory = measure_memory(runner_, optimizer_.get(), sharded_.get());
+    }
     if (k == first_step_) summary.first_loss = loss;
     summary.last_loss = loss;
     summary.steps = k + 1 - first_step_;
@@ -194,6 +198,7 @@ TrainSummary Trainer::fit() {
   summary.gradient_bytes = sharded_ ? sharded_->gradient_bytes() : gradient_bytes(parameters_);
   summary.transport_bytes_sent = static_cast<int64_t>(runner_.sum_over_ranks(
       static_cast<double>(runner_.transport_bytes_sent() - bytes_before)));  // collective
+  if (options_.report_memory()) summary.memory = gather_memory(runner_, summary.memory);
   if (!options_.checkpoint_dir().empty()) {
     summary.checkpoint_path = checkpoint_path(options_.checkpoint_dir());
     save_checkpoint(summary.checkpoint_path, total);

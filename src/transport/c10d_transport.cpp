@@ -29,6 +29,7 @@
 //
 // Message n on c is matched with receive n on c (one message per channel per step, and a rank
 // posts step s+1's receives only after it took step s's), so both ends always agree on L(c).
+#include <algorithm>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -184,6 +185,7 @@ struct C10dTransport::Impl {
   struct PendingSend {
     c10::intrusive_ptr<detail::C10dWork> work;
     std::string what;
+    int64_t bytes = 0;  // the message buffer, held until the send completes
   };
   // A posted receive, not waited for yet.
   struct PostedRecv {
@@ -238,6 +240,15 @@ struct C10dTransport::Impl {
     return torch::empty({n}, torch::TensorOptions().dtype(dtype).device(wire_device));
   }
   void reap();
+  // Stats::buffer_bytes and its peak. REQUIRES: mutex held.
+  void hold_locked(int64_t bytes) {
+    stats.buffer_bytes += bytes;
+    stats.peak_buffer_bytes = std::max(stats.peak_buffer_bytes, stats.buffer_bytes);
+  }
+  void release(int64_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex);
+    stats.buffer_bytes -= bytes;
+  }
   void post_send(torch::Tensor tensor, int dst, int tag, std::string what);
   PostedRecv post_recv(torch::Tensor buffer, int src, int tag);
   void wait_recv(PostedRecv& posted, int src, const Envelope& envelope, const char* part);
@@ -317,6 +328,7 @@ void C10dTransport::Impl::reap() {
     }
     {
       std::lock_guard<std::mutex> lock(mutex);
+      stats.buffer_bytes -= sends.front().bytes;
       sends.pop_front();
       if (error && !aborted && !send_error) {
         send_error = *error;
@@ -328,11 +340,13 @@ void C10dTransport::Impl::reap() {
 }
 
 void C10dTransport::Impl::post_send(torch::Tensor tensor, int dst, int tag, std::string what) {
+  const int64_t bytes = static_cast<int64_t>(tensor.nbytes());
   std::vector<at::Tensor> one{std::move(tensor)};
   auto work = group->impl().backend->send(one, dst, tag);
   {
     std::lock_guard<std::mutex> lock(mutex);
-    sends.push_back({work, std::move(what)});
+    sends.push_back({work, std::move(what), bytes});
+    hold_locked(bytes);
     if (aborted) work->abort();
   }
   changed.notify_all();
@@ -345,6 +359,7 @@ C10dTransport::Impl::PostedRecv C10dTransport::Impl::post_recv(torch::Tensor buf
   posted.work = group->impl().backend->recv(one, src, tag);
   posted.buffer = std::move(buffer);
   std::lock_guard<std::mutex> lock(mutex);
+  hold_locked(static_cast<int64_t>(posted.buffer.nbytes()));
   posted.id = next_receive++;
   receiving[posted.id] = posted.work;
   if (aborted) posted.work->abort();
@@ -574,6 +589,7 @@ std::vector<int64_t> C10dTransport::Impl::read_metadata(BundleRecvs& recvs, int 
       post_recv(wire_buffer(length, torch::kLong), src, c10d_tag(envelope, MessagePart::kMetadata));
   wait_recv(overflow, src, envelope, "metadata");
   const torch::Tensor values = overflow.buffer.cpu();
+  release(static_cast<int64_t>(overflow.buffer.nbytes()));
   return {values.data_ptr<int64_t>(), values.data_ptr<int64_t>() + length};
 }
 
@@ -629,6 +645,10 @@ Bundle C10dTransport::recv(const Envelope& envelope) {
   const torch::Tensor data = impl_->read_data(recvs, src, envelope, total);
   {
     std::lock_guard<std::mutex> lock(impl_->mutex);
+    // The buffers now belong to the bundle's tensors (views of them), not to the transport.
+    const bool resized = total > 0 && total != recvs.data_bytes;
+    impl_->stats.buffer_bytes -=
+        static_cast<int64_t>(recvs.message.buffer.nbytes()) + (resized ? total : 0);
     impl_->received_bytes[Impl::channel_of(envelope)] = total;
     ++impl_->stats.bundles_received;
     if (recvs.ahead) ++impl_->stats.received_expected;
@@ -642,6 +662,11 @@ Bundle C10dTransport::recv(const Envelope& envelope) {
 C10dTransport::Stats C10dTransport::stats() const {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   return impl_->stats;
+}
+
+void C10dTransport::reset_peak_buffer_bytes() {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  impl_->stats.peak_buffer_bytes = impl_->stats.buffer_bytes;
 }
 
 void C10dTransport::abort(const std::string& reason) {

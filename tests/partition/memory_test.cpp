@@ -63,7 +63,7 @@ TEST(StageMemory, CountsParametersGradientsOptimizerAndStash) {
       100);
 }
 
-TEST(RankPeakMemory, SumsTheStagesOfEachRankAndOneRecompute) {
+TEST(RankPeakMemory, HoldsWhatARanksStagesStashAtTheSameTime) {
   // 4 identical layers: 100 B of parameters, 8 B of stash and 2 B of output per sample.
   UniformLayer layer;
   layer.parameter_bytes = 100;
@@ -84,9 +84,12 @@ TEST(RankPeakMemory, SumsTheStagesOfEachRankAndOneRecompute) {
   const auto r2 = stage_residency(interleaved);
   const auto always =
       rank_peak_memory(profile, {1, 1, 1, 1}, 1, interleaved, r2, Checkpoint::kAlways, 0.0);
-  // Each stage: 200 parameter bytes, n_j inputs of 2 bytes, a recompute of 8 bytes, counted once
-  // per rank.
-  const std::int64_t rank0 = 400 + 2 * (r2[0].peak_inflight + r2[2].peak_inflight) + 8;
+  // Each stage: 200 parameter bytes, inputs of 2 bytes, a recompute of 8 bytes. Rank 0 runs
+  //   0F0 0F1 2F0 2F1 0F2 2B0 0F3 2B1 2F2 0B0 2F3 0B1 2B2 2B3 0B2 0B3
+  // and holds the most at 2B0: five inputs and one recompute. Stage 0's own peak (four inputs,
+  // at 0F3) and stage 2's (two, at 2F1) never coincide, so the rank holds less than their sum.
+  const std::int64_t rank0 = 400 + 5 * 2 + 8;
+  EXPECT_LT(rank0, 400 + 2 * (r2[0].peak_inflight + r2[2].peak_inflight) + 8);
   EXPECT_EQ(always[0], rank0);
 }
 
@@ -115,6 +118,91 @@ TEST(Checkpoint, NamesRoundTrip) {
     EXPECT_EQ(parse_checkpoint(to_string(mode)), mode);
   }
   EXPECT_THROW(parse_checkpoint("sometimes"), pipetrain::BadInput);
+}
+
+TEST(PredictMemory, ZeroShardsTheOptimizerStateAndStageTwoTheGradientsOverTheReplicas) {
+  // 4 layers of 100 parameter bytes (25 floats): a rank of 2 layers holds 50 floats, so dp 3
+  // pads them to 51 and each replica owns 17 (68 bytes).
+  UniformLayer layer;
+  layer.parameter_bytes = 100;
+  const ModelProfile profile = uniform_profile(4, 4, layer);
+  const auto schedule = schedule::one_f_one_b(2, 4);
+  MemoryModelOptions options;
+  options.optimizer_state_multiple = 2;
+  const auto plain = predict_memory(profile, {2, 2}, 1, schedule, options);
+  EXPECT_EQ(plain[0].parameters, 200);
+  EXPECT_EQ(plain[0].gradients, 200);
+  EXPECT_EQ(plain[0].optimizer_state, 400);
+  options.data_parallel = 3;
+  options.zero = 1;
+  const auto one = predict_memory(profile, {2, 2}, 1, schedule, options);
+  EXPECT_EQ(one[0].parameters, 200);
+  EXPECT_EQ(one[0].gradients, 200 + 68);  // the full .grad() and the reduce-scattered shard
+  EXPECT_EQ(one[0].optimizer_state, 2 * 68);
+  options.zero = 2;
+  const auto two = predict_memory(profile, {2, 2}, 1, schedule, options);
+  EXPECT_EQ(two[0].gradients, 68);
+  EXPECT_EQ(two[0].optimizer_state, 2 * 68);
+  // Activations do not depend on ZeRO.
+  EXPECT_EQ(two[0].activations, plain[0].activations);
+}
+
+TEST(PredictMemory, TransportHoldsTwoPostedReceivesAndOneSendBetweenProcessesAndNothingInOne) {
+  UniformLayer layer;
+  layer.output_bytes_per_sample = 100;  // 2 samples: 200 bytes, 256 aligned to 64
+  const ModelProfile profile = uniform_profile(3, 4, layer);
+  const auto schedule = schedule::one_f_one_b(3, 4);
+  MemoryModelOptions options;
+  EXPECT_EQ(predict_memory(profile, {1, 1, 1}, 2, schedule, options)[1].transport, 0);
+  options.processes = true;
+  const auto ranks = predict_memory(profile, {1, 1, 1}, 2, schedule, options);
+  const std::int64_t message = transport_message_bytes(200);
+  EXPECT_EQ(message, 256 + 256);
+  // The first rank receives gradients and sends activations; the middle one both ways.
+  EXPECT_EQ(ranks[0].transport, 3 * message);
+  EXPECT_EQ(ranks[1].transport, 3 * message);
+  EXPECT_EQ(ranks[2].transport, 3 * message);
+}
+
+TEST(PredictMemory, TheLossKeepsItsTensorsOnTheLastStageForEveryMicroBatchInFlight) {
+  UniformLayer layer;
+  const ModelProfile profile = uniform_profile(2, 8, layer);
+  const auto gpipe = schedule::gpipe(2, 4);
+  MemoryModelOptions options;
+  const auto without = predict_memory(profile, {1, 1}, 2, gpipe, options);
+  options.loss_bytes = 1000;
+  const auto with = predict_memory(profile, {1, 1}, 2, gpipe, options);
+  EXPECT_EQ(with[0].activations, without[0].activations);
+  EXPECT_EQ(with[1].activations, without[1].activations + 4 * 1000);
+  // The totals are what the planner compares with its limit.
+  const auto totals = rank_peak_memory(profile, {1, 1}, 2, gpipe, options);
+  EXPECT_EQ(totals[1], with[1].total());
+}
+
+TEST(PredictMemory, ASplitBackwardHoldsEveryRecomputedMicroBatchFromItsIToItsW) {
+  UniformLayer layer;
+  layer.activation_bytes_per_sample = 1000;
+  layer.output_bytes_per_sample = 1;
+  const ModelProfile profile = uniform_profile(2, 4, layer);
+  MemoryModelOptions options;
+  options.checkpoint = Checkpoint::kAlways;
+  // 1F1B's last stage recomputes and frees one micro-batch at a time: one body at once.
+  const auto one_f_one_b = predict_memory(profile, {1, 1}, 1, schedule::one_f_one_b(2, 4), options);
+  EXPECT_EQ(one_f_one_b[1].activations, 1 + 1000);
+  // ZB-H1 defers W: the last stage's recomputed micro-batches wait for it, bodies and all.
+  const auto zb = predict_memory(profile, {1, 1}, 1, schedule::zero_bubble_h1(2, 4), options);
+  EXPECT_GE(zb[1].activations, 2 * (1 + 1000));
+}
+
+TEST(PredictMemory, RejectsAZeroStageOutsideZeroToTwoAndNoReplicas) {
+  const ModelProfile profile = uniform_profile(2, 4, UniformLayer{});
+  const auto schedule = schedule::one_f_one_b(2, 4);
+  MemoryModelOptions options;
+  options.zero = 3;
+  EXPECT_THROW(predict_memory(profile, {1, 1}, 1, schedule, options), pipetrain::BadInput);
+  options.zero = 0;
+  options.data_parallel = 0;
+  EXPECT_THROW(predict_memory(profile, {1, 1}, 1, schedule, options), pipetrain::BadInput);
 }
 
 }  // namespace

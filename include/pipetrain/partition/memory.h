@@ -4,18 +4,23 @@
 //   parameters   P_j = sum of the layers' parameter bytes
 //   gradients    P_j                      (one gradient buffer per parameter)
 //   optimizer    P_j * optimizer_state_multiple   (SGD 0, momentum 1, Adam 2)
-//   activations  with n = peak micro-batches in flight on j (the schedule's structure: F started,
-//                backward (B, or W when split) not finished; simulate()'s peak_activations),
-//                in = bytes of the stage input, body = sum of the layers' activation bytes:
+//   activations  in = bytes of the stage input, body = the layers' activation bytes (the
+//                profile's, split_activation_bytes for a split backward), held per micro-batch:
+//                  F i        + in, and + body unless i is checkpointed
+//                  B i / I i  a checkpointed i is recomputed first: + body
+//                  B i / W i  everything of i freed
+//                predict_memory() walks each rank's list in that order (list order is time
+//                order) and keeps the largest sum: the rank's stages together, a split
+//                backward's recomputed micro-batches held from I to W included.
+//   The closed form of one stage (stage_memory, stage_residency; the planner's quick bound when
+//   it balances for memory), with n = peak micro-batches in flight on j:
 //     never        n * (in + body)
 //     always       n * in + body           inputs only, plus one micro-batch being recomputed
 //     except_last  n * in + body (+ body when the last micro-batch, which is not checkpointed,
 //                  is still stashed while another one is recomputed: 1F1B yes, GPipe no)
-// A rank holding several stages (interleaving) holds the sum of their stashes and parameter
-// terms, plus the largest single recompute (a rank recomputes one micro-batch at a time).
 //
 // Not modelled: transient gradient buffers inside a backward, allocator fragmentation, the
-// framework's own buffers, the loss. docs/PLANNER.md gives the measured gap.
+// framework's own buffers. docs/MEMORY.md gives the measured agreement.
 //
 // Thread-safety: pure functions.
 #pragma once
@@ -61,15 +66,20 @@ StageMemory stage_memory(std::int64_t parameter_bytes, std::int64_t input_bytes,
                          Checkpoint checkpoint, double optimizer_state_multiple);
 
 // Layers [first, end) as one stage at micro-batch size m: parameter, input and body bytes.
+// The stage keeps its input as a leaf, so its first layer counts as in a chain that keeps its
+// input (split_activation_bytes); split_body is the body of a split backward (every layer's).
 struct StageBytes {
   std::int64_t parameters = 0;
   std::int64_t input = 0;
   std::int64_t body = 0;
+  std::int64_t split_body = 0;
 };
 StageBytes stage_bytes(const ModelProfile& profile, std::int64_t first, std::int64_t end,
                        std::int64_t microbatch_size);
 
-// Peak bytes per rank for `balance` (layers per stage, size S, summing to the layer count).
+// Peak bytes per rank for `balance` (layers per stage, size S, summing to the layer count): the
+// total of predict_memory() with one process, no ZeRO and no loss. `residency` is the
+// schedule's (checked for its size only).
 // REQUIRES: balance.size() == schedule.num_stages, every entry >= 1 (pipetrain::BadInput).
 std::vector<std::int64_t> rank_peak_memory(const ModelProfile& profile,
                                            const std::vector<int>& balance,
@@ -77,6 +87,74 @@ std::vector<std::int64_t> rank_peak_memory(const ModelProfile& profile,
                                            const schedule::Schedule& schedule,
                                            const std::vector<StageResidency>& residency,
                                            Checkpoint checkpoint, double optimizer_state_multiple);
+
+// ---- The whole step, per rank and category (plan --memory, train --report-memory) -------------
+//
+// What one pipeline rank holds at its peak, in the categories `pipetrain train --report-memory`
+// measures (train/memory_report.h says how each is measured):
+//
+//   parameters       sum of P_j over the rank's stages
+//   gradients        ZeRO 0: P (every .grad())   1: P + shard (the reduce-scatter's output is
+//                    kept)   2: shard (between steps only the shard is held; the peak during
+//                    backward is still P, see train/sharded_optimizer.h)
+//   optimizer state  P * s, or shard * s under ZeRO 1 and 2
+//                    shard = ceil(P / element / dp) * element: the rank's parameters laid end to
+//                    end, padded to a multiple of dp, one contiguous piece per replica
+//   activations      the stash formula above at the schedule's residency; the body is the
+//                    split body when the schedule splits its backward (I and W), and the last
+//                    stage's body includes what the loss keeps (loss_bytes: a checkpointed
+//                    micro-batch drops its loss with the rest and recomputes it)
+//   transport        one process per rank only (the c10d transport; 0 in one process, where
+//                    tensors are handed over without a copy): the receives posted ahead --
+//                    the interpreter keeps kReceiveLookahead = 2 posted, so the largest two
+//                    consecutive received messages -- plus the largest message sent (its copy
+//                    lives until the send completes). A message = a 256-byte header + the data,
+//                    64-byte aligned.
+struct RankMemory {
+  std::int64_t parameters = 0;
+  std::int64_t gradients = 0;
+  std::int64_t optimizer_state = 0;
+  std::int64_t activations = 0;
+  std::int64_t transport = 0;
+
+  static constexpr int kCategories = 5;
+  // The categories in report order: 0 parameters .. 4 transport.
+  std::int64_t& operator[](int category);
+  std::int64_t operator[](int category) const;
+  std::int64_t total() const {
+    return parameters + gradients + optimizer_state + activations + transport;
+  }
+};
+// "parameters", "gradients", "optimizer state", "activations", "transport".
+const char* memory_category_name(int category);
+
+struct MemoryModelOptions {
+  Checkpoint checkpoint = Checkpoint::kNever;
+  double optimizer_state_multiple = 0;  // SGD 0, momentum 1, Adam 2
+  int zero = 0;                         // ZeRO stage 0, 1 or 2
+  int data_parallel = 1;                // replicas of each pipeline rank (dp)
+  bool processes = false;               // one process per rank: the transport's buffers count
+  std::int64_t parameter_element_bytes = 4;  // float32 parameters (the shard's padding)
+  std::int64_t loss_bytes = 0;  // what the loss keeps for backward, per micro-batch
+};
+
+// Per pipeline rank: the categories above for `balance` at micro-batch size m. A data-parallel
+// replica of rank r holds what rank r holds. Throws pipetrain::BadInput for a balance that does
+// not fit the schedule or the profile, a zero stage outside 0..2, or dp < 1.
+std::vector<RankMemory> predict_memory(const ModelProfile& profile, const std::vector<int>& balance,
+                                       std::int64_t microbatch_size,
+                                       const schedule::Schedule& schedule,
+                                       const MemoryModelOptions& options);
+
+// The bytes of one transport message carrying `data_bytes` (header + 64-byte aligned data).
+std::int64_t transport_message_bytes(std::int64_t data_bytes);
+
+// The total of predict_memory() per rank (what the planner compares with its limit).
+std::vector<std::int64_t> rank_peak_memory(const ModelProfile& profile,
+                                           const std::vector<int>& balance,
+                                           std::int64_t microbatch_size,
+                                           const schedule::Schedule& schedule,
+                                           const MemoryModelOptions& options);
 
 // "1.5 GiB", "512 MiB", "12 KiB", "100 B".
 std::string format_bytes(std::int64_t bytes);

@@ -45,6 +45,11 @@ struct PlannerOptions {
   std::vector<Checkpoint> checkpoint_modes;  // never, except_last, always
   std::vector<int> virtual_stages;      // 1, 2, 4: V > 1 for interleaved-*, looped-bfs; 2 V-shaped
   double optimizer_state_multiple = 0;  // SGD 0, momentum 1, Adam 2 (memory and update)
+  // The rest of the memory model (memory.h, predict_memory) the plans' peaks and the limit use:
+  // ZeRO stage and data-parallel replicas of each rank, one process per rank (transport buffers).
+  int zero = 0;
+  int data_parallel = 1;
+  bool processes = false;
   int top = 10;                         // plans kept in the ranked table
 };
 

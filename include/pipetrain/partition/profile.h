@@ -33,6 +33,10 @@ struct LayerCost {
   // Bytes the forward keeps alive until the backward (saved tensors and the output), measured as
   // the net growth of the allocator while the layer runs in a chain (profiler.h says how).
   std::int64_t activation_bytes = 0;
+  // The same when every layer's input and output stay alive until the layer's W, as a split
+  // backward (zero-bubble I and W) records them: inputs autograd would have freed (a ReLU's
+  // input) are kept too. Profiles saved before this field existed read activation_bytes.
+  std::int64_t split_activation_bytes = 0;
   std::int64_t output_bytes = 0;  // what crosses a stage boundary after this layer
 };
 

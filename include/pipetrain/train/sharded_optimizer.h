@@ -118,6 +118,9 @@ class ShardedOptimizer {
 // Bytes of an unsharded optimizer's per-parameter state (the figure ShardedOptimizer::state_bytes
 // compares with).
 int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer);
+// The same for the state of `parameters` only (the optimizer's other parameters left out).
+int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer,
+                              const std::vector<torch::Tensor>& parameters);
 // Bytes of the defined .grad() of `parameters` (each tensor once).
 int64_t gradient_bytes(const std::vector<torch::Tensor>& parameters);
 

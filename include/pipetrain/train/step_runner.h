@@ -89,6 +89,26 @@ class StepRunner {
   virtual int64_t transport_bytes_sent() const { return 0; }
   // Sum of `value` over every rank (a collective in a multi-process run).
   virtual double sum_over_ranks(double value) { return value; }
+
+  // What one pipeline rank held in this process over the last step, for memory reports
+  // (train/memory_report.h).
+  struct RankHoldings {
+    int rank = 0;             // the world rank (in one process: the pipeline rank)
+    std::vector<int> stages;  // the stages it runs
+    std::vector<torch::Tensor> parameters;  // its parameters, each tensor once
+    // Peak stashed bytes of its stages in the last step (StageAccounting; a rank of several
+    // stages: the sum of their peaks, which may not have coincided).
+    int64_t peak_activation_bytes = 0;
+    // Peak message buffers of its transport in the last step (0 where stages share a process).
+    int64_t peak_transport_bytes = 0;
+  };
+  // The ranks this process runs (the Pipe: all of them; a DistributedPipe: its own; sequential
+  // training: one rank of every parameter, its activations not measured).
+  virtual std::vector<RankHoldings> rank_holdings() {
+    return {RankHoldings{0, {0}, parameters(), 0, 0}};
+  }
+  // Ranks of the whole job (the world size; in one process, the pipeline ranks).
+  virtual int total_ranks() const { return 1; }
   // ZeRO: an optimizer sharded over this rank's data-parallel replicas (train/
   // sharded_optimizer.h), after which step() leaves the gradient reduction to it. Only a
   // multi-process runner with replicas has one: the others throw BadInput.

@@ -47,6 +47,7 @@
 #include "pipetrain/train/checkpoint.h"
 #include "pipetrain/train/event_log.h"
 #include "pipetrain/train/loss_scaler.h"
+#include "pipetrain/train/memory_report.h"
 #include "pipetrain/train/sharded_optimizer.h"
 #include "pipetrain/train/step_runner.h"
 
@@ -93,6 +94,9 @@ struct TrainerOptions {
   TORCH_ARG(std::string, trace_path) = "";
   /// SVG timeline of the last measured step, written by the main rank at the end; "" = none.
   TORCH_ARG(std::string, timeline_path) = "";
+  /// Measure what every rank holds after the last step (TrainSummary::memory; a collective at
+  /// the end of fit(), train/memory_report.h). Default off.
+  TORCH_ARG(bool, report_memory) = false;
 };
 
 // What on_step receives after each optimizer step.
@@ -124,6 +128,9 @@ struct TrainSummary {
   // gradients; 0 in one process).
   int64_t transport_bytes_sent = 0;
   int64_t skipped_steps = 0;  // loss scaling: steps skipped for a non-finite gradient
+  // With TrainerOptions::report_memory: what each rank held after the last step, every rank's on
+  // the main rank (the others: their own); empty when no step ran.
+  std::vector<MeasuredRankMemory> memory;
 };
 
 class Trainer {

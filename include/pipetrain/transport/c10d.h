@@ -255,8 +255,15 @@ class C10dTransport : public Transport {
     int64_t resized_sent = 0;     // bundles whose data size differed from the channel's last
     int64_t bundles_received = 0;
     int64_t received_expected = 0;  // receives that expect() had posted ahead
+    // Message buffers the transport holds now: receives posted and not yet handed to recv()'s
+    // caller (a received bundle's tensors are views of its buffer, which then belongs to them),
+    // and sends not yet completed. The peak is since construction or reset_peak_buffer_bytes().
+    int64_t buffer_bytes = 0;
+    int64_t peak_buffer_bytes = 0;
   };
   Stats stats() const;
+  // Restarts Stats::peak_buffer_bytes from the bytes held now (a step's peak: call it first).
+  void reset_peak_buffer_bytes();
 
   struct Impl;
 

@@ -1,0 +1,86 @@
+// Memory report: what each rank of a training run holds, predicted by the memory model
+// (partition/memory.h) and measured on the run, category by category (`pipetrain train
+// --report-memory`; docs/MEMORY.md).
+//
+//   predicted  predict_training_memory(): the model's activation bytes profiled at the run's
+//              micro-batch size (partition/profiler.h, one chained pass under the allocation
+//              counter), the loss's saved tensors measured the same way, then predict_memory()
+//              for the run's balance, schedule, checkpoint mode, optimizer, ZeRO stage, data-
+//              parallel size and process layout.
+//   measured   measure_memory() after a step, on the ranks this process runs:
+//                parameters       bytes of the rank's parameters (each tensor once)
+//                gradients        bytes of their .grad() (ZeRO: ShardedOptimizer::gradient_bytes)
+//                optimizer state  bytes of the optimizer's state tensors for them (ZeRO: the
+//                                 shard's)
+//                activations      the peak stashed bytes of the rank's stages in the last step
+//                                 (StageAccounting: what the stage's forwards kept, counted by the
+//                                 allocation counter)
+//                transport        the peak message buffers of its c10d transport in the last step
+//              gather_memory() brings every rank's figures to the main rank.
+//
+// Not covered: bf16 (the profile runs float32: the prediction is for float32 stages), CUDA
+// stages (their stash is estimated, not measured), and transient buffers inside one action (a
+// backward's gradient temporaries, a reduce-scatter's flat buffer).
+//
+// Thread-safety: the training loop's thread; gather_memory() is collective.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/types.h>
+
+#include "pipetrain/partition/memory.h"
+#include "pipetrain/runtime/pipe.h"
+#include "pipetrain/train/step_runner.h"
+
+namespace pipetrain::train {
+
+// What one rank was measured to hold.
+struct MeasuredRankMemory {
+  int rank = 0;             // world rank
+  int first_stage = 0;      // the first stage it runs (its pipeline rank follows from it)
+  partition::RankMemory bytes;
+};
+
+// The ranks this process runs, measured now (after a step). `optimizer` steps every parameter
+// of the runner unless `sharded` is given (ZeRO), whose figures are this rank's then.
+std::vector<MeasuredRankMemory> measure_memory(StepRunner& runner,
+                                               const torch::optim::Optimizer* optimizer,
+                                               const ShardedOptimizer* sharded);
+
+// Collective: every rank's measurement on the main rank, by rank (the others get theirs back).
+std::vector<MeasuredRankMemory> gather_memory(StepRunner& runner,
+                                              const std::vector<MeasuredRankMemory>& mine);
+
+struct MemoryPrediction {
+  std::vector<partition::RankMemory> ranks;  // per pipeline rank
+  std::vector<int> stage_rank;               // pipeline rank of each stage
+  std::int64_t microbatch_size = 0;          // rows per micro-batch (the largest one)
+  std::int64_t loss_bytes = 0;               // what the loss keeps per micro-batch
+};
+
+struct MemoryRunOptions {
+  std::string optimizer = "sgd";  // sgd | adam | adamw
+  double momentum = 0.9;          // sgd's (0: no state)
+  int zero = 0;
+  int data_parallel = 1;
+  bool processes = false;  // one process per pipeline rank (the c10d transport)
+};
+
+// Profiles `model` on the first rows of `inputs` (the mini-batch a replica runs is split into
+// pipe.chunks() micro-batches) and predicts every pipeline rank's memory. The model is run in
+// the mode it is in (training: dropout masks count) with autograd; its gradients are left as
+// they were. Throws pipetrain::BadInput for options the memory model does not cover.
+MemoryPrediction predict_training_memory(torch::nn::Sequential model, const torch::Tensor& inputs,
+                                         const torch::Tensor& targets, const LossFn& loss,
+                                         const PipeOptions& pipe, const MemoryRunOptions& run);
+
+// One line per rank and category: predicted, measured, measured / predicted (replicas of a
+// pipeline rank are compared with its prediction).
+std::string memory_report_text(const MemoryPrediction& predicted,
+                               const std::vector<MeasuredRankMemory>& measured);
+
+}  // namespace pipetrain::train

@@ -1,0 +1,177 @@
+// Predicted and measured memory per rank (pipetrain/train/memory_report.h).
+#include "pipetrain/train/memory_report.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <sstream>
+
+#include "pipetrain/base/check.h"
+#include "pipetrain/base/error.h"
+#include "pipetrain/partition/profiler.h"
+#include "pipetrain/stage/allocation_counter.h"
+#include "pipetrain/stage/microbatch.h"
+#include "pipetrain/train/optimizer.h"
+#include "pipetrain/train/sharded_optimizer.h"
+#include "pipetrain/tune/auto_plan.h"
+
+namespace pipetrain::train {
+namespace {
+
+namespace pp = pipetrain::partition;
+
+int64_t parameter_bytes(const std::vector<torch::Tensor>& parameters) {
+  int64_t total = 0;
+  for (const torch::Tensor& p : unique_parameters(parameters))
+    total += static_cast<int64_t>(p.numel()) * static_cast<int64_t>(p.element_size());
+  return total;
+}
+
+// What the loss keeps for its backward on one micro-batch: its saved tensors and the (weighted)
+// loss itself, counted as a stage counts them.
+int64_t loss_bytes(torch::nn::Sequential& model, const torch::Tensor& inputs,
+                   const torch::Tensor& targets, const LossFn& loss) {
+  torch::Tensor output = model->forward(inputs);
+  if (output.is_floating_point() && output.scalar_type() != torch::kFloat)
+    output = output.to(torch::kFloat);
+  AllocationCounter counter;
+  torch::Tensor value;
+  {
+    CountAllocations guard(counter);
+    value = loss(output, targets) * 0.5;  // the runtime weights each micro-batch's loss
+  }
+  return counter.live_bytes();
+}
+
+}  // namespace
+
+std::vector<MeasuredRankMemory> measure_memory(StepRunner& runner,
+                                               const torch::optim::Optimizer* optimizer,
+                                               const ShardedOptimizer* sharded) {
+  std::vector<MeasuredRankMemory> ranks;
+  for (const StepRunner::RankHoldings& holding : runner.rank_holdings()) {
+    MeasuredRankMemory rank;
+    rank.rank = holding.rank;
+    rank.first_stage = holding.stages.empty() ? 0 : holding.stages.front();
+    rank.bytes.parameters = parameter_bytes(holding.parameters);
+    if (sharded) {
+      rank.bytes.gradients = sharded->gradient_bytes();
+      rank.bytes.optimizer_state = sharded->state_bytes();
+    } else {
+      rank.bytes.gradients = gradient_bytes(holding.parameters);
+      rank.bytes.optimizer_state =
+          optimizer ? optimizer_state_bytes(*optimizer, holding.parameters) : 0;
+    }
+    rank.bytes.activations = holding.peak_activation_bytes;
+    rank.bytes.transport = holding.peak_transport_bytes;
+    ranks.push_back(rank);
+  }
+  return ranks;
+}
+
+std::vector<MeasuredRankMemory> gather_memory(StepRunner& runner,
+                                              const std::vector<MeasuredRankMemory>& mine) {
+  const int total = runner.total_ranks();
+  if (total == static_cast<int>(mine.size())) return mine;  // every rank is in this process
+  // Each rank fills its own row of a (ranks x [first stage, 5 categories]) table; the sum over
+  // ranks then holds every row.
+  constexpr int kColumns = 1 + pp::RankMemory::kCategories;
+  std::vector<MeasuredRankMemory> all(static_cast<size_t>(total));
+  for (int r = 0; r < total; ++r) {
+    all[static_cast<size_t>(r)].rank = r;
+    for (int c = 0; c < kColumns; ++c) {
+      double value = 0;
+      for (const MeasuredRankMemory& m : mine) {
+        if (m.rank != r) continue;
+        value = c == 0 ? m.first_stage : static_cast<double>(m.bytes[c - 1]);
+      }
+      const auto summed = static_cast<int64_t>(runner.sum_over_ranks(value));
+      if (c == 0) {
+        all[static_cast<size_t>(r)].first_stage = static_cast<int>(summed);
+      } else {
+        all[static_cast<size_t>(r)].bytes[c - 1] = summed;
+      }
+    }
+  }
+  return runner.is_main() ? all : mine;
+}
+
+MemoryPrediction predict_training_memory(torch::nn::Sequential model, const torch::Tensor& inputs,
+                                         const torch::Tensor& targets, const LossFn& loss,
+                                         const PipeOptions& pipe, const MemoryRunOptions& run) {
+  PIPETRAIN_CHECK_INPUT(pipe.precision() == Precision::kFloat32,
+                        "the memory model predicts float32 stages; --report-memory with --precision ",
+                        to_string(pipe.precision()), " is not covered (use fp32)");
+  PIPETRAIN_CHECK_INPUT(run.data_parallel >= 1, "data_parallel must be >= 1 (got ",
+                        run.data_parallel, ")");
+  const int64_t layers = static_cast<int64_t>(model->size());
+  std::vector<int> balance;
+  for (int64_t count : stage_balance(pipe, layers)) balance.push_back(static_cast<int>(count));
+  const int stages = static_cast<int>(balance.size());
+  const int ranks = stages / static_cast<int>(pipe.virtual_stages());
+
+  // The rows one replica runs, cut into micro-batches as the runtime cuts them.
+  const int64_t share = microbatch_sizes(inputs.size(0), run.data_parallel).front();
+  const std::vector<int64_t> sizes = microbatch_sizes(share, pipe.chunks());
+  MemoryPrediction prediction;
+  prediction.microbatch_size = *std::max_element(sizes.begin(), sizes.end());
+  const schedule::Schedule schedule =
+      training_schedule_for(pipe, ranks, stages, static_cast<int>(sizes.size()));
+  prediction.stage_rank = schedule.stage_rank;
+
+  const int64_t m = prediction.microbatch_size;
+  const pp::ModelProfile profile = pp::profile_sequential(
+      model, inputs.narrow(0, 0, m),
+      pp::ProfileOptions()
+          .microbatch_sizes({m})
+          .warmup(0)
+          .repeats(1)
+          .min_trial_seconds(0)
+          .measure_transfer(false)
+          .intra_op_threads(static_cast<int>(pipe.threads_per_stage())));
+  prediction.loss_bytes = loss_bytes(model, inputs.narrow(0, 0, m), targets.narrow(0, 0, m), loss);
+
+  pp::MemoryModelOptions options;
+  options.checkpoint = pipe.checkpoint();
+  options.optimizer_state_multiple = tune::optimizer_state_multiple(run.optimizer, run.momentum);
+  options.zero = run.zero;
+  options.data_parallel = run.data_parallel;
+  options.processes = run.processes;
+  options.loss_bytes = prediction.loss_bytes;
+  prediction.ranks = pp::predict_memory(profile, balance, m, schedule, options);
+  return prediction;
+}
+
+std::string memory_report_text(const MemoryPrediction& predicted,
+                               const std::vector<MeasuredRankMemory>& measured) {
+  std::ostringstream out;
+  char line[200];
+  std::snprintf(line, sizeof line, "memory: %4s %5s  %-16s %12s %12s %9s\n", "rank", "stage",
+                "category", "predicted", "measured", "meas/pred");
+  out << line;
+  for (const MeasuredRankMemory& rank : measured) {
+    const int stage = rank.first_stage;
+    const int pipeline_rank = stage >= 0 && stage < static_cast<int>(predicted.stage_rank.size())
+                                  ? predicted.stage_rank[static_cast<size_t>(stage)]
+                                  : -1;
+    if (pipeline_rank < 0 || pipeline_rank >= static_cast<int>(predicted.ranks.size())) continue;
+    const pp::RankMemory& expected = predicted.ranks[static_cast<size_t>(pipeline_rank)];
+    for (int c = 0; c < pp::RankMemory::kCategories; ++c) {
+      const int64_t p = expected[c];
+      const int64_t got = rank.bytes[c];
+      char ratio[32];
+      if (p > 0) {
+        std::snprintf(ratio, sizeof ratio, "%.3f", static_cast<double>(got) / p);
+      } else {
+        std::snprintf(ratio, sizeof ratio, "%s", got == 0 ? "=" : "-");
+      }
+      std::snprintf(line, sizeof line, "memory: %4d %5d  %-16s %12s %12s %9s\n", rank.rank, stage,
+                    pp::memory_category_name(c), pp::format_bytes(p).c_str(),
+                    pp::format_bytes(got).c_str(), ratio);
+      out << line;
+    }
+  }
+  return out.str();
+}
+
+}  // namespace pipetrain::train
