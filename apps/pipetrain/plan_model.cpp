@@ -515,17 +515,19 @@ void write_memory_text(std::ostream& out, const PlanModelArgs& args, const PlanR
       << (args.processes ? ", one process per rank" : ", one process")
       << "; float32, the loss's own tensors not included):\n";
   char line[200];
-  std::snprintf(line, sizeof line, "  %4s %12s %12s %16s %12s %12s %12s\n", "rank", "parameters",
-                "gradients", "optimizer state", "activations", "transport", "total");
+  std::snprintf(line, sizeof line, "  %4s %12s %12s %16s %12s %12s %12s %12s\n", "rank",
+                "parameters", "gradients", "optimizer state", "activations", "receive buf",
+                "send buf", "total");
   out << line;
   const std::vector<pp::RankMemory> ranks = plan_memory(args, r, plan);
   for (std::size_t k = 0; k < ranks.size(); ++k) {
     const pp::RankMemory& m = ranks[k];
-    std::snprintf(line, sizeof line, "  %4zu %12s %12s %16s %12s %12s %12s\n", k,
+    std::snprintf(line, sizeof line, "  %4zu %12s %12s %16s %12s %12s %12s %12s\n", k,
                   pp::format_bytes(m.parameters).c_str(), pp::format_bytes(m.gradients).c_str(),
                   pp::format_bytes(m.optimizer_state).c_str(),
-                  pp::format_bytes(m.activations).c_str(), pp::format_bytes(m.transport).c_str(),
-                  pp::format_bytes(m.total()).c_str());
+                  pp::format_bytes(m.activations).c_str(),
+                  pp::format_bytes(m.receive_buffers).c_str(),
+                  pp::format_bytes(m.send_buffers).c_str(), pp::format_bytes(m.total()).c_str());
     out << line;
   }
 }
@@ -544,7 +546,8 @@ std::string report_json(const PlanModelArgs& args, const PlanResult& r) {
                        {"gradients", m.gradients},
                        {"optimizer_state", m.optimizer_state},
                        {"activations", m.activations},
-                       {"transport", m.transport},
+                       {"receive_buffers", m.receive_buffers},
+                       {"send_buffers", m.send_buffers},
                        {"total", m.total()}});
     }
     out["memory_per_rank"] = ranks;

@@ -871,8 +871,10 @@ Prepared prepare(TrainArgs& args, const Layout& layout, const PlanSource& plan_s
   }
   if (!is_sequential(args, layout)) {
     // Batch norms would update running statistics per micro-batch and again on recompute;
-    // deferred ones update once per mini-batch, as sequential training does.
-    p.model.sequential = convert_deferred_batch_norm(p.model.sequential, chunks_of(args, layout));
+    // deferred ones update once per mini-batch, as sequential training does. The mini-batch is
+    // every replica's micro-batches; the trainer sums the replicas' statistics before the commit.
+    p.model.sequential = convert_deferred_batch_norm(p.model.sequential,
+                                                     chunks_of(args, layout) * layout.replicas);
   }
   if (!args.resume.empty()) {
     try {

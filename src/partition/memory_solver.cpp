@@ -129,30 +129,36 @@ void check_memory_inputs(const ModelProfile& profile, const std::vector<int>& ba
 
 std::int64_t align64(std::int64_t bytes) { return (bytes + 63) / 64 * 64; }
 
-// Transport buffers of rank r: the largest two consecutive receives plus the largest send, in
-// the order the rank runs its compute (a receive comes right before the action that needs it).
-std::int64_t transport_bytes(const schedule::Schedule& schedule, int r,
-                             const std::vector<std::int64_t>& output_bytes) {
+// Transport buffers of rank r, in the order the rank runs its compute (a receive comes right
+// before the action that needs it, a send right after the action that made it): the largest two
+// consecutive receives, and the most bytes sent in a row with no receive between.
+void transport_bytes(const schedule::Schedule& schedule, int r,
+                     const std::vector<std::int64_t>& output_bytes, RankMemory& rank) {
   std::vector<std::int64_t> received;
-  std::int64_t largest_send = 0;
+  std::int64_t in_a_row = 0;
   const int S = schedule.num_stages;
   auto elsewhere = [&](int j) { return j >= 0 && j < S && schedule.stage_rank[j] != r; };
+  auto receive = [&](std::int64_t bytes) {
+    received.push_back(transport_message_bytes(bytes));
+    in_a_row = 0;
+  };
+  auto send = [&](std::int64_t bytes) {
+    in_a_row += transport_message_bytes(bytes);
+    rank.send_buffers = std::max(rank.send_buffers, in_a_row);
+  };
   for (const auto& a : schedule.actions[static_cast<std::size_t>(r)]) {
     const int j = a.stage;
     if (a.op == Op::kForward) {
-      if (elsewhere(j - 1)) received.push_back(transport_message_bytes(output_bytes[j - 1]));
-      if (elsewhere(j + 1))
-        largest_send = std::max(largest_send, transport_message_bytes(output_bytes[j]));
+      if (elsewhere(j - 1)) receive(output_bytes[j - 1]);
+      if (elsewhere(j + 1)) send(output_bytes[j]);
     } else if (a.op == Op::kBackward || a.op == Op::kBackwardInput) {
-      if (elsewhere(j + 1)) received.push_back(transport_message_bytes(output_bytes[j]));
-      if (elsewhere(j - 1))
-        largest_send = std::max(largest_send, transport_message_bytes(output_bytes[j - 1]));
+      if (elsewhere(j + 1)) receive(output_bytes[j]);
+      if (elsewhere(j - 1)) send(output_bytes[j - 1]);
     }
   }
-  std::int64_t posted = received.size() == 1 ? received[0] : 0;
+  rank.receive_buffers = received.size() == 1 ? received[0] : 0;
   for (std::size_t k = 1; k < received.size(); ++k)
-    posted = std::max(posted, received[k - 1] + received[k]);
-  return posted + largest_send;
+    rank.receive_buffers = std::max(rank.receive_buffers, received[k - 1] + received[k]);
 }
 
 // The most bytes each rank's stages stash at once, walking the rank's list in order (list order
@@ -221,9 +227,10 @@ std::int64_t& RankMemory::operator[](int category) {
     case 1: return gradients;
     case 2: return optimizer_state;
     case 3: return activations;
-    case 4: return transport;
+    case 4: return receive_buffers;
+    case 5: return send_buffers;
   }
-  throw BadInput("RankMemory: no category " + std::to_string(category) + " (0..4)");
+  throw BadInput("RankMemory: no category " + std::to_string(category) + " (0..5)");
 }
 
 std::int64_t RankMemory::operator[](int category) const {
@@ -232,9 +239,10 @@ std::int64_t RankMemory::operator[](int category) const {
 
 const char* memory_category_name(int category) {
   static const char* const names[RankMemory::kCategories] = {
-      "parameters", "gradients", "optimizer state", "activations", "transport"};
+      "parameters", "gradients",       "optimizer state",
+      "activations", "receive buffers", "send buffers"};
   if (category < 0 || category >= RankMemory::kCategories) {
-    throw BadInput("memory_category_name: no category " + std::to_string(category) + " (0..4)");
+    throw BadInput("memory_category_name: no category " + std::to_string(category) + " (0..5)");
   }
   return names[category];
 }
@@ -279,8 +287,7 @@ std::vector<RankMemory> predict_memory(const ModelProfile& profile, const std::v
                                          : shard;
     rank.optimizer_state = static_cast<std::int64_t>(
         std::llround(static_cast<double>(held) * options.optimizer_state_multiple));
-    if (options.processes) rank.transport = transport_bytes(schedule, static_cast<int>(r),
-                                                            output_bytes);
+    if (options.processes) transport_bytes(schedule, static_cast<int>(r), output_bytes, rank);
   }
   return ranks;
 }

@@ -168,7 +168,7 @@ torch::Tensor DistributedPipe::train_step(const torch::Tensor& input, const torc
   Interpreter interpreter(distributed_.pipeline_rank(), s, stages, *transport_);
   transport_->reset_peak_buffer_bytes();
   interpreter.run(data, result);
-  step_transport_peak_bytes_ = transport_->stats().peak_buffer_bytes;
+  step_transport_stats_ = transport_->stats();
   events_ = std::move(result.events);
   // [3], [4]
   if (allreduce_gradients_) distributed_.allreduce_gradients(unique_);

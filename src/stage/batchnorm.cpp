@@ -1,6 +1,8 @@
 // DeferredBatchNorm (include/pipetrain/stage/batchnorm.h).
 #include "pipetrain/stage/batchnorm.h"
 
+#include <cmath>
+
 #include <ATen/Context.h>
 #include <c10/util/Exception.h>
 #include <torch/nn/modules/batchnorm.h>
@@ -137,6 +139,34 @@ void DeferredBatchNormImpl::track(int64_t count, const torch::Tensor& mean,
   }
   count_ += count;
   ++tracked_;
+}
+
+void DeferredBatchNormImpl::sum_tracked_over(const std::function<void(torch::Tensor&)>& sum) {
+  torch::NoGradGuard no_grad;
+  const int64_t C = options.num_features();
+  // [1] [values, micro-batches, sum of the values (C)], summed: the mini-batch's count and mean.
+  torch::Tensor totals = torch::zeros({2 + C}, torch::kDouble);
+  const auto n_d = static_cast<double>(count_);
+  if (tracked_ > 0) {
+    totals[0] = n_d;
+    totals[1] = static_cast<double>(tracked_);
+    totals.narrow(0, 2, C).copy_(mean_ * n_d);
+  }
+  sum(totals);
+  const auto n = totals[0].item<double>();
+  const auto tracked = static_cast<int64_t>(std::llround(totals[1].item<double>()));
+  const torch::Tensor mean = n > 0 ? totals.narrow(0, 2, C) / n : torch::zeros({C}, torch::kDouble);
+  // [2] Chan et al.'s combination: each replica's squared deviations plus its share of the spread
+  // between its mean and the mini-batch's, summed (no cancellation when the mean dwarfs the
+  // spread).
+  torch::Tensor m2 = torch::zeros({C}, torch::kDouble);
+  if (tracked_ > 0) m2 = m2_ + (mean_ - mean).square() * n_d;
+  sum(m2);
+  count_ = static_cast<int64_t>(std::llround(n));
+  tracked_ = tracked;
+  if (tracked_ == 0) return;
+  mean_ = mean;
+  m2_ = m2;
 }
 
 void DeferredBatchNormImpl::commit() {

@@ -63,7 +63,8 @@ std::vector<MeasuredRankMemory> measure_memory(StepRunner& runner,
           optimizer ? optimizer_state_bytes(*optimizer, holding.parameters) : 0;
     }
     rank.bytes.activations = holding.peak_activation_bytes;
-    rank.bytes.transport = holding.peak_transport_bytes;
+    rank.bytes.receive_buffers = holding.peak_receive_buffer_bytes;
+    rank.bytes.send_buffers = holding.peak_send_buffer_bytes;
     ranks.push_back(rank);
   }
   return ranks;

@@ -6,6 +6,8 @@
 
 #include "pipetrain/base/check.h"
 #include "pipetrain/runtime/distributed_pipe.h"
+#include "pipetrain/stage/batchnorm.h"
+#include "pipetrain/transport/c10d.h"
 #include "pipetrain/train/grad_clip.h"
 #include "pipetrain/train/optimizer.h"
 
@@ -151,6 +153,32 @@ class DistributedRunner : public StepRunner {
     for (const torch::Tensor& tensor : pipe_.parameters()) {
       if (!skip.count(tensor.unsafeGetTensorImpl())) norm_parameters_.push_back(tensor);
     }
+    // The deferred batch norms of this rank's layers, in model order (the same on every replica).
+    const std::vector<int64_t> balance = stage_balance(options, model->size());
+    std::vector<int64_t> first(balance.size() + 1, 0);
+    for (size_t j = 0; j < balance.size(); ++j) first[j + 1] = first[j] + balance[j];
+    for (int j : pipe_.local_stages()) {
+      for (int64_t l = first[static_cast<size_t>(j)]; l < first[static_cast<size_t>(j) + 1]; ++l) {
+        const auto layer = model->ptr(static_cast<size_t>(l));
+        std::vector<std::shared_ptr<torch::nn::Module>> modules = {layer};
+        for (const auto& child : layer->modules(/*include_self=*/false)) modules.push_back(child);
+        for (const auto& module : modules) {
+          if (auto* norm = dynamic_cast<DeferredBatchNormImpl*>(module.get()))
+            batch_norms_.push_back(norm);
+        }
+      }
+    }
+  }
+
+  void sum_batch_norm_statistics() override {
+    const auto& replicas = distributed_.data_parallel_group();
+    if (!replicas) return;
+    for (DeferredBatchNormImpl* norm : batch_norms_) {
+      norm->sum_tracked_over([&](torch::Tensor& values) {
+        std::vector<torch::Tensor> one = {values};
+        replicas->allreduce_sum(one);
+      });
+    }
   }
 
   double step(const torch::Tensor& inputs, const torch::Tensor& targets) override {
@@ -222,7 +250,8 @@ class DistributedRunner : public StepRunner {
       mine.stages.push_back(j);
       mine.peak_activation_bytes += accounting.peak_stashed_bytes;
     }
-    mine.peak_transport_bytes = pipe_.step_transport_peak_bytes();
+    mine.peak_receive_buffer_bytes = pipe_.step_transport_stats().peak_receive_buffer_bytes;
+    mine.peak_send_buffer_bytes = pipe_.step_transport_stats().peak_send_buffer_bytes;
     return {mine};
   }
   double sum_over_ranks(double value) override {
@@ -239,6 +268,7 @@ class DistributedRunner : public StepRunner {
   std::string description_;
   std::set<std::string> layers_;
   std::vector<torch::Tensor> norm_parameters_;
+  std::vector<DeferredBatchNormImpl*> batch_norms_;  // this rank's, in model order
 };
 
 }  // namespace

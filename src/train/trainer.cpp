@@ -114,7 +114,9 @@ double Trainer::run_step(int64_t k, const torch::Tensor& x, const torch::Tensor&
   const int64_t per_epoch = batches_.per_epoch();
   check_finite_loss(loss, k, per_epoch > 0 ? batches_.epoch_of(k) : -1,
                     per_epoch > 0 ? k % per_epoch : -1);
-  // Fewer micro-batches than chunks (a short last batch) leave deferred statistics uncommitted.
+  // Replicas each tracked their share of the mini-batch: sum it. Fewer micro-batches than
+  // chunks (a short last batch, or data-parallel replicas) leave the statistics uncommitted.
+  runner_.sum_batch_norm_statistics();
   commit_deferred_batch_norms(*model_);
   last_step_skipped_ = !update_parameters();
   return loss;

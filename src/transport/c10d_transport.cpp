@@ -240,14 +240,19 @@ struct C10dTransport::Impl {
     return torch::empty({n}, torch::TensorOptions().dtype(dtype).device(wire_device));
   }
   void reap();
-  // Stats::buffer_bytes and its peak. REQUIRES: mutex held.
-  void hold_locked(int64_t bytes) {
-    stats.buffer_bytes += bytes;
-    stats.peak_buffer_bytes = std::max(stats.peak_buffer_bytes, stats.buffer_bytes);
+  // Stats' buffer bytes and their peaks. REQUIRES: mutex held (the _locked ones).
+  void hold_receive_locked(int64_t bytes) {
+    stats.receive_buffer_bytes += bytes;
+    stats.peak_receive_buffer_bytes =
+        std::max(stats.peak_receive_buffer_bytes, stats.receive_buffer_bytes);
   }
-  void release(int64_t bytes) {
+  void release_receive(int64_t bytes) {
     std::lock_guard<std::mutex> lock(mutex);
-    stats.buffer_bytes -= bytes;
+    stats.receive_buffer_bytes -= bytes;
+  }
+  void hold_send_locked(int64_t bytes) {
+    stats.send_buffer_bytes += bytes;
+    stats.peak_send_buffer_bytes = std::max(stats.peak_send_buffer_bytes, stats.send_buffer_bytes);
   }
   void post_send(torch::Tensor tensor, int dst, int tag, std::string what);
   PostedRecv post_recv(torch::Tensor buffer, int src, int tag);
@@ -328,7 +333,7 @@ void C10dTransport::Impl::reap() {
     }
     {
       std::lock_guard<std::mutex> lock(mutex);
-      stats.buffer_bytes -= sends.front().bytes;
+      stats.send_buffer_bytes -= sends.front().bytes;
       sends.pop_front();
       if (error && !aborted && !send_error) {
         send_error = *error;
@@ -346,7 +351,7 @@ void C10dTransport::Impl::post_send(torch::Tensor tensor, int dst, int tag, std:
   {
     std::lock_guard<std::mutex> lock(mutex);
     sends.push_back({work, std::move(what), bytes});
-    hold_locked(bytes);
+    hold_send_locked(bytes);
     if (aborted) work->abort();
   }
   changed.notify_all();
@@ -359,7 +364,7 @@ C10dTransport::Impl::PostedRecv C10dTransport::Impl::post_recv(torch::Tensor buf
   posted.work = group->impl().backend->recv(one, src, tag);
   posted.buffer = std::move(buffer);
   std::lock_guard<std::mutex> lock(mutex);
-  hold_locked(static_cast<int64_t>(posted.buffer.nbytes()));
+  hold_receive_locked(static_cast<int64_t>(posted.buffer.nbytes()));
   posted.id = next_receive++;
   receiving[posted.id] = posted.work;
   if (aborted) posted.work->abort();
@@ -589,7 +594,7 @@ std::vector<int64_t> C10dTransport::Impl::read_metadata(BundleRecvs& recvs, int 
       post_recv(wire_buffer(length, torch::kLong), src, c10d_tag(envelope, MessagePart::kMetadata));
   wait_recv(overflow, src, envelope, "metadata");
   const torch::Tensor values = overflow.buffer.cpu();
-  release(static_cast<int64_t>(overflow.buffer.nbytes()));
+  release_receive(static_cast<int64_t>(overflow.buffer.nbytes()));
   return {values.data_ptr<int64_t>(), values.data_ptr<int64_t>() + length};
 }
 
@@ -647,7 +652,7 @@ Bundle C10dTransport::recv(const Envelope& envelope) {
     std::lock_guard<std::mutex> lock(impl_->mutex);
     // The buffers now belong to the bundle's tensors (views of them), not to the transport.
     const bool resized = total > 0 && total != recvs.data_bytes;
-    impl_->stats.buffer_bytes -=
+    impl_->stats.receive_buffer_bytes -=
         static_cast<int64_t>(recvs.message.buffer.nbytes()) + (resized ? total : 0);
     impl_->received_bytes[Impl::channel_of(envelope)] = total;
     ++impl_->stats.bundles_received;
@@ -666,7 +671,8 @@ C10dTransport::Stats C10dTransport::stats() const {
 
 void C10dTransport::reset_peak_buffer_bytes() {
   std::lock_guard<std::mutex> lock(impl_->mutex);
-  impl_->stats.peak_buffer_bytes = impl_->stats.buffer_bytes;
+  impl_->stats.peak_receive_buffer_bytes = impl_->stats.receive_buffer_bytes;
+  impl_->stats.peak_send_buffer_bytes = impl_->stats.send_buffer_bytes;
 }
 
 void C10dTransport::abort(const std::string& reason) {

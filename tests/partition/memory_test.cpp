@@ -147,21 +147,23 @@ TEST(PredictMemory, ZeroShardsTheOptimizerStateAndStageTwoTheGradientsOverTheRep
   EXPECT_EQ(two[0].activations, plain[0].activations);
 }
 
-TEST(PredictMemory, TransportHoldsTwoPostedReceivesAndOneSendBetweenProcessesAndNothingInOne) {
+TEST(PredictMemory, TransportHoldsTwoPostedReceivesAndTheSendsInARowBetweenProcesses) {
   UniformLayer layer;
   layer.output_bytes_per_sample = 100;  // 2 samples: 200 bytes, 256 aligned to 64
   const ModelProfile profile = uniform_profile(3, 4, layer);
   const auto schedule = schedule::one_f_one_b(3, 4);
   MemoryModelOptions options;
-  EXPECT_EQ(predict_memory(profile, {1, 1, 1}, 2, schedule, options)[1].transport, 0);
+  const auto one_process = predict_memory(profile, {1, 1, 1}, 2, schedule, options);
+  EXPECT_EQ(one_process[1].receive_buffers + one_process[1].send_buffers, 0);
   options.processes = true;
   const auto ranks = predict_memory(profile, {1, 1, 1}, 2, schedule, options);
   const std::int64_t message = transport_message_bytes(200);
   EXPECT_EQ(message, 256 + 256);
-  // The first rank receives gradients and sends activations; the middle one both ways.
-  EXPECT_EQ(ranks[0].transport, 3 * message);
-  EXPECT_EQ(ranks[1].transport, 3 * message);
-  EXPECT_EQ(ranks[2].transport, 3 * message);
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(ranks[r].receive_buffers, 2 * message) << "rank " << r;
+  // Stage 0 sends its 3 warm-up forwards before its first receive; the last stage sends one
+  // gradient between two receives.
+  EXPECT_EQ(ranks[0].send_buffers, 3 * message);
+  EXPECT_EQ(ranks[2].send_buffers, message);
 }
 
 TEST(PredictMemory, TheLossKeepsItsTensorsOnTheLastStageForEveryMicroBatchInFlight) {

@@ -1,8 +1,10 @@
 // The memory model (partition/memory.h) against measurement (train/memory_report.h): what each
 // rank holds after a step -- parameters, gradients, optimizer state, the peak stash, the
-// transport's buffers -- predicted within 10% for the MLP, the CNN and the GPT examples, under
-// gpipe, 1f1b and zb-h1, every checkpoint mode (in one process), and ZeRO 0, 1 and 2 (2 pipeline
-// ranks x 2 replicas, real processes, `pipetrain train --report-memory`).
+// transport's posted receives -- predicted within 10% for the MLP, the CNN and the GPT examples,
+// under gpipe, 1f1b and zb-h1, every checkpoint mode (in one process), and ZeRO 0, 1 and 2 (2
+// pipeline ranks x 2 replicas, real processes, `pipetrain train --report-memory`). Send buffers
+// live until their send completes and the transport's reaper thread runs: they are checked to
+// lie between one message and every send of the step, not within 10% (docs/MEMORY.md).
 #include <cmath>
 #include <regex>
 #include <sstream>
@@ -101,22 +103,31 @@ TEST(MemoryReport, PredictionIsWithinTenPercentForEveryModelScheduleAndCheckpoin
             << worst << "\n";
 }
 
-// The "memory:" rows `pipetrain train --report-memory` prints: rank, category, ratio.
+// The "memory:" rows `pipetrain train --report-memory` prints (behind the launcher's "[rank 0] "):
+// rank, category, predicted and measured bytes, ratio.
 struct ReportRow {
   int rank = 0;
   std::string category;
+  double predicted = 0, measured = 0;  // bytes, as printed (3 significant digits)
   std::string ratio;  // "1.000", or "=" (0 predicted and measured), "-" (0 predicted only)
 };
+
+double bytes_of(const std::string& number, const std::string& unit) {
+  const double scale = unit == "B" ? 1 : unit == "KiB" ? 1024.0 : unit == "MiB" ? 1 << 20 : 1 << 30;
+  return std::stod(number) * scale;
+}
 
 std::vector<ReportRow> report_rows(const std::string& output) {
   std::vector<ReportRow> rows;
   const std::regex row(
-      R"(^memory: +(\d+) +\d+  (parameters|gradients|optimizer state|activations|transport) +.* ([0-9.]+|=|-)$)");
+      R"(^(?:\[rank \d+\] )?memory: +(\d+) +\d+  ([a-z ]+?) +([0-9.]+) (B|KiB|MiB|GiB) +([0-9.]+) (B|KiB|MiB|GiB) +([0-9.]+|=|-)$)");
   std::istringstream in(output);
   std::string line;
   while (std::getline(in, line)) {
     std::smatch m;
-    if (std::regex_match(line, m, row)) rows.push_back({std::stoi(m[1]), m[2], m[3]});
+    if (std::regex_match(line, m, row)) {
+      rows.push_back({std::stoi(m[1]), m[2], bytes_of(m[3], m[4]), bytes_of(m[5], m[6]), m[7]});
+    }
   }
   return rows;
 }
@@ -132,7 +143,7 @@ std::string train_flags(const std::string& name) {
          options + " --batch-size 16 ";
 }
 
-TEST(MemoryReport, ZeroStagesAcrossProcessesAreWithinTenPercentIncludingTheTransport) {
+TEST(MemoryReport, ZeroStagesAcrossProcessesAreWithinTenPercentIncludingPostedReceives) {
   for (const std::string name : {"mlp", "cnn", "gpt"}) {
     for (const int zero : {0, 1, 2}) {
       const std::string what = name + " --zero " + std::to_string(zero);
@@ -145,8 +156,18 @@ TEST(MemoryReport, ZeroStagesAcrossProcessesAreWithinTenPercentIncludingTheTrans
       ASSERT_EQ(rows.size(), 4u * pp::RankMemory::kCategories) << what << "\n" << run.output;
       for (const ReportRow& row : rows) {
         const std::string where = what + ", rank " + std::to_string(row.rank) + ", " + row.category;
-        if (row.ratio == "=") continue;
+        ASSERT_NE(row.ratio, "=") << where << " was 0: every rank sends and receives\n"
+                                  << run.output;
         ASSERT_NE(row.ratio, "-") << where << " was predicted 0\n" << run.output;
+        if (row.category == "send buffers") {
+          // Released by the reaper thread when it gets to run: measured 0.5x-2x of the
+          // prediction here (2 cores, 4 processes). Bounds: the message being sent (at least
+          // half the sends in a row, which are at most 2 here; 0.49: the figures are printed to 3
+          // digits) and every send of the step (4).
+          EXPECT_GE(row.measured, 0.49 * row.predicted) << where << "\n" << run.output;
+          EXPECT_LE(row.measured, 4 * row.predicted) << where << "\n" << run.output;
+          continue;
+        }
         EXPECT_LE(std::abs(std::stod(row.ratio) - 1), kTolerance) << where << "\n" << run.output;
       }
     }

@@ -104,28 +104,35 @@ std::vector<std::int64_t> rank_peak_memory(const ModelProfile& profile,
 //                    split body when the schedule splits its backward (I and W), and the last
 //                    stage's body includes what the loss keeps (loss_bytes: a checkpointed
 //                    micro-batch drops its loss with the rest and recomputes it)
-//   transport        one process per rank only (the c10d transport; 0 in one process, where
-//                    tensors are handed over without a copy): the receives posted ahead --
-//                    the interpreter keeps kReceiveLookahead = 2 posted, so the largest two
-//                    consecutive received messages -- plus the largest message sent (its copy
-//                    lives until the send completes). A message = a 256-byte header + the data,
-//                    64-byte aligned.
+//   receive buffers  one process per rank only (the c10d transport; both transport categories
+//                    are 0 in one process, where tensors are handed over without a copy): the
+//                    receives posted ahead -- the interpreter keeps kReceiveLookahead = 2
+//                    posted, so the largest two consecutive received messages. A message = a
+//                    256-byte header + the data, 64-byte aligned.
+//   send buffers     the copies of sent messages, alive until their send completes: the most
+//                    bytes the rank sends in a row, with no receive between (1F1B's warm-up
+//                    sends on stage 0). When a send completes depends on the receiver and on
+//                    when the transport's reaper thread runs, so the measured figure lies
+//                    between the largest single message and this (docs/MEMORY.md).
 struct RankMemory {
   std::int64_t parameters = 0;
   std::int64_t gradients = 0;
   std::int64_t optimizer_state = 0;
   std::int64_t activations = 0;
-  std::int64_t transport = 0;
+  std::int64_t receive_buffers = 0;
+  std::int64_t send_buffers = 0;
 
-  static constexpr int kCategories = 5;
-  // The categories in report order: 0 parameters .. 4 transport.
+  static constexpr int kCategories = 6;
+  // The categories in report order: 0 parameters .. 5 send buffers.
   std::int64_t& operator[](int category);
   std::int64_t operator[](int category) const;
   std::int64_t total() const {
-    return parameters + gradients + optimizer_state + activations + transport;
+    return parameters + gradients + optimizer_state + activations + receive_buffers +
+           send_buffers;
   }
 };
-// "parameters", "gradients", "optimizer state", "activations", "transport".
+// "parameters", "gradients", "optimizer state", "activations", "receive buffers",
+// "send buffers".
 const char* memory_category_name(int category);
 
 struct MemoryModelOptions {

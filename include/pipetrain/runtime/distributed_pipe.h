@@ -100,9 +100,9 @@ class DistributedPipe {
   const std::vector<ActionEvent>& last_events() const { return events_; }
   // The transport's counters since this pipe was built (bundles and tensor bytes sent).
   C10dTransport::Stats transport_stats() const;
-  // Most bytes of message buffers the transport held during the last training step's schedule
-  // (C10dTransport::Stats::buffer_bytes): receives posted ahead, sends not yet completed.
-  int64_t step_transport_peak_bytes() const { return step_transport_peak_bytes_; }
+  // The transport's counters as they stood at the end of the last training step's schedule; its
+  // peak buffer bytes are that step's (C10dTransport::Stats).
+  const C10dTransport::Stats& step_transport_stats() const { return step_transport_stats_; }
   // Per stage j held by this rank, for the last step: peak stashed micro-batches and bytes,
   // forwards run (the same figures as Pipe::stage_accounting()[j] for the same model and step).
   std::map<int, StageAccounting> stage_accounting() const;
@@ -135,7 +135,7 @@ class DistributedPipe {
   std::vector<torch::Tensor> unique_;
   std::vector<std::pair<std::string, torch::Tensor>> ties_;  // (declare_tie key, tensor) held here
   std::vector<ActionEvent> events_;
-  int64_t step_transport_peak_bytes_ = 0;
+  C10dTransport::Stats step_transport_stats_;
 };
 
 }  // namespace pipetrain

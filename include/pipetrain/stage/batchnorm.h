@@ -28,6 +28,11 @@
 // pass over the activations) and combines them in float64 with Chan et al.'s pairwise formula
 // (mean and sum of squared deviations), which stays accurate when the mean dwarfs the spread.
 //
+// Data-parallel replicas (runtime/distributed.h): each replica runs its share of the mini-batch,
+// so chunks counts the micro-batches of every replica (M x R) and no replica commits alone. After
+// the step every replica calls sum_tracked_over() with a sum over the replicas, then commit():
+// all commit the statistics of the whole mini-batch, as sequential training would.
+//
 // Input: (N, C) or (N, C, L) like BatchNorm1d, or (N, C, H, W) like BatchNorm2d: statistics are
 // per channel (dim 1) over every other dimension. Eval mode normalizes with the running statistics.
 //
@@ -39,6 +44,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 
 #include <torch/arg.h>
@@ -92,6 +98,11 @@ class DeferredBatchNormImpl : public torch::nn::Cloneable<DeferredBatchNormImpl>
 
   // Micro-batches tracked since the last commit.
   int64_t tracked() const { return tracked_; }
+
+  // Replaces what was tracked since the last commit by its sum over data-parallel replicas:
+  // `sum` must sum a float64 tensor elementwise over them in place (an all-reduce). Collective:
+  // every replica calls it for the same layers in the same order, also one that tracked nothing.
+  void sum_tracked_over(const std::function<void(torch::Tensor&)>& sum);
 
   void reset() override;
   void reset_running_stats();

@@ -15,7 +15,9 @@
 //                activations      the peak stashed bytes of the rank's stages in the last step
 //                                 (StageAccounting: what the stage's forwards kept, counted by the
 //                                 allocation counter)
-//                transport        the peak message buffers of its c10d transport in the last step
+//                receive buffers  the peak bytes of receives its c10d transport had posted in the
+//                                 last step, not yet handed over
+//                send buffers     the peak bytes of its sent messages not yet completed
 //              gather_memory() brings every rank's figures to the main rank.
 //
 // Not covered: bf16 (the profile runs float32: the prediction is for float32 stages), CUDA

@@ -89,6 +89,10 @@ class StepRunner {
   virtual int64_t transport_bytes_sent() const { return 0; }
   // Sum of `value` over every rank (a collective in a multi-process run).
   virtual double sum_over_ranks(double value) { return value; }
+  // Data-parallel replicas: what this rank's deferred batch norms tracked in the step, summed over
+  // its replicas (DeferredBatchNormImpl::sum_tracked_over), so that the commit after it uses the
+  // whole mini-batch. Collective over the replicas; a no-op without them.
+  virtual void sum_batch_norm_statistics() {}
 
   // What one pipeline rank held in this process over the last step, for memory reports
   // (train/memory_report.h).
@@ -99,13 +103,15 @@ class StepRunner {
     // Peak stashed bytes of its stages in the last step (StageAccounting; a rank of several
     // stages: the sum of their peaks, which may not have coincided).
     int64_t peak_activation_bytes = 0;
-    // Peak message buffers of its transport in the last step (0 where stages share a process).
-    int64_t peak_transport_bytes = 0;
+    // Peak message buffers of its transport in the last step, posted receives and sends in
+    // flight (0 where stages share a process).
+    int64_t peak_receive_buffer_bytes = 0;
+    int64_t peak_send_buffer_bytes = 0;
   };
   // The ranks this process runs (the Pipe: all of them; a DistributedPipe: its own; sequential
   // training: one rank of every parameter, its activations not measured).
   virtual std::vector<RankHoldings> rank_holdings() {
-    return {RankHoldings{0, {0}, parameters(), 0, 0}};
+    return {RankHoldings{0, {0}, parameters(), 0, 0, 0}};
   }
   // Ranks of the whole job (the world size; in one process, the pipeline ranks).
   virtual int total_ranks() const { return 1; }

@@ -257,12 +257,15 @@ class C10dTransport : public Transport {
     int64_t received_expected = 0;  // receives that expect() had posted ahead
     // Message buffers the transport holds now: receives posted and not yet handed to recv()'s
     // caller (a received bundle's tensors are views of its buffer, which then belongs to them),
-    // and sends not yet completed. The peak is since construction or reset_peak_buffer_bytes().
-    int64_t buffer_bytes = 0;
-    int64_t peak_buffer_bytes = 0;
+    // and copies of sent messages whose send has not completed (the reaper thread releases
+    // them). Peaks since construction or reset_peak_buffer_bytes().
+    int64_t receive_buffer_bytes = 0;
+    int64_t peak_receive_buffer_bytes = 0;
+    int64_t send_buffer_bytes = 0;
+    int64_t peak_send_buffer_bytes = 0;
   };
   Stats stats() const;
-  // Restarts Stats::peak_buffer_bytes from the bytes held now (a step's peak: call it first).
+  // Restarts both peaks from the bytes held now (a step's peaks: call it first).
   void reset_peak_buffer_bytes();
 
   struct Impl;
