@@ -76,7 +76,6 @@ bool ends_with(const std::string& text, const std::string& suffix) {
          text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-
 // [1]
 LoadedModel load_model(const PlanModelArgs& args) {
   const std::vector<int64_t> shape = parse_shape(args.sample_shape);

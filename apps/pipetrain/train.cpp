@@ -362,16 +362,19 @@ void check_restart_flags(const TrainArgs& args) {
   }
   if (args.max_restarts == 0) return;
   if (DistributedEnvironment::present()) {
-    fail("--max-restarts is the launcher's flag and this rank was started by one; under torchrun "
-         "give torchrun --max-restarts N (the ranks resume from --checkpoint-dir on their own)");
+    fail(
+        "--max-restarts is the launcher's flag and this rank was started by one; under torchrun "
+        "give torchrun --max-restarts N (the ranks resume from --checkpoint-dir on their own)");
   }
   if (args.nproc < 2) {
-    fail("--max-restarts starts the ranks of --nproc N (N >= 2) again; a one-process run has no "
-         "ranks to restart (under torchrun, give torchrun --max-restarts)");
+    fail(
+        "--max-restarts starts the ranks of --nproc N (N >= 2) again; a one-process run has no "
+        "ranks to restart (under torchrun, give torchrun --max-restarts)");
   }
   if (args.checkpoint_dir.empty()) {
-    fail("--max-restarts needs --checkpoint-dir DIR: the restarted ranks resume from "
-         "DIR/checkpoint.pt (written every --save-every steps)");
+    fail(
+        "--max-restarts needs --checkpoint-dir DIR: the restarted ranks resume from "
+        "DIR/checkpoint.pt (written every --save-every steps)");
   }
 }
 
@@ -788,6 +791,9 @@ AutoPlanInput auto_plan_input(const TrainArgs& args, const Layout& layout, int64
           : static_cast<int>(args.stages);
   input.threads = threads_per_rank(args, layout);
   input.memory_limit_bytes = args.memory_limit_bytes;
+  input.zero = args.zero;
+  input.data_parallel = layout.replicas;
+  input.processes = layout.multi_process;
   input.optimizer_state_multiple = tune::optimizer_state_multiple(args.optimizer, args.momentum);
   input.diagnostics = print_diagnostic;
   input.schedule = args.schedule;
@@ -873,8 +879,8 @@ Prepared prepare(TrainArgs& args, const Layout& layout, const PlanSource& plan_s
     // Batch norms would update running statistics per micro-batch and again on recompute;
     // deferred ones update once per mini-batch, as sequential training does. The mini-batch is
     // every replica's micro-batches; the trainer sums the replicas' statistics before the commit.
-    p.model.sequential = convert_deferred_batch_norm(p.model.sequential,
-                                                     chunks_of(args, layout) * layout.replicas);
+    p.model.sequential =
+        convert_deferred_batch_norm(p.model.sequential, chunks_of(args, layout) * layout.replicas);
   }
   if (!args.resume.empty()) {
     try {
@@ -984,10 +990,11 @@ void print_memory_report(const TrainArgs& args, Prepared& p, const Batches& batc
     return train::predict_training_memory(p.model.sequential, inputs, targets, p.model.loss, pipe,
                                           run);
   });
-  std::printf("memory per rank after the last step (micro-batch %lld; activations and transport: "
-              "peaks during that step):\n%s",
-              static_cast<long long>(predicted.microbatch_size),
-              train::memory_report_text(predicted, summary.memory).c_str());
+  std::printf(
+      "memory per rank after the last step (micro-batch %lld; activations and transport: "
+      "peaks during that step):\n%s",
+      static_cast<long long>(predicted.microbatch_size),
+      train::memory_report_text(predicted, summary.memory).c_str());
   std::fflush(stdout);
 }
 

@@ -4,7 +4,6 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
-#include <map>
 #include <stdexcept>
 #include <string>
 
@@ -127,7 +126,9 @@ void check_memory_inputs(const ModelProfile& profile, const std::vector<int>& ba
   }
 }
 
-std::int64_t align64(std::int64_t bytes) { return (bytes + 63) / 64 * 64; }
+std::int64_t align64(std::int64_t bytes) {
+  return (bytes + 63) / 64 * 64;
+}
 
 // Transport buffers of rank r, in the order the rank runs its compute (a receive comes right
 // before the action that needs it, a send right after the action that made it): the largest two
@@ -167,37 +168,38 @@ void transport_bytes(const schedule::Schedule& schedule, int r,
 //   B i, I i    a checkpointed i is recomputed first: + body_j, held until i is freed
 //   B i, W i    - everything of i
 // A split backward keeps a recomputed micro-batch's body from its I to its W, so several can be
-// held at once; the closed form above (stage_memory) assumes one recompute at a time.
+// held at once; the closed form (stage_memory) assumes one recompute at a time.
 std::vector<std::int64_t> stash_peaks(const schedule::Schedule& schedule,
                                       const std::vector<std::int64_t>& input,
                                       const std::vector<std::int64_t>& body,
                                       Checkpoint checkpoint) {
-  const int last = schedule.num_microbatches - 1;
+  const int M = schedule.num_microbatches;
   auto checkpointed = [&](int i) {
     return checkpoint == Checkpoint::kAlways ||
-           (checkpoint == Checkpoint::kExceptLast && i != last);
+           (checkpoint == Checkpoint::kExceptLast && i != M - 1);
   };
+  struct Held {
+    bool live = false;   // forwarded and not freed yet
+    bool whole = false;  // its body is held (not checkpointed, or recomputed)
+    std::int64_t bytes = 0;
+  };
+  // By (stage j, micro-batch i) at j * M + i; a rank touches only its own stages' cells.
+  std::vector<Held> held(static_cast<std::size_t>(schedule.num_stages) * M);
   std::vector<std::int64_t> peaks;
   for (const auto& list : schedule.actions) {
-    struct Held {
-      std::int64_t bytes = 0;
-      bool whole = false;  // its body is held (not checkpointed, or recomputed)
-    };
-    std::map<std::pair<int, int>, Held> held;  // by (stage, micro-batch)
     std::int64_t now = 0, peak = 0;
     for (const auto& a : list) {
-      const std::pair<int, int> key{a.stage, a.microbatch};
       const auto j = static_cast<std::size_t>(a.stage);
+      Held& h = held[j * M + static_cast<std::size_t>(a.microbatch)];
       if (a.op == Op::kForward) {
-        Held& h = held[key];
+        h.live = true;
         h.whole = !checkpointed(a.microbatch);
         h.bytes = input[j] + (h.whole ? body[j] : 0);
         now += h.bytes;
       } else if (a.op == Op::kBackward || a.op == Op::kBackwardInput) {
-        auto found = held.find(key);
-        if (found != held.end() && !found->second.whole) {  // the recompute
-          found->second.whole = true;
-          found->second.bytes += body[j];
+        if (h.live && !h.whole) {  // the recompute
+          h.whole = true;
+          h.bytes += body[j];
           now += body[j];
         }
       } else if (a.op != Op::kBackwardWeight) {
@@ -205,11 +207,8 @@ std::vector<std::int64_t> stash_peaks(const schedule::Schedule& schedule,
       }
       peak = std::max(peak, now);
       if (a.op == Op::kBackward || a.op == Op::kBackwardWeight) {
-        auto found = held.find(key);
-        if (found != held.end()) {
-          now -= found->second.bytes;
-          held.erase(found);
-        }
+        now -= h.bytes;
+        h = Held{};
       }
     }
     peaks.push_back(peak);
@@ -219,16 +218,24 @@ std::vector<std::int64_t> stash_peaks(const schedule::Schedule& schedule,
 
 }  // namespace
 
-std::int64_t transport_message_bytes(std::int64_t data_bytes) { return 256 + align64(data_bytes); }
+std::int64_t transport_message_bytes(std::int64_t data_bytes) {
+  return 256 + align64(data_bytes);
+}
 
 std::int64_t& RankMemory::operator[](int category) {
   switch (category) {
-    case 0: return parameters;
-    case 1: return gradients;
-    case 2: return optimizer_state;
-    case 3: return activations;
-    case 4: return receive_buffers;
-    case 5: return send_buffers;
+    case 0:
+      return parameters;
+    case 1:
+      return gradients;
+    case 2:
+      return optimizer_state;
+    case 3:
+      return activations;
+    case 4:
+      return receive_buffers;
+    case 5:
+      return send_buffers;
   }
   throw BadInput("RankMemory: no category " + std::to_string(category) + " (0..5)");
 }
@@ -238,18 +245,14 @@ std::int64_t RankMemory::operator[](int category) const {
 }
 
 const char* memory_category_name(int category) {
-  static const char* const names[RankMemory::kCategories] = {
-      "parameters", "gradients",       "optimizer state",
-      "activations", "receive buffers", "send buffers"};
+  static const char* const names[RankMemory::kCategories] = {"parameters",      "gradients",
+                                                             "optimizer state", "activations",
+                                                             "receive buffers", "send buffers"};
   if (category < 0 || category >= RankMemory::kCategories) {
     throw BadInput("memory_category_name: no category " + std::to_string(category) + " (0..5)");
   }
   return names[category];
 }
-
-namespace {
-
-}  // namespace
 
 std::vector<RankMemory> predict_memory(const ModelProfile& profile, const std::vector<int>& balance,
                                        std::int64_t microbatch_size,
@@ -314,7 +317,8 @@ std::vector<std::int64_t> rank_peak_memory(const ModelProfile& profile,
                                            const schedule::Schedule& schedule,
                                            const MemoryModelOptions& options) {
   std::vector<std::int64_t> totals;
-  for (const RankMemory& rank : predict_memory(profile, balance, microbatch_size, schedule, options)) {
+  for (const RankMemory& rank :
+       predict_memory(profile, balance, microbatch_size, schedule, options)) {
     totals.push_back(rank.total());
   }
   return totals;

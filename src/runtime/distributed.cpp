@@ -316,15 +316,18 @@ int run_distributed(const DistributedOptions& options,
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   std::unique_ptr<Distributed> distributed;
   int rank = -1;
-  int exit_code = 2;  // a bad environment is bad usage; a failed rendezvous is a runtime failure
+  // A bad environment is bad usage (2), and so is one the rendezvous finds out (a RANK started
+  // twice, ranks disagreeing on WORLD_SIZE, a backend this build lacks: BadInput); a rendezvous
+  // that fails otherwise (missing ranks after the timeout, a store out of reach) is a runtime
+  // failure (1).
   try {
     const auto environment = DistributedEnvironment::from_environment();
     rank = environment.rank;
-    exit_code = 1;
     distributed = std::make_unique<Distributed>(environment, options);
   } catch (const std::exception& e) {
     std::cerr << "rank " << rank << ": error: " << message_of(e) << std::endl;
-    return exit_code;
+    const auto* error = dynamic_cast<const Error*>(&e);
+    return rank < 0 || (error && error->kind() == ErrorKind::BadInput) ? 2 : 1;
   }
   // An abort from elsewhere: the transports are woken by their own listeners; if the body is
   // stuck in a collective that cannot be woken, leave after the grace period.

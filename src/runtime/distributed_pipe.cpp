@@ -108,6 +108,7 @@ DistributedPipe::DistributedPipe(Distributed& distributed, torch::nn::Sequential
       stages_[j] = std::make_unique<Stage>(j, first_layer, std::move(stage_layers), device_,
                                            stage_seed(seed, j));
       stages_[j]->set_precision(o.precision(), j == num_stages_ - 1);
+      stages_[j]->set_rank_stash(rank_stash_);
     }
   }
   std::set<const void*> seen;
@@ -201,6 +202,7 @@ std::map<int, Stage*> DistributedPipe::fresh_stages() {
     stage->reset_accounting();
     stages[j] = stage.get();
   }
+  rank_stash_->restart_peak();
   return stages;
 }
 

@@ -43,6 +43,7 @@ struct PipeImpl::Runtime {
   std::vector<int> stage_rank;
   std::vector<torch::Device> rank_devices;
   std::vector<std::unique_ptr<Stage>> stages;
+  std::vector<std::shared_ptr<RankStash>> rank_stash;  // per rank: its stages' stash together
   std::unique_ptr<LocalTransport> transport;
   std::map<int, schedule::Schedule> training;   // lowered, by M
   std::map<int, schedule::Schedule> inference;  // compute-only forwards, by M
@@ -153,6 +154,10 @@ void PipeImpl::reset() {
     runtime->stages.push_back(std::make_unique<Stage>(j, first_layer, std::move(stage_layers),
                                                       device, stage_seed(seed, j)));
     runtime->stages.back()->set_precision(o.precision(), j == num_stages - 1);
+    const auto r = static_cast<size_t>(runtime->stage_rank[j]);
+    if (runtime->rank_stash.size() <= r) runtime->rank_stash.resize(r + 1);
+    if (!runtime->rank_stash[r]) runtime->rank_stash[r] = std::make_shared<RankStash>();
+    runtime->stages.back()->set_rank_stash(runtime->rank_stash[r]);
     stage_devices.push_back(device);
   }
   runtime->transport = std::make_unique<LocalTransport>(
@@ -252,6 +257,7 @@ std::vector<RankResult> PipeImpl::run_step(const schedule::Schedule& s, const St
     stage->clear();
     stage->reset_accounting();
   }
+  for (auto& rank : rt.rank_stash) rank->restart_peak();
   std::vector<RankResult> results(static_cast<size_t>(rt.num_ranks));
   std::atomic<bool> cancel{false};
   std::mutex error_mutex;
@@ -390,6 +396,12 @@ torch::Device PipeImpl::stage_device(int64_t j) const {
   PIPETRAIN_CHECK_INPUT(j >= 0 && j < rt.num_stages, "stage ", j, " is out of range (",
                         rt.num_stages, " stages)");
   return rt.stages[static_cast<size_t>(j)]->device();
+}
+
+std::vector<int64_t> PipeImpl::rank_peak_stashed_bytes() const {
+  std::vector<int64_t> peaks;
+  for (const auto& rank : runtime().rank_stash) peaks.push_back(rank ? rank->peak : 0);
+  return peaks;
 }
 
 std::vector<StageAccounting> PipeImpl::stage_accounting() const {

@@ -343,7 +343,7 @@ Bundle Stage::forward(int i, Bundle input, const StageForwardOptions& options,
   } else {
     state->bytes = estimated_stash_bytes(*state);
   }
-  stashed_bytes_ += state->bytes;
+  change_stash(state->bytes);
   stash_.emplace(i, std::move(state));
   ++accounting_.microbatches;
   accounting_.peak_stashed_microbatches =
@@ -393,18 +393,18 @@ void Stage::recompute_if_needed(int, Microbatch& state) {
     run_layers(state, /*record=*/state.split, /*recomputing=*/true);
   });
   state.recomputed = true;
-  stashed_bytes_ -= state.bytes;
   // [M3] All the replay keeps alive is held by the stage until the backward frees i.
+  const int64_t before = state.bytes;
   state.bytes =
       measures_allocations() ? state.bytes + kept.live_bytes() : estimated_stash_bytes(state);
-  stashed_bytes_ += state.bytes;
+  change_stash(state.bytes - before);
   accounting_.peak_stashed_bytes = std::max(accounting_.peak_stashed_bytes, stashed_bytes_);
 }
 
 void Stage::release(int i) {
   auto found = stash_.find(i);
   if (found == stash_.end()) return;
-  stashed_bytes_ -= found->second->bytes;
+  change_stash(-found->second->bytes);
   stash_.erase(found);
 }
 
@@ -549,7 +549,12 @@ void Stage::backward_weight(int i) {
 
 void Stage::clear() {
   stash_.clear();
-  stashed_bytes_ = 0;
+  change_stash(-stashed_bytes_);
+}
+
+void Stage::change_stash(int64_t delta) {
+  stashed_bytes_ += delta;
+  if (rank_stash_) rank_stash_->add(delta);
 }
 
 void Stage::reset_accounting() {

@@ -100,9 +100,10 @@ std::vector<MeasuredRankMemory> gather_memory(StepRunner& runner,
 MemoryPrediction predict_training_memory(torch::nn::Sequential model, const torch::Tensor& inputs,
                                          const torch::Tensor& targets, const LossFn& loss,
                                          const PipeOptions& pipe, const MemoryRunOptions& run) {
-  PIPETRAIN_CHECK_INPUT(pipe.precision() == Precision::kFloat32,
-                        "the memory model predicts float32 stages; --report-memory with --precision ",
-                        to_string(pipe.precision()), " is not covered (use fp32)");
+  PIPETRAIN_CHECK_INPUT(
+      pipe.precision() == Precision::kFloat32,
+      "the memory model predicts float32 stages; --report-memory with --precision ",
+      to_string(pipe.precision()), " is not covered (use fp32)");
   PIPETRAIN_CHECK_INPUT(run.data_parallel >= 1, "data_parallel must be >= 1 (got ",
                         run.data_parallel, ")");
   const int64_t layers = static_cast<int64_t>(model->size());
@@ -121,15 +122,15 @@ MemoryPrediction predict_training_memory(torch::nn::Sequential model, const torc
   prediction.stage_rank = schedule.stage_rank;
 
   const int64_t m = prediction.microbatch_size;
-  const pp::ModelProfile profile = pp::profile_sequential(
-      model, inputs.narrow(0, 0, m),
-      pp::ProfileOptions()
-          .microbatch_sizes({m})
-          .warmup(0)
-          .repeats(1)
-          .min_trial_seconds(0)
-          .measure_transfer(false)
-          .intra_op_threads(static_cast<int>(pipe.threads_per_stage())));
+  const pp::ModelProfile profile =
+      pp::profile_sequential(model, inputs.narrow(0, 0, m),
+                             pp::ProfileOptions()
+                                 .microbatch_sizes({m})
+                                 .warmup(0)
+                                 .repeats(1)
+                                 .min_trial_seconds(0)
+                                 .measure_transfer(false)
+                                 .intra_op_threads(static_cast<int>(pipe.threads_per_stage())));
   prediction.loss_bytes = loss_bytes(model, inputs.narrow(0, 0, m), targets.narrow(0, 0, m), loss);
 
   pp::MemoryModelOptions options;

@@ -7,9 +7,9 @@
 #include "pipetrain/base/check.h"
 #include "pipetrain/runtime/distributed_pipe.h"
 #include "pipetrain/stage/batchnorm.h"
-#include "pipetrain/transport/c10d.h"
 #include "pipetrain/train/grad_clip.h"
 #include "pipetrain/train/optimizer.h"
+#include "pipetrain/transport/c10d.h"
 
 namespace pipetrain::train {
 namespace {
@@ -98,9 +98,12 @@ class PipeRunner : public StepRunner {
   int total_ranks() const override { return static_cast<int>(pipe_->num_ranks()); }
   std::vector<RankHoldings> rank_holdings() override {
     const schedule::Schedule& schedule = pipe_->schedule();
-    const std::vector<StageAccounting> accounting = pipe_->stage_accounting();
+    const std::vector<int64_t> peaks = pipe_->rank_peak_stashed_bytes();
     std::vector<RankHoldings> ranks(static_cast<size_t>(schedule.num_ranks));
-    for (int r = 0; r < schedule.num_ranks; ++r) ranks[static_cast<size_t>(r)].rank = r;
+    for (int r = 0; r < schedule.num_ranks; ++r) {
+      ranks[static_cast<size_t>(r)].rank = r;
+      ranks[static_cast<size_t>(r)].peak_activation_bytes = peaks.at(static_cast<size_t>(r));
+    }
     int64_t first = 0;
     for (int j = 0; j < schedule.num_stages; ++j) {
       RankHoldings& rank = ranks[static_cast<size_t>(schedule.stage_rank[j])];
@@ -110,7 +113,6 @@ class PipeRunner : public StepRunner {
         for (const auto& p : model_->ptr(static_cast<size_t>(l))->parameters())
           rank.parameters.push_back(p);
       }
-      rank.peak_activation_bytes += accounting[static_cast<size_t>(j)].peak_stashed_bytes;
       first += count;
     }
     for (RankHoldings& rank : ranks) rank.parameters = unique_parameters(rank.parameters);
@@ -246,10 +248,8 @@ class DistributedRunner : public StepRunner {
     RankHoldings mine;
     mine.rank = distributed_.rank();
     mine.parameters = pipe_.parameters();
-    for (const auto& [j, accounting] : pipe_.stage_accounting()) {
-      mine.stages.push_back(j);
-      mine.peak_activation_bytes += accounting.peak_stashed_bytes;
-    }
+    for (const auto& [j, accounting] : pipe_.stage_accounting()) mine.stages.push_back(j);
+    mine.peak_activation_bytes = pipe_.rank_peak_stashed_bytes();
     mine.peak_receive_buffer_bytes = pipe_.step_transport_stats().peak_receive_buffer_bytes;
     mine.peak_send_buffer_bytes = pipe_.step_transport_stats().peak_send_buffer_bytes;
     return {mine};

@@ -145,6 +145,9 @@ pp::PlannerOptions planner_for(const AutoRequest& request, const AutoPlanInput& 
   planner.ranks = input.ranks;
   planner.memory_limit_bytes = input.memory_limit_bytes;
   planner.optimizer_state_multiple = input.optimizer_state_multiple;
+  planner.zero = input.zero;
+  planner.data_parallel = input.data_parallel;
+  planner.processes = input.processes;
   planner.top = 3;  // step [5] measures the best few
   if (!request.schedule) planner.schedules = {input.schedule};
   if (!request.checkpoint) {

@@ -4,6 +4,7 @@
 #include "../helpers/cli_run.h"
 #include "../helpers/python.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
@@ -79,6 +80,44 @@ TEST(PlanModelCli, ATinyLimitExitsOneAndNamesTheSmallestLimitThatWorks) {
   EXPECT_LE(
       nlohmann::json::parse(again.output)["recommended"]["peak_memory_bytes"].get<long long>(),
       smallest);
+}
+
+// --memory: the recommended plan's categories per rank; ZeRO 1 over 2 replicas halves the
+// optimizer state (Adam: 2 x the parameters, then 2 x the half-shard), and plans for processes
+// add the transport's buffers, which one process does not have.
+TEST(PlanModelCli, MemoryPrintsEveryRanksCategoriesAndZeroShardsTheOptimizerState) {
+  const std::string common =
+      "--model mlp --sample-shape 32,784 --stages 2 --format json --optimizer adam --memory "
+      "--schedules 1f1b ";
+  const CliRun plain = plan(common);
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  const auto one = nlohmann::json::parse(plain.output)["memory_per_rank"];
+  ASSERT_EQ(one.size(), 2u) << plain.output;
+  const CliRun sharded = plan(common + "--zero 1 --dp 2 --processes");
+  ASSERT_EQ(sharded.exit_code, 0) << sharded.output;
+  const auto json = nlohmann::json::parse(sharded.output);
+  const auto two = json["memory_per_rank"];
+  ASSERT_EQ(two.size(), 2u);
+  for (size_t r = 0; r < 2; ++r) {
+    const auto params = one[r]["parameters"].get<long long>();
+    EXPECT_GT(params, 0);
+    EXPECT_EQ(one[r]["optimizer_state"].get<long long>(), 2 * params);
+    EXPECT_EQ(one[r]["receive_buffers"].get<long long>() + one[r]["send_buffers"].get<long long>(),
+              0);
+    EXPECT_EQ(two[r]["parameters"].get<long long>(), params);
+    const long long shard = (params / 4 + 1) / 2 * 4;  // float32 elements over 2, rounded up
+    EXPECT_EQ(two[r]["optimizer_state"].get<long long>(), 2 * shard);
+    EXPECT_EQ(two[r]["gradients"].get<long long>(), params + shard);
+    EXPECT_GT(two[r]["receive_buffers"].get<long long>(), 0);
+    EXPECT_GT(two[r]["send_buffers"].get<long long>(), 0);
+  }
+  // The plan's peak is the largest rank total of the same model.
+  long long largest = 0;
+  for (const auto& rank : two) largest = std::max(largest, rank["total"].get<long long>());
+  EXPECT_EQ(json["recommended"]["peak_memory_bytes"].get<long long>(), largest);
+  const CliRun no_replicas = plan(common + "--zero 1");
+  EXPECT_EQ(no_replicas.exit_code, 2) << no_replicas.output;
+  EXPECT_NE(no_replicas.output.find("--dp 2 or more"), std::string::npos) << no_replicas.output;
 }
 
 TEST(PlanModelCli, BadInputExitsTwoWithAMessage) {

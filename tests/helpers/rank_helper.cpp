@@ -665,6 +665,9 @@ int main(int argc, char** argv) {
     }
     if (scenario == "rendezvous") {
       std::cout << "OK rendezvous" << std::endl;
+      // PIPETRAIN_TEST_LINGER_MS: stay that long (rank 0 keeps the store up for a late process).
+      if (const char* linger = std::getenv("PIPETRAIN_TEST_LINGER_MS"))
+        std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(linger)));
       return;
     }
     if (scenario == "throw" || scenario == "sigkill" || scenario == "exit" || scenario == "stop" ||

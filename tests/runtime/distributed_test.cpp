@@ -5,9 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 
 #include "../helpers/multiprocess.h"
 #include "pipetrain/base/error.h"
+#include "pipetrain/runtime/launcher.h"
 #include "pipetrain/schedule/generators.h"
 
 namespace pipetrain {
@@ -190,6 +194,64 @@ TEST(Distributed, ReportsMissingRanksWhenWorldSizeIsLargerThanTheRanksStarted) {
       << run.output();
   EXPECT_LT(run.seconds, 15.0);
   EXPECT_TRUE(run.all_gone());
+}
+
+// Processes started by hand, without a launcher: (RANK, WORLD_SIZE) each, on one MASTER_PORT.
+// Returns each one's exit code and output, in the order given. Give the rendezvous 10 s or more:
+// three processes loading LibTorch at once on 2 cores took over 3 s to reach the store.
+std::vector<std::pair<int, std::string>> start_by_hand(
+    const std::vector<std::pair<int, int>>& ranks, int timeout_ms, int linger_ms = 0) {
+  char pattern[] = "/tmp/pipetrain_by_hand_XXXXXX";
+  const std::string dir = ::mkdtemp(pattern) ? pattern : "/tmp";
+  std::string script =
+      "export MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(find_free_port()) +
+      " PIPETRAIN_TEST_TIMEOUT_MS=" + std::to_string(timeout_ms) +
+      " PIPETRAIN_TEST_LINGER_MS=" + std::to_string(linger_ms) + "; ";
+  for (size_t p = 0; p < ranks.size(); ++p) {
+    const std::string n = std::to_string(p);
+    script += "(RANK=" + std::to_string(ranks[p].first) +
+              " LOCAL_RANK=0 WORLD_SIZE=" + std::to_string(ranks[p].second) +
+              " timeout -s KILL 30 " PIPETRAIN_RANK_HELPER " rendezvous >" + dir + "/out" + n +
+              " 2>&1; echo $? >" + dir + "/code" + n + ") & ";
+  }
+  script += "wait";
+  EXPECT_EQ(std::system(("sh -c '" + script + "'").c_str()), 0) << script;
+  std::vector<std::pair<int, std::string>> results;
+  for (size_t p = 0; p < ranks.size(); ++p) {
+    auto read = [&](const std::string& name) {
+      std::ifstream in(dir + "/" + name + std::to_string(p));
+      return std::string(std::istreambuf_iterator<char>(in), {});
+    };
+    const std::string code = read("code");
+    results.emplace_back(code.empty() ? -1 : std::stoi(code), read("out"));
+  }
+  std::filesystem::remove_all(dir);
+  return results;
+}
+
+// Bad input that only the rendezvous can see exits 2, as a bad environment does (docs/ERRORS.md).
+TEST(Distributed, ARankStartedTwiceExitsTwoNamingBothProcesses) {
+  // Rank 0 and the winner stay 8 s after the rendezvous: the store must outlive the loser's
+  // connection attempts (a refused connect backs off for seconds).
+  const auto runs = start_by_hand({{0, 2}, {1, 2}, {1, 2}}, /*timeout_ms=*/20000,
+                                  /*linger_ms=*/10000);
+  // Whichever of the two RANK=1 processes claims the rank second is refused.
+  const int loser = runs[1].first == 2 ? 1 : 2;
+  EXPECT_EQ(runs[loser].first, 2) << runs[1].second << runs[2].second;
+  EXPECT_NE(runs[loser].second.find("RANK=1 was started twice ("), std::string::npos)
+      << runs[loser].second;
+  EXPECT_EQ(runs[3 - loser].first, 0) << runs[3 - loser].second;
+  EXPECT_EQ(runs[0].first, 0) << runs[0].second;
+}
+
+TEST(Distributed, RanksDisagreeingOnWorldSizeExitTwoNamingBothSizes) {
+  const auto runs = start_by_hand({{0, 2}, {1, 3}}, /*timeout_ms=*/10000);
+  // The second to register is refused at once; the first then misses a rank until the timeout.
+  const int refused = runs[0].first == 2 ? 0 : 1;
+  EXPECT_EQ(runs[refused].first, 2) << runs[0].second << runs[1].second;
+  EXPECT_NE(runs[refused].second.find("but another rank registered WORLD_SIZE="), std::string::npos)
+      << runs[refused].second;
+  EXPECT_EQ(runs[1 - refused].first, 1) << runs[1 - refused].second;
 }
 
 TEST(Distributed, EveryRankExitsWhenOneThrowsDuringACollective) {

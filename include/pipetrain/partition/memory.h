@@ -127,8 +127,7 @@ struct RankMemory {
   std::int64_t& operator[](int category);
   std::int64_t operator[](int category) const;
   std::int64_t total() const {
-    return parameters + gradients + optimizer_state + activations + receive_buffers +
-           send_buffers;
+    return parameters + gradients + optimizer_state + activations + receive_buffers + send_buffers;
   }
 };
 // "parameters", "gradients", "optimizer state", "activations", "receive buffers",
@@ -137,12 +136,12 @@ const char* memory_category_name(int category);
 
 struct MemoryModelOptions {
   Checkpoint checkpoint = Checkpoint::kNever;
-  double optimizer_state_multiple = 0;  // SGD 0, momentum 1, Adam 2
-  int zero = 0;                         // ZeRO stage 0, 1 or 2
-  int data_parallel = 1;                // replicas of each pipeline rank (dp)
-  bool processes = false;               // one process per rank: the transport's buffers count
+  double optimizer_state_multiple = 0;       // SGD 0, momentum 1, Adam 2
+  int zero = 0;                              // ZeRO stage 0, 1 or 2
+  int data_parallel = 1;                     // replicas of each pipeline rank (dp)
+  bool processes = false;                    // one process per rank: the transport's buffers count
   std::int64_t parameter_element_bytes = 4;  // float32 parameters (the shard's padding)
-  std::int64_t loss_bytes = 0;  // what the loss keeps for backward, per micro-batch
+  std::int64_t loss_bytes = 0;               // what the loss keeps for backward, per micro-batch
 };
 
 // Per pipeline rank: the categories above for `balance` at micro-batch size m. A data-parallel

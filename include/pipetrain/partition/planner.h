@@ -50,7 +50,7 @@ struct PlannerOptions {
   int zero = 0;
   int data_parallel = 1;
   bool processes = false;
-  int top = 10;                         // plans kept in the ranked table
+  int top = 10;  // plans kept in the ranked table
 };
 
 // One fully specified plan and what the model predicts for it.

@@ -106,6 +106,8 @@ class DistributedPipe {
   // Per stage j held by this rank, for the last step: peak stashed micro-batches and bytes,
   // forwards run (the same figures as Pipe::stage_accounting()[j] for the same model and step).
   std::map<int, StageAccounting> stage_accounting() const;
+  // For the last step: the most bytes this rank's stages stashed at once (RankStash).
+  int64_t rank_peak_stashed_bytes() const { return rank_stash_->peak; }
   // The random streams of this rank's stages, by stage index (Pipe::stage_rng_states()), and
   // putting them back (entries for stages held elsewhere are ignored).
   std::map<int, torch::Tensor> stage_rng_states() const;
@@ -126,6 +128,7 @@ class DistributedPipe {
   int num_ranks_ = 0;
   std::vector<int> stage_rank_;
   std::map<int, std::unique_ptr<Stage>> stages_;  // this rank's, by stage index
+  std::shared_ptr<RankStash> rank_stash_ = std::make_shared<RankStash>();
   std::unique_ptr<C10dTransport> transport_;
   std::map<int, schedule::Schedule> schedules_;  // lowered, by M
   std::map<int, schedule::Schedule> inference_;  // lowered forward-only, by M

@@ -157,6 +157,8 @@ class PipeImpl : public torch::nn::Cloneable<PipeImpl> {
 
   // Per stage j, for the last step: peak stashed micro-batches and bytes, forwards run.
   std::vector<StageAccounting> stage_accounting() const;
+  // Per rank r, for the last step: the most bytes its stages stashed at once (RankStash).
+  std::vector<int64_t> rank_peak_stashed_bytes() const;
   // Every action the last step ran: (rank, action, start, end) in microseconds from its start.
   const std::vector<ActionEvent>& last_events() const;
 

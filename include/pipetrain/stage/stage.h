@@ -42,6 +42,7 @@
 // Thread-safety: not thread-safe; one worker thread drives a stage during a step.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -79,6 +80,21 @@ struct StageForwardOptions {
   bool checkpoint = false;      // keep only the inputs; recompute before the backward
   bool split_backward = false;  // the backward of this micro-batch will be I + W
   LossHook loss;                // set on the last stage in training; empty elsewhere
+};
+
+// The stashed bytes of every stage one rank runs, together, and their peak: a rank holding
+// several stages (interleaved schedules) holds their sum, whose peak is not the sum of the
+// stages' peaks. Shared by the rank's stages (Stage::set_rank_stash), updated on the rank's
+// thread.
+struct RankStash {
+  int64_t bytes = 0;
+  int64_t peak = 0;
+  void add(int64_t delta) {
+    bytes += delta;
+    peak = std::max(peak, bytes);
+  }
+  // The peak of a new step starts from what is held now.
+  void restart_peak() { peak = bytes; }
 };
 
 // Memory accounting of the stage since the last reset_accounting().
@@ -133,6 +149,8 @@ class Stage {
 
   StageAccounting accounting() const { return accounting_; }
   void reset_accounting();
+  // Adds this stage's stashed bytes to `rank`'s from now on (those of the stages of one rank).
+  void set_rank_stash(std::shared_ptr<RankStash> rank) { rank_stash_ = std::move(rank); }
   StageRng& rng() { return rng_; }
 
  private:
@@ -143,6 +161,8 @@ class Stage {
   void recompute_if_needed(int i, Microbatch& state);
   Microbatch& stashed(int i, const char* action);
   void release(int i);
+  // stashed_bytes_ += delta, and the rank's.
+  void change_stash(int64_t delta);
   // Whether micro-batches' stashes are measured (a CPU stage) rather than estimated.
   bool measures_allocations() const { return device_.is_cpu(); }
   int64_t input_bytes(const Microbatch& state) const;
@@ -163,6 +183,7 @@ class Stage {
   std::map<int, std::unique_ptr<Microbatch>> stash_;  // by micro-batch i
   StageAccounting accounting_;
   int64_t stashed_bytes_ = 0;
+  std::shared_ptr<RankStash> rank_stash_;  // null: not shared
 };
 
 }  // namespace pipetrain

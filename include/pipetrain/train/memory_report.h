@@ -12,9 +12,9 @@
 //                gradients        bytes of their .grad() (ZeRO: ShardedOptimizer::gradient_bytes)
 //                optimizer state  bytes of the optimizer's state tensors for them (ZeRO: the
 //                                 shard's)
-//                activations      the peak stashed bytes of the rank's stages in the last step
-//                                 (StageAccounting: what the stage's forwards kept, counted by the
-//                                 allocation counter)
+//                activations      the most bytes the rank's stages stashed at once in the last
+//                                 step (RankStash, stage/stage.h: what the forwards and recomputes
+//                                 kept, counted by the allocation counter)
 //                receive buffers  the peak bytes of receives its c10d transport had posted in the
 //                                 last step, not yet handed over
 //                send buffers     the peak bytes of its sent messages not yet completed
@@ -42,8 +42,8 @@ namespace pipetrain::train {
 
 // What one rank was measured to hold.
 struct MeasuredRankMemory {
-  int rank = 0;             // world rank
-  int first_stage = 0;      // the first stage it runs (its pipeline rank follows from it)
+  int rank = 0;         // world rank
+  int first_stage = 0;  // the first stage it runs (its pipeline rank follows from it)
   partition::RankMemory bytes;
 };
 

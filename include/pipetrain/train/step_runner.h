@@ -97,11 +97,10 @@ class StepRunner {
   // What one pipeline rank held in this process over the last step, for memory reports
   // (train/memory_report.h).
   struct RankHoldings {
-    int rank = 0;             // the world rank (in one process: the pipeline rank)
-    std::vector<int> stages;  // the stages it runs
+    int rank = 0;                           // the world rank (in one process: the pipeline rank)
+    std::vector<int> stages;                // the stages it runs
     std::vector<torch::Tensor> parameters;  // its parameters, each tensor once
-    // Peak stashed bytes of its stages in the last step (StageAccounting; a rank of several
-    // stages: the sum of their peaks, which may not have coincided).
+    // The most bytes its stages stashed at once in the last step (RankStash).
     int64_t peak_activation_bytes = 0;
     // Peak message buffers of its transport in the last step, posted receives and sends in
     // flight (0 where stages share a process).

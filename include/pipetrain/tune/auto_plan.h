@@ -68,6 +68,11 @@ struct AutoPlanInput {
   int threads = 1;                      // intra-op threads of each stage's worker
   std::int64_t memory_limit_bytes = 0;  // per rank; 0: none
   double optimizer_state_multiple = 0;  // sgd 0 (1 with momentum), adam/adamw 2
+  // The rest of the memory model the limit applies to (partition/memory.h): ZeRO stage,
+  // data-parallel replicas, one process per rank (the transport's buffers).
+  int zero = 0;
+  int data_parallel = 1;
+  bool processes = false;
   std::string schedule;
   std::int64_t chunks = 1;
   std::string checkpoint;
