@@ -329,7 +329,7 @@ void add_plan_model_options(CLI::App& command, PlanModelArgs& args) {
                      "model and --memory-limit (default 0)");
   command.add_option("--dp", args.dp,
                      "With --model: data-parallel replicas of each rank, for the memory model "
-                     "(default 1)");
+                     "(default 1); --sample-shape is then one replica's share of the mini-batch");
 }
 
 namespace {
