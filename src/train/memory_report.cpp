@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <map>
 #include <sstream>
 
 #include "pipetrain/base/check.h"
@@ -74,8 +73,8 @@ std::vector<MeasuredRankMemory> gather_memory(StepRunner& runner,
                                               const std::vector<MeasuredRankMemory>& mine) {
   const int total = runner.total_ranks();
   if (total == static_cast<int>(mine.size())) return mine;  // every rank is in this process
-  // Each rank fills its own row of a (ranks x [first stage, 5 categories]) table; the sum over
-  // ranks then holds every row.
+  // Each rank fills its own row of a (ranks x [first stage, the categories]) table; the sum over
+  // ranks then holds every row (exact: byte counts are far below 2^53).
   constexpr int kColumns = 1 + pp::RankMemory::kCategories;
   std::vector<MeasuredRankMemory> all(static_cast<size_t>(total));
   for (int r = 0; r < total; ++r) {
