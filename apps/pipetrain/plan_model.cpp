@@ -493,20 +493,6 @@ nlohmann::json verify_json(const Verification& v) {
   return plans;
 }
 
-// --memory: the memory model (memory.h) for `plan` on the profile, per rank.
-std::vector<pp::RankMemory> plan_memory(const PlanModelArgs& args, const PlanResult& r,
-                                        const pp::Plan& plan) {
-  const schedule::Schedule s =
-      schedule::make_schedule(plan.schedule, plan.ranks, plan.microbatches, plan.virtual_stages);
-  pp::MemoryModelOptions options;
-  options.checkpoint = plan.checkpoint;
-  options.optimizer_state_multiple = r.planner.optimizer_state_multiple;
-  options.zero = args.zero;
-  options.data_parallel = args.dp;
-  options.processes = args.processes;
-  return pp::predict_memory(r.profile, plan.balance, plan.microbatch_size, s, options);
-}
-
 void write_memory_text(std::ostream& out, const PlanModelArgs& args, const PlanResult& r) {
   const pp::Plan& plan = r.report.recommended();
   out << "\nmemory of the recommended plan per rank (micro-batch " << plan.microbatch_size
@@ -518,7 +504,7 @@ void write_memory_text(std::ostream& out, const PlanModelArgs& args, const PlanR
                 "parameters", "gradients", "optimizer state", "activations", "receive buf",
                 "send buf", "total");
   out << line;
-  const std::vector<pp::RankMemory> ranks = plan_memory(args, r, plan);
+  const std::vector<pp::RankMemory> ranks = pp::plan_memory(r.profile, plan, r.planner);
   for (std::size_t k = 0; k < ranks.size(); ++k) {
     const pp::RankMemory& m = ranks[k];
     std::snprintf(line, sizeof line, "  %4zu %12s %12s %16s %12s %12s %12s %12s\n", k,
@@ -540,7 +526,7 @@ std::string report_json(const PlanModelArgs& args, const PlanResult& r) {
   out["profile"] = r.profile;
   if (args.memory && r.report.found()) {
     nlohmann::json ranks = nlohmann::json::array();
-    for (const pp::RankMemory& m : plan_memory(args, r, r.report.recommended())) {
+    for (const pp::RankMemory& m : pp::plan_memory(r.profile, r.report.recommended(), r.planner)) {
       ranks.push_back({{"parameters", m.parameters},
                        {"gradients", m.gradients},
                        {"optimizer_state", m.optimizer_state},

@@ -336,14 +336,8 @@ class Evaluator {
   }
 
   void fill_memory(Plan& plan, const ScheduleEntry& s) {
-    MemoryModelOptions memory;
-    memory.checkpoint = plan.checkpoint;
-    memory.optimizer_state_multiple = options_.optimizer_state_multiple;
-    memory.zero = options_.zero;
-    memory.data_parallel = options_.data_parallel;
-    memory.processes = options_.processes;
-    plan.peak_memory_per_rank =
-        rank_peak_memory(profile_, plan.balance, plan.microbatch_size, s.schedule, memory);
+    plan.peak_memory_per_rank = rank_peak_memory(profile_, plan.balance, plan.microbatch_size,
+                                                 s.schedule, memory_model_options(plan, options_));
     plan.peak_memory_bytes =
         *std::max_element(plan.peak_memory_per_rank.begin(), plan.peak_memory_per_rank.end());
     plan.peak_inflight.clear();
@@ -551,6 +545,24 @@ std::string Plan::describe() const {
   out << " M=" << microbatches << " ckpt=" << to_string(checkpoint) << " balance=";
   for (std::size_t j = 0; j < balance.size(); ++j) out << (j ? "," : "") << balance[j];
   return out.str();
+}
+
+MemoryModelOptions memory_model_options(const Plan& plan, const PlannerOptions& options) {
+  MemoryModelOptions memory;
+  memory.checkpoint = plan.checkpoint;
+  memory.optimizer_state_multiple = options.optimizer_state_multiple;
+  memory.zero = options.zero;
+  memory.data_parallel = options.data_parallel;
+  memory.processes = options.processes;
+  return memory;
+}
+
+std::vector<RankMemory> plan_memory(const ModelProfile& profile, const Plan& plan,
+                                    const PlannerOptions& options) {
+  const schedule::Schedule s =
+      schedule::make_schedule(plan.schedule, plan.ranks, plan.microbatches, plan.virtual_stages);
+  return predict_memory(profile, plan.balance, plan.microbatch_size, s,
+                        memory_model_options(plan, options));
 }
 
 Plan evaluate_plan(const ModelProfile& profile, const Plan& spec, const PlannerOptions& options) {

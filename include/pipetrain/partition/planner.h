@@ -116,6 +116,14 @@ Plan evaluate_plan(const ModelProfile& profile, const Plan& plan, const PlannerO
 // Same schedule, ranks, micro-batches, virtual stages, checkpoint mode and balance.
 bool same_plan(const Plan& a, const Plan& b);
 
+// The memory model's options for `plan`: its checkpoint mode with the planner's optimizer, ZeRO
+// stage, replicas and process layout. What Plan::peak_memory_per_rank was predicted with.
+MemoryModelOptions memory_model_options(const Plan& plan, const PlannerOptions& options);
+// predict_memory() for `plan` (its schedule rebuilt): every rank's categories, whose totals are
+// Plan::peak_memory_per_rank (`pipetrain plan --memory`).
+std::vector<RankMemory> plan_memory(const ModelProfile& profile, const Plan& plan,
+                                    const PlannerOptions& options);
+
 // The plans worth running for recommend_measured: the ranked plans predicted at most `within`
 // slower than the fastest (0.25: 25 %), at most `count` of them, then `reference` (the default a
 // user would write; may be null) when it fits the limit and is not one of them.
