@@ -51,4 +51,4 @@ format:
 	@git ls-files '*.h' '*.cpp' | xargs clang-format -i
 
 clean:
-	@rm -rf $(BUILD) build-asan build-tsan build-fuzz
+	@rm -rf $(BUILD) build-asan build-tsan build-fuzz build-fuzz-torch

@@ -15,6 +15,7 @@
 
 #include "pipetrain/base/check.h"
 #include "pipetrain/base/message_of.h"
+#include "pipetrain/runtime/tensor_io.h"
 
 namespace pipetrain {
 
@@ -263,7 +264,7 @@ std::map<std::string, torch::Tensor> Distributed::gather_named_parameters(
   std::map<std::string, torch::Tensor> merged;
   for (const auto& blob : blobs) {
     if (blob.empty()) continue;
-    auto value = torch::pickle_load(blob).toGenericDict();
+    auto value = load_pickle(blob).toGenericDict();
     for (const auto& entry : value) {
       merged.emplace(entry.key().toStringRef(), entry.value().toTensor());
     }

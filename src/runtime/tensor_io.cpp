@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include <c10/util/Exception.h>
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/serialization/export.h>
+#include <torch/csrc/jit/serialization/import_read.h>
 #include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/serialize.h>
 
@@ -73,6 +75,34 @@ std::vector<char> pickle_for_python(const torch::IValue& value) {
   return archive;
 }
 
+namespace {
+
+class BoundedReader final : public caffe2::serialize::ReadAdapterInterface {
+ public:
+  explicit BoundedReader(const std::vector<char>& bytes) : bytes_(bytes) {}
+  size_t size() const override { return bytes_.size(); }
+  size_t read(uint64_t pos, void* buf, size_t n, const char* /*what*/) const override {
+    if (pos >= bytes_.size()) return 0;
+    n = std::min<size_t>(n, bytes_.size() - static_cast<size_t>(pos));
+    std::memcpy(buf, bytes_.data() + pos, n);
+    return n;
+  }
+
+ private:
+  const std::vector<char>& bytes_;  // outlives the reader (load_pickle's argument)
+};
+
+}  // namespace
+
+torch::IValue load_pickle(const std::vector<char>& bytes) {
+  // What torch::pickle_load does, with a reader of our own.
+  caffe2::serialize::PyTorchStreamReader reader(std::make_shared<BoundedReader>(bytes));
+  return torch::jit::readArchiveAndTensors("data", /*pickle_prefix=*/"", /*tensor_prefix=*/"",
+                                           /*type_resolver=*/std::nullopt,
+                                           /*obj_loader=*/std::nullopt, /*device=*/std::nullopt,
+                                           reader);
+}
+
 torch::Tensor load_tensor(const std::string& path) {
   std::ifstream file(path, std::ios::binary);
   PIPETRAIN_CHECK(file.good(), FileError, "cannot open tensor file '", path, "': ", errno_text(),
@@ -81,7 +111,7 @@ torch::Tensor load_tensor(const std::string& path) {
   PIPETRAIN_CHECK(!file.bad(), FileError, "cannot read tensor file '", path, "': ", errno_text());
   torch::IValue value;
   try {
-    value = torch::pickle_load(bytes);
+    value = load_pickle(bytes);
   } catch (const c10::Error& error) {
     throw BadInput(c10::str("'", path, "' is not a file written by torch.save (", error.msg(),
                             "); write one from Python with torch.save(tensor, path)"));

@@ -11,6 +11,7 @@
 #include <torch/serialize.h>
 
 #include "pipetrain/base/atomic_file.h"
+#include "pipetrain/runtime/tensor_io.h"
 #include "pipetrain/train/optimizer.h"
 
 namespace pipetrain::train {
@@ -230,7 +231,7 @@ std::string serialize_checkpoint(const Checkpoint& c) {
 Checkpoint deserialize_checkpoint(const std::string& bytes, const std::string& source) {
   c10::IValue value;
   try {
-    value = torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
+    value = load_pickle(std::vector<char>(bytes.begin(), bytes.end()));
   } catch (const std::exception& e) {
     throw CheckpointError("'" + source +
                           "' is not a pipetrain checkpoint (unreadable torch "

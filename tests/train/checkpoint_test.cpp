@@ -242,6 +242,22 @@ TEST(Checkpoint, AFileThatIsNotACheckpointIsAnError) {
 }
 
 // A full disk in miniature: RLIMIT_FSIZE makes write() fail with EFBIG part-way through.
+// Found by fuzz_checkpoint: a zip directory pointing past the end of the file made LibTorch's
+// torch::pickle_load copy bytes from beyond its buffer (AddressSanitizer: heap-buffer-overflow in
+// VectorReader::read). The loader reads through a reader of its own now (load_pickle), and the
+// file is a CheckpointError. `make sanitize` runs this under AddressSanitizer.
+TEST(Checkpoint, AZipDirectoryPastTheEndIsACheckpointErrorNotAReadPastTheBuffer) {
+  const std::string path =
+      std::string(PIPETRAIN_SOURCE_DIR) + "/fuzz/corpus/checkpoint/zip_directory_past_the_end.pt";
+  try {
+    (void)load_checkpoint(path);
+    FAIL() << "expected a CheckpointError for " << path;
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("is not a pipetrain checkpoint"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Checkpoint, FailedWriteLeavesThePreviousCheckpointIntactAndNoTemporary) {
   TempDir dir;
   const std::string path = dir.file("run.ckpt");

@@ -24,6 +24,12 @@ namespace pipetrain {
 // (saying what it holds).
 torch::Tensor load_tensor(const std::string& path);
 
+// What torch::pickle_load(bytes) returns, read through a reader that hands out only the bytes
+// there are. torch::pickle_load's own reader copies whatever the zip directory asks for: a
+// corrupt file made it read past the end of its buffer (AddressSanitizer, fuzz_checkpoint).
+// Throws what pickle_load throws for a file that is not a PyTorch archive (c10::Error).
+torch::IValue load_pickle(const std::vector<char>& bytes);
+
 // The bytes of `value` as torch.save writes them (PyTorch's zip archive), without the type tags
 // torch::pickle_save adds to dicts and lists: Python's torch.load reads them with its default
 // weights_only=True (it refuses the tags), and torch::pickle_load reads them too.
