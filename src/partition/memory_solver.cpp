@@ -299,22 +299,6 @@ std::vector<std::int64_t> rank_peak_memory(const ModelProfile& profile,
                                            const std::vector<int>& balance,
                                            std::int64_t microbatch_size,
                                            const schedule::Schedule& schedule,
-                                           const std::vector<StageResidency>& residency,
-                                           Checkpoint checkpoint, double optimizer_state_multiple) {
-  if (static_cast<int>(residency.size()) != schedule.num_stages) {
-    throw BadInput("rank_peak_memory: residency has " + std::to_string(residency.size()) +
-                   " stages but the schedule has " + std::to_string(schedule.num_stages));
-  }
-  MemoryModelOptions options;
-  options.checkpoint = checkpoint;
-  options.optimizer_state_multiple = optimizer_state_multiple;
-  return rank_peak_memory(profile, balance, microbatch_size, schedule, options);
-}
-
-std::vector<std::int64_t> rank_peak_memory(const ModelProfile& profile,
-                                           const std::vector<int>& balance,
-                                           std::int64_t microbatch_size,
-                                           const schedule::Schedule& schedule,
                                            const MemoryModelOptions& options) {
   std::vector<std::int64_t> totals;
   for (const RankMemory& rank :

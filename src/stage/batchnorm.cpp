@@ -141,32 +141,50 @@ void DeferredBatchNormImpl::track(int64_t count, const torch::Tensor& mean,
   ++tracked_;
 }
 
-void DeferredBatchNormImpl::sum_tracked_over(const std::function<void(torch::Tensor&)>& sum) {
+void DeferredBatchNormImpl::sum_tracked_over(const std::vector<DeferredBatchNormImpl*>& norms,
+                                             const std::function<void(torch::Tensor&)>& sum) {
   torch::NoGradGuard no_grad;
-  const int64_t C = options.num_features();
-  // [1] [values, micro-batches, sum of the values (C)], summed: the mini-batch's count and mean.
-  torch::Tensor totals = torch::zeros({2 + C}, torch::kDouble);
-  const auto n_d = static_cast<double>(count_);
-  if (tracked_ > 0) {
-    totals[0] = n_d;
-    totals[1] = static_cast<double>(tracked_);
-    totals.narrow(0, 2, C).copy_(mean_ * n_d);
+  // [1] Per layer [values, micro-batches, sum of the values (C)], every layer in one tensor and
+  // one sum: the mini-batch's count and mean of each layer.
+  std::vector<int64_t> at;  // where each layer's part starts
+  int64_t size = 0;
+  for (const auto* norm : norms) {
+    at.push_back(size);
+    size += 2 + norm->options.num_features();
+  }
+  torch::Tensor totals = torch::zeros({size}, torch::kDouble);
+  for (size_t k = 0; k < norms.size(); ++k) {
+    const DeferredBatchNormImpl& norm = *norms[k];
+    if (norm.tracked_ == 0) continue;
+    const auto n = static_cast<double>(norm.count_);
+    totals[at[k]] = n;
+    totals[at[k] + 1] = static_cast<double>(norm.tracked_);
+    totals.narrow(0, at[k] + 2, norm.options.num_features()).copy_(norm.mean_ * n);
   }
   sum(totals);
-  const auto n = totals[0].item<double>();
-  const auto tracked = static_cast<int64_t>(std::llround(totals[1].item<double>()));
-  const torch::Tensor mean = n > 0 ? totals.narrow(0, 2, C) / n : torch::zeros({C}, torch::kDouble);
   // [2] Chan et al.'s combination: each replica's squared deviations plus its share of the spread
   // between its mean and the mini-batch's, summed (no cancellation when the mean dwarfs the
-  // spread).
-  torch::Tensor m2 = torch::zeros({C}, torch::kDouble);
-  if (tracked_ > 0) m2 = m2_ + (mean_ - mean).square() * n_d;
+  // spread); again one tensor, one sum.
+  std::vector<torch::Tensor> means;
+  torch::Tensor m2 = torch::zeros({size}, torch::kDouble);
+  for (size_t k = 0; k < norms.size(); ++k) {
+    const DeferredBatchNormImpl& norm = *norms[k];
+    const int64_t C = norm.options.num_features();
+    const auto n = totals[at[k]].item<double>();
+    means.push_back(n > 0 ? totals.narrow(0, at[k] + 2, C) / n : torch::zeros({C}, torch::kDouble));
+    if (norm.tracked_ == 0) continue;
+    m2.narrow(0, at[k] + 2, C)
+        .copy_(norm.m2_ + (norm.mean_ - means[k]).square() * static_cast<double>(norm.count_));
+  }
   sum(m2);
-  count_ = static_cast<int64_t>(std::llround(n));
-  tracked_ = tracked;
-  if (tracked_ == 0) return;
-  mean_ = mean;
-  m2_ = m2;
+  for (size_t k = 0; k < norms.size(); ++k) {
+    DeferredBatchNormImpl& norm = *norms[k];
+    norm.count_ = static_cast<int64_t>(std::llround(totals[at[k]].item<double>()));
+    norm.tracked_ = static_cast<int64_t>(std::llround(totals[at[k] + 1].item<double>()));
+    if (norm.tracked_ == 0) continue;
+    norm.mean_ = means[k];
+    norm.m2_ = m2.narrow(0, at[k] + 2, norm.options.num_features()).clone();
+  }
 }
 
 void DeferredBatchNormImpl::commit() {

@@ -175,12 +175,11 @@ class DistributedRunner : public StepRunner {
   void sum_batch_norm_statistics() override {
     const auto& replicas = distributed_.data_parallel_group();
     if (!replicas) return;
-    for (DeferredBatchNormImpl* norm : batch_norms_) {
-      norm->sum_tracked_over([&](torch::Tensor& values) {
-        std::vector<torch::Tensor> one = {values};
-        replicas->allreduce_sum(one);
-      });
-    }
+    if (batch_norms_.empty()) return;
+    DeferredBatchNormImpl::sum_tracked_over(batch_norms_, [&](torch::Tensor& values) {
+      std::vector<torch::Tensor> one = {values};
+      replicas->allreduce_sum(one);
+    });
   }
 
   double step(const torch::Tensor& inputs, const torch::Tensor& targets) override {

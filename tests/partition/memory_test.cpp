@@ -72,9 +72,7 @@ TEST(RankPeakMemory, HoldsWhatARanksStagesStashAtTheSameTime) {
   const ModelProfile profile = uniform_profile(4, 4, layer);
   // 1f1b, 2 ranks, 4 micro-batches of 1 sample: stage 0 holds 2, stage 1 holds 1.
   const auto schedule = schedule::one_f_one_b(2, 4);
-  const auto residency = stage_residency(schedule);
-  const auto peaks =
-      rank_peak_memory(profile, {2, 2}, 1, schedule, residency, Checkpoint::kNever, 0.0);
+  const auto peaks = rank_peak_memory(profile, {2, 2}, 1, schedule, MemoryModelOptions{});
   // Per stage: 2 * 100 parameters + 2 * 100 gradients; stash per micro-batch = input 2 + 2 * 8.
   EXPECT_EQ(peaks[0], 400 + 2 * 18);
   EXPECT_EQ(peaks[1], 400 + 1 * 18);
@@ -82,8 +80,9 @@ TEST(RankPeakMemory, HoldsWhatARanksStagesStashAtTheSameTime) {
   // Interleaved, 2 ranks x 2 virtual stages of one layer: rank 0 holds stages 0 and 2.
   const auto interleaved = schedule::interleaved_one_f_one_b(2, 4, 2);
   const auto r2 = stage_residency(interleaved);
-  const auto always =
-      rank_peak_memory(profile, {1, 1, 1, 1}, 1, interleaved, r2, Checkpoint::kAlways, 0.0);
+  MemoryModelOptions always_options;
+  always_options.checkpoint = Checkpoint::kAlways;
+  const auto always = rank_peak_memory(profile, {1, 1, 1, 1}, 1, interleaved, always_options);
   // Each stage: 200 parameter bytes, inputs of 2 bytes, a recompute of 8 bytes. Rank 0 runs
   //   0F0 0F1 2F0 2F1 0F2 2B0 0F3 2B1 2F2 0B0 2F3 0B1 2B2 2B3 0B2 0B3
   // and holds the most at 2B0: five inputs and one recompute. Stage 0's own peak (four inputs,
@@ -96,8 +95,7 @@ TEST(RankPeakMemory, HoldsWhatARanksStagesStashAtTheSameTime) {
 TEST(RankPeakMemory, RejectsABalanceOfTheWrongSize) {
   const ModelProfile profile = uniform_profile(4, 4, UniformLayer{});
   const auto schedule = schedule::one_f_one_b(2, 4);
-  EXPECT_THROW(rank_peak_memory(profile, {4}, 1, schedule, stage_residency(schedule),
-                                Checkpoint::kNever, 0.0),
+  EXPECT_THROW(rank_peak_memory(profile, {4}, 1, schedule, MemoryModelOptions{}),
                pipetrain::BadInput);
 }
 

@@ -77,17 +77,6 @@ struct StageBytes {
 StageBytes stage_bytes(const ModelProfile& profile, std::int64_t first, std::int64_t end,
                        std::int64_t microbatch_size);
 
-// Peak bytes per rank for `balance` (layers per stage, size S, summing to the layer count): the
-// total of predict_memory() with one process, no ZeRO and no loss. `residency` is the
-// schedule's (checked for its size only).
-// REQUIRES: balance.size() == schedule.num_stages, every entry >= 1 (pipetrain::BadInput).
-std::vector<std::int64_t> rank_peak_memory(const ModelProfile& profile,
-                                           const std::vector<int>& balance,
-                                           std::int64_t microbatch_size,
-                                           const schedule::Schedule& schedule,
-                                           const std::vector<StageResidency>& residency,
-                                           Checkpoint checkpoint, double optimizer_state_multiple);
-
 // ---- The whole step, per rank and category (plan --memory, train --report-memory) -------------
 //
 // What one pipeline rank holds at its peak, in the categories `pipetrain train --report-memory`
@@ -156,6 +145,7 @@ std::vector<RankMemory> predict_memory(const ModelProfile& profile, const std::v
 std::int64_t transport_message_bytes(std::int64_t data_bytes);
 
 // The total of predict_memory() per rank (what the planner compares with its limit).
+// REQUIRES: balance.size() == schedule.num_stages, every entry >= 1 (pipetrain::BadInput).
 std::vector<std::int64_t> rank_peak_memory(const ModelProfile& profile,
                                            const std::vector<int>& balance,
                                            std::int64_t microbatch_size,

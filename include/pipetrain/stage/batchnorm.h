@@ -46,6 +46,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <vector>
 
 #include <torch/arg.h>
 #include <torch/nn/cloneable.h>
@@ -99,10 +100,12 @@ class DeferredBatchNormImpl : public torch::nn::Cloneable<DeferredBatchNormImpl>
   // Micro-batches tracked since the last commit.
   int64_t tracked() const { return tracked_; }
 
-  // Replaces what was tracked since the last commit by its sum over data-parallel replicas:
-  // `sum` must sum a float64 tensor elementwise over them in place (an all-reduce). Collective:
-  // every replica calls it for the same layers in the same order, also one that tracked nothing.
-  void sum_tracked_over(const std::function<void(torch::Tensor&)>& sum);
+  // Replaces what each of `norms` tracked since its last commit by its sum over data-parallel
+  // replicas: `sum` must sum a float64 tensor elementwise over them in place (an all-reduce); it
+  // is called twice, whatever the number of layers. Collective: every replica calls it with the
+  // same layers in the same order, also one that tracked nothing.
+  static void sum_tracked_over(const std::vector<DeferredBatchNormImpl*>& norms,
+                               const std::function<void(torch::Tensor&)>& sum);
 
   void reset() override;
   void reset_running_stats();
