@@ -6,15 +6,18 @@
 //   [c] one stage, 8 micro-batches: F + I + W (split backward) vs F + B               target
 //   <= 1.10
 //
-// Model: 8 x (Linear(1024, 1024) + ReLU), batch 256. Each ratio is the median over >= 5 steps
-// after a warm-up, the two sides alternating step by step so load changes hit both alike.
-// Usage: bench_pipe_overhead [steps=7] [stages for a=2]
+// Model: 8 x (Linear(W, W) + ReLU), batch N (W = 1024, N = 256 unless given). Each ratio is the
+// median over >= 5 steps after a warm-up, the two sides alternating step by step so load changes
+// hit both alike. With a CUDA device every stage and the plain loop run on it, and each timed step
+// ends with a device synchronisation.
+// Usage: bench_pipe_overhead [steps=7] [stages for a=2] [device=cpu] [W=1024] [N=256]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <functional>
 #include <vector>
 
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include "pipetrain/base/median.h"
@@ -29,11 +32,11 @@ using pipetrain::median;
 using pipetrain::Pipe;
 using pipetrain::PipeOptions;
 
-torch::nn::Sequential make_model() {
+torch::nn::Sequential make_model(int64_t width) {
   torch::manual_seed(0);
   torch::nn::Sequential model;
   for (int l = 0; l < 8; ++l) {
-    model->push_back(torch::nn::Linear(1024, 1024));
+    model->push_back(torch::nn::Linear(width, width));
     model->push_back(torch::nn::ReLU());
   }
   return model;
@@ -48,9 +51,12 @@ torch::Tensor mse(const torch::Tensor& out, const torch::Tensor& target) {
   return torch::mse_loss(out, target);
 }
 
+bool on_gpu = false;
+
 double seconds(const std::function<void()>& f) {
   auto start = std::chrono::steady_clock::now();
   f();
+  if (on_gpu) torch::cuda::synchronize();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
@@ -59,6 +65,7 @@ double compare(const char* label, int steps, const std::function<void()>& a,
                const std::function<void()>& b) {
   a();
   b();
+  if (on_gpu) torch::cuda::synchronize();
   std::vector<double> ta;
   std::vector<double> tb;
   for (int k = 0; k < steps; ++k) {
@@ -89,18 +96,35 @@ void plain_microbatches(torch::nn::Sequential& model, const torch::Tensor& x,
 int main(int argc, char** argv) {
   const int steps = argc > 1 ? std::max(5, std::atoi(argv[1])) : 7;
   const int stages = argc > 2 ? std::atoi(argv[2]) : 2;
+  const torch::Device device(argc > 3 ? argv[3] : "cpu");
+  const int64_t width = argc > 4 ? std::atoll(argv[4]) : 1024;
+  const int64_t batch = argc > 5 ? std::atoll(argv[5]) : 256;
+  on_gpu = device.is_cuda();
   torch::manual_seed(1);
-  const torch::Tensor x = torch::randn({256, 1024});
-  const torch::Tensor y = torch::randn({256, 1024});
-  std::printf("intra-op threads %d, %d steps (median), batch 256, 8 x Linear(1024)+ReLU\n",
-              at::get_num_threads(), steps);
+  const torch::Tensor x = torch::randn({batch, width}).to(device);
+  const torch::Tensor y = torch::randn({batch, width}).to(device);
+  if (on_gpu) {
+    std::printf("device %s, %d steps (median), batch %lld, 8 x Linear(%lld)+ReLU\n",
+                device.str().c_str(), steps, static_cast<long long>(batch),
+                static_cast<long long>(width));
+  } else {
+    std::printf("intra-op threads %d, %d steps (median), batch %lld, 8 x Linear(%lld)+ReLU\n",
+                at::get_num_threads(), steps, static_cast<long long>(batch),
+                static_cast<long long>(width));
+  }
+  const std::vector<torch::Device> on_device(static_cast<size_t>(std::max(stages, 1)), device);
 
-  torch::nn::Sequential model = make_model();
+  torch::nn::Sequential model = make_model(width);
   torch::nn::Sequential plain = clone_of(model);
+  plain->to(device);
 
   {  // [a]
-    Pipe pipe(clone_of(model), PipeOptions().stages(stages).chunks(8).schedule("gpipe").checkpoint(
-                                   Checkpoint::kNever));
+    Pipe pipe(clone_of(model), PipeOptions()
+                                   .stages(stages)
+                                   .chunks(8)
+                                   .schedule("gpipe")
+                                   .checkpoint(Checkpoint::kNever)
+                                   .devices(on_device));
     char label[128];
     std::snprintf(label, sizeof label, "[a] Pipe %d stages, 8 chunks / plain 8 micro-batches",
                   stages);
@@ -113,7 +137,8 @@ int main(int argc, char** argv) {
         [&] { plain_microbatches(plain, x, y, 8); });
   }
   {  // [b]
-    Pipe pipe(clone_of(model), PipeOptions().stages(1).chunks(1).checkpoint(Checkpoint::kNever));
+    Pipe pipe(clone_of(model),
+              PipeOptions().stages(1).chunks(1).checkpoint(Checkpoint::kNever).devices({device}));
     compare(
         "[b] Pipe 1 stage, 1 chunk / plain whole batch", steps,
         [&] {
@@ -125,16 +150,18 @@ int main(int argc, char** argv) {
   {  // [c]
     torch::nn::Sequential split_model = clone_of(model);
     torch::nn::Sequential full_model = clone_of(model);
+    split_model->to(device);
+    full_model->to(device);
     auto layers_of = [](torch::nn::Sequential& m) {
       std::vector<pipetrain::StageLayer> layers;
       int l = 0;
       for (auto& module : *m) layers.push_back({std::to_string(l++), module});
       return layers;
     };
-    pipetrain::Stage split_stage(1, 0, layers_of(split_model), torch::kCPU, 1);
-    pipetrain::Stage full_stage(1, 0, layers_of(full_model), torch::kCPU, 1);
-    auto xs = pipetrain::split_microbatches({x}, pipetrain::microbatch_sizes(256, 8));
-    const torch::Tensor grad = torch::randn({32, 1024});
+    pipetrain::Stage split_stage(1, 0, layers_of(split_model), device, 1);
+    pipetrain::Stage full_stage(1, 0, layers_of(full_model), device, 1);
+    auto xs = pipetrain::split_microbatches({x}, pipetrain::microbatch_sizes(batch, 8));
+    const torch::Tensor grad = torch::randn({batch / 8, width}).to(device);
     pipetrain::StageForwardOptions split_options;
     split_options.split_backward = true;
     compare(

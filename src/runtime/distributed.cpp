@@ -126,6 +126,10 @@ Distributed::Distributed(const DistributedEnvironment& environment,
   rendezvous.timeout = options.timeout();
   rendezvous.backend = options.backend() == "auto" ? comm_backend_for_device(options.device())
                                                    : parse_comm_backend(options.backend());
+  if (options.device().is_cuda()) {
+    rendezvous.cuda_device =
+        options.device().has_index() ? options.device().index() : environment.local_rank;
+  }
   world_ = C10dWorld::connect(rendezvous);
   if (layout_.replicas > 1) {
     data_parallel_ = world_->new_group("dp/" + std::to_string(pipeline_rank()),

@@ -9,6 +9,10 @@
 //       another value fails naming both.
 //   [4] add("pipetrain/arrived", 1), then poll it until it reaches WORLD_SIZE. On timeout the
 //       ranks whose key [2] is absent are the missing ones, and the error lists them.
+//       With NCCL, each rank first sets "pipetrain/gpu/<r>" to its "host cuda:i"; once all have
+//       arrived every rank reads them all and, when two ranks share a GPU (NCCL refuses that
+//       when its first communicator is made, and the process then hangs on exit), all of them
+//       fail with the same BadInput.
 //   [5] the world process group over PrefixStore("pipetrain/group/world").
 //
 // Abort channel: key "pipetrain/abort" holds the first reason published (compareSet, first wins).
@@ -47,6 +51,9 @@ const char* const kAbortSeenKey = "pipetrain/abort_seen";
 std::string rank_key(int r) {
   return "pipetrain/rank/" + std::to_string(r);
 }
+std::string gpu_key(int r) {
+  return "pipetrain/gpu/" + std::to_string(r);
+}
 std::string heartbeat_key(int r) {
   return "pipetrain/heartbeat/" + std::to_string(r);
 }
@@ -61,10 +68,14 @@ std::string from_bytes(const std::vector<uint8_t>& v) {
   return {v.begin(), v.end()};
 }
 
-std::string host_and_pid() {
+std::string host_name() {
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
-  return std::string(host) + ":" + std::to_string(getpid());
+  return host;
+}
+
+std::string host_and_pid() {
+  return host_name() + ":" + std::to_string(getpid());
 }
 
 double seconds(std::chrono::milliseconds ms) {
@@ -461,8 +472,9 @@ void C10dWorld::Impl::monitor_store() {
     if (waited <= options.timeout) continue;
     watchdog_stuck = true;
     std::ostringstream reason;
-    reason << "rank " << options.rank << ": the rendezvous store at " << options.master_addr << ":" << options.master_port
-           << " (hosted by rank 0) has not answered for " << seconds(options.timeout)
+    reason << "rank " << options.rank << ": the rendezvous store at " << options.master_addr << ":"
+           << options.master_port << " (hosted by rank 0) has not answered for "
+           << seconds(options.timeout)
            << " s: rank 0's host is unreachable from here (a network cut) or stalled";
     fire(reason.str(), /*timed_out=*/true);
     return;
@@ -602,14 +614,45 @@ void wait_for_every_rank(::c10d::Store& store, const RendezvousOptions& options)
 
 }  // namespace
 
+std::string gpu_placement(const std::string& host, int cuda_device) {
+  return host + " cuda:" + std::to_string(cuda_device);
+}
+
+std::string shared_gpu_conflict(const std::vector<std::string>& placements) {
+  for (std::size_t a = 0; a < placements.size(); ++a) {
+    for (std::size_t b = a + 1; b < placements.size(); ++b) {
+      if (placements[a] != placements[b]) continue;
+      const auto space = placements[a].rfind(' ');
+      return c10::str("NCCL cannot run two ranks on one GPU: ranks ", a, " and ", b, " both use ",
+                      placements[a].substr(space + 1), " on host ", placements[a].substr(0, space),
+                      ": give each rank its own GPU (cuda:LOCAL_RANK), or share one over the gloo "
+                      "backend");
+    }
+  }
+  return "";
+}
+
 std::shared_ptr<C10dWorld> C10dWorld::connect(const RendezvousOptions& options) {
   check_rendezvous_options(options);
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   impl->store = within_attempt(open_store(options, options.rank == 0), options);  // [1]
   impl->watch_store = within_attempt(open_store(options, false), options);
-  claim_rank(*impl->store, options);           // [2] [3]
+  claim_rank(*impl->store, options);  // [2] [3]
+  const bool nccl = options.backend == CommBackend::kNccl;
+  if (nccl) {
+    impl->store->set(gpu_key(options.rank),
+                     to_bytes(gpu_placement(host_name(), std::max(options.cuda_device, 0))));
+  }
   wait_for_every_rank(*impl->store, options);  // [4]
+  if (nccl) {
+    std::vector<std::string> placements;
+    for (int q = 0; q < options.world_size; ++q) {
+      placements.push_back(from_bytes(impl->store->get(gpu_key(q))));
+    }
+    const std::string conflict = shared_gpu_conflict(placements);
+    PIPETRAIN_CHECK_AT(conflict.empty(), BadInput, (ErrorSite{options.rank, -1, "", -1}), conflict);
+  }
   // [5]
   std::vector<int> all(options.world_size);
   for (int q = 0; q < options.world_size; ++q) all[q] = q;

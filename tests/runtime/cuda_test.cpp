@@ -105,6 +105,19 @@ TEST(CudaDistributed, TwoRanksSharingOneGpuOverGlooMatchSequentialTraining) {
   expect_two_ranks_match_sequential_training("cuda:0", "gloo");
 }
 
+// NCCL refuses two ranks on one GPU; on an H200 (NCCL 2.28.9) both ranks reported "Duplicate GPU
+// detected" and then did not exit, not even on SIGTERM. The rendezvous now names the ranks first
+// and every rank exits with 2 (bad usage) at once.
+TEST(CudaDistributed, TwoRanksSharingOneGpuOverNcclExitWithTwoNamingThemBeforeNcclStarts) {
+  SKIP_UNLESS_GPUS(1);
+  auto run =
+      testing::run_ranks(2, {"train", "2", "1f1b"}, 0, 20000, std::chrono::seconds(5),
+                         {{"PIPETRAIN_TEST_DEVICE", "cuda:0"}, {"PIPETRAIN_TEST_BACKEND", "nccl"}});
+  EXPECT_EQ(run.result.rank_exit_codes, std::vector<int>({2, 2})) << run.output();
+  EXPECT_EQ(run.count("ranks 0 and 1 both use cuda:0 on host"), 2) << run.output();
+  EXPECT_LT(run.seconds, 15) << run.output();
+}
+
 // Two processes, one GPU each (cuda:LOCAL_RANK), over NCCL.
 TEST(CudaDistributed, TwoRanksOnTwoGpusOverNcclMatchSequentialTraining) {
   SKIP_UNLESS_GPUS(2);

@@ -82,6 +82,21 @@ TEST(C10dBackend, NamesAndAvailabilityOnThisBuild) {
   EXPECT_THROW(parse_comm_backend("tcp"), BadInput);
 }
 
+// NCCL refuses two ranks on one GPU when its first communicator is made ("Duplicate GPU
+// detected", seen on an H200 with NCCL 2.28.9), and the ranks then hung on exit: the rendezvous
+// compares placements first. cuda:0 on two hosts, or two GPUs of one host, is fine.
+TEST(C10dBackend, TwoRanksOnOneGpuAreNamedBeforeNcclSeesThem) {
+  EXPECT_EQ(
+      shared_gpu_conflict({gpu_placement("a", 0), gpu_placement("a", 1), gpu_placement("b", 0)}),
+      "");
+  EXPECT_EQ(shared_gpu_conflict({gpu_placement("a", 0)}), "");
+  const std::string conflict = shared_gpu_conflict(
+      {gpu_placement("a", 0), gpu_placement("a", 1), gpu_placement("b", 1), gpu_placement("a", 1)});
+  EXPECT_NE(conflict.find("ranks 1 and 3 both use cuda:1 on host a"), std::string::npos)
+      << conflict;
+  EXPECT_NE(conflict.find("gloo"), std::string::npos) << conflict;
+}
+
 TEST(C10dBackend, NcclWithoutAGpuIsUnavailableAndSaysWhatIsMissing) {
   if (torch::cuda::device_count() > 0) GTEST_SKIP() << "this machine has a GPU: NCCL may work";
   EXPECT_FALSE(comm_backend_available(CommBackend::kNccl));

@@ -82,7 +82,8 @@ struct DistributedOptions {
   TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::seconds(120);
   /// "auto" (gloo for CPU, nccl for CUDA devices), "gloo", "nccl" or "mpi".
   TORCH_ARG(std::string, backend) = "auto";
-  /// The device of this rank's stages (picks the backend under "auto").
+  /// The device of this rank's stages (picks the backend under "auto"). Under NCCL the rendezvous
+  /// checks that no two ranks share a GPU (cuda without an index counts as cuda:LOCAL_RANK).
   TORCH_ARG(torch::Device, device) = torch::kCPU;
   /// K, pipeline ranks per replica; 0 = the whole world is one pipeline (R = 1).
   TORCH_ARG(int, pipeline_ranks) = 0;

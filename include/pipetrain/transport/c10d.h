@@ -84,7 +84,18 @@ struct RendezvousOptions {
   // world's keys go under a prefix of their own: a store that outlives the ranks (torchrun's
   // agent's) still holds the last attempt's.
   int attempt = 0;
+  // The CUDA device index this rank's NCCL communicator runs on (backend kNccl); -1: none. NCCL
+  // refuses two ranks of one communicator on one GPU ("Duplicate GPU detected"), so the
+  // rendezvous compares every rank's (host, device) and fails with BadInput before any
+  // communicator exists.
+  int cuda_device = -1;
 };
+
+// Where rank r's NCCL communicator runs, as the rendezvous compares them: "host cuda:i".
+std::string gpu_placement(const std::string& host, int cuda_device);
+// "" when every placement (placements[r] is rank r's, from gpu_placement) differs; otherwise why
+// NCCL cannot run: the first two ranks sharing a GPU and what to do instead.
+std::string shared_gpu_conflict(const std::vector<std::string>& placements);
 
 class C10dGroup;
 
