@@ -242,7 +242,7 @@ Checkpoint deserialize_checkpoint(const std::string& bytes, const std::string& s
     throw CheckpointError("'" + source + "' is not a pipetrain checkpoint (not a dict)");
   }
   const c10::impl::GenericDict root = value.toGenericDict();
-  const c10::IValue& format = field(root, "format", source);
+  const c10::IValue format = field(root, "format", source);
   if (!format.isString() || format.toStringRef() != kFormat) {
     throw CheckpointError("'" + source + "' is not a pipetrain checkpoint (format field)");
   }

@@ -11,8 +11,8 @@
 //       ranks whose key [2] is absent are the missing ones, and the error lists them.
 //       With NCCL, each rank first sets "pipetrain/gpu/<r>" to its "host cuda:i"; once all have
 //       arrived every rank reads them all and, when two ranks share a GPU (NCCL refuses that
-//       when its first communicator is made, and the process then hangs on exit), all of them
-//       fail with the same BadInput.
+//       when its first communicator is made, as a runtime error of the first send or receive),
+//       all of them fail with the same BadInput.
 //   [5] the world process group over PrefixStore("pipetrain/group/world").
 //
 // Abort channel: key "pipetrain/abort" holds the first reason published (compareSet, first wins).

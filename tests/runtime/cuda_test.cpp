@@ -105,9 +105,10 @@ TEST(CudaDistributed, TwoRanksSharingOneGpuOverGlooMatchSequentialTraining) {
   expect_two_ranks_match_sequential_training("cuda:0", "gloo");
 }
 
-// NCCL refuses two ranks on one GPU; on an H200 (NCCL 2.28.9) both ranks reported "Duplicate GPU
-// detected" and then did not exit, not even on SIGTERM. The rendezvous now names the ranks first
-// and every rank exits with 2 (bad usage) at once.
+// NCCL refuses two ranks on one GPU: on an H200 (NCCL 2.28.9) each rank failed its first send or
+// receive with "ncclInvalidUsage ... Duplicate GPU detected" and exited with 1, a runtime failure.
+// The rendezvous now names the ranks and the way out first, and every rank exits with 2 (bad
+// usage) before any communicator exists.
 TEST(CudaDistributed, TwoRanksSharingOneGpuOverNcclExitWithTwoNamingThemBeforeNcclStarts) {
   SKIP_UNLESS_GPUS(1);
   auto run =

@@ -83,8 +83,8 @@ TEST(C10dBackend, NamesAndAvailabilityOnThisBuild) {
 }
 
 // NCCL refuses two ranks on one GPU when its first communicator is made ("Duplicate GPU
-// detected", seen on an H200 with NCCL 2.28.9), and the ranks then hung on exit: the rendezvous
-// compares placements first. cuda:0 on two hosts, or two GPUs of one host, is fine.
+// detected", seen on an H200 with NCCL 2.28.9, as a runtime failure of the first send): the
+// rendezvous compares placements first. cuda:0 on two hosts, or two GPUs of one host, is fine.
 TEST(C10dBackend, TwoRanksOnOneGpuAreNamedBeforeNcclSeesThem) {
   EXPECT_EQ(
       shared_gpu_conflict({gpu_placement("a", 0), gpu_placement("a", 1), gpu_placement("b", 0)}),

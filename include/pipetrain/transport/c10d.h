@@ -85,9 +85,9 @@ struct RendezvousOptions {
   // agent's) still holds the last attempt's.
   int attempt = 0;
   // The CUDA device index this rank's NCCL communicator runs on (backend kNccl); -1: none. NCCL
-  // refuses two ranks of one communicator on one GPU ("Duplicate GPU detected"), so the
-  // rendezvous compares every rank's (host, device) and fails with BadInput before any
-  // communicator exists.
+  // refuses two ranks of one communicator on one GPU ("Duplicate GPU detected", at the first
+  // send), so the rendezvous compares every rank's (host, device) and fails with BadInput, naming
+  // both ranks, before any communicator exists.
   int cuda_device = -1;
 };
 
