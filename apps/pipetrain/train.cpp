@@ -123,6 +123,7 @@ struct TrainArgs {
   int zero = 0;  // ZeRO stage
   std::string precision = "fp32";
   bool report_memory = false;
+  bool offload_activations = false;
   int threads = 0;
   std::string trace;
   std::string timeline;
@@ -235,6 +236,10 @@ void add_optimizer_flags(CLI::App& command, TrainArgs& args) {
                    "after the last step, print what each rank holds per category (parameters, "
                    "gradients, optimizer state, activations, transport), predicted by the memory "
                    "model and measured (docs/MEMORY.md)");
+  command.add_flag("--offload-activations", args.offload_activations,
+                   "checkpointed micro-batches' inputs wait in pinned host memory until their "
+                   "backward (CUDA stages); on CPU stages it is accounted, not a saving "
+                   "(docs/MEMORY.md)");
   command
       .add_option("--precision", args.precision,
                   "fp32, or bf16: layers under autocast, activations and gradients cross stages "
@@ -476,6 +481,18 @@ void check_ranges(const TrainArgs& args) {
     fail("--report-memory predicts float32 stages; --precision " + args.precision +
          " is not covered by the memory model (use --precision fp32)");
   }
+  if (args.offload_activations && args.checkpoint == "never") {
+    fail(
+        "--offload-activations moves the inputs that checkpointed micro-batches keep until their "
+        "backward, and --checkpoint never checkpoints none; use --checkpoint except_last or "
+        "always");
+  }
+  if (args.offload_activations && args.checkpoint == "except_last" && args.chunks == 1) {
+    fail(
+        "--offload-activations moves the inputs that checkpointed micro-batches keep until their "
+        "backward, and --checkpoint except_last with --chunks 1 checkpoints none; use --chunks 2 "
+        "or more, or --checkpoint always");
+  }
   if (args.zero > 0 && args.dp < 2) {
     fail("--zero " + std::to_string(args.zero) +
          " shards the optimizer over data-parallel replicas and needs --dp 2 or more (with "
@@ -566,7 +583,8 @@ PipeOptions pipe_options(const TrainArgs& args, const Layout& layout, int64_t la
       .schedule(args.schedule)
       .timeout_seconds(args.timeout)
       .threads_per_stage(threads_per_rank(args, layout))
-      .precision(parse_precision(args.precision));
+      .precision(parse_precision(args.precision))
+      .offload_activations(args.offload_activations);
   options.checkpoint(parse_checkpoint(args.checkpoint));
   int64_t ranks = layout.multi_process ? layout.pipeline_ranks : args.stages;
   if (!args.schedule_file.empty()) {
@@ -917,6 +935,7 @@ std::string describe(const PipeOptions& options, int64_t stages, int64_t ranks,
   text << ", " << options.chunks() << " micro-batches, schedule " << options.schedule()
        << ", checkpoint " << checkpoint;
   if (options.precision() != Precision::kFloat32) text << ", " << to_string(options.precision());
+  if (options.offload_activations()) text << ", activation offload";
   return text.str();
 }
 
@@ -1017,6 +1036,9 @@ int train_with(const TrainArgs& args, Prepared& p, train::StepRunner& runner, in
   if (p.data.corpus) evaluate_and_print("final", trainer, p.model, p.data);
   const bool main = runner.is_main();
   if (main && pipe) print_memory_report(args, p, batches, result, *pipe, layout);
+  if (main && pipe && pipe->offload_activations()) {
+    std::printf("%s", train::offload_report_text(runner.rank_holdings(), true).c_str());
+  }
   if (main) {
     print_files(args, result, batches.total_steps(), runner.trace_rows());
     std::printf("done: %lld steps in %.3f s (%.1f steps/s, %.1f samples/s), loss %.6f -> %.6f\n",
@@ -1132,6 +1154,12 @@ int run_train(const TrainArgs& given) {
       throw UsageError(
           "--report-memory reports the ranks of a pipeline, and this run is sequential "
           "training; give --stages 2 or more (or --chunks 2 or more)");
+    }
+    if (args.offload_activations) {
+      throw UsageError(
+          "--offload-activations moves what micro-batches keep while they wait for their "
+          "backward, and sequential training has none waiting; give --stages 2 or more (or "
+          "--chunks 2 or more)");
     }
     at::set_num_threads(threads);
     runner = train::make_sequential_runner(p.model.sequential, p.model.loss,

@@ -55,6 +55,7 @@ DistributedPipe::DistributedPipe(Distributed& distributed, torch::nn::Sequential
   PIPETRAIN_CHECK_INPUT(layers >= 1, "the Sequential has no layers");
   PIPETRAIN_CHECK_INPUT(o.chunks() >= 1, "chunks must be at least 1 (got ", o.chunks(), ")");
   PIPETRAIN_CHECK_INPUT(o.virtual_stages() >= 1, "virtual_stages must be at least 1");
+  check_offload_options(o);
   const std::vector<int64_t> balance = stage_balance(o, layers);
   num_stages_ = static_cast<int>(balance.size());
   const int v = static_cast<int>(o.virtual_stages());
@@ -160,6 +161,7 @@ torch::Tensor DistributedPipe::train_step(const torch::Tensor& input, const torc
   data.loss_fn = &loss_fn;
   data.training = true;
   data.checkpoint = options_.checkpoint();
+  data.offload = options_.offload_activations();
   data.start = std::chrono::steady_clock::now();
 
   // [2]

@@ -44,6 +44,11 @@ Interpreter::Interpreter(int rank, const schedule::Schedule& schedule, std::map<
   PIPETRAIN_CHECK_INPUT(rank >= 0 && rank < schedule.num_ranks, "rank ", rank,
                         " is out of range for a schedule of ", schedule.num_ranks, " ranks");
   const auto& actions = schedule.actions[static_cast<size_t>(rank)];
+  next_backward_.assign(actions.size(), -1);
+  for (size_t a = actions.size(); a-- > 1;) {
+    const bool backward = actions[a].op == Op::kBackward || actions[a].op == Op::kBackwardInput;
+    next_backward_[a - 1] = backward ? static_cast<int>(a) : next_backward_[a];
+  }
   for (size_t a = 0; a < actions.size(); ++a) {
     const schedule::Action& action = actions[a];
     if (action.op == Op::kBackwardInput) split_.emplace(action.stage, action.microbatch);
@@ -122,6 +127,7 @@ void Interpreter::forward(int j, int i, const StepData& data, RankResult& result
     StageForwardOptions options;
     options.checkpoint = is_checkpointed(data.checkpoint, i, data.num_microbatches);
     options.split_backward = split_.count({j, i}) > 0;
+    options.offload = data.offload && options.checkpoint;
     if (j == last) {
       const torch::Tensor& target = data.targets.at(static_cast<size_t>(i));
       const double weight = data.loss_weights.at(static_cast<size_t>(i));
@@ -217,6 +223,12 @@ void Interpreter::run(const StepData& data, RankResult& result, const std::atomi
         transport_.expect(receive_envelope_[expected]);
       }
       if (next_receive < receive_at_.size() && receive_at_[next_receive] == a) ++next_receive;
+      // Offload: the next backward's inputs start back to the device now, so that the copy
+      // overlaps this action.
+      if (data.offload && next_backward_[a] >= 0) {
+        const schedule::Action& next = actions[static_cast<size_t>(next_backward_[a])];
+        stages_.at(next.stage)->prefetch(next.microbatch);
+      }
       execute(action, data, result);
     } catch (const std::exception& e) {
       const bool cancelled = cancel && cancel->load(std::memory_order_relaxed);

@@ -109,6 +109,7 @@ void PipeImpl::reset() {
                         o.timeout_seconds(), ")");
   PIPETRAIN_CHECK_INPUT(o.threads_per_stage() >= 0, "threads_per_stage must be >= 0 (got ",
                         o.threads_per_stage(), ")");
+  check_offload_options(o);
 
   balance_ = stage_balance(o, layers);
   const int num_stages = static_cast<int>(balance_.size());
@@ -173,6 +174,18 @@ void PipeImpl::reset() {
         std::make_unique<Worker>([threads] { at::set_num_threads(threads); }));
   }
   runtime_ = std::move(runtime);
+}
+
+void check_offload_options(const PipeOptions& o) {
+  if (!o.offload_activations()) return;
+  PIPETRAIN_CHECK_INPUT(o.checkpoint() != Checkpoint::kNever,
+                        "offload_activations moves the inputs that checkpointed micro-batches keep "
+                        "until their backward, and checkpoint never checkpoints none; use "
+                        "checkpoint except_last or always");
+  PIPETRAIN_CHECK_INPUT(o.checkpoint() != Checkpoint::kExceptLast || o.chunks() >= 2,
+                        "offload_activations moves the inputs that checkpointed micro-batches keep "
+                        "until their backward, and checkpoint except_last with 1 chunk "
+                        "checkpoints none; use 2 or more chunks or checkpoint always");
 }
 
 std::vector<int64_t> stage_balance(const PipeOptions& o, int64_t layers) {
@@ -348,6 +361,7 @@ torch::Tensor PipeImpl::train_step(std::vector<torch::Tensor> inputs, torch::Ten
   data.loss_fn = &loss_fn;
   data.training = true;
   data.checkpoint = options_.checkpoint();
+  data.offload = options_.offload_activations();
   data.start = std::chrono::steady_clock::now();
   rt.last = &s;
 

@@ -8,9 +8,13 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
+
+#include <map>
+#include <mutex>
 
 #include "pipetrain/base/check.h"
 #include "pipetrain/stage/device.h"
@@ -50,6 +54,88 @@ void wait_ready(const ReadyMarker& marker, const torch::Device& device) {
   } else {
     event->synchronize();  // a CPU consumer of a CUDA producer waits on the host
   }
+}
+
+namespace {
+
+// One copy stream per device for activation offload, taken from the pool on first use: copies to
+// and from the host run there, beside the ranks' compute streams.
+c10::cuda::CUDAStream copy_stream(c10::DeviceIndex index) {
+  static std::mutex mutex;
+  static std::map<c10::DeviceIndex, c10::cuda::CUDAStream> streams;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto found = streams.find(index);
+  if (found == streams.end()) {
+    found = streams.emplace(index, c10::cuda::getStreamFromPool(false, index)).first;
+  }
+  return found->second;
+}
+
+}  // namespace
+
+HostCopies copy_to_host(const std::vector<torch::Tensor>& tensors, const torch::Device& device) {
+  if (!device.is_cuda()) return HostCopies{tensors, false};
+  const c10::DeviceIndex index = device.index();
+  const c10::cuda::CUDAStream stream = copy_stream(index);
+  // The copies start after what the caller queued (the forward that read the tensors).
+  at::cuda::CUDAEvent queued;
+  queued.record(c10::cuda::getCurrentCUDAStream(index));
+  queued.block(stream);
+  HostCopies copies;
+  copies.moved = true;
+  const c10::cuda::CUDAStreamGuard guard(stream);
+  for (const auto& t : tensors) {
+    if (!t.defined()) {
+      copies.tensors.push_back(t);
+      continue;
+    }
+    torch::Tensor host =
+        torch::empty(t.sizes(), torch::TensorOptions().dtype(t.scalar_type()).pinned_memory(true));
+    host.copy_(t.detach(), /*non_blocking=*/true);
+    // The device memory goes back to the allocator when the stage drops t; it is not handed out
+    // again before the copy stream's work so far is done.
+    c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), stream);
+    copies.tensors.push_back(std::move(host));
+  }
+  return copies;
+}
+
+std::vector<torch::Tensor> copy_to_device(const HostCopies& copies, const torch::Device& device,
+                                          ReadyMarker& ready) {
+  if (!copies.moved || !device.is_cuda()) {
+    ready = ReadyMarker{};
+    return copies.tensors;
+  }
+  const c10::DeviceIndex index = device.index();
+  const c10::cuda::CUDAStream consumer = c10::cuda::getCurrentCUDAStream(index);
+  const c10::cuda::CUDAStream stream = copy_stream(index);
+  std::vector<torch::Tensor> out;
+  {
+    const c10::cuda::CUDAStreamGuard guard(stream);
+    for (const auto& host : copies.tensors) {
+      if (!host.defined()) {
+        out.push_back(host);
+        continue;
+      }
+      torch::Tensor on_device = host.to(device, /*non_blocking=*/true);
+      // Allocated on the copy stream, read and freed on the consumer's.
+      c10::cuda::CUDACachingAllocator::recordStream(on_device.storage().data_ptr(), consumer);
+      out.push_back(std::move(on_device));
+    }
+    ready = mark_ready(device);  // the copy stream is current here
+  }
+  return out;
+}
+
+int64_t device_peak_allocated_bytes(const torch::Device& device) {
+  if (!device.is_cuda()) return 0;
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+  return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
+      .peak;
+}
+
+void reset_device_peak_allocated_bytes(const torch::Device& device) {
+  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
 }
 
 torch::Tensor device_rng_state(const torch::Device& device) {

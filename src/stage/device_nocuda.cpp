@@ -23,6 +23,22 @@ ReadyMarker mark_ready(const torch::Device&) {
 }
 void wait_ready(const ReadyMarker&, const torch::Device&) {}
 
+HostCopies copy_to_host(const std::vector<torch::Tensor>& tensors, const torch::Device& device) {
+  check_device_usable(device);
+  return HostCopies{tensors, false};
+}
+
+std::vector<torch::Tensor> copy_to_device(const HostCopies& copies, const torch::Device&,
+                                          ReadyMarker& ready) {
+  ready = ReadyMarker{};
+  return copies.tensors;
+}
+
+int64_t device_peak_allocated_bytes(const torch::Device&) {
+  return 0;
+}
+void reset_device_peak_allocated_bytes(const torch::Device&) {}
+
 torch::Tensor device_rng_state(const torch::Device&) {
   return {};
 }

@@ -62,6 +62,12 @@ struct Stage::Microbatch {
   StageRng::Snapshot rng;
   std::vector<LayerRecord> layers;
   int64_t bytes = 0;
+  // Offload: the inputs (positional, then the skips in name order) while they are in host memory,
+  // whether each wants a gradient, and the marker of their copy back to the device.
+  std::optional<HostCopies> offloaded;
+  std::vector<bool> wants_grad;
+  int64_t offloaded_bytes = 0;
+  ReadyMarker fetched;
 };
 
 namespace {
@@ -344,6 +350,7 @@ Bundle Stage::forward(int i, Bundle input, const StageForwardOptions& options,
     state->bytes = estimated_stash_bytes(*state);
   }
   change_stash(state->bytes);
+  if (options.offload && options.checkpoint) offload(*state);
   stash_.emplace(i, std::move(state));
   ++accounting_.microbatches;
   accounting_.peak_stashed_microbatches =
@@ -382,8 +389,51 @@ Stage::Microbatch& Stage::stashed(int i, const char* action) {
   return *found->second;
 }
 
-void Stage::recompute_if_needed(int, Microbatch& state) {
+void Stage::offload(Microbatch& state) {
+  std::vector<torch::Tensor> tensors = state.inputs;
+  for (const auto& entry : state.skip_inputs) tensors.push_back(entry.second);
+  state.wants_grad.clear();
+  for (const auto& t : tensors) state.wants_grad.push_back(t.defined() && t.requires_grad());
+  state.offloaded_bytes = input_bytes(state);
+  state.offloaded = copy_to_host(tensors, device_);
+  for (auto& t : state.inputs) t = torch::Tensor();
+  for (auto& entry : state.skip_inputs) entry.second = torch::Tensor();
+  if (!measures_allocations()) {
+    // The estimate of a device stage's stash drops the inputs that left it. A CPU stage's
+    // measured figure keeps them: they are still in its memory.
+    const int64_t before = state.bytes;
+    state.bytes = estimated_stash_bytes(state);
+    change_stash(state.bytes - before);
+  }
+  offloaded_bytes_ += state.offloaded_bytes;
+  accounting_.peak_offloaded_bytes = std::max(accounting_.peak_offloaded_bytes, offloaded_bytes_);
+}
+
+void Stage::prefetch(int i) {
+  auto found = stash_.find(i);
+  if (found == stash_.end() || !found->second->offloaded) return;
+  Microbatch& state = *found->second;
+  std::vector<torch::Tensor> back = copy_to_device(*state.offloaded, device_, state.fetched);
+  state.offloaded.reset();
+  // New leaves over the returned tensors: the recompute builds the graph from them.
+  for (size_t t = 0; t < back.size(); ++t) {
+    if (back[t].defined()) back[t] = back[t].detach().requires_grad_(state.wants_grad[t]);
+  }
+  size_t next = 0;
+  for (auto& t : state.inputs) t = back[next++];
+  for (auto& entry : state.skip_inputs) entry.second = back[next++];
+  offloaded_bytes_ -= state.offloaded_bytes;
+  if (!measures_allocations()) {
+    const int64_t before = state.bytes;
+    state.bytes = estimated_stash_bytes(state);
+    change_stash(state.bytes - before);
+  }
+}
+
+void Stage::recompute_if_needed(int i, Microbatch& state) {
   if (!state.checkpointed || state.recomputed) return;
+  if (state.offloaded) prefetch(i);  // nobody prefetched: copy back now
+  wait_ready(state.fetched, device_);
   // Replay the forward with the RNG state it started from: dropout draws the same masks, and
   // the skip context reproduces the same stashes. is_recomputing() is true meanwhile.
   AllocationCounter kept;
@@ -404,6 +454,7 @@ void Stage::recompute_if_needed(int, Microbatch& state) {
 void Stage::release(int i) {
   auto found = stash_.find(i);
   if (found == stash_.end()) return;
+  if (found->second->offloaded) offloaded_bytes_ -= found->second->offloaded_bytes;
   change_stash(-found->second->bytes);
   stash_.erase(found);
 }
@@ -549,6 +600,7 @@ void Stage::backward_weight(int i) {
 
 void Stage::clear() {
   stash_.clear();
+  offloaded_bytes_ = 0;
   change_stash(-stashed_bytes_);
 }
 
@@ -561,6 +613,7 @@ void Stage::reset_accounting() {
   accounting_ = StageAccounting{};
   accounting_.peak_stashed_microbatches = stashed_microbatches();
   accounting_.peak_stashed_bytes = stashed_bytes_;
+  accounting_.peak_offloaded_bytes = offloaded_bytes_;
 }
 
 }  // namespace pipetrain

@@ -143,6 +143,24 @@ MemoryPrediction predict_training_memory(torch::nn::Sequential model, const torc
   return prediction;
 }
 
+std::string offload_report_text(const std::vector<StepRunner::RankHoldings>& ranks,
+                                bool cpu_stages) {
+  std::ostringstream text;
+  text << "activation offload, last step: checkpointed micro-batches' inputs in host memory at "
+          "most\n";
+  for (const auto& rank : ranks) {
+    char line[96];
+    std::snprintf(line, sizeof line, "  rank %d: %.2f MiB\n", rank.rank,
+                  static_cast<double>(rank.peak_offloaded_bytes) / (1 << 20));
+    text << line;
+  }
+  if (cpu_stages) {
+    text << "  (CPU stages: host memory is the stages' own, so nothing moved and nothing was "
+            "freed; the activations above are still counted as stashed)\n";
+  }
+  return text.str();
+}
+
 std::string memory_report_text(const MemoryPrediction& predicted,
                                const std::vector<MeasuredRankMemory>& measured) {
   std::ostringstream out;

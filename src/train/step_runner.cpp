@@ -104,10 +104,12 @@ class PipeRunner : public StepRunner {
       ranks[static_cast<size_t>(r)].rank = r;
       ranks[static_cast<size_t>(r)].peak_activation_bytes = peaks.at(static_cast<size_t>(r));
     }
+    const std::vector<StageAccounting> accounting = pipe_->stage_accounting();
     int64_t first = 0;
     for (int j = 0; j < schedule.num_stages; ++j) {
       RankHoldings& rank = ranks[static_cast<size_t>(schedule.stage_rank[j])];
       rank.stages.push_back(j);
+      rank.peak_offloaded_bytes += accounting.at(static_cast<size_t>(j)).peak_offloaded_bytes;
       const int64_t count = pipe_->balance()[static_cast<size_t>(j)];
       for (int64_t l = first; l < first + count; ++l) {
         for (const auto& p : model_->ptr(static_cast<size_t>(l))->parameters())
@@ -247,7 +249,10 @@ class DistributedRunner : public StepRunner {
     RankHoldings mine;
     mine.rank = distributed_.rank();
     mine.parameters = pipe_.parameters();
-    for (const auto& [j, accounting] : pipe_.stage_accounting()) mine.stages.push_back(j);
+    for (const auto& [j, accounting] : pipe_.stage_accounting()) {
+      mine.stages.push_back(j);
+      mine.peak_offloaded_bytes += accounting.peak_offloaded_bytes;
+    }
     mine.peak_activation_bytes = pipe_.rank_peak_stashed_bytes();
     mine.peak_receive_buffer_bytes = pipe_.step_transport_stats().peak_receive_buffer_bytes;
     mine.peak_send_buffer_bytes = pipe_.step_transport_stats().peak_send_buffer_bytes;

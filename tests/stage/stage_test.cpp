@@ -216,5 +216,98 @@ TEST(Stage, SplitBackwardRejectsInPlaceLayers) {
   }
 }
 
+// Activation offload on a CPU stage: nothing is copied, but the inputs go through the same path
+// as on a GPU (set aside after the forward, new leaves before the recompute), so the gradients
+// show whether it is right. Micro-batch 0 is prefetched, 1 is brought back by the recompute.
+TEST(StageOffload, CheckpointedInputsWaitAsideAndComeBackWithTheSameGradients) {
+  for (bool split : {false, true}) {
+    std::vector<torch::Tensor> expected_params;
+    const Bundle expected = run_backward(split, /*checkpoint=*/true, &expected_params);
+
+    Stage stage(1, 0, make_layers(3), torch::kCPU, 11);
+    torch::manual_seed(5);
+    std::vector<torch::Tensor> inputs = {torch::randn({4, 5}), torch::randn({3, 5})};
+    std::vector<torch::Tensor> grads = {torch::randn({4, 3}), torch::randn({3, 3})};
+    StageForwardOptions options;
+    options.split_backward = split;
+    options.checkpoint = true;
+    options.offload = true;
+    for (int i = 0; i < 2; ++i)
+      stage.forward(i, Bundle{{inputs[static_cast<size_t>(i)]}, {}}, options);
+    EXPECT_EQ(stage.offloaded_bytes(), (4 + 3) * 5 * 4);
+    stage.prefetch(0);
+    EXPECT_EQ(stage.offloaded_bytes(), 3 * 5 * 4);
+    stage.prefetch(7);  // not stashed: nothing happens
+    Bundle result;
+    for (int i = 0; i < 2; ++i) {
+      Bundle g{{grads[static_cast<size_t>(i)]}, {}};
+      if (split) {
+        result = stage.backward_input(i, g);
+        stage.backward_weight(i);
+      } else {
+        result = stage.backward(i, g);
+      }
+    }
+    EXPECT_EQ(stage.offloaded_bytes(), 0);
+    EXPECT_EQ(stage.stashed_bytes(), 0);
+    EXPECT_EQ(stage.accounting().peak_offloaded_bytes, (4 + 3) * 5 * 4);
+    ASSERT_EQ(result.tensors.size(), 1u);
+    EXPECT_TRUE(torch::equal(result.tensors[0], expected.tensors[0])) << "split " << split;
+    const std::vector<torch::Tensor> params = grads_of(stage.layers());
+    ASSERT_EQ(params.size(), expected_params.size());
+    for (size_t p = 0; p < params.size(); ++p) {
+      EXPECT_TRUE(torch::equal(params[p], expected_params[p])) << "split " << split << " " << p;
+    }
+  }
+}
+
+// A CPU stage's stash keeps counting what it offloaded (it never left), and a micro-batch that
+// is not checkpointed offloads nothing.
+TEST(StageOffload, OnTheCpuNothingIsFreedAndOnlyCheckpointedMicroBatchesCount) {
+  int64_t stashed[2] = {0, 0};
+  for (bool offload : {false, true}) {
+    Stage stage(1, 0, make_layers(3), torch::kCPU, 11);
+    StageForwardOptions options;
+    options.checkpoint = true;
+    options.offload = offload;
+    stage.forward(0, Bundle{{torch::randn({4, 5})}, {}}, options);
+    stashed[offload] = stage.stashed_bytes();
+    options.checkpoint = false;
+    stage.forward(1, Bundle{{torch::randn({4, 5})}, {}}, options);
+    EXPECT_EQ(stage.offloaded_bytes(), offload ? 4 * 5 * 4 : 0);
+  }
+  EXPECT_EQ(stashed[1], stashed[0]);
+  EXPECT_GT(stashed[1], 0);
+}
+
+// A skip received from an earlier stage waits aside with the inputs and gets its gradient.
+TEST(StageOffload, AReceivedSkipWaitsAsideWithTheInputsAndGetsItsGradient) {
+  std::vector<torch::Tensor> results[2];
+  for (bool offload : {false, true}) {
+    torch::manual_seed(2);
+    torch::nn::Sequential model(torch::nn::Linear(3, 3), SkipPopAdd("z"), torch::nn::Tanh());
+    std::vector<StageLayer> layers;
+    int l = 0;
+    for (auto& module : *model) layers.push_back({std::to_string(l++), module});
+    Stage stage(1, 0, layers, torch::kCPU, 1);
+    StageForwardOptions options;
+    options.checkpoint = true;
+    options.offload = offload;
+    torch::manual_seed(4);
+    const torch::Tensor x = torch::randn({2, 3});
+    const torch::Tensor z = torch::randn({2, 3});
+    stage.forward(0, Bundle{{x, z}, {"z"}}, options);
+    EXPECT_EQ(stage.offloaded_bytes(), offload ? 2 * 2 * 3 * 4 : 0);
+    Bundle grads = stage.backward(0, Bundle{{torch::ones({2, 3})}, {}});
+    ASSERT_EQ(grads.tensors.size(), 2u);
+    EXPECT_EQ(grads.skip_names, std::vector<std::string>{"z"});
+    results[offload] = {grads.tensors[0], grads.tensors[1]};
+  }
+  for (size_t t = 0; t < 2; ++t) {
+    ASSERT_TRUE(results[1][t].defined()) << t;
+    EXPECT_TRUE(torch::equal(results[1][t], results[0][t])) << t;
+  }
+}
+
 }  // namespace
 }  // namespace pipetrain

@@ -95,6 +95,9 @@ class Interpreter {
   Transport& transport_;
   bool lowered_;
   std::set<std::pair<int, int>> split_;
+  // [a]: index of the first B or I after action a in this rank's list, -1 if none (offload's
+  // prefetch).
+  std::vector<int> next_backward_;
   // RF/RB actions of this rank that cross the transport: their index in the action list and what
   // they receive (lowered schedules only).
   std::vector<size_t> receive_at_;

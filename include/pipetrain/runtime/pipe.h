@@ -89,7 +89,17 @@ struct PipeOptions {
   /// gradients cross stages in bfloat16; float32 weights, loss and reductions) or fp16 (CUDA
   /// stages only).
   TORCH_ARG(Precision, precision) = Precision::kFloat32;
+  /// Activation offload: the inputs that checkpointed micro-batches keep until their backward
+  /// wait in pinned host memory instead, copied on a copy stream and brought back one action
+  /// ahead of the backward (stage/stage.h). Needs checkpointed micro-batches (checkpoint always,
+  /// or except_last with 2+ chunks). On CPU stages nothing moves: the bytes are counted
+  /// (StageAccounting::peak_offloaded_bytes) but stay in the stage's memory.
+  TORCH_ARG(bool, offload_activations) = false;
 };
+
+/// Throws pipetrain::BadInput when options.offload_activations() has nothing to move: checkpoint
+/// never, or except_last with a single chunk (no micro-batch is checkpointed).
+void check_offload_options(const PipeOptions& options);
 
 /// Layers per stage for a Sequential of `layers` layers: options.balance() checked (every entry
 /// >= 1, at most `layers` stages, summing to `layers`), or options.stages() stages as even as

@@ -31,6 +31,7 @@ struct StepData {
   const LossFn* loss_fn = nullptr;                 // training only
   bool training = true;                            // false: inference (no stash, no grad)
   Checkpoint checkpoint = Checkpoint::kNever;
+  bool offload = false;  // checkpointed micro-batches' inputs wait in host memory (PipeOptions)
   std::chrono::steady_clock::time_point start;  // events are measured from here
 };
 

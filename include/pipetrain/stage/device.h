@@ -9,6 +9,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include <torch/types.h>
 
@@ -40,6 +41,28 @@ struct ReadyMarker {
 ReadyMarker mark_ready(const torch::Device& device);
 // Makes the calling thread's current stream on `device` wait for `marker`. No-op when empty.
 void wait_ready(const ReadyMarker& marker, const torch::Device& device);
+
+// Activation offload (PipeOptions::offload_activations): a checkpointed micro-batch's stashed
+// inputs wait in host memory between its forward and its backward.
+struct HostCopies {
+  std::vector<torch::Tensor> tensors;  // pinned host copies; on a CPU device the tensors themselves
+  bool moved = false;                  // false on a CPU device: nothing was copied
+};
+// Starts copying `tensors` (on `device`) to pinned host memory on the device's copy stream, after
+// the work queued so far on the calling thread's stream, and returns the copies. The device
+// tensors' memory is not reused until the copies are done (the caching allocator waits for the
+// copy stream). On a CPU device nothing is copied: the tensors come back as they are.
+HostCopies copy_to_host(const std::vector<torch::Tensor>& tensors, const torch::Device& device);
+// Starts copying `copies` back to `device` on its copy stream and returns the device tensors, with
+// `ready` set to the marker the calling thread's stream waits on (wait_ready) before reading them.
+// On a CPU device (copies not moved) the tensors come back as they are and `ready` is empty.
+std::vector<torch::Tensor> copy_to_device(const HostCopies& copies, const torch::Device& device,
+                                          ReadyMarker& ready);
+
+// Peak bytes LibTorch's caching allocator had allocated on `device` since the last reset (0 on the
+// CPU, where allocations are counted by stage/allocation_counter.h instead), and the reset.
+int64_t device_peak_allocated_bytes(const torch::Device& device);
+void reset_device_peak_allocated_bytes(const torch::Device& device);
 
 // The state of the random number generator of `device` (undefined tensor for CPU: the CPU
 // generator is handled by the stage itself), and its restore.

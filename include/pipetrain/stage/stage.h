@@ -6,7 +6,11 @@
 //   - unless checkpointed: its outputs and the autograd graph between, and for a split backward
 //     (I then W) each layer's inputs and outputs,
 //   - when checkpointed: only the inputs and the RNG snapshot of the forward; the forward is
-//     replayed (recompute) right before the first backward action of i.
+//     replayed (recompute) right before the first backward action of i. With offload
+//     (StageForwardOptions::offload) those inputs wait in pinned host memory instead, copied on
+//     the device's copy stream; prefetch(i) starts the copy back, and the recompute waits for it
+//     on the stage's stream (it starts the copy itself when nobody prefetched). On a CPU stage
+//     nothing moves: the inputs stay where they are and still count as stashed.
 // Everything of i is freed when its backward is complete: after B, or after W for a split one.
 //
 // Stashed bytes (StageAccounting) are what the stage keeps for micro-batch i, measured:
@@ -54,6 +58,7 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/types.h>
 
+#include "pipetrain/stage/device.h"
 #include "pipetrain/stage/precision.h"
 #include "pipetrain/stage/stage_rng.h"
 #include "pipetrain/transport/transport.h"
@@ -79,6 +84,7 @@ using LossHook = std::function<torch::Tensor(const std::vector<torch::Tensor>& o
 struct StageForwardOptions {
   bool checkpoint = false;      // keep only the inputs; recompute before the backward
   bool split_backward = false;  // the backward of this micro-batch will be I + W
+  bool offload = false;         // with checkpoint: the inputs wait in host memory (see the top)
   LossHook loss;                // set on the last stage in training; empty elsewhere
 };
 
@@ -102,6 +108,9 @@ struct StageAccounting {
   int64_t peak_stashed_microbatches = 0;  // most micro-batches held at once
   int64_t peak_stashed_bytes = 0;         // most stashed bytes at once (see the top comment)
   int64_t microbatches = 0;               // forwards run
+  // Most bytes of stashed inputs held in host memory at once (offload). On a CPU stage they never
+  // left the stage's memory: counted here and in the stash alike.
+  int64_t peak_offloaded_bytes = 0;
 };
 
 class Stage {
@@ -140,6 +149,11 @@ class Stage {
   Bundle backward_input(int i, const Bundle& output_grads);
   // W: parameter gradients of micro-batch i (after its I). Frees micro-batch i.
   void backward_weight(int i);
+  // Starts bringing micro-batch i's offloaded inputs back to the device, so that the copy overlaps
+  // the work queued before its backward. No-op unless i is stashed with its inputs offloaded.
+  void prefetch(int i);
+  // Bytes of stashed inputs in host memory now (offload).
+  int64_t offloaded_bytes() const { return offloaded_bytes_; }
 
   // Drops every stash (after a failed step).
   void clear();
@@ -161,6 +175,7 @@ class Stage {
   void recompute_if_needed(int i, Microbatch& state);
   Microbatch& stashed(int i, const char* action);
   void release(int i);
+  void offload(Microbatch& state);
   // stashed_bytes_ += delta, and the rank's.
   void change_stash(int64_t delta);
   // Whether micro-batches' stashes are measured (a CPU stage) rather than estimated.
@@ -183,6 +198,7 @@ class Stage {
   std::map<int, std::unique_ptr<Microbatch>> stash_;  // by micro-batch i
   StageAccounting accounting_;
   int64_t stashed_bytes_ = 0;
+  int64_t offloaded_bytes_ = 0;
   std::shared_ptr<RankStash> rank_stash_;  // null: not shared
 };
 

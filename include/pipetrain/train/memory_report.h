@@ -85,4 +85,10 @@ MemoryPrediction predict_training_memory(torch::nn::Sequential model, const torc
 std::string memory_report_text(const MemoryPrediction& predicted,
                                const std::vector<MeasuredRankMemory>& measured);
 
+// Activation offload after a step (PipeOptions::offload_activations): one line per rank of what
+// waited in host memory at most (StepRunner::RankHoldings::peak_offloaded_bytes), and, for CPU
+// stages, that nothing was freed by it. `cpu_stages`: the stages run on the CPU.
+std::string offload_report_text(const std::vector<StepRunner::RankHoldings>& ranks,
+                                bool cpu_stages);
+
 }  // namespace pipetrain::train
