@@ -477,10 +477,6 @@ void check_ranges(const TrainArgs& args) {
         "--precision fp16 needs CUDA stages (float16 trains with dynamic loss scaling on the "
         "GPU) and `pipetrain train` runs its stages on the CPU; use --precision bf16");
   }
-  if (args.report_memory && precision != Precision::kFloat32) {
-    fail("--report-memory predicts float32 stages; --precision " + args.precision +
-         " is not covered by the memory model (use --precision fp32)");
-  }
   if (args.offload_activations && args.checkpoint == "never") {
     fail(
         "--offload-activations moves the inputs that checkpointed micro-batches keep until their "

@@ -113,17 +113,23 @@ std::vector<torch::nn::AnyModule*> layers_of(torch::nn::Sequential& model) {
 // split backward's per-layer record keeps it (stage.cpp).
 std::vector<std::int64_t> chained_activation_bytes(const std::vector<torch::nn::AnyModule*>& layers,
                                                    const torch::Tensor& microbatch, bool* seen,
-                                                   bool keep_inputs) {
+                                                   bool keep_inputs, Precision precision) {
   ThreadCountGuard one_thread(1);
+  // One autocast region around the chain, as a stage has around its layers.
+  const AutocastGuard autocast(precision, microbatch.device());
   AllocationCounter counter;  // stage/allocation_counter.h: what the stages measure with
   std::vector<std::int64_t> bytes;
   *seen = false;
   {
     CountAllocations guard(counter);
     // The input is allocated under the counter too, so every free it sees it also saw
-    // allocated, and it requires grad like a received stage input.
+    // allocated. Like the first stage's data it wants no gradient: a layer saves what the input's
+    // gradient needs only when that is wanted (under bf16 a Linear's bfloat16 weight copy, which a
+    // later layer keeps because its input comes with a graph).
     torch::Tensor x = microbatch.clone();
-    if (x.is_floating_point()) x.requires_grad_(true);
+    // The first stage keeps its input as a leaf for the whole step: a layer that drops its last
+    // view (a Flatten's output, once the next layer has run) frees nothing.
+    const torch::Tensor model_input = x;
     *seen = counter.live_bytes() > 0;
     std::int64_t previous = counter.live_bytes();
     SkipContext skips;  // skips in flight count as kept by the layer that stashed them
@@ -203,11 +209,14 @@ bool profile_microbatch(const std::vector<torch::nn::AnyModule*>& layers,
                         const torch::Tensor& input, const ProfileOptions& options,
                         ModelProfile& profile) {
   profile.input_bytes.push_back(tensor_bytes(input));
+  const Precision precision = options.precision();
   bool seen = false;
-  const std::vector<std::int64_t> chained = chained_activation_bytes(layers, input, &seen, false);
+  const std::vector<std::int64_t> chained =
+      chained_activation_bytes(layers, input, &seen, false, precision);
   bool split_seen = false;
   const std::vector<std::int64_t> split =
-      chained_activation_bytes(layers, input, &split_seen, /*keep_inputs=*/true);
+      chained_activation_bytes(layers, input, &split_seen, /*keep_inputs=*/true, precision);
+  const AutocastGuard autocast(precision, input.device());
   torch::Tensor x = input;
   SkipContext skips;  // the skips in flight before layer l, in the chained pass
   for (std::size_t l = 0; l < layers.size(); ++l) {
@@ -226,7 +235,10 @@ bool profile_microbatch(const std::vector<torch::nn::AnyModule*>& layers,
     for (auto& entry : skips.pending) {
       entry.second = entry.second.detach().requires_grad_(entry.second.is_floating_point());
     }
-    cost.output_bytes = tensor_bytes(y);
+    // What crosses a stage boundary: the output in the wire dtype (stage.cpp's to_wire).
+    cost.output_bytes = precision != Precision::kFloat32 && y.is_floating_point()
+                            ? y.numel() * c10::elementSize(compute_dtype(precision))
+                            : tensor_bytes(y);
     cost.activation_bytes = seen ? chained[l] : cost.output_bytes;
     cost.split_activation_bytes = seen ? split[l] : cost.output_bytes;
     time_backward(y, leaf, needs_input_grad, *layers[l], options, cost);

@@ -272,6 +272,12 @@ std::vector<RankResult> PipeImpl::run_step(const schedule::Schedule& s, const St
   }
   for (auto& rank : rt.rank_stash) rank->restart_peak();
   std::vector<RankResult> results(static_cast<size_t>(rt.num_ranks));
+  // CUDA ranks run on streams of their own (RankStreamGuard). They start after what the caller
+  // queued on its streams (the inputs, the last optimizer step), and the caller's streams continue
+  // after what they did (gradients, losses): events both ways, no host synchronisation.
+  std::vector<ReadyMarker> caller_ready;
+  for (const auto& device : rt.rank_devices) caller_ready.push_back(mark_ready(device));
+  std::vector<ReadyMarker> rank_done(static_cast<size_t>(rt.num_ranks));
   std::atomic<bool> cancel{false};
   std::mutex error_mutex;
   std::exception_ptr first_error;     // GUARDED_BY(error_mutex)
@@ -281,9 +287,12 @@ std::vector<RankResult> PipeImpl::run_step(const schedule::Schedule& s, const St
     std::map<int, Stage*> stages;
     for (int j : s.stages_of_rank(r)) stages[j] = rt.stages[static_cast<size_t>(j)].get();
     try {
-      RankStreamGuard stream(rt.rank_devices[static_cast<size_t>(r)]);
+      const torch::Device& device = rt.rank_devices[static_cast<size_t>(r)];
+      RankStreamGuard stream(device);
+      wait_ready(caller_ready[static_cast<size_t>(r)], device);
       Interpreter interpreter(r, s, stages, *rt.transport);
       interpreter.run(data, results[static_cast<size_t>(r)], &cancel);
+      rank_done[static_cast<size_t>(r)] = mark_ready(device);
     } catch (const std::exception& e) {  // [4]
       const auto* step_error = dynamic_cast<const StepError*>(&e);
       const bool cancelled = step_error && step_error->cancelled;
@@ -311,6 +320,9 @@ std::vector<RankResult> PipeImpl::run_step(const schedule::Schedule& s, const St
       std::exception_ptr error = worker->wait();
       if (error && !first_error) first_error = error;
     }
+  }
+  for (int r = 0; r < rt.num_ranks; ++r) {
+    wait_ready(rank_done[static_cast<size_t>(r)], rt.rank_devices[static_cast<size_t>(r)]);
   }
   rt.events.clear();
   for (const auto& result : results) {

@@ -28,16 +28,27 @@ int64_t parameter_bytes(const std::vector<torch::Tensor>& parameters) {
 
 // What the loss keeps for its backward on one micro-batch: its saved tensors and the (weighted)
 // loss itself, counted as a stage counts them.
+// What the last stage's loss keeps: under bf16 also the float32 copy of the output it is computed
+// on (stage.cpp casts the outputs before the loss hook).
 int64_t loss_bytes(torch::nn::Sequential& model, const torch::Tensor& inputs,
-                   const torch::Tensor& targets, const LossFn& loss) {
-  torch::Tensor output = model->forward(inputs);
-  if (output.is_floating_point() && output.scalar_type() != torch::kFloat)
+                   const torch::Tensor& targets, const LossFn& loss, Precision precision) {
+  torch::Tensor output;
+  {
+    const AutocastGuard autocast(precision, inputs.device());
+    output = model->forward(inputs);
+  }
+  const bool cast_counts = precision != Precision::kFloat32;
+  if (!cast_counts && output.is_floating_point() && output.scalar_type() != torch::kFloat)
     output = output.to(torch::kFloat);
   AllocationCounter counter;
   torch::Tensor value;
   {
     CountAllocations guard(counter);
-    value = loss(output, targets) * 0.5;  // the runtime weights each micro-batch's loss
+    // The runtime weights each micro-batch's loss. Under bf16 the float32 copy of the output is a
+    // temporary: it stays only where the loss saves it.
+    value = loss(cast_counts && output.is_floating_point() ? output.to(torch::kFloat) : output,
+                 targets) *
+            0.5;
   }
   return counter.live_bytes();
 }
@@ -99,10 +110,9 @@ std::vector<MeasuredRankMemory> gather_memory(StepRunner& runner,
 MemoryPrediction predict_training_memory(torch::nn::Sequential model, const torch::Tensor& inputs,
                                          const torch::Tensor& targets, const LossFn& loss,
                                          const PipeOptions& pipe, const MemoryRunOptions& run) {
-  PIPETRAIN_CHECK_INPUT(
-      pipe.precision() == Precision::kFloat32,
-      "the memory model predicts float32 stages; --report-memory with --precision ",
-      to_string(pipe.precision()), " is not covered (use fp32)");
+  PIPETRAIN_CHECK_INPUT(pipe.precision() != Precision::kFloat16,
+                        "the memory model predicts float32 and bf16 stages; --precision fp16 is "
+                        "not covered (use fp32 or bf16)");
   PIPETRAIN_CHECK_INPUT(run.data_parallel >= 1, "data_parallel must be >= 1 (got ",
                         run.data_parallel, ")");
   const int64_t layers = static_cast<int64_t>(model->size());
@@ -129,8 +139,10 @@ MemoryPrediction predict_training_memory(torch::nn::Sequential model, const torc
                                  .repeats(1)
                                  .min_trial_seconds(0)
                                  .measure_transfer(false)
-                                 .intra_op_threads(static_cast<int>(pipe.threads_per_stage())));
-  prediction.loss_bytes = loss_bytes(model, inputs.narrow(0, 0, m), targets.narrow(0, 0, m), loss);
+                                 .intra_op_threads(static_cast<int>(pipe.threads_per_stage()))
+                                 .precision(pipe.precision()));
+  prediction.loss_bytes =
+      loss_bytes(model, inputs.narrow(0, 0, m), targets.narrow(0, 0, m), loss, pipe.precision());
 
   pp::MemoryModelOptions options;
   options.checkpoint = pipe.checkpoint();

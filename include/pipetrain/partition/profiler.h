@@ -34,6 +34,7 @@
 #include <torch/types.h>
 
 #include "pipetrain/partition/profile.h"
+#include "pipetrain/stage/precision.h"
 
 namespace pipetrain::partition {
 
@@ -52,6 +53,10 @@ struct ProfileOptions {
   TORCH_ARG(int, intra_op_threads) = 0;
   /// Measure the in-process hand-off (thread wake-up) as the transfer model.
   TORCH_ARG(bool, measure_transfer) = true;
+  /// Mixed precision of the stages: with bf16 every layer runs under autocast (timings and
+  /// activation bytes as a bf16 stage has them) and output_bytes is what crosses a stage boundary
+  /// in bfloat16. The model input stays as given (a first stage reads user data uncast).
+  TORCH_ARG(Precision, precision) = Precision::kFloat32;
 };
 
 /// Example:
