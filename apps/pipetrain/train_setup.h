@@ -1,94 +1,33 @@
-// What `pipetrain train` and `pipetrain eval` share: the flags that name a model and a data set,
-// building them, and evaluating a model on the held-out data.
-//
-//   --model mlp|cnn|gpt|PATH.pt   an example model (examples/model_registry.h) or a TorchScript
-//                                 module whose children are the layers (stage/torchscript.h)
-//   --data fashion-mnist|text|synthetic|tensors
-//                                 Fashion-MNIST (60000 train / 10000 test images), a character
-//                                 corpus (GPT), random 28x28 images (fast tests), or X/Y tensors
-//                                 saved from Python (--inputs/--targets, no test split)
-//
-// Every problem with the user's input (unknown name, missing or corrupt file, a model that does
-// not fit the data, labels out of range) is thrown as UsageError (exit code 2) naming the flag.
-//
-// Thread-safety: plain values and free functions; build once on the main thread.
+// The flags that name a model and a data set, shared by `pipetrain train` and `pipetrain eval`.
+// Building them, checking them against each other and evaluating are the examples library's
+// (examples/model_data.h).
 #pragma once
 
-#include <cstdint>
-#include <functional>
-#include <optional>
-#include <string>
-#include <utility>
-#include <vector>
-
-#include <torch/torch.h>
-#include <nlohmann/json.hpp>
+#include <CLI/CLI.hpp>
 
 #include "commands.h"
+#include "model_data.h"
 #include "pipetrain/base/message_of.h"
-#include "pipetrain/train/evaluate.h"
-#include "text_corpus.h"
 
 namespace pipetrain::cli {
 
-// The flags that say which model and which data.
-struct ModelDataArgs {
-  std::string model = "cnn";
-  std::string model_options = "{}";  // JSON object of the example model's options
-  std::string data = "fashion-mnist";
-  std::string data_dir;   // Fashion-MNIST directory (default: the Debian package's)
-  std::string text_file;  // corpus for --data text (default: the GPL-3 text)
-  std::string inputs_path;
-  std::string targets_path;
-  std::string loss;  // mse|cross-entropy; default: the example model's own loss
-  int64_t synthetic_samples = 2048;
-  uint64_t seed = 0;
-};
+using ModelDataArgs = examples::ModelDataSpec;
+using examples::build_data;
+using examples::build_model;
+using examples::BuiltData;
+using examples::BuiltModel;
+using examples::check_data_against_model;
+using examples::data_names;
+using examples::evaluate;
+using examples::join_names;
+using Evaluation = train::Evaluation;
+
+inline void check_model_data_args(const ModelDataArgs& args) {
+  examples::check_model_data_spec(args);
+}
 
 // Adds --model, --model-options, --data, --data-dir, --text-file, --inputs, --targets, --loss,
 // --synthetic-samples to `command`.
 void add_model_data_flags(CLI::App& command, ModelDataArgs& args);
-
-// "fashion-mnist", "text", "synthetic", "tensors".
-std::vector<std::string> data_names();
-
-// The model, its loss and what identifies it (for checkpoint metadata).
-struct BuiltModel {
-  std::string name;  // "cnn" or the TorchScript path
-  bool torchscript = false;
-  torch::nn::Sequential sequential;
-  std::vector<std::pair<std::string, std::string>> tied_parameters;  // (first name, second name)
-  std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)> loss;
-  std::string loss_name;  // "cross-entropy", "mse", "gpt-cross-entropy"
-  nlohmann::json options = nlohmann::json::object();
-};
-
-// The data: training rows (or a corpus), held-out rows when the data set has them.
-struct BuiltData {
-  std::string name;
-  torch::Tensor train_inputs, train_targets;   // empty for text
-  torch::Tensor test_inputs, test_targets;     // empty when there is no test split
-  std::optional<examples::CharCorpus> corpus;  // --data text
-  int64_t context = 0;                         // text: tokens per window
-  bool classification = false;                 // accuracy makes sense
-};
-
-// REQUIRES: args checked by check_model_data_args. The corpus is read before the model so that a
-// GPT's vocabulary size follows the corpus.
-BuiltData build_data(const ModelDataArgs& args);
-BuiltModel build_model(const ModelDataArgs& args, const BuiltData& data);
-void check_model_data_args(const ModelDataArgs& args);
-
-// Runs the model on the first rows and checks it against the targets (shape, class count, dtype).
-void check_data_against_model(const BuiltModel& model, const BuiltData& data);
-
-// Loss and accuracy (classification) over the test split, in batches of `batch` rows
-// (train::evaluate). For text: the loss over fixed windows of the corpus. nullopt when the data
-// has no test split.
-using Evaluation = train::Evaluation;
-std::optional<Evaluation> evaluate(const BuiltModel& model, const BuiltData& data,
-                                   int64_t batch = 1000);
-
-std::string join_names(const std::vector<std::string>& names);
 
 }  // namespace pipetrain::cli

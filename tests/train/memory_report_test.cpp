@@ -241,10 +241,11 @@ TEST(MemoryReport, BadInputExitsTwoNamingTheFlag) {
       testing::run_pipetrain(train_flags("mlp") + "--steps 1 --report-memory");
   EXPECT_EQ(sequential.exit_code, 2) << sequential.output;
   EXPECT_NE(sequential.output.find("--report-memory"), std::string::npos) << sequential.output;
+  // bf16 is covered (it was refused before the profile ran under autocast).
   const testing::CliRun bf16 = testing::run_pipetrain(
       train_flags("mlp") + "--steps 1 --stages 2 --precision bf16 --report-memory");
-  EXPECT_EQ(bf16.exit_code, 2) << bf16.output;
-  EXPECT_NE(bf16.output.find("--precision bf16"), std::string::npos) << bf16.output;
+  EXPECT_EQ(bf16.exit_code, 0) << bf16.output;
+  EXPECT_NE(bf16.output.find("activations"), std::string::npos) << bf16.output;
 }
 
 }  // namespace

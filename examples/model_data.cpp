@@ -1,0 +1,285 @@
+// Model and data from a ModelDataSpec (model_data.h).
+#include "model_data.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <sstream>
+
+#include "data_error.h"
+#include "fashion_mnist.h"
+#include "model_registry.h"
+#include "pipetrain/base/message_of.h"
+#include "pipetrain/runtime/tensor_io.h"
+#include "pipetrain/stage/layer_call.h"
+#include "pipetrain/stage/torchscript.h"
+#include "synthetic.h"
+
+namespace pipetrain::examples {
+namespace {
+
+using UsageError = pipetrain::BadInput;
+
+// Runs `load`; an error of the library or of torch becomes BadInput("<flag>: <message>").
+template <typename Load>
+auto as_usage_error(const std::string& flag, Load&& load) -> decltype(load()) {
+  try {
+    return load();
+  } catch (const pipetrain::Error& error) {
+    throw UsageError(flag + ": " + error.what());
+  } catch (const c10::Error& error) {
+    throw UsageError(flag + ": " + error.what_without_backtrace());
+  }
+}
+
+// The eval windows of a text corpus come from their own stream, never from a training step's.
+constexpr uint64_t kTextEvalSeed = 0x7e57'da7aULL;
+constexpr int64_t kTextEvalWindows = 256;
+
+bool contains(const std::vector<std::string>& names, const std::string& name) {
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+bool is_torchscript_path(const std::string& model) {
+  return model.find('/') != std::string::npos || model.find('.') != std::string::npos;
+}
+
+torch::Tensor load_flag_tensor(const std::string& flag, const std::string& path) {
+  return as_usage_error(flag, [&] { return load_tensor(path); });
+}
+
+}  // namespace
+
+std::string join_names(const std::vector<std::string>& names) {
+  std::string text;
+  for (const auto& name : names) text += (text.empty() ? "" : ", ") + name;
+  return text;
+}
+
+std::vector<std::string> data_names() {
+  return {"fashion-mnist", "text", "synthetic", "tensors"};
+}
+
+void check_model_data_spec(const ModelDataSpec& args) {
+  const bool torchscript = is_torchscript_path(args.model);
+  if (!torchscript && !contains(model_names(), args.model)) {
+    throw UsageError("unknown --model '" + args.model + "'; valid: " + join_names(model_names()) +
+                     ", or the path of a TorchScript file");
+  }
+  if (!contains(data_names(), args.data)) {
+    throw UsageError("unknown --data '" + args.data + "'; valid: " + join_names(data_names()));
+  }
+  const bool tensors = args.data == "tensors" || !args.inputs_path.empty();
+  if (torchscript && !tensors) {
+    throw UsageError("--model " + args.model +
+                     " is a TorchScript file: give its data with --inputs X.pt --targets Y.pt");
+  }
+  if (tensors && (args.inputs_path.empty() || args.targets_path.empty())) {
+    throw UsageError("tensor data needs both --inputs and --targets (files written by torch.save)");
+  }
+  if (torchscript && args.loss.empty()) {
+    throw UsageError("a TorchScript --model needs --loss mse or --loss cross-entropy");
+  }
+  if (!args.loss.empty() && args.loss != "mse" && args.loss != "cross-entropy") {
+    throw UsageError("unknown --loss '" + args.loss + "'; valid: mse, cross-entropy");
+  }
+  if (args.data == "text" && args.model != "gpt") {
+    throw UsageError("--data text trains a language model: use --model gpt (got --model " +
+                     args.model + ")");
+  }
+  if (args.model == "gpt" && args.data != "text" && !tensors) {
+    throw UsageError("--model gpt reads tokens: use --data text (got --data " + args.data + ")");
+  }
+  if (args.synthetic_samples < 1) {
+    throw UsageError("--synthetic-samples must be at least 1, got " +
+                     std::to_string(args.synthetic_samples));
+  }
+}
+
+BuiltData build_data(const ModelDataSpec& args) {
+  BuiltData data;
+  const bool tensors = args.data == "tensors" || !args.inputs_path.empty();
+  data.name = tensors ? "tensors" : args.data;
+  try {
+    if (tensors) {
+      data.train_inputs = load_flag_tensor("--inputs", args.inputs_path);
+      data.train_targets = load_flag_tensor("--targets", args.targets_path);
+      std::ostringstream problem;
+      if (data.train_inputs.dim() < 1 || data.train_inputs.size(0) < 1) {
+        problem << "--inputs " << args.inputs_path << " has shape " << data.train_inputs.sizes()
+                << "; it needs at least one row on dim 0";
+      } else if (data.train_targets.dim() < 1 ||
+                 data.train_targets.size(0) != data.train_inputs.size(0)) {
+        problem << "--inputs has " << data.train_inputs.size(0) << " rows but --targets has "
+                << (data.train_targets.dim() < 1 ? 0 : data.train_targets.size(0)) << " (shape "
+                << data.train_targets.sizes() << "); they must pair row by row";
+      }
+      if (!problem.str().empty()) throw UsageError(problem.str());
+    } else if (args.data == "fashion-mnist") {
+      const std::string dir = args.data_dir.empty() ? kFashionMnistDirectory : args.data_dir;
+      LabeledImages train = read_fashion_mnist(Split::kTrain, dir);
+      LabeledImages test = read_fashion_mnist(Split::kTest, dir);
+      data.train_inputs = train.images;
+      data.train_targets = train.labels;
+      data.test_inputs = test.images;
+      data.test_targets = test.labels;
+      data.classification = true;
+    } else if (args.data == "synthetic") {
+      SyntheticData train = make_synthetic_classification(args.synthetic_samples, {1, 28, 28},
+                                                          kFashionMnistClasses, args.seed);
+      SyntheticData test =
+          make_synthetic_classification(std::max<int64_t>(1, args.synthetic_samples / 4),
+                                        {1, 28, 28}, kFashionMnistClasses, args.seed + 1);
+      data.train_inputs = train.inputs;
+      data.train_targets = train.targets;
+      data.test_inputs = test.inputs;
+      data.test_targets = test.targets;
+      data.classification = true;
+    } else {  // text
+      data.corpus =
+          CharCorpus::from_file(args.text_file.empty() ? kDefaultCorpusPath : args.text_file);
+    }
+  } catch (const DataError& error) {
+    throw UsageError("--data " + args.data + ": " + error.what());
+  }
+  return data;
+}
+
+BuiltModel build_model(const ModelDataSpec& args, const BuiltData& data) {
+  BuiltModel model;
+  model.name = args.model;
+  if (is_torchscript_path(args.model)) {
+    model.torchscript = true;
+    model.sequential =
+        as_usage_error("--model", [&] { return load_torchscript_sequential(args.model); });
+  } else {
+    nlohmann::json options;
+    try {
+      options = nlohmann::json::parse(args.model_options);
+    } catch (const nlohmann::json::exception& error) {
+      throw UsageError("--model-options is not JSON: " + std::string(error.what()));
+    }
+    if (args.model == "gpt" && data.corpus && options.is_object() &&
+        !options.contains("vocab_size")) {
+      options["vocab_size"] = data.corpus->vocab_size();
+    }
+    try {
+      ExampleModel example = make_model(args.model, options);
+      model.sequential = example.sequential;
+      model.tied_parameters = example.tied_parameters;
+      model.options = example.options;
+      if (args.model == "gpt") {
+        model.loss = example.loss;
+        model.loss_name = "gpt-cross-entropy";
+      }
+    } catch (const pipetrain::Error& error) {  // ModelOptionError among them
+      throw UsageError("--model-options: " + std::string(error.what()));
+    } catch (const c10::Error& error) {
+      throw UsageError("--model-options: " + message_of(error));
+    }
+  }
+  if (!model.loss) {
+    const std::string name = args.loss.empty() ? "cross-entropy" : args.loss;
+    model.loss_name = name;
+    if (name == "mse") {
+      model.loss = [](const torch::Tensor& output, const torch::Tensor& target) {
+        return torch::mse_loss(output, target);
+      };
+    } else {
+      model.loss = [](const torch::Tensor& output, const torch::Tensor& target) {
+        return torch::nn::functional::cross_entropy(output, target);
+      };
+    }
+  }
+  return model;
+}
+
+void check_data_against_model(const BuiltModel& model, const BuiltData& data) {
+  if (data.corpus) {
+    const int64_t context = model.options.value("context", int64_t{0});
+    if (context >= static_cast<int64_t>(data.corpus->text().size())) {
+      throw UsageError("the corpus " + data.corpus->source() + " has " +
+                       std::to_string(data.corpus->text().size()) +
+                       " bytes, too few for windows of context " + std::to_string(context));
+    }
+    const int64_t vocab = model.options.value("vocab_size", int64_t{0});
+    if (vocab < data.corpus->vocab_size()) {
+      throw UsageError("--model-options vocab_size " + std::to_string(vocab) + " but the corpus " +
+                       data.corpus->source() + " has " + std::to_string(data.corpus->vocab_size()) +
+                       " distinct bytes");
+    }
+    return;
+  }
+  const torch::Tensor& targets = data.train_targets;
+  const bool cross_entropy = model.loss_name == "cross-entropy";
+  if (cross_entropy) {
+    if (targets.scalar_type() != torch::kLong || targets.dim() != 1) {
+      throw UsageError(
+          "--loss cross-entropy needs --targets as class indices: a 1-D int64 tensor, got " +
+          c10::str(targets.scalar_type(), " of shape ", targets.sizes()) +
+          " (in Python: torch.save(labels.long(), path))");
+    }
+    if (targets.min().item<int64_t>() < 0) {
+      throw UsageError("--targets holds the class index " +
+                       std::to_string(targets.min().item<int64_t>()) +
+                       "; class indices must be >= 0");
+    }
+  } else if (model.loss_name == "mse" && !torch::isFloatingType(targets.scalar_type())) {
+    throw UsageError("--loss mse needs floating-point --targets, got " +
+                     c10::str(targets.scalar_type()));
+  }
+  torch::Tensor output;
+  torch::nn::Sequential layers = model.sequential;  // a handle: the holder's -> is const here
+  const bool was_training = layers->is_training();
+  try {
+    torch::NoGradGuard no_grad;
+    layers->eval();
+    output = layers->forward(
+        data.train_inputs.slice(0, 0, std::min<int64_t>(2, data.train_inputs.size(0))));
+    layers->train(was_training);
+  } catch (const std::exception& error) {
+    layers->train(was_training);
+    throw UsageError("the model's forward failed on the first rows of the data (shape " +
+                     c10::str(data.train_inputs.sizes()) + ", dtype " +
+                     c10::str(data.train_inputs.scalar_type()) + ")" +
+                     where_forward_fails(layers, data.train_inputs) +
+                     "; check that the inputs match the model's input: " + message_of(error));
+  }
+  if (cross_entropy) {
+    const int64_t classes = output.dim() == 2 ? output.size(1) : -1;
+    if (classes < 1) {
+      throw UsageError("--loss cross-entropy needs model outputs of shape (rows, classes), got " +
+                       c10::str(output.sizes()));
+    }
+    const int64_t largest = targets.max().item<int64_t>();
+    if (largest >= classes) {
+      throw UsageError("--targets holds the class index " + std::to_string(largest) +
+                       " but the model outputs " + std::to_string(classes) +
+                       " classes (valid indices 0.." + std::to_string(classes - 1) + ")");
+    }
+  } else if (model.loss_name == "mse") {
+    if (output.sizes().slice(1) != targets.sizes().slice(1)) {
+      throw UsageError("--loss mse: a model output row has shape " +
+                       c10::str(output.sizes().slice(1)) + " but a --targets row has shape " +
+                       c10::str(targets.sizes().slice(1)) + "; they must be equal");
+    }
+    if (output.scalar_type() != targets.scalar_type()) {
+      throw UsageError("--loss mse: the model outputs " + c10::str(output.scalar_type()) +
+                       " but --targets is " + c10::str(targets.scalar_type()) +
+                       "; save the targets in the model's dtype");
+    }
+  }
+}
+
+std::optional<Evaluation> evaluate(const BuiltModel& model, const BuiltData& data, int64_t batch) {
+  if (data.corpus) {
+    const TokenWindows windows = data.corpus->sample_windows(
+        kTextEvalWindows, model.options.value("context", int64_t{64}), kTextEvalSeed, 0);
+    return train::evaluate(model.sequential, model.loss, windows.inputs, windows.targets,
+                           train::EvaluateOptions().batch(64));
+  }
+  if (!data.test_inputs.defined()) return std::nullopt;
+  return train::evaluate(model.sequential, model.loss, data.test_inputs, data.test_targets,
+                         train::EvaluateOptions().batch(batch).classification(data.classification));
+}
+
+}  // namespace pipetrain::examples

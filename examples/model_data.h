@@ -1,0 +1,90 @@
+// Building an example or TorchScript model and its data from a ModelDataSpec: what `pipetrain
+// train` and `pipetrain eval` share, and what a C++ user calls to get the same model and data.
+//
+//   model: mlp|cnn|gpt|PATH.pt   an example model (model_registry.h) or a TorchScript module whose
+//                                children are the layers (stage/torchscript.h)
+//   data:  fashion-mnist|text|synthetic|tensors
+//                                Fashion-MNIST (60000 train / 10000 test images), a character
+//                                corpus (GPT), random 28x28 images (fast tests), or X/Y tensors
+//                                saved from Python (inputs/targets paths, no test split)
+//
+// Every problem with the input (unknown name, missing or corrupt file, a model that does not fit
+// the data, labels out of range) is thrown as pipetrain::BadInput naming the flag.
+//
+// Thread-safety: plain values and free functions; build once on the main thread.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+#include <nlohmann/json.hpp>
+
+#include "pipetrain/train/evaluate.h"
+#include "text_corpus.h"
+
+namespace pipetrain::examples {
+
+// Which model and which data (the fields of `pipetrain train`'s and `pipetrain eval`'s flags of the
+// same names).
+struct ModelDataSpec {
+  std::string model = "cnn";
+  std::string model_options = "{}";  // JSON object of the example model's options
+  std::string data = "fashion-mnist";
+  std::string data_dir;   // Fashion-MNIST directory (default: the Debian package's)
+  std::string text_file;  // corpus for --data text (default: the GPL-3 text)
+  std::string inputs_path;
+  std::string targets_path;
+  std::string loss;  // mse|cross-entropy; default: the example model's own loss
+  int64_t synthetic_samples = 2048;
+  uint64_t seed = 0;
+};
+
+// "fashion-mnist", "text", "synthetic", "tensors".
+std::vector<std::string> data_names();
+
+// The model, its loss and what identifies it (for checkpoint metadata).
+struct BuiltModel {
+  std::string name;  // "cnn" or the TorchScript path
+  bool torchscript = false;
+  torch::nn::Sequential sequential;
+  std::vector<std::pair<std::string, std::string>> tied_parameters;  // (first name, second name)
+  std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)> loss;
+  std::string loss_name;  // "cross-entropy", "mse", "gpt-cross-entropy"
+  nlohmann::json options = nlohmann::json::object();
+};
+
+// The data: training rows (or a corpus), held-out rows when the data set has them.
+struct BuiltData {
+  std::string name;
+  torch::Tensor train_inputs, train_targets;  // empty for text
+  torch::Tensor test_inputs, test_targets;    // empty when there is no test split
+  std::optional<CharCorpus> corpus;           // --data text
+  int64_t context = 0;                        // text: tokens per window
+  bool classification = false;                // accuracy makes sense
+};
+
+// REQUIRES: spec checked by check_model_data_spec. The corpus is read before the model so that a
+// GPT's vocabulary size follows the corpus.
+BuiltData build_data(const ModelDataSpec& spec);
+BuiltModel build_model(const ModelDataSpec& spec, const BuiltData& data);
+// Names, combinations and ranges; throws pipetrain::BadInput naming the flag.
+void check_model_data_spec(const ModelDataSpec& spec);
+
+// Runs the model on the first rows and checks it against the targets (shape, class count, dtype).
+void check_data_against_model(const BuiltModel& model, const BuiltData& data);
+
+// Loss and accuracy (classification) over the test split, in batches of `batch` rows
+// (train::evaluate). For text: the loss over fixed windows of the corpus. nullopt when the data
+// has no test split.
+using Evaluation = train::Evaluation;
+std::optional<Evaluation> evaluate(const BuiltModel& model, const BuiltData& data,
+                                   int64_t batch = 1000);
+
+std::string join_names(const std::vector<std::string>& names);
+
+}  // namespace pipetrain::examples
