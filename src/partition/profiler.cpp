@@ -113,7 +113,8 @@ std::vector<torch::nn::AnyModule*> layers_of(torch::nn::Sequential& model) {
 // split backward's per-layer record keeps it (stage.cpp).
 std::vector<std::int64_t> chained_activation_bytes(const std::vector<torch::nn::AnyModule*>& layers,
                                                    const torch::Tensor& microbatch, bool* seen,
-                                                   bool keep_inputs, Precision precision) {
+                                                   bool keep_inputs, Precision precision,
+                                                   bool input_wants_grad = false) {
   ThreadCountGuard one_thread(1);
   // One autocast region around the chain, as a stage has around its layers.
   const AutocastGuard autocast(precision, microbatch.device());
@@ -127,6 +128,7 @@ std::vector<std::int64_t> chained_activation_bytes(const std::vector<torch::nn::
     // gradient needs only when that is wanted (under bf16 a Linear's bfloat16 weight copy, which a
     // later layer keeps because its input comes with a graph).
     torch::Tensor x = microbatch.clone();
+    if (input_wants_grad && x.is_floating_point()) x.requires_grad_(true);
     // The first stage keeps its input as a leaf for the whole step: a layer that drops its last
     // view (a Flatten's output, once the next layer has run) frees nothing.
     const torch::Tensor model_input = x;
@@ -293,6 +295,32 @@ ModelProfile profile_sequential(torch::nn::Sequential& model, const torch::Tenso
   }
   profile.validate();
   return profile;
+}
+
+StageChain profile_stage_chain(torch::nn::Sequential& model, std::int64_t first, std::int64_t end,
+                               const torch::Tensor& input, Precision precision) {
+  const std::vector<torch::nn::AnyModule*> all = layers_of(model);
+  PIPETRAIN_CHECK_INPUT(first >= 0 && first < end && end <= static_cast<std::int64_t>(all.size()),
+                        "profile_stage_chain: layers [", first, ", ", end, ") are not within the ",
+                        all.size(), " layers of the model");
+  const std::vector<torch::nn::AnyModule*> layers(all.begin() + first, all.begin() + end);
+  StageChain chain;
+  bool seen = false;
+  chain.activation_bytes = chained_activation_bytes(layers, input, &seen, false, precision,
+                                                    /*input_wants_grad=*/first > 0);
+  chain.split_activation_bytes = chained_activation_bytes(layers, input, &seen, true, precision,
+                                                          /*input_wants_grad=*/first > 0);
+  // What the stage hands on: its output in the wire dtype (stage.cpp's to_wire).
+  torch::NoGradGuard no_grad;
+  const AutocastGuard autocast(precision, input.device());
+  SkipContext skips;
+  torch::Tensor x = input;
+  for (std::size_t l = 0; l < layers.size(); ++l) x = run_layer(*layers[l], l, x, skips);
+  chain.skips_in_flight = !skips.pending.empty();
+  chain.output = precision != Precision::kFloat32 && x.is_floating_point()
+                     ? x.to(compute_dtype(precision))
+                     : x;
+  return chain;
 }
 
 TransferModel measure_local_transfer(int repeats) {

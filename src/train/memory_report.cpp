@@ -131,7 +131,7 @@ MemoryPrediction predict_training_memory(torch::nn::Sequential model, const torc
   prediction.stage_rank = schedule.stage_rank;
 
   const int64_t m = prediction.microbatch_size;
-  const pp::ModelProfile profile =
+  pp::ModelProfile profile =
       pp::profile_sequential(model, inputs.narrow(0, 0, m),
                              pp::ProfileOptions()
                                  .microbatch_sizes({m})
@@ -143,6 +143,32 @@ MemoryPrediction predict_training_memory(torch::nn::Sequential model, const torc
                                  .precision(pipe.precision()));
   prediction.loss_bytes =
       loss_bytes(model, inputs.narrow(0, 0, m), targets.narrow(0, 0, m), loss, pipe.precision());
+  if (pipe.precision() != Precision::kFloat32) {
+    // Each stage's layers as the stage runs them: from its input in the wire dtype, not from what
+    // the previous layer made under autocast (pp::profile_stage_chain). Skips crossing a stage
+    // boundary keep the whole-model figures.
+    std::vector<std::pair<int64_t, pp::StageChain>> chains;
+    torch::Tensor input = inputs.narrow(0, 0, m);
+    int64_t first = 0;
+    bool skips = false;
+    for (int count : balance) {
+      pp::StageChain chain =
+          pp::profile_stage_chain(model, first, first + count, input, pipe.precision());
+      skips = skips || chain.skips_in_flight;
+      input = chain.output;
+      chains.emplace_back(first, std::move(chain));
+      first += count;
+    }
+    if (!skips) {
+      for (const auto& [start, chain] : chains) {
+        for (size_t k = 0; k < chain.activation_bytes.size(); ++k) {
+          pp::LayerCost& cost = profile.layers[static_cast<size_t>(start) + k].costs.at(0);
+          cost.activation_bytes = chain.activation_bytes[k];
+          cost.split_activation_bytes = chain.split_activation_bytes[k];
+        }
+      }
+    }
+  }
 
   pp::MemoryModelOptions options;
   options.checkpoint = pipe.checkpoint();
