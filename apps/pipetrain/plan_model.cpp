@@ -193,13 +193,6 @@ std::vector<Measured> measure_processes(const PlanModelArgs& args,
   }
 }
 
-std::string join_ints(const std::vector<int>& values) {
-  std::string text;
-  for (std::size_t j = 0; j < values.size(); ++j)
-    text += (j ? "," : "") + std::to_string(values[j]);
-  return text;
-}
-
 std::string format(const char* pattern, double value) {
   char text[64];
   std::snprintf(text, sizeof text, pattern, value);
@@ -421,11 +414,7 @@ std::string report_text(const PlanModelArgs& args, const PlanResult& r) {
         << pp::format_bytes(report.smallest_fitting_limit) << " (" << report.smallest_fitting_limit
         << " bytes) with " << report.smallest_fitting_plan.describe() << "\n";
   }
-  out << "default (1f1b, " << r.default_chunks << " chunks, even balance "
-      << join_ints(r.fallback.balance) << "): predicted "
-      << format("%.3f", r.fallback.predicted_step_seconds * 1e3) << " ms/step, peak "
-      << pp::format_bytes(r.fallback.peak_memory_bytes)
-      << (r.fallback.fits ? "" : " (over the limit)") << "\n";
+  out << default_plan_text(r.fallback, r.default_chunks);
   if (r.verification) out << verify_text(args, r);
   return out.str();
 }

@@ -128,6 +128,14 @@ std::string recommendation_text(const pp::PlanReport& report, const pp::ModelPro
   return out.str();
 }
 
+std::string default_plan_text(const pp::Plan& fallback, int chunks) {
+  return "default (1f1b, " + std::to_string(chunks) + " chunks, even balance " +
+         join_ints(fallback.balance) + "): predicted " +
+         format("%.3f", fallback.predicted_step_seconds * 1e3) + " ms/step, peak " +
+         pp::format_bytes(fallback.peak_memory_bytes) + (fallback.fits ? "" : " (over the limit)") +
+         "\n";
+}
+
 std::string rank_memory_text(const std::vector<pp::RankMemory>& ranks) {
   std::ostringstream out;
   char line[200];

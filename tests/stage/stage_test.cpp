@@ -1,5 +1,7 @@
 #include "pipetrain/stage/stage.h"
 
+#include <functional>
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -30,7 +32,11 @@ std::vector<torch::Tensor> grads_of(const std::vector<StageLayer>& layers) {
   return grads;
 }
 
-Bundle run_backward(bool split, bool checkpoint, std::vector<torch::Tensor>* param_grads) {
+// Two micro-batches through a middle stage, forwards then backwards; `between` runs after the
+// forwards, `after` after the backwards.
+Bundle run_backward(bool split, bool checkpoint, std::vector<torch::Tensor>* param_grads,
+                    bool offload = false, const std::function<void(Stage&)>& between = {},
+                    const std::function<void(Stage&)>& after = {}) {
   Stage stage(1, 0, make_layers(3), torch::kCPU, 11);
   torch::manual_seed(5);
   std::vector<torch::Tensor> inputs = {torch::randn({4, 5}), torch::randn({3, 5})};
@@ -38,9 +44,11 @@ Bundle run_backward(bool split, bool checkpoint, std::vector<torch::Tensor>* par
   StageForwardOptions options;
   options.split_backward = split;
   options.checkpoint = checkpoint;
+  options.offload = offload;
   Bundle result;
   for (int i = 0; i < 2; ++i)
     stage.forward(i, Bundle{{inputs[static_cast<size_t>(i)]}, {}}, options);
+  if (between) between(stage);
   for (int i = 0; i < 2; ++i) {
     Bundle g{{grads[static_cast<size_t>(i)]}, {}};
     if (split) {
@@ -51,6 +59,7 @@ Bundle run_backward(bool split, bool checkpoint, std::vector<torch::Tensor>* par
     }
   }
   EXPECT_EQ(stage.stashed_microbatches(), 0);
+  if (after) after(stage);
   *param_grads = grads_of(stage.layers());
   return result;
 }
@@ -223,37 +232,22 @@ TEST(StageOffload, CheckpointedInputsWaitAsideAndComeBackWithTheSameGradients) {
   for (bool split : {false, true}) {
     std::vector<torch::Tensor> expected_params;
     const Bundle expected = run_backward(split, /*checkpoint=*/true, &expected_params);
-
-    Stage stage(1, 0, make_layers(3), torch::kCPU, 11);
-    torch::manual_seed(5);
-    std::vector<torch::Tensor> inputs = {torch::randn({4, 5}), torch::randn({3, 5})};
-    std::vector<torch::Tensor> grads = {torch::randn({4, 3}), torch::randn({3, 3})};
-    StageForwardOptions options;
-    options.split_backward = split;
-    options.checkpoint = true;
-    options.offload = true;
-    for (int i = 0; i < 2; ++i)
-      stage.forward(i, Bundle{{inputs[static_cast<size_t>(i)]}, {}}, options);
-    EXPECT_EQ(stage.offloaded_bytes(), (4 + 3) * 5 * 4);
-    stage.prefetch(0);
-    EXPECT_EQ(stage.offloaded_bytes(), 3 * 5 * 4);
-    stage.prefetch(7);  // not stashed: nothing happens
-    Bundle result;
-    for (int i = 0; i < 2; ++i) {
-      Bundle g{{grads[static_cast<size_t>(i)]}, {}};
-      if (split) {
-        result = stage.backward_input(i, g);
-        stage.backward_weight(i);
-      } else {
-        result = stage.backward(i, g);
-      }
-    }
-    EXPECT_EQ(stage.offloaded_bytes(), 0);
-    EXPECT_EQ(stage.stashed_bytes(), 0);
-    EXPECT_EQ(stage.accounting().peak_offloaded_bytes, (4 + 3) * 5 * 4);
+    std::vector<torch::Tensor> params;
+    const Bundle result = run_backward(
+        split, /*checkpoint=*/true, &params, /*offload=*/true,
+        [](Stage& stage) {
+          EXPECT_EQ(stage.offloaded_bytes(), (4 + 3) * 5 * 4);
+          stage.prefetch(0);
+          EXPECT_EQ(stage.offloaded_bytes(), 3 * 5 * 4);
+          stage.prefetch(7);  // not stashed: nothing happens
+        },
+        [](Stage& stage) {
+          EXPECT_EQ(stage.offloaded_bytes(), 0);
+          EXPECT_EQ(stage.stashed_bytes(), 0);
+          EXPECT_EQ(stage.accounting().peak_offloaded_bytes, (4 + 3) * 5 * 4);
+        });
     ASSERT_EQ(result.tensors.size(), 1u);
     EXPECT_TRUE(torch::equal(result.tensors[0], expected.tensors[0])) << "split " << split;
-    const std::vector<torch::Tensor> params = grads_of(stage.layers());
     ASSERT_EQ(params.size(), expected_params.size());
     for (size_t p = 0; p < params.size(); ++p) {
       EXPECT_TRUE(torch::equal(params[p], expected_params[p])) << "split " << split << " " << p;

@@ -30,6 +30,10 @@ std::string plan_table_text(const partition::PlanReport& report);
 std::string recommendation_text(const partition::PlanReport& report,
                                 const partition::ModelProfile& profile);
 
+// "default (1f1b, 4 chunks, even balance 2,2): predicted 1.234 ms/step, peak 3.2 MiB" for the
+// hand-written plan the recommendation is compared with (partition::default_plan, evaluated).
+std::string default_plan_text(const partition::Plan& fallback, int chunks);
+
 // One row per rank: parameters, gradients, optimizer state, activations, receive and send
 // buffers, total (partition::plan_memory, predict_memory).
 std::string rank_memory_text(const std::vector<partition::RankMemory>& ranks);
