@@ -27,9 +27,8 @@ int64_t parameter_bytes(const std::vector<torch::Tensor>& parameters) {
 }
 
 // What the loss keeps for its backward on one micro-batch: its saved tensors and the (weighted)
-// loss itself, counted as a stage counts them.
-// What the last stage's loss keeps: under bf16 also the float32 copy of the output it is computed
-// on (stage.cpp casts the outputs before the loss hook).
+// loss itself, counted as a stage counts them. Under bf16 the model runs under autocast and the
+// loss takes a float32 copy of the output (stage.cpp casts the outputs before the loss hook).
 int64_t loss_bytes(torch::nn::Sequential& model, const torch::Tensor& inputs,
                    const torch::Tensor& targets, const LossFn& loss, Precision precision) {
   torch::Tensor output;
