@@ -18,6 +18,7 @@
 #include <atomic>
 #include <mutex>
 #include <numeric>
+#include <optional>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
@@ -272,11 +273,18 @@ std::vector<RankResult> PipeImpl::run_step(const schedule::Schedule& s, const St
   }
   for (auto& rank : rt.rank_stash) rank->restart_peak();
   std::vector<RankResult> results(static_cast<size_t>(rt.num_ranks));
-  // CUDA ranks run on streams of their own (RankStreamGuard). They start after what the caller
-  // queued on its streams (the inputs, the last optimizer step), and the caller's streams continue
-  // after what they did (gradients, losses): events both ways, no host synchronisation.
-  std::vector<ReadyMarker> caller_ready;
-  for (const auto& device : rt.rank_devices) caller_ready.push_back(mark_ready(device));
+  // With worker threads, CUDA ranks run on streams of their own (RankStreamGuard), so that they
+  // overlap. They start after what the caller queued on its streams (the inputs, the last
+  // optimizer step), and the caller's streams continue after what they did (gradients, losses):
+  // events both ways, no host synchronisation. A single rank runs on the caller's thread and
+  // stream, as plain LibTorch would.
+  const bool own_streams = !rt.workers.empty();
+  std::vector<ReadyMarker> caller_ready(static_cast<size_t>(rt.num_ranks));
+  if (own_streams) {
+    for (int r = 0; r < rt.num_ranks; ++r) {
+      caller_ready[static_cast<size_t>(r)] = mark_ready(rt.rank_devices[static_cast<size_t>(r)]);
+    }
+  }
   std::vector<ReadyMarker> rank_done(static_cast<size_t>(rt.num_ranks));
   std::atomic<bool> cancel{false};
   std::mutex error_mutex;
@@ -288,11 +296,12 @@ std::vector<RankResult> PipeImpl::run_step(const schedule::Schedule& s, const St
     for (int j : s.stages_of_rank(r)) stages[j] = rt.stages[static_cast<size_t>(j)].get();
     try {
       const torch::Device& device = rt.rank_devices[static_cast<size_t>(r)];
-      RankStreamGuard stream(device);
+      std::optional<RankStreamGuard> stream;
+      if (own_streams) stream.emplace(device);
       wait_ready(caller_ready[static_cast<size_t>(r)], device);
       Interpreter interpreter(r, s, stages, *rt.transport);
       interpreter.run(data, results[static_cast<size_t>(r)], &cancel);
-      rank_done[static_cast<size_t>(r)] = mark_ready(device);
+      if (own_streams) rank_done[static_cast<size_t>(r)] = mark_ready(device);
     } catch (const std::exception& e) {  // [4]
       const auto* step_error = dynamic_cast<const StepError*>(&e);
       const bool cancelled = step_error && step_error->cancelled;
