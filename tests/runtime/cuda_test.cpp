@@ -49,21 +49,15 @@ TEST(CudaPipe, StagesOnOneGpuMatchSequentialTrainingForEverySchedule) {
     const int64_t v =
         schedule == "interleaved-1f1b" ? 2 : schedule::default_virtual_stages(schedule);
     for (Checkpoint mode : {Checkpoint::kNever, Checkpoint::kExceptLast}) {
-      torch::nn::Sequential reference = testing::make_skip_mlp();
-      torch::nn::Sequential copy = testing::clone_of(reference);
-      auto batches = testing::make_batches(8, 3);
-      testing::train_sequential(reference, batches);
-      Pipe pipe(copy, PipeOptions()
-                          .stages(2 * v)
-                          .virtual_stages(v)
-                          .chunks(4)
-                          .schedule(schedule)
-                          .checkpoint(mode)
-                          .devices({gpu, gpu}));
-      testing::train_pipe(pipe, batches);
-      pipe->to(torch::kCPU);
-      EXPECT_EQ(testing::compare_parameters(*pipe, *reference, 1e-4, 1e-6), "")
-          << schedule << " checkpoint " << to_string(mode);
+      const auto run = testing::train_skip_mlp_both_ways(PipeOptions()
+                                                             .stages(2 * v)
+                                                             .virtual_stages(v)
+                                                             .chunks(4)
+                                                             .schedule(schedule)
+                                                             .checkpoint(mode)
+                                                             .devices({gpu, gpu}),
+                                                         1e-4, 1e-6);
+      EXPECT_EQ(run.difference, "") << schedule << " checkpoint " << to_string(mode);
     }
   }
 }
@@ -76,20 +70,15 @@ TEST(CudaPipe, OffloadedActivationsTrainLikeSequentialTrainingAndLowerThePeak) {
   SKIP_UNLESS_GPUS(1);
   const torch::Device gpu(torch::kCUDA, 0);
   for (const char* schedule : {"gpipe", "1f1b", "zb-h1"}) {
-    torch::nn::Sequential reference = testing::make_skip_mlp();
-    torch::nn::Sequential copy = testing::clone_of(reference);
-    auto batches = testing::make_batches(8, 3);
-    testing::train_sequential(reference, batches);
-    Pipe pipe(copy, PipeOptions()
-                        .stages(2)
-                        .chunks(4)
-                        .schedule(schedule)
-                        .checkpoint(Checkpoint::kAlways)
-                        .offload_activations(true)
-                        .devices({gpu, gpu}));
-    testing::train_pipe(pipe, batches);
-    pipe->to(torch::kCPU);
-    EXPECT_EQ(testing::compare_parameters(*pipe, *reference, 1e-4, 1e-6), "") << schedule;
+    const auto run = testing::train_skip_mlp_both_ways(PipeOptions()
+                                                           .stages(2)
+                                                           .chunks(4)
+                                                           .schedule(schedule)
+                                                           .checkpoint(Checkpoint::kAlways)
+                                                           .offload_activations(true)
+                                                           .devices({gpu, gpu}),
+                                                       1e-4, 1e-6);
+    EXPECT_EQ(run.difference, "") << schedule;
   }
   int64_t peak[2] = {0, 0};
   for (bool offload : {false, true}) {

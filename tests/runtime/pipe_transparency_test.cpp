@@ -105,22 +105,18 @@ TEST(PipeTransparency, OffloadedActivationsTrainLikeSequentialTrainingForEveryFa
       {"zb-v", 2},  {"dualpipev", 2}, {"looped-bfs", 2}};
   for (const auto& [name, v] : schedules) {
     for (Checkpoint mode : {Checkpoint::kAlways, Checkpoint::kExceptLast}) {
-      torch::nn::Sequential reference = testing::make_skip_mlp();
-      torch::nn::Sequential copy = testing::clone_of(reference);
-      auto batches = testing::make_batches(8, 3);
-      testing::train_sequential(reference, batches);
-      Pipe pipe(copy, PipeOptions()
-                          .stages(2 * v)
-                          .virtual_stages(v)
-                          .chunks(4)
-                          .schedule(name)
-                          .checkpoint(mode)
-                          .offload_activations(true));
-      testing::train_pipe(pipe, batches);
-      EXPECT_EQ(testing::compare_parameters(*pipe, *reference), "")
-          << name << " checkpoint " << to_string(mode);
+      const auto run = testing::train_skip_mlp_both_ways(PipeOptions()
+                                                             .stages(2 * v)
+                                                             .virtual_stages(v)
+                                                             .chunks(4)
+                                                             .schedule(name)
+                                                             .checkpoint(mode)
+                                                             .offload_activations(true));
+      EXPECT_EQ(run.difference, "") << name << " checkpoint " << to_string(mode);
       int64_t offloaded = 0;
-      for (const auto& stage : pipe->stage_accounting()) offloaded += stage.peak_offloaded_bytes;
+      for (const auto& stage : run.pipe->stage_accounting()) {
+        offloaded += stage.peak_offloaded_bytes;
+      }
       EXPECT_GT(offloaded, 0) << name << " checkpoint " << to_string(mode);
     }
   }

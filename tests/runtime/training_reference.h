@@ -103,4 +103,22 @@ inline std::string compare_parameters(const torch::nn::Module& actual,
   return out.str();
 }
 
+// make_skip_mlp() trained for 3 SGD steps of 8 rows sequentially and, from a copy, through a Pipe
+// built with `options`: the Pipe (for its accounting) and compare_parameters' verdict.
+struct SkipMlpRun {
+  Pipe pipe{nullptr};
+  std::string difference;  // "" when the weights agree within rtol/atol
+};
+inline SkipMlpRun train_skip_mlp_both_ways(const PipeOptions& options, double rtol = 1e-5,
+                                           double atol = 1e-6) {
+  torch::nn::Sequential reference = make_skip_mlp();
+  SkipMlpRun run;
+  run.pipe = Pipe(clone_of(reference), options);
+  const auto batches = make_batches(8, 3);
+  train_sequential(reference, batches);
+  train_pipe(run.pipe, batches);
+  run.difference = compare_parameters(*run.pipe, *reference, rtol, atol);
+  return run;
+}
+
 }  // namespace pipetrain::testing
