@@ -9,6 +9,8 @@
 
 #include "pipetrain/base/error.h"
 #include "pipetrain/partition/memory.h"
+#include "pipetrain/schedule/lower.h"
+#include "pipetrain/schedule/send_release.h"
 
 namespace pipetrain::partition {
 
@@ -130,36 +132,51 @@ std::int64_t align64(std::int64_t bytes) {
   return (bytes + 63) / 64 * 64;
 }
 
-// Transport buffers of rank r, in the order the rank runs its compute (a receive comes right
-// before the action that needs it, a send right after the action that made it): the largest two
-// consecutive receives, and the most bytes sent in a row with no receive between.
-void transport_bytes(const schedule::Schedule& schedule, int r,
-                     const std::vector<std::int64_t>& output_bytes, RankMemory& rank) {
+// Receive buffers of rank r, in the order the rank runs its compute (a receive comes right
+// before the action that needs it): the largest two consecutive receives.
+void receive_bytes(const schedule::Schedule& schedule, int r,
+                   const std::vector<std::int64_t>& output_bytes, RankMemory& rank) {
   std::vector<std::int64_t> received;
-  std::int64_t in_a_row = 0;
   const int S = schedule.num_stages;
   auto elsewhere = [&](int j) { return j >= 0 && j < S && schedule.stage_rank[j] != r; };
-  auto receive = [&](std::int64_t bytes) {
-    received.push_back(transport_message_bytes(bytes));
-    in_a_row = 0;
-  };
-  auto send = [&](std::int64_t bytes) {
-    in_a_row += transport_message_bytes(bytes);
-    rank.send_buffers = std::max(rank.send_buffers, in_a_row);
-  };
   for (const auto& a : schedule.actions[static_cast<std::size_t>(r)]) {
     const int j = a.stage;
-    if (a.op == Op::kForward) {
-      if (elsewhere(j - 1)) receive(output_bytes[j - 1]);
-      if (elsewhere(j + 1)) send(output_bytes[j]);
-    } else if (a.op == Op::kBackward || a.op == Op::kBackwardInput) {
-      if (elsewhere(j + 1)) receive(output_bytes[j]);
-      if (elsewhere(j - 1)) send(output_bytes[j - 1]);
+    if (a.op == Op::kForward && elsewhere(j - 1)) {
+      received.push_back(transport_message_bytes(output_bytes[j - 1]));
+    } else if ((a.op == Op::kBackward || a.op == Op::kBackwardInput) && elsewhere(j + 1)) {
+      received.push_back(transport_message_bytes(output_bytes[j]));
     }
   }
   rank.receive_buffers = received.size() == 1 ? received[0] : 0;
   for (std::size_t k = 1; k < received.size(); ++k)
     rank.receive_buffers = std::max(rank.receive_buffers, received[k - 1] + received[k]);
+}
+
+// Send buffers of every rank: before each remote send the sends the schedule proves received
+// are freed (schedule/send_release.h), then the new message is held. The most held at once.
+std::vector<std::int64_t> send_bytes(const schedule::Schedule& schedule,
+                                     const std::vector<std::int64_t>& output_bytes) {
+  const schedule::Schedule lowered =
+      schedule::is_lowered(schedule) ? schedule : schedule::lower(schedule);
+  const auto released = schedule::released_sends(lowered);
+  std::vector<std::int64_t> peaks(lowered.actions.size(), 0);
+  for (std::size_t r = 0; r < lowered.actions.size(); ++r) {
+    const auto& list = lowered.actions[r];
+    std::vector<std::int64_t> sent;  // the rank's remote sends so far, in order
+    std::int64_t held = 0;
+    std::size_t freed = 0;
+    for (std::size_t a = 0; a < list.size(); ++a) {
+      const int proven = released[r][a];
+      if (proven < 0) continue;
+      for (; freed < static_cast<std::size_t>(proven); ++freed) held -= sent[freed];
+      const int j = list[a].stage;
+      const int boundary = list[a].op == Op::kSendActivation ? j : j - 1;
+      sent.push_back(transport_message_bytes(output_bytes[static_cast<std::size_t>(boundary)]));
+      held += sent.back();
+      peaks[r] = std::max(peaks[r], held);
+    }
+  }
+  return peaks;
 }
 
 // The most bytes each rank's stages stash at once, walking the rank's list in order (list order
@@ -276,6 +293,8 @@ std::vector<RankMemory> predict_memory(const ModelProfile& profile, const std::v
     first = end;
   }
   const std::vector<std::int64_t> peaks = stash_peaks(schedule, input, body, options.checkpoint);
+  const std::vector<std::int64_t> sends =
+      options.processes ? send_bytes(schedule, output_bytes) : std::vector<std::int64_t>();
   for (std::size_t r = 0; r < ranks.size(); ++r) {
     RankMemory& rank = ranks[r];
     rank.activations = peaks[r];
@@ -290,7 +309,10 @@ std::vector<RankMemory> predict_memory(const ModelProfile& profile, const std::v
                                          : shard;
     rank.optimizer_state = static_cast<std::int64_t>(
         std::llround(static_cast<double>(held) * options.optimizer_state_multiple));
-    if (options.processes) transport_bytes(schedule, static_cast<int>(r), output_bytes, rank);
+    if (options.processes) {
+      receive_bytes(schedule, static_cast<int>(r), output_bytes, rank);
+      rank.send_buffers = sends[r];
+    }
   }
   return ranks;
 }

@@ -183,7 +183,11 @@ torch::Tensor DistributedPipe::train_step(const torch::Tensor& input, const torc
     for (const auto& loss : result.losses) sum += loss.item<double>();
     replica_loss = sum;
   }
-  return torch::tensor(distributed_.broadcast_loss(replica_loss), torch::kFloat64);
+  const double loss = distributed_.broadcast_loss(replica_loss);
+  // Every rank took every message of the step before that collective: the sends are complete,
+  // and the next step starts holding none (what the memory model assumes).
+  transport_->flush();
+  return torch::tensor(loss, torch::kFloat64);
 }
 
 torch::Tensor DistributedPipe::replica_share(const torch::Tensor& batch) const {

@@ -1,12 +1,15 @@
 // The single schedule interpreter (include/pipetrain/runtime/interpreter.h).
 #include "pipetrain/runtime/interpreter.h"
-#include "pipetrain/base/message_of.h"
+
+#include <optional>
 
 #include <c10/util/Exception.h>
 #include <torch/torch.h>
 
 #include "pipetrain/base/check.h"
+#include "pipetrain/base/message_of.h"
 #include "pipetrain/schedule/lower.h"
+#include "pipetrain/schedule/send_release.h"
 
 namespace pipetrain {
 namespace {
@@ -63,6 +66,7 @@ Interpreter::Interpreter(int rank, const schedule::Schedule& schedule, std::map<
       receive_envelope_.push_back(Envelope{j + 1, j, action.microbatch, Payload::kGradient});
     }
   }
+  if (lowered_) released_before_ = schedule::released_sends(schedule)[static_cast<size_t>(rank)];
 }
 
 bool Interpreter::local(int stage) const {
@@ -80,11 +84,17 @@ Bundle Interpreter::take(std::map<std::pair<int, int>, Bundle>& box, int j, int 
   return bundle;
 }
 
+void Interpreter::release_sent() {
+  if (at_ < released_before_.size() && released_before_[at_] > 0)
+    transport_.release_sends(released_before_[at_]);
+}
+
 void Interpreter::send_activation(int j, int i) {
   Bundle bundle = take(activations_out_, j, i, "activation to send");
   if (local(j + 1)) {
     activations_in_[{j + 1, i}] = std::move(bundle);  // same rank: no transport
   } else {
+    release_sent();
     transport_.send(Envelope{j, j + 1, i, Payload::kActivation}, std::move(bundle));
   }
 }
@@ -94,6 +104,7 @@ void Interpreter::send_gradient(int j, int i) {
   if (local(j - 1)) {
     gradients_in_[{j - 1, i}] = std::move(bundle);
   } else {
+    release_sent();
     transport_.send(Envelope{j, j - 1, i, Payload::kGradient}, std::move(bundle));
   }
 }
@@ -209,8 +220,17 @@ void Interpreter::run(const StepData& data, RankResult& result, const std::atomi
   const auto& actions = schedule_.actions[static_cast<size_t>(rank_)];
   size_t next_receive = 0;  // index into receive_at_ of the next receive action to run
   size_t expected = 0;      // receives announced with expect() so far
+  // Sent buffers follow the schedule for this step (transport.h, "Sent buffers").
+  struct SendsOfThisStep {
+    Transport& transport;
+    explicit SendsOfThisStep(Transport& t) : transport(t) { transport.begin_sends(); }
+    ~SendsOfThisStep() { transport.end_sends(); }
+  };
+  std::optional<SendsOfThisStep> sends;
+  if (!released_before_.empty()) sends.emplace(transport_);
   for (size_t a = 0; a < actions.size(); ++a) {
     const schedule::Action& action = actions[a];
+    at_ = a;
     if (cancel && cancel->load(std::memory_order_relaxed)) {
       throw StepError(ErrorKind::PeerFailed, "stopped before this action: another rank failed",
                       rank_, action.stage, action.microbatch, schedule::to_string(action),

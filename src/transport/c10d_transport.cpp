@@ -9,7 +9,9 @@
 //                                                   are views of it
 //   [2] isend metadata (int64s)  ----------------> recv metadata, only when it does not fit inline
 //   [3] isend data (D bytes), only when D != L(c) -> recv under kResizedData
-//   [4] reaper thread waits the Works of [1..3] (keeps the buffers alive)
+//   [4] reaper thread waits the Works of [1..3] (keeps the buffers alive), in order; between
+//       begin_sends() and end_sends() a completed bundle's buffers stay until release_sends()
+//       covers it (its index since begin_sends() < n), so the bytes held follow the schedule
 //
 // The header travels with every bundle (no sender-side cache): the receiver may take micro-batches
 // of one boundary in another order than they were sent, which would desynchronise a "metadata
@@ -185,7 +187,8 @@ struct C10dTransport::Impl {
   struct PendingSend {
     c10::intrusive_ptr<detail::C10dWork> work;
     std::string what;
-    int64_t bytes = 0;  // the message buffer, held until the send completes
+    int64_t bytes = 0;   // the message buffer, held until the send completes
+    int64_t bundle = 0;  // which send() posted it, counted from 0 since construction
   };
   // A posted receive, not waited for yet.
   struct PostedRecv {
@@ -213,6 +216,12 @@ struct C10dTransport::Impl {
   std::map<int64_t, c10::intrusive_ptr<detail::C10dWork>> receiving;
   int64_t next_receive = 0;
   std::deque<PendingSend> sends;              // front: the one the reaper waits on
+  int64_t next_bundle = 0;                    // the index of the next send()
+  // begin_sends() .. end_sends(): completed sends of bundles >= released_through are kept.
+  bool holding = false;
+  int64_t hold_from = 0;         // next_bundle at begin_sends()
+  int64_t released_through = 0;  // bundles below it may go
+  std::deque<PendingSend> held;  // completed, kept until released (in bundle order)
   std::map<Channel, int64_t> sent_bytes;      // L(c) on the sending side
   std::map<Channel, int64_t> received_bytes;  // L(c) on the receiving side
   std::map<Channel, BundleRecvs> posted;      // by expect(), not yet taken by recv()
@@ -254,7 +263,7 @@ struct C10dTransport::Impl {
     stats.send_buffer_bytes += bytes;
     stats.peak_send_buffer_bytes = std::max(stats.peak_send_buffer_bytes, stats.send_buffer_bytes);
   }
-  void post_send(torch::Tensor tensor, int dst, int tag, std::string what);
+  void post_send(torch::Tensor tensor, int dst, int tag, std::string what, int64_t bundle);
   PostedRecv post_recv(torch::Tensor buffer, int src, int tag);
   void wait_recv(PostedRecv& posted, int src, const Envelope& envelope, const char* part);
   BundleRecvs post_bundle(const Envelope& envelope, int src);
@@ -333,8 +342,13 @@ void C10dTransport::Impl::reap() {
     }
     {
       std::lock_guard<std::mutex> lock(mutex);
-      stats.send_buffer_bytes -= sends.front().bytes;
+      PendingSend done = std::move(sends.front());
       sends.pop_front();
+      if (holding && !error && done.bundle >= released_through && done.bundle >= hold_from) {
+        held.push_back(std::move(done));  // the schedule has not proven it received yet
+      } else {
+        stats.send_buffer_bytes -= done.bytes;
+      }
       if (error && !aborted && !send_error) {
         send_error = *error;
         send_error_kind = kind;
@@ -344,13 +358,14 @@ void C10dTransport::Impl::reap() {
   }
 }
 
-void C10dTransport::Impl::post_send(torch::Tensor tensor, int dst, int tag, std::string what) {
+void C10dTransport::Impl::post_send(torch::Tensor tensor, int dst, int tag, std::string what,
+                                    int64_t bundle) {
   const int64_t bytes = static_cast<int64_t>(tensor.nbytes());
   std::vector<at::Tensor> one{std::move(tensor)};
   auto work = group->impl().backend->send(one, dst, tag);
   {
     std::lock_guard<std::mutex> lock(mutex);
-    sends.push_back({work, std::move(what), bytes});
+    sends.push_back({work, std::move(what), bytes, bundle});
     hold_send_locked(bytes);
     if (aborted) work->abort();
   }
@@ -497,8 +512,10 @@ void C10dTransport::send(const Envelope& envelope, Bundle bundle) {
   if (inline_meta) std::copy(meta.begin(), meta.end(), h + kHeaderFixed);
 
   int64_t agreed = 0;  // L(c)
+  int64_t bundle_index = 0;
   {
     std::lock_guard<std::mutex> lock(impl_->mutex);
+    bundle_index = impl_->next_bundle++;
     auto& last = impl_->sent_bytes[Impl::channel_of(envelope)];
     agreed = last;
     last = total;
@@ -524,18 +541,19 @@ void C10dTransport::send(const Envelope& envelope, Bundle bundle) {
   message.narrow(0, 0, kHeaderBytes).copy_(header.view(torch::kUInt8).to(impl_->wire_device));
   if (total == agreed && total > 0) pack(message.narrow(0, kHeaderBytes, total));
   impl_->post_send(message, dst, c10d_tag(envelope, MessagePart::kHeader),
-                   what + " (header and data)");
+                   what + " (header and data)", bundle_index);
   // [2]
   if (!inline_meta) {
     auto overflow = torch::tensor(meta, torch::kLong).to(impl_->wire_device);
     impl_->post_send(overflow, dst, c10d_tag(envelope, MessagePart::kMetadata),
-                     what + " (metadata)");
+                     what + " (metadata)", bundle_index);
   }
   // [3]
   if (total == agreed || total == 0) return;
   torch::Tensor data = impl_->wire_buffer(total, torch::kUInt8);
   pack(data);
-  impl_->post_send(data, dst, c10d_tag(envelope, MessagePart::kResizedData), what + " (data)");
+  impl_->post_send(data, dst, c10d_tag(envelope, MessagePart::kResizedData), what + " (data)",
+                   bundle_index);
 }
 
 int C10dTransport::Impl::check_receiver(const Envelope& envelope, const char* verb) {
@@ -683,6 +701,48 @@ void C10dTransport::abort(const std::string& reason) {
 void C10dTransport::reset() {
   // Healthy: nothing to clear (every message of a finished step has been received). Aborted: stay
   // aborted; a Gloo group may hold half-delivered messages, so only a restart is clean.
+}
+
+void C10dTransport::begin_sends() {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  impl_->holding = true;
+  impl_->hold_from = impl_->next_bundle;
+  impl_->released_through = impl_->hold_from;
+}
+
+void C10dTransport::release_sends(int64_t n) {
+  std::unique_lock<std::mutex> lock(impl_->mutex);
+  Impl& d = *impl_;
+  const int64_t target = d.hold_from + n;
+  if (!d.holding || target <= d.released_through) return;
+  PIPETRAIN_CHECK_INPUT(target <= d.next_bundle, "rank ", d.my_rank(), ": release_sends(", n,
+                        ") but only ", d.next_bundle - d.hold_from,
+                        " bundles were sent since begin_sends()");
+  d.released_through = target;
+  // Received, so complete or about to be: this waits for the reaper, never for a peer.
+  const std::chrono::milliseconds timeout = d.receive_timeout();
+  const bool seen = d.changed.wait_for(lock, timeout, [&] {
+    return d.aborted || d.send_error || d.sends.empty() || d.sends.front().bundle >= target;
+  });
+  d.throw_if_failed();
+  if (!seen) {
+    throw_error(ErrorKind::Timeout,
+                c10::str("rank ", d.my_rank(), ": the ", n,
+                         " sends the schedule proves received did not complete within ",
+                         timeout.count() / 1000.0, " s; first pending: ", d.sends.front().what),
+                ErrorSite{d.my_rank(), -1, "", -1});
+  }
+  while (!d.held.empty() && d.held.front().bundle < target) {
+    d.stats.send_buffer_bytes -= d.held.front().bytes;
+    d.held.pop_front();
+  }
+}
+
+void C10dTransport::end_sends() noexcept {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  impl_->holding = false;
+  for (const auto& send : impl_->held) impl_->stats.send_buffer_bytes -= send.bytes;
+  impl_->held.clear();
 }
 
 void C10dTransport::flush() {

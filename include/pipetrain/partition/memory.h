@@ -98,11 +98,12 @@ StageBytes stage_bytes(const ModelProfile& profile, std::int64_t first, std::int
 //                    receives posted ahead -- the interpreter keeps kReceiveLookahead = 2
 //                    posted, so the largest two consecutive received messages. A message = a
 //                    256-byte header + the data, 64-byte aligned.
-//   send buffers     the copies of sent messages, alive until their send completes: the most
-//                    bytes the rank sends in a row, with no receive between (1F1B's warm-up
-//                    sends on stage 0). When a send completes depends on the receiver and on
-//                    when the transport's reaper thread runs, so the measured figure lies
-//                    between the largest single message and this (docs/MEMORY.md).
+//   send buffers     the copies of sent messages: the runtime frees one once the schedule
+//                    proves its receiver has it (schedule/send_release.h; the transport keeps
+//                    it until then even when its send completed earlier, so the bytes do not
+//                    depend on timing). The most bytes held at once, walking the rank's sends:
+//                    before each, the proven ones are freed. GPipe's stage 0 holds all M of
+//                    its forwards; 1F1B's ranks at most 2 messages.
 struct RankMemory {
   std::int64_t parameters = 0;
   std::int64_t gradients = 0;

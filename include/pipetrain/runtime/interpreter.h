@@ -12,7 +12,9 @@
 // A schedule without communication actions (compute-only) is run with implicit receives before
 // F/B/I and sends after them. In a lowered schedule the interpreter announces each RF/RB from
 // another rank kReceiveLookahead receive actions ahead (Transport::expect), so the transport can
-// post it while this rank still computes.
+// post it while this rank still computes. Before each send to another rank it tells the
+// transport how many of its earlier sends of the step the schedule proves received
+// (Transport::release_sends, schedule/send_release.h), so their buffers go then and not later.
 //
 // Used per rank: the in-process Pipe runs one Interpreter per worker thread with a
 // LocalTransport; a multi-process launcher runs one per process with a c10d transport.
@@ -82,6 +84,8 @@ class Interpreter {
   Bundle take(std::map<std::pair<int, int>, Bundle>& box, int j, int i, const char* what);
   void send_activation(int j, int i);
   void send_gradient(int j, int i);
+  // Before a remote send: frees the buffers of the earlier sends proven received.
+  void release_sent();
   Bundle receive_activation(int j, int i);
   Bundle receive_gradient(int j, int i);
   bool local(int stage) const;
@@ -102,6 +106,10 @@ class Interpreter {
   // they receive (lowered schedules only).
   std::vector<size_t> receive_at_;
   std::vector<Envelope> receive_envelope_;
+  // [a]: for a send to another rank, how many of this rank's earlier remote sends of the step
+  // are proven received (schedule::released_sends); -1 otherwise. Empty: compute-only schedule.
+  std::vector<int> released_before_;
+  size_t at_ = 0;  // the action being run
   // Messages between actions of this rank, by (stage, micro-batch).
   std::map<std::pair<int, int>, Bundle> activations_in_, activations_out_;
   std::map<std::pair<int, int>, Bundle> gradients_in_, gradients_out_;

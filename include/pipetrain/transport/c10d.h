@@ -233,7 +233,9 @@ struct C10dTransportOptions {
 //
 //   send(envelope, bundle): posts isend(header), isend(meta)?, isend(data) to the stage's rank and
 //     returns; a reaper thread waits on the Work handles (keeping the tensors alive) until the
-//     receiver has taken them. A failed send is reported by the next send/recv call.
+//     receiver has taken them, in the order they were posted. A failed send is reported by the
+//     next send/recv call. Between begin_sends() and end_sends() a completed send's buffer is
+//     kept until release_sends() covers it (transport.h, "Sent buffers").
 //   expect(envelope): posts the header and data receives of that message now (see above).
 //   recv(envelope): posts the receives (unless expect() did), blocks until the data arrived
 //     (bounded by the world's timeout), abort() or the world's abort channel wakes it with the
@@ -255,6 +257,12 @@ class C10dTransport : public Transport {
   void expect(const Envelope& envelope) override;
   void abort(const std::string& reason) override;
   void reset() override;
+  void begin_sends() override;
+  // Waits (bounded by the receive timeout) for the reaper to see those sends complete, then frees
+  // their buffers. Throws pipetrain::Timeout when they do not complete in time: the caller's
+  // promise that they were received was wrong.
+  void release_sends(int64_t n) override;
+  void end_sends() noexcept override;
 
   // Blocks until every posted send has been taken by its receiver (bounded by the timeout).
   void flush();
@@ -268,8 +276,9 @@ class C10dTransport : public Transport {
     int64_t received_expected = 0;  // receives that expect() had posted ahead
     // Message buffers the transport holds now: receives posted and not yet handed to recv()'s
     // caller (a received bundle's tensors are views of its buffer, which then belongs to them),
-    // and copies of sent messages whose send has not completed (the reaper thread releases
-    // them). Peaks since construction or reset_peak_buffer_bytes().
+    // and copies of sent messages: until their send completed (the reaper thread releases
+    // them), or, between begin_sends() and end_sends(), until release_sends() covers them.
+    // Peaks since construction or reset_peak_buffer_bytes().
     int64_t receive_buffer_bytes = 0;
     int64_t peak_receive_buffer_bytes = 0;
     int64_t send_buffer_bytes = 0;

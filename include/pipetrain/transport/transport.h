@@ -14,6 +14,15 @@
 // the receiver still computes instead of waiting for a round trip when recv() is called. It never
 // blocks and never changes what recv() returns; a transport may ignore it (LocalTransport does).
 //
+// Sent buffers: a transport that copies a message keeps the copy until the send completes, which
+// depends on when the receiver posts its receive. Between begin_sends() and end_sends() (one
+// step of the interpreter) it keeps each copy until release_sends(n) says that the first n
+// messages sent since begin_sends() have been received, which the interpreter knows from the
+// schedule alone (schedule/send_release.h). So what a rank holds in sent messages is the same in
+// every run, and the memory model predicts it (partition/memory.h). release_sends() may wait for
+// the transport to see those sends complete, never for a peer to do anything more. After
+// end_sends() the rest are freed as their sends complete. LocalTransport copies nothing.
+//
 // Errors (pipetrain/base/error.h): a recv() that waited past the timeout throws pipetrain::Timeout;
 // send()/recv() after an abort throw pipetrain::PeerFailed with the abort's reason; a message that
 // could not be moved (a closed connection, corrupt data) is a pipetrain::TransportFailure. The
@@ -60,6 +69,13 @@ class Transport {
   virtual Bundle recv(const Envelope& envelope) = 0;
   // See "expect" above. REQUIRES: recv(envelope) has not been called for this message yet.
   virtual void expect(const Envelope& envelope) { (void)envelope; }
+
+  // See "Sent buffers" above. REQUIRES: n never decreases between begin_sends() and end_sends(),
+  // and the first n messages sent since begin_sends() have been received.
+  virtual void begin_sends() {}
+  virtual void release_sends(int64_t n) { (void)n; }
+  // Never throws.
+  virtual void end_sends() noexcept {}
 
   // Wakes every blocked recv() with an error carrying `reason`; later calls fail the same way.
   virtual void abort(const std::string& reason) = 0;
