@@ -110,6 +110,11 @@ def parse_args(argv):
     parser.add_argument("--dump-csv", metavar="FILE",
                         help="rank 0 writes the compute-only action lists the runtime runs "
                              "(after --load-csv, if given) to FILE")
+    parser.add_argument("--trace", action="store_true",
+                        help="time every forward, backward (B, or I when split) and weight "
+                             "gradient (W) of the timed steps; each rank prints the median per "
+                             "stage and action to stderr (TRACE lines), the compute alone, "
+                             "without the waits for messages")
     parser.add_argument("--make-fixture", metavar="DIR",
                         help="no training, no torchrun: write DIR/init.pt, DIR/x.pt, DIR/y.pt and "
                              "DIR/model.pt (TorchScript nn.Sequential with those weights)")
@@ -218,6 +223,41 @@ class GlooPipelineStage(pipelining.PipelineStage):
                 if op.group_peer != self.group_rank]
 
 
+def trace_actions(stages, record):
+    """Wraps each stage's forward_one_chunk, backward_one_chunk and backward_weight_one_chunk so
+    that every call appends (stage, action, seconds) to `record`. The schedule waits for a
+    chunk's messages before it calls these, so the times are the compute (and the stage's own
+    bookkeeping) alone. The last stage's loss is computed outside forward_one_chunk."""
+    def timed(original, stage_index, action_of):
+        def run(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                record.append((stage_index, action_of(kwargs), time.perf_counter() - start))
+        return run
+
+    for stage in stages:
+        j = stage.stage_index
+        stage.forward_one_chunk = timed(stage.forward_one_chunk, j, lambda kwargs: "F")
+        stage.backward_one_chunk = timed(
+            stage.backward_one_chunk, j,
+            lambda kwargs: "B" if kwargs.get("full_backward", True) else "I")
+        stage.backward_weight_one_chunk = timed(stage.backward_weight_one_chunk, j,
+                                                lambda kwargs: "W")
+
+
+def print_trace(rank, record, steps):
+    """One TRACE line per stage and action on stderr: median ms, calls per step."""
+    by_action = collections.defaultdict(list)
+    for stage_index, action, seconds in record:
+        by_action[(stage_index, action)].append(seconds)
+    for (stage_index, action), times in sorted(by_action.items()):
+        print(f"TRACE rank {rank} stage {stage_index} {action} median "
+              f"{statistics.median(times) * 1e3:.3f} ms, {len(times) / steps:g} per step",
+              file=sys.stderr, flush=True)
+
+
 def make_schedule(args, stages):
     name = SCHEDULES[args.schedule]
     schedule_class = getattr(pipelining, name, None)
@@ -302,8 +342,14 @@ def run_pipeline(args):
     optimizer = torch.optim.SGD(params, lr=args.lr) if params else None
     first, last = 0 in mine, num_stages - 1 in mine
 
-    times = [train_step(schedule, optimizer, x, y, first, last)
-             for _ in range(args.warmup + args.steps)][args.warmup:]
+    record = []
+    if args.trace:
+        trace_actions(stages, record)
+    times = [train_step(schedule, optimizer, x, y, first, last) for _ in range(args.warmup)]
+    record.clear()
+    times = [train_step(schedule, optimizer, x, y, first, last) for _ in range(args.steps)]
+    if args.trace:
+        print_trace(rank, record, args.steps)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     per_rank_times, per_rank_rss = gather_to_rank0(times), gather_to_rank0(rss)
     if args.save_params:

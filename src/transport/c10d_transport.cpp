@@ -215,13 +215,13 @@ struct C10dTransport::Impl {
   ErrorKind send_error_kind = ErrorKind::TransportFailure;  // or Timeout
   std::map<int64_t, c10::intrusive_ptr<detail::C10dWork>> receiving;
   int64_t next_receive = 0;
-  std::deque<PendingSend> sends;              // front: the one the reaper waits on
-  int64_t next_bundle = 0;                    // the index of the next send()
+  std::deque<PendingSend> sends;  // front: the one the reaper waits on
+  int64_t next_bundle = 0;        // the index of the next send()
   // begin_sends() .. end_sends(): completed sends of bundles >= released_through are kept.
   bool holding = false;
-  int64_t hold_from = 0;         // next_bundle at begin_sends()
-  int64_t released_through = 0;  // bundles below it may go
-  std::deque<PendingSend> held;  // completed, kept until released (in bundle order)
+  int64_t hold_from = 0;                      // next_bundle at begin_sends()
+  int64_t released_through = 0;               // bundles below it may go
+  std::deque<PendingSend> held;               // completed, kept until released (in bundle order)
   std::map<Channel, int64_t> sent_bytes;      // L(c) on the sending side
   std::map<Channel, int64_t> received_bytes;  // L(c) on the receiving side
   std::map<Channel, BundleRecvs> posted;      // by expect(), not yet taken by recv()

@@ -201,6 +201,55 @@ void scenario_rounds(Distributed& d) {
   std::cout << "OK rounds" << std::endl;
 }
 
+// Sent buffers between begin_sends() and end_sends() (transport.h, "Sent buffers"): rank 0 sends
+// three bundles of one message each (256-byte header + 64 floats); rank 1 takes them all before a
+// barrier, so all three sends are complete, yet rank 0 holds them until release_sends() says so.
+// A fourth, not yet received, cannot be released: Timeout after the 1 s receive timeout, naming
+// it. Prints "HELD <bytes after the barrier> <after release 2> <after end_sends and flush>".
+void scenario_held_sends(Distributed& d) {
+  auto transport = d.make_transport({0, 1}, torch::kCPU, std::chrono::milliseconds(1000));
+  auto bundle = [](int i) { return Bundle{{pattern({64}, torch::kFloat, i)}, {}}; };
+  if (d.rank() == 0) {
+    transport->begin_sends();
+    for (int i = 0; i < 3; ++i) transport->send({0, 1, i, Payload::kActivation}, bundle(i));
+    d.barrier();  // rank 1 has all three
+    const int64_t after_barrier = transport->stats().send_buffer_bytes;
+    transport->release_sends(2);
+    const int64_t after_release = transport->stats().send_buffer_bytes;
+    bool refused = false;
+    try {
+      transport->release_sends(5);
+    } catch (const BadInput& e) {
+      refused = std::string(e.what()).find("only 3 bundles") != std::string::npos;
+    }
+    CHECK_OR_THROW(refused, "release_sends(5) after 3 sends was not refused");
+    transport->send({0, 1, 3, Payload::kActivation}, bundle(3));
+    bool timed_out = false;
+    try {
+      transport->release_sends(4);  // the fourth is not received until after the next barrier
+    } catch (const Error& e) {
+      timed_out = e.kind() == ErrorKind::Timeout &&
+                  std::string(e.what()).find("micro-batch 3") != std::string::npos;
+      std::cout << "release of an unreceived send: " << e.what() << std::endl;
+    }
+    CHECK_OR_THROW(timed_out, "releasing a send not received did not time out naming it");
+    d.barrier();
+    transport->end_sends();
+    transport->flush();
+    std::cout << "HELD " << after_barrier << " " << after_release << " "
+              << transport->stats().send_buffer_bytes << std::endl;
+  } else {
+    for (int i = 0; i < 3; ++i) {
+      Bundle got = transport->recv({0, 1, i, Payload::kActivation});
+      expect_equal(got.tensors.at(0), bundle(i).tensors[0], "activation " + std::to_string(i));
+    }
+    d.barrier();
+    d.barrier();  // rank 0's release of the fourth has timed out
+    transport->recv({0, 1, 3, Payload::kActivation});
+  }
+  std::cout << "OK held" << std::endl;
+}
+
 // 4 stages on world ranks 0..3 (or 2 stages per rank: interleaved, ranks 0,1,0,1): each stage adds
 // its index; the last turns the activation into a gradient.
 void scenario_chain(Distributed& d, bool interleaved) {
@@ -646,6 +695,7 @@ int main(int argc, char** argv) {
   return run_distributed(options_with(pipeline_ranks), [&](Distributed& d) {
     if (scenario == "bundles") return scenario_bundles(d);
     if (scenario == "rounds") return scenario_rounds(d);
+    if (scenario == "held_sends") return scenario_held_sends(d);
     if (scenario == "chain") return scenario_chain(d, false);
     if (scenario == "chain_interleaved") return scenario_chain(d, true);
     if (scenario == "dp") return scenario_dp(d);

@@ -137,6 +137,15 @@ TEST(C10dTransport, PostsReceivesAheadAndAgreesOnSizesAcrossChangingRounds) {
   EXPECT_TRUE(run.all_gone());
 }
 
+// A message of 64 floats: 256 + 256 bytes. Three are held after their sends completed, one after
+// release_sends(2), none after end_sends().
+TEST(C10dTransport, KeepsCompletedSendsUntilReleasedAndTimesOutReleasingAnUnreceivedOne) {
+  auto run = run_ranks(2, {"held_sends"});
+  EXPECT_EQ(run.result.exit_code, 0) << run.output();
+  EXPECT_EQ(run.count("OK held"), 2) << run.output();
+  EXPECT_EQ(run.count("HELD 1536 512 0"), 1) << run.output();
+}
+
 TEST(C10dGroup, ReduceScattersAndAllGathersFlatShardsOverThreeMembers) {
   auto run = run_ranks(3, {"shards", "1"});  // K = 1: the three ranks are one dp group
   EXPECT_EQ(run.result.exit_code, 0) << run.output();
