@@ -8,7 +8,10 @@
 //   - the speed-up over sequential training in 1 process x 1 thread of the same 8 micro-batches
 //     one after another (gradients accumulated), and, for context, of the whole batch at once;
 //   - the C10dTransport round trip of a tiny bundle (the per-bundle latency).
-// Run without arguments: it re-launches itself as 2 ranks (runtime/launcher.h).
+// Run it as `bench_multiprocess_1f1b [checkpoint]` (never, except_last or always; default
+// except_last, the Pipe's default, in which B includes the recompute of F): it re-launches itself
+// as 2 ranks (runtime/launcher.h). `never` makes F and B comparable with the TRACE lines of
+// `bench/torch_pipelining.py --trace`, which does not checkpoint.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -144,7 +147,7 @@ std::pair<double, double> sequential_steps(const torch::Tensor& x, const torch::
   return {median_of(as_tensor(microbatched_times)), median_of(as_tensor(whole_times))};
 }
 
-void rank_main(Distributed& d) {
+void rank_main(Distributed& d, Checkpoint checkpoint) {
   torch::set_num_threads(1);
   const double tiny_round_trip = ping_pong(d, 1, 200);
   const double activation_round_trip = ping_pong(d, int64_t{kRows / kChunks} * kWidth, 50);
@@ -153,7 +156,8 @@ void rank_main(Distributed& d) {
   const auto x = torch::randn({kRows, kWidth});
   const auto y = torch::randn({kRows, kWidth});
   auto model = make_model();
-  DistributedPipe pipe(d, model, PipeOptions().stages(2).chunks(kChunks).schedule("1f1b"));
+  DistributedPipe pipe(
+      d, model, PipeOptions().stages(2).chunks(kChunks).schedule("1f1b").checkpoint(checkpoint));
   const auto all = pipelined_steps(d, pipe, x, y);  // [1]
   if (d.rank() != 0) return;
 
@@ -173,6 +177,7 @@ void rank_main(Distributed& d) {
   const double makespan = schedule::simulate(pipe.schedule(), model_costs).makespan;
   const auto [sequential, whole] = sequential_steps(x, y);  // [2]
 
+  std::printf("checkpoint %s\n", to_string(checkpoint).c_str());
   std::printf("per-action costs (ms): F %.2f / %.2f, B %.2f / %.2f (stage 0 / 1), transfer %.3f\n",
               model_costs.forward_per_stage[0] * 1e3, model_costs.forward_per_stage[1] * 1e3,
               model_costs.backward_per_stage[0] * 1e3, model_costs.backward_per_stage[1] * 1e3,
@@ -201,6 +206,13 @@ int main(int argc, char** argv) {
   if (!DistributedEnvironment::present()) {
     return launch_self(2, strip_launcher_flags(argc, argv));
   }
+  Checkpoint checkpoint = Checkpoint::kExceptLast;
+  try {
+    if (argc > 1) checkpoint = parse_checkpoint(argv[1]);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_multiprocess_1f1b [checkpoint]: %s\n", e.what());
+    return 2;
+  }
   return run_distributed(DistributedOptions().timeout(std::chrono::seconds(120)),
-                         [](Distributed& d) { rank_main(d); });
+                         [checkpoint](Distributed& d) { rank_main(d, checkpoint); });
 }
