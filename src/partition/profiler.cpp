@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -15,6 +16,7 @@
 #include "pipetrain/base/median.h"
 #include "pipetrain/base/message_of.h"
 #include "pipetrain/stage/allocation_counter.h"
+#include "pipetrain/stage/device.h"
 #include "pipetrain/stage/skip.h"
 
 namespace pipetrain::partition {
@@ -26,19 +28,18 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// Median over trials of the time per call of `body`.
-template <typename Body>
-double time_call(const ProfileOptions& options, Body&& body) {
+// Median over trials of the time per call of `body` on `device`: wall-clock on the CPU, CUDA
+// events on a GPU (stage/device.h), one call at a time until the trial lasted min_trial_seconds.
+double time_call(const ProfileOptions& options, const torch::Device& device,
+                 const std::function<void()>& body) {
   for (int w = 0; w < options.warmup(); ++w) body();
   std::vector<double> trials;
   for (int t = 0; t < std::max(options.repeats(), 1); ++t) {
     int calls = 0;
-    const auto start = Clock::now();
     double elapsed = 0;
     do {
-      body();
+      elapsed += time_on_device(device, 1, body);
       ++calls;
-      elapsed = seconds_since(start);
     } while (elapsed < options.min_trial_seconds());
     trials.push_back(elapsed / calls);
   }
@@ -117,12 +118,18 @@ std::vector<std::int64_t> chained_activation_bytes(const std::vector<torch::nn::
                                                    bool input_wants_grad = false) {
   ThreadCountGuard one_thread(1);
   // One autocast region around the chain, as a stage has around its layers.
-  const AutocastGuard autocast(precision, microbatch.device());
+  const torch::Device device = microbatch.device();
+  const AutocastGuard autocast(precision, device);
   AllocationCounter counter;  // stage/allocation_counter.h: what the stages measure with
+  // Live bytes: this thread's CPU allocations, or the GPU's caching allocator on a CUDA device.
+  auto live = [&] {
+    return device.is_cpu() ? counter.live_bytes() : device_allocated_bytes(device);
+  };
   std::vector<std::int64_t> bytes;
   *seen = false;
   {
     CountAllocations guard(counter);
+    const std::int64_t before = live();
     // The input is allocated under the counter too, so every free it sees it also saw
     // allocated. Like the first stage's data it wants no gradient: a layer saves what the input's
     // gradient needs only when that is wanted (under bf16 a Linear's bfloat16 weight copy, which a
@@ -132,8 +139,8 @@ std::vector<std::int64_t> chained_activation_bytes(const std::vector<torch::nn::
     // The first stage keeps its input as a leaf for the whole step: a layer that drops its last
     // view (a Flatten's output, once the next layer has run) frees nothing.
     const torch::Tensor model_input = x;
-    *seen = counter.live_bytes() > 0;
-    std::int64_t previous = counter.live_bytes();
+    *seen = live() > before;
+    std::int64_t previous = live();
     SkipContext skips;  // skips in flight count as kept by the layer that stashed them
     std::vector<torch::Tensor> kept;
     for (std::size_t l = 0; l < layers.size(); ++l) {
@@ -141,8 +148,8 @@ std::vector<std::int64_t> chained_activation_bytes(const std::vector<torch::nn::
       // [1] y's graph keeps the saved tensors; [2] dropping our handle on x frees it unless the
       // graph saved it. The net growth is what this layer adds to the stash.
       x = run_layer(*layers[l], l, x, skips);
-      bytes.push_back(counter.live_bytes() - previous);
-      previous = counter.live_bytes();
+      bytes.push_back(live() - previous);
+      previous = live();
     }
   }
   return bytes;
@@ -167,7 +174,7 @@ LayerProfile parameter_profile(std::size_t l, torch::nn::AnyModule& layer,
     for (const auto& p : params) grads.push_back(torch::zeros_like(p));
     torch::NoGradGuard no_grad;
     // One pass over the gradients, one over the parameters.
-    profile.update_seconds = time_call(options, [&] {
+    profile.update_seconds = time_call(options, params.front().device(), [&] {
       for (std::size_t q = 0; q < params.size(); ++q) {
         grads[q].zero_();
         params[q].add_(grads[q], -1e-3);
@@ -187,7 +194,7 @@ void time_backward(const torch::Tensor& y, const torch::Tensor& leaf, bool needs
   if (!y.requires_grad()) return;
   const torch::Tensor g = torch::randn_like(y);
   auto grad_of = [&](const std::vector<torch::Tensor>& wrt) {
-    return time_call(options, [&] {
+    return time_call(options, y.device(), [&] {
       (void)torch::autograd::grad({y}, wrt, {g}, /*retain_graph=*/true,
                                   /*create_graph=*/false, /*allow_unused=*/true);
     });
@@ -198,7 +205,8 @@ void time_backward(const torch::Tensor& y, const torch::Tensor& leaf, bool needs
     std::vector<torch::Tensor> saved;  // the caller's gradients, put back afterwards
     for (auto& p : params) saved.push_back(p.grad());
     cost.backward_seconds =
-        time_call(options, [&] { torch::autograd::backward({y}, {g}, /*retain_graph=*/true); });
+        time_call(options, y.device(),
+                  [&] { torch::autograd::backward({y}, {g}, /*retain_graph=*/true); });
     for (std::size_t q = 0; q < params.size(); ++q) params[q].mutable_grad() = saved[q];
   }
   if (needs_input_grad) cost.backward_input_seconds = grad_of({leaf});
@@ -227,7 +235,7 @@ bool profile_microbatch(const std::vector<torch::nn::AnyModule*>& layers,
     const bool needs_input_grad = l > 0 && leaf.is_floating_point();
     leaf.requires_grad_(needs_input_grad);
     LayerCost cost;
-    cost.forward_seconds = time_call(options, [&] {
+    cost.forward_seconds = time_call(options, leaf.device(), [&] {
       SkipContext trial = skips;
       (void)run_layer(*layers[l], l, leaf, trial);
     });
@@ -278,6 +286,14 @@ ModelProfile profile_sequential(torch::nn::Sequential& model, const torch::Tenso
                           "profile_sequential: micro-batch size ", b, " is outside 1..",
                           profile.batch_size, " (the sample batch's rows)");
   }
+  for (const auto& parameter : model->named_parameters()) {
+    PIPETRAIN_CHECK_INPUT(parameter.value().device() == sample_batch.device(),
+                          "profile_sequential: parameter ", parameter.key(), " is on ",
+                          parameter.value().device().str(), " but the sample batch on ",
+                          sample_batch.device().str(),
+                          "; move the model and the batch to the device to profile on");
+  }
+  check_device_usable(sample_batch.device());
   const std::vector<torch::nn::AnyModule*> layers = layers_of(model);
   for (std::size_t l = 0; l < layers.size(); ++l) {
     profile.layers.push_back(parameter_profile(l, *layers[l], options));

@@ -18,6 +18,7 @@
 
 #include "pipetrain/base/check.h"
 #include "pipetrain/stage/device.h"
+#include "wall_seconds.h"
 
 namespace pipetrain {
 
@@ -136,6 +137,28 @@ int64_t device_peak_allocated_bytes(const torch::Device& device) {
 
 void reset_device_peak_allocated_bytes(const torch::Device& device) {
   if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+}
+
+int64_t device_allocated_bytes(const torch::Device& device) {
+  if (!device.is_cuda()) return 0;
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+  return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
+      .current;
+}
+
+double time_on_device(const torch::Device& device, int calls, const std::function<void()>& body) {
+  PIPETRAIN_CHECK_INPUT(calls >= 1, "time_on_device: calls must be >= 1, got ", calls);
+  if (!device.is_cuda()) return wall_seconds(calls, body);
+  check_device_usable(device);
+  const c10::cuda::CUDAGuard on_device(device.index());
+  const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(device.index());
+  c10::cuda::CUDAEvent start(cudaEventDefault);  // timing enabled (the default disables it)
+  c10::cuda::CUDAEvent end(cudaEventDefault);
+  start.record(stream);
+  for (int c = 0; c < calls; ++c) body();
+  end.record(stream);
+  end.synchronize();
+  return static_cast<double>(start.elapsed_time(end)) / 1e3;
 }
 
 torch::Tensor device_rng_state(const torch::Device& device) {

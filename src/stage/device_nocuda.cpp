@@ -4,6 +4,7 @@
 
 #include "pipetrain/base/check.h"
 #include "pipetrain/stage/device.h"
+#include "wall_seconds.h"
 
 namespace pipetrain {
 
@@ -38,6 +39,16 @@ int64_t device_peak_allocated_bytes(const torch::Device&) {
   return 0;
 }
 void reset_device_peak_allocated_bytes(const torch::Device&) {}
+
+int64_t device_allocated_bytes(const torch::Device&) {
+  return 0;
+}
+
+double time_on_device(const torch::Device& device, int calls, const std::function<void()>& body) {
+  PIPETRAIN_CHECK_INPUT(calls >= 1, "time_on_device: calls must be >= 1, got ", calls);
+  check_device_usable(device);
+  return wall_seconds(calls, body);
+}
 
 torch::Tensor device_rng_state(const torch::Device&) {
   return {};

@@ -1,4 +1,7 @@
 // Profiler: shapes and bytes it must get exactly, timings it must order correctly.
+#include <chrono>
+#include <thread>
+
 #include <gtest/gtest.h>
 
 #include <torch/torch.h>
@@ -7,6 +10,7 @@
 #include "pipetrain/base/error.h"
 #include "pipetrain/partition/planner.h"
 #include "pipetrain/partition/profiler.h"
+#include "pipetrain/stage/device.h"
 
 namespace pipetrain::partition {
 namespace {
@@ -90,6 +94,39 @@ TEST(Profiler, NamesTheLayerThatCannotTakeItsInput) {
   } catch (const BadInput& e) {
     EXPECT_NE(std::string(e.what()).find("layer 1"), std::string::npos) << e.what();
   }
+}
+
+// A layer whose parameter lives on the meta device: a device other than the batch's on any
+// machine (Module::to(kMeta) is refused by LibTorch's set_data).
+struct MetaScaleImpl : torch::nn::Module {
+  MetaScaleImpl() { scale = register_parameter("scale", torch::ones({8}, torch::kMeta)); }
+  torch::Tensor forward(const torch::Tensor& x) { return x * scale; }
+  torch::Tensor scale;
+};
+TORCH_MODULE(MetaScale);
+
+TEST(Profiler, AModelAndABatchOnDifferentDevicesAreAnErrorNamingTheParameter) {
+  torch::nn::Sequential model(torch::nn::Linear(8, 8), MetaScale());
+  try {
+    profile_sequential(model, torch::randn({4, 8}), quick());
+    FAIL() << "expected an error";
+  } catch (const BadInput& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("parameter 1.scale is on meta"), std::string::npos) << message;
+    EXPECT_NE(message.find("the sample batch on cpu"), std::string::npos) << message;
+  }
+}
+
+TEST(DeviceTime, OnTheCpuIsTheWallClockTimeOfEveryCall) {
+  int calls = 0;
+  const double seconds = time_on_device(torch::kCPU, 3, [&] {
+    ++calls;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  });
+  EXPECT_EQ(calls, 3);
+  EXPECT_GE(seconds, 0.006);
+  EXPECT_LT(seconds, 1.0);
+  EXPECT_THROW(time_on_device(torch::kCPU, 0, [] {}), BadInput);
 }
 
 TEST(ProfiledPlan, RecommendsNoSlowerThanTheHandWrittenDefault) {

@@ -8,6 +8,7 @@
 
 #include "../helpers/multiprocess.h"
 #include "pipetrain/base/error.h"
+#include "pipetrain/partition/profiler.h"
 #include "pipetrain/runtime/pipe.h"
 #include "pipetrain/schedule/generators.h"
 #include "pipetrain/stage/device.h"
@@ -38,6 +39,34 @@ TEST(CudaDevice, ACudaDeviceBeyondTheVisibleOnesIsAnErrorNamingTheCount) {
                 message.find("CPU-only") != std::string::npos)
         << message;
   }
+}
+
+// The profiler on a GPU times what the GPU spends (CUDA events), not the microseconds the host
+// takes to queue a kernel: a Linear(4096) on 4096 rows is 2 * 4096^3 = 1.4e11 multiply-adds x 2,
+// at least 0.5 ms forward on any GPU today (under 280 TFLOP/s in float32), where a host clock
+// reads the launch alone (tens of microseconds). Its activation bytes come from the caching
+// allocator: the Linear keeps its input and makes its output, 64 MiB each.
+TEST(CudaProfiler, TimesLayersWithCudaEventsAndCountsTheirDeviceBytes) {
+  SKIP_UNLESS_GPUS(1);
+  const torch::Device gpu(torch::kCUDA, 0);
+  torch::nn::Sequential model(torch::nn::Linear(4096, 4096), torch::nn::ReLU());
+  model->to(gpu);
+  const torch::Tensor batch = torch::randn({4096, 4096}, gpu);
+  const partition::ModelProfile profile = partition::profile_sequential(
+      model, batch,
+      partition::ProfileOptions().microbatch_sizes({4096}).repeats(3).measure_transfer(false));
+  ASSERT_EQ(profile.method, "allocator");
+  const partition::LayerCost& linear = profile.layers[0].costs[0];
+  EXPECT_GT(linear.forward_seconds, 5e-4);
+  EXPECT_GT(linear.backward_seconds, linear.forward_seconds);
+  const std::int64_t block = std::int64_t{4096} * 4096 * 4;
+  EXPECT_NEAR(static_cast<double>(linear.activation_bytes), static_cast<double>(block),
+              0.01 * static_cast<double>(block));
+  // time_on_device waits for the kernels: 10 matmuls take about 10 times one.
+  const torch::Tensor a = torch::randn({4096, 4096}, gpu);
+  const double one = time_on_device(gpu, 1, [&] { (void)torch::mm(a, a); });
+  const double ten = time_on_device(gpu, 10, [&] { (void)torch::mm(a, a); });
+  EXPECT_GT(ten, 5 * one);
 }
 
 // Weights after 3 SGD steps equal sequential training on the CPU (1e-4 relative: cuBLAS and the

@@ -1,5 +1,6 @@
-// Profiler: measures a torch::nn::Sequential layer by layer on CPU and returns a ModelProfile
-// (profile.h) for the planner.
+// Profiler: measures a torch::nn::Sequential layer by layer on the sample batch's device (the CPU
+// or a GPU; the model's parameters must be there too) and returns a ModelProfile (profile.h) for
+// the planner.
 //
 // Per layer l and per micro-batch size b (the first b rows of the sample batch), with the
 // layer's real input (the previous layer's output):
@@ -10,7 +11,9 @@
 //   W         torch::autograd::grad(y, params, g)               weight gradients only
 //   update    zero_grad + SGD: grad.zero_(), p -= lr * grad for each parameter
 // Each figure is the median of `repeats` trials after `warmup` untimed runs; a trial loops until
-// it lasted min_trial_seconds and reports the time per iteration (small layers run in µs).
+// it lasted min_trial_seconds and reports the time per iteration (small layers run in µs). Each
+// call is timed with stage/device.h's time_on_device: the wall clock on the CPU, CUDA events on a
+// GPU (what the GPU spent: a host clock around asynchronous kernels reads the launch alone).
 //
 // Activation bytes: the layers run once as a chain (each output fed to the next, our handle on
 // the previous output dropped, autograd recording) while a c10 MemoryReportingInfoBase hook
@@ -20,11 +23,13 @@
 // default CPU allocator hands out; blind to allocations made on other threads (the chain runs
 // with one intra-op thread) and to memory outside the allocator. When the hook sees nothing
 // (allocator not reporting) the profile falls back to "output bytes": the sum of each layer's
-// output sizes, method says which.
+// output sizes, method says which. On a GPU the live bytes are the caching allocator's allocated
+// bytes of that device (device_allocated_bytes: every thread's, blocks rounded to 512 bytes).
 //
 // Thread-safety: profile_sequential runs the model; do not train it meanwhile. It temporarily
 // sets this thread's intra-op thread count (restored on return).
-// REQUIRES: every layer maps one tensor to one tensor; the sample batch has >= 1 row.
+// REQUIRES: every layer maps one tensor to one tensor; the sample batch has >= 1 row; the model's
+// parameters are on the sample batch's device (pipetrain::BadInput naming the parameter).
 #pragma once
 
 #include <cstdint>

@@ -8,6 +8,7 @@
 // calling thread only.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -63,6 +64,16 @@ std::vector<torch::Tensor> copy_to_device(const HostCopies& copies, const torch:
 // CPU, where allocations are counted by stage/allocation_counter.h instead), and the reset.
 int64_t device_peak_allocated_bytes(const torch::Device& device);
 void reset_device_peak_allocated_bytes(const torch::Device& device);
+// Bytes LibTorch's caching allocator has allocated on `device` now, every thread's (0 on the CPU).
+// Blocks are rounded up by the allocator (to 512 bytes), so small tensors count a little more.
+int64_t device_allocated_bytes(const torch::Device& device);
+
+// Seconds that `calls` runs of `body` take on `device`. On a CUDA device: the time between two
+// CUDA events recorded on the calling thread's current stream before and after the runs, waiting
+// for the second -- what the GPU spent, not the time the host took to queue the kernels (which
+// is all a host clock sees of asynchronous work). On the CPU: wall-clock time.
+// REQUIRES: calls >= 1; `body` queues its work on the current stream.
+double time_on_device(const torch::Device& device, int calls, const std::function<void()>& body);
 
 // The state of the random number generator of `device` (undefined tensor for CPU: the CPU
 // generator is handled by the stage itself), and its restore.
