@@ -204,9 +204,8 @@ void time_backward(const torch::Tensor& y, const torch::Tensor& leaf, bool needs
   if (needs_input_grad || !params.empty()) {
     std::vector<torch::Tensor> saved;  // the caller's gradients, put back afterwards
     for (auto& p : params) saved.push_back(p.grad());
-    cost.backward_seconds =
-        time_call(options, y.device(),
-                  [&] { torch::autograd::backward({y}, {g}, /*retain_graph=*/true); });
+    cost.backward_seconds = time_call(
+        options, y.device(), [&] { torch::autograd::backward({y}, {g}, /*retain_graph=*/true); });
     for (std::size_t q = 0; q < params.size(); ++q) params[q].mutable_grad() = saved[q];
   }
   if (needs_input_grad) cost.backward_input_seconds = grad_of({leaf});
@@ -287,11 +286,10 @@ ModelProfile profile_sequential(torch::nn::Sequential& model, const torch::Tenso
                           profile.batch_size, " (the sample batch's rows)");
   }
   for (const auto& parameter : model->named_parameters()) {
-    PIPETRAIN_CHECK_INPUT(parameter.value().device() == sample_batch.device(),
-                          "profile_sequential: parameter ", parameter.key(), " is on ",
-                          parameter.value().device().str(), " but the sample batch on ",
-                          sample_batch.device().str(),
-                          "; move the model and the batch to the device to profile on");
+    PIPETRAIN_CHECK_INPUT(
+        parameter.value().device() == sample_batch.device(), "profile_sequential: parameter ",
+        parameter.key(), " is on ", parameter.value().device().str(), " but the sample batch on ",
+        sample_batch.device().str(), "; move the model and the batch to the device to profile on");
   }
   check_device_usable(sample_batch.device());
   const std::vector<torch::nn::AnyModule*> layers = layers_of(model);

@@ -13,6 +13,7 @@
 #include "pipetrain/runtime/scoped_threads.h"
 #include "pipetrain/schedule/generators.h"
 #include "pipetrain/schedule/lower.h"
+#include "pipetrain/schedule/send_release.h"
 #include "pipetrain/schedule/validate.h"
 #include "pipetrain/stage/device.h"
 #include "pipetrain/stage/microbatch.h"
@@ -138,6 +139,12 @@ const schedule::Schedule& DistributedPipe::schedule_for(int microbatches) {
   return schedules_.emplace(microbatches, std::move(s)).first->second;
 }
 
+const std::vector<std::vector<int>>* DistributedPipe::released_for(const schedule::Schedule& s) {
+  auto found = released_.find(&s);
+  if (found == released_.end()) found = released_.emplace(&s, schedule::released_sends(s)).first;
+  return &found->second;
+}
+
 torch::Tensor DistributedPipe::train_step(const torch::Tensor& input, const torch::Tensor& target,
                                           const LossFn& loss_fn) {
   PIPETRAIN_CHECK_INPUT(
@@ -168,7 +175,7 @@ torch::Tensor DistributedPipe::train_step(const torch::Tensor& input, const torc
   const ScopedThreadCount thread_count(static_cast<int>(options_.threads_per_stage()));
   std::map<int, Stage*> stages = fresh_stages();
   RankResult result;
-  Interpreter interpreter(distributed_.pipeline_rank(), s, stages, *transport_);
+  Interpreter interpreter(distributed_.pipeline_rank(), s, stages, *transport_, released_for(s));
   transport_->reset_peak_buffer_bytes();
   interpreter.run(data, result);
   step_transport_stats_ = transport_->stats();
@@ -231,7 +238,8 @@ torch::Tensor DistributedPipe::forward(const torch::Tensor& input) {
   const ScopedThreadCount thread_count(static_cast<int>(options_.threads_per_stage()));
   std::map<int, Stage*> stages = fresh_stages();
   RankResult result;
-  Interpreter interpreter(distributed_.pipeline_rank(), found->second, stages, *transport_);
+  Interpreter interpreter(distributed_.pipeline_rank(), found->second, stages, *transport_,
+                          released_for(found->second));
   interpreter.run(data, result);
   if (!stages_.count(num_stages_ - 1)) return torch::Tensor();
   std::vector<torch::Tensor> outputs = join_microbatches(result.outputs);

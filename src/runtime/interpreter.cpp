@@ -38,7 +38,7 @@ std::string cause_text(const std::exception& e, int rank, const schedule::Action
 }  // namespace
 
 Interpreter::Interpreter(int rank, const schedule::Schedule& schedule, std::map<int, Stage*> stages,
-                         Transport& transport)
+                         Transport& transport, const std::vector<std::vector<int>>* released_sends)
     : rank_(rank),
       schedule_(schedule),
       stages_(std::move(stages)),
@@ -66,7 +66,11 @@ Interpreter::Interpreter(int rank, const schedule::Schedule& schedule, std::map<
       receive_envelope_.push_back(Envelope{j + 1, j, action.microbatch, Payload::kGradient});
     }
   }
-  if (lowered_) released_before_ = schedule::released_sends(schedule)[static_cast<size_t>(rank)];
+  if (lowered_ && transport.keeps_sent_buffers()) {
+    released_before_ = released_sends
+                           ? released_sends->at(static_cast<size_t>(rank))
+                           : schedule::released_sends(schedule)[static_cast<size_t>(rank)];
+  }
 }
 
 bool Interpreter::local(int stage) const {

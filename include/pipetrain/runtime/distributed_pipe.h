@@ -132,6 +132,9 @@ class DistributedPipe {
   std::unique_ptr<C10dTransport> transport_;
   std::map<int, schedule::Schedule> schedules_;  // lowered, by M
   std::map<int, schedule::Schedule> inference_;  // lowered forward-only, by M
+  // schedule::released_sends of each schedule above (by address: map nodes do not move).
+  std::map<const schedule::Schedule*, std::vector<std::vector<int>>> released_;
+  const std::vector<std::vector<int>>* released_for(const schedule::Schedule& s);
   const schedule::Schedule* last_ = nullptr;
   bool allreduce_gradients_ = true;
   std::vector<std::pair<std::string, torch::Tensor>> named_;

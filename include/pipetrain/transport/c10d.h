@@ -257,6 +257,7 @@ class C10dTransport : public Transport {
   void expect(const Envelope& envelope) override;
   void abort(const std::string& reason) override;
   void reset() override;
+  bool keeps_sent_buffers() const override { return true; }
   void begin_sends() override;
   // Waits (bounded by the receive timeout) for the reaper to see those sends complete, then frees
   // their buffers. Throws pipetrain::Timeout when they do not complete in time: the caller's

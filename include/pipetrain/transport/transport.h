@@ -72,6 +72,9 @@ class Transport {
 
   // See "Sent buffers" above. REQUIRES: n never decreases between begin_sends() and end_sends(),
   // and the first n messages sent since begin_sends() have been received.
+  // True when the transport keeps sent buffers (then the interpreter works out release_sends()'s
+  // counts, which costs O(actions x ranks) per schedule).
+  virtual bool keeps_sent_buffers() const { return false; }
   virtual void begin_sends() {}
   virtual void release_sends(int64_t n) { (void)n; }
   // Never throws.
