@@ -719,7 +719,8 @@ void C10dTransport::release_sends(int64_t n) {
                         ") but only ", d.next_bundle - d.hold_from,
                         " bundles were sent since begin_sends()");
   d.released_through = target;
-  // Received, so complete or about to be: this waits for the reaper, never for a peer.
+  // Proven received: complete or about to be. Beyond the send window: their receivers post the
+  // receives without waiting for us (the schedule was run with the window).
   const std::chrono::milliseconds timeout = d.receive_timeout();
   const bool seen = d.changed.wait_for(lock, timeout, [&] {
     return d.aborted || d.send_error || d.sends.empty() || d.sends.front().bundle >= target;
@@ -727,9 +728,10 @@ void C10dTransport::release_sends(int64_t n) {
   d.throw_if_failed();
   if (!seen) {
     throw_error(ErrorKind::Timeout,
-                c10::str("rank ", d.my_rank(), ": the ", n,
-                         " sends the schedule proves received did not complete within ",
-                         timeout.count() / 1000.0, " s; first pending: ", d.sends.front().what),
+                c10::str("rank ", d.my_rank(), ": the first ", n,
+                         " sends of the step did not complete within ", timeout.count() / 1000.0,
+                         " s (its receiver has not posted the receive); first pending: ",
+                         d.sends.front().what),
                 ErrorSite{d.my_rank(), -1, "", -1});
   }
   while (!d.held.empty() && d.held.front().bundle < target) {

@@ -32,10 +32,32 @@ TEST(SendRelease, OneFOneBOnTwoRanksReleasesTheMessageBeforeLast) {
   EXPECT_EQ(counts_of(released, 1), (std::vector<int>{0, 0, 1, 2}));
 }
 
-TEST(SendRelease, GpipeStageZeroKnowsNothingUntilItsFirstBackward) {
-  // Every forward of stage 0 is sent before it receives anything: all M are held.
-  const auto released = released_sends(lower(gpipe(2, 4)));
-  EXPECT_EQ(counts_of(released, 0), (std::vector<int>{0, 0, 0, 0}));
+TEST(SendRelease, GpipeStageZeroKnowsNothingUntilItsFirstBackwardSoTheWindowBoundsIt) {
+  // Every forward of stage 0 is sent before it receives anything: without a window all M are
+  // held; with the window of 2 the oldest goes before each send from the third on.
+  const Schedule s = lower(gpipe(2, 4));
+  EXPECT_EQ(counts_of(released_sends(s, /*window=*/0), 0), (std::vector<int>{0, 0, 0, 0}));
+  EXPECT_EQ(counts_of(released_sends(s), 0), (std::vector<int>{0, 0, 1, 2}));
+}
+
+TEST(SendRelease, TheWindowWidensWhereItWouldDeadlock) {
+  // Rank 1 takes the activations in reverse order. With a window of 2 rank 0 would wait, before
+  // sending activation 2, for rank 1 to take activation 0, which it does only after activation
+  // 2. A window of 3 runs.
+  Schedule s;
+  s.name = "reversed";
+  s.num_ranks = 2;
+  s.num_stages = 2;
+  s.num_microbatches = 3;
+  s.stage_rank = {0, 1};
+  s.actions.resize(2);
+  for (int i : {0, 1, 2}) s.actions[0].push_back({0, Op::kForward, i});
+  for (int i : {2, 1, 0}) s.actions[1].push_back({1, Op::kForward, i});
+  for (int i : {0, 1, 2}) s.actions[1].push_back({1, Op::kBackward, i});
+  for (int i : {0, 1, 2}) s.actions[0].push_back({0, Op::kBackward, i});
+  const Schedule lowered = lower(s);
+  EXPECT_EQ(counts_of(released_sends(lowered), 0), (std::vector<int>{0, 0, 0}));
+  EXPECT_EQ(counts_of(released_sends(lowered, 1), 0), (std::vector<int>{0, 0, 0}));
 }
 
 TEST(SendRelease, SendsBetweenStagesOfOneRankAreNotCounted) {
@@ -45,8 +67,9 @@ TEST(SendRelease, SendsBetweenStagesOfOneRankAreNotCounted) {
   EXPECT_TRUE(counts_of(released_sends(s), 0).empty());
 }
 
-TEST(SendRelease, ComputeOnlySchedulesAreRefused) {
+TEST(SendRelease, ComputeOnlySchedulesAndBadSettingsAreRefused) {
   EXPECT_THROW(released_sends(one_f_one_b(2, 4)), BadInput);
+  EXPECT_THROW(released_sends(lower(one_f_one_b(2, 4)), -1), BadInput);
 }
 
 // ---- an independent check: reachability in the graph of actions ------------------------------
@@ -103,6 +126,7 @@ class HappensBefore {
   std::map<Node, Node> receive_of_;
 };
 
+// Without a window: exactly the proven prefix.
 TEST(SendRelease, EveryFamilyReleasesExactlyTheProvenPrefix) {
   for (const std::string& name : schedule_names()) {
     for (const int ranks : {2, 4}) {
@@ -110,7 +134,7 @@ TEST(SendRelease, EveryFamilyReleasesExactlyTheProvenPrefix) {
       const int m = 2 * ranks;
       if (!shape_error(name, ranks, m, v).empty()) continue;
       const Schedule s = lower(make_schedule(name, ranks, m, v));
-      const auto released = released_sends(s);
+      const auto released = released_sends(s, /*window=*/0);
       const HappensBefore hb(s);
       for (int r = 0; r < ranks; ++r) {
         std::vector<Node> earlier;  // rank r's remote sends so far
@@ -134,6 +158,39 @@ TEST(SendRelease, EveryFamilyReleasesExactlyTheProvenPrefix) {
                 << where << ": send " << count << " is proven received but kept";
           }
           earlier.push_back({r, a});
+        }
+      }
+    }
+  }
+}
+
+// With the window: at least the proven prefix (so never more held than without the window),
+// and no more than the window of 2 except in the V-shaped families, whose ranks would wait on
+// each other with 2 (their window widens; zb-v at K = 4 holds up to 5).
+TEST(SendRelease, EveryFamilyHoldsAtMostTheWindowAndFreesAtLeastTheProvenPrefix) {
+  for (const std::string& name : schedule_names()) {
+    for (const int ranks : {2, 4}) {
+      const int v = default_virtual_stages(name);
+      const int m = 2 * ranks;
+      if (!shape_error(name, ranks, m, v).empty()) continue;
+      const Schedule s = lower(make_schedule(name, ranks, m, v));
+      const auto proven = released_sends(s, 0);
+      const auto windowed = released_sends(s);
+      const bool widens = is_v_shaped(name);
+      for (int r = 0; r < ranks; ++r) {
+        const std::vector<int> p = counts_of(proven, r);
+        const std::vector<int> w = counts_of(windowed, r);
+        ASSERT_EQ(p.size(), w.size());
+        for (std::size_t e = 0; e < w.size(); ++e) {
+          const std::string where = name + " K=" + std::to_string(ranks) + " rank " +
+                                    std::to_string(r) + " send " + std::to_string(e);
+          EXPECT_GE(w[e], p[e]) << where;
+          if (!widens) {
+            EXPECT_LE(static_cast<int>(e) + 1 - w[e], kSendWindow) << where;
+          }
+          if (e > 0) {
+            EXPECT_GE(w[e], w[e - 1]) << where;
+          }
         }
       }
     }

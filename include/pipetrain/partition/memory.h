@@ -101,9 +101,10 @@ StageBytes stage_bytes(const ModelProfile& profile, std::int64_t first, std::int
 //   send buffers     the copies of sent messages: the runtime frees one once the schedule
 //                    proves its receiver has it (schedule/send_release.h; the transport keeps
 //                    it until then even when its send completed earlier, so the bytes do not
-//                    depend on timing). The most bytes held at once, walking the rank's sends:
-//                    before each, the proven ones are freed. GPipe's stage 0 holds all M of
-//                    its forwards; 1F1B's ranks at most 2 messages.
+//                    depend on timing), or the send window of 2 frees it (widened where 2
+//                    would deadlock). The most bytes held at once, walking the rank's sends:
+//                    before each, the ones released_sends() frees are freed. GPipe and 1F1B
+//                    hold at most 2 messages.
 struct RankMemory {
   std::int64_t parameters = 0;
   std::int64_t gradients = 0;

@@ -13,8 +13,9 @@
 // F/B/I and sends after them. In a lowered schedule the interpreter announces each RF/RB from
 // another rank kReceiveLookahead receive actions ahead (Transport::expect), so the transport can
 // post it while this rank still computes. Before each send to another rank it tells the
-// transport how many of its earlier sends of the step the schedule proves received
-// (Transport::release_sends, schedule/send_release.h), so their buffers go then and not later.
+// transport how many of its earlier sends of the step to free first: those the schedule proves
+// received, and the oldest beyond the send window (Transport::release_sends,
+// schedule/send_release.h), so their buffers go then and not later.
 //
 // Used per rank: the in-process Pipe runs one Interpreter per worker thread with a
 // LocalTransport; a multi-process launcher runs one per process with a c10d transport.
@@ -38,6 +39,7 @@
 #include "pipetrain/base/error.h"
 #include "pipetrain/runtime/step.h"
 #include "pipetrain/schedule/schedule.h"
+#include "pipetrain/schedule/send_release.h"
 #include "pipetrain/stage/stage.h"
 #include "pipetrain/transport/transport.h"
 

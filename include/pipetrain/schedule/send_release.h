@@ -22,11 +22,23 @@
 //   SB2 comes after RF2, which rank 0 sent after RB0: gradient 0 is proven received (SB0 0,
 //   SB1 0, SB2 1, SB3 2). Either rank holds at most 2 messages at once.
 //
+// A send window caps what is held when nothing is proven for long: GPipe's stage 0 sends all M
+// forwards before it receives anything. With a window of N, before its next send a rank waits
+// until its oldest sends but N - 1 have completed, so it holds at most N messages. That wait is
+// on a peer: counted here as over when the receiver has run the receive (a posted receive can be
+// enough, but not when the message's size changed, as in the first step). A wait for a peer can
+// deadlock a schedule that runs with unbounded sends, so released_sends() runs the lists with the
+// window (sends wait as above, receives wait for their send) and widens the window until every
+// rank finishes. A schedule that deadlocks even without a window is an error.
+//
+//   GPipe, 2 ranks, 4 micro-batches, window 2: rank 0's sends release 0, 0, 1, 2 (it holds 2;
+//   without the window it would hold all 4 until its first backward).
+//
 // The runtime frees a sent buffer at that point and not before (Transport::release_sends), so
 // the bytes a rank holds in sent messages are what the memory model predicts from this
 // (partition/memory.h, "send buffers"), whatever the timing.
 //
-// Thread-safety: pure function. Cost: O(actions * ranks).
+// Thread-safety: pure function. Cost: O(actions * ranks) per window tried.
 #pragma once
 
 #include <vector>
@@ -35,10 +47,15 @@
 
 namespace pipetrain::schedule {
 
-// Per rank r and action index a of `lowered.actions[r]`: for a send to another rank, how many
-// of rank r's remote sends of the step before it are proven received (see above); -1 for every
-// other action. REQUIRES: a lowered schedule that validate() accepts; throws pipetrain::BadInput
-// for a compute-only schedule of several stages, and for one whose messages deadlock.
-std::vector<std::vector<int>> released_sends(const Schedule& lowered);
+// The send window the runtime uses (runtime/interpreter.h).
+constexpr int kSendWindow = 2;
+
+// Per rank r and action index a of `lowered.actions[r]`: for a send to another rank, how many of
+// rank r's remote sends of the step before it are freed first: those proven received (see
+// above), and beyond them as many of the oldest as keep `window` held after the send (0: no
+// window); -1 for every other action. The window widens where `window` would deadlock.
+// REQUIRES: a lowered schedule that validate() accepts; throws pipetrain::BadInput for a
+// compute-only schedule of several stages, for one whose messages deadlock, and for window < 0.
+std::vector<std::vector<int>> released_sends(const Schedule& lowered, int window = kSendWindow);
 
 }  // namespace pipetrain::schedule

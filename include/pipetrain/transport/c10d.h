@@ -260,8 +260,8 @@ class C10dTransport : public Transport {
   bool keeps_sent_buffers() const override { return true; }
   void begin_sends() override;
   // Waits (bounded by the receive timeout) for the reaper to see those sends complete, then frees
-  // their buffers. Throws pipetrain::Timeout when they do not complete in time: the caller's
-  // promise that they were received was wrong.
+  // their buffers. Throws pipetrain::Timeout naming the first pending send when they do not
+  // complete in time (its receiver did not post the receive).
   void release_sends(int64_t n) override;
   void end_sends() noexcept override;
 

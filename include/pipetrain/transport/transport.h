@@ -16,12 +16,14 @@
 //
 // Sent buffers: a transport that copies a message keeps the copy until the send completes, which
 // depends on when the receiver posts its receive. Between begin_sends() and end_sends() (one
-// step of the interpreter) it keeps each copy until release_sends(n) says that the first n
-// messages sent since begin_sends() have been received, which the interpreter knows from the
-// schedule alone (schedule/send_release.h). So what a rank holds in sent messages is the same in
-// every run, and the memory model predicts it (partition/memory.h). release_sends() may wait for
-// the transport to see those sends complete, never for a peer to do anything more. After
-// end_sends() the rest are freed as their sends complete. LocalTransport copies nothing.
+// step of the interpreter) it keeps each copy until release_sends(n) frees the first n messages
+// sent since begin_sends(): the interpreter knows from the schedule alone which have been
+// received, and waits for the oldest beyond its send window (schedule/send_release.h). So what a
+// rank holds in sent messages is the same in every run, and the memory model predicts it
+// (partition/memory.h). release_sends() waits for those sends to complete: at once for the
+// proven ones, until their receivers post the receives for the window's (the schedule was run
+// with the window, so that never deadlocks). After end_sends() the rest are freed as their sends
+// complete. LocalTransport copies nothing.
 //
 // Errors (pipetrain/base/error.h): a recv() that waited past the timeout throws pipetrain::Timeout;
 // send()/recv() after an abort throw pipetrain::PeerFailed with the abort's reason; a message that
@@ -71,7 +73,8 @@ class Transport {
   virtual void expect(const Envelope& envelope) { (void)envelope; }
 
   // See "Sent buffers" above. REQUIRES: n never decreases between begin_sends() and end_sends(),
-  // and the first n messages sent since begin_sends() have been received.
+  // and the receivers of the first n messages sent since begin_sends() receive them without
+  // waiting for this rank.
   // True when the transport keeps sent buffers (then the interpreter works out release_sends()'s
   // counts, which costs O(actions x ranks) per schedule).
   virtual bool keeps_sent_buffers() const { return false; }
