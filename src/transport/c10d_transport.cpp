@@ -345,7 +345,7 @@ void C10dTransport::Impl::reap() {
       PendingSend done = std::move(sends.front());
       sends.pop_front();
       if (holding && !error && done.bundle >= released_through && done.bundle >= hold_from) {
-        held.push_back(std::move(done));  // the schedule has not proven it received yet
+        held.push_back(std::move(done));  // not released yet (release_sends)
       } else {
         stats.send_buffer_bytes -= done.bytes;
       }
@@ -719,20 +719,20 @@ void C10dTransport::release_sends(int64_t n) {
                         ") but only ", d.next_bundle - d.hold_from,
                         " bundles were sent since begin_sends()");
   d.released_through = target;
-  // Proven received: complete or about to be. Beyond the send window: their receivers post the
-  // receives without waiting for us (the schedule was run with the window).
+  // Proven received: complete or about to be. Beyond the send window: their receivers take them
+  // without waiting for us (schedule::released_sends ran the lists with the window).
   const std::chrono::milliseconds timeout = d.receive_timeout();
   const bool seen = d.changed.wait_for(lock, timeout, [&] {
     return d.aborted || d.send_error || d.sends.empty() || d.sends.front().bundle >= target;
   });
   d.throw_if_failed();
   if (!seen) {
-    throw_error(ErrorKind::Timeout,
-                c10::str("rank ", d.my_rank(), ": the first ", n,
-                         " sends of the step did not complete within ", timeout.count() / 1000.0,
-                         " s (its receiver has not posted the receive); first pending: ",
-                         d.sends.front().what),
-                ErrorSite{d.my_rank(), -1, "", -1});
+    throw_error(
+        ErrorKind::Timeout,
+        c10::str("rank ", d.my_rank(), ": the first ", n,
+                 " sends of the step did not complete within ", timeout.count() / 1000.0,
+                 " s (its receiver has not taken it); first pending: ", d.sends.front().what),
+        ErrorSite{d.my_rank(), -1, "", -1});
   }
   while (!d.held.empty() && d.held.front().bundle < target) {
     d.stats.send_buffer_bytes -= d.held.front().bytes;

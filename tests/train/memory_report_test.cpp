@@ -223,6 +223,28 @@ TEST(MemoryReport, ZeroStagesAcrossProcessesAreWithinTenPercentIncludingTranspor
   }
 }
 
+// GPipe's stage 0 sends all 8 forwards before it receives anything; the send window frees the
+// oldest beyond 2, so it holds two messages, as many as rank 1's two posted receives of the same
+// activations (without the window: 8, four times as many), measured as predicted.
+TEST(MemoryReport, GpipeAcrossProcessesHoldsTheSendWindowNotEveryForward) {
+  const testing::CliRun run = testing::run_pipetrain(
+      train_flags("mlp") + "--steps 2 --chunks 8 --schedule gpipe --nproc 2 --report-memory");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const std::vector<ReportRow> rows = report_rows(run.output);
+  ASSERT_EQ(rows.size(), 2u * pp::RankMemory::kCategories) << run.output;
+  double sent = 0, received = 0;
+  for (const ReportRow& row : rows) {
+    if (row.rank == 0 && row.category == "send buffers") sent = row.predicted;
+    if (row.rank == 1 && row.category == "receive buffers") received = row.predicted;
+    if (row.ratio == "=" || row.ratio == "-") continue;
+    EXPECT_LE(std::abs(std::stod(row.ratio) - 1), kTolerance)
+        << "rank " << row.rank << ", " << row.category << "\n"
+        << run.output;
+  }
+  EXPECT_GT(sent, 0) << run.output;
+  EXPECT_EQ(sent, received) << run.output;
+}
+
 TEST(MemoryReport, BadInputExitsTwoNamingTheFlag) {
   const testing::CliRun sequential =
       testing::run_pipetrain(train_flags("mlp") + "--steps 1 --report-memory");

@@ -90,7 +90,7 @@ class Interpreter {
   Bundle take(std::map<std::pair<int, int>, Bundle>& box, int j, int i, const char* what);
   void send_activation(int j, int i);
   void send_gradient(int j, int i);
-  // Before a remote send: frees the buffers of the earlier sends proven received.
+  // Before a remote send: frees the buffers of the earlier sends released_before_ names.
   void release_sent();
   Bundle receive_activation(int j, int i);
   Bundle receive_gradient(int j, int i);
