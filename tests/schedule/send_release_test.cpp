@@ -126,75 +126,75 @@ class HappensBefore {
   std::map<Node, Node> receive_of_;
 };
 
-// Without a window: exactly the proven prefix.
-TEST(SendRelease, EveryFamilyReleasesExactlyTheProvenPrefix) {
+// Calls f(name, ranks, lowered schedule) for every family at K = 2 and 4 ranks, M = 2K.
+template <typename F>
+void for_every_family(F&& f) {
   for (const std::string& name : schedule_names()) {
     for (const int ranks : {2, 4}) {
       const int v = default_virtual_stages(name);
       const int m = 2 * ranks;
       if (!shape_error(name, ranks, m, v).empty()) continue;
-      const Schedule s = lower(make_schedule(name, ranks, m, v));
-      const auto released = released_sends(s, /*window=*/0);
-      const HappensBefore hb(s);
-      for (int r = 0; r < ranks; ++r) {
-        std::vector<Node> earlier;  // rank r's remote sends so far
-        const auto& list = s.actions[static_cast<std::size_t>(r)];
-        for (int a = 0; a < static_cast<int>(list.size()); ++a) {
-          const int count = released[static_cast<std::size_t>(r)][static_cast<std::size_t>(a)];
-          if (count < 0) continue;
-          const std::string where = name + " K=" + std::to_string(ranks) + " rank " +
-                                    std::to_string(r) + " at " +
-                                    to_string(list[static_cast<std::size_t>(a)]);
-          ASSERT_LE(count, static_cast<int>(earlier.size())) << where;
-          // The receive of every released send happened before this send ...
-          for (int k = 0; k < count; ++k) {
-            EXPECT_TRUE(hb.reaches(hb.receive_of(earlier[static_cast<std::size_t>(k)]), {r, a}))
-                << where << ": released send " << k << " is not proven received";
-          }
-          // ... and the next one's did not: the prefix is the longest proven one.
-          if (count < static_cast<int>(earlier.size())) {
-            EXPECT_FALSE(
-                hb.reaches(hb.receive_of(earlier[static_cast<std::size_t>(count)]), {r, a}))
-                << where << ": send " << count << " is proven received but kept";
-          }
-          earlier.push_back({r, a});
-        }
-      }
+      f(name, ranks, lower(make_schedule(name, ranks, m, v)));
     }
   }
+}
+
+// Without a window: exactly the proven prefix.
+TEST(SendRelease, EveryFamilyReleasesExactlyTheProvenPrefix) {
+  for_every_family([](const std::string& name, int ranks, const Schedule& s) {
+    const auto released = released_sends(s, /*window=*/0);
+    const HappensBefore hb(s);
+    for (int r = 0; r < ranks; ++r) {
+      std::vector<Node> earlier;  // rank r's remote sends so far
+      const auto& list = s.actions[static_cast<std::size_t>(r)];
+      for (int a = 0; a < static_cast<int>(list.size()); ++a) {
+        const int count = released[static_cast<std::size_t>(r)][static_cast<std::size_t>(a)];
+        if (count < 0) continue;
+        const std::string where = name + " K=" + std::to_string(ranks) + " rank " +
+                                  std::to_string(r) + " at " +
+                                  to_string(list[static_cast<std::size_t>(a)]);
+        ASSERT_LE(count, static_cast<int>(earlier.size())) << where;
+        // The receive of every released send happened before this send ...
+        for (int k = 0; k < count; ++k) {
+          EXPECT_TRUE(hb.reaches(hb.receive_of(earlier[static_cast<std::size_t>(k)]), {r, a}))
+              << where << ": released send " << k << " is not proven received";
+        }
+        // ... and the next one's did not: the prefix is the longest proven one.
+        if (count < static_cast<int>(earlier.size())) {
+          EXPECT_FALSE(hb.reaches(hb.receive_of(earlier[static_cast<std::size_t>(count)]), {r, a}))
+              << where << ": send " << count << " is proven received but kept";
+        }
+        earlier.push_back({r, a});
+      }
+    }
+  });
 }
 
 // With the window: at least the proven prefix (so never more held than without the window),
 // and no more than the window of 2 except in the V-shaped families, whose ranks would wait on
 // each other with 2 (their window widens; zb-v at K = 4 holds up to 5).
 TEST(SendRelease, EveryFamilyHoldsAtMostTheWindowAndFreesAtLeastTheProvenPrefix) {
-  for (const std::string& name : schedule_names()) {
-    for (const int ranks : {2, 4}) {
-      const int v = default_virtual_stages(name);
-      const int m = 2 * ranks;
-      if (!shape_error(name, ranks, m, v).empty()) continue;
-      const Schedule s = lower(make_schedule(name, ranks, m, v));
-      const auto proven = released_sends(s, 0);
-      const auto windowed = released_sends(s);
-      const bool widens = is_v_shaped(name);
-      for (int r = 0; r < ranks; ++r) {
-        const std::vector<int> p = counts_of(proven, r);
-        const std::vector<int> w = counts_of(windowed, r);
-        ASSERT_EQ(p.size(), w.size());
-        for (std::size_t e = 0; e < w.size(); ++e) {
-          const std::string where = name + " K=" + std::to_string(ranks) + " rank " +
-                                    std::to_string(r) + " send " + std::to_string(e);
-          EXPECT_GE(w[e], p[e]) << where;
-          if (!widens) {
-            EXPECT_LE(static_cast<int>(e) + 1 - w[e], kSendWindow) << where;
-          }
-          if (e > 0) {
-            EXPECT_GE(w[e], w[e - 1]) << where;
-          }
+  for_every_family([](const std::string& name, int ranks, const Schedule& s) {
+    const auto proven = released_sends(s, 0);
+    const auto windowed = released_sends(s);
+    const bool widens = is_v_shaped(name);
+    for (int r = 0; r < ranks; ++r) {
+      const std::vector<int> p = counts_of(proven, r);
+      const std::vector<int> w = counts_of(windowed, r);
+      ASSERT_EQ(p.size(), w.size());
+      for (std::size_t e = 0; e < w.size(); ++e) {
+        const std::string where = name + " K=" + std::to_string(ranks) + " rank " +
+                                  std::to_string(r) + " send " + std::to_string(e);
+        EXPECT_GE(w[e], p[e]) << where;
+        if (!widens) {
+          EXPECT_LE(static_cast<int>(e) + 1 - w[e], kSendWindow) << where;
+        }
+        if (e > 0) {
+          EXPECT_GE(w[e], w[e - 1]) << where;
         }
       }
     }
-  }
+  });
 }
 
 }  // namespace
