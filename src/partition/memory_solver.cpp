@@ -152,8 +152,9 @@ void receive_bytes(const schedule::Schedule& schedule, int r,
     rank.receive_buffers = std::max(rank.receive_buffers, received[k - 1] + received[k]);
 }
 
-// Send buffers of every rank: before each remote send the sends the schedule proves received
-// are freed (schedule/send_release.h), then the new message is held. The most held at once.
+// Send buffers of every rank: before each remote send the sends released_sends() frees go
+// (proven received, or the oldest beyond the send window: schedule/send_release.h), then the new
+// message is held. The most held at once.
 std::vector<std::int64_t> send_bytes(const schedule::Schedule& schedule,
                                      const std::vector<std::int64_t>& output_bytes) {
   const schedule::Schedule lowered =
@@ -166,9 +167,9 @@ std::vector<std::int64_t> send_bytes(const schedule::Schedule& schedule,
     std::int64_t held = 0;
     std::size_t freed = 0;
     for (std::size_t a = 0; a < list.size(); ++a) {
-      const int proven = released[r][a];
-      if (proven < 0) continue;
-      for (; freed < static_cast<std::size_t>(proven); ++freed) held -= sent[freed];
+      const int release = released[r][a];
+      if (release < 0) continue;
+      for (; freed < static_cast<std::size_t>(release); ++freed) held -= sent[freed];
       const int j = list[a].stage;
       const int boundary = list[a].op == Op::kSendActivation ? j : j - 1;
       sent.push_back(transport_message_bytes(output_bytes[static_cast<std::size_t>(boundary)]));
