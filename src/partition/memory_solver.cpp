@@ -155,23 +155,15 @@ void receive_bytes(const schedule::Schedule& schedule, int r,
 // Send buffers of every rank: before each remote send the sends released_sends() frees go
 // (proven received, or the oldest beyond the send window: schedule/send_release.h), then the new
 // message is held. The most held at once.
-std::vector<std::int64_t> send_bytes(const schedule::Schedule& schedule,
+std::vector<std::int64_t> send_bytes(const SendWalk& walk,
                                      const std::vector<std::int64_t>& output_bytes) {
-  const schedule::Schedule lowered =
-      schedule::is_lowered(schedule) ? schedule : schedule::lower(schedule);
-  const auto released = schedule::released_sends(lowered);
-  std::vector<std::int64_t> peaks(lowered.actions.size(), 0);
-  for (std::size_t r = 0; r < lowered.actions.size(); ++r) {
-    const auto& list = lowered.actions[r];
+  std::vector<std::int64_t> peaks(walk.ranks.size(), 0);
+  for (std::size_t r = 0; r < walk.ranks.size(); ++r) {
     std::vector<std::int64_t> sent;  // the rank's remote sends so far, in order
     std::int64_t held = 0;
     std::size_t freed = 0;
-    for (std::size_t a = 0; a < list.size(); ++a) {
-      const int release = released[r][a];
-      if (release < 0) continue;
+    for (const auto& [boundary, release] : walk.ranks[r]) {
       for (; freed < static_cast<std::size_t>(release); ++freed) held -= sent[freed];
-      const int j = list[a].stage;
-      const int boundary = list[a].op == Op::kSendActivation ? j : j - 1;
       sent.push_back(transport_message_bytes(output_bytes[static_cast<std::size_t>(boundary)]));
       held += sent.back();
       peaks[r] = std::max(peaks[r], held);
@@ -236,6 +228,23 @@ std::vector<std::int64_t> stash_peaks(const schedule::Schedule& schedule,
 
 }  // namespace
 
+SendWalk send_walk(const schedule::Schedule& schedule) {
+  const schedule::Schedule lowered =
+      schedule::is_lowered(schedule) ? schedule : schedule::lower(schedule);
+  const auto released = schedule::released_sends(lowered);
+  SendWalk walk;
+  walk.ranks.resize(lowered.actions.size());
+  for (std::size_t r = 0; r < lowered.actions.size(); ++r) {
+    const auto& list = lowered.actions[r];
+    for (std::size_t a = 0; a < list.size(); ++a) {
+      if (released[r][a] < 0) continue;
+      const int j = list[a].stage;
+      walk.ranks[r].emplace_back(list[a].op == Op::kSendActivation ? j : j - 1, released[r][a]);
+    }
+  }
+  return walk;
+}
+
 std::int64_t transport_message_bytes(std::int64_t data_bytes) {
   return 256 + align64(data_bytes);
 }
@@ -294,8 +303,11 @@ std::vector<RankMemory> predict_memory(const ModelProfile& profile, const std::v
     first = end;
   }
   const std::vector<std::int64_t> peaks = stash_peaks(schedule, input, body, options.checkpoint);
-  const std::vector<std::int64_t> sends =
-      options.processes ? send_bytes(schedule, output_bytes) : std::vector<std::int64_t>();
+  std::vector<std::int64_t> sends;
+  if (options.processes) {
+    sends = options.sends ? send_bytes(*options.sends, output_bytes)
+                          : send_bytes(send_walk(schedule), output_bytes);
+  }
   for (std::size_t r = 0; r < ranks.size(); ++r) {
     RankMemory& rank = ranks[r];
     rank.activations = peaks[r];

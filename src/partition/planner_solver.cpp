@@ -132,6 +132,7 @@ Candidate candidate_of(const Plan& plan) {
 struct ScheduleEntry {
   schedule::Schedule schedule;
   std::vector<StageResidency> residency;
+  SendWalk sends;  // one process per rank only: the same for every balance
 };
 
 class Evaluator {
@@ -161,6 +162,7 @@ class Evaluator {
       auto entry = std::make_unique<ScheduleEntry>();
       entry->schedule = schedule::make_schedule(name, options_.ranks, microbatches, v);
       entry->residency = stage_residency(entry->schedule);
+      if (options_.processes) entry->sends = send_walk(entry->schedule);
       it = schedules_.emplace(key, std::move(entry)).first;
     }
     return *it->second;
@@ -336,8 +338,10 @@ class Evaluator {
   }
 
   void fill_memory(Plan& plan, const ScheduleEntry& s) {
-    plan.peak_memory_per_rank = rank_peak_memory(profile_, plan.balance, plan.microbatch_size,
-                                                 s.schedule, memory_model_options(plan, options_));
+    MemoryModelOptions memory = memory_model_options(plan, options_);
+    memory.sends = &s.sends;
+    plan.peak_memory_per_rank =
+        rank_peak_memory(profile_, plan.balance, plan.microbatch_size, s.schedule, memory);
     plan.peak_memory_bytes =
         *std::max_element(plan.peak_memory_per_rank.begin(), plan.peak_memory_per_rank.end());
     plan.peak_inflight.clear();

@@ -164,6 +164,12 @@ TEST(PredictMemory, TransportHoldsTwoPostedReceivesAndTheSendsNotProvenReceivedB
   // (schedule/send_release.h).
   EXPECT_EQ(ranks[0].send_buffers, 2 * message);
   EXPECT_EQ(ranks[2].send_buffers, 2 * message);
+  // A send walk the caller keeps (the planner's, one per schedule) gives the same figures.
+  const SendWalk walk = send_walk(schedule);
+  options.sends = &walk;
+  const auto kept = predict_memory(profile, {1, 1, 1}, 2, schedule, options);
+  for (int r = 0; r < 3; ++r)
+    EXPECT_EQ(kept[r].send_buffers, ranks[r].send_buffers) << "rank " << r;
 }
 
 TEST(PredictMemory, TheLossKeepsItsTensorsOnTheLastStageForEveryMicroBatchInFlight) {

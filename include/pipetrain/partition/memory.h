@@ -125,6 +125,16 @@ struct RankMemory {
 // "send buffers".
 const char* memory_category_name(int category);
 
+// A schedule's sends as the send-buffer walk needs them, independent of the model: per rank, each
+// send to another rank in list order as {the stage whose output it carries, how many of the
+// rank's earlier such sends are freed before it (schedule::released_sends)}. It depends on the
+// schedule alone, so a caller that predicts many balances of one schedule (the planner) works it
+// out once. Throws what released_sends throws.
+struct SendWalk {
+  std::vector<std::vector<std::pair<int, int>>> ranks;
+};
+SendWalk send_walk(const schedule::Schedule& schedule);
+
 struct MemoryModelOptions {
   Checkpoint checkpoint = Checkpoint::kNever;
   double optimizer_state_multiple = 0;       // SGD 0, momentum 1, Adam 2
@@ -133,6 +143,8 @@ struct MemoryModelOptions {
   bool processes = false;                    // one process per rank: the transport's buffers count
   std::int64_t parameter_element_bytes = 4;  // float32 parameters (the shard's padding)
   std::int64_t loss_bytes = 0;               // what the loss keeps for backward, per micro-batch
+  // send_walk(schedule) when the caller keeps it (processes only); null: worked out here.
+  const SendWalk* sends = nullptr;
 };
 
 // Per pipeline rank: the categories above for `balance` at micro-batch size m. A data-parallel
