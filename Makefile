@@ -26,7 +26,7 @@ demo: build
 bench: build
 	@$(BUILD)/pipetrain bench --suite mlp
 
-# On a machine with a GPU: a CUDA build (configure fails if torch or nvcc lack CUDA), the CUDA
+# On a machine with a GPU: a CUDA build of what it runs (configure fails without CUDA), the CUDA
 # tests (tests/runtime/cuda_test.cpp: stages on one GPU and on CPU+GPU against sequential
 # training, 2 ranks sharing a GPU over Gloo, NCCL refusing them by name, 2 GPUs over NCCL when
 # there are two; tests/train: fp16 with loss scaling) and the GPU overhead bench (a small model,
@@ -34,7 +34,8 @@ bench: build
 # sets PIPETRAIN_DEPS (a folder made here by scripts/gpu-deps) and PIPETRAIN_PYTHON (its torch).
 gpu-check:
 	@nvidia-smi -L >/dev/null 2>&1 || { echo "gpu-check: no GPU visible (nvidia-smi -L failed); run it on a GPU machine" >&2; exit 2; }
-	@$(MAKE) --no-print-directory build CMAKE_FLAGS="-DPIPETRAIN_CUDA=ON $(CMAKE_FLAGS)"
+	@$(MAKE) --no-print-directory configure CMAKE_FLAGS="-DPIPETRAIN_CUDA=ON $(CMAKE_FLAGS)"
+	@cmake --build $(BUILD) -j $(JOBS) --target tests_runtime tests_train pipetrain_rank_helper bench_pipe_overhead
 	@cd $(BUILD) && ctest --output-on-failure -R '^Cuda' $(CTEST_FLAGS)
 	@$(BUILD)/bench/bench_pipe_overhead 9 2 cuda:0
 	@$(BUILD)/bench/bench_pipe_overhead 9 4 cuda:0 4096 4096

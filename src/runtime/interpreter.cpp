@@ -151,7 +151,10 @@ void Interpreter::forward(int j, int i, const StepData& data, RankResult& result
         PIPETRAIN_CHECK_INPUT(out.size() == 1, "the last stage (", j, ") returned ", out.size(),
                               " tensors but the loss takes one output; make the last layer "
                               "return a single tensor");
-        return (*loss_fn)(out[0], target) * weight;
+        // One micro-batch is the whole batch: its weight is 1, and a multiply by 1 would cost a
+        // kernel and an autograd node each way for nothing.
+        torch::Tensor loss = (*loss_fn)(out[0], target);
+        return weight == 1.0 ? loss : loss * weight;
       };
     }
     torch::Tensor loss;

@@ -51,6 +51,8 @@ struct PipeImpl::Runtime {
   const schedule::Schedule* last = nullptr;
   std::vector<ActionEvent> events;
   int threads = 1;  // intra-op threads of each rank
+  // Per rank with worker threads: its stream, kept for every step (see run_step).
+  std::vector<RankStream> rank_streams;
   // One per rank; none when there is one rank: it runs on the calling thread (see run_step).
   std::vector<std::unique_ptr<Worker>> workers;  // last: joined before the rest is destroyed
 };
@@ -171,6 +173,7 @@ void PipeImpl::reset() {
       o.threads_per_stage() > 0 ? static_cast<int>(o.threads_per_stage()) : at::get_num_threads();
   runtime->threads = threads;
   for (int r = 0; num_ranks > 1 && r < num_ranks; ++r) {
+    runtime->rank_streams.push_back(rank_stream(runtime->rank_devices[static_cast<size_t>(r)], r));
     runtime->workers.push_back(
         std::make_unique<Worker>([threads] { at::set_num_threads(threads); }));
   }
@@ -273,11 +276,11 @@ std::vector<RankResult> PipeImpl::run_step(const schedule::Schedule& s, const St
   }
   for (auto& rank : rt.rank_stash) rank->restart_peak();
   std::vector<RankResult> results(static_cast<size_t>(rt.num_ranks));
-  // With worker threads, CUDA ranks run on streams of their own (RankStreamGuard), so that they
-  // overlap. They start after what the caller queued on its streams (the inputs, the last
-  // optimizer step), and the caller's streams continue after what they did (gradients, losses):
-  // events both ways, no host synchronisation. A single rank runs on the caller's thread and
-  // stream, as plain LibTorch would.
+  // With worker threads, CUDA ranks run on streams of their own (RankStreamGuard; the same stream
+  // every step), so that they overlap. They start after what the caller queued on its streams
+  // (the inputs, the last optimizer step), and the caller's streams continue after what they did
+  // (gradients, losses): events both ways, no host synchronisation. A single rank runs on the
+  // caller's thread and stream, as plain LibTorch would.
   const bool own_streams = !rt.workers.empty();
   std::vector<ReadyMarker> caller_ready(static_cast<size_t>(rt.num_ranks));
   if (own_streams) {
@@ -297,7 +300,7 @@ std::vector<RankResult> PipeImpl::run_step(const schedule::Schedule& s, const St
     try {
       const torch::Device& device = rt.rank_devices[static_cast<size_t>(r)];
       std::optional<RankStreamGuard> stream;
-      if (own_streams) stream.emplace(device);
+      if (own_streams) stream.emplace(rt.rank_streams[static_cast<size_t>(r)]);
       wait_ready(caller_ready[static_cast<size_t>(r)], device);
       Interpreter interpreter(r, s, stages, *rt.transport);
       interpreter.run(data, results[static_cast<size_t>(r)], &cancel);

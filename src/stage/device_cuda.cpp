@@ -1,10 +1,11 @@
 // CUDA implementation of the device seam (include/pipetrain/stage/device.h). Built only against
 // a CUDA LibTorch (CMake drops *_cuda.cpp otherwise).
 //
-// One stream per rank: RankStreamGuard takes a pooled stream for the rank's device and makes it
-// current for the worker thread. Transfers between ranks: the sender records an event on its
-// stream (mark_ready), the receiver makes its stream wait on it (wait_ready) before copying, so
-// non_blocking copies never read a tensor that is still being written.
+// One stream per rank: rank_stream takes a pooled stream for the rank's device once per process,
+// and RankStreamGuard makes it current for the worker thread each step. Transfers between ranks:
+// the sender records an event on its stream (mark_ready), the receiver makes its stream wait on it
+// (wait_ready) before copying, so non_blocking copies never read a tensor that is still being
+// written.
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
@@ -15,6 +16,7 @@
 
 #include <map>
 #include <mutex>
+#include <utility>
 
 #include "pipetrain/base/check.h"
 #include "pipetrain/stage/device.h"
@@ -32,11 +34,24 @@ void check_device_usable(const torch::Device& device) {
                         " CUDA devices are visible; give an explicit index below ", count);
 }
 
-RankStreamGuard::RankStreamGuard(const torch::Device& device) {
+RankStream rank_stream(const torch::Device& device, int rank) {
   check_device_usable(device);
-  if (!device.is_cuda()) return;
-  auto stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
-  impl_ = std::make_shared<c10::cuda::CUDAStreamGuard>(stream);
+  if (!device.is_cuda()) return {};
+  static std::mutex mutex;
+  static std::map<std::pair<c10::DeviceIndex, int>, std::shared_ptr<c10::cuda::CUDAStream>> streams;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& stream = streams[{device.index(), rank}];
+  if (!stream) {
+    stream = std::make_shared<c10::cuda::CUDAStream>(
+        c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index()));
+  }
+  return {stream};
+}
+
+RankStreamGuard::RankStreamGuard(const RankStream& stream) {
+  if (!stream.stream) return;
+  impl_ = std::make_shared<c10::cuda::CUDAStreamGuard>(
+      *static_cast<const c10::cuda::CUDAStream*>(stream.stream.get()));
 }
 RankStreamGuard::~RankStreamGuard() = default;
 
@@ -126,6 +141,12 @@ std::vector<torch::Tensor> copy_to_device(const HostCopies& copies, const torch:
     ready = mark_ready(device);  // the copy stream is current here
   }
   return out;
+}
+
+void record_use_on_current_stream(const torch::Tensor& tensor) {
+  if (!tensor.defined() || !tensor.is_cuda() || !tensor.storage().data_ptr()) return;
+  c10::cuda::CUDACachingAllocator::recordStream(
+      tensor.storage().data_ptr(), c10::cuda::getCurrentCUDAStream(tensor.device().index()));
 }
 
 int64_t device_peak_allocated_bytes(const torch::Device& device) {

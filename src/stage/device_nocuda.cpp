@@ -14,9 +14,12 @@ void check_device_usable(const torch::Device& device) {
                         "torch::kCPU devices or rebuild with a CUDA LibTorch");
 }
 
-RankStreamGuard::RankStreamGuard(const torch::Device& device) {
+RankStream rank_stream(const torch::Device& device, int) {
   check_device_usable(device);
+  return {};
 }
+
+RankStreamGuard::RankStreamGuard(const RankStream&) {}
 RankStreamGuard::~RankStreamGuard() = default;
 
 ReadyMarker mark_ready(const torch::Device&) {
@@ -34,6 +37,8 @@ std::vector<torch::Tensor> copy_to_device(const HostCopies& copies, const torch:
   ready = ReadyMarker{};
   return copies.tensors;
 }
+
+void record_use_on_current_stream(const torch::Tensor&) {}
 
 int64_t device_peak_allocated_bytes(const torch::Device&) {
   return 0;

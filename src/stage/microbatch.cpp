@@ -35,6 +35,8 @@ std::vector<std::vector<torch::Tensor>> split_microbatches(const std::vector<tor
                           batch[t].size(0), " rows but tensor 0 has ", total,
                           "; every tensor of a tuple must have the same number of rows (dim 0)");
   }
+  // One micro-batch is the batch itself (no narrow: a view op per tensor every step).
+  if (sizes.size() == 1) return {batch};
   std::vector<std::vector<torch::Tensor>> parts(sizes.size());
   for (size_t t = 0; t < batch.size(); ++t) {
     int64_t offset = 0;

@@ -69,7 +69,12 @@ Bundle LocalTransport::recv(const Envelope& envelope) {
   }
   wait_ready(message.ready, device);
   for (auto& t : message.bundle.tensors) {
-    if (t.defined() && t.device() != device) t = t.to(device, /*non_blocking=*/device.is_cuda());
+    if (!t.defined()) continue;
+    // The sender's stream made t. Read here on another stream (or copied from here, on the
+    // current stream of t's device), t must not go back to the sender's stream for reuse
+    // before that read is done.
+    record_use_on_current_stream(t);
+    if (t.device() != device) t = t.to(device, /*non_blocking=*/device.is_cuda());
   }
   return std::move(message.bundle);
 }

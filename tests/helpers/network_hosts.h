@@ -32,7 +32,9 @@ class NetworkHosts {
     const bool ok = std::system(("ip netns add " + probe + " >/dev/null 2>&1 && ip -n " + probe +
                                  " link add br0 type bridge >/dev/null 2>&1")
                                     .c_str()) == 0;
-    std::system(("ip netns del " + probe + " >/dev/null 2>&1").c_str());
+    // Best effort: a probe namespace that fails to go is named by the pid and harmless.
+    const int removed = std::system(("ip netns del " + probe + " >/dev/null 2>&1").c_str());
+    (void)removed;
     if (!ok) return "this machine does not allow `ip netns add` and a bridge in it";
     return std::nullopt;
   }
@@ -57,8 +59,7 @@ class NetworkHosts {
       hosts_.push_back(host(i));
       must(sh("ip -n " + switch_name() + " link add port" + std::to_string(i) +
               " type veth peer name eth0 netns " + host(i)));
-      must(sh("ip -n " + switch_name() + " link set port" + std::to_string(i) +
-              " master br0 up"));
+      must(sh("ip -n " + switch_name() + " link set port" + std::to_string(i) + " master br0 up"));
       must(sh("ip -n " + host(i) + " addr add " + address(i) + "/24 dev eth0 && ip -n " + host(i) +
               " link set eth0 up && ip -n " + host(i) + " link set lo up"));
     }

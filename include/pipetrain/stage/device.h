@@ -20,12 +20,20 @@ namespace pipetrain {
 // CPU-only build, or a CUDA index beyond the visible devices).
 void check_device_usable(const torch::Device& device);
 
-// While alive, work on `device` issued by the calling thread goes to a stream of its own (taken
-// from the pool once per guard), so the ranks of one process overlap on their devices. No-op on
-// CPU.
+// A stream of a rank's own on a CUDA device, kept for every step: per-stream caches (cuBLAS keeps a
+// workspace of tens of MiB for each stream a thread ran on) are then made once, not once per step.
+// Rank r on device d gets the same stream in every Pipe of the process (taken from the pool the
+// first time), so building Pipe after Pipe does not add workspaces either. Empty on CPU.
+struct RankStream {
+  std::shared_ptr<void> stream;  // a c10::cuda::CUDAStream; null on CPU
+};
+RankStream rank_stream(const torch::Device& device, int rank);
+
+// While alive, work issued by the calling thread on the stream's device goes to `stream`, so the
+// ranks of one process overlap on their devices. No-op for an empty RankStream (CPU).
 class RankStreamGuard {
  public:
-  explicit RankStreamGuard(const torch::Device& device);
+  explicit RankStreamGuard(const RankStream& stream);
   ~RankStreamGuard();
   RankStreamGuard(const RankStreamGuard&) = delete;
   RankStreamGuard& operator=(const RankStreamGuard&) = delete;
@@ -59,6 +67,13 @@ HostCopies copy_to_host(const std::vector<torch::Tensor>& tensors, const torch::
 // On a CPU device (copies not moved) the tensors come back as they are and `ready` is empty.
 std::vector<torch::Tensor> copy_to_device(const HostCopies& copies, const torch::Device& device,
                                           ReadyMarker& ready);
+
+// Tells LibTorch's caching allocator that the calling thread's current stream on `tensor`'s
+// device reads `tensor`, so its memory is not handed out again, when it is freed, before that
+// stream's work queued so far is done. A tensor made on another rank's stream needs this: freed
+// here, its block would go back to the other stream, whose next allocation could overwrite it
+// while this stream's kernels still read it. No-op for CPU tensors and on the allocating stream.
+void record_use_on_current_stream(const torch::Tensor& tensor);
 
 // Peak bytes LibTorch's caching allocator had allocated on `device` since the last reset (0 on the
 // CPU, where allocations are counted by stage/allocation_counter.h instead), and the reset.

@@ -23,8 +23,9 @@ namespace pipetrain {
 std::vector<int64_t> microbatch_sizes(int64_t rows, int64_t chunks);
 
 // Cuts every tensor of `batch` along dim 0 into micro-batches of `sizes` rows. Result [i][t] is
-// tensor t of micro-batch i. Throws pipetrain::BadInput naming the tensor when a tensor has no
-// dim 0 or the tensors disagree on their row count.
+// tensor t of micro-batch i (views of the batch; with one size, the batch's tensors themselves).
+// Throws pipetrain::BadInput naming the tensor when a tensor has no dim 0 or the tensors disagree
+// on their row count.
 std::vector<std::vector<torch::Tensor>> split_microbatches(const std::vector<torch::Tensor>& batch,
                                                            const std::vector<int64_t>& sizes);
 
