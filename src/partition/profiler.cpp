@@ -109,6 +109,19 @@ std::vector<torch::nn::AnyModule*> layers_of(torch::nn::Sequential& model) {
   return layers;
 }
 
+// The chain's output from one run without a graph, under the stage's autocast. On a GPU the first
+// run is also a warm-up: the first kernels on a stream make what the caching allocator then keeps
+// for good (cuBLAS's workspace: 33 MiB on an H200, where it made a Linear's 64 MiB read 97 MiB),
+// so chained_activation_bytes counts activations only once one such run has happened.
+torch::Tensor run_chain(const std::vector<torch::nn::AnyModule*>& layers,
+                        const torch::Tensor& input, Precision precision, SkipContext& skips) {
+  torch::NoGradGuard no_grad;
+  const AutocastGuard autocast(precision, input.device());
+  torch::Tensor x = input.clone();  // an in-place first layer must not change the caller's batch
+  for (std::size_t l = 0; l < layers.size(); ++l) x = run_layer(*layers[l], l, x, skips);
+  return x;
+}
+
 // Activation bytes per layer from one chained run under the allocation counter; *seen tells whether
 // the counter saw any allocation at all. `keep_inputs`: every layer's input stays referenced, as a
 // split backward's per-layer record keeps it (stage.cpp).
@@ -127,15 +140,6 @@ std::vector<std::int64_t> chained_activation_bytes(const std::vector<torch::nn::
   };
   std::vector<std::int64_t> bytes;
   *seen = false;
-  if (!device.is_cpu()) {
-    // The GPU's allocated bytes also count what the first kernels on a stream keep for good
-    // (cuBLAS's workspace: 33 MiB on an H200, where it made a Linear's 64 MiB read 97 MiB). One
-    // unmeasured run makes those first.
-    torch::Tensor x = microbatch.clone();
-    if (input_wants_grad && x.is_floating_point()) x.requires_grad_(true);
-    SkipContext skips;
-    for (std::size_t l = 0; l < layers.size(); ++l) x = run_layer(*layers[l], l, x, skips);
-  }
   {
     CountAllocations guard(counter);
     const std::int64_t before = live();
@@ -305,6 +309,11 @@ ModelProfile profile_sequential(torch::nn::Sequential& model, const torch::Tenso
   for (std::size_t l = 0; l < layers.size(); ++l) {
     profile.layers.push_back(parameter_profile(l, *layers[l], options));
   }
+  if (!sample_batch.device().is_cpu()) {
+    SkipContext skips;
+    (void)run_chain(layers, sample_batch.narrow(0, 0, profile.microbatch_sizes.front()),
+                    options.precision(), skips);  // the GPU warm-up (run_chain)
+  }
   bool allocator_seen = true;
   for (std::int64_t b : profile.microbatch_sizes) {
     const torch::Tensor input = sample_batch.narrow(0, 0, b).contiguous();
@@ -328,18 +337,16 @@ StageChain profile_stage_chain(torch::nn::Sequential& model, std::int64_t first,
                         all.size(), " layers of the model");
   const std::vector<torch::nn::AnyModule*> layers(all.begin() + first, all.begin() + end);
   StageChain chain;
+  // What the stage hands on: its output in the wire dtype (stage.cpp's to_wire). Run first, it is
+  // also the GPU warm-up the byte counts below need (run_chain).
+  SkipContext skips;
+  const torch::Tensor x = run_chain(layers, input, precision, skips);
+  chain.skips_in_flight = !skips.pending.empty();
   bool seen = false;
   chain.activation_bytes = chained_activation_bytes(layers, input, &seen, false, precision,
                                                     /*input_wants_grad=*/first > 0);
   chain.split_activation_bytes = chained_activation_bytes(layers, input, &seen, true, precision,
                                                           /*input_wants_grad=*/first > 0);
-  // What the stage hands on: its output in the wire dtype (stage.cpp's to_wire).
-  torch::NoGradGuard no_grad;
-  const AutocastGuard autocast(precision, input.device());
-  SkipContext skips;
-  torch::Tensor x = input;
-  for (std::size_t l = 0; l < layers.size(); ++l) x = run_layer(*layers[l], l, x, skips);
-  chain.skips_in_flight = !skips.pending.empty();
   chain.output = precision != Precision::kFloat32 && x.is_floating_point()
                      ? x.to(compute_dtype(precision))
                      : x;
