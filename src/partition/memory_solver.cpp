@@ -126,6 +126,16 @@ void check_memory_inputs(const ModelProfile& profile, const std::vector<int>& ba
                    ") and parameter_element_bytes (" +
                    std::to_string(options.parameter_element_bytes) + ") must be >= 1");
   }
+  const bool checkpointed = options.checkpoint == Checkpoint::kAlways ||
+                            (options.checkpoint == Checkpoint::kExceptLast &&
+                             schedule.num_microbatches > 1);
+  if (options.offload && !checkpointed) {
+    throw BadInput(std::string("memory model: activation offload moves the inputs that "
+                               "checkpointed micro-batches keep, and checkpoint ") +
+                   to_string(options.checkpoint) + " with " +
+                   std::to_string(schedule.num_microbatches) +
+                   " micro-batch(es) checkpoints none; use checkpoint always or except_last");
+  }
 }
 
 std::int64_t align64(std::int64_t bytes) {
@@ -179,11 +189,19 @@ std::vector<std::int64_t> send_bytes(const SendWalk& walk,
 //   B i, W i    - everything of i
 // A split backward keeps a recomputed micro-batch's body from its I to its W, so several can be
 // held at once; the closed form (stage_memory) assumes one recompute at a time.
-std::vector<std::int64_t> stash_peaks(const schedule::Schedule& schedule,
-                                      const std::vector<std::int64_t>& input,
-                                      const std::vector<std::int64_t>& body,
-                                      Checkpoint checkpoint) {
+// With offload, a checkpointed i's in_j goes to host memory after its F and comes back where the
+// interpreter prefetches it (runtime/interpreter.cpp): before each action, the first B or I after
+// that action in the rank's list is brought back if it is away; i's own B or I brings it back if
+// nobody did. The schedule must be lowered for that (the prefetch points include communication).
+struct StashPeaks {
+  std::vector<std::int64_t> activations;  // per rank
+  std::vector<std::int64_t> offloaded;    // per rank: its stages' peaks summed
+};
+
+StashPeaks stash_peaks(const schedule::Schedule& schedule, const std::vector<std::int64_t>& input,
+                       const std::vector<std::int64_t>& body, const MemoryModelOptions& options) {
   const int M = schedule.num_microbatches;
+  const Checkpoint checkpoint = options.checkpoint;
   auto checkpointed = [&](int i) {
     return checkpoint == Checkpoint::kAlways ||
            (checkpoint == Checkpoint::kExceptLast && i != M - 1);
@@ -191,22 +209,51 @@ std::vector<std::int64_t> stash_peaks(const schedule::Schedule& schedule,
   struct Held {
     bool live = false;   // forwarded and not freed yet
     bool whole = false;  // its body is held (not checkpointed, or recomputed)
+    bool away = false;   // its input waits in host memory (offload)
     std::int64_t bytes = 0;
   };
+  const auto S = static_cast<std::size_t>(schedule.num_stages);
   // By (stage j, micro-batch i) at j * M + i; a rank touches only its own stages' cells.
-  std::vector<Held> held(static_cast<std::size_t>(schedule.num_stages) * M);
-  std::vector<std::int64_t> peaks;
+  std::vector<Held> held(S * M);
+  std::vector<std::int64_t> offloaded_now(S, 0), offloaded_peak(S, 0);
+  StashPeaks peaks;
+  peaks.offloaded.assign(schedule.actions.size(), 0);
   for (const auto& list : schedule.actions) {
     std::int64_t now = 0, peak = 0;
-    for (const auto& a : list) {
+    // The input of stage j's micro-batch h comes back to the device.
+    auto bring_back = [&](Held& h, std::size_t j) {
+      if (!h.away) return;
+      h.away = false;
+      offloaded_now[j] -= input[j];
+      if (options.offload_frees_stash) {
+        h.bytes += input[j];
+        now += input[j];
+      }
+    };
+    // [a]: the first B or I after action a (the interpreter's next_backward_), -1 if none.
+    std::vector<int> next_backward(list.size(), -1);
+    for (std::size_t a = list.size(); a-- > 1;) {
+      const bool backward = list[a].op == Op::kBackward || list[a].op == Op::kBackwardInput;
+      next_backward[a - 1] = backward ? static_cast<int>(a) : next_backward[a];
+    }
+    for (std::size_t k = 0; k < list.size(); ++k) {
+      const auto& a = list[k];
+      if (options.offload && next_backward[k] >= 0) {
+        const auto& next = list[static_cast<std::size_t>(next_backward[k])];
+        const auto j = static_cast<std::size_t>(next.stage);
+        bring_back(held[j * M + static_cast<std::size_t>(next.microbatch)], j);
+      }
       const auto j = static_cast<std::size_t>(a.stage);
       Held& h = held[j * M + static_cast<std::size_t>(a.microbatch)];
+      bool goes_away = false;
       if (a.op == Op::kForward) {
         h.live = true;
         h.whole = !checkpointed(a.microbatch);
         h.bytes = input[j] + (h.whole ? body[j] : 0);
         now += h.bytes;
+        goes_away = options.offload && !h.whole;
       } else if (a.op == Op::kBackward || a.op == Op::kBackwardInput) {
+        bring_back(h, j);
         if (h.live && !h.whole) {  // the recompute
           h.whole = true;
           h.bytes += body[j];
@@ -216,12 +263,25 @@ std::vector<std::int64_t> stash_peaks(const schedule::Schedule& schedule,
         continue;  // communication holds no stash of its own
       }
       peak = std::max(peak, now);
+      if (goes_away) {  // after the forward, as Stage::forward offloads
+        h.away = true;
+        offloaded_now[j] += input[j];
+        offloaded_peak[j] = std::max(offloaded_peak[j], offloaded_now[j]);
+        if (options.offload_frees_stash) {
+          h.bytes -= input[j];
+          now -= input[j];
+        }
+      }
       if (a.op == Op::kBackward || a.op == Op::kBackwardWeight) {
+        if (h.away) offloaded_now[j] -= input[j];
         now -= h.bytes;
         h = Held{};
       }
     }
-    peaks.push_back(peak);
+    peaks.activations.push_back(peak);
+  }
+  for (std::size_t j = 0; j < S; ++j) {
+    peaks.offloaded[static_cast<std::size_t>(schedule.stage_rank[j])] += offloaded_peak[j];
   }
   return peaks;
 }
@@ -263,8 +323,10 @@ std::int64_t& RankMemory::operator[](int category) {
       return receive_buffers;
     case 5:
       return send_buffers;
+    case 6:
+      return offloaded;
   }
-  throw BadInput("RankMemory: no category " + std::to_string(category) + " (0..5)");
+  throw BadInput("RankMemory: no category " + std::to_string(category) + " (0..6)");
 }
 
 std::int64_t RankMemory::operator[](int category) const {
@@ -272,11 +334,11 @@ std::int64_t RankMemory::operator[](int category) const {
 }
 
 const char* memory_category_name(int category) {
-  static const char* const names[RankMemory::kCategories] = {"parameters",      "gradients",
-                                                             "optimizer state", "activations",
-                                                             "receive buffers", "send buffers"};
+  static const char* const names[RankMemory::kCategories] = {
+      "parameters",      "gradients",    "optimizer state", "activations",
+      "receive buffers", "send buffers", "offloaded to host"};
   if (category < 0 || category >= RankMemory::kCategories) {
-    throw BadInput("memory_category_name: no category " + std::to_string(category) + " (0..5)");
+    throw BadInput("memory_category_name: no category " + std::to_string(category) + " (0..6)");
   }
   return names[category];
 }
@@ -302,7 +364,11 @@ std::vector<RankMemory> predict_memory(const ModelProfile& profile, const std::v
     ranks[static_cast<std::size_t>(schedule.stage_rank[j])].parameters += bytes.parameters;
     first = end;
   }
-  const std::vector<std::int64_t> peaks = stash_peaks(schedule, input, body, options.checkpoint);
+  // Offload's prefetch points include communication: walk the list the interpreter runs.
+  const StashPeaks peaks =
+      options.offload && !schedule::is_lowered(schedule)
+          ? stash_peaks(schedule::lower(schedule), input, body, options)
+          : stash_peaks(schedule, input, body, options);
   std::vector<std::int64_t> sends;
   if (options.processes) {
     sends = options.sends ? send_bytes(*options.sends, output_bytes)
@@ -310,7 +376,8 @@ std::vector<RankMemory> predict_memory(const ModelProfile& profile, const std::v
   }
   for (std::size_t r = 0; r < ranks.size(); ++r) {
     RankMemory& rank = ranks[r];
-    rank.activations = peaks[r];
+    rank.activations = peaks.activations[r];
+    rank.offloaded = peaks.offloaded[r];
     // [ZeRO] the rank's parameters end to end, padded to a multiple of dp elements.
     const std::int64_t element = options.parameter_element_bytes;
     const std::int64_t elements = (rank.parameters + element - 1) / element;

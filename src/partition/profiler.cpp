@@ -257,12 +257,18 @@ bool profile_microbatch(const std::vector<torch::nn::AnyModule*>& layers,
     for (auto& entry : skips.pending) {
       entry.second = entry.second.detach().requires_grad_(entry.second.is_floating_point());
     }
-    // What crosses a stage boundary: the output in the wire dtype (stage.cpp's to_wire).
-    cost.output_bytes = precision != Precision::kFloat32 && y.is_floating_point()
-                            ? y.numel() * c10::elementSize(compute_dtype(precision))
-                            : tensor_bytes(y);
-    cost.activation_bytes = seen ? chained[l] : cost.output_bytes;
-    cost.split_activation_bytes = seen ? split[l] : cost.output_bytes;
+    // What crosses a stage boundary: the output and the skips in flight (stashed, not yet
+    // popped: a later stage's pop layer needs them), in the wire dtype (stage.cpp's to_wire).
+    auto wire_bytes = [&](const torch::Tensor& t) -> std::int64_t {
+      return precision != Precision::kFloat32 && t.is_floating_point()
+                 ? t.numel() * static_cast<std::int64_t>(c10::elementSize(compute_dtype(precision)))
+                 : tensor_bytes(t);
+    };
+    const std::int64_t own_output = wire_bytes(y);
+    cost.output_bytes = own_output;
+    for (const auto& entry : skips.pending) cost.output_bytes += wire_bytes(entry.second);
+    cost.activation_bytes = seen ? chained[l] : own_output;
+    cost.split_activation_bytes = seen ? split[l] : own_output;
     time_backward(y, leaf, needs_input_grad, *layers[l], options, cost);
     profile.layers[l].costs.push_back(cost);
     x = y.detach();

@@ -74,6 +74,7 @@ std::vector<MeasuredRankMemory> measure_memory(StepRunner& runner,
     rank.bytes.activations = holding.peak_activation_bytes;
     rank.bytes.receive_buffers = holding.peak_receive_buffer_bytes;
     rank.bytes.send_buffers = holding.peak_send_buffer_bytes;
+    rank.bytes.offloaded = holding.peak_offloaded_bytes;
     ranks.push_back(rank);
   }
   return ranks;
@@ -176,7 +177,18 @@ MemoryPrediction predict_training_memory(torch::nn::Sequential model, const torc
   options.data_parallel = run.data_parallel;
   options.processes = run.processes;
   options.loss_bytes = prediction.loss_bytes;
+  options.offload = pipe.offload_activations();
   prediction.ranks = pp::predict_memory(profile, balance, m, schedule, options);
+  if (options.offload) {
+    // A GPU rank's offloaded inputs leave its memory; a CPU rank's stay (its memory is the host's).
+    options.offload_frees_stash = true;
+    const std::vector<pp::RankMemory> on_gpu =
+        pp::predict_memory(profile, balance, m, schedule, options);
+    for (size_t r = 0; r < prediction.ranks.size(); ++r) {
+      const bool gpu = r < pipe.devices().size() && pipe.devices()[r].is_cuda();
+      if (gpu) prediction.ranks[r].activations = on_gpu[r].activations;
+    }
+  }
   return prediction;
 }
 
@@ -202,7 +214,7 @@ std::string memory_report_text(const MemoryPrediction& predicted,
                                const std::vector<MeasuredRankMemory>& measured) {
   std::ostringstream out;
   char line[200];
-  std::snprintf(line, sizeof line, "memory: %4s %5s  %-16s %12s %12s %9s\n", "rank", "stage",
+  std::snprintf(line, sizeof line, "memory: %4s %5s  %-17s %12s %12s %9s\n", "rank", "stage",
                 "category", "predicted", "measured", "meas/pred");
   out << line;
   for (const MeasuredRankMemory& rank : measured) {
@@ -221,7 +233,7 @@ std::string memory_report_text(const MemoryPrediction& predicted,
       } else {
         std::snprintf(ratio, sizeof ratio, "%s", got == 0 ? "=" : "-");
       }
-      std::snprintf(line, sizeof line, "memory: %4d %5d  %-16s %12s %12s %9s\n", rank.rank, stage,
+      std::snprintf(line, sizeof line, "memory: %4d %5d  %-17s %12s %12s %9s\n", rank.rank, stage,
                     pp::memory_category_name(c), pp::format_bytes(p).c_str(),
                     pp::format_bytes(got).c_str(), ratio);
       out << line;

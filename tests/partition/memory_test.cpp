@@ -202,6 +202,57 @@ TEST(PredictMemory, ASplitBackwardHoldsEveryRecomputedMicroBatchFromItsIToItsW) 
   EXPECT_GE(zb[1].activations, 2 * (1 + 1000));
 }
 
+// Activation offload (MemoryModelOptions::offload). The last stage's input is 100 bytes, its body
+// 1000, one row per micro-batch. The interpreter brings a micro-batch back from the first action
+// after the backward before its own, so the first one after a backward never stays away: GPipe
+// keeps M - 1 inputs in host memory, 1F1B one.
+TEST(PredictMemory, OffloadKeepsWaitingInputsInHostMemoryAndFreesThemOnlyOnAGpu) {
+  UniformLayer layer;
+  layer.activation_bytes_per_sample = 1000;
+  layer.output_bytes_per_sample = 100;
+  const ModelProfile profile = uniform_profile(2, 4, layer);
+  MemoryModelOptions options;
+  options.checkpoint = Checkpoint::kAlways;
+  for (const bool gpipe : {true, false}) {
+    const auto schedule = gpipe ? schedule::gpipe(2, 4) : schedule::one_f_one_b(2, 4);
+    const std::string what = gpipe ? "gpipe" : "1f1b";
+    options.offload = false;
+    const auto without = predict_memory(profile, {1, 1}, 1, schedule, options);
+    EXPECT_EQ(without[1].offloaded, 0) << what;
+    EXPECT_EQ(without[1].activations, (gpipe ? 4 : 1) * 100 + 1000) << what;
+    // CPU stages: the inputs are counted in host memory and stay in the stash.
+    options.offload = true;
+    options.offload_frees_stash = false;
+    const auto cpu = predict_memory(profile, {1, 1}, 1, schedule, options);
+    EXPECT_EQ(cpu[1].offloaded, (gpipe ? 3 : 1) * 100) << what;
+    EXPECT_GT(cpu[0].offloaded, 0) << what;
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(cpu[r].activations, without[r].activations) << what << " rank " << r;
+      EXPECT_EQ(cpu[r].total(), without[r].total()) << what << ": host memory is not in total()";
+    }
+    // GPU stages: a backward holds its own input and body, and GPipe's also the next backward's
+    // input, which comes back while it runs (1F1B's next one is not forwarded yet); the other
+    // inputs are away.
+    options.offload_frees_stash = true;
+    const auto gpu = predict_memory(profile, {1, 1}, 1, schedule, options);
+    EXPECT_EQ(gpu[1].offloaded, cpu[1].offloaded) << what;
+    EXPECT_EQ(gpu[1].activations, (gpipe ? 2 : 1) * 100 + 1000) << what;
+  }
+}
+
+TEST(PredictMemory, OffloadWithoutACheckpointedMicroBatchIsBadInput) {
+  const ModelProfile profile = uniform_profile(2, 4, UniformLayer{});
+  MemoryModelOptions options;
+  options.offload = true;
+  options.checkpoint = Checkpoint::kNever;
+  EXPECT_THROW(predict_memory(profile, {1, 1}, 1, schedule::gpipe(2, 4), options),
+               pipetrain::BadInput);
+  options.checkpoint = Checkpoint::kExceptLast;
+  EXPECT_THROW(predict_memory(profile, {1, 1}, 1, schedule::gpipe(2, 1), options),
+               pipetrain::BadInput);
+  EXPECT_NO_THROW(predict_memory(profile, {1, 1}, 1, schedule::gpipe(2, 2), options));
+}
+
 TEST(PredictMemory, RejectsAZeroStageOutsideZeroToTwoAndNoReplicas) {
   const ModelProfile profile = uniform_profile(2, 4, UniformLayer{});
   const auto schedule = schedule::one_f_one_b(2, 4);

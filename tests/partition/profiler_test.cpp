@@ -11,6 +11,7 @@
 #include "pipetrain/partition/planner.h"
 #include "pipetrain/partition/profiler.h"
 #include "pipetrain/stage/device.h"
+#include "pipetrain/stage/skip_layers.h"
 
 namespace pipetrain::partition {
 namespace {
@@ -33,6 +34,23 @@ TEST(Profiler, CountsParameterAndOutputBytesFromTheShapes) {
   EXPECT_EQ(profile.input_bytes[1], 16 * 64 * 4);
   EXPECT_EQ(profile.layers[0].costs[1].output_bytes, 16 * 32 * 4);
   EXPECT_EQ(profile.layers[2].costs[0].output_bytes, 4 * 8 * 4);
+}
+
+// A skip stashed before a boundary and popped after it crosses the boundary with the output (the
+// receiving stage keeps it as an input), so it is part of what crosses there.
+TEST(Profiler, OutputBytesIncludeTheSkipsInFlight) {
+  torch::manual_seed(0);
+  torch::nn::Sequential model(torch::nn::Linear(64, 32), SkipStash("a"), torch::nn::Linear(32, 32),
+                              torch::nn::Tanh(), SkipPopAdd("a"), torch::nn::Linear(32, 8));
+  const auto profile =
+      profile_sequential(model, torch::randn({16, 64}), quick().microbatch_sizes({16}));
+  const std::int64_t row = 16 * 32 * 4;
+  EXPECT_EQ(profile.layers[0].costs[0].output_bytes, row);
+  EXPECT_EQ(profile.layers[1].costs[0].output_bytes, 2 * row);  // the stash's own output too
+  EXPECT_EQ(profile.layers[2].costs[0].output_bytes, 2 * row);
+  EXPECT_EQ(profile.layers[3].costs[0].output_bytes, 2 * row);
+  EXPECT_EQ(profile.layers[4].costs[0].output_bytes, row);  // popped
+  EXPECT_EQ(profile.layers[5].costs[0].output_bytes, 16 * 8 * 4);
 }
 
 TEST(Profiler, MeasuresTheActivationsAutogradKeeps) {

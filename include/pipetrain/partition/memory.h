@@ -105,6 +105,15 @@ StageBytes stage_bytes(const ModelProfile& profile, std::int64_t first, std::int
 //                    would deadlock). The most bytes held at once, walking the rank's sends:
 //                    before each, the ones released_sends() frees are freed. GPipe and 1F1B
 //                    hold at most 2 messages.
+//   offloaded        activation offload only (MemoryModelOptions::offload): the inputs of
+//                    checkpointed micro-batches waiting in host memory, per stage the most at
+//                    once, summed over the rank's stages (as StageAccounting counts them). The
+//                    walk runs the lowered list the interpreter runs: + in after F i; - in when
+//                    i comes back, at the first action after the backward (B or I) before i's
+//                    own, where the interpreter prefetches it, or at i's backward when i was
+//                    forwarded later than that. Host memory: not in total(). Where the stages
+//                    run on a GPU (offload_frees_stash), the activations walk drops the inputs
+//                    for that time too; on the CPU they stay in the stage's memory.
 struct RankMemory {
   std::int64_t parameters = 0;
   std::int64_t gradients = 0;
@@ -112,17 +121,19 @@ struct RankMemory {
   std::int64_t activations = 0;
   std::int64_t receive_buffers = 0;
   std::int64_t send_buffers = 0;
+  std::int64_t offloaded = 0;  // host memory (activation offload)
 
-  static constexpr int kCategories = 6;
-  // The categories in report order: 0 parameters .. 5 send buffers.
+  static constexpr int kCategories = 7;
+  // The categories in report order: 0 parameters .. 5 send buffers, 6 offloaded.
   std::int64_t& operator[](int category);
   std::int64_t operator[](int category) const;
+  // What the rank's device holds: every category but the offloaded one (host memory).
   std::int64_t total() const {
     return parameters + gradients + optimizer_state + activations + receive_buffers + send_buffers;
   }
 };
 // "parameters", "gradients", "optimizer state", "activations", "receive buffers",
-// "send buffers".
+// "send buffers", "offloaded to host".
 const char* memory_category_name(int category);
 
 // A schedule's sends as the send-buffer walk needs them, independent of the model: per rank, each
@@ -143,6 +154,12 @@ struct MemoryModelOptions {
   bool processes = false;                    // one process per rank: the transport's buffers count
   std::int64_t parameter_element_bytes = 4;  // float32 parameters (the shard's padding)
   std::int64_t loss_bytes = 0;               // what the loss keeps for backward, per micro-batch
+  // Activation offload (PipeOptions::offload_activations): checkpointed micro-batches' inputs
+  // wait in host memory between their forward and their prefetch (the offloaded category).
+  bool offload = false;
+  // With offload: the stages run on a GPU, so those inputs leave the stage's memory (the
+  // activations category drops them). False on CPU stages, whose memory is the host's.
+  bool offload_frees_stash = false;
   // send_walk(schedule) when the caller keeps it (processes only); null: worked out here.
   const SendWalk* sends = nullptr;
 };

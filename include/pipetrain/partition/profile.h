@@ -37,7 +37,9 @@ struct LayerCost {
   // backward (zero-bubble I and W) records them: inputs autograd would have freed (a ReLU's
   // input) are kept too. Profiles saved before this field existed read activation_bytes.
   std::int64_t split_activation_bytes = 0;
-  std::int64_t output_bytes = 0;  // what crosses a stage boundary after this layer
+  // What crosses a stage boundary after this layer: its output and the skips in flight there
+  // (stashed by this or an earlier layer, popped by a later one).
+  std::int64_t output_bytes = 0;
 };
 
 struct LayerProfile {

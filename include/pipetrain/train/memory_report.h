@@ -18,11 +18,14 @@
 //                receive buffers  the peak bytes of receives its c10d transport had posted in the
 //                                 last step, not yet handed over
 //                send buffers     the peak bytes of its sent messages not yet completed
+//                offloaded to host  activation offload: per stage the most bytes of inputs
+//                                 waiting in host memory in the last step, summed over the
+//                                 rank's stages (StageAccounting::peak_offloaded_bytes)
 //              gather_memory() brings every rank's figures to the main rank.
 //
-// Not covered: bf16 (the profile runs float32: the prediction is for float32 stages), CUDA
-// stages (their stash is estimated, not measured), and transient buffers inside one action (a
-// backward's gradient temporaries, a reduce-scatter's flat buffer).
+// Not covered: fp16, CUDA stages' activations (their stash is estimated from the tensors they
+// hold, not counted by the allocator), and transient buffers inside one action (a backward's
+// gradient temporaries, a reduce-scatter's flat buffer).
 //
 // Thread-safety: the training loop's thread; gather_memory() is collective.
 #pragma once
