@@ -74,10 +74,19 @@ const c10::IValue& field(const c10::impl::GenericDict& dict, const std::string& 
   return found->value();
 }
 
+std::string dtype_name(const torch::Tensor& t) { return std::string(c10::toString(t.scalar_type())); }
+
+// Whether copying `saved` into `target` rounds: the target's dtype does not hold every value of
+// the saved one (float64 into float32, float32 into bfloat16). Widening (bfloat16 into float32,
+// the master weights of a bf16 run into an fp32 one) is exact.
+bool loses_precision(const torch::Tensor& saved, const torch::Tensor& target) {
+  return c10::promoteTypes(saved.scalar_type(), target.scalar_type()) != target.scalar_type();
+}
+
 // Copies saved tensors into live ones by name; collects every problem before throwing.
 void restore_named(const std::map<std::string, torch::Tensor>& saved, const NamedTensors& live,
                    const std::string& what, NameMatch match) {
-  std::vector<std::string> missing, mismatched, unexpected;
+  std::vector<std::string> missing, mismatched, unexpected, narrowed;
   for (const auto& item : live) {
     auto found = saved.find(item.key());
     if (found == saved.end()) {
@@ -85,6 +94,9 @@ void restore_named(const std::map<std::string, torch::Tensor>& saved, const Name
     } else if (found->second.sizes() != item.value().sizes()) {
       mismatched.push_back(item.key() + " (checkpoint " + shape(found->second) + ", model " +
                            shape(item.value()) + ")");
+    } else if (loses_precision(found->second, item.value())) {
+      narrowed.push_back(item.key() + " (checkpoint " + dtype_name(found->second) + ", model " +
+                         dtype_name(item.value()) + ")");
     }
   }
   if (match == NameMatch::kExact) {
@@ -99,6 +111,12 @@ void restore_named(const std::map<std::string, torch::Tensor>& saved, const Name
     if (!mismatched.empty()) message += " shape mismatch: " + join(mismatched) + ";";
     message += " was it written for another model or other model options?";
     throw CheckpointError(message);
+  }
+  if (!narrowed.empty()) {
+    throw CheckpointError("checkpoint's " + what + " would lose precision in the model's dtype: " +
+                          join(narrowed) +
+                          "; load it into a model of the checkpoint's dtype (a wider one "
+                          "converts losslessly)");
   }
   torch::NoGradGuard no_grad;
   for (const auto& item : live) {
@@ -327,6 +345,12 @@ void restore_optimizer(const Checkpoint& checkpoint, torch::optim::Optimizer& op
         throw CheckpointError("checkpoint optimizer state '" + field_name + "' of '" + item.key() +
                               "' has shape " + shape(tensor) + " but the parameter has " +
                               shape(parameter));
+      }
+      if (field_name != "step" && loses_precision(tensor, parameter)) {
+        throw CheckpointError("checkpoint optimizer state '" + field_name + "' of '" + item.key() +
+                              "' is " + dtype_name(tensor) + " and would lose precision in the " +
+                              "parameter's " + dtype_name(parameter) +
+                              "; load it into a model of the checkpoint's dtype");
       }
     }
     try {

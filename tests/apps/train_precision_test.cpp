@@ -1,6 +1,7 @@
 // `pipetrain train --precision` end to end: bf16 halves the bytes that cross between ranks
 // (counted by the c10d transport, activations and gradients, every rank), trains like fp32 in one
 // process and in two, and fp16 without CUDA exits 2 saying what it needs.
+#include <filesystem>
 #include <regex>
 #include <string>
 
@@ -58,6 +59,29 @@ TEST(TrainPrecision, Bf16TrainsSequentiallyAndInOneProcessPipeline) {
     ASSERT_EQ(bf16.exit_code, 0) << layout << "\n" << bf16.output;
     EXPECT_NEAR(last_loss(bf16), last_loss(fp32), 0.02 * last_loss(fp32)) << layout;
   }
+}
+
+// A bf16 run keeps float32 master weights and optimizer state, so its checkpoint resumes at fp32
+// and an fp32 one at bf16, both without conversion loss (issue #18: lossless conversions load).
+TEST(TrainPrecision, CheckpointsResumeAcrossPrecisions) {
+  const std::string dir = ::testing::TempDir() + "pipetrain_precision_resume";
+  std::filesystem::remove_all(dir);
+  for (const std::string from : {"bf16", "fp32"}) {
+    const std::string to = from == "bf16" ? "fp32" : "bf16";
+    const std::string saved = dir + "/" + from;
+    const std::string run =
+        "train --data synthetic --synthetic-samples 256 --model mlp --model-options "
+        "'{\"widths\": [784, 64, 32, 10]}' --batch-size 32 --seed 3 --optimizer adam --stages 2 "
+        "--chunks 2 --precision ";
+    const CliRun first = pipetrain::testing::run_pipetrain(run + from +
+                                                           " --steps 3 --checkpoint-dir " + saved);
+    ASSERT_EQ(first.exit_code, 0) << first.output;
+    const CliRun resumed = pipetrain::testing::run_pipetrain(
+        run + to + " --resume " + saved + "/checkpoint.pt --steps 6");
+    EXPECT_EQ(resumed.exit_code, 0) << from << " -> " << to << "\n" << resumed.output;
+    EXPECT_NE(resumed.output.find("done: 3 steps"), std::string::npos) << resumed.output;
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(TrainPrecision, Fp16WithoutCudaAndUnknownNamesExitTwoNamingTheFlag) {

@@ -192,6 +192,32 @@ TEST(Checkpoint, UnexpectedNameAndShapeMismatchAreErrors) {
   }
 }
 
+// A checkpoint converts into a model of another dtype when no value rounds (float32 into
+// float64), and names every tensor that would round otherwise (float64 into float32).
+TEST(Checkpoint, AWiderDtypeConvertsAndANarrowerOneIsAnErrorNamingTheTensor) {
+  torch::nn::Sequential model = small_model();
+  Checkpoint c;
+  capture_model(c, *model);
+  torch::nn::Sequential wide = small_model();
+  wide->to(torch::kFloat64);
+  restore_model(c, *wide);
+  for (const auto& item : model->named_parameters()) {
+    EXPECT_TRUE(wide->named_parameters()[item.key()].equal(item.value().to(torch::kFloat64)))
+        << item.key();
+  }
+  Checkpoint from_wide;
+  capture_model(from_wide, *wide);
+  try {
+    restore_model(from_wide, *model);
+    FAIL() << "no error";
+  } catch (const CheckpointError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("lose precision"), std::string::npos) << message;
+    EXPECT_NE(message.find("0.weight (checkpoint Double, model Float)"), std::string::npos)
+        << message;
+  }
+}
+
 TEST(Checkpoint, PartsSavedByTwoStagesLoadIntoOneModelAndBackIntoThree) {
   torch::manual_seed(0);
   torch::nn::Sequential model = small_model();

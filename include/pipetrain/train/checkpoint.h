@@ -20,6 +20,11 @@
 // `torch.load(path)`. Files are written atomically (atomic_file.h): a failed save leaves the
 // previous checkpoint intact.
 //
+// Dtypes: a saved tensor converts into a live one of another dtype when no value rounds (float32
+// into float64, bfloat16 into float32); one that would round (float64 into float32) is a
+// CheckpointError naming it. Every precision of a run keeps float32 master weights and optimizer
+// state, so checkpoints move between fp32, bf16 and fp16 runs as they are.
+//
 // Ownership: a Checkpoint holds detached CPU copies, independent of the model. Thread-safety:
 // plain value; the capture/restore functions must not run concurrently with training steps.
 //
