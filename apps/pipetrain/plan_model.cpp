@@ -33,6 +33,7 @@
 #include "pipetrain/runtime/launcher.h"
 #include "pipetrain/runtime/pipe.h"
 #include "pipetrain/schedule/generators.h"
+#include "pipetrain/stage/precision.h"
 #include "pipetrain/stage/torchscript.h"
 #include "pipetrain/tune/auto_plan.h"
 #include "pipetrain/tune/calibration.h"
@@ -250,6 +251,10 @@ void add_plan_model_options(CLI::App& command, PlanModelArgs& args) {
   command.add_option("--dp", args.dp,
                      "With --model: data-parallel replicas of each rank, for the memory model "
                      "(default 1); --sample-shape is then one replica's share of the mini-batch");
+  command.add_option("--precision", args.precision,
+                     "With --model: fp32 (default) or bf16: the profile runs the layers under "
+                     "autocast, so times, activations and messages are a bf16 stage's (weights, "
+                     "gradients and optimizer state stay float32)");
 }
 
 namespace {
@@ -273,6 +278,22 @@ void check_plan_args(const PlanModelArgs& args) {
   if (args.zero > 0 && args.dp < 2) {
     throw UsageError("--zero " + std::to_string(args.zero) +
                      " shards over data-parallel replicas and needs --dp 2 or more");
+  }
+  Precision precision = Precision::kFloat32;
+  try {
+    precision = parse_precision(args.precision);
+  } catch (const pipetrain::BadInput& e) {
+    throw UsageError(std::string("--precision: ") + e.what());
+  }
+  if (precision == Precision::kFloat16) {
+    throw UsageError(
+        "--precision fp16 is not planned: the profile and the memory model cover fp32 and bf16 "
+        "(fp16 needs CUDA stages); use --precision bf16");
+  }
+  if (precision != Precision::kFloat32 && (args.verify || args.calibrate)) {
+    throw UsageError("--precision " + args.precision +
+                     " plans from a bf16 profile, but --verify and --calibrate run float32 "
+                     "pipelines; drop --verify/--calibrate or plan with --precision fp32");
   }
 }
 
@@ -318,7 +339,9 @@ void plan_model(const PlanModelArgs& args, PlanResult& r, RunPlans& run) {
   }
   r.report =
       as_usage_error("cannot profile the model on a batch of shape " + args.sample_shape, [&] {
-        return pp::recommend_report(r.model.sequential, r.model.sample, r.planner, {}, &r.profile);
+        return pp::recommend_report(r.model.sequential, r.model.sample, r.planner,
+                                    pp::ProfileOptions().precision(parse_precision(args.precision)),
+                                    &r.profile);
       });
   if (args.processes && r.planner.ranks > 1) {
     r.profile.transfer = measure_gloo_transfer(args, largest_boundary_bytes(r.profile));
@@ -368,7 +391,8 @@ void write_memory_text(std::ostream& out, const PlanModelArgs& args, const PlanR
   out << "\nmemory of the recommended plan per rank (micro-batch " << plan.microbatch_size
       << ", zero " << args.zero << ", dp " << args.dp
       << (args.processes ? ", one process per rank" : ", one process")
-      << "; float32, the loss's own tensors not included):\n"
+      << "; " << (args.precision == "bf16" ? "bf16 stages, float32 weights" : "float32")
+      << ", the loss's own tensors not included):\n"
       << rank_memory_text(pp::plan_memory(r.profile, plan, r.planner));
 }
 
@@ -379,6 +403,7 @@ std::string report_json(const PlanModelArgs& args, const PlanResult& r) {
   out["memory_limit_bytes"] = r.planner.memory_limit_bytes;
   out["default"] = r.fallback;
   out["profile"] = r.profile;
+  out["precision"] = args.precision;
   if (args.memory && r.report.found()) {
     out["memory_per_rank"] =
         rank_memory_json(pp::plan_memory(r.profile, r.report.recommended(), r.planner));

@@ -34,6 +34,7 @@ struct PlanModelArgs {
   bool memory = false;            // print the recommended plan's memory per rank and category
   int zero = 0;                   // ZeRO stage of the memory model (needs dp > 1)
   int dp = 1;                     // data-parallel replicas of each rank (memory model)
+  std::string precision = "fp32";  // fp32 | bf16: what the profile runs in (memory model)
 };
 
 void add_plan_model_options(CLI::App& command, PlanModelArgs& args);

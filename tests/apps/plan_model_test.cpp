@@ -120,6 +120,64 @@ TEST(PlanModelCli, MemoryPrintsEveryRanksCategoriesAndZeroShardsTheOptimizerStat
   EXPECT_NE(no_replicas.output.find("--dp 2 or more"), std::string::npos) << no_replicas.output;
 }
 
+// --precision bf16: the profile runs under autocast, so what crosses a boundary is bfloat16 (half
+// of fp32's bytes, layer by layer) and the transport's buffers hold such messages; parameters,
+// gradients and optimizer state stay float32. (The two runs may pick different plans: the
+// planner times the layers, so each is checked against its own plan.)
+TEST(PlanModelCli, Bf16PlansWithBfloat16MessagesAndFloat32Weights) {
+  const std::string common =
+      "--model mlp --sample-shape 32,784 --stages 2 --format json --optimizer adam --memory "
+      "--schedules 1f1b --processes ";
+  const CliRun fp32 = plan(common);
+  const CliRun bf16 = plan(common + "--precision bf16");
+  ASSERT_EQ(fp32.exit_code, 0) << fp32.output;
+  ASSERT_EQ(bf16.exit_code, 0) << bf16.output;
+  const auto wide = nlohmann::json::parse(fp32.output);
+  const auto half = nlohmann::json::parse(bf16.output);
+  EXPECT_EQ(half["precision"], "bf16");
+  const auto& layers = half["profile"]["layers"];
+  ASSERT_EQ(layers.size(), wide["profile"]["layers"].size());
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const auto& costs = layers[l]["costs"];
+    for (size_t k = 0; k < costs.size(); ++k) {
+      EXPECT_EQ(2 * costs[k]["output_bytes"].get<long long>(),
+                wide["profile"]["layers"][l]["costs"][k]["output_bytes"].get<long long>())
+          << "layer " << l << ", micro-batch size index " << k;
+    }
+  }
+  long long parameters_bf16 = 0, parameters_fp32 = 0;
+  for (size_t r = 0; r < 2; ++r) {
+    const auto& rank = half["memory_per_rank"][r];
+    parameters_bf16 += rank["parameters"].get<long long>();
+    parameters_fp32 += wide["memory_per_rank"][r]["parameters"].get<long long>();
+    EXPECT_EQ(rank["gradients"], rank["parameters"]) << "rank " << r;
+    EXPECT_EQ(rank["optimizer_state"].get<long long>(), 2 * rank["parameters"].get<long long>());
+  }
+  EXPECT_EQ(parameters_bf16, parameters_fp32);
+  // Both ranks post up to two receives of the one boundary's message (activations on rank 1, their
+  // gradients on rank 0; one per micro-batch): 256-byte header + the bfloat16 data, 64-byte
+  // aligned.
+  const auto& plan_bf16 = half["recommended"];
+  const long long boundary = plan_bf16["balance"][0].get<long long>() - 1;
+  const long long size = plan_bf16["microbatch_size"].get<long long>();
+  const auto sizes = half["profile"]["microbatch_sizes"].get<std::vector<long long>>();
+  const auto at = std::find(sizes.begin(), sizes.end(), size) - sizes.begin();
+  ASSERT_LT(static_cast<size_t>(at), sizes.size()) << bf16.output;
+  const long long data = layers[boundary]["costs"][at]["output_bytes"].get<long long>();
+  const long long message = 256 + (data + 63) / 64 * 64;
+  const long long posted = std::min<long long>(2, plan_bf16["chunks"].get<long long>());
+  for (size_t r = 0; r < 2; ++r) {
+    EXPECT_EQ(half["memory_per_rank"][r]["receive_buffers"].get<long long>(), posted * message)
+        << "rank " << r << "\n" << bf16.output;
+  }
+  const CliRun fp16 = plan(common + "--precision fp16");
+  EXPECT_EQ(fp16.exit_code, 2) << fp16.output;
+  EXPECT_NE(fp16.output.find("--precision bf16"), std::string::npos) << fp16.output;
+  const CliRun verify = plan(common + "--precision bf16 --verify");
+  EXPECT_EQ(verify.exit_code, 2) << verify.output;
+  EXPECT_NE(verify.output.find("--verify"), std::string::npos) << verify.output;
+}
+
 TEST(PlanModelCli, BadInputExitsTwoWithAMessage) {
   CliRun run = plan("--model mlp --sample-shape 32,x");
   EXPECT_EQ(run.exit_code, 2) << run.output;
