@@ -188,7 +188,8 @@ std::vector<Measured> measure_processes(const PlanModelArgs& args,
   try {
     return combine_rank_results(
         plans, launch_ranks(args, plans.at(0).ranks,
-                            {{"runs", plans_to_run(plans, threads)}, {"steps", steps}}));
+                            {{"runs", plans_to_run(plans, threads, parse_precision(args.precision))},
+                             {"steps", steps}}));
   } catch (const std::runtime_error& error) {
     throw std::runtime_error(std::string("plan --processes: ") + error.what());
   }
@@ -290,11 +291,6 @@ void check_plan_args(const PlanModelArgs& args) {
         "--precision fp16 is not planned: the profile and the memory model cover fp32 and bf16 "
         "(fp16 needs CUDA stages); use --precision bf16");
   }
-  if (precision != Precision::kFloat32 && (args.verify || args.calibrate)) {
-    throw UsageError("--precision " + args.precision +
-                     " plans from a bf16 profile, but --verify and --calibrate run float32 "
-                     "pipelines; drop --verify/--calibrate or plan with --precision fp32");
-  }
 }
 
 pp::PlannerOptions planner_options(const PlanModelArgs& args) {
@@ -358,7 +354,8 @@ void plan_model(const PlanModelArgs& args, PlanResult& r, RunPlans& run) {
   run = [&args, &r](const std::vector<pp::Plan>& plans, int steps) {
     return args.processes ? measure_processes(args, plans, r.profile.intra_op_threads, steps)
                           : measure_in_process(r.model.sequential, r.model.sample, plans,
-                                               r.profile.intra_op_threads, steps);
+                                               r.profile.intra_op_threads, steps,
+                                               parse_precision(args.precision));
   };
   if (args.calibrate || args.verify) {
     calibrate_in_process(r.model.sequential, r.model.sample, r.profile, r.planner,

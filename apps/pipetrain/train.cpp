@@ -814,6 +814,7 @@ AutoPlanInput auto_plan_input(const TrainArgs& args, const Layout& layout, int64
   input.chunks = chunks_of(args, layout);
   input.checkpoint = args.checkpoint;
   input.virtual_stages = args.virtual_stages;
+  input.precision = parse_precision(args.precision);
   if (!request.balance) {
     // Not planned: the list given, or the run's own split by layer count (Pipe's rule).
     input.balance = args.balance;

@@ -212,6 +212,7 @@ void to_json(nlohmann::json& out, const ModelProfile& profile) {
          {"measured_step_scale", profile.measured_step_scale},
          {"measured_step_scale_ranks", profile.measured_step_scale_ranks},
          {"method", profile.method},
+         {"precision", profile.precision},
          {"transfer",
           {{"latency_seconds", profile.transfer.latency_seconds},
            // JSON has no infinity: 0 stands for "no bandwidth limit".
@@ -245,6 +246,7 @@ void from_json(const nlohmann::json& in, ModelProfile& profile) {
     profile.process_layer_scale = in.at("process_layer_scale").get<std::vector<double>>();
   }
   profile.method = in.value("method", std::string());
+  profile.precision = in.value("precision", std::string("fp32"));
   if (in.contains("transfer")) {
     const auto& t = in.at("transfer");
     profile.transfer.latency_seconds = t.value("latency_seconds", 0.0);

@@ -292,6 +292,7 @@ ModelProfile profile_sequential(torch::nn::Sequential& model, const torch::Tenso
   ModelProfile profile;
   profile.batch_size = sample_batch.size(0);
   profile.intra_op_threads = at::get_num_threads();
+  profile.precision = to_string(options.precision());
   profile.microbatch_sizes = options.microbatch_sizes().empty()
                                  ? default_sizes(profile.batch_size, options.max_sizes())
                                  : options.microbatch_sizes();

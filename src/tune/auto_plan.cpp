@@ -178,7 +178,10 @@ pp::ModelProfile calibrated_profile(torch::nn::Sequential& model, const torch::T
   pp::ModelProfile profile;
   try {
     profile =
-        pp::profile_sequential(model, batch, pp::ProfileOptions().intra_op_threads(input.threads));
+        pp::profile_sequential(model, batch,
+                               pp::ProfileOptions()
+                                   .intra_op_threads(input.threads)
+                                   .precision(input.precision));
   } catch (const std::exception& error) {  // c10::Error from a layer, BadInput from the profiler
     throw AutoPlanError("cannot profile the model for the auto plan (on a batch of " +
                         std::to_string(batch.size(0)) + " rows): " + message_of(error) +
@@ -259,7 +262,8 @@ pp::Plan plan_training(torch::nn::Sequential& model, const torch::Tensor& sample
   const RunPlans run = processes && input.ranks > 1
                            ? processes->run
                            : RunPlans([&](const std::vector<pp::Plan>& plans, int steps) {
-                               return measure_in_process(model, batch, plans, input.threads, steps);
+                               return measure_in_process(model, batch, plans, input.threads, steps,
+                                                         input.precision);
                              });
   pp::Plan plan;
   try {
@@ -333,7 +337,7 @@ pp::Plan plan_training_on_ranks(Distributed& distributed, torch::nn::Sequential&
     };
     measurer.run = [&](const std::vector<pp::Plan>& plans, int steps) {
       const nlohmann::json job = {
-          {"mode", "plan"}, {"runs", plans_to_run(plans, input.threads)}, {"steps", steps}};
+          {"mode", "plan"}, {"runs", plans_to_run(plans, input.threads, input.precision)}, {"steps", steps}};
       return combine_rank_results(plans, on_every_rank(job));
     };
     try {

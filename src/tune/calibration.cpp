@@ -134,12 +134,13 @@ double Measured::busy_seconds_per_rank() const {
 
 std::vector<Measured> measure_in_process(torch::nn::Sequential& model, const torch::Tensor& sample,
                                          const std::vector<pp::Plan>& plans, int threads,
-                                         int steps) {
+                                         int steps, Precision precision) {
   std::vector<Pipe> pipes;
   std::vector<torch::optim::SGD> sgds;
   std::vector<StepRecorder> recorders;
   for (const pp::Plan& plan : plans) {
-    pipes.emplace_back(model, pipe_options_for(plan).threads_per_stage(threads));
+    pipes.emplace_back(model,
+                       pipe_options_for(plan).threads_per_stage(threads).precision(precision));
     sgds.emplace_back(pipes.back()->parameters(), torch::optim::SGDOptions(1e-4));
     recorders.emplace_back(plan.ranks);
   }
@@ -162,8 +163,9 @@ std::vector<Measured> measure_in_process(torch::nn::Sequential& model, const tor
 }
 
 Measured measure_in_process(torch::nn::Sequential& model, const torch::Tensor& sample,
-                            const pp::Plan& plan, int threads, int steps) {
-  return measure_in_process(model, sample, std::vector<pp::Plan>{plan}, threads, steps).front();
+                            const pp::Plan& plan, int threads, int steps, Precision precision) {
+  return measure_in_process(model, sample, std::vector<pp::Plan>{plan}, threads, steps, precision)
+      .front();
 }
 
 // Run the whole model as one stage (K = 1) with small micro-batches, where fixed costs show most.
@@ -203,7 +205,8 @@ pp::Plan calibrate_overheads(torch::nn::Sequential& model, const torch::Tensor& 
     std::vector<Measured> measured;
     if (split_runs) {
       try {
-        measured = measure_in_process(model, sample, {gpipe, zb}, profile.intra_op_threads, 3);
+        measured = measure_in_process(model, sample, {gpipe, zb}, profile.intra_op_threads, 3,
+                                      parse_precision(profile.precision));
       } catch (const std::exception& error) {
         std::string reason = error.what();
         reason = reason.substr(0, reason.find('\n'));
@@ -214,7 +217,8 @@ pp::Plan calibrate_overheads(torch::nn::Sequential& model, const torch::Tensor& 
     }
     if (!split_runs) {
       measured = measure_in_process(model, sample, std::vector<pp::Plan>{gpipe},
-                                    profile.intra_op_threads, 3);
+                                    profile.intra_op_threads, 3,
+                                    parse_precision(profile.precision));
     }
     pp::ModelProfile trial = profile;  // [1]
     trial.per_layer_overhead_seconds =
@@ -252,7 +256,8 @@ void calibrate_concurrency(torch::nn::Sequential& model, const torch::Tensor& sa
     return;
   }
   auto busy_of = [&](torch::nn::Sequential& copy) {
-    return measure_in_process(copy, sample, gpipe, profile.intra_op_threads, 3)
+    return measure_in_process(copy, sample, gpipe, profile.intra_op_threads, 3,
+                              parse_precision(profile.precision))
         .busy_seconds_per_rank();
   };
   std::vector<double> ratios;
@@ -311,9 +316,10 @@ void calibrate_in_process(torch::nn::Sequential& model, const torch::Tensor& sam
 
 // ---- K processes --------------------------------------------------------------------------------
 
-nlohmann::json plan_to_run(const pp::Plan& plan, int threads) {
+nlohmann::json plan_to_run(const pp::Plan& plan, int threads, Precision precision) {
   nlohmann::json run = plan;  // partition::Plan's to_json
   run["threads"] = threads;
+  run["precision"] = to_string(precision);
   return run;
 }
 
@@ -329,8 +335,9 @@ nlohmann::json run_plans_on_rank(Distributed& distributed, torch::nn::Sequential
   std::vector<torch::optim::SGD> sgds;
   std::vector<StepRecorder> recorders;
   for (const auto& run : runs) {
-    pipes.push_back(std::make_unique<DistributedPipe>(distributed, model,
-                                                      pipe_options_for(run.get<pp::Plan>())));
+    const Precision precision = parse_precision(run.value("precision", std::string("fp32")));
+    pipes.push_back(std::make_unique<DistributedPipe>(
+        distributed, model, pipe_options_for(run.get<pp::Plan>()).precision(precision)));
     sgds.emplace_back(pipes.back()->parameters(), torch::optim::SGDOptions(1e-4));
     recorders.emplace_back(1);
   }
@@ -356,9 +363,10 @@ nlohmann::json run_plans_on_rank(Distributed& distributed, torch::nn::Sequential
   return results;
 }
 
-nlohmann::json plans_to_run(const std::vector<pp::Plan>& plans, int threads) {
+nlohmann::json plans_to_run(const std::vector<pp::Plan>& plans, int threads,
+                            Precision precision) {
   nlohmann::json runs = nlohmann::json::array();
-  for (const pp::Plan& plan : plans) runs.push_back(plan_to_run(plan, threads));
+  for (const pp::Plan& plan : plans) runs.push_back(plan_to_run(plan, threads, precision));
   return runs;
 }
 

@@ -84,6 +84,16 @@ TEST(TrainPrecision, CheckpointsResumeAcrossPrecisions) {
   std::filesystem::remove_all(dir);
 }
 
+// The auto plan profiles, calibrates and measures its candidates in the run's precision.
+TEST(TrainPrecision, Bf16AutoPlanProfilesAndMeasuresBf16Stages) {
+  const CliRun run = pipetrain::testing::run_pipetrain(
+      "train --data synthetic --synthetic-samples 128 --model mlp --model-options "
+      "'{\"widths\": [784, 64, 32, 10]}' --batch-size 32 --seed 3 --stages 2 --schedule auto "
+      "--precision bf16 --steps 2");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("auto plan:"), std::string::npos) << run.output;
+}
+
 TEST(TrainPrecision, Fp16WithoutCudaAndUnknownNamesExitTwoNamingTheFlag) {
   const CliRun fp16 = train("--precision fp16");
   EXPECT_EQ(fp16.exit_code, 2) << fp16.output;

@@ -105,6 +105,9 @@ struct ModelProfile {
   double measured_step_scale = 1;
   int measured_step_scale_ranks = 0;
   std::string method;  // how activation bytes were measured ("allocator", "output bytes")
+  // What the layers ran in: "fp32", or "bf16" (under autocast: ProfileOptions::precision). Plans
+  // made from the profile are measured in it (tune/calibration.h).
+  std::string precision = "fp32";
 
   std::int64_t num_layers() const { return static_cast<std::int64_t>(layers.size()); }
   // Cost of layer l for one micro-batch of `microbatch_size` samples (interpolated).

@@ -78,6 +78,9 @@ struct AutoPlanInput {
   std::string checkpoint;
   std::int64_t virtual_stages = 1;
   std::vector<std::int64_t> balance;  // empty: not given
+  // What the stages compute in: the profile runs under autocast for bf16, and every plan is
+  // measured in it.
+  Precision precision = Precision::kFloat32;
   // What planning does ("planning: profiled 12 layers; ...") and what it skipped; nothing in
   // tune/ prints. Empty: silent.
   Diagnostics diagnostics;

@@ -43,6 +43,7 @@
 #include "pipetrain/partition/planner.h"
 #include "pipetrain/runtime/distributed.h"
 #include "pipetrain/runtime/pipe.h"
+#include "pipetrain/stage/precision.h"
 
 namespace pipetrain::tune {
 
@@ -98,15 +99,16 @@ using RunPlans =
 int steps_to_measure(const std::vector<partition::Plan>& plans, int min_steps, double min_seconds);
 
 // `plans` run in this process together (a Pipe each, one worker thread per rank with `threads`
-// intra-op threads, in turn step by step): `steps` timed steps each after 2 warm-up steps, MSE
-// against zeros.
+// intra-op threads, stages in `precision`, in turn step by step): `steps` timed steps each after
+// 2 warm-up steps, MSE against zeros.
 std::vector<Measured> measure_in_process(torch::nn::Sequential& model, const torch::Tensor& sample,
                                          const std::vector<partition::Plan>& plans, int threads,
-                                         int steps);
+                                         int steps, Precision precision = Precision::kFloat32);
 Measured measure_in_process(torch::nn::Sequential& model, const torch::Tensor& sample,
-                            const partition::Plan& plan, int threads, int steps);
+                            const partition::Plan& plan, int threads, int steps,
+                            Precision precision = Precision::kFloat32);
 
-// Steps [1]..[3]: sets profile.per_layer_overhead_seconds, split_backward_scale,
+// Steps [1]..[3], run in profile.precision: sets profile.per_layer_overhead_seconds, split_backward_scale,
 // concurrent_compute_scale / concurrent_ranks (planner.ranks of them) and calibrated.
 // A model zb-h1 cannot train as one stage, or whose layers cannot be cloned, skips the step that
 // needs it (a kWarning to `diagnostics` says which and why).
@@ -118,10 +120,12 @@ void calibrate_in_process(torch::nn::Sequential& model, const torch::Tensor& sam
 // ---- K processes
 // ---------------------------------------------------------------------------------
 
-// A plan as the JSON a rank runs it from (partition::Plan's to_json, plus "threads"), and a list
-// of them.
-nlohmann::json plan_to_run(const partition::Plan& plan, int threads);
-nlohmann::json plans_to_run(const std::vector<partition::Plan>& plans, int threads);
+// A plan as the JSON a rank runs it from (partition::Plan's to_json, plus "threads" and
+// "precision"), and a list of them.
+nlohmann::json plan_to_run(const partition::Plan& plan, int threads,
+                           Precision precision = Precision::kFloat32);
+nlohmann::json plans_to_run(const std::vector<partition::Plan>& plans, int threads,
+                            Precision precision = Precision::kFloat32);
 
 // This rank's part of `runs` (plans_to_run) on DistributedPipe, the plans in turn step by step:
 // `steps` timed steps each after 2 warm-up ones, each step started after an untimed barrier.
