@@ -1,21 +1,26 @@
 // One stage's forward, backward (B, or I then W) and checkpoint replay
 // (include/pipetrain/stage/stage.h).
 //
-// Split backward, per layer l of the stage (L layers), with skips cut at their stash:
+// Split backward, per segment k of the stage, with skips cut at their stash. A segment is a run
+// of layers that ends at a layer with parameters, at a layer that stashed a skip, or at the
+// stage's last layer (Linear, ReLU, Linear, ReLU: [Linear] [ReLU, Linear] [ReLU]):
 //
-//   forward (recorded):  in_0 -> [layer 0] -> out_0, in_1 = leaf(out_0) -> ... -> out_{L-1}
-//                         each layer reads fresh leaves of the previous layer's outputs, and a
-//                         tensor stashed by layer a is replaced in the skip context by a fresh
-//                         leaf s' that the popping layer b reads: every layer's graph is its
+//   forward (recorded):  in_0 -> [segment 0] -> out_0, in_1 = leaf(out_0) -> ... -> out_{K-1}
+//                         each segment reads fresh leaves of the previous segment's outputs, and
+//                         a tensor stashed by layer a is replaced in the skip context by a fresh
+//                         leaf s' that the popping layer b reads: every segment's graph is its
 //                         own, between its input leaves and its outputs (so a parameter tied
 //                         between two layers gets each layer's W once)
-//   I, l = L-1 .. 0:     roots = out_l and the tensors layer l stashed, with their gradients
-//                        [1] g_in_l, g_s' = grad(roots, {in_l, popped leaves}, retain_graph)
-//                        [2] keep (roots, gradients) of layer l for W
-//   W, each l:           [3] grad(roots_l, params_l, gradients_l) -> accumulate into .grad()
+//   I, k = K-1 .. 0:     roots = out_k and the tensors segment k stashed, with their gradients
+//                        [1] g_in_k, g_s' = grad(roots, {in_k, popped leaves}, retain_graph)
+//                        [2] keep (roots, gradients) of segment k for W
+//   W, each k:           [3] grad(roots_k, params of its last layer, gradients_k) -> .grad()
 //
-// Every autograd node belongs to exactly one layer, I runs it for the input side and W for the
-// parameter side, so nothing is computed twice and the values equal a full backward's.
+// Every autograd node belongs to exactly one segment, I runs it for the input side and W for the
+// parameter side, so nothing is computed twice and the values equal a full backward's. The only
+// parameters of a segment are its last layer's, which read the segment's last values directly,
+// so W's walk from the roots to them passes no other layer. Segments rather than single layers:
+// one autograd engine call per segment in I, not one per layer (8 x (Linear + ReLU): 9, not 16).
 //
 // Stash accounting of a CPU stage, micro-batch i (what stage.h calls stashed bytes):
 //
@@ -39,8 +44,12 @@
 
 namespace pipetrain {
 
-struct Stage::LayerRecord {
+struct Stage::LayerRecord {  // one segment (the top of this file)
+  size_t last = 0;                               // its last layer: the only one with parameters
   std::vector<torch::Tensor> inputs;
+  // The inputs of its other layers, held until I as the per-layer records before it held them
+  // (the memory model's split_activation_bytes counts every layer's input kept until its I).
+  std::vector<torch::Tensor> inner_inputs;
   std::vector<torch::Tensor> outputs;
   std::map<std::string, torch::Tensor> popped;   // leaves the layer read from the skip context
   std::map<std::string, torch::Tensor> stashed;  // what the layer stashed (before the cut)
@@ -189,10 +198,14 @@ void Stage::run_layers(Microbatch& state, bool record, bool recomputing) const {
   context.recomputing = recomputing;
   context.pending = state.skip_inputs;
   SkipContextGuard guard(&context);
-  if (record) state.layers.assign(layers_.size(), LayerRecord{});
+  if (record) {
+    state.layers.clear();
+    state.layers.emplace_back();
+  }
   std::vector<torch::Tensor> values = state.inputs;
   std::optional<AutocastGuard> autocast;
   autocast.emplace(precision_, device_);
+  bool segment_starts = true;  // layer l begins a segment (record)
   for (size_t l = 0; l < layers_.size(); ++l) {
     std::map<std::string, torch::Tensor> before;
     if (record) before = context.pending;
@@ -222,9 +235,16 @@ void Stage::run_layers(Microbatch& state, bool record, bool recomputing) const {
             " in place; a split backward (I/W, zero-bubble schedules) needs out-of-place "
             "layers: construct it with inplace=false");
       }
-      LayerRecord& rec = state.layers[l];
-      rec.inputs = std::move(values);
+      LayerRecord& rec = state.layers.back();
+      if (segment_starts) {
+        rec.inputs = values;
+      } else {
+        rec.inner_inputs.insert(rec.inner_inputs.end(), values.begin(), values.end());
+      }
+      segment_starts = false;
+      rec.last = l;
       rec.outputs = outputs;
+      bool stashed = false;
       for (const auto& entry : before) {
         auto now = context.pending.find(entry.first);
         if (now == context.pending.end() || !now->second.is_same(entry.second)) {
@@ -235,18 +255,24 @@ void Stage::run_layers(Microbatch& state, bool record, bool recomputing) const {
         auto was = before.find(entry.first);
         if (was != before.end() && was->second.is_same(entry.second)) continue;
         rec.stashed.insert(entry);
-        // The cut: later layers read a leaf, so this layer's graph ends at what it stashed.
+        stashed = true;
+        // The cut: later layers read a leaf, so this segment's graph ends at what it stashed.
         if (entry.second.defined() && entry.second.requires_grad()) {
           entry.second = entry.second.detach().requires_grad_();
         }
       }
-      // The cut between layers: the next layer reads leaves, so W of a layer reaches only its
-      // own use of a parameter; a parameter tied between two layers of this stage gets each
-      // layer's part once, and no W walks into a graph another W has freed.
-      if (l + 1 < layers_.size()) {
+      // The cut between segments: the next segment reads leaves, so W of a layer reaches only
+      // its own use of a parameter; a parameter tied between two layers of this stage gets each
+      // layer's part once, and no W walks into a graph another W has freed. A segment ends after
+      // a layer with parameters (W must not walk into a later layer) and after a stash (I of the
+      // stashing segment needs the gradient a later segment's pop receives).
+      const bool ends = !parameters_of(layers_[l].module).empty() || stashed;
+      if (l + 1 < layers_.size() && ends) {
         for (auto& t : outputs) {
           if (t.defined() && t.requires_grad()) t = t.detach().requires_grad_();
         }
+        state.layers.emplace_back();
+        segment_starts = true;
       }
     }
     values = std::move(outputs);
@@ -535,8 +561,8 @@ Bundle Stage::backward_input(int i, const Bundle& output_grads) {
       skip_grads[entry.first] = output_grads.tensors[s++];
   }
 
-  for (size_t l = layers_.size(); l-- > 0;) {
-    LayerRecord& rec = state.layers[l];
+  for (size_t k = state.layers.size(); k-- > 0;) {
+    LayerRecord& rec = state.layers[k];
     rec.roots.clear();
     rec.root_grads.clear();
     for (size_t t = 0; t < rec.outputs.size() && t < grads_out.size(); ++t) {
@@ -556,10 +582,11 @@ Bundle Stage::backward_input(int i, const Bundle& output_grads) {
     grads_out.assign(grads.begin(), grads.begin() + static_cast<int64_t>(rec.inputs.size()));
     size_t p = rec.inputs.size();
     for (const auto& entry : rec.popped) skip_grads[entry.first] = grads[p++];
-    if (parameters_of(layers_[l].module).empty()) {
-      rec = LayerRecord{};  // no W for this layer: free what it kept now
+    if (parameters_of(layers_[rec.last].module).empty()) {
+      rec = LayerRecord{};  // no W for this segment: free what it kept now
     } else {
       rec.inputs.clear();  // [2] W needs only the roots and their gradients
+      rec.inner_inputs.clear();
       rec.popped.clear();
     }
   }
@@ -584,10 +611,10 @@ void Stage::backward_weight(int i) {
   Microbatch& state = stashed(i, "weight backward (W)");
   PIPETRAIN_CHECK(state.input_grads_done, ScheduleInvalid, "stage ", index_,
                   " got W of micro-batch ", i, " before its I; a schedule must run I before W");
-  for (size_t l = 0; l < state.layers.size(); ++l) {
-    LayerRecord& rec = state.layers[l];
+  for (size_t k = 0; k < state.layers.size(); ++k) {
+    LayerRecord& rec = state.layers[k];
     if (rec.roots.empty()) continue;
-    std::vector<torch::Tensor> params = parameters_of(layers_[l].module);
+    std::vector<torch::Tensor> params = parameters_of(layers_[rec.last].module);
     if (params.empty()) continue;
     std::vector<torch::Tensor> grads = torch::autograd::grad(
         rec.roots, params, rec.root_grads, /*retain_graph=*/false, /*create_graph=*/false,

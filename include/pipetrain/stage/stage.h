@@ -17,22 +17,24 @@
 //   bytes of i's inputs (and received skips)
 //   + bytes of CPU memory i's forward allocated that are still alive when it returns: the tensors
 //     autograd saved for backward (a Linear's input, a ReLU's result, ...), the outputs, the
-//     per-layer record of a split backward, the loss (stage/allocation_counter.h)
+//     per-segment record of a split backward, the loss (stage/allocation_counter.h)
 //   - what a checkpointed micro-batch hands over without keeping (its outputs and loss)
 //   + after a recompute, everything the replay allocated and keeps alive.
 // The figure is taken when the forward (or the recompute) returns and given back when the
 // backward frees i; an I that frees part of i early does not lower it. On a non-CPU device (CUDA's
 // caching allocator cannot be wrapped this way) it is an estimate instead: inputs + outputs (or
-// each layer's outputs for a split backward), which misses what autograd saved inside the stage.
+// each segment's outputs for a split backward), which misses what autograd saved inside the stage.
 //
 // Backward modes:
 //   B  backward(i, grads): one autograd pass; parameter gradients accumulate into .grad().
-//   I  backward_input(i, grads): input gradients only, layer by layer from the last, keeping each
-//      layer's output gradient g_l (autograd::grad(out_l, in_l, g_l, retain_graph)).
-//   W  backward_weight(i): parameter gradients only, per layer from the kept g_l
-//      (autograd::grad(out_l, params_l, g_l)), accumulated into .grad(). I + W compute exactly
+//   I  backward_input(i, grads): input gradients only, segment by segment from the last, keeping
+//      each segment's output gradient g_k (autograd::grad(out_k, in_k, g_k, retain_graph)). A
+//      segment is a run of layers ending at one with parameters, at a stash, or at the stage's
+//      end (stage.cpp), so its only parameters are its last layer's.
+//   W  backward_weight(i): parameter gradients only, per segment from the kept g_k
+//      (autograd::grad(out_k, params_k, g_k)), accumulated into .grad(). I + W compute exactly
 //      what B computes, nothing twice. A micro-batch whose backward will be split must be
-//      forwarded with `split_backward` (the per-layer record is made during the forward).
+//      forwarded with `split_backward` (the per-segment record is made during the forward).
 //
 // Skips (stage/skip.h): a SkipContext per (stage, micro-batch) is installed around the forward
 // and the recompute. Names stashed and not popped by the end of the stage leave with the
