@@ -86,8 +86,9 @@ StageBytes stage_bytes(const ModelProfile& profile, std::int64_t first, std::int
     bytes.parameters += profile.layers[static_cast<std::size_t>(l)].parameter_bytes;
     const LayerCost cost = profile.layer_cost(l, microbatch_size);
     // The first layer's input is the stage's leaf, kept whatever autograd saves.
-    bytes.body += l == first ? cost.split_activation_bytes : cost.activation_bytes;
-    bytes.split_body += cost.split_activation_bytes;
+    bytes.body += l == first ? cost.split_first_activation_bytes : cost.activation_bytes;
+    bytes.split_body +=
+        l == first ? cost.split_first_activation_bytes : cost.split_activation_bytes;
   }
   // The allocator can see a layer free more than it keeps (its input dropped); a stage's body
   // never holds less than nothing.

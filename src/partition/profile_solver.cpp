@@ -66,6 +66,8 @@ LayerCost ModelProfile::layer_cost(std::int64_t l, std::int64_t b) const {
     c.activation_bytes = static_cast<std::int64_t>(std::llround(c.activation_bytes * scale));
     c.split_activation_bytes =
         static_cast<std::int64_t>(std::llround(c.split_activation_bytes * scale));
+    c.split_first_activation_bytes =
+        static_cast<std::int64_t>(std::llround(c.split_first_activation_bytes * scale));
     c.output_bytes = static_cast<std::int64_t>(std::llround(c.output_bytes * scale));
     return c;
   }
@@ -82,14 +84,17 @@ LayerCost ModelProfile::layer_cost(std::int64_t l, std::int64_t b) const {
   c.backward_seconds = time(&LayerCost::backward_seconds);
   c.backward_input_seconds = time(&LayerCost::backward_input_seconds);
   c.backward_weight_seconds = time(&LayerCost::backward_weight_seconds);
-  std::vector<std::int64_t> activation(costs.size()), split(costs.size()), output(costs.size());
+  std::vector<std::int64_t> activation(costs.size()), split(costs.size()), first(costs.size()),
+      output(costs.size());
   for (std::size_t q = 0; q < costs.size(); ++q) {
     activation[q] = costs[q].activation_bytes;
     split[q] = costs[q].split_activation_bytes;
+    first[q] = costs[q].split_first_activation_bytes;
     output[q] = costs[q].output_bytes;
   }
   c.activation_bytes = interpolate_bytes(microbatch_sizes, b, activation);
   c.split_activation_bytes = interpolate_bytes(microbatch_sizes, b, split);
+  c.split_first_activation_bytes = interpolate_bytes(microbatch_sizes, b, first);
   c.output_bytes = interpolate_bytes(microbatch_sizes, b, output);
   return c;
 }
@@ -190,6 +195,7 @@ void to_json(nlohmann::json& out, const ModelProfile& profile) {
                        {"backward_weight_seconds", c.backward_weight_seconds},
                        {"activation_bytes", c.activation_bytes},
                        {"split_activation_bytes", c.split_activation_bytes},
+                       {"split_first_activation_bytes", c.split_first_activation_bytes},
                        {"output_bytes", c.output_bytes}});
     }
     layers.push_back({{"name", layer.name},
@@ -269,6 +275,8 @@ void from_json(const nlohmann::json& in, ModelProfile& profile) {
       cost.backward_weight_seconds = c.value("backward_weight_seconds", 0.0);
       cost.activation_bytes = c.value("activation_bytes", std::int64_t{0});
       cost.split_activation_bytes = c.value("split_activation_bytes", cost.activation_bytes);
+      cost.split_first_activation_bytes =
+          c.value("split_first_activation_bytes", cost.split_activation_bytes);
       cost.output_bytes = c.value("output_bytes", std::int64_t{0});
       layer.costs.push_back(cost);
     }
@@ -303,6 +311,7 @@ ModelProfile uniform_profile(std::int64_t layers, std::int64_t batch_size,
       c.backward_weight_seconds = c.backward_seconds / 2;
       c.activation_bytes = spec.activation_bytes_per_sample * b;
       c.split_activation_bytes = c.activation_bytes;
+      c.split_first_activation_bytes = c.activation_bytes;
       c.output_bytes = spec.output_bytes_per_sample * b;
       layer.costs.push_back(c);
     }

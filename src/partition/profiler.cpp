@@ -6,6 +6,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -122,12 +123,25 @@ torch::Tensor run_chain(const std::vector<torch::nn::AnyModule*>& layers,
   return x;
 }
 
+// Which layer inputs a chain keeps referenced, besides what autograd saves.
+enum class Keep {
+  kNone,      // a chain as a plain forward keeps it
+  kSegments,  // the input of each segment's first layer, as a split backward's record (stage.cpp)
+  kAll,       // every layer's input (each layer as the first of a stage)
+};
+
+bool has_trainable_parameters(torch::nn::AnyModule& layer) {
+  for (const auto& p : layer.ptr()->parameters()) {
+    if (p.requires_grad()) return true;
+  }
+  return false;
+}
+
 // Activation bytes per layer from one chained run under the allocation counter; *seen tells whether
-// the counter saw any allocation at all. `keep_inputs`: every layer's input stays referenced, as a
-// split backward's per-layer record keeps it (stage.cpp).
+// the counter saw any allocation at all.
 std::vector<std::int64_t> chained_activation_bytes(const std::vector<torch::nn::AnyModule*>& layers,
                                                    const torch::Tensor& microbatch, bool* seen,
-                                                   bool keep_inputs, Precision precision,
+                                                   Keep keep, Precision precision,
                                                    bool input_wants_grad = false) {
   ThreadCountGuard one_thread(1);
   // One autocast region around the chain, as a stage has around its layers.
@@ -156,11 +170,20 @@ std::vector<std::int64_t> chained_activation_bytes(const std::vector<torch::nn::
     std::int64_t previous = live();
     SkipContext skips;  // skips in flight count as kept by the layer that stashed them
     std::vector<torch::Tensor> kept;
+    bool segment_starts = true;
     for (std::size_t l = 0; l < layers.size(); ++l) {
-      if (keep_inputs) kept.push_back(x);
+      if (keep == Keep::kAll || (keep == Keep::kSegments && segment_starts)) kept.push_back(x);
       // [1] y's graph keeps the saved tensors; [2] dropping our handle on x frees it unless the
       // graph saved it. The net growth is what this layer adds to the stash.
+      const std::map<std::string, torch::Tensor> before = skips.pending;
       x = run_layer(*layers[l], l, x, skips);
+      // A segment ends after a layer with parameters or one that stashed a skip (stage.cpp).
+      bool stashed = false;
+      for (const auto& [name, tensor] : skips.pending) {
+        auto was = before.find(name);
+        stashed = stashed || was == before.end() || !was->second.is_same(tensor);
+      }
+      segment_starts = stashed || has_trainable_parameters(*layers[l]);
       bytes.push_back(live() - previous);
       previous = live();
     }
@@ -234,10 +257,12 @@ bool profile_microbatch(const std::vector<torch::nn::AnyModule*>& layers,
   const Precision precision = options.precision();
   bool seen = false;
   const std::vector<std::int64_t> chained =
-      chained_activation_bytes(layers, input, &seen, false, precision);
+      chained_activation_bytes(layers, input, &seen, Keep::kNone, precision);
   bool split_seen = false;
   const std::vector<std::int64_t> split =
-      chained_activation_bytes(layers, input, &split_seen, /*keep_inputs=*/true, precision);
+      chained_activation_bytes(layers, input, &split_seen, Keep::kSegments, precision);
+  const std::vector<std::int64_t> split_first =
+      chained_activation_bytes(layers, input, &split_seen, Keep::kAll, precision);
   const AutocastGuard autocast(precision, input.device());
   torch::Tensor x = input;
   SkipContext skips;  // the skips in flight before layer l, in the chained pass
@@ -269,6 +294,7 @@ bool profile_microbatch(const std::vector<torch::nn::AnyModule*>& layers,
     for (const auto& entry : skips.pending) cost.output_bytes += wire_bytes(entry.second);
     cost.activation_bytes = seen ? chained[l] : own_output;
     cost.split_activation_bytes = seen ? split[l] : own_output;
+    cost.split_first_activation_bytes = seen ? split_first[l] : own_output;
     time_backward(y, leaf, needs_input_grad, *layers[l], options, cost);
     profile.layers[l].costs.push_back(cost);
     x = y.detach();
@@ -350,10 +376,11 @@ StageChain profile_stage_chain(torch::nn::Sequential& model, std::int64_t first,
   const torch::Tensor x = run_chain(layers, input, precision, skips);
   chain.skips_in_flight = !skips.pending.empty();
   bool seen = false;
-  chain.activation_bytes = chained_activation_bytes(layers, input, &seen, false, precision,
+  chain.activation_bytes = chained_activation_bytes(layers, input, &seen, Keep::kNone, precision,
                                                     /*input_wants_grad=*/first > 0);
-  chain.split_activation_bytes = chained_activation_bytes(layers, input, &seen, true, precision,
-                                                          /*input_wants_grad=*/first > 0);
+  // The stage's own segments: its first layer begins one, as in the stage.
+  chain.split_activation_bytes = chained_activation_bytes(
+      layers, input, &seen, Keep::kSegments, precision, /*input_wants_grad=*/first > 0);
   chain.output = precision != Precision::kFloat32 && x.is_floating_point()
                      ? x.to(compute_dtype(precision))
                      : x;

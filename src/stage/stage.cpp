@@ -46,10 +46,7 @@ namespace pipetrain {
 
 struct Stage::LayerRecord {  // one segment (the top of this file)
   size_t last = 0;                               // its last layer: the only one with parameters
-  std::vector<torch::Tensor> inputs;
-  // The inputs of its other layers, held until I as the per-layer records before it held them
-  // (the memory model's split_activation_bytes counts every layer's input kept until its I).
-  std::vector<torch::Tensor> inner_inputs;
+  std::vector<torch::Tensor> inputs;  // its first layer's: leaves, kept until I
   std::vector<torch::Tensor> outputs;
   std::map<std::string, torch::Tensor> popped;   // leaves the layer read from the skip context
   std::map<std::string, torch::Tensor> stashed;  // what the layer stashed (before the cut)
@@ -236,11 +233,7 @@ void Stage::run_layers(Microbatch& state, bool record, bool recomputing) const {
             "layers: construct it with inplace=false");
       }
       LayerRecord& rec = state.layers.back();
-      if (segment_starts) {
-        rec.inputs = values;
-      } else {
-        rec.inner_inputs.insert(rec.inner_inputs.end(), values.begin(), values.end());
-      }
+      if (segment_starts) rec.inputs = values;
       segment_starts = false;
       rec.last = l;
       rec.outputs = outputs;
@@ -586,7 +579,6 @@ Bundle Stage::backward_input(int i, const Bundle& output_grads) {
       rec = LayerRecord{};  // no W for this segment: free what it kept now
     } else {
       rec.inputs.clear();  // [2] W needs only the roots and their gradients
-      rec.inner_inputs.clear();
       rec.popped.clear();
     }
   }

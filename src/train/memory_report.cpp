@@ -165,6 +165,8 @@ MemoryPrediction predict_training_memory(torch::nn::Sequential model, const torc
           pp::LayerCost& cost = profile.layers[static_cast<size_t>(start) + k].costs.at(0);
           cost.activation_bytes = chain.activation_bytes[k];
           cost.split_activation_bytes = chain.split_activation_bytes[k];
+          // The chain starts at the stage's first layer, which begins a segment there.
+          if (k == 0) cost.split_first_activation_bytes = chain.split_activation_bytes[0];
         }
       }
     }

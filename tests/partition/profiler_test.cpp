@@ -53,6 +53,25 @@ TEST(Profiler, OutputBytesIncludeTheSkipsInFlight) {
   EXPECT_EQ(profile.layers[5].costs[0].output_bytes, 16 * 8 * 4);
 }
 
+// A split backward's record keeps the input of each segment's first layer (a segment ends after a
+// layer with parameters): x * 2 after a Linear begins one, x * 3 after it does not, and nothing
+// else keeps x * 3's input (a multiply by a number saves nothing), so it is freed there, unless
+// the layer begins a stage (split_first_activation_bytes).
+TEST(Profiler, SplitBytesKeepEachSegmentsFirstInputAndAStagesFirstInput) {
+  torch::nn::Sequential model(
+      torch::nn::Linear(64, 32), torch::nn::Functional([](torch::Tensor x) { return x * 2; }),
+      torch::nn::Functional([](torch::Tensor x) { return x * 3; }), torch::nn::Linear(32, 8));
+  const auto profile =
+      profile_sequential(model, torch::randn({16, 64}), quick().microbatch_sizes({16}));
+  ASSERT_EQ(profile.method, "allocator");
+  const std::int64_t row = 16 * 32 * 4;
+  const LayerCost& doubled = profile.layers[1].costs[0];
+  const LayerCost& tripled = profile.layers[2].costs[0];
+  EXPECT_EQ(doubled.split_first_activation_bytes, doubled.split_activation_bytes);
+  EXPECT_EQ(tripled.split_first_activation_bytes - tripled.split_activation_bytes, row);
+  EXPECT_EQ(tripled.split_activation_bytes, tripled.activation_bytes);
+}
+
 TEST(Profiler, MeasuresTheActivationsAutogradKeeps) {
   torch::nn::Sequential model(torch::nn::Linear(64, 32), torch::nn::ReLU(),
                               torch::nn::Linear(32, 8));

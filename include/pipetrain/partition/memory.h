@@ -67,7 +67,8 @@ StageMemory stage_memory(std::int64_t parameter_bytes, std::int64_t input_bytes,
 
 // Layers [first, end) as one stage at micro-batch size m: parameter, input and body bytes.
 // The stage keeps its input as a leaf, so its first layer counts as in a chain that keeps its
-// input (split_activation_bytes); split_body is the body of a split backward (every layer's).
+// input (split_first_activation_bytes); split_body is the body of a split backward (its first
+// layer's split_first_activation_bytes, the others' split_activation_bytes).
 struct StageBytes {
   std::int64_t parameters = 0;
   std::int64_t input = 0;

@@ -33,10 +33,17 @@ struct LayerCost {
   // Bytes the forward keeps alive until the backward (saved tensors and the output), measured as
   // the net growth of the allocator while the layer runs in a chain (profiler.h says how).
   std::int64_t activation_bytes = 0;
-  // The same when every layer's input and output stay alive until the layer's W, as a split
-  // backward (zero-bubble I and W) records them: inputs autograd would have freed (a ReLU's
-  // input) are kept too. Profiles saved before this field existed read activation_bytes.
+  // The same as a split backward (zero-bubble I and W) records the layer: its graph stays until W,
+  // and the record keeps the input of each segment's first layer (stage.cpp: a segment ends after
+  // a layer with parameters or a stash), even where autograd would have freed it. Measured in a
+  // chain of the whole model, so a layer counts as a segment's first where the layer before it
+  // has parameters or stashed a skip. Profiles saved before this field existed read
+  // activation_bytes.
   std::int64_t split_activation_bytes = 0;
+  // The same for the layer as the first of a stage, whose input the stage keeps: equal to
+  // split_activation_bytes where the layer begins a segment anyway. Profiles saved before this
+  // field existed read split_activation_bytes (which then kept every layer's input).
+  std::int64_t split_first_activation_bytes = 0;
   // What crosses a stage boundary after this layer: its output and the skips in flight there
   // (stashed by this or an earlier layer, popped by a later one).
   std::int64_t output_bytes = 0;

@@ -79,7 +79,8 @@ TransferModel measure_local_transfer(int repeats = 5);
 // Layers [first, end) of `model` measured as one stage whose input is `input` (the data for the
 // first stage, else the previous stage's output in the wire dtype, a leaf that wants a gradient):
 // per layer, the bytes each keeps as a chain and as a split backward's record (LayerCost's
-// activation_bytes and split_activation_bytes), and the stage's output in the wire dtype (the
+// activation_bytes and split_activation_bytes; the first layer's split figure is its
+// split_first_activation_bytes), and the stage's output in the wire dtype (the
 // next stage's input). Under bf16 a stage's first layers see bfloat16 where profile_sequential's
 // whole-model chain feeds them what the previous layer made (float32 after a GPT block), which
 // changes what they keep. `skips_in_flight`: the stage stashed skips it did not pop (then the
