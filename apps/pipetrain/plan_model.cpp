@@ -187,9 +187,10 @@ std::vector<Measured> measure_processes(const PlanModelArgs& args,
                                         int steps) {
   try {
     return combine_rank_results(
-        plans, launch_ranks(args, plans.at(0).ranks,
-                            {{"runs", plans_to_run(plans, threads, parse_precision(args.precision))},
-                             {"steps", steps}}));
+        plans,
+        launch_ranks(args, plans.at(0).ranks,
+                     {{"runs", plans_to_run(plans, threads, parse_precision(args.precision))},
+                      {"steps", steps}}));
   } catch (const std::runtime_error& error) {
     throw std::runtime_error(std::string("plan --processes: ") + error.what());
   }
@@ -387,8 +388,8 @@ void write_memory_text(std::ostream& out, const PlanModelArgs& args, const PlanR
   const pp::Plan& plan = r.report.recommended();
   out << "\nmemory of the recommended plan per rank (micro-batch " << plan.microbatch_size
       << ", zero " << args.zero << ", dp " << args.dp
-      << (args.processes ? ", one process per rank" : ", one process")
-      << "; " << (args.precision == "bf16" ? "bf16 stages, float32 weights" : "float32")
+      << (args.processes ? ", one process per rank" : ", one process") << "; "
+      << (args.precision == "bf16" ? "bf16 stages, float32 weights" : "float32")
       << ", the loss's own tensors not included):\n"
       << rank_memory_text(pp::plan_memory(r.profile, plan, r.planner));
 }

@@ -127,9 +127,9 @@ void check_memory_inputs(const ModelProfile& profile, const std::vector<int>& ba
                    ") and parameter_element_bytes (" +
                    std::to_string(options.parameter_element_bytes) + ") must be >= 1");
   }
-  const bool checkpointed = options.checkpoint == Checkpoint::kAlways ||
-                            (options.checkpoint == Checkpoint::kExceptLast &&
-                             schedule.num_microbatches > 1);
+  const bool checkpointed =
+      options.checkpoint == Checkpoint::kAlways ||
+      (options.checkpoint == Checkpoint::kExceptLast && schedule.num_microbatches > 1);
   if (options.offload && !checkpointed) {
     throw BadInput(std::string("memory model: activation offload moves the inputs that "
                                "checkpointed micro-batches keep, and checkpoint ") +
@@ -336,7 +336,7 @@ std::int64_t RankMemory::operator[](int category) const {
 
 const char* memory_category_name(int category) {
   static const char* const names[RankMemory::kCategories] = {
-      "parameters",      "gradients",    "optimizer state", "activations",
+      "parameters",      "gradients",    "optimizer state",  "activations",
       "receive buffers", "send buffers", "offloaded to host"};
   if (category < 0 || category >= RankMemory::kCategories) {
     throw BadInput("memory_category_name: no category " + std::to_string(category) + " (0..6)");
@@ -366,10 +366,9 @@ std::vector<RankMemory> predict_memory(const ModelProfile& profile, const std::v
     first = end;
   }
   // Offload's prefetch points include communication: walk the list the interpreter runs.
-  const StashPeaks peaks =
-      options.offload && !schedule::is_lowered(schedule)
-          ? stash_peaks(schedule::lower(schedule), input, body, options)
-          : stash_peaks(schedule, input, body, options);
+  const StashPeaks peaks = options.offload && !schedule::is_lowered(schedule)
+                               ? stash_peaks(schedule::lower(schedule), input, body, options)
+                               : stash_peaks(schedule, input, body, options);
   std::vector<std::int64_t> sends;
   if (options.processes) {
     sends = options.sends ? send_bytes(*options.sends, output_bytes)

@@ -44,8 +44,8 @@
 
 namespace pipetrain {
 
-struct Stage::LayerRecord {  // one segment (the top of this file)
-  size_t last = 0;                               // its last layer: the only one with parameters
+struct Stage::LayerRecord {           // one segment (the top of this file)
+  size_t last = 0;                    // its last layer: the only one with parameters
   std::vector<torch::Tensor> inputs;  // its first layer's: leaves, kept until I
   std::vector<torch::Tensor> outputs;
   std::map<std::string, torch::Tensor> popped;   // leaves the layer read from the skip context

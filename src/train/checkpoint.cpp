@@ -74,7 +74,9 @@ const c10::IValue& field(const c10::impl::GenericDict& dict, const std::string& 
   return found->value();
 }
 
-std::string dtype_name(const torch::Tensor& t) { return std::string(c10::toString(t.scalar_type())); }
+std::string dtype_name(const torch::Tensor& t) {
+  return std::string(c10::toString(t.scalar_type()));
+}
 
 // Whether copying `saved` into `target` rounds: the target's dtype does not hold every value of
 // the saved one (float64 into float32, float32 into bfloat16). Widening (bfloat16 into float32,
@@ -113,8 +115,8 @@ void restore_named(const std::map<std::string, torch::Tensor>& saved, const Name
     throw CheckpointError(message);
   }
   if (!narrowed.empty()) {
-    throw CheckpointError("checkpoint's " + what + " would lose precision in the model's dtype: " +
-                          join(narrowed) +
+    throw CheckpointError("checkpoint's " + what +
+                          " would lose precision in the model's dtype: " + join(narrowed) +
                           "; load it into a model of the checkpoint's dtype (a wider one "
                           "converts losslessly)");
   }

@@ -177,11 +177,9 @@ pp::ModelProfile calibrated_profile(torch::nn::Sequential& model, const torch::T
                                     const ProcessMeasurer* processes) {
   pp::ModelProfile profile;
   try {
-    profile =
-        pp::profile_sequential(model, batch,
-                               pp::ProfileOptions()
-                                   .intra_op_threads(input.threads)
-                                   .precision(input.precision));
+    profile = pp::profile_sequential(
+        model, batch,
+        pp::ProfileOptions().intra_op_threads(input.threads).precision(input.precision));
   } catch (const std::exception& error) {  // c10::Error from a layer, BadInput from the profiler
     throw AutoPlanError("cannot profile the model for the auto plan (on a batch of " +
                         std::to_string(batch.size(0)) + " rows): " + message_of(error) +
@@ -259,12 +257,12 @@ pp::Plan plan_training(torch::nn::Sequential& model, const torch::Tensor& sample
   }
   ModelStateGuard guard(model);  // [1], until the plan is chosen
   pp::ModelProfile profile = calibrated_profile(model, batch, planner, input, processes);  // [2]
-  const RunPlans run = processes && input.ranks > 1
-                           ? processes->run
-                           : RunPlans([&](const std::vector<pp::Plan>& plans, int steps) {
-                               return measure_in_process(model, batch, plans, input.threads, steps,
-                                                         input.precision);
-                             });
+  const RunPlans run =
+      processes && input.ranks > 1
+          ? processes->run
+          : RunPlans([&](const std::vector<pp::Plan>& plans, int steps) {
+              return measure_in_process(model, batch, plans, input.threads, steps, input.precision);
+            });
   pp::Plan plan;
   try {
     plan = !input.balance.empty() ? search_with_balance(profile, planner, request, input)
@@ -336,8 +334,9 @@ pp::Plan plan_training_on_ranks(Distributed& distributed, torch::nn::Sequential&
       return transfer_model_from(*results[0]);
     };
     measurer.run = [&](const std::vector<pp::Plan>& plans, int steps) {
-      const nlohmann::json job = {
-          {"mode", "plan"}, {"runs", plans_to_run(plans, input.threads, input.precision)}, {"steps", steps}};
+      const nlohmann::json job = {{"mode", "plan"},
+                                  {"runs", plans_to_run(plans, input.threads, input.precision)},
+                                  {"steps", steps}};
       return combine_rank_results(plans, on_every_rank(job));
     };
     try {

@@ -133,8 +133,8 @@ double Measured::busy_seconds_per_rank() const {
 }
 
 std::vector<Measured> measure_in_process(torch::nn::Sequential& model, const torch::Tensor& sample,
-                                         const std::vector<pp::Plan>& plans, int threads,
-                                         int steps, Precision precision) {
+                                         const std::vector<pp::Plan>& plans, int threads, int steps,
+                                         Precision precision) {
   std::vector<Pipe> pipes;
   std::vector<torch::optim::SGD> sgds;
   std::vector<StepRecorder> recorders;
@@ -216,9 +216,9 @@ pp::Plan calibrate_overheads(torch::nn::Sequential& model, const torch::Tensor& 
       }
     }
     if (!split_runs) {
-      measured = measure_in_process(model, sample, std::vector<pp::Plan>{gpipe},
-                                    profile.intra_op_threads, 3,
-                                    parse_precision(profile.precision));
+      measured =
+          measure_in_process(model, sample, std::vector<pp::Plan>{gpipe}, profile.intra_op_threads,
+                             3, parse_precision(profile.precision));
     }
     pp::ModelProfile trial = profile;  // [1]
     trial.per_layer_overhead_seconds =
@@ -363,8 +363,7 @@ nlohmann::json run_plans_on_rank(Distributed& distributed, torch::nn::Sequential
   return results;
 }
 
-nlohmann::json plans_to_run(const std::vector<pp::Plan>& plans, int threads,
-                            Precision precision) {
+nlohmann::json plans_to_run(const std::vector<pp::Plan>& plans, int threads, Precision precision) {
   nlohmann::json runs = nlohmann::json::array();
   for (const pp::Plan& plan : plans) runs.push_back(plan_to_run(plan, threads, precision));
   return runs;

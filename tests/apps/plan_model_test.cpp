@@ -170,7 +170,8 @@ TEST(PlanModelCli, Bf16PlansWithBfloat16MessagesAndFloat32Weights) {
   const long long posted = std::min<long long>(2, plan_bf16["chunks"].get<long long>());
   for (size_t r = 0; r < 2; ++r) {
     EXPECT_EQ(half["memory_per_rank"][r]["receive_buffers"].get<long long>(), posted * message)
-        << "rank " << r << "\n" << bf16.output;
+        << "rank " << r << "\n"
+        << bf16.output;
   }
   const CliRun fp16 = plan(common + "--precision fp16");
   EXPECT_EQ(fp16.exit_code, 2) << fp16.output;

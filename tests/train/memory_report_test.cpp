@@ -121,8 +121,8 @@ double worst_over_examples(Precision precision) {
 
 TEST(MemoryReport, PredictionIsWithinTenPercentForEveryModelScheduleAndCheckpointMode) {
   std::cout << "largest |measured / predicted - 1| over 27 runs x 2 ranks x "
-            << pp::RankMemory::kCategories << " categories: "
-            << worst_over_examples(Precision::kFloat32) << "\n";
+            << pp::RankMemory::kCategories
+            << " categories: " << worst_over_examples(Precision::kFloat32) << "\n";
 }
 
 // bf16: the profile runs under autocast (the activations a bf16 stage keeps, its bfloat16
@@ -131,8 +131,8 @@ TEST(MemoryReport, PredictionIsWithinTenPercentForEveryModelScheduleAndCheckpoin
 // of the float32 copy of the output; parameters, gradients and the optimizer state stay float32.
 TEST(MemoryReport, Bf16PredictionIsWithinTenPercentForEveryModelScheduleAndCheckpointMode) {
   std::cout << "bf16: largest |measured / predicted - 1| over 27 runs x 2 ranks x "
-            << pp::RankMemory::kCategories << " categories: "
-            << worst_over_examples(Precision::kBFloat16) << "\n";
+            << pp::RankMemory::kCategories
+            << " categories: " << worst_over_examples(Precision::kBFloat16) << "\n";
 }
 
 // A rank of two stages (interleaved 1F1B, V = 2) holds their stashes together; its peak is not
@@ -182,8 +182,8 @@ TEST(MemoryReport, SkipsCrossingAStageBoundaryArePartOfTheReceivingStagesStash) 
       const MemoryPrediction predicted = predict_training_memory(
           model.sequential, run.inputs, run.targets, model.loss, pipe, MemoryRunOptions());
       ASSERT_EQ(summary.memory.size(), 4u);
-      const std::string what = "cnn, 4 stages, " + schedule + " checkpoint " +
-                               pipetrain::to_string(checkpoint);
+      const std::string what =
+          "cnn, 4 stages, " + schedule + " checkpoint " + pipetrain::to_string(checkpoint);
       std::cout << what << ": largest |measured / predicted - 1| "
                 << expect_close(predicted, summary.memory, what) << "\n";
     }
@@ -205,11 +205,8 @@ TEST(MemoryReport, ASplitStageKeepsEachSegmentsFirstInputAndItsOwnInput) {
     const LossFn loss = [](const torch::Tensor& out, const torch::Tensor& target) {
       return torch::mse_loss(out, target);
     };
-    const PipeOptions pipe = PipeOptions()
-                                 .balance(balance)
-                                 .chunks(4)
-                                 .schedule("zb-h1")
-                                 .checkpoint(pipetrain::Checkpoint::kNever);
+    const PipeOptions pipe = PipeOptions().balance(balance).chunks(4).schedule("zb-h1").checkpoint(
+        pipetrain::Checkpoint::kNever);
     auto runner = make_pipe_runner(model, loss, pipe);
     TensorBatches batches(x, y, x.size(0));
     Trainer trainer(model, *runner, batches,
@@ -254,10 +251,9 @@ TEST(MemoryReport, OffloadedInputsArePredictedAsTheInterpreterHoldsThem) {
         for (const pp::RankMemory& rank : predicted.ranks) EXPECT_GT(rank.offloaded, 0) << what;
         worst = std::max(worst, expect_close(predicted, summary.memory, what));
         // Without offload: the same prediction but the offloaded category.
-        const MemoryPrediction plain =
-            predict_training_memory(model.sequential, run.inputs, run.targets, model.loss,
-                                    PipeOptions(pipe).offload_activations(false),
-                                    MemoryRunOptions());
+        const MemoryPrediction plain = predict_training_memory(
+            model.sequential, run.inputs, run.targets, model.loss,
+            PipeOptions(pipe).offload_activations(false), MemoryRunOptions());
         for (size_t r = 0; r < plain.ranks.size(); ++r) {
           EXPECT_EQ(plain.ranks[r].offloaded, 0) << what;
           EXPECT_EQ(plain.ranks[r].activations, predicted.ranks[r].activations) << what;

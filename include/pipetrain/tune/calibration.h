@@ -108,10 +108,10 @@ Measured measure_in_process(torch::nn::Sequential& model, const torch::Tensor& s
                             const partition::Plan& plan, int threads, int steps,
                             Precision precision = Precision::kFloat32);
 
-// Steps [1]..[3], run in profile.precision: sets profile.per_layer_overhead_seconds, split_backward_scale,
-// concurrent_compute_scale / concurrent_ranks (planner.ranks of them) and calibrated.
-// A model zb-h1 cannot train as one stage, or whose layers cannot be cloned, skips the step that
-// needs it (a kWarning to `diagnostics` says which and why).
+// Steps [1]..[3], run in profile.precision: sets profile.per_layer_overhead_seconds,
+// split_backward_scale, concurrent_compute_scale / concurrent_ranks (planner.ranks of them) and
+// calibrated. A model zb-h1 cannot train as one stage, or whose layers cannot be cloned, skips the
+// step that needs it (a kWarning to `diagnostics` says which and why).
 void calibrate_in_process(torch::nn::Sequential& model, const torch::Tensor& sample,
                           partition::ModelProfile& profile,
                           const partition::PlannerOptions& planner,
