@@ -219,14 +219,16 @@ StashPeaks stash_peaks(const schedule::Schedule& schedule, const std::vector<std
   std::vector<std::int64_t> offloaded_now(S, 0), offloaded_peak(S, 0);
   StashPeaks peaks;
   peaks.offloaded.assign(schedule.actions.size(), 0);
-  for (const auto& list : schedule.actions) {
+  for (std::size_t r = 0; r < schedule.actions.size(); ++r) {
+    const auto& list = schedule.actions[r];
+    const bool frees = r < options.offload_frees_stash.size() && options.offload_frees_stash[r];
     std::int64_t now = 0, peak = 0;
     // The input of stage j's micro-batch h comes back to the device.
     auto bring_back = [&](Held& h, std::size_t j) {
       if (!h.away) return;
       h.away = false;
       offloaded_now[j] -= input[j];
-      if (options.offload_frees_stash) {
+      if (frees) {
         h.bytes += input[j];
         now += input[j];
       }
@@ -268,7 +270,7 @@ StashPeaks stash_peaks(const schedule::Schedule& schedule, const std::vector<std
         h.away = true;
         offloaded_now[j] += input[j];
         offloaded_peak[j] = std::max(offloaded_peak[j], offloaded_now[j]);
-        if (options.offload_frees_stash) {
+        if (frees) {
           h.bytes -= input[j];
           now -= input[j];
         }

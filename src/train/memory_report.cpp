@@ -180,17 +180,11 @@ MemoryPrediction predict_training_memory(torch::nn::Sequential model, const torc
   options.processes = run.processes;
   options.loss_bytes = prediction.loss_bytes;
   options.offload = pipe.offload_activations();
-  prediction.ranks = pp::predict_memory(profile, balance, m, schedule, options);
-  if (options.offload) {
-    // A GPU rank's offloaded inputs leave its memory; a CPU rank's stay (its memory is the host's).
-    options.offload_frees_stash = true;
-    const std::vector<pp::RankMemory> on_gpu =
-        pp::predict_memory(profile, balance, m, schedule, options);
-    for (size_t r = 0; r < prediction.ranks.size(); ++r) {
-      const bool gpu = r < pipe.devices().size() && pipe.devices()[r].is_cuda();
-      if (gpu) prediction.ranks[r].activations = on_gpu[r].activations;
-    }
+  // A GPU rank's offloaded inputs leave its memory; a CPU rank's stay (its memory is the host's).
+  for (const torch::Device& device : pipe.devices()) {
+    options.offload_frees_stash.push_back(device.is_cuda());
   }
+  prediction.ranks = pp::predict_memory(profile, balance, m, schedule, options);
   return prediction;
 }
 

@@ -222,7 +222,7 @@ TEST(PredictMemory, OffloadKeepsWaitingInputsInHostMemoryAndFreesThemOnlyOnAGpu)
     EXPECT_EQ(without[1].activations, (gpipe ? 4 : 1) * 100 + 1000) << what;
     // CPU stages: the inputs are counted in host memory and stay in the stash.
     options.offload = true;
-    options.offload_frees_stash = false;
+    options.offload_frees_stash = {};
     const auto cpu = predict_memory(profile, {1, 1}, 1, schedule, options);
     EXPECT_EQ(cpu[1].offloaded, (gpipe ? 3 : 1) * 100) << what;
     EXPECT_GT(cpu[0].offloaded, 0) << what;
@@ -233,10 +233,11 @@ TEST(PredictMemory, OffloadKeepsWaitingInputsInHostMemoryAndFreesThemOnlyOnAGpu)
     // GPU stages: a backward holds its own input and body, and GPipe's also the next backward's
     // input, which comes back while it runs (1F1B's next one is not forwarded yet); the other
     // inputs are away.
-    options.offload_frees_stash = true;
+    options.offload_frees_stash = {false, true};  // rank 0 on the CPU, rank 1 on a GPU
     const auto gpu = predict_memory(profile, {1, 1}, 1, schedule, options);
     EXPECT_EQ(gpu[1].offloaded, cpu[1].offloaded) << what;
     EXPECT_EQ(gpu[1].activations, (gpipe ? 2 : 1) * 100 + 1000) << what;
+    EXPECT_EQ(gpu[0].activations, cpu[0].activations) << what;
   }
 }
 

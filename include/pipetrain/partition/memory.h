@@ -112,9 +112,9 @@ StageBytes stage_bytes(const ModelProfile& profile, std::int64_t first, std::int
 //                    walk runs the lowered list the interpreter runs: + in after F i; - in when
 //                    i comes back, at the first action after the backward (B or I) before i's
 //                    own, where the interpreter prefetches it, or at i's backward when i was
-//                    forwarded later than that. Host memory: not in total(). Where the stages
-//                    run on a GPU (offload_frees_stash), the activations walk drops the inputs
-//                    for that time too; on the CPU they stay in the stage's memory.
+//                    forwarded later than that. Host memory: not in total(). On a rank whose
+//                    stages run on a GPU (offload_frees_stash), the activations walk drops the
+//                    inputs for that time too; on the CPU they stay in the stage's memory.
 struct RankMemory {
   std::int64_t parameters = 0;
   std::int64_t gradients = 0;
@@ -158,9 +158,10 @@ struct MemoryModelOptions {
   // Activation offload (PipeOptions::offload_activations): checkpointed micro-batches' inputs
   // wait in host memory between their forward and their prefetch (the offloaded category).
   bool offload = false;
-  // With offload: the stages run on a GPU, so those inputs leave the stage's memory (the
-  // activations category drops them). False on CPU stages, whose memory is the host's.
-  bool offload_frees_stash = false;
+  // With offload, per pipeline rank: its stages run on a GPU, so those inputs leave the stage's
+  // memory (the activations category drops them). False, or no entry (empty: no rank), for CPU
+  // stages, whose memory is the host's.
+  std::vector<bool> offload_frees_stash;
   // send_walk(schedule) when the caller keeps it (processes only); null: worked out here.
   const SendWalk* sends = nullptr;
 };
