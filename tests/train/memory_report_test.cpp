@@ -77,6 +77,25 @@ double expect_close(const MemoryPrediction& predicted,
   return worst;
 }
 
+// Two training steps of `model` under `pipe` with the memory report on, and the memory model's
+// prediction for the same run.
+struct Compared {
+  MemoryPrediction predicted;
+  std::vector<MeasuredRankMemory> measured;
+};
+Compared train_and_predict(torch::nn::Sequential model, const LossFn& loss,
+                           const torch::Tensor& inputs, const torch::Tensor& targets,
+                           const PipeOptions& pipe, const std::string& optimizer = "sgd") {
+  auto runner = make_pipe_runner(model, loss, pipe);
+  TensorBatches batches(inputs, targets, inputs.size(0));
+  Trainer trainer(model, *runner, batches,
+                  TrainerOptions(2).optimizer(optimizer).report_memory(true));
+  const TrainSummary summary = trainer.fit();
+  MemoryRunOptions options;
+  options.optimizer = optimizer;
+  return {predict_training_memory(model, inputs, targets, loss, pipe, options), summary.memory};
+}
+
 // Trains two steps of every example model, schedule and checkpoint mode in one process at
 // `precision` and checks every category; returns the largest relative difference and prints each
 // schedule's.
@@ -96,18 +115,11 @@ double worst_over_examples(Precision precision) {
                                      .schedule(schedule)
                                      .checkpoint(checkpoint)
                                      .precision(precision);
-        auto runner = make_pipe_runner(model.sequential, model.loss, pipe);
-        TensorBatches batches(run.inputs, run.targets, run.inputs.size(0));
-        Trainer trainer(model.sequential, *runner, batches,
-                        TrainerOptions(2).optimizer("adam").report_memory(true));
-        const TrainSummary summary = trainer.fit();
-        MemoryRunOptions options;
-        options.optimizer = "adam";
-        const MemoryPrediction predicted = predict_training_memory(
-            model.sequential, run.inputs, run.targets, model.loss, pipe, options);
+        const Compared c =
+            train_and_predict(model.sequential, model.loss, run.inputs, run.targets, pipe, "adam");
         const std::string what = name + " " + schedule + " checkpoint " +
                                  pipetrain::to_string(checkpoint) + " " + to_string(precision);
-        const double here = expect_close(predicted, summary.memory, what);
+        const double here = expect_close(c.predicted, c.measured, what);
         worst = std::max(worst, here);
         worst_of[schedule] = std::max(worst_of[schedule], here);
       }
@@ -148,17 +160,12 @@ TEST(MemoryReport, ARankOfTwoInterleavedStagesIsPredictedAsItHoldsThemTogether) 
                                  .chunks(4)
                                  .schedule("interleaved-1f1b")
                                  .checkpoint(checkpoint);
-    auto runner = make_pipe_runner(model.sequential, model.loss, pipe);
-    TensorBatches batches(run.inputs, run.targets, run.inputs.size(0));
-    Trainer trainer(model.sequential, *runner, batches,
-                    TrainerOptions(2).optimizer("sgd").report_memory(true));
-    const TrainSummary summary = trainer.fit();
-    const MemoryPrediction predicted = predict_training_memory(
-        model.sequential, run.inputs, run.targets, model.loss, pipe, MemoryRunOptions());
-    ASSERT_EQ(summary.memory.size(), 2u);
+    const Compared c =
+        train_and_predict(model.sequential, model.loss, run.inputs, run.targets, pipe);
+    ASSERT_EQ(c.measured.size(), 2u);
     const std::string what = "interleaved-1f1b checkpoint " + pipetrain::to_string(checkpoint);
     std::cout << what << ": largest |measured / predicted - 1| "
-              << expect_close(predicted, summary.memory, what) << "\n";
+              << expect_close(c.predicted, c.measured, what) << "\n";
   }
 }
 
@@ -174,18 +181,13 @@ TEST(MemoryReport, SkipsCrossingAStageBoundaryArePartOfTheReceivingStagesStash) 
       examples::ExampleModel model = examples::make_model("cnn", run.options);
       const PipeOptions pipe =
           PipeOptions().stages(4).chunks(4).schedule(schedule).checkpoint(checkpoint);
-      auto runner = make_pipe_runner(model.sequential, model.loss, pipe);
-      TensorBatches batches(run.inputs, run.targets, run.inputs.size(0));
-      Trainer trainer(model.sequential, *runner, batches,
-                      TrainerOptions(2).optimizer("sgd").report_memory(true));
-      const TrainSummary summary = trainer.fit();
-      const MemoryPrediction predicted = predict_training_memory(
-          model.sequential, run.inputs, run.targets, model.loss, pipe, MemoryRunOptions());
-      ASSERT_EQ(summary.memory.size(), 4u);
+      const Compared c =
+          train_and_predict(model.sequential, model.loss, run.inputs, run.targets, pipe);
+      ASSERT_EQ(c.measured.size(), 4u);
       const std::string what =
           "cnn, 4 stages, " + schedule + " checkpoint " + pipetrain::to_string(checkpoint);
       std::cout << what << ": largest |measured / predicted - 1| "
-                << expect_close(predicted, summary.memory, what) << "\n";
+                << expect_close(c.predicted, c.measured, what) << "\n";
     }
   }
 }
@@ -207,14 +209,8 @@ TEST(MemoryReport, ASplitStageKeepsEachSegmentsFirstInputAndItsOwnInput) {
     };
     const PipeOptions pipe = PipeOptions().balance(balance).chunks(4).schedule("zb-h1").checkpoint(
         pipetrain::Checkpoint::kNever);
-    auto runner = make_pipe_runner(model, loss, pipe);
-    TensorBatches batches(x, y, x.size(0));
-    Trainer trainer(model, *runner, batches,
-                    TrainerOptions(2).optimizer("sgd").report_memory(true));
-    const TrainSummary summary = trainer.fit();
-    const MemoryPrediction predicted =
-        predict_training_memory(model, x, y, loss, pipe, MemoryRunOptions());
-    expect_close(predicted, summary.memory,
+    const Compared c = train_and_predict(model, loss, x, y, pipe);
+    expect_close(c.predicted, c.measured,
                  "balance " + std::to_string(balance[0]) + "," + std::to_string(balance[1]), 0.0);
   }
 }
@@ -239,17 +235,13 @@ TEST(MemoryReport, OffloadedInputsArePredictedAsTheInterpreterHoldsThem) {
                                      .schedule(schedule)
                                      .checkpoint(checkpoint)
                                      .offload_activations(true);
-        auto runner = make_pipe_runner(model.sequential, model.loss, pipe);
-        TensorBatches batches(run.inputs, run.targets, run.inputs.size(0));
-        Trainer trainer(model.sequential, *runner, batches,
-                        TrainerOptions(2).optimizer("sgd").report_memory(true));
-        const TrainSummary summary = trainer.fit();
-        const MemoryPrediction predicted = predict_training_memory(
-            model.sequential, run.inputs, run.targets, model.loss, pipe, MemoryRunOptions());
+        const Compared c =
+            train_and_predict(model.sequential, model.loss, run.inputs, run.targets, pipe);
+        const MemoryPrediction& predicted = c.predicted;
         const std::string what =
             name + " " + schedule + " checkpoint " + pipetrain::to_string(checkpoint) + " offload";
         for (const pp::RankMemory& rank : predicted.ranks) EXPECT_GT(rank.offloaded, 0) << what;
-        worst = std::max(worst, expect_close(predicted, summary.memory, what));
+        worst = std::max(worst, expect_close(predicted, c.measured, what));
         // Without offload: the same prediction but the offloaded category.
         const MemoryPrediction plain = predict_training_memory(
             model.sequential, run.inputs, run.targets, model.loss,
