@@ -19,6 +19,7 @@
 #include "pipetrain/stage/allocation_counter.h"
 #include "pipetrain/stage/device.h"
 #include "pipetrain/stage/skip.h"
+#include "pipetrain/stage/stage.h"
 
 namespace pipetrain::partition {
 namespace {
@@ -130,13 +131,6 @@ enum class Keep {
   kAll,       // every layer's input (each layer as the first of a stage)
 };
 
-bool has_trainable_parameters(torch::nn::AnyModule& layer) {
-  for (const auto& p : layer.ptr()->parameters()) {
-    if (p.requires_grad()) return true;
-  }
-  return false;
-}
-
 // Activation bytes per layer from one chained run under the allocation counter; *seen tells whether
 // the counter saw any allocation at all.
 std::vector<std::int64_t> chained_activation_bytes(const std::vector<torch::nn::AnyModule*>& layers,
@@ -177,13 +171,12 @@ std::vector<std::int64_t> chained_activation_bytes(const std::vector<torch::nn::
       // graph saved it. The net growth is what this layer adds to the stash.
       const std::map<std::string, torch::Tensor> before = skips.pending;
       x = run_layer(*layers[l], l, x, skips);
-      // A segment ends after a layer with parameters or one that stashed a skip (stage.cpp).
       bool stashed = false;
       for (const auto& [name, tensor] : skips.pending) {
         auto was = before.find(name);
         stashed = stashed || was == before.end() || !was->second.is_same(tensor);
       }
-      segment_starts = stashed || has_trainable_parameters(*layers[l]);
+      segment_starts = ends_split_segment(*layers[l], stashed);
       bytes.push_back(live() - previous);
       previous = live();
     }

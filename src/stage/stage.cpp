@@ -134,6 +134,10 @@ std::vector<torch::Tensor> parameters_of(const torch::nn::AnyModule& layer) {
 
 }  // namespace
 
+bool ends_split_segment(const torch::nn::AnyModule& layer, bool stashed) {
+  return stashed || !parameters_of(layer).empty();
+}
+
 std::vector<StageLayer> slice_layers(const torch::nn::Sequential& model, int64_t first,
                                      int64_t count, const torch::Device& device) {
   const int64_t size = static_cast<int64_t>(model->size());
@@ -259,7 +263,7 @@ void Stage::run_layers(Microbatch& state, bool record, bool recomputing) const {
       // layer's part once, and no W walks into a graph another W has freed. A segment ends after
       // a layer with parameters (W must not walk into a later layer) and after a stash (I of the
       // stashing segment needs the gradient a later segment's pop receives).
-      const bool ends = !parameters_of(layers_[l].module).empty() || stashed;
+      const bool ends = ends_split_segment(layers_[l].module, stashed);
       if (l + 1 < layers_.size() && ends) {
         for (auto& t : outputs) {
           if (t.defined() && t.requires_grad()) t = t.detach().requires_grad_();

@@ -83,6 +83,11 @@ std::vector<StageLayer> slice_layers(const torch::nn::Sequential& model, int64_t
 // (rows of i / rows of the mini-batch). Kept with the micro-batch so a recompute recomputes it.
 using LossHook = std::function<torch::Tensor(const std::vector<torch::Tensor>& outputs)>;
 
+// Whether a split backward's segment (the top of stage.cpp) ends after `layer`: the layer has
+// parameters that want a gradient, or it stashed a skip. The profiler measures the same segments
+// (partition/profiler.h, split_activation_bytes).
+bool ends_split_segment(const torch::nn::AnyModule& layer, bool stashed);
+
 struct StageForwardOptions {
   bool checkpoint = false;      // keep only the inputs; recompute before the backward
   bool split_backward = false;  // the backward of this micro-batch will be I + W
