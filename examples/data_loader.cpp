@@ -8,13 +8,6 @@
 
 namespace pipetrain::examples {
 
-uint64_t mix_seed(uint64_t seed, uint64_t counter) {
-  uint64_t z = seed + 0x9e3779b97f4a7c15ULL * (counter + 1);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
 DataLoader::DataLoader(torch::Tensor inputs, torch::Tensor targets, DataLoaderOptions options)
     : inputs_(std::move(inputs)), targets_(std::move(targets)), options_(options) {
   TORCH_CHECK(inputs_.defined() && targets_.defined() && inputs_.dim() > 0 && targets_.dim() > 0,
@@ -37,13 +30,11 @@ int64_t DataLoader::batches_per_epoch() const {
 
 std::vector<int64_t> DataLoader::order(int64_t epoch) const {
   TORCH_CHECK(epoch >= 0, "DataLoader: epoch must be >= 0, got ", epoch);
+  if (options_.shuffle()) {
+    return shuffled_order(num_samples(), options_.seed(), static_cast<uint64_t>(epoch));
+  }
   std::vector<int64_t> result(static_cast<size_t>(num_samples()));
   std::iota(result.begin(), result.end(), int64_t{0});
-  if (!options_.shuffle()) return result;
-  std::mt19937_64 engine(mix_seed(options_.seed(), static_cast<uint64_t>(epoch)));
-  for (size_t n = result.size(); n > 1; --n) {
-    std::swap(result[n - 1], result[uniform_below(engine, n)]);
-  }
   return result;
 }
 

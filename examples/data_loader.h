@@ -27,6 +27,7 @@
 #include <torch/arg.h>
 #include <torch/types.h>
 
+#include "pipetrain/base/shuffle.h"
 #include "pipetrain/train/batch_source.h"
 
 namespace pipetrain::examples {
@@ -102,21 +103,9 @@ class DataLoader {
   mutable std::vector<int64_t> cached_order_;
 };
 
-// Mixes a seed and a counter into one well-spread 64-bit seed (splitmix64 finalizer), so that
-// nearby (seed, counter) pairs give unrelated generator streams. Shared by the samplers here.
-uint64_t mix_seed(uint64_t seed, uint64_t counter);
-
-// A uniform draw in [0, bound) from `engine` by rejection (unbiased and the same on every
-// standard library, unlike std::uniform_int_distribution). REQUIRES bound > 0.
-template <typename Engine>
-uint64_t uniform_below(Engine& engine, uint64_t bound) {
-  const uint64_t limit = UINT64_MAX - UINT64_MAX % bound;
-  uint64_t draw;
-  do {
-    draw = engine();
-  } while (draw >= limit);
-  return draw % bound;
-}
+// The seeded draws shared by the samplers here (pipetrain/base/shuffle.h).
+using pipetrain::mix_seed;
+using pipetrain::uniform_below;
 
 // The loader's batches as a Trainer's batch source (train/batch_source.h): step k is batch
 // k % batches_per_epoch() of epoch k / batches_per_epoch(), shuffled as the loader shuffles.

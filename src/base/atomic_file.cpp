@@ -33,6 +33,10 @@ std::string base_name_of(const std::string& path) {
 }  // namespace
 
 void write_file_atomically(const std::string& path, std::string_view bytes) {
+  write_file_atomically(path, std::vector<std::string_view>{bytes});
+}
+
+void write_file_atomically(const std::string& path, const std::vector<std::string_view>& pieces) {
   const std::string directory = directory_of(path);
   // [1]
   std::string temporary = directory + "/." + base_name_of(path) + ".tmp-XXXXXX";
@@ -47,14 +51,16 @@ void write_file_atomically(const std::string& path, std::string_view bytes) {
     fail_write(path, step, error);
   };
   // [2]
-  size_t written = 0;
-  while (written < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      abandon("writing " + std::to_string(bytes.size()) + " bytes to '" + temporary + "'", errno);
+  for (std::string_view bytes : pieces) {
+    size_t written = 0;
+    while (written < bytes.size()) {
+      ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        abandon("writing " + std::to_string(bytes.size()) + " bytes to '" + temporary + "'", errno);
+      }
+      written += static_cast<size_t>(n);
     }
-    written += static_cast<size_t>(n);
   }
   // [3]
   if (::fsync(fd) != 0) abandon("fsync of '" + temporary + "'", errno);

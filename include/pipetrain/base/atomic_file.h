@@ -12,6 +12,7 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "pipetrain/base/error.h"
 
@@ -19,6 +20,9 @@ namespace pipetrain {
 
 // Throws pipetrain::FileError("cannot write '<path>': <step>: <strerror>") on any failure.
 void write_file_atomically(const std::string& path, std::string_view bytes);
+// The same with the content given as pieces written one after the other (a header, then each
+// tensor's bytes where they lie), so a large file is never assembled in memory first.
+void write_file_atomically(const std::string& path, const std::vector<std::string_view>& pieces);
 
 // Reads a whole file. Throws FileError naming the path when it cannot.
 std::string read_file(const std::string& path);

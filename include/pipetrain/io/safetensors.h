@@ -1,0 +1,118 @@
+// Safetensors checkpoints with LibTorch: reading tensors out of a Hugging Face checkpoint
+// (one file, or shards with an index), memory-mapped, and writing one.
+//
+//   DIR/model.safetensors                      one file, or
+//   DIR/model.safetensors.index.json           {"metadata": {"total_size": N},
+//   DIR/model-00001-of-00003.safetensors        "weight_map": {"<tensor>": "<shard file>"}}
+//   ...
+//
+// Reading: SafetensorsCheckpoint::open maps every file and checks every header
+// (io/safetensors_format.h) and the index against the shards (each name in the file the index
+// says, each shard's tensors in the index), so that a broken checkpoint fails before anything is
+// built. load() copies one tensor out of its map, converting it to the dtype asked for: a rank that builds two stages of a 32-layer model reads the pages of those stages
+// only. Every problem is a SafetensorsError naming the file and the tensor (CLI exit 2).
+//
+// Writing: write_safetensors_checkpoint lays the tensors out as Hugging Face does, one file when
+// they fit max_shard_bytes, else numbered shards plus the index; each file is written to a
+// temporary name and renamed (base/atomic_file.h), the index last, so a crash leaves either the
+// old file or the new one under each name.
+//
+// Ownership: a SafetensorsCheckpoint owns its maps (shared between copies); loaded tensors own
+// their memory. Thread-safety: load() is const and safe from several threads.
+//
+// Example:
+//   auto checkpoint = io::SafetensorsCheckpoint::open("Llama-3.2-1B");
+//   torch::Tensor embedding = checkpoint.load("model.embed_tokens.weight", torch::kFloat32);
+//   io::write_safetensors_checkpoint("out", {{"w", embedding}});
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/arg.h>
+#include <torch/types.h>
+
+#include "pipetrain/io/mapped_file.h"
+#include "pipetrain/io/safetensors_format.h"
+
+namespace pipetrain::io {
+
+// "model.safetensors", "model.safetensors.index.json".
+extern const char* const kSafetensorsFile;
+extern const char* const kSafetensorsIndexFile;
+
+class SafetensorsCheckpoint {
+ public:
+  // `path`: a directory with model.safetensors or model.safetensors.index.json (and its shards),
+  // or one .safetensors file. Throws FileError when nothing readable is there, SafetensorsError
+  // for a broken header or index.
+  static SafetensorsCheckpoint open(const std::string& path);
+
+  // Every tensor name, sorted.
+  std::vector<std::string> names() const;
+  bool contains(const std::string& name) const;
+  // REQUIRES contains(name); throws SafetensorsError naming the checkpoint otherwise.
+  const SafetensorsEntry& entry(const std::string& name) const;
+  // The file that holds `name`.
+  const std::string& file_of(const std::string& name) const;
+  // A copy of tensor `name` as `dtype` on `device`. Throws SafetensorsError naming the file and
+  // tensor for a dtype LibTorch has no counterpart of (U16, U32, U64, F8_*).
+  torch::Tensor load(const std::string& name, torch::Dtype dtype,
+                     const torch::Device& device = torch::kCPU) const;
+  // What was opened (the directory or the file).
+  const std::string& path() const { return path_; }
+  // The files read (one, or the index's shards).
+  std::vector<std::string> files() const;
+
+ private:
+  struct Shard {
+    MappedFile file;
+    SafetensorsHeader header;
+  };
+  struct Location {
+    size_t shard = 0;
+    size_t entry = 0;
+  };
+
+  std::string path_;
+  std::vector<std::shared_ptr<const Shard>> shards_;
+  std::map<std::string, Location> index_;
+};
+
+// The tensor dtype a safetensors dtype reads into unchanged (F32 -> kFloat32, ...); throws
+// SafetensorsError for the formats pipetrain does not read as tensors.
+torch::Dtype torch_dtype_of(SafetensorsDtype dtype, const std::string& file = "",
+                            const std::string& tensor = "");
+// The safetensors dtype of a torch dtype (kFloat32 -> F32, kBFloat16 -> BF16, ...).
+SafetensorsDtype safetensors_dtype_of(torch::Dtype dtype);
+
+using NamedTensorList = std::vector<std::pair<std::string, torch::Tensor>>;
+
+struct SafetensorsWriteOptions {
+  /// The largest shard: tensors that exceed it together go into numbered shards with an index.
+  /// A tensor larger than it gets a shard of its own. Default 5 GB (huggingface_hub's).
+  TORCH_ARG(int64_t, max_shard_bytes) = 5'000'000'000;
+  /// Written into each file's __metadata__. Default {"format": "pt"}, as transformers writes.
+  using Metadata = std::map<std::string, std::string>;
+  TORCH_ARG(Metadata, metadata) = Metadata{{"format", "pt"}};
+};
+
+// Writes `tensors` (any device; each in its own dtype) into `directory` (made when missing) and
+// returns the file names written, relative to it: model.safetensors, or the shards then the
+// index. Shards are filled in the order given; within a file, wider element types come first so
+// every tensor's data stays aligned. Throws FileError when a file cannot be written, BadInput for
+// repeated names.
+std::vector<std::string> write_safetensors_checkpoint(const std::string& directory,
+                                                      const NamedTensorList& tensors,
+                                                      const SafetensorsWriteOptions& options = {});
+
+// One .safetensors file at `path`, atomically.
+void write_safetensors_file(const std::string& path, const NamedTensorList& tensors,
+                            const std::map<std::string, std::string>& metadata = {
+                                {"format", "pt"}});
+
+}  // namespace pipetrain::io

@@ -1,0 +1,245 @@
+// The Llama family (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM) as a pipeline of
+// entries, computing what Hugging Face transformers computes for the same config.json
+// (models/llama_config.h) and weights.
+//
+//   tokens int64 [B,T]
+//     0      LlamaEmbedding        table [V,H]                                  -> x [B,T,H]
+//     1..L   LlamaDecoderLayer     x += o_proj(attention(rope(q), rope(k), v))  -> [B,T,H]
+//                                  of input_layernorm(x); x += down_proj(silu(gate_proj(h)) *
+//                                  up_proj(h)), h = post_attention_layernorm(x)
+//     L+1    RmsNorm               the final norm                               -> [B,T,H]
+//     L+2    LlamaHead             logits = x W^T, W [V,H]                      -> [B,T,V]
+//   loss: causal_lm_loss, mean cross-entropy over every target id
+//
+// Attention is at::scaled_dot_product_attention, causal, scale head_dim^-1/2, with grouped-query
+// attention (num_key_value_heads < heads: each key/value head serves heads/kv_heads query heads).
+// RoPE is computed as transformers computes it: inv_freq = 1 / theta^(2i/d) in float32 (scaled
+// for linear and llama3), angles = position * inv_freq, cos and sin of [angles, angles] in the
+// dtype of the layer's input, q*cos + rotate_half(q)*sin. RMSNorm normalizes in float32 and
+// multiplies its weight in the input's dtype. Every boundary between entries carries one tensor
+// [B,T,H] (the first carries the int64 tokens).
+//
+// Parameter names: the entries register their tensors under Hugging Face's names below the
+// entry index ("3.self_attn.q_proj.weight" is "model.layers.2.self_attn.q_proj.weight");
+// hf_name_of and entry_name_of convert. With tie_word_embeddings the head's weight IS the
+// embedding's table (one tensor, two names: LlamaModel::tied_parameters), as the GPT example's.
+//
+// Materializing part of a model: make_llama builds every entry, but only the entries listed in
+// LlamaBuildOptions::entries get memory; the others hold their parameters on the meta device
+// (shapes and names only). A rank of a multi-process run materializes its own stages' entries and
+// loads only their tensors, so a model larger than one process's memory still builds on every
+// rank. A random init draws each entry from its own stream (seed, entry), so any subset gets the
+// values the whole model would have.
+//
+// Thread-safety: a built model is used by one thread at a time per entry (the RoPE tables are
+// cached per entry under a mutex).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/arg.h>
+#include <torch/nn/cloneable.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/pimpl.h>
+#include <torch/types.h>
+
+#include "pipetrain/io/safetensors.h"
+#include "pipetrain/models/llama_config.h"
+
+namespace pipetrain::models {
+
+// RMSNorm: weight * (x / sqrt(mean(x^2) + eps)), normalized in float32. [.., H] -> [.., H].
+class RmsNormImpl : public torch::nn::Cloneable<RmsNormImpl> {
+ public:
+  RmsNormImpl(int64_t size, double eps, torch::TensorOptions options = {});
+  void reset() override;
+  torch::Tensor forward(const torch::Tensor& x);
+
+  int64_t size;
+  double eps;
+  torch::TensorOptions options;
+  torch::Tensor weight;  // [H]
+};
+TORCH_MODULE(RmsNorm);
+
+// y = x W^T (+ b), as torch::nn::Linear, with its tensors made on options' device (meta for a
+// placeholder) and left uninitialized (make_llama fills them).
+class LlamaLinearImpl : public torch::nn::Cloneable<LlamaLinearImpl> {
+ public:
+  LlamaLinearImpl(int64_t in, int64_t out, bool bias, torch::TensorOptions options = {});
+  void reset() override;
+  torch::Tensor forward(const torch::Tensor& x);
+
+  int64_t in, out;
+  bool has_bias;
+  torch::TensorOptions options;
+  torch::Tensor weight, bias;  // [out, in], [out] (undefined without bias)
+};
+TORCH_MODULE(LlamaLinear);
+
+// The rotary tables of one attention: inv_freq from the config, and cos/sin [T, head_dim] per
+// (T, device, dtype), cached.
+class RotaryEmbedding {
+ public:
+  explicit RotaryEmbedding(const LlamaConfig& config);
+  RotaryEmbedding(const RotaryEmbedding& other);
+  RotaryEmbedding& operator=(const RotaryEmbedding&) = delete;
+  // (cos, sin) for positions 0..t-1, each [t, head_dim], in `dtype` on `device`.
+  std::pair<torch::Tensor, torch::Tensor> tables(int64_t t, const torch::Device& device,
+                                                 torch::Dtype dtype) const;
+  const torch::Tensor& inv_freq() const { return inv_freq_; }
+
+ private:
+  torch::Tensor inv_freq_;  // float32 [head_dim / 2], CPU
+  mutable std::mutex mutex_;
+  mutable std::map<std::string, std::pair<torch::Tensor, torch::Tensor>> cache_;  // by mutex_
+};
+
+// Causal self-attention with grouped-query heads and RoPE. [B,T,H] -> [B,T,H].
+class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
+ public:
+  LlamaAttentionImpl(std::shared_ptr<const LlamaConfig> config, torch::TensorOptions options = {});
+  void reset() override;
+  torch::Tensor forward(const torch::Tensor& x);
+
+  std::shared_ptr<const LlamaConfig> config;
+  torch::TensorOptions options;
+  LlamaLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+
+ private:
+  std::shared_ptr<RotaryEmbedding> rope_;
+};
+TORCH_MODULE(LlamaAttention);
+
+// SwiGLU: down_proj(silu(gate_proj(x)) * up_proj(x)). [B,T,H] -> [B,T,H].
+class LlamaMlpImpl : public torch::nn::Cloneable<LlamaMlpImpl> {
+ public:
+  LlamaMlpImpl(std::shared_ptr<const LlamaConfig> config, torch::TensorOptions options = {});
+  void reset() override;
+  torch::Tensor forward(const torch::Tensor& x);
+
+  std::shared_ptr<const LlamaConfig> config;
+  torch::TensorOptions options;
+  LlamaLinear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+};
+TORCH_MODULE(LlamaMlp);
+
+// One decoder layer, pre-norm. [B,T,H] -> [B,T,H].
+class LlamaDecoderLayerImpl : public torch::nn::Cloneable<LlamaDecoderLayerImpl> {
+ public:
+  LlamaDecoderLayerImpl(std::shared_ptr<const LlamaConfig> config,
+                        torch::TensorOptions options = {});
+  void reset() override;
+  torch::Tensor forward(const torch::Tensor& x);
+
+  std::shared_ptr<const LlamaConfig> config;
+  torch::TensorOptions options;
+  RmsNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+  LlamaAttention self_attn{nullptr};
+  LlamaMlp mlp{nullptr};
+};
+TORCH_MODULE(LlamaDecoderLayer);
+
+// Token ids int64 [B,T] -> [B,T,H]; ids at pad_token_id get no gradient, as nn.Embedding's
+// padding_idx.
+class LlamaEmbeddingImpl : public torch::nn::Cloneable<LlamaEmbeddingImpl> {
+ public:
+  LlamaEmbeddingImpl(std::shared_ptr<const LlamaConfig> config, torch::TensorOptions options = {});
+  void reset() override;
+  torch::Tensor forward(const torch::Tensor& tokens);
+
+  std::shared_ptr<const LlamaConfig> config;
+  torch::TensorOptions options;
+  torch::Tensor weight;  // [V, H]
+};
+TORCH_MODULE(LlamaEmbedding);
+
+// [B,T,H] -> logits [B,T,V] = x W^T. With `tied` defined, W is that tensor (the embedding's).
+class LlamaHeadImpl : public torch::nn::Cloneable<LlamaHeadImpl> {
+ public:
+  LlamaHeadImpl(std::shared_ptr<const LlamaConfig> config, torch::TensorOptions options = {},
+                torch::Tensor tied = {});
+  void reset() override;
+  torch::Tensor forward(const torch::Tensor& x);
+
+  std::shared_ptr<const LlamaConfig> config;
+  torch::TensorOptions options;
+  torch::Tensor weight;  // [V, H]
+
+ private:
+  torch::Tensor tied_;
+};
+TORCH_MODULE(LlamaHead);
+
+struct LlamaBuildOptions {
+  /// dtype of the parameters. Default float32 (bf16 training keeps float32 weights and runs the
+  /// layers under autocast: stage/precision.h).
+  TORCH_ARG(torch::Dtype, dtype) = torch::kFloat32;
+  /// Seed of a random init (init_llama_random): entry e draws from mix_seed(seed, e).
+  TORCH_ARG(uint64_t, seed) = 0;
+  /// The entries to give memory; the others hold meta tensors. nullopt: every entry.
+  TORCH_ARG(std::optional<std::vector<int64_t>>, entries) = std::nullopt;
+};
+
+struct LlamaModel {
+  std::shared_ptr<const LlamaConfig> config;
+  torch::nn::Sequential sequential;  // config->entries() entries
+  // {"0.weight", "<L+2>.weight"} with tie_word_embeddings, else empty.
+  std::vector<std::pair<std::string, std::string>> tied_parameters;
+  std::vector<bool> materialized;  // per entry
+};
+
+// The model's entries, uninitialized (fill them with init_llama_random or load_llama_weights).
+// Throws ModelConfigError for a config check_llama_config refuses.
+LlamaModel make_llama(const LlamaConfig& config, const LlamaBuildOptions& options = {});
+
+// Fills the materialized entries as transformers initializes a new model: linear weights and the
+// table ~ N(0, initializer_range^2) (the pad row 0), biases 0, norms 1; entry e from its own
+// generator seeded mix_seed(seed, e).
+void init_llama_random(LlamaModel& model, uint64_t seed);
+
+// Hugging Face's name of a parameter ("0.weight" -> "model.embed_tokens.weight", "3.mlp.up_proj.
+// weight" -> "model.layers.2.mlp.up_proj.weight", "<L+1>.weight" -> "model.norm.weight",
+// "<L+2>.weight" -> "lm_head.weight"), and back (nullopt for a name no entry has).
+std::string hf_name_of(const std::string& name, const LlamaConfig& config);
+std::optional<std::string> entry_name_of(const std::string& hf_name, const LlamaConfig& config);
+
+// Loads the materialized entries' parameters from `checkpoint`, converting to their dtype, and
+// checks every entry's names and shapes against it (materialized or not): a tensor the model
+// needs and the checkpoint lacks, one it has and the model does not know, or one of another
+// shape is a SafetensorsError naming the file and the tensor. Ignored: "lm_head.weight" when the
+// embedding is tied (transformers ties over it) and the rotary tables old checkpoints stored
+// ("*.rotary_emb.inv_freq").
+void load_llama_weights(LlamaModel& model, const io::SafetensorsCheckpoint& checkpoint);
+
+struct HfSaveOptions {
+  /// dtype of the tensors written ("float32", "bfloat16", "float16"). Default float32.
+  TORCH_ARG(std::string, dtype) = "float32";
+  /// Largest shard (io/safetensors.h). Default 5 GB.
+  TORCH_ARG(int64_t, max_shard_bytes) = 5'000'000'000;
+};
+
+// Writes `parameters` (the Sequential's names, e.g. a gathered checkpoint's; a tied head may be
+// present or not) as a Hugging Face checkpoint in `directory`: the safetensors files under
+// Hugging Face's names (the tied head left out, as transformers saves it), then config.json
+// (llama_config_json) last, each atomically. Throws BadInput for a missing or unknown name, a
+// wrong shape or an unknown dtype; FileError when a file cannot be written. Returns the files
+// written.
+std::vector<std::string> save_llama_hf(const std::string& directory, const LlamaConfig& config,
+                                       const std::map<std::string, torch::Tensor>& parameters,
+                                       const HfSaveOptions& options = {});
+
+// Mean cross-entropy of logits [B,T,V] against next-token targets [B,T], over all B*T targets.
+torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& targets);
+
+// "float32" -> kFloat32, "bfloat16" -> kBFloat16, "float16" -> kFloat16; BadInput otherwise.
+torch::Dtype parse_hf_dtype(const std::string& dtype);
+
+}  // namespace pipetrain::models

@@ -1,0 +1,450 @@
+// The Llama family as pipeline entries (models/llama.h).
+#include "pipetrain/models/llama.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <regex>
+#include <set>
+
+#include "pipetrain/base/atomic_file.h"
+#include "pipetrain/base/shuffle.h"
+
+namespace pipetrain::models {
+namespace {
+
+constexpr double kPi = 3.14159265358979323846;
+
+torch::Tensor make_parameter(torch::IntArrayRef shape, const torch::TensorOptions& options) {
+  return torch::empty(shape, options);
+}
+
+// [.., d] -> [-x2, x1] with x1, x2 the halves of the last dimension.
+torch::Tensor rotate_half(const torch::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+// transformers' inverse frequencies: default, linear (divided by factor), llama3 (low
+// frequencies divided by factor, a smooth blend between the two cut-offs).
+torch::Tensor rope_inverse_frequencies(const LlamaConfig& c) {
+  const int64_t d = c.head_dim;
+  torch::Tensor exponents = torch::arange(0, d, 2, torch::kInt64).to(torch::kFloat32) /
+                            static_cast<double>(d);
+  torch::Tensor inv_freq = 1.0 / torch::pow(c.rope_theta, exponents);
+  if (c.rope.type == "linear") return inv_freq / c.rope.factor;
+  if (c.rope.type != "llama3") return inv_freq;
+  const double old_context = static_cast<double>(c.rope.original_max_position_embeddings);
+  const double low_freq_wavelen = old_context / c.rope.low_freq_factor;
+  const double high_freq_wavelen = old_context / c.rope.high_freq_factor;
+  torch::Tensor wavelen = 2 * kPi / inv_freq;
+  torch::Tensor scaled =
+      torch::where(wavelen > low_freq_wavelen, inv_freq / c.rope.factor, inv_freq);
+  torch::Tensor smooth = (old_context / wavelen - c.rope.low_freq_factor) /
+                         (c.rope.high_freq_factor - c.rope.low_freq_factor);
+  torch::Tensor smoothed = (1 - smooth) * scaled / c.rope.factor + smooth * scaled;
+  torch::Tensor medium = (wavelen >= high_freq_wavelen).logical_and(wavelen <= low_freq_wavelen);
+  return torch::where(medium, smoothed, scaled);
+}
+
+std::string shape_text(torch::IntArrayRef shape) {
+  std::string text = "[";
+  for (size_t d = 0; d < shape.size(); ++d) text += (d ? ", " : "") + std::to_string(shape[d]);
+  return text + "]";
+}
+
+bool is_norm_weight(const std::string& name) {
+  return name.find("layernorm") != std::string::npos || name.find("norm.weight") == 0;
+}
+
+}  // namespace
+
+// ---- modules ------------------------------------------------------------------------------------
+
+RmsNormImpl::RmsNormImpl(int64_t size_, double eps_, torch::TensorOptions options_)
+    : size(size_), eps(eps_), options(options_) {
+  reset();
+}
+
+void RmsNormImpl::reset() {
+  weight = register_parameter("weight", make_parameter({size}, options));
+}
+
+torch::Tensor RmsNormImpl::forward(const torch::Tensor& x) {
+  const auto input_dtype = x.scalar_type();
+  torch::Tensor h = x.to(torch::kFloat32);
+  torch::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
+  h = h * torch::rsqrt(variance + eps);
+  return weight * h.to(input_dtype);
+}
+
+LlamaLinearImpl::LlamaLinearImpl(int64_t in_, int64_t out_, bool bias_,
+                                 torch::TensorOptions options_)
+    : in(in_), out(out_), has_bias(bias_), options(options_) {
+  reset();
+}
+
+void LlamaLinearImpl::reset() {
+  weight = register_parameter("weight", make_parameter({out, in}, options));
+  if (has_bias) bias = register_parameter("bias", make_parameter({out}, options));
+}
+
+torch::Tensor LlamaLinearImpl::forward(const torch::Tensor& x) {
+  return torch::linear(x, weight, bias);
+}
+
+RotaryEmbedding::RotaryEmbedding(const LlamaConfig& config)
+    : inv_freq_(rope_inverse_frequencies(config)) {}
+
+RotaryEmbedding::RotaryEmbedding(const RotaryEmbedding& other) : inv_freq_(other.inv_freq_) {}
+
+std::pair<torch::Tensor, torch::Tensor> RotaryEmbedding::tables(int64_t t,
+                                                                const torch::Device& device,
+                                                                torch::Dtype dtype) const {
+  const std::string key =
+      std::to_string(t) + "/" + device.str() + "/" + std::string(c10::toString(dtype));
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto found = cache_.find(key);
+  if (found != cache_.end()) return found->second;
+  torch::NoGradGuard no_grad;
+  // As transformers: angles in float32 on the device, cos/sin there, then cast.
+  torch::Tensor positions = torch::arange(t, torch::TensorOptions(torch::kInt64).device(device))
+                                .to(torch::kFloat32);
+  torch::Tensor freqs = positions.unsqueeze(-1) * inv_freq_.to(device).unsqueeze(0);
+  torch::Tensor angles = torch::cat({freqs, freqs}, -1);
+  auto entry = std::make_pair(angles.cos().to(dtype), angles.sin().to(dtype));
+  if (cache_.size() > 16) cache_.clear();  // generation grows t one by one
+  cache_.emplace(key, entry);
+  return entry;
+}
+
+LlamaAttentionImpl::LlamaAttentionImpl(std::shared_ptr<const LlamaConfig> config_,
+                                       torch::TensorOptions options_)
+    : config(std::move(config_)),
+      options(options_),
+      rope_(std::make_shared<RotaryEmbedding>(*config)) {
+  reset();
+}
+
+void LlamaAttentionImpl::reset() {
+  const LlamaConfig& c = *config;
+  const int64_t q = c.num_attention_heads * c.head_dim, kv = c.num_key_value_heads * c.head_dim;
+  q_proj = register_module("q_proj", LlamaLinear(c.hidden_size, q, c.qkv_bias, options));
+  k_proj = register_module("k_proj", LlamaLinear(c.hidden_size, kv, c.qkv_bias, options));
+  v_proj = register_module("v_proj", LlamaLinear(c.hidden_size, kv, c.qkv_bias, options));
+  o_proj = register_module("o_proj", LlamaLinear(q, c.hidden_size, c.output_bias, options));
+}
+
+torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
+  const LlamaConfig& c = *config;
+  const int64_t b = x.size(0), t = x.size(1), d = c.head_dim;
+  const int64_t heads = c.num_attention_heads, kv_heads = c.num_key_value_heads;
+  torch::Tensor q = q_proj->forward(x).view({b, t, heads, d}).transpose(1, 2);
+  torch::Tensor k = k_proj->forward(x).view({b, t, kv_heads, d}).transpose(1, 2);
+  torch::Tensor v = v_proj->forward(x).view({b, t, kv_heads, d}).transpose(1, 2);
+  auto [cos, sin] = rope_->tables(t, x.device(), x.scalar_type());
+  q = q * cos + rotate_half(q) * sin;
+  k = k * cos + rotate_half(k) * sin;
+  torch::Tensor attended = at::scaled_dot_product_attention(
+      q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true,
+      /*scale=*/1.0 / std::sqrt(static_cast<double>(d)), /*enable_gqa=*/kv_heads != heads);
+  return o_proj->forward(attended.transpose(1, 2).reshape({b, t, heads * d}));
+}
+
+LlamaMlpImpl::LlamaMlpImpl(std::shared_ptr<const LlamaConfig> config_,
+                           torch::TensorOptions options_)
+    : config(std::move(config_)), options(options_) {
+  reset();
+}
+
+void LlamaMlpImpl::reset() {
+  const LlamaConfig& c = *config;
+  gate_proj = register_module(
+      "gate_proj", LlamaLinear(c.hidden_size, c.intermediate_size, c.mlp_bias, options));
+  up_proj = register_module("up_proj",
+                            LlamaLinear(c.hidden_size, c.intermediate_size, c.mlp_bias, options));
+  down_proj = register_module(
+      "down_proj", LlamaLinear(c.intermediate_size, c.hidden_size, c.mlp_bias, options));
+}
+
+torch::Tensor LlamaMlpImpl::forward(const torch::Tensor& x) {
+  return down_proj->forward(torch::silu(gate_proj->forward(x)) * up_proj->forward(x));
+}
+
+LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(std::shared_ptr<const LlamaConfig> config_,
+                                             torch::TensorOptions options_)
+    : config(std::move(config_)), options(options_) {
+  reset();
+}
+
+void LlamaDecoderLayerImpl::reset() {
+  const LlamaConfig& c = *config;
+  // Registered in transformers' order, so named_parameters() lists them as its state dict does.
+  self_attn = register_module("self_attn", LlamaAttention(config, options));
+  mlp = register_module("mlp", LlamaMlp(config, options));
+  input_layernorm =
+      register_module("input_layernorm", RmsNorm(c.hidden_size, c.rms_norm_eps, options));
+  post_attention_layernorm = register_module("post_attention_layernorm",
+                                             RmsNorm(c.hidden_size, c.rms_norm_eps, options));
+}
+
+torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x) {
+  TORCH_CHECK(x.dim() == 3 && x.size(2) == config->hidden_size,
+              "Llama decoder layer expects [B, T, ", config->hidden_size, "], got ", x.sizes());
+  torch::Tensor h = x + self_attn->forward(input_layernorm->forward(x));
+  return h + mlp->forward(post_attention_layernorm->forward(h));
+}
+
+LlamaEmbeddingImpl::LlamaEmbeddingImpl(std::shared_ptr<const LlamaConfig> config_,
+                                       torch::TensorOptions options_)
+    : config(std::move(config_)), options(options_) {
+  reset();
+}
+
+void LlamaEmbeddingImpl::reset() {
+  weight = register_parameter("weight",
+                              make_parameter({config->vocab_size, config->hidden_size}, options));
+}
+
+torch::Tensor LlamaEmbeddingImpl::forward(const torch::Tensor& tokens) {
+  TORCH_CHECK(tokens.dim() == 2 && tokens.scalar_type() == torch::kInt64,
+              "Llama embedding expects int64 token ids [B, T], got ", tokens.scalar_type(), " ",
+              tokens.sizes());
+  return torch::embedding(weight, tokens, config->pad_token_id);
+}
+
+LlamaHeadImpl::LlamaHeadImpl(std::shared_ptr<const LlamaConfig> config_,
+                             torch::TensorOptions options_, torch::Tensor tied)
+    : config(std::move(config_)), options(options_), tied_(std::move(tied)) {
+  reset();
+}
+
+void LlamaHeadImpl::reset() {
+  if (tied_.defined()) {
+    weight = register_parameter("weight", tied_);
+  } else {
+    weight = register_parameter("weight",
+                                make_parameter({config->vocab_size, config->hidden_size}, options));
+  }
+}
+
+torch::Tensor LlamaHeadImpl::forward(const torch::Tensor& x) {
+  return torch::linear(x, weight);
+}
+
+// ---- building -------------------------------------------------------------------------------------
+
+LlamaModel make_llama(const LlamaConfig& config, const LlamaBuildOptions& options) {
+  check_llama_config(config);
+  LlamaModel model;
+  model.config = std::make_shared<const LlamaConfig>(config);
+  const int64_t entries = config.entries();
+  model.materialized.assign(static_cast<size_t>(entries), !options.entries().has_value());
+  if (options.entries()) {
+    for (int64_t e : *options.entries()) {
+      TORCH_CHECK(e >= 0 && e < entries, "Llama: entry ", e, " to materialize is outside 0..",
+                  entries - 1);
+      model.materialized[static_cast<size_t>(e)] = true;
+    }
+  }
+  auto options_of = [&](int64_t e) {
+    torch::TensorOptions o = torch::TensorOptions().dtype(options.dtype());
+    return model.materialized[static_cast<size_t>(e)] ? o : o.device(torch::kMeta);
+  };
+  const int64_t layers = config.num_hidden_layers;
+  // A tied table is one tensor for both ends: real when either end is materialized.
+  const bool tied = config.tie_word_embeddings;
+  if (tied) {
+    const bool either = model.materialized[0] || model.materialized[static_cast<size_t>(layers + 2)];
+    model.materialized[0] = model.materialized[static_cast<size_t>(layers + 2)] = either;
+  }
+  LlamaEmbedding embedding(model.config, options_of(0));
+  model.sequential->push_back(embedding);
+  for (int64_t l = 0; l < layers; ++l) {
+    model.sequential->push_back(LlamaDecoderLayer(model.config, options_of(l + 1)));
+  }
+  model.sequential->push_back(RmsNorm(config.hidden_size, config.rms_norm_eps,
+                                      options_of(layers + 1)));
+  model.sequential->push_back(
+      LlamaHead(model.config, options_of(layers + 2), tied ? embedding->weight : torch::Tensor()));
+  if (tied) {
+    model.tied_parameters.emplace_back("0.weight", std::to_string(layers + 2) + ".weight");
+  }
+  return model;
+}
+
+void init_llama_random(LlamaModel& model, uint64_t seed) {
+  const LlamaConfig& c = *model.config;
+  const double std = c.initializer_range;
+  torch::NoGradGuard no_grad;
+  std::set<const void*> done;  // a tied table is drawn once, by the embedding
+  for (size_t e = 0; e < model.sequential->size(); ++e) {
+    if (!model.materialized[e]) continue;
+    at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(mix_seed(seed, e));
+    for (const auto& item : model.sequential->ptr(e)->named_parameters()) {
+      torch::Tensor p = item.value();
+      if (!done.insert(p.unsafeGetTensorImpl()).second) continue;
+      const std::string& name = item.key();
+      if (is_norm_weight(name) || (e == static_cast<size_t>(c.num_hidden_layers + 1))) {
+        p.fill_(1.0);
+      } else if (name.size() >= 4 && name.compare(name.size() - 4, 4, "bias") == 0) {
+        p.zero_();
+      } else {
+        // Drawn in float32 on the CPU whatever the parameter's dtype, so every dtype starts from
+        // the same values.
+        torch::Tensor draw = torch::empty(p.sizes(), torch::kFloat32);
+        draw.normal_(0.0, std, generator);
+        if (e == 0 && c.pad_token_id >= 0) draw[c.pad_token_id].zero_();
+        p.copy_(draw);
+      }
+    }
+  }
+}
+
+// ---- names --------------------------------------------------------------------------------------
+
+std::string hf_name_of(const std::string& name, const LlamaConfig& config) {
+  const auto dot = name.find('.');
+  TORCH_CHECK(dot != std::string::npos, "not a Llama parameter name: '", name, "'");
+  const int64_t entry = std::stoll(name.substr(0, dot));
+  const std::string rest = name.substr(dot + 1);
+  const int64_t layers = config.num_hidden_layers;
+  if (entry == 0) return "model.embed_tokens." + rest;
+  if (entry <= layers) return "model.layers." + std::to_string(entry - 1) + "." + rest;
+  if (entry == layers + 1) return "model.norm." + rest;
+  TORCH_CHECK(entry == layers + 2, "not a Llama parameter name: '", name, "'");
+  return "lm_head." + rest;
+}
+
+std::optional<std::string> entry_name_of(const std::string& hf_name, const LlamaConfig& config) {
+  static const std::regex layer(R"(model\.layers\.(\d+)\.(.+))");
+  const int64_t layers = config.num_hidden_layers;
+  std::smatch match;
+  if (std::regex_match(hf_name, match, layer)) {
+    if (match[1].str().size() > 9) return std::nullopt;
+    const int64_t l = std::stoll(match[1].str());
+    if (l >= layers) return std::nullopt;
+    return std::to_string(l + 1) + "." + match[2].str();
+  }
+  auto strip = [&](const std::string& prefix) -> std::optional<std::string> {
+    if (hf_name.rfind(prefix, 0) != 0) return std::nullopt;
+    return hf_name.substr(prefix.size());
+  };
+  if (auto rest = strip("model.embed_tokens.")) return "0." + *rest;
+  if (auto rest = strip("model.norm.")) return std::to_string(layers + 1) + "." + *rest;
+  if (auto rest = strip("lm_head.")) return std::to_string(layers + 2) + "." + *rest;
+  return std::nullopt;
+}
+
+// ---- loading and saving ---------------------------------------------------------------------------
+
+void load_llama_weights(LlamaModel& model, const io::SafetensorsCheckpoint& checkpoint) {
+  const LlamaConfig& c = *model.config;
+  const std::string lm_head = "lm_head.weight";
+  std::set<std::string> expected;
+  torch::NoGradGuard no_grad;
+  for (size_t e = 0; e < model.sequential->size(); ++e) {
+    for (const auto& item : model.sequential->ptr(e)->named_parameters()) {
+      const std::string hf = hf_name_of(std::to_string(e) + "." + item.key(), c);
+      if (c.tie_word_embeddings && hf == lm_head) continue;  // the embedding's table
+      expected.insert(hf);
+      torch::Tensor p = item.value();
+      if (!checkpoint.contains(hf)) {
+        throw io::SafetensorsError(checkpoint.path(), hf,
+                                   "missing: the model config.json describes has it, the "
+                                   "checkpoint does not (a checkpoint of another model?)");
+      }
+      const io::SafetensorsEntry& entry = checkpoint.entry(hf);
+      if (entry.dtype != io::SafetensorsDtype::kF32 && entry.dtype != io::SafetensorsDtype::kF16 &&
+          entry.dtype != io::SafetensorsDtype::kBF16 && entry.dtype != io::SafetensorsDtype::kF64) {
+        throw io::SafetensorsError(checkpoint.file_of(hf), hf,
+                                   std::string("dtype ") + io::to_string(entry.dtype) +
+                                       " is not a weight dtype pipetrain reads (F32, F16, BF16, "
+                                       "F64; a quantized checkpoint?)");
+      }
+      if (torch::IntArrayRef(entry.shape) != p.sizes()) {
+        throw io::SafetensorsError(checkpoint.file_of(hf), hf,
+                                   "has shape " + shape_text(entry.shape) +
+                                       " but config.json gives the model " + shape_text(p.sizes()));
+      }
+      if (p.is_meta()) continue;  // another rank's entry: checked, not read
+      p.copy_(checkpoint.load(hf, p.scalar_type(), p.device()));
+    }
+  }
+  static const std::regex rotary_table(R"(model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq)");
+  for (const std::string& name : checkpoint.names()) {
+    if (expected.count(name)) continue;
+    if (c.tie_word_embeddings && name == lm_head) {
+      const io::SafetensorsEntry& entry = checkpoint.entry(name);
+      if (entry.shape != std::vector<int64_t>{c.vocab_size, c.hidden_size}) {
+        throw io::SafetensorsError(checkpoint.file_of(name), name,
+                                   "has shape " + shape_text(entry.shape) +
+                                       " but the tied LM head is the embedding's table " +
+                                       shape_text({c.vocab_size, c.hidden_size}));
+      }
+      continue;  // tie_word_embeddings: transformers ties the head over it too
+    }
+    if (std::regex_match(name, rotary_table)) continue;  // recomputed from config.json
+    throw io::SafetensorsError(checkpoint.file_of(name), name,
+                               "extra: the checkpoint has it, the model config.json describes does "
+                               "not (a checkpoint of another model or config?)");
+  }
+}
+
+torch::Dtype parse_hf_dtype(const std::string& dtype) {
+  if (dtype == "float32") return torch::kFloat32;
+  if (dtype == "bfloat16") return torch::kBFloat16;
+  if (dtype == "float16") return torch::kFloat16;
+  throw BadInput("unknown dtype '" + dtype + "'; valid: float32, bfloat16, float16");
+}
+
+std::vector<std::string> save_llama_hf(const std::string& directory, const LlamaConfig& config,
+                                       const std::map<std::string, torch::Tensor>& parameters,
+                                       const HfSaveOptions& options) {
+  const torch::Dtype dtype = parse_hf_dtype(options.dtype());
+  // The names and shapes the config implies, from a placeholder model (meta: no memory).
+  LlamaModel shape = make_llama(config, LlamaBuildOptions().entries(std::vector<int64_t>{}));
+  const std::string head = std::to_string(config.num_hidden_layers + 2) + ".weight";
+  io::NamedTensorList tensors;
+  std::set<std::string> known;
+  for (const auto& item : shape.sequential->named_parameters()) {
+    const std::string& name = item.key();
+    known.insert(name);
+    if (config.tie_word_embeddings && name == head) continue;
+    auto found = parameters.find(name);
+    if (found == parameters.end()) {
+      throw BadInput("saving " + std::string(to_string(config.architecture)) + " to '" + directory +
+                     "': parameter '" + name + "' (" + hf_name_of(name, config) + ") is missing");
+    }
+    if (found->second.sizes() != item.value().sizes()) {
+      throw BadInput("saving to '" + directory + "': parameter '" + name + "' has shape " +
+                     shape_text(found->second.sizes()) + " but config.json implies " +
+                     shape_text(item.value().sizes()));
+    }
+    tensors.emplace_back(hf_name_of(name, config), found->second.detach().to(torch::kCPU, dtype));
+  }
+  for (const auto& item : parameters) {
+    if (!known.count(item.first)) {
+      throw BadInput("saving to '" + directory + "': parameter '" + item.first +
+                     "' is not one of the model's (config.json)");
+    }
+  }
+  std::vector<std::string> files = io::write_safetensors_checkpoint(
+      directory, tensors, io::SafetensorsWriteOptions().max_shard_bytes(options.max_shard_bytes()));
+  const std::string config_path = directory + "/config.json";
+  write_file_atomically(config_path, llama_config_json(config, options.dtype()).dump(2) + "\n");
+  files.emplace_back("config.json");
+  return files;
+}
+
+torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
+  TORCH_CHECK(logits.dim() == 3 && targets.dim() == 2 && logits.size(0) == targets.size(0) &&
+                  logits.size(1) == targets.size(1),
+              "causal_lm_loss expects logits [B, T, V] and targets [B, T], got ", logits.sizes(),
+              " and ", targets.sizes());
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(2)}),
+                                              targets.reshape({-1}));
+}
+
+}  // namespace pipetrain::models

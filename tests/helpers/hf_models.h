@@ -1,0 +1,86 @@
+// Hugging Face models made by transformers (the reference of the Llama port), shared by the tests
+// of tests/models and tests/apps: tests/models/hf_reference.py run once per build directory.
+//
+//   hf_fixtures()        the directory `hf_reference.py fixtures` filled: llama/ (llama3 RoPE,
+//                        grouped-query, untied), qwen2/ (biases, tied, published-checkpoint RoPE
+//                        keys, 3 shards), mistral/, tokens.bin, prompt.safetensors and each
+//                        model's logits for it (<arch>_logits.safetensors)
+//   hf_reference(args)   runs hf_reference.py with `args`; returns its exit code and output
+//
+// Several test processes (ctest -j) may ask at once: the first makes the fixtures under a file
+// lock, in a temporary directory renamed into place; the others wait for the lock and reuse them.
+// A test calls PIPETRAIN_SKIP_WITHOUT_TRANSFORMERS() first: it skips, naming the interpreter, when
+// the project's Python cannot import transformers.
+#pragma once
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+
+#include "cli_run.h"
+#include "python.h"
+
+namespace pipetrain::testing {
+
+inline const std::string kHfReference =
+    std::string(PIPETRAIN_SOURCE_DIR) + "/tests/models/hf_reference.py";
+
+inline bool python_has_transformers() {
+  static const bool has = std::system((kPython + " -c 'import transformers, safetensors' "
+                                                 ">/dev/null 2>&1")
+                                          .c_str()) == 0;
+  return has;
+}
+
+#define PIPETRAIN_SKIP_WITHOUT_TRANSFORMERS()                                              \
+  do {                                                                                     \
+    if (!::pipetrain::testing::python_has_transformers()) {                                \
+      GTEST_SKIP() << ::pipetrain::testing::kPython                                        \
+                   << " cannot import transformers and safetensors; run scripts/bootstrap"; \
+    }                                                                                      \
+  } while (false)
+
+inline CliRun hf_reference(const std::string& arguments,
+                           CliOptions options = CliOptions().timeout_after(std::chrono::seconds(200))) {
+  return run_command(kPython + " " + kHfReference + " " + arguments, options);
+}
+
+inline const std::string& hf_fixtures() {
+  namespace fs = std::filesystem;
+  static const std::string directory = [] {
+    const fs::path root = fs::path(PIPETRAIN_BINARY_DIR) / "test-fixtures";
+    fs::create_directories(root);
+    const fs::path done = root / "hf";
+    const int lock = ::open((root / "hf.lock").c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
+    if (lock < 0 || ::flock(lock, LOCK_EX) != 0) throw std::runtime_error("cannot lock fixtures");
+    // The script's mtime in the stamp: editing it makes the fixtures again.
+    const std::string stamp =
+        std::to_string(fs::last_write_time(kHfReference).time_since_epoch().count());
+    const fs::path stamp_file = done / "stamp";
+    std::string found;
+    if (fs::exists(stamp_file)) std::getline(std::ifstream(stamp_file), found);
+    if (found != stamp) {
+      const fs::path partial = root / ("hf.partial-" + std::to_string(::getpid()));
+      fs::remove_all(partial);
+      const CliRun made = hf_reference("fixtures " + shell_quote(partial.string()));
+      if (made.exit_code != 0) {
+        ::close(lock);
+        throw std::runtime_error("hf_reference.py fixtures failed:\n" + made.output);
+      }
+      std::ofstream(partial / "stamp") << stamp << "\n";
+      fs::remove_all(done);
+      fs::rename(partial, done);
+    }
+    ::close(lock);  // releases the lock
+    return done.string();
+  }();
+  return directory;
+}
+
+}  // namespace pipetrain::testing

@@ -1,0 +1,287 @@
+#!/usr/bin/env python3
+"""transformers' side of pipetrain's Llama tests: the reference every C++ result is compared with
+(run with the project's Python, scripts/bootstrap --print-python).
+
+Subcommands:
+  make DIR --arch llama|qwen2|mistral [--seed S] [--layers L] [--vocab V] [--shard-bytes B]
+           [--dtype float32|bfloat16] [--rope llama3|linear|default] [--legacy-rope]
+      A small random model of that architecture (llama: grouped-query attention, untied head;
+      qwen2: q/k/v biases, tied head; mistral: grouped-query, sliding window unset), saved with
+      save_pretrained (safetensors; sharded when --shard-bytes is given). --legacy-rope rewrites
+      config.json in the form published checkpoints have (rope_theta + rope_scaling).
+  tokens FILE --count N --vocab V [--seed S] [--bytes 2|4]
+      N random ids below V as a flat little-endian token file.
+  logits DIR TOKENS OUT
+      The logits of the model in DIR for the int64 ids in TOKENS (a safetensors file with
+      "tokens" [B,T]), saved to OUT (safetensors, "logits").
+  train DIR TOKENS OUT --seq-len T --batch-size N --steps K --lr LR [--betas B1,B2] [--eps E]
+        [--weight-decay W]
+      AdamW steps on the samples of token file TOKENS in order (sample s = ids s*T .. s*T+T,
+      batch k = samples (k*N + n) mod S), loss = mean cross-entropy of the logits, then
+      save_pretrained(OUT). Prints "step k loss L".
+  generate DIR --prompt 1,2,3 --max-new-tokens N
+      Greedy decoding with model.generate; prints the new ids comma-separated.
+  compare GOT EXPECTED [--rtol R]
+      Loads both checkpoints with from_pretrained and checks every parameter:
+      max|got - expected| <= R * max|expected| (default 1e-4). Prints the worst; exits 1 when
+      one is off.
+  fixtures DIR
+      What the C++ tests share (tests/helpers/hf_models.h): DIR/llama (llama3 RoPE), DIR/qwen2
+      (published-checkpoint RoPE keys, 3 shards), DIR/mistral, DIR/tokens.bin (4000 ids < 64),
+      DIR/prompt.safetensors ("tokens" [2, 16]) and DIR/<arch>_logits.safetensors (each model's
+      logits for it).
+  batch FILE
+      Runs each line of FILE as a command line of this script in one process.
+"""
+import argparse
+import json
+import os
+import shlex
+import sys
+
+import torch
+
+
+def quiet():
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+
+def config_of(args):
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+
+    common = dict(
+        vocab_size=args.vocab,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=args.layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
+    rope = {"rope_type": "default", "rope_theta": 10000.0}
+    if args.rope == "llama3":
+        rope = {
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        }
+    elif args.rope == "linear":
+        rope = {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}
+    if args.arch == "llama":
+        return LlamaConfig(**common, rope_parameters=rope, tie_word_embeddings=False)
+    if args.arch == "qwen2":
+        return Qwen2Config(**common, rope_parameters=rope, tie_word_embeddings=True)
+    return MistralConfig(**common, rope_parameters=rope, sliding_window=None)
+
+
+def model_class(arch):
+    from transformers import LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM
+
+    return {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM, "mistral": MistralForCausalLM}[arch]
+
+
+def cmd_make(args):
+    torch.manual_seed(args.seed)
+    model = model_class(args.arch)(config_of(args))
+    dtype = getattr(torch, args.dtype)
+    model = model.to(dtype)
+    kwargs = {}
+    if args.shard_bytes:
+        kwargs["max_shard_size"] = args.shard_bytes
+    model.save_pretrained(args.dir, **kwargs)
+    if args.legacy_rope:
+        path = os.path.join(args.dir, "config.json")
+        with open(path) as f:
+            config = json.load(f)
+        rope = config.pop("rope_parameters")
+        config["rope_theta"] = rope.pop("rope_theta")
+        rope_type = rope.pop("rope_type")
+        config["rope_scaling"] = None if rope_type == "default" else {"rope_type": rope_type, **rope}
+        config["torch_dtype"] = config.pop("dtype")
+        with open(path, "w") as f:
+            json.dump(config, f, indent=2)
+
+
+def cmd_tokens(args):
+    generator = torch.Generator().manual_seed(args.seed)
+    ids = torch.randint(0, args.vocab, (args.count,), generator=generator)
+    dtype = {2: "<u2", 4: "<u4"}[args.bytes]
+    import numpy
+
+    ids.numpy().astype(dtype).tofile(args.file)
+
+
+def load(directory):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+
+
+def cmd_logits(args):
+    from safetensors.torch import load_file, save_file
+
+    model = load(args.dir).eval()
+    tokens = load_file(args.tokens)["tokens"]
+    with torch.no_grad():
+        logits = model(input_ids=tokens).logits
+    save_file({"logits": logits.contiguous()}, args.out)
+
+
+def read_tokens(path):
+    import numpy
+
+    return torch.from_numpy(numpy.fromfile(path, dtype="<u2").astype("int64"))
+
+
+def cmd_train(args):
+    model = load(args.dir).train()
+    ids = read_tokens(args.tokens)
+    t, n = args.seq_len, args.batch_size
+    samples = (ids.numel() - 1) // t
+    b1, b2 = (float(x) for x in args.betas.split(","))
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=args.lr, betas=(b1, b2), eps=args.eps, weight_decay=args.weight_decay
+    )
+    for k in range(args.steps):
+        rows = [((k * n + i) % samples) for i in range(n)]
+        x = torch.stack([ids[s * t : s * t + t] for s in rows])
+        y = torch.stack([ids[s * t + 1 : s * t + t + 1] for s in rows])
+        optimizer.zero_grad()
+        logits = model(input_ids=x).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
+        loss.backward()
+        optimizer.step()
+        print(f"step {k} loss {loss.item():.6f}")
+    model.save_pretrained(args.out)
+
+
+def cmd_generate(args):
+    model = load(args.dir).eval()
+    prompt = torch.tensor([[int(x) for x in args.prompt.split(",")]])
+    out = model.generate(
+        prompt,
+        max_new_tokens=args.max_new_tokens,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    print(",".join(str(int(x)) for x in out[0, prompt.size(1) :]))
+
+
+def cmd_compare(args):
+    got = dict(load(args.got).named_parameters())
+    expected = dict(load(args.expected).named_parameters())
+    if set(got) != set(expected):
+        print("names differ:", sorted(set(got) ^ set(expected)))
+        sys.exit(1)
+    worst, worst_name = 0.0, ""
+    for name, e in expected.items():
+        g = got[name]
+        scale = e.abs().max().item() or 1.0
+        error = (g - e).abs().max().item() / scale
+        if error > worst:
+            worst, worst_name = error, name
+    print(f"worst relative error {worst:.3g} ({worst_name})")
+    if worst > args.rtol:
+        sys.exit(1)
+
+
+def cmd_fixtures(args):
+    from safetensors.torch import save_file
+
+    d = args.dir
+    run(["make", f"{d}/llama", "--arch", "llama", "--rope", "llama3", "--seed", "1"])
+    run(["make", f"{d}/qwen2", "--arch", "qwen2", "--legacy-rope", "--shard-bytes", "30000",
+         "--seed", "2"])
+    run(["make", f"{d}/mistral", "--arch", "mistral", "--seed", "3"])
+    run(["tokens", f"{d}/tokens.bin", "--count", "4000", "--vocab", "64", "--seed", "4"])
+    generator = torch.Generator().manual_seed(5)
+    save_file({"tokens": torch.randint(0, 64, (2, 16), generator=generator)},
+              f"{d}/prompt.safetensors")
+    for arch in ("llama", "qwen2", "mistral"):
+        run(["logits", f"{d}/{arch}", f"{d}/prompt.safetensors", f"{d}/{arch}_logits.safetensors"])
+
+
+def parser():
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers(dest="command", required=True)
+    m = sub.add_parser("make")
+    m.add_argument("dir")
+    m.add_argument("--arch", choices=["llama", "qwen2", "mistral"], required=True)
+    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--layers", type=int, default=2)
+    m.add_argument("--vocab", type=int, default=64)
+    m.add_argument("--shard-bytes", type=int, default=0)
+    m.add_argument("--dtype", default="float32")
+    m.add_argument("--rope", default="default")
+    m.add_argument("--legacy-rope", action="store_true")
+    t = sub.add_parser("tokens")
+    t.add_argument("file")
+    t.add_argument("--count", type=int, required=True)
+    t.add_argument("--vocab", type=int, required=True)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--bytes", type=int, default=2)
+    lg = sub.add_parser("logits")
+    lg.add_argument("dir")
+    lg.add_argument("tokens")
+    lg.add_argument("out")
+    tr = sub.add_parser("train")
+    tr.add_argument("dir")
+    tr.add_argument("tokens")
+    tr.add_argument("out")
+    tr.add_argument("--seq-len", type=int, required=True)
+    tr.add_argument("--batch-size", type=int, required=True)
+    tr.add_argument("--steps", type=int, required=True)
+    tr.add_argument("--lr", type=float, required=True)
+    tr.add_argument("--betas", default="0.9,0.999")
+    tr.add_argument("--eps", type=float, default=1e-8)
+    tr.add_argument("--weight-decay", type=float, default=0.0)
+    g = sub.add_parser("generate")
+    g.add_argument("dir")
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--max-new-tokens", type=int, required=True)
+    c = sub.add_parser("compare")
+    c.add_argument("got")
+    c.add_argument("expected")
+    c.add_argument("--rtol", type=float, default=1e-4)
+    fx = sub.add_parser("fixtures")
+    fx.add_argument("dir")
+    b = sub.add_parser("batch")
+    b.add_argument("file")
+    return p
+
+
+COMMANDS = {
+    "make": cmd_make,
+    "tokens": cmd_tokens,
+    "logits": cmd_logits,
+    "train": cmd_train,
+    "generate": cmd_generate,
+    "compare": cmd_compare,
+    "fixtures": cmd_fixtures,
+}
+
+
+def run(argv):
+    args = parser().parse_args(argv)
+    if args.command == "batch":
+        with open(args.file) as f:
+            for line in f:
+                if line.strip():
+                    run(shlex.split(line))
+        return
+    COMMANDS[args.command](args)
+
+
+if __name__ == "__main__":
+    quiet()
+    run(sys.argv[1:])

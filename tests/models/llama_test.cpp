@@ -1,0 +1,245 @@
+// Tests for the Llama family (include/pipetrain/models/llama.h) against transformers' own models
+// (tests/helpers/hf_models.h): same logits, loading only some entries, saving what
+// from_pretrained loads.
+#include "pipetrain/models/llama.h"
+
+#include <filesystem>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "../helpers/hf_models.h"
+#include "pipetrain/io/safetensors.h"
+
+namespace pipetrain::models {
+namespace {
+
+using testing::hf_fixtures;
+namespace fs = std::filesystem;
+
+// A model from a fixture directory, every entry loaded.
+LlamaModel load_fixture(const std::string& arch, LlamaBuildOptions options = {}) {
+  const std::string dir = hf_fixtures() + "/" + arch;
+  LlamaModel model = make_llama(read_llama_config(dir), options);
+  load_llama_weights(model, io::SafetensorsCheckpoint::open(dir));
+  return model;
+}
+
+torch::Tensor fixture_tensor(const std::string& file, const std::string& name,
+                             torch::Dtype dtype = torch::kFloat32) {
+  return io::SafetensorsCheckpoint::open(hf_fixtures() + "/" + file).load(name, dtype);
+}
+
+double relative_error(const torch::Tensor& got, const torch::Tensor& expected) {
+  return (got - expected).abs().max().item<double>() / expected.abs().max().item<double>();
+}
+
+std::string scratch(const std::string& name) {
+  const fs::path dir = fs::path(PIPETRAIN_BINARY_DIR) / "test-scratch" / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir.string();
+}
+
+class LlamaLogits : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(LlamaLogits, EqualTransformersForTheSameCheckpoint) {
+  PIPETRAIN_SKIP_WITHOUT_TRANSFORMERS();
+  LlamaModel model = load_fixture(GetParam());
+  model.sequential->eval();
+  torch::NoGradGuard no_grad;
+  const torch::Tensor logits =
+      model.sequential->forward(fixture_tensor("prompt.safetensors", "tokens", torch::kInt64));
+  const torch::Tensor expected = fixture_tensor(GetParam() + "_logits.safetensors", "logits");
+  ASSERT_EQ(logits.sizes(), expected.sizes());
+  EXPECT_LT(relative_error(logits, expected), 1e-5) << GetParam();
+}
+
+INSTANTIATE_TEST_SUITE_P(Architectures, LlamaLogits,
+                         ::testing::Values("llama", "qwen2", "mistral"));
+
+TEST(Llama, ConfigsOfTheThreeArchitecturesReadAsTransformersBuildsThem) {
+  PIPETRAIN_SKIP_WITHOUT_TRANSFORMERS();
+  const LlamaConfig llama = read_llama_config(hf_fixtures() + "/llama");
+  EXPECT_EQ(llama.architecture, LlamaArchitecture::kLlama);
+  EXPECT_EQ(llama.num_key_value_heads, 2);
+  EXPECT_EQ(llama.head_dim, 8);
+  EXPECT_EQ(llama.rope.type, "llama3");
+  EXPECT_EQ(llama.rope_theta, 500000.0);
+  EXPECT_EQ(llama.rope.original_max_position_embeddings, 64);
+  EXPECT_FALSE(llama.tie_word_embeddings);
+  EXPECT_FALSE(llama.qkv_bias);
+  const LlamaConfig qwen = read_llama_config(hf_fixtures() + "/qwen2/config.json");
+  EXPECT_EQ(qwen.architecture, LlamaArchitecture::kQwen2);
+  EXPECT_TRUE(qwen.tie_word_embeddings);
+  EXPECT_TRUE(qwen.qkv_bias);
+  EXPECT_FALSE(qwen.output_bias);
+  EXPECT_EQ(qwen.rope.type, "default");  // from "rope_scaling": null and a top-level rope_theta
+  EXPECT_EQ(qwen.dtype, "float32");      // from "torch_dtype"
+  const LlamaConfig mistral = read_llama_config(hf_fixtures() + "/mistral");
+  EXPECT_EQ(mistral.architecture, LlamaArchitecture::kMistral);
+  EXPECT_EQ(mistral.sliding_window, (std::vector<int64_t>{0, 0}));
+}
+
+TEST(Llama, AModelBuiltInPartsHoldsMetaPlaceholdersAndTheSameValuesWhereMaterialized) {
+  PIPETRAIN_SKIP_WITHOUT_TRANSFORMERS();
+  const LlamaModel whole = load_fixture("llama");
+  const LlamaModel part =
+      load_fixture("llama", LlamaBuildOptions().entries(std::vector<int64_t>{1, 4}));
+  ASSERT_EQ(part.sequential->size(), 5u);
+  const auto whole_params = whole.sequential->named_parameters();
+  for (const auto& item : part.sequential->named_parameters()) {
+    const int entry = std::stoi(item.key().substr(0, item.key().find('.')));
+    if (entry == 1 || entry == 4) {
+      ASSERT_FALSE(item.value().is_meta()) << item.key();
+      EXPECT_TRUE(torch::equal(item.value(), whole_params[item.key()])) << item.key();
+    } else {
+      EXPECT_TRUE(item.value().is_meta()) << item.key();
+      EXPECT_EQ(item.value().sizes(), whole_params[item.key()].sizes()) << item.key();
+    }
+  }
+}
+
+TEST(Llama, ATiedTableIsOneTensorRealWhenEitherEndIsMaterialized) {
+  PIPETRAIN_SKIP_WITHOUT_TRANSFORMERS();
+  const LlamaModel part =
+      load_fixture("qwen2", LlamaBuildOptions().entries(std::vector<int64_t>{4}));
+  ASSERT_EQ(part.tied_parameters.size(), 1u);
+  EXPECT_EQ(part.tied_parameters[0], std::make_pair(std::string("0.weight"), std::string("4.weight")));
+  const auto params = part.sequential->named_parameters();
+  EXPECT_TRUE(params["0.weight"].is_same(params["4.weight"]));
+  EXPECT_FALSE(params["4.weight"].is_meta());
+  EXPECT_TRUE(params["1.self_attn.q_proj.weight"].is_meta());
+}
+
+TEST(Llama, RandomInitIsTheSameForAnySubsetOfEntries) {
+  LlamaConfig config;
+  config.vocab_size = 50;
+  config.hidden_size = 16;
+  config.intermediate_size = 24;
+  config.num_hidden_layers = 3;
+  config.num_attention_heads = 4;
+  config.num_key_value_heads = 2;
+  config.head_dim = 4;
+  config.sliding_window = {0, 0, 0};
+  config.pad_token_id = 3;
+  LlamaModel whole = make_llama(config);
+  init_llama_random(whole, 7);
+  LlamaModel part = make_llama(config, LlamaBuildOptions().entries(std::vector<int64_t>{0, 2}));
+  init_llama_random(part, 7);
+  const auto expected = whole.sequential->named_parameters();
+  for (const auto& item : part.sequential->named_parameters()) {
+    if (item.value().is_meta()) continue;
+    EXPECT_TRUE(torch::equal(item.value(), expected[item.key()])) << item.key();
+  }
+  EXPECT_TRUE(torch::equal(expected["2.input_layernorm.weight"], torch::ones({16})));
+  EXPECT_TRUE(torch::equal(expected["0.weight"][3], torch::zeros({16})));  // the pad row
+  const double std = expected["1.mlp.up_proj.weight"].std().item<double>();
+  EXPECT_NEAR(std, 0.02, 0.004);
+}
+
+TEST(Llama, HfNamesMapBothWays) {
+  LlamaConfig config;
+  config.num_hidden_layers = 4;
+  EXPECT_EQ(hf_name_of("0.weight", config), "model.embed_tokens.weight");
+  EXPECT_EQ(hf_name_of("3.mlp.up_proj.weight", config), "model.layers.2.mlp.up_proj.weight");
+  EXPECT_EQ(hf_name_of("5.weight", config), "model.norm.weight");
+  EXPECT_EQ(hf_name_of("6.weight", config), "lm_head.weight");
+  EXPECT_EQ(entry_name_of("model.layers.3.self_attn.k_proj.bias", config),
+            std::optional<std::string>("4.self_attn.k_proj.bias"));
+  EXPECT_EQ(entry_name_of("lm_head.weight", config), std::optional<std::string>("6.weight"));
+  EXPECT_EQ(entry_name_of("model.layers.4.mlp.up_proj.weight", config), std::nullopt);
+  EXPECT_EQ(entry_name_of("transformer.wte.weight", config), std::nullopt);
+}
+
+TEST(Llama, SavedCheckpointsLoadInTransformersWithTheSameLogits) {
+  PIPETRAIN_SKIP_WITHOUT_TRANSFORMERS();
+  for (const std::string arch : {"llama", "qwen2"}) {
+    LlamaModel model = load_fixture(arch);
+    std::map<std::string, torch::Tensor> parameters;
+    for (const auto& item : model.sequential->named_parameters()) {
+      parameters[item.key()] = item.value();
+    }
+    const std::string out = scratch("llama-save-" + arch);
+    // A small shard limit: the tied Qwen2 is written in several shards with an index.
+    const auto files = save_llama_hf(out, *model.config, parameters,
+                                     HfSaveOptions().max_shard_bytes(arch == "qwen2" ? 20000 : int64_t{5'000'000'000}));
+    EXPECT_EQ(files.back(), "config.json");
+    EXPECT_EQ(fs::exists(out + "/model.safetensors.index.json"), arch == "qwen2");
+    const auto checkpoint = io::SafetensorsCheckpoint::open(out);
+    EXPECT_EQ(checkpoint.contains("lm_head.weight"), arch == "llama");  // tied: left out
+    const testing::CliRun logits =
+        testing::hf_reference("logits " + out + " " + hf_fixtures() + "/prompt.safetensors " + out +
+                              "/logits.safetensors");
+    ASSERT_EQ(logits.exit_code, 0) << logits.output;
+    const torch::Tensor got =
+        io::SafetensorsCheckpoint::open(out + "/logits.safetensors").load("logits", torch::kFloat32);
+    EXPECT_LT(relative_error(got, fixture_tensor(arch + "_logits.safetensors", "logits")), 1e-6)
+        << arch;
+  }
+}
+
+TEST(Llama, ACheckpointOfAnotherShapeIsAnErrorNamingTheFileAndTensor) {
+  PIPETRAIN_SKIP_WITHOUT_TRANSFORMERS();
+  LlamaConfig config = read_llama_config(hf_fixtures() + "/llama");
+  config.intermediate_size = 40;  // the checkpoint's MLP is 48 wide
+  LlamaModel model = make_llama(config);
+  try {
+    load_llama_weights(model, io::SafetensorsCheckpoint::open(hf_fixtures() + "/llama"));
+    FAIL() << "loaded a checkpoint of another shape";
+  } catch (const io::SafetensorsError& error) {
+    EXPECT_EQ(error.tensor(), "model.layers.0.mlp.gate_proj.weight");
+    EXPECT_NE(error.file().find("model.safetensors"), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find("[48, 32]"), std::string::npos) << error.what();
+  }
+}
+
+TEST(Llama, MissingAndExtraTensorsAreErrorsNamingThem) {
+  PIPETRAIN_SKIP_WITHOUT_TRANSFORMERS();
+  const auto source = io::SafetensorsCheckpoint::open(hf_fixtures() + "/llama");
+  io::NamedTensorList tensors;
+  for (const std::string& name : source.names()) {
+    if (name == "model.norm.weight") continue;
+    tensors.emplace_back(name, source.load(name, torch::kFloat32));
+  }
+  const std::string missing = scratch("llama-missing");
+  io::write_safetensors_checkpoint(missing, tensors);
+  LlamaModel model = make_llama(read_llama_config(hf_fixtures() + "/llama"));
+  try {
+    load_llama_weights(model, io::SafetensorsCheckpoint::open(missing));
+    FAIL() << "loaded a checkpoint without model.norm.weight";
+  } catch (const io::SafetensorsError& error) {
+    EXPECT_EQ(error.tensor(), "model.norm.weight");
+    EXPECT_NE(std::string(error.what()).find("missing"), std::string::npos) << error.what();
+  }
+  tensors.emplace_back("model.norm.weight", torch::ones({32}));
+  tensors.emplace_back("model.layers.7.mlp.up_proj.weight", torch::ones({48, 32}));
+  const std::string extra = scratch("llama-extra");
+  io::write_safetensors_checkpoint(extra, tensors);
+  try {
+    load_llama_weights(model, io::SafetensorsCheckpoint::open(extra));
+    FAIL() << "loaded a checkpoint with a layer the config does not have";
+  } catch (const io::SafetensorsError& error) {
+    EXPECT_EQ(error.tensor(), "model.layers.7.mlp.up_proj.weight");
+    EXPECT_NE(std::string(error.what()).find("extra"), std::string::npos) << error.what();
+  }
+}
+
+TEST(Llama, Bf16WeightsLoadIntoFloat32) {
+  PIPETRAIN_SKIP_WITHOUT_TRANSFORMERS();
+  const std::string dir = scratch("llama-bf16");
+  const testing::CliRun made =
+      testing::hf_reference("make " + dir + "/model --arch llama --dtype bfloat16 --seed 1");
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  const auto checkpoint = io::SafetensorsCheckpoint::open(dir + "/model");
+  EXPECT_EQ(checkpoint.entry("model.norm.weight").dtype, io::SafetensorsDtype::kBF16);
+  LlamaModel model = make_llama(read_llama_config(dir + "/model"));
+  load_llama_weights(model, checkpoint);
+  const torch::Tensor q = model.sequential->named_parameters()["1.self_attn.q_proj.weight"];
+  EXPECT_EQ(q.scalar_type(), torch::kFloat32);
+  EXPECT_TRUE(torch::equal(q, q.to(torch::kBFloat16).to(torch::kFloat32)));  // exact widening
+}
+
+}  // namespace
+}  // namespace pipetrain::models
