@@ -40,7 +40,8 @@ bool contains(const std::vector<std::string>& names, const std::string& name) {
 }
 
 bool is_torchscript_path(const std::string& model) {
-  return model.find('/') != std::string::npos || model.find('.') != std::string::npos;
+  return !is_hf_model(model) &&
+         (model.find('/') != std::string::npos || model.find('.') != std::string::npos);
 }
 
 torch::Tensor load_flag_tensor(const std::string& flag, const std::string& path) {
@@ -56,19 +57,63 @@ std::string join_names(const std::vector<std::string>& names) {
 }
 
 std::vector<std::string> data_names() {
-  return {"fashion-mnist", "text", "synthetic", "tensors"};
+  return {"fashion-mnist", "text", "synthetic", "tensors", "tokens"};
 }
+
+bool is_hf_model(const std::string& model) {
+  std::error_code error;
+  return std::filesystem::is_directory(model, error);
+}
+
+models::LlamaConfig hf_config(const ModelDataSpec& spec) {
+  return as_usage_error("--model " + spec.model, [&] { return models::read_llama_config(spec.model); });
+}
+
+namespace {
+
+// The combinations of a Hugging Face --model and --data tokens.
+void check_hf_spec(const ModelDataSpec& args) {
+  const bool hf = is_hf_model(args.model);
+  if (args.init != "checkpoint" && args.init != "random") {
+    throw UsageError("unknown --init '" + args.init + "'; valid: checkpoint, random");
+  }
+  if (!hf && args.init != "checkpoint") {
+    throw UsageError("--init " + args.init + " draws the weights of a Hugging Face --model DIR; " +
+                     args.model + " is not a directory");
+  }
+  if (hf && args.data != "tokens") {
+    throw UsageError("--model " + args.model + " is a Hugging Face language model: train it on " +
+                     "--data tokens --token-file PATH --seq-len T (got --data " + args.data + ")");
+  }
+  if (args.data != "tokens") return;
+  if (!hf) {
+    throw UsageError("--data tokens trains a Hugging Face model: give --model DIR (config.json and "
+                     "safetensors), got --model " + args.model);
+  }
+  if (args.token_file.empty()) throw UsageError("--data tokens needs --token-file PATH");
+  if (args.seq_len < 1) {
+    throw UsageError("--data tokens needs --seq-len T (ids per sample, >= 1), got " +
+                     std::to_string(args.seq_len));
+  }
+  if (args.token_bytes != 2 && args.token_bytes != 4) {
+    throw UsageError("--token-bytes must be 2 (uint16 ids) or 4 (uint32), got " +
+                     std::to_string(args.token_bytes));
+  }
+}
+
+}  // namespace
 
 void check_model_data_spec(const ModelDataSpec& args) {
   const bool torchscript = is_torchscript_path(args.model);
-  if (!torchscript && !contains(model_names(), args.model)) {
+  if (!torchscript && !is_hf_model(args.model) && !contains(model_names(), args.model)) {
     throw UsageError("unknown --model '" + args.model + "'; valid: " + join_names(model_names()) +
-                     ", or the path of a TorchScript file");
+                     ", the path of a TorchScript file, or a Hugging Face checkpoint directory");
   }
   if (!contains(data_names(), args.data)) {
     throw UsageError("unknown --data '" + args.data + "'; valid: " + join_names(data_names()));
   }
   const bool tensors = args.data == "tensors" || !args.inputs_path.empty();
+  check_hf_spec(args);
   if (torchscript && !tensors) {
     throw UsageError("--model " + args.model +
                      " is a TorchScript file: give its data with --inputs X.pt --targets Y.pt");
@@ -134,6 +179,17 @@ BuiltData build_data(const ModelDataSpec& args) {
       data.test_inputs = test.inputs;
       data.test_targets = test.targets;
       data.classification = true;
+    } else if (args.data == "tokens") {
+      data.tokens = as_usage_error("--token-file", [&] {
+        return std::make_shared<const io::TokenFile>(args.token_file, args.token_bytes);
+      });
+      data.seq_len = args.seq_len;
+      if ((data.tokens->tokens() - 1) / args.seq_len < 1) {
+        throw UsageError("--token-file " + args.token_file + " holds " +
+                         std::to_string(data.tokens->tokens()) + " ids, fewer than one sample of " +
+                         "--seq-len " + std::to_string(args.seq_len) + " needs (" +
+                         std::to_string(args.seq_len + 1) + ")");
+      }
     } else {  // text
       data.corpus =
           CharCorpus::from_file(args.text_file.empty() ? kDefaultCorpusPath : args.text_file);
@@ -144,7 +200,42 @@ BuiltData build_data(const ModelDataSpec& args) {
   return data;
 }
 
-BuiltModel build_model(const ModelDataSpec& args, const BuiltData& data) {
+namespace {
+
+// A Hugging Face model: config.json read and checked against the sequence length, the entries
+// this process holds built, their weights loaded (or drawn with --init random).
+BuiltModel build_hf_model(const ModelDataSpec& args, const BuiltData& data,
+                          const std::optional<std::vector<int64_t>>& entries) {
+  const models::LlamaConfig config = hf_config(args);
+  if (data.seq_len > 0) {
+    as_usage_error("--seq-len " + std::to_string(data.seq_len),
+                   [&] { models::check_sequence_length(config, data.seq_len); });
+  }
+  models::LlamaModel llama = models::make_llama(config, models::LlamaBuildOptions().entries(entries));
+  if (args.init == "random") {
+    models::init_llama_random(llama, args.seed);
+  } else {
+    as_usage_error("--model " + args.model, [&] {
+      models::load_llama_weights(llama, io::SafetensorsCheckpoint::open(args.model));
+    });
+  }
+  BuiltModel model;
+  model.name = args.model;
+  model.sequential = llama.sequential;
+  model.tied_parameters = llama.tied_parameters;
+  model.llama = llama.config;
+  model.loss = models::causal_lm_loss;
+  model.loss_name = "causal-lm-cross-entropy";
+  // What a checkpoint needs to rebuild the model anywhere (eval, export-hf): the config itself.
+  model.options = {{"init", args.init}, {"hf_config", models::llama_config_json(config, "float32")}};
+  return model;
+}
+
+}  // namespace
+
+BuiltModel build_model(const ModelDataSpec& args, const BuiltData& data,
+                       const std::optional<std::vector<int64_t>>& entries) {
+  if (is_hf_model(args.model)) return build_hf_model(args, data, entries);
   BuiltModel model;
   model.name = args.model;
   if (is_torchscript_path(args.model)) {
@@ -194,6 +285,10 @@ BuiltModel build_model(const ModelDataSpec& args, const BuiltData& data) {
 }
 
 void check_data_against_model(const BuiltModel& model, const BuiltData& data) {
+  if (data.tokens) {
+    as_usage_error("--token-file", [&] { data.tokens->check_vocabulary(model.llama->vocab_size); });
+    return;
+  }
   if (data.corpus) {
     const int64_t context = model.options.value("context", int64_t{0});
     if (context >= static_cast<int64_t>(data.corpus->text().size())) {
@@ -271,6 +366,7 @@ void check_data_against_model(const BuiltModel& model, const BuiltData& data) {
 }
 
 std::optional<Evaluation> evaluate(const BuiltModel& model, const BuiltData& data, int64_t batch) {
+  if (data.tokens) return std::nullopt;  // evaluated by the library's evaluate_tokens
   if (data.corpus) {
     const TokenWindows windows = data.corpus->sample_windows(
         kTextEvalWindows, model.options.value("context", int64_t{64}), kTextEvalSeed, 0);

@@ -1,12 +1,16 @@
 // Building an example or TorchScript model and its data from a ModelDataSpec: what `pipetrain
 // train` and `pipetrain eval` share, and what a C++ user calls to get the same model and data.
 //
-//   model: mlp|cnn|gpt|PATH.pt   an example model (model_registry.h) or a TorchScript module whose
-//                                children are the layers (stage/torchscript.h)
-//   data:  fashion-mnist|text|synthetic|tensors
+//   model: mlp|cnn|gpt|PATH.pt|DIR
+//                                an example model (model_registry.h), a TorchScript module whose
+//                                children are the layers (stage/torchscript.h), or a Hugging Face
+//                                Llama-family checkpoint directory (config.json + safetensors;
+//                                models/llama.h), its weights loaded or, with init random, drawn
+//   data:  fashion-mnist|text|synthetic|tensors|tokens
 //                                Fashion-MNIST (60000 train / 10000 test images), a character
-//                                corpus (GPT), random 28x28 images (fast tests), or X/Y tensors
-//                                saved from Python (inputs/targets paths, no test split)
+//                                corpus (GPT), random 28x28 images (fast tests), X/Y tensors
+//                                saved from Python (inputs/targets paths, no test split), or a
+//                                token file (io/token_file.h) for a Hugging Face model
 //
 // Every problem with the input (unknown name, missing or corrupt file, a model that does not fit
 // the data, labels out of range) is thrown as pipetrain::BadInput naming the flag.
@@ -16,6 +20,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -24,6 +29,8 @@
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
 
+#include "pipetrain/io/token_file.h"
+#include "pipetrain/models/llama.h"
 #include "pipetrain/train/evaluate.h"
 #include "text_corpus.h"
 
@@ -42,9 +49,14 @@ struct ModelDataSpec {
   std::string loss;  // mse|cross-entropy; default: the example model's own loss
   int64_t synthetic_samples = 2048;
   uint64_t seed = 0;
+  std::string init = "checkpoint";  // a Hugging Face model: checkpoint (DIR's weights) or random
+  std::string token_file;           // --data tokens
+  int64_t seq_len = 0;              // tokens per sample (--seq-len)
+  int token_bytes = 2;              // 2 (uint16 ids) or 4 (uint32)
+  bool shuffle = false;             // token samples in a seeded order per epoch
 };
 
-// "fashion-mnist", "text", "synthetic", "tensors".
+// "fashion-mnist", "text", "synthetic", "tensors", "tokens".
 std::vector<std::string> data_names();
 
 // The model, its loss and what identifies it (for checkpoint metadata).
@@ -54,8 +66,11 @@ struct BuiltModel {
   torch::nn::Sequential sequential;
   std::vector<std::pair<std::string, std::string>> tied_parameters;  // (first name, second name)
   std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)> loss;
-  std::string loss_name;  // "cross-entropy", "mse", "gpt-cross-entropy"
+  std::string loss_name;  // "cross-entropy", "mse", "gpt-cross-entropy", "causal-lm-cross-entropy"
   nlohmann::json options = nlohmann::json::object();
+  // A Hugging Face model: its config (the Sequential's entries are models/llama.h's). Entries a
+  // multi-process rank does not hold are meta placeholders (LlamaModel::materialized).
+  std::shared_ptr<const models::LlamaConfig> llama;
 };
 
 // The data: training rows (or a corpus), held-out rows when the data set has them.
@@ -65,13 +80,24 @@ struct BuiltData {
   torch::Tensor test_inputs, test_targets;    // empty when there is no test split
   std::optional<CharCorpus> corpus;           // --data text
   int64_t context = 0;                        // text: tokens per window
+  std::shared_ptr<const io::TokenFile> tokens;  // --data tokens
+  int64_t seq_len = 0;                          // tokens: ids per sample
   bool classification = false;                // accuracy makes sense
 };
 
 // REQUIRES: spec checked by check_model_data_spec. The corpus is read before the model so that a
-// GPT's vocabulary size follows the corpus.
+// GPT's vocabulary size follows the corpus. `entries`: the Sequential entries of a Hugging Face
+// model this process gives memory to (nullopt: all; the others are checked against the
+// checkpoint but not read).
 BuiltData build_data(const ModelDataSpec& spec);
-BuiltModel build_model(const ModelDataSpec& spec, const BuiltData& data);
+BuiltModel build_model(const ModelDataSpec& spec, const BuiltData& data,
+                       const std::optional<std::vector<int64_t>>& entries = std::nullopt);
+// True when `model` names a Hugging Face checkpoint directory (rather than an example model or a
+// TorchScript file).
+bool is_hf_model(const std::string& model);
+// The config of the Hugging Face model `spec` names (its config.json), read and checked; throws
+// pipetrain::BadInput naming --model.
+models::LlamaConfig hf_config(const ModelDataSpec& spec);
 // Names, combinations and ranges; throws pipetrain::BadInput naming the flag.
 void check_model_data_spec(const ModelDataSpec& spec);
 

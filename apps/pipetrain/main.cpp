@@ -26,6 +26,8 @@ int main(int argc, char** argv) {
   pipetrain::cli::add_bench_command(app, exit_code);
   pipetrain::cli::add_eval_command(app, exit_code);
   pipetrain::cli::add_launch_command(app, exit_code);
+  pipetrain::cli::add_generate_command(app, exit_code);
+  pipetrain::cli::add_export_hf_command(app, exit_code);
   try {
     // `--config FILE.json` becomes flags (train/config_file.h); CLI11 takes them reversed.
     std::vector<std::string> arguments(argv + 1, argv + argc);

@@ -66,6 +66,7 @@
 #include "pipetrain/train/optimizer.h"
 #include "pipetrain/train/progress.h"
 #include "pipetrain/train/step_runner.h"
+#include "pipetrain/train/token_batches.h"
 #include "pipetrain/train/trainer.h"
 #include "pipetrain/transport/c10d.h"
 #include "pipetrain/tune/auto_plan.h"
@@ -116,6 +117,8 @@ struct TrainArgs {
   double lr = 1e-3;
   double momentum = 0;
   double weight_decay = 0;
+  std::vector<double> adam_betas{0.9, 0.999};
+  double adam_eps = 1e-8;
   int64_t warmup_steps = 0;
   std::string lr_schedule = "constant";
   double min_lr = 0;
@@ -128,6 +131,9 @@ struct TrainArgs {
   std::string trace;
   std::string timeline;
   std::string save_params;
+  std::string save_hf;
+  std::string device = "cpu";
+  std::vector<std::string> devices;
   std::string checkpoint_dir;
   int64_t save_every = 0;
   std::string resume;
@@ -210,6 +216,10 @@ void add_optimizer_flags(CLI::App& command, TrainArgs& args) {
   command.add_option("--lr", args.lr, "learning rate (peak, with a schedule)")
       ->capture_default_str();
   command.add_option("--momentum", args.momentum, "SGD momentum")->capture_default_str();
+  command.add_option("--adam-betas", args.adam_betas, "Adam/AdamW moment decays B1,B2")
+      ->delimiter(',')
+      ->capture_default_str();
+  command.add_option("--adam-eps", args.adam_eps, "Adam/AdamW epsilon")->capture_default_str();
   command
       .add_option("--weight-decay", args.weight_decay,
                   "L2 penalty (sgd, adam) or decoupled weight decay (adamw)")
@@ -264,6 +274,16 @@ void add_run_flags(CLI::App& command, TrainArgs& args) {
                      "draw the measured timeline of one step here (SVG: rows = ranks)");
   command.add_option("--save-params", args.save_params,
                      "write {parameter name: tensor} here at the end (torch.load reads it)");
+  command.add_option("--save-hf", args.save_hf,
+                     "a Hugging Face --model: write it here at the end as transformers saves it "
+                     "(safetensors and config.json; from_pretrained loads it)");
+  command.add_option("--device", args.device,
+                     "cpu, or cuda: pipeline rank r on cuda:(r mod GPUs) in one process, rank r "
+                     "on cuda:LOCAL_RANK with --nproc")
+      ->capture_default_str();
+  command.add_option("--devices", args.devices,
+                     "one device per pipeline rank in one process, e.g. cuda:0,cuda:1")
+      ->delimiter(',');
   command.add_option(
       "--checkpoint-dir", args.checkpoint_dir,
       "write DIR/checkpoint.pt (atomically) every --save-every steps and at the end");
@@ -358,6 +378,12 @@ void resolve_auto_flags(TrainArgs& args) {
 
 [[noreturn]] void fail(const std::string& message) {
   throw UsageError(message);
+}
+
+bool on_cuda(const TrainArgs& args) {
+  return args.device == "cuda" ||
+         std::any_of(args.devices.begin(), args.devices.end(),
+                     [](const std::string& d) { return d.rfind("cuda", 0) == 0; });
 }
 
 // --max-restarts belongs to the launching parent (the ranks never see it: strip_launcher_flags).
@@ -472,10 +498,14 @@ void check_ranges(const TrainArgs& args) {
   }
   const Precision precision = as_usage_error("--precision " + args.precision,
                                              [&] { return parse_precision(args.precision); });
-  if (precision == Precision::kFloat16) {
+  if (precision == Precision::kFloat16 && !on_cuda(args)) {
     fail(
         "--precision fp16 needs CUDA stages (float16 trains with dynamic loss scaling on the "
-        "GPU) and `pipetrain train` runs its stages on the CPU; use --precision bf16");
+        "GPU): give --device cuda, or use --precision bf16");
+  }
+  if (args.adam_betas.size() != 2) fail("--adam-betas takes two numbers B1,B2");
+  if (!args.save_hf.empty() && !examples::is_hf_model(args.data.model)) {
+    fail("--save-hf writes a Hugging Face --model DIR; --model " + args.data.model + " is not one");
   }
   if (args.offload_activations && args.checkpoint == "never") {
     fail(
@@ -500,6 +530,9 @@ void check_ranges(const TrainArgs& args) {
 
 void check_args(const TrainArgs& args) {
   check_model_data_args(args.data);
+  if (args.device != "cpu" && args.device != "cuda") {
+    fail("unknown --device '" + args.device + "'; valid: cpu, cuda");
+  }
   check_choices(args);
   check_ranges(args);
   if (args.backend != "auto") {
@@ -583,6 +616,10 @@ PipeOptions pipe_options(const TrainArgs& args, const Layout& layout, int64_t la
       .offload_activations(args.offload_activations);
   options.checkpoint(parse_checkpoint(args.checkpoint));
   int64_t ranks = layout.multi_process ? layout.pipeline_ranks : args.stages;
+  if (layout.multi_process && !args.devices.empty()) {
+    fail("--devices places the ranks of one process; with --nproc rank r runs on "
+         "cuda:LOCAL_RANK (--device cuda)");
+  }
   if (!args.schedule_file.empty()) {
     schedule::Schedule custom;
     try {
@@ -645,6 +682,11 @@ PipeOptions pipe_options(const TrainArgs& args, const Layout& layout, int64_t la
   }
   // A family that cannot take this shape (dualpipev with an odd K or too few micro-batches, a
   // V-shaped one with another --virtual) is bad input, named before any rank starts.
+  if (!layout.multi_process && on_cuda(args)) {
+    options.devices(as_usage_error("--device", [&] {
+      return rank_devices(args.device, args.devices, static_cast<int>(ranks));
+    }));
+  }
   const std::string why = schedule::shape_error(options.schedule(), static_cast<int>(ranks),
                                                 static_cast<int>(options.chunks()),
                                                 static_cast<int>(options.virtual_stages()));
@@ -659,7 +701,10 @@ PipeOptions pipe_options(const TrainArgs& args, const Layout& layout, int64_t la
 class Batches {
  public:
   Batches(const TrainArgs& args, const BuiltModel& model, const BuiltData& data) : args_(args) {
-    if (data.corpus) {
+    if (data.tokens) {
+      source_ = std::make_unique<train::TokenBatches>(data.tokens, data.seq_len, args.batch_size,
+                                                      args.data.shuffle, args.data.seed);
+    } else if (data.corpus) {
       source_ = std::make_unique<examples::WindowBatches>(
           *data.corpus, args.batch_size, model.options.value("context", int64_t{64}),
           args.data.seed);
@@ -699,6 +744,10 @@ train::TrainerOptions trainer_options(const TrainArgs& args, const BuiltModel& m
       .lr(args.lr)
       .momentum(args.momentum)
       .weight_decay(args.weight_decay)
+      .beta1(args.adam_betas[0])
+      .beta2(args.adam_betas[1])
+      .eps(args.adam_eps)
+      .loss_scaling(args.precision == "fp16")
       .lr_schedule(args.lr_schedule)
       .warmup_steps(args.warmup_steps)
       .min_lr(args.min_lr)
@@ -875,12 +924,25 @@ void check_batch_size(const TrainArgs& args, const BuiltData& data) {
 
 // [2]: data, model (seeded), checks, the auto plan (args then hold its values; not in the
 // launcher's parent, whose ranks plan), deferred batch norm, resume. Every rank does the same.
+// The entries of a Hugging Face model this process gives memory to: all in one process (and with
+// an auto plan, which profiles the whole model), none in the launching parent (pipeline_rank -1:
+// it only checks), a rank's own stages' on a rank.
+std::optional<std::vector<int64_t>> hf_entries(const TrainArgs& args, const Layout& layout,
+                                               int pipeline_rank) {
+  if (!examples::is_hf_model(args.data.model) || !layout.multi_process || args.auto_request.any()) {
+    return std::nullopt;
+  }
+  if (pipeline_rank < 0) return std::vector<int64_t>{};
+  const int64_t layers = examples::hf_config(args.data).entries();
+  return rank_layers(pipe_options(args, layout, layers), layers, pipeline_rank);
+}
+
 Prepared prepare(TrainArgs& args, const Layout& layout, const PlanSource& plan_source = {},
-                 bool leave_plan_to_ranks = false) {
+                 bool leave_plan_to_ranks = false, int pipeline_rank = -1) {
   Prepared p;
   p.data = build_data(args.data);
   torch::manual_seed(args.data.seed);
-  p.model = build_model(args.data, p.data);
+  p.model = build_model(args.data, p.data, hf_entries(args, layout, pipeline_rank));
   check_data_against_model(p.model, p.data);
   check_batch_size(args, p.data);
   if (args.auto_request.any() && !leave_plan_to_ranks) {
@@ -938,8 +1000,10 @@ std::string describe(const PipeOptions& options, int64_t stages, int64_t ranks,
 
 void print_start(const TrainArgs& args, const Prepared& p, train::StepRunner& runner, int threads) {
   if (!runner.is_main()) return;
-  std::string rows = p.data.corpus ? std::to_string(p.data.corpus->text().size()) + " characters"
-                                   : std::to_string(p.data.train_inputs.size(0)) + " rows";
+  std::string rows =
+      p.data.corpus   ? std::to_string(p.data.corpus->text().size()) + " characters"
+      : p.data.tokens ? std::to_string(p.data.tokens->tokens()) + " token ids"
+                      : std::to_string(p.data.train_inputs.size(0)) + " rows";
   std::printf(
       "training %s (%zu layers, %lld parameters) on %s: %s, batch %lld, %s, %s lr %g, "
       "%d threads per rank\n",
@@ -1050,13 +1114,18 @@ int train_with(const TrainArgs& args, Prepared& p, train::StepRunner& runner, in
                   p.auto_plan->predicted_step_seconds);
     }
   }
-  if (!args.save_params.empty() && trainer.gather_model()) {
-    std::vector<std::pair<std::string, torch::Tensor>> named;
-    for (const auto& item : p.model.sequential->named_parameters()) {
-      named.emplace_back(item.key(), item.value());
-    }
+  std::optional<train::Checkpoint> whole;  // every rank's weights, on the main rank
+  if (!args.save_params.empty() || !args.save_hf.empty()) whole = trainer.gather_weights();
+  if (whole && !args.save_params.empty()) {
+    const std::vector<std::pair<std::string, torch::Tensor>> named(whole->parameters.begin(),
+                                                                   whole->parameters.end());
     save_named_tensors(args.save_params, named);
     std::printf("saved %zu parameters to %s\n", named.size(), args.save_params.c_str());
+  }
+  if (whole && !args.save_hf.empty()) {
+    const auto files = models::save_llama_hf(args.save_hf, *p.model.llama, whole->parameters);
+    std::printf("saved %s to %s (%zu files)\n", models::to_string(p.model.llama->architecture),
+                args.save_hf.c_str(), files.size());
   }
   std::fflush(stdout);
   return 0;
@@ -1124,7 +1193,7 @@ int run_train(const TrainArgs& given) {
       };
       std::optional<Prepared> p;
       try {
-        p.emplace(prepare(args, layout, on_ranks));
+        p.emplace(prepare(args, layout, on_ranks, false, distributed.pipeline_rank()));
       } catch (const AutoPlanError& error) {
         usage_error = error.what();  // every rank is here: stop cleanly, exit 2 below
         return;
@@ -1133,8 +1202,13 @@ int run_train(const TrainArgs& given) {
           pipe_options(args, layout, static_cast<int64_t>(p->model.sequential->size()));
       const std::string text = describe(pipe, pipe.stages(), layout.pipeline_ranks, pipe.balance(),
                                         args.checkpoint, layout);
+      const torch::Device device = on_cuda(args)
+                                       ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(
+                                                                         distributed.local_rank()))
+                                       : torch::Device(torch::kCPU);
+      as_usage_error("--device", [&] { check_device_usable(device); });
       auto runner = train::make_distributed_runner(distributed, p->model.sequential, p->model.loss,
-                                                   pipe, text, p->model.tied_parameters);
+                                                   pipe, text, p->model.tied_parameters, device);
       train_with(args, *p, *runner, threads, &pipe, layout);
     });
     if (code == 0 && !usage_error.empty()) throw UsageError(usage_error);
@@ -1159,6 +1233,9 @@ int run_train(const TrainArgs& given) {
           "--chunks 2 or more)");
     }
     at::set_num_threads(threads);
+    const std::vector<torch::Device> device =
+        as_usage_error("--device", [&] { return rank_devices(args.device, args.devices, 1); });
+    p.model.sequential->to(device[0]);
     runner = train::make_sequential_runner(p.model.sequential, p.model.loss,
                                            parse_precision(args.precision));
   } else {

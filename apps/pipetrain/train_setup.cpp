@@ -10,7 +10,8 @@ void add_model_data_flags(CLI::App& command, ModelDataArgs& args) {
   command
       .add_option("--model", args.model,
                   "model: " + join_names(examples::model_names()) +
-                      ", or a TorchScript file (torch.jit.save; its children are the layers)")
+                      ", a TorchScript file (torch.jit.save; its children are the layers), or a "
+                      "Hugging Face Llama/Mistral/Qwen2 directory (config.json, safetensors)")
       ->capture_default_str();
   command
       .add_option("--model-options", args.model_options,
@@ -37,6 +38,17 @@ void add_model_data_flags(CLI::App& command, ModelDataArgs& args) {
       .add_option("--synthetic-samples", args.synthetic_samples,
                   "rows of --data synthetic (random 28x28 images, 10 classes)")
       ->capture_default_str();
+  command
+      .add_option("--init", args.init,
+                  "a Hugging Face --model's weights: checkpoint (DIR's safetensors) or random "
+                  "(only config.json is read; seeded by --seed)")
+      ->capture_default_str();
+  command.add_option("--token-file", args.token_file,
+                     "--data tokens: a flat file of little-endian token ids (docs/MODELS.md)");
+  command.add_option("--seq-len", args.seq_len, "--data tokens: ids per sample T");
+  command.add_option("--token-bytes", args.token_bytes, "bytes per id: 2 (uint16) or 4 (uint32)")
+      ->capture_default_str();
+  command.add_flag("--shuffle", args.shuffle, "--data tokens: samples in a seeded order per epoch");
 }
 
 }  // namespace pipetrain::cli

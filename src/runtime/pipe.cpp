@@ -217,6 +217,23 @@ std::vector<int64_t> stage_balance(const PipeOptions& o, int64_t layers) {
   return balance;
 }
 
+std::vector<int64_t> rank_layers(const PipeOptions& options, int64_t layers, int rank) {
+  const std::vector<int64_t> balance = stage_balance(options, layers);
+  const int stages = static_cast<int>(balance.size());
+  const int ranks = stages / static_cast<int>(std::max<int64_t>(1, options.virtual_stages()));
+  const schedule::Schedule s =
+      training_schedule_for(options, ranks, stages, static_cast<int>(options.chunks()));
+  std::vector<int64_t> mine;
+  int64_t first = 0;
+  for (int j = 0; j < stages; ++j) {
+    if (s.stage_rank[static_cast<size_t>(j)] == rank) {
+      for (int64_t l = 0; l < balance[static_cast<size_t>(j)]; ++l) mine.push_back(first + l);
+    }
+    first += balance[static_cast<size_t>(j)];
+  }
+  return mine;
+}
+
 schedule::Schedule training_schedule_for(const PipeOptions& o, int ranks, int stages,
                                          int microbatches) {
   schedule::Schedule s;

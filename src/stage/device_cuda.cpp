@@ -34,6 +34,10 @@ void check_device_usable(const torch::Device& device) {
                         " CUDA devices are visible; give an explicit index below ", count);
 }
 
+int cuda_device_count() {
+  return static_cast<int>(c10::cuda::device_count());
+}
+
 RankStream rank_stream(const torch::Device& device, int rank) {
   check_device_usable(device);
   if (!device.is_cuda()) return {};

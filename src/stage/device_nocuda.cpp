@@ -14,6 +14,10 @@ void check_device_usable(const torch::Device& device) {
                         "torch::kCPU devices or rebuild with a CUDA LibTorch");
 }
 
+int cuda_device_count() {
+  return 0;
+}
+
 RankStream rank_stream(const torch::Device& device, int) {
   check_device_usable(device);
   return {};

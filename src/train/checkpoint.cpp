@@ -123,6 +123,7 @@ void restore_named(const std::map<std::string, torch::Tensor>& saved, const Name
   torch::NoGradGuard no_grad;
   for (const auto& item : live) {
     torch::Tensor target = item.value();
+    if (target.is_meta()) continue;  // another rank's entry (models/llama.h): checked, not held
     target.copy_(saved.at(item.key()));
   }
 }

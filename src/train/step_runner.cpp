@@ -28,12 +28,17 @@ class SequentialRunner : public StepRunner {
  public:
   SequentialRunner(torch::nn::Sequential model, LossFn loss, Precision precision)
       : model_(std::move(model)), loss_(std::move(loss)), precision_(precision) {
-    for (const auto& p : model_->parameters()) check_precision_usable(precision_, p.device());
+    for (const auto& p : model_->parameters()) {
+      check_precision_usable(precision_, p.device());
+      device_ = p.device();
+    }
   }
 
-  double step(const torch::Tensor& inputs, const torch::Tensor& targets) override {
+  double step(const torch::Tensor& cpu_inputs, const torch::Tensor& cpu_targets) override {
     events_.clear();
     const double start = EventLog::now_us();
+    // The batch where the model is (a model moved to a GPU trains there).
+    const torch::Tensor inputs = cpu_inputs.to(device_), targets = cpu_targets.to(device_);
     torch::Tensor output;
     {
       const AutocastGuard autocast(precision_, inputs.device());
@@ -63,6 +68,7 @@ class SequentialRunner : public StepRunner {
   torch::nn::Sequential model_;
   LossFn loss_;
   Precision precision_;
+  torch::Device device_ = torch::kCPU;  // of the parameters
   std::vector<ActionEvent> events_;
 };
 
@@ -131,11 +137,12 @@ class PipeRunner : public StepRunner {
 class DistributedRunner : public StepRunner {
  public:
   DistributedRunner(Distributed& distributed, torch::nn::Sequential model, LossFn loss,
-                    const PipeOptions& options, std::string description, const TiedNames& tied)
+                    const PipeOptions& options, std::string description, const TiedNames& tied,
+                    const torch::Device& device)
       : distributed_(distributed),
         model_(model),
         loss_(std::move(loss)),
-        pipe_(distributed, model, options),
+        pipe_(distributed, model, options, device),
         description_(std::move(description)) {
     // Layers this rank holds: the first component of its parameter names. Buffers are filed
     // under the same layers (a layer without parameters has no buffers in our models).
@@ -299,9 +306,10 @@ std::unique_ptr<StepRunner> make_distributed_runner(Distributed& distributed,
                                                     torch::nn::Sequential model, LossFn loss,
                                                     const PipeOptions& options,
                                                     std::string description,
-                                                    const TiedNames& tied) {
+                                                    const TiedNames& tied,
+                                                    const torch::Device& device) {
   return std::make_unique<DistributedRunner>(distributed, std::move(model), std::move(loss),
-                                             options, std::move(description), tied);
+                                             options, std::move(description), tied, device);
 }
 
 }  // namespace pipetrain::train

@@ -35,6 +35,15 @@ void check_options(const TrainerOptions& o) {
                    std::to_string(o.save_every()) + ", " + std::to_string(o.warmup_steps()) + ", " +
                    std::to_string(o.clip_grad_norm()) + ")");
   }
+  for (double beta : {o.beta1(), o.beta2()}) {
+    if (!(beta >= 0 && beta < 1)) {
+      throw BadInput("Adam betas must be in [0, 1), got " + std::to_string(o.beta1()) + "," +
+                     std::to_string(o.beta2()));
+    }
+  }
+  if (!(o.eps() > 0) || !std::isfinite(o.eps())) {
+    throw BadInput("Adam eps must be a positive number, got " + std::to_string(o.eps()));
+  }
 }
 
 }  // namespace
@@ -47,7 +56,10 @@ Trainer::Trainer(torch::nn::Sequential model, StepRunner& runner, const BatchSou
   const OptimizerOptions optimizer_options = OptimizerOptions()
                                                  .lr(options_.lr())
                                                  .momentum(options_.momentum())
-                                                 .weight_decay(options_.weight_decay());
+                                                 .weight_decay(options_.weight_decay())
+                                                 .beta1(options_.beta1())
+                                                 .beta2(options_.beta2())
+                                                 .eps(options_.eps());
   if (options_.loss_scaling()) scaler_.emplace(options_.loss_scaler());
   if (options_.zero() > 0) {
     sharded_ =
@@ -209,10 +221,14 @@ TrainSummary Trainer::fit() {
   return summary;
 }
 
-bool Trainer::gather_model() {
+std::optional<Checkpoint> Trainer::gather_weights() {
   Checkpoint part;
   capture_model(part, runner_.named_parameters(), runner_.named_buffers());
-  std::optional<Checkpoint> whole = runner_.gather(part);
+  return runner_.gather(part);
+}
+
+bool Trainer::gather_model() {
+  std::optional<Checkpoint> whole = gather_weights();
   if (!whole) return false;
   restore_model(*whole, *model_, NameMatch::kExact);
   return true;

@@ -17,7 +17,8 @@ Subcommands:
   train DIR TOKENS OUT --seq-len T --batch-size N --steps K --lr LR [--betas B1,B2] [--eps E]
         [--weight-decay W]
       AdamW steps on the samples of token file TOKENS in order (sample s = ids s*T .. s*T+T,
-      batch k = samples (k*N + n) mod S), loss = mean cross-entropy of the logits, then
+      batch k = samples (b*N + n) mod S with b = k mod ceil(S/N), as pipetrain's TokenBatches),
+      loss = mean cross-entropy of the logits, then
       save_pretrained(OUT). Prints "step k loss L".
   generate DIR --prompt 1,2,3 --max-new-tokens N
       Greedy decoding with model.generate; prints the new ids comma-separated.
@@ -32,6 +33,9 @@ Subcommands:
       logits for it).
   batch FILE
       Runs each line of FILE as a command line of this script in one process.
+
+Models load with transformers' sdpa attention; HF_ATTN=eager in the environment loads them with
+its eager attention instead (docs/MODELS.md compares the two).
 """
 import argparse
 import json
@@ -123,7 +127,7 @@ def cmd_tokens(args):
 def load(directory):
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, attn_implementation=os.environ.get("HF_ATTN", "sdpa"))
 
 
 def cmd_logits(args):
@@ -151,8 +155,10 @@ def cmd_train(args):
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=args.lr, betas=(b1, b2), eps=args.eps, weight_decay=args.weight_decay
     )
+    per_epoch = (samples + n - 1) // n
     for k in range(args.steps):
-        rows = [((k * n + i) % samples) for i in range(n)]
+        # pipetrain's TokenBatches without --shuffle: batch k % per_epoch of the epoch, wrapping.
+        rows = [(((k % per_epoch) * n + i) % samples) for i in range(n)]
         x = torch.stack([ids[s * t : s * t + t] for s in rows])
         y = torch.stack([ids[s * t + 1 : s * t + t + 1] for s in rows])
         optimizer.zero_grad()

@@ -107,6 +107,12 @@ void check_offload_options(const PipeOptions& options);
 /// balance.
 std::vector<int64_t> stage_balance(const PipeOptions& options, int64_t layers);
 
+/// The layers (indices into the Sequential) of the stages pipeline rank `rank` runs under
+/// `options` for a Sequential of `layers` layers, in order: what a rank of a multi-process run
+/// must hold in memory (models/llama.h builds only those). Throws what stage_balance and
+/// training_schedule_for throw.
+std::vector<int64_t> rank_layers(const PipeOptions& options, int64_t layers, int rank);
+
 /// The lowered, validated training schedule that `options` asks for on `ranks` ranks, `stages`
 /// stages and `microbatches` micro-batches: the named family, or the custom schedule (which must
 /// have those counts). Both runtimes (Pipe, DistributedPipe) build theirs with it. Throws

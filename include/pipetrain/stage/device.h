@@ -10,6 +10,7 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <torch/types.h>
@@ -19,6 +20,17 @@ namespace pipetrain {
 // Throws pipetrain::BadInput naming `device` when this build cannot run on it (a CUDA device in a
 // CPU-only build, or a CUDA index beyond the visible devices).
 void check_device_usable(const torch::Device& device);
+
+// CUDA devices visible to this process (0 in a CPU-only build or on a machine without a GPU).
+int cuda_device_count();
+
+// The device of each of `ranks` pipeline ranks in one process: `kind` "cpu" (every rank on the
+// CPU) or "cuda" (rank r on cuda:(r mod visible GPUs)), or the explicit list `devices` (one per
+// rank, e.g. {"cuda:0", "cuda:1"}), which wins when given. Throws pipetrain::BadInput naming the
+// value for an unknown kind, a list of another length, a device that does not parse, or CUDA
+// where none is visible.
+std::vector<torch::Device> rank_devices(const std::string& kind,
+                                        const std::vector<std::string>& devices, int ranks);
 
 // A stream of a rank's own on a CUDA device, kept for every step: per-stream caches (cuBLAS keeps a
 // workspace of tens of MiB for each stream a thread ran on) are then made once, not once per step.

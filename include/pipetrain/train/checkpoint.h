@@ -111,7 +111,8 @@ enum class NameMatch {
 };
 
 // Copies tensors by name. Throws CheckpointError listing missing names (in the model, not in the
-// checkpoint), unexpected names (kExact only) and shape mismatches (name, both shapes).
+// checkpoint), unexpected names (kExact only) and shape mismatches (name, both shapes). A model
+// tensor on the meta device (a placeholder of an entry another rank holds) is checked, not filled.
 void restore_model(const Checkpoint& checkpoint, const NamedTensors& parameters,
                    const NamedTensors& buffers, NameMatch match = NameMatch::kExact);
 void restore_model(const Checkpoint& checkpoint, torch::nn::Module& model,

@@ -139,7 +139,8 @@ class StepRunner {
 
 // Sequential (no pipeline) training of `model`: forward, loss, backward on the whole batch. The
 // reference a pipeline must reproduce. With bf16 the forward runs under autocast and the loss in
-// float32, as in a pipeline's stages (stage/precision.h).
+// float32, as in a pipeline's stages (stage/precision.h). The batch moves to the device of the
+// model's parameters (move the model first to train it on a GPU).
 std::unique_ptr<StepRunner> make_sequential_runner(torch::nn::Sequential model, LossFn loss,
                                                    Precision precision = Precision::kFloat32);
 
@@ -149,11 +150,13 @@ std::unique_ptr<StepRunner> make_pipe_runner(torch::nn::Sequential model, LossFn
 
 // One rank of a multi-process run over `model` (every rank builds the same model and calls this
 // with the same arguments). `description` is what description() returns; `tied` names the tied
-// parameters, so the gradient norm counts each once.
+// parameters, so the gradient norm counts each once; `device`: where this rank's stages run
+// (DistributedPipe's; e.g. cuda:LOCAL_RANK).
 std::unique_ptr<StepRunner> make_distributed_runner(Distributed& distributed,
                                                     torch::nn::Sequential model, LossFn loss,
                                                     const PipeOptions& options,
                                                     std::string description,
-                                                    const TiedNames& tied = {});
+                                                    const TiedNames& tied = {},
+                                                    const torch::Device& device = torch::kCPU);
 
 }  // namespace pipetrain::train

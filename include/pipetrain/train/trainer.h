@@ -66,6 +66,10 @@ struct TrainerOptions {
   TORCH_ARG(double, momentum) = 0.9;
   /// Decoupled (adamw) or L2 (sgd, adam) weight decay. Default 0.
   TORCH_ARG(double, weight_decay) = 0.0;
+  /// Adam/AdamW moment decays and denominator epsilon. Defaults 0.9, 0.999, 1e-8 (torch's).
+  TORCH_ARG(double, beta1) = 0.9;
+  TORCH_ARG(double, beta2) = 0.999;
+  TORCH_ARG(double, eps) = 1e-8;
   /// "constant" or "cosine" (decays to min_lr at total_steps). Default "constant".
   TORCH_ARG(std::string, lr_schedule) = "constant";
   /// Linear warm-up from 0 over this many steps. Default 0.
@@ -160,8 +164,13 @@ class Trainer {
   std::function<void(int64_t epoch)> on_epoch_end;
 
   // Collective: the whole model's parameters and buffers copied into `model` on the main rank
-  // (returns true there); other ranks return false.
+  // (returns true there); other ranks return false. REQUIRES every entry of `model` to be
+  // materialized on the main rank (no meta placeholders: models/llama.h).
   bool gather_model();
+  // Collective: every rank's parameters and buffers merged into one Checkpoint (its parameters
+  // and buffers only) on the main rank; nullopt on the others. Works whatever the main rank
+  // holds itself (a rank that materialized only its own stages).
+  std::optional<Checkpoint> gather_weights();
   // Collective: every rank's part captured and merged on the main rank, which writes it
   // atomically to `path` (other ranks write nothing).
   void save_checkpoint(const std::string& path, int64_t steps_done);

@@ -1,0 +1,163 @@
+// The Hugging Face commands: `pipetrain generate` (greedy decoding through the pipeline) and
+// `pipetrain export-hf` (a pipetrain checkpoint of a Hugging Face model, written as transformers
+// saves it), and the inference model `pipetrain eval` shares with generate.
+//
+//   pipetrain generate --model DIR --prompt-tokens 1,2,3 --max-new-tokens N [--stages K]
+//                      [--checkpoint run/checkpoint.pt] [--device cpu|cuda]
+//   pipetrain export-hf CHECKPOINT OUT [--dtype float32|bfloat16|float16]
+//
+// Exit codes (commands.h): 0, 2 for bad input (a model or checkpoint that does not fit, a prompt
+// id outside the vocabulary).
+#include <cstdio>
+#include <memory>
+#include <sstream>
+
+#include "commands.h"
+#include "hf.h"
+#include "pipetrain/models/generate.h"
+#include "pipetrain/stage/device.h"
+#include "pipetrain/train/checkpoint.h"
+
+namespace pipetrain::cli {
+
+InferenceModel::InferenceModel(const ModelDataArgs& spec, const BuiltData& data,
+                               const InferenceArgs& args) {
+  model = build_model(spec, data);
+  if (!args.checkpoint.empty()) {
+    const train::Checkpoint checkpoint = as_usage_error(
+        "--checkpoint " + args.checkpoint, [&] { return train::load_checkpoint(args.checkpoint); });
+    as_usage_error("--checkpoint " + args.checkpoint, [&] {
+      train::restore_model(checkpoint, *model.sequential, train::NameMatch::kExact);
+    });
+  }
+  model.sequential->eval();
+  if (args.stages < 1) throw UsageError("--stages must be at least 1");
+  const std::vector<torch::Device> devices = as_usage_error(
+      "--device", [&] { return rank_devices(args.device, {}, static_cast<int>(args.stages)); });
+  if (args.stages == 1) {
+    model.sequential->to(devices[0]);
+    device_ = devices[0];
+    return;
+  }
+  pipe_ = as_usage_error("--stages", [&] {
+    return Pipe(model.sequential, PipeOptions().stages(args.stages).chunks(1).devices(devices));
+  });
+}
+
+torch::Tensor InferenceModel::forward(const torch::Tensor& ids) {
+  torch::NoGradGuard no_grad;
+  const torch::Tensor logits =
+      pipe_ ? (*pipe_)->forward(ids) : model.sequential->forward(ids.to(device_));
+  return logits.to(torch::kCPU);
+}
+
+void add_inference_flags(CLI::App& command, InferenceArgs& args) {
+  command.add_option("--checkpoint", args.checkpoint,
+                     "weights from this pipetrain checkpoint (of the same --model) instead of "
+                     "DIR's");
+  command.add_option("--stages", args.stages, "pipeline ranks the forward runs through")
+      ->capture_default_str();
+  command.add_option("--device", args.device, "cpu, or cuda (rank r on cuda:(r mod GPUs))")
+      ->capture_default_str();
+}
+
+namespace {
+
+struct GenerateArgs {
+  ModelDataArgs data;
+  InferenceArgs inference;
+  std::vector<int64_t> prompt;
+  int64_t max_new_tokens = 16;
+};
+
+int run_generate(GenerateArgs& args) {
+  if (!examples::is_hf_model(args.data.model)) {
+    throw UsageError("--model " + args.data.model +
+                     " is not a Hugging Face model directory (config.json and safetensors)");
+  }
+  if (args.max_new_tokens < 0) throw UsageError("--max-new-tokens must be >= 0");
+  const models::LlamaConfig config = examples::hf_config(args.data);
+  for (int64_t id : args.prompt) {
+    if (id < 0 || id >= config.vocab_size) {
+      throw UsageError("--prompt-tokens holds " + std::to_string(id) +
+                       ", not an id of the vocabulary (0.." + std::to_string(config.vocab_size - 1) +
+                       ")");
+    }
+  }
+  as_usage_error("--max-new-tokens", [&] {
+    models::check_sequence_length(
+        config, static_cast<int64_t>(args.prompt.size()) + args.max_new_tokens, args.data.model);
+  });
+  InferenceModel model(args.data, BuiltData{}, args.inference);
+  const std::vector<int64_t> ids = models::generate_greedy(
+      [&](const torch::Tensor& x) { return model.forward(x); }, args.prompt, args.max_new_tokens,
+      config.eos_token_ids);
+  std::ostringstream text;
+  for (size_t i = 0; i < ids.size(); ++i) text << (i ? "," : "") << ids[i];
+  std::printf("%s\n", text.str().c_str());
+  return 0;
+}
+
+struct ExportArgs {
+  std::string checkpoint;
+  std::string out;
+  std::string dtype = "float32";
+};
+
+int run_export(const ExportArgs& args) {
+  const train::Checkpoint checkpoint = as_usage_error(
+      "CHECKPOINT " + args.checkpoint, [&] { return train::load_checkpoint(args.checkpoint); });
+  const nlohmann::json& options = checkpoint.metadata.value("model_options", nlohmann::json());
+  if (!options.is_object() || !options.contains("hf_config")) {
+    throw UsageError("CHECKPOINT " + args.checkpoint +
+                     " was not written by training a Hugging Face --model (its metadata has no "
+                     "model_options.hf_config)");
+  }
+  const models::LlamaConfig config = as_usage_error("CHECKPOINT " + args.checkpoint, [&] {
+    return models::parse_llama_config(options["hf_config"], args.checkpoint + " (hf_config)");
+  });
+  const auto files = as_usage_error("OUT", [&] {
+    return models::save_llama_hf(args.out, config, checkpoint.parameters,
+                                 models::HfSaveOptions().dtype(args.dtype));
+  });
+  std::printf("exported step %lld of %s to %s (%zu files, %s)\n",
+              static_cast<long long>(checkpoint.step), args.checkpoint.c_str(), args.out.c_str(),
+              files.size(), args.dtype.c_str());
+  return 0;
+}
+
+}  // namespace
+
+void add_generate_command(CLI::App& app, int& exit_code) {
+  auto args = std::make_shared<GenerateArgs>();
+  auto* command = app.add_subcommand(
+      "generate", "greedy decoding with a Hugging Face model through the pipeline");
+  command->add_option("--model", args->data.model, "Hugging Face model directory")->required();
+  command->add_option("--init", args->data.init, "checkpoint (DIR's weights) or random")
+      ->capture_default_str();
+  command->add_option("--seed", args->data.seed, "seed of --init random")->capture_default_str();
+  command->add_option("--prompt-tokens", args->prompt, "prompt ids, comma-separated")
+      ->delimiter(',')
+      ->required();
+  command->add_option("--max-new-tokens", args->max_new_tokens, "ids to generate at most")
+      ->capture_default_str();
+  add_inference_flags(*command, args->inference);
+  args->data.data = "tokens";  // the combination check_model_data_spec asks of a language model
+  command->callback([args, &exit_code] { exit_code = run_generate(*args); });
+}
+
+void add_export_hf_command(CLI::App& app, int& exit_code) {
+  auto args = std::make_shared<ExportArgs>();
+  auto* command = app.add_subcommand(
+      "export-hf",
+      "write a pipetrain checkpoint of a Hugging Face model as transformers saves it "
+      "(safetensors, config.json)");
+  command->add_option("CHECKPOINT", args->checkpoint, "checkpoint file (DIR/checkpoint.pt)")
+      ->required();
+  command->add_option("OUT", args->out, "output directory")->required();
+  command->add_option("--dtype", args->dtype, "float32, bfloat16 or float16")
+      ->capture_default_str();
+  command->callback([args, &exit_code] { exit_code = run_export(*args); });
+}
+
+}  // namespace pipetrain::cli
