@@ -6,12 +6,16 @@
 #include <sstream>
 
 #include "data_error.h"
+#include "data_loader.h"
 #include "fashion_mnist.h"
 #include "model_registry.h"
 #include "pipetrain/base/message_of.h"
 #include "pipetrain/runtime/tensor_io.h"
+#include "pipetrain/stage/device.h"
 #include "pipetrain/stage/layer_call.h"
 #include "pipetrain/stage/torchscript.h"
+#include "pipetrain/train/checkpoint.h"
+#include "pipetrain/train/token_batches.h"
 #include "synthetic.h"
 
 namespace pipetrain::examples {
@@ -66,7 +70,8 @@ bool is_hf_model(const std::string& model) {
 }
 
 models::LlamaConfig hf_config(const ModelDataSpec& spec) {
-  return as_usage_error("--model " + spec.model, [&] { return models::read_llama_config(spec.model); });
+  return as_usage_error("--model " + spec.model,
+                        [&] { return models::read_llama_config(spec.model); });
 }
 
 namespace {
@@ -87,8 +92,10 @@ void check_hf_spec(const ModelDataSpec& args) {
   }
   if (args.data != "tokens") return;
   if (!hf) {
-    throw UsageError("--data tokens trains a Hugging Face model: give --model DIR (config.json and "
-                     "safetensors), got --model " + args.model);
+    throw UsageError(
+        "--data tokens trains a Hugging Face model: give --model DIR (config.json and "
+        "safetensors), got --model " +
+        args.model);
   }
   if (args.token_file.empty()) throw UsageError("--data tokens needs --token-file PATH");
   if (args.seq_len < 1) {
@@ -211,7 +218,8 @@ BuiltModel build_hf_model(const ModelDataSpec& args, const BuiltData& data,
     as_usage_error("--seq-len " + std::to_string(data.seq_len),
                    [&] { models::check_sequence_length(config, data.seq_len); });
   }
-  models::LlamaModel llama = models::make_llama(config, models::LlamaBuildOptions().entries(entries));
+  models::LlamaModel llama =
+      models::make_llama(config, models::LlamaBuildOptions().entries(entries));
   if (args.init == "random") {
     models::init_llama_random(llama, args.seed);
   } else {
@@ -227,7 +235,8 @@ BuiltModel build_hf_model(const ModelDataSpec& args, const BuiltData& data,
   model.loss = models::causal_lm_loss;
   model.loss_name = "causal-lm-cross-entropy";
   // What a checkpoint needs to rebuild the model anywhere (eval, export-hf): the config itself.
-  model.options = {{"init", args.init}, {"hf_config", models::llama_config_json(config, "float32")}};
+  model.options = {{"init", args.init},
+                   {"hf_config", models::llama_config_json(config, "float32")}};
   return model;
 }
 
@@ -363,6 +372,58 @@ void check_data_against_model(const BuiltModel& model, const BuiltData& data) {
                        "; save the targets in the model's dtype");
     }
   }
+}
+
+std::unique_ptr<train::BatchSource> make_batches(const ModelDataSpec& spec, const BuiltModel& model,
+                                                 const BuiltData& data, int64_t batch_size) {
+  if (data.tokens) {
+    return std::make_unique<train::TokenBatches>(data.tokens, data.seq_len, batch_size,
+                                                 spec.shuffle, spec.seed);
+  }
+  if (data.corpus) {
+    return std::make_unique<WindowBatches>(*data.corpus, batch_size,
+                                           model.options.value("context", int64_t{64}), spec.seed);
+  }
+  if (data.name == "tensors") {
+    return std::make_unique<train::TensorBatches>(data.train_inputs, data.train_targets,
+                                                  batch_size);
+  }
+  return std::make_unique<LoaderBatches>(DataLoader(data.train_inputs, data.train_targets,
+                                                    DataLoaderOptions(batch_size).seed(spec.seed)));
+}
+
+InferenceModel::InferenceModel(const ModelDataSpec& spec, const BuiltData& data,
+                               const InferenceSpec& inference) {
+  model = build_model(spec, data);
+  if (!inference.checkpoint.empty()) {
+    const std::string flag = "--checkpoint " + inference.checkpoint;
+    const train::Checkpoint checkpoint =
+        as_usage_error(flag, [&] { return train::load_checkpoint(inference.checkpoint); });
+    as_usage_error(flag, [&] {
+      train::restore_model(checkpoint, *model.sequential, train::NameMatch::kExact);
+    });
+  }
+  model.sequential->eval();
+  if (inference.stages < 1) throw UsageError("--stages must be at least 1");
+  const std::vector<torch::Device> devices = as_usage_error("--device", [&] {
+    return rank_devices(inference.device, {}, static_cast<int>(inference.stages));
+  });
+  if (inference.stages == 1) {
+    model.sequential->to(devices[0]);
+    device_ = devices[0];
+    return;
+  }
+  pipe_ = as_usage_error("--stages", [&] {
+    return Pipe(model.sequential,
+                PipeOptions().stages(inference.stages).chunks(1).devices(devices));
+  });
+}
+
+torch::Tensor InferenceModel::forward(const torch::Tensor& inputs) {
+  torch::NoGradGuard no_grad;
+  const torch::Tensor outputs =
+      pipe_ ? (*pipe_)->forward(inputs) : model.sequential->forward(inputs.to(device_));
+  return outputs.to(torch::kCPU);
 }
 
 std::optional<Evaluation> evaluate(const BuiltModel& model, const BuiltData& data, int64_t batch) {

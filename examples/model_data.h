@@ -31,6 +31,8 @@
 
 #include "pipetrain/io/token_file.h"
 #include "pipetrain/models/llama.h"
+#include "pipetrain/runtime/pipe.h"
+#include "pipetrain/train/batch_source.h"
 #include "pipetrain/train/evaluate.h"
 #include "text_corpus.h"
 
@@ -76,13 +78,13 @@ struct BuiltModel {
 // The data: training rows (or a corpus), held-out rows when the data set has them.
 struct BuiltData {
   std::string name;
-  torch::Tensor train_inputs, train_targets;  // empty for text
-  torch::Tensor test_inputs, test_targets;    // empty when there is no test split
-  std::optional<CharCorpus> corpus;           // --data text
-  int64_t context = 0;                        // text: tokens per window
+  torch::Tensor train_inputs, train_targets;    // empty for text
+  torch::Tensor test_inputs, test_targets;      // empty when there is no test split
+  std::optional<CharCorpus> corpus;             // --data text
+  int64_t context = 0;                          // text: tokens per window
   std::shared_ptr<const io::TokenFile> tokens;  // --data tokens
   int64_t seq_len = 0;                          // tokens: ids per sample
-  bool classification = false;                // accuracy makes sense
+  bool classification = false;                  // accuracy makes sense
 };
 
 // REQUIRES: spec checked by check_model_data_spec. The corpus is read before the model so that a
@@ -110,6 +112,38 @@ void check_data_against_model(const BuiltModel& model, const BuiltData& data);
 using Evaluation = train::Evaluation;
 std::optional<Evaluation> evaluate(const BuiltModel& model, const BuiltData& data,
                                    int64_t batch = 1000);
+
+// The data's mini-batches of `batch_size` rows as a Trainer's batch source, each a pure function
+// of the step: token samples in order (or shuffled per epoch), text windows drawn from (seed,
+// step), tensor rows in order, data-set rows shuffled per epoch by the seeded loader.
+std::unique_ptr<train::BatchSource> make_batches(const ModelDataSpec& spec, const BuiltModel& model,
+                                                 const BuiltData& data, int64_t batch_size);
+
+// What an inference model runs on: the weights (a pipetrain checkpoint's, or the model's own),
+// the pipeline ranks and the device (`pipetrain eval` and `generate`'s --checkpoint, --stages,
+// --device).
+struct InferenceSpec {
+  std::string checkpoint;  // "": the model's own weights (a Hugging Face DIR's, or --init random)
+  int64_t stages = 1;
+  std::string device = "cpu";
+};
+
+// A model for inference: built from `spec`, its weights restored from the checkpoint when one is
+// named, in eval mode, run through `stages` pipeline ranks (a Pipe, forward only) on the device.
+// Throws pipetrain::BadInput naming the flag (--checkpoint, --stages, --device) that does not fit.
+class InferenceModel {
+ public:
+  InferenceModel(const ModelDataSpec& spec, const BuiltData& data, const InferenceSpec& inference);
+  // Model inputs (a Hugging Face model: int64 ids [B, T]) -> outputs (logits [B, T, V]) on the
+  // CPU, without gradients.
+  torch::Tensor forward(const torch::Tensor& inputs);
+
+  BuiltModel model;
+
+ private:
+  std::optional<Pipe> pipe_;
+  torch::Device device_ = torch::kCPU;
+};
 
 std::string join_names(const std::vector<std::string>& names);
 

@@ -15,41 +15,9 @@
 #include "commands.h"
 #include "hf.h"
 #include "pipetrain/models/generate.h"
-#include "pipetrain/stage/device.h"
 #include "pipetrain/train/checkpoint.h"
 
 namespace pipetrain::cli {
-
-InferenceModel::InferenceModel(const ModelDataArgs& spec, const BuiltData& data,
-                               const InferenceArgs& args) {
-  model = build_model(spec, data);
-  if (!args.checkpoint.empty()) {
-    const train::Checkpoint checkpoint = as_usage_error(
-        "--checkpoint " + args.checkpoint, [&] { return train::load_checkpoint(args.checkpoint); });
-    as_usage_error("--checkpoint " + args.checkpoint, [&] {
-      train::restore_model(checkpoint, *model.sequential, train::NameMatch::kExact);
-    });
-  }
-  model.sequential->eval();
-  if (args.stages < 1) throw UsageError("--stages must be at least 1");
-  const std::vector<torch::Device> devices = as_usage_error(
-      "--device", [&] { return rank_devices(args.device, {}, static_cast<int>(args.stages)); });
-  if (args.stages == 1) {
-    model.sequential->to(devices[0]);
-    device_ = devices[0];
-    return;
-  }
-  pipe_ = as_usage_error("--stages", [&] {
-    return Pipe(model.sequential, PipeOptions().stages(args.stages).chunks(1).devices(devices));
-  });
-}
-
-torch::Tensor InferenceModel::forward(const torch::Tensor& ids) {
-  torch::NoGradGuard no_grad;
-  const torch::Tensor logits =
-      pipe_ ? (*pipe_)->forward(ids) : model.sequential->forward(ids.to(device_));
-  return logits.to(torch::kCPU);
-}
 
 void add_inference_flags(CLI::App& command, InferenceArgs& args) {
   command.add_option("--checkpoint", args.checkpoint,
@@ -80,8 +48,8 @@ int run_generate(GenerateArgs& args) {
   for (int64_t id : args.prompt) {
     if (id < 0 || id >= config.vocab_size) {
       throw UsageError("--prompt-tokens holds " + std::to_string(id) +
-                       ", not an id of the vocabulary (0.." + std::to_string(config.vocab_size - 1) +
-                       ")");
+                       ", not an id of the vocabulary (0.." +
+                       std::to_string(config.vocab_size - 1) + ")");
     }
   }
   as_usage_error("--max-new-tokens", [&] {
@@ -89,9 +57,9 @@ int run_generate(GenerateArgs& args) {
         config, static_cast<int64_t>(args.prompt.size()) + args.max_new_tokens, args.data.model);
   });
   InferenceModel model(args.data, BuiltData{}, args.inference);
-  const std::vector<int64_t> ids = models::generate_greedy(
-      [&](const torch::Tensor& x) { return model.forward(x); }, args.prompt, args.max_new_tokens,
-      config.eos_token_ids);
+  const std::vector<int64_t> ids =
+      models::generate_greedy([&](const torch::Tensor& x) { return model.forward(x); }, args.prompt,
+                              args.max_new_tokens, config.eos_token_ids);
   std::ostringstream text;
   for (size_t i = 0; i < ids.size(); ++i) text << (i ? "," : "") << ids[i];
   std::printf("%s\n", text.str().c_str());

@@ -56,6 +56,7 @@
 #include "pipetrain/runtime/distributed.h"
 #include "pipetrain/runtime/launcher.h"
 #include "pipetrain/runtime/pipe.h"
+#include "pipetrain/runtime/run_layout.h"
 #include "pipetrain/runtime/tensor_io.h"
 #include "pipetrain/schedule/generators.h"
 #include "pipetrain/schedule/text_format.h"
@@ -90,25 +91,16 @@ bool contains(const std::vector<std::string>& names, const std::string& name) {
 
 struct TrainArgs {
   ModelDataArgs data;
+  PipelineRequest pipeline;  // stages, balance, chunks, schedule, devices, ...
   int64_t epochs = 1;
   int64_t steps = -1;  // -1 (not given): epochs x batches per epoch
   int64_t batch_size = 128;
-  int64_t chunks = 0;       // 0: 1 without a pipeline, else 2 x pipeline ranks
-  std::string chunks_text;  // --chunks as given: a count or "auto"
-  int64_t stages = 1;
-  bool stages_given = false;
-  std::vector<int64_t> balance;
+  std::string chunks_text;                // --chunks as given: a count or "auto"
   std::vector<std::string> balance_text;  // --balance as given: layer counts or "auto"
   int nproc = 1;
   int max_restarts = 0;
-  int pp = 0;  // 0: WORLD_SIZE / dp
-  int dp = 1;
-  std::string schedule = "1f1b";
   bool schedule_given = false;
-  std::string schedule_file;
-  int64_t virtual_stages = 1;
   bool virtual_given = false;
-  std::string checkpoint = "except_last";
   bool checkpoint_given = false;
   std::string memory_limit;  // per rank, bounds the auto plan; "" or "none": no limit
   int64_t memory_limit_bytes = 0;
@@ -124,21 +116,15 @@ struct TrainArgs {
   double min_lr = 0;
   double clip_grad_norm = 0;
   int zero = 0;  // ZeRO stage
-  std::string precision = "fp32";
   bool report_memory = false;
-  bool offload_activations = false;
-  int threads = 0;
   std::string trace;
   std::string timeline;
   std::string save_params;
   std::string save_hf;
-  std::string device = "cpu";
-  std::vector<std::string> devices;
   std::string checkpoint_dir;
   int64_t save_every = 0;
   std::string resume;
   std::string config;  // expanded by main() before parsing; listed here for --help
-  double timeout = 300;
   std::string backend = "auto";
   int64_t log_every = 100;
 };
@@ -156,11 +142,11 @@ void add_pipeline_flags(CLI::App& command, TrainArgs& args) {
                      "micro-batches per mini-batch M, or auto (the planner's). Default: 1 without "
                      "a pipeline, else 2 x pipeline ranks; auto with --schedule auto");
   command
-      .add_option("--stages", args.stages,
+      .add_option("--stages", args.pipeline.stages,
                   "pipeline ranks K in one process (worker threads); layers split as evenly as "
                   "possible. 1 with --chunks 1 is plain sequential training")
       ->capture_default_str()
-      ->each([&args](const std::string&) { args.stages_given = true; });
+      ->each([&args](const std::string&) { args.pipeline.stages_given = true; });
   command
       .add_option("--balance", args.balance_text,
                   "layers per stage, comma-separated (K*V entries summing to the layer count), "
@@ -175,29 +161,29 @@ void add_pipeline_flags(CLI::App& command, TrainArgs& args) {
   command.add_option("--max-restarts", args.max_restarts,
                      "when a rank fails, stop all and start them again up to this many times, "
                      "resuming from --checkpoint-dir (torchrun's --max-restarts)");
-  command.add_option("--pp", args.pp,
+  command.add_option("--pp", args.pipeline.pp,
                      "pipeline ranks per replica in a multi-process run. Default: processes / "
                      "--dp");
-  command.add_option("--dp", args.dp, "data-parallel replicas in a multi-process run")
+  command.add_option("--dp", args.pipeline.dp, "data-parallel replicas in a multi-process run")
       ->capture_default_str();
   command
       .add_option(
-          "--schedule", args.schedule,
+          "--schedule", args.pipeline.schedule,
           "schedule: " + join_names(schedule::schedule_names()) +
               " (custom with --schedule-file), or auto: the planner picks the schedule and, "
               "unless given, chunks, checkpoint, virtual stages and balance")
       ->capture_default_str()
       ->each([&args](const std::string&) { args.schedule_given = true; });
-  command.add_option("--schedule-file", args.schedule_file,
+  command.add_option("--schedule-file", args.pipeline.schedule_file,
                      "custom schedule: the text form (one line of actions per rank) or, for a "
                      "*.csv file, torch.distributed.pipelining's compute-only CSV");
   command
-      .add_option("--virtual", args.virtual_stages,
+      .add_option("--virtual", args.pipeline.virtual_stages,
                   "chunks per rank V (interleaved-1f1b: default 1; interleaved-zb, looped-bfs and "
                   "the V-shaped zb-v, v-half, v-min, dualpipev: 2)")
       ->each([&args](const std::string&) { args.virtual_given = true; });
   command
-      .add_option("--checkpoint", args.checkpoint,
+      .add_option("--checkpoint", args.pipeline.checkpoint,
                   "micro-batches that recompute their forward before backward: " +
                       join_names(kCheckpoints) + ", or auto (the planner's)")
       ->capture_default_str()
@@ -246,12 +232,12 @@ void add_optimizer_flags(CLI::App& command, TrainArgs& args) {
                    "after the last step, print what each rank holds per category (parameters, "
                    "gradients, optimizer state, activations, transport), predicted by the memory "
                    "model and measured (docs/MEMORY.md)");
-  command.add_flag("--offload-activations", args.offload_activations,
+  command.add_flag("--offload-activations", args.pipeline.offload_activations,
                    "checkpointed micro-batches' inputs wait in pinned host memory until their "
                    "backward (CUDA stages); on CPU stages it is accounted, not a saving "
                    "(docs/MEMORY.md)");
   command
-      .add_option("--precision", args.precision,
+      .add_option("--precision", args.pipeline.precision,
                   "fp32, or bf16: layers under autocast, activations and gradients cross stages "
                   "in bfloat16, float32 weights and loss (fp16 needs CUDA stages)")
       ->capture_default_str();
@@ -264,7 +250,7 @@ void add_run_flags(CLI::App& command, TrainArgs& args) {
                   "seed of the initial weights, the data order and the random streams")
       ->capture_default_str();
   command
-      .add_option("--threads", args.threads,
+      .add_option("--threads", args.pipeline.threads,
                   "intra-op threads per pipeline rank (0: the cores shared among the ranks)")
       ->capture_default_str();
   command.add_option("--trace", args.trace,
@@ -277,12 +263,14 @@ void add_run_flags(CLI::App& command, TrainArgs& args) {
   command.add_option("--save-hf", args.save_hf,
                      "a Hugging Face --model: write it here at the end as transformers saves it "
                      "(safetensors and config.json; from_pretrained loads it)");
-  command.add_option("--device", args.device,
-                     "cpu, or cuda: pipeline rank r on cuda:(r mod GPUs) in one process, rank r "
-                     "on cuda:LOCAL_RANK with --nproc")
+  command
+      .add_option("--device", args.pipeline.device,
+                  "cpu, or cuda: pipeline rank r on cuda:(r mod GPUs) in one process, rank r "
+                  "on cuda:LOCAL_RANK with --nproc")
       ->capture_default_str();
-  command.add_option("--devices", args.devices,
-                     "one device per pipeline rank in one process, e.g. cuda:0,cuda:1")
+  command
+      .add_option("--devices", args.pipeline.devices,
+                  "one device per pipeline rank in one process, e.g. cuda:0,cuda:1")
       ->delimiter(',');
   command.add_option(
       "--checkpoint-dir", args.checkpoint_dir,
@@ -300,7 +288,7 @@ void add_run_flags(CLI::App& command, TrainArgs& args) {
                   "for CUDA stages), gloo, nccl or mpi")
       ->capture_default_str();
   command
-      .add_option("--timeout", args.timeout,
+      .add_option("--timeout", args.pipeline.timeout,
                   "seconds any wait between ranks may take before the run fails")
       ->capture_default_str();
   command.add_option("--log-every", args.log_every, "progress line every this many steps (logs)")
@@ -325,12 +313,12 @@ void resolve_auto_flags(TrainArgs& args) {
         "--balance auto (the planner splits the layers) or the list");
   }
   request.balance = balance_auto;
-  args.balance.clear();
+  args.pipeline.balance.clear();
   for (const std::string& text : args.balance_text) {
     if (balance_auto) break;
     try {
       std::size_t used = 0;
-      args.balance.push_back(std::stoll(text, &used));
+      args.pipeline.balance.push_back(std::stoll(text, &used));
       if (used != text.size()) throw std::invalid_argument(text);
     } catch (const std::exception&) {
       throw UsageError("--balance entry '" + text +
@@ -342,18 +330,18 @@ void resolve_auto_flags(TrainArgs& args) {
   } else if (!args.chunks_text.empty()) {
     try {
       std::size_t used = 0;
-      args.chunks = std::stoll(args.chunks_text, &used);
+      args.pipeline.chunks = std::stoll(args.chunks_text, &used);
       if (used != args.chunks_text.size()) throw std::invalid_argument(args.chunks_text);
     } catch (const std::exception&) {
       throw UsageError("--chunks '" + args.chunks_text +
                        "' is not a micro-batch count; give a number >= 1 or auto");
     }
-    if (args.chunks < 1) {
+    if (args.pipeline.chunks < 1) {
       throw UsageError("--chunks must be at least 1 (or auto), got " + args.chunks_text);
     }
   }
-  request.checkpoint = args.checkpoint == "auto";
-  request.schedule = args.schedule == "auto";
+  request.checkpoint = args.pipeline.checkpoint == "auto";
+  request.schedule = args.pipeline.schedule == "auto";
   if (request.schedule) {
     // --schedule auto: everything the user did not give. An explicit --balance list fixes the
     // stage count K*V, so it fixes V too.
@@ -363,9 +351,9 @@ void resolve_auto_flags(TrainArgs& args) {
     request.virtual_stages = !args.virtual_given && args.balance_text.empty();
   }
   // Each family's own chunk count when --virtual is not given (2 for the V-shaped ones).
-  if (!args.virtual_given && !request.schedule && args.schedule_file.empty() &&
-      contains(schedule::schedule_names(), args.schedule)) {
-    args.virtual_stages = schedule::default_virtual_stages(args.schedule);
+  if (!args.virtual_given && !request.schedule && args.pipeline.schedule_file.empty() &&
+      contains(schedule::schedule_names(), args.pipeline.schedule)) {
+    args.pipeline.virtual_stages = schedule::default_virtual_stages(args.pipeline.schedule);
   }
   if (!args.memory_limit.empty() && args.memory_limit != "none") {
     try {
@@ -378,12 +366,6 @@ void resolve_auto_flags(TrainArgs& args) {
 
 [[noreturn]] void fail(const std::string& message) {
   throw UsageError(message);
-}
-
-bool on_cuda(const TrainArgs& args) {
-  return args.device == "cuda" ||
-         std::any_of(args.devices.begin(), args.devices.end(),
-                     [](const std::string& d) { return d.rfind("cuda", 0) == 0; });
 }
 
 // --max-restarts belongs to the launching parent (the ranks never see it: strip_launcher_flags).
@@ -411,7 +393,7 @@ void check_restart_flags(const TrainArgs& args) {
 
 // Names (optimizer, checkpoint, lr schedule, schedule) and flags that exclude each other.
 void check_choices(const TrainArgs& args) {
-  if (args.auto_request.any() && !args.schedule_file.empty()) {
+  if (args.auto_request.any() && !args.pipeline.schedule_file.empty()) {
     fail(
         "--schedule-file fixes the schedule, micro-batches and stages, so there is nothing for "
         "auto to plan; drop the auto flags or --schedule-file");
@@ -425,21 +407,24 @@ void check_choices(const TrainArgs& args) {
     fail("unknown --optimizer '" + args.optimizer +
          "'; valid: " + join_names(train::optimizer_names()));
   }
-  if (!contains(kCheckpoints, args.checkpoint) && !args.auto_request.checkpoint) {
-    fail("unknown --checkpoint '" + args.checkpoint + "'; valid: " + join_names(kCheckpoints) +
-         ", auto");
+  if (!contains(kCheckpoints, args.pipeline.checkpoint) && !args.auto_request.checkpoint) {
+    fail("unknown --checkpoint '" + args.pipeline.checkpoint +
+         "'; valid: " + join_names(kCheckpoints) + ", auto");
   }
   if (!contains(kLrSchedules, args.lr_schedule)) {
     fail("unknown --lr-schedule '" + args.lr_schedule + "'; valid: " + join_names(kLrSchedules));
   }
-  if (args.schedule_file.empty() && !contains(schedule::schedule_names(), args.schedule) &&
+  if (args.pipeline.schedule_file.empty() &&
+      !contains(schedule::schedule_names(), args.pipeline.schedule) &&
       !args.auto_request.schedule) {
-    fail("unknown --schedule '" + args.schedule +
+    fail("unknown --schedule '" + args.pipeline.schedule +
          "'; valid: " + join_names(schedule::schedule_names()) +
          ", auto (or give --schedule-file for a custom one)");
   }
-  if (!args.schedule_file.empty() && args.schedule_given && args.schedule != "custom") {
-    fail("--schedule " + args.schedule + " and --schedule-file both say which schedule to run; " +
+  if (!args.pipeline.schedule_file.empty() && args.schedule_given &&
+      args.pipeline.schedule != "custom") {
+    fail("--schedule " + args.pipeline.schedule +
+         " and --schedule-file both say which schedule to run; " +
          "give only --schedule-file (or --schedule custom)");
   }
 }
@@ -473,68 +458,33 @@ void check_ranges(const TrainArgs& args) {
   if (args.steps == 0 || args.steps < -1) {
     fail("--steps must be at least 1, got " + std::to_string(args.steps));
   }
-  if (args.chunks < 0) fail("--chunks must be at least 1, got " + std::to_string(args.chunks));
-  if (args.virtual_stages < 1) {
-    fail("--virtual must be at least 1, got " + std::to_string(args.virtual_stages));
-  }
-  if (args.stages < 1) fail("--stages must be at least 1, got " + std::to_string(args.stages));
-  for (int64_t layers : args.balance) {
-    if (layers < 1) {
-      fail("--balance entries must be at least 1 layer each, got " + std::to_string(layers));
-    }
-  }
   if (args.nproc < 1) fail("--nproc must be at least 1, got " + std::to_string(args.nproc));
   check_restart_flags(args);
-  if (args.dp < 1) fail("--dp must be at least 1, got " + std::to_string(args.dp));
-  if (args.pp < 0) fail("--pp must be at least 1, got " + std::to_string(args.pp));
-  if (args.threads < 0) fail("--threads must be >= 0, got " + std::to_string(args.threads));
   if (args.save_every < 0) fail("--save-every must be >= 0");
   if (args.save_every > 0 && args.checkpoint_dir.empty()) {
     fail("--save-every needs --checkpoint-dir DIR (where checkpoint.pt is written)");
   }
-  if (!(args.timeout > 0)) fail("--timeout must be > 0 seconds");
   if (args.zero < 0 || args.zero > 2) {
     fail("--zero must be 0, 1 or 2, got " + std::to_string(args.zero));
-  }
-  const Precision precision = as_usage_error("--precision " + args.precision,
-                                             [&] { return parse_precision(args.precision); });
-  if (precision == Precision::kFloat16 && !on_cuda(args)) {
-    fail(
-        "--precision fp16 needs CUDA stages (float16 trains with dynamic loss scaling on the "
-        "GPU): give --device cuda, or use --precision bf16");
   }
   if (args.adam_betas.size() != 2) fail("--adam-betas takes two numbers B1,B2");
   if (!args.save_hf.empty() && !examples::is_hf_model(args.data.model)) {
     fail("--save-hf writes a Hugging Face --model DIR; --model " + args.data.model + " is not one");
   }
-  if (args.offload_activations && args.checkpoint == "never") {
-    fail(
-        "--offload-activations moves the inputs that checkpointed micro-batches keep until their "
-        "backward, and --checkpoint never checkpoints none; use --checkpoint except_last or "
-        "always");
-  }
-  if (args.offload_activations && args.checkpoint == "except_last" && args.chunks == 1) {
-    fail(
-        "--offload-activations moves the inputs that checkpointed micro-batches keep until their "
-        "backward, and --checkpoint except_last with --chunks 1 checkpoints none; use --chunks 2 "
-        "or more, or --checkpoint always");
-  }
-  if (args.zero > 0 && args.dp < 2) {
+  if (args.zero > 0 && args.pipeline.dp < 2) {
     fail("--zero " + std::to_string(args.zero) +
          " shards the optimizer over data-parallel replicas and needs --dp 2 or more (with "
          "--nproc pp x dp), got --dp " +
-         std::to_string(args.dp));
+         std::to_string(args.pipeline.dp));
   }
   if (args.log_every < 1) fail("--log-every must be at least 1");
 }
 
 void check_args(const TrainArgs& args) {
   check_model_data_args(args.data);
-  if (args.device != "cpu" && args.device != "cuda") {
-    fail("unknown --device '" + args.device + "'; valid: cpu, cuda");
-  }
   check_choices(args);
   check_ranges(args);
+  check_pipeline_request(args.pipeline);
   if (args.backend != "auto") {
     const CommBackend backend = as_usage_error("--backend " + args.backend,
                                                [&] { return parse_comm_backend(args.backend); });
@@ -545,178 +495,14 @@ void check_args(const TrainArgs& args) {
   }
 }
 
-// ---- layout
-// ---------------------------------------------------------------------------------------
-
-// Where this process stands: world size, pipeline ranks, replicas (1 x 1 in one process).
-struct Layout {
-  bool multi_process = false;
-  int world = 1;
-  int pipeline_ranks = 1;  // K
-  int replicas = 1;        // R
-};
-
-Layout layout_of(const TrainArgs& args, int world) {
-  Layout layout;
-  layout.multi_process = world > 1;
-  layout.world = world;
-  if (!layout.multi_process) {
-    if (args.pp > 1 || args.dp > 1) {
-      throw UsageError("--pp/--dp describe a multi-process run: give --nproc " +
-                       std::to_string(std::max(args.pp, 1) * args.dp));
-    }
-    return layout;
-  }
-  layout.replicas = args.dp;
-  layout.pipeline_ranks = args.pp > 0 ? args.pp : world / args.dp;
-  if (layout.pipeline_ranks * layout.replicas != world) {
-    throw UsageError("--nproc " + std::to_string(world) + " processes do not make --pp " +
-                     std::to_string(layout.pipeline_ranks) + " x --dp " +
-                     std::to_string(layout.replicas) + "; make pp x dp equal the process count");
-  }
-  if (args.stages_given && args.schedule_file.empty() &&
-      args.stages != layout.pipeline_ranks * args.virtual_stages) {
-    throw UsageError("--stages " + std::to_string(args.stages) + " but the run has " +
-                     std::to_string(layout.pipeline_ranks) + " pipeline processes x --virtual " +
-                     std::to_string(args.virtual_stages) + "; drop --stages or make them agree");
-  }
-  return layout;
-}
-
-int64_t chunks_of(const TrainArgs& args, const Layout& layout) {
-  if (args.chunks > 0) return args.chunks;
-  const int64_t ranks = layout.multi_process ? layout.pipeline_ranks
-                        : !args.balance.empty()
-                            ? static_cast<int64_t>(args.balance.size()) / args.virtual_stages
-                            : args.stages;
-  return ranks > 1 ? 2 * ranks : 1;
-}
-
-bool is_sequential(const TrainArgs& args, const Layout& layout) {
-  return !layout.multi_process && args.stages == 1 && args.balance.empty() &&
-         args.virtual_stages == 1 && chunks_of(args, layout) == 1 && args.schedule_file.empty();
-}
-
-// Intra-op threads for each pipeline rank of this process.
-int threads_per_rank(const TrainArgs& args, const Layout& layout) {
-  if (args.threads > 0) return args.threads;
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const int ranks_here = layout.multi_process ? layout.world : static_cast<int>(args.stages);
-  return std::max(1, cores / std::max(1, ranks_here));
-}
-
-PipeOptions pipe_options(const TrainArgs& args, const Layout& layout, int64_t layers) {
-  PipeOptions options;
-  options.chunks(chunks_of(args, layout))
-      .virtual_stages(args.virtual_stages)
-      .schedule(args.schedule)
-      .timeout_seconds(args.timeout)
-      .threads_per_stage(threads_per_rank(args, layout))
-      .precision(parse_precision(args.precision))
-      .offload_activations(args.offload_activations);
-  options.checkpoint(parse_checkpoint(args.checkpoint));
-  int64_t ranks = layout.multi_process ? layout.pipeline_ranks : args.stages;
-  if (layout.multi_process && !args.devices.empty()) {
-    fail("--devices places the ranks of one process; with --nproc rank r runs on "
-         "cuda:LOCAL_RANK (--device cuda)");
-  }
-  if (!args.schedule_file.empty()) {
-    schedule::Schedule custom;
-    try {
-      custom = schedule::load_schedule(args.schedule_file);
-    } catch (const std::exception& error) {
-      throw UsageError("--schedule-file: " + message_of(error));
-    }
-    if (args.stages_given && args.stages != custom.num_ranks) {
-      throw UsageError("--stages " + std::to_string(args.stages) + " but --schedule-file " +
-                       args.schedule_file + " has " + std::to_string(custom.num_ranks) +
-                       " ranks; drop --stages or make them agree");
-    }
-    if (args.chunks > 0 && args.chunks != custom.num_microbatches) {
-      throw UsageError("--chunks " + std::to_string(args.chunks) + " but --schedule-file " +
-                       args.schedule_file + " has " + std::to_string(custom.num_microbatches) +
-                       " micro-batches; drop --chunks or make them agree");
-    }
-    if (layout.multi_process && custom.num_ranks != layout.pipeline_ranks) {
-      throw UsageError(
-          "--schedule-file " + args.schedule_file + " has " + std::to_string(custom.num_ranks) +
-          " ranks but the run has " + std::to_string(layout.pipeline_ranks) +
-          " pipeline processes; start --nproc " +
-          std::to_string(custom.num_ranks * layout.replicas) + " (x --dp) or use a schedule for " +
-          std::to_string(layout.pipeline_ranks) + " ranks");
-    }
-    ranks = custom.num_ranks;
-    options.chunks(custom.num_microbatches)
-        .virtual_stages(custom.virtual_stages())
-        .schedule("custom");
-    options.custom_schedule(custom);
-  }
-  const int64_t stages = ranks * options.virtual_stages();
-  if (!args.balance.empty()) {
-    int64_t sum = 0;
-    for (int64_t b : args.balance) sum += b;
-    if (sum != layers) {
-      throw UsageError("--balance sums to " + std::to_string(sum) + " layers but the model has " +
-                       std::to_string(layers) + "; the entries must sum to the layer count");
-    }
-    if (static_cast<int64_t>(args.balance.size()) % options.virtual_stages() != 0) {
-      throw UsageError("--balance has " + std::to_string(args.balance.size()) +
-                       " stages, not a multiple of --virtual " +
-                       std::to_string(options.virtual_stages()));
-    }
-    if (layout.multi_process && static_cast<int64_t>(args.balance.size()) != stages) {
-      throw UsageError("--balance has " + std::to_string(args.balance.size()) +
-                       " stages but the run has " + std::to_string(stages) +
-                       " (pipeline processes x --virtual)");
-    }
-    options.balance(args.balance);
-    options.stages(static_cast<int64_t>(args.balance.size()));
-  } else {
-    if (stages > layers) {
-      throw UsageError(
-          std::to_string(ranks) + " ranks x " + std::to_string(options.virtual_stages()) +
-          " virtual stages = " + std::to_string(stages) + " stages but the model has only " +
-          std::to_string(layers) + " layers; use fewer --stages or --virtual");
-    }
-    options.stages(stages);
-  }
-  // A family that cannot take this shape (dualpipev with an odd K or too few micro-batches, a
-  // V-shaped one with another --virtual) is bad input, named before any rank starts.
-  if (!layout.multi_process && on_cuda(args)) {
-    options.devices(as_usage_error("--device", [&] {
-      return rank_devices(args.device, args.devices, static_cast<int>(ranks));
-    }));
-  }
-  const std::string why = schedule::shape_error(options.schedule(), static_cast<int>(ranks),
-                                                static_cast<int>(options.chunks()),
-                                                static_cast<int>(options.virtual_stages()));
-  if (!why.empty()) throw UsageError("--schedule " + options.schedule() + ": " + why);
-  return options;
-}
-
 // ---- batches ------------------------------------------------------------------------------------
 
 // The data set's batch source (train/batch_source.h; the examples' loader and corpus), and the
 // run's length.
 class Batches {
  public:
-  Batches(const TrainArgs& args, const BuiltModel& model, const BuiltData& data) : args_(args) {
-    if (data.tokens) {
-      source_ = std::make_unique<train::TokenBatches>(data.tokens, data.seq_len, args.batch_size,
-                                                      args.data.shuffle, args.data.seed);
-    } else if (data.corpus) {
-      source_ = std::make_unique<examples::WindowBatches>(
-          *data.corpus, args.batch_size, model.options.value("context", int64_t{64}),
-          args.data.seed);
-    } else if (data.name == "tensors") {
-      source_ = std::make_unique<train::TensorBatches>(data.train_inputs, data.train_targets,
-                                                       args.batch_size);
-    } else {
-      source_ = std::make_unique<examples::LoaderBatches>(
-          examples::DataLoader(data.train_inputs, data.train_targets,
-                               examples::DataLoaderOptions(args.batch_size).seed(args.data.seed)));
-    }
-  }
+  Batches(const TrainArgs& args, const BuiltModel& model, const BuiltData& data)
+      : args_(args), source_(examples::make_batches(args.data, model, data, args.batch_size)) {}
 
   const train::BatchSource& source() const { return *source_; }
   // Steps of the whole run.
@@ -747,7 +533,7 @@ train::TrainerOptions trainer_options(const TrainArgs& args, const BuiltModel& m
       .beta1(args.adam_betas[0])
       .beta2(args.adam_betas[1])
       .eps(args.adam_eps)
-      .loss_scaling(args.precision == "fp16")
+      .loss_scaling(args.pipeline.precision == "fp16")
       .lr_schedule(args.lr_schedule)
       .warmup_steps(args.warmup_steps)
       .min_lr(args.min_lr)
@@ -844,58 +630,21 @@ void print_diagnostic(const tune::Diagnostic& d) {
 }
 
 // The run as far as the user fixed it, for the planner.
-AutoPlanInput auto_plan_input(const TrainArgs& args, const Layout& layout, int64_t layers) {
-  const AutoRequest& request = args.auto_request;
-  AutoPlanInput input;
-  input.ranks =
-      layout.multi_process ? layout.pipeline_ranks
-      : !args.balance.empty()
-          ? static_cast<int>(static_cast<int64_t>(args.balance.size()) / args.virtual_stages)
-          : static_cast<int>(args.stages);
-  input.threads = threads_per_rank(args, layout);
+AutoPlanInput auto_plan_input(const TrainArgs& args, const RunLayout& layout, int64_t layers) {
+  AutoPlanInput input = tune::auto_plan_input(args.pipeline, layout, args.auto_request, layers);
   input.memory_limit_bytes = args.memory_limit_bytes;
   input.zero = args.zero;
-  input.data_parallel = layout.replicas;
-  input.processes = layout.multi_process;
   input.optimizer_state_multiple = tune::optimizer_state_multiple(args.optimizer, args.momentum);
   input.diagnostics = print_diagnostic;
-  input.schedule = args.schedule;
-  input.chunks = chunks_of(args, layout);
-  input.checkpoint = args.checkpoint;
-  input.virtual_stages = args.virtual_stages;
-  input.precision = parse_precision(args.precision);
-  if (!request.balance) {
-    // Not planned: the list given, or the run's own split by layer count (Pipe's rule).
-    input.balance = args.balance;
-    const int64_t stages = input.ranks * args.virtual_stages;
-    if (input.balance.empty() && stages >= 1 && stages <= layers) {
-      for (int b : partition::even_balance(static_cast<int>(layers), static_cast<int>(stages))) {
-        input.balance.push_back(b);
-      }
-    }
-  }
   return input;
 }
 
 // What one replica's pipeline runs per step: the first mini-batch, or replica 0's share of it.
-torch::Tensor auto_plan_sample(const TrainArgs& args, const Layout& layout, const Prepared& p) {
+torch::Tensor auto_plan_sample(const TrainArgs& args, const RunLayout& layout, const Prepared& p) {
   Batches batches(args, p.model, p.data);
   torch::Tensor x = batches.source().at(0).first;
   if (layout.replicas > 1) x = x.narrow(0, 0, microbatch_sizes(x.size(0), layout.replicas)[0]);
   return x;
-}
-
-// The plan's values in place of the auto flags; the rest of the command sees explicit flags.
-void apply_auto_plan(TrainArgs& args, const partition::Plan& plan) {
-  const AutoRequest& request = args.auto_request;
-  if (request.schedule) args.schedule = plan.schedule;
-  if (request.chunks) args.chunks = plan.microbatches;
-  if (request.checkpoint) args.checkpoint = to_string(plan.checkpoint);
-  if (request.virtual_stages) args.virtual_stages = plan.virtual_stages;
-  // One stage needs no balance, and without one a single micro-batch trains sequentially.
-  if (request.balance && plan.balance.size() > 1) {
-    args.balance.assign(plan.balance.begin(), plan.balance.end());
-  }
 }
 
 // Where the plan comes from: this process's profile (default), or rank 0's made with every rank
@@ -927,17 +676,17 @@ void check_batch_size(const TrainArgs& args, const BuiltData& data) {
 // The entries of a Hugging Face model this process gives memory to: all in one process (and with
 // an auto plan, which profiles the whole model), none in the launching parent (pipeline_rank -1:
 // it only checks), a rank's own stages' on a rank.
-std::optional<std::vector<int64_t>> hf_entries(const TrainArgs& args, const Layout& layout,
+std::optional<std::vector<int64_t>> hf_entries(const TrainArgs& args, const RunLayout& layout,
                                                int pipeline_rank) {
   if (!examples::is_hf_model(args.data.model) || !layout.multi_process || args.auto_request.any()) {
     return std::nullopt;
   }
   if (pipeline_rank < 0) return std::vector<int64_t>{};
   const int64_t layers = examples::hf_config(args.data).entries();
-  return rank_layers(pipe_options(args, layout, layers), layers, pipeline_rank);
+  return rank_layers(pipe_options(args.pipeline, layout, layers), layers, pipeline_rank);
 }
 
-Prepared prepare(TrainArgs& args, const Layout& layout, const PlanSource& plan_source = {},
+Prepared prepare(TrainArgs& args, const RunLayout& layout, const PlanSource& plan_source = {},
                  bool leave_plan_to_ranks = false, int pipeline_rank = -1) {
   Prepared p;
   p.data = build_data(args.data);
@@ -950,60 +699,28 @@ Prepared prepare(TrainArgs& args, const Layout& layout, const PlanSource& plan_s
     const AutoPlanInput input = auto_plan_input(args, layout, layers);
     const torch::Tensor sample = auto_plan_sample(args, layout, p);
     p.auto_plan = plan_source ? plan_source(p, input, sample) : plan_here(args, p, input, sample);
-    apply_auto_plan(args, *p.auto_plan);
+    tune::apply_auto_plan(args.pipeline, args.auto_request, *p.auto_plan);
   }
-  if (!is_sequential(args, layout)) {
+  if (!is_sequential(args.pipeline, layout)) {
     // Batch norms would update running statistics per micro-batch and again on recompute;
     // deferred ones update once per mini-batch, as sequential training does. The mini-batch is
     // every replica's micro-batches; the trainer sums the replicas' statistics before the commit.
-    p.model.sequential =
-        convert_deferred_batch_norm(p.model.sequential, chunks_of(args, layout) * layout.replicas);
+    p.model.sequential = convert_deferred_batch_norm(
+        p.model.sequential, chunks_of(args.pipeline, layout) * layout.replicas);
   }
   if (!args.resume.empty()) {
-    try {
-      p.resume = train::load_checkpoint(args.resume);
-      train::restore_model(*p.resume, *p.model.sequential, train::NameMatch::kExact);
-    } catch (const pipetrain::FileError& error) {
-      throw UsageError("--resume: " + std::string(error.what()));
-    } catch (const train::CheckpointError& error) {
-      throw UsageError("--resume " + args.resume + ": " + std::string(error.what()));
-    }
-    if (p.resume->optimizer != args.optimizer) {
-      throw UsageError("--resume " + args.resume + " was written with --optimizer " +
-                       p.resume->optimizer + " but this run uses --optimizer " + args.optimizer +
-                       "; resume with the same optimizer");
-    }
+    p.resume = as_usage_error("--resume " + args.resume, [&] {
+      return train::load_for_resume(args.resume, *p.model.sequential, args.optimizer);
+    });
   }
   return p;
 }
 
-std::string describe(const PipeOptions& options, int64_t stages, int64_t ranks,
-                     const std::vector<int64_t>& balance, const std::string& checkpoint,
-                     const Layout& layout) {
-  std::ostringstream text;
-  text << stages << " stages on " << ranks << " ranks";
-  if (layout.multi_process) {
-    text << " (" << layout.world << " processes: " << layout.pipeline_ranks << " pipeline x "
-         << layout.replicas << " data-parallel)";
-  }
-  if (!balance.empty()) {
-    text << " (balance";
-    for (int64_t b : balance) text << " " << b;
-    text << ")";
-  }
-  text << ", " << options.chunks() << " micro-batches, schedule " << options.schedule()
-       << ", checkpoint " << checkpoint;
-  if (options.precision() != Precision::kFloat32) text << ", " << to_string(options.precision());
-  if (options.offload_activations()) text << ", activation offload";
-  return text.str();
-}
-
 void print_start(const TrainArgs& args, const Prepared& p, train::StepRunner& runner, int threads) {
   if (!runner.is_main()) return;
-  std::string rows =
-      p.data.corpus   ? std::to_string(p.data.corpus->text().size()) + " characters"
-      : p.data.tokens ? std::to_string(p.data.tokens->tokens()) + " token ids"
-                      : std::to_string(p.data.train_inputs.size(0)) + " rows";
+  std::string rows = p.data.corpus   ? std::to_string(p.data.corpus->text().size()) + " characters"
+                     : p.data.tokens ? std::to_string(p.data.tokens->tokens()) + " token ids"
+                                     : std::to_string(p.data.train_inputs.size(0)) + " rows";
   std::printf(
       "training %s (%zu layers, %lld parameters) on %s: %s, batch %lld, %s, %s lr %g, "
       "%d threads per rank\n",
@@ -1049,7 +766,7 @@ void print_files(const TrainArgs& args, const train::TrainSummary& summary, int6
     std::printf(
         "transport: %lld tensor bytes sent between ranks over %lld steps (every rank, %s)\n",
         static_cast<long long>(summary.transport_bytes_sent), static_cast<long long>(summary.steps),
-        args.precision.c_str());
+        args.pipeline.precision.c_str());
   }
 }
 
@@ -1057,7 +774,7 @@ void print_files(const TrainArgs& args, const train::TrainSummary& summary, int6
 // (profiled on the first mini-batch) beside what every rank measured.
 void print_memory_report(const TrainArgs& args, Prepared& p, const Batches& batches,
                          const train::TrainSummary& summary, const PipeOptions& pipe,
-                         const Layout& layout) {
+                         const RunLayout& layout) {
   if (summary.memory.empty()) return;
   auto [inputs, targets] = batches.source().at(0);
   train::MemoryRunOptions run;
@@ -1081,7 +798,7 @@ void print_memory_report(const TrainArgs& args, Prepared& p, const Batches& batc
 // Runs on every rank (or the single process) once the runner exists. `pipe`: the pipeline's
 // options (null for sequential training).
 int train_with(const TrainArgs& args, Prepared& p, train::StepRunner& runner, int threads,
-               const PipeOptions* pipe, const Layout& layout) {
+               const PipeOptions* pipe, const RunLayout& layout) {
   Batches batches(args, p.model, p.data);
   train::Trainer trainer(p.model.sequential, runner, batches.source(),
                          trainer_options(args, p.model, batches.total_steps()));
@@ -1159,10 +876,11 @@ int run_train(const TrainArgs& given) {
     // The parent: check everything a rank would reject (exit 2 here, not 1 in a rank), then
     // start the ranks. An auto plan is made by the ranks, once, on rank 0 (it measures the
     // processes themselves); the parent checks the flags it can without it.
-    Layout layout = layout_of(args, args.nproc);
+    RunLayout layout = layout_of(args.pipeline, args.nproc);
     const bool auto_plan = args.auto_request.any();
     Prepared p = prepare(args, layout, {}, /*leave_plan_to_ranks=*/auto_plan);
-    if (!auto_plan) pipe_options(args, layout, static_cast<int64_t>(p.model.sequential->size()));
+    if (!auto_plan)
+      pipe_options(args.pipeline, layout, static_cast<int64_t>(p.model.sequential->size()));
     std::printf("launching %d processes (%d pipeline x %d data-parallel)%s\n", layout.world,
                 layout.pipeline_ranks, layout.replicas,
                 auto_plan ? "; rank 0 makes the auto plan" : "");
@@ -1173,11 +891,11 @@ int run_train(const TrainArgs& given) {
   if (launched) {
     DistributedEnvironment environment = DistributedEnvironment::from_environment();
     resume_after_restart(args, environment.restart_count);
-    Layout layout = layout_of(args, environment.world_size);
-    const int threads = threads_per_rank(args, layout);
+    RunLayout layout = layout_of(args.pipeline, environment.world_size);
+    const int threads = threads_per_rank(args.pipeline, layout);
     at::set_num_threads(threads);
     DistributedOptions options;
-    options.timeout(std::chrono::milliseconds(static_cast<int64_t>(args.timeout * 1000)))
+    options.timeout(std::chrono::milliseconds(static_cast<int64_t>(args.pipeline.timeout * 1000)))
         .pipeline_ranks(layout.pipeline_ranks)
         .backend(args.backend);
     std::string usage_error;  // the auto plan failed on rank 0: every rank stops with exit 2
@@ -1199,13 +917,12 @@ int run_train(const TrainArgs& given) {
         return;
       }
       PipeOptions pipe =
-          pipe_options(args, layout, static_cast<int64_t>(p->model.sequential->size()));
-      const std::string text = describe(pipe, pipe.stages(), layout.pipeline_ranks, pipe.balance(),
-                                        args.checkpoint, layout);
-      const torch::Device device = on_cuda(args)
-                                       ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(
-                                                                         distributed.local_rank()))
-                                       : torch::Device(torch::kCPU);
+          pipe_options(args.pipeline, layout, static_cast<int64_t>(p->model.sequential->size()));
+      const std::string text = describe_pipeline(pipe, pipe.balance(), layout);
+      const torch::Device device =
+          on_cuda(args.pipeline)
+              ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(distributed.local_rank()))
+              : torch::Device(torch::kCPU);
       as_usage_error("--device", [&] { check_device_usable(device); });
       auto runner = train::make_distributed_runner(distributed, p->model.sequential, p->model.loss,
                                                    pipe, text, p->model.tied_parameters, device);
@@ -1214,32 +931,32 @@ int run_train(const TrainArgs& given) {
     if (code == 0 && !usage_error.empty()) throw UsageError(usage_error);
     return code;
   }
-  Layout layout = layout_of(args, 1);
-  const int threads = threads_per_rank(args, layout);
+  RunLayout layout = layout_of(args.pipeline, 1);
+  const int threads = threads_per_rank(args.pipeline, layout);
   Prepared p = prepare(args, layout);
   if (p.auto_plan) print_auto_plan(*p.auto_plan);
   std::unique_ptr<train::StepRunner> runner;
   std::optional<PipeOptions> pipe;
-  if (is_sequential(args, layout)) {
+  if (is_sequential(args.pipeline, layout)) {
     if (args.report_memory) {
       throw UsageError(
           "--report-memory reports the ranks of a pipeline, and this run is sequential "
           "training; give --stages 2 or more (or --chunks 2 or more)");
     }
-    if (args.offload_activations) {
+    if (args.pipeline.offload_activations) {
       throw UsageError(
           "--offload-activations moves what micro-batches keep while they wait for their "
           "backward, and sequential training has none waiting; give --stages 2 or more (or "
           "--chunks 2 or more)");
     }
     at::set_num_threads(threads);
-    const std::vector<torch::Device> device =
-        as_usage_error("--device", [&] { return rank_devices(args.device, args.devices, 1); });
+    const std::vector<torch::Device> device = as_usage_error(
+        "--device", [&] { return rank_devices(args.pipeline.device, args.pipeline.devices, 1); });
     p.model.sequential->to(device[0]);
     runner = train::make_sequential_runner(p.model.sequential, p.model.loss,
-                                           parse_precision(args.precision));
+                                           parse_precision(args.pipeline.precision));
   } else {
-    pipe = pipe_options(args, layout, static_cast<int64_t>(p.model.sequential->size()));
+    pipe = pipe_options(args.pipeline, layout, static_cast<int64_t>(p.model.sequential->size()));
     runner = as_usage_error(
         "", [&] { return train::make_pipe_runner(p.model.sequential, p.model.loss, *pipe); });
   }

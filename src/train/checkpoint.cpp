@@ -323,6 +323,18 @@ void restore_model(const Checkpoint& checkpoint, torch::nn::Module& model, NameM
   restore_model(checkpoint, model.named_parameters(), model.named_buffers(), match);
 }
 
+Checkpoint load_for_resume(const std::string& path, torch::nn::Module& model,
+                           const std::string& optimizer) {
+  Checkpoint checkpoint = load_checkpoint(path);
+  restore_model(checkpoint, model, NameMatch::kExact);
+  if (checkpoint.optimizer != optimizer) {
+    throw CheckpointError("written with --optimizer " + checkpoint.optimizer +
+                          " but this run uses --optimizer " + optimizer +
+                          "; resume with the same optimizer");
+  }
+  return checkpoint;
+}
+
 void restore_optimizer(const Checkpoint& checkpoint, torch::optim::Optimizer& optimizer,
                        const NamedTensors& parameters) {
   const std::string name = optimizer_name(optimizer);

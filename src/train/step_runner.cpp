@@ -6,6 +6,7 @@
 
 #include "pipetrain/base/check.h"
 #include "pipetrain/runtime/distributed_pipe.h"
+#include "pipetrain/runtime/run_layout.h"
 #include "pipetrain/stage/batchnorm.h"
 #include "pipetrain/train/grad_clip.h"
 #include "pipetrain/train/optimizer.h"
@@ -76,13 +77,7 @@ class PipeRunner : public StepRunner {
  public:
   PipeRunner(torch::nn::Sequential model, LossFn loss, const PipeOptions& options)
       : model_(model), loss_(std::move(loss)), pipe_(model, options) {
-    std::ostringstream text;
-    text << pipe_->num_stages() << " stages on " << pipe_->num_ranks() << " ranks (balance";
-    for (int64_t b : pipe_->balance()) text << " " << b;
-    text << "), " << pipe_->options().chunks() << " micro-batches, schedule "
-         << pipe_->options().schedule() << ", checkpoint "
-         << to_string(pipe_->options().checkpoint());
-    description_ = text.str();
+    description_ = describe_pipeline(pipe_->options(), pipe_->balance(), RunLayout{});
   }
 
   double step(const torch::Tensor& inputs, const torch::Tensor& targets) override {
@@ -305,8 +300,7 @@ std::unique_ptr<StepRunner> make_pipe_runner(torch::nn::Sequential model, LossFn
 std::unique_ptr<StepRunner> make_distributed_runner(Distributed& distributed,
                                                     torch::nn::Sequential model, LossFn loss,
                                                     const PipeOptions& options,
-                                                    std::string description,
-                                                    const TiedNames& tied,
+                                                    std::string description, const TiedNames& tied,
                                                     const torch::Device& device) {
   return std::make_unique<DistributedRunner>(distributed, std::move(model), std::move(loss),
                                              options, std::move(description), tied, device);

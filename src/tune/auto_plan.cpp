@@ -364,4 +364,45 @@ pp::Plan plan_training_on_ranks(Distributed& distributed, torch::nn::Sequential&
   return pp::parse_plan_json(decided.at("plan").dump());
 }
 
+AutoPlanInput auto_plan_input(const PipelineRequest& pipeline, const RunLayout& layout,
+                              const AutoRequest& request, std::int64_t layers) {
+  AutoPlanInput input;
+  input.ranks = layout.multi_process ? layout.pipeline_ranks
+                : !pipeline.balance.empty()
+                    ? static_cast<int>(static_cast<std::int64_t>(pipeline.balance.size()) /
+                                       pipeline.virtual_stages)
+                    : static_cast<int>(pipeline.stages);
+  input.threads = threads_per_rank(pipeline, layout);
+  input.data_parallel = layout.replicas;
+  input.processes = layout.multi_process;
+  input.schedule = pipeline.schedule;
+  input.chunks = chunks_of(pipeline, layout);
+  input.checkpoint = pipeline.checkpoint;
+  input.virtual_stages = pipeline.virtual_stages;
+  input.precision = parse_precision(pipeline.precision);
+  if (!request.balance) {
+    // Not planned: the list given, or the run's own split by layer count (Pipe's rule).
+    input.balance = pipeline.balance;
+    const std::int64_t stages = input.ranks * pipeline.virtual_stages;
+    if (input.balance.empty() && stages >= 1 && stages <= layers) {
+      for (int b : pp::even_balance(static_cast<int>(layers), static_cast<int>(stages))) {
+        input.balance.push_back(b);
+      }
+    }
+  }
+  return input;
+}
+
+void apply_auto_plan(PipelineRequest& pipeline, const AutoRequest& request,
+                     const partition::Plan& plan) {
+  if (request.schedule) pipeline.schedule = plan.schedule;
+  if (request.chunks) pipeline.chunks = plan.microbatches;
+  if (request.checkpoint) pipeline.checkpoint = to_string(plan.checkpoint);
+  if (request.virtual_stages) pipeline.virtual_stages = plan.virtual_stages;
+  // One stage needs no balance, and without one a single micro-batch trains sequentially.
+  if (request.balance && plan.balance.size() > 1) {
+    pipeline.balance.assign(plan.balance.begin(), plan.balance.end());
+  }
+}
+
 }  // namespace pipetrain::tune

@@ -3,7 +3,8 @@
 //
 //   hf_fixtures()        the directory `hf_reference.py fixtures` filled: llama/ (llama3 RoPE,
 //                        grouped-query, untied), qwen2/ (biases, tied, published-checkpoint RoPE
-//                        keys, 3 shards), mistral/, tokens.bin, prompt.safetensors and each
+//                        keys, 3 shards), mistral/, tokens.bin (random ids), pattern.bin (ids
+//                        that follow from the one before), prompt.safetensors and each
 //                        model's logits for it (<arch>_logits.safetensors)
 //   hf_reference(args)   runs hf_reference.py with `args`; returns its exit code and output
 //
@@ -38,16 +39,17 @@ inline bool python_has_transformers() {
   return has;
 }
 
-#define PIPETRAIN_SKIP_WITHOUT_TRANSFORMERS()                                              \
-  do {                                                                                     \
-    if (!::pipetrain::testing::python_has_transformers()) {                                \
-      GTEST_SKIP() << ::pipetrain::testing::kPython                                        \
+#define PIPETRAIN_SKIP_WITHOUT_TRANSFORMERS()                                               \
+  do {                                                                                      \
+    if (!::pipetrain::testing::python_has_transformers()) {                                 \
+      GTEST_SKIP() << ::pipetrain::testing::kPython                                         \
                    << " cannot import transformers and safetensors; run scripts/bootstrap"; \
-    }                                                                                      \
+    }                                                                                       \
   } while (false)
 
-inline CliRun hf_reference(const std::string& arguments,
-                           CliOptions options = CliOptions().timeout_after(std::chrono::seconds(200))) {
+inline CliRun hf_reference(
+    const std::string& arguments,
+    CliOptions options = CliOptions().timeout_after(std::chrono::seconds(200))) {
   return run_command(kPython + " " + kHfReference + " " + arguments, options);
 }
 

@@ -20,6 +20,9 @@ Subcommands:
       batch k = samples (b*N + n) mod S with b = k mod ceil(S/N), as pipetrain's TokenBatches),
       loss = mean cross-entropy of the logits, then
       save_pretrained(OUT). Prints "step k loss L".
+  eval DIR TOKENS --seq-len T
+      The mean cross-entropy per target id over every sample of the token file, in order; prints
+      "loss L perplexity P".
   generate DIR --prompt 1,2,3 --max-new-tokens N
       Greedy decoding with model.generate; prints the new ids comma-separated.
   compare GOT EXPECTED [--rtol R]
@@ -28,7 +31,8 @@ Subcommands:
       one is off.
   fixtures DIR
       What the C++ tests share (tests/helpers/hf_models.h): DIR/llama (llama3 RoPE), DIR/qwen2
-      (published-checkpoint RoPE keys, 3 shards), DIR/mistral, DIR/tokens.bin (4000 ids < 64),
+      (published-checkpoint RoPE keys, 3 shards), DIR/mistral, DIR/tokens.bin (4000 random ids
+      < 64), DIR/pattern.bin (4000 ids, each but every 40th following from the one before),
       DIR/prompt.safetensors ("tokens" [2, 16]) and DIR/<arch>_logits.safetensors (each model's
       logits for it).
   batch FILE
@@ -127,7 +131,9 @@ def cmd_tokens(args):
 def load(directory):
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, attn_implementation=os.environ.get("HF_ATTN", "sdpa"))
+    return AutoModelForCausalLM.from_pretrained(
+        directory, dtype=torch.float32, attn_implementation=os.environ.get("HF_ATTN", "sdpa")
+    )
 
 
 def cmd_logits(args):
@@ -170,16 +176,23 @@ def cmd_train(args):
     model.save_pretrained(args.out)
 
 
+def cmd_eval(args):
+    model = load(args.dir).eval()
+    ids = read_tokens(args.tokens)
+    t = args.seq_len
+    samples = (ids.numel() - 1) // t
+    x = torch.stack([ids[s * t : s * t + t] for s in range(samples)])
+    y = torch.stack([ids[s * t + 1 : s * t + t + 1] for s in range(samples)])
+    with torch.no_grad():
+        logits = model(input_ids=x).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
+    print(f"loss {loss.item():.6f} perplexity {loss.exp().item():.4f}")
+
+
 def cmd_generate(args):
     model = load(args.dir).eval()
     prompt = torch.tensor([[int(x) for x in args.prompt.split(",")]])
-    out = model.generate(
-        prompt,
-        max_new_tokens=args.max_new_tokens,
-        do_sample=False,
-        eos_token_id=None,
-        pad_token_id=0,
-    )
+    out = model.generate(prompt, max_new_tokens=args.max_new_tokens, do_sample=False, pad_token_id=0)
     print(",".join(str(int(x)) for x in out[0, prompt.size(1) :]))
 
 
@@ -210,6 +223,18 @@ def cmd_fixtures(args):
          "--seed", "2"])
     run(["make", f"{d}/mistral", "--arch", "mistral", "--seed", "3"])
     run(["tokens", f"{d}/tokens.bin", "--count", "4000", "--vocab", "64", "--seed", "4"])
+    # A learnable stream: each id follows from the one before (5x + 3 mod 64), restarting at a
+    # random id every 40 ids.
+    generator = torch.Generator().manual_seed(6)
+    ids = []
+    for _ in range(100):
+        x = int(torch.randint(0, 64, (1,), generator=generator))
+        for _ in range(40):
+            ids.append(x)
+            x = (5 * x + 3) % 64
+    import numpy
+
+    numpy.array(ids, dtype="<u2").tofile(f"{d}/pattern.bin")
     generator = torch.Generator().manual_seed(5)
     save_file({"tokens": torch.randint(0, 64, (2, 16), generator=generator)},
               f"{d}/prompt.safetensors")
@@ -251,6 +276,10 @@ def parser():
     tr.add_argument("--betas", default="0.9,0.999")
     tr.add_argument("--eps", type=float, default=1e-8)
     tr.add_argument("--weight-decay", type=float, default=0.0)
+    ev = sub.add_parser("eval")
+    ev.add_argument("dir")
+    ev.add_argument("tokens")
+    ev.add_argument("--seq-len", type=int, required=True)
     g = sub.add_parser("generate")
     g.add_argument("dir")
     g.add_argument("--prompt", required=True)
@@ -271,6 +300,7 @@ COMMANDS = {
     "tokens": cmd_tokens,
     "logits": cmd_logits,
     "train": cmd_train,
+    "eval": cmd_eval,
     "generate": cmd_generate,
     "compare": cmd_compare,
     "fixtures": cmd_fixtures,

@@ -106,7 +106,8 @@ TEST(Llama, ATiedTableIsOneTensorRealWhenEitherEndIsMaterialized) {
   const LlamaModel part =
       load_fixture("qwen2", LlamaBuildOptions().entries(std::vector<int64_t>{4}));
   ASSERT_EQ(part.tied_parameters.size(), 1u);
-  EXPECT_EQ(part.tied_parameters[0], std::make_pair(std::string("0.weight"), std::string("4.weight")));
+  EXPECT_EQ(part.tied_parameters[0],
+            std::make_pair(std::string("0.weight"), std::string("4.weight")));
   const auto params = part.sequential->named_parameters();
   EXPECT_TRUE(params["0.weight"].is_same(params["4.weight"]));
   EXPECT_FALSE(params["4.weight"].is_meta());
@@ -163,8 +164,9 @@ TEST(Llama, SavedCheckpointsLoadInTransformersWithTheSameLogits) {
     }
     const std::string out = scratch("llama-save-" + arch);
     // A small shard limit: the tied Qwen2 is written in several shards with an index.
-    const auto files = save_llama_hf(out, *model.config, parameters,
-                                     HfSaveOptions().max_shard_bytes(arch == "qwen2" ? 20000 : int64_t{5'000'000'000}));
+    const auto files = save_llama_hf(
+        out, *model.config, parameters,
+        HfSaveOptions().max_shard_bytes(arch == "qwen2" ? 20000 : int64_t{5'000'000'000}));
     EXPECT_EQ(files.back(), "config.json");
     EXPECT_EQ(fs::exists(out + "/model.safetensors.index.json"), arch == "qwen2");
     const auto checkpoint = io::SafetensorsCheckpoint::open(out);
@@ -173,8 +175,8 @@ TEST(Llama, SavedCheckpointsLoadInTransformersWithTheSameLogits) {
         testing::hf_reference("logits " + out + " " + hf_fixtures() + "/prompt.safetensors " + out +
                               "/logits.safetensors");
     ASSERT_EQ(logits.exit_code, 0) << logits.output;
-    const torch::Tensor got =
-        io::SafetensorsCheckpoint::open(out + "/logits.safetensors").load("logits", torch::kFloat32);
+    const torch::Tensor got = io::SafetensorsCheckpoint::open(out + "/logits.safetensors")
+                                  .load("logits", torch::kFloat32);
     EXPECT_LT(relative_error(got, fixture_tensor(arch + "_logits.safetensors", "logits")), 1e-6)
         << arch;
   }

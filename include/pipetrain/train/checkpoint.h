@@ -117,6 +117,13 @@ void restore_model(const Checkpoint& checkpoint, const NamedTensors& parameters,
                    const NamedTensors& buffers, NameMatch match = NameMatch::kExact);
 void restore_model(const Checkpoint& checkpoint, torch::nn::Module& model,
                    NameMatch match = NameMatch::kExact);
+// What a run that resumes from `path` starts with: the checkpoint read, its parameters and buffers
+// restored into `model` (every name, NameMatch::kExact), its optimizer checked against the run's
+// `optimizer` ("adam", ...). Throws FileError when unreadable, CheckpointError when it does not
+// fit the model or was written with another optimizer.
+Checkpoint load_for_resume(const std::string& path, torch::nn::Module& model,
+                           const std::string& optimizer);
+
 // Rebuilds the optimizer's per-parameter state for every name in `parameters` that the
 // checkpoint has state for. Throws CheckpointError when the optimizer type differs from the
 // checkpoint's or a state tensor's shape does not fit.

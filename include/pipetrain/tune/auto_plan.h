@@ -47,6 +47,7 @@
 #include "pipetrain/base/error.h"
 #include "pipetrain/partition/planner.h"
 #include "pipetrain/runtime/distributed.h"
+#include "pipetrain/runtime/run_layout.h"
 #include "pipetrain/tune/calibration.h"
 
 namespace pipetrain::tune {
@@ -85,6 +86,18 @@ struct AutoPlanInput {
   // tune/ prints. Empty: silent.
   Diagnostics diagnostics;
 };
+
+// The pipeline part of the input from a run's request and layout (runtime/run_layout.h): ranks,
+// threads, schedule, chunks, checkpoint, virtual stages, precision, replicas, processes, and,
+// where `request` does not plan it, the balance (the one given, or the run's even split of
+// `layers`). The caller adds the memory limit, ZeRO, the optimizer and the diagnostics.
+AutoPlanInput auto_plan_input(const PipelineRequest& pipeline, const RunLayout& layout,
+                              const AutoRequest& request, std::int64_t layers);
+
+// The plan's values in place of what `request` left open, so that the rest of the run sees a
+// request as if the user had given them.
+void apply_auto_plan(PipelineRequest& pipeline, const AutoRequest& request,
+                     const partition::Plan& plan);
 
 // What the plan of a multi-process run measures on the processes themselves.
 struct ProcessMeasurer {

@@ -1,0 +1,86 @@
+// The shape of a training run: how a request for a pipeline (what `pipetrain train`'s pipeline
+// flags say, or what a C++ program fills in) becomes processes, pipeline ranks, replicas,
+// micro-batches, devices and the PipeOptions every rank runs.
+//
+//   PipelineRequest --check_pipeline_request--> (BadInput naming the flag: --stages, --chunks, ...)
+//         |
+//         +--layout_of(world)--> RunLayout {world, pipeline ranks K, replicas R}
+//         |                        one process: K = --stages (worker threads), R = 1
+//         |                        processes:   K = --pp (default world / --dp), R = --dp
+//         +--pipe_options(layout, layers)--> PipeOptions: stages = K x V or --balance, chunks
+//                                            (default 2K, 1 without a pipeline), the schedule (a
+//                                            family or --schedule-file), devices (--device cuda:
+//                                            rank r on cuda:(r mod GPUs); --devices: one each)
+//
+// Messages name the flags of `pipetrain train` that set each field, so the CLI prints them as
+// they are and a C++ caller reads which field to change.
+//
+// Thread-safety: pure functions of plain values (pipe_options reads --schedule-file).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "pipetrain/runtime/pipe.h"
+
+namespace pipetrain {
+
+struct PipelineRequest {
+  int64_t stages = 1;  // --stages: pipeline ranks K of a one-process run
+  bool stages_given = false;
+  std::vector<int64_t> balance;            // --balance: layers per stage (K x V entries); {}: even
+  int64_t chunks = 0;                      // --chunks: 0 = 1 without a pipeline, else 2 x K
+  int64_t virtual_stages = 1;              // --virtual: V
+  std::string schedule = "1f1b";           // --schedule: a family of schedule::schedule_names()
+  std::string schedule_file;               // --schedule-file: a custom schedule instead
+  std::string checkpoint = "except_last";  // --checkpoint: always, except_last, never
+  std::string precision = "fp32";          // --precision: fp32, bf16, fp16 (CUDA)
+  bool offload_activations = false;        // --offload-activations
+  double timeout = 300;                    // --timeout: seconds a wait between ranks may take
+  int threads = 0;                   // --threads per rank; 0: the cores shared among the ranks
+  int pp = 0;                        // --pp: pipeline ranks of a multi-process run; 0: world/dp
+  int dp = 1;                        // --dp: data-parallel replicas
+  std::string device = "cpu";        // --device: cpu or cuda
+  std::vector<std::string> devices;  // --devices: one per rank of a one-process run
+};
+
+// Where this process stands: world size, pipeline ranks, replicas (1 x 1 in one process).
+struct RunLayout {
+  bool multi_process = false;
+  int world = 1;
+  int pipeline_ranks = 1;  // K
+  int replicas = 1;        // R
+};
+
+// Ranges and combinations of the fields on their own (counts, names, precision on the device,
+// offload with checkpointing). Throws BadInput naming the flag.
+void check_pipeline_request(const PipelineRequest& request);
+
+// True when the request puts a rank on a CUDA device.
+bool on_cuda(const PipelineRequest& request);
+
+// The layout of a run of `world` processes. Throws BadInput when pp x dp is not the world, --pp
+// or --dp are given to one process, or --stages disagrees with the processes.
+RunLayout layout_of(const PipelineRequest& request, int world);
+
+// Micro-batches per mini-batch.
+int64_t chunks_of(const PipelineRequest& request, const RunLayout& layout);
+// One stage, one micro-batch, one process: plain sequential training.
+bool is_sequential(const PipelineRequest& request, const RunLayout& layout);
+// Intra-op threads of each pipeline rank of this process.
+int threads_per_rank(const PipelineRequest& request, const RunLayout& layout);
+
+// The Pipe (or DistributedPipe) options for a Sequential of `layers` layers. Throws BadInput
+// naming the flag for a balance that does not fit, more stages than layers, a schedule file
+// that disagrees with the other flags or the processes, a schedule family that cannot take the
+// shape, or devices that cannot be used.
+PipeOptions pipe_options(const PipelineRequest& request, const RunLayout& layout, int64_t layers);
+
+// One line saying what runs the steps: "4 stages on 2 ranks (2 processes: 2 pipeline x 1
+// data-parallel) (balance 3 2 2 2), 4 micro-batches, schedule 1f1b, checkpoint never, bf16".
+// `balance`: the stages' layer counts (empty: not shown).
+std::string describe_pipeline(const PipeOptions& options, const std::vector<int64_t>& balance,
+                              const RunLayout& layout);
+
+}  // namespace pipetrain
