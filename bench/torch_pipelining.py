@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The torch.distributed.pipelining peer for `pipetrain bench`.
 
-Trains the bench suites' MLPs with PyTorch's own pipeline parallelism (PipelineStage and one of
+Trains the bench suites' MLPs, or transformers' own LlamaForCausalLM (--suite llama), with
+PyTorch's own pipeline parallelism (PipelineStage and one of
 ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B, ScheduleLoopedBFS,
 ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble, ScheduleDualPipeV) on the CPU, one process per pipeline rank,
 talking over Gloo. Launch it with torchrun, one process per rank, on loopback only:
@@ -28,6 +29,11 @@ micro-batches (scale_grads=True), so with equal micro-batches (the batch must be
 Rank 0 prints one line to stdout: PIPETRAIN_BENCH_RESULT {json}, where step_seconds is the median
 over the timed steps of the slowest rank's time for that step. Everything else goes to stderr.
 
+The llama suite's model is LlamaForCausalLM of the config bench_options.cpp's llama_bench_config
+writes (the same fields here, LLAMA_CONFIG), cut into its entries as pipetrain cuts its Llama:
+the embedding, each decoder layer (with transformers' rotary embedding computed in the entry),
+the final norm, the head; the loss is the mean cross-entropy of the logits over random ids.
+
 Transparency mode: --init-params, --inputs/--targets and --save-params replace the random weights
 and data with files and save the trained weights (names as in the full nn.Sequential), for
 comparison with `pipetrain train` on the model written by --make-fixture (one plain process, no
@@ -48,8 +54,21 @@ import torch.distributed as dist
 import torch.distributed.pipelining as pipelining
 from torch import nn
 
-# Suite name -> (Linear+ReLU blocks, default width, default batch).
-SUITES = {"mlp": (8, 1024, 256), "small": (16, 256, 64)}
+# Suite name -> (Linear+ReLU blocks, default width, default batch); llama: decoder layers.
+SUITES = {"mlp": (8, 1024, 256), "small": (16, 256, 64), "llama": (8, 256, 16)}
+LLAMA_SEQ_LEN = 128  # bench_options.h, kLlamaSeqLen
+
+
+def llama_config(width):
+    """bench_options.cpp's llama_bench_config(width), for transformers."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=4096, hidden_size=width,
+                       intermediate_size=(width * 8 // 3 + 15) // 16 * 16, num_hidden_layers=8,
+                       num_attention_heads=8, num_key_value_heads=4, head_dim=width // 8,
+                       max_position_embeddings=LLAMA_SEQ_LEN, rms_norm_eps=1e-5,
+                       rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                       tie_word_embeddings=False)
 
 # --schedule -> torch.distributed.pipelining class name.
 SCHEDULES = {
@@ -73,7 +92,8 @@ def parse_args(argv):
                     "torchrun; see the module docstring).")
     parser.add_argument("--suite", default="mlp", choices=sorted(SUITES),
                         help="mlp: 8 x [Linear(1024,1024), ReLU], batch 256; "
-                             "small: 16 x [Linear(256,256), ReLU], batch 64; MSE loss")
+                             "small: 16 x [Linear(256,256), ReLU], batch 64; MSE loss; llama: "
+                             "transformers' LlamaForCausalLM, 8 layers, 16 sequences of 128 ids")
     parser.add_argument("--width", type=int, default=0,
                         help="features of every Linear (0: the suite's default)")
     parser.add_argument("--batch", type=int, default=0,
@@ -120,7 +140,7 @@ def parse_args(argv):
                              "DIR/model.pt (TorchScript nn.Sequential with those weights)")
     args = parser.parse_args(argv)
     blocks, width, batch = SUITES[args.suite]
-    args.layers = 2 * blocks
+    args.layers = blocks + 3 if args.suite == "llama" else 2 * blocks
     args.width = args.width or width
     args.batch = args.batch or batch
     if (args.inputs is None) != (args.targets is None):
@@ -185,8 +205,44 @@ def make_stage_module(start, end, width, seed):
         (str(i), make_layer(i, width, seed)) for i in range(start, end)))
 
 
-def random_data(batch, width, seed):
+class LlamaEntry(nn.Module):
+    """One pipeline entry of transformers' Llama: the embedding, a decoder layer (its rotary
+    tables computed here from the positions, as LlamaModel.forward does), the norm or the head."""
+
+    def __init__(self, kind, module, rotary=None):
+        super().__init__()
+        self.kind, self.module, self.rotary = kind, module, rotary
+
+    def forward(self, x):
+        if self.kind != "layer":
+            return self.module(x)
+        positions = torch.arange(x.size(1), device=x.device).unsqueeze(0)
+        return self.module(x, attention_mask=None, position_embeddings=self.rotary(x, positions))
+
+
+def make_llama_stage(start, end, width, seed):
+    """Entries [start, end) of the llama suite's LlamaForCausalLM (seeded: every rank draws the
+    same model and keeps its own entries)."""
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(llama_config(width))
+    rotary = model.model.rotary_emb
+    entries = ([LlamaEntry("embed", model.model.embed_tokens)]
+               + [LlamaEntry("layer", layer, rotary) for layer in model.model.layers]
+               + [LlamaEntry("norm", model.model.norm), LlamaEntry("head", model.lm_head)])
+    return nn.Sequential(collections.OrderedDict((str(i), entries[i]) for i in range(start, end)))
+
+
+def llama_loss(logits, targets):
+    return nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+
+
+def random_data(batch, width, seed, suite="mlp"):
     generator = torch.Generator().manual_seed(seed)
+    if suite == "llama":
+        x = torch.randint(0, 4096, (batch, LLAMA_SEQ_LEN), generator=generator)
+        return x, torch.randint(0, 4096, (batch, LLAMA_SEQ_LEN), generator=generator)
     x = torch.randn(batch, width, generator=generator)
     y = torch.randn(batch, width, generator=generator)
     return x, y
@@ -196,7 +252,7 @@ def load_data(args):
     """The batch: the --inputs/--targets files, or random rows from --seed (the same on every rank).
     Sets args.batch to the rows used."""
     if args.inputs is None:
-        return random_data(args.batch, args.width, args.seed)
+        return random_data(args.batch, args.width, args.seed, args.suite)
     x, y = torch.load(args.inputs), torch.load(args.targets)
     if x.size(0) != y.size(0):
         raise ValueError(f"{args.inputs} has {x.size(0)} rows, {args.targets} {y.size(0)}")
@@ -264,8 +320,9 @@ def make_schedule(args, stages):
     if schedule_class is None:
         raise RuntimeError(f"torch {torch.__version__} has no {name}")
     stage_arg = stages[0] if args.schedule in SINGLE_STAGE_SCHEDULES else stages
-    schedule = schedule_class(stage_arg, n_microbatches=args.chunks,
-                              loss_fn=nn.functional.mse_loss, scale_grads=True)
+    loss_fn = llama_loss if args.suite == "llama" else nn.functional.mse_loss
+    schedule = schedule_class(stage_arg, n_microbatches=args.chunks, loss_fn=loss_fn,
+                              scale_grads=True)
     if args.load_csv:
         # Replace the class's own action lists by the file's (compute-only; torch adds the
         # sends and receives). The class still gives the placement and the runtime.
@@ -328,7 +385,8 @@ def run_pipeline(args):
     num_stages = ranks * args.virtual
     mine = [j for j in range(num_stages) if stage_rank(j, ranks, args.schedule) == rank]
     bounds = stage_bounds(args.layers, num_stages)
-    modules = [make_stage_module(*bounds[j], args.width, args.seed) for j in mine]
+    make = make_llama_stage if args.suite == "llama" else make_stage_module
+    modules = [make(*bounds[j], args.width, args.seed) for j in mine]
     if args.init_params:
         load_init_params(modules, args.init_params)
     device = torch.device("cpu")

@@ -21,10 +21,12 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "model_data.h"
 #include "model_registry.h"
 #include "pipetrain/base/atomic_file.h"
 #include "pipetrain/base/load_average.h"
 #include "pipetrain/base/median.h"
+#include "pipetrain/models/llama_profile.h"
 #include "pipetrain/partition/memory.h"
 #include "pipetrain/partition/planner.h"
 #include "pipetrain/partition/profiler.h"
@@ -47,9 +49,13 @@ namespace pp = pipetrain::partition;
 using namespace pipetrain::tune;  // the calibration this command runs and reports
 
 struct LoadedModel {
-  torch::nn::Sequential sequential;
+  torch::nn::Sequential sequential;  // empty for a Hugging Face model (profiled from its config)
   torch::Tensor sample;
   std::string description;
+  std::optional<models::LlamaConfig> llama;
+  int64_t layers() const {
+    return llama ? llama->entries() : static_cast<int64_t>(sequential->size());
+  }
 };
 
 std::vector<int64_t> parse_shape(const std::string& text) {
@@ -83,6 +89,14 @@ LoadedModel load_model(const PlanModelArgs& args) {
   const std::vector<int64_t> shape = parse_shape(args.sample_shape);
   LoadedModel loaded;
   torch::manual_seed(0);
+  if (examples::is_hf_model(args.model)) {  // never built whole: models/llama_profile.h
+    loaded.llama = as_usage_error("--model " + args.model,
+                                  [&] { return models::read_llama_config(args.model); });
+    if (shape.size() != 2) throw UsageError("--sample-shape of a language model is B,T (ids)");
+    loaded.sample = torch::randint(loaded.llama->vocab_size, shape, torch::kInt64);
+    loaded.description = std::string(to_string(loaded.llama->architecture)) + " " + args.model;
+    return loaded;
+  }
   if (ends_with(args.model, ".pt") || ends_with(args.model, ".pth") ||
       args.model.find('/') != std::string::npos) {
     loaded.sequential = as_usage_error("", [&] { return load_torchscript_sequential(args.model); });
@@ -330,16 +344,28 @@ struct PlanResult {
 void plan_model(const PlanModelArgs& args, PlanResult& r, RunPlans& run) {
   r.planner = planner_options(args);
   r.model = load_model(args);
-  if (r.planner.ranks > static_cast<int>(r.model.sequential->size())) {
+  if (r.planner.ranks > r.model.layers()) {
     throw UsageError("--stages " + std::to_string(r.planner.ranks) + " but the model has " +
-                     std::to_string(r.model.sequential->size()) + " layers; use at most that many");
+                     std::to_string(r.model.layers()) + " layers; use at most that many");
   }
-  r.report =
-      as_usage_error("cannot profile the model on a batch of shape " + args.sample_shape, [&] {
-        return pp::recommend_report(r.model.sequential, r.model.sample, r.planner,
-                                    pp::ProfileOptions().precision(parse_precision(args.precision)),
-                                    &r.profile);
-      });
+  if (r.model.llama && (args.calibrate || args.verify || args.processes)) {
+    throw UsageError(
+        "--calibrate, --verify and --processes run the whole model; a Hugging Face "
+        "--model is planned from a profile of one decoder layer: drop them");
+  }
+  const pp::ProfileOptions profiling =
+      pp::ProfileOptions().precision(parse_precision(args.precision));
+  if (r.model.llama) {
+    r.profile = as_usage_error(
+        "cannot profile the model on ids of shape " + args.sample_shape,
+        [&] { return models::profile_llama(*r.model.llama, r.model.sample, profiling); });
+    r.report = pp::plan_pipeline(r.profile, r.planner);
+  } else
+    r.report =
+        as_usage_error("cannot profile the model on a batch of shape " + args.sample_shape, [&] {
+          return pp::recommend_report(r.model.sequential, r.model.sample, r.planner, profiling,
+                                      &r.profile);
+        });
   if (args.processes && r.planner.ranks > 1) {
     r.profile.transfer = measure_gloo_transfer(args, largest_boundary_bytes(r.profile));
     r.report = pp::plan_pipeline(r.profile, r.planner);

@@ -709,7 +709,7 @@ Prepared prepare(TrainArgs& args, const RunLayout& layout, const PlanSource& pla
         p.model.sequential, chunks_of(args.pipeline, layout) * layout.replicas);
   }
   if (!args.resume.empty()) {
-    p.resume = as_usage_error("--resume " + args.resume, [&] {
+    p.resume = as_usage_error("--resume", [&] {
       return train::load_for_resume(args.resume, *p.model.sequential, args.optimizer);
     });
   }
@@ -834,8 +834,10 @@ int train_with(const TrainArgs& args, Prepared& p, train::StepRunner& runner, in
   std::optional<train::Checkpoint> whole;  // every rank's weights, on the main rank
   if (!args.save_params.empty() || !args.save_hf.empty()) whole = trainer.gather_weights();
   if (whole && !args.save_params.empty()) {
-    const std::vector<std::pair<std::string, torch::Tensor>> named(whole->parameters.begin(),
-                                                                   whole->parameters.end());
+    std::vector<std::pair<std::string, torch::Tensor>> named;  // in the model's order
+    for (const auto& item : p.model.sequential->named_parameters()) {
+      named.emplace_back(item.key(), whole->parameters.at(item.key()));
+    }
     save_named_tensors(args.save_params, named);
     std::printf("saved %zu parameters to %s\n", named.size(), args.save_params.c_str());
   }

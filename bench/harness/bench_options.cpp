@@ -23,15 +23,25 @@ bool fits(const std::string& schedule, int K, int M) {
 }  // namespace
 
 void resolve_defaults(BenchOptions& a) {
-  if (a.suite != "mlp" && a.suite != "small" && a.suite != "cnn") {
-    bad("--suite must be mlp, small or cnn (got '" + a.suite + "')");
+  if (a.suite != "mlp" && a.suite != "small" && a.suite != "cnn" && a.suite != "llama") {
+    bad("--suite must be mlp, small, cnn or llama (got '" + a.suite + "')");
   }
+  const bool llama = a.suite == "llama";
   if (a.quick) {
-    if (a.width == 0) a.width = a.suite == "cnn" ? 8 : 64;
-    if (a.batch == 0) a.batch = 32;
+    if (a.width == 0) a.width = a.suite == "cnn" ? 8 : llama ? 32 : 64;
+    if (a.batch == 0) a.batch = llama ? 16 : 32;
   }
-  if (a.width == 0) a.width = a.suite == "mlp" ? 1024 : a.suite == "small" ? 256 : 32;
-  if (a.batch == 0) a.batch = a.suite == "mlp" ? 256 : a.suite == "small" ? 64 : 128;
+  if (a.width == 0) {
+    a.width = a.suite == "mlp" ? 1024 : a.suite == "small" || llama ? 256 : 32;
+  }
+  if (a.batch == 0) {
+    a.batch = a.suite == "mlp" ? 256 : a.suite == "small" ? 64 : llama ? 16 : 128;
+  }
+  if (llama && a.width % 32 != 0) {
+    bad("--width of the llama suite is the hidden size: a multiple of 32 (8 heads of width/8, "
+        "an even head size), got " +
+        std::to_string(a.width));
+  }
   if (a.threads == 0)
     a.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (a.python.empty()) a.python = PIPETRAIN_PYTHON;
@@ -52,6 +62,22 @@ void resolve_defaults(BenchOptions& a) {
     bad("--checkpoint must be always, except_last or never (got '" + a.checkpoint + "')");
   }
   if (!(a.config_timeout > 0)) bad("--config-timeout must be > 0 seconds");
+}
+
+nlohmann::json llama_bench_config(int width) {
+  return {{"architectures", {"LlamaForCausalLM"}},
+          {"model_type", "llama"},
+          {"vocab_size", 4096},
+          {"hidden_size", width},
+          {"intermediate_size", (width * 8 / 3 + 15) / 16 * 16},
+          {"num_hidden_layers", 8},
+          {"num_attention_heads", 8},
+          {"num_key_value_heads", 4},
+          {"head_dim", width / 8},
+          {"max_position_embeddings", kLlamaSeqLen},
+          {"rms_norm_eps", 1e-5},
+          {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 10000.0}}},
+          {"tie_word_embeddings", false}};
 }
 
 std::string Config::label() const {
@@ -132,7 +158,10 @@ std::vector<Config> plan_configs(const BenchOptions& a) {
     }
   }
   if (!a.no_python) {
-    configs.push_back({"torchgpipe", "gpipe", K, 1, M, a.checkpoint, "main"});
+    // torchgpipe's peer runs the MLPs and the CNN; torch.distributed.pipelining's the MLPs and
+    // transformers' own Llama.
+    if (a.suite != "llama")
+      configs.push_back({"torchgpipe", "gpipe", K, 1, M, a.checkpoint, "main"});
     if (!a.no_multiprocess && K > 1 && a.suite != "cnn") {
       for (const auto& schedule : peer_schedules()) {
         if (!fits(schedule, K, M)) continue;

@@ -13,7 +13,7 @@
 namespace pipetrain::bench {
 
 struct BenchOptions {
-  std::string suite = "mlp";         // mlp | small | cnn
+  std::string suite = "mlp";         // mlp | small | cnn | llama
   int steps = 7;                     // timed steps per configuration
   int warmup = 2;                    // untimed steps before them
   int rounds = 0;                    // 0: 3, or 1 with quick
@@ -21,8 +21,8 @@ struct BenchOptions {
   int stages = 2;                    // K of the pipelined rows
   int chunks = 8;                    // M of the main rows (memory rows: M and 2M)
   std::string checkpoint = "never";  // of the main pipelined rows
-  int width = 0;           // 0: suite default (mlp 1024 features, small 256, cnn 32 channels)
-  int batch = 0;           // 0: suite default (mlp 256, small 64, cnn 128)
+  int width = 0;  // 0: suite default (mlp 1024 features, small 256, cnn 32 channels, llama 256)
+  int batch = 0;  // 0: suite default (mlp 256, small 64, cnn 128, llama 16 sequences)
   bool no_python = false;  // no Python peer rows (torchgpipe, torch-pipelining)
   bool no_memory = false;  // no checkpoint/memory comparison rows
   bool no_multiprocess = false;
@@ -43,6 +43,12 @@ struct BenchOptions {
 // Fills the suite's defaults (width, batch, threads, rounds) and checks every value. Throws
 // pipetrain::BadInput naming the flag and its range.
 void resolve_defaults(BenchOptions& options);
+
+// The llama suite's model (hidden size `width`): 8 decoder layers, 8 heads of 32 (width 256), 4
+// key/value heads, SwiGLU of 688, a vocabulary of 4096, untied, sequences of kLlamaSeqLen ids.
+// bench/torch_pipelining.py builds the same config for transformers' LlamaForCausalLM.
+constexpr int kLlamaSeqLen = 128;
+nlohmann::json llama_bench_config(int width);
 
 // One row of the report: a runtime, a schedule and its shape.
 struct Config {

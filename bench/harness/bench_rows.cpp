@@ -16,6 +16,7 @@
 #include "model_registry.h"
 #include "pipetrain/base/error.h"
 #include "pipetrain/base/median.h"
+#include "pipetrain/models/llama.h"
 #include "pipetrain/runtime/distributed.h"
 #include "pipetrain/runtime/distributed_pipe.h"
 #include "pipetrain/runtime/launcher.h"
@@ -65,6 +66,15 @@ Workload make_workload(const BenchOptions& a) {
     w.loss = [](const torch::Tensor& out, const torch::Tensor& y) {
       return torch::mse_loss(out, y);
     };
+  } else if (a.suite == "llama") {
+    // bench_options.h's config, drawn as transformers draws a new model; random ids.
+    const models::LlamaConfig config = models::parse_llama_config(llama_bench_config(a.width));
+    models::LlamaModel llama = models::make_llama(config);
+    models::init_llama_random(llama, 0);
+    w.model = llama.sequential;
+    w.inputs = torch::randint(config.vocab_size, {a.batch, kLlamaSeqLen}, torch::kInt64);
+    w.targets = torch::randint(config.vocab_size, {a.batch, kLlamaSeqLen}, torch::kInt64);
+    w.loss = models::causal_lm_loss;
   } else {
     examples::ExampleModel m = examples::make_model("cnn", {{"width", a.width}});
     w.model = m.sequential;

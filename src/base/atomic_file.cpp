@@ -2,6 +2,7 @@
 #include "pipetrain/base/atomic_file.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -30,6 +31,16 @@ std::string base_name_of(const std::string& path) {
   return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
+// The process's file mode creation mask, read without changing it (umask(2) can only set it).
+mode_t current_umask() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("Umask:", 0) == 0)
+      return static_cast<mode_t>(std::stoul(line.substr(6), nullptr, 8));
+  }
+  return 022;
+}
+
 }  // namespace
 
 void write_file_atomically(const std::string& path, std::string_view bytes) {
@@ -50,6 +61,9 @@ void write_file_atomically(const std::string& path, const std::vector<std::strin
     ::unlink(temporary.c_str());
     fail_write(path, step, error);
   };
+  // mkstemp makes the file 0600; give it the mode a plain open(2) would (0666 less the umask), so
+  // that what pipetrain writes (checkpoints, exported models) is readable as any file is.
+  if (::fchmod(fd, 0666 & ~current_umask()) != 0) abandon("chmod of '" + temporary + "'", errno);
   // [2]
   for (std::string_view bytes : pieces) {
     size_t written = 0;

@@ -325,10 +325,14 @@ void restore_model(const Checkpoint& checkpoint, torch::nn::Module& model, NameM
 
 Checkpoint load_for_resume(const std::string& path, torch::nn::Module& model,
                            const std::string& optimizer) {
-  Checkpoint checkpoint = load_checkpoint(path);
-  restore_model(checkpoint, model, NameMatch::kExact);
+  Checkpoint checkpoint = load_checkpoint(path);  // FileError names the path
+  try {
+    restore_model(checkpoint, model, NameMatch::kExact);
+  } catch (const CheckpointError& error) {
+    throw CheckpointError(path + ": " + error.what());
+  }
   if (checkpoint.optimizer != optimizer) {
-    throw CheckpointError("written with --optimizer " + checkpoint.optimizer +
+    throw CheckpointError(path + " was written with --optimizer " + checkpoint.optimizer +
                           " but this run uses --optimizer " + optimizer +
                           "; resume with the same optimizer");
   }
