@@ -40,12 +40,13 @@ int run_eval_tokens(EvalArgs& args) {
   const BuiltData data = build_data(args.data);
   InferenceModel model(args.data, data, args.inference);
   check_data_against_model(model.model, data);
-  const train::TokenEvaluation e = train::evaluate_tokens(
-      [&](const torch::Tensor& x) { return model.forward(x); }, *data.tokens, data.seq_len,
-      args.batch_size);
+  const train::TokenEvaluation e =
+      train::evaluate_tokens([&](const torch::Tensor& x) { return model.forward(x); }, *data.tokens,
+                             data.seq_len, args.batch_size);
   std::printf("model %s%s, data %s\n", args.data.model.c_str(),
-              args.inference.checkpoint.empty() ? ""
-                                                : (" (weights of " + args.inference.checkpoint + ")").c_str(),
+              args.inference.checkpoint.empty()
+                  ? ""
+                  : (" (weights of " + args.inference.checkpoint + ")").c_str(),
               args.data.token_file.c_str());
   std::printf("eval loss %.6f nats, perplexity %.4f (%lld samples, %lld tokens)\n", e.loss,
               e.perplexity, static_cast<long long>(e.samples), static_cast<long long>(e.tokens));
@@ -55,8 +56,9 @@ int run_eval_tokens(EvalArgs& args) {
 int run_eval(EvalArgs& args) {
   if (examples::is_hf_model(args.data.model)) return run_eval_tokens(args);
   if (args.inference.checkpoint.empty()) {
-    throw UsageError("--checkpoint is required (a checkpoint of `pipetrain train`), but for a "
-                     "Hugging Face --model DIR, which is evaluated with its own weights");
+    throw UsageError(
+        "--checkpoint is required (a checkpoint of `pipetrain train`), but for a "
+        "Hugging Face --model DIR, which is evaluated with its own weights");
   }
   const std::string& path = args.inference.checkpoint;
   train::Checkpoint checkpoint;
@@ -81,8 +83,8 @@ int run_eval(EvalArgs& args) {
   try {
     train::restore_model(checkpoint, *model.sequential, train::NameMatch::kExact);
   } catch (const train::CheckpointError& error) {
-    throw UsageError("--checkpoint " + path + " does not fit --model " +
-                     args.data.model + ": " + error.what());
+    throw UsageError("--checkpoint " + path + " does not fit --model " + args.data.model + ": " +
+                     error.what());
   }
   check_data_against_model(model, data);
   std::optional<Evaluation> e = evaluate(model, data, args.batch_size);

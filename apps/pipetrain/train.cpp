@@ -674,14 +674,15 @@ void check_batch_size(const TrainArgs& args, const BuiltData& data) {
 // [2]: data, model (seeded), checks, the auto plan (args then hold its values; not in the
 // launcher's parent, whose ranks plan), deferred batch norm, resume. Every rank does the same.
 // The entries of a Hugging Face model this process gives memory to: all in one process (and with
-// an auto plan, which profiles the whole model), none in the launching parent (pipeline_rank -1:
-// it only checks), a rank's own stages' on a rank.
+// an auto plan or --report-memory, whose rank 0 profiles the whole model), none in the launching
+// parent (pipeline_rank -1: it only checks), a rank's own stages' on a rank.
 std::optional<std::vector<int64_t>> hf_entries(const TrainArgs& args, const RunLayout& layout,
                                                int pipeline_rank) {
   if (!examples::is_hf_model(args.data.model) || !layout.multi_process || args.auto_request.any()) {
     return std::nullopt;
   }
   if (pipeline_rank < 0) return std::vector<int64_t>{};
+  if (pipeline_rank == 0 && args.report_memory) return std::nullopt;  // it profiles every entry
   const int64_t layers = examples::hf_config(args.data).entries();
   return rank_layers(pipe_options(args.pipeline, layout, layers), layers, pipeline_rank);
 }

@@ -1,0 +1,118 @@
+// The memory model of Hugging Face models: `plan --model DIR --memory` plans a
+// Llama-3.2-1B-shaped config over 4 ranks from a profile of one decoder layer, never building the
+// whole model, and `train --report-memory` on the bench suite's config measures what the model
+// predicts, per category.
+#include <sys/resource.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#include <nlohmann/json.hpp>
+
+#include "../helpers/cli_run.h"
+#include "bench_options.h"
+#include "pipetrain/models/llama_config.h"
+
+namespace pipetrain::plan_llama_test {
+namespace {
+
+using testing::CliRun;
+using testing::run_pipetrain;
+namespace fs = std::filesystem;
+
+std::string scratch(const std::string& name) {
+  const fs::path dir = fs::path(PIPETRAIN_BINARY_DIR) / "test-scratch" / "plan-llama" / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir.string();
+}
+
+// Llama-3.2-1B's config.json as published (its shape: 16 layers of 2048, 32 heads, 8 KV heads,
+// a 128256-id vocabulary tied to the head, llama3 RoPE).
+const char* kLlama32OneB = R"({
+  "architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 128000, "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu",
+  "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 8192,
+  "max_position_embeddings": 131072, "mlp_bias": false, "model_type": "llama",
+  "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8,
+  "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+  "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                   "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+  "rope_theta": 500000.0, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+  "transformers_version": "4.45.0.dev0", "use_cache": true, "vocab_size": 128256})";
+
+TEST(PlanLlama, ALlama32OneBShapedConfigPlansOverFourRanksWithoutBuildingTheWholeModel) {
+  const std::string dir = scratch("llama-3.2-1b");
+  std::ofstream(dir + "/config.json") << kLlama32OneB;
+  const models::LlamaConfig config = models::read_llama_config(dir);
+  const int64_t whole_bytes = config.parameter_count() * 4;  // float32 weights alone
+  ASSERT_GT(whole_bytes, int64_t{4'900'000'000});
+  const CliRun run =
+      run_pipetrain("plan --model " + dir +
+                        " --sample-shape 1,32 --stages 4 --memory --optimizer adam --format json",
+                    testing::CliOptions().without_stderr());
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  // The largest process this test waited for (pipetrain, under sh and timeout) stayed below the
+  // whole model's float32 weights, let alone their gradients and Adam's state (4x that).
+  struct rusage children {};
+  getrusage(RUSAGE_CHILDREN, &children);
+  EXPECT_LT(static_cast<int64_t>(children.ru_maxrss) * 1024, whole_bytes);
+
+  const nlohmann::json plan = nlohmann::json::parse(run.output);
+  const auto& ranks = plan.at("memory_per_rank");
+  ASSERT_EQ(ranks.size(), 4u) << run.output;
+  // Every rank's parameters, summed: the model's, with the tied table once on each of the two
+  // ranks that hold an end of it (first and last stage).
+  int64_t parameters = 0;
+  for (const auto& rank : ranks) {
+    parameters += rank.at("parameters").get<int64_t>();
+    EXPECT_EQ(rank.at("gradients"), rank.at("parameters"));
+    EXPECT_EQ(rank.at("optimizer_state").get<int64_t>(), 2 * rank.at("parameters").get<int64_t>());
+  }
+  const int64_t table = config.vocab_size * config.hidden_size * 4;
+  EXPECT_EQ(parameters, whole_bytes + table);
+}
+
+// The "meas/pred" column of --report-memory's rows, for every category with bytes (a row of
+// nothing ends in "=").
+std::vector<double> measured_over_predicted(const std::string& output) {
+  static const std::regex row(
+      R"(memory: +\d+ +\d+ +[a-z ]+ +\S+ \S?i?B +\S+ \S?i?B +([0-9.]+)\s*$)");
+  std::vector<double> ratios;
+  std::istringstream lines(output);
+  for (std::string line; std::getline(lines, line);) {
+    std::smatch match;
+    if (std::regex_search(line, match, row)) ratios.push_back(std::stod(match[1].str()));
+  }
+  return ratios;
+}
+
+TEST(PlanLlama, ReportMemoryOnTheBenchConfigAgreesWithTheModelPerCategory) {
+  const std::string dir = scratch("bench-config");
+  fs::create_directories(dir + "/model");
+  std::ofstream(dir + "/model/config.json") << bench::llama_bench_config(256).dump(2);
+  torch::manual_seed(0);
+  const torch::Tensor ids = torch::randint(4096, {20000}, torch::kInt64).to(torch::kInt16);
+  std::ofstream(dir + "/tokens.bin", std::ios::binary)
+      .write(static_cast<const char*>(ids.data_ptr()), ids.numel() * 2);
+  for (const std::string layout : {"--stages 2", "--nproc 2"}) {
+    const CliRun run = run_pipetrain(
+        "train --model " + dir + "/model --init random --data tokens --token-file " + dir +
+        "/tokens.bin --seq-len 128 --batch-size 8 --steps 2 --chunks 4 --schedule 1f1b "
+        "--optimizer adamw --report-memory " +
+        layout);
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    const std::vector<double> ratios = measured_over_predicted(run.output);
+    ASSERT_GE(ratios.size(), 8u) << run.output;  // 2 ranks x parameters..activations
+    for (double ratio : ratios) EXPECT_NEAR(ratio, 1.0, 0.1) << layout << "\n" << run.output;
+  }
+}
+
+}  // namespace
+}  // namespace pipetrain::plan_llama_test
