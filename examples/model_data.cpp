@@ -392,6 +392,20 @@ std::unique_ptr<train::BatchSource> make_batches(const ModelDataSpec& spec, cons
                                                     DataLoaderOptions(batch_size).seed(spec.seed)));
 }
 
+std::string describe_evaluation(const Evaluation& e, const BuiltData& data) {
+  char text[160];
+  if (data.corpus) {
+    std::snprintf(text, sizeof text, "eval loss %.4f nats (%lld windows; unigram entropy %.4f)",
+                  e.loss, static_cast<long long>(e.samples), data.corpus->unigram_entropy());
+  } else if (e.accuracy >= 0) {
+    std::snprintf(text, sizeof text, "test loss %.4f, test accuracy %.2f%% (%lld images)", e.loss,
+                  100.0 * e.accuracy, static_cast<long long>(e.samples));
+  } else {
+    std::snprintf(text, sizeof text, "test loss %.4f", e.loss);
+  }
+  return text;
+}
+
 InferenceModel::InferenceModel(const ModelDataSpec& spec, const BuiltData& data,
                                const InferenceSpec& inference) {
   model = build_model(spec, data);

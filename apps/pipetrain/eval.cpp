@@ -91,15 +91,7 @@ int run_eval(EvalArgs& args) {
   if (!e) throw UsageError("--data " + data.name + " has no held-out split to evaluate on");
   std::printf("checkpoint %s (step %lld), model %s, data %s\n", path.c_str(),
               static_cast<long long>(checkpoint.step), model.name.c_str(), data.name.c_str());
-  if (data.corpus) {
-    std::printf("eval loss %.4f nats (%lld windows; unigram entropy %.4f)\n", e->loss,
-                static_cast<long long>(e->samples), data.corpus->unigram_entropy());
-  } else if (e->accuracy >= 0) {
-    std::printf("test loss %.4f, test accuracy %.2f%% (%lld images)\n", e->loss,
-                100.0 * e->accuracy, static_cast<long long>(e->samples));
-  } else {
-    std::printf("test loss %.4f\n", e->loss);
-  }
+  std::printf("%s\n", examples::describe_evaluation(*e, data).c_str());
   return 0;
 }
 

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "model_data.h"
 #include "pipetrain/base/atomic_file.h"
 #include "pipetrain/schedule/auto_schedule.h"
 #include "pipetrain/schedule/generators.h"
@@ -49,12 +50,6 @@ struct PlanRequest {
   std::string output;
   std::string save;
 };
-
-std::string join(const std::vector<std::string>& names) {
-  std::string text;
-  for (const auto& name : names) text += (text.empty() ? "" : ", ") + name;
-  return text;
-}
 
 // [1]
 void check_request(const PlanRequest& request) {
@@ -97,8 +92,8 @@ void check_request(const PlanRequest& request) {
   }
   const auto& names = ps::schedule_names();
   if (std::find(names.begin(), names.end(), request.schedule) == names.end()) {
-    throw UsageError("unknown --schedule '" + request.schedule + "'; valid: " + join(names) +
-                     " (or --schedule-file FILE)");
+    throw UsageError("unknown --schedule '" + request.schedule +
+                     "'; valid: " + examples::join_names(names) + " (or --schedule-file FILE)");
   }
 }
 

@@ -368,29 +368,6 @@ void resolve_auto_flags(TrainArgs& args) {
   throw UsageError(message);
 }
 
-// --max-restarts belongs to the launching parent (the ranks never see it: strip_launcher_flags).
-void check_restart_flags(const TrainArgs& args) {
-  if (args.max_restarts < 0) {
-    fail("--max-restarts must be >= 0, got " + std::to_string(args.max_restarts));
-  }
-  if (args.max_restarts == 0) return;
-  if (DistributedEnvironment::present()) {
-    fail(
-        "--max-restarts is the launcher's flag and this rank was started by one; under torchrun "
-        "give torchrun --max-restarts N (the ranks resume from --checkpoint-dir on their own)");
-  }
-  if (args.nproc < 2) {
-    fail(
-        "--max-restarts starts the ranks of --nproc N (N >= 2) again; a one-process run has no "
-        "ranks to restart (under torchrun, give torchrun --max-restarts)");
-  }
-  if (args.checkpoint_dir.empty()) {
-    fail(
-        "--max-restarts needs --checkpoint-dir DIR: the restarted ranks resume from "
-        "DIR/checkpoint.pt (written every --save-every steps)");
-  }
-}
-
 // Names (optimizer, checkpoint, lr schedule, schedule) and flags that exclude each other.
 void check_choices(const TrainArgs& args) {
   if (args.auto_request.any() && !args.pipeline.schedule_file.empty()) {
@@ -459,7 +436,7 @@ void check_ranges(const TrainArgs& args) {
     fail("--steps must be at least 1, got " + std::to_string(args.steps));
   }
   if (args.nproc < 1) fail("--nproc must be at least 1, got " + std::to_string(args.nproc));
-  check_restart_flags(args);
+  train::check_restart_options(args.max_restarts, args.nproc, args.checkpoint_dir);
   if (args.save_every < 0) fail("--save-every must be >= 0");
   if (args.save_every > 0 && args.checkpoint_dir.empty()) {
     fail("--save-every needs --checkpoint-dir DIR (where checkpoint.pt is written)");
@@ -553,19 +530,6 @@ train::TrainerOptions trainer_options(const TrainArgs& args, const BuiltModel& m
       .report_memory(args.report_memory);
 }
 
-void print_evaluation(const std::string& when, const Evaluation& e, bool text) {
-  if (text) {
-    std::printf("%s: eval loss %.4f nats (%lld windows)\n", when.c_str(), e.loss,
-                static_cast<long long>(e.samples));
-  } else if (e.accuracy >= 0) {
-    std::printf("%s: test loss %.4f, test accuracy %.2f%% (%lld images)\n", when.c_str(), e.loss,
-                100.0 * e.accuracy, static_cast<long long>(e.samples));
-  } else {
-    std::printf("%s: test loss %.4f\n", when.c_str(), e.loss);
-  }
-  std::fflush(stdout);
-}
-
 // Collective: the whole model on the main rank, evaluated there with every core.
 void evaluate_and_print(const std::string& when, train::Trainer& trainer, const BuiltModel& model,
                         const BuiltData& data) {
@@ -577,7 +541,8 @@ void evaluate_and_print(const std::string& when, train::Trainer& trainer, const 
       std::max(threads, static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))));
   std::optional<Evaluation> e = evaluate(model, data);
   at::set_num_threads(threads);
-  if (e) print_evaluation(when, *e, data.corpus.has_value());
+  if (e) std::printf("%s: %s\n", when.c_str(), examples::describe_evaluation(*e, data).c_str());
+  std::fflush(stdout);
 }
 
 // Runs the Trainer with a progress bar on stderr and per-epoch evaluation on stdout.

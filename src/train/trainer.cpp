@@ -1,6 +1,8 @@
 // The training loop over a StepRunner (pipetrain/train/trainer.h). [n] cite the header's steps.
 #include "pipetrain/train/trainer.h"
 
+#include "pipetrain/runtime/distributed.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -270,6 +272,28 @@ void Trainer::write_trace(TrainSummary& summary) {
   if (!options_.timeline_path().empty()) {
     summary.timeline_step = all.write_timeline_svg(options_.timeline_path(), runner_.trace_rows(),
                                                    runner_.description());
+  }
+}
+
+void check_restart_options(int max_restarts, int nproc, const std::string& checkpoint_dir) {
+  if (max_restarts < 0) {
+    throw BadInput("--max-restarts must be >= 0, got " + std::to_string(max_restarts));
+  }
+  if (max_restarts == 0) return;
+  if (DistributedEnvironment::present()) {
+    throw BadInput(
+        "--max-restarts is the launcher's flag and this rank was started by one; under torchrun "
+        "give torchrun --max-restarts N (the ranks resume from --checkpoint-dir on their own)");
+  }
+  if (nproc < 2) {
+    throw BadInput(
+        "--max-restarts starts the ranks of --nproc N (N >= 2) again; a one-process run has no "
+        "ranks to restart (under torchrun, give torchrun --max-restarts)");
+  }
+  if (checkpoint_dir.empty()) {
+    throw BadInput(
+        "--max-restarts needs --checkpoint-dir DIR: the restarted ranks resume from "
+        "DIR/checkpoint.pt (written every --save-every steps)");
   }
 }
 

@@ -207,6 +207,12 @@ class Trainer {
 // The file a Trainer writes its checkpoints to in `directory`: "<directory>/checkpoint.pt".
 std::string checkpoint_path(const std::string& directory);
 
+// The restart settings of a run launched with `nproc` local ranks: restarts (--max-restarts) are the
+// launching parent's (not a rank's under another launcher: torchrun has its own), need ranks to
+// restart (nproc >= 2) and a checkpoint directory to resume from. Throws BadInput naming the
+// flags.
+void check_restart_options(int max_restarts, int nproc, const std::string& checkpoint_dir);
+
 // Where a restarted job continues (torchrun --max-restarts, launch_local's max_restarts): on a
 // restart (restart_count > 0, DistributedEnvironment::restart_count) the checkpoint in
 // `directory` when one was written, which Trainer::resume takes; nullopt on a first attempt, and
