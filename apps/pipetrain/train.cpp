@@ -445,6 +445,11 @@ void check_ranges(const TrainArgs& args) {
     fail("--zero must be 0, 1 or 2, got " + std::to_string(args.zero));
   }
   if (args.adam_betas.size() != 2) fail("--adam-betas takes two numbers B1,B2");
+  for (double beta : args.adam_betas) {
+    if (!(beta >= 0 && beta < 1))
+      fail("--adam-betas must be in [0, 1), got " + std::to_string(beta));
+  }
+  if (!(args.adam_eps > 0)) fail("--adam-eps must be > 0, got " + std::to_string(args.adam_eps));
   if (!args.save_hf.empty() && !examples::is_hf_model(args.data.model)) {
     fail("--save-hf writes a Hugging Face --model DIR; --model " + args.data.model + " is not one");
   }

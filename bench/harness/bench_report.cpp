@@ -470,10 +470,16 @@ json evaluate_checks(const BenchOptions& a, const json& rows) {
 json settings_of(const BenchOptions& a) {
   json report;
   report["suite"] = a.suite;
-  report["model"] = a.suite == "cnn" ? "examples cnn (width " + std::to_string(a.width) +
-                                           ", 1 block), cross-entropy"
-                                     : std::string(a.suite == "mlp" ? "8" : "16") + " x (Linear(" +
-                                           std::to_string(a.width) + ") + ReLU), MSE";
+  if (a.suite == "cnn") {
+    report["model"] =
+        "examples cnn (width " + std::to_string(a.width) + ", 1 block), cross-entropy";
+  } else if (a.suite == "llama") {
+    report["model"] = "LlamaForCausalLM, 8 layers of " + std::to_string(a.width) + ", " +
+                      std::to_string(kLlamaSeqLen) + " ids per sample, cross-entropy";
+  } else {
+    report["model"] = std::string(a.suite == "mlp" ? "8" : "16") + " x (Linear(" +
+                      std::to_string(a.width) + ") + ReLU), MSE";
+  }
   report["batch"] = a.batch;
   report["threads"] = a.threads;
   report["steps"] = a.steps;

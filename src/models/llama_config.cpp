@@ -15,22 +15,70 @@ using Json = nlohmann::json;
 
 // Keys of a PreTrainedConfig that change nothing pipetrain computes: ids of special tokens,
 // generation settings, labels, bookkeeping of transformers itself.
-const std::set<std::string> kInertKeys = {
-    "_name_or_path", "transformers_version", "use_cache", "bos_token_id", "eos_token_id",
-    "sep_token_id", "decoder_start_token_id", "return_dict",
-    "output_hidden_states", "output_attentions", "torchscript", "id2label", "label2id",
-    "problem_type", "tokenizer_class", "prefix", "task_specific_params", "finetuning_task",
-    "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
-    "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty",
-    "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids",
-    "num_return_sequences", "output_scores", "return_dict_in_generate", "forced_bos_token_id",
-    "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty",
-    "suppress_tokens", "begin_suppress_tokens", "tf_legacy_loss", "pruned_heads",
-    "use_bfloat16", "chunk_size_feed_forward", "is_encoder_decoder", "is_decoder",
-    "add_cross_attention", "tie_encoder_decoder", "cross_attention_hidden_size", "auto_map",
-    "attn_implementation", "_attn_implementation", "_attn_implementation_autoset",
-    "output_router_logits", "initializer_range", "pretraining_tp", "dtype", "torch_dtype",
-    "architectures", "model_type", "max_position_embeddings"};
+const std::set<std::string> kInertKeys = {"_name_or_path",
+                                          "transformers_version",
+                                          "use_cache",
+                                          "bos_token_id",
+                                          "eos_token_id",
+                                          "sep_token_id",
+                                          "decoder_start_token_id",
+                                          "return_dict",
+                                          "output_hidden_states",
+                                          "output_attentions",
+                                          "torchscript",
+                                          "id2label",
+                                          "label2id",
+                                          "problem_type",
+                                          "tokenizer_class",
+                                          "prefix",
+                                          "task_specific_params",
+                                          "finetuning_task",
+                                          "max_length",
+                                          "min_length",
+                                          "do_sample",
+                                          "early_stopping",
+                                          "num_beams",
+                                          "num_beam_groups",
+                                          "diversity_penalty",
+                                          "temperature",
+                                          "top_k",
+                                          "top_p",
+                                          "typical_p",
+                                          "repetition_penalty",
+                                          "length_penalty",
+                                          "no_repeat_ngram_size",
+                                          "encoder_no_repeat_ngram_size",
+                                          "bad_words_ids",
+                                          "num_return_sequences",
+                                          "output_scores",
+                                          "return_dict_in_generate",
+                                          "forced_bos_token_id",
+                                          "forced_eos_token_id",
+                                          "remove_invalid_values",
+                                          "exponential_decay_length_penalty",
+                                          "suppress_tokens",
+                                          "begin_suppress_tokens",
+                                          "tf_legacy_loss",
+                                          "pruned_heads",
+                                          "use_bfloat16",
+                                          "chunk_size_feed_forward",
+                                          "is_encoder_decoder",
+                                          "is_decoder",
+                                          "add_cross_attention",
+                                          "tie_encoder_decoder",
+                                          "cross_attention_hidden_size",
+                                          "auto_map",
+                                          "attn_implementation",
+                                          "_attn_implementation",
+                                          "_attn_implementation_autoset",
+                                          "output_router_logits",
+                                          "initializer_range",
+                                          "pretraining_tp",
+                                          "dtype",
+                                          "torch_dtype",
+                                          "architectures",
+                                          "model_type",
+                                          "max_position_embeddings"};
 
 std::string value_text(const Json& value) {
   return value.dump();
@@ -92,8 +140,9 @@ class Reader {
       const std::string& key = item.key();
       if (used_.count(key) || kInertKeys.count(key) || inert_here.count(key)) continue;
       if (item.value().is_null()) continue;  // an unset setting changes nothing
-      fail(key, "is not a key pipetrain's Llama port reads; it may change the computation, so "
-                "the model is refused (docs/MODELS.md lists the keys it reads)");
+      fail(key,
+           "is not a key pipetrain's Llama port reads; it may change the computation, so "
+           "the model is refused (docs/MODELS.md lists the keys it reads)");
     }
   }
   const std::string& file() const { return file_; }
@@ -114,8 +163,9 @@ LlamaArchitecture read_architecture(const Reader& r) {
   if (r.has("architectures")) {
     const Json& list = r.at("architectures");
     if (!list.is_array() || list.size() != 1 || !list[0].is_string()) {
-      r.fail("architectures", "must list one architecture: LlamaForCausalLM, MistralForCausalLM "
-                              "or Qwen2ForCausalLM");
+      r.fail("architectures",
+             "must list one architecture: LlamaForCausalLM, MistralForCausalLM "
+             "or Qwen2ForCausalLM");
     }
     const std::string name = list[0].get<std::string>();
     for (const auto& [text, value] : known) {
@@ -125,8 +175,9 @@ LlamaArchitecture read_architecture(const Reader& r) {
       }
     }
     if (!found) {
-      r.fail("architectures", "is not one pipetrain runs (LlamaForCausalLM, MistralForCausalLM, "
-                              "Qwen2ForCausalLM)");
+      r.fail("architectures",
+             "is not one pipetrain runs (LlamaForCausalLM, MistralForCausalLM, "
+             "Qwen2ForCausalLM)");
     }
   }
   if (r.has("model_type")) {
@@ -136,8 +187,8 @@ LlamaArchitecture read_architecture(const Reader& r) {
       if (type == model_type_of(item.second)) {
         type_known = true;
         if (found && item.second != architecture) {
-          r.fail("model_type", std::string("disagrees with architectures (") +
-                                   to_string(architecture) + ")");
+          r.fail("model_type",
+                 std::string("disagrees with architectures (") + to_string(architecture) + ")");
         }
         if (!found) architecture = item.second;
         found = true;
@@ -200,16 +251,16 @@ void read_rope(const Reader& r, LlamaConfig& c) {
     c.rope.factor = number("factor", 1.0, true);
     c.rope.low_freq_factor = number("low_freq_factor", 1.0, true);
     c.rope.high_freq_factor = number("high_freq_factor", 4.0, true);
-    c.rope.original_max_position_embeddings = static_cast<int64_t>(
-        number("original_max_position_embeddings",
-               static_cast<double>(c.max_position_embeddings), false));
+    c.rope.original_max_position_embeddings = static_cast<int64_t>(number(
+        "original_max_position_embeddings", static_cast<double>(c.max_position_embeddings), false));
     if (!(c.rope.high_freq_factor > c.rope.low_freq_factor) || !(c.rope.low_freq_factor > 0) ||
         c.rope.original_max_position_embeddings < 1) {
-      r.fail(key, "llama3 scaling needs high_freq_factor > low_freq_factor > 0 and a positive "
-                  "original_max_position_embeddings");
+      r.fail(key,
+             "llama3 scaling needs high_freq_factor > low_freq_factor > 0 and a positive "
+             "original_max_position_embeddings");
     }
-    allowed.insert({"factor", "low_freq_factor", "high_freq_factor",
-                    "original_max_position_embeddings"});
+    allowed.insert(
+        {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"});
   } else if (type != "default") {
     r.fail(key, "rope_type '" + type + "' is not supported (default, linear, llama3)");
   }
@@ -222,8 +273,8 @@ void read_rope(const Reader& r, LlamaConfig& c) {
         item.value().get<double>() == 1.0) {
       continue;
     }
-    r.fail(key, "has '" + item.key() + "' (" + value_text(item.value()) +
-                    "), which rope_type " + type + " does not take in pipetrain");
+    r.fail(key, "has '" + item.key() + "' (" + value_text(item.value()) + "), which rope_type " +
+                    type + " does not take in pipetrain");
   }
   if (r.has("partial_rotary_factor") && r.number("partial_rotary_factor", 1.0) != 1.0) {
     r.fail("partial_rotary_factor", "must be 1 (RoPE over the whole head)");
@@ -246,14 +297,14 @@ void read_sliding_window(const Reader& r, LlamaConfig& c) {
   if (r.has("layer_types")) {
     const Json& list = r.at("layer_types");
     if (!list.is_array() || static_cast<int64_t>(list.size()) != c.num_hidden_layers) {
-      r.fail("layer_types", "must list one type per layer (" +
-                                std::to_string(c.num_hidden_layers) + ")");
+      r.fail("layer_types",
+             "must list one type per layer (" + std::to_string(c.num_hidden_layers) + ")");
     }
     for (const Json& type : list) {
       if (!type.is_string() || (type.get<std::string>() != "full_attention" &&
                                 type.get<std::string>() != "sliding_attention")) {
-        r.fail("layer_types", "holds " + value_text(type) +
-                                  "; each must be full_attention or sliding_attention");
+        r.fail("layer_types",
+               "holds " + value_text(type) + "; each must be full_attention or sliding_attention");
       }
       types.push_back(type.get<std::string>());
     }
@@ -357,6 +408,21 @@ void check_llama_config(const LlamaConfig& c, const std::string& file) {
   }
 }
 
+LlamaConfig llama_config(int64_t vocab_size, int64_t hidden_size, int64_t intermediate_size,
+                         int64_t layers, int64_t heads, int64_t kv_heads) {
+  LlamaConfig c;
+  c.vocab_size = vocab_size;
+  c.hidden_size = hidden_size;
+  c.intermediate_size = intermediate_size;
+  c.num_hidden_layers = layers;
+  c.num_attention_heads = heads;
+  c.num_key_value_heads = kv_heads;
+  c.head_dim = heads > 0 ? hidden_size / heads : 0;
+  c.sliding_window.assign(static_cast<size_t>(std::max<int64_t>(layers, 0)), 0);
+  check_llama_config(c);
+  return c;
+}
+
 LlamaConfig parse_llama_config(const nlohmann::json& json, const std::string& file) {
   if (!json.is_object()) {
     throw ModelConfigError(file, "", "", "the config is not a JSON object");
@@ -377,10 +443,10 @@ LlamaConfig parse_llama_config(const nlohmann::json& json, const std::string& fi
                                                                            : c.num_attention_heads;
   c.num_key_value_heads = r.count("num_key_value_heads", default_kv);
   c.head_dim = r.count("head_dim", c.hidden_size / c.num_attention_heads);
-  c.max_position_embeddings = r.count(
-      "max_position_embeddings", c.architecture == LlamaArchitecture::kMistral ? 131072
-                                 : c.architecture == LlamaArchitecture::kQwen2 ? 32768
-                                                                               : 2048);
+  c.max_position_embeddings =
+      r.count("max_position_embeddings", c.architecture == LlamaArchitecture::kMistral ? 131072
+                                         : c.architecture == LlamaArchitecture::kQwen2 ? 32768
+                                                                                       : 2048);
   c.rms_norm_eps = r.number("rms_norm_eps", 1e-6);
   const std::string activation = r.text("hidden_act", "silu");
   if (activation != "silu") {
@@ -447,7 +513,8 @@ void check_sequence_length(const LlamaConfig& config, int64_t seq_len, const std
           "layer " + std::to_string(l) + " attends to a window shorter than the sequence length " +
               std::to_string(seq_len) +
               "; pipetrain runs full causal attention, which equals it only when the window is not "
-              "shorter: use --seq-len " + std::to_string(window) + " or less");
+              "shorter: use --seq-len " +
+              std::to_string(window) + " or less");
     }
   }
 }
@@ -459,24 +526,23 @@ nlohmann::json llama_config_json(const LlamaConfig& c, const std::string& dtype)
     if (json.contains("torch_dtype")) json["torch_dtype"] = dtype;
     return json;
   }
-  nlohmann::json json = {
-      {"architectures", {to_string(c.architecture)}},
-      {"model_type", model_type_of(c.architecture)},
-      {"vocab_size", c.vocab_size},
-      {"hidden_size", c.hidden_size},
-      {"intermediate_size", c.intermediate_size},
-      {"num_hidden_layers", c.num_hidden_layers},
-      {"num_attention_heads", c.num_attention_heads},
-      {"num_key_value_heads", c.num_key_value_heads},
-      {"head_dim", c.head_dim},
-      {"hidden_act", "silu"},
-      {"max_position_embeddings", c.max_position_embeddings},
-      {"rms_norm_eps", c.rms_norm_eps},
-      {"initializer_range", c.initializer_range},
-      {"attention_dropout", 0.0},
-      {"tie_word_embeddings", c.tie_word_embeddings},
-      {"use_cache", true},
-      {"dtype", dtype}};
+  nlohmann::json json = {{"architectures", {to_string(c.architecture)}},
+                         {"model_type", model_type_of(c.architecture)},
+                         {"vocab_size", c.vocab_size},
+                         {"hidden_size", c.hidden_size},
+                         {"intermediate_size", c.intermediate_size},
+                         {"num_hidden_layers", c.num_hidden_layers},
+                         {"num_attention_heads", c.num_attention_heads},
+                         {"num_key_value_heads", c.num_key_value_heads},
+                         {"head_dim", c.head_dim},
+                         {"hidden_act", "silu"},
+                         {"max_position_embeddings", c.max_position_embeddings},
+                         {"rms_norm_eps", c.rms_norm_eps},
+                         {"initializer_range", c.initializer_range},
+                         {"attention_dropout", 0.0},
+                         {"tie_word_embeddings", c.tie_word_embeddings},
+                         {"use_cache", true},
+                         {"dtype", dtype}};
   nlohmann::json rope = {{"rope_type", c.rope.type}, {"rope_theta", c.rope_theta}};
   if (c.rope.type == "linear" || c.rope.type == "llama3") rope["factor"] = c.rope.factor;
   if (c.rope.type == "llama3") {
@@ -485,9 +551,9 @@ nlohmann::json llama_config_json(const LlamaConfig& c, const std::string& dtype)
     rope["original_max_position_embeddings"] = c.rope.original_max_position_embeddings;
   }
   json["rope_parameters"] = rope;
-  const int64_t window =
-      c.sliding_window.empty() ? 0
-                               : *std::max_element(c.sliding_window.begin(), c.sliding_window.end());
+  const int64_t window = c.sliding_window.empty()
+                             ? 0
+                             : *std::max_element(c.sliding_window.begin(), c.sliding_window.end());
   switch (c.architecture) {
     case LlamaArchitecture::kLlama:
       json["attention_bias"] = c.qkv_bias;

@@ -12,15 +12,7 @@ namespace pipetrain::models {
 namespace {
 
 LlamaConfig small_config() {
-  LlamaConfig c;
-  c.vocab_size = 96;
-  c.hidden_size = 64;
-  c.intermediate_size = 128;
-  c.num_hidden_layers = 4;
-  c.num_attention_heads = 8;
-  c.num_key_value_heads = 2;
-  c.head_dim = 8;
-  c.sliding_window.assign(4, 0);
+  LlamaConfig c = llama_config(96, 64, 128, /*layers=*/4, /*heads=*/8, /*kv_heads=*/2);
   c.rope.type = "llama3";
   c.rope.factor = 8;
   c.rope.low_freq_factor = 1;

@@ -115,15 +115,7 @@ TEST(Llama, ATiedTableIsOneTensorRealWhenEitherEndIsMaterialized) {
 }
 
 TEST(Llama, RandomInitIsTheSameForAnySubsetOfEntries) {
-  LlamaConfig config;
-  config.vocab_size = 50;
-  config.hidden_size = 16;
-  config.intermediate_size = 24;
-  config.num_hidden_layers = 3;
-  config.num_attention_heads = 4;
-  config.num_key_value_heads = 2;
-  config.head_dim = 4;
-  config.sliding_window = {0, 0, 0};
+  LlamaConfig config = llama_config(50, 16, 24, /*layers=*/3, /*heads=*/4, /*kv_heads=*/2);
   config.pad_token_id = 3;
   LlamaModel whole = make_llama(config);
   init_llama_random(whole, 7);

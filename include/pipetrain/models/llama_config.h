@@ -103,6 +103,12 @@ struct LlamaConfig {
   int64_t parameter_count() const;
 };
 
+// A config made in code rather than read: a LlamaForCausalLM of these sizes, the rest as
+// transformers defaults it (head_dim = hidden / heads, no biases, default RoPE of theta 10000,
+// an untied head, no sliding window). Throws ModelConfigError where check_llama_config does.
+LlamaConfig llama_config(int64_t vocab_size, int64_t hidden_size, int64_t intermediate_size,
+                         int64_t layers, int64_t heads, int64_t kv_heads);
+
 // Reads `json` (the content of `file`, named in errors) with the rules above.
 LlamaConfig parse_llama_config(const nlohmann::json& json, const std::string& file = "config.json");
 // Reads `path`: a config.json, or a directory holding one. Throws FileError when it cannot be

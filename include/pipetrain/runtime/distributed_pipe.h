@@ -3,7 +3,10 @@
 // same Interpreter, with a C10dTransport between processes instead of worker threads.
 //
 // Every rank builds the same Sequential (same seed) and the same DistributedPipe; each keeps and
-// runs only the stages its pipeline rank holds. One train_step, on every rank:
+// runs only the stages its pipeline rank holds. The layers of other ranks' stages may hold their
+// parameters on the meta device (shapes only: rank_layers in pipe.h says which layers a rank
+// holds; models/llama.h builds only those): they are never moved or run here. One train_step, on
+// every rank:
 //
 //   [1] take this replica's share of the mini-batch rows (replica d of R: the d-th of R nearly
 //       equal contiguous parts), cut it into `chunks` micro-batches; each micro-batch loss is
