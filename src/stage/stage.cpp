@@ -14,13 +14,19 @@
 //   I, k = K-1 .. 0:     roots = out_k and the tensors segment k stashed, with their gradients
 //                        [1] g_in_k, g_s' = grad(roots, {in_k, popped leaves}, retain_graph)
 //                        [2] keep (roots, gradients) of segment k for W
-//   W, each k:           [3] grad(roots_k, params of its last layer, gradients_k) -> .grad()
+//                        and the gradients [1] passed into the nodes where a path to the
+//                        segment's parameters leaves it (weight_gradients.h)
+//   W, each k:           [3] from those kept gradients down to the params of its last layer
+//                        (their own operations only), or, for params no such node serves (an
+//                        embedding of token ids), grad(roots_k, params, gradients_k) -> .grad()
 //
 // Every autograd node belongs to exactly one segment, I runs it for the input side and W for the
 // parameter side, so nothing is computed twice and the values equal a full backward's. The only
-// parameters of a segment are its last layer's, which read the segment's last values directly,
-// so W's walk from the roots to them passes no other layer. Segments rather than single layers:
-// one autograd engine call per segment in I, not one per layer (8 x (Linear + ReLU): 9, not 16).
+// parameters of a segment are its last layer's; a layer with many operations (a transformer
+// layer: attention, MLP, norms) is one segment, and W starts from the gradients I left at each
+// weight's own operation, so it does not run the layer's backward again. Segments rather than
+// single layers: one autograd engine call per segment in I, not one per layer (8 x (Linear +
+// ReLU): 9, not 16).
 //
 // Stash accounting of a CPU stage, micro-batch i (what stage.h calls stashed bytes):
 //
@@ -41,11 +47,13 @@
 #include "pipetrain/stage/allocation_counter.h"
 #include "pipetrain/stage/layer_call.h"
 #include "pipetrain/stage/skip.h"
+#include "weight_gradients.h"
 
 namespace pipetrain {
 
 struct Stage::LayerRecord {           // one segment (the top of this file)
   size_t last = 0;                    // its last layer: the only one with parameters
+  WeightGradients weights;            // what I passed on the way to them (weight_gradients.h)
   std::vector<torch::Tensor> inputs;  // its first layer's: leaves, kept until I
   std::vector<torch::Tensor> outputs;
   std::map<std::string, torch::Tensor> popped;   // leaves the layer read from the skip context
@@ -574,12 +582,15 @@ Bundle Stage::backward_input(int i, const Bundle& output_grads) {
     }
     std::vector<torch::Tensor> targets = rec.inputs;  // [1]
     for (const auto& entry : rec.popped) targets.push_back(entry.second);
+    const std::vector<torch::Tensor> params = parameters_of(layers_[rec.last].module);
+    if (!params.empty()) rec.weights.capture(rec.roots, targets, params);
     std::vector<torch::Tensor> grads = grad_of(rec.roots, rec.root_grads, targets,
                                                /*retain_graph=*/true);
+    rec.weights.stop_capturing();
     grads_out.assign(grads.begin(), grads.begin() + static_cast<int64_t>(rec.inputs.size()));
     size_t p = rec.inputs.size();
     for (const auto& entry : rec.popped) skip_grads[entry.first] = grads[p++];
-    if (parameters_of(layers_[rec.last].module).empty()) {
+    if (params.empty()) {
       rec = LayerRecord{};  // no W for this segment: free what it kept now
     } else {
       rec.inputs.clear();  // [2] W needs only the roots and their gradients
@@ -612,9 +623,8 @@ void Stage::backward_weight(int i) {
     if (rec.roots.empty()) continue;
     std::vector<torch::Tensor> params = parameters_of(layers_[rec.last].module);
     if (params.empty()) continue;
-    std::vector<torch::Tensor> grads = torch::autograd::grad(
-        rec.roots, params, rec.root_grads, /*retain_graph=*/false, /*create_graph=*/false,
-        /*allow_unused=*/true);  // [3]
+    std::vector<torch::Tensor> grads =
+        rec.weights.compute(rec.roots, rec.root_grads, params);  // [3]
     for (size_t p = 0; p < params.size(); ++p) accumulate_grad(params[p], grads[p]);
     rec = LayerRecord{};
   }
