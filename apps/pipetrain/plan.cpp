@@ -199,6 +199,10 @@ std::string to_text(const ps::Schedule& schedule, const ps::SimulationResult& re
 
 void run_plan(const PlanRequest& request) {
   check_request(request);
+  for (const auto& [flag, path] :
+       {std::pair{"--save", request.save}, {"--output", request.output}}) {
+    if (!path.empty()) as_usage_error(flag, [&] { pipetrain::check_writable(path); });
+  }
   const ps::Schedule schedule = resolve_schedule(request);
   const ps::Costs costs = resolve_costs(request);
   const ps::SimulationResult result = ps::simulate(schedule, costs);

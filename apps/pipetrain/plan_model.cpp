@@ -472,6 +472,10 @@ std::string report_text(const PlanModelArgs& args, const PlanResult& r) {
 
 int run_plan_for_model(const PlanModelArgs& args) {
   check_plan_args(args);
+  for (const auto& [flag, path] :
+       {std::pair{"--output", args.output}, {"--profile-out", args.profile_out}}) {
+    if (!path.empty()) as_usage_error(flag, [&] { pipetrain::check_writable(path); });
+  }
   if (!args.rank_job.empty()) {  // one rank of a measurement the parent launched
     const nlohmann::json job = nlohmann::json::parse(args.rank_job);
     return job.value("mode", std::string("plan")) == "transfer"

@@ -43,6 +43,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <torch/torch.h>
@@ -462,11 +463,25 @@ void check_ranges(const TrainArgs& args) {
   if (args.log_every < 1) fail("--log-every must be at least 1");
 }
 
+// Every file and directory the run will write, checked now rather than after hours of training.
+void check_outputs(const TrainArgs& args) {
+  const std::tuple<const char*, std::string, bool> outputs[] = {
+      {"--save-params", args.save_params, false},
+      {"--save-hf", args.save_hf, true},
+      {"--trace", args.trace, false},
+      {"--timeline", args.timeline, false},
+      {"--checkpoint-dir", args.checkpoint_dir, true}};
+  for (const auto& [flag, path, directory] : outputs) {
+    if (!path.empty()) as_usage_error(flag, [&] { check_writable(path, directory); });
+  }
+}
+
 void check_args(const TrainArgs& args) {
   check_model_data_args(args.data);
   check_choices(args);
   check_ranges(args);
   check_pipeline_request(args.pipeline);
+  check_outputs(args);
   if (args.backend != "auto") {
     const CommBackend backend = as_usage_error("--backend " + args.backend,
                                                [&] { return parse_comm_backend(args.backend); });

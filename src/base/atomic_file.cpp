@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <vector>
@@ -99,6 +100,29 @@ void write_file_atomically(const std::string& path, const std::vector<std::strin
     }
     ::close(dir_fd);
   }
+}
+
+void check_writable(const std::string& path, bool directory) {
+  std::error_code error;
+  std::string where = directory ? path : directory_of(path);
+  if (directory) {
+    std::filesystem::create_directories(path, error);
+    if (error) fail_write(path, "cannot create the directory", error.value());
+  } else {
+    if (!std::filesystem::is_directory(where, error)) {
+      throw FileError("cannot write '" + path + "': its directory '" + where + "' does not exist");
+    }
+    if (std::filesystem::is_directory(path, error)) {
+      throw FileError("cannot write '" + path + "': it is a directory; give a file name");
+    }
+  }
+  std::string probe = where + "/.pipetrain-write-check-XXXXXX";
+  std::vector<char> name(probe.begin(), probe.end());
+  name.push_back('\0');
+  const int fd = ::mkstemp(name.data());
+  if (fd < 0) fail_write(path, "creating a file in '" + where + "'", errno);
+  ::close(fd);
+  ::unlink(name.data());
 }
 
 std::string read_file(const std::string& path) {

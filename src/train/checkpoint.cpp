@@ -1,6 +1,8 @@
 // Checkpoints by parameter name (pipetrain/train/checkpoint.h).
 #include "pipetrain/train/checkpoint.h"
 
+#include "pipetrain/base/message_of.h"
+
 #include <set>
 #include <unordered_map>
 
@@ -254,10 +256,12 @@ Checkpoint deserialize_checkpoint(const std::string& bytes, const std::string& s
   try {
     value = load_pickle(std::vector<char>(bytes.begin(), bytes.end()));
   } catch (const std::exception& e) {
+    // One line: c10's message without its frame list (a TorchScript archive is refused here by
+    // the unpickler, whose message would otherwise carry every C++ frame).
+    const std::string message = message_of(e);
     throw CheckpointError("'" + source +
-                          "' is not a pipetrain checkpoint (unreadable torch "
-                          "pickle): " +
-                          std::string(e.what()).substr(0, 200));
+                          "' is not a pipetrain checkpoint (unreadable torch pickle): " +
+                          message.substr(0, std::min(message.find('\n'), std::size_t{300})));
   }
   if (!value.isGenericDict()) {
     throw CheckpointError("'" + source + "' is not a pipetrain checkpoint (not a dict)");

@@ -157,6 +157,10 @@ TEST_F(HfErrors, ASlidingWindowShorterThanTheSequenceNamesBoth) {
   expect_refused({"--seq-len 16", "key \"sliding_window\" = 8", "use --seq-len 8 or less"});
 }
 
+TEST_F(HfErrors, AnUnwritableSaveHfDirectoryIsRefusedBeforeTraining) {
+  expect_refused({"--save-hf: cannot write '/proc/nope/out'"}, "--save-hf /proc/nope/out");
+}
+
 TEST_F(HfErrors, SaveHfOfAModelThatIsNotAHuggingFaceOneIsRefused) {
   const CliRun run =
       run_pipetrain("train --model mlp --data synthetic --steps 1 --save-hf " + dir_ + "/out");

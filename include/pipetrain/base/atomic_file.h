@@ -24,6 +24,12 @@ void write_file_atomically(const std::string& path, std::string_view bytes);
 // tensor's bytes where they lie), so a large file is never assembled in memory first.
 void write_file_atomically(const std::string& path, const std::vector<std::string_view>& pieces);
 
+// Checks, before any work is done, that `path` can be written later: its directory exists and
+// takes a new file (one is made there and removed), and `path` is not a directory. With
+// `directory` true, `path` is a directory (made, with its parents, when missing) that takes a new
+// file. Throws FileError("cannot write '<path>': <why>").
+void check_writable(const std::string& path, bool directory = false);
+
 // Reads a whole file. Throws FileError naming the path when it cannot.
 std::string read_file(const std::string& path);
 
