@@ -23,11 +23,8 @@ class HfErrors : public ::testing::Test {
  protected:
   void SetUp() override {
     PIPETRAIN_SKIP_WITHOUT_TRANSFORMERS();
-    dir_ = (fs::path(PIPETRAIN_BINARY_DIR) / "test-scratch" / "hf-errors" /
-            ::testing::UnitTest::GetInstance()->current_test_info()->name())
-               .string();
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = testing::scratch_dir(std::string("hf-errors/") +
+                                ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::copy(hf_fixtures() + "/llama", model(), fs::copy_options::recursive);
   }
 

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../helpers/cli_run.h"
+#include "../helpers/hf_models.h"
 #include "bench_options.h"
 #include "pipetrain/models/llama_config.h"
 
@@ -25,13 +26,6 @@ namespace {
 using testing::CliRun;
 using testing::run_pipetrain;
 namespace fs = std::filesystem;
-
-std::string scratch(const std::string& name) {
-  const fs::path dir = fs::path(PIPETRAIN_BINARY_DIR) / "test-scratch" / "plan-llama" / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir.string();
-}
 
 // Llama-3.2-1B's config.json as published (its shape: 16 layers of 2048, 32 heads, 8 KV heads,
 // a 128256-id vocabulary tied to the head, llama3 RoPE).
@@ -48,7 +42,7 @@ const char* kLlama32OneB = R"({
   "transformers_version": "4.45.0.dev0", "use_cache": true, "vocab_size": 128256})";
 
 TEST(PlanLlama, ALlama32OneBShapedConfigPlansOverFourRanksWithoutBuildingTheWholeModel) {
-  const std::string dir = scratch("llama-3.2-1b");
+  const std::string dir = testing::scratch_dir("plan-llama/llama-3.2-1b");
   std::ofstream(dir + "/config.json") << kLlama32OneB;
   const models::LlamaConfig config = models::read_llama_config(dir);
   const int64_t whole_bytes = config.parameter_count() * 4;  // float32 weights alone
@@ -94,7 +88,7 @@ std::vector<double> measured_over_predicted(const std::string& output) {
 }
 
 TEST(PlanLlama, ReportMemoryOnTheBenchConfigAgreesWithTheModelPerCategory) {
-  const std::string dir = scratch("bench-config");
+  const std::string dir = testing::scratch_dir("plan-llama/bench-config");
   fs::create_directories(dir + "/model");
   std::ofstream(dir + "/model/config.json") << bench::llama_bench_config(256).dump(2);
   torch::manual_seed(0);

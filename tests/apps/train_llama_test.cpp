@@ -25,13 +25,6 @@ using testing::hf_reference;
 using testing::run_pipetrain;
 namespace fs = std::filesystem;
 
-std::string scratch(const std::string& name) {
-  const fs::path dir = fs::path(PIPETRAIN_BINARY_DIR) / "test-scratch" / "train-llama" / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir.string();
-}
-
 // Three AdamW steps on 8 samples of 16 ids. Betas and eps differ from the defaults so that the
 // flags are exercised; eps 1e-6 rather than 1e-8 because Adam turns a gradient element far below
 // eps' scale into a full-size update whatever its rounding: Qwen2's k_proj bias has elements of
@@ -81,7 +74,7 @@ class TrainLlama : public ::testing::TestWithParam<std::string> {};
 TEST_P(TrainLlama, WeightsAfterAdamWEqualTransformersTrainingInEveryLayout) {
   PIPETRAIN_SKIP_WITHOUT_TRANSFORMERS();
   const std::string arch = GetParam();
-  const std::string dir = scratch(arch);
+  const std::string dir = testing::scratch_dir("train-llama/" + arch);
   const CliRun reference = hf_reference(
       "train " + hf_fixtures() + "/" + arch + " " + hf_fixtures() + "/tokens.bin " + dir +
       "/reference --seq-len 16 --batch-size 8 --steps 3 --lr 1e-2 --betas "
@@ -114,7 +107,7 @@ INSTANTIATE_TEST_SUITE_P(Architectures, TrainLlama, ::testing::Values("llama", "
 
 TEST(TrainLlama, ExportHfOfACheckpointEqualsSaveHfOfTheSameRun) {
   PIPETRAIN_SKIP_WITHOUT_TRANSFORMERS();
-  const std::string dir = scratch("export");
+  const std::string dir = testing::scratch_dir("train-llama/export");
   const CliRun run = run_pipetrain(train_flags("qwen2") + " --stages 2 --checkpoint-dir " + dir +
                                    "/ck --save-hf " + dir + "/saved");
   ASSERT_EQ(run.exit_code, 0) << run.output;
@@ -122,13 +115,8 @@ TEST(TrainLlama, ExportHfOfACheckpointEqualsSaveHfOfTheSameRun) {
       run_pipetrain("export-hf " + dir + "/ck/checkpoint.pt " + dir + "/exported");
   ASSERT_EQ(exported.exit_code, 0) << exported.output;
   EXPECT_NE(exported.output.find("exported step 3"), std::string::npos) << exported.output;
-  const auto saved = io::SafetensorsCheckpoint::open(dir + "/saved");
-  const auto again = io::SafetensorsCheckpoint::open(dir + "/exported");
-  ASSERT_EQ(saved.names(), again.names());
-  for (const std::string& name : saved.names()) {
-    EXPECT_TRUE(torch::equal(saved.load(name, torch::kFloat32), again.load(name, torch::kFloat32)))
-        << name;
-  }
+  std::string why;
+  EXPECT_TRUE(testing::same_checkpoints(dir + "/saved", dir + "/exported", why)) << why;
   const CliRun bf16 =
       run_pipetrain("export-hf " + dir + "/ck/checkpoint.pt " + dir + "/bf16 --dtype bfloat16");
   ASSERT_EQ(bf16.exit_code, 0) << bf16.output;
@@ -142,7 +130,7 @@ TEST(TrainLlama, ExportHfOfACheckpointEqualsSaveHfOfTheSameRun) {
 // part, and resuming from the merged checkpoint, must still give the uninterrupted run's weights.
 TEST(TrainLlama, AResumedMultiProcessRunEndsWithTheUninterruptedRunsWeights) {
   PIPETRAIN_SKIP_WITHOUT_TRANSFORMERS();
-  const std::string dir = scratch("resume");
+  const std::string dir = testing::scratch_dir("train-llama/resume");
   const std::string run = train_flags("qwen2") + " --nproc 2 --chunks 4 --schedule 1f1b";
   const CliRun whole = run_pipetrain(replace_steps(run, 4) + " --save-hf " + dir + "/whole");
   ASSERT_EQ(whole.exit_code, 0) << whole.output;
@@ -152,12 +140,8 @@ TEST(TrainLlama, AResumedMultiProcessRunEndsWithTheUninterruptedRunsWeights) {
                                       "/ck/checkpoint.pt --save-hf " + dir + "/resumed");
   ASSERT_EQ(second.exit_code, 0) << second.output;
   EXPECT_NE(second.output.find("resumed from"), std::string::npos) << second.output;
-  const auto a = io::SafetensorsCheckpoint::open(dir + "/whole");
-  const auto b = io::SafetensorsCheckpoint::open(dir + "/resumed");
-  ASSERT_EQ(a.names(), b.names());
-  for (const std::string& name : a.names()) {
-    EXPECT_TRUE(torch::equal(a.load(name, torch::kFloat32), b.load(name, torch::kFloat32))) << name;
-  }
+  std::string why;
+  EXPECT_TRUE(testing::same_checkpoints(dir + "/whole", dir + "/resumed", why)) << why;
 }
 
 TEST(TrainLlama, EvalGivesTransformersLossAndPerplexity) {

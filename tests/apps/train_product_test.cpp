@@ -348,8 +348,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"restarts_without_checkpoints",
                 PIPETRAIN_MLP "--data synthetic --nproc 2 --max-restarts 2",
                 "--max-restarts needs --checkpoint-dir DIR"},
-        BadCase{"negative_restarts",
-                PIPETRAIN_MLP "--data synthetic --nproc 2 --max-restarts -1",
+        BadCase{"negative_restarts", PIPETRAIN_MLP "--data synthetic --nproc 2 --max-restarts -1",
                 "--max-restarts must be >= 0, got -1"},
         // PyPI's LibTorch has no MPI.
         BadCase{"unavailable_backend", PIPETRAIN_MLP "--data synthetic --nproc 2 --backend mpi",

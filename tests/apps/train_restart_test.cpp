@@ -136,9 +136,9 @@ TEST_F(TrainRestart, ThreeKillsUnderMaxRestartsThreeEndEqualToTheUninterruptedRu
   std::vector<int> steps, ranks;
   draw(steps, ranks);
   const std::string dir = path("local");
-  const KilledRun run = run_killing("mkdir -p " + dir + " && " + kBinary + " " + train_flags(dir) +
-                                        " --nproc 2 --max-restarts 3",
-                                    "local", steps, ranks);
+  const KilledRun run = run_killing(
+      "mkdir -p " + dir + " && " + kBinary + " " + train_flags(dir) + " --nproc 2 --max-restarts 3",
+      "local", steps, ranks);
   ASSERT_EQ(run.exit_code, 0) << run.output;
   ASSERT_EQ(run.killed_at.size(), 3u) << run.output;
   EXPECT_NE(run.output.find("restart 3 of 3"), std::string::npos) << run.output;
@@ -151,9 +151,9 @@ TEST_F(TrainRestart, ThreeKillsUnderMaxRestartsThreeEndEqualToTheUninterruptedRu
 
 TEST_F(TrainRestart, MoreKillsThanRestartsFailWithTheKilledRanksCode) {
   const std::string dir = path("few");
-  const KilledRun run = run_killing("mkdir -p " + dir + " && " + kBinary + " " + train_flags(dir) +
-                                        " --nproc 2 --max-restarts 1",
-                                    "few", {4, 10}, {1, 0});
+  const KilledRun run = run_killing(
+      "mkdir -p " + dir + " && " + kBinary + " " + train_flags(dir) + " --nproc 2 --max-restarts 1",
+      "few", {4, 10}, {1, 0});
   ASSERT_EQ(run.killed_at.size(), 2u) << run.output;
   EXPECT_EQ(run.exit_code, 128 + SIGKILL) << run.output;
   EXPECT_NE(run.output.find("restart 1 of 1"), std::string::npos) << run.output;
@@ -167,11 +167,12 @@ TEST_F(TrainRestart, UnderTorchrunsMaxRestartsTheRanksResumeOnTheirOwn) {
   const std::string dir = path("torchrun");
   const std::string torchrun =
       testing::kPython.substr(0, testing::kPython.rfind('/') + 1) + "torchrun";
-  const KilledRun run = run_killing(
-      "mkdir -p " + dir + " && GLOO_SOCKET_IFNAME=lo " + torchrun +
-          " --nproc-per-node 2 --max-restarts 3 --no-python --master-addr 127.0.0.1 --master-port " +
-          std::to_string(find_free_port()) + " -- " + kBinary + " " + train_flags(dir),
-      "torchrun", steps, ranks);
+  const KilledRun run =
+      run_killing("mkdir -p " + dir + " && GLOO_SOCKET_IFNAME=lo " + torchrun +
+                      " --nproc-per-node 2 --max-restarts 3 --no-python --master-addr 127.0.0.1 "
+                      "--master-port " +
+                      std::to_string(find_free_port()) + " -- " + kBinary + " " + train_flags(dir),
+                  "torchrun", steps, ranks);
   ASSERT_EQ(run.exit_code, 0) << run.output;
   ASSERT_EQ(run.killed_at.size(), 3u) << run.output;
   EXPECT_NE(run.output.find("restart 3: resuming from"), std::string::npos) << run.output;

@@ -24,13 +24,29 @@
 #include <stdexcept>
 #include <string>
 
+#include <torch/torch.h>
+
 #include "cli_run.h"
+#include "pipetrain/io/safetensors.h"
 #include "python.h"
 
 namespace pipetrain::testing {
 
 inline const std::string kHfReference =
     std::string(PIPETRAIN_SOURCE_DIR) + "/tests/models/hf_reference.py";
+
+// An empty directory of this build for one test: build/test-scratch/<name> (emptied first).
+inline std::string scratch_dir(const std::string& name) {
+  const std::filesystem::path dir =
+      std::filesystem::path(PIPETRAIN_BINARY_DIR) / "test-scratch" / name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+// Whether two safetensors checkpoints hold the same names and bitwise equal tensors; the first
+// difference is named in `why`.
+inline bool same_checkpoints(const std::string& a, const std::string& b, std::string& why);
 
 inline bool python_has_transformers() {
   static const bool has = std::system((kPython + " -c 'import transformers, safetensors' "
@@ -83,6 +99,22 @@ inline const std::string& hf_fixtures() {
     return done.string();
   }();
   return directory;
+}
+
+inline bool same_checkpoints(const std::string& a, const std::string& b, std::string& why) {
+  const auto first = io::SafetensorsCheckpoint::open(a);
+  const auto second = io::SafetensorsCheckpoint::open(b);
+  if (first.names() != second.names()) {
+    why = a + " and " + b + " hold different tensors";
+    return false;
+  }
+  for (const std::string& name : first.names()) {
+    if (!torch::equal(first.load(name, torch::kFloat32), second.load(name, torch::kFloat32))) {
+      why = name + " differs";
+      return false;
+    }
+  }
+  return true;
 }
 
 }  // namespace pipetrain::testing

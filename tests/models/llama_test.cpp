@@ -35,13 +35,6 @@ double relative_error(const torch::Tensor& got, const torch::Tensor& expected) {
   return (got - expected).abs().max().item<double>() / expected.abs().max().item<double>();
 }
 
-std::string scratch(const std::string& name) {
-  const fs::path dir = fs::path(PIPETRAIN_BINARY_DIR) / "test-scratch" / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir.string();
-}
-
 class LlamaLogits : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(LlamaLogits, EqualTransformersForTheSameCheckpoint) {
@@ -154,7 +147,7 @@ TEST(Llama, SavedCheckpointsLoadInTransformersWithTheSameLogits) {
     for (const auto& item : model.sequential->named_parameters()) {
       parameters[item.key()] = item.value();
     }
-    const std::string out = scratch("llama-save-" + arch);
+    const std::string out = testing::scratch_dir("llama-save-" + arch);
     // A small shard limit: the tied Qwen2 is written in several shards with an index.
     const auto files = save_llama_hf(
         out, *model.config, parameters,
@@ -197,7 +190,7 @@ TEST(Llama, MissingAndExtraTensorsAreErrorsNamingThem) {
     if (name == "model.norm.weight") continue;
     tensors.emplace_back(name, source.load(name, torch::kFloat32));
   }
-  const std::string missing = scratch("llama-missing");
+  const std::string missing = testing::scratch_dir("llama-missing");
   io::write_safetensors_checkpoint(missing, tensors);
   LlamaModel model = make_llama(read_llama_config(hf_fixtures() + "/llama"));
   try {
@@ -209,7 +202,7 @@ TEST(Llama, MissingAndExtraTensorsAreErrorsNamingThem) {
   }
   tensors.emplace_back("model.norm.weight", torch::ones({32}));
   tensors.emplace_back("model.layers.7.mlp.up_proj.weight", torch::ones({48, 32}));
-  const std::string extra = scratch("llama-extra");
+  const std::string extra = testing::scratch_dir("llama-extra");
   io::write_safetensors_checkpoint(extra, tensors);
   try {
     load_llama_weights(model, io::SafetensorsCheckpoint::open(extra));
@@ -222,7 +215,7 @@ TEST(Llama, MissingAndExtraTensorsAreErrorsNamingThem) {
 
 TEST(Llama, Bf16WeightsLoadIntoFloat32) {
   PIPETRAIN_SKIP_WITHOUT_TRANSFORMERS();
-  const std::string dir = scratch("llama-bf16");
+  const std::string dir = testing::scratch_dir("llama-bf16");
   const testing::CliRun made =
       testing::hf_reference("make " + dir + "/model --arch llama --dtype bfloat16 --seed 1");
   ASSERT_EQ(made.exit_code, 0) << made.output;
