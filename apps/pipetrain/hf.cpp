@@ -1,6 +1,6 @@
 // The Hugging Face commands: `pipetrain generate` (greedy decoding through the pipeline) and
 // `pipetrain export-hf` (a pipetrain checkpoint of a Hugging Face model, written as transformers
-// saves it), and the inference model `pipetrain eval` shares with generate.
+// saves it), and the flags of the inference model (examples' InferenceModel) eval shares.
 //
 //   pipetrain generate --model DIR --prompt-tokens 1,2,3 --max-new-tokens N [--stages K]
 //                      [--checkpoint run/checkpoint.pt] [--device cpu|cuda]
