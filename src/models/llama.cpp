@@ -54,8 +54,10 @@ std::string shape_text(torch::IntArrayRef shape) {
   return text + "]";
 }
 
-bool is_norm_weight(const std::string& name) {
-  return name.find("layernorm") != std::string::npos || name.find("norm.weight") == 0;
+// A decoder layer's input_layernorm / post_attention_layernorm weight (the final norm is an entry
+// of its own).
+bool is_layer_norm_weight(const std::string& name) {
+  return name.find("layernorm") != std::string::npos;
 }
 
 }  // namespace
@@ -286,7 +288,7 @@ void init_llama_random(LlamaModel& model, uint64_t seed) {
       torch::Tensor p = item.value();
       if (!done.insert(p.unsafeGetTensorImpl()).second) continue;
       const std::string& name = item.key();
-      if (is_norm_weight(name) || (e == static_cast<size_t>(c.num_hidden_layers + 1))) {
+      if (is_layer_norm_weight(name) || e == static_cast<size_t>(c.num_hidden_layers + 1)) {
         p.fill_(1.0);
       } else if (name.size() >= 4 && name.compare(name.size() - 4, 4, "bias") == 0) {
         p.zero_();
