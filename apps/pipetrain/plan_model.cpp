@@ -228,7 +228,8 @@ void emit(const PlanModelArgs& args, const std::string& text) {
 
 void add_plan_model_options(CLI::App& command, PlanModelArgs& args) {
   command.add_option("--model", args.model,
-                     "Plan for a model: MODEL.pt (TorchScript Sequential), mlp or cnn");
+                     "Plan for a model: MODEL.pt (TorchScript Sequential), mlp, cnn or a Hugging "
+                     "Face DIR (--sample-shape B,T; profiled from one decoder layer)");
   command.add_option("--sample-shape", args.sample_shape,
                      "With --model: the mini-batch shape, batch first (e.g. 256,784)");
   command.add_option("--memory-limit", args.memory_limit,

@@ -14,7 +14,7 @@
 namespace pipetrain::cli {
 
 struct PlanModelArgs {
-  std::string model;               // MODEL.pt (TorchScript) | mlp | cnn
+  std::string model;               // MODEL.pt (TorchScript) | mlp | cnn | a Hugging Face DIR
   std::string sample_shape;        // "256,784": the mini-batch (first dimension = batch size)
   int stages = 0;                  // K pipeline ranks (0: 2)
   std::string memory_limit;        // per rank, e.g. "2GiB"; empty: no limit
