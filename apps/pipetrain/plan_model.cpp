@@ -181,7 +181,8 @@ void add_plan_model_options(CLI::App& command, PlanModelArgs& args) {
 
 namespace {
 
-void check_plan_args(const PlanModelArgs& args) {
+// Returns --precision, parsed once here.
+Precision check_plan_args(const PlanModelArgs& args) {
   if (args.format != "text" && args.format != "json") {
     throw UsageError("--format '" + args.format + "' with --model; valid: text, json");
   }
@@ -212,6 +213,7 @@ void check_plan_args(const PlanModelArgs& args) {
         "--precision fp16 is not planned: the profile and the memory model cover fp32 and bf16 "
         "(fp16 needs CUDA stages); use --precision bf16");
   }
+  return precision;
 }
 
 pp::PlannerOptions planner_options(const PlanModelArgs& args) {
@@ -236,7 +238,7 @@ pp::PlannerOptions planner_options(const PlanModelArgs& args) {
 }  // namespace
 
 int run_plan_for_model(const PlanModelArgs& args) {
-  check_plan_args(args);
+  const Precision precision = check_plan_args(args);
   for (const auto& [flag, path] :
        {std::pair{"--output", args.output}, {"--profile-out", args.profile_out}}) {
     if (!path.empty()) as_usage_error(flag, [&] { pipetrain::check_writable(path); });
@@ -251,7 +253,7 @@ int run_plan_for_model(const PlanModelArgs& args) {
   request.llama = model.llama;
   request.sample = model.sample;
   request.planner = planner_options(args);
-  request.precision = parse_precision(args.precision);
+  request.precision = precision;
   request.calibrate = args.calibrate;
   request.verify = args.verify;
   request.processes = args.processes;

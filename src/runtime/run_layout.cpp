@@ -99,13 +99,7 @@ void check_pipeline_request(const PipelineRequest& r) {
   if (r.device != "cpu" && r.device != "cuda") {
     fail("unknown --device '" + r.device + "'; valid: cpu, cuda");
   }
-  Precision precision = Precision::kFloat32;
-  try {
-    precision = parse_precision(r.precision);
-  } catch (const Error& error) {
-    fail("--precision " + r.precision + ": " + error.what());
-  }
-  if (precision == Precision::kFloat16 && !on_cuda(r)) {
+  if (r.precision == Precision::kFloat16 && !on_cuda(r)) {
     fail(
         "--precision fp16 needs CUDA stages (float16 trains with dynamic loss scaling on the "
         "GPU): give --device cuda, or use --precision bf16");
@@ -184,7 +178,7 @@ PipeOptions pipe_options(const PipelineRequest& r, const RunLayout& layout, int6
       .schedule(r.schedule)
       .timeout_seconds(r.timeout)
       .threads_per_stage(threads_per_rank(r, layout))
-      .precision(parse_precision(r.precision))
+      .precision(r.precision)
       .offload_activations(r.offload_activations);
   options.checkpoint(parse_checkpoint(r.checkpoint));
   int64_t ranks = layout.multi_process ? layout.pipeline_ranks : r.stages;

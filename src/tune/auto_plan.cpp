@@ -379,7 +379,7 @@ AutoPlanInput auto_plan_input(const PipelineRequest& pipeline, const RunLayout& 
   input.chunks = chunks_of(pipeline, layout);
   input.checkpoint = pipeline.checkpoint;
   input.virtual_stages = pipeline.virtual_stages;
-  input.precision = parse_precision(pipeline.precision);
+  input.precision = pipeline.precision;
   if (!request.balance) {
     // Not planned: the list given, or the run's own split by layer count (Pipe's rule).
     input.balance = pipeline.balance;

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "pipetrain/runtime/pipe.h"
+#include "pipetrain/stage/precision.h"
 
 namespace pipetrain {
 
@@ -35,7 +36,7 @@ struct PipelineRequest {
   std::string schedule = "1f1b";           // --schedule: a family of schedule::schedule_names()
   std::string schedule_file;               // --schedule-file: a custom schedule instead
   std::string checkpoint = "except_last";  // --checkpoint: always, except_last, never
-  std::string precision = "fp32";          // --precision: fp32, bf16, fp16 (CUDA)
+  Precision precision = Precision::kFloat32;  // --precision: fp32, bf16, fp16 (CUDA stages)
   bool offload_activations = false;        // --offload-activations
   double timeout = 300;                    // --timeout: seconds a wait between ranks may take
   int threads = 0;                   // --threads per rank; 0: the cores shared among the ranks

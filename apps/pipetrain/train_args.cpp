@@ -1,0 +1,408 @@
+// `pipetrain train`'s flags and their checks (train_args.h).
+#include "train_args.h"
+
+#include <algorithm>
+#include <cmath>
+#include <exception>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "commands.h"
+#include "model_data.h"
+#include "pipetrain/base/atomic_file.h"
+#include "pipetrain/partition/memory.h"
+#include "pipetrain/schedule/generators.h"
+#include "pipetrain/stage/precision.h"
+#include "pipetrain/train/optimizer.h"
+#include "pipetrain/train/trainer.h"
+#include "pipetrain/transport/c10d.h"
+
+namespace pipetrain::cli {
+namespace {
+
+using tune::AutoRequest;
+
+const std::vector<std::string> kCheckpoints = {"always", "except_last", "never"};
+const std::vector<std::string> kLrSchedules = {"constant", "cosine"};
+
+bool contains(const std::vector<std::string>& names, const std::string& name) {
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+// The run's length and the pipeline: steps, batches, stages, balance, schedule, checkpointing.
+void add_pipeline_flags(CLI::App& command, TrainArgs& args) {
+  command.add_option("--epochs", args.epochs, "passes over the training data")
+      ->capture_default_str();
+  command.add_option("--steps", args.steps,
+                     "optimizer steps; overrides --epochs (required for --data text). "
+                     "Default: epochs x batches per epoch");
+  command.add_option("--batch-size", args.batch_size, "rows per mini-batch N")
+      ->capture_default_str();
+  command.add_option("--chunks", args.chunks_text,
+                     "micro-batches per mini-batch M, or auto (the planner's). Default: 1 without "
+                     "a pipeline, else 2 x pipeline ranks; auto with --schedule auto");
+  command
+      .add_option("--stages", args.pipeline.stages,
+                  "pipeline ranks K in one process (worker threads); layers split as evenly as "
+                  "possible. 1 with --chunks 1 is plain sequential training")
+      ->capture_default_str()
+      ->each([&args](const std::string&) { args.pipeline.stages_given = true; });
+  command
+      .add_option("--balance", args.balance_text,
+                  "layers per stage, comma-separated (K*V entries summing to the layer count), "
+                  "instead of --stages; or auto: profile the model and split it over the K "
+                  "ranks for the fastest step (docs/TRAIN_CLI.md, \"Auto plan\")")
+      ->delimiter(',');
+  command
+      .add_option("--nproc", args.nproc,
+                  "processes on this machine (pipeline ranks x data-parallel replicas); > 1 "
+                  "starts them with the local launcher")
+      ->capture_default_str();
+  command.add_option("--max-restarts", args.max_restarts,
+                     "when a rank fails, stop all and start them again up to this many times, "
+                     "resuming from --checkpoint-dir (torchrun's --max-restarts)");
+  command.add_option("--pp", args.pipeline.pp,
+                     "pipeline ranks per replica in a multi-process run. Default: processes / "
+                     "--dp");
+  command.add_option("--dp", args.pipeline.dp, "data-parallel replicas in a multi-process run")
+      ->capture_default_str();
+  command
+      .add_option(
+          "--schedule", args.pipeline.schedule,
+          "schedule: " + join_names(schedule::schedule_names()) +
+              " (custom with --schedule-file), or auto: the planner picks the schedule and, "
+              "unless given, chunks, checkpoint, virtual stages and balance")
+      ->capture_default_str()
+      ->each([&args](const std::string&) { args.schedule_given = true; });
+  command.add_option("--schedule-file", args.pipeline.schedule_file,
+                     "custom schedule: the text form (one line of actions per rank) or, for a "
+                     "*.csv file, torch.distributed.pipelining's compute-only CSV");
+  command
+      .add_option("--virtual", args.pipeline.virtual_stages,
+                  "chunks per rank V (interleaved-1f1b: default 1; interleaved-zb, looped-bfs and "
+                  "the V-shaped zb-v, v-half, v-min, dualpipev: 2)")
+      ->each([&args](const std::string&) { args.virtual_given = true; });
+  command
+      .add_option("--checkpoint", args.pipeline.checkpoint,
+                  "micro-batches that recompute their forward before backward: " +
+                      join_names(kCheckpoints) + ", or auto (the planner's)")
+      ->capture_default_str()
+      ->each([&args](const std::string&) { args.checkpoint_given = true; });
+  command.add_option("--memory-limit", args.memory_limit,
+                     "with an auto plan: bytes per rank the plan may use (e.g. 2GiB, 512MiB; "
+                     "none: no limit)");
+}
+
+// The optimizer, its learning-rate schedule and clipping.
+void add_optimizer_flags(CLI::App& command, TrainArgs& args) {
+  command
+      .add_option("--optimizer", args.optimizer,
+                  "optimizer: " + join_names(train::optimizer_names()))
+      ->capture_default_str();
+  command.add_option("--lr", args.lr, "learning rate (peak, with a schedule)")
+      ->capture_default_str();
+  command.add_option("--momentum", args.momentum, "SGD momentum")->capture_default_str();
+  command.add_option("--adam-betas", args.adam_betas, "Adam/AdamW moment decays B1,B2")
+      ->delimiter(',')
+      ->capture_default_str();
+  command.add_option("--adam-eps", args.adam_eps, "Adam/AdamW epsilon")->capture_default_str();
+  command
+      .add_option("--weight-decay", args.weight_decay,
+                  "L2 penalty (sgd, adam) or decoupled weight decay (adamw)")
+      ->capture_default_str();
+  command.add_option("--warmup-steps", args.warmup_steps, "steps of linear learning-rate warm-up")
+      ->capture_default_str();
+  command
+      .add_option("--lr-schedule", args.lr_schedule,
+                  "after the warm-up: " + join_names(kLrSchedules) +
+                      " (cosine decays to --min-lr at the last step)")
+      ->capture_default_str();
+  command.add_option("--min-lr", args.min_lr, "floor of the cosine schedule")
+      ->capture_default_str();
+  command
+      .add_option("--clip-grad-norm", args.clip_grad_norm,
+                  "clip gradients to this global L2 norm (0: no clipping)")
+      ->capture_default_str();
+  command
+      .add_option("--zero", args.zero,
+                  "ZeRO stage over the data-parallel replicas: 0 none, 1 optimizer state "
+                  "sharded, 2 gradients held between steps sharded too (needs --dp > 1)")
+      ->capture_default_str();
+  command.add_flag("--report-memory", args.report_memory,
+                   "after the last step, print what each rank holds per category (parameters, "
+                   "gradients, optimizer state, activations, transport), predicted by the memory "
+                   "model and measured (docs/MEMORY.md)");
+  command.add_flag("--offload-activations", args.pipeline.offload_activations,
+                   "checkpointed micro-batches' inputs wait in pinned host memory until their "
+                   "backward (CUDA stages); on CPU stages it is accounted, not a saving "
+                   "(docs/MEMORY.md)");
+  command
+      .add_option("--precision", args.precision_name,
+                  "fp32, or bf16: layers under autocast, activations and gradients cross stages "
+                  "in bfloat16, float32 weights and loss (fp16 needs CUDA stages)")
+      ->capture_default_str();
+}
+
+// Seeds, threads, what is written (trace, timeline, parameters, checkpoints), processes.
+void add_run_flags(CLI::App& command, TrainArgs& args) {
+  command
+      .add_option("--seed", args.data.seed,
+                  "seed of the initial weights, the data order and the random streams")
+      ->capture_default_str();
+  command
+      .add_option("--threads", args.pipeline.threads,
+                  "intra-op threads per pipeline rank (0: the cores shared among the ranks)")
+      ->capture_default_str();
+  command.add_option("--trace", args.trace,
+                     "write every executed action of every rank here (Chrome trace JSON; "
+                     "chrome://tracing or ui.perfetto.dev)");
+  command.add_option("--timeline", args.timeline,
+                     "draw the measured timeline of one step here (SVG: rows = ranks)");
+  command.add_option("--save-params", args.save_params,
+                     "write {parameter name: tensor} here at the end (torch.load reads it)");
+  command.add_option("--save-hf", args.save_hf,
+                     "a Hugging Face --model: write it here at the end as transformers saves it "
+                     "(safetensors and config.json; from_pretrained loads it)");
+  command
+      .add_option("--device", args.pipeline.device,
+                  "cpu, or cuda: pipeline rank r on cuda:(r mod GPUs) in one process, rank r "
+                  "on cuda:LOCAL_RANK with --nproc")
+      ->capture_default_str();
+  command
+      .add_option("--devices", args.pipeline.devices,
+                  "one device per pipeline rank in one process, e.g. cuda:0,cuda:1")
+      ->delimiter(',');
+  command.add_option(
+      "--checkpoint-dir", args.checkpoint_dir,
+      "write DIR/checkpoint.pt (atomically) every --save-every steps and at the end");
+  command
+      .add_option("--save-every", args.save_every, "steps between checkpoints (0: only at the end)")
+      ->capture_default_str();
+  command.add_option("--resume", args.resume,
+                     "continue from this checkpoint (any stage or process count)");
+  command.add_option("--config", args.config,
+                     "JSON file of flags ({\"lr\": 0.01, ...}); flags given here win");
+  command
+      .add_option("--backend", args.backend,
+                  "process-group backend of a multi-process run: auto (gloo for CPU stages, nccl "
+                  "for CUDA stages), gloo, nccl or mpi")
+      ->capture_default_str();
+  command
+      .add_option("--timeout", args.pipeline.timeout,
+                  "seconds any wait between ranks may take before the run fails")
+      ->capture_default_str();
+  command.add_option("--log-every", args.log_every, "progress line every this many steps (logs)")
+      ->capture_default_str();
+}
+
+}  // namespace
+
+void add_train_flags(CLI::App& command, TrainArgs& args) {
+  add_model_data_flags(command, args.data);
+  add_pipeline_flags(command, args);
+  add_optimizer_flags(command, args);
+  add_run_flags(command, args);
+}
+
+// --balance, --chunks, --memory-limit and --precision as typed values, and what `auto` leaves to
+// the planner (tune/auto_plan.h).
+void resolve_auto_flags(TrainArgs& args) {
+  AutoRequest& request = args.auto_request;
+  const bool balance_auto = std::find(args.balance_text.begin(), args.balance_text.end(), "auto") !=
+                            args.balance_text.end();
+  if (balance_auto && args.balance_text.size() != 1) {
+    throw UsageError(
+        "--balance auto and a list of layer counts were both given; give either "
+        "--balance auto (the planner splits the layers) or the list");
+  }
+  request.balance = balance_auto;
+  args.pipeline.balance.clear();
+  for (const std::string& text : args.balance_text) {
+    if (balance_auto) break;
+    try {
+      std::size_t used = 0;
+      args.pipeline.balance.push_back(std::stoll(text, &used));
+      if (used != text.size()) throw std::invalid_argument(text);
+    } catch (const std::exception&) {
+      throw UsageError("--balance entry '" + text +
+                       "' is not a layer count; give counts like 3,2,2 or auto");
+    }
+  }
+  if (args.chunks_text == "auto") {
+    request.chunks = true;
+  } else if (!args.chunks_text.empty()) {
+    try {
+      std::size_t used = 0;
+      args.pipeline.chunks = std::stoll(args.chunks_text, &used);
+      if (used != args.chunks_text.size()) throw std::invalid_argument(args.chunks_text);
+    } catch (const std::exception&) {
+      throw UsageError("--chunks '" + args.chunks_text +
+                       "' is not a micro-batch count; give a number >= 1 or auto");
+    }
+    if (args.pipeline.chunks < 1) {
+      throw UsageError("--chunks must be at least 1 (or auto), got " + args.chunks_text);
+    }
+  }
+  request.checkpoint = args.pipeline.checkpoint == "auto";
+  request.schedule = args.pipeline.schedule == "auto";
+  if (request.schedule) {
+    // --schedule auto: everything the user did not give. An explicit --balance list fixes the
+    // stage count K*V, so it fixes V too.
+    request.chunks = request.chunks || args.chunks_text.empty();
+    request.checkpoint = request.checkpoint || !args.checkpoint_given;
+    request.balance = request.balance || args.balance_text.empty();
+    request.virtual_stages = !args.virtual_given && args.balance_text.empty();
+  }
+  // Each family's own chunk count when --virtual is not given (2 for the V-shaped ones).
+  if (!args.virtual_given && !request.schedule && args.pipeline.schedule_file.empty() &&
+      contains(schedule::schedule_names(), args.pipeline.schedule)) {
+    args.pipeline.virtual_stages = schedule::default_virtual_stages(args.pipeline.schedule);
+  }
+  if (!args.memory_limit.empty() && args.memory_limit != "none") {
+    try {
+      args.memory_limit_bytes = partition::parse_bytes(args.memory_limit);
+    } catch (const pipetrain::BadInput& error) {
+      throw UsageError(std::string("--memory-limit: ") + error.what());
+    }
+  }
+  try {
+    args.pipeline.precision = parse_precision(args.precision_name);  // parsed once, here
+  } catch (const pipetrain::BadInput& error) {
+    throw UsageError("--precision " + args.precision_name + ": " + error.what());
+  }
+}
+
+namespace {
+
+[[noreturn]] void fail(const std::string& message) {
+  throw UsageError(message);
+}
+
+// Names (optimizer, checkpoint, lr schedule, schedule) and flags that exclude each other.
+void check_choices(const TrainArgs& args) {
+  if (args.auto_request.any() && !args.pipeline.schedule_file.empty()) {
+    fail(
+        "--schedule-file fixes the schedule, micro-batches and stages, so there is nothing for "
+        "auto to plan; drop the auto flags or --schedule-file");
+  }
+  if (args.memory_limit_bytes > 0 && !args.auto_request.any()) {
+    fail(
+        "--memory-limit bounds the auto plan; add --balance auto or --schedule auto (or drop "
+        "--memory-limit)");
+  }
+  if (!contains(train::optimizer_names(), args.optimizer)) {
+    fail("unknown --optimizer '" + args.optimizer +
+         "'; valid: " + join_names(train::optimizer_names()));
+  }
+  if (!contains(kCheckpoints, args.pipeline.checkpoint) && !args.auto_request.checkpoint) {
+    fail("unknown --checkpoint '" + args.pipeline.checkpoint +
+         "'; valid: " + join_names(kCheckpoints) + ", auto");
+  }
+  if (!contains(kLrSchedules, args.lr_schedule)) {
+    fail("unknown --lr-schedule '" + args.lr_schedule + "'; valid: " + join_names(kLrSchedules));
+  }
+  if (args.pipeline.schedule_file.empty() &&
+      !contains(schedule::schedule_names(), args.pipeline.schedule) &&
+      !args.auto_request.schedule) {
+    fail("unknown --schedule '" + args.pipeline.schedule +
+         "'; valid: " + join_names(schedule::schedule_names()) +
+         ", auto (or give --schedule-file for a custom one)");
+  }
+  if (!args.pipeline.schedule_file.empty() && args.schedule_given &&
+      args.pipeline.schedule != "custom") {
+    fail("--schedule " + args.pipeline.schedule +
+         " and --schedule-file both say which schedule to run; " +
+         "give only --schedule-file (or --schedule custom)");
+  }
+}
+
+// Every number in its range.
+void check_ranges(const TrainArgs& args) {
+  if (!(args.lr > 0) || !std::isfinite(args.lr)) {
+    fail("--lr must be a positive number, got " + std::to_string(args.lr));
+  }
+  if (!(args.momentum >= 0) || !std::isfinite(args.momentum)) {
+    fail("--momentum must be >= 0, got " + std::to_string(args.momentum));
+  }
+  if (!(args.weight_decay >= 0)) {
+    fail("--weight-decay must be >= 0, got " + std::to_string(args.weight_decay));
+  }
+  if (!(args.min_lr >= 0) || args.min_lr > args.lr) {
+    fail("--min-lr must be in 0..--lr, got " + std::to_string(args.min_lr));
+  }
+  if (!(args.clip_grad_norm >= 0)) {
+    fail("--clip-grad-norm must be >= 0, got " + std::to_string(args.clip_grad_norm));
+  }
+  if (args.warmup_steps < 0) fail("--warmup-steps must be >= 0");
+  if (args.batch_size < 1) {
+    fail("--batch-size must be at least 1, got " + std::to_string(args.batch_size));
+  }
+  if (args.epochs < 1) fail("--epochs must be at least 1, got " + std::to_string(args.epochs));
+  // An explicit --steps must be >= 1; leaving it out (-1) means epochs x batches per epoch.
+  if (args.steps == -1 && args.data.data == "text") {
+    fail("--data text has no epochs: give --steps N (N >= 1)");
+  }
+  if (args.steps == 0 || args.steps < -1) {
+    fail("--steps must be at least 1, got " + std::to_string(args.steps));
+  }
+  if (args.nproc < 1) fail("--nproc must be at least 1, got " + std::to_string(args.nproc));
+  train::check_restart_options(args.max_restarts, args.nproc, args.checkpoint_dir);
+  if (args.save_every < 0) fail("--save-every must be >= 0");
+  if (args.save_every > 0 && args.checkpoint_dir.empty()) {
+    fail("--save-every needs --checkpoint-dir DIR (where checkpoint.pt is written)");
+  }
+  if (args.zero < 0 || args.zero > 2) {
+    fail("--zero must be 0, 1 or 2, got " + std::to_string(args.zero));
+  }
+  if (args.adam_betas.size() != 2) fail("--adam-betas takes two numbers B1,B2");
+  for (double beta : args.adam_betas) {
+    if (!(beta >= 0 && beta < 1))
+      fail("--adam-betas must be in [0, 1), got " + std::to_string(beta));
+  }
+  if (!(args.adam_eps > 0)) fail("--adam-eps must be > 0, got " + std::to_string(args.adam_eps));
+  if (!args.save_hf.empty() && !examples::is_hf_model(args.data.model)) {
+    fail("--save-hf writes a Hugging Face --model DIR; --model " + args.data.model + " is not one");
+  }
+  if (args.zero > 0 && args.pipeline.dp < 2) {
+    fail("--zero " + std::to_string(args.zero) +
+         " shards the optimizer over data-parallel replicas and needs --dp 2 or more (with "
+         "--nproc pp x dp), got --dp " +
+         std::to_string(args.pipeline.dp));
+  }
+  if (args.log_every < 1) fail("--log-every must be at least 1");
+}
+
+// Every file and directory the run will write, checked now rather than after hours of training.
+void check_outputs(const TrainArgs& args) {
+  const std::tuple<const char*, std::string, bool> outputs[] = {
+      {"--save-params", args.save_params, false},
+      {"--save-hf", args.save_hf, true},
+      {"--trace", args.trace, false},
+      {"--timeline", args.timeline, false},
+      {"--checkpoint-dir", args.checkpoint_dir, true}};
+  for (const auto& [flag, path, directory] : outputs) {
+    if (!path.empty()) as_usage_error(flag, [&] { check_writable(path, directory); });
+  }
+}
+
+}  // namespace
+
+void check_args(const TrainArgs& args) {
+  check_model_data_args(args.data);
+  check_choices(args);
+  check_ranges(args);
+  check_pipeline_request(args.pipeline);
+  check_outputs(args);
+  if (args.backend != "auto") {
+    const CommBackend backend = as_usage_error("--backend " + args.backend,
+                                               [&] { return parse_comm_backend(args.backend); });
+    if (!comm_backend_available(backend)) {
+      fail("--backend " + args.backend + " is not available (" +
+           comm_backend_unavailable_reason(backend) + "); use --backend gloo or auto");
+    }
+  }
+}
+
+}  // namespace pipetrain::cli

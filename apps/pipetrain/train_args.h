@@ -1,0 +1,69 @@
+// `pipetrain train`'s flags: TrainArgs, the options that fill it, and the checks that run before
+// anything is built (train.cpp [1]). Every refusal here is a UsageError naming the flag (exit 2).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "pipetrain/runtime/run_layout.h"
+#include "pipetrain/tune/auto_plan.h"
+#include "train_setup.h"
+
+namespace pipetrain::cli {
+
+struct TrainArgs {
+  ModelDataArgs data;
+  PipelineRequest pipeline;             // stages, balance, chunks, schedule, devices, ...
+  std::string precision_name = "fp32";  // --precision as typed (pipeline.precision once parsed)
+  int64_t epochs = 1;
+  int64_t steps = -1;  // -1 (not given): epochs x batches per epoch
+  int64_t batch_size = 128;
+  std::string chunks_text;                // --chunks as given: a count or "auto"
+  std::vector<std::string> balance_text;  // --balance as given: layer counts or "auto"
+  int nproc = 1;
+  int max_restarts = 0;
+  bool schedule_given = false;
+  bool virtual_given = false;
+  bool checkpoint_given = false;
+  std::string memory_limit;  // per rank, bounds the auto plan; "" or "none": no limit
+  int64_t memory_limit_bytes = 0;
+  tune::AutoRequest
+      auto_request;  // what --balance/--schedule/--chunks/--checkpoint auto leave open
+  std::string optimizer = "adam";
+  double lr = 1e-3;
+  double momentum = 0;
+  double weight_decay = 0;
+  std::vector<double> adam_betas{0.9, 0.999};
+  double adam_eps = 1e-8;
+  int64_t warmup_steps = 0;
+  std::string lr_schedule = "constant";
+  double min_lr = 0;
+  double clip_grad_norm = 0;
+  int zero = 0;  // ZeRO stage
+  bool report_memory = false;
+  std::string trace;
+  std::string timeline;
+  std::string save_params;
+  std::string save_hf;
+  std::string checkpoint_dir;
+  int64_t save_every = 0;
+  std::string resume;
+  std::string config;  // expanded by main() before parsing; listed here for --help
+  std::string backend = "auto";
+  int64_t log_every = 100;
+};
+
+// Registers every flag of `pipetrain train` on `command`, bound to `args`.
+void add_train_flags(CLI::App& command, TrainArgs& args);
+
+// --balance, --chunks, --memory-limit and --precision as typed values, and what `auto` leaves to
+// the planner (tune/auto_plan.h).
+void resolve_auto_flags(TrainArgs& args);
+
+// Every name, range, combination and output path, before any work: names the flag.
+void check_args(const TrainArgs& args);
+
+}  // namespace pipetrain::cli
