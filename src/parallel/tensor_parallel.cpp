@@ -1,0 +1,232 @@
+// Megatron-style tensor-parallel functions and layers (parallel/tensor_parallel.h).
+#include "pipetrain/parallel/tensor_parallel.h"
+
+#include <utility>
+#include <vector>
+
+#include <torch/autograd.h>
+#include <torch/nn/functional/linear.h>
+#include <torch/nn/init.h>
+
+#include "pipetrain/base/check.h"
+#include "pipetrain/base/error.h"
+
+namespace pipetrain::parallel {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::tensor_list;
+
+// The group rides in the autograd context as a capsule, so a backward keeps it alive.
+struct GroupHolder : torch::CustomClassHolder {
+  explicit GroupHolder(std::shared_ptr<C10dGroup> g) : group(std::move(g)) {}
+  std::shared_ptr<C10dGroup> group;
+};
+
+void save_group(AutogradContext* ctx, const std::shared_ptr<C10dGroup>& group) {
+  ctx->saved_data["group"] = c10::IValue::make_capsule(c10::make_intrusive<GroupHolder>(group));
+}
+
+C10dGroup& saved_group(AutogradContext* ctx) {
+  auto holder =
+      c10::static_intrusive_pointer_cast<GroupHolder>(ctx->saved_data["group"].toCapsule());
+  return *holder->group;
+}
+
+torch::Tensor summed(const torch::Tensor& x, C10dGroup& group) {
+  std::vector<torch::Tensor> one{x.contiguous().clone()};
+  group.allreduce_sum(one);
+  return one[0];
+}
+
+// [size, ..] of every rank's x (same shape everywhere), stacked in rank order.
+torch::Tensor gathered(const torch::Tensor& x, C10dGroup& group) {
+  const torch::Tensor flat_x = x.contiguous().reshape({-1});
+  torch::Tensor flat = torch::empty({group.size() * flat_x.numel()}, x.options());
+  group.all_gather(flat_x, flat);
+  std::vector<int64_t> shape{group.size()};
+  for (int64_t s : x.sizes()) shape.push_back(s);
+  return flat.view(shape);
+}
+
+struct CopyToGroup : torch::autograd::Function<CopyToGroup> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
+                               const std::shared_ptr<C10dGroup>& group) {
+    save_group(ctx, group);
+    return x.view_as(x);
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    return {summed(grads[0], saved_group(ctx)), torch::Tensor()};
+  }
+};
+
+struct ReduceFromGroup : torch::autograd::Function<ReduceFromGroup> {
+  static torch::Tensor forward(AutogradContext*, const torch::Tensor& x,
+                               const std::shared_ptr<C10dGroup>& group) {
+    return summed(x, *group);
+  }
+  static tensor_list backward(AutogradContext*, tensor_list grads) {
+    return {grads[0], torch::Tensor()};
+  }
+};
+
+struct GatherFromGroup : torch::autograd::Function<GatherFromGroup> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
+                               const std::shared_ptr<C10dGroup>& group) {
+    save_group(ctx, group);
+    ctx->saved_data["width"] = x.size(-1);
+    const torch::Tensor parts = gathered(x, *group);  // [tp, .., w]
+    std::vector<torch::Tensor> pieces = parts.unbind(0);
+    return torch::cat(pieces, -1);
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    const int64_t width = ctx->saved_data["width"].toInt();
+    const int rank = saved_group(ctx).rank();
+    return {grads[0].narrow(-1, rank * width, width).contiguous(), torch::Tensor()};
+  }
+};
+
+// Per-token loss of vocabulary-split logits; see vocab_parallel_cross_entropy.
+struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossEntropy> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits,
+                               const torch::Tensor& targets, int64_t vocab_start,
+                               const std::shared_ptr<C10dGroup>& group) {
+    const torch::Tensor x = logits.to(torch::kFloat32);
+    const int64_t width = x.size(1);
+    // The max only shifts the exponentials (any common value would do); no gradient flows it.
+    torch::Tensor max = std::get<0>(x.max(1));
+    if (group) max = std::get<0>(gathered(max, *group).max(0));
+    const torch::Tensor shifted = x - max.unsqueeze(1);
+    const torch::Tensor exp = shifted.exp();
+    torch::Tensor sum_exp = exp.sum(1);
+    const torch::Tensor in_range = (targets >= vocab_start) & (targets < vocab_start + width);
+    const torch::Tensor local = torch::where(in_range, targets - vocab_start, 0);
+    torch::Tensor target_logit =
+        shifted.gather(1, local.unsqueeze(1)).squeeze(1) * in_range.to(torch::kFloat32);
+    if (group) {
+      std::vector<torch::Tensor> sums{sum_exp, target_logit};
+      group->allreduce_sum(sums);
+    }
+    ctx->save_for_backward({exp / sum_exp.unsqueeze(1), local, in_range});
+    ctx->saved_data["dtype"] = static_cast<int64_t>(logits.scalar_type());
+    return sum_exp.log() - target_logit;
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    torch::Tensor grad = saved[0].clone();  // softmax over the whole vocabulary, this slice
+    grad.scatter_add_(1, saved[1].unsqueeze(1), -saved[2].to(torch::kFloat32).unsqueeze(1));
+    grad.mul_(grads[0].to(torch::kFloat32).unsqueeze(1));
+    const auto dtype = static_cast<torch::ScalarType>(ctx->saved_data["dtype"].toInt());
+    return {grad.to(dtype), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+Slice even_slice(int64_t total, int parts, int index, const std::string& what) {
+  PIPETRAIN_CHECK_INPUT(parts >= 1 && index >= 0 && index < parts, "slice ", index, " of ", parts,
+                        " parts of the ", what, " does not exist");
+  PIPETRAIN_CHECK_INPUT(total % parts == 0, "tensor parallelism ", parts, " does not divide the ",
+                        what, " (", total, ")");
+  const int64_t length = total / parts;
+  return Slice{index * length, length};
+}
+
+torch::Tensor copy_to_tensor_parallel(const torch::Tensor& x, const TensorParallel& tp) {
+  return tp.split() ? CopyToGroup::apply(x, tp.group) : x;
+}
+
+torch::Tensor reduce_from_tensor_parallel(const torch::Tensor& x, const TensorParallel& tp) {
+  return tp.split() ? ReduceFromGroup::apply(x, tp.group) : x;
+}
+
+torch::Tensor gather_from_tensor_parallel(const torch::Tensor& x, const TensorParallel& tp) {
+  return tp.split() ? GatherFromGroup::apply(x, tp.group) : x;
+}
+
+torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits,
+                                           const torch::Tensor& targets, int64_t vocab_start,
+                                           const TensorParallel& tp) {
+  PIPETRAIN_CHECK_INPUT(
+      logits.dim() == 2 && targets.dim() == 1 && logits.size(0) == targets.size(0),
+      "vocab_parallel_cross_entropy expects logits [N, V/tp] and targets [N], "
+      "got ",
+      logits.sizes(), " and ", targets.sizes());
+  return VocabParallelCrossEntropy::apply(logits, targets, vocab_start,
+                                          tp.split() ? tp.group : nullptr);
+}
+
+ColumnParallelLinearImpl::ColumnParallelLinearImpl(int64_t in_, int64_t out_, bool bias_,
+                                                   TensorParallel tp_, bool gather_output_,
+                                                   torch::TensorOptions options_)
+    : in(in_),
+      out(out_),
+      has_bias(bias_),
+      gather_output(gather_output_),
+      tp(std::move(tp_)),
+      options(options_) {
+  reset();
+}
+
+void ColumnParallelLinearImpl::reset() {
+  const Slice slice = rows();
+  weight = register_parameter("weight", torch::zeros({slice.length, in}, options));
+  if (has_bias) bias = register_parameter("bias", torch::zeros({slice.length}, options));
+}
+
+torch::Tensor ColumnParallelLinearImpl::forward(const torch::Tensor& x) {
+  const torch::Tensor y = torch::nn::functional::linear(copy_to_tensor_parallel(x, tp), weight,
+                                                        has_bias ? bias : torch::Tensor());
+  return gather_output ? gather_from_tensor_parallel(y, tp) : y;
+}
+
+RowParallelLinearImpl::RowParallelLinearImpl(int64_t in_, int64_t out_, bool bias_,
+                                             TensorParallel tp_, torch::TensorOptions options_)
+    : in(in_), out(out_), has_bias(bias_), tp(std::move(tp_)), options(options_) {
+  reset();
+}
+
+void RowParallelLinearImpl::reset() {
+  const Slice slice = columns();
+  weight = register_parameter("weight", torch::zeros({out, slice.length}, options));
+  if (has_bias) bias = register_parameter("bias", torch::zeros({out}, options));
+}
+
+torch::Tensor RowParallelLinearImpl::forward(const torch::Tensor& x) {
+  if (!tp.split()) {  // the plain layer, one fused op
+    return torch::nn::functional::linear(x, weight, has_bias ? bias : torch::Tensor());
+  }
+  const torch::Tensor y = reduce_from_tensor_parallel(torch::nn::functional::linear(x, weight), tp);
+  return has_bias ? y + bias : y;
+}
+
+VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(int64_t vocab_, int64_t dim_,
+                                                       TensorParallel tp_,
+                                                       std::optional<int64_t> padding_idx_,
+                                                       torch::TensorOptions options_)
+    : vocab(vocab_), dim(dim_), tp(std::move(tp_)), padding_idx(padding_idx_), options(options_) {
+  reset();
+}
+
+void VocabParallelEmbeddingImpl::reset() {
+  weight = register_parameter("weight", torch::zeros({vocab_rows().length, dim}, options));
+}
+
+torch::Tensor VocabParallelEmbeddingImpl::forward(const torch::Tensor& ids) {
+  const Slice rows = vocab_rows();
+  // padding_idx as embedding_dense_backward takes it: a row index of this table, -1 for none.
+  auto local_padding = [&](int64_t id) -> int64_t {
+    return id >= rows.start && id < rows.start + rows.length ? id - rows.start : -1;
+  };
+  if (!tp.split()) {
+    return at::embedding(weight, ids, padding_idx ? local_padding(*padding_idx) : -1);
+  }
+  const torch::Tensor in_range = (ids >= rows.start) & (ids < rows.start + rows.length);
+  const torch::Tensor local = torch::where(in_range, ids - rows.start, 0);
+  const torch::Tensor found =
+      at::embedding(weight, local, padding_idx ? local_padding(*padding_idx) : -1) *
+      in_range.unsqueeze(-1).to(weight.scalar_type());
+  return reduce_from_tensor_parallel(found, tp);
+}
+
+}  // namespace pipetrain::parallel
