@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "pipetrain/base/atomic_file.h"
+#include "pipetrain/base/check.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "safetensors data is little-endian; pipetrain reads it in place on little-endian "
@@ -43,9 +44,9 @@ std::map<std::string, std::string> read_index(const std::string& index_path) {
     }
     const std::string file = item.value().get<std::string>();
     if (file.empty() || file.find('/') != std::string::npos || file == "." || file == "..") {
-      throw SafetensorsError(index_path, item.key(),
-                             "weight_map names file '" + file +
-                                 "', which is not a file name beside the index");
+      throw SafetensorsError(
+          index_path, item.key(),
+          "weight_map names file '" + file + "', which is not a file name beside the index");
     }
     map[item.key()] = file;
   }
@@ -122,8 +123,7 @@ SafetensorsDtype safetensors_dtype_of(torch::Dtype dtype) {
     case torch::kBool:
       return SafetensorsDtype::kBool;
     default:
-      throw BadInput(std::string("safetensors has no dtype for torch's ") +
-                     c10::toString(dtype));
+      throw BadInput(std::string("safetensors has no dtype for torch's ") + c10::toString(dtype));
   }
 }
 
@@ -221,6 +221,13 @@ std::vector<std::string> SafetensorsCheckpoint::files() const {
 torch::Tensor SafetensorsCheckpoint::load(const std::string& name, torch::Dtype dtype,
                                           const torch::Device& device) const {
   const SafetensorsEntry& e = entry(name);
+  return load_slice(name, 0, 0, e.shape.empty() ? 1 : e.shape[0], dtype, device);
+}
+
+torch::Tensor SafetensorsCheckpoint::load_slice(const std::string& name, int64_t dim, int64_t start,
+                                                int64_t length, torch::Dtype dtype,
+                                                const torch::Device& device) const {
+  const SafetensorsEntry& e = entry(name);
   const Shard& shard = *shards_[index_.at(name).shard];
   const torch::Dtype stored = torch_dtype_of(e.dtype, shard.file.path(), name);
   const char* bytes = shard.file.data() + e.offset;
@@ -228,11 +235,18 @@ torch::Tensor SafetensorsCheckpoint::load(const std::string& name, torch::Dtype 
   const auto size = static_cast<int64_t>(element_size(e.dtype));
   if (reinterpret_cast<uintptr_t>(bytes) % static_cast<uintptr_t>(size) == 0) {
     // The map is read-only: this view is only ever read (copied just below).
-    view = torch::from_blob(const_cast<char*>(bytes), e.shape,
-                            torch::TensorOptions().dtype(stored));
+    view =
+        torch::from_blob(const_cast<char*>(bytes), e.shape, torch::TensorOptions().dtype(stored));
   } else {  // a misaligned tensor (the format does not promise alignment): copy it first
     view = torch::empty(e.shape, torch::TensorOptions().dtype(stored));
     std::memcpy(view.data_ptr(), bytes, e.bytes);
+  }
+  if (!e.shape.empty()) {
+    PIPETRAIN_CHECK_INPUT(dim >= 0 && dim < static_cast<int64_t>(e.shape.size()) && start >= 0 &&
+                              length >= 0 && start + length <= e.shape[dim],
+                          "slice [", start, ", ", start + length, ") of dimension ", dim, " of '",
+                          name, "' of shape ", view.sizes(), " does not exist");
+    view = view.narrow(dim, start, length);
   }
   return view.to(device, dtype, /*non_blocking=*/false, /*copy=*/true);
 }
@@ -278,8 +292,8 @@ std::vector<std::string> write_safetensors_checkpoint(const std::string& directo
   std::error_code error;
   fs::create_directories(directory, error);
   if (error) {
-    throw FileError("cannot write '" + directory + "': cannot create the directory: " +
-                    error.message());
+    throw FileError("cannot write '" + directory +
+                    "': cannot create the directory: " + error.message());
   }
   // Fill shards in order; a new one starts when the next tensor would not fit.
   std::vector<NamedTensorList> shards(1);

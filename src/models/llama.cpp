@@ -9,6 +9,8 @@
 #include <set>
 
 #include "pipetrain/base/atomic_file.h"
+#include "pipetrain/base/check.h"
+#include "pipetrain/base/error.h"
 #include "pipetrain/base/shuffle.h"
 
 namespace pipetrain::models {
@@ -30,8 +32,8 @@ torch::Tensor rotate_half(const torch::Tensor& x) {
 // frequencies divided by factor, a smooth blend between the two cut-offs).
 torch::Tensor rope_inverse_frequencies(const LlamaConfig& c) {
   const int64_t d = c.head_dim;
-  torch::Tensor exponents = torch::arange(0, d, 2, torch::kInt64).to(torch::kFloat32) /
-                            static_cast<double>(d);
+  torch::Tensor exponents =
+      torch::arange(0, d, 2, torch::kInt64).to(torch::kFloat32) / static_cast<double>(d);
   torch::Tensor inv_freq = 1.0 / torch::pow(c.rope_theta, exponents);
   if (c.rope.type == "linear") return inv_freq / c.rope.factor;
   if (c.rope.type != "llama3") return inv_freq;
@@ -58,6 +60,13 @@ std::string shape_text(torch::IntArrayRef shape) {
 // of its own).
 bool is_layer_norm_weight(const std::string& name) {
   return name.find("layernorm") != std::string::npos;
+}
+
+// The dimension of parameter `name` (the Sequential's) this model's tensor-parallel rank holds a
+// slice of, or -1 for a whole tensor.
+int64_t split_dim(const LlamaModel& model, const std::string& name) {
+  if (!model.tensor_parallel.split()) return -1;
+  return tensor_parallel_split(name, *model.config).value_or(-1);
 }
 
 }  // namespace
@@ -111,8 +120,8 @@ std::pair<torch::Tensor, torch::Tensor> RotaryEmbedding::tables(int64_t t,
   if (found != cache_.end()) return found->second;
   torch::NoGradGuard no_grad;
   // As transformers: angles in float32 on the device, cos/sin there, then cast.
-  torch::Tensor positions = torch::arange(t, torch::TensorOptions(torch::kInt64).device(device))
-                                .to(torch::kFloat32);
+  torch::Tensor positions =
+      torch::arange(t, torch::TensorOptions(torch::kInt64).device(device)).to(torch::kFloat32);
   torch::Tensor freqs = positions.unsqueeze(-1) * inv_freq_.to(device).unsqueeze(0);
   torch::Tensor angles = torch::cat({freqs, freqs}, -1);
   auto entry = std::make_pair(angles.cos().to(dtype), angles.sin().to(dtype));
@@ -122,16 +131,18 @@ std::pair<torch::Tensor, torch::Tensor> RotaryEmbedding::tables(int64_t t,
 }
 
 LlamaAttentionImpl::LlamaAttentionImpl(std::shared_ptr<const LlamaConfig> config_,
-                                       torch::TensorOptions options_)
+                                       torch::TensorOptions options_, parallel::TensorParallel tp_)
     : config(std::move(config_)),
       options(options_),
+      tp(std::move(tp_)),
       rope_(std::make_shared<RotaryEmbedding>(*config)) {
   reset();
 }
 
 void LlamaAttentionImpl::reset() {
   const LlamaConfig& c = *config;
-  const int64_t q = c.num_attention_heads * c.head_dim, kv = c.num_key_value_heads * c.head_dim;
+  const int64_t q = c.num_attention_heads / tp.size() * c.head_dim;
+  const int64_t kv = c.num_key_value_heads / tp.size() * c.head_dim;
   q_proj = register_module("q_proj", LlamaLinear(c.hidden_size, q, c.qkv_bias, options));
   k_proj = register_module("k_proj", LlamaLinear(c.hidden_size, kv, c.qkv_bias, options));
   v_proj = register_module("v_proj", LlamaLinear(c.hidden_size, kv, c.qkv_bias, options));
@@ -141,54 +152,58 @@ void LlamaAttentionImpl::reset() {
 torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
   const LlamaConfig& c = *config;
   const int64_t b = x.size(0), t = x.size(1), d = c.head_dim;
-  const int64_t heads = c.num_attention_heads, kv_heads = c.num_key_value_heads;
-  torch::Tensor q = q_proj->forward(x).view({b, t, heads, d}).transpose(1, 2);
-  torch::Tensor k = k_proj->forward(x).view({b, t, kv_heads, d}).transpose(1, 2);
-  torch::Tensor v = v_proj->forward(x).view({b, t, kv_heads, d}).transpose(1, 2);
+  const int64_t heads = c.num_attention_heads / tp.size();
+  const int64_t kv_heads = c.num_key_value_heads / tp.size();
+  const torch::Tensor in = parallel::copy_to_tensor_parallel(x, tp);
+  torch::Tensor q = q_proj->forward(in).view({b, t, heads, d}).transpose(1, 2);
+  torch::Tensor k = k_proj->forward(in).view({b, t, kv_heads, d}).transpose(1, 2);
+  torch::Tensor v = v_proj->forward(in).view({b, t, kv_heads, d}).transpose(1, 2);
   auto [cos, sin] = rope_->tables(t, x.device(), x.scalar_type());
   q = q * cos + rotate_half(q) * sin;
   k = k * cos + rotate_half(k) * sin;
   torch::Tensor attended = at::scaled_dot_product_attention(
       q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true,
       /*scale=*/1.0 / std::sqrt(static_cast<double>(d)), /*enable_gqa=*/kv_heads != heads);
-  return o_proj->forward(attended.transpose(1, 2).reshape({b, t, heads * d}));
+  return parallel::row_parallel_linear(attended.transpose(1, 2).reshape({b, t, heads * d}),
+                                       o_proj->weight, o_proj->bias, tp);
 }
 
 LlamaMlpImpl::LlamaMlpImpl(std::shared_ptr<const LlamaConfig> config_,
-                           torch::TensorOptions options_)
-    : config(std::move(config_)), options(options_) {
+                           torch::TensorOptions options_, parallel::TensorParallel tp_)
+    : config(std::move(config_)), options(options_), tp(std::move(tp_)) {
   reset();
 }
 
 void LlamaMlpImpl::reset() {
   const LlamaConfig& c = *config;
-  gate_proj = register_module(
-      "gate_proj", LlamaLinear(c.hidden_size, c.intermediate_size, c.mlp_bias, options));
-  up_proj = register_module("up_proj",
-                            LlamaLinear(c.hidden_size, c.intermediate_size, c.mlp_bias, options));
-  down_proj = register_module(
-      "down_proj", LlamaLinear(c.intermediate_size, c.hidden_size, c.mlp_bias, options));
+  const int64_t width = c.intermediate_size / tp.size();
+  gate_proj = register_module("gate_proj", LlamaLinear(c.hidden_size, width, c.mlp_bias, options));
+  up_proj = register_module("up_proj", LlamaLinear(c.hidden_size, width, c.mlp_bias, options));
+  down_proj = register_module("down_proj", LlamaLinear(width, c.hidden_size, c.mlp_bias, options));
 }
 
 torch::Tensor LlamaMlpImpl::forward(const torch::Tensor& x) {
-  return down_proj->forward(torch::silu(gate_proj->forward(x)) * up_proj->forward(x));
+  const torch::Tensor in = parallel::copy_to_tensor_parallel(x, tp);
+  return parallel::row_parallel_linear(torch::silu(gate_proj->forward(in)) * up_proj->forward(in),
+                                       down_proj->weight, down_proj->bias, tp);
 }
 
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(std::shared_ptr<const LlamaConfig> config_,
-                                             torch::TensorOptions options_)
-    : config(std::move(config_)), options(options_) {
+                                             torch::TensorOptions options_,
+                                             parallel::TensorParallel tp_)
+    : config(std::move(config_)), options(options_), tp(std::move(tp_)) {
   reset();
 }
 
 void LlamaDecoderLayerImpl::reset() {
   const LlamaConfig& c = *config;
   // Registered in transformers' order, so named_parameters() lists them as its state dict does.
-  self_attn = register_module("self_attn", LlamaAttention(config, options));
-  mlp = register_module("mlp", LlamaMlp(config, options));
+  self_attn = register_module("self_attn", LlamaAttention(config, options, tp));
+  mlp = register_module("mlp", LlamaMlp(config, options, tp));
   input_layernorm =
       register_module("input_layernorm", RmsNorm(c.hidden_size, c.rms_norm_eps, options));
-  post_attention_layernorm = register_module("post_attention_layernorm",
-                                             RmsNorm(c.hidden_size, c.rms_norm_eps, options));
+  post_attention_layernorm =
+      register_module("post_attention_layernorm", RmsNorm(c.hidden_size, c.rms_norm_eps, options));
 }
 
 torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x) {
@@ -199,26 +214,30 @@ torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x) {
 }
 
 LlamaEmbeddingImpl::LlamaEmbeddingImpl(std::shared_ptr<const LlamaConfig> config_,
-                                       torch::TensorOptions options_)
-    : config(std::move(config_)), options(options_) {
+                                       torch::TensorOptions options_, parallel::TensorParallel tp_)
+    : config(std::move(config_)), options(options_), tp(std::move(tp_)) {
   reset();
 }
 
 void LlamaEmbeddingImpl::reset() {
-  weight = register_parameter("weight",
-                              make_parameter({config->vocab_size, config->hidden_size}, options));
+  weight = register_parameter(
+      "weight", make_parameter({config->vocab_size / tp.size(), config->hidden_size}, options));
 }
 
 torch::Tensor LlamaEmbeddingImpl::forward(const torch::Tensor& tokens) {
   TORCH_CHECK(tokens.dim() == 2 && tokens.scalar_type() == torch::kInt64,
               "Llama embedding expects int64 token ids [B, T], got ", tokens.scalar_type(), " ",
               tokens.sizes());
-  return torch::embedding(weight, tokens, config->pad_token_id);
+  if (!tp.split()) return torch::embedding(weight, tokens, config->pad_token_id);
+  return parallel::vocab_parallel_embedding(
+      tokens, weight, tp.rank() * weight.size(0),
+      config->pad_token_id >= 0 ? std::optional<int64_t>(config->pad_token_id) : std::nullopt, tp);
 }
 
 LlamaHeadImpl::LlamaHeadImpl(std::shared_ptr<const LlamaConfig> config_,
-                             torch::TensorOptions options_, torch::Tensor tied)
-    : config(std::move(config_)), options(options_), tied_(std::move(tied)) {
+                             torch::TensorOptions options_, torch::Tensor tied,
+                             parallel::TensorParallel tp_)
+    : config(std::move(config_)), options(options_), tp(std::move(tp_)), tied_(std::move(tied)) {
   reset();
 }
 
@@ -226,21 +245,25 @@ void LlamaHeadImpl::reset() {
   if (tied_.defined()) {
     weight = register_parameter("weight", tied_);
   } else {
-    weight = register_parameter("weight",
-                                make_parameter({config->vocab_size, config->hidden_size}, options));
+    weight = register_parameter(
+        "weight", make_parameter({config->vocab_size / tp.size(), config->hidden_size}, options));
   }
 }
 
 torch::Tensor LlamaHeadImpl::forward(const torch::Tensor& x) {
-  return torch::linear(x, weight);
+  return torch::linear(parallel::copy_to_tensor_parallel(x, tp), weight);
 }
 
-// ---- building -------------------------------------------------------------------------------------
+// ---- building
+// -------------------------------------------------------------------------------------
 
 LlamaModel make_llama(const LlamaConfig& config, const LlamaBuildOptions& options) {
   check_llama_config(config);
+  const parallel::TensorParallel& tp = options.tensor_parallel();
+  if (tp.split()) check_llama_tensor_parallel(config, tp.size());
   LlamaModel model;
   model.config = std::make_shared<const LlamaConfig>(config);
+  model.tensor_parallel = tp;
   const int64_t entries = config.entries();
   model.materialized.assign(static_cast<size_t>(entries), !options.entries().has_value());
   if (options.entries()) {
@@ -258,18 +281,19 @@ LlamaModel make_llama(const LlamaConfig& config, const LlamaBuildOptions& option
   // A tied table is one tensor for both ends: real when either end is materialized.
   const bool tied = config.tie_word_embeddings;
   if (tied) {
-    const bool either = model.materialized[0] || model.materialized[static_cast<size_t>(layers + 2)];
+    const bool either =
+        model.materialized[0] || model.materialized[static_cast<size_t>(layers + 2)];
     model.materialized[0] = model.materialized[static_cast<size_t>(layers + 2)] = either;
   }
-  LlamaEmbedding embedding(model.config, options_of(0));
+  LlamaEmbedding embedding(model.config, options_of(0), tp);
   model.sequential->push_back(embedding);
   for (int64_t l = 0; l < layers; ++l) {
-    model.sequential->push_back(LlamaDecoderLayer(model.config, options_of(l + 1)));
+    model.sequential->push_back(LlamaDecoderLayer(model.config, options_of(l + 1), tp));
   }
-  model.sequential->push_back(RmsNorm(config.hidden_size, config.rms_norm_eps,
-                                      options_of(layers + 1)));
   model.sequential->push_back(
-      LlamaHead(model.config, options_of(layers + 2), tied ? embedding->weight : torch::Tensor()));
+      RmsNorm(config.hidden_size, config.rms_norm_eps, options_of(layers + 1)));
+  model.sequential->push_back(LlamaHead(model.config, options_of(layers + 2),
+                                        tied ? embedding->weight : torch::Tensor(), tp));
   if (tied) {
     model.tied_parameters.emplace_back("0.weight", std::to_string(layers + 2) + ".weight");
   }
@@ -295,9 +319,17 @@ void init_llama_random(LlamaModel& model, uint64_t seed) {
       } else {
         // Drawn in float32 on the CPU whatever the parameter's dtype, so every dtype starts from
         // the same values.
-        torch::Tensor draw = torch::empty(p.sizes(), torch::kFloat32);
+        // A tensor-parallel rank draws the whole tensor and keeps its slice, so that every tp
+        // starts from the values of tp 1.
+        const int64_t split = split_dim(model, std::to_string(e) + "." + name);
+        std::vector<int64_t> whole = p.sizes().vec();
+        if (split >= 0) whole[split] *= model.tensor_parallel.size();
+        torch::Tensor draw = torch::empty(whole, torch::kFloat32);
         draw.normal_(0.0, std, generator);
         if (e == 0 && c.pad_token_id >= 0) draw[c.pad_token_id].zero_();
+        if (split >= 0) {
+          draw = draw.narrow(split, model.tensor_parallel.rank() * p.size(split), p.size(split));
+        }
         p.copy_(draw);
       }
     }
@@ -339,7 +371,8 @@ std::optional<std::string> entry_name_of(const std::string& hf_name, const Llama
   return std::nullopt;
 }
 
-// ---- loading and saving ---------------------------------------------------------------------------
+// ---- loading and saving
+// ---------------------------------------------------------------------------
 
 void load_llama_weights(LlamaModel& model, const io::SafetensorsCheckpoint& checkpoint) {
   const LlamaConfig& c = *model.config;
@@ -365,13 +398,23 @@ void load_llama_weights(LlamaModel& model, const io::SafetensorsCheckpoint& chec
                                        " is not a weight dtype pipetrain reads (F32, F16, BF16, "
                                        "F64; a quantized checkpoint?)");
       }
-      if (torch::IntArrayRef(entry.shape) != p.sizes()) {
+      // A tensor-parallel rank's tensor is a slice of the checkpoint's: compare the whole shape.
+      const int64_t split = split_dim(model, std::to_string(e) + "." + item.key());
+      std::vector<int64_t> whole = p.sizes().vec();
+      if (split >= 0) whole[split] *= model.tensor_parallel.size();
+      if (entry.shape != whole) {
         throw io::SafetensorsError(checkpoint.file_of(hf), hf,
                                    "has shape " + shape_text(entry.shape) +
-                                       " but config.json gives the model " + shape_text(p.sizes()));
+                                       " but config.json gives the model " + shape_text(whole));
       }
       if (p.is_meta()) continue;  // another rank's entry: checked, not read
-      p.copy_(checkpoint.load(hf, p.scalar_type(), p.device()));
+      if (split >= 0) {           // only this rank's slice is read
+        const int64_t length = p.size(split);
+        p.copy_(checkpoint.load_slice(hf, split, model.tensor_parallel.rank() * length, length,
+                                      p.scalar_type(), p.device()));
+      } else {
+        p.copy_(checkpoint.load(hf, p.scalar_type(), p.device()));
+      }
     }
   }
   static const std::regex rotary_table(R"(model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq)");
@@ -438,6 +481,65 @@ std::vector<std::string> save_llama_hf(const std::string& directory, const Llama
   write_file_atomically(config_path, llama_config_json(config, options.dtype()).dump(2) + "\n");
   files.emplace_back("config.json");
   return files;
+}
+
+torch::Tensor vocab_parallel_causal_lm_loss(const torch::Tensor& logits,
+                                            const torch::Tensor& targets,
+                                            const parallel::TensorParallel& tp) {
+  TORCH_CHECK(logits.dim() == 3 && targets.dim() == 2 && logits.size(0) == targets.size(0) &&
+                  logits.size(1) == targets.size(1),
+              "causal_lm_loss expects logits [B, T, V/tp] and targets [B, T], got ", logits.sizes(),
+              " and ", targets.sizes());
+  const int64_t width = logits.size(2);
+  return parallel::vocab_parallel_cross_entropy(logits.reshape({-1, width}), targets.reshape({-1}),
+                                                tp.rank() * width, tp)
+      .mean();
+}
+
+void check_llama_tensor_parallel(const LlamaConfig& c, int tp) {
+  PIPETRAIN_CHECK_INPUT(tp >= 1, "--tp must be >= 1 (got ", tp, ")");
+  const std::vector<std::pair<const char*, int64_t>> cut = {
+      {"num_attention_heads", c.num_attention_heads},
+      {"num_key_value_heads", c.num_key_value_heads},
+      {"vocab_size", c.vocab_size},
+      {"intermediate_size", c.intermediate_size}};
+  std::string works;
+  for (int t = 1; t <= c.num_attention_heads; ++t) {
+    bool all = true;
+    for (const auto& item : cut) all = all && item.second % t == 0;
+    if (all) works += (works.empty() ? "" : ", ") + std::to_string(t);
+  }
+  for (const auto& [key, value] : cut) {
+    if (value % tp == 0) continue;
+    std::string why = std::string("--tp ") + std::to_string(tp) + " does not divide " + key + " (" +
+                      std::to_string(value) + ") of config.json";
+    if (std::string(key) == "num_key_value_heads" && value < tp) {
+      why +=
+          ": fewer key/value heads than tensor-parallel ranks (Megatron replicates them) is "
+          "not supported yet";
+    }
+    throw BadInput(why +
+                   "; tensor-parallel sizes that divide heads, key/value heads, vocabulary "
+                   "and MLP width: " +
+                   works);
+  }
+}
+
+std::optional<int64_t> tensor_parallel_split(const std::string& name, const LlamaConfig& c) {
+  const auto dot = name.find('.');
+  TORCH_CHECK(dot != std::string::npos, "not a Llama parameter name: '", name, "'");
+  const int64_t entry = std::stoll(name.substr(0, dot));
+  const std::string rest = name.substr(dot + 1);
+  if (entry == 0 || entry == c.num_hidden_layers + 2) return 0;  // the table and the head: rows
+  if (entry == c.num_hidden_layers + 1) return std::nullopt;     // the final norm
+  for (const char* column : {"self_attn.q_proj.", "self_attn.k_proj.", "self_attn.v_proj.",
+                             "mlp.gate_proj.", "mlp.up_proj."}) {
+    if (rest.rfind(column, 0) == 0) return 0;  // weight rows and bias
+  }
+  for (const char* row : {"self_attn.o_proj.weight", "mlp.down_proj.weight"}) {
+    if (rest == row) return 1;
+  }
+  return std::nullopt;  // norms, o_proj/down_proj biases
 }
 
 torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& targets) {

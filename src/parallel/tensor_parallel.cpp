@@ -192,12 +192,15 @@ void RowParallelLinearImpl::reset() {
   if (has_bias) bias = register_parameter("bias", torch::zeros({out}, options));
 }
 
-torch::Tensor RowParallelLinearImpl::forward(const torch::Tensor& x) {
-  if (!tp.split()) {  // the plain layer, one fused op
-    return torch::nn::functional::linear(x, weight, has_bias ? bias : torch::Tensor());
-  }
+torch::Tensor row_parallel_linear(const torch::Tensor& x, const torch::Tensor& weight,
+                                  const torch::Tensor& bias, const TensorParallel& tp) {
+  if (!tp.split()) return torch::nn::functional::linear(x, weight, bias);  // one fused op
   const torch::Tensor y = reduce_from_tensor_parallel(torch::nn::functional::linear(x, weight), tp);
-  return has_bias ? y + bias : y;
+  return bias.defined() ? y + bias : y;
+}
+
+torch::Tensor RowParallelLinearImpl::forward(const torch::Tensor& x) {
+  return row_parallel_linear(x, weight, has_bias ? bias : torch::Tensor(), tp);
 }
 
 VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(int64_t vocab_, int64_t dim_,
@@ -213,7 +216,13 @@ void VocabParallelEmbeddingImpl::reset() {
 }
 
 torch::Tensor VocabParallelEmbeddingImpl::forward(const torch::Tensor& ids) {
-  const Slice rows = vocab_rows();
+  return vocab_parallel_embedding(ids, weight, vocab_rows().start, padding_idx, tp);
+}
+
+torch::Tensor vocab_parallel_embedding(const torch::Tensor& ids, const torch::Tensor& weight,
+                                       int64_t vocab_start, std::optional<int64_t> padding_idx,
+                                       const TensorParallel& tp) {
+  const Slice rows{vocab_start, weight.size(0)};
   // padding_idx as embedding_dense_backward takes it: a row index of this table, -1 for none.
   auto local_padding = [&](int64_t id) -> int64_t {
     return id >= rows.start && id < rows.start + rows.length ? id - rows.start : -1;

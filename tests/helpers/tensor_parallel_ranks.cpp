@@ -6,12 +6,22 @@
 //   layers   column -> row parallel MLP, a gathered column layer, the vocabulary-parallel
 //            embedding (with a padding id) and cross-entropy: outputs, loss and every gradient
 //            equal the whole layers' (the slices of them this rank holds)
+//   llama [variant]   the Llama model's tensor-parallel form (models/llama.h) against the whole
+//            model on every rank: its random init and its load from a Hugging Face checkpoint
+//            are slices of the whole, and logits, loss and every gradient are the whole's slices.
+//            variant "tied": tied head, q/k/v, o_proj and MLP biases, a padding id
+#include <unistd.h>
+
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
+#include <map>
 #include <string>
 
 #include <torch/torch.h>
 
+#include "pipetrain/io/safetensors.h"
+#include "pipetrain/models/llama.h"
 #include "pipetrain/parallel/tensor_parallel.h"
 #include "pipetrain/runtime/distributed.h"
 
@@ -114,6 +124,75 @@ void scenario_layers(Distributed& d) {
   std::cout << "OK layers rank " << r << " of " << n << std::endl;
 }
 
+// Every parameter of `part` (a tensor-parallel model) against its slice of `whole`'s, and the
+// same for their gradients when `grads`.
+void expect_slices(const models::LlamaModel& part, const models::LlamaModel& whole, bool grads,
+                   const std::string& what) {
+  const auto whole_params = whole.sequential->named_parameters();
+  const parallel::TensorParallel& tp = part.tensor_parallel;
+  for (const auto& item : part.sequential->named_parameters()) {
+    torch::Tensor want = whole_params[item.key()];
+    torch::Tensor got = item.value();
+    if (grads) {
+      want = want.grad();
+      got = got.grad();
+      CHECK_OR_THROW(got.defined(), what, ": ", item.key(), " has no gradient");
+    }
+    const std::optional<int64_t> dim = models::tensor_parallel_split(item.key(), *whole.config);
+    if (dim) want = want.narrow(*dim, tp.rank() * got.size(*dim), got.size(*dim));
+    expect_close(got, want, what + " " + item.key());
+  }
+}
+
+void scenario_llama(Distributed& d, const std::string& variant) {
+  const TensorParallel tp{d.data_parallel_group()};
+  models::LlamaConfig c = models::llama_config(24, 16, 24, 2, 4, 2);
+  if (variant == "tied") {
+    c.tie_word_embeddings = true;
+    c.qkv_bias = c.output_bias = c.mlp_bias = true;
+    c.pad_token_id = 3;
+  }
+  models::LlamaModel whole = models::make_llama(c);
+  models::init_llama_random(whole, 5);
+  {
+    torch::NoGradGuard no_grad;  // biases start at zero: make them count (the same on every rank)
+    torch::manual_seed(5);
+    for (auto& p : whole.sequential->parameters()) p.add_(torch::randn(p.sizes()) * 0.01);
+  }
+  models::LlamaModel part = models::make_llama(c, models::LlamaBuildOptions().tensor_parallel(tp));
+  models::init_llama_random(part, 5);
+  // The random init: tp 1's values, sliced (before the perturbation above, so compare to a fresh
+  // whole model).
+  models::LlamaModel fresh = models::make_llama(c);
+  models::init_llama_random(fresh, 5);
+  expect_slices(part, fresh, false, "random init");
+
+  // Loading a Hugging Face checkpoint of the whole model reads each rank's slices.
+  const std::string dir =
+      std::filesystem::temp_directory_path().string() + "/pipetrain_tp_" + std::to_string(getpid());
+  std::map<std::string, torch::Tensor> named;
+  for (const auto& item : whole.sequential->named_parameters()) named[item.key()] = item.value();
+  models::save_llama_hf(dir, c, named);
+  models::load_llama_weights(part, io::SafetensorsCheckpoint::open(dir));
+  std::filesystem::remove_all(dir);
+  expect_slices(part, whole, false, "loaded");
+
+  torch::manual_seed(11);
+  const torch::Tensor tokens = torch::randint(c.vocab_size, {2, 6}, torch::kInt64);
+  const torch::Tensor targets = torch::randint(c.vocab_size, {2, 6}, torch::kInt64);
+  const torch::Tensor whole_logits = whole.sequential->forward(tokens);
+  const torch::Tensor whole_loss = models::causal_lm_loss(whole_logits, targets);
+  whole_loss.backward();
+  const torch::Tensor logits = part.sequential->forward(tokens);
+  const int64_t width = c.vocab_size / tp.size();
+  expect_close(logits, whole_logits.narrow(2, tp.rank() * width, width), "logits slice");
+  const torch::Tensor loss = models::vocab_parallel_causal_lm_loss(logits, targets, tp);
+  expect_close(loss, whole_loss, "loss");
+  loss.backward();
+  expect_slices(part, whole, true, "gradient");
+  std::cout << "OK llama " << variant << " rank " << tp.rank() << std::endl;
+}
+
 }  // namespace
 }  // namespace pipetrain
 
@@ -128,6 +207,9 @@ int main(int argc, char** argv) {
   return run_distributed(DistributedOptions().timeout(test_timeout()).pipeline_ranks(1),
                          [&](Distributed& d) {
                            if (scenario == "layers") return scenario_layers(d);
+                           if (scenario == "llama") {
+                             return scenario_llama(d, argc > 2 ? argv[2] : "plain");
+                           }
                            TORCH_CHECK(false, "unknown scenario ", scenario);
                          });
 }

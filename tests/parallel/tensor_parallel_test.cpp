@@ -7,6 +7,7 @@
 
 #include "../helpers/multiprocess.h"
 #include "pipetrain/base/error.h"
+#include "pipetrain/models/llama.h"
 #include "pipetrain/parallel/tensor_parallel.h"
 
 namespace pipetrain::parallel {
@@ -80,5 +81,54 @@ TEST_P(TensorParallelRanks, SplitLayersComputeWhatTheWholeLayersCompute) {
 
 INSTANTIATE_TEST_SUITE_P(Group, TensorParallelRanks, ::testing::Values(2, 3));
 
+// models/llama.h's tensor-parallel form, 2 ranks: init, load, logits, loss and gradients are the
+// whole model's slices (untied without biases; tied with every bias and a padding id).
+TEST(TensorParallelLlama, TwoRanksHoldSlicesOfTheWholeModelAndItsGradients) {
+  for (const std::string variant : {"plain", "tied"}) {
+    const testing::RanksRun run = testing::run_ranks(2, {"llama", variant});
+    EXPECT_EQ(run.result.exit_code, 0) << variant << "\n" << run.output();
+    EXPECT_EQ(run.count("OK llama " + variant), 2) << run.output();
+  }
+}
+
 }  // namespace
 }  // namespace pipetrain::parallel
+
+namespace pipetrain::models {
+namespace {
+
+TEST(TensorParallelLlamaConfig, SizesTpDoesNotDivideAreRefusedNamingTheKeyAndWhatWorks) {
+  const LlamaConfig c = llama_config(24, 16, 24, 2, 4, 2);
+  EXPECT_NO_THROW(check_llama_tensor_parallel(c, 2));
+  auto message = [&](int tp) {
+    try {
+      check_llama_tensor_parallel(c, tp);
+    } catch (const BadInput& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(message(3).find("--tp 3 does not divide num_attention_heads (4) of config.json; "
+                            "tensor-parallel sizes that divide heads, key/value heads, vocabulary "
+                            "and MLP width: 1, 2"),
+            std::string::npos)
+      << message(3);
+  EXPECT_NE(message(4).find("num_key_value_heads (2)"), std::string::npos) << message(4);
+  EXPECT_NE(message(4).find("not supported yet"), std::string::npos) << message(4);
+}
+
+TEST(TensorParallelLlamaConfig, ColumnParallelTensorsAreCutByRowsAndRowParallelByColumns) {
+  const LlamaConfig c = llama_config(24, 16, 24, 2, 4, 2);
+  EXPECT_EQ(tensor_parallel_split("0.weight", c), 0);
+  EXPECT_EQ(tensor_parallel_split("4.weight", c), 0);             // the head
+  EXPECT_EQ(tensor_parallel_split("3.weight", c), std::nullopt);  // the final norm
+  EXPECT_EQ(tensor_parallel_split("1.self_attn.k_proj.bias", c), 0);
+  EXPECT_EQ(tensor_parallel_split("2.mlp.up_proj.weight", c), 0);
+  EXPECT_EQ(tensor_parallel_split("1.self_attn.o_proj.weight", c), 1);
+  EXPECT_EQ(tensor_parallel_split("2.mlp.down_proj.weight", c), 1);
+  EXPECT_EQ(tensor_parallel_split("2.mlp.down_proj.bias", c), std::nullopt);
+  EXPECT_EQ(tensor_parallel_split("1.input_layernorm.weight", c), std::nullopt);
+}
+
+}  // namespace
+}  // namespace pipetrain::models

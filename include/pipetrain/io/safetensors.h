@@ -9,8 +9,9 @@
 // Reading: SafetensorsCheckpoint::open maps every file and checks every header
 // (io/safetensors_format.h) and the index against the shards (each name in the file the index
 // says, each shard's tensors in the index), so that a broken checkpoint fails before anything is
-// built. load() copies one tensor out of its map, converting it to the dtype asked for: a rank that builds two stages of a 32-layer model reads the pages of those stages
-// only. Every problem is a SafetensorsError naming the file and the tensor (CLI exit 2).
+// built. load() copies one tensor out of its map, converting it to the dtype asked for: a rank that
+// builds two stages of a 32-layer model reads the pages of those stages only. Every problem is a
+// SafetensorsError naming the file and the tensor (CLI exit 2).
 //
 // Writing: write_safetensors_checkpoint lays the tensors out as Hugging Face does, one file when
 // they fit max_shard_bytes, else numbered shards plus the index; each file is written to a
@@ -63,6 +64,10 @@ class SafetensorsCheckpoint {
   // tensor for a dtype LibTorch has no counterpart of (U16, U32, U64, F8_*).
   torch::Tensor load(const std::string& name, torch::Dtype dtype,
                      const torch::Device& device = torch::kCPU) const;
+  // Elements [start, start + length) of dimension `dim` of tensor `name`, copied as load copies:
+  // only that part of the mapped bytes is read (a tensor-parallel rank's slice).
+  torch::Tensor load_slice(const std::string& name, int64_t dim, int64_t start, int64_t length,
+                           torch::Dtype dtype, const torch::Device& device = torch::kCPU) const;
   // What was opened (the directory or the file).
   const std::string& path() const { return path_; }
   // The files read (one, or the index's shards).

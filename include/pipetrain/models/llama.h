@@ -31,6 +31,14 @@
 // rank. A random init draws each entry from its own stream (seed, entry), so any subset gets the
 // values the whole model would have.
 //
+// Tensor parallelism (LlamaBuildOptions::tensor_parallel, parallel/tensor_parallel.h): each rank
+// of the group holds 1/tp of the heads (q, k, v column-parallel by head, o_proj row-parallel), of
+// the MLP width (gate/up column-parallel, down row-parallel) and of the vocabulary (the embedding
+// and the head by rows; a tied head shares the embedding's slice); norms are replicated. The head
+// then returns this rank's slice of the logits [B,T,V/tp], and the loss is
+// vocab_parallel_causal_lm_loss. Parameters keep their names with their local shapes;
+// tensor_parallel_split says which dimension of which tensor is cut.
+//
 // Thread-safety: a built model is used by one thread at a time per entry (the RoPE tables are
 // cached per entry under a mutex).
 #pragma once
@@ -52,6 +60,7 @@
 
 #include "pipetrain/io/safetensors.h"
 #include "pipetrain/models/llama_config.h"
+#include "pipetrain/parallel/tensor_parallel.h"
 
 namespace pipetrain::models {
 
@@ -105,12 +114,14 @@ class RotaryEmbedding {
 // Causal self-attention with grouped-query heads and RoPE. [B,T,H] -> [B,T,H].
 class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
  public:
-  LlamaAttentionImpl(std::shared_ptr<const LlamaConfig> config, torch::TensorOptions options = {});
+  LlamaAttentionImpl(std::shared_ptr<const LlamaConfig> config, torch::TensorOptions options = {},
+                     parallel::TensorParallel tp = {});
   void reset() override;
   torch::Tensor forward(const torch::Tensor& x);
 
   std::shared_ptr<const LlamaConfig> config;
   torch::TensorOptions options;
+  parallel::TensorParallel tp;  // this rank's heads: heads / tp query, kv_heads / tp key/value
   LlamaLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 
  private:
@@ -121,12 +132,14 @@ TORCH_MODULE(LlamaAttention);
 // SwiGLU: down_proj(silu(gate_proj(x)) * up_proj(x)). [B,T,H] -> [B,T,H].
 class LlamaMlpImpl : public torch::nn::Cloneable<LlamaMlpImpl> {
  public:
-  LlamaMlpImpl(std::shared_ptr<const LlamaConfig> config, torch::TensorOptions options = {});
+  LlamaMlpImpl(std::shared_ptr<const LlamaConfig> config, torch::TensorOptions options = {},
+               parallel::TensorParallel tp = {});
   void reset() override;
   torch::Tensor forward(const torch::Tensor& x);
 
   std::shared_ptr<const LlamaConfig> config;
   torch::TensorOptions options;
+  parallel::TensorParallel tp;  // this rank's intermediate_size / tp
   LlamaLinear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 };
 TORCH_MODULE(LlamaMlp);
@@ -135,12 +148,13 @@ TORCH_MODULE(LlamaMlp);
 class LlamaDecoderLayerImpl : public torch::nn::Cloneable<LlamaDecoderLayerImpl> {
  public:
   LlamaDecoderLayerImpl(std::shared_ptr<const LlamaConfig> config,
-                        torch::TensorOptions options = {});
+                        torch::TensorOptions options = {}, parallel::TensorParallel tp = {});
   void reset() override;
   torch::Tensor forward(const torch::Tensor& x);
 
   std::shared_ptr<const LlamaConfig> config;
   torch::TensorOptions options;
+  parallel::TensorParallel tp;
   RmsNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   LlamaAttention self_attn{nullptr};
   LlamaMlp mlp{nullptr};
@@ -151,13 +165,15 @@ TORCH_MODULE(LlamaDecoderLayer);
 // padding_idx.
 class LlamaEmbeddingImpl : public torch::nn::Cloneable<LlamaEmbeddingImpl> {
  public:
-  LlamaEmbeddingImpl(std::shared_ptr<const LlamaConfig> config, torch::TensorOptions options = {});
+  LlamaEmbeddingImpl(std::shared_ptr<const LlamaConfig> config, torch::TensorOptions options = {},
+                     parallel::TensorParallel tp = {});
   void reset() override;
   torch::Tensor forward(const torch::Tensor& tokens);
 
   std::shared_ptr<const LlamaConfig> config;
   torch::TensorOptions options;
-  torch::Tensor weight;  // [V, H]
+  parallel::TensorParallel tp;
+  torch::Tensor weight;  // [V/tp, H]: rows tp.rank() * V/tp ..
 };
 TORCH_MODULE(LlamaEmbedding);
 
@@ -165,13 +181,14 @@ TORCH_MODULE(LlamaEmbedding);
 class LlamaHeadImpl : public torch::nn::Cloneable<LlamaHeadImpl> {
  public:
   LlamaHeadImpl(std::shared_ptr<const LlamaConfig> config, torch::TensorOptions options = {},
-                torch::Tensor tied = {});
+                torch::Tensor tied = {}, parallel::TensorParallel tp = {});
   void reset() override;
-  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor forward(const torch::Tensor& x);  // [B,T,V/tp]: this rank's vocabulary slice
 
   std::shared_ptr<const LlamaConfig> config;
   torch::TensorOptions options;
-  torch::Tensor weight;  // [V, H]
+  parallel::TensorParallel tp;
+  torch::Tensor weight;  // [V/tp, H]
 
  private:
   torch::Tensor tied_;
@@ -186,6 +203,9 @@ struct LlamaBuildOptions {
   TORCH_ARG(uint64_t, seed) = 0;
   /// The entries to give memory; the others hold meta tensors. nullopt: every entry.
   TORCH_ARG(std::optional<std::vector<int64_t>>, entries) = std::nullopt;
+  /// The tensor-parallel group this model's ranks form (none: every rank holds whole tensors).
+  /// check_llama_tensor_parallel must accept the config at the group's size.
+  TORCH_ARG(parallel::TensorParallel, tensor_parallel) = {};
 };
 
 struct LlamaModel {
@@ -193,8 +213,18 @@ struct LlamaModel {
   torch::nn::Sequential sequential;  // config->entries() entries
   // {"0.weight", "<L+2>.weight"} with tie_word_embeddings, else empty.
   std::vector<std::pair<std::string, std::string>> tied_parameters;
-  std::vector<bool> materialized;  // per entry
+  std::vector<bool> materialized;            // per entry
+  parallel::TensorParallel tensor_parallel;  // as built
 };
+
+// Throws BadInput naming the numbers when `tp` does not divide the attention heads, the key/value
+// heads (fewer key/value heads than tp, which Megatron replicates, is not supported yet), the
+// vocabulary or the MLP width, and saying which tensor-parallel sizes would.
+void check_llama_tensor_parallel(const LlamaConfig& config, int tp);
+
+// The dimension a tensor-parallel rank cuts a parameter along (Sequential name, e.g.
+// "3.self_attn.o_proj.weight" -> 1), or nullopt for a replicated one (norms, row-parallel biases).
+std::optional<int64_t> tensor_parallel_split(const std::string& name, const LlamaConfig& config);
 
 // The model's entries, uninitialized (fill them with init_llama_random or load_llama_weights).
 // Throws ModelConfigError for a config check_llama_config refuses.
@@ -238,6 +268,11 @@ std::vector<std::string> save_llama_hf(const std::string& directory, const Llama
 
 // Mean cross-entropy of logits [B,T,V] against next-token targets [B,T], over all B*T targets.
 torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& targets);
+// The same from each rank's vocabulary slice [B,T,V/tp] of a tensor-parallel model's logits
+// (parallel::vocab_parallel_cross_entropy); the same value on every rank of the group.
+torch::Tensor vocab_parallel_causal_lm_loss(const torch::Tensor& logits,
+                                            const torch::Tensor& targets,
+                                            const parallel::TensorParallel& tp);
 
 // "float32" -> kFloat32, "bfloat16" -> kBFloat16, "float16" -> kFloat16; BadInput otherwise.
 torch::Dtype parse_hf_dtype(const std::string& dtype);

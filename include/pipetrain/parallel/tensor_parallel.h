@@ -71,6 +71,17 @@ torch::Tensor reduce_from_tensor_parallel(const torch::Tensor& x, const TensorPa
 // rank's slice of the gradient.
 torch::Tensor gather_from_tensor_parallel(const torch::Tensor& x, const TensorParallel& tp);
 
+// x_slice W_slice^T summed over the group, plus the whole bias (undefined: none): the body of a
+// row-parallel layer for modules that keep their own tensors.
+torch::Tensor row_parallel_linear(const torch::Tensor& x, const torch::Tensor& weight,
+                                  const torch::Tensor& bias, const TensorParallel& tp);
+// ids -> rows of a table split by rows: this rank holds `table` = rows [vocab_start, vocab_start +
+// table.size(0)); the others' ids look up zeros before the sum over the group. padding_idx (a
+// whole-vocabulary id) gets no gradient.
+torch::Tensor vocab_parallel_embedding(const torch::Tensor& ids, const torch::Tensor& table,
+                                       int64_t vocab_start, std::optional<int64_t> padding_idx,
+                                       const TensorParallel& tp);
+
 // y = x W^T + b with W [out, in] split by rows: this rank holds W[slice] [out/tp, in] and b[slice].
 // Input replicated; output this rank's slice [.., out/tp] (the whole y with gather_output).
 class ColumnParallelLinearImpl : public torch::nn::Cloneable<ColumnParallelLinearImpl> {
