@@ -212,14 +212,19 @@ namespace {
 // A Hugging Face model: config.json read and checked against the sequence length, the entries
 // this process holds built, their weights loaded (or drawn with --init random).
 BuiltModel build_hf_model(const ModelDataSpec& args, const BuiltData& data,
-                          const std::optional<std::vector<int64_t>>& entries) {
+                          const std::optional<std::vector<int64_t>>& entries,
+                          const parallel::TensorParallel& tp) {
   const models::LlamaConfig config = hf_config(args);
   if (data.seq_len > 0) {
     as_usage_error("--seq-len " + std::to_string(data.seq_len),
                    [&] { models::check_sequence_length(config, data.seq_len); });
   }
+  if (tp.split()) {
+    as_usage_error("--model " + args.model,
+                   [&] { models::check_llama_tensor_parallel(config, tp.size()); });
+  }
   models::LlamaModel llama =
-      models::make_llama(config, models::LlamaBuildOptions().entries(entries));
+      models::make_llama(config, models::LlamaBuildOptions().entries(entries).tensor_parallel(tp));
   if (args.init == "random") {
     models::init_llama_random(llama, args.seed);
   } else {
@@ -234,6 +239,14 @@ BuiltModel build_hf_model(const ModelDataSpec& args, const BuiltData& data,
   model.llama = llama.config;
   model.loss = models::causal_lm_loss;
   model.loss_name = "causal-lm-cross-entropy";
+  if (tp.split()) {
+    model.loss = [tp](const torch::Tensor& logits, const torch::Tensor& targets) {
+      return models::vocab_parallel_causal_lm_loss(logits, targets, tp);
+    };
+    model.tensor_parallel_split = [config = llama.config](const std::string& name) {
+      return models::tensor_parallel_split(name, *config);
+    };
+  }
   // What a checkpoint needs to rebuild the model anywhere (eval, export-hf): the config itself.
   model.options = {{"init", args.init},
                    {"hf_config", models::llama_config_json(config, "float32")}};
@@ -243,8 +256,15 @@ BuiltModel build_hf_model(const ModelDataSpec& args, const BuiltData& data,
 }  // namespace
 
 BuiltModel build_model(const ModelDataSpec& args, const BuiltData& data,
-                       const std::optional<std::vector<int64_t>>& entries) {
-  if (is_hf_model(args.model)) return build_hf_model(args, data, entries);
+                       const std::optional<std::vector<int64_t>>& entries,
+                       const parallel::TensorParallel& tp) {
+  if (is_hf_model(args.model)) return build_hf_model(args, data, entries, tp);
+  if (tp.split()) {
+    throw UsageError(
+        "--tp splits the layers of a Llama-family model (--model DIR with "
+        "config.json); '" +
+        args.model + "' has no tensor-parallel form");
+  }
   BuiltModel model;
   model.name = args.model;
   if (is_torchscript_path(args.model)) {

@@ -73,6 +73,9 @@ struct BuiltModel {
   // A Hugging Face model: its config (the Sequential's entries are models/llama.h's). Entries a
   // multi-process rank does not hold are meta placeholders (LlamaModel::materialized).
   std::shared_ptr<const models::LlamaConfig> llama;
+  // A tensor-parallel Hugging Face model: how its parameters are cut (name -> the dimension, or
+  // nullopt for a whole tensor); empty without tensor parallelism.
+  std::function<std::optional<int64_t>(const std::string&)> tensor_parallel_split;
 };
 
 // The data: training rows (or a corpus), held-out rows when the data set has them.
@@ -92,8 +95,11 @@ struct BuiltData {
 // model this process gives memory to (nullopt: all; the others are checked against the
 // checkpoint but not read).
 BuiltData build_data(const ModelDataSpec& spec);
+// `tp`: the tensor-parallel group a Hugging Face model is split over (models/llama.h; its loss is
+// then the vocabulary-parallel one); other models refuse a split group.
 BuiltModel build_model(const ModelDataSpec& spec, const BuiltData& data,
-                       const std::optional<std::vector<int64_t>>& entries = std::nullopt);
+                       const std::optional<std::vector<int64_t>>& entries = std::nullopt,
+                       const parallel::TensorParallel& tp = {});
 // True when `model` names a Hugging Face checkpoint directory (rather than an example model or a
 // TorchScript file).
 bool is_hf_model(const std::string& model);

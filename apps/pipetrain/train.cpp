@@ -2,7 +2,8 @@
 // text corpus or synthetic data, or of a TorchScript model on tensors saved from Python; in one
 // process (a worker thread per pipeline rank) or in several (--nproc N, c10d/Gloo).
 //
-//   [1] flags + checks       TrainArgs              train_args.h: add_train_flags, resolve_auto_flags,
+//   [1] flags + checks       TrainArgs              train_args.h: add_train_flags,
+//   resolve_auto_flags,
 //                                                   check_args
 //   [2] model + data         BuiltModel/BuiltData   train_setup.h (shared with `pipetrain eval`)
 //       + the auto plan      partition::Plan        tune/auto_plan.h: its values replace the auto
@@ -263,11 +264,12 @@ std::optional<std::vector<int64_t>> hf_entries(const TrainArgs& args, const RunL
 }
 
 Prepared prepare(TrainArgs& args, const RunLayout& layout, const PlanSource& plan_source = {},
-                 bool leave_plan_to_ranks = false, int pipeline_rank = -1) {
+                 bool leave_plan_to_ranks = false, int pipeline_rank = -1,
+                 const parallel::TensorParallel& tp = {}) {
   Prepared p;
   p.data = build_data(args.data);
   torch::manual_seed(args.data.seed);
-  p.model = build_model(args.data, p.data, hf_entries(args, layout, pipeline_rank));
+  p.model = build_model(args.data, p.data, hf_entries(args, layout, pipeline_rank), tp);
   check_data_against_model(p.model, p.data);
   check_batch_size(args, p.data);
   if (args.auto_request.any() && !leave_plan_to_ranks) {
@@ -459,8 +461,15 @@ int run_train(const TrainArgs& given) {
     Prepared p = prepare(args, layout, {}, /*leave_plan_to_ranks=*/auto_plan);
     if (!auto_plan)
       pipe_options(args.pipeline, layout, static_cast<int64_t>(p.model.sequential->size()));
-    std::printf("launching %d processes (%d pipeline x %d data-parallel)%s\n", layout.world,
-                layout.pipeline_ranks, layout.replicas,
+    if (layout.tensor_parallel > 1) {  // check_tensor_parallel: a Hugging Face model
+      as_usage_error(
+          "", [&] { models::check_llama_tensor_parallel(*p.model.llama, layout.tensor_parallel); });
+    }
+    const std::string tensor = layout.tensor_parallel > 1
+                                   ? std::to_string(layout.tensor_parallel) + " tensor-parallel x "
+                                   : "";
+    std::printf("launching %d processes (%d pipeline x %s%d data-parallel)%s\n", layout.world,
+                layout.pipeline_ranks, tensor.c_str(), layout.replicas,
                 auto_plan ? "; rank 0 makes the auto plan" : "");
     std::fflush(stdout);
     return launch_self(args.nproc, self_arguments(),
@@ -475,6 +484,7 @@ int run_train(const TrainArgs& given) {
     DistributedOptions options;
     options.timeout(std::chrono::milliseconds(static_cast<int64_t>(args.pipeline.timeout * 1000)))
         .pipeline_ranks(layout.pipeline_ranks)
+        .tensor_parallel(layout.tensor_parallel)
         .backend(args.backend);
     std::string usage_error;  // the auto plan failed on rank 0: every rank stops with exit 2
     const int code = run_distributed(options, [&](Distributed& distributed) {
@@ -489,7 +499,8 @@ int run_train(const TrainArgs& given) {
       };
       std::optional<Prepared> p;
       try {
-        p.emplace(prepare(args, layout, on_ranks, false, distributed.pipeline_rank()));
+        p.emplace(prepare(args, layout, on_ranks, false, distributed.pipeline_rank(),
+                          parallel::TensorParallel{distributed.tensor_parallel_group()}));
       } catch (const AutoPlanError& error) {
         usage_error = error.what();  // every rank is here: stop cleanly, exit 2 below
         return;
@@ -503,7 +514,8 @@ int run_train(const TrainArgs& given) {
               : torch::Device(torch::kCPU);
       as_usage_error("--device", [&] { check_device_usable(device); });
       auto runner = train::make_distributed_runner(distributed, p->model.sequential, p->model.loss,
-                                                   pipe, text, p->model.tied_parameters, device);
+                                                   pipe, text, p->model.tied_parameters, device,
+                                                   p->model.tensor_parallel_split);
       train_with(args, *p, *runner, threads, &pipe, layout);
     });
     if (code == 0 && !usage_error.empty()) throw UsageError(usage_error);

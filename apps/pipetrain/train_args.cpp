@@ -69,6 +69,11 @@ void add_pipeline_flags(CLI::App& command, TrainArgs& args) {
   command.add_option("--dp", args.pipeline.dp, "data-parallel replicas in a multi-process run")
       ->capture_default_str();
   command
+      .add_option("--tp", args.pipeline.tp,
+                  "tensor-parallel processes per pipeline rank (Megatron's split of a Llama "
+                  "model's heads, MLP and vocabulary; --nproc = pp x tp x dp)")
+      ->capture_default_str();
+  command
       .add_option(
           "--schedule", args.pipeline.schedule,
           "schedule: " + join_names(schedule::schedule_names()) +
@@ -281,7 +286,33 @@ namespace {
 }
 
 // Names (optimizer, checkpoint, lr schedule, schedule) and flags that exclude each other.
+// What tensor parallelism covers so far: refused with the flag's name rather than run wrong.
+void check_tensor_parallel(const TrainArgs& args) {
+  if (args.pipeline.tp <= 1) return;
+  if (!examples::is_hf_model(args.data.model)) {
+    fail(
+        "--tp splits the layers of a Llama-family model: give --model DIR (a Hugging Face "
+        "checkpoint directory); '" +
+        args.data.model + "' has no tensor-parallel form");
+  }
+  const std::vector<std::pair<bool, const char*>> not_yet = {
+      {!args.checkpoint_dir.empty(), "--checkpoint-dir"},
+      {!args.resume.empty(), "--resume"},
+      {args.max_restarts > 0, "--max-restarts"},
+      {args.report_memory, "--report-memory"},
+      {args.auto_request.any(), "the auto flags (--balance/--schedule/--chunks/--checkpoint auto)"},
+  };
+  for (const auto& [given, flag] : not_yet) {
+    if (given) {
+      fail(std::string(flag) + " with --tp " + std::to_string(args.pipeline.tp) +
+           " is not supported yet (tensor parallelism trains, saves --save-params/--save-hf and "
+           "clips; docs/TENSOR_PARALLEL.md); drop one of them");
+    }
+  }
+}
+
 void check_choices(const TrainArgs& args) {
+  check_tensor_parallel(args);
   if (args.auto_request.any() && !args.pipeline.schedule_file.empty()) {
     fail(
         "--schedule-file fixes the schedule, micro-batches and stages, so there is nothing for "

@@ -7,9 +7,13 @@
 namespace pipetrain::parallel {
 namespace {
 
+// The sizes given, as flags ("--tp 2 x --dp 1"); a size not given (0) is left out.
 std::string triple(int pp, int tp, int dp) {
-  auto shown = [](int v) { return v > 0 ? std::to_string(v) : std::string("?"); };
-  return "--pp " + shown(pp) + " x --tp " + shown(tp) + " x --dp " + shown(dp);
+  std::string text;
+  for (const auto& [flag, value] : {std::pair{"--pp ", pp}, {"--tp ", tp}, {"--dp ", dp}}) {
+    if (value != 0) text += (text.empty() ? "" : " x ") + std::string(flag) + std::to_string(value);
+  }
+  return text;
 }
 
 // Divisors of n, ascending.

@@ -85,27 +85,47 @@ DistributedEnvironment DistributedEnvironment::from_environment() {
   return env;
 }
 
-ParallelLayout ParallelLayout::for_world(int world_size, int pipeline_ranks) {
+ParallelLayout ParallelLayout::for_world(int world_size, int pipeline_ranks, int tensor_parallel) {
   PIPETRAIN_CHECK_INPUT(pipeline_ranks >= 1, "pipeline ranks must be >= 1, got ", pipeline_ranks);
-  PIPETRAIN_CHECK_INPUT(world_size % pipeline_ranks == 0, "WORLD_SIZE=", world_size,
-                        " is not a multiple of the ", pipeline_ranks,
-                        " pipeline ranks: start pipeline ranks x replicas processes (e.g. --nproc ",
-                        pipeline_ranks * std::max(1, world_size / pipeline_ranks), ")");
+  PIPETRAIN_CHECK_INPUT(tensor_parallel >= 1, "tensor-parallel ranks must be >= 1, got ",
+                        tensor_parallel);
+  const int per_replica = pipeline_ranks * tensor_parallel;
+  if (tensor_parallel == 1) {
+    PIPETRAIN_CHECK_INPUT(world_size % pipeline_ranks == 0, "WORLD_SIZE=", world_size,
+                          " is not a multiple of the ", pipeline_ranks,
+                          " pipeline ranks: start pipeline ranks x replicas processes (e.g. "
+                          "--nproc ",
+                          pipeline_ranks * std::max(1, world_size / pipeline_ranks), ")");
+  } else {
+    PIPETRAIN_CHECK_INPUT(world_size % per_replica == 0, "WORLD_SIZE=", world_size,
+                          " is not a multiple of ", pipeline_ranks, " pipeline ranks x ",
+                          tensor_parallel,
+                          " tensor-parallel ranks: start pipeline x tensor x data processes (e.g. "
+                          "--nproc ",
+                          per_replica * std::max(1, world_size / per_replica), ")");
+  }
   ParallelLayout layout;
   layout.pipeline_ranks = pipeline_ranks;
-  layout.replicas = world_size / pipeline_ranks;
+  layout.tensor_parallel = tensor_parallel;
+  layout.replicas = world_size / per_replica;
   return layout;
 }
 
-std::vector<int> ParallelLayout::data_parallel_ranks(int pipeline_rank) const {
+std::vector<int> ParallelLayout::data_parallel_ranks(int pipeline_rank, int tp_rank) const {
   std::vector<int> ranks;
-  for (int d = 0; d < replicas; ++d) ranks.push_back(rank_of(d, pipeline_rank));
+  for (int d = 0; d < replicas; ++d) ranks.push_back(rank_of(d, pipeline_rank, tp_rank));
   return ranks;
 }
 
-std::vector<int> ParallelLayout::pipeline_world_ranks(int replica) const {
+std::vector<int> ParallelLayout::pipeline_world_ranks(int replica, int tp_rank) const {
   std::vector<int> ranks;
-  for (int p = 0; p < pipeline_ranks; ++p) ranks.push_back(rank_of(replica, p));
+  for (int p = 0; p < pipeline_ranks; ++p) ranks.push_back(rank_of(replica, p, tp_rank));
+  return ranks;
+}
+
+std::vector<int> ParallelLayout::tensor_parallel_ranks(int replica, int pipeline_rank) const {
+  std::vector<int> ranks;
+  for (int t = 0; t < tensor_parallel; ++t) ranks.push_back(rank_of(replica, pipeline_rank, t));
   return ranks;
 }
 
@@ -114,9 +134,13 @@ std::vector<int> ParallelLayout::pipeline_world_ranks(int replica) const {
 Distributed::Distributed(const DistributedEnvironment& environment,
                          const DistributedOptions& options)
     : local_rank_(environment.local_rank) {
-  const int pipeline_ranks =
-      options.pipeline_ranks() > 0 ? options.pipeline_ranks() : environment.world_size;
-  layout_ = ParallelLayout::for_world(environment.world_size, pipeline_ranks);
+  const int tensor_parallel = options.tensor_parallel();
+  PIPETRAIN_CHECK_INPUT(tensor_parallel >= 1, "tensor_parallel must be >= 1, got ",
+                        tensor_parallel);
+  const int pipeline_ranks = options.pipeline_ranks() > 0
+                                 ? options.pipeline_ranks()
+                                 : std::max(1, environment.world_size / tensor_parallel);
+  layout_ = ParallelLayout::for_world(environment.world_size, pipeline_ranks, tensor_parallel);
   RendezvousOptions rendezvous;
   rendezvous.master_addr = environment.master_addr;
   rendezvous.master_port = environment.master_port;
@@ -131,9 +155,16 @@ Distributed::Distributed(const DistributedEnvironment& environment,
         options.device().has_index() ? options.device().index() : environment.local_rank;
   }
   world_ = C10dWorld::connect(rendezvous);
+  // A group is made by its members only (C10dWorld::new_group), named uniquely in the world.
+  const std::string tp_suffix = tensor_parallel > 1 ? "/" + std::to_string(tp_rank()) : "";
   if (layout_.replicas > 1) {
-    data_parallel_ = world_->new_group("dp/" + std::to_string(pipeline_rank()),
-                                       layout_.data_parallel_ranks(pipeline_rank()));
+    data_parallel_ = world_->new_group("dp/" + std::to_string(pipeline_rank()) + tp_suffix,
+                                       layout_.data_parallel_ranks(pipeline_rank(), tp_rank()));
+  }
+  if (tensor_parallel > 1) {
+    tensor_parallel_ =
+        world_->new_group("tp/" + std::to_string(replica()) + "/" + std::to_string(pipeline_rank()),
+                          layout_.tensor_parallel_ranks(replica(), pipeline_rank()));
   }
 }
 
@@ -156,7 +187,7 @@ std::unique_ptr<C10dTransport> Distributed::make_transport(
                           " is placed on pipeline rank ", p, " but the job has ",
                           layout_.pipeline_ranks,
                           " pipeline ranks: start one process per pipeline rank and replica");
-    stage_world_rank.push_back(layout_.rank_of(replica(), p));
+    stage_world_rank.push_back(layout_.rank_of(replica(), p, tp_rank()));
   }
   C10dTransportOptions options;
   options.device = device;
@@ -217,8 +248,11 @@ std::string Distributed::declare_tie(const std::string& name, std::vector<int> h
     return key;
   }
   std::vector<int> ranks;
-  for (int p : holders) ranks.push_back(layout_.rank_of(replica(), p));
-  ties_[key] = world_->new_group("tie/" + key + "/" + std::to_string(replica()), ranks);
+  for (int p : holders) ranks.push_back(layout_.rank_of(replica(), p, tp_rank()));
+  ties_[key] = world_->new_group(
+      "tie/" + key + "/" + std::to_string(replica()) +
+          (layout_.tensor_parallel > 1 ? "/" + std::to_string(tp_rank()) : std::string()),
+      ranks);
   return key;
 }
 
@@ -252,7 +286,8 @@ void Distributed::allreduce_tie(const std::string& name,
 }
 
 double Distributed::broadcast_loss(std::optional<double> replica_loss) {
-  std::vector<torch::Tensor> value{torch::tensor({replica_loss.value_or(0.0)}, torch::kDouble)};
+  const double mine = tp_rank() == 0 ? replica_loss.value_or(0.0) : 0.0;
+  std::vector<torch::Tensor> value{torch::tensor({mine}, torch::kDouble)};
   world_->world_group()->allreduce_sum(value);
   return value[0].item<double>();
 }
@@ -260,7 +295,7 @@ double Distributed::broadcast_loss(std::optional<double> replica_loss) {
 std::map<std::string, torch::Tensor> Distributed::gather_named_parameters(
     const std::vector<std::pair<std::string, torch::Tensor>>& mine) {
   c10::Dict<std::string, torch::Tensor> dict;
-  if (replica() == 0) {
+  if (replica() == 0 && tp_rank() == 0) {
     for (const auto& [name, tensor] : mine) dict.insert(name, tensor.detach().to(torch::kCPU));
   }
   const std::vector<char> bytes = torch::pickle_save(dict);

@@ -7,6 +7,7 @@
 
 #include "pipetrain/base/error.h"
 #include "pipetrain/base/message_of.h"
+#include "pipetrain/parallel/mesh.h"
 #include "pipetrain/schedule/checkpoint_mode.h"
 #include "pipetrain/schedule/generators.h"
 #include "pipetrain/schedule/text_format.h"
@@ -93,6 +94,7 @@ void check_pipeline_request(const PipelineRequest& r) {
     }
   }
   if (r.dp < 1) fail("--dp must be at least 1, got " + std::to_string(r.dp));
+  if (r.tp < 1) fail("--tp must be at least 1, got " + std::to_string(r.tp));
   if (r.pp < 0) fail("--pp must be at least 1, got " + std::to_string(r.pp));
   if (r.threads < 0) fail("--threads must be >= 0, got " + std::to_string(r.threads));
   if (!(r.timeout > 0)) fail("--timeout must be > 0 seconds");
@@ -128,18 +130,25 @@ RunLayout layout_of(const PipelineRequest& r, int world) {
   layout.multi_process = world > 1;
   layout.world = world;
   if (!layout.multi_process) {
-    if (r.pp > 1 || r.dp > 1) {
-      fail("--pp/--dp describe a multi-process run: give --nproc " +
-           std::to_string(std::max(r.pp, 1) * r.dp));
+    if (r.pp > 1 || r.dp > 1 || r.tp > 1) {
+      fail("--pp/--tp/--dp describe a multi-process run: give --nproc " +
+           std::to_string(std::max(r.pp, 1) * r.dp * std::max(r.tp, 1)));
     }
     return layout;
   }
-  layout.replicas = r.dp;
-  layout.pipeline_ranks = r.pp > 0 ? r.pp : world / r.dp;
-  if (layout.pipeline_ranks * layout.replicas != world) {
-    fail("--nproc " + std::to_string(world) + " processes do not make --pp " +
-         std::to_string(layout.pipeline_ranks) + " x --dp " + std::to_string(layout.replicas) +
-         "; make pp x dp equal the process count");
+  if (r.tp > 1) {
+    const parallel::Mesh mesh = parallel::Mesh::for_world(world, r.pp, r.tp, r.dp);
+    layout.pipeline_ranks = mesh.pp;
+    layout.tensor_parallel = mesh.tp;
+    layout.replicas = mesh.dp;
+  } else {
+    layout.replicas = r.dp;
+    layout.pipeline_ranks = r.pp > 0 ? r.pp : world / r.dp;
+    if (layout.pipeline_ranks * layout.replicas != world) {
+      fail("--nproc " + std::to_string(world) + " processes do not make --pp " +
+           std::to_string(layout.pipeline_ranks) + " x --dp " + std::to_string(layout.replicas) +
+           "; make pp x dp equal the process count");
+    }
   }
   if (r.stages_given && r.schedule_file.empty() &&
       r.stages != layout.pipeline_ranks * r.virtual_stages) {
@@ -219,8 +228,9 @@ std::string describe_pipeline(const PipeOptions& options, const std::vector<int6
   text << stages << " stages on " << stages / std::max<int64_t>(1, options.virtual_stages())
        << " ranks";
   if (layout.multi_process) {
-    text << " (" << layout.world << " processes: " << layout.pipeline_ranks << " pipeline x "
-         << layout.replicas << " data-parallel)";
+    text << " (" << layout.world << " processes: " << layout.pipeline_ranks << " pipeline x ";
+    if (layout.tensor_parallel > 1) text << layout.tensor_parallel << " tensor-parallel x ";
+    text << layout.replicas << " data-parallel)";
   }
   if (!balance.empty()) {
     text << " (balance";

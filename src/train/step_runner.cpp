@@ -133,12 +133,13 @@ class DistributedRunner : public StepRunner {
  public:
   DistributedRunner(Distributed& distributed, torch::nn::Sequential model, LossFn loss,
                     const PipeOptions& options, std::string description, const TiedNames& tied,
-                    const torch::Device& device)
+                    const torch::Device& device, TensorParallelSplit split)
       : distributed_(distributed),
         model_(model),
         loss_(std::move(loss)),
         pipe_(distributed, model, options, device),
-        description_(std::move(description)) {
+        description_(std::move(description)),
+        split_(std::move(split)) {
     // Layers this rank holds: the first component of its parameter names. Buffers are filed
     // under the same layers (a layer without parameters has no buffers in our models).
     std::set<std::string> names;
@@ -154,6 +155,12 @@ class DistributedRunner : public StepRunner {
         for (const auto& [name, tensor] : pipe_.named_parameters()) {
           if (name == second) skip.insert(tensor.unsafeGetTensorImpl());
         }
+      }
+    }
+    // A tensor every tp rank holds whole (a norm's weight) counts on tp rank 0 only.
+    if (distributed_.tp_rank() != 0) {
+      for (const auto& [name, tensor] : pipe_.named_parameters()) {
+        if (!split_(name)) skip.insert(tensor.unsafeGetTensorImpl());
       }
     }
     for (const torch::Tensor& tensor : pipe_.parameters()) {
@@ -215,13 +222,16 @@ class DistributedRunner : public StepRunner {
   std::string description() const override { return description_; }
   bool is_main() const override { return distributed_.rank() == 0; }
 
-  std::optional<Checkpoint> gather(const Checkpoint& part) override {
-    const std::string bytes = serialize_checkpoint(part);
+  std::optional<Checkpoint> gather(const Checkpoint& given) override {
+    // Tensor parallelism: whole tensors first, within the group; tp rank 0 sends them.
+    const Checkpoint part = join_tensor_parallel(given);
+    const std::string bytes = distributed_.tp_rank() == 0 ? serialize_checkpoint(part) : "";
     std::vector<std::vector<char>> parts = distributed_.world()->world_group()->gather_bytes(
         std::vector<char>(bytes.begin(), bytes.end()));
     if (!is_main()) return std::nullopt;
     Checkpoint merged = part;
     for (size_t r = 1; r < parts.size(); ++r) {
+      if (parts[r].empty()) continue;  // a tp rank other than 0
       merge_checkpoint(merged, deserialize_checkpoint(std::string(parts[r].begin(), parts[r].end()),
                                                       "rank " + std::to_string(r)));
     }
@@ -275,6 +285,38 @@ class DistributedRunner : public StepRunner {
   std::set<std::string> layers_;
   std::vector<torch::Tensor> norm_parameters_;
   std::vector<DeferredBatchNormImpl*> batch_norms_;  // this rank's, in model order
+  TensorParallelSplit split_;
+
+  // `part` with every split tensor (a parameter, and its optimizer state of the same shape)
+  // joined over the tensor-parallel group along its dimension. Collective over the group: every
+  // member holds the same names (the same stages).
+  Checkpoint join_tensor_parallel(const Checkpoint& part) {
+    const auto& group = distributed_.tensor_parallel_group();
+    if (!group) return part;
+    Checkpoint whole = part;
+    auto join = [&](const torch::Tensor& slice, int64_t dim) {
+      const torch::Tensor flat_slice = slice.detach().to(torch::kCPU).contiguous().reshape({-1});
+      torch::Tensor flat = torch::empty({group->size() * flat_slice.numel()}, flat_slice.options());
+      group->all_gather(flat_slice, flat);
+      std::vector<torch::Tensor> pieces;
+      for (const torch::Tensor& piece : flat.chunk(group->size())) {
+        pieces.push_back(piece.view(slice.sizes()));
+      }
+      return torch::cat(pieces, dim);
+    };
+    for (auto& [name, tensor] : whole.parameters) {
+      const std::optional<int64_t> dim = split_(name);
+      if (!dim) continue;
+      const torch::Tensor slice = tensor;
+      tensor = join(slice, *dim);
+      auto state = whole.optimizer_state.find(name);
+      if (state == whole.optimizer_state.end()) continue;
+      for (auto& [field, value] : state->second) {
+        if (value.sizes() == slice.sizes()) value = join(value, *dim);
+      }
+    }
+    return whole;
+  }
 };
 
 }  // namespace
@@ -301,9 +343,14 @@ std::unique_ptr<StepRunner> make_distributed_runner(Distributed& distributed,
                                                     torch::nn::Sequential model, LossFn loss,
                                                     const PipeOptions& options,
                                                     std::string description, const TiedNames& tied,
-                                                    const torch::Device& device) {
+                                                    const torch::Device& device,
+                                                    TensorParallelSplit split) {
+  PIPETRAIN_CHECK_INPUT(distributed.layout().tensor_parallel == 1 || split,
+                        "a tensor-parallel run (", distributed.layout().tensor_parallel,
+                        " ranks per stage) needs the model's TensorParallelSplit");
   return std::make_unique<DistributedRunner>(distributed, std::move(model), std::move(loss),
-                                             options, std::move(description), tied, device);
+                                             options, std::move(description), tied, device,
+                                             std::move(split));
 }
 
 }  // namespace pipetrain::train

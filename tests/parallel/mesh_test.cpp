@@ -49,7 +49,7 @@ TEST(Mesh, AWorldThatIsNotTheProductIsRefusedNamingTheNumbers) {
     return std::string("accepted");
   };
   EXPECT_NE(message(8, 2, 3, 0)
-                .find("--pp 2 x --tp 3 x --dp ? does not divide the world of 8 "
+                .find("--pp 2 x --tp 3 does not divide the world of 8 "
                       "processes (tensor-parallel sizes that divide it: 1, 2, 4, 8)"),
             std::string::npos)
       << message(8, 2, 3, 0);

@@ -18,6 +18,13 @@
 // after the data-parallel sum every replica's copy j is equal; allreduce_tie then sums the copies
 // held by different pipeline ranks of one replica, so every copy receives the tie's full gradient.
 //
+// Tensor parallelism (DistributedOptions::tensor_parallel T > 1; parallel/mesh.h has the picture):
+// each pipeline rank is T processes, adjacent, rank = ((replica * K) + pipeline_rank) * T +
+// tp_rank. They form the tensor-parallel group (tensor_parallel_group(), for the split layers of
+// parallel/tensor_parallel.h); the pipeline of tp rank t joins the ranks of tp rank t of each
+// stage; the data-parallel group and the tie groups join ranks of one tp rank; the loss counts
+// once per replica (tp rank 0's).
+//
 // Ownership: Distributed owns the C10dWorld (store, world group) and the subgroups it creates.
 // Thread-safety: collectives from one thread at a time, in the same order on every member.
 #pragma once
@@ -57,24 +64,29 @@ struct DistributedEnvironment {
   static bool present();
 };
 
-// Where a rank sits in the K x R grid.
+// Where a rank sits in the K x T x R grid (T = 1: the K x R grid above).
 struct ParallelLayout {
-  int pipeline_ranks = 1;  // K
-  int replicas = 1;        // R
+  int pipeline_ranks = 1;   // K
+  int replicas = 1;         // R
+  int tensor_parallel = 1;  // T
 
-  // REQUIRES: world_size % pipeline_ranks == 0 (checked: the error names both and the fix).
-  static ParallelLayout for_world(int world_size, int pipeline_ranks);
+  // REQUIRES: world_size % (pipeline_ranks * tensor_parallel) == 0 (checked: the error names the
+  // numbers and the fix).
+  static ParallelLayout for_world(int world_size, int pipeline_ranks, int tensor_parallel = 1);
 
-  int world_size() const { return pipeline_ranks * replicas; }
-  int rank_of(int replica, int pipeline_rank) const {
-    return replica * pipeline_ranks + pipeline_rank;
+  int world_size() const { return pipeline_ranks * replicas * tensor_parallel; }
+  int rank_of(int replica, int pipeline_rank, int tp_rank = 0) const {
+    return (replica * pipeline_ranks + pipeline_rank) * tensor_parallel + tp_rank;
   }
-  int replica_of(int rank) const { return rank / pipeline_ranks; }
-  int pipeline_rank_of(int rank) const { return rank % pipeline_ranks; }
-  // The R world ranks holding pipeline rank p: its data-parallel group.
-  std::vector<int> data_parallel_ranks(int pipeline_rank) const;
-  // The K world ranks of replica d: one pipeline.
-  std::vector<int> pipeline_world_ranks(int replica) const;
+  int replica_of(int rank) const { return rank / (pipeline_ranks * tensor_parallel); }
+  int pipeline_rank_of(int rank) const { return (rank / tensor_parallel) % pipeline_ranks; }
+  int tp_rank_of(int rank) const { return rank % tensor_parallel; }
+  // The R world ranks holding (pipeline rank p, tp rank t): its data-parallel group.
+  std::vector<int> data_parallel_ranks(int pipeline_rank, int tp_rank = 0) const;
+  // The K world ranks of replica d's pipeline of tp rank t.
+  std::vector<int> pipeline_world_ranks(int replica, int tp_rank = 0) const;
+  // The T world ranks of (replica d, pipeline rank p): its tensor-parallel group.
+  std::vector<int> tensor_parallel_ranks(int replica, int pipeline_rank) const;
 };
 
 struct DistributedOptions {
@@ -87,6 +99,8 @@ struct DistributedOptions {
   TORCH_ARG(torch::Device, device) = torch::kCPU;
   /// K, pipeline ranks per replica; 0 = the whole world is one pipeline (R = 1).
   TORCH_ARG(int, pipeline_ranks) = 0;
+  /// T, tensor-parallel ranks per pipeline rank (adjacent world ranks).
+  TORCH_ARG(int, tensor_parallel) = 1;
 };
 
 class Distributed {
@@ -102,6 +116,7 @@ class Distributed {
   int local_rank() const { return local_rank_; }
   int replica() const { return layout_.replica_of(rank()); }
   int pipeline_rank() const { return layout_.pipeline_rank_of(rank()); }
+  int tp_rank() const { return layout_.tp_rank_of(rank()); }
   const ParallelLayout& layout() const { return layout_; }
   const std::shared_ptr<C10dWorld>& world() const { return world_; }
 
@@ -115,6 +130,9 @@ class Distributed {
   // The data-parallel group of this rank's pipeline rank (its replicas, in replica order: group
   // rank = replica()); nullptr with one replica.
   const std::shared_ptr<C10dGroup>& data_parallel_group() const { return data_parallel_; }
+  // The tensor-parallel group of this rank (its pipeline rank's T processes, group rank =
+  // tp_rank()); nullptr with T = 1.
+  const std::shared_ptr<C10dGroup>& tensor_parallel_group() const { return tensor_parallel_; }
 
   // Sums every parameter's .grad() over the replicas of this pipeline rank, flattened into one
   // buffer per dtype. A parameter without a gradient counts as zero and receives the sum.
@@ -132,12 +150,14 @@ class Distributed {
   // `name` is the key declare_tie returned. REQUIRES: this rank is a holder.
   void allreduce_tie(const std::string& name, const std::vector<torch::Tensor>& local_copies);
 
-  // The mini-batch loss on every rank: the sum over replicas of the replica losses. The rank that
-  // holds its replica's last stage passes the replica's loss; every other rank passes nullopt.
+  // The mini-batch loss on every rank: the sum over replicas of the replica losses. The ranks that
+  // hold their replica's last stage pass the replica's loss (the same on each of its tp ranks:
+  // tp rank 0's counts); every other rank passes nullopt.
   double broadcast_loss(std::optional<double> replica_loss);
 
-  // Every rank of replica 0 sends its named tensors to rank 0, which returns them merged into one
-  // map (a name held by several ranks, a tied weight, keeps one copy); other ranks get {}.
+  // Every rank of replica 0 (tp rank 0 of each pipeline rank: gather a tensor-parallel model's
+  // slices first) sends its named tensors to rank 0, which returns them merged into one map (a
+  // name held by several ranks, a tied weight, keeps one copy); other ranks get {}.
   std::map<std::string, torch::Tensor> gather_named_parameters(
       const std::vector<std::pair<std::string, torch::Tensor>>& mine);
 
@@ -156,6 +176,7 @@ class Distributed {
   ParallelLayout layout_;
   int local_rank_ = 0;
   std::shared_ptr<C10dGroup> data_parallel_;
+  std::shared_ptr<C10dGroup> tensor_parallel_;
   // By declare_tie key; null: only this rank holds it.
   std::map<std::string, std::shared_ptr<C10dGroup>> ties_;
 };

@@ -37,11 +37,12 @@ struct PipelineRequest {
   std::string schedule_file;               // --schedule-file: a custom schedule instead
   std::string checkpoint = "except_last";  // --checkpoint: always, except_last, never
   Precision precision = Precision::kFloat32;  // --precision: fp32, bf16, fp16 (CUDA stages)
-  bool offload_activations = false;        // --offload-activations
-  double timeout = 300;                    // --timeout: seconds a wait between ranks may take
+  bool offload_activations = false;           // --offload-activations
+  double timeout = 300;                       // --timeout: seconds a wait between ranks may take
   int threads = 0;                   // --threads per rank; 0: the cores shared among the ranks
   int pp = 0;                        // --pp: pipeline ranks of a multi-process run; 0: world/dp
   int dp = 1;                        // --dp: data-parallel replicas
+  int tp = 1;                        // --tp: tensor-parallel ranks per pipeline rank
   std::string device = "cpu";        // --device: cpu or cuda
   std::vector<std::string> devices;  // --devices: one per rank of a one-process run
 };
@@ -50,8 +51,9 @@ struct PipelineRequest {
 struct RunLayout {
   bool multi_process = false;
   int world = 1;
-  int pipeline_ranks = 1;  // K
-  int replicas = 1;        // R
+  int pipeline_ranks = 1;   // K
+  int replicas = 1;         // R
+  int tensor_parallel = 1;  // T: processes per pipeline rank (parallel/mesh.h)
 };
 
 // Ranges and combinations of the fields on their own (counts, names, precision on the device,
@@ -61,8 +63,8 @@ void check_pipeline_request(const PipelineRequest& request);
 // True when the request puts a rank on a CUDA device.
 bool on_cuda(const PipelineRequest& request);
 
-// The layout of a run of `world` processes. Throws BadInput when pp x dp is not the world, --pp
-// or --dp are given to one process, or --stages disagrees with the processes.
+// The layout of a run of `world` processes. Throws BadInput when pp x tp x dp is not the world,
+// --pp, --tp or --dp are given to one process, or --stages disagrees with the processes.
 RunLayout layout_of(const PipelineRequest& request, int world);
 
 // Micro-batches per mini-batch.

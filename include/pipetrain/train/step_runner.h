@@ -22,6 +22,7 @@
 //   double loss = runner->step(x, y);
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -148,15 +149,19 @@ std::unique_ptr<StepRunner> make_sequential_runner(torch::nn::Sequential model, 
 std::unique_ptr<StepRunner> make_pipe_runner(torch::nn::Sequential model, LossFn loss,
                                              const PipeOptions& options);
 
+// Which dimension of parameter `name` a tensor-parallel model cuts across its group, or nullopt
+// for a tensor every tp rank holds whole (models::tensor_parallel_split for the Llama model).
+using TensorParallelSplit = std::function<std::optional<int64_t>(const std::string& name)>;
+
 // One rank of a multi-process run over `model` (every rank builds the same model and calls this
 // with the same arguments). `description` is what description() returns; `tied` names the tied
 // parameters, so the gradient norm counts each once; `device`: where this rank's stages run
-// (DistributedPipe's; e.g. cuda:LOCAL_RANK).
-std::unique_ptr<StepRunner> make_distributed_runner(Distributed& distributed,
-                                                    torch::nn::Sequential model, LossFn loss,
-                                                    const PipeOptions& options,
-                                                    std::string description,
-                                                    const TiedNames& tied = {},
-                                                    const torch::Device& device = torch::kCPU);
+// (DistributedPipe's; e.g. cuda:LOCAL_RANK). With tensor parallelism (the Distributed's T > 1)
+// `split` says how the model is cut: gather() then joins the slices (parameters and optimizer
+// state) into whole tensors and the gradient norm counts replicated tensors once.
+std::unique_ptr<StepRunner> make_distributed_runner(
+    Distributed& distributed, torch::nn::Sequential model, LossFn loss, const PipeOptions& options,
+    std::string description, const TiedNames& tied = {}, const torch::Device& device = torch::kCPU,
+    TensorParallelSplit split = {});
 
 }  // namespace pipetrain::train
