@@ -296,17 +296,13 @@ void check_tensor_parallel(const TrainArgs& args) {
         args.data.model + "' has no tensor-parallel form");
   }
   const std::vector<std::pair<bool, const char*>> not_yet = {
-      {!args.checkpoint_dir.empty(), "--checkpoint-dir"},
-      {!args.resume.empty(), "--resume"},
-      {args.max_restarts > 0, "--max-restarts"},
       {args.report_memory, "--report-memory"},
       {args.auto_request.any(), "the auto flags (--balance/--schedule/--chunks/--checkpoint auto)"},
   };
   for (const auto& [given, flag] : not_yet) {
     if (given) {
       fail(std::string(flag) + " with --tp " + std::to_string(args.pipeline.tp) +
-           " is not supported yet (tensor parallelism trains, saves --save-params/--save-hf and "
-           "clips; docs/TENSOR_PARALLEL.md); drop one of them");
+           " is not supported yet (docs/TENSOR_PARALLEL.md, \"Not yet\"); drop one of them");
     }
   }
 }

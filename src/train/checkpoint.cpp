@@ -327,6 +327,47 @@ void restore_model(const Checkpoint& checkpoint, torch::nn::Module& model, NameM
   restore_model(checkpoint, model.named_parameters(), model.named_buffers(), match);
 }
 
+void keep_tensor_parallel_slice(Checkpoint& checkpoint, const TensorParallelSlice& slice) {
+  if (slice.size <= 1) return;
+  for (auto& [name, tensor] : checkpoint.parameters) {
+    const std::optional<int64_t> dim = slice.split(name);
+    if (!dim) continue;
+    const torch::Tensor whole = tensor;
+    if (*dim >= whole.dim() || whole.size(*dim) % slice.size != 0) {
+      throw CheckpointError("parameter '" + name + "' of shape " + shape(whole) +
+                            " cannot be cut into " + std::to_string(slice.size) +
+                            " tensor-parallel slices along dimension " + std::to_string(*dim));
+    }
+    const int64_t length = whole.size(*dim) / slice.size;
+    auto cut = [&](const torch::Tensor& t) {
+      return t.narrow(*dim, slice.rank * length, length).clone();
+    };
+    tensor = cut(whole);
+    auto state = checkpoint.optimizer_state.find(name);
+    if (state == checkpoint.optimizer_state.end()) continue;
+    for (auto& [field, value] : state->second) {
+      if (value.sizes() == whole.sizes()) value = cut(value);
+    }
+  }
+}
+
+Checkpoint load_for_resume(const std::string& path, torch::nn::Module& model,
+                           const std::string& optimizer, const TensorParallelSlice& slice) {
+  Checkpoint checkpoint = load_checkpoint(path);
+  keep_tensor_parallel_slice(checkpoint, slice);
+  try {
+    restore_model(checkpoint, model, NameMatch::kExact);
+  } catch (const CheckpointError& error) {
+    throw CheckpointError(path + ": " + error.what());
+  }
+  if (checkpoint.optimizer != optimizer) {
+    throw CheckpointError(path + " was written with --optimizer " + checkpoint.optimizer +
+                          " but this run uses --optimizer " + optimizer +
+                          "; resume with the same optimizer");
+  }
+  return checkpoint;
+}
+
 Checkpoint load_for_resume(const std::string& path, torch::nn::Module& model,
                            const std::string& optimizer) {
   Checkpoint checkpoint = load_checkpoint(path);  // FileError names the path

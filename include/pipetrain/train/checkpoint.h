@@ -40,7 +40,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -123,6 +125,21 @@ void restore_model(const Checkpoint& checkpoint, torch::nn::Module& model,
 // fit the model or was written with another optimizer.
 Checkpoint load_for_resume(const std::string& path, torch::nn::Module& model,
                            const std::string& optimizer);
+
+// A tensor-parallel rank's view of a whole checkpoint: which dimension of parameter `name` the
+// model cuts (nullopt: whole), and this rank's place in the group.
+struct TensorParallelSlice {
+  std::function<std::optional<int64_t>(const std::string& name)> split;
+  int rank = 0;
+  int size = 1;
+};
+// Keeps rank `slice.rank`'s part of every split parameter and of its optimizer state of the same
+// shape (a whole checkpoint, as every run writes, restores into a model of any tp). Throws
+// CheckpointError naming the tensor when tp does not divide its dimension.
+void keep_tensor_parallel_slice(Checkpoint& checkpoint, const TensorParallelSlice& slice);
+// load_for_resume for a tensor-parallel model: the checkpoint sliced before it is restored.
+Checkpoint load_for_resume(const std::string& path, torch::nn::Module& model,
+                           const std::string& optimizer, const TensorParallelSlice& slice);
 
 // Rebuilds the optimizer's per-parameter state for every name in `parameters` that the
 // checkpoint has state for. Throws CheckpointError when the optimizer type differs from the
