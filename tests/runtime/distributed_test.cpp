@@ -118,6 +118,24 @@ TEST(ParallelLayout, RejectsAWorldThatIsNotAMultipleOfThePipeline) {
       << message;
 }
 
+// Tensor parallelism: Megatron's order, the same ranks as parallel::Mesh gives.
+TEST(ParallelLayout, TensorParallelRanksAreAdjacentWithinEachPipelineRank) {
+  const auto layout = ParallelLayout::for_world(8, 2, 2);
+  EXPECT_EQ(layout.replicas, 2);
+  EXPECT_EQ(layout.world_size(), 8);
+  EXPECT_EQ(layout.rank_of(1, 0, 1), 5);
+  EXPECT_EQ(layout.replica_of(5), 1);
+  EXPECT_EQ(layout.pipeline_rank_of(5), 0);
+  EXPECT_EQ(layout.tp_rank_of(5), 1);
+  EXPECT_EQ(layout.tensor_parallel_ranks(1, 0), (std::vector<int>{4, 5}));
+  EXPECT_EQ(layout.pipeline_world_ranks(0, 1), (std::vector<int>{1, 3}));
+  EXPECT_EQ(layout.data_parallel_ranks(1, 0), (std::vector<int>{2, 6}));
+  const std::string message = error_of([] { ParallelLayout::for_world(6, 2, 2); });
+  EXPECT_NE(message.find("WORLD_SIZE=6 is not a multiple of 2 pipeline ranks x 2 tensor-parallel"),
+            std::string::npos)
+      << message;
+}
+
 // ---- real processes ---------------------------------------------------------------------------
 
 TEST(Distributed, SumsGradientsOverTheReplicasOfEachStage) {
