@@ -504,8 +504,9 @@ int run_train(const TrainArgs& given) {
       };
       std::optional<Prepared> p;
       try {
-        p.emplace(prepare(args, layout, on_ranks, false, distributed.pipeline_rank(),
-                          parallel::TensorParallel{distributed.tensor_parallel_group()}));
+        p.emplace(prepare(
+            args, layout, on_ranks, false, distributed.pipeline_rank(),
+            parallel::TensorParallel{distributed.tensor_parallel_group(), args.sequence_parallel}));
       } catch (const AutoPlanError& error) {
         usage_error = error.what();  // every rank is here: stop cleanly, exit 2 below
         return;
@@ -518,9 +519,10 @@ int run_train(const TrainArgs& given) {
               ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(distributed.local_rank()))
               : torch::Device(torch::kCPU);
       as_usage_error("--device", [&] { check_device_usable(device); });
-      auto runner = train::make_distributed_runner(distributed, p->model.sequential, p->model.loss,
-                                                   pipe, text, p->model.tied_parameters, device,
-                                                   p->model.tensor_parallel_split);
+      auto runner = train::make_distributed_runner(
+          distributed, p->model.sequential, p->model.loss, pipe, text, p->model.tied_parameters,
+          device,
+          train::TensorParallelModel{p->model.tensor_parallel_split, args.sequence_parallel});
       train_with(args, *p, *runner, threads, &pipe, layout);
     });
     if (code == 0 && !usage_error.empty()) throw UsageError(usage_error);

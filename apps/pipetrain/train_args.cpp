@@ -73,6 +73,9 @@ void add_pipeline_flags(CLI::App& command, TrainArgs& args) {
                   "tensor-parallel processes per pipeline rank (Megatron's split of a Llama "
                   "model's heads, MLP and vocabulary; --nproc = pp x tp x dp)")
       ->capture_default_str();
+  command.add_flag("--sequence-parallel", args.sequence_parallel,
+                   "with --tp: norms and residuals on 1/tp of the sequence, and 1/tp of each "
+                   "activation sent between stages (--seq-len divisible by --tp)");
   command
       .add_option(
           "--schedule", args.pipeline.schedule,
@@ -288,7 +291,17 @@ namespace {
 // Names (optimizer, checkpoint, lr schedule, schedule) and flags that exclude each other.
 // What tensor parallelism covers so far: refused with the flag's name rather than run wrong.
 void check_tensor_parallel(const TrainArgs& args) {
+  if (args.sequence_parallel && args.pipeline.tp <= 1) {
+    fail(
+        "--sequence-parallel splits the sequence over the tensor-parallel ranks: give --tp 2 or "
+        "more");
+  }
   if (args.pipeline.tp <= 1) return;
+  if (args.sequence_parallel && args.data.seq_len % args.pipeline.tp != 0) {
+    fail("--sequence-parallel with --tp " + std::to_string(args.pipeline.tp) +
+         " cuts each sample's --seq-len " + std::to_string(args.data.seq_len) + " ids into " +
+         std::to_string(args.pipeline.tp) + " parts; give a --seq-len divisible by it");
+  }
   if (!examples::is_hf_model(args.data.model)) {
     fail(
         "--tp splits the layers of a Llama-family model: give --model DIR (a Hugging Face "

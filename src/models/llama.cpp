@@ -151,10 +151,11 @@ void LlamaAttentionImpl::reset() {
 
 torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
   const LlamaConfig& c = *config;
-  const int64_t b = x.size(0), t = x.size(1), d = c.head_dim;
   const int64_t heads = c.num_attention_heads / tp.size();
   const int64_t kv_heads = c.num_key_value_heads / tp.size();
-  const torch::Tensor in = parallel::copy_to_tensor_parallel(x, tp);
+  // [B, T, H], the whole sequence (with sequence parallelism x holds T/tp of it).
+  const torch::Tensor in = parallel::enter_tensor_parallel(x, tp);
+  const int64_t b = in.size(0), t = in.size(1), d = c.head_dim;
   torch::Tensor q = q_proj->forward(in).view({b, t, heads, d}).transpose(1, 2);
   torch::Tensor k = k_proj->forward(in).view({b, t, kv_heads, d}).transpose(1, 2);
   torch::Tensor v = v_proj->forward(in).view({b, t, kv_heads, d}).transpose(1, 2);
@@ -183,7 +184,7 @@ void LlamaMlpImpl::reset() {
 }
 
 torch::Tensor LlamaMlpImpl::forward(const torch::Tensor& x) {
-  const torch::Tensor in = parallel::copy_to_tensor_parallel(x, tp);
+  const torch::Tensor in = parallel::enter_tensor_parallel(x, tp);
   return parallel::row_parallel_linear(torch::silu(gate_proj->forward(in)) * up_proj->forward(in),
                                        down_proj->weight, down_proj->bias, tp);
 }
@@ -251,7 +252,7 @@ void LlamaHeadImpl::reset() {
 }
 
 torch::Tensor LlamaHeadImpl::forward(const torch::Tensor& x) {
-  return torch::linear(parallel::copy_to_tensor_parallel(x, tp), weight);
+  return torch::linear(parallel::enter_tensor_parallel(x, tp), weight);
 }
 
 // ---- building

@@ -86,6 +86,79 @@ struct GatherFromGroup : torch::autograd::Function<GatherFromGroup> {
   }
 };
 
+// x [.., n at dim, ..] -> [n, ..rest] contiguous, and back: the collectives cut the first dim.
+torch::Tensor dim_first(const torch::Tensor& x, int64_t dim) {
+  return x.movedim(dim, 0).contiguous();
+}
+
+// Every rank's x along `dim`, concatenated in rank order.
+torch::Tensor all_gather_along(const torch::Tensor& x, int64_t dim, C10dGroup& group) {
+  const torch::Tensor first = dim_first(x, dim);
+  torch::Tensor flat = torch::empty({group.size() * first.numel()}, first.options());
+  group.all_gather(first.reshape({-1}), flat);
+  std::vector<int64_t> shape = first.sizes().vec();
+  shape[0] *= group.size();
+  return flat.view(shape).movedim(0, dim);
+}
+
+// The sum over the group of x, this rank's slice along `dim` kept.
+torch::Tensor reduce_scatter_along(const torch::Tensor& x, int64_t dim, C10dGroup& group) {
+  const torch::Tensor first = dim_first(x, dim);
+  TORCH_CHECK(first.size(0) % group.size() == 0, "sequence parallelism: dimension ", dim,
+              " of size ", first.size(0), " does not split into ", group.size(), " ranks");
+  std::vector<int64_t> shape = first.sizes().vec();
+  shape[0] /= group.size();
+  torch::Tensor shard = torch::empty({first.numel() / group.size()}, first.options());
+  group.reduce_scatter_sum(first.reshape({-1}), shard);
+  return shard.view(shape).movedim(0, dim);
+}
+
+torch::Tensor slice_along(const torch::Tensor& x, int64_t dim, const C10dGroup& group) {
+  const int64_t length = x.size(dim) / group.size();
+  TORCH_CHECK(x.size(dim) % group.size() == 0, "sequence parallelism: dimension ", dim, " of size ",
+              x.size(dim), " does not split into ", group.size(), " ranks");
+  return x.narrow(dim, group.rank() * length, length).contiguous();
+}
+
+struct GatherSequence : torch::autograd::Function<GatherSequence> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t dim,
+                               const std::shared_ptr<C10dGroup>& group) {
+    save_group(ctx, group);
+    ctx->saved_data["dim"] = dim;
+    return all_gather_along(x, dim, *group);
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    return {reduce_scatter_along(grads[0], ctx->saved_data["dim"].toInt(), saved_group(ctx)),
+            torch::Tensor(), torch::Tensor()};
+  }
+};
+
+struct ReduceScatterSequence : torch::autograd::Function<ReduceScatterSequence> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t dim,
+                               const std::shared_ptr<C10dGroup>& group) {
+    save_group(ctx, group);
+    ctx->saved_data["dim"] = dim;
+    return reduce_scatter_along(x, dim, *group);
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    return {all_gather_along(grads[0], ctx->saved_data["dim"].toInt(), saved_group(ctx)),
+            torch::Tensor(), torch::Tensor()};
+  }
+};
+
+struct ScatterSequence : torch::autograd::Function<ScatterSequence> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t dim,
+                               const std::shared_ptr<C10dGroup>& group) {
+    save_group(ctx, group);
+    ctx->saved_data["dim"] = dim;
+    return slice_along(x, dim, *group);
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    return {all_gather_along(grads[0], ctx->saved_data["dim"].toInt(), saved_group(ctx)),
+            torch::Tensor(), torch::Tensor()};
+  }
+};
+
 // Per-token loss of vocabulary-split logits; see vocab_parallel_cross_entropy.
 struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossEntropy> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits,
@@ -144,6 +217,28 @@ torch::Tensor gather_from_tensor_parallel(const torch::Tensor& x, const TensorPa
   return tp.split() ? GatherFromGroup::apply(x, tp.group) : x;
 }
 
+torch::Tensor gather_sequence(const torch::Tensor& x, int64_t dim, const TensorParallel& tp) {
+  return tp.split() ? GatherSequence::apply(x, dim, tp.group) : x;
+}
+
+torch::Tensor reduce_scatter_sequence(const torch::Tensor& x, int64_t dim,
+                                      const TensorParallel& tp) {
+  return tp.split() ? ReduceScatterSequence::apply(x, dim, tp.group) : x;
+}
+
+torch::Tensor scatter_sequence(const torch::Tensor& x, int64_t dim, const TensorParallel& tp) {
+  return tp.split() ? ScatterSequence::apply(x, dim, tp.group) : x;
+}
+
+torch::Tensor enter_tensor_parallel(const torch::Tensor& x, const TensorParallel& tp) {
+  return tp.sequence_parallel ? gather_sequence(x, 1, tp) : copy_to_tensor_parallel(x, tp);
+}
+
+torch::Tensor leave_tensor_parallel(const torch::Tensor& x, const TensorParallel& tp) {
+  return tp.sequence_parallel ? reduce_scatter_sequence(x, 1, tp)
+                              : reduce_from_tensor_parallel(x, tp);
+}
+
 torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits,
                                            const torch::Tensor& targets, int64_t vocab_start,
                                            const TensorParallel& tp) {
@@ -195,7 +290,7 @@ void RowParallelLinearImpl::reset() {
 torch::Tensor row_parallel_linear(const torch::Tensor& x, const torch::Tensor& weight,
                                   const torch::Tensor& bias, const TensorParallel& tp) {
   if (!tp.split()) return torch::nn::functional::linear(x, weight, bias);  // one fused op
-  const torch::Tensor y = reduce_from_tensor_parallel(torch::nn::functional::linear(x, weight), tp);
+  const torch::Tensor y = leave_tensor_parallel(torch::nn::functional::linear(x, weight), tp);
   return bias.defined() ? y + bias : y;
 }
 
@@ -235,7 +330,7 @@ torch::Tensor vocab_parallel_embedding(const torch::Tensor& ids, const torch::Te
   const torch::Tensor found =
       at::embedding(weight, local, padding_idx ? local_padding(*padding_idx) : -1) *
       in_range.unsqueeze(-1).to(weight.scalar_type());
-  return reduce_from_tensor_parallel(found, tp);
+  return leave_tensor_parallel(found, tp);  // with sequence parallelism: ids' dimension 1 split
 }
 
 }  // namespace pipetrain::parallel

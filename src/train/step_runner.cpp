@@ -133,13 +133,13 @@ class DistributedRunner : public StepRunner {
  public:
   DistributedRunner(Distributed& distributed, torch::nn::Sequential model, LossFn loss,
                     const PipeOptions& options, std::string description, const TiedNames& tied,
-                    const torch::Device& device, TensorParallelSplit split)
+                    const torch::Device& device, TensorParallelModel tensor_parallel)
       : distributed_(distributed),
         model_(model),
         loss_(std::move(loss)),
         pipe_(distributed, model, options, device),
         description_(std::move(description)),
-        split_(std::move(split)) {
+        split_(std::move(tensor_parallel.split)) {
     // Layers this rank holds: the first component of its parameter names. Buffers are filed
     // under the same layers (a layer without parameters has no buffers in our models).
     std::set<std::string> names;
@@ -154,6 +154,15 @@ class DistributedRunner : public StepRunner {
       if (!names.count(first) && names.count(second)) {
         for (const auto& [name, tensor] : pipe_.named_parameters()) {
           if (name == second) skip.insert(tensor.unsafeGetTensorImpl());
+        }
+      }
+    }
+    // Sequence parallelism: each rank's gradient of a whole tensor is its sequence share.
+    if (tensor_parallel.sequence_parallel && distributed_.tensor_parallel_group()) {
+      std::set<const void*> seen;
+      for (const auto& [name, tensor] : pipe_.named_parameters()) {
+        if (!split_(name) && seen.insert(tensor.unsafeGetTensorImpl()).second) {
+          sequence_shared_.push_back(tensor);
         }
       }
     }
@@ -194,7 +203,9 @@ class DistributedRunner : public StepRunner {
   }
 
   double step(const torch::Tensor& inputs, const torch::Tensor& targets) override {
-    return pipe_.train_step(inputs, targets, scaled(loss_)).item<double>() / loss_scale();
+    const double loss = pipe_.train_step(inputs, targets, scaled(loss_)).item<double>();
+    sum_sequence_shares();
+    return loss / loss_scale();
   }
   std::vector<torch::Tensor> parameters() override { return pipe_.parameters(); }
   NamedTensors named_parameters() override { return to_named(pipe_.named_parameters()); }
@@ -286,6 +297,31 @@ class DistributedRunner : public StepRunner {
   std::vector<torch::Tensor> norm_parameters_;
   std::vector<DeferredBatchNormImpl*> batch_norms_;  // this rank's, in model order
   TensorParallelSplit split_;
+  std::vector<torch::Tensor> sequence_shared_;  // whole tensors under sequence parallelism
+
+  // Sums the gradients of sequence_shared_ over the tensor-parallel group, in one buffer.
+  void sum_sequence_shares() {
+    if (sequence_shared_.empty()) return;
+    torch::NoGradGuard no_grad;
+    std::vector<torch::Tensor> pieces;
+    for (const torch::Tensor& p : sequence_shared_) {
+      pieces.push_back(p.grad().defined() ? p.grad().reshape({-1}).to(torch::kCPU, torch::kFloat32)
+                                          : torch::zeros({p.numel()}, torch::kFloat32));
+    }
+    std::vector<torch::Tensor> flat{torch::cat(pieces)};
+    distributed_.tensor_parallel_group()->allreduce_sum(flat);
+    int64_t at = 0;
+    for (const torch::Tensor& p : sequence_shared_) {
+      const torch::Tensor sum =
+          flat[0].narrow(0, at, p.numel()).view(p.sizes()).to(p.device(), p.scalar_type());
+      at += p.numel();
+      if (p.grad().defined()) {
+        const_cast<torch::Tensor&>(p).mutable_grad().copy_(sum);
+      } else {
+        const_cast<torch::Tensor&>(p).mutable_grad() = sum.clone();
+      }
+    }
+  }
 
   // `part` with every split tensor (a parameter, and its optimizer state of the same shape)
   // joined over the tensor-parallel group along its dimension. Collective over the group: every
@@ -344,13 +380,13 @@ std::unique_ptr<StepRunner> make_distributed_runner(Distributed& distributed,
                                                     const PipeOptions& options,
                                                     std::string description, const TiedNames& tied,
                                                     const torch::Device& device,
-                                                    TensorParallelSplit split) {
-  PIPETRAIN_CHECK_INPUT(distributed.layout().tensor_parallel == 1 || split,
+                                                    TensorParallelModel tensor_parallel) {
+  PIPETRAIN_CHECK_INPUT(distributed.layout().tensor_parallel == 1 || tensor_parallel.split,
                         "a tensor-parallel run (", distributed.layout().tensor_parallel,
                         " ranks per stage) needs the model's TensorParallelSplit");
   return std::make_unique<DistributedRunner>(distributed, std::move(model), std::move(loss),
                                              options, std::move(description), tied, device,
-                                             std::move(split));
+                                             std::move(tensor_parallel));
 }
 
 }  // namespace pipetrain::train

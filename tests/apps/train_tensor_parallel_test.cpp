@@ -49,6 +49,11 @@ const std::vector<TpLayout> kTpLayouts = {
     {"tp2dp2_zero1", "--nproc 4 --tp 2 --dp 2 --zero 1 --chunks 2"},
     {"pp2tp2dp2", "--nproc 8 --pp 2 --tp 2 --dp 2 --chunks 2 --schedule 1f1b"},
     {"tp2_clip", "--nproc 2 --tp 2 --chunks 2 --clip-grad-norm 0.5", true},
+    {"tp2_sp", "--nproc 2 --tp 2 --chunks 2 --sequence-parallel"},
+    {"pp2tp2_1f1b_sp", "--nproc 4 --pp 2 --tp 2 --chunks 4 --schedule 1f1b --sequence-parallel"},
+    {"pp2tp2_zbv_sp", "--nproc 4 --pp 2 --tp 2 --chunks 4 --schedule zb-v --sequence-parallel"},
+    {"tp2dp2_zero1_sp", "--nproc 4 --tp 2 --dp 2 --zero 1 --chunks 2 --sequence-parallel"},
+    {"tp2_clip_sp", "--nproc 2 --tp 2 --chunks 2 --clip-grad-norm 0.5 --sequence-parallel", true},
 };
 
 std::vector<double> worst_errors(const std::string& output) {
@@ -74,6 +79,13 @@ TEST(TrainTensorParallel, WeightsAfterAdamWEqualOneProcessInEveryLayout) {
     const CliRun run = run_pipetrain(flags + " " + layout.flags + " --save-hf " + out);
     ASSERT_EQ(run.exit_code, 0) << layout.name << "\n" << run.output;
     EXPECT_NE(run.output.find("tensor-parallel x"), std::string::npos) << run.output;
+    if (layout.name == "pp2tp2_1f1b" || layout.name == "pp2tp2_1f1b_sp") {  // 4 micro-batches
+      // What crosses the stage boundary: [2, 16, 16] fp32 per micro-batch and direction, the
+      // whole sequence, or 1/tp of it with --sequence-parallel.
+      const std::string bytes = layout.name == "pp2tp2_1f1b" ? "196608" : "98304";
+      EXPECT_NE(run.output.find("transport: " + bytes + " tensor bytes"), std::string::npos)
+          << run.output;
+    }
     batch << "compare " << out << " " << dir << (layout.clip ? "/clip" : "/one")
           << " --rtol 1e-4\n";
   }
@@ -142,12 +154,20 @@ TEST(TrainTensorParallel, WhatItDoesNotCoverExitsTwoNamingTheNumbersOrTheFlag) {
       {"--nproc 3 --tp 2", "--tp 2 x --dp 1 does not divide the world of 3 processes"},
       {"--tp 2", "--pp/--tp/--dp describe a multi-process run: give --nproc 2"},
       {"--nproc 2 --tp 2 --report-memory", "--report-memory with --tp 2 is not supported yet"},
+      {"--nproc 2 --sequence-parallel",
+       "--sequence-parallel splits the sequence over the "
+       "tensor-parallel ranks: give --tp 2 or more"},
   };
   for (const auto& [extra, want] : cases) {
     const CliRun run = run_pipetrain(flags + " " + extra);
     EXPECT_EQ(run.exit_code, 2) << extra << "\n" << run.output;
     EXPECT_NE(run.output.find(want), std::string::npos) << extra << "\n" << run.output;
   }
+  const CliRun odd = run_pipetrain(testing::replace_all(flags, "--seq-len 16", "--seq-len 15") +
+                                   " --nproc 2 --tp 2 --sequence-parallel");
+  EXPECT_EQ(odd.exit_code, 2) << odd.output;
+  EXPECT_NE(odd.output.find("cuts each sample's --seq-len 15 ids into 2 parts"), std::string::npos)
+      << odd.output;
   const CliRun mlp = run_pipetrain("train --model mlp --nproc 2 --tp 2 --steps 1");
   EXPECT_EQ(mlp.exit_code, 2) << mlp.output;
   EXPECT_NE(mlp.output.find("'mlp' has no tensor-parallel form"), std::string::npos) << mlp.output;

@@ -121,6 +121,22 @@ void scenario_layers(Distributed& d) {
   (y * y).sum().backward();
   const torch::Tensor want = 2 * torch::nn::functional::linear(x, w1).t().mm(x);
   expect_close(gathered->weight.grad(), want.narrow(0, h.start, h.length), "gathered grad");
+
+  // Sequence parallelism's pair along dimension 1: gather of the slices is the whole; the
+  // reduce-scatter of per-rank parts is the slice of their sum; each backward is the other.
+  const torch::Tensor whole_seq = torch::randn({2, 6, 3});
+  const torch::Tensor weights = torch::randn({2, 6, 3});
+  const torch::Tensor mine = whole_seq.narrow(1, r * (6 / n), 6 / n).clone().requires_grad_();
+  const torch::Tensor gathered_seq = parallel::gather_sequence(mine, 1, tp);
+  expect_close(gathered_seq, whole_seq, "gather_sequence");
+  (gathered_seq * weights).sum().backward();  // every rank's loss: the sum over ranks is n x
+  expect_close(mine.grad(), (weights * n).narrow(1, r * (6 / n), 6 / n), "gather backward");
+  const torch::Tensor part = (whole_seq * (r + 1)).requires_grad_();
+  const torch::Tensor scattered = parallel::reduce_scatter_sequence(part, 1, tp);
+  expect_close(scattered, (whole_seq * (n * (n + 1) / 2)).narrow(1, r * (6 / n), 6 / n),
+               "reduce_scatter_sequence");
+  (scattered * weights.narrow(1, r * (6 / n), 6 / n)).sum().backward();
+  expect_close(part.grad(), weights, "reduce-scatter backward");
   std::cout << "OK layers rank " << r << " of " << n << std::endl;
 }
 

@@ -23,6 +23,13 @@
 // on every rank, because copy_to_tensor_parallel's backward sums the slices' input gradients.
 // The weight gradients of split matrices are local: nothing to reduce over the group.
 //
+// Sequence parallelism (TensorParallel::sequence_parallel, Megatron's): outside the split regions
+// (norms, residuals, what crosses pipeline stages) each rank holds 1/tp of the sequence, dimension
+// 1 of [B, T, H]. Entering a region all-gathers the sequence (backward: reduce-scatter), leaving
+// it reduce-scatters the partial sums (backward: all-gather) instead of all-reducing them. A
+// replicated parameter then gets only its sequence slice's gradient on each rank: the runner sums
+// those over the group after the backward (train::TensorParallelModel).
+//
 // TensorParallel{} (no group) is tensor-parallel size 1: every function is the plain operation
 // and every module holds the whole matrix, so one code path serves both.
 //
@@ -48,6 +55,7 @@ namespace pipetrain::parallel {
 // This rank's place in its tensor-parallel group; no group: one rank.
 struct TensorParallel {
   std::shared_ptr<C10dGroup> group;
+  bool sequence_parallel = false;  // with a group of more than one rank
 
   int size() const { return group ? group->size() : 1; }
   int rank() const { return group ? group->rank() : 0; }
@@ -71,12 +79,28 @@ torch::Tensor reduce_from_tensor_parallel(const torch::Tensor& x, const TensorPa
 // rank's slice of the gradient.
 torch::Tensor gather_from_tensor_parallel(const torch::Tensor& x, const TensorParallel& tp);
 
-// x_slice W_slice^T summed over the group, plus the whole bias (undefined: none): the body of a
-// row-parallel layer for modules that keep their own tensors.
+// Sequence parallelism's pair, along dimension `dim`: the ranks' slices concatenated in rank
+// order (backward: the sum over the group, this rank's slice kept), and the sum over the group
+// with this rank's slice kept (backward: the slices concatenated). The dimension must divide.
+torch::Tensor gather_sequence(const torch::Tensor& x, int64_t dim, const TensorParallel& tp);
+torch::Tensor reduce_scatter_sequence(const torch::Tensor& x, int64_t dim,
+                                      const TensorParallel& tp);
+// This rank's slice of a replicated x along `dim` (backward: the slices concatenated).
+torch::Tensor scatter_sequence(const torch::Tensor& x, int64_t dim, const TensorParallel& tp);
+
+// Entering a split region from [B, T, H] activations: copy_to_tensor_parallel, or with sequence
+// parallelism gather_sequence along T. Leaving it: reduce_from_tensor_parallel, or
+// reduce_scatter_sequence along T.
+torch::Tensor enter_tensor_parallel(const torch::Tensor& x, const TensorParallel& tp);
+torch::Tensor leave_tensor_parallel(const torch::Tensor& x, const TensorParallel& tp);
+
+// x_slice W_slice^T summed over the group (leave_tensor_parallel), plus the whole bias (undefined:
+// none): the body of a row-parallel layer for modules that keep their own tensors.
 torch::Tensor row_parallel_linear(const torch::Tensor& x, const torch::Tensor& weight,
                                   const torch::Tensor& bias, const TensorParallel& tp);
 // ids -> rows of a table split by rows: this rank holds `table` = rows [vocab_start, vocab_start +
-// table.size(0)); the others' ids look up zeros before the sum over the group. padding_idx (a
+// table.size(0)); the others' ids look up zeros before the sum over the group (with sequence
+// parallelism the reduce-scatter along ids' dimension 1, the sequence of [B, T]). padding_idx (a
 // whole-vocabulary id) gets no gradient.
 torch::Tensor vocab_parallel_embedding(const torch::Tensor& ids, const torch::Tensor& table,
                                        int64_t vocab_start, std::optional<int64_t> padding_idx,

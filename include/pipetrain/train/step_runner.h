@@ -153,15 +153,23 @@ std::unique_ptr<StepRunner> make_pipe_runner(torch::nn::Sequential model, LossFn
 // for a tensor every tp rank holds whole (models::tensor_parallel_split for the Llama model).
 using TensorParallelSplit = std::function<std::optional<int64_t>(const std::string& name)>;
 
+// How a model is split over the tensor-parallel group (parallel/tensor_parallel.h).
+struct TensorParallelModel {
+  TensorParallelSplit split;
+  // Sequence parallelism: a whole tensor's gradient is then each rank's share of the sequence,
+  // summed over the group after every step's backward.
+  bool sequence_parallel = false;
+};
+
 // One rank of a multi-process run over `model` (every rank builds the same model and calls this
 // with the same arguments). `description` is what description() returns; `tied` names the tied
 // parameters, so the gradient norm counts each once; `device`: where this rank's stages run
 // (DistributedPipe's; e.g. cuda:LOCAL_RANK). With tensor parallelism (the Distributed's T > 1)
-// `split` says how the model is cut: gather() then joins the slices (parameters and optimizer
-// state) into whole tensors and the gradient norm counts replicated tensors once.
+// `tensor_parallel` says how the model is cut: gather() then joins the slices (parameters and
+// optimizer state) into whole tensors and the gradient norm counts replicated tensors once.
 std::unique_ptr<StepRunner> make_distributed_runner(
     Distributed& distributed, torch::nn::Sequential model, LossFn loss, const PipeOptions& options,
     std::string description, const TiedNames& tied = {}, const torch::Device& device = torch::kCPU,
-    TensorParallelSplit split = {});
+    TensorParallelModel tensor_parallel = {});
 
 }  // namespace pipetrain::train
