@@ -231,6 +231,12 @@ void Distributed::allreduce_gradients(const std::vector<torch::Tensor>& paramete
   allreduce_flat(*data_parallel_, parameters);
 }
 
+void Distributed::allreduce_tensor_parallel_gradients(
+    const std::vector<torch::Tensor>& parameters) {
+  if (!tensor_parallel_ || parameters.empty()) return;
+  allreduce_flat(*tensor_parallel_, parameters);
+}
+
 std::string Distributed::declare_tie(const std::string& name, std::vector<int> holders) {
   std::sort(holders.begin(), holders.end());
   holders.erase(std::unique(holders.begin(), holders.end()), holders.end());

@@ -204,7 +204,7 @@ class DistributedRunner : public StepRunner {
 
   double step(const torch::Tensor& inputs, const torch::Tensor& targets) override {
     const double loss = pipe_.train_step(inputs, targets, scaled(loss_)).item<double>();
-    sum_sequence_shares();
+    distributed_.allreduce_tensor_parallel_gradients(sequence_shared_);
     return loss / loss_scale();
   }
   std::vector<torch::Tensor> parameters() override { return pipe_.parameters(); }
@@ -298,30 +298,6 @@ class DistributedRunner : public StepRunner {
   std::vector<DeferredBatchNormImpl*> batch_norms_;  // this rank's, in model order
   TensorParallelSplit split_;
   std::vector<torch::Tensor> sequence_shared_;  // whole tensors under sequence parallelism
-
-  // Sums the gradients of sequence_shared_ over the tensor-parallel group, in one buffer.
-  void sum_sequence_shares() {
-    if (sequence_shared_.empty()) return;
-    torch::NoGradGuard no_grad;
-    std::vector<torch::Tensor> pieces;
-    for (const torch::Tensor& p : sequence_shared_) {
-      pieces.push_back(p.grad().defined() ? p.grad().reshape({-1}).to(torch::kCPU, torch::kFloat32)
-                                          : torch::zeros({p.numel()}, torch::kFloat32));
-    }
-    std::vector<torch::Tensor> flat{torch::cat(pieces)};
-    distributed_.tensor_parallel_group()->allreduce_sum(flat);
-    int64_t at = 0;
-    for (const torch::Tensor& p : sequence_shared_) {
-      const torch::Tensor sum =
-          flat[0].narrow(0, at, p.numel()).view(p.sizes()).to(p.device(), p.scalar_type());
-      at += p.numel();
-      if (p.grad().defined()) {
-        const_cast<torch::Tensor&>(p).mutable_grad().copy_(sum);
-      } else {
-        const_cast<torch::Tensor&>(p).mutable_grad() = sum.clone();
-      }
-    }
-  }
 
   // `part` with every split tensor (a parameter, and its optimizer state of the same shape)
   // joined over the tensor-parallel group along its dimension. Collective over the group: every

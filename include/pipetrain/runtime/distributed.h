@@ -138,6 +138,9 @@ class Distributed {
   // buffer per dtype. A parameter without a gradient counts as zero and receives the sum.
   // No-op with one replica.
   void allreduce_gradients(const std::vector<torch::Tensor>& parameters);
+  // The same over the tensor-parallel group: for the tensors every tp rank holds whole whose
+  // gradient each rank has only a share of (sequence parallelism). No-op with T = 1.
+  void allreduce_tensor_parallel_gradients(const std::vector<torch::Tensor>& parameters);
 
   // Declares the tied weight `name`, held by the pipeline ranks `holders` of every replica, and
   // returns its key, "name@h1@h2..." (holders sorted), to pass to allreduce_tie. Every holder
