@@ -307,7 +307,8 @@ class DistributedRunner : public StepRunner {
     if (!group) return part;
     Checkpoint whole = part;
     auto join = [&](const torch::Tensor& slice, int64_t dim) {
-      const torch::Tensor flat_slice = slice.detach().to(torch::kCPU).contiguous().reshape({-1});
+      // On the slice's device: NCCL gathers CUDA tensors, Gloo either.
+      const torch::Tensor flat_slice = slice.detach().contiguous().reshape({-1});
       torch::Tensor flat = torch::empty({group->size() * flat_slice.numel()}, flat_slice.options());
       group->all_gather(flat_slice, flat);
       std::vector<torch::Tensor> pieces;
