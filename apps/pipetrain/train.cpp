@@ -288,9 +288,7 @@ Prepared prepare(TrainArgs& args, const RunLayout& layout, const PlanSource& pla
   }
   if (!args.resume.empty()) {
     p.resume = as_usage_error("--resume", [&] {
-      if (!tp.split())
-        return train::load_for_resume(args.resume, *p.model.sequential, args.optimizer);
-      // A checkpoint holds whole tensors: this tp rank restores its slices.
+      // A checkpoint holds whole tensors: a tensor-parallel rank restores its slices.
       return train::load_for_resume(
           args.resume, *p.model.sequential, args.optimizer,
           train::TensorParallelSlice{p.model.tensor_parallel_split, tp.rank(), tp.size()});

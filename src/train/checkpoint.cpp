@@ -353,24 +353,8 @@ void keep_tensor_parallel_slice(Checkpoint& checkpoint, const TensorParallelSlic
 
 Checkpoint load_for_resume(const std::string& path, torch::nn::Module& model,
                            const std::string& optimizer, const TensorParallelSlice& slice) {
-  Checkpoint checkpoint = load_checkpoint(path);
-  keep_tensor_parallel_slice(checkpoint, slice);
-  try {
-    restore_model(checkpoint, model, NameMatch::kExact);
-  } catch (const CheckpointError& error) {
-    throw CheckpointError(path + ": " + error.what());
-  }
-  if (checkpoint.optimizer != optimizer) {
-    throw CheckpointError(path + " was written with --optimizer " + checkpoint.optimizer +
-                          " but this run uses --optimizer " + optimizer +
-                          "; resume with the same optimizer");
-  }
-  return checkpoint;
-}
-
-Checkpoint load_for_resume(const std::string& path, torch::nn::Module& model,
-                           const std::string& optimizer) {
   Checkpoint checkpoint = load_checkpoint(path);  // FileError names the path
+  keep_tensor_parallel_slice(checkpoint, slice);
   try {
     restore_model(checkpoint, model, NameMatch::kExact);
   } catch (const CheckpointError& error) {

@@ -59,16 +59,6 @@ const std::vector<Layout> kLayouts = {
     {"nproc4_dp2_zero1", "--nproc 4 --dp 2 --zero 1 --chunks 2 --schedule 1f1b"},
 };
 
-// The worst relative error of each "compare" line hf_reference printed, in order.
-std::vector<double> compared(const std::string& output) {
-  static const std::regex line(R"(worst relative error ([0-9.e+-]+))");
-  std::vector<double> errors;
-  for (std::sregex_iterator it(output.begin(), output.end(), line), end; it != end; ++it) {
-    errors.push_back(std::stod((*it)[1].str()));
-  }
-  return errors;
-}
-
 class TrainLlama : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(TrainLlama, WeightsAfterAdamWEqualTransformersTrainingInEveryLayout) {
@@ -95,7 +85,7 @@ TEST_P(TrainLlama, WeightsAfterAdamWEqualTransformersTrainingInEveryLayout) {
   batch.close();
   // from_pretrained loads each output; every parameter within 1e-4 of transformers' training.
   const CliRun compare = hf_reference("batch " + dir + "/compare.txt");
-  const std::vector<double> errors = compared(compare.output);
+  const std::vector<double> errors = testing::worst_relative_errors(compare.output);
   ASSERT_EQ(errors.size(), kLayouts.size()) << compare.output;
   for (size_t l = 0; l < kLayouts.size(); ++l) {
     EXPECT_LE(errors[l], 1e-4) << arch << " " << kLayouts[l].name << "\n" << compare.output;

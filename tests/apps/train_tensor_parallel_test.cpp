@@ -5,7 +5,6 @@
 // within 1e-4 of one process's; and what tensor parallelism does not cover yet exits 2 naming it.
 #include <filesystem>
 #include <fstream>
-#include <regex>
 #include <string>
 #include <vector>
 
@@ -56,15 +55,6 @@ const std::vector<TpLayout> kTpLayouts = {
     {"tp2_clip_sp", "--nproc 2 --tp 2 --chunks 2 --clip-grad-norm 0.5 --sequence-parallel", true},
 };
 
-std::vector<double> worst_errors(const std::string& output) {
-  static const std::regex line(R"(worst relative error ([0-9.e+-]+))");
-  std::vector<double> errors;
-  for (std::sregex_iterator it(output.begin(), output.end(), line), end; it != end; ++it) {
-    errors.push_back(std::stod((*it)[1].str()));
-  }
-  return errors;
-}
-
 TEST(TrainTensorParallel, WeightsAfterAdamWEqualOneProcessInEveryLayout) {
   PIPETRAIN_SKIP_WITHOUT_TRANSFORMERS();
   const std::string dir = testing::scratch_dir("train-tp");
@@ -101,7 +91,7 @@ TEST(TrainTensorParallel, WeightsAfterAdamWEqualOneProcessInEveryLayout) {
   batch.close();
   // from_pretrained loads each output; every parameter within 1e-4 of one process's.
   const CliRun compare = hf_reference("batch " + dir + "/compare.txt");
-  const std::vector<double> errors = worst_errors(compare.output);
+  const std::vector<double> errors = testing::worst_relative_errors(compare.output);
   ASSERT_EQ(errors.size(), kTpLayouts.size() + 1) << compare.output;
   for (size_t l = 0; l < errors.size(); ++l) {
     EXPECT_LE(errors[l], 1e-4) << (l < kTpLayouts.size() ? kTpLayouts[l].name : "llama") << "\n"

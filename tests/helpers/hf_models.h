@@ -7,6 +7,7 @@
 //                        that follow from the one before), prompt.safetensors and each
 //                        model's logits for it (<arch>_logits.safetensors)
 //   hf_reference(args)   runs hf_reference.py with `args`; returns its exit code and output
+//   worst_relative_errors(output)  the figure of each of its "compare" lines, in order
 //
 // Several test processes (ctest -j) may ask at once: the first makes the fixtures under a file
 // lock, in a temporary directory renamed into place; the others wait for the lock and reuse them.
@@ -21,8 +22,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -46,6 +49,16 @@ inline std::string scratch_dir(const std::string& name) {
 
 // Whether two safetensors checkpoints hold the same names and bitwise equal tensors; the first
 // difference is named in `why`.
+// The worst relative error of each "compare" line hf_reference printed, in order.
+inline std::vector<double> worst_relative_errors(const std::string& output) {
+  static const std::regex line(R"(worst relative error ([0-9.e+-]+))");
+  std::vector<double> errors;
+  for (std::sregex_iterator it(output.begin(), output.end(), line), end; it != end; ++it) {
+    errors.push_back(std::stod((*it)[1].str()));
+  }
+  return errors;
+}
+
 inline bool same_checkpoints(const std::string& a, const std::string& b, std::string& why);
 
 inline bool python_has_transformers() {

@@ -119,15 +119,8 @@ void restore_model(const Checkpoint& checkpoint, const NamedTensors& parameters,
                    const NamedTensors& buffers, NameMatch match = NameMatch::kExact);
 void restore_model(const Checkpoint& checkpoint, torch::nn::Module& model,
                    NameMatch match = NameMatch::kExact);
-// What a run that resumes from `path` starts with: the checkpoint read, its parameters and buffers
-// restored into `model` (every name, NameMatch::kExact), its optimizer checked against the run's
-// `optimizer` ("adam", ...). Throws FileError when unreadable, CheckpointError when it does not
-// fit the model or was written with another optimizer.
-Checkpoint load_for_resume(const std::string& path, torch::nn::Module& model,
-                           const std::string& optimizer);
-
 // A tensor-parallel rank's view of a whole checkpoint: which dimension of parameter `name` the
-// model cuts (nullopt: whole), and this rank's place in the group.
+// model cuts (nullopt: whole), and this rank's place in the group. The default: no split.
 struct TensorParallelSlice {
   std::function<std::optional<int64_t>(const std::string& name)> split;
   int rank = 0;
@@ -137,9 +130,14 @@ struct TensorParallelSlice {
 // shape (a whole checkpoint, as every run writes, restores into a model of any tp). Throws
 // CheckpointError naming the tensor when tp does not divide its dimension.
 void keep_tensor_parallel_slice(Checkpoint& checkpoint, const TensorParallelSlice& slice);
-// load_for_resume for a tensor-parallel model: the checkpoint sliced before it is restored.
+
+// What a run that resumes from `path` starts with: the checkpoint read (and, for a
+// tensor-parallel model, `slice`d), its parameters and buffers restored into `model` (every name,
+// NameMatch::kExact), its optimizer checked against the run's `optimizer` ("adam", ...). Throws
+// FileError when unreadable, CheckpointError when it does not fit the model or was written with
+// another optimizer.
 Checkpoint load_for_resume(const std::string& path, torch::nn::Module& model,
-                           const std::string& optimizer, const TensorParallelSlice& slice);
+                           const std::string& optimizer, const TensorParallelSlice& slice = {});
 
 // Rebuilds the optimizer's per-parameter state for every name in `parameters` that the
 // checkpoint has state for. Throws CheckpointError when the optimizer type differs from the
