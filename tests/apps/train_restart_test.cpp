@@ -216,4 +216,34 @@ TEST(TrainRestartTensorParallel, TwoKillsOfAPipelineTimesTensorJobEndEqualToTheU
   }
 }
 
+// A rank of an 8-process pp 2 x tp 2 x dp 2 job killed without restarts: every other rank stops
+// within the timeout + 10 s, each naming what failed, and the job exits with the killed rank's
+// code.
+TEST(TrainRestartTensorParallel, AKilledRankOfAThreeDimensionalJobStopsEveryRankWithinTheTimeout) {
+  PIPETRAIN_SKIP_WITHOUT_TRANSFORMERS();
+  const std::string fixtures = testing::hf_fixtures();
+  const std::string command = kBinary + " train --model " + fixtures +
+                              "/qwen2 --data tokens --token-file " + fixtures +
+                              "/tokens.bin --seq-len 16 --batch-size 8 --steps 400 --log-every 1 "
+                              "--nproc 8 --pp 2 --tp 2 --dp 2 --chunks 2 --timeout 10";
+  const auto start = std::chrono::steady_clock::now();
+  const KilledRun run = run_killing(command, "tp-fault", {5}, {5});
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_EQ(run.killed_at.size(), 1u) << run.output;
+  EXPECT_EQ(run.exit_code, 128 + SIGKILL) << run.output;
+  EXPECT_NE(run.output.find("rank 5 failed first (killed by signal 9)"), std::string::npos)
+      << run.output;
+  for (int rank : {0, 1, 2, 3, 4, 6, 7}) {  // every survivor names the step that failed
+    EXPECT_NE(run.output.find("[rank " + std::to_string(rank) + "] rank " + std::to_string(rank) +
+                              ": error: step "),
+              std::string::npos)
+        << rank << "\n"
+        << run.output;
+  }
+  // Steps take well under a second here: the kill comes within seconds of the start, and the
+  // others must follow within the 10 s timeout and 10 s more.
+  EXPECT_LT(seconds, 60.0) << run.output;
+}
+
 }  // namespace pipetrain::restart_test
