@@ -3,7 +3,8 @@
 // bench/harness/ (bench_report.h: the rounds, ratios and checks; bench_rows.h: one configuration
 // in a child); this file parses the flags, dispatches the child modes and prints.
 //
-//   pipetrain bench [--suite mlp|small|cnn] [--json] [--steps 7] [--warmup 2] [--rounds 3]
+//   pipetrain bench [--suite mlp|small|cnn|llama|tp] [--tp 2] [--json] [--steps 7] [--warmup 2]
+//                   [--rounds 3]
 //                   [--threads T] [--stages 2] [--chunks 8] [--checkpoint never] [--width W]
 //                   [--batch N] [--no-python] [--no-memory] [--python PATH] [--peer-dir bench]
 //                   [--timeline-dir DIR] [--quick]
@@ -34,6 +35,8 @@ struct BenchArgs {
   std::string schedule = "gpipe";
   int virtual_stages = 1;
   std::string precision = "fp32";
+  int row_tp = 1;
+  bool row_sp = false;
 };
 
 std::string format_bytes(double bytes) {
@@ -57,6 +60,14 @@ std::string number(const json& row, const char* key, const char* format) {
 std::string schedule_of(const json& row) {
   const std::string precision = row.value("precision", "fp32");
   return row["schedule"].get<std::string>() + (precision == "fp32" ? "" : "/" + precision);
+}
+
+// The runtime column: "multiprocess", or "multiprocess tp2+sp" for a tensor-parallel row.
+std::string runtime_of(const json& row) {
+  const int tp = row.value("tp", 1);
+  if (tp <= 1) return row["runtime"].get<std::string>();
+  return row["runtime"].get<std::string>() + " tp" + std::to_string(tp) +
+         (row.value("sequence_parallel", false) ? "+sp" : "");
 }
 
 // The /peer column: vs torch.distributed.pipelining, vs torchgpipe, or a bf16 row vs its fp32
@@ -90,17 +101,22 @@ void print_text(const json& report) {
     if (row.contains("error")) stash = "ERROR: " + row["error"].get<std::string>();
     const double ms = row.contains("step_seconds") ? row["step_seconds"].get<double>() * 1e3 : 0;
     std::printf(
-        "%-22s %-16s %2d %2d %3d %-11s %9.1f %7s %7s %6s %8s  %s\n",
-        row["runtime"].get<std::string>().c_str(), schedule_of(row).c_str(),
-        row["stages"].get<int>(), row["virtual_stages"].get<int>(), row["chunks"].get<int>(),
-        row["checkpoint"].get<std::string>().c_str(), ms,
+        "%-22s %-16s %2d %2d %3d %-11s %9.1f %7s %7s %6s %8s  %s\n", runtime_of(row).c_str(),
+        schedule_of(row).c_str(), row["stages"].get<int>(), row["virtual_stages"].get<int>(),
+        row["chunks"].get<int>(), row["checkpoint"].get<std::string>().c_str(), ms,
         number(row, "ratio_vs_libtorch", "%.3f").c_str(),
         number(row, peer_ratio_of(row), "%.3f").c_str(), number(row, "efficiency", "%.2f").c_str(),
         row.contains("peak_rss_bytes") ? format_bytes(row["peak_rss_bytes"].get<double>()).c_str()
                                        : "-",
         stash.c_str());
   }
-  std::printf("\nchecks (targets of issues #7, #15 and #18, evaluated on this run):\n");
+  for (const json& row : report["configs"]) {
+    if (!row.contains("ratio_vs_tp1")) continue;
+    std::printf("%s %s K=%d: %.3f x the step of %d pipeline ranks at tp 1\n",
+                runtime_of(row).c_str(), schedule_of(row).c_str(), row["stages"].get<int>(),
+                row["ratio_vs_tp1"].get<double>(), row["stages"].get<int>() * row.value("tp", 1));
+  }
+  std::printf("\nchecks (targets of issues #7, #15, #18 and #31, evaluated on this run):\n");
   for (const json& check : report["checks"]) {
     const char* verdict = check["pass"].is_null()     ? "NOT RUN"
                           : check["pass"].get<bool>() ? "PASS"
@@ -118,9 +134,10 @@ void print_text(const json& report) {
 int run_bench(BenchArgs a) {
   if (a.one || a.rank_worker) {
     bench::resolve_defaults(a.options);
-    const bench::Config c{a.runtime,        a.schedule,       a.options.stages,
-                          a.virtual_stages, a.options.chunks, a.options.checkpoint,
-                          "main",           a.precision};
+    bench::Config c{a.runtime,        a.schedule,           a.options.stages, a.virtual_stages,
+                    a.options.chunks, a.options.checkpoint, "main",           a.precision};
+    c.tp = a.row_tp;
+    c.sequence_parallel = a.row_sp;
     if (a.rank_worker) return bench::run_rank(a.options, c);
     const json row = bench::run_config_here(a.options, c);
     std::cout << bench::kResultPrefix << row.dump() << std::endl;
@@ -147,9 +164,13 @@ void add_bench_command(CLI::App& app, int& exit_code) {
       "bench",
       "pipetrain vs plain LibTorch, torch.distributed.pipelining and torchgpipe on one model "
       "(docs/BENCHMARKS.md)");
-  c->add_option("--suite", args->options.suite,
-                "model suite: mlp (8 x Linear(1024)+ReLU), small (16 x Linear(256)+ReLU, batch 64) "
-                "or cnn (examples' CNN)");
+  c->add_option(
+      "--suite", args->options.suite,
+      "model suite: mlp (8 x Linear(1024)+ReLU), small (16 x Linear(256)+ReLU, batch 64), "
+      "cnn (examples' CNN), llama (an 8-layer Llama of 256) or tp (that Llama at "
+      "--stages x --tp ranks vs torch's DTensor + pipelining and vs tp 1)");
+  c->add_option("--tp", args->options.tp,
+                "tensor-parallel ranks per pipeline rank of the tp suite (2 or 4; default 2)");
   c->add_flag("--json", args->json_output, "print one JSON object instead of a table");
   c->add_option("--steps", args->options.steps, "timed steps per configuration (median reported)");
   c->add_option("--warmup", args->options.warmup, "untimed steps before timing");
@@ -187,6 +208,8 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   c->add_option("--schedule", args->schedule)->group("");
   c->add_option("--virtual", args->virtual_stages)->group("");
   c->add_option("--precision", args->precision)->group("");
+  c->add_option("--row-tp", args->row_tp)->group("");
+  c->add_flag("--row-sp", args->row_sp)->group("");
   c->add_flag("--bf16", args->options.bf16,
               "add bf16 twins of the 1f1b and gpipe rows (step time and bytes sent vs fp32)");
   c->callback([args, &exit_code] { exit_code = run_bench(*args); });

@@ -23,10 +23,10 @@ bool fits(const std::string& schedule, int K, int M) {
 }  // namespace
 
 void resolve_defaults(BenchOptions& a) {
-  if (a.suite != "mlp" && a.suite != "small" && a.suite != "cnn" && a.suite != "llama") {
-    bad("--suite must be mlp, small, cnn or llama (got '" + a.suite + "')");
+  if (a.suite != "mlp" && a.suite != "small" && a.suite != "cnn" && !is_llama_suite(a.suite)) {
+    bad("--suite must be mlp, small, cnn, llama or tp (got '" + a.suite + "')");
   }
-  const bool llama = a.suite == "llama";
+  const bool llama = is_llama_suite(a.suite);
   if (a.quick) {
     if (a.width == 0) a.width = a.suite == "cnn" ? 8 : llama ? 32 : 64;
     if (a.batch == 0) a.batch = llama ? 16 : 32;
@@ -62,6 +62,23 @@ void resolve_defaults(BenchOptions& a) {
     bad("--checkpoint must be always, except_last or never (got '" + a.checkpoint + "')");
   }
   if (!(a.config_timeout > 0)) bad("--config-timeout must be > 0 seconds");
+  if (a.suite == "tp" && (a.tp < 2 || 8 % a.tp != 0 || 4 % a.tp != 0)) {
+    // The llama suite's model has 8 heads and 4 key/value heads.
+    bad("--tp of the tp suite must divide the model's 4 key/value heads and be >= 2 (2 or 4), "
+        "got " +
+        std::to_string(a.tp));
+  }
+  if (a.suite == "tp" && a.no_multiprocess) {
+    bad("--no-multiprocess leaves the tp suite no rows: every one of them is a multi-process job");
+  }
+  if (a.suite == "tp" && a.stages < 2) {
+    bad("--stages of the tp suite must be >= 2 (pipeline x tensor parallel), got " +
+        std::to_string(a.stages));
+  }
+}
+
+bool is_llama_suite(const std::string& suite) {
+  return suite == "llama" || suite == "tp";
 }
 
 nlohmann::json llama_bench_config(int width) {
@@ -86,6 +103,7 @@ std::string Config::label() const {
   if (schedule != "none") out << " " << schedule;
   out << " K=" << stages;
   if (virtual_stages > 1) out << " V=" << virtual_stages;
+  if (tp > 1) out << " tp=" << tp << (sequence_parallel ? " sp" : "");
   out << " M=" << chunks << " ckpt=" << checkpoint;
   if (precision != "fp32") out << " " << precision;
   return out.str();
@@ -95,7 +113,8 @@ nlohmann::json to_json(const Config& c) {
   return {{"runtime", c.runtime}, {"schedule", c.schedule},
           {"stages", c.stages},   {"virtual_stages", c.virtual_stages},
           {"chunks", c.chunks},   {"checkpoint", c.checkpoint},
-          {"purpose", c.purpose}, {"precision", c.precision}};
+          {"purpose", c.purpose}, {"precision", c.precision},
+          {"tp", c.tp},           {"sequence_parallel", c.sequence_parallel}};
 }
 
 const std::vector<std::string>& peer_schedules() {
@@ -114,10 +133,44 @@ int virtual_stages_of(const std::string& schedule) {
 }
 
 int threads_per_rank(const BenchOptions& a, const Config& c) {
-  return std::max(1, a.threads / c.stages);
+  return std::max(1, a.threads / (c.stages * c.tp));
 }
 
+namespace {
+
+// The tp suite: K pipeline ranks x T tensor-parallel ranks (with and without sequence
+// parallelism) against torch's own 2-D composition, and against K*T pipeline ranks at tp 1.
+std::vector<Config> plan_tp_configs(const BenchOptions& a) {
+  std::vector<Config> configs;
+  const int K = a.stages;
+  const int M = a.chunks;
+  for (const char* schedule : {"gpipe", "1f1b"}) {
+    Config ours{"multiprocess", schedule, K, 1, M, a.checkpoint, "main"};
+    ours.tp = a.tp;
+    configs.push_back(ours);
+  }
+  Config sp{"multiprocess", "1f1b", K, 1, M, a.checkpoint, "main"};
+  sp.tp = a.tp;
+  sp.sequence_parallel = true;
+  configs.push_back(sp);
+  for (const char* schedule : {"gpipe", "1f1b"}) {
+    if (!fits(schedule, K * a.tp, M)) continue;
+    configs.push_back({"multiprocess", schedule, K * a.tp, 1, M, a.checkpoint, "main"});
+  }
+  if (!a.no_python) {
+    for (const char* schedule : {"gpipe", "1f1b"}) {
+      Config torch{"torch-pipelining", schedule, K, 1, M, a.checkpoint, "main"};
+      torch.tp = a.tp;
+      configs.push_back(torch);
+    }
+  }
+  return configs;
+}
+
+}  // namespace
+
 std::vector<Config> plan_configs(const BenchOptions& a) {
+  if (a.suite == "tp") return plan_tp_configs(a);
   std::vector<Config> configs;
   const int K = a.stages;
   const int M = a.chunks;
@@ -174,19 +227,22 @@ std::vector<Config> plan_configs(const BenchOptions& a) {
 }
 
 std::vector<std::string> config_flags(const BenchOptions& a, const Config& c) {
-  return {"--runtime",    c.runtime,
-          "--schedule",   c.schedule,
-          "--stages",     std::to_string(c.stages),
-          "--virtual",    std::to_string(c.virtual_stages),
-          "--chunks",     std::to_string(c.chunks),
-          "--checkpoint", c.checkpoint,
-          "--precision",  c.precision,
-          "--suite",      a.suite,
-          "--width",      std::to_string(a.width),
-          "--batch",      std::to_string(a.batch),
-          "--threads",    std::to_string(a.threads),
-          "--steps",      std::to_string(a.steps),
-          "--warmup",     std::to_string(a.warmup)};
+  std::vector<std::string> flags = {"--runtime",    c.runtime,
+                                    "--schedule",   c.schedule,
+                                    "--stages",     std::to_string(c.stages),
+                                    "--virtual",    std::to_string(c.virtual_stages),
+                                    "--chunks",     std::to_string(c.chunks),
+                                    "--checkpoint", c.checkpoint,
+                                    "--precision",  c.precision,
+                                    "--suite",      a.suite,
+                                    "--width",      std::to_string(a.width),
+                                    "--batch",      std::to_string(a.batch),
+                                    "--threads",    std::to_string(a.threads),
+                                    "--steps",      std::to_string(a.steps),
+                                    "--warmup",     std::to_string(a.warmup),
+                                    "--row-tp",     std::to_string(c.tp)};
+  if (c.sequence_parallel) flags.push_back("--row-sp");
+  return flags;
 }
 
 }  // namespace pipetrain::bench

@@ -13,7 +13,7 @@
 namespace pipetrain::bench {
 
 struct BenchOptions {
-  std::string suite = "mlp";         // mlp | small | cnn | llama
+  std::string suite = "mlp";         // mlp | small | cnn | llama | tp
   int steps = 7;                     // timed steps per configuration
   int warmup = 2;                    // untimed steps before them
   int rounds = 0;                    // 0: 3, or 1 with quick
@@ -21,13 +21,16 @@ struct BenchOptions {
   int stages = 2;                    // K of the pipelined rows
   int chunks = 8;                    // M of the main rows (memory rows: M and 2M)
   std::string checkpoint = "never";  // of the main pipelined rows
-  int width = 0;  // 0: suite default (mlp 1024 features, small 256, cnn 32 channels, llama 256)
-  int batch = 0;  // 0: suite default (mlp 256, small 64, cnn 128, llama 16 sequences)
+  // The tp suite trains the llama suite's model: K pipeline ranks x T tensor-parallel ranks against
+  // torch's own 2-D composition, and against K*T pipeline ranks of tp 1.
+  int width = 0;  // 0: suite default (mlp 1024 features, small 256, cnn 32 channels, llama/tp 256)
+  int batch = 0;  // 0: suite default (mlp 256, small 64, cnn 128, llama/tp 16 sequences)
   bool no_python = false;  // no Python peer rows (torchgpipe, torch-pipelining)
   bool no_memory = false;  // no checkpoint/memory comparison rows
   bool no_multiprocess = false;
   bool quick = false;           // small model and batch (smoke tests)
   bool bf16 = false;            // bf16 twins of the 1f1b and gpipe rows (PipeOptions::precision)
+  int tp = 2;                   // the tp suite's tensor-parallel size T (its rows: K x T ranks)
   std::string python;           // interpreter with torch and torchgpipe; its torchrun runs the peer
   std::string peer_dir;         // bench/'s Python peers; empty: found next to the sources
   std::string timeline_dir;     // measured SVG timelines of the pipelined main rows; empty: none
@@ -61,6 +64,8 @@ struct Config {
   std::string checkpoint = "never";
   std::string purpose = "main";    // main | memory
   std::string precision = "fp32";  // fp32 | bf16 (stage/precision.h)
+  int tp = 1;                      // tensor-parallel ranks per stage: the row runs stages x tp
+  bool sequence_parallel = false;  // with tp > 1 (parallel/tensor_parallel.h)
 
   std::string label() const;
 };
@@ -76,7 +81,10 @@ const std::vector<std::string>& target_schedules();
 
 // Stages per rank of the pipelined rows: 2 for interleaved-1f1b and the families that need two.
 int virtual_stages_of(const std::string& schedule);
-// Intra-op threads of each of a pipelined row's K ranks (T split over them, at least 1).
+// Whether the suite trains the Llama model (llama, tp).
+bool is_llama_suite(const std::string& suite);
+
+// Intra-op threads of each of a pipelined row's K x tp ranks (T split over them, at least 1).
 int threads_per_rank(const BenchOptions& options, const Config& config);
 
 // Every row of one round, in the order they run. REQUIRES: resolve_defaults(options).

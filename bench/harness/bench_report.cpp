@@ -113,7 +113,8 @@ bool is_peer(const std::string& runtime) {
 
 // The command line of a Python peer's configuration.
 std::vector<std::string> peer_argv(const BenchOptions& a, const Config& c, const std::string& dir) {
-  const std::vector<std::string> sizes = {"--suite",  a.suite,
+  // The tp suite's model is the llama suite's; the peer splits it over --tp ranks per stage.
+  const std::vector<std::string> sizes = {"--suite",  is_llama_suite(a.suite) ? "llama" : a.suite,
                                           "--width",  std::to_string(a.width),
                                           "--batch",  std::to_string(a.batch),
                                           "--steps",  std::to_string(a.steps),
@@ -136,7 +137,7 @@ std::vector<std::string> peer_argv(const BenchOptions& a, const Config& c, const
           std::string("GLOO_SOCKET_IFNAME=") + (interface && *interface ? interface : "lo"),
           torchrun,
           "--nproc-per-node",
-          std::to_string(c.stages),
+          std::to_string(c.stages * c.tp),
           "--master-addr",
           "127.0.0.1",
           "--master-port",
@@ -152,6 +153,10 @@ std::vector<std::string> peer_argv(const BenchOptions& a, const Config& c, const
           "--chunks",
           std::to_string(c.chunks)};
   argv.insert(argv.end(), sizes.begin(), sizes.end());
+  if (c.tp > 1) {
+    argv.push_back("--tp");
+    argv.push_back(std::to_string(c.tp));
+  }
   return argv;
 }
 
@@ -191,7 +196,7 @@ json run_config(const BenchOptions& a, const Config& c, const std::string& peer_
   if (c.runtime == "torchgpipe") {
     merged["threads"] = {{"ranks", 1}, {"per_rank", a.threads}};
   } else if (c.runtime == "torch-pipelining") {
-    merged["threads"] = {{"ranks", c.stages}, {"per_rank", threads_per_rank(a, c)}};
+    merged["threads"] = {{"ranks", c.stages * c.tp}, {"per_rank", threads_per_rank(a, c)}};
   }
   if (is_peer(c.runtime)) merged["peak_stashed_bytes"] = json::array();  // not accounted there
   return merged;
@@ -254,12 +259,21 @@ void add_ratios(json& rows) {
     }
     if (row.value("precision", "fp32") != "fp32") add_fp32_ratios(rows, row);
     if (row["runtime"] == "multiprocess" && row.value("precision", "fp32") == "fp32") {
+      // torch's 2-D composition has no sequence parallelism: a +sp row compares with its tp row.
       const json* peer = find_row(rows, [&](const json& r) {
         return r["runtime"] == "torch-pipelining" && r["schedule"] == row["schedule"] &&
                r["stages"] == row["stages"] && r["virtual_stages"] == row["virtual_stages"] &&
-               r["chunks"] == row["chunks"];
+               r["chunks"] == row["chunks"] && r.value("tp", 1) == row.value("tp", 1);
       });
       if (peer) row["ratio_vs_torch"] = step_ratio(row, *peer);
+      // A tensor-parallel row against tp 1 at the same world size (stages x tp pipeline ranks).
+      const int tp = row.value("tp", 1);
+      const json* tp1 = tp <= 1 ? nullptr : find_row(rows, [&](const json& r) {
+        return r["runtime"] == "multiprocess" && r.value("tp", 1) == 1 &&
+               r["schedule"] == row["schedule"] && r["chunks"] == row["chunks"] &&
+               r["stages"].get<int>() == row["stages"].get<int>() * tp;
+      });
+      if (tp1) row["ratio_vs_tp1"] = step_ratio(row, *tp1);
     }
   }
 }
@@ -281,9 +295,9 @@ json merge_rounds(const std::vector<json>& rounds) {
       continue;
     }
     json row = rounds.front()[n];
-    for (const char* key :
-         {"step_seconds", "simulated_seconds", "efficiency", "ratio_vs_libtorch",
-          "ratio_vs_torchgpipe", "ratio_vs_torch", "ratio_vs_fp32", "transport_bytes_vs_fp32"}) {
+    for (const char* key : {"step_seconds", "simulated_seconds", "efficiency", "ratio_vs_libtorch",
+                            "ratio_vs_torchgpipe", "ratio_vs_torch", "ratio_vs_fp32",
+                            "transport_bytes_vs_fp32", "ratio_vs_tp1"}) {
       std::vector<double> values;
       for (const json& rows : rounds) {
         if (rows[n].contains(key)) values.push_back(rows[n][key].get<double>());
@@ -454,8 +468,35 @@ void check_bf16(const BenchOptions& a, const json& rows, json& checks) {
                               "fp32 (the c10d transport's counters, every rank)"));
 }
 
+// [7] the tp suite (issue #31): K x T against torch's DTensor + pipelining composition of the same
+// shape, and against K*T pipeline ranks of tp 1 (no target: what tensor parallelism costs here).
+void check_tensor_parallel(const BenchOptions& a, const json& rows, json& checks) {
+  for (const char* schedule : {"gpipe", "1f1b"}) {
+    const json* row = find_row(rows, [&](const json& r) {
+      return r["runtime"] == "multiprocess" && r["schedule"] == schedule &&
+             r.value("tp", 1) == a.tp && !r.value("sequence_parallel", false);
+    });
+    std::optional<double> ratio;
+    std::string detail = "torch-pipelining tp row missing (--no-python, or one failed)";
+    if (row && row->contains("ratio_vs_torch")) {
+      ratio = (*row)["ratio_vs_torch"].get<double>();
+      detail = std::string(
+                   "multiprocess step time / torch (DTensor ColwiseParallel/RowwiseParallel "
+                   "+ pipelining) step time, ") +
+               schedule + ", pp" + std::to_string(a.stages) + " x tp" + std::to_string(a.tp) +
+               " M=" + std::to_string(a.chunks);
+    }
+    checks.push_back(make_check(std::string("tp_vs_torch_2d_") + schedule,
+                                "<= 1 x torch's 2-D composition", ratio, 1.0, false, detail));
+  }
+}
+
 json evaluate_checks(const BenchOptions& a, const json& rows) {
   json checks = json::array();
+  if (a.suite == "tp") {
+    check_tensor_parallel(a, rows, checks);
+    return checks;
+  }
   const Rows found{rows};
   check_vs_torch(a, found, checks);
   check_in_process(a, found, checks);
@@ -473,9 +514,13 @@ json settings_of(const BenchOptions& a) {
   if (a.suite == "cnn") {
     report["model"] =
         "examples cnn (width " + std::to_string(a.width) + ", 1 block), cross-entropy";
-  } else if (a.suite == "llama") {
+  } else if (is_llama_suite(a.suite)) {
     report["model"] = "LlamaForCausalLM, 8 layers of " + std::to_string(a.width) + ", " +
                       std::to_string(kLlamaSeqLen) + " ids per sample, cross-entropy";
+    if (a.suite == "tp") {
+      report["model"] = report["model"].get<std::string>() + "; pp" + std::to_string(a.stages) +
+                        " x tp" + std::to_string(a.tp) + " vs pp" + std::to_string(a.stages * a.tp);
+    }
   } else {
     report["model"] = std::string(a.suite == "mlp" ? "8" : "16") + " x (Linear(" +
                       std::to_string(a.width) + ") + ReLU), MSE";
@@ -500,6 +545,13 @@ json notes_of(const BenchOptions& a) {
   notes.push_back(
       "/peer: multiprocess rows / torch-pipelining (same schedule), inprocess gpipe rows / "
       "torchgpipe, bf16 rows / their fp32 twin");
+  if (a.suite == "tp") {
+    notes.push_back(
+        "tp: multiprocess tpT rows run stages x T processes (rank = pipeline rank x T + tp rank); "
+        "torch-pipelining tpT rows run torch's DTensor parallelize_module (ColwiseParallel / "
+        "RowwiseParallel) on each stage under torch.distributed.pipelining; ratio_vs_tp1 divides "
+        "by the multiprocess row of stages x T pipeline ranks and tp 1");
+  }
   if (a.suite == "cnn") {
     notes.push_back(
         "cnn: pipelined rows use DeferredBatchNorm (torchgpipe: deferred_batch_norm=True); "

@@ -49,7 +49,8 @@ struct Workload {
   LossFn loss;
 };
 
-Workload make_workload(const BenchOptions& a) {
+// `tp`: the tensor-parallel group of a tp row's rank (the llama suites only; default: none).
+Workload make_workload(const BenchOptions& a, const parallel::TensorParallel& tp = {}) {
   torch::manual_seed(0);
   Workload w;
   if (a.suite == "mlp" || a.suite == "small") {
@@ -66,15 +67,22 @@ Workload make_workload(const BenchOptions& a) {
     w.loss = [](const torch::Tensor& out, const torch::Tensor& y) {
       return torch::mse_loss(out, y);
     };
-  } else if (a.suite == "llama") {
-    // bench_options.h's config, drawn as transformers draws a new model; random ids.
+  } else if (is_llama_suite(a.suite)) {
+    // bench_options.h's config, drawn as transformers draws a new model (a tp rank keeps its
+    // slices of those values); random ids.
     const models::LlamaConfig config = models::parse_llama_config(llama_bench_config(a.width));
-    models::LlamaModel llama = models::make_llama(config);
+    models::LlamaModel llama =
+        models::make_llama(config, models::LlamaBuildOptions().tensor_parallel(tp));
     models::init_llama_random(llama, 0);
     w.model = llama.sequential;
     w.inputs = torch::randint(config.vocab_size, {a.batch, kLlamaSeqLen}, torch::kInt64);
     w.targets = torch::randint(config.vocab_size, {a.batch, kLlamaSeqLen}, torch::kInt64);
     w.loss = models::causal_lm_loss;
+    if (tp.split()) {
+      w.loss = [tp](const torch::Tensor& logits, const torch::Tensor& targets) {
+        return models::vocab_parallel_causal_lm_loss(logits, targets, tp);
+      };
+    }
   } else {
     examples::ExampleModel m = examples::make_model("cnn", {{"width", a.width}});
     w.model = m.sequential;
@@ -247,6 +255,7 @@ json rank_result(Distributed& distributed, const DistributedPipe& pipe, const Ra
                        {"peak_stashed_microbatches", accounting.peak_stashed_microbatches}});
   }
   return {{"rank", distributed.rank()},
+          {"tp_rank", distributed.tp_rank()},
           {"step_seconds_all", t.seconds},
           {"optimizer_seconds", median(t.optimizer_seconds)},
           {"schedule_seconds", median(t.schedule_seconds)},
@@ -284,9 +293,11 @@ struct MergedRanks {
     for (size_t k = 0; k < steps.size() && k < seconds.size(); ++k) {
       seconds[k] = std::max(seconds[k], steps[k]);
     }
+    // The tp ranks of a stage run the same actions: its replay takes tp rank 0's.
     const json& actions = result["actions"];
     if (step_durations.empty()) step_durations.resize(actions.size());
-    for (size_t k = 0; k < actions.size() && k < step_durations.size(); ++k) {
+    for (size_t k = 0;
+         k < actions.size() && k < step_durations.size() && result.value("tp_rank", 0) == 0; ++k) {
       for (const json& action : actions[k]) {
         step_durations[k].add(
             schedule::Action{action[0].get<int>(), static_cast<schedule::Op>(action[1].get<int>()),
@@ -320,7 +331,8 @@ json run_multiprocess(const BenchOptions& a, const Config& c) {
   std::vector<std::string> args = a.child_arguments;
   args.push_back("--rank-worker");
   for (const auto& flag : config_flags(a, c)) args.push_back(flag);
-  const CollectedRun run = launch_self_collecting(c.stages, args, kResultPrefix);
+  const int ranks = c.stages * c.tp;
+  const CollectedRun run = launch_self_collecting(ranks, args, kResultPrefix);
   if (run.launched.exit_code != 0) {
     row_failed(c, "rank " + std::to_string(run.launched.first_failed_rank) + " exited with " +
                       std::to_string(run.launched.exit_code) + " (its stderr is above)");
@@ -328,7 +340,7 @@ json run_multiprocess(const BenchOptions& a, const Config& c) {
   const int num_stages = c.stages * c.virtual_stages;
   MergedRanks merged;
   merged.stashes.resize(static_cast<size_t>(num_stages));
-  for (int r = 0; r < c.stages; ++r) {
+  for (int r = 0; r < ranks; ++r) {
     const auto& line = run.results.at(static_cast<size_t>(r));
     if (!line) row_failed(c, "rank " + std::to_string(r) + " printed no result");
     merged.add_rank(c, r, json::parse(*line));
@@ -351,7 +363,7 @@ json run_multiprocess(const BenchOptions& a, const Config& c) {
   row["step_seconds"] = median(merged.seconds);
   row["step_seconds_all"] = merged.seconds;
   row["steps"] = static_cast<int>(merged.seconds.size());
-  row["threads"] = {{"ranks", c.stages}, {"per_rank", merged.threads[0]}};
+  row["threads"] = {{"ranks", ranks}, {"per_rank", merged.threads[0]}};
   row["comm_seconds"] = comm_us * 1e-6;
   row["rank_phases"] = merged.phases;
   row["simulated_seconds"] = replay.replayed_seconds;
@@ -372,14 +384,24 @@ json run_config_here(const BenchOptions& a, const Config& c) {
 
 int run_rank(const BenchOptions& a, const Config& c) {
   DistributedOptions options;
-  options.pipeline_ranks(c.stages).timeout(std::chrono::seconds(120));
+  options.pipeline_ranks(c.stages).tensor_parallel(c.tp).timeout(std::chrono::seconds(120));
   return run_distributed(options, [&](Distributed& distributed) {
     const int threads = threads_per_rank(a, c);
     at::set_num_threads(threads);
-    Workload w = make_workload(a);
+    Workload w = make_workload(
+        a, parallel::TensorParallel{distributed.tensor_parallel_group(), c.sequence_parallel});
     torch::nn::Sequential model = w.model;
     if (a.suite == "cnn") model = convert_deferred_batch_norm(model, c.chunks);
     DistributedPipe pipe(distributed, model, pipe_options_of(c));
+    // Under sequence parallelism the whole (replicated) tensors' gradients are summed over the tp
+    // group after the backward, as the trainer does (train/step_runner.h): part of the step.
+    std::vector<torch::Tensor> sequence_shared;
+    if (c.sequence_parallel) {
+      const models::LlamaConfig config = models::parse_llama_config(llama_bench_config(a.width));
+      for (const auto& [name, tensor] : pipe.named_parameters()) {
+        if (!models::tensor_parallel_split(name, config)) sequence_shared.push_back(tensor);
+      }
+    }
     torch::optim::SGD sgd(pipe.parameters(), torch::optim::SGDOptions(0.01));
     RankTimes times;
     int64_t sent_before = 0;
@@ -390,6 +412,7 @@ int run_rank(const BenchOptions& a, const Config& c) {
       sgd.zero_grad();
       const auto step_start = Clock::now();
       pipe.train_step(w.inputs, w.targets, w.loss);  // ends with the loss collective
+      distributed.allreduce_tensor_parallel_gradients(sequence_shared);
       const auto step_end = Clock::now();
       sgd.step();
       const auto end = Clock::now();

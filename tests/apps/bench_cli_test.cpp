@@ -194,4 +194,40 @@ TEST(BenchCli, UnknownSuiteIsAUsageError) {
   EXPECT_EQ(run_bench("--suite nonsense --no-python").exit_code, 2);
 }
 
+// The tp suite: pp2 x tp2 rows (with and without sequence parallelism) against pp4 at tp 1, each
+// a 4-process job. ratio_vs_tp1 is the quotient of the rows' step times, and sequence parallelism
+// halves the bytes the pipeline sends.
+TEST(BenchCli, TensorParallelSuiteComparesWithTpOneAtTheSameWorldSize) {
+  const pipetrain::testing::CliRun run =
+      run_bench("--suite tp --quick --chunks 4 --batch 8 --steps 1 --warmup 0 --no-python --json");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const json report = json::parse(run.output);
+  const json* tp2 = nullptr;
+  const json* sp = nullptr;
+  const json* pp4 = nullptr;
+  for (const json& row : report["configs"]) {
+    ASSERT_FALSE(row.contains("error")) << row.dump();
+    if (row["schedule"] != "1f1b") continue;
+    if (row["tp"] == 2 && !row["sequence_parallel"].get<bool>()) tp2 = &row;
+    if (row["tp"] == 2 && row["sequence_parallel"].get<bool>()) sp = &row;
+    if (row["tp"] == 1) pp4 = &row;
+  }
+  ASSERT_TRUE(tp2 && sp && pp4) << report.dump(2);
+  EXPECT_EQ((*tp2)["stages"], 2);
+  EXPECT_EQ((*pp4)["stages"], 4);
+  EXPECT_EQ((*tp2)["threads"]["ranks"], 4);
+  EXPECT_NEAR((*tp2)["ratio_vs_tp1"].get<double>(),
+              (*tp2)["step_seconds"].get<double>() / (*pp4)["step_seconds"].get<double>(), 1e-9);
+  EXPECT_EQ((*sp)["transport_bytes_per_step"].get<double>() * 2,
+            (*tp2)["transport_bytes_per_step"].get<double>());
+  EXPECT_EQ((*tp2)["peak_stashed_bytes"].size(), 2u);
+  ASSERT_EQ(report["checks"].size(), 2u);
+  EXPECT_TRUE(report["checks"][0]["pass"].is_null()) << "no torch row, so not run";
+}
+
+TEST(BenchCli, TensorParallelSuiteRefusesATpThatDoesNotDivideTheKeyValueHeads) {
+  const pipetrain::testing::CliRun run = run_bench("--suite tp --tp 3 --no-python");
+  EXPECT_EQ(run.exit_code, 2);
+}
+
 }  // namespace
