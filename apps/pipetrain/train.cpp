@@ -364,9 +364,22 @@ void print_memory_report(const TrainArgs& args, Prepared& p, const Batches& batc
   run.zero = args.zero;
   run.data_parallel = layout.replicas;
   run.processes = layout.multi_process;
+  // A tensor-parallel rank's layers are profiled on a copy of the model split over a mirror group
+  // (transport/c10d.h): one process with a tp rank's shapes and allocations, no collective.
+  examples::BuiltModel mirrored;
+  const examples::BuiltModel* profiled = &p.model;
+  if (layout.tensor_parallel > 1) {
+    examples::ModelDataSpec spec = args.data;
+    spec.init = "random";
+    mirrored =
+        examples::build_model(spec, p.data, std::nullopt,
+                              parallel::TensorParallel{C10dGroup::mirror(layout.tensor_parallel),
+                                                       args.sequence_parallel});
+    profiled = &mirrored;
+  }
   const train::MemoryPrediction predicted = as_usage_error("--report-memory", [&] {
-    return train::predict_training_memory(p.model.sequential, inputs, targets, p.model.loss, pipe,
-                                          run);
+    return train::predict_training_memory(profiled->sequential, inputs, targets, profiled->loss,
+                                          pipe, run);
   });
   std::printf(
       "memory per rank after the last step (micro-batch %lld; activations and transport: "

@@ -309,7 +309,6 @@ void check_tensor_parallel(const TrainArgs& args) {
         args.data.model + "' has no tensor-parallel form");
   }
   const std::vector<std::pair<bool, const char*>> not_yet = {
-      {args.report_memory, "--report-memory"},
       {args.auto_request.any(), "the auto flags (--balance/--schedule/--chunks/--checkpoint auto)"},
   };
   for (const auto& [given, flag] : not_yet) {

@@ -46,7 +46,8 @@ struct C10dGroup::Impl {
   std::vector<int> ranks;  // world ranks
   int group_rank = 0;
   std::chrono::milliseconds timeout{0};
-  c10::intrusive_ptr<detail::C10dBackendBase> backend;
+  c10::intrusive_ptr<detail::C10dBackendBase> backend;  // null for a mirror group
+  bool mirror = false;  // C10dGroup::mirror: every member holds what this process holds
   // Index of a world rank within the group, or -1.
   int group_rank_of(int world_rank) const;
 };

@@ -172,6 +172,17 @@ int C10dGroup::Impl::group_rank_of(int world_rank) const {
 }
 
 C10dGroup::C10dGroup(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+std::shared_ptr<C10dGroup> C10dGroup::mirror(int size, int rank) {
+  PIPETRAIN_CHECK_INPUT(size >= 1 && rank >= 0 && rank < size, "a mirror group of ", size,
+                        " members has no member ", rank);
+  auto impl = std::make_shared<Impl>();
+  impl->name = "mirror of " + std::to_string(size);
+  for (int r = 0; r < size; ++r) impl->ranks.push_back(r);
+  impl->group_rank = rank;
+  impl->mirror = true;
+  return std::make_shared<C10dGroup>(std::move(impl));
+}
 C10dGroup::~C10dGroup() = default;
 
 int C10dGroup::rank() const {
@@ -188,6 +199,10 @@ const std::string& C10dGroup::name() const {
 }
 
 void C10dGroup::allreduce_sum(std::vector<torch::Tensor>& tensors) {
+  if (impl_->mirror) {
+    for (auto& tensor : tensors) tensor.mul_(size());
+    return;
+  }
   // c10d treats the tensors of one call as per-device replicas, so each gets its own call; all
   // are posted before the first wait so Gloo pipelines them.
   std::vector<c10::intrusive_ptr<detail::C10dWork>> works;
@@ -203,6 +218,7 @@ void C10dGroup::allreduce_sum(std::vector<torch::Tensor>& tensors) {
 void C10dGroup::broadcast(std::vector<torch::Tensor>& tensors, int root) {
   PIPETRAIN_CHECK_INPUT(root >= 0 && root < size(), "broadcast root ", root,
                         " is not a rank of group '", impl_->name, "' (size ", size(), ")");
+  if (impl_->mirror) return;
   std::vector<c10::intrusive_ptr<detail::C10dWork>> works;
   for (auto& tensor : tensors) {
     std::vector<at::Tensor> one{tensor};
@@ -233,6 +249,11 @@ void C10dGroup::reduce_scatter_sum(const torch::Tensor& flat, torch::Tensor& sha
     shard.copy_(flat);
     return;
   }
+  if (impl_->mirror) {
+    shard.copy_(flat.narrow(0, rank() * shard.numel(), shard.numel()));
+    shard.mul_(size());
+    return;
+  }
   ::c10d::ReduceScatterOptions options;
   options.reduceOp = ::c10d::ReduceOp::SUM;
   at::Tensor input = flat;
@@ -247,6 +268,10 @@ void C10dGroup::all_gather(const torch::Tensor& shard, torch::Tensor& flat) {
     flat.copy_(shard);
     return;
   }
+  if (impl_->mirror) {
+    flat.view({size(), shard.numel()}).copy_(shard.reshape({1, -1}));
+    return;
+  }
   at::Tensor input = shard;
   at::Tensor output = flat;
   detail::wait_work(impl_->backend->_allgather_base(output, input),
@@ -254,6 +279,7 @@ void C10dGroup::all_gather(const torch::Tensor& shard, torch::Tensor& flat) {
 }
 
 void C10dGroup::barrier() {
+  if (impl_->mirror) return;
   detail::wait_work(impl_->backend->barrier(), "barrier of group '" + impl_->name + "'");
 }
 
@@ -261,6 +287,10 @@ std::vector<std::vector<char>> C10dGroup::gather_bytes(const std::vector<char>& 
   const int size_tag = kC10dControlTagBase + 1;
   const int data_tag = kC10dControlTagBase + 2;
   std::vector<std::vector<char>> result;
+  if (impl_->mirror) {
+    if (rank() == 0) result.assign(static_cast<size_t>(size()), mine);
+    return result;
+  }
   if (rank() != 0) {
     std::vector<at::Tensor> length{
         torch::tensor({static_cast<int64_t>(mine.size())}, torch::kLong)};

@@ -95,12 +95,18 @@ TEST(PlanLlama, ReportMemoryOnTheBenchConfigAgreesWithTheModelPerCategory) {
   const torch::Tensor ids = torch::randint(4096, {20000}, torch::kInt64).to(torch::kInt16);
   std::ofstream(dir + "/tokens.bin", std::ios::binary)
       .write(static_cast<const char*>(ids.data_ptr()), ids.numel() * 2);
-  for (const std::string layout : {"--stages 2", "--nproc 2"}) {
+  // Tensor-parallel ranks are predicted from a copy of the model split over a mirror group
+  // (transport/c10d.h): a tp rank's slices, and under sequence parallelism its share of the
+  // sequence, with ZeRO over the data-parallel group of each pipeline x tp coordinate.
+  for (const std::string layout :
+       {"--stages 2", "--nproc 2", "--nproc 4 --pp 2 --tp 2",
+        "--nproc 4 --pp 2 --tp 2 --sequence-parallel --schedule zb-h1 --checkpoint always",
+        "--nproc 8 --pp 2 --tp 2 --dp 2 --zero 1"}) {
     const CliRun run = run_pipetrain(
         "train --model " + dir + "/model --init random --data tokens --token-file " + dir +
-        "/tokens.bin --seq-len 128 --batch-size 8 --steps 2 --chunks 4 --schedule 1f1b "
-        "--optimizer adamw --report-memory " +
-        layout);
+        "/tokens.bin --seq-len 128 --batch-size 8 --steps 2 --chunks 4 --optimizer adamw "
+        "--report-memory " +
+        layout + (layout.find("--schedule") == std::string::npos ? " --schedule 1f1b" : ""));
     ASSERT_EQ(run.exit_code, 0) << run.output;
     const std::vector<double> ratios = measured_over_predicted(run.output);
     ASSERT_GE(ratios.size(), 8u) << run.output;  // 2 ranks x parameters..activations

@@ -143,7 +143,9 @@ TEST(TrainTensorParallel, WhatItDoesNotCoverExitsTwoNamingTheNumbersOrTheFlag) {
       {"--nproc 4 --tp 4", "fewer key/value heads than tensor-parallel ranks"},
       {"--nproc 3 --tp 2", "--tp 2 x --dp 1 does not divide the world of 3 processes"},
       {"--tp 2", "--pp/--tp/--dp describe a multi-process run: give --nproc 2"},
-      {"--nproc 2 --tp 2 --report-memory", "--report-memory with --tp 2 is not supported yet"},
+      {"--nproc 2 --tp 2 --balance auto",
+       "the auto flags (--balance/--schedule/--chunks/--checkpoint auto) with --tp 2 is not "
+       "supported yet"},
       {"--nproc 2 --sequence-parallel",
        "--sequence-parallel splits the sequence over the "
        "tensor-parallel ranks: give --tp 2 or more"},

@@ -152,6 +152,28 @@ TEST(C10dGroup, ReduceScattersAndAllGathersFlatShardsOverThreeMembers) {
   EXPECT_EQ(run.count("OK shards"), 3) << run.output();
 }
 
+// A mirror group gives one process the shapes of a member of a real group whose every member
+// holds the same tensors: the values are those of such a group.
+TEST(C10dGroup, AMirrorGroupActsAsMembersHoldingWhatThisOneHolds) {
+  const auto group = C10dGroup::mirror(3, 1);
+  EXPECT_EQ(group->size(), 3);
+  EXPECT_EQ(group->rank(), 1);
+  const torch::Tensor shard = torch::tensor({1.f, 2.f});
+  torch::Tensor flat = torch::zeros({6});
+  group->all_gather(shard, flat);
+  EXPECT_TRUE(torch::equal(flat, torch::tensor({1.f, 2.f, 1.f, 2.f, 1.f, 2.f})));
+  torch::Tensor mine = torch::zeros({2});
+  group->reduce_scatter_sum(torch::arange(6, torch::kFloat), mine);
+  EXPECT_TRUE(torch::equal(mine, torch::tensor({6.f, 9.f})));  // 3 x elements 2 and 3
+  std::vector<torch::Tensor> sums{torch::tensor({1.f, -2.f})};
+  group->allreduce_sum(sums);
+  EXPECT_TRUE(torch::equal(sums[0], torch::tensor({3.f, -6.f})));
+  group->barrier();
+  EXPECT_TRUE(group->gather_bytes({'a'}).empty());  // rank 1: only group rank 0 receives
+  EXPECT_EQ(C10dGroup::mirror(2, 0)->gather_bytes({'a'}).size(), 2u);
+  EXPECT_THROW(C10dGroup::mirror(2, 2), BadInput);
+}
+
 TEST(C10dTransport, ChainsActivationsThroughFourProcesses) {
   auto run = run_ranks(4, {"chain"});
   EXPECT_EQ(run.result.exit_code, 0) << run.output();

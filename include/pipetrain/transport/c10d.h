@@ -185,6 +185,15 @@ class C10dGroup {
   // Byte blobs gathered to group rank 0 (empty vector on others); result[g] is member g's blob.
   std::vector<std::vector<char>> gather_bytes(const std::vector<char>& mine);
 
+  // A group of `size` members in this one process, as member `rank`, whose every other member
+  // holds what this one holds: all_gather repeats the shard, allreduce_sum multiplies by size,
+  // reduce_scatter_sum keeps `size` x this member's slice, broadcast and barrier do nothing,
+  // gather_bytes repeats `mine`. Nothing is sent. It gives a single process the shapes and
+  // allocations of one member of a real group (the memory model profiles a tensor-parallel rank's
+  // layers with it: train/memory_report.h); the values are those of a group of identical members.
+  // REQUIRES: 0 <= rank < size (BadInput otherwise).
+  static std::shared_ptr<C10dGroup> mirror(int size, int rank = 0);
+
   struct Impl;  // src/transport/c10d_internal.h
   explicit C10dGroup(std::shared_ptr<Impl> impl);
   ~C10dGroup();
