@@ -25,6 +25,7 @@
 #include "pipetrain/stage/torchscript.h"
 #include "pipetrain/tune/auto_plan.h"
 #include "pipetrain/tune/model_plan.h"
+#include "pipetrain/tune/world_plan.h"
 
 namespace pipetrain::cli {
 namespace {
@@ -177,6 +178,11 @@ void add_plan_model_options(CLI::App& command, PlanModelArgs& args) {
                      "With --model: fp32 (default) or bf16: the profile runs the layers under "
                      "autocast, so times, activations and messages are a bf16 stage's (weights, "
                      "gradients and optimizer state stay float32)");
+  command.add_option("--world", args.world,
+                     "With a Hugging Face --model: search the pipeline x tensor x data parallel "
+                     "layouts of N processes (every pp x tp x dp = N the model allows, with and "
+                     "without sequence parallelism) and print the best few with why; "
+                     "--sample-shape is then the whole job's mini-batch");
 }
 
 namespace {
@@ -198,7 +204,10 @@ Precision check_plan_args(const PlanModelArgs& args) {
   if (args.zero < 0 || args.zero > 2) {
     throw UsageError("--zero must be 0, 1 or 2 (got " + std::to_string(args.zero) + ")");
   }
-  if (args.zero > 0 && args.dp < 2) {
+  if (args.world < 0) {
+    throw UsageError("--world must be >= 1 (got " + std::to_string(args.world) + ")");
+  }
+  if (args.zero > 0 && args.dp < 2 && args.world == 0) {
     throw UsageError("--zero " + std::to_string(args.zero) +
                      " shards over data-parallel replicas and needs --dp 2 or more");
   }
@@ -235,6 +244,47 @@ pp::PlannerOptions planner_options(const PlanModelArgs& args) {
   return planner;
 }
 
+// --world: tune::plan_world. Returns the exit code (1: no layout fits the limit).
+int run_world_plan(const PlanModelArgs& args, const LoadedModel& model, Precision precision) {
+  if (!model.llama) {
+    throw UsageError(
+        "--world plans tensor parallelism, which splits a Llama-family model: give "
+        "--model DIR (a Hugging Face checkpoint directory), not '" +
+        args.model + "'");
+  }
+  for (const auto& [given, flag] : {std::pair{args.stages > 0, "--stages"},
+                                    {args.dp > 1, "--dp"},
+                                    {args.verify, "--verify"},
+                                    {args.calibrate, "--calibrate"},
+                                    {args.processes, "--processes"},
+                                    {!args.profile_out.empty(), "--profile-out"}}) {
+    if (given) {
+      throw UsageError(std::string(flag) +
+                       " with --world: --world searches the pipeline, tensor "
+                       "and data parallel sizes itself and plans for processes; drop " +
+                       flag);
+    }
+  }
+  WorldPlanRequest request;
+  request.config = *model.llama;
+  request.sample = model.sample;
+  request.world = args.world;
+  request.planner = planner_options(args);
+  request.precision = precision;
+  request.rank_arguments = {"plan",           "--model",         args.model,
+                            "--sample-shape", args.sample_shape, "--rank-job"};
+  request.diagnostics = [](const Diagnostic& d) { std::cerr << d.text << "\n"; };
+  WorldPlanResult result;
+  try {
+    result = plan_world(request);
+  } catch (const pipetrain::BadInput& e) {
+    throw UsageError(e.what());
+  }
+  emit(args, args.format == "json" ? world_plan_json(request, result).dump(1) + "\n"
+                                   : world_plan_text(request, result, args.top));
+  return result.ranked.empty() ? 1 : 0;
+}
+
 }  // namespace
 
 int run_plan_for_model(const PlanModelArgs& args) {
@@ -248,6 +298,7 @@ int run_plan_for_model(const PlanModelArgs& args) {
     return run_model_plan_rank(nlohmann::json::parse(args.rank_job), model.sequential,
                                model.sample);
   }
+  if (args.world > 0) return run_world_plan(args, model, precision);
   ModelPlanRequest request;
   request.model = model.sequential;
   request.llama = model.llama;

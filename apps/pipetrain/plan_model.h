@@ -35,6 +35,7 @@ struct PlanModelArgs {
   int zero = 0;                    // ZeRO stage of the memory model (needs dp > 1)
   int dp = 1;                      // data-parallel replicas of each rank (memory model)
   std::string precision = "fp32";  // fp32 | bf16: what the profile runs in (memory model)
+  int world = 0;  // > 0: search pp x tp x dp layouts of this many processes (tune/world_plan.h)
 };
 
 void add_plan_model_options(CLI::App& command, PlanModelArgs& args);

@@ -9,7 +9,8 @@
 namespace pipetrain::models {
 
 partition::ModelProfile profile_llama(const LlamaConfig& config, const torch::Tensor& sample,
-                                      const partition::ProfileOptions& options, uint64_t seed) {
+                                      const partition::ProfileOptions& options, uint64_t seed,
+                                      const parallel::TensorParallel& tp) {
   if (sample.dim() != 2 || sample.scalar_type() != torch::kInt64) {
     throw BadInput("profile_llama: the sample must be int64 token ids [B, T], got " +
                    std::string(c10::toString(sample.scalar_type())) + " of " +
@@ -18,7 +19,7 @@ partition::ModelProfile profile_llama(const LlamaConfig& config, const torch::Te
   LlamaConfig one = config;
   one.num_hidden_layers = 1;
   one.sliding_window.assign(1, config.sliding_window.empty() ? 0 : config.sliding_window.back());
-  LlamaModel model = make_llama(one);
+  LlamaModel model = make_llama(one, LlamaBuildOptions().tensor_parallel(tp));
   init_llama_random(model, seed);
   const partition::ModelProfile measured =
       partition::profile_sequential(model.sequential, sample, options);

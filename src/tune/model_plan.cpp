@@ -10,6 +10,7 @@
 
 #include "pipetrain/base/error.h"
 #include "pipetrain/base/load_average.h"
+#include "pipetrain/base/median.h"
 #include "pipetrain/base/message_of.h"
 #include "pipetrain/models/llama_profile.h"
 #include "pipetrain/partition/memory.h"
@@ -148,9 +149,46 @@ ModelPlanResult plan_model(const ModelPlanRequest& r) {
   return result;
 }
 
+namespace {
+
+// tune/world_plan.h [2]: every process of the job one tensor-parallel group; per message size the
+// median over `trips` all-reduces, each started together (a barrier). Rank 0's result.
+nlohmann::json allreduce_on_rank(Distributed& distributed, const nlohmann::json& job) {
+  const auto& group = distributed.tensor_parallel_group();
+  const int trips = job.at("trips").get<int>();
+  nlohmann::json sizes = nlohmann::json::array();
+  for (const auto& bytes : job.at("bytes")) {
+    const int64_t n = bytes.get<int64_t>();
+    std::vector<torch::Tensor> tensors{torch::ones({std::max<int64_t>(1, n / 4)})};
+    std::vector<double> seconds;
+    for (int t = 0; t < trips + 3; ++t) {
+      group->barrier();
+      const auto start = std::chrono::steady_clock::now();
+      group->allreduce_sum(tensors);
+      const double elapsed =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (t >= 3) seconds.push_back(elapsed);  // after 3 warm-up trips
+    }
+    sizes.push_back({{"bytes", n}, {"seconds", median(seconds)}});
+  }
+  return distributed.rank() == 0 ? nlohmann::json{{"sizes", sizes}, {"trips", trips}}
+                                 : nlohmann::json();
+}
+
+}  // namespace
+
 int run_model_plan_rank(const nlohmann::json& job, torch::nn::Sequential model,
                         const torch::Tensor& sample) {
   DistributedOptions options;
+  if (job.value("mode", std::string("plan")) == "allreduce") {
+    options.pipeline_ranks(1)
+        .tensor_parallel(DistributedEnvironment::from_environment().world_size)
+        .timeout(std::chrono::seconds(60));
+    return run_distributed(options, [&](Distributed& distributed) {
+      const nlohmann::json result = allreduce_on_rank(distributed, job);
+      if (!result.is_null()) std::cout << kModelPlanRankPrefix << result.dump() << std::endl;
+    });
+  }
   if (job.value("mode", std::string("plan")) == "transfer") {
     options.pipeline_ranks(2).timeout(std::chrono::seconds(60));
     return run_distributed(options, [&](Distributed& distributed) {

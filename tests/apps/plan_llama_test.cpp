@@ -6,7 +6,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -111,6 +113,113 @@ TEST(PlanLlama, ReportMemoryOnTheBenchConfigAgreesWithTheModelPerCategory) {
     const std::vector<double> ratios = measured_over_predicted(run.output);
     ASSERT_GE(ratios.size(), 8u) << run.output;  // 2 ranks x parameters..activations
     for (double ratio : ratios) EXPECT_NEAR(ratio, 1.0, 0.1) << layout << "\n" << run.output;
+  }
+}
+
+// The bench suite's config and 20,000 random ids under `dir` (model/, tokens.bin).
+void write_bench_model(const std::string& dir) {
+  fs::create_directories(dir + "/model");
+  std::ofstream(dir + "/model/config.json") << bench::llama_bench_config(256).dump(2);
+  torch::manual_seed(0);
+  const torch::Tensor ids = torch::randint(4096, {20000}, torch::kInt64).to(torch::kInt16);
+  std::ofstream(dir + "/tokens.bin", std::ios::binary)
+      .write(static_cast<const char*>(ids.data_ptr()), ids.numel() * 2);
+}
+
+// Every rank's measured bytes in --report-memory's rows, summed over the categories a device
+// holds (everything but "offloaded to host"), by rank.
+std::map<int, double> measured_totals(const std::string& output) {
+  static const std::regex row(
+      R"(memory: +(\d+) +\d+ +([a-z ]+?) +([0-9.]+) (\S?i?B) +([0-9.]+) (\S?i?B))");
+  auto bytes = [](const std::string& number, const std::string& unit) {
+    const double scale = unit == "GiB"   ? 1 << 30
+                         : unit == "MiB" ? 1 << 20
+                         : unit == "KiB" ? 1 << 10
+                                         : 1;
+    return std::stod(number) * scale;
+  };
+  std::map<int, double> totals;
+  std::istringstream lines(output);
+  for (std::string line; std::getline(lines, line);) {
+    std::smatch m;
+    if (!std::regex_search(line, m, row) || m[2].str() == "offloaded to host") continue;
+    totals[std::stoi(m[1].str())] += bytes(m[5].str(), m[6].str());
+  }
+  return totals;
+}
+
+// plan --world 4 lists every pipeline x tensor x data layout the model allows (tp 1, 2 and 4;
+// 2 and 4 with and without sequence parallelism), ranks those that fit by predicted step, and the
+// pp2 x tp2 layout's predicted peak per rank is what `train --report-memory` then measures.
+TEST(PlanLlama, WorldSearchRanksEveryLayoutAndItsTensorParallelPeakIsMeasured) {
+  const std::string dir = testing::scratch_dir("plan-llama/world");
+  write_bench_model(dir);
+  const CliRun run = run_pipetrain("plan --model " + dir +
+                                       "/model --sample-shape 8,128 --world 4 --optimizer adam "
+                                       "--memory-limit 60MiB --schedules 1f1b,gpipe --format json",
+                                   testing::CliOptions().without_stderr());
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const nlohmann::json plan = nlohmann::json::parse(run.output);
+  std::set<std::string> layouts;
+  const nlohmann::json* pp2_tp2 = nullptr;
+  double previous = 0;
+  for (const auto& layout : plan["ranked"]) {
+    EXPECT_LE(layout["peak_memory_bytes"].get<int64_t>(), int64_t{60} << 20) << layout.dump();
+    EXPECT_GE(layout["step_seconds"].get<double>(), previous);
+    previous = layout["step_seconds"].get<double>();
+    EXPECT_DOUBLE_EQ(
+        layout["step_seconds"].get<double>(),
+        layout["pipeline_seconds"].get<double>() + layout["dp_reduce_seconds"].get<double>());
+    EXPECT_EQ(layout["tp_collective_seconds"].get<double>() > 0, layout["tp"].get<int>() > 1);
+    if (layout["pp"] == 2 && layout["tp"] == 2 && !layout["sequence_parallel"].get<bool>()) {
+      pp2_tp2 = &layout;
+    }
+  }
+  for (const char* list : {"ranked", "rejected"}) {
+    for (const auto& l : plan[list]) {
+      layouts.insert(std::to_string(l["pp"].get<int>()) + "x" + std::to_string(l["tp"].get<int>()) +
+                     "x" + std::to_string(l["dp"].get<int>()) +
+                     (l["sequence_parallel"].get<bool>() ? "sp" : ""));
+    }
+  }
+  EXPECT_EQ(layouts, (std::set<std::string>{"4x1x1", "2x1x2", "1x1x4", "2x2x1", "2x2x1sp", "1x2x2",
+                                            "1x2x2sp", "1x4x1", "1x4x1sp"}))
+      << run.output;
+  ASSERT_NE(pp2_tp2, nullptr) << run.output;
+  const nlohmann::json& p = (*pp2_tp2)["plan"];
+  std::string balance;
+  for (const auto& count : p["balance"]) {
+    balance += (balance.empty() ? "" : ",") + std::to_string(count.get<int>());
+  }
+  const CliRun train = run_pipetrain(
+      "train --model " + dir + "/model --init random --data tokens --token-file " + dir +
+      "/tokens.bin --seq-len 128 --batch-size 8 --steps 2 --optimizer adamw --report-memory "
+      "--nproc 4 --pp 2 --tp 2 --schedule " +
+      p["schedule"].get<std::string>() + " --chunks " + std::to_string(p["chunks"].get<int>()) +
+      " --checkpoint " + p["checkpoint"].get<std::string>() + " --balance " + balance);
+  ASSERT_EQ(train.exit_code, 0) << train.output;
+  const std::map<int, double> totals = measured_totals(train.output);
+  ASSERT_EQ(totals.size(), 4u) << train.output;
+  double peak = 0;
+  for (const auto& [rank, bytes] : totals) peak = std::max(peak, bytes);
+  EXPECT_NEAR(peak / (*pp2_tp2)["peak_memory_bytes"].get<double>(), 1.0, 0.1) << p.dump() << "\n"
+                                                                              << train.output;
+}
+
+TEST(PlanLlama, WorldSearchRefusesWhatItDecidesItselfAndModelsItCannotSplit) {
+  const std::string dir = testing::scratch_dir("plan-llama/world-refusals");
+  write_bench_model(dir);
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--model " + dir + "/model --sample-shape 8,128 --world 4 --stages 2",
+       "--stages with --world"},
+      {"--model mlp --sample-shape 8,784 --world 4", "give --model DIR"},
+      {"--model " + dir + "/model --sample-shape 3,128 --world 8 --zero 1",
+       "--world 8 has no pp x tp x dp layout"},
+  };
+  for (const auto& [flags, want] : cases) {
+    const CliRun run = run_pipetrain("plan " + flags);
+    EXPECT_EQ(run.exit_code, 2) << flags << "\n" << run.output;
+    EXPECT_NE(run.output.find(want), std::string::npos) << flags << "\n" << run.output;
   }
 }
 

@@ -18,16 +18,20 @@
 #include <torch/types.h>
 
 #include "pipetrain/models/llama_config.h"
+#include "pipetrain/parallel/tensor_parallel.h"
 #include "pipetrain/partition/profile.h"
 #include "pipetrain/partition/profiler.h"
 
 namespace pipetrain::models {
 
 // REQUIRES sample int64 ids [B, T] below the vocabulary. Throws what profile_sequential throws,
-// and ModelConfigError for a config make_llama refuses.
+// and ModelConfigError for a config make_llama refuses. `tp`: the layers as one tensor-parallel
+// rank builds them (LlamaBuildOptions::tensor_parallel); a group that runs in this process alone,
+// C10dGroup::mirror (transport/c10d.h), profiles a rank's slices, shapes and allocations. The
+// profile's times are then the rank's compute without the collectives' wait.
 partition::ModelProfile profile_llama(const LlamaConfig& config, const torch::Tensor& sample,
                                       const partition::ProfileOptions& options = {},
-                                      uint64_t seed = 0);
+                                      uint64_t seed = 0, const parallel::TensorParallel& tp = {});
 
 // The profile of a model of `config.num_hidden_layers` layers from one measured on `measured`
 // layers (entries: embedding, decoder x measured, norm, head): the last measured decoder layer

@@ -1,0 +1,108 @@
+// plan_world: the best pipeline x tensor x data parallel layouts of a Llama-family model on a
+// world of N processes (`pipetrain plan --model DIR --world N`; docs/TENSOR_PARALLEL.md).
+//
+//   [1] layouts     every pp x tp x dp = N where tp divides the heads, the key/value heads, the
+//                   vocabulary and the MLP width (check_llama_tensor_parallel), pp is at most the
+//                   model's entries and dp divides the batch; with tp > 1 and a sequence tp
+//                   divides, once without and once with sequence parallelism
+//   [2] all-reduce  measured for each group size the layouts need (tp and dp), as that many
+//                   processes of this program over Gloo on this machine: seconds(n) = latency +
+//                   n / bytes_per_second, fitted through a small and a large message. An
+//                   all-gather or reduce-scatter of n bytes counts latency + n / (2 x that rate)
+//                   (half an all-reduce's ring traffic).
+//   [3] profile     one decoder layer as one tp rank builds it, split over a mirror group
+//                   (C10dGroup::mirror): the rank's parameters, activations and compute, on
+//                   batch / dp rows (models/llama_profile.h)
+//   [4] collectives added to the profile's per-micro-batch times, n = rows x seq x hidden x
+//                   element bytes:
+//                     embedding   F: all-reduce n (sequence parallel: reduce-scatter)
+//                     decoder     F and I (so B): 2 all-reduces n (sequence parallel: 2
+//                                 all-gathers + 2 reduce-scatters)
+//                     head        F: 2 all-reduces of rows x seq x 4 (the loss's max and sum;
+//                                 sequence parallel: + all-gather n); I: all-reduce n (sequence
+//                                 parallel: reduce-scatter)
+//                   The weight gradient (W) of a split layer is local.
+//   [5] plan        plan_pipeline (partition/planner.h) over pp ranks with dp replicas, ZeRO and
+//                   the memory limit: the fastest schedule, micro-batches, checkpointing and
+//                   balance of the layout, or why none fits
+//   [6] data        + an all-reduce of the largest rank's parameter bytes over dp (the
+//                   runtime reduces gradients after the pipeline's last action; ZeRO's
+//                   reduce-scatter + all-gather move as much)
+// The layouts are ranked by [5] + [6]. Not modelled: ranks sharing a machine's cores (each rank
+// is taken to have its own device, as the profile ran alone), collectives overlapping compute.
+//
+// Processes: plan_world starts this program again (runtime/launcher.h) with `rank_arguments`
+// followed by a job as one JSON argument; the program hands it to run_model_plan_rank
+// (tune/model_plan.h), which runs the measurement.
+//
+// Thread-safety: runs measurements; one call at a time.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <torch/types.h>
+#include <nlohmann/json.hpp>
+
+#include "pipetrain/models/llama_config.h"
+#include "pipetrain/partition/planner.h"
+#include "pipetrain/stage/precision.h"
+#include "pipetrain/tune/calibration.h"
+
+namespace pipetrain::tune {
+
+struct WorldPlanRequest {
+  models::LlamaConfig config;
+  torch::Tensor sample;  // int64 ids [B, T]: the mini-batch of the whole job (B split over dp)
+  int world = 1;
+  // Memory limit per rank, optimizer state, ZeRO, schedules, table size. `ranks`,
+  // `data_parallel` and `processes` are set per layout.
+  partition::PlannerOptions planner;
+  Precision precision = Precision::kFloat32;
+  // Measured all-reduce per group size ([2]); a size not here is measured. Tests and callers
+  // that measured already pass theirs.
+  std::map<int, partition::TransferModel> allreduce;
+  std::vector<std::string> rank_arguments;  // how this program is started as a rank
+  Diagnostics diagnostics;
+};
+
+// One layout and its best plan.
+struct WorldLayout {
+  int pp = 1, tp = 1, dp = 1;
+  bool sequence_parallel = false;
+  bool found = false;                // a plan fits the limit
+  partition::Plan plan;              // [5]'s best (found) or the smallest-memory candidate
+  double pipeline_seconds = 0;       // [5]: the plan's predicted step, tp collectives included
+  double tp_collective_seconds = 0;  // of that: the collectives one stage's rank waits per step
+  double dp_reduce_seconds = 0;      // [6]
+  double step_seconds = 0;           // [5] + [6]
+  std::int64_t peak_memory_bytes = 0;
+  std::int64_t smallest_fitting_limit = 0;  // not found: the least limit some plan meets
+  std::string why;                          // one line: what decides its place
+
+  std::string name() const;  // "pp2 x tp2 x dp1", " sp" appended with sequence parallelism
+};
+
+struct WorldPlanResult {
+  std::vector<WorldLayout> ranked;                    // found, fastest first
+  std::vector<WorldLayout> rejected;                  // nothing fits the memory limit
+  std::map<int, partition::TransferModel> allreduce;  // [2], per group size
+};
+
+// Throws pipetrain::BadInput when no layout exists (a world no valid tp, pp and dp multiply to,
+// naming them) or the sample is not ids [B, T]; what the measurements throw.
+WorldPlanResult plan_world(const WorldPlanRequest& request);
+
+// [2] in the ranks: the job run_model_plan_rank hands to measure_allreduce_on_rank.
+nlohmann::json allreduce_job(std::int64_t large_bytes);
+// The fit of [2] from rank 0's result.
+partition::TransferModel allreduce_model_from(const nlohmann::json& result, int group_size);
+
+std::string world_plan_text(const WorldPlanRequest& request, const WorldPlanResult& result,
+                            int top);
+nlohmann::json world_plan_json(const WorldPlanRequest& request, const WorldPlanResult& result);
+
+}  // namespace pipetrain::tune

@@ -1,0 +1,357 @@
+// plan --world: pipeline x tensor x data layouts of a Llama model (tune/world_plan.h). [n] cite
+// the header's steps.
+#include "pipetrain/tune/world_plan.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <limits>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+
+#include "pipetrain/base/check.h"
+#include "pipetrain/base/error.h"
+#include "pipetrain/base/median.h"
+#include "pipetrain/models/llama.h"
+#include "pipetrain/models/llama_profile.h"
+#include "pipetrain/partition/memory.h"
+#include "pipetrain/runtime/launcher.h"
+#include "pipetrain/transport/c10d.h"
+#include "pipetrain/tune/model_plan.h"
+
+namespace pipetrain::tune {
+namespace {
+
+namespace pp = pipetrain::partition;
+
+void progress(const WorldPlanRequest& r, const std::string& text) {
+  if (r.diagnostics) r.diagnostics({Diagnostic::Kind::kProgress, text});
+}
+
+// [1] The tensor-parallel sizes the config allows, ascending.
+std::vector<int> valid_tp(const models::LlamaConfig& config, int world) {
+  std::vector<int> sizes;
+  for (int tp = 1; tp <= world; ++tp) {
+    if (world % tp != 0) continue;
+    try {
+      models::check_llama_tensor_parallel(config, tp);
+      sizes.push_back(tp);
+    } catch (const Error&) {
+    }
+  }
+  return sizes;
+}
+
+struct Shape {
+  int pp, tp, dp;
+  bool sp;
+};
+
+std::vector<Shape> layouts_of(const WorldPlanRequest& r) {
+  const int64_t batch = r.sample.size(0);
+  const int64_t seq = r.sample.size(1);
+  std::vector<Shape> shapes;
+  for (int tp : valid_tp(r.config, r.world)) {
+    for (int dp = 1; dp <= r.world / tp; ++dp) {
+      if ((r.world / tp) % dp != 0 || batch % dp != 0) continue;
+      const int pp = r.world / tp / dp;
+      if (pp > r.config.entries()) continue;
+      if (r.planner.zero > 0 && dp < 2) continue;  // ZeRO shards over replicas
+      shapes.push_back({pp, tp, dp, false});
+      if (tp > 1 && seq % tp == 0) shapes.push_back({pp, tp, dp, true});
+    }
+  }
+  return shapes;
+}
+
+int64_t element_bytes(Precision precision) {
+  return precision == Precision::kFloat32 ? 4 : 2;
+}
+
+double gather_seconds(const pp::TransferModel& m, int64_t bytes) {
+  return m.latency_seconds + static_cast<double>(bytes) / (2 * m.bytes_per_second);
+}
+
+// [4] One tp rank's collectives per micro-batch, added to the profile's times. Returns what they
+// add to each layer's F + B, per measured micro-batch size: added[k][layer].
+std::vector<std::vector<double>> add_collectives(pp::ModelProfile& profile, const Shape& s,
+                                                 const pp::TransferModel& ar, int64_t seq,
+                                                 int64_t hidden, Precision precision) {
+  std::vector<std::vector<double>> added;
+  const int64_t layers = profile.num_layers();
+  for (size_t k = 0; k < profile.microbatch_sizes.size(); ++k) {
+    const int64_t rows = profile.microbatch_sizes[k];
+    const int64_t n = rows * seq * hidden * element_bytes(precision);
+    const double all_reduce = ar.seconds(n);
+    const double gather = gather_seconds(ar, n);  // all-gather or reduce-scatter
+    const double loss_stats = 2 * ar.seconds(rows * seq * 4);
+    std::vector<double>& per_layer = added.emplace_back();
+    for (int64_t l = 0; l < layers; ++l) {
+      pp::LayerCost& c = profile.layers[static_cast<size_t>(l)].costs.at(k);
+      double forward = 0, backward = 0;
+      if (l == 0) {  // embedding
+        forward = s.sp ? gather : all_reduce;
+      } else if (l == layers - 1) {  // head
+        forward = loss_stats + (s.sp ? gather : 0);
+        backward = s.sp ? gather : all_reduce;
+      } else if (l < layers - 2) {  // decoder layers (layers - 2 is the final norm)
+        forward = s.sp ? 4 * gather : 2 * all_reduce;
+        backward = forward;
+      }
+      c.forward_seconds += forward;
+      c.backward_seconds += backward;
+      c.backward_input_seconds += backward;
+      per_layer.push_back(forward + backward);
+    }
+  }
+  return added;
+}
+
+// [2] latency + bytes / rate for a group of `size` processes, measured unless given.
+pp::TransferModel allreduce_of(const WorldPlanRequest& r, std::map<int, pp::TransferModel>& known,
+                               int size, int64_t large) {
+  if (size <= 1) return pp::TransferModel{0, std::numeric_limits<double>::infinity(), 0, "none"};
+  auto it = known.find(size);
+  if (it != known.end()) return it->second;
+  if (r.rank_arguments.empty()) {
+    throw BadInput("plan_world: measuring an all-reduce over " + std::to_string(size) +
+                   " processes needs rank_arguments (how to start this program as a rank)");
+  }
+  progress(r, "plan: measuring an all-reduce over " + std::to_string(size) + " processes ...");
+  std::vector<std::string> arguments = r.rank_arguments;
+  arguments.push_back(allreduce_job(large).dump());
+  const CollectedRun run = launch_self_collecting(size, arguments, kModelPlanRankPrefix);
+  if (run.launched.exit_code != 0 || run.results.empty() || !run.results[0]) {
+    throw std::runtime_error("plan --world: the all-reduce measurement over " +
+                             std::to_string(size) + " processes failed (rank " +
+                             std::to_string(run.launched.first_failed_rank) + " exited with " +
+                             std::to_string(run.launched.exit_code) + ")");
+  }
+  const pp::TransferModel model =
+      allreduce_model_from(nlohmann::json::parse(*run.results[0]), size);
+  known[size] = model;
+  return model;
+}
+
+std::string seconds_text(double seconds) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f ms", seconds * 1e3);
+  return text;
+}
+
+}  // namespace
+
+std::string WorldLayout::name() const {
+  return "pp" + std::to_string(pp) + " x tp" + std::to_string(tp) + " x dp" + std::to_string(dp) +
+         (sequence_parallel ? " sp" : "");
+}
+
+nlohmann::json allreduce_job(int64_t large_bytes) {
+  return {{"mode", "allreduce"},
+          {"bytes", {4096, std::max<int64_t>(large_bytes, 4 << 20)}},
+          {"trips", 20}};
+}
+
+pp::TransferModel allreduce_model_from(const nlohmann::json& result, int group_size) {
+  const auto& sizes = result.at("sizes");
+  const double small = sizes[0].at("seconds").get<double>();
+  const double large = sizes[1].at("seconds").get<double>();
+  const auto extra_bytes = static_cast<double>(sizes[1].at("bytes").get<int64_t>() -
+                                               sizes[0].at("bytes").get<int64_t>());
+  pp::TransferModel model;
+  model.latency_seconds = small;
+  // A large message no slower than the small one (noise on a loaded machine): its whole time
+  // counts as bandwidth, an upper bound of its cost.
+  model.bytes_per_second = large > 1.2 * small
+                               ? extra_bytes / (large - small)
+                               : static_cast<double>(sizes[1].at("bytes").get<int64_t>()) / large;
+  model.method = "all-reduce over " + std::to_string(group_size) +
+                 " processes, Gloo on this machine (median of " +
+                 std::to_string(result.value("trips", 0)) + ")";
+  return model;
+}
+
+WorldPlanResult plan_world(const WorldPlanRequest& r) {
+  if (r.sample.dim() != 2 || r.sample.scalar_type() != torch::kInt64) {
+    throw BadInput("plan --world: the sample must be int64 token ids [B, T]");
+  }
+  PIPETRAIN_CHECK_INPUT(r.world >= 1, "--world must be >= 1 (got ", r.world, ")");
+  const std::vector<Shape> shapes = layouts_of(r);  // [1]
+  if (shapes.empty()) {
+    std::ostringstream tps;
+    for (int tp : valid_tp(r.config, r.world)) tps << (tps.tellp() > 0 ? ", " : "") << tp;
+    throw BadInput("--world " + std::to_string(r.world) +
+                   " has no pp x tp x dp layout for this model and batch: tp must divide the " +
+                   "world and the heads, key/value heads, vocabulary and MLP width (" +
+                   (tps.tellp() > 0 ? "here " + tps.str() : std::string("none does")) +
+                   "), dp the batch of " + std::to_string(r.sample.size(0)) +
+                   (r.planner.zero > 0 ? " (and be >= 2 under ZeRO)" : "") + ", pp at most " +
+                   std::to_string(r.config.entries()) + " entries");
+  }
+  WorldPlanResult result;
+  result.allreduce = r.allreduce;
+  const int64_t seq = r.sample.size(1);
+  const int64_t hidden = r.config.hidden_size;
+  const int64_t largest_message = r.sample.size(0) * seq * hidden * element_bytes(r.precision);
+  for (const Shape& s : shapes) {
+    WorldLayout layout;
+    layout.pp = s.pp;
+    layout.tp = s.tp;
+    layout.dp = s.dp;
+    layout.sequence_parallel = s.sp;
+    progress(r, "plan: " + layout.name() + " ...");
+    // [3]
+    const torch::Tensor rows = r.sample.narrow(0, 0, r.sample.size(0) / s.dp);
+    const parallel::TensorParallel tp{s.tp > 1 ? C10dGroup::mirror(s.tp) : nullptr, s.sp};
+    pp::ModelProfile profile =
+        models::profile_llama(r.config, rows, pp::ProfileOptions().precision(r.precision), 0, tp);
+    // [2] [4]
+    const pp::TransferModel tp_reduce = allreduce_of(r, result.allreduce, s.tp, largest_message);
+    std::vector<std::vector<double>> added;
+    if (s.tp > 1) added = add_collectives(profile, s, tp_reduce, seq, hidden, r.precision);
+    // [5]
+    pp::PlannerOptions planner = r.planner;
+    planner.ranks = s.pp;
+    planner.data_parallel = s.dp;
+    planner.processes = r.world > 1;
+    planner.top = 1;
+    const pp::PlanReport report = pp::plan_pipeline(profile, planner);
+    layout.found = report.found();
+    layout.plan = report.found() ? report.recommended() : report.smallest_fitting_plan;
+    layout.smallest_fitting_limit = report.smallest_fitting_limit;
+    layout.pipeline_seconds = layout.plan.predicted_step_seconds;
+    layout.peak_memory_bytes = layout.plan.peak_memory_bytes;
+    if (!added.empty() && !layout.plan.balance.empty()) {
+      // The collectives of the busiest stage's layers over the step's micro-batches.
+      const auto size = std::find(profile.microbatch_sizes.begin(), profile.microbatch_sizes.end(),
+                                  layout.plan.microbatch_size);
+      const size_t k = static_cast<size_t>(size - profile.microbatch_sizes.begin());
+      double busiest = 0;
+      int64_t first = 0;
+      for (int count : layout.plan.balance) {
+        double stage = 0;
+        for (int64_t l = first; l < first + count && k < added.size(); ++l) {
+          stage += added[k][static_cast<size_t>(l)];
+        }
+        busiest = std::max(busiest, stage);
+        first += count;
+      }
+      layout.tp_collective_seconds = busiest * layout.plan.microbatches;
+    }
+    // [6]
+    if (s.dp > 1) {
+      const pp::TransferModel dp_reduce = allreduce_of(r, result.allreduce, s.dp, largest_message);
+      int64_t parameters = 0;
+      for (const pp::RankMemory& rank : pp::plan_memory(profile, layout.plan, planner)) {
+        parameters = std::max(parameters, rank.parameters);
+      }
+      layout.dp_reduce_seconds = dp_reduce.seconds(parameters);
+    }
+    layout.step_seconds = layout.pipeline_seconds + layout.dp_reduce_seconds;
+    std::ostringstream why;
+    if (layout.found) {
+      why << layout.plan.describe() << "; pipeline " << seconds_text(layout.pipeline_seconds);
+      if (s.tp > 1) why << " (tp collectives " << seconds_text(layout.tp_collective_seconds) << ")";
+      if (s.dp > 1) why << " + dp reduce " << seconds_text(layout.dp_reduce_seconds);
+      why << "; peak " << pp::format_bytes(layout.peak_memory_bytes) << " per rank";
+    } else {
+      why << "no plan fits " << pp::format_bytes(r.planner.memory_limit_bytes)
+          << " per rank; the least any needs is "
+          << pp::format_bytes(layout.smallest_fitting_limit);
+    }
+    layout.why = why.str();
+    (layout.found ? result.ranked : result.rejected).push_back(layout);
+  }
+  std::stable_sort(
+      result.ranked.begin(), result.ranked.end(),
+      [](const WorldLayout& a, const WorldLayout& b) { return a.step_seconds < b.step_seconds; });
+  std::stable_sort(result.rejected.begin(), result.rejected.end(),
+                   [](const WorldLayout& a, const WorldLayout& b) {
+                     return a.smallest_fitting_limit < b.smallest_fitting_limit;
+                   });
+  return result;
+}
+
+std::string world_plan_text(const WorldPlanRequest& r, const WorldPlanResult& result, int top) {
+  std::ostringstream out;
+  out << "plan --world " << r.world << ": " << to_string(r.config.architecture) << ", "
+      << r.config.num_hidden_layers << " layers of " << r.config.hidden_size << ", batch "
+      << r.sample.size(0) << " x " << r.sample.size(1) << " ids";
+  if (r.planner.memory_limit_bytes > 0) {
+    out << ", limit " << pp::format_bytes(r.planner.memory_limit_bytes) << " per rank";
+  }
+  out << "\n";
+  for (const auto& [size, model] : result.allreduce) {
+    char line[200];
+    std::snprintf(line, sizeof line, "all-reduce over %d processes: %.0f us + %.2f GB/s (%s)\n",
+                  size, model.latency_seconds * 1e6, model.bytes_per_second / 1e9,
+                  model.method.c_str());
+    out << line;
+  }
+  out << "\n";
+  char header[200];
+  std::snprintf(header, sizeof header, "%-4s %-20s %10s %12s  %s\n", "rank", "layout", "step",
+                "peak/rank", "why");
+  out << header;
+  int shown = 0;
+  for (const WorldLayout& layout : result.ranked) {
+    if (shown++ >= top) break;
+    char line[160];
+    std::snprintf(line, sizeof line, "%-4d %-20s %10s %12s  ", shown, layout.name().c_str(),
+                  seconds_text(layout.step_seconds).c_str(),
+                  pp::format_bytes(layout.peak_memory_bytes).c_str());
+    out << line << layout.why << "\n";
+  }
+  for (const WorldLayout& layout : result.rejected) {
+    char line[160];
+    std::snprintf(line, sizeof line, "%-4s %-20s %10s %12s  ", "-", layout.name().c_str(), "-",
+                  pp::format_bytes(layout.smallest_fitting_limit).c_str());
+    out << line << layout.why << "\n";
+  }
+  if (result.ranked.empty()) {
+    out << "\nno layout fits the memory limit\n";
+  } else {
+    const WorldLayout& best = result.ranked.front();
+    out << "\nrecommended: --nproc " << r.world << " --pp " << best.pp << " --tp " << best.tp
+        << " --dp " << best.dp << (best.sequence_parallel ? " --sequence-parallel" : "")
+        << " --schedule " << best.plan.schedule << " --chunks " << best.plan.microbatches
+        << " --checkpoint " << to_string(best.plan.checkpoint) << "\n";
+  }
+  return out.str();
+}
+
+nlohmann::json world_plan_json(const WorldPlanRequest& r, const WorldPlanResult& result) {
+  auto layout_json = [](const WorldLayout& l) {
+    nlohmann::json plan;
+    pp::to_json(plan, l.plan);
+    return nlohmann::json{{"pp", l.pp},
+                          {"tp", l.tp},
+                          {"dp", l.dp},
+                          {"sequence_parallel", l.sequence_parallel},
+                          {"fits", l.found},
+                          {"step_seconds", l.step_seconds},
+                          {"pipeline_seconds", l.pipeline_seconds},
+                          {"tp_collective_seconds", l.tp_collective_seconds},
+                          {"dp_reduce_seconds", l.dp_reduce_seconds},
+                          {"peak_memory_bytes", l.peak_memory_bytes},
+                          {"smallest_fitting_limit", l.smallest_fitting_limit},
+                          {"why", l.why},
+                          {"plan", plan}};
+  };
+  nlohmann::json out = {{"world", r.world},
+                        {"memory_limit_bytes", r.planner.memory_limit_bytes},
+                        {"ranked", nlohmann::json::array()},
+                        {"rejected", nlohmann::json::array()},
+                        {"allreduce", nlohmann::json::array()}};
+  for (const auto& l : result.ranked) out["ranked"].push_back(layout_json(l));
+  for (const auto& l : result.rejected) out["rejected"].push_back(layout_json(l));
+  for (const auto& [size, model] : result.allreduce) {
+    out["allreduce"].push_back({{"processes", size},
+                                {"latency_seconds", model.latency_seconds},
+                                {"bytes_per_second", model.bytes_per_second},
+                                {"method", model.method}});
+  }
+  return out;
+}
+
+}  // namespace pipetrain::tune
