@@ -181,9 +181,10 @@ TEST_F(TrainRestart, UnderTorchrunsMaxRestartsTheRanksResumeOnTheirOwn) {
 }
 
 // A 3-D job's ranks killed: a Hugging Face model (tests/helpers/hf_models.h) split over
-// --pp 2 x --tp 2 (docs/TENSOR_PARALLEL.md). Its checkpoints hold whole tensors; after each restart
-// every tp rank takes its slices again, and the end equals the uninterrupted run bit for bit.
-TEST(TrainRestartTensorParallel, TwoKillsOfAPipelineTimesTensorJobEndEqualToTheUninterruptedRun) {
+// --pp 2 x --tp 2 x --dp 2, 8 processes (docs/TENSOR_PARALLEL.md). Its checkpoints hold whole
+// tensors; after each restart every tp rank takes its slices again, and the end equals the
+// uninterrupted run bit for bit.
+TEST(TrainRestartTensorParallel, TwoKillsOfAThreeDimensionalJobEndEqualToTheUninterruptedRun) {
   PIPETRAIN_SKIP_WITHOUT_TRANSFORMERS();
   std::string pattern = ::testing::TempDir() + "pipetrain_restart_tp_XXXXXX";
   ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
@@ -191,7 +192,7 @@ TEST(TrainRestartTensorParallel, TwoKillsOfAPipelineTimesTensorJobEndEqualToTheU
   auto flags = [&](const std::string& dir) {
     return "train --model " + fixtures + "/qwen2 --data tokens --token-file " + fixtures +
            "/tokens.bin --seq-len 16 --batch-size 8 --optimizer sgd --momentum 0.9 --lr 0.5 "
-           "--steps 30 --log-every 1 --timeout 60 --nproc 4 --pp 2 --tp 2 --chunks 4 "
+           "--steps 30 --log-every 1 --timeout 60 --nproc 8 --pp 2 --tp 2 --dp 2 --chunks 2 "
            "--checkpoint-dir " +
            dir + "/checkpoints --save-every 3 --save-params " + dir + "/params.pt";
   };
@@ -201,11 +202,11 @@ TEST(TrainRestartTensorParallel, TwoKillsOfAPipelineTimesTensorJobEndEqualToTheU
   ASSERT_EQ(first.exit_code, 0) << first.output;
   const KilledRun run = run_killing(
       "mkdir -p " + killed + " && " + kBinary + " " + flags(killed) + " --max-restarts 2",
-      "tp-killed", {7, 16}, {3, 0});
+      "tp-killed", {7, 16}, {5, 2});
   ASSERT_EQ(run.exit_code, 0) << run.output;
   ASSERT_EQ(run.killed_at.size(), 2u) << run.output;
   EXPECT_NE(run.output.find("restart 2 of 2"), std::string::npos) << run.output;
-  EXPECT_EQ(count_of(run.output, "resuming from " + killed + "/checkpoints/checkpoint.pt"), "8")
+  EXPECT_EQ(count_of(run.output, "resuming from " + killed + "/checkpoints/checkpoint.pt"), "16")
       << run.output;
   auto restarted = testing::load_params(killed + "/params.pt");
   auto reference = testing::load_params(whole + "/params.pt");
