@@ -243,8 +243,9 @@ BuiltModel build_hf_model(const ModelDataSpec& args, const BuiltData& data,
     model.loss = [tp](const torch::Tensor& logits, const torch::Tensor& targets) {
       return models::vocab_parallel_causal_lm_loss(logits, targets, tp);
     };
-    model.tensor_parallel_split = [config = llama.config](const std::string& name) {
-      return models::tensor_parallel_split(name, *config);
+    model.tensor_parallel_split = [config = llama.config,
+                                   size = tp.size()](const std::string& name) {
+      return models::tensor_parallel_split(name, *config, size);
     };
   }
   // What a checkpoint needs to rebuild the model anywhere (eval, export-hf): the config itself.

@@ -75,7 +75,7 @@ struct BuiltModel {
   std::shared_ptr<const models::LlamaConfig> llama;
   // A tensor-parallel Hugging Face model: how its parameters are cut (name -> the dimension, or
   // nullopt for a whole tensor); empty without tensor parallelism.
-  std::function<std::optional<int64_t>(const std::string&)> tensor_parallel_split;
+  std::function<std::optional<parallel::TensorSplit>(const std::string&)> tensor_parallel_split;
 };
 
 // The data: training rows (or a corpus), held-out rows when the data set has them.

@@ -399,7 +399,7 @@ int run_rank(const BenchOptions& a, const Config& c) {
     if (c.sequence_parallel) {
       const models::LlamaConfig config = models::parse_llama_config(llama_bench_config(a.width));
       for (const auto& [name, tensor] : pipe.named_parameters()) {
-        if (!models::tensor_parallel_split(name, config)) sequence_shared.push_back(tensor);
+        if (!models::tensor_parallel_split(name, config, c.tp)) sequence_shared.push_back(tensor);
       }
     }
     torch::optim::SGD sgd(pipe.parameters(), torch::optim::SGDOptions(0.01));

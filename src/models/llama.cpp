@@ -62,11 +62,16 @@ bool is_layer_norm_weight(const std::string& name) {
   return name.find("layernorm") != std::string::npos;
 }
 
-// The dimension of parameter `name` (the Sequential's) this model's tensor-parallel rank holds a
-// slice of, or -1 for a whole tensor.
-int64_t split_dim(const LlamaModel& model, const std::string& name) {
-  if (!model.tensor_parallel.split()) return -1;
-  return tensor_parallel_split(name, *model.config).value_or(-1);
+// How this model's tensor-parallel rank holds parameter `name` (the Sequential's), or nullopt for
+// a whole tensor.
+std::optional<parallel::TensorSplit> split_of(const LlamaModel& model, const std::string& name) {
+  if (!model.tensor_parallel.split()) return std::nullopt;
+  return tensor_parallel_split(name, *model.config, model.tensor_parallel.size());
+}
+
+// Key/value heads per rank: kv / tp, or the one head a rank shares when kv < tp.
+int64_t local_kv_heads(const LlamaConfig& c, int tp) {
+  return std::max<int64_t>(1, c.num_key_value_heads / tp);
 }
 
 }  // namespace
@@ -139,10 +144,14 @@ LlamaAttentionImpl::LlamaAttentionImpl(std::shared_ptr<const LlamaConfig> config
   reset();
 }
 
+int LlamaAttentionImpl::kv_replicas() const {
+  return static_cast<int>(std::max<int64_t>(1, tp.size() / config->num_key_value_heads));
+}
+
 void LlamaAttentionImpl::reset() {
   const LlamaConfig& c = *config;
   const int64_t q = c.num_attention_heads / tp.size() * c.head_dim;
-  const int64_t kv = c.num_key_value_heads / tp.size() * c.head_dim;
+  const int64_t kv = local_kv_heads(c, tp.size()) * c.head_dim;
   q_proj = register_module("q_proj", LlamaLinear(c.hidden_size, q, c.qkv_bias, options));
   k_proj = register_module("k_proj", LlamaLinear(c.hidden_size, kv, c.qkv_bias, options));
   v_proj = register_module("v_proj", LlamaLinear(c.hidden_size, kv, c.qkv_bias, options));
@@ -152,13 +161,22 @@ void LlamaAttentionImpl::reset() {
 torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
   const LlamaConfig& c = *config;
   const int64_t heads = c.num_attention_heads / tp.size();
-  const int64_t kv_heads = c.num_key_value_heads / tp.size();
+  const int64_t kv_heads = local_kv_heads(c, tp.size());
   // [B, T, H], the whole sequence (with sequence parallelism x holds T/tp of it).
   const torch::Tensor in = parallel::enter_tensor_parallel(x, tp);
   const int64_t b = in.size(0), t = in.size(1), d = c.head_dim;
   torch::Tensor q = q_proj->forward(in).view({b, t, heads, d}).transpose(1, 2);
-  torch::Tensor k = k_proj->forward(in).view({b, t, kv_heads, d}).transpose(1, 2);
-  torch::Tensor v = v_proj->forward(in).view({b, t, kv_heads, d}).transpose(1, 2);
+  // A key/value head shared by kv_replicas() ranks: each computes its query heads' share of the
+  // projection's gradient, summed over those ranks in the backward.
+  auto shared = [&](LlamaLinear& linear) {
+    const int replicas = kv_replicas();
+    if (replicas <= 1) return linear->forward(in);
+    const torch::Tensor& bias = linear->bias;
+    return torch::linear(in, parallel::sum_over_replicas(linear->weight, replicas, tp),
+                         bias.defined() ? parallel::sum_over_replicas(bias, replicas, tp) : bias);
+  };
+  torch::Tensor k = shared(k_proj).view({b, t, kv_heads, d}).transpose(1, 2);
+  torch::Tensor v = shared(v_proj).view({b, t, kv_heads, d}).transpose(1, 2);
   auto [cos, sin] = rope_->tables(t, x.device(), x.scalar_type());
   q = q * cos + rotate_half(q) * sin;
   k = k * cos + rotate_half(k) * sin;
@@ -322,14 +340,17 @@ void init_llama_random(LlamaModel& model, uint64_t seed) {
         // the same values.
         // A tensor-parallel rank draws the whole tensor and keeps its slice, so that every tp
         // starts from the values of tp 1.
-        const int64_t split = split_dim(model, std::to_string(e) + "." + name);
+        const auto split = split_of(model, std::to_string(e) + "." + name);
+        const int tp = model.tensor_parallel.size();
         std::vector<int64_t> whole = p.sizes().vec();
-        if (split >= 0) whole[split] *= model.tensor_parallel.size();
+        if (split) whole[split->dim] *= split->parts(tp);
         torch::Tensor draw = torch::empty(whole, torch::kFloat32);
         draw.normal_(0.0, std, generator);
         if (e == 0 && c.pad_token_id >= 0) draw[c.pad_token_id].zero_();
-        if (split >= 0) {
-          draw = draw.narrow(split, model.tensor_parallel.rank() * p.size(split), p.size(split));
+        if (split) {
+          const int64_t length = p.size(split->dim);
+          draw = draw.narrow(split->dim, split->part_of(model.tensor_parallel.rank()) * length,
+                             length);
         }
         p.copy_(draw);
       }
@@ -400,18 +421,19 @@ void load_llama_weights(LlamaModel& model, const io::SafetensorsCheckpoint& chec
                                        "F64; a quantized checkpoint?)");
       }
       // A tensor-parallel rank's tensor is a slice of the checkpoint's: compare the whole shape.
-      const int64_t split = split_dim(model, std::to_string(e) + "." + item.key());
+      const auto split = split_of(model, std::to_string(e) + "." + item.key());
       std::vector<int64_t> whole = p.sizes().vec();
-      if (split >= 0) whole[split] *= model.tensor_parallel.size();
+      if (split) whole[split->dim] *= split->parts(model.tensor_parallel.size());
       if (entry.shape != whole) {
         throw io::SafetensorsError(checkpoint.file_of(hf), hf,
                                    "has shape " + shape_text(entry.shape) +
                                        " but config.json gives the model " + shape_text(whole));
       }
       if (p.is_meta()) continue;  // another rank's entry: checked, not read
-      if (split >= 0) {           // only this rank's slice is read
-        const int64_t length = p.size(split);
-        p.copy_(checkpoint.load_slice(hf, split, model.tensor_parallel.rank() * length, length,
+      if (split) {                // only this rank's slice is read
+        const int64_t length = p.size(split->dim);
+        p.copy_(checkpoint.load_slice(hf, split->dim,
+                                      split->part_of(model.tensor_parallel.rank()) * length, length,
                                       p.scalar_type(), p.device()));
       } else {
         p.copy_(checkpoint.load(hf, p.scalar_type(), p.device()));
@@ -504,41 +526,52 @@ void check_llama_tensor_parallel(const LlamaConfig& c, int tp) {
       {"num_key_value_heads", c.num_key_value_heads},
       {"vocab_size", c.vocab_size},
       {"intermediate_size", c.intermediate_size}};
+  // Key/value heads: tp divides them, or they divide tp (each replicated on tp / kv ranks).
+  auto fits = [&](const char* key, int64_t value, int t) {
+    if (std::string(key) == "num_key_value_heads") return value % t == 0 || t % value == 0;
+    return value % t == 0;
+  };
   std::string works;
   for (int t = 1; t <= c.num_attention_heads; ++t) {
     bool all = true;
-    for (const auto& item : cut) all = all && item.second % t == 0;
+    for (const auto& [key, value] : cut) all = all && fits(key, value, t);
     if (all) works += (works.empty() ? "" : ", ") + std::to_string(t);
   }
   for (const auto& [key, value] : cut) {
-    if (value % tp == 0) continue;
+    if (fits(key, value, tp)) continue;
     std::string why = std::string("--tp ") + std::to_string(tp) + " does not divide " + key + " (" +
                       std::to_string(value) + ") of config.json";
-    if (std::string(key) == "num_key_value_heads" && value < tp) {
-      why +=
-          ": fewer key/value heads than tensor-parallel ranks (Megatron replicates them) is "
-          "not supported yet";
+    if (std::string(key) == "num_key_value_heads") {
+      why += " and is not a multiple of it (each key/value head replicated on tp / kv ranks)";
     }
     throw BadInput(why +
-                   "; tensor-parallel sizes that divide heads, key/value heads, vocabulary "
-                   "and MLP width: " +
+                   "; tensor-parallel sizes that divide heads, vocabulary and MLP width and "
+                   "divide or are a multiple of the key/value heads: " +
                    works);
   }
 }
 
-std::optional<int64_t> tensor_parallel_split(const std::string& name, const LlamaConfig& c) {
+std::optional<parallel::TensorSplit> tensor_parallel_split(const std::string& name,
+                                                           const LlamaConfig& c, int tp) {
   const auto dot = name.find('.');
   TORCH_CHECK(dot != std::string::npos, "not a Llama parameter name: '", name, "'");
   const int64_t entry = std::stoll(name.substr(0, dot));
   const std::string rest = name.substr(dot + 1);
-  if (entry == 0 || entry == c.num_hidden_layers + 2) return 0;  // the table and the head: rows
-  if (entry == c.num_hidden_layers + 1) return std::nullopt;     // the final norm
-  for (const char* column : {"self_attn.q_proj.", "self_attn.k_proj.", "self_attn.v_proj.",
-                             "mlp.gate_proj.", "mlp.up_proj."}) {
-    if (rest.rfind(column, 0) == 0) return 0;  // weight rows and bias
+  using parallel::TensorSplit;
+  if (entry == 0 || entry == c.num_hidden_layers + 2) {
+    return TensorSplit{0, 1};  // the table and the head: rows
+  }
+  if (entry == c.num_hidden_layers + 1) return std::nullopt;  // the final norm
+  for (const char* key_value : {"self_attn.k_proj.", "self_attn.v_proj."}) {
+    if (rest.rfind(key_value, 0) == 0) {  // weight rows and bias, maybe shared
+      return TensorSplit{0, static_cast<int>(std::max<int64_t>(1, tp / c.num_key_value_heads))};
+    }
+  }
+  for (const char* column : {"self_attn.q_proj.", "mlp.gate_proj.", "mlp.up_proj."}) {
+    if (rest.rfind(column, 0) == 0) return TensorSplit{0, 1};  // weight rows and bias
   }
   for (const char* row : {"self_attn.o_proj.weight", "mlp.down_proj.weight"}) {
-    if (rest == row) return 1;
+    if (rest == row) return TensorSplit{1, 1};
   }
   return std::nullopt;  // norms, o_proj/down_proj biases
 }

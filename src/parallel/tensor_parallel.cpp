@@ -205,6 +205,39 @@ Slice even_slice(int64_t total, int parts, int index, const std::string& what) {
   return Slice{index * length, length};
 }
 
+namespace {
+
+// sum_over_replicas' autograd function.
+struct SumOverReplicas : torch::autograd::Function<SumOverReplicas> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& w, int64_t replicas,
+                               const std::shared_ptr<C10dGroup>& group) {
+    save_group(ctx, group);
+    ctx->saved_data["replicas"] = replicas;
+    return w.view_as(w);
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    C10dGroup& group = saved_group(ctx);
+    const int64_t replicas = ctx->saved_data["replicas"].toInt();
+    const torch::Tensor g = grads[0].contiguous();
+    const int64_t part = group.rank() / replicas;
+    std::vector<int64_t> shape = g.sizes().vec();
+    shape.insert(shape.begin(), group.size() / replicas);
+    std::vector<torch::Tensor> slots{torch::zeros(shape, g.options())};
+    slots[0][part].copy_(g);
+    group.allreduce_sum(slots);
+    return {slots[0][part], torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor sum_over_replicas(const torch::Tensor& w, int replicas, const TensorParallel& tp) {
+  if (!tp.split() || replicas <= 1) return w;
+  TORCH_CHECK(tp.size() % replicas == 0, "sum_over_replicas: ", replicas,
+              " replicas do not divide a tensor-parallel group of ", tp.size());
+  return SumOverReplicas::apply(w, static_cast<int64_t>(replicas), tp.group);
+}
+
 torch::Tensor copy_to_tensor_parallel(const torch::Tensor& x, const TensorParallel& tp) {
   return tp.split() ? CopyToGroup::apply(x, tp.group) : x;
 }

@@ -330,17 +330,19 @@ void restore_model(const Checkpoint& checkpoint, torch::nn::Module& model, NameM
 void keep_tensor_parallel_slice(Checkpoint& checkpoint, const TensorParallelSlice& slice) {
   if (slice.size <= 1) return;
   for (auto& [name, tensor] : checkpoint.parameters) {
-    const std::optional<int64_t> dim = slice.split(name);
-    if (!dim) continue;
+    const std::optional<parallel::TensorSplit> split = slice.split(name);
+    if (!split) continue;
+    const int64_t dim = split->dim;
+    const int parts = split->parts(slice.size);
     const torch::Tensor whole = tensor;
-    if (*dim >= whole.dim() || whole.size(*dim) % slice.size != 0) {
+    if (dim >= whole.dim() || parts < 1 || whole.size(dim) % parts != 0) {
       throw CheckpointError("parameter '" + name + "' of shape " + shape(whole) +
-                            " cannot be cut into " + std::to_string(slice.size) +
-                            " tensor-parallel slices along dimension " + std::to_string(*dim));
+                            " cannot be cut into " + std::to_string(parts) +
+                            " tensor-parallel slices along dimension " + std::to_string(dim));
     }
-    const int64_t length = whole.size(*dim) / slice.size;
+    const int64_t length = whole.size(dim) / parts;
     auto cut = [&](const torch::Tensor& t) {
-      return t.narrow(*dim, slice.rank * length, length).clone();
+      return t.narrow(dim, split->part_of(slice.rank) * length, length).clone();
     };
     tensor = cut(whole);
     auto state = checkpoint.optimizer_state.find(name);

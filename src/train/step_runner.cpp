@@ -166,11 +166,13 @@ class DistributedRunner : public StepRunner {
         }
       }
     }
-    // A tensor every tp rank holds whole (a norm's weight) counts on tp rank 0 only.
-    if (distributed_.tp_rank() != 0) {
-      for (const auto& [name, tensor] : pipe_.named_parameters()) {
-        if (!split_(name)) skip.insert(tensor.unsafeGetTensorImpl());
-      }
+    // A tensor every tp rank holds whole (a norm's weight) counts on tp rank 0 only; a slice
+    // several ranks share (a replicated key/value head), on the first of them.
+    for (const auto& [name, tensor] : pipe_.named_parameters()) {
+      if (!split_) break;  // tp 1
+      const std::optional<parallel::TensorSplit> split = split_(name);
+      const int replicas = split ? split->replicas : distributed_.layout().tensor_parallel;
+      if (distributed_.tp_rank() % replicas != 0) skip.insert(tensor.unsafeGetTensorImpl());
     }
     for (const torch::Tensor& tensor : pipe_.parameters()) {
       if (!skip.count(tensor.unsafeGetTensorImpl())) norm_parameters_.push_back(tensor);
@@ -306,26 +308,28 @@ class DistributedRunner : public StepRunner {
     const auto& group = distributed_.tensor_parallel_group();
     if (!group) return part;
     Checkpoint whole = part;
-    auto join = [&](const torch::Tensor& slice, int64_t dim) {
+    auto join = [&](const torch::Tensor& slice, const parallel::TensorSplit& split) {
       // On the slice's device: NCCL gathers CUDA tensors, Gloo either.
       const torch::Tensor flat_slice = slice.detach().contiguous().reshape({-1});
       torch::Tensor flat = torch::empty({group->size() * flat_slice.numel()}, flat_slice.options());
       group->all_gather(flat_slice, flat);
+      // One piece per distinct slice: the first of the ranks that share it.
       std::vector<torch::Tensor> pieces;
-      for (const torch::Tensor& piece : flat.chunk(group->size())) {
-        pieces.push_back(piece.view(slice.sizes()));
+      const std::vector<torch::Tensor> chunks = flat.chunk(group->size());
+      for (int r = 0; r < group->size(); r += split.replicas) {
+        pieces.push_back(chunks[static_cast<size_t>(r)].view(slice.sizes()));
       }
-      return torch::cat(pieces, dim);
+      return torch::cat(pieces, split.dim);
     };
     for (auto& [name, tensor] : whole.parameters) {
-      const std::optional<int64_t> dim = split_(name);
-      if (!dim) continue;
+      const std::optional<parallel::TensorSplit> split = split_(name);
+      if (!split) continue;
       const torch::Tensor slice = tensor;
-      tensor = join(slice, *dim);
+      tensor = join(slice, *split);
       auto state = whole.optimizer_state.find(name);
       if (state == whole.optimizer_state.end()) continue;
       for (auto& [field, value] : state->second) {
-        if (value.sizes() == slice.sizes()) value = join(value, *dim);
+        if (value.sizes() == slice.sizes()) value = join(value, *split);
       }
     }
     return whole;

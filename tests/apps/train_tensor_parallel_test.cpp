@@ -53,6 +53,10 @@ const std::vector<TpLayout> kTpLayouts = {
     {"pp2tp2_zbv_sp", "--nproc 4 --pp 2 --tp 2 --chunks 4 --schedule zb-v --sequence-parallel"},
     {"tp2dp2_zero1_sp", "--nproc 4 --tp 2 --dp 2 --zero 1 --chunks 2 --sequence-parallel"},
     {"tp2_clip_sp", "--nproc 2 --tp 2 --chunks 2 --clip-grad-norm 0.5 --sequence-parallel", true},
+    // 4 ranks over 2 key/value heads: each head replicated on 2 ranks (Megatron's way).
+    {"tp4", "--nproc 4 --tp 4 --chunks 2"},
+    {"tp4_clip_sp", "--nproc 4 --tp 4 --chunks 2 --clip-grad-norm 0.5 --sequence-parallel", true},
+    {"pp2tp4_zbh1", "--nproc 8 --pp 2 --tp 4 --chunks 4 --schedule zb-h1"},
 };
 
 TEST(TrainTensorParallel, WeightsAfterAdamWEqualOneProcessInEveryLayout) {
@@ -139,8 +143,8 @@ TEST(TrainTensorParallel, WhatItDoesNotCoverExitsTwoNamingTheNumbersOrTheFlag) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"--nproc 3 --tp 3",
        "--tp 3 does not divide num_attention_heads (4) of config.json; tensor-parallel sizes "
-       "that divide heads, key/value heads, vocabulary and MLP width: 1, 2"},
-      {"--nproc 4 --tp 4", "fewer key/value heads than tensor-parallel ranks"},
+       "that divide heads, vocabulary and MLP width and divide or are a multiple of the "
+       "key/value heads: 1, 2, 4"},
       {"--nproc 3 --tp 2", "--tp 2 x --dp 1 does not divide the world of 3 processes"},
       {"--tp 2", "--pp/--tp/--dp describe a multi-process run: give --nproc 2"},
       {"--nproc 2 --tp 2 --balance auto",

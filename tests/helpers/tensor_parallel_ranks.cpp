@@ -154,8 +154,11 @@ void expect_slices(const models::LlamaModel& part, const models::LlamaModel& who
       got = got.grad();
       CHECK_OR_THROW(got.defined(), what, ": ", item.key(), " has no gradient");
     }
-    const std::optional<int64_t> dim = models::tensor_parallel_split(item.key(), *whole.config);
-    if (dim) want = want.narrow(*dim, tp.rank() * got.size(*dim), got.size(*dim));
+    const auto split = models::tensor_parallel_split(item.key(), *whole.config, tp.size());
+    if (split) {
+      want = want.narrow(split->dim, split->part_of(tp.rank()) * got.size(split->dim),
+                         got.size(split->dim));
+    }
     expect_close(got, want, what + " " + item.key());
   }
 }

@@ -81,13 +81,17 @@ TEST_P(TensorParallelRanks, SplitLayersComputeWhatTheWholeLayersCompute) {
 
 INSTANTIATE_TEST_SUITE_P(Group, TensorParallelRanks, ::testing::Values(2, 3));
 
-// models/llama.h's tensor-parallel form, 2 ranks: init, load, logits, loss and gradients are the
-// whole model's slices (untied without biases; tied with every bias and a padding id).
-TEST(TensorParallelLlama, TwoRanksHoldSlicesOfTheWholeModelAndItsGradients) {
-  for (const std::string variant : {"plain", "tied"}) {
-    const testing::RanksRun run = testing::run_ranks(2, {"llama", variant});
-    EXPECT_EQ(run.result.exit_code, 0) << variant << "\n" << run.output();
-    EXPECT_EQ(run.count("OK llama " + variant), 2) << run.output();
+// models/llama.h's tensor-parallel form, 2 and 4 ranks: init, load, logits, loss and gradients
+// are the whole model's slices (untied without biases; tied with every bias and a padding id). At
+// 4 ranks the 2 key/value heads are each replicated on 2 ranks, whose gradients of them must be
+// the whole model's (summed over the pair).
+TEST(TensorParallelLlama, TwoAndFourRanksHoldSlicesOfTheWholeModelAndItsGradients) {
+  for (int ranks : {2, 4}) {
+    for (const std::string variant : {"plain", "tied"}) {
+      const testing::RanksRun run = testing::run_ranks(ranks, {"llama", variant});
+      EXPECT_EQ(run.result.exit_code, 0) << ranks << " " << variant << "\n" << run.output();
+      EXPECT_EQ(run.count("OK llama " + variant), ranks) << run.output();
+    }
   }
 }
 
@@ -109,25 +113,41 @@ TEST(TensorParallelLlamaConfig, SizesTpDoesNotDivideAreRefusedNamingTheKeyAndWha
     return std::string("accepted");
   };
   EXPECT_NE(message(3).find("--tp 3 does not divide num_attention_heads (4) of config.json; "
-                            "tensor-parallel sizes that divide heads, key/value heads, vocabulary "
-                            "and MLP width: 1, 2"),
+                            "tensor-parallel sizes that divide heads, vocabulary and MLP width "
+                            "and divide or are a multiple of the key/value heads: 1, 2, 4"),
             std::string::npos)
       << message(3);
-  EXPECT_NE(message(4).find("num_key_value_heads (2)"), std::string::npos) << message(4);
-  EXPECT_NE(message(4).find("not supported yet"), std::string::npos) << message(4);
+  EXPECT_EQ(message(4), "accepted");  // 2 key/value heads, each on 2 of the 4 ranks
+  // 12 heads, 4 key/value heads: 6 neither divides 4 nor is a multiple of it.
+  const LlamaConfig twelve = llama_config(24, 24, 24, 2, 12, 4);
+  try {
+    check_llama_tensor_parallel(twelve, 6);
+    ADD_FAILURE() << "tp 6 over 4 key/value heads accepted";
+  } catch (const BadInput& e) {
+    EXPECT_NE(std::string(e.what()).find("--tp 6 does not divide num_key_value_heads (4) of "
+                                         "config.json and is not a multiple of it"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(TensorParallelLlamaConfig, ColumnParallelTensorsAreCutByRowsAndRowParallelByColumns) {
   const LlamaConfig c = llama_config(24, 16, 24, 2, 4, 2);
-  EXPECT_EQ(tensor_parallel_split("0.weight", c), 0);
-  EXPECT_EQ(tensor_parallel_split("4.weight", c), 0);             // the head
-  EXPECT_EQ(tensor_parallel_split("3.weight", c), std::nullopt);  // the final norm
-  EXPECT_EQ(tensor_parallel_split("1.self_attn.k_proj.bias", c), 0);
-  EXPECT_EQ(tensor_parallel_split("2.mlp.up_proj.weight", c), 0);
-  EXPECT_EQ(tensor_parallel_split("1.self_attn.o_proj.weight", c), 1);
-  EXPECT_EQ(tensor_parallel_split("2.mlp.down_proj.weight", c), 1);
-  EXPECT_EQ(tensor_parallel_split("2.mlp.down_proj.bias", c), std::nullopt);
-  EXPECT_EQ(tensor_parallel_split("1.input_layernorm.weight", c), std::nullopt);
+  using parallel::TensorSplit;
+  const TensorSplit rows{0, 1}, columns{1, 1};
+  EXPECT_EQ(tensor_parallel_split("0.weight", c, 2), rows);
+  EXPECT_EQ(tensor_parallel_split("4.weight", c, 2), rows);          // the head
+  EXPECT_EQ(tensor_parallel_split("3.weight", c, 2), std::nullopt);  // the final norm
+  EXPECT_EQ(tensor_parallel_split("1.self_attn.k_proj.bias", c, 2), rows);
+  EXPECT_EQ(tensor_parallel_split("2.mlp.up_proj.weight", c, 2), rows);
+  EXPECT_EQ(tensor_parallel_split("1.self_attn.o_proj.weight", c, 2), columns);
+  EXPECT_EQ(tensor_parallel_split("2.mlp.down_proj.weight", c, 2), columns);
+  EXPECT_EQ(tensor_parallel_split("2.mlp.down_proj.bias", c, 2), std::nullopt);
+  EXPECT_EQ(tensor_parallel_split("1.input_layernorm.weight", c, 2), std::nullopt);
+  // 2 key/value heads over 4 ranks: each shared by 2; the query heads are not.
+  EXPECT_EQ(tensor_parallel_split("1.self_attn.k_proj.weight", c, 4), (TensorSplit{0, 2}));
+  EXPECT_EQ(tensor_parallel_split("1.self_attn.v_proj.bias", c, 4), (TensorSplit{0, 2}));
+  EXPECT_EQ(tensor_parallel_split("1.self_attn.q_proj.weight", c, 4), rows);
 }
 
 }  // namespace

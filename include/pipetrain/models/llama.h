@@ -34,10 +34,13 @@
 // Tensor parallelism (LlamaBuildOptions::tensor_parallel, parallel/tensor_parallel.h): each rank
 // of the group holds 1/tp of the heads (q, k, v column-parallel by head, o_proj row-parallel), of
 // the MLP width (gate/up column-parallel, down row-parallel) and of the vocabulary (the embedding
-// and the head by rows; a tied head shares the embedding's slice); norms are replicated. The head
-// then returns this rank's slice of the logits [B,T,V/tp], and the loss is
-// vocab_parallel_causal_lm_loss. Parameters keep their names with their local shapes;
-// tensor_parallel_split says which dimension of which tensor is cut.
+// and the head by rows; a tied head shares the embedding's slice); norms are replicated. With
+// fewer key/value heads than ranks (tp a multiple of them) each key/value head is replicated on
+// the tp / kv_heads consecutive ranks whose query heads use it, as Megatron does, and their
+// gradients are summed over those ranks (parallel::sum_over_replicas). The head then returns this
+// rank's slice of the logits [B,T,V/tp], and the loss is vocab_parallel_causal_lm_loss.
+// Parameters keep their names with their local shapes; tensor_parallel_split says which dimension
+// of which tensor is cut and over how many ranks a slice is shared.
 //
 // Thread-safety: a built model is used by one thread at a time per entry (the RoPE tables are
 // cached per entry under a mutex).
@@ -121,7 +124,10 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
 
   std::shared_ptr<const LlamaConfig> config;
   torch::TensorOptions options;
-  parallel::TensorParallel tp;  // this rank's heads: heads / tp query, kv_heads / tp key/value
+  // This rank's heads: heads / tp query, kv_heads / tp key/value (one, shared with
+  // kv_replicas() - 1 neighbours, when kv_heads < tp).
+  parallel::TensorParallel tp;
+  int kv_replicas() const;
   LlamaLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 
  private:
@@ -217,14 +223,17 @@ struct LlamaModel {
   parallel::TensorParallel tensor_parallel;  // as built
 };
 
-// Throws BadInput naming the numbers when `tp` does not divide the attention heads, the key/value
-// heads (fewer key/value heads than tp, which Megatron replicates, is not supported yet), the
-// vocabulary or the MLP width, and saying which tensor-parallel sizes would.
+// Throws BadInput naming the numbers when `tp` does not divide the attention heads, the
+// vocabulary or the MLP width, or neither divides nor is a multiple of the key/value heads, and
+// saying which tensor-parallel sizes would.
 void check_llama_tensor_parallel(const LlamaConfig& config, int tp);
 
-// The dimension a tensor-parallel rank cuts a parameter along (Sequential name, e.g.
-// "3.self_attn.o_proj.weight" -> 1), or nullopt for a replicated one (norms, row-parallel biases).
-std::optional<int64_t> tensor_parallel_split(const std::string& name, const LlamaConfig& config);
+// How a rank of a tensor-parallel group of `tp` holds a parameter (Sequential name): its
+// dimension cut ("3.self_attn.o_proj.weight" -> 1) and, for key/value projections with fewer
+// key/value heads than tp, the tp / kv_heads ranks sharing each slice; nullopt for a whole tensor
+// on every rank (norms, row-parallel biases).
+std::optional<parallel::TensorSplit> tensor_parallel_split(const std::string& name,
+                                                           const LlamaConfig& config, int tp);
 
 // The model's entries, uninitialized (fill them with init_llama_random or load_llama_weights).
 // Throws ModelConfigError for a config check_llama_config refuses.

@@ -21,7 +21,9 @@
 //
 // A replicated parameter (a norm's weight, a row-parallel bias) receives the same full gradient
 // on every rank, because copy_to_tensor_parallel's backward sums the slices' input gradients.
-// The weight gradients of split matrices are local: nothing to reduce over the group.
+// The weight gradients of split matrices are local: nothing to reduce over the group, except for
+// a slice several ranks share (TensorSplit::replicas > 1: key/value heads fewer than the ranks),
+// whose gradient sum_over_replicas adds up over the ranks sharing it.
 //
 // Sequence parallelism (TensorParallel::sequence_parallel, Megatron's): outside the split regions
 // (norms, residuals, what crosses pipeline stages) each rank holds 1/tp of the sequence, dimension
@@ -48,6 +50,7 @@
 #include <torch/nn/pimpl.h>
 #include <torch/types.h>
 
+#include "pipetrain/parallel/tensor_split.h"
 #include "pipetrain/transport/c10d.h"
 
 namespace pipetrain::parallel {
@@ -70,6 +73,12 @@ struct Slice {
 };
 // Throws BadInput naming `what`, `total` and `parts` when `parts` does not divide `total`.
 Slice even_slice(int64_t total, int parts, int index, const std::string& what);
+
+// Identity forward on a parameter `w` whose slice this rank shares with `replicas` - 1 others
+// (TensorSplit, its dimension 0); the backward sums the gradient over those ranks, each of which
+// computed only its own share (its query heads' use of a shared key/value head). One all-reduce
+// over the group of a [parts x slice] buffer. REQUIRES: replicas divides the group's size.
+torch::Tensor sum_over_replicas(const torch::Tensor& w, int replicas, const TensorParallel& tp);
 
 // Identity forward; the backward sums the gradient over the group.
 torch::Tensor copy_to_tensor_parallel(const torch::Tensor& x, const TensorParallel& tp);

@@ -53,6 +53,7 @@
 #include <nlohmann/json.hpp>
 
 #include "pipetrain/base/error.h"
+#include "pipetrain/parallel/tensor_split.h"
 
 namespace pipetrain::train {
 
@@ -119,10 +120,10 @@ void restore_model(const Checkpoint& checkpoint, const NamedTensors& parameters,
                    const NamedTensors& buffers, NameMatch match = NameMatch::kExact);
 void restore_model(const Checkpoint& checkpoint, torch::nn::Module& model,
                    NameMatch match = NameMatch::kExact);
-// A tensor-parallel rank's view of a whole checkpoint: which dimension of parameter `name` the
-// model cuts (nullopt: whole), and this rank's place in the group. The default: no split.
+// A tensor-parallel rank's view of a whole checkpoint: how the model cuts parameter `name`
+// (nullopt: whole), and this rank's place in the group. The default: no split.
 struct TensorParallelSlice {
-  std::function<std::optional<int64_t>(const std::string& name)> split;
+  std::function<std::optional<parallel::TensorSplit>(const std::string& name)> split;
   int rank = 0;
   int size = 1;
 };

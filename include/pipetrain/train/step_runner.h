@@ -149,9 +149,11 @@ std::unique_ptr<StepRunner> make_sequential_runner(torch::nn::Sequential model, 
 std::unique_ptr<StepRunner> make_pipe_runner(torch::nn::Sequential model, LossFn loss,
                                              const PipeOptions& options);
 
-// Which dimension of parameter `name` a tensor-parallel model cuts across its group, or nullopt
-// for a tensor every tp rank holds whole (models::tensor_parallel_split for the Llama model).
-using TensorParallelSplit = std::function<std::optional<int64_t>(const std::string& name)>;
+// How a tensor-parallel model cuts parameter `name` across its group (the dimension, and how many
+// ranks share a slice), or nullopt for a tensor every tp rank holds whole
+// (models::tensor_parallel_split for the Llama model).
+using TensorParallelSplit =
+    std::function<std::optional<parallel::TensorSplit>(const std::string& name)>;
 
 // How a model is split over the tensor-parallel group (parallel/tensor_parallel.h).
 struct TensorParallelModel {
