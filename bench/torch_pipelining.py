@@ -34,6 +34,25 @@ writes (the same fields here, LLAMA_CONFIG), cut into its entries as pipetrain c
 the embedding, each decoder layer (with transformers' rotary embedding computed in the entry),
 the final norm, the head; the loss is the mean cross-entropy of the logits over random ids.
 
+Tensor parallelism (--tp T, llama only): torch's own 2-D composition of pipeline and tensor
+parallelism. The world is K*T processes (torchrun --nproc-per-node K*T) on a 2-D DeviceMesh
+(init_device_mesh("cpu", (K, T), mesh_dim_names=("pp", "tp")), Gloo) in Megatron's order: the
+tensor-parallel ranks are adjacent, global rank = pp_rank * T + tp_rank. Every rank builds the same
+seeded stages for its pp_rank as with T = 1 (and loads --init-params into them), then splits them
+over its "tp" sub-mesh with torch.distributed.tensor.parallel.parallelize_module, without sequence
+parallelism: in each decoder layer q_proj, k_proj, v_proj, gate_proj and up_proj by output
+features (ColwiseParallel), o_proj and down_proj by input features (RowwiseParallel); the
+embedding by vocabulary rows (RowwiseParallel, replicated input); the head by vocabulary columns
+(ColwiseParallel with output_layouts=Replicate(), so the logits are all-gathered and the loss is
+the plain cross-entropy; Shard(-1) logits with loss_parallel around schedule.step also work in
+torch 2.11 but would make the last stage's output a DTensor). The norms stay whole on every rank.
+LlamaAttention reshapes with -1 heads, so a rank runs its 8/T query and 4/T key-value heads as is.
+The PipelineStages talk over the "pp" sub-mesh's process group (K ranks, the same tp_rank); what
+they pass between pipeline ranks is the plain, replicated hidden state. SGD updates the local
+(DTensor) shards. The result line's "stages" is K, its "tp" T, step_seconds the median of the
+slowest of all K*T ranks; --save-params gathers the shards whole (DTensor.full_tensor()), so the
+file has T = 1's names and shapes. --threads is per process, as without --tp.
+
 Transparency mode: --init-params, --inputs/--targets and --save-params replace the random weights
 and data with files and save the trained weights (names as in the full nn.Sequential), for
 comparison with `pipetrain train` on the model written by --make-fixture (one plain process, no
@@ -135,6 +154,9 @@ def parse_args(argv):
                              "gradient (W) of the timed steps; each rank prints the median per "
                              "stage and action to stderr (TRACE lines), the compute alone, "
                              "without the waits for messages")
+    parser.add_argument("--tp", type=int, default=1,
+                        help="tensor-parallel ranks per pipeline rank (llama only): the world is "
+                             "K*T ranks on a (pp, tp) DeviceMesh, tensor-parallel ranks adjacent")
     parser.add_argument("--make-fixture", metavar="DIR",
                         help="no training, no torchrun: write DIR/init.pt, DIR/x.pt, DIR/y.pt and "
                              "DIR/model.pt (TorchScript nn.Sequential with those weights)")
@@ -147,6 +169,10 @@ def parse_args(argv):
         parser.error("--inputs and --targets go together")
     if args.steps < 1 or args.warmup < 0:
         parser.error("--steps must be >= 1 and --warmup >= 0")
+    if args.tp < 1:
+        parser.error("--tp must be >= 1")
+    if args.tp > 1 and args.suite != "llama":
+        parser.error("--tp > 1 needs --suite llama")
     return args
 
 
@@ -232,6 +258,49 @@ def make_llama_stage(start, end, width, seed):
                + [LlamaEntry("layer", layer, rotary) for layer in model.model.layers]
                + [LlamaEntry("norm", model.model.norm), LlamaEntry("head", model.lm_head)])
     return nn.Sequential(collections.OrderedDict((str(i), entries[i]) for i in range(start, end)))
+
+
+def make_pp_tp_mesh(world, tp):
+    """The 2-D (pp, tp) DeviceMesh of --tp: shape (K, T) in Megatron's order, global rank =
+    pp_rank * T + tp_rank. Returns this rank's pipeline process group (the K ranks with its
+    tp_rank) and its tensor-parallel sub-mesh (the T ranks with its pp_rank)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if world % tp != 0:
+        raise ValueError(f"--tp {tp} must divide the world size ({world})")
+    mesh = init_device_mesh("cpu", (world // tp, tp), mesh_dim_names=("pp", "tp"))
+    return mesh["pp"].get_group(), mesh["tp"]
+
+
+def parallelize_llama_stage(module, tp_mesh):
+    """Splits a llama stage's entries over the tp mesh with parallelize_module, without sequence
+    parallelism: in every decoder layer q/k/v_proj and gate/up_proj by output features
+    (ColwiseParallel), o_proj and down_proj by input features (RowwiseParallel, all-reduced to a
+    replicated output); the embedding by vocabulary rows (RowwiseParallel of a replicated input);
+    the head by vocabulary columns, all-gathered to replicated logits. The norms stay whole. Every
+    entry takes and returns plain, replicated tensors. LlamaAttention reshapes its projections
+    with -1 heads, so each rank runs its own 8/T query and 4/T key-value heads unchanged (the
+    query-per-key-value ratio, num_key_value_groups, is the same)."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+
+    plan = {}
+    for name, entry in module.named_children():
+        prefix = f"{name}.module"
+        if entry.kind == "embed":
+            plan[prefix] = RowwiseParallel(input_layouts=Replicate())
+        elif entry.kind == "head":
+            plan[prefix] = ColwiseParallel(output_layouts=Replicate())
+        elif entry.kind == "layer":
+            for proj in ("q_proj", "k_proj", "v_proj"):
+                plan[f"{prefix}.self_attn.{proj}"] = ColwiseParallel()
+            plan[f"{prefix}.self_attn.o_proj"] = RowwiseParallel()
+            for proj in ("gate_proj", "up_proj"):
+                plan[f"{prefix}.mlp.{proj}"] = ColwiseParallel()
+            plan[f"{prefix}.mlp.down_proj"] = RowwiseParallel()
+    if plan:
+        parallelize_module(module, tp_mesh, plan)
 
 
 def llama_loss(logits, targets):
@@ -352,9 +421,16 @@ def gather_to_rank0(obj):
     return gathered
 
 
+def full_tensor(tensor):
+    """The whole tensor of a --tp shard (a DTensor; a collective over its tp ranks), else itself."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
 def stage_params(modules):
-    """{full-model name: detached copy} of the modules' parameters."""
-    return {name: tensor.detach().clone()
+    """{full-model name: detached copy} of the modules' parameters (--tp shards gathered whole)."""
+    return {name: full_tensor(tensor.detach()).clone()
             for module in modules for name, tensor in module.state_dict().items()}
 
 
@@ -366,11 +442,12 @@ def save_full_params(per_rank, path):
     torch.save(ordered, path)
 
 
-def result_line(args, schedule, per_rank_times, per_rank_rss):
+def result_line(args, schedule, ranks, per_rank_times, per_rank_rss):
+    """`ranks` pipeline ranks (K); per_rank_* hold all K*T ranks' values."""
     step_max = [max(times[s] for times in per_rank_times) for s in range(args.steps)]
     return RESULT_PREFIX + json.dumps({
         "runtime": "torch-pipelining", "suite": args.suite, "schedule": args.schedule,
-        "stages": dist.get_world_size(), "virtual_stages": args.virtual, "chunks": args.chunks,
+        "stages": ranks, "tp": args.tp, "virtual_stages": args.virtual, "chunks": args.chunks,
         "batch": args.batch, "threads": torch.get_num_threads(),
         "step_seconds": statistics.median(step_max), "step_seconds_all": step_max,
         "steps": args.steps, "peak_rss_bytes": max(per_rank_rss),
@@ -379,18 +456,25 @@ def result_line(args, schedule, per_rank_times, per_rank_rss):
 
 
 def run_pipeline(args):
-    rank, ranks = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
+    # --tp > 1: the stages talk over this rank's pp group (None: the world, as with --tp 1).
+    pp_group, tp_mesh = (None, None) if args.tp == 1 else make_pp_tp_mesh(dist.get_world_size(),
+                                                                           args.tp)
+    pp_rank, ranks = dist.get_rank(pp_group), dist.get_world_size(pp_group)
     x, y = load_data(args)
     check_pipeline_shape(args, ranks)
     num_stages = ranks * args.virtual
-    mine = [j for j in range(num_stages) if stage_rank(j, ranks, args.schedule) == rank]
+    mine = [j for j in range(num_stages) if stage_rank(j, ranks, args.schedule) == pp_rank]
     bounds = stage_bounds(args.layers, num_stages)
     make = make_llama_stage if args.suite == "llama" else make_stage_module
     modules = [make(*bounds[j], args.width, args.seed) for j in mine]
     if args.init_params:
         load_init_params(modules, args.init_params)
+    if tp_mesh is not None:
+        for module in modules:
+            parallelize_llama_stage(module, tp_mesh)
     device = torch.device("cpu")
-    stages = [GlooPipelineStage(module, j, num_stages, device)
+    stages = [GlooPipelineStage(module, j, num_stages, device, group=pp_group)
               for j, module in zip(mine, modules)]
     schedule = make_schedule(args, stages)
     if args.dump_csv and rank == 0:
@@ -415,7 +499,7 @@ def run_pipeline(args):
         if rank == 0:
             save_full_params(per_rank_params, args.save_params)
     if rank == 0:
-        print(result_line(args, schedule, per_rank_times, per_rank_rss), flush=True)
+        print(result_line(args, schedule, ranks, per_rank_times, per_rank_rss), flush=True)
 
 
 def make_fixture(args):
