@@ -35,11 +35,11 @@ const std::string kPipetrain = std::string(PIPETRAIN_BINARY_DIR) + "/pipetrain";
 
 // torchrun of the project's venv, 2 ranks on loopback, running `command` (a program and its
 // arguments; "--" keeps torchrun from reading their flags).
-std::string torchrun(const std::string& command) {
+std::string torchrun(const std::string& command, int nproc = 2) {
   const std::string launcher = kPython.substr(0, kPython.rfind('/') + 1) + "torchrun";
-  return "GLOO_SOCKET_IFNAME=lo " + launcher +
-         " --nproc-per-node 2 --master-addr 127.0.0.1 --master-port " +
-         std::to_string(find_free_port()) + " " + command;
+  return "GLOO_SOCKET_IFNAME=lo " + launcher + " --nproc-per-node " + std::to_string(nproc) +
+         " --master-addr 127.0.0.1 --master-port " + std::to_string(find_free_port()) + " " +
+         command;
 }
 
 class TorchPeer : public ::testing::Test {
@@ -100,6 +100,24 @@ TEST_F(TorchPeer, WeightsAfterThreeStepsEqualTorchDistributedPipeliningsForGpipe
     const CliRun compared = compare("ours_" + schedule + ".pt", "torch_" + schedule + ".pt", 1e-4);
     EXPECT_EQ(compared.exit_code, 0) << schedule << ": " << compared.output;
   }
+}
+
+// The peer of `bench --suite tp`: torch's own 2-D composition (bench/torch_pipelining.py --tp 2,
+// DTensor parallelize_module on each of 2 pipeline stages, 4 processes) trains transformers'
+// Llama to the weights its 2-process pipeline at tp 1 reaches (2 SGD steps at lr 10, so that the
+// steps move the weights far beyond rounding; shards gathered whole for the file).
+TEST_F(TorchPeer, TheTensorParallelPeerTrainsLikeItsPipelineAtTpOne) {
+  const std::string flags =
+      " --suite llama --width 32 --batch 8 --chunks 2 --schedule 1f1b --threads 1 --lr 10 "
+      "--steps 2 --warmup 0 --save-params ";
+  const CliRun tp1 = run(torchrun("-- " + kPeer + flags + path("llama_tp1.pt")), "llama_tp1");
+  ASSERT_EQ(tp1.exit_code, 0) << tp1.output;
+  const CliRun tp2 =
+      run(torchrun("-- " + kPeer + flags + path("llama_tp2.pt") + " --tp 2", 4), "llama_tp2");
+  ASSERT_EQ(tp2.exit_code, 0) << tp2.output;
+  EXPECT_NE(tp2.output.find("\"tp\": 2"), std::string::npos) << tp2.output;
+  const CliRun compared = compare("llama_tp2.pt", "llama_tp1.pt", 1e-5);
+  EXPECT_EQ(compared.exit_code, 0) << compared.output;
 }
 
 // A schedule made in either system runs in the other, through torch's compute-only CSV:
