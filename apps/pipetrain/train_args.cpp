@@ -142,6 +142,12 @@ void add_optimizer_flags(CLI::App& command, TrainArgs& args) {
                    "after the last step, print what each rank holds per category (parameters, "
                    "gradients, optimizer state, activations, transport), predicted by the memory "
                    "model and measured (docs/MEMORY.md)");
+  command.add_flag("--overlap-grad-reduce", args.pipeline.overlap_grad_reduce,
+                   "with --dp 2 or more (ZeRO 0): start summing a stage's gradients over the "
+                   "replicas as soon as its last backward of the step ends, in buckets, while the "
+                   "rest of the step runs (docs/DISTRIBUTED.md)");
+  command.add_option("--bucket-size", args.pipeline.bucket_mb,
+                     "MiB per gradient bucket of --overlap-grad-reduce (default 25, DDP's)");
   command.add_flag("--offload-activations", args.pipeline.offload_activations,
                    "checkpointed micro-batches' inputs wait in pinned host memory until their "
                    "backward (CUDA stages); on CPU stages it is accounted, not a saving "
@@ -409,6 +415,17 @@ void check_ranges(const TrainArgs& args) {
          " shards the optimizer over data-parallel replicas and needs --dp 2 or more (with "
          "--nproc pp x dp), got --dp " +
          std::to_string(args.pipeline.dp));
+  }
+  if (args.pipeline.overlap_grad_reduce && args.pipeline.dp < 2) {
+    fail(
+        "--overlap-grad-reduce overlaps the gradient sum over data-parallel replicas: it needs "
+        "--dp 2 or more (with --nproc pp x dp), got --dp " +
+        std::to_string(args.pipeline.dp));
+  }
+  if (args.pipeline.overlap_grad_reduce && args.zero > 0) {
+    fail("--overlap-grad-reduce with --zero " + std::to_string(args.zero) +
+         " is not supported yet: ZeRO reduce-scatters the whole rank's flat gradient after the "
+         "step (docs/DISTRIBUTED.md); drop one of them");
   }
   if (args.log_every < 1) fail("--log-every must be at least 1");
 }

@@ -5,10 +5,14 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include <chrono>
+#include <map>
 #include <numeric>
+#include <optional>
 #include <set>
 
 #include "pipetrain/base/check.h"
+#include "pipetrain/runtime/gradient_reducer.h"
 #include "pipetrain/runtime/interpreter.h"
 #include "pipetrain/runtime/scoped_threads.h"
 #include "pipetrain/schedule/generators.h"
@@ -104,6 +108,7 @@ DistributedPipe::DistributedPipe(Distributed& distributed, torch::nn::Sequential
       stage_layers.push_back({name, module});
       for (const auto& param : module.ptr()->named_parameters()) {
         named_.emplace_back(name + "." + param.key(), param.value());
+        local_holders_[param.value().unsafeGetTensorImpl()].insert(j);
       }
     }
     if (mine) {
@@ -177,11 +182,47 @@ torch::Tensor DistributedPipe::train_step(const torch::Tensor& input, const torc
   RankResult result;
   Interpreter interpreter(distributed_.pipeline_rank(), s, stages, *transport_, released_for(s));
   transport_->reset_peak_buffer_bytes();
+  // [3] overlapped: each stage's gradients start their sum after its last backward.
+  const bool replicas = allreduce_gradients_ && distributed_.data_parallel_group() != nullptr;
+  std::optional<GradientReducer> reducer;
+  std::map<int, std::vector<torch::Tensor>> final_at;  // stage -> the tensors final after it
+  if (replicas && options_.overlap_gradient_reduction()) {
+    reducer.emplace(distributed_.data_parallel_group(), options_.bucket_bytes());
+    // A tensor two local stages share (a tie within the rank) is final after the later one.
+    std::map<int, size_t> last_backward;
+    const auto& actions = s.actions[static_cast<size_t>(distributed_.pipeline_rank())];
+    for (size_t a = 0; a < actions.size(); ++a) {
+      if (actions[a].op == schedule::Op::kBackward ||
+          actions[a].op == schedule::Op::kBackwardWeight) {
+        last_backward[actions[a].stage] = a;
+      }
+    }
+    for (const torch::Tensor& tensor : unique_) {
+      int owner = -1;
+      for (int j : local_holders_.at(tensor.unsafeGetTensorImpl())) {
+        if (owner < 0 || last_backward[j] > last_backward[owner]) owner = j;
+      }
+      final_at[owner].push_back(tensor);
+    }
+    data.on_stage_gradients = [&](int j) {
+      const auto found = final_at.find(j);
+      if (found != final_at.end()) reducer->start(found->second);
+    };
+  }
   interpreter.run(data, result);
   step_transport_stats_ = transport_->stats();
   events_ = std::move(result.events);
   // [3], [4]
-  if (allreduce_gradients_) distributed_.allreduce_gradients(unique_);
+  exposed_reduce_seconds_ = 0;
+  reduce_buckets_ = reducer ? reducer->buckets_started() : 0;
+  if (reducer) {
+    exposed_reduce_seconds_ = reducer->finish();
+  } else if (replicas) {
+    const auto begin = std::chrono::steady_clock::now();
+    distributed_.allreduce_gradients(unique_);
+    exposed_reduce_seconds_ =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  }
   for (const auto& [name, tensor] : ties_) distributed_.allreduce_tie(name, {tensor});
   // [5]
   std::optional<double> replica_loss;

@@ -235,6 +235,18 @@ void Interpreter::run(const StepData& data, RankResult& result, const std::atomi
   };
   std::optional<SendsOfThisStep> sends;
   if (!released_before_.empty()) sends.emplace(transport_);
+  // The action after which each stage's weight gradients are final: its last B or W here.
+  std::map<size_t, int> gradients_final_after;
+  if (data.training && data.on_stage_gradients) {
+    std::map<int, size_t> last;
+    for (size_t a = 0; a < actions.size(); ++a) {
+      if (actions[a].op == schedule::Op::kBackward ||
+          actions[a].op == schedule::Op::kBackwardWeight) {
+        last[actions[a].stage] = a;
+      }
+    }
+    for (const auto& [stage, a] : last) gradients_final_after[a] = stage;
+  }
   for (size_t a = 0; a < actions.size(); ++a) {
     const schedule::Action& action = actions[a];
     at_ = a;
@@ -257,6 +269,8 @@ void Interpreter::run(const StepData& data, RankResult& result, const std::atomi
         stages_.at(next.stage)->prefetch(next.microbatch);
       }
       execute(action, data, result);
+      const auto final_here = gradients_final_after.find(a);
+      if (final_here != gradients_final_after.end()) data.on_stage_gradients(final_here->second);
     } catch (const std::exception& e) {
       const bool cancelled = cancel && cancel->load(std::memory_order_relaxed);
       const auto* cause = dynamic_cast<const Error*>(&e);

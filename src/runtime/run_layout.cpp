@@ -95,6 +95,9 @@ void check_pipeline_request(const PipelineRequest& r) {
   }
   if (r.dp < 1) fail("--dp must be at least 1, got " + std::to_string(r.dp));
   if (r.tp < 1) fail("--tp must be at least 1, got " + std::to_string(r.tp));
+  if (!(r.bucket_mb > 0)) {
+    fail("--bucket-size must be a positive number of MiB, got " + std::to_string(r.bucket_mb));
+  }
   if (r.pp < 0) fail("--pp must be at least 1, got " + std::to_string(r.pp));
   if (r.threads < 0) fail("--threads must be >= 0, got " + std::to_string(r.threads));
   if (!(r.timeout > 0)) fail("--timeout must be > 0 seconds");
@@ -188,7 +191,9 @@ PipeOptions pipe_options(const PipelineRequest& r, const RunLayout& layout, int6
       .timeout_seconds(r.timeout)
       .threads_per_stage(threads_per_rank(r, layout))
       .precision(r.precision)
-      .offload_activations(r.offload_activations);
+      .offload_activations(r.offload_activations)
+      .overlap_gradient_reduction(r.overlap_grad_reduce)
+      .bucket_bytes(std::max<int64_t>(1, static_cast<int64_t>(r.bucket_mb * (1 << 20))));
   options.checkpoint(parse_checkpoint(r.checkpoint));
   int64_t ranks = layout.multi_process ? layout.pipeline_ranks : r.stages;
   if (layout.multi_process && !r.devices.empty()) {

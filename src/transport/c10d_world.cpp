@@ -215,6 +215,23 @@ void C10dGroup::allreduce_sum(std::vector<torch::Tensor>& tensors) {
   for (auto& work : works) detail::wait_work(work, "allreduce over group '" + impl_->name + "'");
 }
 
+std::function<void()> C10dGroup::allreduce_sum_start(std::vector<torch::Tensor>& tensors) {
+  if (impl_->mirror) {
+    allreduce_sum(tensors);
+    return [] {};
+  }
+  std::vector<c10::intrusive_ptr<detail::C10dWork>> works;
+  for (auto& tensor : tensors) {
+    std::vector<at::Tensor> one{tensor};
+    ::c10d::AllreduceOptions options;
+    options.reduceOp = ::c10d::ReduceOp::SUM;
+    works.push_back(impl_->backend->allreduce(one, options));
+  }
+  return [works = std::move(works), name = impl_->name] {
+    for (const auto& work : works) detail::wait_work(work, "allreduce over group '" + name + "'");
+  };
+}
+
 void C10dGroup::broadcast(std::vector<torch::Tensor>& tensors, int root) {
   PIPETRAIN_CHECK_INPUT(root >= 0 && root < size(), "broadcast root ", root,
                         " is not a rank of group '", impl_->name, "' (size ", size(), ")");

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "../helpers/tied.h"
+#include "pipetrain/base/error.h"
 #include "pipetrain/runtime/pipe.h"
 #include "training_reference.h"
 

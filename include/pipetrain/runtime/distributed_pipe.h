@@ -101,6 +101,12 @@ class DistributedPipe {
   std::vector<int> local_stages() const;
   // Events of this rank's last step (for traces and the cost model).
   const std::vector<ActionEvent>& last_events() const { return events_; }
+  // The last step's data-parallel gradient sum ([3]): the seconds it kept the rank waiting after
+  // the schedule's last action (all of the blocking all-reduce; with
+  // PipeOptions::overlap_gradient_reduction only what the overlap left), and the buckets it used
+  // (0: the blocking all-reduce, or no replicas).
+  double last_exposed_reduce_seconds() const { return exposed_reduce_seconds_; }
+  int last_reduce_buckets() const { return reduce_buckets_; }
   // The transport's counters since this pipe was built (bundles and tensor bytes sent).
   C10dTransport::Stats transport_stats() const;
   // The transport's counters as they stood at the end of the last training step's schedule; its
@@ -142,6 +148,10 @@ class DistributedPipe {
   bool allreduce_gradients_ = true;
   std::vector<std::pair<std::string, torch::Tensor>> named_;
   std::vector<torch::Tensor> unique_;
+  // Per unique tensor (by identity): the stages of this rank that use it.
+  std::map<const void*, std::set<int>> local_holders_;
+  double exposed_reduce_seconds_ = 0;
+  int reduce_buckets_ = 0;
   std::vector<std::pair<std::string, torch::Tensor>> ties_;  // (declare_tie key, tensor) held here
   std::vector<ActionEvent> events_;
   C10dTransport::Stats step_transport_stats_;

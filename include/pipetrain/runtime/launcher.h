@@ -12,9 +12,9 @@
 // Restarts (torchrun's --max-restarts): with max_restarts = N > 0, a failed attempt is followed by
 // a new one, every rank started again, up to N times. Each attempt's ranks get
 // TORCHELASTIC_RESTART_COUNT = 0, 1, ... as under torchrun; `pipetrain train` resumes from its
-// --checkpoint-dir when it is above 0 (train::checkpoint_after_restart, train/trainer.h). Not restarted: an attempt stopped by
-// SIGINT/SIGTERM, one that ran out of `timeout`, and one whose first failure exited 2 (bad
-// input, which the next attempt would meet again).
+// --checkpoint-dir when it is above 0 (train::checkpoint_after_restart, train/trainer.h). Not
+// restarted: an attempt stopped by SIGINT/SIGTERM, one that ran out of `timeout`, and one whose
+// first failure exited 2 (bad input, which the next attempt would meet again).
 //
 // Exit code: 0 when every rank exited 0; else the first failing rank's exit code (128 + signal
 // for a rank killed by a signal). The first failure is summarised last, with the tail of that
@@ -61,9 +61,9 @@ struct LaunchResult {
   std::vector<int> rank_exit_codes;  // per rank: exit code, or 128 + signal
   std::vector<int> pids;             // the children's pids (all reaped on return)
   std::vector<std::chrono::steady_clock::time_point> rank_ended_at;  // per rank: when it exited
-  bool timed_out = false;            // LaunchOptions::timeout ran out
-  bool interrupted = false;          // SIGINT or SIGTERM reached the launcher
-  int restarts = 0;                  // attempts after the first; the fields above are the last's
+  bool timed_out = false;    // LaunchOptions::timeout ran out
+  bool interrupted = false;  // SIGINT or SIGTERM reached the launcher
+  int restarts = 0;          // attempts after the first; the fields above are the last's
 };
 
 // REQUIRES: nproc >= 1 (else pipetrain::BadInput); program is executable. Throws a

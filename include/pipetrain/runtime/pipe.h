@@ -95,6 +95,13 @@ struct PipeOptions {
   /// or except_last with 2+ chunks). On CPU stages nothing moves: the bytes are counted
   /// (StageAccounting::peak_offloaded_bytes) but stay in the stage's memory.
   TORCH_ARG(bool, offload_activations) = false;
+  /// Data-parallel replicas (DistributedPipe with --dp 2 or more, ZeRO 0): start summing a
+  /// stage's gradients over the replicas as soon as its last backward of the step ends, in
+  /// buckets of bucket_bytes, while the rank's other stages and the pipeline's cool-down go on
+  /// (runtime/gradient_reducer.h). Off: one blocking all-reduce after the last action.
+  TORCH_ARG(bool, overlap_gradient_reduction) = false;
+  /// The bucket size of overlap_gradient_reduction (DDP's default, 25 MiB).
+  TORCH_ARG(int64_t, bucket_bytes) = int64_t{25} << 20;
 };
 
 /// Throws pipetrain::BadInput when options.offload_activations() has nothing to move: checkpoint

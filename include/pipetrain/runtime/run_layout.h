@@ -45,6 +45,8 @@ struct PipelineRequest {
   int tp = 1;                        // --tp: tensor-parallel ranks per pipeline rank
   std::string device = "cpu";        // --device: cpu or cuda
   std::vector<std::string> devices;  // --devices: one per rank of a one-process run
+  bool overlap_grad_reduce = false;  // --overlap-grad-reduce (PipeOptions)
+  double bucket_mb = 25;             // --bucket-size: MiB per gradient bucket of the overlap
 };
 
 // Where this process stands: world size, pipeline ranks, replicas (1 x 1 in one process).

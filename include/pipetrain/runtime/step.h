@@ -33,6 +33,10 @@ struct StepData {
   Checkpoint checkpoint = Checkpoint::kNever;
   bool offload = false;  // checkpointed micro-batches' inputs wait in host memory (PipeOptions)
   std::chrono::steady_clock::time_point start;  // events are measured from here
+  // Training: called with stage j after the rank's last action that adds to j's weight gradients
+  // in this step (its last B or W), so that their reduction can start while the rest of the step
+  // runs (runtime/gradient_reducer.h). Empty: not called.
+  std::function<void(int stage)> on_stage_gradients;
 };
 
 // One executed action, for traces and timelines.

@@ -173,6 +173,10 @@ class C10dGroup {
 
   // In-place sum over the members. Tensors on the group's device; dense; any float dtype.
   void allreduce_sum(std::vector<torch::Tensor>& tensors);
+  // The same, started: returns at once, and the returned function waits until the sums are in
+  // the tensors (throwing what allreduce_sum throws). The tensors must stay alive and untouched
+  // until then. Members start their collectives on a group in the same order.
+  std::function<void()> allreduce_sum_start(std::vector<torch::Tensor>& tensors);
   // In place: every member receives root's tensors. `root` is a group rank.
   void broadcast(std::vector<torch::Tensor>& tensors, int root);
   void barrier();

@@ -1,0 +1,169 @@
+// bench_overlap: the data-parallel gradient sum overlapped with the pipeline
+// (PipeOptions::overlap_gradient_reduction, runtime/gradient_reducer.h) against the blocking sum
+// after the step, in one invocation. The mlp suite's model (8 x (Linear(1024) + ReLU), batch 256,
+// MSE against random targets), pp 2 x dp 2 = 4 processes of 1 intra-op thread over loopback Gloo,
+// 8 micro-batches, for each schedule in turn without and with the overlap:
+//
+//   exposed   what the gradient sum kept the rank waiting after the schedule's last action
+//             (DistributedPipe::last_exposed_reduce_seconds): the whole all-reduce without the
+//             overlap, what the overlap left with it; per step the largest rank's
+//   step      zero_grad + DistributedPipe::train_step (the loss collective included), ranks
+//             started together by a barrier; per step the slowest rank's
+//
+// Each row is its own 4-process job (runtime/launcher.h): 2 warm-up steps, then timed steps; a
+// row's figure is the median over its steps, and the ratios divide by the row without overlap of
+// the same schedule and round. Rounds alternate the rows so that a slow minute of the machine
+// falls on all of them.
+//
+// Run: bench_overlap [rounds (3)] [timed steps (8)].
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <torch/torch.h>
+#include <nlohmann/json.hpp>
+
+#include "pipetrain/base/median.h"
+#include "pipetrain/runtime/distributed.h"
+#include "pipetrain/runtime/distributed_pipe.h"
+#include "pipetrain/runtime/launcher.h"
+#include "synthetic.h"
+
+using namespace pipetrain;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr int kWorld = 4;
+constexpr int kPipeline = 2;
+constexpr int kChunks = 8;
+constexpr int kWarmup = 2;
+constexpr int kBatch = 256;
+constexpr int kWidth = 1024;
+const char* const kPrefix = "OVERLAP_BENCH ";
+
+struct Row {
+  std::string schedule;
+  int virtual_stages;
+  bool overlap;
+  std::string name() const { return schedule + (overlap ? " overlap" : " blocking"); }
+};
+
+const std::vector<Row> kRows = {{"1f1b", 1, false},
+                                {"1f1b", 1, true},
+                                {"interleaved-1f1b", 2, false},
+                                {"interleaved-1f1b", 2, true},
+                                {"zb-v", 2, false},
+                                {"zb-v", 2, true}};
+
+// One rank: prints kPrefix {"seconds": [...], "exposed": [...], "buckets": n}.
+int run_rank(const Row& row, int steps) {
+  torch::set_num_threads(1);
+  DistributedOptions options;
+  options.pipeline_ranks(kPipeline).timeout(std::chrono::seconds(300));
+  return run_distributed(options, [&](Distributed& d) {
+    torch::manual_seed(0);
+    torch::nn::Sequential model;
+    for (int l = 0; l < 8; ++l) {
+      model->push_back(torch::nn::Linear(kWidth, kWidth));
+      model->push_back(torch::nn::ReLU());
+    }
+    const auto data = examples::make_synthetic_regression(kBatch, {kWidth}, {kWidth}, 1);
+    const LossFn loss = [](const torch::Tensor& out, const torch::Tensor& y) {
+      return torch::mse_loss(out, y);
+    };
+    DistributedPipe pipe(d, model,
+                         PipeOptions()
+                             .stages(kPipeline * row.virtual_stages)
+                             .virtual_stages(row.virtual_stages)
+                             .chunks(kChunks)
+                             .schedule(row.schedule)
+                             .checkpoint(Checkpoint::kNever)
+                             .threads_per_stage(1)
+                             .overlap_gradient_reduction(row.overlap));
+    std::vector<double> seconds, exposed;
+    for (int k = 0; k < kWarmup + steps; ++k) {
+      d.barrier();
+      const auto start = Clock::now();
+      for (auto& p : pipe.parameters()) p.mutable_grad() = torch::Tensor();
+      pipe.train_step(data.inputs, data.targets, loss);
+      if (k >= kWarmup) {
+        seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+        exposed.push_back(pipe.last_exposed_reduce_seconds());
+      }
+    }
+    std::cout << kPrefix
+              << nlohmann::json{{"seconds", seconds},
+                                {"exposed", exposed},
+                                {"buckets", pipe.last_reduce_buckets()}}
+                     .dump()
+              << std::endl;
+  });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc >= 4 && std::string(argv[1]) == "--rank") {
+    return run_rank(kRows.at(static_cast<size_t>(std::stoi(argv[2]))), std::stoi(argv[3]));
+  }
+  const int rounds = argc > 1 ? std::max(1, std::atoi(argv[1])) : 3;
+  const int steps = argc > 2 ? std::max(1, std::atoi(argv[2])) : 8;
+  std::printf(
+      "bench_overlap: mlp 8 x Linear(%d), batch %d, pp %d x dp %d = %d processes x 1 thread (%u "
+      "cores), %d micro-batches, %d rounds x %d steps\n",
+      kWidth, kBatch, kPipeline, kWorld / kPipeline, kWorld, std::thread::hardware_concurrency(),
+      kChunks, rounds, steps);
+  std::map<std::string, std::vector<double>> step_ms, exposed_ms, step_ratio, exposed_ratio;
+  std::map<std::string, int> buckets;
+  for (int round = 0; round < rounds; ++round) {
+    std::map<std::string, double> step_of, exposed_of;
+    for (size_t r = 0; r < kRows.size(); ++r) {
+      const CollectedRun run = launch_self_collecting(
+          kWorld, {"--rank", std::to_string(r), std::to_string(steps)}, kPrefix);
+      if (run.launched.exit_code != 0) {
+        std::fprintf(stderr, "%s: rank %d exited with %d\n", kRows[r].name().c_str(),
+                     run.launched.first_failed_rank, run.launched.exit_code);
+        return 1;
+      }
+      std::vector<double> slowest(static_cast<size_t>(steps), 0.0);
+      std::vector<double> most_exposed(static_cast<size_t>(steps), 0.0);
+      for (const auto& line : run.results) {
+        if (!line) continue;
+        const nlohmann::json result = nlohmann::json::parse(*line);
+        const auto seconds = result["seconds"].get<std::vector<double>>();
+        const auto exposed = result["exposed"].get<std::vector<double>>();
+        for (size_t k = 0; k < seconds.size() && k < slowest.size(); ++k) {
+          slowest[k] = std::max(slowest[k], seconds[k]);
+          most_exposed[k] = std::max(most_exposed[k], exposed[k]);
+        }
+        buckets[kRows[r].name()] = std::max(buckets[kRows[r].name()], result["buckets"].get<int>());
+      }
+      step_of[kRows[r].name()] = median(slowest);
+      exposed_of[kRows[r].name()] = median(most_exposed);
+      step_ms[kRows[r].name()].push_back(1e3 * median(slowest));
+      exposed_ms[kRows[r].name()].push_back(1e3 * median(most_exposed));
+    }
+    for (const Row& row : kRows) {
+      const std::string base = Row{row.schedule, row.virtual_stages, false}.name();
+      step_ratio[row.name()].push_back(step_of[row.name()] / step_of[base]);
+      if (exposed_of[base] > 0) {
+        exposed_ratio[row.name()].push_back(exposed_of[row.name()] / exposed_of[base]);
+      }
+    }
+  }
+  std::printf("%-26s %10s %13s %12s %14s %8s\n", "row", "step (ms)", "step vs off", "exposed (ms)",
+              "exposed vs off", "buckets");
+  for (const Row& row : kRows) {
+    const std::string name = row.name();
+    std::printf("%-26s %10.1f %13.3f %12.2f %14.3f %8d\n", name.c_str(), median(step_ms[name]),
+                median(step_ratio[name]), median(exposed_ms[name]),
+                exposed_ratio[name].empty() ? 0.0 : median(exposed_ratio[name]), buckets[name]);
+  }
+  return 0;
+}

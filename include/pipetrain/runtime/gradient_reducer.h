@@ -1,0 +1,61 @@
+// GradientReducer: the data-parallel gradient sum of one pipeline rank, started stage by stage
+// while the pipeline still runs (PipeOptions::overlap_gradient_reduction; DDP's buckets, for a
+// pipeline).
+//
+//   step:   F F F B B ... [stage 3's last B] ... [stage 1's last B/W]  | finish()
+//   comm:                  start(stage 3) ---- all-reduce ---->          wait, copy back
+//                                           start(stage 1) -- all-reduce -->
+//
+// start(params) packs the parameters' gradients, final for this step, into buckets of at most
+// bucket_bytes (in the order given; a parameter larger than that is a bucket of its own; one
+// dtype per bucket) and starts an all-reduce of each over the data-parallel group
+// (C10dGroup::allreduce_sum_start: Gloo's or NCCL's own threads carry it). finish() waits for
+// every bucket and writes the sums into the gradients. The sum of each element is the same sum
+// as one blocking all-reduce of everything (Distributed::allreduce_gradients) makes; with two
+// replicas it is the same bits.
+//
+// exposed: what finish() waited, the communication left after the pipeline's last action.
+//
+// Thread-safety: one thread (the rank's interpreter). Collective: every replica of the pipeline
+// rank starts the same buckets in the same order (they run the same schedule).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "pipetrain/transport/c10d.h"
+
+namespace pipetrain {
+
+class GradientReducer {
+ public:
+  // REQUIRES: group non-null; bucket_bytes >= 1.
+  GradientReducer(std::shared_ptr<C10dGroup> group, std::int64_t bucket_bytes);
+
+  // Starts the sum of `parameters`' gradients (an undefined gradient counts as zeros and
+  // receives the sum).
+  void start(const std::vector<torch::Tensor>& parameters);
+  // Waits for every bucket started since the last finish() and writes the sums back. Returns
+  // the seconds it waited.
+  double finish();
+
+  int buckets_started() const { return static_cast<int>(pending_.size()); }
+
+ private:
+  struct Bucket {
+    std::vector<torch::Tensor> parameters;
+    std::vector<torch::Tensor> flat;  // one tensor: the packed gradients, summed in place
+    std::function<void()> wait;
+  };
+  void launch(std::vector<torch::Tensor> parameters);
+
+  std::shared_ptr<C10dGroup> group_;
+  std::int64_t bucket_bytes_;
+  std::vector<Bucket> pending_;
+};
+
+}  // namespace pipetrain

@@ -1,0 +1,76 @@
+// Bucketed, overlapped data-parallel gradient sum (runtime/gradient_reducer.h).
+#include "pipetrain/runtime/gradient_reducer.h"
+
+#include <chrono>
+
+#include <torch/torch.h>
+
+#include "pipetrain/base/check.h"
+#include "pipetrain/base/error.h"
+
+namespace pipetrain {
+
+GradientReducer::GradientReducer(std::shared_ptr<C10dGroup> group, std::int64_t bucket_bytes)
+    : group_(std::move(group)), bucket_bytes_(bucket_bytes) {
+  PIPETRAIN_CHECK_INPUT(group_ != nullptr, "GradientReducer needs a data-parallel group");
+  PIPETRAIN_CHECK_INPUT(bucket_bytes_ >= 1, "the gradient bucket size must be >= 1 byte (got ",
+                        bucket_bytes_, ")");
+}
+
+void GradientReducer::launch(std::vector<torch::Tensor> parameters) {
+  if (parameters.empty()) return;
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> pieces;
+  for (const auto& p : parameters) {
+    const auto& grad = p.grad();
+    // On the CPU, as Distributed::allreduce_gradients sums them.
+    pieces.push_back(grad.defined() ? grad.reshape({-1}).to(torch::kCPU, p.scalar_type())
+                                    : torch::zeros({p.numel()}, p.options().device(torch::kCPU)));
+  }
+  Bucket bucket;
+  bucket.parameters = std::move(parameters);
+  bucket.flat = {torch::cat(pieces)};
+  bucket.wait = group_->allreduce_sum_start(bucket.flat);
+  pending_.push_back(std::move(bucket));
+}
+
+void GradientReducer::start(const std::vector<torch::Tensor>& parameters) {
+  std::vector<torch::Tensor> bucket;
+  std::int64_t bytes = 0;
+  for (const auto& p : parameters) {
+    const std::int64_t size = p.numel() * static_cast<std::int64_t>(p.element_size());
+    const bool other_dtype = !bucket.empty() && bucket.front().scalar_type() != p.scalar_type();
+    if (!bucket.empty() && (bytes + size > bucket_bytes_ || other_dtype)) {
+      launch(std::move(bucket));
+      bucket.clear();
+      bytes = 0;
+    }
+    bucket.push_back(p);
+    bytes += size;
+  }
+  launch(std::move(bucket));
+}
+
+double GradientReducer::finish() {
+  const auto begin = std::chrono::steady_clock::now();
+  for (auto& bucket : pending_) bucket.wait();
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  torch::NoGradGuard no_grad;
+  for (auto& bucket : pending_) {
+    std::int64_t at = 0;
+    for (auto& p : bucket.parameters) {
+      auto sum = bucket.flat[0].narrow(0, at, p.numel()).view(p.sizes()).to(p.device());
+      at += p.numel();
+      if (p.grad().defined()) {
+        p.mutable_grad().copy_(sum);
+      } else {
+        p.mutable_grad() = sum.clone();
+      }
+    }
+  }
+  pending_.clear();
+  return waited;
+}
+
+}  // namespace pipetrain
