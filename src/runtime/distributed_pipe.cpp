@@ -213,13 +213,16 @@ torch::Tensor DistributedPipe::train_step(const torch::Tensor& input, const torc
   step_transport_stats_ = transport_->stats();
   events_ = std::move(result.events);
   // [3], [4]
+  // Exposed: from the schedule's last action until the sums are in the gradients, either way.
   exposed_reduce_seconds_ = 0;
   reduce_buckets_ = reducer ? reducer->buckets_started() : 0;
-  if (reducer) {
-    exposed_reduce_seconds_ = reducer->finish();
-  } else if (replicas) {
+  if (replicas) {
     const auto begin = std::chrono::steady_clock::now();
-    distributed_.allreduce_gradients(unique_);
+    if (reducer) {
+      reducer->finish();
+    } else {
+      distributed_.allreduce_gradients(unique_);
+    }
     exposed_reduce_seconds_ =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
   }

@@ -101,10 +101,10 @@ class DistributedPipe {
   std::vector<int> local_stages() const;
   // Events of this rank's last step (for traces and the cost model).
   const std::vector<ActionEvent>& last_events() const { return events_; }
-  // The last step's data-parallel gradient sum ([3]): the seconds it kept the rank waiting after
-  // the schedule's last action (all of the blocking all-reduce; with
-  // PipeOptions::overlap_gradient_reduction only what the overlap left), and the buckets it used
-  // (0: the blocking all-reduce, or no replicas).
+  // The last step's data-parallel gradient sum ([3]): the seconds from the schedule's last action
+  // until the sums were in the gradients (all of the blocking all-reduce with its packing and
+  // unpacking; with PipeOptions::overlap_gradient_reduction the wait for what was still in flight
+  // and the unpacking), and the buckets it used (0: the blocking all-reduce, or no replicas).
   double last_exposed_reduce_seconds() const { return exposed_reduce_seconds_; }
   int last_reduce_buckets() const { return reduce_buckets_; }
   // The transport's counters since this pipe was built (bundles and tensor bytes sent).
