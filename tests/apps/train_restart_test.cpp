@@ -248,3 +248,64 @@ TEST(TrainRestartTensorParallel, AKilledRankOfAThreeDimensionalJobStopsEveryRank
 }
 
 }  // namespace pipetrain::restart_test
+
+namespace pipetrain::restart_test {
+
+// The data-parallel gradient sum overlapped with the pipeline, in buckets of 4 KiB (many per
+// step, so a kill mid-step lands in or between bucketed all-reduces): pp 2 x dp 2,
+// interleaved-1f1b with 2 stages per rank.
+std::string overlap_flags(const std::string& dir, int steps) {
+  return "train --data synthetic --synthetic-samples 256 --model mlp --model-options "
+         "'{\"widths\": [784, 64, 64, 32, 10]}' --batch-size 32 --seed 3 --optimizer sgd --lr "
+         "0.05 --momentum 0.9 --steps " +
+         std::to_string(steps) +
+         " --log-every 1 --nproc 4 --pp 2 --dp 2 --chunks 4 --schedule interleaved-1f1b "
+         "--virtual 2 --overlap-grad-reduce --bucket-size 0.004 --timeout 10 --checkpoint-dir " +
+         dir + "/checkpoints --save-every 3 --save-params " + dir + "/params.pt";
+}
+
+// A replica killed while its gradients are summed in buckets: without restarts every other rank
+// stops within the timeout + 10 s naming what failed (its step and action, or the collective it
+// was in); with --max-restarts the run ends bit for bit
+// where the uninterrupted one ends.
+TEST(TrainRestartOverlap, AKilledReplicaStopsEveryRankAndRestartsEndEqualToTheUninterruptedRun) {
+  std::string pattern = ::testing::TempDir() + "pipetrain_restart_overlap_XXXXXX";
+  ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
+  const std::string fault = pattern + "/fault", whole = pattern + "/whole",
+                    killed = pattern + "/killed";
+  const auto start = std::chrono::steady_clock::now();
+  const KilledRun stopped =
+      run_killing("mkdir -p " + fault + " && " + kBinary + " " + overlap_flags(fault, 100000),
+                  "overlap-fault", {6}, {3});
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_EQ(stopped.killed_at.size(), 1u) << stopped.output;
+  EXPECT_EQ(stopped.exit_code, 128 + SIGKILL) << stopped.output;
+  for (int rank : {0, 1, 2}) {
+    const std::string self = "[rank " + std::to_string(rank) + "] rank " + std::to_string(rank);
+    EXPECT_TRUE(stopped.output.find(self + ": error: ") != std::string::npos ||
+                stopped.output.find(self + ": exiting: the job was aborted") != std::string::npos)
+        << rank << "\n"
+        << stopped.output;
+  }
+  EXPECT_LT(seconds, 60.0) << stopped.output;  // steps take milliseconds; timeout 10 s
+
+  const KilledRun first =
+      run_killing("mkdir -p " + whole + " && " + kBinary + " " + overlap_flags(whole, 30),
+                  "overlap-whole", {}, {});
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const KilledRun run = run_killing("mkdir -p " + killed + " && " + kBinary + " " +
+                                        overlap_flags(killed, 30) + " --max-restarts 2",
+                                    "overlap-killed", {7, 16}, {2, 1});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  ASSERT_EQ(run.killed_at.size(), 2u) << run.output;
+  auto restarted = testing::load_params(killed + "/params.pt");
+  auto reference = testing::load_params(whole + "/params.pt");
+  ASSERT_EQ(restarted.size(), reference.size());
+  for (const auto& [name, tensor] : reference) {
+    ASSERT_TRUE(restarted.count(name)) << name;
+    EXPECT_TRUE(torch::equal(restarted[name], tensor)) << name;
+  }
+}
+
+}  // namespace pipetrain::restart_test
