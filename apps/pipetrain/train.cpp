@@ -343,6 +343,14 @@ void print_files(const TrainArgs& args, const train::TrainSummary& summary, int6
       static_cast<long long>(summary.optimizer_state_bytes),
       static_cast<long long>(summary.gradient_bytes),
       args.zero > 0 ? (", ZeRO stage " + std::to_string(args.zero)).c_str() : "");
+  if (summary.exposed_reduce_seconds > 0) {
+    std::printf(
+        "data-parallel gradient sum: %.2f ms per step left after the schedule's last action "
+        "(mean over ranks; %s)\n",
+        summary.exposed_reduce_seconds * 1e3,
+        args.pipeline.overlap_grad_reduce ? "overlapped with the pipeline in buckets"
+                                          : "one blocking all-reduce");
+  }
   if (summary.transport_bytes_sent > 0) {
     std::printf(
         "transport: %lld tensor bytes sent between ranks over %lld steps (every rank, %s)\n",

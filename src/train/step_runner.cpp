@@ -269,6 +269,9 @@ class DistributedRunner : public StepRunner {
     return sharded;
   }
   int64_t transport_bytes_sent() const override { return pipe_.transport_stats().data_bytes_sent; }
+  double last_exposed_reduce_seconds() const override {
+    return pipe_.last_exposed_reduce_seconds();
+  }
   int total_ranks() const override { return distributed_.world_size(); }
   std::vector<RankHoldings> rank_holdings() override {
     RankHoldings mine;

@@ -19,8 +19,8 @@ TokenBatches::TokenBatches(std::shared_ptr<const io::TokenFile> file, int64_t se
       shuffle_(shuffle),
       seed_(seed) {
   if (!file_) throw BadInput("TokenBatches needs a token file");
-  if (seq_len_ < 1) throw BadInput("sequence length must be at least 1, got " +
-                                   std::to_string(seq_len_));
+  if (seq_len_ < 1)
+    throw BadInput("sequence length must be at least 1, got " + std::to_string(seq_len_));
   if (batch_size_ < 1) {
     throw BadInput("batch size must be at least 1, got " + std::to_string(batch_size_));
   }
@@ -68,7 +68,8 @@ std::pair<torch::Tensor, torch::Tensor> TokenBatches::at(int64_t k) const {
 
 TokenEvaluation evaluate_tokens(const std::function<torch::Tensor(const torch::Tensor&)>& forward,
                                 const io::TokenFile& file, int64_t seq_len, int64_t batch) {
-  if (batch < 1) throw BadInput("evaluation batch must be at least 1, got " + std::to_string(batch));
+  if (batch < 1)
+    throw BadInput("evaluation batch must be at least 1, got " + std::to_string(batch));
   // Every sample once, in order: a TokenBatches without wrap-around.
   const TokenBatches samples(std::shared_ptr<const io::TokenFile>(&file, [](const auto*) {}),
                              seq_len, 1);

@@ -174,6 +174,7 @@ TrainSummary Trainer::fit() {
   model_->train();
   const auto start = std::chrono::steady_clock::now();
   const int64_t bytes_before = runner_.transport_bytes_sent();
+  double exposed_reduce = 0;  // this rank's, summed over the steps
   for (int64_t k = first_step_; k < total; ++k) {
     auto [x, y] = batches_.at(k);  // [1]
     const double lr = learning_rate(k);
@@ -183,6 +184,7 @@ TrainSummary Trainer::fit() {
     runner_.set_loss_scale(loss_scale);
     const double step_start = EventLog::now_us();
     const double loss = run_step(k, x, y);  // [2] [3]
+    exposed_reduce += runner_.last_exposed_reduce_seconds();
     if (tracing) events_.add(k, step_start, runner_.last_events(), runner_.event_rank());
     if (options_.report_memory() && k + 1 == total) {
       // Right after the last step: its stash peaks, the gradients and the state it left.
@@ -214,6 +216,10 @@ TrainSummary Trainer::fit() {
   summary.gradient_bytes = sharded_ ? sharded_->gradient_bytes() : gradient_bytes(parameters_);
   summary.transport_bytes_sent = static_cast<int64_t>(runner_.sum_over_ranks(
       static_cast<double>(runner_.transport_bytes_sent() - bytes_before)));  // collective
+  if (summary.steps > 0) {
+    summary.exposed_reduce_seconds = runner_.sum_over_ranks(exposed_reduce) /  // collective
+                                     static_cast<double>(summary.steps * runner_.total_ranks());
+  }
   if (options_.report_memory()) summary.memory = gather_memory(runner_, summary.memory);
   if (!options_.checkpoint_dir().empty()) {
     summary.checkpoint_path = checkpoint_path(options_.checkpoint_dir());

@@ -73,6 +73,12 @@ TEST(GradientReducer, OverlappedTrainingEqualsTheBlockingSumBitForBitUnderEveryS
         common + "--schedule " + schedule + " --overlap-grad-reduce --bucket-size 0.004 " +
         "--save-params " + scratch(tag + "_overlap.pt"));
     ASSERT_EQ(overlapped.exit_code, 0) << overlapped.output;
+    EXPECT_NE(overlapped.output.find("data-parallel gradient sum: "), std::string::npos)
+        << overlapped.output;
+    EXPECT_NE(overlapped.output.find("overlapped with the pipeline in buckets"), std::string::npos)
+        << overlapped.output;
+    EXPECT_NE(blocking.output.find("(mean over ranks; one blocking all-reduce)"), std::string::npos)
+        << blocking.output;
     const auto want = testing::load_params(scratch(tag + "_blocking.pt"));
     const auto got = testing::load_params(scratch(tag + "_overlap.pt"));
     ASSERT_EQ(got.size(), want.size()) << schedule;

@@ -29,9 +29,9 @@ struct EvaluateOptions {
 };
 
 struct Evaluation {
-  double loss = 0;        // the loss averaged over rows (each batch's mean weighted by its rows)
-  double accuracy = -1;   // fraction of rows classified right; < 0 when not a classification
-  int64_t samples = 0;    // rows evaluated
+  double loss = 0;       // the loss averaged over rows (each batch's mean weighted by its rows)
+  double accuracy = -1;  // fraction of rows classified right; < 0 when not a classification
+  int64_t samples = 0;   // rows evaluated
 };
 
 // REQUIRES: inputs and targets have the same rows, at least one; options.batch() >= 1 (else

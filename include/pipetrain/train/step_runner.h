@@ -88,6 +88,9 @@ class StepRunner {
   // Tensor bytes this rank's transport has sent to other ranks so far (activations, gradients);
   // 0 where stages share a process.
   virtual int64_t transport_bytes_sent() const { return 0; }
+  // The last step's data-parallel gradient sum: seconds this rank waited for it after its
+  // schedule's last action (DistributedPipe::last_exposed_reduce_seconds); 0 without replicas.
+  virtual double last_exposed_reduce_seconds() const { return 0; }
   // Sum of `value` over every rank (a collective in a multi-process run).
   virtual double sum_over_ranks(double value) { return value; }
   // Data-parallel replicas: what this rank's deferred batch norms tracked in the step, summed over

@@ -61,7 +61,7 @@ struct TokenEvaluation {
   double loss = 0;        // mean cross-entropy per target id, nats
   double perplexity = 0;  // exp(loss)
   int64_t samples = 0;
-  int64_t tokens = 0;     // target ids scored
+  int64_t tokens = 0;  // target ids scored
 };
 
 // The mean loss of `forward` (int64 [n, T] -> logits [n, T, V], or an undefined tensor on a rank

@@ -131,6 +131,9 @@ struct TrainSummary {
   // Tensor bytes sent between ranks by this fit(), summed over every rank (activations and
   // gradients; 0 in one process).
   int64_t transport_bytes_sent = 0;
+  // The data-parallel gradient sum's wait after each rank's last action, per step, the mean over
+  // every rank and step (StepRunner::last_exposed_reduce_seconds); 0 without replicas.
+  double exposed_reduce_seconds = 0;
   int64_t skipped_steps = 0;  // loss scaling: steps skipped for a non-finite gradient
   // With TrainerOptions::report_memory: what each rank held after the last step, every rank's on
   // the main rank (the others: their own); empty when no step ran.
@@ -207,8 +210,8 @@ class Trainer {
 // The file a Trainer writes its checkpoints to in `directory`: "<directory>/checkpoint.pt".
 std::string checkpoint_path(const std::string& directory);
 
-// The restart settings of a run launched with `nproc` local ranks: restarts (--max-restarts) are the
-// launching parent's (not a rank's under another launcher: torchrun has its own), need ranks to
+// The restart settings of a run launched with `nproc` local ranks: restarts (--max-restarts) are
+// the launching parent's (not a rank's under another launcher: torchrun has its own), need ranks to
 // restart (nproc >= 2) and a checkpoint directory to resume from. Throws BadInput naming the
 // flags.
 void check_restart_options(int max_restarts, int nproc, const std::string& checkpoint_dir);
