@@ -199,27 +199,16 @@ const std::string& C10dGroup::name() const {
 }
 
 void C10dGroup::allreduce_sum(std::vector<torch::Tensor>& tensors) {
-  if (impl_->mirror) {
-    for (auto& tensor : tensors) tensor.mul_(size());
-    return;
-  }
-  // c10d treats the tensors of one call as per-device replicas, so each gets its own call; all
-  // are posted before the first wait so Gloo pipelines them.
-  std::vector<c10::intrusive_ptr<detail::C10dWork>> works;
-  for (auto& tensor : tensors) {
-    std::vector<at::Tensor> one{tensor};
-    ::c10d::AllreduceOptions options;
-    options.reduceOp = ::c10d::ReduceOp::SUM;
-    works.push_back(impl_->backend->allreduce(one, options));
-  }
-  for (auto& work : works) detail::wait_work(work, "allreduce over group '" + impl_->name + "'");
+  allreduce_sum_start(tensors)();
 }
 
 std::function<void()> C10dGroup::allreduce_sum_start(std::vector<torch::Tensor>& tensors) {
   if (impl_->mirror) {
-    allreduce_sum(tensors);
+    for (auto& tensor : tensors) tensor.mul_(size());
     return [] {};
   }
+  // c10d treats the tensors of one call as per-device replicas, so each gets its own call; all
+  // are posted before the first wait so Gloo pipelines them.
   std::vector<c10::intrusive_ptr<detail::C10dWork>> works;
   for (auto& tensor : tensors) {
     std::vector<at::Tensor> one{tensor};

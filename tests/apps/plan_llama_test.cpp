@@ -89,14 +89,19 @@ std::vector<double> measured_over_predicted(const std::string& output) {
   return ratios;
 }
 
-TEST(PlanLlama, ReportMemoryOnTheBenchConfigAgreesWithTheModelPerCategory) {
-  const std::string dir = testing::scratch_dir("plan-llama/bench-config");
+// The bench suite's config and 20,000 random ids under `dir` (model/, tokens.bin).
+void write_bench_model(const std::string& dir) {
   fs::create_directories(dir + "/model");
   std::ofstream(dir + "/model/config.json") << bench::llama_bench_config(256).dump(2);
   torch::manual_seed(0);
   const torch::Tensor ids = torch::randint(4096, {20000}, torch::kInt64).to(torch::kInt16);
   std::ofstream(dir + "/tokens.bin", std::ios::binary)
       .write(static_cast<const char*>(ids.data_ptr()), ids.numel() * 2);
+}
+
+TEST(PlanLlama, ReportMemoryOnTheBenchConfigAgreesWithTheModelPerCategory) {
+  const std::string dir = testing::scratch_dir("plan-llama/bench-config");
+  write_bench_model(dir);
   // Tensor-parallel ranks are predicted from a copy of the model split over a mirror group
   // (transport/c10d.h): a tp rank's slices, and under sequence parallelism its share of the
   // sequence, with ZeRO over the data-parallel group of each pipeline x tp coordinate.
@@ -114,16 +119,6 @@ TEST(PlanLlama, ReportMemoryOnTheBenchConfigAgreesWithTheModelPerCategory) {
     ASSERT_GE(ratios.size(), 8u) << run.output;  // 2 ranks x parameters..activations
     for (double ratio : ratios) EXPECT_NEAR(ratio, 1.0, 0.1) << layout << "\n" << run.output;
   }
-}
-
-// The bench suite's config and 20,000 random ids under `dir` (model/, tokens.bin).
-void write_bench_model(const std::string& dir) {
-  fs::create_directories(dir + "/model");
-  std::ofstream(dir + "/model/config.json") << bench::llama_bench_config(256).dump(2);
-  torch::manual_seed(0);
-  const torch::Tensor ids = torch::randint(4096, {20000}, torch::kInt64).to(torch::kInt16);
-  std::ofstream(dir + "/tokens.bin", std::ios::binary)
-      .write(static_cast<const char*>(ids.data_ptr()), ids.numel() * 2);
 }
 
 // Every rank's measured bytes in --report-memory's rows, summed over the categories a device

@@ -81,6 +81,17 @@ KilledRun run_killing(const std::string& command, const std::string& tag,
   return run;
 }
 
+// The parameters saved at `got` equal those at `want`, bit for bit.
+void expect_same_params(const std::string& got, const std::string& want) {
+  auto restarted = testing::load_params(got);
+  auto reference = testing::load_params(want);
+  ASSERT_EQ(restarted.size(), reference.size());
+  for (const auto& [name, tensor] : reference) {
+    ASSERT_TRUE(restarted.count(name)) << name;
+    EXPECT_TRUE(torch::equal(restarted[name], tensor)) << name;
+  }
+}
+
 std::string count_of(const std::string& text, const std::string& piece) {
   int n = 0;
   for (std::size_t at = text.find(piece); at != std::string::npos; at = text.find(piece, at + 1)) {
@@ -208,13 +219,7 @@ TEST(TrainRestartTensorParallel, TwoKillsOfAThreeDimensionalJobEndEqualToTheUnin
   EXPECT_NE(run.output.find("restart 2 of 2"), std::string::npos) << run.output;
   EXPECT_EQ(count_of(run.output, "resuming from " + killed + "/checkpoints/checkpoint.pt"), "16")
       << run.output;
-  auto restarted = testing::load_params(killed + "/params.pt");
-  auto reference = testing::load_params(whole + "/params.pt");
-  ASSERT_EQ(restarted.size(), reference.size());
-  for (const auto& [name, tensor] : reference) {
-    ASSERT_TRUE(restarted.count(name)) << name;
-    EXPECT_TRUE(torch::equal(restarted[name], tensor)) << name;
-  }
+  expect_same_params(killed + "/params.pt", whole + "/params.pt");
 }
 
 // A rank of an 8-process pp 2 x tp 2 x dp 2 job killed without restarts: every other rank stops
@@ -299,13 +304,7 @@ TEST(TrainRestartOverlap, AKilledReplicaStopsEveryRankAndRestartsEndEqualToTheUn
                                     "overlap-killed", {7, 16}, {2, 1});
   ASSERT_EQ(run.exit_code, 0) << run.output;
   ASSERT_EQ(run.killed_at.size(), 2u) << run.output;
-  auto restarted = testing::load_params(killed + "/params.pt");
-  auto reference = testing::load_params(whole + "/params.pt");
-  ASSERT_EQ(restarted.size(), reference.size());
-  for (const auto& [name, tensor] : reference) {
-    ASSERT_TRUE(restarted.count(name)) << name;
-    EXPECT_TRUE(torch::equal(restarted[name], tensor)) << name;
-  }
+  expect_same_params(killed + "/params.pt", whole + "/params.pt");
 }
 
 }  // namespace pipetrain::restart_test
