@@ -5,13 +5,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <limits>
-#include <set>
 #include <sstream>
 #include <stdexcept>
 
 #include "pipetrain/base/check.h"
 #include "pipetrain/base/error.h"
-#include "pipetrain/base/median.h"
 #include "pipetrain/models/llama.h"
 #include "pipetrain/models/llama_profile.h"
 #include "pipetrain/partition/memory.h"
