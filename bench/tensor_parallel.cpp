@@ -9,7 +9,8 @@
 //   tp4          one stage split over 4 processes
 //
 // Each layout runs as its own 4-process job (runtime/launcher.h): 2 warm-up steps, then timed
-// steps (zero_grad + DistributedPipe::train_step, ranks started together by a barrier); a step's
+// steps (zero_grad + DistributedPipe::train_step, with sequence parallelism the replicated
+// tensors' gradient sum over the tp group, ranks started together by a barrier); a step's
 // time is the slowest rank's, a layout's the median over its steps, and the ratios divide by
 // pp4's median of the same round. Rounds alternate the layouts so that a slow minute of the
 // machine falls on all of them. Also printed: tensor bytes sent between stages per rank and step.
@@ -84,6 +85,10 @@ int run_rank(const Layout& layout, int steps) {
         return models::vocab_parallel_causal_lm_loss(logits, y, tp);
       };
     }
+    // Under sequence parallelism the whole (replicated) tensors' gradients are each rank's
+    // sequence share: summed over the tp group after the backward, as the trainer does
+    // (train/step_runner.h), and timed as part of the step.
+    std::vector<torch::Tensor> sequence_shared;
     DistributedPipe pipe(d, llama.sequential,
                          PipeOptions()
                              .stages(layout.pp)
@@ -91,6 +96,13 @@ int run_rank(const Layout& layout, int steps) {
                              .schedule("1f1b")
                              .checkpoint(Checkpoint::kNever)
                              .threads_per_stage(1));
+    if (layout.sp) {
+      for (const auto& [name, tensor] : pipe.named_parameters()) {
+        if (!models::tensor_parallel_split(name, config, layout.tp)) {
+          sequence_shared.push_back(tensor);
+        }
+      }
+    }
     std::vector<double> seconds;
     int64_t bytes_before = 0;
     for (int k = 0; k < kWarmup + steps; ++k) {
@@ -99,6 +111,7 @@ int run_rank(const Layout& layout, int steps) {
       const auto start = Clock::now();
       for (auto& p : pipe.parameters()) p.mutable_grad() = torch::Tensor();
       pipe.train_step(ids, targets, loss);
+      d.allreduce_tensor_parallel_gradients(sequence_shared);
       if (k >= kWarmup) {
         seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
       }
