@@ -25,7 +25,8 @@ int64_t bytes_of(const torch::Tensor& tensor) {
 ShardedOptimizer::ShardedOptimizer(Distributed& distributed, std::vector<torch::Tensor> parameters,
                                    const std::vector<torch::Tensor>& counted,
                                    const std::string& optimizer, const OptimizerOptions& options,
-                                   int stage)
+                                   int stage,
+                                   const std::vector<std::vector<torch::Tensor>>& segments)
     : distributed_(distributed),
       parameters_(unique_parameters(parameters)),
       replicas_(distributed.layout().replicas),
@@ -36,31 +37,70 @@ ShardedOptimizer::ShardedOptimizer(Distributed& distributed, std::vector<torch::
   PIPETRAIN_CHECK_INPUT(!parameters_.empty(), "ZeRO: rank ", distributed.rank(),
                         " has no parameters to shard");
   const torch::ScalarType dtype = parameters_.front().scalar_type();
-  for (const torch::Tensor& p : parameters_) {
+  std::map<const void*, size_t> index;
+  for (size_t q = 0; q < parameters_.size(); ++q) {
+    const torch::Tensor& p = parameters_[q];
     PIPETRAIN_CHECK_INPUT(p.scalar_type() == dtype && p.is_floating_point() && p.device().is_cpu(),
                           "ZeRO shards parameters of one floating dtype on the CPU; rank ",
                           distributed.rank(), " holds ", p.scalar_type(), " on ", p.device(),
                           " beside ", dtype);
-    offsets_.push_back(total_);
+    index[p.unsafeGetTensorImpl()] = q;
     total_ += p.numel();
   }
-  shard_size_ = (total_ + replicas_ - 1) / replicas_;
-  shard_begin_ = replica_ * shard_size_;
-  const int64_t padded = shard_size_ * replicas_;
+  // The segments' parameters, each once, all of them.
+  std::vector<std::vector<size_t>> groups;
+  if (segments.empty()) {
+    groups.emplace_back();
+    for (size_t q = 0; q < parameters_.size(); ++q) groups.back().push_back(q);
+  } else {
+    std::set<size_t> placed;
+    for (const auto& segment : segments) {
+      std::vector<size_t> group;
+      for (const torch::Tensor& p : segment) {
+        auto found = index.find(p.unsafeGetTensorImpl());
+        PIPETRAIN_CHECK_INPUT(found != index.end() && placed.insert(found->second).second,
+                              "ZeRO segments: a tensor that is not one of the parameters, or in "
+                              "two segments");
+        group.push_back(found->second);
+      }
+      groups.push_back(std::move(group));
+    }
+    PIPETRAIN_CHECK_INPUT(placed.size() == parameters_.size(), "ZeRO segments hold ", placed.size(),
+                          " of the ", parameters_.size(), " parameters");
+  }
+  offsets_.assign(parameters_.size(), 0);
+  for (auto& group : groups) {
+    Segment segment;
+    segment.parameters = std::move(group);
+    segment.start = flat_size_;
+    int64_t elements = 0;
+    for (size_t q : segment.parameters) {
+      offsets_[q] = segment.start + elements;
+      elements += parameters_[q].numel();
+    }
+    segment.piece = (elements + replicas_ - 1) / replicas_;
+    segment.padded = segment.piece * replicas_;
+    segment.shard_offset = shard_size_;
+    flat_size_ += segment.padded;
+    shard_size_ += segment.piece;
+    segments_.push_back(std::move(segment));
+  }
 
   torch::NoGradGuard no_grad;
   const auto options_of = torch::TensorOptions().dtype(dtype);
-  torch::Tensor mask = torch::zeros({padded}, options_of.dtype(torch::kDouble));
   std::set<const void*> counts;
   for (const torch::Tensor& c : counted) counts.insert(c.unsafeGetTensorImpl());
-  for (size_t q = 0; q < parameters_.size(); ++q) {
-    const torch::Tensor& p = parameters_[q];
-    if (counts.count(p.unsafeGetTensorImpl())) mask.narrow(0, offsets_[q], p.numel()).fill_(1);
-  }
+  const torch::Tensor mask = padded_flat(
+      [&](size_t q) {
+        const torch::Tensor& p = parameters_[q];
+        return torch::full({p.numel()}, counts.count(p.unsafeGetTensorImpl()) ? 1.0 : 0.0,
+                           options_of.dtype(torch::kDouble));
+      },
+      options_of.dtype(torch::kDouble));
   shard_ = torch::zeros({shard_size_}, options_of);
   load_shard();
   shard_grad_ = torch::zeros({shard_size_}, options_of);
-  counted_mask_ = mask.narrow(0, shard_begin_, shard_size_).clone();
+  counted_mask_ = shard_of(mask).clone();
   inner_ = make_optimizer(name_, {shard_}, options);
 }
 
@@ -70,30 +110,98 @@ C10dGroup* ShardedOptimizer::group() const {
   return distributed_.data_parallel_group().get();
 }
 
+torch::Tensor ShardedOptimizer::padded_flat(const std::function<torch::Tensor(size_t)>& value,
+                                            const torch::TensorOptions& options) const {
+  torch::Tensor flat = torch::zeros({flat_size_}, options);
+  for (size_t q = 0; q < parameters_.size(); ++q) {
+    flat.narrow(0, offsets_[q], parameters_[q].numel()).copy_(value(q));
+  }
+  return flat;
+}
+
+torch::Tensor ShardedOptimizer::shard_of(const torch::Tensor& flat) const {
+  std::vector<torch::Tensor> pieces;
+  for (const Segment& s : segments_) {
+    pieces.push_back(flat.narrow(0, s.start + replica_ * s.piece, s.piece));
+  }
+  return torch::cat(pieces);
+}
+
+torch::Tensor ShardedOptimizer::gather_flat(const torch::Tensor& shard) const {
+  torch::Tensor flat = torch::empty({flat_size_}, shard.options());
+  C10dGroup* dp = group();
+  for (const Segment& s : segments_) {
+    const torch::Tensor mine = shard.narrow(0, s.shard_offset, s.piece).contiguous();
+    torch::Tensor whole = flat.narrow(0, s.start, s.padded);
+    if (dp) {
+      dp->all_gather(mine, whole);
+    } else {
+      whole.copy_(mine);
+    }
+  }
+  return flat;
+}
+
 void ShardedOptimizer::zero_grad() {
   for (torch::Tensor& p : parameters_) p.mutable_grad() = torch::Tensor();
   shard_grad_.zero_();
 }
 
 torch::Tensor ShardedOptimizer::flat_gradients() const {
-  std::vector<torch::Tensor> pieces;
-  for (const torch::Tensor& p : parameters_) {
-    const torch::Tensor& grad = p.grad();
-    pieces.push_back(grad.defined() ? grad.detach().reshape({-1}).to(shard_.scalar_type())
-                                    : torch::zeros({p.numel()}, shard_.options()));
+  return padded_flat(
+      [&](size_t q) {
+        const torch::Tensor& grad = parameters_[q].grad();
+        return grad.defined() ? grad.detach().reshape({-1}).to(shard_.scalar_type())
+                              : torch::zeros({parameters_[q].numel()}, shard_.options());
+      },
+      shard_.options());
+}
+
+void ShardedOptimizer::start_reduce(size_t segment) {  // [1], one segment ahead
+  PIPETRAIN_CHECK_INPUT(segment < segments_.size(), "ZeRO segment ", segment, " of ",
+                        segments_.size());
+  if (started_flat_.size() < segments_.size()) {
+    started_flat_.resize(segments_.size());
+    started_wait_.resize(segments_.size());
   }
-  const int64_t padding = shard_size_ * replicas_ - total_;
-  if (padding > 0) pieces.push_back(torch::zeros({padding}, shard_.options()));
-  return torch::cat(pieces);
+  if (started_flat_[segment].defined()) return;
+  torch::NoGradGuard no_grad;
+  const Segment& s = segments_[segment];
+  torch::Tensor flat = torch::zeros({s.padded}, shard_.options());
+  int64_t at = 0;
+  for (size_t q : s.parameters) {
+    const torch::Tensor& grad = parameters_[q].grad();
+    const int64_t n = parameters_[q].numel();
+    if (grad.defined()) flat.narrow(0, at, n).copy_(grad.detach().reshape({-1}));
+    at += n;
+  }
+  torch::Tensor mine = shard_grad_.narrow(0, s.shard_offset, s.piece);
+  if (C10dGroup* dp = group()) {
+    started_wait_[segment] = dp->reduce_scatter_sum_start(flat, mine);
+  } else {
+    mine.copy_(flat.narrow(0, replica_ * s.piece, s.piece));
+    started_wait_[segment] = [] {};
+  }
+  started_flat_[segment] = flat;
 }
 
 void ShardedOptimizer::reduce_gradients() {  // [1]
   torch::NoGradGuard no_grad;
-  const torch::Tensor flat = flat_gradients();
-  if (C10dGroup* dp = group()) {
-    dp->reduce_scatter_sum(flat, shard_grad_);
+  if (started_flat_.empty()) {
+    const torch::Tensor flat = flat_gradients();
+    for (const Segment& s : segments_) {
+      torch::Tensor mine = shard_grad_.narrow(0, s.shard_offset, s.piece);
+      if (C10dGroup* dp = group()) {
+        dp->reduce_scatter_sum(flat.narrow(0, s.start, s.padded), mine);
+      } else {
+        mine.copy_(flat.narrow(0, s.start + replica_ * s.piece, s.piece));
+      }
+    }
   } else {
-    shard_grad_.copy_(flat.narrow(0, shard_begin_, shard_size_));
+    for (size_t k = 0; k < segments_.size(); ++k) start_reduce(k);  // those not started yet
+    for (auto& wait : started_wait_) wait();
+    started_flat_.clear();
+    started_wait_.clear();
   }
   if (stage_ == 2) {
     for (torch::Tensor& p : parameters_) p.mutable_grad() = torch::Tensor();
@@ -111,14 +219,8 @@ void ShardedOptimizer::scale_gradients(double factor) {
 
 void ShardedOptimizer::load_shard() {
   torch::NoGradGuard no_grad;
-  const int64_t end = shard_begin_ + shard_size_;
-  for (size_t q = 0; q < parameters_.size(); ++q) {
-    const int64_t from = std::max(offsets_[q], shard_begin_);
-    const int64_t to = std::min(offsets_[q] + parameters_[q].numel(), end);
-    if (from >= to) continue;
-    shard_.narrow(0, from - shard_begin_, to - from)
-        .copy_(parameters_[q].detach().reshape({-1}).narrow(0, from - offsets_[q], to - from));
-  }
+  shard_.copy_(shard_of(padded_flat([&](size_t q) { return parameters_[q].detach().reshape({-1}); },
+                                    shard_.options())));
 }
 
 void ShardedOptimizer::step() {  // [3]
@@ -127,12 +229,7 @@ void ShardedOptimizer::step() {  // [3]
   torch::NoGradGuard no_grad;
   shard_.mutable_grad() = shard_grad_;
   inner_->step();
-  torch::Tensor flat = torch::empty({shard_size_ * replicas_}, shard_.options());
-  if (C10dGroup* dp = group()) {
-    dp->all_gather(shard_, flat);
-  } else {
-    flat.copy_(shard_);
-  }
+  const torch::Tensor flat = gather_flat(shard_);
   for (size_t q = 0; q < parameters_.size(); ++q) {
     torch::Tensor& p = parameters_[q];
     p.copy_(flat.narrow(0, offsets_[q], p.numel()).view(p.sizes()));
@@ -158,13 +255,7 @@ void ShardedOptimizer::capture(Checkpoint& part, const NamedTensors& named) {
   std::map<std::string, torch::Tensor> whole;              // field -> the padded flat state
   for (const auto& [field, tensor] : fields->second) {
     if (field == "step") continue;
-    torch::Tensor flat = torch::empty({shard_size_ * replicas_}, tensor.options());
-    if (C10dGroup* dp = group()) {
-      dp->all_gather(tensor.contiguous(), flat);
-    } else {
-      flat.copy_(tensor);
-    }
-    whole[field] = flat;
+    whole[field] = gather_flat(tensor.contiguous());
   }
   if (replica_ != 0) return;
   std::map<const void*, size_t> index;
@@ -219,7 +310,7 @@ void ShardedOptimizer::restore(const Checkpoint& checkpoint, const NamedTensors&
       shard_state[field] = first.clone();
       continue;
     }
-    torch::Tensor flat = torch::zeros({shard_size_ * replicas_}, first.options());
+    torch::Tensor flat = torch::zeros({flat_size_}, first.options());
     for (size_t q = 0; q < parameters_.size(); ++q) {
       auto tensor = states[q]->find(field);
       if (tensor == states[q]->end() || tensor->second.sizes() != parameters_[q].sizes()) {
@@ -228,7 +319,7 @@ void ShardedOptimizer::restore(const Checkpoint& checkpoint, const NamedTensors&
       }
       flat.narrow(0, offsets_[q], parameters_[q].numel()).copy_(tensor->second.reshape({-1}));
     }
-    shard_state[field] = flat.narrow(0, shard_begin_, shard_size_).clone();
+    shard_state[field] = shard_of(flat).clone();
   }
   Checkpoint shard_form;
   shard_form.optimizer = name_;

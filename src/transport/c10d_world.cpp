@@ -250,22 +250,29 @@ void check_shard_sizes(const C10dGroup& group, const torch::Tensor& flat,
 }  // namespace
 
 void C10dGroup::reduce_scatter_sum(const torch::Tensor& flat, torch::Tensor& shard) {
+  reduce_scatter_sum_start(flat, shard)();
+}
+
+std::function<void()> C10dGroup::reduce_scatter_sum_start(const torch::Tensor& flat,
+                                                          torch::Tensor& shard) {
   check_shard_sizes(*this, flat, shard, "reduce_scatter_sum");
   if (size() == 1) {
     shard.copy_(flat);
-    return;
+    return [] {};
   }
   if (impl_->mirror) {
     shard.copy_(flat.narrow(0, rank() * shard.numel(), shard.numel()));
     shard.mul_(size());
-    return;
+    return [] {};
   }
   ::c10d::ReduceScatterOptions options;
   options.reduceOp = ::c10d::ReduceOp::SUM;
   at::Tensor input = flat;
   at::Tensor output = shard;
-  detail::wait_work(impl_->backend->_reduce_scatter_base(output, input, options),
-                    "reduce_scatter over group '" + impl_->name + "'");
+  auto work = impl_->backend->_reduce_scatter_base(output, input, options);
+  return [work, name = impl_->name] {
+    detail::wait_work(work, "reduce_scatter over group '" + name + "'");
+  };
 }
 
 void C10dGroup::all_gather(const torch::Tensor& shard, torch::Tensor& flat) {

@@ -32,6 +32,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -51,17 +52,29 @@ class ShardedOptimizer {
   // `counted`: the subset whose gradients the global norm counts here (a tied tensor counts on
   // one holder only). `stage`: 1 or 2. Throws BadInput for another stage, mixed dtypes, a device
   // other than the CPU, or an unknown optimizer name.
+  // `segments` (optional): the parameters in groups, laid out one group after the other, each
+  // padded to a multiple of R and sharded on its own (the shard is the concatenation of this
+  // replica's piece of each), so that a group's gradients can be reduce-scattered as soon as
+  // they are final (start_reduce: --overlap-grad-reduce). Every parameter in exactly one group.
+  // Empty: one group of all, the layout above.
   ShardedOptimizer(Distributed& distributed, std::vector<torch::Tensor> parameters,
                    const std::vector<torch::Tensor>& counted, const std::string& optimizer,
-                   const OptimizerOptions& options, int stage);
+                   const OptimizerOptions& options, int stage,
+                   const std::vector<std::vector<torch::Tensor>>& segments = {});
   ~ShardedOptimizer();
   ShardedOptimizer(const ShardedOptimizer&) = delete;
   ShardedOptimizer& operator=(const ShardedOptimizer&) = delete;
 
   // The parameters' gradients to zero (stage 2: released) and the shard's.
   void zero_grad();
-  // [1] Collective.
+  // [1] Collective. Waits for the segments start_reduce started and reduce-scatters the others.
   void reduce_gradients();
+  // [1] for one segment, started now while the step goes on (its gradients are final): the
+  // reduce-scatter runs on the group's threads; reduce_gradients waits for it. Collective in
+  // order: every replica starts the same segments in the same order. Starting one twice in a
+  // step is a no-op.
+  void start_reduce(size_t segment);
+  size_t segments() const { return segments_.size(); }
   // [2] This replica's shard of the squared gradient norm (sum it over every rank).
   double local_grad_norm_squared() const;
   void scale_gradients(double factor);
@@ -99,12 +112,34 @@ class ShardedOptimizer {
   // The data-parallel group (nullptr with one replica).
   C10dGroup* group() const;
 
+  // The padded flat vector: segment after segment, each padded to a multiple of R; replica d's
+  // piece of a segment is its d-th R-th, and the shard is the pieces one after the other.
+  struct Segment {
+    std::vector<size_t> parameters;  // indices into parameters_
+    int64_t start = 0;               // in the padded flat vector
+    int64_t padded = 0;              // its elements, padding included (piece x R)
+    int64_t piece = 0;               // elements of each replica's piece
+    int64_t shard_offset = 0;        // where this replica's piece sits in the shard
+  };
+  // The padded flat vector of per-parameter values (`value(q)`: a flat tensor of parameter q's
+  // elements), zeros in the padding.
+  torch::Tensor padded_flat(const std::function<torch::Tensor(size_t)>& value,
+                            const torch::TensorOptions& options) const;
+  // This replica's pieces of a padded flat vector, one after the other.
+  torch::Tensor shard_of(const torch::Tensor& flat) const;
+  // Collective: the padded flat vector of every replica's `shard` (all-gathered by segment).
+  torch::Tensor gather_flat(const torch::Tensor& shard) const;
+
   Distributed& distributed_;
   std::vector<torch::Tensor> parameters_;
-  std::vector<int64_t> offsets_;  // of each parameter in the flat vector
-  int64_t total_ = 0;
+  std::vector<int64_t> offsets_;  // of each parameter in the padded flat vector
+  std::vector<Segment> segments_;
+  int64_t total_ = 0;      // the parameters' elements
+  int64_t flat_size_ = 0;  // the padded flat vector's
   int64_t shard_size_ = 0;
-  int64_t shard_begin_ = 0;  // this replica's first flat element
+  // Segments started this step (start_reduce): their gradient and the wait.
+  std::vector<torch::Tensor> started_flat_;
+  std::vector<std::function<void()>> started_wait_;
   int replicas_ = 1;
   int replica_ = 0;
   std::string name_;

@@ -185,6 +185,9 @@ class C10dGroup {
   // elements) receives every member's `shard`, member g's at [g * n, (g + 1) * n). Contiguous
   // tensors of one dtype on the group's device; throws BadInput naming the sizes otherwise.
   void reduce_scatter_sum(const torch::Tensor& flat, torch::Tensor& shard);
+  // The same, started: the returned function waits until `shard` holds the sum (both tensors
+  // must stay alive and untouched until then).
+  std::function<void()> reduce_scatter_sum_start(const torch::Tensor& flat, torch::Tensor& shard);
   void all_gather(const torch::Tensor& shard, torch::Tensor& flat);
   // Byte blobs gathered to group rank 0 (empty vector on others); result[g] is member g's blob.
   std::vector<std::vector<char>> gather_bytes(const std::vector<char>& mine);
