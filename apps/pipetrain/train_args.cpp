@@ -422,11 +422,6 @@ void check_ranges(const TrainArgs& args) {
         "--dp 2 or more (with --nproc pp x dp), got --dp " +
         std::to_string(args.pipeline.dp));
   }
-  if (args.pipeline.overlap_grad_reduce && args.zero > 0) {
-    fail("--overlap-grad-reduce with --zero " + std::to_string(args.zero) +
-         " is not supported yet: ZeRO reduce-scatters the whole rank's flat gradient after the "
-         "step (docs/DISTRIBUTED.md); drop one of them");
-  }
   if (args.log_every < 1) fail("--log-every must be at least 1");
 }
 

@@ -208,6 +208,9 @@ torch::Tensor DistributedPipe::train_step(const torch::Tensor& input, const torc
       const auto found = final_at.find(j);
       if (found != final_at.end()) reducer->start(found->second);
     };
+  } else if (!allreduce_gradients_ && stage_gradients_hook_ &&
+             options_.overlap_gradient_reduction()) {
+    data.on_stage_gradients = stage_gradients_hook_;
   }
   interpreter.run(data, result);
   step_transport_stats_ = transport_->stats();
@@ -239,6 +242,20 @@ torch::Tensor DistributedPipe::train_step(const torch::Tensor& input, const torc
   // and the next step starts holding none (what the memory model assumes).
   transport_->flush();
   return torch::tensor(loss, torch::kFloat64);
+}
+
+std::vector<std::pair<int, std::vector<torch::Tensor>>> DistributedPipe::gradient_groups() const {
+  std::map<int, std::vector<torch::Tensor>> by_stage;
+  for (const torch::Tensor& tensor : unique_) {
+    const std::set<int>& stages = local_holders_.at(tensor.unsafeGetTensorImpl());
+    by_stage[stages.size() == 1 ? *stages.begin() : -1].push_back(tensor);
+  }
+  std::vector<std::pair<int, std::vector<torch::Tensor>>> groups;
+  for (auto& [stage, tensors] : by_stage) {
+    if (stage >= 0) groups.emplace_back(stage, std::move(tensors));
+  }
+  if (by_stage.count(-1)) groups.emplace_back(-1, std::move(by_stage[-1]));
+  return groups;
 }
 
 torch::Tensor DistributedPipe::replica_share(const torch::Tensor& batch) const {

@@ -138,6 +138,7 @@ class DistributedRunner : public StepRunner {
         model_(model),
         loss_(std::move(loss)),
         pipe_(distributed, model, options, device),
+        overlap_gradient_reduction_(options.overlap_gradient_reduction()),
         description_(std::move(description)),
         split_(std::move(tensor_parallel.split)) {
     // Layers this rank holds: the first component of its parameter names. Buffers are filed
@@ -263,9 +264,27 @@ class DistributedRunner : public StepRunner {
     PIPETRAIN_CHECK_INPUT(distributed_.layout().replicas > 1, "ZeRO stage ", stage,
                           " shards the optimizer over data-parallel replicas, and this run has "
                           "one; start it with more than one replica (--dp 2 or more)");
-    auto sharded = std::make_unique<ShardedOptimizer>(distributed_, pipe_.parameters(),
-                                                      norm_parameters_, optimizer, options, stage);
+    // Overlapped: one segment per local stage, started when that stage's gradients are final.
+    const bool overlap = overlap_gradient_reduction_;
+    std::vector<std::vector<torch::Tensor>> segments;
+    std::map<int, size_t> segment_of_stage;
+    if (overlap) {
+      for (auto& [stage_index, tensors] : pipe_.gradient_groups()) {
+        if (stage_index >= 0) segment_of_stage[stage_index] = segments.size();
+        segments.push_back(std::move(tensors));
+      }
+    }
+    auto sharded = std::make_unique<ShardedOptimizer>(
+        distributed_, pipe_.parameters(), norm_parameters_, optimizer, options, stage, segments);
     pipe_.set_allreduce_gradients(false);
+    if (overlap) {
+      // The optimizer is the trainer's, which keeps it while it trains through this runner.
+      ShardedOptimizer* zero = sharded.get();
+      pipe_.set_stage_gradients_hook([zero, segment_of_stage](int j) {
+        const auto found = segment_of_stage.find(j);
+        if (found != segment_of_stage.end()) zero->start_reduce(found->second);
+      });
+    }
     return sharded;
   }
   int64_t transport_bytes_sent() const override { return pipe_.transport_stats().data_bytes_sent; }
@@ -297,6 +316,7 @@ class DistributedRunner : public StepRunner {
   torch::nn::Sequential model_;
   LossFn loss_;
   DistributedPipe pipe_;
+  bool overlap_gradient_reduction_ = false;  // PipeOptions', for the ZeRO optimizer's segments
   std::string description_;
   std::set<std::string> layers_;
   std::vector<torch::Tensor> norm_parameters_;

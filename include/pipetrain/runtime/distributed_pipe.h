@@ -88,6 +88,17 @@ class DistributedPipe {
   // weights ([4]) are still summed over their holders.
   void set_allreduce_gradients(bool on) { allreduce_gradients_ = on; }
 
+  // This rank's parameters (each tensor once) grouped by the one local stage whose backwards make
+  // their gradients, {stage, tensors} by stage; the tensors several local stages share (a tie
+  // within the rank) last, under stage -1. What a ZeRO optimizer segments its layout by.
+  std::vector<std::pair<int, std::vector<torch::Tensor>>> gradient_groups() const;
+  // With PipeOptions::overlap_gradient_reduction and set_allreduce_gradients(false) (ZeRO):
+  // called during train_step with stage j after this rank's last B or W of j in the step, so that
+  // the caller starts reducing j's gradients (ShardedOptimizer::start_reduce). Empty: none.
+  void set_stage_gradients_hook(std::function<void(int stage)> hook) {
+    stage_gradients_hook_ = std::move(hook);
+  }
+
   // This rank's parameters (each tensor once), for its optimizer.
   std::vector<torch::Tensor> parameters() const;
   // This rank's parameters under the Sequential's names ("0.weight", ...); a tied tensor appears
@@ -151,6 +162,7 @@ class DistributedPipe {
   // Per unique tensor (by identity): the stages of this rank that use it.
   std::map<const void*, std::set<int>> local_holders_;
   double exposed_reduce_seconds_ = 0;
+  std::function<void(int)> stage_gradients_hook_;
   int reduce_buckets_ = 0;
   std::vector<std::pair<std::string, torch::Tensor>> ties_;  // (declare_tie key, tensor) held here
   std::vector<ActionEvent> events_;
