@@ -189,14 +189,7 @@ torch::Tensor DistributedPipe::train_step(const torch::Tensor& input, const torc
   if (replicas && options_.overlap_gradient_reduction()) {
     reducer.emplace(distributed_.data_parallel_group(), options_.bucket_bytes());
     // A tensor two local stages share (a tie within the rank) is final after the later one.
-    std::map<int, size_t> last_backward;
-    const auto& actions = s.actions[static_cast<size_t>(distributed_.pipeline_rank())];
-    for (size_t a = 0; a < actions.size(); ++a) {
-      if (actions[a].op == schedule::Op::kBackward ||
-          actions[a].op == schedule::Op::kBackwardWeight) {
-        last_backward[actions[a].stage] = a;
-      }
-    }
+    std::map<int, size_t> last_backward = s.last_gradient_actions(distributed_.pipeline_rank());
     for (const torch::Tensor& tensor : unique_) {
       int owner = -1;
       for (int j : local_holders_.at(tensor.unsafeGetTensorImpl())) {

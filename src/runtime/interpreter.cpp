@@ -238,14 +238,9 @@ void Interpreter::run(const StepData& data, RankResult& result, const std::atomi
   // The action after which each stage's weight gradients are final: its last B or W here.
   std::map<size_t, int> gradients_final_after;
   if (data.training && data.on_stage_gradients) {
-    std::map<int, size_t> last;
-    for (size_t a = 0; a < actions.size(); ++a) {
-      if (actions[a].op == schedule::Op::kBackward ||
-          actions[a].op == schedule::Op::kBackwardWeight) {
-        last[actions[a].stage] = a;
-      }
+    for (const auto& [stage, a] : schedule_.last_gradient_actions(rank_)) {
+      gradients_final_after[a] = stage;
     }
-    for (const auto& [stage, a] : last) gradients_final_after[a] = stage;
   }
   for (size_t a = 0; a < actions.size(); ++a) {
     const schedule::Action& action = actions[a];

@@ -11,6 +11,15 @@ std::vector<int> Schedule::stages_of_rank(int r) const {
   return stages;
 }
 
+std::map<int, std::size_t> Schedule::last_gradient_actions(int r) const {
+  std::map<int, std::size_t> last;
+  const auto& list = actions.at(static_cast<std::size_t>(r));
+  for (std::size_t a = 0; a < list.size(); ++a) {
+    if (list[a].op == Op::kBackward || list[a].op == Op::kBackwardWeight) last[list[a].stage] = a;
+  }
+  return last;
+}
+
 bool Schedule::splits_backward() const {
   for (const auto& rank_actions : actions) {
     for (const auto& action : rank_actions) {

@@ -10,6 +10,8 @@
 // Thread-safety: a plain value; safe to copy and to read from many threads.
 #pragma once
 
+#include <cstddef>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -37,6 +39,9 @@ struct Schedule {
   std::vector<int> stages_of_rank(int r) const;
   // True when any action is I or W (the backward is split).
   bool splits_backward() const;
+  // Per stage of rank r: the index in actions[r] of its last B or W, after which the stage's
+  // weight gradients are final for the step.
+  std::map<int, std::size_t> last_gradient_actions(int r) const;
 };
 
 }  // namespace pipetrain::schedule
