@@ -56,6 +56,17 @@ std::string scratch(const std::string& name) {
   return dir + "/" + name;
 }
 
+// The weights the overlapped run `tag` saved equal the blocking run's, bit for bit.
+void expect_same_params(const std::string& tag) {
+  const auto want = testing::load_params(scratch(tag + "_blocking.pt"));
+  const auto got = testing::load_params(scratch(tag + "_overlap.pt"));
+  ASSERT_EQ(got.size(), want.size()) << tag;
+  for (const auto& [name, tensor] : want) {
+    ASSERT_TRUE(got.count(name)) << name;
+    EXPECT_TRUE(torch::equal(got.at(name), tensor)) << tag << ": " << name;
+  }
+}
+
 // 2 pipeline ranks x 2 replicas, 4 SGD steps with momentum; buckets of 4 KiB so that a stage's
 // gradients take several. Two replicas sum two numbers: the same bits in any order.
 TEST(GradientReducer, OverlappedTrainingEqualsTheBlockingSumBitForBitUnderEverySchedule) {
@@ -79,13 +90,7 @@ TEST(GradientReducer, OverlappedTrainingEqualsTheBlockingSumBitForBitUnderEveryS
         << overlapped.output;
     EXPECT_NE(blocking.output.find("(mean over ranks; one blocking all-reduce)"), std::string::npos)
         << blocking.output;
-    const auto want = testing::load_params(scratch(tag + "_blocking.pt"));
-    const auto got = testing::load_params(scratch(tag + "_overlap.pt"));
-    ASSERT_EQ(got.size(), want.size()) << schedule;
-    for (const auto& [name, tensor] : want) {
-      ASSERT_TRUE(got.count(name)) << name;
-      EXPECT_TRUE(torch::equal(got.at(name), tensor)) << schedule << ": " << name;
-    }
+    expect_same_params(tag);
   }
 }
 
@@ -108,13 +113,7 @@ TEST(GradientReducer, OverlappedZeroOneAndTwoEqualTheirBlockingRunsBitForBit) {
       const testing::CliRun overlapped = testing::run_pipetrain(
           flags + " --overlap-grad-reduce --save-params " + scratch(tag + "_overlap.pt"));
       ASSERT_EQ(overlapped.exit_code, 0) << overlapped.output;
-      const auto want = testing::load_params(scratch(tag + "_blocking.pt"));
-      const auto got = testing::load_params(scratch(tag + "_overlap.pt"));
-      ASSERT_EQ(got.size(), want.size()) << tag;
-      for (const auto& [name, tensor] : want) {
-        ASSERT_TRUE(got.count(name)) << name;
-        EXPECT_TRUE(torch::equal(got.at(name), tensor)) << tag << ": " << name;
-      }
+      expect_same_params(tag);
     }
   }
 }
