@@ -1,8 +1,11 @@
 // bench_overlap: the data-parallel gradient sum overlapped with the pipeline
 // (PipeOptions::overlap_gradient_reduction, runtime/gradient_reducer.h) against the blocking sum
-// after the step, in one invocation. The mlp suite's model (8 x (Linear(1024) + ReLU), batch 256,
-// MSE against random targets), pp 2 x dp 2 = 4 processes of 1 intra-op thread over loopback Gloo,
-// 8 micro-batches, for each schedule in turn without and with the overlap:
+// after the step, in one invocation; and the same for the ZeRO-1 optimizer's reduce-scatter (one
+// segment per local stage, started when the stage's last backward ends: exposed is then what
+// ShardedOptimizer::reduce_gradients waits after the step). The mlp suite's model (8 x
+// (Linear(1024) + ReLU), batch 256, MSE against random targets), pp 2 x dp 2 = 4 processes of 1
+// intra-op thread over loopback Gloo, 8 micro-batches, for each schedule in turn without and with
+// the overlap:
 //
 //   exposed   what the gradient sum kept the rank waiting after the schedule's last action
 //             (DistributedPipe::last_exposed_reduce_seconds): the whole all-reduce without the
@@ -32,6 +35,7 @@
 #include "pipetrain/runtime/distributed.h"
 #include "pipetrain/runtime/distributed_pipe.h"
 #include "pipetrain/runtime/launcher.h"
+#include "pipetrain/train/sharded_optimizer.h"
 #include "synthetic.h"
 
 using namespace pipetrain;
@@ -51,7 +55,11 @@ struct Row {
   std::string schedule;
   int virtual_stages;
   bool overlap;
-  std::string name() const { return schedule + (overlap ? " overlap" : " blocking"); }
+  int zero = 0;  // 1: the ZeRO-1 optimizer reduce-scatters (train/sharded_optimizer.h)
+  std::string name() const {
+    return schedule + (zero ? " zero" + std::to_string(zero) : "") +
+           (overlap ? " overlap" : " blocking");
+  }
 };
 
 const std::vector<Row> kRows = {{"1f1b", 1, false},
@@ -59,7 +67,9 @@ const std::vector<Row> kRows = {{"1f1b", 1, false},
                                 {"interleaved-1f1b", 2, false},
                                 {"interleaved-1f1b", 2, true},
                                 {"zb-v", 2, false},
-                                {"zb-v", 2, true}};
+                                {"zb-v", 2, true},
+                                {"zb-v", 2, false, 1},
+                                {"zb-v", 2, true, 1}};
 
 // One rank: prints kPrefix {"seconds": [...], "exposed": [...], "buckets": n}.
 int run_rank(const Row& row, int steps) {
@@ -86,15 +96,47 @@ int run_rank(const Row& row, int steps) {
                              .checkpoint(Checkpoint::kNever)
                              .threads_per_stage(1)
                              .overlap_gradient_reduction(row.overlap));
+    // ZeRO-1: the sharded optimizer reduce-scatters after the step, or, overlapped, one segment
+    // per local stage as soon as the stage's last backward ends (as the trainer wires it).
+    std::unique_ptr<train::ShardedOptimizer> zero;
+    if (row.zero > 0) {
+      pipe.set_allreduce_gradients(false);
+      std::vector<std::vector<torch::Tensor>> segments;
+      std::map<int, size_t> segment_of_stage;
+      if (row.overlap) {
+        for (auto& [stage, tensors] : pipe.gradient_groups()) {
+          if (stage >= 0) segment_of_stage[stage] = segments.size();
+          segments.push_back(std::move(tensors));
+        }
+      }
+      zero = std::make_unique<train::ShardedOptimizer>(
+          d, pipe.parameters(), pipe.parameters(), "sgd",
+          train::OptimizerOptions().lr(0.01).momentum(0), row.zero, segments);
+      train::ShardedOptimizer* sharded = zero.get();
+      pipe.set_stage_gradients_hook([sharded, segment_of_stage](int j) {
+        const auto found = segment_of_stage.find(j);
+        if (found != segment_of_stage.end()) sharded->start_reduce(found->second);
+      });
+    }
     std::vector<double> seconds, exposed;
     for (int k = 0; k < kWarmup + steps; ++k) {
       d.barrier();
       const auto start = Clock::now();
-      for (auto& p : pipe.parameters()) p.mutable_grad() = torch::Tensor();
+      if (zero) {
+        zero->zero_grad();
+      } else {
+        for (auto& p : pipe.parameters()) p.mutable_grad() = torch::Tensor();
+      }
       pipe.train_step(data.inputs, data.targets, loss);
+      double reduce = pipe.last_exposed_reduce_seconds();
+      if (zero) {  // what the reduce-scatter leaves after the step
+        const auto before = Clock::now();
+        zero->reduce_gradients();
+        reduce = std::chrono::duration<double>(Clock::now() - before).count();
+      }
       if (k >= kWarmup) {
         seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
-        exposed.push_back(pipe.last_exposed_reduce_seconds());
+        exposed.push_back(reduce);
       }
     }
     std::cout << kPrefix
@@ -150,7 +192,7 @@ int main(int argc, char** argv) {
       exposed_ms[kRows[r].name()].push_back(1e3 * median(most_exposed));
     }
     for (const Row& row : kRows) {
-      const std::string base = Row{row.schedule, row.virtual_stages, false}.name();
+      const std::string base = Row{row.schedule, row.virtual_stages, false, row.zero}.name();
       step_ratio[row.name()].push_back(step_of[row.name()] / step_of[base]);
       if (exposed_of[base] > 0) {
         exposed_ratio[row.name()].push_back(exposed_of[row.name()] / exposed_of[base]);
