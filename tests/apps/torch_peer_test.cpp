@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include "../helpers/cli_run.h"
+#include "../helpers/hf_models.h"
 #include "../helpers/python.h"
 #include "pipetrain/runtime/launcher.h"
 #include "pipetrain/schedule/generators.h"
@@ -107,6 +108,7 @@ TEST_F(TorchPeer, WeightsAfterThreeStepsEqualTorchDistributedPipeliningsForGpipe
 // Llama to the weights its 2-process pipeline at tp 1 reaches (2 SGD steps at lr 10, so that the
 // steps move the weights far beyond rounding; shards gathered whole for the file).
 TEST_F(TorchPeer, TheTensorParallelPeerTrainsLikeItsPipelineAtTpOne) {
+  PIPETRAIN_SKIP_WITHOUT_TRANSFORMERS();  // the llama suite runs transformers' own modules
   const std::string flags =
       " --suite llama --width 32 --batch 8 --chunks 2 --schedule 1f1b --threads 1 --lr 10 "
       "--steps 2 --warmup 0 --save-params ";
