@@ -97,11 +97,8 @@ int run_rank(const Layout& layout, int steps) {
                              .checkpoint(Checkpoint::kNever)
                              .threads_per_stage(1));
     if (layout.sp) {
-      for (const auto& [name, tensor] : pipe.named_parameters()) {
-        if (!models::tensor_parallel_split(name, config, layout.tp)) {
-          sequence_shared.push_back(tensor);
-        }
-      }
+      sequence_shared =
+          models::tensor_parallel_whole_parameters(pipe.named_parameters(), config, layout.tp);
     }
     std::vector<double> seconds;
     int64_t bytes_before = 0;

@@ -397,10 +397,8 @@ int run_rank(const BenchOptions& a, const Config& c) {
     // group after the backward, as the trainer does (train/step_runner.h): part of the step.
     std::vector<torch::Tensor> sequence_shared;
     if (c.sequence_parallel) {
-      const models::LlamaConfig config = models::parse_llama_config(llama_bench_config(a.width));
-      for (const auto& [name, tensor] : pipe.named_parameters()) {
-        if (!models::tensor_parallel_split(name, config, c.tp)) sequence_shared.push_back(tensor);
-      }
+      sequence_shared = models::tensor_parallel_whole_parameters(
+          pipe.named_parameters(), models::parse_llama_config(llama_bench_config(a.width)), c.tp);
     }
     torch::optim::SGD sgd(pipe.parameters(), torch::optim::SGDOptions(0.01));
     RankTimes times;

@@ -576,6 +576,20 @@ std::optional<parallel::TensorSplit> tensor_parallel_split(const std::string& na
   return std::nullopt;  // norms, o_proj/down_proj biases
 }
 
+std::vector<torch::Tensor> tensor_parallel_whole_parameters(
+    const std::vector<std::pair<std::string, torch::Tensor>>& named, const LlamaConfig& config,
+    int tp) {
+  std::vector<torch::Tensor> whole;
+  std::set<const void*> seen;
+  for (const auto& [name, tensor] : named) {
+    if (!tensor_parallel_split(name, config, tp) &&
+        seen.insert(tensor.unsafeGetTensorImpl()).second) {
+      whole.push_back(tensor);
+    }
+  }
+  return whole;
+}
+
 torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
   TORCH_CHECK(logits.dim() == 3 && targets.dim() == 2 && logits.size(0) == targets.size(0) &&
                   logits.size(1) == targets.size(1),

@@ -235,6 +235,14 @@ void check_llama_tensor_parallel(const LlamaConfig& config, int tp);
 std::optional<parallel::TensorSplit> tensor_parallel_split(const std::string& name,
                                                            const LlamaConfig& config, int tp);
 
+// Of `named` (Sequential names, e.g. DistributedPipe::named_parameters()), the tensors every rank
+// of a tensor-parallel group of `tp` holds whole, each once: under sequence parallelism their
+// gradients are each rank's share, to be summed over the group after the backward
+// (Distributed::allreduce_tensor_parallel_gradients).
+std::vector<torch::Tensor> tensor_parallel_whole_parameters(
+    const std::vector<std::pair<std::string, torch::Tensor>>& named, const LlamaConfig& config,
+    int tp);
+
 // The model's entries, uninitialized (fill them with init_llama_random or load_llama_weights).
 // Throws ModelConfigError for a config check_llama_config refuses.
 LlamaModel make_llama(const LlamaConfig& config, const LlamaBuildOptions& options = {});
