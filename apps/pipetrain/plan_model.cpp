@@ -169,8 +169,9 @@ void add_plan_model_options(CLI::App& command, PlanModelArgs& args) {
                    "With --model: the recommended plan's bytes per rank: parameters, gradients, "
                    "optimizer state, activations, transport (docs/MEMORY.md)");
   command.add_option("--zero", args.zero,
-                     "With --model: ZeRO stage 0, 1 or 2 over --dp replicas, for the memory "
-                     "model and --memory-limit (default 0)");
+                     "With --model: ZeRO stage 0, 1, 2 or 3 over --dp replicas, for the "
+                     "memory model and --memory-limit (default 0; 3 keeps each stage's "
+                     "parameters from its first action of a step to its last)");
   command.add_option("--dp", args.dp,
                      "With --model: data-parallel replicas of each rank, for the memory model "
                      "(default 1); --sample-shape is then one replica's share of the mini-batch");
@@ -201,8 +202,8 @@ Precision check_plan_args(const PlanModelArgs& args) {
     throw UsageError("--verify-steps must be >= 1 (got " + std::to_string(args.verify_steps) + ")");
   }
   if (args.dp < 1) throw UsageError("--dp must be >= 1 (got " + std::to_string(args.dp) + ")");
-  if (args.zero < 0 || args.zero > 2) {
-    throw UsageError("--zero must be 0, 1 or 2 (got " + std::to_string(args.zero) + ")");
+  if (args.zero < 0 || args.zero > 3) {
+    throw UsageError("--zero must be 0, 1, 2 or 3 (got " + std::to_string(args.zero) + ")");
   }
   if (args.world < 0) {
     throw UsageError("--world must be >= 1 (got " + std::to_string(args.world) + ")");

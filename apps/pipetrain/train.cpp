@@ -127,6 +127,7 @@ train::TrainerOptions trainer_options(const TrainArgs& args, const BuiltModel& m
       .min_lr(args.min_lr)
       .clip_grad_norm(args.clip_grad_norm)
       .zero(args.zero)
+      .reshard_after_forward(args.reshard_after_forward)
       .checkpoint_dir(args.checkpoint_dir)
       .save_every(args.save_every)
       .metadata({{"model", model.name},
@@ -370,6 +371,7 @@ void print_memory_report(const TrainArgs& args, Prepared& p, const Batches& batc
   run.optimizer = args.optimizer;
   run.momentum = args.momentum;
   run.zero = args.zero;
+  run.reshard_after_forward = args.reshard_after_forward;
   run.data_parallel = layout.replicas;
   run.processes = layout.multi_process;
   // A tensor-parallel rank's layers are profiled on a copy of the model split over a mirror group

@@ -136,8 +136,13 @@ void add_optimizer_flags(CLI::App& command, TrainArgs& args) {
   command
       .add_option("--zero", args.zero,
                   "ZeRO stage over the data-parallel replicas: 0 none, 1 optimizer state "
-                  "sharded, 2 gradients held between steps sharded too (needs --dp > 1)")
+                  "sharded, 2 gradients held between steps sharded too, 3 parameters too "
+                  "(gathered around each stage's actions) (needs --dp > 1)")
       ->capture_default_str();
+  command.add_flag("--reshard-after-forward", args.reshard_after_forward,
+                   "ZeRO-3: free a stage's gathered parameters after every forward and backward "
+                   "and gather them again for the next (less memory, more traffic); default: "
+                   "kept from the stage's first action of a step to its last");
   command.add_flag("--report-memory", args.report_memory,
                    "after the last step, print what each rank holds per category (parameters, "
                    "gradients, optimizer state, activations, transport), predicted by the memory "
@@ -398,8 +403,13 @@ void check_ranges(const TrainArgs& args) {
   if (args.save_every > 0 && args.checkpoint_dir.empty()) {
     fail("--save-every needs --checkpoint-dir DIR (where checkpoint.pt is written)");
   }
-  if (args.zero < 0 || args.zero > 2) {
-    fail("--zero must be 0, 1 or 2, got " + std::to_string(args.zero));
+  if (args.zero < 0 || args.zero > 3) {
+    fail("--zero must be 0, 1, 2 or 3, got " + std::to_string(args.zero));
+  }
+  if (args.reshard_after_forward && args.zero != 3) {
+    fail("--reshard-after-forward frees ZeRO-3's gathered parameters; it needs --zero 3, got "
+         "--zero " +
+         std::to_string(args.zero));
   }
   if (args.adam_betas.size() != 2) fail("--adam-betas takes two numbers B1,B2");
   for (double beta : args.adam_betas) {

@@ -43,6 +43,7 @@ struct TrainArgs {
   double min_lr = 0;
   double clip_grad_norm = 0;
   int zero = 0;  // ZeRO stage
+  bool reshard_after_forward = false;  // ZeRO-3
   bool report_memory = false;
   bool sequence_parallel = false;  // --sequence-parallel (with --tp)
   std::string trace;

@@ -4,12 +4,14 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <set>
 #include <stdexcept>
 #include <string>
 
 #include "pipetrain/base/error.h"
 #include "pipetrain/partition/memory.h"
 #include "pipetrain/schedule/lower.h"
+#include "pipetrain/schedule/residency.h"
 #include "pipetrain/schedule/send_release.h"
 
 namespace pipetrain::partition {
@@ -118,9 +120,9 @@ void check_memory_inputs(const ModelProfile& profile, const std::vector<int>& ba
     throw BadInput("memory model: balance asks for " + std::to_string(layers) +
                    " layers but the model has " + std::to_string(profile.num_layers()));
   }
-  if (options.zero < 0 || options.zero > 2) {
+  if (options.zero < 0 || options.zero > 3) {
     throw BadInput("memory model: ZeRO stage " + std::to_string(options.zero) +
-                   " does not exist; use 0, 1 or 2");
+                   " does not exist; use 0, 1, 2 or 3");
   }
   if (options.data_parallel < 1 || options.parameter_element_bytes < 1) {
     throw BadInput("memory model: data_parallel (" + std::to_string(options.data_parallel) +
@@ -289,6 +291,25 @@ StashPeaks stash_peaks(const schedule::Schedule& schedule, const std::vector<std
   return peaks;
 }
 
+// ZeRO-3's gathered category: the most bytes of whole stage parameters rank r holds at once,
+// walking its residency plan as the interpreter follows it.
+std::int64_t gathered_peak(const schedule::Schedule& schedule, int r,
+                           const std::vector<std::int64_t>& stage_parameters, bool reshard) {
+  const schedule::ResidencyPlan plan = schedule::parameter_residency(schedule, r, reshard);
+  std::set<int> whole;
+  std::int64_t held = 0, peak = 0;
+  for (const schedule::ResidencyStep& step : plan.steps) {
+    if (step.needs >= 0 && whole.insert(step.needs).second) {
+      held += stage_parameters[static_cast<std::size_t>(step.needs)];
+      peak = std::max(peak, held);
+    }
+    if (step.release >= 0 && whole.erase(step.release) > 0) {
+      held -= stage_parameters[static_cast<std::size_t>(step.release)];
+    }
+  }
+  return peak;
+}
+
 }  // namespace
 
 SendWalk send_walk(const schedule::Schedule& schedule) {
@@ -326,10 +347,12 @@ std::int64_t& RankMemory::operator[](int category) {
       return receive_buffers;
     case 5:
       return send_buffers;
+    case 7:
+      return gathered;
     case 6:
       return offloaded;
   }
-  throw BadInput("RankMemory: no category " + std::to_string(category) + " (0..6)");
+  throw BadInput("RankMemory: no category " + std::to_string(category) + " (0..7)");
 }
 
 std::int64_t RankMemory::operator[](int category) const {
@@ -339,9 +362,9 @@ std::int64_t RankMemory::operator[](int category) const {
 const char* memory_category_name(int category) {
   static const char* const names[RankMemory::kCategories] = {
       "parameters",      "gradients",    "optimizer state",  "activations",
-      "receive buffers", "send buffers", "offloaded to host"};
+      "receive buffers", "send buffers", "offloaded to host", "gathered params"};
   if (category < 0 || category >= RankMemory::kCategories) {
-    throw BadInput("memory_category_name: no category " + std::to_string(category) + " (0..6)");
+    throw BadInput("memory_category_name: no category " + std::to_string(category) + " (0..7)");
   }
   return names[category];
 }
@@ -356,6 +379,7 @@ std::vector<RankMemory> predict_memory(const ModelProfile& profile, const std::v
   std::vector<std::int64_t> input(static_cast<std::size_t>(S), 0);
   std::vector<std::int64_t> body(static_cast<std::size_t>(S), 0);
   std::vector<std::int64_t> output_bytes(static_cast<std::size_t>(S), 0);
+  std::vector<std::int64_t> stage_parameters(static_cast<std::size_t>(S), 0);
   const bool split = schedule.splits_backward();
   std::int64_t first = 0;
   for (int j = 0; j < S; ++j) {
@@ -365,6 +389,7 @@ std::vector<RankMemory> predict_memory(const ModelProfile& profile, const std::v
     input[j] = bytes.input;
     body[j] = (split ? bytes.split_body : bytes.body) + (j == S - 1 ? options.loss_bytes : 0);
     ranks[static_cast<std::size_t>(schedule.stage_rank[j])].parameters += bytes.parameters;
+    stage_parameters[j] = bytes.parameters;
     first = end;
   }
   // Offload's prefetch points include communication: walk the list the interpreter runs.
@@ -391,6 +416,11 @@ std::vector<RankMemory> predict_memory(const ModelProfile& profile, const std::v
                                          : shard;
     rank.optimizer_state = static_cast<std::int64_t>(
         std::llround(static_cast<double>(held) * options.optimizer_state_multiple));
+    if (options.zero == 3) {
+      rank.parameters = shard;
+      rank.gathered = gathered_peak(schedule, static_cast<int>(r), stage_parameters,
+                                    options.reshard_after_forward);
+    }
     if (options.processes) {
       receive_bytes(schedule, static_cast<int>(r), output_bytes, rank);
       rank.send_buffers = sends[r];

@@ -182,15 +182,18 @@ torch::Tensor DistributedPipe::train_step(const torch::Tensor& input, const torc
   RankResult result;
   Interpreter interpreter(distributed_.pipeline_rank(), s, stages, *transport_, released_for(s));
   transport_->reset_peak_buffer_bytes();
-  // [3] overlapped: each stage's gradients start their sum after its last backward.
+  // [4] overlapped: each stage's gradients start their sum after its last backward.
   const bool replicas = allreduce_gradients_ && distributed_.data_parallel_group() != nullptr;
   std::optional<GradientReducer> reducer;
   std::map<int, std::vector<torch::Tensor>> final_at;  // stage -> the tensors final after it
+  std::set<const void*> tied;                          // ties across ranks: final after [3]
+  for (const auto& [name, tensor] : ties_) tied.insert(tensor.unsafeGetTensorImpl());
   if (replicas && options_.overlap_gradient_reduction()) {
     reducer.emplace(distributed_.data_parallel_group(), options_.bucket_bytes());
     // A tensor two local stages share (a tie within the rank) is final after the later one.
     std::map<int, size_t> last_backward = s.last_gradient_actions(distributed_.pipeline_rank());
     for (const torch::Tensor& tensor : unique_) {
+      if (tied.count(tensor.unsafeGetTensorImpl())) continue;
       int owner = -1;
       for (int j : local_holders_.at(tensor.unsafeGetTensorImpl())) {
         if (owner < 0 || last_backward[j] > last_backward[owner]) owner = j;
@@ -205,16 +208,36 @@ torch::Tensor DistributedPipe::train_step(const torch::Tensor& input, const torc
              options_.overlap_gradient_reduction()) {
     data.on_stage_gradients = stage_gradients_hook_;
   }
+  if (stage_parameters_) {
+    auto plan = residency_.find(&s);
+    if (plan == residency_.end()) {
+      plan = residency_
+                 .emplace(&s, schedule::parameter_residency(s, distributed_.pipeline_rank(),
+                                                            reshard_after_forward_))
+                 .first;
+    }
+    data.parameters = stage_parameters_;
+    data.residency = &plan->second;
+  }
   interpreter.run(data, result);
   step_transport_stats_ = transport_->stats();
   events_ = std::move(result.events);
-  // [3], [4]
-  // Exposed: from the schedule's last action until the sums are in the gradients, either way.
+  // [3] first, so that every ZeRO stage sums a tie's four copies in one order (ZeRO 1-3 reduce a
+  // tie's gradient, summed over its holders, over the replicas after the step): the same bits.
+  for (const auto& [name, tensor] : ties_) distributed_.allreduce_tie(name, {tensor});
+  // [4] Exposed: from the tie sums until the replicas' sums are in the gradients, either way.
   exposed_reduce_seconds_ = 0;
-  reduce_buckets_ = reducer ? reducer->buckets_started() : 0;
+  reduce_buckets_ = 0;
   if (replicas) {
     const auto begin = std::chrono::steady_clock::now();
     if (reducer) {
+      std::vector<torch::Tensor> ties;
+      std::set<const void*> seen;
+      for (const auto& [name, tensor] : ties_) {
+        if (seen.insert(tensor.unsafeGetTensorImpl()).second) ties.push_back(tensor);
+      }
+      if (!ties.empty()) reducer->start(ties);
+      reduce_buckets_ = reducer->buckets_started();
       reducer->finish();
     } else {
       distributed_.allreduce_gradients(unique_);
@@ -222,7 +245,6 @@ torch::Tensor DistributedPipe::train_step(const torch::Tensor& input, const torc
     exposed_reduce_seconds_ =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
   }
-  for (const auto& [name, tensor] : ties_) distributed_.allreduce_tie(name, {tensor});
   // [5]
   std::optional<double> replica_loss;
   if (stages_.count(num_stages_ - 1)) {
@@ -238,10 +260,14 @@ torch::Tensor DistributedPipe::train_step(const torch::Tensor& input, const torc
 }
 
 std::vector<std::pair<int, std::vector<torch::Tensor>>> DistributedPipe::gradient_groups() const {
+  // A tie across ranks ([3]) has its final gradient only after train_step's tie sum.
+  std::set<const void*> tied;
+  for (const auto& [name, tensor] : ties_) tied.insert(tensor.unsafeGetTensorImpl());
   std::map<int, std::vector<torch::Tensor>> by_stage;
   for (const torch::Tensor& tensor : unique_) {
     const std::set<int>& stages = local_holders_.at(tensor.unsafeGetTensorImpl());
-    by_stage[stages.size() == 1 ? *stages.begin() : -1].push_back(tensor);
+    const bool one_stage = stages.size() == 1 && !tied.count(tensor.unsafeGetTensorImpl());
+    by_stage[one_stage ? *stages.begin() : -1].push_back(tensor);
   }
   std::vector<std::pair<int, std::vector<torch::Tensor>>> groups;
   for (auto& [stage, tensors] : by_stage) {

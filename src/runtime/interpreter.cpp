@@ -242,6 +242,9 @@ void Interpreter::run(const StepData& data, RankResult& result, const std::atomi
       gradients_final_after[a] = stage;
     }
   }
+  if (data.parameters && data.residency && data.residency->first >= 0) {
+    data.parameters->start_gather(data.residency->first);
+  }
   for (size_t a = 0; a < actions.size(); ++a) {
     const schedule::Action& action = actions[a];
     at_ = a;
@@ -263,9 +266,14 @@ void Interpreter::run(const StepData& data, RankResult& result, const std::atomi
         const schedule::Action& next = actions[static_cast<size_t>(next_backward_[a])];
         stages_.at(next.stage)->prefetch(next.microbatch);
       }
+      const schedule::ResidencyStep* residency =
+          data.parameters && data.residency ? &data.residency->steps.at(a) : nullptr;
+      if (residency && residency->needs >= 0) data.parameters->wait_gathered(residency->needs);
       execute(action, data, result);
       const auto final_here = gradients_final_after.find(a);
       if (final_here != gradients_final_after.end()) data.on_stage_gradients(final_here->second);
+      if (residency && residency->release >= 0) data.parameters->release(residency->release);
+      if (residency && residency->prefetch >= 0) data.parameters->start_gather(residency->prefetch);
     } catch (const std::exception& e) {
       const bool cancelled = cancel && cancel->load(std::memory_order_relaxed);
       const auto* cause = dynamic_cast<const Error*>(&e);

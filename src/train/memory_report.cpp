@@ -64,8 +64,10 @@ std::vector<MeasuredRankMemory> measure_memory(StepRunner& runner,
     rank.first_stage = holding.stages.empty() ? 0 : holding.stages.front();
     rank.bytes.parameters = parameter_bytes(holding.parameters);
     if (sharded) {
+      rank.bytes.parameters = sharded->parameter_bytes();
       rank.bytes.gradients = sharded->gradient_bytes();
       rank.bytes.optimizer_state = sharded->state_bytes();
+      if (sharded->stage() == 3) rank.bytes.gathered = sharded->peak_whole_parameter_bytes();
     } else {
       rank.bytes.gradients = gradient_bytes(holding.parameters);
       rank.bytes.optimizer_state =
@@ -176,6 +178,7 @@ MemoryPrediction predict_training_memory(torch::nn::Sequential model, const torc
   options.checkpoint = pipe.checkpoint();
   options.optimizer_state_multiple = tune::optimizer_state_multiple(run.optimizer, run.momentum);
   options.zero = run.zero;
+  options.reshard_after_forward = run.reshard_after_forward;
   options.data_parallel = run.data_parallel;
   options.processes = run.processes;
   options.loss_bytes = prediction.loss_bytes;

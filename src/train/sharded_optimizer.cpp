@@ -20,20 +20,49 @@ int64_t bytes_of(const torch::Tensor& tensor) {
   return tensor.defined() ? tensor.numel() * static_cast<int64_t>(tensor.element_size()) : 0;
 }
 
+// Stage 3 frees a parameter's storage and allocates it again, leaving the tensor itself (shape,
+// version counter, autograd identity) alone: modules, optimizers and the autograd graphs that
+// saved it keep their handles, and see the values again once they are written back.
+void free_storage(const torch::Tensor& p) {
+  c10::StorageImpl* storage = p.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(at::DataPtr(nullptr, p.device()));
+  storage->set_nbytes(0);
+}
+
+void allocate_storage(const torch::Tensor& p) {
+  c10::StorageImpl* storage = p.storage().unsafeGetStorageImpl();
+  at::Allocator* allocator =
+      storage->allocator() ? storage->allocator() : c10::GetAllocator(p.device().type());
+  const auto bytes = static_cast<size_t>(bytes_of(p));
+  storage->set_data_ptr_noswap(allocator->allocate(bytes));
+  storage->set_nbytes(bytes);
+}
+
+// `values` into p's storage through a tensor of its own: a saved p's version does not change, so
+// the graph that saved it runs its backward with the values written here.
+void write_values(const torch::Tensor& p, const torch::Tensor& values) {
+  torch::Tensor alias =
+      torch::empty({0}, p.options()).set_(p.storage(), p.storage_offset(), p.sizes(), p.strides());
+  alias.copy_(values.view(p.sizes()));
+}
+
 }  // namespace
 
 ShardedOptimizer::ShardedOptimizer(Distributed& distributed, std::vector<torch::Tensor> parameters,
                                    const std::vector<torch::Tensor>& counted,
                                    const std::string& optimizer, const OptimizerOptions& options,
                                    int stage,
-                                   const std::vector<std::vector<torch::Tensor>>& segments)
+                                   const std::vector<std::vector<torch::Tensor>>& segments,
+                                   std::vector<int> segment_stages)
     : distributed_(distributed),
       parameters_(unique_parameters(parameters)),
+      segment_stages_(std::move(segment_stages)),
       replicas_(distributed.layout().replicas),
       replica_(distributed.replica()),
       name_(optimizer),
       stage_(stage) {
-  PIPETRAIN_CHECK_INPUT(stage == 1 || stage == 2, "ZeRO stage must be 1 or 2 (got ", stage, ")");
+  PIPETRAIN_CHECK_INPUT(stage >= 1 && stage <= 3, "ZeRO stage must be 1, 2 or 3 (got ", stage,
+                        ")");
   PIPETRAIN_CHECK_INPUT(!parameters_.empty(), "ZeRO: rank ", distributed.rank(),
                         " has no parameters to shard");
   const torch::ScalarType dtype = parameters_.front().scalar_type();
@@ -44,6 +73,14 @@ ShardedOptimizer::ShardedOptimizer(Distributed& distributed, std::vector<torch::
                           "ZeRO shards parameters of one floating dtype on the CPU; rank ",
                           distributed.rank(), " holds ", p.scalar_type(), " on ", p.device(),
                           " beside ", dtype);
+    // Stage 3 frees each parameter's storage: it must hold that parameter and nothing else.
+    PIPETRAIN_CHECK_INPUT(stage != 3 || (p.is_contiguous() && p.storage_offset() == 0 &&
+                                         static_cast<int64_t>(p.storage().nbytes()) == bytes_of(p)),
+                          "ZeRO-3 frees each parameter's storage between uses, and a parameter of "
+                          "rank ",
+                          distributed.rank(), " (shape ", p.sizes(),
+                          ") shares its storage with other tensors (a view); give every "
+                          "parameter storage of its own, or use --zero 2");
     index[p.unsafeGetTensorImpl()] = q;
     total_ += p.numel();
   }
@@ -85,6 +122,13 @@ ShardedOptimizer::ShardedOptimizer(Distributed& distributed, std::vector<torch::
     shard_size_ += segment.piece;
     segments_.push_back(std::move(segment));
   }
+  if (segment_stages_.empty()) segment_stages_.assign(segments_.size(), -1);
+  PIPETRAIN_CHECK_INPUT(segment_stages_.size() == segments_.size(), "ZeRO: ",
+                        segment_stages_.size(), " segment stages for ", segments_.size(),
+                        " segments");
+  gathers_.resize(segments_.size());
+  for (const torch::Tensor& p : parameters_) whole_bytes_ += bytes_of(p);
+  peak_whole_bytes_ = whole_bytes_;
 
   torch::NoGradGuard no_grad;
   const auto options_of = torch::TensorOptions().dtype(dtype);
@@ -145,6 +189,102 @@ torch::Tensor ShardedOptimizer::gather_flat(const torch::Tensor& shard) const {
 void ShardedOptimizer::zero_grad() {
   for (torch::Tensor& p : parameters_) p.mutable_grad() = torch::Tensor();
   shard_grad_.zero_();
+  if (stage_ == 3 && parameters_are_truth_) {  // [0]
+    load_shard();
+    release_all();
+    parameters_are_truth_ = false;
+  }
+  peak_whole_bytes_ = whole_bytes_;
+}
+
+std::vector<size_t> ShardedOptimizer::segments_of_stage(int stage) const {
+  std::vector<size_t> found;
+  for (size_t k = 0; k < segments_.size(); ++k) {
+    if (segment_stages_[k] == stage || segment_stages_[k] < 0) found.push_back(k);
+  }
+  return found;
+}
+
+void ShardedOptimizer::start_gather(int stage) {
+  if (stage_ != 3) return;
+  for (size_t k : segments_of_stage(stage)) start_gather_segment(k);
+}
+
+void ShardedOptimizer::wait_gathered(int stage) {
+  if (stage_ != 3) return;
+  for (size_t k : segments_of_stage(stage)) wait_segment(k);
+}
+
+void ShardedOptimizer::release(int stage) {
+  if (stage_ != 3) return;
+  for (size_t k = 0; k < segments_.size(); ++k) {
+    if (segment_stages_[k] == stage) release_segment(k);
+  }
+}
+
+void ShardedOptimizer::gather_all() {
+  if (stage_ != 3) return;
+  for (size_t k = 0; k < segments_.size(); ++k) start_gather_segment(k);
+  for (size_t k = 0; k < segments_.size(); ++k) wait_segment(k);
+  parameters_are_truth_ = true;
+}
+
+void ShardedOptimizer::release_all() {
+  if (stage_ != 3) return;
+  for (size_t k = 0; k < segments_.size(); ++k) release_segment(k);
+}
+
+void ShardedOptimizer::start_gather_segment(size_t k) {
+  Gather& g = gathers_[k];
+  if (g.state != Residency::kFreed) return;
+  const Segment& s = segments_[k];
+  g.piece = shard_.detach().narrow(0, s.shard_offset, s.piece);
+  g.gathered = torch::empty({s.padded}, shard_.options());
+  if (C10dGroup* dp = group()) {
+    g.wait = dp->all_gather_start(g.piece, g.gathered);
+  } else {
+    g.gathered.copy_(g.piece);
+    g.wait = [] {};
+  }
+  g.state = Residency::kGathering;
+}
+
+void ShardedOptimizer::wait_segment(size_t k) {
+  Gather& g = gathers_[k];
+  if (g.state == Residency::kWhole) return;
+  start_gather_segment(k);
+  g.wait();
+  torch::NoGradGuard no_grad;
+  const Segment& s = segments_[k];
+  for (size_t q : s.parameters) {
+    const torch::Tensor& p = parameters_[q];
+    allocate_storage(p);
+    write_values(p, g.gathered.narrow(0, offsets_[q] - s.start, p.numel()));
+    whole_bytes_ += bytes_of(p);
+  }
+  peak_whole_bytes_ = std::max(peak_whole_bytes_, whole_bytes_);
+  g = Gather{};
+}
+
+void ShardedOptimizer::release_segment(size_t k) {
+  Gather& g = gathers_[k];
+  if (g.state == Residency::kGathering) g.wait();  // nothing may land in a dropped buffer
+  if (g.state == Residency::kWhole) {
+    for (size_t q : segments_[k].parameters) {
+      free_storage(parameters_[q]);
+      whole_bytes_ -= bytes_of(parameters_[q]);
+    }
+  }
+  g = Gather{};
+  g.state = Residency::kFreed;
+}
+
+int64_t ShardedOptimizer::parameter_bytes() const {
+  int64_t total = 0;
+  for (const torch::Tensor& p : parameters_) {
+    total += stage_ == 3 ? static_cast<int64_t>(p.storage().nbytes()) : bytes_of(p);
+  }
+  return stage_ == 3 ? total + bytes_of(shard_) : total;
 }
 
 torch::Tensor ShardedOptimizer::flat_gradients() const {
@@ -203,7 +343,7 @@ void ShardedOptimizer::reduce_gradients() {  // [1]
     started_flat_.clear();
     started_wait_.clear();
   }
-  if (stage_ == 2) {
+  if (stage_ >= 2) {
     for (torch::Tensor& p : parameters_) p.mutable_grad() = torch::Tensor();
   }
 }
@@ -224,11 +364,17 @@ void ShardedOptimizer::load_shard() {
 }
 
 void ShardedOptimizer::step() {  // [3]
-  // The parameters are the truth (a restore may have written them since the last step).
-  load_shard();
+  if (stage_ == 3) {
+    // The shard is the truth; whatever is whole now would be stale after the step.
+    release_all();
+  } else {
+    // The parameters are the truth (a restore may have written them since the last step).
+    load_shard();
+  }
   torch::NoGradGuard no_grad;
   shard_.mutable_grad() = shard_grad_;
   inner_->step();
+  if (stage_ == 3) return;  // gathered where a stage next computes
   const torch::Tensor flat = gather_flat(shard_);
   for (size_t q = 0; q < parameters_.size(); ++q) {
     torch::Tensor& p = parameters_[q];

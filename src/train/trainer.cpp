@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <optional>
 
+#include "pipetrain/base/check.h"
 #include "pipetrain/base/error.h"
 #include "pipetrain/base/message_of.h"
 #include "pipetrain/stage/batchnorm.h"
@@ -29,8 +30,8 @@ void check_options(const TrainerOptions& o) {
     throw BadInput("Trainer: unknown lr_schedule '" + o.lr_schedule() +
                    "'; valid: constant, cosine");
   }
-  if (o.zero() < 0 || o.zero() > 2) {
-    throw BadInput("Trainer: zero must be 0, 1 or 2 (got " + std::to_string(o.zero()) + ")");
+  if (o.zero() < 0 || o.zero() > 3) {
+    throw BadInput("Trainer: zero must be 0, 1, 2 or 3 (got " + std::to_string(o.zero()) + ")");
   }
   if (o.save_every() < 0 || o.warmup_steps() < 0 || !(o.clip_grad_norm() >= 0)) {
     throw BadInput("Trainer: save_every, warmup_steps and clip_grad_norm must be >= 0 (got " +
@@ -64,9 +65,12 @@ Trainer::Trainer(torch::nn::Sequential model, StepRunner& runner, const BatchSou
                                                  .eps(options_.eps());
   if (options_.loss_scaling()) scaler_.emplace(options_.loss_scaler());
   if (options_.zero() > 0) {
-    sharded_ =
-        runner_.make_sharded_optimizer(options_.optimizer(), optimizer_options, options_.zero());
+    sharded_ = runner_.make_sharded_optimizer(options_.optimizer(), optimizer_options,
+                                              options_.zero(), options_.reshard_after_forward());
   } else {
+    PIPETRAIN_CHECK_INPUT(!options_.reshard_after_forward(),
+                          "--reshard-after-forward frees ZeRO-3's gathered parameters; it needs "
+                          "--zero 3");
     optimizer_ = make_optimizer(options_.optimizer(), parameters_, optimizer_options);
   }
 }
@@ -205,6 +209,7 @@ TrainSummary Trainer::fit() {
     const bool last_of_short_epoch =
         k + 1 == total && batches_.per_epoch() > 0 && !batches_.ends_epoch(k);
     if ((batches_.ends_epoch(k) || last_of_short_epoch) && on_epoch_end) {
+      if (sharded_) sharded_->gather_all();  // ZeRO-3: the evaluation reads the parameters
       on_epoch_end(batches_.epoch_of(k));  // [6]
       model_->train();
     }
@@ -221,6 +226,8 @@ TrainSummary Trainer::fit() {
                                      static_cast<double>(summary.steps * runner_.total_ranks());
   }
   if (options_.report_memory()) summary.memory = gather_memory(runner_, summary.memory);
+  // ZeRO-3: the caller gets the model whole (the final checkpoint reads it too).
+  if (sharded_) sharded_->gather_all();
   if (!options_.checkpoint_dir().empty()) {
     summary.checkpoint_path = checkpoint_path(options_.checkpoint_dir());
     save_checkpoint(summary.checkpoint_path, total);
@@ -230,6 +237,7 @@ TrainSummary Trainer::fit() {
 }
 
 std::optional<Checkpoint> Trainer::gather_weights() {
+  if (sharded_) sharded_->gather_all();
   Checkpoint part;
   capture_model(part, runner_.named_parameters(), runner_.named_buffers());
   return runner_.gather(part);
@@ -243,6 +251,7 @@ bool Trainer::gather_model() {
 }
 
 void Trainer::save_checkpoint(const std::string& path, int64_t steps_done) {
+  if (sharded_) sharded_->gather_all();  // ZeRO-3: whole until the next step frees them
   Checkpoint part;
   capture_model(part, runner_.named_parameters(), runner_.named_buffers());
   if (sharded_) {

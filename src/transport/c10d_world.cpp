@@ -276,19 +276,25 @@ std::function<void()> C10dGroup::reduce_scatter_sum_start(const torch::Tensor& f
 }
 
 void C10dGroup::all_gather(const torch::Tensor& shard, torch::Tensor& flat) {
+  all_gather_start(shard, flat)();
+}
+
+std::function<void()> C10dGroup::all_gather_start(const torch::Tensor& shard, torch::Tensor& flat) {
   check_shard_sizes(*this, flat, shard, "all_gather");
   if (size() == 1) {
     flat.copy_(shard);
-    return;
+    return [] {};
   }
   if (impl_->mirror) {
     flat.view({size(), shard.numel()}).copy_(shard.reshape({1, -1}));
-    return;
+    return [] {};
   }
   at::Tensor input = shard;
   at::Tensor output = flat;
-  detail::wait_work(impl_->backend->_allgather_base(output, input),
-                    "all_gather over group '" + impl_->name + "'");
+  auto work = impl_->backend->_allgather_base(output, input);
+  return [work, name = impl_->name] {
+    detail::wait_work(work, "all_gather over group '" + name + "'");
+  };
 }
 
 void C10dGroup::barrier() {

@@ -258,30 +258,30 @@ namespace pipetrain::restart_test {
 
 // The data-parallel gradient sum overlapped with the pipeline, in buckets of 4 KiB (many per
 // step, so a kill mid-step lands in or between bucketed all-reduces): pp 2 x dp 2,
-// interleaved-1f1b with 2 stages per rank.
-std::string overlap_flags(const std::string& dir, int steps) {
+// interleaved-1f1b with 2 stages per rank; `extra` adds flags (a ZeRO stage).
+std::string overlap_flags(const std::string& dir, int steps, const std::string& extra) {
   return "train --data synthetic --synthetic-samples 256 --model mlp --model-options "
          "'{\"widths\": [784, 64, 64, 32, 10]}' --batch-size 32 --seed 3 --optimizer sgd --lr "
          "0.05 --momentum 0.9 --steps " +
          std::to_string(steps) +
          " --log-every 1 --nproc 4 --pp 2 --dp 2 --chunks 4 --schedule interleaved-1f1b "
          "--virtual 2 --overlap-grad-reduce --bucket-size 0.004 --timeout 10 --checkpoint-dir " +
-         dir + "/checkpoints --save-every 3 --save-params " + dir + "/params.pt";
+         dir + "/checkpoints --save-every 3 --save-params " + dir + "/params.pt " + extra;
 }
 
 // A replica killed while its gradients are summed in buckets: without restarts every other rank
 // stops within the timeout + 10 s naming what failed (its step and action, or the collective it
-// was in); with --max-restarts the run ends bit for bit
-// where the uninterrupted one ends.
-TEST(TrainRestartOverlap, AKilledReplicaStopsEveryRankAndRestartsEndEqualToTheUninterruptedRun) {
+// was in); with --max-restarts the run ends bit for bit where the uninterrupted one ends.
+void expect_killed_replica_stops_and_restarts_exactly(const std::string& extra,
+                                                      const std::string& tag) {
   std::string pattern = ::testing::TempDir() + "pipetrain_restart_overlap_XXXXXX";
   ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
   const std::string fault = pattern + "/fault", whole = pattern + "/whole",
                     killed = pattern + "/killed";
   const auto start = std::chrono::steady_clock::now();
   const KilledRun stopped =
-      run_killing("mkdir -p " + fault + " && " + kBinary + " " + overlap_flags(fault, 100000),
-                  "overlap-fault", {6}, {3});
+      run_killing("mkdir -p " + fault + " && " + kBinary + " " + overlap_flags(fault, 100000, extra),
+                  tag + "-fault", {6}, {3});
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ASSERT_EQ(stopped.killed_at.size(), 1u) << stopped.output;
@@ -296,15 +296,26 @@ TEST(TrainRestartOverlap, AKilledReplicaStopsEveryRankAndRestartsEndEqualToTheUn
   EXPECT_LT(seconds, 60.0) << stopped.output;  // steps take milliseconds; timeout 10 s
 
   const KilledRun first =
-      run_killing("mkdir -p " + whole + " && " + kBinary + " " + overlap_flags(whole, 30),
-                  "overlap-whole", {}, {});
+      run_killing("mkdir -p " + whole + " && " + kBinary + " " + overlap_flags(whole, 30, extra),
+                  tag + "-whole", {}, {});
   ASSERT_EQ(first.exit_code, 0) << first.output;
   const KilledRun run = run_killing("mkdir -p " + killed + " && " + kBinary + " " +
-                                        overlap_flags(killed, 30) + " --max-restarts 2",
-                                    "overlap-killed", {7, 16}, {2, 1});
+                                        overlap_flags(killed, 30, extra) + " --max-restarts 2",
+                                    tag + "-killed", {7, 16}, {2, 1});
   ASSERT_EQ(run.exit_code, 0) << run.output;
   ASSERT_EQ(run.killed_at.size(), 2u) << run.output;
   expect_same_params(killed + "/params.pt", whole + "/params.pt");
+}
+
+TEST(TrainRestartOverlap, AKilledReplicaStopsEveryRankAndRestartsEndEqualToTheUninterruptedRun) {
+  expect_killed_replica_stops_and_restarts_exactly("", "overlap");
+}
+
+// ZeRO-3: each stage's parameters all-gathered around its actions and its gradients
+// reduce-scattered after its last backward; the kill lands in one of those collectives or
+// between them, and the restarted run resumes from checkpoints whose parameters were gathered.
+TEST(TrainRestartOverlap, ZeroThreeAKilledReplicaStopsEveryRankAndRestartsEndExactly) {
+  expect_killed_replica_stops_and_restarts_exactly("--zero 3", "overlap-zero3");
 }
 
 }  // namespace pipetrain::restart_test

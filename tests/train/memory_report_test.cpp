@@ -299,7 +299,9 @@ std::string train_flags(const std::string& name) {
 
 TEST(MemoryReport, ZeroStagesAcrossProcessesAreWithinTenPercentIncludingTransportBuffers) {
   for (const std::string name : {"mlp", "cnn", "gpt"}) {
-    for (const int zero : {0, 1, 2}) {
+    // Rank 0's parameters + gradients held after the step, by ZeRO stage.
+    std::map<int, double> held;
+    for (const int zero : {0, 1, 2, 3}) {
       const std::string what = name + " --zero " + std::to_string(zero);
       const testing::CliRun run =
           testing::run_pipetrain(train_flags(name) +
@@ -311,7 +313,11 @@ TEST(MemoryReport, ZeroStagesAcrossProcessesAreWithinTenPercentIncludingTranspor
       ASSERT_EQ(rows.size(), 4u * pp::RankMemory::kCategories) << what << "\n" << run.output;
       for (const ReportRow& row : rows) {
         const std::string where = what + ", rank " + std::to_string(row.rank) + ", " + row.category;
-        if (row.category == "offloaded to host") {  // no --offload-activations here
+        if (row.rank == 0 && (row.category == "parameters" || row.category == "gradients")) {
+          held[zero] += row.measured;
+        }
+        // No --offload-activations here; only ZeRO-3 gathers parameters.
+        if (row.category == "offloaded to host" || (row.category == "gathered params" && zero < 3)) {
           EXPECT_EQ(row.ratio, "=") << where << "\n" << run.output;
           continue;
         }
@@ -321,6 +327,9 @@ TEST(MemoryReport, ZeroStagesAcrossProcessesAreWithinTenPercentIncludingTranspor
         EXPECT_LE(std::abs(std::stod(row.ratio) - 1), kTolerance) << where << "\n" << run.output;
       }
     }
+    // ZeRO-3 at dp 2: half the parameters and gradients held between steps (the report prints 3
+    // significant digits, and the shard is padded to a multiple of 2 elements per stage).
+    EXPECT_NEAR(held[3] / held[0], 0.5, 0.01) << name << ": zero 3 vs zero 0";
   }
 }
 

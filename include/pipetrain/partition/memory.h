@@ -83,11 +83,12 @@ StageBytes stage_bytes(const ModelProfile& profile, std::int64_t first, std::int
 // What one pipeline rank holds at its peak, in the categories `pipetrain train --report-memory`
 // measures (train/memory_report.h says how each is measured):
 //
-//   parameters       sum of P_j over the rank's stages
+//   parameters       sum of P_j over the rank's stages (ZeRO 3: the shard; the stages' whole
+//                    parameters are the gathered category)
 //   gradients        ZeRO 0: P (every .grad())   1: P + shard (the reduce-scatter's output is
 //                    kept)   2: shard (between steps only the shard is held; the peak during
-//                    backward is still P, see train/sharded_optimizer.h)
-//   optimizer state  P * s, or shard * s under ZeRO 1 and 2
+//                    backward is still P, see train/sharded_optimizer.h)   3: shard, as 2
+//   optimizer state  P * s, or shard * s under ZeRO 1, 2 and 3
 //                    shard = ceil(P / element / dp) * element: the rank's parameters laid end to
 //                    end, padded to a multiple of dp, one contiguous piece per replica
 //   activations      the stash formula above at the schedule's residency; the body is the
@@ -115,6 +116,11 @@ StageBytes stage_bytes(const ModelProfile& profile, std::int64_t first, std::int
 //                    forwarded later than that. Host memory: not in total(). On a rank whose
 //                    stages run on a GPU (offload_frees_stash), the activations walk drops the
 //                    inputs for that time too; on the CPU they stay in the stage's memory.
+//   gathered         ZeRO 3 only: the most bytes of whole stage parameters at once, walking the
+//                    rank's residency plan (schedule/residency.h: + P_j when an action needs
+//                    stage j and it is not whole, - P_j where the plan frees it). Keeping them
+//                    until the last backward, about every local stage's P_j (they overlap in
+//                    time); resharding after forward, the largest one.
 struct RankMemory {
   std::int64_t parameters = 0;
   std::int64_t gradients = 0;
@@ -123,18 +129,21 @@ struct RankMemory {
   std::int64_t receive_buffers = 0;
   std::int64_t send_buffers = 0;
   std::int64_t offloaded = 0;  // host memory (activation offload)
+  std::int64_t gathered = 0;   // ZeRO-3's whole stage parameters at their peak
 
-  static constexpr int kCategories = 7;
-  // The categories in report order: 0 parameters .. 5 send buffers, 6 offloaded.
+  static constexpr int kCategories = 8;
+  // The categories in report order: 0 parameters .. 5 send buffers, 6 offloaded, 7 gathered.
   std::int64_t& operator[](int category);
   std::int64_t operator[](int category) const;
-  // What the rank's device holds: every category but the offloaded one (host memory).
+  // What the rank's device holds: every category but the offloaded one (host memory). An upper
+  // bound of the peak: the gathered and activation peaks need not fall at one moment.
   std::int64_t total() const {
-    return parameters + gradients + optimizer_state + activations + receive_buffers + send_buffers;
+    return parameters + gradients + optimizer_state + activations + receive_buffers +
+           send_buffers + gathered;
   }
 };
 // "parameters", "gradients", "optimizer state", "activations", "receive buffers",
-// "send buffers", "offloaded to host".
+// "send buffers", "offloaded to host", "gathered params".
 const char* memory_category_name(int category);
 
 // A schedule's sends as the send-buffer walk needs them, independent of the model: per rank, each
@@ -150,7 +159,8 @@ SendWalk send_walk(const schedule::Schedule& schedule);
 struct MemoryModelOptions {
   Checkpoint checkpoint = Checkpoint::kNever;
   double optimizer_state_multiple = 0;       // SGD 0, momentum 1, Adam 2
-  int zero = 0;                              // ZeRO stage 0, 1 or 2
+  int zero = 0;                              // ZeRO stage 0, 1, 2 or 3
+  bool reshard_after_forward = false;        // ZeRO 3's policy (schedule/residency.h)
   int data_parallel = 1;                     // replicas of each pipeline rank (dp)
   bool processes = false;                    // one process per rank: the transport's buffers count
   std::int64_t parameter_element_bytes = 4;  // float32 parameters (the shard's padding)
@@ -168,7 +178,7 @@ struct MemoryModelOptions {
 
 // Per pipeline rank: the categories above for `balance` at micro-batch size m. A data-parallel
 // replica of rank r holds what rank r holds. Throws pipetrain::BadInput for a balance that does
-// not fit the schedule or the profile, a zero stage outside 0..2, or dp < 1.
+// not fit the schedule or the profile, a zero stage outside 0..3, or dp < 1.
 std::vector<RankMemory> predict_memory(const ModelProfile& profile, const std::vector<int>& balance,
                                        std::int64_t microbatch_size,
                                        const schedule::Schedule& schedule,

@@ -12,9 +12,9 @@
 //       equal contiguous parts), cut it into `chunks` micro-batches; each micro-batch loss is
 //       weighted by its rows / the WHOLE mini-batch's rows
 //   [2] run the Interpreter for this pipeline rank over the lowered schedule
-//   [3] sum gradients over the replicas (Distributed::allreduce_gradients)
-//   [4] sum each tied weight's gradient over the pipeline ranks holding it (a parameter tensor
+//   [3] sum each tied weight's gradient over the pipeline ranks holding it (a parameter tensor
 //       used by layers of stages on different ranks is a tie; found by identity)
+//   [4] sum gradients over the replicas (Distributed::allreduce_gradients)
 //   [5] the mini-batch loss, summed over replicas, on every rank (broadcast_loss)
 // so that after the optimizer step every rank's parameters equal sequential training's.
 //
@@ -83,20 +83,33 @@ class DistributedPipe {
   // stage, an undefined tensor on the others. Collective: every rank calls it.
   torch::Tensor forward(const torch::Tensor& input);
 
-  // Whether train_step sums the gradients over the replicas ([3]; on by default). A ZeRO
+  // Whether train_step sums the gradients over the replicas ([4]; on by default). A ZeRO
   // optimizer (train/sharded_optimizer.h) turns it off and reduce-scatters them itself; tied
-  // weights ([4]) are still summed over their holders.
+  // weights ([3]) are still summed over their holders.
   void set_allreduce_gradients(bool on) { allreduce_gradients_ = on; }
 
   // This rank's parameters (each tensor once) grouped by the one local stage whose backwards make
-  // their gradients, {stage, tensors} by stage; the tensors several local stages share (a tie
-  // within the rank) last, under stage -1. What a ZeRO optimizer segments its layout by.
+  // their gradients, {stage, tensors} by stage; last, under stage -1, the tensors whose gradients
+  // are final only after the step: those several local stages share (a tie within the rank) and
+  // those tied to other ranks' ([3]). What a ZeRO optimizer segments its layout by.
   std::vector<std::pair<int, std::vector<torch::Tensor>>> gradient_groups() const;
   // With PipeOptions::overlap_gradient_reduction and set_allreduce_gradients(false) (ZeRO):
   // called during train_step with stage j after this rank's last B or W of j in the step, so that
   // the caller starts reducing j's gradients (ShardedOptimizer::start_reduce). Empty: none.
   void set_stage_gradients_hook(std::function<void(int stage)> hook) {
     stage_gradients_hook_ = std::move(hook);
+  }
+
+  // ZeRO-3 (train/sharded_optimizer.h): from the next train_step on, `parameters` makes each
+  // local stage's parameters whole around the actions that compute with them and frees them after,
+  // as schedule::parameter_residency plans it (`reshard_after_forward`: after every action, else
+  // after the stage's last of the step). `parameters` must outlive the steps; null: off. forward()
+  // does not gather: whole parameters are the caller's business there (ShardedOptimizer::
+  // gather_all).
+  void set_stage_parameters(StageParameters* parameters, bool reshard_after_forward) {
+    stage_parameters_ = parameters;
+    reshard_after_forward_ = reshard_after_forward;
+    residency_.clear();
   }
 
   // This rank's parameters (each tensor once), for its optimizer.
@@ -112,8 +125,9 @@ class DistributedPipe {
   std::vector<int> local_stages() const;
   // Events of this rank's last step (for traces and the cost model).
   const std::vector<ActionEvent>& last_events() const { return events_; }
-  // The last step's data-parallel gradient sum ([3]): the seconds from the schedule's last action
-  // until the sums were in the gradients (all of the blocking all-reduce with its packing and
+  // The last step's data-parallel gradient sum ([4]): the seconds from the schedule's last action
+  // (and the tie sums, [3]) until the sums were in the gradients (all of the blocking all-reduce
+  // with its packing and
   // unpacking; with PipeOptions::overlap_gradient_reduction the wait for what was still in flight
   // and the unpacking), and the buckets it used (0: the blocking all-reduce, or no replicas).
   double last_exposed_reduce_seconds() const { return exposed_reduce_seconds_; }
@@ -163,6 +177,9 @@ class DistributedPipe {
   std::map<const void*, std::set<int>> local_holders_;
   double exposed_reduce_seconds_ = 0;
   std::function<void(int)> stage_gradients_hook_;
+  StageParameters* stage_parameters_ = nullptr;
+  bool reshard_after_forward_ = false;
+  std::map<const schedule::Schedule*, schedule::ResidencyPlan> residency_;  // by schedule
   int reduce_buckets_ = 0;
   std::vector<std::pair<std::string, torch::Tensor>> ties_;  // (declare_tie key, tensor) held here
   std::vector<ActionEvent> events_;

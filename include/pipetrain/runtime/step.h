@@ -15,8 +15,24 @@
 
 #include "pipetrain/schedule/action.h"
 #include "pipetrain/schedule/checkpoint_mode.h"
+#include "pipetrain/schedule/residency.h"
 
 namespace pipetrain {
+
+// Stages' parameters that are whole only part of the time (ZeRO-3: train/sharded_optimizer.h
+// frees them between uses). Called by the interpreter's thread of one rank, for its own stages.
+class StageParameters {
+ public:
+  virtual ~StageParameters() = default;
+  // Starts making stage j's parameters whole; nothing when they are, or when that has started.
+  // Collective in order: every data-parallel replica of this rank starts the same stages in the
+  // same order (they run the same schedule).
+  virtual void start_gather(int j) = 0;
+  // Returns once stage j's parameters are whole (starting their gather if need be).
+  virtual void wait_gathered(int j) = 0;
+  // Frees stage j's parameters' storage (their shapes stay).
+  virtual void release(int j) = 0;
+};
 
 // The loss of one micro-batch: mean-reduced over its rows (like torch::mse_loss's default).
 // The runtime weights it by rows(i) / rows(mini-batch) so gradients equal the full batch's.
@@ -37,6 +53,11 @@ struct StepData {
   // in this step (its last B or W), so that their reduction can start while the rest of the step
   // runs (runtime/gradient_reducer.h). Empty: not called.
   std::function<void(int stage)> on_stage_gradients;
+  // ZeRO-3: whole only around the actions that compute with them (schedule/residency.h): the
+  // interpreter waits for `residency.steps[a].needs` before action a, and after it releases and
+  // prefetches as the plan says. Null: every stage's parameters are always whole.
+  StageParameters* parameters = nullptr;
+  const schedule::ResidencyPlan* residency = nullptr;
 };
 
 // One executed action, for traces and timelines.

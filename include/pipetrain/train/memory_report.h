@@ -21,6 +21,10 @@
 //                offloaded to host  activation offload: per stage the most bytes of inputs
 //                                 waiting in host memory in the last step, summed over the
 //                                 rank's stages (StageAccounting::peak_offloaded_bytes)
+//                gathered params  ZeRO-3: the most bytes of whole parameters at once in the
+//                                 last step (ShardedOptimizer::peak_whole_parameter_bytes);
+//                                 the parameters category is then the bytes allocated between
+//                                 steps, the shard
 //              gather_memory() brings every rank's figures to the main rank.
 //
 // Not covered: fp16, CUDA stages' activations (their stash is estimated from the tensors they
@@ -71,6 +75,7 @@ struct MemoryRunOptions {
   std::string optimizer = "sgd";  // sgd | adam | adamw
   double momentum = 0.9;          // sgd's (0: no state)
   int zero = 0;
+  bool reshard_after_forward = false;  // ZeRO 3's policy
   int data_parallel = 1;
   bool processes = false;  // one process per pipeline rank (the c10d transport)
 };

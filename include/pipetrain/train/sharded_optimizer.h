@@ -1,4 +1,4 @@
-// ShardedOptimizer: ZeRO stage 1 and 2 over the data-parallel replicas of one pipeline rank.
+// ShardedOptimizer: ZeRO stages 1, 2 and 3 over the data-parallel replicas of one pipeline rank.
 //
 // The R replicas of a pipeline rank hold the same parameters. Unsharded, each sums the gradients
 // over the replicas (all-reduce) and steps the whole optimizer: R copies of its state. Sharded,
@@ -17,6 +17,21 @@
 // SGD (with momentum and weight decay), Adam and AdamW update each element from its own gradient
 // and state alone, so the sharded step gives the unsharded weights (the sum over replicas is the
 // same sum; with R > 2 its order may differ in the last bit).
+//
+// Stage 3 shards the parameters themselves. Between steps a parameter's storage is freed (its
+// shape, dtype, version and autograd identity stay, so modules, autograd graphs and optimizers
+// keep working with it) and the shard is where its values live. A segment (one local stage's
+// parameters) is made whole by an all-gather of the shards around the actions that compute with
+// it and freed again after them (start_gather / wait_gathered / release, driven by the pipeline:
+// schedule/residency.h); [3] then steps the shard and gathers nothing. Reading the parameters
+// outside a step (a checkpoint, an evaluation, the end of training) needs gather_all() first;
+// whatever is written into them then (a restore) is taken into the shard by the next zero_grad().
+//
+//   construction / gather_all()    parameters whole, and the truth
+//   zero_grad()                    [0] the shard loaded from them, every segment freed
+//   the step's actions             segment j whole from before its stage's first action to after
+//                                  its last (or only around each action: reshard after forward)
+//   reduce_gradients() ... step()  as stage 2; nothing gathered
 //
 // Checkpoints: capture() gathers the shards into the per-parameter form of an unsharded
 // checkpoint (train/checkpoint.h; replica 0 contributes it), and restore() takes its own slice of
@@ -41,17 +56,21 @@
 #include <torch/types.h>
 
 #include "pipetrain/runtime/distributed.h"
+#include "pipetrain/runtime/step.h"
 #include "pipetrain/train/checkpoint.h"
 #include "pipetrain/train/optimizer.h"
 
 namespace pipetrain::train {
 
-class ShardedOptimizer {
+class ShardedOptimizer : public StageParameters {
  public:
   // `parameters`: this rank's, each tensor once, all of one floating dtype and on the CPU.
   // `counted`: the subset whose gradients the global norm counts here (a tied tensor counts on
-  // one holder only). `stage`: 1 or 2. Throws BadInput for another stage, mixed dtypes, a device
-  // other than the CPU, or an unknown optimizer name.
+  // one holder only). `stage`: 1, 2 or 3. Throws BadInput for another stage, mixed dtypes, a
+  // device other than the CPU, an unknown optimizer name, or at stage 3 a parameter that does not
+  // own its storage alone (a view).
+  // `segment_stages` (stage 3): the local stage of each segment (-1: a segment every stage uses,
+  // whole from the first action of a step to its end), for StageParameters' stage indices.
   // `segments` (optional): the parameters in groups, laid out one group after the other, each
   // padded to a multiple of R and sharded on its own (the shard is the concatenation of this
   // replica's piece of each), so that a group's gradients can be reduce-scattered as soon as
@@ -60,13 +79,29 @@ class ShardedOptimizer {
   ShardedOptimizer(Distributed& distributed, std::vector<torch::Tensor> parameters,
                    const std::vector<torch::Tensor>& counted, const std::string& optimizer,
                    const OptimizerOptions& options, int stage,
-                   const std::vector<std::vector<torch::Tensor>>& segments = {});
-  ~ShardedOptimizer();
+                   const std::vector<std::vector<torch::Tensor>>& segments = {},
+                   std::vector<int> segment_stages = {});
+  ~ShardedOptimizer() override;
   ShardedOptimizer(const ShardedOptimizer&) = delete;
   ShardedOptimizer& operator=(const ShardedOptimizer&) = delete;
 
-  // The parameters' gradients to zero (stage 2: released) and the shard's.
+  // The parameters' gradients to zero (stage 2: released) and the shard's. Stage 3 [0]: takes
+  // whole parameters (after construction or gather_all()) into the shard and frees them.
   void zero_grad();
+
+  // Stage 3: a local stage's segment (and the segment every stage uses) made whole and freed
+  // (StageParameters; no-ops at stages 1 and 2). Collective in order over the replicas.
+  void start_gather(int stage) override;
+  void wait_gathered(int stage) override;
+  void release(int stage) override;
+  // Stage 3: every parameter whole, and the truth until the next zero_grad() (collective); and
+  // every parameter freed (the shard holds their values).
+  void gather_all();
+  void release_all();
+  // Bytes of parameters this replica holds now: their storage where it is allocated, plus at
+  // stage 3 the shard; and the most bytes of whole parameters held at once since zero_grad().
+  int64_t parameter_bytes() const;
+  int64_t peak_whole_parameter_bytes() const { return peak_whole_bytes_; }
   // [1] Collective. Waits for the segments start_reduce started and reduce-scatters the others.
   void reduce_gradients();
   // [1] for one segment, started now while the step goes on (its gradients are final): the
@@ -130,8 +165,29 @@ class ShardedOptimizer {
   // Collective: the padded flat vector of every replica's `shard` (all-gathered by segment).
   torch::Tensor gather_flat(const torch::Tensor& shard) const;
 
+  // Stage 3: segment k's parameters whole: started (the all-gather in flight into `gathered`) and
+  // finished (their storage allocated and filled).
+  void start_gather_segment(size_t k);
+  void wait_segment(size_t k);
+  void release_segment(size_t k);
+  // The segments of local stage j (and the shared one): StageParameters' stage -> segments.
+  std::vector<size_t> segments_of_stage(int stage) const;
+
+  enum class Residency { kFreed, kGathering, kWhole };
+  struct Gather {
+    Residency state = Residency::kWhole;
+    torch::Tensor piece;     // this replica's piece, sent
+    torch::Tensor gathered;  // every replica's pieces, the segment's padded flat values
+    std::function<void()> wait;
+  };
+
   Distributed& distributed_;
   std::vector<torch::Tensor> parameters_;
+  std::vector<int> segment_stages_;
+  std::vector<Gather> gathers_;  // stage 3: by segment
+  bool parameters_are_truth_ = true;  // stage 3: since construction or gather_all()
+  int64_t whole_bytes_ = 0;           // stage 3: of the whole segments now
+  int64_t peak_whole_bytes_ = 0;
   std::vector<int64_t> offsets_;  // of each parameter in the padded flat vector
   std::vector<Segment> segments_;
   int64_t total_ = 0;      // the parameters' elements

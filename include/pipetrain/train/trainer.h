@@ -79,9 +79,14 @@ struct TrainerOptions {
   /// Clip the global gradient L2 norm to this (over every rank); 0 = no clipping. Default 0.
   TORCH_ARG(double, clip_grad_norm) = 0.0;
   /// ZeRO stage: 0 (each replica holds the whole optimizer state), 1 (the optimizer state sharded
-  /// over the data-parallel replicas) or 2 (the gradients held between steps too); stages 1 and 2
-  /// need a multi-process runner with replicas (train/sharded_optimizer.h). Default 0.
+  /// over the data-parallel replicas), 2 (the gradients held between steps too) or 3 (the
+  /// parameters too: each stage's gathered around its actions); stages 1 to 3 need a
+  /// multi-process runner with replicas (train/sharded_optimizer.h). Default 0.
   TORCH_ARG(int, zero) = 0;
+  /// ZeRO-3: free a stage's gathered parameters after every forward and backward and gather them
+  /// again for the next (less memory, more all-gathers), instead of keeping them from the stage's
+  /// first action of a step to its last. Default false.
+  TORCH_ARG(bool, reshard_after_forward) = false;
   /// Dynamic loss scaling (train/loss_scaler.h): the loss is multiplied by a scale before
   /// backward, the gradients divided by it before clipping and the step, and a step whose
   /// gradients hold inf or NaN on any rank is skipped while the scale shrinks. fp16 training

@@ -189,6 +189,9 @@ class C10dGroup {
   // must stay alive and untouched until then).
   std::function<void()> reduce_scatter_sum_start(const torch::Tensor& flat, torch::Tensor& shard);
   void all_gather(const torch::Tensor& shard, torch::Tensor& flat);
+  // The same, started: the returned function waits until `flat` holds every shard (both tensors
+  // must stay alive, and `shard` untouched, until then).
+  std::function<void()> all_gather_start(const torch::Tensor& shard, torch::Tensor& flat);
   // Byte blobs gathered to group rank 0 (empty vector on others); result[g] is member g's blob.
   std::vector<std::vector<char>> gather_bytes(const std::vector<char>& mine);
 
