@@ -5,13 +5,16 @@
 // ShardedOptimizer::reduce_gradients waits after the step). The mlp suite's model (8 x
 // (Linear(1024) + ReLU), batch 256, MSE against random targets), pp 2 x dp 2 = 4 processes of 1
 // intra-op thread over loopback Gloo, 8 micro-batches, for each schedule in turn without and with
-// the overlap:
+// the overlap; and ZeRO-3 (each stage's parameters all-gathered around its actions, kept to its
+// last backward or resharded after every action) beside ZeRO-1, under zb-v:
 //
 //   exposed   what the gradient sum kept the rank waiting after the schedule's last action
 //             (DistributedPipe::last_exposed_reduce_seconds): the whole all-reduce without the
 //             overlap, what the overlap left with it; per step the largest rank's
-//   step      zero_grad + DistributedPipe::train_step (the loss collective included), ranks
-//             started together by a barrier; per step the slowest rank's
+//   step      zero_grad + DistributedPipe::train_step (the loss collective included; ZeRO-3's
+//             gathers), and for the ZeRO rows the reduce-scatter's wait and the optimizer's step
+//             (ZeRO-1's all-gather of the updated shards included), ranks started together by a
+//             barrier; per step the slowest rank's
 //
 // Each row is its own 4-process job (runtime/launcher.h): 2 warm-up steps, then timed steps; a
 // row's figure is the median over its steps, and the ratios divide by the row without overlap of
@@ -55,9 +58,10 @@ struct Row {
   std::string schedule;
   int virtual_stages;
   bool overlap;
-  int zero = 0;  // 1: the ZeRO-1 optimizer reduce-scatters (train/sharded_optimizer.h)
+  int zero = 0;  // 1, 3: the ZeRO optimizer reduce-scatters (train/sharded_optimizer.h)
+  bool reshard = false;  // ZeRO-3's --reshard-after-forward
   std::string name() const {
-    return schedule + (zero ? " zero" + std::to_string(zero) : "") +
+    return schedule + (zero ? " zero" + std::to_string(zero) : "") + (reshard ? " reshard" : "") +
            (overlap ? " overlap" : " blocking");
   }
 };
@@ -69,7 +73,11 @@ const std::vector<Row> kRows = {{"1f1b", 1, false},
                                 {"zb-v", 2, false},
                                 {"zb-v", 2, true},
                                 {"zb-v", 2, false, 1},
-                                {"zb-v", 2, true, 1}};
+                                {"zb-v", 2, true, 1},
+                                {"zb-v", 2, false, 3},
+                                {"zb-v", 2, true, 3},
+                                {"zb-v", 2, false, 3, true},
+                                {"zb-v", 2, true, 3, true}};
 
 // One rank: prints kPrefix {"seconds": [...], "exposed": [...], "buckets": n}.
 int run_rank(const Row& row, int steps) {
@@ -96,27 +104,14 @@ int run_rank(const Row& row, int steps) {
                              .checkpoint(Checkpoint::kNever)
                              .threads_per_stage(1)
                              .overlap_gradient_reduction(row.overlap));
-    // ZeRO-1: the sharded optimizer reduce-scatters after the step, or, overlapped, one segment
-    // per local stage as soon as the stage's last backward ends (as the trainer wires it).
+    // ZeRO: the sharded optimizer reduce-scatters after the step, or, overlapped, one segment
+    // per local stage as soon as the stage's last backward ends; ZeRO-3 also gathers each stage's
+    // parameters around its actions (as the trainer wires it).
     std::unique_ptr<train::ShardedOptimizer> zero;
     if (row.zero > 0) {
-      pipe.set_allreduce_gradients(false);
-      std::vector<std::vector<torch::Tensor>> segments;
-      std::map<int, size_t> segment_of_stage;
-      if (row.overlap) {
-        for (auto& [stage, tensors] : pipe.gradient_groups()) {
-          if (stage >= 0) segment_of_stage[stage] = segments.size();
-          segments.push_back(std::move(tensors));
-        }
-      }
-      zero = std::make_unique<train::ShardedOptimizer>(
-          d, pipe.parameters(), pipe.parameters(), "sgd",
-          train::OptimizerOptions().lr(0.01).momentum(0), row.zero, segments);
-      train::ShardedOptimizer* sharded = zero.get();
-      pipe.set_stage_gradients_hook([sharded, segment_of_stage](int j) {
-        const auto found = segment_of_stage.find(j);
-        if (found != segment_of_stage.end()) sharded->start_reduce(found->second);
-      });
+      zero = train::make_pipe_sharded_optimizer(
+          d, pipe, pipe.parameters(), "sgd", train::OptimizerOptions().lr(0.01).momentum(0),
+          row.zero, row.overlap, row.reshard);
     }
     std::vector<double> seconds, exposed;
     for (int k = 0; k < kWarmup + steps; ++k) {
@@ -129,10 +124,11 @@ int run_rank(const Row& row, int steps) {
       }
       pipe.train_step(data.inputs, data.targets, loss);
       double reduce = pipe.last_exposed_reduce_seconds();
-      if (zero) {  // what the reduce-scatter leaves after the step
+      if (zero) {  // what the reduce-scatter leaves after the step, then the optimizer's step
         const auto before = Clock::now();
         zero->reduce_gradients();
         reduce = std::chrono::duration<double>(Clock::now() - before).count();
+        zero->step();
       }
       if (k >= kWarmup) {
         seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
@@ -161,7 +157,8 @@ int main(int argc, char** argv) {
       "cores), %d micro-batches, %d rounds x %d steps\n",
       kWidth, kBatch, kPipeline, kWorld / kPipeline, kWorld, std::thread::hardware_concurrency(),
       kChunks, rounds, steps);
-  std::map<std::string, std::vector<double>> step_ms, exposed_ms, step_ratio, exposed_ratio;
+  std::map<std::string, std::vector<double>> step_ms, exposed_ms, step_ratio, exposed_ratio,
+      vs_zero1;
   std::map<std::string, int> buckets;
   for (int round = 0; round < rounds; ++round) {
     std::map<std::string, double> step_of, exposed_of;
@@ -192,20 +189,28 @@ int main(int argc, char** argv) {
       exposed_ms[kRows[r].name()].push_back(1e3 * median(most_exposed));
     }
     for (const Row& row : kRows) {
-      const std::string base = Row{row.schedule, row.virtual_stages, false, row.zero}.name();
+      const std::string base =
+          Row{row.schedule, row.virtual_stages, false, row.zero, row.reshard}.name();
       step_ratio[row.name()].push_back(step_of[row.name()] / step_of[base]);
+      if (row.zero == 3) {  // what sharding the parameters costs: against ZeRO-1, same overlap
+        const std::string one = Row{row.schedule, row.virtual_stages, row.overlap, 1}.name();
+        if (step_of.count(one)) vs_zero1[row.name()].push_back(step_of[row.name()] / step_of[one]);
+      }
       if (exposed_of[base] > 0) {
         exposed_ratio[row.name()].push_back(exposed_of[row.name()] / exposed_of[base]);
       }
     }
   }
-  std::printf("%-26s %10s %13s %12s %14s %8s\n", "row", "step (ms)", "step vs off", "exposed (ms)",
-              "exposed vs off", "buckets");
+  std::printf("%-34s %10s %13s %12s %14s %8s %12s\n", "row", "step (ms)", "step vs off",
+              "exposed (ms)", "exposed vs off", "buckets", "step vs zero1");
   for (const Row& row : kRows) {
     const std::string name = row.name();
-    std::printf("%-26s %10.1f %13.3f %12.2f %14.3f %8d\n", name.c_str(), median(step_ms[name]),
+    char versus[32] = "";
+    if (!vs_zero1[name].empty()) std::snprintf(versus, sizeof versus, "%.3f", median(vs_zero1[name]));
+    std::printf("%-34s %10.1f %13.3f %12.2f %14.3f %8d %12s\n", name.c_str(), median(step_ms[name]),
                 median(step_ratio[name]), median(exposed_ms[name]),
-                exposed_ratio[name].empty() ? 0.0 : median(exposed_ratio[name]), buckets[name]);
+                exposed_ratio[name].empty() ? 0.0 : median(exposed_ratio[name]), buckets[name],
+                versus);
   }
   return 0;
 }

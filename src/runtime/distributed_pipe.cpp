@@ -175,6 +175,7 @@ torch::Tensor DistributedPipe::train_step(const torch::Tensor& input, const torc
   data.checkpoint = options_.checkpoint();
   data.offload = options_.offload_activations();
   data.start = std::chrono::steady_clock::now();
+  collectives_.restart(CollectiveLog::now_us());
 
   // [2]
   const ScopedThreadCount thread_count(static_cast<int>(options_.threads_per_stage()));
@@ -189,7 +190,7 @@ torch::Tensor DistributedPipe::train_step(const torch::Tensor& input, const torc
   std::set<const void*> tied;                          // ties across ranks: final after [3]
   for (const auto& [name, tensor] : ties_) tied.insert(tensor.unsafeGetTensorImpl());
   if (replicas && options_.overlap_gradient_reduction()) {
-    reducer.emplace(distributed_.data_parallel_group(), options_.bucket_bytes());
+    reducer.emplace(distributed_.data_parallel_group(), options_.bucket_bytes(), &collectives_);
     // A tensor two local stages share (a tie within the rank) is final after the later one.
     std::map<int, size_t> last_backward = s.last_gradient_actions(distributed_.pipeline_rank());
     for (const torch::Tensor& tensor : unique_) {
@@ -202,7 +203,7 @@ torch::Tensor DistributedPipe::train_step(const torch::Tensor& input, const torc
     }
     data.on_stage_gradients = [&](int j) {
       const auto found = final_at.find(j);
-      if (found != final_at.end()) reducer->start(found->second);
+      if (found != final_at.end()) reducer->start(found->second, j);
     };
   } else if (!allreduce_gradients_ && stage_gradients_hook_ &&
              options_.overlap_gradient_reduction()) {
@@ -240,7 +241,9 @@ torch::Tensor DistributedPipe::train_step(const torch::Tensor& input, const torc
       reduce_buckets_ = reducer->buckets_started();
       reducer->finish();
     } else {
+      const double start_us = CollectiveLog::now_us();
       distributed_.allreduce_gradients(unique_);
+      collectives_.finished(CollectiveKind::kAllReduce, -1, start_us);
     }
     exposed_reduce_seconds_ =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();

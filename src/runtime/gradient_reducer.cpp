@@ -10,14 +10,15 @@
 
 namespace pipetrain {
 
-GradientReducer::GradientReducer(std::shared_ptr<C10dGroup> group, std::int64_t bucket_bytes)
-    : group_(std::move(group)), bucket_bytes_(bucket_bytes) {
+GradientReducer::GradientReducer(std::shared_ptr<C10dGroup> group, std::int64_t bucket_bytes,
+                                 CollectiveLog* log)
+    : group_(std::move(group)), bucket_bytes_(bucket_bytes), log_(log) {
   PIPETRAIN_CHECK_INPUT(group_ != nullptr, "GradientReducer needs a data-parallel group");
   PIPETRAIN_CHECK_INPUT(bucket_bytes_ >= 1, "the gradient bucket size must be >= 1 byte (got ",
                         bucket_bytes_, ")");
 }
 
-void GradientReducer::launch(std::vector<torch::Tensor> parameters) {
+void GradientReducer::launch(std::vector<torch::Tensor> parameters, int stage) {
   if (parameters.empty()) return;
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> pieces;
@@ -28,32 +29,37 @@ void GradientReducer::launch(std::vector<torch::Tensor> parameters) {
                                     : torch::zeros({p.numel()}, p.options().device(torch::kCPU)));
   }
   Bucket bucket;
+  bucket.stage = stage;
+  bucket.start_us = CollectiveLog::now_us();
   bucket.parameters = std::move(parameters);
   bucket.flat = {torch::cat(pieces)};
   bucket.wait = group_->allreduce_sum_start(bucket.flat);
   pending_.push_back(std::move(bucket));
 }
 
-void GradientReducer::start(const std::vector<torch::Tensor>& parameters) {
+void GradientReducer::start(const std::vector<torch::Tensor>& parameters, int stage) {
   std::vector<torch::Tensor> bucket;
   std::int64_t bytes = 0;
   for (const auto& p : parameters) {
     const std::int64_t size = p.numel() * static_cast<std::int64_t>(p.element_size());
     const bool other_dtype = !bucket.empty() && bucket.front().scalar_type() != p.scalar_type();
     if (!bucket.empty() && (bytes + size > bucket_bytes_ || other_dtype)) {
-      launch(std::move(bucket));
+      launch(std::move(bucket), stage);
       bucket.clear();
       bytes = 0;
     }
     bucket.push_back(p);
     bytes += size;
   }
-  launch(std::move(bucket));
+  launch(std::move(bucket), stage);
 }
 
 double GradientReducer::finish() {
   const auto begin = std::chrono::steady_clock::now();
-  for (auto& bucket : pending_) bucket.wait();
+  for (auto& bucket : pending_) {
+    bucket.wait();
+    if (log_) log_->finished(CollectiveKind::kAllReduce, bucket.stage, bucket.start_us);
+  }
   const double waited =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
   torch::NoGradGuard no_grad;

@@ -268,7 +268,12 @@ void Interpreter::run(const StepData& data, RankResult& result, const std::atomi
       }
       const schedule::ResidencyStep* residency =
           data.parameters && data.residency ? &data.residency->steps.at(a) : nullptr;
-      if (residency && residency->needs >= 0) data.parameters->wait_gathered(residency->needs);
+      if (residency && residency->needs >= 0) {
+        // The wait for the parameters is the collective's (the trace's collectives row), not the
+        // action's: the action starts once they are whole.
+        data.parameters->wait_gathered(residency->needs);
+        event.start_us = micros_since(data.start);
+      }
       execute(action, data, result);
       const auto final_here = gradients_final_after.find(a);
       if (final_here != gradients_final_after.end()) data.on_stage_gradients(final_here->second);

@@ -14,10 +14,24 @@ std::string render_chrome_trace(const Timeline& timeline) {
                       {"ph", "M"},
                       {"pid", 0},
                       {"tid", r},
-                      {"args", {{"name", "rank " + std::to_string(r)}}}});
+                      {"args",
+                       {{"name", static_cast<size_t>(r) < timeline.row_names.size()
+                                     ? timeline.row_names[static_cast<size_t>(r)]
+                                     : "rank " + std::to_string(r)}}}});
   }
   const double scale = timeline.microseconds_per_unit;
   for (const auto& event : timeline.events) {
+    if (!event.category.empty()) {
+      events.push_back({{"name", event.label},
+                        {"cat", event.category},
+                        {"ph", "X"},
+                        {"pid", 0},
+                        {"tid", event.rank},
+                        {"ts", event.start * scale},
+                        {"dur", (event.end - event.start) * scale},
+                        {"args", {{"stage", event.stage}}}});
+      continue;
+    }
     events.push_back({{"name", event.label},
                       {"cat", std::string(op_name(event.op))},
                       {"ph", "X"},

@@ -23,10 +23,18 @@ struct PackedEvent {
   double start_us, end_us;
 };
 
+// One collective on the wire: step, rank, kind, stage, start, end.
+struct PackedCollective {
+  int64_t step;
+  int32_t rank, kind, stage, unused;
+  double start_us, end_us;
+};
+
 // `compute_only` leaves out sends and receives: in a picture a receive's box paints the waiting
 // for a peer as work.
 schedule::Timeline timeline_of(const std::vector<const StepEvent*>& events, int ranks,
-                               const std::string& title, bool compute_only) {
+                               const std::string& title, bool compute_only,
+                               const std::vector<StepCollective>& collectives = {}) {
   schedule::Timeline timeline;
   timeline.title = title;
   timeline.num_ranks = ranks;
@@ -39,6 +47,24 @@ schedule::Timeline timeline_of(const std::vector<const StepEvent*>& events, int 
     timeline.events.push_back(schedule::make_event(e->event.rank, e->event.action,
                                                    (e->event.start_us - origin) / 1000.0,
                                                    (e->event.end_us - origin) / 1000.0));
+  }
+  if (collectives.empty()) return timeline;
+  // Rank r's collectives on row ranks + r, under the ranks' rows.
+  for (int r = 0; r < ranks; ++r) timeline.row_names.push_back("rank " + std::to_string(r));
+  for (int r = 0; r < ranks; ++r) {
+    timeline.row_names.push_back("rank " + std::to_string(r) + " collectives");
+  }
+  timeline.num_ranks = 2 * ranks;
+  for (const StepCollective& c : collectives) {
+    schedule::TimelineEvent event;
+    event.rank = ranks + c.event.rank;
+    event.stage = c.event.stage;
+    event.label = std::string(collective_name(c.event.kind)) +
+                  (c.event.stage >= 0 ? " s" + std::to_string(c.event.stage) : "");
+    event.category = "collective";
+    event.start = (c.event.start_us - origin) / 1000.0;
+    event.end = (c.event.end_us - origin) / 1000.0;
+    timeline.events.push_back(event);
   }
   return timeline;
 }
@@ -62,8 +88,24 @@ void EventLog::add(int64_t step, double step_start_us, const std::vector<ActionE
   }
 }
 
+void EventLog::add_collectives(int64_t step, double step_start_us,
+                               const std::vector<CollectiveEvent>& events, int rank) {
+  for (const CollectiveEvent& event : events) {
+    StepCollective c{step, event};
+    c.event.rank = rank;
+    c.event.start_us += step_start_us;
+    c.event.end_us += step_start_us;
+    collectives_.push_back(c);
+  }
+}
+
+// [number of actions (int64)] [the actions] [the collectives]
 std::vector<char> EventLog::serialize() const {
-  std::vector<char> bytes(events_.size() * sizeof(PackedEvent));
+  const auto count = static_cast<int64_t>(events_.size());
+  std::vector<char> bytes(sizeof count + events_.size() * sizeof(PackedEvent) +
+                          collectives_.size() * sizeof(PackedCollective));
+  std::memcpy(bytes.data(), &count, sizeof count);
+  char* actions = bytes.data() + sizeof count;
   for (size_t n = 0; n < events_.size(); ++n) {
     const StepEvent& e = events_[n];
     PackedEvent packed{e.step,
@@ -73,18 +115,31 @@ std::vector<char> EventLog::serialize() const {
                        e.event.action.microbatch,
                        e.event.start_us,
                        e.event.end_us};
-    std::memcpy(bytes.data() + n * sizeof(PackedEvent), &packed, sizeof(PackedEvent));
+    std::memcpy(actions + n * sizeof(PackedEvent), &packed, sizeof(PackedEvent));
+  }
+  char* collectives = actions + events_.size() * sizeof(PackedEvent);
+  for (size_t n = 0; n < collectives_.size(); ++n) {
+    const StepCollective& c = collectives_[n];
+    PackedCollective packed{c.step,         c.event.rank,     static_cast<int32_t>(c.event.kind),
+                            c.event.stage,  0,                c.event.start_us,
+                            c.event.end_us};
+    std::memcpy(collectives + n * sizeof(PackedCollective), &packed, sizeof(PackedCollective));
   }
   return bytes;
 }
 
 EventLog EventLog::deserialize(const std::vector<char>& bytes) {
-  if (bytes.size() % sizeof(PackedEvent) != 0) {
+  int64_t count = 0;
+  if (bytes.size() >= sizeof count) std::memcpy(&count, bytes.data(), sizeof count);
+  const size_t actions_end =
+      sizeof count + static_cast<size_t>(std::max<int64_t>(count, 0)) * sizeof(PackedEvent);
+  if (bytes.size() < sizeof count || count < 0 || actions_end > bytes.size() ||
+      (bytes.size() - actions_end) % sizeof(PackedCollective) != 0) {
     throw TransportFailure("a rank's event log has " + std::to_string(bytes.size()) +
-                           " bytes, not a whole number of events");
+                           " bytes, not a count and whole numbers of events and collectives");
   }
   EventLog log;
-  for (size_t at = 0; at < bytes.size(); at += sizeof(PackedEvent)) {
+  for (size_t at = sizeof count; at < actions_end; at += sizeof(PackedEvent)) {
     PackedEvent packed;
     std::memcpy(&packed, bytes.data() + at, sizeof(PackedEvent));
     StepEvent e;
@@ -97,17 +152,31 @@ EventLog EventLog::deserialize(const std::vector<char>& bytes) {
     e.event.end_us = packed.end_us;
     log.events_.push_back(e);
   }
+  for (size_t at = actions_end; at < bytes.size(); at += sizeof(PackedCollective)) {
+    PackedCollective packed;
+    std::memcpy(&packed, bytes.data() + at, sizeof(PackedCollective));
+    StepCollective c;
+    c.step = packed.step;
+    c.event.rank = packed.rank;
+    c.event.kind = static_cast<CollectiveKind>(packed.kind);
+    c.event.stage = packed.stage;
+    c.event.start_us = packed.start_us;
+    c.event.end_us = packed.end_us;
+    log.collectives_.push_back(c);
+  }
   return log;
 }
 
 void EventLog::merge(const EventLog& other) {
   events_.insert(events_.end(), other.events_.begin(), other.events_.end());
+  collectives_.insert(collectives_.end(), other.collectives_.begin(), other.collectives_.end());
 }
 
 void EventLog::write_chrome_trace(const std::string& path, int ranks) const {
   std::vector<const StepEvent*> all;
   for (const StepEvent& e : events_) all.push_back(&e);
-  schedule::save_chrome_trace(timeline_of(all, ranks, "pipetrain train", false), path);
+  schedule::save_chrome_trace(timeline_of(all, ranks, "pipetrain train", false, collectives_),
+                              path);
 }
 
 int64_t EventLog::write_timeline_svg(const std::string& path, int ranks, const std::string& title,

@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include "pipetrain/base/check.h"
+#include "pipetrain/runtime/distributed_pipe.h"
 #include "pipetrain/transport/c10d.h"
 
 namespace pipetrain::train {
@@ -240,6 +241,7 @@ void ShardedOptimizer::start_gather_segment(size_t k) {
   const Segment& s = segments_[k];
   g.piece = shard_.detach().narrow(0, s.shard_offset, s.piece);
   g.gathered = torch::empty({s.padded}, shard_.options());
+  g.start_us = CollectiveLog::now_us();
   if (C10dGroup* dp = group()) {
     g.wait = dp->all_gather_start(g.piece, g.gathered);
   } else {
@@ -254,6 +256,7 @@ void ShardedOptimizer::wait_segment(size_t k) {
   if (g.state == Residency::kWhole) return;
   start_gather_segment(k);
   g.wait();
+  if (log_) log_->finished(CollectiveKind::kAllGather, stage_of_segment(k), g.start_us);
   torch::NoGradGuard no_grad;
   const Segment& s = segments_[k];
   for (size_t q : s.parameters) {
@@ -303,6 +306,7 @@ void ShardedOptimizer::start_reduce(size_t segment) {  // [1], one segment ahead
   if (started_flat_.size() < segments_.size()) {
     started_flat_.resize(segments_.size());
     started_wait_.resize(segments_.size());
+    started_us_.resize(segments_.size());
   }
   if (started_flat_[segment].defined()) return;
   torch::NoGradGuard no_grad;
@@ -316,6 +320,7 @@ void ShardedOptimizer::start_reduce(size_t segment) {  // [1], one segment ahead
     at += n;
   }
   torch::Tensor mine = shard_grad_.narrow(0, s.shard_offset, s.piece);
+  started_us_[segment] = CollectiveLog::now_us();
   if (C10dGroup* dp = group()) {
     started_wait_[segment] = dp->reduce_scatter_sum_start(flat, mine);
   } else {
@@ -329,17 +334,23 @@ void ShardedOptimizer::reduce_gradients() {  // [1]
   torch::NoGradGuard no_grad;
   if (started_flat_.empty()) {
     const torch::Tensor flat = flat_gradients();
-    for (const Segment& s : segments_) {
+    for (size_t k = 0; k < segments_.size(); ++k) {
+      const Segment& s = segments_[k];
       torch::Tensor mine = shard_grad_.narrow(0, s.shard_offset, s.piece);
+      const double start_us = CollectiveLog::now_us();
       if (C10dGroup* dp = group()) {
         dp->reduce_scatter_sum(flat.narrow(0, s.start, s.padded), mine);
       } else {
         mine.copy_(flat.narrow(0, s.start + replica_ * s.piece, s.piece));
       }
+      if (log_) log_->finished(CollectiveKind::kReduceScatter, stage_of_segment(k), start_us);
     }
   } else {
     for (size_t k = 0; k < segments_.size(); ++k) start_reduce(k);  // those not started yet
-    for (auto& wait : started_wait_) wait();
+    for (size_t k = 0; k < segments_.size(); ++k) {
+      started_wait_[k]();
+      if (log_) log_->finished(CollectiveKind::kReduceScatter, stage_of_segment(k), started_us_[k]);
+    }
     started_flat_.clear();
     started_wait_.clear();
   }
@@ -375,7 +386,9 @@ void ShardedOptimizer::step() {  // [3]
   shard_.mutable_grad() = shard_grad_;
   inner_->step();
   if (stage_ == 3) return;  // gathered where a stage next computes
+  const double start_us = CollectiveLog::now_us();
   const torch::Tensor flat = gather_flat(shard_);
+  if (log_) log_->finished(CollectiveKind::kAllGather, -1, start_us);
   for (size_t q = 0; q < parameters_.size(); ++q) {
     torch::Tensor& p = parameters_[q];
     p.copy_(flat.narrow(0, offsets_[q], p.numel()).view(p.sizes()));
@@ -481,6 +494,42 @@ int64_t ShardedOptimizer::state_bytes() const {
 
 int64_t ShardedOptimizer::gradient_bytes() const {
   return bytes_of(shard_grad_) + train::gradient_bytes(parameters_);
+}
+
+std::unique_ptr<ShardedOptimizer> make_pipe_sharded_optimizer(
+    Distributed& distributed, DistributedPipe& pipe, const std::vector<torch::Tensor>& counted,
+    const std::string& optimizer, const OptimizerOptions& options, int stage, bool overlap,
+    bool reshard_after_forward) {
+  PIPETRAIN_CHECK_INPUT(!reshard_after_forward || stage == 3,
+                        "--reshard-after-forward frees ZeRO-3's gathered parameters; it needs "
+                        "--zero 3 (got --zero ",
+                        stage, ")");
+  // Overlapped, or ZeRO-3: one segment per local stage, reduced when that stage's gradients are
+  // final, and (stage 3) gathered around its actions.
+  std::vector<std::vector<torch::Tensor>> segments;
+  std::vector<int> segment_stages;
+  std::map<int, size_t> segment_of_stage;
+  if (overlap || stage == 3) {
+    for (auto& [stage_index, tensors] : pipe.gradient_groups()) {
+      if (stage_index >= 0) segment_of_stage[stage_index] = segments.size();
+      segments.push_back(std::move(tensors));
+      segment_stages.push_back(stage_index);
+    }
+  }
+  auto sharded = std::make_unique<ShardedOptimizer>(distributed, pipe.parameters(), counted,
+                                                    optimizer, options, stage, segments,
+                                                    segment_stages);
+  pipe.set_allreduce_gradients(false);
+  ShardedOptimizer* zero = sharded.get();
+  zero->set_collective_log(&pipe.collective_log());
+  if (stage == 3) pipe.set_stage_parameters(zero, reshard_after_forward);
+  if (overlap) {
+    pipe.set_stage_gradients_hook([zero, segment_of_stage](int j) {
+      const auto found = segment_of_stage.find(j);
+      if (found != segment_of_stage.end()) zero->start_reduce(found->second);
+    });
+  }
+  return sharded;
 }
 
 int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {

@@ -265,41 +265,16 @@ class DistributedRunner : public StepRunner {
     PIPETRAIN_CHECK_INPUT(distributed_.layout().replicas > 1, "ZeRO stage ", stage,
                           " shards the optimizer over data-parallel replicas, and this run has "
                           "one; start it with more than one replica (--dp 2 or more)");
-    PIPETRAIN_CHECK_INPUT(!reshard_after_forward || stage == 3,
-                          "--reshard-after-forward frees ZeRO-3's gathered parameters; it needs "
-                          "--zero 3 (got --zero ",
-                          stage, ")");
-    // Overlapped, or ZeRO-3: one segment per local stage, reduced when that stage's gradients are
-    // final, and (stage 3) gathered around its actions.
-    const bool overlap = overlap_gradient_reduction_;
-    std::vector<std::vector<torch::Tensor>> segments;
-    std::vector<int> segment_stages;
-    std::map<int, size_t> segment_of_stage;
-    if (overlap || stage == 3) {
-      for (auto& [stage_index, tensors] : pipe_.gradient_groups()) {
-        if (stage_index >= 0) segment_of_stage[stage_index] = segments.size();
-        segments.push_back(std::move(tensors));
-        segment_stages.push_back(stage_index);
-      }
-    }
-    auto sharded = std::make_unique<ShardedOptimizer>(distributed_, pipe_.parameters(),
-                                                      norm_parameters_, optimizer, options, stage,
-                                                      segments, segment_stages);
-    pipe_.set_allreduce_gradients(false);
     // The optimizer is the trainer's, which keeps it while it trains through this runner.
-    if (stage == 3) pipe_.set_stage_parameters(sharded.get(), reshard_after_forward);
-    if (overlap) {
-      ShardedOptimizer* zero = sharded.get();
-      pipe_.set_stage_gradients_hook([zero, segment_of_stage](int j) {
-        const auto found = segment_of_stage.find(j);
-        if (found != segment_of_stage.end()) zero->start_reduce(found->second);
-      });
-    }
-    return sharded;
+    return make_pipe_sharded_optimizer(distributed_, pipe_, norm_parameters_, optimizer, options,
+                                       stage, overlap_gradient_reduction_, reshard_after_forward);
   }
   int64_t transport_bytes_sent() const override { return pipe_.transport_stats().data_bytes_sent; }
   double last_exposed_reduce_seconds() const override {
     return pipe_.last_exposed_reduce_seconds();
+  }
+  std::vector<CollectiveEvent> last_collectives() const override {
+    return pipe_.collective_log().events();
   }
   int total_ranks() const override { return distributed_.world_size(); }
   std::vector<RankHoldings> rank_holdings() override {

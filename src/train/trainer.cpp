@@ -189,7 +189,11 @@ TrainSummary Trainer::fit() {
     const double step_start = EventLog::now_us();
     const double loss = run_step(k, x, y);  // [2] [3]
     exposed_reduce += runner_.last_exposed_reduce_seconds();
-    if (tracing) events_.add(k, step_start, runner_.last_events(), runner_.event_rank());
+    if (tracing) {
+      events_.add(k, step_start, runner_.last_events(), runner_.event_rank());
+      events_.add_collectives(k, step_start, runner_.last_collectives(),
+                              std::max(runner_.event_rank(), 0));
+    }
     if (options_.report_memory() && k + 1 == total) {
       // Right after the last step: its stash peaks, the gradients and the state it left.
       summary.memory = measure_memory(runner_, optimizer_.get(), sharded_.get());

@@ -7,12 +7,15 @@
 #include <stdlib.h>
 
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <regex>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "../helpers/cli_run.h"
 #include "../helpers/hf_models.h"
@@ -171,6 +174,51 @@ TEST(ShardedOptimizer, ZeroThreeComposesWithTheRestOfTheStepBitForBit) {
       EXPECT_LE(max_relative_difference(path(tag + "_c3.pt"), path(tag + "_c0.pt")), tolerance)
           << tag << " " << zero;
     }
+  }
+}
+
+// `train --trace` at ZeRO-3 with the overlap: every rank's all-gathers and reduce-scatters on a
+// row of their own (rows 4..7 under the 4 ranks'), and each stage's parameters gathered before
+// that stage's first forward of the step on that rank.
+TEST(ShardedOptimizer, ZeroThreeTracesItsCollectivesOnTheirOwnRows) {
+  const CliRun run = pipetrain::testing::run_pipetrain(
+      kMlp + " --nproc 4 --pp 2 --dp 2 --schedule interleaved-1f1b --virtual 2 --zero 3 "
+             "--overlap-grad-reduce --trace " +
+      path("zero3_trace.json"));
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  std::ifstream file(path("zero3_trace.json"));
+  const nlohmann::json trace = nlohmann::json::parse(file);
+  std::map<int, std::string> rows;
+  std::map<std::pair<int, int>, double> first_forward, first_gathered;  // (rank, stage) -> us
+  int gathers = 0, reduces = 0;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] == "M") rows[e["tid"].get<int>()] = e["args"]["name"].get<std::string>();
+    if (e["ph"] != "X") continue;
+    const int tid = e["tid"].get<int>();
+    const int stage = e["args"]["stage"].get<int>();
+    const double start = e["ts"].get<double>(), end = start + e["dur"].get<double>();
+    if (e["cat"] == "collective") {
+      ASSERT_GE(tid, 4) << e.dump();
+      const std::string name = e["name"].get<std::string>();
+      if (name.rfind("all-gather", 0) == 0) {
+        ++gathers;
+        auto& first = first_gathered.try_emplace({tid - 4, stage}, end).first->second;
+        first = std::min(first, end);
+      }
+      reduces += name.rfind("reduce-scatter", 0) == 0;
+    } else if (e["cat"] == "F") {
+      auto& first = first_forward.try_emplace({tid, stage}, start).first->second;
+      first = std::min(first, start);
+    }
+  }
+  EXPECT_EQ(rows[4], "rank 0 collectives");
+  EXPECT_EQ(rows[7], "rank 3 collectives");
+  EXPECT_GT(gathers, 0);
+  EXPECT_GT(reduces, 0);
+  for (const auto& [where, gathered] : first_gathered) {
+    ASSERT_TRUE(first_forward.count(where)) << where.first << " " << where.second;
+    EXPECT_LE(gathered, first_forward.at(where) + 1.0)  // 1 us: the trace's rounding
+        << "rank " << where.first << " stage " << where.second;
   }
 }
 

@@ -47,6 +47,7 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/types.h>
 
+#include "pipetrain/runtime/collective_log.h"
 #include "pipetrain/runtime/distributed.h"
 #include "pipetrain/runtime/pipe.h"
 #include "pipetrain/runtime/step.h"
@@ -131,6 +132,10 @@ class DistributedPipe {
   // unpacking; with PipeOptions::overlap_gradient_reduction the wait for what was still in flight
   // and the unpacking), and the buckets it used (0: the blocking all-reduce, or no replicas).
   double last_exposed_reduce_seconds() const { return exposed_reduce_seconds_; }
+  // The data-parallel collectives of the last step (cleared when a step starts; a ZeRO optimizer
+  // wired to this pipe adds its own to it: train/sharded_optimizer.h).
+  CollectiveLog& collective_log() { return collectives_; }
+  const CollectiveLog& collective_log() const { return collectives_; }
   int last_reduce_buckets() const { return reduce_buckets_; }
   // The transport's counters since this pipe was built (bundles and tensor bytes sent).
   C10dTransport::Stats transport_stats() const;
@@ -178,6 +183,7 @@ class DistributedPipe {
   double exposed_reduce_seconds_ = 0;
   std::function<void(int)> stage_gradients_hook_;
   StageParameters* stage_parameters_ = nullptr;
+  CollectiveLog collectives_;
   bool reshard_after_forward_ = false;
   std::map<const schedule::Schedule*, schedule::ResidencyPlan> residency_;  // by schedule
   int reduce_buckets_ = 0;

@@ -27,18 +27,21 @@
 
 #include <torch/types.h>
 
+#include "pipetrain/runtime/collective_log.h"
 #include "pipetrain/transport/c10d.h"
 
 namespace pipetrain {
 
 class GradientReducer {
  public:
-  // REQUIRES: group non-null; bucket_bytes >= 1.
-  GradientReducer(std::shared_ptr<C10dGroup> group, std::int64_t bucket_bytes);
+  // REQUIRES: group non-null; bucket_bytes >= 1. `log` (optional, outliving the reducer) gets
+  // each bucket's all-reduce, from its start to finish()'s wait.
+  GradientReducer(std::shared_ptr<C10dGroup> group, std::int64_t bucket_bytes,
+                  CollectiveLog* log = nullptr);
 
   // Starts the sum of `parameters`' gradients (an undefined gradient counts as zeros and
-  // receives the sum).
-  void start(const std::vector<torch::Tensor>& parameters);
+  // receives the sum); `stage`: whose they are, for the log (-1: several).
+  void start(const std::vector<torch::Tensor>& parameters, int stage = -1);
   // Waits for every bucket started since the last finish() and writes the sums back. Returns
   // the seconds it waited.
   double finish();
@@ -50,11 +53,14 @@ class GradientReducer {
     std::vector<torch::Tensor> parameters;
     std::vector<torch::Tensor> flat;  // one tensor: the packed gradients, summed in place
     std::function<void()> wait;
+    int stage = -1;
+    double start_us = 0;
   };
-  void launch(std::vector<torch::Tensor> parameters);
+  void launch(std::vector<torch::Tensor> parameters, int stage);
 
   std::shared_ptr<C10dGroup> group_;
   std::int64_t bucket_bytes_;
+  CollectiveLog* log_ = nullptr;
   std::vector<Bucket> pending_;
 };
 

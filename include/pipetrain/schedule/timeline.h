@@ -22,6 +22,9 @@ struct TimelineEvent {
   int microbatch = 0;  // i
   double start = 0;    // in Timeline::time_unit
   double end = 0;
+  // Not an action (a collective: runtime/collective_log.h): the Chrome trace files it under this
+  // category instead of op's name, with the stage as its only argument. Empty: an action.
+  std::string category;
 };
 
 struct Timeline {
@@ -30,6 +33,8 @@ struct Timeline {
   std::string time_unit = "units";     // axis label: "units" (cost model), "ms", "us", ...
   double microseconds_per_unit = 1.0;  // Chrome trace timestamps are microseconds
   std::vector<TimelineEvent> events;
+  // Names of the Chrome trace's rows by index ("rank r" where there is none).
+  std::vector<std::string> row_names;
 
   double makespan() const;  // latest end (0 when empty)
   int rows() const;         // max(num_ranks, 1 + largest event rank)

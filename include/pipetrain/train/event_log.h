@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "pipetrain/runtime/collective_log.h"
 #include "pipetrain/runtime/step.h"
 
 namespace pipetrain::train {
@@ -24,6 +25,11 @@ namespace pipetrain::train {
 struct StepEvent {
   int64_t step = 0;   // k
   ActionEvent event;  // start_us/end_us absolute (monotonic clock, microseconds)
+};
+
+struct StepCollective {
+  int64_t step = 0;       // k
+  CollectiveEvent event;  // absolute, as StepEvent's
 };
 
 class EventLog {
@@ -36,13 +42,20 @@ class EventLog {
   void add(int64_t step, double step_start_us, const std::vector<ActionEvent>& events,
            int rank = -1);
 
+  // Appends the data-parallel collectives of step k (times relative to its start, as add's),
+  // filed under `rank`.
+  void add_collectives(int64_t step, double step_start_us,
+                       const std::vector<CollectiveEvent>& events, int rank);
+
   const std::vector<StepEvent>& events() const { return events_; }
+  const std::vector<StepCollective>& collectives() const { return collectives_; }
 
   std::vector<char> serialize() const;
   static EventLog deserialize(const std::vector<char>& bytes);
   void merge(const EventLog& other);
 
-  // Chrome trace of every step; times from the first event.
+  // Chrome trace of every step; times from the first event. With collectives, a row
+  // "rank r collectives" per rank follows the ranks' rows.
   void write_chrome_trace(const std::string& path, int ranks) const;
   // SVG of step k (the last recorded full step when k < 0): times from that step's first event,
   // compute actions only (a receive's box would paint the waiting as work). Returns the step drawn.
@@ -51,6 +64,7 @@ class EventLog {
 
  private:
   std::vector<StepEvent> events_;
+  std::vector<StepCollective> collectives_;
 };
 
 }  // namespace pipetrain::train

@@ -55,10 +55,15 @@
 #include <torch/optim/optimizer.h>
 #include <torch/types.h>
 
+#include "pipetrain/runtime/collective_log.h"
 #include "pipetrain/runtime/distributed.h"
 #include "pipetrain/runtime/step.h"
 #include "pipetrain/train/checkpoint.h"
 #include "pipetrain/train/optimizer.h"
+
+namespace pipetrain {
+class DistributedPipe;
+}
 
 namespace pipetrain::train {
 
@@ -102,6 +107,8 @@ class ShardedOptimizer : public StageParameters {
   // stage 3 the shard; and the most bytes of whole parameters held at once since zero_grad().
   int64_t parameter_bytes() const;
   int64_t peak_whole_parameter_bytes() const { return peak_whole_bytes_; }
+  // Where its collectives are recorded for traces (null: nowhere; it must outlive this).
+  void set_collective_log(CollectiveLog* log) { log_ = log; }
   // [1] Collective. Waits for the segments start_reduce started and reduce-scatters the others.
   void reduce_gradients();
   // [1] for one segment, started now while the step goes on (its gradients are final): the
@@ -179,9 +186,13 @@ class ShardedOptimizer : public StageParameters {
     torch::Tensor piece;     // this replica's piece, sent
     torch::Tensor gathered;  // every replica's pieces, the segment's padded flat values
     std::function<void()> wait;
+    double start_us = 0;
   };
+  // The stage a segment's collectives are logged under (-1: several).
+  int stage_of_segment(size_t k) const { return segment_stages_.empty() ? -1 : segment_stages_[k]; }
 
   Distributed& distributed_;
+  CollectiveLog* log_ = nullptr;
   std::vector<torch::Tensor> parameters_;
   std::vector<int> segment_stages_;
   std::vector<Gather> gathers_;  // stage 3: by segment
@@ -196,6 +207,7 @@ class ShardedOptimizer : public StageParameters {
   // Segments started this step (start_reduce): their gradient and the wait.
   std::vector<torch::Tensor> started_flat_;
   std::vector<std::function<void()>> started_wait_;
+  std::vector<double> started_us_;
   int replicas_ = 1;
   int replica_ = 0;
   std::string name_;
@@ -205,6 +217,19 @@ class ShardedOptimizer : public StageParameters {
   torch::Tensor counted_mask_;  // 1 where the norm counts the shard's element, else 0
   std::unique_ptr<torch::optim::Optimizer> inner_;
 };
+
+// A ShardedOptimizer over `pipe`'s parameters, wired into it as the trainer runs it: the pipe's
+// own replica sum turned off; with `overlap` (PipeOptions::overlap_gradient_reduction) or at
+// stage 3 one segment per local stage (DistributedPipe::gradient_groups), each reduce-scattered
+// as soon as that stage's last backward ends (overlap); at stage 3 the pipe gathers and frees
+// the stages' parameters through it (DistributedPipe::set_stage_parameters, with
+// `reshard_after_forward`). `counted`: as the constructor's. The pipe keeps a pointer to the
+// optimizer: it must outlive the pipe's steps, and the pipe must outlive it. Throws BadInput for
+// what the constructor refuses and for reshard_after_forward below stage 3.
+std::unique_ptr<ShardedOptimizer> make_pipe_sharded_optimizer(
+    Distributed& distributed, DistributedPipe& pipe, const std::vector<torch::Tensor>& counted,
+    const std::string& optimizer, const OptimizerOptions& options, int stage, bool overlap,
+    bool reshard_after_forward);
 
 // Bytes of an unsharded optimizer's per-parameter state (the figure ShardedOptimizer::state_bytes
 // compares with).

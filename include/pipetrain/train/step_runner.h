@@ -91,6 +91,9 @@ class StepRunner {
   // The last step's data-parallel gradient sum: seconds this rank waited for it after its
   // schedule's last action (DistributedPipe::last_exposed_reduce_seconds); 0 without replicas.
   virtual double last_exposed_reduce_seconds() const { return 0; }
+  // The last step's data-parallel collectives (runtime/collective_log.h), for the trace; {}
+  // without replicas. Read after the optimizer's step, which adds its own.
+  virtual std::vector<CollectiveEvent> last_collectives() const { return {}; }
   // Sum of `value` over every rank (a collective in a multi-process run).
   virtual double sum_over_ranks(double value) { return value; }
   // Data-parallel replicas: what this rank's deferred batch norms tracked in the step, summed over

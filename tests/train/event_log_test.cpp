@@ -1,0 +1,79 @@
+// train/event_log.h: a rank's actions and collectives survive the trip to rank 0 (serialize,
+// deserialize, merge), a damaged log is refused, and the Chrome trace puts each rank's collectives
+// on a row of their own under the ranks' rows.
+#include "pipetrain/train/event_log.h"
+
+#include <stdlib.h>
+
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "pipetrain/base/error.h"
+
+namespace pipetrain::train {
+namespace {
+
+EventLog two_ranks() {
+  EventLog log;
+  log.add(3, 1000.0, {{0, {0, schedule::Op::kForward, 1}, 0, 50}}, 0);
+  log.add_collectives(3, 1000.0, {{0, CollectiveKind::kAllGather, 0, -10.0, 10.0}}, 0);
+  EventLog other;
+  other.add(3, 1000.0, {{0, {1, schedule::Op::kBackward, 1}, 60, 120}}, 1);
+  other.add_collectives(3, 1000.0, {{0, CollectiveKind::kReduceScatter, 1, 120.0, 200.0}}, 1);
+  log.merge(EventLog::deserialize(other.serialize()));
+  return log;
+}
+
+TEST(EventLog, ActionsAndCollectivesSurviveSerializationAndMerge) {
+  const EventLog log = EventLog::deserialize(two_ranks().serialize());
+  ASSERT_EQ(log.events().size(), 2u);
+  ASSERT_EQ(log.collectives().size(), 2u);
+  EXPECT_EQ(log.events()[1].event.rank, 1);
+  EXPECT_EQ(log.events()[1].event.action.op, schedule::Op::kBackward);
+  EXPECT_DOUBLE_EQ(log.events()[1].event.end_us, 1120.0);
+  const StepCollective& c = log.collectives()[1];
+  EXPECT_EQ(c.step, 3);
+  EXPECT_EQ(c.event.rank, 1);
+  EXPECT_EQ(c.event.kind, CollectiveKind::kReduceScatter);
+  EXPECT_EQ(c.event.stage, 1);
+  EXPECT_DOUBLE_EQ(c.event.start_us, 1120.0);
+  EXPECT_DOUBLE_EQ(c.event.end_us, 1200.0);
+}
+
+TEST(EventLog, ADamagedLogIsRefused) {
+  std::vector<char> bytes = two_ranks().serialize();
+  bytes.pop_back();
+  EXPECT_THROW(EventLog::deserialize(bytes), TransportFailure);
+  EXPECT_THROW(EventLog::deserialize(std::vector<char>(3, 0)), TransportFailure);
+  std::vector<char> huge(8, 0);
+  huge[6] = 1;  // a count of actions far beyond the bytes
+  EXPECT_THROW(EventLog::deserialize(huge), TransportFailure);
+}
+
+TEST(EventLog, TheChromeTraceDrawsEachRanksCollectivesOnTheirOwnRow) {
+  std::string dir = ::testing::TempDir() + "pipetrain_event_log_XXXXXX";
+  ASSERT_NE(::mkdtemp(dir.data()), nullptr);
+  two_ranks().write_chrome_trace(dir + "/trace.json", 2);
+  std::ifstream file(dir + "/trace.json");
+  const nlohmann::json trace = nlohmann::json::parse(file);
+  std::map<int, std::string> rows;
+  std::map<std::string, int> row_of;  // event name -> tid
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] == "M") rows[e["tid"].get<int>()] = e["args"]["name"].get<std::string>();
+    if (e["ph"] == "X") row_of[e["name"].get<std::string>()] = e["tid"].get<int>();
+  }
+  EXPECT_EQ(rows[0], "rank 0");
+  EXPECT_EQ(rows[2], "rank 0 collectives");
+  EXPECT_EQ(rows[3], "rank 1 collectives");
+  EXPECT_EQ(row_of.at("all-gather s0"), 2);
+  EXPECT_EQ(row_of.at("reduce-scatter s1"), 3);
+  EXPECT_EQ(row_of.at("0F1"), 0);
+}
+
+}  // namespace
+}  // namespace pipetrain::train
