@@ -153,6 +153,9 @@ void add_optimizer_flags(CLI::App& command, TrainArgs& args) {
                    "rest of the step runs (docs/DISTRIBUTED.md)");
   command.add_option("--bucket-size", args.pipeline.bucket_mb,
                      "MiB per gradient bucket of --overlap-grad-reduce (default 25, DDP's)");
+  command.add_flag("--offload-optimizer", args.offload_optimizer,
+                   "ZeRO-Offload: the optimizer state and master weights in host memory, stepped "
+                   "on the CPU (CUDA stages; not built yet: exits 2, saying why)");
   command.add_flag("--offload-activations", args.pipeline.offload_activations,
                    "checkpointed micro-batches' inputs wait in pinned host memory until their "
                    "backward (CUDA stages); on CPU stages it is accounted, not a saving "
@@ -405,6 +408,14 @@ void check_ranges(const TrainArgs& args) {
   }
   if (args.zero < 0 || args.zero > 3) {
     fail("--zero must be 0, 1, 2 or 3, got " + std::to_string(args.zero));
+  }
+  if (args.offload_optimizer) {
+    if (args.pipeline.device != "cuda") {
+      fail("--offload-optimizer moves the optimizer state and master weights of CUDA stages to "
+           "host memory; these stages run on the CPU, where they already are: nothing to offload");
+    }
+    fail("--offload-optimizer is not built yet: ZeRO's sharded optimizer runs on CPU stages only "
+         "in this version (docs/DISTRIBUTED.md, limits)");
   }
   if (args.reshard_after_forward && args.zero != 3) {
     fail("--reshard-after-forward frees ZeRO-3's gathered parameters; it needs --zero 3, got "

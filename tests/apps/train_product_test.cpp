@@ -51,7 +51,9 @@ std::map<int, int> compute_actions_by_rank(const std::string& file, char op = 0)
   std::map<int, int> actions;
   for (const auto& event : events) {
     const std::string name = event.value("name", "");
-    if (event.value("ph", "") == "X" && name.find('S') == std::string::npos &&
+    // Compute actions: not a send or a receive, nor a collective (the ranks' collectives rows).
+    if (event.value("ph", "") == "X" && event.value("cat", "") != "collective" &&
+        name.find('S') == std::string::npos &&
         name.find('R') == std::string::npos && (op == 0 || name.find(op) != std::string::npos)) {
       ++actions[event.value("tid", -1)];
     }

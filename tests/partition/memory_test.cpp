@@ -254,11 +254,37 @@ TEST(PredictMemory, OffloadWithoutACheckpointedMicroBatchIsBadInput) {
   EXPECT_NO_THROW(predict_memory(profile, {1, 1}, 1, schedule::gpipe(2, 2), options));
 }
 
-TEST(PredictMemory, RejectsAZeroStageOutsideZeroToTwoAndNoReplicas) {
+// ZeRO-3: the parameters held between steps are the shard, and the gathered category walks the
+// residency plan: interleaved 1F1B keeps a rank's two stages whole together (their first-to-last
+// intervals overlap), resharding after forward one at a time (the larger).
+TEST(PredictMemory, ZeroThreeHoldsTheShardAndGathersTheStagesAsTheResidencyPlanSays) {
+  UniformLayer layer;
+  layer.parameter_bytes = 100;
+  const ModelProfile profile = uniform_profile(5, 4, layer);
+  const auto schedule = schedule::interleaved_one_f_one_b(2, 4, 2);  // rank 0: stages 0 and 2
+  MemoryModelOptions options;
+  options.optimizer_state_multiple = 2;
+  options.data_parallel = 2;
+  options.zero = 3;
+  const std::vector<int> balance = {1, 1, 2, 1};  // rank 0: 100 + 200 bytes
+  const auto keep = predict_memory(profile, balance, 1, schedule, options);
+  EXPECT_EQ(keep[0].parameters, 152);  // 75 floats padded to 76, 38 per replica
+  EXPECT_EQ(keep[0].gradients, 152);
+  EXPECT_EQ(keep[0].optimizer_state, 2 * 152);
+  EXPECT_EQ(keep[0].gathered, 300);
+  options.reshard_after_forward = true;
+  const auto reshard = predict_memory(profile, balance, 1, schedule, options);
+  EXPECT_EQ(reshard[0].gathered, 200);
+  EXPECT_EQ(reshard[0].parameters, keep[0].parameters);
+  options.zero = 2;
+  EXPECT_EQ(predict_memory(profile, balance, 1, schedule, options)[0].gathered, 0);
+}
+
+TEST(PredictMemory, RejectsAZeroStageOutsideZeroToThreeAndNoReplicas) {
   const ModelProfile profile = uniform_profile(2, 4, UniformLayer{});
   const auto schedule = schedule::one_f_one_b(2, 4);
   MemoryModelOptions options;
-  options.zero = 3;
+  options.zero = 4;
   EXPECT_THROW(predict_memory(profile, {1, 1}, 1, schedule, options), pipetrain::BadInput);
   options.zero = 0;
   options.data_parallel = 0;
