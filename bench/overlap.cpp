@@ -58,7 +58,7 @@ struct Row {
   std::string schedule;
   int virtual_stages;
   bool overlap;
-  int zero = 0;  // 1, 3: the ZeRO optimizer reduce-scatters (train/sharded_optimizer.h)
+  int zero = 0;          // 1, 3: the ZeRO optimizer reduce-scatters (train/sharded_optimizer.h)
   bool reshard = false;  // ZeRO-3's --reshard-after-forward
   std::string name() const {
     return schedule + (zero ? " zero" + std::to_string(zero) : "") + (reshard ? " reshard" : "") +
@@ -109,9 +109,9 @@ int run_rank(const Row& row, int steps) {
     // parameters around its actions (as the trainer wires it).
     std::unique_ptr<train::ShardedOptimizer> zero;
     if (row.zero > 0) {
-      zero = train::make_pipe_sharded_optimizer(
-          d, pipe, pipe.parameters(), "sgd", train::OptimizerOptions().lr(0.01).momentum(0),
-          row.zero, row.overlap, row.reshard);
+      zero = train::make_pipe_sharded_optimizer(d, pipe, pipe.parameters(), "sgd",
+                                                train::OptimizerOptions().lr(0.01).momentum(0),
+                                                row.zero, row.overlap, row.reshard);
     }
     std::vector<double> seconds, exposed;
     for (int k = 0; k < kWarmup + steps; ++k) {
@@ -206,7 +206,8 @@ int main(int argc, char** argv) {
   for (const Row& row : kRows) {
     const std::string name = row.name();
     char versus[32] = "";
-    if (!vs_zero1[name].empty()) std::snprintf(versus, sizeof versus, "%.3f", median(vs_zero1[name]));
+    if (!vs_zero1[name].empty())
+      std::snprintf(versus, sizeof versus, "%.3f", median(vs_zero1[name]));
     std::printf("%-34s %10.1f %13.3f %12.2f %14.3f %8d %12s\n", name.c_str(), median(step_ms[name]),
                 median(step_ratio[name]), median(exposed_ms[name]),
                 exposed_ratio[name].empty() ? 0.0 : median(exposed_ratio[name]), buckets[name],

@@ -411,16 +411,19 @@ void check_ranges(const TrainArgs& args) {
   }
   if (args.offload_optimizer) {
     if (args.pipeline.device != "cuda") {
-      fail("--offload-optimizer moves the optimizer state and master weights of CUDA stages to "
-           "host memory; these stages run on the CPU, where they already are: nothing to offload");
+      fail(
+          "--offload-optimizer moves the optimizer state and master weights of CUDA stages to "
+          "host memory; these stages run on the CPU, where they already are: nothing to offload");
     }
-    fail("--offload-optimizer is not built yet: ZeRO's sharded optimizer runs on CPU stages only "
-         "in this version (docs/DISTRIBUTED.md, limits)");
+    fail(
+        "--offload-optimizer is not built yet: ZeRO's sharded optimizer runs on CPU stages only "
+        "in this version (docs/DISTRIBUTED.md, limits)");
   }
   if (args.reshard_after_forward && args.zero != 3) {
-    fail("--reshard-after-forward frees ZeRO-3's gathered parameters; it needs --zero 3, got "
-         "--zero " +
-         std::to_string(args.zero));
+    fail(
+        "--reshard-after-forward frees ZeRO-3's gathered parameters; it needs --zero 3, got "
+        "--zero " +
+        std::to_string(args.zero));
   }
   if (args.adam_betas.size() != 2) fail("--adam-betas takes two numbers B1,B2");
   for (double beta : args.adam_betas) {

@@ -42,7 +42,7 @@ struct TrainArgs {
   std::string lr_schedule = "constant";
   double min_lr = 0;
   double clip_grad_norm = 0;
-  int zero = 0;  // ZeRO stage
+  int zero = 0;                        // ZeRO stage
   bool reshard_after_forward = false;  // ZeRO-3
   bool offload_optimizer = false;      // refused, saying why (not built)
   bool report_memory = false;

@@ -361,7 +361,7 @@ std::int64_t RankMemory::operator[](int category) const {
 
 const char* memory_category_name(int category) {
   static const char* const names[RankMemory::kCategories] = {
-      "parameters",      "gradients",    "optimizer state",  "activations",
+      "parameters",      "gradients",    "optimizer state",   "activations",
       "receive buffers", "send buffers", "offloaded to host", "gathered params"};
   if (category < 0 || category >= RankMemory::kCategories) {
     throw BadInput("memory_category_name: no category " + std::to_string(category) + " (0..7)");

@@ -120,9 +120,9 @@ std::vector<char> EventLog::serialize() const {
   char* collectives = actions + events_.size() * sizeof(PackedEvent);
   for (size_t n = 0; n < collectives_.size(); ++n) {
     const StepCollective& c = collectives_[n];
-    PackedCollective packed{c.step,         c.event.rank,     static_cast<int32_t>(c.event.kind),
-                            c.event.stage,  0,                c.event.start_us,
-                            c.event.end_us};
+    PackedCollective packed{
+        c.step,           c.event.rank,  static_cast<int32_t>(c.event.kind), c.event.stage, 0,
+        c.event.start_us, c.event.end_us};
     std::memcpy(collectives + n * sizeof(PackedCollective), &packed, sizeof(PackedCollective));
   }
   return bytes;

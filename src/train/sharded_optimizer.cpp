@@ -62,8 +62,7 @@ ShardedOptimizer::ShardedOptimizer(Distributed& distributed, std::vector<torch::
       replica_(distributed.replica()),
       name_(optimizer),
       stage_(stage) {
-  PIPETRAIN_CHECK_INPUT(stage >= 1 && stage <= 3, "ZeRO stage must be 1, 2 or 3 (got ", stage,
-                        ")");
+  PIPETRAIN_CHECK_INPUT(stage >= 1 && stage <= 3, "ZeRO stage must be 1, 2 or 3 (got ", stage, ")");
   PIPETRAIN_CHECK_INPUT(!parameters_.empty(), "ZeRO: rank ", distributed.rank(),
                         " has no parameters to shard");
   const torch::ScalarType dtype = parameters_.front().scalar_type();
@@ -124,8 +123,8 @@ ShardedOptimizer::ShardedOptimizer(Distributed& distributed, std::vector<torch::
     segments_.push_back(std::move(segment));
   }
   if (segment_stages_.empty()) segment_stages_.assign(segments_.size(), -1);
-  PIPETRAIN_CHECK_INPUT(segment_stages_.size() == segments_.size(), "ZeRO: ",
-                        segment_stages_.size(), " segment stages for ", segments_.size(),
+  PIPETRAIN_CHECK_INPUT(segment_stages_.size() == segments_.size(),
+                        "ZeRO: ", segment_stages_.size(), " segment stages for ", segments_.size(),
                         " segments");
   gathers_.resize(segments_.size());
   for (const torch::Tensor& p : parameters_) whole_bytes_ += bytes_of(p);
@@ -516,9 +515,8 @@ std::unique_ptr<ShardedOptimizer> make_pipe_sharded_optimizer(
       segment_stages.push_back(stage_index);
     }
   }
-  auto sharded = std::make_unique<ShardedOptimizer>(distributed, pipe.parameters(), counted,
-                                                    optimizer, options, stage, segments,
-                                                    segment_stages);
+  auto sharded = std::make_unique<ShardedOptimizer>(
+      distributed, pipe.parameters(), counted, optimizer, options, stage, segments, segment_stages);
   pipe.set_allreduce_gradients(false);
   ShardedOptimizer* zero = sharded.get();
   zero->set_collective_log(&pipe.collective_log());

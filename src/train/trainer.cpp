@@ -214,7 +214,7 @@ TrainSummary Trainer::fit() {
         k + 1 == total && batches_.per_epoch() > 0 && !batches_.ends_epoch(k);
     if ((batches_.ends_epoch(k) || last_of_short_epoch) && on_epoch_end) {
       if (sharded_) sharded_->gather_all();  // ZeRO-3: the evaluation reads the parameters
-      on_epoch_end(batches_.epoch_of(k));  // [6]
+      on_epoch_end(batches_.epoch_of(k));    // [6]
       model_->train();
     }
   }

@@ -53,8 +53,8 @@ std::map<int, int> compute_actions_by_rank(const std::string& file, char op = 0)
     const std::string name = event.value("name", "");
     // Compute actions: not a send or a receive, nor a collective (the ranks' collectives rows).
     if (event.value("ph", "") == "X" && event.value("cat", "") != "collective" &&
-        name.find('S') == std::string::npos &&
-        name.find('R') == std::string::npos && (op == 0 || name.find(op) != std::string::npos)) {
+        name.find('S') == std::string::npos && name.find('R') == std::string::npos &&
+        (op == 0 || name.find(op) != std::string::npos)) {
       ++actions[event.value("tid", -1)];
     }
   }

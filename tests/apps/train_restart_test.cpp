@@ -279,9 +279,9 @@ void expect_killed_replica_stops_and_restarts_exactly(const std::string& extra,
   const std::string fault = pattern + "/fault", whole = pattern + "/whole",
                     killed = pattern + "/killed";
   const auto start = std::chrono::steady_clock::now();
-  const KilledRun stopped =
-      run_killing("mkdir -p " + fault + " && " + kBinary + " " + overlap_flags(fault, 100000, extra),
-                  tag + "-fault", {6}, {3});
+  const KilledRun stopped = run_killing(
+      "mkdir -p " + fault + " && " + kBinary + " " + overlap_flags(fault, 100000, extra),
+      tag + "-fault", {6}, {3});
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ASSERT_EQ(stopped.killed_at.size(), 1u) << stopped.output;

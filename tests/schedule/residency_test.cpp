@@ -17,8 +17,8 @@ namespace pipetrain::schedule {
 namespace {
 
 struct Walk {
-  int gathers = 0;           // freed -> whole transitions
-  std::size_t peak = 0;      // most stages whole at once
+  int gathers = 0;       // freed -> whole transitions
+  std::size_t peak = 0;  // most stages whole at once
   std::set<int> whole_at_end;
   bool every_action_found_its_stage_whole = true;
 };

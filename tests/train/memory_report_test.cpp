@@ -317,7 +317,8 @@ TEST(MemoryReport, ZeroStagesAcrossProcessesAreWithinTenPercentIncludingTranspor
           held[zero] += row.measured;
         }
         // No --offload-activations here; only ZeRO-3 gathers parameters.
-        if (row.category == "offloaded to host" || (row.category == "gathered params" && zero < 3)) {
+        if (row.category == "offloaded to host" ||
+            (row.category == "gathered params" && zero < 3)) {
           EXPECT_EQ(row.ratio, "=") << where << "\n" << run.output;
           continue;
         }

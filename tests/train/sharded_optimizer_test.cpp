@@ -124,9 +124,8 @@ TEST(ShardedOptimizer, AZeroThreeCheckpointAtTwoReplicasResumesAtOneAndFourAsThe
   const std::string common = "--optimizer adam --steps 6 ";
   const CliRun whole = train(common + "--nproc 4 --dp 2 --save-params " + path("whole3.pt"));
   ASSERT_EQ(whole.exit_code, 0) << whole.output;
-  const CliRun first =
-      train("--optimizer adam --steps 3 --nproc 4 --dp 2 --zero 3 --checkpoint-dir " +
-            path("ckpt3"));
+  const CliRun first = train(
+      "--optimizer adam --steps 3 --nproc 4 --dp 2 --zero 3 --checkpoint-dir " + path("ckpt3"));
   ASSERT_EQ(first.exit_code, 0) << first.output;
   const std::string resume = " --resume " + path("ckpt3/checkpoint.pt") + " --save-params ";
   for (const std::string layout : {"--nproc 2 --dp 1", "--nproc 8 --dp 4 --zero 3",
@@ -138,10 +137,10 @@ TEST(ShardedOptimizer, AZeroThreeCheckpointAtTwoReplicasResumesAtOneAndFourAsThe
 }
 
 // ZeRO-3 with what else a step can hold, each against the same run at --zero 0, bit for bit
-// (two replicas; tensor parallelism within 1e-6, see below): zb-v (a rank's two stages in a V), recompute under checkpointing, bf16
-// (parameters stay float32 and are gathered as such), the CNN's deferred batch norms, the toy
-// GPT's embedding tied to its head across ranks, and tensor parallelism (ZeRO over the dp group of
-// each pp x tp coordinate).
+// (two replicas; tensor parallelism within 1e-6, see below): zb-v (a rank's two stages in a V),
+// recompute under checkpointing, bf16 (parameters stay float32 and are gathered as such), the CNN's
+// deferred batch norms, the toy GPT's embedding tied to its head across ranks, and tensor
+// parallelism (ZeRO over the dp group of each pp x tp coordinate).
 TEST(ShardedOptimizer, ZeroThreeComposesWithTheRestOfTheStepBitForBit) {
   const std::string hf = pipetrain::testing::hf_fixtures();
   const std::string mlp = kMlp + " --optimizer adamw --lr 0.01 --nproc 4 --pp 2 --dp 2 ";
@@ -149,10 +148,12 @@ TEST(ShardedOptimizer, ZeroThreeComposesWithTheRestOfTheStepBitForBit) {
       {"zb-v", mlp + "--schedule zb-v"},
       {"checkpoint", mlp + "--schedule 1f1b --checkpoint always"},
       {"bf16", mlp + "--schedule interleaved-1f1b --virtual 2 --precision bf16"},
-      {"cnn", "train --data synthetic --synthetic-samples 64 --model cnn --batch-size 16 "
-              "--steps 3 --chunks 4 --optimizer adamw --lr 0.01 --nproc 4 --pp 2 --dp 2"},
-      {"gpt", "train --data text --model gpt --batch-size 16 --steps 3 --chunks 4 "
-              "--optimizer adamw --lr 0.01 --nproc 4 --pp 2 --dp 2"},
+      {"cnn",
+       "train --data synthetic --synthetic-samples 64 --model cnn --batch-size 16 "
+       "--steps 3 --chunks 4 --optimizer adamw --lr 0.01 --nproc 4 --pp 2 --dp 2"},
+      {"gpt",
+       "train --data text --model gpt --batch-size 16 --steps 3 --chunks 4 "
+       "--optimizer adamw --lr 0.01 --nproc 4 --pp 2 --dp 2"},
       {"tp", "train --model " + hf + "/llama --data tokens --token-file " + hf +
                  "/tokens.bin --seq-len 16 --batch-size 8 --steps 3 --chunks 4 --optimizer "
                  "adamw --lr 0.01 --schedule zb-h1 --nproc 8 --pp 2 --tp 2 --dp 2 "
@@ -164,8 +165,8 @@ TEST(ShardedOptimizer, ZeroThreeComposesWithTheRestOfTheStepBitForBit) {
         pipetrain::testing::run_pipetrain(flags + " --save-params " + path(tag + "_c0.pt"));
     ASSERT_EQ(unsharded.exit_code, 0) << tag << "\n" << unsharded.output;
     for (const std::string zero : {"--zero 3", "--zero 3 --reshard-after-forward"}) {
-      const CliRun run = pipetrain::testing::run_pipetrain(flags + " " + zero +
-                                                           " --save-params " + path(tag + "_c3.pt"));
+      const CliRun run = pipetrain::testing::run_pipetrain(flags + " " + zero + " --save-params " +
+                                                           path(tag + "_c3.pt"));
       ASSERT_EQ(run.exit_code, 0) << tag << " " << zero << "\n" << run.output;
       // Under sequence parallelism a whole tensor's gradient is summed over the tp group by the
       // runner after the step: unsharded after the replicas' sum, sharded before the
@@ -182,8 +183,9 @@ TEST(ShardedOptimizer, ZeroThreeComposesWithTheRestOfTheStepBitForBit) {
 // that stage's first forward of the step on that rank.
 TEST(ShardedOptimizer, ZeroThreeTracesItsCollectivesOnTheirOwnRows) {
   const CliRun run = pipetrain::testing::run_pipetrain(
-      kMlp + " --nproc 4 --pp 2 --dp 2 --schedule interleaved-1f1b --virtual 2 --zero 3 "
-             "--overlap-grad-reduce --trace " +
+      kMlp +
+      " --nproc 4 --pp 2 --dp 2 --schedule interleaved-1f1b --virtual 2 --zero 3 "
+      "--overlap-grad-reduce --trace " +
       path("zero3_trace.json"));
   ASSERT_EQ(run.exit_code, 0) << run.output;
   std::ifstream file(path("zero3_trace.json"));
@@ -247,8 +249,8 @@ TEST(ShardedOptimizer, ZeroWithoutReplicasOrOutOfRangeExitsTwoNamingTheFlag) {
 void expect_every_stage_equals_zero_zero(const std::string& tag, const std::string& model,
                                          const std::string& schedule) {
   for (const std::string layout : {"--nproc 4 --pp 2 --dp 2", "--nproc 4 --pp 1 --dp 4"}) {
-    const std::string common = model + " --optimizer adamw --weight-decay 0.1 --lr 0.01 " +
-                               layout + " --schedule " + schedule + " --save-params ";
+    const std::string common = model + " --optimizer adamw --weight-decay 0.1 --lr 0.01 " + layout +
+                               " --schedule " + schedule + " --save-params ";
     const std::string where = tag + ", " + layout + ", " + schedule;
     const std::string base = path(tag + "_zero0.pt");
     const CliRun unsharded = pipetrain::testing::run_pipetrain(common + base);
@@ -262,7 +264,6 @@ void expect_every_stage_equals_zero_zero(const std::string& tag, const std::stri
     }
   }
 }
-
 
 TEST(ShardedOptimizer, ZeroThreeEqualsZeroZeroUnderGpipe) {
   expect_every_stage_equals_zero_zero("gpipe", kMlp, "gpipe");
@@ -290,9 +291,8 @@ TEST(ShardedOptimizer, ZeroThreeEqualsZeroZeroOnHuggingFaceCheckpoints) {
   PIPETRAIN_SKIP_WITHOUT_TRANSFORMERS();
   const std::string dir = pipetrain::testing::hf_fixtures();
   for (const std::string arch : {"llama", "qwen2"}) {
-    const std::string model = "train --model " + dir + "/" + arch +
-                              " --data tokens --token-file " + dir +
-                              "/tokens.bin --seq-len 16 --batch-size 8 --steps 3 --chunks 4";
+    const std::string model = "train --model " + dir + "/" + arch + " --data tokens --token-file " +
+                              dir + "/tokens.bin --seq-len 16 --batch-size 8 --steps 3 --chunks 4";
     expect_every_stage_equals_zero_zero(arch, model, "1f1b");
     expect_every_stage_equals_zero_zero(arch + "_zbh1", model, "zb-h1");
   }

@@ -138,8 +138,8 @@ struct RankMemory {
   // What the rank's device holds: every category but the offloaded one (host memory). An upper
   // bound of the peak: the gathered and activation peaks need not fall at one moment.
   std::int64_t total() const {
-    return parameters + gradients + optimizer_state + activations + receive_buffers +
-           send_buffers + gathered;
+    return parameters + gradients + optimizer_state + activations + receive_buffers + send_buffers +
+           gathered;
   }
 };
 // "parameters", "gradients", "optimizer state", "activations", "receive buffers",

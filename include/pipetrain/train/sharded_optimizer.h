@@ -195,7 +195,7 @@ class ShardedOptimizer : public StageParameters {
   CollectiveLog* log_ = nullptr;
   std::vector<torch::Tensor> parameters_;
   std::vector<int> segment_stages_;
-  std::vector<Gather> gathers_;  // stage 3: by segment
+  std::vector<Gather> gathers_;       // stage 3: by segment
   bool parameters_are_truth_ = true;  // stage 3: since construction or gather_all()
   int64_t whole_bytes_ = 0;           // stage 3: of the whole segments now
   int64_t peak_whole_bytes_ = 0;
