@@ -187,8 +187,7 @@ torch::Tensor DistributedPipe::train_step(const torch::Tensor& input, const torc
   const bool replicas = allreduce_gradients_ && distributed_.data_parallel_group() != nullptr;
   std::optional<GradientReducer> reducer;
   std::map<int, std::vector<torch::Tensor>> final_at;  // stage -> the tensors final after it
-  std::set<const void*> tied;                          // ties across ranks: final after [3]
-  for (const auto& [name, tensor] : ties_) tied.insert(tensor.unsafeGetTensorImpl());
+  const std::set<const void*> tied = summed_after_schedule();  // final after [3]
   if (replicas && options_.overlap_gradient_reduction()) {
     reducer.emplace(distributed_.data_parallel_group(), options_.bucket_bytes(), &collectives_);
     // A tensor two local stages share (a tie within the rank) is final after the later one.
@@ -225,19 +224,20 @@ torch::Tensor DistributedPipe::train_step(const torch::Tensor& input, const torc
   events_ = std::move(result.events);
   // [3] first, so that every ZeRO stage sums a tie's four copies in one order (ZeRO 1-3 reduce a
   // tie's gradient, summed over its holders, over the replicas after the step): the same bits.
+  // The same for sequence parallelism's shares over the tensor-parallel group.
   for (const auto& [name, tensor] : ties_) distributed_.allreduce_tie(name, {tensor});
+  distributed_.allreduce_tensor_parallel_gradients(tensor_parallel_summed_);
   // [4] Exposed: from the tie sums until the replicas' sums are in the gradients, either way.
   exposed_reduce_seconds_ = 0;
   reduce_buckets_ = 0;
   if (replicas) {
     const auto begin = std::chrono::steady_clock::now();
     if (reducer) {
-      std::vector<torch::Tensor> ties;
-      std::set<const void*> seen;
-      for (const auto& [name, tensor] : ties_) {
-        if (seen.insert(tensor.unsafeGetTensorImpl()).second) ties.push_back(tensor);
+      std::vector<torch::Tensor> after;  // the tensors final only after [3], each once
+      for (const torch::Tensor& tensor : unique_) {
+        if (tied.count(tensor.unsafeGetTensorImpl())) after.push_back(tensor);
       }
-      if (!ties.empty()) reducer->start(ties);
+      if (!after.empty()) reducer->start(after);
       reduce_buckets_ = reducer->buckets_started();
       reducer->finish();
     } else {
@@ -262,10 +262,18 @@ torch::Tensor DistributedPipe::train_step(const torch::Tensor& input, const torc
   return torch::tensor(loss, torch::kFloat64);
 }
 
+std::set<const void*> DistributedPipe::summed_after_schedule() const {
+  std::set<const void*> after;
+  for (const auto& [name, tensor] : ties_) after.insert(tensor.unsafeGetTensorImpl());
+  for (const torch::Tensor& tensor : tensor_parallel_summed_) {
+    after.insert(tensor.unsafeGetTensorImpl());
+  }
+  return after;
+}
+
 std::vector<std::pair<int, std::vector<torch::Tensor>>> DistributedPipe::gradient_groups() const {
-  // A tie across ranks ([3]) has its final gradient only after train_step's tie sum.
-  std::set<const void*> tied;
-  for (const auto& [name, tensor] : ties_) tied.insert(tensor.unsafeGetTensorImpl());
+  // A tie across ranks and a tp-summed tensor have their final gradient only after [3].
+  const std::set<const void*> tied = summed_after_schedule();
   std::map<int, std::vector<torch::Tensor>> by_stage;
   for (const torch::Tensor& tensor : unique_) {
     const std::set<int>& stages = local_holders_.at(tensor.unsafeGetTensorImpl());

@@ -158,14 +158,17 @@ class DistributedRunner : public StepRunner {
         }
       }
     }
-    // Sequence parallelism: each rank's gradient of a whole tensor is its sequence share.
+    // Sequence parallelism: each rank's gradient of a whole tensor is its sequence share, summed
+    // over the group by the pipe before the replicas' sum.
     if (tensor_parallel.sequence_parallel && distributed_.tensor_parallel_group()) {
       std::set<const void*> seen;
+      std::vector<torch::Tensor> shared;
       for (const auto& [name, tensor] : pipe_.named_parameters()) {
         if (!split_(name) && seen.insert(tensor.unsafeGetTensorImpl()).second) {
-          sequence_shared_.push_back(tensor);
+          shared.push_back(tensor);
         }
       }
+      pipe_.set_tensor_parallel_summed(std::move(shared));
     }
     // A tensor every tp rank holds whole (a norm's weight) counts on tp rank 0 only; a slice
     // several ranks share (a replicated key/value head), on the first of them.
@@ -207,7 +210,6 @@ class DistributedRunner : public StepRunner {
 
   double step(const torch::Tensor& inputs, const torch::Tensor& targets) override {
     const double loss = pipe_.train_step(inputs, targets, scaled(loss_)).item<double>();
-    distributed_.allreduce_tensor_parallel_gradients(sequence_shared_);
     return loss / loss_scale();
   }
   std::vector<torch::Tensor> parameters() override { return pipe_.parameters(); }
@@ -307,7 +309,6 @@ class DistributedRunner : public StepRunner {
   std::vector<torch::Tensor> norm_parameters_;
   std::vector<DeferredBatchNormImpl*> batch_norms_;  // this rank's, in model order
   TensorParallelSplit split_;
-  std::vector<torch::Tensor> sequence_shared_;  // whole tensors under sequence parallelism
 
   // `part` with every split tensor (a parameter, and its optimizer state of the same shape)
   // joined over the tensor-parallel group along its dimension. Collective over the group: every

@@ -13,7 +13,8 @@
 //       weighted by its rows / the WHOLE mini-batch's rows
 //   [2] run the Interpreter for this pipeline rank over the lowered schedule
 //   [3] sum each tied weight's gradient over the pipeline ranks holding it (a parameter tensor
-//       used by layers of stages on different ranks is a tie; found by identity)
+//       used by layers of stages on different ranks is a tie; found by identity), and the
+//       gradients of set_tensor_parallel_summed's tensors over the tensor-parallel group
 //   [4] sum gradients over the replicas (Distributed::allreduce_gradients)
 //   [5] the mini-batch loss, summed over replicas, on every rank (broadcast_loss)
 // so that after the optimizer step every rank's parameters equal sequential training's.
@@ -40,6 +41,7 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -91,14 +93,22 @@ class DistributedPipe {
 
   // This rank's parameters (each tensor once) grouped by the one local stage whose backwards make
   // their gradients, {stage, tensors} by stage; last, under stage -1, the tensors whose gradients
-  // are final only after the step: those several local stages share (a tie within the rank) and
-  // those tied to other ranks' ([3]). What a ZeRO optimizer segments its layout by.
+  // are final only after the step: those several local stages share (a tie within the rank), those
+  // tied to other ranks' and those summed over the tensor-parallel group ([3]). What a ZeRO
+  // optimizer segments its layout by.
   std::vector<std::pair<int, std::vector<torch::Tensor>>> gradient_groups() const;
   // With PipeOptions::overlap_gradient_reduction and set_allreduce_gradients(false) (ZeRO):
   // called during train_step with stage j after this rank's last B or W of j in the step, so that
   // the caller starts reducing j's gradients (ShardedOptimizer::start_reduce). Empty: none.
   void set_stage_gradients_hook(std::function<void(int stage)> hook) {
     stage_gradients_hook_ = std::move(hook);
+  }
+
+  // Sequence parallelism: tensors every tp rank holds whole whose gradient each rank has only a
+  // share of; [3] sums their gradients over the tensor-parallel group, before the replicas' sum
+  // (and before any overlapped reduction of them starts).
+  void set_tensor_parallel_summed(std::vector<torch::Tensor> tensors) {
+    tensor_parallel_summed_ = std::move(tensors);
   }
 
   // ZeRO-3 (train/sharded_optimizer.h): from the next train_step on, `parameters` makes each
@@ -188,6 +198,9 @@ class DistributedPipe {
   std::map<const schedule::Schedule*, schedule::ResidencyPlan> residency_;  // by schedule
   int reduce_buckets_ = 0;
   std::vector<std::pair<std::string, torch::Tensor>> ties_;  // (declare_tie key, tensor) held here
+  std::vector<torch::Tensor> tensor_parallel_summed_;        // [3]
+  // The tensors whose gradients are final only after [3] (ties across ranks, tp-summed ones).
+  std::set<const void*> summed_after_schedule() const;
   std::vector<ActionEvent> events_;
   C10dTransport::Stats step_transport_stats_;
 };

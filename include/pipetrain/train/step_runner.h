@@ -167,7 +167,8 @@ using TensorParallelSplit =
 struct TensorParallelModel {
   TensorParallelSplit split;
   // Sequence parallelism: a whole tensor's gradient is then each rank's share of the sequence,
-  // summed over the group after every step's backward.
+  // summed over the group after every step's schedule, before the replicas' sum
+  // (DistributedPipe::set_tensor_parallel_summed).
   bool sequence_parallel = false;
 };
 
