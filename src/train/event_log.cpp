@@ -2,7 +2,6 @@
 #include "pipetrain/train/event_log.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -72,9 +71,7 @@ schedule::Timeline timeline_of(const std::vector<const StepEvent*>& events, int 
 }  // namespace
 
 double EventLog::now_us() {
-  return std::chrono::duration<double, std::micro>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return CollectiveLog::now_us();  // one monotonic clock for actions and collectives
 }
 
 void EventLog::add(int64_t step, double step_start_us, const std::vector<ActionEvent>& events,
