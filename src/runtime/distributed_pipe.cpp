@@ -187,13 +187,13 @@ torch::Tensor DistributedPipe::train_step(const torch::Tensor& input, const torc
   const bool replicas = allreduce_gradients_ && distributed_.data_parallel_group() != nullptr;
   std::optional<GradientReducer> reducer;
   std::map<int, std::vector<torch::Tensor>> final_at;  // stage -> the tensors final after it
-  const std::set<const void*> tied = summed_after_schedule();  // final after [3]
+  const std::set<const void*> after_schedule = summed_after_schedule();  // final after [3]
   if (replicas && options_.overlap_gradient_reduction()) {
     reducer.emplace(distributed_.data_parallel_group(), options_.bucket_bytes(), &collectives_);
     // A tensor two local stages share (a tie within the rank) is final after the later one.
     std::map<int, size_t> last_backward = s.last_gradient_actions(distributed_.pipeline_rank());
     for (const torch::Tensor& tensor : unique_) {
-      if (tied.count(tensor.unsafeGetTensorImpl())) continue;
+      if (after_schedule.count(tensor.unsafeGetTensorImpl())) continue;
       int owner = -1;
       for (int j : local_holders_.at(tensor.unsafeGetTensorImpl())) {
         if (owner < 0 || last_backward[j] > last_backward[owner]) owner = j;
@@ -235,7 +235,7 @@ torch::Tensor DistributedPipe::train_step(const torch::Tensor& input, const torc
     if (reducer) {
       std::vector<torch::Tensor> after;  // the tensors final only after [3], each once
       for (const torch::Tensor& tensor : unique_) {
-        if (tied.count(tensor.unsafeGetTensorImpl())) after.push_back(tensor);
+        if (after_schedule.count(tensor.unsafeGetTensorImpl())) after.push_back(tensor);
       }
       if (!after.empty()) reducer->start(after);
       reduce_buckets_ = reducer->buckets_started();
@@ -273,11 +273,12 @@ std::set<const void*> DistributedPipe::summed_after_schedule() const {
 
 std::vector<std::pair<int, std::vector<torch::Tensor>>> DistributedPipe::gradient_groups() const {
   // A tie across ranks and a tp-summed tensor have their final gradient only after [3].
-  const std::set<const void*> tied = summed_after_schedule();
+  const std::set<const void*> after_schedule = summed_after_schedule();
   std::map<int, std::vector<torch::Tensor>> by_stage;
   for (const torch::Tensor& tensor : unique_) {
     const std::set<int>& stages = local_holders_.at(tensor.unsafeGetTensorImpl());
-    const bool one_stage = stages.size() == 1 && !tied.count(tensor.unsafeGetTensorImpl());
+    const bool one_stage =
+        stages.size() == 1 && !after_schedule.count(tensor.unsafeGetTensorImpl());
     by_stage[one_stage ? *stages.begin() : -1].push_back(tensor);
   }
   std::vector<std::pair<int, std::vector<torch::Tensor>>> groups;

@@ -189,12 +189,15 @@ torch::Tensor ShardedOptimizer::gather_flat(const torch::Tensor& shard) const {
 void ShardedOptimizer::zero_grad() {
   for (torch::Tensor& p : parameters_) p.mutable_grad() = torch::Tensor();
   shard_grad_.zero_();
-  if (stage_ == 3 && parameters_are_truth_) {  // [0]
-    load_shard();
-    release_all();
-    parameters_are_truth_ = false;
-  }
+  take_parameters();
   peak_whole_bytes_ = whole_bytes_;
+}
+
+void ShardedOptimizer::take_parameters() {  // [0]
+  if (stage_ != 3 || !parameters_are_truth_) return;
+  load_shard();
+  parameters_are_truth_ = false;
+  release_all();
 }
 
 std::vector<size_t> ShardedOptimizer::segments_of_stage(int stage) const {
@@ -207,16 +210,19 @@ std::vector<size_t> ShardedOptimizer::segments_of_stage(int stage) const {
 
 void ShardedOptimizer::start_gather(int stage) {
   if (stage_ != 3) return;
+  take_parameters();  // a step run without zero_grad() first
   for (size_t k : segments_of_stage(stage)) start_gather_segment(k);
 }
 
 void ShardedOptimizer::wait_gathered(int stage) {
   if (stage_ != 3) return;
+  take_parameters();
   for (size_t k : segments_of_stage(stage)) wait_segment(k);
 }
 
 void ShardedOptimizer::release(int stage) {
   if (stage_ != 3) return;
+  take_parameters();
   for (size_t k = 0; k < segments_.size(); ++k) {
     if (segment_stages_[k] == stage) release_segment(k);
   }

@@ -177,6 +177,10 @@ class ShardedOptimizer : public StageParameters {
   void start_gather_segment(size_t k);
   void wait_segment(size_t k);
   void release_segment(size_t k);
+  // [0] Stage 3, while the parameters are the truth (after construction or gather_all()): their
+  // values into the shard, and every segment freed. Called by zero_grad() and by the
+  // StageParameters calls, so that a step run without zero_grad() first starts from them too.
+  void take_parameters();
   // The segments of local stage j (and the shared one): StageParameters' stage -> segments.
   std::vector<size_t> segments_of_stage(int stage) const;
 
