@@ -172,6 +172,9 @@ void add_plan_model_options(CLI::App& command, PlanModelArgs& args) {
                      "With --model: ZeRO stage 0, 1, 2 or 3 over --dp replicas, for the "
                      "memory model and --memory-limit (default 0; 3 keeps each stage's "
                      "parameters from its first action of a step to its last)");
+  command.add_flag("--reshard-after-forward", args.reshard_after_forward,
+                   "With --model --zero 3: the memory model frees a stage's gathered parameters "
+                   "after every action (train's flag of the same name)");
   command.add_option("--dp", args.dp,
                      "With --model: data-parallel replicas of each rank, for the memory model "
                      "(default 1); --sample-shape is then one replica's share of the mini-batch");
@@ -205,6 +208,10 @@ Precision check_plan_args(const PlanModelArgs& args) {
   if (args.zero < 0 || args.zero > 3) {
     throw UsageError("--zero must be 0, 1, 2 or 3 (got " + std::to_string(args.zero) + ")");
   }
+  if (args.reshard_after_forward && args.zero != 3) {
+    throw UsageError("--reshard-after-forward is ZeRO-3's policy; it needs --zero 3 (got --zero " +
+                     std::to_string(args.zero) + ")");
+  }
   if (args.world < 0) {
     throw UsageError("--world must be >= 1 (got " + std::to_string(args.world) + ")");
   }
@@ -232,6 +239,7 @@ pp::PlannerOptions planner_options(const PlanModelArgs& args) {
   planner.top = args.top;
   planner.optimizer_state_multiple = optimizer_state_multiple(args.optimizer);
   planner.zero = args.zero;
+  planner.reshard_after_forward = args.reshard_after_forward;
   planner.data_parallel = args.dp;
   planner.processes = args.processes;
   if (!args.schedules.empty()) planner.schedules = split_names(args.schedules);

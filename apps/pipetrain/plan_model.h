@@ -33,6 +33,7 @@ struct PlanModelArgs {
   std::string profile_out;         // write the measured profile as JSON
   bool memory = false;             // print the recommended plan's memory per rank and category
   int zero = 0;                    // ZeRO stage of the memory model (needs dp > 1)
+  bool reshard_after_forward = false;  // ZeRO 3's policy, for the memory model
   int dp = 1;                      // data-parallel replicas of each rank (memory model)
   std::string precision = "fp32";  // fp32 | bf16: what the profile runs in (memory model)
   int world = 0;  // > 0: search pp x tp x dp layouts of this many processes (tune/world_plan.h)

@@ -211,6 +211,7 @@ AutoPlanInput auto_plan_input(const TrainArgs& args, const RunLayout& layout, in
   AutoPlanInput input = tune::auto_plan_input(args.pipeline, layout, args.auto_request, layers);
   input.memory_limit_bytes = args.memory_limit_bytes;
   input.zero = args.zero;
+  input.reshard_after_forward = args.reshard_after_forward;
   input.optimizer_state_multiple = tune::optimizer_state_multiple(args.optimizer, args.momentum);
   input.diagnostics = print_diagnostic;
   return input;

@@ -556,6 +556,7 @@ MemoryModelOptions memory_model_options(const Plan& plan, const PlannerOptions& 
   memory.checkpoint = plan.checkpoint;
   memory.optimizer_state_multiple = options.optimizer_state_multiple;
   memory.zero = options.zero;
+  memory.reshard_after_forward = options.reshard_after_forward;
   memory.data_parallel = options.data_parallel;
   memory.processes = options.processes;
   return memory;

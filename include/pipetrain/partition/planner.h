@@ -48,6 +48,7 @@ struct PlannerOptions {
   // The rest of the memory model (memory.h, predict_memory) the plans' peaks and the limit use:
   // ZeRO stage and data-parallel replicas of each rank, one process per rank (transport buffers).
   int zero = 0;
+  bool reshard_after_forward = false;  // ZeRO 3's policy (schedule/residency.h)
   int data_parallel = 1;
   bool processes = false;
   int top = 10;  // plans kept in the ranked table

@@ -72,6 +72,7 @@ struct AutoPlanInput {
   // The rest of the memory model the limit applies to (partition/memory.h): ZeRO stage,
   // data-parallel replicas, one process per rank (the transport's buffers).
   int zero = 0;
+  bool reshard_after_forward = false;  // ZeRO 3's policy
   int data_parallel = 1;
   bool processes = false;
   std::string schedule;
