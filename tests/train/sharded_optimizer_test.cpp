@@ -140,8 +140,8 @@ TEST(ShardedOptimizer, AZeroThreeCheckpointAtTwoReplicasResumesAtOneAndFourAsThe
 // (two replicas; the pipe sums ties and sequence parallelism's shares before the replicas, so
 // every ZeRO stage adds the same numbers in the same order): zb-v (a rank's two stages in a V),
 // recompute under checkpointing, bf16 (parameters stay float32 and are gathered as such), the CNN's
-// deferred batch norms, the toy GPT's embedding tied to its head across ranks, and tensor
-// parallelism (ZeRO over the dp group of each pp x tp coordinate).
+// deferred batch norms, an evaluation between epochs, the toy GPT's embedding tied to its head
+// across ranks, and tensor parallelism (ZeRO over the dp group of each pp x tp coordinate).
 TEST(ShardedOptimizer, ZeroThreeComposesWithTheRestOfTheStepBitForBit) {
   const std::string hf = pipetrain::testing::hf_fixtures();
   const std::string mlp = kMlp + " --optimizer adamw --lr 0.01 --nproc 4 --pp 2 --dp 2 ";
@@ -152,6 +152,11 @@ TEST(ShardedOptimizer, ZeroThreeComposesWithTheRestOfTheStepBitForBit) {
       {"cnn",
        "train --data synthetic --synthetic-samples 64 --model cnn --batch-size 16 "
        "--steps 3 --chunks 4 --optimizer adamw --lr 0.01 --nproc 4 --pp 2 --dp 2"},
+      // Two epochs: the evaluation after the first reads gathered parameters, and the next step
+      // takes them back into the shard.
+      {"epochs",
+       "train --data synthetic --synthetic-samples 128 --model mlp --batch-size 32 --epochs 2 "
+       "--chunks 4 --optimizer adamw --lr 0.01 --nproc 4 --pp 2 --dp 2"},
       {"gpt",
        "train --data text --model gpt --batch-size 16 --steps 3 --chunks 4 "
        "--optimizer adamw --lr 0.01 --nproc 4 --pp 2 --dp 2"},
