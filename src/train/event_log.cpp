@@ -128,10 +128,12 @@ std::vector<char> EventLog::serialize() const {
 EventLog EventLog::deserialize(const std::vector<char>& bytes) {
   int64_t count = 0;
   if (bytes.size() >= sizeof count) std::memcpy(&count, bytes.data(), sizeof count);
+  const bool counted = bytes.size() >= sizeof count && count >= 0 &&
+                       static_cast<uint64_t>(count) <=
+                           (bytes.size() - sizeof count) / sizeof(PackedEvent);  // no overflow
   const size_t actions_end =
-      sizeof count + static_cast<size_t>(std::max<int64_t>(count, 0)) * sizeof(PackedEvent);
-  if (bytes.size() < sizeof count || count < 0 || actions_end > bytes.size() ||
-      (bytes.size() - actions_end) % sizeof(PackedCollective) != 0) {
+      counted ? sizeof count + static_cast<size_t>(count) * sizeof(PackedEvent) : 0;
+  if (!counted || (bytes.size() - actions_end) % sizeof(PackedCollective) != 0) {
     throw TransportFailure("a rank's event log has " + std::to_string(bytes.size()) +
                            " bytes, not a count and whole numbers of events and collectives");
   }
@@ -139,6 +141,10 @@ EventLog EventLog::deserialize(const std::vector<char>& bytes) {
   for (size_t at = sizeof count; at < actions_end; at += sizeof(PackedEvent)) {
     PackedEvent packed;
     std::memcpy(&packed, bytes.data() + at, sizeof(PackedEvent));
+    if (packed.op < 0 || packed.op > static_cast<int32_t>(schedule::Op::kRecvGradient)) {
+      throw TransportFailure("a rank's event log holds an action of unknown kind " +
+                             std::to_string(packed.op));
+    }
     StepEvent e;
     e.step = packed.step;
     e.event.rank = packed.rank;
@@ -152,6 +158,10 @@ EventLog EventLog::deserialize(const std::vector<char>& bytes) {
   for (size_t at = actions_end; at < bytes.size(); at += sizeof(PackedCollective)) {
     PackedCollective packed;
     std::memcpy(&packed, bytes.data() + at, sizeof(PackedCollective));
+    if (packed.kind < 0 || packed.kind > static_cast<int32_t>(CollectiveKind::kAllGather)) {
+      throw TransportFailure("a rank's event log holds a collective of unknown kind " +
+                             std::to_string(packed.kind));
+    }
     StepCollective c;
     c.step = packed.step;
     c.event.rank = packed.rank;

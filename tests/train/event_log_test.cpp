@@ -53,6 +53,20 @@ TEST(EventLog, ADamagedLogIsRefused) {
   std::vector<char> huge(8, 0);
   huge[6] = 1;  // a count of actions far beyond the bytes
   EXPECT_THROW(EventLog::deserialize(huge), TransportFailure);
+  std::vector<char> wrapping(8 + 48, 0);  // a count whose bytes overflow 64 bits
+  wrapping[7] = 0x10;
+  EXPECT_THROW(EventLog::deserialize(wrapping), TransportFailure);
+  // An action or collective of a kind that does not exist (the op field, the kind field).
+  EventLog one;
+  one.add(0, 0.0, {{0, {0, schedule::Op::kForward, 0}, 0, 1}}, 0);
+  std::vector<char> bad_op = one.serialize();
+  bad_op[8 + 16] = 99;  // PackedEvent: step (8), rank, stage, then op
+  EXPECT_THROW(EventLog::deserialize(bad_op), TransportFailure);
+  EventLog collective;
+  collective.add_collectives(0, 0.0, {{0, CollectiveKind::kAllGather, 0, 0, 1}}, 0);
+  std::vector<char> bad_kind = collective.serialize();
+  bad_kind[8 + 12] = 7;  // PackedCollective: step (8), rank, then kind
+  EXPECT_THROW(EventLog::deserialize(bad_kind), TransportFailure);
 }
 
 TEST(EventLog, TheChromeTraceDrawsEachRanksCollectivesOnTheirOwnRow) {
