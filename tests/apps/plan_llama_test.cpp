@@ -104,11 +104,13 @@ TEST(PlanLlama, ReportMemoryOnTheBenchConfigAgreesWithTheModelPerCategory) {
   write_bench_model(dir);
   // Tensor-parallel ranks are predicted from a copy of the model split over a mirror group
   // (transport/c10d.h): a tp rank's slices, and under sequence parallelism its share of the
-  // sequence, with ZeRO over the data-parallel group of each pipeline x tp coordinate.
+  // sequence, with ZeRO over the data-parallel group of each pipeline x tp coordinate (ZeRO-3:
+  // the shard, and the gathered stages' peak).
   for (const std::string layout :
        {"--stages 2", "--nproc 2", "--nproc 4 --pp 2 --tp 2",
         "--nproc 4 --pp 2 --tp 2 --sequence-parallel --schedule zb-h1 --checkpoint always",
-        "--nproc 8 --pp 2 --tp 2 --dp 2 --zero 1"}) {
+        "--nproc 8 --pp 2 --tp 2 --dp 2 --zero 1",
+        "--nproc 8 --pp 2 --tp 2 --dp 2 --zero 3 --schedule interleaved-1f1b --virtual 2"}) {
     const CliRun run = run_pipetrain(
         "train --model " + dir + "/model --init random --data tokens --token-file " + dir +
         "/tokens.bin --seq-len 128 --batch-size 8 --steps 2 --chunks 4 --optimizer adamw "
