@@ -225,6 +225,17 @@ torch::Tensor auto_plan_sample(const TrainArgs& args, const RunLayout& layout, c
   return x;
 }
 
+// A tensor-parallel rank's layers for profiling: a copy of the model split over a mirror group
+// (transport/c10d.h), one process with a tp rank's shapes and allocations and no collective.
+examples::BuiltModel mirror_model(const TrainArgs& args, const Prepared& p,
+                                  const RunLayout& layout) {
+  examples::ModelDataSpec spec = args.data;
+  spec.init = "random";
+  return examples::build_model(
+      spec, p.data, std::nullopt,
+      parallel::TensorParallel{C10dGroup::mirror(layout.tensor_parallel), args.sequence_parallel});
+}
+
 // Where the plan comes from: this process's profile (default), or rank 0's made with every rank
 // (a multi-process run).
 using PlanSource = std::function<partition::Plan(Prepared& p, const AutoPlanInput& input,
@@ -375,17 +386,10 @@ void print_memory_report(const TrainArgs& args, Prepared& p, const Batches& batc
   run.reshard_after_forward = args.reshard_after_forward;
   run.data_parallel = layout.replicas;
   run.processes = layout.multi_process;
-  // A tensor-parallel rank's layers are profiled on a copy of the model split over a mirror group
-  // (transport/c10d.h): one process with a tp rank's shapes and allocations, no collective.
   examples::BuiltModel mirrored;
   const examples::BuiltModel* profiled = &p.model;
   if (layout.tensor_parallel > 1) {
-    examples::ModelDataSpec spec = args.data;
-    spec.init = "random";
-    mirrored =
-        examples::build_model(spec, p.data, std::nullopt,
-                              parallel::TensorParallel{C10dGroup::mirror(layout.tensor_parallel),
-                                                       args.sequence_parallel});
+    mirrored = mirror_model(args, p, layout);
     profiled = &mirrored;
   }
   const train::MemoryPrediction predicted = as_usage_error("--report-memory", [&] {
@@ -519,8 +523,12 @@ int run_train(const TrainArgs& given) {
       // measures on the processes; all take its plan (or its error).
       PlanSource on_ranks = [&](Prepared& p, const AutoPlanInput& input,
                                 const torch::Tensor& sample) {
-        partition::Plan plan = plan_training_on_ranks(distributed, p.model.sequential, sample,
-                                                      args.auto_request, input);
+        // Tensor parallelism: rank 0 profiles a mirror copy; the timed steps run every rank.
+        std::optional<examples::BuiltModel> mirrored;
+        if (layout.tensor_parallel > 1) mirrored = mirror_model(args, p, layout);
+        partition::Plan plan =
+            plan_training_on_ranks(distributed, p.model.sequential, sample, args.auto_request,
+                                   input, mirrored ? &mirrored->sequential : nullptr);
         if (distributed.rank() == 0) print_auto_plan(plan);
         return plan;
       };

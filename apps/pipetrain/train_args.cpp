@@ -322,15 +322,6 @@ void check_tensor_parallel(const TrainArgs& args) {
         "checkpoint directory); '" +
         args.data.model + "' has no tensor-parallel form");
   }
-  const std::vector<std::pair<bool, const char*>> not_yet = {
-      {args.auto_request.any(), "the auto flags (--balance/--schedule/--chunks/--checkpoint auto)"},
-  };
-  for (const auto& [given, flag] : not_yet) {
-    if (given) {
-      fail(std::string(flag) + " with --tp " + std::to_string(args.pipeline.tp) +
-           " is not supported yet (docs/TENSOR_PARALLEL.md, \"Not yet\"); drop one of them");
-    }
-  }
 }
 
 void check_choices(const TrainArgs& args) {

@@ -302,13 +302,15 @@ nlohmann::json run_job(Distributed& distributed, torch::nn::Sequential& model,
   return run_plans_on_rank(distributed, model, sample, job.at("runs"), job.at("steps").get<int>());
 }
 
-// The results of a job on the ranks of replica 0, on rank 0 (every rank takes part: one broadcast
-// from each of world ranks 1..K-1), nullopt for a rank without one; {} on the other ranks.
+// The results of a job on the ranks of replica 0 (their tp rank 0), by pipeline rank, on rank 0
+// (every rank takes part: one broadcast from each of those K world ranks but rank 0), nullopt for
+// a rank without one; {} on the other ranks.
 std::vector<std::optional<nlohmann::json>> gather_results(Distributed& distributed,
                                                           const nlohmann::json& mine) {
   std::vector<std::optional<nlohmann::json>> results;
   for (int r = 0; r < distributed.layout().pipeline_ranks; ++r) {
-    const std::string text = r > 0 ? distributed.broadcast_text(mine.dump(), r) : mine.dump();
+    const int from = distributed.layout().rank_of(0, r);  // replica 0, tp rank 0
+    const std::string text = from > 0 ? distributed.broadcast_text(mine.dump(), from) : mine.dump();
     const nlohmann::json result = nlohmann::json::parse(text);
     results.push_back(result.is_null() ? std::nullopt : std::optional<nlohmann::json>(result));
   }
@@ -320,9 +322,12 @@ std::vector<std::optional<nlohmann::json>> gather_results(Distributed& distribut
 
 pp::Plan plan_training_on_ranks(Distributed& distributed, torch::nn::Sequential& model,
                                 const torch::Tensor& sample, const AutoRequest& request,
-                                const AutoPlanInput& input) {
+                                const AutoPlanInput& input, torch::nn::Sequential* profiled) {
   std::string last;
   if (distributed.rank() == 0) {
+    // plan_training guards the model it profiles; the jobs train `model`: guard it too.
+    std::optional<ModelStateGuard> guard;
+    if (profiled) guard.emplace(model);
     // Broadcast a job, run this rank's part, gather every rank's result.
     auto on_every_rank = [&](const nlohmann::json& job) {
       distributed.broadcast_text(nlohmann::json{{"job", job}}.dump(), 0);
@@ -343,7 +348,8 @@ pp::Plan plan_training_on_ranks(Distributed& distributed, torch::nn::Sequential&
     try {
       last =
           nlohmann::json{
-              {"plan", nlohmann::json(plan_training(model, sample, request, input, &measurer))}}
+              {"plan", nlohmann::json(plan_training(profiled ? *profiled : model, sample, request,
+                                                    input, &measurer))}}
               .dump();
     } catch (const BadInput& error) {
       last = nlohmann::json{{"error", error.what()}}.dump();

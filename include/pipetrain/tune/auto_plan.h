@@ -126,10 +126,14 @@ struct AutoPlanError : BadInput {
 // plan_training; each measurement that needs the processes is a job rank 0 broadcasts and every
 // rank runs (the others wait for jobs until the plan comes). Returns the plan on every rank;
 // throws AutoPlanError on every rank when rank 0's planning threw BadInput. The model is left
-// as it was on every rank.
+// as it was on every rank. With tensor parallelism, rank 0 profiles `profiled` instead (a copy of
+// its layers split over a mirror group, transport/c10d.h: a tp rank's work with no collective,
+// which its tp peers would not join), while the plans' timed steps run `model` on every rank;
+// the ranks' results come from replica 0's tp rank 0 of each pipeline rank.
 partition::Plan plan_training_on_ranks(Distributed& distributed, torch::nn::Sequential& model,
                                        const torch::Tensor& sample, const AutoRequest& request,
-                                       const AutoPlanInput& input);
+                                       const AutoPlanInput& input,
+                                       torch::nn::Sequential* profiled = nullptr);
 
 // "auto plan: 1f1b, chunks 8, balance 9 7, checkpoint never, virtual stages 1 (predicted
 // 0.152 s/step, peak 1.2 GiB on rank 0)"
