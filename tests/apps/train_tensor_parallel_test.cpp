@@ -144,7 +144,7 @@ TEST(TrainTensorParallel, ACheckpointResumesAtAnotherPipelineTensorDataLayout) {
 // timed SGD steps leaked into it).
 TEST(TrainTensorParallel, AnAutoPlanWithTensorParallelismTrainsLikeThePlanItChose) {
   PIPETRAIN_SKIP_WITHOUT_TRANSFORMERS();
-  const std::string dir = testing::scratch_dir("train-tp/auto");
+  const std::string dir = testing::scratch_dir("train-tp-auto");
   const std::string flags = train_flags("llama") + " --nproc 4 --pp 2 --tp 2 --chunks 2 " +
                             "--schedule 1f1b --save-params ";
   const CliRun planned = run_pipetrain(flags + dir + "/auto.pt --balance auto");
