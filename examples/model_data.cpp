@@ -16,6 +16,7 @@
 #include "pipetrain/stage/torchscript.h"
 #include "pipetrain/train/checkpoint.h"
 #include "pipetrain/train/token_batches.h"
+#include "pipetrain/transport/c10d.h"
 #include "synthetic.h"
 
 namespace pipetrain::examples {
@@ -255,6 +256,15 @@ BuiltModel build_hf_model(const ModelDataSpec& args, const BuiltData& data,
 }
 
 }  // namespace
+
+BuiltModel build_mirror_model(const ModelDataSpec& spec, const BuiltData& data, int tensor_parallel,
+                              bool sequence_parallel) {
+  ModelDataSpec random = spec;
+  random.init = "random";
+  return build_model(
+      random, data, std::nullopt,
+      parallel::TensorParallel{C10dGroup::mirror(tensor_parallel), sequence_parallel});
+}
 
 BuiltModel build_model(const ModelDataSpec& args, const BuiltData& data,
                        const std::optional<std::vector<int64_t>>& entries,

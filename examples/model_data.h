@@ -100,6 +100,11 @@ BuiltData build_data(const ModelDataSpec& spec);
 BuiltModel build_model(const ModelDataSpec& spec, const BuiltData& data,
                        const std::optional<std::vector<int64_t>>& entries = std::nullopt,
                        const parallel::TensorParallel& tp = {});
+// One tensor-parallel rank's copy of the Hugging Face model `spec` names, randomly initialised and
+// split over a mirror group of `tensor_parallel` (transport/c10d.h): a rank's shapes, allocations
+// and work with no collective, for profiling it in one process (the auto plan, the memory model).
+BuiltModel build_mirror_model(const ModelDataSpec& spec, const BuiltData& data, int tensor_parallel,
+                              bool sequence_parallel);
 // True when `model` names a Hugging Face checkpoint directory (rather than an example model or a
 // TorchScript file).
 bool is_hf_model(const std::string& model);

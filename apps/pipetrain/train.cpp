@@ -71,7 +71,6 @@
 #include "pipetrain/train/step_runner.h"
 #include "pipetrain/train/token_batches.h"
 #include "pipetrain/train/trainer.h"
-#include "pipetrain/transport/c10d.h"
 #include "pipetrain/tune/auto_plan.h"
 #include "train_args.h"
 #include "train_setup.h"
@@ -223,17 +222,6 @@ torch::Tensor auto_plan_sample(const TrainArgs& args, const RunLayout& layout, c
   torch::Tensor x = batches.source().at(0).first;
   if (layout.replicas > 1) x = x.narrow(0, 0, microbatch_sizes(x.size(0), layout.replicas)[0]);
   return x;
-}
-
-// A tensor-parallel rank's layers for profiling: a copy of the model split over a mirror group
-// (transport/c10d.h), one process with a tp rank's shapes and allocations and no collective.
-examples::BuiltModel mirror_model(const TrainArgs& args, const Prepared& p,
-                                  const RunLayout& layout) {
-  examples::ModelDataSpec spec = args.data;
-  spec.init = "random";
-  return examples::build_model(
-      spec, p.data, std::nullopt,
-      parallel::TensorParallel{C10dGroup::mirror(layout.tensor_parallel), args.sequence_parallel});
 }
 
 // Where the plan comes from: this process's profile (default), or rank 0's made with every rank
@@ -389,7 +377,8 @@ void print_memory_report(const TrainArgs& args, Prepared& p, const Batches& batc
   examples::BuiltModel mirrored;
   const examples::BuiltModel* profiled = &p.model;
   if (layout.tensor_parallel > 1) {
-    mirrored = mirror_model(args, p, layout);
+    mirrored = examples::build_mirror_model(args.data, p.data, layout.tensor_parallel,
+                                            args.sequence_parallel);
     profiled = &mirrored;
   }
   const train::MemoryPrediction predicted = as_usage_error("--report-memory", [&] {
@@ -525,7 +514,10 @@ int run_train(const TrainArgs& given) {
                                 const torch::Tensor& sample) {
         // Tensor parallelism: rank 0 profiles a mirror copy; the timed steps run every rank.
         std::optional<examples::BuiltModel> mirrored;
-        if (layout.tensor_parallel > 1) mirrored = mirror_model(args, p, layout);
+        if (layout.tensor_parallel > 1) {
+          mirrored = examples::build_mirror_model(args.data, p.data, layout.tensor_parallel,
+                                                  args.sequence_parallel);
+        }
         partition::Plan plan =
             plan_training_on_ranks(distributed, p.model.sequential, sample, args.auto_request,
                                    input, mirrored ? &mirrored->sequential : nullptr);
