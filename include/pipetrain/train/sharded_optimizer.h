@@ -28,7 +28,8 @@
 // whatever is written into them then (a restore) is taken into the shard by the next zero_grad().
 //
 //   construction / gather_all()    parameters whole, and the truth
-//   zero_grad()                    [0] the shard loaded from them, every segment freed
+//   zero_grad() (or the step's     [0] the shard loaded from them, every segment freed
+//   first gather)
 //   the step's actions             segment j whole from before its stage's first action to after
 //                                  its last (or only around each action: reshard after forward)
 //   reduce_gradients() ... step()  as stage 2; nothing gathered
