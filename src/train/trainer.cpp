@@ -33,6 +33,10 @@ void check_options(const TrainerOptions& o) {
   if (o.zero() < 0 || o.zero() > 3) {
     throw BadInput("Trainer: zero must be 0, 1, 2 or 3 (got " + std::to_string(o.zero()) + ")");
   }
+  PIPETRAIN_CHECK_INPUT(!o.reshard_after_forward() || o.zero() == 3,
+                        "--reshard-after-forward frees ZeRO-3's gathered parameters; it needs "
+                        "--zero 3 (got --zero ",
+                        o.zero(), ")");
   if (o.save_every() < 0 || o.warmup_steps() < 0 || !(o.clip_grad_norm() >= 0)) {
     throw BadInput("Trainer: save_every, warmup_steps and clip_grad_norm must be >= 0 (got " +
                    std::to_string(o.save_every()) + ", " + std::to_string(o.warmup_steps()) + ", " +
@@ -68,9 +72,6 @@ Trainer::Trainer(torch::nn::Sequential model, StepRunner& runner, const BatchSou
     sharded_ = runner_.make_sharded_optimizer(options_.optimizer(), optimizer_options,
                                               options_.zero(), options_.reshard_after_forward());
   } else {
-    PIPETRAIN_CHECK_INPUT(!options_.reshard_after_forward(),
-                          "--reshard-after-forward frees ZeRO-3's gathered parameters; it needs "
-                          "--zero 3");
     optimizer_ = make_optimizer(options_.optimizer(), parameters_, optimizer_options);
   }
 }
