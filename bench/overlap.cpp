@@ -109,9 +109,9 @@ int run_rank(const Row& row, int steps) {
     // parameters around its actions (as the trainer wires it).
     std::unique_ptr<train::ShardedOptimizer> zero;
     if (row.zero > 0) {
-      zero = train::make_pipe_sharded_optimizer(d, pipe, pipe.parameters(), "sgd",
-                                                train::OptimizerOptions().lr(0.01).momentum(0),
-                                                row.zero, row.overlap, row.reshard);
+      zero = train::make_pipe_sharded_optimizer(
+          d, pipe, pipe.parameters(), "sgd", train::OptimizerOptions().lr(0.01).momentum(0),
+          train::ZeroOptions().stage(row.zero).reshard_after_forward(row.reshard), row.overlap);
     }
     std::vector<double> seconds, exposed;
     for (int k = 0; k < kWarmup + steps; ++k) {

@@ -175,6 +175,9 @@ void add_plan_model_options(CLI::App& command, PlanModelArgs& args) {
   command.add_flag("--reshard-after-forward", args.reshard_after_forward,
                    "With --model --zero 3: the memory model frees a stage's gathered parameters "
                    "after every action (train's flag of the same name)");
+  command.add_flag("--offload-optimizer", args.offload_optimizer,
+                   "With --model and --zero 1 to 3: the memory model puts the optimizer state and "
+                   "the shard in host memory (train's flag of the same name)");
   command.add_option("--dp", args.dp,
                      "With --model: data-parallel replicas of each rank, for the memory model "
                      "(default 1); --sample-shape is then one replica's share of the mini-batch");
@@ -212,10 +215,15 @@ Precision check_plan_args(const PlanModelArgs& args) {
     throw UsageError("--reshard-after-forward is ZeRO-3's policy; it needs --zero 3 (got --zero " +
                      std::to_string(args.zero) + ")");
   }
+  if (args.offload_optimizer && args.zero == 0) {
+    throw UsageError(
+        "--offload-optimizer moves ZeRO's optimizer shard to host memory; it needs "
+        "--zero 1, 2 or 3 (got --zero 0)");
+  }
   if (args.world < 0) {
     throw UsageError("--world must be >= 1 (got " + std::to_string(args.world) + ")");
   }
-  if (args.zero > 0 && args.dp < 2 && args.world == 0) {
+  if (args.zero > 0 && args.dp < 2 && args.world == 0 && !args.offload_optimizer) {
     throw UsageError("--zero " + std::to_string(args.zero) +
                      " shards over data-parallel replicas and needs --dp 2 or more");
   }
@@ -240,6 +248,7 @@ pp::PlannerOptions planner_options(const PlanModelArgs& args) {
   planner.optimizer_state_multiple = optimizer_state_multiple(args.optimizer);
   planner.zero = args.zero;
   planner.reshard_after_forward = args.reshard_after_forward;
+  planner.offload_optimizer = args.offload_optimizer;
   planner.data_parallel = args.dp;
   planner.processes = args.processes;
   if (!args.schedules.empty()) planner.schedules = split_names(args.schedules);

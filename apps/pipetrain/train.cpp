@@ -127,6 +127,7 @@ train::TrainerOptions trainer_options(const TrainArgs& args, const BuiltModel& m
       .clip_grad_norm(args.clip_grad_norm)
       .zero(args.zero)
       .reshard_after_forward(args.reshard_after_forward)
+      .offload_optimizer(args.offload_optimizer)
       .checkpoint_dir(args.checkpoint_dir)
       .save_every(args.save_every)
       .metadata({{"model", model.name},
@@ -211,6 +212,7 @@ AutoPlanInput auto_plan_input(const TrainArgs& args, const RunLayout& layout, in
   input.memory_limit_bytes = args.memory_limit_bytes;
   input.zero = args.zero;
   input.reshard_after_forward = args.reshard_after_forward;
+  input.offload_optimizer = args.offload_optimizer;
   input.optimizer_state_multiple = tune::optimizer_state_multiple(args.optimizer, args.momentum);
   input.diagnostics = print_diagnostic;
   return input;
@@ -372,6 +374,7 @@ void print_memory_report(const TrainArgs& args, Prepared& p, const Batches& batc
   run.momentum = args.momentum;
   run.zero = args.zero;
   run.reshard_after_forward = args.reshard_after_forward;
+  run.offload_optimizer = args.offload_optimizer;
   run.data_parallel = layout.replicas;
   run.processes = layout.multi_process;
   examples::BuiltModel mirrored;

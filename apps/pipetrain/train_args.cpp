@@ -154,8 +154,9 @@ void add_optimizer_flags(CLI::App& command, TrainArgs& args) {
   command.add_option("--bucket-size", args.pipeline.bucket_mb,
                      "MiB per gradient bucket of --overlap-grad-reduce (default 25, DDP's)");
   command.add_flag("--offload-optimizer", args.offload_optimizer,
-                   "ZeRO-Offload: the optimizer state and master weights in host memory, stepped "
-                   "on the CPU (CUDA stages; not built yet: exits 2, saying why)");
+                   "ZeRO-Offload, with --zero 1, 2 or 3 and --device cuda: the optimizer state and "
+                   "the shard's float32 values in pinned host memory, stepped on the CPU "
+                   "(docs/DISTRIBUTED.md)");
   command.add_flag("--offload-activations", args.pipeline.offload_activations,
                    "checkpointed micro-batches' inputs wait in pinned host memory until their "
                    "backward (CUDA stages); on CPU stages it is accounted, not a saving "
@@ -401,14 +402,16 @@ void check_ranges(const TrainArgs& args) {
     fail("--zero must be 0, 1, 2 or 3, got " + std::to_string(args.zero));
   }
   if (args.offload_optimizer) {
-    if (args.pipeline.device != "cuda") {
+    if (args.pipeline.device != "cuda" && args.pipeline.devices.empty()) {
       fail(
           "--offload-optimizer moves the optimizer state and master weights of CUDA stages to "
           "host memory; these stages run on the CPU, where they already are: nothing to offload");
     }
-    fail(
-        "--offload-optimizer is not built yet: ZeRO's sharded optimizer runs on CPU stages only "
-        "in this version (docs/DISTRIBUTED.md, limits)");
+    if (args.zero == 0) {
+      fail(
+          "--offload-optimizer moves ZeRO's optimizer shard to host memory; it needs --zero 1, 2 "
+          "or 3 (--zero 1 with one replica holds the whole optimizer)");
+    }
   }
   if (args.reshard_after_forward && args.zero != 3) {
     fail(
@@ -425,7 +428,7 @@ void check_ranges(const TrainArgs& args) {
   if (!args.save_hf.empty() && !examples::is_hf_model(args.data.model)) {
     fail("--save-hf writes a Hugging Face --model DIR; --model " + args.data.model + " is not one");
   }
-  if (args.zero > 0 && args.pipeline.dp < 2) {
+  if (args.zero > 0 && args.pipeline.dp < 2 && !args.offload_optimizer) {
     fail("--zero " + std::to_string(args.zero) +
          " shards the optimizer over data-parallel replicas and needs --dp 2 or more (with "
          "--nproc pp x dp), got --dp " +

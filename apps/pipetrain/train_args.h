@@ -44,7 +44,7 @@ struct TrainArgs {
   double clip_grad_norm = 0;
   int zero = 0;                        // ZeRO stage
   bool reshard_after_forward = false;  // ZeRO-3
-  bool offload_optimizer = false;      // refused, saying why (not built)
+  bool offload_optimizer = false;      // ZeRO-Offload (CUDA stages only)
   bool report_memory = false;
   bool sequence_parallel = false;  // --sequence-parallel (with --tp)
   std::string trace;

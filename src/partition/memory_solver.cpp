@@ -421,6 +421,13 @@ std::vector<RankMemory> predict_memory(const ModelProfile& profile, const std::v
       rank.gathered = gathered_peak(schedule, static_cast<int>(r), stage_parameters,
                                     options.reshard_after_forward);
     }
+    if (options.offload_optimizer && options.zero > 0) {
+      // The host keeps the shard's float32 values (the step's), its gradient and the state; the
+      // device keeps the parameters, their gradients and (ZeRO-3) the shard the gathers read.
+      rank.offloaded += 2 * shard + rank.optimizer_state;
+      rank.gradients -= shard;
+      rank.optimizer_state = 0;
+    }
     if (options.processes) {
       receive_bytes(schedule, static_cast<int>(r), output_bytes, rank);
       rank.send_buffers = sends[r];

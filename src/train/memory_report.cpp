@@ -66,7 +66,8 @@ std::vector<MeasuredRankMemory> measure_memory(StepRunner& runner,
     if (sharded) {
       rank.bytes.parameters = sharded->parameter_bytes();
       rank.bytes.gradients = sharded->gradient_bytes();
-      rank.bytes.optimizer_state = sharded->state_bytes();
+      // Offloaded, the state is host memory, with the shard's values and gradient.
+      rank.bytes.optimizer_state = sharded->offloaded() ? 0 : sharded->state_bytes();
       if (sharded->stage() == 3) rank.bytes.gathered = sharded->peak_whole_parameter_bytes();
     } else {
       rank.bytes.gradients = gradient_bytes(holding.parameters);
@@ -76,7 +77,7 @@ std::vector<MeasuredRankMemory> measure_memory(StepRunner& runner,
     rank.bytes.activations = holding.peak_activation_bytes;
     rank.bytes.receive_buffers = holding.peak_receive_buffer_bytes;
     rank.bytes.send_buffers = holding.peak_send_buffer_bytes;
-    rank.bytes.offloaded = holding.peak_offloaded_bytes;
+    rank.bytes.offloaded = holding.peak_offloaded_bytes + (sharded ? sharded->host_bytes() : 0);
     ranks.push_back(rank);
   }
   return ranks;
@@ -179,6 +180,7 @@ MemoryPrediction predict_training_memory(torch::nn::Sequential model, const torc
   options.optimizer_state_multiple = tune::optimizer_state_multiple(run.optimizer, run.momentum);
   options.zero = run.zero;
   options.reshard_after_forward = run.reshard_after_forward;
+  options.offload_optimizer = run.offload_optimizer;
   options.data_parallel = run.data_parallel;
   options.processes = run.processes;
   options.loss_bytes = prediction.loss_bytes;

@@ -1,4 +1,5 @@
-// ZeRO stage 1 and 2 (pipetrain/train/sharded_optimizer.h). [n] cite the header's steps.
+// ZeRO stages 1, 2 and 3 and the offload (pipetrain/train/sharded_optimizer.h). [n] cite the
+// header's steps.
 #include "pipetrain/train/sharded_optimizer.h"
 
 #include <algorithm>
@@ -49,36 +50,43 @@ void write_values(const torch::Tensor& p, const torch::Tensor& values) {
 
 }  // namespace
 
-ShardedOptimizer::ShardedOptimizer(Distributed& distributed, std::vector<torch::Tensor> parameters,
+ShardedOptimizer::ShardedOptimizer(Distributed* distributed, std::vector<torch::Tensor> parameters,
                                    const std::vector<torch::Tensor>& counted,
                                    const std::string& optimizer, const OptimizerOptions& options,
-                                   int stage,
+                                   const ZeroOptions& zero,
                                    const std::vector<std::vector<torch::Tensor>>& segments,
                                    std::vector<int> segment_stages)
     : distributed_(distributed),
+      rank_(distributed ? distributed->rank() : 0),
       parameters_(unique_parameters(parameters)),
       segment_stages_(std::move(segment_stages)),
-      replicas_(distributed.layout().replicas),
-      replica_(distributed.replica()),
+      replicas_(distributed ? distributed->layout().replicas : 1),
+      replica_(distributed ? distributed->replica() : 0),
       name_(optimizer),
-      stage_(stage) {
+      stage_(zero.stage()),
+      offload_(zero.offload()) {
+  const int stage = stage_;
   PIPETRAIN_CHECK_INPUT(stage >= 1 && stage <= 3, "ZeRO stage must be 1, 2 or 3 (got ", stage, ")");
-  PIPETRAIN_CHECK_INPUT(!parameters_.empty(), "ZeRO: rank ", distributed.rank(),
-                        " has no parameters to shard");
+  PIPETRAIN_CHECK_INPUT(!parameters_.empty(), "ZeRO: rank ", rank_, " has no parameters to shard");
   const torch::ScalarType dtype = parameters_.front().scalar_type();
+  const torch::Device device = parameters_.front().device();
+  PIPETRAIN_CHECK_INPUT(device.is_cpu() || device.is_cuda(),
+                        "ZeRO shards parameters on the CPU or a "
+                        "CUDA device; rank ",
+                        rank_, " holds them on ", device);
   std::map<const void*, size_t> index;
   for (size_t q = 0; q < parameters_.size(); ++q) {
     const torch::Tensor& p = parameters_[q];
-    PIPETRAIN_CHECK_INPUT(p.scalar_type() == dtype && p.is_floating_point() && p.device().is_cpu(),
-                          "ZeRO shards parameters of one floating dtype on the CPU; rank ",
-                          distributed.rank(), " holds ", p.scalar_type(), " on ", p.device(),
-                          " beside ", dtype);
+    PIPETRAIN_CHECK_INPUT(p.scalar_type() == dtype && p.is_floating_point() && p.device() == device,
+                          "ZeRO shards parameters of one floating dtype on one device; rank ",
+                          rank_, " holds ", p.scalar_type(), " on ", p.device(), " beside ", dtype,
+                          " on ", device);
     // Stage 3 frees each parameter's storage: it must hold that parameter and nothing else.
     PIPETRAIN_CHECK_INPUT(stage != 3 || (p.is_contiguous() && p.storage_offset() == 0 &&
                                          static_cast<int64_t>(p.storage().nbytes()) == bytes_of(p)),
                           "ZeRO-3 frees each parameter's storage between uses, and a parameter of "
                           "rank ",
-                          distributed.rank(), " (shape ", p.sizes(),
+                          rank_, " (shape ", p.sizes(),
                           ") shares its storage with other tensors (a view); give every "
                           "parameter storage of its own, or use --zero 2");
     index[p.unsafeGetTensorImpl()] = q;
@@ -130,17 +138,31 @@ ShardedOptimizer::ShardedOptimizer(Distributed& distributed, std::vector<torch::
   for (const torch::Tensor& p : parameters_) whole_bytes_ += bytes_of(p);
   peak_whole_bytes_ = whole_bytes_;
 
+  // Under NCCL the collectives take the device's tensors; Gloo's run on host buffers. Without
+  // replicas nothing is communicated: the "collectives" (copies) run where the shard lives, so
+  // that an offloaded rank builds its flat buffers on the host, not on the device.
+  const torch::Device state_device = offload_ ? torch::Device(torch::kCPU) : device;
+  const bool nccl =
+      distributed && distributed->world() && distributed->world()->backend() == CommBackend::kNccl;
+  comm_device_ = group() == nullptr ? state_device : nccl ? device : torch::Device(torch::kCPU);
+  staged_ = offload_ || comm_device_ != state_device;
+
   torch::NoGradGuard no_grad;
-  const auto options_of = torch::TensorOptions().dtype(dtype);
+  // The shard and its gradient: in pinned host memory when offloaded from a GPU, so that the
+  // copies to and from the device can run without a staging buffer.
+  const auto options_of = torch::TensorOptions()
+                              .dtype(dtype)
+                              .device(state_device)
+                              .pinned_memory(offload_ && device.is_cuda());
   std::set<const void*> counts;
   for (const torch::Tensor& c : counted) counts.insert(c.unsafeGetTensorImpl());
   const torch::Tensor mask = padded_flat(
       [&](size_t q) {
         const torch::Tensor& p = parameters_[q];
         return torch::full({p.numel()}, counts.count(p.unsafeGetTensorImpl()) ? 1.0 : 0.0,
-                           options_of.dtype(torch::kDouble));
+                           torch::TensorOptions().dtype(torch::kDouble).device(state_device));
       },
-      options_of.dtype(torch::kDouble));
+      torch::TensorOptions().dtype(torch::kDouble).device(state_device));
   shard_ = torch::zeros({shard_size_}, options_of);
   load_shard();
   shard_grad_ = torch::zeros({shard_size_}, options_of);
@@ -151,7 +173,13 @@ ShardedOptimizer::ShardedOptimizer(Distributed& distributed, std::vector<torch::
 ShardedOptimizer::~ShardedOptimizer() = default;
 
 C10dGroup* ShardedOptimizer::group() const {
-  return distributed_.data_parallel_group().get();
+  return distributed_ ? distributed_->data_parallel_group().get() : nullptr;
+}
+
+torch::Tensor ShardedOptimizer::gather_source() const {
+  if (!staged_) return shard_;
+  if (stage_ == 3) return device_shard_;
+  return shard_.to(comm_device_, /*non_blocking=*/false, /*copy=*/true);
 }
 
 torch::Tensor ShardedOptimizer::padded_flat(const std::function<torch::Tensor(size_t)>& value,
@@ -244,8 +272,8 @@ void ShardedOptimizer::start_gather_segment(size_t k) {
   Gather& g = gathers_[k];
   if (g.state != Residency::kFreed) return;
   const Segment& s = segments_[k];
-  g.piece = shard_.detach().narrow(0, s.shard_offset, s.piece);
-  g.gathered = torch::empty({s.padded}, shard_.options());
+  g.piece = gather_source().detach().narrow(0, s.shard_offset, s.piece);
+  g.gathered = torch::empty({s.padded}, g.piece.options());
   g.start_us = CollectiveLog::now_us();
   if (C10dGroup* dp = group()) {
     g.wait = dp->all_gather_start(g.piece, g.gathered);
@@ -292,17 +320,18 @@ int64_t ShardedOptimizer::parameter_bytes() const {
   for (const torch::Tensor& p : parameters_) {
     total += stage_ == 3 ? static_cast<int64_t>(p.storage().nbytes()) : bytes_of(p);
   }
-  return stage_ == 3 ? total + bytes_of(shard_) : total;
+  // Stage 3's shard where the gathers read it (offloaded, the host's master copy is host_bytes).
+  return stage_ == 3 ? total + bytes_of(staged_ ? device_shard_ : shard_) : total;
 }
 
 torch::Tensor ShardedOptimizer::flat_gradients() const {
   return padded_flat(
       [&](size_t q) {
         const torch::Tensor& grad = parameters_[q].grad();
-        return grad.defined() ? grad.detach().reshape({-1}).to(shard_.scalar_type())
-                              : torch::zeros({parameters_[q].numel()}, shard_.options());
+        return grad.defined() ? grad.detach().reshape({-1}).to(comm_device_, shard_.scalar_type())
+                              : torch::zeros({parameters_[q].numel()}, comm_options());
       },
-      shard_.options());
+      comm_options());
 }
 
 void ShardedOptimizer::start_reduce(size_t segment) {  // [1], one segment ahead
@@ -316,7 +345,7 @@ void ShardedOptimizer::start_reduce(size_t segment) {  // [1], one segment ahead
   if (started_flat_[segment].defined()) return;
   torch::NoGradGuard no_grad;
   const Segment& s = segments_[segment];
-  torch::Tensor flat = torch::zeros({s.padded}, shard_.options());
+  torch::Tensor flat = torch::zeros({s.padded}, comm_options());
   int64_t at = 0;
   for (size_t q : s.parameters) {
     const torch::Tensor& grad = parameters_[q].grad();
@@ -324,7 +353,7 @@ void ShardedOptimizer::start_reduce(size_t segment) {  // [1], one segment ahead
     if (grad.defined()) flat.narrow(0, at, n).copy_(grad.detach().reshape({-1}));
     at += n;
   }
-  torch::Tensor mine = shard_grad_.narrow(0, s.shard_offset, s.piece);
+  torch::Tensor mine = reduced_gradient().narrow(0, s.shard_offset, s.piece);
   started_us_[segment] = CollectiveLog::now_us();
   if (C10dGroup* dp = group()) {
     started_wait_[segment] = dp->reduce_scatter_sum_start(flat, mine);
@@ -341,7 +370,7 @@ void ShardedOptimizer::reduce_gradients() {  // [1]
     const torch::Tensor flat = flat_gradients();
     for (size_t k = 0; k < segments_.size(); ++k) {
       const Segment& s = segments_[k];
-      torch::Tensor mine = shard_grad_.narrow(0, s.shard_offset, s.piece);
+      torch::Tensor mine = reduced_gradient().narrow(0, s.shard_offset, s.piece);
       const double start_us = CollectiveLog::now_us();
       if (C10dGroup* dp = group()) {
         dp->reduce_scatter_sum(flat.narrow(0, s.start, s.padded), mine);
@@ -358,6 +387,10 @@ void ShardedOptimizer::reduce_gradients() {  // [1]
     }
     started_flat_.clear();
     started_wait_.clear();
+  }
+  if (staged_) {  // to the host (offload) or the shard's device; blocking: the step reads it next
+    shard_grad_.copy_(comm_grad_);
+    comm_grad_ = torch::Tensor();
   }
   if (stage_ >= 2) {
     for (torch::Tensor& p : parameters_) p.mutable_grad() = torch::Tensor();
@@ -376,7 +409,18 @@ void ShardedOptimizer::scale_gradients(double factor) {
 void ShardedOptimizer::load_shard() {
   torch::NoGradGuard no_grad;
   shard_.copy_(shard_of(padded_flat([&](size_t q) { return parameters_[q].detach().reshape({-1}); },
-                                    shard_.options())));
+                                    comm_options())));
+  if (staged_ && stage_ == 3) device_shard_ = shard_.to(comm_device_, false, /*copy=*/true);
+}
+
+torch::TensorOptions ShardedOptimizer::comm_options() const {
+  return torch::TensorOptions().dtype(shard_.scalar_type()).device(comm_device_);
+}
+
+torch::Tensor& ShardedOptimizer::reduced_gradient() {
+  if (!staged_) return shard_grad_;
+  if (!comm_grad_.defined()) comm_grad_ = torch::zeros({shard_size_}, comm_options());
+  return comm_grad_;
 }
 
 void ShardedOptimizer::step() {  // [3]
@@ -390,9 +434,14 @@ void ShardedOptimizer::step() {  // [3]
   torch::NoGradGuard no_grad;
   shard_.mutable_grad() = shard_grad_;
   inner_->step();
-  if (stage_ == 3) return;  // gathered where a stage next computes
+  if (stage_ == 3) {  // gathered where a stage next computes
+    // From pinned memory the copy need not be waited for: the next gather is ordered after it on
+    // the device, and the host shard is not written before the next reduction's blocking copy.
+    if (staged_) device_shard_.copy_(shard_, /*non_blocking=*/shard_.is_pinned());
+    return;
+  }
   const double start_us = CollectiveLog::now_us();
-  const torch::Tensor flat = gather_flat(shard_);
+  const torch::Tensor flat = gather_flat(gather_source());
   if (log_) log_->finished(CollectiveKind::kAllGather, -1, start_us);
   for (size_t q = 0; q < parameters_.size(); ++q) {
     torch::Tensor& p = parameters_[q];
@@ -419,7 +468,7 @@ void ShardedOptimizer::capture(Checkpoint& part, const NamedTensors& named) {
   std::map<std::string, torch::Tensor> whole;              // field -> the padded flat state
   for (const auto& [field, tensor] : fields->second) {
     if (field == "step") continue;
-    whole[field] = gather_flat(tensor.contiguous());
+    whole[field] = gather_flat(tensor.to(comm_device_).contiguous());
   }
   if (replica_ != 0) return;
   std::map<const void*, size_t> index;
@@ -430,10 +479,13 @@ void ShardedOptimizer::capture(Checkpoint& part, const NamedTensors& named) {
     const torch::Tensor& p = parameters_[found->second];
     auto& state = part.optimizer_state[item.key()];
     for (const auto& [field, flat] : whole) {
-      state[field] = flat.narrow(0, offsets_[found->second], p.numel()).view(p.sizes()).clone();
+      state[field] = flat.narrow(0, offsets_[found->second], p.numel())
+                         .view(p.sizes())
+                         .to(torch::kCPU)
+                         .clone();
     }
     auto step = fields->second.find("step");
-    if (step != fields->second.end()) state["step"] = step->second.clone();
+    if (step != fields->second.end()) state["step"] = step->second.to(torch::kCPU).clone();
   }
 }
 
@@ -464,8 +516,7 @@ void ShardedOptimizer::restore(const Checkpoint& checkpoint, const NamedTensors&
   for (size_t q = 0; q < parameters_.size(); ++q) {
     if (states[q] == nullptr) {
       throw CheckpointError("checkpoint has optimizer state for some parameters of rank " +
-                            std::to_string(distributed_.rank()) + " but not for '" + names[q] +
-                            "'");
+                            std::to_string(rank_) + " but not for '" + names[q] + "'");
     }
   }
   std::map<std::string, torch::Tensor> shard_state;
@@ -483,7 +534,7 @@ void ShardedOptimizer::restore(const Checkpoint& checkpoint, const NamedTensors&
       }
       flat.narrow(0, offsets_[q], parameters_[q].numel()).copy_(tensor->second.reshape({-1}));
     }
-    shard_state[field] = shard_of(flat).clone();
+    shard_state[field] = shard_of(flat).to(shard_.device()).clone();
   }
   Checkpoint shard_form;
   shard_form.optimizer = name_;
@@ -498,14 +549,19 @@ int64_t ShardedOptimizer::state_bytes() const {
 }
 
 int64_t ShardedOptimizer::gradient_bytes() const {
-  return bytes_of(shard_grad_) + train::gradient_bytes(parameters_);
+  return (offload_ ? 0 : bytes_of(shard_grad_)) + train::gradient_bytes(parameters_);
+}
+
+int64_t ShardedOptimizer::host_bytes() const {
+  return offload_ ? bytes_of(shard_) + bytes_of(shard_grad_) + state_bytes() : 0;
 }
 
 std::unique_ptr<ShardedOptimizer> make_pipe_sharded_optimizer(
     Distributed& distributed, DistributedPipe& pipe, const std::vector<torch::Tensor>& counted,
-    const std::string& optimizer, const OptimizerOptions& options, int stage, bool overlap,
-    bool reshard_after_forward) {
-  PIPETRAIN_CHECK_INPUT(!reshard_after_forward || stage == 3,
+    const std::string& optimizer, const OptimizerOptions& options, const ZeroOptions& zero,
+    bool overlap) {
+  const int stage = zero.stage();
+  PIPETRAIN_CHECK_INPUT(!zero.reshard_after_forward() || stage == 3,
                         "--reshard-after-forward frees ZeRO-3's gathered parameters; it needs "
                         "--zero 3 (got --zero ",
                         stage, ")");
@@ -522,15 +578,15 @@ std::unique_ptr<ShardedOptimizer> make_pipe_sharded_optimizer(
     }
   }
   auto sharded = std::make_unique<ShardedOptimizer>(
-      distributed, pipe.parameters(), counted, optimizer, options, stage, segments, segment_stages);
+      &distributed, pipe.parameters(), counted, optimizer, options, zero, segments, segment_stages);
   pipe.set_allreduce_gradients(false);
-  ShardedOptimizer* zero = sharded.get();
-  zero->set_collective_log(&pipe.collective_log());
-  if (stage == 3) pipe.set_stage_parameters(zero, reshard_after_forward);
+  ShardedOptimizer* shards = sharded.get();
+  shards->set_collective_log(&pipe.collective_log());
+  if (stage == 3) pipe.set_stage_parameters(shards, zero.reshard_after_forward());
   if (overlap) {
-    pipe.set_stage_gradients_hook([zero, segment_of_stage](int j) {
+    pipe.set_stage_gradients_hook([shards, segment_of_stage](int j) {
       const auto found = segment_of_stage.find(j);
-      if (found != segment_of_stage.end()) zero->start_reduce(found->second);
+      if (found != segment_of_stage.end()) shards->start_reduce(found->second);
     });
   }
   return sharded;

@@ -97,6 +97,18 @@ class PipeRunner : public StepRunner {
   int trace_rows() const override { return static_cast<int>(pipe_->num_ranks()); }
   std::string description() const override { return description_; }
   int total_ranks() const override { return static_cast<int>(pipe_->num_ranks()); }
+  // One process has one replica: ZeRO here is only the offload's way to the host (stages 1, 2).
+  std::unique_ptr<ShardedOptimizer> make_sharded_optimizer(const std::string& optimizer,
+                                                           const OptimizerOptions& options,
+                                                           const ZeroOptions& zero) override {
+    if (!zero.offload()) return StepRunner::make_sharded_optimizer(optimizer, options, zero);
+    PIPETRAIN_CHECK_INPUT(zero.stage() < 3,
+                          "--zero 3 shards the parameters over data-parallel replicas, and one "
+                          "process has one; with --offload-optimizer in one process use --zero 1 "
+                          "(or 2), or start replicas with --nproc and --dp");
+    const std::vector<torch::Tensor> all = parameters();
+    return std::make_unique<ShardedOptimizer>(nullptr, all, all, optimizer, options, zero);
+  }
   std::vector<RankHoldings> rank_holdings() override {
     const schedule::Schedule& schedule = pipe_->schedule();
     const std::vector<int64_t> peaks = pipe_->rank_peak_stashed_bytes();
@@ -262,14 +274,15 @@ class DistributedRunner : public StepRunner {
   }
   std::unique_ptr<ShardedOptimizer> make_sharded_optimizer(const std::string& optimizer,
                                                            const OptimizerOptions& options,
-                                                           int stage,
-                                                           bool reshard_after_forward) override {
-    PIPETRAIN_CHECK_INPUT(distributed_.layout().replicas > 1, "ZeRO stage ", stage,
+                                                           const ZeroOptions& zero) override {
+    // One replica's shard is everything: pointless, unless the offload moves it to the host.
+    PIPETRAIN_CHECK_INPUT(distributed_.layout().replicas > 1 || zero.offload(), "ZeRO stage ",
+                          zero.stage(),
                           " shards the optimizer over data-parallel replicas, and this run has "
                           "one; start it with more than one replica (--dp 2 or more)");
     // The optimizer is the trainer's, which keeps it while it trains through this runner.
     return make_pipe_sharded_optimizer(distributed_, pipe_, norm_parameters_, optimizer, options,
-                                       stage, overlap_gradient_reduction_, reshard_after_forward);
+                                       zero, overlap_gradient_reduction_);
   }
   int64_t transport_bytes_sent() const override { return pipe_.transport_stats().data_bytes_sent; }
   double last_exposed_reduce_seconds() const override {
@@ -349,8 +362,12 @@ class DistributedRunner : public StepRunner {
 
 std::unique_ptr<ShardedOptimizer> StepRunner::make_sharded_optimizer(const std::string&,
                                                                      const OptimizerOptions&,
-                                                                     int stage, bool) {
-  throw BadInput("ZeRO stage " + std::to_string(stage) +
+                                                                     const ZeroOptions& zero) {
+  if (zero.offload()) {
+    throw BadInput("--offload-optimizer steps a pipeline's optimizer on the host; " +
+                   description() + " has none: train through a pipeline schedule");
+  }
+  throw BadInput("ZeRO stage " + std::to_string(zero.stage()) +
                  " shards the optimizer over data-parallel replicas: it needs a multi-process "
                  "run with more than one replica (--nproc with --dp 2 or more)");
 }

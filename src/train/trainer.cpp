@@ -33,6 +33,9 @@ void check_options(const TrainerOptions& o) {
   if (o.zero() < 0 || o.zero() > 3) {
     throw BadInput("Trainer: zero must be 0, 1, 2 or 3 (got " + std::to_string(o.zero()) + ")");
   }
+  PIPETRAIN_CHECK_INPUT(!o.offload_optimizer() || o.zero() > 0,
+                        "--offload-optimizer moves ZeRO's optimizer shard to host memory; it needs "
+                        "--zero 1, 2 or 3 (got --zero 0)");
   PIPETRAIN_CHECK_INPUT(!o.reshard_after_forward() || o.zero() == 3,
                         "--reshard-after-forward frees ZeRO-3's gathered parameters; it needs "
                         "--zero 3 (got --zero ",
@@ -69,8 +72,12 @@ Trainer::Trainer(torch::nn::Sequential model, StepRunner& runner, const BatchSou
                                                  .eps(options_.eps());
   if (options_.loss_scaling()) scaler_.emplace(options_.loss_scaler());
   if (options_.zero() > 0) {
-    sharded_ = runner_.make_sharded_optimizer(options_.optimizer(), optimizer_options,
-                                              options_.zero(), options_.reshard_after_forward());
+    sharded_ =
+        runner_.make_sharded_optimizer(options_.optimizer(), optimizer_options,
+                                       ZeroOptions()
+                                           .stage(options_.zero())
+                                           .reshard_after_forward(options_.reshard_after_forward())
+                                           .offload(options_.offload_optimizer()));
   } else {
     optimizer_ = make_optimizer(options_.optimizer(), parameters_, optimizer_options);
   }

@@ -147,6 +147,7 @@ pp::PlannerOptions planner_for(const AutoRequest& request, const AutoPlanInput& 
   planner.optimizer_state_multiple = input.optimizer_state_multiple;
   planner.zero = input.zero;
   planner.reshard_after_forward = input.reshard_after_forward;
+  planner.offload_optimizer = input.offload_optimizer;
   planner.data_parallel = input.data_parallel;
   planner.processes = input.processes;
   planner.top = 3;  // step [5] measures the best few

@@ -1,5 +1,6 @@
 // pipetrain_rank_helper: one rank of a multi-process test, started by launch_local from
-// tests/transport/c10d_test.cpp and tests/runtime/{distributed,launcher}_test.cpp.
+// tests/transport/c10d_test.cpp, tests/runtime/{distributed,launcher}_test.cpp and
+// tests/train/{,cuda_}zero_offload_test.cpp.
 //
 //   pipetrain_rank_helper SCENARIO [ARGS...]
 //
@@ -10,7 +11,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <iostream>
 #include <map>
@@ -25,6 +28,8 @@
 #include "pipetrain/runtime/distributed_pipe.h"
 #include "pipetrain/schedule/generators.h"
 #include "pipetrain/stage/skip_layers.h"
+#include "pipetrain/train/checkpoint.h"
+#include "pipetrain/train/sharded_optimizer.h"
 #include "pipetrain/transport/c10d.h"
 #include "tied.h"
 
@@ -319,6 +324,72 @@ void scenario_shards(Distributed& d) {
         e.what());
   }
   std::cout << "OK shards" << std::endl;
+}
+
+// ZeRO-Offload against the plain sharded optimizer at every stage over the dp group (K = 1, R =
+// world): three parameters on PIPETRAIN_TEST_DEVICE, gradients that depend on the rank, the step
+// and the weights (so every step's result feeds the next), clipped by the global norm, 3 AdamW
+// steps; then the weights and the captured optimizer state. On the CPU they must be equal bit for
+// bit (the same kernels on the same values, only copies apart); on a GPU the plain shard steps on
+// the device and the offloaded one on the host: within 1e-5.
+void scenario_zero_offload(Distributed& d) {
+  const torch::Device device = test_device();
+  const bool exact = device.is_cpu();
+  for (int stage : {1, 2, 3}) {
+    std::vector<torch::Tensor> weights[2];
+    std::map<std::string, std::map<std::string, torch::Tensor>> state[2];
+    for (bool offload : {false, true}) {
+      torch::manual_seed(1);
+      std::vector<torch::Tensor> params = {torch::randn({5, 3}), torch::randn({7}),
+                                           torch::randn({4, 2})};
+      for (auto& p : params) p = p.to(device).requires_grad_(true);
+      train::ShardedOptimizer sharded(&d, params, params, "adamw",
+                                      train::OptimizerOptions().lr(0.05).weight_decay(0.1),
+                                      train::ZeroOptions().stage(stage).offload(offload));
+      for (int step = 0; step < 3; ++step) {
+        sharded.zero_grad();
+        sharded.wait_gathered(0);  // stage 3: the one segment, every stage's
+        for (auto& p : params) {
+          p.mutable_grad() = (p.detach() * static_cast<float>(d.rank() + 1) + step).sin();
+        }
+        sharded.reduce_gradients();
+        std::vector<torch::Tensor> norm = {
+            torch::tensor({sharded.local_grad_norm_squared()}, torch::kFloat64)};
+        d.world()->world_group()->allreduce_sum(norm);
+        sharded.scale_gradients(std::min(1.0, 0.5 / std::sqrt(norm[0].item<double>())));
+        sharded.step();
+      }
+      sharded.gather_all();
+      for (const auto& p : params) weights[offload].push_back(p.detach().cpu().clone());
+      train::Checkpoint part;
+      train::NamedTensors named;
+      for (size_t q = 0; q < params.size(); ++q) named.insert("p" + std::to_string(q), params[q]);
+      sharded.capture(part, named);
+      state[offload] = part.optimizer_state;
+    }
+    const std::string where =
+        "stage " + std::to_string(stage) + ", rank " + std::to_string(d.rank());
+    for (size_t q = 0; q < weights[0].size(); ++q) {
+      const bool same = exact ? torch::equal(weights[1][q], weights[0][q])
+                              : torch::allclose(weights[1][q], weights[0][q], 1e-5, 1e-7);
+      CHECK_OR_THROW(same, where, ": parameter ", q, " offloaded ", weights[1][q], " plain ",
+                     weights[0][q]);
+    }
+    CHECK_OR_THROW(state[0].size() == state[1].size(), where, ": state of ", state[1].size(),
+                   " parameters vs ", state[0].size());
+    CHECK_OR_THROW(d.replica() != 0 || state[0].size() == 3, where, ": ", state[0].size(),
+                   " parameters' state captured");
+    for (const auto& [name, fields] : state[0]) {
+      for (const auto& [field, tensor] : fields) {
+        const torch::Tensor& other = state[1].at(name).at(field);
+        const bool same = exact ? torch::equal(other, tensor)
+                                : torch::allclose(other.to(torch::kDouble),
+                                                  tensor.to(torch::kDouble), 1e-5, 1e-9);
+        CHECK_OR_THROW(same, where, ": state ", name, ".", field, " differs");
+      }
+    }
+  }
+  std::cout << "OK zero_offload" << std::endl;
 }
 
 void scenario_tie(Distributed& d) {
@@ -700,6 +771,7 @@ int main(int argc, char** argv) {
     if (scenario == "chain_interleaved") return scenario_chain(d, true);
     if (scenario == "dp") return scenario_dp(d);
     if (scenario == "shards") return scenario_shards(d);
+    if (scenario == "zero_offload") return scenario_zero_offload(d);
     if (scenario == "tie") return scenario_tie(d);
     if (scenario == "loss") return scenario_loss(d);
     if (scenario == "forward") return scenario_forward(d);

@@ -280,6 +280,36 @@ TEST(PredictMemory, ZeroThreeHoldsTheShardAndGathersTheStagesAsTheResidencyPlanS
   EXPECT_EQ(predict_memory(profile, balance, 1, schedule, options)[0].gathered, 0);
 }
 
+// ZeRO-Offload: the shard's values and gradient and the optimizer state leave the rank's total for
+// the offloaded (host) category; what the rank keeps is the parameters, their gradients and, at
+// ZeRO-3, the shard its gathers read.
+TEST(PredictMemory, OptimizerOffloadMovesTheShardAndItsStateToHostMemory) {
+  UniformLayer layer;
+  layer.parameter_bytes = 100;
+  const ModelProfile profile = uniform_profile(4, 4, layer);
+  const auto schedule = schedule::one_f_one_b(2, 4);
+  const std::vector<int> balance = {2, 2};  // each rank: 200 bytes, 50 floats, 25 per replica
+  MemoryModelOptions options;
+  options.optimizer_state_multiple = 2;
+  options.data_parallel = 2;
+  for (int zero : {1, 2, 3}) {
+    options.zero = zero;
+    options.offload_optimizer = false;
+    const RankMemory kept = predict_memory(profile, balance, 1, schedule, options)[0];
+    options.offload_optimizer = true;
+    const RankMemory offloaded = predict_memory(profile, balance, 1, schedule, options)[0];
+    EXPECT_EQ(offloaded.optimizer_state, 0) << "zero " << zero;
+    EXPECT_EQ(offloaded.gradients, kept.gradients - 100) << "zero " << zero;
+    EXPECT_EQ(offloaded.parameters, kept.parameters) << "zero " << zero;
+    EXPECT_EQ(offloaded.offloaded, kept.offloaded + 2 * 100 + 2 * 100) << "zero " << zero;
+    EXPECT_EQ(offloaded.total(), kept.total() - kept.optimizer_state - 100) << "zero " << zero;
+  }
+  options.zero = 0;  // nothing is sharded, so nothing moves
+  const RankMemory unsharded = predict_memory(profile, balance, 1, schedule, options)[0];
+  EXPECT_EQ(unsharded.optimizer_state, 400);
+  EXPECT_EQ(unsharded.offloaded, 0);
+}
+
 TEST(PredictMemory, RejectsAZeroStageOutsideZeroToThreeAndNoReplicas) {
   const ModelProfile profile = uniform_profile(2, 4, UniformLayer{});
   const auto schedule = schedule::one_f_one_b(2, 4);

@@ -158,9 +158,12 @@ SendWalk send_walk(const schedule::Schedule& schedule);
 
 struct MemoryModelOptions {
   Checkpoint checkpoint = Checkpoint::kNever;
-  double optimizer_state_multiple = 0;       // SGD 0, momentum 1, Adam 2
-  int zero = 0;                              // ZeRO stage 0, 1, 2 or 3
-  bool reshard_after_forward = false;        // ZeRO 3's policy (schedule/residency.h)
+  double optimizer_state_multiple = 0;  // SGD 0, momentum 1, Adam 2
+  int zero = 0;                         // ZeRO stage 0, 1, 2 or 3
+  bool reshard_after_forward = false;   // ZeRO 3's policy (schedule/residency.h)
+  // ZeRO-Offload (zero >= 1): the shard's values and gradient and the optimizer state in host
+  // memory (the offloaded category) instead of the rank's.
+  bool offload_optimizer = false;
   int data_parallel = 1;                     // replicas of each pipeline rank (dp)
   bool processes = false;                    // one process per rank: the transport's buffers count
   std::int64_t parameter_element_bytes = 4;  // float32 parameters (the shard's padding)

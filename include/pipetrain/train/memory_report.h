@@ -76,6 +76,7 @@ struct MemoryRunOptions {
   double momentum = 0.9;          // sgd's (0: no state)
   int zero = 0;
   bool reshard_after_forward = false;  // ZeRO 3's policy
+  bool offload_optimizer = false;      // ZeRO-Offload
   int data_parallel = 1;
   bool processes = false;  // one process per pipeline rank (the c10d transport)
 };

@@ -1,4 +1,5 @@
-// ShardedOptimizer: ZeRO stages 1, 2 and 3 over the data-parallel replicas of one pipeline rank.
+// ShardedOptimizer: ZeRO stages 1, 2 and 3 (and ZeRO-Offload) over the data-parallel replicas of
+// one pipeline rank.
 //
 // The R replicas of a pipeline rank hold the same parameters. Unsharded, each sums the gradients
 // over the replicas (all-reduce) and steps the whole optimizer: R copies of its state. Sharded,
@@ -34,6 +35,22 @@
 //                                  its last (or only around each action: reshard after forward)
 //   reduce_gradients() ... step()  as stage 2; nothing gathered
 //
+// Offload (ZeroOptions::offload, ZeRO-Offload): the shard [3] steps, its gradient and the inner
+// optimizer's state live in host memory (pinned when the parameters are on a GPU), and the step
+// runs on the CPU (ATen's vectorised kernels over one flat tensor, on its intra-op threads). The
+// reduced gradient shard is copied to the host after [1]; the stepped shard back to the
+// parameters' device for the all-gather (stages 1 and 2: a temporary; stage 3: the device copy
+// of the shard the gathers read, refreshed after each step without waiting for the copy). What
+// stays on the device: the parameters, their gradients and, at stage 3, the device shard. The
+// copies are kept apart even where the parameters are on the CPU (nothing moves then, but every
+// value takes the offload's path).
+//
+// Devices: the parameters may be on the CPU or one CUDA device. The collectives run where the
+// data-parallel group's backend wants them: on the parameters' device under NCCL, on the CPU
+// under Gloo (a CUDA rank's buffers are copied to and from the host around them). With one
+// replica there are none, and the flat buffers are built where the shard lives (the host, when
+// offloaded: the device then holds no flat copy of the gradients or the parameters).
+//
 // Checkpoints: capture() gathers the shards into the per-parameter form of an unsharded
 // checkpoint (train/checkpoint.h; replica 0 contributes it), and restore() takes its own slice of
 // that form, so a checkpoint moves between zero stages and data-parallel sizes unchanged.
@@ -42,9 +59,10 @@
 // pipeline needs every micro-batch's gradient before the reduction); what stage 2 saves is the
 // gradient memory held between steps, not the peak during backward.
 //
-// Ownership: shares the parameter tensors; holds a reference to the Distributed, which must
-// outlive it. Thread-safety: the training loop's thread only. Every method marked collective must
-// be called by every replica of the pipeline rank together.
+// Ownership: shares the parameter tensors; holds a pointer to the Distributed, which must outlive
+// it (null: a one-process run, one replica and no collectives, for the offload in one process).
+// Thread-safety: the training loop's thread only. Every method marked collective must be called
+// by every replica of the pipeline rank together.
 #pragma once
 
 #include <cstdint>
@@ -53,6 +71,7 @@
 #include <string>
 #include <vector>
 
+#include <torch/arg.h>
 #include <torch/optim/optimizer.h>
 #include <torch/types.h>
 
@@ -68,13 +87,25 @@ class DistributedPipe;
 
 namespace pipetrain::train {
 
+// How a ShardedOptimizer shards (and make_pipe_sharded_optimizer drives it).
+struct ZeroOptions {
+  // 1: optimizer state; 2: and gradients between steps; 3: and the parameters themselves.
+  TORCH_ARG(int, stage) = 1;
+  // Stage 3's policy: gather around every action instead of from a stage's first action of the
+  // step to its last (schedule/residency.h).
+  TORCH_ARG(bool, reshard_after_forward) = false;
+  // The shard's fp32 values, its gradient and the optimizer state in host memory, stepped on the
+  // CPU (ZeRO-Offload; see the header comment).
+  TORCH_ARG(bool, offload) = false;
+};
+
 class ShardedOptimizer : public StageParameters {
  public:
-  // `parameters`: this rank's, each tensor once, all of one floating dtype and on the CPU.
-  // `counted`: the subset whose gradients the global norm counts here (a tied tensor counts on
-  // one holder only). `stage`: 1, 2 or 3. Throws BadInput for another stage, mixed dtypes, a
-  // device other than the CPU, an unknown optimizer name, or at stage 3 a parameter that does not
-  // own its storage alone (a view).
+  // `parameters`: this rank's, each tensor once, all of one floating dtype and on one device (the
+  // CPU or a CUDA device). `counted`: the subset whose gradients the global norm counts here (a
+  // tied tensor counts on one holder only). `zero.stage()`: 1, 2 or 3. Throws BadInput for
+  // another stage, mixed dtypes or devices, an unknown optimizer name, or at stage 3 a parameter
+  // that does not own its storage alone (a view).
   // `segment_stages` (stage 3): the local stage of each segment (-1: a segment every stage uses,
   // whole from the first action of a step to its end), for StageParameters' stage indices.
   // `segments` (optional): the parameters in groups, laid out one group after the other, each
@@ -82,9 +113,9 @@ class ShardedOptimizer : public StageParameters {
   // replica's piece of each), so that a group's gradients can be reduce-scattered as soon as
   // they are final (start_reduce: --overlap-grad-reduce). Every parameter in exactly one group.
   // Empty: one group of all, the layout above.
-  ShardedOptimizer(Distributed& distributed, std::vector<torch::Tensor> parameters,
+  ShardedOptimizer(Distributed* distributed, std::vector<torch::Tensor> parameters,
                    const std::vector<torch::Tensor>& counted, const std::string& optimizer,
-                   const OptimizerOptions& options, int stage,
+                   const OptimizerOptions& options, const ZeroOptions& zero,
                    const std::vector<std::vector<torch::Tensor>>& segments = {},
                    std::vector<int> segment_stages = {});
   ~ShardedOptimizer() override;
@@ -130,6 +161,7 @@ class ShardedOptimizer : public StageParameters {
   torch::optim::Optimizer& shard_optimizer() { return *inner_; }
   const std::string& optimizer_name() const { return name_; }
   int stage() const { return stage_; }
+  bool offloaded() const { return offload_; }
 
   // Collective: on replica 0, the whole state in checkpoint form (optimizer name and per-parameter
   // state under the names of `named`, which must name the constructor's parameters); the other
@@ -139,10 +171,14 @@ class ShardedOptimizer : public StageParameters {
   // another optimizer, a wrong shape, or state for some of this rank's parameters but not all.
   void restore(const Checkpoint& checkpoint, const NamedTensors& named);
 
-  // Bytes this replica holds: the optimizer state (the shard's), and the gradients (the shard's,
-  // plus the parameters' .grad() where they are defined: between steps none at stage 2).
+  // Bytes this replica holds: the optimizer state (the shard's, wherever it lives), and the
+  // gradients on the parameters' device (the shard's unless offloaded, plus the parameters'
+  // .grad() where they are defined: between steps none at stage 2).
   int64_t state_bytes() const;
   int64_t gradient_bytes() const;
+  // Offloaded: the host memory it holds (the shard's values and gradient, and the optimizer
+  // state); 0 otherwise.
+  int64_t host_bytes() const;
 
   // Elements: all of this rank's parameters, and this replica's shard (the padded flat size / R).
   int64_t total_elements() const { return total_; }
@@ -154,6 +190,13 @@ class ShardedOptimizer : public StageParameters {
   void load_shard();
   // The data-parallel group (nullptr with one replica).
   C10dGroup* group() const;
+  // What the gathers send: shard_ itself, or (staged_) its copy where the collectives run (stage
+  // 3: device_shard_, kept in step; stages 1 and 2: a temporary).
+  torch::Tensor gather_source() const;
+  // Options of the collectives' buffers (the shard's dtype on comm_device_).
+  torch::TensorOptions comm_options() const;
+  // Where [1] reduces into: shard_grad_, or (staged_) comm_grad_, allocated on first use.
+  torch::Tensor& reduced_gradient();
 
   // The padded flat vector: segment after segment, each padded to a multiple of R; replica d's
   // piece of a segment is its d-th R-th, and the shard is the pieces one after the other.
@@ -196,7 +239,8 @@ class ShardedOptimizer : public StageParameters {
   // The stage a segment's collectives are logged under (-1: several).
   int stage_of_segment(size_t k) const { return segment_stages_.empty() ? -1 : segment_stages_[k]; }
 
-  Distributed& distributed_;
+  Distributed* distributed_;  // null: one process, one replica
+  int rank_ = 0;
   CollectiveLog* log_ = nullptr;
   std::vector<torch::Tensor> parameters_;
   std::vector<int> segment_stages_;
@@ -217,8 +261,15 @@ class ShardedOptimizer : public StageParameters {
   int replica_ = 0;
   std::string name_;
   int stage_ = 1;
+  bool offload_ = false;
+  torch::Device comm_device_ = torch::kCPU;  // where the collectives' buffers live
+  // The shard and its gradient live apart from where the collectives run (offload, or a CUDA
+  // rank under Gloo): reduce into comm_grad_ and copy, gather from a copy of the shard.
+  bool staged_ = false;
   torch::Tensor shard_;         // this replica's parameters (a leaf the inner optimizer steps)
   torch::Tensor shard_grad_;    // this replica's summed gradient
+  torch::Tensor device_shard_;  // stage 3, staged_: shard_'s copy on comm_device_
+  torch::Tensor comm_grad_;     // staged_, during a reduction: shard_grad_'s values as reduced
   torch::Tensor counted_mask_;  // 1 where the norm counts the shard's element, else 0
   std::unique_ptr<torch::optim::Optimizer> inner_;
 };
@@ -228,13 +279,13 @@ class ShardedOptimizer : public StageParameters {
 // stage 3 one segment per local stage (DistributedPipe::gradient_groups), each reduce-scattered
 // as soon as that stage's last backward ends (overlap); at stage 3 the pipe gathers and frees
 // the stages' parameters through it (DistributedPipe::set_stage_parameters, with
-// `reshard_after_forward`). `counted`: as the constructor's. The pipe keeps a pointer to the
-// optimizer: it must outlive the pipe's steps, and the pipe must outlive it. Throws BadInput for
-// what the constructor refuses and for reshard_after_forward below stage 3.
+// `zero.reshard_after_forward()`). `counted`: as the constructor's. The pipe keeps a pointer to
+// the optimizer: it must outlive the pipe's steps, and the pipe must outlive it. Throws BadInput
+// for what the constructor refuses and for reshard_after_forward below stage 3.
 std::unique_ptr<ShardedOptimizer> make_pipe_sharded_optimizer(
     Distributed& distributed, DistributedPipe& pipe, const std::vector<torch::Tensor>& counted,
-    const std::string& optimizer, const OptimizerOptions& options, int stage, bool overlap,
-    bool reshard_after_forward);
+    const std::string& optimizer, const OptimizerOptions& options, const ZeroOptions& zero,
+    bool overlap);
 
 // Bytes of an unsharded optimizer's per-parameter state (the figure ShardedOptimizer::state_bytes
 // compares with).

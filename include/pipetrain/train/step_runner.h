@@ -126,12 +126,12 @@ class StepRunner {
   virtual int total_ranks() const { return 1; }
   // ZeRO: an optimizer sharded over this rank's data-parallel replicas (train/
   // sharded_optimizer.h), after which step() leaves the gradient reduction to it. Only a
-  // multi-process runner with replicas has one: the others throw BadInput. Stage 3: the runner's
-  // steps gather each stage's parameters around its actions (`reshard_after_forward`: around
-  // every action, else from its first to its last of the step).
-  virtual std::unique_ptr<ShardedOptimizer> make_sharded_optimizer(
-      const std::string& optimizer, const OptimizerOptions& options, int stage,
-      bool reshard_after_forward = false);
+  // multi-process runner has one, with replicas or with zero.offload(): the others throw
+  // BadInput. Stage 3: the runner's steps gather each stage's parameters around its actions
+  // (zero.reshard_after_forward(): around every action, else from its first to its last).
+  virtual std::unique_ptr<ShardedOptimizer> make_sharded_optimizer(const std::string& optimizer,
+                                                                   const OptimizerOptions& options,
+                                                                   const ZeroOptions& zero);
 
  protected:
   // `loss` times the loss scale (for the runners' step()).

@@ -87,6 +87,11 @@ struct TrainerOptions {
   /// again for the next (less memory, more all-gathers), instead of keeping them from the stage's
   /// first action of a step to its last. Default false.
   TORCH_ARG(bool, reshard_after_forward) = false;
+  /// ZeRO-Offload (zero 1 to 3): the shard's float32 values, its gradient and the optimizer state
+  /// in host memory, the optimizer stepped on the CPU (train/sharded_optimizer.h). Meant for CUDA
+  /// stages; a multi-process runner with one replica accepts it too (the shard is everything).
+  /// Default false.
+  TORCH_ARG(bool, offload_optimizer) = false;
   /// Dynamic loss scaling (train/loss_scaler.h): the loss is multiplied by a scale before
   /// backward, the gradients divided by it before clipping and the step, and a step whose
   /// gradients hold inf or NaN on any rank is skipped while the scale shrinks. fp16 training
@@ -204,7 +209,7 @@ class Trainer {
   const BatchSource& batches_;
   TrainerOptions options_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;  // zero == 0
-  std::unique_ptr<ShardedOptimizer> sharded_;           // zero 1 or 2
+  std::unique_ptr<ShardedOptimizer> sharded_;           // zero 1 to 3
   std::optional<DynamicLossScaler> scaler_;             // loss_scaling
   bool last_step_skipped_ = false;
   std::vector<torch::Tensor> parameters_;  // runner_.parameters(), for clipping

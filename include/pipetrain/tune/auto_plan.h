@@ -73,6 +73,7 @@ struct AutoPlanInput {
   // data-parallel replicas, one process per rank (the transport's buffers).
   int zero = 0;
   bool reshard_after_forward = false;  // ZeRO 3's policy
+  bool offload_optimizer = false;      // ZeRO-Offload
   int data_parallel = 1;
   bool processes = false;
   std::string schedule;
