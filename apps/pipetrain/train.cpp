@@ -345,7 +345,10 @@ void print_files(const TrainArgs& args, const train::TrainSummary& summary, int6
       "(rank 0%s)\n",
       static_cast<long long>(summary.optimizer_state_bytes),
       static_cast<long long>(summary.gradient_bytes),
-      args.zero > 0 ? (", ZeRO stage " + std::to_string(args.zero)).c_str() : "");
+      args.zero > 0 ? (", ZeRO stage " + std::to_string(args.zero) +
+                       (args.offload_optimizer ? ", the optimizer state in host memory" : ""))
+                          .c_str()
+                    : "");
   if (summary.exposed_reduce_seconds > 0) {
     std::printf(
         "data-parallel gradient sum: %.2f ms per step left after the schedule's last action "

@@ -64,10 +64,13 @@ std::vector<MeasuredRankMemory> measure_memory(StepRunner& runner,
     rank.first_stage = holding.stages.empty() ? 0 : holding.stages.front();
     rank.bytes.parameters = parameter_bytes(holding.parameters);
     if (sharded) {
-      rank.bytes.parameters = sharded->parameter_bytes();
-      rank.bytes.gradients = sharded->gradient_bytes();
+      // This rank's part (one process may run several ranks over one sharded optimizer).
+      const ShardedOptimizer::Holdings held = sharded->holdings(holding.parameters);
+      rank.bytes.parameters = held.parameters;
+      rank.bytes.gradients = held.gradients;
       // Offloaded, the state is host memory, with the shard's values and gradient.
-      rank.bytes.optimizer_state = sharded->offloaded() ? 0 : sharded->state_bytes();
+      rank.bytes.optimizer_state = sharded->offloaded() ? 0 : held.optimizer_state;
+      rank.bytes.offloaded += held.host;
       if (sharded->stage() == 3) rank.bytes.gathered = sharded->peak_whole_parameter_bytes();
     } else {
       rank.bytes.gradients = gradient_bytes(holding.parameters);
@@ -77,7 +80,7 @@ std::vector<MeasuredRankMemory> measure_memory(StepRunner& runner,
     rank.bytes.activations = holding.peak_activation_bytes;
     rank.bytes.receive_buffers = holding.peak_receive_buffer_bytes;
     rank.bytes.send_buffers = holding.peak_send_buffer_bytes;
-    rank.bytes.offloaded = holding.peak_offloaded_bytes + (sharded ? sharded->host_bytes() : 0);
+    rank.bytes.offloaded += holding.peak_offloaded_bytes;
     ranks.push_back(rank);
   }
   return ranks;

@@ -556,6 +556,52 @@ int64_t ShardedOptimizer::host_bytes() const {
   return offload_ ? bytes_of(shard_) + bytes_of(shard_grad_) + state_bytes() : 0;
 }
 
+ShardedOptimizer::Holdings ShardedOptimizer::holdings(
+    const std::vector<torch::Tensor>& parameters) const {
+  std::map<const void*, size_t> index;
+  for (size_t q = 0; q < parameters_.size(); ++q) index[parameters_[q].unsafeGetTensorImpl()] = q;
+  std::vector<size_t> mine;
+  for (const torch::Tensor& p : unique_parameters(parameters)) {
+    const auto found = index.find(p.unsafeGetTensorImpl());
+    if (found != index.end()) mine.push_back(found->second);
+  }
+  Holdings h;
+  if (mine.size() == parameters_.size()) {
+    h.parameters = parameter_bytes();
+    h.gradients = gradient_bytes();
+    h.optimizer_state = state_bytes();
+    h.host = host_bytes();
+    return h;
+  }
+  // This replica's shard elements that belong to `mine`: each parameter's flat range against
+  // this replica's piece of its segment.
+  std::vector<const Segment*> segment_of(parameters_.size(), nullptr);
+  for (const Segment& s : segments_) {
+    for (size_t q : s.parameters) segment_of[q] = &s;
+  }
+  int64_t elements = 0;
+  std::vector<torch::Tensor> subset;
+  for (size_t q : mine) {
+    const Segment& s = *segment_of[q];
+    const int64_t piece_start = s.start + replica_ * s.piece;
+    const int64_t lo = std::max(offsets_[q], piece_start);
+    const int64_t hi = std::min(offsets_[q] + parameters_[q].numel(), piece_start + s.piece);
+    elements += std::max<int64_t>(0, hi - lo);
+    subset.push_back(parameters_[q]);
+    h.parameters += stage_ == 3 ? static_cast<int64_t>(parameters_[q].storage().nbytes())
+                                : bytes_of(parameters_[q]);
+  }
+  const double share = shard_size_ > 0 ? static_cast<double>(elements) / shard_size_ : 0.0;
+  const auto part = [&](int64_t bytes) {
+    return static_cast<int64_t>(std::llround(share * static_cast<double>(bytes)));
+  };
+  if (stage_ == 3) h.parameters += part(bytes_of(staged_ ? device_shard_ : shard_));
+  h.gradients = train::gradient_bytes(subset) + (offload_ ? 0 : part(bytes_of(shard_grad_)));
+  h.optimizer_state = part(state_bytes());
+  h.host = part(host_bytes());
+  return h;
+}
+
 std::unique_ptr<ShardedOptimizer> make_pipe_sharded_optimizer(
     Distributed& distributed, DistributedPipe& pipe, const std::vector<torch::Tensor>& counted,
     const std::string& optimizer, const OptimizerOptions& options, const ZeroOptions& zero,

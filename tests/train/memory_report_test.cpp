@@ -297,6 +297,40 @@ std::string train_flags(const std::string& name) {
          options + " --batch-size 16 ";
 }
 
+// ZeRO-Offload in one process (two pipeline ranks over one sharded optimizer, one replica): each
+// rank's part of the shard, its gradient and the Adam state is host memory (the offloaded
+// category), as predicted; no rank holds optimizer state. On the CPU nothing leaves the device,
+// but what is counted where is the same as on a GPU.
+TEST(MemoryReport, AnOffloadedOptimizerInOneProcessIsPredictedPerRankAndCategory) {
+  for (const std::string name : {"mlp", "gpt"}) {
+    const ExampleRun run = example(name);
+    examples::ExampleModel model = examples::make_model(name, run.options);
+    const PipeOptions pipe = PipeOptions().stages(2).chunks(4).schedule("1f1b");
+    auto runner = make_pipe_runner(model.sequential, model.loss, pipe);
+    TensorBatches batches(run.inputs, run.targets, run.inputs.size(0));
+    Trainer trainer(
+        model.sequential, *runner, batches,
+        TrainerOptions(2).optimizer("adam").zero(1).offload_optimizer(true).report_memory(true));
+    const TrainSummary summary = trainer.fit();
+    MemoryRunOptions options;
+    options.optimizer = "adam";
+    options.zero = 1;
+    options.offload_optimizer = true;
+    const MemoryPrediction predicted = predict_training_memory(
+        model.sequential, run.inputs, run.targets, model.loss, pipe, options);
+    expect_close(predicted, summary.memory, name + " offloaded");
+    ASSERT_EQ(summary.memory.size(), 2u) << name;
+    for (const MeasuredRankMemory& rank : summary.memory) {
+      EXPECT_EQ(rank.bytes.optimizer_state, 0) << name << " rank " << rank.rank;
+      // Adam's two moments, the shard and its gradient: four float32 copies of the rank's part.
+      EXPECT_NEAR(static_cast<double>(rank.bytes.offloaded),
+                  4.0 * static_cast<double>(rank.bytes.parameters),
+                  0.01 * static_cast<double>(rank.bytes.parameters))
+          << name << " rank " << rank.rank;
+    }
+  }
+}
+
 TEST(MemoryReport, ZeroStagesAcrossProcessesAreWithinTenPercentIncludingTransportBuffers) {
   for (const std::string name : {"mlp", "cnn", "gpt"}) {
     // Rank 0's parameters + gradients held after the step, by ZeRO stage.

@@ -179,6 +179,14 @@ class ShardedOptimizer : public StageParameters {
   // Offloaded: the host memory it holds (the shard's values and gradient, and the optimizer
   // state); 0 otherwise.
   int64_t host_bytes() const;
+  // The figures above for some of its parameters (one pipeline rank's, where one process runs
+  // several): parameter_bytes, gradient_bytes, state_bytes and host_bytes, the shard's parts
+  // counted for the shard elements that belong to `parameters` (the state in proportion: every
+  // element has the same). For all of them, the figures above.
+  struct Holdings {
+    int64_t parameters = 0, gradients = 0, optimizer_state = 0, host = 0;
+  };
+  Holdings holdings(const std::vector<torch::Tensor>& parameters) const;
 
   // Elements: all of this rank's parameters, and this replica's shard (the padded flat size / R).
   int64_t total_elements() const { return total_; }
