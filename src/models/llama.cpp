@@ -162,21 +162,21 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
   const LlamaConfig& c = *config;
   const int64_t heads = c.num_attention_heads / tp.size();
   const int64_t kv_heads = local_kv_heads(c, tp.size());
-  // [B, T, H], the whole sequence (with sequence parallelism x holds T/tp of it).
-  const torch::Tensor in = parallel::enter_tensor_parallel(x, tp);
-  const int64_t b = in.size(0), t = in.size(1), d = c.head_dim;
-  torch::Tensor q = q_proj->forward(in).view({b, t, heads, d}).transpose(1, 2);
   // A key/value head shared by kv_replicas() ranks: each computes its query heads' share of the
   // projection's gradient, summed over those ranks in the backward.
-  auto shared = [&](LlamaLinear& linear) {
-    const int replicas = kv_replicas();
-    if (replicas <= 1) return linear->forward(in);
-    const torch::Tensor& bias = linear->bias;
-    return torch::linear(in, parallel::sum_over_replicas(linear->weight, replicas, tp),
-                         bias.defined() ? parallel::sum_over_replicas(bias, replicas, tp) : bias);
+  const int replicas = kv_replicas();
+  auto shared = [&](const torch::Tensor& w) {
+    return replicas > 1 && w.defined() ? parallel::sum_over_replicas(w, replicas, tp) : w;
   };
-  torch::Tensor k = shared(k_proj).view({b, t, kv_heads, d}).transpose(1, 2);
-  torch::Tensor v = shared(v_proj).view({b, t, kv_heads, d}).transpose(1, 2);
+  // x is [B, T, H], or T/tp of it with sequence parallelism: the projections see the whole
+  // sequence, and keep only this rank's slice of it for their backward.
+  const std::vector<torch::Tensor> qkv = parallel::sequence_parallel_linears(
+      x, {q_proj->weight, shared(k_proj->weight), shared(v_proj->weight)},
+      {q_proj->bias, shared(k_proj->bias), shared(v_proj->bias)}, tp);
+  const int64_t b = qkv[0].size(0), t = qkv[0].size(1), d = c.head_dim;
+  torch::Tensor q = qkv[0].view({b, t, heads, d}).transpose(1, 2);
+  torch::Tensor k = qkv[1].view({b, t, kv_heads, d}).transpose(1, 2);
+  torch::Tensor v = qkv[2].view({b, t, kv_heads, d}).transpose(1, 2);
   auto [cos, sin] = rope_->tables(t, x.device(), x.scalar_type());
   q = q * cos + rotate_half(q) * sin;
   k = k * cos + rotate_half(k) * sin;
@@ -202,9 +202,10 @@ void LlamaMlpImpl::reset() {
 }
 
 torch::Tensor LlamaMlpImpl::forward(const torch::Tensor& x) {
-  const torch::Tensor in = parallel::enter_tensor_parallel(x, tp);
-  return parallel::row_parallel_linear(torch::silu(gate_proj->forward(in)) * up_proj->forward(in),
-                                       down_proj->weight, down_proj->bias, tp);
+  const std::vector<torch::Tensor> gate_up = parallel::sequence_parallel_linears(
+      x, {gate_proj->weight, up_proj->weight}, {gate_proj->bias, up_proj->bias}, tp);
+  return parallel::row_parallel_linear(torch::silu(gate_up[0]) * gate_up[1], down_proj->weight,
+                                       down_proj->bias, tp);
 }
 
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(std::shared_ptr<const LlamaConfig> config_,
@@ -270,7 +271,7 @@ void LlamaHeadImpl::reset() {
 }
 
 torch::Tensor LlamaHeadImpl::forward(const torch::Tensor& x) {
-  return torch::linear(parallel::enter_tensor_parallel(x, tp), weight);
+  return parallel::sequence_parallel_linears(x, {weight}, {}, tp)[0];
 }
 
 // ---- building

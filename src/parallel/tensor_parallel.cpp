@@ -229,7 +229,105 @@ struct SumOverReplicas : torch::autograd::Function<SumOverReplicas> {
   }
 };
 
+// sequence_parallel_linears' autograd function. `tensors`: x_slice, then the n weights, then the
+// biases of the weights whose `has_bias` is 1, in order.
+struct SequenceParallelLinears : torch::autograd::Function<SequenceParallelLinears> {
+  static tensor_list forward(AutogradContext* ctx, at::TensorList tensors, int64_t n,
+                             std::vector<int64_t> has_bias,
+                             const std::shared_ptr<C10dGroup>& group) {
+    save_group(ctx, group);
+    const torch::Tensor full = all_gather_along(tensors[0], 1, *group);
+    tensor_list outputs;
+    size_t next_bias = 1 + static_cast<size_t>(n);
+    for (int64_t i = 0; i < n; ++i) {
+      const torch::Tensor bias =
+          has_bias[static_cast<size_t>(i)] ? tensors[next_bias++] : torch::Tensor();
+      outputs.push_back(torch::linear(full, tensors[1 + static_cast<size_t>(i)], bias));
+    }
+    // The slice, not `full`: the backward gathers it again where the weights want gradients.
+    ctx->save_for_backward(tensor_list(tensors.begin(), tensors.begin() + 1 + n));
+    ctx->saved_data["has_bias"] = has_bias;
+    return outputs;
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    C10dGroup& group = saved_group(ctx);
+    const tensor_list saved = ctx->get_saved_variables();
+    const torch::Tensor& x = saved[0];
+    const auto n = static_cast<int64_t>(saved.size()) - 1;
+    const std::vector<int64_t> has_bias = ctx->saved_data["has_bias"].toIntVector();
+    int64_t biases = 0;
+    for (int64_t b : has_bias) biases += b;
+    // One gradient per tensor of the list, then none for n, has_bias and the group.
+    tensor_list out(static_cast<size_t>(1 + n + biases + 3));
+    // Each output's dtype is the one the forward computed in (bf16 under autocast): the products
+    // run in it and each result goes back to its input's dtype, as autocast's casts do.
+    if (ctx->needs_input_grad(0)) {  // I: the input's gradient, reduce-scattered back to slices
+      torch::Tensor full_grad;
+      for (int64_t i = 0; i < n; ++i) {
+        const torch::Tensor& gy = grads[static_cast<size_t>(i)];
+        if (!gy.defined()) continue;
+        const torch::Tensor& w = saved[1 + static_cast<size_t>(i)];
+        const torch::Tensor term = gy.matmul(w.to(gy.scalar_type())).to(x.scalar_type());
+        full_grad = full_grad.defined() ? full_grad + term : term;
+      }
+      if (full_grad.defined()) out[0] = reduce_scatter_along(full_grad, 1, group);
+    }
+    bool weights_wanted = false;
+    for (int64_t k = 1; k < 1 + n + biases; ++k) {
+      weights_wanted = weights_wanted || ctx->needs_input_grad(static_cast<size_t>(k));
+    }
+    if (weights_wanted) {  // W: the whole sequence again
+      const torch::Tensor full = all_gather_along(x, 1, group);
+      size_t next_bias = 1 + static_cast<size_t>(n);
+      for (int64_t i = 0; i < n; ++i) {
+        const torch::Tensor& gy = grads[static_cast<size_t>(i)];
+        const size_t w_index = 1 + static_cast<size_t>(i);
+        const size_t b_index = has_bias[static_cast<size_t>(i)] ? next_bias++ : 0;
+        if (!gy.defined()) continue;
+        const torch::Tensor& w = saved[w_index];
+        const torch::Tensor gy2 = gy.reshape({-1, gy.size(-1)});
+        if (ctx->needs_input_grad(w_index)) {
+          const torch::Tensor x2 = full.reshape({-1, full.size(-1)}).to(gy.scalar_type());
+          out[w_index] = gy2.t().mm(x2).to(w.scalar_type());
+        }
+        if (b_index > 0 && ctx->needs_input_grad(b_index)) {
+          out[b_index] = gy2.sum(0).to(w.scalar_type());
+        }
+      }
+    }
+    return out;
+  }
+};
+
 }  // namespace
+
+std::vector<torch::Tensor> sequence_parallel_linears(const torch::Tensor& x,
+                                                     const std::vector<torch::Tensor>& weights,
+                                                     const std::vector<torch::Tensor>& biases,
+                                                     const TensorParallel& tp) {
+  PIPETRAIN_CHECK_INPUT(biases.empty() || biases.size() == weights.size(),
+                        "sequence_parallel_linears: ", biases.size(), " biases for ",
+                        weights.size(), " weights");
+  const auto bias_of = [&](size_t i) { return biases.empty() ? torch::Tensor() : biases[i]; };
+  if (!tp.split() || !tp.sequence_parallel) {
+    const torch::Tensor in = enter_tensor_parallel(x, tp);
+    std::vector<torch::Tensor> outputs;
+    for (size_t i = 0; i < weights.size(); ++i) {
+      outputs.push_back(torch::linear(in, weights[i], bias_of(i)));
+    }
+    return outputs;
+  }
+  std::vector<torch::Tensor> tensors{x};
+  std::vector<int64_t> has_bias;
+  for (const torch::Tensor& w : weights) tensors.push_back(w);
+  for (size_t i = 0; i < weights.size(); ++i) {
+    has_bias.push_back(bias_of(i).defined() ? 1 : 0);
+    if (bias_of(i).defined()) tensors.push_back(bias_of(i));
+  }
+  return SequenceParallelLinears::apply(at::TensorList(tensors),
+                                        static_cast<int64_t>(weights.size()), has_bias, tp.group);
+}
 
 torch::Tensor sum_over_replicas(const torch::Tensor& w, int replicas, const TensorParallel& tp) {
   if (!tp.split() || replicas <= 1) return w;

@@ -4,8 +4,10 @@
 // the unsplit computation every rank repeats on its own, and prints "OK SCENARIO" or throws.
 //
 //   layers   column -> row parallel MLP, a gathered column layer, the vocabulary-parallel
-//            embedding (with a padding id) and cross-entropy: outputs, loss and every gradient
-//            equal the whole layers' (the slices of them this rank holds)
+//            embedding (with a padding id) and cross-entropy, sequence parallelism's gather and
+//            reduce-scatter and its column-parallel linears of a sequence slice (whole backward
+//            and split into I and W): outputs, loss and every gradient equal the whole layers'
+//            (the slices of them this rank holds)
 //   llama [variant]   the Llama model's tensor-parallel form (models/llama.h) against the whole
 //            model on every rank: its random init and its load from a Hugging Face checkpoint
 //            are slices of the whole, and logits, loss and every gradient are the whole's slices.
@@ -137,6 +139,59 @@ void scenario_layers(Distributed& d) {
                "reduce_scatter_sequence");
   (scattered * weights.narrow(1, r * (6 / n), 6 / n)).sum().backward();
   expect_close(part.grad(), weights, "reduce-scatter backward");
+
+  // sequence_parallel_linears: two column-parallel linears (one with a bias) of this rank's
+  // sequence slice are the whole linears' column slices; the input's gradient is its slice of
+  // the whole one, the weights' are their slices. Then the split backward's halves: the input's
+  // gradient alone (I), and the weights' alone (W, which gathers the sequence again), the same.
+  const TensorParallel sp{group, true};
+  const torch::Tensor wb = torch::randn({6, in});
+  const torch::Tensor ga = torch::randn({2, 6, hidden}), gb = torch::randn({2, 6, 6});
+  const torch::Tensor x_whole = torch::randn({2, 6, in}).requires_grad_();
+  const torch::Tensor w1_whole = w1.clone().requires_grad_(),
+                      b1_whole = b1.clone().requires_grad_();
+  const torch::Tensor wb_whole = wb.clone().requires_grad_();
+  ((torch::nn::functional::linear(x_whole, w1_whole, b1_whole) * ga).sum() +
+   (torch::nn::functional::linear(x_whole, wb_whole) * gb).sum())
+      .backward();
+  const Slice rb = parallel::even_slice(6, n, r, "rows");
+  const torch::Tensor x_mine = x_whole.detach().narrow(1, r * (6 / n), 6 / n).clone();
+  const torch::Tensor wa_mine = w1.narrow(0, h.start, h.length).clone();
+  const torch::Tensor ba_mine = b1.narrow(0, h.start, h.length).clone();
+  const torch::Tensor wb_mine = wb.narrow(0, rb.start, rb.length).clone();
+  for (bool split : {false, true}) {
+    const std::string how = split ? " (split I/W)" : "";
+    std::vector<torch::Tensor> leaves;
+    for (const torch::Tensor& t : {x_mine, wa_mine, ba_mine, wb_mine}) {
+      leaves.push_back(t.clone().requires_grad_());
+    }
+    const std::vector<torch::Tensor> outs = parallel::sequence_parallel_linears(
+        leaves[0], {leaves[1], leaves[3]}, {leaves[2], torch::Tensor()}, sp);
+    expect_close(outs[0],
+                 torch::nn::functional::linear(x_whole, w1, b1).narrow(2, h.start, h.length),
+                 "sequence-parallel linear a" + how);
+    expect_close(outs[1], torch::nn::functional::linear(x_whole, wb).narrow(2, rb.start, rb.length),
+                 "sequence-parallel linear b" + how);
+    const torch::Tensor loss = (outs[0] * ga.narrow(2, h.start, h.length)).sum() +
+                               (outs[1] * gb.narrow(2, rb.start, rb.length)).sum();
+    std::vector<torch::Tensor> got(4);
+    if (split) {
+      got[0] = torch::autograd::grad({loss}, {leaves[0]}, {}, /*retain_graph=*/true)[0];
+      const auto weights_grad = torch::autograd::grad({loss}, {leaves[1], leaves[2], leaves[3]});
+      for (int i = 0; i < 3; ++i)
+        got[static_cast<size_t>(i) + 1] = weights_grad[static_cast<size_t>(i)];
+    } else {
+      loss.backward();
+      for (int i = 0; i < 4; ++i)
+        got[static_cast<size_t>(i)] = leaves[static_cast<size_t>(i)].grad();
+    }
+    expect_close(got[0], x_whole.grad().narrow(1, r * (6 / n), 6 / n), "sequence slice grad" + how);
+    expect_close(got[1], w1_whole.grad().narrow(0, h.start, h.length),
+                 "linear a weight grad" + how);
+    expect_close(got[2], b1_whole.grad().narrow(0, h.start, h.length), "linear a bias grad" + how);
+    expect_close(got[3], wb_whole.grad().narrow(0, rb.start, rb.length),
+                 "linear b weight grad" + how);
+  }
   std::cout << "OK layers rank " << r << " of " << n << std::endl;
 }
 

@@ -45,6 +45,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <torch/nn/cloneable.h>
 #include <torch/nn/pimpl.h>
@@ -102,6 +103,18 @@ torch::Tensor scatter_sequence(const torch::Tensor& x, int64_t dim, const Tensor
 // reduce_scatter_sequence along T.
 torch::Tensor enter_tensor_parallel(const torch::Tensor& x, const TensorParallel& tp);
 torch::Tensor leave_tensor_parallel(const torch::Tensor& x, const TensorParallel& tp);
+
+// Several column-parallel linears of one input entering a split region: y_i = x W_i^T + b_i,
+// with x entered as enter_tensor_parallel does (biases: empty, or one per weight, undefined for
+// none). With sequence parallelism they are one autograd node that keeps this rank's slice of x,
+// not the gathered sequence (Megatron's saving: 1/tp of the input's memory per linear until the
+// backward), and gathers it again in the backward only where a weight wants its gradient. So a
+// split backward's I reduce-scatters the input's gradient and gathers nothing, and its W gathers
+// once for the node's weights. Without it: enter_tensor_parallel, then the plain linears.
+std::vector<torch::Tensor> sequence_parallel_linears(const torch::Tensor& x,
+                                                     const std::vector<torch::Tensor>& weights,
+                                                     const std::vector<torch::Tensor>& biases,
+                                                     const TensorParallel& tp);
 
 // x_slice W_slice^T summed over the group (leave_tensor_parallel), plus the whole bias (undefined:
 // none): the body of a row-parallel layer for modules that keep their own tensors.
