@@ -603,11 +603,21 @@ void calibrate_processes(pp::ModelProfile& profile, const pp::PlannerOptions& pl
       std::to_string(many.plan.microbatches) + ")";
 }
 
+namespace {
+
+// Steps of a round whose one step (every plan once) takes `round` seconds: at least `min_steps`,
+// at most 200, and `min_seconds` in all where that allows.
+int steps_for(double round, int min_steps, double min_seconds) {
+  const double wanted = round > 0 ? std::ceil(min_seconds / round) : 0.0;
+  return std::max(min_steps, static_cast<int>(std::min(wanted, 200.0)));
+}
+
+}  // namespace
+
 int steps_to_measure(const std::vector<pp::Plan>& plans, int min_steps, double min_seconds) {
   double round = 0;
   for (const pp::Plan& plan : plans) round += plan.predicted_step_seconds;
-  const double wanted = round > 0 ? std::ceil(min_seconds / round) : 0.0;
-  return std::max(min_steps, static_cast<int>(std::min(wanted, 200.0)));
+  return steps_for(round, min_steps, min_seconds);
 }
 
 void recommend_by_measurement(pp::ModelProfile& profile, const pp::PlannerOptions& planner,
@@ -615,14 +625,21 @@ void recommend_by_measurement(pp::ModelProfile& profile, const pp::PlannerOption
                               const RunPlans& run, int min_steps) {
   if (!report.found()) return;
   const std::vector<pp::Plan> plans = pp::plans_to_measure(report, reference, 3, 0.25);
-  const int count = steps_to_measure(plans, min_steps, 1.5);
+  // The first round is `min_steps` long and sizes the others by what it measured: the
+  // predictions can be far off before this step scales them (a tensor-parallel profile leaves
+  // out the group's collectives and predicted a step 14x short, so a round sized by it ran 200
+  // steps of 37 ms instead of 1.5 s).
+  int count = min_steps;
   std::vector<std::vector<double>> steps(plans.size());
   for (int round = 0; round < kMeasuredRounds; ++round) {
     const std::vector<Measured> measured = run(plans, count);
+    double measured_round = 0;
     for (std::size_t k = 0; k < plans.size(); ++k) {
-      steps[k].insert(steps[k].end(), measured.at(k).step_seconds.begin(),
-                      measured.at(k).step_seconds.end());
+      const std::vector<double>& these = measured.at(k).step_seconds;
+      steps[k].insert(steps[k].end(), these.begin(), these.end());
+      if (!these.empty()) measured_round += upper_median(these);
     }
+    if (round == 0) count = steps_for(measured_round, min_steps, 1.5);
   }
   std::vector<double> medians;
   for (std::size_t k = 0; k < plans.size(); ++k) {

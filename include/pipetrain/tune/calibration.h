@@ -180,9 +180,9 @@ inline constexpr int kMeasuredRounds = 3;
 
 // Step [5], after planning: the plans worth measuring (partition::plans_to_measure: the best 3
 // predicted within 25 % of the fastest, and `reference`, the hand-written default when it is a
-// plan the caller may choose; may be null) run together kMeasuredRounds times, each round at least
-// `min_steps` steps and 1.5 s (steps_to_measure); each plan's time is the median of all its
-// timed steps; partition::recommend_measured then scales every prediction
+// plan the caller may choose; may be null) run together kMeasuredRounds times: the first round
+// `min_steps` steps, each later one at least `min_steps` steps and 1.5 s by the step times the
+// first round measured (at most 200); each plan's time is the median of all its timed steps; partition::recommend_measured then scales every prediction
 // (profile.measured_step_scale) and recommends the plan partition::choose_measured picks: the
 // default unless a plan beat it by kKeepDefaultMargin in the same turns (without a default, the
 // shortest median step). No-op when the report has no plan.
