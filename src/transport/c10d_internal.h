@@ -47,7 +47,14 @@ struct C10dGroup::Impl {
   int group_rank = 0;
   std::chrono::milliseconds timeout{0};
   c10::intrusive_ptr<detail::C10dBackendBase> backend;  // null for a mirror group
+  // An NCCL group's CPU tensors (the control plane: losses, norms, gathered bytes, barriers) go
+  // over a Gloo group of the same members, as torch's "cpu:gloo,cuda:nccl" does; null otherwise.
+  c10::intrusive_ptr<detail::C10dBackendBase> cpu_backend;
   bool mirror = false;  // C10dGroup::mirror: every member holds what this process holds
+  // The backend for a collective on `tensor`: the CPU one for a CPU tensor where there is one.
+  detail::C10dBackendBase& backend_for(const at::Tensor& tensor) const {
+    return cpu_backend && tensor.device().is_cpu() ? *cpu_backend : *backend;
+  }
   // Index of a world rank within the group, or -1.
   int group_rank_of(int world_rank) const;
 };

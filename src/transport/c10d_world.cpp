@@ -214,7 +214,7 @@ std::function<void()> C10dGroup::allreduce_sum_start(std::vector<torch::Tensor>&
     std::vector<at::Tensor> one{tensor};
     ::c10d::AllreduceOptions options;
     options.reduceOp = ::c10d::ReduceOp::SUM;
-    works.push_back(impl_->backend->allreduce(one, options));
+    works.push_back(impl_->backend_for(tensor).allreduce(one, options));
   }
   return [works = std::move(works), name = impl_->name] {
     for (const auto& work : works) detail::wait_work(work, "allreduce over group '" + name + "'");
@@ -230,7 +230,7 @@ void C10dGroup::broadcast(std::vector<torch::Tensor>& tensors, int root) {
     std::vector<at::Tensor> one{tensor};
     ::c10d::BroadcastOptions options;
     options.rootRank = root;
-    works.push_back(impl_->backend->broadcast(one, options));
+    works.push_back(impl_->backend_for(tensor).broadcast(one, options));
   }
   for (auto& work : works) detail::wait_work(work, "broadcast over group '" + impl_->name + "'");
 }
@@ -269,7 +269,7 @@ std::function<void()> C10dGroup::reduce_scatter_sum_start(const torch::Tensor& f
   options.reduceOp = ::c10d::ReduceOp::SUM;
   at::Tensor input = flat;
   at::Tensor output = shard;
-  auto work = impl_->backend->_reduce_scatter_base(output, input, options);
+  auto work = impl_->backend_for(input)._reduce_scatter_base(output, input, options);
   return [work, name = impl_->name] {
     detail::wait_work(work, "reduce_scatter over group '" + name + "'");
   };
@@ -291,7 +291,7 @@ std::function<void()> C10dGroup::all_gather_start(const torch::Tensor& shard, to
   }
   at::Tensor input = shard;
   at::Tensor output = flat;
-  auto work = impl_->backend->_allgather_base(output, input);
+  auto work = impl_->backend_for(input)._allgather_base(output, input);
   return [work, name = impl_->name] {
     detail::wait_work(work, "all_gather over group '" + name + "'");
   };
@@ -299,7 +299,8 @@ std::function<void()> C10dGroup::all_gather_start(const torch::Tensor& shard, to
 
 void C10dGroup::barrier() {
   if (impl_->mirror) return;
-  detail::wait_work(impl_->backend->barrier(), "barrier of group '" + impl_->name + "'");
+  detail::C10dBackendBase& backend = impl_->cpu_backend ? *impl_->cpu_backend : *impl_->backend;
+  detail::wait_work(backend.barrier(), "barrier of group '" + impl_->name + "'");
 }
 
 std::vector<std::vector<char>> C10dGroup::gather_bytes(const std::vector<char>& mine) {
@@ -313,12 +314,14 @@ std::vector<std::vector<char>> C10dGroup::gather_bytes(const std::vector<char>& 
   if (rank() != 0) {
     std::vector<at::Tensor> length{
         torch::tensor({static_cast<int64_t>(mine.size())}, torch::kLong)};
-    detail::wait_work(impl_->backend->send(length, 0, size_tag), "gather (size) to group rank 0");
+    detail::wait_work(impl_->backend_for(length[0]).send(length, 0, size_tag),
+                      "gather (size) to group rank 0");
     if (!mine.empty()) {
       std::vector<at::Tensor> data{
           torch::empty({static_cast<int64_t>(mine.size())}, torch::kUInt8)};
       std::memcpy(data[0].data_ptr(), mine.data(), mine.size());
-      detail::wait_work(impl_->backend->send(data, 0, data_tag), "gather (data) to group rank 0");
+      detail::wait_work(impl_->backend_for(data[0]).send(data, 0, data_tag),
+                        "gather (data) to group rank 0");
     }
     return result;
   }
@@ -327,11 +330,11 @@ std::vector<std::vector<char>> C10dGroup::gather_bytes(const std::vector<char>& 
   for (int g = 1; g < size(); ++g) {
     std::vector<at::Tensor> length{torch::empty({1}, torch::kLong)};
     const std::string from = "gather from world rank " + std::to_string(impl_->ranks[g]);
-    detail::wait_work(impl_->backend->recv(length, g, size_tag), from);
+    detail::wait_work(impl_->backend_for(length[0]).recv(length, g, size_tag), from);
     const int64_t n = length[0].item<int64_t>();
     if (n > 0) {
       std::vector<at::Tensor> data{torch::empty({n}, torch::kUInt8)};
-      detail::wait_work(impl_->backend->recv(data, g, data_tag), from);
+      detail::wait_work(impl_->backend_for(data[0]).recv(data, g, data_tag), from);
       const auto* bytes = static_cast<const char*>(data[0].data_ptr());
       result[g].assign(bytes, bytes + n);
     }
@@ -413,6 +416,9 @@ std::shared_ptr<C10dGroup> C10dWorld::Impl::make_group(const std::string& name,
       case CommBackend::kNccl:
         group->backend =
             detail::make_nccl_group(prefixed, group->group_rank, size, options.timeout);
+        group->cpu_backend =
+            detail::make_gloo_group(c10::make_intrusive<::c10d::PrefixStore>("cpu", prefixed),
+                                    group->group_rank, size, options.timeout, options.master_addr);
         break;
       case CommBackend::kMpi:
         throw BadInput(
