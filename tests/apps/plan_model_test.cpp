@@ -84,7 +84,7 @@ TEST(PlanModelCli, ATinyLimitExitsOneAndNamesTheSmallestLimitThatWorks) {
 
 // --memory: the recommended plan's categories per rank; ZeRO 1 over 2 replicas halves the
 // optimizer state (Adam: 2 x the parameters, then 2 x the half-shard), and plans for processes
-// add the transport's buffers, which one process does not have.
+// add the transport's buffers, which one process does not have; the offload moves the state.
 TEST(PlanModelCli, MemoryPrintsEveryRanksCategoriesAndZeroShardsTheOptimizerState) {
   const std::string common =
       "--model mlp --sample-shape 32,784 --stages 2 --format json --optimizer adam --memory "
@@ -118,6 +118,23 @@ TEST(PlanModelCli, MemoryPrintsEveryRanksCategoriesAndZeroShardsTheOptimizerStat
   const CliRun no_replicas = plan(common + "--zero 1");
   EXPECT_EQ(no_replicas.exit_code, 2) << no_replicas.output;
   EXPECT_NE(no_replicas.output.find("--dp 2 or more"), std::string::npos) << no_replicas.output;
+
+  // --offload-optimizer: the shard, its gradient and the state go to host memory ("offloaded",
+  // not in the total); at one replica the shard is everything, so it needs no --dp.
+  const CliRun offloaded = plan(common + "--zero 1 --offload-optimizer");
+  ASSERT_EQ(offloaded.exit_code, 0) << offloaded.output;
+  const auto host = nlohmann::json::parse(offloaded.output)["memory_per_rank"];
+  ASSERT_EQ(host.size(), 2u);
+  for (size_t r = 0; r < 2; ++r) {
+    const auto params = one[r]["parameters"].get<long long>();
+    EXPECT_EQ(host[r]["optimizer_state"].get<long long>(), 0);
+    EXPECT_EQ(host[r]["gradients"].get<long long>(), params);
+    EXPECT_EQ(host[r]["offloaded"].get<long long>(), 2 * params + 2 * params);
+  }
+  const CliRun unsharded = plan(common + "--offload-optimizer");
+  EXPECT_EQ(unsharded.exit_code, 2) << unsharded.output;
+  EXPECT_NE(unsharded.output.find("needs --zero 1, 2 or 3"), std::string::npos)
+      << unsharded.output;
 }
 
 // --precision bf16: the profile runs under autocast, so what crosses a boundary is bfloat16 (half
