@@ -203,11 +203,13 @@ void allreduce_flat(C10dGroup& group, const std::vector<torch::Tensor>& paramete
   std::map<torch::ScalarType, std::vector<torch::Tensor>> by_dtype;
   for (const auto& p : parameters) by_dtype[p.scalar_type()].push_back(p);
   for (auto& [dtype, params] : by_dtype) {
+    // Where the group sums: the CPU under Gloo, the parameters' GPU under NCCL.
+    const torch::Device device = group.collective_device(params.front().device());
     std::vector<torch::Tensor> pieces;
     for (auto& p : params) {
       const auto& grad = p.grad();
-      pieces.push_back(grad.defined() ? grad.reshape({-1}).to(torch::kCPU, dtype)
-                                      : torch::zeros({p.numel()}, p.options().device(torch::kCPU)));
+      pieces.push_back(grad.defined() ? grad.reshape({-1}).to(device, dtype)
+                                      : torch::zeros({p.numel()}, p.options().device(device)));
     }
     std::vector<torch::Tensor> flat{torch::cat(pieces)};
     group.allreduce_sum(flat);
@@ -277,7 +279,8 @@ void Distributed::allreduce_tie(const std::string& name,
     if (copy.grad().defined()) sum += copy.grad();
   }
   if (it->second) {
-    std::vector<torch::Tensor> buffer{sum.to(torch::kCPU).contiguous()};
+    std::vector<torch::Tensor> buffer{
+        sum.to(it->second->collective_device(sum.device())).contiguous()};
     it->second->allreduce_sum(buffer);
     sum = buffer[0].to(local_copies[0].device());
   }

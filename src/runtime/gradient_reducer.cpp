@@ -22,11 +22,13 @@ void GradientReducer::launch(std::vector<torch::Tensor> parameters, int stage) {
   if (parameters.empty()) return;
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> pieces;
+  // Where the group sums (the CPU under Gloo, the GPU under NCCL), as
+  // Distributed::allreduce_gradients sums them.
+  const torch::Device device = group_->collective_device(parameters.front().device());
   for (const auto& p : parameters) {
     const auto& grad = p.grad();
-    // On the CPU, as Distributed::allreduce_gradients sums them.
-    pieces.push_back(grad.defined() ? grad.reshape({-1}).to(torch::kCPU, p.scalar_type())
-                                    : torch::zeros({p.numel()}, p.options().device(torch::kCPU)));
+    pieces.push_back(grad.defined() ? grad.reshape({-1}).to(device, p.scalar_type())
+                                    : torch::zeros({p.numel()}, p.options().device(device)));
   }
   Bucket bucket;
   bucket.stage = stage;

@@ -142,9 +142,7 @@ ShardedOptimizer::ShardedOptimizer(Distributed* distributed, std::vector<torch::
   // replicas nothing is communicated: the "collectives" (copies) run where the shard lives, so
   // that an offloaded rank builds its flat buffers on the host, not on the device.
   const torch::Device state_device = offload_ ? torch::Device(torch::kCPU) : device;
-  const bool nccl =
-      distributed && distributed->world() && distributed->world()->backend() == CommBackend::kNccl;
-  comm_device_ = group() == nullptr ? state_device : nccl ? device : torch::Device(torch::kCPU);
+  comm_device_ = group() == nullptr ? state_device : group()->collective_device(device);
   staged_ = offload_ || comm_device_ != state_device;
 
   torch::NoGradGuard no_grad;

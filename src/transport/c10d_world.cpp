@@ -198,6 +198,10 @@ const std::string& C10dGroup::name() const {
   return impl_->name;
 }
 
+torch::Device C10dGroup::collective_device(const torch::Device& device) const {
+  return impl_->cpu_backend && device.is_cuda() ? device : torch::Device(torch::kCPU);
+}
+
 void C10dGroup::allreduce_sum(std::vector<torch::Tensor>& tensors) {
   allreduce_sum_start(tensors)();
 }

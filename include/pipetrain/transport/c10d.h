@@ -170,6 +170,9 @@ class C10dGroup {
   int size() const;
   const std::vector<int>& ranks() const;  // world ranks of the members, ascending
   const std::string& name() const;
+  // Where a tensor of data on `device` is best summed: there for an NCCL group (its collectives
+  // take the GPU's tensors; CPU tensors go to its Gloo twin), on the CPU otherwise (Gloo).
+  torch::Device collective_device(const torch::Device& device) const;
 
   // In-place sum over the members. Tensors on the group's device; dense; any float dtype.
   void allreduce_sum(std::vector<torch::Tensor>& tensors);
