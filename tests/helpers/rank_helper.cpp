@@ -326,16 +326,19 @@ void scenario_shards(Distributed& d) {
   std::cout << "OK shards" << std::endl;
 }
 
-// ZeRO-Offload against the plain sharded optimizer at every stage over the dp group (K = 1, R =
-// world): three parameters on PIPETRAIN_TEST_DEVICE, gradients that depend on the rank, the step
-// and the weights (so every step's result feeds the next), clipped by the global norm, 3 AdamW
-// steps; then the weights and the captured optimizer state. On the CPU they must be equal bit for
-// bit (the same kernels on the same values, only copies apart); on a GPU the plain shard steps on
-// the device and the offloaded one on the host: within 1e-5.
+// ZeRO-Offload against the plain sharded optimizer at every stage, blocking and overlapped, over
+// the dp group (K = 1, R = world): three parameters on PIPETRAIN_TEST_DEVICE, gradients that depend
+// on the rank, the step and the weights (so every step's result feeds the next), clipped by the
+// global norm, 3 AdamW steps; then the weights and the captured optimizer state. On the CPU they
+// must be equal bit for bit (the same kernels on the same values, only copies apart); on a GPU the
+// plain shard steps on the device and the offloaded one on the host: within 1e-5.
 void scenario_zero_offload(Distributed& d) {
   const torch::Device device = test_device();
   const bool exact = device.is_cpu();
-  for (int stage : {1, 2, 3}) {
+  // `overlap`: two segments (stages 0 and 1, as --overlap-grad-reduce lays them out), each
+  // reduce-scattered as soon as its gradients are final (start_reduce, the later stage first).
+  for (const auto& [stage, overlap] : std::vector<std::pair<int, bool>>{
+           {1, false}, {2, false}, {3, false}, {1, true}, {2, true}, {3, true}}) {
     std::vector<torch::Tensor> weights[2];
     std::map<std::string, std::map<std::string, torch::Tensor>> state[2];
     for (bool offload : {false, true}) {
@@ -343,14 +346,23 @@ void scenario_zero_offload(Distributed& d) {
       std::vector<torch::Tensor> params = {torch::randn({5, 3}), torch::randn({7}),
                                            torch::randn({4, 2})};
       for (auto& p : params) p = p.to(device).requires_grad_(true);
+      const std::vector<std::vector<torch::Tensor>> segments =
+          overlap ? std::vector<std::vector<torch::Tensor>>{{params[0], params[1]}, {params[2]}}
+                  : std::vector<std::vector<torch::Tensor>>{};
       train::ShardedOptimizer sharded(&d, params, params, "adamw",
                                       train::OptimizerOptions().lr(0.05).weight_decay(0.1),
-                                      train::ZeroOptions().stage(stage).offload(offload));
+                                      train::ZeroOptions().stage(stage).offload(offload), segments,
+                                      overlap ? std::vector<int>{0, 1} : std::vector<int>{});
       for (int step = 0; step < 3; ++step) {
         sharded.zero_grad();
-        sharded.wait_gathered(0);  // stage 3: the one segment, every stage's
+        sharded.wait_gathered(0);  // stage 3: stage 0's segment (or the one every stage uses)
+        sharded.wait_gathered(1);
         for (auto& p : params) {
           p.mutable_grad() = (p.detach() * static_cast<float>(d.rank() + 1) + step).sin();
+        }
+        if (overlap) {
+          sharded.start_reduce(1);
+          sharded.start_reduce(0);
         }
         sharded.reduce_gradients();
         std::vector<torch::Tensor> norm = {
@@ -367,8 +379,8 @@ void scenario_zero_offload(Distributed& d) {
       sharded.capture(part, named);
       state[offload] = part.optimizer_state;
     }
-    const std::string where =
-        "stage " + std::to_string(stage) + ", rank " + std::to_string(d.rank());
+    const std::string where = "stage " + std::to_string(stage) + (overlap ? " overlapped" : "") +
+                              ", rank " + std::to_string(d.rank());
     for (size_t q = 0; q < weights[0].size(); ++q) {
       const bool same = exact ? torch::equal(weights[1][q], weights[0][q])
                               : torch::allclose(weights[1][q], weights[0][q], 1e-5, 1e-7);

@@ -138,8 +138,9 @@ TEST(ZeroOffload, TheShardLivesApartFromTheParametersAndIsReportedAsHostMemory) 
   for (const auto& p : parameters) EXPECT_NE(shard.data_ptr(), p.data_ptr());
 }
 
-// Two replicas (the dp group's collectives between the staging copies), ZeRO 1, 2 and 3: the
-// weights and the captured optimizer state equal the plain sharded optimizer's bit for bit.
+// Two replicas (the dp group's collectives between the staging copies), ZeRO 1, 2 and 3, each
+// blocking and overlapped (two segments reduce-scattered as they are final): the weights and the
+// captured optimizer state equal the plain sharded optimizer's bit for bit.
 TEST(ZeroOffload, TwoReplicasTrainLikeThePlainShardedOptimizerAtEveryStage) {
   const testing::RanksRun run = testing::run_ranks(2, {"zero_offload", "1"});
   EXPECT_EQ(run.result.exit_code, 0) << run.output();
