@@ -507,11 +507,16 @@ int run_train(const TrainArgs& given) {
     RunLayout layout = layout_of(args.pipeline, environment.world_size);
     const int threads = threads_per_rank(args.pipeline, layout);
     at::set_num_threads(threads);
+    // This process's stages: cuda:LOCAL_RANK under --device cuda, or its entry of --devices. It
+    // picks the backend under auto (nccl on a GPU) and the GPU NCCL binds.
+    const torch::Device device =
+        as_usage_error("", [&] { return process_device(args.pipeline, environment.local_rank); });
     DistributedOptions options;
     options.timeout(std::chrono::milliseconds(static_cast<int64_t>(args.pipeline.timeout * 1000)))
         .pipeline_ranks(layout.pipeline_ranks)
         .tensor_parallel(layout.tensor_parallel)
-        .backend(args.backend);
+        .backend(args.backend)
+        .device(device);
     std::string usage_error;  // the auto plan failed on rank 0: every rank stops with exit 2
     const int code = run_distributed(options, [&](Distributed& distributed) {
       // Every rank got the auto flags: rank 0 plans, with every rank taking part in what it
@@ -542,10 +547,6 @@ int run_train(const TrainArgs& given) {
       PipeOptions pipe =
           pipe_options(args.pipeline, layout, static_cast<int64_t>(p->model.sequential->size()));
       const std::string text = describe_pipeline(pipe, pipe.balance(), layout);
-      const torch::Device device =
-          on_cuda(args.pipeline)
-              ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(distributed.local_rank()))
-              : torch::Device(torch::kCPU);
       as_usage_error("--device", [&] { check_device_usable(device); });
       auto runner = train::make_distributed_runner(
           distributed, p->model.sequential, p->model.loss, pipe, text, p->model.tied_parameters,

@@ -195,7 +195,9 @@ void add_run_flags(CLI::App& command, TrainArgs& args) {
       ->capture_default_str();
   command
       .add_option("--devices", args.pipeline.devices,
-                  "one device per pipeline rank in one process, e.g. cuda:0,cuda:1")
+                  "one device per pipeline rank in one process, e.g. cuda:0,cuda:1; with --nproc "
+                  "one per process in local rank order (cuda:0,cuda:0 shares a GPU over "
+                  "--backend gloo)")
       ->delimiter(',');
   command.add_option(
       "--checkpoint-dir", args.checkpoint_dir,

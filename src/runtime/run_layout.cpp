@@ -8,6 +8,7 @@
 #include "pipetrain/base/error.h"
 #include "pipetrain/base/message_of.h"
 #include "pipetrain/parallel/mesh.h"
+#include "pipetrain/runtime/distributed.h"
 #include "pipetrain/schedule/checkpoint_mode.h"
 #include "pipetrain/schedule/generators.h"
 #include "pipetrain/schedule/text_format.h"
@@ -123,6 +124,24 @@ void check_pipeline_request(const PipelineRequest& r) {
   }
 }
 
+torch::Device process_device(const PipelineRequest& r, int local_rank) {
+  if (r.devices.empty()) {
+    return on_cuda(r) ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank))
+                      : torch::Device(torch::kCPU);
+  }
+  if (local_rank < 0 || local_rank >= static_cast<int>(r.devices.size())) {
+    throw BadInput("--devices lists " + std::to_string(r.devices.size()) +
+                   " devices, one per process of this machine, and has none for local rank " +
+                   std::to_string(local_rank));
+  }
+  const std::string& name = r.devices[static_cast<size_t>(local_rank)];
+  try {
+    return torch::Device(name);
+  } catch (const std::exception&) {
+    throw BadInput("--devices: '" + name + "' is not a device name (cpu, cuda:0, cuda:1, ...)");
+  }
+}
+
 bool on_cuda(const PipelineRequest& r) {
   return r.device == "cuda" || std::any_of(r.devices.begin(), r.devices.end(),
                                            [](const auto& d) { return d.rfind("cuda", 0) == 0; });
@@ -197,9 +216,13 @@ PipeOptions pipe_options(const PipelineRequest& r, const RunLayout& layout, int6
   options.checkpoint(parse_checkpoint(r.checkpoint));
   int64_t ranks = layout.multi_process ? layout.pipeline_ranks : r.stages;
   if (layout.multi_process && !r.devices.empty()) {
-    fail(
-        "--devices places the ranks of one process; with --nproc rank r runs on "
-        "cuda:LOCAL_RANK (--device cuda)");
+    // One per process of this machine (process_device); a launch here starts `world` of them.
+    if (static_cast<int>(r.devices.size()) != layout.world && !DistributedEnvironment::present()) {
+      fail("--devices lists " + std::to_string(r.devices.size()) +
+           " devices; with --nproc give one per process (" + std::to_string(layout.world) +
+           "), in local rank order");
+    }
+    for (int k = 0; k < static_cast<int>(r.devices.size()); ++k) process_device(r, k);
   }
   if (!r.schedule_file.empty()) {
     const schedule::Schedule custom = load_custom(r, layout);

@@ -65,6 +65,12 @@ void check_pipeline_request(const PipelineRequest& request);
 // True when the request puts a rank on a CUDA device.
 bool on_cuda(const PipelineRequest& request);
 
+// The stages' device of the process with this LOCAL_RANK in a multi-process run: the
+// `local_rank`-th of `devices` where they are given (one per process of the machine, so that
+// several may share a GPU over gloo), else cuda:LOCAL_RANK under --device cuda, else the CPU.
+// Throws BadInput naming --devices when it lists no device for this local rank or names none.
+torch::Device process_device(const PipelineRequest& request, int local_rank);
+
 // The layout of a run of `world` processes. Throws BadInput when pp x tp x dp is not the world,
 // --pp, --tp or --dp are given to one process, or --stages disagrees with the processes.
 RunLayout layout_of(const PipelineRequest& request, int world);
