@@ -72,6 +72,7 @@
 #include "pipetrain/train/token_batches.h"
 #include "pipetrain/train/trainer.h"
 #include "pipetrain/tune/auto_plan.h"
+#include "pipetrain/tune/world_plan.h"
 #include "train_args.h"
 #include "train_setup.h"
 
@@ -524,14 +525,24 @@ int run_train(const TrainArgs& given) {
       PlanSource on_ranks = [&](Prepared& p, const AutoPlanInput& input,
                                 const torch::Tensor& sample) {
         // Tensor parallelism: rank 0 profiles a mirror copy; the timed steps run every rank.
+        // Its profile has no collective: the group's, from an all-reduce measured on the ranks,
+        // are added to it (tune::add_tensor_parallel_collectives).
         std::optional<examples::BuiltModel> mirrored;
+        AutoPlanInput planned = input;
         if (layout.tensor_parallel > 1) {
           mirrored = examples::build_mirror_model(args.data, p.data, layout.tensor_parallel,
                                                   args.sequence_parallel);
+          const int64_t seq = sample.size(1), hidden = p.model.llama->hidden_size;
+          const bool sequence_parallel = args.sequence_parallel;
+          planned.tensor_parallel_collectives = [=](partition::ModelProfile& profile,
+                                                    const partition::TransferModel& allreduce) {
+            tune::add_tensor_parallel_collectives(profile, sequence_parallel, allreduce, seq,
+                                                  hidden, input.precision);
+          };
         }
         partition::Plan plan =
             plan_training_on_ranks(distributed, p.model.sequential, sample, args.auto_request,
-                                   input, mirrored ? &mirrored->sequential : nullptr);
+                                   planned, mirrored ? &mirrored->sequential : nullptr);
         if (distributed.rank() == 0) print_auto_plan(plan);
         return plan;
       };

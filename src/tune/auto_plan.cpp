@@ -33,6 +33,7 @@
 #include "pipetrain/partition/profiler.h"
 #include "pipetrain/schedule/generators.h"
 #include "pipetrain/tune/calibration.h"
+#include "pipetrain/tune/world_plan.h"
 
 namespace pipetrain::tune {
 namespace {
@@ -194,6 +195,15 @@ pp::ModelProfile calibrated_profile(torch::nn::Sequential& model, const torch::T
   const auto start = std::chrono::steady_clock::now();
   if (measure_processes) profile.transfer = processes->transfer(largest_boundary_bytes(profile));
   calibrate_in_process(model, batch, profile, planner, input.diagnostics);
+  if (processes && processes->tensor_parallel_allreduce && input.tensor_parallel_collectives) {
+    // The profile and the in-process calibration ran one tp rank's layers with no collective:
+    // add the group's before the processes, which run them, calibrate the rest.
+    const pp::TransferModel allreduce = processes->tensor_parallel_allreduce();
+    input.tensor_parallel_collectives(profile, allreduce);
+    note(input, format("planning: added the tensor-parallel collectives (all-reduce measured on "
+                       "the ranks: %.0f us + %.2f GB/s)",
+                       allreduce.latency_seconds * 1e6, allreduce.bytes_per_second / 1e9));
+  }
   if (measure_processes) calibrate_processes(profile, planner, processes->run);
   note(input,
        format("planning: calibrated in %.1f s (%.1f us per layer call, %.2f ms per "
@@ -300,6 +310,7 @@ namespace {
 nlohmann::json run_job(Distributed& distributed, torch::nn::Sequential& model,
                        const torch::Tensor& sample, const nlohmann::json& job) {
   if (job.at("mode") == "transfer") return ping_pong_on_rank(distributed, job);
+  if (job.at("mode") == "allreduce") return measure_allreduce_on_rank(distributed, job);
   return run_plans_on_rank(distributed, model, sample, job.at("runs"), job.at("steps").get<int>());
 }
 
@@ -340,6 +351,15 @@ pp::Plan plan_training_on_ranks(Distributed& distributed, torch::nn::Sequential&
       if (!results[0]) throw TransportFailure("auto plan: the transfer measurement gave nothing");
       return transfer_model_from(*results[0]);
     };
+    if (distributed.layout().tensor_parallel > 1) {
+      measurer.tensor_parallel_allreduce = [&] {
+        const auto results = on_every_rank(allreduce_job(0));
+        if (!results[0]) {
+          throw TransportFailure("auto plan: the all-reduce measurement gave nothing");
+        }
+        return allreduce_model_from(*results[0], distributed.layout().tensor_parallel);
+      };
+    }
     measurer.run = [&](const std::vector<pp::Plan>& plans, int steps) {
       const nlohmann::json job = {{"mode", "plan"},
                                   {"runs", plans_to_run(plans, input.threads, input.precision)},
@@ -348,9 +368,8 @@ pp::Plan plan_training_on_ranks(Distributed& distributed, torch::nn::Sequential&
     };
     try {
       last =
-          nlohmann::json{
-              {"plan", nlohmann::json(plan_training(profiled ? *profiled : model, sample, request,
-                                                    input, &measurer))}}
+          nlohmann::json{{"plan", nlohmann::json(plan_training(profiled ? *profiled : model, sample,
+                                                               request, input, &measurer))}}
               .dump();
     } catch (const BadInput& error) {
       last = nlohmann::json{{"error", error.what()}}.dump();

@@ -149,11 +149,10 @@ ModelPlanResult plan_model(const ModelPlanRequest& r) {
   return result;
 }
 
-namespace {
-
-// tune/world_plan.h [2]: every process of the job one tensor-parallel group; per message size the
-// median over `trips` all-reduces, each started together (a barrier). Rank 0's result.
-nlohmann::json allreduce_on_rank(Distributed& distributed, const nlohmann::json& job) {
+// tune/world_plan.h [2]: per message size the median over `trips` all-reduces over the rank's
+// tensor-parallel group (the whole world in run_model_plan_rank's job), each started together (a
+// barrier). Rank 0's result.
+nlohmann::json measure_allreduce_on_rank(Distributed& distributed, const nlohmann::json& job) {
   const auto& group = distributed.tensor_parallel_group();
   const int trips = job.at("trips").get<int>();
   nlohmann::json sizes = nlohmann::json::array();
@@ -175,8 +174,6 @@ nlohmann::json allreduce_on_rank(Distributed& distributed, const nlohmann::json&
                                  : nlohmann::json();
 }
 
-}  // namespace
-
 int run_model_plan_rank(const nlohmann::json& job, torch::nn::Sequential model,
                         const torch::Tensor& sample) {
   DistributedOptions options;
@@ -185,7 +182,7 @@ int run_model_plan_rank(const nlohmann::json& job, torch::nn::Sequential model,
         .tensor_parallel(DistributedEnvironment::from_environment().world_size)
         .timeout(std::chrono::seconds(60));
     return run_distributed(options, [&](Distributed& distributed) {
-      const nlohmann::json result = allreduce_on_rank(distributed, job);
+      const nlohmann::json result = measure_allreduce_on_rank(distributed, job);
       if (!result.is_null()) std::cout << kModelPlanRankPrefix << result.dump() << std::endl;
     });
   }

@@ -70,11 +70,13 @@ double gather_seconds(const pp::TransferModel& m, int64_t bytes) {
   return m.latency_seconds + static_cast<double>(bytes) / (2 * m.bytes_per_second);
 }
 
-// [4] One tp rank's collectives per micro-batch, added to the profile's times. Returns what they
-// add to each layer's F + B, per measured micro-batch size: added[k][layer].
-std::vector<std::vector<double>> add_collectives(pp::ModelProfile& profile, const Shape& s,
-                                                 const pp::TransferModel& ar, int64_t seq,
-                                                 int64_t hidden, Precision precision) {
+}  // namespace
+
+std::vector<std::vector<double>> add_tensor_parallel_collectives(pp::ModelProfile& profile,
+                                                                 bool sequence_parallel,
+                                                                 const pp::TransferModel& ar,
+                                                                 int64_t seq, int64_t hidden,
+                                                                 Precision precision) {
   std::vector<std::vector<double>> added;
   const int64_t layers = profile.num_layers();
   for (size_t k = 0; k < profile.microbatch_sizes.size(); ++k) {
@@ -88,12 +90,12 @@ std::vector<std::vector<double>> add_collectives(pp::ModelProfile& profile, cons
       pp::LayerCost& c = profile.layers[static_cast<size_t>(l)].costs.at(k);
       double forward = 0, backward = 0;
       if (l == 0) {  // embedding
-        forward = s.sp ? gather : all_reduce;
+        forward = sequence_parallel ? gather : all_reduce;
       } else if (l == layers - 1) {  // head
-        forward = loss_stats + (s.sp ? gather : 0);
-        backward = s.sp ? gather : all_reduce;
+        forward = loss_stats + (sequence_parallel ? gather : 0);
+        backward = sequence_parallel ? gather : all_reduce;
       } else if (l < layers - 2) {  // decoder layers (layers - 2 is the final norm)
-        forward = s.sp ? 4 * gather : 2 * all_reduce;
+        forward = sequence_parallel ? 4 * gather : 2 * all_reduce;
         backward = forward;
       }
       c.forward_seconds += forward;
@@ -104,6 +106,8 @@ std::vector<std::vector<double>> add_collectives(pp::ModelProfile& profile, cons
   }
   return added;
 }
+
+namespace {
 
 // [2] latency + bytes / rate for a group of `size` processes, measured unless given.
 pp::TransferModel allreduce_of(const WorldPlanRequest& r, std::map<int, pp::TransferModel>& known,
@@ -206,7 +210,9 @@ WorldPlanResult plan_world(const WorldPlanRequest& r) {
     // [2] [4]
     const pp::TransferModel tp_reduce = allreduce_of(r, result.allreduce, s.tp, largest_message);
     std::vector<std::vector<double>> added;
-    if (s.tp > 1) added = add_collectives(profile, s, tp_reduce, seq, hidden, r.precision);
+    if (s.tp > 1) {
+      added = add_tensor_parallel_collectives(profile, s.sp, tp_reduce, seq, hidden, r.precision);
+    }
     // [5]
     pp::PlannerOptions planner = r.planner;
     planner.ranks = s.pp;

@@ -87,6 +87,12 @@ struct AutoPlanInput {
   // What planning does ("planning: profiled 12 layers; ...") and what it skipped; nothing in
   // tune/ prints. Empty: silent.
   Diagnostics diagnostics;
+  // Tensor parallelism (plan_training_on_ranks with tp > 1): adds the group's collectives to a
+  // profile of one tp rank's layers, given an all-reduce over the group measured on the ranks.
+  // Called on the profile after the in-process calibration (which runs the layers without the
+  // group) and before the processes' (which run them with it). Empty: the profile as measured.
+  std::function<void(partition::ModelProfile&, const partition::TransferModel& allreduce)>
+      tensor_parallel_collectives;
 };
 
 // The pipeline part of the input from a run's request and layout (runtime/run_layout.h): ranks,
@@ -107,6 +113,9 @@ struct ProcessMeasurer {
   std::function<partition::TransferModel(std::int64_t large)> transfer;
   // Plans run together on the ranks, in turn step by step: step times and each rank's compute.
   RunPlans run;
+  // An all-reduce over the tensor-parallel group, measured on the ranks (empty without tensor
+  // parallelism): for AutoPlanInput::tensor_parallel_collectives.
+  std::function<partition::TransferModel()> tensor_parallel_allreduce;
 };
 
 // Profiles and calibrates `model` on `sample` and returns the fastest plan within the limit that

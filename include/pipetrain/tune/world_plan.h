@@ -49,6 +49,7 @@
 
 #include "pipetrain/models/llama_config.h"
 #include "pipetrain/partition/planner.h"
+#include "pipetrain/runtime/distributed.h"
 #include "pipetrain/stage/precision.h"
 #include "pipetrain/tune/calibration.h"
 
@@ -98,8 +99,23 @@ WorldPlanResult plan_world(const WorldPlanRequest& request);
 
 // [2] in the ranks: the job run_model_plan_rank hands to measure_allreduce_on_rank.
 nlohmann::json allreduce_job(std::int64_t large_bytes);
+// Every rank's part of that job: per message size, the median over its trips of an all-reduce
+// over the rank's tensor-parallel group, each trip started together (a barrier). Collective over
+// the world (every rank runs it). Rank 0's result, null on the others.
+nlohmann::json measure_allreduce_on_rank(Distributed& distributed, const nlohmann::json& job);
 // The fit of [2] from rank 0's result.
 partition::TransferModel allreduce_model_from(const nlohmann::json& result, int group_size);
+
+// [4] A tensor-parallel rank's collectives per micro-batch added to the forward and backward of
+// `profile`'s layers: a Llama model's entries in order (embedding, decoder layers, final norm,
+// head), with `seq` positions of `hidden` features in `precision`; without sequence parallelism
+// two all-reduces per decoder layer each way, with it four all-gathers or reduce-scatters, and
+// the embedding's, the head's and the vocabulary-parallel loss's. Returns what they add to each
+// layer's F + B per measured micro-batch size: added[k][layer].
+std::vector<std::vector<double>> add_tensor_parallel_collectives(
+    partition::ModelProfile& profile, bool sequence_parallel,
+    const partition::TransferModel& allreduce, std::int64_t seq, std::int64_t hidden,
+    Precision precision);
 
 std::string world_plan_text(const WorldPlanRequest& request, const WorldPlanResult& result,
                             int top);
