@@ -71,9 +71,8 @@ ShardedOptimizer::ShardedOptimizer(Distributed* distributed, std::vector<torch::
   const torch::ScalarType dtype = parameters_.front().scalar_type();
   const torch::Device device = parameters_.front().device();
   PIPETRAIN_CHECK_INPUT(device.is_cpu() || device.is_cuda(),
-                        "ZeRO shards parameters on the CPU or a "
-                        "CUDA device; rank ",
-                        rank_, " holds them on ", device);
+                        "ZeRO shards parameters on the CPU or a CUDA device; rank ", rank_,
+                        " holds them on ", device);
   std::map<const void*, size_t> index;
   for (size_t q = 0; q < parameters_.size(); ++q) {
     const torch::Tensor& p = parameters_[q];
@@ -477,13 +476,15 @@ void ShardedOptimizer::capture(Checkpoint& part, const NamedTensors& named) {
     const torch::Tensor& p = parameters_[found->second];
     auto& state = part.optimizer_state[item.key()];
     for (const auto& [field, flat] : whole) {
+      // A copy of its own on the host (one copy from a GPU, a clone on the CPU).
       state[field] = flat.narrow(0, offsets_[found->second], p.numel())
                          .view(p.sizes())
-                         .to(torch::kCPU)
-                         .clone();
+                         .to(flat.options().device(torch::kCPU), false, /*copy=*/true);
     }
     auto step = fields->second.find("step");
-    if (step != fields->second.end()) state["step"] = step->second.to(torch::kCPU).clone();
+    if (step != fields->second.end()) {
+      state["step"] = step->second.to(step->second.options().device(torch::kCPU), false, true);
+    }
   }
 }
 
