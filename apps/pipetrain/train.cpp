@@ -532,13 +532,8 @@ int run_train(const TrainArgs& given) {
         if (layout.tensor_parallel > 1) {
           mirrored = examples::build_mirror_model(args.data, p.data, layout.tensor_parallel,
                                                   args.sequence_parallel);
-          const int64_t seq = sample.size(1), hidden = p.model.llama->hidden_size;
-          const bool sequence_parallel = args.sequence_parallel;
-          planned.tensor_parallel_collectives = [=](partition::ModelProfile& profile,
-                                                    const partition::TransferModel& allreduce) {
-            tune::add_tensor_parallel_collectives(profile, sequence_parallel, allreduce, seq,
-                                                  hidden, input.precision);
-          };
+          planned.tensor_parallel_collectives = tune::llama_tensor_parallel_collectives(
+              *p.model.llama, sample.size(1), args.sequence_parallel, input.precision);
         }
         partition::Plan plan =
             plan_training_on_ranks(distributed, p.model.sequential, sample, args.auto_request,

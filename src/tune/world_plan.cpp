@@ -107,6 +107,14 @@ std::vector<std::vector<double>> add_tensor_parallel_collectives(pp::ModelProfil
   return added;
 }
 
+std::function<void(pp::ModelProfile&, const pp::TransferModel&)> llama_tensor_parallel_collectives(
+    const models::LlamaConfig& config, int64_t seq, bool sequence_parallel, Precision precision) {
+  const int64_t hidden = config.hidden_size;
+  return [=](pp::ModelProfile& profile, const pp::TransferModel& allreduce) {
+    add_tensor_parallel_collectives(profile, sequence_parallel, allreduce, seq, hidden, precision);
+  };
+}
+
 namespace {
 
 // [2] latency + bytes / rate for a group of `size` processes, measured unless given.

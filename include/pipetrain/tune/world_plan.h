@@ -39,6 +39,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -116,6 +117,11 @@ std::vector<std::vector<double>> add_tensor_parallel_collectives(
     partition::ModelProfile& profile, bool sequence_parallel,
     const partition::TransferModel& allreduce, std::int64_t seq, std::int64_t hidden,
     Precision precision);
+// The same as AutoPlanInput::tensor_parallel_collectives (tune/auto_plan.h) for a model of
+// `config` on samples of `seq` positions.
+std::function<void(partition::ModelProfile&, const partition::TransferModel&)>
+llama_tensor_parallel_collectives(const models::LlamaConfig& config, std::int64_t seq,
+                                  bool sequence_parallel, Precision precision);
 
 std::string world_plan_text(const WorldPlanRequest& request, const WorldPlanResult& result,
                             int top);
