@@ -23,6 +23,7 @@
 #include "pipetrain/schedule/generators.h"
 #include "pipetrain/stage/precision.h"
 #include "pipetrain/stage/torchscript.h"
+#include "pipetrain/train/trainer.h"
 #include "pipetrain/tune/auto_plan.h"
 #include "pipetrain/tune/model_plan.h"
 #include "pipetrain/tune/world_plan.h"
@@ -215,11 +216,7 @@ Precision check_plan_args(const PlanModelArgs& args) {
     throw UsageError("--reshard-after-forward is ZeRO-3's policy; it needs --zero 3 (got --zero " +
                      std::to_string(args.zero) + ")");
   }
-  if (args.offload_optimizer && args.zero == 0) {
-    throw UsageError(
-        "--offload-optimizer moves ZeRO's optimizer shard to host memory; it needs "
-        "--zero 1, 2 or 3 (got --zero 0)");
-  }
+  train::check_offload_optimizer(args.offload_optimizer, args.zero);
   if (args.world < 0) {
     throw UsageError("--world must be >= 1 (got " + std::to_string(args.world) + ")");
   }

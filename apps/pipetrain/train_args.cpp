@@ -409,11 +409,7 @@ void check_ranges(const TrainArgs& args) {
           "--offload-optimizer moves the optimizer state and master weights of CUDA stages to "
           "host memory; these stages run on the CPU, where they already are: nothing to offload");
     }
-    if (args.zero == 0) {
-      fail(
-          "--offload-optimizer moves ZeRO's optimizer shard to host memory; it needs --zero 1, 2 "
-          "or 3 (--zero 1 with one replica holds the whole optimizer)");
-    }
+    train::check_offload_optimizer(args.offload_optimizer, args.zero);
   }
   if (args.reshard_after_forward && args.zero != 3) {
     fail(

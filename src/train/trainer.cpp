@@ -33,9 +33,7 @@ void check_options(const TrainerOptions& o) {
   if (o.zero() < 0 || o.zero() > 3) {
     throw BadInput("Trainer: zero must be 0, 1, 2 or 3 (got " + std::to_string(o.zero()) + ")");
   }
-  PIPETRAIN_CHECK_INPUT(!o.offload_optimizer() || o.zero() > 0,
-                        "--offload-optimizer moves ZeRO's optimizer shard to host memory; it needs "
-                        "--zero 1, 2 or 3 (got --zero 0)");
+  check_offload_optimizer(o.offload_optimizer(), o.zero());
   PIPETRAIN_CHECK_INPUT(!o.reshard_after_forward() || o.zero() == 3,
                         "--reshard-after-forward frees ZeRO-3's gathered parameters; it needs "
                         "--zero 3 (got --zero ",
@@ -300,6 +298,13 @@ void Trainer::write_trace(TrainSummary& summary) {
     summary.timeline_step = all.write_timeline_svg(options_.timeline_path(), runner_.trace_rows(),
                                                    runner_.description());
   }
+}
+
+void check_offload_optimizer(bool offload, int zero) {
+  PIPETRAIN_CHECK_INPUT(!offload || zero > 0,
+                        "--offload-optimizer moves ZeRO's optimizer shard to host memory; it needs "
+                        "--zero 1, 2 or 3 (got --zero ",
+                        zero, ")");
 }
 
 void check_restart_options(int max_restarts, int nproc, const std::string& checkpoint_dir) {

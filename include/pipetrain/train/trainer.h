@@ -226,6 +226,10 @@ std::string checkpoint_path(const std::string& directory);
 // flags.
 void check_restart_options(int max_restarts, int nproc, const std::string& checkpoint_dir);
 
+// --offload-optimizer moves ZeRO's shard to host memory: with `offload`, `zero` must be 1, 2 or 3.
+// Throws BadInput naming both flags (Trainer, train and plan --model check the same).
+void check_offload_optimizer(bool offload, int zero);
+
 // Where a restarted job continues (torchrun --max-restarts, launch_local's max_restarts): on a
 // restart (restart_count > 0, DistributedEnvironment::restart_count) the checkpoint in
 // `directory` when one was written, which Trainer::resume takes; nullopt on a first attempt, and
