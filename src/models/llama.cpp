@@ -201,6 +201,25 @@ void LlamaMlpImpl::reset() {
   down_proj = register_module("down_proj", LlamaLinear(width, c.hidden_size, c.mlp_bias, options));
 }
 
+std::vector<torch::Tensor> LlamaAttentionImpl::autocast_cast_parameters() const {
+  std::vector<torch::Tensor> cast = {q_proj->weight, k_proj->weight, v_proj->weight,
+                                     o_proj->weight};
+  for (const LlamaLinear& in : {q_proj, k_proj, v_proj}) {
+    if (in->bias.defined()) cast.push_back(in->bias);
+  }
+  if (o_proj->bias.defined() && !tp.split()) cast.push_back(o_proj->bias);
+  return cast;
+}
+
+std::vector<torch::Tensor> LlamaMlpImpl::autocast_cast_parameters() const {
+  std::vector<torch::Tensor> cast = {gate_proj->weight, up_proj->weight, down_proj->weight};
+  for (const LlamaLinear& in : {gate_proj, up_proj}) {
+    if (in->bias.defined()) cast.push_back(in->bias);
+  }
+  if (down_proj->bias.defined() && !tp.split()) cast.push_back(down_proj->bias);
+  return cast;
+}
+
 torch::Tensor LlamaMlpImpl::forward(const torch::Tensor& x) {
   const std::vector<torch::Tensor> gate_up = parallel::sequence_parallel_linears(
       x, {gate_proj->weight, up_proj->weight}, {gate_proj->bias, up_proj->bias}, tp);

@@ -23,8 +23,8 @@ double CollectiveLog::now_us() {
       .count();
 }
 
-void CollectiveLog::finished(CollectiveKind kind, int stage, double start_us) {
-  events_.push_back({0, kind, stage, start_us - origin_us_, now_us() - origin_us_});
+void CollectiveLog::finished(CollectiveKind kind, int stage, double start_us, int64_t bytes) {
+  events_.push_back({0, kind, stage, start_us - origin_us_, now_us() - origin_us_, bytes});
 }
 
 }  // namespace pipetrain

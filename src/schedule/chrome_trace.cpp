@@ -22,6 +22,8 @@ std::string render_chrome_trace(const Timeline& timeline) {
   const double scale = timeline.microseconds_per_unit;
   for (const auto& event : timeline.events) {
     if (!event.category.empty()) {
+      nlohmann::json args = {{"stage", event.stage}};
+      if (event.bytes >= 0) args["bytes"] = event.bytes;
       events.push_back({{"name", event.label},
                         {"cat", event.category},
                         {"ph", "X"},
@@ -29,7 +31,7 @@ std::string render_chrome_trace(const Timeline& timeline) {
                         {"tid", event.rank},
                         {"ts", event.start * scale},
                         {"dur", (event.end - event.start) * scale},
-                        {"args", {{"stage", event.stage}}}});
+                        {"args", args}});
       continue;
     }
     events.push_back({{"name", event.label},

@@ -22,11 +22,12 @@ struct PackedEvent {
   double start_us, end_us;
 };
 
-// One collective on the wire: step, rank, kind, stage, start, end.
+// One collective on the wire: step, rank, kind, stage, start, end, bytes.
 struct PackedCollective {
   int64_t step;
   int32_t rank, kind, stage, unused;
   double start_us, end_us;
+  int64_t bytes;
 };
 
 // `compute_only` leaves out sends and receives: in a picture a receive's box paints the waiting
@@ -63,6 +64,7 @@ schedule::Timeline timeline_of(const std::vector<const StepEvent*>& events, int 
     event.category = "collective";
     event.start = (c.event.start_us - origin) / 1000.0;
     event.end = (c.event.end_us - origin) / 1000.0;
+    event.bytes = c.event.bytes;
     timeline.events.push_back(event);
   }
   return timeline;
@@ -117,9 +119,14 @@ std::vector<char> EventLog::serialize() const {
   char* collectives = actions + events_.size() * sizeof(PackedEvent);
   for (size_t n = 0; n < collectives_.size(); ++n) {
     const StepCollective& c = collectives_[n];
-    PackedCollective packed{
-        c.step,           c.event.rank,  static_cast<int32_t>(c.event.kind), c.event.stage, 0,
-        c.event.start_us, c.event.end_us};
+    PackedCollective packed{c.step,
+                            c.event.rank,
+                            static_cast<int32_t>(c.event.kind),
+                            c.event.stage,
+                            0,
+                            c.event.start_us,
+                            c.event.end_us,
+                            c.event.bytes};
     std::memcpy(collectives + n * sizeof(PackedCollective), &packed, sizeof(PackedCollective));
   }
   return bytes;
@@ -169,6 +176,7 @@ EventLog EventLog::deserialize(const std::vector<char>& bytes) {
     c.event.stage = packed.stage;
     c.event.start_us = packed.start_us;
     c.event.end_us = packed.end_us;
+    c.event.bytes = packed.bytes;
     log.collectives_.push_back(c);
   }
   return log;

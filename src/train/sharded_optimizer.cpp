@@ -10,6 +10,8 @@
 
 #include "pipetrain/base/check.h"
 #include "pipetrain/runtime/distributed_pipe.h"
+#include "pipetrain/stage/autocast_parameters.h"
+#include "pipetrain/stage/precision.h"
 #include "pipetrain/transport/c10d.h"
 
 namespace pipetrain::train {
@@ -55,7 +57,8 @@ ShardedOptimizer::ShardedOptimizer(Distributed* distributed, std::vector<torch::
                                    const std::string& optimizer, const OptimizerOptions& options,
                                    const ZeroOptions& zero,
                                    const std::vector<std::vector<torch::Tensor>>& segments,
-                                   std::vector<int> segment_stages)
+                                   std::vector<int> segment_stages,
+                                   const std::vector<torch::ScalarType>& segment_gather_dtypes)
     : distributed_(distributed),
       rank_(distributed ? distributed->rank() : 0),
       parameters_(unique_parameters(parameters)),
@@ -112,9 +115,19 @@ ShardedOptimizer::ShardedOptimizer(Distributed* distributed, std::vector<torch::
     PIPETRAIN_CHECK_INPUT(placed.size() == parameters_.size(), "ZeRO segments hold ", placed.size(),
                           " of the ", parameters_.size(), " parameters");
   }
+  PIPETRAIN_CHECK_INPUT(
+      segment_gather_dtypes.empty() || segment_gather_dtypes.size() == groups.size(),
+      "ZeRO: ", segment_gather_dtypes.size(), " gather dtypes for ", groups.size(), " segments");
   offsets_.assign(parameters_.size(), 0);
   for (auto& group : groups) {
     Segment segment;
+    segment.gather_dtype =
+        segment_gather_dtypes.empty() ? dtype : segment_gather_dtypes[segments_.size()];
+    PIPETRAIN_CHECK_INPUT(c10::isFloatingType(segment.gather_dtype) &&
+                              c10::elementSize(segment.gather_dtype) <= c10::elementSize(dtype),
+                          "ZeRO: segment ", segments_.size(), " would gather in ",
+                          segment.gather_dtype, "; a floating dtype no wider than the parameters' ",
+                          dtype, " is needed");
     segment.parameters = std::move(group);
     segment.start = flat_size_;
     int64_t elements = 0;
@@ -255,7 +268,12 @@ void ShardedOptimizer::release(int stage) {
 
 void ShardedOptimizer::gather_all() {
   if (stage_ != 3) return;
-  for (size_t k = 0; k < segments_.size(); ++k) start_gather_segment(k);
+  // In the parameters' dtype: what is read now (a checkpoint, an evaluation, the end of training)
+  // must be the shard's values, not their rounding.
+  for (size_t k = 0; k < segments_.size(); ++k) {
+    if (gathers_[k].narrowed) release_segment(k);
+    start_gather_segment(k, /*exact=*/true);
+  }
   for (size_t k = 0; k < segments_.size(); ++k) wait_segment(k);
   parameters_are_truth_ = true;
 }
@@ -265,12 +283,17 @@ void ShardedOptimizer::release_all() {
   for (size_t k = 0; k < segments_.size(); ++k) release_segment(k);
 }
 
-void ShardedOptimizer::start_gather_segment(size_t k) {
+void ShardedOptimizer::start_gather_segment(size_t k, bool exact) {
   Gather& g = gathers_[k];
   if (g.state != Residency::kFreed) return;
   const Segment& s = segments_[k];
-  g.piece = gather_source().detach().narrow(0, s.shard_offset, s.piece);
+  const torch::Tensor piece = gather_source().detach().narrow(0, s.shard_offset, s.piece);
+  // Narrower than the parameters (ZeroOptions::cast_gather): rounded here, widened on arrival.
+  g.narrowed = !exact && piece.scalar_type() != s.gather_dtype;
+  g.piece = g.narrowed ? piece.to(s.gather_dtype) : piece;
   g.gathered = torch::empty({s.padded}, g.piece.options());
+  gather_bytes_sent_ += bytes_of(g.piece);
+  gather_bytes_uncast_ += bytes_of(piece);
   g.start_us = CollectiveLog::now_us();
   if (C10dGroup* dp = group()) {
     g.wait = dp->all_gather_start(g.piece, g.gathered);
@@ -286,7 +309,9 @@ void ShardedOptimizer::wait_segment(size_t k) {
   if (g.state == Residency::kWhole) return;
   start_gather_segment(k);
   g.wait();
-  if (log_) log_->finished(CollectiveKind::kAllGather, stage_of_segment(k), g.start_us);
+  if (log_) {
+    log_->finished(CollectiveKind::kAllGather, stage_of_segment(k), g.start_us, bytes_of(g.piece));
+  }
   torch::NoGradGuard no_grad;
   const Segment& s = segments_[k];
   for (size_t q : s.parameters) {
@@ -296,7 +321,9 @@ void ShardedOptimizer::wait_segment(size_t k) {
     whole_bytes_ += bytes_of(p);
   }
   peak_whole_bytes_ = std::max(peak_whole_bytes_, whole_bytes_);
+  const bool narrowed = g.narrowed;
   g = Gather{};
+  g.narrowed = narrowed;
 }
 
 void ShardedOptimizer::release_segment(size_t k) {
@@ -374,13 +401,19 @@ void ShardedOptimizer::reduce_gradients() {  // [1]
       } else {
         mine.copy_(flat.narrow(0, s.start + replica_ * s.piece, s.piece));
       }
-      if (log_) log_->finished(CollectiveKind::kReduceScatter, stage_of_segment(k), start_us);
+      if (log_) {
+        log_->finished(CollectiveKind::kReduceScatter, stage_of_segment(k), start_us,
+                       s.padded * static_cast<int64_t>(flat.element_size()));
+      }
     }
   } else {
     for (size_t k = 0; k < segments_.size(); ++k) start_reduce(k);  // those not started yet
     for (size_t k = 0; k < segments_.size(); ++k) {
       started_wait_[k]();
-      if (log_) log_->finished(CollectiveKind::kReduceScatter, stage_of_segment(k), started_us_[k]);
+      if (log_) {
+        log_->finished(CollectiveKind::kReduceScatter, stage_of_segment(k), started_us_[k],
+                       bytes_of(started_flat_[k]));
+      }
     }
     started_flat_.clear();
     started_wait_.clear();
@@ -611,27 +644,51 @@ std::unique_ptr<ShardedOptimizer> make_pipe_sharded_optimizer(
                         "--zero 3 (got --zero ",
                         stage, ")");
   // Overlapped, or ZeRO-3: one segment per local stage, reduced when that stage's gradients are
-  // final, and (stage 3) gathered around its actions.
-  std::vector<std::vector<torch::Tensor>> segments;
-  std::vector<int> segment_stages;
-  std::map<int, size_t> segment_of_stage;
-  if (overlap || stage == 3) {
-    for (auto& [stage_index, tensors] : pipe.gradient_groups()) {
-      if (stage_index >= 0) segment_of_stage[stage_index] = segments.size();
-      segments.push_back(std::move(tensors));
-      segment_stages.push_back(stage_index);
+  // final, and (stage 3) gathered around its actions. Under bf16/fp16 at stage 3, a stage's
+  // parameters read only through autocast's casts form a segment of their own, gathered in the
+  // compute dtype (ZeroOptions::cast_gather).
+  const Precision precision = pipe.options().precision();
+  std::set<const void*> cast;
+  if (stage == 3 && zero.cast_gather() && precision != Precision::kFloat32) {
+    for (const torch::Tensor& p : autocast_cast_parameters(*pipe.model())) {
+      cast.insert(p.unsafeGetTensorImpl());
     }
   }
-  auto sharded = std::make_unique<ShardedOptimizer>(
-      &distributed, pipe.parameters(), counted, optimizer, options, zero, segments, segment_stages);
+  std::vector<std::vector<torch::Tensor>> segments;
+  std::vector<int> segment_stages;
+  std::vector<torch::ScalarType> gather_dtypes;
+  std::multimap<int, size_t> segments_of_stage;
+  auto add_segment = [&](int stage_index, std::vector<torch::Tensor> tensors,
+                         torch::ScalarType gather_dtype) {
+    if (tensors.empty()) return;
+    if (stage_index >= 0) segments_of_stage.emplace(stage_index, segments.size());
+    gather_dtypes.push_back(gather_dtype);
+    segments.push_back(std::move(tensors));
+    segment_stages.push_back(stage_index);
+  };
+  if (overlap || stage == 3) {
+    for (auto& [stage_index, tensors] : pipe.gradient_groups()) {
+      const torch::ScalarType dtype = tensors.front().scalar_type();
+      std::vector<torch::Tensor> kept, narrowed;
+      for (torch::Tensor& t : tensors) {
+        const bool narrow = stage_index >= 0 && cast.count(t.unsafeGetTensorImpl());
+        (narrow ? narrowed : kept).push_back(std::move(t));
+      }
+      add_segment(stage_index, std::move(kept), dtype);
+      add_segment(stage_index, std::move(narrowed), compute_dtype(precision));
+    }
+  }
+  auto sharded =
+      std::make_unique<ShardedOptimizer>(&distributed, pipe.parameters(), counted, optimizer,
+                                         options, zero, segments, segment_stages, gather_dtypes);
   pipe.set_allreduce_gradients(false);
   ShardedOptimizer* shards = sharded.get();
   shards->set_collective_log(&pipe.collective_log());
   if (stage == 3) pipe.set_stage_parameters(shards, zero.reshard_after_forward());
   if (overlap) {
-    pipe.set_stage_gradients_hook([shards, segment_of_stage](int j) {
-      const auto found = segment_of_stage.find(j);
-      if (found != segment_of_stage.end()) shards->start_reduce(found->second);
+    pipe.set_stage_gradients_hook([shards, segments_of_stage](int j) {
+      const auto [first, last] = segments_of_stage.equal_range(j);
+      for (auto it = first; it != last; ++it) shards->start_reduce(it->second);
     });
   }
   return sharded;

@@ -4,6 +4,7 @@
 #include "pipetrain/models/llama.h"
 
 #include <filesystem>
+#include <set>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -226,6 +227,46 @@ TEST(Llama, Bf16WeightsLoadIntoFloat32) {
   const torch::Tensor q = model.sequential->named_parameters()["1.self_attn.q_proj.weight"];
   EXPECT_EQ(q.scalar_type(), torch::kFloat32);
   EXPECT_TRUE(torch::equal(q, q.to(torch::kBFloat16).to(torch::kFloat32)));  // exact widening
+}
+
+}  // namespace
+}  // namespace pipetrain::models
+
+namespace pipetrain::models {
+namespace {
+
+// What ZeRO-3 may gather in bf16 (stage/autocast_parameters.h): every projection's weight, the
+// biases a linear reads, the untied head; never a norm or the embedding, and not a head tied to
+// the embedding.
+TEST(Llama, TheParametersReadOnlyThroughAutocastsCastsAreTheProjectionsAndAnUntiedHead) {
+  LlamaConfig config = llama_config(32, 16, 24, /*layers=*/2, /*heads=*/4, /*kv_heads=*/2);
+  config.qkv_bias = true;
+  config.output_bias = true;  // read inside o_proj's linear while tp does not split it
+  config.mlp_bias = true;
+  for (const bool tied : {false, true}) {
+    config.tie_word_embeddings = tied;
+    const LlamaModel model = make_llama(config);
+    std::set<std::string> got;
+    const auto cast = autocast_cast_parameters(*model.sequential);
+    for (const auto& item : model.sequential->named_parameters()) {
+      for (const torch::Tensor& t : cast) {
+        if (t.is_same(item.value())) got.insert(item.key());
+      }
+    }
+    std::set<std::string> want;
+    for (const std::string layer : {"1", "2"}) {
+      for (const std::string name :
+           {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+            "self_attn.o_proj.weight", "self_attn.q_proj.bias", "self_attn.k_proj.bias",
+            "self_attn.v_proj.bias", "self_attn.o_proj.bias", "mlp.gate_proj.weight",
+            "mlp.up_proj.weight", "mlp.down_proj.weight", "mlp.gate_proj.bias", "mlp.up_proj.bias",
+            "mlp.down_proj.bias"}) {
+        want.insert(layer + "." + name);
+      }
+    }
+    if (!tied) want.insert("4.weight");
+    EXPECT_EQ(got, want) << "tied " << tied;
+  }
 }
 
 }  // namespace

@@ -24,7 +24,7 @@ EventLog two_ranks() {
   log.add_collectives(3, 1000.0, {{0, CollectiveKind::kAllGather, 0, -10.0, 10.0}}, 0);
   EventLog other;
   other.add(3, 1000.0, {{0, {1, schedule::Op::kBackward, 1}, 60, 120}}, 1);
-  other.add_collectives(3, 1000.0, {{0, CollectiveKind::kReduceScatter, 1, 120.0, 200.0}}, 1);
+  other.add_collectives(3, 1000.0, {{0, CollectiveKind::kReduceScatter, 1, 120.0, 200.0, 4096}}, 1);
   log.merge(EventLog::deserialize(other.serialize()));
   return log;
 }
@@ -43,6 +43,8 @@ TEST(EventLog, ActionsAndCollectivesSurviveSerializationAndMerge) {
   EXPECT_EQ(c.event.stage, 1);
   EXPECT_DOUBLE_EQ(c.event.start_us, 1120.0);
   EXPECT_DOUBLE_EQ(c.event.end_us, 1200.0);
+  EXPECT_EQ(c.event.bytes, 4096);
+  EXPECT_EQ(log.collectives()[0].event.bytes, -1);  // not recorded
 }
 
 TEST(EventLog, ADamagedLogIsRefused) {
@@ -77,10 +79,15 @@ TEST(EventLog, TheChromeTraceDrawsEachRanksCollectivesOnTheirOwnRow) {
   const nlohmann::json trace = nlohmann::json::parse(file);
   std::map<int, std::string> rows;
   std::map<std::string, int> row_of;  // event name -> tid
+  std::map<std::string, nlohmann::json> args_of;
   for (const auto& e : trace["traceEvents"]) {
     if (e["ph"] == "M") rows[e["tid"].get<int>()] = e["args"]["name"].get<std::string>();
     if (e["ph"] == "X") row_of[e["name"].get<std::string>()] = e["tid"].get<int>();
+    if (e["ph"] == "X") args_of[e["name"].get<std::string>()] = e["args"];
   }
+  // A collective's bytes where they were recorded, and no figure where they were not.
+  EXPECT_EQ(args_of.at("reduce-scatter s1").value("bytes", int64_t{-2}), 4096);
+  EXPECT_FALSE(args_of.at("all-gather s0").contains("bytes"));
   EXPECT_EQ(rows[0], "rank 0");
   EXPECT_EQ(rows[2], "rank 0 collectives");
   EXPECT_EQ(rows[3], "rank 1 collectives");

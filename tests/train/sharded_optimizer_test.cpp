@@ -306,3 +306,67 @@ TEST(ShardedOptimizer, ZeroThreeEqualsZeroZeroOnHuggingFaceCheckpoints) {
 }
 
 }  // namespace
+
+namespace {
+
+// The bytes rank `rank`'s all-gathers sent in a `train --trace` file (the collectives' "bytes").
+int64_t all_gather_bytes(const std::string& trace_path, int ranks, int rank) {
+  std::ifstream file(trace_path);
+  const nlohmann::json trace = nlohmann::json::parse(file);
+  int64_t bytes = 0;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] != "X" || e["cat"] != "collective" || e["tid"].get<int>() != ranks + rank) {
+      continue;
+    }
+    if (e["name"].get<std::string>().rfind("all-gather", 0) != 0) continue;
+    EXPECT_TRUE(e["args"].contains("bytes")) << e.dump();
+    bytes += e["args"].value("bytes", int64_t{0});
+  }
+  return bytes;
+}
+
+}  // namespace
+
+// ZeRO-3 under bf16 all-gathers the parameters read only through autocast's casts (the linears'
+// weights) in bfloat16: the MLP, all linears, sends half the bytes of the same run in float32, and
+// a Llama (whose norms and embedding still gather in float32) between a half and the whole. The
+// weights still equal --zero 0's under bf16 bit for bit: the forward and the gradients see the
+// rounding they see there, and the shard stays float32.
+TEST(ShardedOptimizer, ZeroThreeGathersAutocastCastWeightsInBf16AndStaysExact) {
+  const std::string hf = pipetrain::testing::hf_fixtures();
+  struct Model {
+    std::string tag, flags;
+    double low, high;  // bounds of bf16's gathered bytes over fp32's
+  };
+  std::vector<Model> models = {
+      {"mlp", kMlp + " --optimizer adamw --lr 0.01 --nproc 4 --pp 2 --dp 2 --schedule 1f1b", 0.49,
+       0.51}};
+  if (std::filesystem::exists(hf + "/llama/config.json")) {
+    models.push_back({"llama",
+                      "train --model " + hf + "/llama --data tokens --token-file " + hf +
+                          "/tokens.bin --seq-len 16 --batch-size 8 --steps 3 --chunks 4 "
+                          "--optimizer adamw --lr 0.01 --schedule zb-h1 --nproc 4 --pp 2 --dp 2",
+                      0.5, 0.95});
+  }
+  for (const Model& m : models) {
+    const CliRun bf16_zero0 = pipetrain::testing::run_pipetrain(
+        m.flags + " --precision bf16 --save-params " + path(m.tag + "_b0.pt"));
+    ASSERT_EQ(bf16_zero0.exit_code, 0) << m.tag << "\n" << bf16_zero0.output;
+    const CliRun bf16 = pipetrain::testing::run_pipetrain(
+        m.flags + " --precision bf16 --zero 3 --save-params " + path(m.tag + "_b3.pt") +
+        " --trace " + path(m.tag + "_b3.json"));
+    ASSERT_EQ(bf16.exit_code, 0) << m.tag << "\n" << bf16.output;
+    EXPECT_EQ(max_relative_difference(path(m.tag + "_b3.pt"), path(m.tag + "_b0.pt")), 0) << m.tag;
+    const CliRun fp32 = pipetrain::testing::run_pipetrain(m.flags + " --zero 3 --trace " +
+                                                          path(m.tag + "_f3.json"));
+    ASSERT_EQ(fp32.exit_code, 0) << m.tag << "\n" << fp32.output;
+    for (int rank = 0; rank < 4; ++rank) {
+      const int64_t narrow = all_gather_bytes(path(m.tag + "_b3.json"), 4, rank);
+      const int64_t wide = all_gather_bytes(path(m.tag + "_f3.json"), 4, rank);
+      ASSERT_GT(wide, 0) << m.tag << " rank " << rank;
+      const double ratio = static_cast<double>(narrow) / static_cast<double>(wide);
+      EXPECT_GE(ratio, m.low) << m.tag << " rank " << rank;
+      EXPECT_LE(ratio, m.high) << m.tag << " rank " << rank;
+    }
+  }
+}

@@ -64,6 +64,7 @@
 #include "pipetrain/io/safetensors.h"
 #include "pipetrain/models/llama_config.h"
 #include "pipetrain/parallel/tensor_parallel.h"
+#include "pipetrain/stage/autocast_parameters.h"
 
 namespace pipetrain::models {
 
@@ -115,7 +116,8 @@ class RotaryEmbedding {
 };
 
 // Causal self-attention with grouped-query heads and RoPE. [B,T,H] -> [B,T,H].
-class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
+class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl>,
+                           public AutocastCastParameters {
  public:
   LlamaAttentionImpl(std::shared_ptr<const LlamaConfig> config, torch::TensorOptions options = {},
                      parallel::TensorParallel tp = {});
@@ -129,6 +131,9 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
   parallel::TensorParallel tp;
   int kv_replicas() const;
   LlamaLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  // The projections' weights and the biases read inside a linear (o_proj's is added after the
+  // tp sum, in float32, when tp splits it).
+  std::vector<torch::Tensor> autocast_cast_parameters() const override;
 
  private:
   std::shared_ptr<RotaryEmbedding> rope_;
@@ -136,7 +141,7 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
 TORCH_MODULE(LlamaAttention);
 
 // SwiGLU: down_proj(silu(gate_proj(x)) * up_proj(x)). [B,T,H] -> [B,T,H].
-class LlamaMlpImpl : public torch::nn::Cloneable<LlamaMlpImpl> {
+class LlamaMlpImpl : public torch::nn::Cloneable<LlamaMlpImpl>, public AutocastCastParameters {
  public:
   LlamaMlpImpl(std::shared_ptr<const LlamaConfig> config, torch::TensorOptions options = {},
                parallel::TensorParallel tp = {});
@@ -147,6 +152,8 @@ class LlamaMlpImpl : public torch::nn::Cloneable<LlamaMlpImpl> {
   torch::TensorOptions options;
   parallel::TensorParallel tp;  // this rank's intermediate_size / tp
   LlamaLinear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  // As the attention's: every weight, and the biases a linear reads.
+  std::vector<torch::Tensor> autocast_cast_parameters() const override;
 };
 TORCH_MODULE(LlamaMlp);
 
@@ -184,7 +191,7 @@ class LlamaEmbeddingImpl : public torch::nn::Cloneable<LlamaEmbeddingImpl> {
 TORCH_MODULE(LlamaEmbedding);
 
 // [B,T,H] -> logits [B,T,V] = x W^T. With `tied` defined, W is that tensor (the embedding's).
-class LlamaHeadImpl : public torch::nn::Cloneable<LlamaHeadImpl> {
+class LlamaHeadImpl : public torch::nn::Cloneable<LlamaHeadImpl>, public AutocastCastParameters {
  public:
   LlamaHeadImpl(std::shared_ptr<const LlamaConfig> config, torch::TensorOptions options = {},
                 torch::Tensor tied = {}, parallel::TensorParallel tp = {});
@@ -195,6 +202,7 @@ class LlamaHeadImpl : public torch::nn::Cloneable<LlamaHeadImpl> {
   torch::TensorOptions options;
   parallel::TensorParallel tp;
   torch::Tensor weight;  // [V/tp, H]
+  std::vector<torch::Tensor> autocast_cast_parameters() const override { return {weight}; }
 
  private:
   torch::Tensor tied_;

@@ -31,6 +31,7 @@ struct CollectiveEvent {
   int stage = -1;  // the local stage whose tensors it carries; -1: several, or none in particular
   double start_us = 0;  // microseconds since the step started (as ActionEvent's)
   double end_us = 0;
+  int64_t bytes = -1;  // what this rank sent into it (its piece, its gradients); -1: not recorded
 };
 
 class CollectiveLog {
@@ -38,8 +39,9 @@ class CollectiveLog {
   // Microseconds on the monotonic clock (EventLog::now_us's).
   static double now_us();
   // A collective of `kind` over `stage`'s tensors, started at start_us (now_us()'s clock), found
-  // complete now; filed relative to the step's start.
-  void finished(CollectiveKind kind, int stage, double start_us);
+  // complete now, carrying `bytes` from this rank (-1: not recorded); filed relative to the
+  // step's start.
+  void finished(CollectiveKind kind, int stage, double start_us, int64_t bytes = -1);
   // A new step, started at now_us()'s `origin_us`: the log emptied.
   void restart(double origin_us) {
     events_.clear();

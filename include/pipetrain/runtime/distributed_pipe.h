@@ -123,6 +123,10 @@ class DistributedPipe {
     residency_.clear();
   }
 
+  // The Sequential every rank builds (its layers on other ranks unused here), and the options.
+  const torch::nn::Sequential& model() const { return model_; }
+  const PipeOptions& options() const { return options_; }
+
   // This rank's parameters (each tensor once), for its optimizer.
   std::vector<torch::Tensor> parameters() const;
   // This rank's parameters under the Sequential's names ("0.weight", ...); a tied tensor appears

@@ -7,6 +7,7 @@
 // Thread-safety: plain values.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -23,8 +24,10 @@ struct TimelineEvent {
   double start = 0;    // in Timeline::time_unit
   double end = 0;
   // Not an action (a collective: runtime/collective_log.h): the Chrome trace files it under this
-  // category instead of op's name, with the stage as its only argument. Empty: an action.
+  // category instead of op's name, with the stage (and its bytes, where known) as arguments.
+  // Empty: an action.
   std::string category;
+  int64_t bytes = -1;  // a collective's bytes from this rank; -1: not known
 };
 
 struct Timeline {

@@ -97,6 +97,13 @@ struct ZeroOptions {
   // The shard's fp32 values, its gradient and the optimizer state in host memory, stepped on the
   // CPU (ZeRO-Offload; see the header comment).
   TORCH_ARG(bool, offload) = false;
+  // Stage 3 under bf16 or fp16 (make_pipe_sharded_optimizer reads the pipe's precision): the
+  // parameters that reach the computation only through autocast's casts
+  // (stage/autocast_parameters.h: the linears' and convolutions' weights) are all-gathered in
+  // the compute dtype, half the bytes, and widened on arrival. The forward and the gradients see
+  // the values they see at --zero 0 and the shard stays float32, so the step is as exact.
+  // false: every parameter gathers in the shard's dtype.
+  TORCH_ARG(bool, cast_gather) = true;
 };
 
 class ShardedOptimizer : public StageParameters {
@@ -113,11 +120,15 @@ class ShardedOptimizer : public StageParameters {
   // replica's piece of each), so that a group's gradients can be reduce-scattered as soon as
   // they are final (start_reduce: --overlap-grad-reduce). Every parameter in exactly one group.
   // Empty: one group of all, the layout above.
+  // `segment_gather_dtypes` (stage 3, optional): the floating dtype each segment's all-gathers
+  // carry its values in (narrower than the parameters': rounded before sending, widened on
+  // arrival; ZeroOptions::cast_gather says when that is exact). Empty: the parameters' dtype.
   ShardedOptimizer(Distributed* distributed, std::vector<torch::Tensor> parameters,
                    const std::vector<torch::Tensor>& counted, const std::string& optimizer,
                    const OptimizerOptions& options, const ZeroOptions& zero,
                    const std::vector<std::vector<torch::Tensor>>& segments = {},
-                   std::vector<int> segment_stages = {});
+                   std::vector<int> segment_stages = {},
+                   const std::vector<torch::ScalarType>& segment_gather_dtypes = {});
   ~ShardedOptimizer() override;
   ShardedOptimizer(const ShardedOptimizer&) = delete;
   ShardedOptimizer& operator=(const ShardedOptimizer&) = delete;
@@ -139,6 +150,11 @@ class ShardedOptimizer : public StageParameters {
   // stage 3 the shard; and the most bytes of whole parameters held at once since zero_grad().
   int64_t parameter_bytes() const;
   int64_t peak_whole_parameter_bytes() const { return peak_whole_bytes_; }
+  // Stage 3: the bytes this replica's all-gathers have sent since construction (its pieces, in
+  // the dtype each segment gathers in), and the bytes they would have sent in the parameters'
+  // dtype.
+  int64_t gather_bytes_sent() const { return gather_bytes_sent_; }
+  int64_t gather_bytes_uncast() const { return gather_bytes_uncast_; }
   // Where its collectives are recorded for traces (null: nowhere; it must outlive this).
   void set_collective_log(CollectiveLog* log) { log_ = log; }
   // [1] Collective. Waits for the segments start_reduce started and reduce-scatters the others.
@@ -209,11 +225,12 @@ class ShardedOptimizer : public StageParameters {
   // The padded flat vector: segment after segment, each padded to a multiple of R; replica d's
   // piece of a segment is its d-th R-th, and the shard is the pieces one after the other.
   struct Segment {
-    std::vector<size_t> parameters;  // indices into parameters_
-    int64_t start = 0;               // in the padded flat vector
-    int64_t padded = 0;              // its elements, padding included (piece x R)
-    int64_t piece = 0;               // elements of each replica's piece
-    int64_t shard_offset = 0;        // where this replica's piece sits in the shard
+    std::vector<size_t> parameters;                  // indices into parameters_
+    int64_t start = 0;                               // in the padded flat vector
+    int64_t padded = 0;                              // its elements, padding included (piece x R)
+    int64_t piece = 0;                               // elements of each replica's piece
+    int64_t shard_offset = 0;                        // where this replica's piece sits in the shard
+    torch::ScalarType gather_dtype = torch::kFloat;  // stage 3: what its all-gathers carry
   };
   // The padded flat vector of per-parameter values (`value(q)`: a flat tensor of parameter q's
   // elements), zeros in the padding.
@@ -226,7 +243,8 @@ class ShardedOptimizer : public StageParameters {
 
   // Stage 3: segment k's parameters whole: started (the all-gather in flight into `gathered`) and
   // finished (their storage allocated and filled).
-  void start_gather_segment(size_t k);
+  // `exact`: in the parameters' dtype whatever the segment's gather_dtype (gather_all).
+  void start_gather_segment(size_t k, bool exact = false);
   void wait_segment(size_t k);
   void release_segment(size_t k);
   // [0] Stage 3, while the parameters are the truth (after construction or gather_all()): their
@@ -243,6 +261,7 @@ class ShardedOptimizer : public StageParameters {
     torch::Tensor gathered;  // every replica's pieces, the segment's padded flat values
     std::function<void()> wait;
     double start_us = 0;
+    bool narrowed = false;  // gathered (or gathering) in a dtype narrower than the parameters'
   };
   // The stage a segment's collectives are logged under (-1: several).
   int stage_of_segment(size_t k) const { return segment_stages_.empty() ? -1 : segment_stages_[k]; }
@@ -256,7 +275,9 @@ class ShardedOptimizer : public StageParameters {
   bool parameters_are_truth_ = true;  // stage 3: since construction or gather_all()
   int64_t whole_bytes_ = 0;           // stage 3: of the whole segments now
   int64_t peak_whole_bytes_ = 0;
-  std::vector<int64_t> offsets_;  // of each parameter in the padded flat vector
+  int64_t gather_bytes_sent_ = 0;    // stage 3, since construction
+  int64_t gather_bytes_uncast_ = 0;  // the same in the parameters' dtype
+  std::vector<int64_t> offsets_;     // of each parameter in the padded flat vector
   std::vector<Segment> segments_;
   int64_t total_ = 0;      // the parameters' elements
   int64_t flat_size_ = 0;  // the padded flat vector's
