@@ -21,7 +21,10 @@
 // the same schedule and round. Rounds alternate the rows so that a slow minute of the machine
 // falls on all of them.
 //
-// Run: bench_overlap [rounds (3)] [timed steps (8)].
+// The bf16 rows run ZeRO-3 under autocast, once gathering the linears' weights in bf16 (the
+// default) and once in float32; "step vs fp32 gather" divides the first by the second.
+//
+// Run: bench_overlap [rounds (3)] [timed steps (8)] [only the rows whose name contains this].
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -58,11 +61,20 @@ struct Row {
   std::string schedule;
   int virtual_stages;
   bool overlap;
-  int zero = 0;          // 1, 3: the ZeRO optimizer reduce-scatters (train/sharded_optimizer.h)
-  bool reshard = false;  // ZeRO-3's --reshard-after-forward
+  int zero = 0;             // 1, 3: the ZeRO optimizer reduce-scatters (train/sharded_optimizer.h)
+  bool reshard = false;     // ZeRO-3's --reshard-after-forward
+  bool bf16 = false;        // under autocast; ZeRO-3 then gathers the linears' weights in bf16...
+  bool cast_gather = true;  // ...unless this is false (ZeroOptions::cast_gather)
   std::string name() const {
     return schedule + (zero ? " zero" + std::to_string(zero) : "") + (reshard ? " reshard" : "") +
+           (bf16 ? (cast_gather ? " bf16 gather-bf16" : " bf16 gather-fp32") : "") +
            (overlap ? " overlap" : " blocking");
+  }
+  // The same row without the overlap (the "vs off" columns' baseline).
+  Row blocking() const {
+    Row r = *this;
+    r.overlap = false;
+    return r;
   }
 };
 
@@ -77,7 +89,13 @@ const std::vector<Row> kRows = {{"1f1b", 1, false},
                                 {"zb-v", 2, false, 3},
                                 {"zb-v", 2, true, 3},
                                 {"zb-v", 2, false, 3, true},
-                                {"zb-v", 2, true, 3, true}};
+                                {"zb-v", 2, true, 3, true},
+                                // bf16: the ZeRO-3 gathers' bytes halved against the same run
+                                // gathering float32 (docs/DISTRIBUTED.md, "ZeRO-3")
+                                {"zb-v", 2, false, 3, false, true, true},
+                                {"zb-v", 2, false, 3, false, true, false},
+                                {"zb-v", 2, false, 3, true, true, true},
+                                {"zb-v", 2, false, 3, true, true, false}};
 
 // One rank: prints kPrefix {"seconds": [...], "exposed": [...], "buckets": n}.
 int run_rank(const Row& row, int steps) {
@@ -103,15 +121,20 @@ int run_rank(const Row& row, int steps) {
                              .schedule(row.schedule)
                              .checkpoint(Checkpoint::kNever)
                              .threads_per_stage(1)
+                             .precision(row.bf16 ? Precision::kBFloat16 : Precision::kFloat32)
                              .overlap_gradient_reduction(row.overlap));
     // ZeRO: the sharded optimizer reduce-scatters after the step, or, overlapped, one segment
     // per local stage as soon as the stage's last backward ends; ZeRO-3 also gathers each stage's
     // parameters around its actions (as the trainer wires it).
     std::unique_ptr<train::ShardedOptimizer> zero;
     if (row.zero > 0) {
-      zero = train::make_pipe_sharded_optimizer(
-          d, pipe, pipe.parameters(), "sgd", train::OptimizerOptions().lr(0.01).momentum(0),
-          train::ZeroOptions().stage(row.zero).reshard_after_forward(row.reshard), row.overlap);
+      zero = train::make_pipe_sharded_optimizer(d, pipe, pipe.parameters(), "sgd",
+                                                train::OptimizerOptions().lr(0.01).momentum(0),
+                                                train::ZeroOptions()
+                                                    .stage(row.zero)
+                                                    .reshard_after_forward(row.reshard)
+                                                    .cast_gather(row.cast_gather),
+                                                row.overlap);
     }
     std::vector<double> seconds, exposed;
     for (int k = 0; k < kWarmup + steps; ++k) {
@@ -152,17 +175,20 @@ int main(int argc, char** argv) {
   }
   const int rounds = argc > 1 ? std::max(1, std::atoi(argv[1])) : 3;
   const int steps = argc > 2 ? std::max(1, std::atoi(argv[2])) : 8;
+  const std::string only = argc > 3 ? argv[3] : "";
+  auto wanted = [&](const Row& row) { return row.name().find(only) != std::string::npos; };
   std::printf(
       "bench_overlap: mlp 8 x Linear(%d), batch %d, pp %d x dp %d = %d processes x 1 thread (%u "
       "cores), %d micro-batches, %d rounds x %d steps\n",
       kWidth, kBatch, kPipeline, kWorld / kPipeline, kWorld, std::thread::hardware_concurrency(),
       kChunks, rounds, steps);
   std::map<std::string, std::vector<double>> step_ms, exposed_ms, step_ratio, exposed_ratio,
-      vs_zero1;
+      vs_zero1, vs_fp32_gather;
   std::map<std::string, int> buckets;
   for (int round = 0; round < rounds; ++round) {
     std::map<std::string, double> step_of, exposed_of;
     for (size_t r = 0; r < kRows.size(); ++r) {
+      if (!wanted(kRows[r])) continue;
       const CollectedRun run = launch_self_collecting(
           kWorld, {"--rank", std::to_string(r), std::to_string(steps)}, kPrefix);
       if (run.launched.exit_code != 0) {
@@ -189,29 +215,39 @@ int main(int argc, char** argv) {
       exposed_ms[kRows[r].name()].push_back(1e3 * median(most_exposed));
     }
     for (const Row& row : kRows) {
-      const std::string base =
-          Row{row.schedule, row.virtual_stages, false, row.zero, row.reshard}.name();
+      if (!step_of.count(row.name())) continue;
+      const std::string base = row.blocking().name();
       step_ratio[row.name()].push_back(step_of[row.name()] / step_of[base]);
       if (row.zero == 3) {  // what sharding the parameters costs: against ZeRO-1, same overlap
         const std::string one = Row{row.schedule, row.virtual_stages, row.overlap, 1}.name();
         if (step_of.count(one)) vs_zero1[row.name()].push_back(step_of[row.name()] / step_of[one]);
+      }
+      if (row.bf16 && row.cast_gather) {  // what gathering in bf16 saves: same row, fp32 gathers
+        Row wide = row;
+        wide.cast_gather = false;
+        if (step_of.count(wide.name())) {
+          vs_fp32_gather[row.name()].push_back(step_of[row.name()] / step_of[wide.name()]);
+        }
       }
       if (exposed_of[base] > 0) {
         exposed_ratio[row.name()].push_back(exposed_of[row.name()] / exposed_of[base]);
       }
     }
   }
-  std::printf("%-34s %10s %13s %12s %14s %8s %12s\n", "row", "step (ms)", "step vs off",
-              "exposed (ms)", "exposed vs off", "buckets", "step vs zero1");
+  std::printf("%-44s %10s %13s %12s %14s %8s %12s %18s\n", "row", "step (ms)", "step vs off",
+              "exposed (ms)", "exposed vs off", "buckets", "step vs zero1", "step vs fp32 gather");
+  auto ratio_text = [](const std::vector<double>& ratios) {
+    char text[32] = "";
+    if (!ratios.empty()) std::snprintf(text, sizeof text, "%.3f", median(ratios));
+    return std::string(text);
+  };
   for (const Row& row : kRows) {
     const std::string name = row.name();
-    char versus[32] = "";
-    if (!vs_zero1[name].empty())
-      std::snprintf(versus, sizeof versus, "%.3f", median(vs_zero1[name]));
-    std::printf("%-34s %10.1f %13.3f %12.2f %14.3f %8d %12s\n", name.c_str(), median(step_ms[name]),
-                median(step_ratio[name]), median(exposed_ms[name]),
+    if (!step_ms.count(name)) continue;
+    std::printf("%-44s %10.1f %13.3f %12.2f %14.3f %8d %12s %18s\n", name.c_str(),
+                median(step_ms[name]), median(step_ratio[name]), median(exposed_ms[name]),
                 exposed_ratio[name].empty() ? 0.0 : median(exposed_ratio[name]), buckets[name],
-                versus);
+                ratio_text(vs_zero1[name]).c_str(), ratio_text(vs_fp32_gather[name]).c_str());
   }
   return 0;
 }
