@@ -139,9 +139,10 @@ TEST(ShardedOptimizer, AZeroThreeCheckpointAtTwoReplicasResumesAtOneAndFourAsThe
 // ZeRO-3 with what else a step can hold, each against the same run at --zero 0, bit for bit
 // (two replicas; the pipe sums ties and sequence parallelism's shares before the replicas, so
 // every ZeRO stage adds the same numbers in the same order): zb-v (a rank's two stages in a V),
-// recompute under checkpointing, bf16 (parameters stay float32 and are gathered as such), the CNN's
-// deferred batch norms, an evaluation between epochs, the toy GPT's embedding tied to its head
-// across ranks, and tensor parallelism (ZeRO over the dp group of each pp x tp coordinate).
+// recompute under checkpointing, bf16 (the linears' weights gathered in bf16, the shard float32),
+// the CNN's deferred batch norms, an evaluation between epochs, the toy GPT's embedding tied to
+// its head across ranks, and tensor parallelism (ZeRO over the dp group of each pp x tp
+// coordinate).
 TEST(ShardedOptimizer, ZeroThreeComposesWithTheRestOfTheStepBitForBit) {
   const std::string hf = pipetrain::testing::hf_fixtures();
   const std::string mlp = kMlp + " --optimizer adamw --lr 0.01 --nproc 4 --pp 2 --dp 2 ";
