@@ -351,8 +351,10 @@ std::int64_t& RankMemory::operator[](int category) {
       return gathered;
     case 6:
       return offloaded;
+    case 8:
+      return reduce_buffers;
   }
-  throw BadInput("RankMemory: no category " + std::to_string(category) + " (0..7)");
+  throw BadInput("RankMemory: no category " + std::to_string(category) + " (0..8)");
 }
 
 std::int64_t RankMemory::operator[](int category) const {
@@ -361,10 +363,10 @@ std::int64_t RankMemory::operator[](int category) const {
 
 const char* memory_category_name(int category) {
   static const char* const names[RankMemory::kCategories] = {
-      "parameters",      "gradients",    "optimizer state",   "activations",
-      "receive buffers", "send buffers", "offloaded to host", "gathered params"};
+      "parameters",   "gradients",         "optimizer state", "activations",   "receive buffers",
+      "send buffers", "offloaded to host", "gathered params", "reduce buffers"};
   if (category < 0 || category >= RankMemory::kCategories) {
-    throw BadInput("memory_category_name: no category " + std::to_string(category) + " (0..7)");
+    throw BadInput("memory_category_name: no category " + std::to_string(category) + " (0..8)");
   }
   return names[category];
 }
@@ -411,6 +413,9 @@ std::vector<RankMemory> predict_memory(const ModelProfile& profile, const std::v
     const std::int64_t dp = options.data_parallel;
     const std::int64_t shard = (elements + dp - 1) / dp * element;
     const std::int64_t held = options.zero == 0 ? rank.parameters : shard;
+    // The gradient sum's flat copies: every gradient once (ZeRO: padded to dp x shard).
+    const bool reduces = dp > 1 || options.zero > 0;
+    const std::int64_t flat = options.zero == 0 ? rank.parameters : dp * shard;
     rank.gradients = options.zero == 0   ? rank.parameters
                      : options.zero == 1 ? rank.parameters + shard
                                          : shard;
@@ -427,6 +432,10 @@ std::vector<RankMemory> predict_memory(const ModelProfile& profile, const std::v
       rank.offloaded += 2 * shard + rank.optimizer_state;
       rank.gradients -= shard;
       rank.optimizer_state = 0;
+    }
+    if (reduces) {
+      // Without replicas an offloaded rank builds the flat where its shard lives, the host.
+      (options.offload_optimizer && dp == 1 ? rank.offloaded : rank.reduce_buffers) += flat;
     }
     if (options.processes) {
       receive_bytes(schedule, static_cast<int>(r), output_bytes, rank);

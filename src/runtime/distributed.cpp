@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -197,9 +198,11 @@ std::unique_ptr<C10dTransport> Distributed::make_transport(
 
 namespace {
 
-// Sums the gradients of `parameters` over `group`: one flat buffer per dtype.
-void allreduce_flat(C10dGroup& group, const std::vector<torch::Tensor>& parameters) {
+// Sums the gradients of `parameters` over `group`: one flat buffer per dtype, one after the
+// other. Returns the largest one's bytes.
+int64_t allreduce_flat(C10dGroup& group, const std::vector<torch::Tensor>& parameters) {
   torch::NoGradGuard no_grad;
+  int64_t largest = 0;
   std::map<torch::ScalarType, std::vector<torch::Tensor>> by_dtype;
   for (const auto& p : parameters) by_dtype[p.scalar_type()].push_back(p);
   for (auto& [dtype, params] : by_dtype) {
@@ -212,6 +215,7 @@ void allreduce_flat(C10dGroup& group, const std::vector<torch::Tensor>& paramete
                                       : torch::zeros({p.numel()}, p.options().device(device)));
     }
     std::vector<torch::Tensor> flat{torch::cat(pieces)};
+    largest = std::max(largest, static_cast<int64_t>(flat[0].nbytes()));
     group.allreduce_sum(flat);
     int64_t at = 0;
     for (auto& p : params) {
@@ -224,13 +228,14 @@ void allreduce_flat(C10dGroup& group, const std::vector<torch::Tensor>& paramete
       }
     }
   }
+  return largest;
 }
 
 }  // namespace
 
-void Distributed::allreduce_gradients(const std::vector<torch::Tensor>& parameters) {
-  if (!data_parallel_ || parameters.empty()) return;
-  allreduce_flat(*data_parallel_, parameters);
+int64_t Distributed::allreduce_gradients(const std::vector<torch::Tensor>& parameters) {
+  if (!data_parallel_ || parameters.empty()) return 0;
+  return allreduce_flat(*data_parallel_, parameters);
 }
 
 void Distributed::allreduce_tensor_parallel_gradients(

@@ -230,6 +230,7 @@ torch::Tensor DistributedPipe::train_step(const torch::Tensor& input, const torc
   // [4] Exposed: from the tie sums until the replicas' sums are in the gradients, either way.
   exposed_reduce_seconds_ = 0;
   reduce_buckets_ = 0;
+  reduce_buffer_bytes_ = 0;
   if (replicas) {
     const auto begin = std::chrono::steady_clock::now();
     if (reducer) {
@@ -239,10 +240,11 @@ torch::Tensor DistributedPipe::train_step(const torch::Tensor& input, const torc
       }
       if (!after.empty()) reducer->start(after);
       reduce_buckets_ = reducer->buckets_started();
+      reduce_buffer_bytes_ = reducer->pending_bytes();
       reducer->finish();
     } else {
       const double start_us = CollectiveLog::now_us();
-      distributed_.allreduce_gradients(unique_);
+      reduce_buffer_bytes_ = distributed_.allreduce_gradients(unique_);
       collectives_.finished(CollectiveKind::kAllReduce, -1, start_us);
     }
     exposed_reduce_seconds_ =

@@ -56,6 +56,12 @@ void GradientReducer::start(const std::vector<torch::Tensor>& parameters, int st
   launch(std::move(bucket), stage);
 }
 
+std::int64_t GradientReducer::pending_bytes() const {
+  std::int64_t bytes = 0;
+  for (const Bucket& bucket : pending_) bytes += static_cast<std::int64_t>(bucket.flat[0].nbytes());
+  return bytes;
+}
+
 double GradientReducer::finish() {
   const auto begin = std::chrono::steady_clock::now();
   for (auto& bucket : pending_) {

@@ -71,8 +71,10 @@ std::vector<MeasuredRankMemory> measure_memory(StepRunner& runner,
       // Offloaded, the state is host memory, with the shard's values and gradient.
       rank.bytes.optimizer_state = sharded->offloaded() ? 0 : held.optimizer_state;
       rank.bytes.offloaded += held.host;
+      rank.bytes.reduce_buffers = held.reduce_buffers;
       if (sharded->stage() == 3) rank.bytes.gathered = sharded->peak_whole_parameter_bytes();
     } else {
+      rank.bytes.reduce_buffers = holding.reduce_buffer_bytes;
       rank.bytes.gradients = gradient_bytes(holding.parameters);
       rank.bytes.optimizer_state =
           optimizer ? optimizer_state_bytes(*optimizer, holding.parameters) : 0;

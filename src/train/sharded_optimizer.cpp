@@ -392,6 +392,7 @@ void ShardedOptimizer::reduce_gradients() {  // [1]
   torch::NoGradGuard no_grad;
   if (started_flat_.empty()) {
     const torch::Tensor flat = flat_gradients();
+    reduce_buffer_bytes_ = bytes_of(flat);
     for (size_t k = 0; k < segments_.size(); ++k) {
       const Segment& s = segments_[k];
       torch::Tensor mine = reduced_gradient().narrow(0, s.shard_offset, s.piece);
@@ -408,6 +409,8 @@ void ShardedOptimizer::reduce_gradients() {  // [1]
     }
   } else {
     for (size_t k = 0; k < segments_.size(); ++k) start_reduce(k);  // those not started yet
+    reduce_buffer_bytes_ = 0;  // every segment's flat, in flight together
+    for (const torch::Tensor& flat : started_flat_) reduce_buffer_bytes_ += bytes_of(flat);
     for (size_t k = 0; k < segments_.size(); ++k) {
       started_wait_[k]();
       if (log_) {
@@ -598,11 +601,15 @@ ShardedOptimizer::Holdings ShardedOptimizer::holdings(
     if (found != index.end()) mine.push_back(found->second);
   }
   Holdings h;
+  // The last reduction's flat: on the host when offloaded without replicas (built where the
+  // shard lives), else where the collectives run.
+  const bool flat_on_host = offload_ && group() == nullptr;
   if (mine.size() == parameters_.size()) {
     h.parameters = parameter_bytes();
     h.gradients = gradient_bytes();
     h.optimizer_state = state_bytes();
-    h.host = host_bytes();
+    h.host = host_bytes() + (flat_on_host ? reduce_buffer_bytes_ : 0);
+    h.reduce_buffers = flat_on_host ? 0 : reduce_buffer_bytes_;
     return h;
   }
   // This replica's shard elements that belong to `mine`: each parameter's flat range against
@@ -631,6 +638,14 @@ ShardedOptimizer::Holdings ShardedOptimizer::holdings(
   h.gradients = train::gradient_bytes(subset) + (offload_ ? 0 : part(bytes_of(shard_grad_)));
   h.optimizer_state = part(state_bytes());
   h.host = part(host_bytes());
+  // The flat holds every parameter's elements once (with its segments' padding): `mine`'s share.
+  int64_t whole = 0;
+  for (size_t q : mine) whole += parameters_[q].numel();
+  const int64_t flat_part =
+      total_ > 0 ? static_cast<int64_t>(std::llround(static_cast<double>(whole) / total_ *
+                                                     static_cast<double>(reduce_buffer_bytes_)))
+                 : 0;
+  (flat_on_host ? h.host : h.reduce_buffers) += flat_part;
   return h;
 }
 

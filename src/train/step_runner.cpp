@@ -303,6 +303,7 @@ class DistributedRunner : public StepRunner {
     mine.peak_activation_bytes = pipe_.rank_peak_stashed_bytes();
     mine.peak_receive_buffer_bytes = pipe_.step_transport_stats().peak_receive_buffer_bytes;
     mine.peak_send_buffer_bytes = pipe_.step_transport_stats().peak_send_buffer_bytes;
+    mine.reduce_buffer_bytes = pipe_.last_reduce_buffer_bytes();
     return {mine};
   }
   double sum_over_ranks(double value) override {

@@ -108,6 +108,9 @@ TEST(PlanModelCli, MemoryPrintsEveryRanksCategoriesAndZeroShardsTheOptimizerStat
     const long long shard = (params / 4 + 1) / 2 * 4;  // float32 elements over 2, rounded up
     EXPECT_EQ(two[r]["optimizer_state"].get<long long>(), 2 * shard);
     EXPECT_EQ(two[r]["gradients"].get<long long>(), params + shard);
+    // The reduce-scatter's flat gradient, padded to both replicas' shards; none without replicas.
+    EXPECT_EQ(two[r]["reduce_buffers"].get<long long>(), 2 * shard);
+    EXPECT_EQ(one[r]["reduce_buffers"].get<long long>(), 0);
     EXPECT_GT(two[r]["receive_buffers"].get<long long>(), 0);
     EXPECT_GT(two[r]["send_buffers"].get<long long>(), 0);
   }
@@ -120,7 +123,8 @@ TEST(PlanModelCli, MemoryPrintsEveryRanksCategoriesAndZeroShardsTheOptimizerStat
   EXPECT_NE(no_replicas.output.find("--dp 2 or more"), std::string::npos) << no_replicas.output;
 
   // --offload-optimizer: the shard, its gradient and the state go to host memory ("offloaded",
-  // not in the total); at one replica the shard is everything, so it needs no --dp.
+  // not in the total); at one replica the shard is everything, so it needs no --dp, and the
+  // reduction's flat gradient is built there too.
   const CliRun offloaded = plan(common + "--zero 1 --offload-optimizer");
   ASSERT_EQ(offloaded.exit_code, 0) << offloaded.output;
   const auto host = nlohmann::json::parse(offloaded.output)["memory_per_rank"];
@@ -129,7 +133,8 @@ TEST(PlanModelCli, MemoryPrintsEveryRanksCategoriesAndZeroShardsTheOptimizerStat
     const auto params = one[r]["parameters"].get<long long>();
     EXPECT_EQ(host[r]["optimizer_state"].get<long long>(), 0);
     EXPECT_EQ(host[r]["gradients"].get<long long>(), params);
-    EXPECT_EQ(host[r]["offloaded"].get<long long>(), 2 * params + 2 * params);
+    EXPECT_EQ(host[r]["offloaded"].get<long long>(), 2 * params + 2 * params + params);
+    EXPECT_EQ(host[r]["reduce_buffers"].get<long long>(), 0);
   }
   const CliRun unsharded = plan(common + "--offload-optimizer");
   EXPECT_EQ(unsharded.exit_code, 2) << unsharded.output;

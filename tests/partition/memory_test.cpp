@@ -145,6 +145,36 @@ TEST(PredictMemory, ZeroShardsTheOptimizerStateAndStageTwoTheGradientsOverTheRep
   EXPECT_EQ(two[0].activations, plain[0].activations);
 }
 
+// The gradient sum's flat copies: none for one replica without ZeRO; every gradient once for
+// ZeRO 0's all-reduce (or its buckets); at ZeRO 1-3 the padded flat (dp x the shard); on the host
+// when offloaded without replicas, where the flat is built beside the shard.
+TEST(PredictMemory, TheGradientSumsBuffersHoldEveryGradientOncePaddedUnderZero) {
+  UniformLayer layer;
+  layer.parameter_bytes = 100;
+  const ModelProfile profile = uniform_profile(4, 4, layer);
+  const auto schedule = schedule::one_f_one_b(2, 4);
+  MemoryModelOptions options;
+  EXPECT_EQ(predict_memory(profile, {2, 2}, 1, schedule, options)[0].reduce_buffers, 0);
+  options.data_parallel = 3;  // 50 floats a rank: 51 padded, 17 per replica
+  const RankMemory replicated = predict_memory(profile, {2, 2}, 1, schedule, options)[0];
+  EXPECT_EQ(replicated.reduce_buffers, 200);
+  for (int zero : {1, 2, 3}) {
+    options.zero = zero;
+    const RankMemory sharded = predict_memory(profile, {2, 2}, 1, schedule, options)[0];
+    EXPECT_EQ(sharded.reduce_buffers, 3 * 68) << "zero " << zero;
+    EXPECT_EQ(sharded.total() - sharded.reduce_buffers,
+              sharded.parameters + sharded.gradients + sharded.optimizer_state +
+                  sharded.activations + sharded.gathered)
+        << "zero " << zero;
+  }
+  options.zero = 1;
+  options.data_parallel = 1;
+  options.offload_optimizer = true;
+  const RankMemory alone = predict_memory(profile, {2, 2}, 1, schedule, options)[0];
+  EXPECT_EQ(alone.reduce_buffers, 0);
+  EXPECT_EQ(alone.offloaded, 2 * 200 + 200);  // shard and its gradient, and the flat
+}
+
 TEST(PredictMemory, TransportHoldsTwoPostedReceivesAndTheSendsNotProvenReceivedBetweenProcesses) {
   UniformLayer layer;
   layer.output_bytes_per_sample = 100;  // 2 samples: 200 bytes, 256 aligned to 64

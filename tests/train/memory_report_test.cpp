@@ -322,26 +322,31 @@ TEST(MemoryReport, AnOffloadedOptimizerInOneProcessIsPredictedPerRankAndCategory
     ASSERT_EQ(summary.memory.size(), 2u) << name;
     for (const MeasuredRankMemory& rank : summary.memory) {
       EXPECT_EQ(rank.bytes.optimizer_state, 0) << name << " rank " << rank.rank;
-      // Adam's two moments, the shard and its gradient: four float32 copies of the rank's part.
+      // Adam's two moments, the shard and its gradient, and (no replicas: built on the host) the
+      // reduction's flat gradient: five float32 copies of the rank's part.
+      EXPECT_EQ(rank.bytes.reduce_buffers, 0) << name << " rank " << rank.rank;
       EXPECT_NEAR(static_cast<double>(rank.bytes.offloaded),
-                  4.0 * static_cast<double>(rank.bytes.parameters),
+                  5.0 * static_cast<double>(rank.bytes.parameters),
                   0.01 * static_cast<double>(rank.bytes.parameters))
           << name << " rank " << rank.rank;
     }
   }
 }
 
+// Every ZeRO stage at dp 2, and ZeRO 0 and 2 with the overlapped gradient sum (its buckets in
+// flight together, the reduce buffers), category by category.
 TEST(MemoryReport, ZeroStagesAcrossProcessesAreWithinTenPercentIncludingTransportBuffers) {
   for (const std::string name : {"mlp", "cnn", "gpt"}) {
-    // Rank 0's parameters + gradients held after the step, by ZeRO stage.
-    std::map<int, double> held;
-    for (const int zero : {0, 1, 2, 3}) {
-      const std::string what = name + " --zero " + std::to_string(zero);
+    // Rank 0's parameters + gradients held after the step, by ZeRO flags.
+    std::map<std::string, double> held;
+    for (const std::string zero :
+         {"0", "1", "2", "3", "0 --overlap-grad-reduce", "2 --overlap-grad-reduce"}) {
+      const std::string what = name + " --zero " + zero;
       const testing::CliRun run =
           testing::run_pipetrain(train_flags(name) +
                                  "--optimizer adam --steps 2 --chunks 4 --schedule 1f1b --nproc 4 "
                                  "--dp 2 --report-memory --zero " +
-                                 std::to_string(zero));
+                                 zero);
       ASSERT_EQ(run.exit_code, 0) << what << "\n" << run.output;
       const std::vector<ReportRow> rows = report_rows(run.output);
       ASSERT_EQ(rows.size(), 4u * pp::RankMemory::kCategories) << what << "\n" << run.output;
@@ -352,7 +357,7 @@ TEST(MemoryReport, ZeroStagesAcrossProcessesAreWithinTenPercentIncludingTranspor
         }
         // No --offload-activations here; only ZeRO-3 gathers parameters.
         if (row.category == "offloaded to host" ||
-            (row.category == "gathered params" && zero < 3)) {
+            (row.category == "gathered params" && zero != "3")) {
           EXPECT_EQ(row.ratio, "=") << where << "\n" << run.output;
           continue;
         }
@@ -364,7 +369,7 @@ TEST(MemoryReport, ZeroStagesAcrossProcessesAreWithinTenPercentIncludingTranspor
     }
     // ZeRO-3 at dp 2: half the parameters and gradients held between steps (the report prints 3
     // significant digits, and the shard is padded to a multiple of 2 elements per stage).
-    EXPECT_NEAR(held[3] / held[0], 0.5, 0.01) << name << ": zero 3 vs zero 0";
+    EXPECT_NEAR(held["3"] / held["0"], 0.5, 0.01) << name << ": zero 3 vs zero 0";
   }
 }
 

@@ -121,6 +121,14 @@ StageBytes stage_bytes(const ModelProfile& profile, std::int64_t first, std::int
 //                    stage j and it is not whole, - P_j where the plan frees it). Keeping them
 //                    until the last backward, about every local stage's P_j (they overlap in
 //                    time); resharding after forward, the largest one.
+//   reduce buffers   the data-parallel gradient sum's flat copies, from the step's last
+//                    backward (or, with --overlap-grad-reduce, each stage's) to the optimizer:
+//                    with replicas (dp > 1) or any ZeRO stage, the rank's gradients laid end to
+//                    end once -- ZeRO 0's all-reduce buffer or its buckets (all in flight
+//                    together), ZeRO's reduce-scatter input, padded to a multiple of dp
+//                    elements. With --offload-optimizer and no replicas the flat is built in
+//                    host memory (the offloaded category) instead. Only during the step's end,
+//                    when little else is live; counted in total() all the same.
 struct RankMemory {
   std::int64_t parameters = 0;
   std::int64_t gradients = 0;
@@ -128,22 +136,24 @@ struct RankMemory {
   std::int64_t activations = 0;
   std::int64_t receive_buffers = 0;
   std::int64_t send_buffers = 0;
-  std::int64_t offloaded = 0;  // host memory (activation offload)
-  std::int64_t gathered = 0;   // ZeRO-3's whole stage parameters at their peak
+  std::int64_t offloaded = 0;       // host memory (activation offload)
+  std::int64_t gathered = 0;        // ZeRO-3's whole stage parameters at their peak
+  std::int64_t reduce_buffers = 0;  // the gradient sum's flat copies
 
-  static constexpr int kCategories = 8;
-  // The categories in report order: 0 parameters .. 5 send buffers, 6 offloaded, 7 gathered.
+  static constexpr int kCategories = 9;
+  // The categories in report order: 0 parameters .. 5 send buffers, 6 offloaded, 7 gathered,
+  // 8 reduce buffers.
   std::int64_t& operator[](int category);
   std::int64_t operator[](int category) const;
   // What the rank's device holds: every category but the offloaded one (host memory). An upper
   // bound of the peak: the gathered and activation peaks need not fall at one moment.
   std::int64_t total() const {
     return parameters + gradients + optimizer_state + activations + receive_buffers + send_buffers +
-           gathered;
+           gathered + reduce_buffers;
   }
 };
 // "parameters", "gradients", "optimizer state", "activations", "receive buffers",
-// "send buffers", "offloaded to host", "gathered params".
+// "send buffers", "offloaded to host", "gathered params", "reduce buffers".
 const char* memory_category_name(int category);
 
 // A schedule's sends as the send-buffer walk needs them, independent of the model: per rank, each

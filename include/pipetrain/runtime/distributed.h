@@ -30,6 +30,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -136,8 +137,8 @@ class Distributed {
 
   // Sums every parameter's .grad() over the replicas of this pipeline rank, flattened into one
   // buffer per dtype. A parameter without a gradient counts as zero and receives the sum.
-  // No-op with one replica.
-  void allreduce_gradients(const std::vector<torch::Tensor>& parameters);
+  // No-op with one replica. Returns the bytes of the largest flat buffer (0 for a no-op).
+  std::int64_t allreduce_gradients(const std::vector<torch::Tensor>& parameters);
   // The same over the tensor-parallel group: for the tensors every tp rank holds whole whose
   // gradient each rank has only a share of (sequence parallelism). No-op with T = 1.
   void allreduce_tensor_parallel_gradients(const std::vector<torch::Tensor>& parameters);

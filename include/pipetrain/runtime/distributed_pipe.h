@@ -151,6 +151,10 @@ class DistributedPipe {
   CollectiveLog& collective_log() { return collectives_; }
   const CollectiveLog& collective_log() const { return collectives_; }
   int last_reduce_buckets() const { return reduce_buckets_; }
+  // The bytes of the last step's data-parallel gradient sum buffers (the all-reduce's flat copy,
+  // or the overlap's buckets, in flight together); 0 without replicas or with
+  // set_allreduce_gradients(false) (a ZeRO optimizer's reduce-scatter: its own figure).
+  std::int64_t last_reduce_buffer_bytes() const { return reduce_buffer_bytes_; }
   // The transport's counters since this pipe was built (bundles and tensor bytes sent).
   C10dTransport::Stats transport_stats() const;
   // The transport's counters as they stood at the end of the last training step's schedule; its
@@ -201,6 +205,7 @@ class DistributedPipe {
   bool reshard_after_forward_ = false;
   std::map<const schedule::Schedule*, schedule::ResidencyPlan> residency_;  // by schedule
   int reduce_buckets_ = 0;
+  std::int64_t reduce_buffer_bytes_ = 0;
   std::vector<std::pair<std::string, torch::Tensor>> ties_;  // (declare_tie key, tensor) held here
   std::vector<torch::Tensor> tensor_parallel_summed_;        // [3]
   // The tensors whose gradients are final only after [3] (ties across ranks, tp-summed ones).

@@ -47,6 +47,9 @@ class GradientReducer {
   double finish();
 
   int buckets_started() const { return static_cast<int>(pending_.size()); }
+  // Bytes of the flat copies of the buckets started since the last finish() (in flight together
+  // until it).
+  std::int64_t pending_bytes() const;
 
  private:
   struct Bucket {

@@ -25,11 +25,15 @@
 //                                 last step (ShardedOptimizer::peak_whole_parameter_bytes);
 //                                 the parameters category is then the bytes allocated between
 //                                 steps, the shard
+//                reduce buffers   the last step's data-parallel gradient sum buffers: the
+//                                 all-reduce's flat copy or the overlap's buckets
+//                                 (DistributedPipe::last_reduce_buffer_bytes), ZeRO's reduce-
+//                                 scatter input (ShardedOptimizer::Holdings::reduce_buffers)
 //              gather_memory() brings every rank's figures to the main rank.
 //
 // Not covered: fp16, CUDA stages' activations (their stash is estimated from the tensors they
 // hold, not counted by the allocator), and transient buffers inside one action (a backward's
-// gradient temporaries, a reduce-scatter's flat buffer).
+// gradient temporaries, an optimizer step's).
 //
 // Thread-safety: the training loop's thread; gather_memory() is collective.
 #pragma once

@@ -199,8 +199,11 @@ class ShardedOptimizer : public StageParameters {
   // several): parameter_bytes, gradient_bytes, state_bytes and host_bytes, the shard's parts
   // counted for the shard elements that belong to `parameters` (the state in proportion: every
   // element has the same). For all of them, the figures above.
+  // reduce_buffers: the last reduce_gradients()'s flat gradient buffers (every segment's, in
+  // flight together), counted in `host` instead when offloaded without replicas (the flat is
+  // then built in host memory); for some parameters, their elements' share.
   struct Holdings {
-    int64_t parameters = 0, gradients = 0, optimizer_state = 0, host = 0;
+    int64_t parameters = 0, gradients = 0, optimizer_state = 0, host = 0, reduce_buffers = 0;
   };
   Holdings holdings(const std::vector<torch::Tensor>& parameters) const;
 
@@ -275,6 +278,7 @@ class ShardedOptimizer : public StageParameters {
   bool parameters_are_truth_ = true;  // stage 3: since construction or gather_all()
   int64_t whole_bytes_ = 0;           // stage 3: of the whole segments now
   int64_t peak_whole_bytes_ = 0;
+  int64_t reduce_buffer_bytes_ = 0;  // the last reduce_gradients()'s flat buffers
   int64_t gather_bytes_sent_ = 0;    // stage 3, since construction
   int64_t gather_bytes_uncast_ = 0;  // the same in the parameters' dtype
   std::vector<int64_t> offsets_;     // of each parameter in the padded flat vector

@@ -116,11 +116,14 @@ class StepRunner {
     // Activation offload: the peak bytes of stashed inputs in host memory in the last step, summed
     // over its stages (an upper bound of the rank's own peak when it runs several).
     int64_t peak_offloaded_bytes = 0;
+    // The data-parallel gradient sum's buffers in the last step (DistributedPipe::
+    // last_reduce_buffer_bytes; a ZeRO optimizer reports its own).
+    int64_t reduce_buffer_bytes = 0;
   };
   // The ranks this process runs (the Pipe: all of them; a DistributedPipe: its own; sequential
   // training: one rank of every parameter, its activations not measured).
   virtual std::vector<RankHoldings> rank_holdings() {
-    return {RankHoldings{0, {0}, parameters(), 0, 0, 0, 0}};
+    return {RankHoldings{0, {0}, parameters(), 0, 0, 0, 0, 0}};
   }
   // Ranks of the whole job (the world size; in one process, the pipeline ranks).
   virtual int total_ranks() const { return 1; }
