@@ -189,7 +189,12 @@ C10dGroup* ShardedOptimizer::group() const {
 torch::Tensor ShardedOptimizer::gather_source() const {
   if (!staged_) return shard_;
   if (stage_ == 3) return device_shard_;
-  return shard_.to(comm_device_, /*non_blocking=*/false, /*copy=*/true);
+  // Offloaded under Gloo (or alone) the collectives run where the shard is: it is read as it
+  // is. Otherwise a copy where they run; from pinned memory to a GPU it is not waited for (the
+  // collective is ordered after it on the device).
+  if (shard_.device() == comm_device_) return shard_;
+  return shard_.to(comm_device_, /*non_blocking=*/shard_.is_pinned() && comm_device_.is_cuda(),
+                   /*copy=*/true);
 }
 
 torch::Tensor ShardedOptimizer::padded_flat(const std::function<torch::Tensor(size_t)>& value,
@@ -209,8 +214,8 @@ torch::Tensor ShardedOptimizer::shard_of(const torch::Tensor& flat) const {
   return torch::cat(pieces);
 }
 
-torch::Tensor ShardedOptimizer::gather_flat(const torch::Tensor& shard) const {
-  torch::Tensor flat = torch::empty({flat_size_}, shard.options());
+torch::Tensor ShardedOptimizer::gather_flat(const torch::Tensor& shard, bool pinned) const {
+  torch::Tensor flat = torch::empty({flat_size_}, shard.options().pinned_memory(pinned));
   C10dGroup* dp = group();
   for (const Segment& s : segments_) {
     const torch::Tensor mine = shard.narrow(0, s.shard_offset, s.piece).contiguous();
@@ -474,11 +479,16 @@ void ShardedOptimizer::step() {  // [3]
     return;
   }
   const double start_us = CollectiveLog::now_us();
-  const torch::Tensor flat = gather_flat(gather_source());
+  // Gathered on the host for a GPU's parameters (offloaded, or Gloo): into pinned memory, so that
+  // the copies into the parameters are queued on the device and the step returns without
+  // waiting for them; the next step's kernels are ordered after them on the stream.
+  const torch::Device device = parameters_.front().device();
+  const bool to_device = comm_device_.is_cpu() && device.is_cuda();
+  const torch::Tensor flat = gather_flat(gather_source(), /*pinned=*/to_device);
   if (log_) log_->finished(CollectiveKind::kAllGather, -1, start_us);
   for (size_t q = 0; q < parameters_.size(); ++q) {
     torch::Tensor& p = parameters_[q];
-    p.copy_(flat.narrow(0, offsets_[q], p.numel()).view(p.sizes()));
+    p.copy_(flat.narrow(0, offsets_[q], p.numel()).view(p.sizes()), /*non_blocking=*/to_device);
   }
 }
 

@@ -242,7 +242,8 @@ class ShardedOptimizer : public StageParameters {
   // This replica's pieces of a padded flat vector, one after the other.
   torch::Tensor shard_of(const torch::Tensor& flat) const;
   // Collective: the padded flat vector of every replica's `shard` (all-gathered by segment).
-  torch::Tensor gather_flat(const torch::Tensor& shard) const;
+  // `pinned`: the flat in pinned host memory (for copies to a GPU that need not be waited for).
+  torch::Tensor gather_flat(const torch::Tensor& shard, bool pinned = false) const;
 
   // Stage 3: segment k's parameters whole: started (the all-gather in flight into `gathered`) and
   // finished (their storage allocated and filled).
