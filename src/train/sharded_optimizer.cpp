@@ -696,7 +696,9 @@ std::unique_ptr<ShardedOptimizer> make_pipe_sharded_optimizer(
       const torch::ScalarType dtype = tensors.front().scalar_type();
       std::vector<torch::Tensor> kept, narrowed;
       for (torch::Tensor& t : tensors) {
-        const bool narrow = stage_index >= 0 && cast.count(t.unsafeGetTensorImpl());
+        // Autocast casts float32 only (a double stays double, a half is what it is).
+        const bool narrow = stage_index >= 0 && t.scalar_type() == torch::kFloat &&
+                            cast.count(t.unsafeGetTensorImpl());
         (narrow ? narrowed : kept).push_back(std::move(t));
       }
       add_segment(stage_index, std::move(kept), dtype);

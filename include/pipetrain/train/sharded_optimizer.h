@@ -98,7 +98,7 @@ struct ZeroOptions {
   // CPU (ZeRO-Offload; see the header comment).
   TORCH_ARG(bool, offload) = false;
   // Stage 3 under bf16 or fp16 (make_pipe_sharded_optimizer reads the pipe's precision): the
-  // parameters that reach the computation only through autocast's casts
+  // float32 parameters that reach the computation only through autocast's casts
   // (stage/autocast_parameters.h: the linears' and convolutions' weights) are all-gathered in
   // the compute dtype, half the bytes, and widened on arrival. The forward and the gradients see
   // the values they see at --zero 0 and the shard stays float32, so the step is as exact.
