@@ -330,7 +330,8 @@ int64_t all_gather_bytes(const std::string& trace_path, int ranks, int rank) {
 
 // ZeRO-3 under bf16 all-gathers the parameters read only through autocast's casts (the linears'
 // weights) in bfloat16: the MLP, all linears, sends half the bytes of the same run in float32, and
-// a Llama (whose norms and embedding still gather in float32) between a half and the whole. The
+// a Llama (whose norms and embedding still gather in float32) between a half and the whole, with
+// and without tensor and sequence parallelism. The
 // weights still equal --zero 0's under bf16 bit for bit: the forward and the gradients see the
 // rounding they see there, and the shard stays float32.
 TEST(ShardedOptimizer, ZeroThreeGathersAutocastCastWeightsInBf16AndStaysExact) {
@@ -338,6 +339,7 @@ TEST(ShardedOptimizer, ZeroThreeGathersAutocastCastWeightsInBf16AndStaysExact) {
   struct Model {
     std::string tag, flags;
     double low, high;  // bounds of bf16's gathered bytes over fp32's
+    int ranks = 4;
   };
   std::vector<Model> models = {
       {"mlp", kMlp + " --optimizer adamw --lr 0.01 --nproc 4 --pp 2 --dp 2 --schedule 1f1b", 0.49,
@@ -348,6 +350,13 @@ TEST(ShardedOptimizer, ZeroThreeGathersAutocastCastWeightsInBf16AndStaysExact) {
                           "/tokens.bin --seq-len 16 --batch-size 8 --steps 3 --chunks 4 "
                           "--optimizer adamw --lr 0.01 --schedule zb-h1 --nproc 4 --pp 2 --dp 2",
                       0.5, 0.95});
+    // Tensor parallelism with sequence parallelism: ZeRO over each pp x tp coordinate's replicas.
+    models.push_back({"llama-tp",
+                      "train --model " + hf + "/llama --data tokens --token-file " + hf +
+                          "/tokens.bin --seq-len 16 --batch-size 8 --steps 3 --chunks 4 "
+                          "--optimizer adamw --lr 0.01 --schedule zb-h1 --nproc 8 --pp 2 --tp 2 "
+                          "--dp 2 --sequence-parallel --overlap-grad-reduce",
+                      0.5, 0.95, 8});
   }
   for (const Model& m : models) {
     const CliRun bf16_zero0 = pipetrain::testing::run_pipetrain(
@@ -361,9 +370,9 @@ TEST(ShardedOptimizer, ZeroThreeGathersAutocastCastWeightsInBf16AndStaysExact) {
     const CliRun fp32 = pipetrain::testing::run_pipetrain(m.flags + " --zero 3 --trace " +
                                                           path(m.tag + "_f3.json"));
     ASSERT_EQ(fp32.exit_code, 0) << m.tag << "\n" << fp32.output;
-    for (int rank = 0; rank < 4; ++rank) {
-      const int64_t narrow = all_gather_bytes(path(m.tag + "_b3.json"), 4, rank);
-      const int64_t wide = all_gather_bytes(path(m.tag + "_f3.json"), 4, rank);
+    for (int rank = 0; rank < m.ranks; ++rank) {
+      const int64_t narrow = all_gather_bytes(path(m.tag + "_b3.json"), m.ranks, rank);
+      const int64_t wide = all_gather_bytes(path(m.tag + "_f3.json"), m.ranks, rank);
       ASSERT_GT(wide, 0) << m.tag << " rank " << rank;
       const double ratio = static_cast<double>(narrow) / static_cast<double>(wide);
       EXPECT_GE(ratio, m.low) << m.tag << " rank " << rank;
