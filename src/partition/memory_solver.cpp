@@ -353,8 +353,10 @@ std::int64_t& RankMemory::operator[](int category) {
       return offloaded;
     case 8:
       return reduce_buffers;
+    case 9:
+      return step_gradients;
   }
-  throw BadInput("RankMemory: no category " + std::to_string(category) + " (0..8)");
+  throw BadInput("RankMemory: no category " + std::to_string(category) + " (0..9)");
 }
 
 std::int64_t RankMemory::operator[](int category) const {
@@ -363,10 +365,10 @@ std::int64_t RankMemory::operator[](int category) const {
 
 const char* memory_category_name(int category) {
   static const char* const names[RankMemory::kCategories] = {
-      "parameters",   "gradients",         "optimizer state", "activations",   "receive buffers",
-      "send buffers", "offloaded to host", "gathered params", "reduce buffers"};
+      "parameters",   "gradients",         "optimizer state", "activations",    "receive buffers",
+      "send buffers", "offloaded to host", "gathered params", "reduce buffers", "step gradients"};
   if (category < 0 || category >= RankMemory::kCategories) {
-    throw BadInput("memory_category_name: no category " + std::to_string(category) + " (0..8)");
+    throw BadInput("memory_category_name: no category " + std::to_string(category) + " (0..9)");
   }
   return names[category];
 }
@@ -416,6 +418,7 @@ std::vector<RankMemory> predict_memory(const ModelProfile& profile, const std::v
     // The gradient sum's flat copies: every gradient once (ZeRO: padded to dp x shard).
     const bool reduces = dp > 1 || options.zero > 0;
     const std::int64_t flat = options.zero == 0 ? rank.parameters : dp * shard;
+    if (options.zero >= 2) rank.step_gradients = rank.parameters;
     rank.gradients = options.zero == 0   ? rank.parameters
                      : options.zero == 1 ? rank.parameters + shard
                                          : shard;

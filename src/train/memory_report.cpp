@@ -72,6 +72,7 @@ std::vector<MeasuredRankMemory> measure_memory(StepRunner& runner,
       rank.bytes.optimizer_state = sharded->offloaded() ? 0 : held.optimizer_state;
       rank.bytes.offloaded += held.host;
       rank.bytes.reduce_buffers = held.reduce_buffers;
+      rank.bytes.step_gradients = held.step_gradients;
       if (sharded->stage() == 3) rank.bytes.gathered = sharded->peak_whole_parameter_bytes();
     } else {
       rank.bytes.reduce_buffers = holding.reduce_buffer_bytes;

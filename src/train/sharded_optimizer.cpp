@@ -431,6 +431,7 @@ void ShardedOptimizer::reduce_gradients() {  // [1]
     comm_grad_ = torch::Tensor();
   }
   if (stage_ >= 2) {
+    step_gradient_bytes_ = train::gradient_bytes(parameters_);  // what the step accumulated
     for (torch::Tensor& p : parameters_) p.mutable_grad() = torch::Tensor();
   }
 }
@@ -620,6 +621,7 @@ ShardedOptimizer::Holdings ShardedOptimizer::holdings(
     h.optimizer_state = state_bytes();
     h.host = host_bytes() + (flat_on_host ? reduce_buffer_bytes_ : 0);
     h.reduce_buffers = flat_on_host ? 0 : reduce_buffer_bytes_;
+    h.step_gradients = step_gradient_bytes_;
     return h;
   }
   // This replica's shard elements that belong to `mine`: each parameter's flat range against
@@ -656,6 +658,10 @@ ShardedOptimizer::Holdings ShardedOptimizer::holdings(
                                                      static_cast<double>(reduce_buffer_bytes_)))
                  : 0;
   (flat_on_host ? h.host : h.reduce_buffers) += flat_part;
+  h.step_gradients =
+      total_ > 0 ? static_cast<int64_t>(std::llround(static_cast<double>(whole) / total_ *
+                                                     static_cast<double>(step_gradient_bytes_)))
+                 : 0;
   return h;
 }
 

@@ -137,10 +137,14 @@ TEST(PredictMemory, ZeroShardsTheOptimizerStateAndStageTwoTheGradientsOverTheRep
   EXPECT_EQ(one[0].parameters, 200);
   EXPECT_EQ(one[0].gradients, 200 + 68);  // the full .grad() and the reduce-scattered shard
   EXPECT_EQ(one[0].optimizer_state, 2 * 68);
+  EXPECT_EQ(one[0].step_gradients, 0);  // the full .grad() stays: in gradients
   options.zero = 2;
   const auto two = predict_memory(profile, {2, 2}, 1, schedule, options);
   EXPECT_EQ(two[0].gradients, 68);
   EXPECT_EQ(two[0].optimizer_state, 2 * 68);
+  // During the step the full .grad() exists until the reduce-scatter drops it.
+  EXPECT_EQ(two[0].step_gradients, 200);
+  EXPECT_EQ(plain[0].step_gradients, 0);
   // Activations do not depend on ZeRO.
   EXPECT_EQ(two[0].activations, plain[0].activations);
 }
@@ -164,7 +168,7 @@ TEST(PredictMemory, TheGradientSumsBuffersHoldEveryGradientOncePaddedUnderZero) 
     EXPECT_EQ(sharded.reduce_buffers, 3 * 68) << "zero " << zero;
     EXPECT_EQ(sharded.total() - sharded.reduce_buffers,
               sharded.parameters + sharded.gradients + sharded.optimizer_state +
-                  sharded.activations + sharded.gathered)
+                  sharded.activations + sharded.gathered + sharded.step_gradients)
         << "zero " << zero;
   }
   options.zero = 1;

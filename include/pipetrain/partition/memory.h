@@ -129,6 +129,10 @@ StageBytes stage_bytes(const ModelProfile& profile, std::int64_t first, std::int
 //                    elements. With --offload-optimizer and no replicas the flat is built in
 //                    host memory (the offloaded category) instead. Only during the step's end,
 //                    when little else is live; counted in total() all the same.
+//   step gradients   ZeRO 2 and 3 only: the full .grad() of the rank's parameters, P, which a
+//                    step accumulates over its micro-batches and the reduce-scatter drops (the
+//                    gradients category counts what is held between steps, the shard). At ZeRO
+//                    0 and 1 the full gradients stay, and the gradients category has them.
 struct RankMemory {
   std::int64_t parameters = 0;
   std::int64_t gradients = 0;
@@ -139,21 +143,22 @@ struct RankMemory {
   std::int64_t offloaded = 0;       // host memory (activation offload)
   std::int64_t gathered = 0;        // ZeRO-3's whole stage parameters at their peak
   std::int64_t reduce_buffers = 0;  // the gradient sum's flat copies
+  std::int64_t step_gradients = 0;  // ZeRO 2/3: the full gradients during a step
 
-  static constexpr int kCategories = 9;
+  static constexpr int kCategories = 10;
   // The categories in report order: 0 parameters .. 5 send buffers, 6 offloaded, 7 gathered,
-  // 8 reduce buffers.
+  // 8 reduce buffers, 9 step gradients.
   std::int64_t& operator[](int category);
   std::int64_t operator[](int category) const;
   // What the rank's device holds: every category but the offloaded one (host memory). An upper
   // bound of the peak: the gathered and activation peaks need not fall at one moment.
   std::int64_t total() const {
     return parameters + gradients + optimizer_state + activations + receive_buffers + send_buffers +
-           gathered + reduce_buffers;
+           gathered + reduce_buffers + step_gradients;
   }
 };
 // "parameters", "gradients", "optimizer state", "activations", "receive buffers",
-// "send buffers", "offloaded to host", "gathered params", "reduce buffers".
+// "send buffers", "offloaded to host", "gathered params", "reduce buffers", "step gradients".
 const char* memory_category_name(int category);
 
 // A schedule's sends as the send-buffer walk needs them, independent of the model: per rank, each

@@ -29,6 +29,8 @@
 //                                 all-reduce's flat copy or the overlap's buckets
 //                                 (DistributedPipe::last_reduce_buffer_bytes), ZeRO's reduce-
 //                                 scatter input (ShardedOptimizer::Holdings::reduce_buffers)
+//                step gradients   ZeRO 2/3: the full .grad() the last reduce-scatter dropped
+//                                 (ShardedOptimizer::Holdings::step_gradients)
 //              gather_memory() brings every rank's figures to the main rank.
 //
 // Not covered: fp16, CUDA stages' activations (their stash is estimated from the tensors they

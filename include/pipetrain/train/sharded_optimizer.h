@@ -202,8 +202,10 @@ class ShardedOptimizer : public StageParameters {
   // reduce_buffers: the last reduce_gradients()'s flat gradient buffers (every segment's, in
   // flight together), counted in `host` instead when offloaded without replicas (the flat is
   // then built in host memory); for some parameters, their elements' share.
+  // step_gradients (stages 2 and 3): the full gradients the last reduce_gradients() dropped.
   struct Holdings {
-    int64_t parameters = 0, gradients = 0, optimizer_state = 0, host = 0, reduce_buffers = 0;
+    int64_t parameters = 0, gradients = 0, optimizer_state = 0, host = 0, reduce_buffers = 0,
+            step_gradients = 0;
   };
   Holdings holdings(const std::vector<torch::Tensor>& parameters) const;
 
@@ -280,6 +282,7 @@ class ShardedOptimizer : public StageParameters {
   int64_t whole_bytes_ = 0;           // stage 3: of the whole segments now
   int64_t peak_whole_bytes_ = 0;
   int64_t reduce_buffer_bytes_ = 0;  // the last reduce_gradients()'s flat buffers
+  int64_t step_gradient_bytes_ = 0;  // stages 2, 3: the full gradients it dropped
   int64_t gather_bytes_sent_ = 0;    // stage 3, since construction
   int64_t gather_bytes_uncast_ = 0;  // the same in the parameters' dtype
   std::vector<int64_t> offsets_;     // of each parameter in the padded flat vector
