@@ -650,18 +650,17 @@ ShardedOptimizer::Holdings ShardedOptimizer::holdings(
   h.gradients = train::gradient_bytes(subset) + (offload_ ? 0 : part(bytes_of(shard_grad_)));
   h.optimizer_state = part(state_bytes());
   h.host = part(host_bytes());
-  // The flat holds every parameter's elements once (with its segments' padding): `mine`'s share.
+  // The flat and the step's full gradients hold every parameter's elements once (the flat with
+  // its segments' padding): `mine`'s share of the elements.
   int64_t whole = 0;
   for (size_t q : mine) whole += parameters_[q].numel();
-  const int64_t flat_part =
-      total_ > 0 ? static_cast<int64_t>(std::llround(static_cast<double>(whole) / total_ *
-                                                     static_cast<double>(reduce_buffer_bytes_)))
-                 : 0;
-  (flat_on_host ? h.host : h.reduce_buffers) += flat_part;
-  h.step_gradients =
-      total_ > 0 ? static_cast<int64_t>(std::llround(static_cast<double>(whole) / total_ *
-                                                     static_cast<double>(step_gradient_bytes_)))
-                 : 0;
+  const auto element_part = [&](int64_t bytes) {
+    return total_ > 0 ? static_cast<int64_t>(std::llround(static_cast<double>(whole) / total_ *
+                                                          static_cast<double>(bytes)))
+                      : 0;
+  };
+  (flat_on_host ? h.host : h.reduce_buffers) += element_part(reduce_buffer_bytes_);
+  h.step_gradients = element_part(step_gradient_bytes_);
   return h;
 }
 
