@@ -138,8 +138,7 @@ TEST(PlanModelCli, MemoryPrintsEveryRanksCategoriesAndZeroShardsTheOptimizerStat
   }
   const CliRun unsharded = plan(common + "--offload-optimizer");
   EXPECT_EQ(unsharded.exit_code, 2) << unsharded.output;
-  EXPECT_NE(unsharded.output.find("needs --zero 1, 2 or 3"), std::string::npos)
-      << unsharded.output;
+  EXPECT_NE(unsharded.output.find("needs --zero 1, 2 or 3"), std::string::npos) << unsharded.output;
 }
 
 // --precision bf16: the profile runs under autocast, so what crosses a boundary is bfloat16 (half
