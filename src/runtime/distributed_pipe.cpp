@@ -245,7 +245,7 @@ torch::Tensor DistributedPipe::train_step(const torch::Tensor& input, const torc
     } else {
       const double start_us = CollectiveLog::now_us();
       reduce_buffer_bytes_ = distributed_.allreduce_gradients(unique_);
-      collectives_.finished(CollectiveKind::kAllReduce, -1, start_us);
+      collectives_.finished(CollectiveKind::kAllReduce, -1, start_us, reduce_buffer_bytes_);
     }
     exposed_reduce_seconds_ =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();

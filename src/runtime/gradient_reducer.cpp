@@ -66,7 +66,10 @@ double GradientReducer::finish() {
   const auto begin = std::chrono::steady_clock::now();
   for (auto& bucket : pending_) {
     bucket.wait();
-    if (log_) log_->finished(CollectiveKind::kAllReduce, bucket.stage, bucket.start_us);
+    if (log_) {
+      log_->finished(CollectiveKind::kAllReduce, bucket.stage, bucket.start_us,
+                     static_cast<std::int64_t>(bucket.flat[0].nbytes()));
+    }
   }
   const double waited =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();

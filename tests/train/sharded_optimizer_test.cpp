@@ -216,6 +216,7 @@ TEST(ShardedOptimizer, ZeroThreeTracesItsCollectivesOnTheirOwnRows) {
         first = std::min(first, end);
       }
       reduces += name.rfind("reduce-scatter", 0) == 0;
+      EXPECT_GT(e["args"].value("bytes", int64_t{0}), 0) << e.dump();
     } else if (e["cat"] == "F") {
       auto& first = first_forward.try_emplace({tid, stage}, start).first->second;
       first = std::min(first, start);
@@ -310,8 +311,10 @@ TEST(ShardedOptimizer, ZeroThreeEqualsZeroZeroOnHuggingFaceCheckpoints) {
 
 namespace {
 
-// The bytes rank `rank`'s all-gathers sent in a `train --trace` file (the collectives' "bytes").
-int64_t all_gather_bytes(const std::string& trace_path, int ranks, int rank) {
+// The bytes rank `rank`'s collectives of `kind` ("all-gather", "all-reduce") sent in a `train
+// --trace` file (the collectives' "bytes").
+int64_t collective_bytes(const std::string& trace_path, int ranks, int rank,
+                         const std::string& kind) {
   std::ifstream file(trace_path);
   const nlohmann::json trace = nlohmann::json::parse(file);
   int64_t bytes = 0;
@@ -319,7 +322,7 @@ int64_t all_gather_bytes(const std::string& trace_path, int ranks, int rank) {
     if (e["ph"] != "X" || e["cat"] != "collective" || e["tid"].get<int>() != ranks + rank) {
       continue;
     }
-    if (e["name"].get<std::string>().rfind("all-gather", 0) != 0) continue;
+    if (e["name"].get<std::string>().rfind(kind, 0) != 0) continue;
     EXPECT_TRUE(e["args"].contains("bytes")) << e.dump();
     bytes += e["args"].value("bytes", int64_t{0});
   }
@@ -371,12 +374,33 @@ TEST(ShardedOptimizer, ZeroThreeGathersAutocastCastWeightsInBf16AndStaysExact) {
                                                           path(m.tag + "_f3.json"));
     ASSERT_EQ(fp32.exit_code, 0) << m.tag << "\n" << fp32.output;
     for (int rank = 0; rank < m.ranks; ++rank) {
-      const int64_t narrow = all_gather_bytes(path(m.tag + "_b3.json"), m.ranks, rank);
-      const int64_t wide = all_gather_bytes(path(m.tag + "_f3.json"), m.ranks, rank);
+      const int64_t narrow =
+          collective_bytes(path(m.tag + "_b3.json"), m.ranks, rank, "all-gather");
+      const int64_t wide = collective_bytes(path(m.tag + "_f3.json"), m.ranks, rank, "all-gather");
       ASSERT_GT(wide, 0) << m.tag << " rank " << rank;
       const double ratio = static_cast<double>(narrow) / static_cast<double>(wide);
       EXPECT_GE(ratio, m.low) << m.tag << " rank " << rank;
       EXPECT_LE(ratio, m.high) << m.tag << " rank " << rank;
     }
+  }
+}
+
+// --zero 0's replica sum in the trace: the overlap's buckets carry every gradient once, the same
+// bytes per rank as the blocking all-reduce's one flat buffer.
+TEST(ShardedOptimizer, TheOverlappedBucketsCarryTheBytesOfTheBlockingAllReduce) {
+  const std::string flags =
+      kMlp +
+      " --optimizer adamw --lr 0.01 --nproc 4 --pp 2 --dp 2 --schedule interleaved-1f1b "
+      "--virtual 2 --bucket-size 0.01 --trace ";
+  const CliRun blocking = pipetrain::testing::run_pipetrain(flags + path("sum_blocking.json"));
+  ASSERT_EQ(blocking.exit_code, 0) << blocking.output;
+  const CliRun overlapped = pipetrain::testing::run_pipetrain(flags + path("sum_overlap.json") +
+                                                              " --overlap-grad-reduce");
+  ASSERT_EQ(overlapped.exit_code, 0) << overlapped.output;
+  for (int rank = 0; rank < 4; ++rank) {
+    const int64_t whole = collective_bytes(path("sum_blocking.json"), 4, rank, "all-reduce");
+    EXPECT_GT(whole, 0) << "rank " << rank;
+    EXPECT_EQ(collective_bytes(path("sum_overlap.json"), 4, rank, "all-reduce"), whole)
+        << "rank " << rank;
   }
 }
