@@ -27,6 +27,8 @@
 // schedule/residency.h); [3] then steps the shard and gathers nothing. Reading the parameters
 // outside a step (a checkpoint, an evaluation, the end of training) needs gather_all() first;
 // whatever is written into them then (a restore) is taken into the shard by the next zero_grad().
+// Under bf16/fp16 the segments of parameters autocast only casts are gathered in the compute
+// dtype (ZeroOptions::cast_gather); gather_all() always gathers the parameters' dtype.
 //
 //   construction / gather_all()    parameters whole, and the truth
 //   zero_grad() (or the step's     [0] the shard loaded from them, every segment freed
