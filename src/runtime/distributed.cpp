@@ -16,6 +16,7 @@
 
 #include "pipetrain/base/check.h"
 #include "pipetrain/base/message_of.h"
+#include "pipetrain/runtime/gradient_reducer.h"
 #include "pipetrain/runtime/tensor_io.h"
 
 namespace pipetrain {
@@ -207,26 +208,11 @@ int64_t allreduce_flat(C10dGroup& group, const std::vector<torch::Tensor>& param
   for (const auto& p : parameters) by_dtype[p.scalar_type()].push_back(p);
   for (auto& [dtype, params] : by_dtype) {
     // Where the group sums: the CPU under Gloo, the parameters' GPU under NCCL.
-    const torch::Device device = group.collective_device(params.front().device());
-    std::vector<torch::Tensor> pieces;
-    for (auto& p : params) {
-      const auto& grad = p.grad();
-      pieces.push_back(grad.defined() ? grad.reshape({-1}).to(device, dtype)
-                                      : torch::zeros({p.numel()}, p.options().device(device)));
-    }
-    std::vector<torch::Tensor> flat{torch::cat(pieces)};
+    std::vector<torch::Tensor> flat{
+        pack_gradients(params, group.collective_device(params.front().device()))};
     largest = std::max(largest, static_cast<int64_t>(flat[0].nbytes()));
     group.allreduce_sum(flat);
-    int64_t at = 0;
-    for (auto& p : params) {
-      auto sum = flat[0].narrow(0, at, p.numel()).view(p.sizes()).to(p.device());
-      at += p.numel();
-      if (p.grad().defined()) {
-        p.mutable_grad().copy_(sum);
-      } else {
-        p.mutable_grad() = sum.clone();
-      }
-    }
+    unpack_gradients(params, flat[0]);
   }
   return largest;
 }

@@ -18,23 +18,42 @@ GradientReducer::GradientReducer(std::shared_ptr<C10dGroup> group, std::int64_t 
                         bucket_bytes_, ")");
 }
 
-void GradientReducer::launch(std::vector<torch::Tensor> parameters, int stage) {
-  if (parameters.empty()) return;
+torch::Tensor pack_gradients(const std::vector<torch::Tensor>& parameters,
+                             const torch::Device& device) {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> pieces;
-  // Where the group sums (the CPU under Gloo, the GPU under NCCL), as
-  // Distributed::allreduce_gradients sums them.
-  const torch::Device device = group_->collective_device(parameters.front().device());
   for (const auto& p : parameters) {
     const auto& grad = p.grad();
     pieces.push_back(grad.defined() ? grad.reshape({-1}).to(device, p.scalar_type())
                                     : torch::zeros({p.numel()}, p.options().device(device)));
   }
+  return torch::cat(pieces);
+}
+
+void unpack_gradients(const std::vector<torch::Tensor>& parameters, const torch::Tensor& flat) {
+  torch::NoGradGuard no_grad;
+  std::int64_t at = 0;
+  for (const auto& p : parameters) {
+    auto sum = flat.narrow(0, at, p.numel()).view(p.sizes()).to(p.device());
+    at += p.numel();
+    if (p.grad().defined()) {
+      p.mutable_grad().copy_(sum);
+    } else {
+      p.mutable_grad() = sum.clone();
+    }
+  }
+}
+
+void GradientReducer::launch(std::vector<torch::Tensor> parameters, int stage) {
+  if (parameters.empty()) return;
+  // Where the group sums (the CPU under Gloo, the GPU under NCCL), as
+  // Distributed::allreduce_gradients sums them.
+  const torch::Device device = group_->collective_device(parameters.front().device());
   Bucket bucket;
+  bucket.flat = {pack_gradients(parameters, device)};
   bucket.stage = stage;
   bucket.start_us = CollectiveLog::now_us();
   bucket.parameters = std::move(parameters);
-  bucket.flat = {torch::cat(pieces)};
   bucket.wait = group_->allreduce_sum_start(bucket.flat);
   pending_.push_back(std::move(bucket));
 }
@@ -73,19 +92,7 @@ double GradientReducer::finish() {
   }
   const double waited =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
-  torch::NoGradGuard no_grad;
-  for (auto& bucket : pending_) {
-    std::int64_t at = 0;
-    for (auto& p : bucket.parameters) {
-      auto sum = bucket.flat[0].narrow(0, at, p.numel()).view(p.sizes()).to(p.device());
-      at += p.numel();
-      if (p.grad().defined()) {
-        p.mutable_grad().copy_(sum);
-      } else {
-        p.mutable_grad() = sum.clone();
-      }
-    }
-  }
+  for (auto& bucket : pending_) unpack_gradients(bucket.parameters, bucket.flat[0]);
   pending_.clear();
   return waited;
 }

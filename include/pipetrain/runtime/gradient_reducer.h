@@ -32,6 +32,14 @@
 
 namespace pipetrain {
 
+// The gradients of `parameters` (of one dtype) packed end to end into one flat tensor on `device`
+// (where the group sums: C10dGroup::collective_device); an undefined gradient packs as zeros.
+torch::Tensor pack_gradients(const std::vector<torch::Tensor>& parameters,
+                             const torch::Device& device);
+// The summed `flat` (pack_gradients' layout) written back into `parameters`' gradients, on their
+// devices; an undefined gradient receives its piece.
+void unpack_gradients(const std::vector<torch::Tensor>& parameters, const torch::Tensor& flat);
+
 class GradientReducer {
  public:
   // REQUIRES: group non-null; bucket_bytes >= 1. `log` (optional, outliving the reducer) gets
