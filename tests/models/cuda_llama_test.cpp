@@ -1,6 +1,9 @@
 // The Llama model on a GPU (`make gpu-check`): stages sharing one GPU train like sequential
 // training on the CPU, in fp32 and in bf16. Skips, saying so, where no CUDA device is visible.
 // Needs no transformers: the config is made here and the weights drawn by init_llama_random.
+#include <algorithm>
+#include <cstdio>
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -66,13 +69,22 @@ TEST(CudaLlama, StagesSharingOneGpuTrainLikeSequentialTrainingInFp32AndBf16) {
   pipe.emplace(fp32.sequential,
                PipeOptions().stages(3).chunks(4).schedule("1f1b").devices({gpu, gpu, gpu}));
   train(fp32, pipe, 3);
+  // Compared as norms: float32's rounding, magnified by AdamW's normalised update where a gradient
+  // is near zero, leaves single elements far apart. On a Llama of this size, torch's 3 AdamW
+  // steps in float32 against float64 were 1.5e-4 of the largest weight apart in one element of
+  // o_proj, and 1.0e-5 as a norm; the first GPU run of this test saw 5.6e-4 in one element of
+  // layer 2's gate_proj (the GPU's pipeline against the host's sequential training).
   const auto expected = reference.sequential->named_parameters();
+  double worst = 0;
   for (const auto& item : fp32.sequential->named_parameters()) {
     const torch::Tensor got = item.value().cpu();
     const torch::Tensor want = expected[item.key()];
-    EXPECT_LT((got - want).abs().max().item<double>() / want.abs().max().item<double>(), 1e-4)
-        << item.key();
+    const double relative = (got - want).norm().item<double>() / want.norm().item<double>();
+    EXPECT_LT(relative, 1e-4) << item.key() << ": worst element off by "
+                              << (got - want).abs().max().item<double>();
+    worst = std::max(worst, relative);
   }
+  std::printf("fp32 on the GPU against the host: weights apart by %.2e (norm)\n", worst);
 
   // bf16 on the GPU: 20 steps' losses within 2% of fp32's on the GPU.
   std::vector<double> losses[2];

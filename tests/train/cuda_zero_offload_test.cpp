@@ -83,26 +83,38 @@ OffloadRun train_on_gpu(bool offload) {
   return run;
 }
 
+// Training in float32 is a few ulps off exact arithmetic at every step, and AdamW's normalised
+// update magnifies that for the odd element whose gradient is near zero. For this model and these
+// 3 steps, torch's AdamW in float32 against float64 differed by up to 3.3e-6 in one element (1e-4 of
+// the largest weight) but by 1.5e-6 as a whole (the norm of the difference over the weights'). The
+// first GPU run of this test saw 3.8e-7 in one element between the host's AdamW and the device's.
+// So the runs are compared as norms, within 1e-5: AdamW's weight decay left out would be 3e-4.
 TEST(CudaZeroOffload, TrainsLikeThePlainOptimizerAndLowersTheDevicePeakByItsState) {
   SKIP_UNLESS_A_GPU();
   const OffloadRun plain = train_on_gpu(false);
   const OffloadRun offloaded = train_on_gpu(true);
   ASSERT_EQ(plain.weights.size(), offloaded.weights.size());
+  double worst = 0;
   for (size_t q = 0; q < plain.weights.size(); ++q) {
-    EXPECT_TRUE(torch::allclose(offloaded.weights[q], plain.weights[q], 1e-5, 1e-7))
-        << "parameter " << q << ": worst difference "
-        << (offloaded.weights[q] - plain.weights[q]).abs().max().item<double>();
+    const double relative = (offloaded.weights[q] - plain.weights[q]).norm().item<double>() /
+                            plain.weights[q].norm().item<double>();
+    EXPECT_LT(relative, 1e-5) << "parameter " << q << ": worst element off by "
+                              << (offloaded.weights[q] - plain.weights[q]).abs().max().item<double>();
+    worst = std::max(worst, relative);
   }
-  // AdamW's two moments of 16 MiB of parameters: 32 MiB, on the host when offloaded.
+  // AdamW's two moments of 16 MiB of parameters: 32 MiB, on the host when offloaded. The plain
+  // optimizer also keeps a step count per parameter (8 bytes each), the sharded one one per shard.
   EXPECT_GE(plain.state, int64_t{32} << 20);
-  EXPECT_EQ(offloaded.state, plain.state);
-  EXPECT_LE(offloaded.peak, plain.peak - plain.state)
+  EXPECT_NEAR(static_cast<double>(offloaded.state), static_cast<double>(plain.state),
+              8.0 * static_cast<double>(plain.weights.size()));
+  EXPECT_LE(offloaded.peak, plain.peak - (int64_t{32} << 20))
       << "device peak " << plain.peak << " bytes plain, " << offloaded.peak
       << " offloaded; optimizer state " << plain.state;
-  std::printf("device peak over a step: plain %.1f MiB, offloaded %.1f MiB (state %.1f MiB)\n",
-              static_cast<double>(plain.peak) / (1 << 20),
-              static_cast<double>(offloaded.peak) / (1 << 20),
-              static_cast<double>(plain.state) / (1 << 20));
+  std::printf(
+      "device peak over a step: plain %.1f MiB, offloaded %.1f MiB (state %.1f MiB); weights "
+      "apart by %.2e (norm)\n",
+      static_cast<double>(plain.peak) / (1 << 20), static_cast<double>(offloaded.peak) / (1 << 20),
+      static_cast<double>(plain.state) / (1 << 20), worst);
 }
 
 // Two replicas sharing the GPU over Gloo (NCCL refuses two ranks on one device), ZeRO 1, 2 and 3
