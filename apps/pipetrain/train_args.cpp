@@ -404,7 +404,11 @@ void check_ranges(const TrainArgs& args) {
     fail("--zero must be 0, 1, 2 or 3, got " + std::to_string(args.zero));
   }
   if (args.offload_optimizer) {
-    if (args.pipeline.device != "cuda" && args.pipeline.devices.empty()) {
+    const auto& devices = args.pipeline.devices;
+    const bool cuda_listed = std::any_of(devices.begin(), devices.end(), [](const std::string& d) {
+      return d.rfind("cuda", 0) == 0;
+    });
+    if (args.pipeline.device != "cuda" && !cuda_listed) {
       fail(
           "--offload-optimizer moves the optimizer state and master weights of CUDA stages to "
           "host memory; these stages run on the CPU, where they already are: nothing to offload");

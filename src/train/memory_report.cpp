@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 #include <sstream>
 
 #include "pipetrain/base/check.h"
@@ -116,9 +117,32 @@ std::vector<MeasuredRankMemory> gather_memory(StepRunner& runner,
   return runner.is_main() ? all : mine;
 }
 
-MemoryPrediction predict_training_memory(torch::nn::Sequential model, const torch::Tensor& inputs,
-                                         const torch::Tensor& targets, const LossFn& loss,
+namespace {
+
+// The one device every parameter of `model` is on (the host for a model without parameters).
+torch::Device parameters_device(torch::nn::Sequential& model) {
+  std::optional<torch::Device> device;
+  for (const auto& item : model->named_parameters()) {
+    const torch::Device here = item.value().device();
+    if (!device) device = here;
+    PIPETRAIN_CHECK_INPUT(here == *device,
+                          "the memory model profiles the whole model on one device, and its "
+                          "parameters are on ",
+                          device->str(), " and ", here.str(), " (", item.key(),
+                          "); move the model to one device first");
+  }
+  return device.value_or(torch::Device(torch::kCPU));
+}
+
+}  // namespace
+
+MemoryPrediction predict_training_memory(torch::nn::Sequential model,
+                                         const torch::Tensor& host_inputs,
+                                         const torch::Tensor& host_targets, const LossFn& loss,
                                          const PipeOptions& pipe, const MemoryRunOptions& run) {
+  const torch::Device device = parameters_device(model);
+  const torch::Tensor inputs = host_inputs.to(device);
+  const torch::Tensor targets = host_targets.to(device);
   PIPETRAIN_CHECK_INPUT(pipe.precision() != Precision::kFloat16,
                         "the memory model predicts float32 and bf16 stages; --precision fp16 is "
                         "not covered (use fp32 or bf16)");

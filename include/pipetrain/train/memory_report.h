@@ -90,7 +90,10 @@ struct MemoryRunOptions {
 // Profiles `model` on the first rows of `inputs` (the mini-batch a replica runs is split into
 // pipe.chunks() micro-batches) and predicts every pipeline rank's memory. The model is run in
 // the mode it is in (training: dropout masks count) with autograd; its gradients are left as
-// they were. Throws pipetrain::BadInput for options the memory model does not cover.
+// they were. The profile runs where the model's parameters are, so `inputs` and `targets` may be on
+// the host for a model on one GPU (the activations are then the GPU's caching allocator's bytes).
+// Throws pipetrain::BadInput for options the memory model does not cover and for a model whose
+// parameters are on more than one device (move it to one first).
 MemoryPrediction predict_training_memory(torch::nn::Sequential model, const torch::Tensor& inputs,
                                          const torch::Tensor& targets, const LossFn& loss,
                                          const PipeOptions& pipe, const MemoryRunOptions& run);
