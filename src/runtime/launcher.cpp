@@ -19,6 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <deque>
@@ -28,7 +29,9 @@
 #include <iterator>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <stdexcept>
+#include <utility>
 
 #include "pipetrain/base/error.h"
 
@@ -76,28 +79,64 @@ std::string describe_exit(int code) {
   return "exit code " + std::to_string(code);
 }
 
-}  // namespace
 
-int find_free_port(const std::string& addr) {
+// The kernel's own range of ports (net.ipv4.ip_local_port_range): where bind to port 0 and the
+// local end of every outgoing connection draw from. {0, 0} when it cannot be read.
+std::pair<int, int> local_port_range() {
+  std::ifstream in("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 0;
+  int high = 0;
+  if (!(in >> low >> high)) return {0, 0};
+  return {low, high};
+}
+
+// Whether `port` on `address` can be bound now: 0 if so, else errno. `port` 0 asks the kernel for
+// one, written back into *chosen.
+int try_bind(const sockaddr_in& address, int port, int* chosen) {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0)
     throw Error(ErrorKind::Runtime, std::string("find_free_port: socket: ") + strerror(errno));
+  sockaddr_in here = address;
+  here.sin_port = htons(static_cast<uint16_t>(port));
+  int error = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&here), sizeof(here)) != 0) {
+    error = errno;
+  } else {
+    socklen_t length = sizeof(here);
+    getsockname(fd, reinterpret_cast<sockaddr*>(&here), &length);
+    *chosen = ntohs(here.sin_port);
+  }
+  close(fd);
+  return error;
+}
+
+}  // namespace
+
+// A port the kernel chose (bind to port 0) stays in its own range, where any connection made on
+// the machine may take it as its local end before rank 0's store binds it: a test run beside
+// others once failed so, EADDRINUSE. So the port is drawn at random below that range, where the
+// kernel hands out none, and is checked free; the kernel's choice is the fallback.
+int find_free_port(const std::string& addr) {
   sockaddr_in address{};
   address.sin_family = AF_INET;
-  address.sin_port = 0;
   if (inet_pton(AF_INET, addr.c_str(), &address.sin_addr) != 1) {
-    close(fd);
     throw BadInput("find_free_port: '" + addr + "' is not an IPv4 address");
   }
-  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
-    const std::string error = strerror(errno);
-    close(fd);
-    throw Error(ErrorKind::Runtime, "find_free_port: bind " + addr + ":0: " + error);
+  int chosen = 0;
+  const int low = local_port_range().first;
+  if (low > 2048) {
+    std::random_device seed;
+    std::mt19937 draw(seed());
+    std::uniform_int_distribution<int> below(std::max(1024, low / 2), low - 1);
+    for (int tries = 0; tries < 64; ++tries) {
+      if (try_bind(address, below(draw), &chosen) == 0) return chosen;
+    }
   }
-  socklen_t length = sizeof(address);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  close(fd);
-  return ntohs(address.sin_port);
+  const int error = try_bind(address, 0, &chosen);
+  if (error != 0) {
+    throw Error(ErrorKind::Runtime, "find_free_port: bind " + addr + ":0: " + strerror(error));
+  }
+  return chosen;
 }
 
 std::vector<std::string> strip_launcher_flags(int argc, const char* const* argv) {

@@ -9,8 +9,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
+#include <fstream>
+#include <set>
 
 #include <thread>
 
@@ -122,6 +125,26 @@ TEST(FindFreePort, ReturnsAPortThatCanBeBound) {
   inet_pton(AF_INET, "127.0.0.1", &address.sin_addr);
   EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
   close(fd);
+}
+
+// The race it avoids: a port from the kernel's own range (what bind to port 0 gives) can become
+// any outgoing connection's local end before rank 0's store binds it.
+TEST(FindFreePort, DrawsBelowTheKernelsOwnRangeOfPorts) {
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 0;
+  int high = 0;
+  if (!(range >> low >> high) || low <= 2048) {
+    GTEST_SKIP() << "needs /proc/sys/net/ipv4/ip_local_port_range starting above 2048 (read "
+                 << low << ")";
+  }
+  std::set<int> ports;
+  for (int k = 0; k < 20; ++k) {
+    const int port = find_free_port();
+    EXPECT_GE(port, std::max(1024, low / 2));
+    EXPECT_LT(port, low) << "the kernel's range is " << low << ".." << high;
+    ports.insert(port);
+  }
+  EXPECT_GT(ports.size(), 1u) << "20 draws gave one port";
 }
 
 TEST(StripLauncherFlags, RemovesNprocInBothSpellings) {

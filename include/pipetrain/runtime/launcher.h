@@ -90,7 +90,9 @@ CollectedRun launch_self_collecting(int nproc, const std::vector<std::string>& a
 int launch_self(int nproc, const std::vector<std::string>& args,
                 std::chrono::milliseconds grace = std::chrono::seconds(10), int max_restarts = 0);
 
-// A TCP port on `addr` that was free a moment ago (bind port 0, read it back, close).
+// A TCP port on `addr` that was free a moment ago, drawn below the kernel's own range of ports
+// (ip_local_port_range), so that no connection made meanwhile takes it; the kernel's choice
+// (bind port 0) where that range cannot be read or nothing below it is free.
 int find_free_port(const std::string& addr = "127.0.0.1");
 
 // This process's arguments (argv[1..], read from /proc/self/cmdline) less the launcher's own flags
