@@ -28,6 +28,8 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 
+#include "pipetrain/stage/device.h"
+
 namespace pipetrain {
 namespace {
 
@@ -207,10 +209,15 @@ AllocationCounter::AllocationCounter() : live_(std::make_shared<std::atomic<int6
 int64_t AllocationCounter::counted_bytes_of(const torch::Tensor& tensor) const {
   if (!tensor.defined() || !tensor.has_storage()) return 0;
   const c10::DataPtr& data = tensor.storage().data_ptr();
+  if (data.device().is_cuda()) return device_counted_bytes(data.get(), live_);
   if (data.get_deleter() != &delete_counted) return 0;
   const CountedAllocation* allocation = table().find(data.get());
   if (allocation == nullptr || allocation->counter != live_) return 0;
   return allocation->bytes;
+}
+
+const Counter* active_allocation_counter() {
+  return current_counter;
 }
 
 CountAllocations::CountAllocations(AllocationCounter& counter) : previous_(current_counter) {

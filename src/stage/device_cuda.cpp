@@ -14,11 +14,14 @@
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 
+#include <atomic>
 #include <map>
 #include <mutex>
+#include <unordered_map>
 #include <utility>
 
 #include "pipetrain/base/check.h"
+#include "pipetrain/stage/allocation_counter.h"
 #include "pipetrain/stage/device.h"
 #include "wall_seconds.h"
 
@@ -169,6 +172,68 @@ int64_t device_allocated_bytes(const torch::Device& device) {
   const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
   return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
       .current;
+}
+
+namespace {
+
+using Counter = std::shared_ptr<std::atomic<int64_t>>;
+
+// The CUDA blocks counted by some AllocationCounter, by address, and the table's lock. The trace
+// callback runs with the caching allocator's per-device lock held; it takes only this one and
+// calls nothing of torch, so the two locks are always taken in the same order.
+struct CountedBlocks {
+  std::mutex mutex;
+  std::unordered_map<size_t, std::pair<Counter, int64_t>> blocks;
+};
+
+CountedBlocks& counted_blocks() {
+  static auto* table = new CountedBlocks();  // never destroyed: frees may come at exit
+  return *table;
+}
+
+void on_trace(const c10::cuda::CUDACachingAllocator::TraceEntry& entry) {
+  using Action = c10::cuda::CUDACachingAllocator::TraceEntry::Action;
+  if (entry.action_ == Action::ALLOC) {
+    const Counter* counter = active_allocation_counter();
+    if (counter == nullptr) return;
+    const auto bytes = static_cast<int64_t>(entry.size_);
+    (*counter)->fetch_add(bytes, std::memory_order_relaxed);
+    CountedBlocks& table = counted_blocks();
+    std::lock_guard<std::mutex> lock(table.mutex);
+    table.blocks[entry.addr_] = {*counter, bytes};
+  } else if (entry.action_ == Action::FREE_REQUESTED) {
+    CountedBlocks& table = counted_blocks();
+    std::lock_guard<std::mutex> lock(table.mutex);
+    const auto found = table.blocks.find(entry.addr_);
+    if (found == table.blocks.end()) return;
+    found->second.first->fetch_sub(found->second.second, std::memory_order_relaxed);
+    table.blocks.erase(found);
+  }
+}
+
+}  // namespace
+
+bool count_device_allocations(const torch::Device& device) {
+  if (!device.is_cuda()) return false;
+  static const bool counting = [&] {
+    // The allocator attaches a callback to the devices it has set up, so set them up first.
+    (void)at::empty({1}, at::TensorOptions().device(device));
+    try {
+      c10::cuda::CUDACachingAllocator::attachAllocatorTraceTracker(&on_trace);
+    } catch (const c10::Error&) {
+      return false;  // a backend without trace callbacks (cudaMallocAsync)
+    }
+    return true;
+  }();
+  return counting;
+}
+
+int64_t device_counted_bytes(const void* data, const Counter& counter) {
+  CountedBlocks& table = counted_blocks();
+  std::lock_guard<std::mutex> lock(table.mutex);
+  const auto found = table.blocks.find(reinterpret_cast<size_t>(data));
+  if (found == table.blocks.end() || found->second.first != counter) return 0;
+  return found->second.second;
 }
 
 double time_on_device(const torch::Device& device, int calls, const std::function<void()>& body) {

@@ -53,6 +53,14 @@ int64_t device_allocated_bytes(const torch::Device&) {
   return 0;
 }
 
+bool count_device_allocations(const torch::Device&) {
+  return false;
+}
+
+int64_t device_counted_bytes(const void*, const std::shared_ptr<std::atomic<int64_t>>&) {
+  return 0;
+}
+
 double time_on_device(const torch::Device& device, int calls, const std::function<void()>& body) {
   PIPETRAIN_CHECK_INPUT(calls >= 1, "time_on_device: calls must be >= 1, got ", calls);
   check_device_usable(device);

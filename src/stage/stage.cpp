@@ -167,6 +167,7 @@ Stage::Stage(int index, int first_layer, std::vector<StageLayer> layers, torch::
       first_layer_(first_layer),
       layers_(std::move(layers)),
       device_(device),
+      measured_(device.is_cpu() || count_device_allocations(device)),
       rng_(seed, device) {
   TORCH_INTERNAL_ASSERT(!layers_.empty(), "stage ", index, " has no layers");
 }
@@ -430,11 +431,15 @@ void Stage::offload(Microbatch& state) {
   for (auto& t : state.inputs) t = torch::Tensor();
   for (auto& entry : state.skip_inputs) entry.second = torch::Tensor();
   if (!measures_allocations()) {
-    // The estimate of a device stage's stash drops the inputs that left it. A CPU stage's
-    // measured figure keeps them: they are still in its memory.
+    // The estimate of a device stage's stash drops the inputs that left it.
     const int64_t before = state.bytes;
     state.bytes = estimated_stash_bytes(state);
     change_stash(state.bytes - before);
+  } else if (!device_.is_cpu()) {
+    // So does a GPU stage's measured figure, which counted them; a CPU stage's keeps them: they
+    // are still in its memory.
+    state.bytes -= state.offloaded_bytes;
+    change_stash(-state.offloaded_bytes);
   }
   offloaded_bytes_ += state.offloaded_bytes;
   accounting_.peak_offloaded_bytes = std::max(accounting_.peak_offloaded_bytes, offloaded_bytes_);
@@ -458,6 +463,9 @@ void Stage::prefetch(int i) {
     const int64_t before = state.bytes;
     state.bytes = estimated_stash_bytes(state);
     change_stash(state.bytes - before);
+  } else if (!device_.is_cpu()) {
+    state.bytes += state.offloaded_bytes;  // back on the GPU
+    change_stash(state.offloaded_bytes);
   }
 }
 

@@ -14,10 +14,13 @@
 //              '-- guard ends                      tensors made above live on, counted
 //   any thread: last reference to that storage dropped  ->  -n bytes
 //
-// What it does not see: memory not from the CPU allocator (CUDA's caching allocator, from_blob,
-// the BLAS library's own buffers), allocations made on other threads (intra-op workers), and
-// CPU tensors allocated before the wrapper was installed. Counts are the bytes requested, not
-// the allocator's alignment padding.
+// CUDA: once count_device_allocations (stage/device.h) has started it, the caching allocator's
+// allocations made on a thread with an active guard count too, through the allocator's trace
+// callbacks (a block counts until its free is asked for). A Stage on a GPU measures its stash so.
+//
+// What it does not see: memory from neither allocator (from_blob, the BLAS library's own
+// buffers), allocations made on other threads (intra-op workers), and CPU tensors allocated
+// before the wrapper was installed. Counts are the bytes requested, not the allocators' rounding.
 //
 // Ownership: a counter is shared (shared_ptr) with every allocation it counted, so it may be
 // destroyed before them. Thread-safety: live_bytes() and counted_bytes_of() may be called from any
@@ -54,8 +57,12 @@ class AllocationCounter {
   std::shared_ptr<std::atomic<int64_t>> live_;
 };
 
-// Counts this thread's CPU allocations into `counter` until the guard ends; guards nest (the
-// inner one wins, the outer one resumes after it).
+// The counter of this thread's active CountAllocations guard; null when none. For the CUDA
+// allocator's trace callback (stage/device_cuda.cpp).
+const std::shared_ptr<std::atomic<int64_t>>* active_allocation_counter();
+
+// Counts this thread's CPU allocations (and CUDA ones, once counted: above) into `counter` until
+// the guard ends; guards nest (the inner one wins, the outer one resumes after it).
 // REQUIRES: `counter` outlives the guard.
 class CountAllocations {
  public:

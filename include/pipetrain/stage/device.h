@@ -8,6 +8,7 @@
 // calling thread only.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -94,6 +95,17 @@ void reset_device_peak_allocated_bytes(const torch::Device& device);
 // Bytes LibTorch's caching allocator has allocated on `device` now, every thread's (0 on the CPU).
 // Blocks are rounded up by the allocator (to 512 bytes), so small tensors count a little more.
 int64_t device_allocated_bytes(const torch::Device& device);
+
+// Counts the CUDA caching allocator's allocations into the AllocationCounter of the allocating
+// thread's active CountAllocations guard (stage/allocation_counter.h), as the CPU's are, through
+// the allocator's trace callbacks: a block counts from its allocation until its free is asked for,
+// whichever thread frees it. Started once per process by the first call on a CUDA device;
+// returns whether CUDA allocations are counted: false without CUDA, and with an allocator backend
+// that has no trace callbacks (cudaMallocAsync). Allocations of other threads (another rank's,
+// a sender's copy into this device) are not counted.
+bool count_device_allocations(const torch::Device& device);
+// The bytes of the CUDA block at `data` if `counter` counted its allocation, else 0.
+int64_t device_counted_bytes(const void* data, const std::shared_ptr<std::atomic<int64_t>>& counter);
 
 // Seconds that `calls` runs of `body` take on `device`. On a CUDA device: the time between two
 // CUDA events recorded on the calling thread's current stream before and after the runs, waiting

@@ -185,8 +185,9 @@ class Stage {
   void offload(Microbatch& state);
   // stashed_bytes_ += delta, and the rank's.
   void change_stash(int64_t delta);
-  // Whether micro-batches' stashes are measured (a CPU stage) rather than estimated.
-  bool measures_allocations() const { return device_.is_cpu(); }
+  // Whether micro-batches' stashes are measured (a CPU stage, or a GPU one whose allocations are
+  // counted: count_device_allocations) rather than estimated from the tensors the stage holds.
+  bool measures_allocations() const { return measured_; }
   int64_t input_bytes(const Microbatch& state) const;
   int64_t estimated_stash_bytes(const Microbatch& state) const;
   std::vector<torch::Tensor> make_leaves(const std::vector<torch::Tensor>& tensors) const;
@@ -201,6 +202,7 @@ class Stage {
   bool last_ = false;
   std::vector<StageLayer> layers_;
   torch::Device device_;
+  bool measured_ = false;  // measures_allocations()
   StageRng rng_;
   std::map<int, std::unique_ptr<Microbatch>> stash_;  // by micro-batch i
   StageAccounting accounting_;
