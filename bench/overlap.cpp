@@ -18,8 +18,9 @@
 //
 // Each row is its own 4-process job (runtime/launcher.h): 2 warm-up steps, then timed steps; a
 // row's figure is the median over its steps, and the ratios divide by the row without overlap of
-// the same schedule and round. Rounds alternate the rows so that a slow minute of the machine
-// falls on all of them.
+// the same schedule and round. Every round runs every row, so that a slow minute of the machine
+// falls on all of them, and odd rounds run them in reverse order, so that neither row of a pair
+// always runs first.
 //
 // The bf16 rows run ZeRO-3 under autocast, once gathering the linears' weights in bf16 (the
 // default) and once in float32; "step vs fp32 gather" divides the first by the second.
@@ -187,7 +188,11 @@ int main(int argc, char** argv) {
   std::map<std::string, int> buckets;
   for (int round = 0; round < rounds; ++round) {
     std::map<std::string, double> step_of, exposed_of;
-    for (size_t r = 0; r < kRows.size(); ++r) {
+    // Odd rounds run the rows in reverse, so that within each pair the blocking row and the
+    // overlapped one each run first in half the rounds (a machine drifting over a minute would
+    // otherwise favour one of them in every round).
+    for (size_t n = 0; n < kRows.size(); ++n) {
+      const size_t r = round % 2 == 0 ? n : kRows.size() - 1 - n;
       if (!wanted(kRows[r])) continue;
       const CollectedRun run = launch_self_collecting(
           kWorld, {"--rank", std::to_string(r), std::to_string(steps)}, kPrefix);

@@ -212,10 +212,7 @@ Precision check_plan_args(const PlanModelArgs& args) {
   if (args.zero < 0 || args.zero > 3) {
     throw UsageError("--zero must be 0, 1, 2 or 3 (got " + std::to_string(args.zero) + ")");
   }
-  if (args.reshard_after_forward && args.zero != 3) {
-    throw UsageError("--reshard-after-forward is ZeRO-3's policy; it needs --zero 3 (got --zero " +
-                     std::to_string(args.zero) + ")");
-  }
+  train::check_reshard_after_forward(args.reshard_after_forward, args.zero);
   train::check_offload_optimizer(args.offload_optimizer, args.zero);
   if (args.world < 0) {
     throw UsageError("--world must be >= 1 (got " + std::to_string(args.world) + ")");

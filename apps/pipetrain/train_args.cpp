@@ -415,12 +415,7 @@ void check_ranges(const TrainArgs& args) {
     }
     train::check_offload_optimizer(args.offload_optimizer, args.zero);
   }
-  if (args.reshard_after_forward && args.zero != 3) {
-    fail(
-        "--reshard-after-forward frees ZeRO-3's gathered parameters; it needs --zero 3, got "
-        "--zero " +
-        std::to_string(args.zero));
-  }
+  train::check_reshard_after_forward(args.reshard_after_forward, args.zero);
   if (args.adam_betas.size() != 2) fail("--adam-betas takes two numbers B1,B2");
   for (double beta : args.adam_betas) {
     if (!(beta >= 0 && beta < 1))

@@ -664,15 +664,19 @@ ShardedOptimizer::Holdings ShardedOptimizer::holdings(
   return h;
 }
 
+void check_reshard_after_forward(bool reshard_after_forward, int zero_stage) {
+  PIPETRAIN_CHECK_INPUT(!reshard_after_forward || zero_stage == 3,
+                        "--reshard-after-forward frees ZeRO-3's gathered parameters; it needs "
+                        "--zero 3, got --zero ",
+                        zero_stage);
+}
+
 std::unique_ptr<ShardedOptimizer> make_pipe_sharded_optimizer(
     Distributed& distributed, DistributedPipe& pipe, const std::vector<torch::Tensor>& counted,
     const std::string& optimizer, const OptimizerOptions& options, const ZeroOptions& zero,
     bool overlap) {
   const int stage = zero.stage();
-  PIPETRAIN_CHECK_INPUT(!zero.reshard_after_forward() || stage == 3,
-                        "--reshard-after-forward frees ZeRO-3's gathered parameters; it needs "
-                        "--zero 3 (got --zero ",
-                        stage, ")");
+  check_reshard_after_forward(zero.reshard_after_forward(), stage);
   // Overlapped, or ZeRO-3: one segment per local stage, reduced when that stage's gradients are
   // final, and (stage 3) gathered around its actions. Under bf16/fp16 at stage 3, a stage's
   // parameters read only through autocast's casts form a segment of their own, gathered in the

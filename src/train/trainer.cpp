@@ -34,10 +34,7 @@ void check_options(const TrainerOptions& o) {
     throw BadInput("Trainer: zero must be 0, 1, 2 or 3 (got " + std::to_string(o.zero()) + ")");
   }
   check_offload_optimizer(o.offload_optimizer(), o.zero());
-  PIPETRAIN_CHECK_INPUT(!o.reshard_after_forward() || o.zero() == 3,
-                        "--reshard-after-forward frees ZeRO-3's gathered parameters; it needs "
-                        "--zero 3 (got --zero ",
-                        o.zero(), ")");
+  check_reshard_after_forward(o.reshard_after_forward(), o.zero());
   if (o.save_every() < 0 || o.warmup_steps() < 0 || !(o.clip_grad_norm() >= 0)) {
     throw BadInput("Trainer: save_every, warmup_steps and clip_grad_norm must be >= 0 (got " +
                    std::to_string(o.save_every()) + ", " + std::to_string(o.warmup_steps()) + ", " +

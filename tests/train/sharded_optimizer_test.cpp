@@ -244,6 +244,11 @@ TEST(ShardedOptimizer, ZeroWithoutReplicasOrOutOfRangeExitsTwoNamingTheFlag) {
   const CliRun offload = train("--steps 1 --nproc 4 --dp 2 --zero 3 --offload-optimizer");
   EXPECT_EQ(offload.exit_code, 2) << offload.output;
   EXPECT_NE(offload.output.find("nothing to offload"), std::string::npos) << offload.output;
+  // Naming host devices one per process is no different (it was accepted until 2026-11-27).
+  const CliRun listed =
+      train("--steps 1 --nproc 4 --dp 2 --zero 3 --offload-optimizer --devices cpu,cpu,cpu,cpu");
+  EXPECT_EQ(listed.exit_code, 2) << listed.output;
+  EXPECT_NE(listed.output.find("nothing to offload"), std::string::npos) << listed.output;
   const CliRun reshard = train("--steps 1 --nproc 4 --dp 2 --zero 2 --reshard-after-forward");
   EXPECT_EQ(reshard.exit_code, 2) << reshard.output;
   EXPECT_NE(reshard.output.find("--reshard-after-forward frees ZeRO-3's gathered parameters; it "

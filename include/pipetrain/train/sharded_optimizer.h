@@ -108,6 +108,10 @@ struct ZeroOptions {
   TORCH_ARG(bool, cast_gather) = true;
 };
 
+// Throws pipetrain::BadInput naming both when `reshard_after_forward` (ZeRO-3's policy) comes
+// with a ZeRO stage other than 3: what the trainer, the sharded optimizer and the CLI check.
+void check_reshard_after_forward(bool reshard_after_forward, int zero_stage);
+
 class ShardedOptimizer : public StageParameters {
  public:
   // `parameters`: this rank's, each tensor once, all of one floating dtype and on one device (the
