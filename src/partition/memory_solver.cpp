@@ -310,6 +310,50 @@ std::int64_t gathered_peak(const schedule::Schedule& schedule, int r,
   return peak;
 }
 
+// ZeRO-3's gather buffers: the most receive-buffer bytes rank r has in flight at once, walking
+// its residency plan as the interpreter follows it (ShardedOptimizer: a gather starts before the
+// first action or after an action, as the prefetch; a wait before an action that needs a stage
+// not yet whole starts it if nobody did; a release waits for a gather still running). A stage
+// whole or in flight is not gathered again.
+std::int64_t gather_buffer_peak(const schedule::Schedule& schedule, int r,
+                                const std::vector<std::int64_t>& stage_buffers, bool reshard) {
+  const schedule::ResidencyPlan plan = schedule::parameter_residency(schedule, r, reshard);
+  std::set<int> in_flight, whole;
+  std::int64_t flying = 0, peak = 0;
+  auto start = [&](int j) {
+    if (whole.count(j) || !in_flight.insert(j).second) return;
+    flying += stage_buffers[static_cast<std::size_t>(j)];
+    peak = std::max(peak, flying);
+  };
+  auto land = [&](int j) {
+    if (in_flight.erase(j) > 0) flying -= stage_buffers[static_cast<std::size_t>(j)];
+  };
+  if (plan.first >= 0) start(plan.first);
+  for (const schedule::ResidencyStep& step : plan.steps) {
+    if (step.needs >= 0 && !whole.count(step.needs)) {
+      start(step.needs);
+      land(step.needs);
+      whole.insert(step.needs);
+    }
+    if (step.release >= 0) {
+      land(step.release);
+      whole.erase(step.release);
+    }
+    if (step.prefetch >= 0) start(step.prefetch);
+  }
+  return peak;
+}
+
+// One ZeRO-3 segment's gather buffer: `bytes` of parameters of `element` bytes each, padded to a
+// multiple of dp elements and received in `wire` bytes each; narrowed (wire < element), the
+// rank's piece is first copied into the wire dtype too.
+std::int64_t segment_gather_bytes(std::int64_t bytes, std::int64_t element, std::int64_t wire,
+                                  std::int64_t dp) {
+  const std::int64_t elements = (bytes + element - 1) / element;
+  const std::int64_t piece = (elements + dp - 1) / dp;
+  return piece * dp * wire + (wire < element && elements > 0 ? piece * wire : 0);
+}
+
 }  // namespace
 
 SendWalk send_walk(const schedule::Schedule& schedule) {
@@ -355,8 +399,10 @@ std::int64_t& RankMemory::operator[](int category) {
       return reduce_buffers;
     case 9:
       return step_gradients;
+    case 10:
+      return gather_buffers;
   }
-  throw BadInput("RankMemory: no category " + std::to_string(category) + " (0..9)");
+  throw BadInput("RankMemory: no category " + std::to_string(category) + " (0..10)");
 }
 
 std::int64_t RankMemory::operator[](int category) const {
@@ -366,9 +412,10 @@ std::int64_t RankMemory::operator[](int category) const {
 const char* memory_category_name(int category) {
   static const char* const names[RankMemory::kCategories] = {
       "parameters",   "gradients",         "optimizer state", "activations",    "receive buffers",
-      "send buffers", "offloaded to host", "gathered params", "reduce buffers", "step gradients"};
+      "send buffers", "offloaded to host", "gathered params", "reduce buffers", "step gradients",
+      "gather buffers"};
   if (category < 0 || category >= RankMemory::kCategories) {
-    throw BadInput("memory_category_name: no category " + std::to_string(category) + " (0..9)");
+    throw BadInput("memory_category_name: no category " + std::to_string(category) + " (0..10)");
   }
   return names[category];
 }
@@ -395,6 +442,22 @@ std::vector<RankMemory> predict_memory(const ModelProfile& profile, const std::v
     ranks[static_cast<std::size_t>(schedule.stage_rank[j])].parameters += bytes.parameters;
     stage_parameters[j] = bytes.parameters;
     first = end;
+  }
+  // [ZeRO-3] each stage's gather buffer: its float32 segment and its narrowed one.
+  std::vector<std::int64_t> stage_buffers(static_cast<std::size_t>(S), 0);
+  if (options.zero == 3) {
+    for (int j = 0; j < S; ++j) {
+      const auto js = static_cast<std::size_t>(j);
+      const std::int64_t narrowed = js < options.stage_narrowed_parameters.size()
+                                        ? options.stage_narrowed_parameters[js]
+                                        : 0;
+      const std::int64_t element = options.parameter_element_bytes;
+      stage_buffers[js] =
+          segment_gather_bytes(stage_parameters[js] - narrowed, element, element,
+                               options.data_parallel) +
+          segment_gather_bytes(narrowed, element, options.narrowed_element_bytes,
+                               options.data_parallel);
+    }
   }
   // Offload's prefetch points include communication: walk the list the interpreter runs.
   const StashPeaks peaks = options.offload && !schedule::is_lowered(schedule)
@@ -428,6 +491,8 @@ std::vector<RankMemory> predict_memory(const ModelProfile& profile, const std::v
       rank.parameters = shard;
       rank.gathered = gathered_peak(schedule, static_cast<int>(r), stage_parameters,
                                     options.reshard_after_forward);
+      rank.gather_buffers = gather_buffer_peak(schedule, static_cast<int>(r), stage_buffers,
+                                               options.reshard_after_forward);
     }
     if (options.offload_optimizer && options.zero > 0) {
       // The host keeps the shard's float32 values (the step's), its gradient and the state; the

@@ -4,12 +4,14 @@
 #include <algorithm>
 #include <cstdio>
 #include <optional>
+#include <set>
 #include <sstream>
 
 #include "pipetrain/base/check.h"
 #include "pipetrain/base/error.h"
 #include "pipetrain/partition/profiler.h"
 #include "pipetrain/stage/allocation_counter.h"
+#include "pipetrain/stage/autocast_parameters.h"
 #include "pipetrain/stage/microbatch.h"
 #include "pipetrain/train/optimizer.h"
 #include "pipetrain/train/sharded_optimizer.h"
@@ -74,7 +76,10 @@ std::vector<MeasuredRankMemory> measure_memory(StepRunner& runner,
       rank.bytes.offloaded += held.host;
       rank.bytes.reduce_buffers = held.reduce_buffers;
       rank.bytes.step_gradients = held.step_gradients;
-      if (sharded->stage() == 3) rank.bytes.gathered = sharded->peak_whole_parameter_bytes();
+      if (sharded->stage() == 3) {
+        rank.bytes.gathered = sharded->peak_whole_parameter_bytes();
+        rank.bytes.gather_buffers = sharded->peak_gather_buffer_bytes();
+      }
     } else {
       rank.bytes.reduce_buffers = holding.reduce_buffer_bytes;
       rank.bytes.gradients = gradient_bytes(holding.parameters);
@@ -211,6 +216,29 @@ MemoryPrediction predict_training_memory(torch::nn::Sequential model,
   options.zero = run.zero;
   options.reshard_after_forward = run.reshard_after_forward;
   options.offload_optimizer = run.offload_optimizer;
+  if (run.zero == 3 && run.cast_gather && pipe.precision() != Precision::kFloat32) {
+    // What make_pipe_sharded_optimizer gathers narrowed: the float32 parameters autocast casts.
+    std::set<const void*> cast;
+    for (const torch::Tensor& p : autocast_cast_parameters(*model)) {
+      if (p.scalar_type() == torch::kFloat) cast.insert(p.unsafeGetTensorImpl());
+    }
+    int64_t first = 0;
+    for (int count : balance) {
+      std::set<const void*> seen;
+      int64_t bytes = 0;
+      for (int64_t l = first; l < first + count; ++l) {
+        for (const torch::Tensor& p : model[static_cast<size_t>(l)]->parameters()) {
+          if (cast.count(p.unsafeGetTensorImpl()) && seen.insert(p.unsafeGetTensorImpl()).second) {
+            bytes += static_cast<int64_t>(p.numel()) * static_cast<int64_t>(p.element_size());
+          }
+        }
+      }
+      options.stage_narrowed_parameters.push_back(bytes);
+      first += count;
+    }
+    options.narrowed_element_bytes =
+        static_cast<int64_t>(c10::elementSize(compute_dtype(pipe.precision())));
+  }
   options.data_parallel = run.data_parallel;
   options.processes = run.processes;
   options.loss_bytes = prediction.loss_bytes;

@@ -234,6 +234,7 @@ void ShardedOptimizer::zero_grad() {
   shard_grad_.zero_();
   take_parameters();
   peak_whole_bytes_ = whole_bytes_;
+  peak_buffer_bytes_ = buffer_bytes_;
 }
 
 void ShardedOptimizer::take_parameters() {  // [0]
@@ -297,6 +298,9 @@ void ShardedOptimizer::start_gather_segment(size_t k, bool exact) {
   g.narrowed = !exact && piece.scalar_type() != s.gather_dtype;
   g.piece = g.narrowed ? piece.to(s.gather_dtype) : piece;
   g.gathered = torch::empty({s.padded}, g.piece.options());
+  g.buffer_bytes = bytes_of(g.gathered) + (g.narrowed ? bytes_of(g.piece) : 0);
+  buffer_bytes_ += g.buffer_bytes;
+  peak_buffer_bytes_ = std::max(peak_buffer_bytes_, buffer_bytes_);
   gather_bytes_sent_ += bytes_of(g.piece);
   gather_bytes_uncast_ += bytes_of(piece);
   g.start_us = CollectiveLog::now_us();
@@ -326,6 +330,7 @@ void ShardedOptimizer::wait_segment(size_t k) {
     whole_bytes_ += bytes_of(p);
   }
   peak_whole_bytes_ = std::max(peak_whole_bytes_, whole_bytes_);
+  buffer_bytes_ -= g.buffer_bytes;
   const bool narrowed = g.narrowed;
   g = Gather{};
   g.narrowed = narrowed;
@@ -334,6 +339,7 @@ void ShardedOptimizer::wait_segment(size_t k) {
 void ShardedOptimizer::release_segment(size_t k) {
   Gather& g = gathers_[k];
   if (g.state == Residency::kGathering) g.wait();  // nothing may land in a dropped buffer
+  buffer_bytes_ -= g.buffer_bytes;
   if (g.state == Residency::kWhole) {
     for (size_t q : segments_[k].parameters) {
       free_storage(parameters_[q]);

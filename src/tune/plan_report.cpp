@@ -137,23 +137,24 @@ std::string default_plan_text(const pp::Plan& fallback, int chunks) {
 }
 
 std::string rank_memory_text(const std::vector<pp::RankMemory>& ranks) {
-  // ZeRO-3's gathered parameters get a column where some rank gathers any, the gradient sum's
-  // buffers where some rank has replicas or ZeRO, ZeRO 2/3's full gradients during the step
-  // where some rank has them, and host memory (the offloaded category, not in the total) one
-  // where some rank puts anything there.
+  // ZeRO-3's gathered parameters and its gathers' receive buffers get a column where some rank
+  // gathers any, the gradient sum's buffers where some rank has replicas or ZeRO, ZeRO 2/3's full
+  // gradients during the step where some rank has them, and host memory (the offloaded category,
+  // not in the total) one where some rank puts anything there.
   bool gathers = false, reduces = false, steps = false, offloads = false;
   for (const pp::RankMemory& m : ranks) {
-    gathers = gathers || m.gathered > 0;
+    gathers = gathers || m.gathered > 0 || m.gather_buffers > 0;
     reduces = reduces || m.reduce_buffers > 0;
     steps = steps || m.step_gradients > 0;
     offloads = offloads || m.offloaded > 0;
   }
   std::ostringstream out;
-  char line[360];
-  std::snprintf(line, sizeof line, "  %4s %12s %12s %16s %12s %12s %12s%s%s%s %12s%s\n", "rank",
+  char line[400];
+  std::snprintf(line, sizeof line, "  %4s %12s %12s %16s %12s %12s %12s%s%s%s%s %12s%s\n", "rank",
                 "parameters", "gradients", "optimizer state", "activations", "receive buf",
-                "send buf", gathers ? "     gathered" : "", reduces ? "   reduce buf" : "",
-                steps ? "   step grads" : "", "total", offloads ? "  host memory" : "");
+                "send buf", gathers ? "     gathered" : "", gathers ? "   gather buf" : "",
+                reduces ? "   reduce buf" : "", steps ? "   step grads" : "", "total",
+                offloads ? "  host memory" : "");
   out << line;
   auto column = [](bool shown, std::int64_t bytes) {
     char text[32] = "";
@@ -163,11 +164,12 @@ std::string rank_memory_text(const std::vector<pp::RankMemory>& ranks) {
   for (std::size_t k = 0; k < ranks.size(); ++k) {
     const pp::RankMemory& m = ranks[k];
     std::snprintf(
-        line, sizeof line, "  %4zu %12s %12s %16s %12s %12s %12s%s%s%s %12s%s\n", k,
+        line, sizeof line, "  %4zu %12s %12s %16s %12s %12s %12s%s%s%s%s %12s%s\n", k,
         pp::format_bytes(m.parameters).c_str(), pp::format_bytes(m.gradients).c_str(),
         pp::format_bytes(m.optimizer_state).c_str(), pp::format_bytes(m.activations).c_str(),
         pp::format_bytes(m.receive_buffers).c_str(), pp::format_bytes(m.send_buffers).c_str(),
-        column(gathers, m.gathered).c_str(), column(reduces, m.reduce_buffers).c_str(),
+        column(gathers, m.gathered).c_str(), column(gathers, m.gather_buffers).c_str(),
+        column(reduces, m.reduce_buffers).c_str(),
         column(steps, m.step_gradients).c_str(), pp::format_bytes(m.total()).c_str(),
         column(offloads, m.offloaded).c_str());
     out << line;
@@ -187,6 +189,7 @@ nlohmann::json rank_memory_json(const std::vector<pp::RankMemory>& ranks) {
                    {"gathered", m.gathered},
                    {"reduce_buffers", m.reduce_buffers},
                    {"step_gradients", m.step_gradients},
+                   {"gather_buffers", m.gather_buffers},
                    {"offloaded", m.offloaded},
                    {"total", m.total()}});
   }

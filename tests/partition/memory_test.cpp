@@ -168,7 +168,8 @@ TEST(PredictMemory, TheGradientSumsBuffersHoldEveryGradientOncePaddedUnderZero) 
     EXPECT_EQ(sharded.reduce_buffers, 3 * 68) << "zero " << zero;
     EXPECT_EQ(sharded.total() - sharded.reduce_buffers,
               sharded.parameters + sharded.gradients + sharded.optimizer_state +
-                  sharded.activations + sharded.gathered + sharded.step_gradients)
+                  sharded.activations + sharded.gathered + sharded.step_gradients +
+                  sharded.gather_buffers)
         << "zero " << zero;
   }
   options.zero = 1;
@@ -312,6 +313,39 @@ TEST(PredictMemory, ZeroThreeHoldsTheShardAndGathersTheStagesAsTheResidencyPlanS
   EXPECT_EQ(reshard[0].parameters, keep[0].parameters);
   options.zero = 2;
   EXPECT_EQ(predict_memory(profile, balance, 1, schedule, options)[0].gathered, 0);
+}
+
+// ZeRO-3's gather buffers: a stage's receive buffer from its gather's start to the wait before the
+// action that needs it, one stage's at a time here. Rank 0 of interleaved 1F1B gathers stage 0
+// before its first action (25 floats padded to 26: 104 bytes), and stage 2 after its second, as
+// the prefetch for its third (50 floats: 200 bytes). Narrowed to bf16, a buffer is 2 bytes an
+// element plus the bf16 copy of the rank's piece.
+TEST(PredictMemory, ZeroThreeGatherBuffersAreTheLargestStagesBufferInFlight) {
+  UniformLayer layer;
+  layer.parameter_bytes = 100;
+  const ModelProfile profile = uniform_profile(5, 4, layer);
+  const auto schedule = schedule::interleaved_one_f_one_b(2, 4, 2);  // rank 0: stages 0 and 2
+  MemoryModelOptions options;
+  options.data_parallel = 2;
+  options.zero = 3;
+  const std::vector<int> balance = {1, 1, 2, 1};
+  EXPECT_EQ(predict_memory(profile, balance, 1, schedule, options)[0].gather_buffers, 200);
+  options.reshard_after_forward = true;
+  EXPECT_EQ(predict_memory(profile, balance, 1, schedule, options)[0].gather_buffers, 200);
+  options.reshard_after_forward = false;
+  options.stage_narrowed_parameters = {100, 100, 200, 100};  // every parameter narrowed
+  const RankMemory narrowed = predict_memory(profile, balance, 1, schedule, options)[0];
+  EXPECT_EQ(narrowed.gather_buffers, 50 * 2 + 25 * 2);  // stage 2: buffer and piece copy
+  EXPECT_EQ(narrowed.gathered, 300);                    // whole parameters stay float32
+  options.stage_narrowed_parameters = {40, 0, 0, 0};  // stage 0: 10 floats narrowed, 15 kept
+  const auto ranks = predict_memory(profile, {1, 1, 1, 1}, 1, schedule, options);
+  // 15 kept floats pad to 16 (64 bytes); 10 narrowed: 5 a replica, 10 x 2 + 5 x 2 = 30 bytes.
+  EXPECT_EQ(ranks[0].gather_buffers, std::max<std::int64_t>(64 + 30, 104));
+  RankMemory without = ranks[0];
+  without.gather_buffers = 0;
+  EXPECT_EQ(ranks[0].total() - without.total(), 104);  // in the device's total
+  options.zero = 2;
+  EXPECT_EQ(predict_memory(profile, balance, 1, schedule, options)[0].gather_buffers, 0);
 }
 
 // ZeRO-Offload: the shard's values and gradient and the optimizer state leave the rank's total for

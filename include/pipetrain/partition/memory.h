@@ -133,6 +133,14 @@ StageBytes stage_bytes(const ModelProfile& profile, std::int64_t first, std::int
 //                    step accumulates over its micro-batches and the reduce-scatter drops (the
 //                    gradients category counts what is held between steps, the shard). At ZeRO
 //                    0 and 1 the full gradients stay, and the gradients category has them.
+//   gather buffers   ZeRO 3 only: the all-gathers' receive buffers in flight, from a gather's
+//                    start (before the first action, or the prefetch after an action) to the
+//                    wait before the action that needs the stage, walking the residency plan as
+//                    for gathered. A stage's buffer is each of its segments padded to a multiple
+//                    of dp elements, in the dtype it is gathered in: float32, or, for the
+//                    parameters MemoryModelOptions::stage_narrowed_parameters names, the
+//                    narrowed dtype plus the narrowed copy of the rank's piece
+//                    (ZeroOptions::cast_gather). Usually one stage's at a time.
 struct RankMemory {
   std::int64_t parameters = 0;
   std::int64_t gradients = 0;
@@ -144,21 +152,23 @@ struct RankMemory {
   std::int64_t gathered = 0;        // ZeRO-3's whole stage parameters at their peak
   std::int64_t reduce_buffers = 0;  // the gradient sum's flat copies
   std::int64_t step_gradients = 0;  // ZeRO 2/3: the full gradients during a step
+  std::int64_t gather_buffers = 0;  // ZeRO 3: the all-gathers' receive buffers in flight
 
-  static constexpr int kCategories = 10;
+  static constexpr int kCategories = 11;
   // The categories in report order: 0 parameters .. 5 send buffers, 6 offloaded, 7 gathered,
-  // 8 reduce buffers, 9 step gradients.
+  // 8 reduce buffers, 9 step gradients, 10 gather buffers.
   std::int64_t& operator[](int category);
   std::int64_t operator[](int category) const;
   // What the rank's device holds: every category but the offloaded one (host memory). An upper
   // bound of the peak: the gathered and activation peaks need not fall at one moment.
   std::int64_t total() const {
     return parameters + gradients + optimizer_state + activations + receive_buffers + send_buffers +
-           gathered + reduce_buffers + step_gradients;
+           gathered + reduce_buffers + step_gradients + gather_buffers;
   }
 };
 // "parameters", "gradients", "optimizer state", "activations", "receive buffers",
-// "send buffers", "offloaded to host", "gathered params", "reduce buffers", "step gradients".
+// "send buffers", "offloaded to host", "gathered params", "reduce buffers", "step gradients",
+// "gather buffers".
 const char* memory_category_name(int category);
 
 // A schedule's sends as the send-buffer walk needs them, independent of the model: per rank, each
@@ -182,6 +192,10 @@ struct MemoryModelOptions {
   int data_parallel = 1;                     // replicas of each pipeline rank (dp)
   bool processes = false;                    // one process per rank: the transport's buffers count
   std::int64_t parameter_element_bytes = 4;  // float32 parameters (the shard's padding)
+  // ZeRO 3 under bf16/fp16 (ZeroOptions::cast_gather): per stage, the bytes of its parameters
+  // that are all-gathered in the narrowed dtype (stage/autocast_parameters.h); empty: none.
+  std::vector<std::int64_t> stage_narrowed_parameters;
+  std::int64_t narrowed_element_bytes = 2;  // bf16 or fp16
   std::int64_t loss_bytes = 0;               // what the loss keeps for backward, per micro-batch
   // Activation offload (PipeOptions::offload_activations): checkpointed micro-batches' inputs
   // wait in host memory between their forward and their prefetch (the offloaded category).

@@ -83,6 +83,7 @@ struct MemoryRunOptions {
   int zero = 0;
   bool reshard_after_forward = false;  // ZeRO 3's policy
   bool offload_optimizer = false;      // ZeRO-Offload
+  bool cast_gather = true;             // ZeRO 3 under bf16/fp16: ZeroOptions::cast_gather
   int data_parallel = 1;
   bool processes = false;  // one process per pipeline rank (the c10d transport)
 };

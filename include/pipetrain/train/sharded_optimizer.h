@@ -156,6 +156,10 @@ class ShardedOptimizer : public StageParameters {
   // stage 3 the shard; and the most bytes of whole parameters held at once since zero_grad().
   int64_t parameter_bytes() const;
   int64_t peak_whole_parameter_bytes() const { return peak_whole_bytes_; }
+  // Stage 3: the most bytes of all-gather receive buffers in flight at once since zero_grad():
+  // each segment's padded buffer from its gather's start to its wait, and a narrowed segment's
+  // copy of the piece it sends.
+  int64_t peak_gather_buffer_bytes() const { return peak_buffer_bytes_; }
   // Stage 3: the bytes this replica's all-gathers have sent since construction (its pieces, in
   // the dtype each segment gathers in), and the bytes they would have sent in the parameters'
   // dtype.
@@ -274,6 +278,7 @@ class ShardedOptimizer : public StageParameters {
     std::function<void()> wait;
     double start_us = 0;
     bool narrowed = false;  // gathered (or gathering) in a dtype narrower than the parameters'
+    int64_t buffer_bytes = 0;  // while gathering: `gathered`, and `piece` where it is a copy
   };
   // The stage a segment's collectives are logged under (-1: several).
   int stage_of_segment(size_t k) const { return segment_stages_.empty() ? -1 : segment_stages_[k]; }
@@ -287,6 +292,8 @@ class ShardedOptimizer : public StageParameters {
   bool parameters_are_truth_ = true;  // stage 3: since construction or gather_all()
   int64_t whole_bytes_ = 0;           // stage 3: of the whole segments now
   int64_t peak_whole_bytes_ = 0;
+  int64_t buffer_bytes_ = 0;  // stage 3: of the gathers in flight now
+  int64_t peak_buffer_bytes_ = 0;
   int64_t reduce_buffer_bytes_ = 0;  // the last reduce_gradients()'s flat buffers
   int64_t step_gradient_bytes_ = 0;  // stages 2, 3: the full gradients it dropped
   int64_t gather_bytes_sent_ = 0;    // stage 3, since construction
