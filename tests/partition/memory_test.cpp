@@ -292,15 +292,27 @@ TEST(PredictMemory, OffloadWithoutACheckpointedMicroBatchIsBadInput) {
 // ZeRO-3: the parameters held between steps are the shard, and the gathered category walks the
 // residency plan: interleaved 1F1B keeps a rank's two stages whole together (their first-to-last
 // intervals overlap), resharding after forward one at a time (the larger).
-TEST(PredictMemory, ZeroThreeHoldsTheShardAndGathersTheStagesAsTheResidencyPlanSays) {
-  UniformLayer layer;
-  layer.parameter_bytes = 100;
-  const ModelProfile profile = uniform_profile(5, 4, layer);
-  const auto schedule = schedule::interleaved_one_f_one_b(2, 4, 2);  // rank 0: stages 0 and 2
+// Both ZeRO-3 tests below: 100 bytes of parameters a layer, rank 0 of interleaved 1F1B (stages 0
+// and 2), Adam's state, dp 2.
+struct ZeroThreeSetup {
+  ModelProfile profile;
+  schedule::Schedule schedule = schedule::interleaved_one_f_one_b(2, 4, 2);
   MemoryModelOptions options;
-  options.optimizer_state_multiple = 2;
-  options.data_parallel = 2;
-  options.zero = 3;
+  ZeroThreeSetup() {
+    UniformLayer layer;
+    layer.parameter_bytes = 100;
+    profile = uniform_profile(5, 4, layer);
+    options.optimizer_state_multiple = 2;
+    options.data_parallel = 2;
+    options.zero = 3;
+  }
+};
+
+TEST(PredictMemory, ZeroThreeHoldsTheShardAndGathersTheStagesAsTheResidencyPlanSays) {
+  ZeroThreeSetup setup;
+  const ModelProfile& profile = setup.profile;
+  const schedule::Schedule& schedule = setup.schedule;
+  MemoryModelOptions& options = setup.options;
   const std::vector<int> balance = {1, 1, 2, 1};  // rank 0: 100 + 200 bytes
   const auto keep = predict_memory(profile, balance, 1, schedule, options);
   EXPECT_EQ(keep[0].parameters, 152);  // 75 floats padded to 76, 38 per replica
@@ -321,13 +333,10 @@ TEST(PredictMemory, ZeroThreeHoldsTheShardAndGathersTheStagesAsTheResidencyPlanS
 // the prefetch for its third (50 floats: 200 bytes). Narrowed to bf16, a buffer is 2 bytes an
 // element plus the bf16 copy of the rank's piece.
 TEST(PredictMemory, ZeroThreeGatherBuffersAreTheLargestStagesBufferInFlight) {
-  UniformLayer layer;
-  layer.parameter_bytes = 100;
-  const ModelProfile profile = uniform_profile(5, 4, layer);
-  const auto schedule = schedule::interleaved_one_f_one_b(2, 4, 2);  // rank 0: stages 0 and 2
-  MemoryModelOptions options;
-  options.data_parallel = 2;
-  options.zero = 3;
+  ZeroThreeSetup setup;
+  const ModelProfile& profile = setup.profile;
+  const schedule::Schedule& schedule = setup.schedule;
+  MemoryModelOptions& options = setup.options;
   const std::vector<int> balance = {1, 1, 2, 1};
   EXPECT_EQ(predict_memory(profile, balance, 1, schedule, options)[0].gather_buffers, 200);
   options.reshard_after_forward = true;
