@@ -403,8 +403,7 @@ void print_memory_report(const TrainArgs& args, Prepared& p, const Batches& batc
     }
   }
   const train::MemoryPrediction predicted = as_usage_error("--report-memory", [&] {
-    return train::predict_training_memory(model, inputs, targets, profiled->loss,
-                                          pipe, run);
+    return train::predict_training_memory(model, inputs, targets, profiled->loss, pipe, run);
   });
   std::printf(
       "memory per rank after the last step (micro-batch %lld; activations and transport: "

@@ -411,9 +411,9 @@ std::int64_t RankMemory::operator[](int category) const {
 
 const char* memory_category_name(int category) {
   static const char* const names[RankMemory::kCategories] = {
-      "parameters",   "gradients",         "optimizer state", "activations",    "receive buffers",
-      "send buffers", "offloaded to host", "gathered params", "reduce buffers", "step gradients",
-      "gather buffers"};
+      "parameters",      "gradients",      "optimizer state",   "activations",
+      "receive buffers", "send buffers",   "offloaded to host", "gathered params",
+      "reduce buffers",  "step gradients", "gather buffers"};
   if (category < 0 || category >= RankMemory::kCategories) {
     throw BadInput("memory_category_name: no category " + std::to_string(category) + " (0..10)");
   }
@@ -448,15 +448,13 @@ std::vector<RankMemory> predict_memory(const ModelProfile& profile, const std::v
   if (options.zero == 3) {
     for (int j = 0; j < S; ++j) {
       const auto js = static_cast<std::size_t>(j);
-      const std::int64_t narrowed = js < options.stage_narrowed_parameters.size()
-                                        ? options.stage_narrowed_parameters[js]
-                                        : 0;
+      const std::int64_t narrowed =
+          js < options.stage_narrowed_parameters.size() ? options.stage_narrowed_parameters[js] : 0;
       const std::int64_t element = options.parameter_element_bytes;
-      stage_buffers[js] =
-          segment_gather_bytes(stage_parameters[js] - narrowed, element, element,
-                               options.data_parallel) +
-          segment_gather_bytes(narrowed, element, options.narrowed_element_bytes,
-                               options.data_parallel);
+      stage_buffers[js] = segment_gather_bytes(stage_parameters[js] - narrowed, element, element,
+                                               options.data_parallel) +
+                          segment_gather_bytes(narrowed, element, options.narrowed_element_bytes,
+                                               options.data_parallel);
     }
   }
   // Offload's prefetch points include communication: walk the list the interpreter runs.

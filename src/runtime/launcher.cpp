@@ -79,7 +79,6 @@ std::string describe_exit(int code) {
   return "exit code " + std::to_string(code);
 }
 
-
 // The kernel's own range of ports (net.ipv4.ip_local_port_range): where bind to port 0 and the
 // local end of every outgoing connection draw from. {0, 0} when it cannot be read.
 std::pair<int, int> local_port_range() {
@@ -482,8 +481,7 @@ LaunchResult Launch::run(int signal_fd) {
 // Whether a failed attempt is worth starting again: not when a person stopped the job, the job's
 // time ran out, or the first failure was bad input (exit 2), which the next attempt would meet too.
 bool worth_restarting(const LaunchResult& result) {
-  return result.exit_code != 0 && !result.interrupted && !result.timed_out &&
-         result.exit_code != 2;
+  return result.exit_code != 0 && !result.interrupted && !result.timed_out && result.exit_code != 2;
 }
 
 }  // namespace

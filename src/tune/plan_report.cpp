@@ -169,9 +169,8 @@ std::string rank_memory_text(const std::vector<pp::RankMemory>& ranks) {
         pp::format_bytes(m.optimizer_state).c_str(), pp::format_bytes(m.activations).c_str(),
         pp::format_bytes(m.receive_buffers).c_str(), pp::format_bytes(m.send_buffers).c_str(),
         column(gathers, m.gathered).c_str(), column(gathers, m.gather_buffers).c_str(),
-        column(reduces, m.reduce_buffers).c_str(),
-        column(steps, m.step_gradients).c_str(), pp::format_bytes(m.total()).c_str(),
-        column(offloads, m.offloaded).c_str());
+        column(reduces, m.reduce_buffers).c_str(), column(steps, m.step_gradients).c_str(),
+        pp::format_bytes(m.total()).c_str(), column(offloads, m.offloaded).c_str());
     out << line;
   }
   return out.str();

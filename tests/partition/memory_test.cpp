@@ -346,7 +346,7 @@ TEST(PredictMemory, ZeroThreeGatherBuffersAreTheLargestStagesBufferInFlight) {
   const RankMemory narrowed = predict_memory(profile, balance, 1, schedule, options)[0];
   EXPECT_EQ(narrowed.gather_buffers, 50 * 2 + 25 * 2);  // stage 2: buffer and piece copy
   EXPECT_EQ(narrowed.gathered, 300);                    // whole parameters stay float32
-  options.stage_narrowed_parameters = {40, 0, 0, 0};  // stage 0: 10 floats narrowed, 15 kept
+  options.stage_narrowed_parameters = {40, 0, 0, 0};    // stage 0: 10 floats narrowed, 15 kept
   const auto ranks = predict_memory(profile, {1, 1, 1, 1}, 1, schedule, options);
   // 15 kept floats pad to 16 (64 bytes); 10 narrowed: 5 a replica, 10 x 2 + 5 x 2 = 30 bytes.
   EXPECT_EQ(ranks[0].gather_buffers, std::max<std::int64_t>(64 + 30, 104));

@@ -134,8 +134,8 @@ TEST(FindFreePort, DrawsBelowTheKernelsOwnRangeOfPorts) {
   int low = 0;
   int high = 0;
   if (!(range >> low >> high) || low <= 2048) {
-    GTEST_SKIP() << "needs /proc/sys/net/ipv4/ip_local_port_range starting above 2048 (read "
-                 << low << ")";
+    GTEST_SKIP() << "needs /proc/sys/net/ipv4/ip_local_port_range starting above 2048 (read " << low
+                 << ")";
   }
   std::set<int> ports;
   for (int k = 0; k < 20; ++k) {

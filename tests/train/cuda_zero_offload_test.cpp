@@ -85,10 +85,11 @@ OffloadRun train_on_gpu(bool offload) {
 
 // Training in float32 is a few ulps off exact arithmetic at every step, and AdamW's normalised
 // update magnifies that for the odd element whose gradient is near zero. For this model and these
-// 3 steps, torch's AdamW in float32 against float64 differed by up to 3.3e-6 in one element (1e-4 of
-// the largest weight) but by 1.5e-6 as a whole (the norm of the difference over the weights'). The
-// first GPU run of this test saw 3.8e-7 in one element between the host's AdamW and the device's.
-// So the runs are compared as norms, within 1e-5: AdamW's weight decay left out would be 3e-4.
+// 3 steps, torch's AdamW in float32 against float64 differed by up to 3.3e-6 in one element (1e-4
+// of the largest weight) but by 1.5e-6 as a whole (the norm of the difference over the weights').
+// The first GPU run of this test saw 3.8e-7 in one element between the host's AdamW and the
+// device's. So the runs are compared as norms, within 1e-5: AdamW's weight decay left out would be
+// 3e-4.
 TEST(CudaZeroOffload, TrainsLikeThePlainOptimizerAndLowersTheDevicePeakByItsState) {
   SKIP_UNLESS_A_GPU();
   const OffloadRun plain = train_on_gpu(false);
@@ -98,8 +99,9 @@ TEST(CudaZeroOffload, TrainsLikeThePlainOptimizerAndLowersTheDevicePeakByItsStat
   for (size_t q = 0; q < plain.weights.size(); ++q) {
     const double relative = (offloaded.weights[q] - plain.weights[q]).norm().item<double>() /
                             plain.weights[q].norm().item<double>();
-    EXPECT_LT(relative, 1e-5) << "parameter " << q << ": worst element off by "
-                              << (offloaded.weights[q] - plain.weights[q]).abs().max().item<double>();
+    EXPECT_LT(relative, 1e-5)
+        << "parameter " << q << ": worst element off by "
+        << (offloaded.weights[q] - plain.weights[q]).abs().max().item<double>();
     worst = std::max(worst, relative);
   }
   // AdamW's two moments of 16 MiB of parameters: 32 MiB, on the host when offloaded. The plain

@@ -340,9 +340,8 @@ TEST(MemoryReport, ZeroStagesAcrossProcessesAreWithinTenPercentIncludingTranspor
   for (const std::string name : {"mlp", "cnn", "gpt"}) {
     // Rank 0's parameters + gradients held after the step, by ZeRO flags.
     std::map<std::string, double> held;
-    for (const std::string zero :
-         {"0", "1", "2", "3", "0 --overlap-grad-reduce", "2 --overlap-grad-reduce",
-          "3 --precision bf16"}) {
+    for (const std::string zero : {"0", "1", "2", "3", "0 --overlap-grad-reduce",
+                                   "2 --overlap-grad-reduce", "3 --precision bf16"}) {
       const std::string what = name + " --zero " + zero;
       const testing::CliRun run =
           testing::run_pipetrain(train_flags(name) +
@@ -362,8 +361,7 @@ TEST(MemoryReport, ZeroStagesAcrossProcessesAreWithinTenPercentIncludingTranspor
         const bool drops = zero[0] == '2' || zero[0] == '3';
         const bool gathers = zero[0] == '3';
         if (row.category == "offloaded to host" ||
-            ((row.category == "gathered params" || row.category == "gather buffers") &&
-             !gathers) ||
+            ((row.category == "gathered params" || row.category == "gather buffers") && !gathers) ||
             (row.category == "step gradients" && !drops)) {
           EXPECT_EQ(row.ratio, "=") << where << "\n" << run.output;
           continue;

@@ -196,7 +196,7 @@ struct MemoryModelOptions {
   // that are all-gathered in the narrowed dtype (stage/autocast_parameters.h); empty: none.
   std::vector<std::int64_t> stage_narrowed_parameters;
   std::int64_t narrowed_element_bytes = 2;  // bf16 or fp16
-  std::int64_t loss_bytes = 0;               // what the loss keeps for backward, per micro-batch
+  std::int64_t loss_bytes = 0;              // what the loss keeps for backward, per micro-batch
   // Activation offload (PipeOptions::offload_activations): checkpointed micro-batches' inputs
   // wait in host memory between their forward and their prefetch (the offloaded category).
   bool offload = false;

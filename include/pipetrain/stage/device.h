@@ -105,7 +105,8 @@ int64_t device_allocated_bytes(const torch::Device& device);
 // a sender's copy into this device) are not counted.
 bool count_device_allocations(const torch::Device& device);
 // The bytes of the CUDA block at `data` if `counter` counted its allocation, else 0.
-int64_t device_counted_bytes(const void* data, const std::shared_ptr<std::atomic<int64_t>>& counter);
+int64_t device_counted_bytes(const void* data,
+                             const std::shared_ptr<std::atomic<int64_t>>& counter);
 
 // Seconds that `calls` runs of `body` take on `device`. On a CUDA device: the time between two
 // CUDA events recorded on the calling thread's current stream before and after the runs, waiting

@@ -277,7 +277,7 @@ class ShardedOptimizer : public StageParameters {
     torch::Tensor gathered;  // every replica's pieces, the segment's padded flat values
     std::function<void()> wait;
     double start_us = 0;
-    bool narrowed = false;  // gathered (or gathering) in a dtype narrower than the parameters'
+    bool narrowed = false;     // gathered (or gathering) in a dtype narrower than the parameters'
     int64_t buffer_bytes = 0;  // while gathering: `gathered`, and `piece` where it is a copy
   };
   // The stage a segment's collectives are logged under (-1: several).
