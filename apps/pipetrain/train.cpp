@@ -388,22 +388,12 @@ void print_memory_report(const TrainArgs& args, Prepared& p, const Batches& batc
                                             args.sequence_parallel);
     profiled = &mirrored;
   }
-  // The model profiles on one device: the one this rank's first stage trained on. Entries held
-  // elsewhere (the other ranks' stages, which the main rank of --nproc builds only to profile; a
-  // tensor-parallel mirror; stages of one process on several GPUs) move there, training being over.
-  torch::nn::Sequential model = profiled->sequential;
+  // Profiled on the device this rank's first stage trained on.
   const std::vector<torch::Tensor> trained = p.model.sequential->parameters();
-  if (!trained.empty()) {
-    const torch::Device device = trained.front().device();
-    for (const torch::Tensor& parameter : model->parameters()) {
-      if (parameter.device() != device) {
-        model->to(device);
-        break;
-      }
-    }
-  }
+  if (!trained.empty()) run.device = trained.front().device();
   const train::MemoryPrediction predicted = as_usage_error("--report-memory", [&] {
-    return train::predict_training_memory(model, inputs, targets, profiled->loss, pipe, run);
+    return train::predict_training_memory(profiled->sequential, inputs, targets, profiled->loss,
+                                          pipe, run);
   });
   std::printf(
       "memory per rank after the last step (micro-batch %lld; activations and transport: "

@@ -145,6 +145,14 @@ MemoryPrediction predict_training_memory(torch::nn::Sequential model,
                                          const torch::Tensor& host_inputs,
                                          const torch::Tensor& host_targets, const LossFn& loss,
                                          const PipeOptions& pipe, const MemoryRunOptions& run) {
+  if (run.device) {
+    for (const torch::Tensor& parameter : model->parameters()) {
+      if (parameter.device() != *run.device) {
+        model->to(*run.device);
+        break;
+      }
+    }
+  }
   const torch::Device device = parameters_device(model);
   const torch::Tensor inputs = host_inputs.to(device);
   const torch::Tensor targets = host_targets.to(device);

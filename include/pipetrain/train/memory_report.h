@@ -41,6 +41,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -86,6 +87,10 @@ struct MemoryRunOptions {
   bool cast_gather = true;             // ZeRO 3 under bf16/fp16: ZeroOptions::cast_gather
   int data_parallel = 1;
   bool processes = false;  // one process per pipeline rank (the c10d transport)
+  // Where to profile: the model is moved there first where any of its parameters is elsewhere
+  // (after training: the entries the main rank of --nproc builds only to profile, a
+  // tensor-parallel mirror, stages of one process on several GPUs). None: where they all are.
+  std::optional<torch::Device> device;
 };
 
 // Profiles `model` on the first rows of `inputs` (the mini-batch a replica runs is split into
@@ -93,8 +98,8 @@ struct MemoryRunOptions {
 // the mode it is in (training: dropout masks count) with autograd; its gradients are left as
 // they were. The profile runs where the model's parameters are, so `inputs` and `targets` may be on
 // the host for a model on one GPU (the activations are then the GPU's caching allocator's bytes).
-// Throws pipetrain::BadInput for options the memory model does not cover and for a model whose
-// parameters are on more than one device (move it to one first).
+// Throws pipetrain::BadInput for options the memory model does not cover and, without
+// run.device, for a model whose parameters are on more than one device.
 MemoryPrediction predict_training_memory(torch::nn::Sequential model, const torch::Tensor& inputs,
                                          const torch::Tensor& targets, const LossFn& loss,
                                          const PipeOptions& pipe, const MemoryRunOptions& run);
