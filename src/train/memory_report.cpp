@@ -11,7 +11,6 @@
 #include "pipetrain/base/error.h"
 #include "pipetrain/partition/profiler.h"
 #include "pipetrain/stage/allocation_counter.h"
-#include "pipetrain/stage/autocast_parameters.h"
 #include "pipetrain/stage/microbatch.h"
 #include "pipetrain/train/optimizer.h"
 #include "pipetrain/train/sharded_optimizer.h"
@@ -224,12 +223,9 @@ MemoryPrediction predict_training_memory(torch::nn::Sequential model,
   options.zero = run.zero;
   options.reshard_after_forward = run.reshard_after_forward;
   options.offload_optimizer = run.offload_optimizer;
-  if (run.zero == 3 && run.cast_gather && pipe.precision() != Precision::kFloat32) {
-    // What make_pipe_sharded_optimizer gathers narrowed: the float32 parameters autocast casts.
-    std::set<const void*> cast;
-    for (const torch::Tensor& p : autocast_cast_parameters(*model)) {
-      if (p.scalar_type() == torch::kFloat) cast.insert(p.unsafeGetTensorImpl());
-    }
+  const std::set<const void*> cast = narrowed_gather_parameters(
+      *model, ZeroOptions().stage(run.zero).cast_gather(run.cast_gather), pipe.precision());
+  if (!cast.empty()) {
     int64_t first = 0;
     for (int count : balance) {
       std::set<const void*> seen;

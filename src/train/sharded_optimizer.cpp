@@ -677,6 +677,17 @@ void check_reshard_after_forward(bool reshard_after_forward, int zero_stage) {
                         zero_stage);
 }
 
+std::set<const void*> narrowed_gather_parameters(const torch::nn::Module& model,
+                                                 const ZeroOptions& zero, Precision precision) {
+  std::set<const void*> narrowed;
+  if (zero.stage() != 3 || !zero.cast_gather() || precision == Precision::kFloat32) return narrowed;
+  // Autocast casts float32 only (a double stays double, a half is what it is).
+  for (const torch::Tensor& p : autocast_cast_parameters(model)) {
+    if (p.scalar_type() == torch::kFloat) narrowed.insert(p.unsafeGetTensorImpl());
+  }
+  return narrowed;
+}
+
 std::unique_ptr<ShardedOptimizer> make_pipe_sharded_optimizer(
     Distributed& distributed, DistributedPipe& pipe, const std::vector<torch::Tensor>& counted,
     const std::string& optimizer, const OptimizerOptions& options, const ZeroOptions& zero,
@@ -688,12 +699,7 @@ std::unique_ptr<ShardedOptimizer> make_pipe_sharded_optimizer(
   // parameters read only through autocast's casts form a segment of their own, gathered in the
   // compute dtype (ZeroOptions::cast_gather).
   const Precision precision = pipe.options().precision();
-  std::set<const void*> cast;
-  if (stage == 3 && zero.cast_gather() && precision != Precision::kFloat32) {
-    for (const torch::Tensor& p : autocast_cast_parameters(*pipe.model())) {
-      cast.insert(p.unsafeGetTensorImpl());
-    }
-  }
+  const std::set<const void*> cast = narrowed_gather_parameters(*pipe.model(), zero, precision);
   std::vector<std::vector<torch::Tensor>> segments;
   std::vector<int> segment_stages;
   std::vector<torch::ScalarType> gather_dtypes;
@@ -711,9 +717,7 @@ std::unique_ptr<ShardedOptimizer> make_pipe_sharded_optimizer(
       const torch::ScalarType dtype = tensors.front().scalar_type();
       std::vector<torch::Tensor> kept, narrowed;
       for (torch::Tensor& t : tensors) {
-        // Autocast casts float32 only (a double stays double, a half is what it is).
-        const bool narrow = stage_index >= 0 && t.scalar_type() == torch::kFloat &&
-                            cast.count(t.unsafeGetTensorImpl());
+        const bool narrow = stage_index >= 0 && cast.count(t.unsafeGetTensorImpl());
         (narrow ? narrowed : kept).push_back(std::move(t));
       }
       add_segment(stage_index, std::move(kept), dtype);

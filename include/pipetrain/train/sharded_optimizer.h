@@ -70,6 +70,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -80,6 +81,7 @@
 #include "pipetrain/runtime/collective_log.h"
 #include "pipetrain/runtime/distributed.h"
 #include "pipetrain/runtime/step.h"
+#include "pipetrain/stage/precision.h"
 #include "pipetrain/train/checkpoint.h"
 #include "pipetrain/train/optimizer.h"
 
@@ -111,6 +113,13 @@ struct ZeroOptions {
 // Throws pipetrain::BadInput naming both when `reshard_after_forward` (ZeRO-3's policy) comes
 // with a ZeRO stage other than 3: what the trainer, the sharded optimizer and the CLI check.
 void check_reshard_after_forward(bool reshard_after_forward, int zero_stage);
+
+// The parameters of `model` that ZeRO-3 all-gathers in the compute dtype of `precision`
+// (ZeroOptions::cast_gather): the float32 ones of autocast_cast_parameters, by TensorImpl. None
+// at stages 0-2, without cast_gather, or in float32. make_pipe_sharded_optimizer gathers these
+// narrowed, and the memory model (train/memory_report.h) sizes their buffers so.
+std::set<const void*> narrowed_gather_parameters(const torch::nn::Module& model,
+                                                 const ZeroOptions& zero, Precision precision);
 
 class ShardedOptimizer : public StageParameters {
  public:
