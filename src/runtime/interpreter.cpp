@@ -235,10 +235,11 @@ void Interpreter::run(const StepData& data, RankResult& result, const std::atomi
   };
   std::optional<SendsOfThisStep> sends;
   if (!released_before_.empty()) sends.emplace(transport_);
-  // The action after which each stage's weight gradients are final: its last B or W here.
+  // The action after which each stage's gradient sum starts: its last B or W here, or the sends
+  // right after it (Schedule::gradient_sum_starts).
   std::map<size_t, int> gradients_final_after;
   if (data.training && data.on_stage_gradients) {
-    for (const auto& [stage, a] : schedule_.last_gradient_actions(rank_)) {
+    for (const auto& [stage, a] : schedule_.gradient_sum_starts(rank_)) {
       gradients_final_after[a] = stage;
     }
   }

@@ -20,6 +20,18 @@ std::map<int, std::size_t> Schedule::last_gradient_actions(int r) const {
   return last;
 }
 
+std::map<int, std::size_t> Schedule::gradient_sum_starts(int r) const {
+  std::map<int, std::size_t> starts = last_gradient_actions(r);
+  const auto& list = actions.at(static_cast<std::size_t>(r));
+  for (auto& [stage, a] : starts) {
+    while (a + 1 < list.size() &&
+           (list[a + 1].op == Op::kSendActivation || list[a + 1].op == Op::kSendGradient)) {
+      ++a;
+    }
+  }
+  return starts;
+}
+
 bool Schedule::splits_backward() const {
   for (const auto& rank_actions : actions) {
     for (const auto& action : rank_actions) {

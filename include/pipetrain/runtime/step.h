@@ -50,8 +50,9 @@ struct StepData {
   bool offload = false;  // checkpointed micro-batches' inputs wait in host memory (PipeOptions)
   std::chrono::steady_clock::time_point start;  // events are measured from here
   // Training: called with stage j after the rank's last action that adds to j's weight gradients
-  // in this step (its last B or W), so that their reduction can start while the rest of the step
-  // runs (runtime/gradient_reducer.h). Empty: not called.
+  // in this step (its last B or W), or after the sends right behind it
+  // (Schedule::gradient_sum_starts), so that their reduction can start while the rest of the
+  // step runs (runtime/gradient_reducer.h). Empty: not called.
   std::function<void(int stage)> on_stage_gradients;
   // ZeRO-3: whole only around the actions that compute with them (schedule/residency.h): the
   // interpreter waits for `residency.steps[a].needs` before action a, and after it releases and

@@ -42,6 +42,12 @@ struct Schedule {
   // Per stage of rank r: the index in actions[r] of its last B or W, after which the stage's
   // weight gradients are final for the step.
   std::map<int, std::size_t> last_gradient_actions(int r) const;
+  // Per stage of rank r: the index in actions[r] after which its data-parallel gradient sum
+  // starts: its last B or W, or the last of the sends that directly follow it. Those sends carry
+  // what a neighbour waits for (1F1B's last stage sends its last input gradient right after its
+  // last B); handed over first, they do not wait for the sum's packing, and the sum loses nothing,
+  // since a send only hands a tensor over.
+  std::map<int, std::size_t> gradient_sum_starts(int r) const;
 };
 
 }  // namespace pipetrain::schedule
