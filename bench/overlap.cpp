@@ -15,6 +15,9 @@
 //             gathers), and for the ZeRO rows the reduce-scatter's wait and the optimizer's step
 //             (ZeRO-1's all-gather of the updated shards included), ranks started together by a
 //             barrier; per step the slowest rank's
+//   schedule  from train_step's start until the rank's last action ended (its events), per step
+//             the slowest rank's: the pipeline alone, without the sum after it. Where the overlap
+//             lengthens it, the overlap delays the pipeline itself (a send held back by a pack)
 //
 // Each row is its own 4-process job (runtime/launcher.h): 2 warm-up steps, then timed steps; a
 // row's figure is the median over its steps, and the ratios divide by the row without overlap of
@@ -98,7 +101,7 @@ const std::vector<Row> kRows = {{"1f1b", 1, false},
                                 {"zb-v", 2, false, 3, true, true, true},
                                 {"zb-v", 2, false, 3, true, true, false}};
 
-// One rank: prints kPrefix {"seconds": [...], "exposed": [...], "buckets": n}.
+// One rank: prints kPrefix {"seconds": [...], "exposed": [...], "schedule": [...], "buckets": n}.
 int run_rank(const Row& row, int steps) {
   torch::set_num_threads(1);
   DistributedOptions options;
@@ -137,7 +140,7 @@ int run_rank(const Row& row, int steps) {
                                                     .cast_gather(row.cast_gather),
                                                 row.overlap);
     }
-    std::vector<double> seconds, exposed;
+    std::vector<double> seconds, exposed, schedule;
     for (int k = 0; k < kWarmup + steps; ++k) {
       d.barrier();
       const auto start = Clock::now();
@@ -147,6 +150,7 @@ int run_rank(const Row& row, int steps) {
         for (auto& p : pipe.parameters()) p.mutable_grad() = torch::Tensor();
       }
       pipe.train_step(data.inputs, data.targets, loss);
+      const double span_us = pipe.last_events().empty() ? 0 : pipe.last_events().back().end_us;
       double reduce = pipe.last_exposed_reduce_seconds();
       if (zero) {  // what the reduce-scatter leaves after the step, then the optimizer's step
         const auto before = Clock::now();
@@ -157,11 +161,13 @@ int run_rank(const Row& row, int steps) {
       if (k >= kWarmup) {
         seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
         exposed.push_back(reduce);
+        schedule.push_back(span_us * 1e-6);
       }
     }
     std::cout << kPrefix
               << nlohmann::json{{"seconds", seconds},
                                 {"exposed", exposed},
+                                {"schedule", schedule},
                                 {"buckets", pipe.last_reduce_buckets()}}
                      .dump()
               << std::endl;
@@ -184,10 +190,10 @@ int main(int argc, char** argv) {
       kWidth, kBatch, kPipeline, kWorld / kPipeline, kWorld, std::thread::hardware_concurrency(),
       kChunks, rounds, steps);
   std::map<std::string, std::vector<double>> step_ms, exposed_ms, step_ratio, exposed_ratio,
-      vs_zero1, vs_fp32_gather;
+      schedule_ms, schedule_ratio, vs_zero1, vs_fp32_gather;
   std::map<std::string, int> buckets;
   for (int round = 0; round < rounds; ++round) {
-    std::map<std::string, double> step_of, exposed_of;
+    std::map<std::string, double> step_of, exposed_of, schedule_of;
     // Odd rounds run the rows in reverse, so that within each pair the blocking row and the
     // overlapped one each run first in half the rounds (a machine drifting over a minute would
     // otherwise favour one of them in every round).
@@ -203,19 +209,24 @@ int main(int argc, char** argv) {
       }
       std::vector<double> slowest(static_cast<size_t>(steps), 0.0);
       std::vector<double> most_exposed(static_cast<size_t>(steps), 0.0);
+      std::vector<double> longest_schedule(static_cast<size_t>(steps), 0.0);
       for (const auto& line : run.results) {
         if (!line) continue;
         const nlohmann::json result = nlohmann::json::parse(*line);
         const auto seconds = result["seconds"].get<std::vector<double>>();
         const auto exposed = result["exposed"].get<std::vector<double>>();
+        const auto schedule = result["schedule"].get<std::vector<double>>();
         for (size_t k = 0; k < seconds.size() && k < slowest.size(); ++k) {
           slowest[k] = std::max(slowest[k], seconds[k]);
           most_exposed[k] = std::max(most_exposed[k], exposed[k]);
+          longest_schedule[k] = std::max(longest_schedule[k], schedule[k]);
         }
         buckets[kRows[r].name()] = std::max(buckets[kRows[r].name()], result["buckets"].get<int>());
       }
       step_of[kRows[r].name()] = median(slowest);
       exposed_of[kRows[r].name()] = median(most_exposed);
+      schedule_of[kRows[r].name()] = median(longest_schedule);
+      schedule_ms[kRows[r].name()].push_back(1e3 * median(longest_schedule));
       step_ms[kRows[r].name()].push_back(1e3 * median(slowest));
       exposed_ms[kRows[r].name()].push_back(1e3 * median(most_exposed));
     }
@@ -223,6 +234,7 @@ int main(int argc, char** argv) {
       if (!step_of.count(row.name())) continue;
       const std::string base = row.blocking().name();
       step_ratio[row.name()].push_back(step_of[row.name()] / step_of[base]);
+      schedule_ratio[row.name()].push_back(schedule_of[row.name()] / schedule_of[base]);
       if (row.zero == 3 && !row.bf16) {  // what sharding costs: against ZeRO-1 (fp32), same sum
         const std::string one = Row{row.schedule, row.virtual_stages, row.overlap, 1}.name();
         if (step_of.count(one)) vs_zero1[row.name()].push_back(step_of[row.name()] / step_of[one]);
@@ -239,8 +251,9 @@ int main(int argc, char** argv) {
       }
     }
   }
-  std::printf("%-44s %10s %13s %12s %14s %8s %12s %18s\n", "row", "step (ms)", "step vs off",
-              "exposed (ms)", "exposed vs off", "buckets", "step vs zero1", "step vs fp32 gather");
+  std::printf("%-44s %10s %13s %12s %14s %10s %9s %8s %12s %18s\n", "row", "step (ms)",
+              "step vs off", "exposed (ms)", "exposed vs off", "sched (ms)", "vs off", "buckets",
+              "step vs zero1", "step vs fp32 gather");
   auto ratio_text = [](const std::vector<double>& ratios) {
     char text[32] = "";
     if (!ratios.empty()) std::snprintf(text, sizeof text, "%.3f", median(ratios));
@@ -249,9 +262,10 @@ int main(int argc, char** argv) {
   for (const Row& row : kRows) {
     const std::string name = row.name();
     if (!step_ms.count(name)) continue;
-    std::printf("%-44s %10.1f %13.3f %12.2f %14.3f %8d %12s %18s\n", name.c_str(),
+    std::printf("%-44s %10.1f %13.3f %12.2f %14.3f %10.1f %9.3f %8d %12s %18s\n", name.c_str(),
                 median(step_ms[name]), median(step_ratio[name]), median(exposed_ms[name]),
-                exposed_ratio[name].empty() ? 0.0 : median(exposed_ratio[name]), buckets[name],
+                exposed_ratio[name].empty() ? 0.0 : median(exposed_ratio[name]),
+                median(schedule_ms[name]), median(schedule_ratio[name]), buckets[name],
                 ratio_text(vs_zero1[name]).c_str(), ratio_text(vs_fp32_gather[name]).c_str());
   }
   return 0;

@@ -10,7 +10,9 @@
 namespace pipetrain::schedule {
 namespace {
 
-bool is_send(const Action& a) { return a.op == Op::kSendActivation || a.op == Op::kSendGradient; }
+bool is_send(const Action& a) {
+  return a.op == Op::kSendActivation || a.op == Op::kSendGradient;
+}
 
 TEST(Schedule, TheLastStageOfOneFOneBStartsItsGradientSumAfterSendingItsLastInputGradient) {
   const Schedule s = lower(one_f_one_b(2, 4));
