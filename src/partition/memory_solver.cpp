@@ -120,6 +120,14 @@ void check_memory_inputs(const ModelProfile& profile, const std::vector<int>& ba
     throw BadInput("memory model: balance asks for " + std::to_string(layers) +
                    " layers but the model has " + std::to_string(profile.num_layers()));
   }
+  if (!options.layer_narrowed_parameters.empty() &&
+      static_cast<std::int64_t>(options.layer_narrowed_parameters.size()) !=
+          profile.num_layers()) {
+    throw BadInput("memory model: layer_narrowed_parameters has " +
+                   std::to_string(options.layer_narrowed_parameters.size()) +
+                   " entries but the model has " + std::to_string(profile.num_layers()) +
+                   " layers; give one per layer, or none");
+  }
   if (options.zero < 0 || options.zero > 3) {
     throw BadInput("memory model: ZeRO stage " + std::to_string(options.zero) +
                    " does not exist; use 0, 1, 2 or 3");
@@ -431,6 +439,7 @@ std::vector<RankMemory> predict_memory(const ModelProfile& profile, const std::v
   std::vector<std::int64_t> body(static_cast<std::size_t>(S), 0);
   std::vector<std::int64_t> output_bytes(static_cast<std::size_t>(S), 0);
   std::vector<std::int64_t> stage_parameters(static_cast<std::size_t>(S), 0);
+  std::vector<std::int64_t> stage_narrowed(static_cast<std::size_t>(S), 0);  // ZeRO-3, bf16
   const bool split = schedule.splits_backward();
   std::int64_t first = 0;
   for (int j = 0; j < S; ++j) {
@@ -441,6 +450,12 @@ std::vector<RankMemory> predict_memory(const ModelProfile& profile, const std::v
     body[j] = (split ? bytes.split_body : bytes.body) + (j == S - 1 ? options.loss_bytes : 0);
     ranks[static_cast<std::size_t>(schedule.stage_rank[j])].parameters += bytes.parameters;
     stage_parameters[j] = bytes.parameters;
+    for (std::int64_t l = first; l < end; ++l) {
+      if (static_cast<std::size_t>(l) < options.layer_narrowed_parameters.size()) {
+        stage_narrowed[static_cast<std::size_t>(j)] +=
+            options.layer_narrowed_parameters[static_cast<std::size_t>(l)];
+      }
+    }
     first = end;
   }
   // [ZeRO-3] each stage's gather buffer: its float32 segment and its narrowed one.
@@ -448,8 +463,7 @@ std::vector<RankMemory> predict_memory(const ModelProfile& profile, const std::v
   if (options.zero == 3) {
     for (int j = 0; j < S; ++j) {
       const auto js = static_cast<std::size_t>(j);
-      const std::int64_t narrowed =
-          js < options.stage_narrowed_parameters.size() ? options.stage_narrowed_parameters[js] : 0;
+      const std::int64_t narrowed = stage_narrowed[js];
       const std::int64_t element = options.parameter_element_bytes;
       stage_buffers[js] = segment_gather_bytes(stage_parameters[js] - narrowed, element, element,
                                                options.data_parallel) +

@@ -223,23 +223,9 @@ MemoryPrediction predict_training_memory(torch::nn::Sequential model,
   options.zero = run.zero;
   options.reshard_after_forward = run.reshard_after_forward;
   options.offload_optimizer = run.offload_optimizer;
-  const std::set<const void*> cast = narrowed_gather_parameters(
+  options.layer_narrowed_parameters = layer_narrowed_gather_bytes(
       *model, ZeroOptions().stage(run.zero).cast_gather(run.cast_gather), pipe.precision());
-  if (!cast.empty()) {
-    int64_t first = 0;
-    for (int count : balance) {
-      std::set<const void*> seen;
-      int64_t bytes = 0;
-      for (int64_t l = first; l < first + count; ++l) {
-        for (const torch::Tensor& p : model[static_cast<size_t>(l)]->parameters()) {
-          if (cast.count(p.unsafeGetTensorImpl()) && seen.insert(p.unsafeGetTensorImpl()).second) {
-            bytes += static_cast<int64_t>(p.numel()) * static_cast<int64_t>(p.element_size());
-          }
-        }
-      }
-      options.stage_narrowed_parameters.push_back(bytes);
-      first += count;
-    }
+  if (!options.layer_narrowed_parameters.empty()) {
     options.narrowed_element_bytes =
         static_cast<int64_t>(c10::elementSize(compute_dtype(pipe.precision())));
   }

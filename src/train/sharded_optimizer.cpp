@@ -688,6 +688,24 @@ std::set<const void*> narrowed_gather_parameters(const torch::nn::Module& model,
   return narrowed;
 }
 
+std::vector<int64_t> layer_narrowed_gather_bytes(const torch::nn::Module& model,
+                                                 const ZeroOptions& zero, Precision precision) {
+  const std::set<const void*> cast = narrowed_gather_parameters(model, zero, precision);
+  if (cast.empty()) return {};
+  std::vector<int64_t> bytes;
+  std::set<const void*> seen;
+  for (const auto& layer : model.children()) {
+    int64_t sum = 0;
+    for (const torch::Tensor& p : layer->parameters()) {
+      if (cast.count(p.unsafeGetTensorImpl()) && seen.insert(p.unsafeGetTensorImpl()).second) {
+        sum += static_cast<int64_t>(p.numel()) * static_cast<int64_t>(p.element_size());
+      }
+    }
+    bytes.push_back(sum);
+  }
+  return bytes;
+}
+
 std::unique_ptr<ShardedOptimizer> make_pipe_sharded_optimizer(
     Distributed& distributed, DistributedPipe& pipe, const std::vector<torch::Tensor>& counted,
     const std::string& optimizer, const OptimizerOptions& options, const ZeroOptions& zero,

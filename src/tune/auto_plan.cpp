@@ -32,6 +32,7 @@
 #include "pipetrain/partition/memory.h"
 #include "pipetrain/partition/profiler.h"
 #include "pipetrain/schedule/generators.h"
+#include "pipetrain/train/sharded_optimizer.h"
 #include "pipetrain/tune/calibration.h"
 #include "pipetrain/tune/world_plan.h"
 
@@ -267,6 +268,11 @@ pp::Plan plan_training(torch::nn::Sequential& model, const torch::Tensor& sample
   } catch (const BadInput& error) {  // the checkpoint name
     throw AutoPlanError(std::string("auto plan: ") + error.what());
   }
+  // ZeRO-3 under bf16 gathers the linears' weights narrowed (the trainer's default policy).
+  planner.layer_narrowed_parameters = train::layer_narrowed_gather_bytes(
+      *model, train::ZeroOptions().stage(input.zero), input.precision);
+  planner.narrowed_element_bytes =
+      static_cast<std::int64_t>(c10::elementSize(compute_dtype(input.precision)));
   ModelStateGuard guard(model);  // [1], until the plan is chosen
   pp::ModelProfile profile = calibrated_profile(model, batch, planner, input, processes);  // [2]
   const RunPlans run =

@@ -17,6 +17,7 @@
 #include "pipetrain/partition/recommend.h"
 #include "pipetrain/runtime/distributed.h"
 #include "pipetrain/runtime/launcher.h"
+#include "pipetrain/train/sharded_optimizer.h"
 #include "pipetrain/tune/plan_report.h"
 
 namespace pipetrain::tune {
@@ -94,7 +95,17 @@ void profile_and_plan(const ModelPlanRequest& r, ModelPlanResult& result) {
 
 }  // namespace
 
-ModelPlanResult plan_model(const ModelPlanRequest& r) {
+ModelPlanResult plan_model(const ModelPlanRequest& request) {
+  ModelPlanRequest r = request;
+  // ZeRO-3 under bf16 gathers the linears' weights narrowed: the memory model sizes their buffers
+  // so, as train --report-memory does. (A Hugging Face config has no modules to ask; its gathers
+  // are sized in float32.)
+  if (r.model) {
+    r.planner.layer_narrowed_parameters = train::layer_narrowed_gather_bytes(
+        *r.model, train::ZeroOptions().stage(r.planner.zero), r.precision);
+    r.planner.narrowed_element_bytes =
+        static_cast<int64_t>(c10::elementSize(compute_dtype(r.precision)));
+  }
   if (r.planner.ranks > layers_of(r)) {
     throw BadInput("--stages " + std::to_string(r.planner.ranks) + " but the model has " +
                    std::to_string(layers_of(r)) + " layers; use at most that many");
@@ -109,6 +120,7 @@ ModelPlanResult plan_model(const ModelPlanRequest& r) {
         "plan_model: processes needs rank_arguments (how to start this program as a rank)");
   }
   ModelPlanResult result;
+  result.planner = r.planner;
   profile_and_plan(r, result);
   result.default_chunks = result.profile.batch_size % 4 == 0 ? 4 : 1;
   auto evaluate_default = [&] {
@@ -250,7 +262,7 @@ std::string model_plan_text(const ModelPlanRequest& r, const ModelPlanResult& re
           << (r.processes ? ", one process per rank" : ", one process") << "; "
           << (r.precision == Precision::kBFloat16 ? "bf16 stages, float32 weights" : "float32")
           << ", the loss's own tensors not included):\n"
-          << rank_memory_text(pp::plan_memory(result.profile, plan, r.planner));
+          << rank_memory_text(pp::plan_memory(result.profile, plan, result.planner));
     }
   } else {
     out << "\nno plan fits " << pp::format_bytes(r.planner.memory_limit_bytes)
@@ -274,7 +286,8 @@ nlohmann::json model_plan_json(const ModelPlanRequest& r, const ModelPlanResult&
   out["precision"] = to_string(r.precision);
   if (labels.memory && result.report.found()) {
     out["memory_per_rank"] =
-        rank_memory_json(pp::plan_memory(result.profile, result.report.recommended(), r.planner));
+        rank_memory_json(
+            pp::plan_memory(result.profile, result.report.recommended(), result.planner));
   }
   if (r.verify) {
     out["verify"] = result.verification ? verification_json(*result.verification, kVerifyNames)

@@ -141,6 +141,36 @@ TEST(PlanModelCli, MemoryPrintsEveryRanksCategoriesAndZeroShardsTheOptimizerStat
   EXPECT_NE(unsharded.output.find("needs --zero 1, 2 or 3"), std::string::npos) << unsharded.output;
 }
 
+// ZeRO-3 under bf16 all-gathers the linears' weights and biases (all of mlp's parameters) in
+// bf16: a rank's gather buffer is its stage's elements padded to dp at 2 bytes each, plus the bf16
+// copy of its own piece; in float32 the padded elements at 4 bytes. train --report-memory sizes
+// them with the same per-layer figures (train::layer_narrowed_gather_bytes).
+TEST(PlanModelCli, ZeroThreeUnderBf16SizesTheGatherBuffersInBf16) {
+  const std::string common =
+      "--model mlp --sample-shape 32,784 --stages 2 --format json --memory --schedules 1f1b "
+      "--zero 3 --dp 2 ";
+  for (const bool bf16 : {false, true}) {
+    const CliRun run = plan(common + (bf16 ? "--precision bf16" : ""));
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    const auto json = nlohmann::json::parse(run.output);
+    const auto& balance = json["recommended"]["balance"];
+    const auto& layers = json["profile"]["layers"];
+    ASSERT_EQ(balance.size(), 2u) << run.output;
+    size_t first = 0;
+    for (size_t r = 0; r < 2; ++r) {
+      long long bytes = 0;
+      const size_t end = first + balance[r].get<size_t>();
+      for (size_t l = first; l < end; ++l) bytes += layers[l]["parameter_bytes"].get<long long>();
+      first = end;
+      const long long piece = (bytes / 4 + 1) / 2;  // float32 elements over 2, rounded up
+      const long long expected = bf16 ? 2 * piece * 2 + piece * 2 : 2 * piece * 4;
+      EXPECT_EQ(json["memory_per_rank"][r]["gather_buffers"].get<long long>(), expected)
+          << (bf16 ? "bf16" : "fp32") << ", rank " << r << "\n"
+          << run.output;
+    }
+  }
+}
+
 // --precision bf16: the profile runs under autocast, so what crosses a boundary is bfloat16 (half
 // of fp32's bytes, layer by layer) and the transport's buffers hold such messages; parameters,
 // gradients and optimizer state stay float32. (The two runs may pick different plans: the

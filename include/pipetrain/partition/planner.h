@@ -52,6 +52,10 @@ struct PlannerOptions {
   bool offload_optimizer = false;      // ZeRO-Offload: the optimizer's shard in host memory
   int data_parallel = 1;
   bool processes = false;
+  // ZeRO 3 under bf16/fp16: per layer, the bytes gathered narrowed (memory.h's field of the same
+  // name; train::layer_narrowed_gather_bytes); empty: every gather in float32.
+  std::vector<std::int64_t> layer_narrowed_parameters;
+  std::int64_t narrowed_element_bytes = 2;
   int top = 10;  // plans kept in the ranked table
 };
 

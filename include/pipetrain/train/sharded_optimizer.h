@@ -120,6 +120,12 @@ void check_reshard_after_forward(bool reshard_after_forward, int zero_stage);
 // narrowed, and the memory model (train/memory_report.h) sizes their buffers so.
 std::set<const void*> narrowed_gather_parameters(const torch::nn::Module& model,
                                                  const ZeroOptions& zero, Precision precision);
+// Per layer of `model` (a Sequential's entries): the bytes of its parameters that
+// narrowed_gather_parameters names, a parameter two layers share counted at the first of them.
+// What MemoryModelOptions::layer_narrowed_parameters wants (train --report-memory and plan
+// --memory size ZeRO-3's gather buffers with it). Empty where nothing is narrowed.
+std::vector<int64_t> layer_narrowed_gather_bytes(const torch::nn::Module& model,
+                                                 const ZeroOptions& zero, Precision precision);
 
 class ShardedOptimizer : public StageParameters {
  public:

@@ -56,6 +56,9 @@ struct ModelPlanRequest {
 };
 
 struct ModelPlanResult {
+  // The request's planner options with what the model adds to them (the parameters ZeRO-3
+  // gathers narrowed under bf16): the ones every plan and memory figure here used.
+  partition::PlannerOptions planner;
   partition::ModelProfile profile;
   partition::PlanReport report;
   int default_chunks = 1;
