@@ -285,9 +285,8 @@ nlohmann::json model_plan_json(const ModelPlanRequest& r, const ModelPlanResult&
   out["profile"] = result.profile;
   out["precision"] = to_string(r.precision);
   if (labels.memory && result.report.found()) {
-    out["memory_per_rank"] =
-        rank_memory_json(
-            pp::plan_memory(result.profile, result.report.recommended(), result.planner));
+    out["memory_per_rank"] = rank_memory_json(
+        pp::plan_memory(result.profile, result.report.recommended(), result.planner));
   }
   if (r.verify) {
     out["verify"] = result.verification ? verification_json(*result.verification, kVerifyNames)
