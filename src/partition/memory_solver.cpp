@@ -120,14 +120,6 @@ void check_memory_inputs(const ModelProfile& profile, const std::vector<int>& ba
     throw BadInput("memory model: balance asks for " + std::to_string(layers) +
                    " layers but the model has " + std::to_string(profile.num_layers()));
   }
-  if (!options.layer_narrowed_parameters.empty() &&
-      static_cast<std::int64_t>(options.layer_narrowed_parameters.size()) !=
-          profile.num_layers()) {
-    throw BadInput("memory model: layer_narrowed_parameters has " +
-                   std::to_string(options.layer_narrowed_parameters.size()) +
-                   " entries but the model has " + std::to_string(profile.num_layers()) +
-                   " layers; give one per layer, or none");
-  }
   if (options.zero < 0 || options.zero > 3) {
     throw BadInput("memory model: ZeRO stage " + std::to_string(options.zero) +
                    " does not exist; use 0, 1, 2 or 3");
@@ -450,11 +442,9 @@ std::vector<RankMemory> predict_memory(const ModelProfile& profile, const std::v
     body[j] = (split ? bytes.split_body : bytes.body) + (j == S - 1 ? options.loss_bytes : 0);
     ranks[static_cast<std::size_t>(schedule.stage_rank[j])].parameters += bytes.parameters;
     stage_parameters[j] = bytes.parameters;
-    for (std::int64_t l = first; l < end; ++l) {
-      if (static_cast<std::size_t>(l) < options.layer_narrowed_parameters.size()) {
-        stage_narrowed[static_cast<std::size_t>(j)] +=
-            options.layer_narrowed_parameters[static_cast<std::size_t>(l)];
-      }
+    for (std::int64_t l = first; l < end && options.cast_gathers; ++l) {
+      stage_narrowed[static_cast<std::size_t>(j)] +=
+          profile.layers[static_cast<std::size_t>(l)].cast_parameter_bytes;
     }
     first = end;
   }

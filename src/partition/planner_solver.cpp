@@ -560,7 +560,7 @@ MemoryModelOptions memory_model_options(const Plan& plan, const PlannerOptions& 
   memory.offload_optimizer = options.offload_optimizer;
   memory.data_parallel = options.data_parallel;
   memory.processes = options.processes;
-  memory.layer_narrowed_parameters = options.layer_narrowed_parameters;
+  memory.cast_gathers = options.cast_gathers;
   memory.narrowed_element_bytes = options.narrowed_element_bytes;
   return memory;
 }

@@ -200,6 +200,7 @@ void to_json(nlohmann::json& out, const ModelProfile& profile) {
     }
     layers.push_back({{"name", layer.name},
                       {"parameter_bytes", layer.parameter_bytes},
+                      {"cast_parameter_bytes", layer.cast_parameter_bytes},
                       {"update_seconds", layer.update_seconds},
                       {"costs", costs}});
   }
@@ -266,6 +267,7 @@ void from_json(const nlohmann::json& in, ModelProfile& profile) {
     LayerProfile layer;
     layer.name = layer_json.value("name", std::string());
     layer.parameter_bytes = layer_json.value("parameter_bytes", std::int64_t{0});
+    layer.cast_parameter_bytes = layer_json.value("cast_parameter_bytes", std::int64_t{0});
     layer.update_seconds = layer_json.value("update_seconds", 0.0);
     for (const auto& c : layer_json.at("costs")) {
       LayerCost cost;

@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include <c10/core/Allocator.h>
@@ -17,6 +18,7 @@
 #include "pipetrain/base/median.h"
 #include "pipetrain/base/message_of.h"
 #include "pipetrain/stage/allocation_counter.h"
+#include "pipetrain/stage/autocast_parameters.h"
 #include "pipetrain/stage/device.h"
 #include "pipetrain/stage/skip.h"
 #include "pipetrain/stage/stage.h"
@@ -332,8 +334,16 @@ ModelProfile profile_sequential(torch::nn::Sequential& model, const torch::Tenso
   }
   check_device_usable(sample_batch.device());
   const std::vector<torch::nn::AnyModule*> layers = layers_of(model);
+  // Which parameters autocast alone reads is decided over the whole model: a weight tied to a
+  // layer that reads it in float32 does not qualify in any layer.
+  const std::set<const void*> narrowable = narrowable_parameters(*model);
   for (std::size_t l = 0; l < layers.size(); ++l) {
     profile.layers.push_back(parameter_profile(l, *layers[l], options));
+    for (const auto& p : layers[l]->ptr()->parameters()) {
+      if (narrowable.count(p.unsafeGetTensorImpl())) {
+        profile.layers.back().cast_parameter_bytes += tensor_bytes(p);
+      }
+    }
   }
   if (!sample_batch.device().is_cpu()) {
     SkipContext skips;

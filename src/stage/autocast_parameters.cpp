@@ -63,4 +63,12 @@ std::vector<torch::Tensor> autocast_cast_parameters(const torch::nn::Module& roo
   return result;
 }
 
+std::set<const void*> narrowable_parameters(const torch::nn::Module& root) {
+  std::set<const void*> narrowable;
+  for (const torch::Tensor& p : autocast_cast_parameters(root)) {
+    if (p.scalar_type() == torch::kFloat) narrowable.insert(p.unsafeGetTensorImpl());
+  }
+  return narrowable;
+}
+
 }  // namespace pipetrain

@@ -679,31 +679,12 @@ void check_reshard_after_forward(bool reshard_after_forward, int zero_stage) {
 
 std::set<const void*> narrowed_gather_parameters(const torch::nn::Module& model,
                                                  const ZeroOptions& zero, Precision precision) {
-  std::set<const void*> narrowed;
-  if (zero.stage() != 3 || !zero.cast_gather() || precision == Precision::kFloat32) return narrowed;
-  // Autocast casts float32 only (a double stays double, a half is what it is).
-  for (const torch::Tensor& p : autocast_cast_parameters(model)) {
-    if (p.scalar_type() == torch::kFloat) narrowed.insert(p.unsafeGetTensorImpl());
-  }
-  return narrowed;
+  if (!gathers_narrowed(zero, precision)) return {};
+  return narrowable_parameters(model);
 }
 
-std::vector<int64_t> layer_narrowed_gather_bytes(const torch::nn::Module& model,
-                                                 const ZeroOptions& zero, Precision precision) {
-  const std::set<const void*> cast = narrowed_gather_parameters(model, zero, precision);
-  if (cast.empty()) return {};
-  std::vector<int64_t> bytes;
-  std::set<const void*> seen;
-  for (const auto& layer : model.children()) {
-    int64_t sum = 0;
-    for (const torch::Tensor& p : layer->parameters()) {
-      if (cast.count(p.unsafeGetTensorImpl()) && seen.insert(p.unsafeGetTensorImpl()).second) {
-        sum += static_cast<int64_t>(p.numel()) * static_cast<int64_t>(p.element_size());
-      }
-    }
-    bytes.push_back(sum);
-  }
-  return bytes;
+bool gathers_narrowed(const ZeroOptions& zero, Precision precision) {
+  return zero.stage() == 3 && zero.cast_gather() && precision != Precision::kFloat32;
 }
 
 std::unique_ptr<ShardedOptimizer> make_pipe_sharded_optimizer(

@@ -150,6 +150,11 @@ pp::PlannerOptions planner_for(const AutoRequest& request, const AutoPlanInput& 
   planner.zero = input.zero;
   planner.reshard_after_forward = input.reshard_after_forward;
   planner.offload_optimizer = input.offload_optimizer;
+  // ZeRO-3 under bf16 gathers the linears' weights narrowed (the trainer's default policy).
+  planner.cast_gathers =
+      train::gathers_narrowed(train::ZeroOptions().stage(input.zero), input.precision);
+  planner.narrowed_element_bytes =
+      static_cast<std::int64_t>(c10::elementSize(compute_dtype(input.precision)));
   planner.data_parallel = input.data_parallel;
   planner.processes = input.processes;
   planner.top = 3;  // step [5] measures the best few
@@ -268,11 +273,6 @@ pp::Plan plan_training(torch::nn::Sequential& model, const torch::Tensor& sample
   } catch (const BadInput& error) {  // the checkpoint name
     throw AutoPlanError(std::string("auto plan: ") + error.what());
   }
-  // ZeRO-3 under bf16 gathers the linears' weights narrowed (the trainer's default policy).
-  planner.layer_narrowed_parameters = train::layer_narrowed_gather_bytes(
-      *model, train::ZeroOptions().stage(input.zero), input.precision);
-  planner.narrowed_element_bytes =
-      static_cast<std::int64_t>(c10::elementSize(compute_dtype(input.precision)));
   ModelStateGuard guard(model);  // [1], until the plan is chosen
   pp::ModelProfile profile = calibrated_profile(model, batch, planner, input, processes);  // [2]
   const RunPlans run =

@@ -97,15 +97,12 @@ void profile_and_plan(const ModelPlanRequest& r, ModelPlanResult& result) {
 
 ModelPlanResult plan_model(const ModelPlanRequest& request) {
   ModelPlanRequest r = request;
-  // ZeRO-3 under bf16 gathers the linears' weights narrowed: the memory model sizes their buffers
-  // so, as train --report-memory does. (A Hugging Face config has no modules to ask; its gathers
-  // are sized in float32.)
-  if (r.model) {
-    r.planner.layer_narrowed_parameters = train::layer_narrowed_gather_bytes(
-        *r.model, train::ZeroOptions().stage(r.planner.zero), r.precision);
-    r.planner.narrowed_element_bytes =
-        static_cast<int64_t>(c10::elementSize(compute_dtype(r.precision)));
-  }
+  // ZeRO-3 under bf16 gathers the linears' weights narrowed (the trainer's default policy): the
+  // memory model sizes those buffers so, as train --report-memory does.
+  r.planner.cast_gathers =
+      train::gathers_narrowed(train::ZeroOptions().stage(r.planner.zero), r.precision);
+  r.planner.narrowed_element_bytes =
+      static_cast<int64_t>(c10::elementSize(compute_dtype(r.precision)));
   if (r.planner.ranks > layers_of(r)) {
     throw BadInput("--stages " + std::to_string(r.planner.ranks) + " but the model has " +
                    std::to_string(layers_of(r)) + " layers; use at most that many");

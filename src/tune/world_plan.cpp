@@ -14,6 +14,7 @@
 #include "pipetrain/models/llama_profile.h"
 #include "pipetrain/partition/memory.h"
 #include "pipetrain/runtime/launcher.h"
+#include "pipetrain/train/sharded_optimizer.h"
 #include "pipetrain/transport/c10d.h"
 #include "pipetrain/tune/model_plan.h"
 
@@ -227,6 +228,11 @@ WorldPlanResult plan_world(const WorldPlanRequest& r) {
     planner.data_parallel = s.dp;
     planner.processes = r.world > 1;
     planner.top = 1;
+    // ZeRO-3 under bf16 gathers the projections' weights narrowed (the trainer's default policy).
+    planner.cast_gathers =
+        train::gathers_narrowed(train::ZeroOptions().stage(planner.zero), r.precision);
+    planner.narrowed_element_bytes =
+        static_cast<int64_t>(c10::elementSize(compute_dtype(r.precision)));
     const pp::PlanReport report = pp::plan_pipeline(profile, planner);
     layout.found = report.found();
     layout.plan = report.found() ? report.recommended() : report.smallest_fitting_plan;

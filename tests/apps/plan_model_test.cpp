@@ -144,7 +144,7 @@ TEST(PlanModelCli, MemoryPrintsEveryRanksCategoriesAndZeroShardsTheOptimizerStat
 // ZeRO-3 under bf16 all-gathers the linears' weights and biases (all of mlp's parameters) in
 // bf16: a rank's gather buffer is its stage's elements padded to dp at 2 bytes each, plus the bf16
 // copy of its own piece; in float32 the padded elements at 4 bytes. train --report-memory sizes
-// them with the same per-layer figures (train::layer_narrowed_gather_bytes).
+// them from the same per-layer figures (LayerProfile::cast_parameter_bytes).
 TEST(PlanModelCli, ZeroThreeUnderBf16SizesTheGatherBuffersInBf16) {
   const std::string common =
       "--model mlp --sample-shape 32,784 --stages 2 --format json --memory --schedules 1f1b "

@@ -342,20 +342,23 @@ TEST(PredictMemory, ZeroThreeGatherBuffersAreTheLargestStagesBufferInFlight) {
   options.reshard_after_forward = true;
   EXPECT_EQ(predict_memory(profile, balance, 1, schedule, options)[0].gather_buffers, 200);
   options.reshard_after_forward = false;
-  options.layer_narrowed_parameters = {100, 100, 100, 100, 100};  // every parameter narrowed
-  const RankMemory narrowed = predict_memory(profile, balance, 1, schedule, options)[0];
+  ModelProfile cast = profile;
+  for (LayerProfile& layer : cast.layers) layer.cast_parameter_bytes = 100;  // every parameter
+  options.cast_gathers = true;
+  const RankMemory narrowed = predict_memory(cast, balance, 1, schedule, options)[0];
   EXPECT_EQ(narrowed.gather_buffers, 50 * 2 + 25 * 2);  // stage 2: buffer and piece copy
   EXPECT_EQ(narrowed.gathered, 300);                    // whole parameters stay float32
-  options.layer_narrowed_parameters = {40, 0, 0, 0, 0};  // layer 0: 10 floats narrowed, 15 kept
-  const auto ranks = predict_memory(profile, {1, 1, 1, 1}, 1, schedule, options);
+  options.cast_gathers = false;  // the same layers, gathered in float32
+  EXPECT_EQ(predict_memory(cast, balance, 1, schedule, options)[0].gather_buffers, 200);
+  options.cast_gathers = true;
+  for (LayerProfile& layer : cast.layers) layer.cast_parameter_bytes = 0;
+  cast.layers[0].cast_parameter_bytes = 40;  // layer 0: 10 floats narrowed, 15 kept
+  const auto ranks = predict_memory(cast, {1, 1, 1, 1}, 1, schedule, options);
   // 15 kept floats pad to 16 (64 bytes); 10 narrowed: 5 a replica, 10 x 2 + 5 x 2 = 30 bytes.
   EXPECT_EQ(ranks[0].gather_buffers, std::max<std::int64_t>(64 + 30, 104));
   RankMemory without = ranks[0];
   without.gather_buffers = 0;
   EXPECT_EQ(ranks[0].total() - without.total(), 104);  // in the device's total
-  options.layer_narrowed_parameters = {40, 0, 0, 0};  // one entry per layer, or none
-  EXPECT_THROW(predict_memory(profile, balance, 1, schedule, options), BadInput);
-  options.layer_narrowed_parameters.clear();
   options.zero = 2;
   EXPECT_EQ(predict_memory(profile, balance, 1, schedule, options)[0].gather_buffers, 0);
 }

@@ -10,6 +10,7 @@
 #include "pipetrain/base/error.h"
 #include "pipetrain/partition/planner.h"
 #include "pipetrain/partition/profiler.h"
+#include "pipetrain/stage/autocast_parameters.h"
 #include "pipetrain/stage/device.h"
 #include "pipetrain/stage/skip_layers.h"
 
@@ -34,6 +35,45 @@ TEST(Profiler, CountsParameterAndOutputBytesFromTheShapes) {
   EXPECT_EQ(profile.input_bytes[1], 16 * 64 * 4);
   EXPECT_EQ(profile.layers[0].costs[1].output_bytes, 16 * 32 * 4);
   EXPECT_EQ(profile.layers[2].costs[0].output_bytes, 4 * 8 * 4);
+}
+
+// cast_parameter_bytes: what autocast alone reads (the linears' weights and biases), decided over
+// the whole model: a weight tied to an embedding, which reads it in float32, counts nowhere; the
+// same weight tied between two linears counts in both (as parameter_bytes does). It survives the
+// profile's JSON.
+TEST(Profiler, CountsTheBytesAutocastAloneReadsOverTheWholeModel) {
+  torch::manual_seed(0);
+  torch::nn::Embedding embedding(8, 4);
+  torch::nn::Linear first(4, 4), tied(4, 4), head(4, 8);
+  tied->weight.set_data(first->weight.detach());  // values only: not a tie
+  torch::nn::Sequential model(embedding, first, torch::nn::ReLU(), tied,
+                              torch::nn::LayerNorm(torch::nn::LayerNormOptions({4})), head);
+  const auto profile = profile_sequential(model, torch::randint(8, {4, 2}), quick());
+  ASSERT_EQ(profile.num_layers(), 6);
+  const std::vector<std::int64_t> expected = {0, 80, 0, 80, 0, 4 * 8 * 4 + 8 * 4};
+  for (int l = 0; l < 6; ++l) {
+    EXPECT_EQ(profile.layers[static_cast<size_t>(l)].cast_parameter_bytes,
+              expected[static_cast<size_t>(l)])
+        << "layer " << l;
+  }
+  const ModelProfile read = nlohmann::json(profile).get<ModelProfile>();
+  EXPECT_EQ(read.layers[5].cast_parameter_bytes, expected[5]);
+
+  // A head that names its weight as read through autocast alone, tied to the embedding's table,
+  // which reads it in float32: alone the head would qualify; in the model it does not.
+  struct TiedHeadImpl : torch::nn::Module, AutocastCastParameters {
+    explicit TiedHeadImpl(torch::Tensor table) { weight = register_parameter("weight", table); }
+    torch::Tensor forward(const torch::Tensor& x) { return torch::matmul(x, weight.t()); }
+    std::vector<torch::Tensor> autocast_cast_parameters() const override { return {weight}; }
+    torch::Tensor weight;
+  };
+  torch::nn::Sequential tied_model(embedding, first,
+                                   torch::nn::AnyModule(std::make_shared<TiedHeadImpl>(
+                                       embedding->weight)));
+  const auto tied_profile = profile_sequential(tied_model, torch::randint(8, {4, 2}), quick());
+  EXPECT_EQ(tied_profile.layers[0].cast_parameter_bytes, 0);
+  EXPECT_EQ(tied_profile.layers[1].cast_parameter_bytes, 80);
+  EXPECT_EQ(tied_profile.layers[2].cast_parameter_bytes, 0);
 }
 
 // A skip stashed before a boundary and popped after it crosses the boundary with the output (the

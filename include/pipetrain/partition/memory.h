@@ -138,7 +138,8 @@ StageBytes stage_bytes(const ModelProfile& profile, std::int64_t first, std::int
 //                    wait before the action that needs the stage, walking the residency plan as
 //                    for gathered. A stage's buffer is each of its segments padded to a multiple
 //                    of dp elements, in the dtype it is gathered in: float32, or, for the
-//                    parameters MemoryModelOptions::layer_narrowed_parameters names, the
+//                    parameters LayerProfile::cast_parameter_bytes counts (with
+//                    MemoryModelOptions::cast_gathers), the
 //                    narrowed dtype plus the narrowed copy of the rank's piece
 //                    (ZeroOptions::cast_gather). Usually one stage's at a time.
 struct RankMemory {
@@ -192,10 +193,9 @@ struct MemoryModelOptions {
   int data_parallel = 1;                     // replicas of each pipeline rank (dp)
   bool processes = false;                    // one process per rank: the transport's buffers count
   std::int64_t parameter_element_bytes = 4;  // float32 parameters (the shard's padding)
-  // ZeRO 3 under bf16/fp16 (ZeroOptions::cast_gather): per layer of the profile, the bytes of its
-  // parameters that are all-gathered in the narrowed dtype (stage/autocast_parameters.h;
-  // train::layer_narrowed_gather_bytes), a stage's being its layers' sum; empty: none.
-  std::vector<std::int64_t> layer_narrowed_parameters;
+  // ZeRO 3 under bf16/fp16 (ZeroOptions::cast_gather; train::gathers_narrowed): each layer's
+  // LayerProfile::cast_parameter_bytes are all-gathered in narrowed_element_bytes per element.
+  bool cast_gathers = false;
   std::int64_t narrowed_element_bytes = 2;  // bf16 or fp16
   std::int64_t loss_bytes = 0;              // what the loss keeps for backward, per micro-batch
   // Activation offload (PipeOptions::offload_activations): checkpointed micro-batches' inputs

@@ -52,9 +52,9 @@ struct PlannerOptions {
   bool offload_optimizer = false;      // ZeRO-Offload: the optimizer's shard in host memory
   int data_parallel = 1;
   bool processes = false;
-  // ZeRO 3 under bf16/fp16: per layer, the bytes gathered narrowed (memory.h's field of the same
-  // name; train::layer_narrowed_gather_bytes); empty: every gather in float32.
-  std::vector<std::int64_t> layer_narrowed_parameters;
+  // ZeRO 3 under bf16/fp16 (memory.h's fields of the same names): the layers'
+  // cast_parameter_bytes are gathered at narrowed_element_bytes an element.
+  bool cast_gathers = false;
   std::int64_t narrowed_element_bytes = 2;
   int top = 10;  // plans kept in the ranked table
 };

@@ -52,6 +52,10 @@ struct LayerCost {
 struct LayerProfile {
   std::string name;
   std::int64_t parameter_bytes = 0;
+  // Of parameter_bytes: the float32 parameters the model reads only through autocast's casts
+  // (stage/autocast_parameters.h, decided over the whole model), which ZeRO-3 under bf16 may
+  // all-gather narrowed (MemoryModelOptions::cast_gathers).
+  std::int64_t cast_parameter_bytes = 0;
   // One optimizer update of this layer's parameters (p -= lr * g), once per training step.
   double update_seconds = 0;
   std::vector<LayerCost> costs;  // one per ModelProfile::microbatch_sizes

@@ -20,6 +20,7 @@
 // float32) does not.
 #pragma once
 
+#include <set>
 #include <vector>
 
 #include <torch/nn/module.h>
@@ -39,5 +40,9 @@ class AutocastCastParameters {
 
 // The parameters of `root` and its descendants that qualify (above), each once.
 std::vector<torch::Tensor> autocast_cast_parameters(const torch::nn::Module& root);
+
+// The float32 ones of autocast_cast_parameters(root), by TensorImpl: those a narrower dtype can
+// stand in for (autocast casts float32 only; a double stays double, a half is what it is).
+std::set<const void*> narrowable_parameters(const torch::nn::Module& root);
 
 }  // namespace pipetrain

@@ -115,17 +115,15 @@ struct ZeroOptions {
 void check_reshard_after_forward(bool reshard_after_forward, int zero_stage);
 
 // The parameters of `model` that ZeRO-3 all-gathers in the compute dtype of `precision`
-// (ZeroOptions::cast_gather): the float32 ones of autocast_cast_parameters, by TensorImpl. None
-// at stages 0-2, without cast_gather, or in float32. make_pipe_sharded_optimizer gathers these
+// (ZeroOptions::cast_gather): narrowable_parameters (stage/autocast_parameters.h) where
+// gathers_narrowed, else none. make_pipe_sharded_optimizer gathers these
 // narrowed, and the memory model (train/memory_report.h) sizes their buffers so.
 std::set<const void*> narrowed_gather_parameters(const torch::nn::Module& model,
                                                  const ZeroOptions& zero, Precision precision);
-// Per layer of `model` (a Sequential's entries): the bytes of its parameters that
-// narrowed_gather_parameters names, a parameter two layers share counted at the first of them.
-// What MemoryModelOptions::layer_narrowed_parameters wants (train --report-memory and plan
-// --memory size ZeRO-3's gather buffers with it). Empty where nothing is narrowed.
-std::vector<int64_t> layer_narrowed_gather_bytes(const torch::nn::Module& model,
-                                                 const ZeroOptions& zero, Precision precision);
+// Whether ZeRO-3 gathers some parameters in the compute dtype: stage 3 with cast_gather under
+// bf16 or fp16. Which ones: narrowed_gather_parameters (here), or, per layer for the memory
+// model, partition::LayerProfile::cast_parameter_bytes (MemoryModelOptions::cast_gathers).
+bool gathers_narrowed(const ZeroOptions& zero, Precision precision);
 
 class ShardedOptimizer : public StageParameters {
  public:
