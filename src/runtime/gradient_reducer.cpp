@@ -1,7 +1,9 @@
 // Bucketed, overlapped data-parallel gradient sum (runtime/gradient_reducer.h).
 #include "pipetrain/runtime/gradient_reducer.h"
 
+#include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include <torch/torch.h>
 
@@ -44,8 +46,17 @@ void unpack_gradients(const std::vector<torch::Tensor>& parameters, const torch:
   }
 }
 
-void GradientReducer::launch(std::vector<torch::Tensor> parameters, int stage) {
-  if (parameters.empty()) return;
+GradientReducer::~GradientReducer() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+GradientReducer::Bucket GradientReducer::launch(std::vector<torch::Tensor> parameters,
+                                                int stage) const {
   // Where the group sums (the CPU under Gloo, the GPU under NCCL), as
   // Distributed::allreduce_gradients sums them.
   const torch::Device device = group_->collective_device(parameters.front().device());
@@ -55,35 +66,93 @@ void GradientReducer::launch(std::vector<torch::Tensor> parameters, int stage) {
   bucket.start_us = CollectiveLog::now_us();
   bucket.parameters = std::move(parameters);
   bucket.wait = group_->allreduce_sum_start(bucket.flat);
-  pending_.push_back(std::move(bucket));
+  return bucket;
+}
+
+void GradientReducer::loop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    changed_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    if (stopping_) return;
+    Job job = std::move(queue_.front());
+    queue_.pop_front();
+    if (error_) continue;  // finish() throws it; later buckets would only add to the mismatch
+    packing_ = true;
+    lock.unlock();
+    std::optional<Bucket> bucket;
+    std::exception_ptr error;
+    try {
+      bucket = launch(std::move(job.parameters), job.stage);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    lock.lock();
+    packing_ = false;
+    if (bucket) pending_.push_back(std::move(*bucket));
+    if (error) error_ = error;
+    changed_.notify_all();
+  }
+}
+
+void GradientReducer::drain() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  changed_.wait(lock, [&] { return queue_.empty() && !packing_; });
+  if (error_) {
+    std::exception_ptr error = error_;
+    error_ = nullptr;
+    std::rethrow_exception(error);
+  }
+}
+
+void GradientReducer::submit(std::vector<torch::Tensor> parameters, int stage) {
+  if (parameters.empty()) return;
+  const bool on_cpu = std::all_of(parameters.begin(), parameters.end(),
+                                  [](const torch::Tensor& p) { return p.device().is_cpu(); });
+  if (!on_cpu) {  // after what the thread still has, so that the collectives keep their order
+    drain();
+    Bucket bucket = launch(std::move(parameters), stage);
+    std::lock_guard<std::mutex> lock(mutex_);
+    pending_.push_back(std::move(bucket));
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+    queue_.push_back(Job{std::move(parameters), stage});
+  }
+  changed_.notify_all();
 }
 
 void GradientReducer::start(const std::vector<torch::Tensor>& parameters, int stage) {
   std::vector<torch::Tensor> bucket;
   std::int64_t bytes = 0;
+  auto close = [&] {
+    if (bucket.empty()) return;
+    ++started_;
+    started_bytes_ += bytes;  // pack_gradients keeps each parameter's dtype
+    submit(std::move(bucket), stage);
+    bucket.clear();
+    bytes = 0;
+  };
   for (const auto& p : parameters) {
     const std::int64_t size = p.numel() * static_cast<std::int64_t>(p.element_size());
     const bool other_dtype = !bucket.empty() && bucket.front().scalar_type() != p.scalar_type();
-    if (!bucket.empty() && (bytes + size > bucket_bytes_ || other_dtype)) {
-      launch(std::move(bucket), stage);
-      bucket.clear();
-      bytes = 0;
-    }
+    if (!bucket.empty() && (bytes + size > bucket_bytes_ || other_dtype)) close();
     bucket.push_back(p);
     bytes += size;
   }
-  launch(std::move(bucket), stage);
-}
-
-std::int64_t GradientReducer::pending_bytes() const {
-  std::int64_t bytes = 0;
-  for (const Bucket& bucket : pending_) bytes += static_cast<std::int64_t>(bucket.flat[0].nbytes());
-  return bytes;
+  close();
 }
 
 double GradientReducer::finish() {
   const auto begin = std::chrono::steady_clock::now();
-  for (auto& bucket : pending_) {
+  drain();  // what the thread still packs is exposed too
+  std::vector<Bucket> buckets;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    buckets.swap(pending_);
+  }
+  for (auto& bucket : buckets) {
     bucket.wait();
     if (log_) {
       log_->finished(CollectiveKind::kAllReduce, bucket.stage, bucket.start_us,
@@ -92,8 +161,9 @@ double GradientReducer::finish() {
   }
   const double waited =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
-  for (auto& bucket : pending_) unpack_gradients(bucket.parameters, bucket.flat[0]);
-  pending_.clear();
+  for (auto& bucket : buckets) unpack_gradients(bucket.parameters, bucket.flat[0]);
+  started_ = 0;
+  started_bytes_ = 0;
   return waited;
 }
 

@@ -42,6 +42,20 @@ TEST(GradientReducer, PacksBucketsOfAtMostTheSizeAndWritesTheSumsBack) {
   EXPECT_TRUE(torch::equal(none.grad(), torch::zeros({2})));
 }
 
+// CPU buckets are packed on the reducer's own thread: start() has returned before that, so a
+// packing failure (a sparse gradient has no flat view) comes out of finish(), and the reducer is
+// then still destroyed cleanly.
+TEST(GradientReducer, APackingFailureOnItsThreadIsThrownByFinish) {
+  GradientReducer reducer(C10dGroup::mirror(2), /*bucket_bytes=*/1 << 20);
+  torch::Tensor sparse = torch::zeros({2}).requires_grad_();
+  sparse.mutable_grad() = torch::ones({2}).to_sparse();
+  const torch::Tensor dense = parameter_with_grad({1, 2});
+  reducer.start({dense}, 0);
+  reducer.start({sparse}, 1);
+  EXPECT_EQ(reducer.buckets_started(), 2);
+  EXPECT_THROW(reducer.finish(), std::exception);
+}
+
 TEST(GradientReducer, ABucketSizeBelowOneByteOrNoGroupIsRefused) {
   EXPECT_THROW(GradientReducer(C10dGroup::mirror(2), 0), BadInput);
   EXPECT_THROW(GradientReducer(nullptr, 1 << 20), BadInput);
