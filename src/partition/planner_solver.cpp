@@ -561,7 +561,6 @@ MemoryModelOptions memory_model_options(const Plan& plan, const PlannerOptions& 
   memory.data_parallel = options.data_parallel;
   memory.processes = options.processes;
   memory.cast_gathers = options.cast_gathers;
-  memory.narrowed_element_bytes = options.narrowed_element_bytes;
   return memory;
 }
 

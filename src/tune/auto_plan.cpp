@@ -153,8 +153,6 @@ pp::PlannerOptions planner_for(const AutoRequest& request, const AutoPlanInput& 
   // ZeRO-3 under bf16 gathers the linears' weights narrowed (the trainer's default policy).
   planner.cast_gathers =
       train::gathers_narrowed(train::ZeroOptions().stage(input.zero), input.precision);
-  planner.narrowed_element_bytes =
-      static_cast<std::int64_t>(c10::elementSize(compute_dtype(input.precision)));
   planner.data_parallel = input.data_parallel;
   planner.processes = input.processes;
   planner.top = 3;  // step [5] measures the best few

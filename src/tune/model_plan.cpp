@@ -101,8 +101,6 @@ ModelPlanResult plan_model(const ModelPlanRequest& request) {
   // memory model sizes those buffers so, as train --report-memory does.
   r.planner.cast_gathers =
       train::gathers_narrowed(train::ZeroOptions().stage(r.planner.zero), r.precision);
-  r.planner.narrowed_element_bytes =
-      static_cast<int64_t>(c10::elementSize(compute_dtype(r.precision)));
   if (r.planner.ranks > layers_of(r)) {
     throw BadInput("--stages " + std::to_string(r.planner.ranks) + " but the model has " +
                    std::to_string(layers_of(r)) + " layers; use at most that many");

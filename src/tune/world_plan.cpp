@@ -231,8 +231,6 @@ WorldPlanResult plan_world(const WorldPlanRequest& r) {
     // ZeRO-3 under bf16 gathers the projections' weights narrowed (the trainer's default policy).
     planner.cast_gathers =
         train::gathers_narrowed(train::ZeroOptions().stage(planner.zero), r.precision);
-    planner.narrowed_element_bytes =
-        static_cast<int64_t>(c10::elementSize(compute_dtype(r.precision)));
     const pp::PlanReport report = pp::plan_pipeline(profile, planner);
     layout.found = report.found();
     layout.plan = report.found() ? report.recommended() : report.smallest_fitting_plan;

@@ -137,11 +137,11 @@ StageBytes stage_bytes(const ModelProfile& profile, std::int64_t first, std::int
 //                    start (before the first action, or the prefetch after an action) to the
 //                    wait before the action that needs the stage, walking the residency plan as
 //                    for gathered. A stage's buffer is each of its segments padded to a multiple
-//                    of dp elements, in the dtype it is gathered in: float32, or, for the
-//                    parameters LayerProfile::cast_parameter_bytes counts (with
-//                    MemoryModelOptions::cast_gathers), the
-//                    narrowed dtype plus the narrowed copy of the rank's piece
-//                    (ZeroOptions::cast_gather). Usually one stage's at a time.
+//                    of dp elements, in the dtype it is gathered in: float32, or, with
+//                    MemoryModelOptions::cast_gathers, for the bytes the stage's layers'
+//                    LayerProfile::cast_parameter_bytes count, the narrowed dtype plus the
+//                    narrowed copy of the rank's piece (ZeroOptions::cast_gather). Usually one
+//                    stage's at a time.
 struct RankMemory {
   std::int64_t parameters = 0;
   std::int64_t gradients = 0;

@@ -52,10 +52,9 @@ struct PlannerOptions {
   bool offload_optimizer = false;      // ZeRO-Offload: the optimizer's shard in host memory
   int data_parallel = 1;
   bool processes = false;
-  // ZeRO 3 under bf16/fp16 (memory.h's fields of the same names): the layers'
-  // cast_parameter_bytes are gathered at narrowed_element_bytes an element.
+  // ZeRO 3 under bf16/fp16 (MemoryModelOptions::cast_gathers): the layers' cast_parameter_bytes
+  // are gathered at 2 bytes an element.
   bool cast_gathers = false;
-  std::int64_t narrowed_element_bytes = 2;
   int top = 10;  // plans kept in the ranked table
 };
 
