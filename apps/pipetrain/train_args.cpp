@@ -148,10 +148,9 @@ void add_optimizer_flags(CLI::App& command, TrainArgs& args) {
                    "gradients, optimizer state, activations, transport), predicted by the memory "
                    "model and measured (docs/MEMORY.md)");
   command.add_flag("--overlap-grad-reduce", args.pipeline.overlap_grad_reduce,
-                   "with --dp 2 or more: start summing a stage's gradients over the replicas (an "
-                   "all-reduce in buckets; under --zero 1-3 a reduce-scatter into the shard) as "
-                   "soon as its last backward of the step ends, while the rest of the step runs "
-                   "(docs/DISTRIBUTED.md)");
+                   "with --dp 2 or more: start a stage's gradient sum (all-reduce in buckets; "
+                   "--zero 1-3: reduce-scatter) once its last backward of the step ends, while the "
+                   "rest of the step runs (docs/DISTRIBUTED.md)");
   command.add_option("--bucket-size", args.pipeline.bucket_mb,
                      "MiB per gradient bucket of --overlap-grad-reduce (default 25, DDP's)");
   command.add_flag("--offload-optimizer", args.offload_optimizer,
