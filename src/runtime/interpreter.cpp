@@ -237,10 +237,10 @@ void Interpreter::run(const StepData& data, RankResult& result, const std::atomi
   if (!released_before_.empty()) sends.emplace(transport_);
   // The action after which each stage's gradient sum starts: its last B or W here, or the sends
   // right after it (Schedule::gradient_sum_starts).
-  std::map<size_t, int> gradients_final_after;
+  std::map<size_t, int> sum_starts_after;
   if (data.training && data.on_stage_gradients) {
     for (const auto& [stage, a] : schedule_.gradient_sum_starts(rank_)) {
-      gradients_final_after[a] = stage;
+      sum_starts_after[a] = stage;
     }
   }
   if (data.parameters && data.residency && data.residency->first >= 0) {
@@ -276,8 +276,8 @@ void Interpreter::run(const StepData& data, RankResult& result, const std::atomi
         event.start_us = micros_since(data.start);
       }
       execute(action, data, result);
-      const auto final_here = gradients_final_after.find(a);
-      if (final_here != gradients_final_after.end()) data.on_stage_gradients(final_here->second);
+      const auto sum_here = sum_starts_after.find(a);
+      if (sum_here != sum_starts_after.end()) data.on_stage_gradients(sum_here->second);
       if (residency && residency->release >= 0) data.parameters->release(residency->release);
       if (residency && residency->prefetch >= 0) data.parameters->start_gather(residency->prefetch);
     } catch (const std::exception& e) {
