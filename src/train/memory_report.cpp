@@ -223,8 +223,8 @@ MemoryPrediction predict_training_memory(torch::nn::Sequential model,
   options.zero = run.zero;
   options.reshard_after_forward = run.reshard_after_forward;
   options.offload_optimizer = run.offload_optimizer;
-  options.cast_gathers =
-      gathers_narrowed(ZeroOptions().stage(run.zero).cast_gather(run.cast_gather), pipe.precision());
+  options.cast_gathers = gathers_narrowed(
+      ZeroOptions().stage(run.zero).cast_gather(run.cast_gather), pipe.precision());
   if (options.cast_gathers) {
     options.narrowed_element_bytes =
         static_cast<int64_t>(c10::elementSize(compute_dtype(pipe.precision())));

@@ -348,7 +348,7 @@ TEST(PredictMemory, ZeroThreeGatherBuffersAreTheLargestStagesBufferInFlight) {
   const RankMemory narrowed = predict_memory(cast, balance, 1, schedule, options)[0];
   EXPECT_EQ(narrowed.gather_buffers, 50 * 2 + 25 * 2);  // stage 2: buffer and piece copy
   EXPECT_EQ(narrowed.gathered, 300);                    // whole parameters stay float32
-  options.cast_gathers = false;  // the same layers, gathered in float32
+  options.cast_gathers = false;                         // the same layers, gathered in float32
   EXPECT_EQ(predict_memory(cast, balance, 1, schedule, options)[0].gather_buffers, 200);
   options.cast_gathers = true;
   for (LayerProfile& layer : cast.layers) layer.cast_parameter_bytes = 0;

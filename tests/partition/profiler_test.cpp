@@ -67,9 +67,8 @@ TEST(Profiler, CountsTheBytesAutocastAloneReadsOverTheWholeModel) {
     std::vector<torch::Tensor> autocast_cast_parameters() const override { return {weight}; }
     torch::Tensor weight;
   };
-  torch::nn::Sequential tied_model(embedding, first,
-                                   torch::nn::AnyModule(std::make_shared<TiedHeadImpl>(
-                                       embedding->weight)));
+  torch::nn::Sequential tied_model(
+      embedding, first, torch::nn::AnyModule(std::make_shared<TiedHeadImpl>(embedding->weight)));
   const auto tied_profile = profile_sequential(tied_model, torch::randint(8, {4, 2}), quick());
   EXPECT_EQ(tied_profile.layers[0].cast_parameter_bytes, 0);
   EXPECT_EQ(tied_profile.layers[1].cast_parameter_bytes, 80);

@@ -11,17 +11,17 @@
 // one dtype per bucket); each bucket's gradients are packed into one flat tensor and an
 // all-reduce of it starts over the data-parallel group (C10dGroup::allreduce_sum_start: Gloo's or
 // NCCL's own threads carry it). finish() waits for every bucket and writes the sums into the
-// gradients.
+// gradients. The sum of each element is the same sum as one blocking all-reduce of everything
+// (Distributed::allreduce_gradients) makes; with two replicas it is the same bits.
 //
 // The communication thread: where a start()'s parameters are all on the CPU, the packing (a copy
-// of every gradient, 7.5 ms for 16 MB on one core here) and the collective's start run on the
-// reducer's own thread, in the order start() was called, and start() returns at once: the rank's
-// next action does not wait for them. A start() of CUDA parameters packs on the calling thread
-// (an asynchronous copy on its stream) after the thread's queue has drained, so that the
-// collectives keep their order. Until finish() only that thread issues the group's collectives;
-// the caller issues none on the group in between (C10dGroup: one thread at a time per group). The sum of each element is the same sum
-// as one blocking all-reduce of everything (Distributed::allreduce_gradients) makes; with two
-// replicas it is the same bits.
+// of every gradient: 7.5 ms for 16 MB on one core of a 2-core machine) and the collective's start
+// run on the reducer's own thread, in the order start() was called, and start() returns at once:
+// the rank's next action does not wait for them. A start() of CUDA parameters packs on the
+// calling thread (an asynchronous copy on its stream) after the thread's queue has drained, so
+// the collectives keep their order and the two threads never issue one at the same time
+// (C10dGroup: one thread at a time per group). Between the first start() and finish() the caller
+// issues no other collective on the group.
 //
 // exposed: what finish() waited, the communication left after the pipeline's last action.
 //
