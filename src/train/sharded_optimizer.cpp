@@ -3,6 +3,7 @@
 #include "pipetrain/train/sharded_optimizer.h"
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -711,6 +712,27 @@ std::unique_ptr<ShardedOptimizer> make_pipe_sharded_optimizer(
     segments.push_back(std::move(tensors));
     segment_stages.push_back(stage_index);
   };
+  // With the overlap, a stage's segment is cut into buckets of at most PipeOptions::bucket_bytes
+  // (--bucket-size; a parameter larger than that is a bucket of its own), each reduce-scattered
+  // on its own as the replicas' all-reduce is (runtime/gradient_reducer.h).
+  const int64_t bucket_bytes =
+      overlap ? pipe.options().bucket_bytes() : std::numeric_limits<int64_t>::max();
+  auto add_buckets = [&](int stage_index, std::vector<torch::Tensor> tensors,
+                         torch::ScalarType gather_dtype) {
+    std::vector<torch::Tensor> bucket;
+    int64_t bytes = 0;
+    for (torch::Tensor& t : tensors) {
+      const int64_t size = bytes_of(t);
+      if (!bucket.empty() && stage_index >= 0 && bytes + size > bucket_bytes) {
+        add_segment(stage_index, std::move(bucket), gather_dtype);
+        bucket.clear();
+        bytes = 0;
+      }
+      bucket.push_back(std::move(t));
+      bytes += size;
+    }
+    add_segment(stage_index, std::move(bucket), gather_dtype);
+  };
   if (overlap || stage == 3) {
     for (auto& [stage_index, tensors] : pipe.gradient_groups()) {
       const torch::ScalarType dtype = tensors.front().scalar_type();
@@ -719,8 +741,8 @@ std::unique_ptr<ShardedOptimizer> make_pipe_sharded_optimizer(
         const bool narrow = stage_index >= 0 && cast.count(t.unsafeGetTensorImpl());
         (narrow ? narrowed : kept).push_back(std::move(t));
       }
-      add_segment(stage_index, std::move(kept), dtype);
-      add_segment(stage_index, std::move(narrowed), compute_dtype(precision));
+      add_buckets(stage_index, std::move(kept), dtype);
+      add_buckets(stage_index, std::move(narrowed), compute_dtype(precision));
     }
   }
   auto sharded =

@@ -108,16 +108,18 @@ TEST(GradientReducer, OverlappedTrainingEqualsTheBlockingSumBitForBitUnderEveryS
   }
 }
 
-// ZeRO 1 and 2 overlapped: each local stage's gradients are a segment of the sharded layout
-// (ShardedOptimizer's segments), reduce-scattered as soon as the stage's last backward ends. The
-// same weights, bit for bit, as the same ZeRO stage reducing after the step; AdamW, so that the
-// sharded optimizer state matters.
-TEST(GradientReducer, OverlappedZeroOneAndTwoEqualTheirBlockingRunsBitForBit) {
+// ZeRO 1, 2 and 3 overlapped: each local stage's gradients are segments of the sharded layout
+// (ShardedOptimizer's segments), cut at --bucket-size (4 KiB here: several per stage) and
+// reduce-scattered as soon as the stage's last backward ends; at ZeRO-3 each is also gathered on
+// its own. The same weights, bit for bit, as the same ZeRO stage reducing after the step (one
+// segment per stage at ZeRO-3, one for everything at 1 and 2); AdamW, so that the sharded
+// optimizer state matters.
+TEST(GradientReducer, OverlappedZeroInSmallBucketsEqualsItsBlockingRunsBitForBit) {
   const std::string common =
       "train --data synthetic --synthetic-samples 128 --model mlp "
       "--model-options '{\"widths\": [784, 64, 32, 10]}' --batch-size 32 --seed 3 --steps 4 "
       "--optimizer adamw --lr 0.01 --nproc 4 --pp 2 --dp 2 --chunks 4 --clip-grad-norm 0.5 ";
-  for (const std::string zero : {"1", "2"}) {
+  for (const std::string zero : {"1", "2", "3"}) {
     for (const std::string schedule : {"1f1b", "interleaved-1f1b --virtual 2", "zb-v"}) {
       const std::string tag = "zero" + zero + "_" + schedule.substr(0, schedule.find(' '));
       const std::string flags = common + "--zero " + zero + " --schedule " + schedule;
@@ -125,7 +127,8 @@ TEST(GradientReducer, OverlappedZeroOneAndTwoEqualTheirBlockingRunsBitForBit) {
           testing::run_pipetrain(flags + " --save-params " + scratch(tag + "_blocking.pt"));
       ASSERT_EQ(blocking.exit_code, 0) << blocking.output;
       const testing::CliRun overlapped = testing::run_pipetrain(
-          flags + " --overlap-grad-reduce --save-params " + scratch(tag + "_overlap.pt"));
+          flags + " --overlap-grad-reduce --bucket-size 0.004 --save-params " +
+          scratch(tag + "_overlap.pt"));
       ASSERT_EQ(overlapped.exit_code, 0) << overlapped.output;
       expect_same_params(tag);
     }
