@@ -390,6 +390,7 @@ void Launch::report_first_failure(int r) {
 
 bool Launch::reap() {
   bool any_running = false;
+  std::vector<RankEnd> ended;
   for (int r = 0; r < options_.nproc; ++r) {
     auto& child = children_[static_cast<std::size_t>(r)];
     if (!child.running) continue;
@@ -401,13 +402,15 @@ bool Launch::reap() {
     child.running = false;
     child.ended = Clock::now();
     child.exit_code = decode_status(status);
-    if (child.exit_code != 0 && result_.first_failed_rank < 0) {
-      if (options_.rank_environment) {
-        report_first_failure(r);
-      } else {
-        result_.first_failed_rank = r;
-        if (!term_at_) term_at_ = Clock::now() + options_.grace;
-      }
+    ended.push_back(RankEnd{r, child.exit_code, WIFSIGNALED(status) != 0});
+  }
+  const int r = first_failure(ended);
+  if (r >= 0 && result_.first_failed_rank < 0) {
+    if (options_.rank_environment) {
+      report_first_failure(r);
+    } else {
+      result_.first_failed_rank = r;
+      if (!term_at_) term_at_ = Clock::now() + options_.grace;
     }
   }
   return any_running;
@@ -485,6 +488,21 @@ bool worth_restarting(const LaunchResult& result) {
 }
 
 }  // namespace
+
+int first_failure(const std::vector<RankEnd>& ended) {
+  int first = -1;
+  bool first_signaled = false;
+  for (const RankEnd& end : ended) {
+    if (end.exit_code == 0) continue;
+    const bool earlier = first < 0 || end.rank < first;
+    if (first < 0 || (end.signaled && !first_signaled) ||
+        (end.signaled == first_signaled && earlier)) {
+      first = end.rank;
+      first_signaled = end.signaled;
+    }
+  }
+  return first;
+}
 
 LaunchResult launch_local(const LaunchOptions& options) {
   if (options.nproc < 1) {

@@ -46,6 +46,18 @@ TEST(Launcher, ExitsWithTheFirstFailingRanksCode) {
   EXPECT_EQ(run.result.rank_exit_codes, (std::vector<int>{0, 5, 0}));
 }
 
+// Several ranks found ended in one look (a rank SIGKILLed, and a peer that saw its connection
+// reset in the same instant): the killed one is reported, not the lower rank whose error is about
+// it; among equals the lowest rank; nobody when every rank succeeded.
+TEST(Launcher, AmongRanksEndedAtOnceASignalledOneFailsFirst) {
+  EXPECT_EQ(first_failure({{1, 1, false}, {3, 128 + SIGKILL, true}}), 3);
+  EXPECT_EQ(first_failure({{3, 128 + SIGKILL, true}, {1, 1, false}}), 3);
+  EXPECT_EQ(first_failure({{2, 128 + SIGKILL, true}, {3, 128 + SIGTERM, true}}), 2);
+  EXPECT_EQ(first_failure({{0, 0, false}, {2, 4, false}, {1, 5, false}}), 1);
+  EXPECT_EQ(first_failure({{0, 0, false}, {1, 0, false}}), -1);
+  EXPECT_EQ(first_failure({}), -1);
+}
+
 TEST(Launcher, StopsTheOtherRanksAfterTheGracePeriodWhenOneFails) {
   auto run = run_ranks(3, {"sleep_unless_rank0_fails"}, 0, 8000, std::chrono::milliseconds(500));
   EXPECT_EQ(run.result.exit_code, 7);

@@ -70,6 +70,18 @@ struct LaunchResult {
 // pipetrain::Error of kind Runtime if a child cannot be started (naming the program and errno).
 LaunchResult launch_local(const LaunchOptions& options);
 
+// A rank the launcher found ended.
+struct RankEnd {
+  int rank = 0;
+  int exit_code = 0;      // exit code, or 128 + signal
+  bool signaled = false;  // killed by a signal
+};
+// Of the ranks found ended in one look, the one launch_local reports as failing first: one killed
+// by a signal before one that exited with an error (a killed rank says nothing itself, and the
+// others' errors are then mostly about it: a peer's connection reset), else the lowest rank with
+// a non-zero exit; -1 when every one exited 0.
+int first_failure(const std::vector<RankEnd>& ended);
+
 // The path of this executable (/proc/self/exe). When the file was replaced while this process
 // runs (a rebuild), the link ends in " (deleted)": the new file at the same path is returned.
 // Throws a pipetrain::Error of kind Runtime naming errno when the link cannot be read.
