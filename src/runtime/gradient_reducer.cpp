@@ -123,25 +123,32 @@ void GradientReducer::submit(std::vector<torch::Tensor> parameters, int stage) {
   changed_.notify_all();
 }
 
-void GradientReducer::start(const std::vector<torch::Tensor>& parameters, int stage) {
-  std::vector<torch::Tensor> bucket;
+std::vector<std::vector<torch::Tensor>> cut_into_buckets(const std::vector<torch::Tensor>& tensors,
+                                                         std::int64_t bucket_bytes) {
+  std::vector<std::vector<torch::Tensor>> buckets;
   std::int64_t bytes = 0;
-  auto close = [&] {
-    if (bucket.empty()) return;
-    ++started_;
-    started_bytes_ += bytes;  // pack_gradients keeps each parameter's dtype
-    submit(std::move(bucket), stage);
-    bucket.clear();
-    bytes = 0;
-  };
-  for (const auto& p : parameters) {
-    const std::int64_t size = p.numel() * static_cast<std::int64_t>(p.element_size());
-    const bool other_dtype = !bucket.empty() && bucket.front().scalar_type() != p.scalar_type();
-    if (!bucket.empty() && (bytes + size > bucket_bytes_ || other_dtype)) close();
-    bucket.push_back(p);
+  for (const auto& t : tensors) {
+    const std::int64_t size = t.numel() * static_cast<std::int64_t>(t.element_size());
+    const bool fresh = buckets.empty() || bytes + size > bucket_bytes ||
+                       buckets.back().front().scalar_type() != t.scalar_type();
+    if (fresh) {
+      buckets.emplace_back();
+      bytes = 0;
+    }
+    buckets.back().push_back(t);
     bytes += size;
   }
-  close();
+  return buckets;
+}
+
+void GradientReducer::start(const std::vector<torch::Tensor>& parameters, int stage) {
+  for (std::vector<torch::Tensor>& bucket : cut_into_buckets(parameters, bucket_bytes_)) {
+    ++started_;
+    for (const auto& p : bucket) {  // pack_gradients keeps each parameter's dtype
+      started_bytes_ += p.numel() * static_cast<std::int64_t>(p.element_size());
+    }
+    submit(std::move(bucket), stage);
+  }
 }
 
 double GradientReducer::finish() {

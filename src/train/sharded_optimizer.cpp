@@ -11,6 +11,7 @@
 
 #include "pipetrain/base/check.h"
 #include "pipetrain/runtime/distributed_pipe.h"
+#include "pipetrain/runtime/gradient_reducer.h"
 #include "pipetrain/stage/autocast_parameters.h"
 #include "pipetrain/stage/precision.h"
 #include "pipetrain/transport/c10d.h"
@@ -719,19 +720,10 @@ std::unique_ptr<ShardedOptimizer> make_pipe_sharded_optimizer(
       overlap ? pipe.options().bucket_bytes() : std::numeric_limits<int64_t>::max();
   auto add_buckets = [&](int stage_index, std::vector<torch::Tensor> tensors,
                          torch::ScalarType gather_dtype) {
-    std::vector<torch::Tensor> bucket;
-    int64_t bytes = 0;
-    for (torch::Tensor& t : tensors) {
-      const int64_t size = bytes_of(t);
-      if (!bucket.empty() && stage_index >= 0 && bytes + size > bucket_bytes) {
-        add_segment(stage_index, std::move(bucket), gather_dtype);
-        bucket.clear();
-        bytes = 0;
-      }
-      bucket.push_back(std::move(t));
-      bytes += size;
+    if (stage_index < 0) return add_segment(stage_index, std::move(tensors), gather_dtype);
+    for (auto& bucket : cut_into_buckets(tensors, bucket_bytes)) {
+      add_segment(stage_index, std::move(bucket), gather_dtype);
     }
-    add_segment(stage_index, std::move(bucket), gather_dtype);
   };
   if (overlap || stage == 3) {
     for (auto& [stage_index, tensors] : pipe.gradient_groups()) {

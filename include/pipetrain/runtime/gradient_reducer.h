@@ -55,6 +55,12 @@ torch::Tensor pack_gradients(const std::vector<torch::Tensor>& parameters,
 // devices; an undefined gradient receives its piece.
 void unpack_gradients(const std::vector<torch::Tensor>& parameters, const torch::Tensor& flat);
 
+// `tensors` cut, in order, into buckets of at most `bucket_bytes` (a tensor larger than that is a
+// bucket of its own) and of one dtype each: GradientReducer's buckets, and the segments the ZeRO
+// optimizer reduce-scatters under the overlap (train/sharded_optimizer.h).
+std::vector<std::vector<torch::Tensor>> cut_into_buckets(const std::vector<torch::Tensor>& tensors,
+                                                         std::int64_t bucket_bytes);
+
 class GradientReducer {
  public:
   // REQUIRES: group non-null; bucket_bytes >= 1. `log` (optional, outliving the reducer) gets
