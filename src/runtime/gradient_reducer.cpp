@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <optional>
 
 #include <torch/torch.h>
 
@@ -46,15 +45,6 @@ void unpack_gradients(const std::vector<torch::Tensor>& parameters, const torch:
   }
 }
 
-GradientReducer::~GradientReducer() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stopping_ = true;
-  }
-  changed_.notify_all();
-  if (thread_.joinable()) thread_.join();
-}
-
 GradientReducer::Bucket GradientReducer::launch(std::vector<torch::Tensor> parameters,
                                                 int stage) const {
   // Where the group sums (the CPU under Gloo, the GPU under NCCL), as
@@ -69,58 +59,18 @@ GradientReducer::Bucket GradientReducer::launch(std::vector<torch::Tensor> param
   return bucket;
 }
 
-void GradientReducer::loop() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  for (;;) {
-    changed_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-    if (stopping_) return;
-    Job job = std::move(queue_.front());
-    queue_.pop_front();
-    if (error_) continue;  // finish() throws it; later buckets would only add to the mismatch
-    packing_ = true;
-    lock.unlock();
-    std::optional<Bucket> bucket;
-    std::exception_ptr error;
-    try {
-      bucket = launch(std::move(job.parameters), job.stage);
-    } catch (...) {
-      error = std::current_exception();
-    }
-    lock.lock();
-    packing_ = false;
-    if (bucket) pending_.push_back(std::move(*bucket));
-    if (error) error_ = error;
-    changed_.notify_all();
-  }
-}
-
-void GradientReducer::drain() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  changed_.wait(lock, [&] { return queue_.empty() && !packing_; });
-  if (error_) {
-    std::exception_ptr error = error_;
-    error_ = nullptr;
-    std::rethrow_exception(error);
-  }
-}
-
 void GradientReducer::submit(std::vector<torch::Tensor> parameters, int stage) {
   if (parameters.empty()) return;
   const bool on_cpu = std::all_of(parameters.begin(), parameters.end(),
                                   [](const torch::Tensor& p) { return p.device().is_cpu(); });
   if (!on_cpu) {  // after what the thread still has, so that the collectives keep their order
-    drain();
-    Bucket bucket = launch(std::move(parameters), stage);
-    std::lock_guard<std::mutex> lock(mutex_);
-    pending_.push_back(std::move(bucket));
+    thread_.drain();
+    pending_.push_back(launch(std::move(parameters), stage));
     return;
   }
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
-    queue_.push_back(Job{std::move(parameters), stage});
-  }
-  changed_.notify_all();
+  thread_.submit([this, parameters = std::move(parameters), stage]() mutable {
+    pending_.push_back(launch(std::move(parameters), stage));
+  });
 }
 
 std::vector<std::vector<torch::Tensor>> cut_into_buckets(const std::vector<torch::Tensor>& tensors,
@@ -153,12 +103,9 @@ void GradientReducer::start(const std::vector<torch::Tensor>& parameters, int st
 
 double GradientReducer::finish() {
   const auto begin = std::chrono::steady_clock::now();
-  drain();  // what the thread still packs is exposed too
+  thread_.drain();  // what the thread still packs is exposed too
   std::vector<Bucket> buckets;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    buckets.swap(pending_);
-  }
+  buckets.swap(pending_);
   for (auto& bucket : buckets) {
     bucket.wait();
     if (log_) {

@@ -218,6 +218,7 @@ torch::Tensor ShardedOptimizer::shard_of(const torch::Tensor& flat) const {
 
 torch::Tensor ShardedOptimizer::gather_flat(const torch::Tensor& shard, bool pinned) const {
   torch::Tensor flat = torch::empty({flat_size_}, shard.options().pinned_memory(pinned));
+  reduce_thread_.drain();  // the group's collectives in one order on every replica
   C10dGroup* dp = group();
   for (const Segment& s : segments_) {
     const torch::Tensor mine = shard.narrow(0, s.shard_offset, s.piece).contiguous();
@@ -305,6 +306,7 @@ void ShardedOptimizer::start_gather_segment(size_t k, bool exact) {
   peak_buffer_bytes_ = std::max(peak_buffer_bytes_, buffer_bytes_);
   gather_bytes_sent_ += bytes_of(g.piece);
   gather_bytes_uncast_ += bytes_of(piece);
+  reduce_thread_.drain();  // the group's collectives in one order on every replica
   g.start_us = CollectiveLog::now_us();
   if (C10dGroup* dp = group()) {
     g.wait = dp->all_gather_start(g.piece, g.gathered);
@@ -374,36 +376,49 @@ torch::Tensor ShardedOptimizer::flat_gradients() const {
 void ShardedOptimizer::start_reduce(size_t segment) {  // [1], one segment ahead
   PIPETRAIN_CHECK_INPUT(segment < segments_.size(), "ZeRO segment ", segment, " of ",
                         segments_.size());
-  if (started_flat_.size() < segments_.size()) {
+  if (reduce_started_.size() < segments_.size()) {
+    reduce_started_.resize(segments_.size(), 0);
     started_flat_.resize(segments_.size());
     started_wait_.resize(segments_.size());
     started_us_.resize(segments_.size());
   }
-  if (started_flat_[segment].defined()) return;
-  torch::NoGradGuard no_grad;
-  const Segment& s = segments_[segment];
-  torch::Tensor flat = torch::zeros({s.padded}, comm_options());
-  int64_t at = 0;
-  for (size_t q : s.parameters) {
-    const torch::Tensor& grad = parameters_[q].grad();
-    const int64_t n = parameters_[q].numel();
-    if (grad.defined()) flat.narrow(0, at, n).copy_(grad.detach().reshape({-1}));
-    at += n;
+  if (reduce_started_[segment]) return;
+  reduce_started_[segment] = 1;
+  // Here, not on the thread: it may allocate the reduced gradient the step reads.
+  torch::Tensor mine =
+      reduced_gradient().narrow(0, segments_[segment].shard_offset, segments_[segment].piece);
+  C10dGroup* dp = group();
+  auto launch = [this, segment, mine, dp]() mutable {
+    torch::NoGradGuard no_grad;  // per thread
+    const Segment& s = segments_[segment];
+    torch::Tensor flat = torch::zeros({s.padded}, comm_options());
+    int64_t at = 0;
+    for (size_t q : s.parameters) {
+      const torch::Tensor& grad = parameters_[q].grad();
+      const int64_t n = parameters_[q].numel();
+      if (grad.defined()) flat.narrow(0, at, n).copy_(grad.detach().reshape({-1}));
+      at += n;
+    }
+    started_us_[segment] = CollectiveLog::now_us();
+    if (dp) {
+      started_wait_[segment] = dp->reduce_scatter_sum_start(flat, mine);
+    } else {
+      mine.copy_(flat.narrow(0, replica_ * s.piece, s.piece));
+      started_wait_[segment] = [] {};
+    }
+    started_flat_[segment] = flat;
+  };
+  if (comm_device_.is_cpu()) {
+    reduce_thread_.submit(std::move(launch));
+  } else {  // an asynchronous copy on the stream: here, after what the thread still has
+    reduce_thread_.drain();
+    launch();
   }
-  torch::Tensor mine = reduced_gradient().narrow(0, s.shard_offset, s.piece);
-  started_us_[segment] = CollectiveLog::now_us();
-  if (C10dGroup* dp = group()) {
-    started_wait_[segment] = dp->reduce_scatter_sum_start(flat, mine);
-  } else {
-    mine.copy_(flat.narrow(0, replica_ * s.piece, s.piece));
-    started_wait_[segment] = [] {};
-  }
-  started_flat_[segment] = flat;
 }
 
 void ShardedOptimizer::reduce_gradients() {  // [1]
   torch::NoGradGuard no_grad;
-  if (started_flat_.empty()) {
+  if (reduce_started_.empty()) {
     const torch::Tensor flat = flat_gradients();
     reduce_buffer_bytes_ = bytes_of(flat);
     for (size_t k = 0; k < segments_.size(); ++k) {
@@ -422,6 +437,7 @@ void ShardedOptimizer::reduce_gradients() {  // [1]
     }
   } else {
     for (size_t k = 0; k < segments_.size(); ++k) start_reduce(k);  // those not started yet
+    reduce_thread_.drain();
     reduce_buffer_bytes_ = 0;  // every segment's flat, in flight together
     for (const torch::Tensor& flat : started_flat_) reduce_buffer_bytes_ += bytes_of(flat);
     for (size_t k = 0; k < segments_.size(); ++k) {
@@ -431,6 +447,7 @@ void ShardedOptimizer::reduce_gradients() {  // [1]
                        bytes_of(started_flat_[k]));
       }
     }
+    reduce_started_.clear();
     started_flat_.clear();
     started_wait_.clear();
   }

@@ -16,12 +16,12 @@
 //
 // The communication thread: where a start()'s parameters are all on the CPU, the packing (a copy
 // of every gradient: 7.5 ms for 16 MB on one core of a 2-core machine) and the collective's start
-// run on the reducer's own thread, in the order start() was called, and start() returns at once:
-// the rank's next action does not wait for them. A start() of CUDA parameters packs on the
-// calling thread (an asynchronous copy on its stream) after the thread's queue has drained, so
-// the collectives keep their order and the two threads never issue one at the same time
-// (C10dGroup: one thread at a time per group). Between the first start() and finish() the caller
-// issues no other collective on the group.
+// run on the reducer's own CommunicationThread (runtime/communication_thread.h), in the order
+// start() was called, and start() returns at once: the rank's next action does not wait for them.
+// A start() of CUDA parameters packs on the calling thread (an asynchronous copy on its stream)
+// after the thread's queue has drained, so the collectives keep their order and the two threads
+// never issue one at the same time (C10dGroup: one thread at a time per group). Between the first
+// start() and finish() the caller issues no other collective on the group.
 //
 // exposed: what finish() waited, the communication left after the pipeline's last action.
 //
@@ -30,19 +30,15 @@
 // the same buckets in the same order (they run the same schedule).
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
-#include <exception>
 #include <functional>
 #include <memory>
-#include <mutex>
-#include <thread>
 #include <vector>
 
 #include <torch/types.h>
 
 #include "pipetrain/runtime/collective_log.h"
+#include "pipetrain/runtime/communication_thread.h"
 #include "pipetrain/transport/c10d.h"
 
 namespace pipetrain {
@@ -67,7 +63,8 @@ class GradientReducer {
   // each bucket's all-reduce, from its start to finish()'s wait.
   GradientReducer(std::shared_ptr<C10dGroup> group, std::int64_t bucket_bytes,
                   CollectiveLog* log = nullptr);
-  ~GradientReducer();  // lets the thread finish what it packs (unwaited buckets are dropped)
+  // Lets the thread finish what it packs (unwaited buckets are dropped).
+  ~GradientReducer() = default;
   GradientReducer(const GradientReducer&) = delete;
   GradientReducer& operator=(const GradientReducer&) = delete;
 
@@ -91,29 +88,17 @@ class GradientReducer {
     int stage = -1;
     double start_us = 0;
   };
-  struct Job {
-    std::vector<torch::Tensor> parameters;
-    int stage = -1;
-  };
   Bucket launch(std::vector<torch::Tensor> parameters, int stage) const;
   void submit(std::vector<torch::Tensor> parameters, int stage);
-  void drain();  // until the thread has launched everything queued; rethrows its failure
-  void loop();
 
   std::shared_ptr<C10dGroup> group_;
   std::int64_t bucket_bytes_;
   CollectiveLog* log_ = nullptr;
   int started_ = 0;
   std::int64_t started_bytes_ = 0;
-
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  std::vector<Bucket> pending_;  // GUARDED_BY(mutex_)
-  std::deque<Job> queue_;        // GUARDED_BY(mutex_)
-  bool packing_ = false;         // GUARDED_BY(mutex_): a job left the queue, not yet pending
-  bool stopping_ = false;        // GUARDED_BY(mutex_)
-  std::exception_ptr error_;     // GUARDED_BY(mutex_)
-  std::thread thread_;           // started by the first CPU start()
+  // Written by the thread's jobs (and by CUDA start()s after a drain); read after a drain.
+  std::vector<Bucket> pending_;
+  CommunicationThread thread_;  // last: it ends, and its jobs with it, before pending_ goes
 };
 
 }  // namespace pipetrain

@@ -63,8 +63,9 @@
 //
 // Ownership: shares the parameter tensors; holds a pointer to the Distributed, which must outlive
 // it (null: a one-process run, one replica and no collectives, for the offload in one process).
-// Thread-safety: the training loop's thread only. Every method marked collective must be called
-// by every replica of the pipeline rank together.
+// Thread-safety: the training loop's thread only (the optimizer's own communication thread, which
+// start_reduce feeds, is internal). Every method marked collective must be called by every
+// replica of the pipeline rank together.
 #pragma once
 
 #include <cstdint>
@@ -79,6 +80,7 @@
 #include <torch/types.h>
 
 #include "pipetrain/runtime/collective_log.h"
+#include "pipetrain/runtime/communication_thread.h"
 #include "pipetrain/runtime/distributed.h"
 #include "pipetrain/runtime/step.h"
 #include "pipetrain/stage/precision.h"
@@ -182,10 +184,15 @@ class ShardedOptimizer : public StageParameters {
   void set_collective_log(CollectiveLog* log) { log_ = log; }
   // [1] Collective. Waits for the segments start_reduce started and reduce-scatters the others.
   void reduce_gradients();
-  // [1] for one segment, started now while the step goes on (its gradients are final): the
-  // reduce-scatter runs on the group's threads; reduce_gradients waits for it. Collective in
-  // order: every replica starts the same segments in the same order. Starting one twice in a
-  // step is a no-op.
+  // [1] for one segment, started now while the step goes on (its gradients are final): where
+  // the collectives run on the CPU, packing the segment's gradients and starting its
+  // reduce-scatter happen on the optimizer's communication thread (runtime/communication_thread.h)
+  // and this returns at once; on a GPU both happen here (the copy is asynchronous on the
+  // stream). The reduce-scatter runs on the group's threads; reduce_gradients waits for it. The
+  // optimizer's other collectives on the group (gathers, reduce_gradients) first wait until the
+  // thread has started what it was given, so that every replica issues them in one order.
+  // Collective in order: every replica starts the same segments in the same order. Starting one
+  // twice in a step is a no-op.
   void start_reduce(size_t segment);
   size_t segments() const { return segments_.size(); }
   // [2] This replica's shard of the squared gradient norm (sum it over every rank).
@@ -316,7 +323,9 @@ class ShardedOptimizer : public StageParameters {
   int64_t total_ = 0;      // the parameters' elements
   int64_t flat_size_ = 0;  // the padded flat vector's
   int64_t shard_size_ = 0;
-  // Segments started this step (start_reduce): their gradient and the wait.
+  // Segments started this step (start_reduce): whether (set by the caller), and their gradient,
+  // start and wait (written by the communication thread's jobs, read after its drain()).
+  std::vector<char> reduce_started_;
   std::vector<torch::Tensor> started_flat_;
   std::vector<std::function<void()>> started_wait_;
   std::vector<double> started_us_;
@@ -335,6 +344,9 @@ class ShardedOptimizer : public StageParameters {
   torch::Tensor comm_grad_;     // staged_, during a reduction: shard_grad_'s values as reduced
   torch::Tensor counted_mask_;  // 1 where the norm counts the shard's element, else 0
   std::unique_ptr<torch::optim::Optimizer> inner_;
+  // Packs and starts the overlapped reduce-scatters on the CPU. Drained before the optimizer
+  // issues any other collective on the group; last, so that it and its jobs end first.
+  mutable CommunicationThread reduce_thread_;
 };
 
 // A ShardedOptimizer over `pipe`'s parameters, wired into it as the trainer runs it: the pipe's

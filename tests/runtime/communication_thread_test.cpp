@@ -1,0 +1,75 @@
+// runtime/communication_thread.h: jobs run in submission order on a thread of their own, submit()
+// returns before its job runs, drain() waits for them and rethrows a failure once, and what was
+// queued behind a failure is skipped. Torch-free: compiled on its own (tests/CMakeLists.txt).
+#include "pipetrain/runtime/communication_thread.h"
+
+#include <future>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace pipetrain {
+namespace {
+
+TEST(CommunicationThread, RunsJobsInSubmissionOrderOnAThreadOfItsOwn) {
+  CommunicationThread thread;
+  EXPECT_FALSE(thread.started());
+  std::vector<int> order;  // written by the jobs, read after drain()
+  std::vector<std::thread::id> ran_on;
+  for (int i = 0; i < 100; ++i) {
+    thread.submit([&order, &ran_on, i] {
+      order.push_back(i);
+      ran_on.push_back(std::this_thread::get_id());
+    });
+  }
+  EXPECT_TRUE(thread.started());
+  thread.drain();
+  ASSERT_EQ(order.size(), 100u);
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(order[static_cast<size_t>(i)], i);
+  for (const auto& id : ran_on) EXPECT_NE(id, std::this_thread::get_id());
+}
+
+TEST(CommunicationThread, SubmitReturnsBeforeItsJobRuns) {
+  CommunicationThread thread;
+  std::promise<void> go;
+  std::shared_future<void> released = go.get_future().share();
+  bool ran = false;
+  // The job cannot end before this thread, after submit() returned, releases it.
+  thread.submit([released, &ran] {
+    released.wait();
+    ran = true;
+  });
+  go.set_value();
+  thread.drain();
+  EXPECT_TRUE(ran);
+}
+
+TEST(CommunicationThread, AFailureIsRethrownOnceAndWhatWasQueuedBehindItIsSkipped) {
+  CommunicationThread thread;
+  std::promise<void> go;
+  std::shared_future<void> released = go.get_future().share();
+  bool behind_ran = false;
+  thread.submit([released] {
+    released.wait();  // until both jobs below are queued
+    throw std::runtime_error("packing bucket 2 failed");
+  });
+  thread.submit([&behind_ran] { behind_ran = true; });
+  go.set_value();
+  try {
+    thread.drain();
+    ADD_FAILURE() << "drain() did not rethrow the job's failure";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "packing bucket 2 failed");
+  }
+  EXPECT_FALSE(behind_ran);
+  EXPECT_NO_THROW(thread.drain());  // once
+  bool after_ran = false;
+  thread.submit([&after_ran] { after_ran = true; });
+  thread.drain();
+  EXPECT_TRUE(after_ran);
+}
+
+}  // namespace
+}  // namespace pipetrain
