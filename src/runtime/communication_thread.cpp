@@ -23,6 +23,15 @@ void CommunicationThread::submit(std::function<void()> job) {
   changed_.notify_all();
 }
 
+void CommunicationThread::submit_or_run_here(std::function<void()> job, bool run_here) {
+  if (!run_here) {
+    submit(std::move(job));
+    return;
+  }
+  drain();
+  job();
+}
+
 void CommunicationThread::drain() {
   std::unique_lock<std::mutex> lock(mutex_);
   changed_.wait(lock, [&] { return queue_.empty() && !running_; });

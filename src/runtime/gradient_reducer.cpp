@@ -63,14 +63,12 @@ void GradientReducer::submit(std::vector<torch::Tensor> parameters, int stage) {
   if (parameters.empty()) return;
   const bool on_cpu = std::all_of(parameters.begin(), parameters.end(),
                                   [](const torch::Tensor& p) { return p.device().is_cpu(); });
-  if (!on_cpu) {  // after what the thread still has, so that the collectives keep their order
-    thread_.drain();
-    pending_.push_back(launch(std::move(parameters), stage));
-    return;
-  }
-  thread_.submit([this, parameters = std::move(parameters), stage]() mutable {
-    pending_.push_back(launch(std::move(parameters), stage));
-  });
+  // On a GPU the pack is an asynchronous copy on the compute stream: here, in the queue's order.
+  thread_.submit_or_run_here(
+      [this, parameters = std::move(parameters), stage]() mutable {
+        pending_.push_back(launch(std::move(parameters), stage));
+      },
+      /*run_here=*/!on_cpu);
 }
 
 std::vector<std::vector<torch::Tensor>> cut_into_buckets(const std::vector<torch::Tensor>& tensors,

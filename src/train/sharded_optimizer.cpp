@@ -408,12 +408,8 @@ void ShardedOptimizer::start_reduce(size_t segment) {  // [1], one segment ahead
     }
     started_flat_[segment] = flat;
   };
-  if (comm_device_.is_cpu()) {
-    reduce_thread_.submit(std::move(launch));
-  } else {  // an asynchronous copy on the stream: here, after what the thread still has
-    reduce_thread_.drain();
-    launch();
-  }
+  // On a GPU the pack is an asynchronous copy on the stream: here, after what the thread has.
+  reduce_thread_.submit_or_run_here(std::move(launch), /*run_here=*/!comm_device_.is_cpu());
 }
 
 void ShardedOptimizer::reduce_gradients() {  // [1]

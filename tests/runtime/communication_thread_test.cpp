@@ -1,8 +1,10 @@
 // runtime/communication_thread.h: jobs run in submission order on a thread of their own, submit()
 // returns before its job runs, drain() waits for them and rethrows a failure once, and what was
-// queued behind a failure is skipped. Torch-free: compiled on its own (tests/CMakeLists.txt).
+// queued behind a failure is skipped; a job run here follows the queue, on the caller's thread.
+// Torch-free: compiled on its own (tests/CMakeLists.txt).
 #include "pipetrain/runtime/communication_thread.h"
 
+#include <chrono>
 #include <future>
 #include <stdexcept>
 #include <thread>
@@ -69,6 +71,28 @@ TEST(CommunicationThread, AFailureIsRethrownOnceAndWhatWasQueuedBehindItIsSkippe
   thread.submit([&after_ran] { after_ran = true; });
   thread.drain();
   EXPECT_TRUE(after_ran);
+}
+
+TEST(CommunicationThread, RunHereWaitsForTheQueueAndRunsOnTheCallingThread) {
+  CommunicationThread thread;
+  std::vector<int> order;  // written by the jobs, read after they ran
+  std::thread::id submitted_on, here_on;
+  thread.submit_or_run_here(
+      [&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));  // still running below
+        order.push_back(1);
+        submitted_on = std::this_thread::get_id();
+      },
+      /*run_here=*/false);
+  thread.submit_or_run_here(
+      [&] {
+        order.push_back(2);
+        here_on = std::this_thread::get_id();
+      },
+      /*run_here=*/true);
+  EXPECT_EQ(order, (std::vector<int>{1, 2}));  // the job here ran after the queued one, and ended
+  EXPECT_NE(submitted_on, std::this_thread::get_id());
+  EXPECT_EQ(here_on, std::this_thread::get_id());
 }
 
 }  // namespace

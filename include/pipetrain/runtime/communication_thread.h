@@ -36,6 +36,10 @@ class CommunicationThread {
 
   // Queues `job` behind the jobs submitted before it.
   void submit(std::function<void()> job);
+  // submit(job), or, when `run_here`, drain() and then job() on the calling thread: it still
+  // follows what was submitted before it. For work that must stay on the caller's thread (an
+  // asynchronous copy on the caller's CUDA stream) but in the queue's order.
+  void submit_or_run_here(std::function<void()> job, bool run_here);
   // Blocks until every job submitted so far has run or been skipped; rethrows the first failure
   // since the last drain() (once).
   void drain();
