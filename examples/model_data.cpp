@@ -111,6 +111,47 @@ void check_hf_spec(const ModelDataSpec& args) {
 
 }  // namespace
 
+PlanningModel load_planning_model(const std::string& model,
+                                  const std::vector<int64_t>& sample_shape) {
+  PlanningModel loaded;
+  torch::manual_seed(0);
+  if (is_hf_model(model)) {
+    loaded.llama =
+        as_usage_error("--model " + model, [&] { return models::read_llama_config(model); });
+    if (sample_shape.size() != 2) {
+      throw UsageError("--sample-shape of a language model is B,T (token ids)");
+    }
+    loaded.sample = torch::randint(loaded.llama->vocab_size, sample_shape, torch::kInt64);
+    loaded.description = std::string(to_string(loaded.llama->architecture)) + " " + model;
+    return loaded;
+  }
+  const auto ends_with = [&model](const std::string& suffix) {
+    return model.size() >= suffix.size() &&
+           model.compare(model.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  if (ends_with(".pt") || ends_with(".pth") || model.find('/') != std::string::npos) {
+    loaded.sequential =
+        as_usage_error("--model " + model, [&] { return load_torchscript_sequential(model); });
+    loaded.description = "TorchScript " + model;
+  } else {
+    loaded.sequential = make_model(model).sequential;  // ModelOptionError is a BadInput
+    loaded.description = model;
+  }
+  loaded.sample = torch::randn(sample_shape);
+  return loaded;
+}
+
+void check_batch_size(const BuiltData& data, int64_t batch_size) {
+  if (data.corpus || !data.train_inputs.defined()) return;
+  const int64_t rows = data.train_inputs.size(0);
+  if (batch_size > rows) {
+    throw UsageError("--batch-size " + std::to_string(batch_size) +
+                     " is larger than the training set (" + std::to_string(rows) + " rows of " +
+                     (data.name == "tensors" ? "--inputs" : "--data " + data.name) +
+                     "); use --batch-size " + std::to_string(rows) + " or less");
+  }
+}
+
 void check_model_data_spec(const ModelDataSpec& args) {
   const bool torchscript = is_torchscript_path(args.model);
   if (!torchscript && !is_hf_model(args.model) && !contains(model_names(), args.model)) {

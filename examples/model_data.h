@@ -114,8 +114,29 @@ models::LlamaConfig hf_config(const ModelDataSpec& spec);
 // Names, combinations and ranges; throws pipetrain::BadInput naming the flag.
 void check_model_data_spec(const ModelDataSpec& spec);
 
+// A model to plan for (`pipetrain plan --model`) and a random mini-batch of `sample_shape` for its
+// profile: an example model's name, a TorchScript file (MODEL.pt, or a path), or a Hugging Face
+// directory, of which only the config is read (models/llama_profile.h profiles it unbuilt) and
+// whose sample is token ids [B, T]. Seeds torch's generator with 0 first. Throws
+// pipetrain::BadInput naming --model or --sample-shape.
+struct PlanningModel {
+  torch::nn::Sequential sequential;  // no layers for a Hugging Face model
+  torch::Tensor sample;
+  std::string description;  // "mlp", "TorchScript m.pt", "llama DIR"
+  std::optional<models::LlamaConfig> llama;
+  int64_t layers() const {
+    return llama ? llama->entries() : static_cast<int64_t>(sequential->size());
+  }
+};
+PlanningModel load_planning_model(const std::string& model,
+                                  const std::vector<int64_t>& sample_shape);
+
 // Runs the model on the first rows and checks it against the targets (shape, class count, dtype).
 void check_data_against_model(const BuiltModel& model, const BuiltData& data);
+// A mini-batch of `batch_size` rows larger than the training set would repeat rows within one step
+// (tensors) or make every batch the whole set (data sets): throws pipetrain::BadInput naming
+// --batch-size and the largest that fits. Text samples windows and has no such limit.
+void check_batch_size(const BuiltData& data, int64_t batch_size);
 
 // Loss and accuracy (classification) over the test split, in batches of `batch` rows
 // (train::evaluate). For text: the loss over fixed windows of the corpus. nullopt when the data

@@ -34,15 +34,7 @@ namespace {
 namespace pp = pipetrain::partition;
 using namespace pipetrain::tune;  // plan_model and its report
 
-struct LoadedModel {
-  torch::nn::Sequential sequential;  // empty for a Hugging Face model (profiled from its config)
-  torch::Tensor sample;
-  std::string description;
-  std::optional<models::LlamaConfig> llama;
-  int64_t layers() const {
-    return llama ? llama->entries() : static_cast<int64_t>(sequential->size());
-  }
-};
+using LoadedModel = examples::PlanningModel;
 
 std::vector<int64_t> parse_shape(const std::string& text) {
   std::vector<int64_t> shape;
@@ -65,38 +57,9 @@ std::vector<int64_t> parse_shape(const std::string& text) {
   return shape;
 }
 
-bool ends_with(const std::string& text, const std::string& suffix) {
-  return text.size() >= suffix.size() &&
-         text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // [1]
 LoadedModel load_model(const PlanModelArgs& args) {
-  const std::vector<int64_t> shape = parse_shape(args.sample_shape);
-  LoadedModel loaded;
-  torch::manual_seed(0);
-  if (examples::is_hf_model(args.model)) {  // never built whole: models/llama_profile.h
-    loaded.llama = as_usage_error("--model " + args.model,
-                                  [&] { return models::read_llama_config(args.model); });
-    if (shape.size() != 2) throw UsageError("--sample-shape of a language model is B,T (ids)");
-    loaded.sample = torch::randint(loaded.llama->vocab_size, shape, torch::kInt64);
-    loaded.description = std::string(to_string(loaded.llama->architecture)) + " " + args.model;
-    return loaded;
-  }
-  if (ends_with(args.model, ".pt") || ends_with(args.model, ".pth") ||
-      args.model.find('/') != std::string::npos) {
-    loaded.sequential = as_usage_error("", [&] { return load_torchscript_sequential(args.model); });
-    loaded.description = "TorchScript " + args.model;
-  } else {
-    try {
-      loaded.sequential = examples::make_model(args.model).sequential;
-    } catch (const examples::ModelOptionError& e) {
-      throw UsageError(e.what());
-    }
-    loaded.description = args.model;
-  }
-  loaded.sample = torch::randn(shape);
-  return loaded;
+  return examples::load_planning_model(args.model, parse_shape(args.sample_shape));
 }
 
 // --optimizer sgd|momentum|adam as the library's state multiple (tune::optimizer_state_multiple).
@@ -116,7 +79,7 @@ std::vector<std::string> split_names(const std::string& text) {
   while (std::getline(in, item, ',')) {
     if (std::find(valid.begin(), valid.end(), item) == valid.end()) {
       throw UsageError("unknown schedule '" + item +
-                       "' in --schedules; valid: gpipe, 1f1b, interleaved-1f1b, zb-h1");
+                       "' in --schedules; valid: " + examples::join_names(valid));
     }
     names.push_back(item);
   }

@@ -95,13 +95,9 @@ class Batches {
   const train::BatchSource& source() const { return *source_; }
   // Steps of the whole run.
   int64_t total_steps() const {
-    return args_.steps > 0 ? args_.steps
-                           : args_.epochs * std::max<int64_t>(source_->per_epoch(), 1);
+    return args_.steps > 0 ? args_.steps : source_->steps_in_epochs(args_.epochs);
   }
-  int64_t epochs() const {
-    const int64_t per_epoch = source_->per_epoch();
-    return per_epoch > 0 ? (total_steps() + per_epoch - 1) / per_epoch : 1;
-  }
+  int64_t epochs() const { return source_->epochs_begun(total_steps()); }
 
  private:
   const TrainArgs& args_;
@@ -237,20 +233,6 @@ partition::Plan plan_here(const TrainArgs& args, Prepared& p, const AutoPlanInpu
   return plan_training(p.model.sequential, sample, args.auto_request, input);
 }
 
-// A mini-batch larger than the training set would repeat rows within one step (tensors) or make
-// every batch the whole set (data sets): bad input, said before anything trains. Text samples
-// windows and has no such limit.
-void check_batch_size(const TrainArgs& args, const BuiltData& data) {
-  if (data.corpus || !data.train_inputs.defined()) return;
-  const int64_t rows = data.train_inputs.size(0);
-  if (args.batch_size > rows) {
-    throw UsageError("--batch-size " + std::to_string(args.batch_size) +
-                     " is larger than the training set (" + std::to_string(rows) + " rows of " +
-                     (data.name == "tensors" ? "--inputs" : "--data " + data.name) +
-                     "); use --batch-size " + std::to_string(rows) + " or less");
-  }
-}
-
 // [2]: data, model (seeded), checks, the auto plan (args then hold its values; not in the
 // launcher's parent, whose ranks plan), deferred batch norm, resume. Every rank does the same.
 // The entries of a Hugging Face model this process gives memory to: all in one process (and with
@@ -275,7 +257,7 @@ Prepared prepare(TrainArgs& args, const RunLayout& layout, const PlanSource& pla
   torch::manual_seed(args.data.seed);
   p.model = build_model(args.data, p.data, hf_entries(args, layout, pipeline_rank), tp);
   check_data_against_model(p.model, p.data);
-  check_batch_size(args, p.data);
+  examples::check_batch_size(p.data, args.batch_size);
   if (args.auto_request.any() && !leave_plan_to_ranks) {
     const int64_t layers = static_cast<int64_t>(p.model.sequential->size());
     const AutoPlanInput input = auto_plan_input(args, layout, layers);
@@ -442,12 +424,8 @@ int train_with(const TrainArgs& args, Prepared& p, train::StepRunner& runner, in
   std::optional<train::Checkpoint> whole;  // every rank's weights, on the main rank
   if (!args.save_params.empty() || !args.save_hf.empty()) whole = trainer.gather_weights();
   if (whole && !args.save_params.empty()) {
-    std::vector<std::pair<std::string, torch::Tensor>> named;  // in the model's order
-    for (const auto& item : p.model.sequential->named_parameters()) {
-      named.emplace_back(item.key(), whole->parameters.at(item.key()));
-    }
-    save_named_tensors(args.save_params, named);
-    std::printf("saved %zu parameters to %s\n", named.size(), args.save_params.c_str());
+    const size_t saved = train::save_parameters(args.save_params, *whole, *p.model.sequential);
+    std::printf("saved %zu parameters to %s\n", saved, args.save_params.c_str());
   }
   if (whole && !args.save_hf.empty()) {
     const auto files = models::save_llama_hf(args.save_hf, *p.model.llama, whole->parameters);

@@ -313,6 +313,21 @@ void save_checkpoint(const std::string& path, const Checkpoint& checkpoint) {
   write_file_atomically(path, serialize_checkpoint(checkpoint));
 }
 
+size_t save_parameters(const std::string& path, const Checkpoint& checkpoint,
+                       const torch::nn::Module& model) {
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  for (const auto& item : model.named_parameters()) {
+    const auto found = checkpoint.parameters.find(item.key());
+    if (found == checkpoint.parameters.end()) {
+      throw CheckpointError("the checkpoint has no parameter '" + item.key() +
+                            "' of the model; nothing written to " + path);
+    }
+    named.emplace_back(item.key(), found->second);
+  }
+  save_named_tensors(path, named);
+  return named.size();
+}
+
 Checkpoint load_checkpoint(const std::string& path) {
   return deserialize_checkpoint(read_file(path), path);
 }

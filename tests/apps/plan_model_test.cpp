@@ -239,6 +239,12 @@ TEST(PlanModelCli, BadInputExitsTwoWithAMessage) {
   EXPECT_EQ(run.exit_code, 2) << run.output;
   run = plan("--model mlp --sample-shape 4,784 --stages 100");
   EXPECT_EQ(run.exit_code, 2) << run.output;
+  // The message lists every schedule the planner takes, not only the first four.
+  run = plan("--model mlp --sample-shape 4,784 --schedules 1f1b,zb-w");
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_NE(run.output.find("unknown schedule 'zb-w'"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("dualpipev"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("zb-auto"), std::string::npos) << run.output;
 }
 
 TEST(PlanModelCli, PlansATorchScriptFile) {

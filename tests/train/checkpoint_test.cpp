@@ -11,6 +11,7 @@
 #include <torch/torch.h>
 
 #include "pipetrain/base/atomic_file.h"
+#include "pipetrain/runtime/tensor_io.h"
 #include "pipetrain/train/optimizer.h"
 
 namespace pipetrain::train {
@@ -173,6 +174,32 @@ TEST(Checkpoint, MissingNameIsAnErrorThatNamesIt) {
     std::string message = e.what();
     EXPECT_NE(message.find("missing from the checkpoint: 3.bias"), std::string::npos) << message;
   }
+}
+
+TEST(Checkpoint, SaveParametersWritesThemInTheModelsOrderAndNamesAMissingOne) {
+  torch::nn::Sequential model = small_model();
+  Checkpoint c;
+  capture_model(c, *model);  // a std::map: sorted by name, not in the model's order
+  const std::string path = ::testing::TempDir() + "/save_parameters.pt";
+  ASSERT_EQ(save_parameters(path, c, *model), model->named_parameters().size());
+  const std::string bytes = read_file(path);
+  const c10::Dict<torch::IValue, torch::IValue> saved =
+      load_pickle(std::vector<char>(bytes.begin(), bytes.end())).toGenericDict();
+  ASSERT_EQ(saved.size(), model->named_parameters().size());
+  auto it = saved.begin();
+  for (const auto& item : model->named_parameters()) {
+    EXPECT_EQ(it->key().toStringRef(), item.key());
+    EXPECT_TRUE(it->value().toTensor().equal(item.value()));
+    ++it;
+  }
+  c.parameters.erase("3.bias");
+  try {
+    save_parameters(path + ".missing", c, *model);
+    FAIL() << "no error";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("'3.bias'"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(std::filesystem::exists(path + ".missing"));
 }
 
 TEST(Checkpoint, UnexpectedNameAndShapeMismatchAreErrors) {

@@ -33,6 +33,14 @@ class BatchSource {
 
   int64_t epoch_of(int64_t k) const { return per_epoch() > 0 ? k / per_epoch() : 0; }
   bool ends_epoch(int64_t k) const { return per_epoch() > 0 && (k + 1) % per_epoch() == 0; }
+  // Steps in `epochs` epochs (an epoch of a source without epochs counts one step).
+  int64_t steps_in_epochs(int64_t epochs) const {
+    return epochs * (per_epoch() > 0 ? per_epoch() : 1);
+  }
+  // Epochs that `steps` steps begin, the last maybe in part (1 for a source without epochs).
+  int64_t epochs_begun(int64_t steps) const {
+    return per_epoch() > 0 ? (steps + per_epoch() - 1) / per_epoch() : 1;
+  }
 };
 
 class TensorBatches final : public BatchSource {
