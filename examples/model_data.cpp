@@ -125,11 +125,7 @@ PlanningModel load_planning_model(const std::string& model,
     loaded.description = std::string(to_string(loaded.llama->architecture)) + " " + model;
     return loaded;
   }
-  const auto ends_with = [&model](const std::string& suffix) {
-    return model.size() >= suffix.size() &&
-           model.compare(model.size() - suffix.size(), suffix.size(), suffix) == 0;
-  };
-  if (ends_with(".pt") || ends_with(".pth") || model.find('/') != std::string::npos) {
+  if (is_torchscript_path(model)) {  // as `train --model` tells them apart
     loaded.sequential =
         as_usage_error("--model " + model, [&] { return load_torchscript_sequential(model); });
     loaded.description = "TorchScript " + model;

@@ -115,8 +115,8 @@ models::LlamaConfig hf_config(const ModelDataSpec& spec);
 void check_model_data_spec(const ModelDataSpec& spec);
 
 // A model to plan for (`pipetrain plan --model`) and a random mini-batch of `sample_shape` for its
-// profile: an example model's name, a TorchScript file (MODEL.pt, or a path), or a Hugging Face
-// directory, of which only the config is read (models/llama_profile.h profiles it unbuilt) and
+// profile: an example model's name, a TorchScript file (a name with a '.' or a '/'), or a Hugging
+// Face directory, of which only the config is read (models/llama_profile.h profiles it unbuilt) and
 // whose sample is token ids [B, T]. Seeds torch's generator with 0 first. Throws
 // pipetrain::BadInput naming --model or --sample-shape.
 struct PlanningModel {
