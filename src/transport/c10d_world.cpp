@@ -378,6 +378,10 @@ struct C10dWorld::Impl {
   bool abort_timed_out = false;  // the watchdog aborted: a peer sent no heartbeat for the timeout
   std::map<int, std::function<void(const std::string&)>> listeners;
   int next_listener = 0;
+  // fire()'s calls of the listeners run outside the lock; remove_abort_listener waits for them
+  // (the caller frees what its listener reads next), unless it runs inside one of them.
+  bool calling_listeners = false;
+  std::thread::id listener_caller;
   std::thread watchdog;
   // [6] The store monitor: when the watchdog's current store call began (steady clock, ns; 0:
   // none), and whether it outlived the timeout (the watchdog thread is then left blocked in a
@@ -447,12 +451,25 @@ void C10dWorld::Impl::fire(const std::string& reason, bool timed_out) {
   std::vector<std::function<void(const std::string&)>> to_call;
   {
     std::lock_guard<std::mutex> lock(mutex);
-    if (abort_reason) return;
+    if (abort_reason) return;  // so at most one fire() calls the listeners
     abort_reason = reason;
     abort_timed_out = timed_out;
     for (auto& [id, listener] : listeners) to_call.push_back(listener);
+    calling_listeners = true;
+    listener_caller = std::this_thread::get_id();
   }
   wake.notify_all();
+  struct Done {  // also when a listener throws, though they must not
+    Impl& impl;
+    ~Done() {
+      {
+        std::lock_guard<std::mutex> lock(impl.mutex);
+        impl.calling_listeners = false;
+        impl.listener_caller = std::thread::id();
+      }
+      impl.wake.notify_all();
+    }
+  } done{*this};
   for (auto& listener : to_call) listener(reason);
 }
 
@@ -827,8 +844,12 @@ int C10dWorld::add_abort_listener(std::function<void(const std::string&)> listen
 }
 
 void C10dWorld::remove_abort_listener(int id) {
-  std::lock_guard<std::mutex> lock(impl_->mutex);
+  std::unique_lock<std::mutex> lock(impl_->mutex);
   impl_->listeners.erase(id);
+  // fire() may have taken the listener before the erase and still be running it.
+  impl_->wake.wait(lock, [&] {
+    return !impl_->calling_listeners || impl_->listener_caller == std::this_thread::get_id();
+  });
 }
 
 void C10dWorld::linger_until_abort_seen(std::chrono::milliseconds max) {

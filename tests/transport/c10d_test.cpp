@@ -5,11 +5,15 @@
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 
+#include <atomic>
+#include <chrono>
 #include <set>
+#include <thread>
 
 #include "../helpers/multiprocess.h"
 
 #include "pipetrain/base/error.h"
+#include "pipetrain/runtime/launcher.h"
 
 namespace pipetrain {
 namespace {
@@ -103,6 +107,39 @@ TEST(C10dBackend, NcclWithoutAGpuIsUnavailableAndSaysWhatIsMissing) {
   const std::string reason = comm_backend_unavailable_reason(CommBackend::kNccl);
   // A CUDA build names the missing device, a CPU-only build the missing CUDA build.
   EXPECT_NE(reason.find("NCCL needs a CUDA"), std::string::npos) << reason;
+}
+
+// An abort listener runs on the thread that saw the abort (the watchdog's, or abort()'s caller).
+// A transport removes its listener and then frees what the listener touches: removing must wait
+// for a call already under way. Before, it returned at once (ThreadSanitizer saw the transport's
+// condition variable destroyed while the watchdog's listener still used it). A listener that
+// removes itself does not wait for itself.
+TEST(C10dWorld, RemovingAListenerWaitsForItsCallUnderWayAndOneMayRemoveItself) {
+  RendezvousOptions options;
+  options.master_addr = "127.0.0.1";
+  options.master_port = find_free_port();
+  options.world_size = 1;
+  options.timeout = std::chrono::seconds(30);
+  const std::shared_ptr<C10dWorld> world = C10dWorld::connect(options);
+  std::atomic<bool> started{false}, finished{false}, removed_itself{false};
+  const int slow = world->add_abort_listener([&](const std::string&) {
+    started = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    finished = true;
+  });
+  std::atomic<int> self_id{-1};
+  self_id = world->add_abort_listener([&](const std::string&) {
+    world->remove_abort_listener(self_id);
+    removed_itself = true;
+  });
+  std::thread aborter([&] { world->abort("a test abort"); });
+  while (!started) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  world->remove_abort_listener(slow);
+  EXPECT_TRUE(finished);
+  aborter.join();
+  EXPECT_TRUE(removed_itself);
+  ASSERT_TRUE(world->abort_reason().has_value());
+  EXPECT_NE(world->abort_reason()->find("a test abort"), std::string::npos);
 }
 
 // ---- real processes ---------------------------------------------------------------------------

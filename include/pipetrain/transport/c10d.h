@@ -142,6 +142,8 @@ class C10dWorld {
   // Runs `listener(reason)` once, from the watchdog thread or from abort(), when an abort is seen.
   // Listeners must be quick and must not throw. Returns an id for remove_abort_listener.
   int add_abort_listener(std::function<void(const std::string&)> listener);
+  // After it returns the listener is not running and will not run: what it reads may be freed.
+  // (Called from inside a listener it does not wait for the listeners being run.)
   void remove_abort_listener(int id);
 
   // Rank 0 hosts the store: after an abort it waits (at most `max`) until every other rank has
