@@ -378,9 +378,9 @@ struct C10dWorld::Impl {
   bool abort_timed_out = false;  // the watchdog aborted: a peer sent no heartbeat for the timeout
   std::map<int, std::function<void(const std::string&)>> listeners;
   int next_listener = 0;
-  // fire()'s calls of the listeners run outside the lock; remove_abort_listener waits for them
-  // (the caller frees what its listener reads next), unless it runs inside one of them.
-  bool calling_listeners = false;
+  // The thread of fire() while it calls the listeners (outside the lock); none otherwise.
+  // remove_abort_listener waits for those calls (the caller frees what its listener reads next),
+  // unless it runs inside one of them.
   std::thread::id listener_caller;
   std::thread watchdog;
   // [6] The store monitor: when the watchdog's current store call began (steady clock, ns; 0:
@@ -455,7 +455,6 @@ void C10dWorld::Impl::fire(const std::string& reason, bool timed_out) {
     abort_reason = reason;
     abort_timed_out = timed_out;
     for (auto& [id, listener] : listeners) to_call.push_back(listener);
-    calling_listeners = true;
     listener_caller = std::this_thread::get_id();
   }
   wake.notify_all();
@@ -464,7 +463,6 @@ void C10dWorld::Impl::fire(const std::string& reason, bool timed_out) {
     ~Done() {
       {
         std::lock_guard<std::mutex> lock(impl.mutex);
-        impl.calling_listeners = false;
         impl.listener_caller = std::thread::id();
       }
       impl.wake.notify_all();
@@ -848,7 +846,8 @@ void C10dWorld::remove_abort_listener(int id) {
   impl_->listeners.erase(id);
   // fire() may have taken the listener before the erase and still be running it.
   impl_->wake.wait(lock, [&] {
-    return !impl_->calling_listeners || impl_->listener_caller == std::this_thread::get_id();
+    return impl_->listener_caller == std::thread::id() ||
+           impl_->listener_caller == std::this_thread::get_id();
   });
 }
 
