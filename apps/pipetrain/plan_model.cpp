@@ -17,12 +17,10 @@
 
 #include "commands.h"
 #include "model_data.h"
-#include "model_registry.h"
 #include "pipetrain/base/atomic_file.h"
 #include "pipetrain/partition/planner.h"
 #include "pipetrain/schedule/generators.h"
 #include "pipetrain/stage/precision.h"
-#include "pipetrain/stage/torchscript.h"
 #include "pipetrain/train/trainer.h"
 #include "pipetrain/tune/auto_plan.h"
 #include "pipetrain/tune/model_plan.h"
@@ -33,8 +31,6 @@ namespace {
 
 namespace pp = pipetrain::partition;
 using namespace pipetrain::tune;  // plan_model and its report
-
-using LoadedModel = examples::PlanningModel;
 
 std::vector<int64_t> parse_shape(const std::string& text) {
   std::vector<int64_t> shape;
@@ -58,7 +54,7 @@ std::vector<int64_t> parse_shape(const std::string& text) {
 }
 
 // [1]
-LoadedModel load_model(const PlanModelArgs& args) {
+examples::PlanningModel load_model(const PlanModelArgs& args) {
   return examples::load_planning_model(args.model, parse_shape(args.sample_shape));
 }
 
@@ -220,7 +216,8 @@ pp::PlannerOptions planner_options(const PlanModelArgs& args) {
 }
 
 // --world: tune::plan_world. Returns the exit code (1: no layout fits the limit).
-int run_world_plan(const PlanModelArgs& args, const LoadedModel& model, Precision precision) {
+int run_world_plan(const PlanModelArgs& args, const examples::PlanningModel& model,
+                   Precision precision) {
   if (!model.llama) {
     throw UsageError(
         "--world plans tensor parallelism, which splits a Llama-family model: give "
@@ -268,7 +265,7 @@ int run_plan_for_model(const PlanModelArgs& args) {
        {std::pair{"--output", args.output}, {"--profile-out", args.profile_out}}) {
     if (!path.empty()) as_usage_error(flag, [&] { pipetrain::check_writable(path); });
   }
-  const LoadedModel model = load_model(args);
+  const examples::PlanningModel model = load_model(args);
   if (!args.rank_job.empty()) {  // one rank of a measurement the parent launched
     return run_model_plan_rank(nlohmann::json::parse(args.rank_job), model.sequential,
                                model.sample);

@@ -59,7 +59,6 @@
 #include "pipetrain/runtime/launcher.h"
 #include "pipetrain/runtime/pipe.h"
 #include "pipetrain/runtime/run_layout.h"
-#include "pipetrain/runtime/tensor_io.h"
 #include "pipetrain/schedule/generators.h"
 #include "pipetrain/schedule/text_format.h"
 #include "pipetrain/stage/batchnorm.h"
