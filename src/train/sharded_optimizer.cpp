@@ -233,6 +233,7 @@ torch::Tensor ShardedOptimizer::gather_flat(const torch::Tensor& shard, bool pin
 }
 
 void ShardedOptimizer::zero_grad() {
+  finish_started_reductions();  // a skipped step's: nothing of them may land in this step
   for (torch::Tensor& p : parameters_) p.mutable_grad() = torch::Tensor();
   shard_grad_.zero_();
   take_parameters();
@@ -436,16 +437,7 @@ void ShardedOptimizer::reduce_gradients() {  // [1]
     reduce_thread_.drain();
     reduce_buffer_bytes_ = 0;  // every segment's flat, in flight together
     for (const torch::Tensor& flat : started_flat_) reduce_buffer_bytes_ += bytes_of(flat);
-    for (size_t k = 0; k < segments_.size(); ++k) {
-      started_wait_[k]();
-      if (log_) {
-        log_->finished(CollectiveKind::kReduceScatter, stage_of_segment(k), started_us_[k],
-                       bytes_of(started_flat_[k]));
-      }
-    }
-    reduce_started_.clear();
-    started_flat_.clear();
-    started_wait_.clear();
+    finish_started_reductions();
   }
   if (staged_) {  // to the host (offload) or the shard's device; blocking: the step reads it next
     shard_grad_.copy_(comm_grad_);
@@ -455,6 +447,26 @@ void ShardedOptimizer::reduce_gradients() {  // [1]
     step_gradient_bytes_ = train::gradient_bytes(parameters_);  // what the step accumulated
     for (torch::Tensor& p : parameters_) p.mutable_grad() = torch::Tensor();
   }
+}
+
+void ShardedOptimizer::post_started_collectives() {
+  reduce_thread_.drain();
+}
+
+void ShardedOptimizer::finish_started_reductions() {
+  reduce_thread_.drain();
+  for (size_t k = 0; k < reduce_started_.size(); ++k) {
+    if (!reduce_started_[k]) continue;
+    started_wait_[k]();
+    if (log_) {
+      log_->finished(CollectiveKind::kReduceScatter, stage_of_segment(k), started_us_[k],
+                     bytes_of(started_flat_[k]));
+    }
+  }
+  reduce_started_.clear();
+  started_flat_.clear();
+  started_wait_.clear();
+  started_us_.clear();
 }
 
 double ShardedOptimizer::local_grad_norm_squared() const {  // [2]

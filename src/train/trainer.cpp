@@ -137,6 +137,9 @@ double Trainer::run_step(int64_t k, const torch::Tensor& x, const torch::Tensor&
                     per_epoch > 0 ? k % per_epoch : -1);
   // Replicas each tracked their share of the mini-batch: sum it. Fewer micro-batches than
   // chunks (a short last batch, or data-parallel replicas) leave the statistics uncommitted.
+  // Over the replicas' group, after the reduce-scatters the step started there (in one order on
+  // every replica).
+  if (sharded_) sharded_->post_started_collectives();
   runner_.sum_batch_norm_statistics();
   commit_deferred_batch_norms(*model_);
   last_step_skipped_ = !update_parameters();

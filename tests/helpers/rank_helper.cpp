@@ -1,6 +1,6 @@
 // pipetrain_rank_helper: one rank of a multi-process test, started by launch_local from
 // tests/transport/c10d_test.cpp, tests/runtime/{distributed,launcher}_test.cpp and
-// tests/train/{,cuda_}zero_offload_test.cpp.
+// tests/train/{zero_offload,cuda_zero_offload,sharded_optimizer_collectives}_test.cpp.
 //
 //   pipetrain_rank_helper SCENARIO [ARGS...]
 //
@@ -30,6 +30,8 @@
 #include "pipetrain/stage/skip_layers.h"
 #include "pipetrain/train/checkpoint.h"
 #include "pipetrain/train/sharded_optimizer.h"
+#include "pipetrain/train/step_runner.h"
+#include "pipetrain/train/trainer.h"
 #include "pipetrain/transport/c10d.h"
 #include "tied.h"
 
@@ -402,6 +404,76 @@ void scenario_zero_offload(Distributed& d) {
     }
   }
   std::cout << "OK zero_offload" << std::endl;
+}
+
+// A runner whose step leaves its gradient's reduce-scatter to the sharded optimizer's
+// communication thread (one segment of 4M elements: packing it takes milliseconds) and whose
+// batch-norm sum is an all-reduce over the same replicas' group. Replica 1 sleeps after starting
+// the reduce-scatter, so its thread posts it before that all-reduce; replica 0 would post the
+// all-reduce first unless the trainer waits for the thread
+// (ShardedOptimizer::post_started_collectives). Posted in two orders, the collectives mismatch.
+class CollectiveOrderRunner : public train::StepRunner {
+ public:
+  CollectiveOrderRunner(Distributed& d, torch::nn::Sequential model)
+      : d_(d), model_(std::move(model)) {}
+  double step(const torch::Tensor&, const torch::Tensor&) override {
+    torch::NoGradGuard no_grad;
+    for (torch::Tensor& p : parameters()) {
+      p.mutable_grad() = torch::full_like(p, static_cast<float>(d_.replica() + 1));
+    }
+    sharded_->start_reduce(0);
+    if (d_.replica() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    return 0.0;
+  }
+  void sum_batch_norm_statistics() override {
+    std::vector<torch::Tensor> value = {torch::tensor({d_.replica() + 1.0}, torch::kDouble)};
+    d_.data_parallel_group()->allreduce_sum(value);
+    sums_.push_back(value[0].item<double>());
+  }
+  std::vector<torch::Tensor> parameters() override { return model_->parameters(); }
+  train::NamedTensors named_parameters() override { return model_->named_parameters(); }
+  train::NamedTensors named_buffers() override { return {}; }
+  double grad_norm_squared() override { return 0; }
+  std::vector<ActionEvent> last_events() override { return {}; }
+  int trace_rows() const override { return 1; }
+  std::string description() const override { return "collective order"; }
+  std::unique_ptr<train::ShardedOptimizer> make_sharded_optimizer(
+      const std::string& optimizer, const train::OptimizerOptions& options,
+      const train::ZeroOptions& zero) override {
+    auto sharded = std::make_unique<train::ShardedOptimizer>(
+        &d_, parameters(), parameters(), optimizer, options, zero,
+        std::vector<std::vector<torch::Tensor>>{parameters()}, std::vector<int>{0});
+    sharded_ = sharded.get();
+    return sharded;
+  }
+  const std::vector<double>& sums() const { return sums_; }
+
+ private:
+  Distributed& d_;
+  torch::nn::Sequential model_;
+  train::ShardedOptimizer* sharded_ = nullptr;
+  std::vector<double> sums_;
+};
+
+// Two replicas train 3 SGD steps at ZeRO 2 through the Trainer with CollectiveOrderRunner: the
+// runs end (no mismatch), every batch-norm sum is 1 + 2, and the weights moved by lr x 3 a step.
+void scenario_zero_collective_order(Distributed& d) {
+  torch::manual_seed(4);
+  torch::nn::Sequential model(torch::nn::Linear(torch::nn::LinearOptions(2048, 2048).bias(false)));
+  const torch::Tensor before = model->parameters()[0].detach().clone();
+  CollectiveOrderRunner runner(d, model);
+  const train::TensorBatches batches(torch::zeros({4, 1}), torch::zeros({4, 1}), 4);
+  train::Trainer trainer(model, runner, batches,
+                         train::TrainerOptions(3).optimizer("sgd").lr(0.125).momentum(0).zero(2));
+  trainer.fit();
+  CHECK_OR_THROW(runner.sums() == std::vector<double>(3, 3.0), "batch-norm sums ",
+                 runner.sums().size(), " of them, the first ",
+                 runner.sums().empty() ? 0.0 : runner.sums().front());
+  const torch::Tensor moved = before - model->parameters()[0].detach();
+  CHECK_OR_THROW(torch::allclose(moved, torch::full_like(moved, 3 * 0.125 * 3), 0, 1e-5),
+                 "weights moved by ", moved.min().item<double>(), " to ",
+                 moved.max().item<double>(), ", not ", 3 * 0.125 * 3);
+  std::cout << "OK zero_collective_order" << std::endl;
 }
 
 void scenario_tie(Distributed& d) {
@@ -784,6 +856,7 @@ int main(int argc, char** argv) {
     if (scenario == "dp") return scenario_dp(d);
     if (scenario == "shards") return scenario_shards(d);
     if (scenario == "zero_offload") return scenario_zero_offload(d);
+    if (scenario == "zero_collective_order") return scenario_zero_collective_order(d);
     if (scenario == "tie") return scenario_tie(d);
     if (scenario == "loss") return scenario_loss(d);
     if (scenario == "forward") return scenario_forward(d);

@@ -156,6 +156,8 @@ class ShardedOptimizer : public StageParameters {
 
   // The parameters' gradients to zero (stage 2: released) and the shard's. Stage 3 [0]: takes
   // whole parameters (after construction or gather_all()) into the shard and frees them.
+  // Reductions start_reduce started that no reduce_gradients() finished (a step the loss scaler
+  // skipped) are waited for and dropped first. Collective where such reductions are left.
   void zero_grad();
 
   // Stage 3: a local stage's segment (and the segment every stage uses) made whole and freed
@@ -194,6 +196,12 @@ class ShardedOptimizer : public StageParameters {
   // Collective in order: every replica starts the same segments in the same order. Starting one
   // twice in a step is a no-op.
   void start_reduce(size_t segment);
+  // Returns once every collective start_reduce gave the communication thread is posted to the
+  // data-parallel group. A caller's own collective over that group (the batch norms' statistics)
+  // must come after this: posted while the thread still packs, it could overtake the thread's
+  // reduce-scatter on one replica and not on another, and the replicas' collectives would no
+  // longer match (Gloo: "Received data size doesn't match expected size").
+  void post_started_collectives();
   size_t segments() const { return segments_.size(); }
   // [2] This replica's shard of the squared gradient norm (sum it over every rank).
   double local_grad_norm_squared() const;
@@ -300,6 +308,8 @@ class ShardedOptimizer : public StageParameters {
     bool narrowed = false;     // gathered (or gathering) in a dtype narrower than the parameters'
     int64_t buffer_bytes = 0;  // while gathering: `gathered`, and `piece` where it is a copy
   };
+  // Waits for the reductions start_reduce started (rethrowing a failure) and forgets them.
+  void finish_started_reductions();
   // The stage a segment's collectives are logged under (-1: several).
   int stage_of_segment(size_t k) const { return segment_stages_.empty() ? -1 : segment_stages_[k]; }
 
