@@ -30,7 +30,7 @@ TEST(ShardedOptimizerCollectives, AReductionOfASkippedStepIsDroppedAndTheNextSte
     sharded.zero_grad();
     sharded.wait_gathered(0);  // stage 3: the parameters whole for the step
     p.mutable_grad() = torch::full({1000}, 100.0f);
-    sharded.start_reduce(0);  // the skipped step's: no reduce_gradients() follows
+    sharded.start_reduce(0);             // the skipped step's: no reduce_gradients() follows
     sharded.post_started_collectives();  // as the trainer does after a step: 100 is packed
     sharded.zero_grad();
     sharded.wait_gathered(0);
