@@ -12,6 +12,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,23 @@ struct C10dGroup::Impl {
   // over a Gloo group of the same members, as torch's "cpu:gloo,cuda:nccl" does; null otherwise.
   c10::intrusive_ptr<detail::C10dBackendBase> cpu_backend;
   bool mirror = false;  // C10dGroup::mirror: every member holds what this process holds
+  // TORCH_DISTRIBUTED_DEBUG=DETAIL (torch's switch for its own such check): a Gloo group of the
+  // same members over which each collective's fingerprint is compared before it is posted
+  // (check_collective); null otherwise, and for a mirror group or a group of one.
+  c10::intrusive_ptr<detail::C10dBackendBase> check_backend;
+  // Held from a collective's check until it is posted, so that where several threads post to
+  // the group (ZeRO's communication thread and the training loop) the checks' order is the
+  // posting order.
+  std::mutex post_mutex;
+  int64_t checked = 0;  // the collectives checked so far (GUARDED_BY post_mutex)
+  enum Kind { kAllReduce, kBroadcast, kReduceScatter, kAllGather, kBarrier };
+  static constexpr const char* kKinds[] = {"all-reduce", "broadcast", "reduce-scatter",
+                                           "all-gather", "barrier"};
+  // With check_backend: all-gathers the fingerprint of the collective about to be posted (its
+  // kind, `tensor`'s dtype and elements, the root, how many the group checked before it) and
+  // throws pipetrain::Error (Runtime) naming this member's collective and a member's that
+  // differs; returns the lock to hold while posting it. Without: an empty lock, nothing checked.
+  std::unique_lock<std::mutex> check_collective(Kind kind, const at::Tensor& tensor, int root = -1);
   // The backend for a collective on `tensor`: the CPU one for a CPU tensor where there is one.
   detail::C10dBackendBase& backend_for(const at::Tensor& tensor) const {
     return cpu_backend && tensor.device().is_cpu() ? *cpu_backend : *backend;

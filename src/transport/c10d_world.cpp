@@ -26,8 +26,10 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdlib>
 #include <mutex>
 #include <sstream>
+#include <string>
 #include <thread>
 
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -171,6 +173,46 @@ int C10dGroup::Impl::group_rank_of(int world_rank) const {
   return it == ranks.end() ? -1 : static_cast<int>(it - ranks.begin());
 }
 
+std::unique_lock<std::mutex> C10dGroup::Impl::check_collective(Kind kind, const at::Tensor& tensor,
+                                                               int root) {
+  if (!check_backend) return {};
+  std::unique_lock<std::mutex> lock(post_mutex);
+  const int64_t sequence = checked++;
+  constexpr int64_t kFields = 5;  // sequence, kind, dtype (-1: none), elements, root
+  const at::Tensor mine =
+      torch::tensor({sequence, static_cast<int64_t>(kind),
+                     tensor.defined() ? static_cast<int64_t>(tensor.scalar_type()) : int64_t{-1},
+                     tensor.defined() ? tensor.numel() : int64_t{0}, static_cast<int64_t>(root)},
+                    torch::kLong);
+  const int size = static_cast<int>(ranks.size());
+  at::Tensor all = torch::empty({size * kFields}, torch::kLong);
+  at::Tensor input = mine;
+  detail::wait_work(check_backend->_allgather_base(all, input),
+                    c10::str("checking collective ", sequence, " of group '", name, "'"));
+  const auto describe = [&](const at::Tensor& row) {
+    const auto f = row.accessor<int64_t, 1>();
+    std::string what = f[1] >= 0 && f[1] <= kBarrier ? kKinds[f[1]] : "an unknown collective";
+    if (f[1] != kBarrier) {
+      what += c10::str(
+          " of ", f[3], " ",
+          f[2] >= 0 ? c10::toString(static_cast<c10::ScalarType>(static_cast<int8_t>(f[2]))) : "?");
+    }
+    if (f[4] >= 0) what += c10::str(" from group rank ", f[4]);
+    return c10::str(what, " as its collective ", f[0]);
+  };
+  const at::Tensor rows = all.view({size, kFields});
+  for (int g = 0; g < size; ++g) {
+    if (torch::equal(rows[g], mine)) continue;
+    throw_error(ErrorKind::Runtime,
+                c10::str("collective mismatch over group '", name, "': group rank ", group_rank,
+                         " (rank ", ranks[group_rank], ") posts ", describe(mine), ", group rank ",
+                         g, " (rank ", ranks[g], ") posts ", describe(rows[g]),
+                         "; every member must post a group's collectives in one order (checked "
+                         "because TORCH_DISTRIBUTED_DEBUG=DETAIL)"));
+  }
+  return lock;
+}
+
 C10dGroup::C10dGroup(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 std::shared_ptr<C10dGroup> C10dGroup::mirror(int size, int rank) {
@@ -218,6 +260,7 @@ std::function<void()> C10dGroup::allreduce_sum_start(std::vector<torch::Tensor>&
     std::vector<at::Tensor> one{tensor};
     ::c10d::AllreduceOptions options;
     options.reduceOp = ::c10d::ReduceOp::SUM;
+    const auto posting = impl_->check_collective(Impl::kAllReduce, tensor);
     works.push_back(impl_->backend_for(tensor).allreduce(one, options));
   }
   return [works = std::move(works), name = impl_->name] {
@@ -234,6 +277,7 @@ void C10dGroup::broadcast(std::vector<torch::Tensor>& tensors, int root) {
     std::vector<at::Tensor> one{tensor};
     ::c10d::BroadcastOptions options;
     options.rootRank = root;
+    const auto posting = impl_->check_collective(Impl::kBroadcast, tensor, root);
     works.push_back(impl_->backend_for(tensor).broadcast(one, options));
   }
   for (auto& work : works) detail::wait_work(work, "broadcast over group '" + impl_->name + "'");
@@ -273,6 +317,7 @@ std::function<void()> C10dGroup::reduce_scatter_sum_start(const torch::Tensor& f
   options.reduceOp = ::c10d::ReduceOp::SUM;
   at::Tensor input = flat;
   at::Tensor output = shard;
+  const auto posting = impl_->check_collective(Impl::kReduceScatter, input);
   auto work = impl_->backend_for(input)._reduce_scatter_base(output, input, options);
   return [work, name = impl_->name] {
     detail::wait_work(work, "reduce_scatter over group '" + name + "'");
@@ -295,6 +340,7 @@ std::function<void()> C10dGroup::all_gather_start(const torch::Tensor& shard, to
   }
   at::Tensor input = shard;
   at::Tensor output = flat;
+  const auto posting = impl_->check_collective(Impl::kAllGather, input);
   auto work = impl_->backend_for(input)._allgather_base(output, input);
   return [work, name = impl_->name] {
     detail::wait_work(work, "all_gather over group '" + name + "'");
@@ -304,7 +350,12 @@ std::function<void()> C10dGroup::all_gather_start(const torch::Tensor& shard, to
 void C10dGroup::barrier() {
   if (impl_->mirror) return;
   detail::C10dBackendBase& backend = impl_->cpu_backend ? *impl_->cpu_backend : *impl_->backend;
-  detail::wait_work(backend.barrier(), "barrier of group '" + impl_->name + "'");
+  c10::intrusive_ptr<detail::C10dWork> work;
+  {
+    const auto posting = impl_->check_collective(Impl::kBarrier, at::Tensor());
+    work = backend.barrier();
+  }
+  detail::wait_work(work, "barrier of group '" + impl_->name + "'");
 }
 
 std::vector<std::vector<char>> C10dGroup::gather_bytes(const std::vector<char>& mine) {
@@ -369,6 +420,9 @@ struct C10dWorld::Impl {
   c10::intrusive_ptr<::c10d::Store> store;        // used by the calling threads
   c10::intrusive_ptr<::c10d::Store> watch_store;  // the watchdog's own connection
   std::shared_ptr<C10dGroup> world;
+  // TORCH_DISTRIBUTED_DEBUG=DETAIL: every group checks its collectives' order
+  // (C10dGroup::Impl::check_collective).
+  bool check_collectives = false;
 
   mutable std::mutex mutex;  // guards everything below
   std::condition_variable wake;
@@ -432,6 +486,11 @@ std::shared_ptr<C10dGroup> C10dWorld::Impl::make_group(const std::string& name,
         throw BadInput(
             "backend mpi: this LibTorch is built without MPI (ProcessGroupMPI); "
             "use --backend gloo, which also runs under mpirun (docs/DISTRIBUTED.md)");
+    }
+    if (check_collectives && size > 1) {
+      group->check_backend =
+          detail::make_gloo_group(c10::make_intrusive<::c10d::PrefixStore>("check", prefixed),
+                                  group->group_rank, size, options.timeout, options.master_addr);
     }
   } catch (const Error&) {
     throw;  // already says what is wrong (a backend this build lacks)
@@ -730,6 +789,8 @@ std::shared_ptr<C10dWorld> C10dWorld::connect(const RendezvousOptions& options) 
   // [5]
   std::vector<int> all(options.world_size);
   for (int q = 0; q < options.world_size; ++q) all[q] = q;
+  const char* debug = std::getenv("TORCH_DISTRIBUTED_DEBUG");
+  impl->check_collectives = debug != nullptr && std::string(debug) == "DETAIL";
   impl->world = impl->make_group("world", all);
 
   Impl* raw = impl.get();

@@ -328,6 +328,56 @@ void scenario_shards(Distributed& d) {
   std::cout << "OK shards" << std::endl;
 }
 
+// Under TORCH_DISTRIBUTED_DEBUG=DETAIL (K = 1: every rank in the dp group): collectives posted in
+// one order carry their values; a collective that differs between the members (group rank 0
+// all-reduces 3 floats, the others all-gather 2) throws on every member, naming both, before
+// anything is posted; the group goes on working after it.
+void scenario_checked_collectives(Distributed& d) {
+  const auto& group = d.data_parallel_group();
+  CHECK_OR_THROW(group != nullptr, "no data-parallel group");
+  const int R = group->size();
+  const int g = group->rank();
+  torch::Tensor flat = torch::arange(2 * R, torch::kFloat) * static_cast<float>(g + 1);
+  torch::Tensor shard = torch::empty({2});
+  group->reduce_scatter_sum(flat, shard);
+  torch::Tensor gathered = torch::empty({2 * R});
+  group->all_gather(shard, gathered);
+  const float members = static_cast<float>(R * (R + 1) / 2);
+  CHECK_OR_THROW(torch::equal(gathered, torch::arange(2 * R, torch::kFloat) * members), "gathered ",
+                 gathered);
+  std::vector<torch::Tensor> sums = {torch::ones({4}), torch::ones({1}, torch::kDouble)};
+  group->allreduce_sum(sums);
+  CHECK_OR_THROW(sums[0][0].item<float>() == R && sums[1][0].item<double>() == R, "sums");
+  std::vector<torch::Tensor> text = {torch::full({3}, static_cast<float>(g))};
+  group->broadcast(text, 1);
+  CHECK_OR_THROW(text[0][2].item<float>() == 1, "broadcast from group rank 1 gave ", text[0]);
+  group->barrier();
+  try {
+    if (g == 0) {
+      std::vector<torch::Tensor> three = {torch::ones({3})};
+      group->allreduce_sum(three);
+    } else {
+      torch::Tensor whole = torch::empty({2 * R});
+      group->all_gather(torch::ones({2}), whole);
+    }
+    CHECK_OR_THROW(false, "the mismatched collectives were posted");
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    for (const std::string& part :
+         {std::string("collective mismatch over group '"),
+          std::string("posts all-reduce of 3 Float "), std::string("posts all-gather of 2 Float "),
+          std::string("as its collective 6"), std::string("TORCH_DISTRIBUTED_DEBUG=DETAIL")}) {
+      CHECK_OR_THROW(message.find(part) != std::string::npos, "'", part, "' not in: ", message);
+    }
+    CHECK_OR_THROW(e.kind() == ErrorKind::Runtime, "kind ", to_string(e.kind()));
+    if (g == 0) std::cout << "mismatch: " << message << std::endl;
+  }
+  std::vector<torch::Tensor> after = {torch::ones({2})};
+  group->allreduce_sum(after);
+  CHECK_OR_THROW(after[0][1].item<float>() == R, "after the mismatch: ", after[0]);
+  std::cout << "OK checked_collectives" << std::endl;
+}
+
 // ZeRO-Offload against the plain sharded optimizer at every stage, blocking and overlapped, over
 // the dp group (K = 1, R = world): three parameters on PIPETRAIN_TEST_DEVICE, gradients that depend
 // on the rank, the step and the weights (so every step's result feeds the next), clipped by the
@@ -432,7 +482,7 @@ class CollectiveOrderRunner : public train::StepRunner {
   }
   std::vector<torch::Tensor> parameters() override { return model_->parameters(); }
   train::NamedTensors named_parameters() override { return model_->named_parameters(); }
-  train::NamedTensors named_buffers() override { return {}; }
+  train::NamedTensors named_buffers() override { return train::NamedTensors(); }
   double grad_norm_squared() override { return 0; }
   std::vector<ActionEvent> last_events() override { return {}; }
   int trace_rows() const override { return 1; }
@@ -855,6 +905,7 @@ int main(int argc, char** argv) {
     if (scenario == "chain_interleaved") return scenario_chain(d, true);
     if (scenario == "dp") return scenario_dp(d);
     if (scenario == "shards") return scenario_shards(d);
+    if (scenario == "checked_collectives") return scenario_checked_collectives(d);
     if (scenario == "zero_offload") return scenario_zero_offload(d);
     if (scenario == "zero_collective_order") return scenario_zero_collective_order(d);
     if (scenario == "tie") return scenario_tie(d);

@@ -189,6 +189,17 @@ TEST(C10dGroup, ReduceScattersAndAllGathersFlatShardsOverThreeMembers) {
   EXPECT_EQ(run.count("OK shards"), 3) << run.output();
 }
 
+// TORCH_DISTRIBUTED_DEBUG=DETAIL: every collective's fingerprint is compared over the group
+// before it is posted, and a mismatch is an error on every member naming both collectives, where
+// Gloo would abort the process ("Received data size doesn't match expected size") or hang.
+TEST(C10dGroup, UnderDistributedDebugDetailAMismatchedCollectiveIsAnErrorNamingBoth) {
+  auto run = run_ranks(3, {"checked_collectives", "1"}, 0, 8000, std::chrono::seconds(10),
+                       {{"TORCH_DISTRIBUTED_DEBUG", "DETAIL"}});
+  EXPECT_EQ(run.result.exit_code, 0) << run.output();
+  EXPECT_EQ(run.count("OK checked_collectives"), 3) << run.output();
+  EXPECT_EQ(run.count("mismatch: collective mismatch over group"), 1) << run.output();
+}
+
 // A mirror group gives one process the shapes of a member of a real group whose every member
 // holds the same tensors: the values are those of such a group.
 TEST(C10dGroup, AMirrorGroupActsAsMembersHoldingWhatThisOneHolds) {
