@@ -1,0 +1,245 @@
+// C10dGroup: a process group's collectives (transport/c10d.h), and under
+// TORCH_DISTRIBUTED_DEBUG=DETAIL the check of their order before each is posted. The world that
+// makes the groups (rendezvous, abort channel, watchdog) is in c10d_world.cpp.
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "c10d_internal.h"
+#include "pipetrain/base/check.h"
+#include "pipetrain/base/error.h"
+
+namespace pipetrain {
+
+int C10dGroup::Impl::group_rank_of(int world_rank) const {
+  auto it = std::find(ranks.begin(), ranks.end(), world_rank);
+  return it == ranks.end() ? -1 : static_cast<int>(it - ranks.begin());
+}
+
+std::unique_lock<std::mutex> C10dGroup::Impl::check_collective(Kind kind, const at::Tensor& tensor,
+                                                               int root) {
+  if (!check_backend) return {};
+  std::unique_lock<std::mutex> lock(post_mutex);
+  const int64_t sequence = checked++;
+  constexpr int64_t kFields = 5;  // sequence, kind, dtype (-1: none), elements, root
+  const at::Tensor mine =
+      torch::tensor({sequence, static_cast<int64_t>(kind),
+                     tensor.defined() ? static_cast<int64_t>(tensor.scalar_type()) : int64_t{-1},
+                     tensor.defined() ? tensor.numel() : int64_t{0}, static_cast<int64_t>(root)},
+                    torch::kLong);
+  const int size = static_cast<int>(ranks.size());
+  at::Tensor all = torch::empty({size * kFields}, torch::kLong);
+  at::Tensor input = mine;
+  detail::wait_work(check_backend->_allgather_base(all, input),
+                    c10::str("checking collective ", sequence, " of group '", name, "'"));
+  const auto describe = [&](const at::Tensor& row) {
+    const auto f = row.accessor<int64_t, 1>();
+    std::string what = f[1] >= 0 && f[1] <= kBarrier ? kKinds[f[1]] : "an unknown collective";
+    if (f[1] != kBarrier) {
+      what += c10::str(
+          " of ", f[3], " ",
+          f[2] >= 0 ? c10::toString(static_cast<c10::ScalarType>(static_cast<int8_t>(f[2]))) : "?");
+    }
+    if (f[4] >= 0) what += c10::str(" from group rank ", f[4]);
+    return c10::str(what, " as its collective ", f[0]);
+  };
+  const at::Tensor rows = all.view({size, kFields});
+  for (int g = 0; g < size; ++g) {
+    if (torch::equal(rows[g], mine)) continue;
+    throw_error(ErrorKind::Runtime,
+                c10::str("collective mismatch over group '", name, "': group rank ", group_rank,
+                         " (rank ", ranks[group_rank], ") posts ", describe(mine), ", group rank ",
+                         g, " (rank ", ranks[g], ") posts ", describe(rows[g]),
+                         "; every member must post a group's collectives in one order (checked "
+                         "because TORCH_DISTRIBUTED_DEBUG=DETAIL)"));
+  }
+  return lock;
+}
+
+C10dGroup::C10dGroup(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+std::shared_ptr<C10dGroup> C10dGroup::mirror(int size, int rank) {
+  PIPETRAIN_CHECK_INPUT(size >= 1 && rank >= 0 && rank < size, "a mirror group of ", size,
+                        " members has no member ", rank);
+  auto impl = std::make_shared<Impl>();
+  impl->name = "mirror of " + std::to_string(size);
+  for (int r = 0; r < size; ++r) impl->ranks.push_back(r);
+  impl->group_rank = rank;
+  impl->mirror = true;
+  return std::make_shared<C10dGroup>(std::move(impl));
+}
+C10dGroup::~C10dGroup() = default;
+
+int C10dGroup::rank() const {
+  return impl_->group_rank;
+}
+int C10dGroup::size() const {
+  return static_cast<int>(impl_->ranks.size());
+}
+const std::vector<int>& C10dGroup::ranks() const {
+  return impl_->ranks;
+}
+const std::string& C10dGroup::name() const {
+  return impl_->name;
+}
+
+torch::Device C10dGroup::collective_device(const torch::Device& device) const {
+  return impl_->cpu_backend && device.is_cuda() ? device : torch::Device(torch::kCPU);
+}
+
+void C10dGroup::allreduce_sum(std::vector<torch::Tensor>& tensors) {
+  allreduce_sum_start(tensors)();
+}
+
+std::function<void()> C10dGroup::allreduce_sum_start(std::vector<torch::Tensor>& tensors) {
+  if (impl_->mirror) {
+    for (auto& tensor : tensors) tensor.mul_(size());
+    return [] {};
+  }
+  // c10d treats the tensors of one call as per-device replicas, so each gets its own call; all
+  // are posted before the first wait so Gloo pipelines them.
+  std::vector<c10::intrusive_ptr<detail::C10dWork>> works;
+  for (auto& tensor : tensors) {
+    std::vector<at::Tensor> one{tensor};
+    ::c10d::AllreduceOptions options;
+    options.reduceOp = ::c10d::ReduceOp::SUM;
+    const auto posting = impl_->check_collective(Impl::kAllReduce, tensor);
+    works.push_back(impl_->backend_for(tensor).allreduce(one, options));
+  }
+  return [works = std::move(works), name = impl_->name] {
+    for (const auto& work : works) detail::wait_work(work, "allreduce over group '" + name + "'");
+  };
+}
+
+void C10dGroup::broadcast(std::vector<torch::Tensor>& tensors, int root) {
+  PIPETRAIN_CHECK_INPUT(root >= 0 && root < size(), "broadcast root ", root,
+                        " is not a rank of group '", impl_->name, "' (size ", size(), ")");
+  if (impl_->mirror) return;
+  std::vector<c10::intrusive_ptr<detail::C10dWork>> works;
+  for (auto& tensor : tensors) {
+    std::vector<at::Tensor> one{tensor};
+    ::c10d::BroadcastOptions options;
+    options.rootRank = root;
+    const auto posting = impl_->check_collective(Impl::kBroadcast, tensor, root);
+    works.push_back(impl_->backend_for(tensor).broadcast(one, options));
+  }
+  for (auto& work : works) detail::wait_work(work, "broadcast over group '" + impl_->name + "'");
+}
+
+namespace {
+
+void check_shard_sizes(const C10dGroup& group, const torch::Tensor& flat,
+                       const torch::Tensor& shard, const char* what) {
+  PIPETRAIN_CHECK_INPUT(
+      flat.is_contiguous() && shard.is_contiguous() && flat.scalar_type() == shard.scalar_type() &&
+          flat.numel() == shard.numel() * group.size(),
+      what, " over group '", group.name(), "' needs a contiguous flat tensor of ", group.size(),
+      " x the shard's elements and one dtype (flat ", flat.numel(), " ", flat.scalar_type(),
+      ", shard ", shard.numel(), " ", shard.scalar_type(), ")");
+}
+
+}  // namespace
+
+void C10dGroup::reduce_scatter_sum(const torch::Tensor& flat, torch::Tensor& shard) {
+  reduce_scatter_sum_start(flat, shard)();
+}
+
+std::function<void()> C10dGroup::reduce_scatter_sum_start(const torch::Tensor& flat,
+                                                          torch::Tensor& shard) {
+  check_shard_sizes(*this, flat, shard, "reduce_scatter_sum");
+  if (size() == 1) {
+    shard.copy_(flat);
+    return [] {};
+  }
+  if (impl_->mirror) {
+    shard.copy_(flat.narrow(0, rank() * shard.numel(), shard.numel()));
+    shard.mul_(size());
+    return [] {};
+  }
+  ::c10d::ReduceScatterOptions options;
+  options.reduceOp = ::c10d::ReduceOp::SUM;
+  at::Tensor input = flat;
+  at::Tensor output = shard;
+  const auto posting = impl_->check_collective(Impl::kReduceScatter, input);
+  auto work = impl_->backend_for(input)._reduce_scatter_base(output, input, options);
+  return [work, name = impl_->name] {
+    detail::wait_work(work, "reduce_scatter over group '" + name + "'");
+  };
+}
+
+void C10dGroup::all_gather(const torch::Tensor& shard, torch::Tensor& flat) {
+  all_gather_start(shard, flat)();
+}
+
+std::function<void()> C10dGroup::all_gather_start(const torch::Tensor& shard, torch::Tensor& flat) {
+  check_shard_sizes(*this, flat, shard, "all_gather");
+  if (size() == 1) {
+    flat.copy_(shard);
+    return [] {};
+  }
+  if (impl_->mirror) {
+    flat.view({size(), shard.numel()}).copy_(shard.reshape({1, -1}));
+    return [] {};
+  }
+  at::Tensor input = shard;
+  at::Tensor output = flat;
+  const auto posting = impl_->check_collective(Impl::kAllGather, input);
+  auto work = impl_->backend_for(input)._allgather_base(output, input);
+  return [work, name = impl_->name] {
+    detail::wait_work(work, "all_gather over group '" + name + "'");
+  };
+}
+
+void C10dGroup::barrier() {
+  if (impl_->mirror) return;
+  detail::C10dBackendBase& backend = impl_->cpu_backend ? *impl_->cpu_backend : *impl_->backend;
+  c10::intrusive_ptr<detail::C10dWork> work;
+  {
+    const auto posting = impl_->check_collective(Impl::kBarrier, at::Tensor());
+    work = backend.barrier();
+  }
+  detail::wait_work(work, "barrier of group '" + impl_->name + "'");
+}
+
+std::vector<std::vector<char>> C10dGroup::gather_bytes(const std::vector<char>& mine) {
+  const int size_tag = kC10dControlTagBase + 1;
+  const int data_tag = kC10dControlTagBase + 2;
+  std::vector<std::vector<char>> result;
+  if (impl_->mirror) {
+    if (rank() == 0) result.assign(static_cast<size_t>(size()), mine);
+    return result;
+  }
+  if (rank() != 0) {
+    std::vector<at::Tensor> length{
+        torch::tensor({static_cast<int64_t>(mine.size())}, torch::kLong)};
+    detail::wait_work(impl_->backend_for(length[0]).send(length, 0, size_tag),
+                      "gather (size) to group rank 0");
+    if (!mine.empty()) {
+      std::vector<at::Tensor> data{
+          torch::empty({static_cast<int64_t>(mine.size())}, torch::kUInt8)};
+      std::memcpy(data[0].data_ptr(), mine.data(), mine.size());
+      detail::wait_work(impl_->backend_for(data[0]).send(data, 0, data_tag),
+                        "gather (data) to group rank 0");
+    }
+    return result;
+  }
+  result.resize(static_cast<std::size_t>(size()));
+  result[0] = mine;
+  for (int g = 1; g < size(); ++g) {
+    std::vector<at::Tensor> length{torch::empty({1}, torch::kLong)};
+    const std::string from = "gather from world rank " + std::to_string(impl_->ranks[g]);
+    detail::wait_work(impl_->backend_for(length[0]).recv(length, g, size_tag), from);
+    const int64_t n = length[0].item<int64_t>();
+    if (n > 0) {
+      std::vector<at::Tensor> data{torch::empty({n}, torch::kUInt8)};
+      detail::wait_work(impl_->backend_for(data[0]).recv(data, g, data_tag), from);
+      const auto* bytes = static_cast<const char*>(data[0].data_ptr());
+      result[g].assign(bytes, bytes + n);
+    }
+  }
+  return result;
+}
+
+}  // namespace pipetrain
