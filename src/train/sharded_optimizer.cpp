@@ -434,10 +434,7 @@ void ShardedOptimizer::reduce_gradients() {  // [1]
     }
   } else {
     for (size_t k = 0; k < segments_.size(); ++k) start_reduce(k);  // those not started yet
-    reduce_thread_.drain();
-    reduce_buffer_bytes_ = 0;  // every segment's flat, in flight together
-    for (const torch::Tensor& flat : started_flat_) reduce_buffer_bytes_ += bytes_of(flat);
-    finish_started_reductions();
+    reduce_buffer_bytes_ = finish_started_reductions();  // every segment's flat, in flight together
   }
   if (staged_) {  // to the host (offload) or the shard's device; blocking: the step reads it next
     shard_grad_.copy_(comm_grad_);
@@ -453,11 +450,13 @@ void ShardedOptimizer::post_started_collectives() {
   reduce_thread_.drain();
 }
 
-void ShardedOptimizer::finish_started_reductions() {
+int64_t ShardedOptimizer::finish_started_reductions() {
   reduce_thread_.drain();
+  int64_t flat_bytes = 0;
   for (size_t k = 0; k < reduce_started_.size(); ++k) {
     if (!reduce_started_[k]) continue;
     started_wait_[k]();
+    flat_bytes += bytes_of(started_flat_[k]);
     if (log_) {
       log_->finished(CollectiveKind::kReduceScatter, stage_of_segment(k), started_us_[k],
                      bytes_of(started_flat_[k]));
@@ -467,6 +466,7 @@ void ShardedOptimizer::finish_started_reductions() {
   started_flat_.clear();
   started_wait_.clear();
   started_us_.clear();
+  return flat_bytes;
 }
 
 double ShardedOptimizer::local_grad_norm_squared() const {  // [2]

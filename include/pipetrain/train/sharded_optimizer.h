@@ -308,8 +308,9 @@ class ShardedOptimizer : public StageParameters {
     bool narrowed = false;     // gathered (or gathering) in a dtype narrower than the parameters'
     int64_t buffer_bytes = 0;  // while gathering: `gathered`, and `piece` where it is a copy
   };
-  // Waits for the reductions start_reduce started (rethrowing a failure) and forgets them.
-  void finish_started_reductions();
+  // Waits for the reductions start_reduce started (rethrowing a failure) and forgets them;
+  // returns the bytes of their flat gradient buffers.
+  int64_t finish_started_reductions();
   // The stage a segment's collectives are logged under (-1: several).
   int stage_of_segment(size_t k) const { return segment_stages_.empty() ? -1 : segment_stages_[k]; }
 
