@@ -9,6 +9,8 @@
 #include <tuple>
 #include <vector>
 
+#include <c10/util/StringUtil.h>
+
 #include "commands.h"
 #include "model_data.h"
 #include "pipetrain/base/atomic_file.h"
@@ -368,19 +370,20 @@ void check_choices(const TrainArgs& args) {
 // Every number in its range.
 void check_ranges(const TrainArgs& args) {
   if (!(args.lr > 0) || !std::isfinite(args.lr)) {
-    fail("--lr must be a positive number, got " + std::to_string(args.lr));
+    fail("--lr must be a positive number, got " + c10::str(args.lr));
   }
   if (!(args.momentum >= 0) || !std::isfinite(args.momentum)) {
-    fail("--momentum must be >= 0, got " + std::to_string(args.momentum));
+    fail("--momentum must be >= 0, got " + c10::str(args.momentum));
   }
-  if (!(args.weight_decay >= 0)) {
-    fail("--weight-decay must be >= 0, got " + std::to_string(args.weight_decay));
+  if (!(args.weight_decay >= 0) || !std::isfinite(args.weight_decay)) {
+    fail("--weight-decay must be a finite number >= 0, got " + c10::str(args.weight_decay));
   }
   if (!(args.min_lr >= 0) || args.min_lr > args.lr) {
-    fail("--min-lr must be in 0..--lr, got " + std::to_string(args.min_lr));
+    fail("--min-lr must be in 0..--lr, got " + c10::str(args.min_lr));
   }
-  if (!(args.clip_grad_norm >= 0)) {
-    fail("--clip-grad-norm must be >= 0, got " + std::to_string(args.clip_grad_norm));
+  if (!(args.clip_grad_norm >= 0) || !std::isfinite(args.clip_grad_norm)) {
+    fail("--clip-grad-norm must be a finite number >= 0 (0: no clipping), got " +
+         c10::str(args.clip_grad_norm));
   }
   if (args.warmup_steps < 0) fail("--warmup-steps must be >= 0");
   if (args.batch_size < 1) {
@@ -418,10 +421,11 @@ void check_ranges(const TrainArgs& args) {
   train::check_reshard_after_forward(args.reshard_after_forward, args.zero);
   if (args.adam_betas.size() != 2) fail("--adam-betas takes two numbers B1,B2");
   for (double beta : args.adam_betas) {
-    if (!(beta >= 0 && beta < 1))
-      fail("--adam-betas must be in [0, 1), got " + std::to_string(beta));
+    if (!(beta >= 0 && beta < 1)) fail("--adam-betas must be in [0, 1), got " + c10::str(beta));
   }
-  if (!(args.adam_eps > 0)) fail("--adam-eps must be > 0, got " + std::to_string(args.adam_eps));
+  if (!(args.adam_eps > 0) || !std::isfinite(args.adam_eps)) {
+    fail("--adam-eps must be a finite number > 0, got " + c10::str(args.adam_eps));
+  }
   if (!args.save_hf.empty() && !examples::is_hf_model(args.data.model)) {
     fail("--save-hf writes a Hugging Face --model DIR; --model " + args.data.model + " is not one");
   }

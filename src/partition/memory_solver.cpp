@@ -582,6 +582,10 @@ std::int64_t parse_bytes(std::string_view text) {
     throw BadInput("cannot read '" + std::string(text) +
                    "' as a size; write e.g. 2GiB, 512MiB, 1.5G or 1000000 (bytes)");
   }
+  // Beyond what int64 counts (8 EiB; inf too) llround has no answer.
+  if (!(number * scale < 0x1p63)) {
+    throw BadInput("'" + std::string(text) + "' is larger than the 8 EiB a size can be");
+  }
   return static_cast<std::int64_t>(std::llround(number * scale));
 }
 

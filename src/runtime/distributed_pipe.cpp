@@ -79,8 +79,7 @@ DistributedPipe::DistributedPipe(Distributed& distributed, torch::nn::Sequential
   check_device_usable(device_);
   PIPETRAIN_CHECK_INPUT(o.threads_per_stage() >= 0, "threads_per_stage must be >= 0 (got ",
                         o.threads_per_stage(), ")");
-  PIPETRAIN_CHECK_INPUT(o.timeout_seconds() > 0, "timeout_seconds must be > 0 (got ",
-                        o.timeout_seconds(), ")");
+  const std::chrono::milliseconds timeout = timeout_of(o);
 
   // This rank's stages; every rank walks all layers so names and first-layer indices agree.
   const auto named = model_->named_children();
@@ -130,9 +129,7 @@ DistributedPipe::DistributedPipe(Distributed& distributed, torch::nn::Sequential
           distributed_.declare_tie(tie, std::vector<int>(ranks.begin(), ranks.end())), tensor);
     }
   }
-  transport_ = distributed_.make_transport(
-      stage_rank_, device_,
-      std::chrono::milliseconds(static_cast<int64_t>(o.timeout_seconds() * 1000)));
+  transport_ = distributed_.make_transport(stage_rank_, device_, timeout);
 }
 
 DistributedPipe::~DistributedPipe() = default;

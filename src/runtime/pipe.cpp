@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <mutex>
 #include <numeric>
 #include <optional>
@@ -108,8 +109,7 @@ void PipeImpl::reset() {
   PIPETRAIN_CHECK_INPUT(o.chunks() >= 1, "chunks must be at least 1 (got ", o.chunks(), ")");
   PIPETRAIN_CHECK_INPUT(o.virtual_stages() >= 1, "virtual_stages must be at least 1 (got ",
                         o.virtual_stages(), ")");
-  PIPETRAIN_CHECK_INPUT(o.timeout_seconds() > 0, "timeout_seconds must be positive (got ",
-                        o.timeout_seconds(), ")");
+  const std::chrono::milliseconds timeout = timeout_of(o);
   PIPETRAIN_CHECK_INPUT(o.threads_per_stage() >= 0, "threads_per_stage must be >= 0 (got ",
                         o.threads_per_stage(), ")");
   check_offload_options(o);
@@ -164,8 +164,7 @@ void PipeImpl::reset() {
     runtime->stages.back()->set_rank_stash(runtime->rank_stash[r]);
     stage_devices.push_back(device);
   }
-  runtime->transport = std::make_unique<LocalTransport>(
-      stage_devices, std::chrono::milliseconds(static_cast<int64_t>(o.timeout_seconds() * 1000)));
+  runtime->transport = std::make_unique<LocalTransport>(stage_devices, timeout);
   runtime->last = &runtime->training.emplace(m, std::move(first)).first->second;
 
   // Workers, one per rank; a single rank needs none.
@@ -178,6 +177,14 @@ void PipeImpl::reset() {
         std::make_unique<Worker>([threads] { at::set_num_threads(threads); }));
   }
   runtime_ = std::move(runtime);
+}
+
+std::chrono::milliseconds timeout_of(const PipeOptions& o) {
+  const double seconds = o.timeout_seconds();
+  PIPETRAIN_CHECK_INPUT(seconds >= kMinTimeoutSeconds && seconds <= kMaxTimeoutSeconds,
+                        "timeout_seconds must be from ", kMinTimeoutSeconds, " to ",
+                        kMaxTimeoutSeconds, " seconds (got ", seconds, ")");
+  return std::chrono::milliseconds(std::llround(seconds * 1000));
 }
 
 void check_offload_options(const PipeOptions& o) {

@@ -2,8 +2,11 @@
 #include "pipetrain/runtime/run_layout.h"
 
 #include <algorithm>
+#include <cmath>
 #include <sstream>
 #include <thread>
+
+#include <c10/util/StringUtil.h>
 
 #include "pipetrain/base/error.h"
 #include "pipetrain/base/message_of.h"
@@ -96,12 +99,15 @@ void check_pipeline_request(const PipelineRequest& r) {
   }
   if (r.dp < 1) fail("--dp must be at least 1, got " + std::to_string(r.dp));
   if (r.tp < 1) fail("--tp must be at least 1, got " + std::to_string(r.tp));
-  if (!(r.bucket_mb > 0)) {
-    fail("--bucket-size must be a positive number of MiB, got " + std::to_string(r.bucket_mb));
+  if (!(r.bucket_mb > 0) || !std::isfinite(r.bucket_mb)) {
+    fail("--bucket-size must be a positive number of MiB, got " + c10::str(r.bucket_mb));
   }
   if (r.pp < 0) fail("--pp must be at least 1, got " + std::to_string(r.pp));
   if (r.threads < 0) fail("--threads must be >= 0, got " + std::to_string(r.threads));
-  if (!(r.timeout > 0)) fail("--timeout must be > 0 seconds");
+  if (!(r.timeout >= kMinTimeoutSeconds && r.timeout <= kMaxTimeoutSeconds)) {
+    fail("--timeout must be from " + c10::str(kMinTimeoutSeconds) + " to " +
+         c10::str(kMaxTimeoutSeconds) + " seconds, got " + c10::str(r.timeout));
+  }
   if (r.device != "cpu" && r.device != "cuda") {
     fail("unknown --device '" + r.device + "'; valid: cpu, cuda");
   }
@@ -212,7 +218,8 @@ PipeOptions pipe_options(const PipelineRequest& r, const RunLayout& layout, int6
       .precision(r.precision)
       .offload_activations(r.offload_activations)
       .overlap_gradient_reduction(r.overlap_grad_reduce)
-      .bucket_bytes(std::max<int64_t>(1, static_cast<int64_t>(r.bucket_mb * (1 << 20))));
+      // Clamped to what int64 holds: a bucket larger than every gradient is one bucket anyway.
+      .bucket_bytes(static_cast<int64_t>(std::clamp(r.bucket_mb * (1 << 20), 1.0, 0x1p62)));
   options.checkpoint(parse_checkpoint(r.checkpoint));
   int64_t ranks = layout.multi_process ? layout.pipeline_ranks : r.stages;
   if (layout.multi_process && !r.devices.empty()) {

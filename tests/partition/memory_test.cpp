@@ -107,6 +107,11 @@ TEST(Bytes, ParseAndFormatAgree) {
   EXPECT_EQ(parse_bytes("1000000"), 1000000);
   EXPECT_THROW(parse_bytes("lots"), pipetrain::BadInput);
   EXPECT_THROW(parse_bytes("2 parsecs"), pipetrain::BadInput);
+  // Sizes int64 cannot count are refused, not wrapped to a negative number.
+  EXPECT_EQ(parse_bytes("7340032TiB"), 7340032LL << 40);  // 7 EiB
+  EXPECT_THROW(parse_bytes("1e30GiB"), pipetrain::BadInput);
+  EXPECT_THROW(parse_bytes("8388608TiB"), pipetrain::BadInput);
+  EXPECT_THROW(parse_bytes("inf"), pipetrain::BadInput);
   EXPECT_EQ(format_bytes(2LL << 30), "2.00 GiB");
   EXPECT_EQ(format_bytes(100), "100 B");
 }

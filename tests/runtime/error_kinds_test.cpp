@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <limits>
 #include <string>
 #include <thread>
 
@@ -54,6 +55,25 @@ TEST(ErrorKinds, APipeWithAnInvalidBalanceThrowsBadInputNamingIt) {
     EXPECT_EQ(error.exit_code(), 2);
     EXPECT_NE(error.message().find("balance {3,2} sums to 5"), std::string::npos) << error.what();
   }
+}
+
+TEST(ErrorKinds, ATimeoutOutsideAMillisecondTo1e7SecondsIsBadInputNamingIt) {
+  // Infinity and 1e300 s once wrapped to a negative wait; 1e-9 s rounded to none.
+  for (double seconds : {std::numeric_limits<double>::infinity(), 1e300, 1.5e7, 1e-9, 0.0, -1.0,
+                         std::numeric_limits<double>::quiet_NaN()}) {
+    try {
+      Pipe pipe(four_layers(), PipeOptions().balance({2, 2}).timeout_seconds(seconds));
+      ADD_FAILURE() << seconds << " s: no error";
+    } catch (const BadInput& error) {
+      EXPECT_NE(error.message().find("timeout_seconds must be from 0.001 to 1e+07 seconds"),
+                std::string::npos)
+          << error.what();
+    }
+  }
+  EXPECT_EQ(timeout_of(PipeOptions().timeout_seconds(0.0015)), std::chrono::milliseconds(2));
+  EXPECT_EQ(timeout_of(PipeOptions().timeout_seconds(1e7)), std::chrono::seconds(10000000));
+  Pipe pipe(four_layers(), PipeOptions().balance({2, 2}).timeout_seconds(1e7));
+  EXPECT_EQ(pipe->forward(torch::ones({2, 4})).size(0), 2);
 }
 
 TEST(ErrorKinds, ACustomScheduleThatBreaksADependencyThrowsScheduleInvalid) {

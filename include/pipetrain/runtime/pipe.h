@@ -36,6 +36,7 @@
 //   sgd.step();
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -107,6 +108,14 @@ struct PipeOptions {
 /// Throws pipetrain::BadInput when options.offload_activations() has nothing to move: checkpoint
 /// never, or except_last with a single chunk (no micro-batch is checkpointed).
 void check_offload_options(const PipeOptions& options);
+
+/// The range of PipeOptions::timeout_seconds: from a millisecond (the transports' resolution) to
+/// 1e7 seconds (about 116 days; a longer wait would overflow the clocks it is added to).
+inline constexpr double kMinTimeoutSeconds = 1e-3;
+inline constexpr double kMaxTimeoutSeconds = 1e7;
+/// options.timeout_seconds() as the transports' duration. Throws pipetrain::BadInput naming the
+/// value unless it is a number in [kMinTimeoutSeconds, kMaxTimeoutSeconds] (not NaN, not inf).
+std::chrono::milliseconds timeout_of(const PipeOptions& options);
 
 /// Layers per stage for a Sequential of `layers` layers: options.balance() checked (every entry
 /// >= 1, at most `layers` stages, summing to `layers`), or options.stages() stages as even as
