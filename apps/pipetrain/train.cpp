@@ -538,6 +538,11 @@ int run_train(const TrainArgs& given) {
           distributed, p->model.sequential, p->model.loss, pipe, text, p->model.tied_parameters,
           device,
           train::TensorParallelModel{p->model.tensor_parallel_split, args.sequence_parallel});
+      if (distributed.rank() == 0 && distributed.world()->checks_collectives()) {
+        std::printf(
+            "TORCH_DISTRIBUTED_DEBUG=DETAIL: each collective is compared with its group's before "
+            "it is posted (one more small collective each; docs/DISTRIBUTED.md)\n");
+      }
       train_with(args, *p, *runner, threads, &pipe, layout);
     });
     if (code == 0 && !usage_error.empty()) throw UsageError(usage_error);

@@ -581,6 +581,9 @@ std::chrono::milliseconds C10dWorld::timeout() const {
 CommBackend C10dWorld::backend() const {
   return impl_->options.backend;
 }
+bool C10dWorld::checks_collectives() const {
+  return impl_->check_collectives;
+}
 const RendezvousOptions& C10dWorld::options() const {
   return impl_->options;
 }

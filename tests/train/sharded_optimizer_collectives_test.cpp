@@ -77,6 +77,10 @@ TEST(ShardedOptimizerCollectives, UnderDistributedDebugDetailTheCheckedRunEquals
                                                        "/pipetrain " + flags + dir + "/checked.pt");
   ASSERT_EQ(checked.exit_code, 0) << checked.output;
   EXPECT_EQ(testing::max_relative_difference(dir + "/checked.pt", dir + "/plain.pt"), 0);
+  // The run says that it checks, and only that run says it.
+  const std::string says = "TORCH_DISTRIBUTED_DEBUG=DETAIL: each collective is compared";
+  EXPECT_NE(checked.output.find(says), std::string::npos) << checked.output;
+  EXPECT_EQ(plain.output.find(says), std::string::npos) << plain.output;
 }
 
 }  // namespace

@@ -120,6 +120,9 @@ class C10dWorld {
   std::chrono::milliseconds timeout() const;
   CommBackend backend() const;
   const RendezvousOptions& options() const;
+  // Whether every group checks the order of its collectives before posting them
+  // (TORCH_DISTRIBUTED_DEBUG=DETAIL when connect() ran; C10dGroup below).
+  bool checks_collectives() const;
 
   // The group of all ranks.
   std::shared_ptr<C10dGroup> world_group();
