@@ -28,6 +28,22 @@ int main(int argc, char** argv) {
   pipetrain::cli::add_launch_command(app, exit_code);
   pipetrain::cli::add_generate_command(app, exit_code);
   pipetrain::cli::add_export_hf_command(app, exit_code);
+  // CLI11 reads an empty value (--seed '') as 0 or "" without a word, so a quoted unset shell
+  // variable trained with --seed 0 or prompted with id 0. Every flag that takes a value refuses
+  // one, before any command runs.
+  app.parse_complete_callback([&app] {
+    for (const CLI::App* command : app.get_subcommands()) {
+      for (const CLI::Option* option : command->get_options()) {
+        if (!option->nonpositional() || option->get_type_size_max() == 0) continue;  // a flag
+        for (const std::string& value : option->results()) {
+          if (value.empty()) {
+            throw CLI::ValidationError(option->get_name(),
+                                       "an empty value (an unset shell variable?); give one");
+          }
+        }
+      }
+    }
+  });
   try {
     // `--config FILE.json` becomes flags (train/config_file.h); CLI11 takes them reversed.
     std::vector<std::string> arguments(argv + 1, argv + argc);

@@ -238,6 +238,9 @@ INSTANTIATE_TEST_SUITE_P(
                 "always, except_last, never"},
         BadCase{"zero_batch", PIPETRAIN_GOOD_FILES "--loss mse --steps 1 --batch-size 0",
                 "--batch-size must be at least 1"},
+        // CLI11 alone read it as --seed 0.
+        BadCase{"empty_value", PIPETRAIN_SMALL PIPETRAIN_GOOD_FILES "--loss mse --seed ''",
+                "--seed: an empty value (an unset shell variable?); give one"},
         BadCase{"zero_steps", PIPETRAIN_GOOD_FILES "--loss mse --batch-size 4 --steps 0",
                 "--steps must be at least 1"},
         BadCase{"balance_sum", PIPETRAIN_SMALL PIPETRAIN_GOOD_FILES "--loss mse --balance 2,2",
