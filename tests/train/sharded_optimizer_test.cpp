@@ -312,6 +312,27 @@ TEST(ShardedOptimizer, ZeroThreeEqualsZeroZeroOnHuggingFaceCheckpoints) {
   }
 }
 
+// Everything at once, where the tests above take one thing at a time: Qwen2's tied embedding and
+// head held by one rank (dualpipev puts stages 0 and 3 on rank 0: a tie within the rank), in
+// pp 2 x tp 2 x dp 2 (ZeRO over each pp x tp coordinate's replicas), ZeRO-3 freeing after every
+// forward, the overlapped reduce-scatter in buckets of about 1 KiB, and clipping, which must see
+// the whole gradient. The same bits as --zero 0 in the same layout.
+TEST(ShardedOptimizer, ZeroThreeEqualsZeroZeroInThreeDimensionsWithATieWithinARank) {
+  PIPETRAIN_SKIP_WITHOUT_TRANSFORMERS();
+  const std::string dir = pipetrain::testing::hf_fixtures();
+  const std::string common =
+      "train --model " + dir + "/qwen2 --data tokens --token-file " + dir +
+      "/tokens.bin --seq-len 16 --batch-size 8 --steps 3 --chunks 4 --optimizer adamw --lr 0.01 "
+      "--clip-grad-norm 0.05 --nproc 8 --pp 2 --tp 2 --dp 2 --schedule dualpipev --save-params ";
+  const CliRun unsharded = pipetrain::testing::run_pipetrain(common + path("3d_zero0.pt"));
+  ASSERT_EQ(unsharded.exit_code, 0) << unsharded.output;
+  const CliRun sharded = pipetrain::testing::run_pipetrain(
+      common + path("3d_zero3.pt") +
+      " --zero 3 --reshard-after-forward --overlap-grad-reduce --bucket-size 0.001");
+  ASSERT_EQ(sharded.exit_code, 0) << sharded.output;
+  EXPECT_EQ(max_relative_difference(path("3d_zero3.pt"), path("3d_zero0.pt")), 0);
+}
+
 }  // namespace
 
 namespace {
