@@ -25,9 +25,16 @@ void add_launch_command(CLI::App& app, int& exit_code) {
   command->add_option("command", *positional, "the pipetrain command and its arguments");
   command->prefix_command();  // everything after the command belongs to it
   command->callback([command, positional, nproc, grace, port, &exit_code] {
+    // Without `--` CLI11 gives the command's bare words to `positional` and its flags to
+    // remaining(), and their order is lost: the ranks got `--model --data mlp ...`.
+    // With `--` every word after it is in `positional` (remaining() holds the `--`).
+    for (const std::string& rest : command->remaining()) {
+      if (rest != "--") {
+        throw UsageError("launch: put -- before the command, e.g. launch --nproc " +
+                         std::to_string(*nproc) + " -- train ...");
+      }
+    }
     std::vector<std::string> args = *positional;
-    for (const auto& rest : command->remaining()) args.push_back(rest);
-    if (!args.empty() && args.front() == "--") args.erase(args.begin());
     if (args.empty()) throw UsageError("launch: give the command to run, e.g. -- train ...");
     LaunchOptions options;
     options.program = self_executable();

@@ -235,6 +235,16 @@ TEST_F(TrainAuto, RanksStartedWithAutoFlagsTakeRankZerosPlan) {
   EXPECT_LE(max_relative_difference(path("ext_auto.pt"), path("ext_written.pt")), 1e-5);
 }
 
+// The hidden launcher takes its command after `--`. Without it CLI11 split the command's bare
+// words from its flags and the ranks got them reordered (`--model --data mlp ...`); now it says so.
+TEST(LaunchCli, ACommandWithoutDashDashIsAnErrorSayingWhereItGoes) {
+  const CliRun bare = run_pipetrain("launch --nproc 2 train --model mlp --steps 1");
+  EXPECT_EQ(bare.exit_code, 2) << bare.output;
+  EXPECT_NE(bare.output.find("launch: put -- before the command, e.g. launch --nproc 2 -- train"),
+            std::string::npos)
+      << bare.output;
+}
+
 TEST_F(TrainAuto, MemoryLimitNothingFitsExitsTwoNamingALimitThatFits) {
   CliRun tight =
       run_pipetrain(small_mlp("--steps 1 --stages 2 --balance auto --memory-limit 1KiB"));
