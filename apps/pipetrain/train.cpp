@@ -493,7 +493,8 @@ int run_train(const TrainArgs& given) {
     const torch::Device device =
         as_usage_error("", [&] { return process_device(args.pipeline, environment.local_rank); });
     DistributedOptions options;
-    options.timeout(std::chrono::milliseconds(static_cast<int64_t>(args.pipeline.timeout * 1000)))
+    // The world's waits and the transport's (pipe_options below) from one conversion.
+    options.timeout(timeout_of(PipeOptions().timeout_seconds(args.pipeline.timeout)))
         .pipeline_ranks(layout.pipeline_ranks)
         .tensor_parallel(layout.tensor_parallel)
         .backend(args.backend)
