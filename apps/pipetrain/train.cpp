@@ -3,8 +3,7 @@
 // process (a worker thread per pipeline rank) or in several (--nproc N, c10d/Gloo).
 //
 //   [1] flags + checks       TrainArgs              train_args.h: add_train_flags,
-//   resolve_auto_flags,
-//                                                   check_args
+//                                                   resolve_auto_flags, check_args
 //   [2] model + data         BuiltModel/BuiltData   train_setup.h (shared with `pipetrain eval`)
 //       + the auto plan      partition::Plan        tune/auto_plan.h: its values replace the auto
 //                                                   flags in TrainArgs before anything is built
@@ -29,22 +28,16 @@
 //
 // Exit codes (commands.h): 0 done, 1 failure while training (a step threw, the loss is not
 // finite: the message names the step), 2 bad usage or bad input.
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <iostream>
 #include <memory>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <thread>
-#include <tuple>
 #include <vector>
 
 #include <torch/torch.h>
@@ -103,39 +96,18 @@ class Batches {
   std::unique_ptr<train::BatchSource> source_;
 };
 
-// ---- [4] the loop: train::Trainer, with progress and evaluation printed here
-// ---------------------
+// ---- [4] the loop: train::Trainer, with progress and evaluation printed here -----------------
 
 train::TrainerOptions trainer_options(const TrainArgs& args, const BuiltModel& model,
                                       int64_t total_steps) {
-  return train::TrainerOptions(total_steps)
-      .optimizer(args.optimizer)
-      .lr(args.lr)
-      .momentum(args.momentum)
-      .weight_decay(args.weight_decay)
-      .beta1(args.adam_betas[0])
-      .beta2(args.adam_betas[1])
-      .eps(args.adam_eps)
-      .loss_scaling(args.pipeline.precision == Precision::kFloat16)
-      .lr_schedule(args.lr_schedule)
-      .warmup_steps(args.warmup_steps)
-      .min_lr(args.min_lr)
-      .clip_grad_norm(args.clip_grad_norm)
-      .zero(args.zero)
-      .reshard_after_forward(args.reshard_after_forward)
-      .offload_optimizer(args.offload_optimizer)
-      .checkpoint_dir(args.checkpoint_dir)
-      .save_every(args.save_every)
+  return trainer_settings(args, total_steps)
       .metadata({{"model", model.name},
                  {"model_options", model.options},
                  {"data", args.data.data},
                  {"batch_size", args.batch_size},
                  {"seed", args.data.seed},
                  {"optimizer", args.optimizer},
-                 {"lr", args.lr}})
-      .trace_path(args.trace)
-      .timeline_path(args.timeline)
-      .report_memory(args.report_memory);
+                 {"lr", args.lr}});
 }
 
 // Collective: the whole model on the main rank, evaluated there with every core.

@@ -341,16 +341,9 @@ void check_choices(const TrainArgs& args) {
         "--memory-limit bounds the auto plan; add --balance auto or --schedule auto (or drop "
         "--memory-limit)");
   }
-  if (!contains(train::optimizer_names(), args.optimizer)) {
-    fail("unknown --optimizer '" + args.optimizer +
-         "'; valid: " + join_names(train::optimizer_names()));
-  }
   if (!contains(kCheckpoints, args.pipeline.checkpoint) && !args.auto_request.checkpoint) {
     fail("unknown --checkpoint '" + args.pipeline.checkpoint +
          "'; valid: " + join_names(kCheckpoints) + ", auto");
-  }
-  if (!contains(kLrSchedules, args.lr_schedule)) {
-    fail("unknown --lr-schedule '" + args.lr_schedule + "'; valid: " + join_names(kLrSchedules));
   }
   if (args.pipeline.schedule_file.empty() &&
       !contains(schedule::schedule_names(), args.pipeline.schedule) &&
@@ -367,25 +360,36 @@ void check_choices(const TrainArgs& args) {
   }
 }
 
+}  // namespace
+
+train::TrainerOptions trainer_settings(const TrainArgs& args, int64_t total_steps) {
+  return train::TrainerOptions(total_steps)
+      .optimizer(args.optimizer)
+      .lr(args.lr)
+      .momentum(args.momentum)
+      .weight_decay(args.weight_decay)
+      .beta1(args.adam_betas.at(0))
+      .beta2(args.adam_betas.at(1))
+      .eps(args.adam_eps)
+      .loss_scaling(args.pipeline.precision == Precision::kFloat16)
+      .lr_schedule(args.lr_schedule)
+      .warmup_steps(args.warmup_steps)
+      .min_lr(args.min_lr)
+      .clip_grad_norm(args.clip_grad_norm)
+      .zero(args.zero)
+      .reshard_after_forward(args.reshard_after_forward)
+      .offload_optimizer(args.offload_optimizer)
+      .checkpoint_dir(args.checkpoint_dir)
+      .save_every(args.save_every)
+      .trace_path(args.trace)
+      .timeline_path(args.timeline)
+      .report_memory(args.report_memory);
+}
+
+namespace {
+
 // Every number in its range.
 void check_ranges(const TrainArgs& args) {
-  if (!(args.lr > 0) || !std::isfinite(args.lr)) {
-    fail("--lr must be a positive number, got " + c10::str(args.lr));
-  }
-  if (!(args.momentum >= 0) || !std::isfinite(args.momentum)) {
-    fail("--momentum must be >= 0, got " + c10::str(args.momentum));
-  }
-  if (!(args.weight_decay >= 0) || !std::isfinite(args.weight_decay)) {
-    fail("--weight-decay must be a finite number >= 0, got " + c10::str(args.weight_decay));
-  }
-  if (!(args.min_lr >= 0) || args.min_lr > args.lr) {
-    fail("--min-lr must be in 0..--lr, got " + c10::str(args.min_lr));
-  }
-  if (!(args.clip_grad_norm >= 0) || !std::isfinite(args.clip_grad_norm)) {
-    fail("--clip-grad-norm must be a finite number >= 0 (0: no clipping), got " +
-         c10::str(args.clip_grad_norm));
-  }
-  if (args.warmup_steps < 0) fail("--warmup-steps must be >= 0");
   if (args.batch_size < 1) {
     fail("--batch-size must be at least 1, got " + std::to_string(args.batch_size));
   }
@@ -399,12 +403,8 @@ void check_ranges(const TrainArgs& args) {
   }
   if (args.nproc < 1) fail("--nproc must be at least 1, got " + std::to_string(args.nproc));
   train::check_restart_options(args.max_restarts, args.nproc, args.checkpoint_dir);
-  if (args.save_every < 0) fail("--save-every must be >= 0");
   if (args.save_every > 0 && args.checkpoint_dir.empty()) {
     fail("--save-every needs --checkpoint-dir DIR (where checkpoint.pt is written)");
-  }
-  if (args.zero < 0 || args.zero > 3) {
-    fail("--zero must be 0, 1, 2 or 3, got " + std::to_string(args.zero));
   }
   if (args.offload_optimizer) {
     const auto& devices = args.pipeline.devices;
@@ -416,16 +416,9 @@ void check_ranges(const TrainArgs& args) {
           "--offload-optimizer moves the optimizer state and master weights of CUDA stages to "
           "host memory; these stages run on the CPU, where they already are: nothing to offload");
     }
-    train::check_offload_optimizer(args.offload_optimizer, args.zero);
   }
-  train::check_reshard_after_forward(args.reshard_after_forward, args.zero);
   if (args.adam_betas.size() != 2) fail("--adam-betas takes two numbers B1,B2");
-  for (double beta : args.adam_betas) {
-    if (!(beta >= 0 && beta < 1)) fail("--adam-betas must be in [0, 1), got " + c10::str(beta));
-  }
-  if (!(args.adam_eps > 0) || !std::isfinite(args.adam_eps)) {
-    fail("--adam-eps must be a finite number > 0, got " + c10::str(args.adam_eps));
-  }
+  train::check_trainer_settings(trainer_settings(args, 1));
   if (!args.save_hf.empty() && !examples::is_hf_model(args.data.model)) {
     fail("--save-hf writes a Hugging Face --model DIR; --model " + args.data.model + " is not one");
   }

@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 
 #include "pipetrain/runtime/run_layout.h"
+#include "pipetrain/train/trainer.h"
 #include "pipetrain/tune/auto_plan.h"
 #include "train_setup.h"
 
@@ -65,6 +66,10 @@ void add_train_flags(CLI::App& command, TrainArgs& args);
 // --balance, --chunks, --memory-limit and --precision as typed values, and what `auto` leaves to
 // the planner (tune/auto_plan.h).
 void resolve_auto_flags(TrainArgs& args);
+
+// The Trainer's options as the flags give them (without metadata); `total_steps` as the data
+// source counts them.
+train::TrainerOptions trainer_settings(const TrainArgs& args, int64_t total_steps);
 
 // Every name, range, combination and output path, before any work: names the flag.
 void check_args(const TrainArgs& args);

@@ -26,29 +26,7 @@ void check_options(const TrainerOptions& o) {
     throw BadInput("Trainer: total_steps must be >= 1 (got " + std::to_string(o.total_steps()) +
                    ")");
   }
-  if (o.lr_schedule() != "constant" && o.lr_schedule() != "cosine") {
-    throw BadInput("Trainer: unknown lr_schedule '" + o.lr_schedule() +
-                   "'; valid: constant, cosine");
-  }
-  if (o.zero() < 0 || o.zero() > 3) {
-    throw BadInput("Trainer: zero must be 0, 1, 2 or 3 (got " + std::to_string(o.zero()) + ")");
-  }
-  check_offload_optimizer(o.offload_optimizer(), o.zero());
-  check_reshard_after_forward(o.reshard_after_forward(), o.zero());
-  if (o.save_every() < 0 || o.warmup_steps() < 0 || !(o.clip_grad_norm() >= 0)) {
-    throw BadInput("Trainer: save_every, warmup_steps and clip_grad_norm must be >= 0 (got " +
-                   std::to_string(o.save_every()) + ", " + std::to_string(o.warmup_steps()) + ", " +
-                   std::to_string(o.clip_grad_norm()) + ")");
-  }
-  for (double beta : {o.beta1(), o.beta2()}) {
-    if (!(beta >= 0 && beta < 1)) {
-      throw BadInput("Adam betas must be in [0, 1), got " + std::to_string(o.beta1()) + "," +
-                     std::to_string(o.beta2()));
-    }
-  }
-  if (!(o.eps() > 0) || !std::isfinite(o.eps())) {
-    throw BadInput("Adam eps must be a positive number, got " + std::to_string(o.eps()));
-  }
+  check_trainer_settings(o);
 }
 
 }  // namespace
@@ -298,6 +276,40 @@ void Trainer::write_trace(TrainSummary& summary) {
     summary.timeline_step = all.write_timeline_svg(options_.timeline_path(), runner_.trace_rows(),
                                                    runner_.description());
   }
+}
+
+void check_trainer_settings(const TrainerOptions& o) {
+  const std::vector<std::string> optimizers = optimizer_names();
+  if (std::find(optimizers.begin(), optimizers.end(), o.optimizer()) == optimizers.end()) {
+    std::string valid;
+    for (const std::string& name : optimizers) valid += (valid.empty() ? "" : ", ") + name;
+    throw BadInput("unknown --optimizer '" + o.optimizer() + "'; valid: " + valid);
+  }
+  PIPETRAIN_CHECK_INPUT(o.lr_schedule() == "constant" || o.lr_schedule() == "cosine",
+                        "unknown --lr-schedule '", o.lr_schedule(), "'; valid: constant, cosine");
+  PIPETRAIN_CHECK_INPUT(o.lr() > 0 && std::isfinite(o.lr()), "--lr must be a positive number, got ",
+                        o.lr());
+  PIPETRAIN_CHECK_INPUT(o.momentum() >= 0 && std::isfinite(o.momentum()),
+                        "--momentum must be >= 0, got ", o.momentum());
+  PIPETRAIN_CHECK_INPUT(o.weight_decay() >= 0 && std::isfinite(o.weight_decay()),
+                        "--weight-decay must be a finite number >= 0, got ", o.weight_decay());
+  PIPETRAIN_CHECK_INPUT(o.min_lr() >= 0 && o.min_lr() <= o.lr(),
+                        "--min-lr must be in 0..--lr, got ", o.min_lr());
+  PIPETRAIN_CHECK_INPUT(o.clip_grad_norm() >= 0 && std::isfinite(o.clip_grad_norm()),
+                        "--clip-grad-norm must be a finite number >= 0 (0: no clipping), got ",
+                        o.clip_grad_norm());
+  PIPETRAIN_CHECK_INPUT(o.warmup_steps() >= 0, "--warmup-steps must be >= 0, got ",
+                        o.warmup_steps());
+  PIPETRAIN_CHECK_INPUT(o.save_every() >= 0, "--save-every must be >= 0, got ", o.save_every());
+  for (double beta : {o.beta1(), o.beta2()}) {
+    PIPETRAIN_CHECK_INPUT(beta >= 0 && beta < 1, "--adam-betas must be in [0, 1), got ", beta);
+  }
+  PIPETRAIN_CHECK_INPUT(o.eps() > 0 && std::isfinite(o.eps()),
+                        "--adam-eps must be a finite number > 0, got ", o.eps());
+  PIPETRAIN_CHECK_INPUT(o.zero() >= 0 && o.zero() <= 3, "--zero must be 0, 1, 2 or 3, got ",
+                        o.zero());
+  check_offload_optimizer(o.offload_optimizer(), o.zero());
+  check_reshard_after_forward(o.reshard_after_forward(), o.zero());
 }
 
 void check_offload_optimizer(bool offload, int zero) {

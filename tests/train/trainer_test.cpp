@@ -2,8 +2,11 @@
 // sequential training, resume with dropout equal to the uninterrupted run, bad options.
 #include "pipetrain/train/trainer.h"
 
+#include <cmath>
 #include <filesystem>
+#include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -134,6 +137,44 @@ TEST(Trainer, BadOptionsAreBadInputNamingTheOption) {
   } catch (const BadInput& e) {
     EXPECT_NE(std::string(e.what()).find("'linear'"), std::string::npos);
   }
+}
+
+// The settings the CLI takes from flags are checked by the library (check_trainer_settings), so a
+// C++ user gets the CLI's messages: each names the flag and the value it refuses.
+TEST(Trainer, EveryHandPickedSettingOutOfRangeIsBadInputNamingItsFlagAndValue) {
+  const TensorBatches batches = fixed_batches();
+  torch::nn::Sequential model = make_model(false);
+  auto runner = make_sequential_runner(model, mse);
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<std::pair<TrainerOptions, std::string>> cases = {
+      {TrainerOptions(1).optimizer("rmsprop"), "unknown --optimizer 'rmsprop'; valid: sgd, adam"},
+      {TrainerOptions(1).lr(0), "--lr must be a positive number, got 0"},
+      {TrainerOptions(1).lr(inf), "--lr must be a positive number, got inf"},
+      {TrainerOptions(1).momentum(-0.5), "--momentum must be >= 0, got -0.5"},
+      {TrainerOptions(1).weight_decay(inf), "--weight-decay must be a finite number >= 0, got inf"},
+      {TrainerOptions(1).lr(0.1).min_lr(0.2), "--min-lr must be in 0..--lr, got 0.2"},
+      {TrainerOptions(1).clip_grad_norm(std::nan("")), "--clip-grad-norm must be a finite"},
+      {TrainerOptions(1).warmup_steps(-1), "--warmup-steps must be >= 0, got -1"},
+      {TrainerOptions(1).save_every(-2), "--save-every must be >= 0, got -2"},
+      {TrainerOptions(1).beta2(1), "--adam-betas must be in [0, 1), got 1"},
+      {TrainerOptions(1).eps(0), "--adam-eps must be a finite number > 0, got 0"},
+      {TrainerOptions(1).zero(4), "--zero must be 0, 1, 2 or 3, got 4"},
+      {TrainerOptions(1).offload_optimizer(true), "it needs --zero 1, 2 or 3"},
+      {TrainerOptions(1).zero(1).reshard_after_forward(true), "it needs --zero 3, got --zero 1"},
+  };
+  for (const auto& [options, expected] : cases) {
+    try {
+      Trainer(model, *runner, batches, options);
+      ADD_FAILURE() << "no error; expected: " << expected;
+    } catch (const BadInput& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos)
+          << e.what() << "\nexpected: " << expected;
+    }
+  }
+  // The defaults, and the edges that are allowed, pass.
+  EXPECT_NO_THROW(check_trainer_settings(TrainerOptions(1)));
+  EXPECT_NO_THROW(check_trainer_settings(
+      TrainerOptions(1).lr(0.1).min_lr(0.1).momentum(0).beta1(0).clip_grad_norm(0).zero(3)));
 }
 
 TEST(Trainer, AFailingStepIsAnErrorNamingTheStep) {

@@ -226,6 +226,13 @@ std::string checkpoint_path(const std::string& directory);
 // flags.
 void check_restart_options(int max_restarts, int nproc, const std::string& checkpoint_dir);
 
+// The settings of `options` a user picks by hand: the optimizer and lr schedule names, lr,
+// momentum, weight decay, min_lr (0..lr), clipping, warm-up, save_every, Adam's betas ([0, 1)) and
+// eps, zero (0..3) with the offload and resharding it allows. Throws BadInput naming the setting by
+// its `pipetrain train` flag (--lr, --adam-betas, ...) and the value; the Trainer's constructor
+// and the CLI check the same.
+void check_trainer_settings(const TrainerOptions& options);
+
 // --offload-optimizer moves ZeRO's shard to host memory: with `offload`, `zero` must be 1, 2 or 3.
 // Throws BadInput naming both flags (Trainer, train and plan --model check the same).
 void check_offload_optimizer(bool offload, int zero);
