@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <unordered_set>
 
+#include <c10/util/StringUtil.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
@@ -54,9 +55,8 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(
                                                              .eps(options.eps())
                                                              .weight_decay(options.weight_decay()));
   }
-  std::string valid;
-  for (const auto& known : optimizer_names()) valid += (valid.empty() ? "" : ", ") + known;
-  throw BadInput("unknown optimizer '" + name + "'; valid optimizers: " + valid);
+  throw BadInput("unknown optimizer '" + name +
+                 "'; valid optimizers: " + c10::Join(", ", optimizer_names()));
 }
 
 std::string optimizer_name(const torch::optim::Optimizer& optimizer) {

@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <optional>
 
+#include <c10/util/StringUtil.h>
+
 #include "pipetrain/base/check.h"
 #include "pipetrain/base/error.h"
 #include "pipetrain/base/message_of.h"
@@ -280,11 +282,9 @@ void Trainer::write_trace(TrainSummary& summary) {
 
 void check_trainer_settings(const TrainerOptions& o) {
   const std::vector<std::string> optimizers = optimizer_names();
-  if (std::find(optimizers.begin(), optimizers.end(), o.optimizer()) == optimizers.end()) {
-    std::string valid;
-    for (const std::string& name : optimizers) valid += (valid.empty() ? "" : ", ") + name;
-    throw BadInput("unknown --optimizer '" + o.optimizer() + "'; valid: " + valid);
-  }
+  PIPETRAIN_CHECK_INPUT(
+      std::find(optimizers.begin(), optimizers.end(), o.optimizer()) != optimizers.end(),
+      "unknown --optimizer '", o.optimizer(), "'; valid: ", c10::Join(", ", optimizers));
   PIPETRAIN_CHECK_INPUT(o.lr_schedule() == "constant" || o.lr_schedule() == "cosine",
                         "unknown --lr-schedule '", o.lr_schedule(), "'; valid: constant, cosine");
   PIPETRAIN_CHECK_INPUT(o.lr() > 0 && std::isfinite(o.lr()), "--lr must be a positive number, got ",
