@@ -41,6 +41,9 @@ void add_launch_command(CLI::App& app, int& exit_code) {
     options.args = args;
     options.nproc = *nproc;
     options.master_port = *port;
+    if (!(*grace >= 0 && *grace <= 1e6)) {
+      throw UsageError("launch: --grace must be 0 to 1e6 seconds, got " + c10::str(*grace));
+    }
     options.grace = std::chrono::milliseconds(static_cast<int64_t>(*grace * 1000));
     exit_code = launch_local(options).exit_code;
   });

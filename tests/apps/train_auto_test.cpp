@@ -12,6 +12,7 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -243,6 +244,19 @@ TEST(LaunchCli, ACommandWithoutDashDashIsAnErrorSayingWhereItGoes) {
   EXPECT_NE(bare.output.find("launch: put -- before the command, e.g. launch --nproc 2 -- train"),
             std::string::npos)
       << bare.output;
+}
+
+// The seconds became int64 milliseconds unchecked: inf or 1e300 was undefined behaviour.
+TEST(LaunchCli, AGraceOutside0To1e6SecondsIsAnErrorNamingIt) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"inf", "inf"}, {"1e300", "1e+300"}, {"-1", "-1"}, {"nan", "nan"}};
+  for (const auto& [grace, printed] : cases) {
+    const CliRun run = run_pipetrain("launch --nproc 2 --grace " + grace + " -- train --steps 1");
+    EXPECT_EQ(run.exit_code, 2) << run.output;
+    EXPECT_NE(run.output.find("launch: --grace must be 0 to 1e6 seconds, got " + printed),
+              std::string::npos)
+        << run.output;
+  }
 }
 
 TEST_F(TrainAuto, MemoryLimitNothingFitsExitsTwoNamingALimitThatFits) {
