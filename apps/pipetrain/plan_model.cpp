@@ -58,13 +58,14 @@ examples::PlanningModel load_model(const PlanModelArgs& args) {
   return examples::load_planning_model(args.model, parse_shape(args.sample_shape));
 }
 
-// --optimizer sgd|momentum|adam as the library's state multiple (tune::optimizer_state_multiple).
+// --optimizer sgd|momentum|adam|adamw as the library's state multiple
+// (tune::optimizer_state_multiple; adamw keeps Adam's two moments, as `train --optimizer adamw`).
 double optimizer_state_multiple(const std::string& name) {
-  if (name != "sgd" && name != "momentum" && name != "adam") {
-    throw UsageError("unknown --optimizer '" + name + "'; valid: sgd, momentum, adam");
+  if (name != "sgd" && name != "momentum" && name != "adam" && name != "adamw") {
+    throw UsageError("unknown --optimizer '" + name + "'; valid: sgd, momentum, adam, adamw");
   }
-  return tune::optimizer_state_multiple(name == "adam" ? "adam" : "sgd",
-                                        name == "momentum" ? 0.9 : 0.0);
+  const bool momentum = name == "momentum";
+  return tune::optimizer_state_multiple(momentum ? "sgd" : name, momentum ? 0.9 : 0.0);
 }
 
 std::vector<std::string> split_names(const std::string& text) {
@@ -100,8 +101,9 @@ void add_plan_model_options(CLI::App& command, PlanModelArgs& args) {
                      "With --model: the mini-batch shape, batch first (e.g. 256,784)");
   command.add_option("--memory-limit", args.memory_limit,
                      "With --model: memory per rank (e.g. 2GiB, 512MiB); default no limit");
-  command.add_option("--optimizer", args.optimizer,
-                     "With --model: sgd | momentum | adam (optimizer state 0x/1x/2x params)");
+  command.add_option(
+      "--optimizer", args.optimizer,
+      "With --model: sgd | momentum | adam | adamw (optimizer state 0x/1x/2x/2x params)");
   command.add_option("--schedules", args.schedules,
                      "With --model: schedules to search, comma-separated (default all)");
   command.add_option("--top", args.top, "With --model: rows of the ranked table (default 10)");

@@ -2,14 +2,11 @@
 #include "train_args.h"
 
 #include <algorithm>
-#include <cmath>
 #include <exception>
 #include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
-
-#include <c10/util/StringUtil.h>
 
 #include "commands.h"
 #include "model_data.h"

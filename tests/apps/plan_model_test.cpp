@@ -114,6 +114,12 @@ TEST(PlanModelCli, MemoryPrintsEveryRanksCategoriesAndZeroShardsTheOptimizerStat
     EXPECT_GT(two[r]["receive_buffers"].get<long long>(), 0);
     EXPECT_GT(two[r]["send_buffers"].get<long long>(), 0);
   }
+  // adamw, as `train --optimizer adamw` names it, keeps Adam's two moments.
+  const CliRun adamw = plan(
+      "--model mlp --sample-shape 32,784 --stages 2 --format json --optimizer adamw --memory "
+      "--schedules 1f1b");
+  ASSERT_EQ(adamw.exit_code, 0) << adamw.output;
+  EXPECT_EQ(nlohmann::json::parse(adamw.output)["memory_per_rank"], one);
   // The plan's peak is the largest rank total of the same model.
   long long largest = 0;
   for (const auto& rank : two) largest = std::max(largest, rank["total"].get<long long>());
