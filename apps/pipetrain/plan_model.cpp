@@ -103,7 +103,8 @@ void add_plan_model_options(CLI::App& command, PlanModelArgs& args) {
                      "With --model: memory per rank (e.g. 2GiB, 512MiB); default no limit");
   command.add_option(
       "--optimizer", args.optimizer,
-      "With --model: sgd | momentum | adam | adamw (optimizer state 0x/1x/2x/2x params)");
+      "With --model: sgd | momentum | adam | adamw (state 0x/1x/2x/2x params; train's sgd "
+      "has --momentum 0.9 unless told: plan it as momentum)");
   command.add_option("--schedules", args.schedules,
                      "With --model: schedules to search, comma-separated (default all)");
   command.add_option("--top", args.top, "With --model: rows of the ranked table (default 10)");

@@ -20,7 +20,7 @@ struct PlanModelArgs {
   std::string memory_limit;       // per rank, e.g. "2GiB"; empty: no limit
   std::string format = "text";    // text | json
   std::string output;             // file (written atomically); empty: stdout
-  std::string optimizer = "sgd";  // sgd | momentum | adam: optimizer state 0x, 1x, 2x parameters
+  std::string optimizer = "sgd";  // sgd | momentum | adam | adamw: state 0x, 1x, 2x, 2x parameters
   std::string schedules;          // comma-separated subset of the schedules; empty: all
   int top = 10;                   // rows of the ranked table
   bool calibrate = false;         // measure the runtime's per-layer overhead first
