@@ -14,6 +14,7 @@
 #include "pipetrain/partition/memory.h"
 #include "pipetrain/schedule/generators.h"
 #include "pipetrain/stage/precision.h"
+#include "pipetrain/train/lr_schedule.h"
 #include "pipetrain/train/optimizer.h"
 #include "pipetrain/train/trainer.h"
 #include "pipetrain/transport/c10d.h"
@@ -24,7 +25,6 @@ namespace {
 using tune::AutoRequest;
 
 const std::vector<std::string> kCheckpoints = {"always", "except_last", "never"};
-const std::vector<std::string> kLrSchedules = {"constant", "cosine"};
 
 bool contains(const std::vector<std::string>& names, const std::string& name) {
   return std::find(names.begin(), names.end(), name) != names.end();
@@ -123,7 +123,7 @@ void add_optimizer_flags(CLI::App& command, TrainArgs& args) {
       ->capture_default_str();
   command
       .add_option("--lr-schedule", args.lr_schedule,
-                  "after the warm-up: " + join_names(kLrSchedules) +
+                  "after the warm-up: " + join_names(train::lr_schedule_names()) +
                       " (cosine decays to --min-lr at the last step)")
       ->capture_default_str();
   command.add_option("--min-lr", args.min_lr, "floor of the cosine schedule")

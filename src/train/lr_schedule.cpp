@@ -8,6 +8,10 @@
 
 namespace pipetrain::train {
 
+std::vector<std::string> lr_schedule_names() {
+  return {"constant", "cosine"};
+}
+
 double learning_rate_at(const LrScheduleOptions& o, int64_t step) {
   PIPETRAIN_CHECK_INPUT(o.base_lr() > 0.0, "learning-rate schedule: base lr must be positive, got ",
                         o.base_lr());

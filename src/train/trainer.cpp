@@ -285,8 +285,10 @@ void check_trainer_settings(const TrainerOptions& o) {
   PIPETRAIN_CHECK_INPUT(
       std::find(optimizers.begin(), optimizers.end(), o.optimizer()) != optimizers.end(),
       "unknown --optimizer '", o.optimizer(), "'; valid: ", c10::Join(", ", optimizers));
-  PIPETRAIN_CHECK_INPUT(o.lr_schedule() == "constant" || o.lr_schedule() == "cosine",
-                        "unknown --lr-schedule '", o.lr_schedule(), "'; valid: constant, cosine");
+  const std::vector<std::string> schedules = lr_schedule_names();
+  PIPETRAIN_CHECK_INPUT(
+      std::find(schedules.begin(), schedules.end(), o.lr_schedule()) != schedules.end(),
+      "unknown --lr-schedule '", o.lr_schedule(), "'; valid: ", c10::Join(", ", schedules));
   PIPETRAIN_CHECK_INPUT(o.lr() > 0 && std::isfinite(o.lr()), "--lr must be a positive number, got ",
                         o.lr());
   PIPETRAIN_CHECK_INPUT(o.momentum() >= 0 && std::isfinite(o.momentum()),

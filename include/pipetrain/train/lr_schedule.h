@@ -18,6 +18,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include <torch/arg.h>
 
@@ -34,6 +36,10 @@ struct LrScheduleOptions {
   /// The floor the cosine decays to. Default 0.
   TORCH_ARG(double, min_lr) = 0.0;
 };
+
+// The schedules TrainerOptions::lr_schedule takes: "constant" (base_lr after the warm-up) and
+// "cosine" (decays to min_lr at total_steps).
+std::vector<std::string> lr_schedule_names();
 
 // The learning rate for step k (0-based: the rate the k-th optimizer step uses).
 // REQUIRES: step >= 0; options valid (checked: base_lr > 0, 0 <= min_lr <= base_lr,
