@@ -36,13 +36,13 @@ std::unique_lock<std::mutex> C10dGroup::Impl::check_collective(Kind kind, const 
                     c10::str("checking collective ", sequence, " of group '", name, "'"));
   const auto describe = [&](const at::Tensor& row) {
     const auto f = row.accessor<int64_t, 1>();
-    std::string what = f[1] >= 0 && f[1] <= kBarrier ? kKinds[f[1]] : "an unknown collective";
-    if (f[1] != kBarrier) {
+    std::string what = f[1] >= 0 && f[1] <= kGatherBytes ? kKinds[f[1]] : "an unknown collective";
+    if (f[1] != kBarrier && f[1] != kGatherBytes) {  // those two carry no tensor
       what += c10::str(
           " of ", f[3], " ",
           f[2] >= 0 ? c10::toString(static_cast<c10::ScalarType>(static_cast<int8_t>(f[2]))) : "?");
     }
-    if (f[4] >= 0) what += c10::str(" from group rank ", f[4]);
+    if (f[4] >= 0) what += c10::str(f[1] == kGatherBytes ? " to" : " from", " group rank ", f[4]);
     return c10::str(what, " as its collective ", f[0]);
   };
   const at::Tensor rows = all.view({size, kFields});
@@ -211,6 +211,10 @@ std::vector<std::vector<char>> C10dGroup::gather_bytes(const std::vector<char>& 
     if (rank() == 0) result.assign(static_cast<size_t>(size()), mine);
     return result;
   }
+  // Checked as a whole (its blobs' sizes differ between members, so only its kind and root are
+  // compared), and the group's lock held until the last blob has gone or come: its sends and
+  // receives are the posting.
+  const auto posting = impl_->check_collective(Impl::kGatherBytes, at::Tensor(), 0);
   if (rank() != 0) {
     std::vector<at::Tensor> length{
         torch::tensor({static_cast<int64_t>(mine.size())}, torch::kLong)};

@@ -61,9 +61,9 @@ struct C10dGroup::Impl {
   // posting order.
   std::mutex post_mutex;
   int64_t checked = 0;  // the collectives checked so far (GUARDED_BY post_mutex)
-  enum Kind { kAllReduce, kBroadcast, kReduceScatter, kAllGather, kBarrier };
+  enum Kind { kAllReduce, kBroadcast, kReduceScatter, kAllGather, kBarrier, kGatherBytes };
   static constexpr const char* kKinds[] = {"all-reduce", "broadcast", "reduce-scatter",
-                                           "all-gather", "barrier"};
+                                           "all-gather", "barrier",   "gather of bytes"};
   // With check_backend: all-gathers the fingerprint of the collective about to be posted (its
   // kind, `tensor`'s dtype and elements, the root, how many the group checked before it) and
   // throws pipetrain::Error (Runtime) naming this member's collective and a member's that

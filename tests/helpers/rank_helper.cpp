@@ -352,6 +352,11 @@ void scenario_checked_collectives(Distributed& d) {
   group->broadcast(text, 1);
   CHECK_OR_THROW(text[0][2].item<float>() == 1, "broadcast from group rank 1 gave ", text[0]);
   group->barrier();
+  const auto blobs = group->gather_bytes({static_cast<char>('a' + g)});
+  CHECK_OR_THROW(blobs.size() == (g == 0 ? static_cast<size_t>(R) : 0u), "gathered ", blobs.size());
+  for (size_t m = 0; m < blobs.size(); ++m) {
+    CHECK_OR_THROW(blobs[m] == std::vector<char>{static_cast<char>('a' + m)}, "blob ", m);
+  }
   try {
     if (g == 0) {
       std::vector<torch::Tensor> three = {torch::ones({3})};
@@ -366,11 +371,29 @@ void scenario_checked_collectives(Distributed& d) {
     for (const std::string& part :
          {std::string("collective mismatch over group '"),
           std::string("posts all-reduce of 3 Float "), std::string("posts all-gather of 2 Float "),
-          std::string("as its collective 6"), std::string("TORCH_DISTRIBUTED_DEBUG=DETAIL")}) {
+          std::string("as its collective 7"), std::string("TORCH_DISTRIBUTED_DEBUG=DETAIL")}) {
       CHECK_OR_THROW(message.find(part) != std::string::npos, "'", part, "' not in: ", message);
     }
     CHECK_OR_THROW(e.kind() == ErrorKind::Runtime, "kind ", to_string(e.kind()));
     if (g == 0) std::cout << "mismatch: " << message << std::endl;
+  }
+  // gather_bytes is checked too (its kind and root; the blobs' sizes may differ): group rank 0
+  // gathers where the others are at a barrier.
+  try {
+    if (g == 0) {
+      group->gather_bytes({'x'});
+    } else {
+      group->barrier();
+    }
+    CHECK_OR_THROW(false, "the mismatched gather was posted");
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    for (const std::string& part :
+         {std::string("posts gather of bytes to group rank 0 as its collective 8"),
+          std::string("posts barrier as its collective 8")}) {
+      CHECK_OR_THROW(message.find(part) != std::string::npos, "'", part, "' not in: ", message);
+    }
+    if (g == 0) std::cout << "gather mismatch: " << message << std::endl;
   }
   std::vector<torch::Tensor> after = {torch::ones({2})};
   group->allreduce_sum(after);

@@ -197,7 +197,8 @@ TEST(C10dGroup, UnderDistributedDebugDetailAMismatchedCollectiveIsAnErrorNamingB
                        {{"TORCH_DISTRIBUTED_DEBUG", "DETAIL"}});
   EXPECT_EQ(run.result.exit_code, 0) << run.output();
   EXPECT_EQ(run.count("OK checked_collectives"), 3) << run.output();
-  EXPECT_EQ(run.count("mismatch: collective mismatch over group"), 1) << run.output();
+  EXPECT_EQ(run.count("mismatch: collective mismatch over group"), 2) << run.output();
+  EXPECT_EQ(run.count("gather mismatch: collective mismatch over group"), 1) << run.output();
 }
 
 // A mirror group gives one process the shapes of a member of a real group whose every member

@@ -174,13 +174,13 @@ class C10dWorld {
 // the same group must be ordered by their caller (ZeRO's communication thread is drained before
 // the training loop posts: train/sharded_optimizer.h, post_started_collectives). Under
 // TORCH_DISTRIBUTED_DEBUG=DETAIL (read when the world connects; torch's switch for its own such
-// check) each collective but gather_bytes is checked before it is posted: the members all-gather
-// its fingerprint (kind, dtype, elements, root, how many the group checked before it) over a Gloo
-// group of their own, and a difference throws pipetrain::Error (Runtime) on every member, naming
-// its collective and one that differs ("collective mismatch over group 'dp/0': group rank 0 (rank
-// 0) posts all-reduce of 52 Float as its collective 7, group rank 1 (rank 2) posts reduce-scatter
-// of 9336 Float ..."), where Gloo would abort the process or hang. Nothing is posted then, and
-// the group goes on working. Each check is one more small collective: for debugging.
+// check) each collective is checked before it is posted: the members all-gather its fingerprint
+// (kind, dtype, elements, root, how many the group checked before it; gather_bytes: kind and root)
+// over a Gloo group of their own, and a difference throws pipetrain::Error (Runtime) on every
+// member, naming its collective and one that differs ("collective mismatch over group 'dp/0': group
+// rank 0 (rank 0) posts all-reduce of 52 Float as its collective 7, group rank 1 (rank 2) posts
+// reduce-scatter of 9336 Float ..."), where Gloo would abort the process or hang. Nothing is posted
+// then, and the group goes on working. Each check is one more small collective: for debugging.
 class C10dGroup {
  public:
   int rank() const;  // this process's index within the group
