@@ -93,6 +93,14 @@ void C10dGroup::allreduce_sum(std::vector<torch::Tensor>& tensors) {
   allreduce_sum_start(tensors)();
 }
 
+// Every collective posts detached aliases of its tensors (same storage and version counter, no
+// autograd metadata). A posted Work holds its tensors until Gloo's pt_gloo_runloop thread drops it,
+// holding its queue's mutex; a tensor with a grad_fn (tensor parallelism posts a custom autograd
+// Function's input from its forward) could then free the autograd graph on that thread, locking
+// each freed node's mutex under Gloo's, where the training thread locks them the other way round
+// (a node's backward posting a collective). ThreadSanitizer reported that order as a potential
+// deadlock (`make tsan`'s ShardedOptimizer.ZeroThreeComposesWithTheRestOfTheStepBitForBit run, 3-D
+// with sequence parallelism); detached, the graph is always freed by the thread that built it.
 std::function<void()> C10dGroup::allreduce_sum_start(std::vector<torch::Tensor>& tensors) {
   if (impl_->mirror) {
     for (auto& tensor : tensors) tensor.mul_(size());
@@ -102,7 +110,7 @@ std::function<void()> C10dGroup::allreduce_sum_start(std::vector<torch::Tensor>&
   // are posted before the first wait so Gloo pipelines them.
   std::vector<c10::intrusive_ptr<detail::C10dWork>> works;
   for (auto& tensor : tensors) {
-    std::vector<at::Tensor> one{tensor};
+    std::vector<at::Tensor> one{tensor.detach()};  // detached: see above allreduce_sum_start
     ::c10d::AllreduceOptions options;
     options.reduceOp = ::c10d::ReduceOp::SUM;
     const auto posting = impl_->check_collective(Impl::kAllReduce, tensor);
@@ -119,7 +127,7 @@ void C10dGroup::broadcast(std::vector<torch::Tensor>& tensors, int root) {
   if (impl_->mirror) return;
   std::vector<c10::intrusive_ptr<detail::C10dWork>> works;
   for (auto& tensor : tensors) {
-    std::vector<at::Tensor> one{tensor};
+    std::vector<at::Tensor> one{tensor.detach()};  // detached: see above allreduce_sum_start
     ::c10d::BroadcastOptions options;
     options.rootRank = root;
     const auto posting = impl_->check_collective(Impl::kBroadcast, tensor, root);
@@ -160,8 +168,8 @@ std::function<void()> C10dGroup::reduce_scatter_sum_start(const torch::Tensor& f
   }
   ::c10d::ReduceScatterOptions options;
   options.reduceOp = ::c10d::ReduceOp::SUM;
-  at::Tensor input = flat;
-  at::Tensor output = shard;
+  at::Tensor input = flat.detach();  // detached: see above allreduce_sum_start
+  at::Tensor output = shard.detach();
   const auto posting = impl_->check_collective(Impl::kReduceScatter, input);
   auto work = impl_->backend_for(input)._reduce_scatter_base(output, input, options);
   return [work, name = impl_->name] {
@@ -183,8 +191,8 @@ std::function<void()> C10dGroup::all_gather_start(const torch::Tensor& shard, to
     flat.view({size(), shard.numel()}).copy_(shard.reshape({1, -1}));
     return [] {};
   }
-  at::Tensor input = shard;
-  at::Tensor output = flat;
+  at::Tensor input = shard.detach();  // detached: see above allreduce_sum_start
+  at::Tensor output = flat.detach();
   const auto posting = impl_->check_collective(Impl::kAllGather, input);
   auto work = impl_->backend_for(input)._allgather_base(output, input);
   return [work, name = impl_->name] {
