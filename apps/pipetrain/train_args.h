@@ -46,6 +46,12 @@ struct TrainArgs {
   int zero = 0;                        // ZeRO stage
   bool reshard_after_forward = false;  // ZeRO-3
   bool offload_optimizer = false;      // ZeRO-Offload (CUDA stages only)
+  // --zero-gradients, --zero3-unit, and the sizes of --zero3-prefetch, --zero3-max-live,
+  // --zero3-max-reuse-distance and --zero3-persistence-threshold as typed; parsed into
+  // zero_options by resolve_auto_flags.
+  std::string zero_gradients = "stream", zero3_unit = "layer";
+  std::string zero3_sizes[4] = {"50MiB", "0", "0", "0"};
+  train::ZeroOptions zero_options;
   bool report_memory = false;
   bool sequence_parallel = false;  // --sequence-parallel (with --tp)
   std::string trace;

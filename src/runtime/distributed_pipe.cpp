@@ -216,6 +216,9 @@ torch::Tensor DistributedPipe::train_step(const torch::Tensor& input, const torc
     data.parameters = stage_parameters_;
     data.residency = &plan->second;
   }
+  if (parameter_hooks_) {
+    parameter_hooks_->begin_step(s, distributed_.pipeline_rank(), options_.checkpoint());
+  }
   interpreter.run(data, result);
   step_transport_stats_ = transport_->stats();
   events_ = std::move(result.events);
@@ -259,6 +262,25 @@ torch::Tensor DistributedPipe::train_step(const torch::Tensor& input, const torc
   // and the next step starts holding none (what the memory model assumes).
   transport_->flush();
   return torch::tensor(loss, torch::kFloat64);
+}
+
+void DistributedPipe::set_parameter_hooks(StageParameterHooks* hooks) {
+  parameter_hooks_ = hooks;
+  for (auto& [j, stage] : stages_) {
+    stage->clear();
+    stage->set_parameter_hooks(hooks);
+  }
+}
+
+std::vector<std::vector<torch::Tensor>> DistributedPipe::stage_layer_parameters(int j) const {
+  const auto found = stages_.find(j);
+  PIPETRAIN_CHECK_INPUT(found != stages_.end(), "stage ", j, " is not held by pipeline rank ",
+                        distributed_.pipeline_rank());
+  std::vector<std::vector<torch::Tensor>> layers;
+  for (const StageLayer& layer : found->second->layers()) {
+    layers.push_back(layer.module.ptr()->parameters());
+  }
+  return layers;
 }
 
 std::set<const void*> DistributedPipe::summed_after_schedule() const {

@@ -52,6 +52,7 @@
 namespace pipetrain {
 
 struct Stage::LayerRecord {           // one segment (the top of this file)
+  size_t first = 0;                   // its first layer
   size_t last = 0;                    // its last layer: the only one with parameters
   WeightGradients weights;            // what I passed on the way to them (weight_gradients.h)
   std::vector<torch::Tensor> inputs;  // its first layer's: leaves, kept until I
@@ -60,6 +61,7 @@ struct Stage::LayerRecord {           // one segment (the top of this file)
   std::map<std::string, torch::Tensor> stashed;  // what the layer stashed (before the cut)
   std::vector<torch::Tensor> roots;              // filled by I for W
   std::vector<torch::Tensor> root_grads;
+  bool awaits_weights = false;  // I ran and left W to do (the segment has parameters)
 };
 
 struct Stage::Microbatch {
@@ -170,6 +172,29 @@ Stage::Stage(int index, int first_layer, std::vector<StageLayer> layers, torch::
       measured_(device.is_cpu() || count_device_allocations(device)),
       rng_(seed, device) {
   TORCH_INTERNAL_ASSERT(!layers_.empty(), "stage ", index, " has no layers");
+  for (const StageLayer& layer : layers_) {
+    has_parameters_.push_back(!layer.module.ptr()->parameters().empty());
+  }
+}
+
+void Stage::set_parameter_hooks(StageParameterHooks* hooks) {
+  TORCH_INTERNAL_ASSERT(stash_.empty(), "stage ", index_,
+                        " changes its parameter hooks with micro-batches stashed");
+  hooks_ = hooks;
+}
+
+void Stage::acquire_segment(const LayerRecord& rec) const {
+  if (!hooks_) return;
+  for (size_t l = rec.last + 1; l-- > rec.first;) {
+    if (has_parameters_[l]) hooks_->acquire(index_, l);
+  }
+}
+
+void Stage::release_segment(const LayerRecord& rec) const {
+  if (!hooks_) return;
+  for (size_t l = rec.last + 1; l-- > rec.first;) {
+    if (has_parameters_[l]) hooks_->release(index_, l);
+  }
 }
 
 Stage::~Stage() = default;
@@ -203,7 +228,7 @@ std::vector<torch::Tensor> Stage::make_leaves(const std::vector<torch::Tensor>& 
   return leaves;
 }
 
-void Stage::run_layers(Microbatch& state, bool record, bool recomputing) const {
+void Stage::run_layers(Microbatch& state, bool record, bool recomputing, bool hooked) const {
   SkipContext context;
   context.recomputing = recomputing;
   context.pending = state.skip_inputs;
@@ -224,9 +249,12 @@ void Stage::run_layers(Microbatch& state, bool record, bool recomputing) const {
       for (const auto& t : values) versions.push_back(t.defined() ? t._version() : 0);
     }
     std::vector<torch::Tensor> outputs;
+    const bool hook = hooked && hooks_ && has_parameters_[l];
     try {
+      if (hook) hooks_->acquire(index_, l);
       outputs =
           call_layer(const_cast<torch::nn::AnyModule&>(layers_[l].module), layers_[l].name, values);
+      if (hook) hooks_->release(index_, l);
     } catch (const std::exception& e) {
       // The layer's own error keeps its kind (a misused skip is still BadInput); anything else
       // a layer throws is a failure at run time.
@@ -246,7 +274,10 @@ void Stage::run_layers(Microbatch& state, bool record, bool recomputing) const {
             "layers: construct it with inplace=false");
       }
       LayerRecord& rec = state.layers.back();
-      if (segment_starts) rec.inputs = values;
+      if (segment_starts) {
+        rec.first = l;
+        rec.inputs = values;
+      }
       segment_starts = false;
       rec.last = l;
       rec.outputs = outputs;
@@ -334,7 +365,8 @@ Bundle Stage::forward(int i, Bundle input, const StageForwardOptions& options,
   }
   state->loss_hook = options.loss;
   state->checkpointed = options.checkpoint;
-  state->split = options.split_backward;
+  // With hooks every backward goes by segment (stage/parameter_hooks.h).
+  state->split = options.split_backward || hooks_ != nullptr;
 
   AllocationCounter kept;  // [M1]
   state->rng = rng_.run_forward([&] {
@@ -342,9 +374,9 @@ Bundle Stage::forward(int i, Bundle input, const StageForwardOptions& options,
     if (measures_allocations()) counting.emplace(kept);
     if (options.checkpoint) {
       torch::NoGradGuard no_grad;  // keep only the inputs; the graph is rebuilt by recompute
-      run_layers(*state, /*record=*/false, /*recomputing=*/false);
+      run_layers(*state, /*record=*/false, /*recomputing=*/false, /*hooked=*/true);
     } else {
-      run_layers(*state, /*record=*/options.split_backward, /*recomputing=*/false);
+      run_layers(*state, /*record=*/state->split, /*recomputing=*/false, /*hooked=*/true);
     }
   });
   if (loss_value && state->loss.defined()) *loss_value = state->loss.detach();
@@ -403,7 +435,7 @@ Bundle Stage::infer(Bundle input) const {
     const auto& tensor = input.tensors[input.tensors.size() - skips + s];
     state.skip_inputs[input.skip_names[s]] = tensor.defined() ? tensor.to(device_) : tensor;
   }
-  run_layers(state, /*record=*/false, /*recomputing=*/false);
+  run_layers(state, /*record=*/false, /*recomputing=*/false, /*hooked=*/false);
   Bundle output;
   output.tensors = to_wire(state.outputs);
   for (const auto& entry : state.skip_outputs) {
@@ -479,7 +511,7 @@ void Stage::recompute_if_needed(int i, Microbatch& state) {
   rng_.run_replay(state.rng, [&] {
     std::optional<CountAllocations> counting;
     if (measures_allocations()) counting.emplace(kept);
-    run_layers(state, /*record=*/state.split, /*recomputing=*/true);
+    run_layers(state, /*record=*/state.split, /*recomputing=*/true, /*hooked=*/true);
   });
   state.recomputed = true;
   // [M3] All the replay keeps alive is held by the stage until the backward frees i.
@@ -501,6 +533,14 @@ void Stage::release(int i) {
 Bundle Stage::backward(int i, const Bundle& output_grads) {
   Microbatch& state = stashed(i, "backward (B)");
   if (state.split) {
+    if (hooks_) {  // segment by segment: one layer's parameters in use at a time
+      PIPETRAIN_CHECK(!state.input_grads_done, ScheduleInvalid, "stage ", index_,
+                      " ran B of micro-batch ", i, " after its I");
+      recompute_if_needed(i, state);
+      Bundle grads = backward_segments(i, state, output_grads, /*with_weights=*/true);
+      release(i);
+      return grads;
+    }
     // Forwarded for a split backward: B is I immediately followed by W.
     Bundle grads = backward_input(i, output_grads);
     backward_weight(i);
@@ -554,7 +594,11 @@ Bundle Stage::backward_input(int i, const Bundle& output_grads) {
   PIPETRAIN_CHECK(!state.input_grads_done, ScheduleInvalid, "stage ", index_,
                   " ran I of micro-batch ", i, " twice");
   recompute_if_needed(i, state);
+  return backward_segments(i, state, output_grads, /*with_weights=*/false);
+}
 
+Bundle Stage::backward_segments(int i, Microbatch& state, const Bundle& output_grads,
+                                bool with_weights) {
   // Gradients of the stage's outputs: from the loss on the last stage, received otherwise.
   std::vector<torch::Tensor> grads_out(state.outputs.size());
   std::map<std::string, torch::Tensor> skip_grads;
@@ -590,19 +634,34 @@ Bundle Stage::backward_input(int i, const Bundle& output_grads) {
     }
     std::vector<torch::Tensor> targets = rec.inputs;  // [1]
     for (const auto& entry : rec.popped) targets.push_back(entry.second);
+    const size_t input_count = targets.size();
     const std::vector<torch::Tensor> params = parameters_of(layers_[rec.last].module);
-    if (!params.empty()) rec.weights.capture(rec.roots, targets, params);
-    std::vector<torch::Tensor> grads = grad_of(rec.roots, rec.root_grads, targets,
-                                               /*retain_graph=*/true);
-    rec.weights.stop_capturing();
+    acquire_segment(rec);
+    std::vector<torch::Tensor> grads;
+    if (with_weights) {
+      // I and W of the segment in one engine call: what B computes for it.
+      targets.insert(targets.end(), params.begin(), params.end());
+      grads = grad_of(rec.roots, rec.root_grads, targets, /*retain_graph=*/false);
+      if (!params.empty()) {
+        segment_weight_gradients(
+            rec, std::vector<torch::Tensor>(grads.begin() + static_cast<int64_t>(input_count),
+                                            grads.end()));
+      }
+    } else {
+      if (!params.empty()) rec.weights.capture(rec.roots, targets, params);
+      grads = grad_of(rec.roots, rec.root_grads, targets, /*retain_graph=*/true);
+      rec.weights.stop_capturing();
+    }
+    release_segment(rec);
     grads_out.assign(grads.begin(), grads.begin() + static_cast<int64_t>(rec.inputs.size()));
     size_t p = rec.inputs.size();
     for (const auto& entry : rec.popped) skip_grads[entry.first] = grads[p++];
-    if (params.empty()) {
+    if (params.empty() || with_weights) {
       rec = LayerRecord{};  // no W for this segment: free what it kept now
     } else {
       rec.inputs.clear();  // [2] W needs only the roots and their gradients
       rec.popped.clear();
+      rec.awaits_weights = true;
     }
   }
 
@@ -622,18 +681,27 @@ Bundle Stage::backward_input(int i, const Bundle& output_grads) {
   return input_grads;
 }
 
+void Stage::segment_weight_gradients(const LayerRecord& rec,
+                                     std::vector<torch::Tensor> grads) const {
+  const std::vector<torch::Tensor> params = parameters_of(layers_[rec.last].module);
+  grads.resize(params.size());
+  if (hooks_) hooks_->gradients(index_, rec.last, params, grads);
+  for (size_t p = 0; p < params.size(); ++p) accumulate_grad(params[p], grads[p]);
+}
+
 void Stage::backward_weight(int i) {
   Microbatch& state = stashed(i, "weight backward (W)");
   PIPETRAIN_CHECK(state.input_grads_done, ScheduleInvalid, "stage ", index_,
                   " got W of micro-batch ", i, " before its I; a schedule must run I before W");
   for (size_t k = 0; k < state.layers.size(); ++k) {
     LayerRecord& rec = state.layers[k];
-    if (rec.roots.empty()) continue;
-    std::vector<torch::Tensor> params = parameters_of(layers_[rec.last].module);
-    if (params.empty()) continue;
-    std::vector<torch::Tensor> grads =
-        rec.weights.compute(rec.roots, rec.root_grads, params);  // [3]
-    for (size_t p = 0; p < params.size(); ++p) accumulate_grad(params[p], grads[p]);
+    if (!rec.awaits_weights) continue;
+    const std::vector<torch::Tensor> params = parameters_of(layers_[rec.last].module);
+    acquire_segment(rec);
+    std::vector<torch::Tensor> grads;
+    if (!rec.roots.empty()) grads = rec.weights.compute(rec.roots, rec.root_grads, params);  // [3]
+    segment_weight_gradients(rec, std::move(grads));
+    release_segment(rec);
     rec = LayerRecord{};
   }
   release(i);

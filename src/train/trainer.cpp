@@ -47,12 +47,12 @@ Trainer::Trainer(torch::nn::Sequential model, StepRunner& runner, const BatchSou
                                                  .eps(options_.eps());
   if (options_.loss_scaling()) scaler_.emplace(options_.loss_scaler());
   if (options_.zero() > 0) {
-    sharded_ =
-        runner_.make_sharded_optimizer(options_.optimizer(), optimizer_options,
-                                       ZeroOptions()
-                                           .stage(options_.zero())
-                                           .reshard_after_forward(options_.reshard_after_forward())
-                                           .offload(options_.offload_optimizer()));
+    sharded_ = runner_.make_sharded_optimizer(
+        options_.optimizer(), optimizer_options,
+        ZeroOptions(options_.zero_options())
+            .stage(options_.zero())
+            .reshard_after_forward(options_.reshard_after_forward())
+            .offload(options_.offload_optimizer()));
   } else {
     optimizer_ = make_optimizer(options_.optimizer(), parameters_, optimizer_options);
   }
@@ -128,10 +128,13 @@ double Trainer::run_step(int64_t k, const torch::Tensor& x, const torch::Tensor&
 
 bool Trainer::update_parameters() {
   double unscale = 1.0;
+  // ZeRO's gradients are in its shard once reduced (streamed ones are nowhere else).
+  if (sharded_) sharded_->reduce_gradients();
   if (scaler_) {
     // A non-finite gradient on any rank skips the step on every rank.
     const double used = scaler_->scale();
-    const bool local = has_non_finite_gradient(parameters_);
+    const bool local = sharded_ ? sharded_->has_non_finite_gradient()
+                                : has_non_finite_gradient(parameters_);
     const bool found = runner_.sum_over_ranks(local ? 1.0 : 0.0) > 0;  // collective
     scaler_->update(found);
     if (found) return false;
@@ -147,7 +150,6 @@ bool Trainer::update_parameters() {
     optimizer_->step();
     return true;
   }
-  sharded_->reduce_gradients();
   if (unscale != 1.0) sharded_->scale_gradients(unscale);
   if (max_norm > 0) {
     const double norm = std::sqrt(runner_.sum_over_ranks(sharded_->local_grad_norm_squared()));
@@ -311,6 +313,9 @@ void check_trainer_settings(const TrainerOptions& o) {
   PIPETRAIN_CHECK_INPUT(o.zero() >= 0 && o.zero() <= 3, "--zero must be 0, 1, 2 or 3, got ",
                         o.zero());
   check_offload_optimizer(o.offload_optimizer(), o.zero());
+  check_zero_options(ZeroOptions(o.zero_options())
+                         .stage(std::max(o.zero(), 1))
+                         .reshard_after_forward(o.reshard_after_forward()));
   check_reshard_after_forward(o.reshard_after_forward(), o.zero());
 }
 

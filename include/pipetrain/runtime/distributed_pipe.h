@@ -123,6 +123,15 @@ class DistributedPipe {
     residency_.clear();
   }
 
+  // ZeRO by layer (train/sharded_optimizer.h): from the next train_step on, every local stage
+  // reports its layers' uses and hands over their weight gradients through `hooks`
+  // (stage/parameter_hooks.h), whose begin_step the pipe calls before each step's schedule runs.
+  // `hooks` must outlive the steps; null: off.
+  void set_parameter_hooks(StageParameterHooks* hooks);
+  // The parameters of each layer of local stage j (the stage's layer order; a layer's own
+  // parameters() order). REQUIRES: j is local (BadInput otherwise).
+  std::vector<std::vector<torch::Tensor>> stage_layer_parameters(int j) const;
+
   // The Sequential every rank builds (its layers on other ranks unused here), and the options.
   const torch::nn::Sequential& model() const { return model_; }
   const PipeOptions& options() const { return options_; }
@@ -201,6 +210,7 @@ class DistributedPipe {
   double exposed_reduce_seconds_ = 0;
   std::function<void(int)> stage_gradients_hook_;
   StageParameters* stage_parameters_ = nullptr;
+  StageParameterHooks* parameter_hooks_ = nullptr;
   CollectiveLog collectives_;
   bool reshard_after_forward_ = false;
   std::map<const schedule::Schedule*, schedule::ResidencyPlan> residency_;  // by schedule

@@ -61,6 +61,7 @@
 #include <torch/types.h>
 
 #include "pipetrain/stage/device.h"
+#include "pipetrain/stage/parameter_hooks.h"
 #include "pipetrain/stage/precision.h"
 #include "pipetrain/stage/stage_rng.h"
 #include "pipetrain/transport/transport.h"
@@ -162,6 +163,12 @@ class Stage {
   // Bytes of stashed inputs in host memory now (offload).
   int64_t offloaded_bytes() const { return offloaded_bytes_; }
 
+  // From the next forward on, tells `hooks` around every use of a layer's parameters and hands it
+  // each micro-batch's weight gradients (stage/parameter_hooks.h): every training forward is then
+  // recorded for a split backward and B runs segment by segment. Null: off. `hooks` must outlive
+  // the steps. REQUIRES: nothing stashed.
+  void set_parameter_hooks(StageParameterHooks* hooks);
+
   // Drops every stash (after a failed step).
   void clear();
   int64_t stashed_microbatches() const { return static_cast<int64_t>(stash_.size()); }
@@ -178,7 +185,17 @@ class Stage {
   struct LayerRecord;
   struct Microbatch;
 
-  void run_layers(Microbatch& state, bool record, bool recomputing) const;
+  // `hooked`: call hooks_ around each layer with parameters (training only).
+  void run_layers(Microbatch& state, bool record, bool recomputing, bool hooked) const;
+  // I of every segment from the last (`with_weights`: and W of each right after its I, the
+  // hooks' B); returns the input gradients.
+  Bundle backward_segments(int i, Microbatch& state, const Bundle& output_grads, bool with_weights);
+  // W of one segment: its weights' gradients, through the hooks, into .grad().
+  void segment_weight_gradients(const LayerRecord& rec,
+                                std::vector<torch::Tensor> grads) const;
+  // hooks_->acquire / release of the layers of a segment that have parameters.
+  void acquire_segment(const LayerRecord& rec) const;
+  void release_segment(const LayerRecord& rec) const;
   void recompute_if_needed(int i, Microbatch& state);
   Microbatch& stashed(int i, const char* action);
   void release(int i);
@@ -209,6 +226,8 @@ class Stage {
   int64_t stashed_bytes_ = 0;
   int64_t offloaded_bytes_ = 0;
   std::shared_ptr<RankStash> rank_stash_;  // null: not shared
+  StageParameterHooks* hooks_ = nullptr;
+  std::vector<char> has_parameters_;  // per layer: it holds parameters (the hooks' layers)
 };
 
 }  // namespace pipetrain

@@ -3,38 +3,76 @@
 //
 // The R replicas of a pipeline rank hold the same parameters. Unsharded, each sums the gradients
 // over the replicas (all-reduce) and steps the whole optimizer: R copies of its state. Sharded,
-// this rank's parameters are laid end to end in one flat vector (padded to a multiple of R) and
-// replica d owns the d-th contiguous shard:
+// this rank's parameters are laid end to end in a flat vector cut into segments (a segment is at
+// most a bucket, --bucket-size, or one parameter larger than that; under ZeRO-3 by unit never
+// more than one layer's parameters), each padded to a multiple of R; replica d owns the d-th
+// contiguous piece of every segment, and its shard is its pieces one after the other:
 //
-//   [1] reduce_gradients(): the flat gradient, reduce-scattered: replica d receives the sum over
-//       replicas of its shard only. Stage 2 also drops the parameters' full .grad(), so what a
-//       replica keeps between steps is its shard of the gradient.
+//   [1] reduce_gradients(): each segment's gradients packed into a buffer of the segment's size
+//       and reduce-scattered: replica d receives the sum over replicas of its piece only. Two
+//       segments in flight at most, so the buffers are a bucket or two, never the rank's size.
 //   [2] local_grad_norm_squared() / scale_gradients(f): on the shard, for global-norm clipping
 //       (each element counted once over the replicas; `counted` leaves out tied copies).
 //   [3] step(): the inner torch::optim optimizer (sgd, adam, adamw) steps the shard, whose state
-//       is all this replica holds (about 1/R of the unsharded state); then the shards are
-//       all-gathered and copied into the parameters.
+//       is all this replica holds (1/R of the unsharded state); then each segment's pieces are
+//       all-gathered into a buffer of the segment's size and copied into the parameters.
+//
+// Where the shard lives (what the paper counts, float32 Adam, per parameter: 4 + 4 + 8/R at
+// stage 1, 4 + 12/R at stage 2, 16/R at stage 3):
+//
+//   stage 1  the shard is the parameters themselves: the inner optimizer steps slices of them
+//            (aliases of their storage), and the reduced gradient is written into the same
+//            slices of their .grad(). Nothing but the optimizer state is added.
+//   stage 2  as 1, but the reduced gradient is a shard of its own (4/R): by default each
+//            micro-batch's weight gradients are reduce-scattered into it as its backward makes
+//            them (ZeroGradients::kStream), so no full .grad() accumulates over the step.
+//   stage 3  the parameters are freed between uses and the shard (4/R) holds their values
+//            (below); gradients as stage 2.
+//   offload  the shard, its gradient and the optimizer state are copies in host memory.
+//
+// Streaming (stages 2 and 3, ZeroGradients::kStream; the pipe calls gradients() through
+// StageParameterHooks, stage/parameter_hooks.h): a layer's weight gradients of one micro-batch
+// are packed by segment and reduce-scattered at once, and the received piece is added to the
+// shard's gradient; the pipeline's other work goes on meanwhile. The shard's gradient is then
+// sum over micro-batches (sum over replicas), where kAccumulate (and stage 1) sum over the
+// replicas once: another order of the same sums, equal to --zero 0 within rounding (about 1e-6
+// relative in float32) instead of bit for bit. Parameters whose gradients are final only after
+// the step (a weight tied across stages or ranks, a sequence-parallel norm: the pipe's group -1)
+// and the persistent ones (below) accumulate into .grad() and are reduced in [1] as before.
 //
 // SGD (with momentum and weight decay), Adam and AdamW update each element from its own gradient
 // and state alone, so the sharded step gives the unsharded weights (the sum over replicas is the
 // same sum; with R > 2 its order may differ in the last bit).
 //
-// Stage 3 shards the parameters themselves. Between steps a parameter's storage is freed (its
+// Stage 3 shards the parameters themselves. Between uses a parameter's storage is freed (its
 // shape, dtype, version and autograd identity stay, so modules, autograd graphs and optimizers
-// keep working with it) and the shard is where its values live. A segment (one local stage's
-// parameters) is made whole by an all-gather of the shards around the actions that compute with
-// it and freed again after them (start_gather / wait_gathered / release, driven by the pipeline:
-// schedule/residency.h); [3] then steps the shard and gathers nothing. Reading the parameters
-// outside a step (a checkpoint, an evaluation, the end of training) needs gather_all() first;
-// whatever is written into them then (a restore) is taken into the shard by the next zero_grad().
-// Under bf16/fp16 the segments of parameters autocast only casts are gathered in the compute
-// dtype (ZeroOptions::cast_gather); gather_all() always gathers the parameters' dtype.
+// keep working with it) and the shard is where its values live. A segment is made whole by an
+// all-gather of the shards into one buffer, and its parameters' storage then points into that
+// buffer (no second copy); freeing them frees the buffer. What is whole when
+// (ZeroOptions::unit):
+//
+//   kLayer (default)  one layer's parameters at a time, around each use the stage reports
+//                     (StageParameterHooks: forward, recompute, and each segment of a backward),
+//                     as schedule/unit_residency.h plans it from the step's action list:
+//                     gathered ahead of use up to prefetch_bytes, kept when reused within
+//                     max_reuse_distance bytes, at most max_live_bytes prefetched
+//   kStage            a local stage's parameters (start_gather / wait_gathered / release,
+//                     driven by the pipeline: schedule/residency.h), from before its first action
+//                     of the step to after its last, or around each action
+//                     (reshard_after_forward)
+//
+// Parameters smaller than persistence_threshold bytes, those several layers share, and the
+// pipe's group -1 form a segment of their own, whole from a step's first use to its step().
+// Reading the parameters outside a step (a checkpoint, an evaluation, the end of training) needs
+// gather_all() first; whatever is written into them then (a restore) is taken into the shard by
+// the next zero_grad(). Under bf16/fp16 the segments of parameters autocast only casts are
+// gathered in the compute dtype (ZeroOptions::cast_gather) and widened into the buffer the
+// parameters point into; gather_all() always gathers the parameters' dtype.
 //
 //   construction / gather_all()    parameters whole, and the truth
 //   zero_grad() (or the step's     [0] the shard loaded from them, every segment freed
 //   first gather)
-//   the step's actions             segment j whole from before its stage's first action to after
-//                                  its last (or only around each action: reshard after forward)
+//   the step's actions             whole around their uses (the unit's policy above)
 //   reduce_gradients() ... step()  as stage 2; nothing gathered
 //
 // Offload (ZeroOptions::offload, ZeRO-Offload): the shard [3] steps, its gradient and the inner
@@ -50,16 +88,12 @@
 // Devices: the parameters may be on the CPU or one CUDA device. The collectives run where the
 // data-parallel group's backend wants them: on the parameters' device under NCCL, on the CPU
 // under Gloo (a CUDA rank's buffers are copied to and from the host around them). With one
-// replica there are none, and the flat buffers are built where the shard lives (the host, when
+// replica there are none, and the buffers are built where the shard lives (the host, when
 // offloaded: the device then holds no flat copy of the gradients or the parameters).
 //
 // Checkpoints: capture() gathers the shards into the per-parameter form of an unsharded
 // checkpoint (train/checkpoint.h; replica 0 contributes it), and restore() takes its own slice of
 // that form, so a checkpoint moves between zero stages and data-parallel sizes unchanged.
-//
-// Stage 2 caveat: backward still accumulates full gradients over a step's micro-batches (a
-// pipeline needs every micro-batch's gradient before the reduction); what stage 2 saves is the
-// gradient memory held between steps, not the peak during backward.
 //
 // Ownership: shares the parameter tensors; holds a pointer to the Distributed, which must outlive
 // it (null: a one-process run, one replica and no collectives, for the offload in one process).
@@ -69,7 +103,10 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
+#include <map>
+#include <tuple>
 #include <memory>
 #include <set>
 #include <string>
@@ -83,6 +120,8 @@
 #include "pipetrain/runtime/communication_thread.h"
 #include "pipetrain/runtime/distributed.h"
 #include "pipetrain/runtime/step.h"
+#include "pipetrain/schedule/unit_residency.h"
+#include "pipetrain/stage/parameter_hooks.h"
 #include "pipetrain/stage/precision.h"
 #include "pipetrain/train/checkpoint.h"
 #include "pipetrain/train/optimizer.h"
@@ -93,12 +132,25 @@ class DistributedPipe;
 
 namespace pipetrain::train {
 
+// How stages 2 and 3 sum the gradients of a step (the header comment, "Streaming").
+enum class ZeroGradients {
+  kStream,      // each micro-batch's, reduce-scattered into the shard as its backward makes them
+  kAccumulate,  // full .grad() summed over the step's micro-batches, then reduce-scattered
+};
+// What ZeRO-3 gathers and frees as one (the header comment).
+enum class ZeroUnit { kLayer, kStage };
+// "stream", "accumulate"; "layer", "stage". The parsers throw BadInput naming the text.
+const char* to_string(ZeroGradients gradients);
+const char* to_string(ZeroUnit unit);
+ZeroGradients parse_zero_gradients(const std::string& text);
+ZeroUnit parse_zero_unit(const std::string& text);
+
 // How a ShardedOptimizer shards (and make_pipe_sharded_optimizer drives it).
 struct ZeroOptions {
-  // 1: optimizer state; 2: and gradients between steps; 3: and the parameters themselves.
+  // 1: optimizer state; 2: and gradients; 3: and the parameters themselves.
   TORCH_ARG(int, stage) = 1;
-  // Stage 3's policy: gather around every action instead of from a stage's first action of the
-  // step to its last (schedule/residency.h).
+  // Stage 3 by stage (whatever `unit` says): gather around every action instead of from a
+  // stage's first action of the step to its last (schedule/residency.h).
   TORCH_ARG(bool, reshard_after_forward) = false;
   // The shard's fp32 values, its gradient and the optimizer state in host memory, stepped on the
   // CPU (ZeRO-Offload; see the header comment).
@@ -110,7 +162,30 @@ struct ZeroOptions {
   // the values they see at --zero 0 and the shard stays float32, so the step is as exact.
   // false: every parameter gathers in the shard's dtype.
   TORCH_ARG(bool, cast_gather) = true;
+  // Stages 2 and 3 (make_pipe_sharded_optimizer; a one-process optimizer accumulates).
+  TORCH_ARG(ZeroGradients, gradients) = ZeroGradients::kStream;
+  // Stage 3: what is gathered as one, and by kLayer's plan (schedule/unit_residency.h): the bytes
+  // gathered ahead of use, the most bytes prefetched units may bring the whole ones to (0: no
+  // bound), and how near (in bytes of other units used in between) a unit's next use must be
+  // for it to stay whole (-1: freed after every use).
+  TORCH_ARG(ZeroUnit, unit) = ZeroUnit::kLayer;
+  TORCH_ARG(int64_t, prefetch_bytes) = int64_t{50} << 20;
+  TORCH_ARG(int64_t, max_live_bytes) = 0;
+  TORCH_ARG(int64_t, max_reuse_distance) = 0;
+  // Stage 3: parameters smaller than this many bytes stay whole through the step (fewer, larger
+  // gathers; DeepSpeed's stage3_param_persistence_threshold).
+  TORCH_ARG(int64_t, persistence_threshold) = 0;
 };
+
+// Throws pipetrain::BadInput naming the flag and value for a setting out of range: negative
+// prefetch, live or persistence bytes, a reuse distance below -1, --reshard-after-forward below
+// stage 3 (what the trainer and the CLI check).
+void check_zero_options(const ZeroOptions& zero);
+// Stage 3 gathers by layer: unit kLayer, and not reshard_after_forward (a policy of the stage
+// unit: freeing a stage's parameters after each action implies gathering them by stage).
+bool gathers_by_layer(const ZeroOptions& zero);
+// Stages 2 and 3 stream each micro-batch's gradients into the shard (ZeroGradients::kStream).
+bool streams_gradients(const ZeroOptions& zero);
 
 // Throws pipetrain::BadInput naming both when `reshard_after_forward` (ZeRO-3's policy) comes
 // with a ZeRO stage other than 3: what the trainer, the sharded optimizer and the CLI check.
@@ -127,7 +202,7 @@ std::set<const void*> narrowed_gather_parameters(const torch::nn::Module& model,
 // model, partition::LayerProfile::cast_parameter_bytes (MemoryModelOptions::cast_gathers).
 bool gathers_narrowed(const ZeroOptions& zero, Precision precision);
 
-class ShardedOptimizer : public StageParameters {
+class ShardedOptimizer : public StageParameters, public StageParameterHooks {
  public:
   // `parameters`: this rank's, each tensor once, all of one floating dtype and on one device (the
   // CPU or a CUDA device). `counted`: the subset whose gradients the global norm counts here (a
@@ -144,12 +219,18 @@ class ShardedOptimizer : public StageParameters {
   // `segment_gather_dtypes` (stage 3, optional): the floating dtype each segment's all-gathers
   // carry its values in (narrower than the parameters': rounded before sending, widened on
   // arrival; ZeroOptions::cast_gather says when that is exact). Empty: the parameters' dtype.
+  // `segment_layers` (optional): the layer of its stage each segment belongs to (-1: none), for
+  // the hooks' layers: with ZeroOptions::unit kLayer at stage 3 the segments of one (stage,
+  // layer) are a unit, and at stages 2 and 3 under kStream the hooks' gradients() of that layer
+  // are reduce-scattered by them. Empty: no segment belongs to a layer (nothing streams, and
+  // stage 3 is gathered by stage).
   ShardedOptimizer(Distributed* distributed, std::vector<torch::Tensor> parameters,
                    const std::vector<torch::Tensor>& counted, const std::string& optimizer,
                    const OptimizerOptions& options, const ZeroOptions& zero,
                    const std::vector<std::vector<torch::Tensor>>& segments = {},
                    std::vector<int> segment_stages = {},
-                   const std::vector<torch::ScalarType>& segment_gather_dtypes = {});
+                   const std::vector<torch::ScalarType>& segment_gather_dtypes = {},
+                   std::vector<int> segment_layers = {});
   ~ShardedOptimizer() override;
   ShardedOptimizer(const ShardedOptimizer&) = delete;
   ShardedOptimizer& operator=(const ShardedOptimizer&) = delete;
@@ -165,6 +246,21 @@ class ShardedOptimizer : public StageParameters {
   void start_gather(int stage) override;
   void wait_gathered(int stage) override;
   void release(int stage) override;
+  // StageParameterHooks (stage/parameter_hooks.h), called by the pipe's stages. begin_step plans
+  // the step's units (stage 3 by layer) and starts the first gathers; acquire waits until layer
+  // l's unit is whole (and the persistent segment), release follows the plan after the use;
+  // gradients takes the layer's streamed gradients (stages 2 and 3, kStream). Collective in
+  // order, as the rest.
+  void begin_step(const schedule::Schedule& s, int r, ::pipetrain::Checkpoint checkpoint) override;
+  void acquire(int j, std::size_t l) override;
+  void release(int j, std::size_t l) override;
+  void gradients(int j, std::size_t l, const std::vector<torch::Tensor>& parameters,
+                 std::vector<torch::Tensor>& grads) override;
+  // Whether the hooks do anything: streaming, or stage 3 by layer (make_pipe_sharded_optimizer
+  // installs them only then).
+  bool uses_hooks() const { return streams_ || by_layer_; }
+  // The last begin_step's plan (stage 3 by layer; empty otherwise).
+  const schedule::UnitPlan& unit_plan() const { return plan_; }
   // Stage 3: every parameter whole, and the truth until the next zero_grad() (collective); and
   // every parameter freed (the shard holds their values).
   void gather_all();
@@ -205,6 +301,9 @@ class ShardedOptimizer : public StageParameters {
   size_t segments() const { return segments_.size(); }
   // [2] This replica's shard of the squared gradient norm (sum it over every rank).
   double local_grad_norm_squared() const;
+  // Whether this replica's shard of the gradient holds an inf or a NaN (after [1]; the loss
+  // scaler's test, train/loss_scaler.h).
+  bool has_non_finite_gradient() const;
   void scale_gradients(double factor);
   // [3] Collective.
   void step();
@@ -252,19 +351,6 @@ class ShardedOptimizer : public StageParameters {
   int64_t shard_elements() const { return shard_size_; }
 
  private:
-  torch::Tensor flat_gradients() const;
-  // shard_ = this replica's slice of the parameters.
-  void load_shard();
-  // The data-parallel group (nullptr with one replica).
-  C10dGroup* group() const;
-  // What the gathers send: shard_ itself, or (staged_) its copy where the collectives run (stage
-  // 3: device_shard_, kept in step; stages 1 and 2: a temporary).
-  torch::Tensor gather_source() const;
-  // Options of the collectives' buffers (the shard's dtype on comm_device_).
-  torch::TensorOptions comm_options() const;
-  // Where [1] reduces into: shard_grad_, or (staged_) comm_grad_, allocated on first use.
-  torch::Tensor& reduced_gradient();
-
   // The padded flat vector: segment after segment, each padded to a multiple of R; replica d's
   // piece of a segment is its d-th R-th, and the shard is the pieces one after the other.
   struct Segment {
@@ -274,19 +360,65 @@ class ShardedOptimizer : public StageParameters {
     int64_t piece = 0;                               // elements of each replica's piece
     int64_t shard_offset = 0;                        // where this replica's piece sits in the shard
     torch::ScalarType gather_dtype = torch::kFloat;  // stage 3: what its all-gathers carry
+    int stage = -1;                                  // the local stage computing with it (-1: any)
+    int layer = -1;                                  // the layer of that stage (-1: none)
+    size_t first_slice = 0, end_slice = 0;           // its slices_, [first, end)
+    bool streamed = false;                           // its gradients stream (gradients())
   };
-  // The padded flat vector of per-parameter values (`value(q)`: a flat tensor of parameter q's
-  // elements), zeros in the padding.
-  torch::Tensor padded_flat(const std::function<torch::Tensor(size_t)>& value,
-                            const torch::TensorOptions& options) const;
-  // This replica's pieces of a padded flat vector, one after the other.
-  torch::Tensor shard_of(const torch::Tensor& flat) const;
-  // Collective: the padded flat vector of every replica's `shard` (all-gathered by segment).
-  // `pinned`: the flat in pinned host memory (for copies to a GPU that need not be waited for).
-  torch::Tensor gather_flat(const torch::Tensor& shard, bool pinned = false) const;
+  // A parameter's elements inside this replica's piece of its segment: where they sit in the
+  // parameter and in the shard. The shard is these slices (and padding), in shard order.
+  struct Slice {
+    size_t parameter = 0;
+    int64_t parameter_offset = 0;
+    int64_t shard_offset = 0;
+    int64_t length = 0;
+    bool counted = true;  // the global norm counts it (`counted`)
+  };
+  // A reduce-scatter or all-gather in flight, with its buffers.
+  struct InFlight {
+    size_t segment = 0;
+    torch::Tensor flat;   // the segment's padded buffer (packed gradients, or gathered values)
+    torch::Tensor piece;  // this replica's piece (received, or sent)
+    std::function<void()> wait;
+    double start_us = 0;
+    bool add = false;   // a reduction: add the piece to the shard's gradient, not copy
+    int64_t bytes = 0;  // its buffers (`flat`, and `piece` where it is not the gradient's own)
+  };
+
+  // The data-parallel group (nullptr with one replica).
+  C10dGroup* group() const;
+  // Options of the collectives' buffers (the shard's dtype on comm_device_).
+  torch::TensorOptions comm_options() const;
+  // Where [1] reduces into: shard_grad_, or (staged_) comm_grad_, allocated on first use.
+  torch::Tensor& reduced_gradient();
+  // A parameter's elements as a flat view (its storage: whole, or at stage 3 gathered).
+  torch::Tensor flat_parameter(size_t q) const;
+  // Segment k's padded buffer of the parameters' gradients (`grad(q)`; zeros where undefined).
+  torch::Tensor pack_gradients(size_t k,
+                               const std::function<torch::Tensor(size_t q)>& grad) const;
+  // This replica's piece of segment k's values, where the collectives run: from the shard, or
+  // (aliased_) packed from the parameters' slices.
+  torch::Tensor piece_values(size_t k) const;
+  // [1] A segment's reduce-scatter, started: into `out` (its piece of the reduced gradient), or
+  // into a piece of its own (aliased_ stage 1, or added to the shard's gradient: `add`).
+  InFlight start_reduce_scatter(size_t k, torch::Tensor flat, bool add);
+  // Waits for one, then puts its piece where it belongs (the shard's gradient, or at stage 1 the
+  // parameters' .grad() slices), and logs it.
+  void finish_reduce_scatter(InFlight& reduction);
+  // Streaming: waits for every streamed reduction of the step and forgets them.
+  void finish_streams();
+  // shard_ = this replica's slices of the parameters (not aliased_).
+  void load_shard();
+  // What the gathers send at stage 3: shard_ itself, or (staged_) its copy where the collectives
+  // run (device_shard_, kept in step).
+  torch::Tensor gather_source() const;
+  // Calls f(gradient of slice s, slice s) for every slice of the shard (aliased_ stage 1: the
+  // slices of the parameters' .grad(); else the shard's gradient).
+  void for_each_slice_gradient(const std::function<void(const torch::Tensor&, const Slice&)>& f)
+      const;
 
   // Stage 3: segment k's parameters whole: started (the all-gather in flight into `gathered`) and
-  // finished (their storage allocated and filled).
+  // finished (their storage pointing into the gathered buffer).
   // `exact`: in the parameters' dtype whatever the segment's gather_dtype (gather_all).
   void start_gather_segment(size_t k, bool exact = false);
   void wait_segment(size_t k);
@@ -297,6 +429,12 @@ class ShardedOptimizer : public StageParameters {
   void take_parameters();
   // The segments of local stage j (and the shared one): StageParameters' stage -> segments.
   std::vector<size_t> segments_of_stage(int stage) const;
+  // Stage 3 by layer: the unit of layer l of stage j (-1: none), and the persistent segments
+  // (whole from a step's first use to its step()).
+  int unit_of(int j, std::size_t l) const;
+  void start_unit(int u);
+  void release_unit(int u);
+  void make_persistent_whole();
 
   enum class Residency { kFreed, kGathering, kWhole };
   struct Gather {
@@ -308,53 +446,80 @@ class ShardedOptimizer : public StageParameters {
     bool narrowed = false;     // gathered (or gathering) in a dtype narrower than the parameters'
     int64_t buffer_bytes = 0;  // while gathering: `gathered`, and `piece` where it is a copy
   };
-  // Waits for the reductions start_reduce started (rethrowing a failure) and forgets them;
-  // returns the bytes of their flat gradient buffers.
-  int64_t finish_started_reductions();
+  // Waits for the reductions start_reduce started (rethrowing a failure) and forgets them.
+  void finish_started_reductions();
   // The stage a segment's collectives are logged under (-1: several).
-  int stage_of_segment(size_t k) const { return segment_stages_.empty() ? -1 : segment_stages_[k]; }
+  int stage_of_segment(size_t k) const { return segments_[k].stage; }
 
   Distributed* distributed_;  // null: one process, one replica
   int rank_ = 0;
   CollectiveLog* log_ = nullptr;
   std::vector<torch::Tensor> parameters_;
-  std::vector<int> segment_stages_;
   std::vector<Gather> gathers_;       // stage 3: by segment
   bool parameters_are_truth_ = true;  // stage 3: since construction or gather_all()
   int64_t whole_bytes_ = 0;           // stage 3: of the whole segments now
   int64_t peak_whole_bytes_ = 0;
   int64_t buffer_bytes_ = 0;  // stage 3: of the gathers in flight now
   int64_t peak_buffer_bytes_ = 0;
-  int64_t reduce_buffer_bytes_ = 0;  // the last reduce_gradients()'s flat buffers
-  int64_t step_gradient_bytes_ = 0;  // stages 2, 3: the full gradients it dropped
+  // The gradient reductions' buffers in flight now (streamed, and at the step's end), and their
+  // most since zero_grad().
+  int64_t reduce_buffer_bytes_now_ = 0;
+  int64_t reduce_buffer_bytes_ = 0;
+  // Stages 2, 3: the full gradients reduce_gradients() dropped, plus the most bytes of one
+  // layer's streamed gradients handed over at once.
+  int64_t step_gradient_bytes_ = 0;
+  int64_t streamed_gradient_peak_ = 0;
   int64_t gather_bytes_sent_ = 0;    // stage 3, since construction
   int64_t gather_bytes_uncast_ = 0;  // the same in the parameters' dtype
   std::vector<int64_t> offsets_;     // of each parameter in the padded flat vector
   std::vector<Segment> segments_;
-  int64_t total_ = 0;      // the parameters' elements
-  int64_t flat_size_ = 0;  // the padded flat vector's
+  std::vector<Slice> slices_;  // in shard order
+  int64_t total_ = 0;          // the parameters' elements
+  int64_t flat_size_ = 0;      // the padded flat vector's
   int64_t shard_size_ = 0;
-  // Segments started this step (start_reduce): whether (set by the caller), and their gradient,
-  // start and wait (written by the communication thread's jobs, read after its drain()).
+  // Segments started this step (start_reduce): whether (set by the caller), and their
+  // reductions (written by the communication thread's jobs, read after its drain()).
   std::vector<char> reduce_started_;
-  std::vector<torch::Tensor> started_flat_;
-  std::vector<std::function<void()>> started_wait_;
-  std::vector<double> started_us_;
+  std::vector<InFlight> started_;
+  std::deque<InFlight> streams_in_flight_;  // streamed reductions, oldest first
   int replicas_ = 1;
   int replica_ = 0;
   std::string name_;
   int stage_ = 1;
   bool offload_ = false;
+  // Stages 1 and 2 without offload: the inner optimizer steps slices of the parameters.
+  bool aliased_ = false;
+  bool streams_ = false;   // stages 2, 3 under kStream with segments of layers
+  bool by_layer_ = false;  // stage 3 by layer with segments of layers
+  ZeroOptions zero_;
   torch::Device comm_device_ = torch::kCPU;  // where the collectives' buffers live
   // The shard and its gradient live apart from where the collectives run (offload, or a CUDA
   // rank under Gloo): reduce into comm_grad_ and copy, gather from a copy of the shard.
   bool staged_ = false;
-  torch::Tensor shard_;         // this replica's parameters (a leaf the inner optimizer steps)
-  torch::Tensor shard_grad_;    // this replica's summed gradient
+  torch::Tensor shard_;         // not aliased_: this replica's parameters (the inner optimizer's)
+  torch::Tensor shard_grad_;    // this replica's summed gradient (undefined: aliased_ stage 1)
   torch::Tensor device_shard_;  // stage 3, staged_: shard_'s copy on comm_device_
   torch::Tensor comm_grad_;     // staged_, during a reduction: shard_grad_'s values as reduced
-  torch::Tensor counted_mask_;  // 1 where the norm counts the shard's element, else 0
+  // What the inner optimizer steps, in shard order: shard_, or (aliased_) one alias per slice.
+  std::vector<torch::Tensor> parts_;
   std::unique_ptr<torch::optim::Optimizer> inner_;
+  // Stage 3 by layer: its units (the segments of one layer), the layers', the persistent
+  // segments, the plans by (schedule, rank, checkpoint), and the step's progress through one.
+  struct Unit {
+    int stage = -1;
+    int layer = -1;
+    std::vector<size_t> segments;
+    int64_t bytes = 0;  // whole, in the parameters' dtype (padding included)
+  };
+  std::vector<Unit> units_;
+  std::map<std::pair<int, int>, int> unit_of_layer_;
+  std::map<std::pair<int, int>, std::vector<size_t>> streamed_of_layer_;
+  std::vector<size_t> persistent_;
+  std::map<std::tuple<const schedule::Schedule*, int, ::pipetrain::Checkpoint>, schedule::UnitPlan>
+      plans_;
+  schedule::UnitPlan plan_;
+  size_t next_use_ = 0;
+  std::vector<size_t> use_of_unit_;  // the use each unit was last acquired for
   // Packs and starts the overlapped reduce-scatters on the CPU. Drained before the optimizer
   // issues any other collective on the group; last, so that it and its jobs end first.
   mutable CommunicationThread reduce_thread_;

@@ -92,6 +92,10 @@ struct TrainerOptions {
   /// stages; a multi-process runner with one replica accepts it too (the shard is everything).
   /// Default false.
   TORCH_ARG(bool, offload_optimizer) = false;
+  /// ZeRO's other settings (train/sharded_optimizer.h: how stages 2 and 3 sum the gradients,
+  /// what stage 3 gathers as one and its prefetch, live, reuse and persistence bounds); their
+  /// stage, offload and resharding come from the three options above. Default: ZeroOptions'.
+  TORCH_ARG(ZeroOptions, zero_options) = {};
   /// Dynamic loss scaling (train/loss_scaler.h): the loss is multiplied by a scale before
   /// backward, the gradients divided by it before clipping and the step, and a step whose
   /// gradients hold inf or NaN on any rank is skipped while the scale shrinks. fp16 training

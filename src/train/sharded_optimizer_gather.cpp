@@ -1,0 +1,256 @@
+// ZeRO-3's parameters (pipetrain/train/sharded_optimizer.h): segments gathered into a buffer the
+// parameters then point into, freed again, by stage (StageParameters, driven by the pipe's
+// residency plan) or by layer (StageParameterHooks, driven by the stages and
+// schedule/unit_residency.h's plan).
+//
+//   start_gather_segment   piece (this replica's, narrowed if the segment gathers narrower)
+//                          --all-gather--> `gathered`: every replica's pieces, padded
+//   wait_segment           wait; widen (or move to the parameters' device) if need be; every
+//                          parameter's storage now points into that buffer: no copy
+//   release_segment        every parameter's storage freed: the buffer goes with the last one
+#include "pipetrain/train/sharded_optimizer.h"
+
+#include <algorithm>
+#include <tuple>
+
+#include <torch/torch.h>
+
+#include "pipetrain/base/check.h"
+#include "pipetrain/transport/c10d.h"
+
+namespace pipetrain::train {
+namespace {
+
+int64_t bytes_of(const torch::Tensor& tensor) {
+  return tensor.defined() ? tensor.numel() * static_cast<int64_t>(tensor.element_size()) : 0;
+}
+
+// Stage 3 frees a parameter's storage and points it into a gathered buffer again, leaving the
+// tensor itself (shape, version counter, autograd identity) alone: modules, optimizers and the
+// autograd graphs that saved it keep their handles, and see the values once they are back.
+void free_storage(const torch::Tensor& p) {
+  c10::StorageImpl* storage = p.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(at::DataPtr(nullptr, p.device()));
+  storage->set_nbytes(0);
+}
+
+// p's storage pointed into `buffer` from element `offset` (p is contiguous from its storage's
+// start): the parameter reads and writes the buffer, and keeps it alive until it is freed.
+void point_into(const torch::Tensor& p, const torch::Tensor& buffer, int64_t offset) {
+  auto* holder = new torch::Tensor(buffer);
+  void* data = static_cast<char*>(buffer.data_ptr()) + offset * buffer.element_size();
+  c10::StorageImpl* storage = p.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(at::DataPtr(
+      data, holder, [](void* ctx) { delete static_cast<torch::Tensor*>(ctx); }, p.device()));
+  storage->set_nbytes(static_cast<size_t>(bytes_of(p)));
+}
+
+}  // namespace
+
+torch::Tensor ShardedOptimizer::gather_source() const {
+  return staged_ ? device_shard_ : shard_;
+}
+
+void ShardedOptimizer::take_parameters() {  // [0]
+  if (stage_ != 3 || !parameters_are_truth_) return;
+  load_shard();
+  parameters_are_truth_ = false;
+  release_all();
+}
+
+std::vector<size_t> ShardedOptimizer::segments_of_stage(int stage) const {
+  std::vector<size_t> found;
+  for (size_t k = 0; k < segments_.size(); ++k) {
+    if (segments_[k].stage == stage || segments_[k].stage < 0) found.push_back(k);
+  }
+  return found;
+}
+
+void ShardedOptimizer::start_gather(int stage) {
+  if (stage_ != 3) return;
+  take_parameters();  // a step run without zero_grad() first
+  for (size_t k : segments_of_stage(stage)) start_gather_segment(k);
+}
+
+void ShardedOptimizer::wait_gathered(int stage) {
+  if (stage_ != 3) return;
+  take_parameters();
+  for (size_t k : segments_of_stage(stage)) wait_segment(k);
+}
+
+void ShardedOptimizer::release(int stage) {
+  if (stage_ != 3) return;
+  take_parameters();
+  for (size_t k = 0; k < segments_.size(); ++k) {
+    if (segments_[k].stage == stage) release_segment(k);
+  }
+}
+
+void ShardedOptimizer::gather_all() {
+  if (stage_ != 3) return;
+  // In the parameters' dtype: what is read now (a checkpoint, an evaluation, the end of training)
+  // must be the shard's values, not their rounding.
+  for (size_t k = 0; k < segments_.size(); ++k) {
+    if (gathers_[k].narrowed) release_segment(k);
+    start_gather_segment(k, /*exact=*/true);
+  }
+  for (size_t k = 0; k < segments_.size(); ++k) wait_segment(k);
+  parameters_are_truth_ = true;
+}
+
+void ShardedOptimizer::release_all() {
+  if (stage_ != 3) return;
+  for (size_t k = 0; k < segments_.size(); ++k) release_segment(k);
+}
+
+void ShardedOptimizer::start_gather_segment(size_t k, bool exact) {
+  Gather& g = gathers_[k];
+  if (g.state != Residency::kFreed) return;
+  const Segment& s = segments_[k];
+  const torch::Tensor piece = gather_source().detach().narrow(0, s.shard_offset, s.piece);
+  // Narrower than the parameters (ZeroOptions::cast_gather): rounded here, widened on arrival.
+  g.narrowed = !exact && piece.scalar_type() != s.gather_dtype;
+  g.piece = g.narrowed ? piece.to(s.gather_dtype) : piece;
+  g.gathered = torch::empty({s.padded}, g.piece.options());
+  g.buffer_bytes = bytes_of(g.gathered) + (g.narrowed ? bytes_of(g.piece) : 0);
+  buffer_bytes_ += g.buffer_bytes;
+  peak_buffer_bytes_ = std::max(peak_buffer_bytes_, buffer_bytes_);
+  gather_bytes_sent_ += bytes_of(g.piece);
+  gather_bytes_uncast_ += bytes_of(piece);
+  reduce_thread_.drain();  // the group's collectives in one order on every replica
+  g.start_us = CollectiveLog::now_us();
+  if (C10dGroup* dp = group()) {
+    g.wait = dp->all_gather_start(g.piece, g.gathered);
+  } else {
+    g.gathered.copy_(g.piece);
+    g.wait = [] {};
+  }
+  g.state = Residency::kGathering;
+}
+
+void ShardedOptimizer::wait_segment(size_t k) {
+  Gather& g = gathers_[k];
+  if (g.state == Residency::kWhole) return;
+  start_gather_segment(k);
+  g.wait();
+  if (log_) {
+    log_->finished(CollectiveKind::kAllGather, stage_of_segment(k), g.start_us, bytes_of(g.piece));
+  }
+  torch::NoGradGuard no_grad;
+  const Segment& s = segments_[k];
+  const torch::Tensor& first = parameters_[s.parameters.front()];
+  // The buffer the parameters point into: the gathered one, or its widening (a narrowed gather)
+  // or copy on the parameters' device (gathered on the host for a GPU).
+  torch::Tensor whole = g.gathered;
+  if (whole.scalar_type() != first.scalar_type() || whole.device() != first.device()) {
+    whole = whole.to(first.options());
+  }
+  g.gathered = torch::Tensor();
+  g.piece = torch::Tensor();
+  for (size_t q : s.parameters) {
+    const torch::Tensor& p = parameters_[q];
+    point_into(p, whole, offsets_[q] - s.start);
+    whole_bytes_ += bytes_of(p);
+  }
+  peak_whole_bytes_ = std::max(peak_whole_bytes_, whole_bytes_);
+  buffer_bytes_ -= g.buffer_bytes;
+  const bool narrowed = g.narrowed;
+  g = Gather{};
+  g.narrowed = narrowed;
+}
+
+void ShardedOptimizer::release_segment(size_t k) {
+  Gather& g = gathers_[k];
+  if (g.state == Residency::kGathering) g.wait();  // nothing may land in a dropped buffer
+  buffer_bytes_ -= g.buffer_bytes;
+  if (g.state == Residency::kWhole) {
+    for (size_t q : segments_[k].parameters) {
+      free_storage(parameters_[q]);
+      whole_bytes_ -= bytes_of(parameters_[q]);
+    }
+  }
+  g = Gather{};
+  g.state = Residency::kFreed;
+}
+
+int64_t ShardedOptimizer::parameter_bytes() const {
+  int64_t total = 0;
+  for (const torch::Tensor& p : parameters_) {
+    total += stage_ == 3 ? static_cast<int64_t>(p.storage().nbytes()) : bytes_of(p);
+  }
+  // Stage 3's shard where the gathers read it (offloaded, the host's master copy is host_bytes).
+  return stage_ == 3 ? total + bytes_of(gather_source()) : total;
+}
+
+// ---- By layer ---------------------------------------------------------------------------------
+
+int ShardedOptimizer::unit_of(int j, std::size_t l) const {
+  const auto found = unit_of_layer_.find({j, static_cast<int>(l)});
+  return found == unit_of_layer_.end() ? -1 : found->second;
+}
+
+void ShardedOptimizer::start_unit(int u) {
+  for (size_t k : units_[static_cast<size_t>(u)].segments) start_gather_segment(k);
+}
+
+void ShardedOptimizer::release_unit(int u) {
+  for (size_t k : units_[static_cast<size_t>(u)].segments) release_segment(k);
+}
+
+void ShardedOptimizer::make_persistent_whole() {
+  for (size_t k : persistent_) wait_segment(k);
+}
+
+void ShardedOptimizer::begin_step(const schedule::Schedule& s, int r,
+                                  ::pipetrain::Checkpoint checkpoint) {
+  if (!by_layer_) return;
+  take_parameters();  // a step run without zero_grad() first
+  const auto key = std::make_tuple(&s, r, checkpoint);
+  auto found = plans_.find(key);
+  if (found == plans_.end()) {
+    // units_ are ordered by stage, then layer: the plan's ids are their indices.
+    std::map<int, int> counts;
+    std::vector<int64_t> bytes;
+    for (const Unit& unit : units_) {
+      ++counts[unit.stage];
+      bytes.push_back(unit.bytes);
+    }
+    const schedule::UnitPolicy policy{zero_.prefetch_bytes(), zero_.max_live_bytes(),
+                                      zero_.max_reuse_distance()};
+    const schedule::UnitIds ids = schedule::unit_ids(counts);
+    found = plans_
+                .emplace(key, schedule::plan_units(schedule::unit_uses(s, r, ids, checkpoint),
+                                                   bytes, policy))
+                .first;
+  }
+  plan_ = found->second;
+  next_use_ = 0;
+  for (size_t k : persistent_) start_gather_segment(k);
+  for (schedule::UnitId x : plan_.first) start_unit(x);
+}
+
+void ShardedOptimizer::acquire(int j, std::size_t l) {
+  if (!by_layer_) return;
+  make_persistent_whole();
+  const int u = unit_of(j, l);
+  if (u < 0) return;
+  TORCH_INTERNAL_ASSERT(
+      next_use_ < plan_.uses.size() && plan_.uses[next_use_] == u, "ZeRO-3 on rank ", rank_,
+      ": stage ", j, " uses layer ", l, " (unit ", u, ") where the plan has use ", next_use_,
+      " of ", plan_.uses.size(),
+      next_use_ < plan_.uses.size() ? c10::str(", unit ", plan_.uses[next_use_]) : std::string());
+  use_of_unit_[static_cast<size_t>(u)] = next_use_++;
+  start_unit(u);  // nothing when whole or on its way
+  for (size_t k : units_[static_cast<size_t>(u)].segments) wait_segment(k);
+}
+
+void ShardedOptimizer::release(int j, std::size_t l) {
+  if (!by_layer_) return;
+  const int u = unit_of(j, l);
+  if (u < 0) return;
+  const schedule::UnitStep& step = plan_.after[use_of_unit_[static_cast<size_t>(u)]];
+  for (schedule::UnitId x : step.release) release_unit(x);
+  for (schedule::UnitId x : step.gather) start_unit(x);
+}
+
+}  // namespace pipetrain::train

@@ -1,0 +1,256 @@
+// ZeRO's gradients (pipetrain/train/sharded_optimizer.h): [1] the reduce-scatters by segment
+// (at the step's end, started early with the overlap, or streamed per micro-batch) and [2] the
+// shard's norm and scaling.
+//
+//   streamed (stages 2, 3):   gradients(j, l) of micro-batch i --> pack the layer's segments
+//                             --> reduce-scatter started, 2 in flight at most --> piece added
+//                             to the shard's gradient
+//   at the step's end:        the other segments, packed and reduce-scattered 2 deep; stage 1
+//                             (aliased) writes each received piece into the slices of .grad()
+//                             it is made of, and the inner optimizer steps those
+#include "pipetrain/train/sharded_optimizer.h"
+
+#include <algorithm>
+#include <map>
+
+#include <torch/torch.h>
+
+#include "pipetrain/base/check.h"
+#include "pipetrain/transport/c10d.h"
+
+namespace pipetrain::train {
+namespace {
+
+int64_t bytes_of(const torch::Tensor& tensor) {
+  return tensor.defined() ? tensor.numel() * static_cast<int64_t>(tensor.element_size()) : 0;
+}
+
+// The squares of `values` summed in float64, a million elements at a time (a float64 copy of a
+// whole embedding's gradient would be a buffer as large as the parameter).
+double sum_of_squares(const torch::Tensor& values) {
+  constexpr int64_t kChunk = int64_t{1} << 20;
+  double total = 0;
+  const torch::Tensor flat = values.reshape({-1});
+  for (int64_t at = 0; at < flat.numel(); at += kChunk) {
+    const torch::Tensor chunk = flat.narrow(0, at, std::min(kChunk, flat.numel() - at));
+    total += chunk.to(torch::kDouble).square().sum().item<double>();
+  }
+  return total;
+}
+
+}  // namespace
+
+torch::Tensor& ShardedOptimizer::reduced_gradient() {
+  if (!staged_) return shard_grad_;
+  if (!comm_grad_.defined()) comm_grad_ = torch::zeros({shard_size_}, comm_options());
+  return comm_grad_;
+}
+
+torch::Tensor ShardedOptimizer::pack_gradients(
+    size_t k, const std::function<torch::Tensor(size_t q)>& grad) const {
+  const Segment& s = segments_[k];
+  torch::Tensor flat = torch::zeros({s.padded}, comm_options());
+  for (size_t q : s.parameters) {
+    const torch::Tensor g = grad(q);
+    if (!g.defined()) continue;
+    flat.narrow(0, offsets_[q] - s.start, parameters_[q].numel()).copy_(g.detach().reshape({-1}));
+  }
+  return flat;
+}
+
+ShardedOptimizer::InFlight ShardedOptimizer::start_reduce_scatter(size_t k, torch::Tensor flat,
+                                                                  bool add) {
+  const Segment& s = segments_[k];
+  InFlight r;
+  r.segment = k;
+  r.flat = std::move(flat);
+  r.add = add;
+  const bool own_piece = add || shard_grad_.defined() == false;
+  r.piece = own_piece ? torch::empty({s.piece}, comm_options())
+                      : reduced_gradient().narrow(0, s.shard_offset, s.piece);
+  // Its buffers: the packed segment, and the piece where it is one of its own.
+  r.bytes = bytes_of(r.flat) + (own_piece ? bytes_of(r.piece) : 0);
+  reduce_buffer_bytes_now_ += r.bytes;
+  reduce_buffer_bytes_ = std::max(reduce_buffer_bytes_, reduce_buffer_bytes_now_);
+  r.start_us = CollectiveLog::now_us();
+  if (C10dGroup* dp = group()) {
+    r.wait = dp->reduce_scatter_sum_start(r.flat, r.piece);
+  } else {
+    r.piece.copy_(r.flat.narrow(0, replica_ * s.piece, s.piece));
+    r.wait = [] {};
+  }
+  return r;
+}
+
+void ShardedOptimizer::finish_reduce_scatter(InFlight& r) {
+  r.wait();
+  reduce_buffer_bytes_now_ -= r.bytes;
+  const Segment& s = segments_[r.segment];
+  if (log_) log_->finished(CollectiveKind::kReduceScatter, s.stage, r.start_us, bytes_of(r.flat));
+  torch::NoGradGuard no_grad;
+  if (r.add) {
+    reduced_gradient().narrow(0, s.shard_offset, s.piece).add_(r.piece);
+  } else if (!shard_grad_.defined()) {
+    // Stage 1, aliased: the received sums go into the slices of .grad() this replica steps.
+    for (size_t i = s.first_slice; i < s.end_slice; ++i) {
+      const Slice& slice = slices_[i];
+      const torch::Tensor& p = parameters_[slice.parameter];
+      if (!p.grad().defined()) {
+        p.mutable_grad() = torch::zeros_like(p);
+      } else if (!p.grad().is_contiguous()) {
+        p.mutable_grad() = p.grad().contiguous();
+      }
+      torch::Tensor grad = p.grad().view({-1}).narrow(0, slice.parameter_offset, slice.length);
+      grad.copy_(r.piece.narrow(0, slice.shard_offset - s.shard_offset, slice.length));
+      parts_[i].mutable_grad() = grad;
+    }
+  }
+}
+
+void ShardedOptimizer::start_reduce(size_t segment) {  // [1], one segment ahead
+  PIPETRAIN_CHECK_INPUT(segment < segments_.size(), "ZeRO segment ", segment, " of ",
+                        segments_.size());
+  if (reduce_started_.size() < segments_.size()) {
+    reduce_started_.resize(segments_.size(), 0);
+    started_.resize(segments_.size());
+  }
+  if (reduce_started_[segment]) return;
+  reduce_started_[segment] = 1;
+  // Here, not on the thread: it may allocate the reduced gradient the step reads.
+  if (shard_grad_.defined()) reduced_gradient();
+  auto launch = [this, segment]() {
+    torch::NoGradGuard no_grad;  // per thread
+    torch::Tensor flat =
+        pack_gradients(segment, [this](size_t q) { return parameters_[q].grad(); });
+    started_[segment] = start_reduce_scatter(segment, std::move(flat), /*add=*/false);
+  };
+  // On a GPU the pack is an asynchronous copy on the stream: here, after what the thread has.
+  reduce_thread_.submit_or_run_here(std::move(launch), /*run_here=*/!comm_device_.is_cpu());
+}
+
+void ShardedOptimizer::gradients(int j, std::size_t l, const std::vector<torch::Tensor>& parameters,
+                                 std::vector<torch::Tensor>& grads) {
+  if (!streams_) return;
+  const auto found = streamed_of_layer_.find({j, static_cast<int>(l)});
+  if (found == streamed_of_layer_.end()) return;
+  torch::NoGradGuard no_grad;
+  std::map<const void*, size_t> at;
+  int64_t handed = 0;
+  for (size_t p = 0; p < parameters.size(); ++p) {
+    at[parameters[p].unsafeGetTensorImpl()] = p;
+    handed += bytes_of(grads[p]);
+  }
+  streamed_gradient_peak_ = std::max(streamed_gradient_peak_, handed);
+  for (size_t k : found->second) {
+    torch::Tensor flat = pack_gradients(k, [&](size_t q) {
+      const auto entry = at.find(parameters_[q].unsafeGetTensorImpl());
+      if (entry == at.end()) return torch::Tensor();
+      torch::Tensor g = std::move(grads[entry->second]);  // taken: not accumulated into .grad()
+      grads[entry->second] = torch::Tensor();
+      return g;
+    });
+    streams_in_flight_.push_back(start_reduce_scatter(k, std::move(flat), /*add=*/true));
+    while (streams_in_flight_.size() > 2) {
+      finish_reduce_scatter(streams_in_flight_.front());
+      streams_in_flight_.pop_front();
+    }
+  }
+}
+
+void ShardedOptimizer::finish_streams() {
+  while (!streams_in_flight_.empty()) {
+    finish_reduce_scatter(streams_in_flight_.front());
+    streams_in_flight_.pop_front();
+  }
+}
+
+void ShardedOptimizer::reduce_gradients() {  // [1]
+  torch::NoGradGuard no_grad;
+  finish_streams();
+  if (reduce_started_.empty()) {
+    // The segments that did not stream, packed and reduce-scattered two at a time.
+    reduce_thread_.drain();  // the group's collectives in one order on every replica
+    std::deque<InFlight> in_flight;
+    auto finish_oldest = [&] {
+      finish_reduce_scatter(in_flight.front());
+      in_flight.pop_front();
+    };
+    for (size_t k = 0; k < segments_.size(); ++k) {
+      if (segments_[k].streamed) continue;
+      torch::Tensor flat = pack_gradients(k, [this](size_t q) { return parameters_[q].grad(); });
+      in_flight.push_back(start_reduce_scatter(k, std::move(flat), /*add=*/false));
+      if (in_flight.size() > 1) finish_oldest();
+    }
+    while (!in_flight.empty()) finish_oldest();
+  } else {
+    for (size_t k = 0; k < segments_.size(); ++k) {
+      if (!segments_[k].streamed) start_reduce(k);  // those not started yet
+    }
+    finish_started_reductions();
+  }
+  if (staged_) {  // to the host (offload) or the shard's device; blocking: the step reads it next
+    shard_grad_.copy_(comm_grad_);
+    comm_grad_ = torch::Tensor();
+  }
+  if (stage_ >= 2) {
+    // What the step accumulated in .grad() (the segments that did not stream), and the most one
+    // layer handed over at once.
+    step_gradient_bytes_ = train::gradient_bytes(parameters_) + streamed_gradient_peak_;
+    for (torch::Tensor& p : parameters_) p.mutable_grad() = torch::Tensor();
+  }
+}
+
+void ShardedOptimizer::post_started_collectives() {
+  reduce_thread_.drain();
+}
+
+void ShardedOptimizer::finish_started_reductions() {
+  reduce_thread_.drain();
+  for (size_t k = 0; k < reduce_started_.size(); ++k) {
+    if (reduce_started_[k]) finish_reduce_scatter(started_[k]);
+  }
+  reduce_started_.clear();
+  started_.clear();
+}
+
+void ShardedOptimizer::for_each_slice_gradient(
+    const std::function<void(const torch::Tensor&, const Slice&)>& f) const {
+  for (size_t i = 0; i < slices_.size(); ++i) {
+    const Slice& s = slices_[i];
+    if (shard_grad_.defined()) {
+      f(shard_grad_.narrow(0, s.shard_offset, s.length), s);
+    } else if (parts_[i].grad().defined()) {
+      f(parts_[i].grad(), s);
+    }
+  }
+}
+
+double ShardedOptimizer::local_grad_norm_squared() const {  // [2]
+  double total = 0;
+  for_each_slice_gradient([&](const torch::Tensor& grad, const Slice& s) {
+    if (s.counted) total += sum_of_squares(grad);
+  });
+  return total;
+}
+
+bool ShardedOptimizer::has_non_finite_gradient() const {
+  bool found = false;
+  for_each_slice_gradient([&](const torch::Tensor& grad, const Slice&) {
+    if (!found) found = !torch::isfinite(grad).all().item<bool>();
+  });
+  return found;
+}
+
+void ShardedOptimizer::scale_gradients(double factor) {
+  torch::NoGradGuard no_grad;
+  if (shard_grad_.defined()) {
+    shard_grad_.mul_(factor);
+    return;
+  }
+  for_each_slice_gradient([&](const torch::Tensor& grad, const Slice&) {
+    torch::Tensor g = grad;
+    g.mul_(factor);
+  });
+}
+
+}  // namespace pipetrain::train

@@ -1,0 +1,259 @@
+// ZeRO's state in checkpoint form and what a replica holds (pipetrain/train/sharded_optimizer.h):
+// capture() gathers each optimizer-state field by segment into the per-parameter form of an
+// unsharded checkpoint, restore() takes this replica's slices of it, holdings() counts bytes.
+#include "pipetrain/train/sharded_optimizer.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+#include <torch/torch.h>
+
+#include "pipetrain/base/check.h"
+#include "pipetrain/transport/c10d.h"
+
+namespace pipetrain::train {
+namespace {
+
+int64_t bytes_of(const torch::Tensor& tensor) {
+  return tensor.defined() ? tensor.numel() * static_cast<int64_t>(tensor.element_size()) : 0;
+}
+
+// The names the inner optimizer's parameters (the shard, or its slices) go by in checkpoint form.
+NamedTensors part_names(const std::vector<torch::Tensor>& parts) {
+  NamedTensors names;
+  for (size_t i = 0; i < parts.size(); ++i) names.insert("shard." + std::to_string(i), parts[i]);
+  return names;
+}
+
+}  // namespace
+
+void ShardedOptimizer::capture(Checkpoint& part, const NamedTensors& named) {
+  Checkpoint shard_form;
+  const NamedTensors names = part_names(parts_);
+  capture_optimizer(shard_form, *inner_, names);
+  if (replica_ == 0) part.optimizer = shard_form.optimizer;
+  if (shard_form.optimizer_state.empty()) return;  // no step yet, on every replica alike
+  const auto& first = shard_form.optimizer_state.begin()->second;
+  // Per field: this replica's shard of it in shard order (zeros in the padding), all-gathered by
+  // segment into the padded flat vector of every parameter's state.
+  std::map<std::string, torch::Tensor> whole;
+  reduce_thread_.drain();  // the group's collectives in one order on every replica
+  C10dGroup* dp = group();
+  for (const auto& [field, sample] : first) {
+    if (field == "step") continue;
+    torch::Tensor shard = torch::zeros({shard_size_}, sample.options().device(comm_device_));
+    for (size_t i = 0; i < parts_.size(); ++i) {
+      const auto state = shard_form.optimizer_state.find("shard." + std::to_string(i));
+      if (state == shard_form.optimizer_state.end()) continue;
+      const torch::Tensor& value = state->second.at(field);
+      (aliased_ ? shard.narrow(0, slices_[i].shard_offset, slices_[i].length) : shard)
+          .copy_(value.reshape({-1}));
+    }
+    torch::Tensor flat = torch::empty({flat_size_}, shard.options());
+    for (const Segment& s : segments_) {
+      const torch::Tensor mine = shard.narrow(0, s.shard_offset, s.piece);
+      torch::Tensor all = flat.narrow(0, s.start, s.padded);
+      if (dp) {
+        dp->all_gather(mine, all);
+      } else {
+        all.copy_(mine);
+      }
+    }
+    whole[field] = flat;
+  }
+  if (replica_ != 0) return;
+  std::map<const void*, size_t> index;
+  for (size_t q = 0; q < parameters_.size(); ++q) index[parameters_[q].unsafeGetTensorImpl()] = q;
+  for (const auto& item : named) {
+    auto found = index.find(item.value().unsafeGetTensorImpl());
+    if (found == index.end()) continue;
+    const torch::Tensor& p = parameters_[found->second];
+    auto& state = part.optimizer_state[item.key()];
+    for (const auto& [field, flat] : whole) {
+      // A copy of its own on the host (one copy from a GPU, a clone on the CPU).
+      state[field] = flat.narrow(0, offsets_[found->second], p.numel())
+                         .view(p.sizes())
+                         .to(flat.options().device(torch::kCPU), false, /*copy=*/true);
+    }
+    auto step = first.find("step");
+    if (step != first.end()) {
+      state["step"] = step->second.to(step->second.options().device(torch::kCPU), false, true);
+    }
+  }
+}
+
+void ShardedOptimizer::restore(const Checkpoint& checkpoint, const NamedTensors& named) {
+  if (checkpoint.optimizer_state.empty()) return;  // no step was taken before the save
+  if (checkpoint.optimizer != name_) {
+    throw CheckpointError("checkpoint holds '" + checkpoint.optimizer +
+                          "' optimizer state but this run uses '" + name_ +
+                          "'; resume with "
+                          "--optimizer " +
+                          checkpoint.optimizer);
+  }
+  // Each parameter's name, and its state in the checkpoint.
+  std::vector<const std::map<std::string, torch::Tensor>*> states(parameters_.size(), nullptr);
+  std::vector<std::string> names(parameters_.size());
+  std::map<const void*, size_t> index;
+  for (size_t q = 0; q < parameters_.size(); ++q) index[parameters_[q].unsafeGetTensorImpl()] = q;
+  for (const auto& item : named) {
+    auto found = index.find(item.value().unsafeGetTensorImpl());
+    if (found == index.end()) continue;
+    names[found->second] = item.key();
+    auto state = checkpoint.optimizer_state.find(item.key());
+    if (state != checkpoint.optimizer_state.end()) states[found->second] = &state->second;
+  }
+  size_t with_state = 0;
+  for (const auto* state : states) with_state += state != nullptr;
+  if (with_state == 0) return;
+  for (size_t q = 0; q < parameters_.size(); ++q) {
+    if (states[q] == nullptr) {
+      throw CheckpointError("checkpoint has optimizer state for some parameters of rank " +
+                            std::to_string(rank_) + " but not for '" + names[q] + "'");
+    }
+  }
+  // Per field: this replica's shard of it, slice by slice.
+  std::map<std::string, torch::Tensor> shard_state;
+  for (const auto& [field, sample] : *states.front()) {
+    if (field == "step") continue;
+    for (size_t q = 0; q < parameters_.size(); ++q) {
+      auto tensor = states[q]->find(field);
+      if (tensor == states[q]->end() || tensor->second.sizes() != parameters_[q].sizes()) {
+        throw CheckpointError("checkpoint optimizer state '" + field + "' of '" + names[q] +
+                              "' is missing or does not have the parameter's shape");
+      }
+    }
+    torch::Tensor shard = torch::zeros({shard_size_}, sample.options());
+    for (const Slice& s : slices_) {
+      shard.narrow(0, s.shard_offset, s.length)
+          .copy_(states[s.parameter]->at(field).reshape({-1}).narrow(0, s.parameter_offset,
+                                                                     s.length));
+    }
+    shard_state[field] = shard;
+  }
+  Checkpoint shard_form;
+  shard_form.optimizer = name_;
+  const auto step = states.front()->find("step");
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    auto& fields = shard_form.optimizer_state["shard." + std::to_string(i)];
+    for (const auto& [field, shard] : shard_state) {
+      const torch::Tensor mine =
+          aliased_ ? shard.narrow(0, slices_[i].shard_offset, slices_[i].length) : shard;
+      fields[field] = mine.to(parts_[i].device(), false, /*copy=*/true);
+    }
+    if (step != states.front()->end()) fields["step"] = step->second.clone();
+  }
+  restore_optimizer(shard_form, *inner_, part_names(parts_));
+}
+
+int64_t ShardedOptimizer::state_bytes() const {
+  return optimizer_state_bytes(*inner_);
+}
+
+int64_t ShardedOptimizer::gradient_bytes() const {
+  return (offload_ ? 0 : bytes_of(shard_grad_)) + train::gradient_bytes(parameters_);
+}
+
+int64_t ShardedOptimizer::host_bytes() const {
+  return offload_ ? bytes_of(shard_) + bytes_of(shard_grad_) + state_bytes() : 0;
+}
+
+ShardedOptimizer::Holdings ShardedOptimizer::holdings(
+    const std::vector<torch::Tensor>& parameters) const {
+  std::map<const void*, size_t> index;
+  for (size_t q = 0; q < parameters_.size(); ++q) index[parameters_[q].unsafeGetTensorImpl()] = q;
+  std::vector<size_t> mine;
+  for (const torch::Tensor& p : unique_parameters(parameters)) {
+    const auto found = index.find(p.unsafeGetTensorImpl());
+    if (found != index.end()) mine.push_back(found->second);
+  }
+  Holdings h;
+  // The reductions' buffers: on the host when offloaded without replicas (built where the shard
+  // lives), else where the collectives run.
+  const bool flat_on_host = offload_ && group() == nullptr;
+  if (mine.size() == parameters_.size()) {
+    h.parameters = parameter_bytes();
+    h.gradients = gradient_bytes();
+    h.optimizer_state = state_bytes();
+    h.host = host_bytes() + (flat_on_host ? reduce_buffer_bytes_ : 0);
+    h.reduce_buffers = flat_on_host ? 0 : reduce_buffer_bytes_;
+    h.step_gradients = step_gradient_bytes_;
+    return h;
+  }
+  // This replica's shard elements that belong to `mine`.
+  std::set<size_t> wanted(mine.begin(), mine.end());
+  int64_t elements = 0;
+  std::vector<torch::Tensor> subset;
+  for (size_t q : mine) {
+    subset.push_back(parameters_[q]);
+    h.parameters += stage_ == 3 ? static_cast<int64_t>(parameters_[q].storage().nbytes())
+                                : bytes_of(parameters_[q]);
+  }
+  for (const Slice& s : slices_) {
+    if (wanted.count(s.parameter)) elements += s.length;
+  }
+  const double share = shard_size_ > 0 ? static_cast<double>(elements) / shard_size_ : 0.0;
+  const auto part = [&](int64_t bytes) {
+    return static_cast<int64_t>(std::llround(share * static_cast<double>(bytes)));
+  };
+  if (stage_ == 3) h.parameters += part(bytes_of(gather_source()));
+  h.gradients = train::gradient_bytes(subset) + (offload_ ? 0 : part(bytes_of(shard_grad_)));
+  h.optimizer_state = part(state_bytes());
+  h.host = part(host_bytes());
+  // The buffers and the step's full gradients hold every parameter's elements once: `mine`'s
+  // share of the elements.
+  int64_t whole = 0;
+  for (size_t q : mine) whole += parameters_[q].numel();
+  const auto element_part = [&](int64_t bytes) {
+    return total_ > 0 ? static_cast<int64_t>(std::llround(static_cast<double>(whole) / total_ *
+                                                          static_cast<double>(bytes)))
+                      : 0;
+  };
+  (flat_on_host ? h.host : h.reduce_buffers) += element_part(reduce_buffer_bytes_);
+  h.step_gradients = element_part(step_gradient_bytes_);
+  return h;
+}
+
+int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {
+  std::vector<torch::Tensor> parameters;
+  for (const auto& group : optimizer.param_groups()) {
+    for (const auto& p : group.params()) parameters.push_back(p);
+  }
+  return optimizer_state_bytes(optimizer, parameters);
+}
+
+int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer,
+                              const std::vector<torch::Tensor>& parameters) {
+  // Counted where it lives: a copy (capture_optimizer's) would hold the state twice meanwhile.
+  const auto& states = optimizer.state();
+  int64_t total = 0;
+  std::set<const void*> seen;
+  for (const torch::Tensor& p : parameters) {
+    if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;
+    const auto found = states.find(p.unsafeGetTensorImpl());
+    if (found == states.end()) continue;
+    const torch::optim::OptimizerParamState* state = found->second.get();
+    if (const auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(state)) {
+      total += bytes_of(sgd->momentum_buffer());
+    } else if (const auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(state)) {
+      total += bytes_of(adam->exp_avg()) + bytes_of(adam->exp_avg_sq()) +
+               bytes_of(adam->max_exp_avg_sq());
+    } else if (const auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(state)) {
+      total += bytes_of(adamw->exp_avg()) + bytes_of(adamw->exp_avg_sq()) +
+               bytes_of(adamw->max_exp_avg_sq());
+    }
+  }
+  return total;
+}
+
+int64_t gradient_bytes(const std::vector<torch::Tensor>& parameters) {
+  int64_t total = 0;
+  for (const torch::Tensor& p : unique_parameters(parameters)) total += bytes_of(p.grad());
+  return total;
+}
+
+}  // namespace pipetrain::train
