@@ -30,12 +30,14 @@
 // finite: the message names the step), 2 bad usage or bad input.
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -60,6 +62,7 @@
 #include "pipetrain/train/finite_loss.h"
 #include "pipetrain/train/optimizer.h"
 #include "pipetrain/train/progress.h"
+#include "pipetrain/tune/memory_check.h"
 #include "pipetrain/train/step_runner.h"
 #include "pipetrain/train/token_batches.h"
 #include "pipetrain/train/trainer.h"
@@ -127,7 +130,8 @@ void evaluate_and_print(const std::string& when, train::Trainer& trainer, const 
 
 // Runs the Trainer with a progress bar on stderr and per-epoch evaluation on stdout.
 train::TrainSummary run_loop(const TrainArgs& args, BuiltModel& model, const BuiltData& data,
-                             train::Trainer& trainer, const Batches& batches) {
+                             train::Trainer& trainer, const Batches& batches,
+                             const std::vector<int64_t>& predicted_memory) {
   const bool print_steps = data.name == "tensors";
   std::optional<train::ProgressReporter> progress;
   trainer.on_step = [&](const train::StepReport& r) {
@@ -144,6 +148,9 @@ train::TrainSummary run_loop(const TrainArgs& args, BuiltModel& model, const Bui
                            .epochs(batches.epochs())
                            .first_step(trainer.first_step())
                            .log_every_steps(args.log_every));
+    }
+    if (!r.process_peak_bytes.empty()) {
+      progress->set_note(train::peak_memory_text(r.process_peak_bytes, predicted_memory));
     }
     progress->update(r.step + 1, r.epoch, r.samples, r.loss);
   };
@@ -163,7 +170,11 @@ struct Prepared {
   BuiltModel model;
   std::optional<train::Checkpoint> resume;
   std::optional<partition::Plan> auto_plan;  // when an auto flag was given
+  std::vector<int64_t> predicted_memory;     // per process, by check_memory (or its parent)
 };
+
+// The launching parent hands its prediction of each process's memory to the ranks.
+constexpr const char* kPredictedMemory = "PIPETRAIN_PREDICTED_MEMORY";
 
 // ---- auto plan (tune/auto_plan.h) -----------------------------------------------------------
 
@@ -180,6 +191,10 @@ AutoPlanInput auto_plan_input(const TrainArgs& args, const RunLayout& layout, in
   input.memory_limit_bytes = args.memory_limit_bytes;
   input.zero = args.zero;
   input.reshard_after_forward = args.reshard_after_forward;
+  input.zero_policy = train::zero_memory_policy(
+      args.zero_options, PipeOptions()
+                             .overlap_gradient_reduction(args.pipeline.overlap_grad_reduce)
+                             .bucket_bytes(bucket_bytes_of(args.pipeline.bucket_mb)));
   input.offload_optimizer = args.offload_optimizer;
   input.optimizer_state_multiple = tune::optimizer_state_multiple(args.optimizer, args.momentum);
   input.diagnostics = print_diagnostic;
@@ -319,6 +334,20 @@ void print_files(const TrainArgs& args, const train::TrainSummary& summary, int6
   }
 }
 
+// What the memory model needs of the flags.
+train::MemoryRunOptions memory_run_options(const TrainArgs& args, const RunLayout& layout) {
+  train::MemoryRunOptions run;
+  run.optimizer = args.optimizer;
+  run.momentum = args.momentum;
+  run.zero = args.zero;
+  run.reshard_after_forward = args.reshard_after_forward;
+  run.zero_options = args.zero_options;
+  run.offload_optimizer = args.offload_optimizer;
+  run.data_parallel = layout.replicas;
+  run.processes = layout.multi_process;
+  return run;
+}
+
 // --report-memory, on the main rank after training: the memory model's prediction for this run
 // (profiled on the first mini-batch) beside what every rank measured.
 void print_memory_report(const TrainArgs& args, Prepared& p, const Batches& batches,
@@ -326,14 +355,7 @@ void print_memory_report(const TrainArgs& args, Prepared& p, const Batches& batc
                          const RunLayout& layout) {
   if (summary.memory.empty()) return;
   auto [inputs, targets] = batches.source().at(0);
-  train::MemoryRunOptions run;
-  run.optimizer = args.optimizer;
-  run.momentum = args.momentum;
-  run.zero = args.zero;
-  run.reshard_after_forward = args.reshard_after_forward;
-  run.offload_optimizer = args.offload_optimizer;
-  run.data_parallel = layout.replicas;
-  run.processes = layout.multi_process;
+  train::MemoryRunOptions run = memory_run_options(args, layout);
   examples::BuiltModel mirrored;
   const examples::BuiltModel* profiled = &p.model;
   if (layout.tensor_parallel > 1) {
@@ -371,7 +393,8 @@ int train_with(const TrainArgs& args, Prepared& p, train::StepRunner& runner, in
     }
   }
   print_start(args, p, runner, threads);
-  const train::TrainSummary result = run_loop(args, p.model, p.data, trainer, batches);
+  const train::TrainSummary result =
+      run_loop(args, p.model, p.data, trainer, batches, p.predicted_memory);
   if (p.data.corpus) evaluate_and_print("final", trainer, p.model, p.data);
   const bool main = runner.is_main();
   if (main && pipe) print_memory_report(args, p, batches, result, *pipe, layout);
@@ -380,6 +403,13 @@ int train_with(const TrainArgs& args, Prepared& p, train::StepRunner& runner, in
   }
   if (main) {
     print_files(args, result, batches.total_steps(), runner.trace_rows());
+    std::printf("memory: %s; every process:", train::peak_memory_text(result.process_peak_bytes,
+                                                                      p.predicted_memory)
+                                                  .c_str());
+    for (int64_t peak : result.process_peak_bytes) {
+      std::printf(" %s", partition::format_bytes(peak).c_str());
+    }
+    std::printf("\n");
     std::printf("done: %lld steps in %.3f s (%.1f steps/s, %.1f samples/s), loss %.6f -> %.6f\n",
                 static_cast<long long>(result.steps), result.seconds,
                 result.seconds > 0 ? result.steps / result.seconds : 0.0,
@@ -405,6 +435,49 @@ int train_with(const TrainArgs& args, Prepared& p, train::StepRunner& runner, in
   }
   std::fflush(stdout);
   return 0;
+}
+
+// Before any rank builds its share of the model: the memory model's need of this run on this
+// machine against what it has (tune/memory_check.h); a run that does not fit is refused (exit 2)
+// naming both and the settings that fit. Not for sequential training, an auto plan (bounded by
+// --memory-limit) or ranks started by another launcher.
+void check_memory(const TrainArgs& args, const RunLayout& layout, Prepared& p) {
+  if (args.skip_memory_check || args.auto_request.any() || is_sequential(args.pipeline, layout)) {
+    return;
+  }
+  tune::MemoryCheckInput input;
+  if (p.model.llama) {
+    input.llama = p.model.llama.get();
+    input.tensor_parallel = layout.tensor_parallel;
+    input.sequence_parallel = args.sequence_parallel;
+  } else {
+    input.model = p.model.sequential;
+    input.loss = p.model.loss;
+  }
+  Batches batches(args, p.model, p.data);
+  std::tie(input.inputs, input.targets) = batches.source().at(0);
+  const int64_t layers = static_cast<int64_t>(p.model.sequential->size());
+  input.pipe = pipe_options(args.pipeline, layout, layers);
+  input.run = memory_run_options(args, layout);
+  const int ranks = layout.pipeline_ranks;
+  if (layout.multi_process) {
+    for (int r = 0; r < layout.world; ++r) input.ranks_of_process.push_back({r % ranks});
+  } else {
+    input.ranks_of_process.emplace_back();
+    for (int r = 0; r < ranks; ++r) input.ranks_of_process.back().push_back(r);
+  }
+  input.budget_per_rank = args.memory_limit_bytes;
+  const train::MemoryFit fit =
+      as_usage_error("", [&] { return tune::check_run_memory(input); });
+  if (!fit.fits()) throw UsageError(train::memory_fit_text(fit));
+  p.predicted_memory = train::process_needs(fit, input.ranks_of_process);
+  std::string list;
+  for (int64_t bytes : p.predicted_memory) list += (list.empty() ? "" : ",") + std::to_string(bytes);
+  ::setenv(kPredictedMemory, list.c_str(), 1);  // the ranks this process starts read it
+  std::printf("memory: this run needs %s of the %s available (%s)\n",
+              partition::format_bytes(fit.run.needed).c_str(),
+              partition::format_bytes(fit.available.bytes).c_str(), fit.available.source.c_str());
+  std::fflush(stdout);
 }
 
 void print_auto_plan(const partition::Plan& plan) {
@@ -444,6 +517,7 @@ int run_train(const TrainArgs& given) {
       as_usage_error(
           "", [&] { models::check_llama_tensor_parallel(*p.model.llama, layout.tensor_parallel); });
     }
+    check_memory(args, layout, p);
     const std::string tensor = layout.tensor_parallel > 1
                                    ? std::to_string(layout.tensor_parallel) + " tensor-parallel x "
                                    : "";
@@ -457,6 +531,13 @@ int run_train(const TrainArgs& given) {
   if (launched) {
     DistributedEnvironment environment = DistributedEnvironment::from_environment();
     resume_after_restart(args, environment.restart_count);
+    std::vector<int64_t> predicted_memory;  // the parent's check_memory
+    if (const char* list = std::getenv(kPredictedMemory)) {
+      std::stringstream items(list);
+      for (std::string item; std::getline(items, item, ',');) {
+        predicted_memory.push_back(std::atoll(item.c_str()));
+      }
+    }
     RunLayout layout = layout_of(args.pipeline, environment.world_size);
     const int threads = threads_per_rank(args.pipeline, layout);
     at::set_num_threads(threads);
@@ -503,6 +584,7 @@ int run_train(const TrainArgs& given) {
         usage_error = error.what();  // every rank is here: stop cleanly, exit 2 below
         return;
       }
+      p->predicted_memory = predicted_memory;
       PipeOptions pipe =
           pipe_options(args.pipeline, layout, static_cast<int64_t>(p->model.sequential->size()));
       const std::string text = describe_pipeline(pipe, pipe.balance(), layout);
@@ -525,6 +607,7 @@ int run_train(const TrainArgs& given) {
   const int threads = threads_per_rank(args.pipeline, layout);
   Prepared p = prepare(args, layout);
   if (p.auto_plan) print_auto_plan(*p.auto_plan);
+  check_memory(args, layout, p);
   std::unique_ptr<train::StepRunner> runner;
   std::optional<PipeOptions> pipe;
   if (is_sequential(args.pipeline, layout)) {

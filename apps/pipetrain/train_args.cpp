@@ -98,8 +98,11 @@ void add_pipeline_flags(CLI::App& command, TrainArgs& args) {
       ->capture_default_str()
       ->each([&args](const std::string&) { args.checkpoint_given = true; });
   command.add_option("--memory-limit", args.memory_limit,
-                     "with an auto plan: bytes per rank the plan may use (e.g. 2GiB, 512MiB; "
+                     "bytes per rank: the budget the run is checked against before it starts "
+                     "(instead of the machine's), and an auto plan may use (e.g. 2GiB, 512MiB; "
                      "none: no limit)");
+  command.add_flag("--skip-memory-check", args.skip_memory_check,
+                   "start the run even where the memory model predicts it will not fit");
 }
 
 // The optimizer, its learning-rate schedule and clipping.
@@ -161,6 +164,9 @@ void add_optimizer_flags(CLI::App& command, TrainArgs& args) {
   for (int s = 0; s < 4; ++s) {
     command.add_option(sizes[s][0], args.zero3_sizes[s], sizes[s][1])->capture_default_str();
   }
+  command.add_flag("--zero-keep-freed-memory", args.zero_keep_freed_memory,
+                   "--zero 2/3 on the CPU: leave the heap's freed pages resident (faster, more "
+                   "resident memory) instead of returning them after each layer");
   command.add_flag("--report-memory", args.report_memory,
                    "after the last step, print what each rank holds per category (parameters, "
                    "gradients, optimizer state, activations, transport), predicted by the memory "
@@ -328,7 +334,8 @@ void resolve_auto_flags(TrainArgs& args) {
                             .prefetch_bytes(bytes[0])
                             .max_live_bytes(bytes[1])
                             .max_reuse_distance(bytes[2])
-                            .persistence_threshold(bytes[3]);
+                            .persistence_threshold(bytes[3])
+                            .return_freed_memory(!args.zero_keep_freed_memory);
   }
   try {
     args.pipeline.precision = parse_precision(args.precision_name);  // parsed once, here
@@ -371,11 +378,6 @@ void check_choices(const TrainArgs& args) {
     fail(
         "--schedule-file fixes the schedule, micro-batches and stages, so there is nothing for "
         "auto to plan; drop the auto flags or --schedule-file");
-  }
-  if (args.memory_limit_bytes > 0 && !args.auto_request.any()) {
-    fail(
-        "--memory-limit bounds the auto plan; add --balance auto or --schedule auto (or drop "
-        "--memory-limit)");
   }
   if (!contains(kCheckpoints, args.pipeline.checkpoint) && !args.auto_request.checkpoint) {
     fail("unknown --checkpoint '" + args.pipeline.checkpoint +
@@ -420,7 +422,8 @@ train::TrainerOptions trainer_settings(const TrainArgs& args, int64_t total_step
       .save_every(args.save_every)
       .trace_path(args.trace)
       .timeline_path(args.timeline)
-      .report_memory(args.report_memory);
+      .report_memory(args.report_memory)
+      .memory_every(args.log_every);
 }
 
 namespace {

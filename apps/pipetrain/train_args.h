@@ -31,6 +31,7 @@ struct TrainArgs {
   bool checkpoint_given = false;
   std::string memory_limit;  // per rank, bounds the auto plan; "" or "none": no limit
   int64_t memory_limit_bytes = 0;
+  bool skip_memory_check = false;
   tune::AutoRequest
       auto_request;  // what --balance/--schedule/--chunks/--checkpoint auto leave open
   std::string optimizer = "adam";
@@ -51,6 +52,7 @@ struct TrainArgs {
   // zero_options by resolve_auto_flags.
   std::string zero_gradients = "stream", zero3_unit = "layer";
   std::string zero3_sizes[4] = {"50MiB", "0", "0", "0"};
+  bool zero_keep_freed_memory = false;
   train::ZeroOptions zero_options;
   bool report_memory = false;
   bool sequence_parallel = false;  // --sequence-parallel (with --tp)

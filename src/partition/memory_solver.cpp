@@ -13,6 +13,7 @@
 #include "pipetrain/schedule/lower.h"
 #include "pipetrain/schedule/residency.h"
 #include "pipetrain/schedule/send_release.h"
+#include "zero_memory.h"
 
 namespace pipetrain::partition {
 
@@ -291,69 +292,6 @@ StashPeaks stash_peaks(const schedule::Schedule& schedule, const std::vector<std
   return peaks;
 }
 
-// ZeRO-3's gathered category: the most bytes of whole stage parameters rank r holds at once,
-// walking its residency plan as the interpreter follows it.
-std::int64_t gathered_peak(const schedule::Schedule& schedule, int r,
-                           const std::vector<std::int64_t>& stage_parameters, bool reshard) {
-  const schedule::ResidencyPlan plan = schedule::parameter_residency(schedule, r, reshard);
-  std::set<int> whole;
-  std::int64_t held = 0, peak = 0;
-  for (const schedule::ResidencyStep& step : plan.steps) {
-    if (step.needs >= 0 && whole.insert(step.needs).second) {
-      held += stage_parameters[static_cast<std::size_t>(step.needs)];
-      peak = std::max(peak, held);
-    }
-    if (step.release >= 0 && whole.erase(step.release) > 0) {
-      held -= stage_parameters[static_cast<std::size_t>(step.release)];
-    }
-  }
-  return peak;
-}
-
-// ZeRO-3's gather buffers: the most receive-buffer bytes rank r has in flight at once, walking
-// its residency plan as the interpreter follows it (ShardedOptimizer: a gather starts before the
-// first action or after an action, as the prefetch; a wait before an action that needs a stage
-// not yet whole starts it if nobody did; a release waits for a gather still running). A stage
-// whole or in flight is not gathered again.
-std::int64_t gather_buffer_peak(const schedule::Schedule& schedule, int r,
-                                const std::vector<std::int64_t>& stage_buffers, bool reshard) {
-  const schedule::ResidencyPlan plan = schedule::parameter_residency(schedule, r, reshard);
-  std::set<int> in_flight, whole;
-  std::int64_t flying = 0, peak = 0;
-  auto start = [&](int j) {
-    if (whole.count(j) || !in_flight.insert(j).second) return;
-    flying += stage_buffers[static_cast<std::size_t>(j)];
-    peak = std::max(peak, flying);
-  };
-  auto land = [&](int j) {
-    if (in_flight.erase(j) > 0) flying -= stage_buffers[static_cast<std::size_t>(j)];
-  };
-  if (plan.first >= 0) start(plan.first);
-  for (const schedule::ResidencyStep& step : plan.steps) {
-    if (step.needs >= 0 && !whole.count(step.needs)) {
-      start(step.needs);
-      land(step.needs);
-      whole.insert(step.needs);
-    }
-    if (step.release >= 0) {
-      land(step.release);
-      whole.erase(step.release);
-    }
-    if (step.prefetch >= 0) start(step.prefetch);
-  }
-  return peak;
-}
-
-// One ZeRO-3 segment's gather buffer: `bytes` of parameters of `element` bytes each, padded to a
-// multiple of dp elements and received in `wire` bytes each; narrowed (wire < element), the
-// rank's piece is first copied into the wire dtype too.
-std::int64_t segment_gather_bytes(std::int64_t bytes, std::int64_t element, std::int64_t wire,
-                                  std::int64_t dp) {
-  const std::int64_t elements = (bytes + element - 1) / element;
-  const std::int64_t piece = (elements + dp - 1) / dp;
-  return piece * dp * wire + (wire < element && elements > 0 ? piece * wire : 0);
-}
-
 }  // namespace
 
 SendWalk send_walk(const schedule::Schedule& schedule) {
@@ -430,9 +368,9 @@ std::vector<RankMemory> predict_memory(const ModelProfile& profile, const std::v
   std::vector<std::int64_t> input(static_cast<std::size_t>(S), 0);
   std::vector<std::int64_t> body(static_cast<std::size_t>(S), 0);
   std::vector<std::int64_t> output_bytes(static_cast<std::size_t>(S), 0);
-  std::vector<std::int64_t> stage_parameters(static_cast<std::size_t>(S), 0);
-  std::vector<std::int64_t> stage_narrowed(static_cast<std::size_t>(S), 0);  // ZeRO-3, bf16
-  const bool split = schedule.splits_backward();
+  // Every training forward is recorded for a split backward where the schedule splits it, or
+  // where ZeRO's hooks take each layer's uses and gradients.
+  const bool split = schedule.splits_backward() || detail::zero_uses_hooks(options);
   std::int64_t first = 0;
   for (int j = 0; j < S; ++j) {
     const std::int64_t end = first + balance[j];
@@ -441,25 +379,7 @@ std::vector<RankMemory> predict_memory(const ModelProfile& profile, const std::v
     input[j] = bytes.input;
     body[j] = (split ? bytes.split_body : bytes.body) + (j == S - 1 ? options.loss_bytes : 0);
     ranks[static_cast<std::size_t>(schedule.stage_rank[j])].parameters += bytes.parameters;
-    stage_parameters[j] = bytes.parameters;
-    for (std::int64_t l = first; l < end && options.cast_gathers; ++l) {
-      stage_narrowed[static_cast<std::size_t>(j)] +=
-          profile.layers[static_cast<std::size_t>(l)].cast_parameter_bytes;
-    }
     first = end;
-  }
-  // [ZeRO-3] each stage's gather buffer: its float32 segment and its narrowed one.
-  std::vector<std::int64_t> stage_buffers(static_cast<std::size_t>(S), 0);
-  if (options.zero == 3) {
-    for (int j = 0; j < S; ++j) {
-      const auto js = static_cast<std::size_t>(j);
-      const std::int64_t narrowed = stage_narrowed[js];
-      const std::int64_t element = options.parameter_element_bytes;
-      stage_buffers[js] = segment_gather_bytes(stage_parameters[js] - narrowed, element, element,
-                                               options.data_parallel) +
-                          segment_gather_bytes(narrowed, element, options.narrowed_element_bytes,
-                                               options.data_parallel);
-    }
   }
   // Offload's prefetch points include communication: walk the list the interpreter runs.
   const StashPeaks peaks = options.offload && !schedule::is_lowered(schedule)
@@ -474,38 +394,14 @@ std::vector<RankMemory> predict_memory(const ModelProfile& profile, const std::v
     RankMemory& rank = ranks[r];
     rank.activations = peaks.activations[r];
     rank.offloaded = peaks.offloaded[r];
-    // [ZeRO] the rank's parameters end to end, padded to a multiple of dp elements.
-    const std::int64_t element = options.parameter_element_bytes;
-    const std::int64_t elements = (rank.parameters + element - 1) / element;
-    const std::int64_t dp = options.data_parallel;
-    const std::int64_t shard = (elements + dp - 1) / dp * element;
-    const std::int64_t held = options.zero == 0 ? rank.parameters : shard;
-    // The gradient sum's flat copies: every gradient once (ZeRO: padded to dp x shard).
-    const bool reduces = dp > 1 || options.zero > 0;
-    const std::int64_t flat = options.zero == 0 ? rank.parameters : dp * shard;
-    if (options.zero >= 2) rank.step_gradients = rank.parameters;
-    rank.gradients = options.zero == 0   ? rank.parameters
-                     : options.zero == 1 ? rank.parameters + shard
-                                         : shard;
-    rank.optimizer_state = static_cast<std::int64_t>(
-        std::llround(static_cast<double>(held) * options.optimizer_state_multiple));
-    if (options.zero == 3) {
-      rank.parameters = shard;
-      rank.gathered = gathered_peak(schedule, static_cast<int>(r), stage_parameters,
-                                    options.reshard_after_forward);
-      rank.gather_buffers = gather_buffer_peak(schedule, static_cast<int>(r), stage_buffers,
-                                               options.reshard_after_forward);
-    }
-    if (options.offload_optimizer && options.zero > 0) {
-      // The host keeps the shard's float32 values (the step's), its gradient and the state; the
-      // device keeps the parameters, their gradients and (ZeRO-3) the shard the gathers read.
-      rank.offloaded += 2 * shard + rank.optimizer_state;
-      rank.gradients -= shard;
-      rank.optimizer_state = 0;
-    }
-    if (reduces) {
-      // Without replicas an offloaded rank builds the flat where its shard lives, the host.
-      (options.offload_optimizer && dp == 1 ? rank.offloaded : rank.reduce_buffers) += flat;
+    if (options.zero > 0) {
+      detail::add_zero_memory(profile, balance, schedule, static_cast<int>(r), options, rank);
+    } else {
+      rank.gradients = rank.parameters;
+      rank.optimizer_state = static_cast<std::int64_t>(
+          std::llround(static_cast<double>(rank.parameters) * options.optimizer_state_multiple));
+      // The replicas' gradient sum: every gradient once (its flat copy, or its buckets).
+      if (options.data_parallel > 1) rank.reduce_buffers = rank.parameters;
     }
     if (options.processes) {
       receive_bytes(schedule, static_cast<int>(r), output_bytes, rank);

@@ -557,6 +557,7 @@ MemoryModelOptions memory_model_options(const Plan& plan, const PlannerOptions& 
   memory.optimizer_state_multiple = options.optimizer_state_multiple;
   memory.zero = options.zero;
   memory.reshard_after_forward = options.reshard_after_forward;
+  memory.zero_policy = options.zero_policy;
   memory.offload_optimizer = options.offload_optimizer;
   memory.data_parallel = options.data_parallel;
   memory.processes = options.processes;

@@ -201,6 +201,9 @@ void to_json(nlohmann::json& out, const ModelProfile& profile) {
     layers.push_back({{"name", layer.name},
                       {"parameter_bytes", layer.parameter_bytes},
                       {"cast_parameter_bytes", layer.cast_parameter_bytes},
+                      {"parameter_sizes", layer.parameter_sizes},
+                      {"shared_parameters", layer.shared_parameters},
+                      {"cast_parameters", layer.cast_parameters},
                       {"update_seconds", layer.update_seconds},
                       {"costs", costs}});
   }
@@ -268,6 +271,17 @@ void from_json(const nlohmann::json& in, ModelProfile& profile) {
     layer.name = layer_json.value("name", std::string());
     layer.parameter_bytes = layer_json.value("parameter_bytes", std::int64_t{0});
     layer.cast_parameter_bytes = layer_json.value("cast_parameter_bytes", std::int64_t{0});
+    layer.parameter_sizes =
+        layer_json.value("parameter_sizes", std::vector<std::int64_t>{});
+    layer.shared_parameters = layer_json.value("shared_parameters", std::vector<bool>{});
+    layer.cast_parameters = layer_json.value("cast_parameters", std::vector<bool>{});
+    if (layer.shared_parameters.size() != layer.parameter_sizes.size() ||
+        layer.cast_parameters.size() != layer.parameter_sizes.size()) {
+      throw BadInput("profile: layer '" + layer.name + "' lists " +
+                     std::to_string(layer.parameter_sizes.size()) + " parameter sizes, " +
+                     std::to_string(layer.shared_parameters.size()) + " shared flags and " +
+                     std::to_string(layer.cast_parameters.size()) + " cast flags");
+    }
     layer.update_seconds = layer_json.value("update_seconds", 0.0);
     for (const auto& c : layer_json.at("costs")) {
       LayerCost cost;

@@ -337,12 +337,19 @@ ModelProfile profile_sequential(torch::nn::Sequential& model, const torch::Tenso
   // Which parameters autocast alone reads is decided over the whole model: a weight tied to a
   // layer that reads it in float32 does not qualify in any layer.
   const std::set<const void*> narrowable = narrowable_parameters(*model);
+  std::map<const void*, int> users;  // layers using each parameter tensor
+  for (const auto* layer : layers) {
+    for (const auto& p : layer->ptr()->parameters()) ++users[p.unsafeGetTensorImpl()];
+  }
   for (std::size_t l = 0; l < layers.size(); ++l) {
     profile.layers.push_back(parameter_profile(l, *layers[l], options));
+    LayerProfile& layer = profile.layers.back();
     for (const auto& p : layers[l]->ptr()->parameters()) {
-      if (narrowable.count(p.unsafeGetTensorImpl())) {
-        profile.layers.back().cast_parameter_bytes += tensor_bytes(p);
-      }
+      const bool cast = narrowable.count(p.unsafeGetTensorImpl()) > 0;
+      if (cast) layer.cast_parameter_bytes += tensor_bytes(p);
+      layer.parameter_sizes.push_back(tensor_bytes(p));
+      layer.shared_parameters.push_back(users[p.unsafeGetTensorImpl()] > 1);
+      layer.cast_parameters.push_back(cast);
     }
   }
   if (!sample_batch.device().is_cpu()) {

@@ -208,6 +208,10 @@ int threads_per_rank(const PipelineRequest& r, const RunLayout& layout) {
   return std::max(1, cores / std::max(1, ranks_here));
 }
 
+int64_t bucket_bytes_of(double mib) {
+  return static_cast<int64_t>(std::clamp(mib * (1 << 20), 1.0, 0x1p62));
+}
+
 PipeOptions pipe_options(const PipelineRequest& r, const RunLayout& layout, int64_t layers) {
   PipeOptions options;
   options.chunks(chunks_of(r, layout))
@@ -219,7 +223,7 @@ PipeOptions pipe_options(const PipelineRequest& r, const RunLayout& layout, int6
       .offload_activations(r.offload_activations)
       .overlap_gradient_reduction(r.overlap_grad_reduce)
       // Clamped to what int64 holds: a bucket larger than every gradient is one bucket anyway.
-      .bucket_bytes(static_cast<int64_t>(std::clamp(r.bucket_mb * (1 << 20), 1.0, 0x1p62)));
+      .bucket_bytes(bucket_bytes_of(r.bucket_mb));
   options.checkpoint(parse_checkpoint(r.checkpoint));
   int64_t ranks = layout.multi_process ? layout.pipeline_ranks : r.stages;
   if (layout.multi_process && !r.devices.empty()) {

@@ -142,4 +142,41 @@ UnitPlan plan_units(const std::vector<UnitId>& uses, const std::vector<std::int6
   return plan;
 }
 
+UnitPeaks unit_peaks(const UnitPlan& plan, const std::vector<std::int64_t>& whole_bytes,
+                     const std::vector<std::int64_t>& in_flight_bytes) {
+  if (whole_bytes.size() != in_flight_bytes.size()) {
+    throw BadInput("unit_peaks: " + std::to_string(whole_bytes.size()) + " whole and " +
+                   std::to_string(in_flight_bytes.size()) + " in-flight sizes");
+  }
+  enum State : char { kFreed, kInFlight, kWhole };
+  std::vector<char> state(whole_bytes.size(), kFreed);
+  UnitPeaks peaks;
+  std::int64_t whole = 0, in_flight = 0;
+  auto at = [&](UnitId x) { return static_cast<std::size_t>(x); };
+  auto start = [&](UnitId x) {
+    if (state[at(x)] != kFreed) return;
+    state[at(x)] = kInFlight;
+    in_flight += in_flight_bytes[at(x)];
+    peaks.in_flight = std::max(peaks.in_flight, in_flight);
+  };
+  for (UnitId x : plan.first) start(x);
+  for (std::size_t t = 0; t < plan.uses.size(); ++t) {
+    const UnitId x = plan.uses[t];
+    start(x);
+    if (state[at(x)] == kInFlight) {
+      in_flight -= in_flight_bytes[at(x)];
+      whole += whole_bytes[at(x)];
+      state[at(x)] = kWhole;
+      peaks.whole = std::max(peaks.whole, whole);
+    }
+    for (UnitId r : plan.after[t].release) {
+      if (state[at(r)] == kWhole) whole -= whole_bytes[at(r)];
+      if (state[at(r)] == kInFlight) in_flight -= in_flight_bytes[at(r)];
+      state[at(r)] = kFreed;
+    }
+    for (UnitId g : plan.after[t].gather) start(g);
+  }
+  return peaks;
+}
+
 }  // namespace pipetrain::schedule

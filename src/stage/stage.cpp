@@ -126,6 +126,15 @@ std::vector<torch::Tensor> grad_of(const std::vector<torch::Tensor>& roots,
   return result;
 }
 
+// f() with this thread's allocations counted nowhere: what the parameter hooks gather during a
+// forward is the parameters' memory (ZeRO's gathered category), not the micro-batch's stash.
+template <typename F>
+void uncounted(F&& f) {
+  AllocationCounter elsewhere;
+  CountAllocations not_the_stash(elsewhere);
+  f();
+}
+
 // A received gradient crossed in the wire dtype (stage/precision.h): it takes its root's dtype.
 void add_root(const torch::Tensor& root, const torch::Tensor& grad,
               std::vector<torch::Tensor>& roots, std::vector<torch::Tensor>& grads) {
@@ -251,10 +260,10 @@ void Stage::run_layers(Microbatch& state, bool record, bool recomputing, bool ho
     std::vector<torch::Tensor> outputs;
     const bool hook = hooked && hooks_ && has_parameters_[l];
     try {
-      if (hook) hooks_->acquire(index_, l);
+      if (hook) uncounted([&] { hooks_->acquire(index_, l); });
       outputs =
           call_layer(const_cast<torch::nn::AnyModule&>(layers_[l].module), layers_[l].name, values);
-      if (hook) hooks_->release(index_, l);
+      if (hook) uncounted([&] { hooks_->release(index_, l); });
     } catch (const std::exception& e) {
       // The layer's own error keeps its kind (a misused skip is still BadInput); anything else
       // a layer throws is a failure at run time.

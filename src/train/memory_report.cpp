@@ -38,6 +38,14 @@ int64_t loss_bytes(torch::nn::Sequential& model, const torch::Tensor& inputs,
     const AutocastGuard autocast(precision, inputs.device());
     output = model->forward(inputs);
   }
+  return loss_saved_bytes(output, targets, loss, precision);
+}
+
+}  // namespace
+
+int64_t loss_saved_bytes(const torch::Tensor& model_output, const torch::Tensor& targets,
+                         const LossFn& loss, Precision precision) {
+  torch::Tensor output = model_output;
   const bool cast_counts = precision != Precision::kFloat32;
   if (!cast_counts && output.is_floating_point() && output.scalar_type() != torch::kFloat)
     output = output.to(torch::kFloat);
@@ -53,8 +61,6 @@ int64_t loss_bytes(torch::nn::Sequential& model, const torch::Tensor& inputs,
   }
   return counter.live_bytes();
 }
-
-}  // namespace
 
 std::vector<MeasuredRankMemory> measure_memory(StepRunner& runner,
                                                const torch::optim::Optimizer* optimizer,
@@ -123,6 +129,15 @@ std::vector<MeasuredRankMemory> gather_memory(StepRunner& runner,
 
 namespace {
 
+// What the memory model covers.
+void check_memory_run(const PipeOptions& pipe, const MemoryRunOptions& run) {
+  PIPETRAIN_CHECK_INPUT(pipe.precision() != Precision::kFloat16,
+                        "the memory model predicts float32 and bf16 stages; --precision fp16 is "
+                        "not covered (use fp32 or bf16)");
+  PIPETRAIN_CHECK_INPUT(run.data_parallel >= 1, "data_parallel must be >= 1 (got ",
+                        run.data_parallel, ")");
+}
+
 // The one device every parameter of `model` is on (the host for a model without parameters).
 torch::Device parameters_device(torch::nn::Sequential& model) {
   std::optional<torch::Device> device;
@@ -140,10 +155,11 @@ torch::Device parameters_device(torch::nn::Sequential& model) {
 
 }  // namespace
 
-MemoryPrediction predict_training_memory(torch::nn::Sequential model,
-                                         const torch::Tensor& host_inputs,
-                                         const torch::Tensor& host_targets, const LossFn& loss,
-                                         const PipeOptions& pipe, const MemoryRunOptions& run) {
+TrainingMemoryProfile profile_training_memory(torch::nn::Sequential model,
+                                              const torch::Tensor& host_inputs,
+                                              const torch::Tensor& host_targets,
+                                              const LossFn& loss, const PipeOptions& pipe,
+                                              const MemoryRunOptions& run) {
   if (run.device) {
     for (const torch::Tensor& parameter : model->parameters()) {
       if (parameter.device() != *run.device) {
@@ -155,38 +171,29 @@ MemoryPrediction predict_training_memory(torch::nn::Sequential model,
   const torch::Device device = parameters_device(model);
   const torch::Tensor inputs = host_inputs.to(device);
   const torch::Tensor targets = host_targets.to(device);
-  PIPETRAIN_CHECK_INPUT(pipe.precision() != Precision::kFloat16,
-                        "the memory model predicts float32 and bf16 stages; --precision fp16 is "
-                        "not covered (use fp32 or bf16)");
-  PIPETRAIN_CHECK_INPUT(run.data_parallel >= 1, "data_parallel must be >= 1 (got ",
-                        run.data_parallel, ")");
+  check_memory_run(pipe, run);
   const int64_t layers = static_cast<int64_t>(model->size());
   std::vector<int> balance;
   for (int64_t count : stage_balance(pipe, layers)) balance.push_back(static_cast<int>(count));
-  const int stages = static_cast<int>(balance.size());
-  const int ranks = stages / static_cast<int>(pipe.virtual_stages());
 
   // The rows one replica runs, cut into micro-batches as the runtime cuts them.
   const int64_t share = microbatch_sizes(inputs.size(0), run.data_parallel).front();
   const std::vector<int64_t> sizes = microbatch_sizes(share, pipe.chunks());
-  MemoryPrediction prediction;
-  prediction.microbatch_size = *std::max_element(sizes.begin(), sizes.end());
-  const schedule::Schedule schedule =
-      training_schedule_for(pipe, ranks, stages, static_cast<int>(sizes.size()));
-  prediction.stage_rank = schedule.stage_rank;
-
-  const int64_t m = prediction.microbatch_size;
-  pp::ModelProfile profile =
-      pp::profile_sequential(model, inputs.narrow(0, 0, m),
-                             pp::ProfileOptions()
-                                 .microbatch_sizes({m})
-                                 .warmup(0)
-                                 .repeats(1)
-                                 .min_trial_seconds(0)
-                                 .measure_transfer(false)
-                                 .intra_op_threads(static_cast<int>(pipe.threads_per_stage()))
-                                 .precision(pipe.precision()));
-  prediction.loss_bytes =
+  TrainingMemoryProfile measured;
+  measured.microbatches = static_cast<int>(sizes.size());
+  measured.microbatch_size = *std::max_element(sizes.begin(), sizes.end());
+  const int64_t m = measured.microbatch_size;
+  pp::ModelProfile& profile = measured.profile;
+  profile = pp::profile_sequential(model, inputs.narrow(0, 0, m),
+                                   pp::ProfileOptions()
+                                       .microbatch_sizes({m})
+                                       .warmup(0)
+                                       .repeats(1)
+                                       .min_trial_seconds(0)
+                                       .measure_transfer(false)
+                                       .intra_op_threads(static_cast<int>(pipe.threads_per_stage()))
+                                       .precision(pipe.precision()));
+  measured.loss_bytes =
       loss_bytes(model, inputs.narrow(0, 0, m), targets.narrow(0, 0, m), loss, pipe.precision());
   if (pipe.precision() != Precision::kFloat32) {
     // Each stage's layers as the stage runs them: from its input in the wire dtype, not from what
@@ -217,11 +224,30 @@ MemoryPrediction predict_training_memory(torch::nn::Sequential model,
     }
   }
 
+  return measured;
+}
+
+MemoryPrediction predict_from_profile(const TrainingMemoryProfile& measured,
+                                      const PipeOptions& pipe, const MemoryRunOptions& run) {
+  check_memory_run(pipe, run);
+  std::vector<int> balance;
+  for (int64_t count : stage_balance(pipe, measured.profile.num_layers())) {
+    balance.push_back(static_cast<int>(count));
+  }
+  const int stages = static_cast<int>(balance.size());
+  const int ranks = stages / static_cast<int>(pipe.virtual_stages());
+  const schedule::Schedule schedule =
+      training_schedule_for(pipe, ranks, stages, measured.microbatches);
+  MemoryPrediction prediction;
+  prediction.microbatch_size = measured.microbatch_size;
+  prediction.loss_bytes = measured.loss_bytes;
+  prediction.stage_rank = schedule.stage_rank;
   pp::MemoryModelOptions options;
   options.checkpoint = pipe.checkpoint();
   options.optimizer_state_multiple = tune::optimizer_state_multiple(run.optimizer, run.momentum);
   options.zero = run.zero;
   options.reshard_after_forward = run.reshard_after_forward;
+  options.zero_policy = zero_memory_policy(run.zero_options, pipe);
   options.offload_optimizer = run.offload_optimizer;
   options.cast_gathers = gathers_narrowed(
       ZeroOptions().stage(run.zero).cast_gather(run.cast_gather), pipe.precision());
@@ -237,8 +263,16 @@ MemoryPrediction predict_training_memory(torch::nn::Sequential model,
   for (const torch::Device& device : pipe.devices()) {
     options.offload_frees_stash.push_back(device.is_cuda());
   }
-  prediction.ranks = pp::predict_memory(profile, balance, m, schedule, options);
+  prediction.ranks = pp::predict_memory(measured.profile, balance, measured.microbatch_size,
+                                        schedule, options);
   return prediction;
+}
+
+MemoryPrediction predict_training_memory(torch::nn::Sequential model, const torch::Tensor& inputs,
+                                         const torch::Tensor& targets, const LossFn& loss,
+                                         const PipeOptions& pipe, const MemoryRunOptions& run) {
+  return predict_from_profile(profile_training_memory(model, inputs, targets, loss, pipe, run),
+                              pipe, run);
 }
 
 std::string offload_report_text(const std::vector<StepRunner::RankHoldings>& ranks,

@@ -77,7 +77,11 @@ std::string ProgressReporter::status(bool terminal) const {
                   static_cast<long long>(step_), static_cast<long long>(options_.total_steps()),
                   samples_per_second(), smoothed_loss_, format_duration(eta).c_str());
   }
-  return out + numbers;
+  return out + numbers + (note_.empty() ? "" : "  " + note_);
+}
+
+void ProgressReporter::set_note(std::string note) {
+  note_ = std::move(note);
 }
 
 void ProgressReporter::draw(const std::string& text) {

@@ -5,12 +5,16 @@
 // sharded_optimizer_state.cpp. [n] cite the header's steps.
 #include "pipetrain/train/sharded_optimizer.h"
 
+#include <malloc.h>
 #include <algorithm>
 #include <limits>
 #include <map>
 #include <set>
 #include <tuple>
 
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
 #include <torch/torch.h>
 
 #include "pipetrain/base/check.h"
@@ -79,6 +83,17 @@ bool gathers_by_layer(const ZeroOptions& zero) {
 
 bool streams_gradients(const ZeroOptions& zero) {
   return zero.stage() >= 2 && zero.gradients() == ZeroGradients::kStream;
+}
+
+partition::ZeroMemoryPolicy zero_memory_policy(const ZeroOptions& zero, const PipeOptions& pipe) {
+  partition::ZeroMemoryPolicy policy;
+  policy.stream = zero.gradients() == ZeroGradients::kStream;
+  policy.by_layer = zero.unit() == ZeroUnit::kLayer;
+  policy.overlap = pipe.overlap_gradient_reduction();
+  policy.bucket_bytes = pipe.bucket_bytes();
+  policy.units = {zero.prefetch_bytes(), zero.max_live_bytes(), zero.max_reuse_distance()};
+  policy.persistence_threshold = zero.persistence_threshold();
+  return policy;
 }
 
 ShardedOptimizer::ShardedOptimizer(Distributed* distributed, std::vector<torch::Tensor> parameters,
@@ -245,17 +260,56 @@ ShardedOptimizer::ShardedOptimizer(Distributed* distributed, std::vector<torch::
                               .dtype(dtype)
                               .device(state_device)
                               .pinned_memory(offload_ && device.is_cuda());
-  if (aliased_) {
-    for (const Slice& s : slices_) {
-      parts_.push_back(alias_of(parameters_[s.parameter], s.parameter_offset, s.length));
-    }
-  } else {
+  // The inner optimizer steps one slice at a time (its temporaries are a slice's, not the
+  // shard's): aliases of the parameters (aliased_) or of the shard.
+  if (!aliased_) {
     shard_ = torch::zeros({shard_size_}, options_of);
     load_shard();
-    parts_.push_back(shard_);
+  }
+  for (const Slice& s : slices_) {
+    parts_.push_back(aliased_ ? alias_of(parameters_[s.parameter], s.parameter_offset, s.length)
+                              : alias_of(shard_, s.shard_offset, s.length));
   }
   if (!(aliased_ && stage == 1)) shard_grad_ = torch::zeros({shard_size_}, options_of);
   inner_ = make_optimizer(name_, parts_, options);
+  place_state(options_of);
+}
+
+void ShardedOptimizer::place_state(const torch::TensorOptions& options) {
+  // The state the inner optimizer would make at its first step (zeros; SGD's momentum buffer is
+  // then the gradient itself, as 0 x momentum + gradient), made now as slices of one buffer per
+  // field: two shard-sized blocks instead of a small one per slice among the step's temporaries.
+  torch::NoGradGuard no_grad;
+  auto& states = inner_->state();
+  std::vector<torch::Tensor> fields;
+  if (name_ == "sgd") {
+    const auto& group = static_cast<const torch::optim::SGDOptions&>(
+        inner_->param_groups().front().options());
+    if (group.momentum() == 0 || group.dampening() != 0) return;
+    fields.push_back(torch::zeros({shard_size_}, options));
+    for (size_t i = 0; i < parts_.size(); ++i) {
+      auto state = std::make_unique<torch::optim::SGDParamState>();
+      state->momentum_buffer(fields[0].narrow(0, slices_[i].shard_offset, slices_[i].length));
+      states[parts_[i].unsafeGetTensorImpl()] = std::move(state);
+    }
+    return;
+  }
+  const torch::Tensor exp_avg = torch::zeros({shard_size_}, options);
+  const torch::Tensor exp_avg_sq = torch::zeros({shard_size_}, options);
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    const Slice& s = slices_[i];
+    auto place = [&](auto state) {
+      state->step(0);
+      state->exp_avg(exp_avg.narrow(0, s.shard_offset, s.length));
+      state->exp_avg_sq(exp_avg_sq.narrow(0, s.shard_offset, s.length));
+      states[parts_[i].unsafeGetTensorImpl()] = std::move(state);
+    };
+    if (name_ == "adam") {
+      place(std::make_unique<torch::optim::AdamParamState>());
+    } else {
+      place(std::make_unique<torch::optim::AdamWParamState>());
+    }
+  }
 }
 
 ShardedOptimizer::~ShardedOptimizer() = default;
@@ -295,7 +349,8 @@ torch::Tensor ShardedOptimizer::piece_values(size_t k) const {
     return piece.to(comm_device_, /*non_blocking=*/piece.is_pinned() && comm_device_.is_cuda(),
                     /*copy=*/true);
   }
-  torch::Tensor piece = torch::zeros({s.piece}, comm_options());
+  torch::Tensor piece = pool_->take(s.piece, comm_options());
+  piece.zero_();
   for (size_t i = s.first_slice; i < s.end_slice; ++i) {
     const Slice& slice = slices_[i];
     piece.narrow(0, slice.shard_offset - s.shard_offset, slice.length)
@@ -327,12 +382,8 @@ void ShardedOptimizer::step() {  // [3]
   }
   torch::NoGradGuard no_grad;
   if (shard_grad_.defined()) {
-    if (aliased_) {
-      for (size_t i = 0; i < parts_.size(); ++i) {
-        parts_[i].mutable_grad() = shard_grad_.narrow(0, slices_[i].shard_offset, slices_[i].length);
-      }
-    } else {
-      shard_.mutable_grad() = shard_grad_;
+    for (size_t i = 0; i < parts_.size(); ++i) {
+      parts_[i].mutable_grad() = shard_grad_.narrow(0, slices_[i].shard_offset, slices_[i].length);
     }
   }
   inner_->step();
@@ -355,7 +406,11 @@ void ShardedOptimizer::step() {  // [3]
     InFlight g;
     g.segment = k;
     g.piece = piece_values(k);
-    g.flat = torch::empty({s.padded}, g.piece.options().pinned_memory(to_device));
+    g.flat = pool_->take(s.padded, g.piece.options().pinned_memory(to_device));
+    // Counted with the reductions' buffers: the step's gathers are their mirror image.
+    g.bytes = (g.flat.numel() + (aliased_ ? g.piece.numel() : 0)) * g.flat.element_size();
+    reduce_buffer_bytes_now_ += g.bytes;
+    reduce_buffer_bytes_ = std::max(reduce_buffer_bytes_, reduce_buffer_bytes_now_);
     g.start_us = CollectiveLog::now_us();
     if (dp) {
       g.wait = dp->all_gather_start(g.piece, g.flat);
@@ -367,6 +422,7 @@ void ShardedOptimizer::step() {  // [3]
   };
   auto finish = [&](InFlight& g) {
     g.wait();
+    reduce_buffer_bytes_now_ -= g.bytes;
     const Segment& s = segments_[g.segment];
     if (log_) log_->finished(CollectiveKind::kAllGather, s.stage, g.start_us, bytes_of(g.piece));
     for (size_t q : s.parameters) {
@@ -374,6 +430,9 @@ void ShardedOptimizer::step() {  // [3]
       p.copy_(g.flat.narrow(0, offsets_[q] - s.start, p.numel()).view(p.sizes()),
               /*non_blocking=*/to_device);
     }
+    g.wait = nullptr;
+    pool_->give(g.flat);
+    if (aliased_) pool_->give(g.piece);
   };
   std::deque<InFlight> in_flight;
   for (size_t k = 0; k < segments_.size(); ++k) {
@@ -384,6 +443,12 @@ void ShardedOptimizer::step() {  // [3]
     }
   }
   for (InFlight& g : in_flight) finish(g);
+}
+
+void ShardedOptimizer::return_freed_memory() const {
+#ifdef __GLIBC__
+  if (zero_.return_freed_memory() && parameters_.front().device().is_cpu()) malloc_trim(0);
+#endif
 }
 
 void ShardedOptimizer::set_learning_rate(double lr) {

@@ -34,14 +34,26 @@ void free_storage(const torch::Tensor& p) {
   storage->set_nbytes(0);
 }
 
-// p's storage pointed into `buffer` from element `offset` (p is contiguous from its storage's
-// start): the parameter reads and writes the buffer, and keeps it alive until it is freed.
-void point_into(const torch::Tensor& p, const torch::Tensor& buffer, int64_t offset) {
-  auto* holder = new torch::Tensor(buffer);
+// A gathered buffer the parameters of its segment point into; when the last of them is freed it
+// goes back to the pool (train/buffer_pool.h).
+struct Lease {
+  torch::Tensor buffer;
+  std::shared_ptr<BufferPool> pool;
+  bool keep = true;  // false: gathered outside a step (gather_all), not kept as a spare
+  ~Lease() { pool->give(buffer, keep); }
+};
+
+// p's storage pointed into the leased buffer from element `offset` (p is contiguous from its
+// storage's start): the parameter reads and writes the buffer, and holds the lease until it is
+// freed.
+void point_into(const torch::Tensor& p, const std::shared_ptr<Lease>& lease, int64_t offset) {
+  const torch::Tensor& buffer = lease->buffer;
+  auto* holder = new std::shared_ptr<Lease>(lease);
   void* data = static_cast<char*>(buffer.data_ptr()) + offset * buffer.element_size();
   c10::StorageImpl* storage = p.storage().unsafeGetStorageImpl();
   storage->set_data_ptr_noswap(at::DataPtr(
-      data, holder, [](void* ctx) { delete static_cast<torch::Tensor*>(ctx); }, p.device()));
+      data, holder, [](void* ctx) { delete static_cast<std::shared_ptr<Lease>*>(ctx); },
+      p.device()));
   storage->set_nbytes(static_cast<size_t>(bytes_of(p)));
 }
 
@@ -110,8 +122,14 @@ void ShardedOptimizer::start_gather_segment(size_t k, bool exact) {
   const torch::Tensor piece = gather_source().detach().narrow(0, s.shard_offset, s.piece);
   // Narrower than the parameters (ZeroOptions::cast_gather): rounded here, widened on arrival.
   g.narrowed = !exact && piece.scalar_type() != s.gather_dtype;
-  g.piece = g.narrowed ? piece.to(s.gather_dtype) : piece;
-  g.gathered = torch::empty({s.padded}, g.piece.options());
+  g.keep = !exact;
+  if (g.narrowed) {
+    g.piece = pool_->take(s.piece, piece.options().dtype(s.gather_dtype));
+    g.piece.copy_(piece);
+  } else {
+    g.piece = piece;
+  }
+  g.gathered = pool_->take(s.padded, g.piece.options());
   g.buffer_bytes = bytes_of(g.gathered) + (g.narrowed ? bytes_of(g.piece) : 0);
   buffer_bytes_ += g.buffer_bytes;
   peak_buffer_bytes_ = std::max(peak_buffer_bytes_, buffer_bytes_);
@@ -141,15 +159,23 @@ void ShardedOptimizer::wait_segment(size_t k) {
   const torch::Tensor& first = parameters_[s.parameters.front()];
   // The buffer the parameters point into: the gathered one, or its widening (a narrowed gather)
   // or copy on the parameters' device (gathered on the host for a GPU).
-  torch::Tensor whole = g.gathered;
-  if (whole.scalar_type() != first.scalar_type() || whole.device() != first.device()) {
-    whole = whole.to(first.options());
+  g.wait = nullptr;  // the collective's hold on the buffers goes with it
+  auto lease = std::make_shared<Lease>();
+  lease->pool = pool_;
+  lease->keep = g.keep;
+  if (g.gathered.scalar_type() != first.scalar_type() || g.gathered.device() != first.device()) {
+    lease->buffer = pool_->take(s.padded, first.options());
+    lease->buffer.copy_(g.gathered);
+    pool_->give(g.gathered);
+  } else {
+    lease->buffer = g.gathered;
   }
+  if (g.narrowed) pool_->give(g.piece);
   g.gathered = torch::Tensor();
   g.piece = torch::Tensor();
   for (size_t q : s.parameters) {
     const torch::Tensor& p = parameters_[q];
-    point_into(p, whole, offsets_[q] - s.start);
+    point_into(p, lease, offsets_[q] - s.start);
     whole_bytes_ += bytes_of(p);
   }
   peak_whole_bytes_ = std::max(peak_whole_bytes_, whole_bytes_);
@@ -161,7 +187,14 @@ void ShardedOptimizer::wait_segment(size_t k) {
 
 void ShardedOptimizer::release_segment(size_t k) {
   Gather& g = gathers_[k];
-  if (g.state == Residency::kGathering) g.wait();  // nothing may land in a dropped buffer
+  if (g.state == Residency::kGathering) {
+    g.wait();  // nothing may land in a dropped buffer
+    g.wait = nullptr;
+    pool_->give(g.gathered);
+    if (g.narrowed) pool_->give(g.piece);
+    g.gathered = torch::Tensor();
+    g.piece = torch::Tensor();
+  }
   buffer_bytes_ -= g.buffer_bytes;
   if (g.state == Residency::kWhole) {
     for (size_t q : segments_[k].parameters) {
@@ -251,6 +284,7 @@ void ShardedOptimizer::release(int j, std::size_t l) {
   const schedule::UnitStep& step = plan_.after[use_of_unit_[static_cast<size_t>(u)]];
   for (schedule::UnitId x : step.release) release_unit(x);
   for (schedule::UnitId x : step.gather) start_unit(x);
+  if (!step.release.empty()) return_freed_memory();
 }
 
 }  // namespace pipetrain::train

@@ -49,7 +49,8 @@ torch::Tensor& ShardedOptimizer::reduced_gradient() {
 torch::Tensor ShardedOptimizer::pack_gradients(
     size_t k, const std::function<torch::Tensor(size_t q)>& grad) const {
   const Segment& s = segments_[k];
-  torch::Tensor flat = torch::zeros({s.padded}, comm_options());
+  torch::Tensor flat = pool_->take(s.padded, comm_options());
+  flat.zero_();
   for (size_t q : s.parameters) {
     const torch::Tensor g = grad(q);
     if (!g.defined()) continue;
@@ -66,8 +67,9 @@ ShardedOptimizer::InFlight ShardedOptimizer::start_reduce_scatter(size_t k, torc
   r.flat = std::move(flat);
   r.add = add;
   const bool own_piece = add || shard_grad_.defined() == false;
-  r.piece = own_piece ? torch::empty({s.piece}, comm_options())
+  r.piece = own_piece ? pool_->take(s.piece, comm_options())
                       : reduced_gradient().narrow(0, s.shard_offset, s.piece);
+  r.own_piece = own_piece;
   // Its buffers: the packed segment, and the piece where it is one of its own.
   r.bytes = bytes_of(r.flat) + (own_piece ? bytes_of(r.piece) : 0);
   reduce_buffer_bytes_now_ += r.bytes;
@@ -84,6 +86,7 @@ ShardedOptimizer::InFlight ShardedOptimizer::start_reduce_scatter(size_t k, torc
 
 void ShardedOptimizer::finish_reduce_scatter(InFlight& r) {
   r.wait();
+  r.wait = nullptr;  // the collective's hold on the buffers goes with it
   reduce_buffer_bytes_now_ -= r.bytes;
   const Segment& s = segments_[r.segment];
   if (log_) log_->finished(CollectiveKind::kReduceScatter, s.stage, r.start_us, bytes_of(r.flat));
@@ -105,6 +108,10 @@ void ShardedOptimizer::finish_reduce_scatter(InFlight& r) {
       parts_[i].mutable_grad() = grad;
     }
   }
+  pool_->give(r.flat);
+  if (r.own_piece) pool_->give(r.piece);
+  r.flat = torch::Tensor();
+  r.piece = torch::Tensor();
 }
 
 void ShardedOptimizer::start_reduce(size_t segment) {  // [1], one segment ahead
@@ -142,6 +149,11 @@ void ShardedOptimizer::gradients(int j, std::size_t l, const std::vector<torch::
   }
   streamed_gradient_peak_ = std::max(streamed_gradient_peak_, handed);
   for (size_t k : found->second) {
+    // Two reductions in flight at most, their buffers included: the oldest lands first.
+    while (streams_in_flight_.size() >= 2) {
+      finish_reduce_scatter(streams_in_flight_.front());
+      streams_in_flight_.pop_front();
+    }
     torch::Tensor flat = pack_gradients(k, [&](size_t q) {
       const auto entry = at.find(parameters_[q].unsafeGetTensorImpl());
       if (entry == at.end()) return torch::Tensor();
@@ -150,11 +162,8 @@ void ShardedOptimizer::gradients(int j, std::size_t l, const std::vector<torch::
       return g;
     });
     streams_in_flight_.push_back(start_reduce_scatter(k, std::move(flat), /*add=*/true));
-    while (streams_in_flight_.size() > 2) {
-      finish_reduce_scatter(streams_in_flight_.front());
-      streams_in_flight_.pop_front();
-    }
   }
+  return_freed_memory();  // the layer's gradients are packed and gone
 }
 
 void ShardedOptimizer::finish_streams() {

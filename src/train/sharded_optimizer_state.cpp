@@ -50,8 +50,7 @@ void ShardedOptimizer::capture(Checkpoint& part, const NamedTensors& named) {
       const auto state = shard_form.optimizer_state.find("shard." + std::to_string(i));
       if (state == shard_form.optimizer_state.end()) continue;
       const torch::Tensor& value = state->second.at(field);
-      (aliased_ ? shard.narrow(0, slices_[i].shard_offset, slices_[i].length) : shard)
-          .copy_(value.reshape({-1}));
+      shard.narrow(0, slices_[i].shard_offset, slices_[i].length).copy_(value.reshape({-1}));
     }
     torch::Tensor flat = torch::empty({flat_size_}, shard.options());
     for (const Segment& s : segments_) {
@@ -141,13 +140,52 @@ void ShardedOptimizer::restore(const Checkpoint& checkpoint, const NamedTensors&
   for (size_t i = 0; i < parts_.size(); ++i) {
     auto& fields = shard_form.optimizer_state["shard." + std::to_string(i)];
     for (const auto& [field, shard] : shard_state) {
-      const torch::Tensor mine =
-          aliased_ ? shard.narrow(0, slices_[i].shard_offset, slices_[i].length) : shard;
-      fields[field] = mine.to(parts_[i].device(), false, /*copy=*/true);
+      fields[field] = shard.narrow(0, slices_[i].shard_offset, slices_[i].length)
+                          .to(parts_[i].device(), false, /*copy=*/true);
     }
     if (step != states.front()->end()) fields["step"] = step->second.clone();
   }
-  restore_optimizer(shard_form, *inner_, part_names(parts_));
+  // Into the state's own buffers where they are laid out already (place_state); the checkpoint
+  // form's per-slice copies otherwise.
+  if (!restore_in_place(shard_form)) restore_optimizer(shard_form, *inner_, part_names(parts_));
+}
+
+bool ShardedOptimizer::restore_in_place(const Checkpoint& form) {
+  torch::NoGradGuard no_grad;
+  auto& states = inner_->state();
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    const auto state = states.find(parts_[i].unsafeGetTensorImpl());
+    const auto fields = form.optimizer_state.find("shard." + std::to_string(i));
+    if (state == states.end() || fields == form.optimizer_state.end()) return false;
+    auto* sgd = dynamic_cast<torch::optim::SGDParamState*>(state->second.get());
+    auto* adam = dynamic_cast<torch::optim::AdamParamState*>(state->second.get());
+    auto* adamw = dynamic_cast<torch::optim::AdamWParamState*>(state->second.get());
+    const std::set<std::string> expected =
+        sgd ? std::set<std::string>{"momentum_buffer"}
+            : std::set<std::string>{"step", "exp_avg", "exp_avg_sq"};
+    std::set<std::string> given;
+    for (const auto& [field, value] : fields->second) given.insert(field);
+    if (given != expected || !(sgd || adam || adamw)) return false;
+  }
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    auto* state = states.at(parts_[i].unsafeGetTensorImpl()).get();
+    const auto& fields = form.optimizer_state.at("shard." + std::to_string(i));
+    if (auto* sgd = dynamic_cast<torch::optim::SGDParamState*>(state)) {
+      sgd->momentum_buffer().copy_(fields.at("momentum_buffer"));
+      continue;
+    }
+    auto write = [&](auto* adam) {
+      adam->step(fields.at("step").item<int64_t>());
+      adam->exp_avg().copy_(fields.at("exp_avg"));
+      adam->exp_avg_sq().copy_(fields.at("exp_avg_sq"));
+    };
+    if (auto* adam = dynamic_cast<torch::optim::AdamParamState*>(state)) {
+      write(adam);
+    } else {
+      write(dynamic_cast<torch::optim::AdamWParamState*>(state));
+    }
+  }
+  return true;
 }
 
 int64_t ShardedOptimizer::state_bytes() const {

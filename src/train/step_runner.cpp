@@ -307,10 +307,16 @@ class DistributedRunner : public StepRunner {
     return {mine};
   }
   double sum_over_ranks(double value) override {
-    std::vector<torch::Tensor> tensors = {torch::tensor({value}, torch::kFloat64)};
-    distributed_.world()->world_group()->allreduce_sum(tensors);
-    return tensors[0].item<double>();
+    return sum_over_ranks(std::vector<double>{value}).front();
   }
+  std::vector<double> sum_over_ranks(std::vector<double> values) override {
+    std::vector<torch::Tensor> tensors = {torch::tensor(values, torch::kFloat64)};
+    distributed_.world()->world_group()->allreduce_sum(tensors);
+    const double* sums = tensors[0].data_ptr<double>();
+    return std::vector<double>(sums, sums + values.size());
+  }
+  int processes() const override { return distributed_.world_size(); }
+  int process_index() const override { return distributed_.rank(); }
 
  private:
   Distributed& distributed_;

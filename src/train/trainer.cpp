@@ -1,5 +1,6 @@
 // The training loop over a StepRunner (pipetrain/train/trainer.h). [n] cite the header's steps.
 #include "pipetrain/train/trainer.h"
+#include "pipetrain/train/memory_fit.h"
 
 #include "pipetrain/runtime/distributed.h"
 
@@ -126,6 +127,16 @@ double Trainer::run_step(int64_t k, const torch::Tensor& x, const torch::Tensor&
   return loss;
 }
 
+std::vector<int64_t> Trainer::gather_peak_resident() {
+  std::vector<double> peaks(static_cast<size_t>(runner_.processes()), 0.0);
+  peaks[static_cast<size_t>(runner_.process_index())] = static_cast<double>(peak_resident_bytes());
+  std::vector<int64_t> all;
+  for (double bytes : runner_.sum_over_ranks(std::move(peaks))) {
+    all.push_back(static_cast<int64_t>(bytes));
+  }
+  return runner_.is_main() ? all : std::vector<int64_t>{};
+}
+
 bool Trainer::update_parameters() {
   double unscale = 1.0;
   // ZeRO's gradients are in its shard once reduced (streamed ones are nowhere else).
@@ -191,8 +202,13 @@ TrainSummary Trainer::fit() {
     summary.steps = k + 1 - first_step_;
     summary.samples += x.size(0);
     if (on_step) {  // [4]
-      on_step(StepReport{k, batches_.epoch_of(k), x.size(0), loss, lr, runner_.is_main(),
-                         last_step_skipped_, loss_scale});
+      StepReport report{k, batches_.epoch_of(k), x.size(0), loss, lr, runner_.is_main(),
+                        last_step_skipped_, loss_scale, {}};
+      const int64_t every = options_.memory_every();
+      if (every > 0 && ((k + 1 - first_step_) % every == 0 || k + 1 == total)) {
+        report.process_peak_bytes = gather_peak_resident();  // collective
+      }
+      on_step(report);
     }
     if (options_.save_every() > 0 && (k + 1) % options_.save_every() == 0 && k + 1 < total &&
         !options_.checkpoint_dir().empty()) {
@@ -207,6 +223,7 @@ TrainSummary Trainer::fit() {
     }
   }
   summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  summary.process_peak_bytes = gather_peak_resident();  // collective
   summary.skipped_steps = scaler_ ? scaler_->skipped_steps() : 0;
   summary.optimizer_state_bytes =
       sharded_ ? sharded_->state_bytes() : optimizer_state_bytes(*optimizer_);
@@ -218,8 +235,8 @@ TrainSummary Trainer::fit() {
                                      static_cast<double>(summary.steps * runner_.total_ranks());
   }
   if (options_.report_memory()) summary.memory = gather_memory(runner_, summary.memory);
-  // ZeRO-3: the caller gets the model whole (the final checkpoint reads it too).
-  if (sharded_) sharded_->gather_all();
+  // ZeRO-3 leaves the parameters sharded (whole, every rank's would be what ZeRO-3 exists not
+  // to hold): gather_weights(), evaluate() and the checkpoint gather them.
   if (!options_.checkpoint_dir().empty()) {
     summary.checkpoint_path = checkpoint_path(options_.checkpoint_dir());
     save_checkpoint(summary.checkpoint_path, total);
@@ -313,10 +330,12 @@ void check_trainer_settings(const TrainerOptions& o) {
   PIPETRAIN_CHECK_INPUT(o.zero() >= 0 && o.zero() <= 3, "--zero must be 0, 1, 2 or 3, got ",
                         o.zero());
   check_offload_optimizer(o.offload_optimizer(), o.zero());
-  check_zero_options(ZeroOptions(o.zero_options())
-                         .stage(std::max(o.zero(), 1))
-                         .reshard_after_forward(o.reshard_after_forward()));
   check_reshard_after_forward(o.reshard_after_forward(), o.zero());
+  if (o.zero() > 0) {
+    check_zero_options(ZeroOptions(o.zero_options())
+                           .stage(o.zero())
+                           .reshard_after_forward(o.reshard_after_forward()));
+  }
 }
 
 void check_offload_optimizer(bool offload, int zero) {

@@ -149,6 +149,7 @@ pp::PlannerOptions planner_for(const AutoRequest& request, const AutoPlanInput& 
   planner.optimizer_state_multiple = input.optimizer_state_multiple;
   planner.zero = input.zero;
   planner.reshard_after_forward = input.reshard_after_forward;
+  planner.zero_policy = input.zero_policy;
   planner.offload_optimizer = input.offload_optimizer;
   // ZeRO-3 under bf16 gathers the linears' weights narrowed (the trainer's default policy).
   planner.cast_gathers =

@@ -112,9 +112,11 @@ TEST(PlanModelCli, MemoryPrintsEveryRanksCategoriesAndZeroShardsTheOptimizerStat
     total_two += params;
     const long long shard = (params / 4 + 1) / 2 * 4;  // float32 elements over 2, rounded up
     EXPECT_EQ(two[r]["optimizer_state"].get<long long>(), 2 * shard);
-    EXPECT_EQ(two[r]["gradients"].get<long long>(), params + shard);
-    // The reduce-scatter's flat gradient, padded to both replicas' shards; none without replicas.
-    EXPECT_EQ(two[r]["reduce_buffers"].get<long long>(), 2 * shard);
+    // ZeRO 1 writes the reduced sums into the slices of .grad() it steps: no shard of its own.
+    EXPECT_EQ(two[r]["gradients"].get<long long>(), params);
+    // The reduce-scatter's buffer (one bucket here: the stage's gradients padded to both
+    // replicas' shards) and the piece it receives; none without replicas.
+    EXPECT_EQ(two[r]["reduce_buffers"].get<long long>(), 2 * shard + shard);
     EXPECT_EQ(one[r]["reduce_buffers"].get<long long>(), 0);
     EXPECT_GT(two[r]["receive_buffers"].get<long long>(), 0);
     EXPECT_GT(two[r]["send_buffers"].get<long long>(), 0);

@@ -124,8 +124,7 @@ TEST(Checkpoint, NamesRoundTrip) {
 }
 
 TEST(PredictMemory, ZeroShardsTheOptimizerStateAndStageTwoTheGradientsOverTheReplicas) {
-  // 4 layers of 100 parameter bytes (25 floats): a rank of 2 layers holds 50 floats, so dp 3
-  // pads them to 51 and each replica owns 17 (68 bytes).
+  // 4 layers of 100 parameter bytes (25 floats): a rank of 2 layers holds 50 floats.
   UniformLayer layer;
   layer.parameter_bytes = 100;
   const ModelProfile profile = uniform_profile(4, 4, layer);
@@ -138,45 +137,67 @@ TEST(PredictMemory, ZeroShardsTheOptimizerStateAndStageTwoTheGradientsOverTheRep
   EXPECT_EQ(plain[0].optimizer_state, 400);
   options.data_parallel = 3;
   options.zero = 1;
+  // Stage 1 lays the stage out as one bucket: 50 floats padded to 51, 17 a replica (68 bytes).
+  // It steps slices of the parameters and writes the sums into .grad(): no shard of its own.
   const auto one = predict_memory(profile, {2, 2}, 1, schedule, options);
   EXPECT_EQ(one[0].parameters, 200);
-  EXPECT_EQ(one[0].gradients, 200 + 68);  // the full .grad() and the reduce-scattered shard
+  EXPECT_EQ(one[0].gradients, 200);
   EXPECT_EQ(one[0].optimizer_state, 2 * 68);
   EXPECT_EQ(one[0].step_gradients, 0);  // the full .grad() stays: in gradients
+  // Stage 2 streams (the default): by layer, 25 floats padded to 27, 9 a replica each: a shard
+  // of 18 floats (72 bytes); during the step only one layer's gradients of one micro-batch.
   options.zero = 2;
   const auto two = predict_memory(profile, {2, 2}, 1, schedule, options);
-  EXPECT_EQ(two[0].gradients, 68);
-  EXPECT_EQ(two[0].optimizer_state, 2 * 68);
-  // During the step the full .grad() exists until the reduce-scatter drops it.
-  EXPECT_EQ(two[0].step_gradients, 200);
+  EXPECT_EQ(two[0].gradients, 72);
+  EXPECT_EQ(two[0].optimizer_state, 2 * 72);
+  EXPECT_EQ(two[0].step_gradients, 100);
+  // Accumulated: the stage as one bucket again, and the full .grad() until the reduce-scatter.
+  options.zero_policy.stream = false;
+  const auto accumulated = predict_memory(profile, {2, 2}, 1, schedule, options);
+  EXPECT_EQ(accumulated[0].gradients, 68);
+  EXPECT_EQ(accumulated[0].step_gradients, 200);
   EXPECT_EQ(plain[0].step_gradients, 0);
-  // Activations do not depend on ZeRO.
-  EXPECT_EQ(two[0].activations, plain[0].activations);
+  // Activations do not depend on ZeRO's sharding, but streaming records every forward for a
+  // backward by segment (the split body; here the same bytes).
+  EXPECT_EQ(accumulated[0].activations, plain[0].activations);
 }
 
-// The gradient sum's flat copies: none for one replica without ZeRO; every gradient once for
-// ZeRO 0's all-reduce (or its buckets); at ZeRO 1-3 the padded flat (dp x the shard); on the host
-// when offloaded without replicas, where the flat is built beside the shard.
-TEST(PredictMemory, TheGradientSumsBuffersHoldEveryGradientOncePaddedUnderZero) {
+// ZeRO's buffers in flight: none for one replica without ZeRO; every gradient once for ZeRO 0's
+// all-reduce (or its buckets); at ZeRO 1-3 two segments at a time, each its padded buffer and,
+// where the received piece is a buffer of its own (stage 1, and every streamed reduction), the
+// piece; stages 1 and 2's step gathers as much. On the host when offloaded without replicas.
+TEST(PredictMemory, TheGradientSumsBuffersAreTwoSegmentsInFlightUnderZero) {
   UniformLayer layer;
   layer.parameter_bytes = 100;
   const ModelProfile profile = uniform_profile(4, 4, layer);
   const auto schedule = schedule::one_f_one_b(2, 4);
   MemoryModelOptions options;
   EXPECT_EQ(predict_memory(profile, {2, 2}, 1, schedule, options)[0].reduce_buffers, 0);
-  options.data_parallel = 3;  // 50 floats a rank: 51 padded, 17 per replica
+  options.data_parallel = 3;
   const RankMemory replicated = predict_memory(profile, {2, 2}, 1, schedule, options)[0];
   EXPECT_EQ(replicated.reduce_buffers, 200);
-  for (int zero : {1, 2, 3}) {
+  options.zero = 1;  // one segment: 51 floats padded (204 bytes) and its piece (68)
+  EXPECT_EQ(predict_memory(profile, {2, 2}, 1, schedule, options)[0].reduce_buffers, 204 + 68);
+  for (int zero : {2, 3}) {  // streamed by layer: two of 27 floats (108 bytes) and 9 (36)
     options.zero = zero;
     const RankMemory sharded = predict_memory(profile, {2, 2}, 1, schedule, options)[0];
-    EXPECT_EQ(sharded.reduce_buffers, 3 * 68) << "zero " << zero;
+    EXPECT_EQ(sharded.reduce_buffers, 2 * (108 + 36)) << "zero " << zero;
     EXPECT_EQ(sharded.total() - sharded.reduce_buffers,
               sharded.parameters + sharded.gradients + sharded.optimizer_state +
                   sharded.activations + sharded.gathered + sharded.step_gradients +
                   sharded.gather_buffers)
         << "zero " << zero;
   }
+  // Buckets of 120 bytes: stage 1 lays 100-byte layers out one a bucket, two in flight.
+  options.zero = 1;
+  options.zero_policy.bucket_bytes = 120;
+  EXPECT_EQ(predict_memory(profile, {2, 2}, 1, schedule, options)[0].reduce_buffers,
+            2 * (108 + 36));
+  // --overlap-grad-reduce: every segment's reduction in flight together until the step's end.
+  options.zero_policy.overlap = true;
+  EXPECT_EQ(predict_memory(profile, {2, 2}, 1, schedule, options)[0].reduce_buffers,
+            2 * (108 + 36));
+  options = MemoryModelOptions();
   options.zero = 1;
   options.data_parallel = 1;
   options.offload_optimizer = true;
@@ -310,6 +331,9 @@ struct ZeroThreeSetup {
     options.optimizer_state_multiple = 2;
     options.data_parallel = 2;
     options.zero = 3;
+    // By stage, gradients accumulated: each stage one bucket.
+    options.zero_policy.by_layer = false;
+    options.zero_policy.stream = false;
   }
 };
 
@@ -368,6 +392,43 @@ TEST(PredictMemory, ZeroThreeGatherBuffersAreTheLargestStagesBufferInFlight) {
   EXPECT_EQ(predict_memory(profile, balance, 1, schedule, options)[0].gather_buffers, 0);
 }
 
+// ZeRO-3 by layer (the default): rank 1 of 1F1B holds layers 2 and 3 (100 bytes each), layer 3's
+// 100 being 60 bytes of its own and 40 of a weight tied to another layer. By layer each one's own
+// parameters are a unit (layer 2: 25 floats, padded to 26 at dp 2, 104 bytes; layer 3: 15
+// floats, 16, 64 bytes), and the tied weight is persistent: whole through the step (10 floats, 40
+// bytes) and accumulated into .grad().
+TEST(PredictMemory, ZeroThreeByLayerHoldsALayerAtATimeAndTheTiedWeightThroughTheStep) {
+  UniformLayer layer;
+  layer.parameter_bytes = 100;
+  ModelProfile profile = uniform_profile(4, 4, layer);
+  profile.layers[3].parameter_sizes = {60, 40};
+  profile.layers[3].shared_parameters = {false, true};
+  profile.layers[3].cast_parameters = {false, false};
+  const auto schedule = schedule::one_f_one_b(2, 4);
+  MemoryModelOptions options;
+  options.optimizer_state_multiple = 2;
+  options.data_parallel = 2;
+  options.zero = 3;
+  options.zero_policy.units = {0, 0, -1};  // no prefetch, freed after every use
+  const RankMemory rank = predict_memory(profile, {2, 2}, 1, schedule, options)[1];
+  EXPECT_EQ(rank.parameters, 52 + 32 + 20);
+  EXPECT_EQ(rank.gradients, rank.parameters);
+  EXPECT_EQ(rank.optimizer_state, 2 * rank.parameters);
+  EXPECT_EQ(rank.gathered, 104 + 40);       // the larger layer, and the tied weight
+  EXPECT_EQ(rank.gather_buffers, 104);      // a layer gathered at its use
+  EXPECT_EQ(rank.step_gradients, 40 + 100);  // the tied weight's .grad(), and layer 2's
+  // Prefetch starts the next layer while one is whole; keeping a layer reused next (1F1B's last
+  // stage runs F then B) holds both layers at once at most.
+  options.zero_policy.units = {std::int64_t{1} << 20, 0, 0};
+  const RankMemory prefetched = predict_memory(profile, {2, 2}, 1, schedule, options)[1];
+  EXPECT_GE(prefetched.gathered, 104 + 40);
+  EXPECT_LE(prefetched.gathered, 104 + 64 + 40);
+  EXPECT_LE(prefetched.gather_buffers, 104 + 64 + 40);
+  // By stage, the whole stage from its first action to its last.
+  options.zero_policy.by_layer = false;
+  EXPECT_EQ(predict_memory(profile, {2, 2}, 1, schedule, options)[1].gathered, 200);
+}
+
 // ZeRO-Offload: the shard's values and gradient and the optimizer state leave the rank's total for
 // the offloaded (host) category; what the rank keeps is the parameters, their gradients and, at
 // ZeRO-3, the shard its gathers read.
@@ -380,6 +441,8 @@ TEST(PredictMemory, OptimizerOffloadMovesTheShardAndItsStateToHostMemory) {
   MemoryModelOptions options;
   options.optimizer_state_multiple = 2;
   options.data_parallel = 2;
+  options.zero_policy.stream = false;  // each stage one bucket
+  options.zero_policy.by_layer = false;
   for (int zero : {1, 2, 3}) {
     options.zero = zero;
     options.offload_optimizer = false;
@@ -387,10 +450,14 @@ TEST(PredictMemory, OptimizerOffloadMovesTheShardAndItsStateToHostMemory) {
     options.offload_optimizer = true;
     const RankMemory offloaded = predict_memory(profile, balance, 1, schedule, options)[0];
     EXPECT_EQ(offloaded.optimizer_state, 0) << "zero " << zero;
-    EXPECT_EQ(offloaded.gradients, kept.gradients - 100) << "zero " << zero;
+    // Stage 1 keeps every .grad() either way (the offload's shard gradient is on the host);
+    // stages 2 and 3 keep the shard's, which the offload moves.
+    EXPECT_EQ(offloaded.gradients, kept.gradients - (zero == 1 ? 0 : 100)) << "zero " << zero;
     EXPECT_EQ(offloaded.parameters, kept.parameters) << "zero " << zero;
     EXPECT_EQ(offloaded.offloaded, kept.offloaded + 2 * 100 + 2 * 100) << "zero " << zero;
-    EXPECT_EQ(offloaded.total(), kept.total() - kept.optimizer_state - 100) << "zero " << zero;
+    // The step steps the host's shard: stage 1 no longer copies its piece out of the parameters.
+    EXPECT_EQ(offloaded.reduce_buffers, 200) << "zero " << zero;
+    EXPECT_EQ(kept.reduce_buffers, zero == 3 ? 200 : 300) << "zero " << zero;
   }
   options.zero = 0;  // nothing is sharded, so nothing moves
   const RankMemory unsharded = predict_memory(profile, balance, 1, schedule, options)[0];

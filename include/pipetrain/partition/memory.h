@@ -33,6 +33,7 @@
 #include "pipetrain/partition/profile.h"
 #include "pipetrain/schedule/checkpoint_mode.h"
 #include "pipetrain/schedule/schedule.h"
+#include "pipetrain/schedule/unit_residency.h"
 
 namespace pipetrain::partition {
 
@@ -182,11 +183,23 @@ struct SendWalk {
 };
 SendWalk send_walk(const schedule::Schedule& schedule);
 
+// ZeRO's policies the model follows (train/sharded_optimizer.h's ZeroOptions and the pipe's
+// overlap and bucket size, torch-free; zero_memory_policy there makes one from them).
+struct ZeroMemoryPolicy {
+  bool stream = true;    // stages 2, 3: each micro-batch's gradients reduce-scattered at once
+  bool by_layer = true;  // stage 3: each layer gathered around its uses (false: by stage)
+  bool overlap = false;  // --overlap-grad-reduce: a step's reductions in flight together
+  std::int64_t bucket_bytes = std::int64_t{25} << 20;
+  schedule::UnitPolicy units{std::int64_t{50} << 20, 0, 0};  // stage 3 by layer's plan
+  std::int64_t persistence_threshold = 0;  // stage 3: smaller parameters stay whole
+};
+
 struct MemoryModelOptions {
   Checkpoint checkpoint = Checkpoint::kNever;
   double optimizer_state_multiple = 0;  // SGD 0, momentum 1, Adam 2
   int zero = 0;                         // ZeRO stage 0, 1, 2 or 3
-  bool reshard_after_forward = false;   // ZeRO 3's policy (schedule/residency.h)
+  bool reshard_after_forward = false;   // ZeRO 3 by stage, freed after each action
+  ZeroMemoryPolicy zero_policy;
   // ZeRO-Offload (zero >= 1): the shard's values and gradient and the optimizer state in host
   // memory (the offloaded category) instead of the rank's.
   bool offload_optimizer = false;

@@ -49,6 +49,7 @@ struct PlannerOptions {
   // ZeRO stage and data-parallel replicas of each rank, one process per rank (transport buffers).
   int zero = 0;
   bool reshard_after_forward = false;  // ZeRO 3's policy (schedule/residency.h)
+  ZeroMemoryPolicy zero_policy;        // ZeRO's other policies (memory.h)
   bool offload_optimizer = false;      // ZeRO-Offload: the optimizer's shard in host memory
   int data_parallel = 1;
   bool processes = false;

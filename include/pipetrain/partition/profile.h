@@ -56,6 +56,13 @@ struct LayerProfile {
   // (stage/autocast_parameters.h, decided over the whole model), which ZeRO-3 under bf16 may
   // all-gather narrowed (MemoryModelOptions::cast_gathers).
   std::int64_t cast_parameter_bytes = 0;
+  // Each parameter's bytes in the layer's parameters() order, whether another layer of the model
+  // uses it too (a tied weight), and whether it counts in cast_parameter_bytes: what ZeRO's
+  // layout cuts into buckets and keeps apart (MemoryModelOptions::zero_policy). Empty (a profile
+  // written before they were recorded): one parameter of parameter_bytes, this layer's alone.
+  std::vector<std::int64_t> parameter_sizes;
+  std::vector<bool> shared_parameters;
+  std::vector<bool> cast_parameters;
   // One optimizer update of this layer's parameters (p -= lr * g), once per training step.
   double update_seconds = 0;
   std::vector<LayerCost> costs;  // one per ModelProfile::microbatch_sizes

@@ -87,6 +87,8 @@ int threads_per_rank(const PipelineRequest& request, const RunLayout& layout);
 // that disagrees with the other flags or the processes, a schedule family that cannot take the
 // shape, or devices that cannot be used.
 PipeOptions pipe_options(const PipelineRequest& request, const RunLayout& layout, int64_t layers);
+// --bucket-size's MiB as PipeOptions::bucket_bytes: at least one byte, at most 2^62.
+int64_t bucket_bytes_of(double mib);
 
 // One line saying what runs the steps: "4 stages on 2 ranks (2 processes: 2 pipeline x 1
 // data-parallel) (balance 3 2 2 2), 4 micro-batches, schedule 1f1b, checkpoint never, bf16".

@@ -80,4 +80,15 @@ struct UnitPlan {
 UnitPlan plan_units(const std::vector<UnitId>& uses, const std::vector<std::int64_t>& unit_bytes,
                     const UnitPolicy& policy);
 
+// The plan followed as the sharded optimizer follows it, with a unit's bytes whole and while its
+// gather is in flight apart (a narrowed gather's buffer is smaller than the whole unit): the
+// most bytes whole at once and the most in flight at once. A unit gathered at its use is in
+// flight (with whatever was prefetched) and then whole. REQUIRES: one entry per unit in each.
+struct UnitPeaks {
+  std::int64_t whole = 0;
+  std::int64_t in_flight = 0;
+};
+UnitPeaks unit_peaks(const UnitPlan& plan, const std::vector<std::int64_t>& whole_bytes,
+                     const std::vector<std::int64_t>& in_flight_bytes);
+
 }  // namespace pipetrain::schedule

@@ -83,6 +83,9 @@ struct MemoryRunOptions {
   double momentum = 0.9;          // sgd's (0: no state)
   int zero = 0;
   bool reshard_after_forward = false;  // ZeRO 3's policy
+  // ZeRO's other settings (the stage, resharding and offload above win over theirs); the
+  // overlap and bucket size come from the PipeOptions.
+  ZeroOptions zero_options;
   bool offload_optimizer = false;      // ZeRO-Offload
   bool cast_gather = true;             // ZeRO 3 under bf16/fp16: ZeroOptions::cast_gather
   int data_parallel = 1;
@@ -103,6 +106,31 @@ struct MemoryRunOptions {
 MemoryPrediction predict_training_memory(torch::nn::Sequential model, const torch::Tensor& inputs,
                                          const torch::Tensor& targets, const LossFn& loss,
                                          const PipeOptions& pipe, const MemoryRunOptions& run);
+
+// The bytes `loss` keeps of `output` (what the last stage's micro-batch holds for its backward
+// besides the layers'): the loss run once under the allocation counter, in float32 as the runtime
+// runs it (a bf16 output's float32 copy counts only where the loss saves it).
+std::int64_t loss_saved_bytes(const torch::Tensor& output, const torch::Tensor& targets,
+                              const LossFn& loss, Precision precision);
+
+// predict_training_memory in two parts: what it measures of the model (the profile at the run's
+// micro-batch size, the loss's saved bytes), and the prediction from that, which may be asked
+// again under other options that keep the micro-batch size and the stage count (ZeRO stage,
+// checkpoint mode, offload: what `train` weighs when a run does not fit). A profile from
+// elsewhere (models::profile_llama) serves as well.
+struct TrainingMemoryProfile {
+  partition::ModelProfile profile;
+  int microbatches = 1;               // per replica and step
+  std::int64_t microbatch_size = 0;   // rows of the largest
+  std::int64_t loss_bytes = 0;        // what the loss keeps per micro-batch
+};
+TrainingMemoryProfile profile_training_memory(torch::nn::Sequential model,
+                                              const torch::Tensor& inputs,
+                                              const torch::Tensor& targets, const LossFn& loss,
+                                              const PipeOptions& pipe,
+                                              const MemoryRunOptions& run);
+MemoryPrediction predict_from_profile(const TrainingMemoryProfile& measured,
+                                      const PipeOptions& pipe, const MemoryRunOptions& run);
 
 // One line per rank and category: predicted, measured, measured / predicted (replicas of a
 // pipeline rank are compared with its prediction).

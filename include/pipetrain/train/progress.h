@@ -60,6 +60,9 @@ class ProgressReporter {
   // After optimizer step `step` (1-based count of steps done, first_step < step <= total_steps)
   // of epoch `epoch` (0-based), which consumed `samples` samples and had loss `loss`.
   void update(int64_t step, int64_t epoch, int64_t samples, double loss);
+  // Text shown at the end of every status line from now on ("" for none): e.g. the processes'
+  // peak memory against the prediction.
+  void set_note(std::string note);
   // Prints a line of its own (e.g. "epoch 1: test accuracy 0.89") without garbling the bar.
   void message(const std::string& line);
   // Ends the bar's line on a terminal. Idempotent.
@@ -85,6 +88,7 @@ class ProgressReporter {
   double smoothed_loss_ = 0.0;
   bool has_loss_ = false;
   bool bar_open_ = false;  // a bar line is on screen without its newline
+  std::string note_;
   size_t bar_length_ = 0;
 };
 

@@ -96,6 +96,12 @@ class StepRunner {
   virtual std::vector<CollectiveEvent> last_collectives() const { return {}; }
   // Sum of `value` over every rank (a collective in a multi-process run).
   virtual double sum_over_ranks(double value) { return value; }
+  // The same for each entry of `values` at once (one collective).
+  virtual std::vector<double> sum_over_ranks(std::vector<double> values) { return values; }
+  // The processes the run's ranks live in, and this one's index (a multi-process run: the world
+  // size and the world rank; in one process: 1 and 0).
+  virtual int processes() const { return 1; }
+  virtual int process_index() const { return 0; }
   // Data-parallel replicas: what this rank's deferred batch norms tracked in the step, summed over
   // its replicas (DeferredBatchNormImpl::sum_tracked_over), so that the commit after it uses the
   // whole mini-batch. Collective over the replicas; a no-op without them.

@@ -102,6 +102,9 @@ struct TrainerOptions {
   /// needs it; with powers of two it changes no float32 result. Default off.
   TORCH_ARG(bool, loss_scaling) = false;
   TORCH_ARG(LossScalerOptions, loss_scaler) = {};
+  /// Every this many steps (and after the last), each process's peak resident memory so far is
+  /// gathered to the main rank's StepReport (one collective); 0 = only at the end. Default 0.
+  TORCH_ARG(int64_t, memory_every) = 0;
   /// Directory of `checkpoint.pt`, written at the end and every save_every steps; "" = none.
   TORCH_ARG(std::string, checkpoint_dir) = "";
   /// A checkpoint every this many steps (0 = only the final one). Default 0.
@@ -127,6 +130,9 @@ struct StepReport {
   bool main = true;       // true on the rank that prints
   bool skipped = false;   // loss scaling found a non-finite gradient: no optimizer step
   double loss_scale = 1;  // the scale this step's loss was multiplied by
+  // At the steps TrainerOptions::memory_every names, on the main rank: each process's peak
+  // resident memory so far (StepRunner::processes(), in order); empty otherwise.
+  std::vector<int64_t> process_peak_bytes;
 };
 
 struct TrainSummary {
@@ -152,6 +158,9 @@ struct TrainSummary {
   // With TrainerOptions::report_memory: what each rank held after the last step, every rank's on
   // the main rank (the others: their own); empty when no step ran.
   std::vector<MeasuredRankMemory> memory;
+  // Each process's peak resident memory over the training steps (VmHWM, before what follows
+  // them: the final checkpoint, the weights gathered for saving), on the main rank.
+  std::vector<int64_t> process_peak_bytes;
 };
 
 class Trainer {
@@ -206,6 +215,8 @@ class Trainer {
   bool update_parameters();
   void set_learning_rate(double lr);
   void zero_grad();
+  // Collective: each process's peak resident memory so far, on the main rank (others: empty).
+  std::vector<int64_t> gather_peak_resident();
   void write_trace(TrainSummary& summary);
 
   torch::nn::Sequential model_;

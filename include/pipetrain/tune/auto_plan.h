@@ -74,6 +74,7 @@ struct AutoPlanInput {
   int zero = 0;
   bool reshard_after_forward = false;  // ZeRO 3's policy
   bool offload_optimizer = false;      // ZeRO-Offload
+  partition::ZeroMemoryPolicy zero_policy;  // ZeRO's other policies (train::zero_memory_policy)
   int data_parallel = 1;
   bool processes = false;
   std::string schedule;

@@ -1,0 +1,47 @@
+// The memory check `pipetrain train` makes before it starts a run (train/memory_fit.h): the
+// memory model's prediction for the run, from a model built whole in this process or, for a
+// Llama-family model not built here, from its config (models/llama_profile.h: one decoder layer
+// stands for each), against what this machine has.
+//
+// Thread-safety: uses torch's intra-op threads to profile; not concurrently with training.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/types.h>
+
+#include "pipetrain/models/llama_config.h"
+#include "pipetrain/runtime/pipe.h"
+#include "pipetrain/train/memory_fit.h"
+#include "pipetrain/train/memory_report.h"
+
+namespace pipetrain::tune {
+
+struct MemoryCheckInput {
+  // The model: built here whole (`model`, `loss`), or a Llama-family config (`llama`) whose
+  // entries this process does not hold (then the loss is causal_lm_loss).
+  torch::nn::Sequential model{nullptr};
+  LossFn loss;
+  const models::LlamaConfig* llama = nullptr;
+  int tensor_parallel = 1;  // with `llama`: the layers as one tensor-parallel rank holds them
+  bool sequence_parallel = false;
+  // The first mini-batch every replica shares.
+  torch::Tensor inputs, targets;
+  PipeOptions pipe;
+  train::MemoryRunOptions run;
+  // The pipeline ranks each of the run's processes on this machine runs (train/memory_fit.h).
+  std::vector<std::vector<int>> ranks_of_process;
+  // --memory-limit: each rank's budget (the planner's reading), checked instead of what the
+  // machine has (0).
+  std::int64_t budget_per_rank = 0;
+};
+
+// The prediction (profiled once, then asked for each alternative: every ZeRO stage above the
+// run's, with replicas; --checkpoint always; both) and the machine's memory, measured now.
+// Throws what the memory model throws for a run it does not cover (BadInput).
+train::MemoryFit check_run_memory(const MemoryCheckInput& input);
+
+}  // namespace pipetrain::tune

@@ -1,0 +1,93 @@
+// The memory check before a run starts (pipetrain/tune/memory_check.h).
+#include "pipetrain/tune/memory_check.h"
+
+#include <algorithm>
+
+#include <torch/torch.h>
+
+#include "pipetrain/models/llama.h"
+#include "pipetrain/models/llama_profile.h"
+#include "pipetrain/stage/microbatch.h"
+#include "pipetrain/transport/c10d.h"
+
+namespace pipetrain::tune {
+namespace {
+
+// The rows one replica's micro-batches hold: their count and the largest's rows.
+std::pair<int, std::int64_t> microbatches_of(const MemoryCheckInput& input) {
+  const std::int64_t share =
+      microbatch_sizes(input.inputs.size(0), input.run.data_parallel).front();
+  const std::vector<std::int64_t> sizes = microbatch_sizes(share, input.pipe.chunks());
+  return {static_cast<int>(sizes.size()), *std::max_element(sizes.begin(), sizes.end())};
+}
+
+// A Llama-family model's memory profile without building it: one decoder layer measured, and the
+// loss's saved bytes measured on logits of the run's shape.
+train::TrainingMemoryProfile llama_memory_profile(const MemoryCheckInput& input) {
+  train::TrainingMemoryProfile measured;
+  std::tie(measured.microbatches, measured.microbatch_size) = microbatches_of(input);
+  const std::int64_t m = measured.microbatch_size;
+  const torch::Tensor ids = input.inputs.narrow(0, 0, m);
+  parallel::TensorParallel tp;
+  if (input.tensor_parallel > 1) {
+    tp = parallel::TensorParallel{C10dGroup::mirror(input.tensor_parallel),
+                                  input.sequence_parallel};
+  }
+  measured.profile = models::profile_llama(*input.llama, ids,
+                                           partition::ProfileOptions()
+                                               .microbatch_sizes({m})
+                                               .warmup(0)
+                                               .repeats(1)
+                                               .min_trial_seconds(0)
+                                               .measure_transfer(false)
+                                               .precision(input.pipe.precision()),
+                                           0, tp);
+  const std::int64_t vocabulary = input.llama->vocab_size / input.tensor_parallel;
+  const torch::Tensor logits = torch::zeros({m, ids.size(1), vocabulary});
+  const torch::Tensor targets = input.targets.narrow(0, 0, m);
+  measured.loss_bytes = train::loss_saved_bytes(
+      logits, targets,
+      input.tensor_parallel > 1
+          ? LossFn([&tp](const torch::Tensor& out, const torch::Tensor& target) {
+              return models::vocab_parallel_causal_lm_loss(out, target, tp);
+            })
+          : LossFn(models::causal_lm_loss),
+      input.pipe.precision());
+  return measured;
+}
+
+}  // namespace
+
+train::MemoryFit check_run_memory(const MemoryCheckInput& input) {
+  const train::TrainingMemoryProfile measured =
+      input.llama ? llama_memory_profile(input)
+                  : train::profile_training_memory(input.model, input.inputs, input.targets,
+                                                   input.loss, input.pipe, input.run);
+  auto predict = [&](const std::string& settings) {
+    PipeOptions pipe = input.pipe;
+    train::MemoryRunOptions run = input.run;
+    if (settings.find("--checkpoint always") != std::string::npos) pipe.checkpoint(Checkpoint::kAlways);
+    const std::size_t zero = settings.find("--zero ");
+    if (zero != std::string::npos) {
+      run.zero = settings[zero + 7] - '0';
+      run.reshard_after_forward = false;
+    }
+    return train::predict_from_profile(measured, pipe, run).ranks;
+  };
+  std::vector<std::string> alternatives;
+  const bool always = input.pipe.checkpoint() == Checkpoint::kAlways;
+  for (int zero = input.run.zero + 1; zero <= 3 && input.run.data_parallel > 1; ++zero) {
+    alternatives.push_back("--zero " + std::to_string(zero));
+  }
+  if (!always) {
+    alternatives.push_back("--checkpoint always");
+    for (int zero = input.run.zero + 1; zero <= 3 && input.run.data_parallel > 1; ++zero) {
+      alternatives.push_back("--zero " + std::to_string(zero) + " --checkpoint always");
+    }
+  }
+  return train::check_memory_fit(predict, alternatives, input.ranks_of_process,
+                                 train::resident_bytes(), train::host_available_memory(),
+                                 input.budget_per_rank);
+}
+
+}  // namespace pipetrain::tune
