@@ -51,7 +51,7 @@ struct TrainArgs {
   // --zero3-max-reuse-distance and --zero3-persistence-threshold as typed; parsed into
   // zero_options by resolve_auto_flags.
   std::string zero_gradients = "stream", zero3_unit = "layer";
-  std::string zero3_sizes[4] = {"50MiB", "0", "0", "0"};
+  std::string zero3_sizes[4] = {"25MiB", "0", "0", "0"};
   bool zero_keep_freed_memory = false;
   train::ZeroOptions zero_options;
   bool report_memory = false;

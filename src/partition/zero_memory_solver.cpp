@@ -45,11 +45,13 @@ struct Segment {
   std::int64_t bytes = 0;
   bool narrowed = false;  // gathered in the narrowed dtype (stage 3 under bf16)
   bool streamed = false;
+  int parameters = 0;
 };
 
 struct Parameter {
   std::int64_t bytes = 0;
   bool narrowed = false;
+  bool accumulated = false;  // a tie with another rank: reduced after the step, not streamed
 };
 
 // The layout above for rank r. `persistent` is appended last, as the optimizer lays it out.
@@ -61,26 +63,44 @@ std::vector<Segment> rank_segments(const ModelProfile& profile, const std::vecto
   const bool by_layer = options.zero == 3 && policy.by_layer && !options.reshard_after_forward;
   const bool layer_layout = stream || by_layer;
   std::vector<Segment> segments;
-  // cut_into_buckets of the kept parameters, then of the narrowed ones.
+  // cut_into_buckets of the kept parameters, then of the narrowed ones (the streamed ones first,
+  // then those accumulated).
   auto cut = [&](int stage, int layer, const std::vector<Parameter>& parameters, bool streamed) {
-    for (bool narrowed : {false, true}) {
-      std::int64_t bytes = 0;
-      bool open = false;
-      for (const Parameter& p : parameters) {
-        if (p.narrowed != narrowed) continue;
-        if (!open || bytes + p.bytes > policy.bucket_bytes) {
-          segments.push_back(Segment{stage, layer, 0, narrowed, streamed});
-          bytes = 0;
-          open = true;
+    for (bool accumulated : {false, true}) {
+      for (bool narrowed : {false, true}) {
+        std::int64_t bytes = 0;
+        bool open = false;
+        for (const Parameter& p : parameters) {
+          if (p.narrowed != narrowed || p.accumulated != accumulated) continue;
+          if (!open || bytes + p.bytes > policy.bucket_bytes) {
+            segments.push_back(Segment{stage, layer, 0, narrowed, streamed && !accumulated});
+            bytes = 0;
+            open = true;
+          }
+          segments.back().bytes += p.bytes;
+          ++segments.back().parameters;
+          bytes += p.bytes;
         }
-        segments.back().bytes += p.bytes;
-        bytes += p.bytes;
       }
     }
   };
   std::vector<int> first_layer(balance.size(), 0);
   for (std::size_t j = 1; j < balance.size(); ++j) first_layer[j] = first_layer[j - 1] + balance[j - 1];
   std::vector<Parameter> persistent;
+  // By layer a tied weight is its layer's, accumulated, unless the rank holds both of its layers
+  // (the profile names no tensor: a tie is taken for one within the rank when another layer of
+  // the rank shares a parameter of its size); that one is persistent, once.
+  std::map<std::int64_t, int> shared_sizes;
+  for (int j : schedule.stages_of_rank(r)) {
+    for (int li = 0; li < balance[static_cast<std::size_t>(j)]; ++li) {
+      const LayerProfile& layer =
+          profile.layers[static_cast<std::size_t>(first_layer[static_cast<std::size_t>(j)] + li)];
+      for (std::size_t q = 0; q < layer.shared_parameters.size(); ++q) {
+        if (layer.shared_parameters[q]) ++shared_sizes[layer.parameter_sizes[q]];
+      }
+    }
+  }
+  std::map<std::int64_t, bool> persistent_once;
   for (int j : schedule.stages_of_rank(r)) {
     std::vector<Parameter> stage_own;
     for (int li = 0; li < balance[static_cast<std::size_t>(j)]; ++li) {
@@ -97,7 +117,15 @@ std::vector<Segment> rank_segments(const ModelProfile& profile, const std::vecto
                                                     : static_cast<bool>(layer.cast_parameters[q]));
         const bool shared = !layer.shared_parameters.empty() && layer.shared_parameters[q];
         const bool small = by_layer && p.bytes < policy.persistence_threshold;
-        (shared || small ? persistent : own).push_back(p);
+        if (shared && layer_layout && shared_sizes[p.bytes] < 2) {
+          p.accumulated = true;  // tied to another rank's copy: its layer's, reduced after the step
+          own.push_back(p);
+        } else if (shared) {
+          if (!persistent_once[p.bytes]) persistent.push_back(p);
+          persistent_once[p.bytes] = true;
+        } else {
+          (small ? persistent : own).push_back(p);
+        }
       }
       if (layer_layout) {
         cut(j, li, own, stream);
@@ -223,10 +251,14 @@ void add_zero_memory(const ModelProfile& profile, const std::vector<int>& balanc
       streamed[{s.stage, s.layer}].push_back(z.padded + z.piece);
       layer_gradients[{s.stage, s.layer}] += s.bytes;
     } else {
-      at_end.push_back(z.padded + (zero == 1 && aliased ? z.piece : 0));
+      // One parameter needing no padding is reduced from its .grad() itself.
+      const bool in_place = s.parameters == 1 && z.padded == s.bytes;
+      at_end.push_back((in_place ? 0 : z.padded) + (zero == 1 && aliased ? z.piece : 0));
       accumulated += s.bytes;
     }
-    gathers.push_back(z.padded + (aliased ? z.piece : 0));
+    // Stages 1, 2's step gathers, into the parameter itself where it is one needing no padding.
+    const bool into_itself = s.parameters == 1 && z.padded == s.bytes;
+    gathers.push_back((into_itself ? 0 : z.padded) + (aliased ? z.piece : 0));
   }
   std::int64_t reduce = 0;
   if (policy.overlap) {
@@ -288,11 +320,13 @@ void add_zero_memory(const ModelProfile& profile, const std::vector<int>& balanc
       const schedule::UnitPlan plan = schedule::plan_units(
           schedule::unit_uses(schedule, r, ids, options.checkpoint), whole_bytes, policy.units);
       const schedule::UnitPeaks peaks = schedule::unit_peaks(plan, whole_bytes, in_flight_bytes);
-      // Before the first use the persistent segments are in flight beside the first gathers.
+      // A gathered buffer becomes the parameters' storage: whole and in flight are one peak,
+      // with the persistent segments whole through the step (in flight before the first use,
+      // beside the first gathers).
       std::int64_t first = persistent_in_flight;
       for (schedule::UnitId x : plan.first) first += in_flight_bytes[static_cast<std::size_t>(x)];
-      rank.gathered = peaks.whole + persistent_whole;
-      rank.gather_buffers = std::max(peaks.in_flight, first);
+      rank.gathered = std::max(peaks.together + persistent_whole, first);
+      rank.gather_buffers = 0;
     } else {
       // By stage: each stage's segments (the persistent ones with every stage that runs first).
       std::vector<std::int64_t> stage_whole(static_cast<std::size_t>(schedule.num_stages), 0);

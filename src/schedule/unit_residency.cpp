@@ -158,6 +158,7 @@ UnitPeaks unit_peaks(const UnitPlan& plan, const std::vector<std::int64_t>& whol
     state[at(x)] = kInFlight;
     in_flight += in_flight_bytes[at(x)];
     peaks.in_flight = std::max(peaks.in_flight, in_flight);
+    peaks.together = std::max(peaks.together, whole + in_flight);
   };
   for (UnitId x : plan.first) start(x);
   for (std::size_t t = 0; t < plan.uses.size(); ++t) {
@@ -168,6 +169,7 @@ UnitPeaks unit_peaks(const UnitPlan& plan, const std::vector<std::int64_t>& whol
       whole += whole_bytes[at(x)];
       state[at(x)] = kWhole;
       peaks.whole = std::max(peaks.whole, whole);
+      peaks.together = std::max(peaks.together, whole + in_flight);
     }
     for (UnitId r : plan.after[t].release) {
       if (state[at(r)] == kWhole) whole -= whole_bytes[at(r)];

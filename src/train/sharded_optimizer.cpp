@@ -103,7 +103,8 @@ ShardedOptimizer::ShardedOptimizer(Distributed* distributed, std::vector<torch::
                                    const std::vector<std::vector<torch::Tensor>>& segments,
                                    std::vector<int> segment_stages,
                                    const std::vector<torch::ScalarType>& segment_gather_dtypes,
-                                   std::vector<int> segment_layers)
+                                   std::vector<int> segment_layers,
+                                   const std::vector<char>& segment_accumulates)
     : distributed_(distributed),
       rank_(distributed ? distributed->rank() : 0),
       parameters_(unique_parameters(parameters)),
@@ -172,6 +173,9 @@ ShardedOptimizer::ShardedOptimizer(Distributed* distributed, std::vector<torch::
                         segment_stages.size(), " segment stages for ", groups.size(), " segments");
   PIPETRAIN_CHECK_INPUT(segment_layers.empty() || segment_layers.size() == groups.size(), "ZeRO: ",
                         segment_layers.size(), " segment layers for ", groups.size(), " segments");
+  PIPETRAIN_CHECK_INPUT(segment_accumulates.empty() || segment_accumulates.size() == groups.size(),
+                        "ZeRO: ", segment_accumulates.size(), " accumulate flags for ",
+                        groups.size(), " segments");
   std::set<const void*> counts;
   for (const torch::Tensor& c : counted) counts.insert(c.unsafeGetTensorImpl());
   offsets_.assign(parameters_.size(), 0);
@@ -227,8 +231,8 @@ ShardedOptimizer::ShardedOptimizer(Distributed* distributed, std::vector<torch::
       persistent_.push_back(k);
       continue;
     }
-    s.streamed = streams_;
-    if (streams_) streamed_of_layer_[{s.stage, s.layer}].push_back(k);
+    s.streamed = streams_ && (segment_accumulates.empty() || !segment_accumulates[k]);
+    if (s.streamed) streamed_of_layer_[{s.stage, s.layer}].push_back(k);
     if (!by_layer_) continue;
     auto [found, fresh] = unit_of_layer_.emplace(std::make_pair(s.stage, s.layer),
                                                  static_cast<int>(units_.size()));
@@ -406,9 +410,16 @@ void ShardedOptimizer::step() {  // [3]
     InFlight g;
     g.segment = k;
     g.piece = piece_values(k);
-    g.flat = pool_->take(s.padded, g.piece.options().pinned_memory(to_device));
+    // One parameter needing no padding, where the collectives run: gathered into itself.
+    const torch::Tensor& first = parameters_[s.parameters.front()];
+    g.pooled_flat = !(s.parameters.size() == 1 && first.numel() == s.padded &&
+                      first.is_contiguous() && first.device() == comm_device_ &&
+                      first.scalar_type() == g.piece.scalar_type());
+    g.flat = g.pooled_flat ? pool_->take(s.padded, g.piece.options().pinned_memory(to_device))
+                           : first.detach().view({-1});
     // Counted with the reductions' buffers: the step's gathers are their mirror image.
-    g.bytes = (g.flat.numel() + (aliased_ ? g.piece.numel() : 0)) * g.flat.element_size();
+    g.bytes = ((g.pooled_flat ? g.flat.numel() : 0) + (aliased_ ? g.piece.numel() : 0)) *
+              g.flat.element_size();
     reduce_buffer_bytes_now_ += g.bytes;
     reduce_buffer_bytes_ = std::max(reduce_buffer_bytes_, reduce_buffer_bytes_now_);
     g.start_us = CollectiveLog::now_us();
@@ -427,11 +438,12 @@ void ShardedOptimizer::step() {  // [3]
     if (log_) log_->finished(CollectiveKind::kAllGather, s.stage, g.start_us, bytes_of(g.piece));
     for (size_t q : s.parameters) {
       torch::Tensor& p = parameters_[q];
+      if (!g.pooled_flat) break;  // gathered into the parameter itself
       p.copy_(g.flat.narrow(0, offsets_[q] - s.start, p.numel()).view(p.sizes()),
               /*non_blocking=*/to_device);
     }
     g.wait = nullptr;
-    pool_->give(g.flat);
+    if (g.pooled_flat) pool_->give(g.flat);
     if (aliased_) pool_->give(g.piece);
   };
   std::deque<InFlight> in_flight;
@@ -497,65 +509,90 @@ std::unique_ptr<ShardedOptimizer> make_pipe_sharded_optimizer(
   std::vector<std::vector<torch::Tensor>> segments;
   std::vector<int> segment_stages, segment_layers;
   std::vector<torch::ScalarType> gather_dtypes;
-  std::multimap<int, size_t> segments_of_stage;
+  std::vector<char> accumulates;
+  std::multimap<int, size_t> segments_of_stage;  // what the overlap starts after a stage
   auto add_buckets = [&](int stage_index, int layer, const std::vector<torch::Tensor>& tensors,
-                         torch::ScalarType gather_dtype) {
+                         torch::ScalarType gather_dtype, bool accumulate) {
     for (auto& bucket : cut_into_buckets(tensors, bucket_bytes)) {
-      if (stage_index >= 0) segments_of_stage.emplace(stage_index, segments.size());
+      if (stage_index >= 0 && !accumulate) segments_of_stage.emplace(stage_index, segments.size());
       gather_dtypes.push_back(gather_dtype);
       segments.push_back(std::move(bucket));
       segment_stages.push_back(stage_index);
       segment_layers.push_back(layer);
+      accumulates.push_back(accumulate);
     }
   };
-  auto add_group = [&](int stage_index, int layer, const std::vector<torch::Tensor>& tensors) {
+  auto add_group = [&](int stage_index, int layer, const std::vector<torch::Tensor>& tensors,
+                       bool accumulate = false) {
     if (tensors.empty()) return;
     const torch::ScalarType dtype = tensors.front().scalar_type();
     std::vector<torch::Tensor> kept, narrowed;
     for (const torch::Tensor& t : tensors) {
       (cast.count(t.unsafeGetTensorImpl()) ? narrowed : kept).push_back(t);
     }
-    add_buckets(stage_index, layer, kept, dtype);
-    add_buckets(stage_index, layer, narrowed, compute_dtype(precision));
+    add_buckets(stage_index, layer, kept, dtype, accumulate);
+    add_buckets(stage_index, layer, narrowed, compute_dtype(precision), accumulate);
   };
+  const std::vector<std::pair<int, std::vector<torch::Tensor>>> groups = pipe.gradient_groups();
   std::vector<torch::Tensor> persistent;
-  for (auto& [stage_index, tensors] : pipe.gradient_groups()) {
-    if (stage_index < 0) {
-      persistent.insert(persistent.end(), tensors.begin(), tensors.end());
-      continue;
+  if (!by_layer) {
+    for (const auto& [stage_index, tensors] : groups) {
+      if (stage_index >= 0) {
+        add_group(stage_index, -1, tensors);
+      } else {
+        persistent.insert(persistent.end(), tensors.begin(), tensors.end());
+      }
     }
-    if (!by_layer) {
-      add_group(stage_index, -1, tensors);
-      continue;
+  } else {
+    // By layer: a tensor one layer of this rank uses is that layer's (one its stage reduces
+    // after the step, a tie with another rank or a tp-summed one, accumulates); one several
+    // layers of the rank use, and (stage 3) a small one, is persistent.
+    std::set<const void*> after_step;
+    for (const auto& [stage_index, tensors] : groups) {
+      if (stage_index >= 0) continue;
+      for (const torch::Tensor& t : tensors) after_step.insert(t.unsafeGetTensorImpl());
     }
-    // By layer: a tensor two layers of the stage use, or (stage 3) a small one, is persistent.
-    const std::set<const void*> mine = [&] {
-      std::set<const void*> keys;
-      for (const torch::Tensor& t : tensors) keys.insert(t.unsafeGetTensorImpl());
-      return keys;
-    }();
-    const std::vector<std::vector<torch::Tensor>> layers = pipe.stage_layer_parameters(stage_index);
+    std::map<int, std::vector<std::vector<torch::Tensor>>> layers_of;
     std::map<const void*, int> uses;
-    for (const auto& layer : layers) {
-      for (const torch::Tensor& t : layer) ++uses[t.unsafeGetTensorImpl()];
+    for (const auto& [stage_index, tensors] : groups) {
+      if (stage_index < 0) continue;
+      layers_of[stage_index] = pipe.stage_layer_parameters(stage_index);
+    }
+    for (const int j : pipe.local_stages()) {
+      if (!layers_of.count(j)) layers_of[j] = pipe.stage_layer_parameters(j);
+    }
+    for (const auto& [stage_index, layers] : layers_of) {
+      for (const auto& layer : layers) {
+        std::set<const void*> once;  // a layer lists a tensor it uses twice once
+        for (const torch::Tensor& t : layer) {
+          if (once.insert(t.unsafeGetTensorImpl()).second) ++uses[t.unsafeGetTensorImpl()];
+        }
+      }
     }
     std::set<const void*> placed;
-    for (size_t l = 0; l < layers.size(); ++l) {
-      std::vector<torch::Tensor> own;
-      for (const torch::Tensor& t : layers[l]) {
-        const void* key = t.unsafeGetTensorImpl();
-        if (!mine.count(key) || !placed.insert(key).second) continue;
-        const bool small = stage == 3 && t.numel() * static_cast<int64_t>(t.element_size()) <
-                                             zero.persistence_threshold();
-        (uses[key] > 1 || small ? persistent : own).push_back(t);
+    for (const auto& [stage_index, layers] : layers_of) {
+      for (size_t l = 0; l < layers.size(); ++l) {
+        std::vector<torch::Tensor> streamed, accumulated;
+        for (const torch::Tensor& t : layers[l]) {
+          const void* key = t.unsafeGetTensorImpl();
+          if (!placed.insert(key).second) continue;
+          const bool small = stage == 3 && t.numel() * static_cast<int64_t>(t.element_size()) <
+                                               zero.persistence_threshold();
+          if (uses[key] > 1 || small) {
+            persistent.push_back(t);
+          } else {
+            (after_step.count(key) ? accumulated : streamed).push_back(t);
+          }
+        }
+        add_group(stage_index, static_cast<int>(l), streamed);
+        add_group(stage_index, static_cast<int>(l), accumulated, /*accumulate=*/true);
       }
-      add_group(stage_index, static_cast<int>(l), own);
     }
   }
   add_group(-1, -1, persistent);
   auto sharded = std::make_unique<ShardedOptimizer>(
       &distributed, pipe.parameters(), counted, optimizer, options, zero, segments, segment_stages,
-      gather_dtypes, segment_layers);
+      gather_dtypes, segment_layers, accumulates);
   pipe.set_allreduce_gradients(false);
   ShardedOptimizer* shards = sharded.get();
   shards->set_collective_log(&pipe.collective_log());

@@ -132,7 +132,7 @@ void ShardedOptimizer::start_gather_segment(size_t k, bool exact) {
   g.gathered = pool_->take(s.padded, g.piece.options());
   g.buffer_bytes = bytes_of(g.gathered) + (g.narrowed ? bytes_of(g.piece) : 0);
   buffer_bytes_ += g.buffer_bytes;
-  peak_buffer_bytes_ = std::max(peak_buffer_bytes_, buffer_bytes_);
+  note_gather_peaks();
   gather_bytes_sent_ += bytes_of(g.piece);
   gather_bytes_uncast_ += bytes_of(piece);
   reduce_thread_.drain();  // the group's collectives in one order on every replica
@@ -178,8 +178,8 @@ void ShardedOptimizer::wait_segment(size_t k) {
     point_into(p, lease, offsets_[q] - s.start);
     whole_bytes_ += bytes_of(p);
   }
-  peak_whole_bytes_ = std::max(peak_whole_bytes_, whole_bytes_);
-  buffer_bytes_ -= g.buffer_bytes;
+  buffer_bytes_ -= g.buffer_bytes;  // it landed: whole now, no longer in flight
+  note_gather_peaks();
   const bool narrowed = g.narrowed;
   g = Gather{};
   g.narrowed = narrowed;
@@ -204,6 +204,17 @@ void ShardedOptimizer::release_segment(size_t k) {
   }
   g = Gather{};
   g.state = Residency::kFreed;
+}
+
+void ShardedOptimizer::note_gather_peaks() {
+  if (by_layer_) {
+    // A gathered buffer becomes the parameters' storage: what is whole and what is on its way
+    // are one peak (the memory model's "gathered params" by layer), the buffers none apart.
+    peak_whole_bytes_ = std::max(peak_whole_bytes_, whole_bytes_ + buffer_bytes_);
+  } else {
+    peak_whole_bytes_ = std::max(peak_whole_bytes_, whole_bytes_);
+    peak_buffer_bytes_ = std::max(peak_buffer_bytes_, buffer_bytes_);
+  }
 }
 
 int64_t ShardedOptimizer::parameter_bytes() const {

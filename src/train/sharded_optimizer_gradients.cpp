@@ -47,8 +47,24 @@ torch::Tensor& ShardedOptimizer::reduced_gradient() {
 }
 
 torch::Tensor ShardedOptimizer::pack_gradients(
-    size_t k, const std::function<torch::Tensor(size_t q)>& grad) const {
+    size_t k, const std::function<torch::Tensor(size_t q)>& grad, bool* pooled) const {
   const Segment& s = segments_[k];
+  *pooled = true;
+  if (s.parameters.size() == 1 && parameters_[s.parameters.front()].numel() == s.padded) {
+    torch::Tensor g = grad(s.parameters.front());
+    if (g.defined() && g.is_contiguous() && g.scalar_type() == comm_options().dtype() &&
+        g.device() == comm_device_) {
+      *pooled = false;
+      return g.detach().view({-1});
+    }
+    torch::Tensor flat = pool_->take(s.padded, comm_options());
+    if (g.defined()) {
+      flat.copy_(g.detach().reshape({-1}));
+    } else {
+      flat.zero_();
+    }
+    return flat;
+  }
   torch::Tensor flat = pool_->take(s.padded, comm_options());
   flat.zero_();
   for (size_t q : s.parameters) {
@@ -60,7 +76,7 @@ torch::Tensor ShardedOptimizer::pack_gradients(
 }
 
 ShardedOptimizer::InFlight ShardedOptimizer::start_reduce_scatter(size_t k, torch::Tensor flat,
-                                                                  bool add) {
+                                                                  bool add, bool pooled_flat) {
   const Segment& s = segments_[k];
   InFlight r;
   r.segment = k;
@@ -70,8 +86,11 @@ ShardedOptimizer::InFlight ShardedOptimizer::start_reduce_scatter(size_t k, torc
   r.piece = own_piece ? pool_->take(s.piece, comm_options())
                       : reduced_gradient().narrow(0, s.shard_offset, s.piece);
   r.own_piece = own_piece;
-  // Its buffers: the packed segment, and the piece where it is one of its own.
-  r.bytes = bytes_of(r.flat) + (own_piece ? bytes_of(r.piece) : 0);
+  r.pooled_flat = pooled_flat;
+  // Its buffers: the packed segment (a streamed gradient reduced in place too: it outlives its
+  // hand-over; an accumulated .grad() is counted as gradients), and the piece where it is one of
+  // its own.
+  r.bytes = (pooled_flat || add ? bytes_of(r.flat) : 0) + (own_piece ? bytes_of(r.piece) : 0);
   reduce_buffer_bytes_now_ += r.bytes;
   reduce_buffer_bytes_ = std::max(reduce_buffer_bytes_, reduce_buffer_bytes_now_);
   r.start_us = CollectiveLog::now_us();
@@ -108,7 +127,7 @@ void ShardedOptimizer::finish_reduce_scatter(InFlight& r) {
       parts_[i].mutable_grad() = grad;
     }
   }
-  pool_->give(r.flat);
+  if (r.pooled_flat) pool_->give(r.flat);
   if (r.own_piece) pool_->give(r.piece);
   r.flat = torch::Tensor();
   r.piece = torch::Tensor();
@@ -127,9 +146,10 @@ void ShardedOptimizer::start_reduce(size_t segment) {  // [1], one segment ahead
   if (shard_grad_.defined()) reduced_gradient();
   auto launch = [this, segment]() {
     torch::NoGradGuard no_grad;  // per thread
+    bool pooled = true;
     torch::Tensor flat =
-        pack_gradients(segment, [this](size_t q) { return parameters_[q].grad(); });
-    started_[segment] = start_reduce_scatter(segment, std::move(flat), /*add=*/false);
+        pack_gradients(segment, [this](size_t q) { return parameters_[q].grad(); }, &pooled);
+    started_[segment] = start_reduce_scatter(segment, std::move(flat), /*add=*/false, pooled);
   };
   // On a GPU the pack is an asynchronous copy on the stream: here, after what the thread has.
   reduce_thread_.submit_or_run_here(std::move(launch), /*run_here=*/!comm_device_.is_cpu());
@@ -154,14 +174,15 @@ void ShardedOptimizer::gradients(int j, std::size_t l, const std::vector<torch::
       finish_reduce_scatter(streams_in_flight_.front());
       streams_in_flight_.pop_front();
     }
+    bool pooled = true;
     torch::Tensor flat = pack_gradients(k, [&](size_t q) {
       const auto entry = at.find(parameters_[q].unsafeGetTensorImpl());
       if (entry == at.end()) return torch::Tensor();
       torch::Tensor g = std::move(grads[entry->second]);  // taken: not accumulated into .grad()
       grads[entry->second] = torch::Tensor();
       return g;
-    });
-    streams_in_flight_.push_back(start_reduce_scatter(k, std::move(flat), /*add=*/true));
+    }, &pooled);
+    streams_in_flight_.push_back(start_reduce_scatter(k, std::move(flat), /*add=*/true, pooled));
   }
   return_freed_memory();  // the layer's gradients are packed and gone
 }
@@ -186,8 +207,10 @@ void ShardedOptimizer::reduce_gradients() {  // [1]
     };
     for (size_t k = 0; k < segments_.size(); ++k) {
       if (segments_[k].streamed) continue;
-      torch::Tensor flat = pack_gradients(k, [this](size_t q) { return parameters_[q].grad(); });
-      in_flight.push_back(start_reduce_scatter(k, std::move(flat), /*add=*/false));
+      bool pooled = true;
+      torch::Tensor flat =
+          pack_gradients(k, [this](size_t q) { return parameters_[q].grad(); }, &pooled);
+      in_flight.push_back(start_reduce_scatter(k, std::move(flat), /*add=*/false, pooled));
       if (in_flight.size() > 1) finish_oldest();
     }
     while (!in_flight.empty()) finish_oldest();

@@ -258,6 +258,14 @@ std::string model_plan_text(const ModelPlanRequest& r, const ModelPlanResult& re
           << (r.precision == Precision::kBFloat16 ? "bf16 stages, float32 weights" : "float32")
           << ", the loss's own tensors not included):\n"
           << rank_memory_text(pp::plan_memory(result.profile, plan, result.planner));
+      if (r.planner.data_parallel > 1) {
+        out << "\n"
+            << zero_stages_text(memory_by_zero_stage(result.profile, plan, result.planner),
+                                r.planner.data_parallel);
+      } else {
+        out << "\n(ZeRO shards over data-parallel replicas: --dp 2 or more shows ZeRO 0 to 3 "
+               "side by side)\n";
+      }
     }
   } else {
     out << "\nno plan fits " << pp::format_bytes(r.planner.memory_limit_bytes)
@@ -282,6 +290,12 @@ nlohmann::json model_plan_json(const ModelPlanRequest& r, const ModelPlanResult&
   if (labels.memory && result.report.found()) {
     out["memory_per_rank"] = rank_memory_json(
         pp::plan_memory(result.profile, result.report.recommended(), result.planner));
+    nlohmann::json by_zero = nlohmann::json::array();
+    for (const auto& ranks :
+         memory_by_zero_stage(result.profile, result.report.recommended(), result.planner)) {
+      by_zero.push_back(rank_memory_json(ranks));
+    }
+    out["memory_per_rank_by_zero"] = by_zero;
   }
   if (r.verify) {
     out["verify"] = result.verification ? verification_json(*result.verification, kVerifyNames)

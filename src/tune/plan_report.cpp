@@ -176,6 +176,47 @@ std::string rank_memory_text(const std::vector<pp::RankMemory>& ranks) {
   return out.str();
 }
 
+std::vector<std::vector<pp::RankMemory>> memory_by_zero_stage(const pp::ModelProfile& profile,
+                                                               const pp::Plan& plan,
+                                                               pp::PlannerOptions options) {
+  std::vector<std::vector<pp::RankMemory>> stages;
+  for (int zero = 0; zero <= 3; ++zero) {
+    options.zero = zero;
+    options.reshard_after_forward = options.reshard_after_forward && zero == 3;
+    stages.push_back(pp::plan_memory(profile, plan, options));
+  }
+  return stages;
+}
+
+std::string zero_stages_text(const std::vector<std::vector<pp::RankMemory>>& stages, int dp) {
+  std::ostringstream out;
+  out << "the same plan at each ZeRO stage over dp " << dp
+      << " (each rank's total; in brackets its parameters, gradients and optimizer state per "
+         "parameter: float32 Adam 16, 4 + 4 + 8/dp, 4 + 12/dp, 16/dp):\n";
+  char line[200];
+  std::snprintf(line, sizeof line, "  %4s %22s %22s %22s %22s\n", "rank", "zero 0", "zero 1",
+                "zero 2", "zero 3");
+  out << line;
+  for (std::size_t r = 0; r < stages.front().size(); ++r) {
+    // Bytes per parameter: of the rank's float32 parameters at ZeRO 0.
+    const double parameters = static_cast<double>(stages.front()[r].parameters) / 4;
+    std::string cells;
+    for (const auto& ranks : stages) {
+      const pp::RankMemory& m = ranks[r];
+      char cell[40];
+      std::snprintf(
+          cell, sizeof cell, " %13s (%5.2f)", pp::format_bytes(m.total()).c_str(),
+          parameters > 0
+              ? static_cast<double>(m.parameters + m.gradients + m.optimizer_state) / parameters
+              : 0.0);
+      cells += cell;
+    }
+    std::snprintf(line, sizeof line, "  %4zu%s\n", r, cells.c_str());
+    out << line;
+  }
+  return out.str();
+}
+
 nlohmann::json rank_memory_json(const std::vector<pp::RankMemory>& ranks) {
   nlohmann::json out = nlohmann::json::array();
   for (const pp::RankMemory& m : ranks) {

@@ -393,11 +393,11 @@ TEST(PredictMemory, ZeroThreeGatherBuffersAreTheLargestStagesBufferInFlight) {
 }
 
 // ZeRO-3 by layer (the default): rank 1 of 1F1B holds layers 2 and 3 (100 bytes each), layer 3's
-// 100 being 60 bytes of its own and 40 of a weight tied to another layer. By layer each one's own
-// parameters are a unit (layer 2: 25 floats, padded to 26 at dp 2, 104 bytes; layer 3: 15
-// floats, 16, 64 bytes), and the tied weight is persistent: whole through the step (10 floats, 40
-// bytes) and accumulated into .grad().
-TEST(PredictMemory, ZeroThreeByLayerHoldsALayerAtATimeAndTheTiedWeightThroughTheStep) {
+// 100 being 60 bytes of its own and 40 of a weight tied to another rank's layer. By layer each
+// layer is a unit (layer 2: 25 floats, padded to 26 at dp 2, 104 bytes; layer 3: 15 floats of its
+// own, 16, 64 bytes, and the tie's 10, 40 bytes): the tie is gathered with its layer, but its
+// gradient accumulates over the step and is reduced after the tie sum, not streamed.
+TEST(PredictMemory, ZeroThreeByLayerHoldsALayerAtATimeAndAccumulatesATiedWeight) {
   UniformLayer layer;
   layer.parameter_bytes = 100;
   ModelProfile profile = uniform_profile(4, 4, layer);
@@ -414,19 +414,26 @@ TEST(PredictMemory, ZeroThreeByLayerHoldsALayerAtATimeAndTheTiedWeightThroughThe
   EXPECT_EQ(rank.parameters, 52 + 32 + 20);
   EXPECT_EQ(rank.gradients, rank.parameters);
   EXPECT_EQ(rank.optimizer_state, 2 * rank.parameters);
-  EXPECT_EQ(rank.gathered, 104 + 40);       // the larger layer, and the tied weight
-  EXPECT_EQ(rank.gather_buffers, 104);      // a layer gathered at its use
-  EXPECT_EQ(rank.step_gradients, 40 + 100);  // the tied weight's .grad(), and layer 2's
+  EXPECT_EQ(rank.gathered, 104);  // one layer at a time: in flight at its use, then whole
+  EXPECT_EQ(rank.gather_buffers, 0);  // by layer a gathered buffer is the parameters' storage
+  EXPECT_EQ(rank.step_gradients, 40 + 100);  // the tie's .grad(), and layer 2's of one micro-batch
   // Prefetch starts the next layer while one is whole; keeping a layer reused next (1F1B's last
   // stage runs F then B) holds both layers at once at most.
   options.zero_policy.units = {std::int64_t{1} << 20, 0, 0};
   const RankMemory prefetched = predict_memory(profile, {2, 2}, 1, schedule, options)[1];
-  EXPECT_GE(prefetched.gathered, 104 + 40);
-  EXPECT_LE(prefetched.gathered, 104 + 64 + 40);
-  EXPECT_LE(prefetched.gather_buffers, 104 + 64 + 40);
+  EXPECT_GE(prefetched.gathered, 104);
+  EXPECT_LE(prefetched.gathered, 208);
   // By stage, the whole stage from its first action to its last.
   options.zero_policy.by_layer = false;
   EXPECT_EQ(predict_memory(profile, {2, 2}, 1, schedule, options)[1].gathered, 200);
+  // A rank holding both ends of the tie keeps it whole through the step, once.
+  profile.layers[2].parameter_sizes = {60, 40};
+  profile.layers[2].shared_parameters = {false, true};
+  profile.layers[2].cast_parameters = {false, false};
+  options.zero_policy.by_layer = true;
+  options.zero_policy.units = {0, 0, -1};
+  const RankMemory both = predict_memory(profile, {2, 2}, 1, schedule, options)[1];
+  EXPECT_EQ(both.gathered, 64 + 40);  // a layer's own 60 bytes, and the tie through the step
 }
 
 // ZeRO-Offload: the shard's values and gradient and the optimizer state leave the rank's total for

@@ -190,7 +190,7 @@ struct ZeroMemoryPolicy {
   bool by_layer = true;  // stage 3: each layer gathered around its uses (false: by stage)
   bool overlap = false;  // --overlap-grad-reduce: a step's reductions in flight together
   std::int64_t bucket_bytes = std::int64_t{25} << 20;
-  schedule::UnitPolicy units{std::int64_t{50} << 20, 0, 0};  // stage 3 by layer's plan
+  schedule::UnitPolicy units{std::int64_t{25} << 20, 0, 0};  // stage 3 by layer's plan
   std::int64_t persistence_threshold = 0;  // stage 3: smaller parameters stay whole
 };
 

@@ -87,6 +87,7 @@ UnitPlan plan_units(const std::vector<UnitId>& uses, const std::vector<std::int6
 struct UnitPeaks {
   std::int64_t whole = 0;
   std::int64_t in_flight = 0;
+  std::int64_t together = 0;  // the most whole and in flight at one moment
 };
 UnitPeaks unit_peaks(const UnitPlan& plan, const std::vector<std::int64_t>& whole_bytes,
                      const std::vector<std::int64_t>& in_flight_bytes);

@@ -35,6 +35,10 @@
 //      (autograd::grad(out_k, params_k, g_k)), accumulated into .grad(). I + W compute exactly
 //      what B computes, nothing twice. A micro-batch whose backward will be split must be
 //      forwarded with `split_backward` (the per-segment record is made during the forward).
+// With parameter hooks (set_parameter_hooks, stage/parameter_hooks.h: ZeRO by layer) every
+// training forward is recorded so, and B runs segment by segment from the last, each segment's
+// input and weight gradients in one engine call; the hooks hear of every use of a layer's
+// parameters and take its weight gradients.
 //
 // Skips (stage/skip.h): a SkipContext per (stage, micro-batch) is installed around the forward
 // and the recompute. Names stashed and not popped by the end of the stage leave with the

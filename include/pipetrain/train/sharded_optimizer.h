@@ -168,11 +168,12 @@ struct ZeroOptions {
   // Stages 2 and 3 (make_pipe_sharded_optimizer; a one-process optimizer accumulates).
   TORCH_ARG(ZeroGradients, gradients) = ZeroGradients::kStream;
   // Stage 3: what is gathered as one, and by kLayer's plan (schedule/unit_residency.h): the bytes
-  // gathered ahead of use, the most bytes prefetched units may bring the whole ones to (0: no
-  // bound), and how near (in bytes of other units used in between) a unit's next use must be
-  // for it to stay whole (-1: freed after every use).
+  // gathered ahead of use (0: none; the next layer whatever its size, and the ones after while
+  // they fit: a bucket's worth by default), the most bytes prefetched units may bring the whole
+  // ones to (0: no bound), and how near (in bytes of other units used in between) a unit's next
+  // use must be for it to stay whole (-1: freed after every use).
   TORCH_ARG(ZeroUnit, unit) = ZeroUnit::kLayer;
-  TORCH_ARG(int64_t, prefetch_bytes) = int64_t{50} << 20;
+  TORCH_ARG(int64_t, prefetch_bytes) = int64_t{25} << 20;
   TORCH_ARG(int64_t, max_live_bytes) = 0;
   TORCH_ARG(int64_t, max_reuse_distance) = 0;
   // Stage 3: parameters smaller than this many bytes stay whole through the step (fewer, larger
@@ -237,13 +238,17 @@ class ShardedOptimizer : public StageParameters, public StageParameterHooks {
   // layer) are a unit, and at stages 2 and 3 under kStream the hooks' gradients() of that layer
   // are reduce-scattered by them. Empty: no segment belongs to a layer (nothing streams, and
   // stage 3 is gathered by stage).
+  // `segment_accumulates` (optional): segments of a layer whose gradients are final only after
+  // the step (a weight tied to another rank's, a tp-summed one): gathered with their layer but
+  // accumulated into .grad() and reduced after the step, not streamed.
   ShardedOptimizer(Distributed* distributed, std::vector<torch::Tensor> parameters,
                    const std::vector<torch::Tensor>& counted, const std::string& optimizer,
                    const OptimizerOptions& options, const ZeroOptions& zero,
                    const std::vector<std::vector<torch::Tensor>>& segments = {},
                    std::vector<int> segment_stages = {},
                    const std::vector<torch::ScalarType>& segment_gather_dtypes = {},
-                   std::vector<int> segment_layers = {});
+                   std::vector<int> segment_layers = {},
+                   const std::vector<char>& segment_accumulates = {});
   ~ShardedOptimizer() override;
   ShardedOptimizer(const ShardedOptimizer&) = delete;
   ShardedOptimizer& operator=(const ShardedOptimizer&) = delete;
@@ -281,10 +286,12 @@ class ShardedOptimizer : public StageParameters, public StageParameterHooks {
   // Bytes of parameters this replica holds now: their storage where it is allocated, plus at
   // stage 3 the shard; and the most bytes of whole parameters held at once since zero_grad().
   int64_t parameter_bytes() const;
+  // By layer that peak counts the gathers in flight with them (a gathered buffer becomes the
+  // parameters' storage).
   int64_t peak_whole_parameter_bytes() const { return peak_whole_bytes_; }
-  // Stage 3: the most bytes of all-gather receive buffers in flight at once since zero_grad():
-  // each segment's padded buffer from its gather's start to its wait, and a narrowed segment's
-  // copy of the piece it sends.
+  // Stage 3 by stage: the most bytes of all-gather receive buffers in flight at once since
+  // zero_grad(): each segment's padded buffer from its gather's start to its wait, and a narrowed
+  // segment's copy of the piece it sends (by layer: 0, in the peak above).
   int64_t peak_gather_buffer_bytes() const { return peak_buffer_bytes_; }
   // Stage 3: the bytes this replica's all-gathers have sent since construction (its pieces, in
   // the dtype each segment gathers in), and the bytes they would have sent in the parameters'
@@ -396,6 +403,7 @@ class ShardedOptimizer : public StageParameters, public StageParameterHooks {
     double start_us = 0;
     bool add = false;   // a reduction: add the piece to the shard's gradient, not copy
     bool own_piece = false;  // `piece` is a buffer of its own (not the shard gradient's)
+    bool pooled_flat = true;  // `flat` came from the pool (not a gradient reduced in place)
     int64_t bytes = 0;  // its buffers (`flat`, and `piece` where it is not the gradient's own)
   };
 
@@ -408,14 +416,16 @@ class ShardedOptimizer : public StageParameters, public StageParameterHooks {
   // A parameter's elements as a flat view (its storage: whole, or at stage 3 gathered).
   torch::Tensor flat_parameter(size_t q) const;
   // Segment k's padded buffer of the parameters' gradients (`grad(q)`; zeros where undefined).
-  torch::Tensor pack_gradients(size_t k,
-                               const std::function<torch::Tensor(size_t q)>& grad) const;
+  // A segment of one parameter that needs no padding is reduced from its gradient itself
+  // (`*pooled` false): no copy of a parameter-sized gradient (an embedding's) is made.
+  torch::Tensor pack_gradients(size_t k, const std::function<torch::Tensor(size_t q)>& grad,
+                               bool* pooled) const;
   // This replica's piece of segment k's values, where the collectives run: from the shard, or
   // (aliased_) packed from the parameters' slices.
   torch::Tensor piece_values(size_t k) const;
   // [1] A segment's reduce-scatter, started: into `out` (its piece of the reduced gradient), or
   // into a piece of its own (aliased_ stage 1, or added to the shard's gradient: `add`).
-  InFlight start_reduce_scatter(size_t k, torch::Tensor flat, bool add);
+  InFlight start_reduce_scatter(size_t k, torch::Tensor flat, bool add, bool pooled_flat);
   // Waits for one, then puts its piece where it belongs (the shard's gradient, or at stage 1 the
   // parameters' .grad() slices), and logs it.
   void finish_reduce_scatter(InFlight& reduction);
@@ -444,6 +454,8 @@ class ShardedOptimizer : public StageParameters, public StageParameterHooks {
   void start_gather_segment(size_t k, bool exact = false);
   void wait_segment(size_t k);
   void release_segment(size_t k);
+  // peak_whole_bytes_ and peak_buffer_bytes_ after a change (by layer: one peak of both).
+  void note_gather_peaks();
   // [0] Stage 3, while the parameters are the truth (after construction or gather_all()): their
   // values into the shard, and every segment freed. Called by zero_grad() and by the
   // StageParameters calls, so that a step run without zero_grad() first starts from them too.

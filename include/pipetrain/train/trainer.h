@@ -79,13 +79,14 @@ struct TrainerOptions {
   /// Clip the global gradient L2 norm to this (over every rank); 0 = no clipping. Default 0.
   TORCH_ARG(double, clip_grad_norm) = 0.0;
   /// ZeRO stage: 0 (each replica holds the whole optimizer state), 1 (the optimizer state sharded
-  /// over the data-parallel replicas), 2 (the gradients held between steps too) or 3 (the
-  /// parameters too: each stage's gathered around its actions); stages 1 to 3 need a
-  /// multi-process runner with replicas (train/sharded_optimizer.h). Default 0.
+  /// over the data-parallel replicas), 2 (the gradients too: streamed into the shard during the
+  /// step by default) or 3 (the parameters too: each layer gathered around its uses by default);
+  /// stages 1 to 3 need a multi-process runner with replicas (train/sharded_optimizer.h).
+  /// Default 0.
   TORCH_ARG(int, zero) = 0;
-  /// ZeRO-3: free a stage's gathered parameters after every forward and backward and gather them
-  /// again for the next (less memory, more all-gathers), instead of keeping them from the stage's
-  /// first action of a step to its last. Default false.
+  /// ZeRO-3 by stage: free a stage's gathered parameters after every forward and backward and
+  /// gather them again for the next, instead of keeping them from the stage's first action of a
+  /// step to its last (ZeroOptions::reshard_after_forward). Default false.
   TORCH_ARG(bool, reshard_after_forward) = false;
   /// ZeRO-Offload (zero 1 to 3): the shard's float32 values, its gradient and the optimizer state
   /// in host memory, the optimizer stepped on the CPU (train/sharded_optimizer.h). Meant for CUDA
@@ -181,6 +182,8 @@ class Trainer {
 
   // Runs steps first_step .. total_steps-1 ([1]-[6] above). Throws pipetrain::Error naming the
   // step when a step fails (the cause's kind) or the loss is not finite (NonFiniteLossError).
+  // Under ZeRO-3 the parameters are sharded when it returns: gather_weights(), evaluate() and a
+  // checkpoint make them whole (ShardedOptimizer::gather_all).
   TrainSummary fit();
 
   // Called on every rank after each step (see StepReport::main).

@@ -37,6 +37,14 @@ std::string default_plan_text(const partition::Plan& fallback, int chunks);
 // One row per rank: parameters, gradients, optimizer state, activations, receive and send
 // buffers, total (partition::plan_memory, predict_memory).
 std::string rank_memory_text(const std::vector<partition::RankMemory>& ranks);
+// `plan` predicted at ZeRO 0, 1, 2 and 3 with `options`' other settings (ZeRO-3 reshards only
+// where options asks it), by stage; and the side-by-side table of their rank totals and model
+// states per parameter (plan --memory).
+std::vector<std::vector<partition::RankMemory>> memory_by_zero_stage(
+    const partition::ModelProfile& profile, const partition::Plan& plan,
+    partition::PlannerOptions options);
+std::string zero_stages_text(const std::vector<std::vector<partition::RankMemory>>& stages,
+                             int dp);
 nlohmann::json rank_memory_json(const std::vector<partition::RankMemory>& ranks);
 
 // The verification's plans, labelled names[k] ("recommended", "default"): predicted and measured
