@@ -138,6 +138,16 @@ void add_plan_model_options(CLI::App& command, PlanModelArgs& args) {
   command.add_flag("--reshard-after-forward", args.reshard_after_forward,
                    "With --model --zero 3: the memory model frees a stage's gathered parameters "
                    "after every action (train's flag of the same name)");
+  command
+      .add_option("--zero-gradients", args.zero_gradients,
+                  "With --model --zero 2 or 3: stream or accumulate, for the memory model "
+                  "(train's flag of the same name)")
+      ->capture_default_str();
+  command
+      .add_option("--zero3-unit", args.zero3_unit,
+                  "With --model --zero 3: layer or stage, for the memory model (train's flag "
+                  "of the same name)")
+      ->capture_default_str();
   command.add_flag("--offload-optimizer", args.offload_optimizer,
                    "With --model and --zero 1 to 3: the memory model puts the optimizer state and "
                    "the shard in host memory (train's flag of the same name)");
@@ -204,6 +214,14 @@ pp::PlannerOptions planner_options(const PlanModelArgs& args) {
   planner.optimizer_state_multiple = optimizer_state_multiple(args.optimizer);
   planner.zero = args.zero;
   planner.reshard_after_forward = args.reshard_after_forward;
+  try {
+    planner.zero_policy.stream =
+        train::parse_zero_gradients(args.zero_gradients) == train::ZeroGradients::kStream;
+    planner.zero_policy.by_layer =
+        train::parse_zero_unit(args.zero3_unit) == train::ZeroUnit::kLayer;
+  } catch (const pipetrain::BadInput& e) {
+    throw UsageError(e.what());
+  }
   planner.offload_optimizer = args.offload_optimizer;
   planner.data_parallel = args.dp;
   planner.processes = args.processes;

@@ -34,9 +34,10 @@ struct PlanModelArgs {
   bool memory = false;            // print the recommended plan's memory per rank and category
   int zero = 0;                   // ZeRO stage of the memory model (needs dp > 1)
   bool reshard_after_forward = false;  // ZeRO 3's policy, for the memory model
-  bool offload_optimizer = false;      // ZeRO-Offload, for the memory model
-  int dp = 1;                          // data-parallel replicas of each rank (memory model)
-  std::string precision = "fp32";      // fp32 | bf16: what the profile runs in (memory model)
+  std::string zero_gradients = "stream", zero3_unit = "layer";  // train's flags, as typed
+  bool offload_optimizer = false;  // ZeRO-Offload, for the memory model
+  int dp = 1;                      // data-parallel replicas of each rank (memory model)
+  std::string precision = "fp32";  // fp32 | bf16: what the profile runs in (memory model)
   int world = 0;  // > 0: search pp x tp x dp layouts of this many processes (tune/world_plan.h)
 };
 

@@ -30,8 +30,8 @@
 // finite: the message names the step), 2 bad usage or bad input.
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <iostream>
@@ -62,11 +62,12 @@
 #include "pipetrain/train/finite_loss.h"
 #include "pipetrain/train/optimizer.h"
 #include "pipetrain/train/progress.h"
-#include "pipetrain/tune/memory_check.h"
 #include "pipetrain/train/step_runner.h"
 #include "pipetrain/train/token_batches.h"
 #include "pipetrain/train/trainer.h"
 #include "pipetrain/tune/auto_plan.h"
+#include "pipetrain/tune/calibration.h"
+#include "pipetrain/tune/memory_check.h"
 #include "pipetrain/tune/world_plan.h"
 #include "train_args.h"
 #include "train_setup.h"
@@ -403,9 +404,8 @@ int train_with(const TrainArgs& args, Prepared& p, train::StepRunner& runner, in
   }
   if (main) {
     print_files(args, result, batches.total_steps(), runner.trace_rows());
-    std::printf("memory: %s; every process:", train::peak_memory_text(result.process_peak_bytes,
-                                                                      p.predicted_memory)
-                                                  .c_str());
+    std::printf("memory: %s; every process:",
+                train::peak_memory_text(result.process_peak_bytes, p.predicted_memory).c_str());
     for (int64_t peak : result.process_peak_bytes) {
       std::printf(" %s", partition::format_bytes(peak).c_str());
     }
@@ -445,6 +445,9 @@ void check_memory(const TrainArgs& args, const RunLayout& layout, Prepared& p) {
   if (args.skip_memory_check || args.auto_request.any() || is_sequential(args.pipeline, layout)) {
     return;
   }
+  // The batches drawn here and the profile draw from the random generator: the run must draw
+  // what it would have drawn without the check.
+  tune::RandomStateGuard random;
   tune::MemoryCheckInput input;
   if (p.model.llama) {
     input.llama = p.model.llama.get();
@@ -467,12 +470,12 @@ void check_memory(const TrainArgs& args, const RunLayout& layout, Prepared& p) {
     for (int r = 0; r < ranks; ++r) input.ranks_of_process.back().push_back(r);
   }
   input.budget_per_rank = args.memory_limit_bytes;
-  const train::MemoryFit fit =
-      as_usage_error("", [&] { return tune::check_run_memory(input); });
+  const train::MemoryFit fit = as_usage_error("", [&] { return tune::check_run_memory(input); });
   if (!fit.fits()) throw UsageError(train::memory_fit_text(fit));
   p.predicted_memory = train::process_needs(fit, input.ranks_of_process);
   std::string list;
-  for (int64_t bytes : p.predicted_memory) list += (list.empty() ? "" : ",") + std::to_string(bytes);
+  for (int64_t bytes : p.predicted_memory)
+    list += (list.empty() ? "" : ",") + std::to_string(bytes);
   ::setenv(kPredictedMemory, list.c_str(), 1);  // the ranks this process starts read it
   std::printf("memory: this run needs %s of the %s available (%s)\n",
               partition::format_bytes(fit.run.needed).c_str(),

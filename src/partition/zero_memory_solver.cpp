@@ -85,7 +85,8 @@ std::vector<Segment> rank_segments(const ModelProfile& profile, const std::vecto
     }
   };
   std::vector<int> first_layer(balance.size(), 0);
-  for (std::size_t j = 1; j < balance.size(); ++j) first_layer[j] = first_layer[j - 1] + balance[j - 1];
+  for (std::size_t j = 1; j < balance.size(); ++j)
+    first_layer[j] = first_layer[j - 1] + balance[j - 1];
   std::vector<Parameter> persistent;
   // By layer a tied weight is its layer's, accumulated, unless the rank holds both of its layers
   // (the profile names no tensor: a tie is taken for one within the rank when another layer of
@@ -237,12 +238,13 @@ void add_zero_memory(const ModelProfile& profile, const std::vector<int>& balanc
       std::llround(static_cast<double>(shard) * options.optimizer_state_multiple));
   rank.gradients = zero == 1 ? all + (aliased ? 0 : shard) : shard;
 
+  const auto alone = [&](const Segment& s) { return options.processes || s.stage >= 0; };
   // Reductions and (stages 1, 2) the step's gathers: their buffers in flight.
   std::vector<std::int64_t> at_end, gathers;
   // Streamed, by (stage, layer): the costs of its segments in order, and its gradients' bytes.
   std::map<std::pair<int, int>, std::vector<std::int64_t>> streamed;
   std::map<std::pair<int, int>, std::int64_t> layer_gradients;
-  std::int64_t accumulated = 0;                                  // .grad() of the others
+  std::int64_t accumulated = 0;  // .grad() of the others
   for (std::size_t k = 0; k < segments.size(); ++k) {
     const Segment& s = segments[k];
     const Sizes& z = sizes[k];
@@ -251,13 +253,14 @@ void add_zero_memory(const ModelProfile& profile, const std::vector<int>& balanc
       streamed[{s.stage, s.layer}].push_back(z.padded + z.piece);
       layer_gradients[{s.stage, s.layer}] += s.bytes;
     } else {
-      // One parameter needing no padding is reduced from its .grad() itself.
-      const bool in_place = s.parameters == 1 && z.padded == s.bytes;
+      // One parameter needing no padding is reduced from its .grad() itself. (In one process
+      // the ranks share one optimizer, which buckets a tie with its neighbours.)
+      const bool in_place = s.parameters == 1 && z.padded == s.bytes && alone(s);
       at_end.push_back((in_place ? 0 : z.padded) + (zero == 1 && aliased ? z.piece : 0));
       accumulated += s.bytes;
     }
     // Stages 1, 2's step gathers, into the parameter itself where it is one needing no padding.
-    const bool into_itself = s.parameters == 1 && z.padded == s.bytes;
+    const bool into_itself = s.parameters == 1 && z.padded == s.bytes && alone(s);
     gathers.push_back((into_itself ? 0 : z.padded) + (aliased ? z.piece : 0));
   }
   std::int64_t reduce = 0;
@@ -287,7 +290,8 @@ void add_zero_memory(const ModelProfile& profile, const std::vector<int>& balanc
   (options.offload_optimizer && dp == 1 ? rank.offloaded : rank.reduce_buffers) += reduce;
   if (zero >= 2) {
     std::int64_t largest_layer = 0;
-    for (const auto& [layer, bytes] : layer_gradients) largest_layer = std::max(largest_layer, bytes);
+    for (const auto& [layer, bytes] : layer_gradients)
+      largest_layer = std::max(largest_layer, bytes);
     rank.step_gradients = accumulated + largest_layer;
   }
 
@@ -332,7 +336,8 @@ void add_zero_memory(const ModelProfile& profile, const std::vector<int>& balanc
       std::vector<std::int64_t> stage_whole(static_cast<std::size_t>(schedule.num_stages), 0);
       std::vector<std::int64_t> stage_buffers(stage_whole.size(), 0);
       for (std::size_t k = 0; k < segments.size(); ++k) {
-        const int j = segments[k].stage >= 0 ? segments[k].stage : schedule.stages_of_rank(r).front();
+        const int j =
+            segments[k].stage >= 0 ? segments[k].stage : schedule.stages_of_rank(r).front();
         stage_whole[static_cast<std::size_t>(j)] += segments[k].bytes;
         stage_buffers[static_cast<std::size_t>(j)] += sizes[k].in_flight;
       }

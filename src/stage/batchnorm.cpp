@@ -208,6 +208,14 @@ void DeferredBatchNormImpl::commit() {
   tracked_ = 0;
 }
 
+void DeferredBatchNormImpl::restore_tracked_state(const Tracked& state) {
+  // track() and commit() replace the accumulators, never write into them: the saved ones hold.
+  mean_ = state.mean;
+  m2_ = state.m2;
+  count_ = state.count;
+  tracked_ = state.microbatches;
+}
+
 void DeferredBatchNormImpl::pretty_print(std::ostream& stream) const {
   stream << "pipetrain::DeferredBatchNorm(" << options.num_features() << ", eps=" << options.eps()
          << ", momentum=";

@@ -98,11 +98,29 @@ torch::Tensor mse(const torch::Tensor& output, const torch::Tensor& target) {
 
 }  // namespace
 
-ModelStateGuard::ModelStateGuard(torch::nn::Sequential& model) : model_(model) {
+RandomStateGuard::RandomStateGuard() {
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  state_ = generator.get_state();
+}
+
+RandomStateGuard::~RandomStateGuard() {
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_state(state_);
+}
+
+ModelStateGuard::ModelStateGuard(torch::nn::Sequential& model, bool copy_parameters)
+    : model_(model) {
   for (const auto& parameter : model_->parameters()) {
-    parameters_.push_back(parameter.detach().clone());
+    parameters_.push_back(copy_parameters ? parameter.detach().clone() : torch::Tensor());
   }
   for (const auto& buffer : model_->buffers()) buffers_.push_back(buffer.detach().clone());
+  for (const auto& module : model_->modules(/*include_self=*/false)) {
+    if (auto* norm = dynamic_cast<DeferredBatchNormImpl*>(module.get())) {
+      tracked_.emplace_back(norm, norm->tracked_state());
+    }
+  }
   at::Generator generator = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(generator.mutex());
   generator_state_ = generator.get_state();
@@ -112,13 +130,14 @@ ModelStateGuard::~ModelStateGuard() {
   torch::NoGradGuard no_grad;
   const std::vector<torch::Tensor> parameters = model_->parameters();
   for (std::size_t q = 0; q < parameters.size() && q < parameters_.size(); ++q) {
-    parameters[q].copy_(parameters_[q]);
+    if (parameters_[q].defined()) parameters[q].copy_(parameters_[q]);
     parameters[q].mutable_grad().reset();
   }
   const std::vector<torch::Tensor> buffers = model_->buffers();
   for (std::size_t q = 0; q < buffers.size() && q < buffers_.size(); ++q) {
     buffers[q].copy_(buffers_[q]);
   }
+  for (const auto& [norm, state] : tracked_) norm->restore_tracked_state(state);
   at::Generator generator = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(generator.mutex());
   generator.set_state(generator_state_);

@@ -9,6 +9,7 @@
 #include "pipetrain/models/llama_profile.h"
 #include "pipetrain/stage/microbatch.h"
 #include "pipetrain/transport/c10d.h"
+#include "pipetrain/tune/calibration.h"
 
 namespace pipetrain::tune {
 namespace {
@@ -30,8 +31,8 @@ train::TrainingMemoryProfile llama_memory_profile(const MemoryCheckInput& input)
   const torch::Tensor ids = input.inputs.narrow(0, 0, m);
   parallel::TensorParallel tp;
   if (input.tensor_parallel > 1) {
-    tp = parallel::TensorParallel{C10dGroup::mirror(input.tensor_parallel),
-                                  input.sequence_parallel};
+    tp =
+        parallel::TensorParallel{C10dGroup::mirror(input.tensor_parallel), input.sequence_parallel};
   }
   measured.profile = models::profile_llama(*input.llama, ids,
                                            partition::ProfileOptions()
@@ -59,14 +60,25 @@ train::TrainingMemoryProfile llama_memory_profile(const MemoryCheckInput& input)
 }  // namespace
 
 train::MemoryFit check_run_memory(const MemoryCheckInput& input) {
-  const train::TrainingMemoryProfile measured =
-      input.llama ? llama_memory_profile(input)
-                  : train::profile_training_memory(input.model, input.inputs, input.targets,
-                                                   input.loss, input.pipe, input.run);
+  train::TrainingMemoryProfile measured;
+  if (input.llama) {
+    // It builds and runs layers of its own (drawing their weights): the random generator is put
+    // back, so that the run draws what it would have drawn without the check.
+    RandomStateGuard random;
+    measured = llama_memory_profile(input);
+  } else {
+    // The profile runs the model in training mode (batch norms update their statistics, inputs
+    // may be drawn at random): the run that follows must not see it.
+    torch::nn::Sequential model = input.model;
+    ModelStateGuard guard(model, /*copy_parameters=*/false);
+    measured = train::profile_training_memory(model, input.inputs, input.targets, input.loss,
+                                              input.pipe, input.run);
+  }
   auto predict = [&](const std::string& settings) {
     PipeOptions pipe = input.pipe;
     train::MemoryRunOptions run = input.run;
-    if (settings.find("--checkpoint always") != std::string::npos) pipe.checkpoint(Checkpoint::kAlways);
+    if (settings.find("--checkpoint always") != std::string::npos)
+      pipe.checkpoint(Checkpoint::kAlways);
     const std::size_t zero = settings.find("--zero ");
     if (zero != std::string::npos) {
       run.zero = settings[zero + 7] - '0';

@@ -165,14 +165,14 @@ TEST(PlanModelCli, MemoryPrintsEveryRanksCategoriesAndZeroShardsTheOptimizerStat
   EXPECT_NE(unsharded.output.find("needs --zero 1, 2 or 3"), std::string::npos) << unsharded.output;
 }
 
-// ZeRO-3 under bf16 all-gathers the linears' weights and biases (all of mlp's parameters) in
-// bf16: a rank's gather buffer is its stage's elements padded to dp at 2 bytes each, plus the bf16
-// copy of its own piece; in float32 the padded elements at 4 bytes. train --report-memory sizes
-// them from the same per-layer figures (LayerProfile::cast_parameter_bytes).
+// ZeRO-3 by stage under bf16 all-gathers the linears' weights and biases (all of mlp's
+// parameters) in bf16: a rank's gather buffer is its stage's elements padded to dp at 2 bytes each,
+// plus the bf16 copy of its own piece; in float32 the padded elements at 4 bytes. train
+// --report-memory sizes them from the same per-layer figures (LayerProfile::cast_parameter_bytes).
 TEST(PlanModelCli, ZeroThreeUnderBf16SizesTheGatherBuffersInBf16) {
   const std::string common =
       "--model mlp --sample-shape 32,784 --stages 2 --format json --memory --schedules 1f1b "
-      "--zero 3 --dp 2 ";
+      "--zero 3 --zero3-unit stage --dp 2 ";
   for (const bool bf16 : {false, true}) {
     const CliRun run = plan(common + (bf16 ? "--precision bf16" : ""));
     ASSERT_EQ(run.exit_code, 0) << run.output;

@@ -100,6 +100,15 @@ class DeferredBatchNormImpl : public torch::nn::Cloneable<DeferredBatchNormImpl>
   // Micro-batches tracked since the last commit.
   int64_t tracked() const { return tracked_; }
 
+  // What was tracked since the last commit, to put back after forwards that must leave no trace
+  // (a profile: tune::ModelStateGuard).
+  struct Tracked {
+    torch::Tensor mean, m2;
+    int64_t count = 0, microbatches = 0;
+  };
+  Tracked tracked_state() const { return Tracked{mean_, m2_, count_, tracked_}; }
+  void restore_tracked_state(const Tracked& state);
+
   // Replaces what each of `norms` tracked since its last commit by its sum over data-parallel
   // replicas: `sum` must sum a float64 tensor elementwise over them in place (an all-reduce); it
   // is called twice, whatever the number of layers. Collective: every replica calls it with the

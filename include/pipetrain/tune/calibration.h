@@ -43,6 +43,7 @@
 #include "pipetrain/partition/planner.h"
 #include "pipetrain/runtime/distributed.h"
 #include "pipetrain/runtime/pipe.h"
+#include "pipetrain/stage/batchnorm.h"
 #include "pipetrain/stage/precision.h"
 
 namespace pipetrain::tune {
@@ -70,12 +71,27 @@ struct Measured {
   double busy_seconds_per_rank() const;
 };
 
-// Puts the model's parameters and buffers (values, and no gradients) and the default CPU random
-// generator back as they were when the guard was made: profiling and calibration then leave no
-// trace in the training that follows.
+// Puts the default CPU random generator back as it was when the guard was made.
+class RandomStateGuard {
+ public:
+  RandomStateGuard();
+  ~RandomStateGuard();
+  RandomStateGuard(const RandomStateGuard&) = delete;
+  RandomStateGuard& operator=(const RandomStateGuard&) = delete;
+
+ private:
+  torch::Tensor state_;
+};
+
+// Puts the model's parameters and buffers (values, and no gradients), what its deferred batch
+// norms tracked, and the default CPU random generator back as they were when the guard was made:
+// profiling and calibration then leave no trace in the training that follows. With copy_parameters
+// false the parameters' values are taken to stay as they are (a profile that takes no step; only
+// their gradients are cleared), so the guard costs the buffers alone, not a second copy of the
+// model.
 class ModelStateGuard {
  public:
-  explicit ModelStateGuard(torch::nn::Sequential& model);
+  explicit ModelStateGuard(torch::nn::Sequential& model, bool copy_parameters = true);
   ~ModelStateGuard();
   ModelStateGuard(const ModelStateGuard&) = delete;
   ModelStateGuard& operator=(const ModelStateGuard&) = delete;
@@ -84,6 +100,7 @@ class ModelStateGuard {
   torch::nn::Sequential& model_;
   std::vector<torch::Tensor> parameters_;
   std::vector<torch::Tensor> buffers_;
+  std::vector<std::pair<DeferredBatchNormImpl*, DeferredBatchNormImpl::Tracked>> tracked_;
   torch::Tensor generator_state_;
 };
 
@@ -182,10 +199,11 @@ inline constexpr int kMeasuredRounds = 3;
 // predicted within 25 % of the fastest, and `reference`, the hand-written default when it is a
 // plan the caller may choose; may be null) run together kMeasuredRounds times: the first round
 // `min_steps` steps, each later one at least `min_steps` steps and 1.5 s by the step times the
-// first round measured (at most 200); each plan's time is the median of all its timed steps; partition::recommend_measured then scales every prediction
-// (profile.measured_step_scale) and recommends the plan partition::choose_measured picks: the
-// default unless a plan beat it by kKeepDefaultMargin in the same turns (without a default, the
-// shortest median step). No-op when the report has no plan.
+// first round measured (at most 200); each plan's time is the median of all its timed steps;
+// partition::recommend_measured then scales every prediction (profile.measured_step_scale) and
+// recommends the plan partition::choose_measured picks: the default unless a plan beat it by
+// kKeepDefaultMargin in the same turns (without a default, the shortest median step). No-op when
+// the report has no plan.
 void recommend_by_measurement(partition::ModelProfile& profile,
                               const partition::PlannerOptions& planner,
                               partition::PlanReport& report, const partition::Plan* reference,
