@@ -16,7 +16,7 @@
 //   step      seconds per training step (the run's time over its steps, the first included), and
 //             its ratio to --zero 0 of the same layout
 //
-// and ZeRO-3's policies at pp 2 x dp 2: by layer (the default, prefetching 50 MiB), by layer
+// and ZeRO-3's policies at pp 2 x dp 2: by layer (the default, prefetching 25 MiB), by layer
 // without prefetch, by stage. The machine's 2 cores run the 4 processes: steps are slow and their
 // times noisy (compare ratios); memory is what the rows are for.
 //

@@ -442,6 +442,13 @@ int train_with(const TrainArgs& args, Prepared& p, train::StepRunner& runner, in
 // naming both and the settings that fit. Not for sequential training, an auto plan (bounded by
 // --memory-limit) or ranks started by another launcher.
 void check_memory(const TrainArgs& args, const RunLayout& layout, Prepared& p) {
+  if (args.memory_limit_bytes > 0 && !args.auto_request.any() &&
+      is_sequential(args.pipeline, layout)) {
+    throw UsageError(
+        "--memory-limit checks a pipelined run against the memory model, or bounds --balance/"
+        "--schedule auto; sequential training (one stage, one process) is not modelled: give "
+        "--stages 2 or more, or drop --memory-limit");
+  }
   if (args.skip_memory_check || args.auto_request.any() || is_sequential(args.pipeline, layout)) {
     return;
   }

@@ -48,12 +48,12 @@ Trainer::Trainer(torch::nn::Sequential model, StepRunner& runner, const BatchSou
                                                  .eps(options_.eps());
   if (options_.loss_scaling()) scaler_.emplace(options_.loss_scaler());
   if (options_.zero() > 0) {
-    sharded_ = runner_.make_sharded_optimizer(
-        options_.optimizer(), optimizer_options,
-        ZeroOptions(options_.zero_options())
-            .stage(options_.zero())
-            .reshard_after_forward(options_.reshard_after_forward())
-            .offload(options_.offload_optimizer()));
+    sharded_ =
+        runner_.make_sharded_optimizer(options_.optimizer(), optimizer_options,
+                                       ZeroOptions(options_.zero_options())
+                                           .stage(options_.zero())
+                                           .reshard_after_forward(options_.reshard_after_forward())
+                                           .offload(options_.offload_optimizer()));
   } else {
     optimizer_ = make_optimizer(options_.optimizer(), parameters_, optimizer_options);
   }
@@ -144,8 +144,8 @@ bool Trainer::update_parameters() {
   if (scaler_) {
     // A non-finite gradient on any rank skips the step on every rank.
     const double used = scaler_->scale();
-    const bool local = sharded_ ? sharded_->has_non_finite_gradient()
-                                : has_non_finite_gradient(parameters_);
+    const bool local =
+        sharded_ ? sharded_->has_non_finite_gradient() : has_non_finite_gradient(parameters_);
     const bool found = runner_.sum_over_ranks(local ? 1.0 : 0.0) > 0;  // collective
     scaler_->update(found);
     if (found) return false;
@@ -202,11 +202,20 @@ TrainSummary Trainer::fit() {
     summary.steps = k + 1 - first_step_;
     summary.samples += x.size(0);
     if (on_step) {  // [4]
-      StepReport report{k, batches_.epoch_of(k), x.size(0), loss, lr, runner_.is_main(),
-                        last_step_skipped_, loss_scale, {}};
+      StepReport report{k,  batches_.epoch_of(k), x.size(0),          loss,
+                        lr, runner_.is_main(),    last_step_skipped_, loss_scale,
+                        {}};
       const int64_t every = options_.memory_every();
       if (every > 0 && ((k + 1 - first_step_) % every == 0 || k + 1 == total)) {
-        report.process_peak_bytes = gather_peak_resident();  // collective
+        try {
+          report.process_peak_bytes = gather_peak_resident();  // collective
+        } catch (const std::exception& error) {
+          // A rank lost here names the step it was in, as one lost during the step does.
+          const auto* cause = dynamic_cast<const Error*>(&error);
+          throw Error(cause ? cause->kind() : ErrorKind::Runtime,
+                      "step " + std::to_string(k) +
+                          " failed: summing the processes' peak memory: " + message_of(error));
+        }
       }
       on_step(report);
     }
