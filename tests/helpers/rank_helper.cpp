@@ -27,6 +27,8 @@
 #include "pipetrain/runtime/distributed.h"
 #include "pipetrain/runtime/distributed_pipe.h"
 #include "pipetrain/schedule/generators.h"
+#include "pipetrain/stage/allocation_counter.h"
+#include "pipetrain/stage/device.h"
 #include "pipetrain/stage/skip_layers.h"
 #include "pipetrain/train/checkpoint.h"
 #include "pipetrain/train/sharded_optimizer.h"
@@ -477,6 +479,74 @@ void scenario_zero_offload(Distributed& d) {
     }
   }
   std::cout << "OK zero_offload" << std::endl;
+}
+
+// What each ZeRO stage holds between steps, measured: 16 parameters of 2^16 elements on
+// PIPETRAIN_TEST_DEVICE (a segment each, so buffers stay a segment or two), gradients set, 2 AdamW
+// steps over the world's replicas, then the bytes this process holds for them: on a GPU the
+// caching allocator's allocated bytes, on the CPU this thread's allocations counted
+// (stage/allocation_counter.h). Prints "held STAGE BYTES_PER_PARAMETER"; the test compares them
+// with the paper's 16, 4 + 4 + 8/N, 4 + 12/N, 16/N.
+void scenario_zero_held(Distributed& d) {
+  const torch::Device device = test_device();
+  const int64_t count = 16, elements = int64_t{1} << 16;
+  for (int stage = 0; stage <= 3; ++stage) {
+    const int64_t before = device_allocated_bytes(device);
+    AllocationCounter counter;
+    double held = 0;
+    {
+      CountAllocations counting(counter);
+      torch::manual_seed(1);
+      std::vector<torch::Tensor> params;
+      std::vector<std::vector<torch::Tensor>> segments;
+      for (int64_t q = 0; q < count; ++q) {
+        params.push_back(
+            torch::randn({elements}, torch::TensorOptions().device(device)).requires_grad_(true));
+        segments.push_back({params.back()});
+      }
+      const auto set_gradients = [&](int step) {
+        torch::NoGradGuard no_grad;
+        for (auto& p : params) {
+          p.mutable_grad() = (p.detach() * static_cast<float>(d.rank() + 1) + step).sin();
+        }
+      };
+      std::unique_ptr<train::ShardedOptimizer> sharded;
+      std::unique_ptr<torch::optim::AdamW> plain;
+      if (stage == 0) {
+        plain = std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(0.01));
+      } else {
+        sharded = std::make_unique<train::ShardedOptimizer>(
+            &d, params, params, "adamw", train::OptimizerOptions().lr(0.01),
+            train::ZeroOptions()
+                .stage(stage)
+                .unit(train::ZeroUnit::kStage)
+                .gradients(train::ZeroGradients::kAccumulate),
+            segments, std::vector<int>(static_cast<size_t>(count), 0));
+      }
+      for (int step = 0; step < 2; ++step) {
+        if (plain) {
+          plain->zero_grad();
+          set_gradients(step);
+          std::vector<torch::Tensor> grads;
+          for (auto& p : params) grads.push_back(p.grad());
+          d.world()->world_group()->allreduce_sum(grads);
+          plain->step();
+        } else {
+          sharded->zero_grad();
+          sharded->wait_gathered(0);
+          set_gradients(step);
+          sharded->reduce_gradients();
+          sharded->step();
+          if (stage == 3) sharded->release_all();  // between steps: the shard alone
+        }
+      }
+      const int64_t bytes =
+          device.is_cuda() ? device_allocated_bytes(device) - before : counter.live_bytes();
+      held = static_cast<double>(bytes) / static_cast<double>(count * elements);
+    }
+    std::cout << "held " << stage << " " << held << std::endl;
+  }
+  std::cout << "OK zero_held" << std::endl;
 }
 
 // A runner whose step leaves its gradient's reduce-scatter to the sharded optimizer's
@@ -930,6 +1000,7 @@ int main(int argc, char** argv) {
     if (scenario == "shards") return scenario_shards(d);
     if (scenario == "checked_collectives") return scenario_checked_collectives(d);
     if (scenario == "zero_offload") return scenario_zero_offload(d);
+    if (scenario == "zero_held") return scenario_zero_held(d);
     if (scenario == "zero_collective_order") return scenario_zero_collective_order(d);
     if (scenario == "tie") return scenario_tie(d);
     if (scenario == "loss") return scenario_loss(d);

@@ -130,5 +130,13 @@ TEST(CudaZeroOffload, TwoReplicasOnOneGpuOverGlooTrainLikeThePlainShardedOptimiz
   EXPECT_EQ(run.count("OK zero_offload"), 2) << run.output();
 }
 
+// ZeRO's held model states on a GPU (the caching allocator's allocated bytes): two replicas
+// sharing the device over Gloo, 16, 12, 10 and 8 bytes a parameter at stages 0 to 3.
+TEST(CudaZeroOffload, TwoReplicasOnOneGpuHoldTheModelStatesThePaperCounts) {
+  SKIP_UNLESS_A_GPU();
+  testing::expect_zero_held_as_the_paper_counts(
+      2, {{"PIPETRAIN_TEST_DEVICE", "cuda:0"}, {"PIPETRAIN_TEST_BACKEND", "gloo"}});
+}
+
 }  // namespace
 }  // namespace pipetrain::train::cuda_zero_offload_test
