@@ -134,21 +134,25 @@ train::TrainSummary run_loop(const TrainArgs& args, BuiltModel& model, const Bui
                              train::Trainer& trainer, const Batches& batches,
                              const std::vector<int64_t>& predicted_memory) {
   const bool print_steps = data.name == "tensors";
+  // Made before the first step, so that its rate counts the first step's time too (made after
+  // it, the first line showed the rows over microseconds).
   std::optional<train::ProgressReporter> progress;
+  if (!print_steps) {
+    progress.emplace(std::cerr, train::stderr_is_terminal(),
+                     train::ProgressOptions()
+                         .total_steps(batches.total_steps())
+                         .epochs(batches.epochs())
+                         .first_step(trainer.first_step())
+                         .log_every_steps(args.log_every));
+  }
+  bool stepped = false;
   trainer.on_step = [&](const train::StepReport& r) {
     if (!r.main) return;
+    stepped = true;
     if (print_steps) {
       std::printf("step %lld loss %.6f\n", static_cast<long long>(r.step), r.loss);
       std::fflush(stdout);
       return;
-    }
-    if (!progress) {
-      progress.emplace(std::cerr, train::stderr_is_terminal(),
-                       train::ProgressOptions()
-                           .total_steps(batches.total_steps())
-                           .epochs(batches.epochs())
-                           .first_step(trainer.first_step())
-                           .log_every_steps(args.log_every));
     }
     if (!r.process_peak_bytes.empty()) {
       progress->set_note(train::peak_memory_text(r.process_peak_bytes, predicted_memory));
@@ -156,11 +160,11 @@ train::TrainSummary run_loop(const TrainArgs& args, BuiltModel& model, const Bui
     progress->update(r.step + 1, r.epoch, r.samples, r.loss);
   };
   trainer.on_epoch_end = [&](int64_t epoch) {
-    if (progress) progress->finish();
+    if (progress && stepped) progress->finish();
     evaluate_and_print("epoch " + std::to_string(epoch + 1), trainer, model, data);
   };
   train::TrainSummary summary = trainer.fit();
-  if (progress) progress->finish();
+  if (progress && stepped) progress->finish();
   return summary;
 }
 
