@@ -1,0 +1,233 @@
+// Megatron's indexed datasets (io/indexed_dataset.h).
+#include "pipetrain/io/indexed_dataset.h"
+
+#include <cstring>
+#include <limits>
+#include <string_view>
+
+#include "pipetrain/base/atomic_file.h"
+#include "pipetrain/base/error.h"
+
+namespace pipetrain::io {
+namespace {
+
+constexpr char kMagic[] = "MMIDIDX\0\0";  // 9 bytes: the literal's last NUL is not written
+constexpr std::uint64_t kMagicBytes = 9;
+constexpr std::uint64_t kHeaderBytes = kMagicBytes + 8 + 1 + 8 + 8;
+
+template <typename T>
+T load(const char* bytes) {
+  T value;
+  std::memcpy(&value, bytes, sizeof(T));  // little-endian hosts only (io/safetensors.cpp asserts)
+  return value;
+}
+
+template <typename T>
+void store(std::string& out, T value) {
+  char bytes[sizeof(T)];
+  std::memcpy(bytes, &value, sizeof(T));
+  out.append(bytes, sizeof(T));
+}
+
+int bytes_of(IndexedDtype dtype) {
+  switch (dtype) {
+    case IndexedDtype::kUint8:
+    case IndexedDtype::kInt8:
+      return 1;
+    case IndexedDtype::kInt16:
+    case IndexedDtype::kUint16:
+      return 2;
+    case IndexedDtype::kInt32:
+    case IndexedDtype::kFloat32:
+      return 4;
+    case IndexedDtype::kInt64:
+    case IndexedDtype::kFloat64:
+      return 8;
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::string to_string(IndexedDtype dtype) {
+  switch (dtype) {
+    case IndexedDtype::kUint8:
+      return "uint8";
+    case IndexedDtype::kInt8:
+      return "int8";
+    case IndexedDtype::kInt16:
+      return "int16";
+    case IndexedDtype::kInt32:
+      return "int32";
+    case IndexedDtype::kInt64:
+      return "int64";
+    case IndexedDtype::kFloat64:
+      return "float64";
+    case IndexedDtype::kFloat32:
+      return "float32";
+    case IndexedDtype::kUint16:
+      return "uint16";
+  }
+  return "code " + std::to_string(static_cast<int>(dtype));
+}
+
+IndexedIndex parse_indexed_index(const char* data, std::uint64_t size, const std::string& path) {
+  const std::string where = "indexed dataset index '" + path + "'";
+  if (size < kHeaderBytes) {
+    throw BadInput(where + " has " + std::to_string(size) + " bytes, fewer than its " +
+                   std::to_string(kHeaderBytes) + "-byte header");
+  }
+  if (std::memcmp(data, kMagic, kMagicBytes) != 0) {
+    throw BadInput(where +
+                   " does not begin with MMIDIDX\\0\\0 (Megatron's indexed dataset); is "
+                   "it a .idx file?");
+  }
+  const auto version = load<std::uint64_t>(data + 9);
+  if (version != 1) {
+    throw BadInput(where + ": version " + std::to_string(version) + "; pipetrain reads version 1");
+  }
+  IndexedIndex index;
+  const auto code = static_cast<std::uint8_t>(data[17]);
+  index.dtype = static_cast<IndexedDtype>(code);
+  index.element_bytes = bytes_of(index.dtype);
+  if (index.element_bytes == 0) {
+    throw BadInput(where + ": dtype code " + std::to_string(code) +
+                   " is not one of Megatron's (1-8)");
+  }
+  if (index.dtype != IndexedDtype::kUint16 && index.dtype != IndexedDtype::kInt32) {
+    throw BadInput(where + ": ids of dtype " + to_string(index.dtype) +
+                   "; pipetrain reads uint16 (code 8) and int32 (code 4) token ids");
+  }
+  const auto sequences = load<std::uint64_t>(data + 18);
+  const auto indices = load<std::uint64_t>(data + 26);
+  // Each sequence takes 4 + 8 bytes of the index, each document index 8.
+  const std::uint64_t room = size - kHeaderBytes;
+  if (sequences > room / 12 || indices > (room - sequences * 12) / 8) {
+    throw BadInput(where + ": " + std::to_string(sequences) + " sequences and " +
+                   std::to_string(indices) + " document indices need " +
+                   std::to_string(kHeaderBytes) + " + 12 x " + std::to_string(sequences) +
+                   " + 8 x " + std::to_string(indices) + " bytes; the file has " +
+                   std::to_string(size) + " (truncated?)");
+  }
+  const char* at = data + kHeaderBytes;
+  index.sequence_lengths.resize(sequences);
+  std::memcpy(index.sequence_lengths.data(), at, sequences * 4);
+  at += sequences * 4;
+  index.sequence_pointers.resize(sequences);
+  std::memcpy(index.sequence_pointers.data(), at, sequences * 8);
+  at += sequences * 8;
+  index.document_indices.resize(indices);
+  std::memcpy(index.document_indices.data(), at, indices * 8);
+  for (std::uint64_t s = 0; s < sequences; ++s) {
+    if (index.sequence_lengths[s] < 0) {
+      throw BadInput(where + ": sequence " + std::to_string(s) + " has length " +
+                     std::to_string(index.sequence_lengths[s]));
+    }
+  }
+  if (indices < 1 || index.document_indices.front() != 0 ||
+      index.document_indices.back() != static_cast<std::int64_t>(sequences)) {
+    throw BadInput(where + ": the document indices must run from 0 to the sequence count " +
+                   std::to_string(sequences) + (indices < 1 ? " (there are none)" : ""));
+  }
+  for (std::uint64_t k = 1; k < indices; ++k) {
+    if (index.document_indices[k] < index.document_indices[k - 1]) {
+      throw BadInput(where + ": document index " + std::to_string(k) + " (" +
+                     std::to_string(index.document_indices[k]) + ") is below the one before (" +
+                     std::to_string(index.document_indices[k - 1]) + ")");
+    }
+  }
+  return index;
+}
+
+IndexedDataset::IndexedDataset(const std::string& prefix)
+    : prefix_(prefix), index_file_(prefix + ".idx"), bin_(prefix + ".bin") {
+  index_ = parse_indexed_index(index_file_.data(), index_file_.size(), index_file_.path());
+  const auto bytes = static_cast<std::int64_t>(index_.element_bytes);
+  const auto bin_size = static_cast<std::int64_t>(bin_.size());
+  std::int64_t next = 0;
+  for (std::size_t s = 0; s < index_.sequence_lengths.size(); ++s) {
+    const std::int64_t pointer = index_.sequence_pointers[s];
+    const std::int64_t length = index_.sequence_lengths[s];
+    if (pointer < 0 || pointer % bytes != 0 || pointer > bin_size ||
+        length > (bin_size - pointer) / bytes) {
+      throw BadInput("indexed dataset '" + prefix + "': sequence " + std::to_string(s) + " (" +
+                     std::to_string(length) + " ids at byte " + std::to_string(pointer) +
+                     ") lies outside " + bin_.path() + " (" + std::to_string(bin_size) + " bytes)");
+    }
+    contiguous_ = contiguous_ && pointer == next;
+    next = pointer + length * bytes;
+    tokens_ += length;
+  }
+  contiguous_ = contiguous_ && next == bin_size;
+}
+
+void IndexedDataset::check_document(std::int64_t d) const {
+  if (d < 0 || d >= documents()) {
+    throw BadInput("indexed dataset '" + prefix_ + "': document " + std::to_string(d) + " of its " +
+                   std::to_string(documents()));
+  }
+}
+
+std::int64_t IndexedDataset::document_length(std::int64_t d) const {
+  check_document(d);
+  std::int64_t length = 0;
+  for (std::int64_t s = index_.document_indices[static_cast<std::size_t>(d)];
+       s < index_.document_indices[static_cast<std::size_t>(d) + 1]; ++s) {
+    length += index_.sequence_lengths[static_cast<std::size_t>(s)];
+  }
+  return length;
+}
+
+void IndexedDataset::append_document(std::int64_t d, std::vector<std::int64_t>& ids) const {
+  check_document(d);
+  for (std::int64_t s = index_.document_indices[static_cast<std::size_t>(d)];
+       s < index_.document_indices[static_cast<std::size_t>(d) + 1]; ++s) {
+    const char* at = bin_.data() + index_.sequence_pointers[static_cast<std::size_t>(s)];
+    const std::int32_t length = index_.sequence_lengths[static_cast<std::size_t>(s)];
+    for (std::int32_t i = 0; i < length; ++i) {
+      ids.push_back(index_.element_bytes == 2
+                        ? static_cast<std::int64_t>(load<std::uint16_t>(at + 2 * i))
+                        : static_cast<std::int64_t>(load<std::int32_t>(at + 4 * i)));
+    }
+  }
+}
+
+void write_indexed_dataset(const std::string& prefix,
+                           const std::vector<std::vector<std::int64_t>>& documents,
+                           IndexedDtype dtype) {
+  if (dtype != IndexedDtype::kUint16 && dtype != IndexedDtype::kInt32) {
+    throw BadInput("indexed dataset '" + prefix + "': ids of dtype " + to_string(dtype) +
+                   "; write uint16 or int32");
+  }
+  const std::int64_t limit = dtype == IndexedDtype::kUint16
+                                 ? std::int64_t{std::numeric_limits<std::uint16_t>::max()}
+                                 : std::int64_t{std::numeric_limits<std::int32_t>::max()};
+  std::string bin, index;
+  std::vector<std::int64_t> pointers;
+  for (std::size_t d = 0; d < documents.size(); ++d) {
+    pointers.push_back(static_cast<std::int64_t>(bin.size()));
+    for (std::int64_t id : documents[d]) {
+      if (id < 0 || id > limit) {
+        throw BadInput("indexed dataset '" + prefix + "': document " + std::to_string(d) +
+                       " has id " + std::to_string(id) + ", outside " + to_string(dtype));
+      }
+      if (dtype == IndexedDtype::kUint16) {
+        store(bin, static_cast<std::uint16_t>(id));
+      } else {
+        store(bin, static_cast<std::int32_t>(id));
+      }
+    }
+  }
+  index.append(kMagic, kMagicBytes);
+  store<std::uint64_t>(index, 1);
+  store<std::uint8_t>(index, static_cast<std::uint8_t>(dtype));
+  store<std::uint64_t>(index, documents.size());
+  store<std::uint64_t>(index, documents.size() + 1);
+  for (const auto& document : documents) store(index, static_cast<std::int32_t>(document.size()));
+  for (std::int64_t pointer : pointers) store(index, pointer);
+  for (std::size_t d = 0; d <= documents.size(); ++d) store(index, static_cast<std::int64_t>(d));
+  write_file_atomically(prefix + ".bin", bin);
+  write_file_atomically(prefix + ".idx", index);
+}
+
+}  // namespace pipetrain::io
