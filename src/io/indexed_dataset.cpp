@@ -110,14 +110,16 @@ IndexedIndex parse_indexed_index(const char* data, std::uint64_t size, const std
                    std::to_string(size) + " (truncated?)");
   }
   const char* at = data + kHeaderBytes;
-  index.sequence_lengths.resize(sequences);
-  std::memcpy(index.sequence_lengths.data(), at, sequences * 4);
-  at += sequences * 4;
-  index.sequence_pointers.resize(sequences);
-  std::memcpy(index.sequence_pointers.data(), at, sequences * 8);
-  at += sequences * 8;
-  index.document_indices.resize(indices);
-  std::memcpy(index.document_indices.data(), at, indices * 8);
+  // (memcpy of 0 bytes into an empty vector's null data() is undefined: copy only what there is.)
+  auto copy = [&at](auto& array, std::uint64_t count) {
+    array.resize(count);
+    const std::uint64_t bytes = count * sizeof(array[0]);
+    if (bytes > 0) std::memcpy(array.data(), at, bytes);
+    at += bytes;
+  };
+  copy(index.sequence_lengths, sequences);
+  copy(index.sequence_pointers, sequences);
+  copy(index.document_indices, indices);
   for (std::uint64_t s = 0; s < sequences; ++s) {
     if (index.sequence_lengths[s] < 0) {
       throw BadInput(where + ": sequence " + std::to_string(s) + " has length " +

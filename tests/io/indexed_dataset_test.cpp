@@ -154,6 +154,16 @@ TEST(IndexedDataset, ADamagedIndexIsAnErrorNamingTheFileAndTheField) {
   }
 }
 
+// Regression (found by fuzz_indexed_index): an index of no sequences copied its empty arrays
+// through a null pointer (undefined behaviour under UBSan). It parses to no documents.
+TEST(IndexedDataset, AnIndexOfNoSequencesParsesToNoDocuments) {
+  write_indexed_dataset(scratch("empty"), {});
+  const IndexedDataset data(scratch("empty"));
+  EXPECT_EQ(data.sequences(), 0);
+  EXPECT_EQ(data.documents(), 0);
+  EXPECT_EQ(data.tokens(), 0);
+}
+
 TEST(IndexedDataset, AnIdItsDtypeCannotHoldIsRefusedByTheWriter) {
   EXPECT_THROW(write_indexed_dataset(scratch("big"), {{1, 70000}}, IndexedDtype::kUint16),
                BadInput);
