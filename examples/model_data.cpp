@@ -10,6 +10,7 @@
 #include "fashion_mnist.h"
 #include "model_registry.h"
 #include "pipetrain/base/message_of.h"
+#include "pipetrain/io/indexed_dataset.h"
 #include "pipetrain/runtime/tensor_io.h"
 #include "pipetrain/stage/device.h"
 #include "pipetrain/stage/layer_call.h"
@@ -62,7 +63,7 @@ std::string join_names(const std::vector<std::string>& names) {
 }
 
 std::vector<std::string> data_names() {
-  return {"fashion-mnist", "text", "synthetic", "tensors", "tokens"};
+  return {"fashion-mnist", "text", "synthetic", "tensors", "tokens", "indexed"};
 }
 
 bool is_hf_model(const std::string& model) {
@@ -87,22 +88,33 @@ void check_hf_spec(const ModelDataSpec& args) {
     throw UsageError("--init " + args.init + " draws the weights of a Hugging Face --model DIR; " +
                      args.model + " is not a directory");
   }
-  if (hf && args.data != "tokens") {
+  const bool indexed = args.data == "indexed";
+  if (hf && args.data != "tokens" && !indexed) {
     throw UsageError("--model " + args.model + " is a Hugging Face language model: train it on " +
-                     "--data tokens --token-file PATH --seq-len T (got --data " + args.data + ")");
+                     "--data tokens --token-file PATH --seq-len T or --data indexed --data-path "
+                     "PREFIX --seq-len T (got --data " +
+                     args.data + ")");
   }
-  if (args.data != "tokens") return;
+  if (args.data != "tokens" && !indexed) return;
   if (!hf) {
-    throw UsageError(
-        "--data tokens trains a Hugging Face model: give --model DIR (config.json and "
-        "safetensors), got --model " +
-        args.model);
+    throw UsageError("--data " + args.data +
+                     " trains a Hugging Face model: give --model DIR (config.json and "
+                     "safetensors), got --model " +
+                     args.model);
   }
-  if (args.token_file.empty()) throw UsageError("--data tokens needs --token-file PATH");
+  if (!indexed && args.token_file.empty()) {
+    throw UsageError("--data tokens needs --token-file PATH");
+  }
+  if (indexed && args.data_path.empty()) {
+    throw UsageError(
+        "--data indexed needs --data-path PREFIX (PREFIX.idx and PREFIX.bin, "
+        "Megatron's indexed dataset)");
+  }
   if (args.seq_len < 1) {
-    throw UsageError("--data tokens needs --seq-len T (ids per sample, >= 1), got " +
+    throw UsageError("--data " + args.data + " needs --seq-len T (ids per sample, >= 1), got " +
                      std::to_string(args.seq_len));
   }
+  if (indexed) return;  // the dataset's index says its ids' width
   if (args.token_bytes != 2 && args.token_bytes != 4) {
     throw UsageError("--token-bytes must be 2 (uint16 ids) or 4 (uint32), got " +
                      std::to_string(args.token_bytes));
@@ -224,6 +236,29 @@ BuiltData build_data(const ModelDataSpec& args) {
       data.test_inputs = test.inputs;
       data.test_targets = test.targets;
       data.classification = true;
+    } else if (args.data == "indexed") {
+      // Its documents' ids in order are its .bin, when the sequences lie there back to back (as
+      // Megatron's preprocessing writes them): read as a token file.
+      const io::IndexedDataset dataset =
+          as_usage_error("--data-path", [&] { return io::IndexedDataset(args.data_path); });
+      if (!dataset.contiguous()) {
+        throw UsageError("--data-path " + args.data_path + ": the sequences of " +
+                         dataset.prefix() +
+                         ".idx do not lie back to back in its .bin, in order; pipetrain reads "
+                         "a dataset as its documents' ids in order (rewrite it with Megatron's "
+                         "or pipetrain's writer)");
+      }
+      data.documents = dataset.documents();
+      data.tokens = as_usage_error("--data-path", [&] {
+        return std::make_shared<const io::TokenFile>(dataset.bin_path(), dataset.element_bytes());
+      });
+      data.seq_len = args.seq_len;
+      if ((data.tokens->tokens() - 1) / args.seq_len < 1) {
+        throw UsageError("--data-path " + args.data_path + " holds " +
+                         std::to_string(data.tokens->tokens()) + " ids, fewer than one sample of " +
+                         "--seq-len " + std::to_string(args.seq_len) + " needs (" +
+                         std::to_string(args.seq_len + 1) + ")");
+      }
     } else if (args.data == "tokens") {
       data.tokens = as_usage_error("--token-file", [&] {
         return std::make_shared<const io::TokenFile>(args.token_file, args.token_bytes);

@@ -6,11 +6,13 @@
 //                                children are the layers (stage/torchscript.h), or a Hugging Face
 //                                Llama-family checkpoint directory (config.json + safetensors;
 //                                models/llama.h), its weights loaded or, with init random, drawn
-//   data:  fashion-mnist|text|synthetic|tensors|tokens
+//   data:  fashion-mnist|text|synthetic|tensors|tokens|indexed
 //                                Fashion-MNIST (60000 train / 10000 test images), a character
 //                                corpus (GPT), random 28x28 images (fast tests), X/Y tensors
 //                                saved from Python (inputs/targets paths, no test split), or a
-//                                token file (io/token_file.h) for a Hugging Face model
+//                                token file (io/token_file.h) for a Hugging Face model, or a
+//                                Megatron indexed dataset of documents (io/indexed_dataset.h),
+//                                read as their ids in order, cut into samples as a token file is
 //
 // Every problem with the input (unknown name, missing or corrupt file, a model that does not fit
 // the data, labels out of range) is thrown as pipetrain::BadInput naming the flag.
@@ -53,12 +55,13 @@ struct ModelDataSpec {
   uint64_t seed = 0;
   std::string init = "checkpoint";  // a Hugging Face model: checkpoint (DIR's weights) or random
   std::string token_file;           // --data tokens
+  std::string data_path;            // --data indexed: Megatron's PREFIX (.idx + .bin)
   int64_t seq_len = 0;              // tokens per sample (--seq-len)
   int token_bytes = 2;              // 2 (uint16 ids) or 4 (uint32)
   bool shuffle = false;             // token samples in a seeded order per epoch
 };
 
-// "fashion-mnist", "text", "synthetic", "tensors", "tokens".
+// "fashion-mnist", "text", "synthetic", "tensors", "tokens", "indexed".
 std::vector<std::string> data_names();
 
 // The model, its loss and what identifies it (for checkpoint metadata).
@@ -85,7 +88,8 @@ struct BuiltData {
   torch::Tensor test_inputs, test_targets;      // empty when there is no test split
   std::optional<CharCorpus> corpus;             // --data text
   int64_t context = 0;                          // text: tokens per window
-  std::shared_ptr<const io::TokenFile> tokens;  // --data tokens
+  std::shared_ptr<const io::TokenFile> tokens;  // --data tokens; indexed: its .bin
+  int64_t documents = 0;                        // --data indexed: documents in the dataset
   int64_t seq_len = 0;                          // tokens: ids per sample
   bool classification = false;                  // accuracy makes sense
 };

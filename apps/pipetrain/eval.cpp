@@ -4,6 +4,7 @@
 //   pipetrain eval --checkpoint run/checkpoint.pt [--data fashion-mnist] [--model cnn]
 //                  [--model-options JSON] [--batch-size 1000]
 //   pipetrain eval --model DIR --data tokens --token-file F --seq-len T [--checkpoint C]
+//   pipetrain eval --model DIR --data indexed --data-path PREFIX --seq-len T [--checkpoint C]
 //                  [--stages K] [--device cpu|cuda]     (every sample of F once, in order)
 //
 // The model is rebuilt from --model/--model-options (default: the checkpoint's metadata, so
@@ -43,11 +44,14 @@ int run_eval_tokens(EvalArgs& args) {
   const train::TokenEvaluation e =
       train::evaluate_tokens([&](const torch::Tensor& x) { return model.forward(x); }, *data.tokens,
                              data.seq_len, args.batch_size);
-  std::printf("model %s%s, data %s\n", args.data.model.c_str(),
-              args.inference.checkpoint.empty()
-                  ? ""
-                  : (" (weights of " + args.inference.checkpoint + ")").c_str(),
-              args.data.token_file.c_str());
+  std::printf(
+      "model %s%s, data %s\n", args.data.model.c_str(),
+      args.inference.checkpoint.empty()
+          ? ""
+          : (" (weights of " + args.inference.checkpoint + ")").c_str(),
+      data.documents > 0
+          ? (args.data.data_path + " (" + std::to_string(data.documents) + " documents)").c_str()
+          : args.data.token_file.c_str());
   std::printf("eval loss %.6f nats, perplexity %.4f (%lld samples, %lld tokens)\n", e.loss,
               e.perplexity, static_cast<long long>(e.samples), static_cast<long long>(e.tokens));
   return 0;

@@ -276,7 +276,10 @@ Prepared prepare(TrainArgs& args, const RunLayout& layout, const PlanSource& pla
 
 void print_start(const TrainArgs& args, const Prepared& p, train::StepRunner& runner, int threads) {
   if (!runner.is_main()) return;
-  std::string rows = p.data.corpus   ? std::to_string(p.data.corpus->text().size()) + " characters"
+  std::string rows = p.data.corpus ? std::to_string(p.data.corpus->text().size()) + " characters"
+                     : p.data.documents > 0
+                         ? std::to_string(p.data.documents) + " documents, " +
+                               std::to_string(p.data.tokens->tokens()) + " token ids"
                      : p.data.tokens ? std::to_string(p.data.tokens->tokens()) + " token ids"
                                      : std::to_string(p.data.train_inputs.size(0)) + " rows";
   std::printf(

@@ -45,10 +45,15 @@ void add_model_data_flags(CLI::App& command, ModelDataArgs& args) {
       ->capture_default_str();
   command.add_option("--token-file", args.token_file,
                      "--data tokens: a flat file of little-endian token ids (docs/MODELS.md)");
-  command.add_option("--seq-len", args.seq_len, "--data tokens: ids per sample T");
+  command.add_option("--data-path", args.data_path,
+                     "--data indexed: PREFIX of a Megatron indexed dataset (PREFIX.idx and "
+                     "PREFIX.bin, as Megatron-LM's preprocessing writes them), its documents' "
+                     "ids read in order (docs/MODELS.md)");
+  command.add_option("--seq-len", args.seq_len, "--data tokens or indexed: ids per sample T");
   command.add_option("--token-bytes", args.token_bytes, "bytes per id: 2 (uint16) or 4 (uint32)")
       ->capture_default_str();
-  command.add_flag("--shuffle", args.shuffle, "--data tokens: samples in a seeded order per epoch");
+  command.add_flag("--shuffle", args.shuffle,
+                   "--data tokens or indexed: samples in a seeded order per epoch");
 }
 
 }  // namespace pipetrain::cli
