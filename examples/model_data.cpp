@@ -2,6 +2,7 @@
 #include "model_data.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <sstream>
 
@@ -114,7 +115,10 @@ void check_hf_spec(const ModelDataSpec& args) {
     throw UsageError("--data " + args.data + " needs --seq-len T (ids per sample, >= 1), got " +
                      std::to_string(args.seq_len));
   }
-  if (indexed) return;  // the dataset's index says its ids' width
+  if (indexed) {
+    parse_data_path(args.data_path);  // the shape of a blend, before any file is read
+    return;                           // the dataset's index says its ids' width
+  }
   if (args.token_bytes != 2 && args.token_bytes != 4) {
     throw UsageError("--token-bytes must be 2 (uint16 ids) or 4 (uint32), got " +
                      std::to_string(args.token_bytes));
@@ -197,6 +201,31 @@ void check_model_data_spec(const ModelDataSpec& args) {
   }
 }
 
+std::vector<std::pair<double, std::string>> parse_data_path(const std::vector<std::string>& path) {
+  if (path.size() == 1) return {{1.0, path.front()}};
+  const std::string usage =
+      "--data-path takes one PREFIX, or a blend of weights and prefixes: W1 PREFIX1 W2 PREFIX2 "
+      "... (each weight a number > 0)";
+  if (path.empty() || path.size() % 2 != 0) {
+    throw UsageError(usage + "; got " + std::to_string(path.size()) + " values");
+  }
+  std::vector<std::pair<double, std::string>> blend;
+  for (size_t i = 0; i < path.size(); i += 2) {
+    double weight = 0;
+    size_t used = 0;
+    try {
+      weight = std::stod(path[i], &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != path[i].size() || !(weight > 0) || !std::isfinite(weight)) {
+      throw UsageError(usage + "; '" + path[i] + "' is not such a weight");
+    }
+    blend.emplace_back(weight, path[i + 1]);
+  }
+  return blend;
+}
+
 BuiltData build_data(const ModelDataSpec& args) {
   BuiltData data;
   const bool tensors = args.data == "tensors" || !args.inputs_path.empty();
@@ -237,28 +266,32 @@ BuiltData build_data(const ModelDataSpec& args) {
       data.test_targets = test.targets;
       data.classification = true;
     } else if (args.data == "indexed") {
-      // Its documents' ids in order are its .bin, when the sequences lie there back to back (as
-      // Megatron's preprocessing writes them): read as a token file.
-      const io::IndexedDataset dataset =
-          as_usage_error("--data-path", [&] { return io::IndexedDataset(args.data_path); });
-      if (!dataset.contiguous()) {
-        throw UsageError("--data-path " + args.data_path + ": the sequences of " +
-                         dataset.prefix() +
-                         ".idx do not lie back to back in its .bin, in order; pipetrain reads "
-                         "a dataset as its documents' ids in order (rewrite it with Megatron's "
-                         "or pipetrain's writer)");
+      // Each dataset's documents' ids in order are its .bin, when the sequences lie there back to
+      // back (as Megatron's preprocessing writes them): read as a token file.
+      for (const auto& [weight, prefix] : parse_data_path(args.data_path)) {
+        const io::IndexedDataset dataset =
+            as_usage_error("--data-path", [&] { return io::IndexedDataset(prefix); });
+        if (!dataset.contiguous()) {
+          throw UsageError("--data-path " + prefix + ": the sequences of " + prefix +
+                           ".idx do not lie back to back in its .bin, in order; pipetrain reads "
+                           "a dataset as its documents' ids in order (rewrite it with "
+                           "Megatron's or pipetrain's writer)");
+        }
+        data.documents += dataset.documents();
+        auto file = as_usage_error("--data-path", [&] {
+          return std::make_shared<const io::TokenFile>(dataset.bin_path(), dataset.element_bytes());
+        });
+        if ((file->tokens() - 1) / args.seq_len < 1) {
+          throw UsageError("--data-path " + prefix + " holds " + std::to_string(file->tokens()) +
+                           " ids, fewer than one sample of --seq-len " +
+                           std::to_string(args.seq_len) + " needs (" +
+                           std::to_string(args.seq_len + 1) + ")");
+        }
+        data.blend.push_back({weight, file});
       }
-      data.documents = dataset.documents();
-      data.tokens = as_usage_error("--data-path", [&] {
-        return std::make_shared<const io::TokenFile>(dataset.bin_path(), dataset.element_bytes());
-      });
+      data.tokens = data.blend.front().file;
+      if (data.blend.size() == 1) data.blend.clear();
       data.seq_len = args.seq_len;
-      if ((data.tokens->tokens() - 1) / args.seq_len < 1) {
-        throw UsageError("--data-path " + args.data_path + " holds " +
-                         std::to_string(data.tokens->tokens()) + " ids, fewer than one sample of " +
-                         "--seq-len " + std::to_string(args.seq_len) + " needs (" +
-                         std::to_string(args.seq_len + 1) + ")");
-      }
     } else if (args.data == "tokens") {
       data.tokens = as_usage_error("--token-file", [&] {
         return std::make_shared<const io::TokenFile>(args.token_file, args.token_bytes);
@@ -398,7 +431,11 @@ BuiltModel build_model(const ModelDataSpec& args, const BuiltData& data,
 
 void check_data_against_model(const BuiltModel& model, const BuiltData& data) {
   if (data.tokens) {
-    as_usage_error("--token-file", [&] { data.tokens->check_vocabulary(model.llama->vocab_size); });
+    const std::string flag = data.documents > 0 ? "--data-path" : "--token-file";
+    as_usage_error(flag, [&] { data.tokens->check_vocabulary(model.llama->vocab_size); });
+    for (const train::BlendPart& part : data.blend) {
+      as_usage_error(flag, [&] { part.file->check_vocabulary(model.llama->vocab_size); });
+    }
     return;
   }
   if (data.corpus) {
@@ -479,6 +516,10 @@ void check_data_against_model(const BuiltModel& model, const BuiltData& data) {
 
 std::unique_ptr<train::BatchSource> make_batches(const ModelDataSpec& spec, const BuiltModel& model,
                                                  const BuiltData& data, int64_t batch_size) {
+  if (!data.blend.empty()) {
+    return std::make_unique<train::BlendedTokenBatches>(data.blend, data.seq_len, batch_size,
+                                                        spec.shuffle, spec.seed);
+  }
   if (data.tokens) {
     return std::make_unique<train::TokenBatches>(data.tokens, data.seq_len, batch_size,
                                                  spec.shuffle, spec.seed);

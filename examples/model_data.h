@@ -35,6 +35,7 @@
 #include "pipetrain/models/llama.h"
 #include "pipetrain/runtime/pipe.h"
 #include "pipetrain/train/batch_source.h"
+#include "pipetrain/train/blended_batches.h"
 #include "pipetrain/train/evaluate.h"
 #include "text_corpus.h"
 
@@ -55,10 +56,11 @@ struct ModelDataSpec {
   uint64_t seed = 0;
   std::string init = "checkpoint";  // a Hugging Face model: checkpoint (DIR's weights) or random
   std::string token_file;           // --data tokens
-  std::string data_path;            // --data indexed: Megatron's PREFIX (.idx + .bin)
-  int64_t seq_len = 0;              // tokens per sample (--seq-len)
-  int token_bytes = 2;              // 2 (uint16 ids) or 4 (uint32)
-  bool shuffle = false;             // token samples in a seeded order per epoch
+  // --data indexed: Megatron's PREFIX (.idx + .bin), or a blend "W1 PREFIX1 W2 PREFIX2 ..."
+  std::vector<std::string> data_path;
+  int64_t seq_len = 0;   // tokens per sample (--seq-len)
+  int token_bytes = 2;   // 2 (uint16 ids) or 4 (uint32)
+  bool shuffle = false;  // token samples in a seeded order per epoch
 };
 
 // "fashion-mnist", "text", "synthetic", "tensors", "tokens", "indexed".
@@ -89,9 +91,11 @@ struct BuiltData {
   std::optional<CharCorpus> corpus;             // --data text
   int64_t context = 0;                          // text: tokens per window
   std::shared_ptr<const io::TokenFile> tokens;  // --data tokens; indexed: its .bin
-  int64_t documents = 0;                        // --data indexed: documents in the dataset
-  int64_t seq_len = 0;                          // tokens: ids per sample
-  bool classification = false;                  // accuracy makes sense
+  int64_t documents = 0;                        // --data indexed: documents in the dataset(s)
+  // --data indexed with a blend: each dataset's weight and .bin (`tokens` is then the first's).
+  std::vector<train::BlendPart> blend;
+  int64_t seq_len = 0;          // tokens: ids per sample
+  bool classification = false;  // accuracy makes sense
 };
 
 // REQUIRES: spec checked by check_model_data_spec. The corpus is read before the model so that a
@@ -117,6 +121,9 @@ bool is_hf_model(const std::string& model);
 models::LlamaConfig hf_config(const ModelDataSpec& spec);
 // Names, combinations and ranges; throws pipetrain::BadInput naming the flag.
 void check_model_data_spec(const ModelDataSpec& spec);
+// --data-path's values: one PREFIX (weight 1), or "W1 PREFIX1 W2 PREFIX2 ..." (a blend, weights
+// > 0). Throws pipetrain::BadInput naming the flag otherwise.
+std::vector<std::pair<double, std::string>> parse_data_path(const std::vector<std::string>& path);
 
 // A model to plan for (`pipetrain plan --model`) and a random mini-batch of `sample_shape` for its
 // profile: an example model's name, a TorchScript file (a name with a '.' or a '/'), or a Hugging

@@ -39,19 +39,23 @@ int run_eval_tokens(EvalArgs& args) {
   if (args.batch_size < 1) throw UsageError("--batch-size must be at least 1");
   check_model_data_args(args.data);
   const BuiltData data = build_data(args.data);
+  if (!data.blend.empty()) {
+    throw UsageError("eval reads one dataset: give --data-path one PREFIX (got a blend of " +
+                     std::to_string(data.blend.size()) + ")");
+  }
   InferenceModel model(args.data, data, args.inference);
   check_data_against_model(model.model, data);
   const train::TokenEvaluation e =
       train::evaluate_tokens([&](const torch::Tensor& x) { return model.forward(x); }, *data.tokens,
                              data.seq_len, args.batch_size);
-  std::printf(
-      "model %s%s, data %s\n", args.data.model.c_str(),
-      args.inference.checkpoint.empty()
-          ? ""
-          : (" (weights of " + args.inference.checkpoint + ")").c_str(),
-      data.documents > 0
-          ? (args.data.data_path + " (" + std::to_string(data.documents) + " documents)").c_str()
-          : args.data.token_file.c_str());
+  std::printf("model %s%s, data %s\n", args.data.model.c_str(),
+              args.inference.checkpoint.empty()
+                  ? ""
+                  : (" (weights of " + args.inference.checkpoint + ")").c_str(),
+              data.documents > 0 ? (args.data.data_path.front() + " (" +
+                                    std::to_string(data.documents) + " documents)")
+                                       .c_str()
+                                 : args.data.token_file.c_str());
   std::printf("eval loss %.6f nats, perplexity %.4f (%lld samples, %lld tokens)\n", e.loss,
               e.perplexity, static_cast<long long>(e.samples), static_cast<long long>(e.tokens));
   return 0;

@@ -274,14 +274,23 @@ Prepared prepare(TrainArgs& args, const RunLayout& layout, const PlanSource& pla
   return p;
 }
 
+int64_t token_ids(const BuiltData& data) {
+  int64_t ids = data.blend.empty() ? data.tokens->tokens() : 0;
+  for (const train::BlendPart& part : data.blend) ids += part.file->tokens();
+  return ids;
+}
+
 void print_start(const TrainArgs& args, const Prepared& p, train::StepRunner& runner, int threads) {
   if (!runner.is_main()) return;
-  std::string rows = p.data.corpus ? std::to_string(p.data.corpus->text().size()) + " characters"
-                     : p.data.documents > 0
-                         ? std::to_string(p.data.documents) + " documents, " +
-                               std::to_string(p.data.tokens->tokens()) + " token ids"
-                     : p.data.tokens ? std::to_string(p.data.tokens->tokens()) + " token ids"
-                                     : std::to_string(p.data.train_inputs.size(0)) + " rows";
+  std::string rows =
+      p.data.corpus ? std::to_string(p.data.corpus->text().size()) + " characters"
+      : p.data.documents > 0
+          ? std::to_string(p.data.documents) + " documents, " + std::to_string(token_ids(p.data)) +
+                " token ids" +
+                (p.data.blend.empty() ? ""
+                                      : " in a blend of " + std::to_string(p.data.blend.size()))
+      : p.data.tokens ? std::to_string(p.data.tokens->tokens()) + " token ids"
+                      : std::to_string(p.data.train_inputs.size(0)) + " rows";
   std::printf(
       "training %s (%zu layers, %lld parameters) on %s: %s, batch %lld, %s, %s lr %g, "
       "%d threads per rank\n",

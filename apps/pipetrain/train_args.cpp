@@ -145,21 +145,25 @@ void add_optimizer_flags(CLI::App& command, TrainArgs& args) {
                    "ZeRO-3: free a stage's gathered parameters after every forward and backward "
                    "and gather them again for the next (less memory, more traffic); default: "
                    "kept from the stage's first action of a step to its last");
-  command.add_option("--zero-gradients", args.zero_gradients,
-                     "--zero 2/3: stream (each micro-batch's gradients reduce-scattered into the "
-                     "shard as its backward makes them) or accumulate (summed over the step, then "
-                     "reduce-scattered: more memory, fewer collectives)")
+  command
+      .add_option("--zero-gradients", args.zero_gradients,
+                  "--zero 2/3: stream (each micro-batch's gradients reduce-scattered into the "
+                  "shard as its backward makes them) or accumulate (summed over the step, then "
+                  "reduce-scattered: more memory, fewer collectives)")
       ->capture_default_str();
-  command.add_option("--zero3-unit", args.zero3_unit,
-                     "--zero 3 gathers by layer (each layer around its uses) or stage (a stage "
-                     "from its first action of the step to its last)")
+  command
+      .add_option("--zero3-unit", args.zero3_unit,
+                  "--zero 3 gathers by layer (each layer around its uses) or stage (a stage "
+                  "from its first action of the step to its last)")
       ->capture_default_str();
   const char* sizes[4][2] = {
       {"--zero3-prefetch", "--zero3-unit layer: bytes of layers gathered ahead of use (0: none)"},
-      {"--zero3-max-live", "--zero3-unit layer: most bytes of whole layers a prefetch may bring "
-                           "(0: no bound)"},
-      {"--zero3-max-reuse-distance", "--zero3-unit layer: keep a layer whole when its next use "
-                                     "comes within this many bytes of other layers (-1: never)"},
+      {"--zero3-max-live",
+       "--zero3-unit layer: most bytes of whole layers a prefetch may bring "
+       "(0: no bound)"},
+      {"--zero3-max-reuse-distance",
+       "--zero3-unit layer: keep a layer whole when its next use "
+       "comes within this many bytes of other layers (-1: never)"},
       {"--zero3-persistence-threshold", "--zero 3: parameters smaller than this stay whole"}};
   for (int s = 0; s < 4; ++s) {
     command.add_option(sizes[s][0], args.zero3_sizes[s], sizes[s][1])->capture_default_str();
@@ -322,8 +326,9 @@ void resolve_auto_flags(TrainArgs& args) {
     int64_t bytes[4];
     for (int s = 0; s < 4; ++s) {
       try {
-        bytes[s] = s == 2 && args.zero3_sizes[s] == "-1" ? -1
-                                                         : partition::parse_bytes(args.zero3_sizes[s]);
+        bytes[s] = s == 2 && args.zero3_sizes[s] == "-1"
+                       ? -1
+                       : partition::parse_bytes(args.zero3_sizes[s]);
       } catch (const pipetrain::BadInput& error) {
         throw UsageError(std::string(flags[s]) + ": " + error.what());
       }

@@ -48,7 +48,8 @@ void add_model_data_flags(CLI::App& command, ModelDataArgs& args) {
   command.add_option("--data-path", args.data_path,
                      "--data indexed: PREFIX of a Megatron indexed dataset (PREFIX.idx and "
                      "PREFIX.bin, as Megatron-LM's preprocessing writes them), its documents' "
-                     "ids read in order (docs/MODELS.md)");
+                     "ids read in order; or a blend W1 PREFIX1 W2 PREFIX2 ..., samples drawn by "
+                     "weight as Megatron's blend draws them (docs/MODELS.md)");
   command.add_option("--seq-len", args.seq_len, "--data tokens or indexed: ids per sample T");
   command.add_option("--token-bytes", args.token_bytes, "bytes per id: 2 (uint16) or 4 (uint32)")
       ->capture_default_str();

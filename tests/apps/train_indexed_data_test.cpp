@@ -93,6 +93,49 @@ TEST(TrainIndexedData, DocumentsInOrderTrainExactlyAsTheirTokenFile) {
       << indexed.output;
 }
 
+// A blend (--data-path W1 A W2 B) draws the same batches in one process and across processes:
+// the same losses at --stages 2 and --nproc 2; eval, which reads one dataset, refuses it.
+TEST(TrainIndexedData, ABlendTrainsTheSameInOneProcessAndAcrossProcesses) {
+  PIPETRAIN_SKIP_WITHOUT_TRANSFORMERS();
+  const std::string documents = documents_of_the_token_file();
+  const io::TokenFile tokens(testing::hf_fixtures() + "/tokens.bin", 2);
+  std::vector<int64_t> reversed;
+  for (int64_t i = tokens.tokens() - 1; i >= 0; --i) reversed.push_back(tokens.at(i));
+  const std::string other = scratch("reversed");
+  io::write_indexed_dataset(other, {reversed});
+  const std::string blend = " --data indexed --data-path 0.7 " + documents + " 0.3 " + other;
+  const std::string common = "train --model " + testing::hf_fixtures() +
+                             "/llama --seq-len 16 --batch-size 8 --steps 4 --log-every 1 "
+                             "--optimizer adamw --lr 0.01 --shuffle --seed 3" +
+                             blend;
+  const testing::CliRun one = testing::run_pipetrain(common + " --stages 2");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  EXPECT_NE(one.output.find("in a blend of 2"), std::string::npos) << one.output;
+  const testing::CliRun two = testing::run_pipetrain(common + " --nproc 2");
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  // (Two processes sum the loss in another order: the same to 1e-6, not always to the last digit
+  // printed.)
+  const std::vector<std::string> a = losses(one.output), b = losses(two.output);
+  ASSERT_GE(a.size(), 5u) << one.output;
+  ASSERT_EQ(b.size(), a.size()) << two.output;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double x = std::stod(a[i].substr(a[i].find("loss ") + 5));
+    const double y = std::stod(b[i].substr(b[i].find("loss ") + 5));
+    EXPECT_NEAR(x, y, 1e-5) << a[i] << " vs " << b[i];
+  }
+  // Not the unblended run's batches.
+  const testing::CliRun alone = testing::run_pipetrain(
+      "train --model " + testing::hf_fixtures() +
+      "/llama --seq-len 16 --batch-size 8 --steps 4 --log-every 1 --optimizer adamw --lr 0.01 "
+      "--shuffle --seed 3 --stages 2 --data indexed --data-path " +
+      documents);
+  EXPECT_NE(losses(alone.output), losses(one.output)) << alone.output;
+  const testing::CliRun eval = testing::run_pipetrain("eval --model " + testing::hf_fixtures() +
+                                                      "/llama --seq-len 16" + blend);
+  EXPECT_EQ(eval.exit_code, 2) << eval.output;
+  EXPECT_NE(eval.output.find("eval reads one dataset"), std::string::npos) << eval.output;
+}
+
 TEST(TrainIndexedData, ADatasetItCannotReadIsAnErrorNamingIt) {
   PIPETRAIN_SKIP_WITHOUT_TRANSFORMERS();
   const std::string model =
