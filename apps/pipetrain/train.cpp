@@ -130,6 +130,23 @@ void evaluate_and_print(const std::string& when, train::Trainer& trainer, const 
 }
 
 // Runs the Trainer with a progress bar on stderr and per-epoch evaluation on stdout.
+// What a sample is worth in tokens and (a Hugging Face model) in model FLOPs; 0 where unknown.
+struct Throughput {
+  int64_t tokens_per_sample = 0;
+  double flops_per_sample = 0;
+};
+Throughput throughput(const BuiltModel& model, const BuiltData& data) {
+  Throughput rate;
+  if (data.tokens && data.seq_len > 0) {
+    rate.tokens_per_sample = data.seq_len;
+    if (model.llama) {
+      rate.flops_per_sample =
+          model.llama->training_flops_per_token(data.seq_len) * static_cast<double>(data.seq_len);
+    }
+  }
+  return rate;
+}
+
 train::TrainSummary run_loop(const TrainArgs& args, BuiltModel& model, const BuiltData& data,
                              train::Trainer& trainer, const Batches& batches,
                              const std::vector<int64_t>& predicted_memory) {
@@ -138,12 +155,16 @@ train::TrainSummary run_loop(const TrainArgs& args, BuiltModel& model, const Bui
   // it, the first line showed the rows over microseconds).
   std::optional<train::ProgressReporter> progress;
   if (!print_steps) {
+    const Throughput rate = throughput(model, data);
     progress.emplace(std::cerr, train::stderr_is_terminal(),
                      train::ProgressOptions()
                          .total_steps(batches.total_steps())
                          .epochs(batches.epochs())
                          .first_step(trainer.first_step())
-                         .log_every_steps(args.log_every));
+                         .log_every_steps(args.log_every)
+                         .tokens_per_sample(rate.tokens_per_sample)
+                         .flops_per_sample(rate.flops_per_sample)
+                         .peak_flops(args.peak_tflops * 1e12));
   }
   bool stepped = false;
   trainer.on_step = [&](const train::StepReport& r) {
@@ -426,11 +447,25 @@ int train_with(const TrainArgs& args, Prepared& p, train::StepRunner& runner, in
       std::printf(" %s", partition::format_bytes(peak).c_str());
     }
     std::printf("\n");
-    std::printf("done: %lld steps in %.3f s (%.1f steps/s, %.1f samples/s), loss %.6f -> %.6f\n",
+    const double samples_per_second = result.seconds > 0 ? result.samples / result.seconds : 0.0;
+    const Throughput rate = throughput(p.model, p.data);
+    std::string rates;
+    if (rate.tokens_per_sample > 0) {
+      rates += ", " +
+               std::to_string(
+                   std::llround(samples_per_second * static_cast<double>(rate.tokens_per_sample))) +
+               " tokens/s";
+    }
+    if (rate.flops_per_sample > 0 && args.peak_tflops > 0) {
+      char mfu[48];
+      std::snprintf(mfu, sizeof mfu, ", MFU %.1f%%",
+                    100.0 * samples_per_second * rate.flops_per_sample / (args.peak_tflops * 1e12));
+      rates += mfu;
+    }
+    std::printf("done: %lld steps in %.3f s (%.1f steps/s, %.1f samples/s%s), loss %.6f -> %.6f\n",
                 static_cast<long long>(result.steps), result.seconds,
-                result.seconds > 0 ? result.steps / result.seconds : 0.0,
-                result.seconds > 0 ? result.samples / result.seconds : 0.0, result.first_loss,
-                result.last_loss);
+                result.seconds > 0 ? result.steps / result.seconds : 0.0, samples_per_second,
+                rates.c_str(), result.first_loss, result.last_loss);
     if (p.auto_plan && result.steps > 0) {
       // Measured over every step (the first one warms up): compare with the prediction.
       std::printf("auto plan: measured %.3g s/step, predicted %.3g s/step\n",

@@ -2,6 +2,8 @@
 #include "train_args.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <exception>
 #include <stdexcept>
 #include <string>
@@ -246,6 +248,10 @@ void add_run_flags(CLI::App& command, TrainArgs& args) {
       .add_option("--timeout", args.pipeline.timeout,
                   "seconds any wait between ranks may take before the run fails")
       ->capture_default_str();
+  command.add_option("--peak-tflops", args.peak_tflops,
+                     "the peak TFLOP/s of all the hardware the run uses, in total (e.g. 4 x 989 "
+                     "for four H100s in bf16): the progress line and the end show MFU, the "
+                     "model FLOPs of a Hugging Face model's training over that peak");
   command.add_option("--log-every", args.log_every, "progress line every this many steps (logs)")
       ->capture_default_str();
 }
@@ -480,6 +486,11 @@ void check_ranges(const TrainArgs& args) {
         std::to_string(args.pipeline.dp));
   }
   if (args.log_every < 1) fail("--log-every must be at least 1");
+  if (!(args.peak_tflops >= 0) || !std::isfinite(args.peak_tflops)) {
+    char got[32];
+    std::snprintf(got, sizeof got, "%g", args.peak_tflops);
+    fail(std::string("--peak-tflops must be a number >= 0, got ") + got);
+  }
 }
 
 // Every file and directory the run will write, checked now rather than after hours of training.

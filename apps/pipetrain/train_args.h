@@ -66,6 +66,7 @@ struct TrainArgs {
   std::string config;  // expanded by main() before parsing; listed here for --help
   std::string backend = "auto";
   int64_t log_every = 100;
+  double peak_tflops = 0;  // the hardware's peak, for MFU (0: not shown)
 };
 
 // Registers every flag of `pipetrain train` on `command`, bound to `args`.

@@ -379,6 +379,17 @@ int64_t LlamaConfig::parameter_count() const {
   return table + num_hidden_layers * layer + h + (tie_word_embeddings ? 0 : table);
 }
 
+double LlamaConfig::training_flops_per_token(int64_t seq_len) const {
+  const double h = static_cast<double>(hidden_size), d = static_cast<double>(head_dim);
+  const double q = static_cast<double>(num_attention_heads) * d;
+  const double kv = static_cast<double>(num_key_value_heads) * d;
+  const double layer = h * q + 2 * h * kv + q * h + 3 * h * static_cast<double>(intermediate_size);
+  const double matrices =
+      static_cast<double>(num_hidden_layers) * layer + static_cast<double>(vocab_size) * h;
+  return 6 * matrices +
+         12 * static_cast<double>(num_hidden_layers) * q * static_cast<double>(seq_len);
+}
+
 void check_llama_config(const LlamaConfig& c, const std::string& file) {
   auto fail = [&](const std::string& key, int64_t value, const std::string& problem) {
     throw ModelConfigError(file, key, std::to_string(value), problem);

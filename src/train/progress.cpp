@@ -59,7 +59,20 @@ std::string ProgressReporter::status(bool terminal) const {
   const double eta = done > 0 ? elapsed / static_cast<double>(done) *
                                     static_cast<double>(options_.total_steps() - step_)
                               : -1.0;
-  char numbers[160];
+  // Tokens per second and MFU after the sample rate, where known.
+  std::string rates;
+  const double per_second = samples_per_second();
+  if (options_.tokens_per_sample() > 0) {
+    rates += " tokens/s " + std::to_string(std::llround(
+                                per_second * static_cast<double>(options_.tokens_per_sample())));
+  }
+  if (options_.flops_per_sample() > 0 && options_.peak_flops() > 0) {
+    char mfu[32];
+    std::snprintf(mfu, sizeof mfu, " MFU %.1f%%",
+                  100.0 * per_second * options_.flops_per_sample() / options_.peak_flops());
+    rates += mfu;
+  }
+  char numbers[200];
   std::string out = "epoch " + std::to_string(epoch_ + 1) + "/" + std::to_string(options_.epochs());
   if (terminal) {
     const int width = options_.bar_width();
@@ -68,14 +81,14 @@ std::string ProgressReporter::status(bool terminal) const {
     std::string bar(static_cast<size_t>(width), ' ');
     for (int c = 0; c < filled && c < width; ++c) bar[static_cast<size_t>(c)] = '=';
     if (filled < width) bar[static_cast<size_t>(filled)] = '>';
-    std::snprintf(numbers, sizeof numbers, " [%s] %lld/%lld  %.0f samples/s  loss %.4f  ETA %s",
+    std::snprintf(numbers, sizeof numbers, " [%s] %lld/%lld  %.0f samples/s%s  loss %.4f  ETA %s",
                   bar.c_str(), static_cast<long long>(step_),
-                  static_cast<long long>(options_.total_steps()), samples_per_second(),
+                  static_cast<long long>(options_.total_steps()), per_second, rates.c_str(),
                   smoothed_loss_, format_duration(eta).c_str());
   } else {
-    std::snprintf(numbers, sizeof numbers, " step %lld/%lld samples/s %.1f loss %.4f eta %s",
+    std::snprintf(numbers, sizeof numbers, " step %lld/%lld samples/s %.1f%s loss %.4f eta %s",
                   static_cast<long long>(step_), static_cast<long long>(options_.total_steps()),
-                  samples_per_second(), smoothed_loss_, format_duration(eta).c_str());
+                  per_second, rates.c_str(), smoothed_loss_, format_duration(eta).c_str());
   }
   return out + numbers + (note_.empty() ? "" : "  " + note_);
 }

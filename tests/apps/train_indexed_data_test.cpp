@@ -75,6 +75,7 @@ TEST(TrainIndexedData, DocumentsInOrderTrainExactlyAsTheirTokenFile) {
         testing::run_pipetrain(common + " --data indexed --data-path " + prefix);
     ASSERT_EQ(indexed.exit_code, 0) << indexed.output;
     EXPECT_NE(indexed.output.find(" documents, "), std::string::npos) << indexed.output;
+    EXPECT_NE(indexed.output.find(" tokens/s "), std::string::npos) << indexed.output;
     const std::vector<std::string> expected = losses(tokens.output);
     ASSERT_GE(expected.size(), 5u) << tokens.output;
     EXPECT_EQ(losses(indexed.output), expected) << layout << "\n" << indexed.output;

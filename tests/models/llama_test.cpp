@@ -76,6 +76,27 @@ TEST(Llama, ConfigsOfTheThreeArchitecturesReadAsTransformersBuildsThem) {
   EXPECT_EQ(mistral.sliding_window, (std::vector<int64_t>{0, 0}));
 }
 
+// MFU's model FLOPs (LlamaConfig::training_flops_per_token): 6 per weight of the matrices a
+// token passes through, counted here from the built model's own 2-D parameters (the LM head's
+// table, which a tied model registers under the head's name too; not the embedding lookup's),
+// plus 12 x layers x the query width x T for attention.
+TEST(Llama, TrainingFlopsPerTokenCountSixPerMatrixWeightPlusAttention) {
+  PIPETRAIN_SKIP_WITHOUT_TRANSFORMERS();
+  for (const std::string name : {"llama", "qwen2"}) {
+    const LlamaConfig config = read_llama_config(hf_fixtures() + "/" + name);
+    const LlamaModel model = make_llama(config);
+    double weights = 0;
+    for (const auto& item : model.sequential->named_parameters()) {
+      if (item.value().dim() == 2 && item.key().rfind("0.", 0) != 0) {
+        weights += static_cast<double>(item.value().numel());
+      }
+    }
+    const double attention =
+        12.0 * config.num_hidden_layers * config.num_attention_heads * config.head_dim * 32;
+    EXPECT_DOUBLE_EQ(config.training_flops_per_token(32), 6 * weights + attention) << name;
+  }
+}
+
 TEST(Llama, AModelBuiltInPartsHoldsMetaPlaceholdersAndTheSameValuesWhereMaterialized) {
   PIPETRAIN_SKIP_WITHOUT_TRANSFORMERS();
   const LlamaModel whole = load_fixture("llama");

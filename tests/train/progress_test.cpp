@@ -40,6 +40,40 @@ TEST(Progress, PlainModePrintsALineEveryNStepsWithRateLossAndEta) {
       << text;
 }
 
+// A language model's rate in tokens, and MFU: 32 samples of 512 tokens a second, 1e9 model FLOPs
+// a sample, on hardware of 1e11 FLOP/s: 16384 tokens/s and 32%.
+TEST(Progress, ALanguageModelsLineShowsTokensPerSecondAndMfu) {
+  std::ostringstream out;
+  FakeClock clock;
+  ProgressReporter progress(out, false,
+                            ProgressOptions()
+                                .total_steps(10)
+                                .log_every_steps(2)
+                                .log_every_seconds(0)
+                                .tokens_per_sample(512)
+                                .flops_per_sample(1e9)
+                                .peak_flops(1e11),
+                            clock.function());
+  for (int64_t step = 1; step <= 2; ++step) {
+    clock.now += 1.0;
+    progress.update(step, 0, 32, 2.0);
+  }
+  EXPECT_NE(out.str().find("step 2/10 samples/s 32.0 tokens/s 16384 MFU 32.0% loss 2.0000"),
+            std::string::npos)
+      << out.str();
+  // Without a peak there is no MFU; without tokens, the line is the plain one (above).
+  std::ostringstream plain;
+  ProgressReporter no_peak(
+      plain, false,
+      ProgressOptions().total_steps(10).log_every_steps(1).tokens_per_sample(512).flops_per_sample(
+          1e9),
+      clock.function());
+  clock.now += 1.0;
+  no_peak.update(1, 0, 32, 2.0);
+  EXPECT_EQ(plain.str().find("MFU"), std::string::npos) << plain.str();
+  EXPECT_NE(plain.str().find("tokens/s 16384 loss"), std::string::npos) << plain.str();
+}
+
 TEST(Progress, PlainModeAlsoPrintsAfterTheTimeIntervalAndAtTheLastStep) {
   std::ostringstream out;
   FakeClock clock;

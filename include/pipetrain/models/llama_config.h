@@ -101,6 +101,11 @@ struct LlamaConfig {
   int64_t entries() const { return num_hidden_layers + 3; }
   // Parameters of the whole model (a tied table counted once).
   int64_t parameter_count() const;
+  // The model FLOPs of training on one token of a sequence of `seq_len`, forward and backward, as
+  // MFU counts them (PaLM's appendix B): 6 per weight a token passes through (every matrix of the
+  // decoder layers and the LM head; not the embedding lookup, norms or biases) plus the
+  // attention's 12 x layers x (query width) x seq_len. Recomputation is not counted.
+  double training_flops_per_token(int64_t seq_len) const;
 };
 
 // A config made in code rather than read: a LlamaForCausalLM of these sizes, the rest as

@@ -6,6 +6,8 @@
 // Not a terminal (a file, a pipe, CI): a plain line every `log_every_steps` steps or every
 // `log_every_seconds`, whichever comes first, and at the last step:
 //   epoch 1/2 step 234/938 samples/s 1530.2 loss 0.4312 eta 0:42
+// With tokens_per_sample (and flops_per_sample and peak_flops) the rate reads
+//   samples/s 12.0 tokens/s 6144 MFU 41.2% loss ...
 // The loss shown is an exponential moving average (`smoothing` = weight of the newest loss).
 // Rates and ETA count only the steps of this run (a resumed run passes its first step).
 //
@@ -41,6 +43,12 @@ struct ProgressOptions {
   TORCH_ARG(double, smoothing) = 0.1;
   /// Width of the bar in characters. Default 20.
   TORCH_ARG(int, bar_width) = 20;
+  /// Tokens in a sample (a language model's sequence length): adds "tokens/s". 0: not shown.
+  TORCH_ARG(int64_t, tokens_per_sample) = 0;
+  /// Model FLOPs of training on one sample, and the peak FLOP/s of all the hardware the run
+  /// uses: adds "MFU" (model FLOPs utilization, PaLM's definition) when both are > 0.
+  TORCH_ARG(double, flops_per_sample) = 0;
+  TORCH_ARG(double, peak_flops) = 0;
 };
 
 // Seconds on a monotonic clock.
