@@ -101,6 +101,51 @@ with open(prefix + ".idx", "wb") as f:
   }
 }
 
+// megatron-core's own builder (PyPI's megatron-core, installed by scripts/bootstrap without its
+// dependencies): a document of two sequences among others, int32 and uint16 ids. Skips, saying
+// so, where it does not import.
+TEST(IndexedDataset, ReadsWhatMegatronCoresBuilderWrote) {
+  if (!testing::python_has_torch()) GTEST_SKIP() << testing::no_python_torch_message();
+  const std::string probe = testing::kPython +
+                            " -W ignore -c 'import megatron.core.datasets.indexed_dataset' "
+                            ">/dev/null 2>&1";
+  if (std::system(probe.c_str()) != 0) {
+    GTEST_SKIP() << testing::kPython << " cannot import megatron.core (scripts/bootstrap installs "
+                 << "megatron-core)";
+  }
+  // Both datasets from one interpreter (importing megatron.core takes seconds).
+  const std::string base = scratch("megatron_");
+  write_bytes(base + "make.py", R"(
+import sys, warnings, numpy
+warnings.simplefilter("ignore")
+from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+for name in ("int32", "uint16"):
+    dtype = getattr(numpy, name)
+    builder = IndexedDatasetBuilder(sys.argv[1] + name + ".bin", dtype=dtype)
+    builder.add_document(numpy.array([5, 6, 7], dtype=dtype), [3])
+    builder.add_document(numpy.array([8, 65535, 9], dtype=dtype), [2, 1])  # two sequences
+    builder.add_document(numpy.array([10, 11, 12, 13], dtype=dtype), [4])
+    builder.finalize(sys.argv[1] + name + ".idx")
+)");
+  const std::string command =
+      testing::kPython + " " + base + "make.py " + base + " >/dev/null 2>&1";
+  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  for (const std::string dtype : {"int32", "uint16"}) {
+    const std::string prefix = base + dtype;
+    const IndexedDataset data(prefix);
+    EXPECT_EQ(to_string(data.dtype()), dtype);
+    EXPECT_EQ(data.sequences(), 4);
+    EXPECT_EQ(data.documents(), 3);
+    EXPECT_TRUE(data.contiguous());
+    const std::vector<std::vector<int64_t>> expected = {{5, 6, 7}, {8, 65535, 9}, {10, 11, 12, 13}};
+    for (int64_t d = 0; d < 3; ++d) {
+      std::vector<int64_t> ids;
+      data.append_document(d, ids);
+      EXPECT_EQ(ids, expected[static_cast<size_t>(d)]) << dtype << ", document " << d;
+    }
+  }
+}
+
 TEST(IndexedDataset, ADamagedIndexIsAnErrorNamingTheFileAndTheField) {
   const std::string prefix = scratch("good");
   write_indexed_dataset(prefix, {{1, 2, 3}, {4, 5}});
