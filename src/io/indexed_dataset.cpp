@@ -7,6 +7,7 @@
 
 #include "pipetrain/base/atomic_file.h"
 #include "pipetrain/base/error.h"
+#include "pipetrain/io/little_endian.h"
 
 namespace pipetrain::io {
 namespace {
@@ -14,20 +15,6 @@ namespace {
 constexpr char kMagic[] = "MMIDIDX\0\0";  // 9 bytes: the literal's last NUL is not written
 constexpr std::uint64_t kMagicBytes = 9;
 constexpr std::uint64_t kHeaderBytes = kMagicBytes + 8 + 1 + 8 + 8;
-
-template <typename T>
-T load(const char* bytes) {
-  T value;
-  std::memcpy(&value, bytes, sizeof(T));  // little-endian hosts only (io/safetensors.cpp asserts)
-  return value;
-}
-
-template <typename T>
-void store(std::string& out, T value) {
-  char bytes[sizeof(T)];
-  std::memcpy(bytes, &value, sizeof(T));
-  out.append(bytes, sizeof(T));
-}
 
 int bytes_of(IndexedDtype dtype) {
   switch (dtype) {
@@ -82,7 +69,7 @@ IndexedIndex parse_indexed_index(const char* data, std::uint64_t size, const std
                    " does not begin with MMIDIDX\\0\\0 (Megatron's indexed dataset); is "
                    "it a .idx file?");
   }
-  const auto version = load<std::uint64_t>(data + 9);
+  const auto version = load_little_endian<std::uint64_t>(data + 9);
   if (version != 1) {
     throw BadInput(where + ": version " + std::to_string(version) + "; pipetrain reads version 1");
   }
@@ -98,8 +85,8 @@ IndexedIndex parse_indexed_index(const char* data, std::uint64_t size, const std
     throw BadInput(where + ": ids of dtype " + to_string(index.dtype) +
                    "; pipetrain reads uint16 (code 8) and int32 (code 4) token ids");
   }
-  const auto sequences = load<std::uint64_t>(data + 18);
-  const auto indices = load<std::uint64_t>(data + 26);
+  const auto sequences = load_little_endian<std::uint64_t>(data + 18);
+  const auto indices = load_little_endian<std::uint64_t>(data + 26);
   // Each sequence takes 4 + 8 bytes of the index, each document index 8.
   const std::uint64_t room = size - kHeaderBytes;
   if (sequences > room / 12 || indices > (room - sequences * 12) / 8) {
@@ -188,8 +175,8 @@ void IndexedDataset::append_document(std::int64_t d, std::vector<std::int64_t>& 
     const std::int32_t length = index_.sequence_lengths[static_cast<std::size_t>(s)];
     for (std::int32_t i = 0; i < length; ++i) {
       ids.push_back(index_.element_bytes == 2
-                        ? static_cast<std::int64_t>(load<std::uint16_t>(at + 2 * i))
-                        : static_cast<std::int64_t>(load<std::int32_t>(at + 4 * i)));
+                        ? static_cast<std::int64_t>(load_little_endian<std::uint16_t>(at + 2 * i))
+                        : static_cast<std::int64_t>(load_little_endian<std::int32_t>(at + 4 * i)));
     }
   }
 }
@@ -214,20 +201,22 @@ void write_indexed_dataset(const std::string& prefix,
                        " has id " + std::to_string(id) + ", outside " + to_string(dtype));
       }
       if (dtype == IndexedDtype::kUint16) {
-        store(bin, static_cast<std::uint16_t>(id));
+        append_little_endian(bin, static_cast<std::uint16_t>(id));
       } else {
-        store(bin, static_cast<std::int32_t>(id));
+        append_little_endian(bin, static_cast<std::int32_t>(id));
       }
     }
   }
   index.append(kMagic, kMagicBytes);
-  store<std::uint64_t>(index, 1);
-  store<std::uint8_t>(index, static_cast<std::uint8_t>(dtype));
-  store<std::uint64_t>(index, documents.size());
-  store<std::uint64_t>(index, documents.size() + 1);
-  for (const auto& document : documents) store(index, static_cast<std::int32_t>(document.size()));
-  for (std::int64_t pointer : pointers) store(index, pointer);
-  for (std::size_t d = 0; d <= documents.size(); ++d) store(index, static_cast<std::int64_t>(d));
+  append_little_endian<std::uint64_t>(index, 1);
+  append_little_endian<std::uint8_t>(index, static_cast<std::uint8_t>(dtype));
+  append_little_endian<std::uint64_t>(index, documents.size());
+  append_little_endian<std::uint64_t>(index, documents.size() + 1);
+  for (const auto& document : documents)
+    append_little_endian(index, static_cast<std::int32_t>(document.size()));
+  for (std::int64_t pointer : pointers) append_little_endian(index, pointer);
+  for (std::size_t d = 0; d <= documents.size(); ++d)
+    append_little_endian(index, static_cast<std::int64_t>(d));
   write_file_atomically(prefix + ".bin", bin);
   write_file_atomically(prefix + ".idx", index);
 }

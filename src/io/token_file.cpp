@@ -1,27 +1,19 @@
 // Token files (io/token_file.h).
 #include "pipetrain/io/token_file.h"
 
-#include <cstring>
-
 #include <torch/torch.h>
 
 #include "pipetrain/base/error.h"
+#include "pipetrain/io/little_endian.h"
 
 namespace pipetrain::io {
 namespace {
-
-template <typename Id>
-Id load_id(const char* bytes) {
-  Id id;
-  std::memcpy(&id, bytes, sizeof(Id));  // little-endian hosts only (io/safetensors.cpp asserts)
-  return id;
-}
 
 // The first offset whose id is >= limit, or -1.
 template <typename Id>
 int64_t first_at_or_above(const char* data, int64_t count, uint64_t limit) {
   for (int64_t i = 0; i < count; ++i) {
-    if (static_cast<uint64_t>(load_id<Id>(data + i * sizeof(Id))) >= limit) return i;
+    if (static_cast<uint64_t>(load_little_endian<Id>(data + i * sizeof(Id))) >= limit) return i;
   }
   return -1;
 }
@@ -35,9 +27,10 @@ TokenFile::TokenFile(const std::string& path, int token_bytes) : token_bytes_(to
   }
   file_ = MappedFile(path);
   if (file_.size() % static_cast<uint64_t>(token_bytes) != 0) {
-    throw BadInput("token file '" + path + "' has " + std::to_string(file_.size()) +
-                   " bytes, not a multiple of " + std::to_string(token_bytes) +
-                   " (the bytes per id); is it truncated, or written with the other --token-bytes?");
+    throw BadInput(
+        "token file '" + path + "' has " + std::to_string(file_.size()) +
+        " bytes, not a multiple of " + std::to_string(token_bytes) +
+        " (the bytes per id); is it truncated, or written with the other --token-bytes?");
   }
   tokens_ = static_cast<int64_t>(file_.size() / static_cast<uint64_t>(token_bytes));
   if (tokens_ < 2) {
@@ -48,8 +41,8 @@ TokenFile::TokenFile(const std::string& path, int token_bytes) : token_bytes_(to
 
 int64_t TokenFile::at(int64_t offset) const {
   const char* bytes = file_.data() + offset * token_bytes_;
-  return token_bytes_ == 2 ? static_cast<int64_t>(load_id<uint16_t>(bytes))
-                           : static_cast<int64_t>(load_id<uint32_t>(bytes));
+  return token_bytes_ == 2 ? static_cast<int64_t>(load_little_endian<uint16_t>(bytes))
+                           : static_cast<int64_t>(load_little_endian<uint32_t>(bytes));
 }
 
 torch::Tensor TokenFile::read(int64_t begin, int64_t count) const {
