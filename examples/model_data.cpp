@@ -226,6 +226,18 @@ std::vector<std::pair<double, std::string>> parse_data_path(const std::vector<st
   return blend;
 }
 
+SampleCost sample_cost(const BuiltModel& model, const BuiltData& data) {
+  SampleCost cost;
+  if (data.tokens && data.seq_len > 0) {
+    cost.tokens = data.seq_len;
+    if (model.llama) {
+      cost.flops =
+          model.llama->training_flops_per_token(data.seq_len) * static_cast<double>(data.seq_len);
+    }
+  }
+  return cost;
+}
+
 BuiltData build_data(const ModelDataSpec& args) {
   BuiltData data;
   const bool tensors = args.data == "tensors" || !args.inputs_path.empty();

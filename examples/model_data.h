@@ -119,6 +119,14 @@ bool is_hf_model(const std::string& model);
 // The config of the Hugging Face model `spec` names (its config.json), read and checked; throws
 // pipetrain::BadInput naming --model.
 models::LlamaConfig hf_config(const ModelDataSpec& spec);
+// What one training sample of `data` is worth: its tokens (token data) and, for a Hugging Face
+// model, its model FLOPs (LlamaConfig::training_flops_per_token); 0 where unknown. For the
+// progress line's tokens/s and MFU (train/progress.h).
+struct SampleCost {
+  int64_t tokens = 0;
+  double flops = 0;
+};
+SampleCost sample_cost(const BuiltModel& model, const BuiltData& data);
 // Names, combinations and ranges; throws pipetrain::BadInput naming the flag.
 void check_model_data_spec(const ModelDataSpec& spec);
 // --data-path's values: one PREFIX (weight 1), or "W1 PREFIX1 W2 PREFIX2 ..." (a blend, weights

@@ -130,21 +130,14 @@ void evaluate_and_print(const std::string& when, train::Trainer& trainer, const 
 }
 
 // Runs the Trainer with a progress bar on stderr and per-epoch evaluation on stdout.
-// What a sample is worth in tokens and (a Hugging Face model) in model FLOPs; 0 where unknown.
-struct Throughput {
-  int64_t tokens_per_sample = 0;
-  double flops_per_sample = 0;
-};
-Throughput throughput(const BuiltModel& model, const BuiltData& data) {
-  Throughput rate;
-  if (data.tokens && data.seq_len > 0) {
-    rate.tokens_per_sample = data.seq_len;
-    if (model.llama) {
-      rate.flops_per_sample =
-          model.llama->training_flops_per_token(data.seq_len) * static_cast<double>(data.seq_len);
-    }
-  }
-  return rate;
+// The progress line's rates: tokens/s of token data, MFU with --peak-tflops.
+train::ProgressOptions rate_options(const TrainArgs& args, const BuiltModel& model,
+                                    const BuiltData& data) {
+  const examples::SampleCost cost = examples::sample_cost(model, data);
+  return train::ProgressOptions()
+      .tokens_per_sample(cost.tokens)
+      .flops_per_sample(cost.flops)
+      .peak_flops(args.peak_tflops * 1e12);
 }
 
 train::TrainSummary run_loop(const TrainArgs& args, BuiltModel& model, const BuiltData& data,
@@ -155,16 +148,12 @@ train::TrainSummary run_loop(const TrainArgs& args, BuiltModel& model, const Bui
   // it, the first line showed the rows over microseconds).
   std::optional<train::ProgressReporter> progress;
   if (!print_steps) {
-    const Throughput rate = throughput(model, data);
     progress.emplace(std::cerr, train::stderr_is_terminal(),
-                     train::ProgressOptions()
+                     rate_options(args, model, data)
                          .total_steps(batches.total_steps())
                          .epochs(batches.epochs())
                          .first_step(trainer.first_step())
-                         .log_every_steps(args.log_every)
-                         .tokens_per_sample(rate.tokens_per_sample)
-                         .flops_per_sample(rate.flops_per_sample)
-                         .peak_flops(args.peak_tflops * 1e12));
+                         .log_every_steps(args.log_every));
   }
   bool stepped = false;
   trainer.on_step = [&](const train::StepReport& r) {
@@ -448,18 +437,15 @@ int train_with(const TrainArgs& args, Prepared& p, train::StepRunner& runner, in
     }
     std::printf("\n");
     const double samples_per_second = result.seconds > 0 ? result.samples / result.seconds : 0.0;
-    const Throughput rate = throughput(p.model, p.data);
+    const train::ProgressOptions costs = rate_options(args, p.model, p.data);
+    const train::TrainingRate rate = train::training_rate(samples_per_second, costs);
     std::string rates;
-    if (rate.tokens_per_sample > 0) {
-      rates += ", " +
-               std::to_string(
-                   std::llround(samples_per_second * static_cast<double>(rate.tokens_per_sample))) +
-               " tokens/s";
+    if (costs.tokens_per_sample() > 0) {
+      rates += ", " + std::to_string(std::llround(rate.tokens_per_second)) + " tokens/s";
     }
-    if (rate.flops_per_sample > 0 && args.peak_tflops > 0) {
+    if (rate.mfu > 0) {
       char mfu[48];
-      std::snprintf(mfu, sizeof mfu, ", MFU %.1f%%",
-                    100.0 * samples_per_second * rate.flops_per_sample / (args.peak_tflops * 1e12));
+      std::snprintf(mfu, sizeof mfu, ", MFU %.1f%%", 100.0 * rate.mfu);
       rates += mfu;
     }
     std::printf("done: %lld steps in %.3f s (%.1f steps/s, %.1f samples/s%s), loss %.6f -> %.6f\n",

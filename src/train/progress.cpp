@@ -48,6 +48,15 @@ ProgressReporter::ProgressReporter(std::ostream& out, bool is_terminal, Progress
   step_ = last_logged_step_ = options_.first_step();
 }
 
+TrainingRate training_rate(double samples_per_second, const ProgressOptions& options) {
+  TrainingRate rate;
+  rate.tokens_per_second = samples_per_second * static_cast<double>(options.tokens_per_sample());
+  if (options.flops_per_sample() > 0 && options.peak_flops() > 0) {
+    rate.mfu = samples_per_second * options.flops_per_sample() / options.peak_flops();
+  }
+  return rate;
+}
+
 double ProgressReporter::samples_per_second() const {
   double elapsed = clock_() - start_;
   return elapsed > 0 ? static_cast<double>(samples_) / elapsed : 0.0;
@@ -62,14 +71,13 @@ std::string ProgressReporter::status(bool terminal) const {
   // Tokens per second and MFU after the sample rate, where known.
   std::string rates;
   const double per_second = samples_per_second();
+  const TrainingRate rate = training_rate(per_second, options_);
   if (options_.tokens_per_sample() > 0) {
-    rates += " tokens/s " + std::to_string(std::llround(
-                                per_second * static_cast<double>(options_.tokens_per_sample())));
+    rates += " tokens/s " + std::to_string(std::llround(rate.tokens_per_second));
   }
-  if (options_.flops_per_sample() > 0 && options_.peak_flops() > 0) {
+  if (rate.mfu > 0) {
     char mfu[32];
-    std::snprintf(mfu, sizeof mfu, " MFU %.1f%%",
-                  100.0 * per_second * options_.flops_per_sample() / options_.peak_flops());
+    std::snprintf(mfu, sizeof mfu, " MFU %.1f%%", 100.0 * rate.mfu);
     rates += mfu;
   }
   char numbers[200];

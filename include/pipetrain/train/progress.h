@@ -51,6 +51,15 @@ struct ProgressOptions {
   TORCH_ARG(double, peak_flops) = 0;
 };
 
+// Tokens per second, and MFU (a fraction; 0 where unknown), of `samples_per_second` samples under
+// `options`' tokens_per_sample, flops_per_sample and peak_flops: what the status line shows, and
+// what a caller printing its own summary should show.
+struct TrainingRate {
+  double tokens_per_second = 0;
+  double mfu = 0;
+};
+TrainingRate training_rate(double samples_per_second, const ProgressOptions& options);
+
 // Seconds on a monotonic clock.
 using SecondsClock = std::function<double()>;
 SecondsClock steady_clock_seconds();
