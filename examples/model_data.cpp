@@ -11,6 +11,7 @@
 #include "fashion_mnist.h"
 #include "model_registry.h"
 #include "pipetrain/base/message_of.h"
+#include "pipetrain/data/packing.h"
 #include "pipetrain/io/indexed_dataset.h"
 #include "pipetrain/runtime/tensor_io.h"
 #include "pipetrain/stage/device.h"
@@ -90,6 +91,13 @@ void check_hf_spec(const ModelDataSpec& args) {
                      args.model + " is not a directory");
   }
   const bool indexed = args.data == "indexed";
+  if (!indexed && (!args.loss_mask_path.empty() || args.cross_document_attention ||
+                   args.group_by_length || args.packing != "split" || args.pad_multiple != 0)) {
+    throw UsageError(
+        "--pack, --loss-mask-path, --cross-document-attention, --pad-multiple and "
+        "--group-by-length lay out documents: they need --data indexed (got --data " +
+        args.data + ")");
+  }
   if (hf && args.data != "tokens" && !indexed) {
     throw UsageError("--model " + args.model + " is a Hugging Face language model: train it on " +
                      "--data tokens --token-file PATH --seq-len T or --data indexed --data-path "
@@ -117,7 +125,18 @@ void check_hf_spec(const ModelDataSpec& args) {
   }
   if (indexed) {
     parse_data_path(args.data_path);  // the shape of a blend, before any file is read
-    return;                           // the dataset's index says its ids' width
+    as_usage_error("--pack", [&] { return data::parse_packing(args.packing); });
+    if (args.group_by_length && args.packing != "none") {
+      throw UsageError(
+          "--group-by-length orders rows of one document by length: it needs --pack "
+          "none (got --pack " +
+          args.packing + ")");
+    }
+    if (args.pad_multiple < 0) {
+      throw UsageError("--pad-multiple must be >= 0 (0: automatic), got " +
+                       std::to_string(args.pad_multiple));
+    }
+    return;  // the dataset's index says its ids' width
   }
   if (args.token_bytes != 2 && args.token_bytes != 4) {
     throw UsageError("--token-bytes must be 2 (uint16 ids) or 4 (uint32), got " +
@@ -228,12 +247,9 @@ std::vector<std::pair<double, std::string>> parse_data_path(const std::vector<st
 
 SampleCost sample_cost(const BuiltModel& model, const BuiltData& data) {
   SampleCost cost;
-  if (data.tokens && data.seq_len > 0) {
-    cost.tokens = data.seq_len;
-    if (model.llama) {
-      cost.flops =
-          model.llama->training_flops_per_token(data.seq_len) * static_cast<double>(data.seq_len);
-    }
+  if (data.tokens && data.seq_len > 0) cost.tokens = data.seq_len;
+  if (model.llama && data.seq_len > 0) {
+    cost.flops_per_token = model.llama->training_flops_per_token(data.seq_len);
   }
   return cost;
 }
@@ -278,31 +294,20 @@ BuiltData build_data(const ModelDataSpec& args) {
       data.test_targets = test.targets;
       data.classification = true;
     } else if (args.data == "indexed") {
-      // Each dataset's documents' ids in order are its .bin, when the sequences lie there back to
-      // back (as Megatron's preprocessing writes them): read as a token file.
-      for (const auto& [weight, prefix] : parse_data_path(args.data_path)) {
-        const io::IndexedDataset dataset =
-            as_usage_error("--data-path", [&] { return io::IndexedDataset(prefix); });
-        if (!dataset.contiguous()) {
-          throw UsageError("--data-path " + prefix + ": the sequences of " + prefix +
-                           ".idx do not lie back to back in its .bin, in order; pipetrain reads "
-                           "a dataset as its documents' ids in order (rewrite it with "
-                           "Megatron's or pipetrain's writer)");
-        }
-        data.documents += dataset.documents();
-        auto file = as_usage_error("--data-path", [&] {
-          return std::make_shared<const io::TokenFile>(dataset.bin_path(), dataset.element_bytes());
-        });
-        if ((file->tokens() - 1) / args.seq_len < 1) {
-          throw UsageError("--data-path " + prefix + " holds " + std::to_string(file->tokens()) +
-                           " ids, fewer than one sample of --seq-len " +
-                           std::to_string(args.seq_len) + " needs (" +
-                           std::to_string(args.seq_len + 1) + ")");
-        }
-        data.blend.push_back({weight, file});
+      const auto parts = parse_data_path(args.data_path);
+      if (!args.loss_mask_path.empty() && args.loss_mask_path.size() != parts.size()) {
+        throw UsageError("--loss-mask-path takes one PREFIX per dataset of --data-path (" +
+                         std::to_string(parts.size()) + "), got " +
+                         std::to_string(args.loss_mask_path.size()));
       }
-      data.tokens = data.blend.front().file;
-      if (data.blend.size() == 1) data.blend.clear();
+      for (size_t d = 0; d < parts.size(); ++d) {
+        const std::string mask = args.loss_mask_path.empty() ? "" : args.loss_mask_path[d];
+        auto dataset = as_usage_error(
+            mask.empty() ? "--data-path" : "--data-path/--loss-mask-path",
+            [&] { return std::make_shared<const data::DocumentDataset>(parts[d].second, mask); });
+        data.documents += dataset->documents();
+        data.document_sources.push_back({parts[d].first, std::move(dataset)});
+      }
       data.seq_len = args.seq_len;
     } else if (args.data == "tokens") {
       data.tokens = as_usage_error("--token-file", [&] {
@@ -443,10 +448,13 @@ BuiltModel build_model(const ModelDataSpec& args, const BuiltData& data,
 
 void check_data_against_model(const BuiltModel& model, const BuiltData& data) {
   if (data.tokens) {
-    const std::string flag = data.documents > 0 ? "--data-path" : "--token-file";
-    as_usage_error(flag, [&] { data.tokens->check_vocabulary(model.llama->vocab_size); });
-    for (const train::BlendPart& part : data.blend) {
-      as_usage_error(flag, [&] { part.file->check_vocabulary(model.llama->vocab_size); });
+    as_usage_error("--token-file", [&] { data.tokens->check_vocabulary(model.llama->vocab_size); });
+    return;
+  }
+  if (!data.document_sources.empty()) {
+    for (const train::DocumentSource& source : data.document_sources) {
+      as_usage_error("--data-path",
+                     [&] { source.dataset->check_vocabulary(model.llama->vocab_size); });
     }
     return;
   }
@@ -526,11 +534,25 @@ void check_data_against_model(const BuiltModel& model, const BuiltData& data) {
   }
 }
 
+train::DocumentBatchOptions document_batch_options(const ModelDataSpec& spec,
+                                                   const BuiltModel& model, const BuiltData& data,
+                                                   int64_t batch_size) {
+  train::DocumentBatchOptions options(data.seq_len, batch_size);
+  options.packing(as_usage_error("--pack", [&] { return data::parse_packing(spec.packing); }))
+      .shuffle(spec.shuffle)
+      .seed(spec.seed)
+      .by_document(!spec.cross_document_attention)
+      .pad_multiple(std::max<int64_t>(1, spec.pad_multiple))
+      .group_by_length(spec.group_by_length);
+  if (model.llama && model.llama->pad_token_id >= 0) options.pad_id(model.llama->pad_token_id);
+  return options;
+}
+
 std::unique_ptr<train::BatchSource> make_batches(const ModelDataSpec& spec, const BuiltModel& model,
                                                  const BuiltData& data, int64_t batch_size) {
-  if (!data.blend.empty()) {
-    return std::make_unique<train::BlendedTokenBatches>(data.blend, data.seq_len, batch_size,
-                                                        spec.shuffle, spec.seed);
+  if (!data.document_sources.empty()) {
+    return std::make_unique<train::DocumentBatches>(
+        data.document_sources, document_batch_options(spec, model, data, batch_size));
   }
   if (data.tokens) {
     return std::make_unique<train::TokenBatches>(data.tokens, data.seq_len, batch_size,
@@ -589,15 +611,17 @@ InferenceModel::InferenceModel(const ModelDataSpec& spec, const BuiltData& data,
   });
 }
 
-torch::Tensor InferenceModel::forward(const torch::Tensor& inputs) {
+torch::Tensor InferenceModel::forward(const torch::Tensor& inputs,
+                                      std::shared_ptr<const data::SequenceLayout> layout) {
   torch::NoGradGuard no_grad;
-  const torch::Tensor outputs =
-      pipe_ ? (*pipe_)->forward(inputs) : model.sequential->forward(inputs.to(device_));
-  return outputs.to(torch::kCPU);
+  if (pipe_) return (*pipe_)->forward(inputs, std::move(layout)).to(torch::kCPU);
+  const data::LayoutScope scope(layout.get());
+  return model.sequential->forward(inputs.to(device_)).to(torch::kCPU);
 }
 
 std::optional<Evaluation> evaluate(const BuiltModel& model, const BuiltData& data, int64_t batch) {
-  if (data.tokens) return std::nullopt;  // evaluated by the library's evaluate_tokens
+  // Evaluated by the library's evaluate_tokens and evaluate_documents.
+  if (data.tokens || !data.document_sources.empty()) return std::nullopt;
   if (data.corpus) {
     const TokenWindows windows = data.corpus->sample_windows(
         kTextEvalWindows, model.options.value("context", int64_t{64}), kTextEvalSeed, 0);

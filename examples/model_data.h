@@ -12,7 +12,7 @@
 //                                saved from Python (inputs/targets paths, no test split), or a
 //                                token file (io/token_file.h) for a Hugging Face model, or a
 //                                Megatron indexed dataset of documents (io/indexed_dataset.h),
-//                                read as their ids in order, cut into samples as a token file is
+//                                packed into rows (train/document_batches.h)
 //
 // Every problem with the input (unknown name, missing or corrupt file, a model that does not fit
 // the data, labels out of range) is thrown as pipetrain::BadInput naming the flag.
@@ -35,7 +35,7 @@
 #include "pipetrain/models/llama.h"
 #include "pipetrain/runtime/pipe.h"
 #include "pipetrain/train/batch_source.h"
-#include "pipetrain/train/blended_batches.h"
+#include "pipetrain/train/document_batches.h"
 #include "pipetrain/train/evaluate.h"
 #include "text_corpus.h"
 
@@ -60,7 +60,16 @@ struct ModelDataSpec {
   std::vector<std::string> data_path;
   int64_t seq_len = 0;   // tokens per sample (--seq-len)
   int token_bytes = 2;   // 2 (uint16 ids) or 4 (uint32)
-  bool shuffle = false;  // token samples in a seeded order per epoch
+  bool shuffle = false;  // token samples (indexed: documents or rows) in a seeded order per epoch
+  // --data indexed (train/document_batches.h): how documents fill rows (split, whole, none), the
+  // loss masks (one PREFIX per dataset of --data-path, in order), attention across documents,
+  // the rows' widths rounded up to a multiple (0: the tensor-parallel size with sequence
+  // parallelism, else 1), and --pack none's rows grouped by length.
+  std::string packing = "split";
+  std::vector<std::string> loss_mask_path;
+  bool cross_document_attention = false;
+  int64_t pad_multiple = 0;
+  bool group_by_length = false;
 };
 
 // "fashion-mnist", "text", "synthetic", "tensors", "tokens", "indexed".
@@ -90,11 +99,11 @@ struct BuiltData {
   torch::Tensor test_inputs, test_targets;      // empty when there is no test split
   std::optional<CharCorpus> corpus;             // --data text
   int64_t context = 0;                          // text: tokens per window
-  std::shared_ptr<const io::TokenFile> tokens;  // --data tokens; indexed: its .bin
+  std::shared_ptr<const io::TokenFile> tokens;  // --data tokens
   int64_t documents = 0;                        // --data indexed: documents in the dataset(s)
-  // --data indexed with a blend: each dataset's weight and .bin (`tokens` is then the first's).
-  std::vector<train::BlendPart> blend;
-  int64_t seq_len = 0;          // tokens: ids per sample
+  // --data indexed: each dataset (with its loss mask) and its weight in the blend.
+  std::vector<train::DocumentSource> document_sources;
+  int64_t seq_len = 0;          // tokens, indexed: ids per sample (the longest row)
   bool classification = false;  // accuracy makes sense
 };
 
@@ -119,12 +128,13 @@ bool is_hf_model(const std::string& model);
 // The config of the Hugging Face model `spec` names (its config.json), read and checked; throws
 // pipetrain::BadInput naming --model.
 models::LlamaConfig hf_config(const ModelDataSpec& spec);
-// What one training sample of `data` is worth: its tokens (token data) and, for a Hugging Face
-// model, its model FLOPs (LlamaConfig::training_flops_per_token); 0 where unknown. For the
+// What one training sample of `data` is worth: its tokens (token data; documents count their own
+// per step) and, for a Hugging Face model, the model FLOPs of a token
+// (LlamaConfig::training_flops_per_token at the sequence length); 0 where unknown. For the
 // progress line's tokens/s and MFU (train/progress.h).
 struct SampleCost {
   int64_t tokens = 0;
-  double flops = 0;
+  double flops_per_token = 0;
 };
 SampleCost sample_cost(const BuiltModel& model, const BuiltData& data);
 // Names, combinations and ranges; throws pipetrain::BadInput naming the flag.
@@ -167,6 +177,11 @@ std::optional<Evaluation> evaluate(const BuiltModel& model, const BuiltData& dat
 // The data's mini-batches of `batch_size` rows as a Trainer's batch source, each a pure function
 // of the step: token samples in order (or shuffled per epoch), text windows drawn from (seed,
 // step), tensor rows in order, data-set rows shuffled per epoch by the seeded loader.
+// --data indexed: the options of its DocumentBatches (the spec's packing, shuffle, attention,
+// padding; the model's pad id). Throws pipetrain::BadInput naming --pack.
+train::DocumentBatchOptions document_batch_options(const ModelDataSpec& spec,
+                                                   const BuiltModel& model, const BuiltData& data,
+                                                   int64_t batch_size);
 std::unique_ptr<train::BatchSource> make_batches(const ModelDataSpec& spec, const BuiltModel& model,
                                                  const BuiltData& data, int64_t batch_size);
 
@@ -191,8 +206,10 @@ class InferenceModel {
  public:
   InferenceModel(const ModelDataSpec& spec, const BuiltData& data, const InferenceSpec& inference);
   // Model inputs (a Hugging Face model: int64 ids [B, T]) -> outputs (logits [B, T, V]) on the
-  // CPU, without gradients.
-  torch::Tensor forward(const torch::Tensor& inputs);
+  // CPU, without gradients; with a layout, the token rows laid out by it
+  // (data/sequence_layout.h).
+  torch::Tensor forward(const torch::Tensor& inputs,
+                        std::shared_ptr<const data::SequenceLayout> layout = nullptr);
 
   BuiltModel model;
 

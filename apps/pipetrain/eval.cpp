@@ -19,6 +19,7 @@
 #include "hf.h"
 #include "pipetrain/base/atomic_file.h"
 #include "pipetrain/train/checkpoint.h"
+#include "pipetrain/train/document_batches.h"
 #include "pipetrain/train/token_batches.h"
 #include "train_setup.h"
 
@@ -34,28 +35,42 @@ struct EvalArgs {
   bool data_given = false;
 };
 
-// A Hugging Face model's mean loss per target id over every sample of the token file.
+// A Hugging Face model's mean loss per target id over every sample of the token file, or over
+// every counted target of an indexed dataset's rows.
 int run_eval_tokens(EvalArgs& args) {
   if (args.batch_size < 1) throw UsageError("--batch-size must be at least 1");
   check_model_data_args(args.data);
   const BuiltData data = build_data(args.data);
-  if (!data.blend.empty()) {
+  if (data.document_sources.size() > 1) {
     throw UsageError("eval reads one dataset: give --data-path one PREFIX (got a blend of " +
-                     std::to_string(data.blend.size()) + ")");
+                     std::to_string(data.document_sources.size()) + ")");
   }
   InferenceModel model(args.data, data, args.inference);
   check_data_against_model(model.model, data);
+  const std::string weights =
+      args.inference.checkpoint.empty() ? "" : " (weights of " + args.inference.checkpoint + ")";
+  if (!data.document_sources.empty()) {
+    examples::ModelDataSpec spec = args.data;
+    spec.shuffle = false;  // every row once, in stored order
+    const train::DocumentBatches rows(
+        data.document_sources,
+        examples::document_batch_options(spec, model.model, data, args.batch_size));
+    const train::DocumentEvaluation e = train::evaluate_documents(
+        [&](const data::Batch& batch) { return model.forward(batch.inputs[0], batch.layout); },
+        rows, args.batch_size);
+    std::printf("model %s%s, data %s (%lld documents, --pack %s)\n", args.data.model.c_str(),
+                weights.c_str(), args.data.data_path.front().c_str(),
+                static_cast<long long>(data.documents), args.data.packing.c_str());
+    std::printf("eval loss %.6f nats, perplexity %.4f (%lld rows, %lld counted targets)\n", e.loss,
+                e.perplexity, static_cast<long long>(e.rows),
+                static_cast<long long>(e.counted_targets));
+    return 0;
+  }
   const train::TokenEvaluation e =
       train::evaluate_tokens([&](const torch::Tensor& x) { return model.forward(x); }, *data.tokens,
                              data.seq_len, args.batch_size);
-  std::printf("model %s%s, data %s\n", args.data.model.c_str(),
-              args.inference.checkpoint.empty()
-                  ? ""
-                  : (" (weights of " + args.inference.checkpoint + ")").c_str(),
-              data.documents > 0 ? (args.data.data_path.front() + " (" +
-                                    std::to_string(data.documents) + " documents)")
-                                       .c_str()
-                                 : args.data.token_file.c_str());
+  std::printf("model %s%s, data %s\n", args.data.model.c_str(), weights.c_str(),
+              args.data.token_file.c_str());
   std::printf("eval loss %.6f nats, perplexity %.4f (%lld samples, %lld tokens)\n", e.loss,
               e.perplexity, static_cast<long long>(e.samples), static_cast<long long>(e.tokens));
   return 0;

@@ -81,12 +81,21 @@ using tune::AutoRequest;
 
 // ---- batches ------------------------------------------------------------------------------------
 
+// The data flags with --pad-multiple 0 resolved: sequence parallelism cuts every row into --tp
+// parts.
+examples::ModelDataSpec with_pad_multiple(const TrainArgs& args) {
+  examples::ModelDataSpec spec = args.data;
+  if (spec.pad_multiple == 0) spec.pad_multiple = args.sequence_parallel ? args.pipeline.tp : 1;
+  return spec;
+}
+
 // The data set's batch source (train/batch_source.h; the examples' loader and corpus), and the
 // run's length.
 class Batches {
  public:
   Batches(const TrainArgs& args, const BuiltModel& model, const BuiltData& data)
-      : args_(args), source_(examples::make_batches(args.data, model, data, args.batch_size)) {}
+      : args_(args),
+        source_(examples::make_batches(with_pad_multiple(args), model, data, args.batch_size)) {}
 
   const train::BatchSource& source() const { return *source_; }
   // Steps of the whole run.
@@ -136,7 +145,7 @@ train::ProgressOptions rate_options(const TrainArgs& args, const BuiltModel& mod
   const examples::SampleCost cost = examples::sample_cost(model, data);
   return train::ProgressOptions()
       .tokens_per_sample(cost.tokens)
-      .flops_per_sample(cost.flops)
+      .flops_per_token(cost.flops_per_token)
       .peak_flops(args.peak_tflops * 1e12);
 }
 
@@ -167,7 +176,7 @@ train::TrainSummary run_loop(const TrainArgs& args, BuiltModel& model, const Bui
     if (!r.process_peak_bytes.empty()) {
       progress->set_note(train::peak_memory_text(r.process_peak_bytes, predicted_memory));
     }
-    progress->update(r.step + 1, r.epoch, r.samples, r.loss);
+    progress->update(r.step + 1, r.epoch, r.samples, r.loss, r.tokens, r.counted_targets);
   };
   trainer.on_epoch_end = [&](int64_t epoch) {
     if (progress && stepped) progress->finish();
@@ -219,7 +228,7 @@ AutoPlanInput auto_plan_input(const TrainArgs& args, const RunLayout& layout, in
 // What one replica's pipeline runs per step: the first mini-batch, or replica 0's share of it.
 torch::Tensor auto_plan_sample(const TrainArgs& args, const RunLayout& layout, const Prepared& p) {
   Batches batches(args, p.model, p.data);
-  torch::Tensor x = batches.source().at(0).first;
+  torch::Tensor x = batches.source().largest().first;
   if (layout.replicas > 1) x = x.narrow(0, 0, microbatch_sizes(x.size(0), layout.replicas)[0]);
   return x;
 }
@@ -285,8 +294,8 @@ Prepared prepare(TrainArgs& args, const RunLayout& layout, const PlanSource& pla
 }
 
 int64_t token_ids(const BuiltData& data) {
-  int64_t ids = data.blend.empty() ? data.tokens->tokens() : 0;
-  for (const train::BlendPart& part : data.blend) ids += part.file->tokens();
+  int64_t ids = data.tokens ? data.tokens->tokens() : 0;
+  for (const train::DocumentSource& source : data.document_sources) ids += source.dataset->tokens();
   return ids;
 }
 
@@ -297,8 +306,9 @@ void print_start(const TrainArgs& args, const Prepared& p, train::StepRunner& ru
       : p.data.documents > 0
           ? std::to_string(p.data.documents) + " documents, " + std::to_string(token_ids(p.data)) +
                 " token ids" +
-                (p.data.blend.empty() ? ""
-                                      : " in a blend of " + std::to_string(p.data.blend.size()))
+                (p.data.document_sources.size() < 2
+                     ? ""
+                     : " in a blend of " + std::to_string(p.data.document_sources.size()))
       : p.data.tokens ? std::to_string(p.data.tokens->tokens()) + " token ids"
                       : std::to_string(p.data.train_inputs.size(0)) + " rows";
   std::printf(
@@ -381,7 +391,7 @@ void print_memory_report(const TrainArgs& args, Prepared& p, const Batches& batc
                          const train::TrainSummary& summary, const PipeOptions& pipe,
                          const RunLayout& layout) {
   if (summary.memory.empty()) return;
-  auto [inputs, targets] = batches.source().at(0);
+  auto [inputs, targets] = batches.source().largest();
   train::MemoryRunOptions run = memory_run_options(args, layout);
   examples::BuiltModel mirrored;
   const examples::BuiltModel* profiled = &p.model;
@@ -436,12 +446,16 @@ int train_with(const TrainArgs& args, Prepared& p, train::StepRunner& runner, in
       std::printf(" %s", partition::format_bytes(peak).c_str());
     }
     std::printf("\n");
-    const double samples_per_second = result.seconds > 0 ? result.samples / result.seconds : 0.0;
     const train::ProgressOptions costs = rate_options(args, p.model, p.data);
-    const train::TrainingRate rate = train::training_rate(samples_per_second, costs);
+    const train::TrainingRate rate = train::training_rate(
+        {result.seconds, result.samples, result.tokens, result.counted_targets}, costs);
+    const double samples_per_second = rate.samples_per_second;
     std::string rates;
-    if (costs.tokens_per_sample() > 0) {
+    if (costs.tokens_per_sample() > 0 || result.tokens > 0) {
       rates += ", " + std::to_string(std::llround(rate.tokens_per_second)) + " tokens/s";
+    }
+    if (result.counted_targets > 0) {
+      rates += ", " + std::to_string(std::llround(rate.targets_per_second)) + " targets/s";
     }
     if (rate.mfu > 0) {
       char mfu[48];
@@ -502,7 +516,7 @@ void check_memory(const TrainArgs& args, const RunLayout& layout, Prepared& p) {
     input.loss = p.model.loss;
   }
   Batches batches(args, p.model, p.data);
-  std::tie(input.inputs, input.targets) = batches.source().at(0);
+  std::tie(input.inputs, input.targets) = batches.source().largest();
   const int64_t layers = static_cast<int64_t>(p.model.sequential->size());
   input.pipe = pipe_options(args.pipeline, layout, layers);
   input.run = memory_run_options(args, layout);

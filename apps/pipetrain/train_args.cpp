@@ -370,6 +370,14 @@ void check_tensor_parallel(const TrainArgs& args) {
         "more");
   }
   if (args.pipeline.tp <= 1) return;
+  if (args.sequence_parallel && args.data.pad_multiple > 0 &&
+      args.data.pad_multiple % args.pipeline.tp != 0) {
+    fail("--sequence-parallel with --tp " + std::to_string(args.pipeline.tp) +
+         " cuts each row into " + std::to_string(args.pipeline.tp) +
+         " parts: give a --pad-multiple divisible by it (got " +
+         std::to_string(args.data.pad_multiple) + "), or 0 for " +
+         std::to_string(args.pipeline.tp));
+  }
   if (args.sequence_parallel && args.data.seq_len % args.pipeline.tp != 0) {
     fail("--sequence-parallel with --tp " + std::to_string(args.pipeline.tp) +
          " cuts each sample's --seq-len " + std::to_string(args.data.seq_len) + " ids into " +

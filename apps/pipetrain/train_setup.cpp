@@ -47,14 +47,36 @@ void add_model_data_flags(CLI::App& command, ModelDataArgs& args) {
                      "--data tokens: a flat file of little-endian token ids (docs/MODELS.md)");
   command.add_option("--data-path", args.data_path,
                      "--data indexed: PREFIX of a Megatron indexed dataset (PREFIX.idx and "
-                     "PREFIX.bin, as Megatron-LM's preprocessing writes them), its documents' "
-                     "ids read in order; or a blend W1 PREFIX1 W2 PREFIX2 ..., samples drawn by "
-                     "weight as Megatron's blend draws them (docs/MODELS.md)");
+                     "PREFIX.bin, as Megatron-LM's preprocessing and scripts/prepare-data write "
+                     "them); or a blend W1 PREFIX1 W2 PREFIX2 ..., rows drawn by weight as "
+                     "Megatron's blend draws them (docs/DATA.md)");
+  command
+      .add_option("--pack", args.packing,
+                  "--data indexed: how documents fill rows of --seq-len: split (laid end to end, "
+                  "cut every T ids), whole (each whole into one row, best fit), none (one per "
+                  "row, each micro-batch padded to its own longest)")
+      ->capture_default_str();
+  command.add_option("--loss-mask-path", args.loss_mask_path,
+                     "--data indexed: the loss mask of each --data-path dataset (PREFIX_loss_mask "
+                     "from scripts/prepare-data): only tokens marked 1 are learned");
+  command.add_flag("--cross-document-attention", args.cross_document_attention,
+                   "--data indexed: tokens attend to every earlier token of their row, and RoPE "
+                   "counts along the row (default: only within their own document, positions "
+                   "restarting at each)");
+  command
+      .add_option("--pad-multiple", args.pad_multiple,
+                  "--data indexed: row widths rounded up to a multiple of this (0: the --tp size "
+                  "with --sequence-parallel, else 1)")
+      ->capture_default_str();
+  command.add_flag("--group-by-length", args.group_by_length,
+                   "--pack none: rows ordered longest first within windows of 50 mini-batches, "
+                   "so a micro-batch pads little");
   command.add_option("--seq-len", args.seq_len, "--data tokens or indexed: ids per sample T");
   command.add_option("--token-bytes", args.token_bytes, "bytes per id: 2 (uint16) or 4 (uint32)")
       ->capture_default_str();
   command.add_flag("--shuffle", args.shuffle,
-                   "--data tokens or indexed: samples in a seeded order per epoch");
+                   "--data tokens: samples in a seeded order per epoch; indexed: documents "
+                   "(--pack split) or rows (whole, none)");
 }
 
 }  // namespace pipetrain::cli

@@ -1,6 +1,7 @@
 // Megatron's indexed datasets (io/indexed_dataset.h).
 #include "pipetrain/io/indexed_dataset.h"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <string_view>
@@ -81,9 +82,11 @@ IndexedIndex parse_indexed_index(const char* data, std::uint64_t size, const std
     throw BadInput(where + ": dtype code " + std::to_string(code) +
                    " is not one of Megatron's (1-8)");
   }
-  if (index.dtype != IndexedDtype::kUint16 && index.dtype != IndexedDtype::kInt32) {
+  if (index.dtype != IndexedDtype::kUint16 && index.dtype != IndexedDtype::kInt32 &&
+      index.dtype != IndexedDtype::kUint8) {
     throw BadInput(where + ": ids of dtype " + to_string(index.dtype) +
-                   "; pipetrain reads uint16 (code 8) and int32 (code 4) token ids");
+                   "; pipetrain reads uint16 (code 8) and int32 (code 4) token ids and uint8 "
+                   "(code 1) loss masks");
   }
   const auto sequences = load_little_endian<std::uint64_t>(data + 18);
   const auto indices = load_little_endian<std::uint64_t>(data + 26);
@@ -167,16 +170,68 @@ std::int64_t IndexedDataset::document_length(std::int64_t d) const {
   return length;
 }
 
+std::int64_t IndexedDataset::element(const char* at) const {
+  switch (index_.element_bytes) {
+    case 1:
+      return static_cast<std::uint8_t>(*at);
+    case 2:
+      return load_little_endian<std::uint16_t>(at);
+    default:
+      return load_little_endian<std::int32_t>(at);
+  }
+}
+
 void IndexedDataset::append_document(std::int64_t d, std::vector<std::int64_t>& ids) const {
+  const std::int64_t length = document_length(d);
+  const std::size_t before = ids.size();
+  ids.resize(before + static_cast<std::size_t>(length));
+  read_document(d, 0, length, ids.data() + before);
+}
+
+void IndexedDataset::read_document(std::int64_t d, std::int64_t offset, std::int64_t count,
+                                   std::int64_t* out) const {
   check_document(d);
+  const std::int64_t length = document_length(d);
+  if (offset < 0 || count < 0 || offset + count > length) {
+    throw BadInput("indexed dataset '" + prefix_ + "': ids " + std::to_string(offset) + ".." +
+                   std::to_string(offset + count - 1) + " of document " + std::to_string(d) +
+                   ", which holds " + std::to_string(length));
+  }
+  const auto bytes = static_cast<std::int64_t>(index_.element_bytes);
+  std::int64_t skip = offset;
   for (std::int64_t s = index_.document_indices[static_cast<std::size_t>(d)];
-       s < index_.document_indices[static_cast<std::size_t>(d) + 1]; ++s) {
+       count > 0 && s < index_.document_indices[static_cast<std::size_t>(d) + 1]; ++s) {
+    const std::int64_t in_sequence = index_.sequence_lengths[static_cast<std::size_t>(s)];
+    if (skip >= in_sequence) {
+      skip -= in_sequence;
+      continue;
+    }
     const char* at = bin_.data() + index_.sequence_pointers[static_cast<std::size_t>(s)];
-    const std::int32_t length = index_.sequence_lengths[static_cast<std::size_t>(s)];
-    for (std::int32_t i = 0; i < length; ++i) {
-      ids.push_back(index_.element_bytes == 2
-                        ? static_cast<std::int64_t>(load_little_endian<std::uint16_t>(at + 2 * i))
-                        : static_cast<std::int64_t>(load_little_endian<std::int32_t>(at + 4 * i)));
+    const std::int64_t take = std::min(in_sequence - skip, count);
+    for (std::int64_t i = 0; i < take; ++i) *out++ = element(at + (skip + i) * bytes);
+    count -= take;
+    skip = 0;
+  }
+}
+
+void IndexedDataset::check_vocabulary(std::int64_t vocab_size) const {
+  for (std::int64_t d = 0; d < documents(); ++d) {
+    std::int64_t offset = 0;
+    for (std::int64_t s = index_.document_indices[static_cast<std::size_t>(d)];
+         s < index_.document_indices[static_cast<std::size_t>(d) + 1]; ++s) {
+      const char* at = bin_.data() + index_.sequence_pointers[static_cast<std::size_t>(s)];
+      const std::int64_t length = index_.sequence_lengths[static_cast<std::size_t>(s)];
+      for (std::int64_t i = 0; i < length; ++i) {
+        const std::int64_t id = element(at + i * index_.element_bytes);
+        if (id < 0 || id >= vocab_size) {
+          throw BadInput("indexed dataset '" + prefix_ + "': document " + std::to_string(d) +
+                         " has id " + std::to_string(id) + " at offset " +
+                         std::to_string(offset + i) + ", outside the model's vocabulary of " +
+                         std::to_string(vocab_size) + " (ids 0.." + std::to_string(vocab_size - 1) +
+                         "); was it tokenized with this model's tokenizer?");
+        }
+      }
+      offset += length;
     }
   }
 }
@@ -184,13 +239,15 @@ void IndexedDataset::append_document(std::int64_t d, std::vector<std::int64_t>& 
 void write_indexed_dataset(const std::string& prefix,
                            const std::vector<std::vector<std::int64_t>>& documents,
                            IndexedDtype dtype) {
-  if (dtype != IndexedDtype::kUint16 && dtype != IndexedDtype::kInt32) {
+  if (dtype != IndexedDtype::kUint16 && dtype != IndexedDtype::kInt32 &&
+      dtype != IndexedDtype::kUint8) {
     throw BadInput("indexed dataset '" + prefix + "': ids of dtype " + to_string(dtype) +
-                   "; write uint16 or int32");
+                   "; write uint8, uint16 or int32");
   }
-  const std::int64_t limit = dtype == IndexedDtype::kUint16
-                                 ? std::int64_t{std::numeric_limits<std::uint16_t>::max()}
-                                 : std::int64_t{std::numeric_limits<std::int32_t>::max()};
+  const std::int64_t limit =
+      dtype == IndexedDtype::kUint8    ? std::int64_t{std::numeric_limits<std::uint8_t>::max()}
+      : dtype == IndexedDtype::kUint16 ? std::int64_t{std::numeric_limits<std::uint16_t>::max()}
+                                       : std::int64_t{std::numeric_limits<std::int32_t>::max()};
   std::string bin, index;
   std::vector<std::int64_t> pointers;
   for (std::size_t d = 0; d < documents.size(); ++d) {
@@ -200,7 +257,9 @@ void write_indexed_dataset(const std::string& prefix,
         throw BadInput("indexed dataset '" + prefix + "': document " + std::to_string(d) +
                        " has id " + std::to_string(id) + ", outside " + to_string(dtype));
       }
-      if (dtype == IndexedDtype::kUint16) {
+      if (dtype == IndexedDtype::kUint8) {
+        append_little_endian(bin, static_cast<std::uint8_t>(id));
+      } else if (dtype == IndexedDtype::kUint16) {
         append_little_endian(bin, static_cast<std::uint16_t>(id));
       } else {
         append_little_endian(bin, static_cast<std::int32_t>(id));

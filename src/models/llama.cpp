@@ -12,6 +12,8 @@
 #include "pipetrain/base/check.h"
 #include "pipetrain/base/error.h"
 #include "pipetrain/base/shuffle.h"
+#include "pipetrain/data/sequence_layout.h"
+#include "pipetrain/models/document_attention.h"
 
 namespace pipetrain::models {
 namespace {
@@ -178,11 +180,26 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
   torch::Tensor k = qkv[1].view({b, t, kv_heads, d}).transpose(1, 2);
   torch::Tensor v = qkv[2].view({b, t, kv_heads, d}).transpose(1, 2);
   auto [cos, sin] = rope_->tables(t, x.device(), x.scalar_type());
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  // Packed documents (data/sequence_layout.h): positions restart at each document, and a token
+  // attends only within its own.
+  const data::SequenceLayout* layout = data::current_layout();
+  if (layout != nullptr && layout->by_document()) {
+    PIPETRAIN_CHECK_INPUT(layout->rows() == b && layout->width() == t, "Llama attention over [", b,
+                          ", ", t, "] tokens was given the layout of ", layout->describe());
+    cos = rotary_at_positions(cos, *layout);
+    sin = rotary_at_positions(sin, *layout);
+    q = q * cos + rotate_half(q) * sin;
+    k = k * cos + rotate_half(k) * sin;
+    torch::Tensor attended = document_causal_attention(q, k, v, *layout, scale);
+    return parallel::row_parallel_linear(attended.transpose(1, 2).reshape({b, t, heads * d}),
+                                         o_proj->weight, o_proj->bias, tp);
+  }
   q = q * cos + rotate_half(q) * sin;
   k = k * cos + rotate_half(k) * sin;
   torch::Tensor attended = at::scaled_dot_product_attention(
-      q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true,
-      /*scale=*/1.0 / std::sqrt(static_cast<double>(d)), /*enable_gqa=*/kv_heads != heads);
+      q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true, scale,
+      /*enable_gqa=*/kv_heads != heads);
   return parallel::row_parallel_linear(attended.transpose(1, 2).reshape({b, t, heads * d}),
                                        o_proj->weight, o_proj->bias, tp);
 }
@@ -534,9 +551,11 @@ torch::Tensor vocab_parallel_causal_lm_loss(const torch::Tensor& logits,
               "causal_lm_loss expects logits [B, T, V/tp] and targets [B, T], got ", logits.sizes(),
               " and ", targets.sizes());
   const int64_t width = logits.size(2);
-  return parallel::vocab_parallel_cross_entropy(logits.reshape({-1, width}), targets.reshape({-1}),
-                                                tp.rank() * width, tp)
-      .mean();
+  const torch::Tensor flat = targets.reshape({-1});
+  const torch::Tensor per_token = parallel::vocab_parallel_cross_entropy(
+      logits.reshape({-1, width}), flat, tp.rank() * width, tp);
+  const torch::Tensor counted = flat != kIgnoredTarget;
+  return (per_token * counted).sum() / counted.sum().clamp_min(1);
 }
 
 void check_llama_tensor_parallel(const LlamaConfig& c, int tp) {
@@ -615,8 +634,17 @@ torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& t
                   logits.size(1) == targets.size(1),
               "causal_lm_loss expects logits [B, T, V] and targets [B, T], got ", logits.sizes(),
               " and ", targets.sizes());
-  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(2)}),
-                                              targets.reshape({-1}));
+  const torch::Tensor flat = targets.reshape({-1});
+  const torch::Tensor summed =
+      torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(2)}), flat,
+                                           torch::nn::functional::CrossEntropyFuncOptions()
+                                               .reduction(torch::kSum)
+                                               .ignore_index(kIgnoredTarget));
+  return summed / counted_targets(flat).clamp_min(1);
+}
+
+torch::Tensor counted_targets(const torch::Tensor& targets) {
+  return (targets != kIgnoredTarget).sum();
 }
 
 }  // namespace pipetrain::models

@@ -12,6 +12,7 @@
 #include <set>
 
 #include "pipetrain/base/check.h"
+#include "pipetrain/data/batch.h"
 #include "pipetrain/runtime/gradient_reducer.h"
 #include "pipetrain/runtime/interpreter.h"
 #include "pipetrain/runtime/scoped_threads.h"
@@ -152,21 +153,31 @@ torch::Tensor DistributedPipe::train_step(const torch::Tensor& input, const torc
   PIPETRAIN_CHECK_INPUT(
       input.defined() && input.dim() >= 1 && target.defined() && target.size(0) == input.size(0),
       "train_step needs an input and a target with the same number of rows");
-  const int64_t rows = input.size(0);
-  // [1]
-  const torch::Tensor my_input = replica_share(input);
-  const torch::Tensor my_target = replica_share(target);
-  const std::vector<int64_t> sizes = microbatch_sizes(my_input.size(0), options_.chunks());
+  return train_step(data::Batch(input, target), loss_fn);
+}
+
+torch::Tensor DistributedPipe::train_step(const data::Batch& batch, const LossFn& loss_fn) {
+  data::check_batch(batch);
+  PIPETRAIN_CHECK_INPUT(batch.inputs.size() == 1,
+                        "DistributedPipe::train_step takes one input tensor, got ",
+                        batch.inputs.size());
+  // [1] Weights relative to the whole mini-batch: the replicas' gradients are summed.
+  const double total = batch.total_weight();
+  const auto [first, count] = replica_rows(batch.rows());
+  const data::Batch mine = data::rows_of(batch, first, count);
+  const std::vector<int64_t> sizes = microbatch_sizes(count, options_.chunks());
   const int m = static_cast<int>(sizes.size());
   const schedule::Schedule& s = schedule_for(m);
   last_ = &s;
 
   StepData data;
   data.num_microbatches = m;
-  data.inputs = split_microbatches({my_input.to(device_)}, sizes);
-  for (auto& part : split_microbatches({my_target}, sizes))
-    data.targets.push_back(part[0].to(device_));
-  for (int64_t size : sizes) data.loss_weights.push_back(static_cast<double>(size) / rows);
+  for (data::Microbatch& part : data::split_batch(mine, sizes)) {
+    data.inputs.push_back({part.inputs[0].to(device_)});
+    data.targets.push_back(part.target.to(device_));
+    data.loss_weights.push_back(total > 0 ? part.weight / total : 0.0);
+    data.layouts.push_back(std::move(part.layout));
+  }
   data.loss_fn = &loss_fn;
   data.training = true;
   data.checkpoint = options_.checkpoint();
@@ -310,15 +321,14 @@ std::vector<std::pair<int, std::vector<torch::Tensor>>> DistributedPipe::gradien
   return groups;
 }
 
-torch::Tensor DistributedPipe::replica_share(const torch::Tensor& batch) const {
-  const int64_t rows = batch.size(0);
+std::pair<int64_t, int64_t> DistributedPipe::replica_rows(int64_t rows) const {
   const int replicas = distributed_.layout().replicas;
   PIPETRAIN_CHECK_INPUT(rows >= replicas, "a mini-batch of ", rows, " rows cannot be shared by ",
                         replicas, " replicas; use at least one row per replica");
   const std::vector<int64_t> shares = microbatch_sizes(rows, replicas);
   const int d = distributed_.replica();
   const int64_t offset = std::accumulate(shares.begin(), shares.begin() + d, int64_t{0});
-  return batch.narrow(0, offset, shares[static_cast<size_t>(d)]);
+  return {offset, shares[static_cast<size_t>(d)]};
 }
 
 std::map<int, Stage*> DistributedPipe::fresh_stages() {
@@ -332,10 +342,16 @@ std::map<int, Stage*> DistributedPipe::fresh_stages() {
   return stages;
 }
 
-torch::Tensor DistributedPipe::forward(const torch::Tensor& input) {
+torch::Tensor DistributedPipe::forward(const torch::Tensor& input,
+                                       std::shared_ptr<const data::SequenceLayout> layout) {
   PIPETRAIN_CHECK_INPUT(input.defined() && input.dim() >= 1,
                         "forward needs an input with a batch dimension (dim 0)");
-  const torch::Tensor mine = replica_share(input);
+  PIPETRAIN_CHECK_INPUT(!layout || (layout->rows() == input.size(0) && input.dim() >= 2 &&
+                                    input.size(1) == layout->width()),
+                        "the sequence layout (", layout ? layout->describe() : "",
+                        ") does not match the input ", input.sizes());
+  const auto [first, count] = replica_rows(input.size(0));
+  const torch::Tensor mine = input.narrow(0, first, count);
   const std::vector<int64_t> sizes = microbatch_sizes(mine.size(0), options_.chunks());
   const int m = static_cast<int>(sizes.size());
   auto found = inference_.find(m);
@@ -346,6 +362,13 @@ torch::Tensor DistributedPipe::forward(const torch::Tensor& input) {
   StepData data;
   data.num_microbatches = m;
   data.inputs = split_microbatches({mine.to(device_)}, sizes);
+  if (layout) {
+    int64_t at = first;
+    for (int64_t size : sizes) {
+      data.layouts.push_back(layout->slice(at, size, layout->width()));
+      at += size;
+    }
+  }
   data.training = false;
   data.start = std::chrono::steady_clock::now();
   const ScopedThreadCount thread_count(static_cast<int>(options_.threads_per_stage()));

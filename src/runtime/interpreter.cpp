@@ -275,7 +275,13 @@ void Interpreter::run(const StepData& data, RankResult& result, const std::atomi
         data.parameters->wait_gathered(residency->needs);
         event.start_us = micros_since(data.start);
       }
-      execute(action, data, result);
+      {
+        // Micro-batch i's layout for its forward, the recompute inside its backward, inference.
+        const auto layout = static_cast<size_t>(action.microbatch);
+        const data::LayoutScope scope(layout < data.layouts.size() ? data.layouts[layout].get()
+                                                                   : nullptr);
+        execute(action, data, result);
+      }
       const auto sum_here = sum_starts_after.find(a);
       if (sum_here != sum_starts_after.end()) data.on_stage_gradients(sum_here->second);
       if (residency && residency->release >= 0) data.parameters->release(residency->release);

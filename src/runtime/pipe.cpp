@@ -12,6 +12,7 @@
 //   [5] wait for every worker; on error clear every stash and rethrow the first error
 //   [6] sum the weighted micro-batch losses
 #include "pipetrain/runtime/pipe.h"
+
 #include "pipetrain/base/message_of.h"
 
 #include <algorithm>
@@ -27,6 +28,7 @@
 #include <torch/torch.h>
 
 #include "pipetrain/base/check.h"
+#include "pipetrain/data/batch.h"
 #include "pipetrain/runtime/interpreter.h"
 #include "pipetrain/runtime/scoped_threads.h"
 #include "pipetrain/runtime/worker.h"
@@ -386,26 +388,30 @@ torch::Tensor PipeImpl::train_step(torch::Tensor input, torch::Tensor target,
 
 torch::Tensor PipeImpl::train_step(std::vector<torch::Tensor> inputs, torch::Tensor target,
                                    const LossFn& loss_fn) {
+  data::Batch batch;
+  batch.inputs = std::move(inputs);
+  batch.targets = std::move(target);
+  return train_step(batch, loss_fn);
+}
+
+torch::Tensor PipeImpl::train_step(const data::Batch& batch, const LossFn& loss_fn) {
   Runtime& rt = runtime();
   PIPETRAIN_CHECK_INPUT(loss_fn, "train_step needs a loss function");
-  PIPETRAIN_CHECK_INPUT(!inputs.empty() && inputs[0].defined() && inputs[0].dim() >= 1,
-                        "train_step needs an input with a batch dimension (dim 0)");
-  PIPETRAIN_CHECK_INPUT(
-      target.defined() && target.dim() >= 1 && target.size(0) == inputs[0].size(0),
-      "the target has ", target.defined() && target.dim() >= 1 ? target.size(0) : 0,
-      " rows but the input has ", inputs[0].size(0), "; give one target row per input row");
-  const int64_t rows = inputs[0].size(0);
-  const std::vector<int64_t> sizes = microbatch_sizes(rows, options_.chunks());  // [1]
+  data::check_batch(batch);
+  const std::vector<int64_t> sizes = microbatch_sizes(batch.rows(), options_.chunks());  // [1]
   const int m = static_cast<int>(sizes.size());
   const schedule::Schedule& s = training_schedule(m);
 
   StepData data;
   data.num_microbatches = m;
-  data.inputs = split_microbatches(inputs, sizes);
   const torch::Device last_device = stage_device(rt.num_stages - 1);
-  for (auto& part : split_microbatches({target}, sizes))
-    data.targets.push_back(part[0].to(last_device));
-  for (int64_t size : sizes) data.loss_weights.push_back(static_cast<double>(size) / rows);
+  const double total = batch.total_weight();
+  for (data::Microbatch& part : data::split_batch(batch, sizes)) {
+    data.inputs.push_back(std::move(part.inputs));
+    data.targets.push_back(part.target.to(last_device));
+    data.loss_weights.push_back(total > 0 ? part.weight / total : 0.0);
+    data.layouts.push_back(std::move(part.layout));
+  }
   data.loss_fn = &loss_fn;
   data.training = true;
   data.checkpoint = options_.checkpoint();
@@ -415,9 +421,9 @@ torch::Tensor PipeImpl::train_step(std::vector<torch::Tensor> inputs, torch::Ten
 
   std::vector<RankResult> results = run_step(s, data);
   const auto& losses = results[static_cast<size_t>(rt.stage_rank.back())].losses;
-  torch::Tensor total = losses[0];
-  for (size_t i = 1; i < losses.size(); ++i) total = total + losses[i];  // [6]
-  return total.detach();
+  torch::Tensor total_loss = losses[0];
+  for (size_t i = 1; i < losses.size(); ++i) total_loss = total_loss + losses[i];  // [6]
+  return total_loss.detach();
 }
 
 torch::Tensor PipeImpl::forward(torch::Tensor input) {
@@ -428,6 +434,20 @@ torch::Tensor PipeImpl::forward(torch::Tensor input) {
 }
 
 std::vector<torch::Tensor> PipeImpl::forward(std::vector<torch::Tensor> inputs) {
+  return forward(std::move(inputs), nullptr);
+}
+
+torch::Tensor PipeImpl::forward(torch::Tensor input,
+                                std::shared_ptr<const data::SequenceLayout> layout) {
+  std::vector<torch::Tensor> outputs =
+      forward(std::vector<torch::Tensor>{std::move(input)}, std::move(layout));
+  PIPETRAIN_CHECK_INPUT(outputs.size() == 1, "the model returned ", outputs.size(),
+                        " tensors; use forward(std::vector<torch::Tensor>) for tuple outputs");
+  return outputs[0];
+}
+
+std::vector<torch::Tensor> PipeImpl::forward(std::vector<torch::Tensor> inputs,
+                                             std::shared_ptr<const data::SequenceLayout> layout) {
   Runtime& rt = runtime();
   PIPETRAIN_CHECK_INPUT(!inputs.empty() && inputs[0].defined() && inputs[0].dim() >= 1,
                         "forward needs an input with a batch dimension (dim 0)");
@@ -437,6 +457,17 @@ std::vector<torch::Tensor> PipeImpl::forward(std::vector<torch::Tensor> inputs) 
   StepData data;
   data.num_microbatches = m;
   data.inputs = split_microbatches(inputs, sizes);
+  if (layout) {
+    PIPETRAIN_CHECK_INPUT(layout->rows() == inputs[0].size(0) && inputs[0].dim() >= 2 &&
+                              inputs[0].size(1) == layout->width(),
+                          "the sequence layout (", layout->describe(),
+                          ") does not match the input ", inputs[0].sizes());
+    int64_t first = 0;
+    for (int64_t size : sizes) {
+      data.layouts.push_back(layout->slice(first, size, layout->width()));
+      first += size;
+    }
+  }
   data.training = false;
   data.start = std::chrono::steady_clock::now();
   std::vector<RankResult> results = run_step(s, data);

@@ -48,11 +48,18 @@ ProgressReporter::ProgressReporter(std::ostream& out, bool is_terminal, Progress
   step_ = last_logged_step_ = options_.first_step();
 }
 
-TrainingRate training_rate(double samples_per_second, const ProgressOptions& options) {
+TrainingRate training_rate(const TrainingWork& work, const ProgressOptions& options) {
   TrainingRate rate;
-  rate.tokens_per_second = samples_per_second * static_cast<double>(options.tokens_per_sample());
-  if (options.flops_per_sample() > 0 && options.peak_flops() > 0) {
-    rate.mfu = samples_per_second * options.flops_per_sample() / options.peak_flops();
+  if (work.seconds <= 0) return rate;
+  const auto samples = static_cast<double>(work.samples);
+  const double tokens = work.tokens > 0
+                            ? static_cast<double>(work.tokens)
+                            : samples * static_cast<double>(options.tokens_per_sample());
+  rate.samples_per_second = samples / work.seconds;
+  rate.tokens_per_second = tokens / work.seconds;
+  rate.targets_per_second = static_cast<double>(work.counted_targets) / work.seconds;
+  if (options.flops_per_token() > 0 && options.peak_flops() > 0) {
+    rate.mfu = rate.tokens_per_second * options.flops_per_token() / options.peak_flops();
   }
   return rate;
 }
@@ -70,10 +77,13 @@ std::string ProgressReporter::status(bool terminal) const {
                               : -1.0;
   // Tokens per second and MFU after the sample rate, where known.
   std::string rates;
-  const double per_second = samples_per_second();
-  const TrainingRate rate = training_rate(per_second, options_);
-  if (options_.tokens_per_sample() > 0) {
+  const TrainingRate rate = training_rate({elapsed, samples_, tokens_, counted_targets_}, options_);
+  const double per_second = rate.samples_per_second;
+  if (options_.tokens_per_sample() > 0 || tokens_ > 0) {
     rates += " tokens/s " + std::to_string(std::llround(rate.tokens_per_second));
+  }
+  if (counted_targets_ > 0) {
+    rates += " targets/s " + std::to_string(std::llround(rate.targets_per_second));
   }
   if (rate.mfu > 0) {
     char mfu[32];
@@ -114,10 +124,13 @@ void ProgressReporter::draw(const std::string& text) {
   bar_open_ = true;
 }
 
-void ProgressReporter::update(int64_t step, int64_t epoch, int64_t samples, double loss) {
+void ProgressReporter::update(int64_t step, int64_t epoch, int64_t samples, double loss,
+                              int64_t tokens, int64_t counted_targets) {
   step_ = step;
   epoch_ = epoch;
   samples_ += samples;
+  tokens_ += tokens;
+  counted_targets_ += counted_targets;
   if (std::isfinite(loss)) {
     smoothed_loss_ =
         has_loss_ ? (1.0 - options_.smoothing()) * smoothed_loss_ + options_.smoothing() * loss

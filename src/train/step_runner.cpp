@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "pipetrain/base/check.h"
+#include "pipetrain/data/batch.h"
 #include "pipetrain/runtime/distributed_pipe.h"
 #include "pipetrain/runtime/run_layout.h"
 #include "pipetrain/stage/batchnorm.h"
@@ -35,14 +36,20 @@ class SequentialRunner : public StepRunner {
     }
   }
 
-  double step(const torch::Tensor& cpu_inputs, const torch::Tensor& cpu_targets) override {
+  double step(const data::Batch& batch) override {
+    data::check_batch(batch);
+    PIPETRAIN_CHECK_INPUT(batch.inputs.size() == 1,
+                          "sequential training takes one input tensor, got ", batch.inputs.size());
     events_.clear();
     const double start = EventLog::now_us();
+    // One micro-batch: the whole batch, cut to its own width with a layout.
+    data::Microbatch whole = std::move(data::split_batch(batch, {batch.rows()}).front());
     // The batch where the model is (a model moved to a GPU trains there).
-    const torch::Tensor inputs = cpu_inputs.to(device_), targets = cpu_targets.to(device_);
+    const torch::Tensor inputs = whole.inputs[0].to(device_), targets = whole.target.to(device_);
     torch::Tensor output;
     {
       const AutocastGuard autocast(precision_, inputs.device());
+      const data::LayoutScope layout(whole.layout.get());
       output = model_->forward(inputs);
     }
     // The loss in float32, as a pipeline's last stage computes it.
@@ -80,8 +87,8 @@ class PipeRunner : public StepRunner {
     description_ = describe_pipeline(pipe_->options(), pipe_->balance(), RunLayout{});
   }
 
-  double step(const torch::Tensor& inputs, const torch::Tensor& targets) override {
-    return pipe_->train_step(inputs, targets, scaled(loss_)).item<double>() / loss_scale();
+  double step(const data::Batch& batch) override {
+    return pipe_->train_step(batch, scaled(loss_)).item<double>() / loss_scale();
   }
   std::vector<torch::Tensor> parameters() override {
     return unique_parameters(model_->parameters());
@@ -220,8 +227,8 @@ class DistributedRunner : public StepRunner {
     });
   }
 
-  double step(const torch::Tensor& inputs, const torch::Tensor& targets) override {
-    const double loss = pipe_.train_step(inputs, targets, scaled(loss_)).item<double>();
+  double step(const data::Batch& batch) override {
+    const double loss = pipe_.train_step(batch, scaled(loss_)).item<double>();
     return loss / loss_scale();
   }
   std::vector<torch::Tensor> parameters() override { return pipe_.parameters(); }

@@ -104,10 +104,10 @@ double Trainer::learning_rate(int64_t k) const {
 }
 
 // [2] and [3] of step k; returns the loss.
-double Trainer::run_step(int64_t k, const torch::Tensor& x, const torch::Tensor& y) {
+double Trainer::run_step(int64_t k, const data::Batch& batch) {
   double loss = 0;
   try {
-    loss = runner_.step(x, y);
+    loss = runner_.step(batch);
   } catch (const std::exception& error) {
     const auto* cause = dynamic_cast<const Error*>(&error);
     throw Error(cause ? cause->kind() : ErrorKind::Runtime,
@@ -179,14 +179,15 @@ TrainSummary Trainer::fit() {
   const int64_t bytes_before = runner_.transport_bytes_sent();
   double exposed_reduce = 0;  // this rank's, summed over the steps
   for (int64_t k = first_step_; k < total; ++k) {
-    auto [x, y] = batches_.at(k);  // [1]
+    const data::Batch batch = batches_.batch(k);  // [1]
+    const int64_t rows = batch.rows();
     const double lr = learning_rate(k);
     set_learning_rate(lr);
     zero_grad();
     const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
     runner_.set_loss_scale(loss_scale);
     const double step_start = EventLog::now_us();
-    const double loss = run_step(k, x, y);  // [2] [3]
+    const double loss = run_step(k, batch);  // [2] [3]
     exposed_reduce += runner_.last_exposed_reduce_seconds();
     if (tracing) {
       events_.add(k, step_start, runner_.last_events(), runner_.event_rank());
@@ -200,11 +201,22 @@ TrainSummary Trainer::fit() {
     if (k == first_step_) summary.first_loss = loss;
     summary.last_loss = loss;
     summary.steps = k + 1 - first_step_;
-    summary.samples += x.size(0);
+    summary.samples += rows;
+    const data::BatchTokens tokens = data::batch_tokens(batch);
+    summary.tokens += tokens.tokens;
+    summary.counted_targets += tokens.counted_targets;
     if (on_step) {  // [4]
-      StepReport report{k,  batches_.epoch_of(k), x.size(0),          loss,
-                        lr, runner_.is_main(),    last_step_skipped_, loss_scale,
-                        {}};
+      StepReport report;
+      report.step = k;
+      report.epoch = batches_.epoch_of(k);
+      report.samples = rows;
+      report.tokens = tokens.tokens;
+      report.counted_targets = tokens.counted_targets;
+      report.loss = loss;
+      report.lr = lr;
+      report.main = runner_.is_main();
+      report.skipped = last_step_skipped_;
+      report.loss_scale = loss_scale;
       const int64_t every = options_.memory_every();
       if (every > 0 && ((k + 1 - first_step_) % every == 0 || k + 1 == total)) {
         try {

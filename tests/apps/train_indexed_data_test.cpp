@@ -1,8 +1,7 @@
 // `pipetrain train --data indexed --data-path PREFIX`: a Megatron indexed dataset of documents
-// (io/indexed_dataset.h) read as its documents' ids in order, cut into samples as a token file
-// is. The fixture's token stream cut into documents of uneven lengths trains exactly as the token
-// file itself, in one process and across processes; a dataset it cannot read that way is an error
-// naming it. `eval` reads it the same way.
+// (io/indexed_dataset.h) packed into rows (train/document_batches.h). The fixture's token stream
+// cut into documents of uneven lengths trains the same in one process and across processes, a blend
+// too, and bad data exits 2 naming the file and what is wrong. `eval` reads every row once.
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -59,39 +58,41 @@ std::vector<std::string> losses(const std::string& output) {
   return lines;
 }
 
-TEST(TrainIndexedData, DocumentsInOrderTrainExactlyAsTheirTokenFile) {
+// Documents in order train the same whatever runs them: one process, two stages, two processes
+// (transformers' side: train_documents_test.cpp). The progress and done lines count tokens and
+// counted targets; eval over the dataset reads every row once.
+TEST(TrainIndexedData, DocumentsTrainTheSameInOneProcessAndAcrossProcesses) {
   PIPETRAIN_SKIP_WITHOUT_TRANSFORMERS();
   const std::string prefix = documents_of_the_token_file();
   const std::string fixtures = testing::hf_fixtures();
-  for (const std::string layout : {"--stages 2 --schedule zb-h1", "--nproc 2 --schedule 1f1b"}) {
-    const std::string common = "train --model " + fixtures +
-                               "/llama --seq-len 16 --batch-size 8 --steps 4 --log-every 1 "
-                               "--optimizer adamw --lr 0.01 --shuffle --seed 3 " +
-                               layout;
-    const testing::CliRun tokens =
-        testing::run_pipetrain(common + " --data tokens --token-file " + fixtures + "/tokens.bin");
-    ASSERT_EQ(tokens.exit_code, 0) << tokens.output;
-    const testing::CliRun indexed =
-        testing::run_pipetrain(common + " --data indexed --data-path " + prefix);
-    ASSERT_EQ(indexed.exit_code, 0) << indexed.output;
-    EXPECT_NE(indexed.output.find(" documents, "), std::string::npos) << indexed.output;
-    EXPECT_NE(indexed.output.find(" tokens/s "), std::string::npos) << indexed.output;
-    const std::vector<std::string> expected = losses(tokens.output);
-    ASSERT_GE(expected.size(), 5u) << tokens.output;
-    EXPECT_EQ(losses(indexed.output), expected) << layout << "\n" << indexed.output;
+  const std::string common = "train --model " + fixtures +
+                             "/llama --seq-len 16 --batch-size 8 --steps 4 --log-every 1 "
+                             "--optimizer adamw --lr 0.01 --shuffle --seed 3 --data indexed "
+                             "--data-path " +
+                             prefix;
+  std::vector<std::vector<std::string>> runs;
+  for (const std::string layout :
+       {"--stages 1", "--stages 2 --schedule zb-h1 --chunks 4", "--nproc 2 --schedule 1f1b"}) {
+    const testing::CliRun run = testing::run_pipetrain(common + " " + layout);
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    EXPECT_NE(run.output.find(" documents, "), std::string::npos) << run.output;
+    EXPECT_NE(run.output.find(" tokens/s "), std::string::npos) << run.output;
+    EXPECT_NE(run.output.find(" targets/s "), std::string::npos) << run.output;
+    runs.push_back(losses(run.output));
   }
-  // eval reads it the same way: the same loss over the same samples.
-  const std::string eval = "eval --model " + fixtures + "/llama --seq-len 16 ";
-  const testing::CliRun tokens =
-      testing::run_pipetrain(eval + "--data tokens --token-file " + fixtures + "/tokens.bin");
-  const testing::CliRun indexed =
-      testing::run_pipetrain(eval + "--data indexed --data-path " + prefix);
-  ASSERT_EQ(indexed.exit_code, 0) << indexed.output;
-  const size_t at = tokens.output.find("eval loss");
-  ASSERT_NE(at, std::string::npos) << tokens.output;
-  EXPECT_NE(indexed.output.find(tokens.output.substr(at)), std::string::npos)
-      << tokens.output << "\n"
-      << indexed.output;
+  ASSERT_GE(runs[0].size(), 5u);
+  for (size_t r = 1; r < runs.size(); ++r) {
+    ASSERT_EQ(runs[r].size(), runs[0].size());
+    for (size_t i = 0; i < runs[0].size(); ++i) {
+      const double x = std::stod(runs[0][i].substr(runs[0][i].find("loss ") + 5));
+      const double y = std::stod(runs[r][i].substr(runs[r][i].find("loss ") + 5));
+      EXPECT_NEAR(x, y, 1e-5) << runs[0][i] << " vs " << runs[r][i];
+    }
+  }
+  const testing::CliRun eval = testing::run_pipetrain(
+      "eval --model " + fixtures + "/llama --seq-len 16 --data indexed --data-path " + prefix);
+  ASSERT_EQ(eval.exit_code, 0) << eval.output;
+  EXPECT_NE(eval.output.find("counted targets)"), std::string::npos) << eval.output;
 }
 
 // A blend (--data-path W1 A W2 B) draws the same batches in one process and across processes:
@@ -137,34 +138,67 @@ TEST(TrainIndexedData, ABlendTrainsTheSameInOneProcessAndAcrossProcesses) {
   EXPECT_NE(eval.output.find("eval reads one dataset"), std::string::npos) << eval.output;
 }
 
-TEST(TrainIndexedData, ADatasetItCannotReadIsAnErrorNamingIt) {
+// A resumed run reads on where the saved one stood (the loader's position is the step): --pack none
+// with --shuffle over more than an epoch, resumed at another layout, ends with the weights of the
+// uninterrupted run.
+TEST(TrainIndexedData, AResumedRunOfDocumentsEndsWithTheUninterruptedRunsWeights) {
+  PIPETRAIN_SKIP_WITHOUT_TRANSFORMERS();
+  const std::string dir = testing::scratch_dir("train_indexed/resume");
+  const std::string prefix = documents_of_the_token_file();
+  auto run = [&](int steps, const std::string& layout, const std::string& extra) {
+    return testing::run_pipetrain(
+        "train --model " + testing::hf_fixtures() +
+        "/llama --seq-len 32 --batch-size 16 --optimizer adamw --lr 0.01 --shuffle --seed 5 "
+        "--data indexed --pack none --group-by-length --data-path " +
+        prefix + " --steps " + std::to_string(steps) + " " + layout + " " + extra);
+  };
+  // 198 documents of 1 to 40 ids, 193 of which hold a target: 13 steps an epoch of 16 rows.
+  const testing::CliRun whole = run(16, "--stages 2 --chunks 4", "--save-hf " + dir + "/whole");
+  ASSERT_EQ(whole.exit_code, 0) << whole.output;
+  const testing::CliRun first = run(9, "--stages 2 --chunks 4", "--checkpoint-dir " + dir + "/ck");
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const testing::CliRun second =
+      run(16, "--nproc 2 --chunks 4 --schedule 1f1b",
+          "--resume " + dir + "/ck/checkpoint.pt --save-hf " + dir + "/resumed");
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  const testing::CliRun compare =
+      testing::hf_reference("compare " + dir + "/resumed " + dir + "/whole --rtol 1e-5");
+  EXPECT_EQ(compare.exit_code, 0) << compare.output;
+}
+
+TEST(TrainIndexedData, BadDataIsAnErrorNamingTheFileAndWhatIsWrong) {
   PIPETRAIN_SKIP_WITHOUT_TRANSFORMERS();
   const std::string model =
       "train --model " + testing::hf_fixtures() +
       "/llama --seq-len 16 --batch-size 8 --steps 1 --stages 2 --data indexed";
-  testing::CliRun run = testing::run_pipetrain(model);
-  EXPECT_EQ(run.exit_code, 2) << run.output;
-  EXPECT_NE(run.output.find("--data indexed needs --data-path PREFIX"), std::string::npos)
-      << run.output;
-  run = testing::run_pipetrain(model + " --data-path " + scratch("absent"));
-  EXPECT_EQ(run.exit_code, 2) << run.output;
-  EXPECT_NE(run.output.find("absent.idx"), std::string::npos) << run.output;
-  // Two documents whose sequences the index places in the other order in the .bin.
-  const std::string swapped = scratch("swapped");
-  io::write_indexed_dataset(swapped, {{1, 2, 3}, {4, 5, 6}});
-  std::string index;
-  {
-    std::ifstream in(swapped + ".idx", std::ios::binary);
-    index.assign(std::istreambuf_iterator<char>(in), {});
-  }
-  const size_t pointers = 34 + 2 * 4;
-  std::string first = index.substr(pointers, 8), second = index.substr(pointers + 8, 8);
-  index.replace(pointers, 8, second);
-  index.replace(pointers + 8, 8, first);
-  std::ofstream(swapped + ".idx", std::ios::binary).write(index.data(), index.size());
-  run = testing::run_pipetrain(model + " --data-path " + swapped);
-  EXPECT_EQ(run.exit_code, 2) << run.output;
-  EXPECT_NE(run.output.find("do not lie back to back"), std::string::npos) << run.output;
+  auto expect_refused = [&](const std::string& flags, const std::string& message) {
+    const testing::CliRun run = testing::run_pipetrain(model + " " + flags);
+    EXPECT_EQ(run.exit_code, 2) << flags << "\n" << run.output;
+    EXPECT_NE(run.output.find(message), std::string::npos) << flags << "\n" << run.output;
+  };
+  expect_refused("", "--data indexed needs --data-path PREFIX");
+  expect_refused("--data-path " + scratch("absent"), "absent.idx");
+  const std::string empty = scratch("empty");
+  io::write_indexed_dataset(empty, {});
+  expect_refused("--data-path " + empty, "holds no document");
+  const std::string big = scratch("big_ids");  // the fixture's vocabulary is 64
+  io::write_indexed_dataset(big, {{1, 2, 3}, {4, 64, 5}});
+  expect_refused("--data-path " + big,
+                 "document 1 has id 64 at offset 1, outside the model's vocabulary of 64");
+  const std::string documents = documents_of_the_token_file();
+  const std::string short_mask = scratch("short_mask");
+  io::write_indexed_dataset(short_mask, {{1, 1}}, io::IndexedDtype::kUint8);
+  expect_refused("--data-path " + documents + " --loss-mask-path " + short_mask,
+                 "holds 1 documents but its dataset");
+  const std::string prompts = scratch("prompts");  // nothing learned
+  io::write_indexed_dataset(prompts, {{1, 2, 3, 4}, {5, 6, 7}});
+  const std::string unlearned = scratch("prompts_mask");
+  io::write_indexed_dataset(unlearned, {{0, 0, 0, 0}, {0, 0, 0}}, io::IndexedDtype::kUint8);
+  expect_refused("--data-path " + prompts + " --loss-mask-path " + unlearned + " --pack none",
+                 "step 0: its mini-batch of 8 rows has no counted target");
+  expect_refused("--data-path -0.5 " + documents + " 1 " + prompts, "is not such a weight");
+  expect_refused("--data-path " + documents + " --group-by-length", "needs --pack none");
+  expect_refused("--data-path " + documents + " --pack tight", "--pack tight is not a packing");
 }
 
 }  // namespace

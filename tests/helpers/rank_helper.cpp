@@ -24,6 +24,9 @@
 #include <torch/torch.h>
 
 #include "pipetrain/base/error.h"
+#include "pipetrain/data/document_dataset.h"
+#include "pipetrain/io/indexed_dataset.h"
+#include "pipetrain/models/llama.h"
 #include "pipetrain/runtime/distributed.h"
 #include "pipetrain/runtime/distributed_pipe.h"
 #include "pipetrain/schedule/generators.h"
@@ -31,6 +34,7 @@
 #include "pipetrain/stage/device.h"
 #include "pipetrain/stage/skip_layers.h"
 #include "pipetrain/train/checkpoint.h"
+#include "pipetrain/train/document_batches.h"
 #include "pipetrain/train/sharded_optimizer.h"
 #include "pipetrain/train/step_runner.h"
 #include "pipetrain/train/trainer.h"
@@ -559,7 +563,7 @@ class CollectiveOrderRunner : public train::StepRunner {
  public:
   CollectiveOrderRunner(Distributed& d, torch::nn::Sequential model)
       : d_(d), model_(std::move(model)) {}
-  double step(const torch::Tensor&, const torch::Tensor&) override {
+  double step(const data::Batch&) override {
     torch::NoGradGuard no_grad;
     for (torch::Tensor& p : parameters()) {
       p.mutable_grad() = torch::full_like(p, static_cast<float>(d_.replica() + 1));
@@ -880,6 +884,84 @@ void scenario_train(Distributed& d, const std::vector<std::string>& schedules) {
   }
 }
 
+// A tiny Llama (6 layers, 9 entries: room for 8 stages) trained on documents of 5 to 200 tokens,
+// one per row and one row per micro-batch (--pack none): the micro-batches of a step differ in
+// width from 4 to 200 tokens, on every stage and boundary. Each schedule's weights after 2 SGD
+// steps must equal sequential training's on the same batches.
+models::LlamaModel documents_model() {
+  models::LlamaConfig config =
+      models::llama_config(48, 16, 24, /*layers=*/6, /*heads=*/4, /*kv_heads=*/2);
+  models::LlamaModel model = models::make_llama(config);
+  models::init_llama_random(model, 11);
+  return model;
+}
+
+void scenario_documents(Distributed& d, const std::vector<std::string>& schedules) {
+  const int K = d.layout().pipeline_ranks;
+  // Every rank writes the same documents to a file of its own.
+  const std::string prefix = "/tmp/pipetrain_documents_" + std::to_string(::getpid());
+  std::vector<std::vector<int64_t>> documents;
+  const std::vector<int64_t> lengths = {6, 201, 40,  13, 120, 8,   77, 160,
+                                        5, 33,  190, 64, 9,   150, 21, 101};
+  for (size_t k = 0; k < lengths.size(); ++k) {
+    documents.emplace_back();
+    for (int64_t i = 0; i < lengths[k]; ++i) {
+      documents.back().push_back((static_cast<int64_t>(k) * 7 + i * 13) % 48);
+    }
+  }
+  io::write_indexed_dataset(prefix, documents);
+  const auto dataset = std::make_shared<const data::DocumentDataset>(prefix);
+  std::remove((prefix + ".idx").c_str());  // mapped: readable until the process ends
+  std::remove((prefix + ".bin").c_str());
+  const train::DocumentBatches batches(
+      {{1.0, dataset}}, train::DocumentBatchOptions(200, 8).packing(data::Packing::kNone));
+  const LossFn loss = models::causal_lm_loss;
+  for (const std::string& name : schedules) {
+    const int virtual_stages =
+        name == "interleaved-1f1b" ? 2 : schedule::default_virtual_stages(name);
+    models::LlamaModel model = documents_model();
+    DistributedPipe pipe(d, model.sequential,
+                         PipeOptions()
+                             .stages(K * virtual_stages)
+                             .chunks(8)
+                             .schedule(name)
+                             .virtual_stages(virtual_stages),
+                         test_device());
+    torch::optim::SGD sgd(pipe.parameters(), torch::optim::SGDOptions(0.1));
+    std::vector<double> losses;
+    for (int64_t k = 0; k < 2; ++k) {
+      sgd.zero_grad();
+      losses.push_back(pipe.train_step(batches.batch(k), loss).item<double>());
+      sgd.step();
+    }
+    auto gathered = pipe.gather_parameters();
+    if (d.rank() != 0) continue;
+    models::LlamaModel reference = documents_model();
+    auto runner = train::make_sequential_runner(reference.sequential, loss);
+    torch::optim::SGD reference_sgd(reference.sequential->parameters(),
+                                    torch::optim::SGDOptions(0.1));
+    for (int64_t k = 0; k < 2; ++k) {
+      reference_sgd.zero_grad();
+      const double expected = runner->step(batches.batch(k));
+      CHECK_OR_THROW(std::abs(losses[static_cast<size_t>(k)] - expected) < 1e-5 * expected, name,
+                     ": loss of step ", k, " is ", losses[static_cast<size_t>(k)], ", sequential ",
+                     expected);
+      reference_sgd.step();
+    }
+    double worst = 0;
+    for (const auto& entry : reference.sequential->named_parameters()) {
+      auto found = gathered.find(entry.key());
+      CHECK_OR_THROW(found != gathered.end(), name, ": parameter ", entry.key(), " not gathered");
+      const auto want = entry.value().detach();
+      worst = std::max(worst, (found->second - want).abs().max().item<double>() /
+                                  (want.abs().max().item<double>() + 1e-12));
+    }
+    CHECK_OR_THROW(worst < 1e-5, name, ": parameters differ from sequential training by ", worst,
+                   " (relative)");
+    std::cout << "OK documents " << name << " max_relative_difference " << worst << std::endl;
+  }
+}
+
 // DistributedPipe::stage_accounting equals the in-process Pipe's for the same model, schedule and
 // checkpoint mode, stage by stage (each rank checks its own stages). Model: per stage 2 x
 // (Linear(16) + ReLU); M = 6 micro-batches of 4 rows. A kept micro-batch on stage 0 holds its
@@ -1010,6 +1092,9 @@ int main(int argc, char** argv) {
     if (scenario == "gather") return scenario_gather(d);
     if (scenario == "broadcast_text") return scenario_broadcast_text(d);
     if (scenario == "accounting") return scenario_accounting(d);
+    if (scenario == "documents") {
+      return scenario_documents(d, std::vector<std::string>(argv + 3, argv + argc));
+    }
     if (scenario == "train") {
       std::vector<std::string> schedules;
       for (int a = 3; a < argc; ++a) schedules.push_back(argv[a]);

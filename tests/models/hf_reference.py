@@ -20,6 +20,18 @@ Subcommands:
       batch k = samples (b*N + n) mod S with b = k mod ceil(S/N), as pipetrain's TokenBatches),
       loss = mean cross-entropy of the logits, then
       save_pretrained(OUT). Prints "step k loss L".
+  train-documents DIR PREFIX OUT --seq-len T --batch-size N --steps K --lr LR [--mask M]
+        [--pack split|none] [--cross-document] [--betas B1,B2] [--eps E] [--weight-decay W]
+      AdamW steps on the documents of the Megatron indexed dataset PREFIX (.idx/.bin read here
+      with numpy), with the rules of pipetrain's --data indexed written out again: split rows
+      are T + 1 ids of the documents laid end to end (row r at r*T); none rows are one document
+      each (a document longer than T + 1 cut into pieces at p*T of T + 1 ids); batch k holds rows
+      (b*N + n) mod R with b = k mod ceil(R/N). A target counts when it and its input lie in one
+      document piece of the row and the mask M (an indexed dataset of the same shape) marks it 1.
+      Each document piece of a row runs through the model as its own sequence (positions from 0)
+      unless --cross-document, where each row runs whole; loss = the sum of cross-entropy over
+      the batch's counted targets over their count. Then save_pretrained(OUT). Prints
+      "step k loss L".
   eval DIR TOKENS --seq-len T
       The mean cross-entropy per target id over every sample of the token file, in order; prints
       "loss L perplexity P".
@@ -176,6 +188,90 @@ def cmd_train(args):
     model.save_pretrained(args.out)
 
 
+def read_indexed(prefix):
+    """The documents (lists of ids) of a Megatron indexed dataset, from its bytes."""
+    import numpy
+
+    with open(prefix + ".idx", "rb") as f:
+        index = f.read()
+    assert index[:9] == b"MMIDIDX\x00\x00", prefix
+    code = index[17]
+    dtype = {1: numpy.uint8, 4: numpy.int32, 8: numpy.uint16}[code]
+    sequences = int(numpy.frombuffer(index, numpy.uint64, 1, 18)[0])
+    indices = int(numpy.frombuffer(index, numpy.uint64, 1, 26)[0])
+    at = 34
+    lengths = numpy.frombuffer(index, numpy.int32, sequences, at)
+    at += 4 * sequences
+    pointers = numpy.frombuffer(index, numpy.int64, sequences, at)
+    at += 8 * sequences
+    starts = numpy.frombuffer(index, numpy.int64, indices, at)
+    data = numpy.fromfile(prefix + ".bin", dtype=numpy.uint8)
+    item = numpy.dtype(dtype).itemsize
+    seqs = [numpy.frombuffer(data[p : p + n * item].tobytes(), dtype).astype("int64").tolist()
+            for p, n in zip(pointers.tolist(), lengths.tolist())]
+    return [sum(seqs[a:b], []) for a, b in zip(starts[:-1].tolist(), starts[1:].tolist())]
+
+
+def document_rows(docs, masks, t, pack):
+    """Rows as lists of (id, mask, piece) per id, by pipetrain's packing rules (train-documents)."""
+    rows = []
+    if pack == "split":
+        stream = [(i, m, d) for d, (ids, ms) in enumerate(zip(docs, masks)) for i, m in zip(ids, ms)]
+        for r in range((len(stream) - 1) // t):
+            rows.append(stream[r * t : r * t + t + 1])
+        return rows
+    piece = 0
+    for ids, ms in zip(docs, masks):
+        if len(ids) < 2:
+            continue
+        for offset in range(0, len(ids) - 1, t):
+            rows.append([(i, m, piece) for i, m in zip(ids[offset : offset + t + 1],
+                                                         ms[offset : offset + t + 1])])
+            piece += 1
+    return rows
+
+
+def cmd_train_documents(args):
+    model = load(args.dir).train()
+    docs = read_indexed(args.prefix)
+    masks = read_indexed(args.mask) if args.mask else [[1] * len(d) for d in docs]
+    rows = document_rows(docs, masks, args.seq_len, args.pack)
+    n = args.batch_size
+    per_epoch = (len(rows) + n - 1) // n
+    b1, b2 = (float(x) for x in args.betas.split(","))
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=args.lr, betas=(b1, b2), eps=args.eps, weight_decay=args.weight_decay
+    )
+    for k in range(args.steps):
+        batch = [rows[((k % per_epoch) * n + i) % len(rows)] for i in range(n)]
+        optimizer.zero_grad()
+        total, count = 0.0, 0
+        for row in batch:
+            ids = [x[0] for x in row]
+            targets = [ids[j + 1] if row[j][2] == row[j + 1][2] and row[j + 1][1] else -100
+                       for j in range(len(row) - 1)]
+            inputs = ids[:-1]
+            if args.cross_document:
+                runs = [(0, len(inputs))]
+            else:
+                runs, start = [], 0
+                for j in range(1, len(inputs) + 1):
+                    if j == len(inputs) or row[j][2] != row[start][2]:
+                        runs.append((start, j))
+                        start = j
+            for a, b in runs:
+                logits = model(input_ids=torch.tensor([inputs[a:b]])).logits[0]
+                y = torch.tensor(targets[a:b])
+                total = total + torch.nn.functional.cross_entropy(
+                    logits, y, ignore_index=-100, reduction="sum")
+                count += int((y != -100).sum())
+        loss = total / count
+        loss.backward()
+        optimizer.step()
+        print(f"step {k} loss {loss.item():.6f}")
+    model.save_pretrained(args.out)
+
+
 def cmd_eval(args):
     model = load(args.dir).eval()
     ids = read_tokens(args.tokens)
@@ -276,6 +372,20 @@ def parser():
     tr.add_argument("--betas", default="0.9,0.999")
     tr.add_argument("--eps", type=float, default=1e-8)
     tr.add_argument("--weight-decay", type=float, default=0.0)
+    td = sub.add_parser("train-documents")
+    td.add_argument("dir")
+    td.add_argument("prefix")
+    td.add_argument("out")
+    td.add_argument("--mask", default="")
+    td.add_argument("--pack", choices=["split", "none"], default="split")
+    td.add_argument("--cross-document", action="store_true")
+    td.add_argument("--seq-len", type=int, required=True)
+    td.add_argument("--batch-size", type=int, required=True)
+    td.add_argument("--steps", type=int, required=True)
+    td.add_argument("--lr", type=float, required=True)
+    td.add_argument("--betas", default="0.9,0.999")
+    td.add_argument("--eps", type=float, default=1e-8)
+    td.add_argument("--weight-decay", type=float, default=0.0)
     ev = sub.add_parser("eval")
     ev.add_argument("dir")
     ev.add_argument("tokens")
@@ -300,6 +410,7 @@ COMMANDS = {
     "tokens": cmd_tokens,
     "logits": cmd_logits,
     "train": cmd_train,
+    "train-documents": cmd_train_documents,
     "eval": cmd_eval,
     "generate": cmd_generate,
     "compare": cmd_compare,

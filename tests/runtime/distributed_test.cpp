@@ -340,6 +340,18 @@ TEST(DistributedTraining, MatchesSequentialTrainingOnFourProcessesForEverySchedu
   expect_trained(every_schedule({""}), 4);
 }
 
+// Variable lengths: documents of 5 to 200 tokens, one micro-batch each, on every schedule at 4
+// processes; a hang fails within the run's time limit.
+TEST(DistributedTraining, MicroBatchesOfEveryWidthMatchSequentialTrainingOnEverySchedule) {
+  std::vector<std::string> args = {"documents", "4"};
+  for (const auto& name : schedule::schedule_names()) args.push_back(name);
+  auto run = run_ranks(4, args, 0, 30000, std::chrono::seconds(10));
+  EXPECT_EQ(run.result.exit_code, 0) << run.output();
+  for (const auto& name : schedule::schedule_names()) {
+    EXPECT_TRUE(run.printed("OK documents " + name + " ")) << name << "\n" << run.output();
+  }
+}
+
 TEST(DistributedTraining, MatchesSequentialTrainingWithTwoStagesTimesTwoReplicas) {
   auto run = run_ranks(4, {"train", "2", "1f1b", "zb-h1"}, 0, 20000);
   EXPECT_EQ(run.result.exit_code, 0) << run.output();

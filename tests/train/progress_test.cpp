@@ -51,7 +51,7 @@ TEST(Progress, ALanguageModelsLineShowsTokensPerSecondAndMfu) {
                                 .log_every_steps(2)
                                 .log_every_seconds(0)
                                 .tokens_per_sample(512)
-                                .flops_per_sample(1e9)
+                                .flops_per_token(1e9 / 512)
                                 .peak_flops(1e11),
                             clock.function());
   for (int64_t step = 1; step <= 2; ++step) {
@@ -65,13 +65,40 @@ TEST(Progress, ALanguageModelsLineShowsTokensPerSecondAndMfu) {
   std::ostringstream plain;
   ProgressReporter no_peak(
       plain, false,
-      ProgressOptions().total_steps(10).log_every_steps(1).tokens_per_sample(512).flops_per_sample(
-          1e9),
+      ProgressOptions().total_steps(10).log_every_steps(1).tokens_per_sample(512).flops_per_token(
+          1e9 / 512),
       clock.function());
   clock.now += 1.0;
   no_peak.update(1, 0, 32, 2.0);
   EXPECT_EQ(plain.str().find("MFU"), std::string::npos) << plain.str();
   EXPECT_NE(plain.str().find("tokens/s 16384 loss"), std::string::npos) << plain.str();
+}
+
+// Documents count their own tokens and targets per step (padding and uncounted targets left out):
+// 3000 tokens and 2900 targets over 2 s.
+TEST(Progress, StepsThatCountTheirTokensShowTokensAndTargetsPerSecond) {
+  std::ostringstream out;
+  FakeClock clock;
+  ProgressReporter progress(out, false,
+                            ProgressOptions()
+                                .total_steps(10)
+                                .log_every_steps(2)
+                                .log_every_seconds(0)
+                                .tokens_per_sample(512)  // a bound only: the steps' counts win
+                                .flops_per_token(1e6)
+                                .peak_flops(1e11),
+                            clock.function());
+  clock.now += 1.0;
+  progress.update(1, 0, 4, 2.0, 1000, 990);
+  clock.now += 1.0;
+  progress.update(2, 0, 4, 2.0, 2000, 1910);
+  EXPECT_NE(out.str().find("samples/s 4.0 tokens/s 1500 targets/s 1450 MFU 1.5% loss"),
+            std::string::npos)
+      << out.str();
+  const TrainingRate rate = training_rate({2.0, 8, 3000, 2900}, ProgressOptions());
+  EXPECT_DOUBLE_EQ(rate.tokens_per_second, 1500);
+  EXPECT_DOUBLE_EQ(rate.targets_per_second, 1450);
+  EXPECT_DOUBLE_EQ(rate.mfu, 0);
 }
 
 TEST(Progress, PlainModeAlsoPrintsAfterTheTimeIntervalAndAtTheLastStep) {

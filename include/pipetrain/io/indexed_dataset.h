@@ -16,9 +16,10 @@
 //   PREFIX.bin   the ids, each sequence at its pointer, little-endian
 //
 // pipetrain reads ids of 2 bytes (uint16, Megatron's choice for vocabularies under 65500) and 4
-// (int32, above). Everything is checked on opening: every count against the file's size, every
-// sequence within PREFIX.bin, the document indices rising from 0 to S. A problem throws BadInput
-// naming the file and the field (and FileError when a file cannot be read).
+// (int32, above), and loss masks of 1 (uint8: 1 where a token is learned, data/document_dataset.h).
+// Everything is checked on opening: every count against the file's size, every sequence within
+// PREFIX.bin, the document indices rising from 0 to S. A problem throws BadInput naming the file
+// and the field (and FileError when a file cannot be read).
 //
 // Torch-free (it builds into the fuzzable schedule library). Ownership: owns both maps.
 // Thread-safety: read-only after construction; concurrent reads are safe.
@@ -69,7 +70,7 @@ IndexedIndex parse_indexed_index(const char* data, std::uint64_t size, const std
 
 class IndexedDataset {
  public:
-  // Opens PREFIX.idx and PREFIX.bin and checks them (above). REQUIRES ids of 2 or 4 bytes.
+  // Opens PREFIX.idx and PREFIX.bin and checks them (above). Ids of 1, 2 or 4 bytes.
   explicit IndexedDataset(const std::string& prefix);
 
   const std::string& prefix() const { return prefix_; }
@@ -88,13 +89,21 @@ class IndexedDataset {
   std::int64_t document_length(std::int64_t d) const;
   // Appends document d's ids (its sequences in order) to `ids`. REQUIRES 0 <= d < documents().
   void append_document(std::int64_t d, std::vector<std::int64_t>& ids) const;
+  // Document d's ids [offset, offset + count) into out[0 .. count). Throws BadInput naming the
+  // range when it is not within the document.
+  void read_document(std::int64_t d, std::int64_t offset, std::int64_t count,
+                     std::int64_t* out) const;
+  // Throws BadInput naming the document, the offset within it and the id of the first id outside
+  // 0..vocab_size-1. Reads every id once.
+  void check_vocabulary(std::int64_t vocab_size) const;
   // True when the sequences lie back to back in PREFIX.bin from its first byte, in order, and
   // fill it: the .bin is then the documents' ids as one flat stream (io/token_file.h), what
   // Megatron's preprocessing writes.
   bool contiguous() const { return contiguous_; }
 
  private:
-  void check_document(std::int64_t d) const;  // BadInput unless 0 <= d < documents()
+  void check_document(std::int64_t d) const;   // BadInput unless 0 <= d < documents()
+  std::int64_t element(const char* at) const;  // the id stored at `at`
 
   std::string prefix_;
   MappedFile index_file_, bin_;
@@ -104,8 +113,8 @@ class IndexedDataset {
 };
 
 // Writes `documents` (each one sequence) as PREFIX.idx and PREFIX.bin in the layout above, ids of
-// `dtype` (uint16 or int32), as Megatron's builder does. Throws BadInput for an id `dtype` cannot
-// hold, FileError when a file cannot be written.
+// `dtype` (uint8, uint16 or int32), as Megatron's builder does. Throws BadInput for an id `dtype`
+// cannot hold, FileError when a file cannot be written.
 void write_indexed_dataset(const std::string& prefix,
                            const std::vector<std::vector<std::int64_t>>& documents,
                            IndexedDtype dtype = IndexedDtype::kUint16);

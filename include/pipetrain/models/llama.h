@@ -9,7 +9,11 @@
 //                                  up_proj(h)), h = post_attention_layernorm(x)
 //     L+1    RmsNorm               the final norm                               -> [B,T,H]
 //     L+2    LlamaHead             logits = x W^T, W [V,H]                      -> [B,T,V]
-//   loss: causal_lm_loss, mean cross-entropy over every target id
+//   loss: causal_lm_loss, mean cross-entropy over the counted target ids
+//
+// Packed documents: with a layout installed (data/sequence_layout.h, by document), the attention
+// restarts RoPE positions at every document and never crosses one (models/document_attention.h),
+// as transformers computes each document run as its own sequence.
 //
 // Attention is at::scaled_dot_product_attention, causal, scale head_dim^-1/2, with grouped-query
 // attention (num_key_value_heads < heads: each key/value head serves heads/kv_heads query heads).
@@ -291,8 +295,17 @@ std::vector<std::string> save_llama_hf(const std::string& directory, const Llama
                                        const std::map<std::string, torch::Tensor>& parameters,
                                        const HfSaveOptions& options = {});
 
-// Mean cross-entropy of logits [B,T,V] against next-token targets [B,T], over all B*T targets.
+// A target that is not learned (padding, a prompt's token, the first token of the next
+// document): -100, as transformers' labels mark it.
+constexpr int64_t kIgnoredTarget = -100;
+
+// Mean cross-entropy of logits [B,T,V] against next-token targets [B,T] over the counted targets
+// (those not kIgnoredTarget); 0 when none is counted. A runtime weights each micro-batch by its
+// counted targets (data/batch.h), so a step's loss is the sum over the whole mini-batch's over
+// their count.
 torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& targets);
+// The targets that count (not kIgnoredTarget): an int64 scalar tensor.
+torch::Tensor counted_targets(const torch::Tensor& targets);
 // The same from each rank's vocabulary slice [B,T,V/tp] of a tensor-parallel model's logits
 // (parallel::vocab_parallel_cross_entropy); the same value on every rank of the group.
 torch::Tensor vocab_parallel_causal_lm_loss(const torch::Tensor& logits,

@@ -79,12 +79,19 @@ class DistributedPipe {
   // train_step does: a detached 0-dim tensor (float64, on the CPU here).
   torch::Tensor train_step(const torch::Tensor& input, const torch::Tensor& target,
                            const LossFn& loss_fn);
+  // The same for a batch with row weights and a token layout (data/batch.h), as Pipe's: the
+  // weights relative to the whole mini-batch's (the replicas' gradients are summed), each
+  // micro-batch of this replica's rows cut to its own width.
+  torch::Tensor train_step(const data::Batch& batch, const LossFn& loss_fn);
 
   // Forward-only evaluation, as Pipe::forward: no stash, no gradient (set the model's eval mode
   // first if it has dropout or batch norm). Every rank passes the same mini-batch and each replica
   // runs its share of the rows. Returns that share's output on the ranks that hold the last
   // stage, an undefined tensor on the others. Collective: every rank calls it.
-  torch::Tensor forward(const torch::Tensor& input);
+  // With a layout (data/sequence_layout.h), its rows are installed around each micro-batch's
+  // actions.
+  torch::Tensor forward(const torch::Tensor& input,
+                        std::shared_ptr<const data::SequenceLayout> layout = nullptr);
 
   // Whether train_step sums the gradients over the replicas ([4]; on by default). A ZeRO
   // optimizer (train/sharded_optimizer.h) turns it off and reduce-scatters them itself; tied
@@ -181,8 +188,8 @@ class DistributedPipe {
 
  private:
   const schedule::Schedule& schedule_for(int microbatches);
-  // This replica's rows of a mini-batch every rank passed whole.
-  torch::Tensor replica_share(const torch::Tensor& batch) const;
+  // This replica's rows (first, count) of a mini-batch of `rows` every rank passed whole.
+  std::pair<int64_t, int64_t> replica_rows(int64_t rows) const;
   // This rank's stages, emptied for a new step.
   std::map<int, Stage*> fresh_stages();
 

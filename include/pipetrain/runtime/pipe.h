@@ -49,6 +49,7 @@
 #include <torch/nn/pimpl.h>
 #include <torch/types.h>
 
+#include "pipetrain/data/batch.h"
 #include "pipetrain/runtime/step.h"
 #include "pipetrain/schedule/schedule.h"
 #include "pipetrain/stage/precision.h"
@@ -161,6 +162,12 @@ class PipeImpl : public torch::nn::Cloneable<PipeImpl> {
   // device.
   torch::Tensor forward(torch::Tensor input);
   std::vector<torch::Tensor> forward(std::vector<torch::Tensor> inputs);  // tuple in and out
+  // The same for token rows laid out by `layout` (data/sequence_layout.h; null: none): each
+  // micro-batch's rows of it are installed around its actions. REQUIRES the layout's rows and
+  // width to be the input's [rows, width]; BadInput otherwise.
+  torch::Tensor forward(torch::Tensor input, std::shared_ptr<const data::SequenceLayout> layout);
+  std::vector<torch::Tensor> forward(std::vector<torch::Tensor> inputs,
+                                     std::shared_ptr<const data::SequenceLayout> layout);
 
   // One training step: forward, loss (weighted by micro-batch rows / batch rows) and backward of
   // every micro-batch by the schedule. Gradients accumulate into the parameters' .grad(); the
@@ -175,6 +182,9 @@ class PipeImpl : public torch::nn::Cloneable<PipeImpl> {
   torch::Tensor train_step(torch::Tensor input, torch::Tensor target, const LossFn& loss_fn);
   torch::Tensor train_step(std::vector<torch::Tensor> inputs, torch::Tensor target,
                            const LossFn& loss_fn);
+  // The same for a batch with row weights and a token layout (data/batch.h): micro-batch i's loss
+  // weighs weight(i) / weight(batch), and with a layout each micro-batch is cut to its own width.
+  torch::Tensor train_step(const data::Batch& batch, const LossFn& loss_fn);
 
   // The lowered training schedule of the last step (before any step: the one for `chunks`).
   const schedule::Schedule& schedule() const;

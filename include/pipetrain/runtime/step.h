@@ -8,11 +8,13 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <torch/types.h>
 
+#include "pipetrain/data/sequence_layout.h"
 #include "pipetrain/schedule/action.h"
 #include "pipetrain/schedule/checkpoint_mode.h"
 #include "pipetrain/schedule/residency.h"
@@ -34,8 +36,9 @@ class StageParameters {
   virtual void release(int j) = 0;
 };
 
-// The loss of one micro-batch: mean-reduced over its rows (like torch::mse_loss's default).
-// The runtime weights it by rows(i) / rows(mini-batch) so gradients equal the full batch's.
+// The loss of one micro-batch: mean-reduced over its rows (like torch::mse_loss's default), or
+// over what its rows weigh (data/batch.h: a language model's counted targets). The runtime
+// weights it by weight(i) / weight(mini-batch) so gradients equal the full batch's.
 using LossFn =
     std::function<torch::Tensor(const torch::Tensor& output, const torch::Tensor& target)>;
 
@@ -43,9 +46,14 @@ struct StepData {
   int num_microbatches = 0;                        // M
   std::vector<std::vector<torch::Tensor>> inputs;  // [i]: stage 0's input tuple (rank of stage 0)
   std::vector<torch::Tensor> targets;              // [i]: on the last stage's device (training)
-  std::vector<double> loss_weights;                // [i]: rows(i) / rows(mini-batch)
-  const LossFn* loss_fn = nullptr;                 // training only
-  bool training = true;                            // false: inference (no stash, no grad)
+  // [i]: weight(i) / weight(mini-batch), the weights rows unless the batch gives its own
+  // (data/batch.h: a language model's counted targets).
+  std::vector<double> loss_weights;
+  // [i]: micro-batch i's token layout (data/sequence_layout.h), installed around each of i's
+  // actions on every rank; empty (or null entries): none.
+  std::vector<std::shared_ptr<const data::SequenceLayout>> layouts;
+  const LossFn* loss_fn = nullptr;  // training only
+  bool training = true;             // false: inference (no stash, no grad)
   Checkpoint checkpoint = Checkpoint::kNever;
   bool offload = false;  // checkpointed micro-batches' inputs wait in host memory (PipeOptions)
   std::chrono::steady_clock::time_point start;  // events are measured from here

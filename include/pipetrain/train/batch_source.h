@@ -20,6 +20,8 @@
 
 #include <torch/types.h>
 
+#include "pipetrain/data/batch.h"
+
 namespace pipetrain::train {
 
 // The mini-batch of global step k. Every rank of a run must return the same batch for the same k.
@@ -28,6 +30,15 @@ class BatchSource {
   virtual ~BatchSource() = default;
   // (inputs, targets) of step k.
   virtual std::pair<torch::Tensor, torch::Tensor> at(int64_t k) const = 0;
+  // Step k's batch as the runner takes it (data/batch.h): at(k)'s rows, or, from a source of
+  // documents, their row weights and token layout too.
+  virtual data::Batch batch(int64_t k) const {
+    auto [inputs, targets] = at(k);
+    return data::Batch(std::move(inputs), std::move(targets));
+  }
+  // A batch of the largest shape the source makes: what memory and plans are made for (at(0),
+  // unless batches differ in shape: documents padded to their own longest row).
+  virtual std::pair<torch::Tensor, torch::Tensor> largest() const { return at(0); }
   // Batches per epoch; 0 when the data has no epochs (a stream of sampled windows).
   virtual int64_t per_epoch() const = 0;
 

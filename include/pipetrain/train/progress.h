@@ -6,8 +6,10 @@
 // Not a terminal (a file, a pipe, CI): a plain line every `log_every_steps` steps or every
 // `log_every_seconds`, whichever comes first, and at the last step:
 //   epoch 1/2 step 234/938 samples/s 1530.2 loss 0.4312 eta 0:42
-// With tokens_per_sample (and flops_per_sample and peak_flops) the rate reads
+// With tokens (tokens_per_sample, or each step's own count of documents' tokens) the rate reads
 //   samples/s 12.0 tokens/s 6144 MFU 41.2% loss ...
+// (MFU with flops_per_token and peak_flops), and with counted targets (documents: the targets the
+// loss counts) "targets/s 5900" after tokens/s.
 // The loss shown is an exponential moving average (`smoothing` = weight of the newest loss).
 // Rates and ETA count only the steps of this run (a resumed run passes its first step).
 //
@@ -43,22 +45,35 @@ struct ProgressOptions {
   TORCH_ARG(double, smoothing) = 0.1;
   /// Width of the bar in characters. Default 20.
   TORCH_ARG(int, bar_width) = 20;
-  /// Tokens in a sample (a language model's sequence length): adds "tokens/s". 0: not shown.
+  /// Tokens in a sample (a language model's sequence length): adds "tokens/s" for steps that do
+  /// not count their own tokens. 0: not shown.
   TORCH_ARG(int64_t, tokens_per_sample) = 0;
-  /// Model FLOPs of training on one sample, and the peak FLOP/s of all the hardware the run
-  /// uses: adds "MFU" (model FLOPs utilization, PaLM's definition) when both are > 0.
-  TORCH_ARG(double, flops_per_sample) = 0;
+  /// Model FLOPs of training on one token, and the peak FLOP/s of all the hardware the run uses:
+  /// adds "MFU" (model FLOPs utilization, PaLM's definition) when both are > 0 and tokens are
+  /// known.
+  TORCH_ARG(double, flops_per_token) = 0;
   TORCH_ARG(double, peak_flops) = 0;
 };
 
-// Tokens per second, and MFU (a fraction; 0 where unknown), of `samples_per_second` samples under
-// `options`' tokens_per_sample, flops_per_sample and peak_flops: what the status line shows, and
-// what a caller printing its own summary should show.
+// What a run's work was: its samples and, where counted, its tokens (0: samples times
+// tokens_per_sample) and its counted targets (0: none counted).
+struct TrainingWork {
+  double seconds = 0;
+  int64_t samples = 0;
+  int64_t tokens = 0;
+  int64_t counted_targets = 0;
+};
+
+// Samples, tokens and counted targets per second, and MFU (a fraction; 0 where unknown), of
+// `work` under `options`' tokens_per_sample, flops_per_token and peak_flops: what the status line
+// shows, and what a caller printing its own summary should show.
 struct TrainingRate {
+  double samples_per_second = 0;
   double tokens_per_second = 0;
+  double targets_per_second = 0;
   double mfu = 0;
 };
-TrainingRate training_rate(double samples_per_second, const ProgressOptions& options);
+TrainingRate training_rate(const TrainingWork& work, const ProgressOptions& options);
 
 // Seconds on a monotonic clock.
 using SecondsClock = std::function<double()>;
@@ -75,8 +90,10 @@ class ProgressReporter {
   ProgressReporter& operator=(const ProgressReporter&) = delete;
 
   // After optimizer step `step` (1-based count of steps done, first_step < step <= total_steps)
-  // of epoch `epoch` (0-based), which consumed `samples` samples and had loss `loss`.
-  void update(int64_t step, int64_t epoch, int64_t samples, double loss);
+  // of epoch `epoch` (0-based), which consumed `samples` samples (`tokens` tokens and
+  // `counted_targets` counted targets where the step counts them, else 0) and had loss `loss`.
+  void update(int64_t step, int64_t epoch, int64_t samples, double loss, int64_t tokens = 0,
+              int64_t counted_targets = 0);
   // Text shown at the end of every status line from now on ("" for none): e.g. the processes'
   // peak memory against the prediction.
   void set_note(std::string note);
@@ -102,6 +119,8 @@ class ProgressReporter {
   int64_t step_ = 0;
   int64_t epoch_ = 0;
   int64_t samples_ = 0;
+  int64_t tokens_ = 0;  // counted by the steps (0 when they count none)
+  int64_t counted_targets_ = 0;
   double smoothed_loss_ = 0.0;
   bool has_loss_ = false;
   bool bar_open_ = false;  // a bar line is on screen without its newline

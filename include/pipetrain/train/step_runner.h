@@ -5,7 +5,7 @@
 //
 //   Trainer (every rank)                   StepRunner
 //   --------------------                   ----------
-//   zero grads, set lr                     step(x, y)            -> loss of the whole mini-batch
+//   zero grads, set lr                     step(batch)           -> loss of the whole mini-batch
 //   clip                                   grad_norm_squared()   -> summed over every rank
 //   optimizer.step()                       parameters()          (this rank's, each tensor once)
 //   checkpoint / evaluate                  gather(part)          -> every rank's part, merged,
@@ -33,6 +33,7 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/types.h>
 
+#include "pipetrain/data/batch.h"
 #include "pipetrain/runtime/distributed.h"
 #include "pipetrain/runtime/pipe.h"
 #include "pipetrain/runtime/step.h"
@@ -51,8 +52,13 @@ class StepRunner {
   virtual ~StepRunner() = default;
 
   // Forward + backward of one mini-batch (gradients accumulate into .grad()); returns its loss,
-  // the same value on every rank.
-  virtual double step(const torch::Tensor& inputs, const torch::Tensor& targets) = 0;
+  // the same value on every rank. The batch's row weights and token layout (data/batch.h) say
+  // what each row's loss counts and how its tokens divide into documents.
+  virtual double step(const data::Batch& batch) = 0;
+  // The same for a batch of plain rows.
+  double step(const torch::Tensor& inputs, const torch::Tensor& targets) {
+    return step(data::Batch(inputs, targets));
+  }
   // Dynamic loss scaling (train/loss_scaler.h): the next steps differentiate the loss times
   // `scale`, so the gradients come out times `scale`; step() still returns the unscaled loss.
   void set_loss_scale(double scale) { loss_scale_ = scale; }

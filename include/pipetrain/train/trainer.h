@@ -126,6 +126,10 @@ struct StepReport {
   int64_t step = 0;     // global step just done, 0-based (k)
   int64_t epoch = 0;    // 0-based
   int64_t samples = 0;  // rows of the mini-batch
+  // Token rows with a layout (data/batch.h): the tokens that are not padding, and the targets
+  // counted in the loss (0 where the batch says neither: batch_tokens).
+  int64_t tokens = 0;
+  int64_t counted_targets = 0;
   double loss = 0;
   double lr = 0;
   bool main = true;       // true on the rank that prints
@@ -142,6 +146,8 @@ struct TrainSummary {
   double last_loss = 0;
   double seconds = 0;
   int64_t samples = 0;
+  int64_t tokens = 0;  // as StepReport's, summed over the steps
+  int64_t counted_targets = 0;
   std::string checkpoint_path;  // the final checkpoint; "" when none was written
   int64_t trace_actions = 0;    // actions in the Chrome trace (main rank)
   int64_t timeline_step = -1;   // the step the SVG timeline draws (main rank)
@@ -212,7 +218,7 @@ class Trainer {
 
  private:
   double learning_rate(int64_t k) const;
-  double run_step(int64_t k, const torch::Tensor& x, const torch::Tensor& y);
+  double run_step(int64_t k, const data::Batch& batch);
   // [3]'s loss-scale check, clip and optimizer step, unsharded or sharded. Returns false when
   // the step was skipped (a non-finite gradient under loss scaling).
   bool update_parameters();
