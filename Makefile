@@ -17,8 +17,10 @@ configure: bootstrap
 build: configure
 	@cmake --build $(BUILD) -j $(JOBS)
 
+# The slowest tests are printed at the end, failed run or not (scripts/slowest-tests).
 test: build
-	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS) $(CTEST_FLAGS)
+	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS) $(CTEST_FLAGS); status=$$?; \
+	  cd $(CURDIR) && scripts/slowest-tests $(BUILD) 15; exit $$status
 
 demo: build
 	@scripts/demo $(BUILD)
