@@ -59,6 +59,7 @@
 #include "pipetrain/stage/batchnorm.h"
 #include "pipetrain/stage/microbatch.h"
 #include "pipetrain/train/checkpoint.h"
+#include "pipetrain/train/document_batches.h"
 #include "pipetrain/train/finite_loss.h"
 #include "pipetrain/train/optimizer.h"
 #include "pipetrain/train/progress.h"
@@ -299,7 +300,8 @@ int64_t token_ids(const BuiltData& data) {
   return ids;
 }
 
-void print_start(const TrainArgs& args, const Prepared& p, train::StepRunner& runner, int threads) {
+void print_start(const TrainArgs& args, const Prepared& p, const Batches& batches,
+                 train::StepRunner& runner, int threads) {
   if (!runner.is_main()) return;
   std::string rows =
       p.data.corpus ? std::to_string(p.data.corpus->text().size()) + " characters"
@@ -318,6 +320,21 @@ void print_start(const TrainArgs& args, const Prepared& p, train::StepRunner& ru
       static_cast<long long>(examples::count_parameters(*p.model.sequential)), p.data.name.c_str(),
       rows.c_str(), static_cast<long long>(args.batch_size), runner.description().c_str(),
       args.optimizer.c_str(), args.lr, threads);
+  if (const auto* documents = dynamic_cast<const train::DocumentBatches*>(&batches.source())) {
+    int64_t rows_per_epoch = 0;
+    for (size_t d = 0; d < p.data.document_sources.size(); ++d)
+      rows_per_epoch += documents->rows(d);
+    const std::string cut = args.data.packing == "split"
+                                ? "laid end to end"
+                                : std::to_string(documents->split_documents()) +
+                                      " documents longer than a row cut into pieces";
+    std::printf(
+        "documents: --pack %s, %lld rows of %lld inputs at most an epoch (%s), attention "
+        "%s\n",
+        args.data.packing.c_str(), static_cast<long long>(rows_per_epoch),
+        static_cast<long long>(args.data.seq_len), cut.c_str(),
+        args.data.cross_document_attention ? "across documents" : "within each document");
+  }
   if (p.data.corpus) {
     std::printf(
         "corpus %s: vocabulary %lld, unigram entropy %.4f nats\n", p.data.corpus->source().c_str(),
@@ -429,7 +446,7 @@ int train_with(const TrainArgs& args, Prepared& p, train::StepRunner& runner, in
       throw UsageError("--resume " + args.resume + ": " + std::string(error.what()));
     }
   }
-  print_start(args, p, runner, threads);
+  print_start(args, p, batches, runner, threads);
   const train::TrainSummary result =
       run_loop(args, p.model, p.data, trainer, batches, p.predicted_memory);
   if (p.data.corpus) evaluate_and_print("final", trainer, p.model, p.data);

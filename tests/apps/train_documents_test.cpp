@@ -1,8 +1,8 @@
 // `pipetrain train --data indexed` on documents, against transformers running each document of a
 // row as its own sequence (tests/models/hf_reference.py train-documents, which writes the packing
 // rules out again): the weights after AdamW steps agree to 1e-4 for --pack split and --pack none,
-// with and without a loss mask, in one process and across processes (1f1b, zb-v, pp x dp, and
-// pp x tp with sequence parallelism for --pack none, whose micro-batches differ in width), and
+// with and without a loss mask, in one process and across processes (1f1b, zb-v, pp x dp, ZeRO-3,
+// and pp x tp with sequence parallelism for --pack none, whose micro-batches differ in width), and
 // --cross-document-attention agrees with transformers on whole rows.
 #include <filesystem>
 #include <fstream>
@@ -84,6 +84,7 @@ void expect_every_layout_equals_its_reference(const std::string& test,
                         with_data(one.train) + " " + one.layouts[l] + " --save-hf " + out);
       ASSERT_EQ(run.exit_code, 0) << one.name << " " << one.layouts[l] << "\n" << run.output;
       EXPECT_NE(run.output.find(" targets/s "), std::string::npos) << run.output;
+      EXPECT_NE(run.output.find("documents: --pack "), std::string::npos) << run.output;
       comparisons += "compare " + out + " " + expected + " --rtol 1e-4\n";
       ++runs;
     }
@@ -133,7 +134,8 @@ TEST(TrainDocuments, PackNoneOfMicroBatchesOfEveryWidthEqualsTransformers) {
        {"none, masked",
         "--pack none --mask MASK",
         "--pack none --loss-mask-path MASK",
-        {"--stages 2 --schedule 1f1b --chunks 8", "--nproc 4 --pp 2 --dp 2 --chunks 2"}}});
+        {"--stages 2 --schedule 1f1b --chunks 8", "--nproc 4 --pp 2 --dp 2 --chunks 2",
+         "--nproc 4 --pp 2 --dp 2 --chunks 2 --zero 3"}}});
 }
 
 }  // namespace
