@@ -57,8 +57,10 @@
 #include "pipetrain/schedule/generators.h"
 #include "pipetrain/schedule/text_format.h"
 #include "pipetrain/stage/batchnorm.h"
+#include "pipetrain/stage/device.h"
 #include "pipetrain/stage/microbatch.h"
 #include "pipetrain/train/checkpoint.h"
+#include "pipetrain/train/device_peak.h"
 #include "pipetrain/train/document_batches.h"
 #include "pipetrain/train/finite_loss.h"
 #include "pipetrain/train/optimizer.h"
@@ -147,7 +149,7 @@ train::ProgressOptions rate_options(const TrainArgs& args, const BuiltModel& mod
   return train::ProgressOptions()
       .tokens_per_sample(cost.tokens)
       .flops_per_token(cost.flops_per_token)
-      .peak_flops(args.peak_tflops * 1e12);
+      .peak_flops(args.peak.flops);
 }
 
 train::TrainSummary run_loop(const TrainArgs& args, BuiltModel& model, const BuiltData& data,
@@ -186,6 +188,26 @@ train::TrainSummary run_loop(const TrainArgs& args, BuiltModel& model, const Bui
   train::TrainSummary summary = trainer.fit();
   if (progress && stepped) progress->finish();
   return summary;
+}
+
+// --summary-json: what the done line says, as JSON (written atomically).
+void write_summary_json(const std::string& path, const TrainArgs& args,
+                        const train::TrainSummary& result, const train::TrainingRate& rate) {
+  nlohmann::json summary = {{"steps", result.steps},
+                            {"seconds", result.seconds},
+                            {"samples", result.samples},
+                            {"tokens", result.tokens},
+                            {"counted_targets", result.counted_targets},
+                            {"samples_per_second", rate.samples_per_second},
+                            {"tokens_per_second", rate.tokens_per_second},
+                            {"targets_per_second", rate.targets_per_second},
+                            {"mfu", rate.mfu},
+                            {"peak_flops", args.peak.flops},
+                            {"peak_source", args.peak.source},
+                            {"first_loss", result.first_loss},
+                            {"last_loss", result.last_loss},
+                            {"process_peak_bytes", result.process_peak_bytes}};
+  as_usage_error("--summary-json", [&] { write_file_atomically(path, summary.dump(2) + "\n"); });
 }
 
 // ---- the command --------------------------------------------------------------------------------
@@ -320,6 +342,12 @@ void print_start(const TrainArgs& args, const Prepared& p, const Batches& batche
       static_cast<long long>(examples::count_parameters(*p.model.sequential)), p.data.name.c_str(),
       rows.c_str(), static_cast<long long>(args.batch_size), runner.description().c_str(),
       args.optimizer.c_str(), args.lr, threads);
+  if (p.model.llama && args.peak.flops > 0) {
+    std::printf(
+        "MFU: model FLOPs (6N + attention per token, recomputation not counted) over a "
+        "peak of %s\n",
+        train::describe_peak(args.peak).c_str());
+  }
   if (const auto* documents = dynamic_cast<const train::DocumentBatches*>(&batches.source())) {
     int64_t rows_per_epoch = 0;
     for (size_t d = 0; d < p.data.document_sources.size(); ++d)
@@ -479,6 +507,7 @@ int train_with(const TrainArgs& args, Prepared& p, train::StepRunner& runner, in
       std::snprintf(mfu, sizeof mfu, ", MFU %.1f%%", 100.0 * rate.mfu);
       rates += mfu;
     }
+    if (!args.summary_json.empty()) write_summary_json(args.summary_json, args, result, rate);
     std::printf("done: %lld steps in %.3f s (%.1f steps/s, %.1f samples/s%s), loss %.6f -> %.6f\n",
                 static_cast<long long>(result.steps), result.seconds,
                 result.seconds > 0 ? result.steps / result.seconds : 0.0, samples_per_second,
@@ -577,11 +606,49 @@ void resume_after_restart(TrainArgs& args, int restart_count) {
   std::fflush(stdout);
 }
 
+// The peak MFU divides by (train/device_peak.h): --peak-tflops per device, else a known GPU's, else
+// the CPU's measured once -- by the process that launches the ranks, which hand it down.
+constexpr const char* kPeakFlops = "PIPETRAIN_PEAK_FLOPS";
+
+void resolve_peak(TrainArgs& args, bool launched, int processes) {
+  if (!examples::is_hf_model(args.data.model)) return;  // FLOPs per token: the Llama family's
+  const int devices = std::max(1, on_cuda(args.pipeline) ? processes : 1);
+  if (args.peak_tflops > 0) {
+    args.peak = {args.peak_tflops * 1e12 * devices, "given: --peak-tflops " +
+                                                        std::to_string(args.peak_tflops) + " x " +
+                                                        std::to_string(devices) + " devices"};
+    return;
+  }
+  if (const char* handed = std::getenv(kPeakFlops); launched && handed != nullptr) {
+    const std::string text = handed;
+    const size_t cut = text.find(';');
+    args.peak = {std::atof(text.substr(0, cut).c_str()),
+                 cut == std::string::npos ? "" : text.substr(cut + 1)};
+    return;
+  }
+  if (on_cuda(args.pipeline)) {
+    const std::string name = device_name(torch::Device(torch::kCUDA, 0));
+    const bool bf16 = args.pipeline.precision != Precision::kFloat32;
+    const double each = train::known_gpu_peak_flops(name, bf16);
+    args.peak = {each * devices,
+                 "table: " + name + (bf16 ? " bf16" : " tf32") + " x " + std::to_string(devices)};
+    if (each <= 0) args.peak = {0, "unknown device " + name + ": give --peak-tflops"};
+  } else {
+    const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    args.peak = {
+        train::measure_cpu_peak_flops(threads),
+        "measured: fp32 1024 x 1024 matrix products, " + std::to_string(threads) + " threads"};
+  }
+  ::setenv(kPeakFlops, (std::to_string(args.peak.flops) + ";" + args.peak.source).c_str(), 1);
+}
+
 int run_train(const TrainArgs& given) {
   TrainArgs args = given;
   resolve_auto_flags(args);
   check_args(args);
   const bool launched = DistributedEnvironment::present();
+  resolve_peak(args, launched,
+               launched ? DistributedEnvironment::from_environment().world_size : args.nproc);
   if (args.nproc > 1 && !launched) {
     // The parent: check everything a rank would reject (exit 2 here, not 1 in a rank), then
     // start the ranks. An auto plan is made by the ranks, once, on rank 0 (it measures the

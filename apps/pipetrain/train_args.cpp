@@ -213,6 +213,10 @@ void add_run_flags(CLI::App& command, TrainArgs& args) {
                      "chrome://tracing or ui.perfetto.dev)");
   command.add_option("--timeline", args.timeline,
                      "draw the measured timeline of one step here (SVG: rows = ranks)");
+  command.add_option("--summary-json", args.summary_json,
+                     "write the run's summary here as JSON: steps, seconds, samples, tokens and "
+                     "counted targets, their rates, MFU and the peak it divides by, losses, each "
+                     "process's peak memory");
   command.add_option("--save-params", args.save_params,
                      "write {parameter name: tensor} here at the end (torch.load reads it)");
   command.add_option("--save-hf", args.save_hf,
@@ -508,6 +512,7 @@ void check_outputs(const TrainArgs& args) {
       {"--save-hf", args.save_hf, true},
       {"--trace", args.trace, false},
       {"--timeline", args.timeline, false},
+      {"--summary-json", args.summary_json, false},
       {"--checkpoint-dir", args.checkpoint_dir, true}};
   for (const auto& [flag, path, directory] : outputs) {
     if (!path.empty()) as_usage_error(flag, [&] { check_writable(path, directory); });

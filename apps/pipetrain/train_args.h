@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 
 #include "pipetrain/runtime/run_layout.h"
+#include "pipetrain/train/device_peak.h"
 #include "pipetrain/train/trainer.h"
 #include "pipetrain/tune/auto_plan.h"
 #include "train_setup.h"
@@ -58,6 +59,7 @@ struct TrainArgs {
   bool sequence_parallel = false;  // --sequence-parallel (with --tp)
   std::string trace;
   std::string timeline;
+  std::string summary_json;  // --summary-json
   std::string save_params;
   std::string save_hf;
   std::string checkpoint_dir;
@@ -66,7 +68,8 @@ struct TrainArgs {
   std::string config;  // expanded by main() before parsing; listed here for --help
   std::string backend = "auto";
   int64_t log_every = 100;
-  double peak_tflops = 0;  // the hardware's peak, for MFU (0: not shown)
+  double peak_tflops = 0;  // the hardware's peak per device, for MFU (0: the table's or measured)
+  train::DevicePeak peak;  // resolved once per run (resolve_peak in train.cpp): every device's
 };
 
 // Registers every flag of `pipetrain train` on `command`, bound to `args`.

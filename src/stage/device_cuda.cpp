@@ -37,6 +37,12 @@ void check_device_usable(const torch::Device& device) {
                         " CUDA devices are visible; give an explicit index below ", count);
 }
 
+std::string device_name(const torch::Device& device) {
+  if (!device.is_cuda()) return "cpu";
+  check_device_usable(device);
+  return at::cuda::getDeviceProperties(device.index() < 0 ? 0 : device.index())->name;
+}
+
 int cuda_device_count() {
   return static_cast<int>(c10::cuda::device_count());
 }

@@ -18,6 +18,11 @@ int cuda_device_count() {
   return 0;
 }
 
+std::string device_name(const torch::Device& device) {
+  check_device_usable(device);
+  return "cpu";
+}
+
 RankStream rank_stream(const torch::Device& device, int) {
   check_device_usable(device);
   return {};

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "../helpers/cli_run.h"
 #include "../helpers/hf_models.h"
@@ -71,8 +72,11 @@ TEST(TrainIndexedData, DocumentsTrainTheSameInOneProcessAndAcrossProcesses) {
                              "--data-path " +
                              prefix;
   std::vector<std::vector<std::string>> runs;
-  for (const std::string layout :
-       {"--stages 1", "--stages 2 --schedule zb-h1 --chunks 4", "--nproc 2 --schedule 1f1b"}) {
+  const std::string summary = scratch("summary.json");
+  std::filesystem::remove(summary);
+  for (const std::string& layout : {"--stages 1 --summary-json " + summary,
+                                    std::string("--stages 2 --schedule zb-h1 --chunks 4"),
+                                    std::string("--nproc 2 --schedule 1f1b")}) {
     const testing::CliRun run = testing::run_pipetrain(common + " " + layout);
     ASSERT_EQ(run.exit_code, 0) << run.output;
     EXPECT_NE(run.output.find(" documents, "), std::string::npos) << run.output;
@@ -81,6 +85,17 @@ TEST(TrainIndexedData, DocumentsTrainTheSameInOneProcessAndAcrossProcesses) {
     runs.push_back(losses(run.output));
   }
   ASSERT_GE(runs[0].size(), 5u);
+  // The summary: the done line's figures, and MFU over the CPU's measured peak.
+  std::ifstream in(summary);
+  ASSERT_TRUE(in.good()) << summary;
+  const nlohmann::json json = nlohmann::json::parse(in);
+  EXPECT_EQ(json["steps"], 4);
+  EXPECT_EQ(json["samples"], 32);
+  EXPECT_GT(json["tokens"].get<int64_t>(), json["counted_targets"].get<int64_t>());
+  EXPECT_GT(json["counted_targets"].get<int64_t>(), 0);
+  EXPECT_GT(json["mfu"].get<double>(), 0);
+  EXPECT_LT(json["mfu"].get<double>(), 1);
+  EXPECT_NE(json["peak_source"].get<std::string>().find("measured: fp32"), std::string::npos);
   for (size_t r = 1; r < runs.size(); ++r) {
     ASSERT_EQ(runs[r].size(), runs[0].size());
     for (size_t i = 0; i < runs[0].size(); ++i) {

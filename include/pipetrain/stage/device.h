@@ -115,6 +115,10 @@ int64_t device_counted_bytes(const void* data,
 // REQUIRES: calls >= 1; `body` queues its work on the current stream.
 double time_on_device(const torch::Device& device, int calls, const std::function<void()>& body);
 
+// What `device` is: a CUDA device's name as the driver reports it ("NVIDIA H100 80GB HBM3"), "cpu"
+// for the CPU.
+std::string device_name(const torch::Device& device);
+
 // The state of the random number generator of `device` (undefined tensor for CPU: the CPU
 // generator is handled by the stage itself), and its restore.
 torch::Tensor device_rng_state(const torch::Device& device);
