@@ -15,6 +15,7 @@
 #include "../helpers/cli_run.h"
 #include "../helpers/hf_models.h"
 #include "../helpers/python.h"
+#include "../helpers/word_tokenizer.h"
 #include "pipetrain/io/indexed_dataset.h"
 
 namespace pipetrain::prepare_data_test {
@@ -43,16 +44,7 @@ std::string read_bytes(const std::string& path) {
 std::string word_model() {
   const std::string dir = scratch("model");
   std::filesystem::create_directories(dir);
-  write_text(dir + "/make.py", R"(
-import sys
-from tokenizers import Tokenizer, models, pre_tokenizers
-words = ["<bos>", "<eos>"] + ["w%d" % i for i in range(60)]
-tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<bos>"))
-tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-tokenizer.save(sys.argv[1] + "/tokenizer.json")
-)");
-  const std::string command = testing::kPython + " " + dir + "/make.py " + dir;
-  EXPECT_EQ(std::system(command.c_str()), 0) << command;
+  EXPECT_TRUE(testing::write_word_tokenizer(dir)) << dir;
   write_text(dir + "/config.json", R"({"eos_token_id": 1})");
   return dir;
 }

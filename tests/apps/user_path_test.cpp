@@ -16,6 +16,7 @@
 #include "../helpers/cli_run.h"
 #include "../helpers/hf_models.h"
 #include "../helpers/python.h"
+#include "../helpers/word_tokenizer.h"
 
 namespace pipetrain::user_path_test {
 namespace {
@@ -72,16 +73,7 @@ std::string tiny_model(const std::string& dir) {
     fs::copy_file(entry.path(), model + "/" + entry.path().filename().string(),
                   fs::copy_options::overwrite_existing);
   }
-  std::ofstream(dir + "/make.py") << R"(
-import sys
-from tokenizers import Tokenizer, models, pre_tokenizers
-words = ["<bos>", "<eos>"] + ["w%d" % i for i in range(60)]
-tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<bos>"))
-tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-tokenizer.save(sys.argv[1] + "/tokenizer.json")
-)";
-  const std::string command = testing::kPython + " " + dir + "/make.py " + model;
-  EXPECT_EQ(std::system(command.c_str()), 0) << command;
+  EXPECT_TRUE(testing::write_word_tokenizer(model)) << model;
   return model;
 }
 
