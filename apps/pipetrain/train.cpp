@@ -65,6 +65,7 @@
 #include "pipetrain/train/finite_loss.h"
 #include "pipetrain/train/optimizer.h"
 #include "pipetrain/train/progress.h"
+#include "pipetrain/train/run_summary.h"
 #include "pipetrain/train/step_runner.h"
 #include "pipetrain/train/token_batches.h"
 #include "pipetrain/train/trainer.h"
@@ -188,26 +189,6 @@ train::TrainSummary run_loop(const TrainArgs& args, BuiltModel& model, const Bui
   train::TrainSummary summary = trainer.fit();
   if (progress && stepped) progress->finish();
   return summary;
-}
-
-// --summary-json: what the done line says, as JSON (written atomically).
-void write_summary_json(const std::string& path, const TrainArgs& args,
-                        const train::TrainSummary& result, const train::TrainingRate& rate) {
-  nlohmann::json summary = {{"steps", result.steps},
-                            {"seconds", result.seconds},
-                            {"samples", result.samples},
-                            {"tokens", result.tokens},
-                            {"counted_targets", result.counted_targets},
-                            {"samples_per_second", rate.samples_per_second},
-                            {"tokens_per_second", rate.tokens_per_second},
-                            {"targets_per_second", rate.targets_per_second},
-                            {"mfu", rate.mfu},
-                            {"peak_flops", args.peak.flops},
-                            {"peak_source", args.peak.source},
-                            {"first_loss", result.first_loss},
-                            {"last_loss", result.last_loss},
-                            {"process_peak_bytes", result.process_peak_bytes}};
-  as_usage_error("--summary-json", [&] { write_file_atomically(path, summary.dump(2) + "\n"); });
 }
 
 // ---- the command --------------------------------------------------------------------------------
@@ -349,19 +330,7 @@ void print_start(const TrainArgs& args, const Prepared& p, const Batches& batche
         train::describe_peak(args.peak).c_str());
   }
   if (const auto* documents = dynamic_cast<const train::DocumentBatches*>(&batches.source())) {
-    int64_t rows_per_epoch = 0;
-    for (size_t d = 0; d < p.data.document_sources.size(); ++d)
-      rows_per_epoch += documents->rows(d);
-    const std::string cut = args.data.packing == "split"
-                                ? "laid end to end"
-                                : std::to_string(documents->split_documents()) +
-                                      " documents longer than a row cut into pieces";
-    std::printf(
-        "documents: --pack %s, %lld rows of %lld inputs at most an epoch (%s), attention "
-        "%s\n",
-        args.data.packing.c_str(), static_cast<long long>(rows_per_epoch),
-        static_cast<long long>(args.data.seq_len), cut.c_str(),
-        args.data.cross_document_attention ? "across documents" : "within each document");
+    std::printf("documents: %s\n", documents->describe().c_str());
   }
   if (p.data.corpus) {
     std::printf(
@@ -507,7 +476,10 @@ int train_with(const TrainArgs& args, Prepared& p, train::StepRunner& runner, in
       std::snprintf(mfu, sizeof mfu, ", MFU %.1f%%", 100.0 * rate.mfu);
       rates += mfu;
     }
-    if (!args.summary_json.empty()) write_summary_json(args.summary_json, args, result, rate);
+    if (!args.summary_json.empty()) {  // written atomically
+      const std::string json = train::run_summary_json(result, rate, args.peak).dump(2) + "\n";
+      as_usage_error("--summary-json", [&] { write_file_atomically(args.summary_json, json); });
+    }
     std::printf("done: %lld steps in %.3f s (%.1f steps/s, %.1f samples/s%s), loss %.6f -> %.6f\n",
                 static_cast<long long>(result.steps), result.seconds,
                 result.seconds > 0 ? result.steps / result.seconds : 0.0, samples_per_second,
@@ -612,13 +584,6 @@ constexpr const char* kPeakFlops = "PIPETRAIN_PEAK_FLOPS";
 
 void resolve_peak(TrainArgs& args, bool launched, int processes) {
   if (!examples::is_hf_model(args.data.model)) return;  // FLOPs per token: the Llama family's
-  const int devices = std::max(1, on_cuda(args.pipeline) ? processes : 1);
-  if (args.peak_tflops > 0) {
-    args.peak = {args.peak_tflops * 1e12 * devices, "given: --peak-tflops " +
-                                                        std::to_string(args.peak_tflops) + " x " +
-                                                        std::to_string(devices) + " devices"};
-    return;
-  }
   if (const char* handed = std::getenv(kPeakFlops); launched && handed != nullptr) {
     const std::string text = handed;
     const size_t cut = text.find(';');
@@ -626,19 +591,11 @@ void resolve_peak(TrainArgs& args, bool launched, int processes) {
                  cut == std::string::npos ? "" : text.substr(cut + 1)};
     return;
   }
-  if (on_cuda(args.pipeline)) {
-    const std::string name = device_name(torch::Device(torch::kCUDA, 0));
-    const bool bf16 = args.pipeline.precision != Precision::kFloat32;
-    const double each = train::known_gpu_peak_flops(name, bf16);
-    args.peak = {each * devices,
-                 "table: " + name + (bf16 ? " bf16" : " tf32") + " x " + std::to_string(devices)};
-    if (each <= 0) args.peak = {0, "unknown device " + name + ": give --peak-tflops"};
-  } else {
-    const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    args.peak = {
-        train::measure_cpu_peak_flops(threads),
-        "measured: fp32 1024 x 1024 matrix products, " + std::to_string(threads) + " threads"};
-  }
+  const bool cuda = on_cuda(args.pipeline);
+  args.peak =
+      train::run_peak(args.peak_tflops, cuda ? device_name(torch::Device(torch::kCUDA, 0)) : "",
+                      args.pipeline.precision != Precision::kFloat32, cuda ? processes : 1,
+                      static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   ::setenv(kPeakFlops, (std::to_string(args.peak.flops) + ";" + args.peak.source).c_str(), 1);
 }
 

@@ -55,6 +55,24 @@ double measure_cpu_peak_flops(int threads, int n, int repeats) {
   return best;
 }
 
+DevicePeak run_peak(double given_tflops, const std::string& cuda_name, bool bf16, int devices,
+                    int cpu_threads) {
+  const std::string times = " x " + std::to_string(std::max(1, devices));
+  if (given_tflops > 0) {
+    char given[64];
+    std::snprintf(given, sizeof given, "given: --peak-tflops %g", given_tflops);
+    return {given_tflops * 1e12 * std::max(1, devices), given + times};
+  }
+  if (!cuda_name.empty()) {
+    const double each = known_gpu_peak_flops(cuda_name, bf16);
+    if (each <= 0) return {0, "unknown device " + cuda_name + ": give --peak-tflops"};
+    return {each * std::max(1, devices),
+            "table: " + cuda_name + (bf16 ? " bf16" : " tf32") + times};
+  }
+  return {measure_cpu_peak_flops(cpu_threads), "measured: fp32 1024 x 1024 matrix products, " +
+                                                   std::to_string(cpu_threads) + " threads"};
+}
+
 std::string describe_peak(const DevicePeak& peak) {
   char text[64];
   if (peak.flops >= 1e12) {

@@ -126,6 +126,19 @@ std::pair<torch::Tensor, torch::Tensor> DocumentBatches::largest() const {
   return {wide_inputs, wide_targets};
 }
 
+std::string DocumentBatches::describe() const {
+  int64_t rows = 0;
+  for (const auto& packer : packers_) rows += packer->rows();
+  const std::string cut =
+      options_.packing() == data::Packing::kSplit
+          ? "laid end to end"
+          : std::to_string(split_documents()) + " documents longer than a row cut into pieces";
+  return std::string("--pack ") + data::to_string(options_.packing()) + ", " +
+         std::to_string(rows) + " rows of " + std::to_string(options_.seq_len()) +
+         " inputs at most an epoch (" + cut + "), attention " +
+         (options_.by_document() ? "within each document" : "across documents");
+}
+
 data::Batch DocumentBatches::rows_of(size_t d, int64_t first, int64_t count) const {
   std::vector<data::SourcedRow> rows;
   for (int64_t r = first; r < first + count; ++r) {

@@ -34,6 +34,12 @@ double known_gpu_peak_flops(const std::string& name, bool bf16);
 // products of n x n. REQUIRES threads >= 1.
 double measure_cpu_peak_flops(int threads, int n = 1024, int repeats = 5);
 
+// The peak of a run's hardware, in the order of the top: `given_tflops` (> 0) per device, else the
+// table's figure for `cuda_name` (a CUDA run's device_name; "" on the CPU), else the CPU measured
+// with `cpu_threads`. `devices`: the GPUs of the run (the table's and the given figure times that).
+DevicePeak run_peak(double given_tflops, const std::string& cuda_name, bool bf16, int devices,
+                    int cpu_threads);
+
 // "989 TFLOP/s (table: NVIDIA H100 80GB HBM3)", "152.3 GFLOP/s (measured: ...)".
 std::string describe_peak(const DevicePeak& peak);
 

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -88,6 +89,9 @@ class DocumentBatches final : public BatchSource {
   int64_t rows(size_t d = 0) const { return packers_.at(d)->rows(); }
   // Documents longer than T + 1 cut into pieces, over every dataset (whole and none).
   int64_t split_documents() const;
+  // "--pack whole, 59 rows of 16 inputs at most an epoch (27 documents longer than a row cut into
+  // pieces), attention within each document".
+  std::string describe() const;
   // Rows [first, first + count) of dataset d's epoch 0, in order (an evaluation's).
   data::Batch rows_of(size_t d, int64_t first, int64_t count) const;
 
