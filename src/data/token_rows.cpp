@@ -8,11 +8,6 @@
 #include "pipetrain/base/error.h"
 
 namespace pipetrain::data {
-namespace {
-
-constexpr int64_t kIgnored = -100;  // models::kIgnoredTarget, transformers' ignore index
-
-}  // namespace
 
 Batch make_token_batch(const std::vector<SourcedRow>& rows, const TokenRowOptions& options) {
   const int64_t t = options.seq_len;
@@ -31,7 +26,7 @@ Batch make_token_batch(const std::vector<SourcedRow>& rows, const TokenRowOption
   const int64_t width = options.fixed_width ? padded_width(t, multiple, INT64_MAX)
                                             : padded_width(longest, multiple, INT64_MAX);
   torch::Tensor inputs = torch::full({n, width}, options.pad_id, torch::kInt64);
-  torch::Tensor targets = torch::full({n, width}, kIgnored, torch::kInt64);
+  torch::Tensor targets = torch::full({n, width}, kIgnoredTarget, torch::kInt64);
   torch::Tensor weights = torch::zeros({n}, torch::kFloat64);
   int64_t* in = inputs.data_ptr<int64_t>();
   int64_t* out = targets.data_ptr<int64_t>();

@@ -120,7 +120,8 @@ std::pair<torch::Tensor, torch::Tensor> DocumentBatches::largest() const {
   if (inputs.size(1) == width) return {inputs, targets};
   torch::Tensor wide_inputs =
       torch::full({inputs.size(0), width}, options_.pad_id(), torch::kInt64);
-  torch::Tensor wide_targets = torch::full({inputs.size(0), width}, int64_t{-100}, torch::kInt64);
+  torch::Tensor wide_targets =
+      torch::full({inputs.size(0), width}, data::kIgnoredTarget, torch::kInt64);
   wide_inputs.narrow(1, 0, inputs.size(1)).copy_(inputs);
   wide_targets.narrow(1, 0, inputs.size(1)).copy_(targets);
   return {wide_inputs, wide_targets};
@@ -168,7 +169,7 @@ DocumentEvaluation evaluate_documents(
                     logits.to(torch::kFloat32).reshape({-1, logits.size(-1)}), flat,
                     torch::nn::functional::CrossEntropyFuncOptions()
                         .reduction(torch::kSum)
-                        .ignore_index(-100))
+                        .ignore_index(data::kIgnoredTarget))
                     .item<double>();
   }
   if (seen && result.counted_targets > 0) {

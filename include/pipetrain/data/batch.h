@@ -27,6 +27,10 @@
 
 namespace pipetrain::data {
 
+// A target that is not learned (padding, a prompt's token, the first token of the next
+// document): -100, as transformers' labels mark it (and torch's cross_entropy ignores by default).
+constexpr int64_t kIgnoredTarget = -100;
+
 struct Batch {
   std::vector<torch::Tensor> inputs;             // stage 0's input tuple, rows on dim 0
   torch::Tensor targets;                         // rows on dim 0

@@ -4,7 +4,7 @@
 //   a row of pieces p_1 .. p_n, I ids in all (at most T + 1), width W:
 //     inputs[t]    its id t, for t < I - 1; pad_id after
 //     targets[t]   its id t + 1 when ids t and t + 1 lie in the same piece and the mask marks id
-//                  t + 1 learned; models::kIgnoredTarget (-100) otherwise, and on padding
+//                  t + 1 learned; kIgnoredTarget (-100, data/batch.h) otherwise, and on padding
 //     segments     the pieces' lengths as input positions (the last piece's last id is only a
 //                  target, so it has one position less); attention and RoPE positions follow
 //                  them (data/sequence_layout.h), unless cross-document attention is asked for

@@ -65,6 +65,7 @@
 #include <torch/nn/pimpl.h>
 #include <torch/types.h>
 
+#include "pipetrain/data/batch.h"
 #include "pipetrain/io/safetensors.h"
 #include "pipetrain/models/llama_config.h"
 #include "pipetrain/parallel/tensor_parallel.h"
@@ -295,9 +296,8 @@ std::vector<std::string> save_llama_hf(const std::string& directory, const Llama
                                        const std::map<std::string, torch::Tensor>& parameters,
                                        const HfSaveOptions& options = {});
 
-// A target that is not learned (padding, a prompt's token, the first token of the next
-// document): -100, as transformers' labels mark it.
-constexpr int64_t kIgnoredTarget = -100;
+// A target that is not learned: -100, as transformers' labels mark it (data/batch.h).
+using data::kIgnoredTarget;
 
 // Mean cross-entropy of logits [B,T,V] against next-token targets [B,T] over the counted targets
 // (those not kIgnoredTarget); 0 when none is counted. A runtime weights each micro-batch by its
