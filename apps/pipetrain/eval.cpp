@@ -20,6 +20,7 @@
 #include "pipetrain/base/atomic_file.h"
 #include "pipetrain/train/checkpoint.h"
 #include "pipetrain/train/document_batches.h"
+#include "pipetrain/train/sharded_checkpoint.h"
 #include "pipetrain/train/token_batches.h"
 #include "train_setup.h"
 
@@ -86,7 +87,7 @@ int run_eval(EvalArgs& args) {
   const std::string& path = args.inference.checkpoint;
   train::Checkpoint checkpoint;
   try {
-    checkpoint = train::load_checkpoint(path);
+    checkpoint = train::load_any_checkpoint(path);
   } catch (const pipetrain::FileError& error) {
     throw UsageError("--checkpoint: " + std::string(error.what()));
   } catch (const train::CheckpointError& error) {

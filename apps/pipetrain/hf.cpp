@@ -16,6 +16,7 @@
 #include "hf.h"
 #include "pipetrain/models/generate.h"
 #include "pipetrain/train/checkpoint.h"
+#include "pipetrain/train/sharded_checkpoint.h"
 
 namespace pipetrain::cli {
 
@@ -74,7 +75,7 @@ struct ExportArgs {
 
 int run_export(const ExportArgs& args) {
   const train::Checkpoint checkpoint = as_usage_error(
-      "CHECKPOINT " + args.checkpoint, [&] { return train::load_checkpoint(args.checkpoint); });
+      "CHECKPOINT " + args.checkpoint, [&] { return train::load_any_checkpoint(args.checkpoint); });
   const nlohmann::json& options = checkpoint.metadata.value("model_options", nlohmann::json());
   if (!options.is_object() || !options.contains("hf_config")) {
     throw UsageError("CHECKPOINT " + args.checkpoint +
@@ -120,12 +121,30 @@ void add_export_hf_command(CLI::App& app, int& exit_code) {
       "export-hf",
       "write a pipetrain checkpoint of a Hugging Face model as transformers saves it "
       "(safetensors, config.json)");
-  command->add_option("CHECKPOINT", args->checkpoint, "checkpoint file (DIR/checkpoint.pt)")
+  command
+      ->add_option(
+          "CHECKPOINT", args->checkpoint,
+          "checkpoint: a file (DIR/checkpoint.pt), a sharded DIR/step-N or DIR (its latest)")
       ->required();
   command->add_option("OUT", args->out, "output directory")->required();
   command->add_option("--dtype", args->dtype, "float32, bfloat16 or float16")
       ->capture_default_str();
   command->callback([args, &exit_code] { exit_code = run_export(*args); });
+}
+
+void add_checkpoint_info_command(CLI::App& app, int& exit_code) {
+  auto path = std::make_shared<std::string>();
+  auto* command = app.add_subcommand(
+      "checkpoint-info",
+      "print what a sharded checkpoint holds (step, the layout it was written at, tensors, bytes "
+      "by file) from its index, without loading it");
+  command->add_option("DIR", *path, "DIR/step-N, or DIR (its latest)")->required();
+  command->callback([path, &exit_code] {
+    const std::string text =
+        as_usage_error("DIR " + *path, [&] { return train::describe_sharded_checkpoint(*path); });
+    std::printf("%s", text.c_str());
+    exit_code = 0;
+  });
 }
 
 }  // namespace pipetrain::cli

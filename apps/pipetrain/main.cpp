@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   pipetrain::cli::add_launch_command(app, exit_code);
   pipetrain::cli::add_generate_command(app, exit_code);
   pipetrain::cli::add_export_hf_command(app, exit_code);
+  pipetrain::cli::add_checkpoint_info_command(app, exit_code);
   // CLI11 reads an empty value (--seed '') as 0 or "" without a word, so a quoted unset shell
   // variable trained with --seed 0 or prompted with id 0. Every flag that takes a value refuses
   // one, before any command runs.

@@ -66,6 +66,7 @@
 #include "pipetrain/train/optimizer.h"
 #include "pipetrain/train/progress.h"
 #include "pipetrain/train/run_summary.h"
+#include "pipetrain/train/sharded_checkpoint.h"
 #include "pipetrain/train/step_runner.h"
 #include "pipetrain/train/token_batches.h"
 #include "pipetrain/train/trainer.h"
@@ -288,8 +289,9 @@ Prepared prepare(TrainArgs& args, const RunLayout& layout, const PlanSource& pla
   }
   if (!args.resume.empty()) {
     p.resume = as_usage_error("--resume", [&] {
-      // A checkpoint holds whole tensors: a tensor-parallel rank restores its slices.
-      return train::load_for_resume(
+      // A rank restores its own tensors (its tensor-parallel slices): from a sharded checkpoint
+      // it reads only those.
+      return train::resume_checkpoint(
           args.resume, *p.model.sequential, args.optimizer,
           train::TensorParallelSlice{p.model.tensor_parallel_split, tp.rank(), tp.size()});
     });

@@ -235,12 +235,23 @@ void add_run_flags(CLI::App& command, TrainArgs& args) {
       ->delimiter(',');
   command.add_option(
       "--checkpoint-dir", args.checkpoint_dir,
-      "write DIR/checkpoint.pt (atomically) every --save-every steps and at the end");
+      "write a checkpoint every --save-every steps and at the end: DIR/checkpoint.pt "
+      "(--checkpoint-format file) or DIR/step-N/ with DIR/latest (sharded)");
+  command
+      .add_option("--checkpoint-format", args.checkpoint_format,
+                  "file: one file gathered by rank 0; sharded: every rank writes its own part, "
+                  "no gather, any layout resumes from it")
+      ->capture_default_str();
+  command
+      .add_option("--keep-checkpoints", args.keep_checkpoints,
+                  "sharded: keep the newest K complete checkpoints (0: all)")
+      ->capture_default_str();
   command
       .add_option("--save-every", args.save_every, "steps between checkpoints (0: only at the end)")
       ->capture_default_str();
   command.add_option("--resume", args.resume,
-                     "continue from this checkpoint (any stage or process count)");
+                     "continue from this checkpoint: a file, DIR/step-N or DIR (its latest); any "
+                     "stage, process or parallel layout");
   command.add_option("--config", args.config,
                      "JSON file of flags ({\"lr\": 0.01, ...}); flags given here win");
   command
@@ -443,6 +454,8 @@ train::TrainerOptions trainer_settings(const TrainArgs& args, int64_t total_step
       .zero_options(args.zero_options)
       .checkpoint_dir(args.checkpoint_dir)
       .save_every(args.save_every)
+      .checkpoint_format(args.checkpoint_format)
+      .keep_checkpoints(args.keep_checkpoints)
       .trace_path(args.trace)
       .timeline_path(args.timeline)
       .report_memory(args.report_memory)
@@ -466,6 +479,12 @@ void check_ranges(const TrainArgs& args) {
   }
   if (args.nproc < 1) fail("--nproc must be at least 1, got " + std::to_string(args.nproc));
   train::check_restart_options(args.max_restarts, args.nproc, args.checkpoint_dir);
+  if (args.checkpoint_format != "file" && args.checkpoint_format != "sharded") {
+    fail("unknown --checkpoint-format '" + args.checkpoint_format + "'; valid: file, sharded");
+  }
+  if (args.keep_checkpoints < 0) {
+    fail("--keep-checkpoints must be >= 0, got " + std::to_string(args.keep_checkpoints));
+  }
   if (args.save_every > 0 && args.checkpoint_dir.empty()) {
     fail("--save-every needs --checkpoint-dir DIR (where checkpoint.pt is written)");
   }

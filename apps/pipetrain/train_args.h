@@ -64,6 +64,8 @@ struct TrainArgs {
   std::string save_hf;
   std::string checkpoint_dir;
   int64_t save_every = 0;
+  std::string checkpoint_format = "file";
+  int keep_checkpoints = 0;
   std::string resume;
   std::string config;  // expanded by main() before parsing; listed here for --help
   std::string backend = "auto";

@@ -49,8 +49,9 @@ torch::Tensor BufferPool::take(int64_t elements, const torch::TensorOptions& opt
 void BufferPool::give(const torch::Tensor& buffer, bool keep) {
   if (!buffer.defined() || !pooled(buffer.device(), buffer.is_pinned())) return;
   std::lock_guard<std::mutex> lock(mutex_);
-  const auto found = sizes_.find(Key{static_cast<int64_t>(buffer.nbytes()),
-                                     static_cast<int>(buffer.scalar_type()), buffer.device().str()});
+  const auto found =
+      sizes_.find(Key{static_cast<int64_t>(buffer.nbytes()), static_cast<int>(buffer.scalar_type()),
+                      buffer.device().str()});
   if (found == sizes_.end()) return;
   Size& size = found->second;
   --size.in_use;

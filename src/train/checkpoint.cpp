@@ -131,11 +131,12 @@ void restore_named(const std::map<std::string, torch::Tensor>& saved, const Name
 }
 
 template <typename State>
-std::map<std::string, torch::Tensor> adam_fields(const State& state) {
+std::map<std::string, torch::Tensor> adam_fields(const State& state, bool copy) {
+  auto take = [copy](const torch::Tensor& t) { return copy ? cpu_copy(t) : t.detach(); };
   std::map<std::string, torch::Tensor> fields{{"step", torch::tensor(state.step(), torch::kInt64)},
-                                              {"exp_avg", cpu_copy(state.exp_avg())},
-                                              {"exp_avg_sq", cpu_copy(state.exp_avg_sq())}};
-  if (state.max_exp_avg_sq().defined()) fields["max_exp_avg_sq"] = cpu_copy(state.max_exp_avg_sq());
+                                              {"exp_avg", take(state.exp_avg())},
+                                              {"exp_avg_sq", take(state.exp_avg_sq())}};
+  if (state.max_exp_avg_sq().defined()) fields["max_exp_avg_sq"] = take(state.max_exp_avg_sq());
   return fields;
 }
 
@@ -163,8 +164,10 @@ void capture_model(Checkpoint& checkpoint, const torch::nn::Module& model) {
   capture_model(checkpoint, model.named_parameters(), model.named_buffers());
 }
 
-void capture_optimizer(Checkpoint& checkpoint, const torch::optim::Optimizer& optimizer,
-                       const NamedTensors& parameters) {
+namespace {
+
+void capture_optimizer_state(Checkpoint& checkpoint, const torch::optim::Optimizer& optimizer,
+                             const NamedTensors& parameters, bool copy) {
   checkpoint.optimizer = optimizer_name(optimizer);
   if (checkpoint.optimizer.empty()) {
     throw CheckpointError(
@@ -180,14 +183,27 @@ void capture_optimizer(Checkpoint& checkpoint, const torch::optim::Optimizer& op
     if (checkpoint.optimizer == "sgd") {
       const auto& sgd = static_cast<const torch::optim::SGDParamState&>(*state);
       if (sgd.momentum_buffer().defined())
-        fields["momentum_buffer"] = cpu_copy(sgd.momentum_buffer());
+        fields["momentum_buffer"] =
+            copy ? cpu_copy(sgd.momentum_buffer()) : sgd.momentum_buffer().detach();
     } else if (checkpoint.optimizer == "adam") {
-      fields = adam_fields(static_cast<const torch::optim::AdamParamState&>(*state));
+      fields = adam_fields(static_cast<const torch::optim::AdamParamState&>(*state), copy);
     } else {
-      fields = adam_fields(static_cast<const torch::optim::AdamWParamState&>(*state));
+      fields = adam_fields(static_cast<const torch::optim::AdamWParamState&>(*state), copy);
     }
     if (!fields.empty()) checkpoint.optimizer_state[item.key()] = std::move(fields);
   }
+}
+
+}  // namespace
+
+void capture_optimizer(Checkpoint& checkpoint, const torch::optim::Optimizer& optimizer,
+                       const NamedTensors& parameters) {
+  capture_optimizer_state(checkpoint, optimizer, parameters, /*copy=*/true);
+}
+
+void capture_optimizer_views(Checkpoint& checkpoint, const torch::optim::Optimizer& optimizer,
+                             const NamedTensors& parameters) {
+  capture_optimizer_state(checkpoint, optimizer, parameters, /*copy=*/false);
 }
 
 void capture_torch_rng(Checkpoint& checkpoint) {

@@ -137,22 +137,24 @@ std::string memory_fit_text(const MemoryFit& fit) {
   if (fit.budget_per_rank > 0) {
     out << "the memory model's peaks (";
     for (std::size_t r = 0; r < fit.run.rank_peaks.size(); ++r) {
-      out << (r ? ", " : "") << "rank " << r << " " << partition::format_bytes(fit.run.rank_peaks[r]);
+      out << (r ? ", " : "") << "rank " << r << " "
+          << partition::format_bytes(fit.run.rank_peaks[r]);
     }
     out << ") pass the --memory-limit of " << partition::format_bytes(fit.budget_per_rank)
         << " per rank (pipetrain plan --memory shows their categories; docs/MEMORY.md).";
   } else {
     out << "this run needs " << partition::format_bytes(fit.run.needed) << " of memory on this "
-      << "machine and " << partition::format_bytes(fit.available.bytes) << " is available ("
-      << fit.available.source << "): " << fit.processes << " process"
-      << (fit.processes == 1 ? "" : "es") << " of "
-      << partition::format_bytes(fit.process_bytes) << " each before the model, and the memory "
-      << "model's peaks (";
-  for (std::size_t r = 0; r < fit.run.rank_peaks.size(); ++r) {
-    out << (r ? ", " : "") << "rank " << r << " " << partition::format_bytes(fit.run.rank_peaks[r]);
-  }
-  out << ")";
-  out << " (pipetrain plan --memory shows their categories; docs/MEMORY.md).";
+        << "machine and " << partition::format_bytes(fit.available.bytes) << " is available ("
+        << fit.available.source << "): " << fit.processes << " process"
+        << (fit.processes == 1 ? "" : "es") << " of " << partition::format_bytes(fit.process_bytes)
+        << " each before the model, and the memory "
+        << "model's peaks (";
+    for (std::size_t r = 0; r < fit.run.rank_peaks.size(); ++r) {
+      out << (r ? ", " : "") << "rank " << r << " "
+          << partition::format_bytes(fit.run.rank_peaks[r]);
+    }
+    out << ")";
+    out << " (pipetrain plan --memory shows their categories; docs/MEMORY.md).";
   }
   if (fit.alternatives.empty()) {
     out << " No ZeRO stage or checkpoint mode fits either: use more ranks (--pp), fewer or "

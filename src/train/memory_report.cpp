@@ -157,8 +157,8 @@ torch::Device parameters_device(torch::nn::Sequential& model) {
 
 TrainingMemoryProfile profile_training_memory(torch::nn::Sequential model,
                                               const torch::Tensor& host_inputs,
-                                              const torch::Tensor& host_targets,
-                                              const LossFn& loss, const PipeOptions& pipe,
+                                              const torch::Tensor& host_targets, const LossFn& loss,
+                                              const PipeOptions& pipe,
                                               const MemoryRunOptions& run) {
   if (run.device) {
     for (const torch::Tensor& parameter : model->parameters()) {
@@ -263,8 +263,8 @@ MemoryPrediction predict_from_profile(const TrainingMemoryProfile& measured,
   for (const torch::Device& device : pipe.devices()) {
     options.offload_frees_stash.push_back(device.is_cuda());
   }
-  prediction.ranks = pp::predict_memory(measured.profile, balance, measured.microbatch_size,
-                                        schedule, options);
+  prediction.ranks =
+      pp::predict_memory(measured.profile, balance, measured.microbatch_size, schedule, options);
   return prediction;
 }
 

@@ -63,8 +63,8 @@ ZeroUnit parse_zero_unit(const std::string& text) {
 void check_zero_options(const ZeroOptions& zero) {
   const int stage = zero.stage();
   check_reshard_after_forward(zero.reshard_after_forward(), stage);
-  PIPETRAIN_CHECK_INPUT(zero.prefetch_bytes() >= 0, "--zero3-prefetch must be 0 or more bytes, got ",
-                        zero.prefetch_bytes());
+  PIPETRAIN_CHECK_INPUT(zero.prefetch_bytes() >= 0,
+                        "--zero3-prefetch must be 0 or more bytes, got ", zero.prefetch_bytes());
   PIPETRAIN_CHECK_INPUT(zero.max_live_bytes() >= 0,
                         "--zero3-max-live must be 0 (no bound) or more bytes, got ",
                         zero.max_live_bytes());
@@ -139,9 +139,10 @@ ShardedOptimizer::ShardedOptimizer(Distributed* distributed, std::vector<torch::
                           ") shares its storage with other tensors (a view); give every "
                           "parameter storage of its own, or use --zero 2");
     // Stages 1 and 2 step slices of each parameter's storage in place.
-    PIPETRAIN_CHECK_INPUT(!aliased_ || p.is_contiguous(), "ZeRO steps slices of each parameter in "
-                          "place, and a parameter of rank ", rank_, " (shape ", p.sizes(),
-                          ") is not contiguous");
+    PIPETRAIN_CHECK_INPUT(!aliased_ || p.is_contiguous(),
+                          "ZeRO steps slices of each parameter in "
+                          "place, and a parameter of rank ",
+                          rank_, " (shape ", p.sizes(), ") is not contiguous");
     index[p.unsafeGetTensorImpl()] = q;
     total_ += p.numel();
   }
@@ -169,10 +170,12 @@ ShardedOptimizer::ShardedOptimizer(Distributed* distributed, std::vector<torch::
   PIPETRAIN_CHECK_INPUT(
       segment_gather_dtypes.empty() || segment_gather_dtypes.size() == groups.size(),
       "ZeRO: ", segment_gather_dtypes.size(), " gather dtypes for ", groups.size(), " segments");
-  PIPETRAIN_CHECK_INPUT(segment_stages.empty() || segment_stages.size() == groups.size(), "ZeRO: ",
-                        segment_stages.size(), " segment stages for ", groups.size(), " segments");
-  PIPETRAIN_CHECK_INPUT(segment_layers.empty() || segment_layers.size() == groups.size(), "ZeRO: ",
-                        segment_layers.size(), " segment layers for ", groups.size(), " segments");
+  PIPETRAIN_CHECK_INPUT(segment_stages.empty() || segment_stages.size() == groups.size(),
+                        "ZeRO: ", segment_stages.size(), " segment stages for ", groups.size(),
+                        " segments");
+  PIPETRAIN_CHECK_INPUT(segment_layers.empty() || segment_layers.size() == groups.size(),
+                        "ZeRO: ", segment_layers.size(), " segment layers for ", groups.size(),
+                        " segments");
   PIPETRAIN_CHECK_INPUT(segment_accumulates.empty() || segment_accumulates.size() == groups.size(),
                         "ZeRO: ", segment_accumulates.size(), " accumulate flags for ",
                         groups.size(), " segments");
@@ -186,8 +189,7 @@ ShardedOptimizer::ShardedOptimizer(Distributed* distributed, std::vector<torch::
     PIPETRAIN_CHECK_INPUT(c10::isFloatingType(segment.gather_dtype) &&
                               c10::elementSize(segment.gather_dtype) <= c10::elementSize(dtype),
                           "ZeRO: segment ", k, " would gather in ", segment.gather_dtype,
-                          "; a floating dtype no wider than the parameters' ", dtype,
-                          " is needed");
+                          "; a floating dtype no wider than the parameters' ", dtype, " is needed");
     segment.stage = segment_stages.empty() ? -1 : segment_stages[k];
     segment.layer = segment_layers.empty() ? -1 : segment_layers[k];
     segment.parameters = std::move(group);
@@ -205,7 +207,8 @@ ShardedOptimizer::ShardedOptimizer(Distributed* distributed, std::vector<torch::
     const int64_t piece_start = segment.start + replica_ * segment.piece;
     for (size_t q : segment.parameters) {
       const int64_t lo = std::max(offsets_[q], piece_start);
-      const int64_t hi = std::min(offsets_[q] + parameters_[q].numel(), piece_start + segment.piece);
+      const int64_t hi =
+          std::min(offsets_[q] + parameters_[q].numel(), piece_start + segment.piece);
       if (hi <= lo) continue;
       slices_.push_back(Slice{q, lo - offsets_[q], segment.shard_offset + lo - piece_start, hi - lo,
                               counts.count(parameters_[q].unsafeGetTensorImpl()) > 0});
@@ -234,8 +237,8 @@ ShardedOptimizer::ShardedOptimizer(Distributed* distributed, std::vector<torch::
     s.streamed = streams_ && (segment_accumulates.empty() || !segment_accumulates[k]);
     if (s.streamed) streamed_of_layer_[{s.stage, s.layer}].push_back(k);
     if (!by_layer_) continue;
-    auto [found, fresh] = unit_of_layer_.emplace(std::make_pair(s.stage, s.layer),
-                                                 static_cast<int>(units_.size()));
+    auto [found, fresh] =
+        unit_of_layer_.emplace(std::make_pair(s.stage, s.layer), static_cast<int>(units_.size()));
     if (fresh) units_.push_back(Unit{s.stage, s.layer, {}, 0});
     Unit& unit = units_[static_cast<size_t>(found->second)];
     unit.segments.push_back(k);
@@ -287,8 +290,8 @@ void ShardedOptimizer::place_state(const torch::TensorOptions& options) {
   auto& states = inner_->state();
   std::vector<torch::Tensor> fields;
   if (name_ == "sgd") {
-    const auto& group = static_cast<const torch::optim::SGDOptions&>(
-        inner_->param_groups().front().options());
+    const auto& group =
+        static_cast<const torch::optim::SGDOptions&>(inner_->param_groups().front().options());
     if (group.momentum() == 0 || group.dampening() != 0) return;
     fields.push_back(torch::zeros({shard_size_}, options));
     for (size_t i = 0; i < parts_.size(); ++i) {
@@ -412,9 +415,9 @@ void ShardedOptimizer::step() {  // [3]
     g.piece = piece_values(k);
     // One parameter needing no padding, where the collectives run: gathered into itself.
     const torch::Tensor& first = parameters_[s.parameters.front()];
-    g.pooled_flat = !(s.parameters.size() == 1 && first.numel() == s.padded &&
-                      first.is_contiguous() && first.device() == comm_device_ &&
-                      first.scalar_type() == g.piece.scalar_type());
+    g.pooled_flat =
+        !(s.parameters.size() == 1 && first.numel() == s.padded && first.is_contiguous() &&
+          first.device() == comm_device_ && first.scalar_type() == g.piece.scalar_type());
     g.flat = g.pooled_flat ? pool_->take(s.padded, g.piece.options().pinned_memory(to_device))
                            : first.detach().view({-1});
     // Counted with the reductions' buffers: the step's gathers are their mirror image.

@@ -46,8 +46,9 @@ torch::Tensor& ShardedOptimizer::reduced_gradient() {
   return comm_grad_;
 }
 
-torch::Tensor ShardedOptimizer::pack_gradients(
-    size_t k, const std::function<torch::Tensor(size_t q)>& grad, bool* pooled) const {
+torch::Tensor ShardedOptimizer::pack_gradients(size_t k,
+                                               const std::function<torch::Tensor(size_t q)>& grad,
+                                               bool* pooled) const {
   const Segment& s = segments_[k];
   *pooled = true;
   if (s.parameters.size() == 1 && parameters_[s.parameters.front()].numel() == s.padded) {
@@ -147,8 +148,8 @@ void ShardedOptimizer::start_reduce(size_t segment) {  // [1], one segment ahead
   auto launch = [this, segment]() {
     torch::NoGradGuard no_grad;  // per thread
     bool pooled = true;
-    torch::Tensor flat =
-        pack_gradients(segment, [this](size_t q) { return parameters_[q].grad(); }, &pooled);
+    torch::Tensor flat = pack_gradients(
+        segment, [this](size_t q) { return parameters_[q].grad(); }, &pooled);
     started_[segment] = start_reduce_scatter(segment, std::move(flat), /*add=*/false, pooled);
   };
   // On a GPU the pack is an asynchronous copy on the stream: here, after what the thread has.
@@ -175,13 +176,16 @@ void ShardedOptimizer::gradients(int j, std::size_t l, const std::vector<torch::
       streams_in_flight_.pop_front();
     }
     bool pooled = true;
-    torch::Tensor flat = pack_gradients(k, [&](size_t q) {
-      const auto entry = at.find(parameters_[q].unsafeGetTensorImpl());
-      if (entry == at.end()) return torch::Tensor();
-      torch::Tensor g = std::move(grads[entry->second]);  // taken: not accumulated into .grad()
-      grads[entry->second] = torch::Tensor();
-      return g;
-    }, &pooled);
+    torch::Tensor flat = pack_gradients(
+        k,
+        [&](size_t q) {
+          const auto entry = at.find(parameters_[q].unsafeGetTensorImpl());
+          if (entry == at.end()) return torch::Tensor();
+          torch::Tensor g = std::move(grads[entry->second]);  // taken: not accumulated into .grad()
+          grads[entry->second] = torch::Tensor();
+          return g;
+        },
+        &pooled);
     streams_in_flight_.push_back(start_reduce_scatter(k, std::move(flat), /*add=*/true, pooled));
   }
   return_freed_memory();  // the layer's gradients are packed and gone
@@ -208,8 +212,8 @@ void ShardedOptimizer::reduce_gradients() {  // [1]
     for (size_t k = 0; k < segments_.size(); ++k) {
       if (segments_[k].streamed) continue;
       bool pooled = true;
-      torch::Tensor flat =
-          pack_gradients(k, [this](size_t q) { return parameters_[q].grad(); }, &pooled);
+      torch::Tensor flat = pack_gradients(
+          k, [this](size_t q) { return parameters_[q].grad(); }, &pooled);
       in_flight.push_back(start_reduce_scatter(k, std::move(flat), /*add=*/false, pooled));
       if (in_flight.size() > 1) finish_oldest();
     }

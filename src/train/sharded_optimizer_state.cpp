@@ -85,6 +85,48 @@ void ShardedOptimizer::capture(Checkpoint& part, const NamedTensors& named) {
   }
 }
 
+std::vector<ShardedOptimizer::OwnedSlice> ShardedOptimizer::owned_slices(
+    const NamedTensors& named) {
+  reduce_thread_.drain();  // nothing of the last step in flight
+  Checkpoint views;
+  capture_optimizer_views(views, *inner_, part_names(parts_));
+  std::map<const void*, size_t> index;
+  for (size_t q = 0; q < parameters_.size(); ++q) index[parameters_[q].unsafeGetTensorImpl()] = q;
+  std::multimap<size_t, std::string> names;
+  for (const auto& item : named) {
+    const auto found = index.find(item.value().unsafeGetTensorImpl());
+    if (found != index.end()) names.emplace(found->second, item.key());
+  }
+  // Stage 3 while the parameters are the truth (after construction, gather_all() or a restore):
+  // from them; else from what the inner optimizer steps (the shard, or slices of the parameters).
+  const bool from_parameters = stage_ == 3 && parameters_are_truth_;
+  std::vector<OwnedSlice> owned;
+  for (size_t i = 0; i < slices_.size(); ++i) {
+    const Slice& s = slices_[i];
+    const torch::Tensor values =
+        from_parameters
+            ? flat_parameter(s.parameter).detach().narrow(0, s.parameter_offset, s.length)
+            : parts_[i].detach();
+    const auto state = views.optimizer_state.find("shard." + std::to_string(i));
+    const auto range = names.equal_range(s.parameter);
+    for (auto it = range.first; it != range.second; ++it) {
+      OwnedSlice slice{it->second, s.parameter_offset, values, {}};
+      if (state != views.optimizer_state.end()) slice.state = state->second;
+      owned.push_back(std::move(slice));
+    }
+  }
+  // A parameter that lies wholly in other replicas' pieces: owned here with no elements.
+  std::set<size_t> with_slice;
+  for (const Slice& s : slices_) with_slice.insert(s.parameter);
+  for (const auto& [q, name] : names) {
+    if (!with_slice.count(q)) {
+      owned.push_back(
+          {name, 0, torch::empty({0}, parameters_[q].options().requires_grad(false)), {}});
+    }
+  }
+  return owned;
+}
+
 void ShardedOptimizer::restore(const Checkpoint& checkpoint, const NamedTensors& named) {
   if (checkpoint.optimizer_state.empty()) return;  // no step was taken before the save
   if (checkpoint.optimizer != name_) {
@@ -129,8 +171,8 @@ void ShardedOptimizer::restore(const Checkpoint& checkpoint, const NamedTensors&
     torch::Tensor shard = torch::zeros({shard_size_}, sample.options());
     for (const Slice& s : slices_) {
       shard.narrow(0, s.shard_offset, s.length)
-          .copy_(states[s.parameter]->at(field).reshape({-1}).narrow(0, s.parameter_offset,
-                                                                     s.length));
+          .copy_(
+              states[s.parameter]->at(field).reshape({-1}).narrow(0, s.parameter_offset, s.length));
     }
     shard_state[field] = shard;
   }

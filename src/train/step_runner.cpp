@@ -272,6 +272,23 @@ class DistributedRunner : public StepRunner {
     }
     return merged;
   }
+  ShardPlacement shard_placement() const override {
+    ShardPlacement placement;
+    placement.tensor_parallel = {split_, distributed_.tp_rank(),
+                                 distributed_.layout().tensor_parallel};
+    placement.replica = distributed_.replica();
+    placement.replicas = distributed_.layout().replicas;
+    return placement;
+  }
+  std::vector<std::string> gather_text(const std::string& mine) override {
+    std::vector<std::vector<char>> parts = distributed_.world()->world_group()->gather_bytes(
+        std::vector<char>(mine.begin(), mine.end()));
+    if (!is_main()) return {};
+    std::vector<std::string> texts;
+    for (const auto& part : parts) texts.emplace_back(part.begin(), part.end());
+    return texts;
+  }
+  void barrier() override { distributed_.world()->world_group()->barrier(); }
   EventLog gather_events(const EventLog& mine) override {
     std::vector<std::vector<char>> parts =
         distributed_.world()->world_group()->gather_bytes(mine.serialize());

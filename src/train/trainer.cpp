@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <optional>
 
@@ -20,6 +21,7 @@
 #include "pipetrain/train/grad_clip.h"
 #include "pipetrain/train/lr_schedule.h"
 #include "pipetrain/train/optimizer.h"
+#include "pipetrain/train/sharded_checkpoint.h"
 
 namespace pipetrain::train {
 namespace {
@@ -233,7 +235,7 @@ TrainSummary Trainer::fit() {
     }
     if (options_.save_every() > 0 && (k + 1) % options_.save_every() == 0 && k + 1 < total &&
         !options_.checkpoint_dir().empty()) {
-      save_checkpoint(checkpoint_path(options_.checkpoint_dir()), k + 1);  // [5]
+      write_checkpoint(k + 1);  // [5]
     }
     const bool last_of_short_epoch =
         k + 1 == total && batches_.per_epoch() > 0 && !batches_.ends_epoch(k);
@@ -259,8 +261,7 @@ TrainSummary Trainer::fit() {
   // ZeRO-3 leaves the parameters sharded (whole, every rank's would be what ZeRO-3 exists not
   // to hold): gather_weights(), evaluate() and the checkpoint gather them.
   if (!options_.checkpoint_dir().empty()) {
-    summary.checkpoint_path = checkpoint_path(options_.checkpoint_dir());
-    save_checkpoint(summary.checkpoint_path, total);
+    summary.checkpoint_path = write_checkpoint(total);
   }
   if (tracing) write_trace(summary);
   return summary;
@@ -305,6 +306,85 @@ void Trainer::save_checkpoint(const std::string& path, int64_t steps_done) {
   const std::filesystem::path parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
   train::save_checkpoint(path, *whole);
+}
+
+std::string Trainer::write_checkpoint(int64_t steps_done) {
+  if (options_.checkpoint_format() == "sharded") {
+    return save_sharded_checkpoint(options_.checkpoint_dir(), steps_done,
+                                   options_.keep_checkpoints());
+  }
+  const std::string path = checkpoint_path(options_.checkpoint_dir());
+  save_checkpoint(path, steps_done);
+  return path;
+}
+
+std::string Trainer::save_sharded_checkpoint(const std::string& directory, int64_t steps_done,
+                                             int keep) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::string partial = sharded_step_directory(directory, steps_done) + ".tmp";
+  if (runner_.is_main()) {
+    std::filesystem::create_directories(directory);
+    std::filesystem::remove_all(partial);
+    std::filesystem::create_directories(partial);
+  }
+  runner_.barrier();  // the directory is there
+  // This rank's tensors where they live: no copy, nothing gathered (ZeRO-3's shards stay shards).
+  Checkpoint part;
+  for (const auto& item : runner_.named_parameters()) part.parameters[item.key()] = item.value();
+  for (const auto& item : runner_.named_buffers()) part.buffers[item.key()] = item.value();
+  std::vector<OwnedElements> owned;
+  if (sharded_) {
+    part.optimizer = sharded_->optimizer_name();
+    owned = sharded_->owned_slices(runner_.named_parameters());
+  } else {
+    capture_optimizer_views(part, *optimizer_, runner_.named_parameters());
+  }
+  part.stage_rng_states = runner_.stage_rng_states();
+  if (runner_.is_main()) capture_torch_rng(part);
+  const ShardPlacement placement = runner_.shard_placement();
+  const std::vector<ShardPieceSource> pieces =
+      rank_pieces(part, owned, placement, runner_.is_main());
+  char file_name[64];
+  std::snprintf(file_name, sizeof file_name, "rank-%05d.safetensors", runner_.process_index());
+  const std::string file = file_name;
+  const ShardFileWritten written =
+      write_shard_file((std::filesystem::path(partial) / file).string(), pieces);
+  last_save_.bytes = written.bytes;
+  last_save_.buffer_bytes = written.buffer_bytes;
+  const nlohmann::json mine = {{"file", file},
+                               {"tensors", io::shard_tensors_to_json(written.tensors)}};
+  const std::vector<std::string> all = runner_.gather_text(mine.dump());
+  const std::string step_directory = sharded_step_directory(directory, steps_done);
+  if (runner_.is_main()) {
+    std::vector<std::pair<std::string, std::map<std::string, io::ShardTensor>>> files;
+    for (const std::string& text : all) {
+      const nlohmann::json j = nlohmann::json::parse(text);
+      const std::string name = j.at("file").get<std::string>();
+      files.emplace_back(name, io::shard_tensors_from_json(j.at("tensors"), name, 1));
+    }
+    const int64_t per_epoch = batches_.per_epoch();
+    nlohmann::json state = {
+        {"step", steps_done},
+        {"epoch", batches_.epoch_of(steps_done)},
+        {"batch", per_epoch > 0 ? steps_done % per_epoch : steps_done},
+        {"optimizer", sharded_ ? sharded_->optimizer_name() : optimizer_name(*optimizer_)},
+        {"metadata", options_.metadata()}};
+    if (scaler_) {
+      state["metadata"]["loss_scaler"] = {{"scale", scaler_->scale()},
+                                          {"good_steps", scaler_->good_steps()}};
+    }
+    const nlohmann::json layout = {{"processes", runner_.processes()},
+                                   {"tp", placement.tensor_parallel.size},
+                                   {"dp", placement.replicas},
+                                   {"zero", options_.zero()},
+                                   {"runner", runner_.description()}};
+    commit_sharded_checkpoint(directory, steps_done, partial,
+                              make_shard_index(files, std::move(state), layout), keep);
+  }
+  runner_.barrier();  // `latest` names it on every rank's return
+  last_save_.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return step_directory;
 }
 
 void Trainer::write_trace(TrainSummary& summary) {
@@ -391,6 +471,9 @@ void check_restart_options(int max_restarts, int nproc, const std::string& check
 std::optional<std::string> checkpoint_after_restart(const std::string& directory,
                                                     int restart_count) {
   if (restart_count <= 0 || directory.empty()) return std::nullopt;
+  if (std::filesystem::exists(std::filesystem::path(directory) / "latest")) {
+    return directory;  // sharded: its latest complete checkpoint
+  }
   const std::string file = checkpoint_path(directory);
   if (!std::filesystem::exists(file)) return std::nullopt;
   return file;

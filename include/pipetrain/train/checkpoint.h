@@ -91,6 +91,11 @@ void capture_model(Checkpoint& checkpoint, const torch::nn::Module& model);
 // an optimizer that is not sgd/adam/adamw.
 void capture_optimizer(Checkpoint& checkpoint, const torch::optim::Optimizer& optimizer,
                        const NamedTensors& parameters);
+// The same without copies: the optimizer's live state tensors (detached, where they live; "step"
+// a new scalar), for writing them out as they are (train/sharded_checkpoint.h). They change with
+// the next step.
+void capture_optimizer_views(Checkpoint& checkpoint, const torch::optim::Optimizer& optimizer,
+                             const NamedTensors& parameters);
 void capture_torch_rng(Checkpoint& checkpoint);
 
 // Adds the names of `part` to `into` (multi-process: each rank captures its stages, one rank

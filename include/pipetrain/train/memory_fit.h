@@ -44,18 +44,18 @@ std::int64_t peak_resident_bytes();
 
 // One way to run, and what it needs here.
 struct MemoryNeed {
-  std::string settings;                   // "--zero 3", "" for the run as given
-  std::vector<std::int64_t> rank_peaks;   // the model's total per pipeline rank
-  std::int64_t needed = 0;                // on this machine, footprints included
+  std::string settings;                  // "--zero 3", "" for the run as given
+  std::vector<std::int64_t> rank_peaks;  // the model's total per pipeline rank
+  std::int64_t needed = 0;               // on this machine, footprints included
 };
 
 struct MemoryFit {
-  MemoryNeed run;                         // as given
-  std::int64_t process_bytes = 0;         // each process's own footprint
-  int processes = 1;                      // the run's processes on this machine
+  MemoryNeed run;                  // as given
+  std::int64_t process_bytes = 0;  // each process's own footprint
+  int processes = 1;               // the run's processes on this machine
   AvailableMemory available;
-  std::int64_t budget_per_rank = 0;       // > 0: each rank's peak against it instead
-  std::vector<MemoryNeed> alternatives;   // those that fit, least memory first
+  std::int64_t budget_per_rank = 0;      // > 0: each rank's peak against it instead
+  std::vector<MemoryNeed> alternatives;  // those that fit, least memory first
   bool fits(const MemoryNeed& need) const;
   bool fits() const { return fits(run); }
 };

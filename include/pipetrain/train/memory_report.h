@@ -86,8 +86,8 @@ struct MemoryRunOptions {
   // ZeRO's other settings (the stage, resharding and offload above win over theirs); the
   // overlap and bucket size come from the PipeOptions.
   ZeroOptions zero_options;
-  bool offload_optimizer = false;      // ZeRO-Offload
-  bool cast_gather = true;             // ZeRO 3 under bf16/fp16: ZeroOptions::cast_gather
+  bool offload_optimizer = false;  // ZeRO-Offload
+  bool cast_gather = true;         // ZeRO 3 under bf16/fp16: ZeroOptions::cast_gather
   int data_parallel = 1;
   bool processes = false;  // one process per pipeline rank (the c10d transport)
   // Where to profile: the model is moved there first where any of its parameters is elsewhere
@@ -120,15 +120,14 @@ std::int64_t loss_saved_bytes(const torch::Tensor& output, const torch::Tensor& 
 // elsewhere (models::profile_llama) serves as well.
 struct TrainingMemoryProfile {
   partition::ModelProfile profile;
-  int microbatches = 1;               // per replica and step
-  std::int64_t microbatch_size = 0;   // rows of the largest
-  std::int64_t loss_bytes = 0;        // what the loss keeps per micro-batch
+  int microbatches = 1;              // per replica and step
+  std::int64_t microbatch_size = 0;  // rows of the largest
+  std::int64_t loss_bytes = 0;       // what the loss keeps per micro-batch
 };
 TrainingMemoryProfile profile_training_memory(torch::nn::Sequential model,
                                               const torch::Tensor& inputs,
                                               const torch::Tensor& targets, const LossFn& loss,
-                                              const PipeOptions& pipe,
-                                              const MemoryRunOptions& run);
+                                              const PipeOptions& pipe, const MemoryRunOptions& run);
 MemoryPrediction predict_from_profile(const TrainingMemoryProfile& measured,
                                       const PipeOptions& pipe, const MemoryRunOptions& run);
 

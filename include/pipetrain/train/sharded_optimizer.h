@@ -106,19 +106,19 @@
 #include <deque>
 #include <functional>
 #include <map>
-#include <tuple>
 #include <memory>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <torch/arg.h>
 #include <torch/optim/optimizer.h>
 #include <torch/types.h>
 
+#include "pipetrain/partition/memory.h"
 #include "pipetrain/runtime/collective_log.h"
 #include "pipetrain/runtime/communication_thread.h"
-#include "pipetrain/partition/memory.h"
 #include "pipetrain/runtime/distributed.h"
 #include "pipetrain/runtime/pipe.h"
 #include "pipetrain/runtime/step.h"
@@ -128,6 +128,7 @@
 #include "pipetrain/train/buffer_pool.h"
 #include "pipetrain/train/checkpoint.h"
 #include "pipetrain/train/optimizer.h"
+#include "pipetrain/train/sharded_checkpoint.h"
 
 namespace pipetrain {
 class DistributedPipe;
@@ -340,6 +341,14 @@ class ShardedOptimizer : public StageParameters, public StageParameterHooks {
   // state under the names of `named`, which must name the constructor's parameters); the other
   // replicas add nothing.
   void capture(Checkpoint& part, const NamedTensors& named);
+  // What this replica owns of each of its parameters (under every name `named` gives it): its
+  // elements [offset, offset + values.numel()) of the parameter's flat elements, and the inner
+  // optimizer's state over them ({} before the first step; "step" a scalar). Views, no copy: a
+  // sharded checkpoint writes them where they are (train/sharded_checkpoint.h). The replicas'
+  // slices of a parameter tile it; a parameter wholly in other replicas' pieces comes with no
+  // elements. Not collective; valid until the next step.
+  using OwnedSlice = OwnedElements;
+  std::vector<OwnedSlice> owned_slices(const NamedTensors& named);
   // This replica's shard of the checkpoint's per-parameter state. Throws CheckpointError for
   // another optimizer, a wrong shape, or state for some of this rank's parameters but not all.
   void restore(const Checkpoint& checkpoint, const NamedTensors& named);
@@ -401,8 +410,8 @@ class ShardedOptimizer : public StageParameters, public StageParameterHooks {
     torch::Tensor piece;  // this replica's piece (received, or sent)
     std::function<void()> wait;
     double start_us = 0;
-    bool add = false;   // a reduction: add the piece to the shard's gradient, not copy
-    bool own_piece = false;  // `piece` is a buffer of its own (not the shard gradient's)
+    bool add = false;         // a reduction: add the piece to the shard's gradient, not copy
+    bool own_piece = false;   // `piece` is a buffer of its own (not the shard gradient's)
     bool pooled_flat = true;  // `flat` came from the pool (not a gradient reduced in place)
     int64_t bytes = 0;  // its buffers (`flat`, and `piece` where it is not the gradient's own)
   };
@@ -445,8 +454,8 @@ class ShardedOptimizer : public StageParameters, public StageParameterHooks {
   torch::Tensor gather_source() const;
   // Calls f(gradient of slice s, slice s) for every slice of the shard (aliased_ stage 1: the
   // slices of the parameters' .grad(); else the shard's gradient).
-  void for_each_slice_gradient(const std::function<void(const torch::Tensor&, const Slice&)>& f)
-      const;
+  void for_each_slice_gradient(
+      const std::function<void(const torch::Tensor&, const Slice&)>& f) const;
 
   // Stage 3: segment k's parameters whole: started (the all-gather in flight into `gathered`) and
   // finished (their storage pointing into the gathered buffer).

@@ -40,6 +40,7 @@
 #include "pipetrain/train/checkpoint.h"
 #include "pipetrain/train/event_log.h"
 #include "pipetrain/train/optimizer.h"
+#include "pipetrain/train/sharded_checkpoint.h"
 #include "pipetrain/train/sharded_optimizer.h"
 
 namespace pipetrain::train {
@@ -89,6 +90,13 @@ class StepRunner {
   virtual bool is_main() const { return true; }
   // Every rank passes its part; the main rank gets them merged, other ranks nullopt.
   virtual std::optional<Checkpoint> gather(const Checkpoint& part) { return part; }
+  // Sharded checkpoints (train/sharded_checkpoint.h): where this rank's tensors lie in the
+  // global ones (its tensor-parallel place, its data-parallel replica).
+  virtual ShardPlacement shard_placement() const { return {}; }
+  // Every rank passes a text; the main rank gets every rank's in rank order, the others {}.
+  virtual std::vector<std::string> gather_text(const std::string& mine) { return {mine}; }
+  // Every rank waits until every rank is here.
+  virtual void barrier() {}
   // Every rank passes its events; the main rank gets them merged.
   virtual EventLog gather_events(const EventLog& mine) { return mine; }
   // Tensor bytes this rank's transport has sent to other ranks so far (activations, gradients);

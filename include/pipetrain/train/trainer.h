@@ -110,6 +110,11 @@ struct TrainerOptions {
   TORCH_ARG(std::string, checkpoint_dir) = "";
   /// A checkpoint every this many steps (0 = only the final one). Default 0.
   TORCH_ARG(int64_t, save_every) = 0;
+  /// "file": checkpoint_dir/checkpoint.pt, gathered into one file by the main rank; "sharded":
+  /// checkpoint_dir/step-N/, every rank writing its own part (train/sharded_checkpoint.h).
+  TORCH_ARG(std::string, checkpoint_format) = "file";
+  /// Sharded: keep the newest this many complete checkpoints (0 = all).
+  TORCH_ARG(int, keep_checkpoints) = 0;
   /// Stored in each checkpoint's metadata (model name, options, data, ...).
   TORCH_ARG(nlohmann::json, metadata) = nlohmann::json::object();
   /// Chrome trace of every step's actions, written by the main rank at the end; "" = none.
@@ -209,6 +214,17 @@ class Trainer {
   // Collective: every rank's part captured and merged on the main rank, which writes it
   // atomically to `path` (other ranks write nothing).
   void save_checkpoint(const std::string& path, int64_t steps_done);
+  // Collective: every rank writes what it owns into `directory`/step-N (no gather:
+  // train/sharded_checkpoint.h), keeping the newest `keep` (0: all); returns the step directory.
+  std::string save_sharded_checkpoint(const std::string& directory, int64_t steps_done,
+                                      int keep = 0);
+  // What the last sharded save wrote on this rank: bytes, the host buffer it needed, seconds.
+  struct SaveFigures {
+    uint64_t bytes = 0;
+    int64_t buffer_bytes = 0;
+    double seconds = 0;
+  };
+  const SaveFigures& last_save() const { return last_save_; }
 
   // The optimizer that steps this rank's parameters; with ZeRO the inner optimizer of this
   // replica's shard.
@@ -239,6 +255,9 @@ class Trainer {
   std::vector<torch::Tensor> parameters_;  // runner_.parameters(), for clipping
   int64_t first_step_ = 0;
   EventLog events_;
+  SaveFigures last_save_;
+  // The checkpoint of `steps_done` in the run's format; returns its path.
+  std::string write_checkpoint(int64_t steps_done);
 };
 
 // The file a Trainer writes its checkpoints to in `directory`: "<directory>/checkpoint.pt".
@@ -263,7 +282,8 @@ void check_offload_optimizer(bool offload, int zero);
 
 // Where a restarted job continues (torchrun --max-restarts, launch_local's max_restarts): on a
 // restart (restart_count > 0, DistributedEnvironment::restart_count) the checkpoint in
-// `directory` when one was written, which Trainer::resume takes; nullopt on a first attempt, and
+// `directory` when one was written (DIR/checkpoint.pt, or DIR itself when a sharded checkpoint
+// named by DIR/latest is there), which Trainer::resume takes; nullopt on a first attempt, and
 // on a restart that came before the first checkpoint (the job starts over, which is exact too:
 // the same seeds give the same run).
 std::optional<std::string> checkpoint_after_restart(const std::string& directory,

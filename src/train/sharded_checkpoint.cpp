@@ -1,0 +1,648 @@
+// Sharded checkpoints (pipetrain/train/sharded_checkpoint.h).
+#include "pipetrain/train/sharded_checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+#include <set>
+#include <sstream>
+
+
+#include "pipetrain/base/atomic_file.h"
+#include "pipetrain/io/mapped_file.h"
+#include "pipetrain/io/safetensors.h"
+
+namespace pipetrain::train {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr const char* kLatestFile = "latest";
+
+[[noreturn]] void fail(const std::string& path, const std::string& step, int error) {
+  throw FileError("cannot write '" + path + "': " + step + ": " + std::strerror(error));
+}
+
+void write_all(int fd, const char* data, size_t size, const std::string& path) {
+  while (size > 0) {
+    const ssize_t n = ::write(fd, data, size);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail(path, "write", errno);
+    }
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
+// Best effort where a file system cannot fsync a directory (EINVAL).
+void sync_directory(const std::string& directory) {
+  const int fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) fail(directory, "open directory", errno);
+  if (::fsync(fd) != 0 && errno != EINVAL) {
+    const int error = errno;
+    ::close(fd);
+    fail(directory, "fsync of directory", error);
+  }
+  ::close(fd);
+}
+
+std::vector<int64_t> dims(c10::IntArrayRef sizes) {
+  return sizes.vec();
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+// The d-th of `replicas` runs of [0, n): [d n / R, (d + 1) n / R).
+std::pair<int64_t, int64_t> share(int64_t n, int replica, int replicas) {
+  return {n * replica / replicas, n * (replica + 1) / replicas};
+}
+
+int64_t parse_step_directory(const std::string& name) {
+  if (name.rfind("step-", 0) != 0 || name.size() <= 5) return -1;
+  const std::string digits = name.substr(5);
+  if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return -1;
+  return digits.size() > 18 ? -1 : std::stoll(digits);
+}
+
+}  // namespace
+
+ShardFileWritten write_shard_file(const std::string& path,
+                                  const std::vector<ShardPieceSource>& pieces) {
+  ShardFileWritten written;
+  std::vector<io::SafetensorsLayoutEntry> layout;
+  std::map<std::string, int> count;
+  int64_t largest_copy = 0;
+  for (const ShardPieceSource& piece : pieces) {
+    const int64_t n = piece.region.elements();
+    TORCH_CHECK(piece.values.numel() == n, "shard piece of '", piece.name, "' has ",
+                piece.values.numel(), " values for ", n, " elements");
+    const std::string key = piece.name + "#" + std::to_string(count[piece.name]++);
+    layout.push_back({key, io::safetensors_dtype_of(piece.values.scalar_type()), {n}});
+    if (!piece.values.device().is_cpu() || !piece.values.is_contiguous()) {
+      largest_copy = std::max<int64_t>(largest_copy, piece.values.nbytes());
+    }
+  }
+  const std::string header = io::serialize_safetensors_header(layout);
+  const std::string directory = fs::path(path).parent_path().string();
+  std::string temporary = directory + "/." + fs::path(path).filename().string() + ".tmp-XXXXXX";
+  std::vector<char> name(temporary.begin(), temporary.end());
+  name.push_back('\0');
+  const int fd = ::mkstemp(name.data());
+  if (fd < 0) fail(path, "create a temporary file", errno);
+  temporary = name.data();
+  try {
+    if (::fchmod(fd, 0644) != 0) fail(path, "fchmod", errno);
+    write_all(fd, header.data(), header.size(), path);
+    uint64_t offset = header.size();
+    // One host buffer for the pieces that are not contiguous CPU memory (a GPU's, a strided view).
+    torch::Tensor buffer;
+    if (largest_copy > 0) buffer = torch::empty({largest_copy}, torch::kUInt8);
+    written.buffer_bytes = largest_copy;
+    for (const ShardPieceSource& piece : pieces) {
+      torch::Tensor values = piece.values.detach();
+      if (!values.device().is_cpu() || !values.is_contiguous()) {
+        torch::Tensor host =
+            buffer.narrow(0, 0, values.nbytes()).view(values.scalar_type()).view(values.sizes());
+        host.copy_(values);
+        values = host;
+      }
+      const char* data = static_cast<const char*>(values.data_ptr());
+      const size_t bytes = values.nbytes();
+      write_all(fd, data, bytes, path);
+      io::ShardTensor& tensor = written.tensors[piece.name];
+      tensor.dtype = io::safetensors_dtype_of(values.scalar_type());
+      tensor.shape = piece.shape;
+      io::ShardPiece stored;
+      stored.file = 0;
+      stored.begin = offset;
+      stored.end = offset + bytes;
+      stored.region = piece.region;
+      stored.crc32 = io::crc32_update(0, data, bytes);
+      tensor.pieces.push_back(std::move(stored));
+      offset += bytes;
+    }
+    written.bytes = offset;
+    if (::fsync(fd) != 0) fail(path, "fsync", errno);
+    if (::close(fd) != 0) {
+      ::unlink(temporary.c_str());
+      fail(path, "close", errno);
+    }
+  } catch (...) {
+    ::close(fd);
+    ::unlink(temporary.c_str());
+    throw;
+  }
+  if (::rename(temporary.c_str(), path.c_str()) != 0) {
+    const int error = errno;
+    ::unlink(temporary.c_str());
+    fail(path, "rename", error);
+  }
+  return written;
+}
+
+TensorBox tensor_box(const TensorParallelSlice& slice, const std::string& name,
+                     c10::IntArrayRef local) {
+  TensorBox box;
+  box.shape = dims(local);
+  box.region = io::ShardRegion::whole(box.shape);
+  const std::optional<parallel::TensorSplit> split =
+      slice.size > 1 && slice.split ? slice.split(name) : std::nullopt;
+  if (!split) {
+    box.writer = slice.rank == 0;
+    return box;
+  }
+  const int parts = split->parts(slice.size);
+  const size_t dim = static_cast<size_t>(split->dim);
+  TORCH_CHECK(dim < box.shape.size(), "tensor-parallel split of '", name, "' along dimension ", dim,
+              " of a tensor of ", box.shape.size());
+  box.shape[dim] *= parts;
+  box.region.offsets[dim] = split->part_of(slice.rank) * local[dim];
+  box.writer = slice.rank % split->replicas == 0;
+  return box;
+}
+
+std::vector<ShardPieceSource> rank_pieces(const Checkpoint& part,
+                                          const std::vector<OwnedElements>& owned,
+                                          const ShardPlacement& placement, bool main) {
+  std::vector<ShardPieceSource> pieces;
+  const TensorParallelSlice& tp = placement.tensor_parallel;
+  // A tensor this rank holds whole (its tp box): its data-parallel share, where it writes it.
+  auto add_shared = [&](const std::string& key, const std::string& name, const torch::Tensor& t,
+                        const TensorBox& box) {
+    if (!box.writer) return;
+    const auto [begin, end] = share(t.numel(), placement.replica, placement.replicas);
+    if (begin == end) return;
+    io::ShardRegion region = box.region;
+    region.flat_begin = begin;
+    region.flat_end = end;
+    pieces.push_back(
+        {key, box.shape, region, t.detach().reshape({-1}).narrow(0, begin, end - begin)});
+    (void)name;
+  };
+  // A scalar or a tensor of another shape than its parameter (a step count): whole, written once
+  // (by replica 0 of the rank holding the parameter's first element).
+  auto add_once = [&](const std::string& key, const torch::Tensor& t) {
+    const std::vector<int64_t> shape = dims(t.sizes());
+    pieces.push_back({key, shape, io::ShardRegion::whole(shape), t.detach().reshape({-1})});
+  };
+  auto holds_first = [](const TensorBox& box) {
+    return box.writer && std::all_of(box.region.offsets.begin(), box.region.offsets.end(),
+                                     [](int64_t o) { return o == 0; });
+  };
+  std::set<std::string> zero_names;
+  for (const OwnedElements& slice : owned) {
+    zero_names.insert(slice.name);
+    const auto live = part.parameters.find(slice.name);
+    TORCH_CHECK(live != part.parameters.end(), "ZeRO slice of '", slice.name,
+                "', a parameter the rank does not hold");
+    const TensorBox box = tensor_box(tp, slice.name, live->second.sizes());
+    if (!box.writer) continue;
+    io::ShardRegion region = box.region;
+    region.flat_begin = slice.offset;
+    region.flat_end = slice.offset + slice.values.numel();
+    if (region.elements() == 0) continue;
+    pieces.push_back({"param/" + slice.name, box.shape, region, slice.values.reshape({-1})});
+    for (const auto& [field, value] : slice.state) {
+      const std::string key = "optim/" + slice.name + "/" + field;
+      if (value.numel() == slice.values.numel() && field != "step") {
+        pieces.push_back({key, box.shape, region, value.reshape({-1})});
+      } else if (slice.offset == 0 && holds_first(box) && slice.values.numel() > 0) {
+        add_once(key, value);
+      }
+    }
+  }
+  for (const auto& [name, tensor] : part.parameters) {
+    if (zero_names.count(name)) continue;
+    const TensorBox box = tensor_box(tp, name, tensor.sizes());
+    add_shared("param/" + name, name, tensor, box);
+    const auto state = part.optimizer_state.find(name);
+    if (state == part.optimizer_state.end()) continue;
+    for (const auto& [field, value] : state->second) {
+      const std::string key = "optim/" + name + "/" + field;
+      if (value.sizes() == tensor.sizes() && field != "step") {
+        add_shared(key, name, value, box);
+      } else if (placement.replica == 0 && holds_first(box)) {
+        add_once(key, value);
+      }
+    }
+  }
+  for (const auto& [name, tensor] : part.buffers) {
+    add_shared("buffer/" + name, name, tensor, tensor_box(tp, name, tensor.sizes()));
+  }
+  if (placement.replica == 0 && tp.rank == 0) {
+    for (const auto& [stage, state] : part.stage_rng_states) {
+      add_once("rng/stage/" + std::to_string(stage), state);
+    }
+  }
+  if (main && part.torch_rng_state.defined()) add_once("rng/torch", part.torch_rng_state);
+  return pieces;
+}
+
+std::string sharded_step_directory(const std::string& directory, int64_t step) {
+  return (fs::path(directory) / ("step-" + std::to_string(step))).string();
+}
+
+std::optional<std::string> resolve_sharded_checkpoint(const std::string& path) {
+  std::error_code error;
+  if (!fs::is_directory(path, error)) return std::nullopt;
+  if (fs::exists(fs::path(path) / io::kShardIndexFile, error)) return path;
+  const fs::path latest = fs::path(path) / kLatestFile;
+  if (!fs::exists(latest, error)) return std::nullopt;
+  std::string name = read_file(latest.string());
+  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+  if (name.empty() || name.find('/') != std::string::npos) {
+    throw FileError("'" + latest.string() + "' does not name a checkpoint directory");
+  }
+  return (fs::path(path) / name).string();
+}
+
+io::ShardIndex make_shard_index(
+    const std::vector<std::pair<std::string, std::map<std::string, io::ShardTensor>>>& files,
+    nlohmann::json state, nlohmann::json layout) {
+  io::ShardIndex index;
+  index.state = std::move(state);
+  index.layout = std::move(layout);
+  for (const auto& [file, tensors] : files) {
+    const size_t f = index.files.size();
+    index.files.push_back(file);
+    for (const auto& [name, tensor] : tensors) {
+      auto [it, inserted] =
+          index.tensors.emplace(name, io::ShardTensor{tensor.dtype, tensor.shape, {}});
+      if (it->second.dtype != tensor.dtype || it->second.shape != tensor.shape) {
+        throw io::ShardIndexError(file, name,
+                                  "ranks disagree on its dtype or shape (" +
+                                      shape_text(it->second.shape) + " and " +
+                                      shape_text(tensor.shape) + ")");
+      }
+      (void)inserted;
+      for (io::ShardPiece piece : tensor.pieces) {
+        piece.file = f;
+        it->second.pieces.push_back(std::move(piece));
+      }
+    }
+  }
+  io::check_shard_index(index, io::kShardIndexFile);
+  return index;
+}
+
+void commit_sharded_checkpoint(const std::string& directory, int64_t step,
+                               const std::string& partial, const io::ShardIndex& index, int keep) {
+  write_file_atomically((fs::path(partial) / io::kShardIndexFile).string(),
+                        io::serialize_shard_index(index));
+  sync_directory(partial);
+  const std::string final_dir = sharded_step_directory(directory, step);
+  std::error_code error;
+  // A checkpoint of this step already there (a rerun): moved aside, removed once `latest` names
+  // the new one.
+  std::string aside;
+  if (fs::exists(final_dir, error)) {
+    aside = final_dir + ".old";
+    fs::remove_all(aside, error);
+    fs::rename(final_dir, aside, error);
+    if (error) throw FileError("cannot move '" + final_dir + "' aside: " + error.message());
+  }
+  fs::rename(partial, final_dir, error);
+  if (error) {
+    throw FileError("cannot rename '" + partial + "' to '" + final_dir + "': " + error.message());
+  }
+  sync_directory(directory);
+  write_file_atomically((fs::path(directory) / kLatestFile).string(),
+                        "step-" + std::to_string(step) + "\n");
+  if (!aside.empty()) fs::remove_all(aside, error);
+  // Older checkpoints beyond `keep`, and what interrupted saves left (step-N.tmp of other steps).
+  std::vector<int64_t> complete;
+  for (const auto& item : fs::directory_iterator(directory, error)) {
+    const std::string name = item.path().filename().string();
+    if (name.size() > 4 && name.substr(name.size() - 4) == ".tmp" &&
+        parse_step_directory(name.substr(0, name.size() - 4)) >= 0) {
+      fs::remove_all(item.path(), error);
+      continue;
+    }
+    const int64_t n = parse_step_directory(name);
+    if (n >= 0 && fs::exists(item.path() / io::kShardIndexFile)) complete.push_back(n);
+  }
+  std::sort(complete.begin(), complete.end());
+  if (keep > 0 && complete.size() > static_cast<size_t>(keep)) {
+    for (size_t i = 0; i + static_cast<size_t>(keep) < complete.size(); ++i) {
+      if (complete[i] == step) continue;
+      fs::remove_all(sharded_step_directory(directory, complete[i]), error);
+    }
+  }
+}
+
+// ---- reading -------------------------------------------------------------------------------
+
+struct ShardedCheckpoint::State {
+  std::string directory;
+  io::ShardIndex index;
+  std::vector<io::MappedFile> files;
+  mutable std::mutex mutex;
+  mutable std::set<std::pair<std::string, size_t>> verified;  // (tensor, piece)
+};
+
+ShardedCheckpoint ShardedCheckpoint::open(const std::string& path) {
+  const std::optional<std::string> directory = resolve_sharded_checkpoint(path);
+  if (!directory) {
+    throw FileError("'" + path + "' is not a sharded checkpoint (no " + io::kShardIndexFile +
+                    " and no latest)");
+  }
+  auto state = std::make_shared<State>();
+  state->directory = *directory;
+  const std::string index_path = (fs::path(*directory) / io::kShardIndexFile).string();
+  state->index = io::parse_shard_index(read_file(index_path), index_path);
+  for (const std::string& name : state->index.files) {
+    const std::string file = (fs::path(*directory) / name).string();
+    if (!fs::exists(file)) throw io::ShardIndexError(file, "", "the file is missing");
+    state->files.emplace_back(file);
+  }
+  for (const auto& [name, tensor] : state->index.tensors) {
+    for (const io::ShardPiece& piece : tensor.pieces) {
+      const io::MappedFile& file = state->files[piece.file];
+      if (piece.end > file.size()) {
+        throw io::ShardIndexError(file.path(), name,
+                                  "the file is truncated: " + std::to_string(file.size()) +
+                                      " bytes, a piece ends at " + std::to_string(piece.end));
+      }
+    }
+  }
+  ShardedCheckpoint checkpoint;
+  checkpoint.state_ = std::move(state);
+  return checkpoint;
+}
+
+const io::ShardIndex& ShardedCheckpoint::index() const {
+  return state_->index;
+}
+const std::string& ShardedCheckpoint::directory() const {
+  return state_->directory;
+}
+bool ShardedCheckpoint::contains(const std::string& name) const {
+  return state_->index.find(name) != nullptr;
+}
+
+torch::Tensor ShardedCheckpoint::read(const std::string& name,
+                                      const io::ShardRegion& region) const {
+  const io::ShardTensor* tensor = state_->index.find(name);
+  const std::string index_path = (fs::path(state_->directory) / io::kShardIndexFile).string();
+  if (tensor == nullptr) throw io::ShardIndexError(index_path, name, "not in the checkpoint");
+  if (region.shape.size() != tensor->shape.size()) {
+    throw io::ShardIndexError(index_path, name,
+                              "of shape " + shape_text(tensor->shape) + ", asked for a box of " +
+                                  std::to_string(region.shape.size()) + " dimensions");
+  }
+  for (size_t d = 0; d < region.shape.size(); ++d) {
+    if (region.offsets[d] < 0 || region.offsets[d] + region.shape[d] > tensor->shape[d]) {
+      throw io::ShardIndexError(
+          index_path, name,
+          "of shape " + shape_text(tensor->shape) + ", asked for a box outside it");
+    }
+  }
+  const torch::Dtype dtype = io::torch_dtype_of(tensor->dtype, index_path, name);
+  torch::Tensor out = torch::empty({region.elements()}, dtype);
+  const int64_t element = static_cast<int64_t>(io::element_size(tensor->dtype));
+  char* to = static_cast<char*>(out.data_ptr());
+  int64_t copied = 0;
+  for (size_t p = 0; p < tensor->pieces.size(); ++p) {
+    const io::ShardPiece& piece = tensor->pieces[p];
+    const io::MappedFile& file = state_->files[piece.file];
+    const char* from = file.data() + piece.begin;
+    bool checked = false;
+    copied +=
+        io::for_each_run(tensor->shape, piece.region, region, [&](int64_t f, int64_t t, int64_t n) {
+          if (!checked) {
+            checked = true;
+            std::lock_guard<std::mutex> lock(state_->mutex);
+            if (state_->verified.insert({name, p}).second &&
+                io::crc32_update(0, from, piece.end - piece.begin) != piece.crc32) {
+              state_->verified.erase({name, p});
+              throw io::ShardIndexError(file.path(), name,
+                                        "a piece's bytes differ from the index's checksum "
+                                        "(bytes " +
+                                            std::to_string(piece.begin) + ".." +
+                                            std::to_string(piece.end) + ")");
+            }
+          }
+          std::memcpy(to + t * element, from + f * element, static_cast<size_t>(n * element));
+        });
+  }
+  if (copied != region.elements()) {
+    throw io::ShardIndexError(index_path, name, "its pieces do not hold the region asked for");
+  }
+  return out;
+}
+
+torch::Tensor ShardedCheckpoint::read_whole(const std::string& name) const {
+  const io::ShardTensor* tensor = state_->index.find(name);
+  if (tensor == nullptr) {
+    throw io::ShardIndexError((fs::path(state_->directory) / io::kShardIndexFile).string(), name,
+                              "not in the checkpoint");
+  }
+  return read(name, io::ShardRegion::whole(tensor->shape)).view(tensor->shape);
+}
+
+namespace {
+
+void read_trainer_state(const ShardedCheckpoint& c, Checkpoint& out) {
+  const nlohmann::json& s = c.index().state;
+  const std::string path = (fs::path(c.directory()) / io::kShardIndexFile).string();
+  try {
+    out.step = s.value("step", int64_t{0});
+    out.epoch = s.value("epoch", int64_t{0});
+    out.batch = s.value("batch", int64_t{0});
+    out.optimizer = s.value("optimizer", std::string());
+    out.loader_state = s.value("loader_state", std::string());
+    out.metadata = s.value("metadata", nlohmann::json::object());
+  } catch (const nlohmann::json::exception& error) {
+    throw io::ShardIndexError(path, "", std::string("bad trainer state: ") + error.what());
+  }
+  if (c.contains("rng/torch")) out.torch_rng_state = c.read_whole("rng/torch");
+  const std::string prefix = "rng/stage/";
+  for (auto it = c.index().tensors.lower_bound(prefix);
+       it != c.index().tensors.end() && it->first.rfind(prefix, 0) == 0; ++it) {
+    const std::string digits = it->first.substr(prefix.size());
+    if (digits.empty() || digits.size() > 9 ||
+        !std::all_of(digits.begin(), digits.end(),
+                     [](char ch) { return ch >= '0' && ch <= '9'; })) {
+      throw io::ShardIndexError(path, it->first, "not a stage's random stream");
+    }
+    out.stage_rng_states[std::stoi(digits)] = c.read_whole(it->first);
+  }
+}
+
+// The optimizer fields the index holds for parameter `name`.
+std::vector<std::string> optimizer_fields(const io::ShardIndex& index, const std::string& name) {
+  std::vector<std::string> fields;
+  const std::string prefix = "optim/" + name + "/";
+  for (auto it = index.tensors.lower_bound(prefix);
+       it != index.tensors.end() && it->first.rfind(prefix, 0) == 0; ++it) {
+    const std::string field = it->first.substr(prefix.size());
+    if (field.find('/') == std::string::npos) fields.push_back(field);
+  }
+  return fields;
+}
+
+}  // namespace
+
+Checkpoint read_rank_checkpoint(const ShardedCheckpoint& c, const NamedTensors& parameters,
+                                const NamedTensors& buffers, const TensorParallelSlice& slice) {
+  const std::string path = (fs::path(c.directory()) / io::kShardIndexFile).string();
+  Checkpoint out;
+  read_trainer_state(c, out);
+  std::vector<std::string> missing;
+  // One tensor of the rank: its tp box, read (or, on the meta device, only checked).
+  auto read_box = [&](const std::string& key, const std::string& name,
+                      const torch::Tensor& live) -> torch::Tensor {
+    const io::ShardTensor* stored = c.index().find(key);
+    if (stored == nullptr) {
+      missing.push_back(name);
+      return {};
+    }
+    const TensorBox box = tensor_box(slice, name, live.sizes());
+    if (stored->shape != box.shape) {
+      throw io::ShardIndexError(path, key,
+                                "of shape " + shape_text(stored->shape) + ", the model's is " +
+                                    shape_text(box.shape) +
+                                    " (was it written for another model or other options?)");
+    }
+    if (live.is_meta()) {
+      return torch::empty(live.sizes(), torch::TensorOptions()
+                                            .dtype(io::torch_dtype_of(stored->dtype, path, key))
+                                            .device(torch::kMeta));
+    }
+    return c.read(key, box.region).view(live.sizes());
+  };
+  std::set<std::string> model_names;
+  for (const auto& item : parameters) {
+    model_names.insert("param/" + item.key());
+    torch::Tensor t = read_box("param/" + item.key(), item.key(), item.value());
+    if (!t.defined()) continue;
+    out.parameters[item.key()] = t;
+    if (item.value().is_meta()) continue;
+    for (const std::string& field : optimizer_fields(c.index(), item.key())) {
+      const std::string key = "optim/" + item.key() + "/" + field;
+      const io::ShardTensor* stored = c.index().find(key);
+      const TensorBox box = tensor_box(slice, item.key(), item.value().sizes());
+      if (stored->shape == box.shape && field != "step") {
+        out.optimizer_state[item.key()][field] = c.read(key, box.region).view(item.value().sizes());
+      } else {
+        out.optimizer_state[item.key()][field] = c.read_whole(key);
+      }
+    }
+  }
+  for (const auto& item : buffers) {
+    model_names.insert("buffer/" + item.key());
+    torch::Tensor t = read_box("buffer/" + item.key(), item.key(), item.value());
+    if (t.defined()) out.buffers[item.key()] = t;
+  }
+  if (!missing.empty()) {
+    std::string names;
+    for (size_t i = 0; i < missing.size() && i < 10; ++i) names += (i ? ", " : "") + missing[i];
+    if (missing.size() > 10) names += ", ... (" + std::to_string(missing.size()) + " in all)";
+    throw io::ShardIndexError(path, missing.front(),
+                              "the model's tensors missing from the checkpoint: " + names);
+  }
+  for (const auto& [key, tensor] : c.index().tensors) {
+    const bool model_tensor = key.rfind("param/", 0) == 0 || key.rfind("buffer/", 0) == 0;
+    if (model_tensor && !model_names.count(key)) {
+      throw io::ShardIndexError(path, key,
+                                "in the checkpoint but not in the model (was it written for "
+                                "another model or other options?)");
+    }
+  }
+  return out;
+}
+
+Checkpoint read_whole_checkpoint(const ShardedCheckpoint& c) {
+  Checkpoint out;
+  read_trainer_state(c, out);
+  for (const auto& [key, tensor] : c.index().tensors) {
+    if (key.rfind("param/", 0) == 0) {
+      out.parameters[key.substr(6)] = c.read_whole(key);
+    } else if (key.rfind("buffer/", 0) == 0) {
+      out.buffers[key.substr(7)] = c.read_whole(key);
+    } else if (key.rfind("optim/", 0) == 0) {
+      const size_t slash = key.rfind('/');
+      if (slash <= 6) continue;
+      out.optimizer_state[key.substr(6, slash - 6)][key.substr(slash + 1)] = c.read_whole(key);
+    }
+  }
+  return out;
+}
+
+Checkpoint resume_checkpoint(const std::string& path, torch::nn::Module& model,
+                             const std::string& optimizer, const TensorParallelSlice& slice) {
+  if (!resolve_sharded_checkpoint(path)) return load_for_resume(path, model, optimizer, slice);
+  const ShardedCheckpoint sharded = ShardedCheckpoint::open(path);
+  Checkpoint checkpoint =
+      read_rank_checkpoint(sharded, model.named_parameters(), model.named_buffers(), slice);
+  try {
+    restore_model(checkpoint, model, NameMatch::kExact);
+  } catch (const CheckpointError& error) {
+    throw CheckpointError(sharded.directory() + ": " + error.what());
+  }
+  if (!checkpoint.optimizer.empty() && checkpoint.optimizer != optimizer) {
+    throw CheckpointError(sharded.directory() + " was written with --optimizer " +
+                          checkpoint.optimizer + " but this run uses --optimizer " + optimizer +
+                          "; resume with the same optimizer");
+  }
+  return checkpoint;
+}
+
+Checkpoint load_any_checkpoint(const std::string& path) {
+  if (!resolve_sharded_checkpoint(path)) return load_checkpoint(path);
+  return read_whole_checkpoint(ShardedCheckpoint::open(path));
+}
+
+std::string describe_sharded_checkpoint(const std::string& path) {
+  const ShardedCheckpoint c = ShardedCheckpoint::open(path);
+  const io::ShardIndex& index = c.index();
+  std::ostringstream out;
+  out << "sharded checkpoint " << c.directory() << "\n";
+  out << "step " << index.state.value("step", int64_t{0}) << ", epoch "
+      << index.state.value("epoch", int64_t{0}) << ", optimizer "
+      << index.state.value("optimizer", std::string("none")) << "\n";
+  out << "written at: " << index.layout.dump() << "\n";
+  std::map<std::string, std::pair<int64_t, uint64_t>> kinds;  // tensors, bytes
+  std::vector<uint64_t> file_bytes(index.files.size(), 0);
+  std::vector<int64_t> file_pieces(index.files.size(), 0);
+  for (const auto& [name, tensor] : index.tensors) {
+    const std::string kind = name.substr(0, name.find('/'));
+    kinds[kind].first += 1;
+    kinds[kind].second += tensor.bytes();
+    for (const io::ShardPiece& piece : tensor.pieces) {
+      file_bytes[piece.file] += piece.end - piece.begin;
+      file_pieces[piece.file] += 1;
+    }
+  }
+  uint64_t total = 0;
+  char line[256];
+  for (const auto& [kind, figures] : kinds) {
+    std::snprintf(line, sizeof line, "  %-8s %6lld tensors %14llu bytes\n", kind.c_str(),
+                  static_cast<long long>(figures.first),
+                  static_cast<unsigned long long>(figures.second));
+    out << line;
+    total += figures.second;
+  }
+  std::snprintf(line, sizeof line, "  %-8s %6zu tensors %14llu bytes\n", "all",
+                index.tensors.size(), static_cast<unsigned long long>(total));
+  out << line;
+  for (size_t f = 0; f < index.files.size(); ++f) {
+    out << "  " << index.files[f] << "  " << file_pieces[f] << " pieces, " << file_bytes[f]
+        << " bytes\n";
+  }
+  return out.str();
+}
+
+}  // namespace pipetrain::train
