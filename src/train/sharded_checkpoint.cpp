@@ -14,7 +14,6 @@
 #include <set>
 #include <sstream>
 
-
 #include "pipetrain/base/atomic_file.h"
 #include "pipetrain/io/mapped_file.h"
 #include "pipetrain/io/safetensors.h"
@@ -78,8 +77,9 @@ int64_t parse_step_directory(const std::string& name) {
 
 }  // namespace
 
-ShardFileWritten write_shard_file(const std::string& path,
-                                  const std::vector<ShardPieceSource>& pieces) {
+ShardFileWritten write_shard_file(
+    const std::string& path, const std::vector<ShardPieceSource>& pieces,
+    const std::function<void(size_t piece, uint64_t bytes)>& after_piece) {
   ShardFileWritten written;
   std::vector<io::SafetensorsLayoutEntry> layout;
   std::map<std::string, int> count;
@@ -132,6 +132,7 @@ ShardFileWritten write_shard_file(const std::string& path,
       stored.crc32 = io::crc32_update(0, data, bytes);
       tensor.pieces.push_back(std::move(stored));
       offset += bytes;
+      if (after_piece) after_piece(tensor.pieces.size() - 1, offset);
     }
     written.bytes = offset;
     if (::fsync(fd) != 0) fail(path, "fsync", errno);

@@ -8,8 +8,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <optional>
+#include <thread>
 
 #include <c10/util/StringUtil.h>
 
@@ -347,8 +349,27 @@ std::string Trainer::save_sharded_checkpoint(const std::string& directory, int64
   char file_name[64];
   std::snprintf(file_name, sizeof file_name, "rank-%05d.safetensors", runner_.process_index());
   const std::string file = file_name;
+  // Fault tests: PIPETRAIN_TEST_STALL_SAVE=RANK:STEP stops that rank halfway through writing its
+  // file at that step (first attempt only), after saying so, until something kills it.
+  std::function<void(size_t, uint64_t)> stall;
+  if (const char* spec = std::getenv("PIPETRAIN_TEST_STALL_SAVE")) {
+    const char* restarts = std::getenv("TORCHELASTIC_RESTART_COUNT");
+    int rank = -1;
+    long long step = -1;
+    if (std::sscanf(spec, "%d:%lld", &rank, &step) == 2 && rank == runner_.process_index() &&
+        step == steps_done && (restarts == nullptr || std::string(restarts) == "0")) {
+      const size_t half = std::max<size_t>(pieces.size() / 2, 1);
+      stall = [half, rank, partial](size_t written, uint64_t bytes) {
+        if (written + 1 != half) return;
+        std::printf("test stall: rank %d stopped after %llu bytes of its file in %s\n", rank,
+                    static_cast<unsigned long long>(bytes), partial.c_str());
+        std::fflush(stdout);
+        while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
+      };
+    }
+  }
   const ShardFileWritten written =
-      write_shard_file((std::filesystem::path(partial) / file).string(), pieces);
+      write_shard_file((std::filesystem::path(partial) / file).string(), pieces, stall);
   last_save_.bytes = written.bytes;
   last_save_.buffer_bytes = written.buffer_bytes;
   const nlohmann::json mine = {{"file", file},

@@ -68,8 +68,10 @@ struct ShardFileWritten {
 // Writes `pieces` as the safetensors file `path` (flat 1-D entries "<name>#<k>"), through a
 // temporary name in the same directory, fsynced, then renamed; one piece at a time. Throws
 // FileError naming the path.
-ShardFileWritten write_shard_file(const std::string& path,
-                                  const std::vector<ShardPieceSource>& pieces);
+// `after_piece(i, bytes)`, when given, is called after piece i is written (bytes so far).
+ShardFileWritten write_shard_file(
+    const std::string& path, const std::vector<ShardPieceSource>& pieces,
+    const std::function<void(size_t piece, uint64_t bytes)>& after_piece = {});
 
 // Where a rank's tensors lie in the global ones, and which of their elements it writes.
 struct ShardPlacement {
