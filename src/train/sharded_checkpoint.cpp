@@ -132,7 +132,7 @@ ShardFileWritten write_shard_file(
       stored.crc32 = io::crc32_update(0, data, bytes);
       tensor.pieces.push_back(std::move(stored));
       offset += bytes;
-      if (after_piece) after_piece(tensor.pieces.size() - 1, offset);
+      if (after_piece) after_piece(static_cast<size_t>(&piece - pieces.data()), offset);
     }
     written.bytes = offset;
     if (::fsync(fd) != 0) fail(path, "fsync", errno);
