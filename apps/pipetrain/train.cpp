@@ -187,6 +187,14 @@ train::TrainSummary run_loop(const TrainArgs& args, BuiltModel& model, const Bui
     if (progress && stepped) progress->finish();
     evaluate_and_print("epoch " + std::to_string(epoch + 1), trainer, model, data);
   };
+  trainer.on_checkpoint = [&](const std::string& directory, const train::Trainer::SaveFigures& f) {
+    if (!f.main) return;
+    if (progress && stepped) progress->finish();
+    std::printf("checkpoint %s: %.1f MiB by %d processes in %.3f s (%.1f MiB/s)\n",
+                directory.c_str(), static_cast<double>(f.bytes) / (1 << 20), f.processes, f.seconds,
+                f.seconds > 0 ? static_cast<double>(f.bytes) / (1 << 20) / f.seconds : 0.0);
+    std::fflush(stdout);
+  };
   train::TrainSummary summary = trainer.fit();
   if (progress && stepped) progress->finish();
   return summary;

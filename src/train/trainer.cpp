@@ -399,12 +399,17 @@ std::string Trainer::save_sharded_checkpoint(const std::string& directory, int64
                                    {"dp", placement.replicas},
                                    {"zero", options_.zero()},
                                    {"runner", runner_.description()}};
-    commit_sharded_checkpoint(directory, steps_done, partial,
-                              make_shard_index(files, std::move(state), layout), keep);
+    const io::ShardIndex index = make_shard_index(files, std::move(state), layout);
+    commit_sharded_checkpoint(directory, steps_done, partial, index, keep);
+    last_save_.bytes = 0;
+    for (const auto& [name, tensor] : index.tensors) last_save_.bytes += tensor.bytes();
   }
   runner_.barrier();  // `latest` names it on every rank's return
   last_save_.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  last_save_.main = runner_.is_main();
+  last_save_.processes = runner_.processes();
+  if (on_checkpoint) on_checkpoint(step_directory, last_save_);
   return step_directory;
 }
 

@@ -201,7 +201,19 @@ class Trainer {
   std::function<void(const StepReport&)> on_step;
   // Called on every rank after the last step of each epoch (and after the last step when it ends
   // an epoch early); collective calls such as gather_model() may be made from it.
+  // What the last sharded save wrote: on the main rank every rank's bytes and the seconds until
+  // the checkpoint was complete, on the others their own; the host buffer this rank needed.
+  struct SaveFigures {
+    uint64_t bytes = 0;
+    int64_t buffer_bytes = 0;
+    double seconds = 0;
+    bool main = false;  // the main rank's figures
+    int processes = 1;  // that wrote it
+  };
   std::function<void(int64_t epoch)> on_epoch_end;
+  // Called on every rank after each sharded checkpoint is complete, with its directory and
+  // last_save() (on the main rank: every rank's bytes, and the seconds until the last finished).
+  std::function<void(const std::string& directory, const SaveFigures& figures)> on_checkpoint;
 
   // Collective: the whole model's parameters and buffers copied into `model` on the main rank
   // (returns true there); other ranks return false. REQUIRES every entry of `model` to be
@@ -218,12 +230,7 @@ class Trainer {
   // train/sharded_checkpoint.h), keeping the newest `keep` (0: all); returns the step directory.
   std::string save_sharded_checkpoint(const std::string& directory, int64_t steps_done,
                                       int keep = 0);
-  // What the last sharded save wrote on this rank: bytes, the host buffer it needed, seconds.
-  struct SaveFigures {
-    uint64_t bytes = 0;
-    int64_t buffer_bytes = 0;
-    double seconds = 0;
-  };
+
   const SaveFigures& last_save() const { return last_save_; }
 
   // The optimizer that steps this rank's parameters; with ZeRO the inner optimizer of this
