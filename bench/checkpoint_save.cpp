@@ -8,6 +8,8 @@
 //   file      --checkpoint-format file --save-every 1: rank 0 gathers every rank's state into one
 //             file after every step
 //   sharded   --checkpoint-format sharded --save-every 1: every rank writes its own part
+//   async     the same with --async-checkpoint: each rank's part copied into host memory, written
+//             by a thread while the next step runs (the copy is in its peak)
 //
 // For each: every process's peak resident memory over the run (VmHWM, what `train` prints at the
 // end; the saves after steps 1 .. steps-1 fall inside it), its excess over the baseline's same
@@ -140,6 +142,10 @@ int main(int argc, char** argv) {
        "--checkpoint-format sharded --save-every 1 --keep-checkpoints 1 "
        "--checkpoint-dir " +
            out_dir + "/sharded"},
+      {"async",
+       "--checkpoint-format sharded --async-checkpoint --save-every 1 "
+       "--keep-checkpoints 1 --checkpoint-dir " +
+           out_dir + "/async"},
   };
   std::printf("%-8s %-40s %9s %7s %8s %7s\n", "row", "peak by process (GiB)", "excess", "/none",
               "step s", "/none");
@@ -168,7 +174,7 @@ int main(int argc, char** argv) {
                 excess / (1 << 20), largest / none_largest, m.step,
                 none.step > 0 ? m.step / none.step : 1.0);
     std::fflush(stdout);
-    if (row.name == "file") fs::remove_all(out_dir + "/file");
+    if (row.name == "file" || row.name == "async") fs::remove_all(out_dir + "/" + row.name);
   }
   // The largest tensor of the sharded checkpoint (the bound's term), from its index.
   double largest_tensor = 0;

@@ -1,7 +1,7 @@
 // `pipetrain eval`: test loss and accuracy of a checkpoint written by `pipetrain train`, or the
 // loss and perplexity of a Hugging Face model on a token file.
 //
-//   pipetrain eval --checkpoint run/checkpoint.pt [--data fashion-mnist] [--model cnn]
+//   pipetrain eval --checkpoint run [--data fashion-mnist] [--model cnn]
 //                  [--model-options JSON] [--batch-size 1000]
 //   pipetrain eval --model DIR --data tokens --token-file F --seq-len T [--checkpoint C]
 //   pipetrain eval --model DIR --data indexed --data-path PREFIX --seq-len T [--checkpoint C]

@@ -3,7 +3,7 @@
 // saves it), and the flags of the inference model (examples' InferenceModel) eval shares.
 //
 //   pipetrain generate --model DIR --prompt-tokens 1,2,3 --max-new-tokens N [--stages K]
-//                      [--checkpoint run/checkpoint.pt] [--device cpu|cuda]
+//                      [--checkpoint run] [--device cpu|cuda]
 //   pipetrain export-hf CHECKPOINT OUT [--dtype float32|bfloat16|float16]
 //
 // Exit codes (commands.h): 0, 2 for bad input (a model or checkpoint that does not fit, a prompt

@@ -235,13 +235,16 @@ void add_run_flags(CLI::App& command, TrainArgs& args) {
       ->delimiter(',');
   command.add_option(
       "--checkpoint-dir", args.checkpoint_dir,
-      "write a checkpoint every --save-every steps and at the end: DIR/checkpoint.pt "
-      "(--checkpoint-format file) or DIR/step-N/ with DIR/latest (sharded)");
+      "write a checkpoint every --save-every steps and at the end: DIR/step-N/ with DIR/latest "
+      "(--checkpoint-format sharded) or DIR/checkpoint.pt (file)");
   command
       .add_option("--checkpoint-format", args.checkpoint_format,
-                  "file: one file gathered by rank 0; sharded: every rank writes its own part, "
-                  "no gather, any layout resumes from it")
+                  "sharded: every rank writes its own part, no gather, any layout resumes from it; "
+                  "file: one file gathered by rank 0")
       ->capture_default_str();
+  command.add_flag("--async-checkpoint", args.async_checkpoint,
+                   "sharded: copy each rank's part into host memory and write it while training "
+                   "continues (committed once every rank has written)");
   command
       .add_option("--keep-checkpoints", args.keep_checkpoints,
                   "sharded: keep the newest K complete checkpoints (0: all)")
@@ -456,6 +459,7 @@ train::TrainerOptions trainer_settings(const TrainArgs& args, int64_t total_step
       .save_every(args.save_every)
       .checkpoint_format(args.checkpoint_format)
       .keep_checkpoints(args.keep_checkpoints)
+      .async_checkpoint(args.async_checkpoint)
       .trace_path(args.trace)
       .timeline_path(args.timeline)
       .report_memory(args.report_memory)
@@ -482,11 +486,14 @@ void check_ranges(const TrainArgs& args) {
   if (args.checkpoint_format != "file" && args.checkpoint_format != "sharded") {
     fail("unknown --checkpoint-format '" + args.checkpoint_format + "'; valid: file, sharded");
   }
+  if (args.async_checkpoint && args.checkpoint_format != "sharded") {
+    fail("--async-checkpoint writes sharded checkpoints; give --checkpoint-format sharded");
+  }
   if (args.keep_checkpoints < 0) {
     fail("--keep-checkpoints must be >= 0, got " + std::to_string(args.keep_checkpoints));
   }
   if (args.save_every > 0 && args.checkpoint_dir.empty()) {
-    fail("--save-every needs --checkpoint-dir DIR (where checkpoint.pt is written)");
+    fail("--save-every needs --checkpoint-dir DIR (where the checkpoints are written)");
   }
   if (args.offload_optimizer) {
     const auto& devices = args.pipeline.devices;

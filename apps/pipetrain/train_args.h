@@ -64,8 +64,9 @@ struct TrainArgs {
   std::string save_hf;
   std::string checkpoint_dir;
   int64_t save_every = 0;
-  std::string checkpoint_format = "file";
+  std::string checkpoint_format = "sharded";
   int keep_checkpoints = 0;
+  bool async_checkpoint = false;
   std::string resume;
   std::string config;  // expanded by main() before parsing; listed here for --help
   std::string backend = "auto";

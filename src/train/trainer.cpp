@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <future>
 #include <optional>
 #include <thread>
 
@@ -235,6 +236,7 @@ TrainSummary Trainer::fit() {
       }
       on_step(report);
     }
+    if (pending_save_) finish_sharded_save(/*wait=*/false);  // an async save, done everywhere?
     if (options_.save_every() > 0 && (k + 1) % options_.save_every() == 0 && k + 1 < total &&
         !options_.checkpoint_dir().empty()) {
       write_checkpoint(k + 1);  // [5]
@@ -265,6 +267,7 @@ TrainSummary Trainer::fit() {
   if (!options_.checkpoint_dir().empty()) {
     summary.checkpoint_path = write_checkpoint(total);
   }
+  finish_sharded_save(/*wait=*/true);  // the end of training waits for the last save
   if (tracing) write_trace(summary);
   return summary;
 }
@@ -320,14 +323,32 @@ std::string Trainer::write_checkpoint(int64_t steps_done) {
   return path;
 }
 
+// A sharded save between its start (every rank's pieces chosen, and with async_checkpoint copied
+// into host memory) and its commit (every rank's file written, the index, `latest`).
+struct Trainer::PendingSave {
+  std::string directory, partial, step_directory, file;
+  int64_t steps = 0;
+  int keep = 0;
+  std::chrono::steady_clock::time_point start;
+  nlohmann::json state, layout;  // the main rank's, taken when the save began
+  std::future<ShardFileWritten> written;
+  int64_t snapshot_bytes = 0;
+};
+
 std::string Trainer::save_sharded_checkpoint(const std::string& directory, int64_t steps_done,
                                              int keep) {
-  const auto start = std::chrono::steady_clock::now();
-  const std::string partial = sharded_step_directory(directory, steps_done) + ".tmp";
+  if (pending_save_) finish_sharded_save(/*wait=*/true);  // one save at a time
+  auto pending = std::make_shared<PendingSave>();
+  pending->start = std::chrono::steady_clock::now();
+  pending->directory = directory;
+  pending->steps = steps_done;
+  pending->keep = keep;
+  pending->partial = sharded_step_directory(directory, steps_done) + ".tmp";
+  pending->step_directory = sharded_step_directory(directory, steps_done);
   if (runner_.is_main()) {
     std::filesystem::create_directories(directory);
-    std::filesystem::remove_all(partial);
-    std::filesystem::create_directories(partial);
+    std::filesystem::remove_all(pending->partial);
+    std::filesystem::create_directories(pending->partial);
   }
   runner_.barrier();  // the directory is there
   // This rank's tensors where they live: no copy, nothing gathered (ZeRO-3's shards stay shards).
@@ -344,11 +365,28 @@ std::string Trainer::save_sharded_checkpoint(const std::string& directory, int64
   part.stage_rng_states = runner_.stage_rng_states();
   if (runner_.is_main()) capture_torch_rng(part);
   const ShardPlacement placement = runner_.shard_placement();
-  const std::vector<ShardPieceSource> pieces =
-      rank_pieces(part, owned, placement, runner_.is_main());
+  std::vector<ShardPieceSource> pieces = rank_pieces(part, owned, placement, runner_.is_main());
   char file_name[64];
   std::snprintf(file_name, sizeof file_name, "rank-%05d.safetensors", runner_.process_index());
-  const std::string file = file_name;
+  pending->file = file_name;
+  if (runner_.is_main()) {
+    const int64_t per_epoch = batches_.per_epoch();
+    pending->state = {
+        {"step", steps_done},
+        {"epoch", batches_.epoch_of(steps_done)},
+        {"batch", per_epoch > 0 ? steps_done % per_epoch : steps_done},
+        {"optimizer", sharded_ ? sharded_->optimizer_name() : optimizer_name(*optimizer_)},
+        {"metadata", options_.metadata()}};
+    if (scaler_) {
+      pending->state["metadata"]["loss_scaler"] = {{"scale", scaler_->scale()},
+                                                   {"good_steps", scaler_->good_steps()}};
+    }
+    pending->layout = {{"processes", runner_.processes()},
+                       {"tp", placement.tensor_parallel.size},
+                       {"dp", placement.replicas},
+                       {"zero", options_.zero()},
+                       {"runner", runner_.description()}};
+  }
   // Fault tests: PIPETRAIN_TEST_STALL_SAVE=RANK:STEP stops that rank halfway through writing its
   // file at that step (first attempt only), after saying so, until something kills it.
   std::function<void(size_t, uint64_t)> stall;
@@ -359,6 +397,7 @@ std::string Trainer::save_sharded_checkpoint(const std::string& directory, int64
     if (std::sscanf(spec, "%d:%lld", &rank, &step) == 2 && rank == runner_.process_index() &&
         step == steps_done && (restarts == nullptr || std::string(restarts) == "0")) {
       const size_t half = std::max<size_t>(pieces.size() / 2, 1);
+      const std::string partial = pending->partial;
       stall = [half, rank, partial](size_t written, uint64_t bytes) {
         if (written + 1 != half) return;
         std::printf("test stall: rank %d stopped after %llu bytes of its file in %s\n", rank,
@@ -368,14 +407,50 @@ std::string Trainer::save_sharded_checkpoint(const std::string& directory, int64
       };
     }
   }
-  const ShardFileWritten written =
-      write_shard_file((std::filesystem::path(partial) / file).string(), pieces, stall);
+  const std::string path = (std::filesystem::path(pending->partial) / pending->file).string();
+  if (options_.async_checkpoint()) {
+    // The snapshot: every piece copied into host memory (pinned for a GPU's), then written by a
+    // thread of its own while training goes on.
+    for (ShardPieceSource& piece : pieces) {
+      const torch::Tensor& live = piece.values;
+      torch::Tensor copy = torch::empty(live.sizes(), live.options()
+                                                          .device(torch::kCPU)
+                                                          .requires_grad(false)
+                                                          .pinned_memory(!live.device().is_cpu()));
+      copy.copy_(live.detach());
+      pending->snapshot_bytes += static_cast<int64_t>(copy.nbytes());
+      piece.values = copy;
+    }
+    pending->written = std::async(std::launch::async, [path, pieces = std::move(pieces), stall] {
+      return write_shard_file(path, pieces, stall);
+    });
+    pending_save_ = std::move(pending);
+  } else {
+    std::promise<ShardFileWritten> done;
+    done.set_value(write_shard_file(path, pieces, stall));
+    pending->written = done.get_future();
+    pending_save_ = std::move(pending);
+    finish_sharded_save(/*wait=*/true);
+  }
+  return sharded_step_directory(directory, steps_done);
+}
+
+bool Trainer::finish_sharded_save(bool wait) {
+  if (!pending_save_) return true;
+  PendingSave& pending = *pending_save_;
+  if (!wait) {
+    // Collective: committed once every rank's writer is done (one sum a step while one writes).
+    const bool done =
+        pending.written.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+    if (runner_.sum_over_ranks(done ? 1.0 : 0.0) < runner_.processes()) return false;
+  }
+  const ShardFileWritten written = pending.written.get();  // a writer's failure, rethrown here
   last_save_.bytes = written.bytes;
   last_save_.buffer_bytes = written.buffer_bytes;
-  const nlohmann::json mine = {{"file", file},
+  last_save_.snapshot_bytes = pending.snapshot_bytes;
+  const nlohmann::json mine = {{"file", pending.file},
                                {"tensors", io::shard_tensors_to_json(written.tensors)}};
   const std::vector<std::string> all = runner_.gather_text(mine.dump());
-  const std::string step_directory = sharded_step_directory(directory, steps_done);
   if (runner_.is_main()) {
     std::vector<std::pair<std::string, std::map<std::string, io::ShardTensor>>> files;
     for (const std::string& text : all) {
@@ -383,34 +458,21 @@ std::string Trainer::save_sharded_checkpoint(const std::string& directory, int64
       const std::string name = j.at("file").get<std::string>();
       files.emplace_back(name, io::shard_tensors_from_json(j.at("tensors"), name, 1));
     }
-    const int64_t per_epoch = batches_.per_epoch();
-    nlohmann::json state = {
-        {"step", steps_done},
-        {"epoch", batches_.epoch_of(steps_done)},
-        {"batch", per_epoch > 0 ? steps_done % per_epoch : steps_done},
-        {"optimizer", sharded_ ? sharded_->optimizer_name() : optimizer_name(*optimizer_)},
-        {"metadata", options_.metadata()}};
-    if (scaler_) {
-      state["metadata"]["loss_scaler"] = {{"scale", scaler_->scale()},
-                                          {"good_steps", scaler_->good_steps()}};
-    }
-    const nlohmann::json layout = {{"processes", runner_.processes()},
-                                   {"tp", placement.tensor_parallel.size},
-                                   {"dp", placement.replicas},
-                                   {"zero", options_.zero()},
-                                   {"runner", runner_.description()}};
-    const io::ShardIndex index = make_shard_index(files, std::move(state), layout);
-    commit_sharded_checkpoint(directory, steps_done, partial, index, keep);
+    const io::ShardIndex index = make_shard_index(files, pending.state, pending.layout);
+    commit_sharded_checkpoint(pending.directory, pending.steps, pending.partial, index,
+                              pending.keep);
     last_save_.bytes = 0;
     for (const auto& [name, tensor] : index.tensors) last_save_.bytes += tensor.bytes();
   }
   runner_.barrier();  // `latest` names it on every rank's return
   last_save_.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - pending.start).count();
   last_save_.main = runner_.is_main();
   last_save_.processes = runner_.processes();
+  const std::string step_directory = pending.step_directory;
+  pending_save_.reset();
   if (on_checkpoint) on_checkpoint(step_directory, last_save_);
-  return step_directory;
+  return true;
 }
 
 void Trainer::write_trace(TrainSummary& summary) {
@@ -490,7 +552,7 @@ void check_restart_options(int max_restarts, int nproc, const std::string& check
   if (checkpoint_dir.empty()) {
     throw BadInput(
         "--max-restarts needs --checkpoint-dir DIR: the restarted ranks resume from "
-        "DIR/checkpoint.pt (written every --save-every steps)");
+        "its last checkpoint (written every --save-every steps)");
   }
 }
 

@@ -171,7 +171,8 @@ TEST(TrainIndexedData, AResumedRunOfDocumentsEndsWithTheUninterruptedRunsWeights
   // 198 documents of 1 to 40 ids, 193 of which hold a target: 13 steps an epoch of 16 rows.
   const testing::CliRun whole = run(16, "--stages 2 --chunks 4", "--save-hf " + dir + "/whole");
   ASSERT_EQ(whole.exit_code, 0) << whole.output;
-  const testing::CliRun first = run(9, "--stages 2 --chunks 4", "--checkpoint-dir " + dir + "/ck");
+  const testing::CliRun first =
+      run(9, "--stages 2 --chunks 4", "--checkpoint-format file --checkpoint-dir " + dir + "/ck");
   ASSERT_EQ(first.exit_code, 0) << first.output;
   const testing::CliRun second =
       run(16, "--nproc 2 --chunks 4 --schedule 1f1b",

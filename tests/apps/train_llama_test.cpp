@@ -98,7 +98,8 @@ INSTANTIATE_TEST_SUITE_P(Architectures, TrainLlama, ::testing::Values("llama", "
 TEST(TrainLlama, ExportHfOfACheckpointEqualsSaveHfOfTheSameRun) {
   PIPETRAIN_SKIP_WITHOUT_TRANSFORMERS();
   const std::string dir = testing::scratch_dir("train-llama/export");
-  const CliRun run = run_pipetrain(train_flags("qwen2") + " --stages 2 --checkpoint-dir " + dir +
+  const CliRun run = run_pipetrain(train_flags("qwen2") +
+                                   " --stages 2 --checkpoint-format file --checkpoint-dir " + dir +
                                    "/ck --save-hf " + dir + "/saved");
   ASSERT_EQ(run.exit_code, 0) << run.output;
   const CliRun exported =
@@ -124,7 +125,8 @@ TEST(TrainLlama, AResumedMultiProcessRunEndsWithTheUninterruptedRunsWeights) {
   const std::string run = train_flags("qwen2") + " --nproc 2 --chunks 4 --schedule 1f1b";
   const CliRun whole = run_pipetrain(replace_steps(run, 4) + " --save-hf " + dir + "/whole");
   ASSERT_EQ(whole.exit_code, 0) << whole.output;
-  const CliRun first = run_pipetrain(replace_steps(run, 2) + " --checkpoint-dir " + dir + "/ck");
+  const CliRun first = run_pipetrain(replace_steps(run, 2) +
+                                     " --checkpoint-format file --checkpoint-dir " + dir + "/ck");
   ASSERT_EQ(first.exit_code, 0) << first.output;
   const CliRun second = run_pipetrain(replace_steps(run, 4) + " --resume " + dir +
                                       "/ck/checkpoint.pt --save-hf " + dir + "/resumed");

@@ -73,8 +73,8 @@ TEST(TrainPrecision, CheckpointsResumeAcrossPrecisions) {
         "train --data synthetic --synthetic-samples 256 --model mlp --model-options "
         "'{\"widths\": [784, 64, 32, 10]}' --batch-size 32 --seed 3 --optimizer adam --stages 2 "
         "--chunks 2 --precision ";
-    const CliRun first =
-        pipetrain::testing::run_pipetrain(run + from + " --steps 3 --checkpoint-dir " + saved);
+    const CliRun first = pipetrain::testing::run_pipetrain(
+        run + from + " --steps 3 --checkpoint-format file --checkpoint-dir " + saved);
     ASSERT_EQ(first.exit_code, 0) << first.output;
     const CliRun resumed = pipetrain::testing::run_pipetrain(run + to + " --resume " + saved +
                                                              "/checkpoint.pt --steps 6");

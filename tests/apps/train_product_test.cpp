@@ -85,8 +85,10 @@ TEST_F(TrainProduct, ResumedRunEndsWithTheWeightsOfTheUninterruptedRun) {
   Result whole = run(small("--steps 8 --stages 2 --chunks 2 --save-params " + path("whole.pt")),
                      path("whole.log"));
   ASSERT_EQ(whole.exit_code, 0) << whole.output;
-  Result first = run(small("--steps 4 --stages 2 --chunks 2 --checkpoint-dir " + path("half")),
-                     path("half.log"));
+  Result first =
+      run(small("--steps 4 --stages 2 --chunks 2 --checkpoint-format file --checkpoint-dir " +
+                path("half")),
+          path("half.log"));
   ASSERT_EQ(first.exit_code, 0) << first.output;
   Result second = run(small("--steps 8 --stages 2 --chunks 2 --resume " +
                             path("half/checkpoint.pt") + " --save-params " + path("resumed.pt")),
@@ -107,8 +109,10 @@ TEST_F(TrainProduct, ResumesWithAnotherStageCountAndFromAMultiProcessRun) {
                      path("w2.log"));
   ASSERT_EQ(whole.exit_code, 0) << whole.output;
   // First half on 2 processes, second half on 3 stages in one process.
-  Result first = run(small(sgd + "--steps 4 --nproc 2 --chunks 2 --checkpoint-dir " + path("mp")),
-                     path("mp.log"));
+  Result first =
+      run(small(sgd + "--steps 4 --nproc 2 --chunks 2 --checkpoint-format file --checkpoint-dir " +
+                path("mp")),
+          path("mp.log"));
   ASSERT_EQ(first.exit_code, 0) << first.output;
   Result second = run(small(sgd + "--steps 8 --stages 3 --chunks 2 --resume " +
                             path("mp/checkpoint.pt") + " --save-params " + path("mp_resumed.pt")),
@@ -119,7 +123,8 @@ TEST_F(TrainProduct, ResumesWithAnotherStageCountAndFromAMultiProcessRun) {
 }
 
 TEST_F(TrainProduct, EvalReportsTheAccuracyOfACheckpoint) {
-  Result trained = run(small("--steps 8 --checkpoint-dir " + path("eval")), path("eval_train.log"));
+  Result trained = run(small("--steps 8 --checkpoint-format file --checkpoint-dir " + path("eval")),
+                       path("eval_train.log"));
   ASSERT_EQ(trained.exit_code, 0) << trained.output;
   // The epoch's evaluation in training and `pipetrain eval` on the checkpoint agree.
   const auto at = trained.output.find("test accuracy ");
@@ -144,7 +149,7 @@ TEST_F(TrainProduct, ASigkilledRunLeavesItsLastCheckpointLoadable) {
         kPipetrain +
         " train --data synthetic --synthetic-samples 512 --model mlp --model-options "
         "'{\"widths\": [784, 1024, 1024, 10]}' --batch-size 32 --steps 1000 --save-every 1 "
-        "--checkpoint-dir " +
+        "--checkpoint-format file --checkpoint-dir " +
         dir + " >" + dir + ".log 2>&1";
     pid_t child = fork();
     ASSERT_GE(child, 0);
@@ -173,7 +178,7 @@ TEST_F(TrainProduct, ASigkilledRunLeavesItsLastCheckpointLoadable) {
 
 TEST_F(TrainProduct, ADivergedRunExitsOneNamingTheStepAndKeepsTheLastGoodCheckpoint) {
   Result result = run(small("--steps 50 --optimizer sgd --lr 1e12 --save-every 1 "
-                            "--checkpoint-dir " +
+                            "--checkpoint-format file --checkpoint-dir " +
                             path("nan")),
                       path("nan.log"));
   EXPECT_EQ(result.exit_code, 1) << result.output;
@@ -247,7 +252,8 @@ TEST_F(TrainProduct, AResumedRunWithDropoutEndsWithTheWeightsOfTheUninterruptedR
     Result whole = run(gpt + layout + "--steps 6 --save-params " + path(tag + "_drop_whole.pt"),
                        path(tag + "_drop_whole.log"));
     ASSERT_EQ(whole.exit_code, 0) << whole.output;
-    Result first = run(gpt + layout + "--steps 3 --checkpoint-dir " + path(tag + "_drop_half"),
+    Result first = run(gpt + layout + "--steps 3 --checkpoint-format file --checkpoint-dir " +
+                           path(tag + "_drop_half"),
                        path(tag + "_drop_half.log"));
     ASSERT_EQ(first.exit_code, 0) << first.output;
     Result second =
@@ -344,9 +350,11 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"unknown_backend",
                 PIPETRAIN_MLP "--data synthetic --nproc 2 --backend carrier-pigeon",
                 "use gloo, nccl or mpi"},
-        BadCase{"restarts_without_ranks",
-                PIPETRAIN_MLP "--data synthetic --max-restarts 2 --checkpoint-dir {dir}/ck",
-                "--max-restarts starts the ranks of --nproc N (N >= 2) again"},
+        BadCase{
+            "restarts_without_ranks",
+            PIPETRAIN_MLP
+            "--data synthetic --max-restarts 2 --checkpoint-format file --checkpoint-dir {dir}/ck",
+            "--max-restarts starts the ranks of --nproc N (N >= 2) again"},
         BadCase{"restarts_without_checkpoints",
                 PIPETRAIN_MLP "--data synthetic --nproc 2 --max-restarts 2",
                 "--max-restarts needs --checkpoint-dir DIR"},

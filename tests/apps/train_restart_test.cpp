@@ -36,7 +36,7 @@ std::string train_flags(const std::string& dir) {
   return "train --model gpt --data text --model-options "
          "'{\"context\": 16, \"embed_dim\": 16, \"heads\": 2, \"layers\": 1, \"dropout\": 0.3}' "
          "--batch-size 8 --optimizer adam --lr 0.01 --chunks 2 --steps 36 --log-every 1 "
-         "--timeout 60 --checkpoint-dir " +
+         "--timeout 60 --checkpoint-format file --checkpoint-dir " +
          dir + "/checkpoints --save-every 3 --save-params " + dir + "/params.pt";
 }
 
@@ -204,7 +204,7 @@ TEST(TrainRestartTensorParallel, TwoKillsOfAThreeDimensionalJobEndEqualToTheUnin
     return "train --model " + fixtures + "/qwen2 --data tokens --token-file " + fixtures +
            "/tokens.bin --seq-len 16 --batch-size 8 --optimizer sgd --momentum 0.9 --lr 0.5 "
            "--steps 30 --log-every 1 --timeout 60 --nproc 8 --pp 2 --tp 2 --dp 2 --chunks 2 "
-           "--checkpoint-dir " +
+           "--checkpoint-format file --checkpoint-dir " +
            dir + "/checkpoints --save-every 3 --save-params " + dir + "/params.pt";
   };
   const std::string whole = pattern + "/whole", killed = pattern + "/killed";
@@ -265,7 +265,8 @@ std::string overlap_flags(const std::string& dir, int steps, const std::string& 
          "0.05 --momentum 0.9 --steps " +
          std::to_string(steps) +
          " --log-every 1 --nproc 4 --pp 2 --dp 2 --chunks 4 --schedule interleaved-1f1b "
-         "--virtual 2 --overlap-grad-reduce --bucket-size 0.004 --timeout 10 --checkpoint-dir " +
+         "--virtual 2 --overlap-grad-reduce --bucket-size 0.004 --timeout 10 --checkpoint-format "
+         "file --checkpoint-dir " +
          dir + "/checkpoints --save-every 3 --save-params " + dir + "/params.pt " + extra;
 }
 

@@ -1,7 +1,8 @@
 // `train --checkpoint-format sharded` (train/sharded_checkpoint.h), end to end on the Llama
 // fixture: a pp2 x tp2 x dp2 ZeRO-3 run writes every rank's part; runs of other layouts resume
 // from it and end where the uninterrupted run ends; a rank SIGKILLed halfway through writing
-// leaves the previous checkpoint, from which the restarted job ends bit for bit the same.
+// leaves the previous checkpoint, from which the restarted job ends bit for bit the same; an
+// asynchronous save writes the same bytes.
 #include <signal.h>
 
 #include <filesystem>
@@ -112,6 +113,20 @@ TEST(TrainShardedCheckpoint, ARankKilledHalfwayThroughWritingLeavesThePreviousCh
   const CliRun plain = run_pipetrain(flags + " --checkpoint-dir " + dir + "/plain --save-params " +
                                      dir + "/plain.pt");
   ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  // --async-checkpoint: the same checkpoints, byte for byte, written while training goes on.
+  const CliRun async = run_pipetrain(flags + " --async-checkpoint --checkpoint-dir " + dir +
+                                     "/async --save-params " + dir + "/async.pt");
+  ASSERT_EQ(async.exit_code, 0) << async.output;
+  EXPECT_EQ(read_file(dir + "/async/latest"), "step-6\n");
+  for (const std::string step : {"step-2", "step-4", "step-6"}) {
+    for (const std::string file :
+         {"index.json", "rank-00000.safetensors", "rank-00001.safetensors"}) {
+      EXPECT_EQ(read_file(dir + "/async/" + step + "/" + file),
+                read_file(dir + "/plain/" + step + "/" + file))
+          << step << "/" << file;
+    }
+  }
+  EXPECT_TRUE(bitwise_equal(dir + "/async.pt", dir + "/plain.pt"));
 
   const std::string tag = "sharded-kill-" + std::to_string(::getpid());
   std::mutex mutex;

@@ -127,7 +127,8 @@ TEST(TrainTensorParallel, ACheckpointResumesAtAnotherPipelineTensorDataLayout) {
   const CliRun whole_tp =
       run_pipetrain(flags + tp + " --steps 4 --save-params " + dir + "/whole_tp.pt");
   ASSERT_EQ(whole_tp.exit_code, 0) << whole_tp.output;
-  const CliRun first = run_pipetrain(flags + tp + " --steps 2 --checkpoint-dir " + dir + "/ck");
+  const CliRun first = run_pipetrain(
+      flags + tp + " --steps 2 --checkpoint-format file --checkpoint-dir " + dir + "/ck");
   ASSERT_EQ(first.exit_code, 0) << first.output;
   const std::string resume = " --steps 4 --resume " + dir + "/ck/checkpoint.pt --save-params ";
   const CliRun same = run_pipetrain(flags + tp + resume + dir + "/same.pt");

@@ -93,8 +93,8 @@ TEST(TrainZeroMemory, EveryStageHoldsLessThanTheOneBeforeAndItsStatesAreThePaper
     EXPECT_NEAR(per_parameter, paper[zero], 0.1 * paper[zero]) << "zero " << zero;
     if (zero > 0) {
       EXPECT_LT(peaks[zero], peaks[zero - 1])
-          << "zero " << zero << " peaks at " << peaks[zero] << " bytes, zero " << zero - 1
-          << " at " << peaks[zero - 1];
+          << "zero " << zero << " peaks at " << peaks[zero] << " bytes, zero " << zero - 1 << " at "
+          << peaks[zero - 1];
     }
   }
 }
@@ -110,7 +110,8 @@ TEST(TrainZeroMemory, ARunOverItsBudgetIsRefusedBeforeAnyRankStartsNamingWhatFit
                           "--memory-limit 450MiB";
   const testing::CliRun refused = testing::run_pipetrain(run);
   EXPECT_EQ(refused.exit_code, 2) << refused.output;
-  EXPECT_NE(refused.output.find("pass the --memory-limit of "), std::string::npos) << refused.output;
+  EXPECT_NE(refused.output.find("pass the --memory-limit of "), std::string::npos)
+      << refused.output;
   EXPECT_NE(refused.output.find("These fit: --zero "), std::string::npos) << refused.output;
   EXPECT_EQ(refused.output.find("launching"), std::string::npos) << refused.output;
   const testing::CliRun fits = testing::run_pipetrain(run + " --zero 3 --checkpoint always");

@@ -119,7 +119,7 @@ void run_user_path(const std::string& page, const std::string& name) {
   // What the path promised: a model transformers loads, evaluated over counted targets.
   EXPECT_NE(outputs.find("counted targets)"), std::string::npos) << outputs;
   EXPECT_TRUE(fs::exists(dir + "/tuned/config.json")) << outputs;
-  EXPECT_TRUE(fs::exists(dir + "/run/checkpoint.pt")) << outputs;
+  EXPECT_TRUE(fs::exists(dir + "/run/latest")) << outputs;  // a sharded checkpoint
   const testing::CliRun loads =
       testing::hf_reference("compare " + dir + "/tuned " + dir + "/tuned --rtol 0");
   EXPECT_EQ(loads.exit_code, 0) << loads.output;

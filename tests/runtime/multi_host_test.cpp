@@ -49,7 +49,8 @@ struct HostRun {
 
 void write_tensor(const torch::Tensor& tensor, const std::string& file) {
   const std::vector<char> bytes = torch::pickle_save(tensor);
-  std::ofstream(file, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  std::ofstream(file, std::ios::binary)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
 class MultiHost : public ::testing::Test {
@@ -80,7 +81,7 @@ class MultiHost : public ::testing::Test {
            path(inputs) + " --targets " + path("y.pt") +
            " --batch-size 8 --chunks 4 --optimizer sgd --lr 0.05 --seed 1 --steps " +
            std::to_string(steps) + " --timeout " + std::to_string(kTimeoutSeconds) +
-           " --checkpoint-dir " + path(tag) + " --save-every 5";
+           " --checkpoint-format file --checkpoint-dir " + path(tag) + " --save-every 5";
   }
 
   // Runs `flags` as one rank per host and calls `fault` once, when a progress line reaches
@@ -163,9 +164,8 @@ std::string* MultiHost::dir_ = nullptr;
 TEST_F(MultiHost, RanksOnThreeHostsTrainLikeOneProcess) {
   NetworkHosts hosts(kHosts);
   const HostRun run = run_on_hosts(
-      hosts, "transparent", train_flags("transparent", 12, "x.pt") + " --save-params " +
-                                path("hosts.pt"),
-      nullptr);
+      hosts, "transparent",
+      train_flags("transparent", 12, "x.pt") + " --save-params " + path("hosts.pt"), nullptr);
   ASSERT_EQ(run.launched.exit_code, 0) << run.output;
   EXPECT_NE(run.output.find("3 stages on 3 ranks (3 processes: 3 pipeline x 1 data-parallel)"),
             std::string::npos)
@@ -197,9 +197,8 @@ TEST_F(MultiHost, LosingTheStoresHostStopsEveryRankWithinTheTimeout) {
 
 TEST_F(MultiHost, AKilledRankStopsTheOthersWithinTheTimeout) {
   NetworkHosts hosts(kHosts);
-  const HostRun run =
-      run_on_hosts(hosts, "sigkill", train_flags("sigkill", 100000, "x.pt"),
-                   [] { ::kill(testing::rank_process("sigkill", 1), SIGKILL); });
+  const HostRun run = run_on_hosts(hosts, "sigkill", train_flags("sigkill", 100000, "x.pt"),
+                                   [] { ::kill(testing::rank_process("sigkill", 1), SIGKILL); });
   EXPECT_EQ(run.launched.first_failed_rank, 1) << run.output;
   expect_bounded_failure(run, "sigkill", 1, {});
 }
@@ -219,8 +218,8 @@ TEST_F(MultiHost, ARankThatThrowsStopsTheOthersWithinTheTimeout) {
   NetworkHosts hosts(kHosts);
   // Batch 5 of every epoch is NaN: the loss of step 5 + 8k is not finite. The fault is in the
   // data; the callback only marks when it is reached.
-  const HostRun run =
-      run_on_hosts(hosts, "throw", train_flags("throw", 100000, "x_nan.pt"), [] {}, 3);
+  const HostRun run = run_on_hosts(
+      hosts, "throw", train_flags("throw", 100000, "x_nan.pt"), [] {}, 3);
   expect_bounded_failure(run, "throw", run.launched.first_failed_rank,
                          {"error: loss is nan at step 5 (epoch 0, batch 5)"});
 }

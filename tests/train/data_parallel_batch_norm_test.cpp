@@ -31,7 +31,8 @@ std::string replica_test_path(const std::string& name) {
 testing::CliRun train_cnn(const std::string& layout, const std::string& dir) {
   return testing::run_pipetrain(
       "train --data synthetic --synthetic-samples 64 --model cnn --model-options "
-      "'{\"width\": 8}' --batch-size 16 --optimizer sgd --lr 0.05 --seed 5 --checkpoint-dir " +
+      "'{\"width\": 8}' --batch-size 16 --optimizer sgd --lr 0.05 --seed 5 --checkpoint-format "
+      "file --checkpoint-dir " +
       replica_test_path(dir) + " " + layout);
 }
 

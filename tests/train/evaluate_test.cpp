@@ -36,8 +36,8 @@ TEST(Evaluate, CountsTheRowsWhoseArgmaxIsTheTarget) {
   // Rows 0 and 2 score class 1 highest, row 1 class 0; targets 1, 1, 1: two of three right.
   const torch::Tensor scores = torch::tensor({{0.0, 1.0}, {2.0, 0.0}, {0.5, 0.7}});
   const torch::Tensor targets = torch::tensor({1, 1, 1}, torch::kLong);
-  const Evaluation e = evaluate(model, class_loss, scores, targets,
-                                EvaluateOptions().batch(2).classification(true));
+  const Evaluation e =
+      evaluate(model, class_loss, scores, targets, EvaluateOptions().batch(2).classification(true));
   EXPECT_DOUBLE_EQ(e.accuracy, 2.0 / 3.0);
   EXPECT_NEAR(e.loss, class_loss(scores, targets).item<double>(), 1e-6);
 }

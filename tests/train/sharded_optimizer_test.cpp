@@ -106,7 +106,7 @@ TEST(ShardedOptimizer, ACheckpointAtTwoReplicasResumesAtOneAndFourAsTheUninterru
   ASSERT_EQ(whole.exit_code, 0) << whole.output;
   const CliRun first = train(
       "--optimizer adam --steps 3 --nproc 4 --dp 2 --zero 1 "
-      "--checkpoint-dir " +
+      "--checkpoint-format file --checkpoint-dir " +
       path("ckpt"));
   ASSERT_EQ(first.exit_code, 0) << first.output;
   const std::string resume = " --resume " + path("ckpt/checkpoint.pt") + " --save-params ";
@@ -125,7 +125,9 @@ TEST(ShardedOptimizer, AZeroThreeCheckpointAtTwoReplicasResumesAtOneAndFourAsThe
   const CliRun whole = train(common + "--nproc 4 --dp 2 --save-params " + path("whole3.pt"));
   ASSERT_EQ(whole.exit_code, 0) << whole.output;
   const CliRun first = train(
-      "--optimizer adam --steps 3 --nproc 4 --dp 2 --zero 3 --checkpoint-dir " + path("ckpt3"));
+      "--optimizer adam --steps 3 --nproc 4 --dp 2 --zero 3 --checkpoint-format file "
+      "--checkpoint-dir " +
+      path("ckpt3"));
   ASSERT_EQ(first.exit_code, 0) << first.output;
   const std::string resume = " --resume " + path("ckpt3/checkpoint.pt") + " --save-params ";
   for (const std::string layout : {"--nproc 2 --dp 1", "--nproc 8 --dp 4 --zero 3",

@@ -93,7 +93,8 @@ torch::nn::Sequential resumed_run(const std::string& dir, bool keep_streams) {
   {
     torch::nn::Sequential model = make_model(true);
     auto runner = make_pipe_runner(model, mse, pipe);
-    Trainer(model, *runner, batches, options(3).checkpoint_dir(dir)).fit();
+    Trainer(model, *runner, batches, options(3).checkpoint_format("file").checkpoint_dir(dir))
+        .fit();
   }
   Checkpoint saved = load_checkpoint(checkpoint_path(dir));
   EXPECT_EQ(saved.stage_rng_states.size(), 2u);

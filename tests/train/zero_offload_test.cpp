@@ -86,7 +86,7 @@ TEST(ZeroOffload, ACheckpointOfAnOffloadedRunResumesWithAndWithoutTheOffload) {
     torch::nn::Sequential model = offload_model();
     auto runner = make_pipe_runner(model, offload_mse, kPipe);
     Trainer(model, *runner, offload_batches(),
-            adamw(3).zero(1).offload_optimizer(true).checkpoint_dir(dir))
+            adamw(3).zero(1).offload_optimizer(true).checkpoint_format("file").checkpoint_dir(dir))
         .fit();
   }
   const Checkpoint saved = load_checkpoint(checkpoint_path(dir));

@@ -106,15 +106,21 @@ struct TrainerOptions {
   /// Every this many steps (and after the last), each process's peak resident memory so far is
   /// gathered to the main rank's StepReport (one collective); 0 = only at the end. Default 0.
   TORCH_ARG(int64_t, memory_every) = 0;
-  /// Directory of `checkpoint.pt`, written at the end and every save_every steps; "" = none.
+  /// Where checkpoints are written, at the end and every save_every steps; "" = none.
   TORCH_ARG(std::string, checkpoint_dir) = "";
   /// A checkpoint every this many steps (0 = only the final one). Default 0.
   TORCH_ARG(int64_t, save_every) = 0;
-  /// "file": checkpoint_dir/checkpoint.pt, gathered into one file by the main rank; "sharded":
-  /// checkpoint_dir/step-N/, every rank writing its own part (train/sharded_checkpoint.h).
-  TORCH_ARG(std::string, checkpoint_format) = "file";
+  /// "sharded" (the default): checkpoint_dir/step-N/ and checkpoint_dir/latest, every rank
+  /// writing its own part (train/sharded_checkpoint.h); "file": checkpoint_dir/checkpoint.pt,
+  /// gathered into one file by the main rank.
+  TORCH_ARG(std::string, checkpoint_format) = "sharded";
   /// Sharded: keep the newest this many complete checkpoints (0 = all).
   TORCH_ARG(int, keep_checkpoints) = 0;
+  /// Sharded: the step that saves copies the rank's part into host memory (pinned for a GPU's)
+  /// and goes on; a thread writes it while training continues, and the checkpoint is committed
+  /// after the first step at whose end every rank's writer is done. The next save and the end of
+  /// training wait for it.
+  TORCH_ARG(bool, async_checkpoint) = false;
   /// Stored in each checkpoint's metadata (model name, options, data, ...).
   TORCH_ARG(nlohmann::json, metadata) = nlohmann::json::object();
   /// Chrome trace of every step's actions, written by the main rank at the end; "" = none.
@@ -207,8 +213,9 @@ class Trainer {
     uint64_t bytes = 0;
     int64_t buffer_bytes = 0;
     double seconds = 0;
-    bool main = false;  // the main rank's figures
-    int processes = 1;  // that wrote it
+    int64_t snapshot_bytes = 0;  // async: the host copy of this rank's part
+    bool main = false;           // the main rank's figures
+    int processes = 1;           // that wrote it
   };
   std::function<void(int64_t epoch)> on_epoch_end;
   // Called on every rank after each sharded checkpoint is complete, with its directory and
@@ -263,6 +270,11 @@ class Trainer {
   int64_t first_step_ = 0;
   EventLog events_;
   SaveFigures last_save_;
+  struct PendingSave;
+  std::shared_ptr<PendingSave> pending_save_;  // a sharded save not committed yet
+  // Collective: commits the pending sharded save once every rank's file is written (wait: after
+  // waiting for this rank's; else only if every rank's is done already). True when none is left.
+  bool finish_sharded_save(bool wait);
   // The checkpoint of `steps_done` in the run's format; returns its path.
   std::string write_checkpoint(int64_t steps_done);
 };
