@@ -180,8 +180,7 @@ std::vector<ShardPieceSource> rank_pieces(const Checkpoint& part,
   std::vector<ShardPieceSource> pieces;
   const TensorParallelSlice& tp = placement.tensor_parallel;
   // A tensor this rank holds whole (its tp box): its data-parallel share, where it writes it.
-  auto add_shared = [&](const std::string& key, const std::string& name, const torch::Tensor& t,
-                        const TensorBox& box) {
+  auto add_shared = [&](const std::string& key, const torch::Tensor& t, const TensorBox& box) {
     if (!box.writer) return;
     const auto [begin, end] = share(t.numel(), placement.replica, placement.replicas);
     if (begin == end) return;
@@ -190,7 +189,6 @@ std::vector<ShardPieceSource> rank_pieces(const Checkpoint& part,
     region.flat_end = end;
     pieces.push_back(
         {key, box.shape, region, t.detach().reshape({-1}).narrow(0, begin, end - begin)});
-    (void)name;
   };
   // A scalar or a tensor of another shape than its parameter (a step count): whole, written once
   // (by replica 0 of the rank holding the parameter's first element).
@@ -227,20 +225,20 @@ std::vector<ShardPieceSource> rank_pieces(const Checkpoint& part,
   for (const auto& [name, tensor] : part.parameters) {
     if (zero_names.count(name)) continue;
     const TensorBox box = tensor_box(tp, name, tensor.sizes());
-    add_shared("param/" + name, name, tensor, box);
+    add_shared("param/" + name, tensor, box);
     const auto state = part.optimizer_state.find(name);
     if (state == part.optimizer_state.end()) continue;
     for (const auto& [field, value] : state->second) {
       const std::string key = "optim/" + name + "/" + field;
       if (value.sizes() == tensor.sizes() && field != "step") {
-        add_shared(key, name, value, box);
+        add_shared(key, value, box);
       } else if (placement.replica == 0 && holds_first(box)) {
         add_once(key, value);
       }
     }
   }
   for (const auto& [name, tensor] : part.buffers) {
-    add_shared("buffer/" + name, name, tensor, tensor_box(tp, name, tensor.sizes()));
+    add_shared("buffer/" + name, tensor, tensor_box(tp, name, tensor.sizes()));
   }
   if (placement.replica == 0 && tp.rank == 0) {
     for (const auto& [stage, state] : part.stage_rng_states) {
