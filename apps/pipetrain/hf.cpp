@@ -15,6 +15,7 @@
 #include "commands.h"
 #include "hf.h"
 #include "pipetrain/models/generate.h"
+#include "pipetrain/models/llama_export.h"
 #include "pipetrain/train/checkpoint.h"
 #include "pipetrain/train/sharded_checkpoint.h"
 
@@ -73,25 +74,44 @@ struct ExportArgs {
   std::string dtype = "float32";
 };
 
-int run_export(const ExportArgs& args) {
-  const train::Checkpoint checkpoint = as_usage_error(
-      "CHECKPOINT " + args.checkpoint, [&] { return train::load_any_checkpoint(args.checkpoint); });
-  const nlohmann::json& options = checkpoint.metadata.value("model_options", nlohmann::json());
+// The model a checkpoint was trained as: its metadata's model_options.hf_config.
+models::LlamaConfig exported_config(const ExportArgs& args, const nlohmann::json& metadata) {
+  const nlohmann::json& options = metadata.value("model_options", nlohmann::json());
   if (!options.is_object() || !options.contains("hf_config")) {
     throw UsageError("CHECKPOINT " + args.checkpoint +
                      " was not written by training a Hugging Face --model (its metadata has no "
                      "model_options.hf_config)");
   }
-  const models::LlamaConfig config = as_usage_error("CHECKPOINT " + args.checkpoint, [&] {
+  return as_usage_error("CHECKPOINT " + args.checkpoint, [&] {
     return models::parse_llama_config(options["hf_config"], args.checkpoint + " (hf_config)");
   });
-  const auto files = as_usage_error("OUT", [&] {
-    return models::save_llama_hf(args.out, config, checkpoint.parameters,
-                                 models::HfSaveOptions().dtype(args.dtype));
-  });
-  std::printf("exported step %lld of %s to %s (%zu files, %s)\n",
-              static_cast<long long>(checkpoint.step), args.checkpoint.c_str(), args.out.c_str(),
-              files.size(), args.dtype.c_str());
+}
+
+int run_export(const ExportArgs& args) {
+  const models::HfSaveOptions save = models::HfSaveOptions().dtype(args.dtype);
+  int64_t step = 0;
+  std::vector<std::string> files;
+  if (as_usage_error("CHECKPOINT " + args.checkpoint,
+                     [&] { return train::resolve_sharded_checkpoint(args.checkpoint); })) {
+    // Sharded: read and written one tensor at a time, nothing held whole.
+    const train::ShardedCheckpoint checkpoint = as_usage_error(
+        "CHECKPOINT " + args.checkpoint, [&] { return train::ShardedCheckpoint::open(args.checkpoint); });
+    const models::LlamaConfig config =
+        exported_config(args, checkpoint.index().state.value("metadata", nlohmann::json()));
+    step = checkpoint.index().state.value("step", int64_t{0});
+    files = as_usage_error("OUT", [&] {
+      return models::export_llama_hf(checkpoint, args.out, config, save);
+    });
+  } else {
+    const train::Checkpoint checkpoint = as_usage_error(
+        "CHECKPOINT " + args.checkpoint, [&] { return train::load_checkpoint(args.checkpoint); });
+    const models::LlamaConfig config = exported_config(args, checkpoint.metadata);
+    step = checkpoint.step;
+    files = as_usage_error(
+        "OUT", [&] { return models::save_llama_hf(args.out, config, checkpoint.parameters, save); });
+  }
+  std::printf("exported step %lld of %s to %s (%zu files, %s)\n", static_cast<long long>(step),
+              args.checkpoint.c_str(), args.out.c_str(), files.size(), args.dtype.c_str());
   return 0;
 }
 

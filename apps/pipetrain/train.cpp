@@ -49,6 +49,7 @@
 #include "data_loader.h"
 #include "model_registry.h"
 #include "pipetrain/base/atomic_file.h"
+#include "pipetrain/models/llama_export.h"
 #include "pipetrain/partition/memory.h"
 #include "pipetrain/runtime/distributed.h"
 #include "pipetrain/runtime/launcher.h"
@@ -501,16 +502,23 @@ int train_with(const TrainArgs& args, Prepared& p, train::StepRunner& runner, in
                   p.auto_plan->predicted_step_seconds);
     }
   }
-  std::optional<train::Checkpoint> whole;  // every rank's weights, on the main rank
-  if (!args.save_params.empty() || !args.save_hf.empty()) whole = trainer.gather_weights();
-  if (whole && !args.save_params.empty()) {
-    const size_t saved = train::save_parameters(args.save_params, *whole, *p.model.sequential);
-    std::printf("saved %zu parameters to %s\n", saved, args.save_params.c_str());
+  if (!args.save_params.empty()) {
+    const std::optional<train::Checkpoint> whole = trainer.gather_weights();  // on the main rank
+    if (whole) {
+      const size_t saved = train::save_parameters(args.save_params, *whole, *p.model.sequential);
+      std::printf("saved %zu parameters to %s\n", saved, args.save_params.c_str());
+    }
   }
-  if (whole && !args.save_hf.empty()) {
-    const auto files = models::save_llama_hf(args.save_hf, *p.model.llama, whole->parameters);
-    std::printf("saved %s to %s (%zu files)\n", models::to_string(p.model.llama->architecture),
-                args.save_hf.c_str(), files.size());
+  if (!args.save_hf.empty()) {  // every process writes its share; nothing is gathered
+    const auto start = std::chrono::steady_clock::now();
+    const auto files = models::save_llama_hf(trainer, args.save_hf, *p.model.llama);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (main) {
+      std::printf("saved %s to %s (%zu files by %d processes in %.2f s)\n",
+                  models::to_string(p.model.llama->architecture), args.save_hf.c_str(),
+                  files.size(), runner.processes(), seconds);
+    }
   }
   std::fflush(stdout);
   return 0;

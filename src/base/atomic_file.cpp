@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 namespace pipetrain {
@@ -49,54 +50,79 @@ void write_file_atomically(const std::string& path, std::string_view bytes) {
 }
 
 void write_file_atomically(const std::string& path, const std::vector<std::string_view>& pieces) {
-  const std::string directory = directory_of(path);
+  AtomicFileWriter file(path);
+  for (std::string_view bytes : pieces) file.write(bytes.data(), bytes.size());
+  file.commit();
+}
+
+AtomicFileWriter::AtomicFileWriter(std::string path) : path_(std::move(path)) {
+  const std::string directory = directory_of(path_);
   // [1]
-  std::string temporary = directory + "/." + base_name_of(path) + ".tmp-XXXXXX";
-  std::vector<char> name(temporary.begin(), temporary.end());
+  temporary_ = directory + "/." + base_name_of(path_) + ".tmp-XXXXXX";
+  std::vector<char> name(temporary_.begin(), temporary_.end());
   name.push_back('\0');
-  int fd = ::mkstemp(name.data());
-  if (fd < 0) fail_write(path, "creating a temporary file in '" + directory + "'", errno);
-  temporary = name.data();
-  auto abandon = [&](const std::string& step, int error) {
-    ::close(fd);
-    ::unlink(temporary.c_str());
-    fail_write(path, step, error);
-  };
+  fd_ = ::mkstemp(name.data());
+  if (fd_ < 0) fail_write(path_, "creating a temporary file in '" + directory + "'", errno);
+  temporary_ = name.data();
   // mkstemp makes the file 0600; give it the mode a plain open(2) would (0666 less the umask), so
   // that what pipetrain writes (checkpoints, exported models) is readable as any file is.
-  if (::fchmod(fd, 0666 & ~current_umask()) != 0) abandon("chmod of '" + temporary + "'", errno);
-  // [2]
-  for (std::string_view bytes : pieces) {
-    size_t written = 0;
-    while (written < bytes.size()) {
-      ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        abandon("writing " + std::to_string(bytes.size()) + " bytes to '" + temporary + "'", errno);
-      }
-      written += static_cast<size_t>(n);
-    }
+  if (::fchmod(fd_, 0666 & ~current_umask()) != 0) abandon("chmod of '" + temporary_ + "'", errno);
+}
+
+AtomicFileWriter::~AtomicFileWriter() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    ::unlink(temporary_.c_str());
   }
+}
+
+void AtomicFileWriter::abandon(const std::string& step, int error) {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  ::unlink(temporary_.c_str());
+  fail_write(path_, step, error);
+}
+
+void AtomicFileWriter::write(const void* data, size_t size) {
+  // [2]
+  if (fd_ < 0) throw FileError("cannot write '" + path_ + "': written after commit or a failure");
+  const char* bytes = static_cast<const char*>(data);
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::write(fd_, bytes + done, size - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      abandon("writing " + std::to_string(size) + " bytes to '" + temporary_ + "'", errno);
+    }
+    done += static_cast<size_t>(n);
+  }
+  written_ += size;
+}
+
+void AtomicFileWriter::commit() {
+  if (fd_ < 0) throw FileError("cannot write '" + path_ + "': committed twice or after a failure");
   // [3]
-  if (::fsync(fd) != 0) abandon("fsync of '" + temporary + "'", errno);
+  if (::fsync(fd_) != 0) abandon("fsync of '" + temporary_ + "'", errno);
+  const int fd = std::exchange(fd_, -1);
   if (::close(fd) != 0) {
-    int error = errno;
-    ::unlink(temporary.c_str());
-    fail_write(path, "closing '" + temporary + "'", error);
+    const int error = errno;
+    ::unlink(temporary_.c_str());
+    fail_write(path_, "closing '" + temporary_ + "'", error);
   }
   // [4]
-  if (::rename(temporary.c_str(), path.c_str()) != 0) {
-    int error = errno;
-    ::unlink(temporary.c_str());
-    fail_write(path, "renaming '" + temporary + "' over it", error);
+  if (::rename(temporary_.c_str(), path_.c_str()) != 0) {
+    const int error = errno;
+    ::unlink(temporary_.c_str());
+    fail_write(path_, "renaming '" + temporary_ + "' over it", error);
   }
   // [5] Best effort on file systems that cannot fsync a directory (EINVAL): the data is safe.
-  int dir_fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY);
+  const std::string directory = directory_of(path_);
+  const int dir_fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY);
   if (dir_fd >= 0) {
     if (::fsync(dir_fd) != 0 && errno != EINVAL) {
-      int error = errno;
+      const int error = errno;
       ::close(dir_fd);
-      fail_write(path, "fsync of directory '" + directory + "'", error);
+      fail_write(path_, "fsync of directory '" + directory + "'", error);
     }
     ::close(dir_fd);
   }

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -64,6 +65,18 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
     size_ = std::exchange(other.size_, 0);
   }
   return *this;
+}
+
+void MappedFile::release(uint64_t begin, uint64_t end) const {
+  if (data_ == nullptr) return;
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  end = std::min(end, size_);
+  // Whole pages inside [begin, end) only: a page shared with bytes outside stays.
+  const uint64_t first = (begin + page - 1) / page * page;
+  const uint64_t last = end == size_ ? (end + page - 1) / page * page : end / page * page;
+  if (last > first) {
+    ::madvise(const_cast<char*>(data_) + first, static_cast<size_t>(last - first), MADV_DONTNEED);
+  }
 }
 
 void MappedFile::unmap() {

@@ -25,6 +25,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
 // The index's weight_map: tensor name -> shard file name (relative to the index's directory).
 std::map<std::string, std::string> read_index(const std::string& index_path) {
   nlohmann::json index;
@@ -276,62 +282,130 @@ void write_safetensors_file(const std::string& path, const NamedTensorList& tens
   write_file_atomically(path, pieces);
 }
 
+int64_t StreamedTensor::bytes() const {
+  int64_t n = static_cast<int64_t>(element_size(dtype));
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+void write_safetensors_file_streamed(const std::string& path,
+                                     const std::vector<StreamedTensor>& tensors,
+                                     const std::map<std::string, std::string>& metadata) {
+  // Wider element types first, as write_safetensors_file lays them out.
+  std::vector<size_t> order(tensors.size());
+  for (size_t t = 0; t < order.size(); ++t) order[t] = t;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return element_size(tensors[a].dtype) > element_size(tensors[b].dtype);
+  });
+  std::vector<SafetensorsLayoutEntry> layout;
+  for (size_t t : order) layout.push_back({tensors[t].name, tensors[t].dtype, tensors[t].shape});
+  const std::string header = serialize_safetensors_header(layout, metadata);
+  AtomicFileWriter file(path);
+  file.write(header.data(), header.size());
+  for (size_t t : order) {
+    const StreamedTensor& want = tensors[t];
+    torch::Tensor values = want.values();
+    if (!values.defined() || values.sizes().vec() != want.shape) {
+      throw BadInput("safetensors: tensor '" + want.name + "' of '" + path + "' was announced as " +
+                     shape_text(want.shape) + " but made as " +
+                     (values.defined() ? shape_text(values.sizes().vec()) : "undefined"));
+    }
+    values = values.detach().to(torch::kCPU, torch_dtype_of(want.dtype, path, want.name))
+                 .contiguous();
+    file.write(values.data_ptr(), values.nbytes());
+  }
+  file.commit();
+}
+
+std::vector<size_t> plan_safetensors_shards(const std::vector<int64_t>& bytes,
+                                            int64_t max_shard_bytes) {
+  if (max_shard_bytes < 1) {
+    throw BadInput("safetensors: max_shard_bytes must be at least 1, got " +
+                   std::to_string(max_shard_bytes));
+  }
+  std::vector<size_t> plan;
+  size_t shard = 0;
+  int64_t used = 0;
+  for (int64_t b : bytes) {
+    if (used > 0 && used + b > max_shard_bytes) {
+      ++shard;
+      used = 0;
+    }
+    plan.push_back(shard);
+    used += b;
+  }
+  return plan;
+}
+
+std::string safetensors_shard_name(size_t shard, size_t shards) {
+  if (shards <= 1) return kSafetensorsFile;
+  char name[64];
+  std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", shard + 1, shards);
+  return name;
+}
+
+std::vector<std::string> finish_safetensors_checkpoint(const std::string& directory,
+                                                       const std::vector<std::string>& names,
+                                                       const std::vector<size_t>& plan,
+                                                       int64_t total_bytes) {
+  const fs::path dir(directory);
+  std::error_code error;
+  const size_t shards = plan.empty() ? 1 : plan.back() + 1;
+  if (shards == 1) {
+    // A single file replaces an older sharded save: its index would otherwise still be read.
+    fs::remove(dir / kSafetensorsIndexFile, error);
+    remove_stale_shards(dir, {});
+    return {};
+  }
+  nlohmann::json weight_map = nlohmann::json::object();
+  std::vector<std::string> files;
+  for (size_t t = 0; t < names.size(); ++t) {
+    weight_map[names[t]] = safetensors_shard_name(plan[t], shards);
+  }
+  for (size_t s = 0; s < shards; ++s) files.push_back(safetensors_shard_name(s, shards));
+  const nlohmann::json index = {{"metadata", {{"total_size", total_bytes}}},
+                                {"weight_map", weight_map}};
+  write_file_atomically((dir / kSafetensorsIndexFile).string(), index.dump(2) + "\n");
+  // An older single-file save is what readers that look for model.safetensors first would load.
+  fs::remove(dir / kSafetensorsFile, error);
+  remove_stale_shards(dir, files);
+  return {kSafetensorsIndexFile};
+}
+
 std::vector<std::string> write_safetensors_checkpoint(const std::string& directory,
                                                       const NamedTensorList& tensors,
                                                       const SafetensorsWriteOptions& options) {
-  if (options.max_shard_bytes() < 1) {
-    throw BadInput("safetensors: max_shard_bytes must be at least 1, got " +
-                   std::to_string(options.max_shard_bytes()));
-  }
-  std::set<std::string> names;
+  std::set<std::string> seen;
+  std::vector<std::string> names;
+  std::vector<int64_t> bytes;
+  int64_t total = 0;
   for (const auto& item : tensors) {
-    if (!names.insert(item.first).second) {
+    if (!seen.insert(item.first).second) {
       throw BadInput("safetensors: tensor '" + item.first + "' is given twice");
     }
+    names.push_back(item.first);
+    bytes.push_back(item.second.numel() * static_cast<int64_t>(item.second.element_size()));
+    total += bytes.back();
   }
+  const std::vector<size_t> plan = plan_safetensors_shards(bytes, options.max_shard_bytes());
   std::error_code error;
   fs::create_directories(directory, error);
   if (error) {
     throw FileError("cannot write '" + directory +
                     "': cannot create the directory: " + error.message());
   }
-  // Fill shards in order; a new one starts when the next tensor would not fit.
-  std::vector<NamedTensorList> shards(1);
-  int64_t used = 0, total = 0;
-  for (const auto& item : tensors) {
-    const int64_t bytes = item.second.numel() * static_cast<int64_t>(item.second.element_size());
-    if (used > 0 && used + bytes > options.max_shard_bytes()) {
-      shards.emplace_back();
-      used = 0;
-    }
-    shards.back().push_back(item);
-    used += bytes;
-    total += bytes;
-  }
-  const fs::path dir(directory);
-  if (shards.size() == 1) {
-    write_safetensors_file((dir / kSafetensorsFile).string(), shards[0], options.metadata());
-    // A single file replaces an older sharded save: its index would otherwise still be read.
-    fs::remove(dir / kSafetensorsIndexFile, error);
-    remove_stale_shards(dir, {});
-    return {kSafetensorsFile};
-  }
+  const size_t shards = plan.empty() ? 1 : plan.back() + 1;
+  std::vector<NamedTensorList> members(shards);
+  for (size_t t = 0; t < tensors.size(); ++t) members[plan[t]].push_back(tensors[t]);
   std::vector<std::string> written;
-  nlohmann::json weight_map = nlohmann::json::object();
-  const size_t n = shards.size();
-  for (size_t s = 0; s < n; ++s) {
-    char name[64];
-    std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", s + 1, n);
-    write_safetensors_file((dir / name).string(), shards[s], options.metadata());
-    for (const auto& item : shards[s]) weight_map[item.first] = name;
-    written.emplace_back(name);
+  for (size_t s = 0; s < shards; ++s) {
+    written.push_back(safetensors_shard_name(s, shards));
+    write_safetensors_file((fs::path(directory) / written.back()).string(), members[s],
+                           options.metadata());
   }
-  const nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-  write_file_atomically((dir / kSafetensorsIndexFile).string(), index.dump(2) + "\n");
-  written.emplace_back(kSafetensorsIndexFile);
-  // An older single-file save is what readers that look for model.safetensors first would load.
-  fs::remove(dir / kSafetensorsFile, error);
-  remove_stale_shards(dir, written);
+  for (const std::string& index : finish_safetensors_checkpoint(directory, names, plan, total)) {
+    written.push_back(index);
+  }
   return written;
 }
 

@@ -504,31 +504,47 @@ torch::Dtype parse_hf_dtype(const std::string& dtype) {
   throw BadInput("unknown dtype '" + dtype + "'; valid: float32, bfloat16, float16");
 }
 
+std::vector<HfTensorName> llama_hf_tensors(const LlamaConfig& config) {
+  // The names and shapes the config implies, from a placeholder model (meta: no memory).
+  LlamaModel shape = make_llama(config, LlamaBuildOptions().entries(std::vector<int64_t>{}));
+  const std::string head = std::to_string(config.num_hidden_layers + 2) + ".weight";
+  std::vector<HfTensorName> out;
+  for (const auto& item : shape.sequential->named_parameters()) {
+    if (config.tie_word_embeddings && item.key() == head) continue;
+    out.push_back({hf_name_of(item.key(), config), item.key(), item.value().sizes().vec()});
+  }
+  return out;
+}
+
+std::string write_llama_hf_config(const std::string& directory, const LlamaConfig& config,
+                                  const std::string& dtype) {
+  parse_hf_dtype(dtype);
+  write_file_atomically(directory + "/config.json", llama_config_json(config, dtype).dump(2) + "\n");
+  return "config.json";
+}
+
 std::vector<std::string> save_llama_hf(const std::string& directory, const LlamaConfig& config,
                                        const std::map<std::string, torch::Tensor>& parameters,
                                        const HfSaveOptions& options) {
   const torch::Dtype dtype = parse_hf_dtype(options.dtype());
-  // The names and shapes the config implies, from a placeholder model (meta: no memory).
-  LlamaModel shape = make_llama(config, LlamaBuildOptions().entries(std::vector<int64_t>{}));
-  const std::string head = std::to_string(config.num_hidden_layers + 2) + ".weight";
   io::NamedTensorList tensors;
   std::set<std::string> known;
-  for (const auto& item : shape.sequential->named_parameters()) {
-    const std::string& name = item.key();
-    known.insert(name);
-    if (config.tie_word_embeddings && name == head) continue;
-    auto found = parameters.find(name);
+  for (const HfTensorName& t : llama_hf_tensors(config)) {
+    known.insert(t.name);
+    auto found = parameters.find(t.name);
     if (found == parameters.end()) {
       throw BadInput("saving " + std::string(to_string(config.architecture)) + " to '" + directory +
-                     "': parameter '" + name + "' (" + hf_name_of(name, config) + ") is missing");
+                     "': parameter '" + t.name + "' (" + t.hf_name + ") is missing");
     }
-    if (found->second.sizes() != item.value().sizes()) {
-      throw BadInput("saving to '" + directory + "': parameter '" + name + "' has shape " +
+    if (found->second.sizes().vec() != t.shape) {
+      throw BadInput("saving to '" + directory + "': parameter '" + t.name + "' has shape " +
                      shape_text(found->second.sizes()) + " but config.json implies " +
-                     shape_text(item.value().sizes()));
+                     shape_text(t.shape));
     }
-    tensors.emplace_back(hf_name_of(name, config), found->second.detach().to(torch::kCPU, dtype));
+    tensors.emplace_back(t.hf_name, found->second.detach().to(torch::kCPU, dtype));
   }
+  // The tied head is the embedding's table: given or not, it is not written.
+  if (config.tie_word_embeddings) known.insert(std::to_string(config.num_hidden_layers + 2) + ".weight");
   for (const auto& item : parameters) {
     if (!known.count(item.first)) {
       throw BadInput("saving to '" + directory + "': parameter '" + item.first +
@@ -537,9 +553,7 @@ std::vector<std::string> save_llama_hf(const std::string& directory, const Llama
   }
   std::vector<std::string> files = io::write_safetensors_checkpoint(
       directory, tensors, io::SafetensorsWriteOptions().max_shard_bytes(options.max_shard_bytes()));
-  const std::string config_path = directory + "/config.json";
-  write_file_atomically(config_path, llama_config_json(config, options.dtype()).dump(2) + "\n");
-  files.emplace_back("config.json");
+  files.push_back(write_llama_hf_config(directory, config, options.dtype()));
   return files;
 }
 

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "pipetrain/base/atomic_file.h"
+#include "pipetrain/base/check.h"
 #include "pipetrain/io/mapped_file.h"
 #include "pipetrain/io/safetensors.h"
 
@@ -26,18 +27,6 @@ constexpr const char* kLatestFile = "latest";
 
 [[noreturn]] void fail(const std::string& path, const std::string& step, int error) {
   throw FileError("cannot write '" + path + "': " + step + ": " + std::strerror(error));
-}
-
-void write_all(int fd, const char* data, size_t size, const std::string& path) {
-  while (size > 0) {
-    const ssize_t n = ::write(fd, data, size);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      fail(path, "write", errno);
-    }
-    data += n;
-    size -= static_cast<size_t>(n);
-  }
 }
 
 // Best effort where a file system cannot fsync a directory (EINVAL).
@@ -95,61 +84,38 @@ ShardFileWritten write_shard_file(
     }
   }
   const std::string header = io::serialize_safetensors_header(layout);
-  const std::string directory = fs::path(path).parent_path().string();
-  std::string temporary = directory + "/." + fs::path(path).filename().string() + ".tmp-XXXXXX";
-  std::vector<char> name(temporary.begin(), temporary.end());
-  name.push_back('\0');
-  const int fd = ::mkstemp(name.data());
-  if (fd < 0) fail(path, "create a temporary file", errno);
-  temporary = name.data();
-  try {
-    if (::fchmod(fd, 0644) != 0) fail(path, "fchmod", errno);
-    write_all(fd, header.data(), header.size(), path);
-    uint64_t offset = header.size();
-    // One host buffer for the pieces that are not contiguous CPU memory (a GPU's, a strided view).
-    torch::Tensor buffer;
-    if (largest_copy > 0) buffer = torch::empty({largest_copy}, torch::kUInt8);
-    written.buffer_bytes = largest_copy;
-    for (const ShardPieceSource& piece : pieces) {
-      torch::Tensor values = piece.values.detach();
-      if (!values.device().is_cpu() || !values.is_contiguous()) {
-        torch::Tensor host =
-            buffer.narrow(0, 0, values.nbytes()).view(values.scalar_type()).view(values.sizes());
-        host.copy_(values);
-        values = host;
-      }
-      const char* data = static_cast<const char*>(values.data_ptr());
-      const size_t bytes = values.nbytes();
-      write_all(fd, data, bytes, path);
-      io::ShardTensor& tensor = written.tensors[piece.name];
-      tensor.dtype = io::safetensors_dtype_of(values.scalar_type());
-      tensor.shape = piece.shape;
-      io::ShardPiece stored;
-      stored.file = 0;
-      stored.begin = offset;
-      stored.end = offset + bytes;
-      stored.region = piece.region;
-      stored.crc32 = io::crc32_update(0, data, bytes);
-      tensor.pieces.push_back(std::move(stored));
-      offset += bytes;
-      if (after_piece) after_piece(static_cast<size_t>(&piece - pieces.data()), offset);
+  AtomicFileWriter file(path);
+  file.write(header.data(), header.size());
+  // One host buffer for the pieces that are not contiguous CPU memory (a GPU's, a strided view).
+  torch::Tensor buffer;
+  if (largest_copy > 0) buffer = torch::empty({largest_copy}, torch::kUInt8);
+  written.buffer_bytes = largest_copy;
+  for (const ShardPieceSource& piece : pieces) {
+    torch::Tensor values = piece.values.detach();
+    if (!values.device().is_cpu() || !values.is_contiguous()) {
+      torch::Tensor host =
+          buffer.narrow(0, 0, values.nbytes()).view(values.scalar_type()).view(values.sizes());
+      host.copy_(values);
+      values = host;
     }
-    written.bytes = offset;
-    if (::fsync(fd) != 0) fail(path, "fsync", errno);
-    if (::close(fd) != 0) {
-      ::unlink(temporary.c_str());
-      fail(path, "close", errno);
-    }
-  } catch (...) {
-    ::close(fd);
-    ::unlink(temporary.c_str());
-    throw;
+    const char* data = static_cast<const char*>(values.data_ptr());
+    const size_t bytes = values.nbytes();
+    const uint64_t offset = file.written();
+    file.write(data, bytes);
+    io::ShardTensor& tensor = written.tensors[piece.name];
+    tensor.dtype = io::safetensors_dtype_of(values.scalar_type());
+    tensor.shape = piece.shape;
+    io::ShardPiece stored;
+    stored.file = 0;
+    stored.begin = offset;
+    stored.end = offset + bytes;
+    stored.region = piece.region;
+    stored.checksum = io::crc32c_update(0, data, bytes);
+    tensor.pieces.push_back(std::move(stored));
+    if (after_piece) after_piece(static_cast<size_t>(&piece - pieces.data()), file.written());
   }
-  if (::rename(temporary.c_str(), path.c_str()) != 0) {
-    const int error = errno;
-    ::unlink(temporary.c_str());
-    fail(path, "rename", error);
-  }
+  written.bytes = file.written();
+  file.commit();
   return written;
 }
 
@@ -345,6 +311,7 @@ void commit_sharded_checkpoint(const std::string& directory, int64_t step,
 
 struct ShardedCheckpoint::State {
   std::string directory;
+  std::string index_path;
   io::ShardIndex index;
   std::vector<io::MappedFile> files;
   mutable std::mutex mutex;
@@ -359,7 +326,8 @@ ShardedCheckpoint ShardedCheckpoint::open(const std::string& path) {
   }
   auto state = std::make_shared<State>();
   state->directory = *directory;
-  const std::string index_path = (fs::path(*directory) / io::kShardIndexFile).string();
+  state->index_path = (fs::path(*directory) / io::kShardIndexFile).string();
+  const std::string& index_path = state->index_path;
   state->index = io::parse_shard_index(read_file(index_path), index_path);
   for (const std::string& name : state->index.files) {
     const std::string file = (fs::path(*directory) / name).string();
@@ -394,7 +362,7 @@ bool ShardedCheckpoint::contains(const std::string& name) const {
 torch::Tensor ShardedCheckpoint::read(const std::string& name,
                                       const io::ShardRegion& region) const {
   const io::ShardTensor* tensor = state_->index.find(name);
-  const std::string index_path = (fs::path(state_->directory) / io::kShardIndexFile).string();
+  const std::string& index_path = state_->index_path;
   if (tensor == nullptr) throw io::ShardIndexError(index_path, name, "not in the checkpoint");
   if (region.shape.size() != tensor->shape.size()) {
     throw io::ShardIndexError(index_path, name,
@@ -424,7 +392,7 @@ torch::Tensor ShardedCheckpoint::read(const std::string& name,
             checked = true;
             std::lock_guard<std::mutex> lock(state_->mutex);
             if (state_->verified.insert({name, p}).second &&
-                io::crc32_update(0, from, piece.end - piece.begin) != piece.crc32) {
+                io::shard_checksum(piece.checksum_kind, from, piece.end - piece.begin) != piece.checksum) {
               state_->verified.erase({name, p});
               throw io::ShardIndexError(file.path(), name,
                                         "a piece's bytes differ from the index's checksum "
@@ -435,6 +403,9 @@ torch::Tensor ShardedCheckpoint::read(const std::string& name,
           }
           std::memcpy(to + t * element, from + f * element, static_cast<size_t>(n * element));
         });
+    // What was copied out is held once: the mapped pages go (a resume or an export then holds
+    // what it read, not also every page of the files it read it from).
+    if (checked) file.release(piece.begin, piece.end);
   }
   if (copied != region.elements()) {
     throw io::ShardIndexError(index_path, name, "its pieces do not hold the region asked for");
@@ -602,6 +573,105 @@ Checkpoint resume_checkpoint(const std::string& path, torch::nn::Module& model,
 Checkpoint load_any_checkpoint(const std::string& path) {
   if (!resolve_sharded_checkpoint(path)) return load_checkpoint(path);
   return read_whole_checkpoint(ShardedCheckpoint::open(path));
+}
+
+namespace {
+
+// The shard of every tensor of an export: cut at max_shard_bytes, and at the parts' shares.
+std::vector<size_t> export_plan(const std::vector<ExportedTensor>& tensors,
+                                const SafetensorsExportOptions& options, int64_t& total) {
+  const int64_t element = static_cast<int64_t>(c10::elementSize(options.dtype()));
+  std::vector<int64_t> bytes;
+  total = 0;
+  for (const ExportedTensor& t : tensors) {
+    int64_t n = element;
+    for (int64_t d : t.shape) n *= d;
+    bytes.push_back(n);
+    total += n;
+  }
+  PIPETRAIN_CHECK_INPUT(options.parts() >= 1 && options.part() >= 0 &&
+                            options.part() < options.parts(),
+                        "safetensors export: part ", options.part(), " of ", options.parts());
+  const int64_t share = (total + options.parts() - 1) / options.parts();
+  return io::plan_safetensors_shards(bytes,
+                                     std::max<int64_t>(1, std::min(options.max_shard_bytes(), share)));
+}
+
+}  // namespace
+
+std::vector<std::string> export_safetensors_part(const ShardedCheckpoint& checkpoint,
+                                                 const std::string& directory,
+                                                 const std::vector<ExportedTensor>& tensors,
+                                                 const SafetensorsExportOptions& options) {
+  const std::string index_path = (fs::path(checkpoint.directory()) / io::kShardIndexFile).string();
+  std::set<std::string> sources(options.unexported().begin(), options.unexported().end());
+  for (const ExportedTensor& t : tensors) {
+    const io::ShardTensor* stored = checkpoint.index().find(t.source);
+    if (stored == nullptr) {
+      throw io::ShardIndexError(index_path, t.source,
+                                "missing: the model has it (" + t.name +
+                                    "), the checkpoint does not (a checkpoint of another model?)");
+    }
+    if (stored->shape != t.shape) {
+      throw io::ShardIndexError(index_path, t.source,
+                                "has shape " + shape_text(stored->shape) + " but the model's " +
+                                    t.name + " is " + shape_text(t.shape));
+    }
+    sources.insert(t.source);
+  }
+  for (const auto& [name, stored] : checkpoint.index().tensors) {
+    if (name.rfind("param/", 0) == 0 && !sources.count(name)) {
+      throw io::ShardIndexError(index_path, name,
+                                "extra: the checkpoint has it, the model does not (a checkpoint "
+                                "of another model or config?)");
+    }
+  }
+  int64_t total = 0;
+  const std::vector<size_t> plan = export_plan(tensors, options, total);
+  const size_t shards = plan.empty() ? 1 : plan.back() + 1;
+  std::error_code error;
+  fs::create_directories(directory, error);
+  if (error) {
+    throw FileError("cannot write '" + directory + "': cannot create the directory: " +
+                    error.message());
+  }
+  const io::SafetensorsDtype dtype = io::safetensors_dtype_of(options.dtype());
+  std::vector<std::string> written;
+  for (size_t shard = static_cast<size_t>(options.part()); shard < shards;
+       shard += static_cast<size_t>(options.parts())) {
+    std::vector<io::StreamedTensor> members;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      if (plan[i] != shard) continue;
+      const ExportedTensor& t = tensors[i];
+      members.push_back({t.name, dtype, t.shape, [&checkpoint, source = t.source] {
+                           return checkpoint.read_whole(source);
+                         }});
+    }
+    written.push_back(io::safetensors_shard_name(shard, shards));
+    io::write_safetensors_file_streamed((fs::path(directory) / written.back()).string(), members);
+  }
+  return written;
+}
+
+std::vector<std::string> safetensors_export_files(const std::vector<ExportedTensor>& tensors,
+                                                  const SafetensorsExportOptions& options) {
+  int64_t total = 0;
+  const std::vector<size_t> plan = export_plan(tensors, options, total);
+  const size_t shards = plan.empty() ? 1 : plan.back() + 1;
+  std::vector<std::string> files;
+  for (size_t s = 0; s < shards; ++s) files.push_back(io::safetensors_shard_name(s, shards));
+  if (shards > 1) files.push_back(io::kSafetensorsIndexFile);
+  return files;
+}
+
+void finish_safetensors_export(const std::string& directory,
+                               const std::vector<ExportedTensor>& tensors,
+                               const SafetensorsExportOptions& options) {
+  int64_t total = 0;
+  const std::vector<size_t> plan = export_plan(tensors, options, total);
+  std::vector<std::string> names;
+  for (const ExportedTensor& t : tensors) names.push_back(t.name);
+  io::finish_safetensors_checkpoint(directory, names, plan, total);
 }
 
 std::string describe_sharded_checkpoint(const std::string& path) {

@@ -16,6 +16,7 @@
 
 #include <c10/util/StringUtil.h>
 
+#include "pipetrain/base/atomic_file.h"
 #include "pipetrain/base/check.h"
 #include "pipetrain/base/error.h"
 #include "pipetrain/base/message_of.h"
@@ -337,6 +338,12 @@ struct Trainer::PendingSave {
 
 std::string Trainer::save_sharded_checkpoint(const std::string& directory, int64_t steps_done,
                                              int keep) {
+  return save_sharded(directory, steps_done, keep, /*parameters_only=*/false,
+                      options_.async_checkpoint());
+}
+
+std::string Trainer::save_sharded(const std::string& directory, int64_t steps_done, int keep,
+                                  bool parameters_only, bool async) {
   if (pending_save_) finish_sharded_save(/*wait=*/true);  // one save at a time
   auto pending = std::make_shared<PendingSave>();
   pending->start = std::chrono::steady_clock::now();
@@ -354,16 +361,20 @@ std::string Trainer::save_sharded_checkpoint(const std::string& directory, int64
   // This rank's tensors where they live: no copy, nothing gathered (ZeRO-3's shards stay shards).
   Checkpoint part;
   for (const auto& item : runner_.named_parameters()) part.parameters[item.key()] = item.value();
-  for (const auto& item : runner_.named_buffers()) part.buffers[item.key()] = item.value();
   std::vector<OwnedElements> owned;
-  if (sharded_) {
-    part.optimizer = sharded_->optimizer_name();
-    owned = sharded_->owned_slices(runner_.named_parameters());
+  if (sharded_) owned = sharded_->owned_slices(runner_.named_parameters());
+  if (parameters_only) {
+    for (OwnedElements& slice : owned) slice.state.clear();  // the parameters' shards alone
   } else {
-    capture_optimizer_views(part, *optimizer_, runner_.named_parameters());
+    for (const auto& item : runner_.named_buffers()) part.buffers[item.key()] = item.value();
+    if (sharded_) {
+      part.optimizer = sharded_->optimizer_name();
+    } else {
+      capture_optimizer_views(part, *optimizer_, runner_.named_parameters());
+    }
+    part.stage_rng_states = runner_.stage_rng_states();
+    if (runner_.is_main()) capture_torch_rng(part);
   }
-  part.stage_rng_states = runner_.stage_rng_states();
-  if (runner_.is_main()) capture_torch_rng(part);
   const ShardPlacement placement = runner_.shard_placement();
   std::vector<ShardPieceSource> pieces = rank_pieces(part, owned, placement, runner_.is_main());
   char file_name[64];
@@ -408,7 +419,7 @@ std::string Trainer::save_sharded_checkpoint(const std::string& directory, int64
     }
   }
   const std::string path = (std::filesystem::path(pending->partial) / pending->file).string();
-  if (options_.async_checkpoint()) {
+  if (async) {
     // The snapshot: every piece copied into host memory (pinned for a GPU's), then written by a
     // thread of its own while training goes on.
     for (ShardPieceSource& piece : pieces) {
@@ -433,6 +444,39 @@ std::string Trainer::save_sharded_checkpoint(const std::string& directory, int64
     finish_sharded_save(/*wait=*/true);
   }
   return sharded_step_directory(directory, steps_done);
+}
+
+std::vector<std::string> Trainer::save_safetensors(
+    const std::string& directory, const std::vector<ExportedTensor>& tensors,
+    SafetensorsExportOptions options,
+    const std::vector<std::pair<std::string, std::string>>& extra_files) {
+  const std::string parts = (std::filesystem::path(directory) / ".pipetrain-parameters").string();
+  // The parameters' pieces, each rank its own (ZeRO-3's shards stay shards), synchronously.
+  const std::string checkpoint =
+      save_sharded(parts, 0, /*keep=*/1, /*parameters_only=*/true, /*async=*/false);
+  options.part(runner_.process_index()).parts(runner_.processes());
+  std::exception_ptr failure;  // a part that cannot write: every rank still reaches the barriers
+  try {
+    export_safetensors_part(ShardedCheckpoint::open(checkpoint), directory, tensors, options);
+  } catch (const std::exception&) {
+    failure = std::current_exception();
+  }
+  const double failed = runner_.sum_over_ranks(failure ? 1.0 : 0.0);
+  if (failed == 0 && runner_.is_main()) {
+    finish_safetensors_export(directory, tensors, options);
+    for (const auto& [name, content] : extra_files) {
+      write_file_atomically((std::filesystem::path(directory) / name).string(), content);
+    }
+  }
+  runner_.barrier();
+  if (runner_.is_main()) std::filesystem::remove_all(parts);
+  if (failure) std::rethrow_exception(failure);
+  if (failed > 0) {
+    throw FileError("cannot write '" + directory + "': another process could not write its part");
+  }
+  std::vector<std::string> files = safetensors_export_files(tensors, options);
+  for (const auto& item : extra_files) files.push_back(item.first);
+  return files;
 }
 
 bool Trainer::finish_sharded_save(bool wait) {

@@ -61,6 +61,24 @@ TEST(ShardIndex, RoundTripsThroughItsText) {
   EXPECT_EQ(back.find("param/w")->bytes(), 96u);
 }
 
+TEST(ShardIndex, WritesCrc32cAndStillReadsTheFirstIndexesCrc32) {
+  ShardIndex index = two_rank_index();
+  index.tensors["param/w"].pieces[0].checksum = 12345;
+  const std::string text = serialize_shard_index(index);
+  EXPECT_NE(text.find("\"crc32c\""), std::string::npos);
+  EXPECT_EQ(parse_shard_index(text, "index.json").find("param/w")->pieces[0].checksum, 12345u);
+  nlohmann::json legacy = nlohmann::json::parse(text);
+  for (auto& piece : legacy["tensors"]["param/w"]["pieces"]) {
+    piece["crc32"] = piece["crc32c"];
+    piece.erase("crc32c");
+  }
+  const ShardIndex back = parse_shard_index(legacy.dump(), "index.json");
+  const ShardPiece& first = back.find("param/w")->pieces[0];
+  EXPECT_EQ(first.checksum_kind, ShardChecksum::kCrc32);
+  EXPECT_EQ(first.checksum, 12345u);
+  EXPECT_NE(serialize_shard_index(back).find("\"crc32\""), std::string::npos);
+}
+
 // Each broken index is refused with a ShardIndexError naming the file and the tensor.
 TEST(ShardIndex, RefusesPiecesThatDoNotTileTheTensor) {
   struct Case {
@@ -163,6 +181,36 @@ TEST(ShardIndex, Crc32IsZlibs) {
   const uint32_t whole = crc32_update(0, text.data(), text.size());
   EXPECT_EQ(crc32_update(crc32_update(0, text.data(), 13), text.data() + 13, text.size() - 13),
             whole);
+}
+
+// Bit by bit, as the polynomial defines it: what both of crc32c_update's paths must equal.
+uint32_t crc32c_bitwise(const unsigned char* p, size_t n) {
+  uint32_t c = ~0u;
+  for (size_t i = 0; i < n; ++i) {
+    c ^= p[i];
+    for (int k = 0; k < 8; ++k) c = (c & 1) ? 0x82F63B78u ^ (c >> 1) : c >> 1;
+  }
+  return ~c;
+}
+
+TEST(ShardIndex, Crc32cIsCastagnolisOnBothPaths) {
+  const std::string check = "123456789";
+  EXPECT_EQ(crc32c_update(0, check.data(), check.size()), 0xE3069283u);
+  EXPECT_EQ(detail::crc32c_by_tables(0, check.data(), check.size()), 0xE3069283u);
+  std::mt19937 random(7);
+  std::vector<unsigned char> bytes(1031);
+  for (unsigned char& b : bytes) b = static_cast<unsigned char>(random());
+  for (size_t n : {0, 1, 7, 8, 9, 64, 1000, 1031}) {
+    const uint32_t want = crc32c_bitwise(bytes.data(), n);
+    EXPECT_EQ(crc32c_update(0, bytes.data(), n), want) << n << " bytes";
+    EXPECT_EQ(detail::crc32c_by_tables(0, bytes.data(), n), want) << n << " bytes";
+    // Unaligned start, in two parts.
+    if (n > 3) {
+      EXPECT_EQ(crc32c_update(crc32c_update(0, bytes.data(), 3), bytes.data() + 3, n - 3), want);
+    }
+  }
+  EXPECT_EQ(shard_checksum(ShardChecksum::kCrc32c, check.data(), 9), 0xE3069283u);
+  EXPECT_EQ(shard_checksum(ShardChecksum::kCrc32, check.data(), 9), 0xCBF43926u);
 }
 
 }  // namespace

@@ -10,6 +10,8 @@
 // wins.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -23,6 +25,29 @@ void write_file_atomically(const std::string& path, std::string_view bytes);
 // The same with the content given as pieces written one after the other (a header, then each
 // tensor's bytes where they lie), so a large file is never assembled in memory first.
 void write_file_atomically(const std::string& path, const std::vector<std::string_view>& pieces);
+
+// The same, streamed: bytes are written as they come ([1] at construction, [2] by write, [3]..[5]
+// by commit), for a file whose parts are produced one after the other (each tensor of a shard read
+// when its turn comes) and never held together. Destroyed without commit, or after a failure, it
+// removes the temporary and leaves `path` untouched. Move-only; one thread.
+class AtomicFileWriter {
+ public:
+  explicit AtomicFileWriter(std::string path);
+  ~AtomicFileWriter();
+  AtomicFileWriter(const AtomicFileWriter&) = delete;
+  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
+
+  void write(const void* data, size_t size);
+  uint64_t written() const { return written_; }
+  void commit();
+
+ private:
+  [[noreturn]] void abandon(const std::string& step, int error);
+
+  std::string path_, temporary_;
+  int fd_ = -1;
+  uint64_t written_ = 0;
+};
 
 // Checks, before any work is done, that `path` can be written later: its directory exists and
 // takes a new file (one is made there and removed), and `path` is not a directory. With

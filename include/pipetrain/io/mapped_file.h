@@ -30,6 +30,10 @@ class MappedFile {
   const char* data() const { return data_; }
   uint64_t size() const { return size_; }
   const std::string& path() const { return path_; }
+  // Drops the pages wholly inside bytes [begin, end) from this process's memory (madvise
+  // MADV_DONTNEED; the file's bytes are unchanged and read again from the page cache or disk when
+  // next touched): a reader that has copied a part out keeps its resident size to what it holds.
+  void release(uint64_t begin, uint64_t end) const;
 
  private:
   void unmap();

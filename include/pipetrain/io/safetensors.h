@@ -28,6 +28,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -119,5 +120,43 @@ std::vector<std::string> write_safetensors_checkpoint(const std::string& directo
 void write_safetensors_file(const std::string& path, const NamedTensorList& tensors,
                             const std::map<std::string, std::string>& metadata = {
                                 {"format", "pt"}});
+
+// A tensor of a file written streamed: its name, stored dtype and shape, known up front (the
+// header comes first), and `values`, called once when its turn comes, that makes it (any device
+// or dtype: converted to `dtype`; the shape must be `shape`).
+struct StreamedTensor {
+  std::string name;
+  SafetensorsDtype dtype = SafetensorsDtype::kF32;
+  std::vector<int64_t> shape;
+  std::function<torch::Tensor()> values;
+
+  int64_t bytes() const;
+};
+
+// write_safetensors_file of tensors made one at a time, in the order given, each let go before
+// the next is made: what is held is the largest tensor (and its conversion), not the file. The
+// same layout rules (wider element types first) and atomic replacement. Throws BadInput when a
+// made tensor's shape is not the one announced, FileError when the file cannot be written.
+void write_safetensors_file_streamed(const std::string& path,
+                                     const std::vector<StreamedTensor>& tensors,
+                                     const std::map<std::string, std::string>& metadata = {
+                                         {"format", "pt"}});
+
+// How a checkpoint of tensors of `bytes` is cut into shard files (as write_safetensors_checkpoint
+// does): the shard of each tensor, filled in order, a new one begun when the next tensor would
+// pass `max_shard_bytes`. Shards are numbered from 0.
+std::vector<size_t> plan_safetensors_shards(const std::vector<int64_t>& bytes,
+                                            int64_t max_shard_bytes);
+// The name of shard `shard` of `shards`: model.safetensors when there is one, else
+// model-00001-of-00003.safetensors and so on.
+std::string safetensors_shard_name(size_t shard, size_t shards);
+// After every shard of a checkpoint is in `directory`: its index (model.safetensors.index.json,
+// mapping each of `names` to the file of its shard in `plan`, with the total bytes) when there is
+// more than one shard, and what an older save left that readers would take instead (a stale index
+// or single file, shards of another count) removed. Returns the index's name, or nothing.
+std::vector<std::string> finish_safetensors_checkpoint(const std::string& directory,
+                                                       const std::vector<std::string>& names,
+                                                       const std::vector<size_t>& plan,
+                                                       int64_t total_bytes);
 
 }  // namespace pipetrain::io

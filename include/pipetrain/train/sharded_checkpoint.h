@@ -40,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include <torch/arg.h>
 #include <torch/types.h>
 #include <nlohmann/json.hpp>
 
@@ -158,6 +159,48 @@ Checkpoint resume_checkpoint(const std::string& path, torch::nn::Module& model,
                              const std::string& optimizer, const TensorParallelSlice& slice = {});
 // load_checkpoint for either format (whole).
 Checkpoint load_any_checkpoint(const std::string& path);
+
+// A tensor of a safetensors export (a Hugging Face checkpoint) made from a sharded checkpoint: the
+// name it is written under, the checkpoint's tensor it is made of ("param/<name>"), and the shape
+// both must have.
+struct ExportedTensor {
+  std::string name;
+  std::string source;
+  std::vector<int64_t> shape;
+};
+
+struct SafetensorsExportOptions {
+  /// The dtype written. Default float32.
+  TORCH_ARG(torch::Dtype, dtype) = torch::kFloat32;
+  /// The largest shard file (io/safetensors.h). Default 5 GB.
+  TORCH_ARG(int64_t, max_shard_bytes) = 5'000'000'000;
+  /// This writer, of `parts` writing the export together (a process of a run): it writes shard
+  /// files s with s % parts == part, and shards are cut at most total / parts bytes so that each
+  /// part has some. Default one part.
+  TORCH_ARG(int, part) = 0;
+  TORCH_ARG(int, parts) = 1;
+  /// Checkpoint parameters that are left out on purpose (a tied head): any other "param/" tensor
+  /// of the checkpoint that `tensors` does not name is refused.
+  TORCH_ARG(std::vector<std::string>, unexported) = {};
+};
+
+// Writes this part's shard files of `tensors` into `directory` (made when missing), each tensor
+// read from `checkpoint` when its turn comes and converted to the dtype: memory is the largest
+// tensor (and its conversion), never a shard. Every part checks the whole list first: a source
+// missing or of another shape, or a parameter of the checkpoint neither exported nor unexported,
+// is a ShardIndexError naming the index and the tensor. Returns the files written.
+std::vector<std::string> export_safetensors_part(const ShardedCheckpoint& checkpoint,
+                                                 const std::string& directory,
+                                                 const std::vector<ExportedTensor>& tensors,
+                                                 const SafetensorsExportOptions& options);
+// After every part has written (called once): the index (more than one shard) and stale files
+// removed, as io::finish_safetensors_checkpoint.
+void finish_safetensors_export(const std::string& directory,
+                               const std::vector<ExportedTensor>& tensors,
+                               const SafetensorsExportOptions& options);
+// Every file of the export (the shards, then the index when there is one).
+std::vector<std::string> safetensors_export_files(const std::vector<ExportedTensor>& tensors,
+                                                  const SafetensorsExportOptions& options);
 
 // What `checkpoint-info` prints: format, step, the layout it was written at, tensors by kind,
 // bytes by file; read from the index alone.

@@ -205,8 +205,6 @@ class Trainer {
 
   // Called on every rank after each step (see StepReport::main).
   std::function<void(const StepReport&)> on_step;
-  // Called on every rank after the last step of each epoch (and after the last step when it ends
-  // an epoch early); collective calls such as gather_model() may be made from it.
   // What the last sharded save wrote: on the main rank every rank's bytes and the seconds until
   // the checkpoint was complete, on the others their own; the host buffer this rank needed.
   struct SaveFigures {
@@ -217,6 +215,8 @@ class Trainer {
     bool main = false;           // the main rank's figures
     int processes = 1;           // that wrote it
   };
+  // Called on every rank after the last step of each epoch (and after the last step when it ends
+  // an epoch early); collective calls such as gather_model() may be made from it.
   std::function<void(int64_t epoch)> on_epoch_end;
   // Called on every rank after each sharded checkpoint is complete, with its directory and
   // last_save() (on the main rank: every rank's bytes, and the seconds until the last finished).
@@ -240,6 +240,19 @@ class Trainer {
 
   const SaveFigures& last_save() const { return last_save_; }
 
+  // Collective: the model's parameters written as a safetensors checkpoint of `tensors` (names
+  // and shapes as Hugging Face's, sources "param/<name>": train/sharded_checkpoint.h) in
+  // `directory`, by every process in parallel and with nothing gathered: each rank first writes
+  // its own parameters' pieces into `directory`/.pipetrain-parameters (a sharded checkpoint of
+  // the parameters alone), then each process writes its share of the output's shard files from
+  // it, one tensor at a time; the main process writes the index, and the pieces are removed.
+  // `extra_files` (name -> content: config.json) are written by the main process last, before
+  // any rank returns. Returns every file written (relative to `directory`), on every rank.
+  std::vector<std::string> save_safetensors(
+      const std::string& directory, const std::vector<ExportedTensor>& tensors,
+      SafetensorsExportOptions options,
+      const std::vector<std::pair<std::string, std::string>>& extra_files = {});
+
   // The optimizer that steps this rank's parameters; with ZeRO the inner optimizer of this
   // replica's shard.
   torch::optim::Optimizer& optimizer();
@@ -247,6 +260,10 @@ class Trainer {
   const TrainerOptions& options() const { return options_; }
 
  private:
+  // save_sharded_checkpoint's work; `parameters_only`: the parameters' pieces alone (no buffers,
+  // optimizer state or random streams), for save_safetensors.
+  std::string save_sharded(const std::string& directory, int64_t steps_done, int keep,
+                           bool parameters_only, bool async);
   double learning_rate(int64_t k) const;
   double run_step(int64_t k, const data::Batch& batch);
   // [3]'s loss-scale check, clip and optimizer step, unsharded or sharded. Returns false when
