@@ -18,6 +18,7 @@
 #include "../helpers/params_file.h"
 #include "../helpers/processes.h"
 #include "pipetrain/base/atomic_file.h"
+#include "pipetrain/io/safetensors.h"
 #include "pipetrain/runtime/launcher.h"
 
 namespace pipetrain::sharded_train_test {
@@ -50,8 +51,26 @@ TEST(TrainShardedCheckpoint, APp2Tp2Dp2ZeroThreeCheckpointResumesAtEveryLayout) 
       llama_flags(4) + " --nproc 8 --pp 2 --tp 2 --dp 2 --zero 3 --checkpoint-dir " + dir +
       "/ckpt --checkpoint-format sharded --save-every 2 "
       "--keep-checkpoints 2 --save-params " +
-      dir + "/full.pt");
+      dir + "/full.pt --save-hf " + dir + "/hf");
   ASSERT_EQ(full.exit_code, 0) << full.output;
+  // --save-hf by the eight processes in parallel (nothing gathered) holds what export-hf of the
+  // last checkpoint (one process, tensor by tensor) writes: the same tensors, bit for bit.
+  EXPECT_NE(full.output.find("by 8 processes"), std::string::npos) << full.output;
+  const CliRun exported = run_pipetrain("export-hf " + dir + "/ckpt " + dir + "/exported");
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  EXPECT_NE(exported.output.find("exported step 4"), std::string::npos) << exported.output;
+  {
+    const auto hf = io::SafetensorsCheckpoint::open(dir + "/hf");
+    const auto one = io::SafetensorsCheckpoint::open(dir + "/exported");
+    EXPECT_GE(hf.files().size(), 8u) << "a shard or more per process";
+    ASSERT_EQ(hf.names(), one.names());
+    for (const std::string& name : one.names()) {
+      EXPECT_TRUE(torch::equal(hf.load(name, torch::kFloat32), one.load(name, torch::kFloat32)))
+          << name;
+    }
+    EXPECT_EQ(read_file(dir + "/hf/config.json"), read_file(dir + "/exported/config.json"));
+    EXPECT_FALSE(fs::exists(dir + "/hf/.pipetrain-parameters")) << "the pieces are removed";
+  }
   EXPECT_EQ(read_file(dir + "/ckpt/latest"), "step-4\n");
   // Eight files, one per rank, none holding the whole model.
   for (int r = 0; r < 8; ++r) {
