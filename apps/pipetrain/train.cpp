@@ -191,9 +191,14 @@ train::TrainSummary run_loop(const TrainArgs& args, BuiltModel& model, const Bui
   trainer.on_checkpoint = [&](const std::string& directory, const train::Trainer::SaveFigures& f) {
     if (!f.main) return;
     if (progress && stepped) progress->finish();
-    std::printf("checkpoint %s: %.1f MiB by %d processes in %.3f s (%.1f MiB/s)\n",
+    std::string excess;
+    if (f.peak_excess_bytes >= 0) {
+      excess = ", peak +" + partition::format_bytes(f.peak_excess_bytes) + " (largest process)";
+    }
+    std::printf("checkpoint %s: %.1f MiB by %d processes in %.3f s (%.1f MiB/s)%s\n",
                 directory.c_str(), static_cast<double>(f.bytes) / (1 << 20), f.processes, f.seconds,
-                f.seconds > 0 ? static_cast<double>(f.bytes) / (1 << 20) / f.seconds : 0.0);
+                f.seconds > 0 ? static_cast<double>(f.bytes) / (1 << 20) / f.seconds : 0.0,
+                excess.c_str());
     std::fflush(stdout);
   };
   train::TrainSummary summary = trainer.fit();
@@ -405,6 +410,7 @@ train::MemoryRunOptions memory_run_options(const TrainArgs& args, const RunLayou
   run.reshard_after_forward = args.reshard_after_forward;
   run.zero_options = args.zero_options;
   run.offload_optimizer = args.offload_optimizer;
+  run.async_checkpoint = args.async_checkpoint && !args.checkpoint_dir.empty() && args.save_every > 0;
   run.data_parallel = layout.replicas;
   run.processes = layout.multi_process;
   return run;

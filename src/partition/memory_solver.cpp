@@ -339,8 +339,10 @@ std::int64_t& RankMemory::operator[](int category) {
       return step_gradients;
     case 10:
       return gather_buffers;
+    case 11:
+      return checkpoint_snapshot;
   }
-  throw BadInput("RankMemory: no category " + std::to_string(category) + " (0..10)");
+  throw BadInput("RankMemory: no category " + std::to_string(category) + " (0..11)");
 }
 
 std::int64_t RankMemory::operator[](int category) const {
@@ -351,9 +353,9 @@ const char* memory_category_name(int category) {
   static const char* const names[RankMemory::kCategories] = {
       "parameters",      "gradients",      "optimizer state",   "activations",
       "receive buffers", "send buffers",   "offloaded to host", "gathered params",
-      "reduce buffers",  "step gradients", "gather buffers"};
+      "reduce buffers",  "step gradients", "gather buffers",    "ckpt snapshot"};
   if (category < 0 || category >= RankMemory::kCategories) {
-    throw BadInput("memory_category_name: no category " + std::to_string(category) + " (0..10)");
+    throw BadInput("memory_category_name: no category " + std::to_string(category) + " (0..11)");
   }
   return names[category];
 }
@@ -394,6 +396,13 @@ std::vector<RankMemory> predict_memory(const ModelProfile& profile, const std::v
     RankMemory& rank = ranks[r];
     rank.activations = peaks.activations[r];
     rank.offloaded = peaks.offloaded[r];
+    if (options.async_checkpoint) {
+      // Its stages' whole parameters (before ZeRO shards them) and their state, over the replicas.
+      const double state = static_cast<double>(rank.parameters) *
+                           (1.0 + options.optimizer_state_multiple);
+      rank.checkpoint_snapshot =
+          static_cast<std::int64_t>(state / std::max(options.data_parallel, 1) + 0.5);
+    }
     if (options.zero > 0) {
       detail::add_zero_memory(profile, balance, schedule, static_cast<int>(r), options, rank);
     } else {

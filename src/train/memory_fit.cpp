@@ -2,6 +2,7 @@
 #include "pipetrain/train/memory_fit.h"
 
 #include <algorithm>
+#include <atomic>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -53,7 +54,28 @@ std::int64_t resident_bytes() {
   return std::max<std::int64_t>(kib_field("/proc/self/status", "VmRSS"), 0);
 }
 
+namespace {
+// The peak before the last reset_peak_resident (VmHWM itself then starts again from VmRSS).
+std::atomic<std::int64_t> peak_before_reset{0};
+}  // namespace
+
 std::int64_t peak_resident_bytes() {
+  return std::max<std::int64_t>(
+      {kib_field("/proc/self/status", "VmHWM"), peak_before_reset.load(), 0});
+}
+
+std::int64_t reset_peak_resident() {
+  const std::int64_t peak = peak_resident_bytes();
+  std::int64_t seen = peak_before_reset.load();
+  while (peak > seen && !peak_before_reset.compare_exchange_weak(seen, peak)) {
+  }
+  std::ofstream clear("/proc/self/clear_refs");
+  clear << "5";
+  clear.flush();
+  return clear.good() ? resident_bytes() : -1;
+}
+
+std::int64_t window_peak_resident_bytes() {
   return std::max<std::int64_t>(kib_field("/proc/self/status", "VmHWM"), 0);
 }
 
@@ -63,7 +85,10 @@ std::int64_t needed_bytes(const std::vector<partition::RankMemory>& ranks,
   std::int64_t needed = 0;
   for (const std::vector<int>& process : ranks_of_process) {
     needed += process_bytes;
-    for (int r : process) needed += ranks.at(static_cast<std::size_t>(r)).total();
+    for (int r : process) {
+      const partition::RankMemory& rank = ranks.at(static_cast<std::size_t>(r));
+      needed += rank.total() + rank.checkpoint_snapshot;  // the snapshot: this machine's memory
+    }
   }
   return needed;
 }

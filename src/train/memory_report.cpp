@@ -249,6 +249,7 @@ MemoryPrediction predict_from_profile(const TrainingMemoryProfile& measured,
   options.reshard_after_forward = run.reshard_after_forward;
   options.zero_policy = zero_memory_policy(run.zero_options, pipe);
   options.offload_optimizer = run.offload_optimizer;
+  options.async_checkpoint = run.async_checkpoint;
   options.cast_gathers = gathers_narrowed(
       ZeroOptions().stage(run.zero).cast_gather(run.cast_gather), pipe.precision());
   if (options.cast_gathers) {

@@ -262,7 +262,12 @@ TrainSummary Trainer::fit() {
     summary.exposed_reduce_seconds = runner_.sum_over_ranks(exposed_reduce) /  // collective
                                      static_cast<double>(summary.steps * runner_.total_ranks());
   }
-  if (options_.report_memory()) summary.memory = gather_memory(runner_, summary.memory);
+  if (options_.report_memory()) {
+    // The largest snapshot of the saves during the run, on the process's first rank (a process
+    // running several ranks takes one snapshot of all of them).
+    if (!summary.memory.empty()) summary.memory.front().bytes.checkpoint_snapshot = peak_snapshot_;
+    summary.memory = gather_memory(runner_, summary.memory);
+  }
   // ZeRO-3 leaves the parameters sharded (whole, every rank's would be what ZeRO-3 exists not
   // to hold): gather_weights(), evaluate() and the checkpoint gather them.
   if (!options_.checkpoint_dir().empty()) {
@@ -334,6 +339,8 @@ struct Trainer::PendingSave {
   nlohmann::json state, layout;  // the main rank's, taken when the save began
   std::future<ShardFileWritten> written;
   int64_t snapshot_bytes = 0;
+  int64_t resident_before = -1;  // at the save's start (-1: no peak window here)
+  int64_t excess = -1;           // the peak over it while saving (async: until the snapshot)
 };
 
 std::string Trainer::save_sharded_checkpoint(const std::string& directory, int64_t steps_done,
@@ -347,6 +354,7 @@ std::string Trainer::save_sharded(const std::string& directory, int64_t steps_do
   if (pending_save_) finish_sharded_save(/*wait=*/true);  // one save at a time
   auto pending = std::make_shared<PendingSave>();
   pending->start = std::chrono::steady_clock::now();
+  pending->resident_before = reset_peak_resident();  // the save's own peak, from here
   pending->directory = directory;
   pending->steps = steps_done;
   pending->keep = keep;
@@ -432,6 +440,9 @@ std::string Trainer::save_sharded(const std::string& directory, int64_t steps_do
       pending->snapshot_bytes += static_cast<int64_t>(copy.nbytes());
       piece.values = copy;
     }
+    if (pending->resident_before >= 0) {
+      pending->excess = window_peak_resident_bytes() - pending->resident_before;
+    }
     pending->written = std::async(std::launch::async, [path, pieces = std::move(pieces), stall] {
       return write_shard_file(path, pieces, stall);
     });
@@ -489,10 +500,16 @@ bool Trainer::finish_sharded_save(bool wait) {
     if (runner_.sum_over_ranks(done ? 1.0 : 0.0) < runner_.processes()) return false;
   }
   const ShardFileWritten written = pending.written.get();  // a writer's failure, rethrown here
+  if (pending.resident_before >= 0 && pending.excess < 0) {
+    pending.excess = window_peak_resident_bytes() - pending.resident_before;
+  }
+  last_save_.peak_excess_bytes = pending.excess;
   last_save_.bytes = written.bytes;
   last_save_.buffer_bytes = written.buffer_bytes;
   last_save_.snapshot_bytes = pending.snapshot_bytes;
+  peak_snapshot_ = std::max(peak_snapshot_, pending.snapshot_bytes);
   const nlohmann::json mine = {{"file", pending.file},
+                               {"excess", pending.excess},
                                {"tensors", io::shard_tensors_to_json(written.tensors)}};
   const std::vector<std::string> all = runner_.gather_text(mine.dump());
   if (runner_.is_main()) {
@@ -500,6 +517,8 @@ bool Trainer::finish_sharded_save(bool wait) {
     for (const std::string& text : all) {
       const nlohmann::json j = nlohmann::json::parse(text);
       const std::string name = j.at("file").get<std::string>();
+      last_save_.peak_excess_bytes =
+          std::max(last_save_.peak_excess_bytes, j.value("excess", int64_t{-1}));
       files.emplace_back(name, io::shard_tensors_from_json(j.at("tensors"), name, 1));
     }
     const io::ShardIndex index = make_shard_index(files, pending.state, pending.layout);

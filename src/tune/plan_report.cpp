@@ -231,6 +231,7 @@ nlohmann::json rank_memory_json(const std::vector<pp::RankMemory>& ranks) {
                    {"step_gradients", m.step_gradients},
                    {"gather_buffers", m.gather_buffers},
                    {"offloaded", m.offloaded},
+                   {"checkpoint_snapshot", m.checkpoint_snapshot},
                    {"total", m.total()}});
   }
   return out;

@@ -155,13 +155,17 @@ struct RankMemory {
   std::int64_t reduce_buffers = 0;  // the gradient sum's flat copies
   std::int64_t step_gradients = 0;  // ZeRO 2/3: the full gradients during a step
   std::int64_t gather_buffers = 0;  // ZeRO 3: the all-gathers' receive buffers in flight
+  // --async-checkpoint: the host copy of what the rank writes of a checkpoint (its share of the
+  // parameters and the optimizer state), held while a writer thread writes it. Host memory.
+  std::int64_t checkpoint_snapshot = 0;
 
-  static constexpr int kCategories = 11;
+  static constexpr int kCategories = 12;
   // The categories in report order: 0 parameters .. 5 send buffers, 6 offloaded, 7 gathered,
-  // 8 reduce buffers, 9 step gradients, 10 gather buffers.
+  // 8 reduce buffers, 9 step gradients, 10 gather buffers, 11 checkpoint snapshot.
   std::int64_t& operator[](int category);
   std::int64_t operator[](int category) const;
-  // What the rank's device holds: every category but the offloaded one (host memory). An upper
+  // What the rank's device holds: every category but the offloaded one and the checkpoint
+  // snapshot (host memory). An upper
   // bound of the peak: the gathered and activation peaks need not fall at one moment.
   std::int64_t total() const {
     return parameters + gradients + optimizer_state + activations + receive_buffers + send_buffers +
@@ -170,7 +174,7 @@ struct RankMemory {
 };
 // "parameters", "gradients", "optimizer state", "activations", "receive buffers",
 // "send buffers", "offloaded to host", "gathered params", "reduce buffers", "step gradients",
-// "gather buffers".
+// "gather buffers", "ckpt snapshot".
 const char* memory_category_name(int category);
 
 // A schedule's sends as the send-buffer walk needs them, independent of the model: per rank, each
@@ -218,6 +222,9 @@ struct MemoryModelOptions {
   // memory (the activations category drops them). False, or no entry (empty: no rank), for CPU
   // stages, whose memory is the host's.
   std::vector<bool> offload_frees_stash;
+  // --async-checkpoint: each rank's checkpoint snapshot, its 1/data_parallel share of its stages'
+  // parameters and of their optimizer state (optimizer_state_multiple of them), in host memory.
+  bool async_checkpoint = false;
   // send_walk(schedule) when the caller keeps it (processes only); null: worked out here.
   const SendWalk* sends = nullptr;
 };

@@ -41,6 +41,12 @@ AvailableMemory host_available_memory();
 // not there.
 std::int64_t resident_bytes();
 std::int64_t peak_resident_bytes();
+// Starts a window of peak measurement: VmHWM is reset to VmRSS (/proc/self/clear_refs "5"),
+// peak_resident_bytes() still counting the peak before it. Returns VmRSS at the reset, or -1
+// where the kernel does not allow it (no window: window_peak_resident_bytes is then the
+// process's peak). window_peak_resident_bytes: VmHWM, the peak since the last reset.
+std::int64_t reset_peak_resident();
+std::int64_t window_peak_resident_bytes();
 
 // One way to run, and what it needs here.
 struct MemoryNeed {
@@ -61,7 +67,8 @@ struct MemoryFit {
 };
 
 // The run's need on this machine: `ranks_of_process[p]` lists the pipeline ranks process p runs
-// (every process of a --nproc run holds one; one process may run them all).
+// (every process of a --nproc run holds one; one process may run them all). Each rank's total()
+// and its checkpoint snapshot (host memory, which this machine's is).
 std::int64_t needed_bytes(const std::vector<partition::RankMemory>& ranks,
                           const std::vector<std::vector<int>>& ranks_of_process,
                           std::int64_t process_bytes);

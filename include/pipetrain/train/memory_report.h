@@ -87,6 +87,7 @@ struct MemoryRunOptions {
   // overlap and bucket size come from the PipeOptions.
   ZeroOptions zero_options;
   bool offload_optimizer = false;  // ZeRO-Offload
+  bool async_checkpoint = false;   // --async-checkpoint: the snapshot of each save
   bool cast_gather = true;         // ZeRO 3 under bf16/fp16: ZeroOptions::cast_gather
   int data_parallel = 1;
   bool processes = false;  // one process per pipeline rank (the c10d transport)

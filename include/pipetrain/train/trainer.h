@@ -212,6 +212,10 @@ class Trainer {
     int64_t buffer_bytes = 0;
     double seconds = 0;
     int64_t snapshot_bytes = 0;  // async: the host copy of this rank's part
+    // The peak resident memory while saving over the resident memory when the save began (a
+    // window of its own: reset_peak_resident), the largest process's on the main rank; with
+    // async_checkpoint until the snapshot is taken (it is in it). -1 where not measured.
+    int64_t peak_excess_bytes = -1;
     bool main = false;           // the main rank's figures
     int processes = 1;           // that wrote it
   };
@@ -276,6 +280,7 @@ class Trainer {
   void write_trace(TrainSummary& summary);
 
   torch::nn::Sequential model_;
+  int64_t peak_snapshot_ = 0;  // the largest async save snapshot so far (--report-memory)
   StepRunner& runner_;
   const BatchSource& batches_;
   TrainerOptions options_;
