@@ -199,8 +199,8 @@ int main(int argc, char** argv) {
               largest_tensor / (1 << 20));
   // Each save's own peak (train measures it in a window of its own: VmHWM reset when the save
   // begins), the largest process's, against the bound.
-  for (const auto& [name, m] : {std::pair<const char*, const Measured&>{"sharded", sharded},
-                                {"async", async}}) {
+  for (const auto& [name, m] :
+       {std::pair<const char*, const Measured&>{"sharded", sharded}, {"async", async}}) {
     if (m.save_excess.empty()) continue;
     const double worst = *std::max_element(m.save_excess.begin(), m.save_excess.end());
     std::printf(

@@ -94,21 +94,22 @@ int run_export(const ExportArgs& args) {
   if (as_usage_error("CHECKPOINT " + args.checkpoint,
                      [&] { return train::resolve_sharded_checkpoint(args.checkpoint); })) {
     // Sharded: read and written one tensor at a time, nothing held whole.
-    const train::ShardedCheckpoint checkpoint = as_usage_error(
-        "CHECKPOINT " + args.checkpoint, [&] { return train::ShardedCheckpoint::open(args.checkpoint); });
+    const train::ShardedCheckpoint checkpoint =
+        as_usage_error("CHECKPOINT " + args.checkpoint,
+                       [&] { return train::ShardedCheckpoint::open(args.checkpoint); });
     const models::LlamaConfig config =
         exported_config(args, checkpoint.index().state.value("metadata", nlohmann::json()));
     step = checkpoint.index().state.value("step", int64_t{0});
-    files = as_usage_error("OUT", [&] {
-      return models::export_llama_hf(checkpoint, args.out, config, save);
-    });
+    files = as_usage_error(
+        "OUT", [&] { return models::export_llama_hf(checkpoint, args.out, config, save); });
   } else {
     const train::Checkpoint checkpoint = as_usage_error(
         "CHECKPOINT " + args.checkpoint, [&] { return train::load_checkpoint(args.checkpoint); });
     const models::LlamaConfig config = exported_config(args, checkpoint.metadata);
     step = checkpoint.step;
-    files = as_usage_error(
-        "OUT", [&] { return models::save_llama_hf(args.out, config, checkpoint.parameters, save); });
+    files = as_usage_error("OUT", [&] {
+      return models::save_llama_hf(args.out, config, checkpoint.parameters, save);
+    });
   }
   std::printf("exported step %lld of %s to %s (%zu files, %s)\n", static_cast<long long>(step),
               args.checkpoint.c_str(), args.out.c_str(), files.size(), args.dtype.c_str());

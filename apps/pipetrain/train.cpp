@@ -410,7 +410,8 @@ train::MemoryRunOptions memory_run_options(const TrainArgs& args, const RunLayou
   run.reshard_after_forward = args.reshard_after_forward;
   run.zero_options = args.zero_options;
   run.offload_optimizer = args.offload_optimizer;
-  run.async_checkpoint = args.async_checkpoint && !args.checkpoint_dir.empty() && args.save_every > 0;
+  run.async_checkpoint =
+      args.async_checkpoint && !args.checkpoint_dir.empty() && args.save_every > 0;
   run.data_parallel = layout.replicas;
   run.processes = layout.multi_process;
   return run;

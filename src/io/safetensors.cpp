@@ -310,8 +310,8 @@ void write_safetensors_file_streamed(const std::string& path,
                      shape_text(want.shape) + " but made as " +
                      (values.defined() ? shape_text(values.sizes().vec()) : "undefined"));
     }
-    values = values.detach().to(torch::kCPU, torch_dtype_of(want.dtype, path, want.name))
-                 .contiguous();
+    values =
+        values.detach().to(torch::kCPU, torch_dtype_of(want.dtype, path, want.name)).contiguous();
     file.write(values.data_ptr(), values.nbytes());
   }
   file.commit();

@@ -161,7 +161,7 @@ uint32_t crc_by_tables(const std::array<std::array<uint32_t, 256>, 8>& t, uint32
 #if defined(__x86_64__)
 // SSE 4.2's crc32 instruction computes CRC-32C: 8 bytes per instruction.
 __attribute__((target("sse4.2"))) uint32_t crc32c_sse42(uint32_t crc, const void* data,
-                                                         size_t size) {
+                                                        size_t size) {
   const auto* p = static_cast<const unsigned char*>(data);
   uint64_t c = ~crc;
   while (size >= 8) {
@@ -303,14 +303,14 @@ nlohmann::json shard_tensors_to_json(const std::map<std::string, ShardTensor>& t
   for (const auto& [name, tensor] : tensors) {
     nlohmann::json pieces = nlohmann::json::array();
     for (const ShardPiece& p : tensor.pieces) {
-      pieces.push_back({{"file", p.file},
-                        {"begin", p.begin},
-                        {"end", p.end},
-                        {"box_offsets", p.region.offsets},
-                        {"box_shape", p.region.shape},
-                        {"flat", {p.region.flat_begin, p.region.flat_end}},
-                        {p.checksum_kind == ShardChecksum::kCrc32 ? "crc32" : "crc32c",
-                         p.checksum}});
+      pieces.push_back(
+          {{"file", p.file},
+           {"begin", p.begin},
+           {"end", p.end},
+           {"box_offsets", p.region.offsets},
+           {"box_shape", p.region.shape},
+           {"flat", {p.region.flat_begin, p.region.flat_end}},
+           {p.checksum_kind == ShardChecksum::kCrc32 ? "crc32" : "crc32c", p.checksum}});
     }
     out[name] = {
         {"dtype", to_string(tensor.dtype)}, {"shape", tensor.shape}, {"pieces", std::move(pieces)}};
@@ -442,8 +442,7 @@ uint32_t detail::crc32c_by_tables(uint32_t crc, const void* data, size_t size) {
 }
 
 uint32_t shard_checksum(ShardChecksum kind, const void* data, size_t size) {
-  return kind == ShardChecksum::kCrc32 ? crc32_update(0, data, size)
-                                       : crc32c_update(0, data, size);
+  return kind == ShardChecksum::kCrc32 ? crc32_update(0, data, size) : crc32c_update(0, data, size);
 }
 
 }  // namespace pipetrain::io

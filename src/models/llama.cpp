@@ -519,7 +519,8 @@ std::vector<HfTensorName> llama_hf_tensors(const LlamaConfig& config) {
 std::string write_llama_hf_config(const std::string& directory, const LlamaConfig& config,
                                   const std::string& dtype) {
   parse_hf_dtype(dtype);
-  write_file_atomically(directory + "/config.json", llama_config_json(config, dtype).dump(2) + "\n");
+  write_file_atomically(directory + "/config.json",
+                        llama_config_json(config, dtype).dump(2) + "\n");
   return "config.json";
 }
 
@@ -544,7 +545,8 @@ std::vector<std::string> save_llama_hf(const std::string& directory, const Llama
     tensors.emplace_back(t.hf_name, found->second.detach().to(torch::kCPU, dtype));
   }
   // The tied head is the embedding's table: given or not, it is not written.
-  if (config.tie_word_embeddings) known.insert(std::to_string(config.num_hidden_layers + 2) + ".weight");
+  if (config.tie_word_embeddings)
+    known.insert(std::to_string(config.num_hidden_layers + 2) + ".weight");
   for (const auto& item : parameters) {
     if (!known.count(item.first)) {
       throw BadInput("saving to '" + directory + "': parameter '" + item.first +

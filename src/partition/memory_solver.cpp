@@ -398,8 +398,8 @@ std::vector<RankMemory> predict_memory(const ModelProfile& profile, const std::v
     rank.offloaded = peaks.offloaded[r];
     if (options.async_checkpoint) {
       // Its stages' whole parameters (before ZeRO shards them) and their state, over the replicas.
-      const double state = static_cast<double>(rank.parameters) *
-                           (1.0 + options.optimizer_state_multiple);
+      const double state =
+          static_cast<double>(rank.parameters) * (1.0 + options.optimizer_state_multiple);
       rank.checkpoint_snapshot =
           static_cast<std::int64_t>(state / std::max(options.data_parallel, 1) + 0.5);
     }

@@ -392,7 +392,8 @@ torch::Tensor ShardedCheckpoint::read(const std::string& name,
             checked = true;
             std::lock_guard<std::mutex> lock(state_->mutex);
             if (state_->verified.insert({name, p}).second &&
-                io::shard_checksum(piece.checksum_kind, from, piece.end - piece.begin) != piece.checksum) {
+                io::shard_checksum(piece.checksum_kind, from, piece.end - piece.begin) !=
+                    piece.checksum) {
               state_->verified.erase({name, p});
               throw io::ShardIndexError(file.path(), name,
                                         "a piece's bytes differ from the index's checksum "
@@ -589,12 +590,12 @@ std::vector<size_t> export_plan(const std::vector<ExportedTensor>& tensors,
     bytes.push_back(n);
     total += n;
   }
-  PIPETRAIN_CHECK_INPUT(options.parts() >= 1 && options.part() >= 0 &&
-                            options.part() < options.parts(),
-                        "safetensors export: part ", options.part(), " of ", options.parts());
+  PIPETRAIN_CHECK_INPUT(
+      options.parts() >= 1 && options.part() >= 0 && options.part() < options.parts(),
+      "safetensors export: part ", options.part(), " of ", options.parts());
   const int64_t share = (total + options.parts() - 1) / options.parts();
-  return io::plan_safetensors_shards(bytes,
-                                     std::max<int64_t>(1, std::min(options.max_shard_bytes(), share)));
+  return io::plan_safetensors_shards(
+      bytes, std::max<int64_t>(1, std::min(options.max_shard_bytes(), share)));
 }
 
 }  // namespace
@@ -632,8 +633,8 @@ std::vector<std::string> export_safetensors_part(const ShardedCheckpoint& checkp
   std::error_code error;
   fs::create_directories(directory, error);
   if (error) {
-    throw FileError("cannot write '" + directory + "': cannot create the directory: " +
-                    error.message());
+    throw FileError("cannot write '" + directory +
+                    "': cannot create the directory: " + error.message());
   }
   const io::SafetensorsDtype dtype = io::safetensors_dtype_of(options.dtype());
   std::vector<std::string> written;

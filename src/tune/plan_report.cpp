@@ -177,8 +177,8 @@ std::string rank_memory_text(const std::vector<pp::RankMemory>& ranks) {
 }
 
 std::vector<std::vector<pp::RankMemory>> memory_by_zero_stage(const pp::ModelProfile& profile,
-                                                               const pp::Plan& plan,
-                                                               pp::PlannerOptions options) {
+                                                              const pp::Plan& plan,
+                                                              pp::PlannerOptions options) {
   std::vector<std::vector<pp::RankMemory>> stages;
   for (int zero = 0; zero <= 3; ++zero) {
     options.zero = zero;

@@ -145,8 +145,8 @@ TEST(LlamaExport, RefusesACheckpointOfAnotherModelNamingTheTensor) {
   // A wider model's checkpoint, read as this config.
   LlamaConfig wider = config_of(false);
   wider.hidden_size = 64;
-  const train::ShardedCheckpoint other = train::ShardedCheckpoint::open(
-      write_checkpoint(random_parameters(wider), dir.path() + "/b"));
+  const train::ShardedCheckpoint other =
+      train::ShardedCheckpoint::open(write_checkpoint(random_parameters(wider), dir.path() + "/b"));
   EXPECT_THROW(export_llama_hf(other, dir.path() + "/out", config), io::ShardIndexError);
   EXPECT_FALSE(fs::exists(dir.path() + "/out/config.json")) << "nothing claims to be a model";
 }

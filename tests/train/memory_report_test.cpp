@@ -437,7 +437,8 @@ TEST(MemoryReport, TheAsyncCheckpointSnapshotIsWithinTenPercent) {
       ++seen;
       ASSERT_NE(row.ratio, "=") << "zero " << zero << " rank " << row.rank << "\n" << run.output;
       EXPECT_LE(std::abs(row.measured - row.predicted), kTolerance * row.predicted + 12 * 1024)
-          << "zero " << zero << " rank " << row.rank << "\n" << run.output;
+          << "zero " << zero << " rank " << row.rank << "\n"
+          << run.output;
     }
     EXPECT_EQ(seen, 4) << run.output;
   }

@@ -37,6 +37,7 @@ std::vector<std::string> export_llama_hf(const train::ShardedCheckpoint& checkpo
 // Collective: the trainer's model written into `directory` by every process (Trainer::
 // save_safetensors); the main process writes config.json last. Returns the files, on every rank.
 std::vector<std::string> save_llama_hf(train::Trainer& trainer, const std::string& directory,
-                                       const LlamaConfig& config, const HfSaveOptions& options = {});
+                                       const LlamaConfig& config,
+                                       const HfSaveOptions& options = {});
 
 }  // namespace pipetrain::models

@@ -216,8 +216,8 @@ class Trainer {
     // window of its own: reset_peak_resident), the largest process's on the main rank; with
     // async_checkpoint until the snapshot is taken (it is in it). -1 where not measured.
     int64_t peak_excess_bytes = -1;
-    bool main = false;           // the main rank's figures
-    int processes = 1;           // that wrote it
+    bool main = false;  // the main rank's figures
+    int processes = 1;  // that wrote it
   };
   // Called on every rank after the last step of each epoch (and after the last step when it ends
   // an epoch early); collective calls such as gather_model() may be made from it.
