@@ -3,8 +3,6 @@
 // model refused naming the tensor.
 #include "pipetrain/models/llama_export.h"
 
-#include <stdlib.h>
-
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -14,24 +12,12 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "../helpers/hf_models.h"
 #include "pipetrain/io/safetensors.h"
 
 namespace pipetrain::models {
 namespace {
 namespace fs = std::filesystem;
-
-class ScratchDir {
- public:
-  ScratchDir() {
-    std::string pattern = (fs::temp_directory_path() / "pipetrain-llama-export-XXXXXX").string();
-    path_ = ::mkdtemp(pattern.data());
-  }
-  ~ScratchDir() { fs::remove_all(path_); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 std::string bytes_of(const fs::path& file) {
   std::ifstream in(file, std::ios::binary);
@@ -80,20 +66,20 @@ std::string write_checkpoint(const std::map<std::string, torch::Tensor>& paramet
 TEST(LlamaExport, FromAShardedCheckpointWritesTheBytesOfTheGatheredSave) {
   for (bool tied : {false, true}) {
     for (const char* dtype : {"float32", "bfloat16"}) {
-      ScratchDir dir;
+      const std::string dir =
+          testing::scratch_dir(std::string("llama_export_bytes_") + dtype + (tied ? "_tied" : ""));
       const LlamaConfig config = config_of(tied);
       const auto parameters = random_parameters(config);
       const train::ShardedCheckpoint checkpoint =
-          train::ShardedCheckpoint::open(write_checkpoint(parameters, dir.path() + "/ck"));
+          train::ShardedCheckpoint::open(write_checkpoint(parameters, dir + "/ck"));
       // Small shards: the sharded layout with its index, as a large model gets.
       const HfSaveOptions options = HfSaveOptions().dtype(dtype).max_shard_bytes(20000);
-      const auto gathered = save_llama_hf(dir.path() + "/gathered", config, parameters, options);
-      const auto exported = export_llama_hf(checkpoint, dir.path() + "/exported", config, options);
+      const auto gathered = save_llama_hf(dir + "/gathered", config, parameters, options);
+      const auto exported = export_llama_hf(checkpoint, dir + "/exported", config, options);
       ASSERT_EQ(exported, gathered) << dtype << (tied ? " tied" : "");
       ASSERT_GT(exported.size(), 3u) << "shards, the index and config.json";
       for (const std::string& file : gathered) {
-        EXPECT_EQ(bytes_of(dir.path() + "/exported/" + file),
-                  bytes_of(dir.path() + "/gathered/" + file))
+        EXPECT_EQ(bytes_of(dir + "/exported/" + file), bytes_of(dir + "/gathered/" + file))
             << file << " " << dtype << (tied ? " tied" : "");
       }
     }
@@ -101,26 +87,26 @@ TEST(LlamaExport, FromAShardedCheckpointWritesTheBytesOfTheGatheredSave) {
 }
 
 TEST(LlamaExport, SeveralPartsTogetherWriteEveryTensorOnce) {
-  ScratchDir dir;
+  const std::string dir = testing::scratch_dir("llama_export_parts");
   const LlamaConfig config = config_of(false);
   const auto parameters = random_parameters(config);
   const train::ShardedCheckpoint checkpoint =
-      train::ShardedCheckpoint::open(write_checkpoint(parameters, dir.path() + "/ck"));
+      train::ShardedCheckpoint::open(write_checkpoint(parameters, dir + "/ck"));
   const auto tensors = llama_hf_export_tensors(config);
   train::SafetensorsExportOptions options = llama_hf_export_options(config, {});
   std::set<std::string> written;
   for (int part = 0; part < 3; ++part) {
     options.part(part).parts(3);
     for (const std::string& file :
-         train::export_safetensors_part(checkpoint, dir.path() + "/out", tensors, options)) {
+         train::export_safetensors_part(checkpoint, dir + "/out", tensors, options)) {
       EXPECT_TRUE(written.insert(file).second) << file << " written by two parts";
     }
   }
-  train::finish_safetensors_export(dir.path() + "/out", tensors, options);
+  train::finish_safetensors_export(dir + "/out", tensors, options);
   const auto files = train::safetensors_export_files(tensors, options);
   EXPECT_GE(files.size(), 4u) << "at least one shard per part, and the index";
   EXPECT_EQ(written.size() + 1, files.size());
-  const io::SafetensorsCheckpoint out = io::SafetensorsCheckpoint::open(dir.path() + "/out");
+  const io::SafetensorsCheckpoint out = io::SafetensorsCheckpoint::open(dir + "/out");
   EXPECT_EQ(out.names().size(), tensors.size());
   for (const train::ExportedTensor& t : tensors) {
     const torch::Tensor want = parameters.at(t.source.substr(6));
@@ -129,14 +115,14 @@ TEST(LlamaExport, SeveralPartsTogetherWriteEveryTensorOnce) {
 }
 
 TEST(LlamaExport, RefusesACheckpointOfAnotherModelNamingTheTensor) {
-  ScratchDir dir;
+  const std::string dir = testing::scratch_dir("llama_export_refused");
   const LlamaConfig config = config_of(false);
   const auto parameters = random_parameters(config);
   const std::string missing = parameters.begin()->first;
   const train::ShardedCheckpoint lacking =
-      train::ShardedCheckpoint::open(write_checkpoint(parameters, dir.path() + "/a", missing));
+      train::ShardedCheckpoint::open(write_checkpoint(parameters, dir + "/a", missing));
   try {
-    export_llama_hf(lacking, dir.path() + "/out", config);
+    export_llama_hf(lacking, dir + "/out", config);
     FAIL() << "a checkpoint without param/" << missing << " was exported";
   } catch (const io::ShardIndexError& error) {
     EXPECT_EQ(error.tensor(), "param/" + missing);
@@ -146,9 +132,9 @@ TEST(LlamaExport, RefusesACheckpointOfAnotherModelNamingTheTensor) {
   LlamaConfig wider = config_of(false);
   wider.hidden_size = 64;
   const train::ShardedCheckpoint other =
-      train::ShardedCheckpoint::open(write_checkpoint(random_parameters(wider), dir.path() + "/b"));
-  EXPECT_THROW(export_llama_hf(other, dir.path() + "/out", config), io::ShardIndexError);
-  EXPECT_FALSE(fs::exists(dir.path() + "/out/config.json")) << "nothing claims to be a model";
+      train::ShardedCheckpoint::open(write_checkpoint(random_parameters(wider), dir + "/b"));
+  EXPECT_THROW(export_llama_hf(other, dir + "/out", config), io::ShardIndexError);
+  EXPECT_FALSE(fs::exists(dir + "/out/config.json")) << "nothing claims to be a model";
 }
 
 }  // namespace
