@@ -21,7 +21,8 @@
 // run in this invocation: their ratio.
 //
 // Run: bench_checkpoint_save [width (1536)] [layers (20)] [steps (3)] [directory for the
-// checkpoints (a temporary one)]
+// checkpoints (a temporary one, or "" for one)] [rows, comma-separated (none,file,sharded,async)]
+// The dd figure is the median of three runs of it.
 #include <unistd.h>
 
 #include <algorithm>
@@ -115,7 +116,10 @@ int main(int argc, char** argv) {
   const std::string pipetrain = (self.parent_path().parent_path() / "pipetrain").string();
   char pattern[] = "/tmp/bench_checkpoint_save_XXXXXX";
   const std::string dir = ::mkdtemp(pattern);
-  const std::string out_dir = argc > 4 ? std::string(argv[4]) : dir + "/out";
+  const bool own_out_dir = argc <= 4 || std::string(argv[4]).empty();
+  const std::string out_dir = own_out_dir ? dir + "/out" : std::string(argv[4]);
+  const std::string wanted =
+      "," + std::string(argc > 5 ? argv[5] : "none,file,sharded,async") + ",";
   fs::create_directories(dir + "/model");
   fs::create_directories(out_dir);
   nlohmann::json config = pipetrain::bench::llama_bench_config(width);
@@ -154,6 +158,7 @@ int main(int argc, char** argv) {
   Measured none;
   Measured sharded, async;
   for (const Row& row : rows) {
+    if (wanted.find("," + row.name + ",") == std::string::npos) continue;
     const Measured m = measure(base + " " + row.flags);
     if (!m.ok) {
       std::printf("%-8s failed: %s\n", row.name.c_str(), m.error.c_str());
@@ -213,13 +218,17 @@ int main(int argc, char** argv) {
     // dd of one checkpoint's bytes into the same directory, synced.
     const double mib = median(sharded.save_mib);
     const std::string target = out_dir + "/dd.bin";
-    const auto start = std::chrono::steady_clock::now();
-    run_command("dd if=/dev/zero of=" + target + " bs=1M count=" +
-                std::to_string(static_cast<long long>(mib + 0.5)) + " conv=fsync");
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    fs::remove(target);
-    const double dd_rate = mib / seconds;
+    std::vector<double> dd_rates;
+    for (int run = 0; run < 3; ++run) {
+      const auto start = std::chrono::steady_clock::now();
+      run_command("dd if=/dev/zero of=" + target + " bs=1M count=" +
+                  std::to_string(static_cast<long long>(mib + 0.5)) + " conv=fsync");
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      fs::remove(target);
+      dd_rates.push_back(mib / seconds);
+    }
+    const double dd_rate = median(dd_rates);
     const double save_rate = median(sharded.save_mib_s);
     std::printf(
         "sharded save: %.1f MiB at %.1f MiB/s (median of %zu); dd conv=fsync: %.1f MiB/s; "
@@ -227,6 +236,6 @@ int main(int argc, char** argv) {
         mib, save_rate, sharded.save_mib_s.size(), dd_rate, save_rate / dd_rate);
   }
   fs::remove_all(dir);
-  if (argc <= 4) fs::remove_all(out_dir);
+  if (own_out_dir) fs::remove_all(out_dir);
   return 0;
 }

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -44,18 +45,22 @@ std::string documents_of_the_token_file() {
 
 // What a run prints that must match: its step lines and its last line's losses.
 std::vector<std::string> losses(const std::string& output) {
+  // The progress lines' losses in order, then the done line's (which a process may print before
+  // another's last progress line, so it is looked for apart).
   std::vector<std::string> lines;
-  size_t at = 0;
-  while ((at = output.find(" loss ", at)) != std::string::npos) {
-    const size_t end = output.find_first_of(" \n", at + 6);
-    lines.push_back(output.substr(at, end - at));
-    at = end;
+  std::string done;
+  std::istringstream in(output);
+  for (std::string line; std::getline(in, line);) {
+    const size_t at = line.find(" loss ");
+    if (at == std::string::npos) continue;
+    const std::string loss = line.substr(at, line.find(' ', at + 6) - at);
+    if (line.find("done: ") != std::string::npos) {
+      if (done.empty()) done = line.substr(line.find("loss ", line.find("done: ")));
+    } else {
+      lines.push_back(loss);
+    }
   }
-  const size_t done = output.find("done: ");
-  if (done != std::string::npos) {
-    const size_t loss = output.find("loss ", done);
-    lines.push_back(output.substr(loss, output.find('\n', loss) - loss));
-  }
+  if (!done.empty()) lines.push_back(done);
   return lines;
 }
 

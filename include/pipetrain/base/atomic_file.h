@@ -29,7 +29,9 @@ void write_file_atomically(const std::string& path, const std::vector<std::strin
 // The same, streamed: bytes are written as they come ([1] at construction, [2] by write, [3]..[5]
 // by commit), for a file whose parts are produced one after the other (each tensor of a shard read
 // when its turn comes) and never held together. Destroyed without commit, or after a failure, it
-// removes the temporary and leaves `path` untouched. Move-only; one thread.
+// removes the temporary and leaves `path` untouched. One thread. A long file is handed to the disk
+// window by window as it is written (Linux's sync_file_range), so that [3] waits only for its
+// tail and the page cache holds at most two windows of it.
 class AtomicFileWriter {
  public:
   explicit AtomicFileWriter(std::string path);
@@ -44,9 +46,14 @@ class AtomicFileWriter {
  private:
   [[noreturn]] void abandon(const std::string& step, int error);
 
+  // Starts the disk on each whole kWriteBackWindow written (see write_back in the .cpp).
+  void write_back();
+  static constexpr uint64_t kWriteBackWindow = uint64_t{32} << 20;
+
   std::string path_, temporary_;
   int fd_ = -1;
   uint64_t written_ = 0;
+  uint64_t started_ = 0;  // bytes handed to the disk's writeback so far
 };
 
 // Checks, before any work is done, that `path` can be written later: its directory exists and
