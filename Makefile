@@ -17,8 +17,10 @@ configure: bootstrap
 build: configure
 	@cmake --build $(BUILD) -j $(JOBS)
 
-# The slowest tests are printed at the end, failed run or not (scripts/slowest-tests).
-test: build
+# The slowest tests are printed at the end, failed run or not (scripts/slowest-tests). Builds what
+# the tests run (the pipetrain_tests target), not the benchmarks: `make build` builds those.
+test: configure
+	@cmake --build $(BUILD) -j $(JOBS) --target pipetrain_tests
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS) $(CTEST_FLAGS); status=$$?; \
 	  cd $(CURDIR) && scripts/slowest-tests $(BUILD) 15; exit $$status
 

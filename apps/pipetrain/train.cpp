@@ -304,10 +304,11 @@ Prepared prepare(TrainArgs& args, const RunLayout& layout, const PlanSource& pla
   if (!args.resume.empty()) {
     p.resume = as_usage_error("--resume", [&] {
       // A rank restores its own tensors (its tensor-parallel slices): from a sharded checkpoint
-      // it reads only those.
+      // it reads only those, and under ZeRO only its shard's ranges of their optimizer state.
       return train::resume_checkpoint(
           args.resume, *p.model.sequential, args.optimizer,
-          train::TensorParallelSlice{p.model.tensor_parallel_split, tp.rank(), tp.size()});
+          train::TensorParallelSlice{p.model.tensor_parallel_split, tp.rank(), tp.size()},
+          /*optimizer_state_by_range=*/args.zero > 0);
     });
   }
   return p;

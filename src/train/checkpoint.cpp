@@ -420,7 +420,10 @@ void restore_optimizer(const Checkpoint& checkpoint, torch::optim::Optimizer& op
     if (!owned.count(parameter.unsafeGetTensorImpl())) continue;
     auto found = checkpoint.optimizer_state.find(item.key());
     if (found == checkpoint.optimizer_state.end()) continue;
-    const auto& fields = found->second;
+    std::map<std::string, torch::Tensor> fields = found->second;
+    for (auto& [field_name, tensor] : fields) {
+      if (tensor.is_meta()) tensor = optimizer_state_value(checkpoint, item.key(), field_name);
+    }
     for (const auto& [field_name, tensor] : fields) {
       if (field_name != "step" && tensor.sizes() != parameter.sizes()) {
         throw CheckpointError("checkpoint optimizer state '" + field_name + "' of '" + item.key() +
@@ -452,6 +455,24 @@ void restore_optimizer(const Checkpoint& checkpoint, torch::optim::Optimizer& op
                             "' lacks a field that '" + name + "' needs");
     }
   }
+}
+
+torch::Tensor optimizer_state_value(const Checkpoint& checkpoint, const std::string& parameter,
+                                    const std::string& field) {
+  const auto fields = checkpoint.optimizer_state.find(parameter);
+  const auto found = fields == checkpoint.optimizer_state.end() ? decltype(fields->second.end()){}
+                                                                : fields->second.find(field);
+  if (fields == checkpoint.optimizer_state.end() || found == fields->second.end()) {
+    throw CheckpointError("checkpoint holds no optimizer state '" + field + "' of '" + parameter +
+                          "'");
+  }
+  const torch::Tensor& tensor = found->second;
+  if (!tensor.is_meta()) return tensor;
+  if (!checkpoint.optimizer_range) {
+    throw CheckpointError("checkpoint optimizer state '" + field + "' of '" + parameter +
+                          "' was not read and the checkpoint gives no way to read it");
+  }
+  return checkpoint.optimizer_range(parameter, field, 0, tensor.numel()).view(tensor.sizes());
 }
 
 void restore_torch_rng(const Checkpoint& checkpoint) {

@@ -475,7 +475,8 @@ std::vector<std::string> optimizer_fields(const io::ShardIndex& index, const std
 }  // namespace
 
 Checkpoint read_rank_checkpoint(const ShardedCheckpoint& c, const NamedTensors& parameters,
-                                const NamedTensors& buffers, const TensorParallelSlice& slice) {
+                                const NamedTensors& buffers, const TensorParallelSlice& slice,
+                                bool optimizer_state_by_range) {
   const std::string path = (fs::path(c.directory()) / io::kShardIndexFile).string();
   Checkpoint out;
   read_trainer_state(c, out);
@@ -513,12 +514,39 @@ Checkpoint read_rank_checkpoint(const ShardedCheckpoint& c, const NamedTensors& 
       const std::string key = "optim/" + item.key() + "/" + field;
       const io::ShardTensor* stored = c.index().find(key);
       const TensorBox box = tensor_box(slice, item.key(), item.value().sizes());
-      if (stored->shape == box.shape && field != "step") {
+      if (stored->shape == box.shape && field != "step" && optimizer_state_by_range) {
+        out.optimizer_state[item.key()][field] = torch::empty(
+            item.value().sizes(), torch::TensorOptions()
+                                      .dtype(io::torch_dtype_of(stored->dtype, path, key))
+                                      .device(torch::kMeta));
+      } else if (stored->shape == box.shape && field != "step") {
         out.optimizer_state[item.key()][field] = c.read(key, box.region).view(item.value().sizes());
       } else {
         out.optimizer_state[item.key()][field] = c.read_whole(key);
       }
     }
+  }
+  if (optimizer_state_by_range) {
+    // The box of each parameter, by name, for the ranges read later (the checkpoint's mapped
+    // files stay open while the Checkpoint lives).
+    auto boxes = std::make_shared<std::map<std::string, io::ShardRegion>>();
+    for (const auto& item : parameters) {
+      (*boxes)[item.key()] = tensor_box(slice, item.key(), item.value().sizes()).region;
+    }
+    out.optimizer_range = [c, boxes](const std::string& parameter, const std::string& field,
+                                     int64_t begin, int64_t length) {
+      const auto box = boxes->find(parameter);
+      if (box == boxes->end()) {
+        throw CheckpointError("no optimizer state of '" + parameter + "' was asked for");
+      }
+      io::ShardRegion region = box->second;
+      TORCH_CHECK(begin >= 0 && length >= 0 && begin + length <= region.elements(),
+                  "optimizer state range [", begin, ", ", begin + length, ") of '", parameter,
+                  "' outside its ", region.elements(), " elements");
+      region.flat_end = region.flat_begin + begin + length;
+      region.flat_begin += begin;
+      return c.read("optim/" + parameter + "/" + field, region);
+    };
   }
   for (const auto& item : buffers) {
     model_names.insert("buffer/" + item.key());
@@ -561,11 +589,12 @@ Checkpoint read_whole_checkpoint(const ShardedCheckpoint& c) {
 }
 
 Checkpoint resume_checkpoint(const std::string& path, torch::nn::Module& model,
-                             const std::string& optimizer, const TensorParallelSlice& slice) {
+                             const std::string& optimizer, const TensorParallelSlice& slice,
+                             bool optimizer_state_by_range) {
   if (!resolve_sharded_checkpoint(path)) return load_for_resume(path, model, optimizer, slice);
   const ShardedCheckpoint sharded = ShardedCheckpoint::open(path);
-  Checkpoint checkpoint =
-      read_rank_checkpoint(sharded, model.named_parameters(), model.named_buffers(), slice);
+  Checkpoint checkpoint = read_rank_checkpoint(
+      sharded, model.named_parameters(), model.named_buffers(), slice, optimizer_state_by_range);
   try {
     restore_model(checkpoint, model, NameMatch::kExact);
   } catch (const CheckpointError& error) {

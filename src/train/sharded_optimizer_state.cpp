@@ -168,11 +168,18 @@ void ShardedOptimizer::restore(const Checkpoint& checkpoint, const NamedTensors&
                               "' is missing or does not have the parameter's shape");
       }
     }
-    torch::Tensor shard = torch::zeros({shard_size_}, sample.options());
+    torch::Tensor shard = torch::zeros({shard_size_}, sample.options().device(torch::kCPU));
     for (const Slice& s : slices_) {
+      const torch::Tensor& whole = states[s.parameter]->at(field);
+      // A meta tensor was not read (a sharded checkpoint resumed under ZeRO): only this replica's
+      // range of it is, here.
       shard.narrow(0, s.shard_offset, s.length)
-          .copy_(
-              states[s.parameter]->at(field).reshape({-1}).narrow(0, s.parameter_offset, s.length));
+          .copy_(whole.is_meta()
+                     ? (checkpoint.optimizer_range
+                            ? checkpoint.optimizer_range(names[s.parameter], field,
+                                                         s.parameter_offset, s.length)
+                            : optimizer_state_value(checkpoint, names[s.parameter], field))
+                     : whole.reshape({-1}).narrow(0, s.parameter_offset, s.length));
     }
     shard_state[field] = shard;
   }

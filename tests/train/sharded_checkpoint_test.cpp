@@ -123,6 +123,49 @@ TEST(ShardedCheckpoint, FourRanksWriteEveryElementOnceAndAnyCutReadsItBack) {
   EXPECT_NE(info.find("rank-00003.safetensors"), std::string::npos) << info;
 }
 
+// A ZeRO rank resumes reading only its ranges of the optimizer state: by range, the state is not
+// read with the box (meta tensors), and optimizer_range gives any span of the rank's box (here a
+// tp 4 rank's rows of "w", which the four pieces of two tp-2 ranks' files hold), bit for bit; the
+// whole through optimizer_state_value; ranges outside the box refused.
+TEST(ShardedCheckpoint, AZeroRankReadsOnlyTheRangesOfTheOptimizerStateItKeeps) {
+  torch::manual_seed(0);
+  const Globals g;
+  ScratchDir dir;
+  write_four_ranks(g, dir.path(), 5);
+  const ShardedCheckpoint c = ShardedCheckpoint::open(dir.path());
+  for (int t = 0; t < 4; ++t) {
+    NamedTensors parameters, buffers;
+    parameters.insert("w", torch::zeros({2, 6}, torch::kFloat64));
+    parameters.insert("norm", torch::zeros({6}));
+    buffers.insert("running", torch::zeros({5}));
+    const Checkpoint rank =
+        read_rank_checkpoint(c, parameters, buffers, rows_split(t, 4), /*by_range=*/true);
+    const torch::Tensor& unread = rank.optimizer_state.at("w").at("exp_avg");
+    EXPECT_TRUE(unread.is_meta()) << t;
+    EXPECT_EQ(unread.sizes(), torch::IntArrayRef({2, 6})) << t;
+    EXPECT_EQ(unread.scalar_type(), torch::kFloat64) << t;
+    EXPECT_EQ(rank.optimizer_state.at("w").at("step").item<int64_t>(), 3) << t;  // read
+    ASSERT_TRUE(rank.optimizer_range) << t;
+    const torch::Tensor box = g.w_avg.narrow(0, 2 * t, 2).reshape({-1});
+    for (const auto& [begin, length] : std::vector<std::pair<int64_t, int64_t>>{
+             {0, 12}, {0, 5}, {5, 7}, {3, 1}, {11, 1}, {4, 0}}) {
+      const torch::Tensor part = rank.optimizer_range("w", "exp_avg", begin, length);
+      EXPECT_TRUE(torch::equal(part, box.narrow(0, begin, length)))
+          << t << " [" << begin << ", " << begin + length << ")";
+    }
+    EXPECT_TRUE(torch::equal(optimizer_state_value(rank, "w", "exp_avg"), box.view({2, 6}))) << t;
+    EXPECT_TRUE(
+        torch::equal(rank.optimizer_range("norm", "exp_avg", 2, 3), g.norm_avg.narrow(0, 2, 3)))
+        << t;
+    EXPECT_ANY_THROW(rank.optimizer_range("w", "exp_avg", 10, 3));
+    EXPECT_THROW(rank.optimizer_range("other", "exp_avg", 0, 1), CheckpointError);
+  }
+  // Without a reader, a meta tensor's value is refused, not made up.
+  Checkpoint unread;
+  unread.optimizer_state["w"]["exp_avg"] = torch::empty({2}, torch::kMeta);
+  EXPECT_THROW(optimizer_state_value(unread, "w", "exp_avg"), CheckpointError);
+}
+
 // What the ranks of a model that is not the checkpoint's are told.
 TEST(ShardedCheckpoint, RefusesAModelThatIsNotTheCheckpoints) {
   torch::manual_seed(1);

@@ -81,7 +81,20 @@ struct Checkpoint {
   std::map<int, torch::Tensor> stage_rng_states;
   std::string loader_state;
   nlohmann::json metadata = nlohmann::json::object();
+  // Optimizer state read by range (a sharded checkpoint resumed by a ZeRO rank, which keeps 1/dp
+  // of it): where this is set, a tensor of optimizer_state may be a meta tensor (its shape and
+  // dtype only), and optimizer_range(parameter, field, begin, length) reads elements [begin,
+  // begin + length) of that tensor flattened, as a 1-D CPU tensor. restore_optimizer and the
+  // sharded optimizer's restore read through it what they keep.
+  std::function<torch::Tensor(const std::string& parameter, const std::string& field, int64_t begin,
+                              int64_t length)>
+      optimizer_range;
 };
+
+// The value of checkpoint.optimizer_state[parameter][field]: the tensor itself, or, when it is a
+// meta tensor, all of it read through optimizer_range (CheckpointError without one).
+torch::Tensor optimizer_state_value(const Checkpoint& checkpoint, const std::string& parameter,
+                                    const std::string& field);
 
 // ---- capture ---------------------------------------------------------------------------------
 void capture_model(Checkpoint& checkpoint, const NamedTensors& parameters,

@@ -148,15 +148,21 @@ class ShardedCheckpoint {
 // tensor-parallel box (a meta tensor: checked against the index, not read), the optimizer state
 // of those names, the position, the RNG streams, the loader state and the metadata. Throws
 // ShardIndexError for a tensor missing, of another shape, or in the checkpoint but not the model.
+// With `optimizer_state_by_range`, the optimizer state of the box is not read: its tensors are
+// meta tensors, and Checkpoint::optimizer_range reads (mapped, checksummed) the ranges that the
+// rank's ZeRO shard keeps when the sharded optimizer restores (1/dp of it, not the whole box).
 Checkpoint read_rank_checkpoint(const ShardedCheckpoint& checkpoint, const NamedTensors& parameters,
-                                const NamedTensors& buffers, const TensorParallelSlice& slice = {});
+                                const NamedTensors& buffers, const TensorParallelSlice& slice = {},
+                                bool optimizer_state_by_range = false);
 // Everything, whole (one process reading it all: eval, export, a test).
 Checkpoint read_whole_checkpoint(const ShardedCheckpoint& checkpoint);
 
 // load_for_resume for either format: a sharded checkpoint (a directory: read_rank_checkpoint of
 // `model`'s tensors) or today's single file.
+// `optimizer_state_by_range` as read_rank_checkpoint's (a ZeRO run; a single file is read whole).
 Checkpoint resume_checkpoint(const std::string& path, torch::nn::Module& model,
-                             const std::string& optimizer, const TensorParallelSlice& slice = {});
+                             const std::string& optimizer, const TensorParallelSlice& slice = {},
+                             bool optimizer_state_by_range = false);
 // load_checkpoint for either format (whole).
 Checkpoint load_any_checkpoint(const std::string& path);
 
