@@ -158,6 +158,15 @@ void add_plan_model_options(CLI::App& command, PlanModelArgs& args) {
                      "With --model: fp32 (default) or bf16: the profile runs the layers under "
                      "autocast, so times, activations and messages are a bf16 stage's (weights, "
                      "gradients and optimizer state stay float32)");
+  command
+      .add_option("--profile-repeats", args.profile_repeats,
+                  "With --model: timed trials of each layer's figures, the median kept (fewer "
+                  "plan faster, with noisier times; the memory figures are the same)")
+      ->capture_default_str();
+  command
+      .add_option("--profile-warmup", args.profile_warmup,
+                  "With --model: untimed runs of each layer before its trials")
+      ->capture_default_str();
   command.add_option("--world", args.world,
                      "With a Hugging Face --model: search the pipeline x tensor x data parallel "
                      "layouts of N processes (every pp x tp x dp = N the model allows, with and "
@@ -192,6 +201,14 @@ Precision check_plan_args(const PlanModelArgs& args) {
   if (args.zero > 0 && args.dp < 2 && args.world == 0 && !args.offload_optimizer) {
     throw UsageError("--zero " + std::to_string(args.zero) +
                      " shards over data-parallel replicas and needs --dp 2 or more");
+  }
+  if (args.profile_repeats < 1) {
+    throw UsageError("--profile-repeats must be 1 or more (got " +
+                     std::to_string(args.profile_repeats) + ")");
+  }
+  if (args.profile_warmup < 0) {
+    throw UsageError("--profile-warmup must be 0 or more (got " +
+                     std::to_string(args.profile_warmup) + ")");
   }
   Precision precision = Precision::kFloat32;
   try {
@@ -264,6 +281,8 @@ int run_world_plan(const PlanModelArgs& args, const examples::PlanningModel& mod
   request.world = args.world;
   request.planner = planner_options(args);
   request.precision = precision;
+  request.profile_repeats = args.profile_repeats;
+  request.profile_warmup = args.profile_warmup;
   request.rank_arguments = {"plan",           "--model",         args.model,
                             "--sample-shape", args.sample_shape, "--rank-job"};
   request.diagnostics = [](const Diagnostic& d) { std::cerr << d.text << "\n"; };
@@ -298,6 +317,8 @@ int run_plan_for_model(const PlanModelArgs& args) {
   request.sample = model.sample;
   request.planner = planner_options(args);
   request.precision = precision;
+  request.profile_repeats = args.profile_repeats;
+  request.profile_warmup = args.profile_warmup;
   request.calibrate = args.calibrate;
   request.verify = args.verify;
   request.processes = args.processes;

@@ -39,6 +39,7 @@ struct PlanModelArgs {
   int dp = 1;                      // data-parallel replicas of each rank (memory model)
   std::string precision = "fp32";  // fp32 | bf16: what the profile runs in (memory model)
   int world = 0;  // > 0: search pp x tp x dp layouts of this many processes (tune/world_plan.h)
+  int profile_repeats = 7, profile_warmup = 2;  // the profile's timed trials and untimed runs
 };
 
 void add_plan_model_options(CLI::App& command, PlanModelArgs& args);

@@ -71,7 +71,10 @@ pp::TransferModel measure_gloo_transfer(const ModelPlanRequest& r, int64_t large
 
 // [1] [2]: the profile and the plans.
 void profile_and_plan(const ModelPlanRequest& r, ModelPlanResult& result) {
-  const pp::ProfileOptions profiling = pp::ProfileOptions().precision(r.precision);
+  const pp::ProfileOptions profiling = pp::ProfileOptions()
+                                           .precision(r.precision)
+                                           .repeats(r.profile_repeats)
+                                           .warmup(r.profile_warmup);
   try {
     if (r.llama) {
       result.profile = models::profile_llama(*r.llama, r.sample, profiling);

@@ -214,8 +214,12 @@ WorldPlanResult plan_world(const WorldPlanRequest& r) {
     // [3]
     const torch::Tensor rows = r.sample.narrow(0, 0, r.sample.size(0) / s.dp);
     const parallel::TensorParallel tp{s.tp > 1 ? C10dGroup::mirror(s.tp) : nullptr, s.sp};
-    pp::ModelProfile profile =
-        models::profile_llama(r.config, rows, pp::ProfileOptions().precision(r.precision), 0, tp);
+    pp::ModelProfile profile = models::profile_llama(r.config, rows,
+                                                     pp::ProfileOptions()
+                                                         .precision(r.precision)
+                                                         .repeats(r.profile_repeats)
+                                                         .warmup(r.profile_warmup),
+                                                     0, tp);
     // [2] [4]
     const pp::TransferModel tp_reduce = allreduce_of(r, result.allreduce, s.tp, largest_message);
     std::vector<std::vector<double>> added;

@@ -51,7 +51,9 @@ TEST(PlanLlama, ALlama32OneBShapedConfigPlansOverFourRanksWithoutBuildingTheWhol
   ASSERT_GT(whole_bytes, int64_t{4'900'000'000});
   const CliRun run =
       run_pipetrain("plan --model " + dir +
-                        " --sample-shape 1,32 --stages 4 --memory --optimizer adam --format json",
+                        " --sample-shape 1,32 --stages 4 --memory --optimizer adam --format json "
+                        // One timed trial per figure: what is checked is memory, not time.
+                        "--profile-repeats 1 --profile-warmup 0",
                     testing::CliOptions().without_stderr());
   ASSERT_EQ(run.exit_code, 0) << run.output;
   // The largest process this test waited for (pipetrain, under sh and timeout) stayed below the
@@ -153,7 +155,8 @@ TEST(PlanLlama, WorldSearchRanksEveryLayoutAndItsTensorParallelPeakIsMeasured) {
   write_bench_model(dir);
   const CliRun run = run_pipetrain("plan --model " + dir +
                                        "/model --sample-shape 8,128 --world 4 --optimizer adam "
-                                       "--memory-limit 60MiB --schedules 1f1b,gpipe --format json",
+                                       "--memory-limit 60MiB --schedules 1f1b,gpipe --format json "
+                                       "--profile-repeats 1 --profile-warmup 0",
                                    testing::CliOptions().without_stderr());
   ASSERT_EQ(run.exit_code, 0) << run.output;
   const nlohmann::json plan = nlohmann::json::parse(run.output);

@@ -269,6 +269,14 @@ TEST(PlanModelCli, BadInputExitsTwoWithAMessage) {
   EXPECT_NE(run.output.find("unknown schedule 'zb-w'"), std::string::npos) << run.output;
   EXPECT_NE(run.output.find("dualpipev"), std::string::npos) << run.output;
   EXPECT_NE(run.output.find("zb-auto"), std::string::npos) << run.output;
+  run = plan("--model mlp --sample-shape 4,784 --profile-repeats 0");
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_NE(run.output.find("--profile-repeats must be 1 or more (got 0)"), std::string::npos)
+      << run.output;
+  run = plan("--model mlp --sample-shape 4,784 --profile-warmup -1");
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_NE(run.output.find("--profile-warmup must be 0 or more (got -1)"), std::string::npos)
+      << run.output;
 }
 
 TEST(PlanModelCli, PlansATorchScriptFile) {

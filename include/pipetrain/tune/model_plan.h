@@ -44,11 +44,12 @@ struct ModelPlanRequest {
   torch::Tensor sample;
   partition::PlannerOptions planner;  // ranks, memory limit, optimizer state, ZeRO, schedules, ...
   Precision precision = Precision::kFloat32;
-  bool calibrate = false;  // [3]
-  bool verify = false;     // [3] and [4]
-  bool processes = false;  // plan and measure for one process per rank
-  int verify_steps = 5;    // timed steps per plan and round, at least
-  int verify_rounds = 3;   // rounds of [4]
+  int profile_repeats = 7, profile_warmup = 2;  // [1]: partition::ProfileOptions' repeats, warmup
+  bool calibrate = false;                       // [3]
+  bool verify = false;                          // [3] and [4]
+  bool processes = false;                       // plan and measure for one process per rank
+  int verify_steps = 5;                         // timed steps per plan and round, at least
+  int verify_rounds = 3;                        // rounds of [4]
   // How this program is started as a rank of a measurement (before the job's JSON). Required with
   // `processes`.
   std::vector<std::string> rank_arguments;

@@ -64,6 +64,7 @@ struct WorldPlanRequest {
   // `data_parallel` and `processes` are set per layout.
   partition::PlannerOptions planner;
   Precision precision = Precision::kFloat32;
+  int profile_repeats = 7, profile_warmup = 2;  // [3]: partition::ProfileOptions' repeats, warmup
   // Measured all-reduce per group size ([2]); a size not here is measured. Tests and callers
   // that measured already pass theirs.
   std::map<int, partition::TransferModel> allreduce;
