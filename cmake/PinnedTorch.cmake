@@ -4,8 +4,13 @@
 # every Python part of the project) and PIPETRAIN_HAS_CUDA.
 #
 #   PIPETRAIN_PYTHON  the interpreter whose torch is used (default: scripts/bootstrap --print-python)
-#   PIPETRAIN_CUDA    AUTO (default): build the CUDA paths when torch has CUDA and nvcc is found;
-#                     ON: require both; OFF: a CPU-only build even against a CUDA torch.
+#   PIPETRAIN_CUDA    AUTO (default): build the CUDA paths when torch has CUDA, nvcc is found and
+#                     a GPU is visible (nvidia-smi -L lists one); ON: require torch's CUDA and
+#                     nvcc (a build for GPUs on a machine without one); OFF: a CPU-only build even
+#                     against a CUDA torch. Without the CUDA paths nothing of libtorch_cuda is
+#                     linked: each process starts in about 60% of the CPU time (it loads and
+#                     initialises torch's CPU libraries only), which the multi-process tests pay
+#                     at every rank.
 #
 # Bad input stops here with one line saying what was found and what to run.
 
@@ -68,7 +73,16 @@ if(PIPETRAIN_CUDA STREQUAL "ON")
                         "or configure with -DPIPETRAIN_CUDA=OFF")
   endif()
 endif()
-if(PIPETRAIN_TORCH_CUDA_VERSION AND PIPETRAIN_NVCC AND NOT PIPETRAIN_CUDA STREQUAL "OFF")
+set(PIPETRAIN_GPU_VISIBLE OFF)
+if(PIPETRAIN_CUDA STREQUAL "AUTO" AND PIPETRAIN_TORCH_CUDA_VERSION AND PIPETRAIN_NVCC)
+  execute_process(COMMAND nvidia-smi -L RESULT_VARIABLE smi_result OUTPUT_VARIABLE smi_out
+                  ERROR_QUIET TIMEOUT 20)
+  if(smi_result EQUAL 0 AND smi_out MATCHES "GPU [0-9]")
+    set(PIPETRAIN_GPU_VISIBLE ON)
+  endif()
+endif()
+if(PIPETRAIN_TORCH_CUDA_VERSION AND PIPETRAIN_NVCC
+   AND (PIPETRAIN_CUDA STREQUAL "ON" OR PIPETRAIN_GPU_VISIBLE))
   set(PIPETRAIN_HAS_CUDA ON)
 else()
   set(PIPETRAIN_HAS_CUDA OFF)
@@ -102,4 +116,5 @@ else()
 endif()
 message(STATUS "pipetrain: torch ${PIPETRAIN_TORCH_FOUND_VERSION} from ${PIPETRAIN_PYTHON}, "
                "CUDA paths ${PIPETRAIN_HAS_CUDA} (torch CUDA '${PIPETRAIN_TORCH_CUDA_VERSION}', "
-               "nvcc '${PIPETRAIN_NVCC}')")
+               "nvcc '${PIPETRAIN_NVCC}', GPU visible ${PIPETRAIN_GPU_VISIBLE}, "
+               "PIPETRAIN_CUDA ${PIPETRAIN_CUDA})")
