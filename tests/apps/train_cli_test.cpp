@@ -8,7 +8,10 @@
 //
 // Skipped (GTEST_SKIP) only when the project's Python (tests/helpers/python.h) has no torch.
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <functional>
+#include <stdexcept>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -16,6 +19,7 @@
 
 #include "../helpers/cli_run.h"
 #include "../helpers/python.h"
+#include "../helpers/shared_fixture.h"
 
 namespace {
 
@@ -39,20 +43,30 @@ class TrainCli : public ::testing::Test {
     ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
     dir_ = new std::string(pattern);
     std::ofstream(*dir_ + "/bad.csv") << "0F0,0Q0\r\n";  // a CSV schedule with an unknown action
-    // One Python process makes the files and both references (importing torch is slow).
-    // References: 20 rows, batch 8 (does not divide: step 2 reads rows 16..19 and 0..3).
-    const std::string commands = *dir_ + "/commands.txt";
-    std::ofstream(commands) << "mlp " << *dir_ << " --rows 20\n"
-                            << "reference --model " << path("mlp.pt") << " --inputs "
-                            << path("x.pt") << " --targets " << path("y_mse.pt")
-                            << " --loss mse --lr 0.1 --momentum 0.5 --batch-size 8 --steps 4 --out "
-                            << path("ref_mse.pt") << "\n"
-                            << "reference --model " << path("mlp.pt") << " --inputs "
-                            << path("x.pt") << " --targets " << path("y_ce.pt")
-                            << " --loss cross-entropy --lr 0.2 --batch-size 6 --steps 5 --out "
-                            << path("ref_ce.pt") << "\n";
-    Result made = run(kPython + " " + kHelper + " batch " + commands, *dir_ + "/python.log");
-    ASSERT_EQ(made.exit_code, 0) << made.output;
+    // One Python process makes the files and both references (importing torch is slow), once per
+    // build directory (testing::shared_fixture): each test of the suite runs in a process of its
+    // own and copies them into its directory. References: 20 rows, batch 8 (does not divide: step
+    // 2 reads rows 16..19 and 0..3).
+    const std::string made_by =
+        "mlp {dir} --rows 20\n"
+        "reference --model {dir}/mlp.pt --inputs {dir}/x.pt --targets {dir}/y_mse.pt --loss mse "
+        "--lr 0.1 --momentum 0.5 --batch-size 8 --steps 4 --out {dir}/ref_mse.pt\n"
+        "reference --model {dir}/mlp.pt --inputs {dir}/x.pt --targets {dir}/y_ce.pt --loss "
+        "cross-entropy --lr 0.2 --batch-size 6 --steps 5 --out {dir}/ref_ce.pt\n";
+    const std::string shared = pipetrain::testing::shared_fixture(
+        "train-cli",
+        std::to_string(std::filesystem::last_write_time(kHelper).time_since_epoch().count()) + " " +
+            std::to_string(std::hash<std::string>()(made_by)),
+        [&](const std::string& partial) {
+          const std::string commands = partial + "/commands.txt";
+          std::ofstream(commands) << pipetrain::testing::replace_all(made_by, "{dir}", partial);
+          Result made =
+              run(kPython + " " + kHelper + " batch " + commands, partial + "/python.log");
+          if (made.exit_code != 0) throw std::runtime_error("make_models.py: " + made.output);
+        });
+    for (const auto& file : std::filesystem::directory_iterator(shared)) {
+      std::filesystem::copy_file(file.path(), *dir_ + "/" + file.path().filename().string());
+    }
   }
 
   void SetUp() override {

@@ -259,20 +259,24 @@ namespace pipetrain::restart_test {
 // The data-parallel gradient sum overlapped with the pipeline, in buckets of 4 KiB (many per
 // step, so a kill mid-step lands in or between bucketed all-reduces): pp 2 x dp 2,
 // interleaved-1f1b with 2 stages per rank; `extra` adds flags (a ZeRO stage).
-std::string overlap_flags(const std::string& dir, int steps, const std::string& extra) {
+// The receive timeout is 10 s; the fault run's is 5 s, under the launcher's 10 s grace, so that a
+// rank blocked in a collective when its peer dies reports its own timeout before the grace ends
+// (with both at 10 s, the launcher's SIGKILL raced the rank's message).
+std::string overlap_flags(const std::string& dir, int steps, const std::string& extra,
+                          int timeout = 10) {
   return "train --data synthetic --synthetic-samples 256 --model mlp --model-options "
          "'{\"widths\": [784, 64, 64, 32, 10]}' --batch-size 32 --seed 3 --optimizer sgd --lr "
          "0.05 --momentum 0.9 --steps " +
          std::to_string(steps) +
          " --log-every 1 --nproc 4 --pp 2 --dp 2 --chunks 4 --schedule interleaved-1f1b "
-         "--virtual 2 --overlap-grad-reduce --bucket-size 0.004 --timeout 10 --checkpoint-format "
-         "file --checkpoint-dir " +
-         dir + "/checkpoints --save-every 3 --save-params " + dir + "/params.pt " + extra;
+         "--virtual 2 --overlap-grad-reduce --bucket-size 0.004 --timeout " +
+         std::to_string(timeout) + " --checkpoint-format file --checkpoint-dir " + dir +
+         "/checkpoints --save-every 3 --save-params " + dir + "/params.pt " + extra;
 }
 
 // A replica killed while its gradients are summed in buckets: without restarts every other rank
-// stops within the timeout + 10 s naming what failed (its step and action, or the collective it
-// was in); with --max-restarts the run ends bit for bit where the uninterrupted one ends.
+// stops within the timeout (5 s) + 10 s naming what failed (its step and action, or the collective
+// it was in); with --max-restarts the run ends bit for bit where the uninterrupted one ends.
 void expect_killed_replica_stops_and_restarts_exactly(const std::string& extra,
                                                       const std::string& tag) {
   std::string pattern = ::testing::TempDir() + "pipetrain_restart_overlap_XXXXXX";
@@ -281,7 +285,7 @@ void expect_killed_replica_stops_and_restarts_exactly(const std::string& extra,
                     killed = pattern + "/killed";
   const auto start = std::chrono::steady_clock::now();
   const KilledRun stopped = run_killing(
-      "mkdir -p " + fault + " && " + kBinary + " " + overlap_flags(fault, 100000, extra),
+      "mkdir -p " + fault + " && " + kBinary + " " + overlap_flags(fault, 100000, extra, 5),
       tag + "-fault", {6}, {3});
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -32,6 +32,7 @@
 #include "cli_run.h"
 #include "pipetrain/io/safetensors.h"
 #include "python.h"
+#include "shared_fixture.h"
 
 namespace pipetrain::testing {
 
@@ -84,33 +85,16 @@ inline CliRun hf_reference(
 
 inline const std::string& hf_fixtures() {
   namespace fs = std::filesystem;
-  static const std::string directory = [] {
-    const fs::path root = fs::path(PIPETRAIN_BINARY_DIR) / "test-fixtures";
-    fs::create_directories(root);
-    const fs::path done = root / "hf";
-    const int lock = ::open((root / "hf.lock").c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
-    if (lock < 0 || ::flock(lock, LOCK_EX) != 0) throw std::runtime_error("cannot lock fixtures");
-    // The script's mtime in the stamp: editing it makes the fixtures again.
-    const std::string stamp =
-        std::to_string(fs::last_write_time(kHfReference).time_since_epoch().count());
-    const fs::path stamp_file = done / "stamp";
-    std::string found;
-    if (fs::exists(stamp_file)) std::getline(std::ifstream(stamp_file), found);
-    if (found != stamp) {
-      const fs::path partial = root / ("hf.partial-" + std::to_string(::getpid()));
-      fs::remove_all(partial);
-      const CliRun made = hf_reference("fixtures " + shell_quote(partial.string()));
-      if (made.exit_code != 0) {
-        ::close(lock);
-        throw std::runtime_error("hf_reference.py fixtures failed:\n" + made.output);
-      }
-      std::ofstream(partial / "stamp") << stamp << "\n";
-      fs::remove_all(done);
-      fs::rename(partial, done);
-    }
-    ::close(lock);  // releases the lock
-    return done.string();
-  }();
+  // The script's mtime in the stamp: editing it makes the fixtures again.
+  static const std::string directory = shared_fixture(
+      "hf", std::to_string(fs::last_write_time(kHfReference).time_since_epoch().count()),
+      [](const std::string& partial) {
+        fs::remove_all(partial);  // the script makes its directory itself
+        const CliRun made = hf_reference("fixtures " + shell_quote(partial));
+        if (made.exit_code != 0) {
+          throw std::runtime_error("hf_reference.py fixtures failed:\n" + made.output);
+        }
+      });
   return directory;
 }
 
