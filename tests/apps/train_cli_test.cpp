@@ -38,7 +38,6 @@ Result run(const std::string& command, const std::string& log) {
 class TrainCli : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    if (pipetrain::testing::run_command(kPython + " -c 'import torch'").exit_code != 0) return;
     std::string pattern = ::testing::TempDir() + "pipetrain_train_cli_XXXXXX";
     ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
     dir_ = new std::string(pattern);
@@ -53,7 +52,27 @@ class TrainCli : public ::testing::Test {
         "--lr 0.1 --momentum 0.5 --batch-size 8 --steps 4 --out {dir}/ref_mse.pt\n"
         "reference --model {dir}/mlp.pt --inputs {dir}/x.pt --targets {dir}/y_ce.pt --loss "
         "cross-entropy --lr 0.2 --batch-size 6 --steps 5 --out {dir}/ref_ce.pt\n";
-    const std::string shared = pipetrain::testing::shared_fixture(
+    // Without torch in the project's Python the fixture cannot be made and every test skips; the
+    // import is tried only then (it takes seconds, and the fixture is made once).
+    std::string shared;
+    try {
+      shared = make_shared_files(made_by);
+    } catch (const std::exception& error) {
+      if (pipetrain::testing::run_command(kPython + " -c 'import torch'").exit_code != 0) {
+        std::filesystem::remove_all(*dir_);
+        delete dir_;
+        dir_ = nullptr;
+        return;
+      }
+      FAIL() << error.what();
+    }
+    for (const auto& file : std::filesystem::directory_iterator(shared)) {
+      std::filesystem::copy_file(file.path(), *dir_ + "/" + file.path().filename().string());
+    }
+  }
+
+  static std::string make_shared_files(const std::string& made_by) {
+    return pipetrain::testing::shared_fixture(
         "train-cli",
         std::to_string(std::filesystem::last_write_time(kHelper).time_since_epoch().count()) + " " +
             std::to_string(std::hash<std::string>()(made_by)),
@@ -64,9 +83,6 @@ class TrainCli : public ::testing::Test {
               run(kPython + " " + kHelper + " batch " + commands, partial + "/python.log");
           if (made.exit_code != 0) throw std::runtime_error("make_models.py: " + made.output);
         });
-    for (const auto& file : std::filesystem::directory_iterator(shared)) {
-      std::filesystem::copy_file(file.path(), *dir_ + "/" + file.path().filename().string());
-    }
   }
 
   void SetUp() override {
