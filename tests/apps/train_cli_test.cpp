@@ -58,7 +58,7 @@ class TrainCli : public ::testing::Test {
     try {
       shared = make_shared_files(made_by);
     } catch (const std::exception& error) {
-      if (pipetrain::testing::run_command(kPython + " -c 'import torch'").exit_code != 0) {
+      if (!pipetrain::testing::python_has_torch()) {
         std::filesystem::remove_all(*dir_);
         delete dir_;
         dir_ = nullptr;

@@ -63,9 +63,7 @@ inline std::vector<double> worst_relative_errors(const std::string& output) {
 inline bool same_checkpoints(const std::string& a, const std::string& b, std::string& why);
 
 inline bool python_has_transformers() {
-  static const bool has = std::system((kPython + " -c 'import transformers, safetensors' "
-                                                 ">/dev/null 2>&1")
-                                          .c_str()) == 0;
+  static const bool has = python_imports("transformers, safetensors");
   return has;
 }
 
