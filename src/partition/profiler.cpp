@@ -22,6 +22,7 @@
 #include "pipetrain/stage/device.h"
 #include "pipetrain/stage/skip.h"
 #include "pipetrain/stage/stage.h"
+#include "pipetrain/stage/tensor_bytes.h"
 
 namespace pipetrain::partition {
 namespace {
@@ -78,10 +79,6 @@ std::vector<std::int64_t> default_sizes(std::int64_t batch, int max_sizes) {
     sizes = kept;
   }
   return sizes;
-}
-
-std::int64_t tensor_bytes(const torch::Tensor& t) {
-  return static_cast<std::int64_t>(t.numel()) * static_cast<std::int64_t>(t.element_size());
 }
 
 // Runs layer l on x with `skips` as the thread's skip context (stage/skip.h): stash layers add to

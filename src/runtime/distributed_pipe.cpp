@@ -22,15 +22,11 @@
 #include "pipetrain/schedule/validate.h"
 #include "pipetrain/stage/device.h"
 #include "pipetrain/stage/microbatch.h"
+#include "pipetrain/stage/stage_rng.h"
 
 namespace pipetrain {
 
 namespace {
-
-// The same derivation as Pipe's, so a stage draws the same random numbers in both runtimes.
-uint64_t stage_seed(uint64_t seed, int j) {
-  return seed + 0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(j + 1);
-}
 
 // This rank's device: options.devices()[pipeline_rank] when the list is given (one per pipeline
 // rank, as Pipe's one per rank), else `given`.

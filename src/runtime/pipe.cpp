@@ -37,6 +37,7 @@
 #include "pipetrain/schedule/validate.h"
 #include "pipetrain/stage/device.h"
 #include "pipetrain/stage/microbatch.h"
+#include "pipetrain/stage/stage_rng.h"
 #include "pipetrain/transport/local.h"
 
 namespace pipetrain {
@@ -66,10 +67,6 @@ std::string join(const std::vector<int64_t>& values) {
   std::string text;
   for (int64_t v : values) text += (text.empty() ? "" : ",") + std::to_string(v);
   return "{" + text + "}";
-}
-
-uint64_t stage_seed(uint64_t seed, int j) {
-  return seed + 0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(j + 1);
 }
 
 }  // namespace

@@ -47,6 +47,7 @@
 #include "pipetrain/stage/allocation_counter.h"
 #include "pipetrain/stage/layer_call.h"
 #include "pipetrain/stage/skip.h"
+#include "pipetrain/stage/tensor_bytes.h"
 #include "weight_gradients.h"
 
 namespace pipetrain {
@@ -90,10 +91,6 @@ namespace {
 
 bool wants_grad(const torch::Tensor& t) {
   return t.defined() && (t.is_floating_point() || t.is_complex());
-}
-
-int64_t bytes_of(const torch::Tensor& t) {
-  return t.defined() ? static_cast<int64_t>(t.numel() * t.element_size()) : 0;
 }
 
 // Accumulates like autograd's AccumulateGrad: the first gradient is stored, later ones added.
@@ -336,8 +333,8 @@ void Stage::run_layers(Microbatch& state, bool record, bool recomputing, bool ho
 
 int64_t Stage::input_bytes(const Microbatch& state) const {
   int64_t bytes = 0;
-  for (const auto& t : state.inputs) bytes += bytes_of(t);
-  for (const auto& entry : state.skip_inputs) bytes += bytes_of(entry.second);
+  for (const auto& t : state.inputs) bytes += tensor_bytes(t);
+  for (const auto& entry : state.skip_inputs) bytes += tensor_bytes(entry.second);
   return bytes;
 }
 
@@ -345,10 +342,10 @@ int64_t Stage::estimated_stash_bytes(const Microbatch& state) const {
   int64_t bytes = input_bytes(state);
   if (!state.checkpointed || state.recomputed) {
     if (state.layers.empty()) {
-      for (const auto& t : state.outputs) bytes += bytes_of(t);
+      for (const auto& t : state.outputs) bytes += tensor_bytes(t);
     }
     for (const auto& rec : state.layers) {
-      for (const auto& t : rec.outputs) bytes += bytes_of(t);
+      for (const auto& t : rec.outputs) bytes += tensor_bytes(t);
     }
   }
   return bytes;

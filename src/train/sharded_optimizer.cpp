@@ -22,14 +22,11 @@
 #include "pipetrain/runtime/gradient_reducer.h"
 #include "pipetrain/stage/autocast_parameters.h"
 #include "pipetrain/stage/precision.h"
+#include "pipetrain/stage/tensor_bytes.h"
 #include "pipetrain/transport/c10d.h"
 
 namespace pipetrain::train {
 namespace {
-
-int64_t bytes_of(const torch::Tensor& tensor) {
-  return tensor.defined() ? tensor.numel() * static_cast<int64_t>(tensor.element_size()) : 0;
-}
 
 // A tensor of its own over `length` elements of p's storage from `offset` (p contiguous): what
 // the inner optimizer steps at stages 1 and 2, writing the parameter itself.
@@ -131,13 +128,14 @@ ShardedOptimizer::ShardedOptimizer(Distributed* distributed, std::vector<torch::
                           rank_, " holds ", p.scalar_type(), " on ", p.device(), " beside ", dtype,
                           " on ", device);
     // Stage 3 frees each parameter's storage: it must hold that parameter and nothing else.
-    PIPETRAIN_CHECK_INPUT(stage != 3 || (p.is_contiguous() && p.storage_offset() == 0 &&
-                                         static_cast<int64_t>(p.storage().nbytes()) == bytes_of(p)),
-                          "ZeRO-3 frees each parameter's storage between uses, and a parameter of "
-                          "rank ",
-                          rank_, " (shape ", p.sizes(),
-                          ") shares its storage with other tensors (a view); give every "
-                          "parameter storage of its own, or use --zero 2");
+    PIPETRAIN_CHECK_INPUT(
+        stage != 3 || (p.is_contiguous() && p.storage_offset() == 0 &&
+                       static_cast<int64_t>(p.storage().nbytes()) == tensor_bytes(p)),
+        "ZeRO-3 frees each parameter's storage between uses, and a parameter of "
+        "rank ",
+        rank_, " (shape ", p.sizes(),
+        ") shares its storage with other tensors (a view); give every "
+        "parameter storage of its own, or use --zero 2");
     // Stages 1 and 2 step slices of each parameter's storage in place.
     PIPETRAIN_CHECK_INPUT(!aliased_ || p.is_contiguous(),
                           "ZeRO steps slices of each parameter in "
@@ -219,7 +217,7 @@ ShardedOptimizer::ShardedOptimizer(Distributed* distributed, std::vector<torch::
     segments_.push_back(std::move(segment));
   }
   gathers_.resize(segments_.size());
-  for (const torch::Tensor& p : parameters_) whole_bytes_ += bytes_of(p);
+  for (const torch::Tensor& p : parameters_) whole_bytes_ += tensor_bytes(p);
   peak_whole_bytes_ = whole_bytes_;
 
   // Which segments stream their gradients and gather by layer: those of a layer (the others are
@@ -438,7 +436,8 @@ void ShardedOptimizer::step() {  // [3]
     g.wait();
     reduce_buffer_bytes_now_ -= g.bytes;
     const Segment& s = segments_[g.segment];
-    if (log_) log_->finished(CollectiveKind::kAllGather, s.stage, g.start_us, bytes_of(g.piece));
+    if (log_)
+      log_->finished(CollectiveKind::kAllGather, s.stage, g.start_us, tensor_bytes(g.piece));
     for (size_t q : s.parameters) {
       torch::Tensor& p = parameters_[q];
       if (!g.pooled_flat) break;  // gathered into the parameter itself

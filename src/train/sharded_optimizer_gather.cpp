@@ -16,14 +16,11 @@
 #include <torch/torch.h>
 
 #include "pipetrain/base/check.h"
+#include "pipetrain/stage/tensor_bytes.h"
 #include "pipetrain/transport/c10d.h"
 
 namespace pipetrain::train {
 namespace {
-
-int64_t bytes_of(const torch::Tensor& tensor) {
-  return tensor.defined() ? tensor.numel() * static_cast<int64_t>(tensor.element_size()) : 0;
-}
 
 // Stage 3 frees a parameter's storage and points it into a gathered buffer again, leaving the
 // tensor itself (shape, version counter, autograd identity) alone: modules, optimizers and the
@@ -54,7 +51,7 @@ void point_into(const torch::Tensor& p, const std::shared_ptr<Lease>& lease, int
   storage->set_data_ptr_noswap(at::DataPtr(
       data, holder, [](void* ctx) { delete static_cast<std::shared_ptr<Lease>*>(ctx); },
       p.device()));
-  storage->set_nbytes(static_cast<size_t>(bytes_of(p)));
+  storage->set_nbytes(static_cast<size_t>(tensor_bytes(p)));
 }
 
 }  // namespace
@@ -130,11 +127,11 @@ void ShardedOptimizer::start_gather_segment(size_t k, bool exact) {
     g.piece = piece;
   }
   g.gathered = pool_->take(s.padded, g.piece.options());
-  g.buffer_bytes = bytes_of(g.gathered) + (g.narrowed ? bytes_of(g.piece) : 0);
+  g.buffer_bytes = tensor_bytes(g.gathered) + (g.narrowed ? tensor_bytes(g.piece) : 0);
   buffer_bytes_ += g.buffer_bytes;
   note_gather_peaks();
-  gather_bytes_sent_ += bytes_of(g.piece);
-  gather_bytes_uncast_ += bytes_of(piece);
+  gather_bytes_sent_ += tensor_bytes(g.piece);
+  gather_bytes_uncast_ += tensor_bytes(piece);
   reduce_thread_.drain();  // the group's collectives in one order on every replica
   g.start_us = CollectiveLog::now_us();
   if (C10dGroup* dp = group()) {
@@ -152,7 +149,8 @@ void ShardedOptimizer::wait_segment(size_t k) {
   start_gather_segment(k);
   g.wait();
   if (log_) {
-    log_->finished(CollectiveKind::kAllGather, stage_of_segment(k), g.start_us, bytes_of(g.piece));
+    log_->finished(CollectiveKind::kAllGather, stage_of_segment(k), g.start_us,
+                   tensor_bytes(g.piece));
   }
   torch::NoGradGuard no_grad;
   const Segment& s = segments_[k];
@@ -176,7 +174,7 @@ void ShardedOptimizer::wait_segment(size_t k) {
   for (size_t q : s.parameters) {
     const torch::Tensor& p = parameters_[q];
     point_into(p, lease, offsets_[q] - s.start);
-    whole_bytes_ += bytes_of(p);
+    whole_bytes_ += tensor_bytes(p);
   }
   buffer_bytes_ -= g.buffer_bytes;  // it landed: whole now, no longer in flight
   note_gather_peaks();
@@ -199,7 +197,7 @@ void ShardedOptimizer::release_segment(size_t k) {
   if (g.state == Residency::kWhole) {
     for (size_t q : segments_[k].parameters) {
       free_storage(parameters_[q]);
-      whole_bytes_ -= bytes_of(parameters_[q]);
+      whole_bytes_ -= tensor_bytes(parameters_[q]);
     }
   }
   g = Gather{};
@@ -220,10 +218,10 @@ void ShardedOptimizer::note_gather_peaks() {
 int64_t ShardedOptimizer::parameter_bytes() const {
   int64_t total = 0;
   for (const torch::Tensor& p : parameters_) {
-    total += stage_ == 3 ? static_cast<int64_t>(p.storage().nbytes()) : bytes_of(p);
+    total += stage_ == 3 ? static_cast<int64_t>(p.storage().nbytes()) : tensor_bytes(p);
   }
   // Stage 3's shard where the gathers read it (offloaded, the host's master copy is host_bytes).
-  return stage_ == 3 ? total + bytes_of(gather_source()) : total;
+  return stage_ == 3 ? total + tensor_bytes(gather_source()) : total;
 }
 
 // ---- By layer ---------------------------------------------------------------------------------

@@ -16,14 +16,11 @@
 #include <torch/torch.h>
 
 #include "pipetrain/base/check.h"
+#include "pipetrain/stage/tensor_bytes.h"
 #include "pipetrain/transport/c10d.h"
 
 namespace pipetrain::train {
 namespace {
-
-int64_t bytes_of(const torch::Tensor& tensor) {
-  return tensor.defined() ? tensor.numel() * static_cast<int64_t>(tensor.element_size()) : 0;
-}
 
 // The squares of `values` summed in float64, a million elements at a time (a float64 copy of a
 // whole embedding's gradient would be a buffer as large as the parameter).
@@ -91,7 +88,8 @@ ShardedOptimizer::InFlight ShardedOptimizer::start_reduce_scatter(size_t k, torc
   // Its buffers: the packed segment (a streamed gradient reduced in place too: it outlives its
   // hand-over; an accumulated .grad() is counted as gradients), and the piece where it is one of
   // its own.
-  r.bytes = (pooled_flat || add ? bytes_of(r.flat) : 0) + (own_piece ? bytes_of(r.piece) : 0);
+  r.bytes =
+      (pooled_flat || add ? tensor_bytes(r.flat) : 0) + (own_piece ? tensor_bytes(r.piece) : 0);
   reduce_buffer_bytes_now_ += r.bytes;
   reduce_buffer_bytes_ = std::max(reduce_buffer_bytes_, reduce_buffer_bytes_now_);
   r.start_us = CollectiveLog::now_us();
@@ -109,7 +107,8 @@ void ShardedOptimizer::finish_reduce_scatter(InFlight& r) {
   r.wait = nullptr;  // the collective's hold on the buffers goes with it
   reduce_buffer_bytes_now_ -= r.bytes;
   const Segment& s = segments_[r.segment];
-  if (log_) log_->finished(CollectiveKind::kReduceScatter, s.stage, r.start_us, bytes_of(r.flat));
+  if (log_)
+    log_->finished(CollectiveKind::kReduceScatter, s.stage, r.start_us, tensor_bytes(r.flat));
   torch::NoGradGuard no_grad;
   if (r.add) {
     reduced_gradient().narrow(0, s.shard_offset, s.piece).add_(r.piece);
@@ -166,7 +165,7 @@ void ShardedOptimizer::gradients(int j, std::size_t l, const std::vector<torch::
   int64_t handed = 0;
   for (size_t p = 0; p < parameters.size(); ++p) {
     at[parameters[p].unsafeGetTensorImpl()] = p;
-    handed += bytes_of(grads[p]);
+    handed += tensor_bytes(grads[p]);
   }
   streamed_gradient_peak_ = std::max(streamed_gradient_peak_, handed);
   for (size_t k : found->second) {

@@ -13,14 +13,11 @@
 #include <torch/torch.h>
 
 #include "pipetrain/base/check.h"
+#include "pipetrain/stage/tensor_bytes.h"
 #include "pipetrain/transport/c10d.h"
 
 namespace pipetrain::train {
 namespace {
-
-int64_t bytes_of(const torch::Tensor& tensor) {
-  return tensor.defined() ? tensor.numel() * static_cast<int64_t>(tensor.element_size()) : 0;
-}
 
 // The names the inner optimizer's parameters (the shard, or its slices) go by in checkpoint form.
 NamedTensors part_names(const std::vector<torch::Tensor>& parts) {
@@ -242,11 +239,11 @@ int64_t ShardedOptimizer::state_bytes() const {
 }
 
 int64_t ShardedOptimizer::gradient_bytes() const {
-  return (offload_ ? 0 : bytes_of(shard_grad_)) + train::gradient_bytes(parameters_);
+  return (offload_ ? 0 : tensor_bytes(shard_grad_)) + train::gradient_bytes(parameters_);
 }
 
 int64_t ShardedOptimizer::host_bytes() const {
-  return offload_ ? bytes_of(shard_) + bytes_of(shard_grad_) + state_bytes() : 0;
+  return offload_ ? tensor_bytes(shard_) + tensor_bytes(shard_grad_) + state_bytes() : 0;
 }
 
 ShardedOptimizer::Holdings ShardedOptimizer::holdings(
@@ -278,7 +275,7 @@ ShardedOptimizer::Holdings ShardedOptimizer::holdings(
   for (size_t q : mine) {
     subset.push_back(parameters_[q]);
     h.parameters += stage_ == 3 ? static_cast<int64_t>(parameters_[q].storage().nbytes())
-                                : bytes_of(parameters_[q]);
+                                : tensor_bytes(parameters_[q]);
   }
   for (const Slice& s : slices_) {
     if (wanted.count(s.parameter)) elements += s.length;
@@ -287,8 +284,8 @@ ShardedOptimizer::Holdings ShardedOptimizer::holdings(
   const auto part = [&](int64_t bytes) {
     return static_cast<int64_t>(std::llround(share * static_cast<double>(bytes)));
   };
-  if (stage_ == 3) h.parameters += part(bytes_of(gather_source()));
-  h.gradients = train::gradient_bytes(subset) + (offload_ ? 0 : part(bytes_of(shard_grad_)));
+  if (stage_ == 3) h.parameters += part(tensor_bytes(gather_source()));
+  h.gradients = train::gradient_bytes(subset) + (offload_ ? 0 : part(tensor_bytes(shard_grad_)));
   h.optimizer_state = part(state_bytes());
   h.host = part(host_bytes());
   // The buffers and the step's full gradients hold every parameter's elements once: `mine`'s
@@ -325,13 +322,13 @@ int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer,
     if (found == states.end()) continue;
     const torch::optim::OptimizerParamState* state = found->second.get();
     if (const auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(state)) {
-      total += bytes_of(sgd->momentum_buffer());
+      total += tensor_bytes(sgd->momentum_buffer());
     } else if (const auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(state)) {
-      total += bytes_of(adam->exp_avg()) + bytes_of(adam->exp_avg_sq()) +
-               bytes_of(adam->max_exp_avg_sq());
+      total += tensor_bytes(adam->exp_avg()) + tensor_bytes(adam->exp_avg_sq()) +
+               tensor_bytes(adam->max_exp_avg_sq());
     } else if (const auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(state)) {
-      total += bytes_of(adamw->exp_avg()) + bytes_of(adamw->exp_avg_sq()) +
-               bytes_of(adamw->max_exp_avg_sq());
+      total += tensor_bytes(adamw->exp_avg()) + tensor_bytes(adamw->exp_avg_sq()) +
+               tensor_bytes(adamw->max_exp_avg_sq());
     }
   }
   return total;
@@ -339,7 +336,7 @@ int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer,
 
 int64_t gradient_bytes(const std::vector<torch::Tensor>& parameters) {
   int64_t total = 0;
-  for (const torch::Tensor& p : unique_parameters(parameters)) total += bytes_of(p.grad());
+  for (const torch::Tensor& p : unique_parameters(parameters)) total += tensor_bytes(p.grad());
   return total;
 }
 

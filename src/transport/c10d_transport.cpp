@@ -59,17 +59,6 @@ constexpr int64_t kInlineSlots = kHeaderSlots - kHeaderFixed;
 constexpr int64_t kAlignment = 64;
 constexpr int64_t kUndefined = -1;
 
-const char* payload_name(Payload payload) {
-  return payload == Payload::kActivation ? "activation" : "gradient";
-}
-
-std::string describe(const Envelope& e) {
-  std::ostringstream out;
-  out << payload_name(e.payload) << " of micro-batch " << e.microbatch << " from stage "
-      << e.src_stage << " to stage " << e.dst_stage;
-  return out.str();
-}
-
 int64_t align_up(int64_t n) {
   return (n + kAlignment - 1) / kAlignment * kAlignment;
 }

@@ -8,12 +8,6 @@
 
 namespace pipetrain {
 
-std::string describe(const Envelope& envelope) {
-  return std::string(envelope.payload == Payload::kActivation ? "activation" : "gradient") +
-         " of micro-batch " + std::to_string(envelope.microbatch) + " from stage " +
-         std::to_string(envelope.src_stage) + " to stage " + std::to_string(envelope.dst_stage);
-}
-
 LocalTransport::LocalTransport(std::vector<torch::Device> stage_devices,
                                std::chrono::milliseconds timeout)
     : stage_devices_(std::move(stage_devices)), timeout_(timeout) {}

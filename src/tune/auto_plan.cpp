@@ -28,6 +28,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "pipetrain/base/format_text.h"
 #include "pipetrain/base/message_of.h"
 #include "pipetrain/partition/memory.h"
 #include "pipetrain/partition/profiler.h"
@@ -40,14 +41,6 @@ namespace pipetrain::tune {
 namespace {
 
 namespace pp = pipetrain::partition;
-
-// printf into a string.
-template <typename... Args>
-std::string format(const char* pattern, Args... args) {
-  char text[512];
-  std::snprintf(text, sizeof text, pattern, args...);
-  return text;
-}
 
 void note(const AutoPlanInput& input, const std::string& line) {
   if (input.diagnostics) input.diagnostics({Diagnostic::Kind::kProgress, line});
@@ -205,16 +198,18 @@ pp::ModelProfile calibrated_profile(torch::nn::Sequential& model, const torch::T
     // add the group's before the processes, which run them, calibrate the rest.
     const pp::TransferModel allreduce = processes->tensor_parallel_allreduce();
     input.tensor_parallel_collectives(profile, allreduce);
-    note(input, format("planning: added the tensor-parallel collectives (all-reduce measured on "
-                       "the ranks: %.0f us + %.2f GB/s)",
-                       allreduce.latency_seconds * 1e6, allreduce.bytes_per_second / 1e9));
+    note(input,
+         format_text("planning: added the tensor-parallel collectives (all-reduce measured on "
+                     "the ranks: %.0f us + %.2f GB/s)",
+                     allreduce.latency_seconds * 1e6, allreduce.bytes_per_second / 1e9));
   }
   if (measure_processes) calibrate_processes(profile, planner, processes->run);
   note(input,
-       format("planning: calibrated in %.1f s (%.1f us per layer call, %.2f ms per "
-              "message)",
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
-              profile.per_layer_overhead_seconds * 1e6, profile.transfer.message_seconds * 1e3));
+       format_text("planning: calibrated in %.1f s (%.1f us per layer call, %.2f ms per "
+                   "message)",
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+                   profile.per_layer_overhead_seconds * 1e6,
+                   profile.transfer.message_seconds * 1e3));
   return profile;
 }
 
@@ -242,11 +237,11 @@ pp::Plan searched_and_measured(pp::ModelProfile& profile, const pp::PlannerOptio
     if (pp::same_plan(m.plan, plan)) measured = m.measured_step_seconds;
   }
   note(input,
-       format("planning: measured %zu plans together in %.1f s; chosen: %s (%.3g s/step; "
-              "predictions x%.2f)",
-              report.measured.size(),
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
-              plan.describe().c_str(), measured, profile.measured_step_scale));
+       format_text("planning: measured %zu plans together in %.1f s; chosen: %s (%.3g s/step; "
+                   "predictions x%.2f)",
+                   report.measured.size(),
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+                   plan.describe().c_str(), measured, profile.measured_step_scale));
   return plan;
 }
 

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "pipetrain/base/error.h"
+#include "pipetrain/base/format_text.h"
 #include "pipetrain/base/load_average.h"
 #include "pipetrain/base/median.h"
 #include "pipetrain/base/message_of.h"
@@ -214,16 +215,10 @@ int run_model_plan_rank(const nlohmann::json& job, torch::nn::Sequential model,
 
 namespace {
 
-std::string format(const char* pattern, double value) {
-  char text[64];
-  std::snprintf(text, sizeof text, pattern, value);
-  return text;
-}
-
 std::string verify_text(const ModelPlanRequest& r, const ModelPlanResult& result) {
   const Verification& v = *result.verification;
   std::ostringstream text;
-  text << "\nverify (load average " << format("%.1f", result.load_average) << " on "
+  text << "\nverify (load average " << format_text("%.1f", result.load_average) << " on "
        << std::thread::hardware_concurrency() << " cores): "
        << (r.processes ? "one process per rank (Gloo over loopback), " : "in-process Pipe, ")
        << result.profile.intra_op_threads
@@ -249,8 +244,8 @@ std::string model_plan_text(const ModelPlanRequest& r, const ModelPlanResult& re
                                            : std::string("none"))
       << " per rank, optimizer " << labels.optimizer << "\n  searched " << report.candidates
       << " candidates: " << report.simulated << " simulated, " << report.pruned << " pruned, "
-      << report.rejected_memory << " over the limit, in " << format("%.3f", report.planning_seconds)
-      << " s\n";
+      << report.rejected_memory << " over the limit, in "
+      << format_text("%.3f", report.planning_seconds) << " s\n";
   if (report.found()) {
     out << plan_table_text(report) << recommendation_text(report, result.profile);
     if (labels.memory) {

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "pipetrain/base/check.h"
+#include "pipetrain/base/format_text.h"
 #include "pipetrain/tune/calibration.h"
 
 namespace pipetrain::tune {
@@ -18,25 +19,19 @@ std::string join_ints(const std::vector<int>& values) {
   return text;
 }
 
-std::string format(const char* pattern, double value) {
-  char text[64];
-  std::snprintf(text, sizeof text, pattern, value);
-  return text;
-}
-
 // ", as processes x1.05 at micro-batch 8 .. x0.92 at 128" (empty when not measured).
 std::string process_scale_text(const pp::ModelProfile& profile) {
   std::string text;
   for (const auto& [size, scale] : profile.process_compute_scale) {
-    text += (text.empty() ? ", as processes " : " .. ") + format("x%.2f", scale) +
+    text += (text.empty() ? ", as processes " : " .. ") + format_text("x%.2f", scale) +
             " at micro-batch " + std::to_string(size);
   }
   // Runs of equal layer scales: "; layers x0.89 (13), x1.24 (12)".
   const auto& layers = profile.process_layer_scale;
   for (std::size_t a = 0, e = 0; a < layers.size(); a = e) {
     while (e < layers.size() && layers[e] == layers[a]) ++e;
-    text +=
-        (a ? ", " : "; layers ") + format("x%.2f", layers[a]) + " (" + std::to_string(e - a) + ")";
+    text += (a ? ", " : "; layers ") + format_text("x%.2f", layers[a]) + " (" +
+            std::to_string(e - a) + ")";
   }
   return text;
 }
@@ -50,18 +45,19 @@ std::string profile_text(const pp::ModelProfile& profile, std::int64_t microbatc
   for (auto b : profile.microbatch_sizes) out << ' ' << b;
   out << "\n  runtime overhead per layer call: "
       << (profile.calibrated
-              ? format("%.1f us (calibrated)", profile.per_layer_overhead_seconds * 1e6) +
-                    ", split backward x" + format("%.2f", profile.split_backward_scale) +
-                    ", compute x" + format("%.2f", profile.concurrent_compute_scale) + " with " +
-                    std::to_string(profile.concurrent_ranks) + " ranks at once" +
+              ? format_text("%.1f us (calibrated)", profile.per_layer_overhead_seconds * 1e6) +
+                    ", split backward x" + format_text("%.2f", profile.split_backward_scale) +
+                    ", compute x" + format_text("%.2f", profile.concurrent_compute_scale) +
+                    " with " + std::to_string(profile.concurrent_ranks) + " ranks at once" +
                     process_scale_text(profile)
               : std::string("not calibrated (--calibrate)"));
   out << "\n  " << profile.intra_op_threads << " intra-op thread(s) per stage; activations by "
-      << profile.method << "; transfer " << format("%.1f", profile.transfer.latency_seconds * 1e6)
-      << " us + " << format("%.1f", profile.transfer.message_seconds * 1e6)
-      << " us of the sender's time (" << profile.transfer.method << ")";
+      << profile.method << "; transfer "
+      << format_text("%.1f", profile.transfer.latency_seconds * 1e6) << " us + "
+      << format_text("%.1f", profile.transfer.message_seconds * 1e6) << " us of the sender's time ("
+      << profile.transfer.method << ")";
   if (profile.step_overhead_seconds > 0) {
-    out << "; " << format("%.2f", profile.step_overhead_seconds * 1e3)
+    out << "; " << format_text("%.2f", profile.step_overhead_seconds * 1e3)
         << " ms per step outside the schedule";
   }
   out << "\n";
@@ -109,9 +105,9 @@ std::string recommendation_text(const pp::PlanReport& report, const pp::ModelPro
   if (!report.measured.empty()) {
     out << "\nmeasured (step [5]: these plans run together, in turn step by step, "
         << kMeasuredRounds << " rounds; the default stays unless a plan took under "
-        << format("%.2f", 1 - kKeepDefaultMargin)
+        << format_text("%.2f", 1 - kKeepDefaultMargin)
         << " of its time in the same turns; every prediction is scaled by x"
-        << format("%.3f", profile.measured_step_scale)
+        << format_text("%.3f", profile.measured_step_scale)
         << " (the median of measured / predicted before it):\n";
     for (const pp::MeasuredPlan& measured : report.measured) {
       char line[240];
@@ -123,15 +119,16 @@ std::string recommendation_text(const pp::PlanReport& report, const pp::ModelPro
     }
   }
   out << "\nrecommended" << (report.measured.empty() ? "" : " (* above, by measurement)") << ": "
-      << best.describe() << "\n  predicted " << format("%.3f", best.predicted_step_seconds * 1e3)
-      << " ms/step, peak " << pp::format_bytes(best.peak_memory_bytes) << " per rank\n";
+      << best.describe() << "\n  predicted "
+      << format_text("%.3f", best.predicted_step_seconds * 1e3) << " ms/step, peak "
+      << pp::format_bytes(best.peak_memory_bytes) << " per rank\n";
   return out.str();
 }
 
 std::string default_plan_text(const pp::Plan& fallback, int chunks) {
   return "default (1f1b, " + std::to_string(chunks) + " chunks, even balance " +
          join_ints(fallback.balance) + "): predicted " +
-         format("%.3f", fallback.predicted_step_seconds * 1e3) + " ms/step, peak " +
+         format_text("%.3f", fallback.predicted_step_seconds * 1e3) + " ms/step, peak " +
          pp::format_bytes(fallback.peak_memory_bytes) + (fallback.fits ? "" : " (over the limit)") +
          "\n";
 }
@@ -250,10 +247,10 @@ std::string verification_text(const Verification& v, const std::vector<std::stri
     const pp::Plan& plan = m.plan;
     std::string by_rank, predicted_by_rank;
     for (std::size_t rank = 0; rank < m.compute_seconds_by_rank.size(); ++rank) {
-      by_rank += (rank ? " / " : "") + format("%.3f", m.compute_seconds_by_rank[rank] * 1e3);
+      by_rank += (rank ? " / " : "") + format_text("%.3f", m.compute_seconds_by_rank[rank] * 1e3);
       if (rank < plan.busy_seconds_per_rank.size()) {
         predicted_by_rank +=
-            (rank ? " / " : "") + format("%.3f", plan.busy_seconds_per_rank[rank] * 1e3);
+            (rank ? " / " : "") + format_text("%.3f", plan.busy_seconds_per_rank[rank] * 1e3);
       }
     }
     std::snprintf(line, sizeof line, "  %-12s %-44.44s %8.3fms %8.3fms %9.3f\n", names[k].c_str(),
@@ -272,8 +269,8 @@ std::string verification_text(const Verification& v, const std::vector<std::stri
          << predicted_by_rank << ")\n";
   }
   text << "  measured " << names[0] << " / " << (names.size() > 1 ? names[1] : names[0])
-       << " (median of the ratios of steps run in turn): " << format("%.3f", v.first_over_second)
-       << "\n";
+       << " (median of the ratios of steps run in turn): "
+       << format_text("%.3f", v.first_over_second) << "\n";
   return text.str();
 }
 

@@ -24,6 +24,12 @@
 
 namespace pipetrain {
 
+// The seed of stage j's stream in a run seeded with `seed`: the same in Pipe and DistributedPipe,
+// so a stage draws the same random numbers in both runtimes.
+inline uint64_t stage_seed(uint64_t seed, int j) {
+  return seed + 0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(j + 1);
+}
+
 class StageRng {
  public:
   // What a recompute needs to draw the same numbers as the forward it replays.

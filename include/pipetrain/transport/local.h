@@ -58,7 +58,4 @@ class LocalTransport : public Transport {
   std::string abort_reason_;          // GUARDED_BY(mutex_)
 };
 
-// "activation of micro-batch 3 from stage 1 to stage 2" (for errors and logs).
-std::string describe(const Envelope& envelope);
-
 }  // namespace pipetrain

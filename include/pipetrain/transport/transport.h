@@ -54,6 +54,13 @@ struct Envelope {
   Payload payload = Payload::kActivation;
 };
 
+// "activation of micro-batch 3 from stage 1 to stage 2" (for errors and logs).
+inline std::string describe(const Envelope& envelope) {
+  return std::string(envelope.payload == Payload::kActivation ? "activation" : "gradient") +
+         " of micro-batch " + std::to_string(envelope.microbatch) + " from stage " +
+         std::to_string(envelope.src_stage) + " to stage " + std::to_string(envelope.dst_stage);
+}
+
 // What crosses a boundary: the positional values (a tensor or a tuple of tensors) followed by the
 // named skip tensors in flight (stage/skip.h). For a gradient message the tensors are the
 // gradients of the activation message's tensors, in the same order (an undefined tensor means
