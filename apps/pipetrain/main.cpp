@@ -12,7 +12,9 @@
 #include "pipetrain/base/message_of.h"
 #include "pipetrain/train/config_file.h"
 
-int main(int argc, char** argv) {
+namespace {
+
+int run(int argc, char** argv) {
   // c10's warnings (a TCPStore that lost its peer logs each failed read with a C++ frame list)
   // repeat what pipetrain's own error line says; show them only when asked for with
   // TORCH_CPP_LOG_LEVEL (INFO, WARNING).
@@ -70,4 +72,22 @@ int main(int argc, char** argv) {
     return 1;
   }
   return exit_code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int code = run(argc, argv);
+  // The command's objects are gone by now (files closed, threads joined, process groups shut
+  // down); what exit() would still do is tear down LibTorch's static operator registrations: a
+  // third of the CPU a short process spends on LibTorch (0.07 of 0.22 s measured), paid again by
+  // every rank of every run. Flush and leave without it. Sanitizer builds take the normal exit,
+  // so that LeakSanitizer still reports.
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+  std::_Exit(code);
+#endif
+  return code;
 }
