@@ -11,6 +11,10 @@
 namespace pipetrain::models {
 namespace {
 
+// More layers than any model has (the largest public ones have a few hundred): a bound that keeps
+// a corrupt count from sizing allocations.
+constexpr int64_t kMostLayers = 65536;
+
 using Json = nlohmann::json;
 
 // Keys of a PreTrainedConfig that change nothing pipetrain computes: ids of special tokens,
@@ -283,6 +287,11 @@ void read_rope(const Reader& r, LlamaConfig& c) {
 
 // Sliding windows per layer: Mistral's on every layer, Qwen2's where layer_types say so.
 void read_sliding_window(const Reader& r, LlamaConfig& c) {
+  // The layer count sizes what follows, so it is checked first: a fuzzed config's 28888888188
+  // layers asked for 231 GB here.
+  if (c.num_hidden_layers < 1 || c.num_hidden_layers > kMostLayers) {
+    r.fail("num_hidden_layers", "must be between 1 and " + std::to_string(kMostLayers));
+  }
   c.sliding_window.assign(static_cast<size_t>(c.num_hidden_layers), 0);
   if (c.architecture == LlamaArchitecture::kLlama) return;  // an unknown key for Llama
   const int64_t window = r.count("sliding_window", 0);
@@ -397,7 +406,10 @@ void check_llama_config(const LlamaConfig& c, const std::string& file) {
   if (c.vocab_size < 1) fail("vocab_size", c.vocab_size, "must be at least 1");
   if (c.hidden_size < 1) fail("hidden_size", c.hidden_size, "must be at least 1");
   if (c.intermediate_size < 1) fail("intermediate_size", c.intermediate_size, "must be at least 1");
-  if (c.num_hidden_layers < 1) fail("num_hidden_layers", c.num_hidden_layers, "must be at least 1");
+  if (c.num_hidden_layers < 1 || c.num_hidden_layers > kMostLayers) {
+    fail("num_hidden_layers", c.num_hidden_layers,
+         "must be between 1 and " + std::to_string(kMostLayers));
+  }
   if (c.num_attention_heads < 1) {
     fail("num_attention_heads", c.num_attention_heads, "must be at least 1");
   }
