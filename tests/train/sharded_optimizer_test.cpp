@@ -174,9 +174,9 @@ TEST(ShardedOptimizer, ZeroThreeComposesWithTheRestOfTheStepBitForBit) {
         pipetrain::testing::run_pipetrain(flags + " --save-params " + path(tag + "_c0.pt"));
     ASSERT_EQ(unsharded.exit_code, 0) << tag << "\n" << unsharded.output;
     // Bit for bit where the sums keep --zero 0's order (accumulated gradients, by layer and by
-    // stage), resharding after forward and overlapping the reduce-scatter, both in one run; the default
-    // streams them, summing each micro-batch over the replicas first (another rounding, which
-    // AdamW amplifies where a gradient is near zero).
+    // stage), resharding after forward and overlapping the reduce-scatter, both in one run; the
+    // default streams them, summing each micro-batch over the replicas first (another rounding,
+    // which AdamW amplifies where a gradient is near zero).
     std::vector<std::pair<std::string, double>> zeros = {
         {"--zero 3", 1e-2},
         {"--zero 3 --zero-gradients accumulate --reshard-after-forward --overlap-grad-reduce", 0}};
