@@ -11,6 +11,7 @@
 
 #include "pipetrain/base/atomic_file.h"
 #include "pipetrain/base/check.h"
+#include "pipetrain/stage/tensor_bytes.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "safetensors data is little-endian; pipetrain reads it in place on little-endian "
@@ -384,7 +385,7 @@ std::vector<std::string> write_safetensors_checkpoint(const std::string& directo
       throw BadInput("safetensors: tensor '" + item.first + "' is given twice");
     }
     names.push_back(item.first);
-    bytes.push_back(item.second.numel() * static_cast<int64_t>(item.second.element_size()));
+    bytes.push_back(tensor_bytes(item.second));
     total += bytes.back();
   }
   const std::vector<size_t> plan = plan_safetensors_shards(bytes, options.max_shard_bytes());

@@ -8,6 +8,7 @@
 
 #include "pipetrain/base/check.h"
 #include "pipetrain/base/error.h"
+#include "pipetrain/stage/tensor_bytes.h"
 
 namespace pipetrain {
 
@@ -76,7 +77,7 @@ std::vector<std::vector<torch::Tensor>> cut_into_buckets(const std::vector<torch
   std::vector<std::vector<torch::Tensor>> buckets;
   std::int64_t bytes = 0;
   for (const auto& t : tensors) {
-    const std::int64_t size = t.numel() * static_cast<std::int64_t>(t.element_size());
+    const std::int64_t size = tensor_bytes(t);
     const bool fresh = buckets.empty() || bytes + size > bucket_bytes ||
                        buckets.back().front().scalar_type() != t.scalar_type();
     if (fresh) {
@@ -93,7 +94,7 @@ void GradientReducer::start(const std::vector<torch::Tensor>& parameters, int st
   for (std::vector<torch::Tensor>& bucket : cut_into_buckets(parameters, bucket_bytes_)) {
     ++started_;
     for (const auto& p : bucket) {  // pack_gradients keeps each parameter's dtype
-      started_bytes_ += p.numel() * static_cast<std::int64_t>(p.element_size());
+      started_bytes_ += tensor_bytes(p);
     }
     submit(std::move(bucket), stage);
   }

@@ -578,8 +578,7 @@ std::unique_ptr<ShardedOptimizer> make_pipe_sharded_optimizer(
         for (const torch::Tensor& t : layers[l]) {
           const void* key = t.unsafeGetTensorImpl();
           if (!placed.insert(key).second) continue;
-          const bool small = stage == 3 && t.numel() * static_cast<int64_t>(t.element_size()) <
-                                               zero.persistence_threshold();
+          const bool small = stage == 3 && tensor_bytes(t) < zero.persistence_threshold();
           if (uses[key] > 1 || small) {
             persistent.push_back(t);
           } else {

@@ -44,6 +44,7 @@
 #include "c10d_internal.h"
 #include "pipetrain/base/check.h"
 #include "pipetrain/base/message_of.h"
+#include "pipetrain/stage/tensor_bytes.h"
 
 namespace pipetrain {
 
@@ -73,7 +74,7 @@ std::vector<int64_t> data_layout(const std::vector<torch::Tensor>& tensors, int6
       continue;
     }
     offsets.push_back(next);
-    next = align_up(next + static_cast<int64_t>(t.numel() * t.element_size()));
+    next = align_up(next + tensor_bytes(t));
   }
   *total = next;
   return offsets;
