@@ -271,8 +271,7 @@ void from_json(const nlohmann::json& in, ModelProfile& profile) {
     layer.name = layer_json.value("name", std::string());
     layer.parameter_bytes = layer_json.value("parameter_bytes", std::int64_t{0});
     layer.cast_parameter_bytes = layer_json.value("cast_parameter_bytes", std::int64_t{0});
-    layer.parameter_sizes =
-        layer_json.value("parameter_sizes", std::vector<std::int64_t>{});
+    layer.parameter_sizes = layer_json.value("parameter_sizes", std::vector<std::int64_t>{});
     layer.shared_parameters = layer_json.value("shared_parameters", std::vector<bool>{});
     layer.cast_parameters = layer_json.value("cast_parameters", std::vector<bool>{});
     if (layer.shared_parameters.size() != layer.parameter_sizes.size() ||
