@@ -41,6 +41,7 @@ void add_launch_command(CLI::App& app, int& exit_code) {
     options.args = args;
     options.nproc = *nproc;
     options.master_port = *port;
+    options.store_socket = true;  // the ranks are this program
     if (!(*grace >= 0 && *grace <= 1e6)) {
       throw UsageError("launch: --grace must be 0 to 1e6 seconds, got " + c10::str(*grace));
     }

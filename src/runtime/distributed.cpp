@@ -2,9 +2,12 @@
 // gathering, and run_distributed's failure policy. Every c10d call goes through transport/c10d.h.
 #include "pipetrain/runtime/distributed.h"
 
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -17,6 +20,7 @@
 #include "pipetrain/base/check.h"
 #include "pipetrain/base/message_of.h"
 #include "pipetrain/runtime/gradient_reducer.h"
+#include "pipetrain/runtime/launcher.h"
 #include "pipetrain/runtime/tensor_io.h"
 
 namespace pipetrain {
@@ -47,6 +51,33 @@ std::optional<int> read_int(const char* name, bool required, std::vector<std::st
 bool DistributedEnvironment::present() {
   return std::getenv("RANK") != nullptr || std::getenv("WORLD_SIZE") != nullptr;
 }
+
+namespace {
+
+// PIPETRAIN_STORE_SOCKET's descriptor, when it is a TCP socket listening on `port`; else -1.
+int inherited_store_socket(int port) {
+  const char* text = std::getenv(kStoreSocketVariable);
+  if (text == nullptr || *text == '\0') return -1;
+  char* end = nullptr;
+  const long fd = std::strtol(text, &end, 10);
+  if (*end != '\0' || fd < 0 || fd > 1 << 20) return -1;
+  int listening = 0;
+  socklen_t size = sizeof(listening);
+  if (getsockopt(static_cast<int>(fd), SOL_SOCKET, SO_ACCEPTCONN, &listening, &size) != 0 ||
+      listening == 0) {
+    return -1;
+  }
+  sockaddr_storage address{};
+  socklen_t length = sizeof(address);
+  if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&address), &length) != 0 ||
+      address.ss_family != AF_INET ||
+      ntohs(reinterpret_cast<sockaddr_in*>(&address)->sin_port) != port) {
+    return -1;
+  }
+  return static_cast<int>(fd);
+}
+
+}  // namespace
 
 DistributedEnvironment DistributedEnvironment::from_environment() {
   std::vector<std::string> problems;
@@ -84,6 +115,7 @@ DistributedEnvironment DistributedEnvironment::from_environment() {
   env.world_size = *world_size;
   env.local_rank = local_rank.value_or(0);
   env.restart_count = restart_count.value_or(0);
+  if (env.rank == 0) env.store_socket = inherited_store_socket(env.master_port);
   return env;
 }
 
@@ -149,6 +181,11 @@ Distributed::Distributed(const DistributedEnvironment& environment,
   rendezvous.rank = environment.rank;
   rendezvous.world_size = environment.world_size;
   rendezvous.attempt = environment.restart_count;
+  // The inherited socket serves one store: the first world of the process takes it.
+  static std::atomic<bool> socket_taken{false};
+  if (environment.store_socket >= 0 && !socket_taken.exchange(true)) {
+    rendezvous.listen_socket = environment.store_socket;
+  }
   rendezvous.timeout = options.timeout();
   rendezvous.backend = options.backend() == "auto" ? comm_backend_for_device(options.device())
                                                    : parse_comm_backend(options.backend());

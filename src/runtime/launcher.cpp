@@ -8,6 +8,12 @@
 // until every child is reaped and its pipes are drained. Children run in their own process
 // groups, so a Ctrl-C at the terminal reaches only the launcher, which forwards it ([3]), and the
 // final killpg also reaches anything a rank itself spawned.
+//
+// [5] Where the launcher picks MASTER_PORT it binds and listens on it before any rank starts, and
+// rank 0 inherits that socket (PIPETRAIN_STORE_SOCKET) for its store's server: a rank that
+// connects before rank 0 is up waits in the socket's backlog instead of being refused and backing
+// off (c10d's client sleeps 0.2 to 0.5 s after a refusal, which every start of a short run
+// spent), and no other process can take the port between its choice and rank 0's bind.
 #include "pipetrain/runtime/launcher.h"
 
 #include <arpa/inet.h>
@@ -90,32 +96,33 @@ std::pair<int, int> local_port_range() {
 }
 
 // Whether `port` on `address` can be bound now: 0 if so, else errno. `port` 0 asks the kernel for
-// one, written back into *chosen.
-int try_bind(const sockaddr_in& address, int port, int* chosen) {
+// one, written back into *chosen. With `listening`, the bound socket is kept, listening, in
+// *listening (close-on-exec); otherwise it is closed.
+int try_bind(const sockaddr_in& address, int port, int* chosen, int* listening = nullptr) {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0)
     throw Error(ErrorKind::Runtime, std::string("find_free_port: socket: ") + strerror(errno));
   sockaddr_in here = address;
   here.sin_port = htons(static_cast<uint16_t>(port));
   int error = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&here), sizeof(here)) != 0) {
+  if (bind(fd, reinterpret_cast<sockaddr*>(&here), sizeof(here)) != 0 ||
+      (listening != nullptr && listen(fd, SOMAXCONN) != 0)) {
     error = errno;
   } else {
     socklen_t length = sizeof(here);
     getsockname(fd, reinterpret_cast<sockaddr*>(&here), &length);
     *chosen = ntohs(here.sin_port);
   }
-  close(fd);
+  if (listening != nullptr && error == 0) {
+    *listening = fd;
+  } else {
+    close(fd);
+  }
   return error;
 }
 
-}  // namespace
-
-// A port the kernel chose (bind to port 0) stays in its own range, where any connection made on
-// the machine may take it as its local end before rank 0's store binds it: a test run beside
-// others once failed so, EADDRINUSE. So the port is drawn at random below that range, where the
-// kernel hands out none, and is checked free; the kernel's choice is the fallback.
-int find_free_port(const std::string& addr) {
+// find_free_port's search (below), keeping the socket where `listening` is given.
+int bind_free_port(const std::string& addr, int* listening) {
   sockaddr_in address{};
   address.sin_family = AF_INET;
   if (inet_pton(AF_INET, addr.c_str(), &address.sin_addr) != 1) {
@@ -128,14 +135,43 @@ int find_free_port(const std::string& addr) {
     std::mt19937 draw(seed());
     std::uniform_int_distribution<int> below(std::max(1024, low / 2), low - 1);
     for (int tries = 0; tries < 64; ++tries) {
-      if (try_bind(address, below(draw), &chosen) == 0) return chosen;
+      if (try_bind(address, below(draw), &chosen, listening) == 0) return chosen;
     }
   }
-  const int error = try_bind(address, 0, &chosen);
+  const int error = try_bind(address, 0, &chosen, listening);
   if (error != 0) {
     throw Error(ErrorKind::Runtime, "find_free_port: bind " + addr + ":0: " + strerror(error));
   }
   return chosen;
+}
+
+// [5] The socket rank 0's store takes over: closed by the launcher once the ranks are started
+// (rank 0 holds its own copy), and at the latest when the attempt ends.
+class StoreSocket {
+ public:
+  StoreSocket() = default;
+  ~StoreSocket() { release(); }
+  StoreSocket(const StoreSocket&) = delete;
+  StoreSocket& operator=(const StoreSocket&) = delete;
+  int* out() { return &fd_; }
+  int fd() const { return fd_; }
+  void release() {
+    if (fd_ >= 0) close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+}  // namespace
+
+// A port the kernel chose (bind to port 0) stays in its own range, where any connection made on
+// the machine may take it as its local end before rank 0's store binds it: a test run beside
+// others once failed so, EADDRINUSE. So the port is drawn at random below that range, where the
+// kernel hands out none, and is checked free; the kernel's choice is the fallback.
+int find_free_port(const std::string& addr) {
+  return bind_free_port(addr, nullptr);
 }
 
 std::vector<std::string> strip_launcher_flags(int argc, const char* const* argv) {
@@ -194,7 +230,7 @@ class SignalForwarding {
 
 // The environment of rank r: this process's, less the rendezvous variables, plus rank r's.
 std::vector<std::string> rank_environment(const LaunchOptions& options, int r, int port,
-                                          int world_size) {
+                                          int world_size, int store_fd) {
   std::vector<std::string> env;
   if (!options.rank_environment) {
     for (char** e = environ; *e; ++e) env.push_back(*e);
@@ -205,7 +241,8 @@ std::vector<std::string> rank_environment(const LaunchOptions& options, int r, i
     const std::string entry = *e;
     const std::string key = entry.substr(0, entry.find('='));
     if (key == "MASTER_ADDR" || key == "MASTER_PORT" || key == "RANK" || key == "WORLD_SIZE" ||
-        key == "LOCAL_RANK" || key == "LOCAL_WORLD_SIZE" || key == "TORCHELASTIC_RESTART_COUNT") {
+        key == "LOCAL_RANK" || key == "LOCAL_WORLD_SIZE" || key == "TORCHELASTIC_RESTART_COUNT" ||
+        key == kStoreSocketVariable) {
       continue;
     }
     env.push_back(entry);
@@ -217,6 +254,8 @@ std::vector<std::string> rank_environment(const LaunchOptions& options, int r, i
   env.push_back("LOCAL_RANK=" + std::to_string(r));
   env.push_back("LOCAL_WORLD_SIZE=" + std::to_string(options.nproc));
   env.push_back("PIPETRAIN_LAUNCHED=1");
+  if (r == 0 && store_fd >= 0)
+    env.push_back(std::string(kStoreSocketVariable) + "=" + std::to_string(store_fd));
   for (const auto& [key, value] : options.env) env.push_back(key + "=" + value);
   return env;
 }
@@ -245,11 +284,12 @@ class Launch {
   Launch(const Launch&) = delete;
   Launch& operator=(const Launch&) = delete;
 
-  void spawn_all(int port, int world_size);
+  // store_fd >= 0: rank 0 inherits it, a listening socket on `port` ([5]).
+  void spawn_all(int port, int world_size, int store_fd);
   LaunchResult run(int signal_fd);
 
  private:
-  void spawn(int r, const std::vector<char*>& argv, int port, int world_size);
+  void spawn(int r, const std::vector<char*>& argv, int port, int world_size, int store_fd);
   void drain_lines(int r, bool is_stderr, Stream& stream, bool final);
   void read_output(const std::vector<pollfd>& fds, const std::vector<std::pair<int, bool>>& owners);
   bool reap();  // [2]; true while a child runs
@@ -269,17 +309,18 @@ class Launch {
   char buffer_[65536];
 };
 
-void Launch::spawn_all(int port, int world_size) {
+void Launch::spawn_all(int port, int world_size, int store_fd) {
   // argv and every environment are built before fork: the child only calls exec-safe code.
   std::vector<char*> argv;
   argv.push_back(const_cast<char*>(options_.program.c_str()));
   for (const auto& arg : options_.args) argv.push_back(const_cast<char*>(arg.c_str()));
   argv.push_back(nullptr);
-  for (int r = 0; r < options_.nproc; ++r) spawn(r, argv, port, world_size);
+  for (int r = 0; r < options_.nproc; ++r) spawn(r, argv, port, world_size, store_fd);
 }
 
-void Launch::spawn(int r, const std::vector<char*>& argv, int port, int world_size) {
-  std::vector<std::string> env = rank_environment(options_, r, port, world_size);
+void Launch::spawn(int r, const std::vector<char*>& argv, int port, int world_size, int store_fd) {
+  const int inherited = r == 0 ? store_fd : -1;
+  std::vector<std::string> env = rank_environment(options_, r, port, world_size, inherited);
   std::vector<char*> envp;
   for (auto& entry : env) envp.push_back(entry.data());
   envp.push_back(nullptr);
@@ -303,6 +344,7 @@ void Launch::spawn(int r, const std::vector<char*>& argv, int port, int world_si
     signal(SIGTERM, SIG_DFL);
     dup2(out[1], STDOUT_FILENO);
     dup2(err[1], STDERR_FILENO);
+    if (inherited >= 0) fcntl(inherited, F_SETFD, 0);  // kept across exec, by rank 0 only
     execve(options_.program.c_str(), argv.data(), envp.data());
     const std::string message =
         "launch: cannot execute " + options_.program + ": " + strerror(errno) + "\n";
@@ -515,10 +557,14 @@ LaunchResult launch_local(const LaunchOptions& options) {
   const int world_size = options.world_size > 0 ? options.world_size : options.nproc;
   SignalForwarding signals;  // declared first: restored last, after the children are gone
   for (int attempt = 0;; ++attempt) {
-    // A fresh port per attempt: the last one's store may still be in TIME_WAIT.
+    // A fresh port per attempt: the last one's store may still be in TIME_WAIT. A port the
+    // launcher picks it also listens on ([5]).
+    StoreSocket store_socket;
     const int port = !options.rank_environment ? 0
-                     : options.master_port > 0 ? options.master_port
-                                               : find_free_port(options.master_addr);
+                     : options.master_port > 0
+                         ? options.master_port
+                         : bind_free_port(options.master_addr,
+                                          options.store_socket ? store_socket.out() : nullptr);
     LaunchOptions this_attempt = options;
     if (options.rank_environment) {
       this_attempt.env.emplace_back("TORCHELASTIC_RESTART_COUNT", std::to_string(attempt));
@@ -526,7 +572,8 @@ LaunchResult launch_local(const LaunchOptions& options) {
     LaunchResult result;
     {
       Launch launch(this_attempt);
-      launch.spawn_all(port, world_size);
+      launch.spawn_all(port, world_size, store_socket.fd());
+      store_socket.release();
       result = launch.run(signals.read_fd());
     }
     result.restarts = attempt;
@@ -578,6 +625,7 @@ CollectedRun launch_self_collecting(int nproc, const std::vector<std::string>& a
   options.program = self_executable();
   options.args = args;
   options.nproc = nproc;
+  options.store_socket = true;
   CollectedRun run;
   run.results.resize(static_cast<std::size_t>(std::max(nproc, 0)));
   std::mutex mutex;  // the launcher reads every rank's output on its own thread
@@ -601,6 +649,7 @@ int launch_self(int nproc, const std::vector<std::string>& args, std::chrono::mi
   options.nproc = nproc;
   options.grace = grace;
   options.max_restarts = max_restarts;
+  options.store_socket = true;
   return launch_local(options).exit_code;
 }
 

@@ -445,6 +445,7 @@ c10::intrusive_ptr<::c10d::Store> open_store(const RendezvousOptions& options, b
   store_options.numWorkers = c10::nullopt;
   store_options.waitWorkers = false;
   store_options.timeout = options.timeout;
+  if (server && options.listen_socket >= 0) store_options.masterListenFd = options.listen_socket;
   try {
     return c10::make_intrusive<::c10d::TCPStore>(options.master_addr, store_options);
   } catch (const std::exception& e) {

@@ -54,6 +54,7 @@ inline RanksRun run_ranks(int nproc, std::vector<std::string> args, int world_si
   options.nproc = nproc;
   options.world_size = world_size;
   options.grace = grace;
+  options.store_socket = true;  // the helper's ranks build a Distributed (launcher.h)
   options.env.emplace_back("PIPETRAIN_TEST_TIMEOUT_MS", std::to_string(timeout_ms));
   for (const auto& variable : env) options.env.push_back(variable);
   RanksRun run;

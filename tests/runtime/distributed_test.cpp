@@ -2,7 +2,11 @@
 // gradients, loss broadcast, parameter gathering and failures between real processes.
 #include "pipetrain/runtime/distributed.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -101,6 +105,42 @@ TEST(DistributedEnvironment, ReadsAValidEnvironment) {
   EXPECT_EQ(parsed.world_size, 4);
   EXPECT_EQ(parsed.local_rank, 1);
   EXPECT_EQ(parsed.restart_count, 2);
+}
+
+// PIPETRAIN_STORE_SOCKET (launch_local's socket for rank 0's store) is taken only by rank 0, and
+// only where it names a socket listening on MASTER_PORT; anything else leaves the store to bind.
+TEST(DistributedEnvironment, TakesAnInheritedStoreSocketOnlyWhereItListensOnMasterPort) {
+  const int listening = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(listening, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  inet_pton(AF_INET, "127.0.0.1", &address.sin_addr);
+  ASSERT_EQ(bind(listening, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  ASSERT_EQ(listen(listening, 16), 0);
+  socklen_t length = sizeof(address);
+  getsockname(listening, reinterpret_cast<sockaddr*>(&address), &length);
+  const std::string port = std::to_string(ntohs(address.sin_port));
+  const std::string other_port = std::to_string(ntohs(address.sin_port) == 29500 ? 29501 : 29500);
+  const std::string fd = std::to_string(listening);
+  const int unbound = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const std::string unbound_fd = std::to_string(unbound);
+  auto taken = [&](const std::string& rank, const std::string& master_port,
+                   const std::string& socket_fd) {
+    ScopedEnvironment env({{"MASTER_ADDR", "127.0.0.1"},
+                           {"MASTER_PORT", master_port.c_str()},
+                           {"RANK", rank.c_str()},
+                           {"WORLD_SIZE", "2"},
+                           {kStoreSocketVariable, socket_fd.c_str()}});
+    return DistributedEnvironment::from_environment().store_socket;
+  };
+  EXPECT_EQ(taken("0", port, fd), listening);
+  EXPECT_EQ(taken("1", port, fd), -1) << "not rank 0";
+  EXPECT_EQ(taken("0", other_port, fd), -1) << "listening on another port";
+  EXPECT_EQ(taken("0", port, unbound_fd), -1) << "not listening";
+  EXPECT_EQ(taken("0", port, "x"), -1);
+  EXPECT_EQ(taken("0", port, "987654"), -1) << "no such descriptor";
+  close(unbound);
+  close(listening);
 }
 
 TEST(ParallelLayout, PlacesStagesMajorWithinEachReplica) {

@@ -127,6 +127,34 @@ TEST(Launcher, ReportsAProgramThatCannotStart) {
   EXPECT_NE(lines[0].find("cannot execute /nonexistent/pipetrain_helper"), std::string::npos);
 }
 
+// With store_socket, rank 0 alone inherits a socket the launcher listens on at MASTER_PORT (a
+// rank that connects before rank 0's store is up waits in its backlog); without it, none does.
+TEST(Launcher, HandsRankZeroTheSocketItListensOnAtMasterPort) {
+  for (const bool store_socket : {true, false}) {
+    LaunchOptions options;
+    options.program = "/bin/sh";
+    // /proc/net/tcp lists listening sockets (state 0A) by hex port; the socket's inode ties the
+    // inherited descriptor to that line.
+    options.args = {"-c",
+                    "fd=${PIPETRAIN_STORE_SOCKET:-none}; "
+                    "if [ $fd = none ]; then echo \"rank $RANK none\"; exit 0; fi; "
+                    "inode=$(readlink /proc/$$/fd/$fd | tr -dc 0-9); "
+                    "port=$(printf %04X $MASTER_PORT); "
+                    "grep -q \":$port 00000000:0000 0A .* $inode \" /proc/net/tcp "
+                    "&& echo \"rank $RANK listens\" || echo \"rank $RANK other\""};
+    options.nproc = 3;
+    options.store_socket = store_socket;
+    std::vector<std::string> lines;
+    options.on_line = [&](int, bool, const std::string& line) { lines.push_back(line); };
+    const auto result = launch_local(options);
+    EXPECT_EQ(result.exit_code, 0);
+    std::sort(lines.begin(), lines.end());
+    const std::vector<std::string> expected = {store_socket ? "rank 0 listens" : "rank 0 none",
+                                               "rank 1 none", "rank 2 none"};
+    EXPECT_EQ(lines, expected) << "store_socket " << store_socket;
+  }
+}
+
 TEST(FindFreePort, ReturnsAPortThatCanBeBound) {
   const int port = find_free_port();
   ASSERT_GT(port, 0);

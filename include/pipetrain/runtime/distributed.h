@@ -56,9 +56,13 @@ struct DistributedEnvironment {
   // Attempts before this one (TORCHELASTIC_RESTART_COUNT, set by torchrun --max-restarts and by
   // launch_local's max_restarts): 0 on the first.
   int restart_count = 0;
+  // Rank 0 under launch_local: a socket already listening on MASTER_PORT, which its store's
+  // server takes over (PIPETRAIN_STORE_SOCKET, launcher.h); -1 when there is none, or the
+  // variable names no socket listening on MASTER_PORT (then the store binds the port itself).
+  int store_socket = -1;
 
   // Reads MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE and LOCAL_RANK and
-  // TORCHELASTIC_RESTART_COUNT (both optional, default 0).
+  // TORCHELASTIC_RESTART_COUNT (both optional, default 0), and PIPETRAIN_STORE_SOCKET.
   // Throws pipetrain::BadInput naming every missing or invalid variable and how to set it.
   static DistributedEnvironment from_environment();
   // True when RANK or WORLD_SIZE is set: the process was started by a launcher.

@@ -4,6 +4,10 @@
 // process group, with the rendezvous environment set:
 //   MASTER_ADDR=127.0.0.1  MASTER_PORT=<a free port>  RANK=r  WORLD_SIZE=N  LOCAL_RANK=r
 //   LOCAL_WORLD_SIZE=N  PIPETRAIN_LAUNCHED=1
+// and, with LaunchOptions::store_socket where it picks MASTER_PORT itself, the socket it already
+// listens on there for rank 0's store (PIPETRAIN_STORE_SOCKET=<fd>, rank 0 only;
+// DistributedEnvironment::store_socket): ranks that start before rank 0 wait in its backlog
+// rather than being refused and backing off.
 // It prefixes every line the children print with "[rank r] " (stdout to stdout, stderr to stderr),
 // forwards SIGINT and SIGTERM to every child, and when a rank fails (non-zero exit or a signal)
 // waits `grace` for the others to stop on their own (they see the abort, docs/DISTRIBUTED.md),
@@ -33,6 +37,9 @@
 
 namespace pipetrain {
 
+// The environment variable naming rank 0's inherited listening socket (above).
+inline constexpr char kStoreSocketVariable[] = "PIPETRAIN_STORE_SOCKET";
+
 struct LaunchOptions {
   std::string program;            // path of the executable each rank runs
   std::vector<std::string> args;  // its arguments (argv[1..])
@@ -53,6 +60,10 @@ struct LaunchOptions {
   // not summarised as a rank's.
   bool rank_environment = true;
   int max_restarts = 0;  // see "Restarts" above; >= 0 (else pipetrain::BadInput)
+  // true: rank 0 is a pipetrain program, whose Distributed takes over the socket the launcher
+  // listens on at the MASTER_PORT it picks (above). Leave false for any other program: the
+  // inherited socket would hold the port its own store binds. launch_self sets it.
+  bool store_socket = false;
 };
 
 struct LaunchResult {

@@ -89,6 +89,9 @@ struct RendezvousOptions {
   // send), so the rendezvous compares every rank's (host, device) and fails with BadInput, naming
   // both ranks, before any communicator exists.
   int cuda_device = -1;
+  // Rank 0: a socket already listening on master_port that the store's server takes over (and
+  // closes with it); -1: the server binds master_port itself.
+  int listen_socket = -1;
 };
 
 // Where rank r's NCCL communicator runs, as the rendezvous compares them: "host cuda:i".
