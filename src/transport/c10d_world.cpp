@@ -3,7 +3,8 @@
 //
 // Rendezvous, on every rank:
 //   [1] connect to the TCPStore at MASTER_ADDR:MASTER_PORT (rank 0 starts the server); the client
-//       retries until the timeout, so ranks may start in any order.
+//       retries until the timeout, so ranks may start in any order. With listen_socket the server
+//       takes over a socket the launcher already listens on, and no client is ever refused.
 //   [2] compareSet("pipetrain/rank/<r>", host:pid): a second process with the same RANK sees the
 //       first one's value and fails naming both.
 //   [3] compareSet("pipetrain/world_size", WORLD_SIZE): the first rank's value wins; a rank with
