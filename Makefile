@@ -34,16 +34,18 @@ bench: build
 # tests (tests/runtime/cuda_test.cpp: stages on one GPU and on CPU+GPU against sequential
 # training, 2 ranks sharing a GPU over Gloo, NCCL refusing them by name, 2 GPUs over NCCL when
 # there are two; tests/train: fp16 with loss scaling; tests/models: the Llama model's stages on
-# one GPU against sequential training, fp32 and bf16) and the GPU overhead bench (a small model,
-# where launches dominate, and a compute-bound one). A machine that reaches no package registry
+# one GPU against sequential training, fp32 and bf16), the GPU overhead bench (a small model,
+# where launches dominate, and a compute-bound one), and tokens/s and MFU of a Llama-3.2-1B-shaped
+# model for pipetrain and for transformers' own loop (scripts/gpu-mfu). A machine that reaches no package registry
 # sets PIPETRAIN_DEPS (a folder made here by scripts/gpu-deps) and PIPETRAIN_PYTHON (its torch).
 gpu-check:
 	@nvidia-smi -L >/dev/null 2>&1 || { echo "gpu-check: no GPU visible (nvidia-smi -L failed); run it on a GPU machine" >&2; exit 2; }
 	@$(MAKE) --no-print-directory configure CMAKE_FLAGS="-DPIPETRAIN_CUDA=ON $(CMAKE_FLAGS)"
-	@cmake --build $(BUILD) -j $(JOBS) --target tests_runtime tests_train tests_models pipetrain_rank_helper bench_pipe_overhead
+	@cmake --build $(BUILD) -j $(JOBS) --target pipetrain tests_runtime tests_train tests_models pipetrain_rank_helper bench_pipe_overhead
 	@cd $(BUILD) && ctest --output-on-failure -R '^Cuda' $(CTEST_FLAGS)
 	@$(BUILD)/bench/bench_pipe_overhead 9 2 cuda:0
 	@$(BUILD)/bench/bench_pipe_overhead 9 4 cuda:0 4096 4096
+	@scripts/gpu-mfu $(BUILD)
 
 # Where no GPU is visible the default build leaves the CUDA paths out (cmake/PinnedTorch.cmake):
 # this compiles them anyway -- a CUDA configure of build-cuda, then only its *_cuda.cpp objects --

@@ -50,11 +50,10 @@ ProgressReporter::ProgressReporter(std::ostream& out, bool is_terminal, Progress
 
 TrainingRate training_rate(const TrainingWork& work, const ProgressOptions& options) {
   TrainingRate rate;
+  rate.tokens = work.tokens > 0 ? work.tokens : work.samples * options.tokens_per_sample();
   if (work.seconds <= 0) return rate;
   const auto samples = static_cast<double>(work.samples);
-  const double tokens = work.tokens > 0
-                            ? static_cast<double>(work.tokens)
-                            : samples * static_cast<double>(options.tokens_per_sample());
+  const auto tokens = static_cast<double>(rate.tokens);
   rate.samples_per_second = samples / work.seconds;
   rate.tokens_per_second = tokens / work.seconds;
   rate.targets_per_second = static_cast<double>(work.counted_targets) / work.seconds;

@@ -8,7 +8,7 @@ nlohmann::json run_summary_json(const TrainSummary& summary, const TrainingRate&
   return {{"steps", summary.steps},
           {"seconds", summary.seconds},
           {"samples", summary.samples},
-          {"tokens", summary.tokens},
+          {"tokens", rate.tokens},  // also fixed windows' (samples x window), as tokens_per_second
           {"counted_targets", summary.counted_targets},
           {"samples_per_second", rate.samples_per_second},
           {"tokens_per_second", rate.tokens_per_second},

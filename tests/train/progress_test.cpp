@@ -96,7 +96,13 @@ TEST(Progress, StepsThatCountTheirTokensShowTokensAndTargetsPerSecond) {
             std::string::npos)
       << out.str();
   const TrainingRate rate = training_rate({2.0, 8, 3000, 2900}, ProgressOptions());
+  EXPECT_EQ(rate.tokens, 3000);
   EXPECT_DOUBLE_EQ(rate.tokens_per_second, 1500);
+  // Fixed windows: the steps count no tokens; the window does.
+  const TrainingRate windows =
+      training_rate({2.0, 8, 0, 0}, ProgressOptions().tokens_per_sample(512));
+  EXPECT_EQ(windows.tokens, 8 * 512);
+  EXPECT_DOUBLE_EQ(windows.tokens_per_second, 8 * 512 / 2.0);
   EXPECT_DOUBLE_EQ(rate.targets_per_second, 1450);
   EXPECT_DOUBLE_EQ(rate.mfu, 0);
 }

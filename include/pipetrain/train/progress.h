@@ -68,6 +68,9 @@ struct TrainingWork {
 // `work` under `options`' tokens_per_sample, flops_per_token and peak_flops: what the status line
 // shows, and what a caller printing its own summary should show.
 struct TrainingRate {
+  // The tokens the rates count: work.tokens where the steps counted them (documents, padded
+  // batches), else samples x tokens_per_sample (fixed windows).
+  int64_t tokens = 0;
   double samples_per_second = 0;
   double tokens_per_second = 0;
   double targets_per_second = 0;

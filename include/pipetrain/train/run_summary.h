@@ -6,6 +6,9 @@
 //    "tokens_per_second", "targets_per_second", "mfu", "peak_flops", "peak_source",
 //    "first_loss", "last_loss", "process_peak_bytes"}
 //
+// "tokens" is what "tokens_per_second" counts (TrainingRate::tokens): for fixed windows, samples x
+// window, where TrainSummary::tokens counts none.
+//
 // Thread-safety: a pure function.
 #pragma once
 
