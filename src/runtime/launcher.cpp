@@ -11,10 +11,10 @@
 //
 // [5] With LaunchOptions::store_socket, where the launcher picks MASTER_PORT, it binds and listens
 // on it before any rank starts, and rank 0 inherits that socket (PIPETRAIN_STORE_SOCKET) for its
-// store's server: a rank that
-// connects before rank 0 is up waits in the socket's backlog instead of being refused and backing
-// off (c10d's client sleeps 0.2 to 0.5 s after a refusal, which every start of a short run
-// spent), and no other process can take the port between its choice and rank 0's bind.
+// store's server: a rank that connects before rank 0 is up waits in the socket's backlog instead
+// of being refused and backing off (c10d's client sleeps 0.2 to 0.5 s after a refusal, which
+// every start of a short run spent), and no other process can take the port between its choice
+// and rank 0's bind.
 #include "pipetrain/runtime/launcher.h"
 
 #include <arpa/inet.h>
