@@ -81,9 +81,43 @@ int decode_status(int status) {
   return 1;
 }
 
+// The usual name of a signal a rank dies of ("SIGPIPE"), or "" for the rest.
+const char* signal_name(int signal_number) {
+  switch (signal_number) {
+    case SIGABRT:
+      return "SIGABRT";
+    case SIGBUS:
+      return "SIGBUS";
+    case SIGFPE:
+      return "SIGFPE";
+    case SIGHUP:
+      return "SIGHUP";
+    case SIGILL:
+      return "SIGILL";
+    case SIGINT:
+      return "SIGINT";
+    case SIGKILL:
+      return "SIGKILL";
+    case SIGPIPE:
+      return "SIGPIPE";
+    case SIGSEGV:
+      return "SIGSEGV";
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGXCPU:
+      return "SIGXCPU";
+    default:
+      return "";
+  }
+}
+
 std::string describe_exit(int code) {
-  if (code > 128) return "killed by signal " + std::to_string(code - 128);
-  return "exit code " + std::to_string(code);
+  if (code <= 128) return "exit code " + std::to_string(code);
+  std::string text = "killed by signal " + std::to_string(code - 128);
+  const std::string name = signal_name(code - 128);
+  // SIGKILL is the one everyone knows by its number ("killed by signal 9").
+  if (!name.empty() && code - 128 != SIGKILL) text += " (" + name + ")";
+  return text;
 }
 
 // The kernel's own range of ports (net.ipv4.ip_local_port_range): where bind to port 0 and the
@@ -296,6 +330,7 @@ class Launch {
   bool reap();  // [2]; true while a child runs
   void report_first_failure(int r);
   void kill_all(int signal_number) {
+    signalled_ = true;
     for (auto& child : children_) {
       if (child.running) killpg(child.pid, signal_number);
     }
@@ -306,7 +341,8 @@ class Launch {
   std::vector<Child> children_;
   LaunchResult result_;
   std::optional<Clock::time_point> term_at_;
-  bool finished_ = false;  // run() returned: every child reaped, its group killed
+  bool finished_ = false;   // run() returned: every child reaped, its group killed
+  bool signalled_ = false;  // kill_all() has run: a rank's signal may be the launcher's own
   char buffer_[65536];
 };
 
@@ -454,6 +490,16 @@ bool Launch::reap() {
     } else {
       result_.first_failed_rank = r;
       if (!term_at_) term_at_ = Clock::now() + options_.grace;
+    }
+  }
+  // A rank killed by a signal says nothing itself (SIGPIPE, SIGSEGV, the kernel's OOM killer):
+  // each one after the first failure is named, unless the signal may be this launcher's own.
+  if (options_.rank_environment && !signalled_) {
+    for (const RankEnd& end : ended) {
+      if (!end.signaled || end.rank == result_.first_failed_rank) continue;
+      std::cerr << "pipetrain launch: rank " << end.rank << " ended too, "
+                << describe_exit(end.exit_code) << ", a signal this launcher did not send"
+                << std::endl;
     }
   }
   return any_running;

@@ -23,6 +23,14 @@
 // SIGSTOP, a hung machine), or a lost store (rank 0 is gone), is turned into an abort too.
 //   [6] A store that does not answer (rank 0's host cut off: no reset, the read blocks) is seen
 //       by the store monitor thread: a watchdog store call longer than the timeout aborts.
+//
+//   [7] SIGPIPE is ignored from connect() on, where the process has left it at its default: Gloo
+//       writes its sockets with writev(), and a write to a peer that was killed (its connection
+//       reset) would otherwise end this process at once, saying nothing, instead of failing the
+//       write with EPIPE and the collective with an error naming the peer. Python, which torch's
+//       own distributed code runs under, ignores SIGPIPE from its start. A handler the program
+//       installed is kept.
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -416,6 +424,18 @@ C10dWorld::~C10dWorld() {
 
 namespace {
 
+// [7] SIG_IGN where SIGPIPE has its default action; a program's own handler stays.
+void ignore_default_sigpipe() {
+  struct sigaction current {};
+  if (sigaction(SIGPIPE, nullptr, &current) != 0) return;
+  if ((current.sa_flags & SA_SIGINFO) == 0 && current.sa_handler == SIG_DFL) {
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    sigemptyset(&ignore.sa_mask);
+    sigaction(SIGPIPE, &ignore, nullptr);
+  }
+}
+
 void check_rendezvous_options(const RendezvousOptions& options) {
   PIPETRAIN_CHECK_INPUT(!options.master_addr.empty(),
                         "MASTER_ADDR is empty: set it to rank 0's host");
@@ -539,6 +559,7 @@ std::string shared_gpu_conflict(const std::vector<std::string>& placements) {
 
 std::shared_ptr<C10dWorld> C10dWorld::connect(const RendezvousOptions& options) {
   check_rendezvous_options(options);
+  ignore_default_sigpipe();  // [7]
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   impl->store = within_attempt(open_store(options, options.rank == 0), options);  // [1]

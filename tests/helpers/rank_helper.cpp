@@ -1047,6 +1047,12 @@ int run_launcher_child(const std::string& scenario, int argc, char** argv) {
     }
     // Ignore SIGTERM: the launcher must escalate to SIGKILL.
     if (argc > 2 && std::string(argv[2]) == "ignore_term") signal(SIGTERM, SIG_IGN);
+    // Die of a signal the launcher did not send, saying nothing (as a write to a dead peer did).
+    if (argc > 2 && std::string(argv[2]) == "die_of_sigpipe") {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      signal(SIGPIPE, SIG_DFL);
+      raise(SIGPIPE);
+    }
     std::this_thread::sleep_for(std::chrono::seconds(60));
     return 0;
   }

@@ -76,6 +76,33 @@ TEST(Launcher, EscalatesToSigkillForRanksIgnoringSigterm) {
   EXPECT_TRUE(run.all_gone());
 }
 
+// A rank that dies of a signal says nothing: after the first failure, each other rank killed by a
+// signal the launcher did not send is named with its signal; those it stopped itself are not.
+TEST(Launcher, NamesEveryOtherRankKilledByASignalItDidNotSend) {
+  ::testing::internal::CaptureStderr();
+  auto run = run_ranks(3, {"sleep_unless_rank0_fails", "die_of_sigpipe"}, 0, 8000,
+                       std::chrono::seconds(10));
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(run.result.exit_code, 7);
+  EXPECT_EQ(run.result.first_failed_rank, 0);
+  EXPECT_EQ(run.result.rank_exit_codes, (std::vector<int>{7, 128 + SIGPIPE, 128 + SIGPIPE}));
+  for (const char* rank : {"1", "2"}) {
+    EXPECT_NE(
+        said.find(std::string("pipetrain launch: rank ") + rank + " ended too, killed by signal " +
+                  std::to_string(SIGPIPE) + " (SIGPIPE), a signal this launcher did not send"),
+        std::string::npos)
+        << said;
+  }
+  EXPECT_LT(run.seconds, 5.0);  // ended by themselves, long before the grace
+
+  ::testing::internal::CaptureStderr();
+  auto stopped =
+      run_ranks(2, {"sleep_unless_rank0_fails"}, 0, 8000, std::chrono::milliseconds(300));
+  const std::string quiet = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(stopped.result.rank_exit_codes[1], 128 + SIGTERM);
+  EXPECT_EQ(quiet.find("ended too"), std::string::npos) << quiet;
+}
+
 TEST(Launcher, ForwardsSigtermToEveryRank) {
   std::thread killer([] {
     std::this_thread::sleep_for(std::chrono::milliseconds(1500));

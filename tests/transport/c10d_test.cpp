@@ -3,9 +3,13 @@
 #include "pipetrain/transport/c10d.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/socket.h>
 #include <torch/cuda.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <set>
 #include <thread>
@@ -140,6 +144,48 @@ TEST(C10dWorld, RemovingAListenerWaitsForItsCallUnderWayAndOneMayRemoveItself) {
   EXPECT_TRUE(removed_itself);
   ASSERT_TRUE(world->abort_reason().has_value());
   EXPECT_NE(world->abort_reason()->find("a test abort"), std::string::npos);
+}
+
+namespace {
+std::shared_ptr<C10dWorld> world_of_one() {
+  RendezvousOptions options;
+  options.master_addr = "127.0.0.1";
+  options.master_port = find_free_port();
+  options.world_size = 1;
+  options.timeout = std::chrono::seconds(30);
+  return C10dWorld::connect(options);
+}
+void handle_sigpipe(int) {}
+}  // namespace
+
+// Gloo writes with writev(): with SIGPIPE at its default, a write to a killed peer ended the
+// rank without a word (a CI run saw a rank vanish so). After connect() the write fails with
+// EPIPE and the process lives; a handler the program set is left as it was.
+TEST(C10dWorld, ConnectingIgnoresADefaultSigpipeSoAWriteToAClosedPeerIsAnError) {
+  struct sigaction saved {};
+  ASSERT_EQ(sigaction(SIGPIPE, nullptr, &saved), 0);
+  signal(SIGPIPE, SIG_DFL);
+  {
+    const auto world = world_of_one();
+    struct sigaction now {};
+    ASSERT_EQ(sigaction(SIGPIPE, nullptr, &now), 0);
+    EXPECT_EQ(now.sa_handler, SIG_IGN);
+    int ends[2];
+    ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, ends), 0);
+    close(ends[1]);
+    const char byte = 'x';
+    EXPECT_EQ(write(ends[0], &byte, 1), -1);  // without SIG_IGN the test process dies here
+    EXPECT_EQ(errno, EPIPE);
+    close(ends[0]);
+  }
+  signal(SIGPIPE, handle_sigpipe);
+  {
+    const auto world = world_of_one();
+    struct sigaction now {};
+    ASSERT_EQ(sigaction(SIGPIPE, nullptr, &now), 0);
+    EXPECT_EQ(now.sa_handler, &handle_sigpipe);
+  }
+  sigaction(SIGPIPE, &saved, nullptr);
 }
 
 // ---- real processes ---------------------------------------------------------------------------

@@ -112,6 +112,9 @@ class C10dWorld {
   // more processes than WORLD_SIZE. Throws pipetrain::Timeout (site: this rank) when the store is
   // not reachable within the timeout or ranks are missing after it (the message lists them:
   // "missing ranks: 2"). Creating a process group that fails: Timeout or TransportFailure.
+  // Sets SIGPIPE to SIG_IGN where it has its default action (a handler of the program's is kept):
+  // a write to a killed peer then fails with EPIPE, naming the peer, instead of ending the
+  // process without a word.
   static std::shared_ptr<C10dWorld> connect(const RendezvousOptions& options);
 
   ~C10dWorld();
