@@ -2,7 +2,9 @@
 # build into a fresh prefix, configures examples/consumer/ against it with nothing but
 # find_package(pipetrain REQUIRED), builds it and runs every program; each checks its own result
 # and exits non-zero when the check fails. PYTHON (torch's interpreter, the build's
-# PIPETRAIN_PYTHON) writes the TorchScript model torchscript_stages trains.
+# PIPETRAIN_PYTHON) writes the TorchScript model torchscript_stages trains, and with transformers
+# the Hugging Face model hf_llama trains (where transformers cannot be imported, that one program
+# is built but not run, and the output says so).
 #
 #   cmake -DBUILD_DIR=... -DSOURCE_DIR=... -DWORK_DIR=... -DPYTHON=... -P cmake/TestConsumer.cmake
 foreach(var BUILD_DIR SOURCE_DIR WORK_DIR PYTHON)
@@ -32,6 +34,18 @@ run_step("run two_processes" "${programs}/two_processes")
 run_step("save the TorchScript model" "${PYTHON}" "${consumer}/save_scripted_model.py"
          "${WORK_DIR}/scripted.pt")
 run_step("run torchscript_stages" "${programs}/torchscript_stages" "${WORK_DIR}/scripted.pt")
+execute_process(COMMAND "${PYTHON}" -c "import transformers" RESULT_VARIABLE no_transformers
+                OUTPUT_QUIET ERROR_QUIET)
+if(no_transformers EQUAL 0)
+  run_step("save the Hugging Face model" "${PYTHON}" "${consumer}/save_hf_llama.py"
+           "${WORK_DIR}/tiny-llama")
+  run_step("run hf_llama" "${programs}/hf_llama" "${WORK_DIR}/tiny-llama"
+           "${WORK_DIR}/trained-llama")
+  run_step("check hf_llama's output with transformers" "${PYTHON}" "${consumer}/save_hf_llama.py"
+           --check "${WORK_DIR}/tiny-llama" "${WORK_DIR}/trained-llama")
+else()
+  message(STATUS "hf_llama built, not run: ${PYTHON} cannot import transformers")
+endif()
 run_step("run custom_schedule" "${programs}/custom_schedule")
 run_step("run plan_and_train" "${programs}/plan_and_train")
 run_step("run schedule_only" "${programs}/schedule_only")

@@ -28,7 +28,8 @@ inline NamedTensors to_map(const torch::OrderedDict<std::string, torch::Tensor>&
   return out;
 }
 
-inline bool same_weights(const NamedTensors& got, const NamedTensors& want, double rtol = 1e-5) {
+inline bool same_weights(const NamedTensors& got, const NamedTensors& want, double rtol = 1e-5,
+                         const char* want_is = "sequential training") {
   if (want.empty() || got.size() != want.size()) {
     std::printf("expected %zu parameters, got %zu\n", want.size(), got.size());
     return false;
@@ -46,8 +47,7 @@ inline bool same_weights(const NamedTensors& got, const NamedTensors& want, doub
     within = within && difference <= rtol * scale;
     worst = std::max(worst, difference / scale);
   }
-  std::printf("largest relative difference from sequential training: %.3g (tolerance %.0e)\n",
-              worst, rtol);
+  std::printf("largest relative difference from %s: %.3g (tolerance %.0e)\n", want_is, worst, rtol);
   return within;
 }
 
