@@ -9,6 +9,11 @@
 // groups, so a Ctrl-C at the terminal reaches only the launcher, which forwards it ([3]), and the
 // final killpg also reaches anything a rank itself spawned.
 //
+// A launcher killed outright (SIGKILL, the OOM killer) cannot stop its ranks: each child asks the
+// kernel for SIGKILL when the launcher's thread that started it ends (PR_SET_PDEATHSIG), so no
+// rank trains on as an orphan. A rank once died at its next line of output then (SIGPIPE), but
+// ranks ignore SIGPIPE now (transport/c10d.h, C10dWorld::connect) and would not.
+//
 // [5] With LaunchOptions::store_socket, where the launcher picks MASTER_PORT, it binds and listens
 // on it before any rank starts, and rank 0 inherits that socket (PIPETRAIN_STORE_SOCKET) for its
 // store's server: a rank that connects before rank 0 is up waits in the socket's backlog instead
@@ -22,6 +27,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -369,6 +375,7 @@ void Launch::spawn(int r, const std::vector<char*>& argv, int port, int world_si
     }
     throw Error(ErrorKind::Runtime, "launch: pipe: " + reason);
   }
+  const pid_t launcher = getpid();
   const pid_t pid = fork();
   if (pid < 0) {
     const std::string reason = strerror(errno);
@@ -376,6 +383,9 @@ void Launch::spawn(int r, const std::vector<char*>& argv, int port, int world_si
     throw Error(ErrorKind::Runtime, "launch: fork: " + reason);
   }
   if (pid == 0) {
+    // Dies with the launcher; and if the launcher died before the request, at once.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != launcher) _exit(128 + SIGKILL);
     setpgid(0, 0);
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);

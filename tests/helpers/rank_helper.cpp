@@ -29,6 +29,7 @@
 #include "pipetrain/models/llama.h"
 #include "pipetrain/runtime/distributed.h"
 #include "pipetrain/runtime/distributed_pipe.h"
+#include "pipetrain/runtime/launcher.h"
 #include "pipetrain/schedule/generators.h"
 #include "pipetrain/stage/allocation_counter.h"
 #include "pipetrain/stage/device.h"
@@ -1056,6 +1057,14 @@ int run_launcher_child(const std::string& scenario, int argc, char** argv) {
     std::this_thread::sleep_for(std::chrono::seconds(60));
     return 0;
   }
+  if (scenario == "launch_waiters") {
+    // A launcher of 2 "wait_signal" ranks in a process of its own, for a test to SIGKILL.
+    LaunchOptions options;
+    options.program = self_executable();
+    options.args = {"wait_signal"};
+    options.nproc = 2;
+    return launch_local(options).exit_code;
+  }
   if (scenario == "wait_signal") {
     std::cout << "waiting" << std::endl;
     std::this_thread::sleep_for(std::chrono::seconds(60));
@@ -1074,7 +1083,8 @@ int main(int argc, char** argv) {
   }
   const std::string scenario = argv[1];
   torch::set_num_threads(1);
-  if (scenario == "echo" || scenario == "sleep_unless_rank0_fails" || scenario == "wait_signal") {
+  if (scenario == "echo" || scenario == "sleep_unless_rank0_fails" || scenario == "wait_signal" ||
+      scenario == "launch_waiters") {
     return run_launcher_child(scenario, argc, argv);
   }
   const int pipeline_ranks = argc > 2 ? std::atoi(argv[2]) : 0;

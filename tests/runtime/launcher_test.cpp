@@ -5,6 +5,8 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,6 +20,7 @@
 #include <thread>
 
 #include "../helpers/multiprocess.h"
+#include "../helpers/processes.h"
 
 namespace pipetrain {
 namespace {
@@ -101,6 +104,61 @@ TEST(Launcher, NamesEveryOtherRankKilledByASignalItDidNotSend) {
   const std::string quiet = ::testing::internal::GetCapturedStderr();
   EXPECT_EQ(stopped.result.rank_exit_codes[1], 128 + SIGTERM);
   EXPECT_EQ(quiet.find("ended too"), std::string::npos) << quiet;
+}
+
+// A launcher SIGKILLed cannot stop its ranks itself: they die with it (PR_SET_PDEATHSIG) rather
+// than train on as orphans. The launcher here is the rank helper's "launch_waiters" (2 ranks that
+// say "waiting", then sleep 60 s), a process of its own, killed once both have spoken: a rank
+// that wrote after the launcher's death would die of SIGPIPE anyway (its pipe has no reader), so
+// only silent ranks show what the launcher's death alone does.
+TEST(Launcher, RanksDieWithALauncherKilledOutright) {
+  const std::string tag = "orphans-" + std::to_string(getpid());
+  std::vector<std::string> env{"PIPETRAIN_TEST_JOB=" + tag};
+  for (char** variable = environ; *variable != nullptr; ++variable) env.emplace_back(*variable);
+  std::vector<char*> envp;
+  for (auto& variable : env) envp.push_back(variable.data());
+  envp.push_back(nullptr);
+  std::string program = PIPETRAIN_RANK_HELPER, scenario = "launch_waiters";
+  char* argv[] = {program.data(), scenario.data(), nullptr};
+  int out[2];
+  ASSERT_EQ(pipe(out), 0);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
+  posix_spawn_file_actions_addclose(&actions, out[0]);
+  pid_t launcher = -1;
+  const int spawned = posix_spawn(&launcher, program.c_str(), &actions, nullptr, argv, envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  close(out[1]);
+  ASSERT_EQ(spawned, 0);
+  std::string said;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while ((said.find("[rank 0] waiting") == std::string::npos ||
+          said.find("[rank 1] waiting") == std::string::npos) &&
+         std::chrono::steady_clock::now() < deadline) {
+    pollfd readable{out[0], POLLIN, 0};
+    if (poll(&readable, 1, 100) <= 0) continue;
+    char buffer[256];
+    const ssize_t n = read(out[0], buffer, sizeof(buffer));
+    if (n <= 0) break;
+    said.append(buffer, static_cast<std::size_t>(n));
+  }
+  auto ranks_alive = [&] {
+    return testing::processes_with({"PIPETRAIN_TEST_JOB=" + tag, "RANK=0"}).size() +
+           testing::processes_with({"PIPETRAIN_TEST_JOB=" + tag, "RANK=1"}).size();
+  };
+  EXPECT_EQ(ranks_alive(), 2u) << "the launcher did not start its 2 ranks: " << said;
+  ASSERT_EQ(kill(launcher, SIGKILL), 0);
+  ASSERT_EQ(waitpid(launcher, nullptr, 0), launcher);
+  close(out[0]);
+  const auto gone_by = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (ranks_alive() > 0 && std::chrono::steady_clock::now() < gone_by) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(ranks_alive(), 0u) << "ranks outlived their launcher by 5 s";
+  for (const pid_t orphan : testing::processes_with({"PIPETRAIN_TEST_JOB=" + tag})) {
+    kill(orphan, SIGKILL);  // what a failure left behind
+  }
 }
 
 TEST(Launcher, ForwardsSigtermToEveryRank) {
