@@ -87,42 +87,14 @@ int decode_status(int status) {
   return 1;
 }
 
-// The usual name of a signal a rank dies of ("SIGPIPE"), or "" for the rest.
-const char* signal_name(int signal_number) {
-  switch (signal_number) {
-    case SIGABRT:
-      return "SIGABRT";
-    case SIGBUS:
-      return "SIGBUS";
-    case SIGFPE:
-      return "SIGFPE";
-    case SIGHUP:
-      return "SIGHUP";
-    case SIGILL:
-      return "SIGILL";
-    case SIGINT:
-      return "SIGINT";
-    case SIGKILL:
-      return "SIGKILL";
-    case SIGPIPE:
-      return "SIGPIPE";
-    case SIGSEGV:
-      return "SIGSEGV";
-    case SIGTERM:
-      return "SIGTERM";
-    case SIGXCPU:
-      return "SIGXCPU";
-    default:
-      return "";
-  }
-}
-
 std::string describe_exit(int code) {
   if (code <= 128) return "exit code " + std::to_string(code);
-  std::string text = "killed by signal " + std::to_string(code - 128);
-  const std::string name = signal_name(code - 128);
-  // SIGKILL is the one everyone knows by its number ("killed by signal 9").
-  if (!name.empty() && code - 128 != SIGKILL) text += " (" + name + ")";
+  const int signal_number = code - 128;
+  std::string text = "killed by signal " + std::to_string(signal_number);
+  // glibc's abbreviation ("PIPE"; none for real-time signals). SIGKILL is the one everyone knows
+  // by its number ("killed by signal 9").
+  const char* name = sigabbrev_np(signal_number);
+  if (name != nullptr && signal_number != SIGKILL) text += std::string(" (SIG") + name + ")";
   return text;
 }
 
