@@ -113,18 +113,25 @@ TEST(C10dBackend, NcclWithoutAGpuIsUnavailableAndSaysWhatIsMissing) {
   EXPECT_NE(reason.find("NCCL needs a CUDA"), std::string::npos) << reason;
 }
 
+namespace {
+std::shared_ptr<C10dWorld> world_of_one() {
+  RendezvousOptions options;
+  options.master_addr = "127.0.0.1";
+  options.master_port = find_free_port();
+  options.world_size = 1;
+  options.timeout = std::chrono::seconds(30);
+  return C10dWorld::connect(options);
+}
+void handle_sigpipe(int) {}
+}  // namespace
+
 // An abort listener runs on the thread that saw the abort (the watchdog's, or abort()'s caller).
 // A transport removes its listener and then frees what the listener touches: removing must wait
 // for a call already under way. Before, it returned at once (ThreadSanitizer saw the transport's
 // condition variable destroyed while the watchdog's listener still used it). A listener that
 // removes itself does not wait for itself.
 TEST(C10dWorld, RemovingAListenerWaitsForItsCallUnderWayAndOneMayRemoveItself) {
-  RendezvousOptions options;
-  options.master_addr = "127.0.0.1";
-  options.master_port = find_free_port();
-  options.world_size = 1;
-  options.timeout = std::chrono::seconds(30);
-  const std::shared_ptr<C10dWorld> world = C10dWorld::connect(options);
+  const std::shared_ptr<C10dWorld> world = world_of_one();
   std::atomic<bool> started{false}, finished{false}, removed_itself{false};
   const int slow = world->add_abort_listener([&](const std::string&) {
     started = true;
@@ -145,18 +152,6 @@ TEST(C10dWorld, RemovingAListenerWaitsForItsCallUnderWayAndOneMayRemoveItself) {
   ASSERT_TRUE(world->abort_reason().has_value());
   EXPECT_NE(world->abort_reason()->find("a test abort"), std::string::npos);
 }
-
-namespace {
-std::shared_ptr<C10dWorld> world_of_one() {
-  RendezvousOptions options;
-  options.master_addr = "127.0.0.1";
-  options.master_port = find_free_port();
-  options.world_size = 1;
-  options.timeout = std::chrono::seconds(30);
-  return C10dWorld::connect(options);
-}
-void handle_sigpipe(int) {}
-}  // namespace
 
 // Gloo writes with writev(): with SIGPIPE at its default, a write to a killed peer ended the
 // rank without a word (a CI run saw a rank vanish so). After connect() the write fails with
