@@ -6,7 +6,7 @@
 DIR gets transformers' own files for a LlamaForCausalLM of 4 layers (config.json and
 model.safetensors, from save_pretrained) and tokens.bin: 4,000 ids as 2-byte integers, a sequence
 that repeats every 37 ids, so that the next id is learnable and the loss falls within a few steps.
---check loads DIR and hf_llama's OUT with LlamaForCausalLM.from_pretrained and fails unless
+Exits 3 where transformers cannot be imported. --check loads DIR and hf_llama's OUT with LlamaForCausalLM.from_pretrained and fails unless
 transformers' own loss over the first windows of tokens.bin is lower with OUT's weights.
 """
 import os
@@ -14,7 +14,12 @@ import sys
 
 import numpy
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+
+try:
+    from transformers import LlamaConfig, LlamaForCausalLM
+except ImportError as error:
+    print(f"save_hf_llama.py: transformers cannot be imported: {error}")
+    sys.exit(3)  # the package test then builds hf_llama without running it
 
 
 def causal_lm_loss(directory, ids):
