@@ -46,7 +46,7 @@
 #include "pipetrain/runtime/distributed_pipe.h"
 #include "pipetrain/runtime/launcher.h"
 #include "pipetrain/train/sharded_optimizer.h"
-#include "synthetic.h"
+#include "pipetrain/examples/synthetic.h"
 
 using namespace pipetrain;
 using Clock = std::chrono::steady_clock;

@@ -3,8 +3,8 @@
 # find_package(pipetrain REQUIRED), builds it and runs every program; each checks its own result
 # and exits non-zero when the check fails. PYTHON (torch's interpreter, the build's
 # PIPETRAIN_PYTHON) writes the TorchScript model torchscript_stages trains, and with transformers
-# the Hugging Face model hf_llama trains (where transformers cannot be imported, that one program
-# is built but not run, and the output says so).
+# the Hugging Face model hf_llama and job train (where transformers cannot be imported, those two
+# programs are built but not run, and the output says so).
 #
 #   cmake -DBUILD_DIR=... -DSOURCE_DIR=... -DWORK_DIR=... -DPYTHON=... -P cmake/TestConsumer.cmake
 foreach(var BUILD_DIR SOURCE_DIR WORK_DIR PYTHON)
@@ -40,7 +40,7 @@ execute_process(COMMAND "${PYTHON}" "${consumer}/save_hf_llama.py" "${WORK_DIR}/
                 RESULT_VARIABLE saved OUTPUT_VARIABLE out ERROR_VARIABLE err)
 message(STATUS "save the Hugging Face model:\n${out}${err}")
 if(saved EQUAL 3)
-  message(STATUS "hf_llama built, not run: ${PYTHON} cannot import transformers")
+  message(STATUS "hf_llama and job built, not run: ${PYTHON} cannot import transformers")
 elseif(NOT saved EQUAL 0)
   message(FATAL_ERROR "save the Hugging Face model failed (${saved})")
 else()
@@ -48,6 +48,8 @@ else()
            "${WORK_DIR}/trained-llama")
   run_step("check hf_llama's output with transformers" "${PYTHON}" "${consumer}/save_hf_llama.py"
            --check "${WORK_DIR}/tiny-llama" "${WORK_DIR}/trained-llama")
+  run_step("run job" "${programs}/job" "${WORK_DIR}/tiny-llama" "${WORK_DIR}/job"
+           "${WORK_DIR}/prefix/bin/pipetrain")
 endif()
 run_step("run custom_schedule" "${programs}/custom_schedule")
 run_step("run plan_and_train" "${programs}/plan_and_train")

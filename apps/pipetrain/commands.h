@@ -42,10 +42,10 @@ using CommandSetup = std::function<void(CLI::App& app, int& exit_code)>;
 void add_plan_command(CLI::App& app, int& exit_code);             // plan.cpp
 void add_train_command(CLI::App& app, int& exit_code);            // train.cpp
 void add_bench_command(CLI::App& app, int& exit_code);            // bench.cpp
-void add_eval_command(CLI::App& app, int& exit_code);             // eval.cpp
+void add_eval_command(CLI::App& app, int& exit_code);             // inference.cpp
 void add_launch_command(CLI::App& app, int& exit_code);           // train_distributed.cpp (hidden)
-void add_generate_command(CLI::App& app, int& exit_code);         // hf.cpp
-void add_export_hf_command(CLI::App& app, int& exit_code);        // hf.cpp
-void add_checkpoint_info_command(CLI::App& app, int& exit_code);  // hf.cpp
+void add_generate_command(CLI::App& app, int& exit_code);         // inference.cpp
+void add_export_hf_command(CLI::App& app, int& exit_code);        // inference.cpp
+void add_checkpoint_info_command(CLI::App& app, int& exit_code);  // inference.cpp
 
 }  // namespace pipetrain::cli

@@ -8,6 +8,7 @@
 #include <c10/util/Logging.h>
 
 #include "commands.h"
+#include "job_flags.h"
 #include "pipetrain/base/error.h"
 #include "pipetrain/base/message_of.h"
 #include "pipetrain/train/config_file.h"
@@ -48,8 +49,11 @@ int run(int argc, char** argv) {
     }
   });
   try {
-    // `--config FILE.json` becomes flags (train/config_file.h); CLI11 takes them reversed.
+    // `--config FILE` of a job command: a TOML file is read into the command's JobConfig before
+    // the flags (job_flags.h); a JSON file becomes flags (train/config_file.h). CLI11 takes the
+    // arguments reversed.
     std::vector<std::string> arguments(argv + 1, argv + argc);
+    arguments = pipetrain::cli::read_config_file(arguments);
     arguments = pipetrain::train::expand_config_arguments(arguments);
     std::reverse(arguments.begin(), arguments.end());
     app.parse(arguments);

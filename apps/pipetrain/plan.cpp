@@ -17,7 +17,6 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
-#include "model_data.h"
 #include "pipetrain/base/atomic_file.h"
 #include "pipetrain/schedule/auto_schedule.h"
 #include "pipetrain/schedule/generators.h"
@@ -26,7 +25,10 @@
 #include "pipetrain/schedule/text_format.h"
 #include "pipetrain/schedule/timeline_svg.h"
 #include "pipetrain/schedule/validate.h"
-#include "plan_model.h"
+#include "job_flags.h"
+#include "pipetrain/job/model_data.h"
+#include "pipetrain/job/console_observer.h"
+#include "pipetrain/job/run_job.h"
 
 namespace pipetrain::cli {
 namespace {
@@ -93,7 +95,7 @@ void check_request(const PlanRequest& request) {
   const auto& names = ps::schedule_names();
   if (std::find(names.begin(), names.end(), request.schedule) == names.end()) {
     throw UsageError("unknown --schedule '" + request.schedule +
-                     "'; valid: " + examples::join_names(names) + " (or --schedule-file FILE)");
+                     "'; valid: " + job::join_names(names) + " (or --schedule-file FILE)");
   }
 }
 
@@ -230,7 +232,6 @@ void add_plan_command(CLI::App& app, int& exit_code) {
   auto request = std::make_shared<PlanRequest>();
   auto* command = app.add_subcommand(
       "plan", "Build or load a pipeline schedule, validate it, simulate it on a cost model");
-  command->add_option("--stages", request->stages, "Pipeline ranks K (>= 1)");
   command->add_option("--microbatches", request->microbatches, "Micro-batches M (>= 1)");
   command->add_option("--schedule", request->schedule,
                       "gpipe | 1f1b | interleaved-1f1b | zb-h1 | zb-h2 | zb-v | v-half | v-min | "
@@ -253,19 +254,24 @@ void add_plan_command(CLI::App& app, int& exit_code) {
   command->add_option(
       "--schedule-file", request->schedule_file,
       "Load a custom schedule (one line per rank, e.g. 0F0,0F1,0B0,0B1; *.csv: torch's CSV)");
-  command->add_option("--format", request->format, "json | text | svg (default text)");
-  command->add_option("--output", request->output, "Write to FILE (required for svg)");
-  // --model: profile a model and search the plan space (plan_model.cpp).
-  auto model_args = std::make_shared<PlanModelArgs>();
-  add_plan_model_options(*command, *model_args);
-  command->callback([request, model_args, &exit_code] {
-    if (!model_args->model.empty()) {
-      model_args->stages = request->stages;
-      model_args->format = request->format;
-      model_args->output = request->output;
-      exit_code = run_plan_for_model(*model_args);
+  // --model: profile a model and search the plan space (job::run_model_plan); the job's fields
+  // include --stages, --format and --output, which a schedule's plan reads too.
+  std::shared_ptr<JobCommand> job = add_job_flags(*command, job::Command::kPlanModel);
+  auto rank_job = std::make_shared<std::string>();
+  command->add_option("--rank-job", *rank_job)->group("");
+  command->callback([request, job, rank_job, &exit_code] {
+    if (!job->config.plan.model.empty()) {
+      if (print_config_if_asked(*job)) {
+        exit_code = 0;
+        return;
+      }
+      job::ConsoleObserver console;
+      exit_code = job::run_model_plan(job->config, console, *rank_job).exit_code;
       return;
     }
+    request->stages = static_cast<int>(job->config.plan.stages);
+    request->format = job->config.plan.format;
+    request->output = job->config.plan.output;
     run_plan(*request);
     exit_code = 0;
   });

@@ -13,7 +13,7 @@
 
 #include <torch/torch.h>
 
-#include "model_registry.h"
+#include "pipetrain/examples/model_registry.h"
 #include "pipetrain/base/error.h"
 #include "pipetrain/base/median.h"
 #include "pipetrain/models/llama.h"
@@ -29,7 +29,7 @@
 #include "pipetrain/stage/microbatch.h"
 #include "pipetrain/stage/precision.h"
 #include "pipetrain/train/event_log.h"
-#include "synthetic.h"
+#include "pipetrain/examples/synthetic.h"
 
 namespace pipetrain::bench {
 namespace {

@@ -1,4 +1,4 @@
-#include "data_loader.h"
+#include "pipetrain/examples/data_loader.h"
 
 #include <algorithm>
 #include <random>

@@ -1,4 +1,4 @@
-#include "fashion_mnist.h"
+#include "pipetrain/examples/fashion_mnist.h"
 
 #include <unistd.h>
 #include <zlib.h>

@@ -2,10 +2,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "cnn.h"
-#include "gpt.h"
-#include "mlp.h"
-#include "model_registry.h"
+#include "pipetrain/examples/cnn.h"
+#include "pipetrain/examples/gpt.h"
+#include "pipetrain/examples/mlp.h"
+#include "pipetrain/examples/model_registry.h"
 #include "pipetrain/stage/skip.h"
 
 namespace pipetrain::examples {

@@ -1,4 +1,4 @@
-#include "synthetic.h"
+#include "pipetrain/examples/synthetic.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

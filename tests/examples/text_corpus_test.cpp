@@ -1,4 +1,4 @@
-#include "text_corpus.h"
+#include "pipetrain/examples/text_corpus.h"
 
 #include <cmath>
 #include <filesystem>

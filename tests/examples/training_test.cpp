@@ -9,11 +9,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "data_loader.h"
-#include "fashion_mnist.h"
-#include "gpt.h"
-#include "model_registry.h"
-#include "text_corpus.h"
+#include "pipetrain/examples/data_loader.h"
+#include "pipetrain/examples/fashion_mnist.h"
+#include "pipetrain/examples/gpt.h"
+#include "pipetrain/examples/model_registry.h"
+#include "pipetrain/examples/text_corpus.h"
 
 namespace pipetrain::examples {
 namespace {

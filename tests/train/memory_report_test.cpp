@@ -17,7 +17,7 @@
 
 #include "../helpers/cli_run.h"
 #include "../helpers/hf_models.h"
-#include "model_registry.h"
+#include "pipetrain/examples/model_registry.h"
 #include "pipetrain/train/batch_source.h"
 #include "pipetrain/train/memory_report.h"
 #include "pipetrain/train/trainer.h"

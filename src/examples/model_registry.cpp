@@ -1,13 +1,13 @@
 // Model registry (model_registry.h).
-#include "model_registry.h"
+#include "pipetrain/examples/model_registry.h"
 
 #include <set>
 
 #include <torch/nn/functional/loss.h>
 
-#include "cnn.h"
-#include "gpt.h"
-#include "mlp.h"
+#include "pipetrain/examples/cnn.h"
+#include "pipetrain/examples/gpt.h"
+#include "pipetrain/examples/mlp.h"
 
 namespace pipetrain::examples {
 namespace {

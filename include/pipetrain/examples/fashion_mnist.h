@@ -18,7 +18,7 @@
 
 #include <torch/types.h>
 
-#include "data_error.h"
+#include "pipetrain/examples/data_error.h"
 
 namespace pipetrain::examples {
 

@@ -1,4 +1,4 @@
-// examples/model_data.h: the checks and loaders the CLI calls. check_batch_size refuses a
+// job/model_data.h: the checks and loaders the CLI calls. check_batch_size refuses a
 // mini-batch larger than the training set, naming the largest that fits; load_planning_model
 // loads an example model, a Hugging Face directory's config or refuses, naming --model or
 // --sample-shape.
@@ -10,10 +10,10 @@
 #include <torch/torch.h>
 
 #include "../helpers/hf_models.h"
-#include "model_data.h"
+#include "pipetrain/job/model_data.h"
 #include "pipetrain/base/error.h"
 
-namespace pipetrain::examples {
+namespace pipetrain::job {
 namespace {
 
 std::string message_of_bad_input(const std::function<void()>& call) {
@@ -88,4 +88,4 @@ TEST(LoadPlanningModel, AHuggingFaceDirectoryIsReadAsAConfigWithTokenIds) {
 }
 
 }  // namespace
-}  // namespace pipetrain::examples
+}  // namespace pipetrain::job

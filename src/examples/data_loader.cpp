@@ -1,5 +1,5 @@
 // Seeded, resumable mini-batches (data_loader.h).
-#include "data_loader.h"
+#include "pipetrain/examples/data_loader.h"
 
 #include <numeric>
 #include <random>

@@ -1,15 +1,15 @@
 // Model and data from a ModelDataSpec (model_data.h).
-#include "model_data.h"
+#include "pipetrain/job/model_data.h"
 
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <sstream>
 
-#include "data_error.h"
-#include "data_loader.h"
-#include "fashion_mnist.h"
-#include "model_registry.h"
+#include "pipetrain/examples/data_error.h"
+#include "pipetrain/examples/data_loader.h"
+#include "pipetrain/examples/fashion_mnist.h"
+#include "pipetrain/examples/model_registry.h"
 #include "pipetrain/base/message_of.h"
 #include "pipetrain/data/packing.h"
 #include "pipetrain/io/indexed_dataset.h"
@@ -20,12 +20,16 @@
 #include "pipetrain/train/checkpoint.h"
 #include "pipetrain/train/token_batches.h"
 #include "pipetrain/transport/c10d.h"
-#include "synthetic.h"
+#include "pipetrain/examples/synthetic.h"
+#include "job_internal.h"
 
-namespace pipetrain::examples {
+namespace pipetrain::job {
+
+using namespace pipetrain::examples;  // the example models and data sets
 namespace {
 
 using UsageError = pipetrain::BadInput;
+using detail::contains;
 
 // Runs `load`; an error of the library or of torch becomes BadInput("<flag>: <message>").
 template <typename Load>
@@ -42,10 +46,6 @@ auto as_usage_error(const std::string& flag, Load&& load) -> decltype(load()) {
 // The eval windows of a text corpus come from their own stream, never from a training step's.
 constexpr uint64_t kTextEvalSeed = 0x7e57'da7aULL;
 constexpr int64_t kTextEvalWindows = 256;
-
-bool contains(const std::vector<std::string>& names, const std::string& name) {
-  return std::find(names.begin(), names.end(), name) != names.end();
-}
 
 bool is_torchscript_path(const std::string& model) {
   return !is_hf_model(model) &&
@@ -633,4 +633,4 @@ std::optional<Evaluation> evaluate(const BuiltModel& model, const BuiltData& dat
                          train::EvaluateOptions().batch(batch).classification(data.classification));
 }
 
-}  // namespace pipetrain::examples
+}  // namespace pipetrain::job

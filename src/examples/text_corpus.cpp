@@ -1,5 +1,5 @@
 // Character-level corpus (text_corpus.h).
-#include "text_corpus.h"
+#include "pipetrain/examples/text_corpus.h"
 
 #include <cerrno>
 #include <cmath>
@@ -8,7 +8,7 @@
 #include <random>
 #include <sstream>
 
-#include "data_loader.h"  // mix_seed, uniform_below
+#include "pipetrain/examples/data_loader.h"  // mix_seed, uniform_below
 
 namespace pipetrain::examples {
 

@@ -1,5 +1,6 @@
-// Building an example or TorchScript model and its data from a ModelDataSpec: what `pipetrain
-// train` and `pipetrain eval` share, and what a C++ user calls to get the same model and data.
+// Building a job's model and data from a ModelDataSpec (made of a JobConfig's [model] and [data]
+// sections: job/training_setup.h): what `pipetrain train`, `eval` and `generate` share, and what a
+// C++ user calls to get the same model and data.
 //
 //   model: mlp|cnn|gpt|PATH.pt|DIR
 //                                an example model (model_registry.h), a TorchScript module whose
@@ -37,9 +38,11 @@
 #include "pipetrain/train/batch_source.h"
 #include "pipetrain/train/document_batches.h"
 #include "pipetrain/train/evaluate.h"
-#include "text_corpus.h"
+#include "pipetrain/examples/text_corpus.h"
 
-namespace pipetrain::examples {
+namespace pipetrain::job {
+
+using examples::CharCorpus;
 
 // Which model and which data (the fields of `pipetrain train`'s and `pipetrain eval`'s flags of the
 // same names).
@@ -220,4 +223,4 @@ class InferenceModel {
 
 std::string join_names(const std::vector<std::string>& names);
 
-}  // namespace pipetrain::examples
+}  // namespace pipetrain::job

@@ -1,5 +1,5 @@
 // The ResNet-style CNN example model (cnn.h).
-#include "cnn.h"
+#include "pipetrain/examples/cnn.h"
 
 #include <string>
 

@@ -1,5 +1,5 @@
 // Seeded random data sets (synthetic.h).
-#include "synthetic.h"
+#include "pipetrain/examples/synthetic.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 

@@ -1,5 +1,5 @@
 // Fashion-MNIST IDX reader (fashion_mnist.h): zlib stream -> validated header -> tensor.
-#include "fashion_mnist.h"
+#include "pipetrain/examples/fashion_mnist.h"
 
 #include <sys/stat.h>
 #include <zlib.h>

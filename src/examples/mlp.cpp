@@ -1,5 +1,5 @@
 // The MLP example model (mlp.h).
-#include "mlp.h"
+#include "pipetrain/examples/mlp.h"
 
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/linear.h>

@@ -1,5 +1,5 @@
 // The GPT example model (gpt.h).
-#include "gpt.h"
+#include "pipetrain/examples/gpt.h"
 
 #include <cmath>
 

@@ -24,7 +24,7 @@
 
 #include <torch/types.h>
 
-#include "data_error.h"
+#include "pipetrain/examples/data_error.h"
 #include "pipetrain/train/batch_source.h"
 
 namespace pipetrain::examples {

@@ -1,0 +1,162 @@
+// CLI11 options from the job's field declaration (job_flags.h).
+#include "job_flags.h"
+
+#include <iostream>
+#include <map>
+
+#include "pipetrain/job/job_fields.h"
+#include "pipetrain/job/job_file.h"
+
+namespace pipetrain::cli {
+namespace {
+
+// The job commands by subcommand name, for --config.
+std::map<std::string, std::weak_ptr<JobCommand>>& job_commands() {
+  static std::map<std::string, std::weak_ptr<JobCommand>> commands;
+  return commands;
+}
+
+// An option per field of one command, bound to the field.
+class AddOptions : public job::FieldVisitor {
+ public:
+  AddOptions(CLI::App& app, job::Command command) : app_(app), command_(command) {}
+
+  void field(const job::Field& f, bool& value) override {
+    if (take(f)) finish(f, app_.add_flag(f.flag, value, f.help));
+  }
+  void field(const job::Field& f, int64_t& value, const job::Check<int64_t>&) override {
+    bind(f, value);
+  }
+  void field(const job::Field& f, std::optional<int64_t>& value,
+             const job::Check<int64_t>&) override {
+    if (!take(f)) return;
+    finish(f, app_.add_option_function<int64_t>(
+                  f.flag, [&value](const int64_t& given) { value = given; }, f.help));
+  }
+  void field(const job::Field& f, uint64_t& value) override { bind(f, value); }
+  void field(const job::Field& f, double& value, const job::Check<double>&) override {
+    bind(f, value);
+  }
+  void field(const job::Field& f, std::string& value, const job::Check<std::string>&) override {
+    bind(f, value);
+  }
+  void field(const job::Field& f, std::vector<std::string>& value,
+             const job::Check<std::vector<std::string>>&) override {
+    bind(f, value);
+  }
+  void field(const job::Field& f, std::vector<int64_t>& value,
+             const job::Check<std::vector<int64_t>>&) override {
+    bind(f, value);
+  }
+  void field(const job::Field& f, std::vector<double>& value,
+             const job::Check<std::vector<double>>&) override {
+    bind(f, value);
+  }
+
+ private:
+  bool take(const job::Field& f) const { return f.serves(command_); }
+
+  template <typename T>
+  void bind(const job::Field& f, T& value) {
+    if (!take(f)) return;
+    CLI::Option* option = app_.add_option(f.flag, value, f.help);
+    if (f.delimiter) option->delimiter(f.delimiter);
+    finish(f, option);
+  }
+
+  void finish(const job::Field& f, CLI::Option* option) {
+    if (f.hidden) {
+      option->group("");
+      return;
+    }
+    option->group(job::section_title(f.section));
+    if (!f.shown_default.empty()) {
+      option->default_str(f.shown_default);
+    } else if (option->get_type_size_max() > 0) {
+      option->capture_default_str();
+    }
+  }
+
+  CLI::App& app_;
+  job::Command command_;
+};
+
+bool ends_with(const std::string& text, const std::string& end) {
+  return text.size() >= end.size() && text.compare(text.size() - end.size(), end.size(), end) == 0;
+}
+
+}  // namespace
+
+std::shared_ptr<JobCommand> add_job_flags(CLI::App& app, job::Command command) {
+  auto job = std::make_shared<JobCommand>();
+  job->command = command;
+  job->app = &app;
+  AddOptions add(app, command);
+  job::visit_fields(job->config, add);
+  app.add_option("--config", "TOML file of the job ([section] key = value, as --print-config "
+                             "writes it; or JSON of flags {\"lr\": 0.01}); flags given here win")
+      ->group("Job file");
+  app.add_flag("--print-config", job->print_config,
+               "print the whole job as TOML (every default filled) and exit; --config of that "
+               "file runs the same job")
+      ->group("Job file");
+  app.add_flag("--reference-table", job->reference_table)->group("");
+  job_commands()[app.get_name()] = job;
+  return job;
+}
+
+std::vector<std::string> read_config_file(std::vector<std::string> arguments) {
+  if (arguments.empty()) return arguments;
+  const auto found = job_commands().find(arguments.front());
+  if (found == job_commands().end()) return arguments;
+  const std::shared_ptr<JobCommand> job = found->second.lock();
+  if (!job) return arguments;
+  for (size_t i = 1; i < arguments.size(); ++i) {
+    std::string path;
+    size_t words = 1;
+    if (arguments[i] == "--config" && i + 1 < arguments.size()) {
+      path = arguments[i + 1];
+      words = 2;
+    } else if (arguments[i].rfind("--config=", 0) == 0) {
+      path = arguments[i].substr(9);
+    } else {
+      continue;
+    }
+    if (ends_with(path, ".json")) return arguments;  // flags (train/config_file.h)
+    try {
+      job::read_job_file(path, job->config, job->command);
+    } catch (const pipetrain::Error& error) {
+      throw BadInput(std::string("--config: ") + error.what());
+    }
+    arguments.erase(arguments.begin() + static_cast<std::ptrdiff_t>(i),
+                    arguments.begin() + static_cast<std::ptrdiff_t>(i + words));
+    return arguments;
+  }
+  return arguments;
+}
+
+bool print_config_if_asked(const JobCommand& job) {
+  if (job.reference_table) {
+    std::cout << job::reference_table(job.command);
+    return true;
+  }
+  if (!job.print_config) return false;
+  job::check_fields(job.config, job.command);
+  std::cout << job::job_toml(job.config, job.command);
+  std::cout.flush();
+  return true;
+}
+
+std::vector<std::string> given_flags(const CLI::App& app) {
+  std::vector<std::string> given;
+  for (const CLI::Option* option : app.get_options()) {
+    const std::string name = option->get_name();
+    if (option->count() > 0 && name != "--config" && name != "--print-config" &&
+        name != "--reference-table") {
+      given.push_back(name);
+    }
+  }
+  return given;
+}
+
+}  // namespace pipetrain::cli

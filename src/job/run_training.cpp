@@ -1,0 +1,516 @@
+// run_training (job/run_job.h): a training job from its JobConfig to its summary.
+//
+//   [1] resolve + check      TrainingSetup        job/training_setup.h (BadInput before any work)
+//   [2] model + data         Prepared             job/model_data.h; the auto plan
+//                                                 (tune/auto_plan.h) fixes the pipeline flags it
+//                                                 was asked for before anything is built on them
+//   [3] runner               train::StepRunner    sequential | Pipe | DistributedPipe (one rank)
+//   [4] the loop             train::Trainer       observed: start, steps, evaluations per epoch,
+//                                                 checkpoints, the result (training_report.cpp)
+//
+// Multi-process: parallel.nproc > 1 makes this process the launching parent: it checks every
+// setting and file (so bad input still fails here, before any rank starts) and the memory the
+// ranks will need, then starts nproc copies of this program (runtime/launcher.h). Each rank finds
+// the torchrun environment and runs [2]..[4] for its stages. Under torchrun, Slurm or mpirun the
+// environment is theirs and nproc is 1.
+//
+// The auto plan is made once per run, never per rank (profiles are timings and differ between
+// processes): in one process here; with several, by rank 0 with every rank taking part in what it
+// measures on the processes (tune::plan_training_on_ranks).
+//
+// Batches are a pure function of the global step k: Fashion-MNIST/synthetic use the seeded
+// shuffled DataLoader (epoch k / B, batch k % B), text draws windows from (seed, k), tensors read
+// rows (k*N .. k*N+N-1) mod R in order. So a checkpoint needs only k to resume exactly.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <sstream>
+#include <thread>
+
+#include <torch/torch.h>
+
+#include "pipetrain/job/job_file.h"
+#include "pipetrain/job/run_job.h"
+#include "pipetrain/models/llama_export.h"
+#include "pipetrain/partition/memory.h"
+#include "pipetrain/runtime/distributed.h"
+#include "pipetrain/runtime/launcher.h"
+#include "pipetrain/stage/batchnorm.h"
+#include "pipetrain/stage/device.h"
+#include "pipetrain/stage/microbatch.h"
+#include "pipetrain/train/device_peak.h"
+#include "pipetrain/train/memory_report.h"
+#include "pipetrain/train/step_runner.h"
+#include "pipetrain/tune/calibration.h"
+#include "pipetrain/tune/memory_check.h"
+#include "pipetrain/tune/world_plan.h"
+#include "job_internal.h"
+#include "training_parts.h"
+
+namespace pipetrain::job {
+namespace {
+
+using detail::as_bad_input;
+using detail::Batches;
+using detail::Prepared;
+
+void note(JobObserver& observer, const std::string& text, bool warning = false) {
+  observer.on_note({warning ? Note::Kind::kWarning : Note::Kind::kInfo, text});
+}
+
+// The launching parent hands its prediction of each process's memory, and the peak MFU divides
+// by, to the ranks.
+constexpr const char* kPredictedMemory = "PIPETRAIN_PREDICTED_MEMORY";
+constexpr const char* kPeakFlops = "PIPETRAIN_PEAK_FLOPS";
+
+// ---- [2] model, data, auto plan -----------------------------------------------------------------
+
+// The run as far as the user fixed it, for the planner.
+tune::AutoPlanInput auto_plan_input(const TrainingSetup& s, const RunLayout& layout, int64_t layers,
+                                    JobObserver& observer) {
+  tune::AutoPlanInput input = tune::auto_plan_input(s.pipeline, layout, s.auto_request, layers);
+  input.memory_limit_bytes = s.memory_limit_bytes;
+  input.zero = static_cast<int>(s.job.zero.stage);
+  input.reshard_after_forward = s.job.zero.reshard_after_forward;
+  input.zero_policy = train::zero_memory_policy(
+      s.zero_options, PipeOptions()
+                          .overlap_gradient_reduction(s.pipeline.overlap_grad_reduce)
+                          .bucket_bytes(bucket_bytes_of(s.pipeline.bucket_mb)));
+  input.offload_optimizer = s.job.zero.offload_optimizer;
+  input.optimizer_state_multiple =
+      tune::optimizer_state_multiple(s.job.optimizer.name, s.job.optimizer.momentum);
+  // Planning's progress, and its warnings.
+  input.diagnostics = [&observer](const tune::Diagnostic& d) {
+    note(observer, d.text, d.kind == tune::Diagnostic::Kind::kWarning);
+  };
+  return input;
+}
+
+// What one replica's pipeline runs per step: the first mini-batch, or replica 0's share of it.
+torch::Tensor auto_plan_sample(const TrainingSetup& s, const RunLayout& layout, const Prepared& p) {
+  Batches batches(s, p.model, p.data);
+  torch::Tensor x = batches.source().largest().first;
+  if (layout.replicas > 1) x = x.narrow(0, 0, microbatch_sizes(x.size(0), layout.replicas)[0]);
+  return x;
+}
+
+// Where the plan comes from: this process's profile (default), or rank 0's made with every rank
+// (a multi-process run).
+using PlanSource = std::function<partition::Plan(Prepared& p, const tune::AutoPlanInput& input,
+                                                 const torch::Tensor& sample)>;
+
+// The entries of a Hugging Face model this process gives memory to: all in one process (and with
+// an auto plan or --report-memory, whose rank 0 profiles the whole model), none in the launching
+// parent (pipeline_rank -1: it only checks), a rank's own stages' on a rank.
+std::optional<std::vector<int64_t>> hf_entries(const TrainingSetup& s, const RunLayout& layout,
+                                               int pipeline_rank) {
+  if (!is_hf_model(s.data.model) || !layout.multi_process || s.auto_request.any()) {
+    return std::nullopt;
+  }
+  if (pipeline_rank < 0) return std::vector<int64_t>{};
+  if (pipeline_rank == 0 && s.job.memory.report) return std::nullopt;  // it profiles every entry
+  const int64_t layers = hf_config(s.data).entries();
+  return rank_layers(pipe_options(s.pipeline, layout, layers), layers, pipeline_rank);
+}
+
+// [2]: data, model (seeded), checks, the auto plan (the setup then holds its values; not in the
+// launcher's parent, whose ranks plan), deferred batch norm, resume. Every rank does the same.
+Prepared prepare(TrainingSetup& s, const RunLayout& layout, JobObserver& observer,
+                 const PlanSource& plan_source = {}, bool leave_plan_to_ranks = false,
+                 int pipeline_rank = -1, const parallel::TensorParallel& tp = {}) {
+  Prepared p;
+  p.data = build_data(s.data);
+  torch::manual_seed(s.data.seed);
+  p.model = build_model(s.data, p.data, hf_entries(s, layout, pipeline_rank), tp);
+  check_data_against_model(p.model, p.data);
+  check_batch_size(p.data, s.job.training.batch_size);
+  if (s.auto_request.any() && !leave_plan_to_ranks) {
+    const int64_t layers = static_cast<int64_t>(p.model.sequential->size());
+    const tune::AutoPlanInput input = auto_plan_input(s, layout, layers, observer);
+    const torch::Tensor sample = auto_plan_sample(s, layout, p);
+    p.auto_plan = plan_source ? plan_source(p, input, sample)
+                              : plan_training(p.model.sequential, sample, s.auto_request, input);
+    tune::apply_auto_plan(s.pipeline, s.auto_request, *p.auto_plan);
+  }
+  if (!is_sequential(s.pipeline, layout)) {
+    // Batch norms would update running statistics per micro-batch and again on recompute;
+    // deferred ones update once per mini-batch, as sequential training does. The mini-batch is
+    // every replica's micro-batches; the trainer sums the replicas' statistics before the commit.
+    p.model.sequential = convert_deferred_batch_norm(
+        p.model.sequential, chunks_of(s.pipeline, layout) * layout.replicas);
+  }
+  const std::string& resume = s.resume;
+  if (!resume.empty()) {
+    p.resume = as_bad_input("--resume", [&] {
+      // A rank restores its own tensors (its tensor-parallel slices): from a sharded checkpoint
+      // it reads only those, and under ZeRO only its shard's ranges of their optimizer state.
+      return train::resume_checkpoint(
+          resume, *p.model.sequential, s.job.optimizer.name,
+          train::TensorParallelSlice{p.model.tensor_parallel_split, tp.rank(), tp.size()},
+          /*optimizer_state_by_range=*/s.job.zero.stage > 0);
+    });
+  }
+  return p;
+}
+
+// ---- the memory check ---------------------------------------------------------------------------
+
+// The memory model's input for this run (tune/memory_check.h).
+tune::MemoryCheckInput memory_check_input(const TrainingSetup& s, const RunLayout& layout,
+                                          const Prepared& p) {
+  tune::MemoryCheckInput input;
+  if (p.model.llama) {
+    input.llama = p.model.llama.get();
+    input.tensor_parallel = layout.tensor_parallel;
+    input.sequence_parallel = s.job.parallel.sequence_parallel;
+  } else {
+    input.model = p.model.sequential;
+    input.loss = p.model.loss;
+  }
+  Batches batches(s, p.model, p.data);
+  std::tie(input.inputs, input.targets) = batches.source().largest();
+  const int64_t layers = static_cast<int64_t>(p.model.sequential->size());
+  input.pipe = pipe_options(s.pipeline, layout, layers);
+  input.run = memory_run_options(s, layout);
+  const int ranks = layout.pipeline_ranks;
+  if (layout.multi_process) {
+    for (int r = 0; r < layout.world; ++r) input.ranks_of_process.push_back({r % ranks});
+  } else {
+    input.ranks_of_process.emplace_back();
+    for (int r = 0; r < ranks; ++r) input.ranks_of_process.back().push_back(r);
+  }
+  input.budget_per_rank = s.memory_limit_bytes;
+  return input;
+}
+
+// Before any rank builds its share of the model: the memory model's need of this run on this
+// machine against what it has; a run that does not fit is refused (BadInput) naming both and the
+// settings that fit. Not for sequential training, an auto plan (bounded by --memory-limit) or
+// ranks started by another launcher.
+void check_memory(const TrainingSetup& s, const RunLayout& layout, Prepared& p,
+                  JobObserver& observer) {
+  const bool sequential = is_sequential(s.pipeline, layout);
+  if (s.memory_limit_bytes > 0 && !s.auto_request.any() && sequential) {
+    throw BadInput(
+        "--memory-limit checks a pipelined run against the memory model, or bounds --balance/"
+        "--schedule auto; sequential training (one stage, one process) is not modelled: give "
+        "--stages 2 or more, or drop --memory-limit");
+  }
+  if (s.job.memory.skip_check || s.auto_request.any() || sequential) return;
+  // The batches drawn here and the profile draw from the random generator: the run must draw
+  // what it would have drawn without the check.
+  tune::RandomStateGuard random;
+  const tune::MemoryCheckInput input = memory_check_input(s, layout, p);
+  const train::MemoryFit fit = as_bad_input("", [&] { return tune::check_run_memory(input); });
+  if (!fit.fits()) throw BadInput(train::memory_fit_text(fit));
+  p.predicted_memory = train::process_needs(fit, input.ranks_of_process);
+  std::string list;
+  for (int64_t bytes : p.predicted_memory) {
+    list += (list.empty() ? "" : ",") + std::to_string(bytes);
+  }
+  ::setenv(kPredictedMemory, list.c_str(), 1);  // the ranks this process starts read it
+  note(observer, "memory: this run needs " + partition::format_bytes(fit.run.needed) + " of the " +
+                     partition::format_bytes(fit.available.bytes) + " available (" +
+                     fit.available.source + ")");
+}
+
+// ---- [4] the loop -------------------------------------------------------------------------------
+
+// Collective: the whole model on the main rank, evaluated there with every core.
+void evaluate_and_report(const std::string& when, train::Trainer& trainer, const BuiltModel& model,
+                         const BuiltData& data, JobObserver& observer) {
+  if (!data.corpus && !data.test_inputs.defined()) return;
+  if (!trainer.gather_model()) return;
+  // The other ranks wait for the next step meanwhile: evaluate with every core.
+  const int threads = at::get_num_threads();
+  at::set_num_threads(
+      std::max(threads, static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))));
+  std::optional<train::Evaluation> e = evaluate(model, data);
+  at::set_num_threads(threads);
+  if (e) observer.on_evaluation({when, *e, when + ": " + describe_evaluation(*e, data)});
+}
+
+train::TrainSummary run_loop(const TrainingSetup& s, Prepared& p, train::Trainer& trainer,
+                             const Batches& batches, train::StepRunner& runner, int threads,
+                             JobObserver& observer) {
+  if (runner.is_main()) {
+    TrainingStart start;
+    start.text = detail::start_text(s, p, batches, runner, threads);
+    start.progress = detail::rate_options(s, p.model, p.data)
+                         .total_steps(batches.total_steps())
+                         .epochs(batches.epochs())
+                         .first_step(trainer.first_step())
+                         .log_every_steps(s.job.training.log_every);
+    start.step_lines = p.data.name == "tensors";
+    start.predicted_memory = p.predicted_memory;
+    observer.on_start(start);
+  }
+  trainer.on_step = [&](const train::StepReport& r) {
+    if (r.main) observer.on_step(r);
+  };
+  trainer.on_epoch_end = [&](int64_t epoch) {
+    if (runner.is_main()) observer.on_epoch_end(epoch);
+    evaluate_and_report("epoch " + std::to_string(epoch + 1), trainer, p.model, p.data, observer);
+  };
+  trainer.on_checkpoint = [&](const std::string& directory, const train::Trainer::SaveFigures& f) {
+    if (f.main) observer.on_checkpoint({directory, f, detail::checkpoint_text(directory, f)});
+  };
+  return trainer.fit();
+}
+
+// Runs on every rank (or the single process) once the runner exists. `pipe`: the pipeline's
+// options (null for sequential training).
+train::TrainSummary train_with(const TrainingSetup& s, Prepared& p, train::StepRunner& runner,
+                               int threads, const PipeOptions* pipe, const RunLayout& layout,
+                               JobObserver& observer) {
+  Batches batches(s, p.model, p.data);
+  train::TrainerOptions options = trainer_settings(s, batches.total_steps())
+                                      .metadata({{"model", p.model.name},
+                                                 {"model_options", p.model.options},
+                                                 {"data", s.data.data},
+                                                 {"batch_size", s.job.training.batch_size},
+                                                 {"seed", s.data.seed},
+                                                 {"optimizer", s.job.optimizer.name},
+                                                 {"lr", s.job.optimizer.lr}});
+  train::Trainer trainer(p.model.sequential, runner, batches.source(), options);
+  if (p.resume) {
+    try {
+      trainer.resume(*p.resume);
+    } catch (const train::CheckpointError& error) {
+      throw BadInput("--resume " + s.resume + ": " + std::string(error.what()));
+    }
+  }
+  const bool main = runner.is_main();
+  if (main && !s.job.checkpoint.dir.empty()) {
+    as_bad_input("--checkpoint-dir", [&] { write_job_file(s.job.checkpoint.dir, s.job); });
+  }
+  const train::TrainSummary result = run_loop(s, p, trainer, batches, runner, threads, observer);
+  if (p.data.corpus) evaluate_and_report("final", trainer, p.model, p.data, observer);
+  TrainingDone done;
+  done.summary = result;
+  if (main && pipe) done.text += detail::memory_report_text(s, p, batches, result, *pipe, layout);
+  if (main && pipe && pipe->offload_activations()) {
+    done.text += train::offload_report_text(runner.rank_holdings(), true);
+  }
+  if (main) done.text += detail::result_text(s, p, batches, runner, result, done.rate);
+  const std::string& save_params = s.job.output.save_params;
+  if (!save_params.empty()) {
+    const std::optional<train::Checkpoint> whole = trainer.gather_weights();  // on the main rank
+    if (whole) {
+      const size_t saved = train::save_parameters(save_params, *whole, *p.model.sequential);
+      done.text += "saved " + std::to_string(saved) + " parameters to " + save_params + "\n";
+    }
+  }
+  const std::string& save_hf = s.job.output.save_hf;
+  if (!save_hf.empty()) {  // every process writes its share; nothing is gathered
+    const auto start = std::chrono::steady_clock::now();
+    const auto files = models::save_llama_hf(trainer, save_hf, *p.model.llama);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    char line[64];
+    std::snprintf(line, sizeof line, "%.2f", seconds);
+    done.text += "saved " + std::string(models::to_string(p.model.llama->architecture)) + " to " +
+                 save_hf + " (" + std::to_string(files.size()) + " files by " +
+                 std::to_string(runner.processes()) + " processes in " + line + " s)\n";
+  }
+  if (main) observer.on_done(done);
+  return result;
+}
+
+// ---- the three ways to run ----------------------------------------------------------------------
+
+// A restarted rank (torchrun --max-restarts, or parallel.max_restarts here) continues from the
+// last checkpoint of checkpoint.dir; every rank takes the same file, as with --resume.
+void resume_after_restart(TrainingSetup& s, int restart_count, JobObserver& observer) {
+  if (restart_count == 0) return;
+  if (auto file = train::checkpoint_after_restart(s.job.checkpoint.dir, restart_count)) {
+    note(observer, "restart " + std::to_string(restart_count) + ": resuming from " + *file);
+    s.resume = *file;
+  } else {
+    note(observer, "restart " + std::to_string(restart_count) + ": no checkpoint in " +
+                       "--checkpoint-dir '" + s.job.checkpoint.dir + "' yet; starting over");
+  }
+}
+
+// The peak MFU divides by (train/device_peak.h): --peak-tflops per device, else a known GPU's,
+// else the CPU's measured once -- by the process that launches the ranks, which hand it down.
+void resolve_peak(TrainingSetup& s, bool launched, int processes) {
+  if (!is_hf_model(s.data.model)) return;  // FLOPs per token: the Llama family's
+  if (const char* handed = std::getenv(kPeakFlops); launched && handed != nullptr) {
+    const std::string text = handed;
+    const size_t cut = text.find(';');
+    s.peak = {std::atof(text.substr(0, cut).c_str()),
+              cut == std::string::npos ? "" : text.substr(cut + 1)};
+    return;
+  }
+  const bool cuda = on_cuda(s.pipeline);
+  s.peak = train::run_peak(s.job.training.peak_tflops,
+                           cuda ? device_name(torch::Device(torch::kCUDA, 0)) : "",
+                           s.pipeline.precision != Precision::kFloat32, cuda ? processes : 1,
+                           static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  ::setenv(kPeakFlops, (std::to_string(s.peak.flops) + ";" + s.peak.source).c_str(), 1);
+}
+
+// The parent of --nproc N: checks everything a rank would reject (BadInput here, not exit 1 in a
+// rank), then starts the ranks. An auto plan is made by the ranks, once, on rank 0 (it measures
+// the processes themselves); the parent checks what it can without it.
+JobResult launch_ranks(TrainingSetup& s, JobObserver& observer) {
+  const int nproc = static_cast<int>(s.job.parallel.nproc);
+  RunLayout layout = layout_of(s.pipeline, nproc);
+  const bool auto_plan = s.auto_request.any();
+  Prepared p = prepare(s, layout, observer, {}, /*leave_plan_to_ranks=*/auto_plan);
+  if (!auto_plan) pipe_options(s.pipeline, layout, static_cast<int64_t>(p.model.sequential->size()));
+  if (layout.tensor_parallel > 1) {  // check_tensor_parallel: a Hugging Face model
+    as_bad_input(
+        "", [&] { models::check_llama_tensor_parallel(*p.model.llama, layout.tensor_parallel); });
+  }
+  check_memory(s, layout, p, observer);
+  const std::string tensor =
+      layout.tensor_parallel > 1 ? std::to_string(layout.tensor_parallel) + " tensor-parallel x "
+                                 : "";
+  note(observer, "launching " + std::to_string(layout.world) + " processes (" +
+                     std::to_string(layout.pipeline_ranks) + " pipeline x " + tensor +
+                     std::to_string(layout.replicas) + " data-parallel)" +
+                     (auto_plan ? "; rank 0 makes the auto plan" : ""));
+  JobResult result;
+  result.exit_code = launch_self(nproc, self_arguments(), std::chrono::milliseconds(10'000),
+                                 static_cast<int>(s.job.parallel.max_restarts));
+  return result;
+}
+
+// Every rank got the auto flags: rank 0 plans, with every rank taking part in what it measures on
+// the processes; all take its plan (or its error).
+PlanSource plan_on_ranks(const TrainingSetup& s, const RunLayout& layout, Distributed& distributed,
+                         JobObserver& observer) {
+  return [&s, layout, &distributed, &observer](Prepared& p, const tune::AutoPlanInput& input,
+                                               const torch::Tensor& sample) {
+    // Tensor parallelism: rank 0 profiles a mirror copy; the timed steps run every rank. Its
+    // profile has no collective: the group's, from an all-reduce measured on the ranks, are added
+    // to it (tune::add_tensor_parallel_collectives).
+    std::optional<BuiltModel> mirrored;
+    tune::AutoPlanInput planned = input;
+    const bool sequence_parallel = s.job.parallel.sequence_parallel;
+    if (layout.tensor_parallel > 1) {
+      mirrored = build_mirror_model(s.data, p.data, layout.tensor_parallel, sequence_parallel);
+      planned.tensor_parallel_collectives = tune::llama_tensor_parallel_collectives(
+          *p.model.llama, sample.size(1), sequence_parallel, input.precision);
+    }
+    partition::Plan plan =
+        plan_training_on_ranks(distributed, p.model.sequential, sample, s.auto_request, planned,
+                               mirrored ? &mirrored->sequential : nullptr);
+    if (distributed.rank() == 0) note(observer, tune::describe_auto_plan(plan));
+    return plan;
+  };
+}
+
+// One rank of a multi-process run (the torchrun environment).
+JobResult run_rank(TrainingSetup& s, JobObserver& observer) {
+  DistributedEnvironment environment = DistributedEnvironment::from_environment();
+  resume_after_restart(s, environment.restart_count, observer);
+  std::vector<int64_t> predicted_memory;  // the parent's check_memory
+  if (const char* list = std::getenv(kPredictedMemory)) {
+    std::stringstream items(list);
+    for (std::string item; std::getline(items, item, ',');) {
+      predicted_memory.push_back(std::atoll(item.c_str()));
+    }
+  }
+  RunLayout layout = layout_of(s.pipeline, environment.world_size);
+  const int threads = threads_per_rank(s.pipeline, layout);
+  at::set_num_threads(threads);
+  // This process's stages: cuda:LOCAL_RANK under --device cuda, or its entry of --devices. It
+  // picks the backend under auto (nccl on a GPU) and the GPU NCCL binds.
+  const torch::Device device =
+      as_bad_input("", [&] { return process_device(s.pipeline, environment.local_rank); });
+  DistributedOptions options;
+  // The world's waits and the transport's (pipe_options below) from one conversion.
+  options.timeout(timeout_of(PipeOptions().timeout_seconds(s.pipeline.timeout)))
+      .pipeline_ranks(layout.pipeline_ranks)
+      .tensor_parallel(layout.tensor_parallel)
+      .backend(s.job.parallel.backend)
+      .device(device);
+  std::string bad_input;  // the auto plan failed on rank 0: every rank stops with exit 2
+  JobResult result;
+  result.exit_code = run_distributed(options, [&](Distributed& distributed) {
+    std::optional<Prepared> p;
+    try {
+      p.emplace(prepare(s, layout, observer, plan_on_ranks(s, layout, distributed, observer),
+                        false, distributed.pipeline_rank(),
+                        parallel::TensorParallel{distributed.tensor_parallel_group(),
+                                                 s.job.parallel.sequence_parallel}));
+    } catch (const tune::AutoPlanError& error) {
+      bad_input = error.what();  // every rank is here: stop cleanly, BadInput below
+      return;
+    }
+    p->predicted_memory = predicted_memory;
+    PipeOptions pipe =
+        pipe_options(s.pipeline, layout, static_cast<int64_t>(p->model.sequential->size()));
+    const std::string text = describe_pipeline(pipe, pipe.balance(), layout);
+    as_bad_input("--device", [&] { check_device_usable(device); });
+    auto runner = train::make_distributed_runner(
+        distributed, p->model.sequential, p->model.loss, pipe, text, p->model.tied_parameters,
+        device,
+        train::TensorParallelModel{p->model.tensor_parallel_split,
+                                   s.job.parallel.sequence_parallel});
+    if (distributed.rank() == 0 && distributed.world()->checks_collectives()) {
+      note(observer,
+           "TORCH_DISTRIBUTED_DEBUG=DETAIL: each collective is compared with its group's before "
+           "it is posted (one more small collective each; docs/DISTRIBUTED.md)");
+    }
+    result.summary = train_with(s, *p, *runner, threads, &pipe, layout, observer);
+  });
+  if (result.exit_code == 0 && !bad_input.empty()) throw BadInput(bad_input);
+  return result;
+}
+
+// One process: a worker thread per pipeline rank, or plain sequential training.
+JobResult run_in_process(TrainingSetup& s, JobObserver& observer) {
+  RunLayout layout = layout_of(s.pipeline, 1);
+  const int threads = threads_per_rank(s.pipeline, layout);
+  Prepared p = prepare(s, layout, observer);
+  if (p.auto_plan) note(observer, tune::describe_auto_plan(*p.auto_plan));
+  check_memory(s, layout, p, observer);
+  std::unique_ptr<train::StepRunner> runner;
+  std::optional<PipeOptions> pipe;
+  if (is_sequential(s.pipeline, layout)) {
+    if (s.job.memory.report) {
+      throw BadInput(
+          "--report-memory reports the ranks of a pipeline, and this run is sequential training; "
+          "give --stages 2 or more (or --chunks 2 or more)");
+    }
+    if (s.pipeline.offload_activations) {
+      throw BadInput(
+          "--offload-activations moves what micro-batches keep while they wait for their "
+          "backward, and sequential training has none waiting; give --stages 2 or more (or "
+          "--chunks 2 or more)");
+    }
+    at::set_num_threads(threads);
+    const std::vector<torch::Device> device = as_bad_input(
+        "--device", [&] { return rank_devices(s.pipeline.device, s.pipeline.devices, 1); });
+    p.model.sequential->to(device[0]);
+    runner = train::make_sequential_runner(p.model.sequential, p.model.loss, s.pipeline.precision);
+  } else {
+    pipe = pipe_options(s.pipeline, layout, static_cast<int64_t>(p.model.sequential->size()));
+    runner = as_bad_input(
+        "", [&] { return train::make_pipe_runner(p.model.sequential, p.model.loss, *pipe); });
+  }
+  JobResult result;
+  result.summary = train_with(s, p, *runner, threads, pipe ? &*pipe : nullptr, layout, observer);
+  return result;
+}
+
+}  // namespace
+
+JobResult run_training(const JobConfig& job, JobObserver& observer) {
+  TrainingSetup s = resolve_training(job);
+  const bool launched = DistributedEnvironment::present();
+  resolve_peak(s, launched,
+               launched ? DistributedEnvironment::from_environment().world_size
+                        : static_cast<int>(job.parallel.nproc));
+  if (job.parallel.nproc > 1 && !launched) return launch_ranks(s, observer);
+  if (launched) return run_rank(s, observer);
+  return run_in_process(s, observer);
+}
+
+}  // namespace pipetrain::job

@@ -1,0 +1,302 @@
+// A training job resolved and checked (job/training_setup.h).
+#include "pipetrain/job/training_setup.h"
+
+#include <algorithm>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "pipetrain/base/atomic_file.h"
+#include "pipetrain/job/job_fields.h"
+#include "pipetrain/partition/memory.h"
+#include "pipetrain/schedule/generators.h"
+#include "pipetrain/stage/precision.h"
+#include "pipetrain/transport/c10d.h"
+#include "job_internal.h"
+
+namespace pipetrain::job {
+namespace {
+
+using detail::contains;
+
+[[noreturn]] void fail(const std::string& message) { throw BadInput(message); }
+
+// Runs `load`; an error of the library becomes BadInput("<flag>: <message>").
+template <typename Load>
+void as_flag_error(const std::string& flag, Load&& load) {
+  try {
+    load();
+  } catch (const pipetrain::Error& error) {
+    fail(flag + ": " + error.what());
+  }
+}
+
+// --balance, --chunks, --virtual, --schedule and --checkpoint as the pipeline runs them, and what
+// `auto` leaves to the planner (tune/auto_plan.h). The field checks have run.
+void resolve_pipeline(const JobConfig& job, TrainingSetup& s) {
+  const PipelineSettings& given = job.pipeline;
+  PipelineRequest& p = s.pipeline;
+  tune::AutoRequest& request = s.auto_request;
+  p.stages = given.stages.value_or(1);
+  p.stages_given = given.stages.has_value();
+  p.schedule = given.schedule.empty() ? "1f1b" : given.schedule;
+  p.schedule_file = given.schedule_file;
+  p.checkpoint = given.checkpoint.empty() ? "except_last" : given.checkpoint;
+  p.virtual_stages = given.virtual_stages.value_or(1);
+  p.offload_activations = given.offload_activations;
+  p.timeout = job.parallel.timeout;
+  p.threads = static_cast<int>(given.threads);
+  p.pp = static_cast<int>(job.parallel.pp);
+  p.dp = static_cast<int>(job.parallel.dp);
+  p.tp = static_cast<int>(job.parallel.tp);
+  p.device = given.device;
+  p.devices = given.devices;
+  p.overlap_grad_reduce = job.parallel.overlap_grad_reduce;
+  p.bucket_mb = job.parallel.bucket_size;
+
+  request.balance = given.balance.size() == 1 && given.balance.front() == "auto";
+  if (!request.balance) {
+    for (const std::string& text : given.balance) p.balance.push_back(std::stoll(text));
+  }
+  request.chunks = given.chunks == "auto";
+  if (!given.chunks.empty() && !request.chunks) p.chunks = std::stoll(given.chunks);
+  request.checkpoint = p.checkpoint == "auto";
+  request.schedule = p.schedule == "auto";
+  if (request.schedule) {
+    // --schedule auto: everything the user did not give. An explicit --balance list fixes the
+    // stage count K*V, so it fixes V too.
+    request.chunks = request.chunks || given.chunks.empty();
+    request.checkpoint = request.checkpoint || given.checkpoint.empty();
+    request.balance = request.balance || given.balance.empty();
+    request.virtual_stages = !given.virtual_stages && given.balance.empty();
+  }
+  // Each family's own chunk count when --virtual is not given (2 for the V-shaped ones).
+  if (!given.virtual_stages && !request.schedule && p.schedule_file.empty() &&
+      contains(schedule::schedule_names(), p.schedule)) {
+    p.virtual_stages = schedule::default_virtual_stages(p.schedule);
+  }
+  p.precision = parse_precision(given.precision);
+}
+
+// The ZeRO options of --zero-gradients, --zero3-unit and the --zero3-* sizes.
+train::ZeroOptions zero_options_of(const ZeroSettings& zero) {
+  auto size = [](const std::string& text) { return partition::parse_bytes(text); };
+  return train::ZeroOptions()
+      .gradients(train::parse_zero_gradients(zero.gradients))
+      .unit(train::parse_zero_unit(zero.unit))
+      .prefetch_bytes(size(zero.prefetch))
+      .max_live_bytes(size(zero.max_live))
+      .max_reuse_distance(zero.max_reuse_distance == "-1" ? -1 : size(zero.max_reuse_distance))
+      .persistence_threshold(size(zero.persistence_threshold))
+      .return_freed_memory(!zero.keep_freed_memory);
+}
+
+// What tensor parallelism covers so far: refused with the flag's name rather than run wrong.
+void check_tensor_parallel(const TrainingSetup& s) {
+  const int tp = s.pipeline.tp;
+  const bool sequence_parallel = s.job.parallel.sequence_parallel;
+  if (sequence_parallel && tp <= 1) {
+    fail(
+        "--sequence-parallel splits the sequence over the tensor-parallel ranks: give --tp 2 or "
+        "more");
+  }
+  if (tp <= 1) return;
+  if (sequence_parallel && s.data.pad_multiple > 0 && s.data.pad_multiple % tp != 0) {
+    fail("--sequence-parallel with --tp " + std::to_string(tp) + " cuts each row into " +
+         std::to_string(tp) + " parts: give a --pad-multiple divisible by it (got " +
+         std::to_string(s.data.pad_multiple) + "), or 0 for " + std::to_string(tp));
+  }
+  if (sequence_parallel && s.data.seq_len % tp != 0) {
+    fail("--sequence-parallel with --tp " + std::to_string(tp) + " cuts each sample's --seq-len " +
+         std::to_string(s.data.seq_len) + " ids into " + std::to_string(tp) +
+         " parts; give a --seq-len divisible by it");
+  }
+  if (!is_hf_model(s.data.model)) {
+    fail(
+        "--tp splits the layers of a Llama-family model: give --model DIR (a Hugging Face "
+        "checkpoint directory); '" +
+        s.data.model + "' has no tensor-parallel form");
+  }
+}
+
+// Names (schedule, schedule file) and flags that exclude each other.
+void check_choices(const TrainingSetup& s) {
+  check_tensor_parallel(s);
+  const PipelineRequest& p = s.pipeline;
+  if (s.auto_request.any() && !p.schedule_file.empty()) {
+    fail(
+        "--schedule-file fixes the schedule, micro-batches and stages, so there is nothing for "
+        "auto to plan; drop the auto flags or --schedule-file");
+  }
+  if (p.schedule_file.empty() && p.schedule == "custom") {
+    fail("unknown --schedule 'custom'; valid: " + [] {
+      std::string names;
+      for (const auto& name : schedule::schedule_names()) names += (names.empty() ? "" : ", ") + name;
+      return names;
+    }() + ", auto (or give --schedule-file for a custom one)");
+  }
+  if (!p.schedule_file.empty() && !s.job.pipeline.schedule.empty() && p.schedule != "custom") {
+    fail("--schedule " + p.schedule + " and --schedule-file both say which schedule to run; " +
+         "give only --schedule-file (or --schedule custom)");
+  }
+}
+
+// The ranges that involve several flags, and the library's own checks of the trainer's options.
+void check_ranges(const TrainingSetup& s) {
+  const JobConfig& job = s.job;
+  if (job.training.steps == -1 && s.data.data == "text") {
+    fail("--data text has no epochs: give --steps N (N >= 1)");
+  }
+  train::check_restart_options(static_cast<int>(job.parallel.max_restarts),
+                               static_cast<int>(job.parallel.nproc), job.checkpoint.dir);
+  if (job.checkpoint.async && job.checkpoint.format != "sharded") {
+    fail("--async-checkpoint writes sharded checkpoints; give --checkpoint-format sharded");
+  }
+  if (job.checkpoint.save_every > 0 && job.checkpoint.dir.empty()) {
+    fail("--save-every needs --checkpoint-dir DIR (where the checkpoints are written)");
+  }
+  if (job.zero.offload_optimizer) {
+    const auto& devices = s.pipeline.devices;
+    const bool cuda_listed = std::any_of(devices.begin(), devices.end(), [](const std::string& d) {
+      return d.rfind("cuda", 0) == 0;
+    });
+    if (s.pipeline.device != "cuda" && !cuda_listed) {
+      fail(
+          "--offload-optimizer moves the optimizer state and master weights of CUDA stages to "
+          "host memory; these stages run on the CPU, where they already are: nothing to offload");
+    }
+  }
+  train::check_trainer_settings(trainer_settings(s, 1));
+  if (!job.output.save_hf.empty() && !is_hf_model(s.data.model)) {
+    fail("--save-hf writes a Hugging Face --model DIR; --model " + s.data.model + " is not one");
+  }
+  if (job.zero.stage > 0 && s.pipeline.dp < 2 && !job.zero.offload_optimizer) {
+    fail("--zero " + std::to_string(job.zero.stage) +
+         " shards the optimizer over data-parallel replicas and needs --dp 2 or more (with "
+         "--nproc pp x dp), got --dp " +
+         std::to_string(s.pipeline.dp));
+  }
+  if (s.pipeline.overlap_grad_reduce && s.pipeline.dp < 2) {
+    fail(
+        "--overlap-grad-reduce overlaps the gradient sum over data-parallel replicas: it needs "
+        "--dp 2 or more (with --nproc pp x dp), got --dp " +
+        std::to_string(s.pipeline.dp));
+  }
+}
+
+// Every file and directory the run will write, checked now rather than after hours of training.
+void check_outputs(const JobConfig& job) {
+  const std::tuple<const char*, std::string, bool> outputs[] = {
+      {"--save-params", job.output.save_params, false},
+      {"--save-hf", job.output.save_hf, true},
+      {"--trace", job.output.trace, false},
+      {"--timeline", job.output.timeline, false},
+      {"--summary-json", job.output.summary_json, false},
+      {"--checkpoint-dir", job.checkpoint.dir, true}};
+  for (const auto& [flag, path, directory] : outputs) {
+    if (!path.empty()) as_flag_error(flag, [&] { check_writable(path, directory); });
+  }
+}
+
+}  // namespace
+
+ModelDataSpec model_data_spec(const JobConfig& job) {
+  ModelDataSpec spec;
+  spec.model = job.model.name;
+  spec.model_options = job.model.options;
+  spec.init = job.model.init;
+  spec.loss = job.model.loss;
+  spec.seed = job.training.seed;
+  spec.data = job.data.name;
+  spec.data_dir = job.data.dir;
+  spec.text_file = job.data.text_file;
+  spec.inputs_path = job.data.inputs;
+  spec.targets_path = job.data.targets;
+  spec.synthetic_samples = job.data.synthetic_samples;
+  spec.token_file = job.data.token_file;
+  spec.data_path = job.data.path;
+  spec.seq_len = job.data.seq_len;
+  spec.token_bytes = static_cast<int>(job.data.token_bytes);
+  spec.shuffle = job.data.shuffle;
+  spec.packing = job.data.pack;
+  spec.loss_mask_path = job.data.loss_mask_path;
+  spec.cross_document_attention = job.data.cross_document_attention;
+  spec.pad_multiple = job.data.pad_multiple;
+  spec.group_by_length = job.data.group_by_length;
+  return spec;
+}
+
+TrainingSetup resolve_training(const JobConfig& job) {
+  check_fields(job, Command::kTrain);
+  TrainingSetup s;
+  s.job = job;
+  s.resume = job.checkpoint.resume;
+  s.data = model_data_spec(job);
+  resolve_pipeline(job, s);
+  if (!job.memory.limit.empty() && job.memory.limit != "none") {
+    s.memory_limit_bytes = partition::parse_bytes(job.memory.limit);
+  }
+  s.zero_options = zero_options_of(job.zero);
+  check_model_data_spec(s.data);
+  check_choices(s);
+  check_ranges(s);
+  check_pipeline_request(s.pipeline);
+  check_outputs(job);
+  const std::string& backend = job.parallel.backend;
+  if (backend != "auto") {
+    const CommBackend parsed = parse_comm_backend(backend);
+    if (!comm_backend_available(parsed)) {
+      fail("--backend " + backend + " is not available (" +
+           comm_backend_unavailable_reason(parsed) + "); use --backend gloo or auto");
+    }
+  }
+  return s;
+}
+
+train::TrainerOptions trainer_settings(const TrainingSetup& s, int64_t total_steps) {
+  const JobConfig& job = s.job;
+  return train::TrainerOptions(total_steps)
+      .optimizer(job.optimizer.name)
+      .lr(job.optimizer.lr)
+      .momentum(job.optimizer.momentum)
+      .weight_decay(job.optimizer.weight_decay)
+      .beta1(job.optimizer.adam_betas.at(0))
+      .beta2(job.optimizer.adam_betas.at(1))
+      .eps(job.optimizer.adam_eps)
+      .loss_scaling(s.pipeline.precision == Precision::kFloat16)
+      .lr_schedule(job.optimizer.lr_schedule)
+      .warmup_steps(job.optimizer.warmup_steps)
+      .min_lr(job.optimizer.min_lr)
+      .clip_grad_norm(job.optimizer.clip_grad_norm)
+      .zero(static_cast<int>(job.zero.stage))
+      .reshard_after_forward(job.zero.reshard_after_forward)
+      .offload_optimizer(job.zero.offload_optimizer)
+      .zero_options(s.zero_options)
+      .checkpoint_dir(job.checkpoint.dir)
+      .save_every(job.checkpoint.save_every)
+      .checkpoint_format(job.checkpoint.format)
+      .keep_checkpoints(static_cast<int>(job.checkpoint.keep))
+      .async_checkpoint(job.checkpoint.async)
+      .trace_path(job.output.trace)
+      .timeline_path(job.output.timeline)
+      .report_memory(job.memory.report)
+      .memory_every(job.training.log_every);
+}
+
+train::MemoryRunOptions memory_run_options(const TrainingSetup& s, const RunLayout& layout) {
+  const JobConfig& job = s.job;
+  train::MemoryRunOptions run;
+  run.optimizer = job.optimizer.name;
+  run.momentum = job.optimizer.momentum;
+  run.zero = static_cast<int>(job.zero.stage);
+  run.reshard_after_forward = job.zero.reshard_after_forward;
+  run.zero_options = s.zero_options;
+  run.offload_optimizer = job.zero.offload_optimizer;
+  run.async_checkpoint =
+      job.checkpoint.async && !job.checkpoint.dir.empty() && job.checkpoint.save_every > 0;
+  run.data_parallel = layout.replicas;
+  run.processes = layout.multi_process;
+  return run;
+}
+
+}  // namespace pipetrain::job
