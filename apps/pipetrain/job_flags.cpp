@@ -93,7 +93,7 @@ std::shared_ptr<JobCommand> add_job_flags(CLI::App& app, job::Command command) {
   job->app = &app;
   AddOptions add(app, command);
   job::visit_fields(job->config, add);
-  app.add_option("--config", "TOML file of the job ([section] key = value, as --print-config "
+  app.add_option("--config", job->config_file, "TOML file of the job ([section] key = value, as --print-config "
                              "writes it; or JSON of flags {\"lr\": 0.01}); flags given here win")
       ->group("Job file");
   app.add_flag("--print-config", job->print_config,

@@ -619,6 +619,17 @@ torch::Tensor InferenceModel::forward(const torch::Tensor& inputs,
   return model.sequential->forward(inputs.to(device_)).to(torch::kCPU);
 }
 
+torch::Tensor evaluation_batch(const BuiltModel& model, const BuiltData& data, int64_t batch) {
+  if (data.tokens || !data.document_sources.empty()) return {};
+  if (data.corpus) {
+    const TokenWindows windows = data.corpus->sample_windows(
+        kTextEvalWindows, model.options.value("context", int64_t{64}), kTextEvalSeed, 0);
+    return windows.inputs.narrow(0, 0, std::min<int64_t>(64, windows.inputs.size(0)));
+  }
+  if (!data.test_inputs.defined()) return {};
+  return data.test_inputs.narrow(0, 0, std::min(batch, data.test_inputs.size(0)));
+}
+
 std::optional<Evaluation> evaluate(const BuiltModel& model, const BuiltData& data, int64_t batch) {
   // Evaluated by the library's evaluate_tokens and evaluate_documents.
   if (data.tokens || !data.document_sources.empty()) return std::nullopt;

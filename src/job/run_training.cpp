@@ -182,6 +182,8 @@ tune::MemoryCheckInput memory_check_input(const TrainingSetup& s, const RunLayou
     for (int r = 0; r < ranks; ++r) input.ranks_of_process.back().push_back(r);
   }
   input.budget_per_rank = s.memory_limit_bytes;
+  // Evaluated on the main process (rank 0, or the one process), the whole model gathered there.
+  if (!p.model.llama) input.evaluation_inputs = evaluation_batch(p.model, p.data);
   return input;
 }
 

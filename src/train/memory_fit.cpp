@@ -93,6 +93,21 @@ std::int64_t needed_bytes(const std::vector<partition::RankMemory>& ranks,
   return needed;
 }
 
+std::int64_t evaluation_extra_bytes(const std::vector<partition::RankMemory>& ranks,
+                                    const std::vector<int>& ranks_of_process,
+                                    std::int64_t whole_parameter_bytes,
+                                    std::int64_t forward_bytes) {
+  std::int64_t step = 0, resting = 0;
+  for (int r : ranks_of_process) {
+    const partition::RankMemory& rank = ranks.at(static_cast<std::size_t>(r));
+    step += rank.total();
+    resting += rank.parameters + rank.gradients + rank.optimizer_state;
+  }
+  // The gathered copy is freed before the forward starts: the larger of the two at once.
+  const std::int64_t evaluating = resting + std::max(whole_parameter_bytes, forward_bytes);
+  return std::max<std::int64_t>(0, evaluating - step);
+}
+
 bool MemoryFit::fits(const MemoryNeed& need) const {
   if (budget_per_rank > 0) {
     return std::all_of(need.rank_peaks.begin(), need.rank_peaks.end(),
@@ -105,13 +120,17 @@ MemoryFit check_memory_fit(
     const std::function<std::vector<partition::RankMemory>(const std::string& settings)>& predict,
     const std::vector<std::string>& alternatives,
     const std::vector<std::vector<int>>& ranks_of_process, std::int64_t process_bytes,
-    const AvailableMemory& available, std::int64_t budget_per_rank) {
+    const AvailableMemory& available, std::int64_t budget_per_rank, const ProcessExtra& extra) {
   auto need = [&](const std::string& settings) {
     MemoryNeed n;
     n.settings = settings;
     const std::vector<partition::RankMemory> ranks = predict(settings);
     for (const partition::RankMemory& rank : ranks) n.rank_peaks.push_back(rank.total());
     n.needed = needed_bytes(ranks, ranks_of_process, process_bytes);
+    for (std::size_t p = 0; p < ranks_of_process.size(); ++p) {
+      n.process_extra.push_back(extra ? extra(ranks, static_cast<int>(p)) : 0);
+      n.needed += n.process_extra.back();
+    }
     return n;
   };
   MemoryFit fit;
@@ -136,6 +155,8 @@ std::vector<std::int64_t> process_needs(const MemoryFit& fit,
   for (const std::vector<int>& process : ranks_of_process) {
     std::int64_t need = fit.process_bytes;
     for (int r : process) need += fit.run.rank_peaks.at(static_cast<std::size_t>(r));
+    const std::size_t p = needs.size();
+    if (p < fit.run.process_extra.size()) need += fit.run.process_extra[p];
     needs.push_back(need);
   }
   return needs;
@@ -179,6 +200,12 @@ std::string memory_fit_text(const MemoryFit& fit) {
           << partition::format_bytes(fit.run.rank_peaks[r]);
     }
     out << ")";
+    for (std::size_t p = 0; p < fit.run.process_extra.size(); ++p) {
+      if (fit.run.process_extra[p] > 0) {
+        out << ", and " << partition::format_bytes(fit.run.process_extra[p])
+            << " more on process " << p << " while it evaluates the whole model";
+      }
+    }
     out << " (pipetrain plan --memory shows their categories; docs/MEMORY.md).";
   }
   if (fit.alternatives.empty()) {

@@ -7,6 +7,8 @@
 
 #include "pipetrain/models/llama.h"
 #include "pipetrain/models/llama_profile.h"
+#include "pipetrain/stage/allocation_counter.h"
+#include "pipetrain/stage/tensor_bytes.h"
 #include "pipetrain/stage/microbatch.h"
 #include "pipetrain/transport/c10d.h"
 #include "pipetrain/tune/calibration.h"
@@ -59,6 +61,25 @@ train::TrainingMemoryProfile llama_memory_profile(const MemoryCheckInput& input)
 
 }  // namespace
 
+std::int64_t evaluation_forward_bytes(torch::nn::Sequential model, const torch::Tensor& inputs) {
+  const bool training = model->is_training();
+  model->eval();  // as the evaluation runs it: no dropout, batch norms on their statistics
+  torch::NoGradGuard no_grad;
+  AllocationCounter counter;
+  std::int64_t most = 0;
+  {
+    CountAllocations counting(counter);
+    torch::Tensor x = inputs.clone();  // counted: the batch the evaluation slices
+    for (auto& layer : *model) {
+      torch::Tensor y = layer.any_forward(x).get<torch::Tensor>();
+      most = std::max(most, counter.live_bytes());  // the input and the output at once
+      x = std::move(y);
+    }
+  }
+  model->train(training);
+  return most;
+}
+
 train::MemoryFit check_run_memory(const MemoryCheckInput& input) {
   train::TrainingMemoryProfile measured;
   if (input.llama) {
@@ -97,9 +118,20 @@ train::MemoryFit check_run_memory(const MemoryCheckInput& input) {
       alternatives.push_back("--zero " + std::to_string(zero) + " --checkpoint always");
     }
   }
+  train::ProcessExtra evaluation;
+  if (input.evaluation_inputs.defined() && input.model) {
+    const std::int64_t forward = evaluation_forward_bytes(input.model, input.evaluation_inputs);
+    std::int64_t whole = 0;
+    for (const torch::Tensor& p : input.model->parameters()) whole += tensor_bytes(p);
+    evaluation = [&input, forward, whole](const std::vector<partition::RankMemory>& ranks, int p) {
+      if (p != input.evaluation_process) return std::int64_t{0};
+      return train::evaluation_extra_bytes(
+          ranks, input.ranks_of_process.at(static_cast<std::size_t>(p)), whole, forward);
+    };
+  }
   return train::check_memory_fit(predict, alternatives, input.ranks_of_process,
                                  train::resident_bytes(), train::host_available_memory(),
-                                 input.budget_per_rank);
+                                 input.budget_per_rank, evaluation);
 }
 
 }  // namespace pipetrain::tune

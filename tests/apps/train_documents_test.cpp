@@ -3,9 +3,11 @@
 // rules out again): the weights after AdamW steps agree to 1e-4 for --pack split and --pack none,
 // with and without a loss mask, in one process and across processes (1f1b, zb-v, pp x dp, ZeRO-3,
 // and pp x tp with sequence parallelism for --pack none, whose micro-batches differ in width), and
-// --cross-document-attention agrees with transformers on whole rows.
+// --cross-document-attention agrees with transformers on whole rows. The ZeRO-3 run is repeated
+// from the job file its flags print (--print-config, --config): the same weights, bit for bit.
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -52,7 +54,24 @@ struct Case {
   std::string reference;  // train-documents flags
   std::string train;      // pipetrain train flags of the same data
   std::vector<std::string> layouts;
+  // A layout (its index) also run from the file `--print-config` writes of its flags
+  // (job/job_file.h): the same weights, bit for bit. -1: none.
+  int from_config = -1;
 };
+
+// Every file of directory `a` equals the file of the same name in `b`, byte for byte.
+void expect_same_files(const std::string& a, const std::string& b) {
+  size_t files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(a)) {
+    std::ifstream left(entry.path(), std::ios::binary);
+    std::ifstream right(b + "/" + entry.path().filename().string(), std::ios::binary);
+    const std::string x((std::istreambuf_iterator<char>(left)), std::istreambuf_iterator<char>());
+    const std::string y((std::istreambuf_iterator<char>(right)), std::istreambuf_iterator<char>());
+    EXPECT_TRUE(!x.empty() && x == y) << entry.path().filename() << " differs from " << b;
+    ++files;
+  }
+  EXPECT_GT(files, 0u) << a;
+}
 
 // Runs every layout of every case and one reference per case, then compares in one Python call.
 void expect_every_layout_equals_its_reference(const std::string& test,
@@ -78,11 +97,21 @@ void expect_every_layout_equals_its_reference(const std::string& test,
                   " --eps 1e-6 " + with_data(one.reference) + "\n";
     for (size_t l = 0; l < one.layouts.size(); ++l) {
       const std::string out = dir + "/" + std::to_string(c) + "-" + std::to_string(l);
-      const CliRun run =
-          run_pipetrain("train --model " + model + " --data indexed --data-path " + data.prefix +
-                        common + " --optimizer adamw --adam-eps 1e-6 --log-every 1 " +
-                        with_data(one.train) + " " + one.layouts[l] + " --save-hf " + out);
+      const std::string flags = "train --model " + model + " --data indexed --data-path " +
+                                data.prefix + common +
+                                " --optimizer adamw --adam-eps 1e-6 --log-every 1 " +
+                                with_data(one.train) + " " + one.layouts[l];
+      const CliRun run = run_pipetrain(flags + " --save-hf " + out);
       ASSERT_EQ(run.exit_code, 0) << one.name << " " << one.layouts[l] << "\n" << run.output;
+      if (static_cast<int>(l) == one.from_config) {
+        // The job printed as a file and run from it: the same weights, bit for bit.
+        const std::string job = out + ".toml";
+        const CliRun printed = run_pipetrain(flags + " --print-config > " + job);
+        ASSERT_EQ(printed.exit_code, 0) << printed.output;
+        const CliRun again = run_pipetrain("train --config " + job + " --save-hf " + out + "-again");
+        ASSERT_EQ(again.exit_code, 0) << again.output;
+        expect_same_files(out, out + "-again");
+      }
       EXPECT_NE(run.output.find(" targets/s "), std::string::npos) << run.output;
       EXPECT_NE(run.output.find("documents: --pack "), std::string::npos) << run.output;
       comparisons += "compare " + out + " " + expected + " --rtol 1e-4\n";
@@ -135,7 +164,8 @@ TEST(TrainDocuments, PackNoneOfMicroBatchesOfEveryWidthEqualsTransformers) {
         "--pack none --mask MASK",
         "--pack none --loss-mask-path MASK",
         {"--stages 2 --schedule 1f1b --chunks 8", "--nproc 4 --pp 2 --dp 2 --chunks 2",
-         "--nproc 4 --pp 2 --dp 2 --chunks 2 --zero 3"}}});
+         "--nproc 4 --pp 2 --dp 2 --chunks 2 --zero 3"},
+        /*from_config=*/2}});
 }
 
 }  // namespace

@@ -14,8 +14,10 @@
 #include "pipetrain/job/job_fields.h"
 #include "pipetrain/job/job_file.h"
 
-namespace pipetrain::job {
+namespace pipetrain::job_file_test {
 namespace {
+
+using namespace pipetrain::job;
 
 std::string message_of_bad_input(const std::function<void()>& call) {
   try {
@@ -253,4 +255,4 @@ TEST(JobFields, TheChecksNameTheFlagAsTheCliAlwaysDid) {
 }
 
 }  // namespace
-}  // namespace pipetrain::job
+}  // namespace pipetrain::job_file_test

@@ -188,6 +188,11 @@ train::DocumentBatchOptions document_batch_options(const ModelDataSpec& spec,
 std::unique_ptr<train::BatchSource> make_batches(const ModelDataSpec& spec, const BuiltModel& model,
                                                  const BuiltData& data, int64_t batch_size);
 
+// The largest batch of inputs `evaluate(model, data, batch)` runs (the test split's first rows,
+// or the corpus's windows); undefined where it evaluates nothing. The memory check counts it.
+torch::Tensor evaluation_batch(const BuiltModel& model, const BuiltData& data,
+                               int64_t batch = 1000);
+
 // One line for an evaluation: "eval loss 2.3456 nats (256 windows; unigram entropy 3.1700)" for
 // text, "test loss 0.3210, test accuracy 88.95% (10000 images)" for a classifier, "test loss
 // 0.1234" otherwise.

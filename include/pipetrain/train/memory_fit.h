@@ -3,7 +3,9 @@
 //
 //   needed     = sum over the run's processes on this machine of
 //                  (a process's own footprint + the memory model's peak of the pipeline ranks
-//                   it runs: train/memory_report.h, partition/memory.h)
+//                   it runs: train/memory_report.h, partition/memory.h
+//                   + what the process needs beyond that peak between steps: the evaluation,
+//                   which the main process runs on the whole model: MemoryNeed::process_extra)
 //   available  = the least of MemAvailable (/proc/meminfo) and the cgroup's memory.max less
 //                memory.current
 //
@@ -52,7 +54,10 @@ std::int64_t window_peak_resident_bytes();
 struct MemoryNeed {
   std::string settings;                  // "--zero 3", "" for the run as given
   std::vector<std::int64_t> rank_peaks;  // the model's total per pipeline rank
-  std::int64_t needed = 0;               // on this machine, footprints included
+  // Per process, what it needs beyond its ranks' peaks (0: nothing): the evaluation between
+  // steps where it needs more than a step (ProcessExtra).
+  std::vector<std::int64_t> process_extra;
+  std::int64_t needed = 0;  // on this machine, footprints included
 };
 
 struct MemoryFit {
@@ -73,6 +78,10 @@ std::int64_t needed_bytes(const std::vector<partition::RankMemory>& ranks,
                           const std::vector<std::vector<int>>& ranks_of_process,
                           std::int64_t process_bytes);
 
+// What process `p` needs beyond its ranks' peaks, given the ranks' prediction (0: nothing).
+using ProcessExtra =
+    std::function<std::int64_t(const std::vector<partition::RankMemory>& ranks, int p)>;
+
 // The check: `predict(settings)` gives the model's per-rank prediction of the run with
 // `settings` applied ("" for the run as given; then each of `alternatives`, only when the run
 // does not fit). Fills MemoryFit::alternatives with those that fit, least memory first.
@@ -80,7 +89,18 @@ MemoryFit check_memory_fit(
     const std::function<std::vector<partition::RankMemory>(const std::string& settings)>& predict,
     const std::vector<std::string>& alternatives,
     const std::vector<std::vector<int>>& ranks_of_process, std::int64_t process_bytes,
-    const AvailableMemory& available, std::int64_t budget_per_rank = 0);
+    const AvailableMemory& available, std::int64_t budget_per_rank = 0,
+    const ProcessExtra& extra = {});
+
+// The evaluation between steps, on the process that runs it: its ranks keep their parameters,
+// gradients and optimizer state, the whole model's parameters are gathered there once (a copy),
+// and then the evaluation's forward runs its largest batch (`forward_bytes`: the most bytes its
+// no-grad forward holds at once). Returns what that needs beyond the process's step peak
+// (`ranks`' totals), 0 when the step needs more.
+std::int64_t evaluation_extra_bytes(const std::vector<partition::RankMemory>& ranks,
+                                    const std::vector<int>& ranks_of_process,
+                                    std::int64_t whole_parameter_bytes,
+                                    std::int64_t forward_bytes);
 
 // Each process's need (the footprint and its ranks' peaks), in process order.
 std::vector<std::int64_t> process_needs(const MemoryFit& fit,

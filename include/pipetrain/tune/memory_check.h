@@ -37,7 +37,17 @@ struct MemoryCheckInput {
   // --memory-limit: each rank's budget (the planner's reading), checked instead of what the
   // machine has (0).
   std::int64_t budget_per_rank = 0;
+  // The evaluation the run makes between steps (a classifier's test split, a corpus's windows):
+  // its largest batch, run by process `evaluation_process` with the whole model gathered there.
+  // Undefined: the run evaluates nothing. A model built here only (`model`).
+  torch::Tensor evaluation_inputs;
+  int evaluation_process = 0;
 };
+
+// The most bytes a no-grad forward of `model` (in eval mode) holds at once on `inputs`, counted
+// layer by layer as the profile counts a training forward (stage/allocation_counter.h): each
+// layer's input and output, and what the layer still holds when it returns.
+std::int64_t evaluation_forward_bytes(torch::nn::Sequential model, const torch::Tensor& inputs);
 
 // The prediction (profiled once, then asked for each alternative: every ZeRO stage above the
 // run's, with replicas; --checkpoint always; both) and the machine's memory, measured now.
