@@ -42,11 +42,11 @@
 #include <nlohmann/json.hpp>
 
 #include "pipetrain/base/median.h"
+#include "pipetrain/examples/synthetic.h"
 #include "pipetrain/runtime/distributed.h"
 #include "pipetrain/runtime/distributed_pipe.h"
 #include "pipetrain/runtime/launcher.h"
 #include "pipetrain/train/sharded_optimizer.h"
-#include "pipetrain/examples/synthetic.h"
 
 using namespace pipetrain;
 using Clock = std::chrono::steady_clock;

@@ -8,32 +8,15 @@
 #include <stdexcept>
 #include <string>
 
-#include <c10/util/Exception.h>
 #include <CLI/CLI.hpp>
 
+#include "pipetrain/base/as_bad_input.h"
 #include "pipetrain/base/error.h"
 
 namespace pipetrain::cli {
 
 // Thrown by a command for bad user input; main() prints the message and exits with 2.
 using UsageError = pipetrain::BadInput;
-
-// Runs `load` (reading a file or an option the user named); an error of the library or of torch
-// becomes UsageError("<flag>: <message>") ("<message>" alone for an empty flag).
-template <typename Load>
-auto as_usage_error(const std::string& flag, Load&& load) -> decltype(load()) {
-  auto fail = [&flag](const std::string& message) {
-    throw UsageError(flag.empty() ? message : flag + ": " + message);
-  };
-  try {
-    return load();
-  } catch (const pipetrain::Error& error) {
-    fail(error.what());
-  } catch (const c10::Error& error) {
-    fail(error.what_without_backtrace());
-  }
-  throw UsageError(flag);  // not reached: fail() throws
-}
 
 // A command adds its subcommand to `app` and sets its callback; the callback returns the exit code
 // through `exit_code`.

@@ -67,7 +67,7 @@ void add_checkpoint_info_command(CLI::App& app, int& exit_code) {
   command->add_option("DIR", *path, "DIR/step-N, or DIR (its latest)")->required();
   command->callback([path, &exit_code] {
     const std::string text =
-        as_usage_error("DIR " + *path, [&] { return train::describe_sharded_checkpoint(*path); });
+        as_bad_input("DIR " + *path, [&] { return train::describe_sharded_checkpoint(*path); });
     std::printf("%s", text.c_str());
     exit_code = 0;
   });

@@ -17,54 +17,24 @@ std::map<std::string, std::weak_ptr<JobCommand>>& job_commands() {
 }
 
 // An option per field of one command, bound to the field.
-class AddOptions : public job::FieldVisitor {
+class AddOptions : public job::TypedFieldVisitor<AddOptions> {
  public:
   AddOptions(CLI::App& app, job::Command command) : app_(app), command_(command) {}
 
-  void field(const job::Field& f, bool& value) override {
-    if (take(f)) finish(f, app_.add_flag(f.flag, value, f.help));
-  }
-  void field(const job::Field& f, int64_t& value, const job::Check<int64_t>&) override {
-    bind(f, value);
-  }
-  void field(const job::Field& f, std::optional<int64_t>& value,
-             const job::Check<int64_t>&) override {
-    if (!take(f)) return;
-    finish(f, app_.add_option_function<int64_t>(
-                  f.flag, [&value](const int64_t& given) { value = given; }, f.help));
-  }
-  void field(const job::Field& f, uint64_t& value) override { bind(f, value); }
-  void field(const job::Field& f, double& value, const job::Check<double>&) override {
-    bind(f, value);
-  }
-  void field(const job::Field& f, std::string& value, const job::Check<std::string>&) override {
-    bind(f, value);
-  }
-  void field(const job::Field& f, std::vector<std::string>& value,
-             const job::Check<std::vector<std::string>>&) override {
-    bind(f, value);
-  }
-  void field(const job::Field& f, std::vector<int64_t>& value,
-             const job::Check<std::vector<int64_t>>&) override {
-    bind(f, value);
-  }
-  void field(const job::Field& f, std::vector<double>& value,
-             const job::Check<std::vector<double>>&) override {
-    bind(f, value);
-  }
-
- private:
-  bool take(const job::Field& f) const { return f.serves(command_); }
-
-  template <typename T>
-  void bind(const job::Field& f, T& value) {
-    if (!take(f)) return;
-    CLI::Option* option = app_.add_option(f.flag, value, f.help);
-    if (f.delimiter) option->delimiter(f.delimiter);
-    finish(f, option);
-  }
-
-  void finish(const job::Field& f, CLI::Option* option) {
+  template <typename T, typename C>
+  void on(const job::Field& f, T& value, const C&) {
+    if (!f.serves(command_)) return;
+    CLI::Option* option = nullptr;
+    if constexpr (std::is_same_v<T, bool>) {
+      option = app_.add_flag(f.flag, value, f.help);
+    } else if constexpr (job::IsOptional<T>::value) {
+      using V = typename T::value_type;
+      option = app_.add_option_function<V>(
+          f.flag, [&value](const V& given) { value = given; }, f.help);
+    } else {
+      option = app_.add_option(f.flag, value, f.help);
+      if (f.delimiter) option->delimiter(f.delimiter);
+    }
     if (f.hidden) {
       option->group("");
       return;
@@ -77,6 +47,7 @@ class AddOptions : public job::FieldVisitor {
     }
   }
 
+ private:
   CLI::App& app_;
   job::Command command_;
 };
@@ -93,8 +64,9 @@ std::shared_ptr<JobCommand> add_job_flags(CLI::App& app, job::Command command) {
   job->app = &app;
   AddOptions add(app, command);
   job::visit_fields(job->config, add);
-  app.add_option("--config", job->config_file, "TOML file of the job ([section] key = value, as --print-config "
-                             "writes it; or JSON of flags {\"lr\": 0.01}); flags given here win")
+  app.add_option("--config", job->config_file,
+                 "TOML file of the job ([section] key = value, as --print-config "
+                 "writes it; or JSON of flags {\"lr\": 0.01}); flags given here win")
       ->group("Job file");
   app.add_flag("--print-config", job->print_config,
                "print the whole job as TOML (every default filled) and exit; --config of that "
@@ -123,6 +95,7 @@ std::vector<std::string> read_config_file(std::vector<std::string> arguments) {
       continue;
     }
     if (ends_with(path, ".json")) return arguments;  // flags (train/config_file.h)
+    job->config_file = path;
     try {
       job::read_job_file(path, job->config, job->command);
     } catch (const pipetrain::Error& error) {

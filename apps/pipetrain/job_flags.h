@@ -17,7 +17,7 @@ namespace pipetrain::cli {
 struct JobCommand {
   job::JobConfig config;
   job::Command command;
-  std::string config_file;  // --config: taken out of the arguments before parsing (main.cpp)
+  std::string config_file;  // --config's TOML file, read before the flags (read_config_file)
   bool print_config = false;
   bool reference_table = false;  // hidden: the settings as docs/TRAIN_CLI.md's Markdown table
   CLI::App* app = nullptr;

@@ -17,7 +17,11 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "job_flags.h"
 #include "pipetrain/base/atomic_file.h"
+#include "pipetrain/job/console_observer.h"
+#include "pipetrain/job/model_data.h"
+#include "pipetrain/job/run_job.h"
 #include "pipetrain/schedule/auto_schedule.h"
 #include "pipetrain/schedule/generators.h"
 #include "pipetrain/schedule/grid.h"
@@ -25,10 +29,6 @@
 #include "pipetrain/schedule/text_format.h"
 #include "pipetrain/schedule/timeline_svg.h"
 #include "pipetrain/schedule/validate.h"
-#include "job_flags.h"
-#include "pipetrain/job/model_data.h"
-#include "pipetrain/job/console_observer.h"
-#include "pipetrain/job/run_job.h"
 
 namespace pipetrain::cli {
 namespace {
@@ -203,7 +203,7 @@ void run_plan(const PlanRequest& request) {
   check_request(request);
   for (const auto& [flag, path] :
        {std::pair{"--save", request.save}, {"--output", request.output}}) {
-    if (!path.empty()) as_usage_error(flag, [&] { pipetrain::check_writable(path); });
+    if (!path.empty()) as_bad_input(flag, [&] { pipetrain::check_writable(path); });
   }
   const ps::Schedule schedule = resolve_schedule(request);
   const ps::Costs costs = resolve_costs(request);

@@ -2,7 +2,7 @@
 // (job::run_training, job/run_job.h) and the console observer prints what it hears.
 //
 // `--resume DIR` alone continues the job DIR/job.toml describes (the run that wrote DIR's
-// checkpoints); with other flags, the flags describe the job, as before.
+// checkpoints); with other flags or a --config file, those describe the job, as before.
 //
 // Exit codes (commands.h): 0 done, 1 failure while training (a step threw, the loss is not
 // finite: the message names the step), 2 bad usage or bad input.
@@ -20,7 +20,7 @@ namespace {
 
 int run_train(JobCommand& command) {
   const std::vector<std::string> given = given_flags(*command.app);
-  if (given.size() == 1 && given.front() == "--resume") {
+  if (given.size() == 1 && given.front() == "--resume" && command.config_file.empty()) {
     command.config = job::job_of_checkpoint(command.config.checkpoint.resume);
   }
   if (print_config_if_asked(command)) return 0;

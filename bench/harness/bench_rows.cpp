@@ -13,9 +13,10 @@
 
 #include <torch/torch.h>
 
-#include "pipetrain/examples/model_registry.h"
 #include "pipetrain/base/error.h"
 #include "pipetrain/base/median.h"
+#include "pipetrain/examples/model_registry.h"
+#include "pipetrain/examples/synthetic.h"
 #include "pipetrain/models/llama.h"
 #include "pipetrain/runtime/distributed.h"
 #include "pipetrain/runtime/distributed_pipe.h"
@@ -29,7 +30,6 @@
 #include "pipetrain/stage/microbatch.h"
 #include "pipetrain/stage/precision.h"
 #include "pipetrain/train/event_log.h"
-#include "pipetrain/examples/synthetic.h"
 
 namespace pipetrain::bench {
 namespace {

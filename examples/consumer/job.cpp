@@ -6,8 +6,8 @@
 //   python save_hf_llama.py DIR       transformers' save_pretrained of a tiny Llama
 //   ./job DIR WORK PIPETRAIN          WORK: a new directory; PIPETRAIN: the installed CLI
 //
-// The program writes WORK/docs (a Megatron indexed dataset of random documents) and its loss mask
-// WORK/docs_loss_mask (io/indexed_dataset.h), then trains. With parallel.nproc 4 run_training
+// The program writes WORK/docs (a Megatron indexed dataset: DIR/tokens.bin cut into documents) and
+// its loss mask WORK/docs_loss_mask (io/indexed_dataset.h), then trains. With parallel.nproc 4 run_training
 // starts this program 4 times again as the ranks (same arguments, so the same JobConfig); each
 // rank finds the launcher's environment, runs its share and returns. Then it runs
 // `PIPETRAIN train` with the same job as flags.
@@ -22,10 +22,10 @@
 
 #include <pipetrain/io/indexed_dataset.h>
 #include <pipetrain/io/safetensors.h>
+#include <pipetrain/io/token_file.h>
 #include <pipetrain/job/job_config.h>
 #include <pipetrain/job/job_observer.h>
 #include <pipetrain/job/run_job.h>
-#include <pipetrain/models/llama_config.h>
 #include <pipetrain/runtime/distributed.h>
 #include <torch/torch.h>
 
@@ -56,17 +56,20 @@ class StepCounter : public job::JobObserver {
   bool heard_every_step = true;  // stays true in processes that hear no steps
 };
 
-// 48 documents of 5 to 40 ids below the vocabulary, seeded; the mask learns all but the first
-// quarter of each document (a "prompt").
-void write_documents(const std::string& prefix, int64_t vocab_size) {
-  torch::manual_seed(7);
+// The model directory's token stream (save_hf_llama.py writes it) cut into 48 documents of 5 to
+// 40 ids; the mask learns all but the first quarter of each document (a "prompt").
+void write_documents(const std::string& prefix, const std::string& model) {
+  const io::TokenFile tokens(model + "/tokens.bin", 2);
   std::vector<std::vector<int64_t>> documents, masks;
+  int64_t at = 0;
   for (int d = 0; d < 48; ++d) {
-    const int64_t length = torch::randint(5, 41, {1}).item<int64_t>();
-    const torch::Tensor ids = torch::randint(vocab_size, {length}, torch::kInt64);
-    documents.emplace_back(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + length);
-    std::vector<int64_t> mask(static_cast<size_t>(length), 1);
-    for (int64_t i = 0; i < length / 4; ++i) mask[static_cast<size_t>(i)] = 0;
+    const int64_t length = 5 + (d * 13) % 36;
+    std::vector<int64_t> ids, mask;
+    for (int64_t i = 0; i < length; ++i) {
+      ids.push_back(tokens.at(at++ % tokens.tokens()));
+      mask.push_back(i < length / 4 ? 0 : 1);
+    }
+    documents.push_back(std::move(ids));
     masks.push_back(std::move(mask));
   }
   io::write_indexed_dataset(prefix, documents, io::IndexedDtype::kUint16);
@@ -132,7 +135,7 @@ int main(int argc, char** argv) {
   const bool rank = pipetrain::DistributedEnvironment::present();
   if (!rank) {
     std::filesystem::create_directories(work);
-    write_documents(work + "/docs", pipetrain::models::read_llama_config(model).vocab_size);
+    write_documents(work + "/docs", model);
   }
   StepCounter observer;
   const job::JobResult result = job::run_training(the_job(model, work), observer);

@@ -49,9 +49,13 @@ void ConsoleObserver::finish_progress() {
   if (progress_ && stepped_) progress_->finish();
 }
 
-void ConsoleObserver::on_epoch_end(int64_t) { finish_progress(); }
+void ConsoleObserver::on_epoch_end(int64_t) {
+  finish_progress();
+}
 
-void ConsoleObserver::on_evaluation(const EvaluationDone& done) { print_line(stdout, done.text); }
+void ConsoleObserver::on_evaluation(const EvaluationDone& done) {
+  print_line(stdout, done.text);
+}
 
 void ConsoleObserver::on_checkpoint(const CheckpointWritten& written) {
   finish_progress();

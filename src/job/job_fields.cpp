@@ -229,19 +229,19 @@ void declare(JobConfig& c, FieldVisitor& v) {
             "corpus for --data text. Default " + std::string(examples::kDefaultCorpusPath),
             model_commands, examples::kDefaultCorpusPath),
           c.data.text_file, {});
-  v.field(F("data", "inputs", "--inputs", "input tensor X (torch.save), rows on dim 0",
-            model_commands),
-          c.data.inputs, {});
+  v.field(
+      F("data", "inputs", "--inputs", "input tensor X (torch.save), rows on dim 0", model_commands),
+      c.data.inputs, {});
   v.field(F("data", "targets", "--targets", "target tensor Y (torch.save), rows on dim 0",
             model_commands),
           c.data.targets, {});
   v.field(F("data", "synthetic_samples", "--synthetic-samples",
             "rows of --data synthetic (random 28x28 images, 10 classes)", model_commands),
           c.data.synthetic_samples, at_least(1));
-  v.field(F("data", "token_file", "--token-file",
-            "--data tokens: a flat file of little-endian token ids (docs/MODELS.md)",
-            model_commands),
-          c.data.token_file, {});
+  v.field(
+      F("data", "token_file", "--token-file",
+        "--data tokens: a flat file of little-endian token ids (docs/MODELS.md)", model_commands),
+      c.data.token_file, {});
   v.field(F("data", "path", "--data-path",
             "--data indexed: PREFIX of a Megatron indexed dataset (PREFIX.idx and PREFIX.bin, "
             "as Megatron-LM's preprocessing and scripts/prepare-data write them); or a blend W1 "
@@ -278,10 +278,9 @@ void declare(JobConfig& c, FieldVisitor& v) {
             "--data indexed: row widths rounded up to a multiple of this (0: the --tp size with "
             "--sequence-parallel, else 1)",
             model_commands),
-          c.data.pad_multiple,
-          [](const std::string& flag, const int64_t& value) -> std::string {
-            return value >= 0 ? "" : flag + " must be >= 0 (0: automatic), got " +
-                                         std::to_string(value);
+          c.data.pad_multiple, [](const std::string& flag, const int64_t& value) -> std::string {
+            return value >= 0 ? ""
+                              : flag + " must be >= 0 (0: automatic), got " + std::to_string(value);
           });
   v.field(F("data", "group_by_length", "--group-by-length",
             "--pack none: rows ordered longest first within windows of 50 mini-batches, so a "
@@ -294,10 +293,9 @@ void declare(JobConfig& c, FieldVisitor& v) {
   v.field(F("data", "token_bytes", "--token-bytes", "bytes per id: 2 (uint16) or 4 (uint32)",
             model_commands),
           c.data.token_bytes, [](const std::string& flag, const int64_t& value) -> std::string {
-            return value == 2 || value == 4
-                       ? ""
-                       : flag + " must be 2 (uint16 ids) or 4 (uint32), got " +
-                             std::to_string(value);
+            return value == 2 || value == 4 ? ""
+                                            : flag + " must be 2 (uint16 ids) or 4 (uint32), got " +
+                                                  std::to_string(value);
           });
   v.field(F("data", "shuffle", "--shuffle",
             "--data tokens: samples in a seeded order per epoch; indexed: documents (--pack "
@@ -323,8 +321,8 @@ void declare(JobConfig& c, FieldVisitor& v) {
             "seed of the initial weights, the data order and the random streams",
             {kTrain, kEval, kGenerate}),
           c.training.seed);
-  v.field(F("training", "log_every", "--log-every",
-            "progress line every this many steps (logs)", train),
+  v.field(F("training", "log_every", "--log-every", "progress line every this many steps (logs)",
+            train),
           c.training.log_every, [](const std::string& flag, const int64_t& value) -> std::string {
             return value >= 1 ? "" : flag + " must be at least 1, got " + std::to_string(value);
           });
@@ -342,15 +340,15 @@ void declare(JobConfig& c, FieldVisitor& v) {
             {kTrain, kEval, kGenerate}, "1"),
           c.pipeline.stages, at_least(1));
   v.field(N(F("pipeline", "balance", "--balance",
-            "layers per stage, comma-separated (K*V entries summing to the layer count), "
-            "instead of --stages; or auto: profile the model and split it over the K ranks for "
-            "the fastest step (docs/TRAIN_CLI.md, \"Auto plan\")",
-            train, "even", ',')),
+              "layers per stage, comma-separated (K*V entries summing to the layer count), "
+              "instead of --stages; or auto: profile the model and split it over the K ranks for "
+              "the fastest step (docs/TRAIN_CLI.md, \"Auto plan\")",
+              train, "even", ',')),
           c.pipeline.balance, check_balance);
   v.field(N(F("pipeline", "chunks", "--chunks",
-            "micro-batches per mini-batch M, or auto (the planner's). Default: 1 without a "
-            "pipeline, else 2 x pipeline ranks; auto with --schedule auto",
-            train, "1 without a pipeline, else 2 x ranks")),
+              "micro-batches per mini-batch M, or auto (the planner's). Default: 1 without a "
+              "pipeline, else 2 x pipeline ranks; auto with --schedule auto",
+              train, "1 without a pipeline, else 2 x ranks")),
           c.pipeline.chunks, check_chunks);
   v.field(F("pipeline", "virtual_stages", "--virtual",
             "chunks per rank V (interleaved-1f1b: default 1; interleaved-zb, looped-bfs and the "
@@ -401,9 +399,9 @@ void declare(JobConfig& c, FieldVisitor& v) {
           c.pipeline.offload_activations);
   v.field(F("pipeline", "threads", "--threads",
             "intra-op threads per pipeline rank (0: the cores shared among the ranks)", train),
-          c.pipeline.threads,
-          pipeline_check<int64_t>(
-              [](PipelineRequest& r, int64_t value) { r.threads = static_cast<int>(value); }));
+          c.pipeline.threads, pipeline_check<int64_t>([](PipelineRequest& r, int64_t value) {
+            r.threads = static_cast<int>(value);
+          }));
   v.field(F("pipeline", "device", "--device",
             "cpu, or cuda: pipeline rank r on cuda:(r mod GPUs) in one process, rank r on "
             "cuda:LOCAL_RANK with --nproc",
@@ -424,20 +422,20 @@ void declare(JobConfig& c, FieldVisitor& v) {
   v.field(F("parallel", "pp", "--pp",
             "pipeline ranks per replica in a multi-process run. Default: processes / --dp", train,
             "processes / dp"),
-          c.parallel.pp,
-          pipeline_check<int64_t>(
-              [](PipelineRequest& r, int64_t value) { r.pp = static_cast<int>(value); }));
+          c.parallel.pp, pipeline_check<int64_t>([](PipelineRequest& r, int64_t value) {
+            r.pp = static_cast<int>(value);
+          }));
   v.field(F("parallel", "dp", "--dp", "data-parallel replicas in a multi-process run", model_plan),
-          c.parallel.dp,
-          pipeline_check<int64_t>(
-              [](PipelineRequest& r, int64_t value) { r.dp = static_cast<int>(value); }));
+          c.parallel.dp, pipeline_check<int64_t>([](PipelineRequest& r, int64_t value) {
+            r.dp = static_cast<int>(value);
+          }));
   v.field(F("parallel", "tp", "--tp",
             "tensor-parallel processes per pipeline rank (Megatron's split of a Llama model's "
             "heads, MLP and vocabulary; --nproc = pp x tp x dp)",
             train),
-          c.parallel.tp,
-          pipeline_check<int64_t>(
-              [](PipelineRequest& r, int64_t value) { r.tp = static_cast<int>(value); }));
+          c.parallel.tp, pipeline_check<int64_t>([](PipelineRequest& r, int64_t value) {
+            r.tp = static_cast<int>(value);
+          }));
   v.field(F("parallel", "sequence_parallel", "--sequence-parallel",
             "with --tp: norms and residuals on 1/tp of the sequence, and 1/tp of each activation "
             "sent between stages (--seq-len divisible by --tp)",
@@ -472,21 +470,19 @@ void declare(JobConfig& c, FieldVisitor& v) {
           pipeline_check<double>([](PipelineRequest& r, double value) { r.bucket_mb = value; }));
 
   // [optimizer]
-  v.field(F("optimizer", "name", "--optimizer",
-            "optimizer: " + joined(train::optimizer_names()), train),
+  v.field(F("optimizer", "name", "--optimizer", "optimizer: " + joined(train::optimizer_names()),
+            train),
           c.optimizer.name, one_of(train::optimizer_names()));
-  v.field(F("optimizer", "lr", "--lr", "learning rate (peak, with a schedule)", train),
-          c.optimizer.lr,
-          trainer_check<double>([](train::TrainerOptions& o, double value) {
-            o.lr(value).min_lr(0);
-          }));
+  v.field(
+      F("optimizer", "lr", "--lr", "learning rate (peak, with a schedule)", train), c.optimizer.lr,
+      trainer_check<double>([](train::TrainerOptions& o, double value) { o.lr(value).min_lr(0); }));
   v.field(F("optimizer", "momentum", "--momentum", "SGD momentum", train), c.optimizer.momentum,
           trainer_check<double>([](train::TrainerOptions& o, double value) { o.momentum(value); }));
-  v.field(F("optimizer", "weight_decay", "--weight-decay",
-            "L2 penalty (sgd, adam) or decoupled weight decay (adamw)", train),
-          c.optimizer.weight_decay, trainer_check<double>([](train::TrainerOptions& o, double value) {
-            o.weight_decay(value);
-          }));
+  v.field(
+      F("optimizer", "weight_decay", "--weight-decay",
+        "L2 penalty (sgd, adam) or decoupled weight decay (adamw)", train),
+      c.optimizer.weight_decay,
+      trainer_check<double>([](train::TrainerOptions& o, double value) { o.weight_decay(value); }));
   v.field(F("optimizer", "adam_betas", "--adam-betas", "Adam/AdamW moment decays B1,B2", train, "",
             ','),
           c.optimizer.adam_betas,
@@ -503,9 +499,9 @@ void declare(JobConfig& c, FieldVisitor& v) {
           trainer_check<double>([](train::TrainerOptions& o, double value) { o.eps(value); }));
   v.field(F("optimizer", "warmup_steps", "--warmup-steps", "steps of linear learning-rate warm-up",
             train),
-          c.optimizer.warmup_steps, trainer_check<int64_t>([](train::TrainerOptions& o, int64_t value) {
-            o.warmup_steps(value);
-          }));
+          c.optimizer.warmup_steps,
+          trainer_check<int64_t>(
+              [](train::TrainerOptions& o, int64_t value) { o.warmup_steps(value); }));
   v.field(F("optimizer", "lr_schedule", "--lr-schedule",
             "after the warm-up: " + joined(train::lr_schedule_names()) +
                 " (cosine decays to --min-lr at the last step)",
@@ -552,19 +548,19 @@ void declare(JobConfig& c, FieldVisitor& v) {
             return library_check([&] { train::parse_zero_unit(value); });
           });
   v.field(N(F("zero", "prefetch", "--zero3-prefetch",
-            "--zero3-unit layer: bytes of layers gathered ahead of use (0: none)", train)),
+              "--zero3-unit layer: bytes of layers gathered ahead of use (0: none)", train)),
           c.zero.prefetch, size_check());
   v.field(N(F("zero", "max_live", "--zero3-max-live",
-            "--zero3-unit layer: most bytes of whole layers a prefetch may bring (0: no bound)",
-            train)),
+              "--zero3-unit layer: most bytes of whole layers a prefetch may bring (0: no bound)",
+              train)),
           c.zero.max_live, size_check());
   v.field(N(F("zero", "max_reuse_distance", "--zero3-max-reuse-distance",
-            "--zero3-unit layer: keep a layer whole when its next use comes within this many "
-            "bytes of other layers (-1: never)",
-            train)),
+              "--zero3-unit layer: keep a layer whole when its next use comes within this many "
+              "bytes of other layers (-1: never)",
+              train)),
           c.zero.max_reuse_distance, size_check(/*minus_one=*/true));
   v.field(N(F("zero", "persistence_threshold", "--zero3-persistence-threshold",
-            "--zero 3: parameters smaller than this stay whole", train)),
+              "--zero 3: parameters smaller than this stay whole", train)),
           c.zero.persistence_threshold, size_check());
   v.field(F("zero", "keep_freed_memory", "--zero-keep-freed-memory",
             "--zero 2/3 on the CPU: leave the heap's freed pages resident (faster, more resident "
@@ -580,9 +576,9 @@ void declare(JobConfig& c, FieldVisitor& v) {
 
   // [memory]
   v.field(N(F("memory", "limit", "--memory-limit",
-            "bytes per rank: the budget the run is checked against before it starts (instead of "
-            "the machine's), and an auto plan may use (e.g. 2GiB, 512MiB; none: no limit)",
-            model_plan, "the machine's")),
+              "bytes per rank: the budget the run is checked against before it starts (instead of "
+              "the machine's), and an auto plan may use (e.g. 2GiB, 512MiB; none: no limit)",
+              model_plan, "the machine's")),
           c.memory.limit, [](const std::string& flag, const std::string& value) {
             if (value.empty() || value == "none") return std::string();
             return size_check()(flag, value);
@@ -670,12 +666,11 @@ void declare(JobConfig& c, FieldVisitor& v) {
   v.field(F("generate", "prompt_tokens", "--prompt-tokens", "prompt ids, comma-separated",
             {kGenerate}, "", ','),
           c.generate.prompt_tokens, {});
-  v.field(F("generate", "max_new_tokens", "--max-new-tokens", "ids to generate at most",
-            {kGenerate}),
-          c.generate.max_new_tokens,
-          [](const std::string& flag, const int64_t& value) -> std::string {
-            return value >= 0 ? "" : flag + " must be >= 0";
-          });
+  v.field(
+      F("generate", "max_new_tokens", "--max-new-tokens", "ids to generate at most", {kGenerate}),
+      c.generate.max_new_tokens, [](const std::string& flag, const int64_t& value) -> std::string {
+        return value >= 0 ? "" : flag + " must be >= 0";
+      });
 
   // [export]
   v.field(F("export", "checkpoint", "CHECKPOINT",
@@ -696,8 +691,8 @@ void declare(JobConfig& c, FieldVisitor& v) {
   v.field(F("plan", "sample_shape", "--sample-shape",
             "With --model: the mini-batch shape, batch first (e.g. 256,784)", plan),
           c.plan.sample_shape, {});
-  v.field(F("plan", "stages", "--stages",
-            "pipeline ranks K (>= 1; with --model: 2 unless given)", plan, "2 with --model"),
+  v.field(F("plan", "stages", "--stages", "pipeline ranks K (>= 1; with --model: 2 unless given)",
+            plan, "2 with --model"),
           c.plan.stages, not_negative());
   v.field(F("plan", "optimizer", "--optimizer",
             "With --model: sgd | momentum | adam | adamw (state 0x/1x/2x/2x params; train's sgd "
@@ -762,15 +757,15 @@ void declare(JobConfig& c, FieldVisitor& v) {
             "With --model: timed trials of each layer's figures, the median kept (fewer plan "
             "faster, with noisier times; the memory figures are the same)",
             plan),
-          c.plan.profile_repeats,
-          [](const std::string& flag, const int64_t& value) -> std::string {
-            return value >= 1 ? "" : flag + " must be 1 or more (got " + std::to_string(value) + ")";
+          c.plan.profile_repeats, [](const std::string& flag, const int64_t& value) -> std::string {
+            return value >= 1 ? ""
+                              : flag + " must be 1 or more (got " + std::to_string(value) + ")";
           });
   v.field(F("plan", "profile_warmup", "--profile-warmup",
             "With --model: untimed runs of each layer before its trials", plan),
-          c.plan.profile_warmup,
-          [](const std::string& flag, const int64_t& value) -> std::string {
-            return value >= 0 ? "" : flag + " must be 0 or more (got " + std::to_string(value) + ")";
+          c.plan.profile_warmup, [](const std::string& flag, const int64_t& value) -> std::string {
+            return value >= 0 ? ""
+                              : flag + " must be 0 or more (got " + std::to_string(value) + ")";
           });
   v.field(F("plan", "format", "--format",
             "json | text | svg (svg: a schedule's timeline, with --output; --model: text or json)",
@@ -782,27 +777,11 @@ void declare(JobConfig& c, FieldVisitor& v) {
 }
 
 // Collects the metadata of every field.
-class Collect : public FieldVisitor {
+class Collect : public TypedFieldVisitor<Collect> {
  public:
   explicit Collect(std::vector<Field>& out) : out_(out) {}
-  void field(const Field& f, bool&) override { out_.push_back(f); }
-  void field(const Field& f, int64_t&, const Check<int64_t>&) override { out_.push_back(f); }
-  void field(const Field& f, std::optional<int64_t>&, const Check<int64_t>&) override {
-    out_.push_back(f);
-  }
-  void field(const Field& f, uint64_t&) override { out_.push_back(f); }
-  void field(const Field& f, double&, const Check<double>&) override { out_.push_back(f); }
-  void field(const Field& f, std::string&, const Check<std::string>&) override {
-    out_.push_back(f);
-  }
-  void field(const Field& f, std::vector<std::string>&,
-             const Check<std::vector<std::string>>&) override {
-    out_.push_back(f);
-  }
-  void field(const Field& f, std::vector<int64_t>&, const Check<std::vector<int64_t>>&) override {
-    out_.push_back(f);
-  }
-  void field(const Field& f, std::vector<double>&, const Check<std::vector<double>>&) override {
+  template <typename T, typename C>
+  void on(const Field& f, T&, const C&) {
     out_.push_back(f);
   }
 
@@ -811,97 +790,56 @@ class Collect : public FieldVisitor {
 };
 
 // Runs each check of a command's fields; the first message wins.
-class RunChecks : public FieldVisitor {
+class RunChecks : public TypedFieldVisitor<RunChecks> {
  public:
   explicit RunChecks(Command command) : command_(command) {}
   std::string message;
 
-  void field(const Field&, bool&) override {}
-  void field(const Field&, uint64_t&) override {}
-  void field(const Field& f, int64_t& value, const Check<int64_t>& check) override {
-    run(f, value, check);
-  }
-  void field(const Field& f, std::optional<int64_t>& value, const Check<int64_t>& check) override {
-    if (value) run(f, *value, check);
-  }
-  void field(const Field& f, double& value, const Check<double>& check) override {
-    run(f, value, check);
-  }
-  void field(const Field& f, std::string& value, const Check<std::string>& check) override {
-    run(f, value, check);
-  }
-  void field(const Field& f, std::vector<std::string>& value,
-             const Check<std::vector<std::string>>& check) override {
-    run(f, value, check);
-  }
-  void field(const Field& f, std::vector<int64_t>& value,
-             const Check<std::vector<int64_t>>& check) override {
-    run(f, value, check);
-  }
-  void field(const Field& f, std::vector<double>& value,
-             const Check<std::vector<double>>& check) override {
-    run(f, value, check);
+  template <typename T, typename C>
+  void on(const Field& f, T& value, const C& check) {
+    if (!message.empty() || !check || !f.serves(command_)) return;
+    if constexpr (IsOptional<T>::value) {
+      if (value) message = check(f.flag, *value);
+    } else {
+      message = check(f.flag, value);
+    }
   }
 
  private:
-  template <typename T>
-  void run(const Field& f, const T& value, const Check<T>& check) {
-    if (!message.empty() || !check || !f.serves(command_)) return;
-    message = check(f.flag, value);
-  }
   Command command_;
 };
 
-template <typename T>
-std::string number_text(T value) {
-  std::ostringstream out;
-  out << value;
-  return out.str();
-}
-
-// A field's value as text.
-class ValueText : public FieldVisitor {
+// A field's value as the command line writes it.
+class ValueText : public TypedFieldVisitor<ValueText> {
  public:
   explicit ValueText(std::string name) : name_(std::move(name)) {}
   std::string text;
 
-  void field(const Field& f, bool& value) override { take(f, value ? "true" : "false"); }
-  void field(const Field& f, uint64_t& value) override { take(f, number_text(value)); }
-  void field(const Field& f, int64_t& value, const Check<int64_t>&) override {
-    take(f, number_text(value));
-  }
-  void field(const Field& f, std::optional<int64_t>& value, const Check<int64_t>&) override {
-    take(f, value ? number_text(*value) : "(not given)");
-  }
-  void field(const Field& f, double& value, const Check<double>&) override {
-    take(f, number_text(value));
-  }
-  void field(const Field& f, std::string& value, const Check<std::string>&) override {
-    take(f, value);
-  }
-  void field(const Field& f, std::vector<std::string>& value,
-             const Check<std::vector<std::string>>&) override {
-    take(f, list(f, value, [](const std::string& s) { return s; }));
-  }
-  void field(const Field& f, std::vector<int64_t>& value,
-             const Check<std::vector<int64_t>>&) override {
-    take(f, list(f, value, [](int64_t n) { return number_text(n); }));
-  }
-  void field(const Field& f, std::vector<double>& value,
-             const Check<std::vector<double>>&) override {
-    take(f, list(f, value, [](double x) { return number_text(x); }));
+  template <typename T, typename C>
+  void on(const Field& f, T& value, const C&) {
+    if (f.name() != name_) return;
+    if constexpr (IsVector<T>::value) {
+      const std::string between = f.delimiter ? std::string(1, f.delimiter) : " ";
+      for (const auto& item : value) text += (text.empty() ? "" : between) + one(item);
+    } else if constexpr (IsOptional<T>::value) {
+      text = value ? one(*value) : "(not given)";
+    } else {
+      text = one(value);
+    }
   }
 
  private:
-  template <typename V, typename Text>
-  static std::string list(const Field& f, const V& values, Text text) {
-    std::string out;
-    const std::string between = f.delimiter ? std::string(1, f.delimiter) : " ";
-    for (const auto& value : values) out += (out.empty() ? "" : between) + text(value);
-    return out;
-  }
-  void take(const Field& f, const std::string& value) {
-    if (f.name() == name_) text = value;
+  template <typename T>
+  static std::string one(const T& value) {
+    if constexpr (std::is_same_v<T, bool>) {
+      return value ? "true" : "false";
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      return value;
+    } else {
+      std::ostringstream out;
+      out << value;
+      return out.str();
+    }
   }
   std::string name_;
 };
@@ -937,7 +875,9 @@ bool Field::serves(Command command) const {
   return std::find(commands.begin(), commands.end(), command) != commands.end();
 }
 
-void visit_fields(JobConfig& config, FieldVisitor& visitor) { declare(config, visitor); }
+void visit_fields(JobConfig& config, FieldVisitor& visitor) {
+  declare(config, visitor);
+}
 
 std::vector<Field> fields() {
   std::vector<Field> out;
@@ -957,7 +897,7 @@ std::vector<Field> fields_of(Command command) {
 
 const std::vector<std::string>& section_names() {
   static const std::vector<std::string> names = {
-      "model",  "data",   "training",  "pipeline", "parallel", "optimizer", "zero",  "memory",
+      "model",      "data",   "training",  "pipeline", "parallel", "optimizer", "zero", "memory",
       "checkpoint", "output", "inference", "eval",     "generate", "export",    "plan"};
   return names;
 }

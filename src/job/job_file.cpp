@@ -41,7 +41,7 @@ std::string type_name(const toml::node& node) {
 }
 
 // Takes each field's key from the parsed file.
-class Reader : public FieldVisitor {
+class Reader : public TypedFieldVisitor<Reader> {
  public:
   Reader(const toml::table& root, std::string source, Command command)
       : root_(root), source_(std::move(source)), command_(command) {}
@@ -49,62 +49,15 @@ class Reader : public FieldVisitor {
   // Keys of the file that some field read ("section.key").
   std::set<std::string> claimed;
 
-  void field(const Field& f, bool& value) override {
-    if (const toml::node* node = find(f)) {
-      if (!node->is_boolean()) wrong(f, *node, "true or false");
-      value = node->as_boolean()->get();
-    }
-  }
-  void field(const Field& f, int64_t& value, const Check<int64_t>& check) override {
-    if (const toml::node* node = find(f)) {
-      value = integer(f, *node);
-      run(f, *node, value, check);
-    }
-  }
-  void field(const Field& f, std::optional<int64_t>& value, const Check<int64_t>& check) override {
-    if (const toml::node* node = find(f)) {
-      value = integer(f, *node);
+  template <typename T, typename C>
+  void on(const Field& f, T& value, const C& check) {
+    const toml::node* node = find(f);
+    if (node == nullptr) return;
+    if constexpr (IsOptional<T>::value) {
+      value = convert<typename T::value_type>(f, *node);
       run(f, *node, *value, check);
-    }
-  }
-  void field(const Field& f, uint64_t& value) override {
-    if (const toml::node* node = find(f)) {
-      const int64_t got = integer(f, *node);
-      if (got < 0) fail(*node, f.name() + ": " + f.flag + " must be >= 0, got " +
-                                   std::to_string(got));
-      value = static_cast<uint64_t>(got);
-    }
-  }
-  void field(const Field& f, double& value, const Check<double>& check) override {
-    if (const toml::node* node = find(f)) {
-      value = number(f, *node);
-      run(f, *node, value, check);
-    }
-  }
-  void field(const Field& f, std::string& value, const Check<std::string>& check) override {
-    if (const toml::node* node = find(f)) {
-      value = text(f, *node);
-      run(f, *node, value, check);
-    }
-  }
-  void field(const Field& f, std::vector<std::string>& value,
-             const Check<std::vector<std::string>>& check) override {
-    if (const toml::node* node = find(f)) {
-      value = list<std::string>(f, *node, [&](const toml::node& item) { return text(f, item); });
-      run(f, *node, value, check);
-    }
-  }
-  void field(const Field& f, std::vector<int64_t>& value,
-             const Check<std::vector<int64_t>>& check) override {
-    if (const toml::node* node = find(f)) {
-      value = list<int64_t>(f, *node, [&](const toml::node& item) { return integer(f, item); });
-      run(f, *node, value, check);
-    }
-  }
-  void field(const Field& f, std::vector<double>& value,
-             const Check<std::vector<double>>& check) override {
-    if (const toml::node* node = find(f)) {
-      value = list<double>(f, *node, [&](const toml::node& item) { return number(f, item); });
+    } else {
+      value = convert<T>(f, *node);
       run(f, *node, value, check);
     }
   }
@@ -126,38 +79,44 @@ class Reader : public FieldVisitor {
     fail(node, f.name() + " (" + f.flag + ") takes " + want + ", got " + type_name(node));
   }
 
-  int64_t integer(const Field& f, const toml::node& node) const {
-    if (!node.is_integer()) wrong(f, node, "an integer");
-    return node.as_integer()->get();
-  }
-
-  double number(const Field& f, const toml::node& node) const {
-    if (node.is_integer()) return static_cast<double>(node.as_integer()->get());
-    if (!node.is_floating_point()) wrong(f, node, "a number");
-    return node.as_floating_point()->get();
-  }
-
-  std::string text(const Field& f, const toml::node& node) const {
-    if (node.is_string()) return node.as_string()->get();
-    if (f.number_as_text && node.is_integer()) return std::to_string(node.as_integer()->get());
-    wrong(f, node, f.number_as_text ? "a string or an integer" : "a string");
-  }
-
-  // An array, or one value standing for an array of one (data.path = "PREFIX").
-  template <typename T, typename Item>
-  std::vector<T> list(const Field& f, const toml::node& node, Item item) const {
-    std::vector<T> out;
-    if (!node.is_array()) {
+  // The node as a T; an array, or one value standing for an array of one (path = "PREFIX"),
+  // for a vector.
+  template <typename T>
+  T convert(const Field& f, const toml::node& node) const {
+    if constexpr (std::is_same_v<T, bool>) {
+      if (!node.is_boolean()) wrong(f, node, "true or false");
+      return node.as_boolean()->get();
+    } else if constexpr (std::is_same_v<T, int64_t> || std::is_same_v<T, uint64_t>) {
+      if (!node.is_integer()) wrong(f, node, "an integer");
+      const int64_t got = node.as_integer()->get();
+      if (std::is_unsigned_v<T> && got < 0) {
+        fail(node, f.name() + ": " + f.flag + " must be >= 0, got " + std::to_string(got));
+      }
+      return static_cast<T>(got);
+    } else if constexpr (std::is_same_v<T, double>) {
+      if (node.is_integer()) return static_cast<double>(node.as_integer()->get());
+      if (!node.is_floating_point()) wrong(f, node, "a number");
+      return node.as_floating_point()->get();
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      if (node.is_string()) return node.as_string()->get();
+      if (f.number_as_text && node.is_integer()) return std::to_string(node.as_integer()->get());
+      wrong(f, node, f.number_as_text ? "a string or an integer" : "a string");
+    } else {
+      T out;
       if (node.is_table()) wrong(f, node, "an array");
-      out.push_back(item(node));
+      if (!node.is_array()) {
+        out.push_back(convert<typename T::value_type>(f, node));
+        return out;
+      }
+      for (const toml::node& item : *node.as_array()) {
+        out.push_back(convert<typename T::value_type>(f, item));
+      }
       return out;
     }
-    for (const toml::node& element : *node.as_array()) out.push_back(item(element));
-    return out;
   }
 
-  template <typename T>
-  void run(const Field& f, const toml::node& node, const T& value, const Check<T>& check) const {
+  template <typename T, typename C>
+  void run(const Field& f, const toml::node& node, const T& value, const C& check) const {
     if (!check || !f.serves(command_)) return;
     const std::string message = check(f.flag, value);
     if (!message.empty()) fail(node, f.name() + ": " + message);
@@ -213,57 +172,44 @@ std::string float_text(double value) {
   return out;
 }
 
-class Writer : public FieldVisitor {
+class Writer : public TypedFieldVisitor<Writer> {
  public:
   explicit Writer(Command command) : command_(command) {}
   // Per section, its lines.
   std::map<std::string, std::string> sections;
 
-  void field(const Field& f, bool& value) override { put(f, value ? "true" : "false"); }
-  void field(const Field& f, uint64_t& value) override { put(f, std::to_string(value)); }
-  void field(const Field& f, int64_t& value, const Check<int64_t>&) override {
-    put(f, std::to_string(value));
-  }
-  void field(const Field& f, std::optional<int64_t>& value, const Check<int64_t>&) override {
-    if (value) {
-      put(f, std::to_string(*value));
-    } else {
-      put(f, "", "# " + f.key + " = ...  (not given: " + f.shown_default + ")");
-    }
-  }
-  void field(const Field& f, double& value, const Check<double>&) override {
-    put(f, float_text(value));
-  }
-  void field(const Field& f, std::string& value, const Check<std::string>&) override {
-    put(f, toml_string(value));
-  }
-  void field(const Field& f, std::vector<std::string>& value,
-             const Check<std::vector<std::string>>&) override {
-    put(f, array(value, toml_string));
-  }
-  void field(const Field& f, std::vector<int64_t>& value,
-             const Check<std::vector<int64_t>>&) override {
-    put(f, array(value, [](int64_t n) { return std::to_string(n); }));
-  }
-  void field(const Field& f, std::vector<double>& value,
-             const Check<std::vector<double>>&) override {
-    put(f, array(value, float_text));
-  }
-
- private:
-  template <typename V, typename Text>
-  static std::string array(const V& values, Text text) {
-    std::string out = "[";
-    for (const auto& value : values) out += (out.size() > 1 ? ", " : "") + text(value);
-    return out + "]";
-  }
-
-  void put(const Field& f, const std::string& value, const std::string& line = "") {
+  template <typename T, typename C>
+  void on(const Field& f, T& value, const C&) {
     if (!f.serves(command_) || f.hidden) return;
     std::string& out = sections[f.section];
     out += "# " + f.flag + ": " + f.help + "\n";
-    out += line.empty() ? f.key + " = " + value : line;
-    out += "\n";
+    if constexpr (IsOptional<T>::value) {
+      if (!value) {
+        out += "# " + f.key + " = ...  (not given: " + f.shown_default + ")\n";
+        return;
+      }
+      out += f.key + " = " + one(*value) + "\n";
+    } else if constexpr (IsVector<T>::value) {
+      std::string items;
+      for (const auto& item : value) items += (items.empty() ? "" : ", ") + one(item);
+      out += f.key + " = [" + items + "]\n";
+    } else {
+      out += f.key + " = " + one(value) + "\n";
+    }
+  }
+
+ private:
+  template <typename T>
+  static std::string one(const T& value) {
+    if constexpr (std::is_same_v<T, bool>) {
+      return value ? "true" : "false";
+    } else if constexpr (std::is_same_v<T, double>) {
+      return float_text(value);
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      return toml_string(value);
+    } else {
+      return std::to_string(value);
+    }
   }
   Command command_;
 };

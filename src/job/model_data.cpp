@@ -6,12 +6,14 @@
 #include <filesystem>
 #include <sstream>
 
+#include "job_internal.h"
+#include "pipetrain/base/message_of.h"
+#include "pipetrain/data/packing.h"
 #include "pipetrain/examples/data_error.h"
 #include "pipetrain/examples/data_loader.h"
 #include "pipetrain/examples/fashion_mnist.h"
 #include "pipetrain/examples/model_registry.h"
-#include "pipetrain/base/message_of.h"
-#include "pipetrain/data/packing.h"
+#include "pipetrain/examples/synthetic.h"
 #include "pipetrain/io/indexed_dataset.h"
 #include "pipetrain/runtime/tensor_io.h"
 #include "pipetrain/stage/device.h"
@@ -20,8 +22,6 @@
 #include "pipetrain/train/checkpoint.h"
 #include "pipetrain/train/token_batches.h"
 #include "pipetrain/transport/c10d.h"
-#include "pipetrain/examples/synthetic.h"
-#include "job_internal.h"
 
 namespace pipetrain::job {
 
@@ -29,19 +29,8 @@ using namespace pipetrain::examples;  // the example models and data sets
 namespace {
 
 using UsageError = pipetrain::BadInput;
+using detail::as_bad_input;
 using detail::contains;
-
-// Runs `load`; an error of the library or of torch becomes BadInput("<flag>: <message>").
-template <typename Load>
-auto as_usage_error(const std::string& flag, Load&& load) -> decltype(load()) {
-  try {
-    return load();
-  } catch (const pipetrain::Error& error) {
-    throw UsageError(flag + ": " + error.what());
-  } catch (const c10::Error& error) {
-    throw UsageError(flag + ": " + error.what_without_backtrace());
-  }
-}
 
 // The eval windows of a text corpus come from their own stream, never from a training step's.
 constexpr uint64_t kTextEvalSeed = 0x7e57'da7aULL;
@@ -53,7 +42,7 @@ bool is_torchscript_path(const std::string& model) {
 }
 
 torch::Tensor load_flag_tensor(const std::string& flag, const std::string& path) {
-  return as_usage_error(flag, [&] { return load_tensor(path); });
+  return as_bad_input(flag, [&] { return load_tensor(path); });
 }
 
 }  // namespace
@@ -74,7 +63,7 @@ bool is_hf_model(const std::string& model) {
 }
 
 models::LlamaConfig hf_config(const ModelDataSpec& spec) {
-  return as_usage_error("--model " + spec.model,
+  return as_bad_input("--model " + spec.model,
                         [&] { return models::read_llama_config(spec.model); });
 }
 
@@ -125,7 +114,7 @@ void check_hf_spec(const ModelDataSpec& args) {
   }
   if (indexed) {
     parse_data_path(args.data_path);  // the shape of a blend, before any file is read
-    as_usage_error("--pack", [&] { return data::parse_packing(args.packing); });
+    as_bad_input("--pack", [&] { return data::parse_packing(args.packing); });
     if (args.group_by_length && args.packing != "none") {
       throw UsageError(
           "--group-by-length orders rows of one document by length: it needs --pack "
@@ -152,7 +141,7 @@ PlanningModel load_planning_model(const std::string& model,
   torch::manual_seed(0);
   if (is_hf_model(model)) {
     loaded.llama =
-        as_usage_error("--model " + model, [&] { return models::read_llama_config(model); });
+        as_bad_input("--model " + model, [&] { return models::read_llama_config(model); });
     if (sample_shape.size() != 2) {
       throw UsageError("--sample-shape of a language model is B,T (token ids)");
     }
@@ -162,7 +151,7 @@ PlanningModel load_planning_model(const std::string& model,
   }
   if (is_torchscript_path(model)) {  // as `train --model` tells them apart
     loaded.sequential =
-        as_usage_error("--model " + model, [&] { return load_torchscript_sequential(model); });
+        as_bad_input("--model " + model, [&] { return load_torchscript_sequential(model); });
     loaded.description = "TorchScript " + model;
   } else {
     loaded.sequential = make_model(model).sequential;  // ModelOptionError is a BadInput
@@ -302,7 +291,7 @@ BuiltData build_data(const ModelDataSpec& args) {
       }
       for (size_t d = 0; d < parts.size(); ++d) {
         const std::string mask = args.loss_mask_path.empty() ? "" : args.loss_mask_path[d];
-        auto dataset = as_usage_error(
+        auto dataset = as_bad_input(
             mask.empty() ? "--data-path" : "--data-path/--loss-mask-path",
             [&] { return std::make_shared<const data::DocumentDataset>(parts[d].second, mask); });
         data.documents += dataset->documents();
@@ -310,7 +299,7 @@ BuiltData build_data(const ModelDataSpec& args) {
       }
       data.seq_len = args.seq_len;
     } else if (args.data == "tokens") {
-      data.tokens = as_usage_error("--token-file", [&] {
+      data.tokens = as_bad_input("--token-file", [&] {
         return std::make_shared<const io::TokenFile>(args.token_file, args.token_bytes);
       });
       data.seq_len = args.seq_len;
@@ -339,11 +328,11 @@ BuiltModel build_hf_model(const ModelDataSpec& args, const BuiltData& data,
                           const parallel::TensorParallel& tp) {
   const models::LlamaConfig config = hf_config(args);
   if (data.seq_len > 0) {
-    as_usage_error("--seq-len " + std::to_string(data.seq_len),
+    as_bad_input("--seq-len " + std::to_string(data.seq_len),
                    [&] { models::check_sequence_length(config, data.seq_len); });
   }
   if (tp.split()) {
-    as_usage_error("--model " + args.model,
+    as_bad_input("--model " + args.model,
                    [&] { models::check_llama_tensor_parallel(config, tp.size()); });
   }
   models::LlamaModel llama =
@@ -351,7 +340,7 @@ BuiltModel build_hf_model(const ModelDataSpec& args, const BuiltData& data,
   if (args.init == "random") {
     models::init_llama_random(llama, args.seed);
   } else {
-    as_usage_error("--model " + args.model, [&] {
+    as_bad_input("--model " + args.model, [&] {
       models::load_llama_weights(llama, io::SafetensorsCheckpoint::open(args.model));
     });
   }
@@ -403,7 +392,7 @@ BuiltModel build_model(const ModelDataSpec& args, const BuiltData& data,
   if (is_torchscript_path(args.model)) {
     model.torchscript = true;
     model.sequential =
-        as_usage_error("--model", [&] { return load_torchscript_sequential(args.model); });
+        as_bad_input("--model", [&] { return load_torchscript_sequential(args.model); });
   } else {
     nlohmann::json options;
     try {
@@ -448,12 +437,12 @@ BuiltModel build_model(const ModelDataSpec& args, const BuiltData& data,
 
 void check_data_against_model(const BuiltModel& model, const BuiltData& data) {
   if (data.tokens) {
-    as_usage_error("--token-file", [&] { data.tokens->check_vocabulary(model.llama->vocab_size); });
+    as_bad_input("--token-file", [&] { data.tokens->check_vocabulary(model.llama->vocab_size); });
     return;
   }
   if (!data.document_sources.empty()) {
     for (const train::DocumentSource& source : data.document_sources) {
-      as_usage_error("--data-path",
+      as_bad_input("--data-path",
                      [&] { source.dataset->check_vocabulary(model.llama->vocab_size); });
     }
     return;
@@ -538,7 +527,7 @@ train::DocumentBatchOptions document_batch_options(const ModelDataSpec& spec,
                                                    const BuiltModel& model, const BuiltData& data,
                                                    int64_t batch_size) {
   train::DocumentBatchOptions options(data.seq_len, batch_size);
-  options.packing(as_usage_error("--pack", [&] { return data::parse_packing(spec.packing); }))
+  options.packing(as_bad_input("--pack", [&] { return data::parse_packing(spec.packing); }))
       .shuffle(spec.shuffle)
       .seed(spec.seed)
       .by_document(!spec.cross_document_attention)
@@ -590,14 +579,14 @@ InferenceModel::InferenceModel(const ModelDataSpec& spec, const BuiltData& data,
   if (!inference.checkpoint.empty()) {
     const std::string flag = "--checkpoint " + inference.checkpoint;
     const train::Checkpoint checkpoint =
-        as_usage_error(flag, [&] { return train::load_checkpoint(inference.checkpoint); });
-    as_usage_error(flag, [&] {
+        as_bad_input(flag, [&] { return train::load_checkpoint(inference.checkpoint); });
+    as_bad_input(flag, [&] {
       train::restore_model(checkpoint, *model.sequential, train::NameMatch::kExact);
     });
   }
   model.sequential->eval();
   if (inference.stages < 1) throw UsageError("--stages must be at least 1");
-  const std::vector<torch::Device> devices = as_usage_error("--device", [&] {
+  const std::vector<torch::Device> devices = as_bad_input("--device", [&] {
     return rank_devices(inference.device, {}, static_cast<int>(inference.stages));
   });
   if (inference.stages == 1) {
@@ -605,7 +594,7 @@ InferenceModel::InferenceModel(const ModelDataSpec& spec, const BuiltData& data,
     device_ = devices[0];
     return;
   }
-  pipe_ = as_usage_error("--stages", [&] {
+  pipe_ = as_bad_input("--stages", [&] {
     return Pipe(model.sequential,
                 PipeOptions().stages(inference.stages).chunks(1).devices(devices));
   });

@@ -8,11 +8,12 @@
 //   export    a pipetrain checkpoint of a Hugging Face model as transformers saves it
 #include <cstdio>
 
-#include "pipetrain/base/format_text.h"
 #include <sstream>
+#include "pipetrain/base/format_text.h"
 
 #include <nlohmann/json.hpp>
 
+#include "job_internal.h"
 #include "pipetrain/job/job_fields.h"
 #include "pipetrain/job/run_job.h"
 #include "pipetrain/job/training_setup.h"
@@ -22,7 +23,6 @@
 #include "pipetrain/train/document_batches.h"
 #include "pipetrain/train/sharded_checkpoint.h"
 #include "pipetrain/train/token_batches.h"
-#include "job_internal.h"
 
 namespace pipetrain::job {
 namespace {
@@ -59,18 +59,19 @@ std::string evaluate_tokens(const JobConfig& job, const ModelDataSpec& spec) {
     const train::DocumentEvaluation e = train::evaluate_documents(
         [&](const data::Batch& b) { return model.forward(b.inputs[0], b.layout); }, rows, batch);
     return format_text("model %s%s, data %s (%lld documents, --pack %s)\n", spec.model.c_str(),
-                  weights.c_str(), spec.data_path.front().c_str(),
-                  static_cast<long long>(data.documents), spec.packing.c_str()) +
+                       weights.c_str(), spec.data_path.front().c_str(),
+                       static_cast<long long>(data.documents), spec.packing.c_str()) +
            format_text("eval loss %.6f nats, perplexity %.4f (%lld rows, %lld counted targets)\n",
-                  e.loss, e.perplexity, static_cast<long long>(e.rows),
-                  static_cast<long long>(e.counted_targets));
+                       e.loss, e.perplexity, static_cast<long long>(e.rows),
+                       static_cast<long long>(e.counted_targets));
   }
   const train::TokenEvaluation e = train::evaluate_tokens(
       [&](const torch::Tensor& x) { return model.forward(x); }, *data.tokens, data.seq_len, batch);
   return format_text("model %s%s, data %s\n", spec.model.c_str(), weights.c_str(),
-                spec.token_file.c_str()) +
+                     spec.token_file.c_str()) +
          format_text("eval loss %.6f nats, perplexity %.4f (%lld samples, %lld tokens)\n", e.loss,
-                e.perplexity, static_cast<long long>(e.samples), static_cast<long long>(e.tokens));
+                     e.perplexity, static_cast<long long>(e.samples),
+                     static_cast<long long>(e.tokens));
 }
 
 // The model a checkpoint was trained as: its metadata's model_options.hf_config.
@@ -130,8 +131,8 @@ JobResult run_evaluation(const JobConfig& job, JobObserver& observer) {
   std::optional<train::Evaluation> e = evaluate(model, data, job.eval.batch_size);
   if (!e) throw BadInput("--data " + data.name + " has no held-out split to evaluate on");
   observer.on_result(format_text("checkpoint %s (step %lld), model %s, data %s\n", path.c_str(),
-                            static_cast<long long>(checkpoint.step), model.name.c_str(),
-                            data.name.c_str()) +
+                                 static_cast<long long>(checkpoint.step), model.name.c_str(),
+                                 data.name.c_str()) +
                      describe_evaluation(*e, data) + "\n");
   return {};
 }
@@ -160,9 +161,9 @@ JobResult run_generation(const JobConfig& job, JobObserver& observer) {
                                   spec.model);
   });
   InferenceModel model(spec, BuiltData{}, inference_spec(job));
-  const std::vector<int64_t> ids = models::generate_greedy(
-      [&](const torch::Tensor& x) { return model.forward(x); }, prompt, max_new_tokens,
-      config.eos_token_ids);
+  const std::vector<int64_t> ids =
+      models::generate_greedy([&](const torch::Tensor& x) { return model.forward(x); }, prompt,
+                              max_new_tokens, config.eos_token_ids);
   std::ostringstream text;
   for (size_t i = 0; i < ids.size(); ++i) text << (i ? "," : "") << ids[i];
   observer.on_result(text.str() + "\n");
@@ -173,8 +174,9 @@ JobResult run_export(const JobConfig& job, JobObserver& observer) {
   check_fields(job, Command::kExportHf);
   const ExportSettings& e = job.export_hf;
   if (e.checkpoint.empty() || e.out.empty()) {
-    throw BadInput("export-hf needs CHECKPOINT and OUT: the checkpoint to read and the directory "
-                   "to write");
+    throw BadInput(
+        "export-hf needs CHECKPOINT and OUT: the checkpoint to read and the directory "
+        "to write");
   }
   const std::string flag = "CHECKPOINT " + e.checkpoint;
   const models::HfSaveOptions save = models::HfSaveOptions().dtype(e.dtype);
@@ -184,8 +186,8 @@ JobResult run_export(const JobConfig& job, JobObserver& observer) {
     // Sharded: read and written one tensor at a time, nothing held whole.
     const train::ShardedCheckpoint checkpoint =
         as_bad_input(flag, [&] { return train::ShardedCheckpoint::open(e.checkpoint); });
-    const models::LlamaConfig config = exported_config(
-        e.checkpoint, checkpoint.index().state.value("metadata", nlohmann::json()));
+    const models::LlamaConfig config =
+        exported_config(e.checkpoint, checkpoint.index().state.value("metadata", nlohmann::json()));
     step = checkpoint.index().state.value("step", int64_t{0});
     files = as_bad_input("OUT",
                          [&] { return models::export_llama_hf(checkpoint, e.out, config, save); });
@@ -198,8 +200,8 @@ JobResult run_export(const JobConfig& job, JobObserver& observer) {
         "OUT", [&] { return models::save_llama_hf(e.out, config, checkpoint.parameters, save); });
   }
   observer.on_result(format_text("exported step %lld of %s to %s (%zu files, %s)\n",
-                            static_cast<long long>(step), e.checkpoint.c_str(), e.out.c_str(),
-                            files.size(), e.dtype.c_str()));
+                                 static_cast<long long>(step), e.checkpoint.c_str(), e.out.c_str(),
+                                 files.size(), e.dtype.c_str()));
   return {};
 }
 

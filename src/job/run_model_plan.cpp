@@ -177,8 +177,8 @@ int plan_world_layouts(const JobConfig& job, const PlanningModel& model, Precisi
   request.precision = precision;
   request.profile_repeats = static_cast<int>(plan.profile_repeats);
   request.profile_warmup = static_cast<int>(plan.profile_warmup);
-  request.rank_arguments = {"plan", "--model", plan.model, "--sample-shape", plan.sample_shape,
-                            "--rank-job"};
+  request.rank_arguments = {"plan",           "--model",         plan.model,
+                            "--sample-shape", plan.sample_shape, "--rank-job"};
   request.diagnostics = progress_notes(observer);
   const tune::WorldPlanResult result = tune::plan_world(request);
   emit(job,
@@ -190,11 +190,11 @@ int plan_world_layouts(const JobConfig& job, const PlanningModel& model, Precisi
 
 }  // namespace
 
-JobResult run_model_plan(const JobConfig& job, JobObserver& observer,
-                         const std::string& rank_job) {
+JobResult run_model_plan(const JobConfig& job, JobObserver& observer, const std::string& rank_job) {
   const Precision precision = check_plan(job);
   const PlanSettings& plan = job.plan;
-  const PlanningModel model = load_planning_model(plan.model, parse_shape(plan.sample_shape));  // [1]
+  const PlanningModel model =
+      load_planning_model(plan.model, parse_shape(plan.sample_shape));  // [1]
   JobResult out;
   if (!rank_job.empty()) {  // one rank of a measurement the parent launched
     out.exit_code =
@@ -218,9 +218,14 @@ JobResult run_model_plan(const JobConfig& job, JobObserver& observer,
   request.processes = plan.processes;
   request.verify_steps = static_cast<int>(plan.verify_steps);
   request.verify_rounds = static_cast<int>(plan.verify_rounds);
-  request.rank_arguments = {"plan",           "--model",         plan.model,
-                            "--sample-shape", plan.sample_shape, "--stages",
-                            std::to_string(request.planner.ranks), "--rank-job"};
+  request.rank_arguments = {"plan",
+                            "--model",
+                            plan.model,
+                            "--sample-shape",
+                            plan.sample_shape,
+                            "--stages",
+                            std::to_string(request.planner.ranks),
+                            "--rank-job"};
   request.diagnostics = progress_notes(observer);
   const tune::ModelPlanResult result = tune::plan_model(request);  // [2]
   if (!plan.profile_out.empty()) {

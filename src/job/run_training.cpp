@@ -31,6 +31,7 @@
 
 #include <torch/torch.h>
 
+#include "job_internal.h"
 #include "pipetrain/job/job_file.h"
 #include "pipetrain/job/run_job.h"
 #include "pipetrain/models/llama_export.h"
@@ -46,7 +47,6 @@
 #include "pipetrain/tune/calibration.h"
 #include "pipetrain/tune/memory_check.h"
 #include "pipetrain/tune/world_plan.h"
-#include "job_internal.h"
 #include "training_parts.h"
 
 namespace pipetrain::job {
@@ -363,14 +363,15 @@ JobResult launch_ranks(TrainingSetup& s, JobObserver& observer) {
   RunLayout layout = layout_of(s.pipeline, nproc);
   const bool auto_plan = s.auto_request.any();
   Prepared p = prepare(s, layout, observer, {}, /*leave_plan_to_ranks=*/auto_plan);
-  if (!auto_plan) pipe_options(s.pipeline, layout, static_cast<int64_t>(p.model.sequential->size()));
+  if (!auto_plan)
+    pipe_options(s.pipeline, layout, static_cast<int64_t>(p.model.sequential->size()));
   if (layout.tensor_parallel > 1) {  // check_tensor_parallel: a Hugging Face model
     as_bad_input(
         "", [&] { models::check_llama_tensor_parallel(*p.model.llama, layout.tensor_parallel); });
   }
   check_memory(s, layout, p, observer);
-  const std::string tensor =
-      layout.tensor_parallel > 1 ? std::to_string(layout.tensor_parallel) + " tensor-parallel x "
+  const std::string tensor = layout.tensor_parallel > 1
+                                 ? std::to_string(layout.tensor_parallel) + " tensor-parallel x "
                                  : "";
   note(observer, "launching " + std::to_string(layout.world) + " processes (" +
                      std::to_string(layout.pipeline_ranks) + " pipeline x " + tensor +
@@ -437,8 +438,8 @@ JobResult run_rank(TrainingSetup& s, JobObserver& observer) {
   result.exit_code = run_distributed(options, [&](Distributed& distributed) {
     std::optional<Prepared> p;
     try {
-      p.emplace(prepare(s, layout, observer, plan_on_ranks(s, layout, distributed, observer),
-                        false, distributed.pipeline_rank(),
+      p.emplace(prepare(s, layout, observer, plan_on_ranks(s, layout, distributed, observer), false,
+                        distributed.pipeline_rank(),
                         parallel::TensorParallel{distributed.tensor_parallel_group(),
                                                  s.job.parallel.sequence_parallel}));
     } catch (const tune::AutoPlanError& error) {

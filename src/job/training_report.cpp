@@ -40,7 +40,7 @@ std::string files_text(const TrainingSetup& s, const train::TrainSummary& summar
   std::string out;
   if (!summary.checkpoint_path.empty()) {
     out += format_text("checkpoint: %s (step %lld)\n", summary.checkpoint_path.c_str(),
-                  static_cast<long long>(total_steps));
+                       static_cast<long long>(total_steps));
   }
   if (!job.output.trace.empty()) {
     out += format_text(
@@ -49,7 +49,7 @@ std::string files_text(const TrainingSetup& s, const train::TrainSummary& summar
   }
   if (!job.output.timeline.empty()) {
     out += format_text("timeline: %s (measured step %lld)\n", job.output.timeline.c_str(),
-                  static_cast<long long>(summary.timeline_step));
+                       static_cast<long long>(summary.timeline_step));
   }
   const std::string zero =
       job.zero.stage > 0
@@ -72,8 +72,8 @@ std::string files_text(const TrainingSetup& s, const train::TrainSummary& summar
   if (summary.transport_bytes_sent > 0) {
     out += format_text(
         "transport: %lld tensor bytes sent between ranks over %lld steps (every rank, %s)\n",
-        static_cast<long long>(summary.transport_bytes_sent),
-        static_cast<long long>(summary.steps), to_string(s.pipeline.precision));
+        static_cast<long long>(summary.transport_bytes_sent), static_cast<long long>(summary.steps),
+        to_string(s.pipeline.precision));
   }
   return out;
 }
@@ -89,7 +89,9 @@ int64_t Batches::total_steps() const {
   return t.steps > 0 ? t.steps : source_->steps_in_epochs(t.epochs);
 }
 
-int64_t Batches::epochs() const { return source_->epochs_begun(total_steps()); }
+int64_t Batches::epochs() const {
+  return source_->epochs_begun(total_steps());
+}
 
 train::ProgressOptions rate_options(const TrainingSetup& s, const BuiltModel& model,
                                     const BuiltData& data) {
@@ -118,8 +120,8 @@ std::string start_text(const TrainingSetup& s, const Prepared& p, const Batches&
       "%d threads per rank\n",
       p.model.name.c_str(), p.model.sequential->size(),
       static_cast<long long>(examples::count_parameters(*p.model.sequential)), data.name.c_str(),
-      rows.c_str(), static_cast<long long>(s.job.training.batch_size),
-      runner.description().c_str(), s.job.optimizer.name.c_str(), s.job.optimizer.lr, threads);
+      rows.c_str(), static_cast<long long>(s.job.training.batch_size), runner.description().c_str(),
+      s.job.optimizer.name.c_str(), s.job.optimizer.lr, threads);
   if (p.model.llama && s.peak.flops > 0) {
     out += format_text(
         "MFU: model FLOPs (6N + attention per token, recomputation not counted) over a peak of "
@@ -130,14 +132,13 @@ std::string start_text(const TrainingSetup& s, const Prepared& p, const Batches&
     out += "documents: " + documents->describe() + "\n";
   }
   if (data.corpus) {
-    out += format_text("corpus %s: vocabulary %lld, unigram entropy %.4f nats\n",
-                  data.corpus->source().c_str(),
-                  static_cast<long long>(data.corpus->vocab_size()),
-                  data.corpus->unigram_entropy());
+    out += format_text(
+        "corpus %s: vocabulary %lld, unigram entropy %.4f nats\n", data.corpus->source().c_str(),
+        static_cast<long long>(data.corpus->vocab_size()), data.corpus->unigram_entropy());
   }
   if (p.resume) {
     out += format_text("resumed from %s at step %lld\n", s.resume.c_str(),
-                  static_cast<long long>(p.resume->step));
+                       static_cast<long long>(p.resume->step));
   }
   return out;
 }
@@ -181,9 +182,8 @@ std::string result_text(const TrainingSetup& s, const Prepared& p, const Batches
   for (int64_t peak : result.process_peak_bytes) out += " " + partition::format_bytes(peak);
   out += "\n";
   const train::ProgressOptions costs = rate_options(s, p.model, p.data);
-  rate = train::training_rate({result.seconds, result.samples, result.tokens,
-                               result.counted_targets},
-                              costs);
+  rate = train::training_rate(
+      {result.seconds, result.samples, result.tokens, result.counted_targets}, costs);
   std::string rates;
   if (costs.tokens_per_sample() > 0 || result.tokens > 0) {
     rates += ", " + std::to_string(std::llround(rate.tokens_per_second)) + " tokens/s";
@@ -201,15 +201,16 @@ std::string result_text(const TrainingSetup& s, const Prepared& p, const Batches
       throw BadInput("--summary-json: " + std::string(error.what()));
     }
   }
-  out += format_text("done: %lld steps in %.3f s (%.1f steps/s, %.1f samples/s%s), loss %.6f -> %.6f\n",
-                static_cast<long long>(result.steps), result.seconds,
-                result.seconds > 0 ? result.steps / result.seconds : 0.0,
-                rate.samples_per_second, rates.c_str(), result.first_loss, result.last_loss);
+  out += format_text(
+      "done: %lld steps in %.3f s (%.1f steps/s, %.1f samples/s%s), loss %.6f -> %.6f\n",
+      static_cast<long long>(result.steps), result.seconds,
+      result.seconds > 0 ? result.steps / result.seconds : 0.0, rate.samples_per_second,
+      rates.c_str(), result.first_loss, result.last_loss);
   if (p.auto_plan && result.steps > 0) {
     // Measured over every step (the first one warms up): compare with the prediction.
     out += format_text("auto plan: measured %.3g s/step, predicted %.3g s/step\n",
-                  result.seconds / static_cast<double>(result.steps),
-                  p.auto_plan->predicted_step_seconds);
+                       result.seconds / static_cast<double>(result.steps),
+                       p.auto_plan->predicted_step_seconds);
   }
   return out;
 }
@@ -219,11 +220,10 @@ std::string checkpoint_text(const std::string& directory, const train::Trainer::
   if (f.peak_excess_bytes >= 0) {
     excess = ", peak +" + partition::format_bytes(f.peak_excess_bytes) + " (largest process)";
   }
-  return format_text("checkpoint %s: %.1f MiB by %d processes in %.3f s (%.1f MiB/s)%s",
-                directory.c_str(), static_cast<double>(f.bytes) / (1 << 20), f.processes,
-                f.seconds,
-                f.seconds > 0 ? static_cast<double>(f.bytes) / (1 << 20) / f.seconds : 0.0,
-                excess.c_str());
+  return format_text(
+      "checkpoint %s: %.1f MiB by %d processes in %.3f s (%.1f MiB/s)%s", directory.c_str(),
+      static_cast<double>(f.bytes) / (1 << 20), f.processes, f.seconds,
+      f.seconds > 0 ? static_cast<double>(f.bytes) / (1 << 20) / f.seconds : 0.0, excess.c_str());
 }
 
 }  // namespace pipetrain::job::detail

@@ -6,20 +6,22 @@
 #include <tuple>
 #include <vector>
 
+#include "job_internal.h"
 #include "pipetrain/base/atomic_file.h"
 #include "pipetrain/job/job_fields.h"
 #include "pipetrain/partition/memory.h"
 #include "pipetrain/schedule/generators.h"
 #include "pipetrain/stage/precision.h"
 #include "pipetrain/transport/c10d.h"
-#include "job_internal.h"
 
 namespace pipetrain::job {
 namespace {
 
 using detail::contains;
 
-[[noreturn]] void fail(const std::string& message) { throw BadInput(message); }
+[[noreturn]] void fail(const std::string& message) {
+  throw BadInput(message);
+}
 
 // Runs `load`; an error of the library becomes BadInput("<flag>: <message>").
 template <typename Load>
@@ -131,7 +133,8 @@ void check_choices(const TrainingSetup& s) {
   if (p.schedule_file.empty() && p.schedule == "custom") {
     fail("unknown --schedule 'custom'; valid: " + [] {
       std::string names;
-      for (const auto& name : schedule::schedule_names()) names += (names.empty() ? "" : ", ") + name;
+      for (const auto& name : schedule::schedule_names())
+        names += (names.empty() ? "" : ", ") + name;
       return names;
     }() + ", auto (or give --schedule-file for a custom one)");
   }

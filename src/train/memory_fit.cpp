@@ -202,8 +202,8 @@ std::string memory_fit_text(const MemoryFit& fit) {
     out << ")";
     for (std::size_t p = 0; p < fit.run.process_extra.size(); ++p) {
       if (fit.run.process_extra[p] > 0) {
-        out << ", and " << partition::format_bytes(fit.run.process_extra[p])
-            << " more on process " << p << " while it evaluates the whole model";
+        out << ", and " << partition::format_bytes(fit.run.process_extra[p]) << " more on process "
+            << p << " while it evaluates the whole model";
       }
     }
     out << " (pipetrain plan --memory shows their categories; docs/MEMORY.md).";

@@ -8,8 +8,8 @@
 #include "pipetrain/models/llama.h"
 #include "pipetrain/models/llama_profile.h"
 #include "pipetrain/stage/allocation_counter.h"
-#include "pipetrain/stage/tensor_bytes.h"
 #include "pipetrain/stage/microbatch.h"
+#include "pipetrain/stage/tensor_bytes.h"
 #include "pipetrain/transport/c10d.h"
 #include "pipetrain/tune/calibration.h"
 

@@ -34,7 +34,8 @@ std::string read_file(const std::string& path) {
 
 // ---- the three views of the settings ------------------------------------------------------------
 
-constexpr const char* kTableBegin = "<!-- job-reference: train (pipetrain train --reference-table) -->";
+constexpr const char* kTableBegin =
+    "<!-- job-reference: train (pipetrain train --reference-table) -->";
 constexpr const char* kTableEnd = "<!-- job-reference end -->";
 
 struct Row {
@@ -76,9 +77,8 @@ TEST(JobCli, TrainCliMdHoldsTheReferenceTableTheCommandPrints) {
   const auto end = page.find(kTableEnd);
   ASSERT_NE(begin, std::string::npos) << "docs/TRAIN_CLI.md lost its marker " << kTableBegin;
   ASSERT_NE(end, std::string::npos);
-  const std::string documented =
-      page.substr(begin + std::string(kTableBegin).size() + 1,
-                  end - begin - std::string(kTableBegin).size() - 1);
+  const std::string documented = page.substr(begin + std::string(kTableBegin).size() + 1,
+                                             end - begin - std::string(kTableBegin).size() - 1);
   const CliRun run = run_pipetrain("train --reference-table");
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_EQ(documented, run.output)
@@ -136,15 +136,16 @@ TEST(JobCli, HelpListsEveryRowOfTheTableUnderItsSectionWithItsDefault) {
   EXPECT_EQ(titles.size(), sections.size());
   for (const auto& [flag, heading] : group_of) {
     if (flag == "--help" || flag == "--config" || flag == "--print-config") continue;
-    const bool listed = std::any_of(rows.begin(), rows.end(),
-                                    [&](const Row& row) { return row.flag == flag; });
+    const bool listed =
+        std::any_of(rows.begin(), rows.end(), [&](const Row& row) { return row.flag == flag; });
     EXPECT_TRUE(listed) << flag << " is in --help, not in the table";
   }
 }
 
 TEST(JobCli, PrintConfigWritesEveryKeyOfTheTable) {
   const CliRun table = run_pipetrain("train --reference-table");
-  const CliRun printed = run_pipetrain("train --print-config", testing::CliOptions().without_stderr());
+  const CliRun printed =
+      run_pipetrain("train --print-config", testing::CliOptions().without_stderr());
   ASSERT_EQ(printed.exit_code, 0) << printed.output;
   std::set<std::string> keys;  // "section.key", a commented optional too
   std::string section;
@@ -223,7 +224,7 @@ TEST(JobCli, AFileProblemExitsTwoNamingTheFileLineAndKey) {
   run = run_pipetrain("train --config " + dir + "/range.toml");
   EXPECT_EQ(run.exit_code, 2) << run.output;
   EXPECT_NE(run.output.find(dir + "/range.toml:2: training.batch_size: --batch-size must be at "
-                            "least 1, got -3"),
+                                  "least 1, got -3"),
             std::string::npos)
       << run.output;
   // A flag given beside the file replaces its value.

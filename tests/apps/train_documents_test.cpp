@@ -1,6 +1,6 @@
 // `pipetrain train --data indexed` on documents, against transformers running each document of a
 // row as its own sequence (tests/models/hf_reference.py train-documents, which writes the packing
-// rules out again): the weights after AdamW steps agree to 1e-4 for --pack split and --pack none,
+// rules out again): the weights after AdamW steps agree to 2e-4 for --pack split and --pack none,
 // with and without a loss mask, in one process and across processes (1f1b, zb-v, pp x dp, ZeRO-3,
 // and pp x tp with sequence parallelism for --pack none, whose micro-batches differ in width), and
 // --cross-document-attention agrees with transformers on whole rows. The ZeRO-3 run is repeated
@@ -81,7 +81,9 @@ void expect_every_layout_equals_its_reference(const std::string& test,
   const std::string model = testing::hf_fixtures() + "/llama";
   // AdamW's eps 1e-6: with torch's 1e-8 an element whose gradient is about eps turns the last-bit
   // differences of summing in another order (attention per document against the padded row)
-  // into up to 1e-4 of the largest weight (measured 1.01e-4 at --pack none); at 1e-6, 3.2e-5.
+  // into up to 1e-4 of the largest weight (measured 1.01e-4 at --pack none); at 1e-6, 3.2e-5 on
+  // the Intel machine this was first measured on, 1.06e-4 on an AMD EPYC (AVX2: its kernels
+  // round otherwise; the same weights from the binaries before and after the job refactor).
   const std::string common = " --seq-len 16 --batch-size 8 --steps 3 --lr 0.01";
   std::string references, comparisons;
   size_t runs = 0;
@@ -108,13 +110,14 @@ void expect_every_layout_equals_its_reference(const std::string& test,
         const std::string job = out + ".toml";
         const CliRun printed = run_pipetrain(flags + " --print-config > " + job);
         ASSERT_EQ(printed.exit_code, 0) << printed.output;
-        const CliRun again = run_pipetrain("train --config " + job + " --save-hf " + out + "-again");
+        const CliRun again =
+            run_pipetrain("train --config " + job + " --save-hf " + out + "-again");
         ASSERT_EQ(again.exit_code, 0) << again.output;
         expect_same_files(out, out + "-again");
       }
       EXPECT_NE(run.output.find(" targets/s "), std::string::npos) << run.output;
       EXPECT_NE(run.output.find("documents: --pack "), std::string::npos) << run.output;
-      comparisons += "compare " + out + " " + expected + " --rtol 1e-4\n";
+      comparisons += "compare " + out + " " + expected + " --rtol 2e-4\n";
       ++runs;
     }
   }
@@ -128,7 +131,7 @@ void expect_every_layout_equals_its_reference(const std::string& test,
   size_t r = 0;
   for (const Case& one : cases) {
     for (const std::string& layout : one.layouts) {
-      EXPECT_LE(errors[r++], 1e-4) << one.name << " " << layout << "\n" << compare.output;
+      EXPECT_LE(errors[r++], 2e-4) << one.name << " " << layout << "\n" << compare.output;
     }
   }
 }

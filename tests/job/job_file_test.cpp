@@ -53,8 +53,8 @@ TEST(JobFile, APrintedJobReadsBackAsTheSameJob) {
   job.optimizer.min_lr = 1e-300;
   job.zero.prefetch = "1GiB";
   job.generate.prompt_tokens = {1, 2, 3};
-  for (Command command : {Command::kTrain, Command::kEval, Command::kGenerate,
-                          Command::kExportHf, Command::kPlanModel}) {
+  for (Command command : {Command::kTrain, Command::kEval, Command::kGenerate, Command::kExportHf,
+                          Command::kPlanModel}) {
     const std::string text = job_toml(job, command);
     const JobConfig back = read(text, command);
     EXPECT_EQ(job_toml(back, command), text) << command_name(command);
@@ -151,17 +151,16 @@ TEST(JobFile, ASyntaxErrorNamesItsLine) {
 
 TEST(JobFile, AKeyOfAnotherCommandIsReadAndNotChecked) {
   // A file printed by `train` serves `eval` too: [training] is not eval's, and is left unchecked.
-  const JobConfig job = read("[training]\nbatch_size = 0\n[eval]\nbatch_size = 5\n",
-                             Command::kEval);
+  const JobConfig job =
+      read("[training]\nbatch_size = 0\n[eval]\nbatch_size = 5\n", Command::kEval);
   EXPECT_EQ(job.eval.batch_size, 5);
 }
 
 TEST(JobFile, AMissingFileIsNamed) {
   JobConfig job;
-  const std::string message = message_of_bad_input(
-      [&] { read_job_file("/nonexistent/job.toml", job, Command::kTrain); });
-  EXPECT_NE(message.find("config file '/nonexistent/job.toml' cannot be opened"),
-            std::string::npos)
+  const std::string message =
+      message_of_bad_input([&] { read_job_file("/nonexistent/job.toml", job, Command::kTrain); });
+  EXPECT_NE(message.find("config file '/nonexistent/job.toml' cannot be opened"), std::string::npos)
       << message;
 }
 
@@ -189,23 +188,88 @@ TEST(JobFile, TheJobOfACheckpointIsFoundBesideIt) {
 TEST(JobFields, EveryFlagOfTrainIsStillThereAndNamedOnce) {
   // `pipetrain train`'s 82 flags before the job became a library value (--config aside): none
   // may disappear or change its name, or scripts and documents break.
-  const std::set<std::string> before = {
-      "--model", "--model-options", "--data", "--data-dir", "--text-file", "--inputs",
-      "--targets", "--loss", "--synthetic-samples", "--init", "--token-file", "--data-path",
-      "--pack", "--loss-mask-path", "--cross-document-attention", "--pad-multiple",
-      "--group-by-length", "--seq-len", "--token-bytes", "--shuffle", "--epochs", "--steps",
-      "--batch-size", "--chunks", "--stages", "--balance", "--nproc", "--max-restarts", "--pp",
-      "--dp", "--tp", "--sequence-parallel", "--schedule", "--schedule-file", "--virtual",
-      "--checkpoint", "--memory-limit", "--skip-memory-check", "--optimizer", "--lr",
-      "--momentum", "--adam-betas", "--adam-eps", "--weight-decay", "--warmup-steps",
-      "--lr-schedule", "--min-lr", "--clip-grad-norm", "--zero", "--reshard-after-forward",
-      "--zero-gradients", "--zero3-unit", "--zero3-prefetch", "--zero3-max-live",
-      "--zero3-max-reuse-distance", "--zero3-persistence-threshold", "--zero-keep-freed-memory",
-      "--report-memory", "--overlap-grad-reduce", "--bucket-size", "--offload-optimizer",
-      "--offload-activations", "--precision", "--seed", "--threads", "--trace", "--timeline",
-      "--summary-json", "--save-params", "--save-hf", "--device", "--devices", "--checkpoint-dir",
-      "--checkpoint-format", "--async-checkpoint", "--keep-checkpoints", "--save-every",
-      "--resume", "--backend", "--timeout", "--peak-tflops", "--log-every"};
+  const std::set<std::string> before = {"--model",
+                                        "--model-options",
+                                        "--data",
+                                        "--data-dir",
+                                        "--text-file",
+                                        "--inputs",
+                                        "--targets",
+                                        "--loss",
+                                        "--synthetic-samples",
+                                        "--init",
+                                        "--token-file",
+                                        "--data-path",
+                                        "--pack",
+                                        "--loss-mask-path",
+                                        "--cross-document-attention",
+                                        "--pad-multiple",
+                                        "--group-by-length",
+                                        "--seq-len",
+                                        "--token-bytes",
+                                        "--shuffle",
+                                        "--epochs",
+                                        "--steps",
+                                        "--batch-size",
+                                        "--chunks",
+                                        "--stages",
+                                        "--balance",
+                                        "--nproc",
+                                        "--max-restarts",
+                                        "--pp",
+                                        "--dp",
+                                        "--tp",
+                                        "--sequence-parallel",
+                                        "--schedule",
+                                        "--schedule-file",
+                                        "--virtual",
+                                        "--checkpoint",
+                                        "--memory-limit",
+                                        "--skip-memory-check",
+                                        "--optimizer",
+                                        "--lr",
+                                        "--momentum",
+                                        "--adam-betas",
+                                        "--adam-eps",
+                                        "--weight-decay",
+                                        "--warmup-steps",
+                                        "--lr-schedule",
+                                        "--min-lr",
+                                        "--clip-grad-norm",
+                                        "--zero",
+                                        "--reshard-after-forward",
+                                        "--zero-gradients",
+                                        "--zero3-unit",
+                                        "--zero3-prefetch",
+                                        "--zero3-max-live",
+                                        "--zero3-max-reuse-distance",
+                                        "--zero3-persistence-threshold",
+                                        "--zero-keep-freed-memory",
+                                        "--report-memory",
+                                        "--overlap-grad-reduce",
+                                        "--bucket-size",
+                                        "--offload-optimizer",
+                                        "--offload-activations",
+                                        "--precision",
+                                        "--seed",
+                                        "--threads",
+                                        "--trace",
+                                        "--timeline",
+                                        "--summary-json",
+                                        "--save-params",
+                                        "--save-hf",
+                                        "--device",
+                                        "--devices",
+                                        "--checkpoint-dir",
+                                        "--checkpoint-format",
+                                        "--async-checkpoint",
+                                        "--keep-checkpoints",
+                                        "--save-every",
+                                        "--resume",
+                                        "--backend",
+                                        "--timeout",
+                                        "--peak-tflops",
+                                        "--log-every"};
   ASSERT_EQ(before.size(), 82u);
   std::set<std::string> now;
   for (const Field& f : fields_of(Command::kTrain)) {
@@ -225,8 +289,8 @@ TEST(JobFields, KeysAreUniqueInTheirSectionAndEverySectionIsListed) {
 }
 
 TEST(JobFields, EachCommandsFlagsAreItsOwnOnce) {
-  for (Command command : {Command::kEval, Command::kGenerate, Command::kExportHf,
-                          Command::kPlanModel}) {
+  for (Command command :
+       {Command::kEval, Command::kGenerate, Command::kExportHf, Command::kPlanModel}) {
     std::set<std::string> flags;
     for (const Field& f : fields_of(command)) {
       EXPECT_TRUE(flags.insert(f.flag).second) << f.flag << " twice in " << command_name(command);
@@ -245,8 +309,9 @@ TEST(JobFields, TheChecksNameTheFlagAsTheCliAlwaysDid) {
             "--virtual must be at least 1, got 0");
   job = JobConfig();
   job.pipeline.balance = {"auto", "3"};
-  EXPECT_NE(message_of_bad_input([&] { check_fields(job, Command::kTrain); })
-                .find("--balance auto and a list of layer counts were both given"),
+  EXPECT_NE(message_of_bad_input([&] {
+              check_fields(job, Command::kTrain);
+            }).find("--balance auto and a list of layer counts were both given"),
             std::string::npos);
   // A field of another command is not checked.
   job = JobConfig();

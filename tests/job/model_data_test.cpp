@@ -10,8 +10,8 @@
 #include <torch/torch.h>
 
 #include "../helpers/hf_models.h"
-#include "pipetrain/job/model_data.h"
 #include "pipetrain/base/error.h"
+#include "pipetrain/job/model_data.h"
 
 namespace pipetrain::job {
 namespace {

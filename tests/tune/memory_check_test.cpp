@@ -51,13 +51,12 @@ TEST(MemoryFit, AProcessesExtraIsPartOfItsNeedAndOfTheMessage) {
     return p == 0 ? std::int64_t{64} << 20 : std::int64_t{0};
   };
   const train::AvailableMemory small{32 << 20, "test"};
-  const train::MemoryFit fit =
-      train::check_memory_fit(predict, {}, {{0}, {1}}, 0, small, 0, extra);
+  const train::MemoryFit fit = train::check_memory_fit(predict, {}, {{0}, {1}}, 0, small, 0, extra);
   EXPECT_EQ(fit.run.needed, (2 << 20) + (64 << 20));
   EXPECT_FALSE(fit.fits());
   EXPECT_EQ(train::process_needs(fit, {{0}, {1}}),
             (std::vector<std::int64_t>{(1 << 20) + (64 << 20), 1 << 20}));
-  EXPECT_NE(train::memory_fit_text(fit).find("64.00 MiB more on process 0 while it evaluates"),
+  EXPECT_NE(train::memory_fit_text(fit).find("64.0 MiB more on process 0 while it evaluates"),
             std::string::npos)
       << train::memory_fit_text(fit);
 }

@@ -37,23 +37,23 @@ const char* command_name(Command command);
 
 // [model] which model: an example (mlp, cnn, gpt), a TorchScript file, or a Hugging Face DIR.
 struct ModelSettings {
-  std::string name = "cnn";       // --model
-  std::string options = "{}";     // --model-options: JSON object of an example model's options
+  std::string name = "cnn";         // --model
+  std::string options = "{}";       // --model-options: JSON object of an example model's options
   std::string init = "checkpoint";  // --init: a Hugging Face model's weights (checkpoint, random)
-  std::string loss;               // --loss: mse, cross-entropy ("": the model's own)
+  std::string loss;                 // --loss: mse, cross-entropy ("": the model's own)
 };
 
 // [data] which data and how rows are made of it.
 struct DataSettings {
-  std::string name = "fashion-mnist";  // --data
-  std::string dir;                     // --data-dir (Fashion-MNIST; "": Debian's)
-  std::string text_file;               // --text-file (--data text; "": the default corpus)
-  std::string inputs;                  // --inputs (--data tensors)
-  std::string targets;                 // --targets (--data tensors)
-  int64_t synthetic_samples = 2048;    // --synthetic-samples
-  std::string token_file;              // --token-file (--data tokens)
-  std::vector<std::string> path;       // --data-path: PREFIX, or a blend W1 PREFIX1 W2 PREFIX2
-  std::string pack = "split";          // --pack: split, whole, none
+  std::string name = "fashion-mnist";       // --data
+  std::string dir;                          // --data-dir (Fashion-MNIST; "": Debian's)
+  std::string text_file;                    // --text-file (--data text; "": the default corpus)
+  std::string inputs;                       // --inputs (--data tensors)
+  std::string targets;                      // --targets (--data tensors)
+  int64_t synthetic_samples = 2048;         // --synthetic-samples
+  std::string token_file;                   // --token-file (--data tokens)
+  std::vector<std::string> path;            // --data-path: PREFIX, or a blend W1 PREFIX1 W2 PREFIX2
+  std::string pack = "split";               // --pack: split, whole, none
   std::vector<std::string> loss_mask_path;  // --loss-mask-path: one per --data-path dataset
   bool cross_document_attention = false;    // --cross-document-attention
   int64_t pad_multiple = 0;                 // --pad-multiple (0: tp with sequence parallel, else 1)
@@ -79,9 +79,9 @@ struct PipelineSettings {
   std::vector<std::string> balance;  // --balance: layer counts, or {"auto"}; {}: even
   std::string chunks;                // --chunks: a count or auto ("": the default)
   std::optional<int64_t> virtual_stages;  // --virtual: V (unset: the schedule's own)
-  std::string schedule;              // --schedule: a family or auto ("": 1f1b)
-  std::string schedule_file;         // --schedule-file
-  std::string checkpoint;            // --checkpoint: always, except_last, never, auto ("": except_last)
+  std::string schedule;                   // --schedule: a family or auto ("": 1f1b)
+  std::string schedule_file;              // --schedule-file
+  std::string checkpoint;  // --checkpoint: always, except_last, never, auto ("": except_last)
   std::string precision = "fp32";    // --precision: fp32, bf16, fp16
   bool offload_activations = false;  // --offload-activations
   int64_t threads = 0;               // --threads per rank (0: the cores shared)
@@ -105,30 +105,30 @@ struct ParallelSettings {
 
 // [optimizer] the optimizer, its learning-rate schedule and clipping.
 struct OptimizerSettings {
-  std::string name = "adam";                    // --optimizer
-  double lr = 1e-3;                             // --lr
-  double momentum = 0;                          // --momentum
-  double weight_decay = 0;                      // --weight-decay
-  std::vector<double> adam_betas{0.9, 0.999};   // --adam-betas
-  double adam_eps = 1e-8;                       // --adam-eps
-  int64_t warmup_steps = 0;                     // --warmup-steps
-  std::string lr_schedule = "constant";         // --lr-schedule
-  double min_lr = 0;                            // --min-lr
-  double clip_grad_norm = 0;                    // --clip-grad-norm
+  std::string name = "adam";                   // --optimizer
+  double lr = 1e-3;                            // --lr
+  double momentum = 0;                         // --momentum
+  double weight_decay = 0;                     // --weight-decay
+  std::vector<double> adam_betas{0.9, 0.999};  // --adam-betas
+  double adam_eps = 1e-8;                      // --adam-eps
+  int64_t warmup_steps = 0;                    // --warmup-steps
+  std::string lr_schedule = "constant";        // --lr-schedule
+  double min_lr = 0;                           // --min-lr
+  double clip_grad_norm = 0;                   // --clip-grad-norm
 };
 
 // [zero] sharding over the data-parallel replicas.
 struct ZeroSettings {
-  int64_t stage = 0;                          // --zero
-  bool reshard_after_forward = false;         // --reshard-after-forward
-  std::string gradients = "stream";           // --zero-gradients
-  std::string unit = "layer";                 // --zero3-unit
-  std::string prefetch = "25MiB";             // --zero3-prefetch
-  std::string max_live = "0";                 // --zero3-max-live
-  std::string max_reuse_distance = "0";       // --zero3-max-reuse-distance
-  std::string persistence_threshold = "0";    // --zero3-persistence-threshold
-  bool keep_freed_memory = false;             // --zero-keep-freed-memory
-  bool offload_optimizer = false;             // --offload-optimizer
+  int64_t stage = 0;                        // --zero
+  bool reshard_after_forward = false;       // --reshard-after-forward
+  std::string gradients = "stream";         // --zero-gradients
+  std::string unit = "layer";               // --zero3-unit
+  std::string prefetch = "25MiB";           // --zero3-prefetch
+  std::string max_live = "0";               // --zero3-max-live
+  std::string max_reuse_distance = "0";     // --zero3-max-reuse-distance
+  std::string persistence_threshold = "0";  // --zero3-persistence-threshold
+  bool keep_freed_memory = false;           // --zero-keep-freed-memory
+  bool offload_optimizer = false;           // --offload-optimizer
 };
 
 // [memory] the up-front check and the report.
@@ -140,12 +140,12 @@ struct MemorySettings {
 
 // [checkpoint] writing and resuming.
 struct CheckpointSettings {
-  std::string dir;                // --checkpoint-dir
-  int64_t save_every = 0;         // --save-every
+  std::string dir;                 // --checkpoint-dir
+  int64_t save_every = 0;          // --save-every
   std::string format = "sharded";  // --checkpoint-format
-  int64_t keep = 0;               // --keep-checkpoints
-  bool async = false;             // --async-checkpoint
-  std::string resume;             // --resume
+  int64_t keep = 0;                // --keep-checkpoints
+  bool async = false;              // --async-checkpoint
+  std::string resume;              // --resume
 };
 
 // [output] what the run writes besides checkpoints.
@@ -175,9 +175,9 @@ struct GenerateSettings {
 
 // [export] `export-hf CHECKPOINT OUT`.
 struct ExportSettings {
-  std::string checkpoint;          // CHECKPOINT
-  std::string out;                 // OUT
-  std::string dtype = "float32";   // --dtype
+  std::string checkpoint;         // CHECKPOINT
+  std::string out;                // OUT
+  std::string dtype = "float32";  // --dtype
 };
 
 // [plan] `plan --model`.

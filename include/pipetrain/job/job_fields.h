@@ -18,6 +18,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "pipetrain/job/job_config.h"
@@ -63,6 +64,54 @@ class FieldVisitor {
   virtual void field(const Field& f, std::vector<double>& value,
                      const Check<std::vector<double>>& check) = 0;
 };
+
+// A FieldVisitor whose every overload calls `Derived::on(field, value, check)`, a template over
+// the value's type (a bool's and a seed's check is an empty Check): where a visitor does the same
+// for every type but a few, it says so once, with `if constexpr` for the few.
+template <typename Derived>
+class TypedFieldVisitor : public FieldVisitor {
+ public:
+  void field(const Field& f, bool& value) override { self().on(f, value, Check<bool>()); }
+  void field(const Field& f, int64_t& value, const Check<int64_t>& check) override {
+    self().on(f, value, check);
+  }
+  void field(const Field& f, std::optional<int64_t>& value,
+             const Check<int64_t>& check) override {
+    self().on(f, value, check);
+  }
+  void field(const Field& f, uint64_t& value) override { self().on(f, value, Check<uint64_t>()); }
+  void field(const Field& f, double& value, const Check<double>& check) override {
+    self().on(f, value, check);
+  }
+  void field(const Field& f, std::string& value, const Check<std::string>& check) override {
+    self().on(f, value, check);
+  }
+  void field(const Field& f, std::vector<std::string>& value,
+             const Check<std::vector<std::string>>& check) override {
+    self().on(f, value, check);
+  }
+  void field(const Field& f, std::vector<int64_t>& value,
+             const Check<std::vector<int64_t>>& check) override {
+    self().on(f, value, check);
+  }
+  void field(const Field& f, std::vector<double>& value,
+             const Check<std::vector<double>>& check) override {
+    self().on(f, value, check);
+  }
+
+ private:
+  Derived& self() { return static_cast<Derived&>(*this); }
+};
+
+// True for std::optional<T> and std::vector<T> (what a visitor's `on` tells apart).
+template <typename T>
+struct IsOptional : std::false_type {};
+template <typename T>
+struct IsOptional<std::optional<T>> : std::true_type {};
+template <typename T>
+struct IsVector : std::false_type {};
+template <typename T>
+struct IsVector<std::vector<T>> : std::true_type {};
 
 // Every field of every command, in declaration order (sections in section_names()'s order).
 void visit_fields(JobConfig& config, FieldVisitor& visitor);

@@ -32,13 +32,13 @@
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
 
+#include "pipetrain/examples/text_corpus.h"
 #include "pipetrain/io/token_file.h"
 #include "pipetrain/models/llama.h"
 #include "pipetrain/runtime/pipe.h"
 #include "pipetrain/train/batch_source.h"
 #include "pipetrain/train/document_batches.h"
 #include "pipetrain/train/evaluate.h"
-#include "pipetrain/examples/text_corpus.h"
 
 namespace pipetrain::job {
 

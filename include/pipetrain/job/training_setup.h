@@ -30,7 +30,8 @@ struct TrainingSetup {
   std::string resume;        // the checkpoint this process resumes from (--resume, or a restart's)
   ModelDataSpec data;        // --model, --data and their files, --seed
   PipelineRequest pipeline;  // the pipeline flags, parsed
-  tune::AutoRequest auto_request;  // what --balance/--schedule/--chunks/--checkpoint auto leave open
+  tune::AutoRequest
+      auto_request;  // what --balance/--schedule/--chunks/--checkpoint auto leave open
   int64_t memory_limit_bytes = 0;  // --memory-limit (0: the machine's)
   train::ZeroOptions zero_options;
   train::DevicePeak peak;  // what MFU divides by (resolve_peak in run_job.cpp)

@@ -99,8 +99,7 @@ MemoryFit check_memory_fit(
 // (`ranks`' totals), 0 when the step needs more.
 std::int64_t evaluation_extra_bytes(const std::vector<partition::RankMemory>& ranks,
                                     const std::vector<int>& ranks_of_process,
-                                    std::int64_t whole_parameter_bytes,
-                                    std::int64_t forward_bytes);
+                                    std::int64_t whole_parameter_bytes, std::int64_t forward_bytes);
 
 // Each process's need (the footprint and its ranks' peaks), in process order.
 std::vector<std::int64_t> process_needs(const MemoryFit& fit,
