@@ -48,8 +48,10 @@ Bundle LocalTransport::recv(const Envelope& envelope) {
   {
     std::unique_lock<std::mutex> lock(mutex_);
     const Key key = key_of(envelope);
+    ++waiting_receivers_;
     const bool ready =
         arrived_.wait_for(lock, timeout_, [&] { return aborted_ || mailboxes_.count(key) > 0; });
+    --waiting_receivers_;
     const ErrorSite site{-1, envelope.dst_stage, "", envelope.microbatch};
     PIPETRAIN_CHECK_AT(!aborted_, PeerFailed, site, "receive of the ", describe(envelope),
                        " aborted: ", abort_reason_);
@@ -92,6 +94,11 @@ void LocalTransport::reset() {
 size_t LocalTransport::pending() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return mailboxes_.size();
+}
+
+size_t LocalTransport::waiting_receivers() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return waiting_receivers_;
 }
 
 }  // namespace pipetrain

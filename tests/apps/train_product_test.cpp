@@ -21,6 +21,7 @@
 
 #include "../helpers/cli_run.h"
 #include "../helpers/params_file.h"
+#include "../helpers/wait_until.h"
 #include "pipetrain/train/checkpoint.h"
 
 namespace {
@@ -158,12 +159,10 @@ TEST_F(TrainProduct, ASigkilledRunLeavesItsLastCheckpointLoadable) {
       execl("/bin/sh", "sh", "-c", ("exec " + command).c_str(), static_cast<char*>(nullptr));
       _exit(127);
     }
-    // Wait for the first checkpoint (bounded), then kill at a random moment.
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (!std::filesystem::exists(dir + "/checkpoint.pt") &&
-           std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
+    // Wait for the first checkpoint (bounded), then kill at a random moment: the random delay is
+    // what is tested (a kill that may land in the middle of any write), not a wait for an event.
+    pipetrain::testing::wait_until([&] { return std::filesystem::exists(dir + "/checkpoint.pt"); },
+                                   std::chrono::seconds(30));
     std::this_thread::sleep_for(std::chrono::milliseconds(100 + std::rand() % 700));
     ::kill(-child, SIGKILL);
     int status = 0;

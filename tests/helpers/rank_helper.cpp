@@ -9,12 +9,15 @@
 // PIPETRAIN_TEST_DEVICE (default cpu) the device of the "train" scenario's stages and
 // PIPETRAIN_TEST_BACKEND (default auto) the process-group backend.
 #include <signal.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <set>
@@ -41,6 +44,7 @@
 #include "pipetrain/train/trainer.h"
 #include "pipetrain/transport/c10d.h"
 #include "tied.h"
+#include "wait_until.h"
 
 using namespace pipetrain;
 
@@ -556,10 +560,10 @@ void scenario_zero_held(Distributed& d) {
 
 // A runner whose step leaves its gradient's reduce-scatter to the sharded optimizer's
 // communication thread (one segment of 4M elements: packing it takes milliseconds) and whose
-// batch-norm sum is an all-reduce over the same replicas' group. Replica 1 sleeps after starting
-// the reduce-scatter, so its thread posts it before that all-reduce; replica 0 would post the
-// all-reduce first unless the trainer waits for the thread
-// (ShardedOptimizer::post_started_collectives). Posted in two orders, the collectives mismatch.
+// batch-norm sum is an all-reduce over the same replicas' group. Replica 1 waits for its thread
+// to post the reduce-scatter (post_started_collectives) before its step returns, so it posts that
+// all-reduce second; replica 0 returns at once and would post the all-reduce first unless the
+// trainer waits for the thread too. Posted in two orders, the collectives mismatch.
 class CollectiveOrderRunner : public train::StepRunner {
  public:
   CollectiveOrderRunner(Distributed& d, torch::nn::Sequential model)
@@ -570,7 +574,7 @@ class CollectiveOrderRunner : public train::StepRunner {
       p.mutable_grad() = torch::full_like(p, static_cast<float>(d_.replica() + 1));
     }
     sharded_->start_reduce(0);
-    if (d_.replica() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    if (d_.replica() == 1) sharded_->post_started_collectives();
     return 0.0;
   }
   void sum_batch_norm_statistics() override {
@@ -722,6 +726,7 @@ void scenario_pipe_timeout(Distributed& d) {
   torch::manual_seed(3);
   torch::nn::Sequential model(torch::nn::Linear(6, 8), torch::nn::Tanh(), torch::nn::Linear(8, 2));
   DistributedPipe pipe(d, model, PipeOptions().stages(K).chunks(2).timeout_seconds(1.0));
+  // The late start is what is tested: no event ends it, the first rank's timeout must fire first.
   if (d.pipeline_rank() == K - 1) std::this_thread::sleep_for(std::chrono::seconds(4));
   pipe.train_step(
       torch::randn({4, 6}), torch::randn({4, 2}),
@@ -771,12 +776,15 @@ void scenario_gather(Distributed& d) {
   std::cout << "OK gather" << std::endl;
 }
 
-// Fault scenarios: rank `victim` fails while rank 0 waits on it.
+// Fault scenarios: rank `victim` fails while rank 0 waits on it. Rank 0 broadcasts (a send only,
+// for the root) just before its receive or barrier, and the victim fails once that broadcast has
+// reached it. Where rank 0 is slower still and the failure comes before its receive is posted,
+// the receive reports it the same way (transport/c10d_transport.cpp, post_recv).
 void scenario_fault(Distributed& d, const std::string& how) {
   auto transport = d.make_transport({0, 1});
   const int victim = 1;
+  d.broadcast_text("", 0);
   if (d.rank() == victim) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
     if (how == "throw") TORCH_CHECK(false, "injected failure in stage 1, micro-batch 0");
     if (how == "sigkill") raise(SIGKILL);
     if (how == "exit") std::_Exit(3);
@@ -1042,18 +1050,65 @@ int run_launcher_child(const std::string& scenario, int argc, char** argv) {
     return code;
   }
   if (scenario == "sleep_unless_rank0_fails") {
+    // argv: [MODE DIR]. MODE ignore_term: every other rank ignores SIGTERM, so the launcher must
+    // escalate to SIGKILL; rank 0 fails once each of them has said so (a file DIR/ready-r).
+    // MODE die_of_sigpipe: every other rank dies of a signal the launcher did not send, saying
+    // nothing (as a write to a dead peer did), once the launcher has reaped rank 0 and so seen
+    // the first failure (rank 0's pid is in DIR/rank0.pid).
+    const std::string mode = argc > 2 ? argv[2] : "";
+    const std::string dir = argc > 3 ? argv[3] : "";
+    const int world_size = std::atoi(std::getenv("WORLD_SIZE") ? std::getenv("WORLD_SIZE") : "1");
+    const auto bound = std::chrono::seconds(30);
     if (rank == 0) {
+      if (mode == "ignore_term") {
+        auto all_ready = [&] {
+          for (int r = 1; r < world_size; ++r) {
+            if (!std::filesystem::exists(dir + "/ready-" + std::to_string(r))) return false;
+          }
+          return true;
+        };
+        if (!testing::wait_until(all_ready, bound)) {
+          std::cerr << "rank 0: the other ranks did not say they ignore SIGTERM within 30 s"
+                    << std::endl;
+          return 9;
+        }
+      }
+      if (mode == "die_of_sigpipe") {
+        std::ofstream(dir + "/rank0.pid.tmp") << getpid() << std::endl;
+        std::filesystem::rename(dir + "/rank0.pid.tmp", dir + "/rank0.pid");
+      }
       std::cerr << "rank 0 gives up" << std::endl;
       return 7;
     }
-    // Ignore SIGTERM: the launcher must escalate to SIGKILL.
-    if (argc > 2 && std::string(argv[2]) == "ignore_term") signal(SIGTERM, SIG_IGN);
-    // Die of a signal the launcher did not send, saying nothing (as a write to a dead peer did).
-    if (argc > 2 && std::string(argv[2]) == "die_of_sigpipe") {
-      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    if (mode == "ignore_term") {
+      signal(SIGTERM, SIG_IGN);
+      std::ofstream(dir + "/ready-" + std::to_string(rank)) << "ignoring SIGTERM" << std::endl;
+    }
+    if (mode == "die_of_sigpipe") {
+      if (!testing::wait_until([&] { return std::filesystem::exists(dir + "/rank0.pid"); },
+                               bound)) {
+        std::cerr << "rank " << rank << ": no " << dir << "/rank0.pid within 30 s" << std::endl;
+        return 9;
+      }
+      pid_t rank0 = -1;
+      std::ifstream(dir + "/rank0.pid") >> rank0;
+      // Alive or a zombie, rank 0 can still be signalled; once reaped it cannot (ESRCH). A pidfd
+      // names that process and no later one that reuses its pid.
+      const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, rank0, 0));
+      const bool reaped =
+          pidfd < 0 ||
+          testing::wait_until(
+              [&] { return syscall(SYS_pidfd_send_signal, pidfd, 0, nullptr, 0) != 0; }, bound);
+      if (pidfd >= 0) close(pidfd);
+      if (!reaped) {
+        std::cerr << "rank " << rank << ": rank 0 (pid " << rank0
+                  << ") was not reaped by the launcher within 30 s" << std::endl;
+        return 9;
+      }
       signal(SIGPIPE, SIG_DFL);
       raise(SIGPIPE);
     }
+    // Hanging is what is tested: only the launcher's SIGTERM (or SIGKILL) ends this rank.
     std::this_thread::sleep_for(std::chrono::seconds(60));
     return 0;
   }
@@ -1067,6 +1122,7 @@ int run_launcher_child(const std::string& scenario, int argc, char** argv) {
   }
   if (scenario == "wait_signal") {
     std::cout << "waiting" << std::endl;
+    // Hanging is what is tested: only a signal (or its launcher's death) ends this rank.
     std::this_thread::sleep_for(std::chrono::seconds(60));
     return 0;
   }
@@ -1118,9 +1174,13 @@ int main(int argc, char** argv) {
     }
     if (scenario == "rendezvous") {
       std::cout << "OK rendezvous" << std::endl;
-      // PIPETRAIN_TEST_LINGER_MS: stay that long (rank 0 keeps the store up for a late process).
-      if (const char* linger = std::getenv("PIPETRAIN_TEST_LINGER_MS"))
-        std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(linger)));
+      // PIPETRAIN_TEST_LINGER_UNTIL: stay until that file exists (rank 0 keeps the store up for a
+      // late process; the test creates it once that process has ended), 25 s at most.
+      if (const char* until = std::getenv("PIPETRAIN_TEST_LINGER_UNTIL")) {
+        CHECK_OR_THROW(testing::wait_until([&] { return std::filesystem::exists(until); },
+                                           std::chrono::seconds(25)),
+                       until, " was not created within 25 s");
+      }
       return;
     }
     if (scenario == "throw" || scenario == "sigkill" || scenario == "exit" || scenario == "stop" ||

@@ -79,7 +79,9 @@ TEST(CommunicationThread, RunHereWaitsForTheQueueAndRunsOnTheCallingThread) {
   std::thread::id submitted_on, here_on;
   thread.submit_or_run_here(
       [&] {
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));  // still running below
+        // A job that takes a while is what is tested: were run_here not to wait for it, the job
+        // below would run first.
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
         order.push_back(1);
         submitted_on = std::this_thread::get_id();
       },

@@ -264,15 +264,17 @@ TEST(Distributed, ReportsMissingRanksWhenWorldSizeIsLargerThanTheRanksStarted) {
 
 // Processes started by hand, without a launcher: (RANK, WORLD_SIZE) each, on one MASTER_PORT.
 // Returns each one's exit code and output, in the order given. Give the rendezvous 10 s or more:
-// three processes loading LibTorch at once on 2 cores took over 3 s to reach the store.
+// three processes loading LibTorch at once on 2 cores took over 3 s to reach the store. With
+// `linger`, those that pass the rendezvous stay until the first process has ended (bash's
+// `wait -n`, then a file they wait for: PIPETRAIN_TEST_LINGER_UNTIL in rank_helper.cpp).
 std::vector<std::pair<int, std::string>> start_by_hand(
-    const std::vector<std::pair<int, int>>& ranks, int timeout_ms, int linger_ms = 0) {
+    const std::vector<std::pair<int, int>>& ranks, int timeout_ms, bool linger = false) {
   char pattern[] = "/tmp/pipetrain_by_hand_XXXXXX";
   const std::string dir = ::mkdtemp(pattern) ? pattern : "/tmp";
   std::string script =
       "export MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(find_free_port()) +
-      " PIPETRAIN_TEST_TIMEOUT_MS=" + std::to_string(timeout_ms) +
-      " PIPETRAIN_TEST_LINGER_MS=" + std::to_string(linger_ms) + "; ";
+      " PIPETRAIN_TEST_TIMEOUT_MS=" + std::to_string(timeout_ms) + "; ";
+  if (linger) script += "export PIPETRAIN_TEST_LINGER_UNTIL=" + dir + "/released; ";
   for (size_t p = 0; p < ranks.size(); ++p) {
     const std::string n = std::to_string(p);
     script += "(RANK=" + std::to_string(ranks[p].first) +
@@ -280,8 +282,9 @@ std::vector<std::pair<int, std::string>> start_by_hand(
               " timeout -s KILL 30 " PIPETRAIN_RANK_HELPER " rendezvous >" + dir + "/out" + n +
               " 2>&1; echo $? >" + dir + "/code" + n + ") & ";
   }
+  if (linger) script += "wait -n; : >" + dir + "/released; ";
   script += "wait";
-  EXPECT_EQ(std::system(("sh -c '" + script + "'").c_str()), 0) << script;
+  EXPECT_EQ(std::system(("bash -c '" + script + "'").c_str()), 0) << script;
   std::vector<std::pair<int, std::string>> results;
   for (size_t p = 0; p < ranks.size(); ++p) {
     auto read = [&](const std::string& name) {
@@ -297,10 +300,9 @@ std::vector<std::pair<int, std::string>> start_by_hand(
 
 // Bad input that only the rendezvous can see exits 2, as a bad environment does (docs/ERRORS.md).
 TEST(Distributed, ARankStartedTwiceExitsTwoNamingBothProcesses) {
-  // Rank 0 and the winner stay 8 s after the rendezvous: the store must outlive the loser's
-  // connection attempts (a refused connect backs off for seconds).
-  const auto runs = start_by_hand({{0, 2}, {1, 2}, {1, 2}}, /*timeout_ms=*/20000,
-                                  /*linger_ms=*/10000);
+  // Rank 0 and the winner stay after the rendezvous until the loser has ended: the store must
+  // outlive the loser's connection attempts (a refused connect backs off for seconds).
+  const auto runs = start_by_hand({{0, 2}, {1, 2}, {1, 2}}, /*timeout_ms=*/20000, /*linger=*/true);
   // Whichever of the two RANK=1 processes claims the rank second is refused.
   const int loser = runs[1].first == 2 ? 1 : 2;
   EXPECT_EQ(runs[loser].first, 2) << runs[1].second << runs[2].second;

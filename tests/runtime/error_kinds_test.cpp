@@ -29,7 +29,8 @@ torch::nn::Sequential four_layers() {
                                torch::nn::Tanh());
 }
 
-// Throws from its forward, or sleeps there.
+// Throws from its forward, or sleeps there: a stage slower than the pipe's timeout is what the
+// sleep makes (no other thread or process is waited for).
 class MisbehavingImpl : public torch::nn::Cloneable<MisbehavingImpl> {
  public:
   explicit MisbehavingImpl(std::chrono::milliseconds sleep = std::chrono::milliseconds(0))

@@ -16,16 +16,25 @@
 #include <csignal>
 #include <fstream>
 #include <set>
-
-#include <thread>
+#include <string>
+#include <vector>
 
 #include "../helpers/multiprocess.h"
 #include "../helpers/processes.h"
+#include "../helpers/wait_until.h"
 
 namespace pipetrain {
 namespace {
 
 using testing::run_ranks;
+
+// A directory of its own under the test's TempDir(), where the ranks of one run leave word for
+// each other (rank_helper.cpp, "sleep_unless_rank0_fails").
+std::string fresh_directory() {
+  std::string dir = ::testing::TempDir() + "launcher_XXXXXX";
+  EXPECT_NE(::mkdtemp(dir.data()), nullptr) << dir;
+  return dir;
+}
 
 TEST(Launcher, GivesEveryRankItsEnvironmentAndPrefixesItsLines) {
   auto run = run_ranks(3, {"echo", "0,0,0"});
@@ -70,25 +79,30 @@ TEST(Launcher, StopsTheOtherRanksAfterTheGracePeriodWhenOneFails) {
   EXPECT_TRUE(run.all_gone());
 }
 
+// Rank 0 fails once rank 1 has said it ignores SIGTERM (before, a rank 1 still starting when
+// the 300 ms grace ran out died of the SIGTERM).
 TEST(Launcher, EscalatesToSigkillForRanksIgnoringSigterm) {
-  auto run = run_ranks(2, {"sleep_unless_rank0_fails", "ignore_term"}, 0, 8000,
+  auto run = run_ranks(2, {"sleep_unless_rank0_fails", "ignore_term", fresh_directory()}, 0, 8000,
                        std::chrono::milliseconds(300));
-  EXPECT_EQ(run.result.exit_code, 7);
-  EXPECT_EQ(run.result.rank_exit_codes[1], 128 + SIGKILL);
+  EXPECT_EQ(run.result.exit_code, 7) << run.output();
+  EXPECT_EQ(run.result.rank_exit_codes[1], 128 + SIGKILL) << run.output();
   EXPECT_LT(run.seconds, 10.0);
   EXPECT_TRUE(run.all_gone());
 }
 
 // A rank that dies of a signal says nothing: after the first failure, each other rank killed by a
 // signal the launcher did not send is named with its signal; those it stopped itself are not.
+// The other ranks die once the launcher has reaped rank 0 (before, they slept 300 ms and, under
+// load, died first).
 TEST(Launcher, NamesEveryOtherRankKilledByASignalItDidNotSend) {
   ::testing::internal::CaptureStderr();
-  auto run = run_ranks(3, {"sleep_unless_rank0_fails", "die_of_sigpipe"}, 0, 8000,
-                       std::chrono::seconds(10));
+  auto run = run_ranks(3, {"sleep_unless_rank0_fails", "die_of_sigpipe", fresh_directory()}, 0,
+                       8000, std::chrono::seconds(10));
   const std::string said = ::testing::internal::GetCapturedStderr();
-  EXPECT_EQ(run.result.exit_code, 7);
-  EXPECT_EQ(run.result.first_failed_rank, 0);
-  EXPECT_EQ(run.result.rank_exit_codes, (std::vector<int>{7, 128 + SIGPIPE, 128 + SIGPIPE}));
+  EXPECT_EQ(run.result.exit_code, 7) << run.output();
+  EXPECT_EQ(run.result.first_failed_rank, 0) << run.output();
+  EXPECT_EQ(run.result.rank_exit_codes, (std::vector<int>{7, 128 + SIGPIPE, 128 + SIGPIPE}))
+      << run.output();
   for (const char* rank : {"1", "2"}) {
     EXPECT_NE(
         said.find(std::string("pipetrain launch: rank ") + rank + " ended too, killed by signal " +
@@ -96,7 +110,15 @@ TEST(Launcher, NamesEveryOtherRankKilledByASignalItDidNotSend) {
         std::string::npos)
         << said;
   }
-  EXPECT_LT(run.seconds, 5.0);  // ended by themselves, long before the grace
+  // Ended by themselves, long before the grace of 10 s (counted from rank 0's end, so that the
+  // ranks' start on a loaded machine does not count).
+  for (const int rank : {1, 2}) {
+    EXPECT_LT(
+        std::chrono::duration<double>(run.result.rank_ended_at[rank] - run.result.rank_ended_at[0])
+            .count(),
+        5.0)
+        << "rank " << rank;
+  }
 
   ::testing::internal::CaptureStderr();
   auto stopped =
@@ -151,27 +173,43 @@ TEST(Launcher, RanksDieWithALauncherKilledOutright) {
   ASSERT_EQ(kill(launcher, SIGKILL), 0);
   ASSERT_EQ(waitpid(launcher, nullptr, 0), launcher);
   close(out[0]);
-  const auto gone_by = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  while (ranks_alive() > 0 && std::chrono::steady_clock::now() < gone_by) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  EXPECT_EQ(ranks_alive(), 0u) << "ranks outlived their launcher by 5 s";
+  EXPECT_TRUE(testing::wait_until([&] { return ranks_alive() == 0; }, std::chrono::seconds(5)))
+      << "ranks outlived their launcher by 5 s";
   for (const pid_t orphan : testing::processes_with({"PIPETRAIN_TEST_JOB=" + tag})) {
     kill(orphan, SIGKILL);  // what a failure left behind
   }
 }
 
+// The SIGTERM comes once both ranks have said "waiting" (before, 1.5 s after the start, which a
+// loaded machine can spend starting the ranks); the launcher's handler catches it and forwards it.
 TEST(Launcher, ForwardsSigtermToEveryRank) {
-  std::thread killer([] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-    kill(getpid(), SIGTERM);  // the launcher's handler catches it and forwards it
-  });
-  auto run = run_ranks(2, {"wait_signal"}, 0, 8000, std::chrono::seconds(5));
-  killer.join();
-  EXPECT_EQ(run.result.rank_exit_codes, (std::vector<int>{128 + SIGTERM, 128 + SIGTERM}))
-      << run.output();
-  EXPECT_LT(run.seconds, 8.0);
-  EXPECT_TRUE(run.all_gone());
+  LaunchOptions options;
+  options.program = PIPETRAIN_RANK_HELPER;
+  options.args = {"wait_signal"};
+  options.nproc = 2;
+  options.grace = std::chrono::seconds(5);
+  options.timeout = std::chrono::seconds(30);  // ranks that never said "waiting" sleep 60 s
+  std::vector<std::string> lines;
+  int waiting = 0;
+  std::chrono::steady_clock::time_point signalled;
+  options.on_line = [&](int rank, bool is_stderr, const std::string& line) {
+    lines.push_back("[rank " + std::to_string(rank) + (is_stderr ? "!] " : "] ") + line);
+    if (!is_stderr && line == "waiting" && ++waiting == 2) {
+      signalled = std::chrono::steady_clock::now();
+      kill(getpid(), SIGTERM);
+    }
+  };
+  const LaunchResult result = launch_local(options);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - signalled).count();
+  std::string said;
+  for (const std::string& line : lines) said += line + "\n";
+  EXPECT_EQ(waiting, 2) << said;
+  EXPECT_FALSE(result.timed_out) << said;
+  EXPECT_TRUE(result.interrupted) << said;
+  EXPECT_EQ(result.rank_exit_codes, (std::vector<int>{128 + SIGTERM, 128 + SIGTERM})) << said;
+  EXPECT_LT(seconds, 4.0) << said;  // forwarded at once, not after the grace of 5 s
+  for (const int pid : result.pids) EXPECT_NE(kill(pid, 0), 0) << "rank process " << pid;
 }
 
 // Regression: launch_local left its SIGINT/SIGTERM handlers installed, its pipes open and its

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <future>
 #include <set>
 #include <thread>
 
@@ -132,9 +133,11 @@ void handle_sigpipe(int) {}
 // removes itself does not wait for itself.
 TEST(C10dWorld, RemovingAListenerWaitsForItsCallUnderWayAndOneMayRemoveItself) {
   const std::shared_ptr<C10dWorld> world = world_of_one();
-  std::atomic<bool> started{false}, finished{false}, removed_itself{false};
+  std::atomic<bool> finished{false}, removed_itself{false};
+  std::promise<void> started;
   const int slow = world->add_abort_listener([&](const std::string&) {
-    started = true;
+    started.set_value();
+    // A listener that takes a while is what is tested: removing it must wait for this call.
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     finished = true;
   });
@@ -144,7 +147,10 @@ TEST(C10dWorld, RemovingAListenerWaitsForItsCallUnderWayAndOneMayRemoveItself) {
     removed_itself = true;
   });
   std::thread aborter([&] { world->abort("a test abort"); });
-  while (!started) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (started.get_future().wait_for(std::chrono::seconds(30)) != std::future_status::ready) {
+    aborter.join();
+    FAIL() << "abort() did not call the listener within 30 s";
+  }
   world->remove_abort_listener(slow);
   EXPECT_TRUE(finished);
   aborter.join();

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "../helpers/wait_until.h"
 #include "pipetrain/base/error.h"
 
 namespace pipetrain {
@@ -36,7 +37,10 @@ TEST(LocalTransport, AbortWakesABlockedReceiverWithTheReason) {
     }
     return std::string("no error");
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // Aborted before it blocks, a receive fails at once: the abort must come once it waits.
+  EXPECT_TRUE(testing::wait_until([&] { return transport.waiting_receivers() == 1; },
+                                  std::chrono::seconds(30)))
+      << "the receiver did not block within 30 s";
   transport.abort("stage 3 exploded");
   ASSERT_EQ(receiver.wait_for(std::chrono::seconds(5)), std::future_status::ready);
   EXPECT_NE(receiver.get().find("stage 3 exploded"), std::string::npos);

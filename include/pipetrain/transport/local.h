@@ -38,6 +38,8 @@ class LocalTransport : public Transport {
 
   // Messages sent and not yet received (for tests and end-of-step checks).
   size_t pending() const;
+  // recv() calls blocked now, waiting for their message (for tests: what abort() must wake).
+  size_t waiting_receivers() const;
 
  private:
   using Key = std::tuple<int, int, int, int>;  // src stage, dst stage, micro-batch, payload
@@ -54,6 +56,7 @@ class LocalTransport : public Transport {
   mutable std::mutex mutex_;
   std::condition_variable arrived_;
   std::map<Key, Message> mailboxes_;  // GUARDED_BY(mutex_)
+  size_t waiting_receivers_ = 0;      // GUARDED_BY(mutex_)
   bool aborted_ = false;              // GUARDED_BY(mutex_)
   std::string abort_reason_;          // GUARDED_BY(mutex_)
 };
