@@ -2,6 +2,7 @@
 #include "pipetrain/data/document_dataset.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "pipetrain/base/error.h"
 
@@ -30,6 +31,32 @@ DocumentDataset::DocumentDataset(const std::string& prefix, const std::string& l
                      prefix + "' number " + std::to_string(lengths_[static_cast<size_t>(d)]) +
                      "; the mask must have the shape of the tokens");
     }
+  }
+  check_mask_values();
+}
+
+// A mask read as ids would learn every token whose "mask" is not 0: a token dataset given as the
+// mask trained without a word. Only uint8 holding 0 and 1 is a mask.
+void DocumentDataset::check_mask_values() const {
+  const std::string& mask = mask_->prefix();
+  const std::optional<io::IndexedElement> bad = mask_->first_outside(0, 1);
+  auto where = [&] {
+    return std::to_string(bad->value) + " at position " + std::to_string(bad->offset) +
+           " of document " + std::to_string(bad->document);
+  };
+  const std::string what_a_mask_is =
+      "a loss mask is uint8 holding 0 (not learned) or 1 (learned) per token";
+  if (mask_->dtype() != io::IndexedDtype::kUint8) {
+    throw BadInput("loss mask '" + mask + "' (" + mask + ".idx) holds " +
+                   io::to_string(mask_->dtype()) + " values, but " + what_a_mask_is +
+                   (bad ? "; its first value other than 0 or 1 is " + where() +
+                              " (was a token dataset given as the mask? scripts/prepare-data "
+                              "writes the mask of PREFIX as PREFIX_loss_mask)"
+                        : "; its values are all 0 or 1: write it as uint8"));
+  }
+  if (bad) {
+    throw BadInput("loss mask '" + mask + "' (" + mask_->bin_path() + ") holds " + where() +
+                   ", but " + what_a_mask_is);
   }
 }
 

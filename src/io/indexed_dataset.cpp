@@ -215,25 +215,55 @@ void IndexedDataset::read_document(std::int64_t d, std::int64_t offset, std::int
 }
 
 void IndexedDataset::check_vocabulary(std::int64_t vocab_size) const {
+  if (const auto outside = first_outside(0, vocab_size - 1)) {
+    throw BadInput("indexed dataset '" + prefix_ + "': document " +
+                   std::to_string(outside->document) + " has id " + std::to_string(outside->value) +
+                   " at offset " + std::to_string(outside->offset) +
+                   ", outside the model's vocabulary of " + std::to_string(vocab_size) +
+                   " (ids 0.." + std::to_string(vocab_size - 1) +
+                   "); was it tokenized with this model's tokenizer?");
+  }
+}
+
+std::optional<IndexedElement> IndexedDataset::first_outside(std::int64_t low,
+                                                            std::int64_t high) const {
+  const auto bytes = static_cast<std::int64_t>(index_.element_bytes);
+  // A block of 1-byte values whose bitwise OR is at most `high` holds none above it (each value
+  // is at most the OR): 8 bytes at a time, a memory-bound pass. Exact for a loss mask (0..1).
+  constexpr std::int64_t kBlock = 4096;
+  const bool by_block = bytes == 1 && low <= 0;
   for (std::int64_t d = 0; d < documents(); ++d) {
     std::int64_t offset = 0;
     for (std::int64_t s = index_.document_indices[static_cast<std::size_t>(d)];
          s < index_.document_indices[static_cast<std::size_t>(d) + 1]; ++s) {
       const char* at = bin_.data() + index_.sequence_pointers[static_cast<std::size_t>(s)];
       const std::int64_t length = index_.sequence_lengths[static_cast<std::size_t>(s)];
-      for (std::int64_t i = 0; i < length; ++i) {
-        const std::int64_t id = element(at + i * index_.element_bytes);
-        if (id < 0 || id >= vocab_size) {
-          throw BadInput("indexed dataset '" + prefix_ + "': document " + std::to_string(d) +
-                         " has id " + std::to_string(id) + " at offset " +
-                         std::to_string(offset + i) + ", outside the model's vocabulary of " +
-                         std::to_string(vocab_size) + " (ids 0.." + std::to_string(vocab_size - 1) +
-                         "); was it tokenized with this model's tokenizer?");
+      auto scan = [&](std::int64_t from, std::int64_t to) -> std::optional<IndexedElement> {
+        for (std::int64_t i = from; i < to; ++i) {
+          const std::int64_t value = element(at + i * bytes);
+          if (value < low || value > high) return IndexedElement{d, offset + i, value};
         }
+        return std::nullopt;
+      };
+      std::int64_t i = 0;
+      for (; by_block && i + kBlock <= length; i += kBlock) {
+        std::uint64_t any = 0;
+        for (std::int64_t k = 0; k < kBlock; k += 8) {
+          std::uint64_t word;
+          std::memcpy(&word, at + i + k, sizeof(word));
+          any |= word;
+        }
+        any |= any >> 32;
+        any |= any >> 16;
+        any |= any >> 8;
+        if (static_cast<std::int64_t>(any & 0xff) <= high) continue;
+        if (auto found = scan(i, i + kBlock)) return found;
       }
+      if (auto found = scan(i, length)) return found;
       offset += length;
     }
   }
+  return std::nullopt;
 }
 
 void write_indexed_dataset(const std::string& prefix,

@@ -231,5 +231,29 @@ TEST(TrainIndexedData, BadDataIsAnErrorNamingTheFileAndWhatIsWrong) {
   expect_refused("--data-path " + documents + " --pack tight", "--pack tight is not a packing");
 }
 
+// Regression: a token dataset (uint16 ids) given as --loss-mask-path trained without a word,
+// learning every token whose id is not 0. It is bad input (exit 2) naming the file, its dtype
+// and its first value other than 0 or 1 with where it is.
+TEST(TrainIndexedData, ATokenDatasetGivenAsTheLossMaskExitsTwoNamingItsFirstValue) {
+  PIPETRAIN_SKIP_WITHOUT_TRANSFORMERS();
+  const std::string documents = documents_of_the_token_file();
+  const auto first = io::IndexedDataset(documents).first_outside(0, 1);
+  ASSERT_TRUE(first.has_value()) << "the token file holds only ids 0 and 1";
+  const testing::CliRun run = testing::run_pipetrain(
+      "train --model " + testing::hf_fixtures() +
+      "/llama --seq-len 16 --batch-size 8 --steps 1 --stages 2 --data indexed --data-path " +
+      documents + " --loss-mask-path " + documents);
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_NE(run.output.find("--data-path/--loss-mask-path: loss mask '" + documents + "' (" +
+                            documents + ".idx) holds uint16 values, but a loss mask is uint8"),
+            std::string::npos)
+      << run.output;
+  EXPECT_NE(run.output.find("its first value other than 0 or 1 is " + std::to_string(first->value) +
+                            " at position " + std::to_string(first->offset) + " of document " +
+                            std::to_string(first->document)),
+            std::string::npos)
+      << run.output;
+}
+
 }  // namespace
 }  // namespace pipetrain::train_indexed_data_test

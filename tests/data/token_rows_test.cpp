@@ -104,5 +104,38 @@ TEST(DocumentDataset, AMaskOfAnotherShapeAndAnIdOutsideTheVocabularyAreNamed) {
   EXPECT_NE(message.find("holds no document"), std::string::npos) << message;
 }
 
+// Regression: a token dataset (uint16 ids) given as the loss mask trained, every token whose id
+// is not 0 learned, without a word.
+TEST(DocumentDataset, ATokenDatasetGivenAsTheLossMaskIsRefusedNamingItsDtypeAndFirstValue) {
+  const std::string message = error_of([&] { DocumentDataset(two_documents(), two_documents()); });
+  EXPECT_NE(message.find("loss mask '" + two_documents() + "' (" + two_documents() +
+                         ".idx) holds uint16 values, but a loss mask is uint8"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("its first value other than 0 or 1 is 2 at position 1 of document 0"),
+            std::string::npos)
+      << message;
+  // A mask of 0 and 1 in another dtype is refused too, saying what to write.
+  const std::string wide = scratch("wide_mask");
+  io::write_indexed_dataset(wide, {{1, 1, 1, 1, 1}, {1, 0, 1}}, io::IndexedDtype::kUint16);
+  const std::string wide_message = error_of([&] { DocumentDataset(two_documents(), wide); });
+  EXPECT_NE(wide_message.find("holds uint16 values"), std::string::npos) << wide_message;
+  EXPECT_NE(wide_message.find("its values are all 0 or 1: write it as uint8"), std::string::npos)
+      << wide_message;
+}
+
+TEST(DocumentDataset, AMaskValueOtherThanZeroOrOneIsRefusedNamingItsDocumentAndPosition) {
+  const std::string bad = scratch("bad_mask");
+  io::write_indexed_dataset(bad, {{1, 1, 1, 1, 1}, {1, 0, 2}}, io::IndexedDtype::kUint8);
+  const std::string message = error_of([&] { DocumentDataset(two_documents(), bad); });
+  EXPECT_NE(message.find("loss mask '" + bad + "' (" + bad +
+                         ".bin) holds 2 at position 2 of document 1, but a loss mask is uint8 "
+                         "holding 0 (not learned) or 1 (learned) per token"),
+            std::string::npos)
+      << message;
+  EXPECT_EQ(error_of([&] { DocumentDataset(two_documents(), two_documents() + "_loss_mask"); }),
+            "");
+}
+
 }  // namespace
 }  // namespace pipetrain::data::token_rows_test

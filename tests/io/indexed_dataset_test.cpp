@@ -219,5 +219,43 @@ TEST(IndexedDataset, AnIdItsDtypeCannotHoldIsRefusedByTheWriter) {
   EXPECT_EQ(ids, (std::vector<int64_t>{1, 70000}));
 }
 
+// Bytes are skipped a block of 4096 at a time: a value outside within a whole block, in the part
+// after the last whole block, in a later document, and none, each at its document and offset.
+TEST(IndexedDataset, FirstOutsideNamesTheDocumentAndOffsetOfTheFirstValueOutside) {
+  std::vector<std::vector<int64_t>> documents(3, std::vector<int64_t>(10000, 1));
+  documents[0][0] = 0;
+  documents[1][5000] = 2;  // inside the second whole block
+  documents[1][9000] = 3;  // after it
+  documents[2][9999] = 7;  // the last value
+  write_indexed_dataset(scratch("bytes"), documents, IndexedDtype::kUint8);
+  const IndexedDataset bytes(scratch("bytes"));
+  auto found = bytes.first_outside(0, 1);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->document, 1);
+  EXPECT_EQ(found->offset, 5000);
+  EXPECT_EQ(found->value, 2);
+  found = bytes.first_outside(0, 2);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->document, 1);
+  EXPECT_EQ(found->offset, 9000);
+  EXPECT_EQ(found->value, 3);
+  found = bytes.first_outside(1, 7);  // the 0 at the very start
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->document, 0);
+  EXPECT_EQ(found->offset, 0);
+  found = bytes.first_outside(0, 3);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->document, 2);
+  EXPECT_EQ(found->offset, 9999);
+  EXPECT_EQ(found->value, 7);
+  EXPECT_FALSE(bytes.first_outside(0, 7).has_value());
+  // Wider values: element by element, the same answer.
+  write_indexed_dataset(scratch("words"), documents, IndexedDtype::kUint16);
+  found = IndexedDataset(scratch("words")).first_outside(0, 1);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->document, 1);
+  EXPECT_EQ(found->offset, 5000);
+}
+
 }  // namespace
 }  // namespace pipetrain::io::indexed_dataset_test

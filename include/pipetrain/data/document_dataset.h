@@ -3,15 +3,17 @@
 // maker (data/token_rows.h) read them.
 //
 //   PREFIX.idx/.bin                 the token ids, document by document
-//   MASK.idx/.bin (optional)        uint8 (or any id dtype), the same documents of the same
-//                                   lengths: 1 where the token is to be learned (a completion), 0
-//                                   where it is not (a prompt); scripts/prepare-data writes it as
-//                                   PREFIX_loss_mask for prompt/completion records
+//   MASK.idx/.bin (optional)        uint8, the same documents of the same lengths: 1 where the
+//                                   token is to be learned (a completion), 0 where it is not (a
+//                                   prompt); scripts/prepare-data writes it as PREFIX_loss_mask
+//                                   for prompt/completion records
 //
 // Checked on opening, each a BadInput naming the file: both datasets as io::IndexedDataset checks
 // them, at least one document, a mask of another document count or another length for some
-// document. check_vocabulary() names the document and offset of an id outside the model's
-// vocabulary.
+// document, a mask of another dtype than uint8 (a token dataset given as the mask), a mask value
+// other than 0 or 1 (named with its document and position; every value is read once, a
+// memory-bound pass over a byte per token). check_vocabulary() names the document and offset of
+// an id outside the model's vocabulary.
 //
 // Torch-free. Ownership: owns the maps. Thread-safety: read-only after construction.
 #pragma once
@@ -46,6 +48,8 @@ class DocumentDataset {
   void check_vocabulary(int64_t vocab_size) const { tokens_.check_vocabulary(vocab_size); }
 
  private:
+  void check_mask_values() const;  // BadInput unless the mask is uint8 of 0 and 1
+
   io::IndexedDataset tokens_;
   std::unique_ptr<io::IndexedDataset> mask_;
   std::vector<int64_t> lengths_;

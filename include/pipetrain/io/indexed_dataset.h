@@ -16,7 +16,8 @@
 //   PREFIX.bin   the ids, each sequence at its pointer, little-endian
 //
 // pipetrain reads ids of 2 bytes (uint16, Megatron's choice for vocabularies under 65500) and 4
-// (int32, above), and loss masks of 1 (uint8: 1 where a token is learned, data/document_dataset.h).
+// (int32, above), and loss masks of 1 (uint8: 1 where a token is learned, 0 where it is not;
+// data/document_dataset.h refuses a mask of another dtype or with other values).
 // Everything is checked on opening: every count against the file's size, every sequence within
 // PREFIX.bin, the document indices rising from 0 to S. A problem throws BadInput naming the file
 // and the field (and FileError when a file cannot be read).
@@ -31,6 +32,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -60,6 +62,13 @@ struct IndexedIndex {
   std::vector<std::int32_t> sequence_lengths;
   std::vector<std::int64_t> sequence_pointers;
   std::vector<std::int64_t> document_indices;
+};
+
+// One stored value and where it is: document, offset within the document, value.
+struct IndexedElement {
+  std::int64_t document = 0;
+  std::int64_t offset = 0;
+  std::int64_t value = 0;
 };
 
 // Parses the bytes of an index file; `path` names it in errors. Throws BadInput naming the field
@@ -96,6 +105,9 @@ class IndexedDataset {
   // Throws BadInput naming the document, the offset within it and the id of the first id outside
   // 0..vocab_size-1. Reads every id once.
   void check_vocabulary(std::int64_t vocab_size) const;
+  // The first value outside low..high in document order, or nothing when every value is within.
+  // Reads every value once (1-byte values a block at a time: a memory-bound pass).
+  std::optional<IndexedElement> first_outside(std::int64_t low, std::int64_t high) const;
   // True when the sequences lie back to back in PREFIX.bin from its first byte, in order, and
   // fill it: the .bin is then the documents' ids as one flat stream (io/token_file.h), what
   // Megatron's preprocessing writes.
