@@ -64,6 +64,56 @@ int64_t parse_step_directory(const std::string& name) {
   return digits.size() > 18 ? -1 : std::stoll(digits);
 }
 
+// `directory` holds neither index.json nor `latest`: no checkpoint to read (as a file it is no
+// torch pickle either). Says what is there instead: the writes that were interrupted (step-N.tmp,
+// which a save leaves only when it did not finish), complete step-N directories that no `latest`
+// names, a single-file checkpoint.
+[[noreturn]] void throw_no_checkpoint_in(const std::string& directory) {
+  std::vector<int64_t> interrupted, complete;
+  std::error_code error;
+  for (const auto& item : fs::directory_iterator(directory, error)) {
+    const std::string name = item.path().filename().string();
+    const bool partial = name.size() > 4 && name.substr(name.size() - 4) == ".tmp";
+    const int64_t step = parse_step_directory(partial ? name.substr(0, name.size() - 4) : name);
+    if (step < 0) continue;
+    if (partial) {
+      interrupted.push_back(step);
+    } else if (fs::exists(item.path() / io::kShardIndexFile, error)) {
+      complete.push_back(step);
+    }
+  }
+  std::sort(interrupted.begin(), interrupted.end());
+  std::sort(complete.begin(), complete.end());
+  auto list = [&](const std::vector<int64_t>& steps, const std::string& suffix) {
+    std::string steps_text, paths;
+    for (size_t i = 0; i < steps.size(); ++i) {
+      const std::string separator = i == 0 ? "" : i + 1 == steps.size() ? " and " : ", ";
+      steps_text += separator + std::to_string(steps[i]);
+      paths += (i == 0 ? "" : ", ") + sharded_step_directory(directory, steps[i]) + suffix;
+    }
+    return std::make_pair(steps_text, paths);
+  };
+  std::string message = "'" + directory + "' holds no complete checkpoint";
+  if (!interrupted.empty()) {
+    const auto [steps, paths] = list(interrupted, ".tmp");
+    message += interrupted.size() == 1
+                   ? ": the write of step " + steps + " was interrupted (" + paths + ")"
+                   : ": the writes of steps " + steps + " were interrupted (" + paths + ")";
+  } else {
+    message += std::string(" (no ") + io::kShardIndexFile + ", no " + kLatestFile + ")";
+  }
+  if (!complete.empty()) {
+    const auto [steps, paths] = list(complete, "");
+    message += "; no " + std::string(kLatestFile) + " names a complete one, but " + paths +
+               (complete.size() == 1 ? " is one" : " are") + ": give its path";
+  } else if (fs::exists(fs::path(directory) / "checkpoint.pt", error)) {
+    message += "; it holds checkpoint.pt, a single-file checkpoint: give its path";
+  } else if (!interrupted.empty()) {
+    message += ", and none before it was completed; start the run again without resuming";
+  }
+  throw CheckpointError(message);
+}
+
 }  // namespace
 
 ShardFileWritten write_shard_file(
@@ -232,7 +282,7 @@ std::optional<std::string> resolve_sharded_checkpoint(const std::string& path) {
   if (!fs::is_directory(path, error)) return std::nullopt;
   if (fs::exists(fs::path(path) / io::kShardIndexFile, error)) return path;
   const fs::path latest = fs::path(path) / kLatestFile;
-  if (!fs::exists(latest, error)) return std::nullopt;
+  if (!fs::exists(latest, error)) throw_no_checkpoint_in(path);
   std::string name = read_file(latest.string());
   while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
   if (name.empty() || name.find('/') != std::string::npos) {

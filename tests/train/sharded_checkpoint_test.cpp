@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -269,6 +270,55 @@ TEST(ShardedCheckpoint, LatestNamesOnlyCompleteCheckpoints) {
   write_four_ranks(g, dir.path(), 6, /*keep=*/1);
   EXPECT_TRUE(fs::exists(dir.path() + "/step-6/index.json"));
   EXPECT_FALSE(fs::exists(dir.path() + "/step-6.old"));
+}
+
+// Regression: `--resume DIR` where the only save was interrupted (DIR/step-1.tmp, no `latest`)
+// read DIR as a single file and said "not a pipetrain checkpoint (unreadable torch pickle ...
+// miniz error)". It names the interrupted write; a directory of complete checkpoints that no
+// `latest` names, or of nothing, is said to be so.
+TEST(ShardedCheckpoint, ResumingFromADirectoryWhoseOnlyWriteWasInterruptedNamesThatWrite) {
+  auto error_of = [](const std::function<void()>& load) -> std::string {
+    try {
+      load();
+    } catch (const CheckpointError& error) {
+      return error.what();
+    }
+    return "no CheckpointError";
+  };
+  ScratchDir dir;
+  fs::create_directories(dir.path() + "/step-1.tmp");
+  std::ofstream(dir.path() + "/step-1.tmp/rank-00000.safetensors") << "half";
+  torch::nn::Linear model(2, 2);
+  const std::string interrupted = "'" + dir.path() +
+                                  "' holds no complete checkpoint: the write of step 1 was "
+                                  "interrupted (" +
+                                  dir.path() + "/step-1.tmp), and none before it was completed";
+  std::string message = error_of([&] { resume_checkpoint(dir.path(), *model, "adam"); });
+  EXPECT_NE(message.find(interrupted), std::string::npos) << message;
+  EXPECT_EQ(message.find("pickle"), std::string::npos) << message;
+  message = error_of([&] { load_any_checkpoint(dir.path()); });
+  EXPECT_NE(message.find(interrupted), std::string::npos) << message;
+  // Two interrupted writes and a complete checkpoint that `latest` no longer names (written
+  // first: its commit clears what interrupted writes left).
+  torch::manual_seed(4);
+  write_four_ranks(Globals(), dir.path(), 2);
+  fs::remove(dir.path() + "/latest");
+  fs::create_directories(dir.path() + "/step-1.tmp");
+  fs::create_directories(dir.path() + "/step-3.tmp");
+  message = error_of([&] { load_any_checkpoint(dir.path()); });
+  EXPECT_NE(message.find("the writes of steps 1 and 3 were interrupted (" + dir.path() +
+                         "/step-1.tmp, " + dir.path() +
+                         "/step-3.tmp); no latest names a "
+                         "complete one, but " +
+                         dir.path() + "/step-2 is one: give its path"),
+            std::string::npos)
+      << message;
+  ScratchDir empty;
+  message = error_of([&] { load_any_checkpoint(empty.path()); });
+  EXPECT_NE(message.find("'" + empty.path() +
+                         "' holds no complete checkpoint (no index.json, no latest)"),
+            std::string::npos)
+      << message;
 }
 
 }  // namespace sharded_checkpoint_test

@@ -110,7 +110,11 @@ std::vector<ShardPieceSource> rank_pieces(const Checkpoint& part,
                                           const ShardPlacement& placement, bool main);
 
 // DIR/step-N, and the checkpoint a path names: a directory holding index.json, or one holding
-// `latest` (the directory it names); nullopt for anything else (a file: today's single file).
+// `latest` (the directory it names); nullopt for anything but a directory (a file: today's single
+// file). A directory holding neither throws CheckpointError saying what it holds instead: the
+// writes that were interrupted ("'DIR' holds no complete checkpoint: the write of step 1 was
+// interrupted (DIR/step-1.tmp), ..."), complete step-N directories no `latest` names, a
+// checkpoint.pt.
 std::string sharded_step_directory(const std::string& directory, int64_t step);
 std::optional<std::string> resolve_sharded_checkpoint(const std::string& path);
 
