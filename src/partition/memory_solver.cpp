@@ -54,6 +54,11 @@ std::vector<StageResidency> stage_residency(const schedule::Schedule& schedule) 
   return result;
 }
 
+double optimizer_state_multiple(const std::string& optimizer, double momentum) {
+  if (optimizer == "sgd") return momentum > 0 ? 1 : 0;
+  return 2;  // adam, adamw: two moments per parameter
+}
+
 StageMemory stage_memory(std::int64_t parameter_bytes, std::int64_t input_bytes,
                          std::int64_t body_bytes, const StageResidency& residency,
                          Checkpoint checkpoint, double optimizer_state_multiple) {

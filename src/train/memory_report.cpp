@@ -14,7 +14,6 @@
 #include "pipetrain/stage/microbatch.h"
 #include "pipetrain/train/optimizer.h"
 #include "pipetrain/train/sharded_optimizer.h"
-#include "pipetrain/tune/auto_plan.h"
 
 namespace pipetrain::train {
 namespace {
@@ -244,7 +243,7 @@ MemoryPrediction predict_from_profile(const TrainingMemoryProfile& measured,
   prediction.stage_rank = schedule.stage_rank;
   pp::MemoryModelOptions options;
   options.checkpoint = pipe.checkpoint();
-  options.optimizer_state_multiple = tune::optimizer_state_multiple(run.optimizer, run.momentum);
+  options.optimizer_state_multiple = pp::optimizer_state_multiple(run.optimizer, run.momentum);
   options.zero = run.zero;
   options.reshard_after_forward = run.reshard_after_forward;
   options.zero_policy = zero_memory_policy(run.zero_options, pipe);

@@ -123,15 +123,6 @@ std::optional<pp::Plan> default_if_allowed(const pp::ModelProfile& profile,
   return pp::evaluate_plan(profile, pp::default_plan(profile, input.ranks, 4), planner);
 }
 
-}  // namespace
-
-double optimizer_state_multiple(const std::string& optimizer, double momentum) {
-  if (optimizer == "sgd") return momentum > 0 ? 1 : 0;
-  return 2;  // adam, adamw: two moments per parameter
-}
-
-namespace {
-
 // The planner's search cut down to what the user left open; `batch` becomes the rows the planner
 // splits (the largest row count an explicit --chunks divides).
 pp::PlannerOptions planner_for(const AutoRequest& request, const AutoPlanInput& input,

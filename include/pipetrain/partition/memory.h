@@ -198,6 +198,10 @@ struct ZeroMemoryPolicy {
   std::int64_t persistence_threshold = 0;  // stage 3: smaller parameters stay whole
 };
 
+// The optimizer state the memory model counts per parameter byte, by the trainer's optimizer
+// names (train/optimizer.h): sgd 0 (1 with momentum > 0), adam and adamw 2 (the two moments).
+double optimizer_state_multiple(const std::string& optimizer, double momentum);
+
 struct MemoryModelOptions {
   Checkpoint checkpoint = Checkpoint::kNever;
   double optimizer_state_multiple = 0;  // SGD 0, momentum 1, Adam 2

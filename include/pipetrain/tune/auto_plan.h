@@ -72,8 +72,8 @@ struct AutoPlanInput {
   // The rest of the memory model the limit applies to (partition/memory.h): ZeRO stage,
   // data-parallel replicas, one process per rank (the transport's buffers).
   int zero = 0;
-  bool reshard_after_forward = false;  // ZeRO 3's policy
-  bool offload_optimizer = false;      // ZeRO-Offload
+  bool reshard_after_forward = false;       // ZeRO 3's policy
+  bool offload_optimizer = false;           // ZeRO-Offload
   partition::ZeroMemoryPolicy zero_policy;  // ZeRO's other policies (train::zero_memory_policy)
   int data_parallel = 1;
   bool processes = false;
@@ -151,6 +151,7 @@ partition::Plan plan_training_on_ranks(Distributed& distributed, torch::nn::Sequ
 std::string describe_auto_plan(const partition::Plan& plan);
 
 // State multiple of an optimizer for the memory model: sgd 0 (1 with momentum), adam/adamw 2.
-double optimizer_state_multiple(const std::string& optimizer, double momentum);
+// Defined by the memory model (partition/memory.h), which train/memory_report uses too.
+using partition::optimizer_state_multiple;
 
 }  // namespace pipetrain::tune
