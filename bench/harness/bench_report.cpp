@@ -17,6 +17,7 @@
 #include "pipetrain/base/load_average.h"
 #include "pipetrain/base/median.h"
 #include "pipetrain/runtime/launcher.h"
+#include "pipetrain/schedule/generators.h"
 
 namespace pipetrain::bench {
 namespace {
@@ -369,12 +370,43 @@ std::optional<double> stash_fraction(const json* a, const json* b) {
   return (*a)["peak_stashed_bytes"][0].get<double>() / (*b)["peak_stashed_bytes"][0].get<double>();
 }
 
-// [0] multi-process vs torch.distributed.pipelining, schedule by schedule (issue #15: at most 0.9x
-// its step time on mlp, 0.5x on small; no target for cnn).
+// The targets a suite's checks hold.
+//   mlp, small  issue #15: at most 0.9x (mlp) and 0.5x (small) of torch.distributed.pipelining's
+//               step on gpipe, 1f1b and interleaved-1f1b; none against torch on cnn.
+//   llama       what is reached, so that a failed check is a regression: torch runs transformers'
+//               modules on the same MKL kernels as pipetrain's stages, so no runtime gets far
+//               below 1x of its step on the CPU (docs/BENCHMARKS.md, "Where the targets
+//               stand"); at most 1.05x of it on every schedule both run, 1.02x of plain LibTorch
+//               for one stage, efficiency 0.95.
+struct SuiteTargets {
+  std::optional<double> vs_torch;  // step / torch.distributed.pipelining's, at most
+  const std::vector<std::string>* vs_torch_schedules = &target_schedules();
+  double one_stage_vs_libtorch = 1.03;  // in-process K=1 M=1 step / plain LibTorch's, at most
+  double efficiency = 0.87;             // multi-process 1f1b, at least
+};
+
+SuiteTargets targets_of(const std::string& suite) {
+  SuiteTargets targets;
+  if (suite == "mlp") targets.vs_torch = 0.9;
+  if (suite == "small") targets.vs_torch = 0.5;
+  if (suite == "llama") {
+    targets.vs_torch = 1.05;
+    targets.vs_torch_schedules = &peer_schedules();
+    targets.one_stage_vs_libtorch = 1.02;
+    targets.efficiency = 0.95;
+  }
+  return targets;
+}
+
+// [0] multi-process vs torch.distributed.pipelining, schedule by schedule (targets_of).
 void check_vs_torch(const BenchOptions& a, const Rows& rows, json& checks) {
-  if (a.suite == "cnn") return;
-  const double target = a.suite == "mlp" ? 0.9 : 0.5;
-  for (const std::string& schedule : target_schedules()) {
+  const SuiteTargets targets = targets_of(a.suite);
+  if (!targets.vs_torch) return;
+  const double target = *targets.vs_torch;
+  for (const std::string& schedule : *targets.vs_torch_schedules) {
+    if (!schedule::shape_error(schedule, a.stages, a.chunks, virtual_stages_of(schedule)).empty()) {
+      continue;  // no row of it runs (dualpipev: an odd K, or M < 2K)
+    }
     const json* ours = rows.multiprocess(schedule, a.stages, a.chunks);
     std::optional<double> ratio;
     std::string detail =
@@ -409,8 +441,11 @@ void check_in_process(const BenchOptions& a, const Rows& rows, json& checks) {
   const json* one = rows.inprocess("gpipe", 1, 1, "never");
   std::optional<double> ratio;
   if (one && one->contains("ratio_vs_libtorch")) ratio = (*one)["ratio_vs_libtorch"].get<double>();
-  checks.push_back(make_check("one_stage_overhead_vs_libtorch", "<= 1.03 x plain LibTorch", ratio,
-                              1.03, false, "inprocess K=1 M=1 step time / libtorch step time"));
+  const double target = targets_of(a.suite).one_stage_vs_libtorch;
+  std::ostringstream text;
+  text << "<= " << target << " x plain LibTorch";
+  checks.push_back(make_check("one_stage_overhead_vs_libtorch", text.str(), ratio, target, false,
+                              "inprocess K=1 M=1 step time / libtorch step time"));
 }
 
 // [3] multi-process 1F1B efficiency.
@@ -425,8 +460,11 @@ void check_efficiency(const BenchOptions& a, const Rows& rows, json& checks) {
         "shortest receive) / measured step, K=" +
         std::to_string(a.stages) + " M=" + std::to_string(a.chunks);
   }
-  checks.push_back(make_check("multiprocess_1f1b_efficiency", ">= 0.87 (2 ranks, 1f1b, M=8)",
-                              efficiency, 0.87, true, detail));
+  const double target = targets_of(a.suite).efficiency;
+  std::ostringstream text;
+  text << ">= " << target << " (" << a.stages << " ranks, 1f1b, M=" << a.chunks << ")";
+  checks.push_back(
+      make_check("multiprocess_1f1b_efficiency", text.str(), efficiency, target, true, detail));
 }
 
 // [4] 1F1B's stash bound at M and 2M; [5] except_last checkpointing's cut.
@@ -491,21 +529,6 @@ void check_tensor_parallel(const BenchOptions& a, const json& rows, json& checks
   }
 }
 
-json evaluate_checks(const BenchOptions& a, const json& rows) {
-  json checks = json::array();
-  if (a.suite == "tp") {
-    check_tensor_parallel(a, rows, checks);
-    return checks;
-  }
-  const Rows found{rows};
-  check_vs_torch(a, found, checks);
-  check_in_process(a, found, checks);
-  check_efficiency(a, found, checks);
-  check_memory(a, found, checks);
-  check_bf16(a, rows, checks);
-  return checks;
-}
-
 // ---- the report ---------------------------------------------------------------------------------
 
 json settings_of(const BenchOptions& a) {
@@ -552,6 +575,11 @@ json notes_of(const BenchOptions& a) {
         "RowwiseParallel) on each stage under torch.distributed.pipelining; ratio_vs_tp1 divides "
         "by the multiprocess row of stages x T pipeline ranks and tp 1");
   }
+  if (!a.no_memory && a.batch < 2 * a.chunks) {
+    notes.push_back("memory rows at M=" + std::to_string(2 * a.chunks) +
+                    " left out: the batch of " + std::to_string(a.batch) +
+                    " rows cannot fill that many micro-batches");
+  }
   if (a.suite == "cnn") {
     notes.push_back(
         "cnn: pipelined rows use DeferredBatchNorm (torchgpipe: deferred_batch_norm=True); "
@@ -592,6 +620,21 @@ std::vector<json> run_rounds(const BenchOptions& a, const std::vector<Config>& c
 
 bool row_ok(const json& row) {
   return !row.contains("error") && row.contains("step_seconds");
+}
+
+json evaluate_checks(const BenchOptions& a, const json& rows) {
+  json checks = json::array();
+  if (a.suite == "tp") {
+    check_tensor_parallel(a, rows, checks);
+    return checks;
+  }
+  const Rows found{rows};
+  check_vs_torch(a, found, checks);
+  check_in_process(a, found, checks);
+  check_efficiency(a, found, checks);
+  check_memory(a, found, checks);
+  check_bf16(a, rows, checks);
+  return checks;
 }
 
 json run_bench(BenchOptions a) {

@@ -38,4 +38,9 @@ nlohmann::json run_bench(BenchOptions options);
 // Whether a row ran and has a step time.
 bool row_ok(const nlohmann::json& row);
 
+// The checks of the suite's targets (docs/BENCHMARKS.md, "Checks") on `rows`, the report's
+// "configs" (medians over rounds, with their ratios): each with measured, target and pass (null
+// where its rows did not run).
+nlohmann::json evaluate_checks(const BenchOptions& options, const nlohmann::json& rows);
+
 }  // namespace pipetrain::bench
