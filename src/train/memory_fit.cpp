@@ -127,9 +127,14 @@ MemoryFit check_memory_fit(
     const std::vector<partition::RankMemory> ranks = predict(settings);
     for (const partition::RankMemory& rank : ranks) n.rank_peaks.push_back(rank.total());
     n.needed = needed_bytes(ranks, ranks_of_process, process_bytes);
+    // A process's extra is its first rank's too: a budget per rank covers it.
     for (std::size_t p = 0; p < ranks_of_process.size(); ++p) {
-      n.process_extra.push_back(extra ? extra(ranks, static_cast<int>(p)) : 0);
-      n.needed += n.process_extra.back();
+      const std::int64_t more = extra ? extra(ranks, static_cast<int>(p)) : 0;
+      n.process_extra.push_back(more);
+      n.needed += more;
+      if (more > 0 && !ranks_of_process[p].empty()) {
+        n.rank_peaks.at(static_cast<std::size_t>(ranks_of_process[p].front())) += more;
+      }
     }
     return n;
   };
@@ -155,8 +160,6 @@ std::vector<std::int64_t> process_needs(const MemoryFit& fit,
   for (const std::vector<int>& process : ranks_of_process) {
     std::int64_t need = fit.process_bytes;
     for (int r : process) need += fit.run.rank_peaks.at(static_cast<std::size_t>(r));
-    const std::size_t p = needs.size();
-    if (p < fit.run.process_extra.size()) need += fit.run.process_extra[p];
     needs.push_back(need);
   }
   return needs;

@@ -53,8 +53,9 @@ std::int64_t window_peak_resident_bytes();
 // One way to run, and what it needs here.
 struct MemoryNeed {
   std::string settings;                  // "--zero 3", "" for the run as given
-  std::vector<std::int64_t> rank_peaks;  // the model's total per pipeline rank
-  // Per process, what it needs beyond its ranks' peaks (0: nothing): the evaluation between
+  // The model's total per pipeline rank; a process's extra counts on its first rank.
+  std::vector<std::int64_t> rank_peaks;
+  // Per process, what it needs beyond its ranks' step peaks (0: nothing): the evaluation between
   // steps where it needs more than a step (ProcessExtra).
   std::vector<std::int64_t> process_extra;
   std::int64_t needed = 0;  // on this machine, footprints included
