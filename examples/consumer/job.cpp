@@ -7,9 +7,9 @@
 //   ./job DIR WORK PIPETRAIN          WORK: a new directory; PIPETRAIN: the installed CLI
 //
 // The program writes WORK/docs (a Megatron indexed dataset: DIR/tokens.bin cut into documents) and
-// its loss mask WORK/docs_loss_mask (io/indexed_dataset.h), then trains. With parallel.nproc 4 run_training
-// starts this program 4 times again as the ranks (same arguments, so the same JobConfig); each
-// rank finds the launcher's environment, runs its share and returns. Then it runs
+// its loss mask WORK/docs_loss_mask (io/indexed_dataset.h), then trains. With parallel.nproc 4
+// run_training starts this program 4 times again as the ranks (same arguments, so the same
+// JobConfig); each rank finds the launcher's environment, runs its share and returns. Then it runs
 // `PIPETRAIN train` with the same job as flags.
 //
 // Check: both runs wrote the model (output.save_hf) and the two are equal bit for bit; the

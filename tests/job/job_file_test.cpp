@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include "../helpers/bad_input.h"
 #include "pipetrain/base/error.h"
 #include "pipetrain/job/job_fields.h"
 #include "pipetrain/job/job_file.h"
@@ -19,15 +20,7 @@ namespace {
 
 using namespace pipetrain::job;
 
-std::string message_of_bad_input(const std::function<void()>& call) {
-  try {
-    call();
-  } catch (const pipetrain::BadInput& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no BadInput was thrown";
-  return "";
-}
+using pipetrain::testing::message_of_bad_input;
 
 JobConfig read(const std::string& text, Command command = Command::kTrain) {
   JobConfig config;

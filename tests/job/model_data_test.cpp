@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "../helpers/bad_input.h"
 #include "../helpers/hf_models.h"
 #include "pipetrain/base/error.h"
 #include "pipetrain/job/model_data.h"
@@ -16,15 +17,7 @@
 namespace pipetrain::job {
 namespace {
 
-std::string message_of_bad_input(const std::function<void()>& call) {
-  try {
-    call();
-  } catch (const pipetrain::BadInput& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no BadInput was thrown";
-  return "";
-}
+using pipetrain::testing::message_of_bad_input;
 
 TEST(CheckBatchSize, RefusesMoreRowsThanTheTrainingSetAndNamesTheLargestThatFits) {
   BuiltData data;

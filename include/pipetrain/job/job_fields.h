@@ -75,8 +75,7 @@ class TypedFieldVisitor : public FieldVisitor {
   void field(const Field& f, int64_t& value, const Check<int64_t>& check) override {
     self().on(f, value, check);
   }
-  void field(const Field& f, std::optional<int64_t>& value,
-             const Check<int64_t>& check) override {
+  void field(const Field& f, std::optional<int64_t>& value, const Check<int64_t>& check) override {
     self().on(f, value, check);
   }
   void field(const Field& f, uint64_t& value) override { self().on(f, value, Check<uint64_t>()); }

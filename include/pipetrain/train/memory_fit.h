@@ -52,7 +52,7 @@ std::int64_t window_peak_resident_bytes();
 
 // One way to run, and what it needs here.
 struct MemoryNeed {
-  std::string settings;                  // "--zero 3", "" for the run as given
+  std::string settings;  // "--zero 3", "" for the run as given
   // The model's total per pipeline rank; a process's extra counts on its first rank.
   std::vector<std::int64_t> rank_peaks;
   // Per process, what it needs beyond its ranks' step peaks (0: nothing): the evaluation between
