@@ -60,10 +60,10 @@ cuda-compile-check: bootstrap
 sanitize:
 	@$(MAKE) --no-print-directory test BUILD=build-asan CMAKE_FLAGS="-DPIPETRAIN_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug"
 
-# ThreadSanitizer build for the threaded runtime. LibTorch is not instrumented: tests/tsan.supp
-# says which of its internals are suppressed and why.
+# ThreadSanitizer build for the threaded runtime and the offload I/O engines. LibTorch is not
+# instrumented: tests/tsan.supp says which of its internals are suppressed and why.
 tsan:
-	@TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp $(TSAN_OPTIONS)" $(MAKE) --no-print-directory test BUILD=build-tsan CMAKE_FLAGS="-DPIPETRAIN_TSAN=ON -DCMAKE_BUILD_TYPE=Debug" CTEST_FLAGS="-L 'runtime|stage|transport'"
+	@TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp $(TSAN_OPTIONS)" $(MAKE) --no-print-directory test BUILD=build-tsan CMAKE_FLAGS="-DPIPETRAIN_TSAN=ON -DCMAKE_BUILD_TYPE=Debug" CTEST_FLAGS="-L 'runtime|stage|transport|offload'"
 
 # libFuzzer over the readers of user files and peer messages (fuzz/), FUZZ_SECONDS (60) each.
 fuzz:
