@@ -19,6 +19,7 @@
 
 #include <gtest/gtest.h>
 
+#include "../helpers/temp_dir.h"
 #include "pipetrain/base/error.h"
 #include "pipetrain/offload/aligned_buffers.h"
 #include "pipetrain/offload/file_io.h"
@@ -29,12 +30,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string fresh_dir(const std::string& name) {
-  const fs::path dir = fs::path(::testing::TempDir()) / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir.string();
-}
+using pipetrain::testing::fresh_temp_dir;
 
 // The engines this machine runs; io_uring is left out (and the test says so) where the build or
 // the kernel has none.
@@ -93,7 +89,7 @@ TEST(AlignedBuffers, RefusesSizesItCannotHaveNamingTheFlag) {
 TEST(FileIo, EveryByteReadsBackWithMoreRequestsThanTheDepthInFlight) {
   for (IoEngine engine : engines()) {
     SCOPED_TRACE(to_string(engine));
-    const std::string dir = fresh_dir(std::string("roundtrip_") + to_string(engine));
+    const std::string dir = fresh_temp_dir(std::string("roundtrip_") + to_string(engine));
     auto io = std::shared_ptr<FileIo>(make_file_io(engine, 2));
     EXPECT_EQ(io->engine(), engine);
     SwapFile file(dir, "swap", io);
@@ -139,7 +135,7 @@ TEST(FileIo, EveryByteReadsBackWithMoreRequestsThanTheDepthInFlight) {
 TEST(FileIo, ThroughThePageCacheUnalignedMemoryIsFine) {
   for (IoEngine engine : engines()) {
     SCOPED_TRACE(to_string(engine));
-    SwapFile file(fresh_dir(std::string("buffered_") + to_string(engine)), "swap",
+    SwapFile file(fresh_temp_dir(std::string("buffered_") + to_string(engine)), "swap",
                   make_file_io(engine, 1), 4096, /*direct=*/false);
     EXPECT_FALSE(file.direct());
     const int64_t at = file.reserve(1000);
@@ -154,7 +150,7 @@ TEST(FileIo, ThroughThePageCacheUnalignedMemoryIsFine) {
 TEST(FileIo, AFailedTransferNamesTheFileTheOffsetAndTheReason) {
   for (IoEngine engine : engines()) {
     SCOPED_TRACE(to_string(engine));
-    const std::string path = fresh_dir(std::string("errors_") + to_string(engine)) + "/short";
+    const std::string path = fresh_temp_dir(std::string("errors_") + to_string(engine)) + "/short";
     std::ofstream(path) << std::string(100, 'x');
     auto io = make_file_io(engine, 2);
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -185,7 +181,7 @@ TEST(FileIo, AFailedTransferNamesTheFileTheOffsetAndTheReason) {
 
 TEST(SwapFile, RefusesAMissingDirectoryAndRangesOutsideItsRegions) {
   auto io = std::shared_ptr<FileIo>(make_file_io(IoEngine::kThreads, 1));
-  const std::string missing = fresh_dir("swap_checks") + "/no/such/dir";
+  const std::string missing = fresh_temp_dir("swap_checks") + "/no/such/dir";
   try {
     SwapFile(missing, "swap", io);
     FAIL() << "a swap file was made in a directory that does not exist";
@@ -193,7 +189,7 @@ TEST(SwapFile, RefusesAMissingDirectoryAndRangesOutsideItsRegions) {
     EXPECT_NE(std::string(e.what()).find(missing + "/swap"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("--offload-dir"), std::string::npos) << e.what();
   }
-  SwapFile file(fresh_dir("swap_ranges"), "swap", io);
+  SwapFile file(fresh_temp_dir("swap_ranges"), "swap", io);
   AlignedBuffers pool(8192, 1);
   BufferLease lease = pool.acquire();
   const int64_t at = file.reserve(4096);
@@ -208,7 +204,7 @@ TEST(SwapFile, RefusesAMissingDirectoryAndRangesOutsideItsRegions) {
 // A file system without room refuses at reserve(), naming the file and the bytes. The limit is
 // RLIMIT_FSIZE in a child process (no privilege needed), where fallocate fails with EFBIG.
 TEST(SwapFile, ADiskWithoutRoomFailsAtReserveNamingTheBytes) {
-  const std::string dir = fresh_dir("swap_full");
+  const std::string dir = fresh_temp_dir("swap_full");
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {

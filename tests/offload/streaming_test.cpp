@@ -3,12 +3,12 @@
 // than it has and the call no more than it may; a range past its region fails naming the file and
 // leaves no buffer lent.
 #include <cstring>
-#include <filesystem>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "../helpers/temp_dir.h"
 #include "pipetrain/base/error.h"
 #include "pipetrain/offload/aligned_buffers.h"
 #include "pipetrain/offload/file_io.h"
@@ -18,21 +18,14 @@
 namespace pipetrain::offload {
 namespace {
 
-namespace fs = std::filesystem;
-
-std::string fresh_dir(const std::string& name) {
-  const fs::path dir = fs::path(::testing::TempDir()) / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir.string();
-}
+using pipetrain::testing::fresh_temp_dir;
 
 TEST(Streaming, ARangeOfManyBuffersReadsBackFromUnalignedMemory) {
   std::vector<IoEngine> engines{IoEngine::kThreads};
   if (uring_available()) engines.push_back(IoEngine::kUring);
   for (IoEngine engine : engines) {
     SCOPED_TRACE(to_string(engine));
-    SwapFile file(fresh_dir(std::string("stream_") + to_string(engine)), "swap",
+    SwapFile file(fresh_temp_dir(std::string("stream_") + to_string(engine)), "swap",
                   make_file_io(engine, 3));
     // 10.5 buffers of 64 KiB; two regions, so the second starts where the first's padding ends.
     constexpr int64_t kBytes = 10 * 65536 + 32768 + 3;
@@ -60,7 +53,7 @@ TEST(Streaming, ARangeOfManyBuffersReadsBackFromUnalignedMemory) {
 }
 
 TEST(Streaming, ARangePastItsRegionFailsAndLeavesNoBufferLent) {
-  SwapFile file(fresh_dir("stream_past"), "swap", make_file_io(IoEngine::kThreads, 2));
+  SwapFile file(fresh_temp_dir("stream_past"), "swap", make_file_io(IoEngine::kThreads, 2));
   const int64_t at = file.reserve(3 * 4096);
   std::vector<char> data(10 * 4096, 'x');
   AlignedBuffers pool(4096, 2);
