@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "pipetrain/base/median.h"
 #include "pipetrain/offload/aligned_buffers.h"
 #include "pipetrain/offload/file_io.h"
 #include "pipetrain/offload/swap_file.h"
@@ -31,15 +32,11 @@
 namespace {
 
 using namespace pipetrain::offload;
+using pipetrain::median;
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 // dd's own rate: its elapsed seconds from the summary line it prints to stderr.
