@@ -31,6 +31,19 @@ class AddOptions : public job::TypedFieldVisitor<AddOptions> {
       using V = typename T::value_type;
       option = app_.add_option_function<V>(
           f.flag, [&value](const V& given) { value = given; }, f.help);
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      if (f.implicit.empty()) {
+        option = app_.add_option(f.flag, value, f.help);
+      } else {  // the flag alone means f.implicit
+        option = app_.add_option_function<std::string>(
+                         f.flag,
+                         [&value, implicit = f.implicit](const std::string& given) {
+                           value = given.empty() || given == "true" ? implicit : given;
+                         },
+                         f.help)
+                     ->expected(0, 1)
+                     ->default_str(value);
+      }
     } else {
       option = app_.add_option(f.flag, value, f.help);
       if (f.delimiter) option->delimiter(f.delimiter);

@@ -567,12 +567,42 @@ void declare(JobConfig& c, FieldVisitor& v) {
             "memory) instead of returning them after each layer",
             train),
           c.zero.keep_freed_memory);
-  v.field(F("zero", "offload_optimizer", "--offload-optimizer",
-            "ZeRO-Offload, with --zero 1, 2 or 3 and --device cuda: the optimizer state and the "
-            "shard's float32 values in pinned host memory, stepped on the CPU "
-            "(docs/DISTRIBUTED.md)",
-            model_plan),
-          c.zero.offload_optimizer);
+  {
+    Field offload = F("zero", "offload_optimizer", "--offload-optimizer",
+                      "with --zero 1, 2 or 3: none; cpu (alone: cpu), the shard's float32 values, "
+                      "its gradient and the optimizer state in host memory (pinned for CUDA "
+                      "stages), stepped on the CPU; nvme, the optimizer state in files under "
+                      "--offload-dir, stepped by sub-groups (docs/OFFLOAD.md)",
+                      model_plan);
+    offload.implicit = "cpu";
+    v.field(offload, c.zero.offload_optimizer, one_of({"none", "cpu", "nvme"}));
+  }
+  v.field(F("zero", "offload_dir", "--offload-dir",
+            "--offload-optimizer nvme: the directory of the offload files (a fast local disk; the "
+            "files are removed as soon as they are open)",
+            train),
+          c.zero.offload_dir, {});
+  v.field(N(F("zero", "offload_buffer_bytes", "--offload-buffer-bytes",
+              "nvme: bytes of each aligned host buffer the offload files' transfers go through",
+              train)),
+          c.zero.offload_buffer_bytes, size_check());
+  v.field(F("zero", "offload_buffer_count", "--offload-buffer-count",
+            "nvme: buffers in the pool (the host memory of the transfers is count x bytes; "
+            "3 x the optimizer's state fields keep reads and writes in flight while it steps)",
+            train),
+          c.zero.offload_buffer_count, at_least(1));
+  v.field(F("zero", "sub_group_size", "--sub-group-size",
+            "nvme: elements the optimizer steps at once (each state field of a sub-group fills "
+            "one buffer; 0: as many as a buffer holds)",
+            train),
+          c.zero.sub_group_size, not_negative());
+  v.field(F("zero", "offload_io", "--offload-io",
+            "nvme: the I/O engine, uring (io_uring), threads (pread/pwrite on a thread pool) or "
+            "auto (uring where the kernel allows it)",
+            train),
+          c.zero.offload_io, [](const std::string&, const std::string& value) {
+            return library_check([&] { train::parse_offload_io(value); });
+          });
 
   // [memory]
   v.field(N(F("memory", "limit", "--memory-limit",

@@ -100,6 +100,9 @@ class Reader : public TypedFieldVisitor<Reader> {
     } else if constexpr (std::is_same_v<T, std::string>) {
       if (node.is_string()) return node.as_string()->get();
       if (f.number_as_text && node.is_integer()) return std::to_string(node.as_integer()->get());
+      if (!f.implicit.empty() && node.is_boolean()) {
+        return node.as_boolean()->get() ? f.implicit : std::string("none");
+      }
       wrong(f, node, f.number_as_text ? "a string or an integer" : "a string");
     } else {
       T out;

@@ -86,8 +86,8 @@ Precision check_plan(const JobConfig& job) {
   }
   const int zero = static_cast<int>(job.zero.stage);
   train::check_reshard_after_forward(job.zero.reshard_after_forward, zero);
-  train::check_offload_optimizer(job.zero.offload_optimizer, zero);
-  if (zero > 0 && job.parallel.dp < 2 && plan.world == 0 && !job.zero.offload_optimizer) {
+  train::check_offload_optimizer(job.zero.offloads_optimizer(), zero);
+  if (zero > 0 && job.parallel.dp < 2 && plan.world == 0 && !job.zero.offloads_optimizer()) {
     throw BadInput("--zero " + std::to_string(zero) +
                    " shards over data-parallel replicas and needs --dp 2 or more");
   }
@@ -120,7 +120,7 @@ pp::PlannerOptions planner_options(const JobConfig& job) {
   planner.zero_policy.stream =
       train::parse_zero_gradients(job.zero.gradients) == train::ZeroGradients::kStream;
   planner.zero_policy.by_layer = train::parse_zero_unit(job.zero.unit) == train::ZeroUnit::kLayer;
-  planner.offload_optimizer = job.zero.offload_optimizer;
+  planner.offload_optimizer = job.zero.offloads_optimizer();
   planner.data_parallel = static_cast<int>(job.parallel.dp);
   planner.processes = plan.processes;
   if (!plan.schedules.empty()) planner.schedules = split_names(plan.schedules);

@@ -43,6 +43,8 @@
 #include "pipetrain/stage/microbatch.h"
 #include "pipetrain/train/device_peak.h"
 #include "pipetrain/train/memory_report.h"
+#include "pipetrain/train/nvme_options.h"
+#include "pipetrain/train/optimizer.h"
 #include "pipetrain/train/step_runner.h"
 #include "pipetrain/tune/calibration.h"
 #include "pipetrain/tune/memory_check.h"
@@ -78,7 +80,7 @@ tune::AutoPlanInput auto_plan_input(const TrainingSetup& s, const RunLayout& lay
       s.zero_options, PipeOptions()
                           .overlap_gradient_reduction(s.pipeline.overlap_grad_reduce)
                           .bucket_bytes(bucket_bytes_of(s.pipeline.bucket_mb)));
-  input.offload_optimizer = s.job.zero.offload_optimizer;
+  input.offload_optimizer = s.job.zero.offloads_optimizer();
   input.optimizer_state_multiple =
       tune::optimizer_state_multiple(s.job.optimizer.name, s.job.optimizer.momentum);
   // Planning's progress, and its warnings.
@@ -216,6 +218,41 @@ void check_memory(const TrainingSetup& s, const RunLayout& layout, Prepared& p,
   note(observer, "memory: this run needs " + partition::format_bytes(fit.run.needed) + " of the " +
                      partition::format_bytes(fit.available.bytes) + " available (" +
                      fit.available.source + ")");
+}
+
+// The optimizer offload, before anything starts: where it moves nothing it says so (once); under
+// nvme the directory must have room for the whole model's optimizer state (every process of this
+// machine writes its shard there).
+void check_offload(const TrainingSetup& s, const Prepared& p, JobObserver& observer) {
+  const std::string& offload = s.job.zero.offload_optimizer;
+  if (offload == "none") return;
+  const auto& devices = s.pipeline.devices;
+  const bool cuda = s.pipeline.device == "cuda" ||
+                    std::any_of(devices.begin(), devices.end(),
+                                [](const std::string& d) { return d.rfind("cuda", 0) == 0; });
+  if (offload == "cpu" && !cuda) {
+    note(observer,
+         "--offload-optimizer cpu: these stages run on the CPU, so the optimizer state is in "
+         "host memory already; the shard takes the offload's path (a copy apart from the "
+         "parameters) and nothing moves. --offload-optimizer nvme moves the state to files");
+    return;
+  }
+  if (offload != "nvme") return;
+  int64_t elements = 0;
+  for (const torch::Tensor& t : train::unique_parameters(p.model.sequential->parameters())) {
+    elements += t.numel();
+  }
+  const int64_t fields = s.job.optimizer.name == "sgd" ? (s.job.optimizer.momentum != 0 ? 1 : 0)
+                                                       : 2;
+  const int64_t bytes = elements * fields * 4;
+  train::check_nvme_directory(s.zero_options.nvme(), bytes,
+                              "--offload-optimizer nvme (the optimizer state of " +
+                                  std::to_string(elements) + " parameters)");
+  note(observer, "optimizer state: " + partition::format_bytes(bytes) + " in files under " +
+                     s.zero_options.nvme().dir() + ", through " +
+                     std::to_string(s.zero_options.nvme().buffer_count()) + " buffers of " +
+                     partition::format_bytes(s.zero_options.nvme().buffer_bytes()) +
+                     " a process (" + offload::to_string(s.zero_options.nvme().io()) + ")");
 }
 
 // ---- [4] the loop -------------------------------------------------------------------------------
@@ -370,6 +407,7 @@ JobResult launch_ranks(TrainingSetup& s, JobObserver& observer) {
         "", [&] { models::check_llama_tensor_parallel(*p.model.llama, layout.tensor_parallel); });
   }
   check_memory(s, layout, p, observer);
+  check_offload(s, p, observer);
   const std::string tensor = layout.tensor_parallel > 1
                                  ? std::to_string(layout.tensor_parallel) + " tensor-parallel x "
                                  : "";
@@ -474,6 +512,7 @@ JobResult run_in_process(TrainingSetup& s, JobObserver& observer) {
   Prepared p = prepare(s, layout, observer);
   if (p.auto_plan) note(observer, tune::describe_auto_plan(*p.auto_plan));
   check_memory(s, layout, p, observer);
+  check_offload(s, p, observer);
   std::unique_ptr<train::StepRunner> runner;
   std::optional<PipeOptions> pipe;
   if (is_sequential(s.pipeline, layout)) {

@@ -54,7 +54,9 @@ std::string files_text(const TrainingSetup& s, const train::TrainSummary& summar
   const std::string zero =
       job.zero.stage > 0
           ? ", ZeRO stage " + std::to_string(job.zero.stage) +
-                (job.zero.offload_optimizer ? ", the optimizer state in host memory" : "")
+                (job.zero.offload_optimizer == "cpu"    ? ", the optimizer state in host memory"
+                 : job.zero.offload_optimizer == "nvme" ? ", the optimizer state in files"
+                                                        : "")
           : "";
   out += format_text(
       "memory: optimizer state %lld bytes, gradients %lld bytes held after the last step "

@@ -90,7 +90,14 @@ train::ZeroOptions zero_options_of(const ZeroSettings& zero) {
       .max_live_bytes(size(zero.max_live))
       .max_reuse_distance(zero.max_reuse_distance == "-1" ? -1 : size(zero.max_reuse_distance))
       .persistence_threshold(size(zero.persistence_threshold))
-      .return_freed_memory(!zero.keep_freed_memory);
+      .return_freed_memory(!zero.keep_freed_memory)
+      .offload_to_nvme(zero.offload_optimizer == "nvme")
+      .nvme(train::NvmeOptions()
+                .dir(zero.offload_dir)
+                .buffer_bytes(size(zero.offload_buffer_bytes))
+                .buffer_count(static_cast<int>(zero.offload_buffer_count))
+                .sub_group_size(zero.sub_group_size)
+                .io(train::parse_offload_io(zero.offload_io)));
 }
 
 // What tensor parallelism covers so far: refused with the flag's name rather than run wrong.
@@ -158,22 +165,18 @@ void check_ranges(const TrainingSetup& s) {
   if (job.checkpoint.save_every > 0 && job.checkpoint.dir.empty()) {
     fail("--save-every needs --checkpoint-dir DIR (where the checkpoints are written)");
   }
-  if (job.zero.offload_optimizer) {
-    const auto& devices = s.pipeline.devices;
-    const bool cuda_listed = std::any_of(devices.begin(), devices.end(), [](const std::string& d) {
-      return d.rfind("cuda", 0) == 0;
-    });
-    if (s.pipeline.device != "cuda" && !cuda_listed) {
-      fail(
-          "--offload-optimizer moves the optimizer state and master weights of CUDA stages to "
-          "host memory; these stages run on the CPU, where they already are: nothing to offload");
-    }
+  if (job.zero.offload_optimizer == "nvme") {
+    train::check_nvme_options(s.zero_options.nvme());
+    train::check_nvme_directory(s.zero_options.nvme(), 0, "--offload-optimizer nvme");
+  } else if (!job.zero.offload_dir.empty()) {
+    fail("--offload-dir is where --offload-optimizer nvme puts its files; give "
+         "--offload-optimizer nvme, or drop --offload-dir");
   }
   train::check_trainer_settings(trainer_settings(s, 1));
   if (!job.output.save_hf.empty() && !is_hf_model(s.data.model)) {
     fail("--save-hf writes a Hugging Face --model DIR; --model " + s.data.model + " is not one");
   }
-  if (job.zero.stage > 0 && s.pipeline.dp < 2 && !job.zero.offload_optimizer) {
+  if (job.zero.stage > 0 && s.pipeline.dp < 2 && !job.zero.offloads_optimizer()) {
     fail("--zero " + std::to_string(job.zero.stage) +
          " shards the optimizer over data-parallel replicas and needs --dp 2 or more (with "
          "--nproc pp x dp), got --dp " +
@@ -273,7 +276,7 @@ train::TrainerOptions trainer_settings(const TrainingSetup& s, int64_t total_ste
       .clip_grad_norm(job.optimizer.clip_grad_norm)
       .zero(static_cast<int>(job.zero.stage))
       .reshard_after_forward(job.zero.reshard_after_forward)
-      .offload_optimizer(job.zero.offload_optimizer)
+      .offload_optimizer(job.zero.offloads_optimizer())
       .zero_options(s.zero_options)
       .checkpoint_dir(job.checkpoint.dir)
       .save_every(job.checkpoint.save_every)
@@ -294,7 +297,7 @@ train::MemoryRunOptions memory_run_options(const TrainingSetup& s, const RunLayo
   run.zero = static_cast<int>(job.zero.stage);
   run.reshard_after_forward = job.zero.reshard_after_forward;
   run.zero_options = s.zero_options;
-  run.offload_optimizer = job.zero.offload_optimizer;
+  run.offload_optimizer = job.zero.offloads_optimizer();
   run.async_checkpoint =
       job.checkpoint.async && !job.checkpoint.dir.empty() && job.checkpoint.save_every > 0;
   run.data_parallel = layout.replicas;

@@ -277,10 +277,30 @@ ShardedOptimizer::ShardedOptimizer(Distributed* distributed, std::vector<torch::
   }
   if (!(aliased_ && stage == 1)) shard_grad_ = torch::zeros({shard_size_}, options_of);
   inner_ = make_optimizer(name_, parts_, options);
-  place_state(options_of);
+  state_options_ = options_of;
+  PIPETRAIN_CHECK_INPUT(!zero.offload_to_nvme() || offload_,
+                        "ZeRO: the optimizer state goes to files (nvme) only with the offload on");
+  const std::vector<std::string> fields = state_fields();
+  if (zero.offload_to_nvme() && !fields.empty()) {
+    state_file_ = std::make_unique<OptimizerStateFile>(
+        zero.nvme(), fields, shard_size_, dtype, "pipetrain-optimizer-rank" + std::to_string(rank_));
+    file_steps_.assign(parts_.size(), 0);
+  } else {
+    place_state(options_of);
+  }
 }
 
-void ShardedOptimizer::place_state(const torch::TensorOptions& options) {
+std::vector<std::string> ShardedOptimizer::state_fields() const {
+  if (name_ == "sgd") {
+    const auto& group =
+        static_cast<const torch::optim::SGDOptions&>(inner_->param_groups().front().options());
+    if (group.momentum() == 0 || group.dampening() != 0) return {};
+    return {"momentum_buffer"};
+  }
+  return {"exp_avg", "exp_avg_sq"};
+}
+
+std::vector<torch::Tensor> ShardedOptimizer::place_state(const torch::TensorOptions& options) {
   // The state the inner optimizer would make at its first step (zeros; SGD's momentum buffer is
   // then the gradient itself, as 0 x momentum + gradient), made now as slices of one buffer per
   // field: two shard-sized blocks instead of a small one per slice among the step's temporaries.
@@ -290,14 +310,14 @@ void ShardedOptimizer::place_state(const torch::TensorOptions& options) {
   if (name_ == "sgd") {
     const auto& group =
         static_cast<const torch::optim::SGDOptions&>(inner_->param_groups().front().options());
-    if (group.momentum() == 0 || group.dampening() != 0) return;
+    if (group.momentum() == 0 || group.dampening() != 0) return fields;
     fields.push_back(torch::zeros({shard_size_}, options));
     for (size_t i = 0; i < parts_.size(); ++i) {
       auto state = std::make_unique<torch::optim::SGDParamState>();
       state->momentum_buffer(fields[0].narrow(0, slices_[i].shard_offset, slices_[i].length));
       states[parts_[i].unsafeGetTensorImpl()] = std::move(state);
     }
-    return;
+    return fields;
   }
   const torch::Tensor exp_avg = torch::zeros({shard_size_}, options);
   const torch::Tensor exp_avg_sq = torch::zeros({shard_size_}, options);
@@ -315,6 +335,7 @@ void ShardedOptimizer::place_state(const torch::TensorOptions& options) {
       place(std::make_unique<torch::optim::AdamWParamState>());
     }
   }
+  return {exp_avg, exp_avg_sq};
 }
 
 ShardedOptimizer::~ShardedOptimizer() = default;
@@ -391,7 +412,11 @@ void ShardedOptimizer::step() {  // [3]
       parts_[i].mutable_grad() = shard_grad_.narrow(0, slices_[i].shard_offset, slices_[i].length);
     }
   }
-  inner_->step();
+  if (state_file_) {
+    step_from_file();
+  } else {
+    inner_->step();
+  }
   if (stage_ == 3) {  // gathered where a stage next computes
     // From pinned memory the copy need not be waited for: the next gather is ordered after it on
     // the device, and the host shard is not written before the next reduction's blocking copy.
@@ -457,6 +482,74 @@ void ShardedOptimizer::step() {  // [3]
     }
   }
   for (InFlight& g : in_flight) finish(g);
+}
+
+void ShardedOptimizer::step_from_file() {
+  // Each sub-group's slices (cut at its bounds) stepped by an optimizer of the inner one's kind
+  // and settings over views of the sub-group's buffers: the same kernels on the same values as
+  // the inner optimizer's step over the whole slices (each element's update is its own), so the
+  // weights equal the in-memory offload's bit for bit.
+  torch::NoGradGuard no_grad;
+  drop_file_state();
+  const torch::optim::OptimizerOptions& settings = inner_->param_groups().front().options();
+  const bool sgd = name_ == "sgd";
+  std::vector<int64_t> stepped = file_steps_;
+  size_t cursor = 0;  // the first slice that may reach into the sub-group
+  state_file_->step([&](int64_t first, int64_t length, const std::vector<torch::Tensor>& windows) {
+    const int64_t end = first + length;
+    while (cursor < slices_.size() &&
+           slices_[cursor].shard_offset + slices_[cursor].length <= first) {
+      ++cursor;
+    }
+    std::vector<torch::Tensor> parts;
+    std::vector<size_t> owner;
+    std::vector<int64_t> at;
+    for (size_t i = cursor; i < slices_.size() && slices_[i].shard_offset < end; ++i) {
+      const Slice& s = slices_[i];
+      const int64_t lo = std::max(s.shard_offset, first);
+      const int64_t hi = std::min(s.shard_offset + s.length, end);
+      if (hi <= lo) continue;
+      torch::Tensor part = alias_of(shard_, lo, hi - lo);
+      part.mutable_grad() = shard_grad_.narrow(0, lo, hi - lo);
+      parts.push_back(part);
+      owner.push_back(i);
+      at.push_back(lo - first);
+    }
+    if (parts.empty()) return;
+    std::unique_ptr<torch::optim::Optimizer> optimizer = make_optimizer(name_, parts);
+    optimizer->param_groups().front().set_options(settings.clone());
+    auto& states = optimizer->state();
+    for (size_t j = 0; j < parts.size(); ++j) {
+      const int64_t n = parts[j].numel();
+      void* key = parts[j].unsafeGetTensorImpl();
+      if (sgd) {
+        auto state = std::make_unique<torch::optim::SGDParamState>();
+        state->momentum_buffer(windows[0].narrow(0, at[j], n));
+        states[key] = std::move(state);
+        continue;
+      }
+      auto place = [&](auto state) {
+        state->step(file_steps_[owner[j]]);
+        state->exp_avg(windows[0].narrow(0, at[j], n));
+        state->exp_avg_sq(windows[1].narrow(0, at[j], n));
+        states[key] = std::move(state);
+      };
+      if (name_ == "adam") {
+        place(std::make_unique<torch::optim::AdamParamState>());
+      } else {
+        place(std::make_unique<torch::optim::AdamWParamState>());
+      }
+    }
+    optimizer->step();
+    if (sgd) return;
+    for (size_t j = 0; j < parts.size(); ++j) {
+      const auto& state = *states.at(parts[j].unsafeGetTensorImpl());
+      stepped[owner[j]] = name_ == "adam"
+                              ? static_cast<const torch::optim::AdamParamState&>(state).step()
+                              : static_cast<const torch::optim::AdamWParamState&>(state).step();
+    }
+  });
+  file_steps_ = stepped;
 }
 
 void ShardedOptimizer::return_freed_memory() const {

@@ -26,9 +26,78 @@ NamedTensors part_names(const std::vector<torch::Tensor>& parts) {
   return names;
 }
 
+// A state's field by its checkpoint name, and Adam's step count (-1: none).
+torch::Tensor field_of(const torch::optim::OptimizerParamState& state, const std::string& field) {
+  if (const auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(&state)) {
+    return sgd->momentum_buffer();
+  }
+  auto of = [&](const auto& adam) {
+    return field == "exp_avg" ? adam.exp_avg() : adam.exp_avg_sq();
+  };
+  if (const auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(&state)) {
+    return of(*adam);
+  }
+  return of(dynamic_cast<const torch::optim::AdamWParamState&>(state));
+}
+
+int64_t step_of(const torch::optim::OptimizerParamState& state) {
+  if (const auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(&state)) {
+    return adam->step();
+  }
+  if (const auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(&state)) {
+    return adamw->step();
+  }
+  return -1;
+}
+
 }  // namespace
 
+void ShardedOptimizer::load_file_state() {
+  if (!state_file_ || !state_file_->written() || !inner_->state().empty()) return;
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> fields = place_state(state_options_);
+  for (size_t f = 0; f < fields.size(); ++f) state_file_->read(f, fields[f]);
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    auto& state = *inner_->state().at(parts_[i].unsafeGetTensorImpl());
+    if (auto* adam = dynamic_cast<torch::optim::AdamParamState*>(&state)) {
+      adam->step(file_steps_[i]);
+    } else if (auto* adamw = dynamic_cast<torch::optim::AdamWParamState*>(&state)) {
+      adamw->step(file_steps_[i]);
+    }
+  }
+}
+
+void ShardedOptimizer::drop_file_state() {
+  if (state_file_) inner_->state().clear();
+}
+
+void ShardedOptimizer::store_file_state() {
+  torch::NoGradGuard no_grad;
+  const auto& states = inner_->state();
+  const std::vector<std::string>& fields = state_file_->fields();
+  for (size_t f = 0; f < fields.size(); ++f) {
+    torch::Tensor flat = torch::zeros({shard_size_}, state_options_);
+    for (size_t i = 0; i < parts_.size(); ++i) {
+      const auto& state = *states.at(parts_[i].unsafeGetTensorImpl());
+      flat.narrow(0, slices_[i].shard_offset, slices_[i].length)
+          .copy_(field_of(state, fields[f]).reshape({-1}));
+    }
+    state_file_->write(f, flat);
+  }
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    file_steps_[i] = step_of(*states.at(parts_[i].unsafeGetTensorImpl()));
+  }
+  drop_file_state();
+}
+
 void ShardedOptimizer::capture(Checkpoint& part, const NamedTensors& named) {
+  // Under nvme the file's state is placed into the inner optimizer while it is read, and
+  // dropped after (a copy of the shard's state in memory meanwhile).
+  load_file_state();
+  struct Drop {
+    ShardedOptimizer* self;
+    ~Drop() { self->drop_file_state(); }
+  } drop{this};
   Checkpoint shard_form;
   const NamedTensors names = part_names(parts_);
   capture_optimizer(shard_form, *inner_, names);
@@ -85,6 +154,7 @@ void ShardedOptimizer::capture(Checkpoint& part, const NamedTensors& named) {
 std::vector<ShardedOptimizer::OwnedSlice> ShardedOptimizer::owned_slices(
     const NamedTensors& named) {
   reduce_thread_.drain();  // nothing of the last step in flight
+  load_file_state();        // under nvme: a copy of the file's state, kept until the next step
   Checkpoint views;
   capture_optimizer_views(views, *inner_, part_names(parts_));
   std::map<const void*, size_t> index;
@@ -193,7 +263,12 @@ void ShardedOptimizer::restore(const Checkpoint& checkpoint, const NamedTensors&
   }
   // Into the state's own buffers where they are laid out already (place_state); the checkpoint
   // form's per-slice copies otherwise.
+  if (state_file_) {  // restored in memory, then written into the file
+    drop_file_state();
+    place_state(state_options_);
+  }
   if (!restore_in_place(shard_form)) restore_optimizer(shard_form, *inner_, part_names(parts_));
+  if (state_file_) store_file_state();
 }
 
 bool ShardedOptimizer::restore_in_place(const Checkpoint& form) {
@@ -243,7 +318,13 @@ int64_t ShardedOptimizer::gradient_bytes() const {
 }
 
 int64_t ShardedOptimizer::host_bytes() const {
-  return offload_ ? tensor_bytes(shard_) + tensor_bytes(shard_grad_) + state_bytes() : 0;
+  if (!offload_) return 0;
+  return tensor_bytes(shard_) + tensor_bytes(shard_grad_) + state_bytes() +
+         (state_file_ ? state_file_->host_bytes() : 0);
+}
+
+int64_t ShardedOptimizer::file_bytes() const {
+  return state_file_ ? state_file_->file_bytes() : 0;
 }
 
 ShardedOptimizer::Holdings ShardedOptimizer::holdings(
@@ -266,6 +347,7 @@ ShardedOptimizer::Holdings ShardedOptimizer::holdings(
     h.host = host_bytes() + (flat_on_host ? reduce_buffer_bytes_ : 0);
     h.reduce_buffers = flat_on_host ? 0 : reduce_buffer_bytes_;
     h.step_gradients = step_gradient_bytes_;
+    h.file = file_bytes();
     return h;
   }
   // This replica's shard elements that belong to `mine`.
@@ -288,6 +370,7 @@ ShardedOptimizer::Holdings ShardedOptimizer::holdings(
   h.gradients = train::gradient_bytes(subset) + (offload_ ? 0 : part(tensor_bytes(shard_grad_)));
   h.optimizer_state = part(state_bytes());
   h.host = part(host_bytes());
+  h.file = part(file_bytes());
   // The buffers and the step's full gradients hold every parameter's elements once: `mine`'s
   // share of the elements.
   int64_t whole = 0;

@@ -128,7 +128,15 @@ struct ZeroSettings {
   std::string max_reuse_distance = "0";     // --zero3-max-reuse-distance
   std::string persistence_threshold = "0";  // --zero3-persistence-threshold
   bool keep_freed_memory = false;           // --zero-keep-freed-memory
-  bool offload_optimizer = false;           // --offload-optimizer
+  std::string offload_optimizer = "none";   // --offload-optimizer none|cpu|nvme (alone: cpu)
+  std::string offload_dir;                  // --offload-dir (nvme)
+  std::string offload_buffer_bytes = "16MiB";  // --offload-buffer-bytes
+  int64_t offload_buffer_count = 6;         // --offload-buffer-count
+  int64_t sub_group_size = 0;               // --sub-group-size (elements; 0: a buffer's worth)
+  std::string offload_io = "auto";          // --offload-io auto|uring|threads
+
+  // --offload-optimizer is cpu or nvme.
+  bool offloads_optimizer() const { return offload_optimizer != "none"; }
 };
 
 // [memory] the up-front check and the report.

@@ -40,6 +40,9 @@ struct Field {
   char delimiter = 0;             // a list on the command line: ',' (3,2,2) or 0 (several words)
   bool hidden = false;            // not in --help (a rank's own plumbing)
   bool number_as_text = false;    // a text a file may give as a number (chunks = 4, prefetch = 0)
+  // A text that may come without a value: the flag alone (and `true` in a file) means this, and
+  // `false` in a file means "none" (--offload-optimizer alone: cpu). "": a value is required.
+  std::string implicit;
 
   bool serves(Command command) const;
   bool positional() const { return flag.rfind("--", 0) != 0; }

@@ -127,6 +127,8 @@
 #include "pipetrain/stage/precision.h"
 #include "pipetrain/train/buffer_pool.h"
 #include "pipetrain/train/checkpoint.h"
+#include "pipetrain/train/nvme_options.h"
+#include "pipetrain/train/optimizer_state_file.h"
 #include "pipetrain/train/optimizer.h"
 #include "pipetrain/train/sharded_checkpoint.h"
 
@@ -159,6 +161,11 @@ struct ZeroOptions {
   // The shard's fp32 values, its gradient and the optimizer state in host memory, stepped on the
   // CPU (ZeRO-Offload; see the header comment).
   TORCH_ARG(bool, offload) = false;
+  // With offload (ZeRO-Infinity, --offload-optimizer nvme): the optimizer state in a file under
+  // nvme().dir() instead of host memory, stepped one sub-group at a time through the bounded pool
+  // (train/optimizer_state_file.h). The shard's values and gradient stay in host memory.
+  TORCH_ARG(bool, offload_to_nvme) = false;
+  TORCH_ARG(NvmeOptions, nvme) = {};
   // Stage 3 under bf16 or fp16 (make_pipe_sharded_optimizer reads the pipe's precision): the
   // float32 parameters that reach the computation only through autocast's casts
   // (stage/autocast_parameters.h: the linears' and convolutions' weights) are all-gathered in
@@ -336,6 +343,9 @@ class ShardedOptimizer : public StageParameters, public StageParameterHooks {
   const std::string& optimizer_name() const { return name_; }
   int stage() const { return stage_; }
   bool offloaded() const { return offload_; }
+  // offload_to_nvme: the file holding the optimizer state (its last step's figures, its pool);
+  // null otherwise, and where the optimizer keeps no state (SGD without momentum).
+  const OptimizerStateFile* state_file() const { return state_file_.get(); }
 
   // Collective: on replica 0, the whole state in checkpoint form (optimizer name and per-parameter
   // state under the names of `named`, which must name the constructor's parameters); the other
@@ -358,9 +368,11 @@ class ShardedOptimizer : public StageParameters, public StageParameterHooks {
   // .grad() where they are defined: between steps none at stage 2).
   int64_t state_bytes() const;
   int64_t gradient_bytes() const;
-  // Offloaded: the host memory it holds (the shard's values and gradient, and the optimizer
-  // state); 0 otherwise.
+  // Offloaded: the host memory it holds (the shard's values and gradient, the optimizer state
+  // or, under nvme, the state file's buffer pool); 0 otherwise.
   int64_t host_bytes() const;
+  // offload_to_nvme: the bytes of the state file on disk; 0 otherwise.
+  int64_t file_bytes() const;
   // The figures above for some of its parameters (one pipeline rank's, where one process runs
   // several): parameter_bytes, gradient_bytes, state_bytes and host_bytes, the shard's parts
   // counted for the shard elements that belong to `parameters` (the state in proportion: every
@@ -371,7 +383,7 @@ class ShardedOptimizer : public StageParameters, public StageParameterHooks {
   // step_gradients (stages 2 and 3): the full gradients the last reduce_gradients() dropped.
   struct Holdings {
     int64_t parameters = 0, gradients = 0, optimizer_state = 0, host = 0, reduce_buffers = 0,
-            step_gradients = 0;
+            step_gradients = 0, file = 0;
   };
   Holdings holdings(const std::vector<torch::Tensor>& parameters) const;
 
@@ -447,7 +459,18 @@ class ShardedOptimizer : public StageParameters, public StageParameterHooks {
   // The inner optimizer's state made before its first step, as slices of one buffer per field;
   // and a checkpoint's shard form written into those slices (false: the state is not laid out
   // so, or the form holds other fields: nothing written).
-  void place_state(const torch::TensorOptions& options);
+  // Returns the buffers (one per field, in state_fields() order; none where the optimizer keeps
+  // no state).
+  std::vector<torch::Tensor> place_state(const torch::TensorOptions& options);
+  // The inner optimizer's state fields ("exp_avg", "exp_avg_sq"; "momentum_buffer"; none).
+  std::vector<std::string> state_fields() const;
+  // offload_to_nvme: [3] stepped from the file sub-group by sub-group; the file's state placed
+  // into the inner optimizer (a checkpoint's view of it) and dropped again; the inner
+  // optimizer's state written into the file (after a restore) and dropped.
+  void step_from_file();
+  void load_file_state();
+  void drop_file_state();
+  void store_file_state();
   bool restore_in_place(const Checkpoint& form);
   // What the gathers send at stage 3: shard_ itself, or (staged_) its copy where the collectives
   // run (device_shard_, kept in step).
@@ -547,6 +570,12 @@ class ShardedOptimizer : public StageParameters, public StageParameterHooks {
   // (aliased_) or of shard_.
   std::vector<torch::Tensor> parts_;
   std::unique_ptr<torch::optim::Optimizer> inner_;
+  // offload_to_nvme: the inner optimizer's state in a file (inner_ then holds none, except a
+  // checkpoint's copy between capture or owned_slices and the next step), and each slice's step
+  // count (Adam's) in memory.
+  std::unique_ptr<OptimizerStateFile> state_file_;
+  std::vector<int64_t> file_steps_;
+  torch::TensorOptions state_options_;
   // Stage 3 by layer: its units (the segments of one layer), the layers', the persistent
   // segments, the plans by (schedule, rank, checkpoint), and the step's progress through one.
   struct Unit {

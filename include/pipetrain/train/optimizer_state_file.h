@@ -1,0 +1,94 @@
+// OptimizerStateFile: a ZeRO shard's optimizer state in a file (--offload-optimizer nvme), stepped
+// one sub-group at a time through a bounded pool of aligned host buffers (ZeRO-Infinity's
+// optimizer offload, issue 61; docs/OFFLOAD.md).
+//
+// The state is `fields` (Adam's exp_avg and exp_avg_sq, SGD's momentum_buffer), each `elements`
+// values of one dtype, one region of the file per field. A step walks the elements in sub-groups
+// of sub_group_elements(): each field's values of a sub-group are read into one buffer, the
+// caller steps them (the inner optimizer's own kernels over views of the buffers), and they are
+// written back. While the caller steps sub-group g, the read of g + 1 and the write of g - 1 are
+// in flight where the pool has the buffers for them (3 x fields buffers: all of it; fewer: the
+// transfers wait for each other), so host memory holds only the pool, whatever the shard's size.
+//
+// Before the first step (or a restore) nothing was written: the sub-groups start from zeros, as
+// the optimizer's own state would (and no read is made). The file is removed from the directory
+// as soon as it is open (offload/swap_file.h): a killed run leaves nothing that a later one could
+// read as state; what resumes is the last checkpoint.
+//
+// Thread-safety: one thread (the training loop's). Not copyable.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "pipetrain/offload/aligned_buffers.h"
+#include "pipetrain/offload/swap_file.h"
+#include "pipetrain/train/nvme_options.h"
+
+namespace pipetrain::train {
+
+class OptimizerStateFile {
+ public:
+  // A file named after `name` in options.dir(). Throws BadInput for options check_nvme_options
+  // refuses, a sub-group larger than a buffer, or a pool with fewer buffers than fields;
+  // FileError when the directory cannot hold the file (offload/swap_file.h: reserved up front).
+  OptimizerStateFile(const NvmeOptions& options, std::vector<std::string> fields,
+                     int64_t elements, torch::ScalarType dtype, const std::string& name);
+  ~OptimizerStateFile();
+  OptimizerStateFile(const OptimizerStateFile&) = delete;
+  OptimizerStateFile& operator=(const OptimizerStateFile&) = delete;
+
+  const std::vector<std::string>& fields() const { return fields_; }
+  int64_t elements() const { return elements_; }
+  int64_t sub_group_elements() const { return sub_group_; }
+  // Whether the file holds state (a step or a write ran): false, the sub-groups start at zero.
+  bool written() const { return written_; }
+
+  // One step: calls step(first, length, windows) for each sub-group in order, windows[f] the
+  // `length` values of field f from element `first` (contiguous, in a pool buffer), and writes
+  // them back after it returns. A failure of a transfer (FileError) or of `step` is thrown after
+  // every transfer in flight has ended; the state in the file is then unspecified.
+  using SubGroupStep = std::function<void(int64_t first, int64_t length,
+                                          const std::vector<torch::Tensor>& windows)>;
+  void step(const SubGroupStep& step);
+
+  // Field f whole into `out` (contiguous, elements() values of the dtype), or from `in`
+  // (checkpoints). Before anything was written, read gives zeros.
+  void read(size_t field, torch::Tensor& out);
+  void write(size_t field, const torch::Tensor& in);
+
+  // The last step's figures: bytes moved, sub-groups, seconds the step took and seconds it
+  // waited for transfers (the rest is the optimizer's compute with transfers in flight).
+  struct Stats {
+    int64_t bytes_read = 0, bytes_written = 0;
+    int64_t sub_groups = 0;
+    double seconds = 0, io_wait_seconds = 0;
+  };
+  const Stats& last_step() const { return last_; }
+  // The pool (host memory) and the file (disk) it holds.
+  int64_t host_bytes() const { return buffers_.total_bytes(); }
+  int64_t file_bytes() const { return file_.size(); }
+  // The most buffers lent at once since construction.
+  int peak_buffers_in_use() const { return buffers_.peak_in_use(); }
+  bool direct() const { return file_.direct(); }
+  const std::string& path() const { return file_.path(); }
+
+ private:
+  std::vector<std::string> fields_;
+  int64_t elements_;
+  torch::ScalarType dtype_;
+  int64_t element_size_;
+  int64_t sub_group_ = 0;
+  offload::AlignedBuffers buffers_;
+  offload::SwapFile file_;
+  std::vector<int64_t> regions_;  // each field's offset in the file
+  bool written_ = false;
+  Stats last_;
+};
+
+}  // namespace pipetrain::train
