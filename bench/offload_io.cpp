@@ -20,10 +20,10 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <regex>
 #include <string>
 #include <vector>
 
+#include "dd_rate.h"
 #include "pipetrain/base/median.h"
 #include "pipetrain/offload/aligned_buffers.h"
 #include "pipetrain/offload/file_io.h"
@@ -33,26 +33,11 @@ namespace {
 
 using namespace pipetrain::offload;
 using pipetrain::median;
+using pipetrain::bench::dd_mib_s;
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-// dd's own rate: its elapsed seconds from the summary line it prints to stderr.
-double dd_mib_s(const std::string& command, double mib) {
-  const std::string line = command + " 2>&1";
-  FILE* pipe = ::popen(line.c_str(), "r");
-  if (!pipe) throw std::runtime_error("cannot run: " + command);
-  std::string out;
-  char chunk[512];
-  while (std::fgets(chunk, sizeof chunk, pipe)) out += chunk;
-  if (::pclose(pipe) != 0) throw std::runtime_error(command + " failed:\n" + out);
-  std::smatch m;
-  if (!std::regex_search(out, m, std::regex(R"(copied, ([0-9.e+-]+) s)"))) {
-    throw std::runtime_error("no time in dd's output:\n" + out);
-  }
-  return mib / std::stod(m[1]);
 }
 
 struct Rates {

@@ -41,8 +41,7 @@ class AddOptions : public job::TypedFieldVisitor<AddOptions> {
                            value = given.empty() || given == "true" ? implicit : given;
                          },
                          f.help)
-                     ->expected(0, 1)
-                     ->default_str(value);
+                     ->expected(0, 1);
       }
     } else {
       option = app_.add_option(f.flag, value, f.help);
@@ -53,6 +52,14 @@ class AddOptions : public job::TypedFieldVisitor<AddOptions> {
       return;
     }
     option->group(job::section_title(f.section));
+    if constexpr (std::is_same_v<T, std::string>) {
+      if (!f.implicit.empty()) {
+        // CLI11 hands the flag alone its default text: the implicit value, while --help shows
+        // the real default.
+        option->default_str(f.implicit)->option_text("TEXT=" + value);
+        return;
+      }
+    }
     if (!f.shown_default.empty()) {
       option->default_str(f.shown_default);
     } else if (option->get_type_size_max() > 0) {

@@ -10,6 +10,7 @@
 
 #include "pipetrain/base/check.h"
 #include "pipetrain/base/error.h"
+#include "pipetrain/offload/aligned_buffers.h"
 #include "pipetrain/partition/memory.h"
 
 namespace pipetrain::train {
@@ -53,6 +54,12 @@ void check_nvme_options(const NvmeOptions& o) {
   PIPETRAIN_CHECK_INPUT(o.sub_group_size() >= 0,
                         "--sub-group-size must be 0 (a buffer's worth) or more elements, got ",
                         o.sub_group_size());
+  // The state is float32 where the job sets these (a sub-group's field fills one buffer).
+  const int64_t per_buffer = offload::align_up(o.buffer_bytes(), 4096) / 4;
+  PIPETRAIN_CHECK_INPUT(o.sub_group_size() <= per_buffer, "--sub-group-size ", o.sub_group_size(),
+                        " elements of 4 bytes do not fit one offload buffer: "
+                        "--offload-buffer-bytes ",
+                        o.buffer_bytes(), " holds ", per_buffer);
   PIPETRAIN_CHECK_INPUT(o.io_depth() >= 1, "the offload I/O depth must be at least 1, got ",
                         o.io_depth());
   if (o.io() == offload::IoEngine::kUring && !offload::uring_available()) {

@@ -48,8 +48,8 @@ struct NvmeOptions {
 // NvmeOptions with the engine "auto" resolves to.
 NvmeOptions default_nvme_options();
 
-// Throws BadInput naming the flag and value: buffer bytes or count below 1, a negative sub-group,
-// an io depth below 1, an unavailable engine.
+// Throws BadInput naming the flag and value: buffer bytes or count below 1, a negative sub-group
+// or one whose float32 values do not fit a buffer, an io depth below 1, an unavailable engine.
 void check_nvme_options(const NvmeOptions& options);
 // Throws FileError naming the directory when it is not given, is not a directory this process
 // can create files in, or has fewer than `bytes` free (what the files will hold; 0: no test).

@@ -1,0 +1,92 @@
+// `pipetrain train --offload-optimizer nvme` (ZeRO-Infinity's optimizer offload, docs/OFFLOAD.md)
+// with the Hugging Face Llama at pp2 x dp2: the weights equal the same run's with the state in
+// memory bit for bit (fp32 at ZeRO 2, bf16 at ZeRO 3), a checkpoint written under it resumes bit
+// for bit without it and one written without it resumes with it, and the offload directory is
+// left empty. Sub-groups of 1024 elements through 4 KiB buffers, so
+// every parameter's slice is cut and the pool holds fewer buffers than the overlap wants.
+#include <filesystem>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "../helpers/cli_run.h"
+#include "../helpers/hf_models.h"
+#include "../helpers/params_file.h"
+
+namespace pipetrain::train_offload_nvme_test {
+namespace {
+
+using testing::CliRun;
+using testing::hf_fixtures;
+using testing::run_pipetrain;
+namespace fs = std::filesystem;
+
+std::string llama_flags(const std::string& extra) {
+  const std::string dir = hf_fixtures();
+  return "train --model " + dir + "/llama --data tokens --token-file " + dir +
+         "/tokens.bin --seq-len 16 --batch-size 8 --lr 1e-2 --optimizer adamw --adam-eps 1e-6 "
+         "--nproc 4 --pp 2 --dp 2 --chunks 2 " +
+         extra;
+}
+
+std::string nvme(const std::string& dir) {
+  return " --offload-optimizer nvme --offload-dir " + dir +
+         " --offload-buffer-bytes 4KiB --offload-buffer-count 4";
+}
+
+bool bitwise_equal(const std::string& a, const std::string& b) {
+  const auto x = testing::load_params(a), y = testing::load_params(b);
+  if (x.empty() || x.size() != y.size()) return false;
+  for (const auto& [name, tensor] : y) {
+    if (!x.count(name) || !torch::equal(x.at(name), tensor)) return false;
+  }
+  return true;
+}
+
+TEST(TrainOffloadNvme, WeightsAndCheckpointsEqualTheRunInMemoryBitForBit) {
+  const std::string dir = testing::scratch_dir("train_offload_nvme");
+  const std::string files = dir + "/offload";
+  fs::create_directories(files);
+  const std::string fp32 = llama_flags("--steps 4 --zero 2 --schedule 1f1b");
+  auto run = [&](const std::string& flags, const std::string& name) {
+    const CliRun r = run_pipetrain(flags + " --save-params " + dir + "/" + name + ".pt");
+    EXPECT_EQ(r.exit_code, 0) << name << "\n" << r.output;
+    return r;
+  };
+  run(fp32 + " --checkpoint-dir " + dir + "/memory --save-every 2", "memory");
+  const CliRun offloaded =
+      run(fp32 + nvme(files) + " --checkpoint-dir " + dir + "/files --save-every 2", "files");
+  EXPECT_NE(offloaded.output.find("optimizer state: "), std::string::npos) << offloaded.output;
+  EXPECT_NE(offloaded.output.find("the optimizer state in files"), std::string::npos)
+      << offloaded.output;
+  EXPECT_TRUE(bitwise_equal(dir + "/files.pt", dir + "/memory.pt"));
+  // The checkpoint of the nvme run resumed in memory, and the in-memory one resumed with nvme.
+  run(fp32 + " --resume " + dir + "/files/step-2", "files_resumed_in_memory");
+  run(fp32 + nvme(files) + " --resume " + dir + "/memory/step-2", "memory_resumed_with_files");
+  EXPECT_TRUE(bitwise_equal(dir + "/files_resumed_in_memory.pt", dir + "/memory.pt"));
+  EXPECT_TRUE(bitwise_equal(dir + "/memory_resumed_with_files.pt", dir + "/memory.pt"));
+  // bf16 at ZeRO 3 (the parameters sharded too, gathered in bf16), another schedule.
+  const std::string bf16 = llama_flags("--steps 2 --zero 3 --schedule gpipe --precision bf16");
+  run(bf16, "bf16_memory");
+  run(bf16 + nvme(files), "bf16_files");
+  EXPECT_TRUE(bitwise_equal(dir + "/bf16_files.pt", dir + "/bf16_memory.pt"));
+  // Every process removed its file as soon as it was open: nothing is left to read as state.
+  EXPECT_TRUE(fs::is_empty(files)) << fs::directory_iterator(files)->path();
+}
+
+// On CPU stages `cpu` is accepted, and said once: the state is in host memory already. (Bad
+// input of every offload flag: docs/ERRORS.md's rows, run by errors_doc_test.cpp.)
+TEST(TrainOffloadNvme, CpuOnCpuStagesIsAcceptedAndSaidOnce) {
+  const CliRun cpu = run_pipetrain(
+      "train --model mlp --data synthetic --synthetic-samples 32 --batch-size 8 --steps 1 "
+      "--stages 2 --zero 1 --offload-optimizer");
+  EXPECT_EQ(cpu.exit_code, 0) << cpu.output;
+  const std::string said = "the optimizer state is in host memory already";
+  const auto first = cpu.output.find(said);
+  EXPECT_NE(first, std::string::npos) << cpu.output;
+  EXPECT_EQ(cpu.output.find(said, first + 1), std::string::npos) << cpu.output;
+}
+
+}  // namespace
+}  // namespace pipetrain::train_offload_nvme_test
