@@ -577,6 +577,12 @@ void declare(JobConfig& c, FieldVisitor& v) {
     offload.implicit = "cpu";
     v.field(offload, c.zero.offload_optimizer, one_of({"none", "cpu", "nvme"}));
   }
+  v.field(F("zero", "offload_params", "--offload-params",
+            "with --zero 3: none; cpu (CPU stages: where they are already); nvme, each replica's "
+            "parameter shard in the offload files with the optimizer state (needs "
+            "--offload-optimizer nvme), read per layer as it is gathered",
+            train),
+          c.zero.offload_params, one_of({"none", "cpu", "nvme"}));
   v.field(F("zero", "offload_dir", "--offload-dir",
             "--offload-optimizer nvme: the directory of the offload files (a fast local disk; the "
             "files are removed as soon as they are open)",

@@ -64,7 +64,7 @@ bool is_hf_model(const std::string& model) {
 
 models::LlamaConfig hf_config(const ModelDataSpec& spec) {
   return as_bad_input("--model " + spec.model,
-                        [&] { return models::read_llama_config(spec.model); });
+                      [&] { return models::read_llama_config(spec.model); });
 }
 
 namespace {
@@ -329,11 +329,11 @@ BuiltModel build_hf_model(const ModelDataSpec& args, const BuiltData& data,
   const models::LlamaConfig config = hf_config(args);
   if (data.seq_len > 0) {
     as_bad_input("--seq-len " + std::to_string(data.seq_len),
-                   [&] { models::check_sequence_length(config, data.seq_len); });
+                 [&] { models::check_sequence_length(config, data.seq_len); });
   }
   if (tp.split()) {
     as_bad_input("--model " + args.model,
-                   [&] { models::check_llama_tensor_parallel(config, tp.size()); });
+                 [&] { models::check_llama_tensor_parallel(config, tp.size()); });
   }
   models::LlamaModel llama =
       models::make_llama(config, models::LlamaBuildOptions().entries(entries).tensor_parallel(tp));
@@ -443,7 +443,7 @@ void check_data_against_model(const BuiltModel& model, const BuiltData& data) {
   if (!data.document_sources.empty()) {
     for (const train::DocumentSource& source : data.document_sources) {
       as_bad_input("--data-path",
-                     [&] { source.dataset->check_vocabulary(model.llama->vocab_size); });
+                   [&] { source.dataset->check_vocabulary(model.llama->vocab_size); });
     }
     return;
   }

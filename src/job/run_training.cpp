@@ -224,6 +224,11 @@ void check_memory(const TrainingSetup& s, const RunLayout& layout, Prepared& p,
 // nvme the directory must have room for the whole model's optimizer state (every process of this
 // machine writes its shard there).
 void check_offload(const TrainingSetup& s, const Prepared& p, JobObserver& observer) {
+  if (s.job.zero.offload_params == "cpu") {
+    note(observer,
+         "--offload-params cpu: these stages run on the CPU, so the parameter shards are in host "
+         "memory already; nothing moves. --offload-params nvme moves them to files");
+  }
   const std::string& offload = s.job.zero.offload_optimizer;
   if (offload == "none") return;
   const auto& devices = s.pipeline.devices;
@@ -242,13 +247,14 @@ void check_offload(const TrainingSetup& s, const Prepared& p, JobObserver& obser
   for (const torch::Tensor& t : train::unique_parameters(p.model.sequential->parameters())) {
     elements += t.numel();
   }
-  const int64_t fields = s.job.optimizer.name == "sgd" ? (s.job.optimizer.momentum != 0 ? 1 : 0)
-                                                       : 2;
-  const int64_t bytes = elements * fields * 4;
+  const int64_t fields =
+      s.job.optimizer.name == "sgd" ? (s.job.optimizer.momentum != 0 ? 1 : 0) : 2;
+  const int64_t bytes = elements * (fields + (s.job.zero.offload_params == "nvme" ? 1 : 0)) * 4;
   train::check_nvme_directory(s.zero_options.nvme(), bytes,
                               "--offload-optimizer nvme (the optimizer state of " +
                                   std::to_string(elements) + " parameters)");
-  note(observer, "optimizer state: " + partition::format_bytes(bytes) + " in files under " +
+  note(observer, std::string(s.job.zero.offload_params == "nvme" ? "parameter shards and " : "") +
+                     "optimizer state: " + partition::format_bytes(bytes) + " in files under " +
                      s.zero_options.nvme().dir() + ", through " +
                      std::to_string(s.zero_options.nvme().buffer_count()) + " buffers of " +
                      partition::format_bytes(s.zero_options.nvme().buffer_bytes()) +

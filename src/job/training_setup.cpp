@@ -92,6 +92,7 @@ train::ZeroOptions zero_options_of(const ZeroSettings& zero) {
       .persistence_threshold(size(zero.persistence_threshold))
       .return_freed_memory(!zero.keep_freed_memory)
       .offload_to_nvme(zero.offload_optimizer == "nvme")
+      .offload_params_to_nvme(zero.offload_params == "nvme")
       .nvme(train::NvmeOptions()
                 .dir(zero.offload_dir)
                 .buffer_bytes(size(zero.offload_buffer_bytes))
@@ -165,12 +166,30 @@ void check_ranges(const TrainingSetup& s) {
   if (job.checkpoint.save_every > 0 && job.checkpoint.dir.empty()) {
     fail("--save-every needs --checkpoint-dir DIR (where the checkpoints are written)");
   }
+  if (job.zero.offload_params != "none" && job.zero.stage != 3) {
+    fail("--offload-params moves ZeRO-3's parameter shards; it needs --zero 3, got --zero " +
+         std::to_string(job.zero.stage));
+  }
+  if (job.zero.offload_params == "nvme" && job.zero.offload_optimizer != "nvme") {
+    fail(
+        "--offload-params nvme keeps the parameter shards in the optimizer's offload files; give "
+        "--offload-optimizer nvme too");
+  }
+  if (job.zero.offload_params == "cpu" &&
+      (s.pipeline.device == "cuda" ||
+       std::any_of(s.pipeline.devices.begin(), s.pipeline.devices.end(),
+                   [](const std::string& d) { return d.rfind("cuda", 0) == 0; }))) {
+    fail(
+        "--offload-params cpu (CUDA stages' parameter shards in host memory) is not built yet; "
+        "--offload-params nvme is");
+  }
   if (job.zero.offload_optimizer == "nvme") {
     train::check_nvme_options(s.zero_options.nvme());
     train::check_nvme_directory(s.zero_options.nvme(), 0, "--offload-optimizer nvme");
   } else if (!job.zero.offload_dir.empty()) {
-    fail("--offload-dir is where --offload-optimizer nvme puts its files; give "
-         "--offload-optimizer nvme, or drop --offload-dir");
+    fail(
+        "--offload-dir is where --offload-optimizer nvme puts its files; give "
+        "--offload-optimizer nvme, or drop --offload-dir");
   }
   train::check_trainer_settings(trainer_settings(s, 1));
   if (!job.output.save_hf.empty() && !is_hf_model(s.data.model)) {

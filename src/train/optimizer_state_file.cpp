@@ -47,9 +47,10 @@ OptimizerStateFile::OptimizerStateFile(const NvmeOptions& options, std::vector<s
       element_size_(static_cast<int64_t>(c10::elementSize(dtype))),
       sub_group_(sub_group_of(options, element_size_)),
       buffers_(options.buffer_bytes(), options.buffer_count(), kAlignment),
-      file_(options.dir(), name + "-" + std::to_string(::getpid()),
-            std::shared_ptr<offload::FileIo>(offload::make_file_io(options.io(), options.io_depth())),
-            kAlignment) {
+      file_(
+          options.dir(), name + "-" + std::to_string(::getpid()),
+          std::shared_ptr<offload::FileIo>(offload::make_file_io(options.io(), options.io_depth())),
+          kAlignment) {
   PIPETRAIN_CHECK_INPUT(!fields_.empty(), "an optimizer state file needs at least one field");
   PIPETRAIN_CHECK_INPUT(options.buffer_count() >= static_cast<int>(fields_.size()),
                         "--offload-buffer-count ", options.buffer_count(),
@@ -59,6 +60,7 @@ OptimizerStateFile::OptimizerStateFile(const NvmeOptions& options, std::vector<s
   for (size_t f = 0; f < fields_.size(); ++f) {
     regions_.push_back(file_.reserve(std::max<int64_t>(elements_, 1) * element_size_));
   }
+  written_.assign(fields_.size(), 0);
 }
 
 OptimizerStateFile::~OptimizerStateFile() = default;
@@ -105,7 +107,7 @@ void OptimizerStateFile::step(const SubGroupStep& step) {
     w.buffers = std::move(buffers);
     const int64_t bytes = w.length * element_size_;
     for (size_t f = 0; f < F; ++f) {
-      if (written_) {
+      if (written_[f]) {
         w.tickets.push_back(
             file_.read(regions_[f] + first * element_size_, w.buffers[f].data(), bytes));
         stats.bytes_read += bytes;
@@ -164,7 +166,7 @@ void OptimizerStateFile::step(const SubGroupStep& step) {
     drain();
     throw;
   }
-  written_ = true;
+  written_.assign(F, 1);
   stats.seconds = seconds_since(start);
   last_ = stats;
 }
@@ -172,7 +174,7 @@ void OptimizerStateFile::step(const SubGroupStep& step) {
 void OptimizerStateFile::read(size_t field, torch::Tensor& out) {
   TORCH_INTERNAL_ASSERT(out.is_contiguous() && out.numel() == elements_ &&
                         out.scalar_type() == dtype_ && out.device().is_cpu());
-  if (!written_) {
+  if (!written_.at(field)) {
     out.zero_();
     return;
   }
@@ -183,18 +185,43 @@ void OptimizerStateFile::read(size_t field, torch::Tensor& out) {
 void OptimizerStateFile::write(size_t field, const torch::Tensor& in) {
   TORCH_INTERNAL_ASSERT(in.is_contiguous() && in.numel() == elements_ &&
                         in.scalar_type() == dtype_ && in.device().is_cpu());
-  // Before the first write the other fields are zeros in the file too (a restore writes all).
-  if (!written_) {
-    for (size_t f = 0; f < fields_.size(); ++f) {
-      if (f == field) continue;
-      const torch::Tensor zeros = torch::zeros({elements_}, torch::TensorOptions().dtype(dtype_));
-      offload::stream_to_file(file_, regions_[f], zeros.data_ptr(), elements_ * element_size_,
-                              buffers_);
-    }
-    written_ = true;
-  }
   offload::stream_to_file(file_, regions_.at(field), in.data_ptr(), elements_ * element_size_,
                           buffers_);
+  written_.at(field) = 1;
+}
+
+void OptimizerStateFile::read_range(size_t field, int64_t first, int64_t length, void* out) {
+  TORCH_INTERNAL_ASSERT(first >= 0 && length >= 0 && first + length <= elements_);
+  auto* to = static_cast<char*>(out);
+  if (!written_.at(field)) {
+    std::memset(to, 0, static_cast<size_t>(length * element_size_));
+    return;
+  }
+  // The aligned blocks around the range, a buffer's worth at a time; the range's part of each
+  // copied out.
+  const int64_t begin = regions_.at(field) + first * element_size_;
+  const int64_t end = begin + length * element_size_;
+  const int64_t step = buffers_.buffer_bytes();
+  offload::BufferLease buffer = buffers_.acquire();
+  for (int64_t at = begin / kAlignment * kAlignment; at < end; at += step) {
+    const int64_t bytes = std::min(step, offload::align_up(end, kAlignment) - at);
+    file_.read(at, buffer.data(), bytes).wait();
+    const int64_t from = std::max(at, begin), until = std::min(at + bytes, end);
+    std::memcpy(to + (from - begin), buffer.data() + (from - at),
+                static_cast<size_t>(until - from));
+  }
+}
+
+void OptimizerStateFile::fill(size_t field, const Fill& fill) {
+  offload::BufferLease buffer = buffers_.acquire();
+  for (int64_t first = 0; first < elements_; first += sub_group_) {
+    const int64_t length = std::min(sub_group_, elements_ - first);
+    fill(first, length,
+         torch::from_blob(buffer.data(), {length}, torch::TensorOptions().dtype(dtype_)));
+    file_.write(regions_.at(field) + first * element_size_, buffer.data(), length * element_size_)
+        .wait();
+  }
+  written_.at(field) = 1;
 }
 
 }  // namespace pipetrain::train

@@ -265,28 +265,54 @@ ShardedOptimizer::ShardedOptimizer(Distributed* distributed, std::vector<torch::
                               .dtype(dtype)
                               .device(state_device)
                               .pinned_memory(offload_ && device.is_cuda());
+  PIPETRAIN_CHECK_INPUT(!zero.offload_to_nvme() || offload_,
+                        "ZeRO: the optimizer state goes to files (nvme) only with the offload on");
+  params_in_file_ = zero.offload_params_to_nvme();
+  PIPETRAIN_CHECK_INPUT(!params_in_file_ || (stage == 3 && zero.offload_to_nvme()),
+                        "--offload-params nvme puts ZeRO-3's parameter shards in the offload "
+                        "files: it needs --zero 3 and --offload-optimizer nvme (got --zero ",
+                        stage, zero.offload_to_nvme() ? "" : " without the optimizer in files",
+                        ")");
   // The inner optimizer steps one slice at a time (its temporaries are a slice's, not the
-  // shard's): aliases of the parameters (aliased_) or of the shard.
-  if (!aliased_) {
-    shard_ = torch::zeros({shard_size_}, options_of);
-    load_shard();
-  }
+  // shard's): aliases of the parameters (aliased_) or of the shard; with the shard in the file,
+  // placeholders (meta tensors) that name the slices, stepped from the file's buffers.
+  if (!aliased_ && !params_in_file_) shard_ = torch::zeros({shard_size_}, options_of);
   for (const Slice& s : slices_) {
-    parts_.push_back(aliased_ ? alias_of(parameters_[s.parameter], s.parameter_offset, s.length)
-                              : alias_of(shard_, s.shard_offset, s.length));
+    parts_.push_back(
+        aliased_ ? alias_of(parameters_[s.parameter], s.parameter_offset, s.length)
+        : params_in_file_
+            ? torch::empty({s.length}, torch::TensorOptions().dtype(dtype).device(torch::kMeta))
+            : alias_of(shard_, s.shard_offset, s.length));
   }
   if (!(aliased_ && stage == 1)) shard_grad_ = torch::zeros({shard_size_}, options_of);
   inner_ = make_optimizer(name_, parts_, options);
   state_options_ = options_of;
-  PIPETRAIN_CHECK_INPUT(!zero.offload_to_nvme() || offload_,
-                        "ZeRO: the optimizer state goes to files (nvme) only with the offload on");
-  const std::vector<std::string> fields = state_fields();
+  std::vector<std::string> fields = state_fields();
+  if (params_in_file_) {
+    values_field_ = fields.size();
+    fields.push_back("values");
+  }
   if (zero.offload_to_nvme() && !fields.empty()) {
-    state_file_ = std::make_unique<OptimizerStateFile>(
-        zero.nvme(), fields, shard_size_, dtype, "pipetrain-optimizer-rank" + std::to_string(rank_));
+    state_file_ =
+        std::make_unique<OptimizerStateFile>(zero.nvme(), fields, shard_size_, dtype,
+                                             "pipetrain-optimizer-rank" + std::to_string(rank_));
     file_steps_.assign(parts_.size(), 0);
   } else {
     place_state(options_of);
+  }
+  load_shard();
+}
+
+void ShardedOptimizer::for_each_slice_in(
+    int64_t first, int64_t end, const std::function<void(size_t, int64_t, int64_t)>& f) const {
+  // The first slice ending after `first` (slices_ is in shard order).
+  auto it = std::upper_bound(slices_.begin(), slices_.end(), first, [](int64_t at, const Slice& s) {
+    return at < s.shard_offset + s.length;
+  });
+  for (; it != slices_.end() && it->shard_offset < end; ++it) {
+    const int64_t lo = std::max(it->shard_offset, first);
+    const int64_t hi = std::min(it->shard_offset + it->length, end);
+    if (hi > lo) f(static_cast<size_t>(it - slices_.begin()), lo, hi);
   }
 }
 
@@ -355,11 +381,25 @@ torch::Tensor ShardedOptimizer::flat_parameter(size_t q) const {
 void ShardedOptimizer::load_shard() {
   if (aliased_) return;  // the parts are the parameters
   torch::NoGradGuard no_grad;
+  if (params_in_file_) {  // into the file, a sub-group at a time
+    state_file_->fill(values_field_, [&](int64_t first, int64_t length, const torch::Tensor& w) {
+      w.zero_();
+      for_each_slice_in(first, first + length, [&](size_t i, int64_t lo, int64_t hi) {
+        const Slice& s = slices_[i];
+        w.narrow(0, lo - first, hi - lo)
+            .copy_(flat_parameter(s.parameter)
+                       .narrow(0, s.parameter_offset + (lo - s.shard_offset), hi - lo));
+      });
+    });
+    return;
+  }
   for (const Slice& s : slices_) {
     shard_.narrow(0, s.shard_offset, s.length)
         .copy_(flat_parameter(s.parameter).narrow(0, s.parameter_offset, s.length));
   }
-  if (staged_ && stage_ == 3) device_shard_ = shard_.to(comm_device_, false, /*copy=*/true);
+  if (staged_ && stage_ == 3 && !params_in_file_) {
+    device_shard_ = shard_.to(comm_device_, false, /*copy=*/true);
+  }
 }
 
 torch::Tensor ShardedOptimizer::piece_values(size_t k) const {
@@ -420,7 +460,9 @@ void ShardedOptimizer::step() {  // [3]
   if (stage_ == 3) {  // gathered where a stage next computes
     // From pinned memory the copy need not be waited for: the next gather is ordered after it on
     // the device, and the host shard is not written before the next reduction's blocking copy.
-    if (staged_) device_shard_.copy_(shard_, /*non_blocking=*/shard_.is_pinned());
+    if (staged_ && !params_in_file_) {
+      device_shard_.copy_(shard_, /*non_blocking=*/shard_.is_pinned());
+    }
     return;
   }
   // Every segment's pieces all-gathered into a buffer of its size and copied into the
@@ -493,28 +535,21 @@ void ShardedOptimizer::step_from_file() {
   drop_file_state();
   const torch::optim::OptimizerOptions& settings = inner_->param_groups().front().options();
   const bool sgd = name_ == "sgd";
+  const bool momentum = !state_fields().empty();  // SGD's: windows[0]
   std::vector<int64_t> stepped = file_steps_;
-  size_t cursor = 0;  // the first slice that may reach into the sub-group
   state_file_->step([&](int64_t first, int64_t length, const std::vector<torch::Tensor>& windows) {
-    const int64_t end = first + length;
-    while (cursor < slices_.size() &&
-           slices_[cursor].shard_offset + slices_[cursor].length <= first) {
-      ++cursor;
-    }
     std::vector<torch::Tensor> parts;
     std::vector<size_t> owner;
     std::vector<int64_t> at;
-    for (size_t i = cursor; i < slices_.size() && slices_[i].shard_offset < end; ++i) {
-      const Slice& s = slices_[i];
-      const int64_t lo = std::max(s.shard_offset, first);
-      const int64_t hi = std::min(s.shard_offset + s.length, end);
-      if (hi <= lo) continue;
-      torch::Tensor part = alias_of(shard_, lo, hi - lo);
+    for_each_slice_in(first, first + length, [&](size_t i, int64_t lo, int64_t hi) {
+      // The shard's values: in memory, or (in the file) in this sub-group's window.
+      torch::Tensor part = params_in_file_ ? alias_of(windows[values_field_], lo - first, hi - lo)
+                                           : alias_of(shard_, lo, hi - lo);
       part.mutable_grad() = shard_grad_.narrow(0, lo, hi - lo);
       parts.push_back(part);
       owner.push_back(i);
       at.push_back(lo - first);
-    }
+    });
     if (parts.empty()) return;
     std::unique_ptr<torch::optim::Optimizer> optimizer = make_optimizer(name_, parts);
     optimizer->param_groups().front().set_options(settings.clone());
@@ -523,6 +558,7 @@ void ShardedOptimizer::step_from_file() {
       const int64_t n = parts[j].numel();
       void* key = parts[j].unsafeGetTensorImpl();
       if (sgd) {
+        if (!momentum) continue;
         auto state = std::make_unique<torch::optim::SGDParamState>();
         state->momentum_buffer(windows[0].narrow(0, at[j], n));
         states[key] = std::move(state);

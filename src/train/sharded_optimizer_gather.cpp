@@ -116,18 +116,32 @@ void ShardedOptimizer::start_gather_segment(size_t k, bool exact) {
   Gather& g = gathers_[k];
   if (g.state != Residency::kFreed) return;
   const Segment& s = segments_[k];
-  const torch::Tensor piece = gather_source().detach().narrow(0, s.shard_offset, s.piece);
+  torch::Tensor piece;
+  if (params_in_file_) {  // read from the file into a buffer of its own, then where it is sent
+    torch::Tensor host = pool_->take(s.piece, comm_options().device(torch::kCPU));
+    state_file_->read_range(values_field_, s.shard_offset, s.piece, host.data_ptr());
+    piece = host;
+    if (!comm_device_.is_cpu()) {
+      piece = pool_->take(s.piece, comm_options());
+      piece.copy_(host);
+      pool_->give(host);
+    }
+  } else {
+    piece = gather_source().detach().narrow(0, s.shard_offset, s.piece);
+  }
   // Narrower than the parameters (ZeroOptions::cast_gather): rounded here, widened on arrival.
   g.narrowed = !exact && piece.scalar_type() != s.gather_dtype;
   g.keep = !exact;
   if (g.narrowed) {
     g.piece = pool_->take(s.piece, piece.options().dtype(s.gather_dtype));
     g.piece.copy_(piece);
+    if (params_in_file_) pool_->give(piece);
   } else {
     g.piece = piece;
   }
+  g.own_piece = g.narrowed || params_in_file_;
   g.gathered = pool_->take(s.padded, g.piece.options());
-  g.buffer_bytes = tensor_bytes(g.gathered) + (g.narrowed ? tensor_bytes(g.piece) : 0);
+  g.buffer_bytes = tensor_bytes(g.gathered) + (g.own_piece ? tensor_bytes(g.piece) : 0);
   buffer_bytes_ += g.buffer_bytes;
   note_gather_peaks();
   gather_bytes_sent_ += tensor_bytes(g.piece);
@@ -168,7 +182,7 @@ void ShardedOptimizer::wait_segment(size_t k) {
   } else {
     lease->buffer = g.gathered;
   }
-  if (g.narrowed) pool_->give(g.piece);
+  if (g.own_piece) pool_->give(g.piece);
   g.gathered = torch::Tensor();
   g.piece = torch::Tensor();
   for (size_t q : s.parameters) {
@@ -189,7 +203,7 @@ void ShardedOptimizer::release_segment(size_t k) {
     g.wait();  // nothing may land in a dropped buffer
     g.wait = nullptr;
     pool_->give(g.gathered);
-    if (g.narrowed) pool_->give(g.piece);
+    if (g.own_piece) pool_->give(g.piece);
     g.gathered = torch::Tensor();
     g.piece = torch::Tensor();
   }

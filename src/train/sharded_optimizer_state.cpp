@@ -53,7 +53,10 @@ int64_t step_of(const torch::optim::OptimizerParamState& state) {
 }  // namespace
 
 void ShardedOptimizer::load_file_state() {
-  if (!state_file_ || !state_file_->written() || !inner_->state().empty()) return;
+  if (!state_file_ || state_fields().empty() || !state_file_->written(0) ||
+      !inner_->state().empty()) {
+    return;
+  }
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> fields = place_state(state_options_);
   for (size_t f = 0; f < fields.size(); ++f) state_file_->read(f, fields[f]);
@@ -74,7 +77,7 @@ void ShardedOptimizer::drop_file_state() {
 void ShardedOptimizer::store_file_state() {
   torch::NoGradGuard no_grad;
   const auto& states = inner_->state();
-  const std::vector<std::string>& fields = state_file_->fields();
+  const std::vector<std::string> fields = state_fields();
   for (size_t f = 0; f < fields.size(); ++f) {
     torch::Tensor flat = torch::zeros({shard_size_}, state_options_);
     for (size_t i = 0; i < parts_.size(); ++i) {
@@ -154,7 +157,7 @@ void ShardedOptimizer::capture(Checkpoint& part, const NamedTensors& named) {
 std::vector<ShardedOptimizer::OwnedSlice> ShardedOptimizer::owned_slices(
     const NamedTensors& named) {
   reduce_thread_.drain();  // nothing of the last step in flight
-  load_file_state();        // under nvme: a copy of the file's state, kept until the next step
+  load_file_state();       // under nvme: a copy of the file's state, kept until the next step
   Checkpoint views;
   capture_optimizer_views(views, *inner_, part_names(parts_));
   std::map<const void*, size_t> index;
@@ -167,13 +170,20 @@ std::vector<ShardedOptimizer::OwnedSlice> ShardedOptimizer::owned_slices(
   // Stage 3 while the parameters are the truth (after construction, gather_all() or a restore):
   // from them; else from what the inner optimizer steps (the shard, or slices of the parameters).
   const bool from_parameters = stage_ == 3 && parameters_are_truth_;
+  // The shard's values in the file: read whole (a copy in memory until the next step's drop).
+  torch::Tensor file_values;
+  if (params_in_file_ && !from_parameters) {
+    file_values = torch::empty({shard_size_}, state_options_);
+    state_file_->read(values_field_, file_values);
+  }
   std::vector<OwnedSlice> owned;
   for (size_t i = 0; i < slices_.size(); ++i) {
     const Slice& s = slices_[i];
     const torch::Tensor values =
         from_parameters
             ? flat_parameter(s.parameter).detach().narrow(0, s.parameter_offset, s.length)
-            : parts_[i].detach();
+        : file_values.defined() ? file_values.narrow(0, s.shard_offset, s.length)
+                                : parts_[i].detach();
     const auto state = views.optimizer_state.find("shard." + std::to_string(i));
     const auto range = names.equal_range(s.parameter);
     for (auto it = range.first; it != range.second; ++it) {
@@ -257,7 +267,8 @@ void ShardedOptimizer::restore(const Checkpoint& checkpoint, const NamedTensors&
     auto& fields = shard_form.optimizer_state["shard." + std::to_string(i)];
     for (const auto& [field, shard] : shard_state) {
       fields[field] = shard.narrow(0, slices_[i].shard_offset, slices_[i].length)
-                          .to(parts_[i].device(), false, /*copy=*/true);
+                          .to(params_in_file_ ? state_options_.device() : parts_[i].device(), false,
+                              /*copy=*/true);
     }
     if (step != states.front()->end()) fields["step"] = step->second.clone();
   }

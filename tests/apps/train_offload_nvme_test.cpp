@@ -1,9 +1,10 @@
 // `pipetrain train --offload-optimizer nvme` (ZeRO-Infinity's optimizer offload, docs/OFFLOAD.md)
 // with the Hugging Face Llama at pp2 x dp2: the weights equal the same run's with the state in
-// memory bit for bit (fp32 at ZeRO 2, bf16 at ZeRO 3), a checkpoint written under it resumes bit
-// for bit without it and one written without it resumes with it, and the offload directory is
-// left empty. Sub-groups of 1024 elements through 4 KiB buffers, so
-// every parameter's slice is cut and the pool holds fewer buffers than the overlap wants.
+// memory bit for bit (fp32 at ZeRO 2; bf16 at ZeRO 3 with the parameter shards in the files too), a
+// checkpoint written under it resumes bit for bit without it and one written without it resumes
+// with it, and the offload directory is left empty. Sub-groups of 1024 elements through 4 KiB
+// buffers, so every parameter's slice is cut and the pool holds fewer buffers than the overlap
+// wants.
 #include <filesystem>
 #include <string>
 
@@ -66,10 +67,13 @@ TEST(TrainOffloadNvme, WeightsAndCheckpointsEqualTheRunInMemoryBitForBit) {
   run(fp32 + nvme(files) + " --resume " + dir + "/memory/step-2", "memory_resumed_with_files");
   EXPECT_TRUE(bitwise_equal(dir + "/files_resumed_in_memory.pt", dir + "/memory.pt"));
   EXPECT_TRUE(bitwise_equal(dir + "/memory_resumed_with_files.pt", dir + "/memory.pt"));
-  // bf16 at ZeRO 3 (the parameters sharded too, gathered in bf16), another schedule.
+  // bf16 at ZeRO 3 (the parameters sharded too, gathered in bf16), another schedule, and the
+  // parameter shards in the files as well (--offload-params nvme).
   const std::string bf16 = llama_flags("--steps 2 --zero 3 --schedule gpipe --precision bf16");
   run(bf16, "bf16_memory");
-  run(bf16 + nvme(files), "bf16_files");
+  const CliRun params = run(bf16 + nvme(files) + " --offload-params nvme", "bf16_files");
+  EXPECT_NE(params.output.find("parameter shards and optimizer state: "), std::string::npos)
+      << params.output;
   EXPECT_TRUE(bitwise_equal(dir + "/bf16_files.pt", dir + "/bf16_memory.pt"));
   // Every process removed its file as soon as it was open: nothing is left to read as state.
   EXPECT_TRUE(fs::is_empty(files)) << fs::directory_iterator(files)->path();

@@ -319,11 +319,14 @@ TEST(TrainRestartOverlap, AKilledReplicaStopsEveryRankAndRestartsEndEqualToTheUn
 // ZeRO-3: each stage's parameters all-gathered around its actions and its gradients
 // reduce-scattered after its last backward; the kill lands in one of those collectives or
 // between them, and the restarted run resumes from checkpoints whose parameters were gathered.
-// The optimizer state is in files (--offload-optimizer nvme): a killed process's file is gone
-// with it, the restart reads the last checkpoint, and the run still ends exactly.
+// The optimizer state and the parameter shards are in files (--offload-optimizer nvme
+// --offload-params nvme): a killed process's file is gone with it, the restart reads the last
+// checkpoint, and the run still ends exactly.
 TEST(TrainRestartOverlap, ZeroThreeAKilledReplicaStopsEveryRankAndRestartsEndExactly) {
   expect_killed_replica_stops_and_restarts_exactly(
-      "--zero 3 --offload-optimizer nvme --offload-dir " + ::testing::TempDir(), "overlap-zero3");
+      "--zero 3 --offload-optimizer nvme --offload-params nvme --offload-dir " +
+          ::testing::TempDir(),
+      "overlap-zero3");
 }
 
 }  // namespace pipetrain::restart_test

@@ -420,7 +420,8 @@ void scenario_checked_collectives(Distributed& d) {
 // plain shard steps on the device and the offloaded one on the host: within 1e-5. The optimizer
 // state in a file (nvme, stepped by sub-groups of 1024 elements that cut the parameters' slices,
 // through 3 buffers, too few to keep every transfer in flight) equals the offload's in host
-// memory bit for bit on either device: both step on the host.
+// memory bit for bit on either device: both step on the host; at stage 3 so does the state with
+// the shard's values in the file too (--offload-params nvme: every gather reads its piece there).
 void scenario_zero_offload(Distributed& d) {
   const torch::Device device = test_device();
   const bool exact = device.is_cpu();
@@ -429,9 +430,11 @@ void scenario_zero_offload(Distributed& d) {
   // reduce-scattered as soon as its gradients are final (start_reduce, the later stage first).
   for (const auto& [stage, overlap] : std::vector<std::pair<int, bool>>{
            {1, false}, {2, false}, {3, false}, {1, true}, {2, true}, {3, true}}) {
-    std::vector<torch::Tensor> weights[3];
-    std::map<std::string, std::map<std::string, torch::Tensor>> state[3];
-    for (int variant : {0, 1, 2}) {  // in memory, offloaded to host memory, and to a file
+    std::vector<torch::Tensor> weights[4];
+    std::map<std::string, std::map<std::string, torch::Tensor>> state[4];
+    // In memory, offloaded to host memory, the state to a file, and (stage 3) the values too.
+    for (int variant : {0, 1, 2, 3}) {
+      if (variant == 3 && stage != 3) continue;
       torch::manual_seed(1);
       std::vector<torch::Tensor> params = {torch::randn({50, 41}), torch::randn({1500}),
                                            torch::randn({33, 40})};
@@ -443,13 +446,13 @@ void scenario_zero_offload(Distributed& d) {
           train::ZeroOptions()
               .stage(stage)
               .offload(variant > 0)
-              .offload_to_nvme(variant == 2)
+              .offload_to_nvme(variant >= 2)
+              .offload_params_to_nvme(variant == 3)
               .nvme(train::default_nvme_options().dir(dir).buffer_bytes(4096).buffer_count(3));
-      train::ShardedOptimizer sharded(&d, params, params, "adamw",
-                                      train::OptimizerOptions().lr(0.05).weight_decay(0.1), zero,
-                                      segments,
-                                      overlap ? std::vector<int>{0, 1} : std::vector<int>{});
-      CHECK_OR_THROW((sharded.state_file() != nullptr) == (variant == 2), "state file ", variant);
+      train::ShardedOptimizer sharded(
+          &d, params, params, "adamw", train::OptimizerOptions().lr(0.05).weight_decay(0.1), zero,
+          segments, overlap ? std::vector<int>{0, 1} : std::vector<int>{});
+      CHECK_OR_THROW((sharded.state_file() != nullptr) == (variant >= 2), "state file ", variant);
       for (int step = 0; step < 3; ++step) {
         sharded.zero_grad();
         sharded.wait_gathered(0);  // stage 3: stage 0's segment (or the one every stage uses)
@@ -468,14 +471,19 @@ void scenario_zero_offload(Distributed& d) {
         sharded.scale_gradients(std::min(1.0, 0.5 / std::sqrt(norm[0].item<double>())));
         sharded.step();
       }
-      if (variant == 2) {
+      if (variant >= 2) {
+        const int64_t fields = variant == 3 ? 3 : 2;
         const auto& last = sharded.state_file()->last_step();
         const int64_t groups = (sharded.shard_elements() + 1023) / 1024;
         CHECK_OR_THROW(last.sub_groups == groups && groups > 1, "stepped ", last.sub_groups,
                        " sub-groups of a shard of ", sharded.shard_elements());
-        CHECK_OR_THROW(last.bytes_read == 2 * sharded.shard_elements() * 4 &&
+        CHECK_OR_THROW(last.bytes_read == fields * sharded.shard_elements() * 4 &&
                            last.bytes_written == last.bytes_read,
                        "moved ", last.bytes_read, " and ", last.bytes_written, " bytes");
+        // Host memory: the shard's gradient, its values unless they are in the file, the pool.
+        const int64_t held = (variant == 3 ? 1 : 2) * sharded.shard_elements() * 4 +
+                             sharded.state_file()->host_bytes();
+        CHECK_OR_THROW(sharded.host_bytes() == held, "host ", sharded.host_bytes(), " vs ", held);
         CHECK_OR_THROW(sharded.state_bytes() == 0 && sharded.file_bytes() >= last.bytes_read,
                        "state in memory ", sharded.state_bytes(), ", in the file ",
                        sharded.file_bytes());
@@ -490,11 +498,14 @@ void scenario_zero_offload(Distributed& d) {
     }
     const std::string where = "stage " + std::to_string(stage) + (overlap ? " overlapped" : "") +
                               ", rank " + std::to_string(d.rank());
-    for (int variant : {1, 2}) {
-      // The file's against the host memory's: always exact; the host's against the plain one.
-      const int base = variant - 1;
-      const bool bits = exact || variant == 2;
-      const std::string what = where + (variant == 2 ? ", nvme vs cpu" : ", cpu vs none");
+    for (int variant : {1, 2, 3}) {
+      if (variant == 3 && stage != 3) continue;
+      // The files' against the host memory's: always exact; the host's against the plain one.
+      const int base = variant == 1 ? 0 : 1;
+      const bool bits = exact || variant >= 2;
+      const std::string what = where + (variant == 3   ? ", params nvme vs cpu"
+                                        : variant == 2 ? ", nvme vs cpu"
+                                                       : ", cpu vs none");
       for (size_t q = 0; q < weights[base].size(); ++q) {
         const bool same = bits ? torch::equal(weights[variant][q], weights[base][q])
                                : torch::allclose(weights[variant][q], weights[base][q], 1e-5, 1e-7);

@@ -119,21 +119,22 @@ struct OptimizerSettings {
 
 // [zero] sharding over the data-parallel replicas.
 struct ZeroSettings {
-  int64_t stage = 0;                        // --zero
-  bool reshard_after_forward = false;       // --reshard-after-forward
-  std::string gradients = "stream";         // --zero-gradients
-  std::string unit = "layer";               // --zero3-unit
-  std::string prefetch = "25MiB";           // --zero3-prefetch
-  std::string max_live = "0";               // --zero3-max-live
-  std::string max_reuse_distance = "0";     // --zero3-max-reuse-distance
-  std::string persistence_threshold = "0";  // --zero3-persistence-threshold
-  bool keep_freed_memory = false;           // --zero-keep-freed-memory
-  std::string offload_optimizer = "none";   // --offload-optimizer none|cpu|nvme (alone: cpu)
-  std::string offload_dir;                  // --offload-dir (nvme)
+  int64_t stage = 0;                           // --zero
+  bool reshard_after_forward = false;          // --reshard-after-forward
+  std::string gradients = "stream";            // --zero-gradients
+  std::string unit = "layer";                  // --zero3-unit
+  std::string prefetch = "25MiB";              // --zero3-prefetch
+  std::string max_live = "0";                  // --zero3-max-live
+  std::string max_reuse_distance = "0";        // --zero3-max-reuse-distance
+  std::string persistence_threshold = "0";     // --zero3-persistence-threshold
+  bool keep_freed_memory = false;              // --zero-keep-freed-memory
+  std::string offload_optimizer = "none";      // --offload-optimizer none|cpu|nvme (alone: cpu)
+  std::string offload_params = "none";         // --offload-params none|cpu|nvme (ZeRO-3)
+  std::string offload_dir;                     // --offload-dir (nvme)
   std::string offload_buffer_bytes = "16MiB";  // --offload-buffer-bytes
-  int64_t offload_buffer_count = 6;         // --offload-buffer-count
-  int64_t sub_group_size = 0;               // --sub-group-size (elements; 0: a buffer's worth)
-  std::string offload_io = "auto";          // --offload-io auto|uring|threads
+  int64_t offload_buffer_count = 6;            // --offload-buffer-count
+  int64_t sub_group_size = 0;                  // --sub-group-size (elements; 0: a buffer's worth)
+  std::string offload_io = "auto";             // --offload-io auto|uring|threads
 
   // --offload-optimizer is cpu or nvme.
   bool offloads_optimizer() const { return offload_optimizer != "none"; }

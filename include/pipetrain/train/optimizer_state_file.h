@@ -1,17 +1,18 @@
-// OptimizerStateFile: a ZeRO shard's optimizer state in a file (--offload-optimizer nvme), stepped
-// one sub-group at a time through a bounded pool of aligned host buffers (ZeRO-Infinity's
-// optimizer offload, issue 61; docs/OFFLOAD.md).
+// OptimizerStateFile: a ZeRO shard's optimizer state in a file (--offload-optimizer nvme), and
+// with --offload-params nvme the shard's values too, stepped one sub-group at a time through a
+// bounded pool of aligned host buffers (ZeRO-Infinity's offload, issue 61; docs/OFFLOAD.md).
 //
-// The state is `fields` (Adam's exp_avg and exp_avg_sq, SGD's momentum_buffer), each `elements`
-// values of one dtype, one region of the file per field. A step walks the elements in sub-groups
-// of sub_group_elements(): each field's values of a sub-group are read into one buffer, the
-// caller steps them (the inner optimizer's own kernels over views of the buffers), and they are
-// written back. While the caller steps sub-group g, the read of g + 1 and the write of g - 1 are
-// in flight where the pool has the buffers for them (3 x fields buffers: all of it; fewer: the
-// transfers wait for each other), so host memory holds only the pool, whatever the shard's size.
+// The file holds `fields` (Adam's exp_avg and exp_avg_sq, SGD's momentum_buffer, and "values":
+// the shard's own), each `elements` values of one dtype, one region of the file per field. A step
+// walks the elements in sub-groups of sub_group_elements(): each field's values of a sub-group are
+// read into one buffer, the caller steps them (the inner optimizer's own kernels over views of the
+// buffers), and they are written back. While the caller steps sub-group g, the read of g + 1 and
+// the write of g - 1 are in flight where the pool has the buffers for them (3 x fields buffers: all
+// of it; fewer: the transfers wait for each other), so host memory holds only the pool, whatever
+// the shard's size.
 //
-// Before the first step (or a restore) nothing was written: the sub-groups start from zeros, as
-// the optimizer's own state would (and no read is made). The file is removed from the directory
+// A field nothing was written to yet (before the first step, a restore or a fill) reads as zeros,
+// as the optimizer's own state starts (and no read is made). The file is removed from the directory
 // as soon as it is open (offload/swap_file.h): a killed run leaves nothing that a later one could
 // read as state; what resumes is the last checkpoint.
 //
@@ -37,8 +38,8 @@ class OptimizerStateFile {
   // A file named after `name` in options.dir(). Throws BadInput for options check_nvme_options
   // refuses, a sub-group larger than a buffer, or a pool with fewer buffers than fields;
   // FileError when the directory cannot hold the file (offload/swap_file.h: reserved up front).
-  OptimizerStateFile(const NvmeOptions& options, std::vector<std::string> fields,
-                     int64_t elements, torch::ScalarType dtype, const std::string& name);
+  OptimizerStateFile(const NvmeOptions& options, std::vector<std::string> fields, int64_t elements,
+                     torch::ScalarType dtype, const std::string& name);
   ~OptimizerStateFile();
   OptimizerStateFile(const OptimizerStateFile&) = delete;
   OptimizerStateFile& operator=(const OptimizerStateFile&) = delete;
@@ -46,21 +47,28 @@ class OptimizerStateFile {
   const std::vector<std::string>& fields() const { return fields_; }
   int64_t elements() const { return elements_; }
   int64_t sub_group_elements() const { return sub_group_; }
-  // Whether the file holds state (a step or a write ran): false, the sub-groups start at zero.
-  bool written() const { return written_; }
+  // Whether field f holds values (a step, a write or a fill ran): false, it reads as zeros.
+  bool written(size_t field) const { return written_.at(field) != 0; }
 
   // One step: calls step(first, length, windows) for each sub-group in order, windows[f] the
   // `length` values of field f from element `first` (contiguous, in a pool buffer), and writes
   // them back after it returns. A failure of a transfer (FileError) or of `step` is thrown after
   // every transfer in flight has ended; the state in the file is then unspecified.
-  using SubGroupStep = std::function<void(int64_t first, int64_t length,
-                                          const std::vector<torch::Tensor>& windows)>;
+  using SubGroupStep =
+      std::function<void(int64_t first, int64_t length, const std::vector<torch::Tensor>& windows)>;
   void step(const SubGroupStep& step);
 
   // Field f whole into `out` (contiguous, elements() values of the dtype), or from `in`
   // (checkpoints). Before anything was written, read gives zeros.
   void read(size_t field, torch::Tensor& out);
   void write(size_t field, const torch::Tensor& in);
+  // `length` values of field f from element `first` into `out` (anywhere, unaligned: through the
+  // pool's buffers, a buffer's worth at a time).
+  void read_range(size_t field, int64_t first, int64_t length, void* out);
+  // Field f written sub-group by sub-group: fill(first, length, window) puts the values of
+  // elements [first, first + length) into `window` (a pool buffer, contents undefined before).
+  using Fill = std::function<void(int64_t first, int64_t length, const torch::Tensor& window)>;
+  void fill(size_t field, const Fill& fill);
 
   // The last step's figures: bytes moved, sub-groups, seconds the step took and seconds it
   // waited for transfers (the rest is the optimizer's compute with transfers in flight).
@@ -87,7 +95,7 @@ class OptimizerStateFile {
   offload::AlignedBuffers buffers_;
   offload::SwapFile file_;
   std::vector<int64_t> regions_;  // each field's offset in the file
-  bool written_ = false;
+  std::vector<char> written_;     // per field
   Stats last_;
 };
 

@@ -128,8 +128,8 @@
 #include "pipetrain/train/buffer_pool.h"
 #include "pipetrain/train/checkpoint.h"
 #include "pipetrain/train/nvme_options.h"
-#include "pipetrain/train/optimizer_state_file.h"
 #include "pipetrain/train/optimizer.h"
+#include "pipetrain/train/optimizer_state_file.h"
 #include "pipetrain/train/sharded_checkpoint.h"
 
 namespace pipetrain {
@@ -166,6 +166,10 @@ struct ZeroOptions {
   // (train/optimizer_state_file.h). The shard's values and gradient stay in host memory.
   TORCH_ARG(bool, offload_to_nvme) = false;
   TORCH_ARG(NvmeOptions, nvme) = {};
+  // Stage 3 with offload_to_nvme (--offload-params nvme): the shard's values (the float32 master
+  // of this replica's pieces) in the same file, not in memory: each gather reads its piece from
+  // the file, the step reads, steps and writes them with the state, sub-group by sub-group.
+  TORCH_ARG(bool, offload_params_to_nvme) = false;
   // Stage 3 under bf16 or fp16 (make_pipe_sharded_optimizer reads the pipe's precision): the
   // float32 parameters that reach the computation only through autocast's casts
   // (stage/autocast_parameters.h: the linears' and convolutions' weights) are all-gathered in
@@ -454,8 +458,13 @@ class ShardedOptimizer : public StageParameters, public StageParameterHooks {
   void finish_streams();
   // ZeroOptions::return_freed_memory: the host heap's free pages back to the kernel.
   void return_freed_memory() const;
-  // shard_ = this replica's slices of the parameters (not aliased_).
+  // shard_ = this replica's slices of the parameters (not aliased_; with the shard in the file,
+  // written there).
   void load_shard();
+  // Calls f(slice, lo, hi) for each slice overlapping shard elements [first, end), with the
+  // overlap [lo, hi).
+  void for_each_slice_in(int64_t first, int64_t end,
+                         const std::function<void(size_t, int64_t, int64_t)>& f) const;
   // The inner optimizer's state made before its first step, as slices of one buffer per field;
   // and a checkpoint's shard form written into those slices (false: the state is not laid out
   // so, or the form holds other fields: nothing written).
@@ -510,6 +519,7 @@ class ShardedOptimizer : public StageParameters, public StageParameterHooks {
     double start_us = 0;
     bool narrowed = false;     // gathered (or gathering) in a dtype narrower than the parameters'
     bool keep = true;          // its buffer goes back to the pool's spares (not gather_all's)
+    bool own_piece = false;    // `piece` came from the pool (narrowed, or read from the file)
     int64_t buffer_bytes = 0;  // while gathering: `gathered`, and `piece` where it is a copy
   };
   // Waits for the reductions start_reduce started (rethrowing a failure) and forgets them.
@@ -575,6 +585,10 @@ class ShardedOptimizer : public StageParameters, public StageParameterHooks {
   // count (Adam's) in memory.
   std::unique_ptr<OptimizerStateFile> state_file_;
   std::vector<int64_t> file_steps_;
+  // offload_params_to_nvme: shard_ is not held (undefined, parts_ are meta tensors); its values
+  // are the file's field values_field_ (after the state fields).
+  bool params_in_file_ = false;
+  size_t values_field_ = 0;
   torch::TensorOptions state_options_;
   // Stage 3 by layer: its units (the segments of one layer), the layers', the persistent
   // segments, the plans by (schedule, rank, checkpoint), and the step's progress through one.
