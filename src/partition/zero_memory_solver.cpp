@@ -349,7 +349,13 @@ void add_zero_memory(const ModelProfile& profile, const std::vector<int>& balanc
   if (options.offload_optimizer) {
     // The host keeps the shard's float32 values (the step's), its gradient and the state; the
     // device keeps the parameters, their gradients and (ZeRO-3) the shard the gathers read.
-    rank.offloaded += 2 * shard + rank.optimizer_state;
+    // In files (nvme): the state (and with the parameters, the shard's values, which the gathers
+    // then read from the file) leave memory, and the pool the transfers go through comes in.
+    const bool values_in_files = options.parameters_in_files && zero == 3;
+    rank.offloaded +=
+        (values_in_files ? 0 : shard) + shard +
+        (options.optimizer_state_in_files ? options.offload_buffer_bytes : rank.optimizer_state);
+    if (values_in_files) rank.parameters -= shard;
     rank.gradients -= shard;
     rank.optimizer_state = 0;
   }

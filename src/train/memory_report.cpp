@@ -248,6 +248,14 @@ MemoryPrediction predict_from_profile(const TrainingMemoryProfile& measured,
   options.reshard_after_forward = run.reshard_after_forward;
   options.zero_policy = zero_memory_policy(run.zero_options, pipe);
   options.offload_optimizer = run.offload_optimizer;
+  options.optimizer_state_in_files = run.offload_optimizer && run.zero_options.offload_to_nvme();
+  options.parameters_in_files =
+      options.optimizer_state_in_files && run.zero_options.offload_params_to_nvme();
+  if (options.optimizer_state_in_files) {
+    const NvmeOptions& nvme = run.zero_options.nvme();
+    options.offload_buffer_bytes =
+        (nvme.buffer_bytes() + 4095) / 4096 * 4096 * static_cast<int64_t>(nvme.buffer_count());
+  }
   options.async_checkpoint = run.async_checkpoint;
   options.cast_gathers = gathers_narrowed(
       ZeroOptions().stage(run.zero).cast_gather(run.cast_gather), pipe.precision());

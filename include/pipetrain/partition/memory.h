@@ -211,6 +211,13 @@ struct MemoryModelOptions {
   // ZeRO-Offload (zero >= 1): the shard's values and gradient and the optimizer state in host
   // memory (the offloaded category) instead of the rank's.
   bool offload_optimizer = false;
+  // With offload_optimizer, --offload-optimizer nvme: the optimizer state in files (in no memory
+  // category), the offload buffers' pool (offload_buffer_bytes a rank) in host memory instead;
+  // with parameters_in_files (ZeRO 3, --offload-params nvme) the shard's values too, so neither
+  // the host nor the device keeps them.
+  bool optimizer_state_in_files = false;
+  bool parameters_in_files = false;
+  std::int64_t offload_buffer_bytes = 0;
   int data_parallel = 1;                     // replicas of each pipeline rank (dp)
   bool processes = false;                    // one process per rank: the transport's buffers count
   std::int64_t parameter_element_bytes = 4;  // float32 parameters (the shard's padding)
