@@ -197,18 +197,52 @@ void OptimizerStateFile::read_range(size_t field, int64_t first, int64_t length,
     std::memset(to, 0, static_cast<size_t>(length * element_size_));
     return;
   }
-  // The aligned blocks around the range, a buffer's worth at a time; the range's part of each
-  // copied out.
+  // The aligned blocks around the range, a buffer's worth at a time, as many in flight as the
+  // pool lends (one at least); the range's part of each copied out as it lands.
   const int64_t begin = regions_.at(field) + first * element_size_;
   const int64_t end = begin + length * element_size_;
   const int64_t step = buffers_.buffer_bytes();
-  offload::BufferLease buffer = buffers_.acquire();
-  for (int64_t at = begin / kAlignment * kAlignment; at < end; at += step) {
-    const int64_t bytes = std::min(step, offload::align_up(end, kAlignment) - at);
-    file_.read(at, buffer.data(), bytes).wait();
-    const int64_t from = std::max(at, begin), until = std::min(at + bytes, end);
-    std::memcpy(to + (from - begin), buffer.data() + (from - at),
+  struct Chunk {
+    offload::BufferLease buffer;
+    offload::IoTicket ticket;
+    int64_t at = 0, bytes = 0;
+  };
+  std::deque<Chunk> in_flight;
+  auto land = [&](Chunk& c) {
+    c.ticket.wait();
+    const int64_t from = std::max(c.at, begin), until = std::min(c.at + c.bytes, end);
+    std::memcpy(to + (from - begin), c.buffer.data() + (from - c.at),
                 static_cast<size_t>(until - from));
+  };
+  try {
+    for (int64_t at = begin / kAlignment * kAlignment; at < end; at += step) {
+      Chunk c;
+      if (std::optional<offload::BufferLease> free = buffers_.try_acquire()) {
+        c.buffer = std::move(*free);
+      } else if (!in_flight.empty()) {
+        land(in_flight.front());
+        c.buffer = std::move(in_flight.front().buffer);
+        in_flight.pop_front();
+      } else {
+        c.buffer = buffers_.acquire();
+      }
+      c.at = at;
+      c.bytes = std::min(step, offload::align_up(end, kAlignment) - at);
+      c.ticket = file_.read(at, c.buffer.data(), c.bytes);
+      in_flight.push_back(std::move(c));
+    }
+    while (!in_flight.empty()) {
+      land(in_flight.front());
+      in_flight.pop_front();
+    }
+  } catch (...) {
+    for (Chunk& c : in_flight) {  // no buffer goes back while a read fills it
+      try {
+        c.ticket.wait();
+      } catch (const Error&) {
+      }
+    }
+    throw;
   }
 }
 
