@@ -533,6 +533,16 @@ void ShardedOptimizer::step_from_file() {
   // weights equal the in-memory offload's bit for bit.
   torch::NoGradGuard no_grad;
   drop_file_state();
+  // The transfers in flight need a core of their own (the I/O engine's completions, the kernel's
+  // side of O_DIRECT): the compute takes one intra-op thread fewer meanwhile. Measured on 2 cores
+  // (bench_zero_offload, 64M parameters): with both threads computing, the overlap hid 11% of the
+  // transfers' time; with one, 83%, at a compute 8% slower.
+  const int threads = at::get_num_threads();
+  struct RestoreThreads {
+    int threads;
+    ~RestoreThreads() { at::set_num_threads(threads); }
+  } restore{threads};
+  if (threads > 1) at::set_num_threads(threads - 1);
   const torch::optim::OptimizerOptions& settings = inner_->param_groups().front().options();
   const bool sgd = name_ == "sgd";
   const bool momentum = !state_fields().empty();  // SGD's: windows[0]
