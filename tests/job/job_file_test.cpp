@@ -271,8 +271,7 @@ TEST(JobFields, EveryFlagOfTrainIsStillThereAndNamedOnce) {
   // Flags come (issue 61's offload settings); none goes.
   std::set<std::string> expected = before;
   expected.insert({"--offload-params", "--offload-dir", "--offload-buffer-bytes",
-                   "--offload-buffer-count",
-                   "--sub-group-size", "--offload-io"});
+                   "--offload-buffer-count", "--sub-group-size", "--offload-io"});
   EXPECT_EQ(now, expected);
 }
 
