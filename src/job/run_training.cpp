@@ -231,11 +231,7 @@ void check_offload(const TrainingSetup& s, const Prepared& p, JobObserver& obser
   }
   const std::string& offload = s.job.zero.offload_optimizer;
   if (offload == "none") return;
-  const auto& devices = s.pipeline.devices;
-  const bool cuda = s.pipeline.device == "cuda" ||
-                    std::any_of(devices.begin(), devices.end(),
-                                [](const std::string& d) { return d.rfind("cuda", 0) == 0; });
-  if (offload == "cpu" && !cuda) {
+  if (offload == "cpu" && !on_cuda(s.pipeline)) {
     note(observer,
          "--offload-optimizer cpu: these stages run on the CPU, so the optimizer state is in "
          "host memory already; the shard takes the offload's path (a copy apart from the "
@@ -247,8 +243,9 @@ void check_offload(const TrainingSetup& s, const Prepared& p, JobObserver& obser
   for (const torch::Tensor& t : train::unique_parameters(p.model.sequential->parameters())) {
     elements += t.numel();
   }
-  const int64_t fields =
-      s.job.optimizer.name == "sgd" ? (s.job.optimizer.momentum != 0 ? 1 : 0) : 2;
+  // The state's fields per parameter (SGD 0, with momentum 1, Adam 2).
+  const auto fields = static_cast<int64_t>(
+      partition::optimizer_state_multiple(s.job.optimizer.name, s.job.optimizer.momentum));
   const int64_t bytes = elements * (fields + (s.job.zero.offload_params == "nvme" ? 1 : 0)) * 4;
   train::check_nvme_directory(s.zero_options.nvme(), bytes,
                               "--offload-optimizer nvme (the optimizer state of " +

@@ -175,10 +175,7 @@ void check_ranges(const TrainingSetup& s) {
         "--offload-params nvme keeps the parameter shards in the optimizer's offload files; give "
         "--offload-optimizer nvme too");
   }
-  if (job.zero.offload_params == "cpu" &&
-      (s.pipeline.device == "cuda" ||
-       std::any_of(s.pipeline.devices.begin(), s.pipeline.devices.end(),
-                   [](const std::string& d) { return d.rfind("cuda", 0) == 0; }))) {
+  if (job.zero.offload_params == "cpu" && on_cuda(s.pipeline)) {
     fail(
         "--offload-params cpu (CUDA stages' parameter shards in host memory) is not built yet; "
         "--offload-params nvme is");
