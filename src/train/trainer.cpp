@@ -440,6 +440,9 @@ std::string Trainer::save_sharded(const std::string& directory, int64_t steps_do
       pending->snapshot_bytes += static_cast<int64_t>(copy.nbytes());
       piece.values = copy;
     }
+    // Counted when taken: the copy is held from here, whether or not its write has finished by
+    // the time the report is made.
+    peak_snapshot_ = std::max(peak_snapshot_, pending->snapshot_bytes);
     if (pending->resident_before >= 0) {
       pending->excess = window_peak_resident_bytes() - pending->resident_before;
     }
@@ -507,7 +510,6 @@ bool Trainer::finish_sharded_save(bool wait) {
   last_save_.bytes = written.bytes;
   last_save_.buffer_bytes = written.buffer_bytes;
   last_save_.snapshot_bytes = pending.snapshot_bytes;
-  peak_snapshot_ = std::max(peak_snapshot_, pending.snapshot_bytes);
   const nlohmann::json mine = {{"file", pending.file},
                                {"excess", pending.excess},
                                {"tensors", io::shard_tensors_to_json(written.tensors)}};
