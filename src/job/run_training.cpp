@@ -401,6 +401,8 @@ void resolve_peak(TrainingSetup& s, bool launched, int processes) {
 JobResult launch_ranks(TrainingSetup& s, JobObserver& observer) {
   const int nproc = static_cast<int>(s.job.parallel.nproc);
   RunLayout layout = layout_of(s.pipeline, nproc);
+  layout.multi_process = true;  // a world of one too (ZeRO-3 at one replica): this parent holds
+                                // no entries of the model, its rank all of them
   const bool auto_plan = s.auto_request.any();
   Prepared p = prepare(s, layout, observer, {}, /*leave_plan_to_ranks=*/auto_plan);
   if (!auto_plan)
@@ -414,7 +416,8 @@ JobResult launch_ranks(TrainingSetup& s, JobObserver& observer) {
   const std::string tensor = layout.tensor_parallel > 1
                                  ? std::to_string(layout.tensor_parallel) + " tensor-parallel x "
                                  : "";
-  note(observer, "launching " + std::to_string(layout.world) + " processes (" +
+  note(observer, "launching " + std::to_string(layout.world) +
+                     (layout.world == 1 ? " process (" : " processes (") +
                      std::to_string(layout.pipeline_ranks) + " pipeline x " + tensor +
                      std::to_string(layout.replicas) + " data-parallel)" +
                      (auto_plan ? "; rank 0 makes the auto plan" : ""));
@@ -461,6 +464,7 @@ JobResult run_rank(TrainingSetup& s, JobObserver& observer) {
     }
   }
   RunLayout layout = layout_of(s.pipeline, environment.world_size);
+  layout.multi_process = true;  // a rank, in a world of one too
   const int threads = threads_per_rank(s.pipeline, layout);
   at::set_num_threads(threads);
   // This process's stages: cuda:LOCAL_RANK under --device cuda, or its entry of --devices. It
@@ -553,7 +557,11 @@ JobResult run_training(const JobConfig& job, JobObserver& observer) {
   resolve_peak(s, launched,
                launched ? DistributedEnvironment::from_environment().world_size
                         : static_cast<int>(job.parallel.nproc));
-  if (job.parallel.nproc > 1 && !launched) return launch_ranks(s, observer);
+  // ZeRO-3 at one replica (DeepSpeed's stage 3 on one device): one rank process, a world of one;
+  // the in-process pipe gathers no parameters.
+  const bool one_rank = job.parallel.nproc == 1 && job.zero.stage == 3 && s.pipeline.stages == 1 &&
+                        s.pipeline.balance.empty();
+  if ((job.parallel.nproc > 1 || one_rank) && !launched) return launch_ranks(s, observer);
   if (launched) return run_rank(s, observer);
   return run_in_process(s, observer);
 }

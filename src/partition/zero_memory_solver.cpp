@@ -229,7 +229,12 @@ void add_zero_memory(const ModelProfile& profile, const std::vector<int>& balanc
     Sizes z;
     z.padded = piece * dp * element;
     z.piece = piece * element;
-    z.in_flight = s.narrowed ? piece * dp * wire + piece * wire : z.padded;
+    // A gather's buffers while in flight: the padded whole, and the piece sent where it is a copy
+    // of its own (narrowed; or read from the offload file, but at one replica, whose piece is
+    // read into the whole's buffer).
+    const bool piece_from_file = options.parameters_in_files && zero == 3 && dp > 1;
+    z.in_flight =
+        s.narrowed ? piece * dp * wire + piece * wire : z.padded + (piece_from_file ? z.piece : 0);
     shard += z.piece;
     sizes.push_back(z);
   }

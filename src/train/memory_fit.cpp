@@ -87,7 +87,8 @@ std::int64_t needed_bytes(const std::vector<partition::RankMemory>& ranks,
     needed += process_bytes;
     for (int r : process) {
       const partition::RankMemory& rank = ranks.at(static_cast<std::size_t>(r));
-      needed += rank.total() + rank.checkpoint_snapshot;  // the snapshot: this machine's memory
+      // The snapshot and what is offloaded to host memory: this machine's memory too.
+      needed += rank.total() + rank.offloaded + rank.checkpoint_snapshot;
     }
   }
   return needed;
@@ -120,12 +121,17 @@ MemoryFit check_memory_fit(
     const std::function<std::vector<partition::RankMemory>(const std::string& settings)>& predict,
     const std::vector<std::string>& alternatives,
     const std::vector<std::vector<int>>& ranks_of_process, std::int64_t process_bytes,
-    const AvailableMemory& available, std::int64_t budget_per_rank, const ProcessExtra& extra) {
+    const AvailableMemory& available, std::int64_t budget_per_rank, const ProcessExtra& extra,
+    bool cpu_stages) {
   auto need = [&](const std::string& settings) {
     MemoryNeed n;
     n.settings = settings;
     const std::vector<partition::RankMemory> ranks = predict(settings);
-    for (const partition::RankMemory& rank : ranks) n.rank_peaks.push_back(rank.total());
+    for (const partition::RankMemory& rank : ranks) {
+      // On CPU stages what is "offloaded to host" is the rank's own memory still.
+      n.rank_peaks.push_back(rank.total() + (cpu_stages ? rank.offloaded : 0));
+      n.rank_host.push_back(cpu_stages ? 0 : rank.offloaded);
+    }
     n.needed = needed_bytes(ranks, ranks_of_process, process_bytes);
     // A process's extra is its first rank's too: a budget per rank covers it.
     for (std::size_t p = 0; p < ranks_of_process.size(); ++p) {
@@ -159,7 +165,10 @@ std::vector<std::int64_t> process_needs(const MemoryFit& fit,
   std::vector<std::int64_t> needs;
   for (const std::vector<int>& process : ranks_of_process) {
     std::int64_t need = fit.process_bytes;
-    for (int r : process) need += fit.run.rank_peaks.at(static_cast<std::size_t>(r));
+    for (int r : process) {
+      need += fit.run.rank_peaks.at(static_cast<std::size_t>(r)) +
+              fit.run.rank_host.at(static_cast<std::size_t>(r));
+    }
     needs.push_back(need);
   }
   return needs;
@@ -212,7 +221,8 @@ std::string memory_fit_text(const MemoryFit& fit) {
     out << " (pipetrain plan --memory shows their categories; docs/MEMORY.md).";
   }
   if (fit.alternatives.empty()) {
-    out << " No ZeRO stage or checkpoint mode fits either: use more ranks (--pp), fewer or "
+    out << " No ZeRO stage, checkpoint mode or offload fits either: use more ranks (--pp), fewer "
+           "or "
            "smaller micro-batches, or a machine with more memory.";
   } else {
     out << " These fit:";

@@ -116,6 +116,33 @@ void ShardedOptimizer::start_gather_segment(size_t k, bool exact) {
   Gather& g = gathers_[k];
   if (g.state != Residency::kFreed) return;
   const Segment& s = segments_[k];
+  if (params_in_file_ && group() == nullptr &&
+      (exact || s.gather_dtype == comm_options().dtype())) {
+    // One replica: its piece is the whole segment, read straight into the buffer the parameters
+    // will point into (on a GPU, through a host buffer given back at once): no second copy.
+    torch::Tensor host = pool_->take(s.padded, comm_options().device(torch::kCPU));
+    state_file_->read_range(values_field_, s.shard_offset, s.piece, host.data_ptr());
+    if (comm_device_.is_cpu()) {
+      g.gathered = host;
+    } else {
+      g.gathered = pool_->take(s.padded, comm_options());
+      g.gathered.copy_(host);
+      pool_->give(host);
+    }
+    g.piece = g.gathered;
+    g.narrowed = false;
+    g.keep = !exact;
+    g.own_piece = false;
+    g.buffer_bytes = tensor_bytes(g.gathered);
+    buffer_bytes_ += g.buffer_bytes;
+    note_gather_peaks();
+    gather_bytes_sent_ += tensor_bytes(g.piece);
+    gather_bytes_uncast_ += tensor_bytes(g.piece);
+    g.start_us = CollectiveLog::now_us();
+    g.wait = [] {};
+    g.state = Residency::kGathering;
+    return;
+  }
   torch::Tensor piece;
   if (params_in_file_) {  // read from the file into a buffer of its own, then where it is sent
     torch::Tensor host = pool_->take(s.piece, comm_options().device(torch::kCPU));

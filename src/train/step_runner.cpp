@@ -110,9 +110,9 @@ class PipeRunner : public StepRunner {
                                                            const ZeroOptions& zero) override {
     if (!zero.offload()) return StepRunner::make_sharded_optimizer(optimizer, options, zero);
     PIPETRAIN_CHECK_INPUT(zero.stage() < 3,
-                          "--zero 3 shards the parameters over data-parallel replicas, and one "
-                          "process has one; with --offload-optimizer in one process use --zero 1 "
-                          "(or 2), or start replicas with --nproc and --dp");
+                          "--zero 3 in one process runs one stage (a rank process of its own, "
+                          "a world of one); for several stages give --nproc N --pp N, or use "
+                          "--zero 1 (or 2) with --offload-optimizer here");
     const std::vector<torch::Tensor> all = parameters();
     return std::make_unique<ShardedOptimizer>(nullptr, all, all, optimizer, options, zero);
   }

@@ -105,6 +105,13 @@ train::MemoryFit check_run_memory(const MemoryCheckInput& input) {
       run.zero = settings[zero + 7] - '0';
       run.reshard_after_forward = false;
     }
+    if (settings.find("--offload-optimizer nvme") != std::string::npos) {
+      run.offload_optimizer = true;
+      run.zero_options.offload_to_nvme(true);
+    }
+    if (settings.find("--offload-params nvme") != std::string::npos) {
+      run.zero_options.offload_params_to_nvme(true);
+    }
     return train::predict_from_profile(measured, pipe, run).ranks;
   };
   std::vector<std::string> alternatives;
@@ -117,6 +124,28 @@ train::MemoryFit check_run_memory(const MemoryCheckInput& input) {
     for (int zero = input.run.zero + 1; zero <= 3 && input.run.data_parallel > 1; ++zero) {
       alternatives.push_back("--zero " + std::to_string(zero) + " --checkpoint always");
     }
+  }
+  // On CPU stages the model states are the machine's memory: the optimizer state (and at ZeRO 3
+  // the parameter shards) in files under --offload-dir is what fits a larger model. The offload
+  // shards at one replica too.
+  const bool on_host = std::all_of(input.pipe.devices().begin(), input.pipe.devices().end(),
+                                   [](const torch::Device& d) { return d.is_cpu(); });
+  const bool in_files = input.run.offload_optimizer && input.run.zero_options.offload_to_nvme();
+  if (on_host && !in_files) {
+    const std::string dir = " --offload-dir DIR";
+    const std::string stage = "--zero " + std::to_string(std::max(input.run.zero, 1));
+    std::vector<std::string> offloads = {
+        stage + " --offload-optimizer nvme" + dir,
+        "--zero 3 --offload-optimizer nvme --offload-params nvme" + dir};
+    if (input.run.zero == 3) offloads.erase(offloads.begin());
+    for (const std::string& o : offloads) alternatives.push_back(o);
+    if (!always) {
+      for (const std::string& o : offloads) alternatives.push_back(o + " --checkpoint always");
+    }
+  } else if (on_host && input.run.zero == 3 && in_files &&
+             !input.run.zero_options.offload_params_to_nvme()) {
+    alternatives.push_back("--offload-params nvme");
+    if (!always) alternatives.push_back("--offload-params nvme --checkpoint always");
   }
   train::ProcessExtra evaluation;
   if (input.evaluation_inputs.defined() && input.model) {
@@ -131,7 +160,7 @@ train::MemoryFit check_run_memory(const MemoryCheckInput& input) {
   }
   return train::check_memory_fit(predict, alternatives, input.ranks_of_process,
                                  train::resident_bytes(), train::host_available_memory(),
-                                 input.budget_per_rank, evaluation);
+                                 input.budget_per_rank, evaluation, on_host);
 }
 
 }  // namespace pipetrain::tune

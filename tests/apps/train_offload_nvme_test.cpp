@@ -79,6 +79,34 @@ TEST(TrainOffloadNvme, WeightsAndCheckpointsEqualTheRunInMemoryBitForBit) {
   EXPECT_TRUE(fs::is_empty(files)) << fs::directory_iterator(files)->path();
 }
 
+// ZeRO-3 at one replica, as DeepSpeed runs stage 3 on one device: one rank process (a world of
+// one) whose parameter pieces are whole segments, read from the file straight into the buffer the
+// parameters point into. Equal bit for bit to the same process with the shards in memory.
+TEST(TrainOffloadNvme, ZeroThreeInOneProcessEqualsTheRunInMemoryBitForBit) {
+  const std::string dir = testing::scratch_dir("train_offload_nvme_one");
+  const std::string files = dir + "/offload";
+  fs::create_directories(files);
+  const std::string fixtures = hf_fixtures();
+  const std::string one = "train --model " + fixtures + "/llama --data tokens --token-file " +
+                          fixtures +
+                          "/tokens.bin --seq-len 16 --batch-size 8 --lr 1e-2 --optimizer adamw "
+                          "--adam-eps 1e-6 --chunks 2 --steps 3 --zero 3 --save-params " +
+                          dir + "/";
+  const CliRun memory = run_pipetrain(one + "memory.pt --offload-optimizer cpu");
+  ASSERT_EQ(memory.exit_code, 0) << memory.output;
+  EXPECT_NE(memory.output.find("launching 1 process (1 pipeline x 1 data-parallel)"),
+            std::string::npos)
+      << memory.output;
+  const CliRun offloaded = run_pipetrain(one + "files.pt" + nvme(files) + " --offload-params nvme");
+  ASSERT_EQ(offloaded.exit_code, 0) << offloaded.output;
+  EXPECT_TRUE(bitwise_equal(dir + "/files.pt", dir + "/memory.pt"));
+  EXPECT_TRUE(fs::is_empty(files));
+  // Several stages in one process gather nothing: refused, naming the way that does.
+  const CliRun stages = run_pipetrain(one + "x.pt --offload-optimizer cpu --stages 2");
+  EXPECT_EQ(stages.exit_code, 2) << stages.output;
+  EXPECT_NE(stages.output.find("--nproc N --pp N"), std::string::npos) << stages.output;
+}
+
 // On CPU stages `cpu` is accepted, and said once: the state is in host memory already. (Bad
 // input of every offload flag: docs/ERRORS.md's rows, run by errors_doc_test.cpp.)
 TEST(TrainOffloadNvme, CpuOnCpuStagesIsAcceptedAndSaidOnce) {

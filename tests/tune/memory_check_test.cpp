@@ -61,5 +61,32 @@ TEST(MemoryFit, AProcessesExtraIsPartOfItsNeedAndOfTheMessage) {
       << train::memory_fit_text(fit);
 }
 
+// What a rank offloads to host memory is the machine's memory: on CUDA stages it counts for the
+// machine only (the device budget is the rest); on CPU stages it is the rank's own memory still,
+// so a --memory-limit sees it too (ZeRO-Offload on the CPU moves nothing out of the host).
+TEST(MemoryFit, OffloadedBytesCountForTheMachineAndOnCpuStagesForTheRank) {
+  partition::RankMemory rank;
+  rank.parameters = 1 << 20;
+  rank.offloaded = 3 << 20;
+  auto predict = [&](const std::string&) { return std::vector<partition::RankMemory>{rank, rank}; };
+  const train::AvailableMemory plenty{std::int64_t{1} << 40, "test"};
+  const train::MemoryFit cuda =
+      train::check_memory_fit(predict, {}, {{0}, {1}}, 0, plenty, 0, {}, /*cpu_stages=*/false);
+  EXPECT_EQ(cuda.run.needed, 2 * (4 << 20));
+  EXPECT_EQ(cuda.run.rank_peaks, (std::vector<std::int64_t>{1 << 20, 1 << 20}));
+  EXPECT_EQ(train::process_needs(cuda, {{0}, {1}}), (std::vector<std::int64_t>{4 << 20, 4 << 20}));
+  const train::MemoryFit cpu =
+      train::check_memory_fit(predict, {}, {{0, 1}}, 0, plenty, 0, {}, /*cpu_stages=*/true);
+  EXPECT_EQ(cpu.run.needed, 2 * (4 << 20));
+  EXPECT_EQ(cpu.run.rank_peaks, (std::vector<std::int64_t>{4 << 20, 4 << 20}));
+  EXPECT_EQ(train::process_needs(cpu, {{0, 1}}), (std::vector<std::int64_t>{8 << 20}));
+  // A budget per rank between the two readings: the CUDA one passes, the CPU one does not.
+  const train::MemoryFit budget =
+      train::check_memory_fit(predict, {}, {{0}, {1}}, 0, plenty, 2 << 20, {}, true);
+  EXPECT_FALSE(budget.fits());
+  EXPECT_TRUE(
+      train::check_memory_fit(predict, {}, {{0}, {1}}, 0, plenty, 2 << 20, {}, false).fits());
+}
+
 }  // namespace
 }  // namespace pipetrain::memory_check_test

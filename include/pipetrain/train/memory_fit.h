@@ -3,7 +3,8 @@
 //
 //   needed     = sum over the run's processes on this machine of
 //                  (a process's own footprint + the memory model's peak of the pipeline ranks
-//                   it runs: train/memory_report.h, partition/memory.h
+//                   it runs: train/memory_report.h, partition/memory.h, and what they offload
+//                   to host memory (ZeRO-Offload's shard, the offload files' buffer pool)
 //                   + what the process needs beyond that peak between steps: the evaluation,
 //                   which the main process runs on the whole model: MemoryNeed::process_extra)
 //   available  = the least of MemAvailable (/proc/meminfo) and the cgroup's memory.max less
@@ -55,6 +56,8 @@ struct MemoryNeed {
   std::string settings;  // "--zero 3", "" for the run as given
   // The model's total per pipeline rank; a process's extra counts on its first rank.
   std::vector<std::int64_t> rank_peaks;
+  // Each rank's host memory beyond its peak: what is offloaded there (RankMemory::offloaded).
+  std::vector<std::int64_t> rank_host;
   // Per process, what it needs beyond its ranks' step peaks (0: nothing): the evaluation between
   // steps where it needs more than a step (ProcessExtra).
   std::vector<std::int64_t> process_extra;
@@ -73,8 +76,8 @@ struct MemoryFit {
 };
 
 // The run's need on this machine: `ranks_of_process[p]` lists the pipeline ranks process p runs
-// (every process of a --nproc run holds one; one process may run them all). Each rank's total()
-// and its checkpoint snapshot (host memory, which this machine's is).
+// (every process of a --nproc run holds one; one process may run them all). Each rank's total(),
+// what it offloads to host memory and its checkpoint snapshot (this machine's memory too).
 std::int64_t needed_bytes(const std::vector<partition::RankMemory>& ranks,
                           const std::vector<std::vector<int>>& ranks_of_process,
                           std::int64_t process_bytes);
@@ -86,12 +89,14 @@ using ProcessExtra =
 // The check: `predict(settings)` gives the model's per-rank prediction of the run with
 // `settings` applied ("" for the run as given; then each of `alternatives`, only when the run
 // does not fit). Fills MemoryFit::alternatives with those that fit, least memory first.
+// `cpu_stages`: the ranks run on the CPU, so what they offload to host memory is part of each
+// rank's peak (against a --memory-limit too); otherwise it counts for the machine only.
 MemoryFit check_memory_fit(
     const std::function<std::vector<partition::RankMemory>(const std::string& settings)>& predict,
     const std::vector<std::string>& alternatives,
     const std::vector<std::vector<int>>& ranks_of_process, std::int64_t process_bytes,
     const AvailableMemory& available, std::int64_t budget_per_rank = 0,
-    const ProcessExtra& extra = {});
+    const ProcessExtra& extra = {}, bool cpu_stages = true);
 
 // The evaluation between steps, on the process that runs it: its ranks keep their parameters,
 // gradients and optimizer state, the whole model's parameters are gathered there once (a copy),
