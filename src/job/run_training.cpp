@@ -246,11 +246,15 @@ void check_offload(const TrainingSetup& s, const Prepared& p, JobObserver& obser
   // The state's fields per parameter (SGD 0, with momentum 1, Adam 2).
   const auto fields = static_cast<int64_t>(
       partition::optimizer_state_multiple(s.job.optimizer.name, s.job.optimizer.momentum));
-  const int64_t bytes = elements * (fields + (s.job.zero.offload_params == "nvme" ? 1 : 0)) * 4;
+  // With the parameter shards: their values, and on CPU stages their gradient too.
+  const int64_t with_params = s.job.zero.offload_params != "nvme" ? 0 : on_cuda(s.pipeline) ? 1 : 2;
+  const int64_t bytes = elements * (fields + with_params) * 4;
   train::check_nvme_directory(s.zero_options.nvme(), bytes,
                               "--offload-optimizer nvme (the optimizer state of " +
                                   std::to_string(elements) + " parameters)");
-  note(observer, std::string(s.job.zero.offload_params == "nvme" ? "parameter shards and " : "") +
+  note(observer, std::string(with_params == 2   ? "parameter shards, their gradients and "
+                             : with_params == 1 ? "parameter shards and "
+                                                : "") +
                      "optimizer state: " + partition::format_bytes(bytes) + " in files under " +
                      s.zero_options.nvme().dir() + ", through " +
                      std::to_string(s.zero_options.nvme().buffer_count()) + " buffers of " +

@@ -357,8 +357,9 @@ void add_zero_memory(const ModelProfile& profile, const std::vector<int>& balanc
     // In files (nvme): the state (and with the parameters, the shard's values, which the gathers
     // then read from the file) leave memory, and the pool the transfers go through comes in.
     const bool values_in_files = options.parameters_in_files && zero == 3;
+    const bool gradient_in_files = values_in_files && options.gradients_in_files;
     rank.offloaded +=
-        (values_in_files ? 0 : shard) + shard +
+        (values_in_files ? 0 : shard) + (gradient_in_files ? 0 : shard) +
         (options.optimizer_state_in_files ? options.offload_buffer_bytes : rank.optimizer_state);
     if (values_in_files) rank.parameters -= shard;
     rank.gradients -= shard;

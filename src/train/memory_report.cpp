@@ -251,6 +251,12 @@ MemoryPrediction predict_from_profile(const TrainingMemoryProfile& measured,
   options.optimizer_state_in_files = run.offload_optimizer && run.zero_options.offload_to_nvme();
   options.parameters_in_files =
       options.optimizer_state_in_files && run.zero_options.offload_params_to_nvme();
+  // On CPU stages the shard's gradient goes to the files with the values (ShardedOptimizer: not
+  // staged); from a GPU it is staged in host memory.
+  const bool on_gpu = (run.device && run.device->is_cuda()) ||
+                      std::any_of(pipe.devices().begin(), pipe.devices().end(),
+                                  [](const torch::Device& d) { return d.is_cuda(); });
+  options.gradients_in_files = options.parameters_in_files && !on_gpu;
   if (options.optimizer_state_in_files) {
     const NvmeOptions& nvme = run.zero_options.nvme();
     options.offload_buffer_bytes =

@@ -61,6 +61,11 @@ OptimizerStateFile::OptimizerStateFile(const NvmeOptions& options, std::vector<s
     regions_.push_back(file_.reserve(std::max<int64_t>(elements_, 1) * element_size_));
   }
   written_.assign(fields_.size(), 0);
+  read_only_.assign(fields_.size(), 0);
+}
+
+void OptimizerStateFile::read_only_in_step(size_t field) {
+  read_only_.at(field) = 1;
 }
 
 OptimizerStateFile::~OptimizerStateFile() = default;
@@ -148,6 +153,7 @@ void OptimizerStateFile::step(const SubGroupStep& step) {
       }
       step(current->first, current->length, windows);
       for (size_t f = 0; f < F; ++f) {
+        if (read_only_[f]) continue;
         const int64_t bytes = current->length * element_size_;
         current->tickets.push_back(file_.write(regions_[f] + current->first * element_size_,
                                                current->buffers[f].data(), bytes));
@@ -166,7 +172,9 @@ void OptimizerStateFile::step(const SubGroupStep& step) {
     drain();
     throw;
   }
-  written_.assign(F, 1);
+  for (size_t f = 0; f < F; ++f) {
+    if (!read_only_[f]) written_[f] = 1;
+  }
   stats.seconds = seconds_since(start);
   last_ = stats;
 }
@@ -244,6 +252,43 @@ void OptimizerStateFile::read_range(size_t field, int64_t first, int64_t length,
     }
     throw;
   }
+}
+
+void OptimizerStateFile::update_range(size_t field, int64_t first, int64_t length,
+                                      const torch::Tensor& in, RangeUpdate how) {
+  TORCH_INTERNAL_ASSERT(first >= 0 && length >= 0 && first + length <= elements_);
+  TORCH_INTERNAL_ASSERT(in.is_contiguous() && in.numel() == length && in.scalar_type() == dtype_ &&
+                        in.device().is_cpu());
+  const auto* from = static_cast<const char*>(in.data_ptr());
+  const int64_t begin = regions_.at(field) + first * element_size_;
+  const int64_t end = begin + length * element_size_;
+  const int64_t step = buffers_.buffer_bytes();
+  const torch::TensorOptions options = torch::TensorOptions().dtype(dtype_);
+  offload::BufferLease buffer = buffers_.acquire();
+  for (int64_t at = begin / kAlignment * kAlignment; at < end; at += step) {
+    const int64_t bytes = std::min(step, offload::align_up(end, kAlignment) - at);
+    const int64_t lo = std::max(at, begin), hi = std::min(at + bytes, end);
+    // Read unless every byte of the blocks is the range's and its old values do not count.
+    if (how == RangeUpdate::kAdd || lo != at || hi != at + bytes) {
+      if (written_.at(field)) {
+        file_.read(at, buffer.data(), bytes).wait();
+      } else {
+        std::memset(buffer.data(), 0, static_cast<size_t>(bytes));
+      }
+    }
+    const int64_t n = (hi - lo) / element_size_;
+    torch::Tensor to = torch::from_blob(buffer.data() + (lo - at), {n}, options);
+    const torch::Tensor add =
+        torch::from_blob(const_cast<char*>(from) + (lo - begin), {n}, options);  // read only
+    if (how == RangeUpdate::kCopy) {
+      to.copy_(add);
+    } else {
+      if (how == RangeUpdate::kAddOntoZeros) to.zero_();
+      to.add_(add);
+    }
+    file_.write(at, buffer.data(), bytes).wait();
+  }
+  written_.at(field) = 1;
 }
 
 void OptimizerStateFile::fill(size_t field, const Fill& fill) {

@@ -256,7 +256,12 @@ ShardedOptimizer::ShardedOptimizer(Distributed* distributed, std::vector<torch::
   // that an offloaded rank builds its buffers on the host, not on the device.
   const torch::Device state_device = offload_ ? torch::Device(torch::kCPU) : device;
   comm_device_ = group() == nullptr ? state_device : group()->collective_device(device);
-  staged_ = offload_ || comm_device_ != state_device;
+  // Offloaded from a GPU the reductions land where the collectives run and are then copied to
+  // the host shard. On CPU stages `cpu` takes that path too (a copy apart: how the GPU's path is
+  // exercised without one); under nvme, where host memory is the point, nothing is staged: no
+  // second shard-sized gradient while a step accumulates, no copy of the shard for the gathers.
+  staged_ =
+      comm_device_ != state_device || (offload_ && (device.is_cuda() || !zero.offload_to_nvme()));
 
   torch::NoGradGuard no_grad;
   // The shard and its gradient: in pinned host memory when offloaded from a GPU, so that the
@@ -284,7 +289,10 @@ ShardedOptimizer::ShardedOptimizer(Distributed* distributed, std::vector<torch::
             ? torch::empty({s.length}, torch::TensorOptions().dtype(dtype).device(torch::kMeta))
             : alias_of(shard_, s.shard_offset, s.length));
   }
-  if (!(aliased_ && stage == 1)) shard_grad_ = torch::zeros({shard_size_}, options_of);
+  grads_in_file_ = params_in_file_ && !staged_;
+  if (!(aliased_ && stage == 1) && !grads_in_file_) {
+    shard_grad_ = torch::zeros({shard_size_}, options_of);
+  }
   inner_ = make_optimizer(name_, parts_, options);
   state_options_ = options_of;
   std::vector<std::string> fields = state_fields();
@@ -292,11 +300,17 @@ ShardedOptimizer::ShardedOptimizer(Distributed* distributed, std::vector<torch::
     values_field_ = fields.size();
     fields.push_back("values");
   }
+  if (grads_in_file_) {
+    grads_field_ = fields.size();
+    fields.push_back("grads");
+    grad_written_.assign(segments_.size(), 0);
+  }
   if (zero.offload_to_nvme() && !fields.empty()) {
     state_file_ =
         std::make_unique<OptimizerStateFile>(zero.nvme(), fields, shard_size_, dtype,
                                              "pipetrain-optimizer-rank" + std::to_string(rank_));
     file_steps_.assign(parts_.size(), 0);
+    if (grads_in_file_) state_file_->read_only_in_step(grads_field_);
   } else {
     place_state(options_of);
   }
@@ -430,6 +444,8 @@ void ShardedOptimizer::zero_grad() {
   finish_streams();
   for (torch::Tensor& p : parameters_) p.mutable_grad() = torch::Tensor();
   if (shard_grad_.defined()) shard_grad_.zero_();
+  std::fill(grad_written_.begin(), grad_written_.end(), 0);  // the file's: zeros from here
+  grad_factors_.clear();
   for (torch::Tensor& part : parts_) part.mutable_grad() = torch::Tensor();
   take_parameters();
   peak_whole_bytes_ = whole_bytes_;
@@ -548,6 +564,10 @@ void ShardedOptimizer::step_from_file() {
   const bool momentum = !state_fields().empty();  // SGD's: windows[0]
   std::vector<int64_t> stepped = file_steps_;
   state_file_->step([&](int64_t first, int64_t length, const std::vector<torch::Tensor>& windows) {
+    if (grads_in_file_) {
+      torch::Tensor grads = windows[grads_field_];
+      for (double factor : grad_factors_) grads.mul_(factor);
+    }
     std::vector<torch::Tensor> parts;
     std::vector<size_t> owner;
     std::vector<int64_t> at;
@@ -555,7 +575,8 @@ void ShardedOptimizer::step_from_file() {
       // The shard's values: in memory, or (in the file) in this sub-group's window.
       torch::Tensor part = params_in_file_ ? alias_of(windows[values_field_], lo - first, hi - lo)
                                            : alias_of(shard_, lo, hi - lo);
-      part.mutable_grad() = shard_grad_.narrow(0, lo, hi - lo);
+      part.mutable_grad() = grads_in_file_ ? alias_of(windows[grads_field_], lo - first, hi - lo)
+                                           : shard_grad_.narrow(0, lo, hi - lo);
       parts.push_back(part);
       owner.push_back(i);
       at.push_back(lo - first);

@@ -110,7 +110,9 @@ void ShardedOptimizer::finish_reduce_scatter(InFlight& r) {
   if (log_)
     log_->finished(CollectiveKind::kReduceScatter, s.stage, r.start_us, tensor_bytes(r.flat));
   torch::NoGradGuard no_grad;
-  if (r.add) {
+  if (grads_in_file_) {
+    add_to_file_gradient(r.segment, r.piece, /*overwrite=*/!r.add);
+  } else if (r.add) {
     reduced_gradient().narrow(0, s.shard_offset, s.piece).add_(r.piece);
   } else if (!shard_grad_.defined()) {
     // Stage 1, aliased: the received sums go into the slices of .grad() this replica steps.
@@ -223,6 +225,14 @@ void ShardedOptimizer::reduce_gradients() {  // [1]
     }
     finish_started_reductions();
   }
+  if (grads_in_file_) {
+    // A segment no reduction reached this step (none does in training): zeros, as in memory.
+    for (size_t k = 0; k < segments_.size(); ++k) {
+      if (!grad_written_[k]) {
+        add_to_file_gradient(k, torch::zeros({segments_[k].piece}, state_options_), true);
+      }
+    }
+  }
   if (staged_) {  // to the host (offload) or the shard's device; blocking: the step reads it next
     shard_grad_.copy_(comm_grad_);
     comm_grad_ = torch::Tensor();
@@ -248,8 +258,42 @@ void ShardedOptimizer::finish_started_reductions() {
   started_.clear();
 }
 
+void ShardedOptimizer::add_to_file_gradient(size_t k, const torch::Tensor& piece, bool overwrite) {
+  const Segment& s = segments_[k];
+  // The in-memory shard's gradient is zeroed each step and added to (streamed pieces: 0 + x,
+  // then old + x) or overwritten by the reduction (the step's end): the same values here.
+  using Update = OptimizerStateFile::RangeUpdate;
+  const torch::Tensor values = piece.narrow(0, 0, s.piece).contiguous();
+  state_file_->update_range(grads_field_, s.shard_offset, s.piece, values,
+                            overwrite          ? Update::kCopy
+                            : grad_written_[k] ? Update::kAdd
+                                               : Update::kAddOntoZeros);
+  grad_written_[k] = 1;
+}
+
+void ShardedOptimizer::for_each_file_gradient_chunk(
+    const std::function<void(const torch::Tensor&, const Slice&, int64_t at)>& f) const {
+  constexpr int64_t kChunk = int64_t{1} << 20;  // sum_of_squares' chunks, from the slice's start
+  torch::Tensor chunk =
+      torch::empty({std::min<int64_t>(kChunk, std::max<int64_t>(shard_size_, 1))}, state_options_);
+  for (const Slice& s : slices_) {
+    for (int64_t at = 0; at < s.length; at += kChunk) {
+      const int64_t n = std::min(kChunk, s.length - at);
+      torch::Tensor values = chunk.narrow(0, 0, n);
+      state_file_->read_range(grads_field_, s.shard_offset + at, n, values.data_ptr());
+      for (double factor : grad_factors_) values.mul_(factor);
+      f(values, s, at);
+    }
+  }
+}
+
 void ShardedOptimizer::for_each_slice_gradient(
     const std::function<void(const torch::Tensor&, const Slice&)>& f) const {
+  if (grads_in_file_) {
+    for_each_file_gradient_chunk(
+        [&](const torch::Tensor& values, const Slice& s, int64_t) { f(values, s); });
+    return;
+  }
   for (size_t i = 0; i < slices_.size(); ++i) {
     const Slice& s = slices_[i];
     if (shard_grad_.defined()) {
@@ -262,6 +306,18 @@ void ShardedOptimizer::for_each_slice_gradient(
 
 double ShardedOptimizer::local_grad_norm_squared() const {  // [2]
   double total = 0;
+  if (grads_in_file_) {
+    // Summed as sum_of_squares sums a slice in memory: its chunks into the slice's sum, then that
+    // into the total (the same double additions in the same order).
+    double slice = 0;
+    for_each_file_gradient_chunk([&](const torch::Tensor& values, const Slice& s, int64_t at) {
+      if (!s.counted) return;
+      if (at == 0) slice = 0;
+      slice += sum_of_squares(values);
+      if (at + values.numel() == s.length) total += slice;
+    });
+    return total;
+  }
   for_each_slice_gradient([&](const torch::Tensor& grad, const Slice& s) {
     if (s.counted) total += sum_of_squares(grad);
   });
@@ -278,6 +334,10 @@ bool ShardedOptimizer::has_non_finite_gradient() const {
 
 void ShardedOptimizer::scale_gradients(double factor) {
   torch::NoGradGuard no_grad;
+  if (grads_in_file_) {
+    grad_factors_.push_back(factor);  // applied where the gradient is read, in order
+    return;
+  }
   if (shard_grad_.defined()) {
     shard_grad_.mul_(factor);
     return;

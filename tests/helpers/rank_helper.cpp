@@ -421,7 +421,9 @@ void scenario_checked_collectives(Distributed& d) {
 // state in a file (nvme, stepped by sub-groups of 1024 elements that cut the parameters' slices,
 // through 3 buffers, too few to keep every transfer in flight) equals the offload's in host
 // memory bit for bit on either device: both step on the host; at stage 3 so does the state with
-// the shard's values in the file too (--offload-params nvme: every gather reads its piece there).
+// the shard's values in the file too (--offload-params nvme: every gather reads its piece there),
+// and on the CPU its gradient (each reduced piece added to the file's range as it lands; the norm
+// and the clipping's factor read from there), through 4 buffers.
 void scenario_zero_offload(Distributed& d) {
   const torch::Device device = test_device();
   const bool exact = device.is_cpu();
@@ -448,7 +450,8 @@ void scenario_zero_offload(Distributed& d) {
               .offload(variant > 0)
               .offload_to_nvme(variant >= 2)
               .offload_params_to_nvme(variant == 3)
-              .nvme(train::default_nvme_options().dir(dir).buffer_bytes(4096).buffer_count(3));
+              .nvme(train::default_nvme_options().dir(dir).buffer_bytes(4096).buffer_count(
+                  variant == 3 ? 4 : 3));
       train::ShardedOptimizer sharded(
           &d, params, params, "adamw", train::OptimizerOptions().lr(0.05).weight_decay(0.1), zero,
           segments, overlap ? std::vector<int>{0, 1} : std::vector<int>{});
@@ -472,16 +475,24 @@ void scenario_zero_offload(Distributed& d) {
         sharded.step();
       }
       if (variant >= 2) {
+        // The state's two fields; at stage 3 the values, and on the CPU the gradient (read by the
+        // step, not written back).
+        const bool grads = variant == 3 && exact;
         const int64_t fields = variant == 3 ? 3 : 2;
+        CHECK_OR_THROW(
+            static_cast<int64_t>(sharded.state_file()->fields().size()) == fields + (grads ? 1 : 0),
+            "fields ", sharded.state_file()->fields().size());
         const auto& last = sharded.state_file()->last_step();
         const int64_t groups = (sharded.shard_elements() + 1023) / 1024;
         CHECK_OR_THROW(last.sub_groups == groups && groups > 1, "stepped ", last.sub_groups,
                        " sub-groups of a shard of ", sharded.shard_elements());
-        CHECK_OR_THROW(last.bytes_read == fields * sharded.shard_elements() * 4 &&
-                           last.bytes_written == last.bytes_read,
-                       "moved ", last.bytes_read, " and ", last.bytes_written, " bytes");
-        // Host memory: the shard's gradient, its values unless they are in the file, the pool.
-        const int64_t held = (variant == 3 ? 1 : 2) * sharded.shard_elements() * 4 +
+        CHECK_OR_THROW(
+            last.bytes_read == (fields + (grads ? 1 : 0)) * sharded.shard_elements() * 4 &&
+                last.bytes_written == fields * sharded.shard_elements() * 4,
+            "moved ", last.bytes_read, " and ", last.bytes_written, " bytes");
+        // Host memory: the shard's gradient unless it is in the file, its values unless they are,
+        // the pool.
+        const int64_t held = (variant == 3 ? (grads ? 0 : 1) : 2) * sharded.shard_elements() * 4 +
                              sharded.state_file()->host_bytes();
         CHECK_OR_THROW(sharded.host_bytes() == held, "host ", sharded.host_bytes(), " vs ", held);
         CHECK_OR_THROW(sharded.state_bytes() == 0 && sharded.file_bytes() >= last.bytes_read,

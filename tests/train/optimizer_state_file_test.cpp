@@ -1,6 +1,7 @@
 // OptimizerStateFile (train/optimizer_state_file.h) on its own: fields that read as zeros until
 // written, a step's sub-groups and what they carry, reads of unaligned ranges, fills, and what
 // it refuses. The sharded optimizer over it: rank helper scenario zero_offload.
+#include <cmath>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -75,6 +76,47 @@ TEST(OptimizerStateFile, FillAndWriteReplaceAFieldAndOthersStayZeros) {
   EXPECT_TRUE(torch::equal(state, torch::full({n}, 3.0f)));
   // The file was removed from the directory as soon as it was open.
   EXPECT_TRUE(std::filesystem::is_empty(dir));
+}
+
+// A gradient's ranges: unaligned and sharing blocks with their neighbours, copied, added onto
+// zeros and added to; a field the step reads but does not write back.
+TEST(OptimizerStateFile, UpdatesUnalignedRangesKeepingTheirNeighbours) {
+  const std::string dir = testing::fresh_temp_dir("optimizer_state_file_ranges");
+  const int64_t n = 3000;  // 4096-byte buffers: 1024 floats; ranges cut across them
+  OptimizerStateFile file(small(dir), {"grads"}, n, torch::kFloat, "ranges");
+  using Update = OptimizerStateFile::RangeUpdate;
+  const std::vector<std::pair<int64_t, int64_t>> ranges = {{0, 777}, {777, 1500}, {2277, 723}};
+  torch::Tensor expected = torch::zeros({n});
+  for (const auto& [first, length] : ranges) {
+    const torch::Tensor x = torch::randn({length});
+    file.update_range(0, first, length, x, Update::kAddOntoZeros);
+    expected.narrow(0, first, length).copy_(x);
+  }
+  for (const auto& [first, length] : ranges) {  // added to: each range's neighbours kept
+    const torch::Tensor x = torch::randn({length});
+    file.update_range(0, first, length, x, Update::kAdd);
+    expected.narrow(0, first, length).add_(x);
+  }
+  // -0.0 copied stays -0.0; added onto zeros it is 0 + -0.0 = +0.0, as in memory.
+  const torch::Tensor minus_zero = torch::full({3}, -0.0f);
+  file.update_range(0, 10, 3, minus_zero, Update::kCopy);
+  file.update_range(0, 20, 3, minus_zero, Update::kAddOntoZeros);
+  expected.narrow(0, 10, 3).copy_(minus_zero);
+  expected.narrow(0, 20, 3).zero_().add_(minus_zero);
+  torch::Tensor back = torch::empty({n});
+  file.read(0, back);
+  EXPECT_TRUE(torch::equal(back, expected));
+  EXPECT_TRUE(std::signbit(back[10].item<float>()));
+  EXPECT_FALSE(std::signbit(back[20].item<float>()));
+  // Read by the step, not written back: what a step does to it does not reach the file.
+  file.read_only_in_step(0);
+  file.step([&](int64_t first, int64_t length, const std::vector<torch::Tensor>& w) {
+    EXPECT_TRUE(torch::equal(w[0], expected.narrow(0, first, length)));
+    w[0].fill_(7);
+  });
+  EXPECT_EQ(file.last_step().bytes_written, 0);
+  file.read(0, back);
+  EXPECT_TRUE(torch::equal(back, expected));
 }
 
 TEST(OptimizerStateFile, RefusesWhatCannotWorkNamingTheSetting) {

@@ -217,6 +217,9 @@ struct MemoryModelOptions {
   // the host nor the device keeps them.
   bool optimizer_state_in_files = false;
   bool parameters_in_files = false;
+  // With parameters_in_files on CPU stages: the shard's gradient in the files too (added to as
+  // each reduction lands, read by the step), so the host keeps only the pool.
+  bool gradients_in_files = false;
   std::int64_t offload_buffer_bytes = 0;
   int data_parallel = 1;                     // replicas of each pipeline rank (dp)
   bool processes = false;                    // one process per rank: the transport's buffers count

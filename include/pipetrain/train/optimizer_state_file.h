@@ -69,6 +69,17 @@ class OptimizerStateFile {
   // elements [first, first + length) into `window` (a pool buffer, contents undefined before).
   using Fill = std::function<void(int64_t first, int64_t length, const torch::Tensor& window)>;
   void fill(size_t field, const Fill& fill);
+  // Updates field f's values from element `first` with `in` (contiguous, `length` values of the
+  // dtype, on the host; anywhere, unaligned: the blocks at the range's ends are read and written
+  // whole, so neighbouring ranges are kept), a buffer's worth at a time, each transfer waited
+  // for. kAdd: old + x; kAddOntoZeros: 0 + x (the old values count as zeros: the first addition
+  // of a step); kCopy: x. The last two read only the blocks the range shares. Each element is what
+  // an in-memory add_ or copy_ would make it.
+  enum class RangeUpdate { kAdd, kAddOntoZeros, kCopy };
+  void update_range(size_t field, int64_t first, int64_t length, const torch::Tensor& in,
+                    RangeUpdate how);
+  // Field f is read by step() but not written back (a gradient the step only reads).
+  void read_only_in_step(size_t field);
 
   // The last step's figures: bytes moved, sub-groups, seconds the step took and seconds it
   // waited for transfers (the rest is the optimizer's compute with transfers in flight).
@@ -96,6 +107,7 @@ class OptimizerStateFile {
   offload::SwapFile file_;
   std::vector<int64_t> regions_;  // each field's offset in the file
   std::vector<char> written_;     // per field
+  std::vector<char> read_only_;   // per field: step() does not write it back
   Stats last_;
 };
 

@@ -589,6 +589,22 @@ class ShardedOptimizer : public StageParameters, public StageParameterHooks {
   // are the file's field values_field_ (after the state fields).
   bool params_in_file_ = false;
   size_t values_field_ = 0;
+  // With the values in the file on CPU stages (not staged_): the shard's gradient is the file's
+  // field grads_field_ too (shard_grad_ undefined). Each segment's reduced piece is added to its
+  // range as it lands (the first of a step onto zeros: grad_written_), the step reads it with the
+  // state, and scale_gradients' factors wait in grad_factors_, applied in order wherever the
+  // gradient is read, as the in-memory shard would have had them applied.
+  bool grads_in_file_ = false;
+  size_t grads_field_ = 0;
+  std::vector<char> grad_written_;
+  std::vector<double> grad_factors_;
+  // grads_in_file_: adds segment k's reduced piece to its range of the file's gradient;
+  // `overwrite`: the piece is the segment's whole gradient (reduced once, at the step's end).
+  void add_to_file_gradient(size_t k, const torch::Tensor& piece, bool overwrite);
+  // grads_in_file_: f(values, slice, at) for each slice's gradient, a million elements at a time
+  // (`at`: the chunk's offset from the slice's start), the factors applied.
+  void for_each_file_gradient_chunk(
+      const std::function<void(const torch::Tensor&, const Slice&, int64_t at)>& f) const;
   torch::TensorOptions state_options_;
   // Stage 3 by layer: its units (the segments of one layer), the layers', the persistent
   // segments, the plans by (schedule, rank, checkpoint), and the step's progress through one.
