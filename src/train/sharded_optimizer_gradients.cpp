@@ -80,9 +80,13 @@ ShardedOptimizer::InFlight ShardedOptimizer::start_reduce_scatter(size_t k, torc
   r.segment = k;
   r.flat = std::move(flat);
   r.add = add;
-  const bool own_piece = add || shard_grad_.defined() == false;
-  r.piece = own_piece ? pool_->take(s.piece, comm_options())
-                      : reduced_gradient().narrow(0, s.shard_offset, s.piece);
+  // One replica with the gradient in the file: the piece is the packed segment itself, written
+  // (or added) from there, with no copy.
+  const bool direct = grads_in_file_ && group() == nullptr;
+  const bool own_piece = !direct && (add || shard_grad_.defined() == false);
+  r.piece = direct      ? r.flat.narrow(0, 0, s.piece)
+            : own_piece ? pool_->take(s.piece, comm_options())
+                        : reduced_gradient().narrow(0, s.shard_offset, s.piece);
   r.own_piece = own_piece;
   r.pooled_flat = pooled_flat;
   // Its buffers: the packed segment (a streamed gradient reduced in place too: it outlives its
@@ -96,7 +100,7 @@ ShardedOptimizer::InFlight ShardedOptimizer::start_reduce_scatter(size_t k, torc
   if (C10dGroup* dp = group()) {
     r.wait = dp->reduce_scatter_sum_start(r.flat, r.piece);
   } else {
-    r.piece.copy_(r.flat.narrow(0, replica_ * s.piece, s.piece));
+    if (!direct) r.piece.copy_(r.flat.narrow(0, replica_ * s.piece, s.piece));
     r.wait = [] {};
   }
   return r;
