@@ -183,6 +183,18 @@ void check_ranges(const TrainingSetup& s) {
   if (job.zero.offload_optimizer == "nvme") {
     train::check_nvme_options(s.zero_options.nvme());
     train::check_nvme_directory(s.zero_options.nvme(), 0, "--offload-optimizer nvme");
+    // The file's fields (train/sharded_optimizer.h): the state's, and with the parameter shards
+    // their values and, on CPU stages, their gradient. A sub-group takes a buffer of each.
+    const bool params = job.zero.offload_params == "nvme";
+    const int64_t fields = static_cast<int64_t>(partition::optimizer_state_multiple(
+                               job.optimizer.name, job.optimizer.momentum)) +
+                           (params ? 1 : 0) + (params && !on_cuda(s.pipeline) ? 1 : 0);
+    if (job.zero.offload_buffer_count < fields) {
+      fail("--offload-buffer-count " + std::to_string(job.zero.offload_buffer_count) +
+           " is fewer than the " + std::to_string(fields) +
+           " buffers one sub-group of the offload file takes (one per field; " +
+           std::to_string(3 * fields) + " keep its reads and writes in flight while it steps)");
+    }
   } else if (!job.zero.offload_dir.empty()) {
     fail(
         "--offload-dir is where --offload-optimizer nvme puts its files; give "

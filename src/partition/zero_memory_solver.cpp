@@ -254,14 +254,21 @@ void add_zero_memory(const ModelProfile& profile, const std::vector<int>& balanc
     const Segment& s = segments[k];
     const Sizes& z = sizes[k];
     if (s.streamed) {
-      // Received into a piece of its own, then added.
-      streamed[{s.stage, s.layer}].push_back(z.padded + z.piece);
+      // Received into a piece of its own, then added (the gradient in the files at one replica:
+      // added to the file from the packed segment itself).
+      const bool direct =
+          options.gradients_in_files && options.parameters_in_files && zero == 3 && dp == 1;
+      streamed[{s.stage, s.layer}].push_back(z.padded + (direct ? 0 : z.piece));
       layer_gradients[{s.stage, s.layer}] += s.bytes;
     } else {
       // One parameter needing no padding is reduced from its .grad() itself. (In one process
       // the ranks share one optimizer, which buckets a tie with its neighbours.)
       const bool in_place = s.parameters == 1 && z.padded == s.bytes && alone(s);
-      at_end.push_back((in_place ? 0 : z.padded) + (zero == 1 && aliased ? z.piece : 0));
+      // The piece is a buffer of its own where stage 1 writes it into .grad(), and where the
+      // gradient is in the files with replicas (received, then written there).
+      const bool own_piece = (zero == 1 && aliased) ||
+                             (options.gradients_in_files && options.parameters_in_files && dp > 1);
+      at_end.push_back((in_place ? 0 : z.padded) + (own_piece ? z.piece : 0));
       accumulated += s.bytes;
     }
     // Stages 1, 2's step gathers, into the parameter itself where it is one needing no padding.
