@@ -519,7 +519,8 @@ void declare(JobConfig& c, FieldVisitor& v) {
   v.field(F("zero", "stage", "--zero",
             "ZeRO stage over the data-parallel replicas: 0 none, 1 optimizer state sharded, 2 "
             "gradients held between steps sharded too, 3 parameters too (gathered around each "
-            "stage's actions) (needs --dp > 1)",
+            "stage's actions) (needs --dp > 1, or --offload-optimizer; --zero 3 without --nproc "
+            "runs one stage as one rank process)",
             model_plan),
           c.zero.stage, [](const std::string& flag, const int64_t& value) -> std::string {
             return value >= 0 && value <= 3
@@ -580,7 +581,8 @@ void declare(JobConfig& c, FieldVisitor& v) {
   v.field(F("zero", "offload_params", "--offload-params",
             "with --zero 3: none; cpu (CPU stages: where they are already); nvme, each replica's "
             "parameter shard in the offload files with the optimizer state (needs "
-            "--offload-optimizer nvme), read per layer as it is gathered",
+            "--offload-optimizer nvme), read per layer as it is gathered; on CPU stages its "
+            "gradient too",
             train),
           c.zero.offload_params, one_of({"none", "cpu", "nvme"}));
   v.field(F("zero", "offload_dir", "--offload-dir",
