@@ -243,12 +243,11 @@ void check_offload(const TrainingSetup& s, const Prepared& p, JobObserver& obser
   for (const torch::Tensor& t : train::unique_parameters(p.model.sequential->parameters())) {
     elements += t.numel();
   }
-  // The state's fields per parameter (SGD 0, with momentum 1, Adam 2).
-  const auto fields = static_cast<int64_t>(
-      partition::optimizer_state_multiple(s.job.optimizer.name, s.job.optimizer.momentum));
-  // With the parameter shards: their values, and on CPU stages their gradient too.
-  const int64_t with_params = s.job.zero.offload_params != "nvme" ? 0 : on_cuda(s.pipeline) ? 1 : 2;
-  const int64_t bytes = elements * (fields + with_params) * 4;
+  const int64_t fields = offload_file_fields(s);
+  // Beyond the state's: the parameter shards' values, and on CPU stages their gradient too.
+  const int64_t with_params = fields - static_cast<int64_t>(partition::optimizer_state_multiple(
+                                           s.job.optimizer.name, s.job.optimizer.momentum));
+  const int64_t bytes = elements * fields * 4;
   train::check_nvme_directory(s.zero_options.nvme(), bytes,
                               "--offload-optimizer nvme (the optimizer state of " +
                                   std::to_string(elements) + " parameters)");

@@ -183,12 +183,7 @@ void check_ranges(const TrainingSetup& s) {
   if (job.zero.offload_optimizer == "nvme") {
     train::check_nvme_options(s.zero_options.nvme());
     train::check_nvme_directory(s.zero_options.nvme(), 0, "--offload-optimizer nvme");
-    // The file's fields (train/sharded_optimizer.h): the state's, and with the parameter shards
-    // their values and, on CPU stages, their gradient. A sub-group takes a buffer of each.
-    const bool params = job.zero.offload_params == "nvme";
-    const int64_t fields = static_cast<int64_t>(partition::optimizer_state_multiple(
-                               job.optimizer.name, job.optimizer.momentum)) +
-                           (params ? 1 : 0) + (params && !on_cuda(s.pipeline) ? 1 : 0);
+    const int64_t fields = offload_file_fields(s);
     if (job.zero.offload_buffer_count < fields) {
       fail("--offload-buffer-count " + std::to_string(job.zero.offload_buffer_count) +
            " is fewer than the " + std::to_string(fields) +
@@ -258,6 +253,13 @@ ModelDataSpec model_data_spec(const JobConfig& job) {
   spec.pad_multiple = job.data.pad_multiple;
   spec.group_by_length = job.data.group_by_length;
   return spec;
+}
+
+int64_t offload_file_fields(const TrainingSetup& s) {
+  const bool params = s.job.zero.offload_params == "nvme";
+  return static_cast<int64_t>(
+             partition::optimizer_state_multiple(s.job.optimizer.name, s.job.optimizer.momentum)) +
+         (params ? 1 : 0) + (params && !on_cuda(s.pipeline) ? 1 : 0);
 }
 
 TrainingSetup resolve_training(const JobConfig& job) {

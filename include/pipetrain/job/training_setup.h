@@ -46,6 +46,11 @@ train::TrainerOptions trainer_settings(const TrainingSetup& setup, int64_t total
 // What the memory model needs of the job (train/memory_fit.h).
 train::MemoryRunOptions memory_run_options(const TrainingSetup& setup, const RunLayout& layout);
 
+// The fields of each process's offload file under --offload-optimizer nvme
+// (train/sharded_optimizer.h): the optimizer state's, and with --offload-params nvme the shard's
+// values and, on CPU stages, its gradient. A sub-group takes a buffer of each.
+int64_t offload_file_fields(const TrainingSetup& setup);
+
 // The model and data settings of `job` (--model, --data, ... and --seed).
 ModelDataSpec model_data_spec(const JobConfig& job);
 
