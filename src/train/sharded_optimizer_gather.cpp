@@ -116,40 +116,18 @@ void ShardedOptimizer::start_gather_segment(size_t k, bool exact) {
   Gather& g = gathers_[k];
   if (g.state != Residency::kFreed) return;
   const Segment& s = segments_[k];
-  if (params_in_file_ && group() == nullptr &&
-      (exact || s.gather_dtype == comm_options().dtype())) {
-    // One replica: its piece is the whole segment, read straight into the buffer the parameters
-    // will point into (on a GPU, through a host buffer given back at once): no second copy.
-    torch::Tensor host = pool_->take(s.padded, comm_options().device(torch::kCPU));
-    state_file_->read_range(values_field_, s.shard_offset, s.piece, host.data_ptr());
-    if (comm_device_.is_cpu()) {
-      g.gathered = host;
-    } else {
-      g.gathered = pool_->take(s.padded, comm_options());
-      g.gathered.copy_(host);
-      pool_->give(host);
-    }
-    g.piece = g.gathered;
-    g.narrowed = false;
-    g.keep = !exact;
-    g.own_piece = false;
-    g.buffer_bytes = tensor_bytes(g.gathered);
-    buffer_bytes_ += g.buffer_bytes;
-    note_gather_peaks();
-    gather_bytes_sent_ += tensor_bytes(g.piece);
-    gather_bytes_uncast_ += tensor_bytes(g.piece);
-    g.start_us = CollectiveLog::now_us();
-    g.wait = [] {};
-    g.state = Residency::kGathering;
-    return;
-  }
+  // One replica with the values in the file: its piece is the whole segment, read straight into
+  // the buffer the parameters will point into (no second copy).
+  const bool direct =
+      params_in_file_ && group() == nullptr && (exact || s.gather_dtype == comm_options().dtype());
   torch::Tensor piece;
   if (params_in_file_) {  // read from the file into a buffer of its own, then where it is sent
-    torch::Tensor host = pool_->take(s.piece, comm_options().device(torch::kCPU));
+    const int64_t elements = direct ? s.padded : s.piece;
+    torch::Tensor host = pool_->take(elements, comm_options().device(torch::kCPU));
     state_file_->read_range(values_field_, s.shard_offset, s.piece, host.data_ptr());
     piece = host;
     if (!comm_device_.is_cpu()) {
-      piece = pool_->take(s.piece, comm_options());
+      piece = pool_->take(elements, comm_options());
       piece.copy_(host);
       pool_->give(host);
     }
@@ -157,6 +135,7 @@ void ShardedOptimizer::start_gather_segment(size_t k, bool exact) {
     piece = gather_source().detach().narrow(0, s.shard_offset, s.piece);
   }
   // Narrower than the parameters (ZeroOptions::cast_gather): rounded here, widened on arrival.
+  // (Never when direct: read in the parameters' dtype to be gathered in it.)
   g.narrowed = !exact && piece.scalar_type() != s.gather_dtype;
   g.keep = !exact;
   if (g.narrowed) {
@@ -166,19 +145,19 @@ void ShardedOptimizer::start_gather_segment(size_t k, bool exact) {
   } else {
     g.piece = piece;
   }
-  g.own_piece = g.narrowed || params_in_file_;
-  g.gathered = pool_->take(s.padded, g.piece.options());
+  g.own_piece = !direct && (g.narrowed || params_in_file_);
+  g.gathered = direct ? g.piece : pool_->take(s.padded, g.piece.options());
   g.buffer_bytes = tensor_bytes(g.gathered) + (g.own_piece ? tensor_bytes(g.piece) : 0);
   buffer_bytes_ += g.buffer_bytes;
   note_gather_peaks();
   gather_bytes_sent_ += tensor_bytes(g.piece);
   gather_bytes_uncast_ += tensor_bytes(piece);
-  reduce_thread_.drain();  // the group's collectives in one order on every replica
+  if (!direct) reduce_thread_.drain();  // the group's collectives in one order on every replica
   g.start_us = CollectiveLog::now_us();
   if (C10dGroup* dp = group()) {
     g.wait = dp->all_gather_start(g.piece, g.gathered);
   } else {
-    g.gathered.copy_(g.piece);
+    if (!direct) g.gathered.copy_(g.piece);
     g.wait = [] {};
   }
   g.state = Residency::kGathering;
