@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <map>
+#include <set>
 #include <sstream>
 
 #include "job_internal.h"
@@ -325,7 +327,8 @@ namespace {
 // this process holds built, their weights loaded (or drawn with --init random).
 BuiltModel build_hf_model(const ModelDataSpec& args, const BuiltData& data,
                           const std::optional<std::vector<int64_t>>& entries,
-                          const parallel::TensorParallel& tp) {
+                          const parallel::TensorParallel& tp,
+                          const std::vector<int64_t>& on_demand) {
   const models::LlamaConfig config = hf_config(args);
   if (data.seq_len > 0) {
     as_bad_input("--seq-len " + std::to_string(data.seq_len),
@@ -337,14 +340,46 @@ BuiltModel build_hf_model(const ModelDataSpec& args, const BuiltData& data,
   }
   models::LlamaModel llama =
       models::make_llama(config, models::LlamaBuildOptions().entries(entries).tensor_parallel(tp));
+  // The entries whose values wait (ZeRO-3 takes them a layer at a time), and the others'.
+  auto deferred = std::make_shared<std::set<int64_t>>(on_demand.begin(), on_demand.end());
+  const int64_t head = config.num_hidden_layers + 2;
+  if (config.tie_word_embeddings && deferred->count(head)) deferred->insert(0);  // its table
+  const models::LlamaEntryFilter now = [deferred](int64_t e) { return !deferred->count(e); };
+  std::shared_ptr<const io::SafetensorsCheckpoint> checkpoint;
   if (args.init == "random") {
-    models::init_llama_random(llama, args.seed);
+    models::init_llama_random(llama, args.seed, now);
   } else {
-    as_bad_input("--model " + args.model, [&] {
-      models::load_llama_weights(llama, io::SafetensorsCheckpoint::open(args.model));
+    checkpoint = as_bad_input("--model " + args.model, [&] {
+      auto opened =
+          std::make_shared<const io::SafetensorsCheckpoint>(io::SafetensorsCheckpoint::open(args.model));
+      models::load_llama_weights(llama, *opened, now);
+      return opened;
     });
   }
   BuiltModel model;
+  if (!deferred->empty()) {
+    // Each parameter's entry: the first that holds it (a tied table is the embedding's).
+    auto entry_of = std::make_shared<std::map<const void*, int64_t>>();
+    for (size_t e = 0; e < llama.sequential->size(); ++e) {
+      for (const torch::Tensor& p : llama.sequential->ptr(e)->parameters()) {
+        entry_of->emplace(p.unsafeGetTensorImpl(), static_cast<int64_t>(e));
+      }
+    }
+    auto filled = std::make_shared<std::set<int64_t>>();
+    model.fill_values = [llama, deferred, entry_of, filled, checkpoint,
+                         seed = args.seed](const torch::Tensor& p) mutable {
+      const auto found = entry_of->find(p.unsafeGetTensorImpl());
+      if (found == entry_of->end()) return;
+      const int64_t e = found->second;
+      if (!deferred->count(e) || !filled->insert(e).second) return;
+      const models::LlamaEntryFilter one = [e](int64_t entry) { return entry == e; };
+      if (checkpoint) {
+        models::load_llama_weights(llama, *checkpoint, one);
+      } else {
+        models::init_llama_random(llama, seed, one);
+      }
+    };
+  }
   model.name = args.model;
   model.sequential = llama.sequential;
   model.tied_parameters = llama.tied_parameters;
@@ -379,8 +414,8 @@ BuiltModel build_mirror_model(const ModelDataSpec& spec, const BuiltData& data, 
 
 BuiltModel build_model(const ModelDataSpec& args, const BuiltData& data,
                        const std::optional<std::vector<int64_t>>& entries,
-                       const parallel::TensorParallel& tp) {
-  if (is_hf_model(args.model)) return build_hf_model(args, data, entries, tp);
+                       const parallel::TensorParallel& tp, const std::vector<int64_t>& on_demand) {
+  if (is_hf_model(args.model)) return build_hf_model(args, data, entries, tp, on_demand);
   if (tp.split()) {
     throw UsageError(
         "--tp splits the layers of a Llama-family model (--model DIR with "

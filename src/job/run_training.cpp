@@ -117,6 +117,19 @@ std::optional<std::vector<int64_t>> hf_entries(const TrainingSetup& s, const Run
   return rank_layers(pipe_options(s.pipeline, layout, layers), layers, pipeline_rank);
 }
 
+// The entries of a Hugging Face model whose values a rank writes only when ZeRO-3 takes them
+// into its shard, a layer at a time (ZeroOptions::initial_values): its own stages' on CPU stages,
+// unless a checkpoint is resumed (it writes every value) or an auto plan profiles the model.
+std::vector<int64_t> values_on_demand(const TrainingSetup& s, const RunLayout& layout,
+                                      int pipeline_rank) {
+  if (pipeline_rank < 0 || !is_hf_model(s.data.model) || !layout.multi_process ||
+      s.auto_request.any() || s.job.zero.stage != 3 || !s.resume.empty() || on_cuda(s.pipeline)) {
+    return {};
+  }
+  const int64_t layers = hf_config(s.data).entries();
+  return rank_layers(pipe_options(s.pipeline, layout, layers), layers, pipeline_rank);
+}
+
 // [2]: data, model (seeded), checks, the auto plan (the setup then holds its values; not in the
 // launcher's parent, whose ranks plan), deferred batch norm, resume. Every rank does the same.
 Prepared prepare(TrainingSetup& s, const RunLayout& layout, JobObserver& observer,
@@ -125,7 +138,8 @@ Prepared prepare(TrainingSetup& s, const RunLayout& layout, JobObserver& observe
   Prepared p;
   p.data = build_data(s.data);
   torch::manual_seed(s.data.seed);
-  p.model = build_model(s.data, p.data, hf_entries(s, layout, pipeline_rank), tp);
+  p.model = build_model(s.data, p.data, hf_entries(s, layout, pipeline_rank), tp,
+                        values_on_demand(s, layout, pipeline_rank));
   check_data_against_model(p.model, p.data);
   check_batch_size(p.data, s.job.training.batch_size);
   if (s.auto_request.any() && !leave_plan_to_ranks) {
@@ -495,6 +509,8 @@ JobResult run_rank(TrainingSetup& s, JobObserver& observer) {
       return;
     }
     p->predicted_memory = predicted_memory;
+    // ZeRO-3 writes the values it waits for as it takes them into the shard.
+    if (p->model.fill_values) s.zero_options.initial_values(p->model.fill_values);
     PipeOptions pipe =
         pipe_options(s.pipeline, layout, static_cast<int64_t>(p->model.sequential->size()));
     const std::string text = describe_pipeline(pipe, pipe.balance(), layout);

@@ -356,18 +356,22 @@ LlamaModel make_llama(const LlamaConfig& config, const LlamaBuildOptions& option
   return model;
 }
 
-void init_llama_random(LlamaModel& model, uint64_t seed) {
+void init_llama_random(LlamaModel& model, uint64_t seed, const LlamaEntryFilter& only) {
   const LlamaConfig& c = *model.config;
   const double std = c.initializer_range;
   torch::NoGradGuard no_grad;
   std::set<const void*> done;  // a tied table is drawn once, by the embedding
   for (size_t e = 0; e < model.sequential->size(); ++e) {
-    if (!model.materialized[e]) continue;
+    if (!model.materialized[e] || (only && !only(static_cast<int64_t>(e)))) continue;
     at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(mix_seed(seed, e));
     for (const auto& item : model.sequential->ptr(e)->named_parameters()) {
       torch::Tensor p = item.value();
-      if (!done.insert(p.unsafeGetTensorImpl()).second) continue;
       const std::string& name = item.key();
+      // A tied table is the embedding's: entry 0 draws it, the head never (also when only the
+      // head's entry is asked for).
+      const bool tied_head = c.tie_word_embeddings &&
+                             e == static_cast<size_t>(c.num_hidden_layers + 2) && name == "weight";
+      if (tied_head || !done.insert(p.unsafeGetTensorImpl()).second) continue;
       if (is_layer_norm_weight(name) || e == static_cast<size_t>(c.num_hidden_layers + 1)) {
         p.fill_(1.0);
       } else if (name.size() >= 4 && name.compare(name.size() - 4, 4, "bias") == 0) {
@@ -440,7 +444,8 @@ std::optional<std::string> entry_name_of(const std::string& hf_name, const Llama
 // ---- loading and saving
 // ---------------------------------------------------------------------------
 
-void load_llama_weights(LlamaModel& model, const io::SafetensorsCheckpoint& checkpoint) {
+void load_llama_weights(LlamaModel& model, const io::SafetensorsCheckpoint& checkpoint,
+                        const LlamaEntryFilter& only) {
   const LlamaConfig& c = *model.config;
   const std::string lm_head = "lm_head.weight";
   std::set<std::string> expected;
@@ -474,6 +479,7 @@ void load_llama_weights(LlamaModel& model, const io::SafetensorsCheckpoint& chec
                                        " but config.json gives the model " + shape_text(whole));
       }
       if (p.is_meta()) continue;  // another rank's entry: checked, not read
+      if (only && !only(static_cast<int64_t>(e))) continue;
       if (split) {                // only this rank's slice is read
         const int64_t length = p.size(split->dim);
         p.copy_(checkpoint.load_slice(hf, split->dim,

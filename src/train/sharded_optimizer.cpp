@@ -314,6 +314,7 @@ ShardedOptimizer::ShardedOptimizer(Distributed* distributed, std::vector<torch::
   } else {
     place_state(options_of);
   }
+  values_on_demand_ = stage == 3 && zero.initial_values() && device.is_cpu();
   load_shard();
 }
 
@@ -395,24 +396,49 @@ torch::Tensor ShardedOptimizer::flat_parameter(size_t q) const {
 void ShardedOptimizer::load_shard() {
   if (aliased_) return;  // the parts are the parameters
   torch::NoGradGuard no_grad;
+  // Values on demand (the first take only): each parameter's written just before the shard takes
+  // them, and each segment freed as soon as the shard holds it, in shard order.
+  const bool on_demand = values_on_demand_;
+  values_on_demand_ = false;
+  size_t next_release = 0;
+  auto values_of = [&](size_t q) {
+    if (on_demand) zero_.initial_values()(parameters_[q]);
+    return flat_parameter(q);
+  };
+  auto release_up_to = [&](int64_t end) {
+    if (!on_demand) return;
+    const size_t before = next_release;
+    while (next_release < segments_.size() &&
+           segments_[next_release].shard_offset + segments_[next_release].piece <= end) {
+      // A parameter is written before it is freed, even one with nothing in this replica's
+      // piece: its layer's values may be written later, through another parameter.
+      for (size_t q : segments_[next_release].parameters) zero_.initial_values()(parameters_[q]);
+      release_segment(next_release++);
+    }
+    if (next_release > before) return_freed_memory();
+  };
   if (params_in_file_) {  // into the file, a sub-group at a time
     state_file_->fill(values_field_, [&](int64_t first, int64_t length, const torch::Tensor& w) {
       w.zero_();
       for_each_slice_in(first, first + length, [&](size_t i, int64_t lo, int64_t hi) {
         const Slice& s = slices_[i];
         w.narrow(0, lo - first, hi - lo)
-            .copy_(flat_parameter(s.parameter)
-                       .narrow(0, s.parameter_offset + (lo - s.shard_offset), hi - lo));
+            .copy_(values_of(s.parameter).narrow(0, s.parameter_offset + (lo - s.shard_offset),
+                                                 hi - lo));
       });
+      release_up_to(first + length);
     });
-    return;
+  } else {
+    for (const Slice& s : slices_) {
+      shard_.narrow(0, s.shard_offset, s.length)
+          .copy_(values_of(s.parameter).narrow(0, s.parameter_offset, s.length));
+      release_up_to(s.shard_offset + s.length);
+    }
+    if (staged_ && stage_ == 3) device_shard_ = shard_.to(comm_device_, false, /*copy=*/true);
   }
-  for (const Slice& s : slices_) {
-    shard_.narrow(0, s.shard_offset, s.length)
-        .copy_(flat_parameter(s.parameter).narrow(0, s.parameter_offset, s.length));
-  }
-  if (staged_ && stage_ == 3 && !params_in_file_) {
-    device_shard_ = shard_.to(comm_device_, false, /*copy=*/true);
+  if (on_demand) {  // every segment freed: the shard is the truth
+    release_up_to(std::numeric_limits<int64_t>::max());
+    parameters_are_truth_ = false;
   }
 }
 

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -36,6 +37,44 @@ TEST(CheckBatchSize, RefusesMoreRowsThanTheTrainingSetAndNamesTheLargestThatFits
   BuiltData text;  // windows are sampled: no limit
   text.name = "text";
   EXPECT_NO_THROW(check_batch_size(text, 1 << 20));
+}
+
+// Entries built with their values on demand (ZeRO-3 takes them a layer at a time): once
+// fill_values has written them they are the values of the build that wrote them at once, drawn
+// (Qwen2, whose head is tied to the embedding's table) or read from the checkpoint (Llama); a
+// second call for the entry writes nothing.
+TEST(BuildModel, ValuesOnDemandAreTheValuesOfTheBuildThatWritesThemAtOnce) {
+  for (const std::string& init : {std::string("random"), std::string("checkpoint")}) {
+    ModelDataSpec spec;
+    spec.model = pipetrain::testing::hf_fixtures() + (init == "random" ? "/qwen2" : "/llama");
+    spec.init = init;
+    spec.seed = 7;
+    const BuiltData data;
+    const int64_t entries = hf_config(spec).entries();
+    // The last stage of two: the tied table comes with its head.
+    std::vector<int64_t> mine;
+    for (int64_t e = entries / 2; e < entries; ++e) mine.push_back(e);
+    const BuiltModel eager = build_model(spec, data, mine);
+    const std::vector<int64_t> waiting = {entries / 2, entries - 1};
+    const BuiltModel lazy = build_model(spec, data, mine, {}, waiting);
+    ASSERT_TRUE(lazy.fill_values) << init;
+    EXPECT_FALSE(eager.fill_values) << init;
+    const auto eager_named = eager.sequential->named_parameters();
+    const auto lazy_named = lazy.sequential->named_parameters();
+    ASSERT_EQ(eager_named.size(), lazy_named.size());
+    for (size_t i = 0; i < lazy_named.size(); ++i) {
+      const torch::Tensor p = lazy_named[i].value();
+      if (p.is_meta()) continue;
+      lazy.fill_values(p);
+      EXPECT_TRUE(torch::equal(p, eager_named[i].value())) << init << " " << lazy_named[i].key();
+    }
+    // Written once: a second call leaves what the shard's owner did to them.
+    const torch::Tensor first = lazy_named[lazy_named.size() - 1].value();
+    torch::NoGradGuard no_grad;
+    first.fill_(3.0);
+    lazy.fill_values(first);
+    EXPECT_TRUE(torch::equal(first, torch::full_like(first, 3.0))) << init;
+  }
 }
 
 TEST(LoadPlanningModel, AnExampleModelWithARandomSampleOfTheShape) {

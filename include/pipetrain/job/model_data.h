@@ -93,6 +93,11 @@ struct BuiltModel {
   // A tensor-parallel Hugging Face model: how its parameters are cut (name -> the dimension, or
   // nullopt for a whole tensor); empty without tensor parallelism.
   std::function<std::optional<parallel::TensorSplit>(const std::string&)> tensor_parallel_split;
+  // Built with values on demand (build_model's `on_demand`): those entries' parameters are
+  // allocated but hold no values (their pages untouched) until fill_values(p) writes the values
+  // of p's entry, all of its parameters, once (a second call for the entry does nothing). ZeRO-3
+  // takes them so, a layer at a time (train::ZeroOptions::initial_values). Null otherwise.
+  std::function<void(const torch::Tensor&)> fill_values;
 };
 
 // The data: training rows (or a corpus), held-out rows when the data set has them.
@@ -117,9 +122,12 @@ struct BuiltData {
 BuiltData build_data(const ModelDataSpec& spec);
 // `tp`: the tensor-parallel group a Hugging Face model is split over (models/llama.h; its loss is
 // then the vocabulary-parallel one); other models refuse a split group.
+// `on_demand` (a Hugging Face model): entries built without their values, which
+// BuiltModel::fill_values writes when asked; ignored by other models.
 BuiltModel build_model(const ModelDataSpec& spec, const BuiltData& data,
                        const std::optional<std::vector<int64_t>>& entries = std::nullopt,
-                       const parallel::TensorParallel& tp = {});
+                       const parallel::TensorParallel& tp = {},
+                       const std::vector<int64_t>& on_demand = {});
 // One tensor-parallel rank's copy of the Hugging Face model `spec` names, randomly initialised and
 // split over a mirror group of `tensor_parallel` (transport/c10d.h): a rank's shapes, allocations
 // and work with no collective, for profiling it in one process (the auto plan, the memory model).

@@ -51,6 +51,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -262,8 +263,10 @@ LlamaModel make_llama(const LlamaConfig& config, const LlamaBuildOptions& option
 
 // Fills the materialized entries as transformers initializes a new model: linear weights and the
 // table ~ N(0, initializer_range^2) (the pad row 0), biases 0, norms 1; entry e from its own
-// generator seeded mix_seed(seed, e).
-void init_llama_random(LlamaModel& model, uint64_t seed);
+// generator seeded mix_seed(seed, e). `only` (optional): the entries to fill (each draws what it
+// draws in the whole model's init; a tied table is the embedding's, entry 0).
+using LlamaEntryFilter = std::function<bool(int64_t entry)>;
+void init_llama_random(LlamaModel& model, uint64_t seed, const LlamaEntryFilter& only = {});
 
 // Hugging Face's name of a parameter ("0.weight" -> "model.embed_tokens.weight", "3.mlp.up_proj.
 // weight" -> "model.layers.2.mlp.up_proj.weight", "<L+1>.weight" -> "model.norm.weight",
@@ -276,8 +279,10 @@ std::optional<std::string> entry_name_of(const std::string& hf_name, const Llama
 // needs and the checkpoint lacks, one it has and the model does not know, or one of another
 // shape is a SafetensorsError naming the file and the tensor. Ignored: "lm_head.weight" when the
 // embedding is tied (transformers ties over it) and the rotary tables old checkpoints stored
-// ("*.rotary_emb.inv_freq").
-void load_llama_weights(LlamaModel& model, const io::SafetensorsCheckpoint& checkpoint);
+// ("*.rotary_emb.inv_freq"). `only` (optional): the materialized entries to read (every entry
+// is still checked).
+void load_llama_weights(LlamaModel& model, const io::SafetensorsCheckpoint& checkpoint,
+                        const LlamaEntryFilter& only = {});
 
 struct HfSaveOptions {
   /// dtype of the tensors written ("float32", "bfloat16", "float16"). Default float32.

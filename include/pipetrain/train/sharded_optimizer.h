@@ -198,6 +198,13 @@ struct ZeroOptions {
   // 2.28 GB resident where it held 1.6 GB of tensors; with this 1.77 GB, for 14% more step time
   // (the pages are faulted in again when the heap grows back).
   TORCH_ARG(bool, return_freed_memory) = true;
+  // Stage 3 on CPU parameters built without their values (job::BuiltModel::fill_values): before
+  // the shard takes a parameter's values, initial_values(p) writes them (and may write the rest
+  // of p's layer), and each segment's parameters are freed as soon as the shard holds them, so
+  // the rank never holds more than a layer or two of whole parameters at construction. Null: the
+  // parameters hold their values (the shard takes them all, then frees them).
+  using InitialValues = std::function<void(const torch::Tensor&)>;
+  TORCH_ARG(InitialValues, initial_values) = nullptr;
 };
 
 // Throws pipetrain::BadInput naming the flag and value for a setting out of range: negative
@@ -533,6 +540,7 @@ class ShardedOptimizer : public StageParameters, public StageParameterHooks {
   std::vector<torch::Tensor> parameters_;
   std::vector<Gather> gathers_;       // stage 3: by segment
   bool parameters_are_truth_ = true;  // stage 3: since construction or gather_all()
+  bool values_on_demand_ = false;     // ZeroOptions::initial_values, until the first load_shard
   int64_t whole_bytes_ = 0;           // stage 3: of the whole segments now
   int64_t peak_whole_bytes_ = 0;
   int64_t buffer_bytes_ = 0;  // stage 3: of the gathers in flight now
