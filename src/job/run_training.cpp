@@ -349,6 +349,8 @@ train::TrainSummary train_with(const TrainingSetup& s, Prepared& p, train::StepR
   if (p.data.corpus) evaluate_and_report("final", trainer, p.model, p.data, observer);
   TrainingDone done;
   done.summary = result;
+  // The report profiles this rank's modules: under ZeRO-3 they are gathered for it (every rank).
+  if (pipe && s.job.memory.report) trainer.gather_parameters();
   if (main && pipe) done.text += detail::memory_report_text(s, p, batches, result, *pipe, layout);
   if (main && pipe && pipe->offload_activations()) {
     done.text += train::offload_report_text(runner.rank_holdings(), true);

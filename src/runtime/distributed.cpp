@@ -300,10 +300,26 @@ void Distributed::allreduce_tie(const std::string& name,
   PIPETRAIN_CHECK_INPUT(!local_copies.empty(), "rank ", rank(), " holds no copy of tie '", name,
                         "'");
   torch::NoGradGuard no_grad;
-  torch::Tensor sum = torch::zeros_like(local_copies[0]);
   for (const auto& copy : local_copies) {
     PIPETRAIN_CHECK_INPUT(copy.sizes() == local_copies[0].sizes(), "copies of tie '", name,
                           "' differ in shape: ", copy.sizes(), " vs ", local_copies[0].sizes());
+  }
+  // One copy here with its gradient where the collective runs: summed in place, with no second
+  // tensor of its size (a tied embedding's is hundreds of MB). Adding +0 first makes its zeros
+  // the zeros the sum below starts from (-0 + 0 is +0): the same bits either way.
+  const torch::Tensor& only = local_copies[0].grad();
+  if (local_copies.size() == 1 && only.defined() && only.is_contiguous() &&
+      (!it->second || it->second->collective_device(only.device()) == only.device())) {
+    torch::Tensor grad = only;
+    grad.add_(0.0);
+    if (it->second) {
+      std::vector<torch::Tensor> buffer{grad};
+      it->second->allreduce_sum(buffer);
+    }
+    return;
+  }
+  torch::Tensor sum = torch::zeros_like(local_copies[0]);
+  for (const auto& copy : local_copies) {
     if (copy.grad().defined()) sum += copy.grad();
   }
   if (it->second) {

@@ -245,8 +245,9 @@ TrainSummary Trainer::fit() {
     const bool last_of_short_epoch =
         k + 1 == total && batches_.per_epoch() > 0 && !batches_.ends_epoch(k);
     if ((batches_.ends_epoch(k) || last_of_short_epoch) && on_epoch_end) {
-      if (sharded_) sharded_->gather_all();  // ZeRO-3: the evaluation reads the parameters
-      on_epoch_end(batches_.epoch_of(k));    // [6]
+      // ZeRO-3: an evaluation gathers what it reads (gather_model()); a run without one
+      // gathers nothing (every rank's stages whole at once is what ZeRO-3 exists not to hold).
+      on_epoch_end(batches_.epoch_of(k));  // [6]
       model_->train();
     }
   }
@@ -283,6 +284,10 @@ std::optional<Checkpoint> Trainer::gather_weights() {
   Checkpoint part;
   capture_model(part, runner_.named_parameters(), runner_.named_buffers());
   return runner_.gather(part);
+}
+
+void Trainer::gather_parameters() {
+  if (sharded_) sharded_->gather_all();
 }
 
 bool Trainer::gather_model() {

@@ -693,6 +693,17 @@ void scenario_tie(Distributed& d) {
   for (const auto& w : copies) {
     CHECK_OR_THROW(torch::allclose(w.grad(), torch::full({4}, 24.0f)), "tie grad ", w.grad());
   }
+  // One copy a rank: summed in place in its gradient (no second tensor), and its zeros are those
+  // of a sum that starts from zeros (-0 on both holders sums to +0, as with several copies).
+  const std::string zeros = d.declare_tie("zeros", {0, 1});
+  auto w = torch::zeros({4}, torch::requires_grad());
+  w.mutable_grad() = torch::full({4}, -0.0f);
+  w.mutable_grad()[0] = static_cast<float>(d.pipeline_rank() + 1);
+  const void* storage = w.grad().data_ptr();
+  d.allreduce_tie(zeros, {w});
+  CHECK_OR_THROW(w.grad().data_ptr() == storage, "a single copy's tie sum was not made in place");
+  CHECK_OR_THROW(w.grad()[0].item<float>() == 3.0f, "tie grad ", w.grad());
+  CHECK_OR_THROW(!torch::signbit(w.grad()).any().item<bool>(), "-0 kept its sign: ", w.grad());
   std::cout << "OK tie" << std::endl;
 }
 

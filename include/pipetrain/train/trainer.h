@@ -230,6 +230,10 @@ class Trainer {
   // (returns true there); other ranks return false. REQUIRES every entry of `model` to be
   // materialized on the main rank (no meta placeholders: models/llama.h).
   bool gather_model();
+  // Collective over every rank: under ZeRO-3 each rank's own parameters whole (their storage
+  // back, until the next step frees them), for code that reads this rank's modules; a no-op
+  // otherwise.
+  void gather_parameters();
   // Collective: every rank's parameters and buffers merged into one Checkpoint (its parameters
   // and buffers only) on the main rank; nullopt on the others. Works whatever the main rank
   // holds itself (a rank that materialized only its own stages).
