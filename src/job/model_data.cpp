@@ -350,8 +350,8 @@ BuiltModel build_hf_model(const ModelDataSpec& args, const BuiltData& data,
     models::init_llama_random(llama, args.seed, now);
   } else {
     checkpoint = as_bad_input("--model " + args.model, [&] {
-      auto opened =
-          std::make_shared<const io::SafetensorsCheckpoint>(io::SafetensorsCheckpoint::open(args.model));
+      auto opened = std::make_shared<const io::SafetensorsCheckpoint>(
+          io::SafetensorsCheckpoint::open(args.model));
       models::load_llama_weights(llama, *opened, now);
       return opened;
     });

@@ -480,7 +480,7 @@ void load_llama_weights(LlamaModel& model, const io::SafetensorsCheckpoint& chec
       }
       if (p.is_meta()) continue;  // another rank's entry: checked, not read
       if (only && !only(static_cast<int64_t>(e))) continue;
-      if (split) {                // only this rank's slice is read
+      if (split) {  // only this rank's slice is read
         const int64_t length = p.size(split->dim);
         p.copy_(checkpoint.load_slice(hf, split->dim,
                                       split->part_of(model.tensor_parallel.rank()) * length, length,

@@ -423,8 +423,8 @@ void ShardedOptimizer::load_shard() {
       for_each_slice_in(first, first + length, [&](size_t i, int64_t lo, int64_t hi) {
         const Slice& s = slices_[i];
         w.narrow(0, lo - first, hi - lo)
-            .copy_(values_of(s.parameter).narrow(0, s.parameter_offset + (lo - s.shard_offset),
-                                                 hi - lo));
+            .copy_(values_of(s.parameter)
+                       .narrow(0, s.parameter_offset + (lo - s.shard_offset), hi - lo));
       });
       release_up_to(first + length);
     });
