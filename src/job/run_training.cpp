@@ -21,6 +21,7 @@
 // Batches are a pure function of the global step k: Fashion-MNIST/synthetic use the seeded
 // shuffled DataLoader (epoch k / B, batch k % B), text draws windows from (seed, k), tensors read
 // rows (k*N .. k*N+N-1) mod R in order. So a checkpoint needs only k to resume exactly.
+#include <malloc.h>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -440,6 +441,9 @@ JobResult launch_ranks(TrainingSetup& s, JobObserver& observer) {
                      std::to_string(layout.pipeline_ranks) + " pipeline x " + tensor +
                      std::to_string(layout.replicas) + " data-parallel)" +
                      (auto_plan ? "; rank 0 makes the auto plan" : ""));
+  // The check's profile is done: what it freed goes back to the system before this process
+  // waits out the run beside its ranks (their machine's memory).
+  malloc_trim(0);
   JobResult result;
   result.exit_code = launch_self(nproc, self_arguments(), std::chrono::milliseconds(10'000),
                                  static_cast<int>(s.job.parallel.max_restarts));
