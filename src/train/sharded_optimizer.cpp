@@ -314,7 +314,11 @@ ShardedOptimizer::ShardedOptimizer(Distributed* distributed, std::vector<torch::
   } else {
     place_state(options_of);
   }
-  values_on_demand_ = stage == 3 && zero.initial_values() && device.is_cpu();
+  PIPETRAIN_CHECK_INPUT(!zero.initial_values() || (stage == 3 && device.is_cpu()),
+                        "ZeRO: values on demand (ZeroOptions::initial_values) are written into "
+                        "stage 3's shard from CPU parameters; rank ",
+                        rank_, " holds its parameters on ", device, " at stage ", stage);
+  values_on_demand_ = static_cast<bool>(zero.initial_values());
   load_shard();
 }
 

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "pipetrain/base/error.h"
 #include "pipetrain/train/sharded_optimizer.h"
 
 namespace pipetrain::train {
@@ -76,6 +77,19 @@ TEST(ShardedOptimizerValues, OnDemandAreWrittenASegmentAtATimeAndFreedBeforeTheN
       ZeroOptions().offload_to_nvme(true).offload_params_to_nvme(true).nvme(
           NvmeOptions().dir(dir).buffer_bytes(4096).buffer_count(4).sub_group_size(1024)),
       2, "in the offload file (sub-groups across the segments)");
+}
+
+// Anywhere else they would never be written: refused, naming the stage.
+TEST(ShardedOptimizerValues, OnDemandBelowStageThreeIsRefused) {
+  std::vector<torch::Tensor> parameters = {torch::zeros({4, 4}).requires_grad_()};
+  const ZeroOptions zero =
+      ZeroOptions().stage(2).offload(true).initial_values([](const torch::Tensor&) {});
+  try {
+    ShardedOptimizer optimizer(nullptr, parameters, parameters, "adamw", OptimizerOptions(), zero);
+    ADD_FAILURE() << "not refused";
+  } catch (const BadInput& error) {
+    EXPECT_NE(std::string(error.what()).find("at stage 2"), std::string::npos) << error.what();
+  }
 }
 
 }  // namespace
