@@ -104,6 +104,13 @@ torch::Tensor auto_plan_sample(const TrainingSetup& s, const RunLayout& layout, 
 using PlanSource = std::function<partition::Plan(Prepared& p, const tune::AutoPlanInput& input,
                                                  const torch::Tensor& sample)>;
 
+// The entries of a Hugging Face model in a rank's own stages.
+std::vector<int64_t> own_entries(const TrainingSetup& s, const RunLayout& layout,
+                                 int pipeline_rank) {
+  const int64_t layers = hf_config(s.data).entries();
+  return rank_layers(pipe_options(s.pipeline, layout, layers), layers, pipeline_rank);
+}
+
 // The entries of a Hugging Face model this process gives memory to: all in one process (and with
 // an auto plan or --report-memory, whose rank 0 profiles the whole model), none in the launching
 // parent (pipeline_rank -1: it only checks), a rank's own stages' on a rank.
@@ -114,8 +121,7 @@ std::optional<std::vector<int64_t>> hf_entries(const TrainingSetup& s, const Run
   }
   if (pipeline_rank < 0) return std::vector<int64_t>{};
   if (pipeline_rank == 0 && s.job.memory.report) return std::nullopt;  // it profiles every entry
-  const int64_t layers = hf_config(s.data).entries();
-  return rank_layers(pipe_options(s.pipeline, layout, layers), layers, pipeline_rank);
+  return own_entries(s, layout, pipeline_rank);
 }
 
 // The entries of a Hugging Face model whose values a rank writes only when ZeRO-3 takes them
@@ -127,8 +133,7 @@ std::vector<int64_t> values_on_demand(const TrainingSetup& s, const RunLayout& l
       s.auto_request.any() || s.job.zero.stage != 3 || !s.resume.empty() || on_cuda(s.pipeline)) {
     return {};
   }
-  const int64_t layers = hf_config(s.data).entries();
-  return rank_layers(pipe_options(s.pipeline, layout, layers), layers, pipeline_rank);
+  return own_entries(s, layout, pipeline_rank);
 }
 
 // [2]: data, model (seeded), checks, the auto plan (the setup then holds its values; not in the

@@ -360,18 +360,18 @@ void init_llama_random(LlamaModel& model, uint64_t seed, const LlamaEntryFilter&
   const LlamaConfig& c = *model.config;
   const double std = c.initializer_range;
   torch::NoGradGuard no_grad;
-  std::set<const void*> done;  // a tied table is drawn once, by the embedding
   for (size_t e = 0; e < model.sequential->size(); ++e) {
     if (!model.materialized[e] || (only && !only(static_cast<int64_t>(e)))) continue;
     at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(mix_seed(seed, e));
     for (const auto& item : model.sequential->ptr(e)->named_parameters()) {
       torch::Tensor p = item.value();
       const std::string& name = item.key();
-      // A tied table is the embedding's: entry 0 draws it, the head never (also when only the
-      // head's entry is asked for).
-      const bool tied_head = c.tie_word_embeddings &&
-                             e == static_cast<size_t>(c.num_hidden_layers + 2) && name == "weight";
-      if (tied_head || !done.insert(p.unsafeGetTensorImpl()).second) continue;
+      // A tied table is drawn once, by the embedding (entry 0), never by the head (also when
+      // only the head's entry is asked for).
+      if (c.tie_word_embeddings && e == static_cast<size_t>(c.num_hidden_layers + 2) &&
+          name == "weight") {
+        continue;
+      }
       if (is_layer_norm_weight(name) || e == static_cast<size_t>(c.num_hidden_layers + 1)) {
         p.fill_(1.0);
       } else if (name.size() >= 4 && name.compare(name.size() - 4, 4, "bias") == 0) {

@@ -304,23 +304,19 @@ void Distributed::allreduce_tie(const std::string& name,
     PIPETRAIN_CHECK_INPUT(copy.sizes() == local_copies[0].sizes(), "copies of tie '", name,
                           "' differ in shape: ", copy.sizes(), " vs ", local_copies[0].sizes());
   }
-  // One copy here with its gradient where the collective runs: summed in place, with no second
-  // tensor of its size (a tied embedding's is hundreds of MB). Adding +0 first makes its zeros
-  // the zeros the sum below starts from (-0 + 0 is +0): the same bits either way.
+  // One copy here: summed in its own gradient, with no second tensor of its size (a tied
+  // embedding's is hundreds of MB) where the collective runs on it. Adding +0 first makes its
+  // zeros those of a sum started from zeros (-0 + 0 is +0): the same bits either way.
   const torch::Tensor& only = local_copies[0].grad();
-  if (local_copies.size() == 1 && only.defined() && only.is_contiguous() &&
-      (!it->second || it->second->collective_device(only.device()) == only.device())) {
-    torch::Tensor grad = only;
-    grad.add_(0.0);
-    if (it->second) {
-      std::vector<torch::Tensor> buffer{grad};
-      it->second->allreduce_sum(buffer);
+  torch::Tensor sum;
+  if (local_copies.size() == 1 && only.defined()) {
+    sum = only;
+    sum.add_(0.0);
+  } else {
+    sum = torch::zeros_like(local_copies[0]);
+    for (const auto& copy : local_copies) {
+      if (copy.grad().defined()) sum += copy.grad();
     }
-    return;
-  }
-  torch::Tensor sum = torch::zeros_like(local_copies[0]);
-  for (const auto& copy : local_copies) {
-    if (copy.grad().defined()) sum += copy.grad();
   }
   if (it->second) {
     std::vector<torch::Tensor> buffer{
@@ -330,10 +326,10 @@ void Distributed::allreduce_tie(const std::string& name,
   }
   for (const auto& copy : local_copies) {
     auto& grad = const_cast<torch::Tensor&>(copy).mutable_grad();
-    if (grad.defined()) {
-      grad.copy_(sum);
-    } else {
+    if (!grad.defined()) {
       grad = sum.clone();
+    } else if (!grad.is_same(sum)) {
+      grad.copy_(sum);
     }
   }
 }

@@ -280,7 +280,7 @@ TrainSummary Trainer::fit() {
 }
 
 std::optional<Checkpoint> Trainer::gather_weights() {
-  if (sharded_) sharded_->gather_all();
+  gather_parameters();
   Checkpoint part;
   capture_model(part, runner_.named_parameters(), runner_.named_buffers());
   return runner_.gather(part);
@@ -298,7 +298,7 @@ bool Trainer::gather_model() {
 }
 
 void Trainer::save_checkpoint(const std::string& path, int64_t steps_done) {
-  if (sharded_) sharded_->gather_all();  // ZeRO-3: whole until the next step frees them
+  gather_parameters();  // ZeRO-3: whole until the next step frees them
   Checkpoint part;
   capture_model(part, runner_.named_parameters(), runner_.named_buffers());
   if (sharded_) {
