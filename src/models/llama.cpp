@@ -14,6 +14,7 @@
 #include "pipetrain/base/shuffle.h"
 #include "pipetrain/data/sequence_layout.h"
 #include "pipetrain/models/document_attention.h"
+#include "vocabulary_table.h"
 
 namespace pipetrain::models {
 namespace {
@@ -284,7 +285,7 @@ torch::Tensor LlamaEmbeddingImpl::forward(const torch::Tensor& tokens) {
   TORCH_CHECK(tokens.dim() == 2 && tokens.scalar_type() == torch::kInt64,
               "Llama embedding expects int64 token ids [B, T], got ", tokens.scalar_type(), " ",
               tokens.sizes());
-  if (!tp.split()) return torch::embedding(weight, tokens, config->pad_token_id);
+  if (!tp.split()) return table_lookup(weight, tokens, config->pad_token_id);
   return parallel::vocab_parallel_embedding(
       tokens, weight, tp.rank() * weight.size(0),
       config->pad_token_id >= 0 ? std::optional<int64_t>(config->pad_token_id) : std::nullopt, tp);
@@ -307,6 +308,7 @@ void LlamaHeadImpl::reset() {
 }
 
 torch::Tensor LlamaHeadImpl::forward(const torch::Tensor& x) {
+  if (!tp.split()) return table_logits(x, weight);
   return parallel::sequence_parallel_linears(x, {weight}, {}, tp)[0];
 }
 

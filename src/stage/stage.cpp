@@ -36,6 +36,7 @@
 //   release(i):   stashed bytes -= bytes(i)
 #include "pipetrain/stage/stage.h"
 #include "pipetrain/base/message_of.h"
+#include "pipetrain/stage/in_place_gradients.h"
 
 #include <optional>
 #include <unordered_set>
@@ -574,7 +575,15 @@ Bundle Stage::backward(int i, const Bundle& output_grads) {
       add_root(entry.second, output_grads.tensors[s++], roots, grads);
     }
   }
-  if (!roots.empty()) torch::autograd::backward(roots, grads);
+  if (!roots.empty()) {
+    // No hooks here: every weight's gradient is only accumulated into .grad().
+    std::vector<torch::Tensor> weights;
+    for (const auto& layer : layers_) {
+      for (const torch::Tensor& p : parameters_of(layer.module)) weights.push_back(p);
+    }
+    const InPlaceGradients in_place(weights);
+    torch::autograd::backward(roots, grads);
+  }
 
   Bundle input_grads;
   for (const auto& leaf : state.inputs) {
@@ -647,6 +656,7 @@ Bundle Stage::backward_segments(int i, Microbatch& state, const Bundle& output_g
     if (with_weights) {
       // I and W of the segment in one engine call: what B computes for it.
       targets.insert(targets.end(), params.begin(), params.end());
+      const InPlaceGradients in_place(in_place_weights(rec.last, params));
       grads = grad_of(rec.roots, rec.root_grads, targets, /*retain_graph=*/false);
       if (!params.empty()) {
         segment_weight_gradients(
@@ -695,6 +705,16 @@ void Stage::segment_weight_gradients(const LayerRecord& rec,
   for (size_t p = 0; p < params.size(); ++p) accumulate_grad(params[p], grads[p]);
 }
 
+std::vector<torch::Tensor> Stage::in_place_weights(size_t l,
+                                                   const std::vector<torch::Tensor>& params) const {
+  if (!hooks_) return params;
+  std::vector<torch::Tensor> kept;
+  for (const torch::Tensor& p : params) {
+    if (!hooks_->takes_gradient(index_, l, p)) kept.push_back(p);
+  }
+  return kept;
+}
+
 void Stage::backward_weight(int i) {
   Microbatch& state = stashed(i, "weight backward (W)");
   PIPETRAIN_CHECK(state.input_grads_done, ScheduleInvalid, "stage ", index_,
@@ -705,7 +725,10 @@ void Stage::backward_weight(int i) {
     const std::vector<torch::Tensor> params = parameters_of(layers_[rec.last].module);
     acquire_segment(rec);
     std::vector<torch::Tensor> grads;
-    if (!rec.roots.empty()) grads = rec.weights.compute(rec.roots, rec.root_grads, params);  // [3]
+    if (!rec.roots.empty()) {
+      const InPlaceGradients in_place(in_place_weights(rec.last, params));
+      grads = rec.weights.compute(rec.roots, rec.root_grads, params);  // [3]
+    }
     segment_weight_gradients(rec, std::move(grads));
     release_segment(rec);
     rec = LayerRecord{};

@@ -196,6 +196,18 @@ void ShardedOptimizer::gradients(int j, std::size_t l, const std::vector<torch::
   return_freed_memory();  // the layer's gradients are packed and gone
 }
 
+bool ShardedOptimizer::takes_gradient(int j, std::size_t l, const torch::Tensor& parameter) const {
+  if (!streams_) return false;
+  const auto found = streamed_of_layer_.find({j, static_cast<int>(l)});
+  if (found == streamed_of_layer_.end()) return false;
+  for (size_t k : found->second) {
+    for (size_t q : segments_[k].parameters) {
+      if (parameters_[q].unsafeGetTensorImpl() == parameter.unsafeGetTensorImpl()) return true;
+    }
+  }
+  return false;
+}
+
 void ShardedOptimizer::finish_streams() {
   while (!streams_in_flight_.empty()) {
     finish_reduce_scatter(streams_in_flight_.front());

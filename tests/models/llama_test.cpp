@@ -4,6 +4,7 @@
 #include "pipetrain/models/llama.h"
 
 #include <filesystem>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -12,6 +13,7 @@
 
 #include "../helpers/hf_models.h"
 #include "pipetrain/io/safetensors.h"
+#include "pipetrain/stage/in_place_gradients.h"
 
 namespace pipetrain::models {
 namespace {
@@ -145,6 +147,72 @@ TEST(Llama, RandomInitIsTheSameForAnySubsetOfEntries) {
   EXPECT_TRUE(torch::equal(expected["0.weight"][3], torch::zeros({16})));  // the pad row
   const double std = expected["1.mlp.up_proj.weight"].std().item<double>();
   EXPECT_NEAR(std, 0.02, 0.004);
+}
+
+// The tied table's gradient over two micro-batches, the head's then the embedding's of each (the
+// order a stage's backward takes them): where the backward's caller allows it, added into
+// .grad() from inside the two operations (no table-sized gradient handed to autograd; the head's
+// in blocks of the vocabulary, two here) with the bits of torch's own embedding and linear;
+// elsewhere handed to autograd as before, with the same bits.
+TEST(Llama, TheTableTakesItsGradientIntoGradInPlaceWithTorchsBits) {
+  LlamaConfig config = llama_config(70000, 128, 32, /*layers=*/1, /*heads=*/4, /*kv_heads=*/2);
+  config.tie_word_embeddings = true;
+  config.pad_token_id = 3;
+  const auto shared = std::make_shared<const LlamaConfig>(config);
+  torch::manual_seed(0);
+  // Tokens that repeat (a row summed from several) and the pad, whose row takes nothing.
+  const std::vector<torch::Tensor> tokens{
+      torch::tensor({5, 9, 5, 3, 69999, 5, 0, 9}, torch::kInt64).reshape({2, 4}),
+      torch::tensor({9, 9, 3, 1, 2, 69999, 7, 7}, torch::kInt64).reshape({2, 4})};
+  std::vector<torch::Tensor> hidden, emb_grads, logit_grads;
+  for (int i = 0; i < 2; ++i) {
+    hidden.push_back(torch::randn({2, 4, 128}));
+    emb_grads.push_back(torch::randn({2, 4, 128}));
+    logit_grads.push_back(torch::randn({2, 4, 70000}));
+  }
+  const torch::Tensor values = torch::randn({70000, 128});
+
+  // torch's own operations, each backward accumulated into .grad() by autograd.
+  torch::Tensor expected = values.clone().requires_grad_();
+  std::vector<torch::Tensor> expected_x;
+  for (int i = 0; i < 2; ++i) {
+    torch::Tensor x = hidden[i].clone().requires_grad_();
+    torch::linear(x, expected).backward(logit_grads[i]);
+    torch::embedding(expected, tokens[i], 3).backward(emb_grads[i]);
+    expected_x.push_back(x.grad());
+  }
+
+  for (const bool in_place : {true, false}) {
+    SCOPED_TRACE(in_place ? "in place" : "handed to autograd");
+    LlamaEmbedding embedding(shared);
+    LlamaHead head(shared, torch::TensorOptions(), embedding->weight);
+    torch::Tensor w = embedding->weight;
+    {
+      torch::NoGradGuard no_grad;
+      w.copy_(values);
+    }
+    int handed = 0;  // gradients autograd carried to the table
+    w.register_hook([&handed](const torch::Tensor& g) {
+      if (g.defined()) ++handed;
+    });
+    const void* first = nullptr;
+    for (int i = 0; i < 2; ++i) {
+      std::optional<InPlaceGradients> scope;
+      if (in_place) scope.emplace(std::vector<torch::Tensor>{w});
+      torch::Tensor x = hidden[i].clone().requires_grad_();
+      head->forward(x).backward(logit_grads[i]);
+      embedding->forward(tokens[i]).backward(emb_grads[i]);
+      EXPECT_TRUE(torch::equal(x.grad(), expected_x[static_cast<size_t>(i)])) << i;
+      if (i == 0) first = w.grad().data_ptr();
+    }
+    EXPECT_TRUE(torch::equal(w.grad(), expected.grad()));
+    if (in_place) {
+      EXPECT_EQ(handed, 0);
+      EXPECT_EQ(w.grad().data_ptr(), first);  // accumulated where it was
+    } else {
+      EXPECT_EQ(handed, 4);
+    }
+  }
 }
 
 TEST(Llama, HfNamesMapBothWays) {

@@ -11,7 +11,8 @@
 //   forward, recompute       for each layer l with parameters, in order:
 //                              acquire(j, l)   the layer runs   release(j, l)
 //   B (one segment at once)  for each segment k from the last, its layer l with parameters:
-//                              acquire(j, l)   I of k, W of k   gradients(j, l, ...)   release(j, l)
+//                              acquire(j, l)   I of k, W of k   gradients(j, l, ...)   release(j,
+//                              l)
 //   I                        the same from the last, without W and gradients
 //   W                        for each segment k from the first: acquire, W, gradients, release
 //
@@ -48,6 +49,15 @@ class StageParameterHooks {
   // accumulated into its parameter's .grad() by the stage, as without hooks.
   virtual void gradients(int j, std::size_t l, const std::vector<torch::Tensor>& parameters,
                          std::vector<torch::Tensor>& grads) = 0;
+  // Whether gradients(j, l, ...) may take `parameter`'s gradient. One it never takes the stage
+  // may let the backward add into .grad() directly (stage/in_place_gradients.h): it then reaches
+  // gradients() undefined. Default: every gradient may be taken.
+  virtual bool takes_gradient(int j, std::size_t l, const torch::Tensor& parameter) const {
+    (void)j;
+    (void)l;
+    (void)parameter;
+    return true;
+  }
 };
 
 }  // namespace pipetrain

@@ -195,8 +195,11 @@ class Stage {
   // hooks' B); returns the input gradients.
   Bundle backward_segments(int i, Microbatch& state, const Bundle& output_grads, bool with_weights);
   // W of one segment: its weights' gradients, through the hooks, into .grad().
-  void segment_weight_gradients(const LayerRecord& rec,
-                                std::vector<torch::Tensor> grads) const;
+  void segment_weight_gradients(const LayerRecord& rec, std::vector<torch::Tensor> grads) const;
+  // Of layer l's `params`, those whose gradients may go into .grad() from inside the backward
+  // (stage/in_place_gradients.h): all without hooks, else those the hooks do not take.
+  std::vector<torch::Tensor> in_place_weights(size_t l,
+                                              const std::vector<torch::Tensor>& params) const;
   // hooks_->acquire / release of the layers of a segment that have parameters.
   void acquire_segment(const LayerRecord& rec) const;
   void release_segment(const LayerRecord& rec) const;

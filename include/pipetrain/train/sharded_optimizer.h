@@ -293,6 +293,8 @@ class ShardedOptimizer : public StageParameters, public StageParameterHooks {
   void release(int j, std::size_t l) override;
   void gradients(int j, std::size_t l, const std::vector<torch::Tensor>& parameters,
                  std::vector<torch::Tensor>& grads) override;
+  // gradients() takes exactly the streamed segments' gradients of layer l.
+  bool takes_gradient(int j, std::size_t l, const torch::Tensor& parameter) const override;
   // Whether the hooks do anything: streaming, or stage 3 by layer (make_pipe_sharded_optimizer
   // installs them only then).
   bool uses_hooks() const { return streams_ || by_layer_; }
