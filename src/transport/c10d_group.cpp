@@ -148,6 +148,24 @@ void check_shard_sizes(const C10dGroup& group, const torch::Tensor& flat,
       ", shard ", shard.numel(), " ", shard.scalar_type(), ")");
 }
 
+// Gloo's reduce-scatter and all-gather stage the whole flat vector in a buffer of their own, a
+// second copy of it for the collective's length (890 MiB for Qwen2-1.5B's embedding table, at a
+// ZeRO-3 gather and at its gradient's reduction). On the CPU a flat vector larger than this goes
+// through in chunks of about this size, one collective after the other through a buffer of a
+// chunk, so what the collective stages is a chunk's. Each element meets the same values: an
+// all-gather copies, and a reduce-scatter sums each element's R values (bit for bit the
+// unchunked sums at R = 2, where a sum of two is one addition either way).
+constexpr int64_t kChunkBytes = int64_t{16} << 20;
+
+bool chunked(const at::Tensor& flat) {
+  return flat.is_cpu() && flat.numel() * static_cast<int64_t>(flat.element_size()) > kChunkBytes;
+}
+
+// Elements of the shard each chunk carries: R of them fill about kChunkBytes.
+int64_t chunk_elements(const at::Tensor& flat, int64_t ranks) {
+  return std::max<int64_t>(1, kChunkBytes / (ranks * static_cast<int64_t>(flat.element_size())));
+}
+
 }  // namespace
 
 void C10dGroup::reduce_scatter_sum(const torch::Tensor& flat, torch::Tensor& shard) {
@@ -168,6 +186,26 @@ std::function<void()> C10dGroup::reduce_scatter_sum_start(const torch::Tensor& f
   }
   ::c10d::ReduceScatterOptions options;
   options.reduceOp = ::c10d::ReduceOp::SUM;
+  if (chunked(flat)) {  // one chunk at a time, done before this returns
+    const int64_t ranks = size();
+    const int64_t n = shard.numel();
+    const int64_t step = std::min(n, chunk_elements(flat, ranks));
+    const at::Tensor rows = flat.detach().view({ranks, n});
+    at::Tensor buffer = at::empty({ranks * step}, flat.options());
+    for (int64_t from = 0; from < n; from += step) {
+      const int64_t length = std::min(step, n - from);
+      at::Tensor input = buffer.narrow(0, 0, ranks * length);
+      input.view({ranks, length}).copy_(rows.narrow(1, from, length));
+      at::Tensor output = shard.detach().narrow(0, from, length);
+      c10::intrusive_ptr<detail::C10dWork> work;
+      {
+        const auto posting = impl_->check_collective(Impl::kReduceScatter, input);
+        work = impl_->backend_for(input)._reduce_scatter_base(output, input, options);
+      }
+      detail::wait_work(work, "reduce_scatter over group '" + impl_->name + "'");
+    }
+    return [] {};
+  }
   at::Tensor input = flat.detach();  // detached: see above allreduce_sum_start
   at::Tensor output = shard.detach();
   const auto posting = impl_->check_collective(Impl::kReduceScatter, input);
@@ -189,6 +227,26 @@ std::function<void()> C10dGroup::all_gather_start(const torch::Tensor& shard, to
   }
   if (impl_->mirror) {
     flat.view({size(), shard.numel()}).copy_(shard.reshape({1, -1}));
+    return [] {};
+  }
+  if (chunked(flat)) {  // one chunk at a time, done before this returns
+    const int64_t ranks = size();
+    const int64_t n = shard.numel();
+    const int64_t step = std::min(n, chunk_elements(flat, ranks));
+    at::Tensor rows = flat.detach().view({ranks, n});
+    at::Tensor buffer = at::empty({ranks * step}, flat.options());
+    for (int64_t from = 0; from < n; from += step) {
+      const int64_t length = std::min(step, n - from);
+      at::Tensor input = shard.detach().narrow(0, from, length);
+      at::Tensor output = buffer.narrow(0, 0, ranks * length);
+      c10::intrusive_ptr<detail::C10dWork> work;
+      {
+        const auto posting = impl_->check_collective(Impl::kAllGather, input);
+        work = impl_->backend_for(input)._allgather_base(output, input);
+      }
+      detail::wait_work(work, "all_gather over group '" + impl_->name + "'");
+      rows.narrow(1, from, length).copy_(output.view({ranks, length}));
+    }
     return [] {};
   }
   at::Tensor input = shard.detach();  // detached: see above allreduce_sum_start

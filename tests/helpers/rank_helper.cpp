@@ -310,8 +310,9 @@ void scenario_dp(Distributed& d) {
 
 // ZeRO's collectives over the data-parallel group (K = 1, R = world): member g's flat vector holds
 // (g + 1) * (e + 1) at element e, so element e of the sum is (e + 1) * R(R + 1) / 2; reduce_scatter
-// gives member g elements [g n, (g + 1) n) of it, and all_gather puts them back end to end. A
-// flat tensor of the wrong size is an error naming both sizes.
+// gives member g elements [g n, (g + 1) n) of it, and all_gather puts them back end to end; the
+// same for a vector large enough to go in chunks. A flat tensor of the wrong size is an error
+// naming both sizes.
 void scenario_shards(Distributed& d) {
   const auto& group = d.data_parallel_group();
   CHECK_OR_THROW(group != nullptr, "no data-parallel group");
@@ -336,6 +337,18 @@ void scenario_shards(Distributed& d) {
         std::string(e.what()).find("flat " + std::to_string(R * n - 1)) != std::string::npos,
         e.what());
   }
+  // A flat vector over 16 MiB goes through in chunks (src/transport/c10d_group.cpp), the last
+  // one short: whole numbers, so every sum is exact and each element must be its own.
+  const int64_t big = 1500001;
+  const torch::Tensor values = torch::remainder(torch::arange(R * big, torch::kFloat), 1000) + 1;
+  torch::Tensor big_shard = torch::empty({big});
+  group->reduce_scatter_sum(values * static_cast<float>(g + 1), big_shard);
+  const torch::Tensor big_sum = values * static_cast<float>(R * (R + 1) / 2);
+  CHECK_OR_THROW(torch::equal(big_shard, big_sum.narrow(0, g * big, big)), "member ", g,
+                 " chunked shard");
+  torch::Tensor big_gathered = torch::empty({R * big});
+  group->all_gather(big_shard, big_gathered);
+  CHECK_OR_THROW(torch::equal(big_gathered, big_sum), "chunked all_gather");
   std::cout << "OK shards" << std::endl;
 }
 
