@@ -59,7 +59,8 @@ void BufferPool::give(const torch::Tensor& buffer, bool keep) {
   const bool whole = buffer.storage_offset() == 0 && buffer.is_contiguous() &&
                      buffer.storage().nbytes() == buffer.nbytes() &&
                      buffer.storage().use_count() == 1;
-  if (keep && whole && static_cast<int>(size.spares.size()) + size.in_use < size.peak) {
+  if (keep && whole && std::get<0>(found->first) < kLargestSpareBytes &&
+      static_cast<int>(size.spares.size()) + size.in_use < size.peak) {
     size.spares.push_back(buffer.detach().view({-1}));
   }
 }
