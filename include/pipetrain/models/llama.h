@@ -181,7 +181,9 @@ class LlamaDecoderLayerImpl : public torch::nn::Cloneable<LlamaDecoderLayerImpl>
 TORCH_MODULE(LlamaDecoderLayer);
 
 // Token ids int64 [B,T] -> [B,T,H]; ids at pad_token_id get no gradient, as nn.Embedding's
-// padding_idx.
+// padding_idx. This layer and LlamaHead (without tensor parallelism) add their weight gradient
+// into .grad() themselves where the backward's caller allows it (stage/in_place_gradients.h: a
+// Stage does for the weights whose gradient it only accumulates), with torch's bits.
 class LlamaEmbeddingImpl : public torch::nn::Cloneable<LlamaEmbeddingImpl> {
  public:
   LlamaEmbeddingImpl(std::shared_ptr<const LlamaConfig> config, torch::TensorOptions options = {},

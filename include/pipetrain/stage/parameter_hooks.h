@@ -11,8 +11,7 @@
 //   forward, recompute       for each layer l with parameters, in order:
 //                              acquire(j, l)   the layer runs   release(j, l)
 //   B (one segment at once)  for each segment k from the last, its layer l with parameters:
-//                              acquire(j, l)   I of k, W of k   gradients(j, l, ...)   release(j,
-//                              l)
+//                              acquire(j, l)  I of k, W of k  gradients(j, l, ...)  release(j, l)
 //   I                        the same from the last, without W and gradients
 //   W                        for each segment k from the first: acquire, W, gradients, release
 //
