@@ -161,9 +161,19 @@ bool chunked(const at::Tensor& flat) {
   return flat.is_cpu() && flat.numel() * static_cast<int64_t>(flat.element_size()) > kChunkBytes;
 }
 
-// Elements of the shard each chunk carries: R of them fill about kChunkBytes.
-int64_t chunk_elements(const at::Tensor& flat, int64_t ranks) {
-  return std::max<int64_t>(1, kChunkBytes / (ranks * static_cast<int64_t>(flat.element_size())));
+// For each chunk of the shard, [from, from + length) with R of them about kChunkBytes: `chunk`
+// gets the range and a buffer of R x length elements, and `flat` as R rows of the shard's
+// length.
+template <typename F>
+void for_each_chunk(const at::Tensor& flat, int64_t ranks, int64_t n, F&& chunk) {
+  const int64_t step = std::min(
+      n, std::max<int64_t>(1, kChunkBytes / (ranks * static_cast<int64_t>(flat.element_size()))));
+  const at::Tensor rows = flat.detach().view({ranks, n});
+  at::Tensor buffer = at::empty({ranks * step}, flat.options());
+  for (int64_t from = 0; from < n; from += step) {
+    const int64_t length = std::min(step, n - from);
+    chunk(rows, from, length, buffer.narrow(0, 0, ranks * length));
+  }
 }
 
 }  // namespace
@@ -188,22 +198,18 @@ std::function<void()> C10dGroup::reduce_scatter_sum_start(const torch::Tensor& f
   options.reduceOp = ::c10d::ReduceOp::SUM;
   if (chunked(flat)) {  // one chunk at a time, done before this returns
     const int64_t ranks = size();
-    const int64_t n = shard.numel();
-    const int64_t step = std::min(n, chunk_elements(flat, ranks));
-    const at::Tensor rows = flat.detach().view({ranks, n});
-    at::Tensor buffer = at::empty({ranks * step}, flat.options());
-    for (int64_t from = 0; from < n; from += step) {
-      const int64_t length = std::min(step, n - from);
-      at::Tensor input = buffer.narrow(0, 0, ranks * length);
-      input.view({ranks, length}).copy_(rows.narrow(1, from, length));
-      at::Tensor output = shard.detach().narrow(0, from, length);
-      c10::intrusive_ptr<detail::C10dWork> work;
-      {
-        const auto posting = impl_->check_collective(Impl::kReduceScatter, input);
-        work = impl_->backend_for(input)._reduce_scatter_base(output, input, options);
-      }
-      detail::wait_work(work, "reduce_scatter over group '" + impl_->name + "'");
-    }
+    for_each_chunk(flat, ranks, shard.numel(),
+                   [&](const at::Tensor& rows, int64_t from, int64_t length, at::Tensor input) {
+                     input.view({ranks, length}).copy_(rows.narrow(1, from, length));
+                     at::Tensor output = shard.detach().narrow(0, from, length);
+                     c10::intrusive_ptr<detail::C10dWork> work;
+                     {
+                       const auto posting = impl_->check_collective(Impl::kReduceScatter, input);
+                       work =
+                           impl_->backend_for(input)._reduce_scatter_base(output, input, options);
+                     }
+                     detail::wait_work(work, "reduce_scatter over group '" + impl_->name + "'");
+                   });
     return [] {};
   }
   at::Tensor input = flat.detach();  // detached: see above allreduce_sum_start
@@ -231,22 +237,17 @@ std::function<void()> C10dGroup::all_gather_start(const torch::Tensor& shard, to
   }
   if (chunked(flat)) {  // one chunk at a time, done before this returns
     const int64_t ranks = size();
-    const int64_t n = shard.numel();
-    const int64_t step = std::min(n, chunk_elements(flat, ranks));
-    at::Tensor rows = flat.detach().view({ranks, n});
-    at::Tensor buffer = at::empty({ranks * step}, flat.options());
-    for (int64_t from = 0; from < n; from += step) {
-      const int64_t length = std::min(step, n - from);
-      at::Tensor input = shard.detach().narrow(0, from, length);
-      at::Tensor output = buffer.narrow(0, 0, ranks * length);
-      c10::intrusive_ptr<detail::C10dWork> work;
-      {
-        const auto posting = impl_->check_collective(Impl::kAllGather, input);
-        work = impl_->backend_for(input)._allgather_base(output, input);
-      }
-      detail::wait_work(work, "all_gather over group '" + impl_->name + "'");
-      rows.narrow(1, from, length).copy_(output.view({ranks, length}));
-    }
+    for_each_chunk(flat, ranks, shard.numel(),
+                   [&](const at::Tensor& rows, int64_t from, int64_t length, at::Tensor output) {
+                     at::Tensor input = shard.detach().narrow(0, from, length);
+                     c10::intrusive_ptr<detail::C10dWork> work;
+                     {
+                       const auto posting = impl_->check_collective(Impl::kAllGather, input);
+                       work = impl_->backend_for(input)._allgather_base(output, input);
+                     }
+                     detail::wait_work(work, "all_gather over group '" + impl_->name + "'");
+                     rows.narrow(1, from, length).copy_(output.view({ranks, length}));
+                   });
     return [] {};
   }
   at::Tensor input = shard.detach();  // detached: see above allreduce_sum_start
