@@ -1,6 +1,9 @@
 // A Llama-family model's profile from one decoder layer (models/llama_profile.h).
 #include "pipetrain/models/llama_profile.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include <torch/torch.h>
 
 #include "pipetrain/base/error.h"
@@ -8,21 +11,90 @@
 
 namespace pipetrain::models {
 
-partition::ModelProfile profile_llama(const LlamaConfig& config, const torch::Tensor& sample,
-                                      const partition::ProfileOptions& options, uint64_t seed,
-                                      const parallel::TensorParallel& tp) {
-  if (sample.dim() != 2 || sample.scalar_type() != torch::kInt64) {
-    throw BadInput("profile_llama: the sample must be int64 token ids [B, T], got " +
-                   std::string(c10::toString(sample.scalar_type())) + " of " +
-                   std::to_string(sample.dim()) + " dimensions");
-  }
+namespace {
+
+// The profile of `config` cut to one decoder layer (entries: embedding, decoder, norm, head).
+partition::ModelProfile profile_one_layer(const LlamaConfig& config, const torch::Tensor& sample,
+                                          const partition::ProfileOptions& options, uint64_t seed,
+                                          const parallel::TensorParallel& tp) {
   LlamaConfig one = config;
   one.num_hidden_layers = 1;
   one.sliding_window.assign(1, config.sliding_window.empty() ? 0 : config.sliding_window.back());
   LlamaModel model = make_llama(one, LlamaBuildOptions().tensor_parallel(tp));
   init_llama_random(model, seed);
-  const partition::ModelProfile measured =
-      partition::profile_sequential(model.sequential, sample, options);
+  return partition::profile_sequential(model.sequential, sample, options);
+}
+
+// The value at `x` of the line through (x1, y1) and (x2, y2).
+double on_line(double x1, double y1, double x2, double y2, double x) {
+  return y1 + (y2 - y1) * (x - x1) / (x2 - x1);
+}
+
+std::int64_t on_line(double x1, std::int64_t y1, double x2, std::int64_t y2, double x) {
+  return std::llround(on_line(x1, static_cast<double>(y1), x2, static_cast<double>(y2), x));
+}
+
+// `large`'s entry extended from its vocabulary `x2` (and `small`'s, `x1`) to `x`.
+partition::LayerProfile extend_table_layer(const partition::LayerProfile& small, double x1,
+                                           const partition::LayerProfile& large, double x2,
+                                           double x) {
+  partition::LayerProfile out = large;
+  out.parameter_bytes = on_line(x1, small.parameter_bytes, x2, large.parameter_bytes, x);
+  out.cast_parameter_bytes =
+      on_line(x1, small.cast_parameter_bytes, x2, large.cast_parameter_bytes, x);
+  for (size_t i = 0; i < out.parameter_sizes.size(); ++i) {
+    out.parameter_sizes[i] =
+        on_line(x1, small.parameter_sizes.at(i), x2, large.parameter_sizes[i], x);
+  }
+  auto time = [&](double a, double b) { return std::max(0.0, on_line(x1, a, x2, b, x)); };
+  out.update_seconds = time(small.update_seconds, large.update_seconds);
+  for (size_t c = 0; c < out.costs.size(); ++c) {
+    const partition::LayerCost& s = small.costs.at(c);
+    partition::LayerCost& l = out.costs[c];
+    l.forward_seconds = time(s.forward_seconds, l.forward_seconds);
+    l.backward_seconds = time(s.backward_seconds, l.backward_seconds);
+    l.backward_input_seconds = time(s.backward_input_seconds, l.backward_input_seconds);
+    l.backward_weight_seconds = time(s.backward_weight_seconds, l.backward_weight_seconds);
+    l.activation_bytes = on_line(x1, s.activation_bytes, x2, l.activation_bytes, x);
+    l.split_activation_bytes =
+        on_line(x1, s.split_activation_bytes, x2, l.split_activation_bytes, x);
+    l.split_first_activation_bytes =
+        on_line(x1, s.split_first_activation_bytes, x2, l.split_first_activation_bytes, x);
+    l.output_bytes = on_line(x1, s.output_bytes, x2, l.output_bytes, x);
+  }
+  return out;
+}
+
+}  // namespace
+
+partition::ModelProfile profile_llama(const LlamaConfig& config, const torch::Tensor& sample,
+                                      const partition::ProfileOptions& options, uint64_t seed,
+                                      const parallel::TensorParallel& tp, std::int64_t table_rows) {
+  if (sample.dim() != 2 || sample.scalar_type() != torch::kInt64) {
+    throw BadInput("profile_llama: the sample must be int64 token ids [B, T], got " +
+                   std::string(c10::toString(sample.scalar_type())) + " of " +
+                   std::to_string(sample.dim()) + " dimensions");
+  }
+  const std::int64_t unit = 2 * static_cast<std::int64_t>(tp.size());
+  const std::int64_t rows = std::max(unit, table_rows / unit * unit);
+  if (table_rows <= 0 || config.vocab_size <= rows) {
+    return expand_llama_profile(profile_one_layer(config, sample, options, seed, tp), config);
+  }
+  // Two vocabularies of `rows` / 2 and `rows` rows, on the same ids (below the smaller one).
+  LlamaConfig small = config;
+  small.vocab_size = rows / 2;
+  if (small.pad_token_id >= 0) small.pad_token_id %= small.vocab_size;
+  LlamaConfig large = small;
+  large.vocab_size = rows;
+  const torch::Tensor ids = sample.remainder(small.vocab_size);
+  const partition::ModelProfile a = profile_one_layer(small, ids, options, seed, tp);
+  partition::ModelProfile measured = profile_one_layer(large, ids, options, seed, tp);
+  const double x = static_cast<double>(config.vocab_size);
+  for (const size_t e : {size_t{0}, measured.layers.size() - 1}) {
+    measured.layers[e] =
+        extend_table_layer(a.layers.at(e), static_cast<double>(small.vocab_size),
+                           measured.layers[e], static_cast<double>(large.vocab_size), x);
+  }
   return expand_llama_profile(measured, config);
 }
 

@@ -10,6 +10,14 @@
 // once: the embedding and head tables (one table when tied) and one layer, with its gradients;
 // a Llama-3.2-1B-shaped config (1.2 B parameters) profiles in about 1.3 GB instead of 20.
 //
+// With `table_rows` > 0 and a larger vocabulary, the table is not built whole either: the model
+// is profiled twice, on vocabularies of table_rows / 2 and table_rows rows (the sample's ids taken
+// modulo the smaller), and the embedding's and head's figures are extended to the config's
+// vocabulary on the line through the two. Every byte figure of those layers (parameters, saved
+// tensors, logits) is affine in the vocabulary, so the line gives the bytes of the whole table's
+// profile; their times are extended the same way, with the two measurements' noise multiplied
+// by (vocabulary - table_rows / 2) / (table_rows / 2): for the memory check, not for plans.
+//
 // Thread-safety: uses torch's intra-op threads; not concurrently with training.
 #pragma once
 
@@ -28,10 +36,13 @@ namespace pipetrain::models {
 // and ModelConfigError for a config make_llama refuses. `tp`: the layers as one tensor-parallel
 // rank builds them (LlamaBuildOptions::tensor_parallel); a group that runs in this process alone,
 // C10dGroup::mirror (transport/c10d.h), profiles a rank's slices, shapes and allocations. The
-// profile's times are then the rank's compute without the collectives' wait.
+// profile's times are then the rank's compute without the collectives' wait. `table_rows`: as
+// above (0: the whole vocabulary); rounded down to a multiple of 2 x the tensor-parallel ranks,
+// and at least that.
 partition::ModelProfile profile_llama(const LlamaConfig& config, const torch::Tensor& sample,
                                       const partition::ProfileOptions& options = {},
-                                      uint64_t seed = 0, const parallel::TensorParallel& tp = {});
+                                      uint64_t seed = 0, const parallel::TensorParallel& tp = {},
+                                      std::int64_t table_rows = 0);
 
 // The profile of a model of `config.num_hidden_layers` layers from one measured on `measured`
 // layers (entries: embedding, decoder x measured, norm, head): the last measured decoder layer

@@ -1,7 +1,8 @@
 // The memory check `pipetrain train` makes before it starts a run (train/memory_fit.h): the
 // memory model's prediction for the run, from a model built whole in this process or, for a
 // Llama-family model not built here, from its config (models/llama_profile.h: one decoder layer
-// stands for each), against what this machine has.
+// stands for each, and its vocabulary tables profiled on 4096 rows and extended to the whole
+// vocabulary), against what this machine has.
 //
 // Thread-safety: uses torch's intra-op threads to profile; not concurrently with training.
 #pragma once
