@@ -8,6 +8,7 @@
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
+#include "pipetrain/stage/autocast_linear.h"
 #include "pipetrain/stage/in_place_gradients.h"
 
 namespace pipetrain::models {
@@ -121,11 +122,11 @@ torch::Tensor table_lookup(const torch::Tensor& weight, const torch::Tensor& tok
 }
 
 torch::Tensor table_logits(const torch::Tensor& x, const torch::Tensor& weight) {
-  // Under autocast the product runs on a cast of the weight that autograd must see (its
-  // gradient reaches the weight through the cast): torch's own linear, as before.
+  // Under autocast the product runs on a cast of the weight, its gradient returned to autograd:
+  // autocast_linear, which keeps the table rather than its cast for the backward.
   if (at::autocast::is_autocast_enabled(x.device().type()) ||
       x.scalar_type() != weight.scalar_type()) {
-    return torch::linear(x, weight);
+    return autocast_linear(x, weight);
   }
   return TableLogits::apply(x, weight);
 }

@@ -12,7 +12,8 @@
 //                                  new tensor or (in place) added into .grad() block by block.
 //                                  (The blocked products equal the whole one's bits on the CPU,
 //                                  as checked here; either way every path computes them so.)
-//                                  Under autocast, or with x and w of two dtypes: torch::linear.
+//                                  Under autocast, or with x and w of two dtypes: autocast_linear
+//                                  (stage/autocast_linear.h).
 #pragma once
 
 #include <torch/types.h>

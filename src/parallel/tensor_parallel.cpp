@@ -10,6 +10,7 @@
 
 #include "pipetrain/base/check.h"
 #include "pipetrain/base/error.h"
+#include "pipetrain/stage/autocast_linear.h"
 
 namespace pipetrain::parallel {
 namespace {
@@ -314,7 +315,7 @@ std::vector<torch::Tensor> sequence_parallel_linears(const torch::Tensor& x,
     const torch::Tensor in = enter_tensor_parallel(x, tp);
     std::vector<torch::Tensor> outputs;
     for (size_t i = 0; i < weights.size(); ++i) {
-      outputs.push_back(torch::linear(in, weights[i], bias_of(i)));
+      outputs.push_back(autocast_linear(in, weights[i], bias_of(i)));
     }
     return outputs;
   }
@@ -401,8 +402,8 @@ void ColumnParallelLinearImpl::reset() {
 }
 
 torch::Tensor ColumnParallelLinearImpl::forward(const torch::Tensor& x) {
-  const torch::Tensor y = torch::nn::functional::linear(copy_to_tensor_parallel(x, tp), weight,
-                                                        has_bias ? bias : torch::Tensor());
+  const torch::Tensor y =
+      autocast_linear(copy_to_tensor_parallel(x, tp), weight, has_bias ? bias : torch::Tensor());
   return gather_output ? gather_from_tensor_parallel(y, tp) : y;
 }
 
@@ -420,8 +421,8 @@ void RowParallelLinearImpl::reset() {
 
 torch::Tensor row_parallel_linear(const torch::Tensor& x, const torch::Tensor& weight,
                                   const torch::Tensor& bias, const TensorParallel& tp) {
-  if (!tp.split()) return torch::nn::functional::linear(x, weight, bias);  // one fused op
-  const torch::Tensor y = leave_tensor_parallel(torch::nn::functional::linear(x, weight), tp);
+  if (!tp.split()) return autocast_linear(x, weight, bias);  // one fused op
+  const torch::Tensor y = leave_tensor_parallel(autocast_linear(x, weight), tp);
   return bias.defined() ? y + bias : y;
 }
 
