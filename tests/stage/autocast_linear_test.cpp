@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include "pipetrain/stage/allocation_counter.h"
+#include "pipetrain/stage/device.h"
 #include "pipetrain/stage/precision.h"
 
 namespace pipetrain {
@@ -18,17 +19,19 @@ struct LinearGrads {
 // y = f(x, w, b) under bf16 autocast, then dy pushed back through it: what each gets.
 template <typename F>
 LinearGrads run_linear(F f, const torch::Tensor& x0, const torch::Tensor& w0,
-                       const torch::Tensor& b0, const torch::Tensor& dy) {
-  torch::Tensor x = x0.clone().requires_grad_(true);
-  torch::Tensor w = w0.clone().requires_grad_(true);
-  torch::Tensor b = b0.defined() ? b0.clone().requires_grad_(true) : torch::Tensor();
+                       const torch::Tensor& b0, const torch::Tensor& dy,
+                       const torch::Device& device = torch::kCPU) {
+  torch::Tensor x = x0.to(device).clone().requires_grad_(true);
+  torch::Tensor w = w0.to(device).clone().requires_grad_(true);
+  torch::Tensor b = b0.defined() ? b0.to(device).clone().requires_grad_(true) : torch::Tensor();
   torch::Tensor y;
   {
-    const AutocastGuard autocast(Precision::kBFloat16, torch::kCPU);
+    const AutocastGuard autocast(Precision::kBFloat16, device);
     y = f(x, w, b);
   }
-  y.backward(dy);
-  return {y.detach(), x.grad(), w.grad(), b.defined() ? b.grad() : torch::Tensor()};
+  y.backward(dy.to(device));
+  return {y.detach().cpu(), x.grad().cpu(), w.grad().cpu(),
+          b.defined() ? b.grad().cpu() : torch::Tensor()};
 }
 
 void expect_same_bits(const torch::Tensor& a, const torch::Tensor& b, const char* what) {
@@ -40,7 +43,7 @@ void expect_same_bits(const torch::Tensor& a, const torch::Tensor& b, const char
                                   << (a.to(torch::kDouble) - b.to(torch::kDouble)).abs().max();
 }
 
-TEST(AutocastLinear, HasTorchsBitsUnderAutocastWithAndWithoutBiasForAnyInputDtype) {
+void expect_torchs_bits(const torch::Device& device) {
   torch::manual_seed(7);
   const auto torch_linear = [](const torch::Tensor& x, const torch::Tensor& w,
                                const torch::Tensor& b) { return torch::linear(x, w, b); };
@@ -59,8 +62,8 @@ TEST(AutocastLinear, HasTorchsBitsUnderAutocastWithAndWithoutBiasForAnyInputDtyp
         std::vector<int64_t> out = shape;
         out.back() = 29;
         const torch::Tensor dy = torch::randn(out).to(torch::kBFloat16);
-        const LinearGrads want = run_linear(torch_linear, x, w, b, dy);
-        const LinearGrads got = run_linear(ours, x, w, b, dy);
+        const LinearGrads want = run_linear(torch_linear, x, w, b, dy, device);
+        const LinearGrads got = run_linear(ours, x, w, b, dy, device);
         EXPECT_EQ(want.y.scalar_type(), torch::kBFloat16);
         expect_same_bits(got.y, want.y, "output");
         expect_same_bits(got.dx, want.dx, "input gradient");
@@ -69,6 +72,15 @@ TEST(AutocastLinear, HasTorchsBitsUnderAutocastWithAndWithoutBiasForAnyInputDtyp
       }
     }
   }
+}
+
+TEST(AutocastLinear, HasTorchsBitsUnderAutocastWithAndWithoutBiasForAnyInputDtype) {
+  expect_torchs_bits(torch::kCPU);
+}
+
+TEST(AutocastLinear, HasTorchsBitsUnderCudaAutocast) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device is visible to this process";
+  expect_torchs_bits(torch::Device(torch::kCUDA, 0));
 }
 
 TEST(AutocastLinear, AsksOnlyForTheGradientsABackwardWantsAsAZeroBubbleSplitDoes) {
