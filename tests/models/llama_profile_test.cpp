@@ -24,7 +24,7 @@ TEST(ProfileLlama, TablesProfiledOnFewerRowsHaveTheBytesOfTheWholeTable) {
     config.tie_word_embeddings = tied;
     const torch::Tensor sample = torch::randint(config.vocab_size, {2, 8}, torch::kInt64);
     const partition::ProfileOptions options = partition::ProfileOptions()
-                                                  .microbatch_sizes({1, 2})
+                                                  .microbatch_sizes({2})
                                                   .warmup(0)
                                                   .repeats(1)
                                                   .min_trial_seconds(0)
@@ -51,7 +51,7 @@ TEST(ProfileLlama, TablesProfiledOnFewerRowsHaveTheBytesOfTheWholeTable) {
       }
     }
     // The head's logits are the vocabulary's width: the figure that grows with it.
-    EXPECT_EQ(cut.layers.back().costs[1].output_bytes, 2 * 8 * 1000 * 4);
+    EXPECT_EQ(cut.layers.back().costs[0].output_bytes, 2 * 8 * 1000 * 4);
   }
 }
 
