@@ -70,21 +70,34 @@ struct TableLookup : torch::autograd::Function<TableLookup> {
   }
 };
 
+// Under autocast (`compute` the autocast dtype, else the weight's own): the product runs on the
+// casts of x and the weight, as torch::linear's under autocast, and the table itself (not its
+// cast) is kept for the backward, which casts it again (stage/autocast_linear.h). The weight's
+// gradient is computed in the compute dtype a block at a time and cast back to the weight's, as
+// autograd's cast would send it back whole.
 struct TableLogits : torch::autograd::Function<TableLogits> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
-                               const torch::Tensor& weight) {
-    ctx->save_for_backward({x, weight});
-    return torch::linear(x, weight);
+                               const torch::Tensor& weight, int64_t compute) {
+    const auto dtype = static_cast<c10::ScalarType>(compute);
+    const torch::Tensor xc = x.scalar_type() == dtype ? x : x.to(dtype);
+    ctx->save_for_backward({xc, weight});
+    ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
+    return torch::linear(xc, weight.scalar_type() == dtype ? weight : weight.to(dtype));
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
     const tensor_list saved = ctx->get_saved_variables();
-    const torch::Tensor& x = saved[0];
+    const torch::Tensor& x = saved[0];  // in the compute dtype
     torch::Tensor weight = saved[1];
     const torch::Tensor& g = grads[0];
-    tensor_list result(2);
+    tensor_list result(3);
     if (!g.defined()) return result;
-    if (ctx->needs_input_grad(0)) result[0] = torch::matmul(g, weight);
+    const c10::ScalarType dtype = x.scalar_type();
+    if (ctx->needs_input_grad(0)) {
+      const torch::Tensor cast = weight.scalar_type() == dtype ? weight : weight.to(dtype);
+      result[0] = torch::matmul(g, cast).to(
+          static_cast<c10::ScalarType>(ctx->saved_data["x_dtype"].toInt()));
+    }
     if (!ctx->needs_input_grad(1)) return result;
     const int64_t vocabulary = g.size(-1);
     const int64_t hidden = x.size(-1);
@@ -92,16 +105,19 @@ struct TableLogits : torch::autograd::Function<TableLogits> {
     const torch::Tensor x2 = x.reshape({-1, hidden});
     const bool in_place = InPlaceGradients::allowed(weight);
     const bool add = in_place && weight.grad().defined();
+    const bool cast_back = weight.scalar_type() != dtype;
     torch::Tensor target =
-        add ? weight.mutable_grad() : torch::empty({vocabulary, hidden}, g.options());
-    const int64_t step = block_rows(hidden, g.element_size());
+        add ? weight.mutable_grad() : torch::empty({vocabulary, hidden}, weight.options());
+    const int64_t step = block_rows(hidden, weight.element_size());
     for (int64_t v = 0; v < vocabulary; v += step) {
       const int64_t n = std::min(step, vocabulary - v);
       const torch::Tensor block_t = g2.narrow(1, v, n).t();  // [n, tokens]
+      torch::Tensor out = target.narrow(0, v, n);
       if (add) {
-        target.narrow(0, v, n).add_(block_t.mm(x2));
+        out.add_(cast_back ? block_t.mm(x2).to(weight.scalar_type()) : block_t.mm(x2));
+      } else if (cast_back) {
+        out.copy_(block_t.mm(x2));
       } else {
-        torch::Tensor out = target.narrow(0, v, n);
         torch::mm_out(out, block_t, x2);
       }
     }
@@ -122,13 +138,18 @@ torch::Tensor table_lookup(const torch::Tensor& weight, const torch::Tensor& tok
 }
 
 torch::Tensor table_logits(const torch::Tensor& x, const torch::Tensor& weight) {
-  // Under autocast the product runs on a cast of the weight, its gradient returned to autograd:
-  // autocast_linear, which keeps the table rather than its cast for the backward.
-  if (at::autocast::is_autocast_enabled(x.device().type()) ||
-      x.scalar_type() != weight.scalar_type()) {
+  const c10::DeviceType device = x.device().type();
+  if (at::autocast::is_autocast_enabled(device) && torch::GradMode::is_enabled() &&
+      weight.scalar_type() == torch::kFloat32 && x.is_floating_point() &&
+      x.scalar_type() != torch::kDouble) {
+    return TableLogits::apply(x, weight,
+                              static_cast<int64_t>(at::autocast::get_autocast_dtype(device)));
+  }
+  // Without grad mode nothing is kept; with two dtypes outside autocast, torch's own rules.
+  if (at::autocast::is_autocast_enabled(device) || x.scalar_type() != weight.scalar_type()) {
     return autocast_linear(x, weight);
   }
-  return TableLogits::apply(x, weight);
+  return TableLogits::apply(x, weight, static_cast<int64_t>(weight.scalar_type()));
 }
 
 }  // namespace pipetrain::models

@@ -12,8 +12,12 @@
 //                                  new tensor or (in place) added into .grad() block by block.
 //                                  (The blocked products equal the whole one's bits on the CPU,
 //                                  as checked here; either way every path computes them so.)
-//                                  Under autocast, or with x and w of two dtypes: autocast_linear
-//                                  (stage/autocast_linear.h).
+//                                  Under autocast (a float32 w, with grad mode): on the casts
+//                                  of x and w, the table itself kept for the backward and cast
+//                                  again there (as stage/autocast_linear.h), dw computed in the
+//                                  compute dtype by blocks and cast back to float32, as torch's
+//                                  cast sends it back whole. Otherwise, with x and w of two
+//                                  dtypes or no grad mode under autocast: autocast_linear.
 #pragma once
 
 #include <torch/types.h>

@@ -14,6 +14,7 @@
 #include "../helpers/hf_models.h"
 #include "pipetrain/io/safetensors.h"
 #include "pipetrain/stage/in_place_gradients.h"
+#include "pipetrain/stage/precision.h"
 
 namespace pipetrain::models {
 namespace {
@@ -212,6 +213,69 @@ TEST(Llama, TheTableTakesItsGradientIntoGradInPlaceWithTorchsBits) {
     } else {
       EXPECT_EQ(handed, 4);
     }
+  }
+}
+
+TEST(Llama, UnderBf16AutocastTheTableTakesItsGradientIntoGradInPlaceWithTorchsBits) {
+  // Two blocks of the vocabulary (32 MiB of float32 rows each); the input wants no gradient (its
+  // product, the slowest in bf16 on a CPU without AVX-512, is autocast_linear's, tested there).
+  LlamaConfig config = llama_config(70000, 128, 32, /*layers=*/1, /*heads=*/4, /*kv_heads=*/2);
+  config.tie_word_embeddings = true;
+  const auto shared = std::make_shared<const LlamaConfig>(config);
+  torch::manual_seed(1);
+  const std::vector<torch::Tensor> tokens{
+      torch::tensor({5, 9, 5, 3, 69999, 5, 0, 9}, torch::kInt64).reshape({2, 4}),
+      torch::tensor({9, 9, 3, 1, 2, 69999, 7, 7}, torch::kInt64).reshape({2, 4})};
+  std::vector<torch::Tensor> hidden, emb_grads, logit_grads;
+  for (int i = 0; i < 2; ++i) {
+    hidden.push_back(torch::randn({2, 4, 128}).to(torch::kBFloat16));
+    emb_grads.push_back(torch::randn({2, 4, 128}));
+    logit_grads.push_back(torch::randn({2, 4, 70000}).to(torch::kBFloat16));
+  }
+  const torch::Tensor values = torch::randn({70000, 128});
+
+  torch::Tensor expected = values.clone().requires_grad_();
+  std::vector<torch::Tensor> expected_logits;
+  for (int i = 0; i < 2; ++i) {
+    torch::Tensor logits;
+    {
+      const AutocastGuard autocast(Precision::kBFloat16, torch::kCPU);
+      logits = torch::linear(hidden[i], expected);
+    }
+    logits.backward(logit_grads[i]);
+    torch::embedding(expected, tokens[i]).backward(emb_grads[i]);
+    expected_logits.push_back(logits.detach());
+  }
+
+  for (const bool in_place : {true, false}) {
+    SCOPED_TRACE(in_place ? "in place" : "handed to autograd");
+    LlamaEmbedding embedding(shared);
+    LlamaHead head(shared, torch::TensorOptions(), embedding->weight);
+    torch::Tensor w = embedding->weight;
+    {
+      torch::NoGradGuard no_grad;
+      w.copy_(values);
+    }
+    int handed = 0;
+    w.register_hook([&handed](const torch::Tensor& g) {
+      if (g.defined()) ++handed;
+    });
+    for (int i = 0; i < 2; ++i) {
+      std::optional<InPlaceGradients> scope;
+      if (in_place) scope.emplace(std::vector<torch::Tensor>{w});
+      torch::Tensor logits;
+      {
+        const AutocastGuard autocast(Precision::kBFloat16, torch::kCPU);
+        logits = head->forward(hidden[i]);
+      }
+      EXPECT_TRUE(torch::equal(logits, expected_logits[static_cast<size_t>(i)])) << i;
+      logits.backward(logit_grads[i]);
+      embedding->forward(tokens[i]).backward(emb_grads[i]);
+    }
+    EXPECT_EQ(w.grad().scalar_type(), torch::kFloat32);
+    EXPECT_TRUE(torch::equal(w.grad(), expected.grad()))
+        << (w.grad() - expected.grad()).abs().max();
+    EXPECT_EQ(handed, in_place ? 0 : 4);
   }
 }
 
