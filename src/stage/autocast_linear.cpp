@@ -22,7 +22,8 @@ torch::Tensor cast(const torch::Tensor& t, c10::ScalarType dtype) {
 
 class CastOnUseLinear : public torch::autograd::Function<CastOnUseLinear> {
  public:
-  // `bias`: an empty tensor where there is none (Function::apply takes no undefined tensor).
+  // `placed_bias`: the bias, or an empty tensor where there is none (Function::apply takes no
+  // undefined tensor).
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& weight, const torch::Tensor& placed_bias,
                                bool has_bias, int64_t dtype) {

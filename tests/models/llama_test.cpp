@@ -150,6 +150,24 @@ TEST(Llama, RandomInitIsTheSameForAnySubsetOfEntries) {
   EXPECT_NEAR(std, 0.02, 0.004);
 }
 
+// A tied embedding and head holding `values`, and the count of gradients autograd carries to the
+// table (those not added into .grad() from inside the operations).
+struct TiedTable {
+  LlamaEmbedding embedding;
+  LlamaHead head;
+  std::shared_ptr<int> handed = std::make_shared<int>(0);
+
+  TiedTable(const std::shared_ptr<const LlamaConfig>& config, const torch::Tensor& values)
+      : embedding(config), head(config, torch::TensorOptions(), embedding->weight) {
+    torch::NoGradGuard no_grad;
+    weight().copy_(values);
+    weight().register_hook([handed = handed](const torch::Tensor& g) {
+      if (g.defined()) ++*handed;
+    });
+  }
+  torch::Tensor weight() const { return embedding->weight; }
+};
+
 // The tied table's gradient over two micro-batches, the head's then the embedding's of each (the
 // order a stage's backward takes them): where the backward's caller allows it, added into
 // .grad() from inside the two operations (no table-sized gradient handed to autograd; the head's
@@ -185,17 +203,11 @@ TEST(Llama, TheTableTakesItsGradientIntoGradInPlaceWithTorchsBits) {
 
   for (const bool in_place : {true, false}) {
     SCOPED_TRACE(in_place ? "in place" : "handed to autograd");
-    LlamaEmbedding embedding(shared);
-    LlamaHead head(shared, torch::TensorOptions(), embedding->weight);
-    torch::Tensor w = embedding->weight;
-    {
-      torch::NoGradGuard no_grad;
-      w.copy_(values);
-    }
-    int handed = 0;  // gradients autograd carried to the table
-    w.register_hook([&handed](const torch::Tensor& g) {
-      if (g.defined()) ++handed;
-    });
+    TiedTable table(shared, values);
+    LlamaEmbedding& embedding = table.embedding;
+    LlamaHead& head = table.head;
+    torch::Tensor w = table.weight();
+    const int& handed = *table.handed;
     const void* first = nullptr;
     for (int i = 0; i < 2; ++i) {
       std::optional<InPlaceGradients> scope;
@@ -249,17 +261,11 @@ TEST(Llama, UnderBf16AutocastTheTableTakesItsGradientIntoGradInPlaceWithTorchsBi
 
   for (const bool in_place : {true, false}) {
     SCOPED_TRACE(in_place ? "in place" : "handed to autograd");
-    LlamaEmbedding embedding(shared);
-    LlamaHead head(shared, torch::TensorOptions(), embedding->weight);
-    torch::Tensor w = embedding->weight;
-    {
-      torch::NoGradGuard no_grad;
-      w.copy_(values);
-    }
-    int handed = 0;
-    w.register_hook([&handed](const torch::Tensor& g) {
-      if (g.defined()) ++handed;
-    });
+    TiedTable table(shared, values);
+    LlamaEmbedding& embedding = table.embedding;
+    LlamaHead& head = table.head;
+    torch::Tensor w = table.weight();
+    const int& handed = *table.handed;
     for (int i = 0; i < 2; ++i) {
       std::optional<InPlaceGradients> scope;
       if (in_place) scope.emplace(std::vector<torch::Tensor>{w});
