@@ -204,26 +204,23 @@ TEST(Llama, TheTableTakesItsGradientIntoGradInPlaceWithTorchsBits) {
   for (const bool in_place : {true, false}) {
     SCOPED_TRACE(in_place ? "in place" : "handed to autograd");
     TiedTable table(shared, values);
-    LlamaEmbedding& embedding = table.embedding;
-    LlamaHead& head = table.head;
     torch::Tensor w = table.weight();
-    const int& handed = *table.handed;
     const void* first = nullptr;
     for (int i = 0; i < 2; ++i) {
       std::optional<InPlaceGradients> scope;
       if (in_place) scope.emplace(std::vector<torch::Tensor>{w});
       torch::Tensor x = hidden[i].clone().requires_grad_();
-      head->forward(x).backward(logit_grads[i]);
-      embedding->forward(tokens[i]).backward(emb_grads[i]);
+      table.head->forward(x).backward(logit_grads[i]);
+      table.embedding->forward(tokens[i]).backward(emb_grads[i]);
       EXPECT_TRUE(torch::equal(x.grad(), expected_x[static_cast<size_t>(i)])) << i;
       if (i == 0) first = w.grad().data_ptr();
     }
     EXPECT_TRUE(torch::equal(w.grad(), expected.grad()));
     if (in_place) {
-      EXPECT_EQ(handed, 0);
+      EXPECT_EQ(*table.handed, 0);
       EXPECT_EQ(w.grad().data_ptr(), first);  // accumulated where it was
     } else {
-      EXPECT_EQ(handed, 4);
+      EXPECT_EQ(*table.handed, 4);
     }
   }
 }
@@ -262,26 +259,23 @@ TEST(Llama, UnderBf16AutocastTheTableTakesItsGradientIntoGradInPlaceWithTorchsBi
   for (const bool in_place : {true, false}) {
     SCOPED_TRACE(in_place ? "in place" : "handed to autograd");
     TiedTable table(shared, values);
-    LlamaEmbedding& embedding = table.embedding;
-    LlamaHead& head = table.head;
     torch::Tensor w = table.weight();
-    const int& handed = *table.handed;
     for (int i = 0; i < 2; ++i) {
       std::optional<InPlaceGradients> scope;
       if (in_place) scope.emplace(std::vector<torch::Tensor>{w});
       torch::Tensor logits;
       {
         const AutocastGuard autocast(Precision::kBFloat16, torch::kCPU);
-        logits = head->forward(hidden[i]);
+        logits = table.head->forward(hidden[i]);
       }
       EXPECT_TRUE(torch::equal(logits, expected_logits[static_cast<size_t>(i)])) << i;
       logits.backward(logit_grads[i]);
-      embedding->forward(tokens[i]).backward(emb_grads[i]);
+      table.embedding->forward(tokens[i]).backward(emb_grads[i]);
     }
     EXPECT_EQ(w.grad().scalar_type(), torch::kFloat32);
     EXPECT_TRUE(torch::equal(w.grad(), expected.grad()))
         << (w.grad() - expected.grad()).abs().max();
-    EXPECT_EQ(handed, in_place ? 0 : 4);
+    EXPECT_EQ(*table.handed, in_place ? 0 : 4);
   }
 }
 
