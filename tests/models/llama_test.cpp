@@ -168,28 +168,42 @@ struct TiedTable {
   torch::Tensor weight() const { return embedding->weight; }
 };
 
+// Two micro-batches for a tied 70000 x 128 table (two 32 MiB blocks of float32 rows): tokens that
+// repeat (a row summed from several) and 3, the hidden states reaching the head (in `dtype`),
+// and the gradients pushed back into the embedding and into the logits (in `dtype`).
+struct TwoMicroBatches {
+  std::shared_ptr<const LlamaConfig> config;
+  std::vector<torch::Tensor> tokens, hidden, emb_grads, logit_grads;
+  torch::Tensor values;  // the table's
+};
+
+TwoMicroBatches two_micro_batches(int64_t pad_token_id, torch::ScalarType dtype, uint64_t seed) {
+  LlamaConfig config = llama_config(70000, 128, 32, /*layers=*/1, /*heads=*/4, /*kv_heads=*/2);
+  config.tie_word_embeddings = true;
+  config.pad_token_id = pad_token_id;
+  TwoMicroBatches m;
+  m.config = std::make_shared<const LlamaConfig>(config);
+  torch::manual_seed(seed);
+  m.tokens = {torch::tensor({5, 9, 5, 3, 69999, 5, 0, 9}, torch::kInt64).reshape({2, 4}),
+              torch::tensor({9, 9, 3, 1, 2, 69999, 7, 7}, torch::kInt64).reshape({2, 4})};
+  for (int i = 0; i < 2; ++i) {
+    m.hidden.push_back(torch::randn({2, 4, 128}).to(dtype));
+    m.emb_grads.push_back(torch::randn({2, 4, 128}));
+    m.logit_grads.push_back(torch::randn({2, 4, 70000}).to(dtype));
+  }
+  m.values = torch::randn({70000, 128});
+  return m;
+}
+
 // The tied table's gradient over two micro-batches, the head's then the embedding's of each (the
 // order a stage's backward takes them): where the backward's caller allows it, added into
 // .grad() from inside the two operations (no table-sized gradient handed to autograd; the head's
 // in blocks of the vocabulary, two here) with the bits of torch's own embedding and linear;
 // elsewhere handed to autograd as before, with the same bits.
 TEST(Llama, TheTableTakesItsGradientIntoGradInPlaceWithTorchsBits) {
-  LlamaConfig config = llama_config(70000, 128, 32, /*layers=*/1, /*heads=*/4, /*kv_heads=*/2);
-  config.tie_word_embeddings = true;
-  config.pad_token_id = 3;
-  const auto shared = std::make_shared<const LlamaConfig>(config);
-  torch::manual_seed(0);
-  // Tokens that repeat (a row summed from several) and the pad, whose row takes nothing.
-  const std::vector<torch::Tensor> tokens{
-      torch::tensor({5, 9, 5, 3, 69999, 5, 0, 9}, torch::kInt64).reshape({2, 4}),
-      torch::tensor({9, 9, 3, 1, 2, 69999, 7, 7}, torch::kInt64).reshape({2, 4})};
-  std::vector<torch::Tensor> hidden, emb_grads, logit_grads;
-  for (int i = 0; i < 2; ++i) {
-    hidden.push_back(torch::randn({2, 4, 128}));
-    emb_grads.push_back(torch::randn({2, 4, 128}));
-    logit_grads.push_back(torch::randn({2, 4, 70000}));
-  }
-  const torch::Tensor values = torch::randn({70000, 128});
+  // 3 is the pad here: its row takes nothing.
+  const TwoMicroBatches m = two_micro_batches(/*pad_token_id=*/3, torch::kFloat32, /*seed=*/0);
+  const auto& [shared, tokens, hidden, emb_grads, logit_grads, values] = m;
 
   // torch's own operations, each backward accumulated into .grad() by autograd.
   torch::Tensor expected = values.clone().requires_grad_();
@@ -228,20 +242,8 @@ TEST(Llama, TheTableTakesItsGradientIntoGradInPlaceWithTorchsBits) {
 TEST(Llama, UnderBf16AutocastTheTableTakesItsGradientIntoGradInPlaceWithTorchsBits) {
   // Two blocks of the vocabulary (32 MiB of float32 rows each); the input wants no gradient (its
   // product, the slowest in bf16 on a CPU without AVX-512, is autocast_linear's, tested there).
-  LlamaConfig config = llama_config(70000, 128, 32, /*layers=*/1, /*heads=*/4, /*kv_heads=*/2);
-  config.tie_word_embeddings = true;
-  const auto shared = std::make_shared<const LlamaConfig>(config);
-  torch::manual_seed(1);
-  const std::vector<torch::Tensor> tokens{
-      torch::tensor({5, 9, 5, 3, 69999, 5, 0, 9}, torch::kInt64).reshape({2, 4}),
-      torch::tensor({9, 9, 3, 1, 2, 69999, 7, 7}, torch::kInt64).reshape({2, 4})};
-  std::vector<torch::Tensor> hidden, emb_grads, logit_grads;
-  for (int i = 0; i < 2; ++i) {
-    hidden.push_back(torch::randn({2, 4, 128}).to(torch::kBFloat16));
-    emb_grads.push_back(torch::randn({2, 4, 128}));
-    logit_grads.push_back(torch::randn({2, 4, 70000}).to(torch::kBFloat16));
-  }
-  const torch::Tensor values = torch::randn({70000, 128});
+  const TwoMicroBatches m = two_micro_batches(/*pad_token_id=*/-1, torch::kBFloat16, /*seed=*/1);
+  const auto& [shared, tokens, hidden, emb_grads, logit_grads, values] = m;
 
   torch::Tensor expected = values.clone().requires_grad_();
   std::vector<torch::Tensor> expected_logits;
