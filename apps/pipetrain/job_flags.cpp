@@ -4,6 +4,7 @@
 #include <iostream>
 #include <map>
 
+#include "pipetrain/job/deepspeed_config.h"
 #include "pipetrain/job/job_fields.h"
 #include "pipetrain/job/job_file.h"
 
@@ -92,6 +93,13 @@ std::shared_ptr<JobCommand> add_job_flags(CLI::App& app, job::Command command) {
                "print the whole job as TOML (every default filled) and exit; --config of that "
                "file runs the same job")
       ->group("Job file");
+  if (command == job::Command::kTrain || command == job::Command::kPlanModel) {
+    app.add_option("--deepspeed-config", job->deepspeed_config,
+                   "DeepSpeed's ds_config.json: its batch, precision, optimizer, scheduler and "
+                   "zero_optimization keys fill the job (\"auto\" from the flags and the model); "
+                   "a flag given here must agree with it (docs/DEEPSPEED.md)")
+        ->group("Job file");
+  }
   app.add_flag("--reference-table", job->reference_table)->group("");
   job_commands()[app.get_name()] = job;
   return job;
@@ -128,6 +136,27 @@ std::vector<std::string> read_config_file(std::vector<std::string> arguments) {
   return arguments;
 }
 
+void apply_deepspeed_config(JobCommand& job) {
+  if (job.deepspeed_config.empty()) return;
+  std::vector<std::string> given;
+  const std::vector<job::Field> fields = job::fields_of(job.command);
+  for (const std::string& flag : given_flags(*job.app)) {
+    for (const job::Field& field : fields) {
+      if (field.flag == flag) given.push_back(field.name());
+    }
+  }
+  const job::DeepSpeedReading reading =
+      job::read_deepspeed_config(job.deepspeed_config, job.config, job.command, given);
+  for (const std::string& note : reading.notes) {
+    std::cerr << "deepspeed config: " << note << "\n";
+  }
+  if (!reading.ignored.empty()) {
+    std::cerr << "deepspeed config: warning: these keys change nothing in pipetrain:";
+    for (const std::string& key : reading.ignored) std::cerr << " " << key;
+    std::cerr << "\n";
+  }
+}
+
 bool print_config_if_asked(const JobCommand& job) {
   if (job.reference_table) {
     std::cout << job::reference_table(job.command);
@@ -145,7 +174,7 @@ std::vector<std::string> given_flags(const CLI::App& app) {
   for (const CLI::Option* option : app.get_options()) {
     const std::string name = option->get_name();
     if (option->count() > 0 && name != "--config" && name != "--print-config" &&
-        name != "--reference-table") {
+        name != "--reference-table" && name != "--deepspeed-config") {
       given.push_back(name);
     }
   }

@@ -17,7 +17,8 @@ namespace pipetrain::cli {
 struct JobCommand {
   job::JobConfig config;
   job::Command command;
-  std::string config_file;  // --config's TOML file, read before the flags (read_config_file)
+  std::string config_file;       // --config's TOML file, read before the flags (read_config_file)
+  std::string deepspeed_config;  // --deepspeed-config FILE (train, plan --model)
   bool print_config = false;
   bool reference_table = false;  // hidden: the settings as docs/TRAIN_CLI.md's Markdown table
   CLI::App* app = nullptr;
@@ -31,6 +32,10 @@ std::shared_ptr<JobCommand> add_job_flags(CLI::App& app, job::Command command);
 // becomes flags: train/config_file.h) is taken out of `arguments` and read into that command's
 // JobConfig, so that the flags parsed after it replace the file's values.
 std::vector<std::string> read_config_file(std::vector<std::string> arguments);
+
+// --deepspeed-config FILE: reads DeepSpeed's config into the job (job/deepspeed_config.h) after
+// the flags, which it must agree with; prints the keys it ignores in one warning and its notes.
+void apply_deepspeed_config(JobCommand& job);
 
 // --print-config: writes the job as TOML to stdout (--reference-table: the command's settings as
 // a Markdown table). Returns true when it did (the command then ends with exit code 0).

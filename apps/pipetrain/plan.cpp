@@ -261,6 +261,7 @@ void add_plan_command(CLI::App& app, int& exit_code) {
   command->add_option("--rank-job", *rank_job)->group("");
   command->callback([request, job, rank_job, &exit_code] {
     if (!job->config.plan.model.empty()) {
+      apply_deepspeed_config(*job);
       if (print_config_if_asked(*job)) {
         exit_code = 0;
         return;

@@ -23,6 +23,7 @@ int run_train(JobCommand& command) {
   if (given.size() == 1 && given.front() == "--resume" && command.config_file.empty()) {
     command.config = job::job_of_checkpoint(command.config.checkpoint.resume);
   }
+  apply_deepspeed_config(command);
   if (print_config_if_asked(command)) return 0;
   job::ConsoleObserver console;
   try {

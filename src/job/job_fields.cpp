@@ -504,11 +504,25 @@ void declare(JobConfig& c, FieldVisitor& v) {
               [](train::TrainerOptions& o, int64_t value) { o.warmup_steps(value); }));
   v.field(F("optimizer", "lr_schedule", "--lr-schedule",
             "after the warm-up: " + joined(train::lr_schedule_names()) +
-                " (cosine decays to --min-lr at the last step)",
+                " (cosine decays to --min-lr at the last step; warmup-lr, warmup-decay-lr and "
+                "warmup-cosine-lr are DeepSpeed's WarmupLR, WarmupDecayLR and WarmupCosineLR, "
+                "stepped as its engine steps them)",
             train),
           c.optimizer.lr_schedule, one_of(train::lr_schedule_names()));
-  v.field(F("optimizer", "min_lr", "--min-lr", "floor of the cosine schedule", train),
+  v.field(F("optimizer", "min_lr", "--min-lr", "floor of the cosine schedules", train),
           c.optimizer.min_lr, finite_at_least_zero("in 0..--lr"));
+  v.field(F("optimizer", "warmup_type", "--warmup-type",
+            "DeepSpeed's schedules: log or linear warm-up from --warmup-min-lr", train),
+          c.optimizer.warmup_type, one_of({"log", "linear"}));
+  v.field(F("optimizer", "warmup_min_lr", "--warmup-min-lr",
+            "DeepSpeed's schedules: the rate the warm-up starts from (warmup-decay-lr decays to "
+            "it)",
+            train),
+          c.optimizer.warmup_min_lr, finite_at_least_zero("in 0..--lr"));
+  v.field(
+      F("optimizer", "lr_total_steps", "--lr-total-steps",
+        "the step at which the decaying schedules reach their floor (0: the run's steps)", train),
+      c.optimizer.lr_total_steps, not_negative());
   v.field(F("optimizer", "clip_grad_norm", "--clip-grad-norm",
             "clip gradients to this global L2 norm (0: no clipping)", train),
           c.optimizer.clip_grad_norm,

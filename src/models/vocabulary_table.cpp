@@ -74,7 +74,8 @@ struct TableLookup : torch::autograd::Function<TableLookup> {
 // casts of x and the weight, as torch::linear's under autocast, and the table itself (not its
 // cast) is kept for the backward, which casts it again (stage/autocast_linear.h). The weight's
 // gradient is computed in the compute dtype a block at a time and cast back to the weight's, as
-// autograd's cast would send it back whole.
+// autograd's cast would send it back whole; the input's, over a table of more than one block, by
+// the same blocks (below), so that no cast of the whole table is made in the backward.
 struct TableLogits : torch::autograd::Function<TableLogits> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& weight, int64_t compute) {
@@ -93,22 +94,37 @@ struct TableLogits : torch::autograd::Function<TableLogits> {
     tensor_list result(3);
     if (!g.defined()) return result;
     const c10::ScalarType dtype = x.scalar_type();
-    if (ctx->needs_input_grad(0)) {
-      const torch::Tensor cast = weight.scalar_type() == dtype ? weight : weight.to(dtype);
-      result[0] = torch::matmul(g, cast).to(
-          static_cast<c10::ScalarType>(ctx->saved_data["x_dtype"].toInt()));
-    }
-    if (!ctx->needs_input_grad(1)) return result;
     const int64_t vocabulary = g.size(-1);
     const int64_t hidden = x.size(-1);
     const torch::Tensor g2 = g.reshape({-1, vocabulary});
     const torch::Tensor x2 = x.reshape({-1, hidden});
+    const int64_t step = block_rows(hidden, weight.element_size());
+    if (ctx->needs_input_grad(0)) {
+      const auto x_dtype = static_cast<c10::ScalarType>(ctx->saved_data["x_dtype"].toInt());
+      if (weight.scalar_type() == dtype || vocabulary <= step) {
+        const torch::Tensor cast = weight.scalar_type() == dtype ? weight : weight.to(dtype);
+        result[0] = torch::matmul(g, cast).to(x_dtype);  // torch's bits
+      } else {
+        // The cast of a table of more than one block would be a second table (445 MiB at the
+        // Qwen2-1.5B shape): the product runs a block of the vocabulary at a time, each block's
+        // cast multiplied in float32 (its products exact, summed in float32 as the compute
+        // dtype's product sums them, in another order) and the sum rounded to the compute dtype
+        // once.
+        torch::Tensor sum = torch::zeros({g2.size(0), hidden}, x2.options().dtype(torch::kFloat32));
+        for (int64_t v = 0; v < vocabulary; v += step) {
+          const int64_t n = std::min(step, vocabulary - v);
+          sum.addmm_(g2.narrow(1, v, n).to(torch::kFloat32),
+                     weight.narrow(0, v, n).to(dtype).to(torch::kFloat32));
+        }
+        result[0] = sum.to(dtype).to(x_dtype).reshape(x.sizes());
+      }
+    }
+    if (!ctx->needs_input_grad(1)) return result;
     const bool in_place = InPlaceGradients::allowed(weight);
     const bool add = in_place && weight.grad().defined();
     const bool cast_back = weight.scalar_type() != dtype;
     torch::Tensor target =
         add ? weight.mutable_grad() : torch::empty({vocabulary, hidden}, weight.options());
-    const int64_t step = block_rows(hidden, weight.element_size());
     for (int64_t v = 0; v < vocabulary; v += step) {
       const int64_t n = std::min(step, vocabulary - v);
       const torch::Tensor block_t = g2.narrow(1, v, n).t();  // [n, tokens]

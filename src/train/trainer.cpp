@@ -102,9 +102,17 @@ void Trainer::resume(const Checkpoint& checkpoint) {
 
 double Trainer::learning_rate(int64_t k) const {
   LrScheduleOptions lr(options_.lr());
-  lr.warmup_steps(options_.warmup_steps()).min_lr(options_.min_lr());
+  lr.warmup_steps(options_.warmup_steps())
+      .min_lr(options_.min_lr())
+      .schedule(options_.lr_schedule())
+      .warmup_type(options_.warmup_type())
+      .warmup_min_lr(options_.warmup_min_lr());
+  const int64_t total =
+      options_.lr_total_steps() > 0 ? options_.lr_total_steps() : options_.total_steps();
   if (options_.lr_schedule() == "cosine") {
-    lr.total_steps(std::max(options_.total_steps(), options_.warmup_steps()));
+    lr.total_steps(std::max(total, options_.warmup_steps()));
+  } else if (is_deepspeed_lr_schedule(options_.lr_schedule())) {
+    lr.total_steps(total);
   }
   return learning_rate_at(lr, k);
 }
@@ -580,6 +588,12 @@ void check_trainer_settings(const TrainerOptions& o) {
                         o.clip_grad_norm());
   PIPETRAIN_CHECK_INPUT(o.warmup_steps() >= 0, "--warmup-steps must be >= 0, got ",
                         o.warmup_steps());
+  PIPETRAIN_CHECK_INPUT(o.warmup_type() == "log" || o.warmup_type() == "linear",
+                        "--warmup-type must be log or linear, got '", o.warmup_type(), "'");
+  PIPETRAIN_CHECK_INPUT(o.warmup_min_lr() >= 0 && o.warmup_min_lr() <= o.lr(),
+                        "--warmup-min-lr must be in 0..--lr, got ", o.warmup_min_lr());
+  PIPETRAIN_CHECK_INPUT(o.lr_total_steps() >= 0, "--lr-total-steps must be >= 0, got ",
+                        o.lr_total_steps());
   PIPETRAIN_CHECK_INPUT(o.save_every() >= 0, "--save-every must be >= 0, got ", o.save_every());
   for (double beta : {o.beta1(), o.beta2()}) {
     PIPETRAIN_CHECK_INPUT(beta >= 0 && beta < 1, "--adam-betas must be in [0, 1), got ", beta);

@@ -6,6 +6,7 @@
 // buffers, so every parameter's slice is cut and the pool holds fewer buffers than the overlap
 // wants.
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -88,11 +89,13 @@ TEST(TrainOffloadNvme, ZeroThreeInOneProcessEqualsTheRunInMemoryBitForBit) {
   const std::string files = dir + "/offload";
   fs::create_directories(files);
   const std::string fixtures = hf_fixtures();
-  const std::string one = "train --model " + fixtures + "/llama --data tokens --token-file " +
-                          fixtures +
-                          "/tokens.bin --seq-len 16 --batch-size 8 --lr 1e-2 --optimizer adamw "
-                          "--adam-eps 1e-6 --chunks 2 --steps 3 --zero 3 --save-params " +
-                          dir + "/";
+  // DeepSpeed's WarmupLR (log warm-up from 1e-3, the lr at step 2).
+  const std::string base = "train --model " + fixtures + "/llama --data tokens --token-file " +
+                           fixtures +
+                           "/tokens.bin --seq-len 16 --batch-size 8 --lr 1e-2 --optimizer adamw "
+                           "--adam-eps 1e-6 --chunks 2 --steps 3 --warmup-steps 2 ";
+  const std::string one = base + "--lr-schedule warmup-lr --warmup-min-lr 1e-3 --zero 3 " +
+                          "--save-params " + dir + "/";
   const CliRun memory = run_pipetrain(one + "memory.pt --offload-optimizer cpu");
   ASSERT_EQ(memory.exit_code, 0) << memory.output;
   EXPECT_NE(memory.output.find("launching 1 process (1 pipeline x 1 data-parallel)"),
@@ -101,6 +104,45 @@ TEST(TrainOffloadNvme, ZeroThreeInOneProcessEqualsTheRunInMemoryBitForBit) {
   const CliRun offloaded = run_pipetrain(one + "files.pt" + nvme(files) + " --offload-params nvme");
   ASSERT_EQ(offloaded.exit_code, 0) << offloaded.output;
   EXPECT_TRUE(bitwise_equal(dir + "/files.pt", dir + "/memory.pt"));
+  EXPECT_TRUE(fs::is_empty(files));
+  // The same runs from DeepSpeed's config (job/deepspeed_config.h), shaped as Hugging Face's
+  // ZeRO-3 examples with "auto" values (resolved from the flags and the model's hidden size),
+  // with both offloads to cpu and to nvme: the same weights bit for bit.
+  for (const std::string device : {"cpu", "nvme"}) {
+    const std::string path = dir + "/ds_" + device + ".json";
+    std::ofstream(path) << R"({
+      "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
+                                                "weight_decay": "auto"}},
+      "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 1e-3,
+                    "warmup_max_lr": "auto", "warmup_num_steps": "auto"}},
+      "zero_optimization": {
+        "stage": 3,
+        "offload_optimizer": {"device": ")" +
+                               device + R"(", "nvme_path": ")" + files +
+                               R"(", "pin_memory": true, "buffer_count": 4},
+        "offload_param": {"device": ")" +
+                               device + R"(", "nvme_path": ")" + files +
+                               R"(", "pin_memory": true, "buffer_count": 4, "buffer_size": 1024},
+        "aio": {"block_size": 262144, "queue_depth": 32},
+        "overlap_comm": true, "contiguous_gradients": true, "sub_group_size": 1e9,
+        "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+        "stage3_param_persistence_threshold": "auto", "stage3_max_live_parameters": 1e9,
+        "stage3_max_reuse_distance": 1e9
+      },
+      "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
+      "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto"
+    })";
+    const CliRun ds = run_pipetrain(base + "--save-params " + dir + "/ds_" + device +
+                                    ".pt --deepspeed-config " + path);
+    ASSERT_EQ(ds.exit_code, 0) << ds.output;
+    EXPECT_NE(ds.output.find("these keys change nothing in pipetrain: "
+                             "zero_optimization.aio.block_size"),
+              std::string::npos)
+        << ds.output;
+    EXPECT_TRUE(bitwise_equal(dir + "/ds_" + device + ".pt",
+                              dir + (device == "cpu" ? "/memory.pt" : "/files.pt")))
+        << device;
+  }
   EXPECT_TRUE(fs::is_empty(files));
   // Several stages in one process gather nothing: refused, naming the way that does.
   const CliRun stages = run_pipetrain(one + "x.pt --offload-optimizer cpu --stages 2");

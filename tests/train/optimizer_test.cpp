@@ -1,6 +1,9 @@
 #include "pipetrain/train/optimizer.h"
 #include "pipetrain/base/error.h"
 
+#include <utility>
+#include <vector>
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -84,6 +87,77 @@ TEST(LrSchedule, WithoutTotalStepsStaysAtThePeak) {
 TEST(LrSchedule, InvalidOptionsAreErrors) {
   EXPECT_THROW(learning_rate_at(LrScheduleOptions(1.0).min_lr(2.0), 0), pipetrain::BadInput);
   EXPECT_THROW(learning_rate_at(LrScheduleOptions(1.0).warmup_steps(10).total_steps(5), 0),
+               pipetrain::BadInput);
+}
+
+// The rates DeepSpeed's own schedules (runtime/lr_schedules.py, 0.19.6) gave each optimizer step
+// k, stepped as its engine steps them (the scheduler steps after each optimizer step): that file
+// run with torch's SGD, printing param_groups[0]["lr"] before each step.
+void expect_rates(const LrScheduleOptions& options,
+                  const std::vector<std::pair<int, double>>& rates) {
+  for (const auto& [k, rate] : rates) {
+    EXPECT_DOUBLE_EQ(learning_rate_at(options, k), rate) << options.schedule() << " step " << k;
+  }
+}
+
+TEST(LrSchedule, DeepSpeedsWarmupLrGivesItsRatesStepForStep) {
+  const LrScheduleOptions log =
+      LrScheduleOptions(0.1).schedule("warmup-lr").warmup_steps(10).warmup_min_lr(0.01);
+  expect_rates(log, {{0, 0.01},
+                     {1, 0.01},
+                     {2, 0.037092699609758306},
+                     {5, 0.07290730039024168},
+                     {10, 0.09999999999999999},
+                     {11, 0.1},
+                     {14, 0.1}});
+  expect_rates(LrScheduleOptions(log).warmup_type("linear"), {{0, 0.01},
+                                                              {1, 0.01},
+                                                              {2, 0.019000000000000003},
+                                                              {5, 0.046000000000000006},
+                                                              {10, 0.09100000000000001},
+                                                              {11, 0.1},
+                                                              {14, 0.1}});
+  // warmup_num_steps 2 from 0: DeepSpeed's W is at least 2.
+  expect_rates(LrScheduleOptions(0.5).schedule("warmup-lr").warmup_steps(2),
+               {{0, 0.0}, {1, 0.0}, {2, 0.5}, {3, 0.5}});
+}
+
+TEST(LrSchedule, DeepSpeedsWarmupDecayAndWarmupCosineGiveItsRatesStepForStep) {
+  expect_rates(LrScheduleOptions(0.1)
+                   .schedule("warmup-decay-lr")
+                   .warmup_steps(10)
+                   .warmup_min_lr(0.01)
+                   .total_steps(20),
+               {{0, 0.01},
+                {1, 0.01},
+                {2, 0.037092699609758306},
+                {10, 0.09999999999999999},
+                {11, 0.1},
+                {12, 0.09100000000000001},
+                {16, 0.05500000000000001},
+                {20, 0.019000000000000003},
+                {21, 0.01},
+                {29, 0.01}});
+  // WarmupCosineLR's warmup_min_ratio 0.1 and cos_min_ratio 0.01 of the lr 0.1.
+  expect_rates(LrScheduleOptions(0.1)
+                   .schedule("warmup-cosine-lr")
+                   .warmup_steps(10)
+                   .warmup_min_lr(0.1 * 0.1)
+                   .min_lr(0.01 * 0.1)
+                   .total_steps(20),
+               {{0, 0.0},
+                {1, 0.010000000000000002},
+                {2, 0.037092699609758306},
+                {10, 0.09999999999999999},
+                {11, 0.09757729755661011},
+                {12, 0.09054634122155991},
+                {16, 0.03520365877844011},
+                {21, 0.001},
+                {29, 0.001}});
+  EXPECT_THROW(
+      learning_rate_at(LrScheduleOptions(0.1).schedule("warmup-lr").warmup_type("cubic"), 0),
+      pipetrain::BadInput);
+  EXPECT_THROW(learning_rate_at(LrScheduleOptions(0.1).schedule("onecycle"), 0),
                pipetrain::BadInput);
 }
 

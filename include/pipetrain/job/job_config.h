@@ -114,6 +114,9 @@ struct OptimizerSettings {
   int64_t warmup_steps = 0;                    // --warmup-steps
   std::string lr_schedule = "constant";        // --lr-schedule
   double min_lr = 0;                           // --min-lr
+  std::string warmup_type = "log";             // --warmup-type (DeepSpeed's schedules)
+  double warmup_min_lr = 0;                    // --warmup-min-lr (DeepSpeed's schedules)
+  int64_t lr_total_steps = 0;                  // --lr-total-steps (0: the run's steps)
   double clip_grad_norm = 0;                   // --clip-grad-norm
 };
 

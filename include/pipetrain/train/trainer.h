@@ -70,12 +70,19 @@ struct TrainerOptions {
   TORCH_ARG(double, beta1) = 0.9;
   TORCH_ARG(double, beta2) = 0.999;
   TORCH_ARG(double, eps) = 1e-8;
-  /// "constant" or "cosine" (decays to min_lr at total_steps). Default "constant".
+  /// "constant", "cosine" (decays to min_lr at total_steps), or DeepSpeed's "warmup-lr",
+  /// "warmup-decay-lr", "warmup-cosine-lr" (train/lr_schedule.h). Default "constant".
   TORCH_ARG(std::string, lr_schedule) = "constant";
-  /// Linear warm-up from 0 over this many steps. Default 0.
+  /// Warm-up over this many steps (linear from 0; DeepSpeed's: warmup_type). Default 0.
   TORCH_ARG(int64_t, warmup_steps) = 0;
-  /// Floor of the cosine schedule. Default 0.
+  /// Floor of the cosine schedules. Default 0.
   TORCH_ARG(double, min_lr) = 0.0;
+  /// DeepSpeed's schedules: "log" or "linear" warm-up. Default "log" (DeepSpeed's).
+  TORCH_ARG(std::string, warmup_type) = "log";
+  /// DeepSpeed's schedules: the rate the warm-up starts from. Default 0.
+  TORCH_ARG(double, warmup_min_lr) = 0.0;
+  /// The step at which a decaying schedule reaches its floor; 0 = total_steps. Default 0.
+  TORCH_ARG(int64_t, lr_total_steps) = 0;
   /// Clip the global gradient L2 norm to this (over every rank); 0 = no clipping. Default 0.
   TORCH_ARG(double, clip_grad_norm) = 0.0;
   /// ZeRO stage: 0 (each replica holds the whole optimizer state), 1 (the optimizer state sharded
