@@ -497,7 +497,8 @@ void declare(JobConfig& c, FieldVisitor& v) {
   v.field(F("optimizer", "adam_eps", "--adam-eps", "Adam/AdamW epsilon", train),
           c.optimizer.adam_eps,
           trainer_check<double>([](train::TrainerOptions& o, double value) { o.eps(value); }));
-  v.field(F("optimizer", "warmup_steps", "--warmup-steps", "steps of linear learning-rate warm-up",
+  v.field(F("optimizer", "warmup_steps", "--warmup-steps",
+            "steps of learning-rate warm-up (linear from 0; DeepSpeed's schedules: --warmup-type)",
             train),
           c.optimizer.warmup_steps,
           trainer_check<int64_t>(

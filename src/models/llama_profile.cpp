@@ -34,10 +34,9 @@ std::int64_t on_line(double x1, std::int64_t y1, double x2, std::int64_t y2, dou
   return std::llround(on_line(x1, static_cast<double>(y1), x2, static_cast<double>(y2), x));
 }
 
-// `large`'s entry extended from its vocabulary `x2` (and `small`'s, `x1`) to `x`.
-partition::LayerProfile extend_table_layer(const partition::LayerProfile& small, double x1,
-                                           const partition::LayerProfile& large, double x2,
-                                           double x) {
+// `large`'s entry extended from its size `x2` (a vocabulary, an MLP width; `small`'s `x1`) to `x`.
+partition::LayerProfile extend_layer(const partition::LayerProfile& small, double x1,
+                                     const partition::LayerProfile& large, double x2, double x) {
   partition::LayerProfile out = large;
   out.parameter_bytes = on_line(x1, small.parameter_bytes, x2, large.parameter_bytes, x);
   out.cast_parameter_bytes =
@@ -69,7 +68,8 @@ partition::LayerProfile extend_table_layer(const partition::LayerProfile& small,
 
 partition::ModelProfile profile_llama(const LlamaConfig& config, const torch::Tensor& sample,
                                       const partition::ProfileOptions& options, uint64_t seed,
-                                      const parallel::TensorParallel& tp, std::int64_t table_rows) {
+                                      const parallel::TensorParallel& tp, std::int64_t table_rows,
+                                      std::int64_t mlp_rows) {
   if (sample.dim() != 2 || sample.scalar_type() != torch::kInt64) {
     throw BadInput("profile_llama: the sample must be int64 token ids [B, T], got " +
                    std::string(c10::toString(sample.scalar_type())) + " of " +
@@ -77,23 +77,44 @@ partition::ModelProfile profile_llama(const LlamaConfig& config, const torch::Te
   }
   const std::int64_t unit = 2 * static_cast<std::int64_t>(tp.size());
   const std::int64_t rows = std::max(unit, table_rows / unit * unit);
-  if (table_rows <= 0 || config.vocab_size <= rows) {
+  const std::int64_t widths = std::max(unit, mlp_rows / unit * unit);
+  const bool cut_table = table_rows > 0 && config.vocab_size > rows;
+  const bool cut_mlp = mlp_rows > 0 && config.intermediate_size > widths;
+  if (!cut_table && !cut_mlp) {
     return expand_llama_profile(profile_one_layer(config, sample, options, seed, tp), config);
   }
-  // Two vocabularies of `rows` / 2 and `rows` rows, on the same ids (below the smaller one).
+  // Two models, the smaller one's table of `rows` / 2 rows and MLP of `widths` / 2, the larger's
+  // `rows` and `widths` (where cut), on the same ids (below the smaller vocabulary). The tables'
+  // entries depend on the vocabulary alone and the decoder layer's on the MLP width alone, so the
+  // two measurements give both lines.
   LlamaConfig small = config;
-  small.vocab_size = rows / 2;
-  if (small.pad_token_id >= 0) small.pad_token_id %= small.vocab_size;
-  LlamaConfig large = small;
-  large.vocab_size = rows;
-  const torch::Tensor ids = sample.remainder(small.vocab_size);
+  LlamaConfig large = config;
+  if (cut_table) {
+    small.vocab_size = rows / 2;
+    if (small.pad_token_id >= 0) small.pad_token_id %= small.vocab_size;
+    large.vocab_size = rows;
+    large.pad_token_id = small.pad_token_id;
+  }
+  if (cut_mlp) {
+    small.intermediate_size = widths / 2;
+    large.intermediate_size = widths;
+  }
+  const torch::Tensor ids = cut_table ? sample.remainder(small.vocab_size) : sample;
   const partition::ModelProfile a = profile_one_layer(small, ids, options, seed, tp);
   partition::ModelProfile measured = profile_one_layer(large, ids, options, seed, tp);
-  const double x = static_cast<double>(config.vocab_size);
-  for (const size_t e : {size_t{0}, measured.layers.size() - 1}) {
-    measured.layers[e] =
-        extend_table_layer(a.layers.at(e), static_cast<double>(small.vocab_size),
-                           measured.layers[e], static_cast<double>(large.vocab_size), x);
+  if (cut_table) {
+    const double x = static_cast<double>(config.vocab_size);
+    for (const size_t e : {size_t{0}, measured.layers.size() - 1}) {
+      measured.layers[e] =
+          extend_layer(a.layers.at(e), static_cast<double>(small.vocab_size), measured.layers[e],
+                       static_cast<double>(large.vocab_size), x);
+    }
+  }
+  if (cut_mlp) {
+    measured.layers[1] =
+        extend_layer(a.layers.at(1), static_cast<double>(small.intermediate_size),
+                     measured.layers[1], static_cast<double>(large.intermediate_size),
+                     static_cast<double>(config.intermediate_size));
   }
   return expand_llama_profile(measured, config);
 }

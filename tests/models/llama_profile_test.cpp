@@ -1,5 +1,8 @@
-// profile_llama (models/llama_profile.h): the tables profiled on fewer rows, extended.
+// profile_llama (models/llama_profile.h): the tables profiled on fewer rows and the MLP on a
+// narrower width, extended.
 #include "pipetrain/models/llama_profile.h"
+
+#include <utility>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -17,7 +20,7 @@ LlamaConfig tied_config() {
   return c;
 }
 
-TEST(ProfileLlama, TablesProfiledOnFewerRowsHaveTheBytesOfTheWholeTable) {
+TEST(ProfileLlama, TablesOnFewerRowsAndMlpsOnNarrowerWidthsHaveTheBytesOfTheWholeModel) {
   for (const bool tied : {true, false}) {
     SCOPED_TRACE(tied ? "tied table" : "separate head");
     LlamaConfig config = tied_config();
@@ -31,23 +34,35 @@ TEST(ProfileLlama, TablesProfiledOnFewerRowsHaveTheBytesOfTheWholeTable) {
                                                   .measure_transfer(false);
     const partition::ModelProfile whole = profile_llama(config, sample, options);
     const partition::ModelProfile cut = profile_llama(config, sample, options, 0, {}, 100);
+    // The decoder layer's MLP too, profiled 16 and 32 wide (the config's is 64).
+    const partition::ModelProfile both = profile_llama(config, sample, options, 0, {}, 100, 32);
+    // The MLP alone, 16 and 32 wide.
+    const partition::ModelProfile mlp = profile_llama(config, sample, options, 0, {}, 0, 32);
     ASSERT_EQ(whole.layers.size(), 6u);
-    ASSERT_EQ(cut.layers.size(), whole.layers.size());
-    for (size_t e = 0; e < whole.layers.size(); ++e) {
-      SCOPED_TRACE(whole.layers[e].name);
-      const partition::LayerProfile& w = whole.layers[e];
-      const partition::LayerProfile& c = cut.layers[e];
-      EXPECT_EQ(c.name, w.name);
-      EXPECT_EQ(c.parameter_bytes, w.parameter_bytes);
-      EXPECT_EQ(c.parameter_sizes, w.parameter_sizes);
-      EXPECT_EQ(c.shared_parameters, w.shared_parameters);
-      ASSERT_EQ(c.costs.size(), w.costs.size());
-      for (size_t s = 0; s < w.costs.size(); ++s) {
-        EXPECT_EQ(c.costs[s].activation_bytes, w.costs[s].activation_bytes) << "size " << s;
-        EXPECT_EQ(c.costs[s].split_activation_bytes, w.costs[s].split_activation_bytes);
-        EXPECT_EQ(c.costs[s].split_first_activation_bytes, w.costs[s].split_first_activation_bytes);
-        EXPECT_EQ(c.costs[s].output_bytes, w.costs[s].output_bytes);
-        EXPECT_GE(c.costs[s].forward_seconds, 0);
+    for (const auto& [what, profile] :
+         {std::pair<const char*, const partition::ModelProfile*>{"the tables cut", &cut},
+          {"the tables and the MLP cut", &both},
+          {"the MLP cut", &mlp}}) {
+      SCOPED_TRACE(what);
+      ASSERT_EQ(profile->layers.size(), whole.layers.size());
+      for (size_t e = 0; e < whole.layers.size(); ++e) {
+        SCOPED_TRACE(whole.layers[e].name);
+        const partition::LayerProfile& w = whole.layers[e];
+        const partition::LayerProfile& c = profile->layers[e];
+        EXPECT_EQ(c.name, w.name);
+        EXPECT_EQ(c.parameter_bytes, w.parameter_bytes);
+        EXPECT_EQ(c.cast_parameter_bytes, w.cast_parameter_bytes);
+        EXPECT_EQ(c.parameter_sizes, w.parameter_sizes);
+        EXPECT_EQ(c.shared_parameters, w.shared_parameters);
+        ASSERT_EQ(c.costs.size(), w.costs.size());
+        for (size_t s = 0; s < w.costs.size(); ++s) {
+          EXPECT_EQ(c.costs[s].activation_bytes, w.costs[s].activation_bytes) << "size " << s;
+          EXPECT_EQ(c.costs[s].split_activation_bytes, w.costs[s].split_activation_bytes);
+          EXPECT_EQ(c.costs[s].split_first_activation_bytes,
+                    w.costs[s].split_first_activation_bytes);
+          EXPECT_EQ(c.costs[s].output_bytes, w.costs[s].output_bytes);
+          EXPECT_GE(c.costs[s].forward_seconds, 0);
+        }
       }
     }
     // The head's logits are the vocabulary's width: the figure that grows with it.

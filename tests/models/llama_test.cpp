@@ -3,6 +3,7 @@
 // from_pretrained loads.
 #include "pipetrain/models/llama.h"
 
+#include <cmath>
 #include <filesystem>
 #include <optional>
 #include <set>
@@ -279,6 +280,28 @@ TEST(Llama, UnderBf16AutocastTheTableTakesItsGradientIntoGradInPlaceWithTorchsBi
         << (w.grad() - expected.grad()).abs().max();
     EXPECT_EQ(*table.handed, in_place ? 0 : 4);
   }
+}
+
+// Under bf16 autocast the input's gradient through a table of more than one block is summed by
+// blocks of the vocabulary (no bf16 cast of the whole table in the backward): within one bf16
+// rounding of torch's product, its products exact and summed in float32 in another order.
+TEST(Llama, UnderBf16AutocastTheInputGradientThroughALargeTableIsWithinARoundingOfTorchs) {
+  const TwoMicroBatches m = two_micro_batches(/*pad_token_id=*/-1, torch::kBFloat16, /*seed=*/2);
+  TiedTable table(m.config, m.values);
+  const torch::Tensor x = m.hidden[0].to(torch::kFloat32).requires_grad_();
+  const torch::Tensor reference = x.detach().clone().requires_grad_();
+  {
+    const AutocastGuard autocast(Precision::kBFloat16, torch::kCPU);
+    table.head->forward(x).backward(m.logit_grads[0]);
+    torch::linear(reference, m.values).backward(m.logit_grads[0]);
+  }
+  ASSERT_TRUE(x.grad().defined());
+  EXPECT_EQ(x.grad().scalar_type(), torch::kFloat32);
+  // Each value a bf16 one (rounded once), within one bf16 step (2^-7 relative) of torch's.
+  EXPECT_TRUE(torch::equal(x.grad(), x.grad().to(torch::kBFloat16).to(torch::kFloat32)));
+  const torch::Tensor step = reference.grad().abs() * std::ldexp(1.0, -7) + 1e-6;
+  EXPECT_TRUE(((x.grad() - reference.grad()).abs() <= step).all().item<bool>())
+      << ((x.grad() - reference.grad()).abs() / step).max();
 }
 
 TEST(Llama, HfNamesMapBothWays) {
