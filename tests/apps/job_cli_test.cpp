@@ -135,7 +135,10 @@ TEST(JobCli, HelpListsEveryRowOfTheTableUnderItsSectionWithItsDefault) {
   for (const Row& row : rows) sections.insert(row.section);
   EXPECT_EQ(titles.size(), sections.size());
   for (const auto& [flag, heading] : group_of) {
-    if (flag == "--help" || flag == "--config" || flag == "--print-config") continue;
+    if (flag == "--help" || flag == "--config" || flag == "--print-config" ||
+        flag == "--deepspeed-config") {
+      continue;  // the job files' flags, in the "Job file" group
+    }
     const bool listed =
         std::any_of(rows.begin(), rows.end(), [&](const Row& row) { return row.flag == flag; });
     EXPECT_TRUE(listed) << flag << " is in --help, not in the table";
