@@ -42,7 +42,7 @@ class DeepSpeedReader {
       config_.optimizer.clip_grad_norm = number("gradient_clipping", v);
       set("gradient_clipping", "optimizer.clip_grad_norm");
     });
-    if (!root_.contains("gradient_clipping")) {
+    if (!root_.contains("gradient_clipping") && command_ == Command::kTrain) {
       config_.optimizer.clip_grad_norm = 1.0;
       set("gradient_clipping", "optimizer.clip_grad_norm");
       out_.notes.push_back(
