@@ -607,12 +607,12 @@ void declare(JobConfig& c, FieldVisitor& v) {
           c.zero.offload_dir, {});
   v.field(N(F("zero", "offload_buffer_bytes", "--offload-buffer-bytes",
               "nvme: bytes of each aligned host buffer the offload files' transfers go through",
-              train)),
+              model_plan)),
           c.zero.offload_buffer_bytes, size_check());
   v.field(F("zero", "offload_buffer_count", "--offload-buffer-count",
             "nvme: buffers in the pool (the host memory of the transfers is count x bytes; "
             "3 x the optimizer's state fields keep reads and writes in flight while it steps)",
-            train),
+            model_plan),
           c.zero.offload_buffer_count, at_least(1));
   v.field(F("zero", "sub_group_size", "--sub-group-size",
             "nvme: elements the optimizer steps at once (each state field of a sub-group fills "
@@ -626,6 +626,12 @@ void declare(JobConfig& c, FieldVisitor& v) {
           c.zero.offload_io, [](const std::string&, const std::string& value) {
             return library_check([&] { train::parse_offload_io(value); });
           });
+  v.field(F("zero", "ladder", "--zero-ladder",
+            "with --memory-limit: walk DeepSpeed's ladder (ZeRO 0, 1, 2, 2 + optimizer offload, "
+            "3, 3 + parameter offload, nvme) to the first rung whose fastest plan fits, printing "
+            "each rung (docs/PLANNER.md)",
+            {kPlan}),
+          c.zero.ladder);
 
   // [memory]
   v.field(N(F("memory", "limit", "--memory-limit",

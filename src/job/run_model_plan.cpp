@@ -25,6 +25,7 @@
 #include "pipetrain/tune/auto_plan.h"
 #include "pipetrain/tune/model_plan.h"
 #include "pipetrain/tune/world_plan.h"
+#include "pipetrain/tune/zero_ladder.h"
 
 namespace pipetrain::job {
 namespace {
@@ -121,6 +122,11 @@ pp::PlannerOptions planner_options(const JobConfig& job) {
       train::parse_zero_gradients(job.zero.gradients) == train::ZeroGradients::kStream;
   planner.zero_policy.by_layer = train::parse_zero_unit(job.zero.unit) == train::ZeroUnit::kLayer;
   planner.offload_optimizer = job.zero.offloads_optimizer();
+  if (job.zero.offload_optimizer == "nvme") {  // the state in files, the pool in host memory
+    planner.optimizer_state_in_files = true;
+    planner.offload_buffer_bytes =
+        pp::parse_bytes(job.zero.offload_buffer_bytes) * job.zero.offload_buffer_count;
+  }
   planner.data_parallel = static_cast<int>(job.parallel.dp);
   planner.processes = plan.processes;
   if (!plan.schedules.empty()) planner.schedules = split_names(plan.schedules);
@@ -192,6 +198,9 @@ int plan_world_layouts(const JobConfig& job, const PlanningModel& model, Precisi
 
 JobResult run_model_plan(const JobConfig& job, JobObserver& observer, const std::string& rank_job) {
   const Precision precision = check_plan(job);
+  if (job.zero.ladder && (job.memory.limit.empty() || job.memory.limit == "none")) {
+    throw BadInput("--zero-ladder climbs until the run fits a limit: give --memory-limit");
+  }
   const PlanSettings& plan = job.plan;
   const PlanningModel model =
       load_planning_model(plan.model, parse_shape(plan.sample_shape));  // [1]
@@ -233,11 +242,23 @@ JobResult run_model_plan(const JobConfig& job, JobObserver& observer, const std:
   }
   const tune::ModelPlanLabels labels{model.description, plan.sample_shape, plan.optimizer,
                                      plan.memory};
-  emit(job,
-       plan.format == "json" ? tune::model_plan_json(request, result, labels).dump(1) + "\n"
-                             : tune::model_plan_text(request, result, labels),
-       observer);  // [3]
+  std::string text = plan.format == "json"
+                         ? tune::model_plan_json(request, result, labels).dump(1) + "\n"
+                         : tune::model_plan_text(request, result, labels);
   out.exit_code = result.report.found() ? 0 : 1;
+  if (job.zero.ladder) {  // DeepSpeed's ladder on the same profile
+    const tune::ZeroLadder ladder = tune::walk_zero_ladder(
+        result.profile, result.planner, /*cpu_stages=*/true,
+        pp::parse_bytes(job.zero.offload_buffer_bytes) * job.zero.offload_buffer_count);
+    const std::string steps = tune::zero_ladder_text(ladder, result.planner.memory_limit_bytes);
+    if (plan.format == "json") {
+      observer.on_note({Note::Kind::kProgress, steps});
+    } else {
+      text += "\n" + steps;
+    }
+    out.exit_code = ladder.chosen >= 0 ? 0 : 1;
+  }
+  emit(job, text, observer);  // [3]
   return out;
 }
 

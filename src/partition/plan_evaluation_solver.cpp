@@ -389,6 +389,10 @@ MemoryModelOptions memory_model_options(const Plan& plan, const PlannerOptions& 
   memory.reshard_after_forward = options.reshard_after_forward;
   memory.zero_policy = options.zero_policy;
   memory.offload_optimizer = options.offload_optimizer;
+  memory.optimizer_state_in_files = options.optimizer_state_in_files;
+  memory.parameters_in_files = options.parameters_in_files;
+  memory.gradients_in_files = options.gradients_in_files;
+  memory.offload_buffer_bytes = options.offload_buffer_bytes;
   memory.data_parallel = options.data_parallel;
   memory.processes = options.processes;
   memory.cast_gathers = options.cast_gathers;

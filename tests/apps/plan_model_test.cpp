@@ -2,11 +2,13 @@
 #include <gtest/gtest.h>
 
 #include "../helpers/cli_run.h"
+#include "../helpers/hf_models.h"
 #include "../helpers/python.h"
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -80,6 +82,40 @@ TEST(PlanModelCli, ATinyLimitExitsOneAndNamesTheSmallestLimitThatWorks) {
   EXPECT_LE(
       nlohmann::json::parse(again.output)["recommended"]["peak_memory_bytes"].get<long long>(),
       smallest);
+}
+
+// --zero-ladder: DeepSpeed's ladder on a Llama whose model states dwarf its activations (6.3 M
+// parameters, 8 tokens): every rung named with its figures or why it was skipped, ZeRO-Infinity's
+// files the first that fits 56 MiB a rank; none without a limit.
+TEST(PlanModelCli, ZeroLadderNamesEveryRungAndChoosesTheFirstThatFits) {
+  const std::string dir = pipetrain::testing::scratch_dir("plan-zero-ladder");
+  std::ofstream(dir + "/config.json") << R"({"architectures": ["LlamaForCausalLM"],
+      "model_type": "llama", "hidden_size": 256, "intermediate_size": 1024,
+      "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+      "vocab_size": 8192, "rms_norm_eps": 1e-5, "tie_word_embeddings": false})";
+  const std::string flags = "--model " + dir +
+                            " --sample-shape 2,4 --stages 2 --dp 2 --optimizer adamw "
+                            "--profile-repeats 1 --profile-warmup 0 --zero-ladder";
+  const CliRun run = plan(flags + " --memory-limit 56MiB --offload-buffer-bytes 16KiB");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  for (const char* line :
+       {"ZeRO ladder (DeepSpeed's), within 56.0 MiB a rank:", "  ZeRO 0  (--zero 0)  needs ",
+        "  ZeRO 1  (--zero 1)  needs ", "  ZeRO 2  (--zero 2)  needs ",
+        "  ZeRO 2 + optimizer offload  (--zero 2 --offload-optimizer cpu)  needs ",
+        "  ZeRO 3  (--zero 3)  needs ",
+        "  ZeRO 3 + parameter offload  (--zero 3 --offload-optimizer cpu --offload-params cpu)  "
+        "skipped: on CPU stages",
+        "fits: the fastest plan within the limit at this rung",
+        "chosen: ZeRO 3 + NVMe (--zero 3 --offload-optimizer nvme --offload-params nvme "
+        "--offload-dir DIR), "}) {
+    EXPECT_NE(run.output.find(line), std::string::npos) << line << "\n" << run.output;
+  }
+  const CliRun none = plan(flags);
+  EXPECT_EQ(none.exit_code, 2) << none.output;
+  EXPECT_NE(
+      none.output.find("--zero-ladder climbs until the run fits a limit: give --memory-limit"),
+      std::string::npos)
+      << none.output;
 }
 
 // --memory: the recommended plan's categories per rank; ZeRO 1 over 2 replicas halves the

@@ -138,6 +138,7 @@ struct ZeroSettings {
   int64_t offload_buffer_count = 6;            // --offload-buffer-count
   int64_t sub_group_size = 0;                  // --sub-group-size (elements; 0: a buffer's worth)
   std::string offload_io = "auto";             // --offload-io auto|uring|threads
+  bool ladder = false;                         // --zero-ladder (plan --model)
 
   // --offload-optimizer is cpu or nvme.
   bool offloads_optimizer() const { return offload_optimizer != "none"; }

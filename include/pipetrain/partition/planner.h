@@ -51,6 +51,13 @@ struct PlannerOptions {
   bool reshard_after_forward = false;  // ZeRO 3's policy (schedule/residency.h)
   ZeroMemoryPolicy zero_policy;        // ZeRO's other policies (memory.h)
   bool offload_optimizer = false;      // ZeRO-Offload: the optimizer's shard in host memory
+  // With offload_optimizer, ZeRO-Infinity's files (MemoryModelOptions' fields of these names):
+  // the optimizer state, the parameter shards (ZeRO 3) and their gradient (CPU stages) in files,
+  // the host holding the offload buffers' pool (offload_buffer_bytes a rank).
+  bool optimizer_state_in_files = false;
+  bool parameters_in_files = false;
+  bool gradients_in_files = false;
+  std::int64_t offload_buffer_bytes = 0;
   int data_parallel = 1;
   bool processes = false;
   // ZeRO 3 under bf16/fp16 (MemoryModelOptions::cast_gathers): the layers' cast_parameter_bytes
