@@ -75,6 +75,7 @@ TEST(DeepSpeedConfig, HuggingFacesNvmeExampleResolvesItsAutoValuesFromTheJobAndT
   config.optimizer.lr = 0.02;
   config.optimizer.warmup_steps = 5;
   config.training.batch_size = 12;
+  config.parallel.dp = 2;  // overlap_comm overlaps the replicas' gradient sum
   const DeepSpeedReading read =
       read_deepspeed_text(kHfNvmeExample, "ds.json", config, Command::kTrain);
   // auto: the job's own.
