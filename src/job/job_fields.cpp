@@ -627,10 +627,10 @@ void declare(JobConfig& c, FieldVisitor& v) {
             return library_check([&] { train::parse_offload_io(value); });
           });
   v.field(F("zero", "ladder", "--zero-ladder",
-            "with --memory-limit: walk DeepSpeed's ladder (ZeRO 0, 1, 2, 2 + optimizer offload, "
-            "3, 3 + parameter offload, nvme) to the first rung whose fastest plan fits, printing "
-            "each rung (docs/PLANNER.md)",
-            {kPlan}),
+            "walk DeepSpeed's ladder (ZeRO 0, 1, 2, 2 + optimizer offload, 3, 3 + parameter "
+            "offload, nvme) to the first rung that fits (plan: --memory-limit a rank; train: "
+            "--memory-limit or this machine, the rung's flags then used; docs/PLANNER.md)",
+            model_plan),
           c.zero.ladder);
 
   // [memory]

@@ -240,6 +240,53 @@ void check_memory(const TrainingSetup& s, const RunLayout& layout, Prepared& p,
                      fit.available.source + ")");
 }
 
+// --zero-ladder: DeepSpeed's ladder walked on this run's memory check before anything starts
+// (tune/memory_check.h, walk_memory_ladder), the chosen rung's ZeRO stage and offloads written
+// into `job`. The ranks this process starts take the same rung (kZeroLadderRung) rather than
+// walking again. Under an auto plan the ladder predicts the run's pipeline as its defaults would
+// make it; the auto plan then plans within the chosen rung.
+constexpr const char* kZeroLadderRung = "PIPETRAIN_ZERO_LADDER_RUNG";
+
+void apply_rung(JobConfig& job, const tune::ZeroRung& rung) {
+  job.zero.stage = rung.zero;
+  job.zero.offload_optimizer = rung.nvme ? "nvme" : rung.offload_optimizer ? "cpu" : "none";
+  job.zero.offload_params = rung.nvme ? "nvme" : rung.offload_params ? "cpu" : "none";
+  if (!rung.nvme) job.zero.offload_dir.clear();  // given for the NVMe rung, not needed below it
+}
+
+void choose_zero_rung(JobConfig& job, JobObserver& observer) {
+  if (const char* chosen = std::getenv(kZeroLadderRung)) {  // a rank: the launcher's choice
+    apply_rung(job, tune::zero_ladder().at(static_cast<std::size_t>(std::stoi(chosen))));
+    return;
+  }
+  if (job.parallel.nproc < 2) {
+    throw BadInput(
+        "--zero-ladder climbs ZeRO's stages, which shard over processes: give --nproc with "
+        "--dp 2 or more");
+  }
+  JobConfig predicted = job;                           // the run as its defaults would pipeline it
+  apply_rung(predicted, tune::zero_ladder().front());  // each rung applied by the prediction
+  if (predicted.pipeline.schedule == "auto") predicted.pipeline.schedule.clear();
+  if (predicted.pipeline.chunks == "auto") predicted.pipeline.chunks.clear();
+  if (predicted.pipeline.checkpoint == "auto") predicted.pipeline.checkpoint.clear();
+  if (predicted.pipeline.balance == std::vector<std::string>{"auto"}) {
+    predicted.pipeline.balance.clear();
+  }
+  TrainingSetup s = resolve_training(predicted);
+  RunLayout layout = layout_of(s.pipeline, static_cast<int>(job.parallel.nproc));
+  layout.multi_process = true;
+  Prepared p = prepare(s, layout, observer, {}, /*leave_plan_to_ranks=*/true);
+  tune::RandomStateGuard random;
+  const tune::MemoryCheckInput input = memory_check_input(s, layout, p);
+  const tune::ZeroLadder ladder = as_bad_input(
+      "", [&] { return tune::walk_memory_ladder(input, !job.zero.offload_dir.empty()); });
+  const std::string text = tune::zero_ladder_text(ladder, s.memory_limit_bytes);
+  if (ladder.chosen < 0) throw BadInput(text);
+  note(observer, text.substr(0, text.size() - 1));
+  apply_rung(job, tune::zero_ladder()[static_cast<std::size_t>(ladder.chosen)]);
+  ::setenv(kZeroLadderRung, std::to_string(ladder.chosen).c_str(), 1);
+}
+
 // The optimizer offload, before anything starts: where it moves nothing it says so (once); under
 // nvme the directory must have room for the whole model's optimizer state (every process of this
 // machine writes its shard there).
@@ -581,7 +628,9 @@ JobResult run_in_process(TrainingSetup& s, JobObserver& observer) {
 
 }  // namespace
 
-JobResult run_training(const JobConfig& job, JobObserver& observer) {
+JobResult run_training(const JobConfig& given, JobObserver& observer) {
+  JobConfig job = given;
+  if (job.zero.ladder) choose_zero_rung(job, observer);
   TrainingSetup s = resolve_training(job);
   const bool launched = DistributedEnvironment::present();
   resolve_peak(s, launched,

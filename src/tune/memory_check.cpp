@@ -4,6 +4,7 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <functional>
 
 #include <torch/torch.h>
 
@@ -91,7 +92,11 @@ std::int64_t evaluation_forward_bytes(torch::nn::Sequential model, const torch::
   return most;
 }
 
-train::MemoryFit check_run_memory(const MemoryCheckInput& input) {
+namespace {
+
+// The model's memory profile for the check: a Llama-family config's from one decoder layer, or
+// the built model's, leaving the run's random generator and the model as they were.
+train::TrainingMemoryProfile measure(const MemoryCheckInput& input) {
   train::TrainingMemoryProfile measured;
   if (input.llama) {
     // It builds and runs layers of its own (drawing their weights): the random generator is put
@@ -106,7 +111,15 @@ train::MemoryFit check_run_memory(const MemoryCheckInput& input) {
     measured = train::profile_training_memory(model, input.inputs, input.targets, input.loss,
                                               input.pipe, input.run);
   }
-  auto predict = [&](const std::string& settings) {
+  return measured;
+}
+
+using Predict = std::function<std::vector<partition::RankMemory>(const std::string& settings)>;
+
+// The prediction of the run with `settings` applied ("--zero 3", "--checkpoint always",
+// "--offload-optimizer cpu|nvme", "--offload-params nvme"; "" for the run as given).
+Predict predictor(const train::TrainingMemoryProfile& measured, const MemoryCheckInput& input) {
+  return [&measured, &input](const std::string& settings) {
     PipeOptions pipe = input.pipe;
     train::MemoryRunOptions run = input.run;
     if (settings.find("--checkpoint always") != std::string::npos)
@@ -115,6 +128,10 @@ train::MemoryFit check_run_memory(const MemoryCheckInput& input) {
     if (zero != std::string::npos) {
       run.zero = settings[zero + 7] - '0';
       run.reshard_after_forward = false;
+    }
+    if (settings.find("--offload-optimizer cpu") != std::string::npos) {
+      run.offload_optimizer = true;
+      run.zero_options.offload_to_nvme(false);
     }
     if (settings.find("--offload-optimizer nvme") != std::string::npos) {
       run.offload_optimizer = true;
@@ -125,6 +142,31 @@ train::MemoryFit check_run_memory(const MemoryCheckInput& input) {
     }
     return train::predict_from_profile(measured, pipe, run).ranks;
   };
+}
+
+bool on_host(const MemoryCheckInput& input) {
+  return std::all_of(input.pipe.devices().begin(), input.pipe.devices().end(),
+                     [](const torch::Device& d) { return d.is_cpu(); });
+}
+
+// The evaluation between steps, where the run has one (train/memory_fit.h, ProcessExtra).
+train::ProcessExtra evaluation_extra(const MemoryCheckInput& input) {
+  if (!input.evaluation_inputs.defined() || !input.model) return {};
+  const std::int64_t forward = evaluation_forward_bytes(input.model, input.evaluation_inputs);
+  std::int64_t whole = 0;
+  for (const torch::Tensor& p : input.model->parameters()) whole += tensor_bytes(p);
+  return [&input, forward, whole](const std::vector<partition::RankMemory>& ranks, int p) {
+    if (p != input.evaluation_process) return std::int64_t{0};
+    return train::evaluation_extra_bytes(
+        ranks, input.ranks_of_process.at(static_cast<std::size_t>(p)), whole, forward);
+  };
+}
+
+}  // namespace
+
+train::MemoryFit check_run_memory(const MemoryCheckInput& input) {
+  const train::TrainingMemoryProfile measured = measure(input);
+  const Predict predict = predictor(measured, input);
   std::vector<std::string> alternatives;
   const bool always = input.pipe.checkpoint() == Checkpoint::kAlways;
   for (int zero = input.run.zero + 1; zero <= 3 && input.run.data_parallel > 1; ++zero) {
@@ -139,10 +181,9 @@ train::MemoryFit check_run_memory(const MemoryCheckInput& input) {
   // On CPU stages the model states are the machine's memory: the optimizer state (and at ZeRO 3
   // the parameter shards) in files under --offload-dir is what fits a larger model. The offload
   // shards at one replica too.
-  const bool on_host = std::all_of(input.pipe.devices().begin(), input.pipe.devices().end(),
-                                   [](const torch::Device& d) { return d.is_cpu(); });
+  const bool host = on_host(input);
   const bool in_files = input.run.offload_optimizer && input.run.zero_options.offload_to_nvme();
-  if (on_host && !in_files) {
+  if (host && !in_files) {
     const std::string dir = " --offload-dir DIR";
     const std::string stage = "--zero " + std::to_string(std::max(input.run.zero, 1));
     std::vector<std::string> offloads = {
@@ -153,29 +194,83 @@ train::MemoryFit check_run_memory(const MemoryCheckInput& input) {
     if (!always) {
       for (const std::string& o : offloads) alternatives.push_back(o + " --checkpoint always");
     }
-  } else if (on_host && input.run.zero == 3 && in_files &&
+  } else if (host && input.run.zero == 3 && in_files &&
              !input.run.zero_options.offload_params_to_nvme()) {
     alternatives.push_back("--offload-params nvme");
     if (!always) alternatives.push_back("--offload-params nvme --checkpoint always");
   }
-  train::ProcessExtra evaluation;
-  if (input.evaluation_inputs.defined() && input.model) {
-    const std::int64_t forward = evaluation_forward_bytes(input.model, input.evaluation_inputs);
-    std::int64_t whole = 0;
-    for (const torch::Tensor& p : input.model->parameters()) whole += tensor_bytes(p);
-    evaluation = [&input, forward, whole](const std::vector<partition::RankMemory>& ranks, int p) {
-      if (p != input.evaluation_process) return std::int64_t{0};
-      return train::evaluation_extra_bytes(
-          ranks, input.ranks_of_process.at(static_cast<std::size_t>(p)), whole, forward);
-    };
-  }
+  const train::ProcessExtra evaluation = evaluation_extra(input);
   // What the profile freed goes back to the system first: this process's resident memory then
   // stands for what every process holds before its model (the heap kept freed blocks of the
   // profile's layers: 0.2 GiB over 4 processes at Qwen2-1.5B's width).
   malloc_trim(0);
   return train::check_memory_fit(predict, alternatives, input.ranks_of_process,
                                  train::resident_bytes(), train::host_available_memory(),
-                                 input.budget_per_rank, evaluation, on_host);
+                                 input.budget_per_rank, evaluation, host);
+}
+
+ZeroLadder walk_memory_ladder(const MemoryCheckInput& input, bool nvme_possible) {
+  const train::TrainingMemoryProfile measured = measure(input);
+  const Predict predict = predictor(measured, input);
+  const bool host = on_host(input);
+  const train::ProcessExtra evaluation = evaluation_extra(input);
+  malloc_trim(0);
+  const std::int64_t process_bytes = train::resident_bytes();
+  const train::AvailableMemory available = train::host_available_memory();
+  const int replicas = input.run.data_parallel;
+  ZeroLadder ladder;
+  for (const ZeroRung& rung : zero_ladder()) {
+    ZeroLadderStep step;
+    step.rung = rung;
+    if (ladder.chosen >= 0) {
+      step.why = "not needed";
+    } else if (rung.zero > 0 && replicas < 2 && !rung.offload_optimizer) {
+      step.why = "skipped: it shards over data-parallel replicas (--dp 2 or more)";
+    } else if (rung.offload_params && !rung.nvme && host) {
+      step.why = "skipped: on CPU stages the parameter shards are in host memory already (ZeRO 3)";
+    } else if (rung.nvme && !nvme_possible) {
+      step.why = "skipped: give --offload-dir DIR for the files";
+    } else {
+      step.tried = true;
+      std::string settings = "--zero " + std::to_string(rung.zero);
+      if (rung.nvme) {
+        settings += " --offload-optimizer nvme --offload-params nvme";
+      } else if (rung.offload_optimizer) {
+        settings += " --offload-optimizer cpu";
+      }
+      try {
+        const train::MemoryFit fit = train::check_memory_fit(
+            [&](const std::string&) { return predict(settings); }, {}, input.ranks_of_process,
+            process_bytes, available, input.budget_per_rank, evaluation, host);
+        for (std::size_t r = 0; r < fit.run.rank_peaks.size(); ++r) {
+          const std::int64_t bytes =
+              fit.run.rank_peaks[r] +
+              (host && r < fit.run.rank_host.size() ? fit.run.rank_host[r] : std::int64_t{0});
+          step.rank_bytes = std::max(step.rank_bytes, bytes);
+        }
+        step.machine_bytes = fit.run.needed;
+        step.fits = fit.fits();
+        if (step.fits) {
+          step.why = "fits";
+          ladder.chosen = static_cast<int>(ladder.steps.size());
+        } else if (input.budget_per_rank > 0) {
+          step.why =
+              "over --memory-limit " + partition::format_bytes(input.budget_per_rank) + " a rank";
+        } else {
+          step.why = "over the machine's " + partition::format_bytes(available.bytes) + " (" +
+                     available.source + ")";
+        }
+        if (!step.fits && rung.offload_optimizer && !rung.nvme && host) {
+          step.why += "; on CPU stages what it offloads stays in the host's memory";
+        }
+      } catch (const BadInput& error) {
+        step.tried = false;
+        step.why = std::string("skipped: ") + error.what();
+      }
+    }
+    ladder.steps.push_back(step);
+  }
+  return ladder;
 }
 
 }  // namespace pipetrain::tune

@@ -128,24 +128,30 @@ ZeroLadder walk_zero_ladder(const partition::ModelProfile& profile,
 
 std::string zero_ladder_text(const ZeroLadder& ladder, std::int64_t limit) {
   std::ostringstream out;
-  out << "ZeRO ladder (DeepSpeed's), within " << gib(limit) << " a rank:\n";
+  out << "ZeRO ladder (DeepSpeed's)"
+      << (limit > 0 ? ", within " + gib(limit) + " a rank" : std::string(", on this machine"))
+      << ":\n";
   for (const ZeroLadderStep& step : ladder.steps) {
     out << "  " << step.rung.name << "  (" << step.rung.flags << ")  ";
-    if (step.tried && step.plan) {
+    if (step.tried && step.rank_bytes > 0) {
       out << "needs " << gib(step.rank_bytes) << " a rank, " << gib(step.machine_bytes)
-          << " for the machine, ";
-      char seconds[32];
-      std::snprintf(seconds, sizeof seconds, "%.3g", step.plan->predicted_step_seconds);
-      out << seconds << " s/step: ";
+          << " for the machine";
+      if (step.plan) {
+        char seconds[32];
+        std::snprintf(seconds, sizeof seconds, "%.3g", step.plan->predicted_step_seconds);
+        out << ", " << seconds << " s/step";
+      }
+      out << ": ";
     }
     out << step.why << "\n";
   }
   if (ladder.chosen < 0) {
-    out << "no rung fits " << gib(limit) << " a rank\n";
+    out << "no rung fits" << (limit > 0 ? " " + gib(limit) + " a rank" : std::string()) << "\n";
   } else {
     const ZeroLadderStep& chosen = ladder.steps[static_cast<std::size_t>(ladder.chosen)];
-    out << "chosen: " << chosen.rung.name << " (" << chosen.rung.flags << "), "
-        << chosen.plan->describe() << "\n";
+    out << "chosen: " << chosen.rung.name << " (" << chosen.rung.flags << ")";
+    if (chosen.plan) out << ", " << chosen.plan->describe();
+    out << "\n";
   }
   return out.str();
 }

@@ -150,6 +150,46 @@ TEST(TrainOffloadNvme, ZeroThreeInOneProcessEqualsTheRunInMemoryBitForBit) {
   EXPECT_NE(stages.output.find("--nproc N --pp N"), std::string::npos) << stages.output;
 }
 
+// --zero-ladder: DeepSpeed's ladder walked by train's memory check on a Llama whose model states
+// dwarf its activations (6.3 M parameters, 8 tokens a micro-batch): within 70 MiB a rank only the
+// files fit (with 64 KiB buffers), and the run trains with that rung's flags, equal bit for bit
+// to the run given them, under the auto plan too; a limit no rung meets exits 2 naming each.
+TEST(TrainOffloadNvme, ZeroLadderChoosesTheFirstRungThatFitsAndTrainsAsItsFlags) {
+  const std::string dir = testing::scratch_dir("train_zero_ladder");
+  const std::string files = dir + "/offload";
+  fs::create_directories(files);
+  std::ofstream(dir + "/config.json") << R"({"architectures": ["LlamaForCausalLM"],
+      "model_type": "llama", "hidden_size": 256, "intermediate_size": 1024,
+      "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+      "vocab_size": 8192, "rms_norm_eps": 1e-5, "tie_word_embeddings": false})";
+  const std::string run = "train --model " + dir + " --init random --data tokens --token-file " +
+                          hf_fixtures() +
+                          "/tokens.bin --seq-len 8 --batch-size 4 --steps 2 --nproc 4 --pp 2 "
+                          "--dp 2 --optimizer adamw --offload-dir " +
+                          files + " --offload-buffer-bytes 64KiB --save-params " + dir + "/";
+  const CliRun ladder = run_pipetrain(run + "ladder.pt --zero-ladder --memory-limit 70MiB");
+  ASSERT_EQ(ladder.exit_code, 0) << ladder.output;
+  for (const char* line :
+       {"ZeRO ladder (DeepSpeed's), within 70.0 MiB a rank:", "  ZeRO 0  (--zero 0)  needs ",
+        "over --memory-limit 70.0 MiB a rank",
+        "  ZeRO 3 + parameter offload  (--zero 3 --offload-optimizer cpu --offload-params cpu)  "
+        "skipped: on CPU stages",
+        "chosen: ZeRO 3 + NVMe (--zero 3 --offload-optimizer nvme --offload-params nvme "
+        "--offload-dir DIR)",
+        "parameter shards, their gradients and optimizer state: "}) {
+    EXPECT_NE(ladder.output.find(line), std::string::npos) << line << "\n" << ladder.output;
+  }
+  const CliRun flags = run_pipetrain(
+      run +
+      "flags.pt --zero 3 --offload-optimizer nvme --offload-params nvme --memory-limit 70MiB");
+  ASSERT_EQ(flags.exit_code, 0) << flags.output;
+  EXPECT_TRUE(bitwise_equal(dir + "/ladder.pt", dir + "/flags.pt"));
+  const CliRun none = run_pipetrain(run + "none.pt --zero-ladder --memory-limit 10MiB");
+  EXPECT_EQ(none.exit_code, 2) << none.output;
+  EXPECT_NE(none.output.find("no rung fits 10.0 MiB a rank"), std::string::npos) << none.output;
+  EXPECT_TRUE(fs::is_empty(files));
+}
+
 // On CPU stages `cpu` is accepted, and said once: the state is in host memory already. (Bad
 // input of every offload flag: docs/ERRORS.md's rows, run by errors_doc_test.cpp.)
 TEST(TrainOffloadNvme, CpuOnCpuStagesIsAcceptedAndSaidOnce) {

@@ -272,7 +272,7 @@ TEST(JobFields, EveryFlagOfTrainIsStillThereAndNamedOnce) {
   std::set<std::string> expected = before;
   expected.insert({"--offload-params", "--offload-dir", "--offload-buffer-bytes",
                    "--offload-buffer-count", "--sub-group-size", "--offload-io", "--warmup-type",
-                   "--warmup-min-lr", "--lr-total-steps"});
+                   "--warmup-min-lr", "--lr-total-steps", "--zero-ladder"});
   EXPECT_EQ(now, expected);
 }
 

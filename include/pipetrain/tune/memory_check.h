@@ -18,6 +18,7 @@
 #include "pipetrain/runtime/pipe.h"
 #include "pipetrain/train/memory_fit.h"
 #include "pipetrain/train/memory_report.h"
+#include "pipetrain/tune/zero_ladder.h"
 
 namespace pipetrain::tune {
 
@@ -54,5 +55,13 @@ std::int64_t evaluation_forward_bytes(torch::nn::Sequential model, const torch::
 // run's, with replicas; --checkpoint always; both) and the machine's memory, measured now.
 // Throws what the memory model throws for a run it does not cover (BadInput).
 train::MemoryFit check_run_memory(const MemoryCheckInput& input);
+
+// DeepSpeed's ladder (tune/zero_ladder.h) on the same check: each rung's prediction of the run
+// (its ZeRO stage and offloads applied to `input`) on this machine, the first that fits chosen
+// (ZeroLadder::chosen; -1: none). Fits as check_run_memory decides: each rank within
+// input.budget_per_rank where one is given, else the machine's need within what it has. The NVMe
+// rung is tried only with `nvme_possible` (an offload directory given). The steps carry no plans
+// (no step times): the run's own schedule is what is predicted.
+ZeroLadder walk_memory_ladder(const MemoryCheckInput& input, bool nvme_possible);
 
 }  // namespace pipetrain::tune
