@@ -222,15 +222,11 @@ ZeroLadder walk_memory_ladder(const MemoryCheckInput& input, bool nvme_possible)
   for (const ZeroRung& rung : zero_ladder()) {
     ZeroLadderStep step;
     step.rung = rung;
-    if (ladder.chosen >= 0) {
-      step.why = "not needed";
-    } else if (rung.zero > 0 && replicas < 2 && !rung.offload_optimizer) {
-      step.why = "skipped: it shards over data-parallel replicas (--dp 2 or more)";
-    } else if (rung.offload_params && !rung.nvme && host) {
-      step.why = "skipped: on CPU stages the parameter shards are in host memory already (ZeRO 3)";
-    } else if (rung.nvme && !nvme_possible) {
+    step.why = zero_rung_not_tried(rung, ladder.chosen >= 0, replicas, host);
+    if (step.why.empty() && rung.nvme && !nvme_possible) {
       step.why = "skipped: give --offload-dir DIR for the files";
-    } else {
+    }
+    if (step.why.empty()) {
       step.tried = true;
       std::string settings = "--zero " + std::to_string(rung.zero);
       if (rung.nvme) {

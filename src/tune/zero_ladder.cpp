@@ -24,6 +24,18 @@ const std::vector<ZeroRung>& zero_ladder() {
   return rungs;
 }
 
+std::string zero_rung_not_tried(const ZeroRung& rung, bool chosen_below, int replicas,
+                                bool cpu_stages) {
+  if (chosen_below) return "not needed";
+  if (rung.zero > 0 && replicas < 2 && !rung.offload_optimizer) {
+    return "skipped: it shards over data-parallel replicas (--dp 2 or more)";
+  }
+  if (rung.offload_params && !rung.nvme && cpu_stages) {
+    return "skipped: on CPU stages the parameter shards are in host memory already (ZeRO 3)";
+  }
+  return "";
+}
+
 namespace {
 
 // A rank's bytes under the plan: the device's, and on CPU stages its host memory too.
@@ -56,18 +68,8 @@ ZeroLadder walk_zero_ladder(const partition::ModelProfile& profile,
   for (const ZeroRung& rung : zero_ladder()) {
     ZeroLadderStep step;
     step.rung = rung;
-    if (ladder.chosen >= 0) {
-      step.why = "not needed";
-      ladder.steps.push_back(step);
-      continue;
-    }
-    if (rung.zero > 0 && replicas < 2 && !rung.offload_optimizer) {
-      step.why = "skipped: it shards over data-parallel replicas (--dp 2 or more)";
-      ladder.steps.push_back(step);
-      continue;
-    }
-    if (rung.offload_params && !rung.nvme && cpu_stages) {
-      step.why = "skipped: on CPU stages the parameter shards are in host memory already (ZeRO 3)";
+    step.why = zero_rung_not_tried(rung, ladder.chosen >= 0, replicas, cpu_stages);
+    if (!step.why.empty()) {
       ladder.steps.push_back(step);
       continue;
     }

@@ -38,6 +38,11 @@ struct ZeroRung {
 // The seven rungs, in DeepSpeed's order.
 const std::vector<ZeroRung>& zero_ladder();
 
+// Why a walk does not try `rung` ("" where it does): a rung already chosen below it ("not
+// needed"), ZeRO 1-3 without offload at one replica, the parameter offload to cpu on CPU stages.
+std::string zero_rung_not_tried(const ZeroRung& rung, bool chosen_below, int replicas,
+                                bool cpu_stages);
+
 struct ZeroLadderStep {
   ZeroRung rung;
   bool tried = false;  // false: skipped (`why` says why), or not needed after the chosen one
