@@ -93,6 +93,11 @@ DistributedEnvironment DistributedEnvironment::from_environment() {
   const auto world_size = read_int("WORLD_SIZE", true, &problems);
   const auto local_rank = read_int("LOCAL_RANK", false, &problems);
   const auto restart_count = read_int("TORCHELASTIC_RESTART_COUNT", false, &problems);
+  // PIPETRAIN_RANKS_PER_HOST: hosts of another size than the launcher's (one launcher over
+  // several simulated hosts).
+  const auto local_world_size = std::getenv("PIPETRAIN_RANKS_PER_HOST")
+                                    ? read_int("PIPETRAIN_RANKS_PER_HOST", false, &problems)
+                                    : read_int("LOCAL_WORLD_SIZE", false, &problems);
   if (port && (*port < 1 || *port > 65535)) {
     problems.push_back("MASTER_PORT=" + std::to_string(*port) + " is not a TCP port (1..65535)");
   }
@@ -115,6 +120,7 @@ DistributedEnvironment DistributedEnvironment::from_environment() {
   env.world_size = *world_size;
   env.local_rank = local_rank.value_or(0);
   env.restart_count = restart_count.value_or(0);
+  env.local_world_size = std::max(0, local_world_size.value_or(0));
   if (env.rank == 0) env.store_socket = inherited_store_socket(env.master_port);
   return env;
 }
@@ -181,6 +187,7 @@ Distributed::Distributed(const DistributedEnvironment& environment,
   rendezvous.rank = environment.rank;
   rendezvous.world_size = environment.world_size;
   rendezvous.attempt = environment.restart_count;
+  rendezvous.ranks_per_host = environment.local_world_size;
   // The inherited socket serves one store: the first world of the process takes it.
   static std::atomic<bool> socket_taken{false};
   if (environment.store_socket >= 0 && !socket_taken.exchange(true)) {

@@ -18,8 +18,42 @@ int C10dGroup::Impl::group_rank_of(int world_rank) const {
   return it == ranks.end() ? -1 : static_cast<int>(it - ranks.begin());
 }
 
+void C10dGroup::Impl::count_traffic(int kind, const at::Tensor& tensor, int root) {
+  const int64_t n = static_cast<int64_t>(ranks.size());
+  if (n < 2 || !tensor.defined() || kind > kAllGather) return;
+  const int64_t bytes = static_cast<int64_t>(tensor.nbytes());
+  const int next = (group_rank + 1) % static_cast<int>(n);
+  int64_t sent = 0;
+  switch (kind) {
+    case kAllReduce:
+      sent = 2 * (n - 1) * bytes / n;
+      break;
+    case kBroadcast:
+      sent = next == root ? 0 : bytes;
+      break;
+    case kReduceScatter:
+      sent = (n - 1) * bytes / n;
+      break;
+    default:  // kAllGather
+      sent = (n - 1) * bytes;
+      break;
+  }
+  const auto host = [this](int world_rank) {
+    return ranks_per_host > 0 ? world_rank / ranks_per_host : 0;
+  };
+  const bool within = host(ranks[static_cast<std::size_t>(group_rank)]) ==
+                      host(ranks[static_cast<std::size_t>(next)]);
+  (within ? sent_within : sent_between)[static_cast<std::size_t>(kind)] += sent;
+}
+
+C10dGroup::Traffic C10dGroup::traffic(Collective collective) const {
+  const auto k = static_cast<std::size_t>(collective);
+  return {impl_->sent_within[k].load(), impl_->sent_between[k].load()};
+}
+
 std::unique_lock<std::mutex> C10dGroup::Impl::check_collective(Kind kind, const at::Tensor& tensor,
                                                                int root) {
+  count_traffic(kind, tensor, root);
   if (!check_backend) return {};
   std::unique_lock<std::mutex> lock(post_mutex);
   const int64_t sequence = checked++;

@@ -5,6 +5,9 @@
 // group, no dispatch, and its send/recv/allreduce/broadcast/barrier return c10d::Work.
 #pragma once
 
+#include <array>
+#include <atomic>
+
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -51,7 +54,14 @@ struct C10dGroup::Impl {
   // An NCCL group's CPU tensors (the control plane: losses, norms, gathered bytes, barriers) go
   // over a Gloo group of the same members, as torch's "cpu:gloo,cuda:nccl" does; null otherwise.
   c10::intrusive_ptr<detail::C10dBackendBase> cpu_backend;
-  bool mirror = false;  // C10dGroup::mirror: every member holds what this process holds
+  bool mirror = false;     // C10dGroup::mirror: every member holds what this process holds
+  int ranks_per_host = 0;  // RendezvousOptions::ranks_per_host (0: one host)
+  // C10dGroup::traffic, per Kind up to kAllGather: bytes sent within this host, between hosts.
+  std::array<std::atomic<int64_t>, 4> sent_within{};
+  std::array<std::atomic<int64_t>, 4> sent_between{};
+  // Adds what this member sends of a collective of `kind` on `tensor` (the flat of a
+  // reduce-scatter, the shard of an all-gather) to the counts.
+  void count_traffic(int kind, const at::Tensor& tensor, int root);
   // TORCH_DISTRIBUTED_DEBUG=DETAIL (torch's switch for its own such check): a Gloo group of the
   // same members over which each collective's fingerprint is compared before it is posted
   // (check_collective); null otherwise, and for a mirror group or a group of one.

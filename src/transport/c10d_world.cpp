@@ -243,6 +243,7 @@ std::shared_ptr<C10dGroup> C10dWorld::Impl::make_group(const std::string& name,
   group->name = name;
   group->ranks = std::move(ranks);
   group->timeout = options.timeout;
+  group->ranks_per_host = options.ranks_per_host;
   group->group_rank = group->group_rank_of(options.rank);
   PIPETRAIN_CHECK_INPUT(group->group_rank >= 0, "rank ", options.rank, " creates group '", name,
                         "' but is not one of its ranks; only members create a group");

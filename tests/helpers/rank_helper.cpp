@@ -328,6 +328,11 @@ void scenario_shards(Distributed& d) {
   torch::Tensor gathered = torch::empty({R * n});
   group->all_gather(shard, gathered);
   CHECK_OR_THROW(torch::equal(gathered, sum), "all_gather ", gathered);
+  // What this member sent of the two, within its host and between hosts (C10dGroup::traffic).
+  const C10dGroup::Traffic rs = group->traffic(C10dGroup::Collective::kReduceScatter);
+  const C10dGroup::Traffic ag = group->traffic(C10dGroup::Collective::kAllGather);
+  std::cout << "TRAFFIC " << g << " " << rs.within_host << " " << rs.between_hosts << " "
+            << ag.within_host << " " << ag.between_hosts << std::endl;
   try {
     torch::Tensor short_flat = torch::empty({R * n - 1});
     group->all_gather(shard, short_flat);

@@ -230,10 +230,19 @@ TEST(C10dTransport, KeepsCompletedSendsUntilReleasedAndTimesOutReleasingAnUnrece
   EXPECT_EQ(run.count("HELD 1536 512 0"), 1) << run.output();
 }
 
+// Over hosts of two ranks (rank 2 alone on the second), each member's traffic as a ring sends it:
+// a reduce-scatter of 9 floats sends 2/3 of its 36 bytes to the next member, an all-gather of 3
+// floats twice its 12; rank 0's next (rank 1) shares its host, rank 1's (2) and rank 2's (0) do
+// not.
 TEST(C10dGroup, ReduceScattersAndAllGathersFlatShardsOverThreeMembers) {
-  auto run = run_ranks(3, {"shards", "1"});  // K = 1: the three ranks are one dp group
+  // K = 1: the three ranks are one dp group.
+  auto run = run_ranks(3, {"shards", "1"}, 0, 8000, std::chrono::seconds(10),
+                       {{"PIPETRAIN_RANKS_PER_HOST", "2"}});
   EXPECT_EQ(run.result.exit_code, 0) << run.output();
   EXPECT_EQ(run.count("OK shards"), 3) << run.output();
+  EXPECT_EQ(run.count("TRAFFIC 0 24 0 24 0"), 1) << run.output();
+  EXPECT_EQ(run.count("TRAFFIC 1 0 24 0 24"), 1) << run.output();
+  EXPECT_EQ(run.count("TRAFFIC 2 0 24 0 24"), 1) << run.output();
 }
 
 // TORCH_DISTRIBUTED_DEBUG=DETAIL: every collective's fingerprint is compared over the group

@@ -53,6 +53,10 @@ struct DistributedEnvironment {
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;
+  // Ranks on this process's host (PIPETRAIN_RANKS_PER_HOST where set, else LOCAL_WORLD_SIZE,
+  // torchrun's and the local launcher's; 0 where unset): hosts hold consecutive ranks, so rank r
+  // is on host r / local_world_size.
+  int local_world_size = 0;
   // Attempts before this one (TORCHELASTIC_RESTART_COUNT, set by torchrun --max-restarts and by
   // launch_local's max_restarts): 0 on the first.
   int restart_count = 0;
@@ -62,7 +66,8 @@ struct DistributedEnvironment {
   int store_socket = -1;
 
   // Reads MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE and LOCAL_RANK and
-  // TORCHELASTIC_RESTART_COUNT (both optional, default 0), and PIPETRAIN_STORE_SOCKET.
+  // TORCHELASTIC_RESTART_COUNT (both optional, default 0), PIPETRAIN_RANKS_PER_HOST or
+  // LOCAL_WORLD_SIZE (optional, default 0), and PIPETRAIN_STORE_SOCKET.
   // Throws pipetrain::BadInput naming every missing or invalid variable and how to set it.
   static DistributedEnvironment from_environment();
   // True when RANK or WORLD_SIZE is set: the process was started by a launcher.

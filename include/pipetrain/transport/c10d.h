@@ -92,6 +92,9 @@ struct RendezvousOptions {
   // Rank 0: a socket already listening on master_port that the store's server takes over (and
   // closes with it); -1: the server binds master_port itself.
   int listen_socket = -1;
+  // Ranks on each host, hosts holding consecutive ranks (torchrun's LOCAL_WORLD_SIZE): what the
+  // groups count as traffic within a host and between hosts (C10dGroup::traffic). 0: one host.
+  int ranks_per_host = 0;
 };
 
 // Where rank r's NCCL communicator runs, as the rendezvous compares them: "host cuda:i".
@@ -220,6 +223,20 @@ class C10dGroup {
   std::function<void()> all_gather_start(const torch::Tensor& shard, torch::Tensor& flat);
   // Byte blobs gathered to group rank 0 (empty vector on others); result[g] is member g's blob.
   std::vector<std::vector<char>> gather_bytes(const std::vector<char>& mine);
+
+  // What this member's collectives on the group have sent so far, counted when each is posted, as
+  // a ring sends them: each member to the next in rank order (the last to the first), an
+  // all-reduce of B bytes 2 (n - 1) B / n, a reduce-scatter of a flat B (n - 1) B / n, an
+  // all-gather of a shard b (n - 1) b, a broadcast B from every member but the root's
+  // predecessor. Split by whether the next member is on this member's host
+  // (RendezvousOptions::ranks_per_host). Barriers and gathers of bytes are not counted. The
+  // count of a model: Gloo picks its own algorithms, whose bytes may differ.
+  enum class Collective { kAllReduce, kBroadcast, kReduceScatter, kAllGather };
+  struct Traffic {
+    std::int64_t within_host = 0;
+    std::int64_t between_hosts = 0;
+  };
+  Traffic traffic(Collective collective) const;
 
   // A group of `size` members in this one process, as member `rank`, whose every other member
   // holds what this one holds: all_gather repeats the shard, allreduce_sum multiplies by size,
