@@ -468,6 +468,12 @@ void declare(JobConfig& c, FieldVisitor& v) {
             "MiB per gradient bucket of --overlap-grad-reduce (default 25, DDP's)", train),
           c.parallel.bucket_size,
           pipeline_check<double>([](PipelineRequest& r, double value) { r.bucket_mb = value; }));
+  v.field(F("parallel", "ranks_per_host", "--ranks-per-host",
+            "ranks on each host, hosts holding consecutive ranks: what --report-comm counts as "
+            "within a host and between hosts (0: torchrun's LOCAL_WORLD_SIZE, or the local "
+            "launcher's one host)",
+            train),
+          c.parallel.ranks_per_host, not_negative());
 
   // [optimizer]
   v.field(F("optimizer", "name", "--optimizer", "optimizer: " + joined(train::optimizer_names()),
@@ -707,6 +713,11 @@ void declare(JobConfig& c, FieldVisitor& v) {
             "(safetensors and config.json; from_pretrained loads it)",
             train),
           c.output.save_hf, {});
+  v.field(F("output", "report_comm", "--report-comm",
+            "a multi-process run: at the end, the bytes its collectives sent per step, within "
+            "hosts and between hosts, by kind (as a ring sends them; docs/DISTRIBUTED.md)",
+            train),
+          c.output.report_comm);
 
   // [inference]
   v.field(F("inference", "checkpoint", "--checkpoint",

@@ -26,6 +26,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <sstream>
 #include <thread>
@@ -496,6 +497,9 @@ JobResult launch_ranks(TrainingSetup& s, JobObserver& observer) {
   // The check's profile is done: what it freed goes back to the system before this process
   // waits out the run beside its ranks (their machine's memory).
   malloc_trim(0);
+  if (s.job.parallel.ranks_per_host > 0) {  // the ranks' hosts (DistributedEnvironment)
+    ::setenv("PIPETRAIN_RANKS_PER_HOST", std::to_string(s.job.parallel.ranks_per_host).c_str(), 1);
+  }
   JobResult result;
   result.exit_code = launch_self(nproc, self_arguments(), std::chrono::milliseconds(10'000),
                                  static_cast<int>(s.job.parallel.max_restarts));
@@ -528,6 +532,44 @@ PlanSource plan_on_ranks(const TrainingSetup& s, const RunLayout& layout, Distri
 }
 
 // One rank of a multi-process run (the torchrun environment).
+// --report-comm: every rank's collective traffic (C10dWorld::traffic) summed on rank 0, per step.
+void report_comm(Distributed& distributed, int64_t steps, JobObserver& observer) {
+  constexpr int kKinds = 4;
+  std::vector<int64_t> mine;
+  for (int k = 0; k < kKinds; ++k) {
+    const CollectiveTraffic t = distributed.world()->traffic(static_cast<TrafficKind>(k));
+    mine.push_back(t.within_host);
+    mine.push_back(t.between_hosts);
+  }
+  std::vector<char> bytes(mine.size() * sizeof(int64_t));
+  std::memcpy(bytes.data(), mine.data(), bytes.size());
+  const std::vector<std::vector<char>> all =
+      distributed.world()->world_group()->gather_bytes(bytes);
+  if (distributed.rank() != 0) return;
+  std::vector<int64_t> sum(mine.size(), 0);
+  for (const std::vector<char>& blob : all) {
+    std::vector<int64_t> theirs(mine.size(), 0);
+    std::memcpy(theirs.data(), blob.data(), std::min(blob.size(), bytes.size()));
+    for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += theirs[i];
+  }
+  const int64_t per = std::max<int64_t>(1, steps);
+  const char* names[kKinds] = {"all-reduce", "broadcast", "reduce-scatter", "all-gather"};
+  std::string text =
+      "comm: per step, every rank's collectives (as a ring sends them), within "
+      "hosts / between hosts:";
+  int64_t within = 0, between = 0;
+  for (int k = 0; k < kKinds; ++k) {
+    within += sum[2 * k];
+    between += sum[2 * k + 1];
+    text += std::string(k ? "," : "") + " " + names[k] + " " +
+            partition::format_bytes(sum[2 * k] / per) + " / " +
+            partition::format_bytes(sum[2 * k + 1] / per);
+  }
+  text += "; in all " + partition::format_bytes(within / per) + " / " +
+          partition::format_bytes(between / per);
+  note(observer, text);
+}
+
 JobResult run_rank(TrainingSetup& s, JobObserver& observer) {
   DistributedEnvironment environment = DistributedEnvironment::from_environment();
   resume_after_restart(s, environment.restart_count, observer);
@@ -584,6 +626,9 @@ JobResult run_rank(TrainingSetup& s, JobObserver& observer) {
            "it is posted (one more small collective each; docs/DISTRIBUTED.md)");
     }
     result.summary = train_with(s, *p, *runner, threads, &pipe, layout, observer);
+    if (s.job.output.report_comm) {
+      report_comm(distributed, result.summary ? result.summary->steps : 0, observer);
+    }
   });
   if (result.exit_code == 0 && !bad_input.empty()) throw BadInput(bad_input);
   return result;

@@ -231,6 +231,8 @@ struct C10dWorld::Impl {
   }
 
   std::shared_ptr<C10dGroup> make_group(const std::string& name, std::vector<int> ranks);
+  // Every group made, for C10dWorld::traffic (GUARDED_BY mutex).
+  std::vector<std::weak_ptr<C10dGroup::Impl>> groups;
   void fire(const std::string& reason, bool timed_out = false);
   void watch();
   void monitor_store();
@@ -282,6 +284,10 @@ std::shared_ptr<C10dGroup> C10dWorld::Impl::make_group(const std::string& name,
                 c10::str("creating ", comm_backend_name(options.backend), " group '", name,
                          "' failed: ", failure),
                 ErrorSite{options.rank, -1, "", -1});
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    groups.push_back(group);
   }
   return std::make_shared<C10dGroup>(std::move(group));
 }
@@ -613,6 +619,19 @@ const RendezvousOptions& C10dWorld::options() const {
 }
 std::shared_ptr<C10dGroup> C10dWorld::world_group() {
   return impl_->world;
+}
+
+CollectiveTraffic C10dWorld::traffic(TrafficKind collective) const {
+  const auto k = static_cast<std::size_t>(collective);
+  CollectiveTraffic sum;
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  for (const auto& weak : impl_->groups) {
+    if (const auto group = weak.lock()) {
+      sum.within_host += group->sent_within[k].load();
+      sum.between_hosts += group->sent_between[k].load();
+    }
+  }
+  return sum;
 }
 
 std::shared_ptr<C10dGroup> C10dWorld::new_group(const std::string& name, std::vector<int> ranks) {

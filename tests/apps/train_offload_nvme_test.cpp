@@ -56,7 +56,15 @@ TEST(TrainOffloadNvme, WeightsAndCheckpointsEqualTheRunInMemoryBitForBit) {
     EXPECT_EQ(r.exit_code, 0) << name << "\n" << r.output;
     return r;
   };
-  run(fp32 + " --checkpoint-dir " + dir + "/memory --save-every 2", "memory");
+  // --report-comm (docs/DISTRIBUTED.md), counting only: on one host nothing goes between hosts.
+  const CliRun memory =
+      run(fp32 + " --checkpoint-dir " + dir + "/memory --save-every 2 --report-comm", "memory");
+  EXPECT_NE(memory.output.find("comm: per step, every rank's collectives (as a ring sends them), "
+                               "within hosts / between hosts: all-reduce "),
+            std::string::npos)
+      << memory.output;
+  EXPECT_NE(memory.output.find(" / 0 B; in all "), std::string::npos) << memory.output;
+  EXPECT_EQ(memory.output.find("reduce-scatter 0 B /"), std::string::npos) << memory.output;
   const CliRun offloaded =
       run(fp32 + nvme(files) + " --checkpoint-dir " + dir + "/files --save-every 2", "files");
   EXPECT_NE(offloaded.output.find("optimizer state: "), std::string::npos) << offloaded.output;
@@ -71,7 +79,13 @@ TEST(TrainOffloadNvme, WeightsAndCheckpointsEqualTheRunInMemoryBitForBit) {
   // bf16 at ZeRO 3 (the parameters sharded too, gathered in bf16), another schedule, and the
   // parameter shards in the files as well (--offload-params nvme).
   const std::string bf16 = llama_flags("--steps 2 --zero 3 --schedule gpipe --precision bf16");
-  run(bf16, "bf16_memory");
+  // Over hosts of two ranks the replicas (ranks 0 and 2, 1 and 3) are on two hosts: ZeRO-3's
+  // gathers and reductions go between them, nothing within.
+  const CliRun hosts = run(bf16 + " --report-comm --ranks-per-host 2", "bf16_memory");
+  for (const char* kind : {"reduce-scatter 0 B / ", "all-gather 0 B / "}) {
+    EXPECT_NE(hosts.output.find(kind), std::string::npos) << kind << "\n" << hosts.output;
+  }
+  EXPECT_EQ(hosts.output.find("all-gather 0 B / 0 B"), std::string::npos) << hosts.output;
   const CliRun params = run(bf16 + nvme(files) + " --offload-params nvme", "bf16_files");
   EXPECT_NE(params.output.find("parameter shards, their gradients and optimizer state: "),
             std::string::npos)

@@ -268,11 +268,13 @@ TEST(JobFields, EveryFlagOfTrainIsStillThereAndNamedOnce) {
   for (const Field& f : fields_of(Command::kTrain)) {
     EXPECT_TRUE(now.insert(f.flag).second) << f.flag << " is declared twice for train";
   }
-  // Flags come (issue 61's offload settings, issue 62's DeepSpeed schedules); none goes.
+  // Flags come (issue 61's offload settings, issue 62's DeepSpeed schedules, ladder and traffic);
+  // none goes.
   std::set<std::string> expected = before;
   expected.insert({"--offload-params", "--offload-dir", "--offload-buffer-bytes",
                    "--offload-buffer-count", "--sub-group-size", "--offload-io", "--warmup-type",
-                   "--warmup-min-lr", "--lr-total-steps", "--zero-ladder"});
+                   "--warmup-min-lr", "--lr-total-steps", "--zero-ladder", "--ranks-per-host",
+                   "--report-comm"});
   EXPECT_EQ(now, expected);
 }
 

@@ -101,6 +101,7 @@ struct ParallelSettings {
   int64_t max_restarts = 0;          // --max-restarts
   bool overlap_grad_reduce = false;  // --overlap-grad-reduce
   double bucket_size = 25;           // --bucket-size: MiB
+  int64_t ranks_per_host = 0;        // --ranks-per-host (0: the launcher's, one host)
 };
 
 // [optimizer] the optimizer, its learning-rate schedule and clipping.
@@ -168,6 +169,7 @@ struct OutputSettings {
   std::string summary_json;  // --summary-json
   std::string save_params;   // --save-params
   std::string save_hf;       // --save-hf
+  bool report_comm = false;  // --report-comm
 };
 
 // [inference] the weights and the pipeline of `eval` and `generate`.

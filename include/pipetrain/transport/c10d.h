@@ -105,6 +105,19 @@ std::string shared_gpu_conflict(const std::vector<std::string>& placements);
 
 class C10dGroup;
 
+// What a member's collectives have sent (C10dGroup::traffic), counted when each is posted, as a
+// ring sends them: each member to the next in rank order (the last to the first), an all-reduce
+// of B bytes 2 (n - 1) B / n, a reduce-scatter of a flat B (n - 1) B / n, an all-gather of a
+// shard b (n - 1) b, a broadcast B from every member but the root's predecessor. Split by whether
+// the next member is on this member's host (RendezvousOptions::ranks_per_host). Barriers and
+// gathers of bytes are not counted. The count of a model: Gloo picks its own algorithms, whose
+// bytes may differ.
+enum class TrafficKind { kAllReduce, kBroadcast, kReduceScatter, kAllGather };
+struct CollectiveTraffic {
+  std::int64_t within_host = 0;
+  std::int64_t between_hosts = 0;
+};
+
 // The world: store, world group, abort channel and heartbeat watchdog of one process.
 class C10dWorld {
  public:
@@ -135,6 +148,8 @@ class C10dWorld {
 
   // The group of all ranks.
   std::shared_ptr<C10dGroup> world_group();
+  // C10dGroup::traffic summed over every group this process made and still holds.
+  CollectiveTraffic traffic(TrafficKind collective) const;
   // A group over `ranks` (world ranks, ascending, containing this rank), named `name`, which must
   // be the same on every member and unique in the job. Only the members call it.
   // REQUIRES: rank() is in `ranks`.
@@ -224,18 +239,9 @@ class C10dGroup {
   // Byte blobs gathered to group rank 0 (empty vector on others); result[g] is member g's blob.
   std::vector<std::vector<char>> gather_bytes(const std::vector<char>& mine);
 
-  // What this member's collectives on the group have sent so far, counted when each is posted, as
-  // a ring sends them: each member to the next in rank order (the last to the first), an
-  // all-reduce of B bytes 2 (n - 1) B / n, a reduce-scatter of a flat B (n - 1) B / n, an
-  // all-gather of a shard b (n - 1) b, a broadcast B from every member but the root's
-  // predecessor. Split by whether the next member is on this member's host
-  // (RendezvousOptions::ranks_per_host). Barriers and gathers of bytes are not counted. The
-  // count of a model: Gloo picks its own algorithms, whose bytes may differ.
-  enum class Collective { kAllReduce, kBroadcast, kReduceScatter, kAllGather };
-  struct Traffic {
-    std::int64_t within_host = 0;
-    std::int64_t between_hosts = 0;
-  };
+  // What this member's collectives on the group have sent so far (CollectiveTraffic, above).
+  using Collective = TrafficKind;
+  using Traffic = CollectiveTraffic;
   Traffic traffic(Collective collective) const;
 
   // A group of `size` members in this one process, as member `rank`, whose every other member
