@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "pipetrain/job/job_fields.h"
+#include "pipetrain/job/training_setup.h"
 #include "pipetrain/partition/memory.h"
 
 namespace pipetrain::job {
@@ -105,6 +106,23 @@ class DeepSpeedReader {
     take(*it);
   }
 
+  // A top-level {"type": ..., "params": {...}} section (optimizer, scheduler): its type and
+  // params, its other keys ignored; nullopt where the file has none.
+  std::optional<std::pair<std::string, json>> typed_section(const std::string& key) {
+    used_.insert(key);
+    const auto it = root_.find(key);
+    if (it == root_.end()) return std::nullopt;
+    const json& section = object(key, *it);
+    if (!section.contains("type")) fail(key + ".type", "missing");
+    std::string type = string(key + ".type", section["type"]);
+    json params =
+        section.contains("params") ? object(key + ".params", section["params"]) : json::object();
+    for (const auto& [inner, v] : section.items()) {
+      if (inner != "type" && inner != "params") ignore(key + "." + inner, v);
+    }
+    return std::make_pair(std::move(type), std::move(params));
+  }
+
   void set(const std::string& key, const std::string& field) {
     out_.settings.emplace_back(key, field);
   }
@@ -117,20 +135,11 @@ class DeepSpeedReader {
     out_.ignored.push_back(key);
   }
 
-  // The pipeline ranks a job runs (chunks' default depends on them).
-  int64_t pipeline_ranks() const {
-    const ParallelSettings& p = config_.parallel;
-    if (p.pp > 0) return p.pp;
-    if (p.nproc > 1) return std::max<int64_t>(1, p.nproc / std::max<int64_t>(1, p.dp * p.tp));
-    return config_.pipeline.stages.value_or(1);
-  }
-
-  // The job's own accumulation steps (micro-batches per mini-batch), nullopt under chunks auto.
+  // The job's own accumulation steps (micro-batches per mini-batch; job_chunks), nullopt under
+  // --chunks auto.
   std::optional<int64_t> own_chunks() const {
-    const std::string& chunks = config_.pipeline.chunks;
-    if (chunks == "auto") return std::nullopt;
-    if (!chunks.empty()) return std::stoll(chunks);
-    return pipeline_ranks() > 1 ? 2 * pipeline_ranks() : 1;
+    if (config_.pipeline.chunks == "auto") return std::nullopt;
+    return job_chunks(config_);
   }
 
   void batch() {
@@ -240,20 +249,12 @@ class DeepSpeedReader {
   }
 
   void optimizer() {
-    used_.insert("optimizer");
-    const auto it = root_.find("optimizer");
-    if (it == root_.end()) return;
-    const json& section = object("optimizer", *it);
-    if (!section.contains("type")) fail("optimizer.type", "missing");
-    const std::string type = string("optimizer.type", section["type"]);
+    const auto section = typed_section("optimizer");
+    if (!section) return;
+    const auto& [type, params] = *section;
     std::string lower = type;
     std::transform(lower.begin(), lower.end(), lower.begin(),
                    [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-    const json params =
-        section.contains("params") ? object("optimizer.params", section["params"]) : json::object();
-    for (const auto& [inner, v] : section.items()) {
-      if (inner != "type" && inner != "params") ignore("optimizer." + inner, v);
-    }
     std::string name;
     bool adam_w_mode = true;
     bool torch_adam = false;
@@ -323,17 +324,9 @@ class DeepSpeedReader {
   }
 
   void scheduler() {
-    used_.insert("scheduler");
-    const auto it = root_.find("scheduler");
-    if (it == root_.end()) return;
-    const json& section = object("scheduler", *it);
-    if (!section.contains("type")) fail("scheduler.type", "missing");
-    const std::string type = string("scheduler.type", section["type"]);
-    const json params =
-        section.contains("params") ? object("scheduler.params", section["params"]) : json::object();
-    for (const auto& [inner, v] : section.items()) {
-      if (inner != "type" && inner != "params") ignore("scheduler." + inner, v);
-    }
+    const auto section = typed_section("scheduler");
+    if (!section) return;
+    const auto& [type, params] = *section;
     OptimizerSettings& o = config_.optimizer;
     std::set<std::string> keys;
     if (type == "WarmupLR" || type == "WarmupDecayLR") {

@@ -80,6 +80,16 @@ void resolve_pipeline(const JobConfig& job, TrainingSetup& s) {
   p.precision = parse_precision(given.precision);
 }
 
+}  // namespace
+
+int64_t job_chunks(const JobConfig& job) {
+  TrainingSetup s;
+  resolve_pipeline(job, s);
+  return chunks_of(s.pipeline, layout_of(s.pipeline, static_cast<int>(job.parallel.nproc)));
+}
+
+namespace {
+
 // The ZeRO options of --zero-gradients, --zero3-unit and the --zero3-* sizes.
 train::ZeroOptions zero_options_of(const ZeroSettings& zero) {
   auto size = [](const std::string& text) { return partition::parse_bytes(text); };

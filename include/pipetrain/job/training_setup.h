@@ -51,6 +51,11 @@ train::MemoryRunOptions memory_run_options(const TrainingSetup& setup, const Run
 // values and, on CPU stages, its gradient. A sub-group takes a buffer of each.
 int64_t offload_file_fields(const TrainingSetup& setup);
 
+// The micro-batches a replica's mini-batch is cut into as the pipeline runs `job`: --chunks, or
+// its default over the job's pipeline ranks (2 x the ranks, 1 without a pipeline; run_layout.h's
+// chunks_of). REQUIRES --chunks not auto. Throws BadInput for pipeline flags that do not fit.
+int64_t job_chunks(const JobConfig& job);
+
 // The model and data settings of `job` (--model, --data, ... and --seed).
 ModelDataSpec model_data_spec(const JobConfig& job);
 
