@@ -110,6 +110,13 @@ Precision check_plan(const JobConfig& job) {
   return precision;
 }
 
+// The offload files' pool a rank holds in host memory (train/nvme_options.h, pool_bytes).
+int64_t offload_pool_bytes(const ZeroSettings& zero) {
+  return train::pool_bytes(train::NvmeOptions()
+                               .buffer_bytes(pp::parse_bytes(zero.offload_buffer_bytes))
+                               .buffer_count(static_cast<int>(zero.offload_buffer_count)));
+}
+
 pp::PlannerOptions planner_options(const JobConfig& job) {
   const PlanSettings& plan = job.plan;
   pp::PlannerOptions planner;
@@ -124,8 +131,7 @@ pp::PlannerOptions planner_options(const JobConfig& job) {
   planner.offload_optimizer = job.zero.offloads_optimizer();
   if (job.zero.offload_optimizer == "nvme") {  // the state in files, the pool in host memory
     planner.optimizer_state_in_files = true;
-    planner.offload_buffer_bytes =
-        pp::parse_bytes(job.zero.offload_buffer_bytes) * job.zero.offload_buffer_count;
+    planner.offload_buffer_bytes = offload_pool_bytes(job.zero);
   }
   planner.data_parallel = static_cast<int>(job.parallel.dp);
   planner.processes = plan.processes;
@@ -248,8 +254,7 @@ JobResult run_model_plan(const JobConfig& job, JobObserver& observer, const std:
   out.exit_code = result.report.found() ? 0 : 1;
   if (job.zero.ladder) {  // DeepSpeed's ladder on the same profile
     const tune::ZeroLadder ladder = tune::walk_zero_ladder(
-        result.profile, result.planner, /*cpu_stages=*/true,
-        pp::parse_bytes(job.zero.offload_buffer_bytes) * job.zero.offload_buffer_count);
+        result.profile, result.planner, /*cpu_stages=*/true, offload_pool_bytes(job.zero));
     const std::string steps = tune::zero_ladder_text(ladder, result.planner.memory_limit_bytes);
     if (plan.format == "json") {
       observer.on_note({Note::Kind::kProgress, steps});

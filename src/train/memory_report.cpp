@@ -258,9 +258,7 @@ MemoryPrediction predict_from_profile(const TrainingMemoryProfile& measured,
                                   [](const torch::Device& d) { return d.is_cuda(); });
   options.gradients_in_files = options.parameters_in_files && !on_gpu;
   if (options.optimizer_state_in_files) {
-    const NvmeOptions& nvme = run.zero_options.nvme();
-    options.offload_buffer_bytes =
-        (nvme.buffer_bytes() + 4095) / 4096 * 4096 * static_cast<int64_t>(nvme.buffer_count());
+    options.offload_buffer_bytes = pool_bytes(run.zero_options.nvme());
   }
   options.async_checkpoint = run.async_checkpoint;
   options.cast_gathers = gathers_narrowed(

@@ -42,6 +42,10 @@ offload::IoEngine parse_offload_io(const std::string& text) {
   throw BadInput("--offload-io must be auto, uring or threads, got '" + text + "'");
 }
 
+int64_t pool_bytes(const NvmeOptions& o) {
+  return offload::align_up(o.buffer_bytes(), 4096) * static_cast<int64_t>(o.buffer_count());
+}
+
 NvmeOptions default_nvme_options() {
   return NvmeOptions().io(parse_offload_io("auto"));
 }

@@ -45,6 +45,9 @@ struct NvmeOptions {
   TORCH_ARG(int, io_depth) = 8;
 };
 
+// The pool's host memory: buffer_count buffers of buffer_bytes rounded up to 4096.
+int64_t pool_bytes(const NvmeOptions& options);
+
 // NvmeOptions with the engine "auto" resolves to.
 NvmeOptions default_nvme_options();
 
