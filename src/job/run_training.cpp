@@ -531,7 +531,6 @@ PlanSource plan_on_ranks(const TrainingSetup& s, const RunLayout& layout, Distri
   };
 }
 
-// One rank of a multi-process run (the torchrun environment).
 // --report-comm: every rank's collective traffic (C10dWorld::traffic) summed on rank 0, per step.
 void report_comm(Distributed& distributed, int64_t steps, JobObserver& observer) {
   constexpr int kKinds = 4;
@@ -570,6 +569,7 @@ void report_comm(Distributed& distributed, int64_t steps, JobObserver& observer)
   note(observer, text);
 }
 
+// One rank of a multi-process run (the torchrun environment).
 JobResult run_rank(TrainingSetup& s, JobObserver& observer) {
   DistributedEnvironment environment = DistributedEnvironment::from_environment();
   resume_after_restart(s, environment.restart_count, observer);
