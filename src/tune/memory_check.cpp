@@ -228,15 +228,11 @@ ZeroLadder walk_memory_ladder(const MemoryCheckInput& input, bool nvme_possible)
     }
     if (step.why.empty()) {
       step.tried = true;
-      std::string settings = "--zero " + std::to_string(rung.zero);
-      if (rung.nvme) {
-        settings += " --offload-optimizer nvme --offload-params nvme";
-      } else if (rung.offload_optimizer) {
-        settings += " --offload-optimizer cpu";
-      }
       try {
+        // The rung's own flags, as the predictor reads them (--offload-params cpu and
+        // --offload-dir change no prediction).
         const train::MemoryFit fit = train::check_memory_fit(
-            [&](const std::string&) { return predict(settings); }, {}, input.ranks_of_process,
+            [&](const std::string&) { return predict(rung.flags); }, {}, input.ranks_of_process,
             process_bytes, available, input.budget_per_rank, evaluation, host);
         for (std::size_t r = 0; r < fit.run.rank_peaks.size(); ++r) {
           const std::int64_t bytes =
