@@ -555,12 +555,21 @@ class DeepSpeedReader {
         }
       } else if (inner == "sub_group_size") {
         if (!is_auto(v)) sub_group_ = integer(key, v);
-      } else if (inner == "zero_quantized_weights" || inner == "zero_quantized_gradients" ||
-                 inner == "zero_quantized_nontrainable_weights") {
-        if (!is_auto(v) && boolean(key, v))
-          fail(key, "ZeRO++ quantization is not in pipetrain yet");
+      } else if (inner == "zero_quantized_weights") {
+        if (!is_auto(v)) {
+          z.quantized_weights = boolean(key, v);
+          set(key, "zero.quantized_weights");
+        }
+      } else if (inner == "zero_quantized_gradients") {
+        if (!is_auto(v)) {
+          z.quantized_gradients = boolean(key, v);
+          set(key, "zero.quantized_gradients");
+        }
       } else if (inner == "zero_hpz_partition_size") {
-        if (!is_auto(v) && integer(key, v) > 1) fail(key, "ZeRO++'s hpZ is not in pipetrain yet");
+        if (!is_auto(v)) {
+          z.hpz_partition_size = positive(key, v);
+          set(key, "zero.hpz_partition_size");
+        }
       } else {
         ignore(key, v);
       }

@@ -451,6 +451,22 @@ void declare(JobConfig& c, FieldVisitor& v) {
   v.field(N(F("zero", "persistence_threshold", "--zero3-persistence-threshold",
               "--zero 3: parameters smaller than this stay whole", train)),
           c.zero.persistence_threshold, size_check());
+  v.field(F("zero", "quantized_weights", "--zero-quantized-weights",
+            "ZeRO++ qwZ, with --zero 3: the parameter gathers send int8 blocks with a scale each "
+            "(a quarter of float32's bytes, half of bf16's)",
+            train),
+          c.zero.quantized_weights);
+  v.field(F("zero", "hpz_partition_size", "--zero-hpz-partition-size",
+            "ZeRO++ hpZ, with --zero 3: groups of N consecutive replicas (a host's) keep a copy "
+            "of each gathered layer, 1/N per replica, which the backward's gathers read within "
+            "the group (1: off; N divides --dp)",
+            train),
+          c.zero.hpz_partition_size, at_least(1));
+  v.field(F("zero", "quantized_gradients", "--zero-quantized-gradients",
+            "ZeRO++ qgZ, with --zero 1-3: the gradients' reduce-scatter becomes two all-to-alls "
+            "of int8 blocks, within each host (--ranks-per-host), then between hosts",
+            train),
+          c.zero.quantized_gradients);
   v.field(F("zero", "keep_freed_memory", "--zero-keep-freed-memory",
             "--zero 2/3 on the CPU: leave the heap's freed pages resident (faster, more resident "
             "memory) instead of returning them after each layer",

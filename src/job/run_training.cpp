@@ -531,42 +531,72 @@ PlanSource plan_on_ranks(const TrainingSetup& s, const RunLayout& layout, Distri
   };
 }
 
-// --report-comm: every rank's collective traffic (C10dWorld::traffic) summed on rank 0, per step.
-void report_comm(Distributed& distributed, int64_t steps, JobObserver& observer) {
-  constexpr int kKinds = 4;
-  std::vector<int64_t> mine;
-  for (int k = 0; k < kKinds; ++k) {
-    const CollectiveTraffic t = distributed.world()->traffic(static_cast<TrafficKind>(k));
-    mine.push_back(t.within_host);
-    mine.push_back(t.between_hosts);
-  }
+// Sums a blob of int64 counts over every rank on rank 0 (empty elsewhere).
+std::vector<int64_t> sum_over_ranks(Distributed& distributed, const std::vector<int64_t>& mine) {
   std::vector<char> bytes(mine.size() * sizeof(int64_t));
   std::memcpy(bytes.data(), mine.data(), bytes.size());
   const std::vector<std::vector<char>> all =
       distributed.world()->world_group()->gather_bytes(bytes);
-  if (distributed.rank() != 0) return;
+  if (distributed.rank() != 0) return {};
   std::vector<int64_t> sum(mine.size(), 0);
   for (const std::vector<char>& blob : all) {
     std::vector<int64_t> theirs(mine.size(), 0);
     std::memcpy(theirs.data(), blob.data(), std::min(blob.size(), bytes.size()));
     for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += theirs[i];
   }
+  return sum;
+}
+
+// --report-comm: every rank's collective traffic (C10dWorld::traffic) summed on rank 0, per step,
+// by kind and by what ZeRO sent it for (its TrafficLabels, train::kZeroTrafficLabels).
+void report_comm(Distributed& distributed, int64_t steps, JobObserver& observer) {
+  std::vector<int64_t> mine;
+  for (int k = 0; k < kTrafficKinds; ++k) {
+    const CollectiveTraffic t = distributed.world()->traffic(static_cast<TrafficKind>(k));
+    mine.push_back(t.within_host);
+    mine.push_back(t.between_hosts);
+  }
+  const std::map<std::string, CollectiveTraffic> labelled = distributed.world()->labelled_traffic();
+  for (const char* label : train::kZeroTrafficLabels) {
+    const auto found = labelled.find(label);
+    mine.push_back(found == labelled.end() ? 0 : found->second.within_host);
+    mine.push_back(found == labelled.end() ? 0 : found->second.between_hosts);
+  }
+  const std::vector<int64_t> sum = sum_over_ranks(distributed, mine);
+  if (distributed.rank() != 0) return;
   const int64_t per = std::max<int64_t>(1, steps);
-  const char* names[kKinds] = {"all-reduce", "broadcast", "reduce-scatter", "all-gather"};
+  const auto pair = [&](std::size_t i) {
+    return partition::format_bytes(sum[i] / per) + " / " +
+           partition::format_bytes(sum[i + 1] / per);
+  };
   std::string text =
       "comm: per step, every rank's collectives (as a ring sends them), within "
       "hosts / between hosts:";
   int64_t within = 0, between = 0;
-  for (int k = 0; k < kKinds; ++k) {
+  for (int k = 0; k < kTrafficKinds; ++k) {
     within += sum[2 * k];
     between += sum[2 * k + 1];
-    text += std::string(k ? "," : "") + " " + names[k] + " " +
-            partition::format_bytes(sum[2 * k] / per) + " / " +
-            partition::format_bytes(sum[2 * k + 1] / per);
+    text += std::string(k ? "," : "") + " " + to_string(static_cast<TrafficKind>(k)) + " " +
+            pair(2 * static_cast<std::size_t>(k));
   }
   text += "; in all " + partition::format_bytes(within / per) + " / " +
           partition::format_bytes(between / per);
   note(observer, text);
+  std::string zero = "comm: per step, ZeRO's:";
+  bool any = false;
+  for (std::size_t i = 0; i < std::size(train::kZeroTrafficLabels); ++i) {
+    const std::size_t at = 2 * kTrafficKinds + 2 * i;
+    any = any || sum[at] || sum[at + 1];
+    zero += std::string(i ? "," : "") + " " + train::kZeroTrafficLabels[i] + " " + pair(at);
+  }
+  // Exact byte counts for the bench to compare (the figures above are rounded).
+  zero += " (bytes:";
+  for (std::size_t i = 0; i < std::size(train::kZeroTrafficLabels); ++i) {
+    const std::size_t at = 2 * kTrafficKinds + 2 * i;
+    zero += " " + std::to_string(sum[at] / per) + " " + std::to_string(sum[at + 1] / per);
+  }
+  zero += ")";
+  if (any) note(observer, zero);
 }
 
 // One rank of a multi-process run (the torchrun environment).

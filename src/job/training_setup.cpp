@@ -101,6 +101,9 @@ train::ZeroOptions zero_options_of(const ZeroSettings& zero) {
       .max_reuse_distance(zero.max_reuse_distance == "-1" ? -1 : size(zero.max_reuse_distance))
       .persistence_threshold(size(zero.persistence_threshold))
       .return_freed_memory(!zero.keep_freed_memory)
+      .quantized_weights(zero.quantized_weights)
+      .hpz_partition_size(static_cast<int>(zero.hpz_partition_size))
+      .quantized_gradients(zero.quantized_gradients)
       .offload_to_nvme(zero.offload_optimizer == "nvme")
       .offload_params_to_nvme(zero.offload_params == "nvme")
       .nvme(train::NvmeOptions()
@@ -179,6 +182,41 @@ void check_ranges(const TrainingSetup& s) {
   if (job.zero.offload_params != "none" && job.zero.stage != 3) {
     fail("--offload-params moves ZeRO-3's parameter shards; it needs --zero 3, got --zero " +
          std::to_string(job.zero.stage));
+  }
+  if (job.zero.plus_plus()) {
+    if (job.zero.ladder) {
+      fail(
+          "--zero-ladder picks the ZeRO stage, and ZeRO++ (--zero-quantized-weights, "
+          "--zero-hpz-partition-size, --zero-quantized-gradients) asks for one: give --zero "
+          "instead of the ladder");
+    }
+    const std::string flag = job.zero.quantized_weights         ? "--zero-quantized-weights"
+                             : job.zero.hpz_partition_size != 1 ? "--zero-hpz-partition-size"
+                                                                : "--zero-quantized-gradients";
+    if (job.zero.stage == 0) {
+      fail(flag +
+           " is part of ZeRO++, which shards over data-parallel replicas: give --zero 3 "
+           "(--zero 1-3 for --zero-quantized-gradients)");
+    }
+    if (s.pipeline.dp < 2) {
+      fail(flag + " changes what data-parallel replicas send each other, and --dp " +
+           std::to_string(s.pipeline.dp) + " has none to send to: give --dp 2 or more");
+    }
+    train::check_zero_plus_plus(
+        train::ZeroOptions(s.zero_options).stage(static_cast<int>(job.zero.stage)),
+        static_cast<int>(s.pipeline.dp));
+    if (job.zero.quantized_gradients && job.parallel.ranks_per_host > 0) {
+      // Every data-parallel group's hosts, as the ranks will find them.
+      const RunLayout run = layout_of(s.pipeline, static_cast<int>(job.parallel.nproc));
+      const ParallelLayout grid{run.pipeline_ranks, run.replicas, run.tensor_parallel};
+      for (int p = 0; p < grid.pipeline_ranks; ++p) {
+        for (int t = 0; t < grid.tensor_parallel; ++t) {
+          train::hosts_of_replicas(grid.data_parallel_ranks(p, t),
+                                   static_cast<int>(job.parallel.ranks_per_host),
+                                   "of pipeline rank " + std::to_string(p));
+        }
+      }
+    }
   }
   if (job.zero.offload_params == "nvme" && job.zero.offload_optimizer != "nvme") {
     fail(

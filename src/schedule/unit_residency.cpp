@@ -23,15 +23,20 @@ UnitIds unit_ids(const std::map<int, int>& units) {
   return ids;
 }
 
-std::vector<UnitId> unit_uses(const Schedule& s, int r, const UnitIds& ids, Checkpoint checkpoint) {
+std::vector<UnitId> unit_uses(const Schedule& s, int r, const UnitIds& ids, Checkpoint checkpoint,
+                              std::vector<char>* backward) {
   const auto& list = s.actions.at(static_cast<std::size_t>(r));
   std::vector<UnitId> uses;
+  if (backward) backward->clear();
+  bool in_backward = false;                  // the action being listed
   std::set<std::pair<int, int>> recomputed;  // (stage, micro-batch) whose recompute has run
   auto ascending = [&](int first, int count) {
     for (int u = 0; u < count; ++u) uses.push_back(first + u);
+    if (backward) backward->resize(uses.size(), in_backward ? 1 : 0);
   };
   auto descending = [&](int first, int count) {
     for (int u = count; u-- > 0;) uses.push_back(first + u);
+    if (backward) backward->resize(uses.size(), in_backward ? 1 : 0);
   };
   for (const Action& action : list) {
     if (!is_compute(action.op)) continue;
@@ -39,6 +44,7 @@ std::vector<UnitId> unit_uses(const Schedule& s, int r, const UnitIds& ids, Chec
     if (found == ids.first.end()) continue;
     const int first = found->second;
     const int count = ids.count.at(action.stage);
+    in_backward = action.op != Op::kForward;
     switch (action.op) {
       case Op::kForward:
         ascending(first, count);

@@ -72,6 +72,7 @@ void check_zero_options(const ZeroOptions& zero) {
   PIPETRAIN_CHECK_INPUT(zero.persistence_threshold() >= 0,
                         "--zero3-persistence-threshold must be 0 or more bytes, got ",
                         zero.persistence_threshold());
+  check_zero_plus_plus(zero, 0);
 }
 
 bool gathers_by_layer(const ZeroOptions& zero) {
@@ -319,7 +320,10 @@ ShardedOptimizer::ShardedOptimizer(Distributed* distributed, std::vector<torch::
                         "stage 3's shard from CPU parameters; rank ",
                         rank_, " holds its parameters on ", device, " at stage ", stage);
   values_on_demand_ = static_cast<bool>(zero.initial_values());
+  secondary_.resize(segments_.size());
+  gathered_this_step_.assign(segments_.size(), 0);
   load_shard();
+  make_zero_plus_plus_groups();
 }
 
 void ShardedOptimizer::for_each_slice_in(
@@ -399,6 +403,7 @@ torch::Tensor ShardedOptimizer::flat_parameter(size_t q) const {
 
 void ShardedOptimizer::load_shard() {
   if (aliased_) return;  // the parts are the parameters
+  drop_secondaries();    // hpZ's copies are of the shard's values before
   torch::NoGradGuard no_grad;
   // Values on demand (the first take only): each parameter's written just before the shard takes
   // them, and each segment freed as soon as the shard holds it, in shard order.
@@ -478,6 +483,7 @@ void ShardedOptimizer::zero_grad() {
   grad_factors_.clear();
   for (torch::Tensor& part : parts_) part.mutable_grad() = torch::Tensor();
   take_parameters();
+  std::fill(gathered_this_step_.begin(), gathered_this_step_.end(), 0);
   peak_whole_bytes_ = whole_bytes_;
   peak_buffer_bytes_ = buffer_bytes_;
   reduce_buffer_bytes_ = reduce_buffer_bytes_now_;
@@ -485,6 +491,7 @@ void ShardedOptimizer::zero_grad() {
 }
 
 void ShardedOptimizer::step() {  // [3]
+  drop_secondaries();            // the step changes what they are copies of
   if (stage_ == 3) {
     // The shard is the truth; whatever is whole now would be stale after the step.
     release_all();

@@ -11,12 +11,14 @@
 #include "pipetrain/train/sharded_optimizer.h"
 
 #include <algorithm>
+#include <optional>
 #include <tuple>
 
 #include <torch/torch.h>
 
 #include "pipetrain/base/check.h"
 #include "pipetrain/stage/tensor_bytes.h"
+#include "pipetrain/train/block_quantize.h"
 #include "pipetrain/transport/c10d.h"
 
 namespace pipetrain::train {
@@ -116,6 +118,16 @@ void ShardedOptimizer::start_gather_segment(size_t k, bool exact) {
   Gather& g = gathers_[k];
   if (g.state != Residency::kFreed) return;
   const Segment& s = segments_[k];
+  if (!exact) {
+    // By stage the plan says nothing of what a gather serves: a segment's first of the step is
+    // a forward's, the later ones a backward's.
+    if (!by_layer_) gather_for_backward_ = gathered_this_step_[k] != 0;
+    gathered_this_step_[k] = 1;
+    if (reads_secondary(k)) {  // hpZ: from the partition's copy, within the host
+      start_secondary_gather(k, g);
+      return;
+    }
+  }
   // One replica with the values in the file: its piece is the whole segment, read straight into
   // the buffer the parameters will point into (no second copy).
   const bool direct =
@@ -138,21 +150,32 @@ void ShardedOptimizer::start_gather_segment(size_t k, bool exact) {
   // (Never when direct: read in the parameters' dtype to be gathered in it.)
   g.narrowed = !exact && piece.scalar_type() != s.gather_dtype;
   g.keep = !exact;
-  if (g.narrowed) {
+  // qwZ: int8 blocks and their scales are sent instead, and dequantized into the gather dtype.
+  g.quantized = zero_.quantized_weights() && !exact && group() != nullptr;
+  if (g.quantized) {
+    g.values_dtype = g.narrowed ? s.gather_dtype : piece.scalar_type();
+    const auto bytes = piece.options().dtype(torch::kUInt8);
+    const int64_t q = quantized_bytes(s.piece);
+    g.piece = pool_->take(q, bytes);
+    quantize_blocks(piece, g.piece);
+    if (params_in_file_) pool_->give(piece);
+  } else if (g.narrowed) {
     g.piece = pool_->take(s.piece, piece.options().dtype(s.gather_dtype));
     g.piece.copy_(piece);
     if (params_in_file_) pool_->give(piece);
   } else {
     g.piece = piece;
   }
-  g.own_piece = !direct && (g.narrowed || params_in_file_);
-  g.gathered = direct ? g.piece : pool_->take(s.padded, g.piece.options());
+  g.own_piece = !direct && (g.narrowed || params_in_file_ || g.quantized);
+  g.gathered = direct ? g.piece : pool_->take(g.piece.numel() * replicas_, g.piece.options());
   g.buffer_bytes = tensor_bytes(g.gathered) + (g.own_piece ? tensor_bytes(g.piece) : 0);
   buffer_bytes_ += g.buffer_bytes;
   note_gather_peaks();
   gather_bytes_sent_ += tensor_bytes(g.piece);
   gather_bytes_uncast_ += tensor_bytes(piece);
   if (!direct) reduce_thread_.drain();  // the group's collectives in one order on every replica
+  std::optional<TrafficLabel> label;    // a step's gathers (not gather_all's)
+  if (!exact) label.emplace(kZeroTrafficLabels[gather_for_backward_ ? 1 : 0]);
   g.start_us = CollectiveLog::now_us();
   if (C10dGroup* dp = group()) {
     g.wait = dp->all_gather_start(g.piece, g.gathered);
@@ -175,6 +198,8 @@ void ShardedOptimizer::wait_segment(size_t k) {
   torch::NoGradGuard no_grad;
   const Segment& s = segments_[k];
   const torch::Tensor& first = parameters_[s.parameters.front()];
+  if (g.quantized) dequantize_gathered(k, g);
+  if (g.keep && !g.from_secondary) keep_secondary(k, g.gathered);  // hpZ
   // The buffer the parameters point into: the gathered one, or its widening (a narrowed gather)
   // or copy on the parameters' device (gathered on the host for a GPU).
   g.wait = nullptr;  // the collective's hold on the buffers goes with it
@@ -240,8 +265,9 @@ int64_t ShardedOptimizer::parameter_bytes() const {
   for (const torch::Tensor& p : parameters_) {
     total += stage_ == 3 ? static_cast<int64_t>(p.storage().nbytes()) : tensor_bytes(p);
   }
-  // Stage 3's shard where the gathers read it (offloaded, the host's master copy is host_bytes).
-  return stage_ == 3 ? total + tensor_bytes(gather_source()) : total;
+  // Stage 3's shard where the gathers read it (offloaded, the host's master copy is host_bytes),
+  // and hpZ's copies.
+  return stage_ == 3 ? total + tensor_bytes(gather_source()) + secondary_bytes_ : total;
 }
 
 // ---- By layer ---------------------------------------------------------------------------------
@@ -280,15 +306,21 @@ void ShardedOptimizer::begin_step(const schedule::Schedule& s, int r,
     const schedule::UnitPolicy policy{zero_.prefetch_bytes(), zero_.max_live_bytes(),
                                       zero_.max_reuse_distance()};
     const schedule::UnitIds ids = schedule::unit_ids(counts);
-    found = plans_
-                .emplace(key, schedule::plan_units(schedule::unit_uses(s, r, ids, checkpoint),
-                                                   bytes, policy))
-                .first;
+    std::vector<char> backward;
+    const std::vector<schedule::UnitId> uses =
+        schedule::unit_uses(s, r, ids, checkpoint, &backward);
+    found = plans_.emplace(key, schedule::plan_units(uses, bytes, policy)).first;
+    plans_backward_[key] = std::move(backward);
   }
   plan_ = found->second;
+  plan_backward_ = plans_backward_[key];
   next_use_ = 0;
+  gather_for_backward_ = false;
   for (size_t k : persistent_) start_gather_segment(k);
-  for (schedule::UnitId x : plan_.first) start_unit(x);
+  for (schedule::UnitId x : plan_.first) {
+    gather_for_backward_ = use_is_backward(x, 0);
+    start_unit(x);
+  }
 }
 
 void ShardedOptimizer::acquire(int j, std::size_t l) {
@@ -302,6 +334,7 @@ void ShardedOptimizer::acquire(int j, std::size_t l) {
       " of ", plan_.uses.size(),
       next_use_ < plan_.uses.size() ? c10::str(", unit ", plan_.uses[next_use_]) : std::string());
   use_of_unit_[static_cast<size_t>(u)] = next_use_++;
+  gather_for_backward_ = use_is_backward(u, next_use_ - 1);
   start_unit(u);  // nothing when whole or on its way
   for (size_t k : units_[static_cast<size_t>(u)].segments) wait_segment(k);
 }
@@ -312,7 +345,10 @@ void ShardedOptimizer::release(int j, std::size_t l) {
   if (u < 0) return;
   const schedule::UnitStep& step = plan_.after[use_of_unit_[static_cast<size_t>(u)]];
   for (schedule::UnitId x : step.release) release_unit(x);
-  for (schedule::UnitId x : step.gather) start_unit(x);
+  for (schedule::UnitId x : step.gather) {
+    gather_for_backward_ = use_is_backward(x, next_use_);
+    start_unit(x);
+  }
   if (!step.release.empty()) return_freed_memory();
 }
 

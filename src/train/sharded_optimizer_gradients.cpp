@@ -98,7 +98,13 @@ ShardedOptimizer::InFlight ShardedOptimizer::start_reduce_scatter(size_t k, torc
   reduce_buffer_bytes_ = std::max(reduce_buffer_bytes_, reduce_buffer_bytes_now_);
   r.start_us = CollectiveLog::now_us();
   if (C10dGroup* dp = group()) {
-    r.wait = dp->reduce_scatter_sum_start(r.flat, r.piece);
+    TrafficLabel label(kZeroTrafficLabels[2]);
+    if (host_group_) {  // qgZ: two quantized all-to-alls, done before this returns
+      quantized_reduce_scatter(r.flat, r.piece);
+      r.wait = [] {};
+    } else {
+      r.wait = dp->reduce_scatter_sum_start(r.flat, r.piece);
+    }
   } else {
     if (!direct) r.piece.copy_(r.flat.narrow(0, replica_ * s.piece, s.piece));
     r.wait = [] {};

@@ -205,6 +205,7 @@ std::vector<ShardedOptimizer::OwnedSlice> ShardedOptimizer::owned_slices(
 }
 
 void ShardedOptimizer::restore(const Checkpoint& checkpoint, const NamedTensors& named) {
+  drop_secondaries();                              // hpZ's copies are of the values before
   if (checkpoint.optimizer_state.empty()) return;  // no step was taken before the save
   if (checkpoint.optimizer != name_) {
     throw CheckpointError("checkpoint holds '" + checkpoint.optimizer +

@@ -18,37 +18,67 @@ int C10dGroup::Impl::group_rank_of(int world_rank) const {
   return it == ranks.end() ? -1 : static_cast<int>(it - ranks.begin());
 }
 
+namespace {
+thread_local std::string traffic_label;  // TrafficLabel's, "" when none lives
+}  // namespace
+
+const char* to_string(TrafficKind kind) {
+  return C10dGroup::Impl::kKinds[static_cast<int>(kind)];
+}
+
+TrafficLabel::TrafficLabel(std::string label) : previous_(std::move(traffic_label)) {
+  traffic_label = std::move(label);
+}
+TrafficLabel::~TrafficLabel() {
+  traffic_label = std::move(previous_);
+}
+
 void C10dGroup::Impl::count_traffic(int kind, const at::Tensor& tensor, int root) {
   const int64_t n = static_cast<int64_t>(ranks.size());
-  if (n < 2 || !tensor.defined() || kind > kAllGather) return;
+  if (n < 2 || !tensor.defined() || kind >= kTrafficKinds) return;
   const int64_t bytes = static_cast<int64_t>(tensor.nbytes());
-  const int next = (group_rank + 1) % static_cast<int>(n);
-  int64_t sent = 0;
-  switch (kind) {
-    case kAllReduce:
-      sent = 2 * (n - 1) * bytes / n;
-      break;
-    case kBroadcast:
-      sent = next == root ? 0 : bytes;
-      break;
-    case kReduceScatter:
-      sent = (n - 1) * bytes / n;
-      break;
-    default:  // kAllGather
-      sent = (n - 1) * bytes;
-      break;
-  }
   const auto host = [this](int world_rank) {
     return ranks_per_host > 0 ? world_rank / ranks_per_host : 0;
   };
-  const bool within = host(ranks[static_cast<std::size_t>(group_rank)]) ==
-                      host(ranks[static_cast<std::size_t>(next)]);
-  (within ? sent_within : sent_between)[static_cast<std::size_t>(kind)] += sent;
+  const int mine = host(ranks[static_cast<std::size_t>(group_rank)]);
+  int64_t within = 0, between = 0;
+  if (kind == kAllToAll) {  // B / n to each other member
+    for (int g = 0; g < static_cast<int>(n); ++g) {
+      if (g == group_rank) continue;
+      (host(ranks[static_cast<std::size_t>(g)]) == mine ? within : between) += bytes / n;
+    }
+  } else {  // a ring: everything to the next member
+    const int next = (group_rank + 1) % static_cast<int>(n);
+    int64_t sent = 0;
+    switch (kind) {
+      case kAllReduce:
+        sent = 2 * (n - 1) * bytes / n;
+        break;
+      case kBroadcast:
+        sent = next == root ? 0 : bytes;
+        break;
+      case kReduceScatter:
+        sent = (n - 1) * bytes / n;
+        break;
+      default:  // kAllGather
+        sent = (n - 1) * bytes;
+        break;
+    }
+    (host(ranks[static_cast<std::size_t>(next)]) == mine ? within : between) = sent;
+  }
+  sent->within[static_cast<std::size_t>(kind)] += within;
+  sent->between[static_cast<std::size_t>(kind)] += between;
+  if (!traffic_label.empty()) {
+    std::lock_guard<std::mutex> lock(sent->labelled_mutex);
+    CollectiveTraffic& t = sent->labelled[traffic_label];
+    t.within_host += within;
+    t.between_hosts += between;
+  }
 }
 
 C10dGroup::Traffic C10dGroup::traffic(Collective collective) const {
   const auto k = static_cast<std::size_t>(collective);
-  return {impl_->sent_within[k].load(), impl_->sent_between[k].load()};
+  return {impl_->sent->within[k].load(), impl_->sent->between[k].load()};
 }
 
 std::unique_lock<std::mutex> C10dGroup::Impl::check_collective(Kind kind, const at::Tensor& tensor,
@@ -291,6 +321,35 @@ std::function<void()> C10dGroup::all_gather_start(const torch::Tensor& shard, to
   return [work, name = impl_->name] {
     detail::wait_work(work, "all_gather over group '" + name + "'");
   };
+}
+
+void C10dGroup::all_to_all(const torch::Tensor& input, torch::Tensor& output) {
+  PIPETRAIN_CHECK_INPUT(input.is_contiguous() && output.is_contiguous() &&
+                            input.scalar_type() == output.scalar_type() &&
+                            input.numel() == output.numel() && input.numel() % size() == 0,
+                        "all_to_all over group '", name(),
+                        "' needs contiguous input and output of one dtype and ", size(),
+                        " equal slices (input ", input.numel(), " ", input.scalar_type(),
+                        ", output ", output.numel(), " ", output.scalar_type(), ")");
+  if (size() == 1) {
+    output.copy_(input);
+    return;
+  }
+  if (impl_->mirror) {  // every member sends this member what this member sends itself
+    const int64_t n = input.numel() / size();
+    output.view({size(), n}).copy_(input.narrow(0, rank() * n, n).reshape({1, -1}));
+    return;
+  }
+  at::Tensor in = input.detach();  // detached: see above allreduce_sum_start
+  at::Tensor out = output.detach();
+  std::vector<int64_t> splits;  // empty: equal slices
+  ::c10d::AllToAllOptions options;
+  c10::intrusive_ptr<detail::C10dWork> work;
+  {
+    const auto posting = impl_->check_collective(Impl::kAllToAll, in);
+    work = impl_->backend_for(in).alltoall_base(out, in, splits, splits, options);
+  }
+  detail::wait_work(work, "all_to_all over group '" + impl_->name + "'");
 }
 
 void C10dGroup::barrier() {

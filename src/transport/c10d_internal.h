@@ -14,6 +14,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -56,11 +57,19 @@ struct C10dGroup::Impl {
   c10::intrusive_ptr<detail::C10dBackendBase> cpu_backend;
   bool mirror = false;     // C10dGroup::mirror: every member holds what this process holds
   int ranks_per_host = 0;  // RendezvousOptions::ranks_per_host (0: one host)
-  // C10dGroup::traffic, per Kind up to kAllGather: bytes sent within this host, between hosts.
-  std::array<std::atomic<int64_t>, 4> sent_within{};
-  std::array<std::atomic<int64_t>, 4> sent_between{};
+  // C10dGroup::traffic, per TrafficKind: bytes sent within this host, between hosts; and the
+  // same by the posting thread's TrafficLabel (C10dWorld::labelled_traffic). Shared with the
+  // world, which sums them after the group is gone too (ZeRO++'s groups end with the optimizer,
+  // before --report-comm reads them).
+  struct Traffic {
+    std::array<std::atomic<int64_t>, kTrafficKinds> within{};
+    std::array<std::atomic<int64_t>, kTrafficKinds> between{};
+    std::mutex labelled_mutex;
+    std::map<std::string, CollectiveTraffic> labelled;  // GUARDED_BY labelled_mutex
+  };
+  std::shared_ptr<Traffic> sent = std::make_shared<Traffic>();
   // Adds what this member sends of a collective of `kind` on `tensor` (the flat of a
-  // reduce-scatter, the shard of an all-gather) to the counts.
+  // reduce-scatter, the shard of an all-gather, the input of an all-to-all) to the counts.
   void count_traffic(int kind, const at::Tensor& tensor, int root);
   // TORCH_DISTRIBUTED_DEBUG=DETAIL (torch's switch for its own such check): a Gloo group of the
   // same members over which each collective's fingerprint is compared before it is posted
@@ -71,9 +80,19 @@ struct C10dGroup::Impl {
   // posting order.
   std::mutex post_mutex;
   int64_t checked = 0;  // the collectives checked so far (GUARDED_BY post_mutex)
-  enum Kind { kAllReduce, kBroadcast, kReduceScatter, kAllGather, kBarrier, kGatherBytes };
-  static constexpr const char* kKinds[] = {"all-reduce", "broadcast", "reduce-scatter",
-                                           "all-gather", "barrier",   "gather of bytes"};
+  // The first kTrafficKinds in TrafficKind's order.
+  enum Kind {
+    kAllReduce,
+    kBroadcast,
+    kReduceScatter,
+    kAllGather,
+    kAllToAll,
+    kBarrier,
+    kGatherBytes
+  };
+  static constexpr const char* kKinds[] = {"all-reduce",     "broadcast",  "reduce-scatter",
+                                           "all-gather",     "all-to-all", "barrier",
+                                           "gather of bytes"};
   // With check_backend: all-gathers the fingerprint of the collective about to be posted (its
   // kind, `tensor`'s dtype and elements, the root, how many the group checked before it) and
   // throws pipetrain::Error (Runtime) naming this member's collective and a member's that

@@ -231,8 +231,8 @@ struct C10dWorld::Impl {
   }
 
   std::shared_ptr<C10dGroup> make_group(const std::string& name, std::vector<int> ranks);
-  // Every group made, for C10dWorld::traffic (GUARDED_BY mutex).
-  std::vector<std::weak_ptr<C10dGroup::Impl>> groups;
+  // Every group's traffic counts, kept after the group is gone (C10dWorld::traffic).
+  std::vector<std::shared_ptr<C10dGroup::Impl::Traffic>> traffic;
   void fire(const std::string& reason, bool timed_out = false);
   void watch();
   void monitor_store();
@@ -287,7 +287,7 @@ std::shared_ptr<C10dGroup> C10dWorld::Impl::make_group(const std::string& name,
   }
   {
     std::lock_guard<std::mutex> lock(mutex);
-    groups.push_back(group);
+    traffic.push_back(group->sent);
   }
   return std::make_shared<C10dGroup>(std::move(group));
 }
@@ -625,10 +625,21 @@ CollectiveTraffic C10dWorld::traffic(TrafficKind collective) const {
   const auto k = static_cast<std::size_t>(collective);
   CollectiveTraffic sum;
   std::lock_guard<std::mutex> lock(impl_->mutex);
-  for (const auto& weak : impl_->groups) {
-    if (const auto group = weak.lock()) {
-      sum.within_host += group->sent_within[k].load();
-      sum.between_hosts += group->sent_between[k].load();
+  for (const auto& group : impl_->traffic) {
+    sum.within_host += group->within[k].load();
+    sum.between_hosts += group->between[k].load();
+  }
+  return sum;
+}
+
+std::map<std::string, CollectiveTraffic> C10dWorld::labelled_traffic() const {
+  std::map<std::string, CollectiveTraffic> sum;
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  for (const auto& group : impl_->traffic) {
+    std::lock_guard<std::mutex> labelled(group->labelled_mutex);
+    for (const auto& [label, t] : group->labelled) {
+      sum[label].within_host += t.within_host;
+      sum[label].between_hosts += t.between_hosts;
     }
   }
   return sum;

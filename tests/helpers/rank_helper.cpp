@@ -333,6 +333,22 @@ void scenario_shards(Distributed& d) {
   const C10dGroup::Traffic ag = group->traffic(C10dGroup::Collective::kAllGather);
   std::cout << "TRAFFIC " << g << " " << rs.within_host << " " << rs.between_hosts << " "
             << ag.within_host << " " << ag.between_hosts << std::endl;
+  // all_to_all: member g's slice h (values 100 g + h) goes to member h, which receives member
+  // g's at its slice g; what each member sent to the others, under a TrafficLabel too.
+  {
+    TrafficLabel label("test all-to-all");
+    const torch::Tensor out =
+        (torch::arange(R, torch::kFloat) + 100.0f * static_cast<float>(g)).repeat_interleave(n);
+    torch::Tensor in = torch::empty({R * n});
+    group->all_to_all(out, in);
+    const torch::Tensor want =
+        (torch::arange(R, torch::kFloat) * 100.0f + static_cast<float>(g)).repeat_interleave(n);
+    CHECK_OR_THROW(torch::equal(in, want), "all_to_all ", in);
+  }
+  const C10dGroup::Traffic a2a = group->traffic(C10dGroup::Collective::kAllToAll);
+  const CollectiveTraffic labelled = d.world()->labelled_traffic()["test all-to-all"];
+  std::cout << "ALLTOALL " << g << " " << a2a.within_host << " " << a2a.between_hosts << " "
+            << labelled.within_host << " " << labelled.between_hosts << std::endl;
   try {
     torch::Tensor short_flat = torch::empty({R * n - 1});
     group->all_gather(shard, short_flat);

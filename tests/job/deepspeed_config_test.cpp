@@ -117,6 +117,29 @@ TEST(DeepSpeedConfig, HuggingFacesNvmeExampleResolvesItsAutoValuesFromTheJobAndT
   EXPECT_NE(read.notes[0].find("sub_group_size 1000000000"), std::string::npos) << read.notes[0];
 }
 
+TEST(DeepSpeedConfig, ZeroPlusPlusKeysBecomeTheirFlags) {
+  JobConfig config;
+  config.parallel.dp = 4;
+  const DeepSpeedReading read = read_deepspeed_text(
+      R"({"zero_optimization": {"stage": 3, "zero_quantized_weights": true,
+          "zero_hpz_partition_size": 2, "zero_quantized_gradients": true,
+          "zero_quantized_nontrainable_weights": false}})",
+      "ds", config, Command::kTrain);
+  EXPECT_TRUE(config.zero.quantized_weights);
+  EXPECT_EQ(config.zero.hpz_partition_size, 2);
+  EXPECT_TRUE(config.zero.quantized_gradients);
+  EXPECT_TRUE(has(read.ignored, "zero_optimization.zero_quantized_nontrainable_weights"));
+  // A flag that says otherwise exits 2 naming both.
+  JobConfig flagged;
+  flagged.parallel.dp = 4;
+  flagged.zero.hpz_partition_size = 4;
+  const std::string error =
+      error_of(R"({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 2}})", flagged,
+               {"zero.hpz_partition_size"});
+  EXPECT_NE(error.find("zero_hpz_partition_size"), std::string::npos) << error;
+  EXPECT_NE(error.find("--zero-hpz-partition-size"), std::string::npos) << error;
+}
+
 TEST(DeepSpeedConfig, BatchKeysAreCompletedByDeepSpeedsRulesOverTheReplicas) {
   JobConfig config;
   config.parallel.dp = 2;
@@ -186,10 +209,10 @@ TEST(DeepSpeedConfig, WhatCannotBeHonouredExitsTwoNamingTheKey) {
   expect(R"({"scheduler": {"type": "WarmupDecayLR"}})",
          "ds.json: scheduler.params.total_num_steps: required by WarmupDecayLR");
   expect(R"({"fp16": {"enabled": true}})", "ds.json: fp16.enabled: DeepSpeed's fp16 loss scaling");
-  expect(R"({"zero_optimization": {"stage": 3, "zero_quantized_weights": true}})",
-         "ds.json: zero_optimization.zero_quantized_weights: ZeRO++");
-  expect(R"({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 2}})",
-         "ds.json: zero_optimization.zero_hpz_partition_size: ZeRO++'s hpZ");
+  expect(R"({"zero_optimization": {"stage": 3, "zero_quantized_weights": 1}})",
+         "ds.json: zero_optimization.zero_quantized_weights: takes true or false");
+  expect(R"({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 0}})",
+         "ds.json: zero_optimization.zero_hpz_partition_size: must be at least 1");
   expect(R"({"zero_optimization": {"offload_optimizer": {"device": "nvme", "ratio": 0.5}}})",
          "zero_optimization.offload_optimizer.ratio: only 1");
   expect(R"({"zero_optimization": {"offload_optimizer": {"device": "nvme", "nvme_path": "/a"},

@@ -243,6 +243,11 @@ TEST(C10dGroup, ReduceScattersAndAllGathersFlatShardsOverThreeMembers) {
   EXPECT_EQ(run.count("TRAFFIC 0 24 0 24 0"), 1) << run.output();
   EXPECT_EQ(run.count("TRAFFIC 1 0 24 0 24"), 1) << run.output();
   EXPECT_EQ(run.count("TRAFFIC 2 0 24 0 24"), 1) << run.output();
+  // all_to_all of 9 floats: 12 bytes to each other member, by that member's host (ranks 0 and 1
+  // share one), and the same under its label.
+  EXPECT_EQ(run.count("ALLTOALL 0 12 12 12 12"), 1) << run.output();
+  EXPECT_EQ(run.count("ALLTOALL 1 12 12 12 12"), 1) << run.output();
+  EXPECT_EQ(run.count("ALLTOALL 2 0 24 0 24"), 1) << run.output();
 }
 
 // TORCH_DISTRIBUTED_DEBUG=DETAIL: every collective's fingerprint is compared over the group

@@ -131,6 +131,9 @@ struct ZeroSettings {
   std::string max_live = "0";                  // --zero3-max-live
   std::string max_reuse_distance = "0";        // --zero3-max-reuse-distance
   std::string persistence_threshold = "0";     // --zero3-persistence-threshold
+  bool quantized_weights = false;              // --zero-quantized-weights (ZeRO++ qwZ)
+  int64_t hpz_partition_size = 1;              // --zero-hpz-partition-size (hpZ; 1: off)
+  bool quantized_gradients = false;            // --zero-quantized-gradients (qgZ)
   bool keep_freed_memory = false;              // --zero-keep-freed-memory
   std::string offload_optimizer = "none";      // --offload-optimizer none|cpu|nvme (alone: cpu)
   std::string offload_params = "none";         // --offload-params none|cpu|nvme (ZeRO-3)
@@ -143,6 +146,10 @@ struct ZeroSettings {
 
   // --offload-optimizer is cpu or nvme.
   bool offloads_optimizer() const { return offload_optimizer != "none"; }
+  // Any of ZeRO++'s three is on.
+  bool plus_plus() const {
+    return quantized_weights || hpz_partition_size != 1 || quantized_gradients;
+  }
 };
 
 // [memory] the up-front check and the report.

@@ -53,7 +53,10 @@ UnitIds unit_ids(const std::map<int, int>& units);
 
 // The units rank r uses in time order over one training step of `s` (compute-only or lowered),
 // with micro-batch i checkpointed as is_checkpointed(checkpoint, i, s.num_microbatches) says.
-std::vector<UnitId> unit_uses(const Schedule& s, int r, const UnitIds& ids, Checkpoint checkpoint);
+// `backward` (optional): per use, whether it is a backward's or a recompute's (1) or a forward's
+// (0).
+std::vector<UnitId> unit_uses(const Schedule& s, int r, const UnitIds& ids, Checkpoint checkpoint,
+                              std::vector<char>* backward = nullptr);
 
 struct UnitPolicy {
   std::int64_t prefetch_bytes = 0;      // 0: gather each unit at its use

@@ -205,12 +205,38 @@ struct ZeroOptions {
   // parameters hold their values (the shard takes them all, then frees them).
   using InitialValues = std::function<void(const torch::Tensor&)>;
   TORCH_ARG(InitialValues, initial_values) = nullptr;
+  // ZeRO++ (the header comment, "ZeRO++"). qwZ (stage 3): the gathers from the shards carry
+  // block-quantized int8 values (one float32 scale per kQuantBlock elements) instead of the
+  // gather dtype's.
+  TORCH_ARG(bool, quantized_weights) = false;
+  // hpZ (stage 3): > 1, groups of this many consecutive replicas (a host's) each keep a copy of
+  // every segment they gathered in a step, 1/N of it per member, and the backward's gathers read
+  // it within the group. 1: off. Must divide the replicas.
+  TORCH_ARG(int, hpz_partition_size) = 1;
+  // qgZ (stages 1-3): the gradients' reduce-scatter replaced by two all-to-alls of int8 blocks,
+  // within each host, then between hosts (hosts: the world's RendezvousOptions::ranks_per_host).
+  TORCH_ARG(bool, quantized_gradients) = false;
 };
+
+// What ZeRO's collectives are counted under (transport/c10d.h's TrafficLabel; `--report-comm`):
+// stage 3's gathers for a forward, for a backward (recompute included), and the gradients'
+// reductions. By stage, a segment's first gather of a step counts as a forward's and the later
+// ones as a backward's.
+inline constexpr const char* kZeroTrafficLabels[] = {"forward gathers", "backward gathers",
+                                                     "gradients"};
 
 // Throws pipetrain::BadInput naming the flag and value for a setting out of range: negative
 // prefetch, live or persistence bytes, a reuse distance below -1, --reshard-after-forward below
 // stage 3 (what the trainer and the CLI check).
 void check_zero_options(const ZeroOptions& zero);
+// ZeRO++ with `replicas` data-parallel replicas: throws BadInput naming the flag for qwZ or hpZ
+// below stage 3 (also check_zero_options') and an hpZ size below 1 or not dividing the replicas.
+void check_zero_plus_plus(const ZeroOptions& zero, int replicas);
+// qgZ's hosts of a data-parallel group's `members` (world ranks, ascending): host -> its members,
+// host = rank / ranks_per_host (0: one host). Throws BadInput naming `group` where hosts hold
+// different numbers of them.
+std::map<int, std::vector<int>> hosts_of_replicas(const std::vector<int>& members,
+                                                  int ranks_per_host, const std::string& group);
 // Stage 3 gathers by layer: unit kLayer, and not reshard_after_forward (a policy of the stage
 // unit: freeing a stage's parameters after each action implies gathering them by stage).
 bool gathers_by_layer(const ZeroOptions& zero);
@@ -524,6 +550,11 @@ class ShardedOptimizer : public StageParameters, public StageParameterHooks {
     Residency state = Residency::kWhole;
     torch::Tensor piece;     // this replica's piece, sent
     torch::Tensor gathered;  // every replica's pieces, the segment's padded flat values
+    // qwZ: `piece` and `gathered` hold int8 blocks and their scales (uint8), dequantized into
+    // the gather dtype on arrival.
+    bool quantized = false;
+    torch::ScalarType values_dtype = torch::kFloat;  // quantized: what they dequantize to
+    bool from_secondary = false;  // hpZ: gathered within the partition from secondary_
     std::function<void()> wait;
     double start_us = 0;
     bool narrowed = false;     // gathered (or gathering) in a dtype narrower than the parameters'
@@ -531,6 +562,38 @@ class ShardedOptimizer : public StageParameters, public StageParameterHooks {
     bool own_piece = false;    // `piece` came from the pool (narrowed, or read from the file)
     int64_t buffer_bytes = 0;  // while gathering: `gathered`, and `piece` where it is a copy
   };
+  // ---- ZeRO++ (sharded_optimizer_zeropp.cpp) ----
+  // The groups of hpZ's partition and of qgZ's two hops, made collectively (every replica of the
+  // rank's data-parallel group at construction).
+  void make_zero_plus_plus_groups();
+  // qwZ: g.gathered's blocks dequantized into a pooled buffer of g.values_dtype, which replaces it.
+  void dequantize_gathered(size_t k, Gather& g);
+  // hpZ: whether gather of segment k may read the partition's copy (it holds one, and the gather
+  // is for a backward), and that gather started.
+  bool reads_secondary(size_t k) const;
+  void start_secondary_gather(size_t k, Gather& g);
+  // hpZ: this member's part of a segment gathered from the shards, kept until the step.
+  void keep_secondary(size_t k, const torch::Tensor& gathered);
+  void drop_secondaries();
+  // qgZ: `piece` = this replica's piece of the sum over replicas of `flat`, through the two
+  // quantized all-to-alls (blocking).
+  void quantized_reduce_scatter(const torch::Tensor& flat, torch::Tensor& piece);
+
+  std::shared_ptr<C10dGroup> hpz_group_;    // hpZ's partition (null: off)
+  std::shared_ptr<C10dGroup> host_group_;   // qgZ: this host's replicas (null: off)
+  std::shared_ptr<C10dGroup> cross_group_;  // qgZ: the replicas of this local index on each host
+  std::vector<torch::Tensor> secondary_;    // hpZ, by segment (undefined: none this step)
+  int64_t secondary_bytes_ = 0;
+  // Whether the gathers being started serve a backward (a recompute included): stage 3 by layer,
+  // from the plan's use; by stage, a segment gathered before in the step.
+  bool gather_for_backward_ = false;
+  std::vector<char> gathered_this_step_;  // by segment (by stage's rule above)
+  std::vector<char> plan_backward_;       // by layer: per use of plan_, in a backward
+  std::map<std::tuple<const schedule::Schedule*, int, ::pipetrain::Checkpoint>, std::vector<char>>
+      plans_backward_;
+  // Which use of the plan a unit's next gather serves (the first use of u from `from` on).
+  bool use_is_backward(int u, size_t from) const;
+
   // Waits for the reductions start_reduce started (rethrowing a failure) and forgets them.
   void finish_started_reductions();
   // The stage a segment's collectives are logged under (-1: several).

@@ -111,11 +111,29 @@ class C10dGroup;
 // shard b (n - 1) b, a broadcast B from every member but the root's predecessor. Split by whether
 // the next member is on this member's host (RendezvousOptions::ranks_per_host). Barriers and
 // gathers of bytes are not counted. The count of a model: Gloo picks its own algorithms, whose
-// bytes may differ.
-enum class TrafficKind { kAllReduce, kBroadcast, kReduceScatter, kAllGather };
+// bytes may differ. An all-to-all of B bytes is no ring: each member sends B / n to each other
+// member, counted within or between hosts by that member's host.
+enum class TrafficKind { kAllReduce, kBroadcast, kReduceScatter, kAllGather, kAllToAll };
+constexpr int kTrafficKinds = 5;
+const char* to_string(TrafficKind kind);  // "all-reduce", ..., "all-to-all"
 struct CollectiveTraffic {
   std::int64_t within_host = 0;
   std::int64_t between_hosts = 0;
+};
+
+// While one lives, the collectives its thread posts (on any group of the world) are counted under
+// `label` too (C10dWorld::labelled_traffic): what ZeRO's forward gathers, backward gathers and
+// gradients send, apart. Labels nest: the innermost counts. Not copyable; destroy on the thread
+// that made it.
+class TrafficLabel {
+ public:
+  explicit TrafficLabel(std::string label);
+  ~TrafficLabel();
+  TrafficLabel(const TrafficLabel&) = delete;
+  TrafficLabel& operator=(const TrafficLabel&) = delete;
+
+ private:
+  std::string previous_;
 };
 
 // The world: store, world group, abort channel and heartbeat watchdog of one process.
@@ -148,8 +166,10 @@ class C10dWorld {
 
   // The group of all ranks.
   std::shared_ptr<C10dGroup> world_group();
-  // C10dGroup::traffic summed over every group this process made and still holds.
+  // C10dGroup::traffic summed over every group this process made (those gone included).
   CollectiveTraffic traffic(TrafficKind collective) const;
+  // The same by TrafficLabel (every kind together), over every group of the world.
+  std::map<std::string, CollectiveTraffic> labelled_traffic() const;
   // A group over `ranks` (world ranks, ascending, containing this rank), named `name`, which must
   // be the same on every member and unique in the job. Only the members call it.
   // REQUIRES: rank() is in `ranks`.
@@ -236,6 +256,10 @@ class C10dGroup {
   // The same, started: the returned function waits until `flat` holds every shard (both tensors
   // must stay alive, and `shard` untouched, until then).
   std::function<void()> all_gather_start(const torch::Tensor& shard, torch::Tensor& flat);
+  // `input` and `output` (contiguous, one dtype, size() x n elements each): member g's slice
+  // [g * n, (g + 1) * n) of `input` goes to member g, whose `output` receives it at
+  // [rank() * n, ...). ZeRO++'s quantized gradients pass through two of them.
+  void all_to_all(const torch::Tensor& input, torch::Tensor& output);
   // Byte blobs gathered to group rank 0 (empty vector on others); result[g] is member g's blob.
   std::vector<std::vector<char>> gather_bytes(const std::vector<char>& mine);
 
