@@ -205,8 +205,10 @@ void check_ranges(const TrainingSetup& s) {
     train::check_zero_plus_plus(
         train::ZeroOptions(s.zero_options).stage(static_cast<int>(job.zero.stage)),
         static_cast<int>(s.pipeline.dp));
-    if (job.zero.quantized_gradients && job.parallel.ranks_per_host > 0) {
-      // Every data-parallel group's hosts, as the ranks will find them.
+    if (job.zero.quantized_gradients && job.parallel.ranks_per_host > 0 &&
+        job.parallel.nproc > 1) {
+      // Every data-parallel group's hosts, as the ranks will find them (the launcher checks; a
+      // rank's optimizer checks its own group).
       const RunLayout run = layout_of(s.pipeline, static_cast<int>(job.parallel.nproc));
       const ParallelLayout grid{run.pipeline_ranks, run.replicas, run.tensor_parallel};
       for (int p = 0; p < grid.pipeline_ranks; ++p) {
