@@ -204,6 +204,7 @@ class DeepSpeedReader {
   }
 
   void precision() {
+    std::vector<std::pair<std::string, json>> fp16_keys;  // its loss-scaling keys
     const auto enabled = [&](const char* key) -> std::optional<bool> {
       used_.insert(key);
       const auto it = root_.find(key);
@@ -214,8 +215,10 @@ class DeepSpeedReader {
         const std::string name = std::string(key) + "." + inner;
         if (inner == "enabled") {
           if (!is_auto(v)) on = boolean(name, v);
+        } else if (std::string(key) == "fp16") {
+          fp16_keys.emplace_back(inner, v);  // read below where fp16 runs
         } else {
-          ignore(name, v);  // fp16's loss-scaling keys: refused below where fp16 runs
+          ignore(name, v);
         }
       }
       return on;
@@ -231,13 +234,14 @@ class DeepSpeedReader {
     const bool fp16_auto = root_.contains("fp16") && root_["fp16"].contains("enabled") &&
                            is_auto(root_["fp16"]["enabled"]);
     if (fp16.value_or(false) || (fp16_auto && config_.pipeline.precision == "fp16")) {
-      // DeepSpeed's dynamic loss scaler (hysteresis, its window) is not pipetrain's (torch's
-      // GradScaler rule: train/loss_scaler.h).
-      fail("fp16.enabled",
-           "DeepSpeed's fp16 loss scaling (loss_scale_window, hysteresis, min_loss_scale) is not "
-           "pipetrain's (torch's GradScaler rule, docs/DEEPSPEED.md): use bf16, or --precision "
-           "fp16 without this section");
+      loss_scale(fp16_keys);
+      if (fp16.value_or(false)) {
+        config_.pipeline.precision = "fp16";
+        set("fp16.enabled", "pipeline.precision");
+      }
+      return;
     }
+    for (const auto& [inner, v] : fp16_keys) ignore("fp16." + inner, v);
     if (bf16.value_or(false)) {
       config_.pipeline.precision = "bf16";
     } else if (bf16.has_value() || fp16.has_value()) {
@@ -246,6 +250,54 @@ class DeepSpeedReader {
       return;
     }
     set(bf16.value_or(false) ? "bf16.enabled" : "fp16.enabled", "pipeline.precision");
+  }
+
+  // fp16's loss scaling, DeepSpeed's rule (train/loss_scaler.h) with its defaults: loss_scale 0
+  // (dynamic; above 0 a static scale), initial_scale_power 16, loss_scale_window 1000,
+  // hysteresis 2, consecutive_hysteresis false, min_loss_scale 1.
+  void loss_scale(const std::vector<std::pair<std::string, json>>& keys) {
+    OptimizerSettings& o = config_.optimizer;
+    o.loss_scaler = "deepspeed";
+    set("fp16", "optimizer.loss_scaler");
+    o.initial_loss_scale = 65536;
+    o.loss_scale_window = 1000;
+    o.loss_scale_hysteresis = 2;
+    o.min_loss_scale = 1;
+    o.loss_scale_consecutive_hysteresis = false;
+    double fixed = 0;
+    for (const auto& [inner, v] : keys) {
+      const std::string key = "fp16." + inner;
+      if (is_auto(v)) continue;
+      if (inner == "loss_scale") {
+        fixed = number(key, v);  // 0: dynamic; above: a static scale
+      } else if (inner == "initial_scale_power") {
+        const int64_t power = integer(key, v);
+        if (power < 0 || power > 62) fail(key, "must be in 0..62, got " + json_text(v));
+        o.initial_loss_scale = static_cast<double>(int64_t{1} << power);
+        set(key, "optimizer.initial_loss_scale");
+      } else if (inner == "loss_scale_window") {
+        o.loss_scale_window = positive(key, v);
+        set(key, "optimizer.loss_scale_window");
+      } else if (inner == "hysteresis") {
+        o.loss_scale_hysteresis = positive(key, v);
+        set(key, "optimizer.loss_scale_hysteresis");
+      } else if (inner == "consecutive_hysteresis") {
+        o.loss_scale_consecutive_hysteresis = boolean(key, v);
+        set(key, "optimizer.loss_scale_consecutive_hysteresis");
+      } else if (inner == "min_loss_scale") {
+        o.min_loss_scale = number(key, v);
+        if (o.min_loss_scale <= 0) fail(key, "must be positive, got " + json_text(v));
+        set(key, "optimizer.min_loss_scale");
+      } else {
+        ignore(key, v);
+      }
+    }
+    if (fixed > 0) {
+      o.loss_scaler = "static";
+      o.initial_loss_scale = fixed;
+      o.min_loss_scale = std::min(o.min_loss_scale, fixed);
+      set("fp16.loss_scale", "optimizer.initial_loss_scale");
+    }
   }
 
   void optimizer() {

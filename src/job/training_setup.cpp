@@ -183,6 +183,24 @@ void check_ranges(const TrainingSetup& s) {
     fail("--offload-params moves ZeRO-3's parameter shards; it needs --zero 3, got --zero " +
          std::to_string(job.zero.stage));
   }
+  {
+    const OptimizerSettings defaults;
+    const OptimizerSettings& o = job.optimizer;
+    if (s.pipeline.precision != Precision::kFloat16 &&
+        (o.loss_scaler != defaults.loss_scaler ||
+         o.initial_loss_scale != defaults.initial_loss_scale ||
+         o.loss_scale_window != defaults.loss_scale_window ||
+         o.loss_scale_hysteresis != defaults.loss_scale_hysteresis ||
+         o.min_loss_scale != defaults.min_loss_scale ||
+         o.loss_scale_consecutive_hysteresis != defaults.loss_scale_consecutive_hysteresis)) {
+      fail("--loss-scaler and its settings scale the loss of --precision fp16, and this run is " +
+           job.pipeline.precision + ": give --precision fp16, or drop them");
+    }
+    if (o.loss_scaler == "deepspeed" && o.min_loss_scale > o.initial_loss_scale) {
+      fail("--min-loss-scale " + std::to_string(o.min_loss_scale) +
+           " is above --initial-loss-scale " + std::to_string(o.initial_loss_scale));
+    }
+  }
   if (job.zero.plus_plus()) {
     if (job.zero.ladder) {
       fail(
@@ -205,8 +223,7 @@ void check_ranges(const TrainingSetup& s) {
     train::check_zero_plus_plus(
         train::ZeroOptions(s.zero_options).stage(static_cast<int>(job.zero.stage)),
         static_cast<int>(s.pipeline.dp));
-    if (job.zero.quantized_gradients && job.parallel.ranks_per_host > 0 &&
-        job.parallel.nproc > 1) {
+    if (job.zero.quantized_gradients && job.parallel.ranks_per_host > 0 && job.parallel.nproc > 1) {
       // Every data-parallel group's hosts, as the ranks will find them (the launcher checks; a
       // rank's optimizer checks its own group).
       const RunLayout run = layout_of(s.pipeline, static_cast<int>(job.parallel.nproc));
@@ -350,6 +367,13 @@ train::TrainerOptions trainer_settings(const TrainingSetup& s, int64_t total_ste
       .beta2(job.optimizer.adam_betas.at(1))
       .eps(job.optimizer.adam_eps)
       .loss_scaling(s.pipeline.precision == Precision::kFloat16)
+      .loss_scaler(train::LossScalerOptions()
+                       .rule(train::parse_loss_scale_rule(job.optimizer.loss_scaler))
+                       .initial_scale(job.optimizer.initial_loss_scale)
+                       .growth_interval(job.optimizer.loss_scale_window)
+                       .hysteresis(job.optimizer.loss_scale_hysteresis)
+                       .min_scale(job.optimizer.min_loss_scale)
+                       .consecutive_hysteresis(job.optimizer.loss_scale_consecutive_hysteresis))
       .lr_schedule(job.optimizer.lr_schedule)
       .warmup_steps(job.optimizer.warmup_steps)
       .min_lr(job.optimizer.min_lr)

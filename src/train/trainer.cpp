@@ -95,7 +95,8 @@ void Trainer::resume(const Checkpoint& checkpoint) {
   runner_.restore_stage_rng_states(checkpoint.stage_rng_states);
   const auto saved = checkpoint.metadata.find("loss_scaler");
   if (scaler_ && saved != checkpoint.metadata.end()) {
-    scaler_->restore(saved->at("scale").get<double>(), saved->at("good_steps").get<int64_t>());
+    scaler_->restore(saved->at("scale").get<double>(), saved->at("good_steps").get<int64_t>(),
+                     saved->value("hysteresis", int64_t{-1}));
   }
   first_step_ = checkpoint.step;
 }
@@ -325,7 +326,8 @@ void Trainer::save_checkpoint(const std::string& path, int64_t steps_done) {
   whole->metadata = options_.metadata();
   if (scaler_) {
     whole->metadata["loss_scaler"] = {{"scale", scaler_->scale()},
-                                      {"good_steps", scaler_->good_steps()}};
+                                      {"good_steps", scaler_->good_steps()},
+                                      {"hysteresis", scaler_->hysteresis_left()}};
   }
   const std::filesystem::path parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
@@ -411,7 +413,8 @@ std::string Trainer::save_sharded(const std::string& directory, int64_t steps_do
         {"metadata", options_.metadata()}};
     if (scaler_) {
       pending->state["metadata"]["loss_scaler"] = {{"scale", scaler_->scale()},
-                                                   {"good_steps", scaler_->good_steps()}};
+                                                   {"good_steps", scaler_->good_steps()},
+                                                   {"hysteresis", scaler_->hysteresis_left()}};
     }
     pending->layout = {{"processes", runner_.processes()},
                        {"tp", placement.tensor_parallel.size},

@@ -140,6 +140,33 @@ TEST(DeepSpeedConfig, ZeroPlusPlusKeysBecomeTheirFlags) {
   EXPECT_NE(error.find("--zero-hpz-partition-size"), std::string::npos) << error;
 }
 
+TEST(DeepSpeedConfig, Fp16TakesDeepSpeedsLossScalerWithItsDefaults) {
+  JobConfig config;
+  const DeepSpeedReading read = read_deepspeed_text(
+      R"({"fp16": {"enabled": true, "initial_scale_power": 12, "hysteresis": 3,
+          "consecutive_hysteresis": true, "min_loss_scale": 4, "auto_cast": false}})",
+      "ds", config, Command::kTrain);
+  EXPECT_EQ(config.pipeline.precision, "fp16");
+  EXPECT_EQ(config.optimizer.loss_scaler, "deepspeed");
+  EXPECT_EQ(config.optimizer.initial_loss_scale, 4096);
+  EXPECT_EQ(config.optimizer.loss_scale_window, 1000);  // DeepSpeed's default, not torch's 2000
+  EXPECT_EQ(config.optimizer.loss_scale_hysteresis, 3);
+  EXPECT_TRUE(config.optimizer.loss_scale_consecutive_hysteresis);
+  EXPECT_EQ(config.optimizer.min_loss_scale, 4);
+  EXPECT_TRUE(has(read.ignored, "fp16.auto_cast"));
+  // A static scale; "auto" enabled follows --precision, and with fp32 the keys change nothing.
+  JobConfig fixed;
+  read_deepspeed_text(R"({"fp16": {"enabled": true, "loss_scale": 128}})", "ds", fixed,
+                      Command::kTrain);
+  EXPECT_EQ(fixed.optimizer.loss_scaler, "static");
+  EXPECT_EQ(fixed.optimizer.initial_loss_scale, 128);
+  JobConfig off;
+  const DeepSpeedReading ignored = read_deepspeed_text(
+      R"({"fp16": {"enabled": "auto", "hysteresis": 3}})", "ds", off, Command::kTrain);
+  EXPECT_EQ(off.optimizer.loss_scaler, "torch");
+  EXPECT_TRUE(has(ignored.ignored, "fp16.hysteresis"));
+}
+
 TEST(DeepSpeedConfig, BatchKeysAreCompletedByDeepSpeedsRulesOverTheReplicas) {
   JobConfig config;
   config.parallel.dp = 2;
@@ -208,7 +235,10 @@ TEST(DeepSpeedConfig, WhatCannotBeHonouredExitsTwoNamingTheKey) {
   expect(R"({"scheduler": {"type": "Cosine"}})", "ds.json: scheduler.type: unknown 'Cosine'");
   expect(R"({"scheduler": {"type": "WarmupDecayLR"}})",
          "ds.json: scheduler.params.total_num_steps: required by WarmupDecayLR");
-  expect(R"({"fp16": {"enabled": true}})", "ds.json: fp16.enabled: DeepSpeed's fp16 loss scaling");
+  expect(R"({"fp16": {"enabled": true, "hysteresis": 0}})",
+         "ds.json: fp16.hysteresis: must be at least 1");
+  expect(R"({"fp16": {"enabled": true, "loss_scale": -1}})",
+         "ds.json: fp16.loss_scale: takes a finite number >= 0");
   expect(R"({"zero_optimization": {"stage": 3, "zero_quantized_weights": 1}})",
          "ds.json: zero_optimization.zero_quantized_weights: takes true or false");
   expect(R"({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 0}})",

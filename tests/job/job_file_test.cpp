@@ -268,13 +268,30 @@ TEST(JobFields, EveryFlagOfTrainIsStillThereAndNamedOnce) {
   for (const Field& f : fields_of(Command::kTrain)) {
     EXPECT_TRUE(now.insert(f.flag).second) << f.flag << " is declared twice for train";
   }
-  // Flags come (issue 61's offload settings, issue 62's DeepSpeed schedules, ladder and traffic);
-  // none goes.
+  // Flags come (issue 61's offload settings, issue 62's DeepSpeed schedules, ladder, traffic and
+  // ZeRO++); none goes.
   std::set<std::string> expected = before;
-  expected.insert({"--offload-params", "--offload-dir", "--offload-buffer-bytes",
-                   "--offload-buffer-count", "--sub-group-size", "--offload-io", "--warmup-type",
-                   "--warmup-min-lr", "--lr-total-steps", "--zero-ladder", "--ranks-per-host",
-                   "--report-comm"});
+  expected.insert({"--offload-params",
+                   "--offload-dir",
+                   "--offload-buffer-bytes",
+                   "--offload-buffer-count",
+                   "--sub-group-size",
+                   "--offload-io",
+                   "--warmup-type",
+                   "--warmup-min-lr",
+                   "--lr-total-steps",
+                   "--zero-ladder",
+                   "--ranks-per-host",
+                   "--report-comm",
+                   "--zero-quantized-weights",
+                   "--zero-hpz-partition-size",
+                   "--zero-quantized-gradients",
+                   "--loss-scaler",
+                   "--initial-loss-scale",
+                   "--loss-scale-window",
+                   "--loss-scale-hysteresis",
+                   "--min-loss-scale",
+                   "--loss-scale-consecutive-hysteresis"});
   EXPECT_EQ(now, expected);
 }
 

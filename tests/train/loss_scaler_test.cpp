@@ -38,6 +38,65 @@ TEST(DynamicLossScaler, HalvesOnANonFiniteStepAndDoublesAfterTheGrowthInterval) 
   EXPECT_THROW(DynamicLossScaler(LossScalerOptions().backoff_factor(1.5)), BadInput);
 }
 
+// The scales DeepSpeed's DynamicLossScaler (runtime/fp16/loss_scaler.py at 0.19.6) holds after
+// each update of one pattern of overflows (1), from 1024 with a window of 3: that class run with
+// torch, its rank and logger stubbed, printing cur_scale after each update_scale. The third
+// errs at its minimum scale, as DeepSpeed stops the run there.
+TEST(DynamicLossScaler, DeepSpeedsRuleGivesItsScalesStepForStep) {
+  const std::vector<int> overflows = {0, 0, 0, 0, 1, 0, 1, 1, 0, 0, 0,
+                                      0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0};
+  const auto run = [&](int64_t hysteresis, double min_scale, bool consecutive) {
+    DynamicLossScaler scaler(LossScalerOptions()
+                                 .rule(LossScaleRule::kDeepSpeed)
+                                 .initial_scale(1024)
+                                 .growth_interval(3)
+                                 .hysteresis(hysteresis)
+                                 .min_scale(min_scale)
+                                 .consecutive_hysteresis(consecutive));
+    std::vector<double> scales;
+    for (int overflow : overflows) {
+      try {
+        scaler.update(overflow != 0);
+      } catch (const Error& error) {
+        EXPECT_NE(std::string(error.what()).find("minimum loss scale 256"), std::string::npos)
+            << error.what();
+        scales.push_back(-1);
+        break;
+      }
+      scales.push_back(scaler.scale());
+    }
+    return scales;
+  };
+  EXPECT_EQ(run(2, 64, false),
+            (std::vector<double>{1024, 1024, 1024, 2048, 2048, 2048, 1024, 512, 512, 512, 512,
+                                 1024, 1024, 1024, 2048, 2048, 1024, 512,  512, 512, 512, 1024}));
+  EXPECT_EQ(run(2, 64, true), (std::vector<double>{1024, 1024, 1024, 2048, 2048, 2048, 2048, 1024,
+                                                   1024, 1024, 1024, 2048, 2048, 2048, 4096, 4096,
+                                                   2048, 1024, 1024, 1024, 1024, 2048}));
+  EXPECT_EQ(run(1, 256, false),
+            (std::vector<double>{1024, 1024, 1024, 2048, 1024, 1024, 512, 256, 256, 256, 256, 512,
+                                 512, 512, 1024, 512, 256, -1}));
+  // Restored mid-run from its checkpoint form, it goes on as the run it was taken from.
+  DynamicLossScaler a(LossScalerOptions().rule(LossScaleRule::kDeepSpeed).growth_interval(3));
+  for (int overflow : {0, 0, 1, 0}) a.update(overflow != 0);
+  DynamicLossScaler b(LossScalerOptions().rule(LossScaleRule::kDeepSpeed).growth_interval(3));
+  b.restore(a.scale(), a.good_steps(), a.hysteresis_left());
+  for (int overflow : {1, 0, 0, 0, 1, 1}) {
+    a.update(overflow != 0);
+    b.update(overflow != 0);
+    EXPECT_EQ(a.scale(), b.scale());
+  }
+  // Static: the scale stays; a non-finite step is still skipped.
+  DynamicLossScaler fixed(LossScalerOptions().rule(LossScaleRule::kStatic).initial_scale(128));
+  fixed.update(true);
+  fixed.update(false);
+  EXPECT_EQ(fixed.scale(), 128);
+  EXPECT_EQ(fixed.skipped_steps(), 1);
+  EXPECT_EQ(parse_loss_scale_rule("deepspeed"), LossScaleRule::kDeepSpeed);
+  EXPECT_THROW(parse_loss_scale_rule("apex"), BadInput);
+  EXPECT_THROW(DynamicLossScaler(LossScalerOptions().hysteresis(0)), BadInput);
+}
+
 TEST(DynamicLossScaler, FindsInfAndNanGradients) {
   torch::Tensor a = torch::zeros({3}, torch::requires_grad());
   torch::Tensor b = torch::zeros({2}, torch::requires_grad());

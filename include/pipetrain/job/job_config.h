@@ -119,6 +119,13 @@ struct OptimizerSettings {
   double warmup_min_lr = 0;                    // --warmup-min-lr (DeepSpeed's schedules)
   int64_t lr_total_steps = 0;                  // --lr-total-steps (0: the run's steps)
   double clip_grad_norm = 0;                   // --clip-grad-norm
+  // fp16's loss scale (train/loss_scaler.h).
+  std::string loss_scaler = "torch";               // --loss-scaler torch|deepspeed|static
+  double initial_loss_scale = 65536;               // --initial-loss-scale
+  int64_t loss_scale_window = 2000;                // --loss-scale-window
+  int64_t loss_scale_hysteresis = 2;               // --loss-scale-hysteresis (deepspeed)
+  double min_loss_scale = 1;                       // --min-loss-scale (deepspeed)
+  bool loss_scale_consecutive_hysteresis = false;  // --loss-scale-consecutive-hysteresis
 };
 
 // [zero] sharding over the data-parallel replicas.
