@@ -62,7 +62,9 @@ std::string shape_text(torch::IntArrayRef shape) {
 // A decoder layer's input_layernorm / post_attention_layernorm weight (the final norm is an entry
 // of its own).
 bool is_layer_norm_weight(const std::string& name) {
-  return name.find("layernorm") != std::string::npos;
+  return name.find("layernorm") != std::string::npos ||
+         name.find("self_attn.q_norm.") != std::string::npos ||
+         name.find("self_attn.k_norm.") != std::string::npos;
 }
 
 // How this model's tensor-parallel rank holds parameter `name` (the Sequential's), or nullopt for
@@ -159,6 +161,10 @@ void LlamaAttentionImpl::reset() {
   k_proj = register_module("k_proj", LlamaLinear(c.hidden_size, kv, c.qkv_bias, options));
   v_proj = register_module("v_proj", LlamaLinear(c.hidden_size, kv, c.qkv_bias, options));
   o_proj = register_module("o_proj", LlamaLinear(q, c.hidden_size, c.output_bias, options));
+  if (c.qk_norm) {
+    q_norm = register_module("q_norm", RmsNorm(c.head_dim, c.rms_norm_eps, options));
+    k_norm = register_module("k_norm", RmsNorm(c.head_dim, c.rms_norm_eps, options));
+  }
 }
 
 torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
@@ -177,8 +183,14 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
       x, {q_proj->weight, shared(k_proj->weight), shared(v_proj->weight)},
       {q_proj->bias, shared(k_proj->bias), shared(v_proj->bias)}, tp);
   const int64_t b = qkv[0].size(0), t = qkv[0].size(1), d = c.head_dim;
-  torch::Tensor q = qkv[0].view({b, t, heads, d}).transpose(1, 2);
-  torch::Tensor k = qkv[1].view({b, t, kv_heads, d}).transpose(1, 2);
+  torch::Tensor q = qkv[0].view({b, t, heads, d});
+  torch::Tensor k = qkv[1].view({b, t, kv_heads, d});
+  if (c.qk_norm) {  // Qwen3: each head normalized over head_dim, before RoPE
+    q = q_norm->forward(q);
+    k = k_norm->forward(k);
+  }
+  q = q.transpose(1, 2);
+  k = k.transpose(1, 2);
   torch::Tensor v = qkv[2].view({b, t, kv_heads, d}).transpose(1, 2);
   auto [cos, sin] = rope_->tables(t, x.device(), x.scalar_type());
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
@@ -206,17 +218,30 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
 }
 
 LlamaMlpImpl::LlamaMlpImpl(std::shared_ptr<const LlamaConfig> config_,
-                           torch::TensorOptions options_, parallel::TensorParallel tp_)
-    : config(std::move(config_)), options(options_), tp(std::move(tp_)) {
+                           torch::TensorOptions options_, parallel::TensorParallel tp_,
+                           int64_t width_, bool mixtral_names_)
+    : config(std::move(config_)),
+      options(options_),
+      tp(std::move(tp_)),
+      width(width_),
+      mixtral_names(mixtral_names_) {
   reset();
 }
 
 void LlamaMlpImpl::reset() {
   const LlamaConfig& c = *config;
-  const int64_t width = c.intermediate_size / tp.size();
-  gate_proj = register_module("gate_proj", LlamaLinear(c.hidden_size, width, c.mlp_bias, options));
-  up_proj = register_module("up_proj", LlamaLinear(c.hidden_size, width, c.mlp_bias, options));
-  down_proj = register_module("down_proj", LlamaLinear(width, c.hidden_size, c.mlp_bias, options));
+  const int64_t local = (width > 0 ? width : c.intermediate_size) / tp.size();
+  const bool bias = c.mlp_bias && width <= 0;  // experts have no biases
+  auto linear = [&](int64_t in, int64_t out) { return LlamaLinear(in, out, bias, options); };
+  if (mixtral_names) {  // transformers' order: w1, w2, w3
+    gate_proj = register_module("w1", linear(c.hidden_size, local));
+    down_proj = register_module("w2", linear(local, c.hidden_size));
+    up_proj = register_module("w3", linear(c.hidden_size, local));
+    return;
+  }
+  gate_proj = register_module("gate_proj", linear(c.hidden_size, local));
+  up_proj = register_module("up_proj", linear(c.hidden_size, local));
+  down_proj = register_module("down_proj", linear(local, c.hidden_size));
 }
 
 std::vector<torch::Tensor> LlamaAttentionImpl::autocast_cast_parameters() const {
@@ -245,10 +270,101 @@ torch::Tensor LlamaMlpImpl::forward(const torch::Tensor& x) {
                                        down_proj->bias, tp);
 }
 
+LlamaMoeImpl::LlamaMoeImpl(std::shared_ptr<const LlamaConfig> config_,
+                           torch::TensorOptions options_)
+    : config(std::move(config_)), options(options_) {
+  reset();
+}
+
+void LlamaMoeImpl::reset() {
+  const LlamaConfig& c = *config;
+  const bool mixtral = c.architecture == LlamaArchitecture::kMixtral;
+  auto make_experts = [&] {
+    experts = register_module("experts", torch::nn::ModuleList());
+    for (int64_t e = 0; e < c.num_experts; ++e) {
+      experts->push_back(LlamaMlp(config, options, parallel::TensorParallel{},
+                                  c.expert_intermediate_size, mixtral));
+    }
+  };
+  // transformers' order: Qwen3-MoE registers the experts first, the others the gate.
+  if (c.architecture == LlamaArchitecture::kQwen3Moe) make_experts();
+  gate = register_module("gate", LlamaLinear(c.hidden_size, c.num_experts, false, options));
+  if (c.architecture != LlamaArchitecture::kQwen3Moe) make_experts();
+  if (c.shared_expert_intermediate_size > 0) {
+    shared_expert = register_module(
+        "shared_expert", LlamaMlp(config, options, parallel::TensorParallel{},
+                                  c.shared_expert_intermediate_size));
+    shared_expert_gate =
+        register_module("shared_expert_gate", LlamaLinear(c.hidden_size, 1, false, options));
+  }
+}
+
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> LlamaMoeImpl::route(
+    const torch::Tensor& x) {
+  const LlamaConfig& c = *config;
+  const torch::Tensor logits = gate->forward(x);  // [N, E]
+  const torch::Tensor probabilities = torch::softmax(logits, -1, torch::kFloat);
+  auto [weights, chosen] = probabilities.topk(c.num_experts_per_tok, -1);
+  if (c.norm_topk_prob) weights = weights / weights.sum(-1, /*keepdim=*/true);
+  // Qwen's routers hand the weights on in the logits' dtype; Mixtral's keeps float32.
+  if (c.architecture != LlamaArchitecture::kMixtral) weights = weights.to(logits.scalar_type());
+  return {weights, chosen, logits};
+}
+
+torch::Tensor LlamaMoeImpl::forward(const torch::Tensor& x) {
+  const LlamaConfig& c = *config;
+  const int64_t h = c.hidden_size;
+  const torch::Tensor flat = x.reshape({-1, h});
+  auto [weights, chosen, logits] = route(flat);
+  (void)logits;
+  const int64_t k = c.num_experts_per_tok;
+  torch::Tensor out = torch::zeros_like(flat);
+  // Group the (token, slot) pairs by expert: one stable sort, then one contiguous run each.
+  torch::Tensor order, counts;
+  {
+    torch::NoGradGuard no_grad;
+    const torch::Tensor by_expert = chosen.reshape({-1});
+    order = std::get<1>(by_expert.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false));
+    counts = torch::bincount(by_expert, {}, c.num_experts).cpu();
+  }
+  const torch::Tensor flat_weights = weights.reshape({-1});
+  const auto count = counts.accessor<int64_t, 1>();
+  int64_t start = 0;
+  for (int64_t e = 0; e < c.num_experts; ++e) {
+    const int64_t n = count[e];
+    if (n == 0) continue;
+    const torch::Tensor pairs = order.narrow(0, start, n);
+    start += n;
+    const torch::Tensor tokens = pairs.div(k, "floor");
+    const torch::Tensor y = experts[static_cast<size_t>(e)]->as<LlamaMlp>()->forward(
+        flat.index_select(0, tokens));
+    out.index_add_(0, tokens,
+                   (y * flat_weights.index_select(0, pairs).unsqueeze(1)).to(out.scalar_type()));
+  }
+  if (shared_expert) {
+    out = out + torch::sigmoid(shared_expert_gate->forward(flat)) * shared_expert->forward(flat);
+  }
+  return out.reshape(x.sizes());
+}
+
+std::vector<torch::Tensor> LlamaMoeImpl::autocast_cast_parameters() const {
+  std::vector<torch::Tensor> cast = {gate->weight};
+  for (const auto& expert : *experts) {
+    for (const torch::Tensor& w : expert->as<LlamaMlp>()->autocast_cast_parameters()) {
+      cast.push_back(w);
+    }
+  }
+  if (shared_expert) {
+    for (const torch::Tensor& w : shared_expert->autocast_cast_parameters()) cast.push_back(w);
+    cast.push_back(shared_expert_gate->weight);
+  }
+  return cast;
+}
+
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(std::shared_ptr<const LlamaConfig> config_,
                                              torch::TensorOptions options_,
-                                             parallel::TensorParallel tp_)
-    : config(std::move(config_)), options(options_), tp(std::move(tp_)) {
+                                             parallel::TensorParallel tp_, int64_t layer_)
+    : config(std::move(config_)), options(options_), tp(std::move(tp_)), layer(layer_) {
   reset();
 }
 
@@ -256,7 +372,13 @@ void LlamaDecoderLayerImpl::reset() {
   const LlamaConfig& c = *config;
   // Registered in transformers' order, so named_parameters() lists them as its state dict does.
   self_attn = register_module("self_attn", LlamaAttention(config, options, tp));
-  mlp = register_module("mlp", LlamaMlp(config, options, tp));
+  if (c.is_moe_layer(layer)) {
+    moe = register_module(
+        c.architecture == LlamaArchitecture::kMixtral ? "block_sparse_moe" : "mlp",
+        LlamaMoe(config, options));
+  } else {
+    mlp = register_module("mlp", LlamaMlp(config, options, tp));
+  }
   input_layernorm =
       register_module("input_layernorm", RmsNorm(c.hidden_size, c.rms_norm_eps, options));
   post_attention_layernorm =
@@ -267,7 +389,8 @@ torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x) {
   TORCH_CHECK(x.dim() == 3 && x.size(2) == config->hidden_size,
               "Llama decoder layer expects [B, T, ", config->hidden_size, "], got ", x.sizes());
   torch::Tensor h = x + self_attn->forward(input_layernorm->forward(x));
-  return h + mlp->forward(post_attention_layernorm->forward(h));
+  const torch::Tensor normed = post_attention_layernorm->forward(h);
+  return h + (moe ? moe->forward(normed) : mlp->forward(normed));
 }
 
 LlamaEmbeddingImpl::LlamaEmbeddingImpl(std::shared_ptr<const LlamaConfig> config_,
@@ -346,7 +469,7 @@ LlamaModel make_llama(const LlamaConfig& config, const LlamaBuildOptions& option
   LlamaEmbedding embedding(model.config, options_of(0), tp);
   model.sequential->push_back(embedding);
   for (int64_t l = 0; l < layers; ++l) {
-    model.sequential->push_back(LlamaDecoderLayer(model.config, options_of(l + 1), tp));
+    model.sequential->push_back(LlamaDecoderLayer(model.config, options_of(l + 1), tp, l));
   }
   model.sequential->push_back(
       RmsNorm(config.hidden_size, config.rms_norm_eps, options_of(layers + 1)));
@@ -591,6 +714,9 @@ torch::Tensor vocab_parallel_causal_lm_loss(const torch::Tensor& logits,
 
 void check_llama_tensor_parallel(const LlamaConfig& c, int tp) {
   PIPETRAIN_CHECK_INPUT(tp >= 1, "--tp must be >= 1 (got ", tp, ")");
+  PIPETRAIN_CHECK_INPUT(!is_moe(c.architecture), "--tp ", tp, ": ", to_string(c.architecture),
+                        " is a mixture of experts, and tensor parallelism does not split its "
+                        "experts yet; give --tp 1");
   const std::vector<std::pair<const char*, int64_t>> cut = {
       {"num_attention_heads", c.num_attention_heads},
       {"num_key_value_heads", c.num_key_value_heads},

@@ -161,15 +161,18 @@ LlamaArchitecture read_architecture(const Reader& r) {
   const std::vector<std::pair<std::string, LlamaArchitecture>> known = {
       {"LlamaForCausalLM", LlamaArchitecture::kLlama},
       {"MistralForCausalLM", LlamaArchitecture::kMistral},
-      {"Qwen2ForCausalLM", LlamaArchitecture::kQwen2}};
+      {"Qwen2ForCausalLM", LlamaArchitecture::kQwen2},
+      {"Qwen2MoeForCausalLM", LlamaArchitecture::kQwen2Moe},
+      {"Qwen3MoeForCausalLM", LlamaArchitecture::kQwen3Moe},
+      {"MixtralForCausalLM", LlamaArchitecture::kMixtral}};
   bool found = false;
   LlamaArchitecture architecture = LlamaArchitecture::kLlama;
   if (r.has("architectures")) {
     const Json& list = r.at("architectures");
     if (!list.is_array() || list.size() != 1 || !list[0].is_string()) {
       r.fail("architectures",
-             "must list one architecture: LlamaForCausalLM, MistralForCausalLM "
-             "or Qwen2ForCausalLM");
+             "must list one architecture: LlamaForCausalLM, MistralForCausalLM, "
+             "Qwen2ForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM or MixtralForCausalLM");
     }
     const std::string name = list[0].get<std::string>();
     for (const auto& [text, value] : known) {
@@ -181,7 +184,7 @@ LlamaArchitecture read_architecture(const Reader& r) {
     if (!found) {
       r.fail("architectures",
              "is not one pipetrain runs (LlamaForCausalLM, MistralForCausalLM, "
-             "Qwen2ForCausalLM)");
+             "Qwen2ForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM)");
     }
   }
   if (r.has("model_type")) {
@@ -198,7 +201,9 @@ LlamaArchitecture read_architecture(const Reader& r) {
         found = true;
       }
     }
-    if (!type_known) r.fail("model_type", "is not llama, mistral or qwen2");
+    if (!type_known) {
+      r.fail("model_type", "is not llama, mistral, qwen2, qwen2_moe, qwen3_moe or mixtral");
+    }
   }
   if (!found) {
     r.fail("architectures", "is missing, and so is model_type: which model is this?");
@@ -295,8 +300,15 @@ void read_sliding_window(const Reader& r, LlamaConfig& c) {
   c.sliding_window.assign(static_cast<size_t>(c.num_hidden_layers), 0);
   if (c.architecture == LlamaArchitecture::kLlama) return;  // an unknown key for Llama
   const int64_t window = r.count("sliding_window", 0);
-  if (c.architecture == LlamaArchitecture::kMistral) {
+  if (c.architecture == LlamaArchitecture::kMistral ||
+      c.architecture == LlamaArchitecture::kMixtral) {
     if (window > 0) std::fill(c.sliding_window.begin(), c.sliding_window.end(), window);
+    return;
+  }
+  if (c.architecture == LlamaArchitecture::kQwen3Moe) {  // every layer, with use_sliding_window
+    if (r.flag("use_sliding_window", false) && window > 0) {
+      std::fill(c.sliding_window.begin(), c.sliding_window.end(), window);
+    }
     return;
   }
   // Qwen2: the window applies only with use_sliding_window, to the layers marked sliding.
@@ -323,6 +335,56 @@ void read_sliding_window(const Reader& r, LlamaConfig& c) {
     const bool sliding = types.empty() ? l >= max_window_layers
                                        : types[static_cast<size_t>(l)] == "sliding_attention";
     if (sliding) c.sliding_window[static_cast<size_t>(l)] = window;
+  }
+}
+
+// The experts of a mixture (is_moe), with transformers' defaults per architecture.
+void read_experts(const Reader& r, LlamaConfig& c) {
+  const LlamaArchitecture a = c.architecture;
+  const bool mixtral = a == LlamaArchitecture::kMixtral;
+  const int64_t default_experts = mixtral                              ? 8
+                                  : a == LlamaArchitecture::kQwen2Moe ? 60
+                                                                       : 128;
+  // transformers 5 writes num_local_experts for every family (its attribute_map's alias).
+  c.num_experts = r.has("num_experts") ? r.count("num_experts", default_experts)
+                                       : r.count("num_local_experts", default_experts);
+  r.has("num_local_experts");  // read, under either name
+  c.num_experts_per_tok = r.count("num_experts_per_tok", mixtral                              ? 2
+                                                         : a == LlamaArchitecture::kQwen2Moe ? 4
+                                                                                              : 8);
+  c.expert_intermediate_size =
+      mixtral ? c.intermediate_size
+              : r.count("moe_intermediate_size", a == LlamaArchitecture::kQwen2Moe ? 1408 : 768);
+  if (a == LlamaArchitecture::kQwen2Moe) {
+    c.shared_expert_intermediate_size = r.count("shared_expert_intermediate_size", 5632);
+  }
+  c.norm_topk_prob = mixtral || r.flag("norm_topk_prob", false);
+  c.router_aux_loss_coef = r.number("router_aux_loss_coef", 0.001);
+  if (r.flag("output_router_logits", false)) {
+    r.fail("output_router_logits",
+           "adds the router's load-balancing loss to the training loss, which pipetrain does not "
+           "compute yet; set it false (transformers' default)");
+  }
+  if (mixtral && r.number("router_jitter_noise", 0.0) != 0.0) {
+    r.fail("router_jitter_noise", "must be 0: pipetrain routes without noise");
+  }
+  const int64_t step = mixtral ? 1 : r.count("decoder_sparse_step", 1);
+  if (step < 1) r.fail("decoder_sparse_step", "must be at least 1");
+  std::set<int64_t> dense;
+  if (!mixtral && r.has("mlp_only_layers")) {
+    const Json& list = r.at("mlp_only_layers");
+    if (!list.is_array()) r.fail("mlp_only_layers", "is not a list of layer indices");
+    for (const Json& l : list) {
+      if (!l.is_number_integer() || l.get<int64_t>() < 0) {
+        r.fail("mlp_only_layers", "holds " + value_text(l) + ", not a layer index");
+      }
+      dense.insert(l.get<int64_t>());
+    }
+  }
+  c.moe_layer.assign(static_cast<size_t>(std::max<int64_t>(c.num_hidden_layers, 0)), 0);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    c.moe_layer[static_cast<size_t>(l)] =
+        !dense.count(l) && c.num_experts > 0 && (l + 1) % step == 0 ? 1 : 0;
   }
 }
 
@@ -357,6 +419,12 @@ const char* to_string(LlamaArchitecture architecture) {
       return "MistralForCausalLM";
     case LlamaArchitecture::kQwen2:
       return "Qwen2ForCausalLM";
+    case LlamaArchitecture::kQwen2Moe:
+      return "Qwen2MoeForCausalLM";
+    case LlamaArchitecture::kQwen3Moe:
+      return "Qwen3MoeForCausalLM";
+    case LlamaArchitecture::kMixtral:
+      return "MixtralForCausalLM";
     case LlamaArchitecture::kLlama:
       break;
   }
@@ -369,11 +437,37 @@ const char* model_type_of(LlamaArchitecture architecture) {
       return "mistral";
     case LlamaArchitecture::kQwen2:
       return "qwen2";
+    case LlamaArchitecture::kQwen2Moe:
+      return "qwen2_moe";
+    case LlamaArchitecture::kQwen3Moe:
+      return "qwen3_moe";
+    case LlamaArchitecture::kMixtral:
+      return "mixtral";
     case LlamaArchitecture::kLlama:
       break;
   }
   return "llama";
 }
+
+bool is_moe(LlamaArchitecture architecture) {
+  return architecture == LlamaArchitecture::kQwen2Moe ||
+         architecture == LlamaArchitecture::kQwen3Moe ||
+         architecture == LlamaArchitecture::kMixtral;
+}
+
+namespace {
+
+// Weights of layer l's MLP: all of them, or (active) those one token passes through.
+int64_t mlp_weights(const LlamaConfig& c, int64_t l, bool active) {
+  const int64_t h = c.hidden_size;
+  if (!c.is_moe_layer(l)) return 3 * h * c.intermediate_size;
+  const int64_t experts = active ? c.num_experts_per_tok : c.num_experts;
+  int64_t weights = h * c.num_experts + experts * 3 * h * c.expert_intermediate_size;
+  if (c.shared_expert_intermediate_size > 0) weights += 3 * h * c.shared_expert_intermediate_size + h;
+  return weights;
+}
+
+}  // namespace
 
 int64_t LlamaConfig::parameter_count() const {
   const int64_t h = hidden_size, d = head_dim;
@@ -381,20 +475,26 @@ int64_t LlamaConfig::parameter_count() const {
   int64_t attention = h * q + 2 * h * kv + q * h;
   if (qkv_bias) attention += q + 2 * kv;
   if (output_bias) attention += h;
-  int64_t mlp = 3 * h * intermediate_size;
-  if (mlp_bias) mlp += 2 * intermediate_size + h;
-  const int64_t layer = attention + mlp + 2 * h;
+  if (qk_norm) attention += 2 * d;
+  int64_t layers = 0;
+  for (int64_t l = 0; l < num_hidden_layers; ++l) {
+    int64_t mlp = mlp_weights(*this, l, false);
+    if (mlp_bias) mlp += 2 * intermediate_size + h;
+    layers += attention + mlp + 2 * h;
+  }
   const int64_t table = vocab_size * h;
-  return table + num_hidden_layers * layer + h + (tie_word_embeddings ? 0 : table);
+  return table + layers + h + (tie_word_embeddings ? 0 : table);
 }
 
 double LlamaConfig::training_flops_per_token(int64_t seq_len) const {
   const double h = static_cast<double>(hidden_size), d = static_cast<double>(head_dim);
   const double q = static_cast<double>(num_attention_heads) * d;
   const double kv = static_cast<double>(num_key_value_heads) * d;
-  const double layer = h * q + 2 * h * kv + q * h + 3 * h * static_cast<double>(intermediate_size);
-  const double matrices =
-      static_cast<double>(num_hidden_layers) * layer + static_cast<double>(vocab_size) * h;
+  double layers = 0;  // a mixture of experts counts the experts a token passes through
+  for (int64_t l = 0; l < num_hidden_layers; ++l) {
+    layers += h * q + 2 * h * kv + q * h + static_cast<double>(mlp_weights(*this, l, true));
+  }
+  const double matrices = layers + static_cast<double>(vocab_size) * h;
   return 6 * matrices +
          12 * static_cast<double>(num_hidden_layers) * q * static_cast<double>(seq_len);
 }
@@ -429,6 +529,23 @@ void check_llama_config(const LlamaConfig& c, const std::string& file) {
     fail("sliding_window", static_cast<int64_t>(c.sliding_window.size()),
          "needs one entry per layer (0: full attention)");
   }
+  if (is_moe(c.architecture)) {
+    if (c.num_experts < 1) fail("num_experts", c.num_experts, "must be at least 1");
+    if (c.num_experts_per_tok < 1 || c.num_experts_per_tok > c.num_experts) {
+      fail("num_experts_per_tok", c.num_experts_per_tok,
+           "must be between 1 and num_experts (" + std::to_string(c.num_experts) +
+               "): each token goes to that many of the experts");
+    }
+    if (c.expert_intermediate_size < 1) {
+      fail(c.architecture == LlamaArchitecture::kMixtral ? "intermediate_size"
+                                                          : "moe_intermediate_size",
+           c.expert_intermediate_size, "must be at least 1");
+    }
+    if (static_cast<int64_t>(c.moe_layer.size()) != c.num_hidden_layers) {
+      fail("mlp_only_layers", static_cast<int64_t>(c.moe_layer.size()),
+           "needs one MoE/dense entry per layer");
+    }
+  }
 }
 
 LlamaConfig llama_config(int64_t vocab_size, int64_t hidden_size, int64_t intermediate_size,
@@ -461,16 +578,21 @@ LlamaConfig parse_llama_config(const nlohmann::json& json, const std::string& fi
   c.num_hidden_layers = r.count("num_hidden_layers", 0, true);
   c.num_attention_heads = r.count("num_attention_heads", 0, true);
   if (c.num_attention_heads < 1) r.fail("num_attention_heads", "must be at least 1");
-  const int64_t default_kv = c.architecture == LlamaArchitecture::kMistral ? 8
-                             : c.architecture == LlamaArchitecture::kQwen2 ? 32
-                                                                           : c.num_attention_heads;
+  const LlamaArchitecture a = c.architecture;
+  const int64_t default_kv = a == LlamaArchitecture::kMistral || a == LlamaArchitecture::kMixtral
+                                 ? 8
+                             : a == LlamaArchitecture::kQwen2    ? 32
+                             : a == LlamaArchitecture::kQwen2Moe ? 16
+                             : a == LlamaArchitecture::kQwen3Moe ? 4
+                                                                 : c.num_attention_heads;
   c.num_key_value_heads = r.count("num_key_value_heads", default_kv);
   c.head_dim = r.count("head_dim", c.hidden_size / c.num_attention_heads);
-  c.max_position_embeddings =
-      r.count("max_position_embeddings", c.architecture == LlamaArchitecture::kMistral ? 131072
-                                         : c.architecture == LlamaArchitecture::kQwen2 ? 32768
-                                                                                       : 2048);
-  c.rms_norm_eps = r.number("rms_norm_eps", 1e-6);
+  c.max_position_embeddings = r.count(
+      "max_position_embeddings",
+      a == LlamaArchitecture::kMistral || a == LlamaArchitecture::kMixtral ? 131072
+      : a == LlamaArchitecture::kLlama                                     ? 2048
+                                                                           : 32768);
+  c.rms_norm_eps = r.number("rms_norm_eps", a == LlamaArchitecture::kMixtral ? 1e-5 : 1e-6);
   const std::string activation = r.text("hidden_act", "silu");
   if (activation != "silu") {
     r.fail("hidden_act", "must be silu: the Llama family's MLP is SwiGLU");
@@ -478,12 +600,16 @@ LlamaConfig parse_llama_config(const nlohmann::json& json, const std::string& fi
   if (r.number("attention_dropout", 0.0) != 0.0) {
     r.fail("attention_dropout", "must be 0; pipetrain's Llama port has no attention dropout");
   }
-  if (llama) {
+  if (llama || a == LlamaArchitecture::kQwen3Moe) {
     c.qkv_bias = c.output_bias = r.flag("attention_bias", false);
-    c.mlp_bias = r.flag("mlp_bias", false);
+    if (llama) c.mlp_bias = r.flag("mlp_bias", false);
+  } else if (a == LlamaArchitecture::kQwen2Moe) {
+    c.qkv_bias = r.flag("qkv_bias", true);
   } else {
-    c.qkv_bias = c.architecture == LlamaArchitecture::kQwen2;
+    c.qkv_bias = a == LlamaArchitecture::kQwen2;
   }
+  c.qk_norm = a == LlamaArchitecture::kQwen3Moe;
+  if (is_moe(a)) read_experts(r, c);
   c.tie_word_embeddings = r.flag("tie_word_embeddings", false);
   read_rope(r, c);
   read_sliding_window(r, c);
@@ -501,10 +627,15 @@ LlamaConfig parse_llama_config(const nlohmann::json& json, const std::string& fi
   // transformers reads these only for some architectures; where it ignores them, so do we.
   std::set<std::string> inert_here;
   if (!llama) inert_here = {"attention_bias", "mlp_bias"};
-  if (c.architecture == LlamaArchitecture::kQwen2) {
+  if (a == LlamaArchitecture::kQwen3Moe) inert_here.erase("attention_bias");
+  if (a == LlamaArchitecture::kQwen2 || a == LlamaArchitecture::kQwen2Moe) {
     inert_here.insert({"use_sliding_window", "max_window_layers", "layer_types", "use_mrope"});
   }
-  if (c.architecture == LlamaArchitecture::kMistral) inert_here.insert("sliding_window");
+  if (a == LlamaArchitecture::kQwen3Moe) inert_here.insert({"use_sliding_window", "layer_types"});
+  if (a == LlamaArchitecture::kMistral || a == LlamaArchitecture::kMixtral ||
+      a == LlamaArchitecture::kQwen3Moe) {
+    inert_here.insert("sliding_window");
+  }
   inert_here.insert("partial_rotary_factor");
   r.check_all_used(inert_here);
   check_llama_config(c, file);
@@ -594,6 +725,32 @@ nlohmann::json llama_config_json(const LlamaConfig& c, const std::string& dtype)
       }
       json["layer_types"] = types;
       if (c.head_dim == c.hidden_size / c.num_attention_heads) json.erase("head_dim");
+      break;
+    }
+    case LlamaArchitecture::kQwen2Moe:
+    case LlamaArchitecture::kQwen3Moe:
+    case LlamaArchitecture::kMixtral: {
+      json["num_local_experts"] = c.num_experts;
+      json["num_experts_per_tok"] = c.num_experts_per_tok;
+      json["router_aux_loss_coef"] = c.router_aux_loss_coef;
+      json["output_router_logits"] = false;
+      json["sliding_window"] = window > 0 ? nlohmann::json(window) : nlohmann::json();
+      if (c.architecture == LlamaArchitecture::kMixtral) break;
+      json["moe_intermediate_size"] = c.expert_intermediate_size;
+      json["norm_topk_prob"] = c.norm_topk_prob;
+      json["decoder_sparse_step"] = 1;
+      nlohmann::json dense = nlohmann::json::array();
+      for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+        if (!c.is_moe_layer(l)) dense.push_back(l);
+      }
+      json["mlp_only_layers"] = dense;
+      json["use_sliding_window"] = window > 0;
+      if (c.architecture == LlamaArchitecture::kQwen2Moe) {
+        json["shared_expert_intermediate_size"] = c.shared_expert_intermediate_size;
+        json["qkv_bias"] = c.qkv_bias;
+      } else {
+        json["attention_bias"] = c.qkv_bias;
+      }
       break;
     }
   }

@@ -122,6 +122,8 @@ void ShardedOptimizer::start_secondary_gather(size_t k, Gather& g) {
 
 void ShardedOptimizer::keep_secondary(size_t k, const torch::Tensor& gathered) {
   if (!hpz_group_ || secondary_[k].defined()) return;
+  // By layer a persistent segment stays whole through the step: never gathered again.
+  if (by_layer_ && segments_[k].layer < 0) return;
   const int64_t part = segments_[k].padded / hpz_group_->size();
   secondary_[k] = gathered.narrow(0, hpz_group_->rank() * part, part).clone();
   secondary_bytes_ += tensor_bytes(secondary_[k]);

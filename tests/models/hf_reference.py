@@ -73,7 +73,8 @@ def quiet():
 
 
 def config_of(args):
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+    from transformers import (LlamaConfig, MistralConfig, MixtralConfig, Qwen2Config,
+                              Qwen2MoeConfig, Qwen3MoeConfig)
 
     common = dict(
         vocab_size=args.vocab,
@@ -100,18 +101,47 @@ def config_of(args):
         return LlamaConfig(**common, rope_parameters=rope, tie_word_embeddings=False)
     if args.arch == "qwen2":
         return Qwen2Config(**common, rope_parameters=rope, tie_word_embeddings=True)
+    # Mixtures of experts: 4 experts, 2 per token, 16 wide.
+    moe = dict(num_experts_per_tok=2, output_router_logits=False)
+    if args.arch == "qwen2_moe":
+        # Layer 1 dense (mlp_only_layers), a shared expert, the top-2 renormalized.
+        return Qwen2MoeConfig(**common, rope_parameters=rope, num_experts=4,
+                              moe_intermediate_size=16, shared_expert_intermediate_size=24,
+                              norm_topk_prob=True, mlp_only_layers=[1], **moe)
+    if args.arch == "qwen3_moe":
+        return Qwen3MoeConfig(**common, rope_parameters=rope, num_experts=4, head_dim=8,
+                              moe_intermediate_size=16, norm_topk_prob=False, **moe)
+    if args.arch == "mixtral":
+        common = dict(common, intermediate_size=16)
+        return MixtralConfig(**common, rope_parameters=rope, num_local_experts=4, **moe)
     return MistralConfig(**common, rope_parameters=rope, sliding_window=None)
 
 
 def model_class(arch):
-    from transformers import LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM
+    from transformers import (LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM,
+                              Qwen2ForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM)
 
-    return {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM, "mistral": MistralForCausalLM}[arch]
+    return {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM, "mistral": MistralForCausalLM,
+            "qwen2_moe": Qwen2MoeForCausalLM, "qwen3_moe": Qwen3MoeForCausalLM,
+            "mixtral": MixtralForCausalLM}[arch]
+
+
+MOE_ARCHS = ("qwen2_moe", "qwen3_moe", "mixtral")
 
 
 def cmd_make(args):
     torch.manual_seed(args.seed)
     model = model_class(args.arch)(config_of(args))
+    if args.arch in MOE_ARCHS:
+        # Routers drawn with std 1 rather than 0.02: the logits of a token's experts then differ
+        # by far more than a rounding, so that no top-k choice flips between two
+        # implementations that round differently (the choice is a comparison: a tie broken
+        # another way would change the result by a whole expert).
+        generator = torch.Generator().manual_seed(args.seed + 100)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("mlp.gate.weight") or name.endswith("block_sparse_moe.gate.weight"):
+                    p.copy_(torch.randn(p.shape, generator=generator))
     dtype = getattr(torch, args.dtype)
     model = model.to(dtype)
     kwargs = {}
@@ -318,6 +348,8 @@ def cmd_fixtures(args):
     run(["make", f"{d}/qwen2", "--arch", "qwen2", "--legacy-rope", "--shard-bytes", "30000",
          "--seed", "2"])
     run(["make", f"{d}/mistral", "--arch", "mistral", "--seed", "3"])
+    for seed, arch in enumerate(MOE_ARCHS, start=7):
+        run(["make", f"{d}/{arch}", "--arch", arch, "--seed", str(seed)])
     run(["tokens", f"{d}/tokens.bin", "--count", "4000", "--vocab", "64", "--seed", "4"])
     # A learnable stream: each id follows from the one before (5x + 3 mod 64), restarting at a
     # random id every 40 ids.
@@ -334,7 +366,7 @@ def cmd_fixtures(args):
     generator = torch.Generator().manual_seed(5)
     save_file({"tokens": torch.randint(0, 64, (2, 16), generator=generator)},
               f"{d}/prompt.safetensors")
-    for arch in ("llama", "qwen2", "mistral"):
+    for arch in ("llama", "qwen2", "mistral") + MOE_ARCHS:
         run(["logits", f"{d}/{arch}", f"{d}/prompt.safetensors", f"{d}/{arch}_logits.safetensors"])
 
 
@@ -343,7 +375,7 @@ def parser():
     sub = p.add_subparsers(dest="command", required=True)
     m = sub.add_parser("make")
     m.add_argument("dir")
-    m.add_argument("--arch", choices=["llama", "qwen2", "mistral"], required=True)
+    m.add_argument("--arch", choices=["llama", "qwen2", "mistral"] + list(MOE_ARCHS), required=True)
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--layers", type=int, default=2)
     m.add_argument("--vocab", type=int, default=64)

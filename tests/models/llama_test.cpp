@@ -54,8 +54,59 @@ TEST_P(LlamaLogits, EqualTransformersForTheSameCheckpoint) {
   EXPECT_LT(relative_error(logits, expected), 1e-5) << GetParam();
 }
 
+// The mixtures' fixtures draw their routers with std 1 (hf_reference.py), so that no token's
+// top-k choice is within a rounding of a tie.
 INSTANTIATE_TEST_SUITE_P(Architectures, LlamaLogits,
-                         ::testing::Values("llama", "qwen2", "mistral"));
+                         ::testing::Values("llama", "qwen2", "mistral", "qwen2_moe", "qwen3_moe",
+                                           "mixtral"));
+
+TEST(Llama, MixturesOfExpertsReadTheirExpertsAndLayersAsTransformersBuildsThem) {
+  PIPETRAIN_SKIP_WITHOUT_TRANSFORMERS();
+  const LlamaConfig qwen2 = read_llama_config(hf_fixtures() + "/qwen2_moe");
+  EXPECT_EQ(qwen2.architecture, LlamaArchitecture::kQwen2Moe);
+  EXPECT_EQ(qwen2.num_experts, 4);
+  EXPECT_EQ(qwen2.num_experts_per_tok, 2);
+  EXPECT_EQ(qwen2.expert_intermediate_size, 16);
+  EXPECT_EQ(qwen2.shared_expert_intermediate_size, 24);
+  EXPECT_TRUE(qwen2.norm_topk_prob);
+  EXPECT_TRUE(qwen2.qkv_bias);
+  EXPECT_EQ(qwen2.moe_layer, (std::vector<char>{1, 0}));  // mlp_only_layers [1]
+  const LlamaConfig qwen3 = read_llama_config(hf_fixtures() + "/qwen3_moe");
+  EXPECT_TRUE(qwen3.qk_norm);
+  EXPECT_FALSE(qwen3.norm_topk_prob);
+  EXPECT_EQ(qwen3.moe_layer, (std::vector<char>{1, 1}));
+  const LlamaConfig mixtral = read_llama_config(hf_fixtures() + "/mixtral");
+  EXPECT_TRUE(mixtral.norm_topk_prob);
+  EXPECT_EQ(mixtral.expert_intermediate_size, 16);
+  EXPECT_DOUBLE_EQ(mixtral.rms_norm_eps, 1e-5);
+  // Every tensor the checkpoint holds is one the model names, and the other way round
+  // (load_llama_weights refuses either difference); the counts as transformers counts them.
+  for (const char* arch : {"qwen2_moe", "qwen3_moe", "mixtral"}) {
+    LlamaModel model = load_fixture(arch);
+    int64_t count = 0;
+    for (const auto& p : model.sequential->parameters()) count += p.numel();
+    EXPECT_EQ(count, model.config->parameter_count()) << arch;
+  }
+  // What cannot run is refused naming the key.
+  nlohmann::json json = qwen3.source;
+  json["output_router_logits"] = true;
+  EXPECT_THROW(
+      {
+        try {
+          parse_llama_config(json);
+        } catch (const ModelConfigError& e) {
+          EXPECT_EQ(e.key(), "output_router_logits");
+          throw;
+        }
+      },
+      ModelConfigError);
+  json = qwen3.source;
+  json["num_experts_per_tok"] = 5;
+  EXPECT_THROW(parse_llama_config(json), ModelConfigError);
+  json = mixtral.source;
+  json["router_jitter_noise"] = 0.1;
+  EXPECT_THROW(parse_llama_config(json), ModelConfigError);
+}
 
 TEST(Llama, ConfigsOfTheThreeArchitecturesReadAsTransformersBuildsThem) {
   PIPETRAIN_SKIP_WITHOUT_TRANSFORMERS();

@@ -137,6 +137,7 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl>,
   parallel::TensorParallel tp;
   int kv_replicas() const;
   LlamaLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  RmsNorm q_norm{nullptr}, k_norm{nullptr};  // LlamaConfig::qk_norm (null otherwise)
   // The projections' weights and the biases read inside a linear (o_proj's is added after the
   // tp sum, in float32, when tp splits it).
   std::vector<torch::Tensor> autocast_cast_parameters() const override;
@@ -147,27 +148,63 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl>,
 TORCH_MODULE(LlamaAttention);
 
 // SwiGLU: down_proj(silu(gate_proj(x)) * up_proj(x)). [B,T,H] -> [B,T,H].
+// `width`: the intermediate size (-1: the config's intermediate_size; an expert's or the shared
+// expert's in a mixture). `mixtral_names`: registered as Mixtral's experts name them (w1 the
+// gate, w3 the up, w2 the down projection).
 class LlamaMlpImpl : public torch::nn::Cloneable<LlamaMlpImpl>, public AutocastCastParameters {
  public:
   LlamaMlpImpl(std::shared_ptr<const LlamaConfig> config, torch::TensorOptions options = {},
-               parallel::TensorParallel tp = {});
+               parallel::TensorParallel tp = {}, int64_t width = -1, bool mixtral_names = false);
   void reset() override;
   torch::Tensor forward(const torch::Tensor& x);
 
   std::shared_ptr<const LlamaConfig> config;
   torch::TensorOptions options;
   parallel::TensorParallel tp;  // this rank's intermediate_size / tp
+  int64_t width;
+  bool mixtral_names;
   LlamaLinear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
   // As the attention's: every weight, and the biases a linear reads.
   std::vector<torch::Tensor> autocast_cast_parameters() const override;
 };
 TORCH_MODULE(LlamaMlp);
 
-// One decoder layer, pre-norm. [B,T,H] -> [B,T,H].
+// A mixture of experts' MLP (LlamaConfig's MoE keys), as transformers computes it. [B,T,H] ->
+// [B,T,H]. Per token x: logits = gate(x) [E]; p = softmax(logits) in float32; the top
+// num_experts_per_tok of p (renormalized to sum 1 where norm_topk_prob), in the logits' dtype
+// (Mixtral: float32); y = sum over them of p_e * expert_e(x), plus (Qwen2-MoE)
+// sigmoid(shared_expert_gate(x)) * shared_expert(x). Dropless: every token reaches its experts.
+// The experts compute grouped: the tokens are sorted by expert once, and each expert runs one
+// SwiGLU over its tokens (a matrix product per expert, none per token); their outputs are added
+// into y expert by expert in ascending order, as transformers adds them.
+// Registered as transformers names them: gate, experts.{e}.(gate|up|down)_proj (Mixtral:
+// experts.{e}.w1|w2|w3), shared_expert, shared_expert_gate.
+class LlamaMoeImpl : public torch::nn::Cloneable<LlamaMoeImpl>, public AutocastCastParameters {
+ public:
+  LlamaMoeImpl(std::shared_ptr<const LlamaConfig> config, torch::TensorOptions options = {});
+  void reset() override;
+  torch::Tensor forward(const torch::Tensor& x);
+  // The router's choice for tokens x [N,H]: (weights [N,k], experts int64 [N,k]) and the
+  // logits [N,E].
+  std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> route(const torch::Tensor& x);
+
+  std::shared_ptr<const LlamaConfig> config;
+  torch::TensorOptions options;
+  LlamaLinear gate{nullptr};  // [E, H]
+  torch::nn::ModuleList experts{nullptr};
+  LlamaMlp shared_expert{nullptr};          // Qwen2-MoE (null otherwise)
+  LlamaLinear shared_expert_gate{nullptr};  // [1, H]
+  std::vector<torch::Tensor> autocast_cast_parameters() const override;
+};
+TORCH_MODULE(LlamaMoe);
+
+// One decoder layer, pre-norm. [B,T,H] -> [B,T,H]. Its MLP is `mlp`, or in a mixture's MoE layer
+// `moe` (registered as "mlp", Mixtral's as "block_sparse_moe").
 class LlamaDecoderLayerImpl : public torch::nn::Cloneable<LlamaDecoderLayerImpl> {
  public:
   LlamaDecoderLayerImpl(std::shared_ptr<const LlamaConfig> config,
-                        torch::TensorOptions options = {}, parallel::TensorParallel tp = {});
+                        torch::TensorOptions options = {}, parallel::TensorParallel tp = {},
+                        int64_t layer = 0);
   void reset() override;
   torch::Tensor forward(const torch::Tensor& x);
 
@@ -177,6 +214,8 @@ class LlamaDecoderLayerImpl : public torch::nn::Cloneable<LlamaDecoderLayerImpl>
   RmsNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   LlamaAttention self_attn{nullptr};
   LlamaMlp mlp{nullptr};
+  LlamaMoe moe{nullptr};
+  int64_t layer = 0;  // its index among the decoder layers
 };
 TORCH_MODULE(LlamaDecoderLayer);
 

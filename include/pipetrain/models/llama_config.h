@@ -3,7 +3,7 @@
 // transformers gives each architecture, and written back.
 //
 // What is read, per key (every other key that would change the computation is refused):
-//   architectures / model_type    which of the three; they must agree
+//   architectures / model_type    which of the six; they must agree
 //   vocab_size hidden_size intermediate_size num_hidden_layers num_attention_heads   required
 //   num_key_value_heads           grouped-query attention; default per architecture (Llama: the
 //                                 heads, Mistral 8, Qwen2 32), must divide the heads
@@ -25,6 +25,13 @@
 //   pad_token_id                  that row of the embedding gets no gradient (nn.Embedding's
 //                                 padding_idx, as transformers builds it) and starts at 0
 //   dtype / torch_dtype           the stored weights' dtype (kept, written back)
+//   Mixtures of experts (Qwen2-MoE, Qwen3-MoE, Mixtral; transformers' defaults):
+//   num_experts (or num_local_experts), num_experts_per_tok, moe_intermediate_size,
+//   shared_expert_intermediate_size (Qwen2-MoE), norm_topk_prob, decoder_sparse_step,
+//   mlp_only_layers, router_aux_loss_coef (kept); output_router_logits must be false (the
+//   auxiliary loss is not computed yet) and Mixtral's router_jitter_noise 0. Qwen3-MoE's
+//   attention normalizes each query and key head (q_norm, k_norm) and has attention_bias; Qwen2-MoE
+//   has qkv_bias (default true).
 // Keys that change nothing pipetrain computes (token ids, generation settings, bookkeeping) are
 // accepted and written back as they were. An unknown key, a value of the wrong type or out of
 // range, or a supported key with an unsupported value is a ModelConfigError naming the file, the
@@ -56,12 +63,16 @@ class ModelConfigError : public BadInput {
   std::string file_, key_;
 };
 
-enum class LlamaArchitecture { kLlama, kMistral, kQwen2 };
+// The three dense families and three mixtures of experts (the MoE keys below).
+enum class LlamaArchitecture { kLlama, kMistral, kQwen2, kQwen2Moe, kQwen3Moe, kMixtral };
 
-// "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM".
+// "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen2MoeForCausalLM",
+// "Qwen3MoeForCausalLM", "MixtralForCausalLM".
 const char* to_string(LlamaArchitecture architecture);
-// "llama", "mistral", "qwen2".
+// "llama", "mistral", "qwen2", "qwen2_moe", "qwen3_moe", "mixtral".
 const char* model_type_of(LlamaArchitecture architecture);
+// A mixture of experts: Qwen2-MoE, Qwen3-MoE or Mixtral.
+bool is_moe(LlamaArchitecture architecture);
 
 struct RopeScaling {
   std::string type = "default";  // default | linear | llama3
@@ -94,6 +105,27 @@ struct LlamaConfig {
   double initializer_range = 0.02;  // std of a random init's normal draws
   std::string dtype = "float32";    // of the stored weights: float32, bfloat16, float16
   std::vector<int64_t> eos_token_ids;
+  // Qwen3's attention: an RMSNorm over head_dim of each query and key head (q_norm, k_norm),
+  // before RoPE.
+  bool qk_norm = false;
+  // Mixtures of experts (is_moe): each MoE layer's MLP is a router (a linear to num_experts
+  // logits, softmax in float32, the top num_experts_per_tok, renormalized where norm_topk_prob)
+  // and num_experts SwiGLU experts of expert_intermediate_size, each token's output the weighted
+  // sum of its experts'; Qwen2-MoE adds a shared expert of shared_expert_intermediate_size scaled
+  // by sigmoid(shared_expert_gate(x)). moe_layer[l]: layer l has the MoE block (else a dense MLP
+  // of intermediate_size): not in mlp_only_layers and (l + 1) % decoder_sparse_step == 0.
+  int64_t num_experts = 0;  // 0: dense
+  int64_t num_experts_per_tok = 0;
+  int64_t expert_intermediate_size = 0;  // moe_intermediate_size (Mixtral: intermediate_size)
+  int64_t shared_expert_intermediate_size = 0;  // Qwen2-MoE (0: none)
+  bool norm_topk_prob = false;                  // Mixtral: always
+  std::vector<char> moe_layer;                  // per layer
+  double router_aux_loss_coef = 0.001;          // kept; the term needs output_router_logits
+  // Whether layer l has the MoE block.
+  bool is_moe_layer(int64_t l) const {
+    return l >= 0 && l < static_cast<int64_t>(moe_layer.size()) &&
+           moe_layer[static_cast<size_t>(l)] != 0;
+  }
   // The config.json as read ({} for a config made in code): written back with the dtype updated.
   nlohmann::json source = nlohmann::json::object();
 
