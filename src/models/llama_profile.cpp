@@ -13,13 +13,29 @@ namespace pipetrain::models {
 
 namespace {
 
-// The profile of `config` cut to one decoder layer (entries: embedding, decoder, norm, head).
+// Whether a mixture of experts has dense layers beside its MoE layers: it is then profiled on two
+// decoder layers, an MoE one and a dense one (expand_llama_profile maps each layer to its kind's).
+bool mixed_layers(const LlamaConfig& config) {
+  if (!is_moe(config.architecture)) return false;
+  const auto moe = std::count(config.moe_layer.begin(), config.moe_layer.end(), char{1});
+  return moe > 0 && moe < static_cast<std::ptrdiff_t>(config.moe_layer.size());
+}
+
+// The profile of `config` cut to one decoder layer (entries: embedding, decoder, norm, head), or
+// to two for a mixture with dense layers (the MoE layer first).
 partition::ModelProfile profile_one_layer(const LlamaConfig& config, const torch::Tensor& sample,
                                           const partition::ProfileOptions& options, uint64_t seed,
                                           const parallel::TensorParallel& tp) {
   LlamaConfig one = config;
-  one.num_hidden_layers = 1;
-  one.sliding_window.assign(1, config.sliding_window.empty() ? 0 : config.sliding_window.back());
+  const bool mixed = mixed_layers(config);
+  one.num_hidden_layers = mixed ? 2 : 1;
+  one.sliding_window.assign(static_cast<size_t>(one.num_hidden_layers),
+                            config.sliding_window.empty() ? 0 : config.sliding_window.back());
+  if (is_moe(config.architecture)) {
+    one.moe_layer = mixed ? std::vector<char>{1, 0}
+                          : std::vector<char>{config.moe_layer.empty() ? char{0}
+                                                                       : config.moe_layer.back()};
+  }
   LlamaModel model = make_llama(one, LlamaBuildOptions().tensor_parallel(tp));
   init_llama_random(model, seed);
   return partition::profile_sequential(model.sequential, sample, options);
@@ -79,7 +95,9 @@ partition::ModelProfile profile_llama(const LlamaConfig& config, const torch::Te
   const std::int64_t rows = std::max(unit, table_rows / unit * unit);
   const std::int64_t widths = std::max(unit, mlp_rows / unit * unit);
   const bool cut_table = table_rows > 0 && config.vocab_size > rows;
-  const bool cut_mlp = mlp_rows > 0 && config.intermediate_size > widths;
+  // A mixture's layers are profiled at their width (its experts' width is not intermediate_size).
+  const bool cut_mlp =
+      mlp_rows > 0 && config.intermediate_size > widths && !is_moe(config.architecture);
   if (!cut_table && !cut_mlp) {
     return expand_llama_profile(profile_one_layer(config, sample, options, seed, tp), config);
   }
@@ -130,9 +148,12 @@ partition::ModelProfile expand_llama_profile(const partition::ModelProfile& prof
   partition::ModelProfile expanded = profile;
   expanded.layers.clear();
   const int64_t layers = config.num_hidden_layers;
+  // A mixture measured on an MoE layer and a dense one: each layer takes its kind's.
+  const bool by_kind = measured == 2 && mixed_layers(config);
   expanded.layers.push_back(profile.layers.front());
   for (int64_t l = 0; l < layers; ++l) {
-    expanded.layers.push_back(profile.layers[static_cast<size_t>(std::min(l, measured - 1) + 1)]);
+    const int64_t m = by_kind ? (config.is_moe_layer(l) ? 0 : 1) : std::min(l, measured - 1);
+    expanded.layers.push_back(profile.layers[static_cast<size_t>(m + 1)]);
   }
   expanded.layers.push_back(profile.layers[static_cast<size_t>(measured + 1)]);
   expanded.layers.push_back(profile.layers[static_cast<size_t>(measured + 2)]);
