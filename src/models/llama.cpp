@@ -292,8 +292,8 @@ void LlamaMoeImpl::reset() {
   if (c.architecture != LlamaArchitecture::kQwen3Moe) make_experts();
   if (c.shared_expert_intermediate_size > 0) {
     shared_expert = register_module(
-        "shared_expert", LlamaMlp(config, options, parallel::TensorParallel{},
-                                  c.shared_expert_intermediate_size));
+        "shared_expert",
+        LlamaMlp(config, options, parallel::TensorParallel{}, c.shared_expert_intermediate_size));
     shared_expert_gate =
         register_module("shared_expert_gate", LlamaLinear(c.hidden_size, 1, false, options));
   }
@@ -336,8 +336,8 @@ torch::Tensor LlamaMoeImpl::forward(const torch::Tensor& x) {
     const torch::Tensor pairs = order.narrow(0, start, n);
     start += n;
     const torch::Tensor tokens = pairs.div(k, "floor");
-    const torch::Tensor y = experts[static_cast<size_t>(e)]->as<LlamaMlp>()->forward(
-        flat.index_select(0, tokens));
+    const torch::Tensor y =
+        experts[static_cast<size_t>(e)]->as<LlamaMlp>()->forward(flat.index_select(0, tokens));
     out.index_add_(0, tokens,
                    (y * flat_weights.index_select(0, pairs).unsqueeze(1)).to(out.scalar_type()));
   }
@@ -373,9 +373,9 @@ void LlamaDecoderLayerImpl::reset() {
   // Registered in transformers' order, so named_parameters() lists them as its state dict does.
   self_attn = register_module("self_attn", LlamaAttention(config, options, tp));
   if (c.is_moe_layer(layer)) {
-    moe = register_module(
-        c.architecture == LlamaArchitecture::kMixtral ? "block_sparse_moe" : "mlp",
-        LlamaMoe(config, options));
+    moe =
+        register_module(c.architecture == LlamaArchitecture::kMixtral ? "block_sparse_moe" : "mlp",
+                        LlamaMoe(config, options));
   } else {
     mlp = register_module("mlp", LlamaMlp(config, options, tp));
   }

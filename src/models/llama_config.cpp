@@ -342,16 +342,14 @@ void read_sliding_window(const Reader& r, LlamaConfig& c) {
 void read_experts(const Reader& r, LlamaConfig& c) {
   const LlamaArchitecture a = c.architecture;
   const bool mixtral = a == LlamaArchitecture::kMixtral;
-  const int64_t default_experts = mixtral                              ? 8
-                                  : a == LlamaArchitecture::kQwen2Moe ? 60
-                                                                       : 128;
+  const int64_t default_experts = mixtral ? 8 : a == LlamaArchitecture::kQwen2Moe ? 60 : 128;
   // transformers 5 writes num_local_experts for every family (its attribute_map's alias).
   c.num_experts = r.has("num_experts") ? r.count("num_experts", default_experts)
                                        : r.count("num_local_experts", default_experts);
   r.has("num_local_experts");  // read, under either name
-  c.num_experts_per_tok = r.count("num_experts_per_tok", mixtral                              ? 2
+  c.num_experts_per_tok = r.count("num_experts_per_tok", mixtral                             ? 2
                                                          : a == LlamaArchitecture::kQwen2Moe ? 4
-                                                                                              : 8);
+                                                                                             : 8);
   c.expert_intermediate_size =
       mixtral ? c.intermediate_size
               : r.count("moe_intermediate_size", a == LlamaArchitecture::kQwen2Moe ? 1408 : 768);
@@ -463,7 +461,8 @@ int64_t mlp_weights(const LlamaConfig& c, int64_t l, bool active) {
   if (!c.is_moe_layer(l)) return 3 * h * c.intermediate_size;
   const int64_t experts = active ? c.num_experts_per_tok : c.num_experts;
   int64_t weights = h * c.num_experts + experts * 3 * h * c.expert_intermediate_size;
-  if (c.shared_expert_intermediate_size > 0) weights += 3 * h * c.shared_expert_intermediate_size + h;
+  if (c.shared_expert_intermediate_size > 0)
+    weights += 3 * h * c.shared_expert_intermediate_size + h;
   return weights;
 }
 
@@ -538,7 +537,7 @@ void check_llama_config(const LlamaConfig& c, const std::string& file) {
     }
     if (c.expert_intermediate_size < 1) {
       fail(c.architecture == LlamaArchitecture::kMixtral ? "intermediate_size"
-                                                          : "moe_intermediate_size",
+                                                         : "moe_intermediate_size",
            c.expert_intermediate_size, "must be at least 1");
     }
     if (static_cast<int64_t>(c.moe_layer.size()) != c.num_hidden_layers) {
@@ -587,11 +586,11 @@ LlamaConfig parse_llama_config(const nlohmann::json& json, const std::string& fi
                                                                  : c.num_attention_heads;
   c.num_key_value_heads = r.count("num_key_value_heads", default_kv);
   c.head_dim = r.count("head_dim", c.hidden_size / c.num_attention_heads);
-  c.max_position_embeddings = r.count(
-      "max_position_embeddings",
-      a == LlamaArchitecture::kMistral || a == LlamaArchitecture::kMixtral ? 131072
-      : a == LlamaArchitecture::kLlama                                     ? 2048
-                                                                           : 32768);
+  c.max_position_embeddings =
+      r.count("max_position_embeddings",
+              a == LlamaArchitecture::kMistral || a == LlamaArchitecture::kMixtral ? 131072
+              : a == LlamaArchitecture::kLlama                                     ? 2048
+                                                                                   : 32768);
   c.rms_norm_eps = r.number("rms_norm_eps", a == LlamaArchitecture::kMixtral ? 1e-5 : 1e-6);
   const std::string activation = r.text("hidden_act", "silu");
   if (activation != "silu") {

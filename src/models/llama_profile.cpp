@@ -32,9 +32,9 @@ partition::ModelProfile profile_one_layer(const LlamaConfig& config, const torch
   one.sliding_window.assign(static_cast<size_t>(one.num_hidden_layers),
                             config.sliding_window.empty() ? 0 : config.sliding_window.back());
   if (is_moe(config.architecture)) {
-    one.moe_layer = mixed ? std::vector<char>{1, 0}
-                          : std::vector<char>{config.moe_layer.empty() ? char{0}
-                                                                       : config.moe_layer.back()};
+    one.moe_layer =
+        mixed ? std::vector<char>{1, 0}
+              : std::vector<char>{config.moe_layer.empty() ? char{0} : config.moe_layer.back()};
   }
   LlamaModel model = make_llama(one, LlamaBuildOptions().tensor_parallel(tp));
   init_llama_random(model, seed);

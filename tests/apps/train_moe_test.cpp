@@ -47,9 +47,9 @@ TEST(TrainMoe, WeightsAfterAdamWEqualTransformersTrainingInThreeLayouts) {
   for (const Case& c : cases) {
     const std::string model = hf_fixtures() + "/" + c.arch;
     const CliRun reference =
-        hf_reference("train " + model + " " + hf_fixtures() + "/tokens.bin " + dir + "/" +
-                     c.arch + "_reference --seq-len 16 --batch-size 8 --steps 3 --lr 1e-2 "
-                              "--betas 0.9,0.95 --eps 1e-5 --weight-decay 0.1");
+        hf_reference("train " + model + " " + hf_fixtures() + "/tokens.bin " + dir + "/" + c.arch +
+                     "_reference --seq-len 16 --batch-size 8 --steps 3 --lr 1e-2 "
+                     "--betas 0.9,0.95 --eps 1e-5 --weight-decay 0.1");
     ASSERT_EQ(reference.exit_code, 0) << reference.output;
     const std::string out = dir + "/" + c.arch;
     const CliRun run = run_pipetrain(
