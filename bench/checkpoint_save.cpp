@@ -43,15 +43,7 @@
 
 namespace {
 
-std::string run_command(const std::string& command) {
-  std::string output;
-  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
-  if (!pipe) return output;
-  std::array<char, 4096> buffer{};
-  while (std::fgets(buffer.data(), buffer.size(), pipe)) output += buffer.data();
-  ::pclose(pipe);
-  return output;
-}
+using pipetrain::bench::run_command;
 
 double bytes_of(const std::string& number, const std::string& unit) {
   const double scale = unit == "GiB"   ? 1 << 30
@@ -112,19 +104,13 @@ int main(int argc, char** argv) {
   const int width = argc > 1 ? std::atoi(argv[1]) : 1536;
   const int layers = argc > 2 ? std::atoi(argv[2]) : 20;
   const int steps = argc > 3 ? std::atoi(argv[3]) : 3;
-  const fs::path self = fs::canonical("/proc/self/exe");
-  const std::string pipetrain = (self.parent_path().parent_path() / "pipetrain").string();
-  char pattern[] = "/tmp/bench_checkpoint_save_XXXXXX";
-  const std::string dir = ::mkdtemp(pattern);
+  const std::string pipetrain = pipetrain::bench::pipetrain_executable();
+  const std::string dir = pipetrain::bench::bench_llama_dir("bench_checkpoint_save", width, layers);
   const bool own_out_dir = argc <= 4 || std::string(argv[4]).empty();
   const std::string out_dir = own_out_dir ? dir + "/out" : std::string(argv[4]);
   const std::string wanted =
       "," + std::string(argc > 5 ? argv[5] : "none,file,sharded,async") + ",";
-  fs::create_directories(dir + "/model");
   fs::create_directories(out_dir);
-  nlohmann::json config = pipetrain::bench::llama_bench_config(width);
-  config["num_hidden_layers"] = layers;
-  std::ofstream(dir + "/model/config.json") << config.dump(2);
   torch::manual_seed(0);
   const torch::Tensor ids = torch::randint(4096, {200000}, torch::kInt64).to(torch::kInt16);
   std::ofstream(dir + "/tokens.bin", std::ios::binary)

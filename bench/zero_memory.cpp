@@ -39,6 +39,8 @@
 
 namespace {
 
+using pipetrain::bench::run_command;
+
 struct Row {
   std::string name;  // "pp2 x dp2 --zero 3"
   std::string layout, flags;
@@ -47,23 +49,13 @@ struct Row {
 };
 
 struct Measured {
-  double peak = 0;       // bytes, the largest process
-  double states = 0;     // bytes per parameter, the largest rank
-  double buffers = 0;    // bytes per parameter
-  double step = 0;       // seconds
+  double peak = 0;     // bytes, the largest process
+  double states = 0;   // bytes per parameter, the largest rank
+  double buffers = 0;  // bytes per parameter
+  double step = 0;     // seconds
   bool ok = false;
   std::string error;
 };
-
-std::string run_command(const std::string& command) {
-  std::string output;
-  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
-  if (!pipe) return output;
-  std::array<char, 4096> buffer{};
-  while (std::fgets(buffer.data(), buffer.size(), pipe)) output += buffer.data();
-  ::pclose(pipe);
-  return output;
-}
 
 double bytes_of(const std::string& number, const std::string& unit) {
   const double scale = unit == "GiB"   ? 1 << 30
@@ -73,8 +65,7 @@ double bytes_of(const std::string& number, const std::string& unit) {
   return std::stod(number) * scale;
 }
 
-Measured measure(const std::string& pipetrain, const std::string& dir, const Row& row,
-                 int steps) {
+Measured measure(const std::string& pipetrain, const std::string& dir, const Row& row, int steps) {
   const std::string command = pipetrain + " train --model " + dir + "/model --init random " +
                               "--data tokens --token-file " + dir + "/tokens.bin --seq-len 128 " +
                               "--batch-size 8 --chunks 4 --schedule 1f1b --optimizer adamw " +
@@ -97,10 +88,9 @@ Measured measure(const std::string& pipetrain, const std::string& dir, const Row
   // --report-memory's measured column, per pipeline rank: the states and the buffers.
   std::map<int, double> states, buffers;
   std::map<int, double> parameters_whole;  // ZeRO 0's parameters: what the rank holds
-  const std::regex report(
-      R"(memory: +(\d+) +\d+ +([a-z ]+?) +[0-9.]+ \S?i?B +([0-9.]+) (\S?i?B))");
-  for (auto it = std::sregex_iterator(out.begin(), out.end(), report);
-       it != std::sregex_iterator(); ++it) {
+  const std::regex report(R"(memory: +(\d+) +\d+ +([a-z ]+?) +[0-9.]+ \S?i?B +([0-9.]+) (\S?i?B))");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), report); it != std::sregex_iterator();
+       ++it) {
     const int rank = std::stoi((*it)[1].str());
     const std::string category = (*it)[2].str();
     const double bytes = bytes_of((*it)[3].str(), (*it)[4].str());
@@ -147,23 +137,16 @@ int main(int argc, char** argv) {
   const int layers = argc > 2 ? std::atoi(argv[2]) : 24;
   const int steps = argc > 3 ? std::atoi(argv[3]) : 3;
   const std::string only = argc > 4 ? argv[4] : "";
-  const std::filesystem::path self = std::filesystem::canonical("/proc/self/exe");
-  const std::string pipetrain = (self.parent_path().parent_path() / "pipetrain").string();
-  char pattern[] = "/tmp/bench_zero_memory_XXXXXX";
-  const std::string dir = ::mkdtemp(pattern);
-  std::filesystem::create_directories(dir + "/model");
-  nlohmann::json config = pipetrain::bench::llama_bench_config(width);
-  config["num_hidden_layers"] = layers;
-  std::ofstream(dir + "/model/config.json") << config.dump(2);
+  const std::string pipetrain = pipetrain::bench::pipetrain_executable();
+  const std::string dir = pipetrain::bench::bench_llama_dir("bench_zero_memory", width, layers);
   torch::manual_seed(0);
   const torch::Tensor ids = torch::randint(4096, {200000}, torch::kInt64).to(torch::kInt16);
   std::ofstream(dir + "/tokens.bin", std::ios::binary)
       .write(static_cast<const char*>(ids.data_ptr()), ids.numel() * 2);
 
   std::vector<Row> rows;
-  for (const auto& [layout, replicas] :
-       std::vector<std::pair<std::string, int>>{{"--nproc 4 --pp 2 --dp 2", 2},
-                                                {"--nproc 4 --pp 1 --dp 4", 4}}) {
+  for (const auto& [layout, replicas] : std::vector<std::pair<std::string, int>>{
+           {"--nproc 4 --pp 2 --dp 2", 2}, {"--nproc 4 --pp 1 --dp 4", 4}}) {
     const std::string tag = replicas == 2 ? "pp2 x dp2" : "pp1 x dp4";
     for (int zero = 0; zero <= 3; ++zero) {
       rows.push_back({tag + " --zero " + std::to_string(zero), layout,
@@ -180,8 +163,8 @@ int main(int argc, char** argv) {
       "bench_zero_memory: the bench Llama of width %d and %d layers, %d steps, every row its own "
       "run\n",
       width, layers, steps);
-  std::printf("%-36s %10s %7s %9s %7s %9s %8s %7s\n", "row", "peak", "/zero0", "states/p",
-              "paper", "buffers/p", "step s", "/zero0");
+  std::printf("%-36s %10s %7s %9s %7s %9s %8s %7s\n", "row", "peak", "/zero0", "states/p", "paper",
+              "buffers/p", "step s", "/zero0");
   std::map<std::string, Measured> zero0;  // by layout
   for (const Row& row : rows) {
     if (!only.empty() && row.name.find(only) == std::string::npos) continue;

@@ -40,6 +40,8 @@
 
 namespace {
 
+using pipetrain::bench::run_command;
+
 struct Row {
   std::string name;
   std::string flags;
@@ -53,16 +55,6 @@ struct Measured {
   bool ok = false;
   std::string error;
 };
-
-std::string run_command(const std::string& command) {
-  std::string output;
-  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
-  if (!pipe) return output;
-  std::array<char, 4096> buffer{};
-  while (std::fgets(buffer.data(), buffer.size(), pipe)) output += buffer.data();
-  ::pclose(pipe);
-  return output;
-}
 
 Measured measure(const std::string& pipetrain, const std::string& dir, const Row& row, int steps,
                  const std::string& precision) {
@@ -119,14 +111,8 @@ int main(int argc, char** argv) {
   const int steps = argc > 3 ? std::atoi(argv[3]) : 200;
   const std::string precision = argc > 4 ? argv[4] : "fp32";
   const std::string only = argc > 5 ? argv[5] : "";
-  const std::filesystem::path self = std::filesystem::canonical("/proc/self/exe");
-  const std::string pipetrain = (self.parent_path().parent_path() / "pipetrain").string();
-  char pattern[] = "/tmp/bench_zero_plus_plus_XXXXXX";
-  const std::string dir = ::mkdtemp(pattern);
-  std::filesystem::create_directories(dir + "/model");
-  nlohmann::json config = pipetrain::bench::llama_bench_config(width);
-  config["num_hidden_layers"] = layers;
-  std::ofstream(dir + "/model/config.json") << config.dump(2);
+  const std::string pipetrain = pipetrain::bench::pipetrain_executable();
+  const std::string dir = pipetrain::bench::bench_llama_dir("bench_zero_plus_plus", width, layers);
   // The chain: token t is followed by one of next[t][0..3].
   torch::manual_seed(0);
   const int64_t vocab = 4096, length = 400000;

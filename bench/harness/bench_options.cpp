@@ -1,7 +1,13 @@
 // The bench's settings and the configurations it runs (bench_options.h).
 #include "bench_options.h"
 
+#include <stdlib.h>
+
 #include <algorithm>
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <thread>
 
@@ -97,6 +103,33 @@ nlohmann::json llama_bench_config(int width) {
           {"rms_norm_eps", 1e-5},
           {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 10000.0}}},
           {"tie_word_embeddings", false}};
+}
+
+std::string pipetrain_executable() {
+  const std::filesystem::path self = std::filesystem::canonical("/proc/self/exe");
+  return (self.parent_path().parent_path() / "pipetrain").string();
+}
+
+std::string bench_llama_dir(const std::string& name, int width, int layers) {
+  std::string pattern = "/tmp/" + name + "_XXXXXX";
+  const char* made = ::mkdtemp(pattern.data());
+  if (made == nullptr) throw Error(ErrorKind::Runtime, "cannot make a directory " + pattern);
+  const std::string dir = made;
+  std::filesystem::create_directories(dir + "/model");
+  nlohmann::json config = llama_bench_config(width);
+  config["num_hidden_layers"] = layers;
+  std::ofstream(dir + "/model/config.json") << config.dump(2);
+  return dir;
+}
+
+std::string run_command(const std::string& command) {
+  std::string output;
+  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
+  if (!pipe) return output;
+  std::array<char, 4096> buffer{};
+  while (std::fgets(buffer.data(), buffer.size(), pipe)) output += buffer.data();
+  ::pclose(pipe);
+  return output;
 }
 
 std::string Config::label() const {

@@ -53,6 +53,14 @@ void resolve_defaults(BenchOptions& options);
 constexpr int kLlamaSeqLen = 128;
 nlohmann::json llama_bench_config(int width);
 
+// For the benches that run `pipetrain train` as a user does (bench_zero_memory,
+// bench_checkpoint_save, bench_zero_plus_plus): the `pipetrain` executable of this build; a fresh
+// directory /tmp/<name>_XXXXXX holding model/config.json, the bench Llama of `width` with `layers`
+// decoder layers (returned); and the output, stdout and stderr, of a shell command.
+std::string pipetrain_executable();
+std::string bench_llama_dir(const std::string& name, int width, int layers);
+std::string run_command(const std::string& command);
+
 // One row of the report: a runtime, a schedule and its shape.
 struct Config {
   // libtorch | libtorch-microbatched | inprocess | multiprocess | torchgpipe | torch-pipelining

@@ -100,6 +100,15 @@ inline Check<std::string> size_check(bool minus_one = false) {
   };
 }
 
+inline Check<double> positive_number() {
+  return [](const std::string& flag, const double& value) -> std::string {
+    if (value > 0 && std::isfinite(value)) return "";
+    char got[32];
+    std::snprintf(got, sizeof got, "%g", value);
+    return flag + " must be a positive number, got " + got;
+  };
+}
+
 inline Check<double> finite_at_least_zero(const char* what) {
   return [what](const std::string& flag, const double& value) -> std::string {
     if (value >= 0 && std::isfinite(value)) return "";

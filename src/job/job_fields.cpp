@@ -403,7 +403,6 @@ void declare(JobConfig& c, FieldVisitor& v) {
           trainer_check<double>(
               [](train::TrainerOptions& o, double value) { o.clip_grad_norm(value); }));
 
-  // [zero]
   v.field(F("optimizer", "loss_scaler", "--loss-scaler",
             "--precision fp16: how the loss scale moves: torch (GradScaler's rule), deepspeed "
             "(DeepSpeed's, with hysteresis and a floor) or static (fixed; a non-finite step is "
@@ -412,11 +411,7 @@ void declare(JobConfig& c, FieldVisitor& v) {
           c.optimizer.loss_scaler, one_of({"torch", "deepspeed", "static"}));
   v.field(F("optimizer", "initial_loss_scale", "--initial-loss-scale",
             "--precision fp16: the first loss scale (static: the scale)", train),
-          c.optimizer.initial_loss_scale,
-          [](const std::string& flag, const double& value) -> std::string {
-            if (value > 0 && std::isfinite(value)) return "";
-            return flag + " must be a positive number, got " + std::to_string(value);
-          });
+          c.optimizer.initial_loss_scale, positive_number());
   v.field(F("optimizer", "loss_scale_window", "--loss-scale-window",
             "--precision fp16: good steps before the scale doubles (deepspeed: its "
             "loss_scale_window)",
@@ -427,14 +422,11 @@ void declare(JobConfig& c, FieldVisitor& v) {
           c.optimizer.loss_scale_hysteresis, at_least(1));
   v.field(F("optimizer", "min_loss_scale", "--min-loss-scale",
             "--loss-scaler deepspeed: the scale's floor (an overflow there stops the run)", train),
-          c.optimizer.min_loss_scale,
-          [](const std::string& flag, const double& value) -> std::string {
-            if (value > 0 && std::isfinite(value)) return "";
-            return flag + " must be a positive number, got " + std::to_string(value);
-          });
+          c.optimizer.min_loss_scale, positive_number());
   v.field(F("optimizer", "loss_scale_consecutive_hysteresis", "--loss-scale-consecutive-hysteresis",
             "--loss-scaler deepspeed: every good step refills the hysteresis", train),
           c.optimizer.loss_scale_consecutive_hysteresis);
+  // [zero]
   v.field(F("zero", "stage", "--zero",
             "ZeRO stage over the data-parallel replicas: 0 none, 1 optimizer state sharded, 2 "
             "gradients held between steps sharded too, 3 parameters too (gathered around each "

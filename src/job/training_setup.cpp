@@ -9,6 +9,7 @@
 #include "job_internal.h"
 #include "pipetrain/base/atomic_file.h"
 #include "pipetrain/job/job_fields.h"
+#include "pipetrain/models/llama_config.h"
 #include "pipetrain/partition/memory.h"
 #include "pipetrain/schedule/generators.h"
 #include "pipetrain/stage/precision.h"
@@ -142,9 +143,22 @@ void check_tensor_parallel(const TrainingSetup& s) {
   }
 }
 
+// A mixture's load-balancing term (output_router_logits) enters the backward inside the pipeline,
+// where fp16's loss scale does not reach it (stage/auxiliary_loss.h).
+void check_auxiliary_loss(const TrainingSetup& s) {
+  if (s.pipeline.precision != Precision::kFloat16 || !is_hf_model(s.data.model)) return;
+  if (models::read_llama_config(s.data.model).aux_loss) {
+    fail(
+        "--precision fp16 with a mixture whose config.json sets output_router_logits: the "
+        "load-balancing term's gradient is not loss-scaled yet; use --precision bf16, or set "
+        "output_router_logits false");
+  }
+}
+
 // Names (schedule, schedule file) and flags that exclude each other.
 void check_choices(const TrainingSetup& s) {
   check_tensor_parallel(s);
+  check_auxiliary_loss(s);
   const PipelineRequest& p = s.pipeline;
   if (s.auto_request.any() && !p.schedule_file.empty()) {
     fail(

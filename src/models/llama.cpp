@@ -14,6 +14,7 @@
 #include "pipetrain/base/shuffle.h"
 #include "pipetrain/data/sequence_layout.h"
 #include "pipetrain/models/document_attention.h"
+#include "pipetrain/stage/auxiliary_loss.h"
 #include "vocabulary_table.h"
 
 namespace pipetrain::models {
@@ -316,7 +317,6 @@ torch::Tensor LlamaMoeImpl::forward(const torch::Tensor& x) {
   const int64_t h = c.hidden_size;
   const torch::Tensor flat = x.reshape({-1, h});
   auto [weights, chosen, logits] = route(flat);
-  (void)logits;
   const int64_t k = c.num_experts_per_tok;
   torch::Tensor out = torch::zeros_like(flat);
   // Group the (token, slot) pairs by expert: one stable sort, then one contiguous run each.
@@ -344,7 +344,28 @@ torch::Tensor LlamaMoeImpl::forward(const torch::Tensor& x) {
   if (shared_expert) {
     out = out + torch::sigmoid(shared_expert_gate->forward(flat)) * shared_expert->forward(flat);
   }
+  if (c.aux_loss && is_training()) {
+    out =
+        attach_auxiliary_loss(out, load_balancing_loss(logits, k, chosen), c.router_aux_loss_coef);
+  }
   return out.reshape(x.sizes());
+}
+
+torch::Tensor load_balancing_loss(const torch::Tensor& router_logits, int64_t top_k,
+                                  const torch::Tensor& chosen) {
+  const int64_t n = router_logits.size(0), e = router_logits.size(1);
+  const torch::Tensor probabilities = torch::softmax(router_logits, -1, torch::kFloat);
+  torch::Tensor fraction;
+  {
+    torch::NoGradGuard no_grad;
+    const torch::Tensor picks =
+        chosen.defined() ? chosen : std::get<1>(probabilities.topk(top_k, -1));
+    fraction = torch::zeros({e}, probabilities.options())
+                   .scatter_add_(0, picks.reshape({-1}),
+                                 torch::ones({picks.numel()}, probabilities.options()))
+                   .div_(static_cast<double>(n));
+  }
+  return (fraction * probabilities.mean(0)).sum() * static_cast<double>(e);
 }
 
 std::vector<torch::Tensor> LlamaMoeImpl::autocast_cast_parameters() const {

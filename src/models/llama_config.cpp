@@ -358,11 +358,7 @@ void read_experts(const Reader& r, LlamaConfig& c) {
   }
   c.norm_topk_prob = mixtral || r.flag("norm_topk_prob", false);
   c.router_aux_loss_coef = r.number("router_aux_loss_coef", 0.001);
-  if (r.flag("output_router_logits", false)) {
-    r.fail("output_router_logits",
-           "adds the router's load-balancing loss to the training loss, which pipetrain does not "
-           "compute yet; set it false (transformers' default)");
-  }
+  c.aux_loss = r.flag("output_router_logits", false);
   if (mixtral && r.number("router_jitter_noise", 0.0) != 0.0) {
     r.fail("router_jitter_noise", "must be 0: pipetrain routes without noise");
   }
@@ -732,7 +728,7 @@ nlohmann::json llama_config_json(const LlamaConfig& c, const std::string& dtype)
       json["num_local_experts"] = c.num_experts;
       json["num_experts_per_tok"] = c.num_experts_per_tok;
       json["router_aux_loss_coef"] = c.router_aux_loss_coef;
-      json["output_router_logits"] = false;
+      json["output_router_logits"] = c.aux_loss;
       json["sliding_window"] = window > 0 ? nlohmann::json(window) : nlohmann::json();
       if (c.architecture == LlamaArchitecture::kMixtral) break;
       json["moe_intermediate_size"] = c.expert_intermediate_size;

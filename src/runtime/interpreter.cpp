@@ -10,6 +10,7 @@
 #include "pipetrain/base/message_of.h"
 #include "pipetrain/schedule/lower.h"
 #include "pipetrain/schedule/send_release.h"
+#include "pipetrain/stage/auxiliary_loss.h"
 
 namespace pipetrain {
 namespace {
@@ -280,6 +281,9 @@ void Interpreter::run(const StepData& data, RankResult& result, const std::atomi
         const auto layout = static_cast<size_t>(action.microbatch);
         const data::LayoutScope scope(layout < data.layouts.size() ? data.layouts[layout].get()
                                                                    : nullptr);
+        // Its share of the step's loss, for the auxiliary terms its layers attach.
+        const AuxiliaryLossScope auxiliary(
+            data.training && layout < data.loss_weights.size() ? data.loss_weights[layout] : 1.0);
         execute(action, data, result);
       }
       const auto sum_here = sum_starts_after.find(a);

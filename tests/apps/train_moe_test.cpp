@@ -9,17 +9,20 @@
 // steps at lr 1e-2: no top-k choice flips, and equality within 1e-4 is meaningful (a flipped
 // choice would move a token's output by a whole expert's).
 //
-// Adam's eps is 1e-5 here, not the dense tests' 1e-6: Adam turns a gradient element far below
-// eps' scale into a full-size update whatever its rounding, and Qwen3-MoE's k_proj (under its
-// per-head norm) and experts that see few tokens have such elements. Measured against
-// transformers after three steps in one process: 1.06e-4 at eps 1e-6, 3.2e-5 at 1e-5, 4.3e-6 at
-// 1e-4 (the experts' products are the same sums in another blocking: transformers multiplies
-// gate and up as one fused [2I, H] matrix).
+// Adam's eps is 1e-4 here, not the dense tests' 1e-6: Adam turns a gradient element far below
+// eps' scale into a full-size update whatever its rounding, and the mixtures have many such
+// elements (Qwen3-MoE's k_proj under its per-head norm, experts and embedding rows that see few
+// tokens). Measured against transformers after three steps in one process: Qwen3-MoE 1.06e-4 at
+// eps 1e-6, 3.2e-5 at 1e-5, 4.3e-6 at 1e-4; Qwen2-MoE 3.9e-5, 9.5e-5, 2.1e-6 (the experts'
+// products are the same sums in another blocking: transformers multiplies gate and up as one
+// fused [2I, H] matrix).
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "../helpers/cli_run.h"
 #include "../helpers/hf_models.h"
@@ -49,13 +52,13 @@ TEST(TrainMoe, WeightsAfterAdamWEqualTransformersTrainingInThreeLayouts) {
     const CliRun reference =
         hf_reference("train " + model + " " + hf_fixtures() + "/tokens.bin " + dir + "/" + c.arch +
                      "_reference --seq-len 16 --batch-size 8 --steps 3 --lr 1e-2 "
-                     "--betas 0.9,0.95 --eps 1e-5 --weight-decay 0.1");
+                     "--betas 0.9,0.95 --eps 1e-4 --weight-decay 0.1");
     ASSERT_EQ(reference.exit_code, 0) << reference.output;
     const std::string out = dir + "/" + c.arch;
     const CliRun run = run_pipetrain(
         "train --model " + model + " --data tokens --token-file " + hf_fixtures() +
         "/tokens.bin --seq-len 16 --batch-size 8 --steps 3 --lr 1e-2 --optimizer adamw "
-        "--weight-decay 0.1 --adam-betas 0.9,0.95 --adam-eps 1e-5 " +
+        "--weight-decay 0.1 --adam-betas 0.9,0.95 --adam-eps 1e-4 " +
         c.layout + " --save-hf " + out);
     ASSERT_EQ(run.exit_code, 0) << c.arch << "\n" << run.output;
     EXPECT_NE(run.output.find("saved " + c.saved), std::string::npos) << run.output;
@@ -69,6 +72,53 @@ TEST(TrainMoe, WeightsAfterAdamWEqualTransformersTrainingInThreeLayouts) {
     EXPECT_LE(errors[i], 1e-4) << cases[i].arch << "\n" << compare.output;
   }
   EXPECT_EQ(compare.exit_code, 0) << compare.output;
+}
+
+// output_router_logits: each MoE layer's load-balancing term, per micro-batch, weighted by its
+// share of the loss. Qwen2-MoE's fixture has one MoE layer, so with the whole batch as one
+// micro-batch the term is transformers' own (one term over all layers' router logits), and the
+// weights equal its training with the auxiliary loss; at 4 micro-batches a pipeline of 2 stages
+// (--nproc 2, zb-v: the term's gradient reaches the router through the split backward) ends with
+// the weights of one process at the same 4 micro-batches, and not with those of the run without
+// the term.
+TEST(TrainMoe, TheLoadBalancingTermTrainsAsTransformersAndEqualsOneProcessAtTheSameMicroBatches) {
+  PIPETRAIN_SKIP_WITHOUT_TRANSFORMERS();
+  const std::string dir = testing::scratch_dir("train-moe-aux");
+  const std::string model = dir + "/qwen2_moe";
+  std::filesystem::copy(hf_fixtures() + "/qwen2_moe", model);
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(model + "/config.json"));
+  config["output_router_logits"] = true;
+  config["router_aux_loss_coef"] = 0.5;  // large, so that the term moves the weights visibly
+  std::ofstream(model + "/config.json") << config.dump(2);
+  const std::string steps =
+      " --seq-len 16 --batch-size 8 --steps 3 --lr 1e-2 --optimizer adamw --weight-decay 0.1 "
+      "--adam-betas 0.9,0.95 --adam-eps 1e-4 ";
+  const CliRun reference =
+      hf_reference("train " + model + " " + hf_fixtures() + "/tokens.bin " + dir +
+                   "/reference --seq-len 16 --batch-size 8 --steps 3 --lr 1e-2 "
+                   "--betas 0.9,0.95 --eps 1e-4 --weight-decay 0.1");
+  ASSERT_EQ(reference.exit_code, 0) << reference.output;
+  auto run = [&](const std::string& name, const std::string& flags, const std::string& from) {
+    const CliRun r =
+        run_pipetrain("train --model " + from + " --data tokens --token-file " + hf_fixtures() +
+                      "/tokens.bin" + steps + flags + " --save-hf " + dir + "/" + name);
+    EXPECT_EQ(r.exit_code, 0) << name << "\n" << r.output;
+  };
+  run("whole", "", model);
+  run("one_process", "--chunks 4", model);
+  run("pipelined", "--nproc 2 --chunks 4 --schedule zb-v", model);
+  run("without", "--chunks 4", hf_fixtures() + "/qwen2_moe");
+  std::ofstream batch(dir + "/compare.txt");
+  batch << "compare " << dir << "/whole " << dir << "/reference --rtol 1e-4\n"
+        << "compare " << dir << "/pipelined " << dir << "/one_process --rtol 1e-4\n"
+        << "compare " << dir << "/without " << dir << "/one_process --rtol 1\n";
+  batch.close();
+  const CliRun compare = hf_reference("batch " + dir + "/compare.txt");
+  const std::vector<double> errors = testing::worst_relative_errors(compare.output);
+  ASSERT_EQ(errors.size(), 3u) << compare.output;
+  EXPECT_LE(errors[0], 1e-4) << compare.output;
+  EXPECT_LE(errors[1], 1e-4) << compare.output;
+  EXPECT_GT(errors[2], 1e-3) << compare.output;  // the term changes the router's training
 }
 
 }  // namespace

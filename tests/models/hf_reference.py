@@ -210,8 +210,11 @@ def cmd_train(args):
         x = torch.stack([ids[s * t : s * t + t] for s in rows])
         y = torch.stack([ids[s * t + 1 : s * t + t + 1] for s in rows])
         optimizer.zero_grad()
-        logits = model(input_ids=x).logits
+        output = model(input_ids=x)
+        logits = output.logits
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
+        if getattr(output, "aux_loss", None) is not None:  # a mixture with output_router_logits
+            loss = loss + model.config.router_aux_loss_coef * output.aux_loss
         loss.backward()
         optimizer.step()
         print(f"step {k} loss {loss.item():.6f}")
@@ -322,6 +325,15 @@ def cmd_generate(args):
     print(",".join(str(int(x)) for x in out[0, prompt.size(1) :]))
 
 
+def cmd_aux(args):
+    from safetensors.torch import load_file
+    from transformers.models.qwen2_moe.modeling_qwen2_moe import load_balancing_loss_func
+
+    logits = load_file(args.file)["logits"]
+    value = load_balancing_loss_func((logits,), logits.size(-1), args.top_k)
+    print(f"aux {value.item():.9g}")
+
+
 def cmd_compare(args):
     got = dict(load(args.got).named_parameters())
     expected = dict(load(args.expected).named_parameters())
@@ -426,6 +438,9 @@ def parser():
     g.add_argument("dir")
     g.add_argument("--prompt", required=True)
     g.add_argument("--max-new-tokens", type=int, required=True)
+    a = sub.add_parser("aux")
+    a.add_argument("file")
+    a.add_argument("--top-k", type=int, default=2)
     c = sub.add_parser("compare")
     c.add_argument("got")
     c.add_argument("expected")
@@ -447,6 +462,7 @@ COMMANDS = {
     "generate": cmd_generate,
     "compare": cmd_compare,
     "fixtures": cmd_fixtures,
+    "aux": cmd_aux,
 }
 
 

@@ -60,6 +60,24 @@ INSTANTIATE_TEST_SUITE_P(Architectures, LlamaLogits,
                          ::testing::Values("llama", "qwen2", "mistral", "qwen2_moe", "qwen3_moe",
                                            "mixtral"));
 
+// One layer's load-balancing term on one micro-batch's router logits is transformers'
+// load_balancing_loss_func on those logits alone; its gradient reaches the router's logits.
+TEST(Llama, OneLayersLoadBalancingTermIsTransformersOnThatLayersLogits) {
+  PIPETRAIN_SKIP_WITHOUT_TRANSFORMERS();
+  const std::string dir = testing::scratch_dir("load_balancing");
+  torch::manual_seed(7);
+  const torch::Tensor logits = (torch::randn({24, 6}) * 2).requires_grad_();
+  io::write_safetensors_file(dir + "/logits.safetensors", {{"logits", logits.detach()}});
+  const torch::Tensor term = load_balancing_loss(logits, 2);
+  const testing::CliRun reference =
+      testing::hf_reference("aux " + dir + "/logits.safetensors --top-k 2");
+  ASSERT_EQ(reference.exit_code, 0) << reference.output;
+  const double expected = std::stod(reference.output.substr(reference.output.find("aux ") + 4));
+  EXPECT_NEAR(term.item<double>(), expected, 1e-6 * std::abs(expected)) << reference.output;
+  term.backward();
+  EXPECT_GT(logits.grad().abs().sum().item<double>(), 0);
+}
+
 TEST(Llama, MixturesOfExpertsReadTheirExpertsAndLayersAsTransformersBuildsThem) {
   PIPETRAIN_SKIP_WITHOUT_TRANSFORMERS();
   const LlamaConfig qwen2 = read_llama_config(hf_fixtures() + "/qwen2_moe");
@@ -89,17 +107,9 @@ TEST(Llama, MixturesOfExpertsReadTheirExpertsAndLayersAsTransformersBuildsThem) 
   }
   // What cannot run is refused naming the key.
   nlohmann::json json = qwen3.source;
+  EXPECT_FALSE(qwen3.aux_loss);
   json["output_router_logits"] = true;
-  EXPECT_THROW(
-      {
-        try {
-          parse_llama_config(json);
-        } catch (const ModelConfigError& e) {
-          EXPECT_EQ(e.key(), "output_router_logits");
-          throw;
-        }
-      },
-      ModelConfigError);
+  EXPECT_TRUE(parse_llama_config(json).aux_loss);
   json = qwen3.source;
   json["num_experts_per_tok"] = 5;
   EXPECT_THROW(parse_llama_config(json), ModelConfigError);

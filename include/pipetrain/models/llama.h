@@ -179,6 +179,12 @@ TORCH_MODULE(LlamaMlp);
 // into y expert by expert in ascending order, as transformers adds them.
 // Registered as transformers names them: gate, experts.{e}.(gate|up|down)_proj (Mixtral:
 // experts.{e}.w1|w2|w3), shared_expert, shared_expert_gate.
+// With LlamaConfig::aux_loss, a training forward attaches router_aux_loss_coef x this layer's
+// load_balancing_loss on these tokens to its output (stage/auxiliary_loss.h): each layer and each
+// micro-batch adds its own term, weighted by the micro-batch's share of the loss, as Megatron
+// adds them. transformers computes one term over every layer's and the whole batch's router
+// logits at once, which a pipeline could reproduce only by waiting for every stage's forwards:
+// with one layer and one micro-batch the two are the same term.
 class LlamaMoeImpl : public torch::nn::Cloneable<LlamaMoeImpl>, public AutocastCastParameters {
  public:
   LlamaMoeImpl(std::shared_ptr<const LlamaConfig> config, torch::TensorOptions options = {});
@@ -197,6 +203,13 @@ class LlamaMoeImpl : public torch::nn::Cloneable<LlamaMoeImpl>, public AutocastC
   std::vector<torch::Tensor> autocast_cast_parameters() const override;
 };
 TORCH_MODULE(LlamaMoe);
+
+// transformers' load_balancing_loss_func for one layer's router logits [N, E] (no attention
+// mask): E x sum over experts of (the fraction of the N x top_k choices that went to the expert,
+// over N) x (the mean over tokens of its softmax probability). The choices: the top_k of the
+// softmax (float32); the probabilities carry the gradient. A float32 scalar.
+torch::Tensor load_balancing_loss(const torch::Tensor& router_logits, int64_t top_k,
+                                  const torch::Tensor& chosen = {});
 
 // One decoder layer, pre-norm. [B,T,H] -> [B,T,H]. Its MLP is `mlp`, or in a mixture's MoE layer
 // `moe` (registered as "mlp", Mixtral's as "block_sparse_moe").

@@ -28,8 +28,8 @@
 //   Mixtures of experts (Qwen2-MoE, Qwen3-MoE, Mixtral; transformers' defaults):
 //   num_experts (or num_local_experts), num_experts_per_tok, moe_intermediate_size,
 //   shared_expert_intermediate_size (Qwen2-MoE), norm_topk_prob, decoder_sparse_step,
-//   mlp_only_layers, router_aux_loss_coef (kept); output_router_logits must be false (the
-//   auxiliary loss is not computed yet) and Mixtral's router_jitter_noise 0. Qwen3-MoE's
+//   mlp_only_layers, router_aux_loss_coef, output_router_logits (the load-balancing term, per
+//   layer and micro-batch: LlamaMoe); Mixtral's router_jitter_noise must be 0. Qwen3-MoE's
 //   attention normalizes each query and key head (q_norm, k_norm) and has attention_bias; Qwen2-MoE
 //   has qkv_bias (default true).
 // Keys that change nothing pipetrain computes (token ids, generation settings, bookkeeping) are
@@ -120,7 +120,10 @@ struct LlamaConfig {
   int64_t shared_expert_intermediate_size = 0;  // Qwen2-MoE (0: none)
   bool norm_topk_prob = false;                  // Mixtral: always
   std::vector<char> moe_layer;                  // per layer
-  double router_aux_loss_coef = 0.001;          // kept; the term needs output_router_logits
+  double router_aux_loss_coef = 0.001;
+  // output_router_logits: training adds router_aux_loss_coef x each MoE layer's load-balancing
+  // term per micro-batch (LlamaMoe; transformers adds one term over all layers and the batch).
+  bool aux_loss = false;
   // Whether layer l has the MoE block.
   bool is_moe_layer(int64_t l) const {
     return l >= 0 && l < static_cast<int64_t>(moe_layer.size()) &&
