@@ -624,6 +624,11 @@ void declare(JobConfig& c, FieldVisitor& v) {
             "hosts and between hosts, by kind (as a ring sends them; docs/DISTRIBUTED.md)",
             train),
           c.output.report_comm);
+  v.field(F("output", "report_routing", "--report-routing",
+            "a mixture of experts: each MoE layer's busiest expert's tokens over the mean, per "
+            "step (every --log-every), and its experts' tokens over the run, summed over the ranks",
+            train),
+          c.output.report_routing);
 
   // [inference]
   v.field(F("inference", "checkpoint", "--checkpoint",

@@ -37,6 +37,7 @@
 #include "pipetrain/job/job_file.h"
 #include "pipetrain/job/run_job.h"
 #include "pipetrain/models/llama_export.h"
+#include "pipetrain/models/routing.h"
 #include "pipetrain/partition/memory.h"
 #include "pipetrain/runtime/distributed.h"
 #include "pipetrain/runtime/launcher.h"
@@ -360,7 +361,13 @@ train::TrainSummary run_loop(const TrainingSetup& s, Prepared& p, train::Trainer
     start.predicted_memory = p.predicted_memory;
     observer.on_start(start);
   }
+  const bool routing = s.job.output.report_routing;
+  if (routing) {
+    models::routing_recorder().clear();
+    models::routing_recorder().set_enabled(true);
+  }
   trainer.on_step = [&](const train::StepReport& r) {
+    if (routing) models::routing_recorder().end_step();
     if (r.main) observer.on_step(r);
   };
   trainer.on_epoch_end = [&](int64_t epoch) {
@@ -547,6 +554,29 @@ std::vector<int64_t> sum_over_ranks(Distributed& distributed, const std::vector<
   return sum;
 }
 
+// --report-routing: the tokens each expert of each MoE layer received, step by step, summed over
+// every rank (pipeline ranks hold other layers, replicas other tokens) on rank 0.
+void report_routing(Distributed* distributed, const TrainingSetup& s, JobObserver& observer) {
+  std::vector<models::RoutingRecorder::Counts> steps = models::routing_recorder().steps();
+  if (distributed) {
+    const std::vector<int64_t> flat = models::flatten_routing(steps);
+    std::vector<char> bytes(flat.size() * sizeof(int64_t));
+    std::memcpy(bytes.data(), flat.data(), bytes.size());
+    const std::vector<std::vector<char>> all =
+        distributed->world()->world_group()->gather_bytes(bytes);
+    if (distributed->rank() != 0) return;
+    steps.clear();
+    for (const std::vector<char>& blob : all) {
+      std::vector<int64_t> theirs(blob.size() / sizeof(int64_t));
+      std::memcpy(theirs.data(), blob.data(), theirs.size() * sizeof(int64_t));
+      models::merge_routing(steps, models::unflatten_routing(theirs));
+    }
+  }
+  std::string text = models::routing_report(steps, s.job.training.log_every);
+  if (!text.empty() && text.back() == '\n') text.pop_back();
+  note(observer, text);
+}
+
 // --report-comm: every rank's collective traffic (C10dWorld::traffic) summed on rank 0, per step,
 // by kind and by what ZeRO sent it for (its TrafficLabels, train::kZeroTrafficLabels).
 void report_comm(Distributed& distributed, int64_t steps, JobObserver& observer) {
@@ -659,6 +689,7 @@ JobResult run_rank(TrainingSetup& s, JobObserver& observer) {
     if (s.job.output.report_comm) {
       report_comm(distributed, result.summary ? result.summary->steps : 0, observer);
     }
+    if (s.job.output.report_routing) report_routing(&distributed, s, observer);
   });
   if (result.exit_code == 0 && !bad_input.empty()) throw BadInput(bad_input);
   return result;
@@ -698,6 +729,7 @@ JobResult run_in_process(TrainingSetup& s, JobObserver& observer) {
   }
   JobResult result;
   result.summary = train_with(s, p, *runner, threads, pipe ? &*pipe : nullptr, layout, observer);
+  if (s.job.output.report_routing) report_routing(nullptr, s, observer);
   return result;
 }
 

@@ -143,9 +143,16 @@ void check_tensor_parallel(const TrainingSetup& s) {
   }
 }
 
-// A mixture's load-balancing term (output_router_logits) enters the backward inside the pipeline,
-// where fp16's loss scale does not reach it (stage/auxiliary_loss.h).
+// --report-routing needs experts; a mixture's load-balancing term (output_router_logits) enters
+// the backward inside the pipeline, where fp16's loss scale does not reach it
+// (stage/auxiliary_loss.h).
 void check_auxiliary_loss(const TrainingSetup& s) {
+  if (s.job.output.report_routing &&
+      (!is_hf_model(s.data.model) ||
+       !models::is_moe(models::read_llama_config(s.data.model).architecture))) {
+    fail("--report-routing reports a mixture of experts' routing, and --model " + s.data.model +
+         " has no experts (a Qwen2-MoE, Qwen3-MoE or Mixtral directory has)");
+  }
   if (s.pipeline.precision != Precision::kFloat16 || !is_hf_model(s.data.model)) return;
   if (models::read_llama_config(s.data.model).aux_loss) {
     fail(

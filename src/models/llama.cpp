@@ -14,7 +14,9 @@
 #include "pipetrain/base/shuffle.h"
 #include "pipetrain/data/sequence_layout.h"
 #include "pipetrain/models/document_attention.h"
+#include "pipetrain/models/routing.h"
 #include "pipetrain/stage/auxiliary_loss.h"
+#include "pipetrain/stage/skip.h"
 #include "vocabulary_table.h"
 
 namespace pipetrain::models {
@@ -272,8 +274,8 @@ torch::Tensor LlamaMlpImpl::forward(const torch::Tensor& x) {
 }
 
 LlamaMoeImpl::LlamaMoeImpl(std::shared_ptr<const LlamaConfig> config_,
-                           torch::TensorOptions options_)
-    : config(std::move(config_)), options(options_) {
+                           torch::TensorOptions options_, int64_t layer_)
+    : config(std::move(config_)), options(options_), layer(layer_) {
   reset();
 }
 
@@ -329,6 +331,10 @@ torch::Tensor LlamaMoeImpl::forward(const torch::Tensor& x) {
   }
   const torch::Tensor flat_weights = weights.reshape({-1});
   const auto count = counts.accessor<int64_t, 1>();
+  // --report-routing: a training forward's tokens per expert (a recompute's counted already).
+  if (is_training() && !is_recomputing() && routing_recorder().enabled()) {
+    routing_recorder().add(layer, std::vector<int64_t>(count.data(), count.data() + count.size(0)));
+  }
   int64_t start = 0;
   for (int64_t e = 0; e < c.num_experts; ++e) {
     const int64_t n = count[e];
@@ -396,7 +402,7 @@ void LlamaDecoderLayerImpl::reset() {
   if (c.is_moe_layer(layer)) {
     moe =
         register_module(c.architecture == LlamaArchitecture::kMixtral ? "block_sparse_moe" : "mlp",
-                        LlamaMoe(config, options));
+                        LlamaMoe(config, options, layer));
   } else {
     mlp = register_module("mlp", LlamaMlp(config, options, tp));
   }

@@ -18,6 +18,7 @@
 // fused [2I, H] matrix).
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -45,7 +46,9 @@ TEST(TrainMoe, WeightsAfterAdamWEqualTransformersTrainingInThreeLayouts) {
   const std::vector<Case> cases = {
       {"qwen2_moe", "Qwen2MoeForCausalLM", "--stages 2 --chunks 4 --schedule 1f1b"},
       {"qwen3_moe", "Qwen3MoeForCausalLM", "--nproc 2 --chunks 4 --schedule zb-v"},
-      {"mixtral", "MixtralForCausalLM", "--nproc 4 --dp 2 --zero 1 --chunks 2 --schedule 1f1b"}};
+      {"mixtral", "MixtralForCausalLM",
+       "--nproc 4 --dp 2 --zero 1 --chunks 2 --schedule 1f1b --checkpoint always "
+       "--report-routing --log-every 1"}};
   std::ofstream batch(dir + "/compare.txt");
   for (const Case& c : cases) {
     const std::string model = hf_fixtures() + "/" + c.arch;
@@ -62,6 +65,27 @@ TEST(TrainMoe, WeightsAfterAdamWEqualTransformersTrainingInThreeLayouts) {
         c.layout + " --save-hf " + out);
     ASSERT_EQ(run.exit_code, 0) << c.arch << "\n" << run.output;
     EXPECT_NE(run.output.find("saved " + c.saved), std::string::npos) << run.output;
+    if (c.arch == "mixtral") {
+      // --report-routing, summed over the 4 ranks: each of the 2 layers (one per pipeline rank)
+      // saw 3 steps x 8 x 16 tokens x 2 choices, recomputed micro-batches counted once.
+      for (const std::string layer : {"0", "1"}) {
+        const size_t at = run.output.find("routing: layer " + layer + ": mean ");
+        ASSERT_NE(at, std::string::npos) << run.output;
+        const size_t list = run.output.find("over the run:", at);
+        std::istringstream counts(
+            run.output.substr(list + 13, run.output.find('\n', list) - list - 13));
+        int64_t sum = 0, count = 0, n = 0;
+        while (counts >> count) {
+          sum += count;
+          ++n;
+        }
+        EXPECT_EQ(n, 4) << run.output;
+        EXPECT_EQ(sum, 3 * 8 * 16 * 2) << layer << "\n" << run.output;
+      }
+      for (const char* step : {"routing: step 1: layer 0 ", "routing: step 3: layer 0 "}) {
+        EXPECT_NE(run.output.find(step), std::string::npos) << step << "\n" << run.output;
+      }
+    }
     batch << "compare " << out << " " << dir << "/" << c.arch << "_reference --rtol 1e-4\n";
   }
   batch.close();
@@ -119,6 +143,16 @@ TEST(TrainMoe, TheLoadBalancingTermTrainsAsTransformersAndEqualsOneProcessAtTheS
   EXPECT_LE(errors[0], 1e-4) << compare.output;
   EXPECT_LE(errors[1], 1e-4) << compare.output;
   EXPECT_GT(errors[2], 1e-3) << compare.output;  // the term changes the router's training
+}
+
+TEST(TrainMoe, ReportRoutingOfADenseModelExitsTwo) {
+  const CliRun run =
+      run_pipetrain("train --model " + hf_fixtures() + "/llama --data tokens --token-file " +
+                    hf_fixtures() + "/tokens.bin --seq-len 16 --report-routing");
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_NE(run.output.find("--report-routing reports a mixture of experts' routing"),
+            std::string::npos)
+      << run.output;
 }
 
 }  // namespace

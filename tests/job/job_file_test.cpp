@@ -268,8 +268,8 @@ TEST(JobFields, EveryFlagOfTrainIsStillThereAndNamedOnce) {
   for (const Field& f : fields_of(Command::kTrain)) {
     EXPECT_TRUE(now.insert(f.flag).second) << f.flag << " is declared twice for train";
   }
-  // Flags come (issue 61's offload settings, issue 62's DeepSpeed schedules, ladder, traffic and
-  // ZeRO++); none goes.
+  // Flags come (issue 61's offload settings, issue 62's DeepSpeed schedules, ladder, traffic,
+  // ZeRO++ and loss scaler, issue 63's routing report); none goes.
   std::set<std::string> expected = before;
   expected.insert({"--offload-params",
                    "--offload-dir",
@@ -291,7 +291,7 @@ TEST(JobFields, EveryFlagOfTrainIsStillThereAndNamedOnce) {
                    "--loss-scale-window",
                    "--loss-scale-hysteresis",
                    "--min-loss-scale",
-                   "--loss-scale-consecutive-hysteresis"});
+                   "--loss-scale-consecutive-hysteresis", "--report-routing"});
   EXPECT_EQ(now, expected);
 }
 

@@ -184,6 +184,7 @@ struct OutputSettings {
   std::string save_params;   // --save-params
   std::string save_hf;       // --save-hf
   bool report_comm = false;  // --report-comm
+  bool report_routing = false;  // --report-routing
 };
 
 // [inference] the weights and the pipeline of `eval` and `generate`.

@@ -187,7 +187,9 @@ TORCH_MODULE(LlamaMlp);
 // with one layer and one micro-batch the two are the same term.
 class LlamaMoeImpl : public torch::nn::Cloneable<LlamaMoeImpl>, public AutocastCastParameters {
  public:
-  LlamaMoeImpl(std::shared_ptr<const LlamaConfig> config, torch::TensorOptions options = {});
+  // `layer`: its decoder layer's index (routing_recorder's numbering).
+  LlamaMoeImpl(std::shared_ptr<const LlamaConfig> config, torch::TensorOptions options = {},
+               int64_t layer = 0);
   void reset() override;
   torch::Tensor forward(const torch::Tensor& x);
   // The router's choice for tokens x [N,H]: (weights [N,k], experts int64 [N,k]) and the
@@ -196,6 +198,7 @@ class LlamaMoeImpl : public torch::nn::Cloneable<LlamaMoeImpl>, public AutocastC
 
   std::shared_ptr<const LlamaConfig> config;
   torch::TensorOptions options;
+  int64_t layer = 0;
   LlamaLinear gate{nullptr};  // [E, H]
   torch::nn::ModuleList experts{nullptr};
   LlamaMlp shared_expert{nullptr};          // Qwen2-MoE (null otherwise)
