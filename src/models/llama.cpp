@@ -741,7 +741,8 @@ torch::Tensor vocab_parallel_causal_lm_loss(const torch::Tensor& logits,
 
 void check_llama_tensor_parallel(const LlamaConfig& c, int tp) {
   PIPETRAIN_CHECK_INPUT(tp >= 1, "--tp must be >= 1 (got ", tp, ")");
-  PIPETRAIN_CHECK_INPUT(!is_moe(c.architecture), "--tp ", tp, ": ", to_string(c.architecture),
+  PIPETRAIN_CHECK_INPUT(tp == 1 || !is_moe(c.architecture), "--tp ", tp, ": ",
+                        to_string(c.architecture),
                         " is a mixture of experts, and tensor parallelism does not split its "
                         "experts yet; give --tp 1");
   const std::vector<std::pair<const char*, int64_t>> cut = {

@@ -116,6 +116,10 @@ TEST(Llama, MixturesOfExpertsReadTheirExpertsAndLayersAsTransformersBuildsThem) 
   json = mixtral.source;
   json["router_jitter_noise"] = 0.1;
   EXPECT_THROW(parse_llama_config(json), ModelConfigError);
+  // Tensor parallelism does not split experts yet: tp 1 is a layout (plan --world ranks it),
+  // tp 2 is refused.
+  EXPECT_NO_THROW(check_llama_tensor_parallel(mixtral, 1));
+  EXPECT_THROW(check_llama_tensor_parallel(mixtral, 2), BadInput);
 }
 
 TEST(Llama, ConfigsOfTheThreeArchitecturesReadAsTransformersBuildsThem) {
