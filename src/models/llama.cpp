@@ -62,8 +62,8 @@ std::string shape_text(torch::IntArrayRef shape) {
   return text + "]";
 }
 
-// A decoder layer's input_layernorm / post_attention_layernorm weight (the final norm is an entry
-// of its own).
+// A decoder layer's input_layernorm / post_attention_layernorm weight, or Qwen3's q_norm / k_norm
+// (the final norm is an entry of its own): drawn as ones.
 bool is_layer_norm_weight(const std::string& name) {
   return name.find("layernorm") != std::string::npos ||
          name.find("self_attn.q_norm.") != std::string::npos ||
