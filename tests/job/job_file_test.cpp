@@ -291,7 +291,8 @@ TEST(JobFields, EveryFlagOfTrainIsStillThereAndNamedOnce) {
                    "--loss-scale-window",
                    "--loss-scale-hysteresis",
                    "--min-loss-scale",
-                   "--loss-scale-consecutive-hysteresis", "--report-routing"});
+                   "--loss-scale-consecutive-hysteresis",
+                   "--report-routing"});
   EXPECT_EQ(now, expected);
 }
 

@@ -178,12 +178,12 @@ struct CheckpointSettings {
 
 // [output] what the run writes besides checkpoints.
 struct OutputSettings {
-  std::string trace;         // --trace
-  std::string timeline;      // --timeline
-  std::string summary_json;  // --summary-json
-  std::string save_params;   // --save-params
-  std::string save_hf;       // --save-hf
-  bool report_comm = false;  // --report-comm
+  std::string trace;            // --trace
+  std::string timeline;         // --timeline
+  std::string summary_json;     // --summary-json
+  std::string save_params;      // --save-params
+  std::string save_hf;          // --save-hf
+  bool report_comm = false;     // --report-comm
   bool report_routing = false;  // --report-routing
 };
 
