@@ -76,6 +76,26 @@ void C10dGroup::Impl::count_traffic(int kind, const at::Tensor& tensor, int root
   }
 }
 
+void C10dGroup::Impl::count_all_to_all(const std::vector<int64_t>& bytes) {
+  const auto host = [this](int world_rank) {
+    return ranks_per_host > 0 ? world_rank / ranks_per_host : 0;
+  };
+  const int mine = host(ranks[static_cast<std::size_t>(group_rank)]);
+  int64_t within = 0, between = 0;
+  for (std::size_t g = 0; g < bytes.size() && g < ranks.size(); ++g) {
+    if (static_cast<int>(g) == group_rank) continue;
+    (host(ranks[g]) == mine ? within : between) += bytes[g];
+  }
+  sent->within[kAllToAll] += within;
+  sent->between[kAllToAll] += between;
+  if (!traffic_label.empty()) {
+    std::lock_guard<std::mutex> lock(sent->labelled_mutex);
+    CollectiveTraffic& t = sent->labelled[traffic_label];
+    t.within_host += within;
+    t.between_hosts += between;
+  }
+}
+
 C10dGroup::Traffic C10dGroup::traffic(Collective collective) const {
   const auto k = static_cast<std::size_t>(collective);
   return {impl_->sent->within[k].load(), impl_->sent->between[k].load()};
@@ -348,6 +368,47 @@ void C10dGroup::all_to_all(const torch::Tensor& input, torch::Tensor& output) {
   {
     const auto posting = impl_->check_collective(Impl::kAllToAll, in);
     work = impl_->backend_for(in).alltoall_base(out, in, splits, splits, options);
+  }
+  detail::wait_work(work, "all_to_all over group '" + impl_->name + "'");
+}
+
+void C10dGroup::all_to_all(const torch::Tensor& input, const std::vector<int64_t>& send,
+                           torch::Tensor& output, const std::vector<int64_t>& receive) {
+  const auto sum = [](const std::vector<int64_t>& v) {
+    int64_t total = 0;
+    for (int64_t x : v) total += x;
+    return total;
+  };
+  const bool shapes = input.dim() >= 1 && output.dim() == input.dim() &&
+                      input.sizes().slice(1) == output.sizes().slice(1);
+  PIPETRAIN_CHECK_INPUT(
+      input.is_contiguous() && output.is_contiguous() &&
+          input.scalar_type() == output.scalar_type() && shapes &&
+          static_cast<int>(send.size()) == size() && static_cast<int>(receive.size()) == size() &&
+          sum(send) == input.size(0) && sum(receive) == output.size(0),
+      "all_to_all over group '", name(), "' needs contiguous tensors of one dtype and row shape, ",
+      size(), " send and receive counts summing to their rows (input ", input.sizes(), ", output ",
+      output.sizes(), ", ", send.size(), " and ", receive.size(), " counts)");
+  if (size() == 1) {
+    output.copy_(input);
+    return;
+  }
+  PIPETRAIN_CHECK_INPUT(!impl_->mirror, "all_to_all with slices of their own sizes over group '",
+                        name(), "': a mirror group has no other members to send them to");
+  at::Tensor in = input.detach();  // detached: see above allreduce_sum_start
+  at::Tensor out = output.detach();
+  std::vector<int64_t> in_splits = send, out_splits = receive;
+  const int64_t row_bytes = input.size(0) > 0 ? static_cast<int64_t>(input.nbytes()) / input.size(0)
+                                              : static_cast<int64_t>(input.element_size());
+  std::vector<int64_t> bytes;
+  for (int64_t rows : send) bytes.push_back(rows * row_bytes);
+  ::c10d::AllToAllOptions options;
+  c10::intrusive_ptr<detail::C10dWork> work;
+  {
+    // Checked by kind alone (the members' slice sizes differ), as gather_bytes is.
+    const auto posting = impl_->check_collective(Impl::kAllToAll, at::Tensor());
+    impl_->count_all_to_all(bytes);
+    work = impl_->backend_for(in).alltoall_base(out, in, out_splits, in_splits, options);
   }
   detail::wait_work(work, "all_to_all over group '" + impl_->name + "'");
 }

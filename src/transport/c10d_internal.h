@@ -71,6 +71,8 @@ struct C10dGroup::Impl {
   // Adds what this member sends of a collective of `kind` on `tensor` (the flat of a
   // reduce-scatter, the shard of an all-gather, the input of an all-to-all) to the counts.
   void count_traffic(int kind, const at::Tensor& tensor, int root);
+  // An all-to-all of its own slice sizes: `bytes[g]` to member g.
+  void count_all_to_all(const std::vector<int64_t>& bytes);
   // TORCH_DISTRIBUTED_DEBUG=DETAIL (torch's switch for its own such check): a Gloo group of the
   // same members over which each collective's fingerprint is compared before it is posted
   // (check_collective); null otherwise, and for a mirror group or a group of one.

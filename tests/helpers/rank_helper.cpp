@@ -30,6 +30,7 @@
 #include "pipetrain/data/document_dataset.h"
 #include "pipetrain/io/indexed_dataset.h"
 #include "pipetrain/models/llama.h"
+#include "pipetrain/parallel/all_to_all.h"
 #include "pipetrain/runtime/distributed.h"
 #include "pipetrain/runtime/distributed_pipe.h"
 #include "pipetrain/runtime/launcher.h"
@@ -349,6 +350,38 @@ void scenario_shards(Distributed& d) {
   const CollectiveTraffic labelled = d.world()->labelled_traffic()["test all-to-all"];
   std::cout << "ALLTOALL " << g << " " << a2a.within_host << " " << a2a.between_hosts << " "
             << labelled.within_host << " " << labelled.between_hosts << std::endl;
+  // all_to_all_rows (parallel/all_to_all.h): member g sends member h 2g + h + 1 rows of width 2
+  // (not what h sends g, so a backward that swapped the counts would not line up)
+  // holding 100 g + 10 h + row; the backward of sum(y * c), c = y + 1 held constant, routes each
+  // row's gradient c back to the row it came from: x + 1.
+  {
+    std::vector<int64_t> send;
+    for (int h = 0; h < R; ++h) send.push_back(2 * g + h + 1);
+    const std::vector<int64_t> receive = parallel::exchange_counts(send, *group);
+    for (int h = 0; h < R; ++h) {
+      CHECK_OR_THROW(receive[static_cast<size_t>(h)] == 2 * h + g + 1, "exchange_counts from ", h);
+    }
+    std::vector<float> values;
+    for (int h = 0; h < R; ++h) {
+      for (int row = 0; row < 2 * g + h + 1; ++row) {
+        values.push_back(100.0f * g + 10.0f * h + row);
+        values.push_back(-(100.0f * g + 10.0f * h + row));
+      }
+    }
+    const torch::Tensor x = torch::tensor(values).view({-1, 2}).requires_grad_();
+    const torch::Tensor y = parallel::all_to_all_rows(x, send, receive, *group);
+    std::vector<float> want;
+    for (int h = 0; h < R; ++h) {
+      for (int row = 0; row < 2 * h + g + 1; ++row) {
+        want.push_back(100.0f * h + 10.0f * g + row);
+        want.push_back(-(100.0f * h + 10.0f * g + row));
+      }
+    }
+    CHECK_OR_THROW(torch::equal(y.detach(), torch::tensor(want).view({-1, 2})), "all_to_all_rows ",
+                   y);
+    (y * (y.detach() + 1)).sum().backward();
+    CHECK_OR_THROW(torch::equal(x.grad(), x.detach() + 1), "all_to_all_rows backward ", x.grad());
+  }
   try {
     torch::Tensor short_flat = torch::empty({R * n - 1});
     group->all_gather(shard, short_flat);

@@ -260,6 +260,13 @@ class C10dGroup {
   // [g * n, (g + 1) * n) of `input` goes to member g, whose `output` receives it at
   // [rank() * n, ...). ZeRO++'s quantized gradients pass through two of them.
   void all_to_all(const torch::Tensor& input, torch::Tensor& output);
+  // Slices of their own sizes along dimension 0 (expert parallelism's token rows): the first
+  // send[0] rows of `input` go to member 0, the next send[1] to member 1, ...; `output` receives
+  // receive[g] rows from member g, in member order. Both contiguous, one dtype, the same size
+  // beyond dimension 0, their row counts the sums of `send` and `receive` (size() entries each;
+  // what a member sends another is what that one expects: the caller exchanges the counts).
+  void all_to_all(const torch::Tensor& input, const std::vector<int64_t>& send,
+                  torch::Tensor& output, const std::vector<int64_t>& receive);
   // Byte blobs gathered to group rank 0 (empty vector on others); result[g] is member g's blob.
   std::vector<std::vector<char>> gather_bytes(const std::vector<char>& mine);
 
