@@ -2,6 +2,7 @@
 #include "pipetrain/job/training_setup.h"
 
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -9,7 +10,6 @@
 #include "job_internal.h"
 #include "pipetrain/base/atomic_file.h"
 #include "pipetrain/job/job_fields.h"
-#include "pipetrain/models/llama_config.h"
 #include "pipetrain/partition/memory.h"
 #include "pipetrain/schedule/generators.h"
 #include "pipetrain/stage/precision.h"
@@ -147,14 +147,16 @@ void check_tensor_parallel(const TrainingSetup& s) {
 // the backward inside the pipeline, where fp16's loss scale does not reach it
 // (stage/auxiliary_loss.h).
 void check_auxiliary_loss(const TrainingSetup& s) {
-  if (s.job.output.report_routing &&
-      (!is_hf_model(s.data.model) ||
-       !models::is_moe(models::read_llama_config(s.data.model).architecture))) {
+  const bool fp16 = s.pipeline.precision == Precision::kFloat16;
+  if (!s.job.output.report_routing && !fp16) return;
+  const bool hf = is_hf_model(s.data.model);
+  const std::optional<models::LlamaConfig> config =
+      hf ? std::optional<models::LlamaConfig>(hf_config(s.data)) : std::nullopt;
+  if (s.job.output.report_routing && !(config && models::is_moe(config->architecture))) {
     fail("--report-routing reports a mixture of experts' routing, and --model " + s.data.model +
          " has no experts (a Qwen2-MoE, Qwen3-MoE or Mixtral directory has)");
   }
-  if (s.pipeline.precision != Precision::kFloat16 || !is_hf_model(s.data.model)) return;
-  if (models::read_llama_config(s.data.model).aux_loss) {
+  if (fp16 && config && config->aux_loss) {
     fail(
         "--precision fp16 with a mixture whose config.json sets output_router_logits: the "
         "load-balancing term's gradient is not loss-scaled yet; use --precision bf16, or set "

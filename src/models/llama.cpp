@@ -311,14 +311,14 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> LlamaMoeImpl::route(
   if (c.norm_topk_prob) weights = weights / weights.sum(-1, /*keepdim=*/true);
   // Qwen's routers hand the weights on in the logits' dtype; Mixtral's keeps float32.
   if (c.architecture != LlamaArchitecture::kMixtral) weights = weights.to(logits.scalar_type());
-  return {weights, chosen, logits};
+  return {weights, chosen, probabilities};
 }
 
 torch::Tensor LlamaMoeImpl::forward(const torch::Tensor& x) {
   const LlamaConfig& c = *config;
   const int64_t h = c.hidden_size;
   const torch::Tensor flat = x.reshape({-1, h});
-  auto [weights, chosen, logits] = route(flat);
+  auto [weights, chosen, probabilities] = route(flat);
   const int64_t k = c.num_experts_per_tok;
   torch::Tensor out = torch::zeros_like(flat);
   // Group the (token, slot) pairs by expert: one stable sort, then one contiguous run each.
@@ -351,24 +351,31 @@ torch::Tensor LlamaMoeImpl::forward(const torch::Tensor& x) {
     out = out + torch::sigmoid(shared_expert_gate->forward(flat)) * shared_expert->forward(flat);
   }
   if (c.aux_loss && is_training()) {
-    out =
-        attach_auxiliary_loss(out, load_balancing_loss(logits, k, chosen), c.router_aux_loss_coef);
+    out = attach_auxiliary_loss(out, load_balancing_loss_of(probabilities, chosen),
+                                c.router_aux_loss_coef);
   }
   return out.reshape(x.sizes());
 }
 
-torch::Tensor load_balancing_loss(const torch::Tensor& router_logits, int64_t top_k,
-                                  const torch::Tensor& chosen) {
-  const int64_t n = router_logits.size(0), e = router_logits.size(1);
+torch::Tensor load_balancing_loss(const torch::Tensor& router_logits, int64_t top_k) {
   const torch::Tensor probabilities = torch::softmax(router_logits, -1, torch::kFloat);
+  torch::Tensor chosen;
+  {
+    torch::NoGradGuard no_grad;
+    chosen = std::get<1>(probabilities.topk(top_k, -1));
+  }
+  return load_balancing_loss_of(probabilities, chosen);
+}
+
+torch::Tensor load_balancing_loss_of(const torch::Tensor& probabilities,
+                                     const torch::Tensor& chosen) {
+  const int64_t n = probabilities.size(0), e = probabilities.size(1);
   torch::Tensor fraction;
   {
     torch::NoGradGuard no_grad;
-    const torch::Tensor picks =
-        chosen.defined() ? chosen : std::get<1>(probabilities.topk(top_k, -1));
     fraction = torch::zeros({e}, probabilities.options())
-                   .scatter_add_(0, picks.reshape({-1}),
-                                 torch::ones({picks.numel()}, probabilities.options()))
+                   .scatter_add_(0, chosen.reshape({-1}),
+                                 torch::ones({chosen.numel()}, probabilities.options()))
                    .div_(static_cast<double>(n));
   }
   return (fraction * probabilities.mean(0)).sum() * static_cast<double>(e);

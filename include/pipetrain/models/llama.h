@@ -193,7 +193,7 @@ class LlamaMoeImpl : public torch::nn::Cloneable<LlamaMoeImpl>, public AutocastC
   void reset() override;
   torch::Tensor forward(const torch::Tensor& x);
   // The router's choice for tokens x [N,H]: (weights [N,k], experts int64 [N,k]) and the
-  // logits [N,E].
+  // softmax of its logits in float32 [N,E] (what the load-balancing term reads).
   std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> route(const torch::Tensor& x);
 
   std::shared_ptr<const LlamaConfig> config;
@@ -211,8 +211,10 @@ TORCH_MODULE(LlamaMoe);
 // mask): E x sum over experts of (the fraction of the N x top_k choices that went to the expert,
 // over N) x (the mean over tokens of its softmax probability). The choices: the top_k of the
 // softmax (float32); the probabilities carry the gradient. A float32 scalar.
-torch::Tensor load_balancing_loss(const torch::Tensor& router_logits, int64_t top_k,
-                                  const torch::Tensor& chosen = {});
+torch::Tensor load_balancing_loss(const torch::Tensor& router_logits, int64_t top_k);
+// The same from the softmax already taken and the choices already made (`chosen` [N, k]).
+torch::Tensor load_balancing_loss_of(const torch::Tensor& probabilities,
+                                     const torch::Tensor& chosen);
 
 // One decoder layer, pre-norm. [B,T,H] -> [B,T,H]. Its MLP is `mlp`, or in a mixture's MoE layer
 // `moe` (registered as "mlp", Mixtral's as "block_sparse_moe").
