@@ -135,57 +135,45 @@ void ShardedOptimizer::drop_secondaries() {
   std::fill(gathered_this_step_.begin(), gathered_this_step_.end(), 0);
 }
 
-void ShardedOptimizer::quantized_reduce_scatter(const torch::Tensor& flat, torch::Tensor& piece) {
-  torch::NoGradGuard no_grad;
-  const int64_t hosts = cross_group_->size(), local = host_group_->size();
-  const int64_t n = piece.numel();
-  const auto floats = flat.options().dtype(torch::kFloat);
-  const auto bytes = flat.options().dtype(torch::kUInt8);
-  // Hop 1, within the host: to local member l the pieces of replicas h * L + l for every host h,
-  // one after the other (the paper's reordering of the tensor's slices: [host][local] becomes
-  // [local][host]), so that what member l sums is what it sends on in hop 2, in host order.
-  torch::Tensor partial;  // [hosts * n]: this host's sums of the pieces this local index sends on
-  if (local == 1) {
-    partial = flat.to(torch::kFloat);
-  } else {
-    const torch::Tensor reordered = flat.view({hosts, local, n}).transpose(0, 1).contiguous();
-    const int64_t q = quantized_bytes(hosts * n);
-    torch::Tensor send = pool_->take(local * q, bytes);
-    torch::Tensor received = pool_->take(local * q, bytes);
-    for (int64_t l = 0; l < local; ++l) {
-      quantize_blocks(reordered[l].reshape({-1}), send.narrow(0, l * q, q));
-    }
-    host_group_->all_to_all(send, received);
-    partial = torch::zeros({hosts * n}, floats);
-    torch::Tensor values = torch::empty({hosts * n}, floats);
-    for (int64_t l = 0; l < local; ++l) {
-      dequantize_blocks(received.narrow(0, l * q, q), values);
-      partial.add_(values);
-    }
-    pool_->give(send);
-    pool_->give(received);
+// One hop of qgZ: `parts` [members, m] float32, part g quantized and sent to member g of
+// `group`; returns [m], the sum of what every member sent this one, dequantized (in member order).
+// A group of one sends nothing and quantizes nothing.
+torch::Tensor ShardedOptimizer::quantized_exchange_sum(const torch::Tensor& parts,
+                                                       C10dGroup& group) {
+  const int64_t members = parts.size(0), m = parts.size(1);
+  if (members == 1) return parts[0];
+  const int64_t q = quantized_bytes(m);
+  const auto bytes = parts.options().dtype(torch::kUInt8);
+  torch::Tensor send = pool_->take(members * q, bytes);
+  torch::Tensor received = pool_->take(members * q, bytes);
+  for (int64_t g = 0; g < members; ++g) {
+    quantize_blocks(parts[g].contiguous(), send.narrow(0, g * q, q));
   }
-  // Hop 2, between hosts: to host h its piece of the partial sums.
-  if (hosts == 1) {
-    piece.copy_(partial);
-    return;
-  }
-  const int64_t q = quantized_bytes(n);
-  torch::Tensor send = pool_->take(hosts * q, bytes);
-  torch::Tensor received = pool_->take(hosts * q, bytes);
-  for (int64_t h = 0; h < hosts; ++h) {
-    quantize_blocks(partial.narrow(0, h * n, n), send.narrow(0, h * q, q));
-  }
-  cross_group_->all_to_all(send, received);
-  torch::Tensor sum = torch::zeros({n}, floats);
-  torch::Tensor values = torch::empty({n}, floats);
-  for (int64_t h = 0; h < hosts; ++h) {
-    dequantize_blocks(received.narrow(0, h * q, q), values);
+  group.all_to_all(send, received);
+  torch::Tensor sum = torch::zeros({m}, parts.options());
+  torch::Tensor values = torch::empty({m}, parts.options());
+  for (int64_t g = 0; g < members; ++g) {
+    dequantize_blocks(received.narrow(0, g * q, q), values);
     sum.add_(values);
   }
   pool_->give(send);
   pool_->give(received);
-  piece.copy_(sum);
+  return sum;
+}
+
+void ShardedOptimizer::quantized_reduce_scatter(const torch::Tensor& flat, torch::Tensor& piece) {
+  torch::NoGradGuard no_grad;
+  const int64_t hosts = cross_group_->size(), local = host_group_->size();
+  const int64_t n = piece.numel();
+  // Hop 1, within the host: to local member l the pieces of replicas h * L + l for every host h,
+  // one after the other (the paper's reordering of the tensor's slices: [host][local] becomes
+  // [local][host]), so that what member l sums, this host's sums of the pieces it sends on, is
+  // in host order for hop 2.
+  const torch::Tensor reordered =
+      flat.to(torch::kFloat).view({hosts, local, n}).transpose(0, 1).reshape({local, hosts * n});
+  const torch::Tensor partial = quantized_exchange_sum(reordered, *host_group_);
+  // Hop 2, between hosts: to host h its piece of the partial sums.
+  piece.copy_(quantized_exchange_sum(partial.view({hosts, n}), *cross_group_));
 }
 
 }  // namespace pipetrain::train

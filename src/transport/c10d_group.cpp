@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <mutex>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -33,39 +34,14 @@ TrafficLabel::~TrafficLabel() {
   traffic_label = std::move(previous_);
 }
 
-void C10dGroup::Impl::count_traffic(int kind, const at::Tensor& tensor, int root) {
-  const int64_t n = static_cast<int64_t>(ranks.size());
-  if (n < 2 || !tensor.defined() || kind >= kTrafficKinds) return;
-  const int64_t bytes = static_cast<int64_t>(tensor.nbytes());
+bool C10dGroup::Impl::same_host(std::size_t g) const {
   const auto host = [this](int world_rank) {
     return ranks_per_host > 0 ? world_rank / ranks_per_host : 0;
   };
-  const int mine = host(ranks[static_cast<std::size_t>(group_rank)]);
-  int64_t within = 0, between = 0;
-  if (kind == kAllToAll) {  // B / n to each other member
-    for (int g = 0; g < static_cast<int>(n); ++g) {
-      if (g == group_rank) continue;
-      (host(ranks[static_cast<std::size_t>(g)]) == mine ? within : between) += bytes / n;
-    }
-  } else {  // a ring: everything to the next member
-    const int next = (group_rank + 1) % static_cast<int>(n);
-    int64_t sent = 0;
-    switch (kind) {
-      case kAllReduce:
-        sent = 2 * (n - 1) * bytes / n;
-        break;
-      case kBroadcast:
-        sent = next == root ? 0 : bytes;
-        break;
-      case kReduceScatter:
-        sent = (n - 1) * bytes / n;
-        break;
-      default:  // kAllGather
-        sent = (n - 1) * bytes;
-        break;
-    }
-    (host(ranks[static_cast<std::size_t>(next)]) == mine ? within : between) = sent;
-  }
+  return host(ranks[g]) == host(ranks[static_cast<std::size_t>(group_rank)]);
+}
+
+void C10dGroup::Impl::add_sent(int kind, int64_t within, int64_t between) {
   sent->within[static_cast<std::size_t>(kind)] += within;
   sent->between[static_cast<std::size_t>(kind)] += between;
   if (!traffic_label.empty()) {
@@ -76,24 +52,42 @@ void C10dGroup::Impl::count_traffic(int kind, const at::Tensor& tensor, int root
   }
 }
 
+void C10dGroup::Impl::count_traffic(int kind, const at::Tensor& tensor, int root) {
+  const int64_t n = static_cast<int64_t>(ranks.size());
+  if (n < 2 || !tensor.defined() || kind >= kTrafficKinds) return;
+  const int64_t bytes = static_cast<int64_t>(tensor.nbytes());
+  if (kind == kAllToAll) {  // B / n to each other member
+    count_all_to_all(std::vector<int64_t>(static_cast<std::size_t>(n), bytes / n));
+    return;
+  }
+  // A ring: everything to the next member.
+  const int next = (group_rank + 1) % static_cast<int>(n);
+  int64_t sent_bytes = 0;
+  switch (kind) {
+    case kAllReduce:
+      sent_bytes = 2 * (n - 1) * bytes / n;
+      break;
+    case kBroadcast:
+      sent_bytes = next == root ? 0 : bytes;
+      break;
+    case kReduceScatter:
+      sent_bytes = (n - 1) * bytes / n;
+      break;
+    default:  // kAllGather
+      sent_bytes = (n - 1) * bytes;
+      break;
+  }
+  const bool within = same_host(static_cast<std::size_t>(next));
+  add_sent(kind, within ? sent_bytes : 0, within ? 0 : sent_bytes);
+}
+
 void C10dGroup::Impl::count_all_to_all(const std::vector<int64_t>& bytes) {
-  const auto host = [this](int world_rank) {
-    return ranks_per_host > 0 ? world_rank / ranks_per_host : 0;
-  };
-  const int mine = host(ranks[static_cast<std::size_t>(group_rank)]);
   int64_t within = 0, between = 0;
   for (std::size_t g = 0; g < bytes.size() && g < ranks.size(); ++g) {
     if (static_cast<int>(g) == group_rank) continue;
-    (host(ranks[g]) == mine ? within : between) += bytes[g];
+    (same_host(g) ? within : between) += bytes[g];
   }
-  sent->within[kAllToAll] += within;
-  sent->between[kAllToAll] += between;
-  if (!traffic_label.empty()) {
-    std::lock_guard<std::mutex> lock(sent->labelled_mutex);
-    CollectiveTraffic& t = sent->labelled[traffic_label];
-    t.within_host += within;
-    t.between_hosts += between;
-  }
+  add_sent(kAllToAll, within, between);
 }
 
 C10dGroup::Traffic C10dGroup::traffic(Collective collective) const {
@@ -375,9 +369,7 @@ void C10dGroup::all_to_all(const torch::Tensor& input, torch::Tensor& output) {
 void C10dGroup::all_to_all(const torch::Tensor& input, const std::vector<int64_t>& send,
                            torch::Tensor& output, const std::vector<int64_t>& receive) {
   const auto sum = [](const std::vector<int64_t>& v) {
-    int64_t total = 0;
-    for (int64_t x : v) total += x;
-    return total;
+    return std::accumulate(v.begin(), v.end(), int64_t{0});
   };
   const bool shapes = input.dim() >= 1 && output.dim() == input.dim() &&
                       input.sizes().slice(1) == output.sizes().slice(1);

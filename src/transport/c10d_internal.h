@@ -73,6 +73,10 @@ struct C10dGroup::Impl {
   void count_traffic(int kind, const at::Tensor& tensor, int root);
   // An all-to-all of its own slice sizes: `bytes[g]` to member g.
   void count_all_to_all(const std::vector<int64_t>& bytes);
+  // Whether group member g is on this member's host; what a collective of `kind` sent added to
+  // the counts (and to the posting thread's label's).
+  bool same_host(std::size_t g) const;
+  void add_sent(int kind, int64_t within, int64_t between);
   // TORCH_DISTRIBUTED_DEBUG=DETAIL (torch's switch for its own such check): a Gloo group of the
   // same members over which each collective's fingerprint is compared before it is posted
   // (check_collective); null otherwise, and for a mirror group or a group of one.

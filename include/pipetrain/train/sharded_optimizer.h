@@ -578,6 +578,7 @@ class ShardedOptimizer : public StageParameters, public StageParameterHooks {
   // qgZ: `piece` = this replica's piece of the sum over replicas of `flat`, through the two
   // quantized all-to-alls (blocking).
   void quantized_reduce_scatter(const torch::Tensor& flat, torch::Tensor& piece);
+  torch::Tensor quantized_exchange_sum(const torch::Tensor& parts, C10dGroup& group);
 
   std::shared_ptr<C10dGroup> hpz_group_;    // hpZ's partition (null: off)
   std::shared_ptr<C10dGroup> host_group_;   // qgZ: this host's replicas (null: off)
