@@ -303,6 +303,12 @@ void declare(JobConfig& c, FieldVisitor& v) {
           c.parallel.tp, pipeline_check<int64_t>([](PipelineRequest& r, int64_t value) {
             r.tp = static_cast<int>(value);
           }));
+  v.field(F("parallel", "ep", "--ep",
+            "expert-parallel replicas: a mixture's experts split over groups of this many "
+            "data-parallel replicas, each token sent to its experts' rank and back (divides --dp "
+            "and the experts per layer)",
+            train),
+          c.parallel.ep, at_least(1));
   v.field(F("parallel", "sequence_parallel", "--sequence-parallel",
             "with --tp: norms and residuals on 1/tp of the sequence, and 1/tp of each activation "
             "sent between stages (--seq-len divisible by --tp)",

@@ -142,12 +142,13 @@ std::vector<int64_t> values_on_demand(const TrainingSetup& s, const RunLayout& l
 // launcher's parent, whose ranks plan), deferred batch norm, resume. Every rank does the same.
 Prepared prepare(TrainingSetup& s, const RunLayout& layout, JobObserver& observer,
                  const PlanSource& plan_source = {}, bool leave_plan_to_ranks = false,
-                 int pipeline_rank = -1, const parallel::TensorParallel& tp = {}) {
+                 int pipeline_rank = -1, const parallel::TensorParallel& tp = {},
+                 const parallel::ExpertParallel& ep = {}) {
   Prepared p;
   p.data = build_data(s.data);
   torch::manual_seed(s.data.seed);
   p.model = build_model(s.data, p.data, hf_entries(s, layout, pipeline_rank), tp,
-                        values_on_demand(s, layout, pipeline_rank));
+                        values_on_demand(s, layout, pipeline_rank), ep);
   check_data_against_model(p.model, p.data);
   check_batch_size(p.data, s.job.training.batch_size);
   if (s.auto_request.any() && !leave_plan_to_ranks) {
@@ -653,6 +654,7 @@ JobResult run_rank(TrainingSetup& s, JobObserver& observer) {
   options.timeout(timeout_of(PipeOptions().timeout_seconds(s.pipeline.timeout)))
       .pipeline_ranks(layout.pipeline_ranks)
       .tensor_parallel(layout.tensor_parallel)
+      .expert_parallel(static_cast<int>(s.job.parallel.ep))
       .backend(s.job.parallel.backend)
       .device(device);
   std::string bad_input;  // the auto plan failed on rank 0: every rank stops with exit 2
@@ -663,7 +665,8 @@ JobResult run_rank(TrainingSetup& s, JobObserver& observer) {
       p.emplace(prepare(s, layout, observer, plan_on_ranks(s, layout, distributed, observer), false,
                         distributed.pipeline_rank(),
                         parallel::TensorParallel{distributed.tensor_parallel_group(),
-                                                 s.job.parallel.sequence_parallel}));
+                                                 s.job.parallel.sequence_parallel},
+                        parallel::ExpertParallel{distributed.expert_parallel_group()}));
     } catch (const tune::AutoPlanError& error) {
       bad_input = error.what();  // every rank is here: stop cleanly, BadInput below
       return;

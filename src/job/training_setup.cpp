@@ -10,6 +10,7 @@
 #include "job_internal.h"
 #include "pipetrain/base/atomic_file.h"
 #include "pipetrain/job/job_fields.h"
+#include "pipetrain/parallel/expert_parallel.h"
 #include "pipetrain/partition/memory.h"
 #include "pipetrain/schedule/generators.h"
 #include "pipetrain/stage/precision.h"
@@ -164,9 +165,33 @@ void check_auxiliary_loss(const TrainingSetup& s) {
   }
 }
 
+// --ep: a mixture's experts over groups of data-parallel replicas, in a multi-process run.
+void check_expert_parallel(const TrainingSetup& s) {
+  const int ep = static_cast<int>(s.job.parallel.ep);
+  if (ep <= 1) return;
+  const bool hf = is_hf_model(s.data.model);
+  const std::optional<models::LlamaConfig> config =
+      hf ? std::optional<models::LlamaConfig>(hf_config(s.data)) : std::nullopt;
+  if (!(config && models::is_moe(config->architecture))) {
+    fail("--ep " + std::to_string(ep) + " splits a mixture's experts, and --model " +
+         s.data.model + " has none (a Qwen2-MoE, Qwen3-MoE or Mixtral directory has)");
+  }
+  if (s.pipeline.dp < 2) {
+    fail("--ep " + std::to_string(ep) +
+         " splits the experts over data-parallel replicas, and --dp " +
+         std::to_string(s.pipeline.dp) + " has one: give --nproc and --dp (ep divides dp)");
+  }
+  parallel::check_expert_parallel(config->num_experts, ep, s.pipeline.dp);
+  if (s.job.zero.stage > 0 || s.job.zero.ladder) {
+    fail("--ep with --zero " + std::to_string(s.job.zero.stage) +
+         ": ZeRO does not shard the experts over their own replicas yet; give --zero 0");
+  }
+}
+
 // Names (schedule, schedule file) and flags that exclude each other.
 void check_choices(const TrainingSetup& s) {
   check_tensor_parallel(s);
+  check_expert_parallel(s);
   check_auxiliary_loss(s);
   const PipelineRequest& p = s.pipeline;
   if (s.auto_request.any() && !p.schedule_file.empty()) {

@@ -15,6 +15,7 @@
 #include "pipetrain/data/sequence_layout.h"
 #include "pipetrain/models/document_attention.h"
 #include "pipetrain/models/routing.h"
+#include "pipetrain/parallel/all_to_all.h"
 #include "pipetrain/stage/auxiliary_loss.h"
 #include "pipetrain/stage/skip.h"
 #include "vocabulary_table.h"
@@ -274,8 +275,9 @@ torch::Tensor LlamaMlpImpl::forward(const torch::Tensor& x) {
 }
 
 LlamaMoeImpl::LlamaMoeImpl(std::shared_ptr<const LlamaConfig> config_,
-                           torch::TensorOptions options_, int64_t layer_)
-    : config(std::move(config_)), options(options_), layer(layer_) {
+                           torch::TensorOptions options_, int64_t layer_,
+                           parallel::ExpertParallel ep_)
+    : config(std::move(config_)), options(options_), layer(layer_), ep(std::move(ep_)) {
   reset();
 }
 
@@ -283,11 +285,14 @@ void LlamaMoeImpl::reset() {
   const LlamaConfig& c = *config;
   const bool mixtral = c.architecture == LlamaArchitecture::kMixtral;
   auto make_experts = [&] {
-    experts = register_module("experts", torch::nn::ModuleList());
-    for (int64_t e = 0; e < c.num_experts; ++e) {
-      experts->push_back(LlamaMlp(config, options, parallel::TensorParallel{},
-                                  c.expert_intermediate_size, mixtral));
+    std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> held;
+    const int64_t first = ep.first(c.num_experts);
+    for (int64_t e = first; e < first + ep.count(c.num_experts); ++e) {
+      held.emplace_back(std::to_string(e), LlamaMlp(config, options, parallel::TensorParallel{},
+                                                    c.expert_intermediate_size, mixtral)
+                                               .ptr());
     }
+    experts = register_module("experts", torch::nn::ModuleDict(held));
   };
   // transformers' order: Qwen3-MoE registers the experts first, the others the gate.
   if (c.architecture == LlamaArchitecture::kQwen3Moe) make_experts();
@@ -319,8 +324,6 @@ torch::Tensor LlamaMoeImpl::forward(const torch::Tensor& x) {
   const int64_t h = c.hidden_size;
   const torch::Tensor flat = x.reshape({-1, h});
   auto [weights, chosen, probabilities] = route(flat);
-  const int64_t k = c.num_experts_per_tok;
-  torch::Tensor out = torch::zeros_like(flat);
   // Group the (token, slot) pairs by expert: one stable sort, then one contiguous run each.
   torch::Tensor order, counts;
   {
@@ -329,24 +332,13 @@ torch::Tensor LlamaMoeImpl::forward(const torch::Tensor& x) {
     order = std::get<1>(by_expert.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false));
     counts = torch::bincount(by_expert, {}, c.num_experts).cpu();
   }
-  const torch::Tensor flat_weights = weights.reshape({-1});
-  const auto count = counts.accessor<int64_t, 1>();
   // --report-routing: a training forward's tokens per expert (a recompute's counted already).
   if (is_training() && !is_recomputing() && routing_recorder().enabled()) {
+    const auto count = counts.accessor<int64_t, 1>();
     routing_recorder().add(layer, std::vector<int64_t>(count.data(), count.data() + count.size(0)));
   }
-  int64_t start = 0;
-  for (int64_t e = 0; e < c.num_experts; ++e) {
-    const int64_t n = count[e];
-    if (n == 0) continue;
-    const torch::Tensor pairs = order.narrow(0, start, n);
-    start += n;
-    const torch::Tensor tokens = pairs.div(k, "floor");
-    const torch::Tensor y =
-        experts[static_cast<size_t>(e)]->as<LlamaMlp>()->forward(flat.index_select(0, tokens));
-    out.index_add_(0, tokens,
-                   (y * flat_weights.index_select(0, pairs).unsqueeze(1)).to(out.scalar_type()));
-  }
+  torch::Tensor out = ep.split() ? run_experts_parallel(flat, weights, order, counts)
+                                 : run_experts(flat, weights, order, counts);
   if (shared_expert) {
     out = out + torch::sigmoid(shared_expert_gate->forward(flat)) * shared_expert->forward(flat);
   }
@@ -355,6 +347,107 @@ torch::Tensor LlamaMoeImpl::forward(const torch::Tensor& x) {
                                 c.router_aux_loss_coef);
   }
   return out.reshape(x.sizes());
+}
+
+LlamaMlpImpl& LlamaMoeImpl::expert(int64_t e) const {
+  auto* mlp = (*experts)[std::to_string(e)]->as<LlamaMlpImpl>();
+  TORCH_CHECK(mlp != nullptr, "expert ", e, " of layer ", layer, " is not held by this rank");
+  return *mlp;
+}
+
+torch::Tensor LlamaMoeImpl::run_experts(const torch::Tensor& flat, const torch::Tensor& weights,
+                                        const torch::Tensor& order, const torch::Tensor& counts) {
+  const LlamaConfig& c = *config;
+  const int64_t k = c.num_experts_per_tok;
+  const torch::Tensor flat_weights = weights.reshape({-1});
+  const auto count = counts.accessor<int64_t, 1>();
+  torch::Tensor out = torch::zeros_like(flat);
+  int64_t start = 0;
+  for (int64_t e = 0; e < c.num_experts; ++e) {
+    const int64_t n = count[e];
+    if (n == 0) continue;
+    const torch::Tensor pairs = order.narrow(0, start, n);
+    start += n;
+    const torch::Tensor tokens = pairs.div(k, "floor");
+    const torch::Tensor y = expert(e).forward(flat.index_select(0, tokens));
+    out.index_add_(0, tokens,
+                   (y * flat_weights.index_select(0, pairs).unsqueeze(1)).to(out.scalar_type()));
+  }
+  return out;
+}
+
+// Expert parallelism (the class comment):
+//   [1] the pairs sorted by expert: member g's experts' pairs are one run, sent[g] rows
+//   [2] each member's per-expert counts for this rank's experts: an all-to-all of counts
+//   [3] dispatch: the rows go to their experts' members (all_to_all_rows); received from member
+//       g: its rows for this rank's first expert, then its second, ...
+//   [4] each local expert once over its rows from every member, the outputs back in received
+//       order
+//   [5] combine: the outputs go back (all_to_all_rows), in [1]'s order; weighted and added into
+//       their tokens' rows in ascending expert order, as run_experts adds them
+// Every member calls it in the same order (the same schedule runs on every replica), even with
+// no token routed to it: the counts say what each sends.
+torch::Tensor LlamaMoeImpl::run_experts_parallel(const torch::Tensor& flat,
+                                                 const torch::Tensor& weights,
+                                                 const torch::Tensor& order,
+                                                 const torch::Tensor& counts) {
+  const LlamaConfig& c = *config;
+  const int64_t k = c.num_experts_per_tok;
+  const int members = ep.size();
+  const int64_t local = ep.count(c.num_experts);
+  C10dGroup& group = *ep.group;
+  // [1], [2]
+  std::vector<int64_t> send(static_cast<size_t>(members), 0);
+  const auto count = counts.accessor<int64_t, 1>();
+  for (int64_t e = 0; e < c.num_experts; ++e) send[static_cast<size_t>(e / local)] += count[e];
+  torch::Tensor theirs = torch::empty_like(counts);  // [member][local expert]
+  group.all_to_all(counts.contiguous(), theirs);
+  const auto from = theirs.accessor<int64_t, 1>();
+  std::vector<int64_t> receive(static_cast<size_t>(members), 0);
+  for (int g = 0; g < members; ++g) {
+    for (int64_t j = 0; j < local; ++j) receive[static_cast<size_t>(g)] += from[g * local + j];
+  }
+  // [3]
+  const torch::Tensor tokens = order.div(k, "floor");
+  const torch::Tensor received =
+      parallel::all_to_all_rows(flat.index_select(0, tokens), send, receive, group);
+  // [4] the rows of local expert j: member g's run at its offset, for every g
+  std::vector<torch::Tensor> outputs;
+  std::vector<torch::Tensor> positions;
+  {
+    std::vector<int64_t> offset(static_cast<size_t>(members), 0);
+    for (int g = 1; g < members; ++g) {
+      offset[static_cast<size_t>(g)] =
+          offset[static_cast<size_t>(g) - 1] + receive[static_cast<size_t>(g) - 1];
+    }
+    for (int64_t j = 0; j < local; ++j) {
+      std::vector<torch::Tensor> rows;
+      for (int g = 0; g < members; ++g) {
+        const int64_t n = from[g * local + j];
+        if (n > 0) rows.push_back(torch::arange(offset[static_cast<size_t>(g)],
+                                                offset[static_cast<size_t>(g)] + n, torch::kLong));
+        offset[static_cast<size_t>(g)] += n;
+      }
+      if (rows.empty()) continue;
+      const torch::Tensor at = torch::cat(rows).to(flat.device());
+      positions.push_back(at);
+      outputs.push_back(
+          expert(ep.first(c.num_experts) + j).forward(received.index_select(0, at)));
+    }
+  }
+  torch::Tensor back;
+  if (outputs.empty()) {
+    back = received.new_empty({0, flat.size(1)});
+  } else {
+    const torch::Tensor all = torch::cat(positions);
+    back = torch::cat(outputs).index_select(0, std::get<1>(all.sort()));
+  }
+  // [5]
+  const torch::Tensor returned = parallel::all_to_all_rows(back, receive, send, group);
+  const torch::Tensor pair_weights = weights.reshape({-1}).index_select(0, order).unsqueeze(1);
+  torch::Tensor out = torch::zeros_like(flat);
+  out.index_add_(0, tokens, (returned * pair_weights).to(out.scalar_type()));
+  return out;
 }
 
 torch::Tensor load_balancing_loss(const torch::Tensor& router_logits, int64_t top_k) {
@@ -383,7 +476,7 @@ torch::Tensor load_balancing_loss_of(const torch::Tensor& probabilities,
 
 std::vector<torch::Tensor> LlamaMoeImpl::autocast_cast_parameters() const {
   std::vector<torch::Tensor> cast = {gate->weight};
-  for (const auto& expert : *experts) {
+  for (const auto& expert : experts->values()) {
     for (const torch::Tensor& w : expert->as<LlamaMlp>()->autocast_cast_parameters()) {
       cast.push_back(w);
     }
@@ -397,8 +490,13 @@ std::vector<torch::Tensor> LlamaMoeImpl::autocast_cast_parameters() const {
 
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(std::shared_ptr<const LlamaConfig> config_,
                                              torch::TensorOptions options_,
-                                             parallel::TensorParallel tp_, int64_t layer_)
-    : config(std::move(config_)), options(options_), tp(std::move(tp_)), layer(layer_) {
+                                             parallel::TensorParallel tp_, int64_t layer_,
+                                             parallel::ExpertParallel ep_)
+    : config(std::move(config_)),
+      options(options_),
+      tp(std::move(tp_)),
+      ep(std::move(ep_)),
+      layer(layer_) {
   reset();
 }
 
@@ -409,7 +507,7 @@ void LlamaDecoderLayerImpl::reset() {
   if (c.is_moe_layer(layer)) {
     moe =
         register_module(c.architecture == LlamaArchitecture::kMixtral ? "block_sparse_moe" : "mlp",
-                        LlamaMoe(config, options, layer));
+                        LlamaMoe(config, options, layer, ep));
   } else {
     mlp = register_module("mlp", LlamaMlp(config, options, tp));
   }
@@ -502,8 +600,15 @@ LlamaModel make_llama(const LlamaConfig& config, const LlamaBuildOptions& option
   }
   LlamaEmbedding embedding(model.config, options_of(0), tp);
   model.sequential->push_back(embedding);
+  const parallel::ExpertParallel& ep = options.expert_parallel();
+  if (ep.split()) {
+    PIPETRAIN_CHECK_INPUT(is_moe(config.architecture),
+                          "expert parallelism splits a mixture's experts, and this model has none");
+    parallel::check_expert_parallel(config.num_experts, ep.size(), ep.size());
+  }
+  model.expert_parallel = ep;
   for (int64_t l = 0; l < layers; ++l) {
-    model.sequential->push_back(LlamaDecoderLayer(model.config, options_of(l + 1), tp, l));
+    model.sequential->push_back(LlamaDecoderLayer(model.config, options_of(l + 1), tp, l, ep));
   }
   model.sequential->push_back(
       RmsNorm(config.hidden_size, config.rms_norm_eps, options_of(layers + 1)));
@@ -515,6 +620,38 @@ LlamaModel make_llama(const LlamaConfig& config, const LlamaBuildOptions& option
   return model;
 }
 
+namespace {
+
+// Entry e's parameters as the whole model lists them: (name, this rank's tensor), the tensor
+// undefined for an expert another expert-parallel rank holds (its shape then in `shapes`).
+struct EntryParameter {
+  std::string name;
+  torch::Tensor tensor;
+  std::vector<int64_t> shape;
+};
+std::vector<EntryParameter> entry_parameters(const LlamaModel& model, size_t e) {
+  std::vector<EntryParameter> out;
+  const auto held = model.sequential->ptr(e)->named_parameters();
+  const int64_t layers = model.config->num_hidden_layers;
+  const bool split_experts = model.expert_parallel.split() && e >= 1 &&
+                             static_cast<int64_t>(e) <= layers &&
+                             model.config->is_moe_layer(static_cast<int64_t>(e) - 1);
+  if (!split_experts) {
+    for (const auto& item : held) out.push_back({item.key(), item.value(), item.value().sizes().vec()});
+    return out;
+  }
+  // The layer as one rank holding every expert builds it, on the meta device: its order.
+  const LlamaDecoderLayer whole(model.config, torch::TensorOptions().device(torch::kMeta),
+                                model.tensor_parallel, static_cast<int64_t>(e) - 1);
+  for (const auto& item : whole->named_parameters()) {
+    const torch::Tensor* mine = held.find(item.key());
+    out.push_back({item.key(), mine ? *mine : torch::Tensor(), item.value().sizes().vec()});
+  }
+  return out;
+}
+
+}  // namespace
+
 void init_llama_random(LlamaModel& model, uint64_t seed, const LlamaEntryFilter& only) {
   const LlamaConfig& c = *model.config;
   const double std = c.initializer_range;
@@ -522,9 +659,15 @@ void init_llama_random(LlamaModel& model, uint64_t seed, const LlamaEntryFilter&
   for (size_t e = 0; e < model.sequential->size(); ++e) {
     if (!model.materialized[e] || (only && !only(static_cast<int64_t>(e)))) continue;
     at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(mix_seed(seed, e));
-    for (const auto& item : model.sequential->ptr(e)->named_parameters()) {
-      torch::Tensor p = item.value();
-      const std::string& name = item.key();
+    for (const EntryParameter& item : entry_parameters(model, e)) {
+      torch::Tensor p = item.tensor;
+      const std::string& name = item.name;
+      if (!p.defined()) {
+        // Another expert-parallel rank's expert: drawn and dropped, so that the experts this rank
+        // holds get the values of the whole model's init.
+        torch::empty(item.shape, torch::kFloat32).normal_(0.0, std, generator);
+        continue;
+      }
       // A tied table is drawn once, by the embedding (entry 0), never by the head (also when
       // only the head's entry is asked for).
       if (c.tie_word_embeddings && e == static_cast<size_t>(c.num_hidden_layers + 2) &&
@@ -646,6 +789,14 @@ void load_llama_weights(LlamaModel& model, const io::SafetensorsCheckpoint& chec
                                       p.scalar_type(), p.device()));
       } else {
         p.copy_(checkpoint.load(hf, p.scalar_type(), p.device()));
+      }
+    }
+  }
+  // Other expert-parallel ranks' experts: theirs to check and read.
+  if (model.expert_parallel.split()) {
+    for (size_t e = 0; e < model.sequential->size(); ++e) {
+      for (const EntryParameter& item : entry_parameters(model, e)) {
+        if (!item.tensor.defined()) expected.insert(hf_name_of(std::to_string(e) + "." + item.name, c));
       }
     }
   }

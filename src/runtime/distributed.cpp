@@ -169,6 +169,25 @@ std::vector<int> ParallelLayout::tensor_parallel_ranks(int replica, int pipeline
   return ranks;
 }
 
+std::vector<int> ParallelLayout::expert_parallel_ranks(int replica, int pipeline_rank,
+                                                      int tp_rank) const {
+  std::vector<int> ranks;
+  const int first = replica / expert_parallel * expert_parallel;
+  for (int d = first; d < first + expert_parallel; ++d) {
+    ranks.push_back(rank_of(d, pipeline_rank, tp_rank));
+  }
+  return ranks;
+}
+
+std::vector<int> ParallelLayout::expert_data_parallel_ranks(int replica, int pipeline_rank,
+                                                           int tp_rank) const {
+  std::vector<int> ranks;
+  for (int d = replica % expert_parallel; d < replicas; d += expert_parallel) {
+    ranks.push_back(rank_of(d, pipeline_rank, tp_rank));
+  }
+  return ranks;
+}
+
 // ---- Distributed ------------------------------------------------------------------------------
 
 Distributed::Distributed(const DistributedEnvironment& environment,
@@ -181,6 +200,12 @@ Distributed::Distributed(const DistributedEnvironment& environment,
                                  ? options.pipeline_ranks()
                                  : std::max(1, environment.world_size / tensor_parallel);
   layout_ = ParallelLayout::for_world(environment.world_size, pipeline_ranks, tensor_parallel);
+  PIPETRAIN_CHECK_INPUT(options.expert_parallel() >= 1 &&
+                            layout_.replicas % options.expert_parallel() == 0,
+                        "expert_parallel ", options.expert_parallel(),
+                        " must be 1 or more and divide the ", layout_.replicas,
+                        " data-parallel replicas");
+  layout_.expert_parallel = options.expert_parallel();
   RendezvousOptions rendezvous;
   rendezvous.master_addr = environment.master_addr;
   rendezvous.master_port = environment.master_port;
@@ -211,6 +236,18 @@ Distributed::Distributed(const DistributedEnvironment& environment,
     tensor_parallel_ =
         world_->new_group("tp/" + std::to_string(replica()) + "/" + std::to_string(pipeline_rank()),
                           layout_.tensor_parallel_ranks(replica(), pipeline_rank()));
+  }
+  if (layout_.expert_parallel > 1) {
+    const int e = layout_.expert_parallel;
+    const std::string where = std::to_string(pipeline_rank()) + tp_suffix;
+    expert_parallel_ = world_->new_group(
+        "ep/" + where + "/" + std::to_string(replica() / e),
+        layout_.expert_parallel_ranks(replica(), pipeline_rank(), tp_rank()));
+    if (layout_.replicas > e) {
+      expert_data_parallel_ = world_->new_group(
+          "edp/" + where + "/" + std::to_string(replica() % e),
+          layout_.expert_data_parallel_ranks(replica(), pipeline_rank(), tp_rank()));
+    }
   }
 }
 
@@ -272,6 +309,11 @@ void Distributed::allreduce_tensor_parallel_gradients(
     const std::vector<torch::Tensor>& parameters) {
   if (!tensor_parallel_ || parameters.empty()) return;
   allreduce_flat(*tensor_parallel_, parameters);
+}
+
+void Distributed::allreduce_expert_gradients(const std::vector<torch::Tensor>& parameters) {
+  if (!expert_data_parallel_ || parameters.empty()) return;
+  allreduce_flat(*expert_data_parallel_, parameters);
 }
 
 std::string Distributed::declare_tie(const std::string& name, std::vector<int> holders) {

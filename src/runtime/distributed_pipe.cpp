@@ -119,6 +119,7 @@ DistributedPipe::DistributedPipe(Distributed& distributed, torch::nn::Sequential
     const void* key = tensor.unsafeGetTensorImpl();
     if (!seen.insert(key).second) continue;
     unique_.push_back(tensor);
+    dense_.push_back(tensor);
     const auto& ranks = holders[key];
     if (ranks.size() > 1) {
       const std::string tie = first_name[key];
@@ -196,7 +197,7 @@ torch::Tensor DistributedPipe::train_step(const data::Batch& batch, const LossFn
     reducer.emplace(distributed_.data_parallel_group(), options_.bucket_bytes(), &collectives_);
     // A tensor two local stages share (a tie within the rank) is final after the later one.
     std::map<int, size_t> last_backward = s.last_gradient_actions(distributed_.pipeline_rank());
-    for (const torch::Tensor& tensor : unique_) {
+    for (const torch::Tensor& tensor : dense_) {
       if (after_schedule.count(tensor.unsafeGetTensorImpl())) continue;
       int owner = -1;
       for (int j : local_holders_.at(tensor.unsafeGetTensorImpl())) {
@@ -242,7 +243,7 @@ torch::Tensor DistributedPipe::train_step(const data::Batch& batch, const LossFn
     const auto begin = std::chrono::steady_clock::now();
     if (reducer) {
       std::vector<torch::Tensor> after;  // the tensors final only after [3], each once
-      for (const torch::Tensor& tensor : unique_) {
+      for (const torch::Tensor& tensor : dense_) {
         if (after_schedule.count(tensor.unsafeGetTensorImpl())) after.push_back(tensor);
       }
       if (!after.empty()) reducer->start(after);
@@ -251,9 +252,10 @@ torch::Tensor DistributedPipe::train_step(const data::Batch& batch, const LossFn
       reducer->finish();
     } else {
       const double start_us = CollectiveLog::now_us();
-      reduce_buffer_bytes_ = distributed_.allreduce_gradients(unique_);
+      reduce_buffer_bytes_ = distributed_.allreduce_gradients(dense_);
       collectives_.finished(CollectiveKind::kAllReduce, -1, start_us, reduce_buffer_bytes_);
     }
+    distributed_.allreduce_expert_gradients(expert_parameters_);
     exposed_reduce_seconds_ =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
   }
@@ -269,6 +271,16 @@ torch::Tensor DistributedPipe::train_step(const data::Batch& batch, const LossFn
   // and the next step starts holding none (what the memory model assumes).
   transport_->flush();
   return torch::tensor(loss, torch::kFloat64);
+}
+
+void DistributedPipe::set_expert_parameters(std::vector<torch::Tensor> tensors) {
+  std::set<const void*> experts;
+  for (const torch::Tensor& tensor : tensors) experts.insert(tensor.unsafeGetTensorImpl());
+  dense_.clear();
+  for (const torch::Tensor& tensor : unique_) {
+    if (!experts.count(tensor.unsafeGetTensorImpl())) dense_.push_back(tensor);
+  }
+  expert_parameters_ = std::move(tensors);
 }
 
 void DistributedPipe::set_parameter_hooks(StageParameterHooks* hooks) {

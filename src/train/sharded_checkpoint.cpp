@@ -1,6 +1,8 @@
 // Sharded checkpoints (pipetrain/train/sharded_checkpoint.h).
 #include "pipetrain/train/sharded_checkpoint.h"
 
+#include "pipetrain/parallel/expert_parallel.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -16,6 +18,7 @@
 
 #include "pipetrain/base/atomic_file.h"
 #include "pipetrain/base/check.h"
+#include "pipetrain/parallel/expert_parallel.h"
 #include "pipetrain/io/mapped_file.h"
 #include "pipetrain/io/safetensors.h"
 
@@ -204,9 +207,14 @@ std::vector<ShardPieceSource> rank_pieces(const Checkpoint& part,
   std::vector<ShardPieceSource> pieces;
   const TensorParallelSlice& tp = placement.tensor_parallel;
   // A tensor this rank holds whole (its tp box): its data-parallel share, where it writes it.
-  auto add_shared = [&](const std::string& key, const torch::Tensor& t, const TensorBox& box) {
+  // Expert parallelism: an expert is held by the replicas r, r + E, ...: they share its writing.
+  const int ep = placement.expert_parallel;
+  auto add_shared = [&](const std::string& key, const torch::Tensor& t, const TensorBox& box,
+                        bool expert = false) {
     if (!box.writer) return;
-    const auto [begin, end] = share(t.numel(), placement.replica, placement.replicas);
+    const auto [begin, end] =
+        expert ? share(t.numel(), placement.replica / ep, placement.replicas / ep)
+               : share(t.numel(), placement.replica, placement.replicas);
     if (begin == end) return;
     io::ShardRegion region = box.region;
     region.flat_begin = begin;
@@ -249,14 +257,15 @@ std::vector<ShardPieceSource> rank_pieces(const Checkpoint& part,
   for (const auto& [name, tensor] : part.parameters) {
     if (zero_names.count(name)) continue;
     const TensorBox box = tensor_box(tp, name, tensor.sizes());
-    add_shared("param/" + name, tensor, box);
+    const bool expert = ep > 1 && parallel::is_expert_parameter(name);
+    add_shared("param/" + name, tensor, box, expert);
     const auto state = part.optimizer_state.find(name);
     if (state == part.optimizer_state.end()) continue;
     for (const auto& [field, value] : state->second) {
       const std::string key = "optim/" + name + "/" + field;
       if (value.sizes() == tensor.sizes() && field != "step") {
-        add_shared(key, value, box);
-      } else if (placement.replica == 0 && holds_first(box)) {
+        add_shared(key, value, box, expert);
+      } else if ((expert ? placement.replica < ep : placement.replica == 0) && holds_first(box)) {
         add_once(key, value);
       }
     }

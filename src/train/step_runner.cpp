@@ -6,6 +6,7 @@
 
 #include "pipetrain/base/check.h"
 #include "pipetrain/data/batch.h"
+#include "pipetrain/parallel/expert_parallel.h"
 #include "pipetrain/runtime/distributed_pipe.h"
 #include "pipetrain/runtime/run_layout.h"
 #include "pipetrain/stage/batchnorm.h"
@@ -197,6 +198,19 @@ class DistributedRunner : public StepRunner {
       const int replicas = split ? split->replicas : distributed_.layout().tensor_parallel;
       if (distributed_.tp_rank() % replicas != 0) skip.insert(tensor.unsafeGetTensorImpl());
     }
+    // Expert parallelism: the experts' gradients are summed over the ranks holding the same
+    // experts, not over every replica; each is held by R / E replicas where a dense tensor is
+    // held by R, so the norm counts them E times (the norm divides by R).
+    if (distributed_.expert_parallel_group()) {
+      std::vector<torch::Tensor> experts;
+      for (const auto& [name, tensor] : pipe_.named_parameters()) {
+        if (parallel::is_expert_parameter(name)) {
+          experts.push_back(tensor);
+          expert_tensors_.insert(tensor.unsafeGetTensorImpl());
+        }
+      }
+      pipe_.set_expert_parameters(std::move(experts));
+    }
     for (const torch::Tensor& tensor : pipe_.parameters()) {
       if (!skip.count(tensor.unsafeGetTensorImpl())) norm_parameters_.push_back(tensor);
     }
@@ -244,7 +258,14 @@ class DistributedRunner : public StepRunner {
   }
   double grad_norm_squared() override {
     // Replicas hold equal gradients after the data-parallel sum: count one replica's worth.
-    const double local = local_grad_norm_squared(norm_parameters_);
+    double local = local_grad_norm_squared(norm_parameters_);
+    if (!expert_tensors_.empty()) {
+      std::vector<torch::Tensor> experts;
+      for (const torch::Tensor& p : norm_parameters_) {
+        if (expert_tensors_.count(p.unsafeGetTensorImpl())) experts.push_back(p);
+      }
+      local += (distributed_.layout().expert_parallel - 1) * local_grad_norm_squared(experts);
+    }
     return sum_over_ranks(local) / distributed_.layout().replicas;
   }
   std::map<int, torch::Tensor> stage_rng_states() override { return pipe_.stage_rng_states(); }
@@ -278,6 +299,7 @@ class DistributedRunner : public StepRunner {
                                  distributed_.layout().tensor_parallel};
     placement.replica = distributed_.replica();
     placement.replicas = distributed_.layout().replicas;
+    placement.expert_parallel = distributed_.layout().expert_parallel;
     return placement;
   }
   std::vector<std::string> gather_text(const std::string& mine) override {
@@ -351,6 +373,7 @@ class DistributedRunner : public StepRunner {
   std::string description_;
   std::set<std::string> layers_;
   std::vector<torch::Tensor> norm_parameters_;
+  std::set<const void*> expert_tensors_;  // expert parallelism: the experts this rank holds
   std::vector<DeferredBatchNormImpl*> batch_norms_;  // this rank's, in model order
   TensorParallelSplit split_;
 

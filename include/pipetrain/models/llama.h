@@ -69,6 +69,7 @@
 #include "pipetrain/data/batch.h"
 #include "pipetrain/io/safetensors.h"
 #include "pipetrain/models/llama_config.h"
+#include "pipetrain/parallel/expert_parallel.h"
 #include "pipetrain/parallel/tensor_parallel.h"
 #include "pipetrain/stage/autocast_parameters.h"
 
@@ -179,6 +180,12 @@ TORCH_MODULE(LlamaMlp);
 // into y expert by expert in ascending order, as transformers adds them.
 // Registered as transformers names them: gate, experts.{e}.(gate|up|down)_proj (Mixtral:
 // experts.{e}.w1|w2|w3), shared_expert, shared_expert_gate.
+// Expert parallelism (`ep` split, parallel/expert_parallel.h): this rank holds experts
+// [ep.first(E), +ep.count(E)) only, under their global numbers; every token row goes to the rank
+// of each of its experts in one all-to-all of rows over the group (sorted by expert, so each
+// member receives its experts' rows grouped by sender), every local expert runs once over all the
+// rows it received, and a second all-to-all brings the outputs back, where they are weighted and
+// added as without it. The router, the shared expert and the load-balancing term stay local.
 // With LlamaConfig::aux_loss, a training forward attaches router_aux_loss_coef x this layer's
 // load_balancing_loss on these tokens to its output (stage/auxiliary_loss.h): each layer and each
 // micro-batch adds its own term, weighted by the micro-batch's share of the loss, as Megatron
@@ -189,7 +196,7 @@ class LlamaMoeImpl : public torch::nn::Cloneable<LlamaMoeImpl>, public AutocastC
  public:
   // `layer`: its decoder layer's index (routing_recorder's numbering).
   LlamaMoeImpl(std::shared_ptr<const LlamaConfig> config, torch::TensorOptions options = {},
-               int64_t layer = 0);
+               int64_t layer = 0, parallel::ExpertParallel ep = {});
   void reset() override;
   torch::Tensor forward(const torch::Tensor& x);
   // The router's choice for tokens x [N,H]: (weights [N,k], experts int64 [N,k]) and the
@@ -199,11 +206,22 @@ class LlamaMoeImpl : public torch::nn::Cloneable<LlamaMoeImpl>, public AutocastC
   std::shared_ptr<const LlamaConfig> config;
   torch::TensorOptions options;
   int64_t layer = 0;
+  parallel::ExpertParallel ep;
   LlamaLinear gate{nullptr};  // [E, H]
-  torch::nn::ModuleList experts{nullptr};
+  torch::nn::ModuleDict experts{nullptr};  // this rank's, keyed by their global number
+  // Expert e's MLP. REQUIRES: this rank holds it.
+  LlamaMlpImpl& expert(int64_t e) const;
   LlamaMlp shared_expert{nullptr};          // Qwen2-MoE (null otherwise)
   LlamaLinear shared_expert_gate{nullptr};  // [1, H]
   std::vector<torch::Tensor> autocast_cast_parameters() const override;
+
+ private:
+  // y [N,H] of tokens `flat` [N,H] routed to `chosen` [N,k] with `weights`, the pairs sorted by
+  // expert (`order`, `counts` per expert): locally, or over the expert-parallel group.
+  torch::Tensor run_experts(const torch::Tensor& flat, const torch::Tensor& weights,
+                            const torch::Tensor& order, const torch::Tensor& counts);
+  torch::Tensor run_experts_parallel(const torch::Tensor& flat, const torch::Tensor& weights,
+                                     const torch::Tensor& order, const torch::Tensor& counts);
 };
 TORCH_MODULE(LlamaMoe);
 
@@ -222,13 +240,14 @@ class LlamaDecoderLayerImpl : public torch::nn::Cloneable<LlamaDecoderLayerImpl>
  public:
   LlamaDecoderLayerImpl(std::shared_ptr<const LlamaConfig> config,
                         torch::TensorOptions options = {}, parallel::TensorParallel tp = {},
-                        int64_t layer = 0);
+                        int64_t layer = 0, parallel::ExpertParallel ep = {});
   void reset() override;
   torch::Tensor forward(const torch::Tensor& x);
 
   std::shared_ptr<const LlamaConfig> config;
   torch::TensorOptions options;
   parallel::TensorParallel tp;
+  parallel::ExpertParallel ep;
   RmsNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   LlamaAttention self_attn{nullptr};
   LlamaMlp mlp{nullptr};
@@ -285,6 +304,9 @@ struct LlamaBuildOptions {
   /// The tensor-parallel group this model's ranks form (none: every rank holds whole tensors).
   /// check_llama_tensor_parallel must accept the config at the group's size.
   TORCH_ARG(parallel::TensorParallel, tensor_parallel) = {};
+  /// The expert-parallel group a mixture's experts are split over (parallel/expert_parallel.h;
+  /// none: every rank holds every expert). check_expert_parallel must accept its size.
+  TORCH_ARG(parallel::ExpertParallel, expert_parallel) = {};
 };
 
 struct LlamaModel {
@@ -294,6 +316,7 @@ struct LlamaModel {
   std::vector<std::pair<std::string, std::string>> tied_parameters;
   std::vector<bool> materialized;            // per entry
   parallel::TensorParallel tensor_parallel;  // as built
+  parallel::ExpertParallel expert_parallel;  // as built
 };
 
 // Throws BadInput naming the numbers when `tp` does not divide the attention heads, the

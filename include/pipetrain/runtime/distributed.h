@@ -25,6 +25,12 @@
 // stage; the data-parallel group and the tie groups join ranks of one tp rank; the loss counts
 // once per replica (tp rank 0's).
 //
+// Expert parallelism (DistributedOptions::expert_parallel E > 1; parallel/expert_parallel.h has the
+// picture): the R replicas of each (pipeline rank, tp rank) form R / E expert-parallel groups of E
+// consecutive replicas (a mixture's experts split over each), and E expert-data-parallel groups
+// of the replicas that hold the same experts (replica r with r + E, r + 2E, ...), over which the
+// experts' gradients are summed instead of over all R.
+//
 // Ownership: Distributed owns the C10dWorld (store, world group) and the subgroups it creates.
 // Thread-safety: collectives from one thread at a time, in the same order on every member.
 #pragma once
@@ -79,6 +85,7 @@ struct ParallelLayout {
   int pipeline_ranks = 1;   // K
   int replicas = 1;         // R
   int tensor_parallel = 1;  // T
+  int expert_parallel = 1;  // E: divides R
 
   // REQUIRES: world_size % (pipeline_ranks * tensor_parallel) == 0 (checked: the error names the
   // numbers and the fix).
@@ -97,6 +104,11 @@ struct ParallelLayout {
   std::vector<int> pipeline_world_ranks(int replica, int tp_rank = 0) const;
   // The T world ranks of (replica d, pipeline rank p): its tensor-parallel group.
   std::vector<int> tensor_parallel_ranks(int replica, int pipeline_rank) const;
+  // The E world ranks of replica d's expert-parallel group at (pipeline rank p, tp rank t), and
+  // the R / E ranks holding the same experts as replica d there.
+  std::vector<int> expert_parallel_ranks(int replica, int pipeline_rank, int tp_rank = 0) const;
+  std::vector<int> expert_data_parallel_ranks(int replica, int pipeline_rank,
+                                              int tp_rank = 0) const;
 };
 
 struct DistributedOptions {
@@ -111,6 +123,8 @@ struct DistributedOptions {
   TORCH_ARG(int, pipeline_ranks) = 0;
   /// T, tensor-parallel ranks per pipeline rank (adjacent world ranks).
   TORCH_ARG(int, tensor_parallel) = 1;
+  /// E, expert-parallel replicas per group (parallel/expert_parallel.h); divides the replicas.
+  TORCH_ARG(int, expert_parallel) = 1;
 };
 
 class Distributed {
@@ -143,6 +157,12 @@ class Distributed {
   // The tensor-parallel group of this rank (its pipeline rank's T processes, group rank =
   // tp_rank()); nullptr with T = 1.
   const std::shared_ptr<C10dGroup>& tensor_parallel_group() const { return tensor_parallel_; }
+  // Expert parallelism (E > 1): this rank's expert-parallel group (group rank = replica() % E),
+  // and the ranks holding the same experts (nullptr where E = R); both nullptr with E = 1.
+  const std::shared_ptr<C10dGroup>& expert_parallel_group() const { return expert_parallel_; }
+  const std::shared_ptr<C10dGroup>& expert_data_parallel_group() const {
+    return expert_data_parallel_;
+  }
 
   // Sums every parameter's .grad() over the replicas of this pipeline rank, flattened into one
   // buffer per dtype. A parameter without a gradient counts as zero and receives the sum.
@@ -151,6 +171,9 @@ class Distributed {
   // The same over the tensor-parallel group: for the tensors every tp rank holds whole whose
   // gradient each rank has only a share of (sequence parallelism). No-op with T = 1.
   void allreduce_tensor_parallel_gradients(const std::vector<torch::Tensor>& parameters);
+  // The same over the expert-data-parallel group: the experts' gradients (each already the sum
+  // over its expert-parallel group's tokens). No-op where no other rank holds the same experts.
+  void allreduce_expert_gradients(const std::vector<torch::Tensor>& parameters);
 
   // Declares the tied weight `name`, held by the pipeline ranks `holders` of every replica, and
   // returns its key, "name@h1@h2..." (holders sorted), to pass to allreduce_tie. Every holder
@@ -190,6 +213,8 @@ class Distributed {
   int local_rank_ = 0;
   std::shared_ptr<C10dGroup> data_parallel_;
   std::shared_ptr<C10dGroup> tensor_parallel_;
+  std::shared_ptr<C10dGroup> expert_parallel_;
+  std::shared_ptr<C10dGroup> expert_data_parallel_;
   // By declare_tie key; null: only this rank holds it.
   std::map<std::string, std::shared_ptr<C10dGroup>> ties_;
 };

@@ -15,7 +15,8 @@
 //   [3] sum each tied weight's gradient over the pipeline ranks holding it (a parameter tensor
 //       used by layers of stages on different ranks is a tie; found by identity), and the
 //       gradients of set_tensor_parallel_summed's tensors over the tensor-parallel group
-//   [4] sum gradients over the replicas (Distributed::allreduce_gradients)
+//   [4] sum gradients over the replicas (Distributed::allreduce_gradients); an expert-parallel
+//       model's experts over the replicas that hold the same experts
 //   [5] the mini-batch loss, summed over replicas, on every rank (broadcast_loss)
 // so that after the optimizer step every rank's parameters equal sequential training's.
 //
@@ -117,6 +118,11 @@ class DistributedPipe {
   void set_tensor_parallel_summed(std::vector<torch::Tensor> tensors) {
     tensor_parallel_summed_ = std::move(tensors);
   }
+
+  // Expert parallelism (parallel/expert_parallel.h): the experts this rank holds, whose
+  // gradients [4] sums over the expert-data-parallel group (Distributed::
+  // allreduce_expert_gradients) instead of over every replica.
+  void set_expert_parameters(std::vector<torch::Tensor> tensors);
 
   // ZeRO-3 (train/sharded_optimizer.h): from the next train_step on, `parameters` makes each
   // local stage's parameters whole around the actions that compute with them and frees them after,
@@ -225,6 +231,8 @@ class DistributedPipe {
   std::int64_t reduce_buffer_bytes_ = 0;
   std::vector<std::pair<std::string, torch::Tensor>> ties_;  // (declare_tie key, tensor) held here
   std::vector<torch::Tensor> tensor_parallel_summed_;        // [3]
+  std::vector<torch::Tensor> expert_parameters_;             // [4], over their own group
+  std::vector<torch::Tensor> dense_;                         // unique_ less expert_parameters_
   // The tensors whose gradients are final only after [3] (ties across ranks, tp-summed ones).
   std::set<const void*> summed_after_schedule() const;
   std::vector<ActionEvent> events_;

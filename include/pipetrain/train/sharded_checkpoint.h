@@ -79,6 +79,9 @@ struct ShardPlacement {
   TensorParallelSlice tensor_parallel;  // how names are cut; this rank's place in its group
   int replica = 0;                      // data-parallel replica, of `replicas`
   int replicas = 1;
+  // Expert parallelism: experts (parallel::is_expert_parameter) are held by the replicas with
+  // one replica % expert_parallel, which share their writing.
+  int expert_parallel = 1;
 };
 
 // The box of the global tensor that a rank holding `local` sizes of `name` holds, the global

@@ -1,0 +1,45 @@
+// Expert parallelism's checks (pipetrain/parallel/expert_parallel.h).
+#include "pipetrain/parallel/expert_parallel.h"
+
+#include <string>
+
+#include "pipetrain/base/error.h"
+
+namespace pipetrain::parallel {
+namespace {
+
+std::string divisors_of(int64_t n, int64_t limit) {
+  std::string list;
+  for (int64_t d = 1; d <= n && d <= limit; ++d) {
+    if (n % d == 0) list += (list.empty() ? "" : ", ") + std::to_string(d);
+  }
+  return list;
+}
+
+int64_t gcd(int64_t a, int64_t b) { return b == 0 ? a : gcd(b, a % b); }
+
+}  // namespace
+
+void check_expert_parallel(int64_t experts, int ep, int dp) {
+  if (ep < 1) throw BadInput("--ep must be 1 or more, got " + std::to_string(ep));
+  if (ep == 1) return;
+  const int64_t both = gcd(experts, dp);
+  if (experts % ep != 0) {
+    throw BadInput("--ep " + std::to_string(ep) + " does not divide the model's " +
+                   std::to_string(experts) + " experts per layer; --ep " + divisors_of(both, dp) +
+                   " divides them and --dp " + std::to_string(dp));
+  }
+  if (dp % ep != 0) {
+    throw BadInput("--ep " + std::to_string(ep) +
+                   " carves expert-parallel groups out of the data-parallel replicas and does not "
+                   "divide --dp " +
+                   std::to_string(dp) + "; --ep " + divisors_of(both, dp) +
+                   " divides both it and the " + std::to_string(experts) + " experts");
+  }
+}
+
+bool is_expert_parameter(const std::string& name) {
+  return name.find(".experts.") != std::string::npos;
+}
+
+}  // namespace pipetrain::parallel
