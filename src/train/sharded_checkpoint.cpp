@@ -619,8 +619,20 @@ Checkpoint read_rank_checkpoint(const ShardedCheckpoint& c, const NamedTensors& 
     throw io::ShardIndexError(path, missing.front(),
                               "the model's tensors missing from the checkpoint: " + names);
   }
+  // Expert parallelism: a mixture's layer holds some of its experts; the others' are another
+  // rank's (a layer whose experts this model does not know at all is still refused).
+  std::set<std::string> expert_layers;
+  for (const std::string& name : model_names) {
+    if (parallel::is_expert_parameter(name)) {
+      expert_layers.insert(name.substr(0, name.find(".experts.") + 9));
+    }
+  }
   for (const auto& [key, tensor] : c.index().tensors) {
     const bool model_tensor = key.rfind("param/", 0) == 0 || key.rfind("buffer/", 0) == 0;
+    if (model_tensor && parallel::is_expert_parameter(key) &&
+        expert_layers.count(key.substr(0, key.find(".experts.") + 9))) {
+      continue;
+    }
     if (model_tensor && !model_names.count(key)) {
       throw io::ShardIndexError(path, key,
                                 "in the checkpoint but not in the model (was it written for "

@@ -40,7 +40,12 @@ struct Case {
   std::string arch, saved, layout;
 };
 
-TEST(TrainMoe, WeightsAfterAdamWEqualTransformersTrainingInThreeLayouts) {
+// The layouts: a pipeline in one process, two processes, pp2 x dp2 under ZeRO-1, and expert
+// parallelism (parallel/expert_parallel.h): ep2 over dp2 (Qwen2-MoE, its shared expert local),
+// pp2 x ep2 under dualpipev with every micro-batch recomputed (Qwen3-MoE: the dispatch and
+// combine run again in the replay, and in a split backward's I), ep2 within dp4 (Mixtral: two
+// expert-parallel groups, each expert's gradient summed over the two replicas holding it).
+TEST(TrainMoe, WeightsAfterAdamWEqualTransformersTrainingInEveryLayout) {
   PIPETRAIN_SKIP_WITHOUT_TRANSFORMERS();
   const std::string dir = testing::scratch_dir("train-moe");
   const std::vector<Case> cases = {
@@ -48,16 +53,24 @@ TEST(TrainMoe, WeightsAfterAdamWEqualTransformersTrainingInThreeLayouts) {
       {"qwen3_moe", "Qwen3MoeForCausalLM", "--nproc 2 --chunks 4 --schedule zb-v"},
       {"mixtral", "MixtralForCausalLM",
        "--nproc 4 --dp 2 --zero 1 --chunks 2 --schedule 1f1b --checkpoint always "
-       "--report-routing --log-every 1"}};
+       "--report-routing --log-every 1"},
+      {"qwen2_moe", "Qwen2MoeForCausalLM", "--nproc 2 --dp 2 --ep 2 --chunks 2"},
+      {"qwen3_moe", "Qwen3MoeForCausalLM",
+       "--nproc 4 --dp 2 --ep 2 --chunks 4 --schedule dualpipev --checkpoint always"},
+      {"mixtral", "MixtralForCausalLM", "--nproc 4 --dp 4 --ep 2 --chunks 2 --schedule zb-h1"}};
   std::ofstream batch(dir + "/compare.txt");
-  for (const Case& c : cases) {
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
     const std::string model = hf_fixtures() + "/" + c.arch;
-    const CliRun reference =
-        hf_reference("train " + model + " " + hf_fixtures() + "/tokens.bin " + dir + "/" + c.arch +
-                     "_reference --seq-len 16 --batch-size 8 --steps 3 --lr 1e-2 "
-                     "--betas 0.9,0.95 --eps 1e-4 --weight-decay 0.1");
-    ASSERT_EQ(reference.exit_code, 0) << reference.output;
-    const std::string out = dir + "/" + c.arch;
+    const std::string reference = dir + "/" + c.arch + "_reference";
+    if (!std::filesystem::exists(reference)) {
+      const CliRun made =
+          hf_reference("train " + model + " " + hf_fixtures() + "/tokens.bin " + reference +
+                       " --seq-len 16 --batch-size 8 --steps 3 --lr 1e-2 "
+                       "--betas 0.9,0.95 --eps 1e-4 --weight-decay 0.1");
+      ASSERT_EQ(made.exit_code, 0) << made.output;
+    }
+    const std::string out = dir + "/" + c.arch + "_" + std::to_string(i);
     const CliRun run = run_pipetrain(
         "train --model " + model + " --data tokens --token-file " + hf_fixtures() +
         "/tokens.bin --seq-len 16 --batch-size 8 --steps 3 --lr 1e-2 --optimizer adamw "
@@ -65,7 +78,7 @@ TEST(TrainMoe, WeightsAfterAdamWEqualTransformersTrainingInThreeLayouts) {
         c.layout + " --save-hf " + out);
     ASSERT_EQ(run.exit_code, 0) << c.arch << "\n" << run.output;
     EXPECT_NE(run.output.find("saved " + c.saved), std::string::npos) << run.output;
-    if (c.arch == "mixtral") {
+    if (c.layout.find("--report-routing") != std::string::npos) {
       // --report-routing, summed over the 4 ranks: each of the 2 layers (one per pipeline rank)
       // saw 3 steps x 8 x 16 tokens x 2 choices, recomputed micro-batches counted once.
       for (const std::string layer : {"0", "1"}) {
@@ -86,16 +99,77 @@ TEST(TrainMoe, WeightsAfterAdamWEqualTransformersTrainingInThreeLayouts) {
         EXPECT_NE(run.output.find(step), std::string::npos) << step << "\n" << run.output;
       }
     }
-    batch << "compare " << out << " " << dir << "/" << c.arch << "_reference --rtol 1e-4\n";
+    batch << "compare " << out << " " << reference << " --rtol 1e-4\n";
   }
   batch.close();
   const CliRun compare = hf_reference("batch " + dir + "/compare.txt");
   const std::vector<double> errors = testing::worst_relative_errors(compare.output);
   ASSERT_EQ(errors.size(), cases.size()) << compare.output;
   for (size_t i = 0; i < cases.size(); ++i) {
-    EXPECT_LE(errors[i], 1e-4) << cases[i].arch << "\n" << compare.output;
+    EXPECT_LE(errors[i], 1e-4) << cases[i].arch << " " << cases[i].layout << "\n"
+                               << compare.output;
   }
   EXPECT_EQ(compare.exit_code, 0) << compare.output;
+}
+
+// A checkpoint written at one expert-parallel layout resumes at another: sharded, ep2 within dp4
+// (each expert written by the two replicas holding it) into dp2 without ep, and dp2 without ep
+// into ep2 within dp2 (each rank reads its own experts): both end where three steps in one run
+// end.
+TEST(TrainMoe, ACheckpointResumesAtAnotherExpertParallelLayout) {
+  PIPETRAIN_SKIP_WITHOUT_TRANSFORMERS();
+  const std::string dir = testing::scratch_dir("train-moe-resume");
+  const std::string common = "train --model " + hf_fixtures() +
+                             "/mixtral --data tokens --token-file " + hf_fixtures() +
+                             "/tokens.bin --seq-len 16 --batch-size 8 --lr 1e-2 --optimizer "
+                             "adamw --adam-eps 1e-4 --chunks 2 --checkpoint-format sharded ";
+  auto run = [&](const std::string& flags) {
+    const CliRun r = run_pipetrain(common + flags);
+    EXPECT_EQ(r.exit_code, 0) << flags << "\n" << r.output;
+  };
+  run("--steps 3 --nproc 2 --dp 2 --save-hf " + dir + "/straight");
+  run("--steps 2 --nproc 4 --dp 4 --ep 2 --checkpoint-dir " + dir + "/ep2 --save-every 2");
+  run("--steps 3 --nproc 2 --dp 2 --resume " + dir + "/ep2 --save-hf " + dir + "/from_ep2");
+  run("--steps 2 --nproc 2 --dp 2 --checkpoint-dir " + dir + "/ep1 --save-every 2");
+  run("--steps 3 --nproc 2 --dp 2 --ep 2 --resume " + dir + "/ep1 --save-hf " + dir +
+      "/into_ep2");
+  std::ofstream batch(dir + "/compare.txt");
+  batch << "compare " << dir << "/from_ep2 " << dir << "/straight --rtol 1e-5\n"
+        << "compare " << dir << "/into_ep2 " << dir << "/straight --rtol 1e-5\n";
+  batch.close();
+  const CliRun compare = hf_reference("batch " + dir + "/compare.txt");
+  const std::vector<double> errors = testing::worst_relative_errors(compare.output);
+  ASSERT_EQ(errors.size(), 2u) << compare.output;
+  EXPECT_LE(errors[0], 1e-5) << compare.output;
+  EXPECT_LE(errors[1], 1e-5) << compare.output;
+}
+
+// What expert parallelism does not run exits 2 before any rank starts, naming the value.
+TEST(TrainMoe, WhatExpertParallelismCannotRunExitsTwoNamingTheValue) {
+  const std::string base = "train --model " + hf_fixtures() +
+                           "/qwen3_moe --data tokens --token-file " + hf_fixtures() +
+                           "/tokens.bin --seq-len 16 --steps 1 ";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--nproc 3 --dp 3 --ep 3",
+       "--ep 3 does not divide the model's 4 experts per layer; --ep 1 divides them and --dp 3"},
+      {"--nproc 4 --stages 2 --dp 2 --ep 4",
+       "--ep 4 carves expert-parallel groups out of the data-parallel replicas and does not "
+       "divide --dp 2"},
+      {"--ep 2", "--ep 2 splits the experts over data-parallel replicas, and --dp 1 has one"},
+      {"--nproc 2 --dp 2 --ep 2 --zero 1",
+       "ZeRO does not shard the experts over their own replicas yet"}};
+  for (const auto& [flags, message] : cases) {
+    const CliRun r = run_pipetrain(base + flags);
+    EXPECT_EQ(r.exit_code, 2) << flags << "\n" << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << flags << "\n" << r.output;
+  }
+  const CliRun dense = run_pipetrain("train --model " + hf_fixtures() +
+                                     "/llama --data tokens --token-file " + hf_fixtures() +
+                                     "/tokens.bin --seq-len 16 --nproc 2 --dp 2 --ep 2");
+  EXPECT_EQ(dense.exit_code, 2) << dense.output;
+  EXPECT_NE(dense.output.find("--ep 2 splits a mixture's experts, and --model"),
+            std::string::npos)
+      << dense.output;
 }
 
 // output_router_logits: each MoE layer's load-balancing term, per micro-batch, weighted by its
