@@ -405,12 +405,16 @@ BuiltModel build_hf_model(const ModelDataSpec& args, const BuiltData& data,
 }  // namespace
 
 BuiltModel build_mirror_model(const ModelDataSpec& spec, const BuiltData& data, int tensor_parallel,
-                              bool sequence_parallel) {
+                              bool sequence_parallel, int expert_parallel) {
   ModelDataSpec random = spec;
   random.init = "random";
-  return build_model(
-      random, data, std::nullopt,
-      parallel::TensorParallel{C10dGroup::mirror(tensor_parallel), sequence_parallel});
+  parallel::TensorParallel tp;
+  if (tensor_parallel > 1) {
+    tp = parallel::TensorParallel{C10dGroup::mirror(tensor_parallel), sequence_parallel};
+  }
+  parallel::ExpertParallel ep;
+  if (expert_parallel > 1) ep = parallel::ExpertParallel{C10dGroup::mirror(expert_parallel)};
+  return build_model(random, data, std::nullopt, tp, {}, ep);
 }
 
 BuiltModel build_model(const ModelDataSpec& args, const BuiltData& data,

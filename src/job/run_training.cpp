@@ -190,6 +190,7 @@ tune::MemoryCheckInput memory_check_input(const TrainingSetup& s, const RunLayou
     input.llama = p.model.llama.get();
     input.tensor_parallel = layout.tensor_parallel;
     input.sequence_parallel = s.job.parallel.sequence_parallel;
+    input.expert_parallel = static_cast<int>(s.job.parallel.ep);
   } else {
     input.model = p.model.sequential;
     input.loss = p.model.loss;
@@ -526,8 +527,13 @@ PlanSource plan_on_ranks(const TrainingSetup& s, const RunLayout& layout, Distri
     std::optional<BuiltModel> mirrored;
     tune::AutoPlanInput planned = input;
     const bool sequence_parallel = s.job.parallel.sequence_parallel;
+    // Expert parallelism likewise: a mirror's experts get the tokens of identical members (the
+    // all-to-all's time is not in the profile).
+    if (layout.tensor_parallel > 1 || s.job.parallel.ep > 1) {
+      mirrored = build_mirror_model(s.data, p.data, layout.tensor_parallel, sequence_parallel,
+                                    static_cast<int>(s.job.parallel.ep));
+    }
     if (layout.tensor_parallel > 1) {
-      mirrored = build_mirror_model(s.data, p.data, layout.tensor_parallel, sequence_parallel);
       planned.tensor_parallel_collectives = tune::llama_tensor_parallel_collectives(
           *p.model.llama, sample.size(1), sequence_parallel, input.precision);
     }
@@ -643,6 +649,7 @@ JobResult run_rank(TrainingSetup& s, JobObserver& observer) {
   }
   RunLayout layout = layout_of(s.pipeline, environment.world_size);
   layout.multi_process = true;  // a rank, in a world of one too
+  layout.expert_parallel = static_cast<int>(s.job.parallel.ep);
   const int threads = threads_per_rank(s.pipeline, layout);
   at::set_num_threads(threads);
   // This process's stages: cuda:LOCAL_RANK under --device cuda, or its entry of --devices. It

@@ -7,6 +7,7 @@
 
 #include "pipetrain/base/atomic_file.h"
 #include "pipetrain/examples/model_registry.h"
+#include "pipetrain/models/llama.h"
 #include "pipetrain/partition/memory.h"
 #include "pipetrain/train/document_batches.h"
 #include "pipetrain/train/memory_fit.h"
@@ -104,6 +105,19 @@ train::ProgressOptions rate_options(const TrainingSetup& s, const BuiltModel& mo
       .peak_flops(s.peak.flops);
 }
 
+// The whole model's parameters: a Hugging Face model's from its config (a rank holds its
+// tensor-parallel slices and expert-parallel experts only), another's as built.
+int64_t model_parameters(const BuiltModel& model) {
+  if (!model.llama) return examples::count_parameters(*model.sequential);
+  int64_t total = 0;
+  for (const models::HfTensorName& tensor : models::llama_hf_tensors(*model.llama)) {
+    int64_t n = 1;
+    for (int64_t d : tensor.shape) n *= d;
+    total += n;
+  }
+  return total;
+}
+
 std::string start_text(const TrainingSetup& s, const Prepared& p, const Batches& batches,
                        train::StepRunner& runner, int threads) {
   const BuiltData& data = p.data;
@@ -121,7 +135,7 @@ std::string start_text(const TrainingSetup& s, const Prepared& p, const Batches&
       "training %s (%zu layers, %lld parameters) on %s: %s, batch %lld, %s, %s lr %g, "
       "%d threads per rank\n",
       p.model.name.c_str(), p.model.sequential->size(),
-      static_cast<long long>(examples::count_parameters(*p.model.sequential)), data.name.c_str(),
+      static_cast<long long>(model_parameters(p.model)), data.name.c_str(),
       rows.c_str(), static_cast<long long>(s.job.training.batch_size), runner.description().c_str(),
       s.job.optimizer.name.c_str(), s.job.optimizer.lr, threads);
   if (p.model.llama && s.peak.flops > 0) {
@@ -153,9 +167,10 @@ std::string memory_report_text(const TrainingSetup& s, Prepared& p, const Batche
   train::MemoryRunOptions run = memory_run_options(s, layout);
   BuiltModel mirrored;
   const BuiltModel* profiled = &p.model;
-  if (layout.tensor_parallel > 1) {
+  if (layout.tensor_parallel > 1 || s.job.parallel.ep > 1) {
     mirrored = build_mirror_model(s.data, p.data, layout.tensor_parallel,
-                                  s.job.parallel.sequence_parallel);
+                                  s.job.parallel.sequence_parallel,
+                                  static_cast<int>(s.job.parallel.ep));
     profiled = &mirrored;
   }
   // Profiled on the device this rank's first stage trained on.

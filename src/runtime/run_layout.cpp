@@ -269,7 +269,9 @@ std::string describe_pipeline(const PipeOptions& options, const std::vector<int6
   if (layout.multi_process) {
     text << " (" << layout.world << " processes: " << layout.pipeline_ranks << " pipeline x ";
     if (layout.tensor_parallel > 1) text << layout.tensor_parallel << " tensor-parallel x ";
-    text << layout.replicas << " data-parallel)";
+    text << layout.replicas << " data-parallel";
+    if (layout.expert_parallel > 1) text << ", experts over " << layout.expert_parallel;
+    text << ")";
   }
   if (!balance.empty()) {
     text << " (balance";

@@ -385,8 +385,21 @@ void C10dGroup::all_to_all(const torch::Tensor& input, const std::vector<int64_t
     output.copy_(input);
     return;
   }
-  PIPETRAIN_CHECK_INPUT(!impl_->mirror, "all_to_all with slices of their own sizes over group '",
-                        name(), "': a mirror group has no other members to send them to");
+  if (impl_->mirror) {
+    // Shapes only: member g's rows are this member's rows for g, cut or padded with zeros to
+    // the count (members that differ cannot be mirrored).
+    int64_t from = 0, to = 0;
+    for (int g = 0; g < size(); ++g) {
+      const int64_t sent = send[static_cast<size_t>(g)];
+      const int64_t wanted = receive[static_cast<size_t>(g)];
+      const int64_t copied = std::min(sent, wanted);
+      output.narrow(0, to, copied).copy_(input.narrow(0, from, copied));
+      output.narrow(0, to + copied, wanted - copied).zero_();
+      from += sent;
+      to += wanted;
+    }
+    return;
+  }
   at::Tensor in = input.detach();  // detached: see above allreduce_sum_start
   at::Tensor out = output.detach();
   std::vector<int64_t> in_splits = send, out_splits = receive;

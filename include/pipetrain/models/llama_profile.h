@@ -31,6 +31,7 @@
 #include <torch/types.h>
 
 #include "pipetrain/models/llama_config.h"
+#include "pipetrain/parallel/expert_parallel.h"
 #include "pipetrain/parallel/tensor_parallel.h"
 #include "pipetrain/partition/profile.h"
 #include "pipetrain/partition/profiler.h"
@@ -47,7 +48,8 @@ namespace pipetrain::models {
 partition::ModelProfile profile_llama(const LlamaConfig& config, const torch::Tensor& sample,
                                       const partition::ProfileOptions& options = {},
                                       uint64_t seed = 0, const parallel::TensorParallel& tp = {},
-                                      std::int64_t table_rows = 0, std::int64_t mlp_rows = 0);
+                                      std::int64_t table_rows = 0, std::int64_t mlp_rows = 0,
+                                      const parallel::ExpertParallel& ep = {});
 
 // The profile of a model of `config.num_hidden_layers` layers from one measured on `measured`
 // layers (entries: embedding, decoder x measured, norm, head): the last measured decoder layer

@@ -56,6 +56,7 @@ struct RunLayout {
   int pipeline_ranks = 1;   // K
   int replicas = 1;         // R
   int tensor_parallel = 1;  // T: processes per pipeline rank (parallel/mesh.h)
+  int expert_parallel = 1;  // E: replicas a mixture's experts are split over (divides R)
 };
 
 // Ranges and combinations of the fields on their own (counts, names, precision on the device,

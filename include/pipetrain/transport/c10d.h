@@ -278,7 +278,9 @@ class C10dGroup {
   // A group of `size` members in this one process, as member `rank`, whose every other member
   // holds what this one holds: all_gather repeats the shard, allreduce_sum multiplies by size,
   // reduce_scatter_sum keeps `size` x this member's slice, broadcast and barrier do nothing,
-  // gather_bytes repeats `mine`. Nothing is sent. It gives a single process the shapes and
+  // gather_bytes repeats `mine`, all_to_all of equal slices gives this member's slice for itself
+  // from every member, of slices of their own sizes gives member g's rows as this member's rows
+  // for g, cut or padded with zeros to the count (shapes only). Nothing is sent. It gives a single process the shapes and
   // allocations of one member of a real group (the memory model profiles a tensor-parallel rank's
   // layers with it: train/memory_report.h); the values are those of a group of identical members.
   // REQUIRES: 0 <= rank < size (BadInput otherwise).

@@ -30,6 +30,9 @@ struct MemoryCheckInput {
   const models::LlamaConfig* llama = nullptr;
   int tensor_parallel = 1;  // with `llama`: the layers as one tensor-parallel rank holds them
   bool sequence_parallel = false;
+  // With `llama`, a mixture: its experts as one expert-parallel rank holds them, the tokens it
+  // gets as a mirror group of identical members sends them (C10dGroup::mirror).
+  int expert_parallel = 1;
   // The first mini-batch every replica shares.
   torch::Tensor inputs, targets;
   PipeOptions pipe;
