@@ -182,9 +182,9 @@ void check_expert_parallel(const TrainingSetup& s) {
          std::to_string(s.pipeline.dp) + " has one: give --nproc and --dp (ep divides dp)");
   }
   parallel::check_expert_parallel(config->num_experts, ep, s.pipeline.dp);
-  if (s.job.zero.stage > 0 || s.job.zero.ladder) {
-    fail("--ep with --zero " + std::to_string(s.job.zero.stage) +
-         ": ZeRO does not shard the experts over their own replicas yet; give --zero 0");
+  if (s.job.zero.plus_plus() || s.job.zero.ladder) {
+    fail(std::string("--ep with ") + (s.job.zero.ladder ? "--zero-ladder" : "ZeRO++") +
+         ": not built yet for experts sharded over their own replicas; give --zero 1, 2 or 3");
   }
 }
 

@@ -102,7 +102,8 @@ ShardedOptimizer::ShardedOptimizer(Distributed* distributed, std::vector<torch::
                                    std::vector<int> segment_stages,
                                    const std::vector<torch::ScalarType>& segment_gather_dtypes,
                                    std::vector<int> segment_layers,
-                                   const std::vector<char>& segment_accumulates)
+                                   const std::vector<char>& segment_accumulates,
+                                   const std::vector<char>& segment_experts)
     : distributed_(distributed),
       rank_(distributed ? distributed->rank() : 0),
       parameters_(unique_parameters(parameters)),
@@ -178,6 +179,9 @@ ShardedOptimizer::ShardedOptimizer(Distributed* distributed, std::vector<torch::
   PIPETRAIN_CHECK_INPUT(segment_accumulates.empty() || segment_accumulates.size() == groups.size(),
                         "ZeRO: ", segment_accumulates.size(), " accumulate flags for ",
                         groups.size(), " segments");
+  PIPETRAIN_CHECK_INPUT(segment_experts.empty() || segment_experts.size() == groups.size(),
+                        "ZeRO: ", segment_experts.size(), " expert flags for ", groups.size(),
+                        " segments");
   std::set<const void*> counts;
   for (const torch::Tensor& c : counted) counts.insert(c.unsafeGetTensorImpl());
   offsets_.assign(parameters_.size(), 0);
@@ -198,12 +202,24 @@ ShardedOptimizer::ShardedOptimizer(Distributed* distributed, std::vector<torch::
       offsets_[q] = segment.start + elements;
       elements += parameters_[q].numel();
     }
-    segment.piece = (elements + replicas_ - 1) / replicas_;
-    segment.padded = segment.piece * replicas_;
+    // Its group: the data-parallel replicas, or an expert segment's replicas holding the same
+    // experts.
+    const bool expert = !segment_experts.empty() && segment_experts[k];
+    segment.group = this->group();
+    segment.members = replicas_;
+    segment.member = replica_;
+    if (expert) {
+      PIPETRAIN_CHECK_INPUT(distributed_ != nullptr, "ZeRO: expert segments need a Distributed");
+      segment.group = distributed_->expert_data_parallel_group().get();
+      segment.members = segment.group ? segment.group->size() : 1;
+      segment.member = segment.group ? segment.group->rank() : 0;
+    }
+    segment.piece = (elements + segment.members - 1) / segment.members;
+    segment.padded = segment.piece * segment.members;
     segment.shard_offset = shard_size_;
     // This replica's piece, parameter by parameter.
     segment.first_slice = slices_.size();
-    const int64_t piece_start = segment.start + replica_ * segment.piece;
+    const int64_t piece_start = segment.start + segment.member * segment.piece;
     for (size_t q : segment.parameters) {
       const int64_t lo = std::max(offsets_[q], piece_start);
       const int64_t hi =
@@ -525,9 +541,9 @@ void ShardedOptimizer::step() {  // [3]
   const torch::Device device = parameters_.front().device();
   const bool to_device = comm_device_.is_cpu() && device.is_cuda();
   reduce_thread_.drain();  // the group's collectives in one order on every replica
-  C10dGroup* dp = group();
   auto start = [&](size_t k) {
     const Segment& s = segments_[k];
+    C10dGroup* dp = s.group;
     InFlight g;
     g.segment = k;
     g.piece = piece_values(k);
@@ -708,10 +724,15 @@ std::unique_ptr<ShardedOptimizer> make_pipe_sharded_optimizer(
   std::vector<std::vector<torch::Tensor>> segments;
   std::vector<int> segment_stages, segment_layers;
   std::vector<torch::ScalarType> gather_dtypes;
-  std::vector<char> accumulates;
+  std::vector<char> accumulates, experts;
   std::multimap<int, size_t> segments_of_stage;  // what the overlap starts after a stage
+  // Expert parallelism: the experts' tensors in segments of their own, over their own replicas.
+  std::set<const void*> expert_tensors;
+  for (const torch::Tensor& t : pipe.expert_parameters()) {
+    expert_tensors.insert(t.unsafeGetTensorImpl());
+  }
   auto add_buckets = [&](int stage_index, int layer, const std::vector<torch::Tensor>& tensors,
-                         torch::ScalarType gather_dtype, bool accumulate) {
+                         torch::ScalarType gather_dtype, bool accumulate, bool expert) {
     for (auto& bucket : cut_into_buckets(tensors, bucket_bytes)) {
       if (stage_index >= 0 && !accumulate) segments_of_stage.emplace(stage_index, segments.size());
       gather_dtypes.push_back(gather_dtype);
@@ -719,18 +740,22 @@ std::unique_ptr<ShardedOptimizer> make_pipe_sharded_optimizer(
       segment_stages.push_back(stage_index);
       segment_layers.push_back(layer);
       accumulates.push_back(accumulate);
+      experts.push_back(expert);
     }
   };
   auto add_group = [&](int stage_index, int layer, const std::vector<torch::Tensor>& tensors,
                        bool accumulate = false) {
     if (tensors.empty()) return;
     const torch::ScalarType dtype = tensors.front().scalar_type();
-    std::vector<torch::Tensor> kept, narrowed;
-    for (const torch::Tensor& t : tensors) {
-      (cast.count(t.unsafeGetTensorImpl()) ? narrowed : kept).push_back(t);
+    for (const bool expert : {false, true}) {
+      std::vector<torch::Tensor> kept, narrowed;
+      for (const torch::Tensor& t : tensors) {
+        if (expert_tensors.count(t.unsafeGetTensorImpl()) != (expert ? 1u : 0u)) continue;
+        (cast.count(t.unsafeGetTensorImpl()) ? narrowed : kept).push_back(t);
+      }
+      add_buckets(stage_index, layer, kept, dtype, accumulate, expert);
+      add_buckets(stage_index, layer, narrowed, compute_dtype(precision), accumulate, expert);
     }
-    add_buckets(stage_index, layer, kept, dtype, accumulate);
-    add_buckets(stage_index, layer, narrowed, compute_dtype(precision), accumulate);
   };
   const std::vector<std::pair<int, std::vector<torch::Tensor>>> groups = pipe.gradient_groups();
   std::vector<torch::Tensor> persistent;
@@ -790,7 +815,7 @@ std::unique_ptr<ShardedOptimizer> make_pipe_sharded_optimizer(
   add_group(-1, -1, persistent);
   auto sharded = std::make_unique<ShardedOptimizer>(
       &distributed, pipe.parameters(), counted, optimizer, options, zero, segments, segment_stages,
-      gather_dtypes, segment_layers, accumulates);
+      gather_dtypes, segment_layers, accumulates, experts);
   pipe.set_allreduce_gradients(false);
   ShardedOptimizer* shards = sharded.get();
   shards->set_collective_log(&pipe.collective_log());

@@ -131,7 +131,7 @@ void ShardedOptimizer::start_gather_segment(size_t k, bool exact) {
   // One replica with the values in the file: its piece is the whole segment, read straight into
   // the buffer the parameters will point into (no second copy).
   const bool direct =
-      params_in_file_ && group() == nullptr && (exact || s.gather_dtype == comm_options().dtype());
+      params_in_file_ && s.group == nullptr && (exact || s.gather_dtype == comm_options().dtype());
   torch::Tensor piece;
   if (params_in_file_) {  // read from the file into a buffer of its own, then where it is sent
     const int64_t elements = direct ? s.padded : s.piece;
@@ -151,7 +151,7 @@ void ShardedOptimizer::start_gather_segment(size_t k, bool exact) {
   g.narrowed = !exact && piece.scalar_type() != s.gather_dtype;
   g.keep = !exact;
   // qwZ: int8 blocks and their scales are sent instead, and dequantized into the gather dtype.
-  g.quantized = zero_.quantized_weights() && !exact && group() != nullptr;
+  g.quantized = zero_.quantized_weights() && !exact && s.group != nullptr;
   if (g.quantized) {
     g.values_dtype = g.narrowed ? s.gather_dtype : piece.scalar_type();
     const auto bytes = piece.options().dtype(torch::kUInt8);
@@ -167,7 +167,7 @@ void ShardedOptimizer::start_gather_segment(size_t k, bool exact) {
     g.piece = piece;
   }
   g.own_piece = !direct && (g.narrowed || params_in_file_ || g.quantized);
-  g.gathered = direct ? g.piece : pool_->take(g.piece.numel() * replicas_, g.piece.options());
+  g.gathered = direct ? g.piece : pool_->take(g.piece.numel() * s.members, g.piece.options());
   g.buffer_bytes = tensor_bytes(g.gathered) + (g.own_piece ? tensor_bytes(g.piece) : 0);
   buffer_bytes_ += g.buffer_bytes;
   note_gather_peaks();
@@ -177,7 +177,7 @@ void ShardedOptimizer::start_gather_segment(size_t k, bool exact) {
   std::optional<TrafficLabel> label;    // a step's gathers (not gather_all's)
   if (!exact) label.emplace(kZeroTrafficLabels[gather_for_backward_ ? 1 : 0]);
   g.start_us = CollectiveLog::now_us();
-  if (C10dGroup* dp = group()) {
+  if (C10dGroup* dp = s.group) {
     g.wait = dp->all_gather_start(g.piece, g.gathered);
   } else {
     if (!direct) g.gathered.copy_(g.piece);

@@ -82,7 +82,7 @@ ShardedOptimizer::InFlight ShardedOptimizer::start_reduce_scatter(size_t k, torc
   r.add = add;
   // One replica with the gradient in the file: the piece is the packed segment itself, written
   // (or added) from there, with no copy.
-  const bool direct = grads_in_file_ && group() == nullptr;
+  const bool direct = grads_in_file_ && s.group == nullptr;
   const bool own_piece = !direct && (add || shard_grad_.defined() == false);
   r.piece = direct      ? r.flat.narrow(0, 0, s.piece)
             : own_piece ? pool_->take(s.piece, comm_options())
@@ -97,7 +97,7 @@ ShardedOptimizer::InFlight ShardedOptimizer::start_reduce_scatter(size_t k, torc
   reduce_buffer_bytes_now_ += r.bytes;
   reduce_buffer_bytes_ = std::max(reduce_buffer_bytes_, reduce_buffer_bytes_now_);
   r.start_us = CollectiveLog::now_us();
-  if (C10dGroup* dp = group()) {
+  if (C10dGroup* dp = s.group) {
     TrafficLabel label(kZeroTrafficLabels[2]);
     if (host_group_) {  // qgZ: two quantized all-to-alls, done before this returns
       quantized_reduce_scatter(r.flat, r.piece);
@@ -106,7 +106,7 @@ ShardedOptimizer::InFlight ShardedOptimizer::start_reduce_scatter(size_t k, torc
       r.wait = dp->reduce_scatter_sum_start(r.flat, r.piece);
     }
   } else {
-    if (!direct) r.piece.copy_(r.flat.narrow(0, replica_ * s.piece, s.piece));
+    if (!direct) r.piece.copy_(r.flat.narrow(0, s.member * s.piece, s.piece));
     r.wait = [] {};
   }
   return r;

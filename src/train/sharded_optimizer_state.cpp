@@ -104,14 +104,21 @@ void ShardedOptimizer::capture(Checkpoint& part, const NamedTensors& named) {
   Checkpoint shard_form;
   const NamedTensors names = part_names(parts_);
   capture_optimizer(shard_form, *inner_, names);
-  if (replica_ == 0) part.optimizer = shard_form.optimizer;
+  // The form is member 0's of each segment's group: replica 0's, and an expert segment's first
+  // holder's (expert parallelism).
+  std::vector<char> contributes(parameters_.size(), 0);
+  for (const Segment& s : segments_) {
+    for (size_t q : s.parameters) contributes[q] = s.member == 0;
+  }
+  if (std::find(contributes.begin(), contributes.end(), 1) != contributes.end()) {
+    part.optimizer = shard_form.optimizer;
+  }
   if (shard_form.optimizer_state.empty()) return;  // no step yet, on every replica alike
   const auto& first = shard_form.optimizer_state.begin()->second;
   // Per field: this replica's shard of it in shard order (zeros in the padding), all-gathered by
   // segment into the padded flat vector of every parameter's state.
   std::map<std::string, torch::Tensor> whole;
   reduce_thread_.drain();  // the group's collectives in one order on every replica
-  C10dGroup* dp = group();
   for (const auto& [field, sample] : first) {
     if (field == "step") continue;
     torch::Tensor shard = torch::zeros({shard_size_}, sample.options().device(comm_device_));
@@ -125,7 +132,7 @@ void ShardedOptimizer::capture(Checkpoint& part, const NamedTensors& named) {
     for (const Segment& s : segments_) {
       const torch::Tensor mine = shard.narrow(0, s.shard_offset, s.piece);
       torch::Tensor all = flat.narrow(0, s.start, s.padded);
-      if (dp) {
+      if (C10dGroup* dp = s.group) {
         dp->all_gather(mine, all);
       } else {
         all.copy_(mine);
@@ -133,12 +140,11 @@ void ShardedOptimizer::capture(Checkpoint& part, const NamedTensors& named) {
     }
     whole[field] = flat;
   }
-  if (replica_ != 0) return;
   std::map<const void*, size_t> index;
   for (size_t q = 0; q < parameters_.size(); ++q) index[parameters_[q].unsafeGetTensorImpl()] = q;
   for (const auto& item : named) {
     auto found = index.find(item.value().unsafeGetTensorImpl());
-    if (found == index.end()) continue;
+    if (found == index.end() || !contributes[found->second]) continue;
     const torch::Tensor& p = parameters_[found->second];
     auto& state = part.optimizer_state[item.key()];
     for (const auto& [field, flat] : whole) {

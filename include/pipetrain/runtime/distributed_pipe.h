@@ -123,6 +123,7 @@ class DistributedPipe {
   // gradients [4] sums over the expert-data-parallel group (Distributed::
   // allreduce_expert_gradients) instead of over every replica.
   void set_expert_parameters(std::vector<torch::Tensor> tensors);
+  const std::vector<torch::Tensor>& expert_parameters() const { return expert_parameters_; }
 
   // ZeRO-3 (train/sharded_optimizer.h): from the next train_step on, `parameters` makes each
   // local stage's parameters whole around the actions that compute with them and frees them after,

@@ -286,6 +286,10 @@ class ShardedOptimizer : public StageParameters, public StageParameterHooks {
   // `segment_accumulates` (optional): segments of a layer whose gradients are final only after
   // the step (a weight tied to another rank's, a tp-summed one): gathered with their layer but
   // accumulated into .grad() and reduced after the step, not streamed.
+  // `segment_experts` (optional, expert parallelism): segments of a mixture's experts, sharded
+  // over the replicas holding the same experts (Distributed::expert_data_parallel_group(); none
+  // where no other replica holds them) instead of over every replica: their pieces, reductions,
+  // gathers and checkpoint forms are that group's.
   ShardedOptimizer(Distributed* distributed, std::vector<torch::Tensor> parameters,
                    const std::vector<torch::Tensor>& counted, const std::string& optimizer,
                    const OptimizerOptions& options, const ZeroOptions& zero,
@@ -293,7 +297,8 @@ class ShardedOptimizer : public StageParameters, public StageParameterHooks {
                    std::vector<int> segment_stages = {},
                    const std::vector<torch::ScalarType>& segment_gather_dtypes = {},
                    std::vector<int> segment_layers = {},
-                   const std::vector<char>& segment_accumulates = {});
+                   const std::vector<char>& segment_accumulates = {},
+                   const std::vector<char>& segment_experts = {});
   ~ShardedOptimizer() override;
   ShardedOptimizer(const ShardedOptimizer&) = delete;
   ShardedOptimizer& operator=(const ShardedOptimizer&) = delete;
@@ -431,9 +436,13 @@ class ShardedOptimizer : public StageParameters, public StageParameterHooks {
   int64_t shard_elements() const { return shard_size_; }
 
  private:
-  // The padded flat vector: segment after segment, each padded to a multiple of R; replica d's
-  // piece of a segment is its d-th R-th, and the shard is the pieces one after the other.
+  // The padded flat vector: segment after segment, each padded to a multiple of its group's
+  // members (R; an expert segment: the replicas holding its experts); member d's piece of a
+  // segment is its d-th, and the shard is the pieces one after the other.
   struct Segment {
+    C10dGroup* group = nullptr;  // whose members share it (null: this replica alone)
+    int members = 1;
+    int member = 0;
     std::vector<size_t> parameters;                  // indices into parameters_
     int64_t start = 0;                               // in the padded flat vector
     int64_t padded = 0;                              // its elements, padding included (piece x R)
