@@ -38,6 +38,7 @@
 #include "pipetrain/job/run_job.h"
 #include "pipetrain/models/llama_export.h"
 #include "pipetrain/models/routing.h"
+#include "pipetrain/parallel/all_to_all.h"
 #include "pipetrain/partition/memory.h"
 #include "pipetrain/runtime/distributed.h"
 #include "pipetrain/runtime/launcher.h"
@@ -636,6 +637,24 @@ void report_comm(Distributed& distributed, int64_t steps, JobObserver& observer)
   if (any) note(observer, zero);
 }
 
+// --ep: the dispatch and combine all-to-alls (parallel::all_to_all_rows_stats), per step: the
+// time a rank spent inside them (mean over ranks) and what every rank sent.
+void report_expert_exchange(Distributed& distributed, int64_t steps, JobObserver& observer) {
+  const parallel::AllToAllRowsStats mine = parallel::all_to_all_rows_stats();
+  const std::vector<int64_t> sums = sum_over_ranks(
+      distributed, {mine.calls, static_cast<int64_t>(mine.seconds * 1e9), mine.bytes_sent});
+  if (distributed.rank() != 0 || steps <= 0) return;
+  const double per = static_cast<double>(steps);
+  const double ranks = distributed.world_size();
+  note(observer,
+       format_text("expert all-to-all: %.3f ms per step per rank inside the dispatch and combine "
+                   "(mean over ranks; blocking: exposed), %.0f exchanges per step per rank, %s "
+                   "sent per step (every rank)",
+                   static_cast<double>(sums[1]) / 1e6 / per / ranks,
+                   static_cast<double>(sums[0]) / per / ranks,
+                   partition::format_bytes(static_cast<int64_t>(sums[2] / per)).c_str()));
+}
+
 // One rank of a multi-process run (the torchrun environment).
 JobResult run_rank(TrainingSetup& s, JobObserver& observer) {
   DistributedEnvironment environment = DistributedEnvironment::from_environment();
@@ -700,6 +719,9 @@ JobResult run_rank(TrainingSetup& s, JobObserver& observer) {
       report_comm(distributed, result.summary ? result.summary->steps : 0, observer);
     }
     if (s.job.output.report_routing) report_routing(&distributed, s, observer);
+    if (s.job.parallel.ep > 1) {
+      report_expert_exchange(distributed, result.summary ? result.summary->steps : 0, observer);
+    }
   });
   if (result.exit_code == 0 && !bad_input.empty()) throw BadInput(bad_input);
   return result;

@@ -1,6 +1,9 @@
 // Differentiable all-to-all of rows (pipetrain/parallel/all_to_all.h).
 #include "pipetrain/parallel/all_to_all.h"
 
+#include <chrono>
+#include <mutex>
+
 #include <torch/torch.h>
 
 #include "pipetrain/base/check.h"
@@ -9,14 +12,31 @@
 namespace pipetrain::parallel {
 namespace {
 
+std::mutex stats_mutex;
+AllToAllRowsStats stats;  // by stats_mutex
+
 torch::Tensor exchange(const torch::Tensor& x, const std::vector<int64_t>& send,
                        const std::vector<int64_t>& receive, C10dGroup& group) {
+  const auto begin = std::chrono::steady_clock::now();
   int64_t rows = 0;
   for (int64_t r : receive) rows += r;
   std::vector<int64_t> shape = x.sizes().vec();
   shape[0] = rows;
   torch::Tensor out = torch::empty(shape, x.options());
   group.all_to_all(x.contiguous(), send, out, receive);
+  int64_t sent = 0;
+  for (size_t g = 0; g < send.size(); ++g) {
+    if (static_cast<int>(g) != group.rank()) sent += send[g];
+  }
+  const int64_t row_bytes = x.size(0) > 0 ? static_cast<int64_t>(x.nbytes()) / x.size(0) : 0;
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  if (group.is_mirror()) return out;  // a profile's, not the run's
+  const std::lock_guard<std::mutex> lock(stats_mutex);
+  ++stats.calls;
+  stats.seconds += seconds;
+  stats.rows_sent += sent;
+  stats.bytes_sent += sent * row_bytes;
   return out;
 }
 
@@ -48,6 +68,11 @@ torch::Tensor all_to_all_rows(const torch::Tensor& x, const std::vector<int64_t>
                         "more), got ",
                         x.sizes());
   return AllToAllRows::apply(x, send, receive, &group);
+}
+
+AllToAllRowsStats all_to_all_rows_stats() {
+  const std::lock_guard<std::mutex> lock(stats_mutex);
+  return stats;
 }
 
 std::vector<int64_t> exchange_counts(const std::vector<int64_t>& send, C10dGroup& group) {

@@ -138,6 +138,10 @@ std::unique_lock<std::mutex> C10dGroup::Impl::check_collective(Kind kind, const 
 
 C10dGroup::C10dGroup(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
+bool C10dGroup::is_mirror() const {
+  return impl_->mirror;
+}
+
 std::shared_ptr<C10dGroup> C10dGroup::mirror(int size, int rank) {
   PIPETRAIN_CHECK_INPUT(size >= 1 && rank >= 0 && rank < size, "a mirror group of ", size,
                         " members has no member ", rank);

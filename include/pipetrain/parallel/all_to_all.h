@@ -29,4 +29,15 @@ torch::Tensor all_to_all_rows(const torch::Tensor& x, const std::vector<int64_t>
 // [g] is what member g sends this one (an all-to-all of one count each).
 std::vector<int64_t> exchange_counts(const std::vector<int64_t>& send, C10dGroup& group);
 
+// What this process's all_to_all_rows calls (forward and backward) did so far: how many, the
+// seconds spent inside them (blocking: the time the caller waited, exposed unless another thread
+// computed meanwhile), and the rows and bytes sent to other members. Thread-safe.
+struct AllToAllRowsStats {
+  int64_t calls = 0;
+  double seconds = 0;
+  int64_t rows_sent = 0;
+  int64_t bytes_sent = 0;
+};
+AllToAllRowsStats all_to_all_rows_stats();
+
 }  // namespace pipetrain::parallel

@@ -285,6 +285,7 @@ class C10dGroup {
   // layers with it: train/memory_report.h); the values are those of a group of identical members.
   // REQUIRES: 0 <= rank < size (BadInput otherwise).
   static std::shared_ptr<C10dGroup> mirror(int size, int rank = 0);
+  bool is_mirror() const;
 
   struct Impl;  // src/transport/c10d_internal.h
   explicit C10dGroup(std::shared_ptr<Impl> impl);
