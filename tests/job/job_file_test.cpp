@@ -269,9 +269,10 @@ TEST(JobFields, EveryFlagOfTrainIsStillThereAndNamedOnce) {
     EXPECT_TRUE(now.insert(f.flag).second) << f.flag << " is declared twice for train";
   }
   // Flags come (issue 61's offload settings, issue 62's DeepSpeed schedules, ladder, traffic,
-  // ZeRO++ and loss scaler, issue 63's routing report); none goes.
+  // ZeRO++ and loss scaler, issue 63's routing report and expert parallelism); none goes.
   std::set<std::string> expected = before;
-  expected.insert({"--offload-params",
+  expected.insert({"--ep",
+                   "--offload-params",
                    "--offload-dir",
                    "--offload-buffer-bytes",
                    "--offload-buffer-count",
