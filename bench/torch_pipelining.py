@@ -74,7 +74,9 @@ import torch.distributed.pipelining as pipelining
 from torch import nn
 
 # Suite name -> (Linear+ReLU blocks, default width, default batch); llama: decoder layers.
-SUITES = {"mlp": (8, 1024, 256), "small": (16, 256, 64), "llama": (8, 256, 16)}
+SUITES = {"mlp": (8, 1024, 256), "small": (16, 256, 64), "llama": (8, 256, 16),
+          "moe": (4, 256, 16)}
+HF_SUITES = {"llama", "moe"}  # transformers' own decoders
 LLAMA_SEQ_LEN = 128  # bench_options.h, kLlamaSeqLen
 
 
@@ -88,6 +90,21 @@ def llama_config(width):
                        max_position_embeddings=LLAMA_SEQ_LEN, rms_norm_eps=1e-5,
                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
                        tie_word_embeddings=False)
+
+def moe_config(width):
+    """bench/harness/moe_suite.cpp's moe_bench_config(width), for transformers: Qwen3-MoE of 4
+    layers, 8 experts of width `width`, 2 per token."""
+    from transformers import Qwen3MoeConfig
+
+    return Qwen3MoeConfig(vocab_size=4096, hidden_size=width, intermediate_size=width * 3,
+                          moe_intermediate_size=width, num_experts=8, num_experts_per_tok=2,
+                          norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+                          num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
+                          head_dim=width // 8, max_position_embeddings=LLAMA_SEQ_LEN,
+                          rms_norm_eps=1e-5,
+                          rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                          tie_word_embeddings=False, output_router_logits=False)
+
 
 # --schedule -> torch.distributed.pipelining class name.
 SCHEDULES = {
@@ -162,7 +179,7 @@ def parse_args(argv):
                              "DIR/model.pt (TorchScript nn.Sequential with those weights)")
     args = parser.parse_args(argv)
     blocks, width, batch = SUITES[args.suite]
-    args.layers = blocks + 3 if args.suite == "llama" else 2 * blocks
+    args.layers = blocks + 3 if args.suite in HF_SUITES else 2 * blocks
     args.width = args.width or width
     args.batch = args.batch or batch
     if (args.inputs is None) != (args.targets is None):
@@ -246,13 +263,14 @@ class LlamaEntry(nn.Module):
         return self.module(x, attention_mask=None, position_embeddings=self.rotary(x, positions))
 
 
-def make_llama_stage(start, end, width, seed):
-    """Entries [start, end) of the llama suite's LlamaForCausalLM (seeded: every rank draws the
-    same model and keeps its own entries)."""
-    from transformers import LlamaForCausalLM
+def make_llama_stage(start, end, width, seed, suite="llama"):
+    """Entries [start, end) of the llama suite's LlamaForCausalLM, or the moe suite's
+    Qwen3MoeForCausalLM (seeded: every rank draws the same model and keeps its own entries)."""
+    from transformers import LlamaForCausalLM, Qwen3MoeForCausalLM
 
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(llama_config(width))
+    model = (Qwen3MoeForCausalLM(moe_config(width)) if suite == "moe"
+             else LlamaForCausalLM(llama_config(width)))
     rotary = model.model.rotary_emb
     entries = ([LlamaEntry("embed", model.model.embed_tokens)]
                + [LlamaEntry("layer", layer, rotary) for layer in model.model.layers]
@@ -309,7 +327,7 @@ def llama_loss(logits, targets):
 
 def random_data(batch, width, seed, suite="mlp"):
     generator = torch.Generator().manual_seed(seed)
-    if suite == "llama":
+    if suite in HF_SUITES:
         x = torch.randint(0, 4096, (batch, LLAMA_SEQ_LEN), generator=generator)
         return x, torch.randint(0, 4096, (batch, LLAMA_SEQ_LEN), generator=generator)
     x = torch.randn(batch, width, generator=generator)
@@ -389,7 +407,7 @@ def make_schedule(args, stages):
     if schedule_class is None:
         raise RuntimeError(f"torch {torch.__version__} has no {name}")
     stage_arg = stages[0] if args.schedule in SINGLE_STAGE_SCHEDULES else stages
-    loss_fn = llama_loss if args.suite == "llama" else nn.functional.mse_loss
+    loss_fn = llama_loss if args.suite in HF_SUITES else nn.functional.mse_loss
     schedule = schedule_class(stage_arg, n_microbatches=args.chunks, loss_fn=loss_fn,
                               scale_grads=True)
     if args.load_csv:
@@ -466,8 +484,10 @@ def run_pipeline(args):
     num_stages = ranks * args.virtual
     mine = [j for j in range(num_stages) if stage_rank(j, ranks, args.schedule) == pp_rank]
     bounds = stage_bounds(args.layers, num_stages)
-    make = make_llama_stage if args.suite == "llama" else make_stage_module
-    modules = [make(*bounds[j], args.width, args.seed) for j in mine]
+    if args.suite in HF_SUITES:
+        modules = [make_llama_stage(*bounds[j], args.width, args.seed, args.suite) for j in mine]
+    else:
+        modules = [make_stage_module(*bounds[j], args.width, args.seed) for j in mine]
     if args.init_params:
         load_init_params(modules, args.init_params)
     if tp_mesh is not None:

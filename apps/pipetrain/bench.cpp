@@ -3,7 +3,7 @@
 // bench/harness/ (bench_report.h: the rounds, ratios and checks; bench_rows.h: one configuration
 // in a child); this file parses the flags, dispatches the child modes and prints.
 //
-//   pipetrain bench [--suite mlp|small|cnn|llama|tp] [--tp 2] [--json] [--steps 7] [--warmup 2]
+//   pipetrain bench [--suite mlp|small|cnn|llama|tp|moe] [--tp 2] [--json] [--steps 7] [--warmup 2]
 //                   [--rounds 3]
 //                   [--threads T] [--stages 2] [--chunks 8] [--checkpoint never] [--width W]
 //                   [--batch N] [--no-python] [--no-memory] [--python PATH] [--peer-dir bench]
@@ -19,6 +19,7 @@
 #include "bench_report.h"
 #include "bench_rows.h"
 #include "commands.h"
+#include "moe_suite.h"
 
 namespace pipetrain::cli {
 namespace {
@@ -144,6 +145,19 @@ int run_bench(BenchArgs a) {
     return 0;
   }
   a.options.log = [](const std::string& line) { std::cerr << line << std::endl; };
+  if (a.options.suite == "moe") {  // its own rows: `pipetrain train` runs (moe_suite.h)
+    bench::resolve_defaults(a.options);
+    const json report = bench::run_moe_suite(a.options);
+    if (a.json_output) {
+      std::cout << report.dump(2) << std::endl;
+    } else {
+      bench::print_moe_report(report);
+    }
+    for (const json& row : report["rows"]) {
+      if (row.contains("error")) return 1;
+    }
+    return 0;
+  }
   const json report = bench::run_bench(a.options);
   if (a.json_output) {
     std::cout << report.dump(2) << std::endl;
@@ -167,8 +181,10 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   c->add_option(
       "--suite", args->options.suite,
       "model suite: mlp (8 x Linear(1024)+ReLU), small (16 x Linear(256)+ReLU, batch 64), "
-      "cnn (examples' CNN), llama (an 8-layer Llama of 256) or tp (that Llama at "
-      "--stages x --tp ranks vs torch's DTensor + pipelining and vs tp 1)");
+      "cnn (examples' CNN), llama (an 8-layer Llama of 256), tp (that Llama at "
+      "--stages x --tp ranks vs torch's DTensor + pipelining and vs tp 1) or moe (a "
+      "Qwen3-MoE-shaped model on 4 processes at --ep 1, 2, 4, and pp4 vs "
+      "torch.distributed.pipelining)");
   c->add_option("--tp", args->options.tp,
                 "tensor-parallel ranks per pipeline rank of the tp suite (2 or 4; default 2)");
   c->add_flag("--json", args->json_output, "print one JSON object instead of a table");

@@ -29,10 +29,12 @@ bool fits(const std::string& schedule, int K, int M) {
 }  // namespace
 
 void resolve_defaults(BenchOptions& a) {
-  if (a.suite != "mlp" && a.suite != "small" && a.suite != "cnn" && !is_llama_suite(a.suite)) {
-    bad("--suite must be mlp, small, cnn, llama or tp (got '" + a.suite + "')");
+  if (a.suite != "mlp" && a.suite != "small" && a.suite != "cnn" && a.suite != "moe" &&
+      !is_llama_suite(a.suite)) {
+    bad("--suite must be mlp, small, cnn, llama, tp or moe (got '" + a.suite + "')");
   }
-  const bool llama = is_llama_suite(a.suite);
+  // The moe suite's model is Llama-shaped too (moe_suite.h): the llama defaults.
+  const bool llama = is_llama_suite(a.suite) || a.suite == "moe";
   if (a.quick) {
     if (a.width == 0) a.width = a.suite == "cnn" ? 8 : llama ? 32 : 64;
     if (a.batch == 0) a.batch = llama ? 16 : 32;

@@ -13,7 +13,7 @@
 namespace pipetrain::bench {
 
 struct BenchOptions {
-  std::string suite = "mlp";         // mlp | small | cnn | llama | tp
+  std::string suite = "mlp";         // mlp | small | cnn | llama | tp | moe (moe_suite.h)
   int steps = 7;                     // timed steps per configuration
   int warmup = 2;                    // untimed steps before them
   int rounds = 0;                    // 0: 3, or 1 with quick

@@ -614,7 +614,7 @@ void declare(JobConfig& c, FieldVisitor& v) {
   v.field(F("output", "summary_json", "--summary-json",
             "write the run's summary here as JSON: steps, seconds, samples, tokens and counted "
             "targets, their rates, MFU and the peak it divides by, losses, each process's peak "
-            "memory",
+            "memory, each step's seconds",
             train),
           c.output.summary_json, {});
   v.field(F("output", "save_params", "--save-params",

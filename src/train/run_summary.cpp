@@ -18,7 +18,8 @@ nlohmann::json run_summary_json(const TrainSummary& summary, const TrainingRate&
           {"peak_source", peak.source},
           {"first_loss", summary.first_loss},
           {"last_loss", summary.last_loss},
-          {"process_peak_bytes", summary.process_peak_bytes}};
+          {"process_peak_bytes", summary.process_peak_bytes},
+          {"step_seconds", summary.step_seconds}};
 }
 
 }  // namespace pipetrain::train

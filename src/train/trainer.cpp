@@ -203,6 +203,7 @@ TrainSummary Trainer::fit() {
     runner_.set_loss_scale(loss_scale);
     const double step_start = EventLog::now_us();
     const double loss = run_step(k, batch);  // [2] [3]
+    summary.step_seconds.push_back((EventLog::now_us() - step_start) * 1e-6);
     exposed_reduce += runner_.last_exposed_reduce_seconds();
     if (tracing) {
       events_.add(k, step_start, runner_.last_events(), runner_.event_rank());

@@ -44,6 +44,7 @@ std::vector<int> valid_tp(const models::LlamaConfig& config, int world) {
 struct Shape {
   int pp, tp, dp;
   bool sp;
+  int ep = 1;
 };
 
 std::vector<Shape> layouts_of(const WorldPlanRequest& r) {
@@ -58,6 +59,14 @@ std::vector<Shape> layouts_of(const WorldPlanRequest& r) {
       if (r.planner.zero > 0 && dp < 2) continue;  // ZeRO shards over replicas
       shapes.push_back({pp, tp, dp, false});
       if (tp > 1 && seq % tp == 0) shapes.push_back({pp, tp, dp, true});
+      // A mixture: its experts over ep of the dp replicas, every ep dividing both.
+      if (models::is_moe(r.config.architecture)) {
+        for (int ep = 2; ep <= dp; ++ep) {
+          if (dp % ep == 0 && r.config.num_experts % ep == 0) {
+            shapes.push_back({pp, tp, dp, false, ep});
+          }
+        }
+      }
     }
   }
   return shapes;
@@ -108,6 +117,40 @@ std::vector<std::vector<double>> add_tensor_parallel_collectives(pp::ModelProfil
   return added;
 }
 
+namespace {
+
+int64_t expert_parameter_bytes(const models::LlamaConfig& config, int ep) {
+  // gate, up and down of each of the rank's experts, float32 master weights.
+  return config.num_experts / ep * 3 * config.hidden_size * config.expert_intermediate_size * 4;
+}
+
+double add_expert_all_to_alls(pp::ModelProfile& profile, const models::LlamaConfig& config,
+                              const pp::TransferModel& group, int ep, int64_t seq,
+                              Precision precision) {
+  double per_microbatch = 0;
+  for (size_t k = 0; k < profile.microbatch_sizes.size(); ++k) {
+    // What a member sends of one exchange: its (token, choice) rows for the others' experts.
+    const int64_t rows = profile.microbatch_sizes[k] * seq * config.num_experts_per_tok;
+    const int64_t bytes = rows * config.hidden_size * element_bytes(precision) * (ep - 1) / ep;
+    const double exchange = gather_seconds(group, bytes);
+    // The forward's exchange of per-expert counts before the dispatch: a message of E counts.
+    const double counts = gather_seconds(group, config.num_experts * 8);
+    double total = 0;
+    for (int64_t l = 1; l <= config.num_hidden_layers; ++l) {
+      if (!config.is_moe_layer(l - 1)) continue;
+      pp::LayerCost& c = profile.layers.at(static_cast<size_t>(l)).costs.at(k);
+      c.forward_seconds += counts + 2 * exchange;  // counts, dispatch, combine
+      c.backward_seconds += 2 * exchange;
+      c.backward_input_seconds += 2 * exchange;
+      total += counts + 4 * exchange;
+    }
+    if (k + 1 == profile.microbatch_sizes.size()) per_microbatch = total;
+  }
+  return per_microbatch;
+}
+
+}  // namespace
+
 std::function<void(pp::ModelProfile&, const pp::TransferModel&)> llama_tensor_parallel_collectives(
     const models::LlamaConfig& config, int64_t seq, bool sequence_parallel, Precision precision) {
   const int64_t hidden = config.hidden_size;
@@ -153,6 +196,10 @@ std::string seconds_text(double seconds) {
 }  // namespace
 
 std::string WorldLayout::name() const {
+  if (ep > 1) {
+    return "pp" + std::to_string(pp) + " x tp" + std::to_string(tp) + " x dp" +
+           std::to_string(dp) + " x ep" + std::to_string(ep);
+  }
   return "pp" + std::to_string(pp) + " x tp" + std::to_string(tp) + " x dp" + std::to_string(dp) +
          (sequence_parallel ? " sp" : "");
 }
@@ -210,21 +257,30 @@ WorldPlanResult plan_world(const WorldPlanRequest& r) {
     layout.tp = s.tp;
     layout.dp = s.dp;
     layout.sequence_parallel = s.sp;
+    layout.ep = s.ep;
     progress(r, "plan: " + layout.name() + " ...");
     // [3]
     const torch::Tensor rows = r.sample.narrow(0, 0, r.sample.size(0) / s.dp);
     const parallel::TensorParallel tp{s.tp > 1 ? C10dGroup::mirror(s.tp) : nullptr, s.sp};
+    // A mixture at ep > 1: the layer as one expert-parallel rank holds it, its experts fed as
+    // identical members would feed them (the mirror's all-to-all): balanced routing.
+    const parallel::ExpertParallel ep{s.ep > 1 ? C10dGroup::mirror(s.ep) : nullptr};
     pp::ModelProfile profile = models::profile_llama(r.config, rows,
                                                      pp::ProfileOptions()
                                                          .precision(r.precision)
                                                          .repeats(r.profile_repeats)
                                                          .warmup(r.profile_warmup),
-                                                     0, tp);
+                                                     0, tp, 0, 0, ep);
     // [2] [4]
     const pp::TransferModel tp_reduce = allreduce_of(r, result.allreduce, s.tp, largest_message);
     std::vector<std::vector<double>> added;
     if (s.tp > 1) {
       added = add_tensor_parallel_collectives(profile, s.sp, tp_reduce, seq, hidden, r.precision);
+    }
+    if (s.ep > 1) {
+      const pp::TransferModel ep_model = allreduce_of(r, result.allreduce, s.ep, largest_message);
+      layout.ep_all_to_all_seconds =
+          add_expert_all_to_alls(profile, r.config, ep_model, s.ep, seq, r.precision);
     }
     // [5]
     pp::PlannerOptions planner = r.planner;
@@ -265,13 +321,36 @@ WorldPlanResult plan_world(const WorldPlanRequest& r) {
       for (const pp::RankMemory& rank : pp::plan_memory(profile, layout.plan, planner)) {
         parameters = std::max(parameters, rank.parameters);
       }
-      layout.dp_reduce_seconds = dp_reduce.seconds(parameters);
+      // Expert parallelism: the busiest rank's experts are summed over the dp / ep replicas
+      // holding them, the rest over dp.
+      int64_t experts = 0;
+      if (s.ep > 1 && !layout.plan.balance.empty()) {
+        int64_t most = 0, first = 0;
+        for (int count : layout.plan.balance) {
+          int64_t moe = 0;
+          for (int64_t e = first; e < first + count; ++e) {
+            if (e >= 1 && e <= r.config.num_hidden_layers && r.config.is_moe_layer(e - 1)) ++moe;
+          }
+          most = std::max(most, moe);
+          first += count;
+        }
+        experts = std::min(parameters, most * expert_parameter_bytes(r.config, s.ep));
+      }
+      layout.dp_reduce_seconds = dp_reduce.seconds(parameters - experts);
+      if (experts > 0 && s.dp / s.ep > 1) {
+        layout.dp_reduce_seconds +=
+            allreduce_of(r, result.allreduce, s.dp / s.ep, largest_message).seconds(experts);
+      }
     }
     layout.step_seconds = layout.pipeline_seconds + layout.dp_reduce_seconds;
     std::ostringstream why;
     if (layout.found) {
       why << layout.plan.describe() << "; pipeline " << seconds_text(layout.pipeline_seconds);
       if (s.tp > 1) why << " (tp collectives " << seconds_text(layout.tp_collective_seconds) << ")";
+      if (s.ep > 1) {
+        why << " (expert all-to-alls " << seconds_text(layout.ep_all_to_all_seconds)
+            << " per micro-batch, every layer)";
+      }
       if (s.dp > 1) why << " + dp reduce " << seconds_text(layout.dp_reduce_seconds);
       why << "; peak " << pp::format_bytes(layout.peak_memory_bytes) << " per rank";
     } else {
@@ -310,21 +389,21 @@ std::string world_plan_text(const WorldPlanRequest& r, const WorldPlanResult& re
   }
   out << "\n";
   char header[200];
-  std::snprintf(header, sizeof header, "%-4s %-20s %10s %12s  %s\n", "rank", "layout", "step",
+  std::snprintf(header, sizeof header, "%-4s %-22s %10s %12s  %s\n", "rank", "layout", "step",
                 "peak/rank", "why");
   out << header;
   int shown = 0;
   for (const WorldLayout& layout : result.ranked) {
     if (shown++ >= top) break;
     char line[160];
-    std::snprintf(line, sizeof line, "%-4d %-20s %10s %12s  ", shown, layout.name().c_str(),
+    std::snprintf(line, sizeof line, "%-4d %-22s %10s %12s  ", shown, layout.name().c_str(),
                   seconds_text(layout.step_seconds).c_str(),
                   pp::format_bytes(layout.peak_memory_bytes).c_str());
     out << line << layout.why << "\n";
   }
   for (const WorldLayout& layout : result.rejected) {
     char line[160];
-    std::snprintf(line, sizeof line, "%-4s %-20s %10s %12s  ", "-", layout.name().c_str(), "-",
+    std::snprintf(line, sizeof line, "%-4s %-22s %10s %12s  ", "-", layout.name().c_str(), "-",
                   pp::format_bytes(layout.smallest_fitting_limit).c_str());
     out << line << layout.why << "\n";
   }
@@ -348,6 +427,7 @@ nlohmann::json world_plan_json(const WorldPlanRequest& r, const WorldPlanResult&
                           {"tp", l.tp},
                           {"dp", l.dp},
                           {"sequence_parallel", l.sequence_parallel},
+                          {"ep", l.ep},
                           {"fits", l.found},
                           {"step_seconds", l.step_seconds},
                           {"pipeline_seconds", l.pipeline_seconds},

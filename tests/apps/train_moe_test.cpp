@@ -18,6 +18,8 @@
 // fused [2I, H] matrix).
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <tuple>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -223,6 +225,30 @@ TEST(TrainMoe, TheLoadBalancingTermTrainsAsTransformersAndEqualsOneProcessAtTheS
   EXPECT_LE(errors[0], 1e-4) << compare.output;
   EXPECT_LE(errors[1], 1e-4) << compare.output;
   EXPECT_GT(errors[2], 1e-3) << compare.output;  // the term changes the router's training
+}
+
+// plan --world 4 ranks a mixture's layouts with expert parallelism: every ep dividing dp and the
+// 4 experts, each with the expert all-to-alls added to its MoE layers and fewer experts' bytes per
+// rank (dp4: ep1 holds 4 experts a layer, ep4 one).
+TEST(TrainMoe, PlanWorldRanksLayoutsWithExpertParallelism) {
+  const CliRun run = run_pipetrain("plan --model " + hf_fixtures() +
+                                   "/qwen3_moe --world 4 --sample-shape 8,16 --profile-repeats 1 "
+                                   "--profile-warmup 0 --format json");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const nlohmann::json plan = nlohmann::json::parse(run.output.substr(run.output.find('{')));
+  std::map<std::tuple<int, int, int>, int64_t> peak;  // (pp, dp, ep) -> bytes
+  for (const auto& layout : plan["ranked"]) {
+    peak[{layout["pp"].get<int>(), layout["dp"].get<int>(), layout["ep"].get<int>()}] =
+        layout["peak_memory_bytes"].get<int64_t>();
+  }
+  for (const auto& shape : {std::make_tuple(2, 2, 2), std::make_tuple(1, 4, 2),
+                            std::make_tuple(1, 4, 4), std::make_tuple(1, 4, 1)}) {
+    EXPECT_TRUE(peak.count(shape)) << std::get<0>(shape) << " " << std::get<1>(shape) << " "
+                                   << std::get<2>(shape) << "\n"
+                                   << run.output;
+  }
+  EXPECT_LT(peak[std::make_tuple(1, 4, 4)], peak[std::make_tuple(1, 4, 1)]) << run.output;
+  EXPECT_NE(run.output.find("expert all-to-alls"), std::string::npos) << run.output;
 }
 
 TEST(TrainMoe, ReportRoutingOfADenseModelExitsTwo) {

@@ -163,6 +163,9 @@ struct TrainSummary {
   double first_loss = 0;
   double last_loss = 0;
   double seconds = 0;
+  // Each step's seconds on this rank: its forward, backward and optimizer step (what `seconds`
+  // adds checkpoints, evaluations and the progress lines to).
+  std::vector<double> step_seconds;
   int64_t samples = 0;
   int64_t tokens = 0;  // as StepReport's, summed over the steps
   int64_t counted_targets = 0;

@@ -4,7 +4,9 @@
 //   [1] layouts     every pp x tp x dp = N where tp divides the heads, the key/value heads, the
 //                   vocabulary and the MLP width (check_llama_tensor_parallel), pp is at most the
 //                   model's entries and dp divides the batch; with tp > 1 and a sequence tp
-//                   divides, once without and once with sequence parallelism
+//                   divides, once without and once with sequence parallelism; a mixture of
+//                   experts also with every ep > 1 dividing dp and its experts
+//                   (parallel/expert_parallel.h)
 //   [2] all-reduce  measured for each group size the layouts need (tp and dp), as that many
 //                   processes of this program over Gloo on this machine: seconds(n) = latency +
 //                   n / bytes_per_second, fitted through a small and a large message. An
@@ -22,12 +24,20 @@
 //                                 sequence parallel: + all-gather n); I: all-reduce n (sequence
 //                                 parallel: reduce-scatter)
 //                   The weight gradient (W) of a split layer is local.
+//                   ep > 1, each MoE layer: F the counts' all-to-all (E counts) and 2 of rows
+//                   (dispatch, combine), I 2 more of rows, each
+//                   of rows x seq x top-k x hidden x element bytes x (ep - 1) / ep, costed as
+//                   half an all-reduce of that over ep processes (what a member sends, as a
+//                   reduce-scatter); the profile ([3]) runs the layer as one ep rank holds it, fed
+//                   as by identical members (balanced routing; --report-routing measures the
+//                   imbalance a run has)
 //   [5] plan        plan_pipeline (partition/planner.h) over pp ranks with dp replicas, ZeRO and
 //                   the memory limit: the fastest schedule, micro-batches, checkpointing and
 //                   balance of the layout, or why none fits
 //   [6] data        + an all-reduce of the largest rank's parameter bytes over dp (the
 //                   runtime reduces gradients after the pipeline's last action; ZeRO's
-//                   reduce-scatter + all-gather move as much)
+//                   reduce-scatter + all-gather move as much); at ep > 1 its experts' bytes over
+//                   the dp / ep replicas holding them instead
 // The layouts are ranked by [5] + [6]. Not modelled: ranks sharing a machine's cores (each rank
 // is taken to have its own device, as the profile ran alone), collectives overlapping compute.
 //
@@ -76,11 +86,13 @@ struct WorldPlanRequest {
 struct WorldLayout {
   int pp = 1, tp = 1, dp = 1;
   bool sequence_parallel = false;
+  int ep = 1;                        // a mixture's experts over ep of the dp replicas
   bool found = false;                // a plan fits the limit
   partition::Plan plan;              // [5]'s best (found) or the smallest-memory candidate
   double pipeline_seconds = 0;       // [5]: the plan's predicted step, tp collectives included
   double tp_collective_seconds = 0;  // of that: the collectives one stage's rank waits per step
   double dp_reduce_seconds = 0;      // [6]
+  double ep_all_to_all_seconds = 0;  // [4] at ep > 1: one micro-batch's, every MoE layer's
   double step_seconds = 0;           // [5] + [6]
   std::int64_t peak_memory_bytes = 0;
   std::int64_t smallest_fitting_limit = 0;  // not found: the least limit some plan meets

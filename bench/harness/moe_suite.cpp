@@ -1,0 +1,274 @@
+// `pipetrain bench --suite moe` (moe_suite.h).
+#include "moe_suite.h"
+
+#include <stdlib.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "pipetrain/base/error.h"
+#include "pipetrain/base/median.h"
+
+namespace pipetrain::bench {
+namespace {
+
+using nlohmann::json;
+
+constexpr int kWorld = 4;
+constexpr int kSeqLen = 128;
+
+std::string self_path() {
+  return std::filesystem::canonical("/proc/self/exe").string();
+}
+
+// A directory with model/config.json and tokens.bin (random ids below the vocabulary).
+std::string make_inputs(int width) {
+  std::string pattern = "/tmp/pipetrain_bench_moe_XXXXXX";
+  const char* made = ::mkdtemp(pattern.data());
+  if (made == nullptr) throw Error(ErrorKind::Runtime, "cannot make a directory " + pattern);
+  const std::string dir = made;
+  std::filesystem::create_directories(dir + "/model");
+  std::ofstream(dir + "/model/config.json") << moe_bench_config(width).dump(2);
+  std::vector<uint16_t> ids(200000);
+  uint64_t state = 0x9e3779b97f4a7c15ULL;
+  for (uint16_t& id : ids) {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    id = static_cast<uint16_t>((state >> 33) % 4096);
+  }
+  std::ofstream(dir + "/tokens.bin", std::ios::binary)
+      .write(reinterpret_cast<const char*>(ids.data()),
+             static_cast<std::streamsize>(ids.size() * sizeof(uint16_t)));
+  return dir;
+}
+
+// What the child printed, with its exit status (`timeout` ends it after config_timeout).
+struct Child {
+  std::string output;
+  int status = 0;
+};
+Child run(const BenchOptions& a, const std::string& command) {
+  Child child;
+  const std::string line = "timeout " + std::to_string(static_cast<int>(a.config_timeout)) + " " +
+                           command + " 2>&1";
+  FILE* pipe = ::popen(line.c_str(), "r");
+  if (!pipe) return {"", -1};
+  char buffer[4096];
+  while (std::fgets(buffer, sizeof buffer, pipe)) child.output += buffer;
+  child.status = ::pclose(pipe);
+  return child;
+}
+
+std::string tail(const std::string& text) {
+  return text.substr(text.size() > 800 ? text.size() - 800 : 0);
+}
+
+// One pipetrain row: `flags` added to the common training command.
+json pipetrain_row(const BenchOptions& a, const std::string& dir, const std::string& name,
+                   const std::string& flags, int ep) {
+  const int per_rank = std::max(1, a.threads / kWorld);
+  const std::string summary = dir + "/" + name + ".json";
+  std::filesystem::remove(summary);
+  const Child child =
+      run(a, self_path() + " train --model " + dir + "/model --init random --data tokens " +
+                 "--token-file " + dir + "/tokens.bin --seq-len " + std::to_string(kSeqLen) +
+                 " --batch-size " + std::to_string(a.batch) + " --optimizer sgd --lr 0.01 " +
+                 "--steps " + std::to_string(a.warmup + a.steps) + " --log-every 1000000 " +
+                 "--threads " + std::to_string(per_rank) + " --skip-memory-check " +
+                 "--summary-json " + summary + " " + flags);
+  json row = {{"name", name}, {"runtime", "pipetrain"}, {"flags", flags}, {"ep", ep}};
+  std::ifstream in(summary);
+  if (child.status != 0 || !in) {
+    row["error"] = "exit status " + std::to_string(child.status) + ": " + tail(child.output);
+    return row;
+  }
+  const json result = json::parse(in);
+  std::vector<double> steps = result.at("step_seconds").get<std::vector<double>>();
+  if (static_cast<int>(steps.size()) <= a.warmup) {
+    row["error"] = "fewer steps than --warmup";
+    return row;
+  }
+  steps.erase(steps.begin(), steps.begin() + a.warmup);
+  row["step_seconds"] = median(steps);
+  row["step_seconds_all"] = steps;
+  std::smatch match;
+  static const std::regex exchange(R"(expert all-to-all: ([0-9.]+) ms per step per rank)");
+  if (std::regex_search(child.output, match, exchange)) {
+    row["all_to_all_seconds"] = std::stod(match[1].str()) * 1e-3;
+  }
+  return row;
+}
+
+json peer_row(const BenchOptions& a, const std::string& name) {
+  const int per_rank = std::max(1, a.threads / kWorld);
+  const std::string python = a.python;
+  const std::string torchrun = python.substr(0, python.rfind('/') + 1) + "torchrun";
+  const std::string peer_dir =
+      a.peer_dir.empty() ? std::string(PIPETRAIN_SOURCE_DIR) + "/bench" : a.peer_dir;
+  const char* interface = std::getenv("GLOO_SOCKET_IFNAME");
+  const Child child = run(
+      a, std::string("/usr/bin/env GLOO_SOCKET_IFNAME=") +
+             (interface && *interface ? interface : "lo") + " " + torchrun +
+             " --standalone --nproc-per-node " + std::to_string(kWorld) + " -- " + peer_dir +
+             "/torch_pipelining.py --suite moe --schedule 1f1b --chunks " +
+             std::to_string(a.chunks) + " --threads " + std::to_string(per_rank) + " --width " +
+             std::to_string(a.width) + " --batch " + std::to_string(a.batch) + " --steps " +
+             std::to_string(a.steps) + " --warmup " + std::to_string(a.warmup));
+  json row = {{"name", name}, {"runtime", "torch-pipelining"}};
+  const std::string prefix = "PIPETRAIN_BENCH_RESULT ";
+  const size_t at = child.output.rfind(prefix);
+  if (child.status != 0 || at == std::string::npos) {
+    row["error"] = "exit status " + std::to_string(child.status) + ": " + tail(child.output);
+    return row;
+  }
+  const std::string line =
+      child.output.substr(at + prefix.size(), child.output.find('\n', at) - at - prefix.size());
+  const json result = json::parse(line);
+  row["step_seconds"] = result.at("step_seconds");
+  return row;
+}
+
+}  // namespace
+
+json moe_bench_config(int width) {
+  return {{"architectures", {"Qwen3MoeForCausalLM"}},
+          {"model_type", "qwen3_moe"},
+          {"vocab_size", 4096},
+          {"hidden_size", width},
+          {"intermediate_size", width * 3},
+          {"moe_intermediate_size", width},
+          {"num_experts", 8},
+          {"num_experts_per_tok", 2},
+          {"norm_topk_prob", true},
+          {"decoder_sparse_step", 1},
+          {"mlp_only_layers", json::array()},
+          {"num_hidden_layers", 4},
+          {"num_attention_heads", 8},
+          {"num_key_value_heads", 4},
+          {"head_dim", width / 8},
+          {"max_position_embeddings", kSeqLen},
+          {"rms_norm_eps", 1e-5},
+          {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 10000.0}}},
+          {"tie_word_embeddings", false},
+          {"output_router_logits", false}};
+}
+
+json run_moe_suite(const BenchOptions& a) {
+  if (a.batch % kWorld != 0 || (a.batch / kWorld) % 2 != 0) {
+    throw BadInput("--batch of the moe suite is cut over 4 replicas into 2 micro-batches each: "
+                   "a multiple of 8, got " + std::to_string(a.batch));
+  }
+  if (a.width % 32 != 0) {
+    throw BadInput("--width of the moe suite is the hidden size: a multiple of 32, got " +
+                   std::to_string(a.width));
+  }
+  const std::string dir = make_inputs(a.width);
+  auto log = [&](const std::string& line) {
+    if (a.log) a.log(line);
+  };
+  json rows = json::array();
+  for (const int ep : {1, 2, 4}) {
+    const std::string name = "dp4 ep" + std::to_string(ep);
+    log("bench moe: " + name);
+    rows.push_back(pipetrain_row(
+        a, dir, "ep" + std::to_string(ep),
+        "--nproc 4 --dp 4 --chunks 2 --schedule 1f1b --ep " + std::to_string(ep), ep));
+    rows.back()["name"] = name;
+  }
+  log("bench moe: pp4 1f1b");
+  rows.push_back(pipetrain_row(
+      a, dir, "pp4", "--nproc 4 --stages 4 --schedule 1f1b --chunks " + std::to_string(a.chunks),
+      1));
+  rows.back()["name"] = "pp4 1f1b";
+  if (!a.no_python) {
+    log("bench moe: torch-pipelining pp4 1f1b");
+    rows.push_back(peer_row(a, "pp4 1f1b"));
+  }
+  std::filesystem::remove_all(dir);
+  // Ratios within this run.
+  const double tokens = static_cast<double>(a.batch) * kSeqLen;
+  const json* ep1 = nullptr;
+  const json* pp4 = nullptr;
+  for (const json& row : rows) {
+    if (row.value("ep", 0) == 1 && row.value("name", "") == "dp4 ep1") ep1 = &row;
+    if (row.value("runtime", "") == "pipetrain" && row.value("name", "") == "pp4 1f1b") pp4 = &row;
+  }
+  for (json& row : rows) {
+    if (!row.contains("step_seconds")) continue;
+    const double step = row["step_seconds"].get<double>();
+    row["tokens_per_second"] = tokens / step;
+    if (ep1 && ep1->contains("step_seconds") && row.value("runtime", "") == "pipetrain" &&
+        row.value("name", "").rfind("dp4", 0) == 0) {
+      row["ratio_vs_ep1"] = step / (*ep1)["step_seconds"].get<double>();
+    }
+    if (row.contains("all_to_all_seconds")) {
+      row["all_to_all_share"] = row["all_to_all_seconds"].get<double>() / step;
+    }
+    if (row["runtime"] == "torch-pipelining" && pp4 && pp4->contains("step_seconds")) {
+      row["pipetrain_over_torch"] = (*pp4)["step_seconds"].get<double>() / step;
+    }
+  }
+  json notes = json::array();
+  notes.push_back(
+      "the dispatch and combine block the rank's thread: the all-to-all column is all exposed "
+      "(there is no overlapped variant yet to compare with)");
+  notes.push_back(
+      "all-to-all ms: mean over ranks and over every step, warm-up included; step: rank 0's "
+      "median after warm-up");
+  return {{"suite", "moe"},
+          {"model", "Qwen3-MoE-shaped, hidden " + std::to_string(a.width) +
+                        ", 4 layers, 8 experts of " + std::to_string(a.width) + ", top 2"},
+          {"batch", a.batch},
+          {"seq_len", kSeqLen},
+          {"threads", a.threads},
+          {"steps", a.steps},
+          {"warmup", a.warmup},
+          {"rows", rows},
+          {"notes", notes}};
+}
+
+void print_moe_report(const json& report) {
+  std::printf(
+      "pipetrain bench --suite moe: %s, batch %d x %d ids, %d threads over 4 processes, median of "
+      "%d steps after %d warm-up\n",
+      report["model"].get<std::string>().c_str(), report["batch"].get<int>(),
+      report["seq_len"].get<int>(), report["threads"].get<int>(), report["steps"].get<int>(),
+      report["warmup"].get<int>());
+  std::printf("%-18s %-10s %9s %9s %8s %14s %7s\n", "runtime", "layout", "step ms", "tokens/s",
+              "/ep1", "all-to-all ms", "share");
+  for (const json& row : report["rows"]) {
+    if (row.contains("error")) {
+      std::printf("%-18s %-10s ERROR: %s\n", row["runtime"].get<std::string>().c_str(),
+                  row["name"].get<std::string>().c_str(), row["error"].get<std::string>().c_str());
+      continue;
+    }
+    auto cell = [&](const char* key, double scale, const char* format) {
+      if (!row.contains(key)) return std::string("-");
+      char text[32];
+      std::snprintf(text, sizeof text, format, row[key].get<double>() * scale);
+      return std::string(text);
+    };
+    std::printf("%-18s %-10s %9s %9s %8s %14s %7s\n", row["runtime"].get<std::string>().c_str(),
+                row["name"].get<std::string>().c_str(), cell("step_seconds", 1e3, "%.1f").c_str(),
+                cell("tokens_per_second", 1, "%.0f").c_str(),
+                cell("ratio_vs_ep1", 1, "%.3f").c_str(),
+                cell("all_to_all_seconds", 1e3, "%.1f").c_str(),
+                cell("all_to_all_share", 1, "%.3f").c_str());
+  }
+  for (const json& row : report["rows"]) {
+    if (row.contains("pipetrain_over_torch")) {
+      std::printf("pipetrain pp4 1f1b step / torch.distributed.pipelining's: %.3f\n",
+                  row["pipetrain_over_torch"].get<double>());
+    }
+  }
+  for (const json& note : report["notes"]) {
+    std::printf("note: %s\n", note.get<std::string>().c_str());
+  }
+}
+
+}  // namespace pipetrain::bench
