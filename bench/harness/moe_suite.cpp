@@ -80,7 +80,7 @@ json pipetrain_row(const BenchOptions& a, const std::string& dir, const std::str
                  " --batch-size " + std::to_string(a.batch) + " --optimizer sgd --lr 0.01 " +
                  "--steps " + std::to_string(a.warmup + a.steps) + " --log-every 1000000 " +
                  "--threads " + std::to_string(per_rank) + " --skip-memory-check " +
-                 "--summary-json " + summary + " " + flags);
+                 "--checkpoint never --summary-json " + summary + " " + flags);
   json row = {{"name", name}, {"runtime", "pipetrain"}, {"flags", flags}, {"ep", ep}};
   std::ifstream in(summary);
   if (child.status != 0 || !in) {

@@ -7,7 +7,8 @@
 //   torch-pipelining   transformers' own Qwen3MoeForCausalLM under torch.distributed.pipelining
 //           (bench/torch_pipelining.py --suite moe), 4 ranks, 1f1b, the same micro-batches
 //
-// Every row trains the same random model (moe_bench_config) with SGD at lr 0.01 on 128-id rows;
+// Every row trains the same random model (moe_bench_config) with SGD at lr 0.01 on 128-id rows,
+// nothing recomputed (--checkpoint never, as the peer);
 // its step time is the median of `steps` steps after `warmup` (pipetrain: --summary-json's
 // step_seconds, rank 0; the peer: the slowest rank's per step).
 //
