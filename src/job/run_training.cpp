@@ -36,6 +36,7 @@
 #include "job_internal.h"
 #include "pipetrain/job/job_file.h"
 #include "pipetrain/job/run_job.h"
+#include "pipetrain/models/llama.h"
 #include "pipetrain/models/llama_export.h"
 #include "pipetrain/models/routing.h"
 #include "pipetrain/parallel/all_to_all.h"
@@ -566,6 +567,10 @@ std::vector<int64_t> sum_over_ranks(Distributed& distributed, const std::vector<
 // every rank (pipeline ranks hold other layers, replicas other tokens) on rank 0.
 void report_routing(Distributed* distributed, const TrainingSetup& s, JobObserver& observer) {
   std::vector<models::RoutingRecorder::Counts> steps = models::routing_recorder().steps();
+  // Tensor parallelism without sequence parallelism: every tp rank routed the same tokens.
+  if (distributed && distributed->tp_rank() != 0 && !s.job.parallel.sequence_parallel) {
+    steps.clear();
+  }
   if (distributed) {
     const std::vector<int64_t> flat = models::flatten_routing(steps);
     std::vector<char> bytes(flat.size() * sizeof(int64_t));
@@ -707,8 +712,11 @@ JobResult run_rank(TrainingSetup& s, JobObserver& observer) {
     auto runner = train::make_distributed_runner(
         distributed, p->model.sequential, p->model.loss, pipe, text, p->model.tied_parameters,
         device,
-        train::TensorParallelModel{p->model.tensor_parallel_split,
-                                   s.job.parallel.sequence_parallel});
+        train::TensorParallelModel{
+            p->model.tensor_parallel_split, s.job.parallel.sequence_parallel,
+            p->model.llama ? std::function<bool(const std::string&)>(
+                                 models::tensor_parallel_summed_in_backward)
+                           : nullptr});
     if (distributed.rank() == 0 && distributed.world()->checks_collectives()) {
       note(observer,
            "TORCH_DISTRIBUTED_DEBUG=DETAIL: each collective is compared with its group's before "

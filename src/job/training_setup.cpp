@@ -149,13 +149,20 @@ void check_tensor_parallel(const TrainingSetup& s) {
 // (stage/auxiliary_loss.h).
 void check_auxiliary_loss(const TrainingSetup& s) {
   const bool fp16 = s.pipeline.precision == Precision::kFloat16;
-  if (!s.job.output.report_routing && !fp16) return;
+  const bool sequence_parallel = s.job.parallel.sequence_parallel;
+  if (!s.job.output.report_routing && !fp16 && !sequence_parallel) return;
   const bool hf = is_hf_model(s.data.model);
   const std::optional<models::LlamaConfig> config =
       hf ? std::optional<models::LlamaConfig>(hf_config(s.data)) : std::nullopt;
   if (s.job.output.report_routing && !(config && models::is_moe(config->architecture))) {
     fail("--report-routing reports a mixture of experts' routing, and --model " + s.data.model +
          " has no experts (a Qwen2-MoE, Qwen3-MoE or Mixtral directory has)");
+  }
+  if (sequence_parallel && config && config->aux_loss) {
+    fail(
+        "--sequence-parallel with a mixture whose config.json sets output_router_logits: each "
+        "tensor-parallel rank would take the load-balancing term over its slice of the sequence, "
+        "not over the micro-batch; drop --sequence-parallel, or set output_router_logits false");
   }
   if (fp16 && config && config->aux_loss) {
     fail(

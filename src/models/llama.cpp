@@ -87,8 +87,9 @@ int64_t local_kv_heads(const LlamaConfig& c, int tp) {
 
 // ---- modules ------------------------------------------------------------------------------------
 
-RmsNormImpl::RmsNormImpl(int64_t size_, double eps_, torch::TensorOptions options_)
-    : size(size_), eps(eps_), options(options_) {
+RmsNormImpl::RmsNormImpl(int64_t size_, double eps_, torch::TensorOptions options_,
+                         parallel::TensorParallel summed_over_)
+    : size(size_), eps(eps_), options(options_), summed_over(std::move(summed_over_)) {
   reset();
 }
 
@@ -101,7 +102,10 @@ torch::Tensor RmsNormImpl::forward(const torch::Tensor& x) {
   torch::Tensor h = x.to(torch::kFloat32);
   torch::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
   h = h * torch::rsqrt(variance + eps);
-  return weight * h.to(input_dtype);
+  const torch::Tensor w = summed_over.split()
+                              ? parallel::sum_over_replicas(weight, summed_over.size(), summed_over)
+                              : weight;
+  return w * h.to(input_dtype);
 }
 
 LlamaLinearImpl::LlamaLinearImpl(int64_t in_, int64_t out_, bool bias_,
@@ -166,8 +170,9 @@ void LlamaAttentionImpl::reset() {
   v_proj = register_module("v_proj", LlamaLinear(c.hidden_size, kv, c.qkv_bias, options));
   o_proj = register_module("o_proj", LlamaLinear(q, c.hidden_size, c.output_bias, options));
   if (c.qk_norm) {
-    q_norm = register_module("q_norm", RmsNorm(c.head_dim, c.rms_norm_eps, options));
-    k_norm = register_module("k_norm", RmsNorm(c.head_dim, c.rms_norm_eps, options));
+    // Each tp rank normalizes its own heads: the weights' gradients are summed over the group.
+    q_norm = register_module("q_norm", RmsNorm(c.head_dim, c.rms_norm_eps, options, tp));
+    k_norm = register_module("k_norm", RmsNorm(c.head_dim, c.rms_norm_eps, options, tp));
   }
 }
 
@@ -899,10 +904,6 @@ torch::Tensor vocab_parallel_causal_lm_loss(const torch::Tensor& logits,
 
 void check_llama_tensor_parallel(const LlamaConfig& c, int tp) {
   PIPETRAIN_CHECK_INPUT(tp >= 1, "--tp must be >= 1 (got ", tp, ")");
-  PIPETRAIN_CHECK_INPUT(tp == 1 || !is_moe(c.architecture), "--tp ", tp, ": ",
-                        to_string(c.architecture),
-                        " is a mixture of experts, and tensor parallelism does not split its "
-                        "experts yet; give --tp 1");
   const std::vector<std::pair<const char*, int64_t>> cut = {
       {"num_attention_heads", c.num_attention_heads},
       {"num_key_value_heads", c.num_key_value_heads},
@@ -958,12 +959,18 @@ std::optional<parallel::TensorSplit> tensor_parallel_split(const std::string& na
   return std::nullopt;  // norms, o_proj/down_proj biases
 }
 
+bool tensor_parallel_summed_in_backward(const std::string& name) {
+  return name.find("self_attn.q_norm.") != std::string::npos ||
+         name.find("self_attn.k_norm.") != std::string::npos;
+}
+
 std::vector<torch::Tensor> tensor_parallel_whole_parameters(
     const std::vector<std::pair<std::string, torch::Tensor>>& named, const LlamaConfig& config,
     int tp) {
   std::vector<torch::Tensor> whole;
   std::set<const void*> seen;
   for (const auto& [name, tensor] : named) {
+    if (tensor_parallel_summed_in_backward(name)) continue;
     if (!tensor_parallel_split(name, config, tp) &&
         seen.insert(tensor.unsafeGetTensorImpl()).second) {
       whole.push_back(tensor);

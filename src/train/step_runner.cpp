@@ -184,6 +184,9 @@ class DistributedRunner : public StepRunner {
       std::set<const void*> seen;
       std::vector<torch::Tensor> shared;
       for (const auto& [name, tensor] : pipe_.named_parameters()) {
+        if (tensor_parallel.summed_in_backward && tensor_parallel.summed_in_backward(name)) {
+          continue;
+        }
         if (!split_(name) && seen.insert(tensor.unsafeGetTensorImpl()).second) {
           shared.push_back(tensor);
         }

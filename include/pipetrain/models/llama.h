@@ -38,9 +38,13 @@
 // Tensor parallelism (LlamaBuildOptions::tensor_parallel, parallel/tensor_parallel.h): each rank
 // of the group holds 1/tp of the heads (q, k, v column-parallel by head, o_proj row-parallel), of
 // the MLP width (gate/up column-parallel, down row-parallel) and of the vocabulary (the embedding
-// and the head by rows; a tied head shares the embedding's slice); norms are replicated. With
-// fewer key/value heads than ranks (tp a multiple of them) each key/value head is replicated on
-// the tp / kv_heads consecutive ranks whose query heads use it, as Megatron does, and their
+// and the head by rows; a tied head shares the embedding's slice); norms are replicated. A
+// mixture's MoE layers are not split (Megatron's expert tensor-parallel size 1): every tp rank
+// holds its router and experts whole and runs them on the tokens it holds (all of them, or under
+// sequence parallelism its slice of the sequence, whose router and expert gradients are then
+// summed over the group as the norms' are). With fewer key/value heads than ranks (tp a
+// multiple of them) each key/value head is replicated on the tp / kv_heads consecutive ranks
+// whose query heads use it, as Megatron does, and their
 // gradients are summed over those ranks (parallel::sum_over_replicas). The head then returns this
 // rank's slice of the logits [B,T,V/tp], and the loss is vocab_parallel_causal_lm_loss.
 // Parameters keep their names with their local shapes; tensor_parallel_split says which dimension
@@ -76,15 +80,20 @@
 namespace pipetrain::models {
 
 // RMSNorm: weight * (x / sqrt(mean(x^2) + eps)), normalized in float32. [.., H] -> [.., H].
+// `summed_over` (a tensor-parallel group): each rank normalizes only its own heads with the whole
+// weight (Qwen3's q_norm / k_norm under tensor parallelism), so the weight's gradient is summed
+// over the group in the backward (parallel::sum_over_replicas).
 class RmsNormImpl : public torch::nn::Cloneable<RmsNormImpl> {
  public:
-  RmsNormImpl(int64_t size, double eps, torch::TensorOptions options = {});
+  RmsNormImpl(int64_t size, double eps, torch::TensorOptions options = {},
+              parallel::TensorParallel summed_over = {});
   void reset() override;
   torch::Tensor forward(const torch::Tensor& x);
 
   int64_t size;
   double eps;
   torch::TensorOptions options;
+  parallel::TensorParallel summed_over;
   torch::Tensor weight;  // [H]
 };
 TORCH_MODULE(RmsNorm);
@@ -334,7 +343,12 @@ std::optional<parallel::TensorSplit> tensor_parallel_split(const std::string& na
 // Of `named` (Sequential names, e.g. DistributedPipe::named_parameters()), the tensors every rank
 // of a tensor-parallel group of `tp` holds whole, each once: under sequence parallelism their
 // gradients are each rank's share, to be summed over the group after the backward
-// (Distributed::allreduce_tensor_parallel_gradients).
+// (Distributed::allreduce_tensor_parallel_gradients). Qwen3's q_norm / k_norm are left out: their
+// backward sums them over the group already (RmsNormImpl::summed_over).
+// True for a whole tensor whose gradient the backward sums over the tensor-parallel group itself
+// (Qwen3's q_norm / k_norm: RmsNormImpl::summed_over).
+bool tensor_parallel_summed_in_backward(const std::string& name);
+
 std::vector<torch::Tensor> tensor_parallel_whole_parameters(
     const std::vector<std::pair<std::string, torch::Tensor>>& named, const LlamaConfig& config,
     int tp);

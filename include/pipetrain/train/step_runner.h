@@ -193,6 +193,9 @@ struct TensorParallelModel {
   // summed over the group after every step's schedule, before the replicas' sum
   // (DistributedPipe::set_tensor_parallel_summed).
   bool sequence_parallel = false;
+  // Whole tensors whose backward sums their gradient over the group already (Qwen3's q_norm /
+  // k_norm: models::tensor_parallel_summed_in_backward): left out of that sum. Empty: none.
+  std::function<bool(const std::string& name)> summed_in_backward;
 };
 
 // One rank of a multi-process run over `model` (every rank builds the same model and calls this
