@@ -365,13 +365,19 @@ train::TrainSummary run_loop(const TrainingSetup& s, Prepared& p, train::Trainer
     start.predicted_memory = p.predicted_memory;
     observer.on_start(start);
   }
-  const bool routing = s.job.output.report_routing;
+  // A mixture's routing, recorded for --report-routing and the trace's counter tracks.
+  const bool routing = s.job.output.report_routing ||
+                       (!s.job.output.trace.empty() && p.model.llama &&
+                        models::is_moe(p.model.llama->architecture));
   if (routing) {
     models::routing_recorder().clear();
     models::routing_recorder().set_enabled(true);
+    trainer.step_counts = [] {
+      models::routing_recorder().end_step();
+      return models::routing_recorder().last_step();
+    };
   }
   trainer.on_step = [&](const train::StepReport& r) {
-    if (routing) models::routing_recorder().end_step();
     if (r.main) observer.on_step(r);
   };
   trainer.on_epoch_end = [&](int64_t epoch) {

@@ -37,6 +37,11 @@ std::vector<RoutingRecorder::Counts> RoutingRecorder::steps() const {
   return steps_;
 }
 
+RoutingRecorder::Counts RoutingRecorder::last_step() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return steps_.empty() ? Counts{} : steps_.back();
+}
+
 void RoutingRecorder::clear() {
   std::lock_guard<std::mutex> lock(mutex_);
   open_.clear();

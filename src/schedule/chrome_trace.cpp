@@ -46,6 +46,15 @@ std::string render_chrome_trace(const Timeline& timeline) {
                         {"microbatch", event.microbatch},
                         {"op", std::string(op_name(event.op))}}}});
   }
+  for (const TimelineCounter& counter : timeline.counters) {
+    nlohmann::json args = nlohmann::json::object();
+    for (const auto& [series, value] : counter.values) args[series] = value;
+    events.push_back({{"name", counter.name},
+                      {"ph", "C"},
+                      {"pid", 0},
+                      {"ts", counter.time * scale},
+                      {"args", args}});
+  }
   nlohmann::json trace = {{"traceEvents", events},
                           {"displayTimeUnit", "ms"},
                           {"otherData", {{"title", timeline.title}}}};

@@ -22,6 +22,15 @@ struct PackedEvent {
   double start_us, end_us;
 };
 
+// One StepCounts' head on the wire (its values follow).
+struct PackedCounts {
+  int64_t step;
+  int32_t rank, unused;
+  int64_t layer;
+  double time_us;
+  int64_t values;
+};
+
 // One collective on the wire: step, rank, kind, stage, start, end, bytes.
 struct PackedCollective {
   int64_t step;
@@ -34,7 +43,8 @@ struct PackedCollective {
 // for a peer as work.
 schedule::Timeline timeline_of(const std::vector<const StepEvent*>& events, int ranks,
                                const std::string& title, bool compute_only,
-                               const std::vector<StepCollective>& collectives = {}) {
+                               const std::vector<StepCollective>& collectives = {},
+                               const std::vector<StepCounts>& counts = {}) {
   schedule::Timeline timeline;
   timeline.title = title;
   timeline.num_ranks = ranks;
@@ -47,6 +57,17 @@ schedule::Timeline timeline_of(const std::vector<const StepEvent*>& events, int 
     timeline.events.push_back(schedule::make_event(e->event.rank, e->event.action,
                                                    (e->event.start_us - origin) / 1000.0,
                                                    (e->event.end_us - origin) / 1000.0));
+  }
+  for (const StepCounts& c : counts) {
+    schedule::TimelineCounter counter;
+    counter.name = "rank " + std::to_string(c.rank) + " layer " + std::to_string(c.layer) +
+                   " tokens per expert";
+    counter.time = (c.time_us - origin) / 1000.0;
+    for (size_t e = 0; e < c.values.size(); ++e) {
+      counter.values.emplace_back("expert " + std::to_string(e),
+                                  static_cast<double>(c.values[e]));
+    }
+    timeline.counters.push_back(std::move(counter));
   }
   if (collectives.empty()) return timeline;
   // Rank r's collectives on row ranks + r, under the ranks' rows.
@@ -98,54 +119,67 @@ void EventLog::add_collectives(int64_t step, double step_start_us,
   }
 }
 
-// [number of actions (int64)] [the actions] [the collectives]
+// [number of actions (int64)] [the actions] [number of collectives (int64)] [the collectives]
+// [the counts: each its step, rank, layer, time and number of values (PackedCounts), then the
+// values (int64)], to the end.
 std::vector<char> EventLog::serialize() const {
+  std::vector<char> bytes;
+  auto put = [&bytes](const void* data, size_t size) {
+    const char* from = static_cast<const char*>(data);
+    bytes.insert(bytes.end(), from, from + size);
+  };
   const auto count = static_cast<int64_t>(events_.size());
-  std::vector<char> bytes(sizeof count + events_.size() * sizeof(PackedEvent) +
-                          collectives_.size() * sizeof(PackedCollective));
-  std::memcpy(bytes.data(), &count, sizeof count);
-  char* actions = bytes.data() + sizeof count;
-  for (size_t n = 0; n < events_.size(); ++n) {
-    const StepEvent& e = events_[n];
-    PackedEvent packed{e.step,
-                       e.event.rank,
-                       e.event.action.stage,
-                       static_cast<int32_t>(e.event.action.op),
-                       e.event.action.microbatch,
-                       e.event.start_us,
-                       e.event.end_us};
-    std::memcpy(actions + n * sizeof(PackedEvent), &packed, sizeof(PackedEvent));
+  put(&count, sizeof count);
+  for (const StepEvent& e : events_) {
+    const PackedEvent packed{e.step,
+                             e.event.rank,
+                             e.event.action.stage,
+                             static_cast<int32_t>(e.event.action.op),
+                             e.event.action.microbatch,
+                             e.event.start_us,
+                             e.event.end_us};
+    put(&packed, sizeof packed);
   }
-  char* collectives = actions + events_.size() * sizeof(PackedEvent);
-  for (size_t n = 0; n < collectives_.size(); ++n) {
-    const StepCollective& c = collectives_[n];
-    PackedCollective packed{c.step,
-                            c.event.rank,
-                            static_cast<int32_t>(c.event.kind),
-                            c.event.stage,
-                            0,
-                            c.event.start_us,
-                            c.event.end_us,
-                            c.event.bytes};
-    std::memcpy(collectives + n * sizeof(PackedCollective), &packed, sizeof(PackedCollective));
+  const auto collectives = static_cast<int64_t>(collectives_.size());
+  put(&collectives, sizeof collectives);
+  for (const StepCollective& c : collectives_) {
+    const PackedCollective packed{c.step,
+                                  c.event.rank,
+                                  static_cast<int32_t>(c.event.kind),
+                                  c.event.stage,
+                                  0,
+                                  c.event.start_us,
+                                  c.event.end_us,
+                                  c.event.bytes};
+    put(&packed, sizeof packed);
+  }
+  for (const StepCounts& c : counts_) {
+    const PackedCounts packed{c.step, c.rank, 0, c.layer, c.time_us,
+                              static_cast<int64_t>(c.values.size())};
+    put(&packed, sizeof packed);
+    put(c.values.data(), c.values.size() * sizeof(int64_t));
   }
   return bytes;
 }
 
 EventLog EventLog::deserialize(const std::vector<char>& bytes) {
-  int64_t count = 0;
-  if (bytes.size() >= sizeof count) std::memcpy(&count, bytes.data(), sizeof count);
-  const bool counted = bytes.size() >= sizeof count && count >= 0 &&
-                       static_cast<uint64_t>(count) <=
-                           (bytes.size() - sizeof count) / sizeof(PackedEvent);  // no overflow
-  const size_t actions_end =
-      counted ? sizeof count + static_cast<size_t>(count) * sizeof(PackedEvent) : 0;
-  if (!counted || (bytes.size() - actions_end) % sizeof(PackedCollective) != 0) {
-    throw TransportFailure("a rank's event log has " + std::to_string(bytes.size()) +
-                           " bytes, not a count and whole numbers of events and collectives");
-  }
+  size_t at = 0;
+  auto bad = [&bytes]() {
+    return TransportFailure("a rank's event log has " + std::to_string(bytes.size()) +
+                            " bytes, not counts and whole numbers of events, collectives and "
+                            "counts");
+  };
+  // n records of `size` bytes from `at` (checked against the bytes left, without overflow).
+  auto take_count = [&](size_t size) {
+    int64_t n = 0;
+    if (bytes.size() - at < sizeof n) throw bad();
+    std::memcpy(&n, bytes.data() + at, sizeof n);
+    at += sizeof n;
+    if (n < 0 || static_cast<uint64_t>(n) > (bytes.size() - at) / size) throw bad();
+    return static_cast<size_t>(n);
+  };
   EventLog log;
-  for (size_t at = sizeof count; at < actions_end; at += sizeof(PackedEvent)) {
+  for (size_t n = take_count(sizeof(PackedEvent)); n > 0; --n, at += sizeof(PackedEvent)) {
     PackedEvent packed;
     std::memcpy(&packed, bytes.data() + at, sizeof(PackedEvent));
     if (packed.op < 0 || packed.op > static_cast<int32_t>(schedule::Op::kRecvGradient)) {
@@ -162,7 +196,8 @@ EventLog EventLog::deserialize(const std::vector<char>& bytes) {
     e.event.end_us = packed.end_us;
     log.events_.push_back(e);
   }
-  for (size_t at = actions_end; at < bytes.size(); at += sizeof(PackedCollective)) {
+  for (size_t n = take_count(sizeof(PackedCollective)); n > 0;
+       --n, at += sizeof(PackedCollective)) {
     PackedCollective packed;
     std::memcpy(&packed, bytes.data() + at, sizeof(PackedCollective));
     if (packed.kind < 0 || packed.kind > static_cast<int32_t>(CollectiveKind::kAllGather)) {
@@ -179,19 +214,39 @@ EventLog EventLog::deserialize(const std::vector<char>& bytes) {
     c.event.bytes = packed.bytes;
     log.collectives_.push_back(c);
   }
+  while (at < bytes.size()) {
+    PackedCounts packed;
+    if (bytes.size() - at < sizeof packed) throw bad();
+    std::memcpy(&packed, bytes.data() + at, sizeof packed);
+    at += sizeof packed;
+    if (packed.values < 0 ||
+        static_cast<uint64_t>(packed.values) > (bytes.size() - at) / sizeof(int64_t)) {
+      throw bad();
+    }
+    StepCounts c;
+    c.step = packed.step;
+    c.rank = packed.rank;
+    c.layer = packed.layer;
+    c.time_us = packed.time_us;
+    c.values.resize(static_cast<size_t>(packed.values));
+    std::memcpy(c.values.data(), bytes.data() + at, c.values.size() * sizeof(int64_t));
+    at += c.values.size() * sizeof(int64_t);
+    log.counts_.push_back(std::move(c));
+  }
   return log;
 }
 
 void EventLog::merge(const EventLog& other) {
   events_.insert(events_.end(), other.events_.begin(), other.events_.end());
   collectives_.insert(collectives_.end(), other.collectives_.begin(), other.collectives_.end());
+  counts_.insert(counts_.end(), other.counts_.begin(), other.counts_.end());
 }
 
 void EventLog::write_chrome_trace(const std::string& path, int ranks) const {
   std::vector<const StepEvent*> all;
   for (const StepEvent& e : events_) all.push_back(&e);
-  schedule::save_chrome_trace(timeline_of(all, ranks, "pipetrain train", false, collectives_),
-                              path);
+  schedule::save_chrome_trace(
+      timeline_of(all, ranks, "pipetrain train", false, collectives_, counts_), path);
 }
 
 int64_t EventLog::write_timeline_svg(const std::string& path, int ranks, const std::string& title,

@@ -210,6 +210,14 @@ TrainSummary Trainer::fit() {
       events_.add_collectives(k, step_start, runner_.last_collectives(),
                               std::max(runner_.event_rank(), 0));
     }
+    if (step_counts) {
+      const double now = EventLog::now_us();
+      for (auto& [series, values] : step_counts()) {
+        if (tracing) {
+          events_.add_counts({k, std::max(runner_.event_rank(), 0), now, series, values});
+        }
+      }
+    }
     if (options_.report_memory() && k + 1 == total) {
       // Right after the last step: its stash peaks, the gradients and the state it left.
       summary.memory = measure_memory(runner_, optimizer_.get(), sharded_.get());

@@ -59,7 +59,7 @@ TEST(TrainMoe, WeightsAfterAdamWEqualTransformersTrainingInEveryLayout) {
       {"qwen2_moe", "Qwen2MoeForCausalLM", "--stages 2 --chunks 4 --schedule 1f1b"},
       {"mixtral", "MixtralForCausalLM",
        "--nproc 4 --dp 2 --zero 1 --chunks 2 --schedule 1f1b --checkpoint always "
-       "--report-routing --log-every 1"},
+       "--report-routing --log-every 1 --trace TRACE"},
       {"qwen2_moe", "Qwen2MoeForCausalLM", "--nproc 2 --dp 2 --ep 2 --chunks 2"},
       {"qwen3_moe", "Qwen3MoeForCausalLM",
        "--nproc 4 --dp 2 --ep 2 --chunks 4 --schedule dualpipev --checkpoint always --zero 3"},
@@ -80,11 +80,14 @@ TEST(TrainMoe, WeightsAfterAdamWEqualTransformersTrainingInEveryLayout) {
       ASSERT_EQ(made.exit_code, 0) << made.output;
     }
     const std::string out = dir + "/" + c.arch + "_" + std::to_string(i);
+    std::string layout = c.layout;
+    const std::string trace = out + "-trace.json";
+    if (layout.find("TRACE") != std::string::npos) layout.replace(layout.find("TRACE"), 5, trace);
     const CliRun run = run_pipetrain(
         "train --model " + model + " --data tokens --token-file " + hf_fixtures() +
         "/tokens.bin --seq-len 16 --batch-size 8 --steps 3 --lr 1e-2 --optimizer adamw "
         "--weight-decay 0.1 --adam-betas 0.9,0.95 --adam-eps 1e-4 " +
-        c.layout + " --save-hf " + out);
+        layout + " --save-hf " + out);
     ASSERT_EQ(run.exit_code, 0) << c.arch << "\n" << run.output;
     EXPECT_NE(run.output.find("saved " + c.saved), std::string::npos) << run.output;
     if (c.layout.find("--report-routing") != std::string::npos) {
@@ -106,6 +109,25 @@ TEST(TrainMoe, WeightsAfterAdamWEqualTransformersTrainingInEveryLayout) {
       }
       for (const char* step : {"routing: step 1: layer 0 ", "routing: step 3: layer 0 "}) {
         EXPECT_NE(run.output.find(step), std::string::npos) << step << "\n" << run.output;
+      }
+      // The trace's counter tracks: per rank, layer and step, its tokens per expert; over the
+      // ranks each layer's step sums to 8 x 16 tokens x 2 choices.
+      const nlohmann::json events = nlohmann::json::parse(std::ifstream(trace))["traceEvents"];
+      std::map<std::string, std::vector<int64_t>> sums;  // layer -> per step (in order per rank)
+      std::map<std::string, int> seen;                     // track -> samples so far
+      for (const auto& e : events) {
+        if (e["ph"] != "C") continue;
+        const std::string name = e["name"];
+        const std::string layer = name.substr(name.find(" layer ") + 7, 1);
+        const size_t step = static_cast<size_t>(seen[name]++);
+        int64_t total = 0;
+        for (const auto& [series, value] : e["args"].items()) total += value.get<int64_t>();
+        sums[layer].resize(std::max(sums[layer].size(), step + 1));
+        sums[layer][step] += total;
+      }
+      ASSERT_EQ(sums.size(), 2u) << trace;
+      for (const auto& [layer, per_step] : sums) {
+        EXPECT_EQ(per_step, std::vector<int64_t>(3, 8 * 16 * 2)) << layer;
       }
     }
     batch << "compare " << out << " " << reference << " --rtol 1e-4\n";

@@ -1,6 +1,6 @@
-// train/event_log.h: a rank's actions and collectives survive the trip to rank 0 (serialize,
-// deserialize, merge), a damaged log is refused, and the Chrome trace puts each rank's collectives
-// on a row of their own under the ranks' rows.
+// train/event_log.h: a rank's actions, collectives and counts survive the trip to rank 0
+// (serialize, deserialize, merge), a damaged log is refused, and the Chrome trace puts each rank's
+// collectives on a row of their own under the ranks' rows and its counts in counter tracks.
 #include "pipetrain/train/event_log.h"
 
 #include <stdlib.h>
@@ -25,6 +25,7 @@ EventLog two_ranks() {
   EventLog other;
   other.add(3, 1000.0, {{0, {1, schedule::Op::kBackward, 1}, 60, 120}}, 1);
   other.add_collectives(3, 1000.0, {{0, CollectiveKind::kReduceScatter, 1, 120.0, 200.0, 4096}}, 1);
+  other.add_counts({3, 1, 1250.0, 2, {5, 0, 11}});  // layer 2's tokens per expert, on rank 1
   log.merge(EventLog::deserialize(other.serialize()));
   return log;
 }
@@ -45,6 +46,11 @@ TEST(EventLog, ActionsAndCollectivesSurviveSerializationAndMerge) {
   EXPECT_DOUBLE_EQ(c.event.end_us, 1200.0);
   EXPECT_EQ(c.event.bytes, 4096);
   EXPECT_EQ(log.collectives()[0].event.bytes, -1);  // not recorded
+  ASSERT_EQ(log.counts().size(), 1u);
+  EXPECT_EQ(log.counts()[0].rank, 1);
+  EXPECT_EQ(log.counts()[0].layer, 2);
+  EXPECT_DOUBLE_EQ(log.counts()[0].time_us, 1250.0);
+  EXPECT_EQ(log.counts()[0].values, (std::vector<int64_t>{5, 0, 11}));
 }
 
 TEST(EventLog, ADamagedLogIsRefused) {
@@ -67,8 +73,14 @@ TEST(EventLog, ADamagedLogIsRefused) {
   EventLog collective;
   collective.add_collectives(0, 0.0, {{0, CollectiveKind::kAllGather, 0, 0, 1}}, 0);
   std::vector<char> bad_kind = collective.serialize();
-  bad_kind[8 + 12] = 7;  // PackedCollective: step (8), rank, then kind
+  bad_kind[8 + 8 + 12] = 7;  // no action; PackedCollective: step (8), rank, then kind
   EXPECT_THROW(EventLog::deserialize(bad_kind), TransportFailure);
+  // Counts whose values run past the end.
+  EventLog counted;
+  counted.add_counts({0, 0, 0.0, 0, {1, 2}});
+  std::vector<char> short_counts = counted.serialize();
+  short_counts.resize(short_counts.size() - 4);
+  EXPECT_THROW(EventLog::deserialize(short_counts), TransportFailure);
 }
 
 TEST(EventLog, TheChromeTraceDrawsEachRanksCollectivesOnTheirOwnRow) {
@@ -80,7 +92,9 @@ TEST(EventLog, TheChromeTraceDrawsEachRanksCollectivesOnTheirOwnRow) {
   std::map<int, std::string> rows;
   std::map<std::string, int> row_of;  // event name -> tid
   std::map<std::string, nlohmann::json> args_of;
+  std::map<std::string, nlohmann::json> counters;
   for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] == "C") counters[e["name"].get<std::string>()] = e;
     if (e["ph"] == "M") rows[e["tid"].get<int>()] = e["args"]["name"].get<std::string>();
     if (e["ph"] == "X") row_of[e["name"].get<std::string>()] = e["tid"].get<int>();
     if (e["ph"] == "X") args_of[e["name"].get<std::string>()] = e["args"];
@@ -94,6 +108,11 @@ TEST(EventLog, TheChromeTraceDrawsEachRanksCollectivesOnTheirOwnRow) {
   EXPECT_EQ(row_of.at("all-gather s0"), 2);
   EXPECT_EQ(row_of.at("reduce-scatter s1"), 3);
   EXPECT_EQ(row_of.at("0F1"), 0);
+  // Counts: a counter track per rank and layer, a series per expert, at its time from the origin.
+  ASSERT_EQ(counters.count("rank 1 layer 2 tokens per expert"), 1u);
+  const nlohmann::json& c = counters.at("rank 1 layer 2 tokens per expert");
+  EXPECT_EQ(c["args"]["expert 2"].get<double>(), 11);
+  EXPECT_DOUBLE_EQ(c["ts"].get<double>(), 1250.0 - 1000.0);  // from the first action
 }
 
 }  // namespace

@@ -33,6 +33,8 @@ class RoutingRecorder {
   void end_step();
   // The closed steps, oldest first, and forgets nothing.
   std::vector<Counts> steps() const;
+  // The last closed step's ({} before the first).
+  Counts last_step() const;
   void clear();
 
  private:

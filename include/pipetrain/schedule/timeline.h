@@ -30,12 +30,21 @@ struct TimelineEvent {
   int64_t bytes = -1;  // a collective's bytes from this rank; -1: not known
 };
 
+// A Chrome trace counter sample ("ph": "C"): series name -> value at `time` (the SVG leaves them
+// out).
+struct TimelineCounter {
+  std::string name;
+  double time = 0;
+  std::vector<std::pair<std::string, double>> values;
+};
+
 struct Timeline {
   std::string title;                   // drawn above the picture
   int num_ranks = 0;                   // rows; events with rank >= num_ranks widen it
   std::string time_unit = "units";     // axis label: "units" (cost model), "ms", "us", ...
   double microseconds_per_unit = 1.0;  // Chrome trace timestamps are microseconds
   std::vector<TimelineEvent> events;
+  std::vector<TimelineCounter> counters;
   // Names of the Chrome trace's rows by index ("rank r" where there is none).
   std::vector<std::string> row_names;
 

@@ -32,6 +32,16 @@ struct StepCollective {
   CollectiveEvent event;  // absolute, as StepEvent's
 };
 
+// Counts a rank reports at the end of step k: a mixture's MoE layer `layer`'s tokens per expert
+// (models/routing.h). A Chrome trace counter ("ph": "C") named "rank r layer l tokens per expert".
+struct StepCounts {
+  int64_t step = 0;
+  int rank = 0;
+  double time_us = 0;  // absolute, as StepEvent's
+  int64_t layer = 0;
+  std::vector<int64_t> values;
+};
+
 class EventLog {
  public:
   // Microseconds on the monotonic clock now.
@@ -47,8 +57,12 @@ class EventLog {
   void add_collectives(int64_t step, double step_start_us,
                        const std::vector<CollectiveEvent>& events, int rank);
 
+  // Appends counts of step k taken at time_us on `rank`.
+  void add_counts(StepCounts counts) { counts_.push_back(std::move(counts)); }
+
   const std::vector<StepEvent>& events() const { return events_; }
   const std::vector<StepCollective>& collectives() const { return collectives_; }
+  const std::vector<StepCounts>& counts() const { return counts_; }
 
   std::vector<char> serialize() const;
   static EventLog deserialize(const std::vector<char>& bytes);
@@ -65,6 +79,7 @@ class EventLog {
  private:
   std::vector<StepEvent> events_;
   std::vector<StepCollective> collectives_;
+  std::vector<StepCounts> counts_;
 };
 
 }  // namespace pipetrain::train

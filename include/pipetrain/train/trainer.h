@@ -31,6 +31,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -215,6 +216,10 @@ class Trainer {
 
   // Called on every rank after each step (see StepReport::main).
   std::function<void(const StepReport&)> on_step;
+  // Called on every rank after each step, before on_step: counts of the step by series (a
+  // mixture's tokens per expert of each MoE layer: layer -> counts), which a trace (--trace)
+  // files as counter tracks under this rank (EventLog::add_counts). Empty: none.
+  std::function<std::map<int64_t, std::vector<int64_t>>()> step_counts;
   // What the last sharded save wrote: on the main rank every rank's bytes and the seconds until
   // the checkpoint was complete, on the others their own; the host buffer this rank needed.
   struct SaveFigures {
