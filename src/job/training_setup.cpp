@@ -463,6 +463,7 @@ train::MemoryRunOptions memory_run_options(const TrainingSetup& s, const RunLayo
   run.async_checkpoint =
       job.checkpoint.async && !job.checkpoint.dir.empty() && job.checkpoint.save_every > 0;
   run.data_parallel = layout.replicas;
+  run.expert_parallel = static_cast<int>(job.parallel.ep);
   run.processes = layout.multi_process;
   return run;
 }

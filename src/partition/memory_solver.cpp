@@ -316,6 +316,28 @@ SendWalk send_walk(const schedule::Schedule& schedule) {
   return walk;
 }
 
+namespace {
+
+// The bytes of a mixture's experts among rank r's layers (LayerProfile::expert_parameters).
+std::int64_t rank_expert_bytes(const ModelProfile& profile, const std::vector<int>& balance,
+                               const schedule::Schedule& schedule, int r) {
+  std::vector<int> first(balance.size(), 0);
+  for (std::size_t j = 1; j < balance.size(); ++j) first[j] = first[j - 1] + balance[j - 1];
+  std::int64_t bytes = 0;
+  for (int j : schedule.stages_of_rank(r)) {
+    for (int l = 0; l < balance[static_cast<std::size_t>(j)]; ++l) {
+      const LayerProfile& layer =
+          profile.layers[static_cast<std::size_t>(first[static_cast<std::size_t>(j)] + l)];
+      for (std::size_t q = 0; q < layer.expert_parameters.size(); ++q) {
+        if (layer.expert_parameters[q]) bytes += layer.parameter_sizes[q];
+      }
+    }
+  }
+  return bytes;
+}
+
+}  // namespace
+
 std::int64_t transport_message_bytes(std::int64_t data_bytes) {
   return 256 + align64(data_bytes);
 }
@@ -414,8 +436,17 @@ std::vector<RankMemory> predict_memory(const ModelProfile& profile, const std::v
       rank.gradients = rank.parameters;
       rank.optimizer_state = static_cast<std::int64_t>(
           std::llround(static_cast<double>(rank.parameters) * options.optimizer_state_multiple));
-      // The replicas' gradient sum: every gradient once (its flat copy, or its buckets).
-      if (options.data_parallel > 1) rank.reduce_buffers = rank.parameters;
+      // The replicas' gradient sum: every gradient once (its flat copy, or its buckets); with
+      // expert parallelism the experts' after the others', over their own replicas.
+      if (options.data_parallel > 1) {
+        const std::int64_t experts =
+            options.expert_parallel > 1
+                ? rank_expert_bytes(profile, balance, schedule, static_cast<int>(r))
+                : 0;
+        rank.reduce_buffers = std::max(
+            rank.parameters - experts,
+            options.data_parallel / options.expert_parallel > 1 ? experts : std::int64_t{0});
+      }
     }
     if (options.processes) {
       receive_bytes(schedule, static_cast<int>(r), output_bytes, rank);

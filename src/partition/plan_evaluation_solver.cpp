@@ -394,6 +394,7 @@ MemoryModelOptions memory_model_options(const Plan& plan, const PlannerOptions& 
   memory.gradients_in_files = options.gradients_in_files;
   memory.offload_buffer_bytes = options.offload_buffer_bytes;
   memory.data_parallel = options.data_parallel;
+  memory.expert_parallel = options.expert_parallel;
   memory.processes = options.processes;
   memory.cast_gathers = options.cast_gathers;
   return memory;

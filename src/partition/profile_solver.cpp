@@ -204,6 +204,7 @@ void to_json(nlohmann::json& out, const ModelProfile& profile) {
                       {"parameter_sizes", layer.parameter_sizes},
                       {"shared_parameters", layer.shared_parameters},
                       {"cast_parameters", layer.cast_parameters},
+                      {"expert_parameters", layer.expert_parameters},
                       {"update_seconds", layer.update_seconds},
                       {"costs", costs}});
   }
@@ -274,8 +275,11 @@ void from_json(const nlohmann::json& in, ModelProfile& profile) {
     layer.parameter_sizes = layer_json.value("parameter_sizes", std::vector<std::int64_t>{});
     layer.shared_parameters = layer_json.value("shared_parameters", std::vector<bool>{});
     layer.cast_parameters = layer_json.value("cast_parameters", std::vector<bool>{});
+    layer.expert_parameters = layer_json.value("expert_parameters", std::vector<bool>{});
     if (layer.shared_parameters.size() != layer.parameter_sizes.size() ||
-        layer.cast_parameters.size() != layer.parameter_sizes.size()) {
+        layer.cast_parameters.size() != layer.parameter_sizes.size() ||
+        (!layer.expert_parameters.empty() &&
+         layer.expert_parameters.size() != layer.parameter_sizes.size())) {
       throw BadInput("profile: layer '" + layer.name + "' lists " +
                      std::to_string(layer.parameter_sizes.size()) + " parameter sizes, " +
                      std::to_string(layer.shared_parameters.size()) + " shared flags and " +

@@ -17,6 +17,7 @@
 #include "pipetrain/base/check.h"
 #include "pipetrain/base/median.h"
 #include "pipetrain/base/message_of.h"
+#include "pipetrain/parallel/expert_parallel.h"
 #include "pipetrain/stage/allocation_counter.h"
 #include "pipetrain/stage/autocast_parameters.h"
 #include "pipetrain/stage/device.h"
@@ -341,13 +342,18 @@ ModelProfile profile_sequential(torch::nn::Sequential& model, const torch::Tenso
   for (std::size_t l = 0; l < layers.size(); ++l) {
     profile.layers.push_back(parameter_profile(l, *layers[l], options));
     LayerProfile& layer = profile.layers.back();
-    for (const auto& p : layers[l]->ptr()->parameters()) {
+    bool experts = false;
+    for (const auto& item : layers[l]->ptr()->named_parameters()) {
+      const torch::Tensor& p = item.value();
       const bool cast = narrowable.count(p.unsafeGetTensorImpl()) > 0;
       if (cast) layer.cast_parameter_bytes += tensor_bytes(p);
       layer.parameter_sizes.push_back(tensor_bytes(p));
       layer.shared_parameters.push_back(users[p.unsafeGetTensorImpl()] > 1);
       layer.cast_parameters.push_back(cast);
+      layer.expert_parameters.push_back(parallel::is_expert_parameter("." + item.key()));
+      experts = experts || layer.expert_parameters.back();
     }
+    if (!experts) layer.expert_parameters.clear();
   }
   if (!sample_batch.device().is_cpu()) {
     SkipContext skips;

@@ -46,12 +46,14 @@ struct Segment {
   bool narrowed = false;  // gathered in the narrowed dtype (stage 3 under bf16)
   bool streamed = false;
   int parameters = 0;
+  bool expert = false;  // a mixture's experts: sharded over dp / expert_parallel replicas
 };
 
 struct Parameter {
   std::int64_t bytes = 0;
   bool narrowed = false;
   bool accumulated = false;  // a tie with another rank: reduced after the step, not streamed
+  bool expert = false;
 };
 
 // The layout above for rank r. `persistent` is appended last, as the optimizer lays it out.
@@ -65,21 +67,27 @@ std::vector<Segment> rank_segments(const ModelProfile& profile, const std::vecto
   std::vector<Segment> segments;
   // cut_into_buckets of the kept parameters, then of the narrowed ones (the streamed ones first,
   // then those accumulated).
+  // (A mixture's experts in buckets of their own, after the others of each kind.)
   auto cut = [&](int stage, int layer, const std::vector<Parameter>& parameters, bool streamed) {
     for (bool accumulated : {false, true}) {
-      for (bool narrowed : {false, true}) {
-        std::int64_t bytes = 0;
-        bool open = false;
-        for (const Parameter& p : parameters) {
-          if (p.narrowed != narrowed || p.accumulated != accumulated) continue;
-          if (!open || bytes + p.bytes > policy.bucket_bytes) {
-            segments.push_back(Segment{stage, layer, 0, narrowed, streamed && !accumulated});
-            bytes = 0;
-            open = true;
+      for (bool expert : {false, true}) {
+        for (bool narrowed : {false, true}) {
+          std::int64_t bytes = 0;
+          bool open = false;
+          for (const Parameter& p : parameters) {
+            if (p.narrowed != narrowed || p.accumulated != accumulated || p.expert != expert) {
+              continue;
+            }
+            if (!open || bytes + p.bytes > policy.bucket_bytes) {
+              segments.push_back(
+                  Segment{stage, layer, 0, narrowed, streamed && !accumulated, 0, expert});
+              bytes = 0;
+              open = true;
+            }
+            segments.back().bytes += p.bytes;
+            ++segments.back().parameters;
+            bytes += p.bytes;
           }
-          segments.back().bytes += p.bytes;
-          ++segments.back().parameters;
-          bytes += p.bytes;
         }
       }
     }
@@ -116,6 +124,8 @@ std::vector<Segment> rank_segments(const ModelProfile& profile, const std::vecto
         p.narrowed = options.cast_gathers &&
                      (layer.cast_parameters.empty() ? layer.cast_parameter_bytes == p.bytes
                                                     : static_cast<bool>(layer.cast_parameters[q]));
+        p.expert = options.expert_parallel > 1 && !layer.expert_parameters.empty() &&
+                   layer.expert_parameters[q];
         const bool shared = !layer.shared_parameters.empty() && layer.shared_parameters[q];
         const bool small = by_layer && p.bytes < policy.persistence_threshold;
         if (shared && layer_layout && shared_sizes[p.bytes] < 2) {
@@ -225,16 +235,19 @@ void add_zero_memory(const ModelProfile& profile, const std::vector<int>& balanc
   std::int64_t shard = 0;
   for (const Segment& s : segments) {
     const std::int64_t elements = (s.bytes + element - 1) / element;
-    const std::int64_t piece = (elements + dp - 1) / dp;
+    // Its group's members: the replicas, or those holding the same experts.
+    const std::int64_t members = s.expert ? std::max<std::int64_t>(1, dp / options.expert_parallel)
+                                          : dp;
+    const std::int64_t piece = (elements + members - 1) / members;
     Sizes z;
-    z.padded = piece * dp * element;
+    z.padded = piece * members * element;
     z.piece = piece * element;
     // A gather's buffers while in flight: the padded whole, and the piece sent where it is a copy
     // of its own (narrowed; or read from the offload file, but at one replica, whose piece is
     // read into the whole's buffer).
-    const bool piece_from_file = options.parameters_in_files && zero == 3 && dp > 1;
-    z.in_flight =
-        s.narrowed ? piece * dp * wire + piece * wire : z.padded + (piece_from_file ? z.piece : 0);
+    const bool piece_from_file = options.parameters_in_files && zero == 3 && members > 1;
+    z.in_flight = s.narrowed ? piece * members * wire + piece * wire
+                             : z.padded + (piece_from_file ? z.piece : 0);
     shard += z.piece;
     sizes.push_back(z);
   }

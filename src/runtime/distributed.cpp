@@ -311,9 +311,10 @@ void Distributed::allreduce_tensor_parallel_gradients(
   allreduce_flat(*tensor_parallel_, parameters);
 }
 
-void Distributed::allreduce_expert_gradients(const std::vector<torch::Tensor>& parameters) {
-  if (!expert_data_parallel_ || parameters.empty()) return;
-  allreduce_flat(*expert_data_parallel_, parameters);
+std::int64_t Distributed::allreduce_expert_gradients(
+    const std::vector<torch::Tensor>& parameters) {
+  if (!expert_data_parallel_ || parameters.empty()) return 0;
+  return allreduce_flat(*expert_data_parallel_, parameters);
 }
 
 std::string Distributed::declare_tie(const std::string& name, std::vector<int> holders) {

@@ -255,7 +255,9 @@ torch::Tensor DistributedPipe::train_step(const data::Batch& batch, const LossFn
       reduce_buffer_bytes_ = distributed_.allreduce_gradients(dense_);
       collectives_.finished(CollectiveKind::kAllReduce, -1, start_us, reduce_buffer_bytes_);
     }
-    distributed_.allreduce_expert_gradients(expert_parameters_);
+    // The experts' sum after the others' (their buffers are not in flight together).
+    reduce_buffer_bytes_ =
+        std::max(reduce_buffer_bytes_, distributed_.allreduce_expert_gradients(expert_parameters_));
     exposed_reduce_seconds_ =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
   }

@@ -268,6 +268,7 @@ MemoryPrediction predict_from_profile(const TrainingMemoryProfile& measured,
         static_cast<int64_t>(c10::elementSize(compute_dtype(pipe.precision())));
   }
   options.data_parallel = run.data_parallel;
+  options.expert_parallel = run.expert_parallel;
   options.processes = run.processes;
   options.loss_bytes = prediction.loss_bytes;
   options.offload = pipe.offload_activations();

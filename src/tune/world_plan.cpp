@@ -286,6 +286,7 @@ WorldPlanResult plan_world(const WorldPlanRequest& r) {
     pp::PlannerOptions planner = r.planner;
     planner.ranks = s.pp;
     planner.data_parallel = s.dp;
+    planner.expert_parallel = s.ep;
     planner.processes = r.world > 1;
     planner.top = 1;
     // ZeRO-3 under bf16 gathers the projections' weights narrowed (the trainer's default policy).

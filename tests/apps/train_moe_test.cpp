@@ -64,7 +64,7 @@ TEST(TrainMoe, WeightsAfterAdamWEqualTransformersTrainingInEveryLayout) {
       {"qwen3_moe", "Qwen3MoeForCausalLM",
        "--nproc 4 --dp 2 --ep 2 --chunks 4 --schedule dualpipev --checkpoint always --zero 3"},
       {"mixtral", "MixtralForCausalLM",
-       "--nproc 4 --dp 4 --ep 2 --zero 1 --chunks 2 --schedule zb-h1"},
+       "--nproc 4 --dp 4 --ep 2 --zero 1 --chunks 2 --schedule zb-h1 --report-memory"},
       {"qwen3_moe", "Qwen3MoeForCausalLM",
        "--nproc 8 --tp 2 --dp 2 --ep 2 --sequence-parallel --chunks 2 --schedule zb-h1"}};
   std::ofstream batch(dir + "/compare.txt");
@@ -129,6 +129,21 @@ TEST(TrainMoe, WeightsAfterAdamWEqualTransformersTrainingInEveryLayout) {
       for (const auto& [layer, per_step] : sums) {
         EXPECT_EQ(per_step, std::vector<int64_t>(3, 8 * 16 * 2)) << layer;
       }
+    }
+    if (c.layout.find("--report-memory") != std::string::npos) {
+      // The memory model knows the experts: 1/ep of them per rank, their ZeRO shards over the
+      // dp / ep replicas holding them, their gradient buffers apart from the others'.
+      std::istringstream lines(run.output);
+      int checked = 0;
+      for (std::string line; std::getline(lines, line);) {
+        for (const char* category :
+             {"parameters", "gradients", "optimizer state", "reduce buffers"}) {
+          if (line.find(std::string("  ") + category + " ") == std::string::npos) continue;
+          EXPECT_NE(line.find(" 1.000"), std::string::npos) << line;
+          ++checked;
+        }
+      }
+      EXPECT_EQ(checked, 16) << run.output;  // 4 ranks, 4 categories
     }
     batch << "compare " << out << " " << reference << " --rtol 1e-4\n";
   }

@@ -222,6 +222,9 @@ struct MemoryModelOptions {
   bool gradients_in_files = false;
   std::int64_t offload_buffer_bytes = 0;
   int data_parallel = 1;                     // replicas of each pipeline rank (dp)
+  // Expert parallelism: LayerProfile::expert_parameters are held by dp / expert_parallel
+  // replicas, over which their gradients are summed and ZeRO shards them.
+  int expert_parallel = 1;
   bool processes = false;                    // one process per rank: the transport's buffers count
   std::int64_t parameter_element_bytes = 4;  // float32 parameters (the shard's padding)
   // ZeRO 3 under bf16/fp16 (ZeroOptions::cast_gather; train::gathers_narrowed): each layer's

@@ -59,6 +59,7 @@ struct PlannerOptions {
   bool gradients_in_files = false;
   std::int64_t offload_buffer_bytes = 0;
   int data_parallel = 1;
+  int expert_parallel = 1;  // MemoryModelOptions::expert_parallel
   bool processes = false;
   // ZeRO 3 under bf16/fp16 (MemoryModelOptions::cast_gathers): the layers' cast_parameter_bytes
   // are gathered at 2 bytes an element.

@@ -63,6 +63,9 @@ struct LayerProfile {
   std::vector<std::int64_t> parameter_sizes;
   std::vector<bool> shared_parameters;
   std::vector<bool> cast_parameters;
+  // Which are a mixture's routed experts (parallel::is_expert_parameter), which expert
+  // parallelism shards over their own replicas (MemoryModelOptions::expert_parallel). Empty: none.
+  std::vector<bool> expert_parameters;
   // One optimizer update of this layer's parameters (p -= lr * g), once per training step.
   double update_seconds = 0;
   std::vector<LayerCost> costs;  // one per ModelProfile::microbatch_sizes

@@ -173,7 +173,8 @@ class Distributed {
   void allreduce_tensor_parallel_gradients(const std::vector<torch::Tensor>& parameters);
   // The same over the expert-data-parallel group: the experts' gradients (each already the sum
   // over its expert-parallel group's tokens). No-op where no other rank holds the same experts.
-  void allreduce_expert_gradients(const std::vector<torch::Tensor>& parameters);
+  // Returns the bytes of the largest flat buffer (0 for a no-op).
+  std::int64_t allreduce_expert_gradients(const std::vector<torch::Tensor>& parameters);
 
   // Declares the tied weight `name`, held by the pipeline ranks `holders` of every replica, and
   // returns its key, "name@h1@h2..." (holders sorted), to pass to allreduce_tie. Every holder
