@@ -54,8 +54,8 @@ struct Child {
 };
 Child run(const BenchOptions& a, const std::string& command) {
   Child child;
-  const std::string line = "timeout " + std::to_string(static_cast<int>(a.config_timeout)) + " " +
-                           command + " 2>&1";
+  const std::string line =
+      "timeout " + std::to_string(static_cast<int>(a.config_timeout)) + " " + command + " 2>&1";
   FILE* pipe = ::popen(line.c_str(), "r");
   if (!pipe) return {"", -1};
   char buffer[4096];
@@ -111,14 +111,14 @@ json peer_row(const BenchOptions& a, const std::string& name) {
   const std::string peer_dir =
       a.peer_dir.empty() ? std::string(PIPETRAIN_SOURCE_DIR) + "/bench" : a.peer_dir;
   const char* interface = std::getenv("GLOO_SOCKET_IFNAME");
-  const Child child = run(
-      a, std::string("/usr/bin/env GLOO_SOCKET_IFNAME=") +
-             (interface && *interface ? interface : "lo") + " " + torchrun +
-             " --standalone --nproc-per-node " + std::to_string(kWorld) + " -- " + peer_dir +
-             "/torch_pipelining.py --suite moe --schedule 1f1b --chunks " +
-             std::to_string(a.chunks) + " --threads " + std::to_string(per_rank) + " --width " +
-             std::to_string(a.width) + " --batch " + std::to_string(a.batch) + " --steps " +
-             std::to_string(a.steps) + " --warmup " + std::to_string(a.warmup));
+  const Child child =
+      run(a, std::string("/usr/bin/env GLOO_SOCKET_IFNAME=") +
+                 (interface && *interface ? interface : "lo") + " " + torchrun +
+                 " --standalone --nproc-per-node " + std::to_string(kWorld) + " -- " + peer_dir +
+                 "/torch_pipelining.py --suite moe --schedule 1f1b --chunks " +
+                 std::to_string(a.chunks) + " --threads " + std::to_string(per_rank) + " --width " +
+                 std::to_string(a.width) + " --batch " + std::to_string(a.batch) + " --steps " +
+                 std::to_string(a.steps) + " --warmup " + std::to_string(a.warmup));
   json row = {{"name", name}, {"runtime", "torch-pipelining"}};
   const std::string prefix = "PIPETRAIN_BENCH_RESULT ";
   const size_t at = child.output.rfind(prefix);
@@ -160,8 +160,10 @@ json moe_bench_config(int width) {
 
 json run_moe_suite(const BenchOptions& a) {
   if (a.batch % kWorld != 0 || (a.batch / kWorld) % 2 != 0) {
-    throw BadInput("--batch of the moe suite is cut over 4 replicas into 2 micro-batches each: "
-                   "a multiple of 8, got " + std::to_string(a.batch));
+    throw BadInput(
+        "--batch of the moe suite is cut over 4 replicas into 2 micro-batches each: "
+        "a multiple of 8, got " +
+        std::to_string(a.batch));
   }
   if (a.width % 32 != 0) {
     throw BadInput("--width of the moe suite is the hidden size: a multiple of 32, got " +

@@ -327,8 +327,7 @@ namespace {
 // this process holds built, their weights loaded (or drawn with --init random).
 BuiltModel build_hf_model(const ModelDataSpec& args, const BuiltData& data,
                           const std::optional<std::vector<int64_t>>& entries,
-                          const parallel::TensorParallel& tp,
-                          const std::vector<int64_t>& on_demand,
+                          const parallel::TensorParallel& tp, const std::vector<int64_t>& on_demand,
                           const parallel::ExpertParallel& ep) {
   const models::LlamaConfig config = hf_config(args);
   if (data.seq_len > 0) {
@@ -339,8 +338,8 @@ BuiltModel build_hf_model(const ModelDataSpec& args, const BuiltData& data,
     as_bad_input("--model " + args.model,
                  [&] { models::check_llama_tensor_parallel(config, tp.size()); });
   }
-  models::LlamaModel llama =
-      models::make_llama(config, models::LlamaBuildOptions().entries(entries).tensor_parallel(tp).expert_parallel(ep));
+  models::LlamaModel llama = models::make_llama(
+      config, models::LlamaBuildOptions().entries(entries).tensor_parallel(tp).expert_parallel(ep));
   // The entries whose values wait (ZeRO-3 takes them a layer at a time), and the others'.
   auto deferred = std::make_shared<std::set<int64_t>>(on_demand.begin(), on_demand.end());
   const int64_t head = config.num_hidden_layers + 2;

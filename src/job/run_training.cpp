@@ -366,9 +366,9 @@ train::TrainSummary run_loop(const TrainingSetup& s, Prepared& p, train::Trainer
     observer.on_start(start);
   }
   // A mixture's routing, recorded for --report-routing and the trace's counter tracks.
-  const bool routing = s.job.output.report_routing ||
-                       (!s.job.output.trace.empty() && p.model.llama &&
-                        models::is_moe(p.model.llama->architecture));
+  const bool routing =
+      s.job.output.report_routing ||
+      (!s.job.output.trace.empty() && p.model.llama && models::is_moe(p.model.llama->architecture));
   if (routing) {
     models::routing_recorder().clear();
     models::routing_recorder().set_enabled(true);
@@ -718,11 +718,10 @@ JobResult run_rank(TrainingSetup& s, JobObserver& observer) {
     auto runner = train::make_distributed_runner(
         distributed, p->model.sequential, p->model.loss, pipe, text, p->model.tied_parameters,
         device,
-        train::TensorParallelModel{
-            p->model.tensor_parallel_split, s.job.parallel.sequence_parallel,
-            p->model.llama ? std::function<bool(const std::string&)>(
-                                 models::tensor_parallel_summed_in_backward)
-                           : nullptr});
+        train::TensorParallelModel{p->model.tensor_parallel_split, s.job.parallel.sequence_parallel,
+                                   p->model.llama ? std::function<bool(const std::string&)>(
+                                                        models::tensor_parallel_summed_in_backward)
+                                                  : nullptr});
     if (distributed.rank() == 0 && distributed.world()->checks_collectives()) {
       note(observer,
            "TORCH_DISTRIBUTED_DEBUG=DETAIL: each collective is compared with its group's before "

@@ -135,8 +135,8 @@ std::string start_text(const TrainingSetup& s, const Prepared& p, const Batches&
       "training %s (%zu layers, %lld parameters) on %s: %s, batch %lld, %s, %s lr %g, "
       "%d threads per rank\n",
       p.model.name.c_str(), p.model.sequential->size(),
-      static_cast<long long>(model_parameters(p.model)), data.name.c_str(),
-      rows.c_str(), static_cast<long long>(s.job.training.batch_size), runner.description().c_str(),
+      static_cast<long long>(model_parameters(p.model)), data.name.c_str(), rows.c_str(),
+      static_cast<long long>(s.job.training.batch_size), runner.description().c_str(),
       s.job.optimizer.name.c_str(), s.job.optimizer.lr, threads);
   if (p.model.llama && s.peak.flops > 0) {
     out += format_text(
@@ -168,9 +168,9 @@ std::string memory_report_text(const TrainingSetup& s, Prepared& p, const Batche
   BuiltModel mirrored;
   const BuiltModel* profiled = &p.model;
   if (layout.tensor_parallel > 1 || s.job.parallel.ep > 1) {
-    mirrored = build_mirror_model(s.data, p.data, layout.tensor_parallel,
-                                  s.job.parallel.sequence_parallel,
-                                  static_cast<int>(s.job.parallel.ep));
+    mirrored =
+        build_mirror_model(s.data, p.data, layout.tensor_parallel, s.job.parallel.sequence_parallel,
+                           static_cast<int>(s.job.parallel.ep));
     profiled = &mirrored;
   }
   // Profiled on the device this rank's first stage trained on.

@@ -180,8 +180,8 @@ void check_expert_parallel(const TrainingSetup& s) {
   const std::optional<models::LlamaConfig> config =
       hf ? std::optional<models::LlamaConfig>(hf_config(s.data)) : std::nullopt;
   if (!(config && models::is_moe(config->architecture))) {
-    fail("--ep " + std::to_string(ep) + " splits a mixture's experts, and --model " +
-         s.data.model + " has none (a Qwen2-MoE, Qwen3-MoE or Mixtral directory has)");
+    fail("--ep " + std::to_string(ep) + " splits a mixture's experts, and --model " + s.data.model +
+         " has none (a Qwen2-MoE, Qwen3-MoE or Mixtral directory has)");
   }
   if (s.pipeline.dp < 2) {
     fail("--ep " + std::to_string(ep) +

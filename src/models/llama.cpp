@@ -429,15 +429,15 @@ torch::Tensor LlamaMoeImpl::run_experts_parallel(const torch::Tensor& flat,
       std::vector<torch::Tensor> rows;
       for (int g = 0; g < members; ++g) {
         const int64_t n = from[g * local + j];
-        if (n > 0) rows.push_back(torch::arange(offset[static_cast<size_t>(g)],
-                                                offset[static_cast<size_t>(g)] + n, torch::kLong));
+        if (n > 0)
+          rows.push_back(torch::arange(offset[static_cast<size_t>(g)],
+                                       offset[static_cast<size_t>(g)] + n, torch::kLong));
         offset[static_cast<size_t>(g)] += n;
       }
       if (rows.empty()) continue;
       const torch::Tensor at = torch::cat(rows).to(flat.device());
       positions.push_back(at);
-      outputs.push_back(
-          expert(ep.first(c.num_experts) + j).forward(received.index_select(0, at)));
+      outputs.push_back(expert(ep.first(c.num_experts) + j).forward(received.index_select(0, at)));
     }
   }
   torch::Tensor back;
@@ -642,7 +642,8 @@ std::vector<EntryParameter> entry_parameters(const LlamaModel& model, size_t e) 
                              static_cast<int64_t>(e) <= layers &&
                              model.config->is_moe_layer(static_cast<int64_t>(e) - 1);
   if (!split_experts) {
-    for (const auto& item : held) out.push_back({item.key(), item.value(), item.value().sizes().vec()});
+    for (const auto& item : held)
+      out.push_back({item.key(), item.value(), item.value().sizes().vec()});
     return out;
   }
   // The layer as one rank holding every expert builds it, on the meta device: its order.
@@ -801,7 +802,8 @@ void load_llama_weights(LlamaModel& model, const io::SafetensorsCheckpoint& chec
   if (model.expert_parallel.split()) {
     for (size_t e = 0; e < model.sequential->size(); ++e) {
       for (const EntryParameter& item : entry_parameters(model, e)) {
-        if (!item.tensor.defined()) expected.insert(hf_name_of(std::to_string(e) + "." + item.name, c));
+        if (!item.tensor.defined())
+          expected.insert(hf_name_of(std::to_string(e) + "." + item.name, c));
       }
     }
   }

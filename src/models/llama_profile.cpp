@@ -37,9 +37,9 @@ partition::ModelProfile profile_one_layer(const LlamaConfig& config, const torch
         mixed ? std::vector<char>{1, 0}
               : std::vector<char>{config.moe_layer.empty() ? char{0} : config.moe_layer.back()};
   }
-  LlamaModel model = make_llama(
-      one, LlamaBuildOptions().tensor_parallel(tp).expert_parallel(
-               is_moe(config.architecture) ? ep : parallel::ExpertParallel{}));
+  LlamaModel model =
+      make_llama(one, LlamaBuildOptions().tensor_parallel(tp).expert_parallel(
+                          is_moe(config.architecture) ? ep : parallel::ExpertParallel{}));
   init_llama_random(model, seed);
   return partition::profile_sequential(model.sequential, sample, options);
 }

@@ -16,7 +16,9 @@ std::string divisors_of(int64_t n, int64_t limit) {
   return list;
 }
 
-int64_t gcd(int64_t a, int64_t b) { return b == 0 ? a : gcd(b, a % b); }
+int64_t gcd(int64_t a, int64_t b) {
+  return b == 0 ? a : gcd(b, a % b);
+}
 
 }  // namespace
 

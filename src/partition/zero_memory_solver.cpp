@@ -236,8 +236,8 @@ void add_zero_memory(const ModelProfile& profile, const std::vector<int>& balanc
   for (const Segment& s : segments) {
     const std::int64_t elements = (s.bytes + element - 1) / element;
     // Its group's members: the replicas, or those holding the same experts.
-    const std::int64_t members = s.expert ? std::max<std::int64_t>(1, dp / options.expert_parallel)
-                                          : dp;
+    const std::int64_t members =
+        s.expert ? std::max<std::int64_t>(1, dp / options.expert_parallel) : dp;
     const std::int64_t piece = (elements + members - 1) / members;
     Sizes z;
     z.padded = piece * members * element;

@@ -170,7 +170,7 @@ std::vector<int> ParallelLayout::tensor_parallel_ranks(int replica, int pipeline
 }
 
 std::vector<int> ParallelLayout::expert_parallel_ranks(int replica, int pipeline_rank,
-                                                      int tp_rank) const {
+                                                       int tp_rank) const {
   std::vector<int> ranks;
   const int first = replica / expert_parallel * expert_parallel;
   for (int d = first; d < first + expert_parallel; ++d) {
@@ -180,7 +180,7 @@ std::vector<int> ParallelLayout::expert_parallel_ranks(int replica, int pipeline
 }
 
 std::vector<int> ParallelLayout::expert_data_parallel_ranks(int replica, int pipeline_rank,
-                                                           int tp_rank) const {
+                                                            int tp_rank) const {
   std::vector<int> ranks;
   for (int d = replica % expert_parallel; d < replicas; d += expert_parallel) {
     ranks.push_back(rank_of(d, pipeline_rank, tp_rank));
@@ -200,11 +200,10 @@ Distributed::Distributed(const DistributedEnvironment& environment,
                                  ? options.pipeline_ranks()
                                  : std::max(1, environment.world_size / tensor_parallel);
   layout_ = ParallelLayout::for_world(environment.world_size, pipeline_ranks, tensor_parallel);
-  PIPETRAIN_CHECK_INPUT(options.expert_parallel() >= 1 &&
-                            layout_.replicas % options.expert_parallel() == 0,
-                        "expert_parallel ", options.expert_parallel(),
-                        " must be 1 or more and divide the ", layout_.replicas,
-                        " data-parallel replicas");
+  PIPETRAIN_CHECK_INPUT(
+      options.expert_parallel() >= 1 && layout_.replicas % options.expert_parallel() == 0,
+      "expert_parallel ", options.expert_parallel(), " must be 1 or more and divide the ",
+      layout_.replicas, " data-parallel replicas");
   layout_.expert_parallel = options.expert_parallel();
   RendezvousOptions rendezvous;
   rendezvous.master_addr = environment.master_addr;
@@ -240,9 +239,9 @@ Distributed::Distributed(const DistributedEnvironment& environment,
   if (layout_.expert_parallel > 1) {
     const int e = layout_.expert_parallel;
     const std::string where = std::to_string(pipeline_rank()) + tp_suffix;
-    expert_parallel_ = world_->new_group(
-        "ep/" + where + "/" + std::to_string(replica() / e),
-        layout_.expert_parallel_ranks(replica(), pipeline_rank(), tp_rank()));
+    expert_parallel_ =
+        world_->new_group("ep/" + where + "/" + std::to_string(replica() / e),
+                          layout_.expert_parallel_ranks(replica(), pipeline_rank(), tp_rank()));
     if (layout_.replicas > e) {
       expert_data_parallel_ = world_->new_group(
           "edp/" + where + "/" + std::to_string(replica() % e),
@@ -311,8 +310,7 @@ void Distributed::allreduce_tensor_parallel_gradients(
   allreduce_flat(*tensor_parallel_, parameters);
 }
 
-std::int64_t Distributed::allreduce_expert_gradients(
-    const std::vector<torch::Tensor>& parameters) {
+std::int64_t Distributed::allreduce_expert_gradients(const std::vector<torch::Tensor>& parameters) {
   if (!expert_data_parallel_ || parameters.empty()) return 0;
   return allreduce_flat(*expert_data_parallel_, parameters);
 }

@@ -64,8 +64,7 @@ schedule::Timeline timeline_of(const std::vector<const StepEvent*>& events, int 
                    " tokens per expert";
     counter.time = (c.time_us - origin) / 1000.0;
     for (size_t e = 0; e < c.values.size(); ++e) {
-      counter.values.emplace_back("expert " + std::to_string(e),
-                                  static_cast<double>(c.values[e]));
+      counter.values.emplace_back("expert " + std::to_string(e), static_cast<double>(c.values[e]));
     }
     timeline.counters.push_back(std::move(counter));
   }
@@ -154,8 +153,8 @@ std::vector<char> EventLog::serialize() const {
     put(&packed, sizeof packed);
   }
   for (const StepCounts& c : counts_) {
-    const PackedCounts packed{c.step, c.rank, 0, c.layer, c.time_us,
-                              static_cast<int64_t>(c.values.size())};
+    const PackedCounts packed{c.step,  c.rank,    0,
+                              c.layer, c.time_us, static_cast<int64_t>(c.values.size())};
     put(&packed, sizeof packed);
     put(c.values.data(), c.values.size() * sizeof(int64_t));
   }

@@ -18,9 +18,9 @@
 
 #include "pipetrain/base/atomic_file.h"
 #include "pipetrain/base/check.h"
-#include "pipetrain/parallel/expert_parallel.h"
 #include "pipetrain/io/mapped_file.h"
 #include "pipetrain/io/safetensors.h"
+#include "pipetrain/parallel/expert_parallel.h"
 
 namespace pipetrain::train {
 namespace fs = std::filesystem;

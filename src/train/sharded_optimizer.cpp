@@ -94,16 +94,13 @@ partition::ZeroMemoryPolicy zero_memory_policy(const ZeroOptions& zero, const Pi
   return policy;
 }
 
-ShardedOptimizer::ShardedOptimizer(Distributed* distributed, std::vector<torch::Tensor> parameters,
-                                   const std::vector<torch::Tensor>& counted,
-                                   const std::string& optimizer, const OptimizerOptions& options,
-                                   const ZeroOptions& zero,
-                                   const std::vector<std::vector<torch::Tensor>>& segments,
-                                   std::vector<int> segment_stages,
-                                   const std::vector<torch::ScalarType>& segment_gather_dtypes,
-                                   std::vector<int> segment_layers,
-                                   const std::vector<char>& segment_accumulates,
-                                   const std::vector<char>& segment_experts)
+ShardedOptimizer::ShardedOptimizer(
+    Distributed* distributed, std::vector<torch::Tensor> parameters,
+    const std::vector<torch::Tensor>& counted, const std::string& optimizer,
+    const OptimizerOptions& options, const ZeroOptions& zero,
+    const std::vector<std::vector<torch::Tensor>>& segments, std::vector<int> segment_stages,
+    const std::vector<torch::ScalarType>& segment_gather_dtypes, std::vector<int> segment_layers,
+    const std::vector<char>& segment_accumulates, const std::vector<char>& segment_experts)
     : distributed_(distributed),
       rank_(distributed ? distributed->rank() : 0),
       parameters_(unique_parameters(parameters)),

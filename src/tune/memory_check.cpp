@@ -48,19 +48,18 @@ train::TrainingMemoryProfile llama_memory_profile(const MemoryCheckInput& input)
     tp =
         parallel::TensorParallel{C10dGroup::mirror(input.tensor_parallel), input.sequence_parallel};
   }
-  measured.profile = models::profile_llama(*input.llama, ids,
-                                           partition::ProfileOptions()
-                                               .microbatch_sizes({m})
-                                               .warmup(0)
-                                               .repeats(1)
-                                               .min_trial_seconds(0)
-                                               .measure_transfer(false)
-                                               .precision(input.pipe.precision()),
-                                           0, tp, kProfiledTableRows, kProfiledMlpWidth,
-                                           input.expert_parallel > 1
-                                               ? parallel::ExpertParallel{C10dGroup::mirror(
-                                                     input.expert_parallel)}
-                                               : parallel::ExpertParallel{});
+  measured.profile = models::profile_llama(
+      *input.llama, ids,
+      partition::ProfileOptions()
+          .microbatch_sizes({m})
+          .warmup(0)
+          .repeats(1)
+          .min_trial_seconds(0)
+          .measure_transfer(false)
+          .precision(input.pipe.precision()),
+      0, tp, kProfiledTableRows, kProfiledMlpWidth,
+      input.expert_parallel > 1 ? parallel::ExpertParallel{C10dGroup::mirror(input.expert_parallel)}
+                                : parallel::ExpertParallel{});
   const std::int64_t vocabulary = input.llama->vocab_size / input.tensor_parallel;
   const torch::Tensor logits = torch::zeros({m, ids.size(1), vocabulary});
   const torch::Tensor targets = input.targets.narrow(0, 0, m);

@@ -19,9 +19,9 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <tuple>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -114,7 +114,7 @@ TEST(TrainMoe, WeightsAfterAdamWEqualTransformersTrainingInEveryLayout) {
       // ranks each layer's step sums to 8 x 16 tokens x 2 choices.
       const nlohmann::json events = nlohmann::json::parse(std::ifstream(trace))["traceEvents"];
       std::map<std::string, std::vector<int64_t>> sums;  // layer -> per step (in order per rank)
-      std::map<std::string, int> seen;                     // track -> samples so far
+      std::map<std::string, int> seen;                   // track -> samples so far
       for (const auto& e : events) {
         if (e["ph"] != "C") continue;
         const std::string name = e["name"];
@@ -152,8 +152,7 @@ TEST(TrainMoe, WeightsAfterAdamWEqualTransformersTrainingInEveryLayout) {
   const std::vector<double> errors = testing::worst_relative_errors(compare.output);
   ASSERT_EQ(errors.size(), cases.size()) << compare.output;
   for (size_t i = 0; i < cases.size(); ++i) {
-    EXPECT_LE(errors[i], 1e-4) << cases[i].arch << " " << cases[i].layout << "\n"
-                               << compare.output;
+    EXPECT_LE(errors[i], 1e-4) << cases[i].arch << " " << cases[i].layout << "\n" << compare.output;
   }
   EXPECT_EQ(compare.exit_code, 0) << compare.output;
 }
@@ -161,8 +160,8 @@ TEST(TrainMoe, WeightsAfterAdamWEqualTransformersTrainingInEveryLayout) {
 // A checkpoint written at one expert-parallel layout resumes at another: sharded, ep2 within dp4
 // under ZeRO-2 (each expert and its optimizer state written by the two replicas holding it) into
 // dp2 without ep (at step 2), and dp2 without ep into ep2 within dp2 (at step 1; each rank reads
-// its own experts): both end where three steps in one run end. Clipped at a norm every step exceeds, so
-// the global norm must count each expert once in every layout.
+// its own experts): both end where three steps in one run end. Clipped at a norm every step
+// exceeds, so the global norm must count each expert once in every layout.
 TEST(TrainMoe, ACheckpointResumesAtAnotherExpertParallelLayout) {
   PIPETRAIN_SKIP_WITHOUT_TRANSFORMERS();
   const std::string dir = testing::scratch_dir("train-moe-resume");
@@ -176,12 +175,10 @@ TEST(TrainMoe, ACheckpointResumesAtAnotherExpertParallelLayout) {
     EXPECT_EQ(r.exit_code, 0) << flags << "\n" << r.output;
   };
   run("--steps 3 --nproc 2 --dp 2 --save-hf " + dir + "/straight");
-  run("--steps 2 --nproc 4 --dp 4 --ep 2 --zero 2 --checkpoint-dir " + dir +
-      "/ep2 --save-every 2");
+  run("--steps 2 --nproc 4 --dp 4 --ep 2 --zero 2 --checkpoint-dir " + dir + "/ep2 --save-every 2");
   run("--steps 3 --nproc 2 --dp 2 --resume " + dir + "/ep2 --save-hf " + dir + "/from_ep2");
   run("--steps 1 --nproc 2 --dp 2 --checkpoint-dir " + dir + "/ep1 --save-every 1");
-  run("--steps 3 --nproc 2 --dp 2 --ep 2 --resume " + dir + "/ep1 --save-hf " + dir +
-      "/into_ep2");
+  run("--steps 3 --nproc 2 --dp 2 --ep 2 --resume " + dir + "/ep1 --save-hf " + dir + "/into_ep2");
   std::ofstream batch(dir + "/compare.txt");
   batch << "compare " << dir << "/from_ep2 " << dir << "/straight --rtol 1e-5\n"
         << "compare " << dir << "/into_ep2 " << dir << "/straight --rtol 1e-5\n";
@@ -212,12 +209,11 @@ TEST(TrainMoe, WhatExpertParallelismCannotRunExitsTwoNamingTheValue) {
     EXPECT_EQ(r.exit_code, 2) << flags << "\n" << r.output;
     EXPECT_NE(r.output.find(message), std::string::npos) << flags << "\n" << r.output;
   }
-  const CliRun dense = run_pipetrain("train --model " + hf_fixtures() +
-                                     "/llama --data tokens --token-file " + hf_fixtures() +
-                                     "/tokens.bin --seq-len 16 --nproc 2 --dp 2 --ep 2");
+  const CliRun dense =
+      run_pipetrain("train --model " + hf_fixtures() + "/llama --data tokens --token-file " +
+                    hf_fixtures() + "/tokens.bin --seq-len 16 --nproc 2 --dp 2 --ep 2");
   EXPECT_EQ(dense.exit_code, 2) << dense.output;
-  EXPECT_NE(dense.output.find("--ep 2 splits a mixture's experts, and --model"),
-            std::string::npos)
+  EXPECT_NE(dense.output.find("--ep 2 splits a mixture's experts, and --model"), std::string::npos)
       << dense.output;
 }
 
@@ -272,9 +268,9 @@ TEST(TrainMoe, TheLoadBalancingTermTrainsAsTransformersAndEqualsOneProcessAtTheS
   EXPECT_LE(errors[2], 1e-4) << compare.output;
   EXPECT_GT(errors[3], 1e-3) << compare.output;  // the term changes the router's training
   // Under sequence parallelism a tp rank would take the term over its slice of the sequence.
-  const CliRun sliced = run_pipetrain("train --model " + model + " --data tokens --token-file " +
-                                      hf_fixtures() + "/tokens.bin" + steps +
-                                      "--nproc 2 --tp 2 --sequence-parallel");
+  const CliRun sliced =
+      run_pipetrain("train --model " + model + " --data tokens --token-file " + hf_fixtures() +
+                    "/tokens.bin" + steps + "--nproc 2 --tp 2 --sequence-parallel");
   EXPECT_EQ(sliced.exit_code, 2) << sliced.output;
   EXPECT_NE(sliced.output.find("--sequence-parallel with a mixture whose config.json sets "
                                "output_router_logits"),
@@ -298,9 +294,9 @@ TEST(TrainMoe, PlanWorldRanksLayoutsWithExpertParallelism) {
   }
   for (const auto& shape : {std::make_tuple(2, 2, 2), std::make_tuple(1, 4, 2),
                             std::make_tuple(1, 4, 4), std::make_tuple(1, 4, 1)}) {
-    EXPECT_TRUE(peak.count(shape)) << std::get<0>(shape) << " " << std::get<1>(shape) << " "
-                                   << std::get<2>(shape) << "\n"
-                                   << run.output;
+    EXPECT_TRUE(peak.count(shape))
+        << std::get<0>(shape) << " " << std::get<1>(shape) << " " << std::get<2>(shape) << "\n"
+        << run.output;
   }
   EXPECT_LT(peak[std::make_tuple(1, 4, 4)], peak[std::make_tuple(1, 4, 1)]) << run.output;
   EXPECT_NE(run.output.find("expert all-to-alls"), std::string::npos) << run.output;

@@ -216,7 +216,7 @@ class LlamaMoeImpl : public torch::nn::Cloneable<LlamaMoeImpl>, public AutocastC
   torch::TensorOptions options;
   int64_t layer = 0;
   parallel::ExpertParallel ep;
-  LlamaLinear gate{nullptr};  // [E, H]
+  LlamaLinear gate{nullptr};               // [E, H]
   torch::nn::ModuleDict experts{nullptr};  // this rank's, keyed by their global number
   // Expert e's MLP. REQUIRES: this rank holds it.
   LlamaMlpImpl& expert(int64_t e) const;

@@ -221,7 +221,7 @@ struct MemoryModelOptions {
   // each reduction lands, read by the step), so the host keeps only the pool.
   bool gradients_in_files = false;
   std::int64_t offload_buffer_bytes = 0;
-  int data_parallel = 1;                     // replicas of each pipeline rank (dp)
+  int data_parallel = 1;  // replicas of each pipeline rank (dp)
   // Expert parallelism: LayerProfile::expert_parameters are held by dp / expert_parallel
   // replicas, over which their gradients are summed and ZeRO shards them.
   int expert_parallel = 1;

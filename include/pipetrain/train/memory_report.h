@@ -91,7 +91,7 @@ struct MemoryRunOptions {
   bool cast_gather = true;         // ZeRO 3 under bf16/fp16: ZeroOptions::cast_gather
   int data_parallel = 1;
   int expert_parallel = 1;  // --ep
-  bool processes = false;  // one process per pipeline rank (the c10d transport)
+  bool processes = false;   // one process per pipeline rank (the c10d transport)
   // Where to profile: the model is moved there first where any of its parameters is elsewhere
   // (after training: the entries the main rank of --nproc builds only to profile, a
   // tensor-parallel mirror, stages of one process on several GPUs). None: where they all are.

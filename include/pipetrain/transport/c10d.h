@@ -280,10 +280,10 @@ class C10dGroup {
   // reduce_scatter_sum keeps `size` x this member's slice, broadcast and barrier do nothing,
   // gather_bytes repeats `mine`, all_to_all of equal slices gives this member's slice for itself
   // from every member, of slices of their own sizes gives member g's rows as this member's rows
-  // for g, cut or padded with zeros to the count (shapes only). Nothing is sent. It gives a single process the shapes and
-  // allocations of one member of a real group (the memory model profiles a tensor-parallel rank's
-  // layers with it: train/memory_report.h); the values are those of a group of identical members.
-  // REQUIRES: 0 <= rank < size (BadInput otherwise).
+  // for g, cut or padded with zeros to the count (shapes only). Nothing is sent. It gives a single
+  // process the shapes and allocations of one member of a real group (the memory model profiles a
+  // tensor-parallel rank's layers with it: train/memory_report.h); the values are those of a group
+  // of identical members. REQUIRES: 0 <= rank < size (BadInput otherwise).
   static std::shared_ptr<C10dGroup> mirror(int size, int rank = 0);
   bool is_mirror() const;
 
