@@ -116,10 +116,12 @@ TEST(Llama, MixturesOfExpertsReadTheirExpertsAndLayersAsTransformersBuildsThem) 
   json = mixtral.source;
   json["router_jitter_noise"] = 0.1;
   EXPECT_THROW(parse_llama_config(json), ModelConfigError);
-  // Tensor parallelism does not split experts yet: tp 1 is a layout (plan --world ranks it),
-  // tp 2 is refused.
-  EXPECT_NO_THROW(check_llama_tensor_parallel(mixtral, 1));
-  EXPECT_THROW(check_llama_tensor_parallel(mixtral, 2), BadInput);
+  // Tensor parallelism splits a mixture's attention and keeps its experts whole: tp 2 is a layout
+  // (4 heads, 2 key/value heads), tp 3 divides neither.
+  EXPECT_NO_THROW(check_llama_tensor_parallel(mixtral, 2));
+  EXPECT_THROW(check_llama_tensor_parallel(mixtral, 3), BadInput);
+  EXPECT_FALSE(tensor_parallel_split("1.block_sparse_moe.experts.0.w1.weight", mixtral, 2));
+  EXPECT_FALSE(tensor_parallel_split("1.block_sparse_moe.gate.weight", mixtral, 2));
 }
 
 TEST(Llama, ConfigsOfTheThreeArchitecturesReadAsTransformersBuildsThem) {
