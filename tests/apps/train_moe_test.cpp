@@ -30,6 +30,7 @@
 
 #include "../helpers/cli_run.h"
 #include "../helpers/hf_models.h"
+#include "pipetrain/io/safetensors.h"
 
 namespace pipetrain::train_moe_test {
 namespace {
@@ -222,6 +223,25 @@ TEST(TrainMoe, WhatExpertParallelismCannotRunExitsTwoNamingTheValue) {
     EXPECT_EQ(r.exit_code, 2) << flags << "\n" << r.output;
     EXPECT_NE(r.output.find(message), std::string::npos) << flags << "\n" << r.output;
   }
+  // A checkpoint missing an expert: the rank holding it names the tensor (the launcher's check
+  // first, before any rank starts).
+  const std::string dir = testing::scratch_dir("train-moe-missing");
+  std::filesystem::copy(hf_fixtures() + "/qwen3_moe", dir + "/model");
+  {
+    const auto checkpoint = io::SafetensorsCheckpoint::open(dir + "/model");
+    io::NamedTensorList tensors;
+    for (const std::string& name : checkpoint.names()) {
+      if (name.find("layers.1.mlp.experts.3.") != std::string::npos) continue;
+      tensors.emplace_back(name, checkpoint.load(name, torch::kFloat32));
+    }
+    io::write_safetensors_checkpoint(dir + "/model", tensors);
+  }
+  const CliRun missing =
+      run_pipetrain("train --model " + dir + "/model --data tokens --token-file " + hf_fixtures() +
+                    "/tokens.bin --seq-len 16 --steps 1 --nproc 2 --dp 2 --ep 2");
+  EXPECT_EQ(missing.exit_code, 2) << missing.output;
+  EXPECT_NE(missing.output.find("tensor 'model.layers.1.mlp.experts.3."), std::string::npos)
+      << missing.output;
   const CliRun dense =
       run_pipetrain("train --model " + hf_fixtures() + "/llama --data tokens --token-file " +
                     hf_fixtures() + "/tokens.bin --seq-len 16 --nproc 2 --dp 2 --ep 2");
