@@ -21,7 +21,7 @@ namespace {
 using nlohmann::json;
 
 constexpr int kWorld = 4;
-constexpr int kSeqLen = 128;
+constexpr int kSeqLen = kLlamaSeqLen;  // the llama suite's rows
 
 std::string self_path() {
   return std::filesystem::canonical("/proc/self/exe").string();
@@ -136,26 +136,20 @@ json peer_row(const BenchOptions& a, const std::string& name) {
 }  // namespace
 
 json moe_bench_config(int width) {
-  return {{"architectures", {"Qwen3MoeForCausalLM"}},
-          {"model_type", "qwen3_moe"},
-          {"vocab_size", 4096},
-          {"hidden_size", width},
-          {"intermediate_size", width * 3},
-          {"moe_intermediate_size", width},
-          {"num_experts", 8},
-          {"num_experts_per_tok", 2},
-          {"norm_topk_prob", true},
-          {"decoder_sparse_step", 1},
-          {"mlp_only_layers", json::array()},
-          {"num_hidden_layers", 4},
-          {"num_attention_heads", 8},
-          {"num_key_value_heads", 4},
-          {"head_dim", width / 8},
-          {"max_position_embeddings", kSeqLen},
-          {"rms_norm_eps", 1e-5},
-          {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 10000.0}}},
-          {"tie_word_embeddings", false},
-          {"output_router_logits", false}};
+  // The llama suite's config, its MLPs made 8 experts of `width` and the layers 4.
+  json config = llama_bench_config(width);
+  config["architectures"] = {"Qwen3MoeForCausalLM"};
+  config["model_type"] = "qwen3_moe";
+  config["intermediate_size"] = width * 3;
+  config["moe_intermediate_size"] = width;
+  config["num_experts"] = 8;
+  config["num_experts_per_tok"] = 2;
+  config["norm_topk_prob"] = true;
+  config["decoder_sparse_step"] = 1;
+  config["mlp_only_layers"] = json::array();
+  config["num_hidden_layers"] = 4;
+  config["output_router_logits"] = false;
+  return config;
 }
 
 json run_moe_suite(const BenchOptions& a) {

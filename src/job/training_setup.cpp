@@ -147,13 +147,11 @@ void check_tensor_parallel(const TrainingSetup& s) {
 // --report-routing needs experts; a mixture's load-balancing term (output_router_logits) enters
 // the backward inside the pipeline, where fp16's loss scale does not reach it
 // (stage/auxiliary_loss.h).
-void check_auxiliary_loss(const TrainingSetup& s) {
+// `config`: the Hugging Face --model's (nullopt for another model).
+void check_auxiliary_loss(const TrainingSetup& s,
+                          const std::optional<models::LlamaConfig>& config) {
   const bool fp16 = s.pipeline.precision == Precision::kFloat16;
   const bool sequence_parallel = s.job.parallel.sequence_parallel;
-  if (!s.job.output.report_routing && !fp16 && !sequence_parallel) return;
-  const bool hf = is_hf_model(s.data.model);
-  const std::optional<models::LlamaConfig> config =
-      hf ? std::optional<models::LlamaConfig>(hf_config(s.data)) : std::nullopt;
   if (s.job.output.report_routing && !(config && models::is_moe(config->architecture))) {
     fail("--report-routing reports a mixture of experts' routing, and --model " + s.data.model +
          " has no experts (a Qwen2-MoE, Qwen3-MoE or Mixtral directory has)");
@@ -173,12 +171,10 @@ void check_auxiliary_loss(const TrainingSetup& s) {
 }
 
 // --ep: a mixture's experts over groups of data-parallel replicas, in a multi-process run.
-void check_expert_parallel(const TrainingSetup& s) {
+void check_expert_parallel(const TrainingSetup& s,
+                           const std::optional<models::LlamaConfig>& config) {
   const int ep = static_cast<int>(s.job.parallel.ep);
   if (ep <= 1) return;
-  const bool hf = is_hf_model(s.data.model);
-  const std::optional<models::LlamaConfig> config =
-      hf ? std::optional<models::LlamaConfig>(hf_config(s.data)) : std::nullopt;
   if (!(config && models::is_moe(config->architecture))) {
     fail("--ep " + std::to_string(ep) + " splits a mixture's experts, and --model " + s.data.model +
          " has none (a Qwen2-MoE, Qwen3-MoE or Mixtral directory has)");
@@ -198,8 +194,16 @@ void check_expert_parallel(const TrainingSetup& s) {
 // Names (schedule, schedule file) and flags that exclude each other.
 void check_choices(const TrainingSetup& s) {
   check_tensor_parallel(s);
-  check_expert_parallel(s);
-  check_auxiliary_loss(s);
+  // The model's config.json, read once for the checks that need it.
+  const bool needs_config = s.job.parallel.ep > 1 || s.job.output.report_routing ||
+                            s.pipeline.precision == Precision::kFloat16 ||
+                            s.job.parallel.sequence_parallel;
+  const std::optional<models::LlamaConfig> config =
+      needs_config && is_hf_model(s.data.model)
+          ? std::optional<models::LlamaConfig>(hf_config(s.data))
+          : std::nullopt;
+  check_expert_parallel(s, config);
+  check_auxiliary_loss(s, config);
   const PipelineRequest& p = s.pipeline;
   if (s.auto_request.any() && !p.schedule_file.empty()) {
     fail(

@@ -1,8 +1,6 @@
 // Sharded checkpoints (pipetrain/train/sharded_checkpoint.h).
 #include "pipetrain/train/sharded_checkpoint.h"
 
-#include "pipetrain/parallel/expert_parallel.h"
-
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -621,16 +619,17 @@ Checkpoint read_rank_checkpoint(const ShardedCheckpoint& c, const NamedTensors& 
   }
   // Expert parallelism: a mixture's layer holds some of its experts; the others' are another
   // rank's (a layer whose experts this model does not know at all is still refused).
+  const std::string experts = ".experts.";
+  const auto layer_of = [&](const std::string& name) {  // "param/3.mlp.experts." of an expert
+    return name.substr(0, name.find(experts) + experts.size());
+  };
   std::set<std::string> expert_layers;
   for (const std::string& name : model_names) {
-    if (parallel::is_expert_parameter(name)) {
-      expert_layers.insert(name.substr(0, name.find(".experts.") + 9));
-    }
+    if (parallel::is_expert_parameter(name)) expert_layers.insert(layer_of(name));
   }
   for (const auto& [key, tensor] : c.index().tensors) {
     const bool model_tensor = key.rfind("param/", 0) == 0 || key.rfind("buffer/", 0) == 0;
-    if (model_tensor && parallel::is_expert_parameter(key) &&
-        expert_layers.count(key.substr(0, key.find(".experts.") + 9))) {
+    if (model_tensor && parallel::is_expert_parameter(key) && expert_layers.count(layer_of(key))) {
       continue;
     }
     if (model_tensor && !model_names.count(key)) {
