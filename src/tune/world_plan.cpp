@@ -298,6 +298,13 @@ WorldPlanResult plan_world(const WorldPlanRequest& r) {
     layout.smallest_fitting_limit = report.smallest_fitting_limit;
     layout.pipeline_seconds = layout.plan.predicted_step_seconds;
     layout.peak_memory_bytes = layout.plan.peak_memory_bytes;
+    const std::vector<pp::RankMemory> memory = layout.plan.balance.empty()
+                                                   ? std::vector<pp::RankMemory>{}
+                                                   : pp::plan_memory(profile, layout.plan, planner);
+    for (const pp::RankMemory& rank : memory) {
+      layout.model_state_bytes = std::max(layout.model_state_bytes,
+                                          rank.parameters + rank.gradients + rank.optimizer_state);
+    }
     if (!added.empty() && !layout.plan.balance.empty()) {
       // The collectives of the busiest stage's layers over the step's micro-batches.
       const auto size = std::find(profile.microbatch_sizes.begin(), profile.microbatch_sizes.end(),
@@ -319,7 +326,7 @@ WorldPlanResult plan_world(const WorldPlanRequest& r) {
     if (s.dp > 1) {
       const pp::TransferModel dp_reduce = allreduce_of(r, result.allreduce, s.dp, largest_message);
       int64_t parameters = 0;
-      for (const pp::RankMemory& rank : pp::plan_memory(profile, layout.plan, planner)) {
+      for (const pp::RankMemory& rank : memory) {
         parameters = std::max(parameters, rank.parameters);
       }
       // Expert parallelism: the busiest rank's experts are summed over the dp / ep replicas
@@ -435,6 +442,7 @@ nlohmann::json world_plan_json(const WorldPlanRequest& r, const WorldPlanResult&
                           {"tp_collective_seconds", l.tp_collective_seconds},
                           {"dp_reduce_seconds", l.dp_reduce_seconds},
                           {"peak_memory_bytes", l.peak_memory_bytes},
+                          {"model_state_bytes", l.model_state_bytes},
                           {"smallest_fitting_limit", l.smallest_fitting_limit},
                           {"why", l.why},
                           {"plan", plan}};

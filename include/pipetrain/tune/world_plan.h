@@ -95,6 +95,9 @@ struct WorldLayout {
   double ep_all_to_all_seconds = 0;  // [4] at ep > 1: one micro-batch's, every MoE layer's
   double step_seconds = 0;           // [5] + [6]
   std::int64_t peak_memory_bytes = 0;
+  // The largest rank's parameters + gradients + optimizer state under the plan: what the layout
+  // and ZeRO divide, apart from the activations the plan's micro-batches and checkpointing hold.
+  std::int64_t model_state_bytes = 0;
   std::int64_t smallest_fitting_limit = 0;  // not found: the least limit some plan meets
   std::string why;                          // one line: what decides its place
 
