@@ -309,6 +309,13 @@ void declare(JobConfig& c, FieldVisitor& v) {
             "and the experts per layer)",
             train),
           c.parallel.ep, at_least(1));
+  v.field(F("parallel", "ep_overlap", "--ep-overlap",
+            "with --ep: each rank runs a forward of one micro-batch beside a backward of another "
+            "wherever the schedule allows (DualPipe's overlapped F&B, Megatron's combined 1F1B), "
+            "so that one's expert all-to-alls wait while the other computes (CPU stages, "
+            "--checkpoint never, ZeRO 0 or 1, no --tp)",
+            train),
+          c.parallel.ep_overlap);
   v.field(F("parallel", "sequence_parallel", "--sequence-parallel",
             "with --tp: norms and residuals on 1/tp of the sequence, and 1/tp of each activation "
             "sent between stages (--seq-len divisible by --tp)",

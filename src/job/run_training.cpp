@@ -649,19 +649,22 @@ void report_comm(Distributed& distributed, int64_t steps, JobObserver& observer)
 }
 
 // --ep: the dispatch and combine all-to-alls (parallel::all_to_all_rows_stats), per step: the
-// time a rank spent inside them (mean over ranks) and what every rank sent.
+// time a rank spent inside them and the part of it no compute covered (means over ranks), and
+// what every rank sent.
 void report_expert_exchange(Distributed& distributed, int64_t steps, JobObserver& observer) {
   const parallel::AllToAllRowsStats mine = parallel::all_to_all_rows_stats();
-  const std::vector<int64_t> sums = sum_over_ranks(
-      distributed, {mine.calls, static_cast<int64_t>(mine.seconds * 1e9), mine.bytes_sent});
+  const std::vector<int64_t> sums =
+      sum_over_ranks(distributed, {mine.calls, static_cast<int64_t>(mine.seconds * 1e9),
+                                   mine.bytes_sent, static_cast<int64_t>(mine.exposed_seconds * 1e9)});
   if (distributed.rank() != 0 || steps <= 0) return;
   const double per = static_cast<double>(steps);
   const double ranks = distributed.world_size();
   note(observer,
-       format_text("expert all-to-all: %.3f ms per step per rank inside the dispatch and combine "
-                   "(mean over ranks; blocking: exposed), %.0f exchanges per step per rank, %s "
-                   "sent per step (every rank)",
+       format_text("expert all-to-all: %.3f ms per step per rank inside the dispatch and combine, "
+                   "%.3f ms of it exposed (no compute beside it; means over ranks), %.0f exchanges "
+                   "per step per rank, %s sent per step (every rank)",
                    static_cast<double>(sums[1]) / 1e6 / per / ranks,
+                   static_cast<double>(sums[3]) / 1e6 / per / ranks,
                    static_cast<double>(sums[0]) / per / ranks,
                    partition::format_bytes(static_cast<int64_t>(sums[2] / per)).c_str()));
 }
@@ -692,6 +695,7 @@ JobResult run_rank(TrainingSetup& s, JobObserver& observer) {
       .pipeline_ranks(layout.pipeline_ranks)
       .tensor_parallel(layout.tensor_parallel)
       .expert_parallel(static_cast<int>(s.job.parallel.ep))
+      .expert_parallel_second_lane(s.job.parallel.ep_overlap)
       .backend(s.job.parallel.backend)
       .device(device);
   std::string bad_input;  // the auto plan failed on rank 0: every rank stops with exit 2
@@ -703,7 +707,8 @@ JobResult run_rank(TrainingSetup& s, JobObserver& observer) {
                         distributed.pipeline_rank(),
                         parallel::TensorParallel{distributed.tensor_parallel_group(),
                                                  s.job.parallel.sequence_parallel},
-                        parallel::ExpertParallel{distributed.expert_parallel_group()}));
+                        parallel::ExpertParallel{distributed.expert_parallel_group(),
+                                                 distributed.expert_parallel_second_group()}));
     } catch (const tune::AutoPlanError& error) {
       bad_input = error.what();  // every rank is here: stop cleanly, BadInput below
       return;

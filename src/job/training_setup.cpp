@@ -56,6 +56,7 @@ void resolve_pipeline(const JobConfig& job, TrainingSetup& s) {
   p.device = given.device;
   p.devices = given.devices;
   p.overlap_grad_reduce = job.parallel.overlap_grad_reduce;
+  p.ep_overlap = job.parallel.ep_overlap;
   p.bucket_mb = job.parallel.bucket_size;
 
   request.balance = given.balance.size() == 1 && given.balance.front() == "auto";
@@ -174,6 +175,31 @@ void check_auxiliary_loss(const TrainingSetup& s,
 void check_expert_parallel(const TrainingSetup& s,
                            const std::optional<models::LlamaConfig>& config) {
   const int ep = static_cast<int>(s.job.parallel.ep);
+  if (s.job.parallel.ep_overlap) {
+    // PipeOptions::overlap_expert_exchanges says why each of these.
+    if (ep <= 1) {
+      fail("--ep-overlap hides the expert all-to-alls of --ep 2 or more, and --ep is " +
+           std::to_string(ep));
+    }
+    if (s.pipeline.checkpoint != "never") {
+      fail("--ep-overlap needs --checkpoint never (got " + s.pipeline.checkpoint +
+           "): a recompute beside a forward would wait for the random-number state the forward "
+           "holds");
+    }
+    if (s.pipeline.tp > 1) {
+      fail("--ep-overlap with --tp " + std::to_string(s.pipeline.tp) +
+           ": both lanes would post the tensor-parallel group's collectives; give --tp 1");
+    }
+    if (s.job.zero.stage >= 2) {
+      fail("--ep-overlap with --zero " + std::to_string(s.job.zero.stage) +
+           ": ZeRO 2/3's gradient hooks and gathers would run on both lanes at once; give --zero "
+           "0 or 1");
+    }
+    if (s.pipeline.device != "cpu") {
+      fail("--ep-overlap runs on CPU stages (--device " + s.pipeline.device +
+           "): CUDA runs a backward on its own threads, outside the second lane");
+    }
+  }
   if (ep <= 1) return;
   if (!(config && models::is_moe(config->architecture))) {
     fail("--ep " + std::to_string(ep) + " splits a mixture's experts, and --model " + s.data.model +

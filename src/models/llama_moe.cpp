@@ -132,7 +132,8 @@ torch::Tensor LlamaMoeImpl::run_experts_parallel(const torch::Tensor& flat,
   const int64_t k = c.num_experts_per_tok;
   const int members = ep.size();
   const int64_t local = ep.count(c.num_experts);
-  C10dGroup& group = *ep.group;
+  // The lane's copy of the group (parallel/lane.h); the backward picks its own.
+  C10dGroup& group = ep.group_of_lane();
   // [1], [2]
   std::vector<int64_t> send(static_cast<size_t>(members), 0);
   const auto count = counts.accessor<int64_t, 1>();
@@ -147,7 +148,8 @@ torch::Tensor LlamaMoeImpl::run_experts_parallel(const torch::Tensor& flat,
   // [3]
   const torch::Tensor tokens = order.div(k, "floor");
   const torch::Tensor received =
-      parallel::all_to_all_rows(flat.index_select(0, tokens), send, receive, group);
+      parallel::all_to_all_rows(flat.index_select(0, tokens), send, receive, *ep.group,
+                                ep.second.get());
   // [4] the rows of local expert j: member g's run at its offset, for every g
   std::vector<torch::Tensor> outputs;
   std::vector<torch::Tensor> positions;
@@ -180,7 +182,7 @@ torch::Tensor LlamaMoeImpl::run_experts_parallel(const torch::Tensor& flat,
     back = torch::cat(outputs).index_select(0, std::get<1>(all.sort()));
   }
   // [5]
-  const torch::Tensor returned = parallel::all_to_all_rows(back, receive, send, group);
+  const torch::Tensor returned = parallel::all_to_all_rows(back, receive, send, *ep.group, ep.second.get());
   const torch::Tensor pair_weights = weights.reshape({-1}).index_select(0, order).unsqueeze(1);
   torch::Tensor out = torch::zeros_like(flat);
   out.index_add_(0, tokens, (returned * pair_weights).to(out.scalar_type()));

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "pipetrain/base/error.h"
+#include "pipetrain/parallel/lane.h"
 
 namespace pipetrain::parallel {
 namespace {
@@ -21,6 +22,10 @@ int64_t gcd(int64_t a, int64_t b) {
 }
 
 }  // namespace
+
+C10dGroup& ExpertParallel::group_of_lane() const {
+  return current_lane() == 1 && second ? *second : *group;
+}
 
 void check_expert_parallel(int64_t experts, int ep, int dp) {
   if (ep < 1) throw BadInput("--ep must be 1 or more, got " + std::to_string(ep));

@@ -242,6 +242,11 @@ Distributed::Distributed(const DistributedEnvironment& environment,
     expert_parallel_ =
         world_->new_group("ep/" + where + "/" + std::to_string(replica() / e),
                           layout_.expert_parallel_ranks(replica(), pipeline_rank(), tp_rank()));
+    if (options.expert_parallel_second_lane()) {
+      expert_parallel_second_ =
+          world_->new_group("ep-lane1/" + where + "/" + std::to_string(replica() / e),
+                            layout_.expert_parallel_ranks(replica(), pipeline_rank(), tp_rank()));
+    }
     if (layout_.replicas > e) {
       expert_data_parallel_ = world_->new_group(
           "edp/" + where + "/" + std::to_string(replica() % e),

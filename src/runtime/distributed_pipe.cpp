@@ -18,6 +18,8 @@
 #include "pipetrain/runtime/scoped_threads.h"
 #include "pipetrain/schedule/generators.h"
 #include "pipetrain/schedule/lower.h"
+#include "pipetrain/parallel/all_to_all.h"
+#include "pipetrain/schedule/overlap.h"
 #include "pipetrain/schedule/send_release.h"
 #include "pipetrain/schedule/validate.h"
 #include "pipetrain/stage/device.h"
@@ -58,6 +60,24 @@ DistributedPipe::DistributedPipe(Distributed& distributed, torch::nn::Sequential
   PIPETRAIN_CHECK_INPUT(o.chunks() >= 1, "chunks must be at least 1 (got ", o.chunks(), ")");
   PIPETRAIN_CHECK_INPUT(o.virtual_stages() >= 1, "virtual_stages must be at least 1");
   check_offload_options(o);
+  if (o.overlap_expert_exchanges()) {
+    // parallel/lane.h: a recompute would wait for the RNG lock a paired forward holds while that
+    // forward waits for the peers' forwards, whose own recomputes hold theirs; the tp group's
+    // collectives have one copy; CUDA's autograd runs a backward on its device threads, where the
+    // lane is not set.
+    PIPETRAIN_CHECK_INPUT(o.checkpoint() == Checkpoint::kNever,
+                          "overlap_expert_exchanges needs checkpoint never (got ",
+                          to_string(o.checkpoint()),
+                          "): a recompute beside a forward would wait for the RNG the forward "
+                          "holds");
+    PIPETRAIN_CHECK_INPUT(distributed_.tensor_parallel_group() == nullptr,
+                          "overlap_expert_exchanges runs without tensor parallelism (tp ",
+                          distributed_.layout().tensor_parallel,
+                          "): both lanes would post the tp group's collectives");
+    PIPETRAIN_CHECK_INPUT(device.is_cpu() && o.devices().empty(),
+                          "overlap_expert_exchanges runs on CPU stages (device ", device,
+                          "): CUDA runs a backward on its own threads, outside the lane");
+  }
   const std::vector<int64_t> balance = stage_balance(o, layers);
   num_stages_ = static_cast<int>(balance.size());
   const int v = static_cast<int>(o.virtual_stages());
@@ -136,7 +156,14 @@ const schedule::Schedule& DistributedPipe::schedule_for(int microbatches) {
   auto found = schedules_.find(microbatches);
   if (found != schedules_.end()) return found->second;
   schedule::Schedule s = training_schedule_for(options_, num_ranks_, num_stages_, microbatches);
-  return schedules_.emplace(microbatches, std::move(s)).first->second;
+  if (!options_.overlap_expert_exchanges()) {
+    return schedules_.emplace(microbatches, std::move(s)).first->second;
+  }
+  schedule::ForwardBackwardPairs paired = schedule::pair_forwards_with_backwards(s);
+  const schedule::Schedule& kept =
+      schedules_.emplace(microbatches, std::move(paired.schedule)).first->second;
+  pairs_[&kept] = std::move(paired.starts);
+  return kept;
 }
 
 const std::vector<std::vector<int>>* DistributedPipe::released_for(const schedule::Schedule& s) {
@@ -186,7 +213,15 @@ torch::Tensor DistributedPipe::train_step(const data::Batch& batch, const LossFn
   const ScopedThreadCount thread_count(static_cast<int>(options_.threads_per_stage()));
   std::map<int, Stage*> stages = fresh_stages();
   RankResult result;
-  Interpreter interpreter(distributed_.pipeline_rank(), s, stages, *transport_, released_for(s));
+  const auto paired = pairs_.find(&s);
+  PIPETRAIN_CHECK_INPUT(
+      paired == pairs_.end() || (stage_parameters_ == nullptr && parameter_hooks_ == nullptr),
+      "overlap_expert_exchanges runs without ZeRO-3's gathers and ZeRO 2/3's gradient hooks: "
+      "both lanes would use them at once (ZeRO 0 or 1)");
+  Interpreter interpreter(
+      distributed_.pipeline_rank(), s, stages, *transport_, released_for(s),
+      paired == pairs_.end() ? nullptr
+                             : &paired->second.at(static_cast<size_t>(distributed_.pipeline_rank())));
   transport_->reset_peak_buffer_bytes();
   // [4] overlapped: each stage's gradients start their sum after its last backward.
   const bool replicas = allreduce_gradients_ && distributed_.data_parallel_group() != nullptr;
@@ -227,9 +262,24 @@ torch::Tensor DistributedPipe::train_step(const data::Batch& batch, const LossFn
   if (parameter_hooks_) {
     parameter_hooks_->begin_step(s, distributed_.pipeline_rank(), options_.checkpoint());
   }
+  // The expert exchanges' intervals of this step, against the actions' (parallel/all_to_all.h).
+  parallel::record_all_to_all_intervals(true);
+  parallel::take_all_to_all_intervals();
   interpreter.run(data, result);
   step_transport_stats_ = transport_->stats();
   events_ = std::move(result.events);
+  const std::vector<parallel::LaneInterval> exchanges = parallel::take_all_to_all_intervals();
+  if (!exchanges.empty()) {
+    std::vector<parallel::LaneInterval> busy;
+    for (const ActionEvent& event : events_) {
+      if (!schedule::is_compute(event.action.op)) continue;
+      busy.push_back(parallel::LaneInterval{
+          event.lane,
+          data.start + std::chrono::microseconds(static_cast<int64_t>(event.start_us)),
+          data.start + std::chrono::microseconds(static_cast<int64_t>(event.end_us))});
+    }
+    parallel::add_exposed_all_to_all_seconds(parallel::exposed_seconds(exchanges, busy));
+  }
   // [3] first, so that every ZeRO stage sums a tie's four copies in one order (ZeRO 1-3 reduce a
   // tie's gradient, summed over its holders, over the replicas after the step): the same bits.
   // The same for sequence parallelism's shares over the tensor-parallel group.

@@ -1,13 +1,17 @@
 // The single schedule interpreter (include/pipetrain/runtime/interpreter.h).
 #include "pipetrain/runtime/interpreter.h"
 
+#include <exception>
 #include <optional>
+#include <thread>
 
 #include <c10/util/Exception.h>
+#include <ATen/ThreadLocalState.h>
 #include <torch/torch.h>
 
 #include "pipetrain/base/check.h"
 #include "pipetrain/base/message_of.h"
+#include "pipetrain/parallel/lane.h"
 #include "pipetrain/schedule/lower.h"
 #include "pipetrain/schedule/send_release.h"
 #include "pipetrain/stage/auxiliary_loss.h"
@@ -39,15 +43,33 @@ std::string cause_text(const std::exception& e, int rank, const schedule::Action
 }  // namespace
 
 Interpreter::Interpreter(int rank, const schedule::Schedule& schedule, std::map<int, Stage*> stages,
-                         Transport& transport, const std::vector<std::vector<int>>* released_sends)
+                         Transport& transport, const std::vector<std::vector<int>>* released_sends,
+                         const std::vector<char>* pairs)
     : rank_(rank),
       schedule_(schedule),
       stages_(std::move(stages)),
       transport_(transport),
-      lowered_(schedule::is_lowered(schedule)) {
+      lowered_(schedule::is_lowered(schedule)),
+      pairs_(pairs) {
   PIPETRAIN_CHECK_INPUT(rank >= 0 && rank < schedule.num_ranks, "rank ", rank,
                         " is out of range for a schedule of ", schedule.num_ranks, " ranks");
   const auto& actions = schedule.actions[static_cast<size_t>(rank)];
+  if (pairs_) {
+    PIPETRAIN_CHECK_INPUT(pairs_->size() == actions.size(), "the pairs of rank ", rank,
+                          " cover ", pairs_->size(), " actions but the rank runs ",
+                          actions.size());
+    for (size_t a = 0; a < actions.size(); ++a) {
+      if (!(*pairs_)[a]) continue;
+      const bool ok = a + 1 < actions.size() && is_compute(actions[a].op) &&
+                      is_compute(actions[a + 1].op) &&
+                      ((actions[a].op == Op::kForward) != (actions[a + 1].op == Op::kForward)) &&
+                      actions[a].op != Op::kBackwardWeight &&
+                      actions[a + 1].op != Op::kBackwardWeight;
+      PIPETRAIN_CHECK_INPUT(ok, "rank ", rank, "'s action ", a, " (",
+                            schedule::to_string(actions[a]),
+                            ") starts a pair but it and the next are not a forward and a backward");
+    }
+  }
   next_backward_.assign(actions.size(), -1);
   for (size_t a = actions.size(); a-- > 1;) {
     const bool backward = actions[a].op == Op::kBackward || actions[a].op == Op::kBackwardInput;
@@ -276,20 +298,25 @@ void Interpreter::run(const StepData& data, RankResult& result, const std::atomi
         data.parameters->wait_gathered(residency->needs);
         event.start_us = micros_since(data.start);
       }
-      {
-        // Micro-batch i's layout for its forward, the recompute inside its backward, inference.
-        const auto layout = static_cast<size_t>(action.microbatch);
-        const data::LayoutScope scope(layout < data.layouts.size() ? data.layouts[layout].get()
-                                                                   : nullptr);
-        // Its share of the step's loss, for the auxiliary terms its layers attach.
-        const AuxiliaryLossScope auxiliary(
-            data.training && layout < data.loss_weights.size() ? data.loss_weights[layout] : 1.0);
-        execute(action, data, result);
+      if (pairs_ && (*pairs_)[a]) {
+        ActionEvent second{rank_, actions[a + 1], 0, 0};
+        execute_pair(a, data, result, cancel, event, second);
+        // The pair's later event goes after the earlier one's below.
+        result.events.push_back(event);
+        event = second;
+        ++a;
+        at_ = a;
+      } else {
+        execute_scoped(action, data, result, nullptr);
       }
-      const auto sum_here = sum_starts_after.find(a);
-      if (sum_here != sum_starts_after.end()) data.on_stage_gradients(sum_here->second);
+      for (size_t done = event.action == action ? a : a - 1; done <= a; ++done) {
+        const auto sum_here = sum_starts_after.find(done);
+        if (sum_here != sum_starts_after.end()) data.on_stage_gradients(sum_here->second);
+      }
       if (residency && residency->release >= 0) data.parameters->release(residency->release);
       if (residency && residency->prefetch >= 0) data.parameters->start_gather(residency->prefetch);
+    } catch (const StepError&) {
+      throw;  // a pair's, naming its action
     } catch (const std::exception& e) {
       const bool cancelled = cancel && cancel->load(std::memory_order_relaxed);
       const auto* cause = dynamic_cast<const Error*>(&e);
@@ -299,9 +326,72 @@ void Interpreter::run(const StepData& data, RankResult& result, const std::atomi
       throw StepError(kind, cause_text(e, rank_, action), rank_, action.stage, action.microbatch,
                       schedule::to_string(action), cancelled);
     }
-    event.end_us = micros_since(data.start);
+    if (event.end_us == 0) event.end_us = micros_since(data.start);
     result.events.push_back(event);
   }
+}
+
+void Interpreter::execute_scoped(const schedule::Action& action, const StepData& data,
+                                 RankResult& result, const std::atomic<bool>* cancel) {
+  try {
+    // Micro-batch i's layout for its forward, the recompute inside its backward, inference.
+    const auto layout = static_cast<size_t>(action.microbatch);
+    const data::LayoutScope scope(layout < data.layouts.size() ? data.layouts[layout].get()
+                                                               : nullptr);
+    // Its share of the step's loss, for the auxiliary terms its layers attach.
+    const AuxiliaryLossScope auxiliary(
+        data.training && layout < data.loss_weights.size() ? data.loss_weights[layout] : 1.0);
+    execute(action, data, result);
+  } catch (const StepError&) {
+    throw;
+  } catch (const std::exception& e) {
+    if (!cancel) throw;  // run() names the action
+    const bool cancelled = cancel->load(std::memory_order_relaxed);
+    const auto* cause = dynamic_cast<const Error*>(&e);
+    const ErrorKind kind = cancelled ? ErrorKind::PeerFailed
+                           : cause   ? cause->kind()
+                                     : ErrorKind::Runtime;
+    throw StepError(kind, cause_text(e, rank_, action), rank_, action.stage, action.microbatch,
+                    schedule::to_string(action), cancelled);
+  }
+}
+
+void Interpreter::execute_pair(size_t a, const StepData& data, RankResult& result,
+                               const std::atomic<bool>* cancel, ActionEvent& first,
+                               ActionEvent& second) {
+  const auto& actions = schedule_.actions[static_cast<size_t>(rank_)];
+  const bool forward_first = actions[a].op == Op::kForward;
+  ActionEvent& forward_event = forward_first ? first : second;
+  ActionEvent& backward_event = forward_first ? second : first;
+  const schedule::Action backward_action = backward_event.action;
+  // Not null, so that each side's failure names its own action.
+  static const std::atomic<bool> never{false};
+  const std::atomic<bool>* watch = cancel ? cancel : &never;
+  std::exception_ptr backward_failure;
+  const at::ThreadLocalState state;  // grad mode, autocast, dispatch keys of this thread
+  backward_event.lane = 1;
+  backward_event.start_us = micros_since(data.start);
+  std::thread lane([&] {
+    try {
+      const at::ThreadLocalStateGuard guard(state);
+      const parallel::LaneScope on_lane(1);
+      execute_scoped(backward_action, data, result, watch);
+    } catch (...) {
+      backward_failure = std::current_exception();
+    }
+    backward_event.end_us = micros_since(data.start);
+  });
+  std::exception_ptr forward_failure;
+  forward_event.start_us = micros_since(data.start);
+  try {
+    execute_scoped(forward_event.action, data, result, watch);
+  } catch (...) {
+    forward_failure = std::current_exception();
+  }
+  forward_event.end_us = micros_since(data.start);
+  lane.join();
+  if (forward_failure) std::rethrow_exception(forward_failure);
+  if (backward_failure) std::rethrow_exception(backward_failure);
 }
 
 }  // namespace pipetrain

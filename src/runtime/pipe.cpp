@@ -112,6 +112,9 @@ void PipeImpl::reset() {
   PIPETRAIN_CHECK_INPUT(o.threads_per_stage() >= 0, "threads_per_stage must be >= 0 (got ",
                         o.threads_per_stage(), ")");
   check_offload_options(o);
+  PIPETRAIN_CHECK_INPUT(!o.overlap_expert_exchanges(),
+                        "overlap_expert_exchanges pairs the actions of a rank's process "
+                        "(DistributedPipe); the in-process Pipe runs one thread per rank");
 
   balance_ = stage_balance(o, layers);
   const int num_stages = static_cast<int>(balance_.size());

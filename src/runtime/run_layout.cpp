@@ -222,6 +222,7 @@ PipeOptions pipe_options(const PipelineRequest& r, const RunLayout& layout, int6
       .precision(r.precision)
       .offload_activations(r.offload_activations)
       .overlap_gradient_reduction(r.overlap_grad_reduce)
+      .overlap_expert_exchanges(r.ep_overlap)
       // Clamped to what int64 holds: a bucket larger than every gradient is one bucket anyway.
       .bucket_bytes(bucket_bytes_of(r.bucket_mb));
   options.checkpoint(parse_checkpoint(r.checkpoint));

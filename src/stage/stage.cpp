@@ -354,7 +354,7 @@ int64_t Stage::estimated_stash_bytes(const Microbatch& state) const {
 
 Bundle Stage::forward(int i, Bundle input, const StageForwardOptions& options,
                       torch::Tensor* loss_value) {
-  PIPETRAIN_CHECK(stash_.count(i) == 0, ScheduleInvalid, "stage ", index_,
+  PIPETRAIN_CHECK(stashed_count(i) == 0, ScheduleInvalid, "stage ", index_,
                   " ran the forward of micro-batch ", i,
                   " twice without its backward; check the schedule");
   auto state = std::make_unique<Microbatch>();
@@ -422,10 +422,11 @@ Bundle Stage::forward(int i, Bundle input, const StageForwardOptions& options,
   }
   change_stash(state->bytes);
   if (options.offload && options.checkpoint) offload(*state);
+  const std::lock_guard<std::mutex> lock(bookkeeping());
   stash_.emplace(i, std::move(state));
   ++accounting_.microbatches;
   accounting_.peak_stashed_microbatches =
-      std::max(accounting_.peak_stashed_microbatches, stashed_microbatches());
+      std::max(accounting_.peak_stashed_microbatches, static_cast<int64_t>(stash_.size()));
   accounting_.peak_stashed_bytes = std::max(accounting_.peak_stashed_bytes, stashed_bytes_);
   return output;
 }
@@ -453,6 +454,7 @@ Bundle Stage::infer(Bundle input) const {
 }
 
 Stage::Microbatch& Stage::stashed(int i, const char* action) {
+  const std::lock_guard<std::mutex> lock(bookkeeping());
   auto found = stash_.find(i);
   PIPETRAIN_CHECK(found != stash_.end(), ScheduleInvalid, "stage ", index_,
                   " has no stash for micro-batch ", i, " at its ", action,
@@ -480,14 +482,20 @@ void Stage::offload(Microbatch& state) {
     state.bytes -= state.offloaded_bytes;
     change_stash(-state.offloaded_bytes);
   }
+  const std::lock_guard<std::mutex> lock(bookkeeping());
   offloaded_bytes_ += state.offloaded_bytes;
   accounting_.peak_offloaded_bytes = std::max(accounting_.peak_offloaded_bytes, offloaded_bytes_);
 }
 
 void Stage::prefetch(int i) {
-  auto found = stash_.find(i);
-  if (found == stash_.end() || !found->second->offloaded) return;
-  Microbatch& state = *found->second;
+  Microbatch* found = nullptr;
+  {
+    const std::lock_guard<std::mutex> lock(bookkeeping());
+    auto at = stash_.find(i);
+    if (at == stash_.end() || !at->second->offloaded) return;
+    found = at->second.get();
+  }
+  Microbatch& state = *found;
   std::vector<torch::Tensor> back = copy_to_device(*state.offloaded, device_, state.fetched);
   state.offloaded.reset();
   // New leaves over the returned tensors: the recompute builds the graph from them.
@@ -497,7 +505,10 @@ void Stage::prefetch(int i) {
   size_t next = 0;
   for (auto& t : state.inputs) t = back[next++];
   for (auto& entry : state.skip_inputs) entry.second = back[next++];
-  offloaded_bytes_ -= state.offloaded_bytes;
+  {
+    const std::lock_guard<std::mutex> lock(bookkeeping());
+    offloaded_bytes_ -= state.offloaded_bytes;
+  }
   if (!measures_allocations()) {
     const int64_t before = state.bytes;
     state.bytes = estimated_stash_bytes(state);
@@ -526,14 +537,18 @@ void Stage::recompute_if_needed(int i, Microbatch& state) {
   state.bytes =
       measures_allocations() ? state.bytes + kept.live_bytes() : estimated_stash_bytes(state);
   change_stash(state.bytes - before);
+  const std::lock_guard<std::mutex> lock(bookkeeping());
   accounting_.peak_stashed_bytes = std::max(accounting_.peak_stashed_bytes, stashed_bytes_);
 }
 
 void Stage::release(int i) {
+  std::unique_ptr<Microbatch> freed;  // its tensors go after the lock
+  const std::lock_guard<std::mutex> lock(bookkeeping());
   auto found = stash_.find(i);
   if (found == stash_.end()) return;
   if (found->second->offloaded) offloaded_bytes_ -= found->second->offloaded_bytes;
-  change_stash(-found->second->bytes);
+  change_stash_locked(-found->second->bytes);
+  freed = std::move(found->second);
   stash_.erase(found);
 }
 
@@ -737,19 +752,46 @@ void Stage::backward_weight(int i) {
 }
 
 void Stage::clear() {
+  const std::lock_guard<std::mutex> lock(bookkeeping());
   stash_.clear();
   offloaded_bytes_ = 0;
-  change_stash(-stashed_bytes_);
+  change_stash_locked(-stashed_bytes_);
+}
+
+std::mutex& Stage::bookkeeping() {
+  static std::mutex mutex;
+  return mutex;
 }
 
 void Stage::change_stash(int64_t delta) {
+  const std::lock_guard<std::mutex> lock(bookkeeping());
+  change_stash_locked(delta);
+}
+
+void Stage::change_stash_locked(int64_t delta) {
   stashed_bytes_ += delta;
   if (rank_stash_) rank_stash_->add(delta);
 }
 
+int64_t Stage::stashed_count(int i) const {
+  const std::lock_guard<std::mutex> lock(bookkeeping());
+  return static_cast<int64_t>(stash_.count(i));
+}
+
+int64_t Stage::stashed_microbatches() const {
+  const std::lock_guard<std::mutex> lock(bookkeeping());
+  return static_cast<int64_t>(stash_.size());
+}
+
+StageAccounting Stage::accounting() const {
+  const std::lock_guard<std::mutex> lock(bookkeeping());
+  return accounting_;
+}
+
 void Stage::reset_accounting() {
+  const std::lock_guard<std::mutex> lock(bookkeeping());
   accounting_ = StageAccounting{};
-  accounting_.peak_stashed_microbatches = stashed_microbatches();
+  accounting_.peak_stashed_microbatches = static_cast<int64_t>(stash_.size());
   accounting_.peak_stashed_bytes = stashed_bytes_;
   accounting_.peak_offloaded_bytes = offloaded_bytes_;
 }

@@ -58,7 +58,7 @@ train::TrainingMemoryProfile llama_memory_profile(const MemoryCheckInput& input)
           .measure_transfer(false)
           .precision(input.pipe.precision()),
       0, tp, kProfiledTableRows, kProfiledMlpWidth,
-      input.expert_parallel > 1 ? parallel::ExpertParallel{C10dGroup::mirror(input.expert_parallel)}
+      input.expert_parallel > 1 ? parallel::ExpertParallel{C10dGroup::mirror(input.expert_parallel), nullptr}
                                 : parallel::ExpertParallel{});
   const std::int64_t vocabulary = input.llama->vocab_size / input.tensor_parallel;
   const torch::Tensor logits = torch::zeros({m, ids.size(1), vocabulary});

@@ -264,7 +264,7 @@ WorldPlanResult plan_world(const WorldPlanRequest& r) {
     const parallel::TensorParallel tp{s.tp > 1 ? C10dGroup::mirror(s.tp) : nullptr, s.sp};
     // A mixture at ep > 1: the layer as one expert-parallel rank holds it, its experts fed as
     // identical members would feed them (the mirror's all-to-all): balanced routing.
-    const parallel::ExpertParallel ep{s.ep > 1 ? C10dGroup::mirror(s.ep) : nullptr};
+    const parallel::ExpertParallel ep{s.ep > 1 ? C10dGroup::mirror(s.ep) : nullptr, nullptr};
     pp::ModelProfile profile = models::profile_llama(r.config, rows,
                                                      pp::ProfileOptions()
                                                          .precision(r.precision)

@@ -11,6 +11,7 @@
 // send it).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <vector>
 
@@ -22,8 +23,12 @@ class C10dGroup;
 
 namespace pipetrain::parallel {
 
+// `second`: the members' group for compute lane 1 (parallel/lane.h), or null. The forward and the
+// backward each exchange over the group of the lane of the thread that runs them (a forward on
+// the schedule's thread may have its backward beside another forward, on lane 1).
 torch::Tensor all_to_all_rows(const torch::Tensor& x, const std::vector<int64_t>& send,
-                              const std::vector<int64_t>& receive, C10dGroup& group);
+                              const std::vector<int64_t>& receive, C10dGroup& group,
+                              C10dGroup* second = nullptr);
 
 // What each member will send this one: `send[g]` is what this member sends member g; the result's
 // [g] is what member g sends this one (an all-to-all of one count each).
@@ -37,7 +42,27 @@ struct AllToAllRowsStats {
   double seconds = 0;
   int64_t rows_sent = 0;
   int64_t bytes_sent = 0;
+  // Of `seconds`, what no compute lane covered, as DistributedPipe measures it each training
+  // step (exposed_seconds below, added with add_exposed_all_to_all_seconds).
+  double exposed_seconds = 0;
 };
 AllToAllRowsStats all_to_all_rows_stats();
+
+// Where the overlap is measured: each all_to_all_rows call's interval and lane, kept from
+// record_all_to_all_intervals(true) until take_all_to_all_intervals() takes them. Thread-safe.
+struct LaneInterval {
+  int lane = 0;
+  std::chrono::steady_clock::time_point begin, end;
+};
+void record_all_to_all_intervals(bool on);
+void add_exposed_all_to_all_seconds(double seconds);
+std::vector<LaneInterval> take_all_to_all_intervals();
+
+// Seconds of `exchanges` no lane computed through: the measure of the union of the exchanges'
+// intervals less the times some lane was inside one of its `busy` intervals (its actions) and
+// not in an exchange of its own. Without a second lane every exchange is exposed; with one, what
+// the other lane's compute covered is hidden.
+double exposed_seconds(const std::vector<LaneInterval>& exchanges,
+                       const std::vector<LaneInterval>& busy);
 
 }  // namespace pipetrain::parallel

@@ -28,6 +28,11 @@ namespace pipetrain::parallel {
 
 struct ExpertParallel {
   std::shared_ptr<C10dGroup> group;
+  // The same members' second group, for the collectives of compute lane 1 (parallel/lane.h):
+  // set where the overlap of expert exchanges runs a backward beside a forward; null otherwise.
+  std::shared_ptr<C10dGroup> second;
+  // The group of the calling thread's lane: `second` on lane 1 where it is set, else `group`.
+  C10dGroup& group_of_lane() const;
 
   int size() const { return group ? group->size() : 1; }
   int rank() const { return group ? group->rank() : 0; }

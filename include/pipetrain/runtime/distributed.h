@@ -125,6 +125,9 @@ struct DistributedOptions {
   TORCH_ARG(int, tensor_parallel) = 1;
   /// E, expert-parallel replicas per group (parallel/expert_parallel.h); divides the replicas.
   TORCH_ARG(int, expert_parallel) = 1;
+  /// With E > 1: a second group of the same members for compute lane 1 (parallel/lane.h), which
+  /// the overlap of expert exchanges needs (PipeOptions::overlap_expert_exchanges).
+  TORCH_ARG(bool, expert_parallel_second_lane) = false;
 };
 
 class Distributed {
@@ -160,6 +163,11 @@ class Distributed {
   // Expert parallelism (E > 1): this rank's expert-parallel group (group rank = replica() % E),
   // and the ranks holding the same experts (nullptr where E = R); both nullptr with E = 1.
   const std::shared_ptr<C10dGroup>& expert_parallel_group() const { return expert_parallel_; }
+  // Its copy for compute lane 1 (DistributedOptions::expert_parallel_second_lane); nullptr
+  // without one.
+  const std::shared_ptr<C10dGroup>& expert_parallel_second_group() const {
+    return expert_parallel_second_;
+  }
   const std::shared_ptr<C10dGroup>& expert_data_parallel_group() const {
     return expert_data_parallel_;
   }
@@ -215,6 +223,7 @@ class Distributed {
   std::shared_ptr<C10dGroup> data_parallel_;
   std::shared_ptr<C10dGroup> tensor_parallel_;
   std::shared_ptr<C10dGroup> expert_parallel_;
+  std::shared_ptr<C10dGroup> expert_parallel_second_;
   std::shared_ptr<C10dGroup> expert_data_parallel_;
   // By declare_tie key; null: only this rank holds it.
   std::map<std::string, std::shared_ptr<C10dGroup>> ties_;

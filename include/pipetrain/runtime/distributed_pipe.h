@@ -212,6 +212,8 @@ class DistributedPipe {
   std::unique_ptr<C10dTransport> transport_;
   std::map<int, schedule::Schedule> schedules_;  // lowered, by M
   std::map<int, schedule::Schedule> inference_;  // lowered forward-only, by M
+  // overlap_expert_exchanges: each training schedule's forward/backward pairs, per rank.
+  std::map<const schedule::Schedule*, std::vector<std::vector<char>>> pairs_;
   // schedule::released_sends of each schedule above (by address: map nodes do not move).
   std::map<const schedule::Schedule*, std::vector<std::vector<int>>> released_;
   const std::vector<std::vector<int>>* released_for(const schedule::Schedule& s);

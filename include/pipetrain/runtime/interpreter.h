@@ -72,8 +72,14 @@ class Interpreter {
   // when the transport keeps sent buffers.
   // REQUIRES: the schedule passed validate(); the stages (and `released_sends`) outlive the
   // interpreter.
+  // `pairs`: schedule::pair_forwards_with_backwards(...).starts[rank] for the schedule it made,
+  // or null: where it is set, a pair's forward runs on the calling thread while its backward runs
+  // on a second one under parallel::LaneScope(1) (the calling thread's state handed over: grad
+  // mode, autocast), both events recorded with their lanes; its receives ran before and its
+  // sends run after both.
   Interpreter(int rank, const schedule::Schedule& schedule, std::map<int, Stage*> stages,
-              Transport& transport, const std::vector<std::vector<int>>* released_sends = nullptr);
+              Transport& transport, const std::vector<std::vector<int>>* released_sends = nullptr,
+              const std::vector<char>* pairs = nullptr);
 
   // Runs the rank's actions once. Throws StepError (see above).
   void run(const StepData& data, RankResult& result, const std::atomic<bool>* cancel = nullptr);
@@ -83,6 +89,13 @@ class Interpreter {
 
  private:
   void execute(const schedule::Action& action, const StepData& data, RankResult& result);
+  // execute() within the micro-batch's layout and auxiliary-loss scopes; failures become a
+  // StepError naming the action.
+  void execute_scoped(const schedule::Action& action, const StepData& data, RankResult& result,
+                      const std::atomic<bool>* cancel);
+  // Actions a (a forward or a backward) and a + 1 together: the backward on lane 1.
+  void execute_pair(size_t a, const StepData& data, RankResult& result,
+                    const std::atomic<bool>* cancel, ActionEvent& first, ActionEvent& second);
   // F of stage j on micro-batch i: input from the data or the inbox, the loss on the last stage.
   void forward(int j, int i, const StepData& data, RankResult& result);
   // B (or I when `input_only`) of stage j on micro-batch i.
@@ -104,6 +117,7 @@ class Interpreter {
   std::map<int, Stage*> stages_;
   Transport& transport_;
   bool lowered_;
+  const std::vector<char>* pairs_;
   std::set<std::pair<int, int>> split_;
   // [a]: index of the first B or I after action a in this rank's list, -1 if none (offload's
   // prefetch).

@@ -104,6 +104,14 @@ struct PipeOptions {
   TORCH_ARG(bool, overlap_gradient_reduction) = false;
   /// The bucket size of overlap_gradient_reduction (DDP's default, 25 MiB).
   TORCH_ARG(int64_t, bucket_bytes) = int64_t{25} << 20;
+  /// DistributedPipe: run a forward of one micro-batch beside a backward of another wherever the
+  /// schedule allows (schedule/overlap.h: DualPipe's overlapped F&B, Megatron's combined 1F1B),
+  /// the backward on a second thread (compute lane 1, parallel/lane.h), so that the expert
+  /// all-to-alls one waits in are covered by the other's compute. The model's expert-parallel
+  /// layers need their group's second copy (DistributedOptions::expert_parallel_second_lane).
+  /// CPU stages, checkpoint never, no parameter hooks (ZeRO 2/3) and no tensor parallelism:
+  /// DistributedPipe refuses the rest.
+  TORCH_ARG(bool, overlap_expert_exchanges) = false;
 };
 
 /// Throws pipetrain::BadInput when options.offload_activations() has nothing to move: checkpoint

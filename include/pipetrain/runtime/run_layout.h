@@ -46,6 +46,7 @@ struct PipelineRequest {
   std::string device = "cpu";        // --device: cpu or cuda
   std::vector<std::string> devices;  // --devices: one per rank of a one-process run
   bool overlap_grad_reduce = false;  // --overlap-grad-reduce (PipeOptions)
+  bool ep_overlap = false;           // --ep-overlap (PipeOptions::overlap_expert_exchanges)
   double bucket_mb = 25;             // --bucket-size: MiB per gradient bucket of the overlap
 };
 

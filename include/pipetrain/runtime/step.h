@@ -75,6 +75,7 @@ struct ActionEvent {
   schedule::Action action;
   double start_us = 0;  // microseconds since StepData::start
   double end_us = 0;
+  int lane = 0;  // the compute lane that ran it (parallel/lane.h): 1 beside a paired forward
 };
 
 struct RankResult {

@@ -49,7 +49,9 @@
 // of the output it belongs to, so the autograd graph inside a stage keeps its own dtypes while
 // both directions cross in half the bytes. The last stage computes the loss in float32.
 //
-// Thread-safety: not thread-safe; one worker thread drives a stage during a step.
+// Thread-safety: one worker thread drives a stage during a step, except that a forward and a
+// backward (B or I) of different micro-batches may run at once (PipeOptions::
+// overlap_expert_exchanges): the stash map and the byte counters are kept under one lock.
 #pragma once
 
 #include <algorithm>
@@ -57,6 +59,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -175,11 +178,11 @@ class Stage {
 
   // Drops every stash (after a failed step).
   void clear();
-  int64_t stashed_microbatches() const { return static_cast<int64_t>(stash_.size()); }
+  int64_t stashed_microbatches() const;
   // Stashed bytes held now (see the top comment); 0 when nothing is stashed.
   int64_t stashed_bytes() const { return stashed_bytes_; }
 
-  StageAccounting accounting() const { return accounting_; }
+  StageAccounting accounting() const;
   void reset_accounting();
   // Adds this stage's stashed bytes to `rank`'s from now on (those of the stages of one rank).
   void set_rank_stash(std::shared_ptr<RankStash> rank) { rank_stash_ = std::move(rank); }
@@ -207,8 +210,13 @@ class Stage {
   Microbatch& stashed(int i, const char* action);
   void release(int i);
   void offload(Microbatch& state);
-  // stashed_bytes_ += delta, and the rank's.
+  // stashed_bytes_ += delta, and the rank's (the _locked one under bookkeeping()).
   void change_stash(int64_t delta);
+  void change_stash_locked(int64_t delta);
+  int64_t stashed_count(int i) const;
+  // One lock for every stage's stash map and counters (and the rank's, which stages share): a
+  // forward and a backward of other micro-batches may run together (overlap_expert_exchanges).
+  static std::mutex& bookkeeping();
   // Whether micro-batches' stashes are measured (a CPU stage, or a GPU one whose allocations are
   // counted: count_device_allocations) rather than estimated from the tensors the stage holds.
   bool measures_allocations() const { return measured_; }
