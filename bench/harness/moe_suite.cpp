@@ -97,9 +97,11 @@ json pipetrain_row(const BenchOptions& a, const std::string& dir, const std::str
   row["step_seconds"] = median(steps);
   row["step_seconds_all"] = steps;
   std::smatch match;
-  static const std::regex exchange(R"(expert all-to-all: ([0-9.]+) ms per step per rank)");
+  static const std::regex exchange(
+      R"(expert all-to-all: ([0-9.]+) ms per step per rank .*, ([0-9.]+) ms of it exposed)");
   if (std::regex_search(child.output, match, exchange)) {
     row["all_to_all_seconds"] = std::stod(match[1].str()) * 1e-3;
+    row["exposed_seconds"] = std::stod(match[2].str()) * 1e-3;
   }
   return row;
 }
@@ -176,6 +178,24 @@ json run_moe_suite(const BenchOptions& a) {
         "--nproc 4 --dp 4 --chunks 2 --schedule 1f1b --ep " + std::to_string(ep), ep));
     rows.back()["name"] = name;
   }
+  // The overlap: each layout without and with it, one after the other.
+  const std::string dualpipev =
+      "--nproc 4 --dp 2 --ep 2 --chunks 8 --schedule dualpipev";
+  for (const auto& [name, flags] :
+       {std::pair<std::string, std::string>{"dp4 ep4 M4", "--nproc 4 --dp 4 --ep 4 --chunks 4 "
+                                                          "--schedule 1f1b"},
+        std::pair<std::string, std::string>{"pp2 ep2 dualpipev", dualpipev}}) {
+    for (const bool overlap : {false, true}) {
+      const std::string row_name = name + (overlap ? " +overlap" : "");
+      log("bench moe: " + row_name);
+      rows.push_back(pipetrain_row(a, dir, overlap ? "overlap" : "without",
+                                   flags + (overlap ? " --ep-overlap" : ""),
+                                   name.rfind("dp4 ep4", 0) == 0 ? 4 : 2));
+      rows.back()["name"] = row_name;
+      rows.back()["overlap"] = overlap;
+      if (overlap) rows.back()["without"] = name;
+    }
+  }
   log("bench moe: pp4 1f1b");
   rows.push_back(pipetrain_row(
       a, dir, "pp4", "--nproc 4 --stages 4 --schedule 1f1b --chunks " + std::to_string(a.chunks),
@@ -199,11 +219,23 @@ json run_moe_suite(const BenchOptions& a) {
     const double step = row["step_seconds"].get<double>();
     row["tokens_per_second"] = tokens / step;
     if (ep1 && ep1->contains("step_seconds") && row.value("runtime", "") == "pipetrain" &&
-        row.value("name", "").rfind("dp4", 0) == 0) {
+        row.value("name", "").rfind("dp4", 0) == 0 && !row.contains("overlap")) {
       row["ratio_vs_ep1"] = step / (*ep1)["step_seconds"].get<double>();
     }
     if (row.contains("all_to_all_seconds")) {
       row["all_to_all_share"] = row["all_to_all_seconds"].get<double>() / step;
+    }
+    if (row.contains("without")) {
+      for (const json& other : rows) {
+        if (other.value("name", "") != row["without"].get<std::string>()) continue;
+        if (!other.contains("step_seconds")) continue;
+        row["step_vs_without"] = step / other["step_seconds"].get<double>();
+        if (row.contains("exposed_seconds") && other.contains("exposed_seconds") &&
+            other["exposed_seconds"].get<double>() > 0) {
+          row["exposed_vs_without"] =
+              row["exposed_seconds"].get<double>() / other["exposed_seconds"].get<double>();
+        }
+      }
     }
     if (row["runtime"] == "torch-pipelining" && pp4 && pp4->contains("step_seconds")) {
       row["pipetrain_over_torch"] = (*pp4)["step_seconds"].get<double>() / step;
@@ -211,11 +243,11 @@ json run_moe_suite(const BenchOptions& a) {
   }
   json notes = json::array();
   notes.push_back(
-      "the dispatch and combine block the rank's thread: the all-to-all column is all exposed "
-      "(there is no overlapped variant yet to compare with)");
+      "exposed: the part of the all-to-all time during which no lane of the rank computed; "
+      "without --ep-overlap the rank has one lane, and it is all of it");
   notes.push_back(
-      "all-to-all ms: mean over ranks and over every step, warm-up included; step: rank 0's "
-      "median after warm-up");
+      "all-to-all and exposed ms: means over ranks and over every step, warm-up included; step: "
+      "rank 0's median after warm-up; /without: the +overlap row over the row above it");
   return {{"suite", "moe"},
           {"model", "Qwen3-MoE-shaped, hidden " + std::to_string(a.width) +
                         ", 4 layers, 8 experts of " + std::to_string(a.width) + ", top 2"},
@@ -235,11 +267,11 @@ void print_moe_report(const json& report) {
       report["model"].get<std::string>().c_str(), report["batch"].get<int>(),
       report["seq_len"].get<int>(), report["threads"].get<int>(), report["steps"].get<int>(),
       report["warmup"].get<int>());
-  std::printf("%-18s %-10s %9s %9s %8s %14s %7s\n", "runtime", "layout", "step ms", "tokens/s",
-              "/ep1", "all-to-all ms", "share");
+  std::printf("%-17s %-26s %8s %9s %6s %13s %6s %11s %14s\n", "runtime", "layout", "step ms",
+              "tokens/s", "/ep1", "all-to-all ms", "share", "exposed ms", "/without s, e");
   for (const json& row : report["rows"]) {
     if (row.contains("error")) {
-      std::printf("%-18s %-10s ERROR: %s\n", row["runtime"].get<std::string>().c_str(),
+      std::printf("%-17s %-26s ERROR: %s\n", row["runtime"].get<std::string>().c_str(),
                   row["name"].get<std::string>().c_str(), row["error"].get<std::string>().c_str());
       continue;
     }
@@ -249,12 +281,18 @@ void print_moe_report(const json& report) {
       std::snprintf(text, sizeof text, format, row[key].get<double>() * scale);
       return std::string(text);
     };
-    std::printf("%-18s %-10s %9s %9s %8s %14s %7s\n", row["runtime"].get<std::string>().c_str(),
-                row["name"].get<std::string>().c_str(), cell("step_seconds", 1e3, "%.1f").c_str(),
+    const std::string versus =
+        row.contains("step_vs_without")
+            ? cell("step_vs_without", 1, "%.3f") + ", " + cell("exposed_vs_without", 1, "%.3f")
+            : "-";
+    std::printf("%-17s %-26s %8s %9s %6s %13s %6s %11s %14s\n",
+                row["runtime"].get<std::string>().c_str(), row["name"].get<std::string>().c_str(),
+                cell("step_seconds", 1e3, "%.1f").c_str(),
                 cell("tokens_per_second", 1, "%.0f").c_str(),
                 cell("ratio_vs_ep1", 1, "%.3f").c_str(),
                 cell("all_to_all_seconds", 1e3, "%.1f").c_str(),
-                cell("all_to_all_share", 1, "%.3f").c_str());
+                cell("all_to_all_share", 1, "%.3f").c_str(),
+                cell("exposed_seconds", 1e3, "%.1f").c_str(), versus.c_str());
   }
   for (const json& row : report["rows"]) {
     if (row.contains("pipetrain_over_torch")) {

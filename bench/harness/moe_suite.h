@@ -3,6 +3,11 @@
 //
 //   ep E    --nproc 4 --dp 4 --ep E, E = 1, 2, 4: tokens/s at each expert-parallel size, and the
 //           time each rank spends inside the dispatch and combine all-to-alls
+//   overlap each twice, without and with --ep-overlap (a forward of one micro-batch beside a
+//           backward of another, schedule/overlap.h): dp4 ep4 under 1f1b at 4 micro-batches
+//           (Megatron's combined 1F1B), and pp2 x dp2 ep2 under dualpipev at 8; the time inside
+//           the all-to-alls, the part of it no compute covered (exposed), and the step, each
+//           with the overlap over without it
 //   pp4     --nproc 4 --stages 4 --schedule 1f1b (no ep): the pipeline row the peer matches
 //   torch-pipelining   transformers' own Qwen3MoeForCausalLM under torch.distributed.pipelining
 //           (bench/torch_pipelining.py --suite moe), 4 ranks, 1f1b, the same micro-batches
