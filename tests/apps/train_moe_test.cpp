@@ -61,14 +61,16 @@ std::vector<double> compare_all(const std::string& dir, const std::vector<std::s
 
 // The layouts: a pipeline in one process, pp2 x dp2 under ZeRO-1 (two processes under zb-v run
 // in TheLoadBalancingTerm... below), and expert
-// parallelism (parallel/expert_parallel.h): ep2 over dp2 (Qwen2-MoE, its shared expert local),
+// parallelism (parallel/expert_parallel.h): ep2 over dp2 (Qwen2-MoE, its shared expert local;
+// with --ep-overlap, 1F1B's B0 beside F1 on two lanes, each with its ep group's own copy),
 // pp2 x ep2 under dualpipev with every micro-batch recomputed and ZeRO-3 (Qwen3-MoE: the dispatch
 // and combine run again in the replay, and in a split backward's I; the experts gathered over no
 // other replica, the dense layers over two), ep2 within dp4 under ZeRO-1 (Mixtral: two
 // expert-parallel groups, each expert's gradient reduce-scattered over the two replicas holding
-// it), and pp2 x tp2 x ep2 with sequence parallelism, 8 processes (Qwen3-MoE: attention split by
+// it), pp2 x tp2 x ep2 with sequence parallelism, 8 processes (Qwen3-MoE: attention split by
 // tp, its per-head q/k norms' gradients summed over the group in the backward, the experts whole
-// on each tp rank over its slice of the sequence).
+// on each tp rank over its slice of the sequence), and pp2 x ep2 under dualpipev with
+// --ep-overlap (its overlapped F&B pairs, schedule/overlap.h, on two lanes).
 TEST(TrainMoe, WeightsAfterAdamWEqualTransformersTrainingInEveryLayout) {
   PIPETRAIN_SKIP_WITHOUT_TRANSFORMERS();
   const std::string dir = testing::scratch_dir("train-moe");
@@ -77,13 +79,17 @@ TEST(TrainMoe, WeightsAfterAdamWEqualTransformersTrainingInEveryLayout) {
       {"mixtral", "MixtralForCausalLM",
        "--nproc 4 --dp 2 --zero 1 --chunks 2 --schedule 1f1b --checkpoint always "
        "--report-routing --log-every 1 --trace TRACE"},
-      {"qwen2_moe", "Qwen2MoeForCausalLM", "--nproc 2 --dp 2 --ep 2 --chunks 2"},
+      {"qwen2_moe", "Qwen2MoeForCausalLM",
+       "--nproc 2 --dp 2 --ep 2 --chunks 2 --checkpoint never --ep-overlap"},
       {"qwen3_moe", "Qwen3MoeForCausalLM",
        "--nproc 4 --dp 2 --ep 2 --chunks 4 --schedule dualpipev --checkpoint always --zero 3"},
       {"mixtral", "MixtralForCausalLM",
        "--nproc 4 --dp 4 --ep 2 --zero 1 --chunks 2 --schedule zb-h1 --report-memory"},
       {"qwen3_moe", "Qwen3MoeForCausalLM",
-       "--nproc 8 --tp 2 --dp 2 --ep 2 --sequence-parallel --chunks 2 --schedule zb-h1"}};
+       "--nproc 8 --tp 2 --dp 2 --ep 2 --sequence-parallel --chunks 2 --schedule zb-h1"},
+      {"qwen3_moe", "Qwen3MoeForCausalLM",
+       "--nproc 4 --dp 2 --ep 2 --zero 1 --chunks 4 --schedule dualpipev --checkpoint never "
+       "--ep-overlap"}};
   std::vector<std::string> pairs, references;
   std::set<std::string> referenced;
   for (size_t i = 0; i < cases.size(); ++i) {
@@ -145,6 +151,10 @@ TEST(TrainMoe, WeightsAfterAdamWEqualTransformersTrainingInEveryLayout) {
       for (const auto& [layer, per_step] : sums) {
         EXPECT_EQ(per_step, std::vector<int64_t>(3, 8 * 16 * 2)) << layer;
       }
+    }
+    if (c.layout.find("--ep-overlap") != std::string::npos) {
+      EXPECT_NE(run.output.find(" ms of it exposed (no compute beside it"), std::string::npos)
+          << run.output;
     }
     if (c.layout.find("--report-memory") != std::string::npos) {
       // The memory model knows the experts: 1/ep of them per rank, their ZeRO shards over the
@@ -217,7 +227,15 @@ TEST(TrainMoe, WhatExpertParallelismCannotRunExitsTwoNamingTheValue) {
        "divide --dp 2"},
       {"--ep 2", "--ep 2 splits the experts over data-parallel replicas, and --dp 1 has one"},
       {"--nproc 2 --dp 2 --ep 2 --zero 3 --zero-quantized-weights",
-       "--ep with ZeRO++: not built yet"}};
+       "--ep with ZeRO++: not built yet"},
+      // --ep-overlap (PipeOptions::overlap_expert_exchanges says why each).
+      {"--nproc 2 --dp 2 --checkpoint never --ep-overlap",
+       "--ep-overlap hides the expert all-to-alls of --ep 2 or more, and --ep is 1"},
+      {"--nproc 2 --dp 2 --ep 2 --ep-overlap", "--ep-overlap needs --checkpoint never (got "
+                                               "except_last)"},
+      {"--nproc 4 --dp 2 --tp 2 --ep 2 --checkpoint never --ep-overlap", "--ep-overlap with --tp 2"},
+      {"--nproc 2 --dp 2 --ep 2 --zero 2 --checkpoint never --ep-overlap",
+       "--ep-overlap with --zero 2"}};
   for (const auto& [flags, message] : cases) {
     const CliRun r = run_pipetrain(base + flags);
     EXPECT_EQ(r.exit_code, 2) << flags << "\n" << r.output;
