@@ -272,6 +272,7 @@ TEST(JobFields, EveryFlagOfTrainIsStillThereAndNamedOnce) {
   // ZeRO++ and loss scaler, issue 63's routing report and expert parallelism); none goes.
   std::set<std::string> expected = before;
   expected.insert({"--ep",
+                   "--ep-overlap",
                    "--offload-params",
                    "--offload-dir",
                    "--offload-buffer-bytes",
