@@ -6,6 +6,7 @@
 #include <thread>
 
 #include <c10/util/Exception.h>
+#include <ATen/Parallel.h>
 #include <ATen/ThreadLocalState.h>
 #include <torch/torch.h>
 
@@ -373,6 +374,7 @@ void Interpreter::execute_pair(size_t a, const StepData& data, RankResult& resul
   backward_event.start_us = micros_since(data.start);
   std::thread lane([&] {
     try {
+      at::init_num_threads();  // the process's intra-op threads, as autograd's workers do
       const at::ThreadLocalStateGuard guard(state);
       const parallel::LaneScope on_lane(1);
       execute_scoped(backward_action, data, result, watch);

@@ -20,6 +20,7 @@ struct PackedEvent {
   int64_t step;
   int32_t rank, stage, op, microbatch;
   double start_us, end_us;
+  int32_t lane, unused;
 };
 
 // One StepCounts' head on the wire (its values follow).
@@ -52,11 +53,30 @@ schedule::Timeline timeline_of(const std::vector<const StepEvent*>& events, int 
   timeline.microseconds_per_unit = 1000.0;
   double origin = std::numeric_limits<double>::infinity();
   for (const StepEvent* e : events) origin = std::min(origin, e->event.start_us);
+  // A backward run beside a forward (--ep-overlap, parallel/lane.h) goes on a row of its own,
+  // "rank r lane 1", after the ranks' (and their collectives') rows.
+  bool lanes = false;
+  for (const StepEvent* e : events) lanes = lanes || e->event.lane != 0;
+  const int lane_row = collectives.empty() ? ranks : 2 * ranks;
   for (const StepEvent* e : events) {
     if (compute_only && !schedule::is_compute(e->event.action.op)) continue;
-    timeline.events.push_back(schedule::make_event(e->event.rank, e->event.action,
-                                                   (e->event.start_us - origin) / 1000.0,
-                                                   (e->event.end_us - origin) / 1000.0));
+    timeline.events.push_back(schedule::make_event(
+        e->event.lane != 0 ? lane_row + e->event.rank : e->event.rank, e->event.action,
+        (e->event.start_us - origin) / 1000.0, (e->event.end_us - origin) / 1000.0));
+  }
+  if (lanes || !collectives.empty()) {
+    for (int r = 0; r < ranks; ++r) timeline.row_names.push_back("rank " + std::to_string(r));
+    if (!collectives.empty()) {
+      for (int r = 0; r < ranks; ++r) {
+        timeline.row_names.push_back("rank " + std::to_string(r) + " collectives");
+      }
+    }
+    if (lanes) {
+      for (int r = 0; r < ranks; ++r) {
+        timeline.row_names.push_back("rank " + std::to_string(r) + " lane 1");
+      }
+    }
+    timeline.num_ranks = static_cast<int>(timeline.row_names.size());
   }
   for (const StepCounts& c : counts) {
     schedule::TimelineCounter counter;
@@ -70,11 +90,6 @@ schedule::Timeline timeline_of(const std::vector<const StepEvent*>& events, int 
   }
   if (collectives.empty()) return timeline;
   // Rank r's collectives on row ranks + r, under the ranks' rows.
-  for (int r = 0; r < ranks; ++r) timeline.row_names.push_back("rank " + std::to_string(r));
-  for (int r = 0; r < ranks; ++r) {
-    timeline.row_names.push_back("rank " + std::to_string(r) + " collectives");
-  }
-  timeline.num_ranks = 2 * ranks;
   for (const StepCollective& c : collectives) {
     schedule::TimelineEvent event;
     event.rank = ranks + c.event.rank;
@@ -136,7 +151,9 @@ std::vector<char> EventLog::serialize() const {
                              static_cast<int32_t>(e.event.action.op),
                              e.event.action.microbatch,
                              e.event.start_us,
-                             e.event.end_us};
+                             e.event.end_us,
+                             e.event.lane,
+                             0};
     put(&packed, sizeof packed);
   }
   const auto collectives = static_cast<int64_t>(collectives_.size());
@@ -193,6 +210,7 @@ EventLog EventLog::deserialize(const std::vector<char>& bytes) {
     e.event.action.microbatch = packed.microbatch;
     e.event.start_us = packed.start_us;
     e.event.end_us = packed.end_us;
+    e.event.lane = packed.lane;
     log.events_.push_back(e);
   }
   for (size_t n = take_count(sizeof(PackedCollective)); n > 0;

@@ -89,7 +89,7 @@ TEST(TrainMoe, WeightsAfterAdamWEqualTransformersTrainingInEveryLayout) {
        "--nproc 8 --tp 2 --dp 2 --ep 2 --sequence-parallel --chunks 2 --schedule zb-h1"},
       {"qwen3_moe", "Qwen3MoeForCausalLM",
        "--nproc 4 --dp 2 --ep 2 --zero 1 --chunks 4 --schedule dualpipev --checkpoint never "
-       "--ep-overlap"}};
+       "--ep-overlap --trace TRACE"}};
   std::vector<std::string> pairs, references;
   std::set<std::string> referenced;
   for (size_t i = 0; i < cases.size(); ++i) {
@@ -155,6 +155,23 @@ TEST(TrainMoe, WeightsAfterAdamWEqualTransformersTrainingInEveryLayout) {
     if (c.layout.find("--ep-overlap") != std::string::npos) {
       EXPECT_NE(run.output.find(" ms of it exposed (no compute beside it"), std::string::npos)
           << run.output;
+    }
+    if (c.layout.find("--ep-overlap --trace") != std::string::npos) {
+      // The backwards run beside a forward are on each rank's "lane 1" row.
+      const nlohmann::json events = nlohmann::json::parse(std::ifstream(trace))["traceEvents"];
+      std::map<int, std::string> rows;
+      std::map<std::string, int> actions;  // row name -> its actions
+      for (const auto& e : events) {
+        if (e["name"] == "thread_name") rows[e["tid"].get<int>()] = e["args"]["name"];
+      }
+      for (const auto& e : events) {
+        if (e["ph"] == "X" && e.contains("cat") && e["cat"] != "collective") {
+          ++actions[rows[e["tid"].get<int>()]];
+        }
+      }
+      for (const char* row : {"rank 0 lane 1", "rank 1 lane 1", "rank 2 lane 1", "rank 3 lane 1"}) {
+        EXPECT_GT(actions[row], 0) << row << "\n" << trace;
+      }
     }
     if (c.layout.find("--report-memory") != std::string::npos) {
       // The memory model knows the experts: 1/ep of them per rank, their ZeRO shards over the
