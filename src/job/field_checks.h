@@ -118,6 +118,15 @@ inline Check<double> finite_at_least_zero(const char* what) {
   };
 }
 
+inline Check<double> finite_at_least_one(const char* what) {
+  return [what](const std::string& flag, const double& value) -> std::string {
+    if (value >= 1 && std::isfinite(value)) return "";
+    char got[32];
+    std::snprintf(got, sizeof got, "%g", value);
+    return flag + " must be " + what + ", got " + got;
+  };
+}
+
 // --chunks: a count >= 1 or auto.
 inline std::string check_chunks(const std::string& flag, const std::string& text) {
   if (text.empty() || text == "auto") return "";

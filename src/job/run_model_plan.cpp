@@ -187,6 +187,7 @@ int plan_world_layouts(const JobConfig& job, const PlanningModel& model, Precisi
   request.world = static_cast<int>(plan.world);
   request.planner = planner_options(job);
   request.precision = precision;
+  request.routing_imbalance = job.parallel.routing_imbalance;
   request.profile_repeats = static_cast<int>(plan.profile_repeats);
   request.profile_warmup = static_cast<int>(plan.profile_warmup);
   request.rank_arguments = {"plan",           "--model",         plan.model,

@@ -193,6 +193,7 @@ tune::MemoryCheckInput memory_check_input(const TrainingSetup& s, const RunLayou
     input.tensor_parallel = layout.tensor_parallel;
     input.sequence_parallel = s.job.parallel.sequence_parallel;
     input.expert_parallel = static_cast<int>(s.job.parallel.ep);
+    input.routing_imbalance = s.job.parallel.routing_imbalance;
   } else {
     input.model = p.model.sequential;
     input.loss = p.model.loss;

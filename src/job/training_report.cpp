@@ -8,6 +8,7 @@
 #include "pipetrain/base/atomic_file.h"
 #include "pipetrain/examples/model_registry.h"
 #include "pipetrain/models/llama.h"
+#include "pipetrain/models/llama_profile.h"
 #include "pipetrain/partition/memory.h"
 #include "pipetrain/train/document_batches.h"
 #include "pipetrain/train/memory_fit.h"
@@ -176,6 +177,17 @@ std::string memory_report_text(const TrainingSetup& s, Prepared& p, const Batche
   // Profiled on the device this rank's first stage trained on.
   const std::vector<torch::Tensor> trained = p.model.sequential->parameters();
   if (!trained.empty()) run.device = trained.front().device();
+  if (s.job.parallel.routing_imbalance != 1.0 && p.model.llama) {
+    // The MoE layers' routed rows at the planned imbalance, as the memory check planned them.
+    const int64_t sequence = inputs.size(1) / (s.job.parallel.sequence_parallel
+                                                   ? layout.tensor_parallel
+                                                   : 1);
+    run.adjust_profile = [&, sequence](partition::ModelProfile& profile) {
+      models::apply_routing_imbalance(profile, *p.model.llama, sequence,
+                                      static_cast<int>(s.job.parallel.ep),
+                                      s.job.parallel.routing_imbalance, pipe.precision());
+    };
+  }
   train::MemoryPrediction predicted;
   try {
     predicted = train::predict_training_memory(profiled->sequential, inputs, targets,

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -200,6 +201,25 @@ void check_expert_parallel(const TrainingSetup& s,
            "): CUDA runs a backward on its own threads, outside the second lane");
     }
   }
+  const double imbalance = s.job.parallel.routing_imbalance;
+  if (imbalance != 1.0) {
+    std::ostringstream given;
+    given << imbalance;
+    if (ep <= 1 || !(config && models::is_moe(config->architecture))) {
+      fail("--routing-imbalance " + given.str() +
+           " plans for the rows routing sends to the busiest expert-parallel rank: give a "
+           "mixture with --ep 2 or more (at --ep 1 every rank computes its own tokens' choices)");
+    }
+    const double bound =
+        parallel::routing_imbalance_bound(config->num_experts, config->num_experts_per_tok, ep);
+    if (!(imbalance >= 1.0) || imbalance > bound) {
+      std::ostringstream most;
+      most << bound;
+      fail("--routing-imbalance " + given.str() + " is outside 1.." + most.str() +
+           ", what routing can reach at --ep " + std::to_string(ep) + " (1: balanced; " +
+           most.str() + ": every token of the group choosing one rank's experts)");
+    }
+  }
   if (ep <= 1) return;
   if (!(config && models::is_moe(config->architecture))) {
     fail("--ep " + std::to_string(ep) + " splits a mixture's experts, and --model " + s.data.model +
@@ -222,6 +242,7 @@ void check_choices(const TrainingSetup& s) {
   check_tensor_parallel(s);
   // The model's config.json, read once for the checks that need it.
   const bool needs_config = s.job.parallel.ep > 1 || s.job.output.report_routing ||
+                            s.job.parallel.routing_imbalance != 1.0 ||
                             s.pipeline.precision == Precision::kFloat16 ||
                             s.job.parallel.sequence_parallel;
   const std::optional<models::LlamaConfig> config =

@@ -3,11 +3,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <sstream>
 
 #include <torch/torch.h>
 
 #include "pipetrain/base/error.h"
 #include "pipetrain/models/llama.h"
+#include "pipetrain/stage/allocation_counter.h"
 
 namespace pipetrain::models {
 
@@ -168,6 +170,81 @@ partition::ModelProfile expand_llama_profile(const partition::ModelProfile& prof
   expanded.process_layer_scale.clear();  // per measured layer: no longer lines up
   expanded.validate();
   return expanded;
+}
+
+std::int64_t expert_row_bytes(const LlamaConfig& config, Precision precision) {
+  auto shared = std::make_shared<LlamaConfig>(config);
+  LlamaMlp expert(shared, torch::TensorOptions(), parallel::TensorParallel{},
+                  config.expert_intermediate_size);
+  // What a forward over `rows` rows keeps for its backward: all it allocated and still holds
+  // (the rows themselves, made inside the layer as its dispatch makes them, where a projection
+  // saves them), less the output (the combine's, on the sender).
+  // A training forward's bytes whatever the caller's mode (a report after training runs without
+  // grad, or in inference mode).
+  const c10::InferenceMode not_inference(false);
+  const torch::AutoGradMode grad(true);
+  auto kept_by = [&](int64_t rows) {
+    const torch::Tensor base = torch::randn({rows, config.hidden_size}).requires_grad_(true);
+    AllocationCounter kept;
+    torch::Tensor out;
+    {
+      const CountAllocations counting(kept);
+      const AutocastGuard autocast(precision, torch::kCPU);
+      const torch::Tensor x = base.clone();
+      out = expert->forward(x);
+    }
+    return kept.live_bytes() - kept.counted_bytes_of(out);
+  };
+  // Per row: the slope between two counts, so that what a forward keeps once (autocast's weight
+  // casts) is not spread over the rows.
+  constexpr int64_t kRows = 64;
+  return std::max<int64_t>(0, kept_by(2 * kRows) - kept_by(kRows)) / kRows;
+}
+
+void apply_routing_imbalance(partition::ModelProfile& profile, const LlamaConfig& config,
+                             std::int64_t tokens_per_row, int ep, double imbalance,
+                             Precision precision) {
+  if (imbalance == 1.0) return;
+  auto text = [](double x) {
+    std::ostringstream out;
+    out << x;
+    return out.str();
+  };
+  if (!(imbalance >= 1.0)) {
+    throw BadInput("--routing-imbalance " + text(imbalance) +
+                   " is below 1: it is the busiest expert-parallel rank's routed rows over the "
+                   "balanced share (1: balanced)");
+  }
+  if (!is_moe(config.architecture) || ep <= 1) {
+    throw BadInput("--routing-imbalance " + text(imbalance) +
+                   " plans for the rows routing sends to the busiest expert-parallel rank; " +
+                   (is_moe(config.architecture)
+                        ? std::string("at --ep 1 every rank computes its own tokens' choices "
+                                      "whatever the routing")
+                        : std::string("the model is not a mixture of experts")));
+  }
+  const double bound =
+      parallel::routing_imbalance_bound(config.num_experts, config.num_experts_per_tok, ep);
+  if (imbalance > bound) {
+    throw BadInput("--routing-imbalance " + text(imbalance) + " is above what routing can reach at --ep " +
+                   std::to_string(ep) + ": " + text(bound) + " (every token of the group choosing one rank's " +
+                   std::to_string(config.num_experts / ep) + " experts, " +
+                   std::to_string(config.num_experts_per_tok) + " choices a token)");
+  }
+  const double row = static_cast<double>(expert_row_bytes(config, precision));
+  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
+    if (!config.is_moe_layer(l)) continue;
+    partition::LayerProfile& layer = profile.layers.at(static_cast<size_t>(l + 1));
+    for (size_t p = 0; p < layer.costs.size(); ++p) {
+      const double tokens =
+          static_cast<double>(profile.microbatch_sizes.at(p) * tokens_per_row);
+      const auto more = static_cast<int64_t>(
+          std::llround((imbalance - 1.0) * tokens * config.num_experts_per_tok * row));
+      layer.costs[p].activation_bytes += more;
+      layer.costs[p].split_activation_bytes += more;
+      layer.costs[p].split_first_activation_bytes += more;
+    }
+  }
 }
 
 }  // namespace pipetrain::models

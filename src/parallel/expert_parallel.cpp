@@ -1,6 +1,7 @@
 // Expert parallelism's checks (pipetrain/parallel/expert_parallel.h).
 #include "pipetrain/parallel/expert_parallel.h"
 
+#include <algorithm>
 #include <string>
 
 #include "pipetrain/base/error.h"
@@ -25,6 +26,13 @@ int64_t gcd(int64_t a, int64_t b) {
 
 C10dGroup& ExpertParallel::group_of_lane() const {
   return current_lane() == 1 && second ? *second : *group;
+}
+
+double routing_imbalance_bound(int64_t experts, int64_t top_k, int ep) {
+  const int64_t k = std::max<int64_t>(1, top_k);
+  const int64_t local = ep > 0 ? experts / ep : experts;
+  return static_cast<double>(ep) * static_cast<double>(std::min(k, local)) /
+         static_cast<double>(k);
 }
 
 void check_expert_parallel(int64_t experts, int ep, int dp) {

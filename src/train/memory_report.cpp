@@ -222,7 +222,7 @@ TrainingMemoryProfile profile_training_memory(torch::nn::Sequential model,
       }
     }
   }
-
+  if (run.adjust_profile) run.adjust_profile(profile);
   return measured;
 }
 

@@ -60,6 +60,11 @@ train::TrainingMemoryProfile llama_memory_profile(const MemoryCheckInput& input)
       0, tp, kProfiledTableRows, kProfiledMlpWidth,
       input.expert_parallel > 1 ? parallel::ExpertParallel{C10dGroup::mirror(input.expert_parallel), nullptr}
                                 : parallel::ExpertParallel{});
+  // The sequence a rank's MoE layer sees: its tp slice under sequence parallelism.
+  models::apply_routing_imbalance(
+      measured.profile, *input.llama,
+      ids.size(1) / (input.sequence_parallel ? input.tensor_parallel : 1), input.expert_parallel,
+      input.routing_imbalance, input.pipe.precision());
   const std::int64_t vocabulary = input.llama->vocab_size / input.tensor_parallel;
   const torch::Tensor logits = torch::zeros({m, ids.size(1), vocabulary});
   const torch::Tensor targets = input.targets.narrow(0, 0, m);

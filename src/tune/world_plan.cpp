@@ -271,6 +271,14 @@ WorldPlanResult plan_world(const WorldPlanRequest& r) {
                                                          .repeats(r.profile_repeats)
                                                          .warmup(r.profile_warmup),
                                                      0, tp, 0, 0, ep);
+    if (s.ep > 1 && r.routing_imbalance > 1.0) {
+      models::apply_routing_imbalance(
+          profile, r.config, seq / (s.sp ? s.tp : 1), s.ep,
+          std::min(r.routing_imbalance,
+                   parallel::routing_imbalance_bound(r.config.num_experts,
+                                                     r.config.num_experts_per_tok, s.ep)),
+          r.precision);
+    }
     // [2] [4]
     const pp::TransferModel tp_reduce = allreduce_of(r, result.allreduce, s.tp, largest_message);
     std::vector<std::vector<double>> added;

@@ -84,7 +84,8 @@ TEST(TrainMoe, WeightsAfterAdamWEqualTransformersTrainingInEveryLayout) {
       {"qwen3_moe", "Qwen3MoeForCausalLM",
        "--nproc 4 --dp 2 --ep 2 --chunks 4 --schedule dualpipev --checkpoint always --zero 3"},
       {"mixtral", "MixtralForCausalLM",
-       "--nproc 4 --dp 4 --ep 2 --zero 1 --chunks 2 --schedule zb-h1 --report-memory"},
+       "--nproc 4 --dp 4 --ep 2 --zero 1 --chunks 2 --schedule zb-h1 --report-memory "
+       "--routing-imbalance 1.375"},
       {"qwen3_moe", "Qwen3MoeForCausalLM",
        "--nproc 8 --tp 2 --dp 2 --ep 2 --sequence-parallel --chunks 2 --schedule zb-h1"},
       {"qwen3_moe", "Qwen3MoeForCausalLM",
@@ -175,7 +176,8 @@ TEST(TrainMoe, WeightsAfterAdamWEqualTransformersTrainingInEveryLayout) {
     }
     if (c.layout.find("--report-memory") != std::string::npos) {
       // The memory model knows the experts: 1/ep of them per rank, their ZeRO shards over the
-      // dp / ep replicas holding them, their gradient buffers apart from the others'.
+      // dp / ep replicas holding them, their gradient buffers apart from the others', the routed
+      // rows at the planned imbalance (models::apply_routing_imbalance).
       std::istringstream lines(run.output);
       int checked = 0;
       for (std::string line; std::getline(lines, line);) {
@@ -187,6 +189,18 @@ TEST(TrainMoe, WeightsAfterAdamWEqualTransformersTrainingInEveryLayout) {
         }
       }
       EXPECT_EQ(checked, 16) << run.output;  // 4 ranks, 4 categories
+      // Planned for the routing this run measures (--report-routing's worst over the fixture's
+      // steps, 1.375: an upper bound of a rank's), no rank's activations exceed the prediction;
+      // at balance (1) one rank's have (1.047 seen).
+      std::istringstream again(run.output);
+      int activations = 0;
+      for (std::string line; std::getline(again, line);) {
+        if (line.find("  activations ") == std::string::npos) continue;
+        ++activations;
+        const double ratio = std::stod(line.substr(line.find_last_of(' ') + 1));
+        EXPECT_LE(ratio, 1.0) << line;
+      }
+      EXPECT_EQ(activations, 4) << run.output;
     }
     pairs.push_back(out + " " + reference + " --rtol 1e-4");
   }
@@ -252,7 +266,13 @@ TEST(TrainMoe, WhatExpertParallelismCannotRunExitsTwoNamingTheValue) {
                                                "except_last)"},
       {"--nproc 4 --dp 2 --tp 2 --ep 2 --checkpoint never --ep-overlap", "--ep-overlap with --tp 2"},
       {"--nproc 2 --dp 2 --ep 2 --zero 2 --checkpoint never --ep-overlap",
-       "--ep-overlap with --zero 2"}};
+       "--ep-overlap with --zero 2"},
+      // 4 experts, 2 a token, ep 2: a rank can get both choices of every token, twice its share.
+      {"--nproc 2 --dp 2 --ep 2 --routing-imbalance 3",
+       "--routing-imbalance 3 is outside 1..2, what routing can reach at --ep 2"},
+      {"--nproc 2 --dp 2 --routing-imbalance 1.5",
+       "--routing-imbalance 1.5 plans for the rows routing sends to the busiest expert-parallel "
+       "rank: give a mixture with --ep 2 or more"}};
   for (const auto& [flags, message] : cases) {
     const CliRun r = run_pipetrain(base + flags);
     EXPECT_EQ(r.exit_code, 2) << flags << "\n" << r.output;

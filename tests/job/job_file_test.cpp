@@ -273,6 +273,7 @@ TEST(JobFields, EveryFlagOfTrainIsStillThereAndNamedOnce) {
   std::set<std::string> expected = before;
   expected.insert({"--ep",
                    "--ep-overlap",
+                   "--routing-imbalance",
                    "--offload-params",
                    "--offload-dir",
                    "--offload-buffer-bytes",

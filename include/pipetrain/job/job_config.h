@@ -97,6 +97,7 @@ struct ParallelSettings {
   int64_t tp = 1;                    // --tp
   int64_t ep = 1;                    // --ep: expert-parallel replicas (divides dp)
   bool ep_overlap = false;           // --ep-overlap: a forward beside a backward (PipeOptions)
+  double routing_imbalance = 1;      // --routing-imbalance: planned busiest ep rank / balanced
   bool sequence_parallel = false;    // --sequence-parallel
   std::string backend = "auto";      // --backend
   double timeout = 300;              // --timeout: seconds

@@ -35,6 +35,7 @@
 #include "pipetrain/parallel/tensor_parallel.h"
 #include "pipetrain/partition/profile.h"
 #include "pipetrain/partition/profiler.h"
+#include "pipetrain/stage/precision.h"
 
 namespace pipetrain::models {
 
@@ -56,5 +57,26 @@ partition::ModelProfile profile_llama(const LlamaConfig& config, const torch::Te
 // stands for the missing ones. Numbers the entries as the Sequential does ("3:LlamaDecoderLayer").
 partition::ModelProfile expand_llama_profile(const partition::ModelProfile& profile,
                                              const LlamaConfig& config);
+
+// Routing imbalance under expert parallelism. A profile runs a mixture's layer as one ep rank
+// holds it fed by identical members (balanced routing: the rank's experts receive as many
+// (token, choice) rows as its own tokens make, T x k). Routing is dropless, so a rank receives
+// what its group's tokens choose: the rows on the rank holding the busiest experts are F x T x k,
+// F the rank's imbalance, at most ep x min(k, experts / ep) / k (every token of the group choosing
+// this rank's experts as often as it can; parallel::routing_imbalance_bound). At ep 1 every rank computes
+// its own T x k rows whatever the routing. The expert's saved tensors grow with F; the rows the
+// combine brings back to the sender do not.
+//
+// The bytes one routed row keeps on the expert's rank until the backward (the expert's saved
+// tensors for one row of `config`'s expert width), measured by running one expert forward on 64
+// rows at `precision` under an allocation counter.
+std::int64_t expert_row_bytes(const LlamaConfig& config, Precision precision);
+// Adds (imbalance - 1) x T x k x expert_row_bytes to every MoE layer's activation bytes (and
+// their split-backward forms) at each measured micro-batch size, T = rows x `tokens_per_row`.
+// Throws BadInput naming the value when imbalance is below 1 or above the bound, or given (> 1)
+// with ep 1 or a dense model.
+void apply_routing_imbalance(partition::ModelProfile& profile, const LlamaConfig& config,
+                             std::int64_t tokens_per_row, int ep, double imbalance,
+                             Precision precision);
 
 }  // namespace pipetrain::models

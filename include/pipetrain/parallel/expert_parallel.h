@@ -49,6 +49,11 @@ struct ExpertParallel {
 // replicas `dp`, or is below 1, saying which sizes would.
 void check_expert_parallel(int64_t experts, int ep, int dp);
 
+// The most a rank's routed rows can exceed the balanced share (T x k, its own tokens' choices)
+// under dropless routing at `ep`: ep x min(k, experts / ep) / k, every token of the group choosing
+// this rank's experts as often as it can (models::apply_routing_imbalance).
+double routing_imbalance_bound(int64_t experts, int64_t top_k, int ep);
+
 // True for the name of a routed expert's parameter ("3.mlp.experts.5.up_proj.weight"; not a
 // shared expert's): the tensors expert parallelism splits.
 bool is_expert_parameter(const std::string& name);

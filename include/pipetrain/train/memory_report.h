@@ -41,6 +41,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -91,6 +92,9 @@ struct MemoryRunOptions {
   bool cast_gather = true;         // ZeRO 3 under bf16/fp16: ZeroOptions::cast_gather
   int data_parallel = 1;
   int expert_parallel = 1;  // --ep
+  // Applied to the measured profile before the prediction: a mixture's planned routing
+  // imbalance (models::apply_routing_imbalance). Null: the profile as measured.
+  std::function<void(partition::ModelProfile&)> adjust_profile;
   bool processes = false;   // one process per pipeline rank (the c10d transport)
   // Where to profile: the model is moved there first where any of its parameters is elsewhere
   // (after training: the entries the main rank of --nproc builds only to profile, a

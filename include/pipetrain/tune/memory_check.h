@@ -33,6 +33,9 @@ struct MemoryCheckInput {
   // With `llama`, a mixture: its experts as one expert-parallel rank holds them, the tokens it
   // gets as a mirror group of identical members sends them (C10dGroup::mirror).
   int expert_parallel = 1;
+  // With expert_parallel > 1: the busiest rank's routed rows over the balanced share the MoE
+  // layers' activations are planned for (models::apply_routing_imbalance); 1: balanced.
+  double routing_imbalance = 1.0;
   // The first mini-batch every replica shares.
   torch::Tensor inputs, targets;
   PipeOptions pipe;

@@ -74,6 +74,9 @@ struct WorldPlanRequest {
   // `data_parallel` and `processes` are set per layout.
   partition::PlannerOptions planner;
   Precision precision = Precision::kFloat32;
+  // A mixture's layouts with ep > 1: their MoE layers' routed activations planned at this
+  // imbalance, at most each ep's bound (models::apply_routing_imbalance); 1: balanced.
+  double routing_imbalance = 1.0;
   int profile_repeats = 7, profile_warmup = 2;  // [3]: partition::ProfileOptions' repeats, warmup
   // Measured all-reduce per group size ([2]); a size not here is measured. Tests and callers
   // that measured already pass theirs.
