@@ -13,6 +13,7 @@
 #include <torch/serialize.h>
 
 #include "pipetrain/base/atomic_file.h"
+#include "pipetrain/parallel/expert_parallel.h"
 #include "pipetrain/runtime/tensor_io.h"
 #include "pipetrain/train/optimizer.h"
 
@@ -339,6 +340,11 @@ size_t save_parameters(const std::string& path, const Checkpoint& checkpoint,
                             "' of the model; nothing written to " + path);
     }
     named.emplace_back(item.key(), found->second);
+  }
+  std::set<std::string> held;
+  for (const auto& item : named) held.insert(item.first);
+  for (const auto& [name, tensor] : checkpoint.parameters) {
+    if (!held.count(name) && parallel::is_expert_parameter(name)) named.emplace_back(name, tensor);
   }
   save_named_tensors(path, named);
   return named.size();

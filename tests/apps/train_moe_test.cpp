@@ -30,6 +30,7 @@
 
 #include "../helpers/cli_run.h"
 #include "../helpers/hf_models.h"
+#include "../helpers/params_file.h"
 #include "pipetrain/io/safetensors.h"
 
 namespace pipetrain::train_moe_test {
@@ -80,7 +81,7 @@ TEST(TrainMoe, WeightsAfterAdamWEqualTransformersTrainingInEveryLayout) {
        "--nproc 4 --dp 2 --zero 1 --chunks 2 --schedule 1f1b --checkpoint always "
        "--report-routing --log-every 1 --trace TRACE"},
       {"qwen2_moe", "Qwen2MoeForCausalLM",
-       "--nproc 2 --dp 2 --ep 2 --chunks 2 --checkpoint never --ep-overlap"},
+       "--nproc 2 --dp 2 --ep 2 --chunks 2 --checkpoint never --ep-overlap --save-params PARAMS"},
       {"qwen3_moe", "Qwen3MoeForCausalLM",
        "--nproc 4 --dp 2 --ep 2 --chunks 4 --schedule dualpipev --checkpoint always --zero 3"},
       {"mixtral", "MixtralForCausalLM",
@@ -106,6 +107,8 @@ TEST(TrainMoe, WeightsAfterAdamWEqualTransformersTrainingInEveryLayout) {
     std::string layout = c.layout;
     const std::string trace = out + "-trace.json";
     if (layout.find("TRACE") != std::string::npos) layout.replace(layout.find("TRACE"), 5, trace);
+    const std::string params = out + "-params.pt";
+    if (layout.find("PARAMS") != std::string::npos) layout.replace(layout.find("PARAMS"), 6, params);
     const CliRun run = run_pipetrain(
         "train --model " + model + " --data tokens --token-file " + hf_fixtures() +
         "/tokens.bin --seq-len 16 --batch-size 8 --steps 3 --lr 1e-2 --optimizer adamw "
@@ -156,6 +159,18 @@ TEST(TrainMoe, WeightsAfterAdamWEqualTransformersTrainingInEveryLayout) {
     if (c.layout.find("--ep-overlap") != std::string::npos) {
       EXPECT_NE(run.output.find(" ms of it exposed (no compute beside it"), std::string::npos)
           << run.output;
+    }
+    if (c.layout.find("PARAMS") != std::string::npos) {
+      // --save-params holds every expert, the other rank's too (the main rank's model registers
+      // its own only): Qwen2-MoE's layer 0 has 4 (layer 1 is mlp_only).
+      const auto saved = testing::load_params(params);
+      for (int e = 0; e < 4; ++e) {
+        for (const char* projection : {"gate_proj", "up_proj", "down_proj"}) {
+          const std::string name =
+              "1.mlp.experts." + std::to_string(e) + "." + projection + ".weight";
+          EXPECT_TRUE(saved.count(name)) << name;
+        }
+      }
     }
     if (c.layout.find("--ep-overlap --trace") != std::string::npos) {
       // The backwards run beside a forward are on each rank's "lane 1" row.

@@ -125,7 +125,9 @@ Checkpoint load_checkpoint(const std::string& path);
 std::string serialize_checkpoint(const Checkpoint& checkpoint);
 Checkpoint deserialize_checkpoint(const std::string& bytes, const std::string& source);
 // The parameters of `checkpoint`, in `model`'s order (named_parameters()), as a tensor file
-// (runtime/tensor_io.h), readable by torch.load in Python. Returns how many it wrote. Throws
+// (runtime/tensor_io.h), readable by torch.load in Python; then, by name, the routed experts
+// the checkpoint holds and `model` does not (under expert parallelism a rank's model registers its
+// own experts only; parallel::is_expert_parameter). Returns how many it wrote. Throws
 // CheckpointError naming a parameter of the model the checkpoint lacks; FileError on I/O.
 size_t save_parameters(const std::string& path, const Checkpoint& checkpoint,
                        const torch::nn::Module& model);
