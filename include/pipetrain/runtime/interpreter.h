@@ -24,8 +24,10 @@
 // micro-batch, with the original message. `cancel` is polled between actions: when another rank
 // failed, run() stops early with a StepError saying so.
 //
-// Thread-safety: an Interpreter is used by one thread. Different ranks' interpreters share only
-// the Transport (thread-safe) and read-only StepData.
+// Thread-safety: an Interpreter is used by one thread; with `pairs` it runs each pair's backward
+// on a second thread it starts and joins within the pair (the two touch disjoint inboxes: a
+// forward the activations', a backward the gradients'; Stage keeps its stash under a lock).
+// Different ranks' interpreters share only the Transport (thread-safe) and read-only StepData.
 #pragma once
 
 #include <atomic>
