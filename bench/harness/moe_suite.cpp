@@ -179,11 +179,11 @@ json run_moe_suite(const BenchOptions& a) {
     rows.back()["name"] = name;
   }
   // The overlap: each layout without and with it, one after the other.
-  const std::string dualpipev =
-      "--nproc 4 --dp 2 --ep 2 --chunks 8 --schedule dualpipev";
+  const std::string dualpipev = "--nproc 4 --dp 2 --ep 2 --chunks 8 --schedule dualpipev";
   for (const auto& [name, flags] :
-       {std::pair<std::string, std::string>{"dp4 ep4 M4", "--nproc 4 --dp 4 --ep 4 --chunks 4 "
-                                                          "--schedule 1f1b"},
+       {std::pair<std::string, std::string>{"dp4 ep4 M4",
+                                            "--nproc 4 --dp 4 --ep 4 --chunks 4 "
+                                            "--schedule 1f1b"},
         std::pair<std::string, std::string>{"pp2 ep2 dualpipev", dualpipev}}) {
     for (const bool overlap : {false, true}) {
       const std::string row_name = name + (overlap ? " +overlap" : "");
@@ -285,14 +285,13 @@ void print_moe_report(const json& report) {
         row.contains("step_vs_without")
             ? cell("step_vs_without", 1, "%.3f") + ", " + cell("exposed_vs_without", 1, "%.3f")
             : "-";
-    std::printf("%-17s %-26s %8s %9s %6s %13s %6s %11s %14s\n",
-                row["runtime"].get<std::string>().c_str(), row["name"].get<std::string>().c_str(),
-                cell("step_seconds", 1e3, "%.1f").c_str(),
-                cell("tokens_per_second", 1, "%.0f").c_str(),
-                cell("ratio_vs_ep1", 1, "%.3f").c_str(),
-                cell("all_to_all_seconds", 1e3, "%.1f").c_str(),
-                cell("all_to_all_share", 1, "%.3f").c_str(),
-                cell("exposed_seconds", 1e3, "%.1f").c_str(), versus.c_str());
+    std::printf(
+        "%-17s %-26s %8s %9s %6s %13s %6s %11s %14s\n", row["runtime"].get<std::string>().c_str(),
+        row["name"].get<std::string>().c_str(), cell("step_seconds", 1e3, "%.1f").c_str(),
+        cell("tokens_per_second", 1, "%.0f").c_str(), cell("ratio_vs_ep1", 1, "%.3f").c_str(),
+        cell("all_to_all_seconds", 1e3, "%.1f").c_str(),
+        cell("all_to_all_share", 1, "%.3f").c_str(), cell("exposed_seconds", 1e3, "%.1f").c_str(),
+        versus.c_str());
   }
   for (const json& row : report["rows"]) {
     if (row.contains("pipetrain_over_torch")) {

@@ -412,7 +412,8 @@ BuiltModel build_mirror_model(const ModelDataSpec& spec, const BuiltData& data, 
     tp = parallel::TensorParallel{C10dGroup::mirror(tensor_parallel), sequence_parallel};
   }
   parallel::ExpertParallel ep;
-  if (expert_parallel > 1) ep = parallel::ExpertParallel{C10dGroup::mirror(expert_parallel), nullptr};
+  if (expert_parallel > 1)
+    ep = parallel::ExpertParallel{C10dGroup::mirror(expert_parallel), nullptr};
   return build_model(random, data, std::nullopt, tp, {}, ep);
 }
 

@@ -654,9 +654,9 @@ void report_comm(Distributed& distributed, int64_t steps, JobObserver& observer)
 // what every rank sent.
 void report_expert_exchange(Distributed& distributed, int64_t steps, JobObserver& observer) {
   const parallel::AllToAllRowsStats mine = parallel::all_to_all_rows_stats();
-  const std::vector<int64_t> sums =
-      sum_over_ranks(distributed, {mine.calls, static_cast<int64_t>(mine.seconds * 1e9),
-                                   mine.bytes_sent, static_cast<int64_t>(mine.exposed_seconds * 1e9)});
+  const std::vector<int64_t> sums = sum_over_ranks(
+      distributed, {mine.calls, static_cast<int64_t>(mine.seconds * 1e9), mine.bytes_sent,
+                    static_cast<int64_t>(mine.exposed_seconds * 1e9)});
   if (distributed.rank() != 0 || steps <= 0) return;
   const double per = static_cast<double>(steps);
   const double ranks = distributed.world_size();

@@ -179,9 +179,8 @@ std::string memory_report_text(const TrainingSetup& s, Prepared& p, const Batche
   if (!trained.empty()) run.device = trained.front().device();
   if (s.job.parallel.routing_imbalance != 1.0 && p.model.llama) {
     // The MoE layers' routed rows at the planned imbalance, as the memory check planned them.
-    const int64_t sequence = inputs.size(1) / (s.job.parallel.sequence_parallel
-                                                   ? layout.tensor_parallel
-                                                   : 1);
+    const int64_t sequence =
+        inputs.size(1) / (s.job.parallel.sequence_parallel ? layout.tensor_parallel : 1);
     run.adjust_profile = [&, sequence](partition::ModelProfile& profile) {
       models::apply_routing_imbalance(profile, *p.model.llama, sequence,
                                       static_cast<int>(s.job.parallel.ep),

@@ -147,9 +147,8 @@ torch::Tensor LlamaMoeImpl::run_experts_parallel(const torch::Tensor& flat,
   }
   // [3]
   const torch::Tensor tokens = order.div(k, "floor");
-  const torch::Tensor received =
-      parallel::all_to_all_rows(flat.index_select(0, tokens), send, receive, *ep.group,
-                                ep.second.get());
+  const torch::Tensor received = parallel::all_to_all_rows(flat.index_select(0, tokens), send,
+                                                           receive, *ep.group, ep.second.get());
   // [4] the rows of local expert j: member g's run at its offset, for every g
   std::vector<torch::Tensor> outputs;
   std::vector<torch::Tensor> positions;
@@ -182,7 +181,8 @@ torch::Tensor LlamaMoeImpl::run_experts_parallel(const torch::Tensor& flat,
     back = torch::cat(outputs).index_select(0, std::get<1>(all.sort()));
   }
   // [5]
-  const torch::Tensor returned = parallel::all_to_all_rows(back, receive, send, *ep.group, ep.second.get());
+  const torch::Tensor returned =
+      parallel::all_to_all_rows(back, receive, send, *ep.group, ep.second.get());
   const torch::Tensor pair_weights = weights.reshape({-1}).index_select(0, order).unsqueeze(1);
   torch::Tensor out = torch::zeros_like(flat);
   out.index_add_(0, tokens, (returned * pair_weights).to(out.scalar_type()));

@@ -226,8 +226,9 @@ void apply_routing_imbalance(partition::ModelProfile& profile, const LlamaConfig
   const double bound =
       parallel::routing_imbalance_bound(config.num_experts, config.num_experts_per_tok, ep);
   if (imbalance > bound) {
-    throw BadInput("--routing-imbalance " + text(imbalance) + " is above what routing can reach at --ep " +
-                   std::to_string(ep) + ": " + text(bound) + " (every token of the group choosing one rank's " +
+    throw BadInput("--routing-imbalance " + text(imbalance) +
+                   " is above what routing can reach at --ep " + std::to_string(ep) + ": " +
+                   text(bound) + " (every token of the group choosing one rank's " +
                    std::to_string(config.num_experts / ep) + " experts, " +
                    std::to_string(config.num_experts_per_tok) + " choices a token)");
   }
@@ -236,8 +237,7 @@ void apply_routing_imbalance(partition::ModelProfile& profile, const LlamaConfig
     if (!config.is_moe_layer(l)) continue;
     partition::LayerProfile& layer = profile.layers.at(static_cast<size_t>(l + 1));
     for (size_t p = 0; p < layer.costs.size(); ++p) {
-      const double tokens =
-          static_cast<double>(profile.microbatch_sizes.at(p) * tokens_per_row);
+      const double tokens = static_cast<double>(profile.microbatch_sizes.at(p) * tokens_per_row);
       const auto more = static_cast<int64_t>(
           std::llround((imbalance - 1.0) * tokens * config.num_experts_per_tok * row));
       layer.costs[p].activation_bytes += more;

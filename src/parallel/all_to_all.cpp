@@ -16,8 +16,8 @@ namespace pipetrain::parallel {
 namespace {
 
 std::mutex stats_mutex;
-AllToAllRowsStats stats;  // by stats_mutex
-bool recording = false;   // by stats_mutex
+AllToAllRowsStats stats;              // by stats_mutex
+bool recording = false;               // by stats_mutex
 std::vector<LaneInterval> intervals;  // by stats_mutex
 
 C10dGroup& of_lane(C10dGroup& group, C10dGroup* second) {

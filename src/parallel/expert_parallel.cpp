@@ -31,8 +31,7 @@ C10dGroup& ExpertParallel::group_of_lane() const {
 double routing_imbalance_bound(int64_t experts, int64_t top_k, int ep) {
   const int64_t k = std::max<int64_t>(1, top_k);
   const int64_t local = ep > 0 ? experts / ep : experts;
-  return static_cast<double>(ep) * static_cast<double>(std::min(k, local)) /
-         static_cast<double>(k);
+  return static_cast<double>(ep) * static_cast<double>(std::min(k, local)) / static_cast<double>(k);
 }
 
 void check_expert_parallel(int64_t experts, int ep, int dp) {

@@ -13,12 +13,12 @@
 
 #include "pipetrain/base/check.h"
 #include "pipetrain/data/batch.h"
+#include "pipetrain/parallel/all_to_all.h"
 #include "pipetrain/runtime/gradient_reducer.h"
 #include "pipetrain/runtime/interpreter.h"
 #include "pipetrain/runtime/scoped_threads.h"
 #include "pipetrain/schedule/generators.h"
 #include "pipetrain/schedule/lower.h"
-#include "pipetrain/parallel/all_to_all.h"
 #include "pipetrain/schedule/overlap.h"
 #include "pipetrain/schedule/send_release.h"
 #include "pipetrain/schedule/validate.h"
@@ -220,8 +220,9 @@ torch::Tensor DistributedPipe::train_step(const data::Batch& batch, const LossFn
       "both lanes would use them at once (ZeRO 0 or 1)");
   Interpreter interpreter(
       distributed_.pipeline_rank(), s, stages, *transport_, released_for(s),
-      paired == pairs_.end() ? nullptr
-                             : &paired->second.at(static_cast<size_t>(distributed_.pipeline_rank())));
+      paired == pairs_.end()
+          ? nullptr
+          : &paired->second.at(static_cast<size_t>(distributed_.pipeline_rank())));
   transport_->reset_peak_buffer_bytes();
   // [4] overlapped: each stage's gradients start their sum after its last backward.
   const bool replicas = allreduce_gradients_ && distributed_.data_parallel_group() != nullptr;
@@ -274,8 +275,7 @@ torch::Tensor DistributedPipe::train_step(const data::Batch& batch, const LossFn
     for (const ActionEvent& event : events_) {
       if (!schedule::is_compute(event.action.op)) continue;
       busy.push_back(parallel::LaneInterval{
-          event.lane,
-          data.start + std::chrono::microseconds(static_cast<int64_t>(event.start_us)),
+          event.lane, data.start + std::chrono::microseconds(static_cast<int64_t>(event.start_us)),
           data.start + std::chrono::microseconds(static_cast<int64_t>(event.end_us))});
     }
     parallel::add_exposed_all_to_all_seconds(parallel::exposed_seconds(exchanges, busy));

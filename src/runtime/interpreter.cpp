@@ -5,9 +5,9 @@
 #include <optional>
 #include <thread>
 
-#include <c10/util/Exception.h>
 #include <ATen/Parallel.h>
 #include <ATen/ThreadLocalState.h>
+#include <c10/util/Exception.h>
 #include <torch/torch.h>
 
 #include "pipetrain/base/check.h"
@@ -56,16 +56,14 @@ Interpreter::Interpreter(int rank, const schedule::Schedule& schedule, std::map<
                         " is out of range for a schedule of ", schedule.num_ranks, " ranks");
   const auto& actions = schedule.actions[static_cast<size_t>(rank)];
   if (pairs_) {
-    PIPETRAIN_CHECK_INPUT(pairs_->size() == actions.size(), "the pairs of rank ", rank,
-                          " cover ", pairs_->size(), " actions but the rank runs ",
-                          actions.size());
+    PIPETRAIN_CHECK_INPUT(pairs_->size() == actions.size(), "the pairs of rank ", rank, " cover ",
+                          pairs_->size(), " actions but the rank runs ", actions.size());
     for (size_t a = 0; a < actions.size(); ++a) {
       if (!(*pairs_)[a]) continue;
-      const bool ok = a + 1 < actions.size() && is_compute(actions[a].op) &&
-                      is_compute(actions[a + 1].op) &&
-                      ((actions[a].op == Op::kForward) != (actions[a + 1].op == Op::kForward)) &&
-                      actions[a].op != Op::kBackwardWeight &&
-                      actions[a + 1].op != Op::kBackwardWeight;
+      const bool ok =
+          a + 1 < actions.size() && is_compute(actions[a].op) && is_compute(actions[a + 1].op) &&
+          ((actions[a].op == Op::kForward) != (actions[a + 1].op == Op::kForward)) &&
+          actions[a].op != Op::kBackwardWeight && actions[a + 1].op != Op::kBackwardWeight;
       PIPETRAIN_CHECK_INPUT(ok, "rank ", rank, "'s action ", a, " (",
                             schedule::to_string(actions[a]),
                             ") starts a pair but it and the next are not a forward and a backward");

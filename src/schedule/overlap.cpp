@@ -42,9 +42,9 @@ ForwardBackwardPairs pair_forwards_with_backwards(const Schedule& lowered) {
       if (q >= list.size()) break;
       const Action& x = list[p];
       const Action& y = list[q];
-      const bool candidate = x.microbatch != y.microbatch &&
-                             ((is_forward(x.op) && is_backward(y.op)) ||
-                              (is_backward(x.op) && is_forward(y.op)));
+      const bool candidate =
+          x.microbatch != y.microbatch &&
+          ((is_forward(x.op) && is_backward(y.op)) || (is_backward(x.op) && is_forward(y.op)));
       if (!candidate) {
         p = q;
         continue;

@@ -58,8 +58,9 @@ train::TrainingMemoryProfile llama_memory_profile(const MemoryCheckInput& input)
           .measure_transfer(false)
           .precision(input.pipe.precision()),
       0, tp, kProfiledTableRows, kProfiledMlpWidth,
-      input.expert_parallel > 1 ? parallel::ExpertParallel{C10dGroup::mirror(input.expert_parallel), nullptr}
-                                : parallel::ExpertParallel{});
+      input.expert_parallel > 1
+          ? parallel::ExpertParallel{C10dGroup::mirror(input.expert_parallel), nullptr}
+          : parallel::ExpertParallel{});
   // The sequence a rank's MoE layer sees: its tp slice under sequence parallelism.
   models::apply_routing_imbalance(
       measured.profile, *input.llama,

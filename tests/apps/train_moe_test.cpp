@@ -108,7 +108,8 @@ TEST(TrainMoe, WeightsAfterAdamWEqualTransformersTrainingInEveryLayout) {
     const std::string trace = out + "-trace.json";
     if (layout.find("TRACE") != std::string::npos) layout.replace(layout.find("TRACE"), 5, trace);
     const std::string params = out + "-params.pt";
-    if (layout.find("PARAMS") != std::string::npos) layout.replace(layout.find("PARAMS"), 6, params);
+    if (layout.find("PARAMS") != std::string::npos)
+      layout.replace(layout.find("PARAMS"), 6, params);
     const CliRun run = run_pipetrain(
         "train --model " + model + " --data tokens --token-file " + hf_fixtures() +
         "/tokens.bin --seq-len 16 --batch-size 8 --steps 3 --lr 1e-2 --optimizer adamw "
@@ -277,9 +278,11 @@ TEST(TrainMoe, WhatExpertParallelismCannotRunExitsTwoNamingTheValue) {
       // --ep-overlap (PipeOptions::overlap_expert_exchanges says why each).
       {"--nproc 2 --dp 2 --checkpoint never --ep-overlap",
        "--ep-overlap hides the expert all-to-alls of --ep 2 or more, and --ep is 1"},
-      {"--nproc 2 --dp 2 --ep 2 --ep-overlap", "--ep-overlap needs --checkpoint never (got "
-                                               "except_last)"},
-      {"--nproc 4 --dp 2 --tp 2 --ep 2 --checkpoint never --ep-overlap", "--ep-overlap with --tp 2"},
+      {"--nproc 2 --dp 2 --ep 2 --ep-overlap",
+       "--ep-overlap needs --checkpoint never (got "
+       "except_last)"},
+      {"--nproc 4 --dp 2 --tp 2 --ep 2 --checkpoint never --ep-overlap",
+       "--ep-overlap with --tp 2"},
       {"--nproc 2 --dp 2 --ep 2 --zero 2 --checkpoint never --ep-overlap",
        "--ep-overlap with --zero 2"},
       // 4 experts, 2 a token, ep 2: a rank can get both choices of every token, twice its share.

@@ -6,8 +6,8 @@
 #include <utility>
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
 #include "pipetrain/base/error.h"
 #include "pipetrain/models/llama_config.h"
@@ -77,25 +77,24 @@ TEST(ProfileLlama, TablesOnFewerRowsAndMlpsOnNarrowerWidthsHaveTheBytesOfTheWhol
 // A Qwen3-MoE config whose second layer is a mixture (decoder_sparse_step 2): 4 experts of width
 // 16, 2 a token, hidden 32.
 LlamaConfig mixture_config() {
-  return parse_llama_config(nlohmann::json{
-      {"architectures", {"Qwen3MoeForCausalLM"}},
-      {"model_type", "qwen3_moe"},
-      {"vocab_size", 64},
-      {"hidden_size", 32},
-      {"intermediate_size", 64},
-      {"moe_intermediate_size", 16},
-      {"num_hidden_layers", 2},
-      {"num_attention_heads", 4},
-      {"num_key_value_heads", 2},
-      {"head_dim", 8},
-      {"max_position_embeddings", 64},
-      {"rms_norm_eps", 1e-6},
-      {"num_experts", 4},
-      {"num_experts_per_tok", 2},
-      {"norm_topk_prob", true},
-      {"decoder_sparse_step", 2},
-      {"mlp_only_layers", nlohmann::json::array()},
-      {"tie_word_embeddings", false}});
+  return parse_llama_config(nlohmann::json{{"architectures", {"Qwen3MoeForCausalLM"}},
+                                           {"model_type", "qwen3_moe"},
+                                           {"vocab_size", 64},
+                                           {"hidden_size", 32},
+                                           {"intermediate_size", 64},
+                                           {"moe_intermediate_size", 16},
+                                           {"num_hidden_layers", 2},
+                                           {"num_attention_heads", 4},
+                                           {"num_key_value_heads", 2},
+                                           {"head_dim", 8},
+                                           {"max_position_embeddings", 64},
+                                           {"rms_norm_eps", 1e-6},
+                                           {"num_experts", 4},
+                                           {"num_experts_per_tok", 2},
+                                           {"norm_topk_prob", true},
+                                           {"decoder_sparse_step", 2},
+                                           {"mlp_only_layers", nlohmann::json::array()},
+                                           {"tie_word_embeddings", false}});
 }
 
 TEST(ProfileLlama, RoutingImbalanceAddsTheBusiestRanksExtraRowsToEachMixtureLayer) {
@@ -109,8 +108,8 @@ TEST(ProfileLlama, RoutingImbalanceAddsTheBusiestRanksExtraRowsToEachMixtureLaye
   EXPECT_EQ(expert_row_bytes(config, Precision::kBFloat16), (2 * 32 + 4 * 16) * 2);
   // ep 2, 4 experts, 2 a token: a rank holds 2, and every token may send it both choices.
   EXPECT_EQ(parallel::routing_imbalance_bound(4, 2, 2), 2.0);
-  EXPECT_EQ(parallel::routing_imbalance_bound(4, 2, 4), 2.0);   // one expert a rank
-  EXPECT_EQ(parallel::routing_imbalance_bound(8, 1, 4), 4.0);   // top-1: all to one rank
+  EXPECT_EQ(parallel::routing_imbalance_bound(4, 2, 4), 2.0);  // one expert a rank
+  EXPECT_EQ(parallel::routing_imbalance_bound(8, 1, 4), 4.0);  // top-1: all to one rank
   const torch::Tensor sample = torch::randint(config.vocab_size, {4, 8}, torch::kInt64);
   const partition::ProfileOptions options = partition::ProfileOptions()
                                                 .microbatch_sizes({2, 4})

@@ -33,8 +33,8 @@ TEST(ExposedSeconds, OneLaneExposesEveryExchangeEvenInsideItsOwnAction) {
 TEST(ExposedSeconds, TheOtherLanesComputeHidesWhatItCoversAndNotItsOwnExchanges) {
   // Lane 0's exchange 10..40; lane 1 computes 0..100 but exchanges itself 20..30: hidden 10..20
   // and 30..40, exposed 20..30 (both lanes wait).
-  EXPECT_NEAR(exposed_seconds({at(0, 10, 40), at(1, 20, 30)}, {at(0, 0, 50), at(1, 0, 100)}),
-              0.010, 1e-9);
+  EXPECT_NEAR(exposed_seconds({at(0, 10, 40), at(1, 20, 30)}, {at(0, 0, 50), at(1, 0, 100)}), 0.010,
+              1e-9);
   // Lane 1 starts computing at 25: 10..25 exposed.
   EXPECT_NEAR(exposed_seconds({at(0, 10, 40)}, {at(0, 0, 50), at(1, 25, 100)}), 0.015, 1e-9);
   // Overlapping exchanges of one lane count once.

@@ -63,9 +63,9 @@ partition::ModelProfile expand_llama_profile(const partition::ModelProfile& prof
 // (token, choice) rows as its own tokens make, T x k). Routing is dropless, so a rank receives
 // what its group's tokens choose: the rows on the rank holding the busiest experts are F x T x k,
 // F the rank's imbalance, at most ep x min(k, experts / ep) / k (every token of the group choosing
-// this rank's experts as often as it can; parallel::routing_imbalance_bound). At ep 1 every rank computes
-// its own T x k rows whatever the routing. The expert's saved tensors grow with F; the rows the
-// combine brings back to the sender do not.
+// this rank's experts as often as it can; parallel::routing_imbalance_bound). At ep 1 every rank
+// computes its own T x k rows whatever the routing. The expert's saved tensors grow with F; the
+// rows the combine brings back to the sender do not.
 //
 // The bytes one routed row keeps on the expert's rank until the backward (the expert's saved
 // tensors for one row of `config`'s expert width), measured by running one expert forward on 64

@@ -95,7 +95,7 @@ struct MemoryRunOptions {
   // Applied to the measured profile before the prediction: a mixture's planned routing
   // imbalance (models::apply_routing_imbalance). Null: the profile as measured.
   std::function<void(partition::ModelProfile&)> adjust_profile;
-  bool processes = false;   // one process per pipeline rank (the c10d transport)
+  bool processes = false;  // one process per pipeline rank (the c10d transport)
   // Where to profile: the model is moved there first where any of its parameters is elsewhere
   // (after training: the entries the main rank of --nproc builds only to profile, a
   // tensor-parallel mirror, stages of one process on several GPUs). None: where they all are.
