@@ -109,22 +109,18 @@ inline Check<double> positive_number() {
   };
 }
 
-inline Check<double> finite_at_least_zero(const char* what) {
-  return [what](const std::string& flag, const double& value) -> std::string {
-    if (value >= 0 && std::isfinite(value)) return "";
+// A finite number >= `least`; the message says `what` it must be.
+inline Check<double> finite_at_least(double least, const char* what) {
+  return [least, what](const std::string& flag, const double& value) -> std::string {
+    if (value >= least && std::isfinite(value)) return "";
     char got[32];
     std::snprintf(got, sizeof got, "%g", value);
     return flag + " must be " + what + ", got " + got;
   };
 }
 
-inline Check<double> finite_at_least_one(const char* what) {
-  return [what](const std::string& flag, const double& value) -> std::string {
-    if (value >= 1 && std::isfinite(value)) return "";
-    char got[32];
-    std::snprintf(got, sizeof got, "%g", value);
-    return flag + " must be " + what + ", got " + got;
-  };
+inline Check<double> finite_at_least_zero(const char* what) {
+  return finite_at_least(0, what);
 }
 
 // --chunks: a count >= 1 or auto.

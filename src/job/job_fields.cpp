@@ -322,7 +322,7 @@ void declare(JobConfig& c, FieldVisitor& v) {
             "share (1; at most ep x min(k, experts / ep) / k; --report-routing's worst is an "
             "upper bound of a run's); plan --world: each layout with ep > 1, at most its bound",
             model_plan),
-          c.parallel.routing_imbalance, finite_at_least_one("a number >= 1 (1: balanced)"));
+          c.parallel.routing_imbalance, finite_at_least(1, "a number >= 1 (1: balanced)"));
   v.field(F("parallel", "sequence_parallel", "--sequence-parallel",
             "with --tp: norms and residuals on 1/tp of the sequence, and 1/tp of each activation "
             "sent between stages (--seq-len divisible by --tp)",

@@ -41,6 +41,18 @@ std::string cause_text(const std::exception& e, int rank, const schedule::Action
   return covered ? cause->message() : cause->what();
 }
 
+// The StepError of `action` failing with `e`: PeerFailed when another rank's failure cancelled the
+// step, else the cause's kind (Runtime for what is not a pipetrain::Error).
+StepError step_error(const std::exception& e, bool cancelled, int rank,
+                     const schedule::Action& action) {
+  const auto* cause = dynamic_cast<const Error*>(&e);
+  const ErrorKind kind = cancelled ? ErrorKind::PeerFailed
+                         : cause   ? cause->kind()
+                                   : ErrorKind::Runtime;
+  return StepError(kind, cause_text(e, rank, action), rank, action.stage, action.microbatch,
+                   schedule::to_string(action), cancelled);
+}
+
 }  // namespace
 
 Interpreter::Interpreter(int rank, const schedule::Schedule& schedule, std::map<int, Stage*> stages,
@@ -317,13 +329,7 @@ void Interpreter::run(const StepData& data, RankResult& result, const std::atomi
     } catch (const StepError&) {
       throw;  // a pair's, naming its action
     } catch (const std::exception& e) {
-      const bool cancelled = cancel && cancel->load(std::memory_order_relaxed);
-      const auto* cause = dynamic_cast<const Error*>(&e);
-      const ErrorKind kind = cancelled ? ErrorKind::PeerFailed
-                             : cause   ? cause->kind()
-                                       : ErrorKind::Runtime;
-      throw StepError(kind, cause_text(e, rank_, action), rank_, action.stage, action.microbatch,
-                      schedule::to_string(action), cancelled);
+      throw step_error(e, cancel && cancel->load(std::memory_order_relaxed), rank_, action);
     }
     if (event.end_us == 0) event.end_us = micros_since(data.start);
     result.events.push_back(event);
@@ -345,13 +351,7 @@ void Interpreter::execute_scoped(const schedule::Action& action, const StepData&
     throw;
   } catch (const std::exception& e) {
     if (!cancel) throw;  // run() names the action
-    const bool cancelled = cancel->load(std::memory_order_relaxed);
-    const auto* cause = dynamic_cast<const Error*>(&e);
-    const ErrorKind kind = cancelled ? ErrorKind::PeerFailed
-                           : cause   ? cause->kind()
-                                     : ErrorKind::Runtime;
-    throw StepError(kind, cause_text(e, rank_, action), rank_, action.stage, action.microbatch,
-                    schedule::to_string(action), cancelled);
+    throw step_error(e, cancel->load(std::memory_order_relaxed), rank_, action);
   }
 }
 
