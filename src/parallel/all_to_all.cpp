@@ -92,7 +92,7 @@ AllToAllRowsStats all_to_all_rows_stats() {
 void record_all_to_all_intervals(bool on) {
   const std::lock_guard<std::mutex> lock(stats_mutex);
   recording = on;
-  if (!on) intervals.clear();
+  intervals.clear();
 }
 
 void add_exposed_all_to_all_seconds(double seconds) {

@@ -265,11 +265,11 @@ torch::Tensor DistributedPipe::train_step(const data::Batch& batch, const LossFn
   }
   // The expert exchanges' intervals of this step, against the actions' (parallel/all_to_all.h).
   parallel::record_all_to_all_intervals(true);
-  parallel::take_all_to_all_intervals();
   interpreter.run(data, result);
   step_transport_stats_ = transport_->stats();
   events_ = std::move(result.events);
   const std::vector<parallel::LaneInterval> exchanges = parallel::take_all_to_all_intervals();
+  parallel::record_all_to_all_intervals(false);  // none kept between steps
   if (!exchanges.empty()) {
     std::vector<parallel::LaneInterval> busy;
     for (const ActionEvent& event : events_) {

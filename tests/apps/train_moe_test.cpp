@@ -85,8 +85,7 @@ TEST(TrainMoe, WeightsAfterAdamWEqualTransformersTrainingInEveryLayout) {
       {"qwen3_moe", "Qwen3MoeForCausalLM",
        "--nproc 4 --dp 2 --ep 2 --chunks 4 --schedule dualpipev --checkpoint always --zero 3"},
       {"mixtral", "MixtralForCausalLM",
-       "--nproc 4 --dp 4 --ep 2 --zero 1 --chunks 2 --schedule zb-h1 --report-memory "
-       "--routing-imbalance 1.375"},
+       "--nproc 4 --dp 4 --ep 2 --zero 1 --chunks 2 --schedule zb-h1 --report-memory"},
       {"qwen3_moe", "Qwen3MoeForCausalLM",
        "--nproc 8 --tp 2 --dp 2 --ep 2 --sequence-parallel --chunks 2 --schedule zb-h1"},
       {"qwen3_moe", "Qwen3MoeForCausalLM",
@@ -192,8 +191,7 @@ TEST(TrainMoe, WeightsAfterAdamWEqualTransformersTrainingInEveryLayout) {
     }
     if (c.layout.find("--report-memory") != std::string::npos) {
       // The memory model knows the experts: 1/ep of them per rank, their ZeRO shards over the
-      // dp / ep replicas holding them, their gradient buffers apart from the others', the routed
-      // rows at the planned imbalance (models::apply_routing_imbalance).
+      // dp / ep replicas holding them, their gradient buffers apart from the others'.
       std::istringstream lines(run.output);
       int checked = 0;
       for (std::string line; std::getline(lines, line);) {
@@ -205,18 +203,6 @@ TEST(TrainMoe, WeightsAfterAdamWEqualTransformersTrainingInEveryLayout) {
         }
       }
       EXPECT_EQ(checked, 16) << run.output;  // 4 ranks, 4 categories
-      // Planned for the routing this run measures (--report-routing's worst over the fixture's
-      // steps, 1.375: an upper bound of a rank's), no rank's activations exceed the prediction;
-      // at balance (1) one rank's have (1.047 seen).
-      std::istringstream again(run.output);
-      int activations = 0;
-      for (std::string line; std::getline(again, line);) {
-        if (line.find("  activations ") == std::string::npos) continue;
-        ++activations;
-        const double ratio = std::stod(line.substr(line.find_last_of(' ') + 1));
-        EXPECT_LE(ratio, 1.0) << line;
-      }
-      EXPECT_EQ(activations, 4) << run.output;
     }
     pairs.push_back(out + " " + reference + " --rtol 1e-4");
   }

@@ -48,8 +48,9 @@ struct AllToAllRowsStats {
 };
 AllToAllRowsStats all_to_all_rows_stats();
 
-// Where the overlap is measured: each all_to_all_rows call's interval and lane, kept from
-// record_all_to_all_intervals(true) until take_all_to_all_intervals() takes them. Thread-safe.
+// Where the overlap is measured: each all_to_all_rows call's interval and lane, kept while
+// recording is on (record_all_to_all_intervals(true); either call drops what was kept) until
+// take_all_to_all_intervals() takes them. Thread-safe.
 struct LaneInterval {
   int lane = 0;
   std::chrono::steady_clock::time_point begin, end;
