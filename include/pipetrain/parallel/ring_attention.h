@@ -1,0 +1,62 @@
+// Attention by chunks of the sequence, merged by their log-sum-exp: the arithmetic of ring
+// attention (context parallelism, issue 64), here on one process. A query chunk's attention over
+// several key chunks is computed chunk by chunk with LibTorch's flash attention for the CPU, which
+// returns each row's log-sum-exp, and merged:
+//
+//   forward    (o, lse) of the pair (query chunk, key chunk); two partials over disjoint keys
+//              merge as  lse = log(e^lse_a + e^lse_b),  o = o_a e^(lse_a - lse) + o_b e^(lse_b -
+//              lse)
+//   backward   each pair's flash backward given the MERGED o and lse (its D = rowsum(dO o) and its
+//              probabilities exp(q k^T s - lse) are then the whole attention's): dq sums over the
+//              key chunks, dk and dv over the query chunks
+//
+// Causal attention over chunks numbered along the sequence: a key chunk before the query chunk is
+// attended whole, the same chunk causally (equal lengths, aligned), a later one not at all
+// (ChunkMask). A rank of a ring holds its query chunks (two, one from each end, in the zigzag
+// split that balances the causal work) and sees every key chunk pass.
+//
+// Shapes: q, k, v [B, H, T, D] (as sdpa takes them; key/value heads equal to the query heads,
+// repeated by the caller); o [B, H, T, D], lse [B, H, T] float32.
+//
+// Thread-safety: pure functions of their tensors.
+#pragma once
+
+#include <cstdint>
+#include <tuple>
+#include <vector>
+
+#include <torch/types.h>
+
+namespace pipetrain::parallel {
+
+enum class ChunkMask { kSkip, kFull, kCausal };
+
+// Causal attention between chunks of one sequence, by their positions along it.
+ChunkMask causal_chunk_mask(int64_t query_chunk, int64_t key_chunk);
+
+struct PartialAttention {
+  torch::Tensor out;  // [B, H, Tq, D]
+  torch::Tensor lse;  // [B, H, Tq], float32
+};
+
+// Attention of `q` over one key chunk (not kSkip). `scale`: 1/sqrt(D) when <= 0.
+PartialAttention attend_chunk(const torch::Tensor& q, const torch::Tensor& k,
+                              const torch::Tensor& v, ChunkMask mask, double scale = 0);
+
+// `into` becomes the attention over its keys and `part`'s (undefined `into`: `part`).
+void merge_partial(PartialAttention& into, const PartialAttention& part);
+
+// One pair's share of the gradients, given the merged attention of the query chunk (`whole`):
+// (dq, dk, dv) to add to the chunks' sums.
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> attend_chunk_backward(
+    const torch::Tensor& grad_out, const torch::Tensor& q, const torch::Tensor& k,
+    const torch::Tensor& v, const PartialAttention& whole, ChunkMask mask, double scale = 0);
+
+// Differentiable causal attention of q, k, v [B, H, T, D] computed as `chunks` query chunks over
+// `chunks` key chunks (T divisible by chunks), equal to scaled_dot_product_attention(q, k, v,
+// is_causal) within rounding: the computation each rank of a ring makes, for all ranks at once.
+// Throws BadInput naming the sizes when T is not divisible by chunks.
+torch::Tensor chunked_causal_attention(const torch::Tensor& q, const torch::Tensor& k,
+                                       const torch::Tensor& v, int64_t chunks);
+
+}  // namespace pipetrain::parallel
