@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include "pipetrain/base/check.h"
+#include "pipetrain/transport/c10d.h"
 
 namespace pipetrain::parallel {
 namespace {
@@ -75,6 +76,79 @@ struct ChunkedCausalAttention : torch::autograd::Function<ChunkedCausalAttention
   }
 };
 
+// [k, v] (or [dk, dv]) of one member's block as one row, and back.
+torch::Tensor pack(const torch::Tensor& a, const torch::Tensor& b) {
+  return torch::cat({a.reshape({1, -1}), b.reshape({1, -1})}, 1);
+}
+std::pair<torch::Tensor, torch::Tensor> unpack(const torch::Tensor& row,
+                                               const torch::Tensor& like) {
+  const int64_t n = like.numel();
+  return {row.narrow(1, 0, n).reshape(like.sizes()), row.narrow(1, n, n).reshape(like.sizes())};
+}
+
+struct RingAttention : torch::autograd::Function<RingAttention> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q,
+                               const torch::Tensor& k, const torch::Tensor& v, C10dGroup* group) {
+    const int r = group->rank(), n = group->size();
+    const std::vector<int64_t> mine = zigzag_chunks(r, n);
+    const std::vector<torch::Tensor> qs = q.chunk(2, 2);
+    PartialAttention partial[2];
+    torch::Tensor held_k = k.contiguous(), held_v = v.contiguous();
+    for (int s = 0; s < n; ++s) {
+      const std::vector<int64_t> theirs = zigzag_chunks((r - s + n) % n, n);
+      const std::vector<torch::Tensor> ks = held_k.chunk(2, 2), vs = held_v.chunk(2, 2);
+      for (size_t a = 0; a < 2; ++a) {
+        for (size_t b = 0; b < 2; ++b) {
+          const ChunkMask mask = causal_chunk_mask(mine[a], theirs[b]);
+          if (mask != ChunkMask::kSkip)
+            merge_partial(partial[a], attend_chunk(qs[a], ks[b], vs[b], mask));
+        }
+      }
+      if (s + 1 < n) std::tie(held_k, held_v) = unpack(ring_pass(pack(held_k, held_v), *group), k);
+    }
+    const torch::Tensor out = torch::cat({partial[0].out, partial[1].out}, 2);
+    ctx->save_for_backward({q, k, v, out, torch::cat({partial[0].lse, partial[1].lse}, 2)});
+    ctx->saved_data["group"] = reinterpret_cast<int64_t>(group);
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    auto* group = reinterpret_cast<C10dGroup*>(ctx->saved_data["group"].toInt());
+    const int r = group->rank(), n = group->size();
+    const std::vector<int64_t> mine = zigzag_chunks(r, n);
+    const std::vector<torch::Tensor> qs = saved[0].chunk(2, 2);
+    const std::vector<torch::Tensor> outs = saved[3].chunk(2, 2);
+    const std::vector<torch::Tensor> lses = saved[4].chunk(2, 2);
+    const std::vector<torch::Tensor> gs = grads[0].contiguous().chunk(2, 2);
+    torch::Tensor dq[2] = {torch::zeros_like(qs[0]), torch::zeros_like(qs[1])};
+    torch::Tensor held_k = saved[1].contiguous(), held_v = saved[2].contiguous();
+    torch::Tensor held_dk = torch::zeros_like(held_k), held_dv = torch::zeros_like(held_v);
+    const int64_t t = held_k.size(2) / 2;
+    for (int s = 0; s < n; ++s) {
+      const std::vector<int64_t> theirs = zigzag_chunks((r - s + n) % n, n);
+      const std::vector<torch::Tensor> ks = held_k.chunk(2, 2), vs = held_v.chunk(2, 2);
+      for (size_t a = 0; a < 2; ++a) {
+        const PartialAttention whole{outs[a].contiguous(), lses[a].contiguous()};
+        for (size_t b = 0; b < 2; ++b) {
+          const ChunkMask mask = causal_chunk_mask(mine[a], theirs[b]);
+          if (mask == ChunkMask::kSkip) continue;
+          auto [gq, gk, gv] = attend_chunk_backward(gs[a], qs[a], ks[b], vs[b], whole, mask);
+          dq[a] += gq;
+          held_dk.narrow(2, static_cast<int64_t>(b) * t, t).add_(gk);
+          held_dv.narrow(2, static_cast<int64_t>(b) * t, t).add_(gv);
+        }
+      }
+      // The gradients travel on with their block and come home after the n-th pass.
+      std::tie(held_dk, held_dv) = unpack(ring_pass(pack(held_dk, held_dv), *group), held_k);
+      if (s + 1 < n)
+        std::tie(held_k, held_v) = unpack(ring_pass(pack(held_k, held_v), *group), held_k);
+    }
+    return {torch::cat({dq[0], dq[1]}, 2), held_dk, held_dv, torch::Tensor()};
+  }
+};
+
 }  // namespace
 
 ChunkMask causal_chunk_mask(int64_t query_chunk, int64_t key_chunk) {
@@ -123,6 +197,32 @@ torch::Tensor chunked_causal_attention(const torch::Tensor& q, const torch::Tens
   PIPETRAIN_CHECK_INPUT(chunks >= 1 && q.size(2) % chunks == 0, "a sequence of ", q.size(2),
                         " positions does not cut into ", chunks, " chunks of equal length");
   return ChunkedCausalAttention::apply(q, k, v, chunks);
+}
+
+std::vector<int64_t> zigzag_chunks(int rank, int size) {
+  return {rank, 2 * static_cast<int64_t>(size) - 1 - rank};
+}
+
+torch::Tensor ring_pass(const torch::Tensor& block, C10dGroup& group) {
+  const int n = group.size();
+  if (n == 1) return block;
+  std::vector<int64_t> send(static_cast<size_t>(n), 0), receive(static_cast<size_t>(n), 0);
+  send[static_cast<size_t>((group.rank() + 1) % n)] += 1;
+  receive[static_cast<size_t>((group.rank() + n - 1) % n)] += 1;
+  const torch::Tensor rows = block.contiguous().reshape({1, -1});
+  torch::Tensor out = torch::empty_like(rows);
+  group.all_to_all(rows, send, out, receive);  // with 2 members, next and previous are one
+  return out.reshape(block.sizes());
+}
+
+torch::Tensor ring_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                             C10dGroup& group) {
+  PIPETRAIN_CHECK_INPUT(
+      q.dim() == 4 && k.sizes() == q.sizes() && v.sizes() == q.sizes() && q.size(2) % 2 == 0,
+      "ring_attention takes this member's two chunks of q, k, v of one shape "
+      "[B, H, 2t, D], got ",
+      q.sizes(), ", ", k.sizes(), ", ", v.sizes());
+  return RingAttention::apply(q, k, v, &group);
 }
 
 }  // namespace pipetrain::parallel

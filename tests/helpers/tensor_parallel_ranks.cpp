@@ -12,6 +12,8 @@
 //            model on every rank: its random init and its load from a Hugging Face checkpoint
 //            are slices of the whole, and logits, loss and every gradient are the whole's slices.
 //            variant "tied": tied head, q/k/v, o_proj and MLP biases, a padding id
+//   ring     parallel::ring_attention over the world: each rank's zigzag chunks of causal
+//            attention, and its chunks' gradients of q, k and v, equal the whole sequence's
 #include <unistd.h>
 
 #include <cstdlib>
@@ -24,6 +26,7 @@
 
 #include "pipetrain/io/safetensors.h"
 #include "pipetrain/models/llama.h"
+#include "pipetrain/parallel/ring_attention.h"
 #include "pipetrain/parallel/tensor_parallel.h"
 #include "pipetrain/runtime/distributed.h"
 
@@ -267,6 +270,35 @@ void scenario_llama(Distributed& d, const std::string& variant) {
   std::cout << "OK llama " << variant << " rank " << tp.rank() << std::endl;
 }
 
+void scenario_ring(Distributed& d) {
+  const std::shared_ptr<C10dGroup> group = d.data_parallel_group();
+  CHECK_OR_THROW(group != nullptr, "no group");
+  const int r = group->rank(), n = group->size();
+  torch::manual_seed(11);  // the same whole tensors on every rank
+  const int64_t t = 3;     // each of the 2n chunks
+  const torch::Tensor q = torch::randn({2, 2, 2 * n * t, 8}, torch::requires_grad());
+  const torch::Tensor k = torch::randn({2, 2, 2 * n * t, 8}, torch::requires_grad());
+  const torch::Tensor v = torch::randn({2, 2, 2 * n * t, 8}, torch::requires_grad());
+  const torch::Tensor g = torch::randn({2, 2, 2 * n * t, 8});
+  const torch::Tensor whole = torch::scaled_dot_product_attention(q, k, v, {}, 0.0, true);
+  const auto grads = torch::autograd::grad({whole}, {q, k, v}, {g});
+  const std::vector<int64_t> mine = parallel::zigzag_chunks(r, n);
+  auto local = [&](const torch::Tensor& x) {
+    const auto chunks = x.detach().chunk(2 * n, 2);
+    return torch::cat({chunks[static_cast<size_t>(mine[0])], chunks[static_cast<size_t>(mine[1])]},
+                      2);
+  };
+  const torch::Tensor ql = local(q).requires_grad_(), kl = local(k).requires_grad_(),
+                      vl = local(v).requires_grad_();
+  const torch::Tensor out = parallel::ring_attention(ql, kl, vl, *group);
+  expect_close(out, local(whole), "output");
+  const auto got = torch::autograd::grad({out}, {ql, kl, vl}, {local(g)});
+  expect_close(got[0], local(grads[0]), "dq");
+  expect_close(got[1], local(grads[1]), "dk");
+  expect_close(got[2], local(grads[2]), "dv");
+  std::cout << "OK ring rank " << r << std::endl;
+}
+
 }  // namespace
 }  // namespace pipetrain
 
@@ -281,6 +313,7 @@ int main(int argc, char** argv) {
   return run_distributed(DistributedOptions().timeout(test_timeout()).pipeline_ranks(1),
                          [&](Distributed& d) {
                            if (scenario == "layers") return scenario_layers(d);
+                           if (scenario == "ring") return scenario_ring(d);
                            if (scenario == "llama") {
                              return scenario_llama(d, argc > 2 ? argv[2] : "plain");
                            }

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "../helpers/multiprocess.h"
 #include "pipetrain/base/error.h"
 
 namespace pipetrain::parallel {
@@ -54,6 +55,16 @@ TEST(RingAttention, PartialsOverDisjointKeysMergeInAnyOrder) {
   EXPECT_EQ(causal_chunk_mask(2, 1), ChunkMask::kFull);
   EXPECT_EQ(causal_chunk_mask(2, 2), ChunkMask::kCausal);
   EXPECT_EQ(causal_chunk_mask(1, 2), ChunkMask::kSkip);
+}
+
+// Over 2 and 3 real processes (tests/helpers/tensor_parallel_ranks.cpp, "ring"): each rank's
+// zigzag chunks of the output and of q's, k's and v's gradients equal the whole sequence's.
+TEST(RingAttention, OverTwoAndThreeProcessesEachRankHoldsItsChunksOfTheWhole) {
+  for (const int ranks : {2, 3}) {
+    const testing::RanksRun run = testing::run_ranks(ranks, {"ring"});
+    EXPECT_EQ(run.result.exit_code, 0) << ranks << "\n" << run.output();
+    EXPECT_EQ(run.count("OK ring rank"), ranks) << run.output();
+  }
 }
 
 }  // namespace

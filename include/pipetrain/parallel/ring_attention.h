@@ -27,6 +27,10 @@
 
 #include <torch/types.h>
 
+namespace pipetrain {
+class C10dGroup;
+}
+
 namespace pipetrain::parallel {
 
 enum class ChunkMask { kSkip, kFull, kCausal };
@@ -58,5 +62,21 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> attend_chunk_backward(
 // Throws BadInput naming the sizes when T is not divisible by chunks.
 torch::Tensor chunked_causal_attention(const torch::Tensor& q, const torch::Tensor& k,
                                        const torch::Tensor& v, int64_t chunks);
+
+// The zigzag split of a sequence over C members: cut into 2C chunks, member r holds chunks r and
+// 2C - 1 - r (one from each end, so every member's causal work is the same).
+std::vector<int64_t> zigzag_chunks(int rank, int size);
+
+// `block` sent to the group's next member ((rank + 1) mod C) and what the previous one sent,
+// of the same shape: one step of a ring (an all-to-all of one row each way).
+torch::Tensor ring_pass(const torch::Tensor& block, C10dGroup& group);
+
+// Differentiable causal ring attention over `group` (C members): q, k, v [B, H, 2t, D] are this
+// member's zigzag chunks (chunk zigzag_chunks(rank)[0], then [1], each t long) of a sequence of
+// 2Ct. The key/value block travels the ring C - 1 steps while each member attends to it; the
+// backward passes it again with its dk, dv, which come home after C steps. Returns this member's
+// chunks of causal attention over the whole sequence. Every member calls it together.
+torch::Tensor ring_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                             C10dGroup& group);
 
 }  // namespace pipetrain::parallel
