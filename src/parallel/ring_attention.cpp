@@ -149,6 +149,42 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
   }
 };
 
+// [B, H, t, D] with the sequence cut over the members -> [B, H/C, C t, D] with the heads cut, and
+// back: equal all-to-alls of the group (the backward of each is the other).
+torch::Tensor sequence_to_heads(const torch::Tensor& x, C10dGroup& group) {
+  const int64_t c = group.size();
+  const int64_t b = x.size(0), h = x.size(1), t = x.size(2), d = x.size(3);
+  const torch::Tensor send = x.reshape({b, c, h / c, t, d}).permute({1, 0, 2, 3, 4}).contiguous();
+  torch::Tensor got = torch::empty_like(send);  // [source's sequence chunk, B, H/C, t, D]
+  group.all_to_all(send, got);
+  return got.permute({1, 2, 0, 3, 4}).reshape({b, h / c, c * t, d});
+}
+torch::Tensor heads_to_sequence(const torch::Tensor& y, C10dGroup& group) {
+  const int64_t c = group.size();
+  const int64_t b = y.size(0), g = y.size(1), t = y.size(2) / c, d = y.size(3);
+  const torch::Tensor send = y.reshape({b, g, c, t, d}).permute({2, 0, 1, 3, 4}).contiguous();
+  torch::Tensor got = torch::empty_like(send);  // [source's head group, B, H/C, t, D]
+  group.all_to_all(send, got);
+  return got.permute({1, 0, 2, 3, 4}).reshape({b, c * g, t, d});
+}
+
+struct SequenceToHeads : torch::autograd::Function<SequenceToHeads> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               C10dGroup* group, bool to_heads) {
+    ctx->saved_data["group"] = reinterpret_cast<int64_t>(group);
+    ctx->saved_data["to_heads"] = to_heads;
+    return to_heads ? sequence_to_heads(x, *group) : heads_to_sequence(x, *group);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* group = reinterpret_cast<C10dGroup*>(ctx->saved_data["group"].toInt());
+    const bool to_heads = ctx->saved_data["to_heads"].toBool();
+    const torch::Tensor g = grads[0].contiguous();
+    return {to_heads ? heads_to_sequence(g, *group) : sequence_to_heads(g, *group), torch::Tensor(),
+            torch::Tensor()};
+  }
+};
+
 }  // namespace
 
 ChunkMask causal_chunk_mask(int64_t query_chunk, int64_t key_chunk) {
@@ -223,6 +259,20 @@ torch::Tensor ring_attention(const torch::Tensor& q, const torch::Tensor& k, con
       "[B, H, 2t, D], got ",
       q.sizes(), ", ", k.sizes(), ", ", v.sizes());
   return RingAttention::apply(q, k, v, &group);
+}
+
+torch::Tensor ulysses_attention(const torch::Tensor& q, const torch::Tensor& k,
+                                const torch::Tensor& v, C10dGroup& group) {
+  PIPETRAIN_CHECK_INPUT(q.dim() == 4 && k.sizes() == q.sizes() && v.sizes() == q.sizes(),
+                        "ulysses_attention takes q, k, v of one shape [B, H, T/C, D], got ",
+                        q.sizes(), ", ", k.sizes(), ", ", v.sizes());
+  PIPETRAIN_CHECK_INPUT(q.size(1) % group.size() == 0, "Ulysses over ", group.size(),
+                        " members cuts the heads between them, and ", group.size(),
+                        " does not divide the ", q.size(1), " heads");
+  auto to_heads = [&](const torch::Tensor& x) { return SequenceToHeads::apply(x, &group, true); };
+  const torch::Tensor out =
+      torch::scaled_dot_product_attention(to_heads(q), to_heads(k), to_heads(v), {}, 0.0, true);
+  return SequenceToHeads::apply(out, &group, false);
 }
 
 }  // namespace pipetrain::parallel

@@ -14,6 +14,7 @@
 //            variant "tied": tied head, q/k/v, o_proj and MLP biases, a padding id
 //   ring     parallel::ring_attention over the world: each rank's zigzag chunks of causal
 //            attention, and its chunks' gradients of q, k and v, equal the whole sequence's
+//   ulysses  parallel::ulysses_attention the same, each rank holding a contiguous chunk
 #include <unistd.h>
 
 #include <cstdlib>
@@ -299,6 +300,30 @@ void scenario_ring(Distributed& d) {
   std::cout << "OK ring rank " << r << std::endl;
 }
 
+void scenario_ulysses(Distributed& d) {
+  const std::shared_ptr<C10dGroup> group = d.data_parallel_group();
+  CHECK_OR_THROW(group != nullptr, "no group");
+  const int r = group->rank(), n = group->size();
+  torch::manual_seed(12);
+  const int64_t t = 5, heads = 6;  // 6 heads: 2 and 3 members divide them
+  const torch::Tensor q = torch::randn({2, heads, n * t, 8}, torch::requires_grad());
+  const torch::Tensor k = torch::randn({2, heads, n * t, 8}, torch::requires_grad());
+  const torch::Tensor v = torch::randn({2, heads, n * t, 8}, torch::requires_grad());
+  const torch::Tensor g = torch::randn({2, heads, n * t, 8});
+  const torch::Tensor whole = torch::scaled_dot_product_attention(q, k, v, {}, 0.0, true);
+  const auto grads = torch::autograd::grad({whole}, {q, k, v}, {g});
+  auto local = [&](const torch::Tensor& x) { return x.detach().narrow(2, r * t, t).contiguous(); };
+  const torch::Tensor ql = local(q).requires_grad_(), kl = local(k).requires_grad_(),
+                      vl = local(v).requires_grad_();
+  const torch::Tensor out = parallel::ulysses_attention(ql, kl, vl, *group);
+  expect_close(out, local(whole), "output");
+  const auto got = torch::autograd::grad({out}, {ql, kl, vl}, {local(g)});
+  expect_close(got[0], local(grads[0]), "dq");
+  expect_close(got[1], local(grads[1]), "dk");
+  expect_close(got[2], local(grads[2]), "dv");
+  std::cout << "OK ulysses rank " << r << std::endl;
+}
+
 }  // namespace
 }  // namespace pipetrain
 
@@ -314,6 +339,7 @@ int main(int argc, char** argv) {
                          [&](Distributed& d) {
                            if (scenario == "layers") return scenario_layers(d);
                            if (scenario == "ring") return scenario_ring(d);
+                           if (scenario == "ulysses") return scenario_ulysses(d);
                            if (scenario == "llama") {
                              return scenario_llama(d, argc > 2 ? argv[2] : "plain");
                            }

@@ -2,6 +2,8 @@
 // scaled_dot_product_attention forward and backward.
 #include "pipetrain/parallel/ring_attention.h"
 
+#include <string>
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -58,12 +60,15 @@ TEST(RingAttention, PartialsOverDisjointKeysMergeInAnyOrder) {
 }
 
 // Over 2 and 3 real processes (tests/helpers/tensor_parallel_ranks.cpp, "ring"): each rank's
-// zigzag chunks of the output and of q's, k's and v's gradients equal the whole sequence's.
+// zigzag chunks of the output and of q's, k's and v's gradients equal the whole sequence's; and
+// Ulysses' ("ulysses"), each rank holding a contiguous chunk.
 TEST(RingAttention, OverTwoAndThreeProcessesEachRankHoldsItsChunksOfTheWhole) {
   for (const int ranks : {2, 3}) {
-    const testing::RanksRun run = testing::run_ranks(ranks, {"ring"});
-    EXPECT_EQ(run.result.exit_code, 0) << ranks << "\n" << run.output();
-    EXPECT_EQ(run.count("OK ring rank"), ranks) << run.output();
+    for (const std::string method : {"ring", "ulysses"}) {
+      const testing::RanksRun run = testing::run_ranks(ranks, {method});
+      EXPECT_EQ(run.result.exit_code, 0) << ranks << " " << method << "\n" << run.output();
+      EXPECT_EQ(run.count("OK " + method + " rank"), ranks) << run.output();
+    }
   }
 }
 

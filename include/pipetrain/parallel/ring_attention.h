@@ -1,3 +1,6 @@
+// Context parallelism's attention (issue 64): Ulysses' all-to-all between the sequence and the
+// heads (ulysses_attention, at the end), and ring attention.
+//
 // Attention by chunks of the sequence, merged by their log-sum-exp: the arithmetic of ring
 // attention (context parallelism, issue 64), here on one process. A query chunk's attention over
 // several key chunks is computed chunk by chunk with LibTorch's flash attention for the CPU, which
@@ -78,5 +81,12 @@ torch::Tensor ring_pass(const torch::Tensor& block, C10dGroup& group);
 // chunks of causal attention over the whole sequence. Every member calls it together.
 torch::Tensor ring_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                              C10dGroup& group);
+
+// DeepSpeed-Ulysses over `group` (C members, member r holding the r-th of C contiguous chunks of
+// the sequence): differentiable all-to-alls turn q, k, v [B, H, T/C, D] into [B, H/C, T, D] (the
+// whole sequence for this member's H/C heads), causal attention runs on them, and the output goes
+// back to [B, H, T/C, D]. Throws BadInput naming the sizes when C does not divide the heads.
+torch::Tensor ulysses_attention(const torch::Tensor& q, const torch::Tensor& k,
+                                const torch::Tensor& v, C10dGroup& group);
 
 }  // namespace pipetrain::parallel
