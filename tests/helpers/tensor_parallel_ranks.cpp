@@ -19,6 +19,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <string>
@@ -271,57 +272,57 @@ void scenario_llama(Distributed& d, const std::string& variant) {
   std::cout << "OK llama " << variant << " rank " << tp.rank() << std::endl;
 }
 
-void scenario_ring(Distributed& d) {
+// A context-parallel attention (`attend`: this rank's q, k, v chunks -> its output chunks) over the
+// world against the whole sequence's causal sdpa, which every rank computes: this rank's chunks
+// (`local`) of the output and of the three gradients. Prints "OK NAME rank r".
+void check_context_attention(
+    Distributed& d, const std::string& name, int64_t length, int64_t heads,
+    const std::function<torch::Tensor(const torch::Tensor&, int, int)>& local,
+    const std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&,
+                                      const torch::Tensor&, C10dGroup&)>& attend) {
   const std::shared_ptr<C10dGroup> group = d.data_parallel_group();
   CHECK_OR_THROW(group != nullptr, "no group");
   const int r = group->rank(), n = group->size();
   torch::manual_seed(11);  // the same whole tensors on every rank
-  const int64_t t = 3;     // each of the 2n chunks
-  const torch::Tensor q = torch::randn({2, 2, 2 * n * t, 8}, torch::requires_grad());
-  const torch::Tensor k = torch::randn({2, 2, 2 * n * t, 8}, torch::requires_grad());
-  const torch::Tensor v = torch::randn({2, 2, 2 * n * t, 8}, torch::requires_grad());
-  const torch::Tensor g = torch::randn({2, 2, 2 * n * t, 8});
+  const torch::Tensor q = torch::randn({2, heads, length, 8}, torch::requires_grad());
+  const torch::Tensor k = torch::randn({2, heads, length, 8}, torch::requires_grad());
+  const torch::Tensor v = torch::randn({2, heads, length, 8}, torch::requires_grad());
+  const torch::Tensor g = torch::randn({2, heads, length, 8});
   const torch::Tensor whole = torch::scaled_dot_product_attention(q, k, v, {}, 0.0, true);
   const auto grads = torch::autograd::grad({whole}, {q, k, v}, {g});
-  const std::vector<int64_t> mine = parallel::zigzag_chunks(r, n);
-  auto local = [&](const torch::Tensor& x) {
-    const auto chunks = x.detach().chunk(2 * n, 2);
-    return torch::cat({chunks[static_cast<size_t>(mine[0])], chunks[static_cast<size_t>(mine[1])]},
-                      2);
-  };
-  const torch::Tensor ql = local(q).requires_grad_(), kl = local(k).requires_grad_(),
-                      vl = local(v).requires_grad_();
-  const torch::Tensor out = parallel::ring_attention(ql, kl, vl, *group);
-  expect_close(out, local(whole), "output");
-  const auto got = torch::autograd::grad({out}, {ql, kl, vl}, {local(g)});
-  expect_close(got[0], local(grads[0]), "dq");
-  expect_close(got[1], local(grads[1]), "dk");
-  expect_close(got[2], local(grads[2]), "dv");
-  std::cout << "OK ring rank " << r << std::endl;
+  auto mine = [&](const torch::Tensor& x) { return local(x.detach(), r, n); };
+  const torch::Tensor ql = mine(q).requires_grad_(), kl = mine(k).requires_grad_(),
+                      vl = mine(v).requires_grad_();
+  const torch::Tensor out = attend(ql, kl, vl, *group);
+  expect_close(out, mine(whole), "output");
+  const auto got = torch::autograd::grad({out}, {ql, kl, vl}, {mine(g)});
+  expect_close(got[0], mine(grads[0]), "dq");
+  expect_close(got[1], mine(grads[1]), "dk");
+  expect_close(got[2], mine(grads[2]), "dv");
+  std::cout << "OK " << name << " rank " << r << std::endl;
+}
+
+void scenario_ring(Distributed& d) {
+  const int n = d.data_parallel_group()->size();
+  // 2n chunks of 3; rank r holds chunks r and 2n - 1 - r (the zigzag split).
+  check_context_attention(
+      d, "ring", 2 * n * 3, 2,
+      [](const torch::Tensor& x, int r, int n) {
+        const auto chunks = x.chunk(2 * n, 2);
+        const std::vector<int64_t> held = parallel::zigzag_chunks(r, n);
+        return torch::cat(
+            {chunks[static_cast<size_t>(held[0])], chunks[static_cast<size_t>(held[1])]}, 2);
+      },
+      parallel::ring_attention);
 }
 
 void scenario_ulysses(Distributed& d) {
-  const std::shared_ptr<C10dGroup> group = d.data_parallel_group();
-  CHECK_OR_THROW(group != nullptr, "no group");
-  const int r = group->rank(), n = group->size();
-  torch::manual_seed(12);
-  const int64_t t = 5, heads = 6;  // 6 heads: 2 and 3 members divide them
-  const torch::Tensor q = torch::randn({2, heads, n * t, 8}, torch::requires_grad());
-  const torch::Tensor k = torch::randn({2, heads, n * t, 8}, torch::requires_grad());
-  const torch::Tensor v = torch::randn({2, heads, n * t, 8}, torch::requires_grad());
-  const torch::Tensor g = torch::randn({2, heads, n * t, 8});
-  const torch::Tensor whole = torch::scaled_dot_product_attention(q, k, v, {}, 0.0, true);
-  const auto grads = torch::autograd::grad({whole}, {q, k, v}, {g});
-  auto local = [&](const torch::Tensor& x) { return x.detach().narrow(2, r * t, t).contiguous(); };
-  const torch::Tensor ql = local(q).requires_grad_(), kl = local(k).requires_grad_(),
-                      vl = local(v).requires_grad_();
-  const torch::Tensor out = parallel::ulysses_attention(ql, kl, vl, *group);
-  expect_close(out, local(whole), "output");
-  const auto got = torch::autograd::grad({out}, {ql, kl, vl}, {local(g)});
-  expect_close(got[0], local(grads[0]), "dq");
-  expect_close(got[1], local(grads[1]), "dk");
-  expect_close(got[2], local(grads[2]), "dv");
-  std::cout << "OK ulysses rank " << r << std::endl;
+  const int n = d.data_parallel_group()->size();
+  // n contiguous chunks of 5; 6 heads, which 2 and 3 members divide.
+  check_context_attention(
+      d, "ulysses", n * 5, 6,
+      [](const torch::Tensor& x, int r, int) { return x.narrow(2, r * 5, 5).contiguous(); },
+      parallel::ulysses_attention);
 }
 
 }  // namespace
