@@ -145,10 +145,12 @@ std::pair<torch::Tensor, torch::Tensor> RotaryEmbedding::tables(int64_t t,
 }
 
 LlamaAttentionImpl::LlamaAttentionImpl(std::shared_ptr<const LlamaConfig> config_,
-                                       torch::TensorOptions options_, parallel::TensorParallel tp_)
+                                       torch::TensorOptions options_, parallel::TensorParallel tp_,
+                                       parallel::ContextParallel cp_)
     : config(std::move(config_)),
       options(options_),
       tp(std::move(tp_)),
+      cp(std::move(cp_)),
       rope_(std::make_shared<RotaryEmbedding>(*config)) {
   reset();
 }
@@ -197,6 +199,27 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
   q = q.transpose(1, 2);
   k = k.transpose(1, 2);
   torch::Tensor v = qkv[2].view({b, t, kv_heads, d}).transpose(1, 2);
+  if (cp.split()) {
+    // Context parallelism: this member's t tokens at their places in the sequence of t x C, the
+    // key/value heads repeated to the query heads, attended over the group.
+    const data::SequenceLayout* packed = data::current_layout();
+    PIPETRAIN_CHECK_INPUT(tp.size() == 1 && !(packed != nullptr && packed->by_document()),
+                          "context parallelism runs without tensor parallelism and packed "
+                          "documents yet");
+    const torch::Tensor at = cp.positions(t).to(x.device());
+    auto [whole_cos, whole_sin] = rope_->tables(t * cp.size(), x.device(), x.scalar_type());
+    const torch::Tensor cos = whole_cos.index_select(0, at);
+    const torch::Tensor sin = whole_sin.index_select(0, at);
+    q = q * cos + rotate_half(q) * sin;
+    k = k * cos + rotate_half(k) * sin;
+    if (kv_heads != heads) {
+      k = k.repeat_interleave(heads / kv_heads, 1);
+      v = v.repeat_interleave(heads / kv_heads, 1);
+    }
+    const torch::Tensor attended = cp.attend(q, k, v);
+    return parallel::row_parallel_linear(attended.transpose(1, 2).reshape({b, t, heads * d}),
+                                         o_proj->weight, o_proj->bias, tp);
+  }
   auto [cos, sin] = rope_->tables(t, x.device(), x.scalar_type());
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   // Packed documents (data/sequence_layout.h): positions restart at each document, and a token
@@ -278,11 +301,13 @@ torch::Tensor LlamaMlpImpl::forward(const torch::Tensor& x) {
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(std::shared_ptr<const LlamaConfig> config_,
                                              torch::TensorOptions options_,
                                              parallel::TensorParallel tp_, int64_t layer_,
-                                             parallel::ExpertParallel ep_)
+                                             parallel::ExpertParallel ep_,
+                                             parallel::ContextParallel cp_)
     : config(std::move(config_)),
       options(options_),
       tp(std::move(tp_)),
       ep(std::move(ep_)),
+      cp(std::move(cp_)),
       layer(layer_) {
   reset();
 }
@@ -290,7 +315,7 @@ LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(std::shared_ptr<const LlamaConfig> 
 void LlamaDecoderLayerImpl::reset() {
   const LlamaConfig& c = *config;
   // Registered in transformers' order, so named_parameters() lists them as its state dict does.
-  self_attn = register_module("self_attn", LlamaAttention(config, options, tp));
+  self_attn = register_module("self_attn", LlamaAttention(config, options, tp, cp));
   if (c.is_moe_layer(layer)) {
     moe =
         register_module(c.architecture == LlamaArchitecture::kMixtral ? "block_sparse_moe" : "mlp",
@@ -395,7 +420,8 @@ LlamaModel make_llama(const LlamaConfig& config, const LlamaBuildOptions& option
   }
   model.expert_parallel = ep;
   for (int64_t l = 0; l < layers; ++l) {
-    model.sequential->push_back(LlamaDecoderLayer(model.config, options_of(l + 1), tp, l, ep));
+    model.sequential->push_back(
+        LlamaDecoderLayer(model.config, options_of(l + 1), tp, l, ep, options.context_parallel()));
   }
   model.sequential->push_back(
       RmsNorm(config.hidden_size, config.rms_norm_eps, options_of(layers + 1)));

@@ -275,4 +275,27 @@ torch::Tensor ulysses_attention(const torch::Tensor& q, const torch::Tensor& k,
   return SequenceToHeads::apply(out, &group, false);
 }
 
+int ContextParallel::size() const {
+  return group ? group->size() : 1;
+}
+int ContextParallel::rank() const {
+  return group ? group->rank() : 0;
+}
+
+torch::Tensor ContextParallel::positions(int64_t length) const {
+  const int64_t r = rank(), c = size();
+  if (ulysses) return torch::arange(r * length, (r + 1) * length, torch::kLong);
+  PIPETRAIN_CHECK_INPUT(length % 2 == 0, "ring attention holds two chunks of a sequence, and ",
+                        length, " tokens do not cut into two");
+  const int64_t chunk = length / 2;
+  return torch::cat({torch::arange(r * chunk, (r + 1) * chunk, torch::kLong),
+                     torch::arange((2 * c - 1 - r) * chunk, (2 * c - r) * chunk, torch::kLong)});
+}
+
+torch::Tensor ContextParallel::attend(const torch::Tensor& q, const torch::Tensor& k,
+                                      const torch::Tensor& v) const {
+  PIPETRAIN_CHECK_INPUT(group != nullptr, "ContextParallel::attend without a group");
+  return ulysses ? ulysses_attention(q, k, v, *group) : ring_attention(q, k, v, *group);
+}
+
 }  // namespace pipetrain::parallel

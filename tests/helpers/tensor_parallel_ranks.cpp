@@ -15,6 +15,9 @@
 //   ring     parallel::ring_attention over the world: each rank's zigzag chunks of causal
 //            attention, and its chunks' gradients of q, k and v, equal the whole sequence's
 //   ulysses  parallel::ulysses_attention the same, each rank holding a contiguous chunk
+//   llama_cp METHOD   the Llama model built with context parallelism (ring or ulysses) on this
+//            rank's tokens of each sequence: its logits are the whole model's at those tokens,
+//            and its parameters' gradients, summed over the group, the whole model's
 #include <unistd.h>
 
 #include <cstdlib>
@@ -325,6 +328,36 @@ void scenario_ulysses(Distributed& d) {
       parallel::ulysses_attention);
 }
 
+void scenario_llama_cp(Distributed& d, const std::string& method) {
+  const std::shared_ptr<C10dGroup> group = d.data_parallel_group();
+  CHECK_OR_THROW(group != nullptr, "no group");
+  const parallel::ContextParallel cp{group, method == "ulysses"};
+  const int r = cp.rank(), n = cp.size();
+  // 4 query heads over 2 key/value heads (repeated for the attention), 8 tokens a rank.
+  const models::LlamaConfig c = models::llama_config(40, 16, 24, 2, 4, 2);
+  models::LlamaModel whole = models::make_llama(c);
+  models::init_llama_random(whole, 5);
+  models::LlamaModel part = models::make_llama(c, models::LlamaBuildOptions().context_parallel(cp));
+  models::init_llama_random(part, 5);
+  torch::manual_seed(13);
+  const int64_t length = 8 * n;
+  const torch::Tensor tokens = torch::randint(c.vocab_size, {2, length}, torch::kInt64);
+  const torch::Tensor weights = torch::randn({2, length, c.vocab_size});
+  const torch::Tensor at = cp.positions(8);
+  const torch::Tensor whole_logits = whole.sequential->forward(tokens);
+  (whole_logits * weights).sum().backward();
+  const torch::Tensor logits = part.sequential->forward(tokens.index_select(1, at));
+  expect_close(logits, whole_logits.detach().index_select(1, at), "logits");
+  (logits * weights.index_select(1, at)).sum().backward();
+  const auto whole_params = whole.sequential->named_parameters();
+  for (const auto& item : part.sequential->named_parameters()) {
+    std::vector<torch::Tensor> grad{item.value().grad().clone()};
+    group->allreduce_sum(grad);
+    expect_close(grad[0], whole_params[item.key()].grad(), "gradient of " + item.key());
+  }
+  std::cout << "OK llama_cp " << method << " rank " << r << std::endl;
+}
+
 }  // namespace
 }  // namespace pipetrain
 
@@ -341,6 +374,7 @@ int main(int argc, char** argv) {
                            if (scenario == "layers") return scenario_layers(d);
                            if (scenario == "ring") return scenario_ring(d);
                            if (scenario == "ulysses") return scenario_ulysses(d);
+                           if (scenario == "llama_cp") return scenario_llama_cp(d, argv[2]);
                            if (scenario == "llama") {
                              return scenario_llama(d, argc > 2 ? argv[2] : "plain");
                            }

@@ -72,5 +72,18 @@ TEST(RingAttention, OverTwoAndThreeProcessesEachRankHoldsItsChunksOfTheWhole) {
   }
 }
 
+// The Llama model with context parallelism over 2 and 4 processes, ring and Ulysses
+// ("llama_cp"): each rank's logits are the whole model's at its tokens, and the gradients summed
+// over the ranks are the whole model's.
+TEST(RingAttention, TheLlamaModelOverContextParallelRanksComputesTheWholeModel) {
+  for (const int ranks : {2, 4}) {
+    for (const std::string method : {"ring", "ulysses"}) {
+      const testing::RanksRun run = testing::run_ranks(ranks, {"llama_cp", method});
+      EXPECT_EQ(run.result.exit_code, 0) << ranks << " " << method << "\n" << run.output();
+      EXPECT_EQ(run.count("OK llama_cp " + method), ranks) << run.output();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace pipetrain::parallel

@@ -74,6 +74,7 @@
 #include "pipetrain/io/safetensors.h"
 #include "pipetrain/models/llama_config.h"
 #include "pipetrain/parallel/expert_parallel.h"
+#include "pipetrain/parallel/ring_attention.h"
 #include "pipetrain/parallel/tensor_parallel.h"
 #include "pipetrain/stage/autocast_parameters.h"
 
@@ -136,7 +137,7 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl>,
                            public AutocastCastParameters {
  public:
   LlamaAttentionImpl(std::shared_ptr<const LlamaConfig> config, torch::TensorOptions options = {},
-                     parallel::TensorParallel tp = {});
+                     parallel::TensorParallel tp = {}, parallel::ContextParallel cp = {});
   void reset() override;
   torch::Tensor forward(const torch::Tensor& x);
 
@@ -145,6 +146,9 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl>,
   // This rank's heads: heads / tp query, kv_heads / tp key/value (one, shared with
   // kv_replicas() - 1 neighbours, when kv_heads < tp).
   parallel::TensorParallel tp;
+  // Context parallelism (parallel/ring_attention.h): this member's tokens of each sequence,
+  // attended over the group's.
+  parallel::ContextParallel cp;
   int kv_replicas() const;
   LlamaLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   RmsNorm q_norm{nullptr}, k_norm{nullptr};  // LlamaConfig::qk_norm (null otherwise)
@@ -249,7 +253,8 @@ class LlamaDecoderLayerImpl : public torch::nn::Cloneable<LlamaDecoderLayerImpl>
  public:
   LlamaDecoderLayerImpl(std::shared_ptr<const LlamaConfig> config,
                         torch::TensorOptions options = {}, parallel::TensorParallel tp = {},
-                        int64_t layer = 0, parallel::ExpertParallel ep = {});
+                        int64_t layer = 0, parallel::ExpertParallel ep = {},
+                        parallel::ContextParallel cp = {});
   void reset() override;
   torch::Tensor forward(const torch::Tensor& x);
 
@@ -257,6 +262,7 @@ class LlamaDecoderLayerImpl : public torch::nn::Cloneable<LlamaDecoderLayerImpl>
   torch::TensorOptions options;
   parallel::TensorParallel tp;
   parallel::ExpertParallel ep;
+  parallel::ContextParallel cp;
   RmsNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   LlamaAttention self_attn{nullptr};
   LlamaMlp mlp{nullptr};
@@ -316,6 +322,9 @@ struct LlamaBuildOptions {
   /// The expert-parallel group a mixture's experts are split over (parallel/expert_parallel.h;
   /// none: every rank holds every expert). check_expert_parallel must accept its size.
   TORCH_ARG(parallel::ExpertParallel, expert_parallel) = {};
+  /// The context-parallel group each sequence's tokens are split over (parallel/ring_attention.h;
+  /// none: every rank holds whole sequences). The model's input is then this member's tokens.
+  TORCH_ARG(parallel::ContextParallel, context_parallel) = {};
 };
 
 struct LlamaModel {

@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <tuple>
 #include <vector>
 
@@ -88,5 +89,21 @@ torch::Tensor ring_attention(const torch::Tensor& q, const torch::Tensor& k, con
 // back to [B, H, T/C, D]. Throws BadInput naming the sizes when C does not divide the heads.
 torch::Tensor ulysses_attention(const torch::Tensor& q, const torch::Tensor& k,
                                 const torch::Tensor& v, C10dGroup& group);
+
+// A model's context parallelism: the group whose members each hold a part of every sequence
+// (ring: their zigzag chunks; Ulysses: a contiguous chunk), and which attention runs over it.
+// ContextParallel{} (no group) is size 1: the whole sequence, plain attention.
+struct ContextParallel {
+  std::shared_ptr<C10dGroup> group;
+  bool ulysses = false;  // false: ring
+  int size() const;
+  int rank() const;
+  bool split() const { return size() > 1; }
+  // The positions along the whole sequence of the `length` tokens this member holds, int64.
+  torch::Tensor positions(int64_t length) const;
+  // ring_attention or ulysses_attention of this member's q, k, v [B, H, length, D].
+  torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k,
+                       const torch::Tensor& v) const;
+};
 
 }  // namespace pipetrain::parallel
