@@ -17,23 +17,75 @@ std::optional<double> scale_of(double scale) {
   return scale > 0 ? std::optional<double>(scale) : std::nullopt;
 }
 
+// Query chunks (at positions `query_at` along the sequence) over key chunks (at `key_at`): each
+// pair causal_chunk_mask does not skip adds its attention into `partials[a]`.
+void attend_pairs(const std::vector<torch::Tensor>& qs, const std::vector<int64_t>& query_at,
+                  const std::vector<torch::Tensor>& ks, const std::vector<torch::Tensor>& vs,
+                  const std::vector<int64_t>& key_at, std::vector<PartialAttention>& partials) {
+  for (size_t a = 0; a < qs.size(); ++a) {
+    for (size_t b = 0; b < ks.size(); ++b) {
+      const ChunkMask mask = causal_chunk_mask(query_at[a], key_at[b]);
+      if (mask != ChunkMask::kSkip)
+        merge_partial(partials[a], attend_chunk(qs[a], ks[b], vs[b], mask));
+    }
+  }
+}
+
+// The same pairs' gradients, given each query chunk's merged attention (`wholes`), added into
+// dq[a], dk[b] and dv[b] in place (views of a larger tensor add into it).
+void attend_pairs_backward(const std::vector<torch::Tensor>& gs,
+                           const std::vector<torch::Tensor>& qs,
+                           const std::vector<int64_t>& query_at,
+                           const std::vector<PartialAttention>& wholes,
+                           const std::vector<torch::Tensor>& ks,
+                           const std::vector<torch::Tensor>& vs, const std::vector<int64_t>& key_at,
+                           std::vector<torch::Tensor>& dq, std::vector<torch::Tensor>& dk,
+                           std::vector<torch::Tensor>& dv) {
+  for (size_t a = 0; a < qs.size(); ++a) {
+    for (size_t b = 0; b < ks.size(); ++b) {
+      const ChunkMask mask = causal_chunk_mask(query_at[a], key_at[b]);
+      if (mask == ChunkMask::kSkip) continue;
+      auto [gq, gk, gv] = attend_chunk_backward(gs[a], qs[a], ks[b], vs[b], wholes[a], mask);
+      dq[a].add_(gq);
+      dk[b].add_(gk);
+      dv[b].add_(gv);
+    }
+  }
+}
+
+std::vector<torch::Tensor> zeros_like_each(const std::vector<torch::Tensor>& tensors) {
+  std::vector<torch::Tensor> zeros;
+  for (const torch::Tensor& t : tensors) zeros.push_back(torch::zeros_like(t));
+  return zeros;
+}
+
+// The merged attention of each query chunk, from the saved output and log-sum-exp cut as it.
+std::vector<PartialAttention> wholes_of(const torch::Tensor& out, const torch::Tensor& lse,
+                                        int64_t chunks) {
+  const std::vector<torch::Tensor> outs = out.chunk(chunks, 2), lses = lse.chunk(chunks, 2);
+  std::vector<PartialAttention> wholes;
+  for (size_t a = 0; a < outs.size(); ++a) {
+    wholes.push_back({outs[a].contiguous(), lses[a].contiguous()});
+  }
+  return wholes;
+}
+
+std::vector<int64_t> first(int64_t n) {
+  std::vector<int64_t> ids(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = i;
+  return ids;
+}
+
 struct ChunkedCausalAttention : torch::autograd::Function<ChunkedCausalAttention> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q,
                                const torch::Tensor& k, const torch::Tensor& v, int64_t chunks) {
-    const std::vector<torch::Tensor> qs = q.chunk(chunks, 2);
-    const std::vector<torch::Tensor> ks = k.chunk(chunks, 2);
-    const std::vector<torch::Tensor> vs = v.chunk(chunks, 2);
+    std::vector<PartialAttention> partials(static_cast<size_t>(chunks));
+    attend_pairs(q.chunk(chunks, 2), first(chunks), k.chunk(chunks, 2), v.chunk(chunks, 2),
+                 first(chunks), partials);
     std::vector<torch::Tensor> outs, lses;
-    for (int64_t i = 0; i < chunks; ++i) {
-      PartialAttention whole;
-      for (int64_t j = 0; j < chunks; ++j) {
-        const ChunkMask mask = causal_chunk_mask(i, j);
-        if (mask == ChunkMask::kSkip) continue;
-        merge_partial(whole, attend_chunk(qs[static_cast<size_t>(i)], ks[static_cast<size_t>(j)],
-                                          vs[static_cast<size_t>(j)], mask));
-      }
-      outs.push_back(whole.out);
-      lses.push_back(whole.lse);
+    for (const PartialAttention& p : partials) {
+      outs.push_back(p.out);
+      lses.push_back(p.lse);
     }
     const torch::Tensor out = torch::cat(outs, 2);
     ctx->save_for_backward({q, k, v, out, torch::cat(lses, 2)});
@@ -48,66 +100,43 @@ struct ChunkedCausalAttention : torch::autograd::Function<ChunkedCausalAttention
     const std::vector<torch::Tensor> qs = saved[0].chunk(chunks, 2);
     const std::vector<torch::Tensor> ks = saved[1].chunk(chunks, 2);
     const std::vector<torch::Tensor> vs = saved[2].chunk(chunks, 2);
-    const std::vector<torch::Tensor> outs = saved[3].chunk(chunks, 2);
-    const std::vector<torch::Tensor> lses = saved[4].chunk(chunks, 2);
-    const std::vector<torch::Tensor> gs = grads[0].contiguous().chunk(chunks, 2);
-    std::vector<torch::Tensor> dq(static_cast<size_t>(chunks)), dk(static_cast<size_t>(chunks)),
-        dv(static_cast<size_t>(chunks));
-    for (int64_t i = 0; i < chunks; ++i) {
-      const auto a = static_cast<size_t>(i);
-      dq[a] = torch::zeros_like(qs[a]);
-      dk[a] = torch::zeros_like(ks[a]);
-      dv[a] = torch::zeros_like(vs[a]);
-    }
-    for (int64_t i = 0; i < chunks; ++i) {
-      const auto a = static_cast<size_t>(i);
-      const PartialAttention whole{outs[a].contiguous(), lses[a].contiguous()};
-      for (int64_t j = 0; j < chunks; ++j) {
-        const ChunkMask mask = causal_chunk_mask(i, j);
-        if (mask == ChunkMask::kSkip) continue;
-        const auto b = static_cast<size_t>(j);
-        auto [gq, gk, gv] = attend_chunk_backward(gs[a], qs[a], ks[b], vs[b], whole, mask);
-        dq[a] += gq;
-        dk[b] += gk;
-        dv[b] += gv;
-      }
-    }
+    std::vector<torch::Tensor> dq = zeros_like_each(qs), dk = zeros_like_each(ks),
+                               dv = zeros_like_each(vs);
+    attend_pairs_backward(grads[0].contiguous().chunk(chunks, 2), qs, first(chunks),
+                          wholes_of(saved[3], saved[4], chunks), ks, vs, first(chunks), dq, dk, dv);
     return {torch::cat(dq, 2), torch::cat(dk, 2), torch::cat(dv, 2), torch::Tensor()};
   }
 };
 
-// [k, v] (or [dk, dv]) of one member's block as one row, and back.
-torch::Tensor pack(const torch::Tensor& a, const torch::Tensor& b) {
-  return torch::cat({a.reshape({1, -1}), b.reshape({1, -1})}, 1);
+// Tensors of one shape as one row, and back: what a ring pass carries.
+torch::Tensor pack(const std::vector<torch::Tensor>& tensors) {
+  std::vector<torch::Tensor> rows;
+  for (const torch::Tensor& t : tensors) rows.push_back(t.reshape({1, -1}));
+  return torch::cat(rows, 1);
 }
-std::pair<torch::Tensor, torch::Tensor> unpack(const torch::Tensor& row,
-                                               const torch::Tensor& like) {
+std::vector<torch::Tensor> unpack(const torch::Tensor& row, const torch::Tensor& like) {
   const int64_t n = like.numel();
-  return {row.narrow(1, 0, n).reshape(like.sizes()), row.narrow(1, n, n).reshape(like.sizes())};
+  std::vector<torch::Tensor> tensors;
+  for (int64_t at = 0; at < row.size(1); at += n) {
+    tensors.push_back(row.narrow(1, at, n).reshape(like.sizes()));
+  }
+  return tensors;
 }
 
 struct RingAttention : torch::autograd::Function<RingAttention> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q,
                                const torch::Tensor& k, const torch::Tensor& v, C10dGroup* group) {
     const int r = group->rank(), n = group->size();
-    const std::vector<int64_t> mine = zigzag_chunks(r, n);
     const std::vector<torch::Tensor> qs = q.chunk(2, 2);
-    PartialAttention partial[2];
-    torch::Tensor held_k = k.contiguous(), held_v = v.contiguous();
+    std::vector<PartialAttention> partials(2);
+    std::vector<torch::Tensor> held{k.contiguous(), v.contiguous()};
     for (int s = 0; s < n; ++s) {
-      const std::vector<int64_t> theirs = zigzag_chunks((r - s + n) % n, n);
-      const std::vector<torch::Tensor> ks = held_k.chunk(2, 2), vs = held_v.chunk(2, 2);
-      for (size_t a = 0; a < 2; ++a) {
-        for (size_t b = 0; b < 2; ++b) {
-          const ChunkMask mask = causal_chunk_mask(mine[a], theirs[b]);
-          if (mask != ChunkMask::kSkip)
-            merge_partial(partial[a], attend_chunk(qs[a], ks[b], vs[b], mask));
-        }
-      }
-      if (s + 1 < n) std::tie(held_k, held_v) = unpack(ring_pass(pack(held_k, held_v), *group), k);
+      attend_pairs(qs, zigzag_chunks(r, n), held[0].chunk(2, 2), held[1].chunk(2, 2),
+                   zigzag_chunks((r - s + n) % n, n), partials);
+      if (s + 1 < n) held = unpack(ring_pass(pack(held), *group), k);
     }
-    const torch::Tensor out = torch::cat({partial[0].out, partial[1].out}, 2);
-    ctx->save_for_backward({q, k, v, out, torch::cat({partial[0].lse, partial[1].lse}, 2)});
+    const torch::Tensor out = torch::cat({partials[0].out, partials[1].out}, 2);
+    ctx->save_for_backward({q, k, v, out, torch::cat({partials[0].lse, partials[1].lse}, 2)});
     ctx->saved_data["group"] = reinterpret_cast<int64_t>(group);
     return out;
   }
@@ -117,35 +146,29 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
     const auto saved = ctx->get_saved_variables();
     auto* group = reinterpret_cast<C10dGroup*>(ctx->saved_data["group"].toInt());
     const int r = group->rank(), n = group->size();
-    const std::vector<int64_t> mine = zigzag_chunks(r, n);
     const std::vector<torch::Tensor> qs = saved[0].chunk(2, 2);
-    const std::vector<torch::Tensor> outs = saved[3].chunk(2, 2);
-    const std::vector<torch::Tensor> lses = saved[4].chunk(2, 2);
+    const std::vector<PartialAttention> wholes = wholes_of(saved[3], saved[4], 2);
     const std::vector<torch::Tensor> gs = grads[0].contiguous().chunk(2, 2);
-    torch::Tensor dq[2] = {torch::zeros_like(qs[0]), torch::zeros_like(qs[1])};
-    torch::Tensor held_k = saved[1].contiguous(), held_v = saved[2].contiguous();
-    torch::Tensor held_dk = torch::zeros_like(held_k), held_dv = torch::zeros_like(held_v);
-    const int64_t t = held_k.size(2) / 2;
+    std::vector<torch::Tensor> dq = zeros_like_each(qs);
+    // k, v and the dk, dv accumulated for them so far travel together; the gradients come home
+    // after the n-th pass, when the block itself no longer needs to move.
+    const torch::Tensor like = saved[1];
+    std::vector<torch::Tensor> held{saved[1].contiguous(), saved[2].contiguous(),
+                                    torch::zeros_like(like), torch::zeros_like(like)};
     for (int s = 0; s < n; ++s) {
-      const std::vector<int64_t> theirs = zigzag_chunks((r - s + n) % n, n);
-      const std::vector<torch::Tensor> ks = held_k.chunk(2, 2), vs = held_v.chunk(2, 2);
-      for (size_t a = 0; a < 2; ++a) {
-        const PartialAttention whole{outs[a].contiguous(), lses[a].contiguous()};
-        for (size_t b = 0; b < 2; ++b) {
-          const ChunkMask mask = causal_chunk_mask(mine[a], theirs[b]);
-          if (mask == ChunkMask::kSkip) continue;
-          auto [gq, gk, gv] = attend_chunk_backward(gs[a], qs[a], ks[b], vs[b], whole, mask);
-          dq[a] += gq;
-          held_dk.narrow(2, static_cast<int64_t>(b) * t, t).add_(gk);
-          held_dv.narrow(2, static_cast<int64_t>(b) * t, t).add_(gv);
-        }
+      std::vector<torch::Tensor> dk = held[2].chunk(2, 2), dv = held[3].chunk(2, 2);
+      attend_pairs_backward(gs, qs, zigzag_chunks(r, n), wholes, held[0].chunk(2, 2),
+                            held[1].chunk(2, 2), zigzag_chunks((r - s + n) % n, n), dq, dk, dv);
+      if (s + 1 < n) {
+        held = unpack(ring_pass(pack(held), *group), like);
+      } else {
+        const std::vector<torch::Tensor> home =
+            unpack(ring_pass(pack({held[2], held[3]}), *group), like);
+        held[2] = home[0];
+        held[3] = home[1];
       }
-      // The gradients travel on with their block and come home after the n-th pass.
-      std::tie(held_dk, held_dv) = unpack(ring_pass(pack(held_dk, held_dv), *group), held_k);
-      if (s + 1 < n)
-        std::tie(held_k, held_v) = unpack(ring_pass(pack(held_k, held_v), *group), held_k);
     }
-    return {torch::cat({dq[0], dq[1]}, 2), held_dk, held_dv, torch::Tensor()};
+    return {torch::cat(dq, 2), held[2], held[3], torch::Tensor()};
   }
 };
 
