@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -201,25 +200,10 @@ void check_expert_parallel(const TrainingSetup& s,
            "): CUDA runs a backward on its own threads, outside the second lane");
     }
   }
-  const double imbalance = s.job.parallel.routing_imbalance;
-  if (imbalance != 1.0) {
-    std::ostringstream given;
-    given << imbalance;
-    if (ep <= 1 || !(config && models::is_moe(config->architecture))) {
-      fail("--routing-imbalance " + given.str() +
-           " plans for the rows routing sends to the busiest expert-parallel rank: give a "
-           "mixture with --ep 2 or more (at --ep 1 every rank computes its own tokens' choices)");
-    }
-    const double bound =
-        parallel::routing_imbalance_bound(config->num_experts, config->num_experts_per_tok, ep);
-    if (!(imbalance >= 1.0) || imbalance > bound) {
-      std::ostringstream most;
-      most << bound;
-      fail("--routing-imbalance " + given.str() + " is outside 1.." + most.str() +
-           ", what routing can reach at --ep " + std::to_string(ep) + " (1: balanced; " +
-           most.str() + ": every token of the group choosing one rank's experts)");
-    }
-  }
+  const bool mixture = config && models::is_moe(config->architecture);
+  parallel::check_routing_imbalance(s.job.parallel.routing_imbalance, mixture,
+                                    mixture ? config->num_experts : 0,
+                                    mixture ? config->num_experts_per_tok : 1, ep);
   if (ep <= 1) return;
   if (!(config && models::is_moe(config->architecture))) {
     fail("--ep " + std::to_string(ep) + " splits a mixture's experts, and --model " + s.data.model +

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <sstream>
 
 #include <torch/torch.h>
 
@@ -205,33 +204,8 @@ void apply_routing_imbalance(partition::ModelProfile& profile, const LlamaConfig
                              std::int64_t tokens_per_row, int ep, double imbalance,
                              Precision precision) {
   if (imbalance == 1.0) return;
-  auto text = [](double x) {
-    std::ostringstream out;
-    out << x;
-    return out.str();
-  };
-  if (!(imbalance >= 1.0)) {
-    throw BadInput("--routing-imbalance " + text(imbalance) +
-                   " is below 1: it is the busiest expert-parallel rank's routed rows over the "
-                   "balanced share (1: balanced)");
-  }
-  if (!is_moe(config.architecture) || ep <= 1) {
-    throw BadInput("--routing-imbalance " + text(imbalance) +
-                   " plans for the rows routing sends to the busiest expert-parallel rank; " +
-                   (is_moe(config.architecture)
-                        ? std::string("at --ep 1 every rank computes its own tokens' choices "
-                                      "whatever the routing")
-                        : std::string("the model is not a mixture of experts")));
-  }
-  const double bound =
-      parallel::routing_imbalance_bound(config.num_experts, config.num_experts_per_tok, ep);
-  if (imbalance > bound) {
-    throw BadInput("--routing-imbalance " + text(imbalance) +
-                   " is above what routing can reach at --ep " + std::to_string(ep) + ": " +
-                   text(bound) + " (every token of the group choosing one rank's " +
-                   std::to_string(config.num_experts / ep) + " experts, " +
-                   std::to_string(config.num_experts_per_tok) + " choices a token)");
-  }
+  parallel::check_routing_imbalance(imbalance, is_moe(config.architecture), config.num_experts,
+                                    config.num_experts_per_tok, ep);
   const double row = static_cast<double>(expert_row_bytes(config, precision));
   for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
     if (!config.is_moe_layer(l)) continue;

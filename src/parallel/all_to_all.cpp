@@ -20,10 +20,6 @@ AllToAllRowsStats stats;              // by stats_mutex
 bool recording = false;               // by stats_mutex
 std::vector<LaneInterval> intervals;  // by stats_mutex
 
-C10dGroup& of_lane(C10dGroup& group, C10dGroup* second) {
-  return current_lane() == 1 && second != nullptr ? *second : group;
-}
-
 torch::Tensor exchange(const torch::Tensor& x, const std::vector<int64_t>& send,
                        const std::vector<int64_t>& receive, C10dGroup& group) {
   const auto begin = std::chrono::steady_clock::now();
@@ -59,7 +55,7 @@ struct AllToAllRows : torch::autograd::Function<AllToAllRows> {
     ctx->saved_data["receive"] = receive;
     ctx->saved_data["group"] = reinterpret_cast<int64_t>(group);
     ctx->saved_data["second"] = reinterpret_cast<int64_t>(second);
-    return exchange(x, send, receive, of_lane(*group, second));
+    return exchange(x, send, receive, group_of_lane(*group, second));
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
@@ -67,7 +63,7 @@ struct AllToAllRows : torch::autograd::Function<AllToAllRows> {
     auto* second = reinterpret_cast<C10dGroup*>(ctx->saved_data["second"].toInt());
     const std::vector<int64_t> send = ctx->saved_data["send"].toIntVector();
     const std::vector<int64_t> receive = ctx->saved_data["receive"].toIntVector();
-    return {exchange(grads[0], receive, send, of_lane(*group, second)), torch::Tensor(),
+    return {exchange(grads[0], receive, send, group_of_lane(*group, second)), torch::Tensor(),
             torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };

@@ -10,6 +10,10 @@ int current_lane() {
   return lane;
 }
 
+C10dGroup& group_of_lane(C10dGroup& first, C10dGroup* second) {
+  return lane == 1 && second != nullptr ? *second : first;
+}
+
 LaneScope::LaneScope(int new_lane) : previous_(lane) {
   lane = new_lane;
 }

@@ -53,6 +53,11 @@ void check_expert_parallel(int64_t experts, int ep, int dp);
 // under dropless routing at `ep`: ep x min(k, experts / ep) / k, every token of the group choosing
 // this rank's experts as often as it can (models::apply_routing_imbalance).
 double routing_imbalance_bound(int64_t experts, int64_t top_k, int ep);
+// Throws BadInput naming the value when `imbalance` (the busiest rank's routed rows over the
+// balanced share; 1: balanced, nothing to check) is given for what is not a mixture (`mixture`
+// false) or at ep 1, or lies outside 1 to the bound.
+void check_routing_imbalance(double imbalance, bool mixture, int64_t experts, int64_t top_k,
+                             int ep);
 
 // True for the name of a routed expert's parameter ("3.mlp.experts.5.up_proj.weight"; not a
 // shared expert's): the tensors expert parallelism splits.

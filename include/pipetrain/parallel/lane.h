@@ -9,10 +9,18 @@
 // Thread-safety: the lane is per thread.
 #pragma once
 
+namespace pipetrain {
+class C10dGroup;
+}
+
 namespace pipetrain::parallel {
 
 // The calling thread's lane: 0 unless a LaneScope set another.
 int current_lane();
+
+// The group the calling thread's collectives go to: `second` on lane 1 where it is set, else
+// `first`.
+C10dGroup& group_of_lane(C10dGroup& first, C10dGroup* second);
 
 class LaneScope {
  public:
