@@ -199,48 +199,43 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
   q = q.transpose(1, 2);
   k = k.transpose(1, 2);
   torch::Tensor v = qkv[2].view({b, t, kv_heads, d}).transpose(1, 2);
-  if (cp.split()) {
-    // Context parallelism: this member's t tokens at their places in the sequence of t x C, the
-    // key/value heads repeated to the query heads, attended over the group.
-    const data::SequenceLayout* packed = data::current_layout();
-    PIPETRAIN_CHECK_INPUT(tp.size() == 1 && !(packed != nullptr && packed->by_document()),
-                          "context parallelism runs without tensor parallelism and packed "
-                          "documents yet");
-    const torch::Tensor at = cp.positions(t).to(x.device());
-    auto [whole_cos, whole_sin] = rope_->tables(t * cp.size(), x.device(), x.scalar_type());
-    const torch::Tensor cos = whole_cos.index_select(0, at);
-    const torch::Tensor sin = whole_sin.index_select(0, at);
-    q = q * cos + rotate_half(q) * sin;
-    k = k * cos + rotate_half(k) * sin;
-    if (kv_heads != heads) {
-      k = k.repeat_interleave(heads / kv_heads, 1);
-      v = v.repeat_interleave(heads / kv_heads, 1);
-    }
-    const torch::Tensor attended = cp.attend(q, k, v);
-    return parallel::row_parallel_linear(attended.transpose(1, 2).reshape({b, t, heads * d}),
-                                         o_proj->weight, o_proj->bias, tp);
-  }
-  auto [cos, sin] = rope_->tables(t, x.device(), x.scalar_type());
-  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   // Packed documents (data/sequence_layout.h): positions restart at each document, and a token
-  // attends only within its own.
+  // attends only within its own. Context parallelism: this member's t tokens sit at their places
+  // in the sequence of t x C and attend over the group.
   const data::SequenceLayout* layout = data::current_layout();
-  if (layout != nullptr && layout->by_document()) {
+  const bool documents = layout != nullptr && layout->by_document();
+  PIPETRAIN_CHECK_INPUT(!cp.split() || (tp.size() == 1 && !documents),
+                        "context parallelism runs without tensor parallelism and packed "
+                        "documents yet");
+  auto [cos, sin] = rope_->tables(t * cp.size(), x.device(), x.scalar_type());
+  if (cp.split()) {
+    const torch::Tensor at = cp.positions(t).to(x.device());
+    cos = cos.index_select(0, at);
+    sin = sin.index_select(0, at);
+  } else if (documents) {
     PIPETRAIN_CHECK_INPUT(layout->rows() == b && layout->width() == t, "Llama attention over [", b,
                           ", ", t, "] tokens was given the layout of ", layout->describe());
     cos = rotary_at_positions(cos, *layout);
     sin = rotary_at_positions(sin, *layout);
-    q = q * cos + rotate_half(q) * sin;
-    k = k * cos + rotate_half(k) * sin;
-    torch::Tensor attended = document_causal_attention(q, k, v, *layout, scale);
-    return parallel::row_parallel_linear(attended.transpose(1, 2).reshape({b, t, heads * d}),
-                                         o_proj->weight, o_proj->bias, tp);
   }
   q = q * cos + rotate_half(q) * sin;
   k = k * cos + rotate_half(k) * sin;
-  torch::Tensor attended = at::scaled_dot_product_attention(
-      q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true, scale,
-      /*enable_gqa=*/kv_heads != heads);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  torch::Tensor attended;
+  if (cp.split()) {
+    // The key/value heads repeated to the query heads.
+    if (kv_heads != heads) {
+      k = k.repeat_interleave(heads / kv_heads, 1);
+      v = v.repeat_interleave(heads / kv_heads, 1);
+    }
+    attended = cp.attend(q, k, v);
+  } else if (documents) {
+    attended = document_causal_attention(q, k, v, *layout, scale);
+  } else {
+    attended = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
+                                                /*is_causal=*/true, scale,
+                                                /*enable_gqa=*/kv_heads != heads);
+  }
   return parallel::row_parallel_linear(attended.transpose(1, 2).reshape({b, t, heads * d}),
                                        o_proj->weight, o_proj->bias, tp);
 }
