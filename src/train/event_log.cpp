@@ -65,17 +65,14 @@ schedule::Timeline timeline_of(const std::vector<const StepEvent*>& events, int 
         (e->event.start_us - origin) / 1000.0, (e->event.end_us - origin) / 1000.0));
   }
   if (lanes || !collectives.empty()) {
-    for (int r = 0; r < ranks; ++r) timeline.row_names.push_back("rank " + std::to_string(r));
-    if (!collectives.empty()) {
+    auto add_rows = [&](const std::string& suffix) {
       for (int r = 0; r < ranks; ++r) {
-        timeline.row_names.push_back("rank " + std::to_string(r) + " collectives");
+        timeline.row_names.push_back("rank " + std::to_string(r) + suffix);
       }
-    }
-    if (lanes) {
-      for (int r = 0; r < ranks; ++r) {
-        timeline.row_names.push_back("rank " + std::to_string(r) + " lane 1");
-      }
-    }
+    };
+    add_rows("");
+    if (!collectives.empty()) add_rows(" collectives");
+    if (lanes) add_rows(" lane 1");
     timeline.num_ranks = static_cast<int>(timeline.row_names.size());
   }
   for (const StepCounts& c : counts) {

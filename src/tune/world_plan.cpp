@@ -196,12 +196,8 @@ std::string seconds_text(double seconds) {
 }  // namespace
 
 std::string WorldLayout::name() const {
-  if (ep > 1) {
-    return "pp" + std::to_string(pp) + " x tp" + std::to_string(tp) + " x dp" + std::to_string(dp) +
-           " x ep" + std::to_string(ep);
-  }
   return "pp" + std::to_string(pp) + " x tp" + std::to_string(tp) + " x dp" + std::to_string(dp) +
-         (sequence_parallel ? " sp" : "");
+         (ep > 1 ? " x ep" + std::to_string(ep) : "") + (sequence_parallel ? " sp" : "");
 }
 
 nlohmann::json allreduce_job(int64_t large_bytes) {
