@@ -76,6 +76,29 @@ BatchTokens batch_tokens(const Batch& batch) {
   return counts;
 }
 
+int64_t counted_targets(const torch::Tensor& targets) {
+  return targets.ne(kIgnoredTarget).sum().item<int64_t>();
+}
+
+Microbatch tokens_at(const Microbatch& part, const torch::Tensor& positions) {
+  PIPETRAIN_CHECK_INPUT(part.inputs.size() == 1 && part.inputs[0].dim() == 2 &&
+                            part.target.dim() == 2 &&
+                            part.target.sizes() == part.inputs[0].sizes(),
+                        "context parallelism cuts token rows [rows, width]: the micro-batch's "
+                        "input and target must both be, got ",
+                        part.inputs.empty() ? "no input" : c10::str(part.inputs[0].sizes()),
+                        " and ", part.target.sizes());
+  PIPETRAIN_CHECK_INPUT(!part.layout || !part.layout->by_document(),
+                        "packed documents under context parallelism are not built yet (",
+                        part.layout ? part.layout->describe() : "", ")");
+  Microbatch mine;
+  const torch::Tensor at = positions.to(part.inputs[0].device());
+  mine.inputs.push_back(part.inputs[0].index_select(1, at));
+  mine.target = part.target.index_select(1, at.to(part.target.device()));
+  mine.weight = static_cast<double>(counted_targets(mine.target));
+  return mine;
+}
+
 int64_t padded_width(int64_t width, int64_t multiple, int64_t limit) {
   const int64_t rounded = (width + multiple - 1) / multiple * multiple;
   return std::min(std::max<int64_t>(rounded, 1), limit);

@@ -328,7 +328,7 @@ namespace {
 BuiltModel build_hf_model(const ModelDataSpec& args, const BuiltData& data,
                           const std::optional<std::vector<int64_t>>& entries,
                           const parallel::TensorParallel& tp, const std::vector<int64_t>& on_demand,
-                          const parallel::ExpertParallel& ep) {
+                          const parallel::ExpertParallel& ep, const parallel::ContextParallel& cp) {
   const models::LlamaConfig config = hf_config(args);
   if (data.seq_len > 0) {
     as_bad_input("--seq-len " + std::to_string(data.seq_len),
@@ -339,7 +339,7 @@ BuiltModel build_hf_model(const ModelDataSpec& args, const BuiltData& data,
                  [&] { models::check_llama_tensor_parallel(config, tp.size()); });
   }
   models::LlamaModel llama = models::make_llama(
-      config, models::LlamaBuildOptions().entries(entries).tensor_parallel(tp).expert_parallel(ep));
+      config, models::LlamaBuildOptions().entries(entries).tensor_parallel(tp).expert_parallel(ep).context_parallel(cp));
   // The entries whose values wait (ZeRO-3 takes them a layer at a time), and the others'.
   auto deferred = std::make_shared<std::set<int64_t>>(on_demand.begin(), on_demand.end());
   const int64_t head = config.num_hidden_layers + 2;
@@ -420,8 +420,13 @@ BuiltModel build_mirror_model(const ModelDataSpec& spec, const BuiltData& data, 
 BuiltModel build_model(const ModelDataSpec& args, const BuiltData& data,
                        const std::optional<std::vector<int64_t>>& entries,
                        const parallel::TensorParallel& tp, const std::vector<int64_t>& on_demand,
-                       const parallel::ExpertParallel& ep) {
-  if (is_hf_model(args.model)) return build_hf_model(args, data, entries, tp, on_demand, ep);
+                       const parallel::ExpertParallel& ep, const parallel::ContextParallel& cp) {
+  if (is_hf_model(args.model)) return build_hf_model(args, data, entries, tp, on_demand, ep, cp);
+  if (cp.split()) {
+    throw UsageError("--cp splits the attention of a Llama-family model (--model DIR with "
+                     "config.json); '" +
+                     args.model + "' has no context-parallel form");
+  }
   if (tp.split()) {
     throw UsageError(
         "--tp splits the layers of a Llama-family model (--model DIR with "

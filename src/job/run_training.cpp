@@ -145,12 +145,13 @@ std::vector<int64_t> values_on_demand(const TrainingSetup& s, const RunLayout& l
 Prepared prepare(TrainingSetup& s, const RunLayout& layout, JobObserver& observer,
                  const PlanSource& plan_source = {}, bool leave_plan_to_ranks = false,
                  int pipeline_rank = -1, const parallel::TensorParallel& tp = {},
-                 const parallel::ExpertParallel& ep = {}) {
+                 const parallel::ExpertParallel& ep = {},
+                 const parallel::ContextParallel& cp = {}) {
   Prepared p;
   p.data = build_data(s.data);
   torch::manual_seed(s.data.seed);
   p.model = build_model(s.data, p.data, hf_entries(s, layout, pipeline_rank), tp,
-                        values_on_demand(s, layout, pipeline_rank), ep);
+                        values_on_demand(s, layout, pipeline_rank), ep, cp);
   check_data_against_model(p.model, p.data);
   check_batch_size(p.data, s.job.training.batch_size);
   if (s.auto_request.any() && !leave_plan_to_ranks) {
@@ -199,7 +200,7 @@ tune::MemoryCheckInput memory_check_input(const TrainingSetup& s, const RunLayou
     input.loss = p.model.loss;
   }
   Batches batches(s, p.model, p.data);
-  std::tie(input.inputs, input.targets) = batches.source().largest();
+  std::tie(input.inputs, input.targets) = modelled_batch(batches, layout);
   const int64_t layers = static_cast<int64_t>(p.model.sequential->size());
   input.pipe = pipe_options(s.pipeline, layout, layers);
   input.run = memory_run_options(s, layout);
@@ -507,10 +508,12 @@ JobResult launch_ranks(TrainingSetup& s, JobObserver& observer) {
   const std::string tensor = layout.tensor_parallel > 1
                                  ? std::to_string(layout.tensor_parallel) + " tensor-parallel x "
                                  : "";
+  const int context = layout.context_parallel;
   note(observer, "launching " + std::to_string(layout.world) +
                      (layout.world == 1 ? " process (" : " processes (") +
                      std::to_string(layout.pipeline_ranks) + " pipeline x " + tensor +
-                     std::to_string(layout.replicas) + " data-parallel)" +
+                     std::to_string(layout.replicas / context) + " data-parallel" +
+                     (context > 1 ? " x " + std::to_string(context) + " context-parallel)" : ")") +
                      (auto_plan ? "; rank 0 makes the auto plan" : ""));
   // The check's profile is done: what it freed goes back to the system before this process
   // waits out the run beside its ranks (their machine's memory).
@@ -697,6 +700,8 @@ JobResult run_rank(TrainingSetup& s, JobObserver& observer) {
       .tensor_parallel(layout.tensor_parallel)
       .expert_parallel(static_cast<int>(s.job.parallel.ep))
       .expert_parallel_second_lane(s.job.parallel.ep_overlap)
+      .context_parallel(layout.context_parallel)
+      .context_parallel_ulysses(s.pipeline.cp_ulysses)
       .backend(s.job.parallel.backend)
       .device(device);
   std::string bad_input;  // the auto plan failed on rank 0: every rank stops with exit 2
@@ -709,7 +714,8 @@ JobResult run_rank(TrainingSetup& s, JobObserver& observer) {
                         parallel::TensorParallel{distributed.tensor_parallel_group(),
                                                  s.job.parallel.sequence_parallel},
                         parallel::ExpertParallel{distributed.expert_parallel_group(),
-                                                 distributed.expert_parallel_second_group()}));
+                                                 distributed.expert_parallel_second_group()},
+                        distributed.context_parallel()));
     } catch (const tune::AutoPlanError& error) {
       bad_input = error.what();  // every rank is here: stop cleanly, BadInput below
       return;

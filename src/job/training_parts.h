@@ -42,6 +42,12 @@ class Batches {
   std::unique_ptr<train::BatchSource> source_;
 };
 
+// The largest mini-batch as the memory model takes it (inputs, targets): with --cp C each row
+// [T] becomes C rows of T / C tokens, so that one replica's share of the dp x C replicas holds as
+// many tokens as a context-parallel rank computes, in sequences of its length.
+std::pair<torch::Tensor, torch::Tensor> modelled_batch(const Batches& batches,
+                                                       const RunLayout& layout);
+
 // The progress line's rates: tokens/s of token data, MFU with a peak.
 train::ProgressOptions rate_options(const TrainingSetup& setup, const BuiltModel& model,
                                     const BuiltData& data);

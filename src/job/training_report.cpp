@@ -19,15 +19,28 @@
 namespace pipetrain::job::detail {
 namespace {
 
-// The data flags with --pad-multiple 0 resolved: sequence parallelism cuts every row into --tp
-// parts.
+// The data flags with --pad-multiple 0 resolved: sequence and context parallelism cut every row
+// into parts.
 ModelDataSpec with_pad_multiple(const TrainingSetup& s) {
   ModelDataSpec spec = s.data;
-  if (spec.pad_multiple == 0) {
-    spec.pad_multiple = s.job.parallel.sequence_parallel ? s.pipeline.tp : 1;
-  }
+  if (spec.pad_multiple == 0) spec.pad_multiple = sequence_multiple(s);
   return spec;
 }
+
+}  // namespace
+
+std::pair<torch::Tensor, torch::Tensor> modelled_batch(const Batches& batches,
+                                                       const RunLayout& layout) {
+  auto [inputs, targets] = batches.source().largest();
+  const int64_t c = layout.context_parallel;
+  if (c > 1) {
+    inputs = inputs.reshape({-1, inputs.size(1) / c});
+    targets = targets.reshape({-1, targets.size(1) / c});
+  }
+  return {inputs, targets};
+}
+
+namespace {
 
 int64_t token_ids(const BuiltData& data) {
   int64_t ids = data.tokens ? data.tokens->tokens() : 0;
@@ -164,11 +177,12 @@ std::string memory_report_text(const TrainingSetup& s, Prepared& p, const Batche
                                const train::TrainSummary& summary, const PipeOptions& pipe,
                                const RunLayout& layout) {
   if (summary.memory.empty()) return "";
-  auto [inputs, targets] = batches.source().largest();
+  auto [inputs, targets] = modelled_batch(batches, layout);
   train::MemoryRunOptions run = memory_run_options(s, layout);
   BuiltModel mirrored;
   const BuiltModel* profiled = &p.model;
-  if (layout.tensor_parallel > 1 || s.job.parallel.ep > 1) {
+  // A context-parallel model attends over its group: the mirror attends alone.
+  if (layout.tensor_parallel > 1 || s.job.parallel.ep > 1 || layout.context_parallel > 1) {
     mirrored =
         build_mirror_model(s.data, p.data, layout.tensor_parallel, s.job.parallel.sequence_parallel,
                            static_cast<int>(s.job.parallel.ep));

@@ -53,6 +53,8 @@ void resolve_pipeline(const JobConfig& job, TrainingSetup& s) {
   p.pp = static_cast<int>(job.parallel.pp);
   p.dp = static_cast<int>(job.parallel.dp);
   p.tp = static_cast<int>(job.parallel.tp);
+  p.cp = static_cast<int>(job.parallel.cp);
+  p.cp_ulysses = job.parallel.cp_method == "ulysses";
   p.device = given.device;
   p.devices = given.devices;
   p.overlap_grad_reduce = job.parallel.overlap_grad_reduce;
@@ -117,6 +119,22 @@ train::ZeroOptions zero_options_of(const ZeroSettings& zero) {
                 .io(train::parse_offload_io(zero.offload_io)));
 }
 
+// The rows' widths that --sequence-parallel and --cp cut into equal parts: --seq-len and
+// --pad-multiple (0: sequence_multiple itself) divisible by sequence_multiple. `what`: the flags
+// that cut, for the message.
+void check_sequence_cut(const TrainingSetup& s, const std::string& what) {
+  const int64_t multiple = sequence_multiple(s);
+  if (s.data.pad_multiple > 0 && s.data.pad_multiple % multiple != 0) {
+    fail(what + " cuts each row into " + std::to_string(multiple) +
+         " parts: give a --pad-multiple divisible by it (got " +
+         std::to_string(s.data.pad_multiple) + "), or 0 for " + std::to_string(multiple));
+  }
+  if (s.data.seq_len % multiple != 0) {
+    fail(what + " cuts each sample's --seq-len " + std::to_string(s.data.seq_len) + " ids into " +
+         std::to_string(multiple) + " parts; give a --seq-len divisible by it");
+  }
+}
+
 // What tensor parallelism covers so far: refused with the flag's name rather than run wrong.
 void check_tensor_parallel(const TrainingSetup& s) {
   const int tp = s.pipeline.tp;
@@ -127,16 +145,7 @@ void check_tensor_parallel(const TrainingSetup& s) {
         "more");
   }
   if (tp <= 1) return;
-  if (sequence_parallel && s.data.pad_multiple > 0 && s.data.pad_multiple % tp != 0) {
-    fail("--sequence-parallel with --tp " + std::to_string(tp) + " cuts each row into " +
-         std::to_string(tp) + " parts: give a --pad-multiple divisible by it (got " +
-         std::to_string(s.data.pad_multiple) + "), or 0 for " + std::to_string(tp));
-  }
-  if (sequence_parallel && s.data.seq_len % tp != 0) {
-    fail("--sequence-parallel with --tp " + std::to_string(tp) + " cuts each sample's --seq-len " +
-         std::to_string(s.data.seq_len) + " ids into " + std::to_string(tp) +
-         " parts; give a --seq-len divisible by it");
-  }
+  if (sequence_parallel && s.pipeline.cp == 1) check_sequence_cut(s, "--sequence-parallel with --tp " + std::to_string(tp));
   if (!is_hf_model(s.data.model)) {
     fail(
         "--tp splits the layers of a Llama-family model: give --model DIR (a Hugging Face "
@@ -221,6 +230,56 @@ void check_expert_parallel(const TrainingSetup& s,
   }
 }
 
+// --cp: a Llama-family model's sequences split over context-parallel ranks. `config`: the
+// Hugging Face --model's (nullopt for another model).
+void check_context_parallel(const TrainingSetup& s,
+                            const std::optional<models::LlamaConfig>& config) {
+  const int cp = s.pipeline.cp;
+  const std::string& method = s.job.parallel.cp_method;
+  if (cp <= 1) {
+    if (method != "ring") {
+      fail("--cp-method " + method + " says how --cp splits attention, and --cp is " +
+           std::to_string(cp) + ": give --cp 2 or more, or drop --cp-method");
+    }
+    return;
+  }
+  const std::string flag = "--cp " + std::to_string(cp) + " (" + method + ")";
+  if (!config) {
+    fail("--cp " + std::to_string(cp) + " splits the attention of a Llama-family model, and --model " +
+         s.data.model +
+         " has none that can be split: give --model DIR (a Hugging Face checkpoint directory)");
+  }
+  check_sequence_cut(s, s.job.parallel.sequence_parallel
+                            ? flag + " with --sequence-parallel --tp " + std::to_string(s.pipeline.tp)
+                            : flag);
+  if (s.pipeline.cp_ulysses) {
+    const int64_t heads = config->num_attention_heads / std::max(1, s.pipeline.tp);
+    if (heads % cp != 0) {
+      fail(flag + " gives each rank the whole sequence for 1/" + std::to_string(cp) +
+           " of the attention heads, and " +
+           (s.pipeline.tp > 1 ? "each tensor-parallel rank's " + std::to_string(heads)
+                              : "num_attention_heads (" + std::to_string(heads) + ")") +
+           (s.pipeline.tp > 1 ? " heads do" : ") does") + " not divide by it; use --cp-method ring");
+    }
+  }
+  if (s.auto_request.any()) {
+    fail(flag + " with an auto plan (--schedule, --balance, --chunks or --checkpoint auto): not "
+         "built yet; give the pipeline's settings");
+  }
+  if (s.job.parallel.ep > 1) {
+    fail("--cp with --ep " + std::to_string(s.job.parallel.ep) + ": not built yet; give one of them");
+  }
+  if (config->aux_loss) {
+    fail(flag + " with a mixture whose config.json sets output_router_logits: each rank would take "
+         "the load-balancing term over its part of the sequence, not over the micro-batch; set "
+         "output_router_logits false");
+  }
+  if (s.data.data == "indexed" && !s.data.cross_document_attention) {
+    fail(flag + " with packed documents (--data indexed attends by document): not built yet; give "
+         "--cross-document-attention, or --data tokens");
+  }
+}
+
 // Names (schedule, schedule file) and flags that exclude each other.
 void check_choices(const TrainingSetup& s) {
   check_tensor_parallel(s);
@@ -228,12 +287,13 @@ void check_choices(const TrainingSetup& s) {
   const bool needs_config = s.job.parallel.ep > 1 || s.job.output.report_routing ||
                             s.job.parallel.routing_imbalance != 1.0 ||
                             s.pipeline.precision == Precision::kFloat16 ||
-                            s.job.parallel.sequence_parallel;
+                            s.job.parallel.sequence_parallel || s.pipeline.cp > 1;
   const std::optional<models::LlamaConfig> config =
       needs_config && is_hf_model(s.data.model)
           ? std::optional<models::LlamaConfig>(hf_config(s.data))
           : std::nullopt;
   check_expert_parallel(s, config);
+  check_context_parallel(s, config);
   check_auxiliary_loss(s, config);
   const PipelineRequest& p = s.pipeline;
   if (s.auto_request.any() && !p.schedule_file.empty()) {
@@ -410,6 +470,12 @@ ModelDataSpec model_data_spec(const JobConfig& job) {
   spec.pad_multiple = job.data.pad_multiple;
   spec.group_by_length = job.data.group_by_length;
   return spec;
+}
+
+int64_t sequence_multiple(const TrainingSetup& s) {
+  const PipelineRequest& p = s.pipeline;
+  const int64_t context = p.cp > 1 ? (p.cp_ulysses ? p.cp : 2 * p.cp) : 1;
+  return context * (s.job.parallel.sequence_parallel ? std::max(1, p.tp) : 1);
 }
 
 int64_t offload_file_fields(const TrainingSetup& s) {

@@ -204,9 +204,8 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
   // in the sequence of t x C and attend over the group.
   const data::SequenceLayout* layout = data::current_layout();
   const bool documents = layout != nullptr && layout->by_document();
-  PIPETRAIN_CHECK_INPUT(!cp.split() || (tp.size() == 1 && !documents),
-                        "context parallelism runs without tensor parallelism and packed "
-                        "documents yet");
+  PIPETRAIN_CHECK_INPUT(!cp.split() || !documents,
+                        "context parallelism with packed documents is not built yet");
   auto [cos, sin] = rope_->tables(t * cp.size(), x.device(), x.scalar_type());
   if (cp.split()) {
     const torch::Tensor at = cp.positions(t).to(x.device());

@@ -169,14 +169,22 @@ std::vector<int> ParallelLayout::tensor_parallel_ranks(int replica, int pipeline
   return ranks;
 }
 
+std::vector<int> ParallelLayout::consecutive_replica_ranks(int replica, int size,
+                                                           int pipeline_rank, int tp_rank) const {
+  std::vector<int> ranks;
+  const int first = replica / size * size;
+  for (int d = first; d < first + size; ++d) ranks.push_back(rank_of(d, pipeline_rank, tp_rank));
+  return ranks;
+}
+
 std::vector<int> ParallelLayout::expert_parallel_ranks(int replica, int pipeline_rank,
                                                        int tp_rank) const {
-  std::vector<int> ranks;
-  const int first = replica / expert_parallel * expert_parallel;
-  for (int d = first; d < first + expert_parallel; ++d) {
-    ranks.push_back(rank_of(d, pipeline_rank, tp_rank));
-  }
-  return ranks;
+  return consecutive_replica_ranks(replica, expert_parallel, pipeline_rank, tp_rank);
+}
+
+std::vector<int> ParallelLayout::context_parallel_ranks(int replica, int pipeline_rank,
+                                                        int tp_rank) const {
+  return consecutive_replica_ranks(replica, context_parallel, pipeline_rank, tp_rank);
 }
 
 std::vector<int> ParallelLayout::expert_data_parallel_ranks(int replica, int pipeline_rank,
@@ -205,6 +213,14 @@ Distributed::Distributed(const DistributedEnvironment& environment,
       "expert_parallel ", options.expert_parallel(), " must be 1 or more and divide the ",
       layout_.replicas, " data-parallel replicas");
   layout_.expert_parallel = options.expert_parallel();
+  PIPETRAIN_CHECK_INPUT(
+      options.context_parallel() >= 1 && layout_.replicas % options.context_parallel() == 0,
+      "context_parallel ", options.context_parallel(), " must be 1 or more and divide the ",
+      layout_.replicas, " replicas (data x context parallel)");
+  PIPETRAIN_CHECK_INPUT(options.context_parallel() == 1 || options.expert_parallel() == 1,
+                        "context_parallel ", options.context_parallel(), " with expert_parallel ",
+                        options.expert_parallel(), ": not built yet; one of them must be 1");
+  layout_.context_parallel = options.context_parallel();
   RendezvousOptions rendezvous;
   rendezvous.master_addr = environment.master_addr;
   rendezvous.master_port = environment.master_port;
@@ -252,6 +268,13 @@ Distributed::Distributed(const DistributedEnvironment& environment,
           "edp/" + where + "/" + std::to_string(replica() % e),
           layout_.expert_data_parallel_ranks(replica(), pipeline_rank(), tp_rank()));
     }
+  }
+  context_parallel_.ulysses = options.context_parallel_ulysses();
+  if (layout_.context_parallel > 1) {
+    const int c = layout_.context_parallel;
+    context_parallel_.group = world_->new_group(
+        "cp/" + std::to_string(pipeline_rank()) + tp_suffix + "/" + std::to_string(replica() / c),
+        layout_.context_parallel_ranks(replica(), pipeline_rank(), tp_rank()));
   }
 }
 

@@ -185,8 +185,12 @@ torch::Tensor DistributedPipe::train_step(const data::Batch& batch, const LossFn
   PIPETRAIN_CHECK_INPUT(batch.inputs.size() == 1,
                         "DistributedPipe::train_step takes one input tensor, got ",
                         batch.inputs.size());
-  // [1] Weights relative to the whole mini-batch: the replicas' gradients are summed.
-  const double total = batch.total_weight();
+  // [1] Weights relative to the whole mini-batch: the replicas' gradients are summed. Context
+  // parallelism: each member of a group takes its columns of the group's rows, weighing its
+  // counted targets among the mini-batch's.
+  const parallel::ContextParallel& cp = distributed_.context_parallel();
+  const double total =
+      cp.split() ? static_cast<double>(data::counted_targets(batch.targets)) : batch.total_weight();
   const auto [first, count] = replica_rows(batch.rows());
   const data::Batch mine = data::rows_of(batch, first, count);
   const std::vector<int64_t> sizes = microbatch_sizes(count, options_.chunks());
@@ -196,7 +200,9 @@ torch::Tensor DistributedPipe::train_step(const data::Batch& batch, const LossFn
 
   StepData data;
   data.num_microbatches = m;
-  for (data::Microbatch& part : data::split_batch(mine, sizes)) {
+  for (data::Microbatch& whole : data::split_batch(mine, sizes)) {
+    const data::Microbatch part =
+        cp.split() ? data::tokens_at(whole, context_parallel_columns(whole.target)) : whole;
     data.inputs.push_back({part.inputs[0].to(device_)});
     data.targets.push_back(part.target.to(device_));
     data.loss_weights.push_back(total > 0 ? part.weight / total : 0.0);
@@ -382,13 +388,27 @@ std::vector<std::pair<int, std::vector<torch::Tensor>>> DistributedPipe::gradien
 }
 
 std::pair<int64_t, int64_t> DistributedPipe::replica_rows(int64_t rows) const {
-  const int replicas = distributed_.layout().replicas;
+  // The members of a context-parallel group share their rows.
+  const int replicas = distributed_.layout().replicas / distributed_.layout().context_parallel;
   PIPETRAIN_CHECK_INPUT(rows >= replicas, "a mini-batch of ", rows, " rows cannot be shared by ",
                         replicas, " replicas; use at least one row per replica");
   const std::vector<int64_t> shares = microbatch_sizes(rows, replicas);
-  const int d = distributed_.replica();
+  const int d = distributed_.data_replica();
   const int64_t offset = std::accumulate(shares.begin(), shares.begin() + d, int64_t{0});
   return {offset, shares[static_cast<size_t>(d)]};
+}
+
+torch::Tensor DistributedPipe::context_parallel_columns(const torch::Tensor& target) const {
+  const parallel::ContextParallel& cp = distributed_.context_parallel();
+  const int64_t width = target.dim() == 2 ? target.size(1) : 0;
+  const int64_t multiple = cp.ulysses ? cp.size() : 2 * cp.size();
+  PIPETRAIN_CHECK_INPUT(
+      width > 0 && width % multiple == 0, "context parallelism over ", cp.size(), " ranks (",
+      cp.ulysses ? "Ulysses" : "ring", ") cuts each row into ", multiple,
+      " equal chunks, and a micro-batch's rows are ", width,
+      " tokens wide: give a sequence length (and with documents a pad multiple) divisible by ",
+      multiple);
+  return cp.positions(width / cp.size());
 }
 
 std::map<int, Stage*> DistributedPipe::fresh_stages() {
@@ -410,6 +430,9 @@ torch::Tensor DistributedPipe::forward(const torch::Tensor& input,
                                     input.size(1) == layout->width()),
                         "the sequence layout (", layout ? layout->describe() : "",
                         ") does not match the input ", input.sizes());
+  PIPETRAIN_CHECK_INPUT(!distributed_.context_parallel().split(),
+                        "DistributedPipe::forward under context parallelism is not built yet "
+                        "(train_step is)");
   const auto [first, count] = replica_rows(input.size(0));
   const torch::Tensor mine = input.narrow(0, first, count);
   const std::vector<int64_t> sizes = microbatch_sizes(mine.size(0), options_.chunks());

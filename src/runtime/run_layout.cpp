@@ -99,6 +99,7 @@ void check_pipeline_request(const PipelineRequest& r) {
   }
   if (r.dp < 1) fail("--dp must be at least 1, got " + std::to_string(r.dp));
   if (r.tp < 1) fail("--tp must be at least 1, got " + std::to_string(r.tp));
+  if (r.cp < 1) fail("--cp must be at least 1, got " + std::to_string(r.cp));
   if (!(r.bucket_mb > 0) || !std::isfinite(r.bucket_mb)) {
     fail("--bucket-size must be a positive number of MiB, got " + c10::str(r.bucket_mb));
   }
@@ -157,25 +158,40 @@ RunLayout layout_of(const PipelineRequest& r, int world) {
   RunLayout layout;
   layout.multi_process = world > 1;
   layout.world = world;
+  const int cp = std::max(1, r.cp);
   if (!layout.multi_process) {
-    if (r.pp > 1 || r.dp > 1 || r.tp > 1) {
-      fail("--pp/--tp/--dp describe a multi-process run: give --nproc " +
-           std::to_string(std::max(r.pp, 1) * r.dp * std::max(r.tp, 1)));
+    if (r.pp > 1 || r.dp > 1 || r.tp > 1 || cp > 1) {
+      fail("--pp/--tp/--dp/--cp describe a multi-process run: give --nproc " +
+           std::to_string(std::max(r.pp, 1) * r.dp * std::max(r.tp, 1) * cp));
     }
     return layout;
   }
+  if (world % cp != 0) {
+    fail("--cp " + std::to_string(cp) + " does not divide the world of " + std::to_string(world) +
+         " processes; make pp x tp x dp x cp equal the process count");
+  }
+  // Context parallelism: cp replicas per data-parallel replica (runtime/distributed.h).
+  layout.context_parallel = cp;
   if (r.tp > 1) {
-    const parallel::Mesh mesh = parallel::Mesh::for_world(world, r.pp, r.tp, r.dp);
+    const parallel::Mesh mesh = [&] {
+      try {
+        return parallel::Mesh::for_world(world / cp, r.pp, r.tp, r.dp);
+      } catch (const BadInput& error) {
+        if (cp == 1) throw;
+        fail(std::string(error.what()) + " (the world over --cp " + std::to_string(cp) + ")");
+      }
+    }();
     layout.pipeline_ranks = mesh.pp;
     layout.tensor_parallel = mesh.tp;
-    layout.replicas = mesh.dp;
+    layout.replicas = mesh.dp * cp;
   } else {
-    layout.replicas = r.dp;
-    layout.pipeline_ranks = r.pp > 0 ? r.pp : world / r.dp;
+    layout.replicas = r.dp * cp;
+    layout.pipeline_ranks = r.pp > 0 ? r.pp : world / layout.replicas;
     if (layout.pipeline_ranks * layout.replicas != world) {
+      const std::string context = cp > 1 ? " x --cp " + std::to_string(cp) : "";
       fail("--nproc " + std::to_string(world) + " processes do not make --pp " +
-           std::to_string(layout.pipeline_ranks) + " x --dp " + std::to_string(layout.replicas) +
-           "; make pp x dp equal the process count");
+           std::to_string(layout.pipeline_ranks) + " x --dp " + std::to_string(r.dp) + context +
+           "; make pp x dp" + (cp > 1 ? " x cp" : "") + " equal the process count");
     }
   }
   if (r.stages_given && r.schedule_file.empty() &&
@@ -270,7 +286,8 @@ std::string describe_pipeline(const PipeOptions& options, const std::vector<int6
   if (layout.multi_process) {
     text << " (" << layout.world << " processes: " << layout.pipeline_ranks << " pipeline x ";
     if (layout.tensor_parallel > 1) text << layout.tensor_parallel << " tensor-parallel x ";
-    text << layout.replicas << " data-parallel";
+    text << layout.replicas / layout.context_parallel << " data-parallel";
+    if (layout.context_parallel > 1) text << " x " << layout.context_parallel << " context-parallel";
     if (layout.expert_parallel > 1) text << ", experts over " << layout.expert_parallel;
     text << ")";
   }

@@ -125,11 +125,14 @@ BuiltData build_data(const ModelDataSpec& spec);
 // `on_demand` (a Hugging Face model): entries built without their values, which
 // BuiltModel::fill_values writes when asked; ignored by other models.
 // `ep` (a Hugging Face mixture): the expert-parallel group its experts are split over.
+// `cp` (a Hugging Face model): the context-parallel group its sequences are split over; other
+// models refuse a split group.
 BuiltModel build_model(const ModelDataSpec& spec, const BuiltData& data,
                        const std::optional<std::vector<int64_t>>& entries = std::nullopt,
                        const parallel::TensorParallel& tp = {},
                        const std::vector<int64_t>& on_demand = {},
-                       const parallel::ExpertParallel& ep = {});
+                       const parallel::ExpertParallel& ep = {},
+                       const parallel::ContextParallel& cp = {});
 // One tensor-parallel rank's copy of the Hugging Face model `spec` names, randomly initialised and
 // split over a mirror group of `tensor_parallel` (transport/c10d.h): a rank's shapes, allocations
 // and work with no collective, for profiling it in one process (the auto plan, the memory model).

@@ -56,6 +56,11 @@ int64_t offload_file_fields(const TrainingSetup& setup);
 // chunks_of). REQUIRES --chunks not auto. Throws BadInput for pipeline flags that do not fit.
 int64_t job_chunks(const JobConfig& job);
 
+// What every row's width must be a multiple of: --cp's cut (2 x cp chunks for ring, cp for
+// Ulysses) times --tp's with --sequence-parallel (each context-parallel rank's part cut again).
+// 1 without either. --pad-multiple 0 takes it.
+int64_t sequence_multiple(const TrainingSetup& setup);
+
 // The model and data settings of `job` (--model, --data, ... and --seed).
 ModelDataSpec model_data_spec(const JobConfig& job);
 

@@ -31,6 +31,13 @@
 // of the replicas that hold the same experts (replica r with r + E, r + 2E, ...), over which the
 // experts' gradients are summed instead of over all R.
 //
+// Context parallelism (DistributedOptions::context_parallel C > 1; parallel/ring_attention.h):
+// the R replicas of each (pipeline rank, tp rank) form R / C context-parallel groups of C
+// consecutive replicas (cp inside dp, as Megatron-LM places it). The members of a group take the
+// same rows of the mini-batch, each its part of every sequence (context_parallel().positions);
+// their attention runs over the group. A member's gradient is its tokens' share, so the sum over
+// all R replicas (dp x cp) is the mini-batch's; ZeRO shards over all R.
+//
 // Ownership: Distributed owns the C10dWorld (store, world group) and the subgroups it creates.
 // Thread-safety: collectives from one thread at a time, in the same order on every member.
 #pragma once
@@ -48,6 +55,7 @@
 #include <torch/arg.h>
 #include <torch/types.h>
 
+#include "pipetrain/parallel/ring_attention.h"
 #include "pipetrain/transport/c10d.h"
 
 namespace pipetrain {
@@ -86,6 +94,7 @@ struct ParallelLayout {
   int replicas = 1;         // R
   int tensor_parallel = 1;  // T
   int expert_parallel = 1;  // E: divides R
+  int context_parallel = 1;  // C: divides R (R / C data-parallel groups of rows)
 
   // REQUIRES: world_size % (pipeline_ranks * tensor_parallel) == 0 (checked: the error names the
   // numbers and the fix).
@@ -109,6 +118,11 @@ struct ParallelLayout {
   std::vector<int> expert_parallel_ranks(int replica, int pipeline_rank, int tp_rank = 0) const;
   std::vector<int> expert_data_parallel_ranks(int replica, int pipeline_rank,
                                               int tp_rank = 0) const;
+  // The C world ranks of replica d's context-parallel group at (pipeline rank p, tp rank t).
+  std::vector<int> context_parallel_ranks(int replica, int pipeline_rank, int tp_rank = 0) const;
+  // The `size` consecutive replicas holding replica d's group, as world ranks at (p, t).
+  std::vector<int> consecutive_replica_ranks(int replica, int size, int pipeline_rank,
+                                             int tp_rank) const;
 };
 
 struct DistributedOptions {
@@ -128,6 +142,10 @@ struct DistributedOptions {
   /// With E > 1: a second group of the same members for compute lane 1 (parallel/lane.h), which
   /// the overlap of expert exchanges needs (PipeOptions::overlap_expert_exchanges).
   TORCH_ARG(bool, expert_parallel_second_lane) = false;
+  /// C, context-parallel replicas per group (above); divides the replicas.
+  TORCH_ARG(int, context_parallel) = 1;
+  /// With C > 1: Ulysses' all-to-all between sequence and heads instead of ring attention.
+  TORCH_ARG(bool, context_parallel_ulysses) = false;
 };
 
 class Distributed {
@@ -171,6 +189,11 @@ class Distributed {
   const std::shared_ptr<C10dGroup>& expert_data_parallel_group() const {
     return expert_data_parallel_;
   }
+  // Context parallelism: this rank's group (group rank = replica() % C) and method; size 1 (no
+  // group) with C = 1. What the model's attention and the pipe's cut of the batch take.
+  const parallel::ContextParallel& context_parallel() const { return context_parallel_; }
+  // The data-parallel group of rows this rank's replica takes its share of (replica() / C).
+  int data_replica() const { return replica() / layout_.context_parallel; }
 
   // Sums every parameter's .grad() over the replicas of this pipeline rank, flattened into one
   // buffer per dtype. A parameter without a gradient counts as zero and receives the sum.
@@ -225,6 +248,7 @@ class Distributed {
   std::shared_ptr<C10dGroup> expert_parallel_;
   std::shared_ptr<C10dGroup> expert_parallel_second_;
   std::shared_ptr<C10dGroup> expert_data_parallel_;
+  parallel::ContextParallel context_parallel_;
   // By declare_tie key; null: only this rank holds it.
   std::map<std::string, std::shared_ptr<C10dGroup>> ties_;
 };

@@ -7,6 +7,7 @@
 //         +--layout_of(world)--> RunLayout {world, pipeline ranks K, replicas R}
 //         |                        one process: K = --stages (worker threads), R = 1
 //         |                        processes:   K = --pp (default world / --dp), R = --dp
+//         |                                     (x --cp: a replica per context-parallel rank)
 //         +--pipe_options(layout, layers)--> PipeOptions: stages = K x V or --balance, chunks
 //                                            (default 2K, 1 without a pipeline), the schedule (a
 //                                            family or --schedule-file), devices (--device cuda:
@@ -43,6 +44,8 @@ struct PipelineRequest {
   int pp = 0;                        // --pp: pipeline ranks of a multi-process run; 0: world/dp
   int dp = 1;                        // --dp: data-parallel replicas
   int tp = 1;                        // --tp: tensor-parallel ranks per pipeline rank
+  int cp = 1;                        // --cp: context-parallel ranks per data-parallel replica
+  bool cp_ulysses = false;           // --cp-method ulysses (else ring)
   std::string device = "cpu";        // --device: cpu or cuda
   std::vector<std::string> devices;  // --devices: one per rank of a one-process run
   bool overlap_grad_reduce = false;  // --overlap-grad-reduce (PipeOptions)
@@ -58,6 +61,7 @@ struct RunLayout {
   int replicas = 1;         // R
   int tensor_parallel = 1;  // T: processes per pipeline rank (parallel/mesh.h)
   int expert_parallel = 1;  // E: replicas a mixture's experts are split over (divides R)
+  int context_parallel = 1;  // C: replicas that split each sequence (divides R = dp x C)
 };
 
 // Ranges and combinations of the fields on their own (counts, names, precision on the device,
@@ -73,8 +77,9 @@ bool on_cuda(const PipelineRequest& request);
 // Throws BadInput naming --devices when it lists no device for this local rank or names none.
 torch::Device process_device(const PipelineRequest& request, int local_rank);
 
-// The layout of a run of `world` processes. Throws BadInput when pp x tp x dp is not the world,
-// --pp, --tp or --dp are given to one process, or --stages disagrees with the processes.
+// The layout of a run of `world` processes. Throws BadInput when pp x tp x dp x cp is not the
+// world, --pp, --tp, --dp or --cp are given to one process, or --stages disagrees with the
+// processes.
 RunLayout layout_of(const PipelineRequest& request, int world);
 
 // Micro-batches per mini-batch.
