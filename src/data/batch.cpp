@@ -82,8 +82,7 @@ int64_t counted_targets(const torch::Tensor& targets) {
 
 Microbatch tokens_at(const Microbatch& part, const torch::Tensor& positions) {
   PIPETRAIN_CHECK_INPUT(part.inputs.size() == 1 && part.inputs[0].dim() == 2 &&
-                            part.target.dim() == 2 &&
-                            part.target.sizes() == part.inputs[0].sizes(),
+                            part.target.dim() == 2 && part.target.sizes() == part.inputs[0].sizes(),
                         "context parallelism cuts token rows [rows, width]: the micro-batch's "
                         "input and target must both be, got ",
                         part.inputs.empty() ? "no input" : c10::str(part.inputs[0].sizes()),

@@ -338,8 +338,11 @@ BuiltModel build_hf_model(const ModelDataSpec& args, const BuiltData& data,
     as_bad_input("--model " + args.model,
                  [&] { models::check_llama_tensor_parallel(config, tp.size()); });
   }
-  models::LlamaModel llama = models::make_llama(
-      config, models::LlamaBuildOptions().entries(entries).tensor_parallel(tp).expert_parallel(ep).context_parallel(cp));
+  models::LlamaModel llama = models::make_llama(config, models::LlamaBuildOptions()
+                                                            .entries(entries)
+                                                            .tensor_parallel(tp)
+                                                            .expert_parallel(ep)
+                                                            .context_parallel(cp));
   // The entries whose values wait (ZeRO-3 takes them a layer at a time), and the others'.
   auto deferred = std::make_shared<std::set<int64_t>>(on_demand.begin(), on_demand.end());
   const int64_t head = config.num_hidden_layers + 2;
@@ -423,9 +426,10 @@ BuiltModel build_model(const ModelDataSpec& args, const BuiltData& data,
                        const parallel::ExpertParallel& ep, const parallel::ContextParallel& cp) {
   if (is_hf_model(args.model)) return build_hf_model(args, data, entries, tp, on_demand, ep, cp);
   if (cp.split()) {
-    throw UsageError("--cp splits the attention of a Llama-family model (--model DIR with "
-                     "config.json); '" +
-                     args.model + "' has no context-parallel form");
+    throw UsageError(
+        "--cp splits the attention of a Llama-family model (--model DIR with "
+        "config.json); '" +
+        args.model + "' has no context-parallel form");
   }
   if (tp.split()) {
     throw UsageError(

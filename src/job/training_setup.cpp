@@ -145,7 +145,8 @@ void check_tensor_parallel(const TrainingSetup& s) {
         "more");
   }
   if (tp <= 1) return;
-  if (sequence_parallel && s.pipeline.cp == 1) check_sequence_cut(s, "--sequence-parallel with --tp " + std::to_string(tp));
+  if (sequence_parallel && s.pipeline.cp == 1)
+    check_sequence_cut(s, "--sequence-parallel with --tp " + std::to_string(tp));
   if (!is_hf_model(s.data.model)) {
     fail(
         "--tp splits the layers of a Llama-family model: give --model DIR (a Hugging Face "
@@ -245,37 +246,42 @@ void check_context_parallel(const TrainingSetup& s,
   }
   const std::string flag = "--cp " + std::to_string(cp) + " (" + method + ")";
   if (!config) {
-    fail("--cp " + std::to_string(cp) + " splits the attention of a Llama-family model, and --model " +
-         s.data.model +
+    fail("--cp " + std::to_string(cp) +
+         " splits the attention of a Llama-family model, and --model " + s.data.model +
          " has none that can be split: give --model DIR (a Hugging Face checkpoint directory)");
   }
-  check_sequence_cut(s, s.job.parallel.sequence_parallel
-                            ? flag + " with --sequence-parallel --tp " + std::to_string(s.pipeline.tp)
-                            : flag);
+  check_sequence_cut(s,
+                     s.job.parallel.sequence_parallel
+                         ? flag + " with --sequence-parallel --tp " + std::to_string(s.pipeline.tp)
+                         : flag);
   if (s.pipeline.cp_ulysses) {
     const int64_t heads = config->num_attention_heads / std::max(1, s.pipeline.tp);
     if (heads % cp != 0) {
+      const std::string which =
+          s.pipeline.tp > 1 ? "each tensor-parallel rank's " + std::to_string(heads) + " heads do"
+                            : "num_attention_heads (" + std::to_string(heads) + ") does";
       fail(flag + " gives each rank the whole sequence for 1/" + std::to_string(cp) +
-           " of the attention heads, and " +
-           (s.pipeline.tp > 1 ? "each tensor-parallel rank's " + std::to_string(heads)
-                              : "num_attention_heads (" + std::to_string(heads) + ")") +
-           (s.pipeline.tp > 1 ? " heads do" : ") does") + " not divide by it; use --cp-method ring");
+           " of the attention heads, and " + which + " not divide by it; use --cp-method ring");
     }
   }
   if (s.auto_request.any()) {
-    fail(flag + " with an auto plan (--schedule, --balance, --chunks or --checkpoint auto): not "
+    fail(flag +
+         " with an auto plan (--schedule, --balance, --chunks or --checkpoint auto): not "
          "built yet; give the pipeline's settings");
   }
   if (s.job.parallel.ep > 1) {
-    fail("--cp with --ep " + std::to_string(s.job.parallel.ep) + ": not built yet; give one of them");
+    fail("--cp with --ep " + std::to_string(s.job.parallel.ep) +
+         ": not built yet; give one of them");
   }
   if (config->aux_loss) {
-    fail(flag + " with a mixture whose config.json sets output_router_logits: each rank would take "
+    fail(flag +
+         " with a mixture whose config.json sets output_router_logits: each rank would take "
          "the load-balancing term over its part of the sequence, not over the micro-batch; set "
          "output_router_logits false");
   }
   if (s.data.data == "indexed" && !s.data.cross_document_attention) {
-    fail(flag + " with packed documents (--data indexed attends by document): not built yet; give "
+    fail(flag +
+         " with packed documents (--data indexed attends by document): not built yet; give "
          "--cross-document-attention, or --data tokens");
   }
 }

@@ -169,8 +169,8 @@ std::vector<int> ParallelLayout::tensor_parallel_ranks(int replica, int pipeline
   return ranks;
 }
 
-std::vector<int> ParallelLayout::consecutive_replica_ranks(int replica, int size,
-                                                           int pipeline_rank, int tp_rank) const {
+std::vector<int> ParallelLayout::consecutive_replica_ranks(int replica, int size, int pipeline_rank,
+                                                           int tp_rank) const {
   std::vector<int> ranks;
   const int first = replica / size * size;
   for (int d = first; d < first + size; ++d) ranks.push_back(rank_of(d, pipeline_rank, tp_rank));

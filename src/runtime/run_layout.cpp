@@ -161,7 +161,8 @@ RunLayout layout_of(const PipelineRequest& r, int world) {
   const int cp = std::max(1, r.cp);
   if (!layout.multi_process) {
     if (r.pp > 1 || r.dp > 1 || r.tp > 1 || cp > 1) {
-      fail("--pp/--tp/--dp/--cp describe a multi-process run: give --nproc " +
+      fail(std::string(cp > 1 ? "--pp/--tp/--dp/--cp" : "--pp/--tp/--dp") +
+           " describe a multi-process run: give --nproc " +
            std::to_string(std::max(r.pp, 1) * r.dp * std::max(r.tp, 1) * cp));
     }
     return layout;
@@ -287,7 +288,8 @@ std::string describe_pipeline(const PipeOptions& options, const std::vector<int6
     text << " (" << layout.world << " processes: " << layout.pipeline_ranks << " pipeline x ";
     if (layout.tensor_parallel > 1) text << layout.tensor_parallel << " tensor-parallel x ";
     text << layout.replicas / layout.context_parallel << " data-parallel";
-    if (layout.context_parallel > 1) text << " x " << layout.context_parallel << " context-parallel";
+    if (layout.context_parallel > 1)
+      text << " x " << layout.context_parallel << " context-parallel";
     if (layout.expert_parallel > 1) text << ", experts over " << layout.expert_parallel;
     text << ")";
   }

@@ -269,9 +269,12 @@ TEST(JobFields, EveryFlagOfTrainIsStillThereAndNamedOnce) {
     EXPECT_TRUE(now.insert(f.flag).second) << f.flag << " is declared twice for train";
   }
   // Flags come (issue 61's offload settings, issue 62's DeepSpeed schedules, ladder, traffic,
-  // ZeRO++ and loss scaler, issue 63's routing report and expert parallelism); none goes.
+  // ZeRO++ and loss scaler, issue 63's routing report and expert parallelism, issue 64's context
+  // parallelism); none goes.
   std::set<std::string> expected = before;
-  expected.insert({"--ep",
+  expected.insert({"--cp",
+                   "--cp-method",
+                   "--ep",
                    "--ep-overlap",
                    "--routing-imbalance",
                    "--offload-params",

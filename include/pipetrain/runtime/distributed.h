@@ -90,10 +90,10 @@ struct DistributedEnvironment {
 
 // Where a rank sits in the K x T x R grid (T = 1: the K x R grid above).
 struct ParallelLayout {
-  int pipeline_ranks = 1;   // K
-  int replicas = 1;         // R
-  int tensor_parallel = 1;  // T
-  int expert_parallel = 1;  // E: divides R
+  int pipeline_ranks = 1;    // K
+  int replicas = 1;          // R
+  int tensor_parallel = 1;   // T
+  int expert_parallel = 1;   // E: divides R
   int context_parallel = 1;  // C: divides R (R / C data-parallel groups of rows)
 
   // REQUIRES: world_size % (pipeline_ranks * tensor_parallel) == 0 (checked: the error names the

@@ -1,0 +1,134 @@
+// `pipetrain train --cp`: each sequence split over context-parallel processes (ring attention or
+// Ulysses, parallel/ring_attention.h), composed with pipeline stages, tensor parallelism (with
+// sequence parallelism), data-parallel replicas and ZeRO-3, against transformers' own training of
+// the same model: after three AdamW steps the --save-hf output of every layout loads in
+// transformers with every parameter within 1e-4 of transformers' weights. A sharded checkpoint
+// written under context parallelism resumes at another layout. What context parallelism does not
+// take exits 2 naming the value.
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "../helpers/cli_run.h"
+#include "../helpers/hf_models.h"
+
+namespace pipetrain::train_context_parallel_test {
+namespace {
+
+using testing::CliRun;
+using testing::hf_fixtures;
+using testing::hf_reference;
+using testing::run_pipetrain;
+
+std::string cp_train_flags(const std::string& arch, int steps = 3) {
+  const std::string dir = hf_fixtures();
+  return "train --model " + dir + "/" + arch + " --data tokens --token-file " + dir +
+         "/tokens.bin --seq-len 16 --batch-size 8 --steps " + std::to_string(steps) +
+         " --lr 1e-2 --optimizer adamw --weight-decay 0.1 --adam-betas 0.9,0.95 --adam-eps 1e-6";
+}
+
+struct CpLayout {
+  std::string name;
+  std::string arch;  // qwen2: tied head, q/k/v biases, 4 heads over 2 key/value heads; llama:
+                     // untied, llama3 RoPE
+  std::string flags;
+};
+
+// Ring unless --cp-method ulysses. Each cp rank holds 16 / cp of every row's tokens (ring: two
+// chunks of 16 / 2cp, one from each end).
+const std::vector<CpLayout> kCpLayouts = {
+    {"cp2", "qwen2", "--nproc 2 --cp 2 --chunks 2"},
+    {"cp2_ulysses", "llama", "--nproc 2 --cp 2 --cp-method ulysses --chunks 2"},
+    // Every micro-batch recomputed: the ring runs again in the replay.
+    {"pp2cp2_1f1b", "qwen2",
+     "--nproc 4 --pp 2 --cp 2 --chunks 4 --schedule 1f1b --checkpoint always"},
+    {"cp4_ulysses", "qwen2", "--nproc 4 --cp 4 --cp-method ulysses --chunks 2"},
+    {"cp2tp2_sp", "qwen2", "--nproc 4 --tp 2 --cp 2 --sequence-parallel --chunks 2"},
+    {"dp2cp2_zero3", "llama", "--nproc 4 --dp 2 --cp 2 --zero 3 --chunks 2"},
+    {"pp2cp2tp2_zbv", "qwen2", "--nproc 8 --pp 2 --tp 2 --cp 2 --chunks 4 --schedule zb-v"},
+};
+
+TEST(TrainContextParallel, WeightsAfterAdamWEqualTransformersTrainingInEveryLayout) {
+  PIPETRAIN_SKIP_WITHOUT_TRANSFORMERS();
+  const std::string dir = testing::scratch_dir("train-cp");
+  std::ofstream batch(dir + "/compare.txt");
+  for (const std::string arch : {"qwen2", "llama"}) {
+    batch << "train " << hf_fixtures() << "/" << arch << " " << hf_fixtures() << "/tokens.bin "
+          << dir << "/" << arch << "_reference --seq-len 16 --batch-size 8 --steps 3 --lr 1e-2 "
+          << "--betas 0.9,0.95 --eps 1e-6 --weight-decay 0.1\n";
+  }
+  for (const CpLayout& layout : kCpLayouts) {
+    const std::string out = dir + "/" + layout.name;
+    const CliRun run =
+        run_pipetrain(cp_train_flags(layout.arch) + " " + layout.flags + " --save-hf " + out);
+    ASSERT_EQ(run.exit_code, 0) << layout.name << "\n" << run.output;
+    EXPECT_NE(run.output.find("context-parallel"), std::string::npos) << run.output;
+    if (layout.name == "pp2cp2_1f1b") {
+      // What crosses the stage boundary: each cp rank's [2, 8, 16] fp32 per micro-batch and
+      // direction, 4 micro-batches: half of the whole sequence's 196608 bytes.
+      EXPECT_NE(run.output.find("transport: 98304 tensor bytes"), std::string::npos) << run.output;
+    }
+    batch << "compare " << out << " " << dir << "/" << layout.arch << "_reference --rtol 1e-4\n";
+  }
+  // A sharded checkpoint of dp2 x cp2 (ZeRO-1, each shard over the 4 replicas) after 2 steps,
+  // resumed for the third at pp2 x cp2 Ulysses: transformers' three steps again.
+  const std::string ckpt = dir + "/ckpt";
+  const CliRun saved = run_pipetrain(cp_train_flags("qwen2", 2) +
+                                     " --nproc 4 --dp 2 --cp 2 --zero 1 --chunks 2 "
+                                     "--checkpoint-dir " +
+                                     ckpt + " --checkpoint-format sharded --save-every 2");
+  ASSERT_EQ(saved.exit_code, 0) << saved.output;
+  const CliRun resumed = run_pipetrain(cp_train_flags("qwen2") +
+                                       " --nproc 4 --pp 2 --cp 2 --cp-method ulysses --chunks 2 "
+                                       "--resume " +
+                                       ckpt + "/step-2 --save-hf " + dir + "/resumed");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  batch << "compare " << dir << "/resumed " << dir << "/qwen2_reference --rtol 1e-4\n";
+  batch.close();
+  const CliRun compare = hf_reference("batch " + dir + "/compare.txt");
+  const std::vector<double> errors = testing::worst_relative_errors(compare.output);
+  ASSERT_EQ(errors.size(), kCpLayouts.size() + 1) << compare.output;
+  for (size_t l = 0; l < errors.size(); ++l) {
+    EXPECT_LE(errors[l], 1e-4) << (l < kCpLayouts.size() ? kCpLayouts[l].name : "resumed") << "\n"
+                               << compare.output;
+  }
+  EXPECT_EQ(compare.exit_code, 0) << compare.output;
+}
+
+TEST(TrainContextParallel, WhatItCannotSplitExitsTwoNamingTheValue) {
+  const std::string flags = cp_train_flags("qwen2", 1);
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--nproc 2 --cp 2 --seq-len 18",
+       "--cp 2 (ring) cuts each sample's --seq-len 18 ids into 4 parts; give a --seq-len "
+       "divisible by it"},
+      {"--nproc 8 --cp 8 --cp-method ulysses",
+       "--cp 8 (ulysses) gives each rank the whole sequence for 1/8 of the attention heads, and "
+       "num_attention_heads (4) does not divide by it; use --cp-method ring"},
+      {"--nproc 8 --tp 2 --cp 4 --cp-method ulysses",
+       "each tensor-parallel rank's 2 heads do not divide by it"},
+      {"--nproc 3 --cp 2", "--cp 2 does not divide the world of 3 processes"},
+      {"--cp 2", "--pp/--tp/--dp/--cp describe a multi-process run: give --nproc 2"},
+      {"--cp-method ulysses", "--cp-method ulysses says how --cp splits attention, and --cp is 1"},
+      {"--nproc 2 --cp 2 --schedule auto", "with an auto plan"},
+  };
+  for (const auto& [extra, message] : cases) {
+    std::string args = flags + " " + extra;
+    if (extra.find("--seq-len") != std::string::npos) {
+      args = testing::replace_all(args, "--seq-len 16 ", "");
+    }
+    const CliRun run = run_pipetrain(args);
+    EXPECT_EQ(run.exit_code, 2) << extra << "\n" << run.output;
+    EXPECT_NE(run.output.find(message), std::string::npos) << extra << "\n" << run.output;
+  }
+  const CliRun mlp = run_pipetrain("train --model mlp --data synthetic --steps 1 --nproc 2 --cp 2");
+  EXPECT_EQ(mlp.exit_code, 2) << mlp.output;
+  EXPECT_NE(mlp.output.find("--cp 2 splits the attention of a Llama-family model, and --model mlp "
+                            "has none that can be split"),
+            std::string::npos)
+      << mlp.output;
+}
+
+}  // namespace
+}  // namespace pipetrain::train_context_parallel_test
