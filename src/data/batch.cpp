@@ -87,10 +87,8 @@ Microbatch tokens_at(const Microbatch& part, const torch::Tensor& positions) {
                         "input and target must both be, got ",
                         part.inputs.empty() ? "no input" : c10::str(part.inputs[0].sizes()),
                         " and ", part.target.sizes());
-  PIPETRAIN_CHECK_INPUT(!part.layout || !part.layout->by_document(),
-                        "packed documents under context parallelism are not built yet (",
-                        part.layout ? part.layout->describe() : "", ")");
   Microbatch mine;
+  if (part.layout && part.layout->by_document()) mine.layout = part.layout;
   const torch::Tensor at = positions.to(part.inputs[0].device());
   mine.inputs.push_back(part.inputs[0].index_select(1, at));
   mine.target = part.target.index_select(1, at.to(part.target.device()));

@@ -71,6 +71,19 @@ torch::Tensor SequenceLayout::positions(const torch::Device& device) const {
   return placed;
 }
 
+torch::Tensor SequenceLayout::segment_ids() const {
+  torch::Tensor ids = torch::full({rows(), width_}, -1, torch::kInt64);
+  auto* p = ids.data_ptr<int64_t>();
+  for (size_t r = 0; r < segments_.size(); ++r) {
+    int64_t* row = p + static_cast<int64_t>(r) * width_;
+    int64_t t = 0;
+    for (size_t s = 0; s < segments_[r].size(); ++s) {
+      for (int64_t k = 0; k < segments_[r][s]; ++k) row[t++] = static_cast<int64_t>(s);
+    }
+  }
+  return ids;
+}
+
 std::shared_ptr<const SequenceLayout> SequenceLayout::slice(int64_t first, int64_t count,
                                                             int64_t width) const {
   if (first < 0 || count < 0 || first + count > rows()) {

@@ -279,11 +279,6 @@ void check_context_parallel(const TrainingSetup& s,
          "the load-balancing term over its part of the sequence, not over the micro-batch; set "
          "output_router_logits false");
   }
-  if (s.data.data == "indexed" && !s.data.cross_document_attention) {
-    fail(flag +
-         " with packed documents (--data indexed attends by document): not built yet; give "
-         "--cross-document-attention, or --data tokens");
-  }
 }
 
 // Names (schedule, schedule file) and flags that exclude each other.

@@ -202,20 +202,23 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
   // Packed documents (data/sequence_layout.h): positions restart at each document, and a token
   // attends only within its own. Context parallelism: this member's t tokens sit at their places
   // in the sequence of t x C and attend over the group.
+  // With both, the layout is the whole rows' and this member's tokens are its columns.
   const data::SequenceLayout* layout = data::current_layout();
   const bool documents = layout != nullptr && layout->by_document();
-  PIPETRAIN_CHECK_INPUT(!cp.split() || !documents,
-                        "context parallelism with packed documents is not built yet");
   auto [cos, sin] = rope_->tables(t * cp.size(), x.device(), x.scalar_type());
-  if (cp.split()) {
-    const torch::Tensor at = cp.positions(t).to(x.device());
-    cos = cos.index_select(0, at);
-    sin = sin.index_select(0, at);
-  } else if (documents) {
-    PIPETRAIN_CHECK_INPUT(layout->rows() == b && layout->width() == t, "Llama attention over [", b,
-                          ", ", t, "] tokens was given the layout of ", layout->describe());
+  if (documents) {
+    PIPETRAIN_CHECK_INPUT(layout->rows() == b && layout->width() == t * cp.size(),
+                          "Llama attention over [", b, ", ", t, "] tokens",
+                          cp.split() ? " of each row's " + std::to_string(t * cp.size()) : "",
+                          " was given the layout of ", layout->describe());
     cos = rotary_at_positions(cos, *layout);
     sin = rotary_at_positions(sin, *layout);
+  }
+  if (cp.split()) {
+    const torch::Tensor at = cp.positions(t).to(x.device());
+    const int64_t along = documents ? 2 : 0;  // [B, 1, T, d] by document, else [T, d]
+    cos = cos.index_select(along, at);
+    sin = sin.index_select(along, at);
   }
   q = q * cos + rotate_half(q) * sin;
   k = k * cos + rotate_half(k) * sin;
@@ -227,7 +230,15 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
       k = k.repeat_interleave(heads / kv_heads, 1);
       v = v.repeat_interleave(heads / kv_heads, 1);
     }
-    attended = cp.attend(q, k, v);
+    if (documents) {
+      attended = cp.attend(q, k, v, layout->segment_ids().to(x.device()),
+                           [layout, scale](const torch::Tensor& qs, const torch::Tensor& ks,
+                                           const torch::Tensor& vs) {
+                             return document_causal_attention(qs, ks, vs, *layout, scale);
+                           });
+    } else {
+      attended = cp.attend(q, k, v);
+    }
   } else if (documents) {
     attended = document_causal_attention(q, k, v, *layout, scale);
   } else {

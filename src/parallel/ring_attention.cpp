@@ -1,6 +1,7 @@
 // Attention by chunks merged by their log-sum-exp (pipetrain/parallel/ring_attention.h).
 #include "pipetrain/parallel/ring_attention.h"
 
+#include <limits>
 #include <optional>
 
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
@@ -18,15 +19,18 @@ std::optional<double> scale_of(double scale) {
 }
 
 // Query chunks (at positions `query_at` along the sequence) over key chunks (at `key_at`): each
-// pair causal_chunk_mask does not skip adds its attention into `partials[a]`.
+// pair pair_mask does not skip adds its attention into `partials[a]`. `segments`: the whole
+// rows' document ids, or undefined.
 void attend_pairs(const std::vector<torch::Tensor>& qs, const std::vector<int64_t>& query_at,
                   const std::vector<torch::Tensor>& ks, const std::vector<torch::Tensor>& vs,
-                  const std::vector<int64_t>& key_at, std::vector<PartialAttention>& partials) {
+                  const std::vector<int64_t>& key_at, const torch::Tensor& segments,
+                  std::vector<PartialAttention>& partials) {
   for (size_t a = 0; a < qs.size(); ++a) {
     for (size_t b = 0; b < ks.size(); ++b) {
-      const ChunkMask mask = causal_chunk_mask(query_at[a], key_at[b]);
-      if (mask != ChunkMask::kSkip)
-        merge_partial(partials[a], attend_chunk(qs[a], ks[b], vs[b], mask));
+      const PairMask mask =
+          pair_mask(segments, query_at[a], key_at[b], qs[a].size(2), qs[a].scalar_type());
+      if (mask.chunks != ChunkMask::kSkip)
+        merge_partial(partials[a], attend_chunk(qs[a], ks[b], vs[b], mask.chunks, 0, mask.bias));
     }
   }
 }
@@ -39,18 +43,53 @@ void attend_pairs_backward(const std::vector<torch::Tensor>& gs,
                            const std::vector<PartialAttention>& wholes,
                            const std::vector<torch::Tensor>& ks,
                            const std::vector<torch::Tensor>& vs, const std::vector<int64_t>& key_at,
-                           std::vector<torch::Tensor>& dq, std::vector<torch::Tensor>& dk,
-                           std::vector<torch::Tensor>& dv) {
+                           const torch::Tensor& segments, std::vector<torch::Tensor>& dq,
+                           std::vector<torch::Tensor>& dk, std::vector<torch::Tensor>& dv) {
   for (size_t a = 0; a < qs.size(); ++a) {
     for (size_t b = 0; b < ks.size(); ++b) {
-      const ChunkMask mask = causal_chunk_mask(query_at[a], key_at[b]);
-      if (mask == ChunkMask::kSkip) continue;
-      auto [gq, gk, gv] = attend_chunk_backward(gs[a], qs[a], ks[b], vs[b], wholes[a], mask);
+      const PairMask mask =
+          pair_mask(segments, query_at[a], key_at[b], qs[a].size(2), qs[a].scalar_type());
+      if (mask.chunks == ChunkMask::kSkip) continue;
+      auto [gq, gk, gv] =
+          attend_chunk_backward(gs[a], qs[a], ks[b], vs[b], wholes[a], mask.chunks, 0, mask.bias);
       dq[a].add_(gq);
       dk[b].add_(gk);
       dv[b].add_(gv);
     }
   }
+}
+
+void check_segments(const torch::Tensor& segments, const torch::Tensor& q, int64_t width) {
+  PIPETRAIN_CHECK_INPUT(
+      !segments.defined() || (segments.dim() == 2 && segments.size(0) == q.size(0) &&
+                              segments.size(1) == width && segments.scalar_type() == torch::kLong),
+      "attention by document takes the rows' segment ids as int64 [", q.size(0), ", ", width,
+      "], got ", segments.defined() ? c10::str(segments.sizes()) : "");
+}
+
+// The query chunks' merged attentions along the sequence. A chunk that attended nothing (all
+// its pairs skipped: padding only) is output 0, lse -inf.
+PartialAttention joined(const std::vector<PartialAttention>& partials,
+                        const std::vector<torch::Tensor>& qs) {
+  std::vector<torch::Tensor> outs, lses;
+  for (size_t a = 0; a < partials.size(); ++a) {
+    if (partials[a].out.defined()) {
+      outs.push_back(partials[a].out);
+      lses.push_back(partials[a].lse);
+      continue;
+    }
+    const torch::Tensor& q = qs[a];
+    outs.push_back(torch::zeros_like(q));
+    lses.push_back(torch::full({q.size(0), q.size(1), q.size(2)},
+                               -std::numeric_limits<double>::infinity(),
+                               q.options().dtype(torch::kFloat)));
+  }
+  return {torch::cat(outs, 2), torch::cat(lses, 2)};
+}
+
+torch::Tensor segments_of(torch::autograd::AutogradContext* ctx) {
+  const auto found = ctx->saved_data.find("segments");
+  return found == ctx->saved_data.end() ? torch::Tensor() : found->second.toTensor();
 }
 
 std::vector<torch::Tensor> zeros_like_each(const std::vector<torch::Tensor>& tensors) {
@@ -78,18 +117,18 @@ std::vector<int64_t> first(int64_t n) {
 
 struct ChunkedCausalAttention : torch::autograd::Function<ChunkedCausalAttention> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q,
-                               const torch::Tensor& k, const torch::Tensor& v, int64_t chunks) {
+                               const torch::Tensor& k, const torch::Tensor& v, int64_t chunks,
+                               const torch::Tensor* segments_given) {
+    // (A pointer: Function::apply takes every tensor argument for an input, defined or not.)
+    const torch::Tensor segments = *segments_given;
     std::vector<PartialAttention> partials(static_cast<size_t>(chunks));
     attend_pairs(q.chunk(chunks, 2), first(chunks), k.chunk(chunks, 2), v.chunk(chunks, 2),
-                 first(chunks), partials);
-    std::vector<torch::Tensor> outs, lses;
-    for (const PartialAttention& p : partials) {
-      outs.push_back(p.out);
-      lses.push_back(p.lse);
-    }
-    const torch::Tensor out = torch::cat(outs, 2);
-    ctx->save_for_backward({q, k, v, out, torch::cat(lses, 2)});
+                 first(chunks), segments, partials);
+    const PartialAttention whole = joined(partials, q.chunk(chunks, 2));
+    const torch::Tensor out = whole.out;
+    ctx->save_for_backward({q, k, v, out, whole.lse});
     ctx->saved_data["chunks"] = chunks;
+    if (segments.defined()) ctx->saved_data["segments"] = segments;
     return out;
   }
 
@@ -103,8 +142,10 @@ struct ChunkedCausalAttention : torch::autograd::Function<ChunkedCausalAttention
     std::vector<torch::Tensor> dq = zeros_like_each(qs), dk = zeros_like_each(ks),
                                dv = zeros_like_each(vs);
     attend_pairs_backward(grads[0].contiguous().chunk(chunks, 2), qs, first(chunks),
-                          wholes_of(saved[3], saved[4], chunks), ks, vs, first(chunks), dq, dk, dv);
-    return {torch::cat(dq, 2), torch::cat(dk, 2), torch::cat(dv, 2), torch::Tensor()};
+                          wholes_of(saved[3], saved[4], chunks), ks, vs, first(chunks),
+                          segments_of(ctx), dq, dk, dv);
+    return {torch::cat(dq, 2), torch::cat(dk, 2), torch::cat(dv, 2), torch::Tensor(),
+            torch::Tensor()};
   }
 };
 
@@ -125,19 +166,23 @@ std::vector<torch::Tensor> unpack(const torch::Tensor& row, const torch::Tensor&
 
 struct RingAttention : torch::autograd::Function<RingAttention> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q,
-                               const torch::Tensor& k, const torch::Tensor& v, C10dGroup* group) {
+                               const torch::Tensor& k, const torch::Tensor& v, C10dGroup* group,
+                               const torch::Tensor* segments_given) {
+    const torch::Tensor segments = *segments_given;
     const int r = group->rank(), n = group->size();
     const std::vector<torch::Tensor> qs = q.chunk(2, 2);
     std::vector<PartialAttention> partials(2);
     std::vector<torch::Tensor> held{k.contiguous(), v.contiguous()};
     for (int s = 0; s < n; ++s) {
       attend_pairs(qs, zigzag_chunks(r, n), held[0].chunk(2, 2), held[1].chunk(2, 2),
-                   zigzag_chunks((r - s + n) % n, n), partials);
+                   zigzag_chunks((r - s + n) % n, n), segments, partials);
       if (s + 1 < n) held = unpack(ring_pass(pack(held), *group), k);
     }
-    const torch::Tensor out = torch::cat({partials[0].out, partials[1].out}, 2);
-    ctx->save_for_backward({q, k, v, out, torch::cat({partials[0].lse, partials[1].lse}, 2)});
+    const PartialAttention whole = joined(partials, qs);
+    const torch::Tensor out = whole.out;
+    ctx->save_for_backward({q, k, v, out, whole.lse});
     ctx->saved_data["group"] = reinterpret_cast<int64_t>(group);
+    if (segments.defined()) ctx->saved_data["segments"] = segments;
     return out;
   }
 
@@ -145,6 +190,7 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     auto* group = reinterpret_cast<C10dGroup*>(ctx->saved_data["group"].toInt());
+    const torch::Tensor segments = segments_of(ctx);
     const int r = group->rank(), n = group->size();
     const std::vector<torch::Tensor> qs = saved[0].chunk(2, 2);
     const std::vector<PartialAttention> wholes = wholes_of(saved[3], saved[4], 2);
@@ -158,7 +204,8 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
     for (int s = 0; s < n; ++s) {
       std::vector<torch::Tensor> dk = held[2].chunk(2, 2), dv = held[3].chunk(2, 2);
       attend_pairs_backward(gs, qs, zigzag_chunks(r, n), wholes, held[0].chunk(2, 2),
-                            held[1].chunk(2, 2), zigzag_chunks((r - s + n) % n, n), dq, dk, dv);
+                            held[1].chunk(2, 2), zigzag_chunks((r - s + n) % n, n), segments, dq,
+                            dk, dv);
       if (s + 1 < n) {
         held = unpack(ring_pass(pack(held), *group), like);
       } else {
@@ -168,7 +215,7 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
         held[3] = home[1];
       }
     }
-    return {torch::cat(dq, 2), held[2], held[3], torch::Tensor()};
+    return {torch::cat(dq, 2), held[2], held[3], torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -215,12 +262,48 @@ ChunkMask causal_chunk_mask(int64_t query_chunk, int64_t key_chunk) {
   return key_chunk == query_chunk ? ChunkMask::kCausal : ChunkMask::kSkip;
 }
 
+PairMask pair_mask(const torch::Tensor& segments, int64_t query_chunk, int64_t key_chunk, int64_t t,
+                   torch::ScalarType dtype) {
+  PairMask mask;
+  mask.chunks = causal_chunk_mask(query_chunk, key_chunk);
+  if (!segments.defined() || mask.chunks == ChunkMask::kSkip) return mask;
+  const torch::Tensor queries = segments.narrow(1, query_chunk * t, t).unsqueeze(2);
+  const torch::Tensor keys = segments.narrow(1, key_chunk * t, t).unsqueeze(1);
+  torch::Tensor allowed = queries.eq(keys).logical_and_(queries.ge(0));  // [B, t, t]
+  if (mask.chunks == ChunkMask::kCausal) allowed = allowed.tril();
+  if (!allowed.any().item<bool>()) {
+    mask.chunks = ChunkMask::kSkip;  // no query shares a document with a key
+    return mask;
+  }
+  const torch::Tensor causal_only = mask.chunks == ChunkMask::kCausal
+                                        ? torch::ones({t, t}, torch::kBool).tril()
+                                        : torch::Tensor();
+  if (causal_only.defined() ? allowed.eq(causal_only).all().item<bool>()
+                            : allowed.all().item<bool>()) {
+    return mask;  // the chunks' own mask says it all
+  }
+  mask.chunks = ChunkMask::kFull;
+  mask.bias = torch::zeros(allowed.sizes(), torch::TensorOptions().dtype(dtype))
+                  .masked_fill_(allowed.logical_not(), -std::numeric_limits<double>::infinity())
+                  .unsqueeze(1);
+  return mask;
+}
+
 PartialAttention attend_chunk(const torch::Tensor& q, const torch::Tensor& k,
-                              const torch::Tensor& v, ChunkMask mask, double scale) {
+                              const torch::Tensor& v, ChunkMask mask, double scale,
+                              const torch::Tensor& bias) {
   PIPETRAIN_CHECK_INPUT(mask != ChunkMask::kSkip, "attend_chunk of a chunk pair that is skipped");
+  PIPETRAIN_CHECK_INPUT(!bias.defined() || mask == ChunkMask::kFull,
+                        "attend_chunk's bias carries the causal mask itself (give kFull)");
   auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(
-      q.contiguous(), k.contiguous(), v.contiguous(), 0.0, mask == ChunkMask::kCausal, {},
+      q.contiguous(), k.contiguous(), v.contiguous(), 0.0, mask == ChunkMask::kCausal,
+      bias.defined() ? std::optional<torch::Tensor>(bias.to(q.device())) : std::nullopt,
       scale_of(scale));
+  if (bias.defined()) {
+    // The kernel leaves a query with no allowed key at output 0 and lse 0: it adds nothing.
+    const torch::Tensor none = bias.isneginf().all(-1).to(lse.device());  // [B, 1, tq]
+    lse = lse.masked_fill(none, -std::numeric_limits<double>::infinity());
+  }
   return {out, lse};
 }
 
@@ -229,33 +312,43 @@ void merge_partial(PartialAttention& into, const PartialAttention& part) {
     into = part;
     return;
   }
+  // A row neither part attends anything in keeps output 0 and lse -inf.
   const torch::Tensor most = torch::maximum(into.lse, part.lse);
-  const torch::Tensor a = torch::exp(into.lse - most);
-  const torch::Tensor b = torch::exp(part.lse - most);
+  const torch::Tensor shift = most.masked_fill(most.isneginf(), 0);
+  const torch::Tensor a = torch::exp(into.lse - shift);
+  const torch::Tensor b = torch::exp(part.lse - shift);
   const torch::Tensor sum = a + b;
-  into.out = (into.out * (a / sum).unsqueeze(-1).to(into.out.scalar_type()) +
-              part.out * (b / sum).unsqueeze(-1).to(part.out.scalar_type()));
-  into.lse = most + torch::log(sum);
+  const torch::Tensor divisor = sum.masked_fill(sum.eq(0), 1);
+  into.out = (into.out * (a / divisor).unsqueeze(-1).to(into.out.scalar_type()) +
+              part.out * (b / divisor).unsqueeze(-1).to(part.out.scalar_type()));
+  into.lse = shift + torch::log(sum);
 }
 
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> attend_chunk_backward(
     const torch::Tensor& grad_out, const torch::Tensor& q, const torch::Tensor& k,
-    const torch::Tensor& v, const PartialAttention& whole, ChunkMask mask, double scale) {
+    const torch::Tensor& v, const PartialAttention& whole, ChunkMask mask, double scale,
+    const torch::Tensor& bias) {
   PIPETRAIN_CHECK_INPUT(mask != ChunkMask::kSkip,
                         "attend_chunk_backward of a chunk pair that is skipped");
+  // A query with no key at all (padding): any finite lse makes its probabilities exp(-inf) = 0.
+  const torch::Tensor lse = whole.lse.masked_fill(whole.lse.isneginf(), 0);
   return at::_scaled_dot_product_flash_attention_for_cpu_backward(
-      grad_out.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(), whole.out, whole.lse,
-      0.0, mask == ChunkMask::kCausal, {}, scale_of(scale));
+      grad_out.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(), whole.out, lse, 0.0,
+      mask == ChunkMask::kCausal,
+      bias.defined() ? std::optional<torch::Tensor>(bias.to(q.device())) : std::nullopt,
+      scale_of(scale));
 }
 
 torch::Tensor chunked_causal_attention(const torch::Tensor& q, const torch::Tensor& k,
-                                       const torch::Tensor& v, int64_t chunks) {
+                                       const torch::Tensor& v, int64_t chunks,
+                                       const torch::Tensor& segments) {
   PIPETRAIN_CHECK_INPUT(q.dim() == 4 && k.sizes() == q.sizes() && v.sizes() == q.sizes(),
                         "chunked_causal_attention takes q, k, v of one shape [B, H, T, D], got ",
                         q.sizes(), ", ", k.sizes(), ", ", v.sizes());
   PIPETRAIN_CHECK_INPUT(chunks >= 1 && q.size(2) % chunks == 0, "a sequence of ", q.size(2),
                         " positions does not cut into ", chunks, " chunks of equal length");
-  return ChunkedCausalAttention::apply(q, k, v, chunks);
+  check_segments(segments, q, q.size(2));
+  return ChunkedCausalAttention::apply(q, k, v, chunks, &segments);
 }
 
 std::vector<int64_t> zigzag_chunks(int rank, int size) {
@@ -275,17 +368,19 @@ torch::Tensor ring_pass(const torch::Tensor& block, C10dGroup& group) {
 }
 
 torch::Tensor ring_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                             C10dGroup& group) {
+                             C10dGroup& group, const torch::Tensor& segments) {
   PIPETRAIN_CHECK_INPUT(
       q.dim() == 4 && k.sizes() == q.sizes() && v.sizes() == q.sizes() && q.size(2) % 2 == 0,
       "ring_attention takes this member's two chunks of q, k, v of one shape "
       "[B, H, 2t, D], got ",
       q.sizes(), ", ", k.sizes(), ", ", v.sizes());
-  return RingAttention::apply(q, k, v, &group);
+  check_segments(segments, q, q.size(2) * group.size());
+  return RingAttention::apply(q, k, v, &group, &segments);
 }
 
 torch::Tensor ulysses_attention(const torch::Tensor& q, const torch::Tensor& k,
-                                const torch::Tensor& v, C10dGroup& group) {
+                                const torch::Tensor& v, C10dGroup& group,
+                                const WholeAttention& whole) {
   PIPETRAIN_CHECK_INPUT(q.dim() == 4 && k.sizes() == q.sizes() && v.sizes() == q.sizes(),
                         "ulysses_attention takes q, k, v of one shape [B, H, T/C, D], got ",
                         q.sizes(), ", ", k.sizes(), ", ", v.sizes());
@@ -293,8 +388,9 @@ torch::Tensor ulysses_attention(const torch::Tensor& q, const torch::Tensor& k,
                         " members cuts the heads between them, and ", group.size(),
                         " does not divide the ", q.size(1), " heads");
   auto to_heads = [&](const torch::Tensor& x) { return SequenceToHeads::apply(x, &group, true); };
-  const torch::Tensor out =
-      torch::scaled_dot_product_attention(to_heads(q), to_heads(k), to_heads(v), {}, 0.0, true);
+  const torch::Tensor out = whole ? whole(to_heads(q), to_heads(k), to_heads(v))
+                                  : torch::scaled_dot_product_attention(to_heads(q), to_heads(k),
+                                                                        to_heads(v), {}, 0.0, true);
   return SequenceToHeads::apply(out, &group, false);
 }
 
@@ -316,9 +412,11 @@ torch::Tensor ContextParallel::positions(int64_t length) const {
 }
 
 torch::Tensor ContextParallel::attend(const torch::Tensor& q, const torch::Tensor& k,
-                                      const torch::Tensor& v) const {
+                                      const torch::Tensor& v, const torch::Tensor& segments,
+                                      const WholeAttention& whole) const {
   PIPETRAIN_CHECK_INPUT(group != nullptr, "ContextParallel::attend without a group");
-  return ulysses ? ulysses_attention(q, k, v, *group) : ring_attention(q, k, v, *group);
+  return ulysses ? ulysses_attention(q, k, v, *group, whole)
+                 : ring_attention(q, k, v, *group, segments);
 }
 
 }  // namespace pipetrain::parallel

@@ -2,7 +2,9 @@
 // row as its own sequence (tests/models/hf_reference.py train-documents, which writes the packing
 // rules out again): the weights after AdamW steps agree to 2e-4 for --pack split and --pack none,
 // with and without a loss mask, in one process and across processes (1f1b, zb-v, pp x dp, ZeRO-3,
-// and pp x tp with sequence parallelism for --pack none, whose micro-batches differ in width), and
+// and pp x tp with sequence parallelism for --pack none, whose micro-batches differ in width;
+// context parallelism: ring and Ulysses, with pp, tp and sequence parallelism, dp and ZeRO-3, each
+// rank holding its columns of rows whose documents it finds in the whole rows' layout), and
 // --cross-document-attention agrees with transformers on whole rows. The ZeRO-3 run is repeated
 // from the job file its flags print (--print-config, --config): the same weights, bit for bit.
 #include <filesystem>
@@ -147,11 +149,12 @@ TEST(TrainDocuments, PackSplitEqualsTransformersRunningEachDocumentAlone) {
        {"split, masked",
         "--pack split --mask MASK",
         "--pack split --loss-mask-path MASK",
-        {"--stages 2 --schedule zb-h1 --chunks 4", "--nproc 4 --pp 2 --dp 2 --chunks 2"}},
+        {"--stages 2 --schedule zb-h1 --chunks 4", "--nproc 4 --pp 2 --dp 2 --chunks 2",
+         "--nproc 2 --cp 2 --chunks 2"}},
        {"across documents",
         "--pack split --cross-document",
         "--pack split --cross-document-attention",
-        {"--stages 2 --chunks 2"}}});
+        {"--stages 2 --chunks 2", "--nproc 2 --cp 2 --cp-method ulysses --chunks 2"}}});
 }
 
 TEST(TrainDocuments, PackNoneOfMicroBatchesOfEveryWidthEqualsTransformers) {
@@ -162,12 +165,15 @@ TEST(TrainDocuments, PackNoneOfMicroBatchesOfEveryWidthEqualsTransformers) {
         "--pack none",
         "--pack none",
         {"--nproc 2 --schedule zb-v --chunks 4",
-         "--nproc 4 --pp 2 --tp 2 --sequence-parallel --chunks 4"}},
+         "--nproc 4 --pp 2 --tp 2 --sequence-parallel --chunks 4",
+         "--nproc 4 --tp 2 --cp 2 --sequence-parallel --chunks 2"}},
        {"none, masked",
         "--pack none --mask MASK",
         "--pack none --loss-mask-path MASK",
         {"--stages 2 --schedule 1f1b --chunks 8", "--nproc 4 --pp 2 --dp 2 --chunks 2",
-         "--nproc 4 --pp 2 --dp 2 --chunks 2 --zero 3"},
+         "--nproc 4 --pp 2 --dp 2 --chunks 2 --zero 3",
+         "--nproc 4 --pp 2 --cp 2 --cp-method ulysses --chunks 4 --checkpoint always",
+         "--nproc 4 --dp 2 --cp 2 --chunks 2 --zero 3"},
         /*from_config=*/2}});
 }
 

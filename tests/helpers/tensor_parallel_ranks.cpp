@@ -30,6 +30,7 @@
 #include <torch/torch.h>
 
 #include "pipetrain/io/safetensors.h"
+#include "pipetrain/models/document_attention.h"
 #include "pipetrain/models/llama.h"
 #include "pipetrain/parallel/ring_attention.h"
 #include "pipetrain/parallel/tensor_parallel.h"
@@ -275,33 +276,44 @@ void scenario_llama(Distributed& d, const std::string& variant) {
   std::cout << "OK llama " << variant << " rank " << tp.rank() << std::endl;
 }
 
-// A context-parallel attention (`attend`: this rank's q, k, v chunks -> its output chunks) over the
-// world against the whole sequence's causal sdpa, which every rank computes: this rank's chunks
-// (`local`) of the output and of the three gradients. Prints "OK NAME rank r".
+// A context-parallel attention (`attend`: this rank's q, k, v chunks and, with documents, the
+// whole rows' layout -> its output chunks) over the world against the whole sequence's attention,
+// which every rank computes: this rank's chunks (`local`) of the output and of the three
+// gradients. Twice: causal over whole rows (sdpa), then by document over packed rows with padding
+// (models::document_causal_attention). Prints "OK NAME rank r".
 void check_context_attention(
     Distributed& d, const std::string& name, int64_t length, int64_t heads,
     const std::function<torch::Tensor(const torch::Tensor&, int, int)>& local,
     const std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&,
-                                      const torch::Tensor&, C10dGroup&)>& attend) {
+                                      const torch::Tensor&, C10dGroup&,
+                                      const data::SequenceLayout*)>& attend) {
   const std::shared_ptr<C10dGroup> group = d.data_parallel_group();
   CHECK_OR_THROW(group != nullptr, "no group");
   const int r = group->rank(), n = group->size();
-  torch::manual_seed(11);  // the same whole tensors on every rank
-  const torch::Tensor q = torch::randn({2, heads, length, 8}, torch::requires_grad());
-  const torch::Tensor k = torch::randn({2, heads, length, 8}, torch::requires_grad());
-  const torch::Tensor v = torch::randn({2, heads, length, 8}, torch::requires_grad());
-  const torch::Tensor g = torch::randn({2, heads, length, 8});
-  const torch::Tensor whole = torch::scaled_dot_product_attention(q, k, v, {}, 0.0, true);
-  const auto grads = torch::autograd::grad({whole}, {q, k, v}, {g});
-  auto mine = [&](const torch::Tensor& x) { return local(x.detach(), r, n); };
-  const torch::Tensor ql = mine(q).requires_grad_(), kl = mine(k).requires_grad_(),
-                      vl = mine(v).requires_grad_();
-  const torch::Tensor out = attend(ql, kl, vl, *group);
-  expect_close(out, mine(whole), "output");
-  const auto got = torch::autograd::grad({out}, {ql, kl, vl}, {mine(g)});
-  expect_close(got[0], mine(grads[0]), "dq");
-  expect_close(got[1], mine(grads[1]), "dk");
-  expect_close(got[2], mine(grads[2]), "dv");
+  // Row 0: documents of 5 and length - 7 tokens, then 2 of padding; row 1: 2, 3, length - 5.
+  const data::SequenceLayout documents({{5, length - 7}, {2, 3, length - 5}}, length);
+  for (const data::SequenceLayout* layout :
+       {static_cast<const data::SequenceLayout*>(nullptr), &documents}) {
+    const std::string what = layout ? " by document" : "";
+    torch::manual_seed(11);  // the same whole tensors on every rank
+    const torch::Tensor q = torch::randn({2, heads, length, 8}, torch::requires_grad());
+    const torch::Tensor k = torch::randn({2, heads, length, 8}, torch::requires_grad());
+    const torch::Tensor v = torch::randn({2, heads, length, 8}, torch::requires_grad());
+    const torch::Tensor g = torch::randn({2, heads, length, 8});
+    const torch::Tensor whole =
+        layout ? models::document_causal_attention(q, k, v, *layout, 1.0 / std::sqrt(8.0))
+               : torch::scaled_dot_product_attention(q, k, v, {}, 0.0, true);
+    const auto grads = torch::autograd::grad({whole}, {q, k, v}, {g});
+    auto mine = [&](const torch::Tensor& x) { return local(x.detach(), r, n); };
+    const torch::Tensor ql = mine(q).requires_grad_(), kl = mine(k).requires_grad_(),
+                        vl = mine(v).requires_grad_();
+    const torch::Tensor out = attend(ql, kl, vl, *group, layout);
+    expect_close(out, mine(whole), "output" + what);
+    const auto got = torch::autograd::grad({out}, {ql, kl, vl}, {mine(g)});
+    expect_close(got[0], mine(grads[0]), "dq" + what);
+    expect_close(got[1], mine(grads[1]), "dk" + what);
+    expect_close(got[2], mine(grads[2]), "dv" + what);
+  }
   std::cout << "OK " << name << " rank " << r << std::endl;
 }
 
@@ -316,7 +328,11 @@ void scenario_ring(Distributed& d) {
         return torch::cat(
             {chunks[static_cast<size_t>(held[0])], chunks[static_cast<size_t>(held[1])]}, 2);
       },
-      parallel::ring_attention);
+      [](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, C10dGroup& group,
+         const data::SequenceLayout* layout) {
+        return parallel::ring_attention(q, k, v, group,
+                                        layout ? layout->segment_ids() : torch::Tensor());
+      });
 }
 
 void scenario_ulysses(Distributed& d) {
@@ -325,7 +341,16 @@ void scenario_ulysses(Distributed& d) {
   check_context_attention(
       d, "ulysses", n * 5, 6,
       [](const torch::Tensor& x, int r, int) { return x.narrow(2, r * 5, 5).contiguous(); },
-      parallel::ulysses_attention);
+      [](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, C10dGroup& group,
+         const data::SequenceLayout* layout) {
+        if (!layout) return parallel::ulysses_attention(q, k, v, group);
+        return parallel::ulysses_attention(
+            q, k, v, group,
+            [layout](const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c) {
+              return models::document_causal_attention(a, b, c, *layout,
+                                                       1.0 / std::sqrt(static_cast<double>(8)));
+            });
+      });
 }
 
 void scenario_llama_cp(Distributed& d, const std::string& method) {

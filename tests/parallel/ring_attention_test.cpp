@@ -2,13 +2,17 @@
 // scaled_dot_product_attention forward and backward.
 #include "pipetrain/parallel/ring_attention.h"
 
+#include <cmath>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include "../helpers/multiprocess.h"
 #include "pipetrain/base/error.h"
+#include "pipetrain/data/sequence_layout.h"
+#include "pipetrain/models/document_attention.h"
 
 namespace pipetrain::parallel {
 namespace {
@@ -34,6 +38,46 @@ TEST(RingAttention, CausalAttentionByChunksEqualsSdpaForwardAndBackward) {
     for (size_t t = 0; t < 3; ++t) EXPECT_LE(worst(got[t], expected[t]), 1e-5) << t;
   }
   EXPECT_THROW(chunked_causal_attention(q, k, v, 3), BadInput);
+}
+
+// Packed documents: by chunks with the rows' segment ids equals attention per document (each
+// document its own causal attention, padding output 0), forward and backward; a pair of chunks
+// that shares no document, or holds only padding queries, is skipped, and one whose documents
+// line up with the chunks' causal mask needs no bias.
+TEST(RingAttention, ByDocumentChunksEqualAttentionPerDocumentAndSkipPairsSharingNone) {
+  torch::manual_seed(4);
+  // Row 0: documents of 4 and 6 tokens, 2 of padding; row 1: one of 8, 4 of padding.
+  const data::SequenceLayout layout({{4, 6}, {8}}, 12);
+  const torch::Tensor q = torch::randn({2, 2, 12, 8}, torch::requires_grad());
+  const torch::Tensor k = torch::randn({2, 2, 12, 8}, torch::requires_grad());
+  const torch::Tensor v = torch::randn({2, 2, 12, 8}, torch::requires_grad());
+  const torch::Tensor g = torch::randn({2, 2, 12, 8});
+  const torch::Tensor reference =
+      models::document_causal_attention(q, k, v, layout, 1.0 / std::sqrt(8.0));
+  const auto expected = torch::autograd::grad({reference}, {q, k, v}, {g});
+  for (const int64_t chunks : {1, 2, 3, 4, 6}) {
+    SCOPED_TRACE(chunks);
+    const torch::Tensor out = chunked_causal_attention(q, k, v, chunks, layout.segment_ids());
+    EXPECT_LE(worst(out, reference), 1e-5);
+    const auto got = torch::autograd::grad({out}, {q, k, v}, {g});
+    for (size_t t = 0; t < 3; ++t) EXPECT_LE(worst(got[t], expected[t]), 1e-5) << t;
+  }
+  // One row, documents of 4 and 3 tokens and 1 of padding, in chunks of 4: chunk 1 holds the
+  // second document (and the padding), chunk 0 the first.
+  const torch::Tensor segments = data::SequenceLayout({{4, 3}}, 8).segment_ids();
+  EXPECT_EQ(pair_mask(segments, 1, 0, 4, torch::kFloat).chunks, ChunkMask::kSkip);
+  EXPECT_EQ(pair_mask(segments, 0, 1, 4, torch::kFloat).chunks, ChunkMask::kSkip);  // causal
+  const PairMask first = pair_mask(segments, 0, 0, 4, torch::kFloat);
+  EXPECT_EQ(first.chunks, ChunkMask::kCausal);
+  EXPECT_FALSE(first.bias.defined());
+  const PairMask second = pair_mask(segments, 1, 1, 4, torch::kFloat);  // the padding query
+  EXPECT_EQ(second.chunks, ChunkMask::kFull);
+  ASSERT_TRUE(second.bias.defined());
+  EXPECT_EQ(second.bias.sizes(), (std::vector<int64_t>{1, 1, 4, 4}));
+  EXPECT_TRUE(second.bias[0][0][3].isneginf().all().item<bool>());
+  EXPECT_EQ(second.bias[0][0][2][1].item<float>(), 0.0f);
+  EXPECT_TRUE(second.bias[0][0][1][2].isneginf().item<bool>());
+  EXPECT_EQ(pair_mask({}, 1, 0, 4, torch::kFloat).chunks, ChunkMask::kFull);
 }
 
 TEST(RingAttention, PartialsOverDisjointKeysMergeInAnyOrder) {

@@ -56,6 +56,10 @@ class SequenceLayout {
 
   // int64 [rows, width] (above) on `device`, made once per device.
   torch::Tensor positions(const torch::Device& device) const;
+  // int64 [rows, width] on the CPU: each token's segment, numbered from 0 along its row; -1 on
+  // padding. What attention split over context-parallel ranks masks by (two tokens attend only
+  // when their ids are equal and not -1).
+  torch::Tensor segment_ids() const;
 
   // Rows [first, first + count) at `width` columns. REQUIRES the rows fit (width >= their
   // longest); BadInput otherwise.
