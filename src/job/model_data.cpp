@@ -407,7 +407,8 @@ BuiltModel build_hf_model(const ModelDataSpec& args, const BuiltData& data,
 }  // namespace
 
 BuiltModel build_mirror_model(const ModelDataSpec& spec, const BuiltData& data, int tensor_parallel,
-                              bool sequence_parallel, int expert_parallel) {
+                              bool sequence_parallel, int expert_parallel, int context_parallel,
+                              bool ulysses) {
   ModelDataSpec random = spec;
   random.init = "random";
   parallel::TensorParallel tp;
@@ -417,7 +418,10 @@ BuiltModel build_mirror_model(const ModelDataSpec& spec, const BuiltData& data, 
   parallel::ExpertParallel ep;
   if (expert_parallel > 1)
     ep = parallel::ExpertParallel{C10dGroup::mirror(expert_parallel), nullptr};
-  return build_model(random, data, std::nullopt, tp, {}, ep);
+  parallel::ContextParallel cp;
+  if (context_parallel > 1)
+    cp = parallel::ContextParallel{C10dGroup::mirror(context_parallel), ulysses};
+  return build_model(random, data, std::nullopt, tp, {}, ep, cp);
 }
 
 BuiltModel build_model(const ModelDataSpec& args, const BuiltData& data,

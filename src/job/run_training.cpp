@@ -195,6 +195,8 @@ tune::MemoryCheckInput memory_check_input(const TrainingSetup& s, const RunLayou
     input.sequence_parallel = s.job.parallel.sequence_parallel;
     input.expert_parallel = static_cast<int>(s.job.parallel.ep);
     input.routing_imbalance = s.job.parallel.routing_imbalance;
+    input.context_parallel = layout.context_parallel;
+    input.ulysses = s.pipeline.cp_ulysses;
   } else {
     input.model = p.model.sequential;
     input.loss = p.model.loss;

@@ -183,9 +183,9 @@ std::string memory_report_text(const TrainingSetup& s, Prepared& p, const Batche
   const BuiltModel* profiled = &p.model;
   // A context-parallel model attends over its group: the mirror attends alone.
   if (layout.tensor_parallel > 1 || s.job.parallel.ep > 1 || layout.context_parallel > 1) {
-    mirrored =
-        build_mirror_model(s.data, p.data, layout.tensor_parallel, s.job.parallel.sequence_parallel,
-                           static_cast<int>(s.job.parallel.ep));
+    mirrored = build_mirror_model(
+        s.data, p.data, layout.tensor_parallel, s.job.parallel.sequence_parallel,
+        static_cast<int>(s.job.parallel.ep), layout.context_parallel, s.pipeline.cp_ulysses);
     profiled = &mirrored;
   }
   // Profiled on the device this rank's first stage trained on.

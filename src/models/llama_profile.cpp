@@ -27,7 +27,8 @@ bool mixed_layers(const LlamaConfig& config) {
 partition::ModelProfile profile_one_layer(const LlamaConfig& config, const torch::Tensor& sample,
                                           const partition::ProfileOptions& options, uint64_t seed,
                                           const parallel::TensorParallel& tp,
-                                          const parallel::ExpertParallel& ep) {
+                                          const parallel::ExpertParallel& ep,
+                                          const parallel::ContextParallel& cp) {
   LlamaConfig one = config;
   const bool mixed = mixed_layers(config);
   one.num_hidden_layers = mixed ? 2 : 1;
@@ -38,9 +39,11 @@ partition::ModelProfile profile_one_layer(const LlamaConfig& config, const torch
         mixed ? std::vector<char>{1, 0}
               : std::vector<char>{config.moe_layer.empty() ? char{0} : config.moe_layer.back()};
   }
-  LlamaModel model =
-      make_llama(one, LlamaBuildOptions().tensor_parallel(tp).expert_parallel(
-                          is_moe(config.architecture) ? ep : parallel::ExpertParallel{}));
+  LlamaModel model = make_llama(
+      one, LlamaBuildOptions()
+               .tensor_parallel(tp)
+               .expert_parallel(is_moe(config.architecture) ? ep : parallel::ExpertParallel{})
+               .context_parallel(cp));
   init_llama_random(model, seed);
   return partition::profile_sequential(model.sequential, sample, options);
 }
@@ -89,7 +92,8 @@ partition::LayerProfile extend_layer(const partition::LayerProfile& small, doubl
 partition::ModelProfile profile_llama(const LlamaConfig& config, const torch::Tensor& sample,
                                       const partition::ProfileOptions& options, uint64_t seed,
                                       const parallel::TensorParallel& tp, std::int64_t table_rows,
-                                      std::int64_t mlp_rows, const parallel::ExpertParallel& ep) {
+                                      std::int64_t mlp_rows, const parallel::ExpertParallel& ep,
+                                      const parallel::ContextParallel& cp) {
   if (sample.dim() != 2 || sample.scalar_type() != torch::kInt64) {
     throw BadInput("profile_llama: the sample must be int64 token ids [B, T], got " +
                    std::string(c10::toString(sample.scalar_type())) + " of " +
@@ -103,7 +107,8 @@ partition::ModelProfile profile_llama(const LlamaConfig& config, const torch::Te
   const bool cut_mlp =
       mlp_rows > 0 && config.intermediate_size > widths && !is_moe(config.architecture);
   if (!cut_table && !cut_mlp) {
-    return expand_llama_profile(profile_one_layer(config, sample, options, seed, tp, ep), config);
+    return expand_llama_profile(profile_one_layer(config, sample, options, seed, tp, ep, cp),
+                                config);
   }
   // Two models, the smaller one's table of `rows` / 2 rows and MLP of `widths` / 2, the larger's
   // `rows` and `widths` (where cut), on the same ids (below the smaller vocabulary). The tables'
@@ -122,8 +127,8 @@ partition::ModelProfile profile_llama(const LlamaConfig& config, const torch::Te
     large.intermediate_size = widths;
   }
   const torch::Tensor ids = cut_table ? sample.remainder(small.vocab_size) : sample;
-  const partition::ModelProfile a = profile_one_layer(small, ids, options, seed, tp, ep);
-  partition::ModelProfile measured = profile_one_layer(large, ids, options, seed, tp, ep);
+  const partition::ModelProfile a = profile_one_layer(small, ids, options, seed, tp, ep, cp);
+  partition::ModelProfile measured = profile_one_layer(large, ids, options, seed, tp, ep, cp);
   if (cut_table) {
     const double x = static_cast<double>(config.vocab_size);
     for (const size_t e : {size_t{0}, measured.layers.size() - 1}) {

@@ -355,7 +355,7 @@ void C10dGroup::all_to_all(const torch::Tensor& input, torch::Tensor& output) {
   }
   if (impl_->mirror) {  // every member sends this member what this member sends itself
     const int64_t n = input.numel() / size();
-    output.view({size(), n}).copy_(input.narrow(0, rank() * n, n).reshape({1, -1}));
+    output.view({size(), n}).copy_(input.reshape({-1}).narrow(0, rank() * n, n).reshape({1, -1}));
     return;
   }
   at::Tensor in = input.detach();  // detached: see above allreduce_sum_start

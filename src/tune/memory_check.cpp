@@ -60,7 +60,10 @@ train::TrainingMemoryProfile llama_memory_profile(const MemoryCheckInput& input)
       0, tp, kProfiledTableRows, kProfiledMlpWidth,
       input.expert_parallel > 1
           ? parallel::ExpertParallel{C10dGroup::mirror(input.expert_parallel), nullptr}
-          : parallel::ExpertParallel{});
+          : parallel::ExpertParallel{},
+      input.context_parallel > 1
+          ? parallel::ContextParallel{C10dGroup::mirror(input.context_parallel), input.ulysses}
+          : parallel::ContextParallel{});
   // The sequence a rank's MoE layer sees: its tp slice under sequence parallelism.
   models::apply_routing_imbalance(
       measured.profile, *input.llama,

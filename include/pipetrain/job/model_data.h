@@ -137,9 +137,11 @@ BuiltModel build_model(const ModelDataSpec& spec, const BuiltData& data,
 // split over a mirror group of `tensor_parallel` (transport/c10d.h): a rank's shapes, allocations
 // and work with no collective, for profiling it in one process (the auto plan, the memory model).
 // A mixture with `expert_parallel` > 1: its experts as expert-parallel rank 0 of a mirror group
-// holds them.
+// holds them; `context_parallel` > 1: the attention as context-parallel rank 0 runs it (ring, or
+// Ulysses with `ulysses`), its input that rank's tokens.
 BuiltModel build_mirror_model(const ModelDataSpec& spec, const BuiltData& data, int tensor_parallel,
-                              bool sequence_parallel, int expert_parallel = 1);
+                              bool sequence_parallel, int expert_parallel = 1,
+                              int context_parallel = 1, bool ulysses = false);
 // True when `model` names a Hugging Face checkpoint directory (rather than an example model or a
 // TorchScript file).
 bool is_hf_model(const std::string& model);

@@ -45,12 +45,14 @@ namespace pipetrain::models {
 // C10dGroup::mirror (transport/c10d.h), profiles a rank's slices, shapes and allocations. The
 // profile's times are then the rank's compute without the collectives' wait. `table_rows`,
 // `mlp_rows`: as above (0: the whole vocabulary, the whole width); rounded down to a multiple of
-// 2 x the tensor-parallel ranks, and at least that.
+// 2 x the tensor-parallel ranks, and at least that. `cp`: the attention as one context-parallel
+// rank runs it (a mirror group: its ring's blocks and buffers, the sample its tokens of each row).
 partition::ModelProfile profile_llama(const LlamaConfig& config, const torch::Tensor& sample,
                                       const partition::ProfileOptions& options = {},
                                       uint64_t seed = 0, const parallel::TensorParallel& tp = {},
                                       std::int64_t table_rows = 0, std::int64_t mlp_rows = 0,
-                                      const parallel::ExpertParallel& ep = {});
+                                      const parallel::ExpertParallel& ep = {},
+                                      const parallel::ContextParallel& cp = {});
 
 // The profile of a model of `config.num_hidden_layers` layers from one measured on `measured`
 // layers (entries: embedding, decoder x measured, norm, head): the last measured decoder layer

@@ -36,6 +36,11 @@ struct MemoryCheckInput {
   // With expert_parallel > 1: the busiest rank's routed rows over the balanced share the MoE
   // layers' activations are planned for (models::apply_routing_imbalance); 1: balanced.
   double routing_imbalance = 1.0;
+  // With `llama`: the attention as one context-parallel rank of this many runs it (a mirror
+  // group), ring or Ulysses; `inputs` then hold each rank's tokens as rows of their own (every
+  // row's T as context_parallel rows of T / context_parallel, job's modelled_batch).
+  int context_parallel = 1;
+  bool ulysses = false;
   // The first mini-batch every replica shares.
   torch::Tensor inputs, targets;
   PipeOptions pipe;
