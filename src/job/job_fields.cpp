@@ -306,8 +306,9 @@ void declare(JobConfig& c, FieldVisitor& v) {
   v.field(F("parallel", "cp", "--cp",
             "context-parallel processes per data-parallel replica: each sequence split over "
             "them, attention over the group (--cp-method; a Llama-family model; --nproc = pp x tp "
-            "x dp x cp; --seq-len divisible by 2 x cp for ring, cp for Ulysses)",
-            train),
+            "x dp x cp; --seq-len divisible by 2 x cp for ring, cp for Ulysses); plan --world: "
+            "the largest cp its layouts may take",
+            model_plan),
           c.parallel.cp, pipeline_check<int64_t>([](PipelineRequest& r, int64_t value) {
             r.cp = static_cast<int>(value);
           }));
@@ -315,7 +316,7 @@ void declare(JobConfig& c, FieldVisitor& v) {
             "with --cp: ring (keys and values pass around the group, each rank holding two "
             "chunks, one from each end) or ulysses (an all-to-all between sequence and heads; cp "
             "divides the attention heads per tensor-parallel rank)",
-            train),
+            model_plan),
           c.parallel.cp_method, one_of({"ring", "ulysses"}));
   v.field(F("parallel", "ep", "--ep",
             "expert-parallel replicas: a mixture's experts split over groups of this many "

@@ -88,6 +88,11 @@ Precision check_plan(const JobConfig& job) {
   const int zero = static_cast<int>(job.zero.stage);
   train::check_reshard_after_forward(job.zero.reshard_after_forward, zero);
   train::check_offload_optimizer(job.zero.offloads_optimizer(), zero);
+  if (job.parallel.cp > 1 && plan.world == 0) {
+    throw BadInput("--cp " + std::to_string(job.parallel.cp) +
+                   " with plan: give --world N, whose layouts may then take context parallelism up "
+                   "to it (plan without --world plans one pipeline)");
+  }
   if (zero > 0 && job.parallel.dp < 2 && plan.world == 0 && !job.zero.offloads_optimizer()) {
     throw BadInput("--zero " + std::to_string(zero) +
                    " shards over data-parallel replicas and needs --dp 2 or more");
@@ -188,6 +193,8 @@ int plan_world_layouts(const JobConfig& job, const PlanningModel& model, Precisi
   request.planner = planner_options(job);
   request.precision = precision;
   request.routing_imbalance = job.parallel.routing_imbalance;
+  request.max_context_parallel = static_cast<int>(job.parallel.cp);
+  request.ulysses = job.parallel.cp_method == "ulysses";
   request.profile_repeats = static_cast<int>(plan.profile_repeats);
   request.profile_warmup = static_cast<int>(plan.profile_warmup);
   request.rank_arguments = {"plan",           "--model",         plan.model,

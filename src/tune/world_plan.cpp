@@ -45,25 +45,37 @@ struct Shape {
   int pp, tp, dp;
   bool sp;
   int ep = 1;
+  int cp = 1;
 };
+
+// [1] cp of r splitting each sequence: 2 cp chunks (ring) or cp chunks and the heads of a tp
+// rank (Ulysses), each at least a token.
+bool splits_sequence(const WorldPlanRequest& r, int cp, int tp, int64_t seq) {
+  const int64_t chunks = r.ulysses ? cp : 2 * cp;
+  return seq % chunks == 0 && (!r.ulysses || (r.config.num_attention_heads / tp) % cp == 0);
+}
 
 std::vector<Shape> layouts_of(const WorldPlanRequest& r) {
   const int64_t batch = r.sample.size(0);
   const int64_t seq = r.sample.size(1);
   std::vector<Shape> shapes;
   for (int tp : valid_tp(r.config, r.world)) {
-    for (int dp = 1; dp <= r.world / tp; ++dp) {
-      if ((r.world / tp) % dp != 0 || batch % dp != 0) continue;
-      const int pp = r.world / tp / dp;
-      if (pp > r.config.entries()) continue;
-      if (r.planner.zero > 0 && dp < 2) continue;  // ZeRO shards over replicas
-      shapes.push_back({pp, tp, dp, false});
-      if (tp > 1 && seq % tp == 0) shapes.push_back({pp, tp, dp, true});
-      // A mixture: its experts over ep of the dp replicas, every ep dividing both.
-      if (models::is_moe(r.config.architecture)) {
-        for (int ep = 2; ep <= dp; ++ep) {
-          if (dp % ep == 0 && r.config.num_experts % ep == 0) {
-            shapes.push_back({pp, tp, dp, false, ep});
+    for (int cp = 1; cp <= std::min(r.max_context_parallel, r.world / tp); ++cp) {
+      if ((r.world / tp) % cp != 0 || (cp > 1 && !splits_sequence(r, cp, tp, seq))) continue;
+      const int rest = r.world / tp / cp;
+      for (int dp = 1; dp <= rest; ++dp) {
+        if (rest % dp != 0 || batch % dp != 0) continue;
+        const int pp = rest / dp;
+        if (pp > r.config.entries()) continue;
+        if (r.planner.zero > 0 && dp * cp < 2) continue;  // ZeRO shards over replicas
+        shapes.push_back({pp, tp, dp, false, 1, cp});
+        if (tp > 1 && (seq / cp) % tp == 0) shapes.push_back({pp, tp, dp, true, 1, cp});
+        // A mixture: its experts over ep of the dp replicas, every ep dividing both.
+        if (cp == 1 && models::is_moe(r.config.architecture)) {
+          for (int ep = 2; ep <= dp; ++ep) {
+            if (dp % ep == 0 && r.config.num_experts % ep == 0) {
+              shapes.push_back({pp, tp, dp, false, ep});
+            }
           }
         }
       }
@@ -149,6 +161,39 @@ double add_expert_all_to_alls(pp::ModelProfile& profile, const models::LlamaConf
   return per_microbatch;
 }
 
+// [4] cp > 1: each decoder layer's ring passes or Ulysses all-to-alls (the header's sizes),
+// added to its forward and backward; returns one micro-batch's at the largest measured size.
+double add_context_parallel_passes(pp::ModelProfile& profile, const models::LlamaConfig& config,
+                                   const pp::TransferModel& group, int cp, bool ulysses, int tp,
+                                   int64_t seq, Precision precision) {
+  double per_microbatch = 0;
+  const int64_t layers = profile.num_layers();
+  for (size_t k = 0; k < profile.microbatch_sizes.size(); ++k) {
+    // One tensor of a rank's tokens at its (tp rank's) query heads.
+    const int64_t block = profile.microbatch_sizes[k] * (seq / cp) *
+                          (config.num_attention_heads / tp) * config.head_dim *
+                          element_bytes(precision);
+    double forward = 0, backward = 0;
+    if (ulysses) {
+      const double exchange = gather_seconds(group, block * (cp - 1) / cp);
+      forward = backward = 4 * exchange;
+    } else {
+      forward = (cp - 1) * gather_seconds(group, 2 * block);  // k, v
+      backward = cp * gather_seconds(group, 4 * block);       // k, v, dk, dv
+    }
+    double total = 0;
+    for (int64_t l = 1; l < layers - 2; ++l) {  // the decoder layers
+      pp::LayerCost& c = profile.layers.at(static_cast<size_t>(l)).costs.at(k);
+      c.forward_seconds += forward;
+      c.backward_seconds += backward;
+      c.backward_input_seconds += backward;
+      total += forward + backward;
+    }
+    if (k + 1 == profile.microbatch_sizes.size()) per_microbatch = total;
+  }
+  return per_microbatch;
+}
+
 }  // namespace
 
 std::function<void(pp::ModelProfile&, const pp::TransferModel&)> llama_tensor_parallel_collectives(
@@ -197,7 +242,8 @@ std::string seconds_text(double seconds) {
 
 std::string WorldLayout::name() const {
   return "pp" + std::to_string(pp) + " x tp" + std::to_string(tp) + " x dp" + std::to_string(dp) +
-         (ep > 1 ? " x ep" + std::to_string(ep) : "") + (sequence_parallel ? " sp" : "");
+         (ep > 1 ? " x ep" + std::to_string(ep) : "") +
+         (cp > 1 ? " x cp" + std::to_string(cp) : "") + (sequence_parallel ? " sp" : "");
 }
 
 nlohmann::json allreduce_job(int64_t large_bytes) {
@@ -254,9 +300,12 @@ WorldPlanResult plan_world(const WorldPlanRequest& r) {
     layout.dp = s.dp;
     layout.sequence_parallel = s.sp;
     layout.ep = s.ep;
+    layout.cp = s.cp;
     progress(r, "plan: " + layout.name() + " ...");
-    // [3]
-    const torch::Tensor rows = r.sample.narrow(0, 0, r.sample.size(0) / s.dp);
+    // [3] A context-parallel rank's tokens of each of its replica's rows.
+    const torch::Tensor rows =
+        r.sample.narrow(0, 0, r.sample.size(0) / s.dp).narrow(1, 0, seq / s.cp);
+    const parallel::ContextParallel cp{s.cp > 1 ? C10dGroup::mirror(s.cp) : nullptr, r.ulysses};
     const parallel::TensorParallel tp{s.tp > 1 ? C10dGroup::mirror(s.tp) : nullptr, s.sp};
     // A mixture at ep > 1: the layer as one expert-parallel rank holds it, its experts fed as
     // identical members would feed them (the mirror's all-to-all): balanced routing.
@@ -266,7 +315,7 @@ WorldPlanResult plan_world(const WorldPlanRequest& r) {
                                                          .precision(r.precision)
                                                          .repeats(r.profile_repeats)
                                                          .warmup(r.profile_warmup),
-                                                     0, tp, 0, 0, ep);
+                                                     0, tp, 0, 0, ep, cp);
     if (s.ep > 1 && r.routing_imbalance > 1.0) {
       models::apply_routing_imbalance(
           profile, r.config, seq / (s.sp ? s.tp : 1), s.ep,
@@ -279,7 +328,13 @@ WorldPlanResult plan_world(const WorldPlanRequest& r) {
     const pp::TransferModel tp_reduce = allreduce_of(r, result.allreduce, s.tp, largest_message);
     std::vector<std::vector<double>> added;
     if (s.tp > 1) {
-      added = add_tensor_parallel_collectives(profile, s.sp, tp_reduce, seq, hidden, r.precision);
+      added = add_tensor_parallel_collectives(profile, s.sp, tp_reduce, seq / s.cp, hidden,
+                                              r.precision);
+    }
+    if (s.cp > 1) {
+      const pp::TransferModel cp_model = allreduce_of(r, result.allreduce, s.cp, largest_message);
+      layout.cp_seconds = add_context_parallel_passes(profile, r.config, cp_model, s.cp, r.ulysses,
+                                                      s.tp, seq, r.precision);
     }
     if (s.ep > 1) {
       const pp::TransferModel ep_model = allreduce_of(r, result.allreduce, s.ep, largest_message);
@@ -289,7 +344,7 @@ WorldPlanResult plan_world(const WorldPlanRequest& r) {
     // [5]
     pp::PlannerOptions planner = r.planner;
     planner.ranks = s.pp;
-    planner.data_parallel = s.dp;
+    planner.data_parallel = s.dp * s.cp;  // ZeRO shards over both
     planner.expert_parallel = s.ep;
     planner.processes = r.world > 1;
     planner.top = 1;
@@ -327,8 +382,9 @@ WorldPlanResult plan_world(const WorldPlanRequest& r) {
       layout.tp_collective_seconds = busiest * layout.plan.microbatches;
     }
     // [6]
-    if (s.dp > 1) {
-      const pp::TransferModel dp_reduce = allreduce_of(r, result.allreduce, s.dp, largest_message);
+    if (s.dp * s.cp > 1) {
+      const pp::TransferModel dp_reduce =
+          allreduce_of(r, result.allreduce, s.dp * s.cp, largest_message);
       int64_t parameters = 0;
       for (const pp::RankMemory& rank : memory) {
         parameters = std::max(parameters, rank.parameters);
@@ -363,7 +419,11 @@ WorldPlanResult plan_world(const WorldPlanRequest& r) {
         why << " (expert all-to-alls " << seconds_text(layout.ep_all_to_all_seconds)
             << " per micro-batch, every layer)";
       }
-      if (s.dp > 1) why << " + dp reduce " << seconds_text(layout.dp_reduce_seconds);
+      if (s.cp > 1) {
+        why << " (" << (r.ulysses ? "Ulysses all-to-alls " : "ring passes ")
+            << seconds_text(layout.cp_seconds) << " per micro-batch, every layer)";
+      }
+      if (s.dp * s.cp > 1) why << " + dp reduce " << seconds_text(layout.dp_reduce_seconds);
       why << "; peak " << pp::format_bytes(layout.peak_memory_bytes) << " per rank";
     } else {
       why << "no plan fits " << pp::format_bytes(r.planner.memory_limit_bytes)
@@ -424,9 +484,13 @@ std::string world_plan_text(const WorldPlanRequest& r, const WorldPlanResult& re
   } else {
     const WorldLayout& best = result.ranked.front();
     out << "\nrecommended: --nproc " << r.world << " --pp " << best.pp << " --tp " << best.tp
-        << " --dp " << best.dp << (best.sequence_parallel ? " --sequence-parallel" : "")
-        << " --schedule " << best.plan.schedule << " --chunks " << best.plan.microbatches
-        << " --checkpoint " << to_string(best.plan.checkpoint) << "\n";
+        << " --dp " << best.dp << (best.ep > 1 ? " --ep " + std::to_string(best.ep) : "")
+        << (best.cp > 1
+                ? " --cp " + std::to_string(best.cp) + (r.ulysses ? " --cp-method ulysses" : "")
+                : "")
+        << (best.sequence_parallel ? " --sequence-parallel" : "") << " --schedule "
+        << best.plan.schedule << " --chunks " << best.plan.microbatches << " --checkpoint "
+        << to_string(best.plan.checkpoint) << "\n";
   }
   return out.str();
 }
@@ -440,6 +504,8 @@ nlohmann::json world_plan_json(const WorldPlanRequest& r, const WorldPlanResult&
                           {"dp", l.dp},
                           {"sequence_parallel", l.sequence_parallel},
                           {"ep", l.ep},
+                          {"cp", l.cp},
+                          {"cp_seconds", l.cp_seconds},
                           {"fits", l.found},
                           {"step_seconds", l.step_seconds},
                           {"pipeline_seconds", l.pipeline_seconds},

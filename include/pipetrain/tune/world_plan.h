@@ -6,7 +6,10 @@
 //                   model's entries and dp divides the batch; with tp > 1 and a sequence tp
 //                   divides, once without and once with sequence parallelism; a mixture of
 //                   experts also with every ep > 1 dividing dp and its experts
-//                   (parallel/expert_parallel.h)
+//                   (parallel/expert_parallel.h); with max_context_parallel C > 1, also pp x tp x
+//                   dp x cp = N for every cp up to C dividing the sequence into 2 cp chunks
+//                   (ring) or cp chunks and the heads per tp rank (Ulysses); not a mixture's
+//                   layouts with ep
 //   [2] all-reduce  measured for each group size the layouts need (tp and dp), as that many
 //                   processes of this program over Gloo on this machine: seconds(n) = latency +
 //                   n / bytes_per_second, fitted through a small and a large message. An
@@ -14,7 +17,8 @@
 //                   (half an all-reduce's ring traffic).
 //   [3] profile     one decoder layer as one tp rank builds it, split over a mirror group
 //                   (C10dGroup::mirror): the rank's parameters, activations and compute, on
-//                   batch / dp rows (models/llama_profile.h)
+//                   batch / dp rows (models/llama_profile.h); at cp > 1 the attention as one
+//                   cp rank runs it over a mirror group, on its seq / cp tokens of each row
 //   [4] collectives added to the profile's per-micro-batch times, n = rows x seq x hidden x
 //                   element bytes:
 //                     embedding   F: all-reduce n (sequence parallel: reduce-scatter)
@@ -31,10 +35,16 @@
 //                   reduce-scatter); the profile ([3]) runs the layer as one ep rank holds it, fed
 //                   as by identical members (balanced routing; --report-routing measures the
 //                   imbalance a run has)
+//                   cp > 1, each decoder layer (not overlapped with its compute): ring, F cp - 1
+//                   passes of the key/value block, B cp passes of it with its gradients (k, v
+//                   at the query heads: rows x seq / cp x heads x head_dim x element bytes
+//                   each); Ulysses, F 4 all-to-alls of a rank's q, k, v, output, B 4 more, each
+//                   of rows x seq / cp x heads x head_dim x element bytes x (cp - 1) / cp; a
+//                   pass or all-to-all costed as half an all-reduce over cp processes
 //   [5] plan        plan_pipeline (partition/planner.h) over pp ranks with dp replicas, ZeRO and
 //                   the memory limit: the fastest schedule, micro-batches, checkpointing and
 //                   balance of the layout, or why none fits
-//   [6] data        + an all-reduce of the largest rank's parameter bytes over dp (the
+//   [6] data        + an all-reduce of the largest rank's parameter bytes over dp x cp (the
 //                   runtime reduces gradients after the pipeline's last action; ZeRO's
 //                   reduce-scatter + all-gather move as much); at ep > 1 its experts' bytes over
 //                   the dp / ep replicas holding them instead
@@ -77,6 +87,9 @@ struct WorldPlanRequest {
   // A mixture's layouts with ep > 1: their MoE layers' routed activations planned at this
   // imbalance, at most each ep's bound (models::apply_routing_imbalance); 1: balanced.
   double routing_imbalance = 1.0;
+  // [1]: the largest context-parallel size to search (1: none), and its method.
+  int max_context_parallel = 1;
+  bool ulysses = false;
   int profile_repeats = 7, profile_warmup = 2;  // [3]: partition::ProfileOptions' repeats, warmup
   // Measured all-reduce per group size ([2]); a size not here is measured. Tests and callers
   // that measured already pass theirs.
@@ -90,6 +103,8 @@ struct WorldLayout {
   int pp = 1, tp = 1, dp = 1;
   bool sequence_parallel = false;
   int ep = 1;                        // a mixture's experts over ep of the dp replicas
+  int cp = 1;                        // each sequence over cp ranks (per dp replica)
+  double cp_seconds = 0;             // [4] at cp > 1: one micro-batch's passes, every layer
   bool found = false;                // a plan fits the limit
   partition::Plan plan;              // [5]'s best (found) or the smallest-memory candidate
   double pipeline_seconds = 0;       // [5]: the plan's predicted step, tp collectives included
@@ -104,7 +119,8 @@ struct WorldLayout {
   std::int64_t smallest_fitting_limit = 0;  // not found: the least limit some plan meets
   std::string why;                          // one line: what decides its place
 
-  std::string name() const;  // "pp2 x tp2 x dp1", " sp" appended with sequence parallelism
+  // "pp2 x tp2 x dp1", " x cp2" with context parallelism, " sp" with sequence parallelism
+  std::string name() const;
 };
 
 struct WorldPlanResult {
