@@ -19,6 +19,7 @@
 #include "bench_report.h"
 #include "bench_rows.h"
 #include "commands.h"
+#include "long_suite.h"
 #include "moe_suite.h"
 
 namespace pipetrain::cli {
@@ -145,13 +146,16 @@ int run_bench(BenchArgs a) {
     return 0;
   }
   a.options.log = [](const std::string& line) { std::cerr << line << std::endl; };
-  if (a.options.suite == "moe") {  // its own rows: `pipetrain train` runs (moe_suite.h)
+  if (a.options.suite == "moe" || a.options.suite == "long") {  // `pipetrain train` runs
     bench::resolve_defaults(a.options);
-    const json report = bench::run_moe_suite(a.options);
+    const bool moe = a.options.suite == "moe";
+    const json report = moe ? bench::run_moe_suite(a.options) : bench::run_long_suite(a.options);
     if (a.json_output) {
       std::cout << report.dump(2) << std::endl;
-    } else {
+    } else if (moe) {
       bench::print_moe_report(report);
+    } else {
+      bench::print_long_report(report);
     }
     for (const json& row : report["rows"]) {
       if (row.contains("error")) return 1;
@@ -184,7 +188,11 @@ void add_bench_command(CLI::App& app, int& exit_code) {
       "cnn (examples' CNN), llama (an 8-layer Llama of 256), tp (that Llama at "
       "--stages x --tp ranks vs torch's DTensor + pipelining and vs tp 1) or moe (a "
       "Qwen3-MoE-shaped model on 4 processes at --ep 1, 2, 4, and pp4 vs "
-      "torch.distributed.pipelining)");
+      "torch.distributed.pipelining) or long (a 2-layer Llama at --seq-lens on 4 processes: "
+      "context parallelism at cp 1, 2, 4, ring and Ulysses)");
+  c->add_option("--seq-lens", args->options.seq_lens,
+                "the long suite's sequence lengths, multiples of 8 (default 4096,8192)")
+      ->delimiter(',');
   c->add_option("--tp", args->options.tp,
                 "tensor-parallel ranks per pipeline rank of the tp suite (2 or 4; default 2)");
   c->add_flag("--json", args->json_output, "print one JSON object instead of a table");

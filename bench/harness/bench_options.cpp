@@ -30,11 +30,17 @@ bool fits(const std::string& schedule, int K, int M) {
 
 void resolve_defaults(BenchOptions& a) {
   if (a.suite != "mlp" && a.suite != "small" && a.suite != "cnn" && a.suite != "moe" &&
-      !is_llama_suite(a.suite)) {
-    bad("--suite must be mlp, small, cnn, llama, tp or moe (got '" + a.suite + "')");
+      a.suite != "long" && !is_llama_suite(a.suite)) {
+    bad("--suite must be mlp, small, cnn, llama, tp, moe or long (got '" + a.suite + "')");
   }
-  // The moe suite's model is Llama-shaped too (moe_suite.h): the llama defaults.
-  const bool llama = is_llama_suite(a.suite) || a.suite == "moe";
+  // The moe and long suites' models are Llama-shaped too: the llama defaults.
+  const bool llama = is_llama_suite(a.suite) || a.suite == "moe" || a.suite == "long";
+  for (const int length : a.seq_lens) {
+    if (length < 8 || length % 8 != 0) {
+      bad("--seq-lens of the long suite are cut into 2 x 4 chunks: multiples of 8, got " +
+          std::to_string(length));
+    }
+  }
   if (a.quick) {
     if (a.width == 0) a.width = a.suite == "cnn" ? 8 : llama ? 32 : 64;
     if (a.batch == 0) a.batch = llama ? 16 : 32;

@@ -13,7 +13,8 @@
 namespace pipetrain::bench {
 
 struct BenchOptions {
-  std::string suite = "mlp";         // mlp | small | cnn | llama | tp | moe (moe_suite.h)
+  // mlp | small | cnn | llama | tp | moe (moe_suite.h) | long (long_suite.h)
+  std::string suite = "mlp";
   int steps = 7;                     // timed steps per configuration
   int warmup = 2;                    // untimed steps before them
   int rounds = 0;                    // 0: 3, or 1 with quick
@@ -28,9 +29,10 @@ struct BenchOptions {
   bool no_python = false;  // no Python peer rows (torchgpipe, torch-pipelining)
   bool no_memory = false;  // no checkpoint/memory comparison rows
   bool no_multiprocess = false;
-  bool quick = false;           // small model and batch (smoke tests)
-  bool bf16 = false;            // bf16 twins of the 1f1b and gpipe rows (PipeOptions::precision)
-  int tp = 2;                   // the tp suite's tensor-parallel size T (its rows: K x T ranks)
+  bool quick = false;  // small model and batch (smoke tests)
+  bool bf16 = false;   // bf16 twins of the 1f1b and gpipe rows (PipeOptions::precision)
+  int tp = 2;          // the tp suite's tensor-parallel size T (its rows: K x T ranks)
+  std::vector<int> seq_lens = {4096, 8192};  // the long suite's sequence lengths
   std::string python;           // interpreter with torch and torchgpipe; its torchrun runs the peer
   std::string peer_dir;         // bench/'s Python peers; empty: found next to the sources
   std::string timeline_dir;     // measured SVG timelines of the pipelined main rows; empty: none

@@ -1,6 +1,8 @@
 // `pipetrain bench --suite moe` (moe_suite.h).
 #include "moe_suite.h"
 
+#include "child_runs.h"
+
 #include <stdlib.h>
 
 #include <algorithm>
@@ -23,10 +25,6 @@ using nlohmann::json;
 constexpr int kWorld = 4;
 constexpr int kSeqLen = kLlamaSeqLen;  // the llama suite's rows
 
-std::string self_path() {
-  return std::filesystem::canonical("/proc/self/exe").string();
-}
-
 // A directory with model/config.json and tokens.bin (random ids below the vocabulary).
 std::string make_inputs(int width) {
   std::string pattern = "/tmp/pipetrain_bench_moe_XXXXXX";
@@ -35,37 +33,8 @@ std::string make_inputs(int width) {
   const std::string dir = made;
   std::filesystem::create_directories(dir + "/model");
   std::ofstream(dir + "/model/config.json") << moe_bench_config(width).dump(2);
-  std::vector<uint16_t> ids(200000);
-  uint64_t state = 0x9e3779b97f4a7c15ULL;
-  for (uint16_t& id : ids) {
-    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
-    id = static_cast<uint16_t>((state >> 33) % 4096);
-  }
-  std::ofstream(dir + "/tokens.bin", std::ios::binary)
-      .write(reinterpret_cast<const char*>(ids.data()),
-             static_cast<std::streamsize>(ids.size() * sizeof(uint16_t)));
+  write_random_ids(dir + "/tokens.bin", 200000);
   return dir;
-}
-
-// What the child printed, with its exit status (`timeout` ends it after config_timeout).
-struct Child {
-  std::string output;
-  int status = 0;
-};
-Child run(const BenchOptions& a, const std::string& command) {
-  Child child;
-  const std::string line =
-      "timeout " + std::to_string(static_cast<int>(a.config_timeout)) + " " + command + " 2>&1";
-  FILE* pipe = ::popen(line.c_str(), "r");
-  if (!pipe) return {"", -1};
-  char buffer[4096];
-  while (std::fgets(buffer, sizeof buffer, pipe)) child.output += buffer;
-  child.status = ::pclose(pipe);
-  return child;
-}
-
-std::string tail(const std::string& text) {
-  return text.substr(text.size() > 800 ? text.size() - 800 : 0);
 }
 
 // One pipetrain row: `flags` added to the common training command.
@@ -73,33 +42,21 @@ json pipetrain_row(const BenchOptions& a, const std::string& dir, const std::str
                    const std::string& flags, int ep) {
   const int per_rank = std::max(1, a.threads / kWorld);
   const std::string summary = dir + "/" + name + ".json";
-  std::filesystem::remove(summary);
-  const Child child =
-      run(a, self_path() + " train --model " + dir + "/model --init random --data tokens " +
-                 "--token-file " + dir + "/tokens.bin --seq-len " + std::to_string(kSeqLen) +
-                 " --batch-size " + std::to_string(a.batch) + " --optimizer sgd --lr 0.01 " +
-                 "--steps " + std::to_string(a.warmup + a.steps) + " --log-every 1000000 " +
-                 "--threads " + std::to_string(per_rank) + " --skip-memory-check " +
-                 "--checkpoint never --summary-json " + summary + " " + flags);
   json row = {{"name", name}, {"runtime", "pipetrain"}, {"flags", flags}, {"ep", ep}};
-  std::ifstream in(summary);
-  if (child.status != 0 || !in) {
-    row["error"] = "exit status " + std::to_string(child.status) + ": " + tail(child.output);
-    return row;
-  }
-  const json result = json::parse(in);
-  std::vector<double> steps = result.at("step_seconds").get<std::vector<double>>();
-  if (static_cast<int>(steps.size()) <= a.warmup) {
-    row["error"] = "fewer steps than --warmup";
-    return row;
-  }
-  steps.erase(steps.begin(), steps.begin() + a.warmup);
-  row["step_seconds"] = median(steps);
-  row["step_seconds_all"] = steps;
+  const std::string output =
+      run_train_row(a,
+                    self_path() + " train --model " + dir + "/model --init random --data tokens " +
+                        "--token-file " + dir + "/tokens.bin --seq-len " + std::to_string(kSeqLen) +
+                        " --batch-size " + std::to_string(a.batch) + " --optimizer sgd --lr 0.01 " +
+                        "--steps " + std::to_string(a.warmup + a.steps) + " --log-every 1000000 " +
+                        "--threads " + std::to_string(per_rank) + " --skip-memory-check " +
+                        "--checkpoint never --summary-json " + summary + " " + flags,
+                    summary, row);
+  if (row.contains("error")) return row;
   std::smatch match;
   static const std::regex exchange(
       R"(expert all-to-all: ([0-9.]+) ms per step per rank .*, ([0-9.]+) ms of it exposed)");
-  if (std::regex_search(child.output, match, exchange)) {
+  if (std::regex_search(output, match, exchange)) {
     row["all_to_all_seconds"] = std::stod(match[1].str()) * 1e-3;
     row["exposed_seconds"] = std::stod(match[2].str()) * 1e-3;
   }
@@ -113,14 +70,14 @@ json peer_row(const BenchOptions& a, const std::string& name) {
   const std::string peer_dir =
       a.peer_dir.empty() ? std::string(PIPETRAIN_SOURCE_DIR) + "/bench" : a.peer_dir;
   const char* interface = std::getenv("GLOO_SOCKET_IFNAME");
-  const Child child =
-      run(a, std::string("/usr/bin/env GLOO_SOCKET_IFNAME=") +
-                 (interface && *interface ? interface : "lo") + " " + torchrun +
-                 " --standalone --nproc-per-node " + std::to_string(kWorld) + " -- " + peer_dir +
-                 "/torch_pipelining.py --suite moe --schedule 1f1b --chunks " +
-                 std::to_string(a.chunks) + " --threads " + std::to_string(per_rank) + " --width " +
-                 std::to_string(a.width) + " --batch " + std::to_string(a.batch) + " --steps " +
-                 std::to_string(a.steps) + " --warmup " + std::to_string(a.warmup));
+  const Child child = run_child(
+      a, std::string("/usr/bin/env GLOO_SOCKET_IFNAME=") +
+             (interface && *interface ? interface : "lo") + " " + torchrun +
+             " --standalone --nproc-per-node " + std::to_string(kWorld) + " -- " + peer_dir +
+             "/torch_pipelining.py --suite moe --schedule 1f1b --chunks " +
+             std::to_string(a.chunks) + " --threads " + std::to_string(per_rank) + " --width " +
+             std::to_string(a.width) + " --batch " + std::to_string(a.batch) + " --steps " +
+             std::to_string(a.steps) + " --warmup " + std::to_string(a.warmup));
   json row = {{"name", name}, {"runtime", "torch-pipelining"}};
   const std::string prefix = "PIPETRAIN_BENCH_RESULT ";
   const size_t at = child.output.rfind(prefix);

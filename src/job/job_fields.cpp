@@ -318,6 +318,12 @@ void declare(JobConfig& c, FieldVisitor& v) {
             "divides the attention heads per tensor-parallel rank)",
             model_plan),
           c.parallel.cp_method, one_of({"ring", "ulysses"}));
+  v.field(F("parallel", "cp_serial_passes", "--cp-serial-passes",
+            "with --cp ring: wait for each pass of the ring as soon as it starts, after the "
+            "block's compute, instead of overlapping it with that compute (what the overlap "
+            "hides: the run's ring line)",
+            train),
+          c.parallel.cp_serial_passes);
   v.field(F("parallel", "ep", "--ep",
             "expert-parallel replicas: a mixture's experts split over groups of this many "
             "data-parallel replicas, each token sent to its experts' rank and back (divides --dp "

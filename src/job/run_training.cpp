@@ -40,6 +40,7 @@
 #include "pipetrain/models/llama_export.h"
 #include "pipetrain/models/routing.h"
 #include "pipetrain/parallel/all_to_all.h"
+#include "pipetrain/parallel/ring_attention.h"
 #include "pipetrain/partition/memory.h"
 #include "pipetrain/runtime/distributed.h"
 #include "pipetrain/runtime/launcher.h"
@@ -675,6 +676,24 @@ void report_expert_exchange(Distributed& distributed, int64_t steps, JobObserver
                    partition::format_bytes(static_cast<int64_t>(sums[2] / per)).c_str()));
 }
 
+// --cp ring: the passes of every ring attention (parallel::ring_stats), per step.
+void report_ring(Distributed& distributed, int64_t steps, bool overlap, JobObserver& observer) {
+  const parallel::RingStats mine = parallel::ring_stats();
+  const std::vector<int64_t> sums = sum_over_ranks(
+      distributed, {mine.passes, mine.bytes_sent, static_cast<int64_t>(mine.wait_seconds * 1e9)});
+  if (distributed.rank() != 0 || steps <= 0) return;
+  const double per = static_cast<double>(steps);
+  const double ranks = distributed.world_size();
+  note(observer,
+       format_text("ring attention: %.3f ms per step per rank waiting for the ring's passes (%s; "
+                   "means over ranks), %.0f passes per step per rank, %s sent per step (every "
+                   "rank)",
+                   static_cast<double>(sums[2]) / 1e6 / per / ranks,
+                   overlap ? "each beside its block's compute" : "each waited for at once",
+                   static_cast<double>(sums[0]) / per / ranks,
+                   partition::format_bytes(static_cast<int64_t>(sums[1] / per)).c_str()));
+}
+
 // One rank of a multi-process run (the torchrun environment).
 JobResult run_rank(TrainingSetup& s, JobObserver& observer) {
   DistributedEnvironment environment = DistributedEnvironment::from_environment();
@@ -704,6 +723,7 @@ JobResult run_rank(TrainingSetup& s, JobObserver& observer) {
       .expert_parallel_second_lane(s.job.parallel.ep_overlap)
       .context_parallel(layout.context_parallel)
       .context_parallel_ulysses(s.pipeline.cp_ulysses)
+      .context_parallel_overlap(!s.job.parallel.cp_serial_passes)
       .backend(s.job.parallel.backend)
       .device(device);
   std::string bad_input;  // the auto plan failed on rank 0: every rank stops with exit 2
@@ -748,6 +768,10 @@ JobResult run_rank(TrainingSetup& s, JobObserver& observer) {
     if (s.job.output.report_routing) report_routing(&distributed, s, observer);
     if (s.job.parallel.ep > 1) {
       report_expert_exchange(distributed, result.summary ? result.summary->steps : 0, observer);
+    }
+    if (layout.context_parallel > 1 && !s.pipeline.cp_ulysses) {
+      report_ring(distributed, result.summary ? result.summary->steps : 0,
+                  !s.job.parallel.cp_serial_passes, observer);
     }
   });
   if (result.exit_code == 0 && !bad_input.empty()) throw BadInput(bad_input);

@@ -237,6 +237,11 @@ void check_context_parallel(const TrainingSetup& s,
                             const std::optional<models::LlamaConfig>& config) {
   const int cp = s.pipeline.cp;
   const std::string& method = s.job.parallel.cp_method;
+  if (s.job.parallel.cp_serial_passes && (cp <= 1 || s.pipeline.cp_ulysses)) {
+    fail("--cp-serial-passes waits for the passes of --cp's ring, and this run has " +
+         (cp <= 1 ? std::string("--cp ") + std::to_string(cp) : std::string("Ulysses")) +
+         ": give --cp 2 or more with --cp-method ring");
+  }
   if (cp <= 1) {
     if (method != "ring") {
       fail("--cp-method " + method + " says how --cp splits attention, and --cp is " +

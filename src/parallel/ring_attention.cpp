@@ -1,7 +1,10 @@
 // Attention by chunks merged by their log-sum-exp (pipetrain/parallel/ring_attention.h).
 #include "pipetrain/parallel/ring_attention.h"
 
+#include <chrono>
+#include <functional>
 #include <limits>
+#include <mutex>
 #include <optional>
 
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
@@ -164,58 +167,91 @@ std::vector<torch::Tensor> unpack(const torch::Tensor& row, const torch::Tensor&
   return tensors;
 }
 
+std::mutex ring_mutex;
+RingStats ring_totals;  // guarded by ring_mutex
+
+// Waits for `pass`, adding the seconds it took to the process's ring statistics.
+void timed_wait(const RingPass& pass) {
+  const auto begin = std::chrono::steady_clock::now();
+  if (pass.wait) pass.wait();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  const std::lock_guard<std::mutex> lock(ring_mutex);
+  ring_totals.wait_seconds += seconds;
+}
+
 struct RingAttention : torch::autograd::Function<RingAttention> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q,
                                const torch::Tensor& k, const torch::Tensor& v, C10dGroup* group,
-                               const torch::Tensor* segments_given) {
+                               const torch::Tensor* segments_given, bool overlap) {
     const torch::Tensor segments = *segments_given;
     const int r = group->rank(), n = group->size();
     const std::vector<torch::Tensor> qs = q.chunk(2, 2);
     std::vector<PartialAttention> partials(2);
     std::vector<torch::Tensor> held{k.contiguous(), v.contiguous()};
     for (int s = 0; s < n; ++s) {
+      // Overlapped: the block goes on to the next member while this one attends to it.
+      RingPass next;
+      if (overlap && s + 1 < n) next = ring_pass_start(pack(held), *group);
       attend_pairs(qs, zigzag_chunks(r, n), held[0].chunk(2, 2), held[1].chunk(2, 2),
                    zigzag_chunks((r - s + n) % n, n), segments, partials);
-      if (s + 1 < n) held = unpack(ring_pass(pack(held), *group), k);
+      if (s + 1 < n) {
+        if (!overlap) next = ring_pass_start(pack(held), *group);
+        timed_wait(next);
+        held = unpack(next.received, k);
+      }
     }
     const PartialAttention whole = joined(partials, qs);
     const torch::Tensor out = whole.out;
     ctx->save_for_backward({q, k, v, out, whole.lse});
     ctx->saved_data["group"] = reinterpret_cast<int64_t>(group);
+    ctx->saved_data["overlap"] = overlap;
     if (segments.defined()) ctx->saved_data["segments"] = segments;
     return out;
   }
 
+  // Block b_s (member r - s's) is held at step s. Its k, v go on to the next member while this one
+  // computes its gradients; the dk, dv that members before summed for it arrive meanwhile, are
+  // added, and go on after the step (the last step's to the block's own member).
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     auto* group = reinterpret_cast<C10dGroup*>(ctx->saved_data["group"].toInt());
+    const bool overlap = ctx->saved_data["overlap"].toBool();
     const torch::Tensor segments = segments_of(ctx);
     const int r = group->rank(), n = group->size();
     const std::vector<torch::Tensor> qs = saved[0].chunk(2, 2);
     const std::vector<PartialAttention> wholes = wholes_of(saved[3], saved[4], 2);
     const std::vector<torch::Tensor> gs = grads[0].contiguous().chunk(2, 2);
     std::vector<torch::Tensor> dq = zeros_like_each(qs);
-    // k, v and the dk, dv accumulated for them so far travel together; the gradients come home
-    // after the n-th pass, when the block itself no longer needs to move.
     const torch::Tensor like = saved[1];
-    std::vector<torch::Tensor> held{saved[1].contiguous(), saved[2].contiguous(),
-                                    torch::zeros_like(like), torch::zeros_like(like)};
+    std::vector<torch::Tensor> held{saved[1].contiguous(), saved[2].contiguous()};
+    RingPass gradients;  // the dk, dv on their way: sent after step s - 1, for block b_s
     for (int s = 0; s < n; ++s) {
-      std::vector<torch::Tensor> dk = held[2].chunk(2, 2), dv = held[3].chunk(2, 2);
+      RingPass next;
+      if (overlap && s + 1 < n) next = ring_pass_start(pack(held), *group);
+      torch::Tensor dk = torch::zeros_like(like), dv = torch::zeros_like(like);
+      std::vector<torch::Tensor> dks = dk.chunk(2, 2), dvs = dv.chunk(2, 2);
       attend_pairs_backward(gs, qs, zigzag_chunks(r, n), wholes, held[0].chunk(2, 2),
                             held[1].chunk(2, 2), zigzag_chunks((r - s + n) % n, n), segments, dq,
-                            dk, dv);
+                            dks, dvs);
+      if (s > 0) {
+        timed_wait(gradients);
+        const std::vector<torch::Tensor> before = unpack(gradients.received, like);
+        dk.add_(before[0]);
+        dv.add_(before[1]);
+      }
+      gradients = ring_pass_start(pack({dk, dv}), *group);
+      if (!overlap) timed_wait(gradients);
       if (s + 1 < n) {
-        held = unpack(ring_pass(pack(held), *group), like);
-      } else {
-        const std::vector<torch::Tensor> home =
-            unpack(ring_pass(pack({held[2], held[3]}), *group), like);
-        held[2] = home[0];
-        held[3] = home[1];
+        if (!overlap) next = ring_pass_start(pack(held), *group);
+        timed_wait(next);
+        held = unpack(next.received, like);
       }
     }
-    return {torch::cat(dq, 2), held[2], held[3], torch::Tensor(), torch::Tensor()};
+    timed_wait(gradients);
+    const std::vector<torch::Tensor> home = unpack(gradients.received, like);
+    return {torch::cat(dq, 2), home[0], home[1], torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -355,27 +391,45 @@ std::vector<int64_t> zigzag_chunks(int rank, int size) {
   return {rank, 2 * static_cast<int64_t>(size) - 1 - rank};
 }
 
-torch::Tensor ring_pass(const torch::Tensor& block, C10dGroup& group) {
+RingPass ring_pass_start(const torch::Tensor& block, C10dGroup& group) {
   const int n = group.size();
-  if (n == 1) return block;
+  if (n == 1) return {block, nullptr};
   std::vector<int64_t> send(static_cast<size_t>(n), 0), receive(static_cast<size_t>(n), 0);
   send[static_cast<size_t>((group.rank() + 1) % n)] += 1;
   receive[static_cast<size_t>((group.rank() + n - 1) % n)] += 1;
   const torch::Tensor rows = block.contiguous().reshape({1, -1});
   torch::Tensor out = torch::empty_like(rows);
-  group.all_to_all(rows, send, out, receive);  // with 2 members, next and previous are one
-  return out.reshape(block.sizes());
+  // With 2 members, next and previous are one.
+  std::function<void()> wait = group.all_to_all_start(rows, send, out, receive);
+  {
+    const std::lock_guard<std::mutex> lock(ring_mutex);
+    ++ring_totals.passes;
+    ring_totals.bytes_sent += static_cast<int64_t>(rows.nbytes());
+  }
+  // The rows sent stay alive until the pass is waited for.
+  return {out.reshape(block.sizes()), [rows, wait = std::move(wait)] { wait(); }};
+}
+
+torch::Tensor ring_pass(const torch::Tensor& block, C10dGroup& group) {
+  const RingPass pass = ring_pass_start(block, group);
+  timed_wait(pass);
+  return pass.received;
+}
+
+RingStats ring_stats() {
+  const std::lock_guard<std::mutex> lock(ring_mutex);
+  return ring_totals;
 }
 
 torch::Tensor ring_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                             C10dGroup& group, const torch::Tensor& segments) {
+                             C10dGroup& group, const torch::Tensor& segments, bool overlap) {
   PIPETRAIN_CHECK_INPUT(
       q.dim() == 4 && k.sizes() == q.sizes() && v.sizes() == q.sizes() && q.size(2) % 2 == 0,
       "ring_attention takes this member's two chunks of q, k, v of one shape "
       "[B, H, 2t, D], got ",
       q.sizes(), ", ", k.sizes(), ", ", v.sizes());
   check_segments(segments, q, q.size(2) * group.size());
-  return RingAttention::apply(q, k, v, &group, &segments);
+  return RingAttention::apply(q, k, v, &group, &segments, overlap);
 }
 
 torch::Tensor ulysses_attention(const torch::Tensor& q, const torch::Tensor& k,
@@ -416,7 +470,7 @@ torch::Tensor ContextParallel::attend(const torch::Tensor& q, const torch::Tenso
                                       const WholeAttention& whole) const {
   PIPETRAIN_CHECK_INPUT(group != nullptr, "ContextParallel::attend without a group");
   return ulysses ? ulysses_attention(q, k, v, *group, whole)
-                 : ring_attention(q, k, v, *group, segments);
+                 : ring_attention(q, k, v, *group, segments, overlap);
 }
 
 }  // namespace pipetrain::parallel

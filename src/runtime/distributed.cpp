@@ -270,6 +270,7 @@ Distributed::Distributed(const DistributedEnvironment& environment,
     }
   }
   context_parallel_.ulysses = options.context_parallel_ulysses();
+  context_parallel_.overlap = options.context_parallel_overlap();
   if (layout_.context_parallel > 1) {
     const int c = layout_.context_parallel;
     context_parallel_.group = world_->new_group(

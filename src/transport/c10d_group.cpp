@@ -372,6 +372,13 @@ void C10dGroup::all_to_all(const torch::Tensor& input, torch::Tensor& output) {
 
 void C10dGroup::all_to_all(const torch::Tensor& input, const std::vector<int64_t>& send,
                            torch::Tensor& output, const std::vector<int64_t>& receive) {
+  all_to_all_start(input, send, output, receive)();
+}
+
+std::function<void()> C10dGroup::all_to_all_start(const torch::Tensor& input,
+                                                  const std::vector<int64_t>& send,
+                                                  torch::Tensor& output,
+                                                  const std::vector<int64_t>& receive) {
   const auto sum = [](const std::vector<int64_t>& v) {
     return std::accumulate(v.begin(), v.end(), int64_t{0});
   };
@@ -387,7 +394,7 @@ void C10dGroup::all_to_all(const torch::Tensor& input, const std::vector<int64_t
       output.sizes(), ", ", send.size(), " and ", receive.size(), " counts)");
   if (size() == 1) {
     output.copy_(input);
-    return;
+    return [] {};
   }
   if (impl_->mirror) {
     // Shapes only: member g's rows are this member's rows for g, cut or padded with zeros to
@@ -402,7 +409,7 @@ void C10dGroup::all_to_all(const torch::Tensor& input, const std::vector<int64_t
       from += sent;
       to += wanted;
     }
-    return;
+    return [] {};
   }
   at::Tensor in = input.detach();  // detached: see above allreduce_sum_start
   at::Tensor out = output.detach();
@@ -419,7 +426,9 @@ void C10dGroup::all_to_all(const torch::Tensor& input, const std::vector<int64_t
     impl_->count_all_to_all(bytes);
     work = impl_->backend_for(in).alltoall_base(out, in, out_splits, in_splits, options);
   }
-  detail::wait_work(work, "all_to_all over group '" + impl_->name + "'");
+  return [work, name = impl_->name] {
+    detail::wait_work(work, "all_to_all over group '" + name + "'");
+  };
 }
 
 void C10dGroup::barrier() {

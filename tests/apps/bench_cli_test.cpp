@@ -5,6 +5,7 @@
 
 #include "../helpers/cli_run.h"
 
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -223,6 +224,38 @@ TEST(BenchCli, TensorParallelSuiteComparesWithTpOneAtTheSameWorldSize) {
   EXPECT_EQ((*tp2)["peak_stashed_bytes"].size(), 2u);
   ASSERT_EQ(report["checks"].size(), 2u);
   EXPECT_TRUE(report["checks"][0]["pass"].is_null()) << "no torch row, so not run";
+}
+
+// The long suite at a tiny size: its six rows at one length, each a 4-process `pipetrain train`;
+// the ratios are the quotients of the rows', a cp rank keeps fewer activations than a whole row's
+// rank, and the overlapped ring is compared with the serial one.
+TEST(BenchCli, LongSuiteComparesContextParallelRowsWithCpOne) {
+  const pipetrain::testing::CliRun run =
+      run_bench("--suite long --seq-lens 64 --width 32 --steps 1 --warmup 0 --no-python --json");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const json report = json::parse(run.output);
+  std::map<std::string, json> rows;
+  for (const json& row : report["rows"]) {
+    ASSERT_FALSE(row.contains("error")) << row.dump();
+    rows[row["name"].get<std::string>()] = row;
+  }
+  ASSERT_EQ(rows.size(), 6u) << report.dump(2);
+  const json& one = rows.at("cp1");
+  for (const auto& [name, row] : rows) {
+    EXPECT_GT(row["step_seconds"].get<double>(), 0) << name;
+    EXPECT_EQ(row["batch"].get<int>() * row["cp"].get<int>(), 4) << name;
+    if (name == "cp1") continue;
+    EXPECT_NEAR(row["tokens_per_second_vs_cp1"].get<double>(),
+                row["tokens_per_second"].get<double>() / one["tokens_per_second"].get<double>(),
+                1e-9)
+        << name;
+    EXPECT_LT(row["activations_vs_cp1"].get<double>(), 1.0) << name;
+    EXPECT_EQ(row.contains("ring_wait_seconds"), name.rfind("ring", 0) == 0) << name;
+  }
+  EXPECT_NEAR(rows.at("ring cp4")["ring_wait_vs_serial"].get<double>(),
+              rows.at("ring cp4")["ring_wait_seconds"].get<double>() /
+                  rows.at("ring cp4 serial")["ring_wait_seconds"].get<double>(),
+              1e-9);
 }
 
 TEST(BenchCli, TensorParallelSuiteRefusesATpThatDoesNotDivideTheKeyValueHeads) {

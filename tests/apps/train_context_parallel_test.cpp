@@ -19,6 +19,7 @@
 
 #include "../helpers/cli_run.h"
 #include "../helpers/hf_models.h"
+#include "child_runs.h"
 
 namespace pipetrain::train_context_parallel_test {
 namespace {
@@ -103,28 +104,6 @@ TEST(TrainContextParallel, WeightsAfterAdamWEqualTransformersTrainingInEveryLayo
   EXPECT_EQ(compare.exit_code, 0) << compare.output;
 }
 
-// The largest predicted and the largest measured activations of --report-memory's rows, bytes.
-std::pair<double, double> largest_activations(const std::string& output) {
-  auto bytes = [](double value, const std::string& unit) {
-    const std::map<std::string, double> scale = {
-        {"B", 1}, {"KiB", 1024.0}, {"MiB", 1024.0 * 1024}, {"GiB", 1024.0 * 1024 * 1024}};
-    return value * scale.at(unit);
-  };
-  std::pair<double, double> most{0, 0};
-  std::istringstream lines(output);
-  for (std::string line; std::getline(lines, line);) {
-    const size_t at = line.find(" activations ");
-    if (at == std::string::npos || line.find("memory:") == std::string::npos) continue;
-    std::istringstream fields(line.substr(at + 13));
-    double predicted = 0, measured = 0;
-    std::string unit_p, unit_m;
-    if (!(fields >> predicted >> unit_p >> measured >> unit_m)) continue;
-    most.first = std::max(most.first, bytes(predicted, unit_p));
-    most.second = std::max(most.second, bytes(measured, unit_m));
-  }
-  return most;
-}
-
 // Activation memory falls with cp: at 256 tokens a row, the largest rank's activations at cp 4
 // (ring) are at most 0.35 of one process's, predicted and measured (each rank holds 64 tokens of
 // every row; measured 0.306 and predicted 0.284 on 2026-12-07). The memory check profiles a
@@ -139,8 +118,8 @@ TEST(TrainContextParallel, ActivationMemoryFallsWithCpAndALimitOneRankPassesTrai
   ASSERT_EQ(one.exit_code, 0) << one.output;
   const CliRun cp4 = run_pipetrain(flags + " --nproc 4 --cp 4 --memory-limit 4MiB");
   ASSERT_EQ(cp4.exit_code, 0) << cp4.output;
-  const auto [one_predicted, one_measured] = largest_activations(one.output);
-  const auto [cp_predicted, cp_measured] = largest_activations(cp4.output);
+  const auto [one_predicted, one_measured] = bench::largest_activations(one.output);
+  const auto [cp_predicted, cp_measured] = bench::largest_activations(cp4.output);
   ASSERT_GT(one_predicted, 0) << one.output;
   ASSERT_GT(one_measured, 0) << one.output;
   EXPECT_LE(cp_predicted / one_predicted, 0.35) << one.output << cp4.output;

@@ -317,21 +317,21 @@ void check_context_attention(
   std::cout << "OK " << name << " rank " << r << std::endl;
 }
 
-void scenario_ring(Distributed& d) {
+void scenario_ring(Distributed& d, bool overlap) {
   const int n = d.data_parallel_group()->size();
   // 2n chunks of 3; rank r holds chunks r and 2n - 1 - r (the zigzag split).
   check_context_attention(
-      d, "ring", 2 * n * 3, 2,
+      d, overlap ? "ring" : "ring-serial", 2 * n * 3, 2,
       [](const torch::Tensor& x, int r, int n) {
         const auto chunks = x.chunk(2 * n, 2);
         const std::vector<int64_t> held = parallel::zigzag_chunks(r, n);
         return torch::cat(
             {chunks[static_cast<size_t>(held[0])], chunks[static_cast<size_t>(held[1])]}, 2);
       },
-      [](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, C10dGroup& group,
-         const data::SequenceLayout* layout) {
+      [overlap](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                C10dGroup& group, const data::SequenceLayout* layout) {
         return parallel::ring_attention(q, k, v, group,
-                                        layout ? layout->segment_ids() : torch::Tensor());
+                                        layout ? layout->segment_ids() : torch::Tensor(), overlap);
       });
 }
 
@@ -397,7 +397,10 @@ int main(int argc, char** argv) {
   return run_distributed(DistributedOptions().timeout(test_timeout()).pipeline_ranks(1),
                          [&](Distributed& d) {
                            if (scenario == "layers") return scenario_layers(d);
-                           if (scenario == "ring") return scenario_ring(d);
+                           if (scenario == "ring") {
+                             scenario_ring(d, false);  // each pass waited for at once
+                             return scenario_ring(d, true);
+                           }
                            if (scenario == "ulysses") return scenario_ulysses(d);
                            if (scenario == "llama_cp") return scenario_llama_cp(d, argv[2]);
                            if (scenario == "llama") {

@@ -274,6 +274,7 @@ TEST(JobFields, EveryFlagOfTrainIsStillThereAndNamedOnce) {
   std::set<std::string> expected = before;
   expected.insert({"--cp",
                    "--cp-method",
+                   "--cp-serial-passes",
                    "--ep",
                    "--ep-overlap",
                    "--routing-imbalance",

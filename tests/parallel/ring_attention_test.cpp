@@ -104,7 +104,8 @@ TEST(RingAttention, PartialsOverDisjointKeysMergeInAnyOrder) {
 }
 
 // Over 2 and 3 real processes (tests/helpers/tensor_parallel_ranks.cpp, "ring"): each rank's
-// zigzag chunks of the output and of q's, k's and v's gradients equal the whole sequence's; and
+// zigzag chunks of the output and of q's, k's and v's gradients equal the whole sequence's, causal
+// and by document, with the passes waited for at once and overlapped with the compute; and
 // Ulysses' ("ulysses"), each rank holding a contiguous chunk.
 TEST(RingAttention, OverTwoAndThreeProcessesEachRankHoldsItsChunksOfTheWhole) {
   for (const int ranks : {2, 3}) {
@@ -112,6 +113,9 @@ TEST(RingAttention, OverTwoAndThreeProcessesEachRankHoldsItsChunksOfTheWhole) {
       const testing::RanksRun run = testing::run_ranks(ranks, {method});
       EXPECT_EQ(run.result.exit_code, 0) << ranks << " " << method << "\n" << run.output();
       EXPECT_EQ(run.count("OK " + method + " rank"), ranks) << run.output();
+      if (method == "ring") {  // each pass waited for at once, then overlapped with the compute
+        EXPECT_EQ(run.count("OK ring-serial rank"), ranks) << run.output();
+      }
     }
   }
 }

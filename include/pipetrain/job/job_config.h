@@ -97,6 +97,7 @@ struct ParallelSettings {
   int64_t tp = 1;                    // --tp
   int64_t cp = 1;                    // --cp: context-parallel ranks per data-parallel replica
   std::string cp_method = "ring";    // --cp-method: ring or ulysses
+  bool cp_serial_passes = false;     // --cp-serial-passes: the ring's passes not overlapped
   int64_t ep = 1;                    // --ep: expert-parallel replicas (divides dp)
   bool ep_overlap = false;           // --ep-overlap: a forward beside a backward (PipeOptions)
   double routing_imbalance = 1;      // --routing-imbalance: planned busiest ep rank / balanced

@@ -101,16 +101,37 @@ std::vector<int64_t> zigzag_chunks(int rank, int size);
 // `block` sent to the group's next member ((rank + 1) mod C) and what the previous one sent,
 // of the same shape: one step of a ring (an all-to-all of one row each way).
 torch::Tensor ring_pass(const torch::Tensor& block, C10dGroup& group);
+// The same, started: `received` holds what the previous member sent once `wait` has returned
+// (null wait: nothing to wait for, a group of one). Every member starts its passes in one order.
+struct RingPass {
+  torch::Tensor received;
+  std::function<void()> wait;
+};
+RingPass ring_pass_start(const torch::Tensor& block, C10dGroup& group);
+
+// What this process's ring passes did so far: how many, the bytes sent, and the seconds spent
+// waiting for them (a pass waited for at once: all of it; one overlapped with the block's
+// compute: what the compute did not cover). Thread-safe.
+struct RingStats {
+  int64_t passes = 0;
+  int64_t bytes_sent = 0;
+  double wait_seconds = 0;
+};
+RingStats ring_stats();
 
 // Differentiable causal ring attention over `group` (C members): q, k, v [B, H, 2t, D] are this
 // member's zigzag chunks (chunk zigzag_chunks(rank)[0], then [1], each t long) of a sequence of
 // 2Ct. The key/value block travels the ring C - 1 steps while each member attends to it; the
 // backward passes it again with its dk, dv, which come home after C steps. Returns this member's
 // chunks of causal attention over the whole sequence. Every member calls it together.
+// `overlap`: each pass starts before the member computes on the block it holds and is waited for
+// after (the backward's dk, dv: sent after a step's compute, waited for after the next's); false:
+// each pass waits at once, after the compute (what the overlap hides, measured by ring_stats).
 // `segments` (int64 [B, 2Ct], the whole rows' segment ids; undefined: none): attention within
 // each document, pairs that share none skipped (every member knows every block's columns).
 torch::Tensor ring_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                             C10dGroup& group, const torch::Tensor& segments = {});
+                             C10dGroup& group, const torch::Tensor& segments = {},
+                             bool overlap = true);
 
 // The attention of q, k, v [B, H, T, D] over the whole sequence (Ulysses' middle).
 using WholeAttention =
@@ -131,6 +152,7 @@ torch::Tensor ulysses_attention(const torch::Tensor& q, const torch::Tensor& k,
 struct ContextParallel {
   std::shared_ptr<C10dGroup> group;
   bool ulysses = false;  // false: ring
+  bool overlap = true;   // ring: each pass beside the block's compute (ring_attention)
   int size() const;
   int rank() const;
   bool split() const { return size() > 1; }

@@ -146,6 +146,8 @@ struct DistributedOptions {
   TORCH_ARG(int, context_parallel) = 1;
   /// With C > 1: Ulysses' all-to-all between sequence and heads instead of ring attention.
   TORCH_ARG(bool, context_parallel_ulysses) = false;
+  /// Ring: each pass beside the block's compute (parallel::ring_attention's overlap).
+  TORCH_ARG(bool, context_parallel_overlap) = true;
 };
 
 class Distributed {

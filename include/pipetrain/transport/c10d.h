@@ -267,6 +267,11 @@ class C10dGroup {
   // what a member sends another is what that one expects: the caller exchanges the counts).
   void all_to_all(const torch::Tensor& input, const std::vector<int64_t>& send,
                   torch::Tensor& output, const std::vector<int64_t>& receive);
+  // The same, started: the returned function waits until `output` holds the rows (both tensors
+  // must stay alive, and `input` untouched, until then).
+  std::function<void()> all_to_all_start(const torch::Tensor& input,
+                                         const std::vector<int64_t>& send, torch::Tensor& output,
+                                         const std::vector<int64_t>& receive);
   // Byte blobs gathered to group rank 0 (empty vector on others); result[g] is member g's blob.
   std::vector<std::vector<char>> gather_bytes(const std::vector<char>& mine);
 
