@@ -7,6 +7,7 @@
 #include <mutex>
 #include <optional>
 
+#include <ATen/autocast_mode.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward.h>
 #include <torch/torch.h>
@@ -469,8 +470,15 @@ torch::Tensor ContextParallel::attend(const torch::Tensor& q, const torch::Tenso
                                       const torch::Tensor& v, const torch::Tensor& segments,
                                       const WholeAttention& whole) const {
   PIPETRAIN_CHECK_INPUT(group != nullptr, "ContextParallel::attend without a group");
-  return ulysses ? ulysses_attention(q, k, v, *group, whole)
-                 : ring_attention(q, k, v, *group, segments, overlap);
+  if (ulysses) return ulysses_attention(q, k, v, *group, whole);
+  // The flash kernel takes one dtype: autocast's where it is on (as it casts sdpa's inputs), else
+  // the inputs' common one (RoPE in float32 may have promoted q and k beside a narrower v).
+  const c10::DeviceType device = q.device().type();
+  const torch::ScalarType dtype =
+      at::autocast::is_autocast_enabled(device)
+          ? at::autocast::get_autocast_dtype(device)
+          : at::promote_types(at::promote_types(q.scalar_type(), k.scalar_type()), v.scalar_type());
+  return ring_attention(q.to(dtype), k.to(dtype), v.to(dtype), *group, segments, overlap);
 }
 
 }  // namespace pipetrain::parallel

@@ -353,7 +353,33 @@ void scenario_ulysses(Distributed& d) {
       });
 }
 
-void scenario_llama_cp(Distributed& d, const std::string& method) {
+// transformers' own checkpoints (`fixtures`: tests/helpers/hf_models.h's directory) split over the
+// context-parallel group: each rank's logits of the fixtures' [2, 16] prompt, at its tokens, equal
+// transformers' logits there (rel 1e-5).
+void check_hf_logits_cp(const parallel::ContextParallel& cp, const std::string& fixtures) {
+  const torch::Tensor prompt = io::SafetensorsCheckpoint::open(fixtures + "/prompt.safetensors")
+                                   .load("tokens", torch::kInt64);
+  const torch::Tensor at = cp.positions(prompt.size(1) / cp.size());
+  for (const std::string arch : {"llama", "qwen2"}) {
+    const std::string dir = fixtures + "/" + arch;
+    models::LlamaModel model = models::make_llama(models::read_llama_config(dir),
+                                                  models::LlamaBuildOptions().context_parallel(cp));
+    models::load_llama_weights(model, io::SafetensorsCheckpoint::open(dir));
+    model.sequential->eval();
+    torch::NoGradGuard no_grad;
+    const torch::Tensor logits = model.sequential->forward(prompt.index_select(1, at));
+    const torch::Tensor expected =
+        io::SafetensorsCheckpoint::open(fixtures + "/" + arch + "_logits.safetensors")
+            .load("logits", torch::kFloat32)
+            .index_select(1, at);
+    const double error = ((logits - expected).abs().max() / expected.abs().max()).item<double>();
+    CHECK_OR_THROW(error < 1e-5,
+                   arch + " logits differ from transformers' by " + std::to_string(error));
+    std::cout << "OK hf " << arch << " rank " << cp.rank() << " " << error << std::endl;
+  }
+}
+
+void scenario_llama_cp(Distributed& d, const std::string& method, const char* fixtures) {
   const std::shared_ptr<C10dGroup> group = d.data_parallel_group();
   CHECK_OR_THROW(group != nullptr, "no group");
   const parallel::ContextParallel cp{group, method == "ulysses"};
@@ -380,6 +406,7 @@ void scenario_llama_cp(Distributed& d, const std::string& method) {
     group->allreduce_sum(grad);
     expect_close(grad[0], whole_params[item.key()].grad(), "gradient of " + item.key());
   }
+  if (fixtures != nullptr) check_hf_logits_cp(cp, fixtures);
   std::cout << "OK llama_cp " << method << " rank " << r << std::endl;
 }
 
@@ -402,7 +429,9 @@ int main(int argc, char** argv) {
                              return scenario_ring(d, true);
                            }
                            if (scenario == "ulysses") return scenario_ulysses(d);
-                           if (scenario == "llama_cp") return scenario_llama_cp(d, argv[2]);
+                           if (scenario == "llama_cp") {
+                             return scenario_llama_cp(d, argv[2], argc > 3 ? argv[3] : nullptr);
+                           }
                            if (scenario == "llama") {
                              return scenario_llama(d, argc > 2 ? argv[2] : "plain");
                            }

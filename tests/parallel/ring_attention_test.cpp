@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "../helpers/hf_models.h"
 #include "../helpers/multiprocess.h"
 #include "pipetrain/base/error.h"
 #include "pipetrain/data/sequence_layout.h"
@@ -122,13 +123,21 @@ TEST(RingAttention, OverTwoAndThreeProcessesEachRankHoldsItsChunksOfTheWhole) {
 
 // The Llama model with context parallelism over 2 and 4 processes, ring and Ulysses
 // ("llama_cp"): each rank's logits are the whole model's at its tokens, and the gradients summed
-// over the ranks are the whole model's.
+// over the ranks are the whole model's; where transformers is there, each rank's logits of its
+// tokens of transformers' own llama and qwen2 checkpoints equal transformers' (rel 1e-5).
 TEST(RingAttention, TheLlamaModelOverContextParallelRanksComputesTheWholeModel) {
+  const bool hf = testing::python_has_transformers();
   for (const int ranks : {2, 4}) {
     for (const std::string method : {"ring", "ulysses"}) {
-      const testing::RanksRun run = testing::run_ranks(ranks, {"llama_cp", method});
+      std::vector<std::string> args = {"llama_cp", method};
+      if (hf) args.push_back(testing::hf_fixtures());
+      const testing::RanksRun run = testing::run_ranks(ranks, args);
       EXPECT_EQ(run.result.exit_code, 0) << ranks << " " << method << "\n" << run.output();
       EXPECT_EQ(run.count("OK llama_cp " + method), ranks) << run.output();
+      if (hf) {
+        EXPECT_EQ(run.count("OK hf llama rank"), ranks) << run.output();
+        EXPECT_EQ(run.count("OK hf qwen2 rank"), ranks) << run.output();
+      }
     }
   }
 }
