@@ -82,9 +82,11 @@ int64_t counted_targets(const torch::Tensor& targets) {
 
 Microbatch tokens_at(const Microbatch& part, const torch::Tensor& positions) {
   PIPETRAIN_CHECK_INPUT(part.inputs.size() == 1 && part.inputs[0].dim() == 2 &&
-                            part.target.dim() == 2 && part.target.sizes() == part.inputs[0].sizes(),
+                            part.target.dim() >= 2 &&
+                            part.target.size(0) == part.inputs[0].size(0) &&
+                            part.target.size(1) == part.inputs[0].size(1),
                         "context parallelism cuts token rows [rows, width]: the micro-batch's "
-                        "input and target must both be, got ",
+                        "input must be, and its target [rows, width, ...], got ",
                         part.inputs.empty() ? "no input" : c10::str(part.inputs[0].sizes()),
                         " and ", part.target.sizes());
   Microbatch mine;
@@ -92,7 +94,11 @@ Microbatch tokens_at(const Microbatch& part, const torch::Tensor& positions) {
   const torch::Tensor at = positions.to(part.inputs[0].device());
   mine.inputs.push_back(part.inputs[0].index_select(1, at));
   mine.target = part.target.index_select(1, at.to(part.target.device()));
-  mine.weight = static_cast<double>(counted_targets(mine.target));
+  // Token targets weigh their counted ones; others (a regression's, the auto plan's timed steps'
+  // mean squared error) the columns' share of the rows' weight.
+  mine.weight = mine.target.is_floating_point() ? part.weight * static_cast<double>(at.numel()) /
+                                                      static_cast<double>(part.target.size(1))
+                                                : static_cast<double>(counted_targets(mine.target));
   return mine;
 }
 

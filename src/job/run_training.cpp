@@ -100,7 +100,9 @@ tune::AutoPlanInput auto_plan_input(const TrainingSetup& s, const RunLayout& lay
 torch::Tensor auto_plan_sample(const TrainingSetup& s, const RunLayout& layout, const Prepared& p) {
   Batches batches(s, p.model, p.data);
   torch::Tensor x = batches.source().largest().first;
-  if (layout.replicas > 1) x = x.narrow(0, 0, microbatch_sizes(x.size(0), layout.replicas)[0]);
+  // The members of a context-parallel group share their replica's rows (each cuts its columns).
+  const int replicas = layout.replicas / layout.context_parallel;
+  if (replicas > 1) x = x.narrow(0, 0, microbatch_sizes(x.size(0), replicas)[0]);
   return x;
 }
 
@@ -544,17 +546,21 @@ PlanSource plan_on_ranks(const TrainingSetup& s, const RunLayout& layout, Distri
     const bool sequence_parallel = s.job.parallel.sequence_parallel;
     // Expert parallelism likewise: a mirror's experts get the tokens of identical members (the
     // all-to-all's time is not in the profile).
-    if (layout.tensor_parallel > 1 || s.job.parallel.ep > 1) {
+    // Context parallelism likewise, on one cp rank's columns of the rows (the steps cut theirs).
+    const int cp = layout.context_parallel;
+    if (layout.tensor_parallel > 1 || s.job.parallel.ep > 1 || cp > 1) {
       mirrored = build_mirror_model(s.data, p.data, layout.tensor_parallel, sequence_parallel,
-                                    static_cast<int>(s.job.parallel.ep));
+                                    static_cast<int>(s.job.parallel.ep), cp, s.pipeline.cp_ulysses);
     }
+    const torch::Tensor profiled_sample =
+        cp > 1 ? sample.narrow(1, 0, sample.size(1) / cp) : torch::Tensor();
     if (layout.tensor_parallel > 1) {
       planned.tensor_parallel_collectives = tune::llama_tensor_parallel_collectives(
-          *p.model.llama, sample.size(1), sequence_parallel, input.precision);
+          *p.model.llama, sample.size(1) / cp, sequence_parallel, input.precision);
     }
     partition::Plan plan =
         plan_training_on_ranks(distributed, p.model.sequential, sample, s.auto_request, planned,
-                               mirrored ? &mirrored->sequential : nullptr);
+                               mirrored ? &mirrored->sequential : nullptr, profiled_sample);
     if (distributed.rank() == 0) note(observer, tune::describe_auto_plan(plan));
     return plan;
   };

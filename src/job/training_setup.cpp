@@ -269,11 +269,6 @@ void check_context_parallel(const TrainingSetup& s,
            " of the attention heads, and " + which + " not divide by it; use --cp-method ring");
     }
   }
-  if (s.auto_request.any()) {
-    fail(flag +
-         " with an auto plan (--schedule, --balance, --chunks or --checkpoint auto): not "
-         "built yet; give the pipeline's settings");
-  }
   if (s.job.parallel.ep > 1) {
     fail("--cp with --ep " + std::to_string(s.job.parallel.ep) +
          ": not built yet; give one of them");

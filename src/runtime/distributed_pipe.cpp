@@ -189,8 +189,9 @@ torch::Tensor DistributedPipe::train_step(const data::Batch& batch, const LossFn
   // parallelism: each member of a group takes its columns of the group's rows, weighing its
   // counted targets among the mini-batch's.
   const parallel::ContextParallel& cp = distributed_.context_parallel();
-  const double total =
-      cp.split() ? static_cast<double>(data::counted_targets(batch.targets)) : batch.total_weight();
+  const double total = cp.split() && !batch.targets.is_floating_point()
+                           ? static_cast<double>(data::counted_targets(batch.targets))
+                           : batch.total_weight();
   const auto [first, count] = replica_rows(batch.rows());
   const data::Batch mine = data::rows_of(batch, first, count);
   const std::vector<int64_t> sizes = microbatch_sizes(count, options_.chunks());
@@ -202,7 +203,7 @@ torch::Tensor DistributedPipe::train_step(const data::Batch& batch, const LossFn
   data.num_microbatches = m;
   for (data::Microbatch& whole : data::split_batch(mine, sizes)) {
     const data::Microbatch part =
-        cp.split() ? data::tokens_at(whole, context_parallel_columns(whole.target)) : whole;
+        cp.split() ? data::tokens_at(whole, context_parallel_columns(whole.inputs[0])) : whole;
     data.inputs.push_back({part.inputs[0].to(device_)});
     data.targets.push_back(part.target.to(device_));
     data.loss_weights.push_back(total > 0 ? part.weight / total : 0.0);
@@ -398,9 +399,9 @@ std::pair<int64_t, int64_t> DistributedPipe::replica_rows(int64_t rows) const {
   return {offset, shares[static_cast<size_t>(d)]};
 }
 
-torch::Tensor DistributedPipe::context_parallel_columns(const torch::Tensor& target) const {
+torch::Tensor DistributedPipe::context_parallel_columns(const torch::Tensor& tokens) const {
   const parallel::ContextParallel& cp = distributed_.context_parallel();
-  const int64_t width = target.dim() == 2 ? target.size(1) : 0;
+  const int64_t width = tokens.dim() == 2 ? tokens.size(1) : 0;
   const int64_t multiple = cp.ulysses ? cp.size() : 2 * cp.size();
   PIPETRAIN_CHECK_INPUT(
       width > 0 && width % multiple == 0, "context parallelism over ", cp.size(), " ranks (",

@@ -325,7 +325,8 @@ std::vector<std::optional<nlohmann::json>> gather_results(Distributed& distribut
 
 pp::Plan plan_training_on_ranks(Distributed& distributed, torch::nn::Sequential& model,
                                 const torch::Tensor& sample, const AutoRequest& request,
-                                const AutoPlanInput& input, torch::nn::Sequential* profiled) {
+                                const AutoPlanInput& input, torch::nn::Sequential* profiled,
+                                const torch::Tensor& profiled_sample) {
   std::string last;
   if (distributed.rank() == 0) {
     // plan_training guards the model it profiles; the jobs train `model`: guard it too.
@@ -358,10 +359,11 @@ pp::Plan plan_training_on_ranks(Distributed& distributed, torch::nn::Sequential&
       return combine_rank_results(plans, on_every_rank(job));
     };
     try {
-      last =
-          nlohmann::json{{"plan", nlohmann::json(plan_training(profiled ? *profiled : model, sample,
-                                                               request, input, &measurer))}}
-              .dump();
+      last = nlohmann::json{{"plan", nlohmann::json(plan_training(
+                                         profiled ? *profiled : model,
+                                         profiled_sample.defined() ? profiled_sample : sample,
+                                         request, input, &measurer))}}
+                 .dump();
     } catch (const BadInput& error) {
       last = nlohmann::json{{"error", error.what()}}.dump();
     }

@@ -74,11 +74,12 @@ int64_t counted_targets(const torch::Tensor& targets);
 
 // A context-parallel member's part of a micro-batch of token rows (parallel/ring_attention.h):
 // the columns `positions` (int64, along the width) of inputs[0] and the target, weighing the
-// counted targets among them (a language model's loss is the mean over its counted targets). A
+// counted targets among them (a language model's loss is the mean over its counted targets); a
+// floating-point target [rows, width, ...] weighs the columns' share of the micro-batch's. A
 // layout by document stays the whole rows' (each member's attention finds its tokens' documents
 // and positions in it); one by row (cross-document attention) is dropped: each member's
-// attention already places its tokens along the row. Throws BadInput for inputs or targets that
-// are not [rows, width] token rows.
+// attention already places its tokens along the row. Throws BadInput for an input that is not
+// [rows, width] token rows or a target that is not [rows, width, ...].
 Microbatch tokens_at(const Microbatch& part, const torch::Tensor& positions);
 
 // What a batch of token rows holds, for rates: its tokens that are not padding (the layout's; 0

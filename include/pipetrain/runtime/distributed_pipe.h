@@ -198,7 +198,7 @@ class DistributedPipe {
   // This replica's rows (first, count) of a mini-batch of `rows` every rank passed whole.
   std::pair<int64_t, int64_t> replica_rows(int64_t rows) const;
   // Context parallelism: the columns of a micro-batch's rows this rank holds (the group's split).
-  torch::Tensor context_parallel_columns(const torch::Tensor& target) const;
+  torch::Tensor context_parallel_columns(const torch::Tensor& tokens) const;
   // This rank's stages, emptied for a new step.
   std::map<int, Stage*> fresh_stages();
 

@@ -141,10 +141,14 @@ struct AutoPlanError : BadInput {
 // its layers split over a mirror group, transport/c10d.h: a tp rank's work with no collective,
 // which its tp peers would not join), while the plans' timed steps run `model` on every rank;
 // the ranks' results come from replica 0's tp rank 0 of each pipeline rank.
+// `profiled_sample`: what rank 0 profiles `profiled` on where it differs from what the ranks' steps
+// take (context parallelism: a cp rank's columns of the rows the steps cut themselves); undefined:
+// `sample`.
 partition::Plan plan_training_on_ranks(Distributed& distributed, torch::nn::Sequential& model,
                                        const torch::Tensor& sample, const AutoRequest& request,
                                        const AutoPlanInput& input,
-                                       torch::nn::Sequential* profiled = nullptr);
+                                       torch::nn::Sequential* profiled = nullptr,
+                                       const torch::Tensor& profiled_sample = {});
 
 // "auto plan: 1f1b, chunks 8, balance 9 7, checkpoint never, virtual stages 1 (predicted
 // 0.152 s/step, peak 1.2 GiB on rank 0)"
