@@ -63,6 +63,14 @@ std::pair<double, double> largest_activations(const std::string& output) {
   return most;
 }
 
+std::string report_cell(const nlohmann::json& row, const char* key, double scale,
+                        const char* format) {
+  if (!row.contains(key)) return "-";
+  char text[32];
+  std::snprintf(text, sizeof text, format, row[key].get<double>() * scale);
+  return text;
+}
+
 std::string tail(const std::string& text) {
   return text.substr(text.size() > 800 ? text.size() - 800 : 0);
 }

@@ -33,6 +33,11 @@ void write_random_ids(const std::string& path, int64_t count);
 // `pipetrain train --report-memory`'s table in `output`; {0, 0} without one.
 std::pair<double, double> largest_activations(const std::string& output);
 
+// A report's cell: row[key] x scale printed with `format` (one double), "-" where the row has no
+// such figure.
+std::string report_cell(const nlohmann::json& row, const char* key, double scale,
+                        const char* format);
+
 // The last 800 characters of `text` (an error's context).
 std::string tail(const std::string& text);
 

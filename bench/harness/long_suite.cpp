@@ -232,10 +232,7 @@ void print_long_report(const json& report) {
       continue;
     }
     auto cell = [&](const char* key, double scale, const char* format) {
-      if (!row.contains(key)) return std::string("-");
-      char text[32];
-      std::snprintf(text, sizeof text, format, row[key].get<double>() * scale);
-      return std::string(text);
+      return report_cell(row, key, scale, format);
     };
     const std::string versus =
         row.contains("ring_wait_vs_serial")

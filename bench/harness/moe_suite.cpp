@@ -233,10 +233,7 @@ void print_moe_report(const json& report) {
       continue;
     }
     auto cell = [&](const char* key, double scale, const char* format) {
-      if (!row.contains(key)) return std::string("-");
-      char text[32];
-      std::snprintf(text, sizeof text, format, row[key].get<double>() * scale);
-      return std::string(text);
+      return report_cell(row, key, scale, format);
     };
     const std::string versus =
         row.contains("step_vs_without")

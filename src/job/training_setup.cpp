@@ -269,6 +269,11 @@ void check_context_parallel(const TrainingSetup& s,
            " of the attention heads, and " + which + " not divide by it; use --cp-method ring");
     }
   }
+  if (!s.pipeline.cp_ulysses && on_cuda(s.pipeline)) {
+    fail(flag +
+         " on CUDA stages: the ring runs LibTorch's flash attention for the CPU (its per-row "
+         "log-sum-exp); give --cp-method ulysses, or CPU stages");
+  }
   if (s.job.parallel.ep > 1) {
     fail("--cp with --ep " + std::to_string(s.job.parallel.ep) +
          ": not built yet; give one of them");
@@ -417,13 +422,15 @@ void check_ranges(const TrainingSetup& s) {
   if (!job.output.save_hf.empty() && !is_hf_model(s.data.model)) {
     fail("--save-hf writes a Hugging Face --model DIR; --model " + s.data.model + " is not one");
   }
-  if (job.zero.stage > 0 && s.pipeline.dp < 2 && !job.zero.offloads_optimizer()) {
+  // Context parallelism's ranks are replicas too: ZeRO and the gradient sum span dp x cp.
+  const int replicas = s.pipeline.dp * std::max(1, s.pipeline.cp);
+  if (job.zero.stage > 0 && replicas < 2 && !job.zero.offloads_optimizer()) {
     fail("--zero " + std::to_string(job.zero.stage) +
          " shards the optimizer over data-parallel replicas and needs --dp 2 or more (with "
          "--nproc pp x dp), got --dp " +
          std::to_string(s.pipeline.dp));
   }
-  if (s.pipeline.overlap_grad_reduce && s.pipeline.dp < 2) {
+  if (s.pipeline.overlap_grad_reduce && replicas < 2) {
     fail(
         "--overlap-grad-reduce overlaps the gradient sum over data-parallel replicas: it needs "
         "--dp 2 or more (with --nproc pp x dp), got --dp " +

@@ -210,6 +210,8 @@ TEST(TrainContextParallel, WhatItCannotSplitExitsTwoNamingTheValue) {
       {"--nproc 3 --cp 2", "--cp 2 does not divide the world of 3 processes"},
       {"--cp 2", "--pp/--tp/--dp/--cp describe a multi-process run: give --nproc 2"},
       {"--cp-method ulysses", "--cp-method ulysses says how --cp splits attention, and --cp is 1"},
+      {"--nproc 2 --cp 2 --device cuda",
+       "--cp 2 (ring) on CUDA stages: the ring runs LibTorch's flash attention for the CPU"},
   };
   for (const auto& [extra, message] : cases) {
     std::string args = flags + " " + extra;
