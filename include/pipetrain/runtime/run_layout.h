@@ -57,10 +57,10 @@ struct PipelineRequest {
 struct RunLayout {
   bool multi_process = false;
   int world = 1;
-  int pipeline_ranks = 1;   // K
-  int replicas = 1;         // R
-  int tensor_parallel = 1;  // T: processes per pipeline rank (parallel/mesh.h)
-  int expert_parallel = 1;  // E: replicas a mixture's experts are split over (divides R)
+  int pipeline_ranks = 1;    // K
+  int replicas = 1;          // R
+  int tensor_parallel = 1;   // T: processes per pipeline rank (parallel/mesh.h)
+  int expert_parallel = 1;   // E: replicas a mixture's experts are split over (divides R)
   int context_parallel = 1;  // C: replicas that split each sequence (divides R = dp x C)
 };
 
