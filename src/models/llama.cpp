@@ -379,6 +379,16 @@ void LlamaHeadImpl::reset() {
   }
 }
 
+std::shared_ptr<torch::nn::Module> LlamaHeadImpl::clone(
+    const std::optional<torch::Device>& device) const {
+  torch::NoGradGuard no_grad;
+  // Untied: a fresh table of the copy's own, given this one's values.
+  auto copy = std::make_shared<LlamaHeadImpl>(config, options, torch::Tensor(), tp);
+  copy->weight.set_data(device && weight.device() != *device ? weight.to(*device) : weight.clone());
+  copy->train(is_training());
+  return copy;
+}
+
 torch::Tensor LlamaHeadImpl::forward(const torch::Tensor& x) {
   if (!tp.split()) return table_logits(x, weight);
   return parallel::sequence_parallel_linears(x, {weight}, {}, tp)[0];

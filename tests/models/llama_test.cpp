@@ -263,6 +263,29 @@ TwoMicroBatches two_micro_batches(int64_t pad_token_id, torch::ScalarType dtype,
   return m;
 }
 
+// A clone of a tied model owns every tensor: its head is a table of its own with the embedding's
+// values, and the original's table keeps its storage. (Cloneable's copy registered the
+// original's table in every copy's head and replaced its data: the auto plan's copies calibrated
+// on threads at once then shared one tensor's gradient, and crashed under load.)
+TEST(Llama, ACloneOfATiedModelSharesNoTensorWithIt) {
+  LlamaConfig config = llama_config(64, 16, 24, /*layers=*/1, /*heads=*/2, /*kv_heads=*/1);
+  config.tie_word_embeddings = true;
+  LlamaModel model = make_llama(config);
+  init_llama_random(model, 3);
+  const torch::Tensor table = model.sequential->ptr(0)->named_parameters()["weight"];
+  const void* storage = table.data_ptr();
+  const auto copy =
+      std::dynamic_pointer_cast<torch::nn::SequentialImpl>(model.sequential->clone(torch::kCPU));
+  EXPECT_EQ(table.data_ptr(), storage);
+  std::set<const void*> original;
+  for (const torch::Tensor& p : model.sequential->parameters()) original.insert(p.data_ptr());
+  for (const auto& item : copy->named_parameters()) {
+    EXPECT_FALSE(original.count(item.value().data_ptr())) << item.key();
+  }
+  const torch::Tensor head = copy->ptr(copy->size() - 1)->named_parameters()["weight"];
+  EXPECT_TRUE(torch::equal(head, table));
+}
+
 // The tied table's gradient over two micro-batches, the head's then the embedding's of each (the
 // order a stage's backward takes them): where the backward's caller allows it, added into
 // .grad() from inside the two operations (no table-sized gradient handed to autograd; the head's

@@ -295,6 +295,12 @@ class LlamaHeadImpl : public torch::nn::Cloneable<LlamaHeadImpl>, public Autocas
   LlamaHeadImpl(std::shared_ptr<const LlamaConfig> config, torch::TensorOptions options = {},
                 torch::Tensor tied = {}, parallel::TensorParallel tp = {});
   void reset() override;
+  // A copy that owns its table. Cloneable's would register the tied table itself again (the
+  // embedding's tensor, whose data it then replaced), so that copies made together, the auto
+  // plan's concurrent calibration, shared one tensor and its gradient across threads. A cloned
+  // Sequential's head is therefore untied from its embedding, with the same values.
+  std::shared_ptr<torch::nn::Module> clone(
+      const std::optional<torch::Device>& device = std::nullopt) const override;
   torch::Tensor forward(const torch::Tensor& x);  // [B,T,V/tp]: this rank's vocabulary slice
 
   std::shared_ptr<const LlamaConfig> config;
