@@ -48,40 +48,42 @@ bool SequenceLayout::one_segment_per_row() const {
                      [](const std::vector<int64_t>& s) { return s.size() <= 1; });
 }
 
-torch::Tensor SequenceLayout::positions(const torch::Device& device) const {
+// Made on the CPU row by row once per device: `fill` writes row r.
+torch::Tensor SequenceLayout::cached(std::map<std::string, torch::Tensor>& cache,
+                                     const torch::Device& device, int64_t initial,
+                                     const std::function<void(size_t, int64_t*)>& fill) const {
   std::lock_guard<std::mutex> lock(mutex_);
   const std::string key = device.str();
-  auto found = positions_.find(key);
-  if (found != positions_.end()) return found->second;
-  torch::Tensor cpu = torch::zeros({rows(), width_}, torch::kInt64);
+  auto found = cache.find(key);
+  if (found != cache.end()) return found->second;
+  torch::Tensor cpu = torch::full({rows(), width_}, initial, torch::kInt64);
   auto* p = cpu.data_ptr<int64_t>();
-  for (size_t r = 0; r < segments_.size(); ++r) {
-    int64_t* row = p + static_cast<int64_t>(r) * width_;
+  for (size_t r = 0; r < segments_.size(); ++r) fill(r, p + static_cast<int64_t>(r) * width_);
+  torch::Tensor placed = cpu.to(device);
+  cache.emplace(key, placed);
+  return placed;
+}
+
+torch::Tensor SequenceLayout::positions(const torch::Device& device) const {
+  return cached(positions_, device, 0, [this](size_t r, int64_t* row) {
     if (!by_document_) {
       for (int64_t t = 0; t < width_; ++t) row[t] = t;
-      continue;
+      return;
     }
     int64_t t = 0;
     for (int64_t length : segments_[r]) {
       for (int64_t k = 0; k < length; ++k) row[t++] = k;
     }
-  }
-  torch::Tensor placed = cpu.to(device);
-  positions_.emplace(key, placed);
-  return placed;
+  });
 }
 
-torch::Tensor SequenceLayout::segment_ids() const {
-  torch::Tensor ids = torch::full({rows(), width_}, -1, torch::kInt64);
-  auto* p = ids.data_ptr<int64_t>();
-  for (size_t r = 0; r < segments_.size(); ++r) {
-    int64_t* row = p + static_cast<int64_t>(r) * width_;
+torch::Tensor SequenceLayout::segment_ids(const torch::Device& device) const {
+  return cached(segment_ids_, device, -1, [this](size_t r, int64_t* row) {
     int64_t t = 0;
     for (size_t s = 0; s < segments_[r].size(); ++s) {
       for (int64_t k = 0; k < segments_[r][s]; ++k) row[t++] = static_cast<int64_t>(s);
     }
-  }
-  return ids;
+  });
 }
 
 std::shared_ptr<const SequenceLayout> SequenceLayout::slice(int64_t first, int64_t count,

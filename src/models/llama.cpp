@@ -231,7 +231,7 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
       v = v.repeat_interleave(heads / kv_heads, 1);
     }
     if (documents) {
-      attended = cp.attend(q, k, v, layout->segment_ids().to(x.device()),
+      attended = cp.attend(q, k, v, layout->segment_ids(x.device()),
                            [layout, scale](const torch::Tensor& qs, const torch::Tensor& ks,
                                            const torch::Tensor& vs) {
                              return document_causal_attention(qs, ks, vs, *layout, scale);

@@ -91,6 +91,19 @@ PartialAttention joined(const std::vector<PartialAttention>& partials,
   return {torch::cat(outs, 2), torch::cat(lses, 2)};
 }
 
+// The forward's end, chunked or ring: the query chunks' attention joined, and what the backward
+// takes (q, k, v, the output and its lse; the segment ids where there are documents). Returns
+// the output.
+torch::Tensor saved_attention(torch::autograd::AutogradContext* ctx, const torch::Tensor& q,
+                              const torch::Tensor& k, const torch::Tensor& v,
+                              const std::vector<PartialAttention>& partials,
+                              const std::vector<torch::Tensor>& qs, const torch::Tensor& segments) {
+  const PartialAttention whole = joined(partials, qs);
+  ctx->save_for_backward({q, k, v, whole.out, whole.lse});
+  if (segments.defined()) ctx->saved_data["segments"] = segments;
+  return whole.out;
+}
+
 torch::Tensor segments_of(torch::autograd::AutogradContext* ctx) {
   const auto found = ctx->saved_data.find("segments");
   return found == ctx->saved_data.end() ? torch::Tensor() : found->second.toTensor();
@@ -128,12 +141,8 @@ struct ChunkedCausalAttention : torch::autograd::Function<ChunkedCausalAttention
     std::vector<PartialAttention> partials(static_cast<size_t>(chunks));
     attend_pairs(q.chunk(chunks, 2), first(chunks), k.chunk(chunks, 2), v.chunk(chunks, 2),
                  first(chunks), segments, partials);
-    const PartialAttention whole = joined(partials, q.chunk(chunks, 2));
-    const torch::Tensor out = whole.out;
-    ctx->save_for_backward({q, k, v, out, whole.lse});
     ctx->saved_data["chunks"] = chunks;
-    if (segments.defined()) ctx->saved_data["segments"] = segments;
-    return out;
+    return saved_attention(ctx, q, k, v, partials, q.chunk(chunks, 2), segments);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -202,13 +211,9 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
         held = unpack(next.received, k);
       }
     }
-    const PartialAttention whole = joined(partials, qs);
-    const torch::Tensor out = whole.out;
-    ctx->save_for_backward({q, k, v, out, whole.lse});
     ctx->saved_data["group"] = reinterpret_cast<int64_t>(group);
     ctx->saved_data["overlap"] = overlap;
-    if (segments.defined()) ctx->saved_data["segments"] = segments;
-    return out;
+    return saved_attention(ctx, q, k, v, partials, qs, segments);
   }
 
   // Block b_s (member r - s's) is held at step s. Its k, v go on to the next member while this one

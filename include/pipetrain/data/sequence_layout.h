@@ -20,11 +20,12 @@
 // document.
 //
 // Ownership: immutable once made, shared (std::shared_ptr) by the micro-batches cut from it.
-// Thread-safety: const methods are safe concurrently (the positions are cached per device under a
-// mutex); current_layout() and LayoutScope act on the calling thread only.
+// Thread-safety: const methods are safe concurrently (positions and segment ids are cached per
+// device under a mutex); current_layout() and LayoutScope act on the calling thread only.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -56,10 +57,10 @@ class SequenceLayout {
 
   // int64 [rows, width] (above) on `device`, made once per device.
   torch::Tensor positions(const torch::Device& device) const;
-  // int64 [rows, width] on the CPU: each token's segment, numbered from 0 along its row; -1 on
-  // padding. What attention split over context-parallel ranks masks by (two tokens attend only
-  // when their ids are equal and not -1).
-  torch::Tensor segment_ids() const;
+  // int64 [rows, width] on `device`, made once per device: each token's segment, numbered from 0
+  // along its row; -1 on padding. What attention split over context-parallel ranks masks by (two
+  // tokens attend only when their ids are equal and not -1).
+  torch::Tensor segment_ids(const torch::Device& device = torch::kCPU) const;
 
   // Rows [first, first + count) at `width` columns. REQUIRES the rows fit (width >= their
   // longest); BadInput otherwise.
@@ -74,7 +75,10 @@ class SequenceLayout {
   int64_t width_;
   bool by_document_;
   mutable std::mutex mutex_;
-  mutable std::map<std::string, torch::Tensor> positions_;  // by device; guarded by mutex_
+  mutable std::map<std::string, torch::Tensor> positions_;    // by device; guarded by mutex_
+  mutable std::map<std::string, torch::Tensor> segment_ids_;  // the same
+  torch::Tensor cached(std::map<std::string, torch::Tensor>& cache, const torch::Device& device,
+                       int64_t initial, const std::function<void(size_t, int64_t*)>& fill) const;
 };
 
 // The layout of the micro-batch the calling thread computes now; null when none is installed.
